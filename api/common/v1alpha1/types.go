@@ -1,0 +1,159 @@
+package v1alpha1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// ObjectRef names an object in the management cluster.
+type ObjectRef struct {
+	// Name of the object.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Name string `json:"name"`
+	// Namespace of the object; empty means the namespace of the referring object.
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
+}
+
+// ClusterObjectRef names an object in a registered workload cluster.
+type ClusterObjectRef struct {
+	// Name of the object.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Name string `json:"name"`
+	// Namespace of the object in its cluster.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Namespace string `json:"namespace"`
+	// ClusterName is the name of the KubernetesCluster that holds the object.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	ClusterName string `json:"clusterName"`
+}
+
+// KubeServiceMatcher selects Services by labels, namespaces and clusters.
+// Every field that is set must match; an omitted field matches anything.
+type KubeServiceMatcher struct {
+	// Labels the Service must carry.
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// Namespaces the Service may be in.
+	// +kubebuilder:validation:MaxItems=256
+	// +optional
+	Namespaces []string `json:"namespaces,omitempty"`
+	// Clusters the Service may be in.
+	// +kubebuilder:validation:MaxItems=256
+	// +optional
+	Clusters []string `json:"clusters,omitempty"`
+}
+
+// KubeServiceRefs selects Services by exact reference.
+type KubeServiceRefs struct {
+	// Services to select.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=1024
+	Services []ClusterObjectRef `json:"services"`
+}
+
+// DestinationSelector selects Destinations (Services discovered in workload
+// clusters) by matcher or by reference; exactly one must be set.
+// +kubebuilder:validation:XValidation:rule="has(self.kubeServiceMatcher) != has(self.kubeServiceRefs)",message="exactly one of kubeServiceMatcher or kubeServiceRefs must be set"
+type DestinationSelector struct {
+	// +optional
+	KubeServiceMatcher *KubeServiceMatcher `json:"kubeServiceMatcher,omitempty"`
+	// +optional
+	KubeServiceRefs *KubeServiceRefs `json:"kubeServiceRefs,omitempty"`
+}
+
+// WorkloadSelector selects workloads by pod labels, namespaces and clusters.
+// Every field that is set must match; an omitted field matches anything.
+type WorkloadSelector struct {
+	// Labels the workload's pods must carry.
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// Namespaces the workload may be in.
+	// +kubebuilder:validation:MaxItems=256
+	// +optional
+	Namespaces []string `json:"namespaces,omitempty"`
+	// Clusters the workload may be in.
+	// +kubebuilder:validation:MaxItems=256
+	// +optional
+	Clusters []string `json:"clusters,omitempty"`
+}
+
+// KubeIdentityMatcher selects workload identities by namespace and cluster.
+type KubeIdentityMatcher struct {
+	// +kubebuilder:validation:MaxItems=256
+	// +optional
+	Namespaces []string `json:"namespaces,omitempty"`
+	// +kubebuilder:validation:MaxItems=256
+	// +optional
+	Clusters []string `json:"clusters,omitempty"`
+}
+
+// KubeServiceAccountRefs selects workload identities by service account.
+type KubeServiceAccountRefs struct {
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=1024
+	ServiceAccounts []ClusterObjectRef `json:"serviceAccounts"`
+}
+
+// IdentitySelector selects the identities (service accounts) of source
+// workloads; exactly one field must be set.
+// +kubebuilder:validation:XValidation:rule="has(self.kubeIdentityMatcher) != has(self.kubeServiceAccountRefs)",message="exactly one of kubeIdentityMatcher or kubeServiceAccountRefs must be set"
+type IdentitySelector struct {
+	// +optional
+	KubeIdentityMatcher *KubeIdentityMatcher `json:"kubeIdentityMatcher,omitempty"`
+	// +optional
+	KubeServiceAccountRefs *KubeServiceAccountRefs `json:"kubeServiceAccountRefs,omitempty"`
+}
+
+// ApprovalState says whether Relaymesh accepted an object.
+// +kubebuilder:validation:Enum=Pending;Accepted;Invalid;Failed
+type ApprovalState string
+
+const (
+	// StatePending means the object has not been processed yet.
+	StatePending ApprovalState = "Pending"
+	// StateAccepted means the object is valid and its outputs are applied.
+	StateAccepted ApprovalState = "Accepted"
+	// StateInvalid means the object is wrong or conflicts with an earlier one;
+	// it produces no output. The errors say why.
+	StateInvalid ApprovalState = "Invalid"
+	// StateFailed means the object is valid but Relaymesh failed to apply it.
+	StateFailed ApprovalState = "Failed"
+)
+
+// Status is the part of status every user-facing object carries.
+type Status struct {
+	// ObservedGeneration is the metadata.generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// State is the overall verdict.
+	// +optional
+	State ApprovalState `json:"state,omitempty"`
+	// Conditions are the standard Kubernetes conditions.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Errors explain an Invalid or Failed state, most important first.
+	// +optional
+	Errors []string `json:"errors,omitempty"`
+}
+
+// TargetStatus is the verdict of a user object for one target (a Destination,
+// a Mesh, a Workload) it applies to.
+type TargetStatus struct {
+	// Target names the discovered object, `<name>-<namespace>-<cluster>`.
+	Target string `json:"target"`
+	// State of the object for this target.
+	State ApprovalState `json:"state"`
+	// Errors for this target.
+	// +optional
+	Errors []string `json:"errors,omitempty"`
+}

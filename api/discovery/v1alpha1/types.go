@@ -1,0 +1,231 @@
+package v1alpha1
+
+import (
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Mesh is an Istio control plane discovered in a workload cluster.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:categories=relaymesh
+// +kubebuilder:printcolumn:name="Cluster",type=string,JSONPath=`.spec.istio.installation.cluster`
+// +kubebuilder:printcolumn:name="Trust Domain",type=string,JSONPath=`.spec.istio.trustDomain`
+// +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.istio.installation.version`
+type Mesh struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   MeshSpec   `json:"spec"`
+	Status MeshStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// MeshList is a list of Meshes.
+type MeshList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Mesh `json:"items"`
+}
+
+// MeshSpec describes a discovered mesh.
+type MeshSpec struct {
+	// Istio is set for Istio control planes, the only kind supported today.
+	// +optional
+	Istio *IstioMesh `json:"istio,omitempty"`
+	// AgentNamespace is where the cluster's relay agent runs.
+	// +optional
+	AgentNamespace string `json:"agentNamespace,omitempty"`
+}
+
+// IstioMesh is an istiod installation.
+type IstioMesh struct {
+	Installation MeshInstallation `json:"installation"`
+	// TrustDomain from the mesh config; Istio's default is cluster.local.
+	TrustDomain string `json:"trustDomain"`
+	// IstiodServiceAccount is the service account istiod runs as.
+	// +optional
+	IstiodServiceAccount string `json:"istiodServiceAccount,omitempty"`
+	// Gateways are the ingress and east-west gateways of the mesh.
+	// +optional
+	Gateways []GatewayInfo `json:"gateways,omitempty"`
+	// SmartDNSProxying is true when the mesh config enables DNS capture.
+	// +optional
+	SmartDNSProxying bool `json:"smartDNSProxying,omitempty"`
+}
+
+// MeshInstallation locates a control plane.
+type MeshInstallation struct {
+	Namespace string `json:"namespace"`
+	Cluster   string `json:"cluster"`
+	// Revision is the `istio.io/rev` of the control plane; empty: default.
+	// +optional
+	Revision string `json:"revision,omitempty"`
+	// +optional
+	Version string `json:"version,omitempty"`
+	// +optional
+	PodLabels map[string]string `json:"podLabels,omitempty"`
+	// +optional
+	Region string `json:"region,omitempty"`
+}
+
+// GatewayInfo is a gateway of a mesh.
+type GatewayInfo struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	// +kubebuilder:validation:Enum=Ingress;EastWest
+	Kind string `json:"kind"`
+	// +optional
+	WorkloadLabels map[string]string `json:"workloadLabels,omitempty"`
+	// ExternalAddress is the gateway's reachable IP or DNS name.
+	// +optional
+	ExternalAddress string `json:"externalAddress,omitempty"`
+	// TLSPort is the external port carrying mTLS passthrough traffic.
+	// +optional
+	TLSPort int32 `json:"tlsPort,omitempty"`
+}
+
+// MeshStatus is what the server applied to a Mesh.
+type MeshStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// AppliedVirtualMesh is the VirtualMesh the mesh belongs to.
+	// +optional
+	AppliedVirtualMesh *common.ObjectRef `json:"appliedVirtualMesh,omitempty"`
+}
+
+// Workload is a sidecar-injected Deployment, StatefulSet or DaemonSet.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:categories=relaymesh
+// +kubebuilder:printcolumn:name="Cluster",type=string,JSONPath=`.spec.kubernetes.controller.clusterName`
+// +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=`.spec.kubernetes.kind`
+// +kubebuilder:printcolumn:name="Service Account",type=string,JSONPath=`.spec.kubernetes.serviceAccountName`
+type Workload struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   WorkloadSpec   `json:"spec"`
+	Status WorkloadStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// WorkloadList is a list of Workloads.
+type WorkloadList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Workload `json:"items"`
+}
+
+// WorkloadSpec describes a discovered workload.
+type WorkloadSpec struct {
+	Kubernetes KubernetesWorkload `json:"kubernetes"`
+	// Mesh is the Mesh whose sidecars the workload runs.
+	Mesh common.ObjectRef `json:"mesh"`
+}
+
+// KubernetesWorkload is the controller of a group of pods.
+type KubernetesWorkload struct {
+	Controller common.ClusterObjectRef `json:"controller"`
+	// +kubebuilder:validation:Enum=Deployment;StatefulSet;DaemonSet
+	Kind string `json:"kind"`
+	// +optional
+	PodLabels map[string]string `json:"podLabels,omitempty"`
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+}
+
+// WorkloadStatus is what the server applied to a Workload.
+type WorkloadStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// Destination is a Service that selects mesh workloads.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:categories=relaymesh
+// +kubebuilder:printcolumn:name="Cluster",type=string,JSONPath=`.spec.kubeService.ref.clusterName`
+// +kubebuilder:printcolumn:name="Service",type=string,JSONPath=`.spec.kubeService.ref.name`
+type Destination struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   DestinationSpec   `json:"spec"`
+	Status DestinationStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// DestinationList is a list of Destinations.
+type DestinationList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Destination `json:"items"`
+}
+
+// DestinationSpec describes a discovered destination.
+type DestinationSpec struct {
+	KubeService KubeService `json:"kubeService"`
+	// Mesh is the Mesh of the selected workloads.
+	Mesh common.ObjectRef `json:"mesh"`
+}
+
+// KubeService is a Kubernetes Service.
+type KubeService struct {
+	Ref common.ClusterObjectRef `json:"ref"`
+	// WorkloadSelectorLabels is the Service's pod selector.
+	// +optional
+	WorkloadSelectorLabels map[string]string `json:"workloadSelectorLabels,omitempty"`
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// +optional
+	Ports []ServicePort `json:"ports,omitempty"`
+	// Subsets are the label values that tell the selected workloads apart,
+	// e.g. version: [v1, v2, v3].
+	// +optional
+	Subsets map[string][]string `json:"subsets,omitempty"`
+	// +optional
+	ServiceType string `json:"serviceType,omitempty"`
+	// +optional
+	ExternalAddresses []string `json:"externalAddresses,omitempty"`
+}
+
+// ServicePort is a port of a Service.
+type ServicePort struct {
+	Port int32 `json:"port"`
+	// +optional
+	Name string `json:"name,omitempty"`
+	// +optional
+	Protocol string `json:"protocol,omitempty"`
+	// +optional
+	AppProtocol string `json:"appProtocol,omitempty"`
+	// +optional
+	TargetPort string `json:"targetPort,omitempty"`
+}
+
+// DestinationStatus is what the server applied to a Destination.
+type DestinationStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// AppliedTrafficPolicies in the order they apply.
+	// +optional
+	AppliedTrafficPolicies []common.ObjectRef `json:"appliedTrafficPolicies,omitempty"`
+	// AppliedAccessPolicies that allow access to the Destination.
+	// +optional
+	AppliedAccessPolicies []common.ObjectRef `json:"appliedAccessPolicies,omitempty"`
+	// LocalFQDN is the in-cluster hostname.
+	// +optional
+	LocalFQDN string `json:"localFQDN,omitempty"`
+	// FederatedHostname is the cross-cluster hostname, if federated.
+	// +optional
+	FederatedHostname string `json:"federatedHostname,omitempty"`
+	// FederatedToMeshes lists the meshes that can reach it.
+	// +optional
+	FederatedToMeshes []common.ObjectRef `json:"federatedToMeshes,omitempty"`
+}

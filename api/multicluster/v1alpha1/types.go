@@ -1,0 +1,95 @@
+package v1alpha1
+
+import (
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// KubernetesCluster registers a workload cluster. Its name is the cluster's
+// identity: it appears in the agent's SPIFFE ID and in discovered names, so
+// it must be a DNS label.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=kc,categories=relaymesh
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS label (at most 63 characters of a-z, 0-9 and '-')"
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
+// +kubebuilder:printcolumn:name="Connected",type=boolean,JSONPath=`.status.connected`
+// +kubebuilder:printcolumn:name="Last Seen",type=date,JSONPath=`.status.lastSeen`
+// +kubebuilder:printcolumn:name="Cert Expiry",type=date,JSONPath=`.status.agentCertificate.notAfter`
+type KubernetesCluster struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   KubernetesClusterSpec   `json:"spec"`
+	Status KubernetesClusterStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// KubernetesClusterList is a list of KubernetesClusters.
+type KubernetesClusterList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []KubernetesCluster `json:"items"`
+}
+
+// RegistrationMode is how the server reaches a cluster.
+// +kubebuilder:validation:Enum=relay;kubeconfig
+type RegistrationMode string
+
+// Registration modes.
+const (
+	// ModeRelay: an agent in the cluster dials out to the server; the server
+	// holds no credential for the cluster. The default and the secure choice.
+	ModeRelay RegistrationMode = "relay"
+	// ModeKubeconfig: the server holds a kubeconfig for the cluster and runs
+	// the agent logic itself. Weaker: a compromised server owns the cluster.
+	ModeKubeconfig RegistrationMode = "kubeconfig"
+)
+
+// KubernetesClusterSpec is how a cluster is registered.
+// +kubebuilder:validation:XValidation:rule="self.mode != 'kubeconfig' || has(self.kubeconfigSecretRef)",message="kubeconfigSecretRef is required in kubeconfig mode"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'relay' || !has(self.kubeconfigSecretRef)",message="kubeconfigSecretRef must not be set in relay mode"
+type KubernetesClusterSpec struct {
+	// Mode is relay (an agent dials out) or kubeconfig (the server dials in).
+	// +kubebuilder:default=relay
+	Mode RegistrationMode `json:"mode"`
+	// ClusterDomain is the cluster's DNS suffix.
+	// +kubebuilder:default=cluster.local
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +optional
+	ClusterDomain string `json:"clusterDomain,omitempty"`
+	// KubeconfigSecretRef names the secret with the cluster's kubeconfig
+	// (key `kubeconfig`), in kubeconfig mode only.
+	// +optional
+	KubeconfigSecretRef *common.ObjectRef `json:"kubeconfigSecretRef,omitempty"`
+}
+
+// KubernetesClusterStatus is what the server knows of a cluster.
+type KubernetesClusterStatus struct {
+	common.Status `json:",inline"`
+	// Connected is true while the cluster's agent holds an open stream.
+	// +optional
+	Connected bool `json:"connected,omitempty"`
+	// LastSeen is when the agent last talked to the server.
+	// +optional
+	LastSeen *metav1.Time `json:"lastSeen,omitempty"`
+	// AgentCertificate is the agent's current client certificate.
+	// +optional
+	AgentCertificate *AgentCertificate `json:"agentCertificate,omitempty"`
+	// AgentVersion is the version the agent reported.
+	// +optional
+	AgentVersion string `json:"agentVersion,omitempty"`
+}
+
+// AgentCertificate describes an agent's client certificate (never its key).
+type AgentCertificate struct {
+	// Serial in hex.
+	Serial string `json:"serial"`
+	// SPIFFEID the server assigned.
+	SPIFFEID string `json:"spiffeID"`
+	// NotAfter is the expiry.
+	NotAfter metav1.Time `json:"notAfter"`
+}

@@ -1,0 +1,27 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// GroupVersion is the API group and version of this package.
+var GroupVersion = schema.GroupVersion{Group: "networking.relaymesh.io", Version: "v1alpha1"}
+
+var (
+	schemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
+	// AddToScheme registers this package's kinds with a scheme.
+	AddToScheme = schemeBuilder.AddToScheme
+)
+
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion,
+		&VirtualMesh{}, &VirtualMeshList{},
+		&TrafficPolicy{}, &TrafficPolicyList{},
+		&AccessPolicy{}, &AccessPolicyList{},
+		&VirtualDestination{}, &VirtualDestinationList{},
+	)
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}

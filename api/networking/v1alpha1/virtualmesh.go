@@ -1,0 +1,319 @@
+package v1alpha1
+
+import (
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// VirtualMesh federates Istio meshes in several clusters: shared trust from
+// one root CA, service federation under a global hostname suffix, and an
+// optional deny-by-default access policy.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=vm,categories=relaymesh
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Rotation",type=string,JSONPath=`.status.rotation.phase`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type VirtualMesh struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   VirtualMeshSpec   `json:"spec"`
+	Status VirtualMeshStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// VirtualMeshList is a list of VirtualMeshes.
+type VirtualMeshList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VirtualMesh `json:"items"`
+}
+
+// VirtualMeshSpec is what a VirtualMesh asks for.
+type VirtualMeshSpec struct {
+	// Meshes are the discovered Mesh objects to federate. A Mesh may belong to
+	// at most one VirtualMesh.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	Meshes []common.ObjectRef `json:"meshes"`
+
+	// MTLS configures identity and trust between the meshes.
+	// +optional
+	MTLS *MTLSConfig `json:"mtls,omitempty"`
+
+	// Federation decides which services are reachable across meshes, and how.
+	// +optional
+	Federation *Federation `json:"federation,omitempty"`
+
+	// GlobalAccessPolicy: Enabled denies all traffic in every mesh unless an
+	// AccessPolicy allows it; Disabled allows all; MeshDefault keeps each mesh's
+	// own setting.
+	// +kubebuilder:default=MeshDefault
+	// +optional
+	GlobalAccessPolicy GlobalAccessPolicy `json:"globalAccessPolicy,omitempty"`
+}
+
+// GlobalAccessPolicy is the VirtualMesh-wide access default.
+// +kubebuilder:validation:Enum=MeshDefault;Enabled;Disabled
+type GlobalAccessPolicy string
+
+// Global access policy values.
+const (
+	GlobalAccessMeshDefault GlobalAccessPolicy = "MeshDefault"
+	GlobalAccessEnabled     GlobalAccessPolicy = "Enabled"
+	GlobalAccessDisabled    GlobalAccessPolicy = "Disabled"
+)
+
+// MTLSConfig configures trust between the meshes of a VirtualMesh.
+type MTLSConfig struct {
+	// Shared gives every mesh an intermediate CA signed by one root, so
+	// workloads in different meshes trust each other.
+	// +optional
+	Shared *SharedTrust `json:"shared,omitempty"`
+
+	// RotationStrategy says how a change of root is rolled out. MultiRoot
+	// distributes old and new roots side by side so no handshake fails; None
+	// replaces the root at once and may break connections.
+	// +kubebuilder:default=MultiRoot
+	// +optional
+	RotationStrategy RotationStrategy `json:"rotationStrategy,omitempty"`
+
+	// RotationVerification: Manual waits at every rotation phase for
+	// `relaymesh ca rotate continue`; None proceeds once every agent acked.
+	// +kubebuilder:default=None
+	// +optional
+	RotationVerification RotationVerification `json:"rotationVerification,omitempty"`
+
+	// AutoRestartPods restarts istiod and then the workloads of each mesh after
+	// its CA changed, once the new root bundle reached their namespace. It
+	// restarts every workload; leave it off in production.
+	// +optional
+	AutoRestartPods bool `json:"autoRestartPods,omitempty"`
+
+	// StrictMTLS adds a STRICT PeerAuthentication to every mesh.
+	// +optional
+	StrictMTLS bool `json:"strictMTLS,omitempty"`
+}
+
+// RotationStrategy is how a root change is rolled out.
+// +kubebuilder:validation:Enum=MultiRoot;None
+type RotationStrategy string
+
+// Rotation strategies.
+const (
+	RotationMultiRoot RotationStrategy = "MultiRoot"
+	RotationNone      RotationStrategy = "None"
+)
+
+// RotationVerification is how each rotation phase is confirmed.
+// +kubebuilder:validation:Enum=None;Manual
+type RotationVerification string
+
+// Rotation verification methods.
+const (
+	VerificationNone   RotationVerification = "None"
+	VerificationManual RotationVerification = "Manual"
+)
+
+// SharedTrust is one root CA for every mesh of the VirtualMesh.
+type SharedTrust struct {
+	// RootCA is where the shared root lives.
+	RootCA RootCA `json:"rootCA"`
+	// IntermediateOptions shape each mesh's intermediate CA.
+	// +optional
+	IntermediateOptions *CertOptions `json:"intermediateOptions,omitempty"`
+}
+
+// RootCA says where the shared root CA lives; exactly one field is set.
+// +kubebuilder:validation:XValidation:rule="(has(self.generated) ? 1 : 0) + (has(self.secret) ? 1 : 0) + (has(self.external) ? 1 : 0) + (has(self.pkcs11) ? 1 : 0) == 1",message="exactly one of generated, secret, external or pkcs11 must be set"
+type RootCA struct {
+	// Generated: the server creates a self-signed root and keeps it in a
+	// secret of the management cluster.
+	// +optional
+	Generated *CertOptions `json:"generated,omitempty"`
+	// Secret: a user-provided CA (a root, or an intermediate of a longer
+	// chain) in a secret of the management cluster, keys `tls.crt`, `tls.key`
+	// and, for intermediates, `ca.crt` (the chain up to the root).
+	// +optional
+	Secret *common.ObjectRef `json:"secret,omitempty"`
+	// External: an external CA service signs the intermediates.
+	// +optional
+	External *ExternalCA `json:"external,omitempty"`
+	// PKCS11: the root key lives in a hardware security module.
+	// +optional
+	PKCS11 *PKCS11CA `json:"pkcs11,omitempty"`
+}
+
+// ExternalCA is a CA service that signs intermediate CSRs.
+type ExternalCA struct {
+	// Provider is the kind of CA service.
+	// +kubebuilder:validation:Enum=cfssl;stepca;vault
+	Provider string `json:"provider"`
+	// URL of the CA service; must be https unless the provider is cfssl on
+	// loopback.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	URL string `json:"url"`
+	// ConfigRef names a secret with the provider's credentials and CA bundle.
+	ConfigRef common.ObjectRef `json:"configRef"`
+}
+
+// PKCS11CA is a root whose private key lives in an HSM.
+type PKCS11CA struct {
+	// ModulePath is the PKCS#11 module on the server's file system.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=4096
+	ModulePath string `json:"modulePath"`
+	// TokenLabel names the token (slot) that holds the key.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=32
+	TokenLabel string `json:"tokenLabel"`
+	// KeyLabel names the private key object on the token.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	KeyLabel string `json:"keyLabel"`
+	// PINSecretRef names a secret whose key `pin` holds the user PIN.
+	PINSecretRef common.ObjectRef `json:"pinSecretRef"`
+	// CertificateSecretRef names a secret whose key `tls.crt` holds the root
+	// certificate matching the HSM key.
+	CertificateSecretRef common.ObjectRef `json:"certificateSecretRef"`
+}
+
+// CertOptions shape a generated certificate.
+type CertOptions struct {
+	// TTL of the certificate, a Go duration. Defaults: 87600h for roots,
+	// 8760h for intermediates.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +optional
+	TTL *metav1.Duration `json:"ttl,omitempty"`
+	// KeyAlgorithm of the generated key.
+	// +kubebuilder:default=ECDSAP256
+	// +optional
+	KeyAlgorithm KeyAlgorithm `json:"keyAlgorithm,omitempty"`
+	// OrgName is the certificate subject's organization.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	OrgName string `json:"orgName,omitempty"`
+	// RenewAtPercent of the lifetime at which the certificate is renewed.
+	// +kubebuilder:validation:Minimum=10
+	// +kubebuilder:validation:Maximum=90
+	// +kubebuilder:default=66
+	// +optional
+	RenewAtPercent int32 `json:"renewAtPercent,omitempty"`
+}
+
+// KeyAlgorithm is a key type and size.
+// +kubebuilder:validation:Enum=ECDSAP256;ECDSAP384;RSA2048;RSA3072;RSA4096
+type KeyAlgorithm string
+
+// Key algorithms.
+const (
+	KeyECDSAP256 KeyAlgorithm = "ECDSAP256"
+	KeyECDSAP384 KeyAlgorithm = "ECDSAP384"
+	KeyRSA2048   KeyAlgorithm = "RSA2048"
+	KeyRSA3072   KeyAlgorithm = "RSA3072"
+	KeyRSA4096   KeyAlgorithm = "RSA4096"
+)
+
+// Federation decides which Destinations are reachable from other meshes.
+type Federation struct {
+	// Selectors choose which Destinations federate to which meshes. Omitted:
+	// nothing federates. A selector with no fields: everything federates
+	// everywhere.
+	// +kubebuilder:validation:MaxItems=256
+	// +optional
+	Selectors []FederationSelector `json:"selectors,omitempty"`
+	// HostnameSuffix of federated hostnames, `<svc>.<ns>.svc.<cluster>.<suffix>`.
+	// +kubebuilder:default=global
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	// +optional
+	HostnameSuffix string `json:"hostnameSuffix,omitempty"`
+	// EastWestGatewaySelectors choose the gateways that carry cross-cluster
+	// traffic; omitted: Services labelled `istio: eastwestgateway`.
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	EastWestGatewaySelectors []GatewaySelector `json:"eastWestGatewaySelectors,omitempty"`
+	// FlatNetwork routes straight to pod IPs instead of through east-west
+	// gateways; only for networks where pods of all clusters can reach each
+	// other.
+	// +optional
+	FlatNetwork bool `json:"flatNetwork,omitempty"`
+}
+
+// FederationSelector federates the selected Destinations to the listed meshes.
+type FederationSelector struct {
+	// DestinationSelectors choose Destinations; omitted: all of them.
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	DestinationSelectors []common.DestinationSelector `json:"destinationSelectors,omitempty"`
+	// Meshes receive the Destinations; omitted: every mesh of the VirtualMesh.
+	// +kubebuilder:validation:MaxItems=256
+	// +optional
+	Meshes []common.ObjectRef `json:"meshes,omitempty"`
+}
+
+// GatewaySelector selects east-west gateway Services and their TLS port.
+type GatewaySelector struct {
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	DestinationSelectors []common.DestinationSelector `json:"destinationSelectors"`
+	// PortName of the gateway's TLS port.
+	// +kubebuilder:default=tls
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	PortName string `json:"portName,omitempty"`
+}
+
+// VirtualMeshStatus is what Relaymesh made of a VirtualMesh.
+type VirtualMeshStatus struct {
+	common.Status `json:",inline"`
+	// Meshes is the verdict per member mesh.
+	// +optional
+	Meshes []common.TargetStatus `json:"meshes,omitempty"`
+	// Rotation is the progress of a root rotation, if one ran.
+	// +optional
+	Rotation *RotationStatus `json:"rotation,omitempty"`
+}
+
+// RotationPhase is a step of a MultiRoot root rotation.
+// +kubebuilder:validation:Enum=NotRotating;AddingNewRoot;PropagatingNewIntermediate;DeletingOldRoot;Finished;RollingBack;Failed
+type RotationPhase string
+
+// Rotation phases, in order.
+const (
+	PhaseNotRotating                RotationPhase = "NotRotating"
+	PhaseAddingNewRoot              RotationPhase = "AddingNewRoot"
+	PhasePropagatingNewIntermediate RotationPhase = "PropagatingNewIntermediate"
+	PhaseDeletingOldRoot            RotationPhase = "DeletingOldRoot"
+	PhaseFinished                   RotationPhase = "Finished"
+	PhaseRollingBack                RotationPhase = "RollingBack"
+	PhaseFailed                     RotationPhase = "Failed"
+)
+
+// RotationStatus records where a root rotation is, so a restarted server
+// resumes it.
+type RotationStatus struct {
+	// Phase is the current step.
+	Phase RotationPhase `json:"phase"`
+	// OldRootFingerprint and NewRootFingerprint are SHA-256 fingerprints of
+	// the roots being replaced and introduced.
+	// +optional
+	OldRootFingerprint string `json:"oldRootFingerprint,omitempty"`
+	// +optional
+	NewRootFingerprint string `json:"newRootFingerprint,omitempty"`
+	// LastTransitionTime is when Phase last changed.
+	// +optional
+	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
+	// AwaitingContinue is true while a Manual verification waits for
+	// `relaymesh ca rotate continue`.
+	// +optional
+	AwaitingContinue bool `json:"awaitingContinue,omitempty"`
+	// Message explains the current phase.
+	// +optional
+	Message string `json:"message,omitempty"`
+}

@@ -1,0 +1,592 @@
+// Package localcluster runs real Kubernetes control planes as local
+// processes, the way envtest does: one etcd and N kube-apiservers, each with
+// its own etcd prefix, loopback port, serving certificate, client CA, admin
+// credential and service-account keys (so TokenRequest and TokenReview work).
+// It installs Relaymesh's CRDs and Istio's CRDs and writes a kubeconfig per
+// cluster.
+//
+// There is no kubelet, scheduler or controller-manager: Pods, Deployments and
+// Services exist as API objects only. That is what Relaymesh's agents and
+// server read and write, so tests exercise the real API server's validation,
+// admission, watch and server-side apply.
+//
+// Binaries come from `make tools` (.cache/bin). Attached environments die
+// with the process that started them; detached ones (the `up` command) live
+// until `down`.
+package localcluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// MaxClusters bounds one environment; each kube-apiserver takes ~300 MiB.
+const MaxClusters = 16
+
+// stateFile records a detached environment for `down`.
+const stateFile = "localcluster.json"
+
+var clusterName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// Config says what to start.
+type Config struct {
+	// Dir holds data, certificates, logs and kubeconfigs. Required.
+	Dir string
+	// Clusters are the cluster names, DNS labels, unique, 1..MaxClusters.
+	Clusters []string
+	// BinDir holds etcd and kube-apiserver; default: .cache/bin of the
+	// repository that contains the working directory.
+	BinDir string
+	// Detach lets the processes outlive this Go process (for `up`).
+	Detach bool
+	// ReadyTimeout bounds the wait for each API server; default 90s.
+	ReadyTimeout time.Duration
+}
+
+// Validate reports every problem with the config at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Dir == "" {
+		errs = append(errs, errors.New("dir: required"))
+	}
+	if err := ValidateClusterNames(c.Clusters); err != nil {
+		errs = append(errs, fmt.Errorf("clusters: %w", err))
+	}
+	if c.ReadyTimeout < 0 {
+		errs = append(errs, errors.New("readyTimeout: must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// ValidateClusterNames checks a list of cluster names: 1..MaxClusters unique
+// DNS labels.
+func ValidateClusterNames(names []string) error {
+	if len(names) == 0 {
+		return errors.New("at least one cluster is required")
+	}
+	if len(names) > MaxClusters {
+		return fmt.Errorf("%d clusters requested, at most %d", len(names), MaxClusters)
+	}
+	seen := map[string]bool{}
+	var errs []error
+	for i, n := range names {
+		switch {
+		case len(n) > 63 || !clusterName.MatchString(n):
+			errs = append(errs, fmt.Errorf("[%d] %q is not a DNS label (a-z, 0-9, '-', at most 63)", i, n))
+		case seen[n]:
+			errs = append(errs, fmt.Errorf("[%d] %q is listed twice", i, n))
+		}
+		seen[n] = true
+	}
+	return errors.Join(errs...)
+}
+
+// ParseClusterNames splits a comma-separated --clusters value and validates it.
+func ParseClusterNames(s string) ([]string, error) {
+	if len(s) > MaxClusters*64 {
+		return nil, fmt.Errorf("--clusters is %d bytes long, at most %d", len(s), MaxClusters*64)
+	}
+	var names []string
+	for _, n := range strings.Split(s, ",") {
+		names = append(names, strings.TrimSpace(n))
+	}
+	if err := ValidateClusterNames(names); err != nil {
+		return nil, err
+	}
+	return names, nil
+}
+
+// Env is a running set of local clusters.
+type Env struct {
+	dir      string
+	etcd     *process
+	clusters []*Cluster
+	mu       sync.Mutex
+	stopped  bool
+}
+
+// Cluster is one running kube-apiserver.
+type Cluster struct {
+	// Name of the cluster.
+	Name string
+	// URL of its API server, https on loopback.
+	URL string
+	// Kubeconfig is the path of an admin kubeconfig for it.
+	Kubeconfig string
+
+	config *rest.Config
+	proc   *process
+}
+
+// RESTConfig returns a copy of the admin client config.
+func (c *Cluster) RESTConfig() *rest.Config { return rest.CopyConfig(c.config) }
+
+// Clientset returns a typed admin client.
+func (c *Cluster) Clientset() (*kubernetes.Clientset, error) {
+	return kubernetes.NewForConfig(c.RESTConfig())
+}
+
+// Pid is the kube-apiserver's process id.
+func (c *Cluster) Pid() int { return c.proc.cmd.Process.Pid }
+
+// Dir is where the environment keeps its files.
+func (e *Env) Dir() string { return e.dir }
+
+// Clusters returns the clusters in the order they were asked for.
+func (e *Env) Clusters() []*Cluster { return append([]*Cluster(nil), e.clusters...) }
+
+// Cluster returns the named cluster, or nil.
+func (e *Env) Cluster(name string) *Cluster {
+	for _, c := range e.clusters {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// Pids are the process ids of etcd and every kube-apiserver.
+func (e *Env) Pids() []int {
+	pids := []int{e.etcd.cmd.Process.Pid}
+	for _, c := range e.clusters {
+		pids = append(pids, c.Pid())
+	}
+	return pids
+}
+
+// Start brings up etcd and one kube-apiserver per cluster, waits until each
+// is ready and has the CRDs installed. On any error everything started so far
+// is stopped again.
+func Start(ctx context.Context, cfg Config) (env *Env, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("localcluster config: %w", err)
+	}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = 90 * time.Second
+	}
+	if cfg.BinDir == "" {
+		root, err := RepoRoot()
+		if err != nil {
+			return nil, err
+		}
+		cfg.BinDir = filepath.Join(root, ".cache", "bin")
+	}
+	for _, b := range []string{"etcd", "kube-apiserver"} {
+		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {
+			return nil, fmt.Errorf("%s not found in %s: run `make tools` first: %w", b, cfg.BinDir, err)
+		}
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	crds, err := loadCRDs()
+	if err != nil {
+		return nil, err
+	}
+
+	env = &Env{dir: dir}
+	defer func() {
+		if err != nil {
+			_ = env.Stop()
+			env = nil
+		}
+	}()
+	etcd, err := env.startEtcd(cfg)
+	if err != nil {
+		return env, err
+	}
+
+	env.clusters = make([]*Cluster, len(cfg.Clusters))
+	errs := make([]error, len(cfg.Clusters))
+	var wg sync.WaitGroup
+	for i, name := range cfg.Clusters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := env.startCluster(ctx, cfg, name, etcd)
+			if err != nil {
+				errs[i] = fmt.Errorf("cluster %s: %w", name, err)
+				return
+			}
+			env.mu.Lock()
+			env.clusters[i] = c
+			env.mu.Unlock()
+			if err := installCRDs(ctx, c.config, crds); err != nil {
+				errs[i] = fmt.Errorf("cluster %s: %w", name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return env, err
+	}
+	if cfg.Detach {
+		if err := env.writeState(); err != nil {
+			return env, err
+		}
+	}
+	return env, nil
+}
+
+// etcdTLS is what an API server needs to reach etcd.
+type etcdTLS struct {
+	url, caFile, certFile, keyFile string
+}
+
+func (e *Env) startEtcd(cfg Config) (*etcdTLS, error) {
+	dir := filepath.Join(e.dir, "etcd")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	ca, err := newCA("etcd-ca")
+	if err != nil {
+		return nil, err
+	}
+	serving, err := newServing(ca, "etcd")
+	if err != nil {
+		return nil, err
+	}
+	client, err := newClient(ca, "kube-apiserver")
+	if err != nil {
+		return nil, err
+	}
+	caFile, _, err := ca.write(dir, "ca")
+	if err != nil {
+		return nil, err
+	}
+	servCert, servKey, err := serving.write(dir, "server")
+	if err != nil {
+		return nil, err
+	}
+	cliCert, cliKey, err := client.write(dir, "client")
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		clientPort, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		peerPort, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		clientURL := "https://127.0.0.1:" + strconv.Itoa(clientPort)
+		peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
+		args := []string{
+			"--name=default",
+			"--data-dir=" + filepath.Join(dir, "data"),
+			"--listen-client-urls=" + clientURL,
+			"--advertise-client-urls=" + clientURL,
+			"--listen-peer-urls=" + peerURL,
+			"--initial-advertise-peer-urls=" + peerURL,
+			"--initial-cluster=default=" + peerURL,
+			"--cert-file=" + servCert,
+			"--key-file=" + servKey,
+			"--client-cert-auth",
+			"--trusted-ca-file=" + caFile,
+			"--unsafe-no-fsync",
+			"--log-level=warn",
+		}
+		p, err := startProcess("etcd", filepath.Join(cfg.BinDir, "etcd"), args, filepath.Join(e.dir, "etcd.log"), cfg.Detach)
+		if err != nil {
+			return nil, err
+		}
+		e.etcd = p
+		tlsCfg := &etcdTLS{url: clientURL, caFile: caFile, certFile: cliCert, keyFile: cliKey}
+		if lastErr = waitPort(p, clientPort, 30*time.Second); lastErr == nil {
+			return tlsCfg, nil
+		}
+		_ = p.stop(5 * time.Second)
+		_ = os.RemoveAll(filepath.Join(dir, "data"))
+	}
+	return nil, fmt.Errorf("etcd did not start (see %s): %w", filepath.Join(e.dir, "etcd.log"), lastErr)
+}
+
+func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *etcdTLS) (*Cluster, error) {
+	dir := filepath.Join(e.dir, name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	ca, err := newCA(name + "-ca")
+	if err != nil {
+		return nil, err
+	}
+	serving, err := newServing(ca, "kube-apiserver")
+	if err != nil {
+		return nil, err
+	}
+	admin, err := newClient(ca, "relaymesh-admin", "system:masters")
+	if err != nil {
+		return nil, err
+	}
+	caFile, _, err := ca.write(dir, "ca")
+	if err != nil {
+		return nil, err
+	}
+	servCert, servKey, err := serving.write(dir, "apiserver")
+	if err != nil {
+		return nil, err
+	}
+	saPub, saKey, err := writeServiceAccountKeys(dir)
+	if err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(e.dir, name+".log")
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		args := []string{
+			"--etcd-servers=" + etcd.url,
+			"--etcd-cafile=" + etcd.caFile,
+			"--etcd-certfile=" + etcd.certFile,
+			"--etcd-keyfile=" + etcd.keyFile,
+			"--etcd-prefix=/registry/" + name,
+			"--bind-address=127.0.0.1",
+			"--advertise-address=127.0.0.1",
+			"--secure-port=" + strconv.Itoa(port),
+			"--tls-cert-file=" + servCert,
+			"--tls-private-key-file=" + servKey,
+			"--cert-dir=" + dir,
+			"--client-ca-file=" + caFile,
+			"--anonymous-auth=false",
+			"--authorization-mode=RBAC",
+			"--service-account-key-file=" + saPub,
+			"--service-account-signing-key-file=" + saKey,
+			"--service-account-issuer=https://kubernetes.default.svc." + name,
+			"--api-audiences=https://kubernetes.default.svc." + name + ",istio-ca",
+			"--service-cluster-ip-range=10.96.0.0/16",
+			"--allow-privileged=false",
+			"--enable-priority-and-fairness=false",
+			"--profiling=false",
+			"--v=1",
+		}
+		p, err := startProcess("kube-apiserver "+name, filepath.Join(cfg.BinDir, "kube-apiserver"), args, logPath, cfg.Detach)
+		if err != nil {
+			return nil, err
+		}
+		c := &Cluster{Name: name, URL: "https://127.0.0.1:" + strconv.Itoa(port), proc: p}
+		c.config = &rest.Config{
+			Host: c.URL,
+			TLSClientConfig: rest.TLSClientConfig{
+				CAData:   ca.certPEM,
+				CertData: admin.certPEM,
+				KeyData:  admin.keyPEM,
+			},
+			QPS:   200,
+			Burst: 400,
+		}
+		if lastErr = waitReady(ctx, c, cfg.ReadyTimeout); lastErr == nil {
+			c.Kubeconfig = filepath.Join(e.dir, name+".kubeconfig")
+			if err := writeKubeconfig(c.Kubeconfig, name, c.URL, ca.certPEM, admin); err != nil {
+				return c, err
+			}
+			return c, nil
+		}
+		_ = p.stop(5 * time.Second)
+		if !portTaken(logPath) {
+			break
+		}
+	}
+	return nil, fmt.Errorf("kube-apiserver not ready (see %s): %w", logPath, lastErr)
+}
+
+// portTaken reports whether the API server's log says another process took
+// its port between freePort and bind.
+func portTaken(logPath string) bool {
+	b, err := os.ReadFile(logPath)
+	return err == nil && strings.Contains(string(b), "address already in use")
+}
+
+// waitPort waits until a process listens on a loopback port.
+func waitPort(p *process, port int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if done, err := p.exited(); done {
+			return fmt.Errorf("%s exited: %v", p.name, err)
+		}
+		if conn, err := dialLoopback(port); err == nil {
+			conn.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not listening on %d after %s", p.name, port, timeout)
+}
+
+// waitReady polls /readyz with the admin credential.
+func waitReady(ctx context.Context, c *Cluster, timeout time.Duration) error {
+	cs, err := c.Clientset()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		if done, err := c.proc.exited(); done {
+			return fmt.Errorf("kube-apiserver exited: %v", err)
+		}
+		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err == nil && string(body) == "ok" {
+			return nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not ready after %s: %v", timeout, last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func writeKubeconfig(path, name, url string, caPEM []byte, admin *keyPair) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: url, CertificateAuthorityData: caPEM}
+	cfg.AuthInfos[name+"-admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: admin.certPEM, ClientKeyData: admin.keyPEM}
+	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name + "-admin"}
+	cfg.CurrentContext = name
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// Stop terminates every process and waits for it. It is safe to call twice.
+func (e *Env) Stop() error {
+	e.mu.Lock()
+	if e.stopped {
+		e.mu.Unlock()
+		return nil
+	}
+	e.stopped = true
+	clusters := e.clusters
+	e.mu.Unlock()
+	var errs []error
+	var wg sync.WaitGroup
+	var emu sync.Mutex
+	for _, c := range clusters {
+		if c == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.proc.stop(10 * time.Second); err != nil {
+				emu.Lock()
+				errs = append(errs, err)
+				emu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if e.etcd != nil {
+		if err := e.etcd.stop(10 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// state is what `up` leaves for `down`.
+type state struct {
+	Pids     []int             `json:"pids"`
+	Clusters map[string]string `json:"kubeconfigs"`
+}
+
+func (e *Env) writeState() error {
+	s := state{Pids: e.Pids(), Clusters: map[string]string{}}
+	for _, c := range e.clusters {
+		s.Clusters[c.Name] = c.Kubeconfig
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(e.dir, stateFile), b, 0o600)
+}
+
+// Down stops a detached environment started in dir and removes dir. It
+// refuses a directory that holds no environment state, so a mistyped --dir
+// never deletes anything.
+func Down(dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, stateFile))
+	if err != nil {
+		return fmt.Errorf("no local clusters recorded in %s: %w", dir, err)
+	}
+	var s state
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("read %s: %w", filepath.Join(dir, stateFile), err)
+	}
+	var errs []error
+	// API servers first, etcd (the first pid) last.
+	for i := len(s.Pids) - 1; i >= 0; i-- {
+		if err := killGroup(s.Pids[i], 10*time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+// RepoRoot finds the Relaymesh checkout that contains the working directory.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && strings.HasPrefix(string(b), "module github.com/relaymesh/relaymesh\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("not inside the relaymesh repository (no go.mod of github.com/relaymesh/relaymesh above the working directory)")
+		}
+		dir = parent
+	}
+}
+
+// istioAPIDir locates the istio.io/api module the repository pins.
+func istioAPIDir() (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/api")
+	cmd.Dir = root
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("locate istio.io/api module (go list -m): %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	dir := strings.TrimSpace(string(out))
+	if dir == "" {
+		return "", errors.New("istio.io/api module is not downloaded: run `go mod download istio.io/api`")
+	}
+	return dir, nil
+}

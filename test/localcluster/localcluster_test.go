@@ -1,0 +1,302 @@
+package localcluster
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
+)
+
+func TestValidateClusterNames(t *testing.T) {
+	many := make([]string, MaxClusters+1)
+	for i := range many {
+		many[i] = "c" + strings.Repeat("x", i)
+	}
+	tests := []struct {
+		name    string
+		in      []string
+		wantErr string
+	}{
+		{"ok", []string{"mgmt", "cluster-1", "cluster-2"}, ""},
+		{"empty list", nil, "at least one cluster"},
+		{"empty name", []string{"mgmt", ""}, `[1] "" is not a DNS label`},
+		{"upper case", []string{"Mgmt"}, "not a DNS label"},
+		{"leading dash", []string{"-a"}, "not a DNS label"},
+		{"dot", []string{"a.b"}, "not a DNS label"},
+		{"path traversal", []string{"../../etc"}, "not a DNS label"},
+		{"too long", []string{strings.Repeat("a", 64)}, "not a DNS label"},
+		{"duplicate", []string{"a", "b", "a"}, `[2] "a" is listed twice`},
+		{"too many", many, "at most 16"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ValidateClusterNames(tt.in)
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.wantErr)
+		})
+	}
+}
+
+func TestParseClusterNames(t *testing.T) {
+	got, err := ParseClusterNames("mgmt, cluster-1,cluster-2")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"mgmt", "cluster-1", "cluster-2"}, got)
+
+	for _, bad := range []string{"", ",", "a,,b", "a;b", strings.Repeat("a,", 2000)} {
+		_, err := ParseClusterNames(bad)
+		assert.Error(t, err, "input %q", bad)
+	}
+}
+
+func FuzzParseClusterNames(f *testing.F) {
+	for _, s := range []string{"mgmt,cluster-1,cluster-2", "", "a,a", "A", "a-,b", strings.Repeat("x", 70)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		names, err := ParseClusterNames(s)
+		if err != nil {
+			return
+		}
+		require.NotEmpty(t, names)
+		require.LessOrEqual(t, len(names), MaxClusters)
+		seen := map[string]bool{}
+		for _, n := range names {
+			require.True(t, clusterName.MatchString(n) && len(n) <= 63, "accepted bad name %q", n)
+			require.False(t, seen[n], "accepted duplicate %q", n)
+			seen[n] = true
+		}
+	})
+}
+
+func TestConfigValidateReportsEveryField(t *testing.T) {
+	err := Config{ReadyTimeout: -1}.Validate()
+	require.Error(t, err)
+	for _, want := range []string{"dir: required", "clusters: at least one", "readyTimeout"} {
+		assert.Contains(t, err.Error(), want)
+	}
+}
+
+func TestDownRefusesDirectoryWithoutState(t *testing.T) {
+	dir := t.TempDir()
+	keep := filepath.Join(dir, "keep.txt")
+	require.NoError(t, os.WriteFile(keep, []byte("x"), 0o600))
+	err := Down(dir)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no local clusters recorded")
+	assert.FileExists(t, keep, "Down must not delete a directory it did not create")
+}
+
+func TestDownRejectsCorruptState(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, stateFile), []byte(`{"pids":[1]}`), 0o600))
+	err := Down(dir)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "refusing to signal pid 1")
+	assert.DirExists(t, dir)
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, stateFile), []byte(`not json`), 0o600))
+	require.Error(t, Down(dir))
+	assert.DirExists(t, dir)
+}
+
+// startEnv starts clusters for a test and stops them when it ends, failing
+// the test if any process survives.
+func startEnv(t *testing.T, detach bool, names ...string) *Env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	env, err := Start(ctx, Config{Dir: t.TempDir(), Clusters: names, Detach: detach})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		pids := env.Pids()
+		require.NoError(t, env.Stop())
+		for _, pid := range pids {
+			assert.False(t, alive(pid), "process %d still running after Stop", pid)
+		}
+	})
+	return env
+}
+
+var (
+	virtualMeshGVR    = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualmeshes"}
+	virtualServiceGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
+)
+
+func object(t *testing.T, y string) *unstructured.Unstructured {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	require.NoError(t, yaml.Unmarshal([]byte(y), &u.Object))
+	return u
+}
+
+const validVirtualMesh = `
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: vm, namespace: default}
+spec:
+  meshes: [{name: istiod-istio-system-cluster-1}]
+  mtls: {shared: {rootCA: {generated: {}}}}
+  globalAccessPolicy: Enabled
+`
+
+const validVirtualService = `
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: default}
+spec:
+  hosts: [reviews]
+  http:
+  - route:
+    - destination: {host: reviews}
+`
+
+func TestThreeClusters(t *testing.T) {
+	env := startEnv(t, false, "mgmt", "cluster-1", "cluster-2")
+	ctx := context.Background()
+	require.Len(t, env.Clusters(), 3)
+
+	mgmt := env.Cluster("mgmt")
+	require.NotNil(t, mgmt)
+	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
+	require.NoError(t, err)
+	vms := dyn.Resource(virtualMeshGVR).Namespace("default")
+	vss := dyn.Resource(virtualServiceGVR).Namespace("default")
+
+	t.Run("valid VirtualMesh is accepted", func(t *testing.T) {
+		got, err := vms.Create(ctx, object(t, validVirtualMesh), metav1.CreateOptions{})
+		require.NoError(t, err)
+		hs, _, _ := unstructured.NestedString(got.Object, "spec", "federation", "hostnameSuffix")
+		assert.Empty(t, hs, "no federation block, no defaulted suffix")
+		rs, _, _ := unstructured.NestedString(got.Object, "spec", "mtls", "rotationStrategy")
+		assert.Equal(t, "MultiRoot", rs, "schema default applied by the real apiserver")
+	})
+
+	rejections := []struct {
+		name, path string
+		value      any
+		want       []string
+	}{
+		{"invalid enum", "spec.globalAccessPolicy", "Sometimes", []string{"spec.globalAccessPolicy", "Unsupported value", `"Sometimes"`}},
+		{"invalid rotation enum", "spec.mtls.rotationStrategy", "Sideways", []string{"spec.mtls.rotationStrategy", "Unsupported value"}},
+		{"two root sources", "spec.mtls.shared.rootCA.secret", map[string]any{"name": "root"}, []string{"exactly one of generated, secret, external or pkcs11"}},
+		{"bad duration", "spec.mtls.shared.rootCA.generated.ttl", "one year", []string{"spec.mtls.shared.rootCA.generated.ttl", "should match"}},
+		{"no meshes", "spec.meshes", []any{}, []string{"spec.meshes", "at least 1 items"}},
+	}
+	for _, tt := range rejections {
+		t.Run("VirtualMesh "+tt.name+" is rejected", func(t *testing.T) {
+			u := object(t, validVirtualMesh)
+			u.SetName("bad-" + strings.ReplaceAll(tt.name, " ", "-"))
+			require.NoError(t, unstructured.SetNestedField(u.Object, tt.value, strings.Split(tt.path, ".")...))
+			_, err := vms.Create(ctx, u, metav1.CreateOptions{})
+			require.Error(t, err)
+			assert.True(t, apierrors.IsInvalid(err), "want a schema rejection, got %v", err)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			_, err = vms.Get(ctx, u.GetName(), metav1.GetOptions{})
+			assert.True(t, apierrors.IsNotFound(err), "rejected object must not exist")
+		})
+	}
+
+	t.Run("valid VirtualService is accepted", func(t *testing.T) {
+		_, err := vss.Create(ctx, object(t, validVirtualService), metav1.CreateOptions{})
+		require.NoError(t, err)
+	})
+
+	t.Run("VirtualService with a bad field is rejected", func(t *testing.T) {
+		u := object(t, validVirtualService)
+		u.SetName("bad-type")
+		require.NoError(t, unstructured.SetNestedField(u.Object, "reviews", "spec", "hosts"))
+		_, err := vss.Create(ctx, u, metav1.CreateOptions{})
+		require.Error(t, err)
+		assert.True(t, apierrors.IsInvalid(err), "got %v", err)
+		assert.Contains(t, err.Error(), "spec.hosts")
+
+		u = object(t, strings.Replace(validVirtualService, "- route:", "- retriez: {attempts: 3}\n    route:", 1))
+		u.SetName("unknown-field")
+		_, err = vss.Create(ctx, u, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "retriez")
+	})
+
+	t.Run("clusters are isolated", func(t *testing.T) {
+		c1, err := env.Cluster("cluster-1").Clientset()
+		require.NoError(t, err)
+		c2, err := env.Cluster("cluster-2").Clientset()
+		require.NoError(t, err)
+		_, err = c1.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "only-in-1"}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		_, err = c2.CoreV1().Namespaces().Get(ctx, "only-in-1", metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "cluster-2 sees cluster-1's namespace: %v", err)
+	})
+
+	t.Run("service-account tokens work", func(t *testing.T) {
+		cs, err := env.Cluster("cluster-1").Clientset()
+		require.NoError(t, err)
+		_, err = cs.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "istiod"}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		tr, err := cs.CoreV1().ServiceAccounts("default").CreateToken(ctx, "istiod", &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca"}},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		review, err := cs.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+			Spec: authenticationv1.TokenReviewSpec{Token: tr.Status.Token, Audiences: []string{"istio-ca"}},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		assert.True(t, review.Status.Authenticated, "token of cluster-1 rejected by cluster-1: %s", review.Status.Error)
+		assert.Equal(t, "system:serviceaccount:default:istiod", review.Status.User.Username)
+
+		other, err := env.Cluster("cluster-2").Clientset()
+		require.NoError(t, err)
+		review, err = other.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+			Spec: authenticationv1.TokenReviewSpec{Token: tr.Status.Token, Audiences: []string{"istio-ca"}},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		assert.False(t, review.Status.Authenticated, "cluster-2 must not accept cluster-1's token")
+	})
+
+	t.Run("kubeconfigs work", func(t *testing.T) {
+		for _, c := range env.Clusters() {
+			assert.FileExists(t, c.Kubeconfig)
+		}
+	})
+}
+
+func TestDetachedUpDown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := filepath.Join(t.TempDir(), "env")
+	env, err := Start(ctx, Config{Dir: dir, Clusters: []string{"solo"}, Detach: true})
+	require.NoError(t, err)
+	pids := env.Pids()
+	t.Cleanup(func() { _ = env.Stop() }) // only acts if Down failed
+	assert.FileExists(t, filepath.Join(dir, stateFile))
+	assert.FileExists(t, filepath.Join(dir, "solo.kubeconfig"))
+
+	require.NoError(t, Down(dir))
+	deadline := time.Now().Add(15 * time.Second)
+	for _, pid := range pids {
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		assert.False(t, alive(pid), "process %d survived Down", pid)
+	}
+	assert.NoDirExists(t, dir)
+}

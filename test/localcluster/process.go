@@ -1,0 +1,126 @@
+package localcluster
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+)
+
+// process is one child: etcd or a kube-apiserver.
+type process struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited (attached mode)
+	err  error         // exit status, valid after done
+	log  string        // path of its combined output
+}
+
+// startProcess runs bin with args, output to logPath. Attached processes are
+// killed by the kernel if this Go process dies (Pdeathsig), so a crashed or
+// timed-out test leaves nothing behind. Detached ones (for `up`) get their own
+// session and outlive the command that started them.
+func startProcess(name, bin string, args []string, logPath string, detach bool) (*process, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open log for %s: %w", name, err)
+	}
+	defer logFile.Close() // the child holds its own descriptor
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if detach {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	} else {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
+	}
+	p := &process{name: name, cmd: cmd, done: make(chan struct{}), log: logPath}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// exited reports whether the process is gone, and how it ended.
+func (p *process) exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+// stop asks the process group to terminate, then kills it after grace.
+func (p *process) stop(grace time.Duration) error {
+	if done, _ := p.exited(); done {
+		return nil
+	}
+	pid := p.cmd.Process.Pid
+	_ = syscall.Kill(-pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(grace):
+	}
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("%s (pid %d) did not exit after SIGKILL", p.name, pid)
+	}
+}
+
+// killGroup terminates a detached process group by pid (used by `down`,
+// which did not start the process itself).
+func killGroup(pid int, grace time.Duration) error {
+	if pid <= 1 {
+		return fmt.Errorf("refusing to signal pid %d", pid)
+	}
+	if err := syscall.Kill(-pid, syscall.SIGTERM); err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			return nil
+		}
+		return fmt.Errorf("signal process group %d: %w", pid, err)
+	}
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		if !alive(pid) {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill process group %d: %w", pid, err)
+	}
+	return nil
+}
+
+// alive reports whether a process with this pid exists (and is not a zombie
+// we are about to reap).
+func alive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// freePort asks the kernel for an unused loopback port. Another process can
+// take it before we bind it; Start retries a cluster whose port was lost.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	addr, ok := l.Addr().(*net.TCPAddr)
+	if !ok {
+		return 0, fmt.Errorf("unexpected listener address %v", l.Addr())
+	}
+	return addr.Port, nil
+}
