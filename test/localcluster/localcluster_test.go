@@ -2,6 +2,7 @@ package localcluster
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -215,6 +216,57 @@ func TestThreeClusters(t *testing.T) {
 		})
 	}
 
+	t.Run("other kinds: defaults and rejections", func(t *testing.T) {
+		clusters := dyn.Resource(schema.GroupVersionResource{Group: "multicluster.relaymesh.io", Version: "v1alpha1", Resource: "kubernetesclusters"}).Namespace("default")
+		got, err := clusters.Create(ctx, object(t, `
+apiVersion: multicluster.relaymesh.io/v1alpha1
+kind: KubernetesCluster
+metadata: {name: cluster-1, namespace: default}
+spec: {}
+`), metav1.CreateOptions{})
+		require.NoError(t, err)
+		mode, _, _ := unstructured.NestedString(got.Object, "spec", "mode")
+		assert.Equal(t, "relay", mode, "relay mode is the default")
+
+		tps := dyn.Resource(schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"}).Namespace("default")
+		aps := dyn.Resource(schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"}).Namespace("default")
+		_, err = tps.Create(ctx, object(t, `
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: TrafficPolicy
+metadata: {name: ok, namespace: default}
+spec:
+  policy:
+    trafficShift: {destinations: [{weight: 80, kubeService: {name: reviews, namespace: bookinfo, clusterName: cluster-1}}]}
+    faultInjection: {fixedDelay: 2s, percentage: 12.5}
+`), metav1.CreateOptions{})
+		require.NoError(t, err)
+
+		for _, tt := range []struct {
+			name string
+			ri   dynamic.ResourceInterface
+			y    string
+			want string
+		}{
+			{"cluster name not a DNS label", clusters, "apiVersion: multicluster.relaymesh.io/v1alpha1\nkind: KubernetesCluster\nmetadata: {name: cluster.one, namespace: default}\nspec: {}", "must be a DNS label"},
+			{"kubeconfig mode without secret", clusters, "apiVersion: multicluster.relaymesh.io/v1alpha1\nkind: KubernetesCluster\nmetadata: {name: c2, namespace: default}\nspec: {mode: kubeconfig}", "kubeconfigSecretRef is required"},
+			{"weight over 100", tps, "apiVersion: networking.relaymesh.io/v1alpha1\nkind: TrafficPolicy\nmetadata: {name: w, namespace: default}\nspec: {policy: {trafficShift: {destinations: [{weight: 120, kubeService: {name: r, namespace: b, clusterName: c}}]}}}", "should be less than or equal to 100"},
+			{"percentage over 100", tps, "apiVersion: networking.relaymesh.io/v1alpha1\nkind: TrafficPolicy\nmetadata: {name: p, namespace: default}\nspec: {policy: {faultInjection: {abort: {httpStatus: 503}, percentage: 100.5}}}", "should be less than or equal to 100"},
+			{"delay and abort", tps, "apiVersion: networking.relaymesh.io/v1alpha1\nkind: TrafficPolicy\nmetadata: {name: da, namespace: default}\nspec: {policy: {faultInjection: {fixedDelay: 1s, abort: {httpStatus: 503}, percentage: 1}}}", "exactly one of fixedDelay or abort"},
+			{"port out of range", aps, "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: port, namespace: default}\nspec: {allowedPorts: [70000]}", "should be less than or equal to 65535"},
+			{"unknown method", aps, "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: m, namespace: default}\nspec: {allowedMethods: [STEAL]}", "Unsupported value"},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				u := object(t, tt.y)
+				_, err := tt.ri.Create(ctx, u, metav1.CreateOptions{})
+				require.Error(t, err)
+				assert.True(t, apierrors.IsInvalid(err), "got %v", err)
+				assert.Contains(t, err.Error(), tt.want)
+				_, err = tt.ri.Get(ctx, u.GetName(), metav1.GetOptions{})
+				assert.True(t, apierrors.IsNotFound(err), "rejected object must not exist")
+			})
+		}
+	})
+
 	t.Run("valid VirtualService is accepted", func(t *testing.T) {
 		_, err := vss.Create(ctx, object(t, validVirtualService), metav1.CreateOptions{})
 		require.NoError(t, err)
@@ -299,4 +351,24 @@ func TestDetachedUpDown(t *testing.T) {
 		assert.False(t, alive(pid), "process %d survived Down", pid)
 	}
 	assert.NoDirExists(t, dir)
+}
+
+// BenchmarkStart measures how long one environment takes from nothing to
+// ready API servers with every CRD established, the fixed cost each
+// integration test package pays.
+func BenchmarkStart(b *testing.B) {
+	for _, n := range []int{1, 3} {
+		names := []string{"mgmt", "cluster-1", "cluster-2"}[:n]
+		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				env, err := Start(context.Background(), Config{Dir: b.TempDir(), Clusters: names})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := env.Stop(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

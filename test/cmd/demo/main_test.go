@@ -1,0 +1,32 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestDemoRunsToCompletion is `DEMO_EXIT=1 make demo` inside the test suite:
+// the sample objects must pass the real API servers' validation and the
+// summary must show them.
+func TestDemoRunsToCompletion(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	err := run(ctx, config{dir: filepath.Join(t.TempDir(), "demo"), workloads: []string{"cluster-1", "cluster-2"}, exit: true}, &out)
+	require.NoError(t, err, out.String())
+	s := out.String()
+	for _, want := range []string{
+		"cluster-1  bookinfo      enabled    productpage-v1,reviews-v1,reviews-v2  productpage,reviews",
+		"cluster-2  istio-system  -          istiod",
+		"relaymesh/bookinfo-federation  istiod-istio-system-cluster-1,istiod-istio-system-cluster-2  generated  MultiRoot  global",
+		"Stopping local clusters",
+	} {
+		assert.Contains(t, s, want)
+	}
+}
