@@ -20,8 +20,9 @@ test: tools ## run every test, with -race, including integration tests on real k
 tools: ## build pinned kube-apiserver, etcd, kubectl, istioctl, pilot-discovery, controller-gen, staticcheck
 	hack/tools.sh
 
-gen: ## regenerate deepcopy functions and CRD manifests from api/
-	hack/tools.sh controller-gen
+gen: ## regenerate deepcopy functions, CRD manifests (api/) and protobuf code (relay/proto)
+	hack/tools.sh controller-gen protoc-gen-go protoc-gen-go-grpc
+	PATH="$(CURDIR)/$(BIN):$$PATH" protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative relay/proto/relay.proto
 	rm -f api/crds/*.yaml
 	$(BIN)/controller-gen object:headerFile=/dev/null paths=./api/...
 	$(BIN)/controller-gen crd:allowDangerousTypes=true,crdVersions=v1 paths=./api/... output:crd:artifacts:config=api/crds
@@ -34,7 +35,8 @@ verify: gen ## gofmt, go vet, staticcheck, go.mod tidy, generated code up to dat
 	go mod tidy -diff
 	cd tools && go mod tidy -diff
 	cd tools/istio && go mod tidy -diff
-	@if [ -n "$$(git status --porcelain -- api)" ]; then echo "generated code is stale; run make gen and commit:"; git status --porcelain -- api; exit 1; fi
+	cd tools/proto && go mod tidy -diff
+	@if [ -n "$$(git status --porcelain -- api relay/proto)" ]; then echo "generated code is stale; run make gen and commit:"; git status --porcelain -- api relay/proto; exit 1; fi
 
 bench: tools ## run every benchmark once (numbers go to docs/benchmarks.md)
 	go test -run '^$$' -bench . -benchmem -count=1 ./...

@@ -33,20 +33,23 @@ build() {
 
 k8s="$cache/k8s-$(key "$root/tools")"
 istio="$cache/istio-$(key "$root/tools/istio")"
-mkdir -p "$k8s" "$istio"
+proto="$cache/proto-$(key "$root/tools/proto")"
+mkdir -p "$k8s" "$istio" "$proto"
 
 want=${*:-all}
 for t in $want; do
   case $t in
     all)
-      "$0" kube-apiserver etcd kubectl controller-gen staticcheck istioctl pilot-discovery ;;
+      "$0" kube-apiserver etcd kubectl controller-gen staticcheck protoc-gen-go protoc-gen-go-grpc istioctl pilot-discovery ;;
     kube-apiserver) build "$k8s" "$root/tools" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver ;;
     kubectl) build "$k8s" "$root/tools" kubectl k8s.io/kubernetes/cmd/kubectl ;;
     etcd) build "$k8s" "$root/tools" etcd go.etcd.io/etcd/server/v3 ;;
     controller-gen) build "$k8s" "$root/tools" controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen ;;
     staticcheck) build "$k8s" "$root/tools" staticcheck honnef.co/go/tools/cmd/staticcheck ;;
+    protoc-gen-go) build "$proto" "$root/tools/proto" protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go ;;
+    protoc-gen-go-grpc) build "$proto" "$root/tools/proto" protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc ;;
     istioctl) build "$istio" "$root/tools/istio" istioctl istio.io/istio/istioctl/cmd/istioctl CGO_ENABLED=0 ;;
     pilot-discovery) build "$istio" "$root/tools/istio" pilot-discovery istio.io/istio/pilot/cmd/pilot-discovery CGO_ENABLED=0 ;;
-    *) echo "tools: unknown tool $t (known: kube-apiserver etcd kubectl controller-gen staticcheck istioctl pilot-discovery)" >&2; exit 2 ;;
+    *) echo "tools: unknown tool $t (known: kube-apiserver etcd kubectl controller-gen staticcheck protoc-gen-go protoc-gen-go-grpc istioctl pilot-discovery)" >&2; exit 2 ;;
   esac
 done
