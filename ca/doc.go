@@ -1,9 +1,33 @@
-// Package ca is Relaymesh's certificate authority: it issues agent client
-// certificates, the relay server certificate and per-mesh intermediate CAs,
-// always as template → sign → validate the result, from a signer behind a
-// small interface (generated root, provided secret, PKCS#11, cfssl, step-ca,
-// Vault). It also drives the MultiRoot root-rotation state machine.
+// Package ca is Relaymesh's certificate authority for relay identities.
 //
-// Status: not yet implemented; the agent-trust and shared-trust issues build
-// it. Nothing in the product imports it yet.
+// It issues two kinds of certificate from a [Signer], a CA key behind a
+// small interface:
+//
+//   - agent client certificates ([Authority.IssueAgent]): short-lived,
+//     clientAuth only, whose only identity is a SPIFFE ID URI SAN chosen by
+//     the server. Nothing but the public key is taken from the agent's CSR;
+//     requested SANs are ignored and a CSR that asks to become a CA is
+//     rejected.
+//   - the relay server's TLS certificate ([Authority.IssueServer]):
+//     serverAuth only, for DNS names and IP addresses the caller names.
+//
+// Every issuance is template → sign → validate the result: the template is
+// built from scratch, the signer signs it, and the returned certificate is
+// checked against what was asked for (chain, usage, names, key, serial,
+// validity) before anyone sees it. Any difference fails closed.
+//
+// Signer back ends:
+//
+//   - generated: [GenerateRelayCA] makes a self-signed root and an issuing
+//     intermediate; [LoadOrCreateRelayCA] keeps them in the management
+//     cluster in the secrets [RootSecretName] and [SigningSecretName].
+//   - provided: [NewKeySigner], [ParseSignerPEM] and [LoadSignerFiles] take
+//     an enterprise CA certificate, its intermediates, its key and the roots
+//     it chains to.
+//
+// Every back end passes the conformance suite in package catest.
+//
+// Errors wrap the sentinels [ErrInvalidCSR], [ErrKeyPolicy],
+// [ErrInvalidSigner] and [ErrIssuance]; messages never contain key material.
+// Time and randomness are injected through the Config structs.
 package ca

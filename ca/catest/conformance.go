@@ -1,0 +1,273 @@
+package catest
+
+import (
+	"context"
+	"crypto"
+	"crypto/rsa"
+	"crypto/x509"
+	"math/big"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/relaymesh/relaymesh/ca"
+)
+
+// AgentID is the SPIFFE ID tests issue agent certificates for.
+var AgentID = spiffeid.RequireFromString("spiffe://relay.test/cluster/c1/agent")
+
+// conformanceIssuances is how many certificates the serial number check
+// issues.
+const conformanceIssuances = 50
+
+// RunSignerConformance checks that a ca.Signer back end keeps the Signer
+// contract, by issuing through a ca.Authority. newSigner is called once per
+// subtest and must return a signer valid now, with a chain that is valid
+// for at least another two hours.
+func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) {
+	t.Run("chain and roots", func(t *testing.T) {
+		s := newSigner(t)
+		chain, roots := s.Chain(), s.Roots()
+		require.NotEmpty(t, chain, "Chain")
+		require.NotEmpty(t, roots, "Roots")
+		assert.True(t, chain[0].IsCA && chain[0].BasicConstraintsValid, "Chain()[0] is a CA")
+		assert.NotZero(t, chain[0].KeyUsage&x509.KeyUsageCertSign, "Chain()[0] has keyCertSign")
+		_, err := chain[0].Verify(x509.VerifyOptions{
+			Roots:         pool(roots),
+			Intermediates: pool(chain[1:]),
+			KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+		})
+		require.NoError(t, err, "Chain verifies to Roots")
+
+		// The slices are the caller's to modify.
+		chain[0], roots[0] = nil, nil
+		assert.NotNil(t, s.Chain()[0], "Chain returns a new slice")
+		assert.NotNil(t, s.Roots()[0], "Roots returns a new slice")
+	})
+
+	t.Run("agent certificates for every allowed key type", func(t *testing.T) {
+		s := newSigner(t)
+		a := newAuthority(t, ca.Config{Signer: s})
+		for _, kt := range AllowedKeyTypes {
+			t.Run(string(kt), func(t *testing.T) {
+				key := NewKey(t, kt)
+				csr := parseCSR(t, NewCSR(t, key, nil))
+				iss, err := a.IssueAgent(context.Background(), csr, AgentID)
+				require.NoError(t, err)
+				CheckAgentCertificate(t, iss, key.Public(), AgentID)
+				_, isRSA := key.Public().(*rsa.PublicKey)
+				assert.Equal(t, isRSA, iss.Certificate.KeyUsage&x509.KeyUsageKeyEncipherment != 0, "keyEncipherment only for RSA keys")
+			})
+		}
+	})
+
+	t.Run("serial numbers are random, unique and at least 128 bits", func(t *testing.T) {
+		s := newSigner(t)
+		a := newAuthority(t, ca.Config{Signer: s})
+		key := NewKey(t, ECDSAP256)
+		csr := parseCSR(t, NewCSR(t, key, nil))
+		seen := map[string]bool{}
+		var prev *x509.Certificate
+		for range conformanceIssuances {
+			iss, err := a.IssueAgent(context.Background(), csr, AgentID)
+			require.NoError(t, err)
+			sn := iss.Certificate.SerialNumber
+			require.Positive(t, sn.Sign(), "serial is positive")
+			require.GreaterOrEqual(t, sn.BitLen(), 128, "serial bits")
+			require.False(t, seen[sn.String()], "serial %v issued twice", sn)
+			seen[sn.String()] = true
+			if prev != nil {
+				d := new(big.Int).Sub(sn, prev.SerialNumber)
+				require.False(t, d.IsInt64() && d.Int64() >= -1000 && d.Int64() <= 1000, "serials %v and %v are close: not random", prev.SerialNumber, sn)
+			}
+			prev = iss.Certificate
+		}
+	})
+
+	t.Run("NotAfter is clamped to the issuing CA", func(t *testing.T) {
+		s := newSigner(t)
+		chain, roots := s.Chain(), s.Roots()
+		caEnd := chain[0].NotAfter
+		for _, c := range chain {
+			if c.NotAfter.Before(caEnd) {
+				caEnd = c.NotAfter
+			}
+		}
+		for _, r := range roots {
+			if r.NotAfter.Before(caEnd) {
+				t.Skip("a root expires before the issuing CA; nothing to clamp to")
+			}
+		}
+		// An hour before the CA expires, a 24h certificate must end with it.
+		now := caEnd.Add(-time.Hour)
+		a := newAuthority(t, ca.Config{Signer: s, Clock: func() time.Time { return now }, AgentTTL: 24 * time.Hour})
+		key := NewKey(t, ECDSAP256)
+		iss, err := a.IssueAgent(context.Background(), parseCSR(t, NewCSR(t, key, nil)), AgentID)
+		require.NoError(t, err)
+		assert.True(t, iss.Certificate.NotAfter.Equal(caEnd), "NotAfter %v, want the CA's %v", iss.Certificate.NotAfter, caEnd)
+		verify(t, iss, now, x509.ExtKeyUsageClientAuth)
+	})
+
+	t.Run("server certificate", func(t *testing.T) {
+		s := newSigner(t)
+		a := newAuthority(t, ca.Config{Signer: s})
+		key := NewKey(t, ECDSAP256)
+		iss, err := a.IssueServer(context.Background(), key.Public(), []string{"relay.example.test"}, []net.IP{net.IPv4(127, 0, 0, 1)})
+		require.NoError(t, err)
+		c := iss.Certificate
+		assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, c.ExtKeyUsage)
+		assert.Equal(t, []string{"relay.example.test"}, c.DNSNames)
+		assert.Empty(t, c.URIs)
+		assert.False(t, c.IsCA)
+		assert.NoError(t, c.VerifyHostname("relay.example.test"))
+		assert.NoError(t, c.VerifyHostname("127.0.0.1"))
+		verify(t, iss, time.Now(), x509.ExtKeyUsageServerAuth)
+		_, err = c.Verify(verifyOptions(iss, time.Now(), x509.ExtKeyUsageClientAuth))
+		assert.Error(t, err, "a server certificate must not verify for clientAuth")
+	})
+
+	t.Run("leaves of another CA do not verify", func(t *testing.T) {
+		s := newSigner(t)
+		a := newAuthority(t, ca.Config{Signer: s})
+		other, err := ca.GenerateRelayCA(ca.GenerateConfig{})
+		require.NoError(t, err)
+		otherSigner, err := other.Signer(time.Now())
+		require.NoError(t, err)
+		b := newAuthority(t, ca.Config{Signer: otherSigner})
+		csr := parseCSR(t, NewCSR(t, NewKey(t, ECDSAP256), nil))
+
+		ours, err := a.IssueAgent(context.Background(), csr, AgentID)
+		require.NoError(t, err)
+		theirs, err := b.IssueAgent(context.Background(), csr, AgentID)
+		require.NoError(t, err)
+
+		both := append(s.Chain(), otherSigner.Chain()...)
+		_, err = theirs.Certificate.Verify(x509.VerifyOptions{
+			Roots: pool(s.Roots()), Intermediates: pool(both),
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		})
+		assert.Error(t, err, "another CA's leaf verified against this signer's roots")
+		_, err = ours.Certificate.Verify(x509.VerifyOptions{
+			Roots: pool(otherSigner.Roots()), Intermediates: pool(both),
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		})
+		assert.Error(t, err, "this signer's leaf verified against another CA's roots")
+	})
+
+	t.Run("Sign honours a done context", func(t *testing.T) {
+		s := newSigner(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		key := NewKey(t, ECDSAP256)
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(1),
+			NotBefore:    time.Now().Add(-time.Minute),
+			NotAfter:     time.Now().Add(time.Hour),
+		}
+		c, err := s.Sign(ctx, tmpl, key.Public())
+		assert.Error(t, err)
+		assert.Nil(t, c)
+	})
+
+	t.Run("concurrent issuance", func(t *testing.T) {
+		s := newSigner(t)
+		a := newAuthority(t, ca.Config{Signer: s})
+		csr := parseCSR(t, NewCSR(t, NewKey(t, ECDSAP256), nil))
+		var wg sync.WaitGroup
+		errs := make(chan error, 8*4)
+		for range 8 {
+			wg.Go(func() {
+				for range 4 {
+					_, err := a.IssueAgent(context.Background(), csr, AgentID)
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+	})
+}
+
+// CheckAgentCertificate asserts everything an agent certificate must be:
+// it verifies to the roots through the chain for clientAuth and not for
+// serverAuth, has exactly the SPIFFE ID id as URI SAN and no other SAN, is
+// not a CA, is for pub, and lies within the issuing CA's validity.
+func CheckAgentCertificate(t testing.TB, iss *ca.Issued, pub crypto.PublicKey, id spiffeid.ID) {
+	t.Helper()
+	c := iss.Certificate
+	require.NotNil(t, c)
+	require.Len(t, c.URIs, 1, "URI SANs")
+	assert.Equal(t, id.String(), c.URIs[0].String())
+	assert.Empty(t, c.DNSNames, "DNS SANs")
+	assert.Empty(t, c.IPAddresses, "IP SANs")
+	assert.Empty(t, c.EmailAddresses, "email SANs")
+	assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, c.ExtKeyUsage)
+	assert.Empty(t, c.UnknownExtKeyUsage)
+	assert.True(t, c.BasicConstraintsValid, "basic constraints present")
+	assert.False(t, c.IsCA, "not a CA")
+	assert.NotZero(t, c.KeyUsage&x509.KeyUsageDigitalSignature, "digitalSignature")
+	assert.Zero(t, c.KeyUsage&(x509.KeyUsageCertSign|x509.KeyUsageCRLSign), "no certSign/cRLSign")
+	assert.Equal(t, []string{"relaymesh"}, c.Subject.Organization)
+	assert.Empty(t, c.Subject.CommonName)
+	eq, ok := pub.(interface{ Equal(crypto.PublicKey) bool })
+	if assert.True(t, ok, "public key type has Equal") {
+		assert.True(t, eq.Equal(c.PublicKey), "certificate is for the requested key")
+	}
+	require.NotEmpty(t, iss.Chain)
+	assert.False(t, c.NotAfter.After(iss.Chain[0].NotAfter), "NotAfter within the issuing CA's")
+	assert.False(t, c.NotBefore.Before(iss.Chain[0].NotBefore), "NotBefore within the issuing CA's")
+	now := time.Now()
+	if c.NotBefore.After(now) || c.NotAfter.Before(now) {
+		now = c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2)
+	}
+	verify(t, iss, now, x509.ExtKeyUsageClientAuth)
+	_, err := c.Verify(verifyOptions(iss, now, x509.ExtKeyUsageServerAuth))
+	assert.Error(t, err, "an agent certificate must not verify for serverAuth")
+}
+
+func verify(t testing.TB, iss *ca.Issued, now time.Time, eku x509.ExtKeyUsage) {
+	t.Helper()
+	_, err := iss.Certificate.Verify(verifyOptions(iss, now, eku))
+	require.NoError(t, err, "certificate verifies to the roots")
+}
+
+func verifyOptions(iss *ca.Issued, now time.Time, eku x509.ExtKeyUsage) x509.VerifyOptions {
+	return x509.VerifyOptions{
+		Roots:         pool(iss.Roots),
+		Intermediates: pool(iss.Chain),
+		CurrentTime:   now,
+		KeyUsages:     []x509.ExtKeyUsage{eku},
+	}
+}
+
+func newAuthority(t testing.TB, cfg ca.Config) *ca.Authority {
+	t.Helper()
+	a, err := ca.New(cfg)
+	require.NoError(t, err)
+	return a
+}
+
+func parseCSR(t testing.TB, der []byte) *x509.CertificateRequest {
+	t.Helper()
+	csr, err := ca.ParseCSR(der)
+	require.NoError(t, err)
+	return csr
+}
+
+func pool(certs []*x509.Certificate) *x509.CertPool {
+	p := x509.NewCertPool()
+	for _, c := range certs {
+		if c != nil {
+			p.AddCert(c)
+		}
+	}
+	return p
+}

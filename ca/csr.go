@@ -1,0 +1,192 @@
+package ca
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/asn1"
+	"encoding/pem"
+	"fmt"
+)
+
+// MaxCSRSize bounds the size of a certificate request, PEM or DER.
+const MaxCSRSize = 16 << 10
+
+// Key policy for certificates this package issues.
+const (
+	minRSABits = 2048
+	maxRSABits = 8192
+)
+
+var (
+	oidExtensionKeyUsage         = asn1.ObjectIdentifier{2, 5, 29, 15}
+	oidExtensionSubjectAltName   = asn1.ObjectIdentifier{2, 5, 29, 17}
+	oidExtensionBasicConstraints = asn1.ObjectIdentifier{2, 5, 29, 19}
+	oidExtensionSubjectKeyID     = asn1.ObjectIdentifier{2, 5, 29, 14}
+	oidExtensionAuthorityKeyID   = asn1.ObjectIdentifier{2, 5, 29, 35}
+	oidExtensionExtKeyUsage      = asn1.ObjectIdentifier{2, 5, 29, 37}
+)
+
+// csrSignatureAlgorithms are the self-signature algorithms accepted as proof
+// of possession. SHA-1 and MD5 based ones are not.
+var csrSignatureAlgorithms = map[x509.SignatureAlgorithm]bool{
+	x509.SHA256WithRSA:    true,
+	x509.SHA384WithRSA:    true,
+	x509.SHA512WithRSA:    true,
+	x509.SHA256WithRSAPSS: true,
+	x509.SHA384WithRSAPSS: true,
+	x509.SHA512WithRSAPSS: true,
+	x509.ECDSAWithSHA256:  true,
+	x509.ECDSAWithSHA384:  true,
+	x509.ECDSAWithSHA512:  true,
+	x509.PureEd25519:      true,
+}
+
+// ParseCSR parses a certificate request, PEM ("CERTIFICATE REQUEST") or DER,
+// of at most MaxCSRSize bytes, and checks it:
+//
+//   - PEM input is exactly one block with no headers, with nothing but
+//     white space around it; DER input has no trailing data.
+//   - The public key is allowed: ECDSA P-256 or P-384, Ed25519, or RSA of
+//     2048 to 8192 bits (ErrKeyPolicy).
+//   - The self-signature verifies with a SHA-2 or Ed25519 algorithm (proof
+//     of possession of the private key).
+//   - Its extension requests do not ask for a CA (basicConstraints CA:true)
+//     or for keyCertSign or cRLSign key usage; such a request is refused,
+//     not silently downgraded. Malformed requests of those extensions are
+//     refused too.
+//
+// Requested subject alternative names are allowed but never copied into a
+// certificate; the caller can read them (DNSNames, IPAddresses, URIs,
+// EmailAddresses) to log that they were ignored. Other errors wrap
+// ErrInvalidCSR.
+func ParseCSR(b []byte) (*x509.CertificateRequest, error) {
+	switch {
+	case len(b) == 0:
+		return nil, fmt.Errorf("%w: empty", ErrInvalidCSR)
+	case len(b) > MaxCSRSize:
+		return nil, fmt.Errorf("%w: %d bytes, at most %d allowed", ErrInvalidCSR, len(b), MaxCSRSize)
+	}
+	der, err := csrDER(b)
+	if err != nil {
+		return nil, err
+	}
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidCSR, err)
+	}
+	if err := checkCSR(csr); err != nil {
+		return nil, err
+	}
+	return csr, nil
+}
+
+// csrDER returns the DER bytes of a PEM or DER certificate request.
+func csrDER(b []byte) ([]byte, error) {
+	trimmed := bytes.TrimSpace(b)
+	if !bytes.HasPrefix(trimmed, []byte("-----BEGIN ")) {
+		return b, nil // DER; x509 rejects trailing data
+	}
+	// pem.Decode skips text and malformed blocks until it finds a good
+	// one, so a second BEGIN anywhere means the input is not one block.
+	if n := bytes.Count(trimmed, []byte("-----BEGIN")); n != 1 {
+		return nil, fmt.Errorf("%w: %d PEM blocks, want exactly one", ErrInvalidCSR, n)
+	}
+	block, rest := pem.Decode(trimmed)
+	switch {
+	case block == nil:
+		return nil, fmt.Errorf("%w: malformed PEM", ErrInvalidCSR)
+	case block.Type != "CERTIFICATE REQUEST" && block.Type != "NEW CERTIFICATE REQUEST":
+		return nil, fmt.Errorf("%w: PEM block is %q, want CERTIFICATE REQUEST", ErrInvalidCSR, truncate(block.Type, 40))
+	case len(block.Headers) != 0:
+		return nil, fmt.Errorf("%w: PEM headers are not allowed", ErrInvalidCSR)
+	case len(rest) != 0:
+		return nil, fmt.Errorf("%w: %d bytes of data after the PEM block", ErrInvalidCSR, len(rest))
+	}
+	return block.Bytes, nil
+}
+
+// checkCSR enforces key policy, proof of possession and the extension
+// request rules on a parsed request. IssueAgent runs it again so that a
+// request that did not come through ParseCSR gets the same checks.
+func checkCSR(csr *x509.CertificateRequest) error {
+	if err := checkPublicKey(csr.PublicKey); err != nil {
+		return err
+	}
+	if !csrSignatureAlgorithms[csr.SignatureAlgorithm] {
+		return fmt.Errorf("%w: signature algorithm %v is not allowed", ErrInvalidCSR, csr.SignatureAlgorithm)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return fmt.Errorf("%w: bad self-signature (no proof of possession): %w", ErrInvalidCSR, err)
+	}
+	for _, ext := range csr.Extensions {
+		switch {
+		case ext.Id.Equal(oidExtensionBasicConstraints):
+			var bc struct {
+				IsCA       bool `asn1:"optional"`
+				MaxPathLen int  `asn1:"optional,default:-1"`
+			}
+			if rest, err := asn1.Unmarshal(ext.Value, &bc); err != nil || len(rest) != 0 {
+				return fmt.Errorf("%w: malformed basicConstraints extension request", ErrInvalidCSR)
+			}
+			if bc.IsCA {
+				return fmt.Errorf("%w: requests a CA certificate (basicConstraints CA:true)", ErrInvalidCSR)
+			}
+		case ext.Id.Equal(oidExtensionKeyUsage):
+			var bits asn1.BitString
+			if rest, err := asn1.Unmarshal(ext.Value, &bits); err != nil || len(rest) != 0 {
+				return fmt.Errorf("%w: malformed keyUsage extension request", ErrInvalidCSR)
+			}
+			// Bit numbers from RFC 5280, section 4.2.1.3.
+			if bits.At(5) != 0 {
+				return fmt.Errorf("%w: requests keyCertSign key usage", ErrInvalidCSR)
+			}
+			if bits.At(6) != 0 {
+				return fmt.Errorf("%w: requests cRLSign key usage", ErrInvalidCSR)
+			}
+		}
+	}
+	return nil
+}
+
+// checkPublicKey enforces key policy: ECDSA P-256 or P-384, Ed25519, RSA of
+// minRSABits to maxRSABits.
+func checkPublicKey(pub crypto.PublicKey) error {
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		if k.Curve != elliptic.P256() && k.Curve != elliptic.P384() {
+			name := "unknown"
+			if k.Curve != nil {
+				name = k.Curve.Params().Name
+			}
+			return fmt.Errorf("%w: ECDSA curve %s (allowed: P-256, P-384)", ErrKeyPolicy, name)
+		}
+	case ed25519.PublicKey:
+		if len(k) != ed25519.PublicKeySize {
+			return fmt.Errorf("%w: Ed25519 key of %d bytes", ErrKeyPolicy, len(k))
+		}
+	case *rsa.PublicKey:
+		if k.N == nil {
+			return fmt.Errorf("%w: empty RSA key", ErrKeyPolicy)
+		}
+		if n := k.N.BitLen(); n < minRSABits || n > maxRSABits {
+			return fmt.Errorf("%w: RSA key of %d bits (allowed: %d to %d)", ErrKeyPolicy, n, minRSABits, maxRSABits)
+		}
+	case nil:
+		return fmt.Errorf("%w: no public key", ErrKeyPolicy)
+	default:
+		return fmt.Errorf("%w: %T keys are not allowed (allowed: ECDSA P-256/P-384, Ed25519, RSA)", ErrKeyPolicy, pub)
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

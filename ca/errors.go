@@ -1,0 +1,21 @@
+package ca
+
+import "errors"
+
+// Sentinel errors. Every error returned by this package that is caused by
+// its input or by a signer wraps exactly one of them; test with errors.Is.
+var (
+	// ErrInvalidCSR: the certificate request is malformed, oversized, not
+	// self-signed by its key, or asks for something an agent may not have
+	// (a CA certificate, certificate or CRL signing).
+	ErrInvalidCSR = errors.New("invalid certificate request")
+	// ErrKeyPolicy: the public key's type or size is not allowed.
+	ErrKeyPolicy = errors.New("public key not allowed")
+	// ErrInvalidSigner: a CA certificate, chain, root or key cannot be used
+	// to sign (not a CA, expired, key mismatch, chain does not verify,
+	// malformed PEM or secret data).
+	ErrInvalidSigner = errors.New("invalid signer")
+	// ErrIssuance: a certificate could not be issued, or the signer
+	// returned one that differs from what was asked for.
+	ErrIssuance = errors.New("certificate issuance failed")
+)

@@ -1,0 +1,229 @@
+package ca
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"go.step.sm/crypto/keyutil"
+	"go.step.sm/crypto/pemutil"
+)
+
+// Defaults and bounds of GenerateConfig.
+const (
+	defaultOrg       = "relaymesh"
+	defaultRootTTL   = 10 * 365 * 24 * time.Hour
+	defaultIssuerTTL = 365 * 24 * time.Hour
+
+	minCATTL   = time.Minute
+	maxRootTTL = 30 * 365 * 24 * time.Hour
+	maxOrgLen  = 64 // ub-organization-name, RFC 5280
+
+	// caBackdate moves a generated CA's NotBefore into the past. It is at
+	// least maxBackdate, so leaves issued right after generation can
+	// be backdated fully.
+	caBackdate = maxBackdate
+)
+
+// GenerateConfig configures GenerateRelayCA.
+type GenerateConfig struct {
+	// Org is the subject organization of the root and the issuing CA;
+	// default "relaymesh", at most 64 bytes.
+	Org string
+	// RootTTL is the root's lifetime; default 10 years, between 1m and 30
+	// years.
+	RootTTL time.Duration
+	// IssuerTTL is the issuing CA's lifetime; default 1 year, between 1m and
+	// RootTTL.
+	IssuerTTL time.Duration
+	// Clock returns the current time; default time.Now.
+	Clock func() time.Time
+	// Rand is the source of serial numbers; default crypto/rand.Reader.
+	// Keys always come from the operating system's CSPRNG: Go ignores
+	// custom readers for key generation.
+	Rand io.Reader
+}
+
+// Default returns c with every zero field set to its default.
+func (c GenerateConfig) Default() GenerateConfig {
+	if c.Org == "" {
+		c.Org = defaultOrg
+	}
+	if c.RootTTL == 0 {
+		c.RootTTL = defaultRootTTL
+	}
+	if c.IssuerTTL == 0 {
+		c.IssuerTTL = defaultIssuerTTL
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Reader
+	}
+	return c
+}
+
+// Validate reports every problem with c, each prefixed with its field path.
+// It does not apply defaults; call Default first.
+func (c GenerateConfig) Validate() error {
+	var errs []error
+	if c.Org == "" || len(c.Org) > maxOrgLen {
+		errs = append(errs, fmt.Errorf("org: must be 1 to %d bytes long", maxOrgLen))
+	}
+	if c.RootTTL < minCATTL || c.RootTTL > maxRootTTL {
+		errs = append(errs, fmt.Errorf("rootTTL: %v is outside [%v, %v]", c.RootTTL, minCATTL, maxRootTTL))
+	}
+	if c.IssuerTTL < minCATTL || c.IssuerTTL > c.RootTTL {
+		errs = append(errs, fmt.Errorf("issuerTTL: %v is outside [%v, rootTTL %v]", c.IssuerTTL, minCATTL, c.RootTTL))
+	}
+	if c.Clock == nil {
+		errs = append(errs, errors.New("clock: required"))
+	}
+	if c.Rand == nil {
+		errs = append(errs, errors.New("rand: required"))
+	}
+	return errors.Join(errs...)
+}
+
+// RelayCA is the generated relay CA: a self-signed root and the issuing
+// intermediate it signed, with their keys.
+type RelayCA struct {
+	Root, Issuer       *x509.Certificate
+	RootKey, IssuerKey crypto.Signer
+}
+
+// GenerateRelayCA makes a relay CA: a self-signed root (ECDSA P-256,
+// pathLen 1, RootTTL) and an issuing intermediate (ECDSA P-256, pathLen 0,
+// IssuerTTL, never outliving the root) signed by it. It applies cfg.Default
+// and validates cfg first.
+func GenerateRelayCA(cfg GenerateConfig) (*RelayCA, error) {
+	cfg = cfg.Default()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("ca: invalid generate config: %w", err)
+	}
+	now := cfg.Clock()
+	rootKey, err := keyutil.GenerateSigner("EC", "P-256", 0)
+	if err != nil {
+		return nil, fmt.Errorf("generate root key: %w", err)
+	}
+	issuerKey, err := keyutil.GenerateSigner("EC", "P-256", 0)
+	if err != nil {
+		return nil, fmt.Errorf("generate issuing CA key: %w", err)
+	}
+	notBefore := now.Add(-caBackdate).Truncate(time.Second).UTC()
+
+	rootSerial, err := randomSerial(cfg.Rand)
+	if err != nil {
+		return nil, fmt.Errorf("root serial number: %w", err)
+	}
+	rootTmpl := &x509.Certificate{
+		SerialNumber:          rootSerial,
+		Subject:               pkix.Name{Organization: []string{cfg.Org}, CommonName: "relaymesh relay root CA"},
+		NotBefore:             notBefore,
+		NotAfter:              now.Add(cfg.RootTTL).Truncate(time.Second).UTC(),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLen:            1,
+	}
+	root, err := createCert(cfg.Rand, rootTmpl, rootTmpl, rootKey.Public(), rootKey)
+	if err != nil {
+		return nil, fmt.Errorf("create root certificate: %w", err)
+	}
+
+	issuerSerial, err := randomSerial(cfg.Rand)
+	if err != nil {
+		return nil, fmt.Errorf("issuing CA serial number: %w", err)
+	}
+	issuerNotAfter := now.Add(cfg.IssuerTTL).Truncate(time.Second).UTC()
+	if issuerNotAfter.After(root.NotAfter) {
+		issuerNotAfter = root.NotAfter
+	}
+	issuerTmpl := &x509.Certificate{
+		SerialNumber:          issuerSerial,
+		Subject:               pkix.Name{Organization: []string{cfg.Org}, CommonName: "relaymesh relay issuing CA"},
+		NotBefore:             notBefore,
+		NotAfter:              issuerNotAfter,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLen:            0,
+		MaxPathLenZero:        true,
+	}
+	issuer, err := createCert(cfg.Rand, issuerTmpl, root, issuerKey.Public(), rootKey)
+	if err != nil {
+		return nil, fmt.Errorf("create issuing CA certificate: %w", err)
+	}
+	r := &RelayCA{Root: root, Issuer: issuer, RootKey: rootKey, IssuerKey: issuerKey}
+	// Validate the result like any provided CA.
+	if err := r.check(now); err != nil {
+		return nil, fmt.Errorf("generated relay CA: %w", err)
+	}
+	return r, nil
+}
+
+// Signer returns a Signer that issues with the issuing CA and pins the
+// root, after checking both as NewKeySigner does at now.
+func (r *RelayCA) Signer(now time.Time) (Signer, error) {
+	if r == nil || r.Issuer == nil || r.Root == nil || r.IssuerKey == nil {
+		return nil, fmt.Errorf("%w: incomplete relay CA", ErrInvalidSigner)
+	}
+	return NewKeySigner([]*x509.Certificate{r.Issuer}, r.IssuerKey, []*x509.Certificate{r.Root}, now)
+}
+
+// check validates a generated or loaded relay CA at now: the root is a
+// self-signed CA whose key is RootKey, and the issuer is a pathLen 0 CA
+// signed by it whose key is IssuerKey.
+func (r *RelayCA) check(now time.Time) error {
+	if r.Root == nil || r.Issuer == nil || r.RootKey == nil || r.IssuerKey == nil {
+		return fmt.Errorf("%w: incomplete relay CA", ErrInvalidSigner)
+	}
+	if !r.Root.BasicConstraintsValid || !r.Root.IsCA || r.Root.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return fmt.Errorf("%w: root %s is not a CA certificate", ErrInvalidSigner, describe(r.Root))
+	}
+	if err := r.Root.CheckSignatureFrom(r.Root); err != nil {
+		return fmt.Errorf("%w: root %s is not self-signed: %w", ErrInvalidSigner, describe(r.Root), err)
+	}
+	if !keyutil.Equal(r.Root.PublicKey, r.RootKey.Public()) {
+		return fmt.Errorf("%w: the root key does not belong to %s", ErrInvalidSigner, describe(r.Root))
+	}
+	if r.Issuer.MaxPathLen != 0 || !r.Issuer.MaxPathLenZero {
+		return fmt.Errorf("%w: issuing CA %s must have pathLen 0", ErrInvalidSigner, describe(r.Issuer))
+	}
+	_, err := r.Signer(now)
+	return err
+}
+
+func createCert(r io.Reader, tmpl, parent *x509.Certificate, pub crypto.PublicKey, key crypto.Signer) (*x509.Certificate, error) {
+	der, err := x509.CreateCertificate(r, tmpl, parent, pub, key)
+	if err != nil {
+		return nil, err
+	}
+	return x509.ParseCertificate(der)
+}
+
+// encodeKeyPEM encodes a private key as PKCS#8 PEM. Only key types this
+// package generates or loads are accepted, so that an error can never
+// print a key.
+func encodeKeyPEM(key crypto.Signer) ([]byte, error) {
+	switch key.(type) {
+	case *ecdsa.PrivateKey, *rsa.PrivateKey, ed25519.PrivateKey:
+	default:
+		return nil, fmt.Errorf("cannot encode a %T key", key)
+	}
+	block, err := pemutil.Serialize(key, pemutil.WithPKCS8(true))
+	if err != nil {
+		return nil, errors.New("cannot encode the private key")
+	}
+	return pem.EncodeToMemory(block), nil
+}

@@ -1,0 +1,265 @@
+package ca
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"go.step.sm/crypto/keyutil"
+	"go.step.sm/crypto/pemutil"
+)
+
+// Signer signs certificates with a CA key it never exposes.
+//
+// Every implementation MUST pass catest.RunSignerConformance. The contract:
+//
+//   - Sign MUST issue exactly tmpl for pub: the same serial number, subject,
+//     subject alternative names, validity, key usage, extended key usage and
+//     basic constraints, with Chain()[0] as issuer and signed by its key. It
+//     MAY add authority and subject key identifiers. It MUST NOT add, drop or
+//     change anything else; the Authority rejects a certificate that differs.
+//   - Sign MUST NOT modify tmpl, and MUST be safe for concurrent use.
+//   - Sign MUST return an error and no certificate when ctx is done or when
+//     it cannot sign.
+//   - Chain MUST NOT be empty. Chain()[0] is the issuing CA certificate and
+//     each following certificate issued the one before it, up to but not
+//     including a root (a self-signed CA that signs directly is both
+//     Chain()[0] and its own root).
+//   - Roots MUST NOT be empty, and Chain MUST verify to one of them.
+//   - Chain and Roots MUST return new slices the caller may modify; nobody
+//     may modify the certificates they point to.
+//   - A Signer MUST NOT reveal its private key in any result, error or log.
+type Signer interface {
+	// Sign creates a certificate from tmpl for pub, signed by the CA key,
+	// and returns the parsed certificate.
+	Sign(ctx context.Context, tmpl *x509.Certificate, pub crypto.PublicKey) (*x509.Certificate, error)
+	// Chain is the signing CA certificate followed by any intermediates up
+	// to, not including, the root.
+	Chain() []*x509.Certificate
+	// Roots are the trust anchors clients should pin.
+	Roots() []*x509.Certificate
+}
+
+// keySigner signs with a private key held in memory.
+type keySigner struct {
+	chain []*x509.Certificate
+	roots []*x509.Certificate
+	key   crypto.Signer
+}
+
+// NewKeySigner returns a Signer for a CA whose key is held in memory, the
+// "provided" back end: an enterprise hands over its issuing CA certificate
+// (chain[0]), any intermediates above it (chain[1:], in order), the CA key and
+// the roots it chains to.
+//
+// It fails closed with ErrInvalidSigner unless, at now: chain[0] is a CA
+// (basicConstraints CA:true, keyCertSign key usage); key is the private key
+// of chain[0]; every certificate in chain and roots is within its validity
+// period; and chain is, in order, a path that verifies to one of roots.
+// Whether chain[0] lives long enough for the certificates it will issue is
+// the Authority's concern: it clamps every certificate to the chain's
+// NotAfter.
+func NewKeySigner(chain []*x509.Certificate, key crypto.Signer, roots []*x509.Certificate, now time.Time) (Signer, error) {
+	if len(chain) == 0 {
+		return nil, fmt.Errorf("%w: no CA certificate", ErrInvalidSigner)
+	}
+	if len(roots) == 0 {
+		return nil, fmt.Errorf("%w: no root certificate", ErrInvalidSigner)
+	}
+	if key == nil {
+		return nil, fmt.Errorf("%w: no CA key", ErrInvalidSigner)
+	}
+	if slices.Contains(chain, nil) || slices.Contains(roots, nil) {
+		return nil, fmt.Errorf("%w: nil certificate", ErrInvalidSigner)
+	}
+	issuer := chain[0]
+	name := describe(issuer)
+	if !issuer.BasicConstraintsValid || !issuer.IsCA {
+		return nil, fmt.Errorf("%w: %s is not a CA certificate (basicConstraints CA:true missing)", ErrInvalidSigner, name)
+	}
+	if issuer.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return nil, fmt.Errorf("%w: %s may not sign certificates (keyCertSign key usage missing)", ErrInvalidSigner, name)
+	}
+	if !keyutil.Equal(issuer.PublicKey, key.Public()) {
+		return nil, fmt.Errorf("%w: the CA key does not belong to %s", ErrInvalidSigner, name)
+	}
+	for _, c := range slices.Concat(chain, roots) {
+		if err := checkValidAt(c, now); err != nil {
+			return nil, err
+		}
+	}
+	if err := verifyCAChain(chain, roots, now); err != nil {
+		return nil, err
+	}
+	return &keySigner{chain: slices.Clone(chain), roots: slices.Clone(roots), key: key}, nil
+}
+
+// Sign implements Signer.
+func (s *keySigner) Sign(ctx context.Context, tmpl *x509.Certificate, pub crypto.PublicKey) (*x509.Certificate, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if tmpl == nil || pub == nil {
+		return nil, errors.New("nil template or public key")
+	}
+	// The random source only matters for signature schemes that use one;
+	// the serial number is already in tmpl.
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, s.chain[0], pub, s.key)
+	if err != nil {
+		return nil, fmt.Errorf("create certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parse signed certificate: %w", err)
+	}
+	return cert, nil
+}
+
+// Chain implements Signer.
+func (s *keySigner) Chain() []*x509.Certificate { return slices.Clone(s.chain) }
+
+// Roots implements Signer.
+func (s *keySigner) Roots() []*x509.Certificate { return slices.Clone(s.roots) }
+
+// ParseSignerPEM builds a key signer (see NewKeySigner) from PEM data: certPEM
+// holds the issuing CA certificate first, then its intermediates in order;
+// keyPEM holds the CA's unencrypted private key (PKCS#8, PKCS#1 or SEC 1);
+// rootsPEM holds the roots. These are the tls.crt, tls.key and ca.crt of a
+// Kubernetes TLS secret.
+func ParseSignerPEM(certPEM, keyPEM, rootsPEM []byte, now time.Time) (Signer, error) {
+	chain, err := parseCertsPEM(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%w: CA certificates: %w", ErrInvalidSigner, err)
+	}
+	key, err := parseKeyPEM(keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%w: CA key: %w", ErrInvalidSigner, err)
+	}
+	roots, err := parseCertsPEM(rootsPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%w: roots: %w", ErrInvalidSigner, err)
+	}
+	return NewKeySigner(chain, key, roots, now)
+}
+
+// LoadSignerFiles reads the three PEM files ParseSignerPEM takes.
+func LoadSignerFiles(certPath, keyPath, rootsPath string, now time.Time) (Signer, error) {
+	var data [3][]byte
+	for i, p := range []string{certPath, keyPath, rootsPath} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidSigner, err)
+		}
+		data[i] = b
+	}
+	s, err := ParseSignerPEM(data[0], data[1], data[2], now)
+	if err != nil {
+		return nil, fmt.Errorf("%w (files %s, %s, %s)", err, certPath, keyPath, rootsPath)
+	}
+	return s, nil
+}
+
+// checkValidAt reports a CA or root certificate that is not valid at now.
+func checkValidAt(c *x509.Certificate, now time.Time) error {
+	switch {
+	case now.Before(c.NotBefore):
+		return fmt.Errorf("%w: %s is not valid before %s", ErrInvalidSigner, describe(c), c.NotBefore.UTC().Format(time.RFC3339))
+	case now.After(c.NotAfter):
+		return fmt.Errorf("%w: %s expired at %s", ErrInvalidSigner, describe(c), c.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// verifyCAChain checks that chain, in the given order, is the start of a
+// path from chain[0] to one of roots. A bundle of loosely related
+// certificates that merely contains a path is not accepted: Chain is sent
+// to clients as is.
+func verifyCAChain(chain, roots []*x509.Certificate, now time.Time) error {
+	opts := x509.VerifyOptions{
+		Roots:         certPool(roots),
+		Intermediates: certPool(chain[1:]),
+		CurrentTime:   now,
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+	}
+	paths, err := chain[0].Verify(opts)
+	if err != nil {
+		return fmt.Errorf("%w: %s does not chain to the roots: %w", ErrInvalidSigner, describe(chain[0]), err)
+	}
+	for _, p := range paths {
+		if hasPrefix(p, chain) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: the CA certificates are not an ordered chain from %s to a root", ErrInvalidSigner, describe(chain[0]))
+}
+
+// hasPrefix reports whether path starts with the certificates of prefix.
+func hasPrefix(path, prefix []*x509.Certificate) bool {
+	if len(prefix) > len(path) {
+		return false
+	}
+	for i, c := range prefix {
+		if !c.Equal(path[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func certPool(certs []*x509.Certificate) *x509.CertPool {
+	p := x509.NewCertPool()
+	for _, c := range certs {
+		p.AddCert(c)
+	}
+	return p
+}
+
+// describe names a certificate in error messages.
+func describe(c *x509.Certificate) string {
+	return fmt.Sprintf("certificate %q (serial %x)", c.Subject.String(), c.SerialNumber)
+}
+
+// parseCertsPEM parses one or more CERTIFICATE blocks.
+func parseCertsPEM(b []byte) ([]*x509.Certificate, error) {
+	if len(b) == 0 {
+		return nil, errors.New("empty")
+	}
+	certs, err := pemutil.ParseCertificateBundle(b)
+	if err != nil {
+		return nil, err
+	}
+	return certs, nil
+}
+
+// parseKeyPEM parses one unencrypted PEM private key. Encrypted keys are
+// refused rather than prompted for.
+func parseKeyPEM(b []byte) (crypto.Signer, error) {
+	if len(b) == 0 {
+		return nil, errors.New("empty")
+	}
+	k, err := pemutil.ParseKey(b, pemutil.WithPasswordPrompt("", func(string) ([]byte, error) {
+		return nil, errors.New("encrypted keys are not supported")
+	}))
+	if err != nil {
+		return nil, err
+	}
+	switch k := k.(type) {
+	case *ecdsa.PrivateKey:
+		return k, nil
+	case *rsa.PrivateKey:
+		return k, nil
+	case ed25519.PrivateKey:
+		return k, nil
+	default:
+		return nil, fmt.Errorf("no ECDSA, RSA or Ed25519 private key (found %T)", k)
+	}
+}
