@@ -114,7 +114,7 @@ func ParseClusterNames(s string) ([]string, error) {
 // Env is a running set of local clusters.
 type Env struct {
 	dir      string
-	etcd     *process
+	etcd     *Process
 	clusters []*Cluster
 	mu       sync.Mutex
 	stopped  bool
@@ -130,7 +130,7 @@ type Cluster struct {
 	Kubeconfig string
 
 	config *rest.Config
-	proc   *process
+	proc   *Process
 }
 
 // RESTConfig returns a copy of the admin client config.
@@ -283,11 +283,11 @@ func (e *Env) startEtcd(cfg Config) (*etcdTLS, error) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		clientPort, err := freePort()
+		clientPort, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
-		peerPort, err := freePort()
+		peerPort, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -308,7 +308,7 @@ func (e *Env) startEtcd(cfg Config) (*etcdTLS, error) {
 			"--unsafe-no-fsync",
 			"--log-level=warn",
 		}
-		p, err := startProcess("etcd", filepath.Join(cfg.BinDir, "etcd"), args, filepath.Join(e.dir, "etcd.log"), cfg.Detach)
+		p, err := StartProcess("etcd", filepath.Join(cfg.BinDir, "etcd"), args, filepath.Join(e.dir, "etcd.log"), cfg.Detach)
 		if err != nil {
 			return nil, err
 		}
@@ -317,7 +317,7 @@ func (e *Env) startEtcd(cfg Config) (*etcdTLS, error) {
 		if lastErr = waitPort(p, clientPort, 30*time.Second); lastErr == nil {
 			return tlsCfg, nil
 		}
-		_ = p.stop(5 * time.Second)
+		_ = p.Stop(5 * time.Second)
 		_ = os.RemoveAll(filepath.Join(dir, "data"))
 	}
 	return nil, fmt.Errorf("etcd did not start (see %s): %w", filepath.Join(e.dir, "etcd.log"), lastErr)
@@ -355,7 +355,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 	logPath := filepath.Join(e.dir, name+".log")
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -384,7 +384,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 			"--profiling=false",
 			"--v=1",
 		}
-		p, err := startProcess("kube-apiserver "+name, filepath.Join(cfg.BinDir, "kube-apiserver"), args, logPath, cfg.Detach)
+		p, err := StartProcess("kube-apiserver "+name, filepath.Join(cfg.BinDir, "kube-apiserver"), args, logPath, cfg.Detach)
 		if err != nil {
 			return nil, err
 		}
@@ -406,7 +406,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 			}
 			return c, nil
 		}
-		_ = p.stop(5 * time.Second)
+		_ = p.Stop(5 * time.Second)
 		if !portTaken(logPath) {
 			break
 		}
@@ -422,10 +422,10 @@ func portTaken(logPath string) bool {
 }
 
 // waitPort waits until a process listens on a loopback port.
-func waitPort(p *process, port int, timeout time.Duration) error {
+func waitPort(p *Process, port int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		if done, err := p.exited(); done {
+		if done, err := p.Exited(); done {
 			return fmt.Errorf("%s exited: %v", p.name, err)
 		}
 		if conn, err := dialLoopback(port); err == nil {
@@ -447,7 +447,7 @@ func waitReady(ctx context.Context, c *Cluster, timeout time.Duration) error {
 	defer cancel()
 	var last error
 	for {
-		if done, err := c.proc.exited(); done {
+		if done, err := c.proc.Exited(); done {
 			return fmt.Errorf("kube-apiserver exited: %v", err)
 		}
 		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
@@ -492,7 +492,7 @@ func (e *Env) Stop() error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := c.proc.stop(10 * time.Second); err != nil {
+			if err := c.proc.Stop(10 * time.Second); err != nil {
 				emu.Lock()
 				errs = append(errs, err)
 				emu.Unlock()
@@ -501,7 +501,7 @@ func (e *Env) Stop() error {
 	}
 	wg.Wait()
 	if e.etcd != nil {
-		if err := e.etcd.stop(10 * time.Second); err != nil {
+		if err := e.etcd.Stop(10 * time.Second); err != nil {
 			errs = append(errs, err)
 		}
 	}

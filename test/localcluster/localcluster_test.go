@@ -129,7 +129,7 @@ func startEnv(t *testing.T, detach bool, names ...string) *Env {
 		pids := env.Pids()
 		require.NoError(t, env.Stop())
 		for _, pid := range pids {
-			assert.False(t, alive(pid), "process %d still running after Stop", pid)
+			assert.False(t, Alive(pid), "process %d still running after Stop", pid)
 		}
 	})
 	return env
@@ -345,10 +345,10 @@ func TestDetachedUpDown(t *testing.T) {
 	require.NoError(t, Down(dir))
 	deadline := time.Now().Add(15 * time.Second)
 	for _, pid := range pids {
-		for alive(pid) && time.Now().Before(deadline) {
+		for Alive(pid) && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
 		}
-		assert.False(t, alive(pid), "process %d survived Down", pid)
+		assert.False(t, Alive(pid), "process %d survived Down", pid)
 	}
 	assert.NoDirExists(t, dir)
 }

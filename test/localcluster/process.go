@@ -6,12 +6,14 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"time"
 )
 
-// process is one child: etcd or a kube-apiserver.
-type process struct {
+// Process is a child process: etcd, a kube-apiserver, or (in end-to-end
+// tests) a relaymesh server or agent.
+type Process struct {
 	name string
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited (attached mode)
@@ -19,11 +21,11 @@ type process struct {
 	log  string        // path of its combined output
 }
 
-// startProcess runs bin with args, output to logPath. Attached processes are
+// StartProcess runs bin with args, output to logPath. Attached processes are
 // killed by the kernel if this Go process dies (Pdeathsig), so a crashed or
 // timed-out test leaves nothing behind. Detached ones (for `up`) get their own
 // session and outlive the command that started them.
-func startProcess(name, bin string, args []string, logPath string, detach bool) (*process, error) {
+func StartProcess(name, bin string, args []string, logPath string, detach bool) (*Process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open log for %s: %w", name, err)
@@ -39,7 +41,7 @@ func startProcess(name, bin string, args []string, logPath string, detach bool) 
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
 	}
-	p := &process{name: name, cmd: cmd, done: make(chan struct{}), log: logPath}
+	p := &Process{name: name, cmd: cmd, done: make(chan struct{}), log: logPath}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -47,8 +49,8 @@ func startProcess(name, bin string, args []string, logPath string, detach bool) 
 	return p, nil
 }
 
-// exited reports whether the process is gone, and how it ended.
-func (p *process) exited() (bool, error) {
+// Exited reports whether the process is gone, and how it ended.
+func (p *Process) Exited() (bool, error) {
 	select {
 	case <-p.done:
 		return true, p.err
@@ -57,9 +59,9 @@ func (p *process) exited() (bool, error) {
 	}
 }
 
-// stop asks the process group to terminate, then kills it after grace.
-func (p *process) stop(grace time.Duration) error {
-	if done, _ := p.exited(); done {
+// Stop asks the process group to terminate, then kills it after grace.
+func (p *Process) Stop(grace time.Duration) error {
+	if done, _ := p.Exited(); done {
 		return nil
 	}
 	pid := p.cmd.Process.Pid
@@ -92,7 +94,7 @@ func killGroup(pid int, grace time.Duration) error {
 	}
 	deadline := time.Now().Add(grace)
 	for time.Now().Before(deadline) {
-		if !alive(pid) {
+		if !Alive(pid) {
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -103,16 +105,16 @@ func killGroup(pid int, grace time.Duration) error {
 	return nil
 }
 
-// alive reports whether a process with this pid exists (and is not a zombie
+// Alive reports whether a process with this pid exists (and is not a zombie
 // we are about to reap).
-func alive(pid int) bool {
+func Alive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
 }
 
-// freePort asks the kernel for an unused loopback port. Another process can
+// FreePort asks the kernel for an unused loopback port. Another process can
 // take it before we bind it; Start retries a cluster whose port was lost.
-func freePort() (int, error) {
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -123,4 +125,26 @@ func freePort() (int, error) {
 		return 0, fmt.Errorf("unexpected listener address %v", l.Addr())
 	}
 	return addr.Port, nil
+}
+
+// Pid is the process id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// LogPath is the file holding the process's output.
+func (p *Process) LogPath() string { return p.log }
+
+// BuildRelaymesh compiles cmd/relaymesh of this repository into dir and
+// returns the binary's path, for tests and the demo that run it as a process.
+func BuildRelaymesh(dir string) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "relaymesh")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/relaymesh")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build relaymesh: %w\n%s", err, out)
+	}
+	return bin, nil
 }

@@ -1,0 +1,163 @@
+// Package identitytest holds fakes for tests of packages that use identity:
+// an in-memory TokenStore with the same atomicity contract as the
+// Kubernetes one, and in-memory AgentSecrets. It is imported only from
+// _test.go files.
+package identitytest
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+
+	"github.com/relaymesh/relaymesh/identity"
+)
+
+// MemTokenStore is an in-memory identity.TokenStore.
+type MemTokenStore struct {
+	mu      sync.Mutex
+	recs    map[string]identity.TokenRecord
+	version int
+}
+
+// NewMemTokenStore returns an empty store.
+func NewMemTokenStore() *MemTokenStore {
+	return &MemTokenStore{recs: map[string]identity.TokenRecord{}}
+}
+
+// Create implements identity.TokenStore.
+func (m *MemTokenStore) Create(_ context.Context, rec identity.TokenRecord) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.recs[rec.ID]; ok {
+		return errors.New("token id exists")
+	}
+	m.version++
+	rec.Version = strconv.Itoa(m.version)
+	m.recs[rec.ID] = rec
+	return nil
+}
+
+// Get implements identity.TokenStore.
+func (m *MemTokenStore) Get(_ context.Context, id string) (identity.TokenRecord, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, ok := m.recs[id]
+	if !ok {
+		return identity.TokenRecord{}, identity.ErrTokenNotFound
+	}
+	return rec, nil
+}
+
+// Consume implements identity.TokenStore.
+func (m *MemTokenStore) Consume(_ context.Context, rec identity.TokenRecord) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur, ok := m.recs[rec.ID]
+	if !ok || cur.Version != rec.Version {
+		return errors.New("token already consumed")
+	}
+	delete(m.recs, rec.ID)
+	return nil
+}
+
+// DeleteCluster implements identity.TokenStore.
+func (m *MemTokenStore) DeleteCluster(_ context.Context, cluster string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, r := range m.recs {
+		if r.Cluster == cluster {
+			delete(m.recs, id)
+		}
+	}
+	return nil
+}
+
+// Len is the number of stored records.
+func (m *MemTokenStore) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.recs)
+}
+
+// MemAgentSecrets is an in-memory identity.AgentSecrets.
+type MemAgentSecrets struct {
+	mu                        sync.Mutex
+	roots, cert, key, savedCA []byte
+	token                     string
+	saves, tokenDeletes       int
+}
+
+// NewMemAgentSecrets holds roots and, if not empty, a bootstrap token.
+func NewMemAgentSecrets(roots []byte, token string) *MemAgentSecrets {
+	return &MemAgentSecrets{roots: roots, token: token}
+}
+
+// Roots implements identity.AgentSecrets.
+func (m *MemAgentSecrets) Roots(context.Context) ([]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.roots) == 0 {
+		return nil, identity.ErrNoRoots
+	}
+	return m.roots, nil
+}
+
+// Token implements identity.AgentSecrets.
+func (m *MemAgentSecrets) Token(context.Context) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.token == "" {
+		return "", identity.ErrNoToken
+	}
+	return m.token, nil
+}
+
+// DeleteToken implements identity.AgentSecrets.
+func (m *MemAgentSecrets) DeleteToken(context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.token = ""
+	m.tokenDeletes++
+	return nil
+}
+
+// LoadCredential implements identity.AgentSecrets.
+func (m *MemAgentSecrets) LoadCredential(context.Context) ([]byte, []byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cert == nil {
+		return nil, nil, identity.ErrNoCredential
+	}
+	return m.cert, m.key, nil
+}
+
+// SaveCredential implements identity.AgentSecrets.
+func (m *MemAgentSecrets) SaveCredential(_ context.Context, cert, key, roots []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cert, m.key, m.savedCA = cert, key, roots
+	m.saves++
+	return nil
+}
+
+// Saves is how often a credential was stored; HasToken whether a token remains.
+func (m *MemAgentSecrets) Saves() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.saves
+}
+
+// HasToken reports whether the bootstrap token is still there.
+func (m *MemAgentSecrets) HasToken() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.token != ""
+}
+
+// SetToken replaces the bootstrap token.
+func (m *MemAgentSecrets) SetToken(tok string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.token = tok
+}

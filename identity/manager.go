@@ -1,0 +1,447 @@
+package identity
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/relaymesh/relaymesh/internal/backoff"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"go.step.sm/crypto/keyutil"
+	"go.step.sm/crypto/pemutil"
+	"go.step.sm/crypto/x509util"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+)
+
+// RenewalTime is when to renew a certificate: at 2/3 of its lifetime, moved
+// earlier by up to a tenth of the lifetime (jitter in [0,1)) so a fleet of
+// agents does not renew in lockstep.
+func RenewalTime(notBefore, notAfter time.Time, jitter float64) time.Time {
+	life := notAfter.Sub(notBefore)
+	if life <= 0 {
+		return notBefore
+	}
+	jitter = min(max(jitter, 0), 1)
+	at := notBefore.Add(life * 2 / 3)
+	return at.Add(-time.Duration(jitter * float64(life) / 10))
+}
+
+// ManagerConfig configures an agent's credential Manager.
+type ManagerConfig struct {
+	// Cluster is the agent's cluster name.
+	Cluster string
+	// ServerAddress is the relay server, host:port.
+	ServerAddress string
+	// ServerName is the name the server's certificate must carry; default
+	// the host of ServerAddress.
+	ServerName string
+	// Secrets is where credentials live.
+	Secrets AgentSecrets
+	// Version is reported to the server at bootstrap.
+	Version string
+	// Logger for operational logs; never given a secret.
+	Logger *slog.Logger
+	// Clock, default time.Now; Jitter, default math/rand/v2.Float64.
+	Clock  func() time.Time
+	Jitter func() float64
+	// Retry bounds the backoff between failed attempts; default 1s..1m.
+	Retry backoff.Policy
+	// CallTimeout bounds one Bootstrap or Renew call; default 15s.
+	CallTimeout time.Duration
+}
+
+// Status is what the agent's health endpoint reports about its credential.
+type Status struct {
+	Ready     bool      `json:"ready"`
+	Message   string    `json:"message"`
+	SPIFFEID  string    `json:"spiffeID,omitempty"`
+	Serial    string    `json:"serial,omitempty"`
+	NotAfter  time.Time `json:"notAfter,omitzero"`
+	RenewAt   time.Time `json:"renewAt,omitzero"`
+	Renewals  int       `json:"renewals"`
+	LastError string    `json:"lastError,omitempty"`
+}
+
+// Manager obtains, stores and renews the agent's client certificate. New
+// connections made with ClientTLS use the newest certificate; open ones keep
+// the certificate they were made with, so renewal drops no stream.
+type Manager struct {
+	cfg ManagerConfig
+	log *slog.Logger
+
+	mu      sync.RWMutex
+	cert    *tls.Certificate
+	roots   *x509.CertPool
+	status  Status
+	ready   chan struct{}
+	readyMu sync.Once
+}
+
+// NewManager validates cfg and returns a Manager; call Run.
+func NewManager(cfg ManagerConfig) (*Manager, error) {
+	var errs []error
+	if err := ValidateClusterName(cfg.Cluster); err != nil {
+		errs = append(errs, fmt.Errorf("cluster: %w", err))
+	}
+	host, _, err := net.SplitHostPort(cfg.ServerAddress)
+	if err != nil || host == "" {
+		errs = append(errs, fmt.Errorf("serverAddress: %q is not host:port", cfg.ServerAddress))
+	}
+	if cfg.Secrets == nil {
+		errs = append(errs, errors.New("secrets: required"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("credential manager config: %w", err)
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = host
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Jitter == nil {
+		cfg.Jitter = rand.Float64
+	}
+	if cfg.Retry.Min == 0 {
+		cfg.Retry = backoff.Policy{Min: time.Second, Max: time.Minute}
+	}
+	if cfg.CallTimeout == 0 {
+		cfg.CallTimeout = 15 * time.Second
+	}
+	return &Manager{
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "agent-credentials", "cluster", cfg.Cluster),
+		ready:  make(chan struct{}),
+		status: Status{Message: "starting"},
+	}, nil
+}
+
+// Ready is closed once the agent holds a usable certificate.
+func (m *Manager) Ready() <-chan struct{} { return m.ready }
+
+// Status returns the current credential status.
+func (m *Manager) Status() Status {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.status
+}
+
+// ClientTLS returns a TLS config for mTLS connections to the server: it pins
+// the relay roots and presents the newest certificate at every handshake.
+func (m *Manager) ClientTLS() (*tls.Config, error) {
+	m.mu.RLock()
+	roots := m.roots
+	m.mu.RUnlock()
+	if roots == nil {
+		return nil, errors.New("no credential yet")
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		RootCAs:    roots,
+		ServerName: m.cfg.ServerName,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			m.mu.RLock()
+			defer m.mu.RUnlock()
+			if m.cert == nil {
+				return nil, errors.New("no client certificate")
+			}
+			return m.cert, nil
+		},
+	}, nil
+}
+
+// Run keeps a valid certificate until ctx ends: load, or bootstrap, then
+// renew at RenewalTime, retrying with backoff. It never falls back to an
+// unauthenticated or unverified connection.
+func (m *Manager) Run(ctx context.Context) error {
+	attempt := 0
+	for {
+		err := m.step(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err == nil {
+			attempt = 0
+			continue
+		}
+		m.setError(err)
+		delay := m.cfg.Retry.Delay(attempt)
+		attempt++
+		m.log.Warn("credential step failed; retrying", "error", err, "retry_in", delay.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// step does one unit of work: obtain a credential if there is none,
+// otherwise wait for its renewal time and renew.
+func (m *Manager) step(ctx context.Context) error {
+	m.mu.RLock()
+	cert := m.cert
+	m.mu.RUnlock()
+	now := m.cfg.Clock()
+	if cert == nil || !now.Before(cert.Leaf.NotAfter) {
+		if cert != nil {
+			m.log.Warn("client certificate expired; bootstrapping again", "not_after", cert.Leaf.NotAfter)
+			m.mu.Lock()
+			m.cert = nil
+			m.status.Ready = false
+			m.mu.Unlock()
+		}
+		return m.obtain(ctx)
+	}
+	renewAt := m.Status().RenewAt
+	if wait := renewAt.Sub(now); wait > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+	return m.renew(ctx)
+}
+
+// obtain loads the stored credential if it is valid, else bootstraps.
+func (m *Manager) obtain(ctx context.Context) error {
+	rootsPEM, err := m.cfg.Secrets.Roots(ctx)
+	if err != nil {
+		return fmt.Errorf("cannot verify the relay server: %w", err)
+	}
+	roots, err := parseRoots(rootsPEM)
+	if err != nil {
+		return fmt.Errorf("relay root CA: %w", err)
+	}
+	m.mu.Lock()
+	m.roots = roots
+	m.mu.Unlock()
+
+	certPEM, keyPEM, err := m.cfg.Secrets.LoadCredential(ctx)
+	switch {
+	case err == nil:
+		cert, verr := m.verify(certPEM, keyPEM, roots)
+		if verr == nil {
+			m.install(cert, "loaded stored client certificate", false)
+			return nil
+		}
+		m.log.Warn("stored client certificate is not usable; bootstrapping", "reason", verr)
+	case errors.Is(err, ErrNoCredential):
+	default:
+		return fmt.Errorf("read stored client certificate: %w", err)
+	}
+	return m.bootstrap(ctx, roots, rootsPEM)
+}
+
+// bootstrap trades the bootstrap token and a fresh CSR for a certificate
+// over server-authenticated TLS.
+func (m *Manager) bootstrap(ctx context.Context, roots *x509.CertPool, rootsPEM []byte) error {
+	token, err := m.cfg.Secrets.Token(ctx)
+	if err != nil {
+		if errors.Is(err, ErrNoToken) {
+			return fmt.Errorf("no valid client certificate and %w; re-register the cluster (relaymesh cluster register) to get a new token", err)
+		}
+		return err
+	}
+	key, csr, err := newKeyAndCSR()
+	if err != nil {
+		return err
+	}
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: m.cfg.ServerName}
+	resp, err := m.call(ctx, tlsCfg, func(ctx context.Context, c relaypb.IdentityClient) (*relaypb.CertificateResponse, error) {
+		return c.Bootstrap(ctx, &relaypb.BootstrapRequest{Cluster: m.cfg.Cluster, Token: token, Csr: csr, AgentVersion: m.cfg.Version})
+	})
+	if err != nil {
+		if status.Code(err) == codes.PermissionDenied {
+			return fmt.Errorf("bootstrap token rejected by the server (unknown, already used, expired, or for another cluster; or the cluster is not registered): %w", err)
+		}
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	cert, err := m.accept(ctx, resp, key, roots, rootsPEM)
+	if err != nil {
+		return err
+	}
+	if err := m.cfg.Secrets.DeleteToken(ctx); err != nil {
+		m.log.Warn("could not delete the used bootstrap token", "error", err)
+	}
+	m.install(cert, "bootstrapped", false)
+	return nil
+}
+
+// renew trades a fresh CSR for a new certificate over mTLS.
+func (m *Manager) renew(ctx context.Context) error {
+	tlsCfg, err := m.ClientTLS()
+	if err != nil {
+		return err
+	}
+	key, csr, err := newKeyAndCSR()
+	if err != nil {
+		return err
+	}
+	resp, err := m.call(ctx, tlsCfg, func(ctx context.Context, c relaypb.IdentityClient) (*relaypb.CertificateResponse, error) {
+		return c.Renew(ctx, &relaypb.RenewRequest{Csr: csr})
+	})
+	if err != nil {
+		if c := status.Code(err); c == codes.PermissionDenied || c == codes.Unauthenticated {
+			return fmt.Errorf("renewal refused by the server (cluster deregistered?): %w", err)
+		}
+		return fmt.Errorf("renew: %w", err)
+	}
+	m.mu.RLock()
+	roots := m.roots
+	m.mu.RUnlock()
+	cert, err := m.accept(ctx, resp, key, roots, resp.GetTrustBundle())
+	if err != nil {
+		return err
+	}
+	m.install(cert, "renewed", true)
+	return nil
+}
+
+func (m *Manager) call(ctx context.Context, tlsCfg *tls.Config, f func(context.Context, relaypb.IdentityClient) (*relaypb.CertificateResponse, error)) (*relaypb.CertificateResponse, error) {
+	conn, err := grpc.NewClient(m.cfg.ServerAddress, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.CallTimeout)
+	defer cancel()
+	return f(ctx, relaypb.NewIdentityClient(conn))
+}
+
+// accept checks the server's answer against the key we hold and the roots
+// we pin, then stores it.
+func (m *Manager) accept(ctx context.Context, resp *relaypb.CertificateResponse, key crypto.Signer, roots *x509.CertPool, rootsPEM []byte) (*tls.Certificate, error) {
+	keyBlock, err := pemutil.Serialize(key)
+	if err != nil {
+		return nil, err
+	}
+	keyPEM := pem.EncodeToMemory(keyBlock)
+	cert, err := m.verify(resp.GetCertificateChain(), keyPEM, roots)
+	if err != nil {
+		return nil, fmt.Errorf("server answered with an unusable certificate: %w", err)
+	}
+	if len(rootsPEM) == 0 {
+		rootsPEM = resp.GetTrustBundle()
+	}
+	if err := m.cfg.Secrets.SaveCredential(ctx, resp.GetCertificateChain(), keyPEM, rootsPEM); err != nil {
+		return nil, fmt.Errorf("store client certificate: %w", err)
+	}
+	return cert, nil
+}
+
+// verify parses a credential and checks that it is a current client
+// certificate for this cluster that chains to the pinned roots.
+func (m *Manager) verify(certPEM, keyPEM []byte, roots *x509.CertPool) (*tls.Certificate, error) {
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("certificate and key do not form a pair: %w", err)
+	}
+	leaf := pair.Leaf
+	if leaf == nil {
+		return nil, errors.New("no leaf certificate")
+	}
+	inter := x509.NewCertPool()
+	for _, der := range pair.Certificate[1:] {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, err
+		}
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: m.cfg.Clock(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return nil, fmt.Errorf("does not chain to the pinned relay root: %w", err)
+	}
+	if len(leaf.URIs) != 1 {
+		return nil, errors.New("certificate does not carry exactly one SPIFFE ID")
+	}
+	id, err := spiffeid.FromURI(leaf.URIs[0])
+	if err != nil {
+		return nil, err
+	}
+	if got, err := ClusterFromID(id.TrustDomain(), id); err != nil || got != m.cfg.Cluster {
+		return nil, fmt.Errorf("certificate names %s, not this cluster's agent", id)
+	}
+	return &pair, nil
+}
+
+func (m *Manager) install(cert *tls.Certificate, how string, renewal bool) {
+	leaf := cert.Leaf
+	renewAt := RenewalTime(leaf.NotBefore, leaf.NotAfter, m.cfg.Jitter())
+	m.mu.Lock()
+	m.cert = cert
+	m.status.Ready = true
+	m.status.Message = "client certificate " + how
+	m.status.SPIFFEID = leaf.URIs[0].String()
+	m.status.Serial = fmt.Sprintf("%x", leaf.SerialNumber)
+	m.status.NotAfter = leaf.NotAfter
+	m.status.RenewAt = renewAt
+	m.status.LastError = ""
+	if renewal {
+		m.status.Renewals++
+	}
+	m.mu.Unlock()
+	m.readyMu.Do(func() { close(m.ready) })
+	m.log.Info("client certificate "+how, "spiffe_id", leaf.URIs[0].String(), "serial", fmt.Sprintf("%x", leaf.SerialNumber), "not_after", leaf.NotAfter, "renew_at", renewAt)
+}
+
+func (m *Manager) setError(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.status.LastError = err.Error()
+	if m.cert == nil {
+		m.status.Ready = false
+		m.status.Message = "no usable client certificate: " + err.Error()
+	}
+}
+
+// newKeyAndCSR makes a fresh P-256 key and a CSR that names nothing: the
+// server decides the identity.
+func newKeyAndCSR() (crypto.Signer, []byte, error) {
+	k, err := keyutil.GenerateKey("EC", "P-256", 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate key: %w", err)
+	}
+	signer, ok := k.(crypto.Signer)
+	if !ok {
+		return nil, nil, errors.New("generated key is not a signer")
+	}
+	csr, err := x509util.CreateCertificateRequest("", nil, signer)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create CSR: %w", err)
+	}
+	return signer, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr.Raw}), nil
+}
+
+func parseRoots(b []byte) (*x509.CertPool, error) {
+	certs, err := pemutil.ParseCertificateBundle(bytes.TrimSpace(b))
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	for _, c := range certs {
+		if !c.IsCA {
+			return nil, fmt.Errorf("root %q is not a CA", c.Subject.CommonName)
+		}
+		pool.AddCert(c)
+	}
+	return pool, nil
+}

@@ -1,0 +1,163 @@
+package identity_test
+
+import (
+	"context"
+	"crypto/x509"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/ca/catest"
+	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/identity/identitytest"
+	"github.com/relaymesh/relaymesh/internal/backoff"
+	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRenewalTime(t *testing.T) {
+	nb := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	na := nb.Add(24 * time.Hour)
+	assert.Equal(t, nb.Add(16*time.Hour), identity.RenewalTime(nb, na, 0))
+	assert.Equal(t, nb.Add(16*time.Hour-144*time.Minute), identity.RenewalTime(nb, na, 1))
+	got := identity.RenewalTime(nb, na, 0.5)
+	assert.True(t, got.After(nb.Add(14*time.Hour)) && got.Before(nb.Add(16*time.Hour)))
+	assert.Equal(t, nb, identity.RenewalTime(nb, nb, 0.3), "zero lifetime: renew now")
+	assert.Equal(t, nb.Add(16*time.Hour), identity.RenewalTime(nb, na, -5), "jitter is clamped")
+}
+
+func TestNewManagerValidates(t *testing.T) {
+	_, err := identity.NewManager(identity.ManagerConfig{Cluster: "Bad", ServerAddress: "nohost"})
+	require.Error(t, err)
+	for _, want := range []string{"cluster:", "serverAddress:", "secrets: required"} {
+		assert.Contains(t, err.Error(), want)
+	}
+}
+
+func startManager(t *testing.T, srv *relaytest.Server, secrets identity.AgentSecrets, cluster string) (*identity.Manager, context.CancelFunc) {
+	t.Helper()
+	m, err := identity.NewManager(identity.ManagerConfig{
+		Cluster: cluster, ServerAddress: srv.Addr, ServerName: "localhost", Secrets: secrets,
+		Jitter: func() float64 { return 0 }, Retry: backoff.Policy{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = m.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return m, cancel
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestManagerBootstrapsThenReloads(t *testing.T) {
+	srv := relaytest.New(t, relaytest.Options{})
+	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
+	m, cancel := startManager(t, srv, secrets, "cluster-1")
+	select {
+	case <-m.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("not ready: %+v", m.Status())
+	}
+	st := m.Status()
+	assert.True(t, st.Ready)
+	assert.Equal(t, "spiffe://relaymesh.test/cluster/cluster-1/agent", st.SPIFFEID)
+	assert.Contains(t, st.Message, "bootstrapped")
+	assert.False(t, secrets.HasToken(), "the used token is deleted")
+	assert.Equal(t, 1, secrets.Saves())
+	cancel()
+
+	// A restarted agent uses the stored certificate: no token needed.
+	m2, _ := startManager(t, srv, secrets, "cluster-1")
+	<-m2.Ready()
+	assert.Contains(t, m2.Status().Message, "loaded stored client certificate")
+	assert.Equal(t, 1, secrets.Saves(), "nothing re-issued")
+}
+
+func TestManagerCannotBootstrap(t *testing.T) {
+	srv := relaytest.New(t, relaytest.Options{})
+	tests := []struct {
+		name    string
+		secrets *identitytest.MemAgentSecrets
+		cluster string
+		want    string
+	}{
+		{"no token", identitytest.NewMemAgentSecrets(srv.RootsPEM, ""), "cluster-1", "no bootstrap token"},
+		{"token rejected", identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-2", time.Hour)), "cluster-1", "bootstrap token rejected"},
+		{"no pinned root", identitytest.NewMemAgentSecrets(nil, srv.Mint("cluster-1", time.Hour)), "cluster-1", "no relay root CA"},
+		{"server not trusted", identitytest.NewMemAgentSecrets(catest.CertsPEM(catest.NewRoot(t, catest.CAOptions{}).Cert), srv.Mint("cluster-1", time.Hour)), "cluster-1", "certificate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, _ := startManager(t, srv, tt.secrets, tt.cluster)
+			waitFor(t, 5*time.Second, "an error in status", func() bool { return m.Status().LastError != "" })
+			st := m.Status()
+			assert.False(t, st.Ready)
+			assert.Contains(t, st.Message, tt.want, "the status says why")
+			_, err := m.ClientTLS()
+			if tt.name == "no pinned root" {
+				assert.Error(t, err, "no TLS config without pinned roots")
+			}
+			assert.Equal(t, 0, tt.secrets.Saves(), "nothing stored")
+			select {
+			case <-m.Ready():
+				t.Fatal("must not become ready")
+			default:
+			}
+		})
+	}
+}
+
+// TestRenewalKeepsTheSession renews a 12-second certificate while a relay
+// session made with the first certificate stays open.
+func TestRenewalKeepsTheSession(t *testing.T) {
+	srv := relaytest.New(t, relaytest.Options{AgentTTL: 12 * time.Second, Backdate: time.Second})
+	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
+	m, _ := startManager(t, srv, secrets, "cluster-1")
+	<-m.Ready()
+	first := m.Status()
+
+	sess, err := relay.NewSession(relay.SessionConfig{ServerAddress: srv.Addr, TLS: m.ClientTLS, PingInterval: 500 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = sess.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, 5*time.Second, "session", func() bool { return sess.State().Connected })
+	since := sess.State().Since
+
+	waitFor(t, 20*time.Second, "a renewal", func() bool { return m.Status().Renewals >= 1 })
+	renewed := m.Status()
+	assert.NotEqual(t, first.Serial, renewed.Serial)
+	assert.True(t, renewed.NotAfter.After(first.NotAfter))
+	t.Logf("second certificate issued %s after the first (13s lifetime incl. 1s backdate; 2/3 is 8.7s)", renewed.NotAfter.Sub(first.NotAfter))
+
+	// Past the first certificate's expiry the session is still the same one.
+	time.Sleep(time.Until(first.NotAfter) + time.Second)
+	st := sess.State()
+	assert.True(t, st.Connected, "session dropped: %+v", st)
+	assert.Equal(t, int64(0), st.Reconnects, "no reconnect")
+	assert.Equal(t, since, st.Since)
+	assert.Equal(t, 1, srv.Srv.Sessions("cluster-1"))
+
+	// New connections use the new certificate.
+	tlsCfg, err := m.ClientTLS()
+	require.NoError(t, err)
+	cert, err := tlsCfg.GetClientCertificate(nil)
+	require.NoError(t, err)
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	require.NoError(t, err)
+	assert.Equal(t, renewed.Serial, strings.TrimLeft(leaf.SerialNumber.Text(16), "0"))
+	assert.Equal(t, float64(1), srv.Metric(relay.MetricIssued, "operation", "renew", "result", "success"))
+}

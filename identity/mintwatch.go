@@ -1,0 +1,59 @@
+package identity
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/relaymesh/relaymesh/audit"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// annotationAudited marks a token record whose minting is in the audit log,
+// so a server restart does not record it again.
+const annotationAudited = "relaymesh.io/audited"
+
+// AuditTokenMints records every bootstrap token minted in namespace (by
+// `relaymesh cluster register` or `relaymesh token create`, which run
+// outside the server) in the server's audit log, once. It returns when the
+// watch has synced; it runs until ctx ends.
+func AuditTokenMints(ctx context.Context, client kubernetes.Interface, namespace string, rec audit.Recorder, log *slog.Logger) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
+		informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = labelToken + "=true" }))
+	inf := factory.Core().V1().Secrets().Informer()
+	handle := func(obj any) {
+		sec, ok := obj.(*corev1.Secret)
+		if !ok || sec.Type != TokenSecretType || sec.Annotations[annotationAudited] == "true" {
+			return
+		}
+		id := sec.Name[len(tokenSecretPrefix):]
+		err := rec.Record(audit.Event{
+			Type: audit.TokenMint, Result: audit.ResultSuccess, Cluster: string(sec.Data[keyCluster]),
+			Details: map[string]string{"token_id": id, "expires_at": string(sec.Data[keyExpiresAt]), "minted_at": sec.CreationTimestamp.UTC().Format(time.RFC3339)},
+		})
+		if err != nil {
+			log.Error("audit log write failed", "type", audit.TokenMint, "error", err)
+			return
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{annotationAudited: "true"}}})
+		if _, err := client.CoreV1().Secrets(namespace).Patch(ctx, sec.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			log.Warn("could not mark token record audited; it may be recorded again after a restart", "token_id", id, "error", err)
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: handle, UpdateFunc: func(_, o any) { handle(o) }}); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return fmt.Errorf("token watch did not sync: %w", ctx.Err())
+	}
+	return nil
+}

@@ -1,0 +1,114 @@
+package identity
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Kubernetes representation of a token record: one Secret per token in the
+// server's namespace, holding only the hash.
+// TokenSecretType marks bootstrap-token secrets.
+const TokenSecretType corev1.SecretType = "relaymesh.io/bootstrap-token"
+
+const (
+	tokenSecretPrefix = "relaymesh-bootstrap-token-"
+	labelToken        = "relaymesh.io/bootstrap-token"
+	labelCluster      = "relaymesh.io/cluster"
+	keyCluster        = "cluster"
+	keySecretHash     = "secret-sha256"
+	keyExpiresAt      = "expires-at"
+)
+
+// KubeTokenStore keeps token records as Secrets in the management cluster.
+// Consume is a delete with UID and resourceVersion preconditions, so of two
+// racing redemptions exactly one deletes the Secret.
+type KubeTokenStore struct {
+	client    kubernetes.Interface
+	namespace string
+}
+
+// NewKubeTokenStore returns a store in namespace.
+func NewKubeTokenStore(client kubernetes.Interface, namespace string) (*KubeTokenStore, error) {
+	if client == nil || namespace == "" {
+		return nil, errors.New("kube token store: client and namespace are required")
+	}
+	return &KubeTokenStore{client: client, namespace: namespace}, nil
+}
+
+func secretName(id string) string { return tokenSecretPrefix + id }
+
+// Create implements TokenStore.
+func (s *KubeTokenStore) Create(ctx context.Context, rec TokenRecord) error {
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      secretName(rec.ID),
+			Namespace: s.namespace,
+			Labels: map[string]string{
+				labelToken:                     "true",
+				labelCluster:                   rec.Cluster,
+				"app.kubernetes.io/managed-by": "relaymesh",
+			},
+		},
+		Type: TokenSecretType,
+		Data: map[string][]byte{
+			keyCluster:    []byte(rec.Cluster),
+			keySecretHash: []byte(hex.EncodeToString(rec.SecretHash[:])),
+			keyExpiresAt:  []byte(rec.ExpiresAt.UTC().Format(time.RFC3339)),
+		},
+	}
+	_, err := s.client.CoreV1().Secrets(s.namespace).Create(ctx, sec, metav1.CreateOptions{})
+	return err
+}
+
+// Get implements TokenStore.
+func (s *KubeTokenStore) Get(ctx context.Context, id string) (TokenRecord, error) {
+	sec, err := s.client.CoreV1().Secrets(s.namespace).Get(ctx, secretName(id), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return TokenRecord{}, ErrTokenNotFound
+	}
+	if err != nil {
+		return TokenRecord{}, err
+	}
+	if sec.Type != TokenSecretType {
+		return TokenRecord{}, fmt.Errorf("secret %s is not a bootstrap token", sec.Name)
+	}
+	rec := TokenRecord{ID: id, Cluster: string(sec.Data[keyCluster]), Version: string(sec.UID) + "/" + sec.ResourceVersion}
+	h, err := hex.DecodeString(string(sec.Data[keySecretHash]))
+	if err != nil || len(h) != len(rec.SecretHash) {
+		return TokenRecord{}, fmt.Errorf("secret %s: malformed %s", sec.Name, keySecretHash)
+	}
+	copy(rec.SecretHash[:], h)
+	rec.ExpiresAt, err = time.Parse(time.RFC3339, string(sec.Data[keyExpiresAt]))
+	if err != nil {
+		return TokenRecord{}, fmt.Errorf("secret %s: malformed %s", sec.Name, keyExpiresAt)
+	}
+	return rec, nil
+}
+
+// Consume implements TokenStore: delete only the exact version that was read.
+func (s *KubeTokenStore) Consume(ctx context.Context, rec TokenRecord) error {
+	uid, rv, ok := strings.Cut(rec.Version, "/")
+	if !ok || uid == "" || rv == "" {
+		return errors.New("token record has no version")
+	}
+	return s.client.CoreV1().Secrets(s.namespace).Delete(ctx, secretName(rec.ID), metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: new(types.UID(uid)), ResourceVersion: &rv},
+	})
+}
+
+// DeleteCluster implements TokenStore.
+func (s *KubeTokenStore) DeleteCluster(ctx context.Context, cluster string) error {
+	sel := labels.SelectorFromSet(labels.Set{labelToken: "true", labelCluster: cluster}).String()
+	return s.client.CoreV1().Secrets(s.namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel})
+}

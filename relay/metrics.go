@@ -1,0 +1,56 @@
+package relay
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric names, listed in docs/metrics.md.
+const (
+	MetricIssued            = "relaymesh_ca_issued_certificates_total"
+	MetricBootstrapFailures = "relaymesh_bootstrap_failures_total"
+	MetricConnectedAgents   = "relaymesh_relay_connected_agents"
+	MetricAgentCertExpiry   = "relaymesh_agent_certificate_expiry_timestamp_seconds"
+)
+
+// Metrics are the relay server's Prometheus metrics, on the server's own
+// registry. Labels never carry a token, key or certificate.
+type Metrics struct {
+	issued            *prometheus.CounterVec
+	bootstrapFailures *prometheus.CounterVec
+	connected         prometheus.Gauge
+	certExpiry        *prometheus.GaugeVec
+}
+
+// NewMetrics registers the relay metrics with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		issued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricIssued,
+			Help: "Agent certificates the relay CA issued or refused, by operation (bootstrap, renew) and result (success, failure).",
+		}, []string{"operation", "result"}),
+		bootstrapFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricBootstrapFailures,
+			Help: "Refused bootstrap attempts by reason (malformed, unknown, wrong_secret, wrong_cluster, expired, already_used, unregistered, bad_csr, rate_limited, ...).",
+		}, []string{"reason"}),
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: MetricConnectedAgents,
+			Help: "Agents holding an open relay session.",
+		}),
+		certExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricAgentCertExpiry,
+			Help: "Expiry (Unix seconds) of the newest certificate issued to each cluster's agent.",
+		}, []string{"cluster"}),
+	}
+	for _, c := range []prometheus.Collector{m.issued, m.bootstrapFailures, m.connected, m.certExpiry} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	// Known label values start at zero, so dashboards see them before the first event.
+	for _, op := range []string{"bootstrap", "renew"} {
+		for _, res := range []string{"success", "failure"} {
+			m.issued.WithLabelValues(op, res)
+		}
+	}
+	return m, nil
+}

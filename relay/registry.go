@@ -1,0 +1,85 @@
+package relay
+
+import (
+	"sync"
+	"time"
+)
+
+// Registration is a cluster the server accepts agents from.
+type Registration struct {
+	Name string
+	// UID identifies this registration; a re-registered cluster gets a new one.
+	UID string
+	// Created is when the registration was made. Certificates issued before
+	// it belong to an earlier registration and are refused.
+	Created time.Time
+}
+
+// Registry is the set of registered clusters. It is fed by a watch on
+// KubernetesCluster objects (WatchClusters) or directly in tests.
+type Registry struct {
+	mu        sync.RWMutex
+	clusters  map[string]Registration
+	listeners []func(name string)
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{clusters: map[string]Registration{}}
+}
+
+// Lookup returns the registration of a cluster.
+func (r *Registry) Lookup(name string) (Registration, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	reg, ok := r.clusters[name]
+	return reg, ok
+}
+
+// Set adds or replaces a registration. Replacing one with a different UID
+// revokes the old registration's sessions.
+func (r *Registry) Set(reg Registration) {
+	r.mu.Lock()
+	old, had := r.clusters[reg.Name]
+	r.clusters[reg.Name] = reg
+	listeners := r.listeners
+	r.mu.Unlock()
+	if had && old.UID != reg.UID {
+		for _, f := range listeners {
+			f(reg.Name)
+		}
+	}
+}
+
+// Remove deregisters a cluster and notifies listeners.
+func (r *Registry) Remove(name string) {
+	r.mu.Lock()
+	_, had := r.clusters[name]
+	delete(r.clusters, name)
+	listeners := r.listeners
+	r.mu.Unlock()
+	if had {
+		for _, f := range listeners {
+			f(name)
+		}
+	}
+}
+
+// Names returns the registered cluster names.
+func (r *Registry) Names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]string, 0, len(r.clusters))
+	for n := range r.clusters {
+		out = append(out, n)
+	}
+	return out
+}
+
+// OnRevoke registers f to be called (synchronously) with the name of every
+// cluster that is removed or re-registered.
+func (r *Registry) OnRevoke(f func(name string)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.listeners = append(r.listeners, f)
+}

@@ -1,0 +1,562 @@
+package relay
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/relaymesh/relaymesh/audit"
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/identity"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// Issuer is what the relay needs from the certificate authority.
+type Issuer interface {
+	IssueAgent(ctx context.Context, csr *x509.CertificateRequest, id spiffeid.ID) (*ca.Issued, error)
+	Roots() []*x509.Certificate
+}
+
+// TokenRedeemer checks and consumes a bootstrap token for a cluster.
+type TokenRedeemer interface {
+	Redeem(ctx context.Context, cluster, token string) (identity.TokenRecord, error)
+}
+
+// StatusSink hears about agents; the server writes it to KubernetesCluster
+// status. Implementations MUST NOT block for long: they are called inline.
+type StatusSink interface {
+	CertificateIssued(cluster string, cert *x509.Certificate, agentVersion string)
+	SessionChanged(cluster string, connected bool)
+}
+
+// ServerConfig configures a relay Server.
+type ServerConfig struct {
+	// TrustDomain of agent SPIFFE IDs.
+	TrustDomain spiffeid.TrustDomain
+	// Issuer signs agent certificates.
+	Issuer Issuer
+	// Tokens redeems per-cluster bootstrap tokens.
+	Tokens TokenRedeemer
+	// SharedToken enables the weaker shared-token compatibility mode; nil
+	// (the default) leaves it off.
+	SharedToken *identity.SharedToken
+	// Registry decides which clusters may connect.
+	Registry *Registry
+	// ServerCertificate returns the current serving certificate.
+	ServerCertificate func() (*tls.Certificate, error)
+	// Status hears about issuance and sessions; optional.
+	Status StatusSink
+	// Audit records every token use, issuance, denial and revocation.
+	Audit audit.Recorder
+	// Logger for operational logs; never given a secret.
+	Logger *slog.Logger
+	// Metrics; required.
+	Metrics *Metrics
+	// Clock, default time.Now.
+	Clock func() time.Time
+	// IssuanceSkew is how far before issuance a certificate's NotBefore may
+	// lie (the CA's backdating); default 1m. Used to decide whether a
+	// certificate predates its cluster's registration.
+	IssuanceSkew time.Duration
+	// BootstrapFailuresPerMinute and BootstrapFailureBurst bound failed
+	// bootstraps per peer IP; defaults 6/min, burst 5.
+	BootstrapFailuresPerMinute float64
+	BootstrapFailureBurst      int
+	// MaxRecvBytes bounds one request; default 64 KiB.
+	MaxRecvBytes int
+}
+
+func (c *ServerConfig) defaults() {
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.IssuanceSkew == 0 {
+		c.IssuanceSkew = time.Minute
+	}
+	if c.BootstrapFailuresPerMinute == 0 {
+		c.BootstrapFailuresPerMinute = 6
+	}
+	if c.BootstrapFailureBurst == 0 {
+		c.BootstrapFailureBurst = 5
+	}
+	if c.MaxRecvBytes == 0 {
+		c.MaxRecvBytes = 64 << 10
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Validate reports every missing or bad field.
+func (c ServerConfig) Validate() error {
+	var errs []error
+	if c.TrustDomain.IsZero() {
+		errs = append(errs, errors.New("trustDomain: required"))
+	}
+	if c.Issuer == nil {
+		errs = append(errs, errors.New("issuer: required"))
+	}
+	if c.Tokens == nil {
+		errs = append(errs, errors.New("tokens: required"))
+	}
+	if c.Registry == nil {
+		errs = append(errs, errors.New("registry: required"))
+	}
+	if c.ServerCertificate == nil {
+		errs = append(errs, errors.New("serverCertificate: required"))
+	}
+	if c.Audit == nil {
+		errs = append(errs, errors.New("audit: required (use audit.Discard only in tests)"))
+	}
+	if c.Metrics == nil {
+		errs = append(errs, errors.New("metrics: required"))
+	}
+	if c.BootstrapFailuresPerMinute < 0 || c.BootstrapFailureBurst < 0 {
+		errs = append(errs, errors.New("bootstrapFailures: must not be negative"))
+	}
+	if c.MaxRecvBytes < 0 || c.MaxRecvBytes > 64<<20 {
+		errs = append(errs, errors.New("maxRecvBytes: must be in [0, 64 MiB]"))
+	}
+	return errors.Join(errs...)
+}
+
+// Server is the relay's gRPC server.
+type Server struct {
+	relaypb.UnimplementedIdentityServer
+	relaypb.UnimplementedRelayServer
+
+	cfg     ServerConfig
+	log     *slog.Logger
+	limiter *failureLimiter
+	grpc    *grpc.Server
+
+	mu       sync.Mutex
+	sessions map[string]map[*session]struct{}
+}
+
+type session struct {
+	cancel context.CancelCauseFunc
+}
+
+// errRevoked ends the sessions of a deregistered cluster.
+var errRevoked = errors.New("cluster deregistered")
+
+// NewServer builds a Server; call Serve to accept connections.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("relay server config: %w", err)
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "relay-server"),
+		limiter:  newFailureLimiter(cfg.BootstrapFailuresPerMinute, cfg.BootstrapFailureBurst, 10000, cfg.Clock),
+		sessions: map[string]map[*session]struct{}{},
+	}
+	if cfg.SharedToken != nil {
+		s.log.Warn("shared bootstrap token mode is ON: any holder of relay-identity-token-secret can bootstrap any registered cluster; per-cluster single-use tokens are the secure choice")
+	}
+	cfg.Registry.OnRevoke(s.revoke)
+	s.grpc = grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(s.tlsConfig())),
+		grpc.MaxRecvMsgSize(cfg.MaxRecvBytes),
+		grpc.UnaryInterceptor(s.unaryAuth),
+		grpc.StreamInterceptor(s.streamAuth),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	relaypb.RegisterIdentityServer(s.grpc, s)
+	relaypb.RegisterRelayServer(s.grpc, s)
+	return s, nil
+}
+
+// tlsConfig serves the relay certificate and verifies client certificates
+// when given: Bootstrap has none, everything else must (checked per call).
+func (s *Server) tlsConfig() *tls.Config {
+	pool := x509.NewCertPool()
+	for _, r := range s.cfg.Issuer.Roots() {
+		pool.AddCert(r)
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return s.cfg.ServerCertificate()
+		},
+		ClientAuth: tls.VerifyClientCertIfGiven,
+		ClientCAs:  pool,
+	}
+}
+
+// Serve accepts connections on lis until Stop.
+func (s *Server) Serve(lis net.Listener) error { return s.grpc.Serve(lis) }
+
+// Stop ends every session and closes the listener.
+func (s *Server) Stop() { s.grpc.Stop() }
+
+// GracefulStop waits for calls to finish (sessions are long-lived: prefer Stop).
+func (s *Server) GracefulStop() { s.grpc.GracefulStop() }
+
+const methodBootstrap = "/relaymesh.relay.v1.Identity/Bootstrap"
+
+// unaryAuth authenticates every unary call but Bootstrap.
+func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if info.FullMethod == methodBootstrap {
+		return handler(ctx, req)
+	}
+	a, err := s.authenticate(ctx, info.FullMethod)
+	if err != nil {
+		return nil, err
+	}
+	return handler(withAgent(ctx, a), req)
+}
+
+// streamAuth authenticates every stream.
+func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	a, err := s.authenticate(ss.Context(), info.FullMethod)
+	if err != nil {
+		return err
+	}
+	return handler(srv, &agentStream{ServerStream: ss, ctx: withAgent(ss.Context(), a)})
+}
+
+type agentStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (a *agentStream) Context() context.Context { return a.ctx }
+
+// agent is an authenticated peer.
+type agent struct {
+	cluster string
+	id      spiffeid.ID
+	cert    *x509.Certificate
+	peer    string
+}
+
+type agentKey struct{}
+
+func withAgent(ctx context.Context, a *agent) context.Context {
+	return context.WithValue(ctx, agentKey{}, a)
+}
+
+func agentFrom(ctx context.Context) (*agent, bool) {
+	a, ok := ctx.Value(agentKey{}).(*agent)
+	return a, ok
+}
+
+// errUnauthenticated is what an unauthenticated caller learns; the log and
+// the audit record say why.
+var errUnauthenticated = status.Error(codes.Unauthenticated, "a relay client certificate of a registered cluster is required")
+
+// authenticate maps the verified peer certificate to a registered cluster.
+func (s *Server) authenticate(ctx context.Context, method string) (*agent, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, errUnauthenticated
+	}
+	addr := p.Addr.String()
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		s.deny("", addr, method, "no verified client certificate")
+		return nil, errUnauthenticated
+	}
+	leaf := info.State.VerifiedChains[0][0]
+	if len(leaf.URIs) != 1 {
+		s.deny("", addr, method, fmt.Sprintf("certificate has %d URI SANs, want 1", len(leaf.URIs)))
+		return nil, errUnauthenticated
+	}
+	id, err := spiffeid.FromURI(leaf.URIs[0])
+	if err != nil {
+		s.deny("", addr, method, "certificate URI is not a SPIFFE ID")
+		return nil, errUnauthenticated
+	}
+	cluster, err := identity.ClusterFromID(s.cfg.TrustDomain, id)
+	if err != nil {
+		s.deny("", addr, method, err.Error())
+		return nil, errUnauthenticated
+	}
+	reg, ok := s.cfg.Registry.Lookup(cluster)
+	if !ok {
+		s.deny(cluster, addr, method, "cluster is not registered")
+		return nil, status.Error(codes.PermissionDenied, "cluster is not registered")
+	}
+	// The CA backdates NotBefore by IssuanceSkew; a certificate issued
+	// before the current registration belongs to an earlier one.
+	issued := leaf.NotBefore.Add(s.cfg.IssuanceSkew)
+	if issued.Before(reg.Created.Truncate(time.Second)) {
+		s.deny(cluster, addr, method, "certificate predates the cluster's current registration")
+		return nil, status.Error(codes.PermissionDenied, "certificate was issued to an earlier registration of this cluster")
+	}
+	return &agent{cluster: cluster, id: id, cert: leaf, peer: addr}, nil
+}
+
+func (s *Server) deny(cluster, peerAddr, method, reason string) {
+	s.log.Warn("relay call refused", "cluster", cluster, "peer", peerAddr, "method", method, "reason", reason)
+	s.record(audit.Event{Type: audit.CertDeny, Result: audit.ResultFailure, Cluster: cluster, Peer: peerAddr, Reason: reason, Details: map[string]string{"method": method}})
+}
+
+// record writes an audit event; a failing audit log is logged loudly but
+// the failed write never turns into a success for the caller.
+func (s *Server) record(e audit.Event) {
+	if err := s.cfg.Audit.Record(e); err != nil {
+		s.log.Error("audit log write failed", "type", e.Type, "error", err)
+	}
+}
+
+// peerIP is the address a rate limit applies to.
+func peerIP(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "unknown"
+	}
+	host, _, err := net.SplitHostPort(p.Addr.String())
+	if err != nil {
+		return p.Addr.String()
+	}
+	return host
+}
+
+// errBootstrapDenied is the one answer to every token or registration problem.
+var errBootstrapDenied = status.Error(codes.PermissionDenied, "bootstrap denied: the token is unknown, used, expired or not for this cluster, or the cluster is not registered")
+
+// Bootstrap implements relaypb.IdentityServer.
+func (s *Server) Bootstrap(ctx context.Context, req *relaypb.BootstrapRequest) (*relaypb.CertificateResponse, error) {
+	ip := peerIP(ctx)
+	fail := func(reason string, cluster string, err error) error {
+		s.limiter.fail(ip)
+		s.cfg.Metrics.bootstrapFailures.WithLabelValues(reason).Inc()
+		s.cfg.Metrics.issued.WithLabelValues("bootstrap", "failure").Inc()
+		s.log.Warn("bootstrap refused", "cluster", cluster, "peer", ip, "reason", reason)
+		s.record(audit.Event{Type: audit.TokenFailure, Result: audit.ResultFailure, Cluster: cluster, Peer: ip, Reason: reason})
+		return err
+	}
+	if s.limiter.blocked(ip) {
+		s.cfg.Metrics.bootstrapFailures.WithLabelValues("rate_limited").Inc()
+		return nil, status.Error(codes.ResourceExhausted, "too many failed bootstrap attempts from this address; retry later")
+	}
+	cluster := req.GetCluster()
+	if err := identity.ValidateClusterName(cluster); err != nil {
+		return nil, fail("bad_cluster_name", "", status.Error(codes.InvalidArgument, err.Error()))
+	}
+	csr, err := ca.ParseCSR(req.GetCsr())
+	if err != nil {
+		return nil, fail("bad_csr", cluster, status.Error(codes.InvalidArgument, err.Error()))
+	}
+	// Registration is checked before the token is consumed, so a token sent
+	// too early (before the KubernetesCluster exists) is not burned.
+	if _, ok := s.cfg.Registry.Lookup(cluster); !ok {
+		return nil, fail("unregistered", cluster, errBootstrapDenied)
+	}
+	tokenID, err := s.redeem(ctx, cluster, req.GetToken())
+	if err != nil {
+		reason := "denied"
+		var d *identity.DenialError
+		if errors.As(err, &d) {
+			reason = d.Reason
+		}
+		return nil, fail(reason, cluster, errBootstrapDenied)
+	}
+	s.record(audit.Event{Type: audit.TokenUse, Result: audit.ResultSuccess, Cluster: cluster, Peer: ip, Details: map[string]string{"token_id": tokenID}})
+	return s.issue(ctx, "bootstrap", cluster, ip, csr, req.GetAgentVersion())
+}
+
+// redeem checks a per-cluster token, or the shared token when that mode is
+// on and the token is not per-cluster shaped. It returns the token's public id.
+func (s *Server) redeem(ctx context.Context, cluster, token string) (string, error) {
+	if s.cfg.SharedToken != nil {
+		if _, perr := identity.ParseToken(token); perr != nil {
+			if err := s.cfg.SharedToken.Check(token); err != nil {
+				return "", err
+			}
+			return "shared", nil
+		}
+	}
+	rec, err := s.cfg.Tokens.Redeem(ctx, cluster, token)
+	if err != nil {
+		return "", err
+	}
+	return rec.ID, nil
+}
+
+// Renew implements relaypb.IdentityServer.
+func (s *Server) Renew(ctx context.Context, req *relaypb.RenewRequest) (*relaypb.CertificateResponse, error) {
+	a, ok := agentFrom(ctx)
+	if !ok {
+		return nil, errUnauthenticated
+	}
+	csr, err := ca.ParseCSR(req.GetCsr())
+	if err != nil {
+		s.cfg.Metrics.issued.WithLabelValues("renew", "failure").Inc()
+		s.record(audit.Event{Type: audit.CertDeny, Result: audit.ResultFailure, Cluster: a.cluster, Peer: a.peer, Reason: "bad_csr"})
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return s.issue(ctx, "renew", a.cluster, a.peer, csr, "")
+}
+
+// issue signs a certificate for cluster's agent.
+func (s *Server) issue(ctx context.Context, op, cluster, peerAddr string, csr *x509.CertificateRequest, version string) (*relaypb.CertificateResponse, error) {
+	id, err := identity.AgentID(s.cfg.TrustDomain, cluster)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if n := len(csr.DNSNames) + len(csr.IPAddresses) + len(csr.URIs) + len(csr.EmailAddresses); n > 0 {
+		s.log.Info("ignoring names requested in CSR; the server decides the identity", "cluster", cluster, "requested_names", n)
+	}
+	issued, err := s.cfg.Issuer.IssueAgent(ctx, csr, id)
+	if err != nil {
+		s.cfg.Metrics.issued.WithLabelValues(op, "failure").Inc()
+		s.log.Error("agent certificate issuance failed", "cluster", cluster, "operation", op, "error", err)
+		s.record(audit.Event{Type: audit.CertDeny, Result: audit.ResultFailure, Cluster: cluster, Peer: peerAddr, Reason: "issuance failed", Details: map[string]string{"operation": op}})
+		return nil, status.Error(codes.Internal, "certificate issuance failed")
+	}
+	cert := issued.Certificate
+	serial := fmt.Sprintf("%x", cert.SerialNumber)
+	s.cfg.Metrics.issued.WithLabelValues(op, "success").Inc()
+	s.cfg.Metrics.certExpiry.WithLabelValues(cluster).Set(float64(cert.NotAfter.Unix()))
+	typ := audit.CertIssue
+	if op == "renew" {
+		typ = audit.CertRenew
+	}
+	s.record(audit.Event{Type: typ, Result: audit.ResultSuccess, Cluster: cluster, Subject: id.String(), Serial: serial, Peer: peerAddr,
+		Details: map[string]string{"not_after": cert.NotAfter.UTC().Format(time.RFC3339)}})
+	s.log.Info("agent certificate issued", "cluster", cluster, "operation", op, "spiffe_id", id.String(), "serial", serial, "not_after", cert.NotAfter)
+	if s.cfg.Status != nil {
+		s.cfg.Status.CertificateIssued(cluster, cert, version)
+	}
+	return &relaypb.CertificateResponse{
+		CertificateChain: issued.ChainPEM(),
+		TrustBundle:      issued.RootsPEM(),
+		SpiffeId:         id.String(),
+		NotAfterUnix:     cert.NotAfter.Unix(),
+	}, nil
+}
+
+// Connect implements relaypb.RelayServer: one session per agent, ended by
+// the agent, by Stop, or by deregistration of its cluster.
+func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
+	a, ok := agentFrom(stream.Context())
+	if !ok {
+		return errUnauthenticated
+	}
+	ctx, cancel := context.WithCancelCause(stream.Context())
+	defer cancel(nil)
+	sess := &session{cancel: cancel}
+	if !s.addSession(a.cluster, sess) {
+		return status.Error(codes.PermissionDenied, "cluster is not registered")
+	}
+	defer s.removeSession(a.cluster, sess)
+
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	if first.GetHello() == nil {
+		return status.Error(codes.InvalidArgument, "the first message of a session must be Hello")
+	}
+	if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_Welcome{Welcome: &relaypb.Welcome{
+		Cluster: a.cluster, SpiffeId: a.id.String(), CertificateNotAfterUnix: a.cert.NotAfter.Unix(),
+	}}}); err != nil {
+		return err
+	}
+	s.log.Info("agent session opened", "cluster", a.cluster, "peer", a.peer, "agent_version", first.GetHello().GetAgentVersion())
+
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			msg, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			if ping := msg.GetPing(); ping != nil {
+				if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_Pong{Pong: &relaypb.Pong{Nonce: ping.GetNonce()}}}); err != nil {
+					recvErr <- err
+					return
+				}
+			}
+		}
+	}()
+	select {
+	case err := <-recvErr:
+		s.log.Info("agent session closed", "cluster", a.cluster, "reason", err)
+		return nil
+	case <-ctx.Done():
+		if errors.Is(context.Cause(ctx), errRevoked) {
+			s.log.Info("agent session ended: cluster deregistered", "cluster", a.cluster)
+			return status.Error(codes.PermissionDenied, "cluster deregistered")
+		}
+		return ctx.Err()
+	}
+}
+
+func (s *Server) addSession(cluster string, sess *session) bool {
+	s.mu.Lock()
+	if _, ok := s.cfg.Registry.Lookup(cluster); !ok {
+		s.mu.Unlock()
+		return false
+	}
+	set := s.sessions[cluster]
+	if set == nil {
+		set = map[*session]struct{}{}
+		s.sessions[cluster] = set
+	}
+	set[sess] = struct{}{}
+	first := len(set) == 1
+	s.mu.Unlock()
+	s.cfg.Metrics.connected.Inc()
+	if first && s.cfg.Status != nil {
+		s.cfg.Status.SessionChanged(cluster, true)
+	}
+	return true
+}
+
+func (s *Server) removeSession(cluster string, sess *session) {
+	s.mu.Lock()
+	set := s.sessions[cluster]
+	_, had := set[sess]
+	delete(set, sess)
+	last := had && len(set) == 0
+	if len(set) == 0 {
+		delete(s.sessions, cluster)
+	}
+	s.mu.Unlock()
+	if had {
+		s.cfg.Metrics.connected.Dec()
+	}
+	if last && s.cfg.Status != nil {
+		s.cfg.Status.SessionChanged(cluster, false)
+	}
+}
+
+// revoke ends every session of cluster; called by the registry.
+func (s *Server) revoke(cluster string) {
+	s.mu.Lock()
+	var ended int
+	for sess := range s.sessions[cluster] {
+		sess.cancel(errRevoked)
+		ended++
+	}
+	s.mu.Unlock()
+	s.log.Info("cluster revoked", "cluster", cluster, "sessions_ended", ended)
+	s.record(audit.Event{Type: audit.ClusterRevoke, Result: audit.ResultSuccess, Cluster: cluster, Details: map[string]string{"sessions_ended": fmt.Sprint(ended)}})
+}
+
+// Sessions returns how many sessions cluster holds.
+func (s *Server) Sessions(cluster string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions[cluster])
+}
