@@ -56,7 +56,7 @@ func (s *SyncBuffer) String() string {
 // fixture is a relay server on loopback with real TLS, a generated relay CA,
 // an in-memory token store and clusters cluster-1 and cluster-2 registered.
 type Server struct {
-	t         *testing.T
+	t         testing.TB
 	Srv       *relay.Server
 	Addr      string
 	Authority *ca.Authority
@@ -83,7 +83,7 @@ type Options struct {
 	MaxRecv      int
 }
 
-func New(t *testing.T, o Options) *Server {
+func New(t testing.TB, o Options) *Server {
 	t.Helper()
 	ctx := context.Background()
 	if o.AgentTTL == 0 {
@@ -167,6 +167,12 @@ func (f *Server) Mint(cluster string, ttl time.Duration) string {
 	return tok
 }
 
+// NewConn returns a client connection the caller closes.
+func (f *Server) NewConn(tlsCfg *tls.Config) (*grpc.ClientConn, error) {
+	return grpc.NewClient(f.Addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+}
+
+// Dial returns a client connection closed when the test ends.
 func (f *Server) Dial(tlsCfg *tls.Config) *grpc.ClientConn {
 	conn, err := grpc.NewClient(f.Addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	require.NoError(f.t, err)
@@ -196,7 +202,7 @@ type AgentCred struct {
 	Resp *relaypb.CertificateResponse
 }
 
-func CSRPEM(t *testing.T) ([]byte, []byte) {
+func CSRPEM(t testing.TB) ([]byte, []byte) {
 	key := catest.NewKey(t, catest.ECDSAP256)
 	return catest.NewCSRPEM(t, key, &x509.CertificateRequest{}), catest.KeyPEM(t, key)
 }

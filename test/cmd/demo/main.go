@@ -1,8 +1,10 @@
 // Command demo runs Relaymesh's main job end to end on local clusters
 // (`make demo`): it starts a management cluster and two workload clusters,
 // applies Istio-shaped sample workloads to the workload clusters and a
-// VirtualMesh to the management cluster, prints what is there, and keeps the
-// clusters up until Ctrl-C. With DEMO_EXIT=1 it stops and exits after the
+// VirtualMesh to the management cluster, starts `relaymesh server`,
+// registers both workload clusters, starts an agent in each (real
+// processes), shows the identities the agents were issued, and keeps
+// everything up until Ctrl-C. With DEMO_EXIT=1 it stops and exits after the
 // summary, for scripts.
 package main
 
@@ -11,7 +13,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sort"
@@ -105,6 +109,12 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 
 	step(out, "What is there")
 	if err := summarize(ctx, env, cfg.workloads, out); err != nil {
+		return err
+	}
+
+	stopAgents, err := agentTrust(ctx, env, cfg, out)
+	defer stopAgents()
+	if err != nil {
 		return err
 	}
 
@@ -209,4 +219,159 @@ func names(ctx context.Context, ri dynamic.ResourceInterface) (string, error) {
 	}
 	sort.Strings(out)
 	return strings.Join(out, ","), nil
+}
+
+// agentTrust runs the server, registers the workload clusters and starts
+// their agents, then prints the identities the agents hold. The returned
+// function stops the processes.
+func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.Writer) (func(), error) {
+	var procs []*localcluster.Process
+	stop := func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			_ = procs[i].Stop(10 * time.Second)
+		}
+	}
+	logs := filepath.Join(cfg.dir, "logs")
+	if err := os.MkdirAll(logs, 0o700); err != nil {
+		return stop, err
+	}
+	step(out, "Building relaymesh and starting the management server")
+	bin, err := localcluster.BuildRelaymesh(cfg.dir)
+	if err != nil {
+		return stop, err
+	}
+	mgmt := env.Cluster("mgmt")
+	cs, err := mgmt.Clientset()
+	if err != nil {
+		return stop, err
+	}
+	if _, err := cs.CoreV1().Namespaces().Get(ctx, "relaymesh", metav1.GetOptions{}); err != nil {
+		return stop, fmt.Errorf("namespace relaymesh: %w", err)
+	}
+	relayAddr, err := loopbackAddr()
+	if err != nil {
+		return stop, err
+	}
+	opsAddr, err := loopbackAddr()
+	if err != nil {
+		return stop, err
+	}
+	start := func(name string, args ...string) error {
+		p, err := localcluster.StartProcess(name, bin, args, filepath.Join(logs, name+".log"), false)
+		if err == nil {
+			procs = append(procs, p)
+		}
+		return err
+	}
+	auditLog := filepath.Join(cfg.dir, "audit.log")
+	if err := start("server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+		"--audit-log", auditLog, "--server-dns-names", "localhost", "--server-ips", "127.0.0.1"); err != nil {
+		return stop, err
+	}
+	if err := waitHTTP(ctx, "http://"+opsAddr+"/healthz", 30*time.Second); err != nil {
+		return stop, fmt.Errorf("server did not come up (see %s): %w", filepath.Join(logs, "server.log"), err)
+	}
+	fmt.Fprintf(out, "  relay gRPC %s, metrics http://%s/metrics, audit log %s, logs in %s\n", relayAddr, opsAddr, auditLog, logs)
+
+	step(out, "Registering the workload clusters and starting their agents")
+	for _, name := range cfg.workloads {
+		cmd := exec.CommandContext(ctx, bin, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig,
+			"--remote-kubeconfig", env.Cluster(name).Kubeconfig, "--server-address", relayAddr)
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			return stop, fmt.Errorf("register %s: %w: %s", name, err, b)
+		}
+		fmt.Fprintf(out, "  %s", b)
+		health, err := loopbackAddr()
+		if err != nil {
+			return stop, err
+		}
+		metrics, err := loopbackAddr()
+		if err != nil {
+			return stop, err
+		}
+		if err := start("agent-"+name, "agent", "--kubeconfig", env.Cluster(name).Kubeconfig, "--health-listen", health, "--metrics-listen", metrics); err != nil {
+			return stop, err
+		}
+	}
+
+	step(out, "Agent identities (KubernetesCluster status in mgmt, written by the server)")
+	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
+	if err != nil {
+		return stop, err
+	}
+	clusters := dyn.Resource(gvrClusters).Namespace("relaymesh")
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLUSTER\tCONNECTED\tSPIFFE ID\tSERIAL\tEXPIRES")
+	for _, name := range cfg.workloads {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			kc, err := clusters.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return stop, err
+			}
+			connected, _, _ := unstructured.NestedBool(kc.Object, "status", "connected")
+			id, _, _ := unstructured.NestedString(kc.Object, "status", "agentCertificate", "spiffeID")
+			serial, _, _ := unstructured.NestedString(kc.Object, "status", "agentCertificate", "serial")
+			notAfter, _, _ := unstructured.NestedString(kc.Object, "status", "agentCertificate", "notAfter")
+			if connected && id != "" {
+				if len(serial) > 16 {
+					serial = serial[:16] + "…"
+				}
+				fmt.Fprintf(tw, "%s\t%t\t%s\t%s\t%s\n", name, connected, id, serial, notAfter)
+				break
+			}
+			if time.Now().After(deadline) {
+				return stop, fmt.Errorf("agent of %s did not connect within 60s (see %s)", name, filepath.Join(logs, "agent-"+name+".log"))
+			}
+			select {
+			case <-ctx.Done():
+				return stop, ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return stop, err
+	}
+	verify := exec.CommandContext(ctx, bin, "audit", "verify", auditLog)
+	b, err := verify.CombinedOutput()
+	if err != nil {
+		return stop, fmt.Errorf("audit verify: %w: %s", err, b)
+	}
+	fmt.Fprintf(out, "\n  audit: %s", b)
+	return stop, nil
+}
+
+var gvrClusters = schema.GroupVersionResource{Group: "multicluster.relaymesh.io", Version: "v1alpha1", Resource: "kubernetesclusters"}
+
+func loopbackAddr() (string, error) {
+	p, err := localcluster.FreePort()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("127.0.0.1:%d", p), nil
+}
+
+// waitHTTP polls url until it answers 200.
+func waitHTTP(ctx context.Context, url string, timeout time.Duration) error {
+	c := http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := c.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after %s: %v", url, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

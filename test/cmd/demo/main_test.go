@@ -25,6 +25,10 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		"cluster-1  bookinfo      enabled    productpage-v1,reviews-v1,reviews-v2  productpage,reviews",
 		"cluster-2  istio-system  -          istiod",
 		"relaymesh/bookinfo-federation  istiod-istio-system-cluster-1,istiod-istio-system-cluster-2  generated  MultiRoot  global",
+		"registered cluster cluster-1",
+		"cluster-1  true       spiffe://relaymesh.local/cluster/cluster-1/agent",
+		"cluster-2  true       spiffe://relaymesh.local/cluster/cluster-2/agent",
+		"records verified",
 		"Stopping local clusters",
 	} {
 		assert.Contains(t, s, want)

@@ -1,0 +1,241 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/relaymesh/relaymesh/audit"
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/internal/kubeutil"
+	"github.com/relaymesh/relaymesh/relay"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+const serverSynopsis = `Runs the management server in the management cluster: the relay CA, the
+identity service agents bootstrap and renew with, and their sessions.
+
+On first start it generates the relay root and issuing CA into the secrets
+relay-root-tls-secret and relay-tls-signing-secret of --namespace (or uses a
+provided CA: --ca-cert/--ca-key/--ca-roots). Every token use, issuance,
+renewal, denial and revocation goes to --audit-log.`
+
+type serverFlags struct {
+	kubeconfig, namespace, listen, metricsListen, trustDomain string
+	dnsNames, ips, auditLog, logLevel                         string
+	caCert, caKey, caRoots                                    string
+	agentTTL                                                  time.Duration
+	allowSharedToken                                          bool
+}
+
+func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var f serverFlags
+	fs := newFlags("server [flags]", serverSynopsis, stderr)
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster service account)")
+	fs.StringVar(&f.namespace, "namespace", "relaymesh", "namespace of the server's secrets and KubernetesClusters")
+	fs.StringVar(&f.listen, "listen", ":9900", "relay gRPC address")
+	fs.StringVar(&f.metricsListen, "metrics-listen", ":9091", "metrics and health address (/metrics, /healthz, /readyz)")
+	fs.StringVar(&f.trustDomain, "trust-domain", "relaymesh.local", "SPIFFE trust domain of agent identities")
+	fs.StringVar(&f.dnsNames, "server-dns-names", "localhost,relaymesh-server,relaymesh-server.relaymesh.svc", "comma-separated DNS names in the server certificate (agents verify one of them)")
+	fs.StringVar(&f.ips, "server-ips", "127.0.0.1", "comma-separated IP addresses in the server certificate")
+	fs.StringVar(&f.auditLog, "audit-log", "", "path of the hash-chained audit log (required)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.caCert, "ca-cert", "", "provided relay CA: PEM of the issuing CA certificate (then intermediates)")
+	fs.StringVar(&f.caKey, "ca-key", "", "provided relay CA: PEM of its private key")
+	fs.StringVar(&f.caRoots, "ca-roots", "", "provided relay CA: PEM of the root(s) it chains to")
+	fs.DurationVar(&f.agentTTL, "agent-cert-ttl", 24*time.Hour, "lifetime of agent client certificates (renewed at about 2/3)")
+	fs.BoolVar(&f.allowSharedToken, "allow-shared-token", false, "WEAKER: also accept the shared token of relay-identity-token-secret (seed-product compatibility)")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	if err := f.validate(); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, f.logLevel)
+	if err != nil {
+		return err
+	}
+	log = log.With("component", "server")
+	td, err := spiffeid.TrustDomainFromString(f.trustDomain)
+	if err != nil {
+		return fmt.Errorf("--trust-domain: %w", err)
+	}
+	var ips []net.IP
+	for _, s := range splitList(f.ips) {
+		ip := net.ParseIP(s)
+		if ip == nil {
+			return fmt.Errorf("--server-ips: %q is not an IP address", s)
+		}
+		ips = append(ips, ip)
+	}
+
+	kube, err := loadKube(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	if _, err := kube.typed.CoreV1().Namespaces().Get(ctx, f.namespace, metav1.GetOptions{}); err != nil {
+		return fmt.Errorf("namespace %s: %w", f.namespace, err)
+	}
+	auditLog, err := audit.Open(audit.Config{Path: f.auditLog, Sync: true})
+	if err != nil {
+		return fmt.Errorf("audit log: %w", err)
+	}
+	defer auditLog.Close()
+
+	signer, err := f.signer(ctx, kube)
+	if err != nil {
+		return err
+	}
+	authority, err := ca.New(ca.Config{Signer: signer, AgentTTL: f.agentTTL})
+	if err != nil {
+		return err
+	}
+	serving, err := relay.NewServingCert(ctx, authority, splitList(f.dnsNames), ips, storeServingSecret(kube, f.namespace), log)
+	if err != nil {
+		return err
+	}
+	store, err := identity.NewKubeTokenStore(kube.typed, f.namespace)
+	if err != nil {
+		return err
+	}
+	tokens, err := identity.NewTokens(identity.TokensConfig{Store: store})
+	if err != nil {
+		return err
+	}
+	var shared *identity.SharedToken
+	if f.allowSharedToken {
+		sec, err := kube.typed.CoreV1().Secrets(f.namespace).Get(ctx, identity.TokenSecret, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("--allow-shared-token: secret %s/%s: %w", f.namespace, identity.TokenSecret, err)
+		}
+		if shared, err = identity.NewSharedToken(string(sec.Data[identity.KeyToken])); err != nil {
+			return fmt.Errorf("--allow-shared-token: %w", err)
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := relay.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	registry := relay.NewRegistry()
+	if err := relay.WatchClusters(ctx, kube.dynamic, f.namespace, registry, log); err != nil {
+		return err
+	}
+	if err := identity.AuditTokenMints(ctx, kube.typed, f.namespace, auditLog, log); err != nil {
+		return err
+	}
+	status := relay.NewKubeStatus(kube.dynamic, f.namespace, log)
+	go status.Run(ctx)
+	go serving.Run(ctx)
+
+	srv, err := relay.NewServer(relay.ServerConfig{
+		TrustDomain:       td,
+		Issuer:            authority,
+		Tokens:            tokens,
+		SharedToken:       shared,
+		Registry:          registry,
+		ServerCertificate: serving.Certificate,
+		Status:            status,
+		Audit:             auditLog,
+		Logger:            log,
+		Metrics:           metrics,
+	})
+	if err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return err
+	}
+	mlis, err := net.Listen("tcp", f.metricsListen)
+	if err != nil {
+		return err
+	}
+	httpSrv := &http.Server{Handler: opsMux(reg, func() error { return nil }), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = httpSrv.Serve(mlis) }()
+	defer httpSrv.Close()
+
+	log.Info("relay server listening", "relay", lis.Addr().String(), "metrics", mlis.Addr().String(), "trust_domain", td.String(),
+		"registered_clusters", len(registry.Names()), "shared_token_mode", f.allowSharedToken)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+		srv.Stop()
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+func (f serverFlags) validate() error {
+	var errs []error
+	if f.auditLog == "" {
+		errs = append(errs, errors.New("--audit-log is required: every issuance and denial must be recorded"))
+	}
+	if f.namespace == "" {
+		errs = append(errs, errors.New("--namespace must not be empty"))
+	}
+	provided := 0
+	for _, v := range []string{f.caCert, f.caKey, f.caRoots} {
+		if v != "" {
+			provided++
+		}
+	}
+	if provided != 0 && provided != 3 {
+		errs = append(errs, errors.New("--ca-cert, --ca-key and --ca-roots go together"))
+	}
+	if len(splitList(f.dnsNames)) == 0 && len(splitList(f.ips)) == 0 {
+		errs = append(errs, errors.New("--server-dns-names or --server-ips must name the server"))
+	}
+	return errors.Join(errs...)
+}
+
+// signer is the provided CA if one was given, else the generated one.
+func (f serverFlags) signer(ctx context.Context, kube *kubeClients) (ca.Signer, error) {
+	if f.caCert != "" {
+		return ca.LoadSignerFiles(f.caCert, f.caKey, f.caRoots, time.Now())
+	}
+	return ca.LoadOrCreateRelayCA(ctx, kube.typed, f.namespace, ca.GenerateConfig{})
+}
+
+// storeServingSecret writes relay-server-tls-secret for operators and tools
+// that expect it; the server itself serves from memory.
+func storeServingSecret(kube *kubeClients, namespace string) func(ctx context.Context, certPEM, keyPEM []byte) error {
+	return func(ctx context.Context, certPEM, keyPEM []byte) error {
+		want := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "relay-server-tls-secret", Namespace: namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}},
+			Type:       corev1.SecretTypeTLS,
+			Data:       map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM},
+		}
+		return kubeutil.UpsertSecret(ctx, kube.typed, want)
+	}
+}
+
+// opsMux serves /metrics, /healthz (process up) and /readyz.
+func opsMux(reg *prometheus.Registry, ready func() error) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}

@@ -1,0 +1,165 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/ca/catest"
+	"github.com/relaymesh/relaymesh/relay"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+)
+
+// TestAgentTrust registers two workload clusters, runs the server and two
+// agents as real processes, checks both agents hold mTLS sessions with
+// certificates naming their clusters, then deregisters one and checks its
+// session ends and its certificate can no longer renew.
+func TestAgentTrust(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	bin, err := localcluster.BuildRelaymesh(dir)
+	require.NoError(t, err)
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"mgmt", "cluster-1", "cluster-2"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	mgmt := env.Cluster("mgmt")
+	mgmtCS, err := mgmt.Clientset()
+	require.NoError(t, err)
+	_, err = mgmtCS.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	relayAddr, opsAddr := Addr(t), Addr(t)
+	auditLog := filepath.Join(dir, "audit.log")
+	server := Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+		"--audit-log", auditLog, "--server-dns-names", "localhost", "--server-ips", "127.0.0.1")
+	Eventually(t, 30*time.Second, "server ready", func() (bool, string) {
+		code, err := GetJSON("http://"+opsAddr+"/healthz", nil)
+		return err == nil && code == 200, fmt.Sprint(code, err)
+	})
+
+	health := map[string]string{}
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		out, err := Run(t, bin, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig, "--server-address", relayAddr)
+		require.NoError(t, err)
+		assert.Contains(t, out, "registered cluster "+name)
+		health[name] = Addr(t)
+		Start(t, bin, dir, "agent-"+name, "agent", "--kubeconfig", env.Cluster(name).Kubeconfig, "--health-listen", health[name], "--metrics-listen", Addr(t))
+	}
+
+	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
+	require.NoError(t, err)
+	clusters := dyn.Resource(relay.KubernetesClusters).Namespace("relaymesh")
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		want := "spiffe://relaymesh.local/cluster/" + name + "/agent"
+		Eventually(t, 30*time.Second, name+" connected", func() (bool, string) {
+			var st struct {
+				OK     bool `json:"ok"`
+				Status struct {
+					Session struct {
+						Connected bool   `json:"connected"`
+						SPIFFEID  string `json:"spiffeID"`
+					} `json:"session"`
+				} `json:"status"`
+			}
+			code, err := GetJSON("http://"+health[name]+"/readyz", &st)
+			return err == nil && code == 200 && st.Status.Session.Connected && st.Status.Session.SPIFFEID == want, fmt.Sprintf("%d %v %+v", code, err, st)
+		})
+		// The management cluster's view of the agent.
+		Eventually(t, 10*time.Second, name+" status", func() (bool, string) {
+			kc, err := clusters.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			connected, _, _ := unstructured.NestedBool(kc.Object, "status", "connected")
+			id, _, _ := unstructured.NestedString(kc.Object, "status", "agentCertificate", "spiffeID")
+			return connected && id == want, fmt.Sprint(kc.Object["status"])
+		})
+		// The certificate the agent stored in its own cluster.
+		cs, err := env.Cluster(name).Clientset()
+		require.NoError(t, err)
+		sec, err := cs.CoreV1().Secrets("relaymesh").Get(ctx, "relay-client-tls-secret", metav1.GetOptions{})
+		require.NoError(t, err)
+		block, _ := pem.Decode(sec.Data["tls.crt"])
+		require.NotNil(t, block)
+		leaf, err := x509.ParseCertificate(block.Bytes)
+		require.NoError(t, err)
+		require.Len(t, leaf.URIs, 1)
+		assert.Equal(t, want, leaf.URIs[0].String())
+		assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, leaf.ExtKeyUsage)
+		_, err = cs.CoreV1().Secrets("relaymesh").Get(ctx, "relay-identity-token-secret", metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "the used token is removed from the workload cluster")
+	}
+	connected, err := Metric("http://"+opsAddr+"/metrics", relay.MetricConnectedAgents)
+	require.NoError(t, err)
+	assert.Equal(t, float64(2), connected)
+
+	// Keep cluster-2's credential to try it after deregistration.
+	cs2, err := env.Cluster("cluster-2").Clientset()
+	require.NoError(t, err)
+	sec2, err := cs2.CoreV1().Secrets("relaymesh").Get(ctx, "relay-client-tls-secret", metav1.GetOptions{})
+	require.NoError(t, err)
+
+	_, err = Run(t, bin, "cluster", "deregister", "cluster-2", "--mgmt-kubeconfig", mgmt.Kubeconfig)
+	require.NoError(t, err)
+	start := time.Now()
+	Eventually(t, time.Second, "cluster-2's session closed within 1s", func() (bool, string) {
+		n, err := Metric("http://"+opsAddr+"/metrics", relay.MetricConnectedAgents)
+		return err == nil && n == 1, fmt.Sprint(n, err)
+	})
+	t.Logf("cluster-2's session closed %s after deregistration", time.Since(start).Round(time.Millisecond))
+
+	// Its certificate is refused for renewal.
+	pair, err := tls.X509KeyPair(sec2.Data["tls.crt"], sec2.Data["tls.key"])
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(sec2.Data["ca.crt"]))
+	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: "127.0.0.1", Certificates: []tls.Certificate{pair},
+	})))
+	require.NoError(t, err)
+	defer conn.Close()
+	key := catest.NewKey(t, catest.ECDSAP256)
+	_, err = relaypb.NewIdentityClient(conn).Renew(ctx, &relaypb.RenewRequest{Csr: catest.NewCSRPEM(t, key, &x509.CertificateRequest{})})
+	assert.Equal(t, codes.PermissionDenied, status.Code(err), "renewal of a deregistered cluster: %v", err)
+
+	// cluster-1 is unaffected.
+	code, err := GetJSON("http://"+health["cluster-1"]+"/readyz", nil)
+	require.NoError(t, err)
+	assert.Equal(t, 200, code)
+
+	// The audit log verifies and tells the story.
+	out, err := Run(t, bin, "audit", "verify", auditLog)
+	require.NoError(t, err)
+	assert.Contains(t, out, "records verified")
+	b, err := os.ReadFile(auditLog)
+	require.NoError(t, err)
+	for _, want := range []string{`"type":"token.mint"`, `"type":"token.use"`, `"type":"cert.issue"`, `"type":"cluster.revoke","result":"success","cluster":"cluster-2"`, `"type":"cert.deny"`} {
+		assert.Contains(t, string(b), want)
+	}
+	// No token or key in any log.
+	for _, f := range []string{auditLog, server.LogPath(), filepath.Join(dir, "agent-cluster-1.log"), filepath.Join(dir, "agent-cluster-2.log")} {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		assert.NotContains(t, string(b), "PRIVATE KEY")
+		assert.False(t, strings.Contains(string(b), string(sec2.Data["tls.key"])))
+	}
+}

@@ -1,0 +1,127 @@
+// Package e2e runs Relaymesh's binaries as real processes against real local
+// clusters: `relaymesh server` in the management cluster, `relaymesh agent`
+// per workload cluster, and the admin commands in between.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/stretchr/testify/require"
+)
+
+// Addr is a free loopback address.
+func Addr(t testing.TB) string {
+	t.Helper()
+	p, err := localcluster.FreePort()
+	require.NoError(t, err)
+	return "127.0.0.1:" + strconv.Itoa(p)
+}
+
+// Start runs the relaymesh binary with args as a long-lived process whose
+// output goes to dir/name.log; the test stops it at the end.
+func Start(t testing.TB, bin, dir, name string, args ...string) *localcluster.Process {
+	t.Helper()
+	p, err := localcluster.StartProcess(name, bin, args, filepath.Join(dir, name+".log"), false)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = p.Stop(10 * time.Second)
+		if t.Failed() {
+			b, _ := os.ReadFile(p.LogPath())
+			t.Logf("---- %s log ----\n%s", name, tail(string(b), 60))
+		}
+	})
+	return p
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Run runs the relaymesh binary to completion and returns its stdout.
+func Run(t testing.TB, bin string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err != nil {
+		return stdout.String(), fmt.Errorf("relaymesh %s: %w: %s", strings.Join(args[:min(2, len(args))], " "), err, stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+// Eventually polls cond every 50ms until it holds or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		ok, msg := cond()
+		if ok {
+			return
+		}
+		last = msg
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, last)
+}
+
+// GetJSON fetches url and decodes a JSON body into v; it returns the status.
+func GetJSON(url string, v any) (int, error) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return resp.StatusCode, err
+	}
+	if v != nil {
+		if err := json.Unmarshal(b, v); err != nil {
+			return resp.StatusCode, fmt.Errorf("decode %s: %w", b, err)
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+// Metric reads one unlabelled (or first-matching) sample from a Prometheus
+// text endpoint.
+func Metric(url, name string) (float64, error) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
+			f := strings.Fields(line)
+			return strconv.ParseFloat(f[len(f)-1], 64)
+		}
+	}
+	return 0, fmt.Errorf("metric %s not found", name)
+}
