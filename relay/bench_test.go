@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relaymesh/relaymesh/relay/relaytest"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
 )
 
 // BenchmarkBootstrap measures a full agent bootstrap as an agent sees it: a
