@@ -141,6 +141,10 @@ func New(cfg Config) (*Authority, error) {
 // Roots are the trust anchors of the certificates this Authority issues.
 func (a *Authority) Roots() []*x509.Certificate { return a.cfg.Signer.Roots() }
 
+// Chain is the issuing CA certificate followed by its intermediates: a
+// relay server accepts only client certificates whose issuer is Chain()[0].
+func (a *Authority) Chain() []*x509.Certificate { return a.cfg.Signer.Chain() }
+
 // AgentTTL is the lifetime of agent certificates (before clamping to the
 // issuing CA's NotAfter).
 func (a *Authority) AgentTTL() time.Duration { return a.cfg.AgentTTL }
@@ -176,6 +180,22 @@ func (i *Issued) RootsPEM() []byte { return encodeCertsPEM(i.Roots) }
 // serial number is 128 random bits. The signed certificate is validated
 // against all of that, and must verify to the roots for clientAuth now.
 func (a *Authority) IssueAgent(ctx context.Context, csr *x509.CertificateRequest, id spiffeid.ID) (*Issued, error) {
+	return a.IssueAgentFor(ctx, csr, id, "")
+}
+
+// MaxRegistrationLen bounds the registration id carried in an agent
+// certificate.
+const MaxRegistrationLen = 64
+
+// IssueAgentFor is IssueAgent for one registration of the cluster: the
+// certificate's subject also carries OU=<registration> (a KubernetesCluster
+// UID), so a relay server can refuse certificates of an earlier
+// registration of the same cluster name without comparing clocks. An empty
+// registration leaves the OU out.
+func (a *Authority) IssueAgentFor(ctx context.Context, csr *x509.CertificateRequest, id spiffeid.ID, registration string) (*Issued, error) {
+	if len(registration) > MaxRegistrationLen || strings.TrimFunc(registration, isRegistrationRune) != "" {
+		return nil, fmt.Errorf("%w: registration id must be at most %d of [a-zA-Z0-9-]", ErrIssuance, MaxRegistrationLen)
+	}
 	if csr == nil {
 		return nil, fmt.Errorf("%w: no certificate request", ErrInvalidCSR)
 	}
@@ -185,8 +205,12 @@ func (a *Authority) IssueAgent(ctx context.Context, csr *x509.CertificateRequest
 	if id.IsZero() {
 		return nil, fmt.Errorf("%w: no SPIFFE ID", ErrIssuance)
 	}
+	subject := pkix.Name{Organization: []string{subjectOrg}}
+	if registration != "" {
+		subject.OrganizationalUnit = []string{registration}
+	}
 	tmpl := &x509.Certificate{
-		Subject:               pkix.Name{Organization: []string{subjectOrg}},
+		Subject:               subject,
 		URIs:                  []*url.URL{id.URL()},
 		KeyUsage:              leafKeyUsage(csr.PublicKey),
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
@@ -454,4 +478,8 @@ func encodeCertsPEM(certs []*x509.Certificate) []byte {
 		}
 	}
 	return out
+}
+
+func isRegistrationRune(r rune) bool {
+	return r == '-' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
 }

@@ -443,3 +443,22 @@ func pool(certs []*x509.Certificate) *x509.CertPool {
 	}
 	return p
 }
+
+func TestIssueAgentForRegistration(t *testing.T) {
+	a := newTestAuthority(t)
+	key := catest.NewKey(t, catest.ECDSAP256)
+	csr, err := ca.ParseCSR(catest.NewCSRPEM(t, key, &x509.CertificateRequest{}))
+	require.NoError(t, err)
+	iss, err := a.IssueAgentFor(context.Background(), csr, catest.AgentID, "0b5f4c1e-2a9d-4c43-9d6e-1f1f2a3b4c5d")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"0b5f4c1e-2a9d-4c43-9d6e-1f1f2a3b4c5d"}, iss.Certificate.Subject.OrganizationalUnit)
+	assert.Equal(t, []string{"relaymesh"}, iss.Certificate.Subject.Organization)
+	for _, bad := range []string{"a,b", "x/y", strings.Repeat("a", 65), "uid\n", "ü"} {
+		_, err := a.IssueAgentFor(context.Background(), csr, catest.AgentID, bad)
+		assert.ErrorIs(t, err, ca.ErrIssuance, "%q", bad)
+	}
+	plain, err := a.IssueAgent(context.Background(), csr, catest.AgentID)
+	require.NoError(t, err)
+	assert.Empty(t, plain.Certificate.Subject.OrganizationalUnit)
+	assert.Equal(t, a.Chain()[0].Raw, plain.Chain[0].Raw)
+}

@@ -89,7 +89,16 @@ type Manager struct {
 	status  Status
 	ready   chan struct{}
 	readyMu sync.Once
+	// refused is the serial of a certificate the server refused; it is not
+	// loaded again from the store.
+	refused string
+	// pending is a credential issued but not yet stored (the store failed);
+	// it is in use and retried until stored.
+	pending *storedCredential
+	kick    chan struct{}
 }
+
+type storedCredential struct{ cert, key, roots []byte }
 
 // NewManager validates cfg and returns a Manager; call Run.
 func NewManager(cfg ManagerConfig) (*Manager, error) {
@@ -130,6 +139,7 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 		log:    cfg.Logger.With("component", "agent-credentials", "cluster", cfg.Cluster),
 		ready:  make(chan struct{}),
 		status: Status{Message: "starting"},
+		kick:   make(chan struct{}, 1),
 	}, nil
 }
 
@@ -193,12 +203,39 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 }
 
-// step does one unit of work: obtain a credential if there is none,
-// otherwise wait for its renewal time and renew.
+// Refused tells the manager the server refused its current certificate
+// (its cluster was deregistered or registered again). The manager drops it
+// and bootstraps again if a new token is there, or says that it needs one.
+func (m *Manager) Refused(err error) {
+	m.mu.Lock()
+	if m.cert != nil {
+		m.refused = fmt.Sprintf("%x", m.cert.Leaf.SerialNumber)
+		m.cert = nil
+		m.status.Ready = false
+		m.status.Message = "the server refused the client certificate: " + err.Error()
+		m.log.Warn("server refused the client certificate; will bootstrap again with a new token", "error", err)
+	}
+	m.mu.Unlock()
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// step does one unit of work: store a pending credential, obtain one if
+// there is none, otherwise wait for its renewal time and renew.
 func (m *Manager) step(ctx context.Context) error {
 	m.mu.RLock()
-	cert := m.cert
+	cert, pending := m.cert, m.pending
 	m.mu.RUnlock()
+	if pending != nil {
+		if err := m.cfg.Secrets.SaveCredential(ctx, pending.cert, pending.key, pending.roots); err != nil {
+			return fmt.Errorf("store client certificate (in use, not yet stored): %w", err)
+		}
+		m.mu.Lock()
+		m.pending = nil
+		m.mu.Unlock()
+	}
 	now := m.cfg.Clock()
 	if cert == nil || !now.Before(cert.Leaf.NotAfter) {
 		if cert != nil {
@@ -215,6 +252,8 @@ func (m *Manager) step(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-m.kick:
+			return nil // Refused: the next step obtains a new certificate
 		case <-time.After(wait):
 		}
 	}
@@ -239,6 +278,12 @@ func (m *Manager) obtain(ctx context.Context) error {
 	switch {
 	case err == nil:
 		cert, verr := m.verify(certPEM, keyPEM, roots)
+		m.mu.RLock()
+		refused := m.refused
+		m.mu.RUnlock()
+		if verr == nil && fmt.Sprintf("%x", cert.Leaf.SerialNumber) == refused {
+			verr = errors.New("the server refused it")
+		}
 		if verr == nil {
 			m.install(cert, "loaded stored client certificate", false)
 			return nil
@@ -301,7 +346,8 @@ func (m *Manager) renew(ctx context.Context) error {
 	})
 	if err != nil {
 		if c := status.Code(err); c == codes.PermissionDenied || c == codes.Unauthenticated {
-			return fmt.Errorf("renewal refused by the server (cluster deregistered?): %w", err)
+			m.Refused(err)
+			return fmt.Errorf("renewal refused by the server (cluster deregistered or registered again): %w", err)
 		}
 		return fmt.Errorf("renew: %w", err)
 	}
@@ -343,7 +389,12 @@ func (m *Manager) accept(ctx context.Context, resp *relaypb.CertificateResponse,
 		rootsPEM = resp.GetTrustBundle()
 	}
 	if err := m.cfg.Secrets.SaveCredential(ctx, resp.GetCertificateChain(), keyPEM, rootsPEM); err != nil {
-		return nil, fmt.Errorf("store client certificate: %w", err)
+		// The certificate is good and its token is spent: use it now and
+		// keep trying to store it rather than lose it.
+		m.log.Error("could not store the client certificate; using it and retrying", "error", err)
+		m.mu.Lock()
+		m.pending = &storedCredential{cert: resp.GetCertificateChain(), key: keyPEM, roots: rootsPEM}
+		m.mu.Unlock()
 	}
 	return cert, nil
 }

@@ -161,3 +161,44 @@ func TestRenewalKeepsTheSession(t *testing.T) {
 	assert.Equal(t, renewed.Serial, strings.TrimLeft(leaf.SerialNumber.Text(16), "0"))
 	assert.Equal(t, float64(1), srv.Metric(relay.MetricIssued, "operation", "renew", "result", "success"))
 }
+
+// A cluster registered again gets a new registration: the server refuses
+// the old certificate, the agent drops it, says it needs a token, and
+// bootstraps again as soon as one arrives — without a restart.
+func TestManagerRebootstrapsAfterReregistration(t *testing.T) {
+	srv := relaytest.New(t, relaytest.Options{})
+	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
+	m, _ := startManager(t, srv, secrets, "cluster-1")
+	<-m.Ready()
+	first := m.Status().Serial
+	sess, err := relay.NewSession(relay.SessionConfig{ServerAddress: srv.Addr, TLS: m.ClientTLS, OnRefused: m.Refused,
+		Retry: backoff.Policy{Min: 50 * time.Millisecond, Max: 100 * time.Millisecond}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = sess.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, 5*time.Second, "session", func() bool { return sess.State().Connected })
+
+	srv.Registry.Set(relay.Registration{Name: "cluster-1", UID: "registered-again"})
+	waitFor(t, 5*time.Second, "the agent to drop the refused certificate", func() bool { return !m.Status().Ready })
+	waitFor(t, 5*time.Second, "the status to ask for a token", func() bool { return strings.Contains(m.Status().Message, "no bootstrap token") })
+
+	secrets.SetToken(srv.Mint("cluster-1", time.Hour))
+	waitFor(t, 10*time.Second, "a new certificate", func() bool { st := m.Status(); return st.Ready && st.Serial != first })
+	waitFor(t, 10*time.Second, "the session to come back", func() bool { return sess.State().Connected })
+	assert.Equal(t, 1, srv.Srv.Sessions("cluster-1"))
+}
+
+// A certificate whose storing fails is used anyway (its token is spent) and
+// stored on a later attempt.
+func TestManagerRetriesStoringTheCertificate(t *testing.T) {
+	srv := relaytest.New(t, relaytest.Options{})
+	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
+	secrets.FailSaves(2)
+	m, _ := startManager(t, srv, secrets, "cluster-1")
+	<-m.Ready()
+	waitFor(t, 5*time.Second, "the certificate to be stored", func() bool { return secrets.Saves() == 1 })
+	assert.True(t, m.Status().Ready)
+	assert.Equal(t, float64(1), srv.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success"), "issued once, not re-bootstrapped")
+}

@@ -96,14 +96,18 @@ func (s *KubeTokenStore) Get(ctx context.Context, id string) (TokenRecord, error
 	return rec, nil
 }
 
-// Consume implements TokenStore: delete only the exact version that was read.
+// Consume implements TokenStore: delete the record that was read, and only
+// it (UID precondition). A delete is atomic, so of racing consumers exactly
+// one succeeds; the others get NotFound. The resourceVersion is not a
+// precondition: metadata-only updates (such as the audit annotation) must
+// not make a valid redemption fail.
 func (s *KubeTokenStore) Consume(ctx context.Context, rec TokenRecord) error {
-	uid, rv, ok := strings.Cut(rec.Version, "/")
-	if !ok || uid == "" || rv == "" {
+	uid, _, ok := strings.Cut(rec.Version, "/")
+	if !ok || uid == "" {
 		return errors.New("token record has no version")
 	}
 	return s.client.CoreV1().Secrets(s.namespace).Delete(ctx, secretName(rec.ID), metav1.DeleteOptions{
-		Preconditions: &metav1.Preconditions{UID: new(types.UID(uid)), ResourceVersion: &rv},
+		Preconditions: &metav1.Preconditions{UID: new(types.UID(uid))},
 	})
 }
 

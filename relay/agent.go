@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -13,7 +12,9 @@ import (
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 )
 
 // SessionConfig configures an agent's session with the server.
@@ -27,8 +28,12 @@ type SessionConfig struct {
 	// PingInterval between keepalive pings; default 10s.
 	PingInterval time.Duration
 	// Retry bounds reconnect backoff; default 1s..30s with jitter.
-	Retry  backoff.Policy
-	Logger *slog.Logger
+	Retry backoff.Policy
+	// OnRefused is called when the server refuses the agent's certificate
+	// (PermissionDenied or Unauthenticated), so the credential manager can
+	// drop it; optional.
+	OnRefused func(error)
+	Logger    *slog.Logger
 }
 
 // SessionState is what the agent knows about its session.
@@ -88,6 +93,9 @@ func (s *Session) Run(ctx context.Context) error {
 			s.state.LastError = err.Error()
 		}
 		s.mu.Unlock()
+		if c := status.Code(err); (c == codes.PermissionDenied || c == codes.Unauthenticated) && s.cfg.OnRefused != nil {
+			s.cfg.OnRefused(err)
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -153,7 +161,7 @@ func (s *Session) once(ctx context.Context) error {
 	for {
 		select {
 		case err := <-errc:
-			return fmt.Errorf("session closed by server: %w", err)
+			return err
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-tick.C:

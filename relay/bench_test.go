@@ -31,4 +31,5 @@ func BenchmarkBootstrap(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "bootstraps/s")
 }

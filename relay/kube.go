@@ -31,14 +31,18 @@ func WatchClusters(ctx context.Context, client dynamic.Interface, namespace stri
 	apply := func(obj any) {
 		kc, err := toCluster(obj)
 		if err != nil {
-			log.Error("ignoring unreadable KubernetesCluster", "error", err)
+			// Fail closed: a registration we cannot read is no registration.
+			if u, ok := obj.(*unstructured.Unstructured); ok {
+				reg.Remove(u.GetName())
+			}
+			log.Error("unreadable KubernetesCluster; treating it as not registered", "error", err)
 			return
 		}
-		if kc.Spec.Mode == multiclusterv1alpha1.ModeKubeconfig {
+		if kc.Spec.Mode == multiclusterv1alpha1.ModeKubeconfig || kc.DeletionTimestamp != nil {
 			reg.Remove(kc.Name)
 			return
 		}
-		reg.Set(Registration{Name: kc.Name, UID: string(kc.UID), Created: kc.CreationTimestamp.Time})
+		reg.Set(Registration{Name: kc.Name, UID: string(kc.UID)})
 	}
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    apply,

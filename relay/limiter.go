@@ -1,25 +1,28 @@
 package relay
 
 import (
+	"net"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 )
 
-// failureLimiter rate-limits failed bootstrap attempts per peer IP: every
-// failure takes a token from the peer's bucket; a peer with an empty bucket
-// is refused before its request is looked at, so guessing tokens costs time.
-// Successful attempts cost nothing.
+// failureLimiter rate-limits failed attempts per peer: every attempt takes a
+// token from the peer's bucket when it starts and gets it back if it
+// succeeds, so concurrent attempts cannot slip past the limit, guessing
+// tokens or probing without a certificate costs time, and successful agents
+// pay nothing. IPv6 peers are keyed by their /64, so rotating addresses
+// inside one network does not buy fresh buckets. The table is bounded: when
+// full, the peer seen longest ago is forgotten (its history resets; nobody
+// else is locked out).
 type failureLimiter struct {
-	mu      sync.Mutex
-	limit   rate.Limit
-	burst   int
-	peers   map[string]*peerLimit
-	max     int // bound on tracked peers, so a flood of addresses cannot grow memory without end
-	now     func() time.Time
-	lastGC  time.Time
-	idleTTL time.Duration
+	mu    sync.Mutex
+	limit rate.Limit
+	burst int
+	peers map[string]*peerLimit
+	max   int
+	now   func() time.Time
 }
 
 type peerLimit struct {
@@ -28,63 +31,60 @@ type peerLimit struct {
 }
 
 func newFailureLimiter(perMinute float64, burst, maxPeers int, now func() time.Time) *failureLimiter {
-	return &failureLimiter{
-		limit:   rate.Limit(perMinute / 60),
-		burst:   burst,
-		peers:   map[string]*peerLimit{},
-		max:     maxPeers,
-		now:     now,
-		idleTTL: 10 * time.Minute,
-	}
+	return &failureLimiter{limit: rate.Limit(perMinute / 60), burst: burst, peers: map[string]*peerLimit{}, max: maxPeers, now: now}
 }
 
-// blocked reports whether peer has used up its failures.
-func (f *failureLimiter) blocked(peer string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	p, ok := f.peers[peer]
-	if !ok {
-		if p, ok = f.peers["overflow"]; !ok || len(f.peers) < f.max {
-			return false
-		}
+// peerKey is the address a limit applies to: the IPv4 address, or the /64
+// of an IPv6 address.
+func peerKey(host string) string {
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return host
 	}
-	return p.lim.TokensAt(f.now()) < 1
+	if v4 := ip.To4(); v4 != nil {
+		return v4.String()
+	}
+	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
-// fail records a failure of peer.
-func (f *failureLimiter) fail(peer string) {
+// begin reserves one failure for peer. It returns false if the peer has no
+// failures left (refuse at once). Otherwise the caller MUST call done once:
+// done(true) refunds the reservation.
+func (f *failureLimiter) begin(peer string) (done func(success bool), ok bool) {
+	key := peerKey(peer)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.now()
-	f.gc(now)
-	p, ok := f.peers[peer]
-	if !ok {
+	p, found := f.peers[key]
+	if !found {
 		if len(f.peers) >= f.max {
-			// Table full: fold unknown peers into one shared bucket so
-			// memory stays bounded and a flood still gets slowed down.
-			peer = "overflow"
-			if p, ok = f.peers[peer]; !ok {
-				p = &peerLimit{lim: rate.NewLimiter(f.limit, f.burst)}
-				f.peers[peer] = p
-			}
-		} else {
-			p = &peerLimit{lim: rate.NewLimiter(f.limit, f.burst)}
-			f.peers[peer] = p
+			f.evictOldest()
 		}
+		p = &peerLimit{lim: rate.NewLimiter(f.limit, f.burst)}
+		f.peers[key] = p
 	}
 	p.seen = now
-	p.lim.AllowN(now, 1)
+	r := p.lim.ReserveN(now, 1)
+	if !r.OK() || r.DelayFrom(now) > 0 {
+		r.CancelAt(now)
+		return nil, false
+	}
+	return func(success bool) {
+		if success {
+			f.mu.Lock()
+			r.CancelAt(f.now())
+			f.mu.Unlock()
+		}
+	}, true
 }
 
-// gc drops peers idle long enough for their bucket to be full again.
-func (f *failureLimiter) gc(now time.Time) {
-	if now.Sub(f.lastGC) < time.Minute {
-		return
-	}
-	f.lastGC = now
+func (f *failureLimiter) evictOldest() {
+	var oldestKey string
+	var oldest time.Time
 	for k, p := range f.peers {
-		if now.Sub(p.seen) > f.idleTTL {
-			delete(f.peers, k)
+		if oldestKey == "" || p.seen.Before(oldest) {
+			oldestKey, oldest = k, p.seen
 		}
 	}
+	delete(f.peers, oldestKey)
 }

@@ -10,6 +10,7 @@ const (
 	MetricBootstrapFailures = "relaymesh_bootstrap_failures_total"
 	MetricConnectedAgents   = "relaymesh_relay_connected_agents"
 	MetricAgentCertExpiry   = "relaymesh_agent_certificate_expiry_timestamp_seconds"
+	MetricRefusedCalls      = "relaymesh_relay_refused_calls_total"
 )
 
 // Metrics are the relay server's Prometheus metrics, on the server's own
@@ -19,6 +20,7 @@ type Metrics struct {
 	bootstrapFailures *prometheus.CounterVec
 	connected         prometheus.Gauge
 	certExpiry        *prometheus.GaugeVec
+	refused           *prometheus.CounterVec
 }
 
 // NewMetrics registers the relay metrics with reg.
@@ -40,8 +42,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: MetricAgentCertExpiry,
 			Help: "Expiry (Unix seconds) of the newest certificate issued to each cluster's agent.",
 		}, []string{"cluster"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricRefusedCalls,
+			Help: "Authenticated-method calls refused, by reason (no_certificate, foreign_issuer, not_agent_id, unregistered, stale_registration, rate_limited).",
+		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.issued, m.bootstrapFailures, m.connected, m.certExpiry} {
+	for _, c := range []prometheus.Collector{m.issued, m.bootstrapFailures, m.connected, m.certExpiry, m.refused} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

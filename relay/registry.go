@@ -1,18 +1,14 @@
 package relay
 
-import (
-	"sync"
-	"time"
-)
+import "sync"
 
 // Registration is a cluster the server accepts agents from.
 type Registration struct {
 	Name string
-	// UID identifies this registration; a re-registered cluster gets a new one.
+	// UID identifies this registration (the KubernetesCluster's UID); a
+	// re-registered cluster gets a new one. Agent certificates carry it as
+	// their subject OU, and a certificate of another registration is refused.
 	UID string
-	// Created is when the registration was made. Certificates issued before
-	// it belong to an earlier registration and are refused.
-	Created time.Time
 }
 
 // Registry is the set of registered clusters. It is fed by a watch on

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -26,7 +27,11 @@ import (
 
 // Issuer is what the relay needs from the certificate authority.
 type Issuer interface {
-	IssueAgent(ctx context.Context, csr *x509.CertificateRequest, id spiffeid.ID) (*ca.Issued, error)
+	// IssueAgentFor issues a client certificate for id, bound to one
+	// registration of the cluster (subject OU).
+	IssueAgentFor(ctx context.Context, csr *x509.CertificateRequest, id spiffeid.ID, registration string) (*ca.Issued, error)
+	// Chain is the issuing CA first: client certificates must be issued by it.
+	Chain() []*x509.Certificate
 	Roots() []*x509.Certificate
 }
 
@@ -67,12 +72,9 @@ type ServerConfig struct {
 	Metrics *Metrics
 	// Clock, default time.Now.
 	Clock func() time.Time
-	// IssuanceSkew is how far before issuance a certificate's NotBefore may
-	// lie (the CA's backdating); default 1m. Used to decide whether a
-	// certificate predates its cluster's registration.
-	IssuanceSkew time.Duration
 	// BootstrapFailuresPerMinute and BootstrapFailureBurst bound failed
-	// bootstraps per peer IP; defaults 6/min, burst 5.
+	// bootstraps and refused calls per peer IP (IPv6: per /64); defaults
+	// 6/min, burst 5.
 	BootstrapFailuresPerMinute float64
 	BootstrapFailureBurst      int
 	// MaxRecvBytes bounds one request; default 64 KiB.
@@ -82,9 +84,6 @@ type ServerConfig struct {
 func (c *ServerConfig) defaults() {
 	if c.Clock == nil {
 		c.Clock = time.Now
-	}
-	if c.IssuanceSkew == 0 {
-		c.IssuanceSkew = time.Minute
 	}
 	if c.BootstrapFailuresPerMinute == 0 {
 		c.BootstrapFailuresPerMinute = 6
@@ -138,10 +137,11 @@ type Server struct {
 	relaypb.UnimplementedIdentityServer
 	relaypb.UnimplementedRelayServer
 
-	cfg     ServerConfig
-	log     *slog.Logger
-	limiter *failureLimiter
-	grpc    *grpc.Server
+	cfg       ServerConfig
+	log       *slog.Logger
+	limiter   *failureLimiter
+	grpc      *grpc.Server
+	issuingCA *x509.Certificate
 
 	mu       sync.Mutex
 	sessions map[string]map[*session]struct{}
@@ -170,12 +170,22 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		s.log.Warn("shared bootstrap token mode is ON: any holder of relay-identity-token-secret can bootstrap any registered cluster; per-cluster single-use tokens are the secure choice")
 	}
 	cfg.Registry.OnRevoke(s.revoke)
+	chain := cfg.Issuer.Chain()
+	if len(chain) == 0 {
+		return nil, errors.New("relay server config: issuer has no CA chain")
+	}
+	s.issuingCA = chain[0]
 	s.grpc = grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(s.tlsConfig())),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvBytes),
+		grpc.MaxHeaderListSize(64<<10),
+		grpc.MaxConcurrentStreams(64),
 		grpc.UnaryInterceptor(s.unaryAuth),
 		grpc.StreamInterceptor(s.streamAuth),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// Half-open connections are found and closed: ping after 30s of
+		// silence, give up 10s later.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	)
 	relaypb.RegisterIdentityServer(s.grpc, s)
 	relaypb.RegisterRelayServer(s.grpc, s)
@@ -240,10 +250,11 @@ func (a *agentStream) Context() context.Context { return a.ctx }
 
 // agent is an authenticated peer.
 type agent struct {
-	cluster string
-	id      spiffeid.ID
-	cert    *x509.Certificate
-	peer    string
+	cluster      string
+	registration string // the KubernetesCluster UID the certificate is bound to
+	id           spiffeid.ID
+	cert         *x509.Certificate
+	peer         string
 }
 
 type agentKey struct{}
@@ -258,63 +269,102 @@ func agentFrom(ctx context.Context) (*agent, bool) {
 }
 
 // errUnauthenticated is what an unauthenticated caller learns; the log and
-// the audit record say why.
+// the metric say why.
 var errUnauthenticated = status.Error(codes.Unauthenticated, "a relay client certificate of a registered cluster is required")
 
+// errThrottled answers a peer that used up its refused calls.
+var errThrottled = status.Error(codes.ResourceExhausted, "too many refused calls from this address; retry later")
+
 // authenticate maps the verified peer certificate to a registered cluster.
+// Every refused call costs the peer one unit of its failure budget, so
+// neither probing nor log and audit volume is free. Calls without a relay
+// certificate are counted and logged at debug level only; calls with a
+// relay certificate that is no longer acceptable are audited.
 func (s *Server) authenticate(ctx context.Context, method string) (*agent, error) {
+	ip := peerIP(ctx)
+	done, ok := s.limiter.begin(ip)
+	if !ok {
+		s.cfg.Metrics.refused.WithLabelValues("rate_limited").Inc()
+		return nil, errThrottled
+	}
+	a, reason, err := s.verifyPeer(ctx)
+	done(err == nil)
+	if err == nil {
+		return a, nil
+	}
+	s.cfg.Metrics.refused.WithLabelValues(reason).Inc()
+	if a == nil {
+		s.log.Debug("relay call refused", "peer", ip, "method", method, "reason", reason)
+		return nil, err
+	}
+	s.log.Warn("relay call refused", "cluster", a.cluster, "peer", ip, "method", method, "reason", reason)
+	s.record(audit.Event{Type: audit.CertDeny, Result: audit.ResultFailure, Cluster: a.cluster, Subject: a.id.String(),
+		Serial: fmt.Sprintf("%x", a.cert.SerialNumber), Peer: ip, Reason: reason, Details: map[string]string{"method": method}})
+	return nil, err
+}
+
+// verifyPeer checks the TLS-verified chain: issued by the relay's issuing
+// CA (not merely under the same root), exactly one agent SPIFFE ID, a
+// registered cluster, and the certificate's registration (subject OU)
+// equal to the cluster's current one. On refusal it returns the reason and,
+// when the certificate was a genuine relay agent certificate, the agent it
+// named (for the audit record).
+func (s *Server) verifyPeer(ctx context.Context) (*agent, string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return nil, errUnauthenticated
+		return nil, "no_peer", errUnauthenticated
 	}
-	addr := p.Addr.String()
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
-		s.deny("", addr, method, "no verified client certificate")
-		return nil, errUnauthenticated
+	if !ok || len(info.State.VerifiedChains) == 0 {
+		return nil, "no_certificate", errUnauthenticated
 	}
-	leaf := info.State.VerifiedChains[0][0]
+	var leaf *x509.Certificate
+	for _, chain := range info.State.VerifiedChains {
+		if len(chain) >= 2 && bytes.Equal(chain[1].Raw, s.issuingCA.Raw) {
+			leaf = chain[0]
+			break
+		}
+	}
+	if leaf == nil {
+		return nil, "foreign_issuer", errUnauthenticated
+	}
 	if len(leaf.URIs) != 1 {
-		s.deny("", addr, method, fmt.Sprintf("certificate has %d URI SANs, want 1", len(leaf.URIs)))
-		return nil, errUnauthenticated
+		return nil, "not_agent_id", errUnauthenticated
 	}
 	id, err := spiffeid.FromURI(leaf.URIs[0])
 	if err != nil {
-		s.deny("", addr, method, "certificate URI is not a SPIFFE ID")
-		return nil, errUnauthenticated
+		return nil, "not_agent_id", errUnauthenticated
 	}
 	cluster, err := identity.ClusterFromID(s.cfg.TrustDomain, id)
 	if err != nil {
-		s.deny("", addr, method, err.Error())
-		return nil, errUnauthenticated
+		return nil, "not_agent_id", errUnauthenticated
+	}
+	a := &agent{cluster: cluster, id: id, cert: leaf, peer: p.Addr.String()}
+	if len(leaf.Subject.OrganizationalUnit) == 1 {
+		a.registration = leaf.Subject.OrganizationalUnit[0]
 	}
 	reg, ok := s.cfg.Registry.Lookup(cluster)
 	if !ok {
-		s.deny(cluster, addr, method, "cluster is not registered")
-		return nil, status.Error(codes.PermissionDenied, "cluster is not registered")
+		return a, "unregistered", status.Error(codes.PermissionDenied, "cluster is not registered")
 	}
-	// The CA backdates NotBefore by IssuanceSkew; a certificate issued
-	// before the current registration belongs to an earlier one.
-	issued := leaf.NotBefore.Add(s.cfg.IssuanceSkew)
-	if issued.Before(reg.Created.Truncate(time.Second)) {
-		s.deny(cluster, addr, method, "certificate predates the cluster's current registration")
-		return nil, status.Error(codes.PermissionDenied, "certificate was issued to an earlier registration of this cluster")
+	if a.registration == "" || a.registration != reg.UID {
+		return a, "stale_registration", status.Error(codes.PermissionDenied, "certificate was issued to an earlier registration of this cluster")
 	}
-	return &agent{cluster: cluster, id: id, cert: leaf, peer: addr}, nil
+	return a, "", nil
 }
 
-func (s *Server) deny(cluster, peerAddr, method, reason string) {
-	s.log.Warn("relay call refused", "cluster", cluster, "peer", peerAddr, "method", method, "reason", reason)
-	s.record(audit.Event{Type: audit.CertDeny, Result: audit.ResultFailure, Cluster: cluster, Peer: peerAddr, Reason: reason, Details: map[string]string{"method": method}})
-}
-
-// record writes an audit event; a failing audit log is logged loudly but
-// the failed write never turns into a success for the caller.
-func (s *Server) record(e audit.Event) {
+// record writes an audit event and reports whether it was written.
+func (s *Server) record(e audit.Event) bool {
 	if err := s.cfg.Audit.Record(e); err != nil {
 		s.log.Error("audit log write failed", "type", e.Type, "error", err)
+		return false
 	}
+	return true
 }
+
+// errAuditUnavailable refuses an operation whose audit record could not be
+// written: nothing is issued that the log does not show.
+var errAuditUnavailable = status.Error(codes.Unavailable, "audit log unavailable; refusing to issue")
 
 // peerIP is the address a rate limit applies to.
 func peerIP(ctx context.Context) string {
@@ -335,17 +385,23 @@ var errBootstrapDenied = status.Error(codes.PermissionDenied, "bootstrap denied:
 // Bootstrap implements relaypb.IdentityServer.
 func (s *Server) Bootstrap(ctx context.Context, req *relaypb.BootstrapRequest) (*relaypb.CertificateResponse, error) {
 	ip := peerIP(ctx)
+	done, ok := s.limiter.begin(ip)
+	if !ok {
+		s.cfg.Metrics.bootstrapFailures.WithLabelValues("rate_limited").Inc()
+		return nil, status.Error(codes.ResourceExhausted, "too many failed bootstrap attempts from this address; retry later")
+	}
+	resp, err := s.bootstrap(ctx, ip, req)
+	done(err == nil)
+	return resp, err
+}
+
+func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.BootstrapRequest) (*relaypb.CertificateResponse, error) {
 	fail := func(reason string, cluster string, err error) error {
-		s.limiter.fail(ip)
 		s.cfg.Metrics.bootstrapFailures.WithLabelValues(reason).Inc()
 		s.cfg.Metrics.issued.WithLabelValues("bootstrap", "failure").Inc()
 		s.log.Warn("bootstrap refused", "cluster", cluster, "peer", ip, "reason", reason)
 		s.record(audit.Event{Type: audit.TokenFailure, Result: audit.ResultFailure, Cluster: cluster, Peer: ip, Reason: reason})
 		return err
-	}
-	if s.limiter.blocked(ip) {
-		s.cfg.Metrics.bootstrapFailures.WithLabelValues("rate_limited").Inc()
-		return nil, status.Error(codes.ResourceExhausted, "too many failed bootstrap attempts from this address; retry later")
 	}
 	cluster := req.GetCluster()
 	if err := identity.ValidateClusterName(cluster); err != nil {
@@ -357,7 +413,8 @@ func (s *Server) Bootstrap(ctx context.Context, req *relaypb.BootstrapRequest) (
 	}
 	// Registration is checked before the token is consumed, so a token sent
 	// too early (before the KubernetesCluster exists) is not burned.
-	if _, ok := s.cfg.Registry.Lookup(cluster); !ok {
+	reg, ok := s.cfg.Registry.Lookup(cluster)
+	if !ok {
 		return nil, fail("unregistered", cluster, errBootstrapDenied)
 	}
 	tokenID, err := s.redeem(ctx, cluster, req.GetToken())
@@ -369,8 +426,10 @@ func (s *Server) Bootstrap(ctx context.Context, req *relaypb.BootstrapRequest) (
 		}
 		return nil, fail(reason, cluster, errBootstrapDenied)
 	}
-	s.record(audit.Event{Type: audit.TokenUse, Result: audit.ResultSuccess, Cluster: cluster, Peer: ip, Details: map[string]string{"token_id": tokenID}})
-	return s.issue(ctx, "bootstrap", cluster, ip, csr, req.GetAgentVersion())
+	if !s.record(audit.Event{Type: audit.TokenUse, Result: audit.ResultSuccess, Cluster: cluster, Peer: ip, Details: map[string]string{"token_id": tokenID}}) {
+		return nil, errAuditUnavailable
+	}
+	return s.issue(ctx, "bootstrap", cluster, reg.UID, ip, csr, req.GetAgentVersion())
 }
 
 // redeem checks a per-cluster token, or the shared token when that mode is
@@ -403,19 +462,25 @@ func (s *Server) Renew(ctx context.Context, req *relaypb.RenewRequest) (*relaypb
 		s.record(audit.Event{Type: audit.CertDeny, Result: audit.ResultFailure, Cluster: a.cluster, Peer: a.peer, Reason: "bad_csr"})
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	return s.issue(ctx, "renew", a.cluster, a.peer, csr, "")
+	return s.issue(ctx, "renew", a.cluster, a.registration, a.peer, csr, "")
 }
 
-// issue signs a certificate for cluster's agent.
-func (s *Server) issue(ctx context.Context, op, cluster, peerAddr string, csr *x509.CertificateRequest, version string) (*relaypb.CertificateResponse, error) {
+// issue signs a certificate for cluster's agent, bound to registration.
+func (s *Server) issue(ctx context.Context, op, cluster, registration, peerAddr string, csr *x509.CertificateRequest, version string) (*relaypb.CertificateResponse, error) {
 	id, err := identity.AgentID(s.cfg.TrustDomain, cluster)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	// The registration may have ended while the request was on its way.
+	if reg, ok := s.cfg.Registry.Lookup(cluster); !ok || reg.UID != registration {
+		s.cfg.Metrics.issued.WithLabelValues(op, "failure").Inc()
+		s.record(audit.Event{Type: audit.CertDeny, Result: audit.ResultFailure, Cluster: cluster, Peer: peerAddr, Reason: "registration ended", Details: map[string]string{"operation": op}})
+		return nil, status.Error(codes.PermissionDenied, "cluster is not registered")
+	}
 	if n := len(csr.DNSNames) + len(csr.IPAddresses) + len(csr.URIs) + len(csr.EmailAddresses); n > 0 {
 		s.log.Info("ignoring names requested in CSR; the server decides the identity", "cluster", cluster, "requested_names", n)
 	}
-	issued, err := s.cfg.Issuer.IssueAgent(ctx, csr, id)
+	issued, err := s.cfg.Issuer.IssueAgentFor(ctx, csr, id, registration)
 	if err != nil {
 		s.cfg.Metrics.issued.WithLabelValues(op, "failure").Inc()
 		s.log.Error("agent certificate issuance failed", "cluster", cluster, "operation", op, "error", err)
@@ -424,14 +489,17 @@ func (s *Server) issue(ctx context.Context, op, cluster, peerAddr string, csr *x
 	}
 	cert := issued.Certificate
 	serial := fmt.Sprintf("%x", cert.SerialNumber)
-	s.cfg.Metrics.issued.WithLabelValues(op, "success").Inc()
-	s.cfg.Metrics.certExpiry.WithLabelValues(cluster).Set(float64(cert.NotAfter.Unix()))
 	typ := audit.CertIssue
 	if op == "renew" {
 		typ = audit.CertRenew
 	}
-	s.record(audit.Event{Type: typ, Result: audit.ResultSuccess, Cluster: cluster, Subject: id.String(), Serial: serial, Peer: peerAddr,
-		Details: map[string]string{"not_after": cert.NotAfter.UTC().Format(time.RFC3339)}})
+	if !s.record(audit.Event{Type: typ, Result: audit.ResultSuccess, Cluster: cluster, Subject: id.String(), Serial: serial, Peer: peerAddr,
+		Details: map[string]string{"not_after": cert.NotAfter.UTC().Format(time.RFC3339), "registration": registration}}) {
+		s.cfg.Metrics.issued.WithLabelValues(op, "failure").Inc()
+		return nil, errAuditUnavailable
+	}
+	s.cfg.Metrics.issued.WithLabelValues(op, "success").Inc()
+	s.cfg.Metrics.certExpiry.WithLabelValues(cluster).Set(float64(cert.NotAfter.Unix()))
 	s.log.Info("agent certificate issued", "cluster", cluster, "operation", op, "spiffe_id", id.String(), "serial", serial, "not_after", cert.NotAfter)
 	if s.cfg.Status != nil {
 		s.cfg.Status.CertificateIssued(cluster, cert, version)
@@ -444,8 +512,12 @@ func (s *Server) issue(ctx context.Context, op, cluster, peerAddr string, csr *x
 	}, nil
 }
 
+// helloTimeout bounds the wait for a session's first message.
+const helloTimeout = 10 * time.Second
+
 // Connect implements relaypb.RelayServer: one session per agent, ended by
-// the agent, by Stop, or by deregistration of its cluster.
+// the agent, by Stop, or by deregistration of its cluster. All sends happen
+// on the handler's goroutine; a reader goroutine only forwards messages.
 func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 	a, ok := agentFrom(stream.Context())
 	if !ok {
@@ -453,26 +525,13 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 	}
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
-	sess := &session{cancel: cancel}
-	if !s.addSession(a.cluster, sess) {
+	sess, ok := s.addSession(a, cancel)
+	if !ok {
 		return status.Error(codes.PermissionDenied, "cluster is not registered")
 	}
 	defer s.removeSession(a.cluster, sess)
 
-	first, err := stream.Recv()
-	if err != nil {
-		return err
-	}
-	if first.GetHello() == nil {
-		return status.Error(codes.InvalidArgument, "the first message of a session must be Hello")
-	}
-	if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_Welcome{Welcome: &relaypb.Welcome{
-		Cluster: a.cluster, SpiffeId: a.id.String(), CertificateNotAfterUnix: a.cert.NotAfter.Unix(),
-	}}}); err != nil {
-		return err
-	}
-	s.log.Info("agent session opened", "cluster", a.cluster, "peer", a.peer, "agent_version", first.GetHello().GetAgentVersion())
-
+	msgs := make(chan *relaypb.AgentMessage)
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
@@ -481,46 +540,79 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 				recvErr <- err
 				return
 			}
-			if ping := msg.GetPing(); ping != nil {
-				if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_Pong{Pong: &relaypb.Pong{Nonce: ping.GetNonce()}}}); err != nil {
-					recvErr <- err
-					return
-				}
+			select {
+			case msgs <- msg:
+			case <-ctx.Done():
+				return
 			}
 		}
 	}()
-	select {
-	case err := <-recvErr:
-		s.log.Info("agent session closed", "cluster", a.cluster, "reason", err)
-		return nil
-	case <-ctx.Done():
+	ended := func() error {
 		if errors.Is(context.Cause(ctx), errRevoked) {
 			s.log.Info("agent session ended: cluster deregistered", "cluster", a.cluster)
 			return status.Error(codes.PermissionDenied, "cluster deregistered")
 		}
 		return ctx.Err()
 	}
+
+	select {
+	case <-ctx.Done():
+		return ended()
+	case err := <-recvErr:
+		return err
+	case <-time.After(helloTimeout):
+		return status.Error(codes.DeadlineExceeded, "no Hello within "+helloTimeout.String())
+	case first := <-msgs:
+		if first.GetHello() == nil {
+			return status.Error(codes.InvalidArgument, "the first message of a session must be Hello")
+		}
+		if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_Welcome{Welcome: &relaypb.Welcome{
+			Cluster: a.cluster, SpiffeId: a.id.String(), CertificateNotAfterUnix: a.cert.NotAfter.Unix(),
+		}}}); err != nil {
+			return err
+		}
+		s.log.Info("agent session opened", "cluster", a.cluster, "peer", a.peer, "agent_version", first.GetHello().GetAgentVersion())
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ended()
+		case err := <-recvErr:
+			s.log.Info("agent session closed", "cluster", a.cluster, "reason", err)
+			return nil
+		case msg := <-msgs:
+			if ping := msg.GetPing(); ping != nil {
+				if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_Pong{Pong: &relaypb.Pong{Nonce: ping.GetNonce()}}}); err != nil {
+					return err
+				}
+			}
+		}
+	}
 }
 
-func (s *Server) addSession(cluster string, sess *session) bool {
+// addSession records a session of a's cluster, unless its registration
+// ended (or changed) since a was authenticated. Checked under the same lock
+// revoke takes, so no session of a revoked registration survives.
+func (s *Server) addSession(a *agent, cancel context.CancelCauseFunc) (*session, bool) {
 	s.mu.Lock()
-	if _, ok := s.cfg.Registry.Lookup(cluster); !ok {
+	if reg, ok := s.cfg.Registry.Lookup(a.cluster); !ok || reg.UID != a.registration {
 		s.mu.Unlock()
-		return false
+		return nil, false
 	}
-	set := s.sessions[cluster]
+	set := s.sessions[a.cluster]
 	if set == nil {
 		set = map[*session]struct{}{}
-		s.sessions[cluster] = set
+		s.sessions[a.cluster] = set
 	}
+	sess := &session{cancel: cancel}
 	set[sess] = struct{}{}
 	first := len(set) == 1
 	s.mu.Unlock()
 	s.cfg.Metrics.connected.Inc()
 	if first && s.cfg.Status != nil {
-		s.cfg.Status.SessionChanged(cluster, true)
+		s.cfg.Status.SessionChanged(a.cluster, true)
 	}
-	return true
+	return sess, true
 }
 
 func (s *Server) removeSession(cluster string, sess *session) {
@@ -550,6 +642,7 @@ func (s *Server) revoke(cluster string) {
 		ended++
 	}
 	s.mu.Unlock()
+	s.cfg.Metrics.certExpiry.DeleteLabelValues(cluster)
 	s.log.Info("cluster revoked", "cluster", cluster, "sessions_ended", ended)
 	s.record(audit.Event{Type: audit.ClusterRevoke, Result: audit.ResultSuccess, Cluster: cluster, Details: map[string]string{"sessions_ended": fmt.Sprint(ended)}})
 }

@@ -61,7 +61,7 @@ func TestBootstrapRefusals(t *testing.T) {
 	f := relaytest.New(t, relaytest.Options{})
 	ctx := context.Background()
 	good, _ := relaytest.CSRPEM(t)
-	rsaKey := catest.NewKey(t, catest.RefusedKeyTypes[0])
+	rsaKey := catest.NewKey(t, catest.RSA1024)
 	used := f.Mint("cluster-1", time.Hour)
 	_, err := f.BootstrapClient().Bootstrap(ctx, &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: used, Csr: good})
 	require.NoError(t, err)
@@ -113,7 +113,7 @@ func TestBootstrapRefusals(t *testing.T) {
 		}, codes.InvalidArgument, "CA", "bad_csr", true},
 		{"RSA-1024 key", func() *relaypb.BootstrapRequest {
 			return &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: f.Mint("cluster-1", time.Hour), Csr: weak}
-		}, codes.InvalidArgument, "", "bad_csr", true},
+		}, codes.InvalidArgument, "RSA", "bad_csr", true},
 		{"garbage PEM", func() *relaypb.BootstrapRequest {
 			return &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: f.Mint("cluster-1", time.Hour), Csr: []byte("-----BEGIN CERTIFICATE REQUEST-----\nnot base64\n-----END CERTIFICATE REQUEST-----\n")}
 		}, codes.InvalidArgument, "", "bad_csr", true},
@@ -140,7 +140,7 @@ func TestBootstrapRefusals(t *testing.T) {
 					cluster = "cluster-1"
 				}
 				if cluster == "cluster-9" {
-					f.Registry.Set(relay.Registration{Name: "cluster-9", UID: "9", Created: time.Now().Add(-time.Hour)})
+					f.Registry.Set(relay.Registration{Name: "cluster-9", UID: "9"})
 					defer f.Registry.Remove("cluster-9")
 				}
 				_, err := f.BootstrapClient().Bootstrap(ctx, &relaypb.BootstrapRequest{Cluster: cluster, Token: req.Token, Csr: good})
@@ -157,9 +157,12 @@ func TestSharedTokenMode(t *testing.T) {
 	csr, _ := relaytest.CSRPEM(t)
 	_, err := f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: shared, Csr: csr})
 	require.NoError(t, err)
+	issued := f.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success")
 	_, err = f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: strings.Repeat("s", 47) + "t", Csr: csr})
 	require.Error(t, err)
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "wrong shared token")
+	assert.Equal(t, issued, f.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success"), "nothing issued")
+	assert.Equal(t, float64(1), f.Metric(relay.MetricBootstrapFailures, "reason", identity.ReasonWrongSecret))
 	_, err = f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-9", Token: shared, Csr: csr})
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "the shared token admits only registered clusters")
 
@@ -324,8 +327,9 @@ func TestDeregistrationEndsSessionsAndRefusesCertificate(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(7), pong.GetPong().GetNonce())
 
-	// Registering the name again does not revive the old certificate.
-	f.Registry.Set(relay.Registration{Name: "cluster-2", UID: "new-uid", Created: time.Now().Add(2 * time.Minute)})
+	// Registering the name again (a new UID, at once: no clock involved)
+	// does not revive the old certificate.
+	f.Registry.Set(relay.Registration{Name: "cluster-2", UID: "new-uid"})
 	_, err = relaypb.NewIdentityClient(f.Dial(f.MTLS(c2.TLS))).Renew(context.Background(), &relaypb.RenewRequest{Csr: csr})
 	assert.Equal(t, codes.PermissionDenied, status.Code(err))
 	assert.Contains(t, err.Error(), "earlier registration")
@@ -352,4 +356,62 @@ func TestAuditTrail(t *testing.T) {
 	for _, want := range []string{`"type":"token.use"`, `"type":"cert.issue"`, `"type":"cert.renew"`, `"type":"token.failure"`, `"reason":"wrong_cluster"`, fmt.Sprintf(`"serial":"%x"`, c.Leaf.SerialNumber)} {
 		assert.Contains(t, string(b), want)
 	}
+}
+
+// A certificate from another intermediate under the relay root, with the
+// right SPIFFE ID and even the right registration, is not an agent
+// certificate: only the relay's issuing CA issues those.
+func TestSiblingIssuerIsRefused(t *testing.T) {
+	f := relaytest.New(t, relaytest.Options{})
+	root := &catest.CA{Cert: f.RelayCA.Root, Key: f.RelayCA.RootKey}
+	sibling := root.NewIntermediate(t, catest.CAOptions{Name: "other team's CA", PathLenZero: true})
+	other, err := ca.New(ca.Config{Signer: sibling.Signer(t, time.Now())})
+	require.NoError(t, err)
+	key := catest.NewKey(t, catest.ECDSAP256)
+	csr, err := ca.ParseCSR(catest.NewCSRPEM(t, key, &x509.CertificateRequest{}))
+	require.NoError(t, err)
+	iss, err := other.IssueAgentFor(context.Background(), csr, spiffeid.RequireFromString("spiffe://relaymesh.test/cluster/cluster-1/agent"), "cluster-1-uid")
+	require.NoError(t, err)
+	pair, err := tls.X509KeyPair(iss.ChainPEM(), catest.KeyPEM(t, key))
+	require.NoError(t, err)
+	csr2, _ := relaytest.CSRPEM(t)
+	_, err = relaypb.NewIdentityClient(f.Dial(f.MTLS(pair))).Renew(context.Background(), &relaypb.RenewRequest{Csr: csr2})
+	assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	assert.Equal(t, float64(1), f.Metric(relay.MetricRefusedCalls, "reason", "foreign_issuer"))
+}
+
+// A session that never says Hello still ends when its cluster is revoked.
+func TestRevocationBeforeHello(t *testing.T) {
+	f := relaytest.New(t, relaytest.Options{})
+	c := f.Bootstrap("cluster-1")
+	stream, err := relaypb.NewRelayClient(f.Dial(f.MTLS(c.TLS))).Connect(context.Background())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return f.Srv.Sessions("cluster-1") == 1 }, 5*time.Second, 10*time.Millisecond)
+	ended := make(chan error, 1)
+	go func() { _, err := stream.Recv(); ended <- err }()
+	f.Registry.Remove("cluster-1")
+	select {
+	case err := <-ended:
+		assert.Equal(t, codes.PermissionDenied, status.Code(err))
+	case <-time.After(time.Second):
+		t.Fatal("a session without Hello survived revocation")
+	}
+	assert.Equal(t, 0, f.Srv.Sessions("cluster-1"))
+}
+
+// Calls without a certificate are throttled per peer and never reach the
+// audit log, so nobody can fill it by knocking.
+func TestUnauthenticatedCallsAreThrottledAndNotAudited(t *testing.T) {
+	f := relaytest.New(t, relaytest.Options{FailureBurst: 5})
+	client := relaypb.NewIdentityClient(f.Dial(f.ServerOnly()))
+	var last codes.Code
+	for range 50 {
+		_, err := client.Renew(context.Background(), &relaypb.RenewRequest{})
+		last = status.Code(err)
+	}
+	assert.Equal(t, codes.ResourceExhausted, last)
+	assert.Equal(t, float64(5), f.Metric(relay.MetricRefusedCalls, "reason", "no_certificate"))
+	b, err := os.ReadFile(f.AuditPath)
+	require.NoError(t, err)
+	assert.Empty(t, string(b), "knocking without a certificate writes no audit record")
 }

@@ -87,7 +87,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	session, err := relay.NewSession(relay.SessionConfig{ServerAddress: serverAddr, TLS: creds.ClientTLS, Version: version(), Logger: log})
+	session, err := relay.NewSession(relay.SessionConfig{ServerAddress: serverAddr, TLS: creds.ClientTLS, Version: version(), Logger: log, OnRefused: creds.Refused})
 	if err != nil {
 		return err
 	}
@@ -115,7 +115,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}{creds.Status(), session.State()}
 		switch {
 		case !st.Credential.Ready:
-			return st, errors.New("no usable client certificate: " + st.Credential.Message)
+			return st, errors.New(st.Credential.Message)
 		case !st.Session.Connected:
 			return st, errors.New("not connected to the relay server")
 		}

@@ -158,6 +158,12 @@ func register(ctx context.Context, out io.Writer, mgmt, remote *kubeClients, nam
 	if err := ensureNamespace(ctx, remote, remoteNS); err != nil {
 		return err
 	}
+	// A client certificate of an earlier registration is useless now (the
+	// server binds certificates to one registration); remove it so the
+	// agent bootstraps with the new token.
+	if err := remote.typed.CoreV1().Secrets(remoteNS).Delete(ctx, identity.ClientSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove the stale %s/%s in the workload cluster: %w", remoteNS, identity.ClientSecret, err)
+	}
 	labels := map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}
 	for _, s := range []*corev1.Secret{
 		{ObjectMeta: metav1.ObjectMeta{Name: identity.RootSecret, Namespace: remoteNS, Labels: labels}, Data: map[string][]byte{identity.KeyCACert: roots}},

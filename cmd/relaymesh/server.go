@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +21,7 @@ import (
 	"github.com/relaymesh/relaymesh/relay"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -33,7 +36,7 @@ renewal, denial and revocation goes to --audit-log.`
 type serverFlags struct {
 	kubeconfig, namespace, listen, metricsListen, trustDomain string
 	dnsNames, ips, auditLog, logLevel                         string
-	caCert, caKey, caRoots                                    string
+	caCert, caKey, caRoots, caSecret                          string
 	agentTTL                                                  time.Duration
 	allowSharedToken                                          bool
 }
@@ -53,6 +56,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&f.caCert, "ca-cert", "", "provided relay CA: PEM of the issuing CA certificate (then intermediates)")
 	fs.StringVar(&f.caKey, "ca-key", "", "provided relay CA: PEM of its private key")
 	fs.StringVar(&f.caRoots, "ca-roots", "", "provided relay CA: PEM of the root(s) it chains to")
+	fs.StringVar(&f.caSecret, "ca-secret", "", "provided relay CA from a Secret in --namespace (keys tls.crt, tls.key, ca.crt)")
 	fs.DurationVar(&f.agentTTL, "agent-cert-ttl", 24*time.Hour, "lifetime of agent client certificates (renewed at about 2/3)")
 	fs.BoolVar(&f.allowSharedToken, "allow-shared-token", false, "WEAKER: also accept the shared token of relay-identity-token-secret (seed-product compatibility)")
 	if _, err := parse(fs, args, 0); err != nil {
@@ -198,18 +202,59 @@ func (f serverFlags) validate() error {
 	if provided != 0 && provided != 3 {
 		errs = append(errs, errors.New("--ca-cert, --ca-key and --ca-roots go together"))
 	}
+	if provided != 0 && f.caSecret != "" {
+		errs = append(errs, errors.New("--ca-secret and --ca-cert/--ca-key/--ca-roots are alternatives"))
+	}
 	if len(splitList(f.dnsNames)) == 0 && len(splitList(f.ips)) == 0 {
 		errs = append(errs, errors.New("--server-dns-names or --server-ips must name the server"))
 	}
 	return errors.Join(errs...)
 }
 
-// signer is the provided CA if one was given, else the generated one.
+// signer is the provided CA if one was given, else the generated one. A
+// provided CA's roots are published in relay-root-tls-secret (ca.crt only)
+// for registration to copy to workload clusters.
 func (f serverFlags) signer(ctx context.Context, kube *kubeClients) (ca.Signer, error) {
-	if f.caCert != "" {
-		return ca.LoadSignerFiles(f.caCert, f.caKey, f.caRoots, time.Now())
+	var signer ca.Signer
+	var err error
+	switch {
+	case f.caCert != "":
+		signer, err = ca.LoadSignerFiles(f.caCert, f.caKey, f.caRoots, time.Now())
+	case f.caSecret != "":
+		var sec *corev1.Secret
+		sec, err = kube.typed.CoreV1().Secrets(f.namespace).Get(ctx, f.caSecret, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("--ca-secret: %w", err)
+		}
+		signer, err = ca.ParseSignerPEM(sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey], sec.Data["ca.crt"], time.Now())
+	default:
+		return ca.LoadOrCreateRelayCA(ctx, kube.typed, f.namespace, ca.GenerateConfig{})
 	}
-	return ca.LoadOrCreateRelayCA(ctx, kube.typed, f.namespace, ca.GenerateConfig{})
+	if err != nil {
+		return nil, fmt.Errorf("provided relay CA: %w", err)
+	}
+	return signer, publishRoots(ctx, kube, f.namespace, signer.Roots())
+}
+
+// publishRoots writes the provided CA's roots into relay-root-tls-secret. It
+// refuses to overwrite a generated relay CA (a secret that holds a key).
+func publishRoots(ctx context.Context, kube *kubeClients, namespace string, roots []*x509.Certificate) error {
+	var rootsPEM []byte
+	for _, r := range roots {
+		rootsPEM = append(rootsPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Raw})...)
+	}
+	cur, err := kube.typed.CoreV1().Secrets(namespace).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+	if err == nil && len(cur.Data[corev1.TLSPrivateKeyKey]) > 0 {
+		return fmt.Errorf("%s/%s holds a generated relay CA; delete it and %s to switch to a provided CA (agents must then be registered again)", namespace, ca.RootSecretName, ca.SigningSecretName)
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return kubeutil.UpsertSecret(ctx, kube.typed, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: ca.RootSecretName, Namespace: namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{"ca.crt": rootsPEM},
+	})
 }
 
 // storeServingSecret writes relay-server-tls-secret for operators and tools

@@ -82,10 +82,10 @@ func (m *MemTokenStore) Len() int {
 
 // MemAgentSecrets is an in-memory identity.AgentSecrets.
 type MemAgentSecrets struct {
-	mu                        sync.Mutex
-	roots, cert, key, savedCA []byte
-	token                     string
-	saves, tokenDeletes       int
+	mu                             sync.Mutex
+	roots, cert, key, savedCA      []byte
+	token                          string
+	saves, tokenDeletes, failSaves int
 }
 
 // NewMemAgentSecrets holds roots and, if not empty, a bootstrap token.
@@ -132,10 +132,21 @@ func (m *MemAgentSecrets) LoadCredential(context.Context) ([]byte, []byte, error
 	return m.cert, m.key, nil
 }
 
+// FailSaves makes the next n SaveCredential calls fail.
+func (m *MemAgentSecrets) FailSaves(n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.failSaves = n
+}
+
 // SaveCredential implements identity.AgentSecrets.
 func (m *MemAgentSecrets) SaveCredential(_ context.Context, cert, key, roots []byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.failSaves > 0 {
+		m.failSaves--
+		return errors.New("injected store failure")
+	}
 	m.cert, m.key, m.savedCA = cert, key, roots
 	m.saves++
 	return nil

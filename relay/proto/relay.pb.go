@@ -578,6 +578,1008 @@ func (x *Pong) GetNonce() int64 {
 	return 0
 }
 
+// Snapshot is everything an agent discovered in its cluster.
+type Snapshot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The cluster the agent believes it is; must equal the certificate's.
+	Cluster      string         `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Meshes       []*Mesh        `protobuf:"bytes,2,rep,name=meshes,proto3" json:"meshes,omitempty"`
+	Workloads    []*Workload    `protobuf:"bytes,3,rep,name=workloads,proto3" json:"workloads,omitempty"`
+	Destinations []*Destination `protobuf:"bytes,4,rep,name=destinations,proto3" json:"destinations,omitempty"`
+	// Hex SHA-256 over the deterministic encoding of fields 1-4.
+	Hash          string `protobuf:"bytes,5,opt,name=hash,proto3" json:"hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Snapshot) Reset() {
+	*x = Snapshot{}
+	mi := &file_relay_proto_relay_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Snapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Snapshot) ProtoMessage() {}
+
+func (x *Snapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
+func (*Snapshot) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Snapshot) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *Snapshot) GetMeshes() []*Mesh {
+	if x != nil {
+		return x.Meshes
+	}
+	return nil
+}
+
+func (x *Snapshot) GetWorkloads() []*Workload {
+	if x != nil {
+		return x.Workloads
+	}
+	return nil
+}
+
+func (x *Snapshot) GetDestinations() []*Destination {
+	if x != nil {
+		return x.Destinations
+	}
+	return nil
+}
+
+func (x *Snapshot) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+// Mesh is an Istio control plane (an istiod Deployment).
+type Mesh struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Cluster   string                 `protobuf:"bytes,3,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// The istio.io/rev of the control plane; empty for the default revision.
+	Revision             string            `protobuf:"bytes,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	Version              string            `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	TrustDomain          string            `protobuf:"bytes,6,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
+	IstiodServiceAccount string            `protobuf:"bytes,7,opt,name=istiod_service_account,json=istiodServiceAccount,proto3" json:"istiod_service_account,omitempty"`
+	PodLabels            map[string]string `protobuf:"bytes,8,rep,name=pod_labels,json=podLabels,proto3" json:"pod_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Gateways             []*Gateway        `protobuf:"bytes,9,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	SmartDnsProxying     bool              `protobuf:"varint,10,opt,name=smart_dns_proxying,json=smartDnsProxying,proto3" json:"smart_dns_proxying,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *Mesh) Reset() {
+	*x = Mesh{}
+	mi := &file_relay_proto_relay_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Mesh) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Mesh) ProtoMessage() {}
+
+func (x *Mesh) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Mesh.ProtoReflect.Descriptor instead.
+func (*Mesh) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Mesh) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Mesh) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Mesh) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *Mesh) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
+}
+
+func (x *Mesh) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *Mesh) GetTrustDomain() string {
+	if x != nil {
+		return x.TrustDomain
+	}
+	return ""
+}
+
+func (x *Mesh) GetIstiodServiceAccount() string {
+	if x != nil {
+		return x.IstiodServiceAccount
+	}
+	return ""
+}
+
+func (x *Mesh) GetPodLabels() map[string]string {
+	if x != nil {
+		return x.PodLabels
+	}
+	return nil
+}
+
+func (x *Mesh) GetGateways() []*Gateway {
+	if x != nil {
+		return x.Gateways
+	}
+	return nil
+}
+
+func (x *Mesh) GetSmartDnsProxying() bool {
+	if x != nil {
+		return x.SmartDnsProxying
+	}
+	return false
+}
+
+// Gateway is an ingress or east-west gateway of a mesh.
+type Gateway struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// "Ingress" or "EastWest".
+	Kind            string            `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	WorkloadLabels  map[string]string `protobuf:"bytes,4,rep,name=workload_labels,json=workloadLabels,proto3" json:"workload_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ExternalAddress string            `protobuf:"bytes,5,opt,name=external_address,json=externalAddress,proto3" json:"external_address,omitempty"`
+	TlsPort         int32             `protobuf:"varint,6,opt,name=tls_port,json=tlsPort,proto3" json:"tls_port,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Gateway) Reset() {
+	*x = Gateway{}
+	mi := &file_relay_proto_relay_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Gateway) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Gateway) ProtoMessage() {}
+
+func (x *Gateway) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Gateway.ProtoReflect.Descriptor instead.
+func (*Gateway) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Gateway) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Gateway) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Gateway) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Gateway) GetWorkloadLabels() map[string]string {
+	if x != nil {
+		return x.WorkloadLabels
+	}
+	return nil
+}
+
+func (x *Gateway) GetExternalAddress() string {
+	if x != nil {
+		return x.ExternalAddress
+	}
+	return ""
+}
+
+func (x *Gateway) GetTlsPort() int32 {
+	if x != nil {
+		return x.TlsPort
+	}
+	return 0
+}
+
+// Workload is a sidecar-injected Deployment, StatefulSet or DaemonSet.
+type Workload struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Cluster   string                 `protobuf:"bytes,3,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// "Deployment", "StatefulSet" or "DaemonSet".
+	Kind           string            `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	PodLabels      map[string]string `protobuf:"bytes,5,rep,name=pod_labels,json=podLabels,proto3" json:"pod_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ServiceAccount string            `protobuf:"bytes,6,opt,name=service_account,json=serviceAccount,proto3" json:"service_account,omitempty"`
+	// The mesh whose sidecars it runs: the istiod Deployment's name and namespace.
+	MeshName      string `protobuf:"bytes,7,opt,name=mesh_name,json=meshName,proto3" json:"mesh_name,omitempty"`
+	MeshNamespace string `protobuf:"bytes,8,opt,name=mesh_namespace,json=meshNamespace,proto3" json:"mesh_namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Workload) Reset() {
+	*x = Workload{}
+	mi := &file_relay_proto_relay_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Workload) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Workload) ProtoMessage() {}
+
+func (x *Workload) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Workload.ProtoReflect.Descriptor instead.
+func (*Workload) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Workload) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Workload) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Workload) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *Workload) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Workload) GetPodLabels() map[string]string {
+	if x != nil {
+		return x.PodLabels
+	}
+	return nil
+}
+
+func (x *Workload) GetServiceAccount() string {
+	if x != nil {
+		return x.ServiceAccount
+	}
+	return ""
+}
+
+func (x *Workload) GetMeshName() string {
+	if x != nil {
+		return x.MeshName
+	}
+	return ""
+}
+
+func (x *Workload) GetMeshNamespace() string {
+	if x != nil {
+		return x.MeshNamespace
+	}
+	return ""
+}
+
+// Destination is a Service that selects mesh workloads.
+type Destination struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Cluster   string                 `protobuf:"bytes,3,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Selector  map[string]string      `protobuf:"bytes,4,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels    map[string]string      `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Ports     []*ServicePort         `protobuf:"bytes,6,rep,name=ports,proto3" json:"ports,omitempty"`
+	// Label values that tell the selected workloads apart, e.g. version.
+	Subsets           map[string]*LabelValues `protobuf:"bytes,7,rep,name=subsets,proto3" json:"subsets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ServiceType       string                  `protobuf:"bytes,8,opt,name=service_type,json=serviceType,proto3" json:"service_type,omitempty"`
+	ExternalAddresses []string                `protobuf:"bytes,9,rep,name=external_addresses,json=externalAddresses,proto3" json:"external_addresses,omitempty"`
+	MeshName          string                  `protobuf:"bytes,10,opt,name=mesh_name,json=meshName,proto3" json:"mesh_name,omitempty"`
+	MeshNamespace     string                  `protobuf:"bytes,11,opt,name=mesh_namespace,json=meshNamespace,proto3" json:"mesh_namespace,omitempty"`
+	// The ready pod IPs behind the Service, for flat-network federation.
+	Endpoints     []*Endpoint `protobuf:"bytes,12,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Destination) Reset() {
+	*x = Destination{}
+	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Destination) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Destination) ProtoMessage() {}
+
+func (x *Destination) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Destination.ProtoReflect.Descriptor instead.
+func (*Destination) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Destination) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Destination) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Destination) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *Destination) GetSelector() map[string]string {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+func (x *Destination) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Destination) GetPorts() []*ServicePort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *Destination) GetSubsets() map[string]*LabelValues {
+	if x != nil {
+		return x.Subsets
+	}
+	return nil
+}
+
+func (x *Destination) GetServiceType() string {
+	if x != nil {
+		return x.ServiceType
+	}
+	return ""
+}
+
+func (x *Destination) GetExternalAddresses() []string {
+	if x != nil {
+		return x.ExternalAddresses
+	}
+	return nil
+}
+
+func (x *Destination) GetMeshName() string {
+	if x != nil {
+		return x.MeshName
+	}
+	return ""
+}
+
+func (x *Destination) GetMeshNamespace() string {
+	if x != nil {
+		return x.MeshNamespace
+	}
+	return ""
+}
+
+func (x *Destination) GetEndpoints() []*Endpoint {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
+type Endpoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ip            string                 `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
+	Labels        map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Endpoint) Reset() {
+	*x = Endpoint{}
+	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Endpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Endpoint) ProtoMessage() {}
+
+func (x *Endpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
+func (*Endpoint) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Endpoint) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *Endpoint) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type ServicePort struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Port          int32                  `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Protocol      string                 `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	AppProtocol   string                 `protobuf:"bytes,4,opt,name=app_protocol,json=appProtocol,proto3" json:"app_protocol,omitempty"`
+	TargetPort    string                 `protobuf:"bytes,5,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServicePort) Reset() {
+	*x = ServicePort{}
+	mi := &file_relay_proto_relay_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServicePort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServicePort) ProtoMessage() {}
+
+func (x *ServicePort) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
+func (*ServicePort) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ServicePort) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ServicePort) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServicePort) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *ServicePort) GetAppProtocol() string {
+	if x != nil {
+		return x.AppProtocol
+	}
+	return ""
+}
+
+func (x *ServicePort) GetTargetPort() string {
+	if x != nil {
+		return x.TargetPort
+	}
+	return ""
+}
+
+type LabelValues struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Values        []string               `protobuf:"bytes,1,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LabelValues) Reset() {
+	*x = LabelValues{}
+	mi := &file_relay_proto_relay_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LabelValues) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LabelValues) ProtoMessage() {}
+
+func (x *LabelValues) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LabelValues.ProtoReflect.Descriptor instead.
+func (*LabelValues) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *LabelValues) GetValues() []string {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+type PushAck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The hash of the snapshot this acks.
+	Hash     string `protobuf:"bytes,1,opt,name=hash,proto3" json:"hash,omitempty"`
+	Accepted bool   `protobuf:"varint,2,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// Why it was refused; the last accepted snapshot stays in force.
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushAck) Reset() {
+	*x = PushAck{}
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushAck) ProtoMessage() {}
+
+func (x *PushAck) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushAck.ProtoReflect.Descriptor instead.
+func (*PushAck) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PushAck) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+func (x *PushAck) GetAccepted() bool {
+	if x != nil {
+		return x.Accepted
+	}
+	return false
+}
+
+func (x *PushAck) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// OutputSet is the complete desired configuration for one cluster.
+type OutputSet struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Increases with every change; the agent acks the version it applied.
+	Version       uint64          `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Objects       []*OutputObject `protobuf:"bytes,2,rep,name=objects,proto3" json:"objects,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputSet) Reset() {
+	*x = OutputSet{}
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputSet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputSet) ProtoMessage() {}
+
+func (x *OutputSet) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputSet.ProtoReflect.Descriptor instead.
+func (*OutputSet) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *OutputSet) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *OutputSet) GetObjects() []*OutputObject {
+	if x != nil {
+		return x.Objects
+	}
+	return nil
+}
+
+type OutputObject struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The object as JSON (apiVersion, kind, metadata.name, metadata.namespace,
+	// spec). The agent adds the owner label and the parents annotation.
+	Manifest []byte `protobuf:"bytes,1,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	// The user objects that produced it, "<kind>/<namespace>/<name>".
+	Parents       []string `protobuf:"bytes,2,rep,name=parents,proto3" json:"parents,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputObject) Reset() {
+	*x = OutputObject{}
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputObject) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputObject) ProtoMessage() {}
+
+func (x *OutputObject) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputObject.ProtoReflect.Descriptor instead.
+func (*OutputObject) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *OutputObject) GetManifest() []byte {
+	if x != nil {
+		return x.Manifest
+	}
+	return nil
+}
+
+func (x *OutputObject) GetParents() []string {
+	if x != nil {
+		return x.Parents
+	}
+	return nil
+}
+
+type PullAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Results       []*ObjectResult        `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullAck) Reset() {
+	*x = PullAck{}
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullAck) ProtoMessage() {}
+
+func (x *PullAck) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullAck.ProtoReflect.Descriptor instead.
+func (*PullAck) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PullAck) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *PullAck) GetResults() []*ObjectResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type ObjectResult struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion string                 `protobuf:"bytes,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Kind       string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Namespace  string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name       string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// "applied", "unchanged", "pruned", "conflict" (exists and is not ours:
+	// left untouched) or "error".
+	Outcome       string `protobuf:"bytes,5,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	Error         string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectResult) Reset() {
+	*x = ObjectResult{}
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectResult) ProtoMessage() {}
+
+func (x *ObjectResult) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectResult.ProtoReflect.Descriptor instead.
+func (*ObjectResult) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ObjectResult) GetApiVersion() string {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return ""
+}
+
+func (x *ObjectResult) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ObjectResult) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ObjectResult) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ObjectResult) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *ObjectResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_relay_proto_relay_proto protoreflect.FileDescriptor
 
 const file_relay_proto_relay_proto_rawDesc = "" +
@@ -612,12 +1614,119 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\tspiffe_id\x18\x02 \x01(\tR\bspiffeId\x12;\n" +
 	"\x1acertificate_not_after_unix\x18\x03 \x01(\x03R\x17certificateNotAfterUnix\"\x1c\n" +
 	"\x04Pong\x12\x14\n" +
-	"\x05nonce\x18\x01 \x01(\x03R\x05nonce2\xba\x01\n" +
+	"\x05nonce\x18\x01 \x01(\x03R\x05nonce\"\xeb\x01\n" +
+	"\bSnapshot\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\x120\n" +
+	"\x06meshes\x18\x02 \x03(\v2\x18.relaymesh.relay.v1.MeshR\x06meshes\x12:\n" +
+	"\tworkloads\x18\x03 \x03(\v2\x1c.relaymesh.relay.v1.WorkloadR\tworkloads\x12C\n" +
+	"\fdestinations\x18\x04 \x03(\v2\x1f.relaymesh.relay.v1.DestinationR\fdestinations\x12\x12\n" +
+	"\x04hash\x18\x05 \x01(\tR\x04hash\"\xce\x03\n" +
+	"\x04Mesh\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x18\n" +
+	"\acluster\x18\x03 \x01(\tR\acluster\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\tR\brevision\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\x12!\n" +
+	"\ftrust_domain\x18\x06 \x01(\tR\vtrustDomain\x124\n" +
+	"\x16istiod_service_account\x18\a \x01(\tR\x14istiodServiceAccount\x12F\n" +
+	"\n" +
+	"pod_labels\x18\b \x03(\v2'.relaymesh.relay.v1.Mesh.PodLabelsEntryR\tpodLabels\x127\n" +
+	"\bgateways\x18\t \x03(\v2\x1b.relaymesh.relay.v1.GatewayR\bgateways\x12,\n" +
+	"\x12smart_dns_proxying\x18\n" +
+	" \x01(\bR\x10smartDnsProxying\x1a<\n" +
+	"\x0ePodLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb2\x02\n" +
+	"\aGateway\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12X\n" +
+	"\x0fworkload_labels\x18\x04 \x03(\v2/.relaymesh.relay.v1.Gateway.WorkloadLabelsEntryR\x0eworkloadLabels\x12)\n" +
+	"\x10external_address\x18\x05 \x01(\tR\x0fexternalAddress\x12\x19\n" +
+	"\btls_port\x18\x06 \x01(\x05R\atlsPort\x1aA\n" +
+	"\x13WorkloadLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe1\x02\n" +
+	"\bWorkload\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x18\n" +
+	"\acluster\x18\x03 \x01(\tR\acluster\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\x12J\n" +
+	"\n" +
+	"pod_labels\x18\x05 \x03(\v2+.relaymesh.relay.v1.Workload.PodLabelsEntryR\tpodLabels\x12'\n" +
+	"\x0fservice_account\x18\x06 \x01(\tR\x0eserviceAccount\x12\x1b\n" +
+	"\tmesh_name\x18\a \x01(\tR\bmeshName\x12%\n" +
+	"\x0emesh_namespace\x18\b \x01(\tR\rmeshNamespace\x1a<\n" +
+	"\x0ePodLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8f\x06\n" +
+	"\vDestination\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x18\n" +
+	"\acluster\x18\x03 \x01(\tR\acluster\x12I\n" +
+	"\bselector\x18\x04 \x03(\v2-.relaymesh.relay.v1.Destination.SelectorEntryR\bselector\x12C\n" +
+	"\x06labels\x18\x05 \x03(\v2+.relaymesh.relay.v1.Destination.LabelsEntryR\x06labels\x125\n" +
+	"\x05ports\x18\x06 \x03(\v2\x1f.relaymesh.relay.v1.ServicePortR\x05ports\x12F\n" +
+	"\asubsets\x18\a \x03(\v2,.relaymesh.relay.v1.Destination.SubsetsEntryR\asubsets\x12!\n" +
+	"\fservice_type\x18\b \x01(\tR\vserviceType\x12-\n" +
+	"\x12external_addresses\x18\t \x03(\tR\x11externalAddresses\x12\x1b\n" +
+	"\tmesh_name\x18\n" +
+	" \x01(\tR\bmeshName\x12%\n" +
+	"\x0emesh_namespace\x18\v \x01(\tR\rmeshNamespace\x12:\n" +
+	"\tendpoints\x18\f \x03(\v2\x1c.relaymesh.relay.v1.EndpointR\tendpoints\x1a;\n" +
+	"\rSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a[\n" +
+	"\fSubsetsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
+	"\x05value\x18\x02 \x01(\v2\x1f.relaymesh.relay.v1.LabelValuesR\x05value:\x028\x01\"\x97\x01\n" +
+	"\bEndpoint\x12\x0e\n" +
+	"\x02ip\x18\x01 \x01(\tR\x02ip\x12@\n" +
+	"\x06labels\x18\x02 \x03(\v2(.relaymesh.relay.v1.Endpoint.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x95\x01\n" +
+	"\vServicePort\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\x05R\x04port\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12!\n" +
+	"\fapp_protocol\x18\x04 \x01(\tR\vappProtocol\x12\x1f\n" +
+	"\vtarget_port\x18\x05 \x01(\tR\n" +
+	"targetPort\"%\n" +
+	"\vLabelValues\x12\x16\n" +
+	"\x06values\x18\x01 \x03(\tR\x06values\"O\n" +
+	"\aPushAck\x12\x12\n" +
+	"\x04hash\x18\x01 \x01(\tR\x04hash\x12\x1a\n" +
+	"\baccepted\x18\x02 \x01(\bR\baccepted\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"a\n" +
+	"\tOutputSet\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12:\n" +
+	"\aobjects\x18\x02 \x03(\v2 .relaymesh.relay.v1.OutputObjectR\aobjects\"D\n" +
+	"\fOutputObject\x12\x1a\n" +
+	"\bmanifest\x18\x01 \x01(\fR\bmanifest\x12\x18\n" +
+	"\aparents\x18\x02 \x03(\tR\aparents\"_\n" +
+	"\aPullAck\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12:\n" +
+	"\aresults\x18\x02 \x03(\v2 .relaymesh.relay.v1.ObjectResultR\aresults\"\xa5\x01\n" +
+	"\fObjectResult\x12\x1f\n" +
+	"\vapi_version\x18\x01 \x01(\tR\n" +
+	"apiVersion\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1c\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12\x18\n" +
+	"\aoutcome\x18\x05 \x01(\tR\aoutcome\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error2\xba\x01\n" +
 	"\bIdentity\x12Z\n" +
 	"\tBootstrap\x12$.relaymesh.relay.v1.BootstrapRequest\x1a'.relaymesh.relay.v1.CertificateResponse\x12R\n" +
 	"\x05Renew\x12 .relaymesh.relay.v1.RenewRequest\x1a'.relaymesh.relay.v1.CertificateResponse2[\n" +
 	"\x05Relay\x12R\n" +
-	"\aConnect\x12 .relaymesh.relay.v1.AgentMessage\x1a!.relaymesh.relay.v1.ServerMessage(\x010\x01B4Z2github.com/relaymesh/relaymesh/relay/proto;relaypbb\x06proto3"
+	"\aConnect\x12 .relaymesh.relay.v1.AgentMessage\x1a!.relaymesh.relay.v1.ServerMessage(\x010\x012\x9a\x01\n" +
+	"\tDiscovery\x12E\n" +
+	"\x04Push\x12\x1c.relaymesh.relay.v1.Snapshot\x1a\x1b.relaymesh.relay.v1.PushAck(\x010\x01\x12F\n" +
+	"\x04Pull\x12\x1b.relaymesh.relay.v1.PullAck\x1a\x1d.relaymesh.relay.v1.OutputSet(\x010\x01B4Z2github.com/relaymesh/relaymesh/relay/proto;relaypbb\x06proto3"
 
 var (
 	file_relay_proto_relay_proto_rawDescOnce sync.Once
@@ -631,7 +1740,7 @@ func file_relay_proto_relay_proto_rawDescGZIP() []byte {
 	return file_relay_proto_relay_proto_rawDescData
 }
 
-var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_relay_proto_relay_proto_goTypes = []any{
 	(*BootstrapRequest)(nil),    // 0: relaymesh.relay.v1.BootstrapRequest
 	(*RenewRequest)(nil),        // 1: relaymesh.relay.v1.RenewRequest
@@ -642,23 +1751,63 @@ var file_relay_proto_relay_proto_goTypes = []any{
 	(*ServerMessage)(nil),       // 6: relaymesh.relay.v1.ServerMessage
 	(*Welcome)(nil),             // 7: relaymesh.relay.v1.Welcome
 	(*Pong)(nil),                // 8: relaymesh.relay.v1.Pong
+	(*Snapshot)(nil),            // 9: relaymesh.relay.v1.Snapshot
+	(*Mesh)(nil),                // 10: relaymesh.relay.v1.Mesh
+	(*Gateway)(nil),             // 11: relaymesh.relay.v1.Gateway
+	(*Workload)(nil),            // 12: relaymesh.relay.v1.Workload
+	(*Destination)(nil),         // 13: relaymesh.relay.v1.Destination
+	(*Endpoint)(nil),            // 14: relaymesh.relay.v1.Endpoint
+	(*ServicePort)(nil),         // 15: relaymesh.relay.v1.ServicePort
+	(*LabelValues)(nil),         // 16: relaymesh.relay.v1.LabelValues
+	(*PushAck)(nil),             // 17: relaymesh.relay.v1.PushAck
+	(*OutputSet)(nil),           // 18: relaymesh.relay.v1.OutputSet
+	(*OutputObject)(nil),        // 19: relaymesh.relay.v1.OutputObject
+	(*PullAck)(nil),             // 20: relaymesh.relay.v1.PullAck
+	(*ObjectResult)(nil),        // 21: relaymesh.relay.v1.ObjectResult
+	nil,                         // 22: relaymesh.relay.v1.Mesh.PodLabelsEntry
+	nil,                         // 23: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	nil,                         // 24: relaymesh.relay.v1.Workload.PodLabelsEntry
+	nil,                         // 25: relaymesh.relay.v1.Destination.SelectorEntry
+	nil,                         // 26: relaymesh.relay.v1.Destination.LabelsEntry
+	nil,                         // 27: relaymesh.relay.v1.Destination.SubsetsEntry
+	nil,                         // 28: relaymesh.relay.v1.Endpoint.LabelsEntry
 }
 var file_relay_proto_relay_proto_depIdxs = []int32{
-	4, // 0: relaymesh.relay.v1.AgentMessage.hello:type_name -> relaymesh.relay.v1.Hello
-	5, // 1: relaymesh.relay.v1.AgentMessage.ping:type_name -> relaymesh.relay.v1.Ping
-	7, // 2: relaymesh.relay.v1.ServerMessage.welcome:type_name -> relaymesh.relay.v1.Welcome
-	8, // 3: relaymesh.relay.v1.ServerMessage.pong:type_name -> relaymesh.relay.v1.Pong
-	0, // 4: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
-	1, // 5: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
-	3, // 6: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
-	2, // 7: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
-	2, // 8: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
-	6, // 9: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	4,  // 0: relaymesh.relay.v1.AgentMessage.hello:type_name -> relaymesh.relay.v1.Hello
+	5,  // 1: relaymesh.relay.v1.AgentMessage.ping:type_name -> relaymesh.relay.v1.Ping
+	7,  // 2: relaymesh.relay.v1.ServerMessage.welcome:type_name -> relaymesh.relay.v1.Welcome
+	8,  // 3: relaymesh.relay.v1.ServerMessage.pong:type_name -> relaymesh.relay.v1.Pong
+	10, // 4: relaymesh.relay.v1.Snapshot.meshes:type_name -> relaymesh.relay.v1.Mesh
+	12, // 5: relaymesh.relay.v1.Snapshot.workloads:type_name -> relaymesh.relay.v1.Workload
+	13, // 6: relaymesh.relay.v1.Snapshot.destinations:type_name -> relaymesh.relay.v1.Destination
+	22, // 7: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
+	11, // 8: relaymesh.relay.v1.Mesh.gateways:type_name -> relaymesh.relay.v1.Gateway
+	23, // 9: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	24, // 10: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
+	25, // 11: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
+	26, // 12: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
+	15, // 13: relaymesh.relay.v1.Destination.ports:type_name -> relaymesh.relay.v1.ServicePort
+	27, // 14: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
+	14, // 15: relaymesh.relay.v1.Destination.endpoints:type_name -> relaymesh.relay.v1.Endpoint
+	28, // 16: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
+	19, // 17: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
+	21, // 18: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
+	16, // 19: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
+	0,  // 20: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
+	1,  // 21: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
+	3,  // 22: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
+	9,  // 23: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
+	20, // 24: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
+	2,  // 25: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
+	2,  // 26: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
+	6,  // 27: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
+	17, // 28: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
+	18, // 29: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
+	25, // [25:30] is the sub-list for method output_type
+	20, // [20:25] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_relay_proto_relay_proto_init() }
@@ -680,9 +1829,9 @@ func file_relay_proto_relay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_relay_proto_relay_proto_rawDesc), len(file_relay_proto_relay_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   29,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_relay_proto_relay_proto_goTypes,
 		DependencyIndexes: file_relay_proto_relay_proto_depIdxs,

@@ -288,3 +288,155 @@ var Relay_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "relay/proto/relay.proto",
 }
+
+const (
+	Discovery_Push_FullMethodName = "/relaymesh.relay.v1.Discovery/Push"
+	Discovery_Pull_FullMethodName = "/relaymesh.relay.v1.Discovery/Pull"
+)
+
+// DiscoveryClient is the client API for Discovery service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Discovery carries what agents see up to the server and the server's
+// translated configuration down to the agents. Every method requires mTLS
+// with a registered cluster's agent certificate; the cluster is the one the
+// certificate names, never a field the agent sends.
+type DiscoveryClient interface {
+	// Push streams discovery snapshots. The agent sends a snapshot when its
+	// content hash changes (and once after every reconnect); the server
+	// answers each with an ack. A refused snapshot never replaces the last
+	// accepted one.
+	Push(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Snapshot, PushAck], error)
+	// Pull streams the cluster's output set: the current one at once, then
+	// every new version. The agent acks each version it applied, with
+	// per-object results.
+	Pull(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PullAck, OutputSet], error)
+}
+
+type discoveryClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewDiscoveryClient(cc grpc.ClientConnInterface) DiscoveryClient {
+	return &discoveryClient{cc}
+}
+
+func (c *discoveryClient) Push(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Snapshot, PushAck], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Discovery_ServiceDesc.Streams[0], Discovery_Push_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[Snapshot, PushAck]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Discovery_PushClient = grpc.BidiStreamingClient[Snapshot, PushAck]
+
+func (c *discoveryClient) Pull(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PullAck, OutputSet], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Discovery_ServiceDesc.Streams[1], Discovery_Pull_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PullAck, OutputSet]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Discovery_PullClient = grpc.BidiStreamingClient[PullAck, OutputSet]
+
+// DiscoveryServer is the server API for Discovery service.
+// All implementations must embed UnimplementedDiscoveryServer
+// for forward compatibility.
+//
+// Discovery carries what agents see up to the server and the server's
+// translated configuration down to the agents. Every method requires mTLS
+// with a registered cluster's agent certificate; the cluster is the one the
+// certificate names, never a field the agent sends.
+type DiscoveryServer interface {
+	// Push streams discovery snapshots. The agent sends a snapshot when its
+	// content hash changes (and once after every reconnect); the server
+	// answers each with an ack. A refused snapshot never replaces the last
+	// accepted one.
+	Push(grpc.BidiStreamingServer[Snapshot, PushAck]) error
+	// Pull streams the cluster's output set: the current one at once, then
+	// every new version. The agent acks each version it applied, with
+	// per-object results.
+	Pull(grpc.BidiStreamingServer[PullAck, OutputSet]) error
+	mustEmbedUnimplementedDiscoveryServer()
+}
+
+// UnimplementedDiscoveryServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedDiscoveryServer struct{}
+
+func (UnimplementedDiscoveryServer) Push(grpc.BidiStreamingServer[Snapshot, PushAck]) error {
+	return status.Error(codes.Unimplemented, "method Push not implemented")
+}
+func (UnimplementedDiscoveryServer) Pull(grpc.BidiStreamingServer[PullAck, OutputSet]) error {
+	return status.Error(codes.Unimplemented, "method Pull not implemented")
+}
+func (UnimplementedDiscoveryServer) mustEmbedUnimplementedDiscoveryServer() {}
+func (UnimplementedDiscoveryServer) testEmbeddedByValue()                   {}
+
+// UnsafeDiscoveryServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to DiscoveryServer will
+// result in compilation errors.
+type UnsafeDiscoveryServer interface {
+	mustEmbedUnimplementedDiscoveryServer()
+}
+
+func RegisterDiscoveryServer(s grpc.ServiceRegistrar, srv DiscoveryServer) {
+	// If the following call panics, it indicates UnimplementedDiscoveryServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Discovery_ServiceDesc, srv)
+}
+
+func _Discovery_Push_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DiscoveryServer).Push(&grpc.GenericServerStream[Snapshot, PushAck]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Discovery_PushServer = grpc.BidiStreamingServer[Snapshot, PushAck]
+
+func _Discovery_Pull_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DiscoveryServer).Pull(&grpc.GenericServerStream[PullAck, OutputSet]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Discovery_PullServer = grpc.BidiStreamingServer[PullAck, OutputSet]
+
+// Discovery_ServiceDesc is the grpc.ServiceDesc for Discovery service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Discovery_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "relaymesh.relay.v1.Discovery",
+	HandlerType: (*DiscoveryServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Push",
+			Handler:       _Discovery_Push_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Pull",
+			Handler:       _Discovery_Pull_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
+	Metadata: "relay/proto/relay.proto",
+}

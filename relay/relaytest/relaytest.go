@@ -60,6 +60,8 @@ type Server struct {
 	Srv       *relay.Server
 	Addr      string
 	Authority *ca.Authority
+	// RelayCA is the generated CA (root and issuing CA with their keys).
+	RelayCA   *ca.RelayCA
 	RootsPEM  []byte
 	Roots     *x509.CertPool
 	Registry  *relay.Registry
@@ -113,7 +115,7 @@ func New(t testing.TB, o Options) *Server {
 	require.NoError(t, err)
 	registry := relay.NewRegistry()
 	for _, c := range []string{"cluster-1", "cluster-2"} {
-		registry.Set(relay.Registration{Name: c, UID: c + "-uid", Created: time.Now().Add(-time.Hour)})
+		registry.Set(relay.Registration{Name: c, UID: c + "-uid"})
 	}
 	var shared *identity.SharedToken
 	if o.Shared != "" {
@@ -123,7 +125,7 @@ func New(t testing.TB, o Options) *Server {
 	srv, err := relay.NewServer(relay.ServerConfig{
 		TrustDomain: TrustDomain, Issuer: authority, Tokens: tokens, SharedToken: shared, Registry: registry,
 		ServerCertificate: serving.Certificate, Audit: auditLog, Logger: log, Metrics: metrics, MaxRecvBytes: o.MaxRecv,
-		BootstrapFailureBurst: o.FailureBurst, IssuanceSkew: o.Backdate,
+		BootstrapFailureBurst: o.FailureBurst,
 	})
 	require.NoError(t, err)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -135,7 +137,7 @@ func New(t testing.TB, o Options) *Server {
 		rootsPEM = append(rootsPEM, catest.CertsPEM(r)...)
 		pool.AddCert(r)
 	}
-	f := &Server{t: t, Srv: srv, Addr: lis.Addr().String(), Authority: authority, RootsPEM: rootsPEM, Roots: pool,
+	f := &Server{t: t, Srv: srv, Addr: lis.Addr().String(), Authority: authority, RelayCA: relayCA, RootsPEM: rootsPEM, Roots: pool,
 		Registry: registry, Tokens: tokens, Store: store, AuditPath: auditPath, Logs: logs, Metrics: reg}
 	t.Cleanup(func() {
 		srv.Stop()

@@ -57,10 +57,17 @@ func TestAgentTrust(t *testing.T) {
 	})
 
 	health := map[string]string{}
+	var tokens []string
 	for _, name := range []string{"cluster-1", "cluster-2"} {
 		out, err := Run(t, bin, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig, "--server-address", relayAddr)
 		require.NoError(t, err)
 		assert.Contains(t, out, "registered cluster "+name)
+		cs, err := env.Cluster(name).Clientset()
+		require.NoError(t, err)
+		tok, err := cs.CoreV1().Secrets("relaymesh").Get(ctx, "relay-identity-token-secret", metav1.GetOptions{})
+		require.NoError(t, err)
+		tokens = append(tokens, string(tok.Data["token"]))
+		assert.NotContains(t, out, string(tok.Data["token"]), "register never prints the token")
 		health[name] = Addr(t)
 		Start(t, bin, dir, "agent-"+name, "agent", "--kubeconfig", env.Cluster(name).Kubeconfig, "--health-listen", health[name], "--metrics-listen", Addr(t))
 	}
@@ -126,6 +133,15 @@ func TestAgentTrust(t *testing.T) {
 		return err == nil && n == 1, fmt.Sprint(n, err)
 	})
 	t.Logf("cluster-2's session closed %s after deregistration", time.Since(start).Round(time.Millisecond))
+	// The agent sees it too, and says why.
+	Eventually(t, 5*time.Second, "agent-2 to report the refusal", func() (bool, string) {
+		var st struct {
+			OK    bool   `json:"ok"`
+			Error string `json:"error"`
+		}
+		code, err := GetJSON("http://"+health["cluster-2"]+"/readyz", &st)
+		return err == nil && code == 503 && !st.OK && strings.Contains(st.Error, "re-register the cluster"), fmt.Sprintf("%d %v %+v", code, err, st)
+	})
 
 	// Its certificate is refused for renewal.
 	pair, err := tls.X509KeyPair(sec2.Data["tls.crt"], sec2.Data["tls.key"])
@@ -159,7 +175,85 @@ func TestAgentTrust(t *testing.T) {
 	for _, f := range []string{auditLog, server.LogPath(), filepath.Join(dir, "agent-cluster-1.log"), filepath.Join(dir, "agent-cluster-2.log")} {
 		b, err := os.ReadFile(f)
 		require.NoError(t, err)
-		assert.NotContains(t, string(b), "PRIVATE KEY")
-		assert.False(t, strings.Contains(string(b), string(sec2.Data["tls.key"])))
+		assert.NotContains(t, string(b), "PRIVATE KEY", f)
+		for _, tok := range tokens {
+			require.Len(t, tok, 60)
+			assert.NotContains(t, string(b), tok[17:], "%s holds a bootstrap token secret", f)
+		}
 	}
+}
+
+// TestProvidedCAAndReregistration runs the server with an enterprise CA
+// given as a Secret (root -> issuing intermediate), checks the agent's
+// certificate chains to the enterprise root, then deregisters and registers
+// the cluster again while the agent runs: the agent drops the refused
+// certificate, bootstraps with the new token and reconnects.
+func TestProvidedCAAndReregistration(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	bin, err := localcluster.BuildRelaymesh(dir)
+	require.NoError(t, err)
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"mgmt", "cluster-1"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	mgmt := env.Cluster("mgmt")
+	mgmtCS, err := mgmt.Clientset()
+	require.NoError(t, err)
+	_, err = mgmtCS.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	root := catest.NewRoot(t, catest.CAOptions{Name: "Example Corp Root"})
+	issuing := root.NewIntermediate(t, catest.CAOptions{Name: "Example Corp Relay CA", PathLenZero: true})
+	_, err = mgmtCS.CoreV1().Secrets("relaymesh").Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "enterprise-ca", Namespace: "relaymesh"},
+		Data:       map[string][]byte{"tls.crt": catest.CertsPEM(issuing.Cert), "tls.key": issuing.KeyPEM(t), "ca.crt": root.RootsPEM()},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	relayAddr, opsAddr, health := Addr(t), Addr(t), Addr(t)
+	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost", "--ca-secret", "enterprise-ca")
+	Eventually(t, 30*time.Second, "server ready", func() (bool, string) {
+		code, err := GetJSON("http://"+opsAddr+"/healthz", nil)
+		return err == nil && code == 200, fmt.Sprint(code, err)
+	})
+	register := func() {
+		_, err := Run(t, bin, "cluster", "register", "cluster-1", "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster("cluster-1").Kubeconfig, "--server-address", relayAddr)
+		require.NoError(t, err)
+	}
+	register()
+	Start(t, bin, dir, "agent", "agent", "--kubeconfig", env.Cluster("cluster-1").Kubeconfig, "--health-listen", health, "--metrics-listen", Addr(t))
+	serial := func() (string, bool) {
+		var st struct {
+			Status struct {
+				Credential struct{ Serial string }  `json:"credential"`
+				Session    struct{ Connected bool } `json:"session"`
+			} `json:"status"`
+		}
+		code, err := GetJSON("http://"+health+"/readyz", &st)
+		return st.Status.Credential.Serial, err == nil && code == 200 && st.Status.Session.Connected
+	}
+	var first string
+	Eventually(t, 30*time.Second, "agent connected", func() (bool, string) { s, ok := serial(); first = s; return ok, s })
+
+	cs, err := env.Cluster("cluster-1").Clientset()
+	require.NoError(t, err)
+	sec, err := cs.CoreV1().Secrets("relaymesh").Get(ctx, "relay-client-tls-secret", metav1.GetOptions{})
+	require.NoError(t, err)
+	pair, err := tls.X509KeyPair(sec.Data["tls.crt"], sec.Data["tls.key"])
+	require.NoError(t, err)
+	inter := x509.NewCertPool()
+	inter.AddCert(issuing.Cert)
+	roots := x509.NewCertPool()
+	roots.AddCert(root.Cert)
+	_, err = pair.Leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	require.NoError(t, err, "the agent certificate chains to the enterprise root")
+	assert.Equal(t, "Example Corp Relay CA", pair.Leaf.Issuer.CommonName)
+
+	_, err = Run(t, bin, "cluster", "deregister", "cluster-1", "--mgmt-kubeconfig", mgmt.Kubeconfig)
+	require.NoError(t, err)
+	register()
+	Eventually(t, 30*time.Second, "agent re-bootstrapped and reconnected", func() (bool, string) {
+		s, ok := serial()
+		return ok && s != first, s
+	})
 }
