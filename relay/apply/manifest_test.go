@@ -1,0 +1,179 @@
+package apply
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+)
+
+func testRules() rules {
+	r := rules{kinds: map[schema.GroupVersionKind]bool{}, groupKinds: map[schema.GroupKind]bool{}, maxBytes: 1024, owner: "me"}
+	for _, k := range DefaultKinds {
+		r.kinds[k] = true
+		r.groupKinds[k.GroupKind()] = true
+	}
+	return r
+}
+
+func TestCheckManifest(t *testing.T) {
+	const vs = `{"apiVersion":"networking.istio.io/v1","kind":"VirtualService","metadata":{"name":"a","namespace":"ns"%s},"spec":{"hosts":["a"]}%s}`
+	ok := func(meta, top string) string {
+		return strings.Replace(strings.Replace(vs, "%s", meta, 1), "%s", top, 1)
+	}
+	tests := []struct {
+		name     string
+		manifest string
+		parents  []string
+		state    identityState
+		problems []string
+	}{
+		{name: "valid", manifest: ok("", ""), state: identityKnown},
+		{name: "null creationTimestamp", manifest: ok(`,"creationTimestamp":null`, ""), state: identityKnown},
+		{name: "set creationTimestamp", manifest: ok(`,"creationTimestamp":"2020-01-01T00:00:00Z"`, ""), state: identityKnown,
+			problems: []string{"metadata.creationTimestamp is not allowed"}},
+		{name: "every forbidden metadata field, sorted", manifest: ok(`,"uid":"u","finalizers":["f"],"ownerReferences":[],"generateName":"g","managedFields":[],"deletionTimestamp":null`, ""), state: identityKnown,
+			problems: []string{"metadata.deletionTimestamp is not allowed", "metadata.finalizers is not allowed", "metadata.generateName is not allowed",
+				"metadata.managedFields is not allowed", "metadata.ownerReferences is not allowed", "metadata.uid is not allowed"}},
+		{name: "annotations not an object", manifest: ok(`,"annotations":"x"`, ""), state: identityKnown, problems: []string{"metadata.annotations: must be an object of strings"}},
+		{name: "status", manifest: ok("", `,"status":{}`), state: identityKnown, problems: []string{"status is not allowed (the agent applies desired state only)"}},
+		{name: "kind not allowed", manifest: `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"a","namespace":"ns"}}`, state: identityIrrelevant,
+			problems: []string{"kind Secret (v1) is not managed by the agent"}},
+		{name: "bad apiVersion", manifest: `{"apiVersion":"a/b/c","kind":"VirtualService","metadata":{"name":"a","namespace":"ns"}}`, state: identityIrrelevant,
+			problems: []string{`apiVersion "a/b/c" is not a group/version`}},
+		{name: "kind not a string", manifest: `{"apiVersion":"v1","kind":1,"metadata":{"name":"a","namespace":"ns"}}`, state: identityUnknown,
+			problems: []string{"kind: required string"}},
+		{name: "allowed kind without name", manifest: `{"apiVersion":"networking.istio.io/v1","kind":"Gateway","metadata":{"namespace":"ns"}}`, state: identityUnknown,
+			problems: []string{"metadata.name: required string"}},
+		{name: "other version of an allowed kind still names it", manifest: `{"apiVersion":"networking.istio.io/v1alpha3","kind":"Gateway","metadata":{"name":"a","namespace":"ns"}}`, state: identityKnown,
+			problems: []string{"kind Gateway (networking.istio.io/v1alpha3) is not managed by the agent"}},
+		{name: "namespace not a label", manifest: `{"apiVersion":"networking.istio.io/v1","kind":"Gateway","metadata":{"name":"a","namespace":"a.b"}}`, state: identityKnown,
+			problems: []string{"metadata.namespace: must not contain dots"}},
+		{name: "null", manifest: `null`, state: identityUnknown, problems: []string{"manifest is not a JSON object"}},
+		{name: "trailing data", manifest: ok("", "") + `{}`, state: identityUnknown, problems: []string{"manifest is not valid JSON"}},
+		{name: "too large", manifest: ok(`,"labels":{"x":"`+strings.Repeat("y", 1024)+`"}`, ""), state: identityUnknown, problems: []string{"manifest is 11"}},
+		{name: "parents", manifest: ok("", ""), parents: []string{"A/ns/n", "a/b", "1A/ns/n", "A/NS/n", "A/ns/N"}, state: identityKnown,
+			problems: []string{"parents[1]: must be <Kind>/<namespace>/<name>", "parents[2]: kind must be alphanumeric", "parents[3]: namespace:", "and 1 more bad parents"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := checkManifest(testRules(), []byte(tt.manifest), tt.parents)
+			assert.Equal(t, tt.state, m.state)
+			require.Len(t, m.problems, len(tt.problems), "%q", m.problems)
+			for i, p := range tt.problems {
+				assert.Contains(t, m.problems[i], p)
+			}
+			if len(tt.problems) > 0 {
+				assert.Nil(t, m.obj)
+				return
+			}
+			require.NotNil(t, m.obj)
+			assert.Equal(t, map[string]string{OwnerLabel: "me"}, m.obj.GetLabels())
+			assert.Equal(t, objectKey{group: "networking.istio.io", kind: "VirtualService", namespace: "ns", name: "a"}, m.key)
+		})
+	}
+}
+
+func TestCheckManifestRewritesMetadata(t *testing.T) {
+	raw := `{"apiVersion":"networking.istio.io/v1","kind":"VirtualService",
+		"metadata":{"name":"a","namespace":"ns","creationTimestamp":null,
+			"labels":{"app":"x","relaymesh.io/owner":"someone-else"},
+			"annotations":{"relaymesh.io/parents":"Forged/ns/x","note":"kept"}},
+		"spec":{"hosts":["a"],"big":12345678901234567}}`
+	m := checkManifest(testRules(), []byte(raw), []string{"B/ns/b", "A/ns/a", "B/ns/b"})
+	require.Empty(t, m.problems)
+	got, err := json.Marshal(m.obj.Object)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"apiVersion":"networking.istio.io/v1","kind":"VirtualService",
+		"metadata":{"name":"a","namespace":"ns",
+			"labels":{"app":"x","relaymesh.io/owner":"me"},
+			"annotations":{"relaymesh.io/parents":"A/ns/a,B/ns/b","note":"kept"}},
+		"spec":{"hosts":["a"],"big":12345678901234567}}`, string(got), "owner and parents are the agent's; integers keep their precision")
+}
+
+func TestConfigValidate(t *testing.T) {
+	dyn := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
+	mapper := meta.NewDefaultRESTMapper(nil)
+	valid := Config{Dynamic: dyn, Mapper: mapper, Owner: "relaymesh-agent"}.Default()
+	tests := []struct {
+		name    string
+		edit    func(*Config)
+		wantErr []string
+	}{
+		{name: "defaults are valid", edit: func(*Config) {}},
+		{name: "missing clients and owner", edit: func(c *Config) { c.Dynamic, c.Mapper, c.Owner = nil, nil, "" },
+			wantErr: []string{"dynamic: required", "mapper: required", "owner: required"}},
+		{name: "owner not a label value", edit: func(c *Config) { c.Owner = "relaymesh agent" }, wantErr: []string{`owner: "relaymesh agent" is not a label value`}},
+		{name: "no kinds", edit: func(c *Config) { c.Kinds = nil }, wantErr: []string{"kinds: at least one kind is required"}},
+		{name: "two versions of one kind", edit: func(c *Config) {
+			c.Kinds = append(c.Kinds, schema.GroupVersionKind{Group: "networking.istio.io", Version: "v1beta1", Kind: "VirtualService"})
+		}, wantErr: []string{"kinds[6]: VirtualService.networking.istio.io is listed twice (kinds[0])"}},
+		{name: "kind without version", edit: func(c *Config) { c.Kinds = []schema.GroupVersionKind{{Kind: "X"}} }, wantErr: []string{"kinds[0]: version and kind are required"}},
+		{name: "limits", edit: func(c *Config) { c.MaxObjectBytes, c.MaxObjects = -1, 1<<30 },
+			wantErr: []string{"maxObjectBytes: -1 is outside", "maxObjects: 1073741824 is outside"}},
+		{name: "no logger", edit: func(c *Config) { c.Logger = nil }, wantErr: []string{"logger: required"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := valid
+			c.Kinds = append([]schema.GroupVersionKind(nil), valid.Kinds...)
+			tt.edit(&c)
+			err := c.Validate()
+			if len(tt.wantErr) == 0 {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			for _, w := range tt.wantErr {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+	_, err := New(Config{Dynamic: dyn, Mapper: mapper})
+	assert.ErrorContains(t, err, "apply: invalid config: owner: required")
+}
+
+// FuzzCheckManifest checks that no manifest makes the checker panic, and
+// that whatever it accepts is an allowed, namespaced, owner-labelled object
+// with no lifecycle metadata.
+func FuzzCheckManifest(f *testing.F) {
+	f.Add([]byte(`{"apiVersion":"networking.istio.io/v1","kind":"VirtualService","metadata":{"name":"a","namespace":"ns","labels":{"relaymesh.io/owner":"x"}},"spec":{}}`), "A/ns/a")
+	f.Add([]byte(`{"apiVersion":"v1","kind":"Secret","metadata":{"name":"a","namespace":"ns","finalizers":["x"]}}`), "")
+	f.Add([]byte(`{"apiVersion":"networking.istio.io/v1","kind":"Gateway","metadata":{"name":"a","namespace":"ns","ownerReferences":[]},"status":{}}`), "x,y")
+	f.Add([]byte(`[1,2,3]`), "A/b/c")
+	r := testRules()
+	f.Fuzz(func(t *testing.T, raw []byte, parent string) {
+		m := checkManifest(r, raw, []string{parent})
+		if m.obj == nil {
+			if len(m.problems) == 0 {
+				t.Fatal("refused without a reason")
+			}
+			return
+		}
+		if len(m.problems) > 0 || m.state != identityKnown {
+			t.Fatalf("accepted with problems %q, state %v", m.problems, m.state)
+		}
+		gvk := m.obj.GroupVersionKind()
+		if !r.kinds[gvk] || m.obj.GetNamespace() == "" || m.obj.GetName() == "" {
+			t.Fatalf("accepted %v %s/%s", gvk, m.obj.GetNamespace(), m.obj.GetName())
+		}
+		if m.obj.GetLabels()[OwnerLabel] != r.owner || m.obj.GetAnnotations()[ParentsAnnotation] != parent {
+			t.Fatal("owner label or parents annotation not set")
+		}
+		md := m.obj.Object["metadata"].(map[string]any)
+		for k := range md {
+			if !allowedMetadata[k] {
+				t.Fatalf("accepted metadata.%s", k)
+			}
+		}
+		if _, err := json.Marshal(m.obj.Object); err != nil {
+			t.Fatalf("accepted object does not encode: %v", err)
+		}
+	})
+}
