@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -29,11 +31,28 @@ type SessionConfig struct {
 	PingInterval time.Duration
 	// Retry bounds reconnect backoff; default 1s..30s with jitter.
 	Retry backoff.Policy
+	// Snapshots, if set, are pushed to the server (Discovery.Push) on every
+	// change of their hash and once per connection.
+	Snapshots SnapshotSource
+	// Applier, if set, applies the output sets the server sends
+	// (Discovery.Pull) and the session acks them.
+	Applier OutputApplier
 	// OnRefused is called when the server refuses the agent's certificate
 	// (PermissionDenied or Unauthenticated), so the credential manager can
 	// drop it; optional.
 	OnRefused func(error)
 	Logger    *slog.Logger
+}
+
+// SnapshotSource is the agent's discovery.
+type SnapshotSource interface {
+	Snapshot() (*relaypb.Snapshot, error)
+	Changes() <-chan struct{}
+}
+
+// OutputApplier makes the cluster match an output set.
+type OutputApplier interface {
+	Apply(ctx context.Context, set *relaypb.OutputSet) ([]*relaypb.ObjectResult, error)
 }
 
 // SessionState is what the agent knows about its session.
@@ -44,6 +63,14 @@ type SessionState struct {
 	Since      time.Time `json:"since,omitzero"`
 	Reconnects int64     `json:"reconnects"`
 	LastError  string    `json:"lastError,omitempty"`
+	// PushedHash is the hash of the last snapshot the server accepted;
+	// PushError why the last one was refused.
+	PushedHash string `json:"pushedHash,omitempty"`
+	PushError  string `json:"pushError,omitempty"`
+	// AppliedVersion is the last output version applied; Outcomes counts
+	// its per-object results.
+	AppliedVersion uint64         `json:"appliedVersion,omitempty"`
+	Outcomes       map[string]int `json:"outcomes,omitempty"`
 }
 
 // Session keeps one relay session open, reconnecting with backoff.
@@ -142,11 +169,13 @@ func (s *Session) once(ctx context.Context) error {
 		return errors.New("server did not answer Hello with Welcome")
 	}
 	s.mu.Lock()
-	s.state = SessionState{Connected: true, Cluster: w.GetCluster(), SPIFFEID: w.GetSpiffeId(), Since: time.Now()}
+	prev := s.state
+	s.state = SessionState{Connected: true, Cluster: w.GetCluster(), SPIFFEID: w.GetSpiffeId(), Since: time.Now(),
+		AppliedVersion: prev.AppliedVersion, Outcomes: prev.Outcomes}
 	s.mu.Unlock()
 	s.log.Info("relay session open", "cluster", w.GetCluster(), "spiffe_id", w.GetSpiffeId())
 
-	errc := make(chan error, 1)
+	errc := make(chan error, 3)
 	go func() {
 		for {
 			if _, err := stream.Recv(); err != nil {
@@ -155,6 +184,13 @@ func (s *Session) once(ctx context.Context) error {
 			}
 		}
 	}()
+	disc := relaypb.NewDiscoveryClient(conn)
+	if s.cfg.Snapshots != nil {
+		go func() { errc <- s.push(ctx, disc) }()
+	}
+	if s.cfg.Applier != nil {
+		go func() { errc <- s.pull(ctx, disc) }()
+	}
 	tick := time.NewTicker(s.cfg.PingInterval)
 	defer tick.Stop()
 	var nonce int64
@@ -169,6 +205,106 @@ func (s *Session) once(ctx context.Context) error {
 			if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Ping{Ping: &relaypb.Ping{Nonce: nonce}}}); err != nil {
 				return err
 			}
+		}
+	}
+}
+
+// push sends the current snapshot at once (every connection starts the
+// server's view afresh) and then each time its hash changes.
+func (s *Session) push(ctx context.Context, c relaypb.DiscoveryClient) error {
+	stream, err := c.Push(ctx)
+	if err != nil {
+		return err
+	}
+	acks := make(chan *relaypb.PushAck)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			ack, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case acks <- ack:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var sent string
+	sendIfChanged := func() error {
+		snap, err := s.cfg.Snapshots.Snapshot()
+		if err != nil {
+			return fmt.Errorf("build snapshot: %w", err)
+		}
+		if snap.GetHash() == sent {
+			return nil
+		}
+		if err := stream.Send(snap); err != nil {
+			if errors.Is(err, io.EOF) {
+				// The server ended the stream; its status says why.
+				_, err = stream.Recv()
+			}
+			return fmt.Errorf("push stream: %w", err)
+		}
+		sent = snap.GetHash()
+		return nil
+	}
+	if err := sendIfChanged(); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-recvErr:
+			return fmt.Errorf("push stream: %w", err)
+		case <-s.cfg.Snapshots.Changes():
+			if err := sendIfChanged(); err != nil {
+				return err
+			}
+		case ack := <-acks:
+			s.mu.Lock()
+			if ack.GetAccepted() {
+				s.state.PushedHash, s.state.PushError = ack.GetHash(), ""
+			} else {
+				s.state.PushError = ack.GetError()
+			}
+			s.mu.Unlock()
+			if !ack.GetAccepted() {
+				s.log.Warn("server refused a snapshot", "error", ack.GetError())
+			}
+		}
+	}
+}
+
+// pull applies every output set the server sends and acks it.
+func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient) error {
+	stream, err := c.Pull(ctx)
+	if err != nil {
+		return err
+	}
+	for {
+		set, err := stream.Recv()
+		if err != nil {
+			return fmt.Errorf("pull stream: %w", err)
+		}
+		results, err := s.cfg.Applier.Apply(ctx, set)
+		if err != nil {
+			results = []*relaypb.ObjectResult{{Outcome: "error", Error: "whole set refused: " + err.Error()}}
+			s.log.Error("output set refused", "version", set.GetVersion(), "error", err)
+		}
+		outcomes := map[string]int{}
+		for _, r := range results {
+			outcomes[r.GetOutcome()]++
+		}
+		s.mu.Lock()
+		s.state.AppliedVersion, s.state.Outcomes = set.GetVersion(), outcomes
+		s.mu.Unlock()
+		s.log.Info("output set applied", "version", set.GetVersion(), "objects", len(set.GetObjects()), "outcomes", fmt.Sprint(outcomes))
+		if err := stream.Send(&relaypb.PullAck{Version: set.GetVersion(), Results: results}); err != nil {
+			return err
 		}
 	}
 }

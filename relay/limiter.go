@@ -25,9 +25,13 @@ type failureLimiter struct {
 	now   func() time.Time
 }
 
+// peerLimit is a token bucket: tokens refill at limit per second up to burst.
+// (rate.Limiter cannot refund an immediate reservation after the fact,
+// which begin/done needs.)
 type peerLimit struct {
-	lim  *rate.Limiter
-	seen time.Time
+	tokens float64
+	last   time.Time
+	seen   time.Time
 }
 
 func newFailureLimiter(perMinute float64, burst, maxPeers int, now func() time.Time) *failureLimiter {
@@ -60,21 +64,25 @@ func (f *failureLimiter) begin(peer string) (done func(success bool), ok bool) {
 		if len(f.peers) >= f.max {
 			f.evictOldest()
 		}
-		p = &peerLimit{lim: rate.NewLimiter(f.limit, f.burst)}
+		p = &peerLimit{tokens: float64(f.burst), last: now}
 		f.peers[key] = p
 	}
 	p.seen = now
-	r := p.lim.ReserveN(now, 1)
-	if !r.OK() || r.DelayFrom(now) > 0 {
-		r.CancelAt(now)
+	p.tokens = min(float64(f.burst), p.tokens+now.Sub(p.last).Seconds()*float64(f.limit))
+	p.last = now
+	if p.tokens < 1 {
 		return nil, false
 	}
+	p.tokens--
+	var once sync.Once
 	return func(success bool) {
-		if success {
-			f.mu.Lock()
-			r.CancelAt(f.now())
-			f.mu.Unlock()
-		}
+		once.Do(func() {
+			if success {
+				f.mu.Lock()
+				p.tokens = min(float64(f.burst), p.tokens+1)
+				f.mu.Unlock()
+			}
+		})
 	}, true
 }
 

@@ -11,6 +11,13 @@ const (
 	MetricConnectedAgents   = "relaymesh_relay_connected_agents"
 	MetricAgentCertExpiry   = "relaymesh_agent_certificate_expiry_timestamp_seconds"
 	MetricRefusedCalls      = "relaymesh_relay_refused_calls_total"
+	MetricPushClients       = "relay_push_clients_connected"
+	MetricPullClients       = "relay_pull_clients_connected"
+	MetricSnapshotBytes     = "relaymesh_snapshot_bytes"
+	MetricSnapshotObjects   = "relaymesh_snapshot_objects"
+	MetricSnapshotAccepted  = "relaymesh_snapshot_accepted_timestamp_seconds"
+	MetricSnapshotsRefused  = "relaymesh_snapshots_refused_total"
+	MetricApplyResults      = "relaymesh_apply_results_total"
 )
 
 // Metrics are the relay server's Prometheus metrics, on the server's own
@@ -21,6 +28,13 @@ type Metrics struct {
 	connected         prometheus.Gauge
 	certExpiry        *prometheus.GaugeVec
 	refused           *prometheus.CounterVec
+	pushClients       prometheus.Gauge
+	pullClients       prometheus.Gauge
+	snapshotBytes     prometheus.Histogram
+	snapshotObjects   *prometheus.GaugeVec
+	snapshotAccepted  *prometheus.GaugeVec
+	snapshotsRefused  *prometheus.CounterVec
+	applyResults      *prometheus.CounterVec
 }
 
 // NewMetrics registers the relay metrics with reg.
@@ -46,8 +60,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: MetricRefusedCalls,
 			Help: "Authenticated-method calls refused, by reason (no_certificate, foreign_issuer, not_agent_id, unregistered, stale_registration, rate_limited).",
 		}, []string{"reason"}),
+		pushClients:      prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricPushClients, Help: "Open snapshot (Push) streams."}),
+		pullClients:      prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricPullClients, Help: "Open output (Pull) streams."}),
+		snapshotBytes:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: MetricSnapshotBytes, Help: "Size of accepted snapshots in bytes.", Buckets: prometheus.ExponentialBuckets(1024, 4, 8)}),
+		snapshotObjects:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSnapshotObjects, Help: "Meshes, workloads and destinations in each cluster's last accepted snapshot."}, []string{"cluster"}),
+		snapshotAccepted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSnapshotAccepted, Help: "When each cluster's last snapshot was accepted (Unix seconds); its age is time() minus this."}, []string{"cluster"}),
+		snapshotsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricSnapshotsRefused, Help: "Snapshots refused, by reason (invalid, rate_limited)."}, []string{"reason"}),
+		applyResults:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricApplyResults, Help: "Per-object results agents acked, by cluster and outcome (applied, unchanged, pruned, conflict, error)."}, []string{"cluster", "outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.issued, m.bootstrapFailures, m.connected, m.certExpiry, m.refused} {
+	for _, c := range []prometheus.Collector{m.issued, m.bootstrapFailures, m.connected, m.certExpiry, m.refused,
+		m.pushClients, m.pullClients, m.snapshotBytes, m.snapshotObjects, m.snapshotAccepted, m.snapshotsRefused, m.applyResults} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

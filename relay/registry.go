@@ -17,6 +17,7 @@ type Registry struct {
 	mu        sync.RWMutex
 	clusters  map[string]Registration
 	listeners []func(name string)
+	onSet     []func(name string)
 }
 
 // NewRegistry returns an empty registry.
@@ -38,13 +39,27 @@ func (r *Registry) Set(reg Registration) {
 	r.mu.Lock()
 	old, had := r.clusters[reg.Name]
 	r.clusters[reg.Name] = reg
-	listeners := r.listeners
+	listeners, onSet := r.listeners, r.onSet
 	r.mu.Unlock()
-	if had && old.UID != reg.UID {
+	if had && old.UID == reg.UID {
+		return
+	}
+	if had {
 		for _, f := range listeners {
 			f(reg.Name)
 		}
 	}
+	for _, f := range onSet {
+		f(reg.Name)
+	}
+}
+
+// OnRegister registers f to be called (synchronously) with the name of
+// every cluster that is registered or registered again.
+func (r *Registry) OnRegister(f func(name string)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.onSet = append(r.onSet, f)
 }
 
 // Remove deregisters a cluster and notifies listeners.

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // Issuer is what the relay needs from the certificate authority.
@@ -77,8 +78,11 @@ type ServerConfig struct {
 	// 6/min, burst 5.
 	BootstrapFailuresPerMinute float64
 	BootstrapFailureBurst      int
-	// MaxRecvBytes bounds one request; default 64 KiB.
+	// MaxRecvBytes bounds one identity request; default 64 KiB.
 	MaxRecvBytes int
+	// DataPath enables the Discovery service (snapshots up, outputs down);
+	// nil leaves it off.
+	DataPath *DataPathConfig
 }
 
 func (c *ServerConfig) defaults() {
@@ -149,6 +153,9 @@ type Server struct {
 
 type session struct {
 	cancel context.CancelCauseFunc
+	// counted sessions (Connect) make a cluster "connected"; Push and Pull
+	// streams are tracked only so revocation ends them.
+	counted bool
 }
 
 // errRevoked ends the sessions of a deregistered cluster.
@@ -175,9 +182,26 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, errors.New("relay server config: issuer has no CA chain")
 	}
 	s.issuingCA = chain[0]
+	// The transport admits the largest message any method takes; each
+	// unary method is held to MaxRecvBytes by the interceptor, snapshots to
+	// their own limit.
+	maxMsg := cfg.MaxRecvBytes
+	if dp := cfg.DataPath; dp != nil {
+		dp.Limits = dp.Limits.withDefaults()
+		if dp.SnapshotsPerSecond == 0 {
+			dp.SnapshotsPerSecond = 2
+		}
+		if dp.SnapshotBurst == 0 {
+			dp.SnapshotBurst = 10
+		}
+		if dp.View == nil || dp.Outputs == nil {
+			return nil, errors.New("relay server config: dataPath needs view and outputs")
+		}
+		maxMsg = max(maxMsg, dp.Limits.MaxBytes)
+	}
 	s.grpc = grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(s.tlsConfig())),
-		grpc.MaxRecvMsgSize(cfg.MaxRecvBytes),
+		grpc.MaxRecvMsgSize(maxMsg),
 		grpc.MaxHeaderListSize(64<<10),
 		grpc.MaxConcurrentStreams(64),
 		grpc.UnaryInterceptor(s.unaryAuth),
@@ -189,6 +213,14 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	)
 	relaypb.RegisterIdentityServer(s.grpc, s)
 	relaypb.RegisterRelayServer(s.grpc, s)
+	if cfg.DataPath != nil {
+		relaypb.RegisterDiscoveryServer(s.grpc, &discoveryService{s: s, cfg: *cfg.DataPath})
+		cfg.Registry.OnRevoke(func(cluster string) {
+			if _, ok := cfg.Registry.Lookup(cluster); !ok {
+				cfg.DataPath.View.Remove(cluster)
+			}
+		})
+	}
 	return s, nil
 }
 
@@ -222,6 +254,9 @@ const methodBootstrap = "/relaymesh.relay.v1.Identity/Bootstrap"
 
 // unaryAuth authenticates every unary call but Bootstrap.
 func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if m, ok := req.(proto.Message); ok && proto.Size(m) > s.cfg.MaxRecvBytes {
+		return nil, status.Errorf(codes.ResourceExhausted, "request of %d bytes exceeds the limit of %d", proto.Size(m), s.cfg.MaxRecvBytes)
+	}
 	if info.FullMethod == methodBootstrap {
 		return handler(ctx, req)
 	}
@@ -282,7 +317,7 @@ var errThrottled = status.Error(codes.ResourceExhausted, "too many refused calls
 // relay certificate that is no longer acceptable are audited.
 func (s *Server) authenticate(ctx context.Context, method string) (*agent, error) {
 	ip := peerIP(ctx)
-	done, ok := s.limiter.begin(ip)
+	done, ok := s.limiter.begin(budgetKey(ctx, ip))
 	if !ok {
 		s.cfg.Metrics.refused.WithLabelValues("rate_limited").Inc()
 		return nil, errThrottled
@@ -301,6 +336,19 @@ func (s *Server) authenticate(ctx context.Context, method string) (*agent, error
 	s.record(audit.Event{Type: audit.CertDeny, Result: audit.ResultFailure, Cluster: a.cluster, Subject: a.id.String(),
 		Serial: fmt.Sprintf("%x", a.cert.SerialNumber), Peer: ip, Reason: reason, Details: map[string]string{"method": method}})
 	return nil, err
+}
+
+// budgetKey is whose budget a call spends: a caller with a verified
+// certificate spends that certificate's (so an agent whose certificate was
+// revoked, retrying behind the same NAT as healthy agents, exhausts only its
+// own budget); a caller without one spends its address's.
+func budgetKey(ctx context.Context, ip string) string {
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.VerifiedChains) > 0 && len(info.State.VerifiedChains[0]) > 0 {
+			return "certificate:" + fmt.Sprintf("%x", info.State.VerifiedChains[0][0].SerialNumber)
+		}
+	}
+	return ip
 }
 
 // verifyPeer checks the TLS-verified chain: issued by the relay's issuing
@@ -525,7 +573,7 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 	}
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
-	sess, ok := s.addSession(a, cancel)
+	sess, ok := s.addSession(a, cancel, true)
 	if !ok {
 		return status.Error(codes.PermissionDenied, "cluster is not registered")
 	}
@@ -593,7 +641,7 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 // addSession records a session of a's cluster, unless its registration
 // ended (or changed) since a was authenticated. Checked under the same lock
 // revoke takes, so no session of a revoked registration survives.
-func (s *Server) addSession(a *agent, cancel context.CancelCauseFunc) (*session, bool) {
+func (s *Server) addSession(a *agent, cancel context.CancelCauseFunc, counted bool) (*session, bool) {
 	s.mu.Lock()
 	if reg, ok := s.cfg.Registry.Lookup(a.cluster); !ok || reg.UID != a.registration {
 		s.mu.Unlock()
@@ -604,15 +652,27 @@ func (s *Server) addSession(a *agent, cancel context.CancelCauseFunc) (*session,
 		set = map[*session]struct{}{}
 		s.sessions[a.cluster] = set
 	}
-	sess := &session{cancel: cancel}
+	sess := &session{cancel: cancel, counted: counted}
 	set[sess] = struct{}{}
-	first := len(set) == 1
+	first := counted && s.countedLocked(a.cluster) == 1
 	s.mu.Unlock()
-	s.cfg.Metrics.connected.Inc()
+	if counted {
+		s.cfg.Metrics.connected.Inc()
+	}
 	if first && s.cfg.Status != nil {
 		s.cfg.Status.SessionChanged(a.cluster, true)
 	}
 	return sess, true
+}
+
+func (s *Server) countedLocked(cluster string) int {
+	n := 0
+	for sess := range s.sessions[cluster] {
+		if sess.counted {
+			n++
+		}
+	}
+	return n
 }
 
 func (s *Server) removeSession(cluster string, sess *session) {
@@ -620,12 +680,12 @@ func (s *Server) removeSession(cluster string, sess *session) {
 	set := s.sessions[cluster]
 	_, had := set[sess]
 	delete(set, sess)
-	last := had && len(set) == 0
+	last := had && sess.counted && s.countedLocked(cluster) == 0
 	if len(set) == 0 {
 		delete(s.sessions, cluster)
 	}
 	s.mu.Unlock()
-	if had {
+	if had && sess.counted {
 		s.cfg.Metrics.connected.Dec()
 	}
 	if last && s.cfg.Status != nil {
@@ -643,13 +703,15 @@ func (s *Server) revoke(cluster string) {
 	}
 	s.mu.Unlock()
 	s.cfg.Metrics.certExpiry.DeleteLabelValues(cluster)
+	s.cfg.Metrics.snapshotObjects.DeleteLabelValues(cluster)
+	s.cfg.Metrics.snapshotAccepted.DeleteLabelValues(cluster)
 	s.log.Info("cluster revoked", "cluster", cluster, "sessions_ended", ended)
 	s.record(audit.Event{Type: audit.ClusterRevoke, Result: audit.ResultSuccess, Cluster: cluster, Details: map[string]string{"sessions_ended": fmt.Sprint(ended)}})
 }
 
-// Sessions returns how many sessions cluster holds.
+// Sessions returns how many relay sessions (Connect) cluster holds.
 func (s *Server) Sessions(cluster string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.sessions[cluster])
+	return s.countedLocked(cluster)
 }

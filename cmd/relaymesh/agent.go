@@ -1,6 +1,10 @@
 package main
 
 import (
+	"log/slog"
+	"os"
+	"sync/atomic"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +13,14 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/relaymesh/relaymesh/discovery"
+	"github.com/relaymesh/relaymesh/relay/apply"
+	discoveryclient "k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -38,7 +50,9 @@ const (
 const agentConfigMap = "relaymesh-agent-config"
 
 func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var kubeconfig, namespace, cluster, serverAddr, serverName, healthListen, metricsListen, logLevel string
+	var kubeconfig, namespace, cluster, serverAddr, serverName, healthListen, metricsListen, logLevel, leaseName, identityName string
+	var leaderElect bool
+	var leaseDuration, renewDeadline, retryPeriod time.Duration
 	fs := newFlags("agent [flags]", agentSynopsis, stderr)
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "workload cluster kubeconfig (default: in-cluster service account)")
 	fs.StringVar(&namespace, "namespace", "relaymesh", "namespace of the agent's secrets")
@@ -48,8 +62,17 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&healthListen, "health-listen", ":9988", "health address (/healthz, /readyz with JSON status)")
 	fs.StringVar(&metricsListen, "metrics-listen", ":9977", "metrics address (/metrics)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&leaderElect, "leader-elect", true, "run as one of several replicas: only the holder of the Lease --lease-name talks to the server and applies")
+	fs.StringVar(&leaseName, "lease-name", "relaymesh-agent", "name of the leader-election Lease in --namespace")
+	fs.StringVar(&identityName, "identity", "", "this replica's leader-election identity (default: hostname and a random suffix)")
+	fs.DurationVar(&leaseDuration, "leader-lease-duration", 15*time.Second, "how long a lease lasts without renewal (a standby takes over after it)")
+	fs.DurationVar(&renewDeadline, "leader-renew-deadline", 10*time.Second, "how long the leader retries renewing before it gives up")
+	fs.DurationVar(&retryPeriod, "leader-retry-period", 2*time.Second, "how often candidates try to acquire or renew the lease")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
+	}
+	if leaderElect && !(retryPeriod > 0 && retryPeriod < renewDeadline && renewDeadline < leaseDuration) {
+		return errors.New("leader election needs 0 < --leader-retry-period < --leader-renew-deadline < --leader-lease-duration")
 	}
 	log, err := newLogger(stderr, logLevel)
 	if err != nil {
@@ -87,10 +110,24 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	session, err := relay.NewSession(relay.SessionConfig{ServerAddress: serverAddr, TLS: creds.ClientTLS, Version: version(), Logger: log, OnRefused: creds.Refused})
+	disc, err := discovery.New(discovery.Config{Client: kube.typed, Cluster: cluster, Logger: log})
 	if err != nil {
 		return err
 	}
+	dc, err := discoveryclient.NewDiscoveryClientForConfig(kube.config)
+	if err != nil {
+		return err
+	}
+	applier, err := apply.New(apply.Config{Dynamic: kube.dynamic, Mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), Owner: "relaymesh-agent", Logger: log})
+	if err != nil {
+		return err
+	}
+	session, err := relay.NewSession(relay.SessionConfig{ServerAddress: serverAddr, TLS: creds.ClientTLS, Version: version(), Logger: log,
+		OnRefused: creds.Refused, Snapshots: disc, Applier: applier})
+	if err != nil {
+		return err
+	}
+	var leading atomic.Bool
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -110,10 +147,13 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}))
 	status := func() (any, error) {
 		st := struct {
+			Leader     bool               `json:"leader"`
 			Credential identity.Status    `json:"credential"`
 			Session    relay.SessionState `json:"session"`
-		}{creds.Status(), session.State()}
+		}{leading.Load() || !leaderElect, creds.Status(), session.State()}
 		switch {
+		case !st.Leader:
+			return st, nil // a healthy standby
 		case !st.Credential.Ready:
 			return st, errors.New(st.Credential.Message)
 		case !st.Session.Connected:
@@ -141,17 +181,81 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		defer srv.Close()
 	}
 
-	log.Info("relay agent starting", "server", serverAddr, "namespace", namespace)
-	go func() { _ = creds.Run(ctx) }()
-	select {
-	case <-ctx.Done():
+	log.Info("relay agent starting", "server", serverAddr, "namespace", namespace, "leader_elect", leaderElect)
+	work := func(ctx context.Context) error {
+		leading.Store(true)
+		go func() { _ = creds.Run(ctx) }()
+		go func() { _ = disc.Run(ctx) }()
+		for _, ready := range []<-chan struct{}{creds.Ready(), disc.Synced()} {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-ready:
+			}
+		}
+		if err := session.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
 		return nil
-	case <-creds.Ready():
 	}
-	if err := session.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	if !leaderElect {
+		log.Warn("leader election is off: run exactly one agent replica per cluster")
+		return work(ctx)
+	}
+	if identityName == "" {
+		host, _ := os.Hostname()
+		identityName = fmt.Sprintf("%s-%d", host, time.Now().UnixNano()%100000)
+	}
+	return leadAndWork(ctx, kube, namespace, leaseName, identityName, leaseDuration, renewDeadline, retryPeriod, log, work)
+}
+
+// leadAndWork runs work while this replica holds the Lease. Losing the lease
+// ends the process's work (it exits with an error, and its supervisor
+// restarts it as a standby), so two replicas never apply at once.
+func leadAndWork(ctx context.Context, kube *kubeClients, namespace, lease, id string, leaseDuration, renewDeadline, retryPeriod time.Duration, log *slog.Logger, work func(context.Context) error) error {
+	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, namespace, lease, kube.typed.CoreV1(), kube.typed.CoordinationV1(),
+		resourcelock.ResourceLockConfig{Identity: id})
+	if err != nil {
 		return err
 	}
-	return nil
+	errc := make(chan error, 1)
+	lost := errors.New("lost leadership")
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: lock, LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod, ReleaseOnCancel: true, Name: lease,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				log.Info("leading: this replica talks to the server and applies", "identity", id)
+				errc <- work(ctx)
+			},
+			OnStoppedLeading: func() {
+				select {
+				case errc <- lost:
+				default:
+				}
+				cancel()
+			},
+			OnNewLeader: func(leader string) {
+				if leader != id {
+					log.Info("standing by", "leader", leader)
+				}
+			},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	le.Run(lctx)
+	select {
+	case err := <-errc:
+		if errors.Is(err, lost) && ctx.Err() != nil {
+			return nil // we were stopping anyway
+		}
+		return err
+	default:
+		return nil
+	}
 }
 
 func errString(err error) string {

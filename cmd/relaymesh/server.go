@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -144,6 +145,17 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	go status.Run(ctx)
 	go serving.Run(ctx)
 
+	// The data path: snapshots become discovered objects; outputs (today
+	// pass-through objects, later translation) go to the agents.
+	view := relay.NewView()
+	mirror := relay.NewMirror(kube.dynamic, f.namespace, view, log)
+	go mirror.Run(ctx)
+	outputs := relay.NewOutputs(time.Now())
+	if _, err := relay.RunPassthrough(ctx, kube.dynamic, f.namespace, outputs, registry, log); err != nil {
+		return err
+	}
+	outputs.MarkReady()
+
 	srv, err := relay.NewServer(relay.ServerConfig{
 		TrustDomain:       td,
 		Issuer:            authority,
@@ -155,6 +167,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		Audit:             auditLog,
 		Logger:            log,
 		Metrics:           metrics,
+		DataPath:          &relay.DataPathConfig{View: view, Outputs: outputs},
 	})
 	if err != nil {
 		return err
@@ -167,7 +180,10 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	httpSrv := &http.Server{Handler: opsMux(reg, func() error { return nil }), ReadHeaderTimeout: 5 * time.Second}
+	mux := opsMux(reg, func() error { return nil })
+	mux.HandleFunc("/debug/snapshots/input", jsonHandler(func() any { return view.Clusters() }))
+	mux.HandleFunc("/debug/snapshots/output", jsonHandler(func() any { return outputs.All() }))
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = httpSrv.Serve(mlis) }()
 	defer httpSrv.Close()
 
@@ -283,4 +299,15 @@ func opsMux(reg *prometheus.Registry, ready func() error) *http.ServeMux {
 		fmt.Fprintln(w, "ok")
 	})
 	return mux
+}
+
+// jsonHandler serves f's value as indented JSON. The values served hold
+// discovery data and output manifests, never a secret.
+func jsonHandler(f func() any) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(f())
+	}
 }

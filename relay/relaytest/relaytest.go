@@ -53,7 +53,7 @@ func (s *SyncBuffer) String() string {
 	return s.b.String()
 }
 
-// fixture is a relay server on loopback with real TLS, a generated relay CA,
+// Server is a relay server on loopback with real TLS, a generated relay CA,
 // an in-memory token store and clusters cluster-1 and cluster-2 registered.
 type Server struct {
 	t         testing.TB
@@ -61,7 +61,10 @@ type Server struct {
 	Addr      string
 	Authority *ca.Authority
 	// RelayCA is the generated CA (root and issuing CA with their keys).
-	RelayCA   *ca.RelayCA
+	RelayCA *ca.RelayCA
+	// View and Outputs of the data path, when enabled.
+	View      *relay.View
+	Outputs   *relay.Outputs
 	RootsPEM  []byte
 	Roots     *x509.CertPool
 	Registry  *relay.Registry
@@ -81,8 +84,12 @@ type Options struct {
 	// failureBurst bounds failed bootstraps per peer; tests that are not
 	// about rate limiting get a large one, since every peer is 127.0.0.1.
 	FailureBurst int
-	Shared       string
-	MaxRecv      int
+	// DataPath enables Push and Pull with a fresh View and (ready) Outputs.
+	DataPath bool
+	// Limits for snapshots (defaults when zero).
+	Limits  relay.SnapshotLimits
+	Shared  string
+	MaxRecv int
 }
 
 func New(t testing.TB, o Options) *Server {
@@ -122,7 +129,13 @@ func New(t testing.TB, o Options) *Server {
 		shared, err = identity.NewSharedToken(o.Shared)
 		require.NoError(t, err)
 	}
+	var dp *relay.DataPathConfig
+	if o.DataPath {
+		dp = &relay.DataPathConfig{View: relay.NewView(), Outputs: relay.NewOutputs(time.Now()), Limits: o.Limits}
+		dp.Outputs.MarkReady()
+	}
 	srv, err := relay.NewServer(relay.ServerConfig{
+		DataPath:    dp,
 		TrustDomain: TrustDomain, Issuer: authority, Tokens: tokens, SharedToken: shared, Registry: registry,
 		ServerCertificate: serving.Certificate, Audit: auditLog, Logger: log, Metrics: metrics, MaxRecvBytes: o.MaxRecv,
 		BootstrapFailureBurst: o.FailureBurst,
@@ -137,7 +150,8 @@ func New(t testing.TB, o Options) *Server {
 		rootsPEM = append(rootsPEM, catest.CertsPEM(r)...)
 		pool.AddCert(r)
 	}
-	f := &Server{t: t, Srv: srv, Addr: lis.Addr().String(), Authority: authority, RelayCA: relayCA, RootsPEM: rootsPEM, Roots: pool,
+	f := &Server{t: t, Srv: srv, Addr: lis.Addr().String(), Authority: authority, RelayCA: relayCA,
+		View: viewOf(dp), Outputs: outputsOf(dp), RootsPEM: rootsPEM, Roots: pool,
 		Registry: registry, Tokens: tokens, Store: store, AuditPath: auditPath, Logs: logs, Metrics: reg}
 	t.Cleanup(func() {
 		srv.Stop()
@@ -250,4 +264,18 @@ func (f *Server) Metric(name string, labels ...string) float64 {
 		}
 	}
 	return 0
+}
+
+func viewOf(dp *relay.DataPathConfig) *relay.View {
+	if dp == nil {
+		return nil
+	}
+	return dp.View
+}
+
+func outputsOf(dp *relay.DataPathConfig) *relay.Outputs {
+	if dp == nil {
+		return nil
+	}
+	return dp.Outputs
 }

@@ -104,6 +104,33 @@ func GetJSON(url string, v any) (int, error) {
 	return resp.StatusCode, nil
 }
 
+// MetricWith sums the samples of name whose labels contain match (e.g.
+// `outcome="conflict"`).
+func MetricWith(url, name, match string) (float64, error) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, name+"{") && strings.Contains(line, match) {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+	}
+	return sum, nil
+}
+
 // Metric reads one unlabelled (or first-matching) sample from a Prometheus
 // text endpoint.
 func Metric(url, name string) (float64, error) {

@@ -148,3 +148,18 @@ func BuildRelaymesh(dir string) (string, error) {
 	}
 	return bin, nil
 }
+
+// Kill ends the process group at once with SIGKILL, as a crash would, and
+// waits for the process to exit.
+func (p *Process) Kill() error {
+	if done, _ := p.Exited(); done {
+		return nil
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("%s (pid %d) did not exit after SIGKILL", p.name, p.cmd.Process.Pid)
+	}
+}

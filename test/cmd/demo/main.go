@@ -3,8 +3,9 @@
 // applies Istio-shaped sample workloads to the workload clusters and a
 // VirtualMesh to the management cluster, starts `relaymesh server`,
 // registers both workload clusters, starts an agent in each (real
-// processes), shows the identities the agents were issued, and keeps
-// everything up until Ctrl-C. With DEMO_EXIT=1 it stops and exits after the
+// processes), shows the identities the agents were issued, the meshes,
+// workloads and destinations they discovered, and one output applied through
+// the relay, and keeps everything up until Ctrl-C. With DEMO_EXIT=1 it stops and exits after the
 // summary, for scripts.
 package main
 
@@ -334,6 +335,13 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 	if err := tw.Flush(); err != nil {
 		return stop, err
 	}
+	if err := showDiscovery(ctx, dyn, cfg.workloads, out); err != nil {
+		return stop, err
+	}
+	if err := showOutputs(ctx, env, cfg.workloads[0], out); err != nil {
+		return stop, err
+	}
+
 	verify := exec.CommandContext(ctx, bin, "audit", "verify", auditLog)
 	b, err := verify.CombinedOutput()
 	if err != nil {
@@ -373,5 +381,115 @@ func waitHTTP(ctx context.Context, url string, timeout time.Duration) error {
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+}
+
+var (
+	gvrMeshes       = schema.GroupVersionResource{Group: "discovery.relaymesh.io", Version: "v1alpha1", Resource: "meshes"}
+	gvrWorkloads    = schema.GroupVersionResource{Group: "discovery.relaymesh.io", Version: "v1alpha1", Resource: "workloads"}
+	gvrDestinations = schema.GroupVersionResource{Group: "discovery.relaymesh.io", Version: "v1alpha1", Resource: "destinations"}
+	gvrVirtualSvcs  = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
+)
+
+// showDiscovery waits until the agents' snapshots are in the management
+// cluster and prints the discovered meshes, workloads and destinations.
+func showDiscovery(ctx context.Context, dyn dynamic.Interface, workloads []string, out io.Writer) error {
+	step(out, "Discovered by the agents (Mesh, Workload, Destination objects in mgmt)")
+	list := func(gvr schema.GroupVersionResource, cluster string) ([]unstructured.Unstructured, error) {
+		l, err := dyn.Resource(gvr).Namespace("relaymesh").List(ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/cluster=" + cluster})
+		if err != nil {
+			return nil, err
+		}
+		sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].GetName() < l.Items[j].GetName() })
+		return l.Items, nil
+	}
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLUSTER\tKIND\tNAME\tDETAILS")
+	for _, c := range workloads {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			d, err := list(gvrDestinations, c)
+			if err != nil {
+				return err
+			}
+			if len(d) >= 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("no destinations of %s discovered within 60s", c)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		meshes, err := list(gvrMeshes, c)
+		if err != nil {
+			return err
+		}
+		for _, m := range meshes {
+			td, _, _ := unstructured.NestedString(m.Object, "spec", "istio", "trustDomain")
+			gws, _, _ := unstructured.NestedSlice(m.Object, "spec", "istio", "gateways")
+			fmt.Fprintf(tw, "%s\tMesh\t%s\ttrust domain %s, %d gateway(s)\n", c, m.GetName(), td, len(gws))
+		}
+		wls, err := list(gvrWorkloads, c)
+		if err != nil {
+			return err
+		}
+		for _, w := range wls {
+			sa, _, _ := unstructured.NestedString(w.Object, "spec", "kubernetes", "serviceAccountName")
+			fmt.Fprintf(tw, "%s\tWorkload\t%s\tservice account %s\n", c, w.GetName(), sa)
+		}
+		dests, err := list(gvrDestinations, c)
+		if err != nil {
+			return err
+		}
+		for _, d := range dests {
+			subsets, _, _ := unstructured.NestedMap(d.Object, "spec", "kubeService", "subsets")
+			var parts []string
+			for k, v := range subsets {
+				parts = append(parts, fmt.Sprintf("%s=%v", k, v))
+			}
+			sort.Strings(parts)
+			detail := "no subsets"
+			if len(parts) > 0 {
+				detail = "subsets " + strings.Join(parts, " ")
+			}
+			fmt.Fprintf(tw, "%s\tDestination\t%s\t%s\n", c, d.GetName(), detail)
+		}
+	}
+	return tw.Flush()
+}
+
+// showOutputs sends one pass-through VirtualService to cluster and shows the
+// agent applied it with its ownership label.
+func showOutputs(ctx context.Context, env *localcluster.Env, cluster string, out io.Writer) error {
+	step(out, "Sending a VirtualService to %s through the relay (pass-through output)", cluster)
+	_, err := env.Cluster("mgmt").Apply(ctx, fieldManager, []byte(`
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata:
+  name: reviews-v2
+  namespace: relaymesh
+  labels: {relaymesh.io/target-cluster: `+cluster+`}
+  annotations: {relaymesh.io/target-namespace: bookinfo}
+spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v2}}]}]}
+`))
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(env.Cluster(cluster).RESTConfig())
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		vs, err := dyn.Resource(gvrVirtualSvcs).Namespace("bookinfo").Get(ctx, "reviews-v2", metav1.GetOptions{})
+		if err == nil {
+			fmt.Fprintf(out, "  %s: VirtualService bookinfo/reviews-v2 applied by the agent, owner=%s, parents=%s\n",
+				cluster, vs.GetLabels()["relaymesh.io/owner"], vs.GetAnnotations()["relaymesh.io/parents"])
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the VirtualService did not reach %s within 30s: %w", cluster, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -28,6 +28,10 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		"registered cluster cluster-1",
 		"cluster-1  true       spiffe://relaymesh.local/cluster/cluster-1/agent",
 		"cluster-2  true       spiffe://relaymesh.local/cluster/cluster-2/agent",
+		"cluster-1  Mesh         istiod-istio-system-cluster-1",
+		"cluster-2  Destination  reviews-bookinfo-cluster-2",
+		"subsets version=[v1 v2]",
+		"VirtualService bookinfo/reviews-v2 applied by the agent, owner=relaymesh-agent",
 		"records verified",
 		"Stopping local clusters",
 	} {

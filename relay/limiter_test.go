@@ -1,0 +1,49 @@
+package relay
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestFailureLimiter(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := newFailureLimiter(6, 3, 2, func() time.Time { return now })
+
+	// Successes are refunded: any number of them costs nothing.
+	for range 100 {
+		done, ok := l.begin("10.0.0.1")
+		require.True(t, ok)
+		done(true)
+	}
+	// Failures use up the burst.
+	for range 3 {
+		done, ok := l.begin("10.0.0.1")
+		require.True(t, ok)
+		done(false)
+	}
+	_, ok := l.begin("10.0.0.1")
+	assert.False(t, ok, "blocked after the burst")
+	// Concurrent attempts reserve before they finish.
+	done, ok := l.begin("10.0.0.2")
+	require.True(t, ok)
+	_, ok2 := l.begin("10.0.0.2")
+	_, ok3 := l.begin("10.0.0.2")
+	_, ok4 := l.begin("10.0.0.2")
+	assert.Equal(t, []bool{true, true, false}, []bool{ok2, ok3, ok4})
+	done(true)
+	done(true) // idempotent
+	// Refill: 6/min is one every 10s.
+	now = now.Add(10 * time.Second)
+	_, ok = l.begin("10.0.0.1")
+	assert.True(t, ok)
+	// IPv6 peers share their /64.
+	assert.Equal(t, peerKey("2001:db8::1"), peerKey("2001:db8::ffff:1"))
+	assert.NotEqual(t, peerKey("2001:db8::1"), peerKey("2001:db8:0:1::1"))
+	// The table is bounded; the oldest peer is forgotten.
+	now = now.Add(time.Second)
+	_, _ = l.begin("10.0.0.3")
+	assert.LessOrEqual(t, len(l.peers), 2)
+}

@@ -1,0 +1,121 @@
+package relay
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"sort"
+	"sync"
+	"time"
+
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"google.golang.org/protobuf/proto"
+)
+
+// Outputs holds each cluster's desired output set and wakes the cluster's
+// Pull streams when it changes. Versions increase across server restarts
+// (they start from the start time in nanoseconds), so an agent never sees a
+// version go backwards.
+type Outputs struct {
+	mu      sync.Mutex
+	sets    map[string]*relaypb.OutputSet
+	hashes  map[string]string
+	next    uint64
+	subs    map[string]map[chan struct{}]struct{}
+	ready   chan struct{}
+	readyMu sync.Once
+}
+
+// NewOutputs returns an empty store; call MarkReady once every source has
+// published its first state, so no agent prunes on a half-known set.
+func NewOutputs(now time.Time) *Outputs {
+	return &Outputs{
+		sets: map[string]*relaypb.OutputSet{}, hashes: map[string]string{},
+		next: uint64(now.UnixNano()), subs: map[string]map[chan struct{}]struct{}{},
+		ready: make(chan struct{}),
+	}
+}
+
+// MarkReady releases Pull streams.
+func (o *Outputs) MarkReady() { o.readyMu.Do(func() { close(o.ready) }) }
+
+// Ready is closed once outputs are complete.
+func (o *Outputs) Ready() <-chan struct{} { return o.ready }
+
+// Set replaces cluster's objects. Objects are sorted by manifest, so the
+// same content gives the same set; a new version is made only when the
+// content changed.
+func (o *Outputs) Set(cluster string, objects []*relaypb.OutputObject) {
+	sorted := append([]*relaypb.OutputObject(nil), objects...)
+	sort.Slice(sorted, func(i, j int) bool { return string(sorted[i].GetManifest()) < string(sorted[j].GetManifest()) })
+	h := sha256.New()
+	for _, obj := range sorted {
+		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
+		h.Write(b)
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	o.mu.Lock()
+	if o.hashes[cluster] == sum && o.sets[cluster] != nil {
+		o.mu.Unlock()
+		return
+	}
+	o.next++
+	o.sets[cluster] = &relaypb.OutputSet{Version: o.next, Objects: sorted}
+	o.hashes[cluster] = sum
+	subs := make([]chan struct{}, 0, len(o.subs[cluster]))
+	for ch := range o.subs[cluster] {
+		subs = append(subs, ch)
+	}
+	o.mu.Unlock()
+	for _, ch := range subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Get returns cluster's current set (an empty set if none was published).
+func (o *Outputs) Get(cluster string) *relaypb.OutputSet {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if s := o.sets[cluster]; s != nil {
+		return s
+	}
+	return &relaypb.OutputSet{Version: o.next}
+}
+
+// Remove forgets a cluster.
+func (o *Outputs) Remove(cluster string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.sets, cluster)
+	delete(o.hashes, cluster)
+}
+
+// Subscribe returns a channel that receives a value after every change of
+// cluster's set; call cancel when done.
+func (o *Outputs) Subscribe(cluster string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	o.mu.Lock()
+	if o.subs[cluster] == nil {
+		o.subs[cluster] = map[chan struct{}]struct{}{}
+	}
+	o.subs[cluster][ch] = struct{}{}
+	o.mu.Unlock()
+	return ch, func() {
+		o.mu.Lock()
+		delete(o.subs[cluster], ch)
+		o.mu.Unlock()
+	}
+}
+
+// All returns every cluster's set, for the debug endpoint.
+func (o *Outputs) All() map[string]*relaypb.OutputSet {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make(map[string]*relaypb.OutputSet, len(o.sets))
+	for k, v := range o.sets {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,241 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/examples"
+	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+)
+
+var virtualServices = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
+
+// TestDataPath runs the relay data path with real processes: two agents
+// discover Istio-shaped workloads, the management cluster shows them, a
+// Service change propagates within 2 s, pass-through outputs are applied and
+// pruned without touching a user's object, a killed server comes back to the
+// same state, and a standby agent takes over from a killed leader.
+func TestDataPath(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	bin, err := localcluster.BuildRelaymesh(dir)
+	require.NoError(t, err)
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"mgmt", "cluster-1", "cluster-2"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	mgmt := env.Cluster("mgmt")
+	mgmtCS, err := mgmt.Clientset()
+	require.NoError(t, err)
+	_, err = mgmtCS.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	sample, err := examples.Demo.ReadFile("demo/workload-cluster.yaml")
+	require.NoError(t, err)
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		_, err := env.Cluster(name).Apply(ctx, "test", []byte(strings.ReplaceAll(string(sample), "CLUSTER", name)))
+		require.NoError(t, err)
+	}
+
+	relayAddr, opsAddr := Addr(t), Addr(t)
+	serverArgs := []string{"server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost"}
+	server := Start(t, bin, dir, "server", serverArgs...)
+	waitHealthy(t, opsAddr)
+	leaderFlags := []string{"--leader-lease-duration", "4s", "--leader-renew-deadline", "3s", "--leader-retry-period", "500ms"}
+	agents := map[string]*localcluster.Process{}
+	health := map[string]string{}
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		_, err := Run(t, bin, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig, "--server-address", relayAddr)
+		require.NoError(t, err)
+		health[name] = Addr(t)
+		agents[name] = Start(t, bin, dir, "agent-"+name, append([]string{"agent", "--kubeconfig", env.Cluster(name).Kubeconfig,
+			"--health-listen", health[name], "--metrics-listen", Addr(t), "--identity", name + "-a"}, leaderFlags...)...)
+	}
+
+	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
+	require.NoError(t, err)
+	exists := func(gvr schema.GroupVersionResource, name string) bool {
+		_, err := dyn.Resource(gvr).Namespace("relaymesh").Get(ctx, name, metav1.GetOptions{})
+		return err == nil
+	}
+	count := func(gvr schema.GroupVersionResource, cluster string) int {
+		l, err := dyn.Resource(gvr).Namespace("relaymesh").List(ctx, metav1.ListOptions{LabelSelector: relay.LabelCluster + "=" + cluster})
+		require.NoError(t, err)
+		return len(l.Items)
+	}
+	for _, c := range []string{"cluster-1", "cluster-2"} {
+		Eventually(t, 60*time.Second, "discovered objects of "+c, func() (bool, string) {
+			ok := exists(relay.MeshesResource, "istiod-istio-system-"+c) &&
+				exists(relay.WorkloadsResource, "reviews-v1-bookinfo-"+c) && exists(relay.WorkloadsResource, "reviews-v2-bookinfo-"+c) &&
+				exists(relay.WorkloadsResource, "productpage-v1-bookinfo-"+c) &&
+				exists(relay.DestinationsResource, "reviews-bookinfo-"+c) && exists(relay.DestinationsResource, "productpage-bookinfo-"+c)
+			return ok, fmt.Sprint(count(relay.MeshesResource, c), count(relay.WorkloadsResource, c), count(relay.DestinationsResource, c))
+		})
+	}
+	dest, err := dyn.Resource(relay.DestinationsResource).Namespace("relaymesh").Get(ctx, "reviews-bookinfo-cluster-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, []any{"v1", "v2"}, dest.Object["spec"].(map[string]any)["kubeService"].(map[string]any)["subsets"].(map[string]any)["version"])
+	mesh, err := dyn.Resource(relay.MeshesResource).Namespace("relaymesh").Get(ctx, "istiod-istio-system-cluster-2", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, "cluster-2.local", mesh.Object["spec"].(map[string]any)["istio"].(map[string]any)["trustDomain"])
+
+	// A Service added in cluster-1 appears within 2 s; deleted, it disappears.
+	c1 := env.Cluster("cluster-1")
+	c1CS, err := c1.Clientset()
+	require.NoError(t, err)
+	_, err = c1CS.CoreV1().Services("bookinfo").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "reviews-canary", Namespace: "bookinfo"},
+		Spec:       corev1.ServiceSpec{Selector: map[string]string{"app": "reviews", "version": "v2"}, Ports: []corev1.ServicePort{{Name: "http", Port: 9080}}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	start := time.Now()
+	Eventually(t, 2*time.Second, "the new Service's Destination within 2s", func() (bool, string) {
+		return exists(relay.DestinationsResource, "reviews-canary-bookinfo-cluster-1"), ""
+	})
+	t.Logf("a Service created in cluster-1 appeared in mgmt after %s", time.Since(start).Round(time.Millisecond))
+	require.NoError(t, c1CS.CoreV1().Services("bookinfo").Delete(ctx, "reviews-canary", metav1.DeleteOptions{}))
+	start = time.Now()
+	Eventually(t, 2*time.Second, "the deleted Service's Destination gone within 2s", func() (bool, string) {
+		return !exists(relay.DestinationsResource, "reviews-canary-bookinfo-cluster-1"), ""
+	})
+	t.Logf("a Service deleted in cluster-1 disappeared from mgmt after %s", time.Since(start).Round(time.Millisecond))
+
+	// Outputs: a user's own VirtualService "user-owned" exists in cluster-1.
+	c1Dyn, err := dynamic.NewForConfig(c1.RESTConfig())
+	require.NoError(t, err)
+	_, err = c1.Apply(ctx, "kubectl", []byte(`
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: user-owned, namespace: bookinfo}
+spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews}}]}]}
+`))
+	require.NoError(t, err)
+	userVS, err := c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "user-owned", metav1.GetOptions{})
+	require.NoError(t, err)
+	// The management cluster asks for two VirtualServices in cluster-1, one
+	// of them with the user's object's name.
+	_, err = mgmt.Apply(ctx, "test", []byte(`
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata:
+  name: reviews-route
+  namespace: relaymesh
+  labels: {relaymesh.io/target-cluster: cluster-1}
+  annotations: {relaymesh.io/target-namespace: bookinfo}
+spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v2}}]}]}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata:
+  name: user-owned
+  namespace: relaymesh
+  labels: {relaymesh.io/target-cluster: cluster-1}
+  annotations: {relaymesh.io/target-namespace: bookinfo}
+spec: {hosts: [ratings], http: [{route: [{destination: {host: ratings}}]}]}
+`))
+	require.NoError(t, err)
+	Eventually(t, 10*time.Second, "the output applied in cluster-1", func() (bool, string) {
+		vs, err := c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "reviews-route", metav1.GetOptions{})
+		return err == nil && vs.GetLabels()["relaymesh.io/owner"] == "relaymesh-agent" && vs.GetAnnotations()["relaymesh.io/parents"] == "VirtualService/relaymesh/reviews-route", fmt.Sprint(err)
+	})
+	Eventually(t, 10*time.Second, "the conflict reported", func() (bool, string) {
+		n, err := MetricWith("http://"+opsAddr+"/metrics", relay.MetricApplyResults, `outcome="conflict"`)
+		return err == nil && n >= 1, fmt.Sprint(n, err)
+	})
+	after, err := c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "user-owned", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, userVS.GetResourceVersion(), after.GetResourceVersion(), "the user's object is untouched")
+	assert.Empty(t, after.GetLabels()["relaymesh.io/owner"])
+	_, err = c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "reviews-route", metav1.GetOptions{})
+	require.NoError(t, err)
+	// cluster-2 got nothing.
+	c2Dyn, err := dynamic.NewForConfig(env.Cluster("cluster-2").RESTConfig())
+	require.NoError(t, err)
+	l, err := c2Dyn.Resource(virtualServices).Namespace("bookinfo").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, l.Items)
+
+	// Deleting the source prunes the output; the user's object stays.
+	require.NoError(t, dyn.Resource(virtualServices).Namespace("relaymesh").Delete(ctx, "reviews-route", metav1.DeleteOptions{}))
+	Eventually(t, 10*time.Second, "the output pruned", func() (bool, string) {
+		_, err := c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "reviews-route", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	_, err = c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "user-owned", metav1.GetOptions{})
+	require.NoError(t, err, "never pruned")
+
+	// Kill the server mid-stream and start it again: same view, no duplicates, outputs intact.
+	before := map[string]int{}
+	for _, c := range []string{"cluster-1", "cluster-2"} {
+		before[c] = count(relay.WorkloadsResource, c) + count(relay.DestinationsResource, c) + count(relay.MeshesResource, c)
+	}
+	require.NoError(t, server.Kill())
+	_, err = c1CS.CoreV1().Services("bookinfo").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "while-down", Namespace: "bookinfo"},
+		Spec:       corev1.ServiceSpec{Selector: map[string]string{"app": "productpage"}, Ports: []corev1.ServicePort{{Name: "http", Port: 9080}}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	Start(t, bin, dir, "server-restarted", serverArgs...)
+	waitHealthy(t, opsAddr)
+	start = time.Now()
+	Eventually(t, 45*time.Second, "the view rebuilt after the restart", func() (bool, string) {
+		return exists(relay.DestinationsResource, "while-down-bookinfo-cluster-1"), ""
+	})
+	t.Logf("after a server restart, a change made while it was down arrived %s after it came back", time.Since(start).Round(time.Millisecond))
+	assert.Equal(t, before["cluster-1"]+1, count(relay.WorkloadsResource, "cluster-1")+count(relay.DestinationsResource, "cluster-1")+count(relay.MeshesResource, "cluster-1"))
+	assert.Equal(t, before["cluster-2"], count(relay.WorkloadsResource, "cluster-2")+count(relay.DestinationsResource, "cluster-2")+count(relay.MeshesResource, "cluster-2"))
+	_, err = c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "user-owned", metav1.GetOptions{})
+	require.NoError(t, err)
+
+	// A standby agent in cluster-1 takes over when the leader dies.
+	standbyHealth := Addr(t)
+	Start(t, bin, dir, "agent-cluster-1-standby", append([]string{"agent", "--kubeconfig", c1.Kubeconfig,
+		"--health-listen", standbyHealth, "--metrics-listen", Addr(t), "--identity", "cluster-1-b"}, leaderFlags...)...)
+	leaderOf := func(addr string) (bool, bool) {
+		var st struct {
+			Status struct {
+				Leader  bool `json:"leader"`
+				Session struct {
+					Connected bool `json:"connected"`
+				} `json:"session"`
+			} `json:"status"`
+		}
+		_, err := GetJSON("http://"+addr+"/readyz", &st)
+		return err == nil && st.Status.Leader, st.Status.Session.Connected
+	}
+	Eventually(t, 10*time.Second, "the standby standing by", func() (bool, string) {
+		l, _ := leaderOf(standbyHealth)
+		code, err := GetJSON("http://"+standbyHealth+"/healthz", nil)
+		return err == nil && code == 200 && !l, ""
+	})
+	require.NoError(t, agents["cluster-1"].Kill())
+	start = time.Now()
+	Eventually(t, 20*time.Second, "the standby leading and connected", func() (bool, string) {
+		l, c := leaderOf(standbyHealth)
+		return l && c, fmt.Sprint(l, c)
+	})
+	t.Logf("standby took over %s after the leader was killed (lease 4s)", time.Since(start).Round(time.Millisecond))
+	require.NoError(t, c1CS.CoreV1().Services("bookinfo").Delete(ctx, "while-down", metav1.DeleteOptions{}))
+	Eventually(t, 5*time.Second, "changes flow through the new leader", func() (bool, string) {
+		return !exists(relay.DestinationsResource, "while-down-bookinfo-cluster-1"), ""
+	})
+}
+
+func waitHealthy(t *testing.T, opsAddr string) {
+	t.Helper()
+	Eventually(t, 30*time.Second, "server healthy", func() (bool, string) {
+		code, err := GetJSON("http://"+opsAddr+"/healthz", nil)
+		return err == nil && code == 200, fmt.Sprint(code, err)
+	})
+}
