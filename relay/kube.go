@@ -22,10 +22,11 @@ import (
 var KubernetesClusters = multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")
 
 // WatchClusters feeds reg from the KubernetesCluster objects of namespace
-// until ctx ends. Only relay-mode clusters are registered: a kubeconfig-mode
-// cluster has no agent and may not bootstrap one. It returns once the first
-// list is in the registry.
-func WatchClusters(ctx context.Context, client dynamic.Interface, namespace string, reg *Registry, log *slog.Logger) error {
+// until ctx ends. Relay-mode clusters go to reg: only they may bootstrap an
+// agent. Kubeconfig-mode clusters go to kubeconfig if it is not nil (the
+// server opted in to holding cluster credentials), and are ignored with a
+// warning otherwise. It returns once the first list is in the registries.
+func WatchClusters(ctx context.Context, client dynamic.Interface, namespace string, reg, kubeconfig *Registry, log *slog.Logger) error {
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 10*time.Minute, namespace, nil)
 	inf := factory.ForResource(KubernetesClusters).Informer()
 	apply := func(obj any) {
@@ -34,13 +35,31 @@ func WatchClusters(ctx context.Context, client dynamic.Interface, namespace stri
 			// Fail closed: a registration we cannot read is no registration.
 			if u, ok := obj.(*unstructured.Unstructured); ok {
 				reg.Remove(u.GetName())
+				if kubeconfig != nil {
+					kubeconfig.Remove(u.GetName())
+				}
 			}
 			log.Error("unreadable KubernetesCluster; treating it as not registered", "error", err)
 			return
 		}
-		if kc.Spec.Mode == multiclusterv1alpha1.ModeKubeconfig || kc.DeletionTimestamp != nil {
+		if kc.DeletionTimestamp != nil {
 			reg.Remove(kc.Name)
+			if kubeconfig != nil {
+				kubeconfig.Remove(kc.Name)
+			}
 			return
+		}
+		if kc.Spec.Mode == multiclusterv1alpha1.ModeKubeconfig {
+			reg.Remove(kc.Name)
+			if kubeconfig == nil || kc.Spec.KubeconfigSecretRef == nil {
+				log.Warn("ignoring a cluster registered in kubeconfig mode: start the server with --allow-kubeconfig-clusters to manage it", "cluster", kc.Name)
+				return
+			}
+			kubeconfig.Set(Registration{Name: kc.Name, UID: string(kc.UID), KubeconfigSecret: kc.Spec.KubeconfigSecretRef.Name})
+			return
+		}
+		if kubeconfig != nil {
+			kubeconfig.Remove(kc.Name)
 		}
 		reg.Set(Registration{Name: kc.Name, UID: string(kc.UID)})
 	}
@@ -53,6 +72,9 @@ func WatchClusters(ctx context.Context, client dynamic.Interface, namespace stri
 			}
 			if u, ok := obj.(*unstructured.Unstructured); ok {
 				reg.Remove(u.GetName())
+				if kubeconfig != nil {
+					kubeconfig.Remove(u.GetName())
+				}
 			}
 		},
 	})

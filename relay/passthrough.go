@@ -41,18 +41,18 @@ var PassthroughKinds = []schema.GroupVersionResource{
 // Passthrough publishes labelled Istio objects of the management cluster as
 // outputs.
 type Passthrough struct {
-	outputs   *Outputs
-	registry  *Registry
-	log       *slog.Logger
-	informers []cache.SharedIndexInformer
-	mu        sync.Mutex
+	outputs    *Outputs
+	registries []*Registry
+	log        *slog.Logger
+	informers  []cache.SharedIndexInformer
+	mu         sync.Mutex
 }
 
 // RunPassthrough starts watching namespace and publishes every registered
 // cluster's set once synced (so outputs can be marked ready). It returns
 // after the first publication.
-func RunPassthrough(ctx context.Context, client dynamic.Interface, namespace string, outputs *Outputs, registry *Registry, log *slog.Logger) (*Passthrough, error) {
-	p := &Passthrough{outputs: outputs, registry: registry, log: log.With("component", "passthrough")}
+func RunPassthrough(ctx context.Context, client dynamic.Interface, namespace string, outputs *Outputs, log *slog.Logger, registries ...*Registry) (*Passthrough, error) {
+	p := &Passthrough{outputs: outputs, registries: registries, log: log.With("component", "passthrough")}
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 10*time.Minute, namespace, nil)
 	for _, gvr := range PassthroughKinds {
 		inf := factory.ForResource(gvr).Informer()
@@ -65,8 +65,10 @@ func RunPassthrough(ctx context.Context, client dynamic.Interface, namespace str
 		}
 		p.informers = append(p.informers, inf)
 	}
-	registry.OnRevoke(func(string) { p.publish() })
-	registry.OnRegister(func(string) { p.publish() })
+	for _, r := range registries {
+		r.OnRevoke(func(string) { p.publish() })
+		r.OnRegister(func(string) { p.publish() })
+	}
 	factory.Start(ctx.Done())
 	for _, inf := range p.informers {
 		if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
@@ -85,8 +87,10 @@ func (p *Passthrough) publish() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	sets := map[string][]*relaypb.OutputObject{}
-	for _, c := range p.registry.Names() {
-		sets[c] = nil
+	for _, r := range p.registries {
+		for _, c := range r.Names() {
+			sets[c] = nil
+		}
 	}
 	for _, inf := range p.informers {
 		for _, obj := range inf.GetStore().List() {

@@ -9,6 +9,9 @@ type Registration struct {
 	// re-registered cluster gets a new one. Agent certificates carry it as
 	// their subject OU, and a certificate of another registration is refused.
 	UID string
+	// KubeconfigSecret names the Secret holding the cluster's kubeconfig,
+	// for clusters in kubeconfig mode only.
+	KubeconfigSecret string
 }
 
 // Registry is the set of registered clusters. It is fed by a watch on
@@ -41,7 +44,7 @@ func (r *Registry) Set(reg Registration) {
 	r.clusters[reg.Name] = reg
 	listeners, onSet := r.listeners, r.onSet
 	r.mu.Unlock()
-	if had && old.UID == reg.UID {
+	if had && old == reg {
 		return
 	}
 	if had {

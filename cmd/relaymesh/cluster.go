@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/identity"
@@ -39,7 +41,7 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("%w: want register or deregister", errUsage)
 	}
 	verb := args[0]
-	var mgmtKubeconfig, remoteKubeconfig, namespace, remoteNamespace, serverAddr, clusterDomain string
+	var mgmtKubeconfig, remoteKubeconfig, namespace, remoteNamespace, serverAddr, clusterDomain, mode string
 	var ttl time.Duration
 	fs := newFlags("cluster "+verb+" NAME [flags]", clusterSynopsis, stderr)
 	fs.StringVar(&mgmtKubeconfig, "mgmt-kubeconfig", "", "management cluster kubeconfig (required)")
@@ -50,6 +52,7 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fs.StringVar(&serverAddr, "server-address", "", "relay server host:port the agent dials (required)")
 		fs.StringVar(&clusterDomain, "cluster-domain", "cluster.local", "the workload cluster's DNS domain")
 		fs.DurationVar(&ttl, "token-ttl", identity.DefaultTokenTTL, "how long the bootstrap token stays valid")
+		fs.StringVar(&mode, "mode", "relay", "relay (an agent in the cluster dials out; secure default) or kubeconfig (WEAKER: the server keeps --remote-kubeconfig in a Secret and manages the cluster itself; needs 'relaymesh server --allow-kubeconfig-clusters')")
 	}
 	// Accept NAME before or after the flags.
 	rest := args[1:]
@@ -74,7 +77,14 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if mgmtKubeconfig == "" {
 		return errors.New("--mgmt-kubeconfig is required")
 	}
-	if verb == "register" {
+	if verb == "register" && mode == "kubeconfig" {
+		if remoteKubeconfig == "" {
+			return errors.New("--remote-kubeconfig is required")
+		}
+	} else if verb == "register" {
+		if mode != "relay" {
+			return fmt.Errorf("--mode %q: want relay or kubeconfig", mode)
+		}
 		if remoteKubeconfig == "" || serverAddr == "" {
 			return errors.New("--remote-kubeconfig and --server-address are required")
 		}
@@ -94,6 +104,9 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if remote, err = loadKube(remoteKubeconfig); err != nil {
 			return err
 		}
+	}
+	if verb == "register" && mode == "kubeconfig" {
+		return registerKubeconfig(ctx, stdout, mgmt, remote, remoteKubeconfig, name, namespace, clusterDomain)
 	}
 	if verb == "register" {
 		return register(ctx, stdout, mgmt, remote, name, namespace, remoteNamespace, serverAddr, clusterDomain, ttl)
@@ -224,6 +237,9 @@ func deregister(ctx context.Context, out io.Writer, mgmt, remote *kubeClients, n
 	if err := store.DeleteCluster(ctx, name); err != nil {
 		return fmt.Errorf("delete bootstrap tokens of %s: %w", name, err)
 	}
+	if err := mgmt.typed.CoreV1().Secrets(ns).Delete(ctx, relay.KubeconfigSecretName(name), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete the kubeconfig secret of %s: %w", name, err)
+	}
 	fmt.Fprintf(out, "deregistered cluster %s: its sessions end and its certificate is refused from now on\n", name)
 	if remote == nil {
 		return nil
@@ -237,5 +253,50 @@ func deregister(ctx context.Context, out io.Writer, mgmt, remote *kubeClients, n
 		return err
 	}
 	fmt.Fprintf(out, "removed the agent's secrets from %s in the workload cluster\n", remoteNS)
+	return nil
+}
+
+// registerKubeconfig registers a cluster the server manages with a
+// kubeconfig kept in the Secret <name>-kubeconfig (the weaker mode).
+func registerKubeconfig(ctx context.Context, out io.Writer, mgmt, remote *kubeClients, kubeconfigPath, name, ns, domain string) (err error) {
+	raw, err := os.ReadFile(kubeconfigPath)
+	if err != nil {
+		return err
+	}
+	if _, err := relay.ParseKubeconfig(raw); err != nil {
+		return fmt.Errorf("--remote-kubeconfig: %w", err)
+	}
+	if _, err := remote.typed.Discovery().ServerVersion(); err != nil {
+		return fmt.Errorf("workload cluster unreachable with that kubeconfig: %w", err)
+	}
+	clusters := mgmt.dynamic.Resource(relay.KubernetesClusters).Namespace(ns)
+	if _, err := clusters.Get(ctx, name, metav1.GetOptions{}); err == nil {
+		return fmt.Errorf("cluster %s is already registered; deregister it first", name)
+	} else if !apierrors.IsNotFound(err) {
+		return err
+	}
+	secretName := relay.KubeconfigSecretName(name)
+	if err := kubeutil.UpsertSecret(ctx, mgmt.typed, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secretName, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh", relay.LabelCluster: name}},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{relay.KubeconfigKey: raw},
+	}); err != nil {
+		return fmt.Errorf("write %s/%s: %w", ns, secretName, err)
+	}
+	kc := &multiclusterv1alpha1.KubernetesCluster{
+		TypeMeta:   metav1.TypeMeta{APIVersion: multiclusterv1alpha1.GroupVersion.String(), Kind: "KubernetesCluster"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeKubeconfig, ClusterDomain: domain,
+			KubeconfigSecretRef: &common.ObjectRef{Name: secretName, Namespace: ns}},
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(kc)
+	if err != nil {
+		return err
+	}
+	if _, err := clusters.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+		_ = mgmt.typed.CoreV1().Secrets(ns).Delete(context.WithoutCancel(ctx), secretName, metav1.DeleteOptions{})
+		return fmt.Errorf("create KubernetesCluster %s: %w", name, err)
+	}
+	fmt.Fprintf(out, "registered cluster %s in kubeconfig mode (WEAKER: the server holds its credentials in %s/%s); the server manages it only with --allow-kubeconfig-clusters\n", name, ns, secretName)
 	return nil
 }

@@ -38,6 +38,8 @@ func TestRunFlags(t *testing.T) {
 		{"cluster register missing flags", []string{"cluster", "register", "c1", "--mgmt-kubeconfig", "x"}, 1, "", "--remote-kubeconfig and --server-address are required"},
 		{"cluster register bad address", []string{"cluster", "register", "c1", "--mgmt-kubeconfig", "x", "--remote-kubeconfig", "y", "--server-address", "nohost"}, 1, "", "missing port"},
 		{"cluster register ttl too long", []string{"cluster", "register", "c1", "--mgmt-kubeconfig", "x", "--remote-kubeconfig", "y", "--server-address", "h:1", "--token-ttl", "200h"}, 1, "", "out of range"},
+		{"cluster register bad mode", []string{"cluster", "register", "c1", "--mgmt-kubeconfig", "x", "--remote-kubeconfig", "y", "--mode", "ssh"}, 1, "", `--mode "ssh": want relay or kubeconfig`},
+		{"cluster register kubeconfig mode needs remote", []string{"cluster", "register", "c1", "--mgmt-kubeconfig", "x", "--mode", "kubeconfig"}, 1, "", "--remote-kubeconfig is required"},
 		{"token no verb", []string{"token"}, 2, "", "token create"},
 		{"token no cluster", []string{"token", "create"}, 1, "", "--cluster is required"},
 		{"token ttl negative", []string{"token", "create", "--cluster", "c", "--ttl", "-1h"}, 1, "", "out of range"},

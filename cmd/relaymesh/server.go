@@ -39,7 +39,7 @@ type serverFlags struct {
 	dnsNames, ips, auditLog, logLevel                         string
 	caCert, caKey, caRoots, caSecret                          string
 	agentTTL                                                  time.Duration
-	allowSharedToken                                          bool
+	allowSharedToken, allowKubeconfig                         bool
 }
 
 func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -60,6 +60,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&f.caSecret, "ca-secret", "", "provided relay CA from a Secret in --namespace (keys tls.crt, tls.key, ca.crt)")
 	fs.DurationVar(&f.agentTTL, "agent-cert-ttl", 24*time.Hour, "lifetime of agent client certificates (renewed at about 2/3)")
 	fs.BoolVar(&f.allowSharedToken, "allow-shared-token", false, "WEAKER: also accept the shared token of relay-identity-token-secret (seed-product compatibility)")
+	fs.BoolVar(&f.allowKubeconfig, "allow-kubeconfig-clusters", false, "WEAKER: manage clusters registered in kubeconfig mode, with the kubeconfig in their Secret (the server then holds their credentials)")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
@@ -135,7 +136,12 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	registry := relay.NewRegistry()
-	if err := relay.WatchClusters(ctx, kube.dynamic, f.namespace, registry, log); err != nil {
+	var kubeconfigClusters *relay.Registry
+	if f.allowKubeconfig {
+		kubeconfigClusters = relay.NewRegistry()
+		log.Warn("kubeconfig-mode clusters are allowed: the server will hold credentials for every cluster registered that way; relay mode is the secure choice")
+	}
+	if err := relay.WatchClusters(ctx, kube.dynamic, f.namespace, registry, kubeconfigClusters, log); err != nil {
 		return err
 	}
 	if err := identity.AuditTokenMints(ctx, kube.typed, f.namespace, auditLog, log); err != nil {
@@ -151,10 +157,17 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	mirror := relay.NewMirror(kube.dynamic, f.namespace, view, log)
 	go mirror.Run(ctx)
 	outputs := relay.NewOutputs(time.Now())
-	if _, err := relay.RunPassthrough(ctx, kube.dynamic, f.namespace, outputs, registry, log); err != nil {
+	sources := []*relay.Registry{registry}
+	if kubeconfigClusters != nil {
+		sources = append(sources, kubeconfigClusters)
+	}
+	if _, err := relay.RunPassthrough(ctx, kube.dynamic, f.namespace, outputs, log, sources...); err != nil {
 		return err
 	}
 	outputs.MarkReady()
+	if kubeconfigClusters != nil {
+		relay.NewInProcessAgents(ctx, kube.typed, f.namespace, kubeconfigClusters, view, outputs, log)
+	}
 
 	srv, err := relay.NewServer(relay.ServerConfig{
 		TrustDomain:       td,
