@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"google.golang.org/grpc"
@@ -233,12 +235,24 @@ func (s *Session) push(ctx context.Context, c relaypb.DiscoveryClient) error {
 		}
 	}()
 	var sent string
+	var retry <-chan time.Time
 	sendIfChanged := func() error {
 		snap, err := s.cfg.Snapshots.Snapshot()
 		if err != nil {
 			return fmt.Errorf("build snapshot: %w", err)
 		}
 		if snap.GetHash() == sent {
+			return nil
+		}
+		if n := proto.Size(snap); n > MaxSnapshotBytes {
+			// Sending it would only end the session; say so and keep the
+			// rest of the session (Pull, Connect) working.
+			msg := fmt.Sprintf("snapshot of %d bytes exceeds the %d-byte limit; the server keeps the last accepted one", n, MaxSnapshotBytes)
+			s.mu.Lock()
+			s.state.PushError = msg
+			s.mu.Unlock()
+			s.log.Error("snapshot too large to push", "bytes", n, "limit", MaxSnapshotBytes)
+			sent = snap.GetHash()
 			return nil
 		}
 		if err := stream.Send(snap); err != nil {
@@ -264,6 +278,11 @@ func (s *Session) push(ctx context.Context, c relaypb.DiscoveryClient) error {
 			if err := sendIfChanged(); err != nil {
 				return err
 			}
+		case <-retry:
+			retry = nil
+			if err := sendIfChanged(); err != nil {
+				return err
+			}
 		case ack := <-acks:
 			s.mu.Lock()
 			if ack.GetAccepted() {
@@ -272,24 +291,68 @@ func (s *Session) push(ctx context.Context, c relaypb.DiscoveryClient) error {
 				s.state.PushError = ack.GetError()
 			}
 			s.mu.Unlock()
-			if !ack.GetAccepted() {
-				s.log.Warn("server refused a snapshot", "error", ack.GetError())
+			if !ack.GetAccepted() && ack.GetHash() == truncateHash(sent) {
+				// The server keeps the last accepted snapshot; send the
+				// current one again after a pause (a refusal for rate is
+				// transient, and the view must not stay stale).
+				s.log.Warn("server refused a snapshot; will send again", "error", ack.GetError())
+				sent = ""
+				retry = time.After(snapshotRetry)
 			}
 		}
 	}
 }
 
-// pull applies every output set the server sends and acks it.
+// Data path limits on the agent's side.
+const (
+	// MaxSnapshotBytes is the largest snapshot the agent sends (the
+	// server's default limit).
+	MaxSnapshotBytes = 4 << 20
+	// MaxOutputBytes is the largest output set the agent accepts.
+	MaxOutputBytes = 64 << 20
+	snapshotRetry  = time.Second
+	applyRetry     = 5 * time.Second
+)
+
+func truncateHash(h string) string { return truncate(h, 80) }
+
+// pull applies every output set the server sends and acks it; a set with
+// failed objects is applied again after a pause until it applies cleanly or
+// a newer one arrives.
 func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient) error {
-	stream, err := c.Pull(ctx)
+	stream, err := c.Pull(ctx, grpc.MaxCallRecvMsgSize(MaxOutputBytes))
 	if err != nil {
 		return err
 	}
-	for {
-		set, err := stream.Recv()
-		if err != nil {
-			return fmt.Errorf("pull stream: %w", err)
+	sets := make(chan *relaypb.OutputSet)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			set, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case sets <- set:
+			case <-ctx.Done():
+				return
+			}
 		}
+	}()
+	var current *relaypb.OutputSet
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-recvErr:
+			return fmt.Errorf("pull stream: %w", err)
+		case current = <-sets:
+		case <-retry:
+		}
+		retry = nil
+		set := current
 		results, err := s.cfg.Applier.Apply(ctx, set)
 		if err != nil {
 			results = []*relaypb.ObjectResult{{Outcome: "error", Error: "whole set refused: " + err.Error()}}
@@ -298,6 +361,9 @@ func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient) error {
 		outcomes := map[string]int{}
 		for _, r := range results {
 			outcomes[r.GetOutcome()]++
+		}
+		if outcomes["error"] > 0 {
+			retry = time.After(applyRetry)
 		}
 		s.mu.Lock()
 		s.state.AppliedVersion, s.state.Outcomes = set.GetVersion(), outcomes

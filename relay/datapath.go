@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"golang.org/x/time/rate"
@@ -28,23 +31,49 @@ type discoveryService struct {
 	relaypb.UnimplementedDiscoveryServer
 	s   *Server
 	cfg DataPathConfig
+
+	mu       sync.Mutex
+	limiters map[string]*rate.Limiter // per cluster, so new streams get no fresh budget
+}
+
+func (d *discoveryService) limiter(cluster string) *rate.Limiter {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.limiters == nil {
+		d.limiters = map[string]*rate.Limiter{}
+	}
+	l := d.limiters[cluster]
+	if l == nil {
+		l = rate.NewLimiter(rate.Limit(d.cfg.SnapshotsPerSecond), d.cfg.SnapshotBurst)
+		d.limiters[cluster] = l
+	}
+	return l
+}
+
+// open registers a data-path stream of the authenticated agent as a session
+// (so deregistration ends it) and counts it in gauge; done undoes both.
+func (d *discoveryService) open(streamCtx context.Context, gauge prometheus.Gauge) (*agent, context.Context, func(), error) {
+	a, ok := agentFrom(streamCtx)
+	if !ok {
+		return nil, nil, nil, errUnauthenticated
+	}
+	ctx, done, err := d.s.session(streamCtx, a)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	gauge.Inc()
+	return a, ctx, func() { gauge.Dec(); done() }, nil
 }
 
 // Push implements relaypb.DiscoveryServer.
 func (d *discoveryService) Push(stream relaypb.Discovery_PushServer) error {
-	a, ok := agentFrom(stream.Context())
-	if !ok {
-		return errUnauthenticated
-	}
-	ctx, done, err := d.s.session(stream.Context(), a)
+	m := d.s.cfg.Metrics
+	a, ctx, done, err := d.open(stream.Context(), m.pushClients)
 	if err != nil {
 		return err
 	}
 	defer done()
-	m := d.s.cfg.Metrics
-	m.pushClients.Inc()
-	defer m.pushClients.Dec()
-	lim := rate.NewLimiter(rate.Limit(d.cfg.SnapshotsPerSecond), d.cfg.SnapshotBurst)
+	lim := d.limiter(a.cluster)
 	msgs, recvErr := recvLoop(ctx, stream.Recv)
 	for {
 		var snap *relaypb.Snapshot
@@ -70,6 +99,11 @@ func (d *discoveryService) Push(stream relaypb.Discovery_PushServer) error {
 		}
 		now := d.s.cfg.Clock()
 		if ack.Accepted {
+			// The registration may have ended while the snapshot was checked;
+			// a deregistered cluster must not reappear in the view.
+			if reg, ok := d.s.cfg.Registry.Lookup(a.cluster); !ok || reg.UID != a.registration {
+				return status.Error(codes.PermissionDenied, "cluster deregistered")
+			}
 			d.cfg.View.Accept(a.cluster, snap, now)
 			m.snapshotBytes.Observe(float64(size))
 			m.snapshotObjects.WithLabelValues(a.cluster).Set(float64(len(snap.GetMeshes()) + len(snap.GetWorkloads()) + len(snap.GetDestinations())))
@@ -88,18 +122,12 @@ func (d *discoveryService) Push(stream relaypb.Discovery_PushServer) error {
 // Pull implements relaypb.DiscoveryServer: the current set at once, then
 // every new version; acks are recorded in the view.
 func (d *discoveryService) Pull(stream relaypb.Discovery_PullServer) error {
-	a, ok := agentFrom(stream.Context())
-	if !ok {
-		return errUnauthenticated
-	}
-	ctx, done, err := d.s.session(stream.Context(), a)
+	m := d.s.cfg.Metrics
+	a, ctx, done, err := d.open(stream.Context(), m.pullClients)
 	if err != nil {
 		return err
 	}
 	defer done()
-	m := d.s.cfg.Metrics
-	m.pullClients.Inc()
-	defer m.pullClients.Dec()
 	// No set goes out before the outputs are complete: an agent prunes what
 	// is missing, so a half-loaded set would delete good configuration.
 	select {
@@ -113,8 +141,8 @@ func (d *discoveryService) Pull(stream relaypb.Discovery_PullServer) error {
 	var sent uint64
 	send := func() error {
 		set := d.cfg.Outputs.Get(a.cluster)
-		if set.GetVersion() == sent {
-			return nil
+		if set == nil || set.GetVersion() == sent {
+			return nil // nothing published for this cluster yet: send nothing, never an empty set
 		}
 		sent = set.GetVersion()
 		return stream.Send(set)
@@ -137,16 +165,22 @@ func (d *discoveryService) Pull(stream relaypb.Discovery_PullServer) error {
 				return status.Error(codes.InvalidArgument, "ack has too many results")
 			}
 			d.cfg.View.Acked(a.cluster, ack, d.s.cfg.Clock())
+			logged := 0
 			for _, r := range ack.GetResults() {
 				m.applyResults.WithLabelValues(a.cluster, outcomeLabel(r.GetOutcome())).Inc()
-				if r.GetOutcome() == "conflict" || r.GetOutcome() == "error" {
+				if (r.GetOutcome() == "conflict" || r.GetOutcome() == "error") && logged < maxLoggedResults {
+					logged++
 					d.s.log.Warn("agent could not apply an object", "cluster", a.cluster, "version", ack.GetVersion(),
-						"object", r.GetKind()+"/"+r.GetNamespace()+"/"+r.GetName(), "outcome", r.GetOutcome(), "error", truncate(r.GetError(), 300))
+						"object", truncate(r.GetKind()+"/"+r.GetNamespace()+"/"+r.GetName(), 300), "outcome", r.GetOutcome(), "error", truncate(r.GetError(), 300))
 				}
 			}
 		}
 	}
 }
+
+// maxLoggedResults bounds the log lines one ack can cause; the metric and
+// /debug/snapshots/input have the rest.
+const maxLoggedResults = 20
 
 // outcomeLabel keeps the metric's label set closed.
 func outcomeLabel(o string) string {

@@ -128,13 +128,17 @@ func TestValidateSnapshotSize(t *testing.T) {
 // ResourceExhausted; nothing is accepted.
 func TestPushOversizedMessage(t *testing.T) {
 	f := relaytest.New(t, relaytest.Options{DataPath: true})
-	stream := pushStream(t, f, f.Bootstrap("cluster-1"))
+	cred := f.Bootstrap("cluster-1")
+	good := snapshot("cluster-1", 1)
+	require.True(t, push(t, pushStream(t, f, cred), good).GetAccepted())
+	stream := pushStream(t, f, cred)
 	s := snapshot("cluster-1", 1)
 	s.Meshes[0].Version = strings.Repeat("v", 5<<20)
 	require.NoError(t, stream.Send(rehash(s)))
 	_, err := stream.Recv()
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
-	assert.Nil(t, f.View.Snapshot("cluster-1"))
+	assert.Contains(t, err.Error(), "larger than max")
+	assert.Equal(t, good.GetHash(), f.View.Snapshot("cluster-1").GetHash(), "the last good snapshot stays")
 }
 
 func TestPushFlood(t *testing.T) {
@@ -235,4 +239,21 @@ func FuzzValidateSnapshot(f *testing.F) {
 			require.Equal(t, "cluster-1", w.GetCluster())
 		}
 	})
+}
+
+func TestValidateSnapshotAmbiguousNames(t *testing.T) {
+	s := snapshot("cluster-1", 0)
+	s.Destinations = []*relaypb.Destination{
+		{Name: "a-b", Namespace: "c", Cluster: "cluster-1", MeshName: "istiod", MeshNamespace: "istio-system"},
+		{Name: "a", Namespace: "b-c", Cluster: "cluster-1", MeshName: "istiod", MeshNamespace: "istio-system"},
+	}
+	err := relay.ValidateSnapshot("cluster-1", rehash(s), relay.SnapshotLimits{})
+	require.ErrorIs(t, err, relay.ErrSnapshotRefused)
+	assert.Contains(t, err.Error(), "map to the same discovered name a-b-c-cluster-1")
+
+	s = snapshot("cluster-1", 0)
+	s.Workloads = []*relaypb.Workload{{Name: strings.Repeat("w", 225), Namespace: "bookinfo", Cluster: "cluster-1", Kind: "StatefulSet", MeshName: "istiod", MeshNamespace: "istio-system"}}
+	err = relay.ValidateSnapshot("cluster-1", rehash(s), relay.SnapshotLimits{})
+	require.ErrorIs(t, err, relay.ErrSnapshotRefused, "the -statefulset suffix counts")
+	assert.Contains(t, err.Error(), "longer than 253")
 }

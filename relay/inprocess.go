@@ -79,14 +79,19 @@ type InProcessAgents struct {
 	log       *slog.Logger
 
 	mu      sync.Mutex
-	running map[string]context.CancelFunc // by cluster
+	running map[string]*inProcessRun // by cluster
+}
+
+type inProcessRun struct {
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // NewInProcessAgents starts an in-process agent for every cluster of reg
 // (now and as it changes) until ctx ends.
 func NewInProcessAgents(ctx context.Context, secrets kubernetes.Interface, namespace string, reg *Registry, view *View, outputs *Outputs, log *slog.Logger) *InProcessAgents {
 	a := &InProcessAgents{secrets: secrets, namespace: namespace, view: view, outputs: outputs,
-		log: log.With("component", "in-process-agent"), running: map[string]context.CancelFunc{}}
+		log: log.With("component", "in-process-agent"), running: map[string]*inProcessRun{}}
 	reg.OnRegister(func(name string) {
 		if r, ok := reg.Lookup(name); ok {
 			a.start(ctx, r)
@@ -106,14 +111,18 @@ func NewInProcessAgents(ctx context.Context, secrets kubernetes.Interface, names
 	return a
 }
 
+// start replaces the cluster's agent: the old one is stopped and waited
+// for under the lock, so two never apply to the same cluster.
 func (a *InProcessAgents) start(parent context.Context, r Registration) {
-	a.stop(r.Name)
-	ctx, cancel := context.WithCancel(parent)
 	a.mu.Lock()
-	a.running[r.Name] = cancel
-	a.mu.Unlock()
+	defer a.mu.Unlock()
+	a.stopLocked(r.Name)
+	ctx, cancel := context.WithCancel(parent)
+	run := &inProcessRun{cancel: cancel, done: make(chan struct{})}
+	a.running[r.Name] = run
 	a.log.Warn("managing a cluster in kubeconfig mode: the server holds its credentials (relay mode is the secure choice)", "cluster", r.Name, "secret", r.KubeconfigSecret)
 	go func() {
+		defer close(run.done)
 		for attempt := 0; ctx.Err() == nil; attempt++ {
 			err := a.run(ctx, r)
 			if ctx.Err() != nil {
@@ -132,11 +141,15 @@ func (a *InProcessAgents) start(parent context.Context, r Registration) {
 
 func (a *InProcessAgents) stop(name string) {
 	a.mu.Lock()
-	cancel := a.running[name]
-	delete(a.running, name)
-	a.mu.Unlock()
-	if cancel != nil {
-		cancel()
+	defer a.mu.Unlock()
+	a.stopLocked(name)
+}
+
+func (a *InProcessAgents) stopLocked(name string) {
+	if run := a.running[name]; run != nil {
+		run.cancel()
+		<-run.done
+		delete(a.running, name)
 	}
 }
 
@@ -202,6 +215,9 @@ func (a *InProcessAgents) pushLoop(ctx context.Context, cluster string, disc *di
 		if err != nil {
 			return err
 		}
+		if ctx.Err() != nil {
+			return nil // stopped: a deregistered cluster must not reappear in the view
+		}
 		if snap.GetHash() != last {
 			if err := ValidateSnapshot(cluster, snap, SnapshotLimits{}); err != nil {
 				a.view.Refused(cluster, err.Error())
@@ -230,7 +246,7 @@ func (a *InProcessAgents) pullLoop(ctx context.Context, cluster string, applier 
 	var applied uint64
 	for {
 		set := a.outputs.Get(cluster)
-		if set.GetVersion() != applied {
+		if set != nil && set.GetVersion() != applied {
 			results, err := applier.Apply(ctx, set)
 			if err != nil {
 				if errors.Is(err, context.Canceled) {

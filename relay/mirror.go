@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -128,26 +129,41 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 	}
 	start := time.Now()
 	var created, updated, deleted int
+	var errs []error
 	for gvr, want := range desired {
 		ri := m.client.Resource(gvr).Namespace(m.namespace)
-		list, err := ri.List(ctx, metav1.ListOptions{LabelSelector: LabelCluster + "=" + cluster})
+		list, err := ri.List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return fmt.Errorf("list %s: %w", gvr.Resource, err)
 		}
 		have := map[string]*unstructured.Unstructured{}
+		others := map[string]string{} // name -> the other cluster that owns it
 		for i := range list.Items {
-			have[list.Items[i].GetName()] = &list.Items[i]
+			o := &list.Items[i]
+			if c := o.GetLabels()[LabelCluster]; c == cluster {
+				have[o.GetName()] = o
+			} else {
+				others[o.GetName()] = c
+			}
 		}
 		for name, obj := range want {
+			if owner, taken := others[name]; taken {
+				// Never take over another cluster's object: names are
+				// `<name>-<namespace>-<cluster>` and can collide.
+				m.log.Warn("discovered name already used by another cluster; not written", "cluster", cluster, "kind", gvr.Resource, "name", name, "owner", owner)
+				continue
+			}
 			if cur, ok := have[name]; ok && cur.GetAnnotations()[annotationSpecSum] == obj.GetAnnotations()[annotationSpecSum] {
 				continue
 			}
 			body, err := obj.MarshalJSON()
 			if err != nil {
-				return err
+				errs = append(errs, err)
+				continue
 			}
 			if _, err := ri.Patch(ctx, name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: mirrorManager, Force: new(true)}); err != nil {
-				return fmt.Errorf("apply %s %s: %w", gvr.Resource, name, err)
+				errs = append(errs, fmt.Errorf("apply %s %s: %w", gvr.Resource, name, err))
+				continue
 			}
 			if _, ok := have[name]; ok {
 				updated++
@@ -162,7 +178,8 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 			uid := cur.GetUID()
 			err := ri.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 			if err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("delete %s %s: %w", gvr.Resource, name, err)
+				errs = append(errs, fmt.Errorf("delete %s %s: %w", gvr.Resource, name, err))
+				continue
 			}
 			deleted++
 		}
@@ -170,7 +187,34 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 	if created+updated+deleted > 0 {
 		m.log.Info("discovered objects written", "cluster", cluster, "created", created, "updated", updated, "deleted", deleted, "took", time.Since(start).Round(time.Millisecond))
 	}
-	return nil
+	// One bad object does not hold up the others; the failures are retried.
+	return errors.Join(errs...)
+}
+
+// CollectOrphans deletes discovered objects of clusters that are not
+// registered (deregistered while the server was down, or a mode that is no
+// longer managed). Call it once at start, after the registries synced.
+func (m *Mirror) CollectOrphans(ctx context.Context, registered func(cluster string) bool) error {
+	var errs []error
+	for _, gvr := range []schema.GroupVersionResource{MeshesResource, WorkloadsResource, DestinationsResource} {
+		ri := m.client.Resource(gvr).Namespace(m.namespace)
+		list, err := ri.List(ctx, metav1.ListOptions{LabelSelector: LabelCluster})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, o := range list.Items {
+			if c := o.GetLabels()[LabelCluster]; !registered(c) {
+				uid := o.GetUID()
+				if err := ri.Delete(ctx, o.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
+					errs = append(errs, err)
+					continue
+				}
+				m.log.Info("deleted a discovered object of an unregistered cluster", "cluster", c, "kind", gvr.Resource, "name", o.GetName())
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 type discoveredObject struct {

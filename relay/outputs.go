@@ -74,14 +74,13 @@ func (o *Outputs) Set(cluster string, objects []*relaypb.OutputObject) {
 	}
 }
 
-// Get returns cluster's current set (an empty set if none was published).
+// Get returns cluster's current set, or nil if none was published yet. An
+// agent prunes what a set lacks, so "nothing known" must never be sent as an
+// empty set.
 func (o *Outputs) Get(cluster string) *relaypb.OutputSet {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if s := o.sets[cluster]; s != nil {
-		return s
-	}
-	return &relaypb.OutputSet{Version: o.next}
+	return o.sets[cluster]
 }
 
 // Remove forgets a cluster.

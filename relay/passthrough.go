@@ -28,7 +28,10 @@ const (
 	AnnotationTargetNamespace = "relaymesh.io/target-namespace"
 )
 
-// PassthroughKinds are the Istio kinds the pass-through source watches.
+// PassthroughKinds are the resources the pass-through source watches: the
+// resources of apply.DefaultKinds, the kinds an agent may apply (kept in
+// step by TestPassthroughKindsMatchApply; guessing plurals gets "gateways"
+// wrong).
 var PassthroughKinds = []schema.GroupVersionResource{
 	{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"},
 	{Group: "networking.istio.io", Version: "v1", Resource: "destinationrules"},
@@ -70,9 +73,11 @@ func RunPassthrough(ctx context.Context, client dynamic.Interface, namespace str
 		r.OnRegister(func(string) { p.publish() })
 	}
 	factory.Start(ctx.Done())
-	for _, inf := range p.informers {
-		if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-			return nil, fmt.Errorf("pass-through watch did not sync: %w", ctx.Err())
+	syncCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for i, inf := range p.informers {
+		if !cache.WaitForCacheSync(syncCtx.Done(), inf.HasSynced) {
+			return nil, fmt.Errorf("pass-through watch of %s did not sync within a minute (are Istio's CRDs installed in the management cluster?)", PassthroughKinds[i].Resource)
 		}
 	}
 	p.publish()

@@ -28,8 +28,11 @@ func NewRegistry() *Registry {
 	return &Registry{clusters: map[string]Registration{}}
 }
 
-// Lookup returns the registration of a cluster.
+// Lookup returns the registration of a cluster. A nil registry has none.
 func (r *Registry) Lookup(name string) (Registration, bool) {
+	if r == nil {
+		return Registration{}, false
+	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	reg, ok := r.clusters[name]

@@ -70,6 +70,7 @@ func ValidateSnapshot(cluster string, s *relaypb.Snapshot, limits SnapshotLimits
 		return refuse("hash %q does not match the content", truncate(s.GetHash(), 80))
 	}
 	seen := map[string]bool{}
+	discovered := map[string]string{} // discovered name -> the object that claimed it
 	check := func(kind, subkind string, i int, name, namespace, objCluster string, labelMaps ...map[string]string) error {
 		path := fmt.Sprintf("%s[%d]", kind, i)
 		if objCluster != cluster {
@@ -81,9 +82,19 @@ func ValidateSnapshot(cluster string, s *relaypb.Snapshot, limits SnapshotLimits
 		if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
 			return refuse("%s: namespace %q: %s", path, truncate(namespace, 80), errs[0])
 		}
-		if dn := DiscoveredName(name, namespace, cluster); len(dn) > validation.DNS1123SubdomainMaxLength {
-			return refuse("%s: discovered name %s/%s/%s is longer than %d characters", path, namespace, name, cluster, validation.DNS1123SubdomainMaxLength)
+		dn := DiscoveredName(name, namespace, cluster)
+		if kind == "workloads" {
+			dn = WorkloadName(&relaypb.Workload{Name: name, Namespace: namespace, Cluster: cluster, Kind: subkind})
 		}
+		if len(dn) > validation.DNS1123SubdomainMaxLength {
+			return refuse("%s: discovered name %s is longer than %d characters", path, truncate(dn, 80), validation.DNS1123SubdomainMaxLength)
+		}
+		// `<name>-<namespace>-<cluster>` is ambiguous when names contain
+		// '-': two objects must not claim the same discovered name.
+		if other, dup := discovered[kind+"/"+dn]; dup && other != namespace+"/"+name {
+			return refuse("%s: %s/%s and %s map to the same discovered name %s", path, namespace, name, other, dn)
+		}
+		discovered[kind+"/"+dn] = namespace + "/" + name
 		key := kind + "/" + subkind + "/" + namespace + "/" + name
 		if seen[key] {
 			return refuse("%s: %s/%s appears twice", path, namespace, name)

@@ -211,31 +211,41 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // leadAndWork runs work while this replica holds the Lease. Losing the lease
 // ends the process's work (it exits with an error, and its supervisor
-// restarts it as a standby), so two replicas never apply at once.
+// restarts it as a standby), so two replicas never apply at once. On
+// shutdown the work is stopped and waited for before the lease is released,
+// so a standby never starts while this replica is still applying.
 func leadAndWork(ctx context.Context, kube *kubeClients, namespace, lease, id string, leaseDuration, renewDeadline, retryPeriod time.Duration, log *slog.Logger, work func(context.Context) error) error {
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, namespace, lease, kube.typed.CoreV1(), kube.typed.CoordinationV1(),
 		resourcelock.ResourceLockConfig{Identity: id})
 	if err != nil {
 		return err
 	}
-	errc := make(chan error, 1)
 	lost := errors.New("lost leadership")
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	result := make(chan error, 2)
+	workDone := make(chan struct{})
+	var started atomic.Bool
+	// The elector's context outlives ctx until the work has stopped.
+	leCtx, leCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer leCancel()
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: lock, LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod, ReleaseOnCancel: true, Name: lease,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) {
+			OnStartedLeading: func(lctx context.Context) {
+				started.Store(true)
+				defer close(workDone)
 				log.Info("leading: this replica talks to the server and applies", "identity", id)
-				errc <- work(ctx)
+				wctx, cancel := context.WithCancel(lctx)
+				defer cancel()
+				go func() {
+					select {
+					case <-ctx.Done():
+						cancel()
+					case <-wctx.Done():
+					}
+				}()
+				result <- work(wctx)
 			},
-			OnStoppedLeading: func() {
-				select {
-				case errc <- lost:
-				default:
-				}
-				cancel()
-			},
+			OnStoppedLeading: func() { result <- lost },
 			OnNewLeader: func(leader string) {
 				if leader != id {
 					log.Info("standing by", "leader", leader)
@@ -246,16 +256,29 @@ func leadAndWork(ctx context.Context, kube *kubeClients, namespace, lease, id st
 	if err != nil {
 		return err
 	}
-	le.Run(lctx)
+	elected := make(chan struct{})
+	go func() { le.Run(leCtx); close(elected) }()
+	var first error
 	select {
-	case err := <-errc:
-		if errors.Is(err, lost) && ctx.Err() != nil {
-			return nil // we were stopping anyway
+	case <-ctx.Done():
+	case first = <-result:
+	case <-elected:
+	}
+	// Stop the work (ctx, or a lost lease, already cancelled it) and wait,
+	// then let the elector release the lease.
+	if started.Load() {
+		select {
+		case <-workDone:
+		case <-time.After(30 * time.Second):
+			log.Error("work did not stop within 30s; releasing the lease anyway")
 		}
-		return err
-	default:
+	}
+	leCancel()
+	<-elected
+	if first == nil || (errors.Is(first, lost) && ctx.Err() != nil) {
 		return nil
 	}
+	return first
 }
 
 func errString(err error) string {

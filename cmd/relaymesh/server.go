@@ -156,6 +156,18 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	view := relay.NewView()
 	mirror := relay.NewMirror(kube.dynamic, f.namespace, view, log)
 	go mirror.Run(ctx)
+	go func() {
+		registered := func(c string) bool {
+			if _, ok := registry.Lookup(c); ok {
+				return true
+			}
+			_, ok := kubeconfigClusters.Lookup(c)
+			return ok
+		}
+		if err := mirror.CollectOrphans(ctx, registered); err != nil {
+			log.Warn("could not delete discovered objects of unregistered clusters", "error", err)
+		}
+	}()
 	outputs := relay.NewOutputs(time.Now())
 	sources := []*relay.Registry{registry}
 	if kubeconfigClusters != nil {

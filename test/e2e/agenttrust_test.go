@@ -15,7 +15,6 @@ import (
 	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -35,17 +34,8 @@ import (
 // session ends and its certificate can no longer renew.
 func TestAgentTrust(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	bin, err := localcluster.BuildRelaymesh(dir)
-	require.NoError(t, err)
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"mgmt", "cluster-1", "cluster-2"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	bin, env, dir := Setup(t, "mgmt", "cluster-1", "cluster-2")
 	mgmt := env.Cluster("mgmt")
-	mgmtCS, err := mgmt.Clientset()
-	require.NoError(t, err)
-	_, err = mgmtCS.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
 
 	relayAddr, opsAddr := Addr(t), Addr(t)
 	auditLog := filepath.Join(dir, "audit.log")
@@ -190,16 +180,9 @@ func TestAgentTrust(t *testing.T) {
 // certificate, bootstraps with the new token and reconnects.
 func TestProvidedCAAndReregistration(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	bin, err := localcluster.BuildRelaymesh(dir)
-	require.NoError(t, err)
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"mgmt", "cluster-1"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	bin, env, dir := Setup(t, "mgmt", "cluster-1")
 	mgmt := env.Cluster("mgmt")
 	mgmtCS, err := mgmt.Clientset()
-	require.NoError(t, err)
-	_, err = mgmtCS.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	root := catest.NewRoot(t, catest.CAOptions{Name: "Example Corp Root"})
 	issuing := root.NewIntermediate(t, catest.CAOptions{Name: "Example Corp Relay CA", PathLenZero: true})

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 )
@@ -29,17 +30,8 @@ var virtualServices = schema.GroupVersionResource{Group: "networking.istio.io", 
 // same state, and a standby agent takes over from a killed leader.
 func TestDataPath(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	bin, err := localcluster.BuildRelaymesh(dir)
-	require.NoError(t, err)
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"mgmt", "cluster-1", "cluster-2"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	bin, env, dir := Setup(t, "mgmt", "cluster-1", "cluster-2")
 	mgmt := env.Cluster("mgmt")
-	mgmtCS, err := mgmt.Clientset()
-	require.NoError(t, err)
-	_, err = mgmtCS.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
 	sample, err := examples.Demo.ReadFile("demo/workload-cluster.yaml")
 	require.NoError(t, err)
 	for _, name := range []string{"cluster-1", "cluster-2"} {
@@ -175,11 +167,42 @@ spec: {hosts: [ratings], http: [{route: [{destination: {host: ratings}}]}]}
 	_, err = c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "user-owned", metav1.GetOptions{})
 	require.NoError(t, err, "never pruned")
 
-	// Kill the server mid-stream and start it again: same view, no duplicates, outputs intact.
-	before := map[string]int{}
-	for _, c := range []string{"cluster-1", "cluster-2"} {
-		before[c] = count(relay.WorkloadsResource, c) + count(relay.DestinationsResource, c) + count(relay.MeshesResource, c)
+	// Kill the server mid-stream and start it again: same view (the very
+	// same objects, not recreated), no duplicates, outputs intact.
+	_, err = mgmt.Apply(ctx, "test", []byte(`
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata:
+  name: keep-route
+  namespace: relaymesh
+  labels: {relaymesh.io/target-cluster: cluster-1}
+  annotations: {relaymesh.io/target-namespace: bookinfo}
+spec: {hosts: [productpage], http: [{route: [{destination: {host: productpage}}]}]}
+`))
+	require.NoError(t, err)
+	var kept *unstructured.Unstructured
+	// Applied and settled (a new object takes a create and an apply).
+	Eventually(t, 10*time.Second, "keep-route applied and settled", func() (bool, string) {
+		first, err := c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "keep-route", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		time.Sleep(time.Second)
+		kept, err = c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "keep-route", metav1.GetOptions{})
+		return err == nil && kept.GetResourceVersion() == first.GetResourceVersion(), fmt.Sprint(err)
+	})
+	uids := func() map[string]string {
+		out := map[string]string{}
+		for _, gvr := range []schema.GroupVersionResource{relay.MeshesResource, relay.WorkloadsResource, relay.DestinationsResource} {
+			l, err := dyn.Resource(gvr).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
+			require.NoError(t, err)
+			for _, o := range l.Items {
+				out[gvr.Resource+"/"+o.GetName()] = string(o.GetUID())
+			}
+		}
+		return out
 	}
+	before := uids()
 	require.NoError(t, server.Kill())
 	_, err = c1CS.CoreV1().Services("bookinfo").Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "while-down", Namespace: "bookinfo"},
@@ -193,8 +216,15 @@ spec: {hosts: [ratings], http: [{route: [{destination: {host: ratings}}]}]}
 		return exists(relay.DestinationsResource, "while-down-bookinfo-cluster-1"), ""
 	})
 	t.Logf("after a server restart, a change made while it was down arrived %s after it came back", time.Since(start).Round(time.Millisecond))
-	assert.Equal(t, before["cluster-1"]+1, count(relay.WorkloadsResource, "cluster-1")+count(relay.DestinationsResource, "cluster-1")+count(relay.MeshesResource, "cluster-1"))
-	assert.Equal(t, before["cluster-2"], count(relay.WorkloadsResource, "cluster-2")+count(relay.DestinationsResource, "cluster-2")+count(relay.MeshesResource, "cluster-2"))
+	restarted := uids()
+	assert.Len(t, restarted, len(before)+1, "exactly the one new Destination, no duplicates")
+	for k, uid := range before {
+		assert.Equal(t, uid, restarted[k], "%s was recreated or lost across the restart", k)
+	}
+	keptAfter, err := c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "keep-route", metav1.GetOptions{})
+	require.NoError(t, err, "an applied output survives the server restart")
+	assert.Equal(t, kept.GetUID(), keptAfter.GetUID())
+	assert.Equal(t, kept.GetResourceVersion(), keptAfter.GetResourceVersion(), "and is not rewritten")
 	_, err = c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "user-owned", metav1.GetOptions{})
 	require.NoError(t, err)
 

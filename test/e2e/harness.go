@@ -17,7 +17,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -119,7 +123,7 @@ func MetricWith(url, name, match string) (float64, error) {
 	}
 	var sum float64
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, name+"{") && strings.Contains(line, match) {
+		if (strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{")) && strings.Contains(line, match) {
 			f := strings.Fields(line)
 			v, err := strconv.ParseFloat(f[len(f)-1], 64)
 			if err != nil {
@@ -131,24 +135,25 @@ func MetricWith(url, name, match string) (float64, error) {
 	return sum, nil
 }
 
-// Metric reads one unlabelled (or first-matching) sample from a Prometheus
-// text endpoint.
-func Metric(url, name string) (float64, error) {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
-			f := strings.Fields(line)
-			return strconv.ParseFloat(f[len(f)-1], 64)
-		}
-	}
-	return 0, fmt.Errorf("metric %s not found", name)
+// Metric reads an unlabelled metric (or sums a labelled one) from a
+// Prometheus text endpoint.
+func Metric(url, name string) (float64, error) { return MetricWith(url, name, "") }
+
+// Setup builds relaymesh, starts local clusters (the first is the
+// management cluster, with the namespace relaymesh) and returns the binary,
+// the environment and a directory for logs; everything stops with the test.
+func Setup(t *testing.T, clusters ...string) (bin string, env *localcluster.Env, dir string) {
+	t.Helper()
+	ctx := context.Background()
+	dir = t.TempDir()
+	bin, err := localcluster.BuildRelaymesh(dir)
+	require.NoError(t, err)
+	env, err = localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: clusters})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	cs, err := env.Cluster(clusters[0]).Clientset()
+	require.NoError(t, err)
+	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return bin, env, dir
 }

@@ -10,10 +10,8 @@ import (
 
 	"github.com/relaymesh/relaymesh/examples"
 	"github.com/relaymesh/relaymesh/relay"
-	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 )
@@ -23,16 +21,9 @@ import (
 // server runs discovery and apply in-process with the kubeconfig it holds.
 func TestKubeconfigMode(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	bin, err := localcluster.BuildRelaymesh(dir)
-	require.NoError(t, err)
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"mgmt", "cluster-1"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	bin, env, dir := Setup(t, "mgmt", "cluster-1")
 	mgmt, c1 := env.Cluster("mgmt"), env.Cluster("cluster-1")
 	mgmtCS, err := mgmt.Clientset()
-	require.NoError(t, err)
-	_, err = mgmtCS.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	sample, err := examples.Demo.ReadFile("demo/workload-cluster.yaml")
 	require.NoError(t, err)
