@@ -1,0 +1,217 @@
+// Package translation holds what every translator shares: the Input (all
+// clusters' discovered objects and the user's intent), the Output (per
+// cluster, the Istio objects to apply, each with its parents) and the Report
+// (a status for every user object). Translators (federation/, policy/) are
+// pure functions from an Input to additions to an Output and a Report: no
+// client calls, deterministic output.
+package translation
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// Labels and annotations on every output object.
+const (
+	// OwnerLabel marks objects Relaymesh manages (the agent sets its value).
+	OwnerLabel = "relaymesh.io/owner"
+	// ParentsAnnotation names the user objects that produced an output.
+	ParentsAnnotation = "relaymesh.io/parents"
+)
+
+// Input is everything translation reads.
+type Input struct {
+	Meshes       []discoveryv1alpha1.Mesh
+	Workloads    []discoveryv1alpha1.Workload
+	Destinations []discoveryv1alpha1.Destination
+
+	VirtualMeshes       []networkingv1alpha1.VirtualMesh
+	TrafficPolicies     []networkingv1alpha1.TrafficPolicy
+	AccessPolicies      []networkingv1alpha1.AccessPolicy
+	VirtualDestinations []networkingv1alpha1.VirtualDestination
+}
+
+// Parent is a user object that produced an output.
+type Parent struct{ Kind, Namespace, Name string }
+
+func (p Parent) String() string { return p.Kind + "/" + p.Namespace + "/" + p.Name }
+
+// Object is one output object for one cluster.
+type Object struct {
+	Cluster string
+	Object  *unstructured.Unstructured
+	Parents []Parent
+}
+
+// Output is the translated configuration of every cluster.
+type Output struct {
+	objects map[string]*Object // by cluster/apiVersion/kind/namespace/name
+}
+
+// NewOutput returns an empty output.
+func NewOutput() *Output { return &Output{objects: map[string]*Object{}} }
+
+// Add records an Istio object for cluster. spec is the Istio API message
+// (istio.io/api); it is encoded as Istio's CRDs expect (protobuf JSON,
+// lowerCamelCase). Adding the same object twice merges the parents; a
+// different spec under the same name is an error (a translator bug or a
+// conflict the caller must report).
+func (o *Output) Add(cluster, apiVersion, kind, namespace, name string, spec proto.Message, parents ...Parent) error {
+	specJSON, err := protojson.MarshalOptions{}.Marshal(spec)
+	if err != nil {
+		return fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
+	}
+	var specMap map[string]any
+	if err := json.Unmarshal(specJSON, &specMap); err != nil {
+		return err
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": specMap}}
+	u.SetAPIVersion(apiVersion)
+	u.SetKind(kind)
+	u.SetNamespace(namespace)
+	u.SetName(name)
+	key := strings.Join([]string{cluster, apiVersion, kind, namespace, name}, "/")
+	if cur, ok := o.objects[key]; ok {
+		a, _ := json.Marshal(cur.Object.Object["spec"])
+		b, _ := json.Marshal(specMap)
+		if string(a) != string(b) {
+			return fmt.Errorf("%s %s/%s in cluster %s is produced twice with different specs", kind, namespace, name, cluster)
+		}
+		cur.Parents = mergeParents(cur.Parents, parents)
+		return nil
+	}
+	o.objects[key] = &Object{Cluster: cluster, Object: u, Parents: mergeParents(nil, parents)}
+	return nil
+}
+
+func mergeParents(a, b []Parent) []Parent {
+	seen := map[Parent]bool{}
+	var out []Parent
+	for _, p := range append(append([]Parent(nil), a...), b...) {
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+// Put adds an already built object (used to split an output by cluster).
+func (o *Output) Put(obj *Object) {
+	u := obj.Object
+	key := strings.Join([]string{obj.Cluster, u.GetAPIVersion(), u.GetKind(), u.GetNamespace(), u.GetName()}, "/")
+	o.objects[key] = obj
+}
+
+// Objects returns every output object sorted by cluster, apiVersion, kind,
+// namespace and name, with the parents annotation set.
+func (o *Output) Objects() []*Object {
+	keys := make([]string, 0, len(o.objects))
+	for k := range o.objects {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]*Object, 0, len(keys))
+	for _, k := range keys {
+		obj := o.objects[k]
+		var ps []string
+		for _, p := range obj.Parents {
+			ps = append(ps, p.String())
+		}
+		obj.Object.SetAnnotations(map[string]string{ParentsAnnotation: strings.Join(ps, ",")})
+		out = append(out, obj)
+	}
+	return out
+}
+
+// Clusters returns the clusters that have output.
+func (o *Output) Clusters() []string {
+	set := map[string]bool{}
+	for _, obj := range o.objects {
+		set[obj.Cluster] = true
+	}
+	out := make([]string, 0, len(set))
+	for c := range set {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ObjectKey names a user object in the Report.
+type ObjectKey struct{ Kind, Namespace, Name string }
+
+// Report is the status translation gives each user object.
+type Report struct {
+	statuses map[ObjectKey]*common.Status
+	targets  map[ObjectKey][]common.TargetStatus
+}
+
+// NewReport returns an empty report.
+func NewReport() *Report {
+	return &Report{statuses: map[ObjectKey]*common.Status{}, targets: map[ObjectKey][]common.TargetStatus{}}
+}
+
+// Accept marks an object Accepted (unless it is already Invalid).
+func (r *Report) Accept(k ObjectKey, generation int64) {
+	st := r.status(k, generation)
+	if st.State == "" || st.State == common.StatePending {
+		st.State = common.StateAccepted
+	}
+}
+
+// Invalid marks an object Invalid with a message; it produces no output.
+func (r *Report) Invalid(k ObjectKey, generation int64, format string, args ...any) {
+	st := r.status(k, generation)
+	st.State = common.StateInvalid
+	st.Errors = append(st.Errors, fmt.Sprintf(format, args...))
+}
+
+// Target records the verdict for one target (a Destination, a Mesh).
+func (r *Report) Target(k ObjectKey, t common.TargetStatus) {
+	r.targets[k] = append(r.targets[k], t)
+}
+
+func (r *Report) status(k ObjectKey, generation int64) *common.Status {
+	st := r.statuses[k]
+	if st == nil {
+		st = &common.Status{State: common.StatePending}
+		r.statuses[k] = st
+	}
+	st.ObservedGeneration = generation
+	return st
+}
+
+// Status returns an object's status and per-target results (sorted).
+func (r *Report) Status(k ObjectKey) (common.Status, []common.TargetStatus, bool) {
+	st, ok := r.statuses[k]
+	if !ok {
+		return common.Status{}, nil, false
+	}
+	ts := append([]common.TargetStatus(nil), r.targets[k]...)
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Target < ts[j].Target })
+	return *st, ts, true
+}
+
+// Keys returns every reported object, sorted.
+func (r *Report) Keys() []ObjectKey {
+	out := make([]ObjectKey, 0, len(r.statuses))
+	for k := range r.statuses {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		return a.Kind+"/"+a.Namespace+"/"+a.Name < b.Kind+"/"+b.Namespace+"/"+b.Name
+	})
+	return out
+}

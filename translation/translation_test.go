@@ -1,0 +1,71 @@
+package translation_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/translationtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	networkingv1 "istio.io/api/networking/v1"
+)
+
+func vs(host string) *networkingv1.VirtualService {
+	return &networkingv1.VirtualService{Hosts: []string{host}, Http: []*networkingv1.HTTPRoute{{
+		Route: []*networkingv1.HTTPRouteDestination{{Destination: &networkingv1.Destination{Host: host}}},
+	}}}
+}
+
+func TestOutput(t *testing.T) {
+	out := translation.NewOutput()
+	p1 := translation.Parent{Kind: "TrafficPolicy", Namespace: "relaymesh", Name: "b"}
+	p2 := translation.Parent{Kind: "TrafficPolicy", Namespace: "relaymesh", Name: "a"}
+	require.NoError(t, out.Add("cluster-2", "networking.istio.io/v1", "VirtualService", "bookinfo", "reviews", vs("reviews"), p1))
+	require.NoError(t, out.Add("cluster-2", "networking.istio.io/v1", "VirtualService", "bookinfo", "reviews", vs("reviews"), p2))
+	require.NoError(t, out.Add("cluster-1", "networking.istio.io/v1", "VirtualService", "bookinfo", "reviews", vs("reviews"), p1))
+	err := out.Add("cluster-1", "networking.istio.io/v1", "VirtualService", "bookinfo", "reviews", vs("ratings"), p2)
+	require.Error(t, err, "the same object with another spec is a conflict")
+	assert.Contains(t, err.Error(), "produced twice with different specs")
+
+	objs := out.Objects()
+	require.Len(t, objs, 2)
+	assert.Equal(t, "cluster-1", objs[0].Cluster, "sorted by cluster")
+	assert.Equal(t, "TrafficPolicy/relaymesh/a,TrafficPolicy/relaymesh/b", objs[1].Object.GetAnnotations()[translation.ParentsAnnotation], "parents merged and sorted")
+	assert.Equal(t, []string{"cluster-1", "cluster-2"}, out.Clusters())
+	spec := objs[0].Object.Object["spec"].(map[string]any)
+	assert.Equal(t, []any{"reviews"}, spec["hosts"], "protobuf JSON, as Istio's CRDs expect")
+}
+
+// The golden harness's checks must be able to fail: a VirtualService with an
+// empty host is refused by istioctl, and by the real apiserver's schema.
+func TestHarnessChecks(t *testing.T) {
+	good := translation.NewOutput()
+	require.NoError(t, good.Add("cluster-1", "networking.istio.io/v1", "VirtualService", "bookinfo", "reviews", vs("reviews")))
+	translationtest.CheckWithIstioctl(t, good)
+
+	env, err := localcluster.Start(context.Background(), localcluster.Config{Dir: t.TempDir(), Clusters: []string{"cluster-1"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	translationtest.DryRun(t, env.Cluster("cluster-1"), good)
+
+	bad := translation.NewOutput()
+	require.NoError(t, bad.Add("cluster-1", "networking.istio.io/v1", "VirtualService", "bookinfo", "bad", vs("")))
+	ft := &fakeT{TB: t}
+	func() {
+		defer func() { _ = recover() }()
+		translationtest.CheckWithIstioctl(ft, bad)
+	}()
+	assert.True(t, ft.failed, "istioctl must reject an empty host")
+}
+
+// fakeT records a failure instead of failing the real test.
+type fakeT struct {
+	testing.TB
+	failed bool
+}
+
+func (f *fakeT) Errorf(string, ...any) { f.failed = true }
+func (f *fakeT) FailNow()              { f.failed = true; panic("FailNow") }
+func (f *fakeT) Helper()               {}
