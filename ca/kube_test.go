@@ -24,9 +24,6 @@ import (
 // kube-apiserver. Subtests share one environment, each in its own
 // namespace.
 func TestRelayCAInKubernetes(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a kube-apiserver")
-	}
 	ctx := context.Background()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
 	require.NoError(t, err)
