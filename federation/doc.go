@@ -1,7 +1,58 @@
-// Package federation translates VirtualMeshes into Istio configuration:
-// ServiceEntries, DestinationRules and Gateways for cross-cluster service
-// federation, failover, and the mTLS/shared-trust outputs. Translators are
-// pure functions from an input snapshot to an output set and a status report.
+// Package federation translates VirtualMeshes into Istio configuration for
+// every member mesh's cluster. Translate is a pure function from a
+// translation.Input to additions to a translation.Output and a status in the
+// translation.Report; it makes no client calls and its output depends only on
+// the input set (never on list order).
 //
-// Status: not yet implemented; the translation issue builds it.
+// For a valid VirtualMesh it produces:
+//
+//   - Federation (spec.federation.selectors; omitted or empty: nothing
+//     federates, a selector with no fields: every Destination to every other
+//     member). For a Destination D of mesh A federated to mesh B:
+//     in B's cluster, in B's root namespace (the mesh's installation
+//     namespace), a ServiceEntry and a DestinationRule named
+//     `<svc>-<ns>-<clusterA>` (sanitized; longer than 63 characters:
+//     truncated with a hash suffix). The ServiceEntry's host is
+//     `<svc>.<ns>.svc.<clusterA>.<suffix>` (suffix default "global"),
+//     location MESH_INTERNAL, one synthetic address from 240.0.0.0/8 (outside
+//     Istio's own auto-allocation block 240.240.0.0/16) so TCP ports get a
+//     listener of their own, and endpoints at A's east-west gateways' external
+//     addresses with every port mapped to the gateway's TLS port (resolution
+//     STATIC when every address is an IP, else DNS). The DestinationRule sets
+//     ISTIO_MUTUAL and, per port, the SNI `outbound_.<port>_._.<host>`, which
+//     is the Envoy cluster name an AUTO_PASSTHROUGH gateway routes on (a plain
+//     hostname SNI would match none of its filter chains).
+//     In A's cluster: a Gateway per usable east-west gateway (in A's root
+//     namespace, selecting the gateway's workload labels, server "tls" on
+//     the TLS port, AUTO_PASSTHROUGH, hosts `*.<suffix>`), and a ServiceEntry
+//     in D's namespace for the federated host that selects D's pods
+//     (workloadSelector, resolution STATIC), exported only to the gateways'
+//     namespaces, so the gateway knows the Envoy cluster the SNI names.
+//   - flatNetwork: no gateway is involved. Destinations carry no pod IPs, so
+//     the endpoints are D's external addresses (load balancer IPs or names) on
+//     D's own ports; a Destination without one is not federated and the
+//     VirtualMesh reports why. No Gateway and no local ServiceEntry are made.
+//   - mtls.strictMTLS: a PeerAuthentication "default" (STRICT) in each
+//     member's root namespace.
+//   - globalAccessPolicy Enabled: an empty AuthorizationPolicy
+//     "relaymesh-global-deny" (deny all) in each member's root namespace and,
+//     for each east-west gateway with workload labels, an ALLOW policy with
+//     one empty rule selecting it, so cross-cluster traffic can enter.
+//     Disabled and MeshDefault produce nothing.
+//
+// Port protocols use Istio's names (HTTP, HTTP2, GRPC, HTTPS, TLS, TCP),
+// taken from the port's appProtocol, else from its name's prefix (Istio's
+// `<protocol>[-<suffix>]` convention); anything else is TCP, which carries
+// every kind of traffic but without L7 features. UDP and SCTP ports are not
+// federated (Istio does not proxy them).
+//
+// Validation: every referenced Mesh must exist and be an Istio mesh with an
+// installation cluster and namespace; a Mesh may belong to one VirtualMesh
+// only: the later VirtualMesh (by creation time, then namespace/name) is
+// Invalid and names the earlier one; federation selectors may only name
+// members; eastWestGatewaySelectors is not supported yet and makes the
+// VirtualMesh Invalid rather than being ignored. An Invalid VirtualMesh
+// produces nothing. Problems with one Destination (no usable east-west
+// gateway, no ports, no pod selector) do not stop the others: the VirtualMesh
+// stays Accepted and the exporting mesh's target status lists the errors.
 package federation

@@ -1,0 +1,371 @@
+package federation
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/translation"
+)
+
+// Defaults and names of the objects Translate produces.
+const (
+	// DefaultHostnameSuffix ends federated hostnames when a VirtualMesh names none.
+	DefaultHostnameSuffix = "global"
+	// GlobalDenyName is the deny-all AuthorizationPolicy of globalAccessPolicy Enabled.
+	GlobalDenyName = "relaymesh-global-deny"
+	// PeerAuthenticationName is the mesh-wide PeerAuthentication of strictMTLS.
+	PeerAuthenticationName = "default"
+
+	kindVirtualMesh     = "VirtualMesh"
+	gatewayKindEastWest = "EastWest"
+	tlsPortName         = "tls"
+)
+
+// vmState is one VirtualMesh being translated.
+type vmState struct {
+	vm      *networkingv1alpha1.VirtualMesh
+	key     translation.ObjectKey
+	parent  translation.Parent
+	members []*member // sorted by mesh key
+	byKey   map[string]*member
+	missing []string // names of referenced meshes that do not exist
+	errs    []string
+}
+
+// member is a Mesh of a VirtualMesh.
+type member struct {
+	key     string // namespace/name of the Mesh object
+	mesh    *discoveryv1alpha1.Mesh
+	cluster string
+	root    string // Istio root namespace: the installation namespace
+	errs    []string
+	// exported is set when a Destination of this mesh is federated through
+	// its east-west gateways (so it needs the AUTO_PASSTHROUGH Gateway).
+	exported bool
+}
+
+func (m *member) istio() *discoveryv1alpha1.IstioMesh { return m.mesh.Spec.Istio }
+
+// Translate adds the outputs of every VirtualMesh in `in` to out and its
+// status to r. It never panics on partial data: what cannot be translated is
+// reported.
+func Translate(in *translation.Input, out *translation.Output, r *translation.Report) {
+	vms := make([]*vmState, 0, len(in.VirtualMeshes))
+	for i := range in.VirtualMeshes {
+		vm := &in.VirtualMeshes[i]
+		vms = append(vms, &vmState{
+			vm:     vm,
+			key:    translation.ObjectKey{Kind: kindVirtualMesh, Namespace: vm.Namespace, Name: vm.Name},
+			parent: translation.Parent{Kind: kindVirtualMesh, Namespace: vm.Namespace, Name: vm.Name},
+			byKey:  map[string]*member{},
+		})
+	}
+	// Earlier VirtualMeshes claim their meshes first.
+	slices.SortFunc(vms, func(a, b *vmState) int {
+		if c := a.vm.CreationTimestamp.Compare(b.vm.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return cmp.Or(strings.Compare(a.vm.Namespace, b.vm.Namespace), strings.Compare(a.vm.Name, b.vm.Name))
+	})
+	claimed := map[string]*vmState{}
+	for _, s := range vms {
+		s.validate(in)
+		if len(s.errs) == 0 {
+			for _, m := range s.members {
+				if other := claimed[m.key]; other != nil {
+					msg := fmt.Sprintf("mesh %s already belongs to VirtualMesh %s/%s, created earlier", m.key, other.vm.Namespace, other.vm.Name)
+					s.errs = append(s.errs, msg)
+					m.errs = append(m.errs, msg)
+				}
+			}
+		}
+		if len(s.errs) == 0 {
+			for _, m := range s.members {
+				claimed[m.key] = s
+			}
+		}
+	}
+
+	slices.SortFunc(vms, func(a, b *vmState) int {
+		return cmp.Or(strings.Compare(a.vm.Namespace, b.vm.Namespace), strings.Compare(a.vm.Name, b.vm.Name))
+	})
+	dests := sortedDestinations(in)
+	alloc := newAllocator()
+	for _, s := range vms {
+		gen := s.vm.Generation
+		if len(s.errs) > 0 {
+			for _, e := range s.errs {
+				r.Invalid(s.key, gen, "%s", e)
+			}
+			s.reportTargets(r, "not federated: the VirtualMesh is invalid")
+			continue
+		}
+		r.Accept(s.key, gen)
+		s.translate(dests, alloc, out)
+		s.reportTargets(r, "")
+	}
+}
+
+// reportTargets records each member's verdict. A member without errors of
+// its own gets `idle` as its error when idle is set (the VirtualMesh is
+// Invalid), else Accepted.
+func (s *vmState) reportTargets(r *translation.Report, idle string) {
+	for _, m := range s.members {
+		t := common.TargetStatus{Target: m.mesh.Name, State: common.StateAccepted, Errors: m.errs}
+		if len(m.errs) > 0 {
+			t.State = common.StateInvalid
+		} else if idle != "" {
+			t.State, t.Errors = common.StateInvalid, []string{idle}
+		}
+		r.Target(s.key, t)
+	}
+	// Referenced meshes that do not exist are targets too.
+	for _, name := range s.missing {
+		r.Target(s.key, common.TargetStatus{Target: name, State: common.StateInvalid, Errors: []string{"mesh not found"}})
+	}
+}
+
+// validate resolves the member meshes and records every error in s.errs.
+func (s *vmState) validate(in *translation.Input) {
+	vm := s.vm
+	if len(vm.Spec.Meshes) == 0 {
+		s.errs = append(s.errs, "spec.meshes is empty")
+	}
+	for i, ref := range vm.Spec.Meshes {
+		ref.Namespace = cmp.Or(ref.Namespace, vm.Namespace)
+		key := ref.Namespace + "/" + ref.Name
+		if s.byKey[key] != nil {
+			s.errs = append(s.errs, fmt.Sprintf("spec.meshes[%d]: mesh %s is listed twice", i, key))
+			continue
+		}
+		mesh := in.MeshOf(ref)
+		if mesh == nil {
+			s.errs = append(s.errs, fmt.Sprintf("spec.meshes[%d]: mesh %s not found", i, key))
+			s.missing = append(s.missing, ref.Name)
+			continue
+		}
+		m := &member{key: key, mesh: mesh}
+		s.byKey[key] = m
+		s.members = append(s.members, m)
+		switch ist := mesh.Spec.Istio; {
+		case ist == nil:
+			m.errs = append(m.errs, fmt.Sprintf("mesh %s is not an Istio mesh", key))
+		case ist.Installation.Cluster == "" || ist.Installation.Namespace == "":
+			m.errs = append(m.errs, fmt.Sprintf("mesh %s has no installation cluster or namespace", key))
+		default:
+			m.cluster, m.root = ist.Installation.Cluster, ist.Installation.Namespace
+		}
+		s.errs = append(s.errs, m.errs...)
+	}
+	slices.SortFunc(s.members, func(a, b *member) int { return strings.Compare(a.key, b.key) })
+	if f := vm.Spec.Federation; f != nil {
+		if len(f.EastWestGatewaySelectors) > 0 {
+			s.errs = append(s.errs, "spec.federation.eastWestGatewaySelectors is not supported yet; omit it to use the discovered east-west gateways (label istio: eastwestgateway)")
+		}
+		for i, sel := range f.Selectors {
+			for j, ref := range sel.Meshes {
+				key := cmp.Or(ref.Namespace, vm.Namespace) + "/" + ref.Name
+				if s.byKey[key] == nil {
+					s.errs = append(s.errs, fmt.Sprintf("spec.federation.selectors[%d].meshes[%d]: mesh %s is not a member of this VirtualMesh", i, j, key))
+				}
+			}
+		}
+	}
+}
+
+// translate produces the outputs of a valid VirtualMesh.
+func (s *vmState) translate(dests []*discoveryv1alpha1.Destination, alloc *allocator, out *translation.Output) {
+	spec := s.vm.Spec
+	for _, m := range s.members {
+		if spec.MTLS != nil && spec.MTLS.StrictMTLS {
+			s.add(out, m, m.cluster, apiSecurity, "PeerAuthentication", m.root, PeerAuthenticationName, strictPeerAuthentication())
+		}
+		if spec.GlobalAccessPolicy == networkingv1alpha1.GlobalAccessEnabled {
+			s.add(out, m, m.cluster, apiSecurity, "AuthorizationPolicy", m.root, GlobalDenyName, denyAll())
+			for _, gw := range eastWestGateways(m.istio()) {
+				if len(gw.WorkloadLabels) == 0 {
+					m.errs = append(m.errs, fmt.Sprintf("east-west gateway %s/%s has no workload labels: no AuthorizationPolicy can let cross-cluster traffic through it", gw.Namespace, gw.Name))
+					continue
+				}
+				s.add(out, m, m.cluster, apiSecurity, "AuthorizationPolicy", m.root, allowGatewayName(gw), allowGateway(gw))
+			}
+		}
+	}
+	f := spec.Federation
+	if f == nil || len(f.Selectors) == 0 {
+		return
+	}
+	suffix := cmp.Or(f.HostnameSuffix, DefaultHostnameSuffix)
+	for _, d := range dests {
+		from := s.byKey[cmp.Or(d.Spec.Mesh.Namespace, d.Namespace)+"/"+d.Spec.Mesh.Name]
+		if from == nil {
+			continue
+		}
+		to := s.targets(f, d, from)
+		if len(to) == 0 {
+			continue
+		}
+		s.export(out, alloc, d, from, to, suffix, f.FlatNetwork)
+	}
+	if f.FlatNetwork {
+		return
+	}
+	for _, m := range s.members {
+		if !m.exported {
+			continue
+		}
+		for _, gw := range usableGateways(m.istio()) {
+			s.add(out, m, m.cluster, apiNetworking, "Gateway", m.root, passthroughGatewayName(gw), passthroughGateway(gw, suffix))
+		}
+	}
+}
+
+// targets returns the members (other than from) that d federates to.
+func (s *vmState) targets(f *networkingv1alpha1.Federation, d *discoveryv1alpha1.Destination, from *member) []*member {
+	set := map[string]bool{}
+	for _, sel := range f.Selectors {
+		if !translation.MatchDestination(sel.DestinationSelectors, d) {
+			continue
+		}
+		if len(sel.Meshes) == 0 {
+			for _, m := range s.members {
+				set[m.key] = true
+			}
+		}
+		for _, ref := range sel.Meshes {
+			set[cmp.Or(ref.Namespace, s.vm.Namespace)+"/"+ref.Name] = true
+		}
+	}
+	var out []*member
+	for _, m := range s.members { // sorted
+		if set[m.key] && m != from {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// export federates d of mesh from to the meshes to.
+func (s *vmState) export(out *translation.Output, alloc *allocator, d *discoveryv1alpha1.Destination, from *member, to []*member, suffix string, flat bool) {
+	host := translation.FederatedHostname(d, suffix)
+	fail := func(format string, args ...any) {
+		names := make([]string, len(to))
+		for i, m := range to {
+			names[i] = m.mesh.Name
+		}
+		from.errs = append(from.errs, fmt.Sprintf("destination %s not federated to %s: %s", d.Name, strings.Join(names, ", "), fmt.Sprintf(format, args...)))
+	}
+	ports := servicePorts(d)
+	if len(ports) == 0 {
+		fail("it has no TCP port")
+		return
+	}
+	var endpoints []endpoint
+	if flat {
+		for _, a := range d.Spec.KubeService.ExternalAddresses {
+			endpoints = append(endpoints, endpoint{address: a})
+		}
+		if len(endpoints) == 0 {
+			fail("flatNetwork needs an external address on the destination (Destinations carry no pod IPs)")
+			return
+		}
+	} else {
+		gws := usableGateways(from.istio())
+		if len(gws) == 0 {
+			fail("mesh %s has no usable east-west gateway%s", from.mesh.Name, gatewayProblems(from.istio()))
+			return
+		}
+		if len(d.Spec.KubeService.WorkloadSelectorLabels) == 0 {
+			fail("it has no pod selector, so the east-west gateway cannot reach its pods")
+			return
+		}
+		for _, gw := range gws {
+			endpoints = append(endpoints, endpoint{address: gw.ExternalAddress, port: gw.TLSPort})
+		}
+		ref := d.Spec.KubeService.Ref
+		s.add(out, from, from.cluster, apiNetworking, "ServiceEntry", ref.Namespace, objectName(ref.Name, ref.Namespace, ref.ClusterName),
+			localServiceEntry(host, d, ports, gws, from.root))
+		from.exported = true
+	}
+	addr := alloc.address(host)
+	name := objectName(d.Spec.KubeService.Ref.Name, d.Spec.KubeService.Ref.Namespace, d.Spec.KubeService.Ref.ClusterName)
+	for _, m := range to {
+		s.add(out, from, m.cluster, apiNetworking, "ServiceEntry", m.root, name, remoteServiceEntry(host, addr, ports, endpoints))
+		s.add(out, from, m.cluster, apiNetworking, "DestinationRule", m.root, name, mutualTLS(host, ports))
+	}
+}
+
+// sortedDestinations orders Destinations by cluster, namespace and name of
+// their Service, then by object name.
+func sortedDestinations(in *translation.Input) []*discoveryv1alpha1.Destination {
+	out := make([]*discoveryv1alpha1.Destination, len(in.Destinations))
+	for i := range in.Destinations {
+		out[i] = &in.Destinations[i]
+	}
+	slices.SortFunc(out, func(a, b *discoveryv1alpha1.Destination) int {
+		ra, rb := a.Spec.KubeService.Ref, b.Spec.KubeService.Ref
+		return cmp.Or(strings.Compare(ra.ClusterName, rb.ClusterName), strings.Compare(ra.Namespace, rb.Namespace),
+			strings.Compare(ra.Name, rb.Name), strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+// eastWestGateways returns a mesh's east-west gateways sorted by namespace/name.
+func eastWestGateways(ist *discoveryv1alpha1.IstioMesh) []discoveryv1alpha1.GatewayInfo {
+	if ist == nil {
+		return nil
+	}
+	var out []discoveryv1alpha1.GatewayInfo
+	for _, g := range ist.Gateways {
+		if g.Kind == gatewayKindEastWest {
+			out = append(out, g)
+		}
+	}
+	slices.SortFunc(out, func(a, b discoveryv1alpha1.GatewayInfo) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+// usableGateways are the east-west gateways that can carry federated
+// traffic: an external address, a TLS port and workload labels to select.
+func usableGateways(ist *discoveryv1alpha1.IstioMesh) []discoveryv1alpha1.GatewayInfo {
+	var out []discoveryv1alpha1.GatewayInfo
+	for _, g := range eastWestGateways(ist) {
+		if gatewayProblem(g) == "" {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+func gatewayProblem(g discoveryv1alpha1.GatewayInfo) string {
+	var p []string
+	if g.ExternalAddress == "" {
+		p = append(p, "no external address")
+	}
+	if g.TLSPort <= 0 || g.TLSPort > 65535 {
+		p = append(p, "no TLS port")
+	}
+	if len(g.WorkloadLabels) == 0 {
+		p = append(p, "no workload labels")
+	}
+	return strings.Join(p, ", ")
+}
+
+// gatewayProblems explains why no east-west gateway of a mesh is usable.
+func gatewayProblems(ist *discoveryv1alpha1.IstioMesh) string {
+	var p []string
+	for _, g := range eastWestGateways(ist) {
+		p = append(p, fmt.Sprintf("%s/%s: %s", g.Namespace, g.Name, gatewayProblem(g)))
+	}
+	if len(p) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(p, "; ") + ")"
+}

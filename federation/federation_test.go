@@ -1,0 +1,246 @@
+package federation_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/federation"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/translationtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func translate(in *translation.Input) (*translation.Output, *translation.Report) {
+	out, r := translation.NewOutput(), translation.NewReport()
+	federation.Translate(in, out, r)
+	return out, r
+}
+
+func cases(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir("testdata")
+	require.NoError(t, err)
+	var dirs []string
+	for _, e := range entries {
+		if e.IsDir() {
+			dirs = append(dirs, e.Name())
+		}
+	}
+	require.NotEmpty(t, dirs)
+	return dirs
+}
+
+// TestGolden compares each testdata case with its output.yaml and
+// status.yaml, and runs every output through istioctl and a server-side dry
+// run on one real kube-apiserver with Istio's CRDs.
+func TestGolden(t *testing.T) {
+	env, err := localcluster.Start(context.Background(), localcluster.Config{Dir: t.TempDir(), Clusters: []string{"cluster-1"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	apiserver := env.Cluster("cluster-1")
+
+	for _, name := range cases(t) {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("testdata", name)
+			out, r := translate(translationtest.LoadInput(t, dir))
+			translationtest.Golden(t, dir, out, r)
+			if len(out.Objects()) == 0 {
+				return
+			}
+			translationtest.CheckWithIstioctl(t, out)
+			// Every cluster's objects go to the one apiserver: the dry
+			// run judges schemas and CEL rules, not placement, and it
+			// persists nothing, so same-named objects of different
+			// clusters do not interfere.
+			translationtest.DryRun(t, apiserver, out)
+		})
+	}
+}
+
+// TestDeterministic: the same input, in any order, gives byte-identical output.
+func TestDeterministic(t *testing.T) {
+	for _, name := range cases(t) {
+		t.Run(name, func(t *testing.T) {
+			in := translationtest.LoadInput(t, filepath.Join("testdata", name))
+			out, r := translate(in)
+			wantOut, wantReport := translationtest.RenderOutput(t, out), translationtest.RenderReport(t, r)
+			rng := rand.New(rand.NewPCG(1, uint64(len(name))))
+			for range 5 {
+				shuffled := *in
+				shuffled.Meshes = shuffle(rng, in.Meshes)
+				shuffled.Destinations = shuffle(rng, in.Destinations)
+				shuffled.VirtualMeshes = shuffle(rng, in.VirtualMeshes)
+				out, r := translate(&shuffled)
+				require.Equal(t, string(wantOut), string(translationtest.RenderOutput(t, out)))
+				require.Equal(t, string(wantReport), string(translationtest.RenderReport(t, r)))
+			}
+		})
+	}
+}
+
+func shuffle[T any](rng *rand.Rand, s []T) []T {
+	out := append([]T(nil), s...)
+	rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+func ref(name string) common.ObjectRef { return common.ObjectRef{Name: name, Namespace: "relaymesh"} }
+
+func istioMesh(name, cluster string, gws ...discoveryv1alpha1.GatewayInfo) discoveryv1alpha1.Mesh {
+	return discoveryv1alpha1.Mesh{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "relaymesh"},
+		Spec: discoveryv1alpha1.MeshSpec{Istio: &discoveryv1alpha1.IstioMesh{
+			Installation: discoveryv1alpha1.MeshInstallation{Namespace: "istio-system", Cluster: cluster},
+			Gateways:     gws,
+		}},
+	}
+}
+
+func destination(svc, cluster, mesh string, ports ...discoveryv1alpha1.ServicePort) discoveryv1alpha1.Destination {
+	return discoveryv1alpha1.Destination{
+		ObjectMeta: metav1.ObjectMeta{Name: svc + "-bookinfo-" + cluster, Namespace: "relaymesh"},
+		Spec: discoveryv1alpha1.DestinationSpec{
+			KubeService: discoveryv1alpha1.KubeService{
+				Ref:                    common.ClusterObjectRef{Name: svc, Namespace: "bookinfo", ClusterName: cluster},
+				WorkloadSelectorLabels: map[string]string{"app": svc},
+				Ports:                  ports,
+			},
+			Mesh: ref(mesh),
+		},
+	}
+}
+
+var eastWest = discoveryv1alpha1.GatewayInfo{Name: "istio-eastwestgateway", Namespace: "istio-system", Kind: "EastWest",
+	WorkloadLabels: map[string]string{"istio": "eastwestgateway"}, ExternalAddress: "10.0.0.1", TLSPort: 15443}
+
+func federateAll(meshes ...string) networkingv1alpha1.VirtualMesh {
+	vm := networkingv1alpha1.VirtualMesh{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "relaymesh", Generation: 4}}
+	for _, m := range meshes {
+		vm.Spec.Meshes = append(vm.Spec.Meshes, ref(m))
+	}
+	vm.Spec.Federation = &networkingv1alpha1.Federation{Selectors: []networkingv1alpha1.FederationSelector{{}}}
+	return vm
+}
+
+// Partial and odd data never panics; what cannot be translated is reported.
+func TestPartialData(t *testing.T) {
+	http := discoveryv1alpha1.ServicePort{Port: 9080, Name: "http"}
+	noLabels := eastWest
+	noLabels.WorkloadLabels = nil
+	longName := strings.Repeat("a-very-long-service-name", 3)
+	for _, tc := range []struct {
+		name      string
+		in        translation.Input
+		state     common.ApprovalState
+		errs      []string // substrings of the VirtualMesh's or a target's errors
+		wantNames []string // output object names that must exist
+	}{
+		{
+			name:  "nil istio field",
+			in:    translation.Input{Meshes: []discoveryv1alpha1.Mesh{{ObjectMeta: metav1.ObjectMeta{Name: "m1", Namespace: "relaymesh"}}}, VirtualMeshes: []networkingv1alpha1.VirtualMesh{federateAll("m1")}},
+			state: common.StateInvalid, errs: []string{"mesh relaymesh/m1 is not an Istio mesh"},
+		},
+		{
+			name:  "no installation",
+			in:    translation.Input{Meshes: []discoveryv1alpha1.Mesh{istioMesh("m1", "")}, VirtualMeshes: []networkingv1alpha1.VirtualMesh{federateAll("m1")}},
+			state: common.StateInvalid, errs: []string{"has no installation cluster or namespace"},
+		},
+		{
+			name:  "no meshes",
+			in:    translation.Input{VirtualMeshes: []networkingv1alpha1.VirtualMesh{federateAll()}},
+			state: common.StateInvalid, errs: []string{"spec.meshes is empty"},
+		},
+		{
+			name:  "mesh listed twice",
+			in:    translation.Input{Meshes: []discoveryv1alpha1.Mesh{istioMesh("m1", "c1")}, VirtualMeshes: []networkingv1alpha1.VirtualMesh{federateAll("m1", "m1")}},
+			state: common.StateInvalid, errs: []string{"spec.meshes[1]: mesh relaymesh/m1 is listed twice"},
+		},
+		{
+			name: "destination without ports",
+			in: translation.Input{
+				Meshes:        []discoveryv1alpha1.Mesh{istioMesh("m1", "c1", eastWest), istioMesh("m2", "c2", eastWest)},
+				Destinations:  []discoveryv1alpha1.Destination{destination("reviews", "c1", "m1"), destination("udp", "c1", "m1", discoveryv1alpha1.ServicePort{Port: 53, Protocol: "UDP"})},
+				VirtualMeshes: []networkingv1alpha1.VirtualMesh{federateAll("m1", "m2")},
+			},
+			state: common.StateAccepted, errs: []string{"destination reviews-bookinfo-c1 not federated to m2: it has no TCP port", "destination udp-bookinfo-c1 not federated to m2: it has no TCP port"},
+		},
+		{
+			name: "destination of an unknown mesh is ignored",
+			in: translation.Input{
+				Meshes:        []discoveryv1alpha1.Mesh{istioMesh("m1", "c1", eastWest), istioMesh("m2", "c2", eastWest)},
+				Destinations:  []discoveryv1alpha1.Destination{destination("reviews", "c9", "m9", http)},
+				VirtualMeshes: []networkingv1alpha1.VirtualMesh{federateAll("m1", "m2")},
+			},
+			state: common.StateAccepted,
+		},
+		{
+			name: "gateway without labels",
+			in: translation.Input{
+				Meshes:       []discoveryv1alpha1.Mesh{istioMesh("m1", "c1", noLabels), istioMesh("m2", "c2", eastWest)},
+				Destinations: []discoveryv1alpha1.Destination{destination("reviews", "c1", "m1", http)},
+				VirtualMeshes: func() []networkingv1alpha1.VirtualMesh {
+					vm := federateAll("m1", "m2")
+					vm.Spec.GlobalAccessPolicy = networkingv1alpha1.GlobalAccessEnabled
+					return []networkingv1alpha1.VirtualMesh{vm}
+				}(),
+			},
+			state: common.StateAccepted,
+			errs: []string{
+				"east-west gateway istio-system/istio-eastwestgateway has no workload labels",
+				"mesh m1 has no usable east-west gateway (istio-system/istio-eastwestgateway: no workload labels)",
+			},
+			wantNames: []string{federation.GlobalDenyName},
+		},
+		{
+			name: "long names are hashed",
+			in: translation.Input{
+				Meshes:        []discoveryv1alpha1.Mesh{istioMesh("m1", "c1", eastWest), istioMesh("m2", "c2", eastWest)},
+				Destinations:  []discoveryv1alpha1.Destination{destination(longName, "c1", "m1", http)},
+				VirtualMeshes: []networkingv1alpha1.VirtualMesh{federateAll("m1", "m2")},
+			},
+			state:     common.StateAccepted,
+			wantNames: []string{"a-very-long-service-namea-very-long-service-namea-very-6b57a422"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, r := translate(&tc.in)
+			st, targets, ok := r.Status(translation.ObjectKey{Kind: "VirtualMesh", Namespace: "relaymesh", Name: "vm"})
+			require.True(t, ok)
+			assert.Equal(t, tc.state, st.State, "errors: %v, targets: %v", st.Errors, targets)
+			assert.Equal(t, int64(4), st.ObservedGeneration)
+			all := append([]string(nil), st.Errors...)
+			for _, ts := range targets {
+				all = append(all, ts.Errors...)
+			}
+			for _, want := range tc.errs {
+				assert.Contains(t, strings.Join(all, "\n"), want)
+			}
+			if tc.state == common.StateInvalid {
+				assert.Empty(t, out.Objects(), "an Invalid VirtualMesh produces nothing")
+			}
+			var names []string
+			for _, o := range out.Objects() {
+				names = append(names, o.Object.GetName())
+				assert.LessOrEqual(t, len(o.Object.GetName()), 63)
+				assert.Equal(t, "VirtualMesh/relaymesh/vm", o.Object.GetAnnotations()[translation.ParentsAnnotation])
+			}
+			for _, want := range tc.wantNames {
+				found := false
+				for _, n := range names {
+					found = found || strings.HasPrefix(n, want)
+				}
+				assert.True(t, found, "no output named %s* in %v", want, names)
+			}
+		})
+	}
+}
