@@ -16,7 +16,9 @@ import (
 // (they start from the start time in nanoseconds), so an agent never sees a
 // version go backwards.
 type Outputs struct {
+	pubMu   sync.Mutex // serializes SetFrom, so unions are published in order
 	mu      sync.Mutex
+	sources map[string]map[string][]*relaypb.OutputObject // source -> cluster -> objects
 	sets    map[string]*relaypb.OutputSet
 	hashes  map[string]string
 	next    uint64
@@ -29,7 +31,8 @@ type Outputs struct {
 // published its first state, so no agent prunes on a half-known set.
 func NewOutputs(now time.Time) *Outputs {
 	return &Outputs{
-		sets: map[string]*relaypb.OutputSet{}, hashes: map[string]string{},
+		sources: map[string]map[string][]*relaypb.OutputObject{},
+		sets:    map[string]*relaypb.OutputSet{}, hashes: map[string]string{},
 		next: uint64(now.UnixNano()), subs: map[string]map[chan struct{}]struct{}{},
 		ready: make(chan struct{}),
 	}
@@ -41,10 +44,32 @@ func (o *Outputs) MarkReady() { o.readyMu.Do(func() { close(o.ready) }) }
 // Ready is closed once outputs are complete.
 func (o *Outputs) Ready() <-chan struct{} { return o.ready }
 
-// Set replaces cluster's objects. Objects are sorted by manifest, so the
-// same content gives the same set; a new version is made only when the
-// content changed.
+// Set replaces cluster's objects from the default source.
 func (o *Outputs) Set(cluster string, objects []*relaypb.OutputObject) {
+	o.SetFrom("default", cluster, objects)
+}
+
+// SetFrom replaces what one source (translation, pass-through) contributes
+// to cluster's set; the set is the union of every source's objects. Objects
+// are sorted by manifest, so the same content gives the same set; a new
+// version is made only when the content changed.
+func (o *Outputs) SetFrom(source, cluster string, objects []*relaypb.OutputObject) {
+	o.pubMu.Lock()
+	defer o.pubMu.Unlock()
+	o.mu.Lock()
+	if o.sources[source] == nil {
+		o.sources[source] = map[string][]*relaypb.OutputObject{}
+	}
+	o.sources[source][cluster] = append([]*relaypb.OutputObject(nil), objects...)
+	var all []*relaypb.OutputObject
+	for _, bySource := range o.sources {
+		all = append(all, bySource[cluster]...)
+	}
+	o.mu.Unlock()
+	o.publish(cluster, all)
+}
+
+func (o *Outputs) publish(cluster string, objects []*relaypb.OutputObject) {
 	sorted := append([]*relaypb.OutputObject(nil), objects...)
 	sort.Slice(sorted, func(i, j int) bool { return string(sorted[i].GetManifest()) < string(sorted[j].GetManifest()) })
 	h := sha256.New()
@@ -87,6 +112,9 @@ func (o *Outputs) Get(cluster string) *relaypb.OutputSet {
 func (o *Outputs) Remove(cluster string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	for _, bySource := range o.sources {
+		delete(bySource, cluster)
+	}
 	delete(o.sets, cluster)
 	delete(o.hashes, cluster)
 }

@@ -121,7 +121,7 @@ func (p *Passthrough) publish() {
 	}
 	sort.Strings(names)
 	for _, c := range names {
-		p.outputs.Set(c, sets[c])
+		p.outputs.SetFrom("passthrough", c, sets[c])
 	}
 }
 

@@ -84,6 +84,9 @@ func (r *Registry) Remove(name string) {
 
 // Names returns the registered cluster names.
 func (r *Registry) Names() []string {
+	if r == nil {
+		return nil
+	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	out := make([]string, 0, len(r.clusters))

@@ -20,6 +20,7 @@ import (
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
 	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -175,6 +176,15 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if _, err := relay.RunPassthrough(ctx, kube.dynamic, f.namespace, outputs, log, sources...); err != nil {
 		return err
+	}
+	ctl, err := controller.Start(ctx, controller.Config{Client: kube.dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log,
+		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }})
+	if err != nil {
+		return err
+	}
+	for _, r := range sources {
+		r.OnRegister(func(string) { ctl.Kick() })
+		r.OnRevoke(func(string) { ctl.Kick() })
 	}
 	outputs.MarkReady()
 	if kubeconfigClusters != nil {

@@ -341,6 +341,9 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 	if err := showOutputs(ctx, env, cfg.workloads[0], out); err != nil {
 		return stop, err
 	}
+	if err := showTranslation(ctx, env, cfg.workloads, out); err != nil {
+		return stop, err
+	}
 
 	verify := exec.CommandContext(ctx, bin, "audit", "verify", auditLog)
 	b, err := verify.CombinedOutput()
@@ -492,4 +495,65 @@ spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// istioKinds are the Istio resources the agents apply.
+var istioKinds = []schema.GroupVersionResource{
+	{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"},
+	{Group: "networking.istio.io", Version: "v1", Resource: "destinationrules"},
+	{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"},
+	{Group: "networking.istio.io", Version: "v1", Resource: "gateways"},
+	{Group: "security.istio.io", Version: "v1", Resource: "authorizationpolicies"},
+	{Group: "security.istio.io", Version: "v1", Resource: "peerauthentications"},
+}
+
+// showTranslation applies the sample TrafficPolicy and AccessPolicy, waits
+// for their Istio objects, and prints every object the agents applied, per
+// cluster, with the user objects it came from.
+func showTranslation(ctx context.Context, env *localcluster.Env, workloads []string, out io.Writer) error {
+	step(out, "Applying a TrafficPolicy (20%% of reviews to cluster-2) and an AccessPolicy to mgmt")
+	policies, err := examples.Demo.ReadFile("demo/policies.yaml")
+	if err != nil {
+		return err
+	}
+	if _, err := env.Cluster("mgmt").Apply(ctx, fieldManager, policies); err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(env.Cluster(workloads[0]).RESTConfig())
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := dyn.Resource(istioKinds[0]).Namespace("bookinfo").Get(ctx, "relaymesh-reviews", metav1.GetOptions{}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the TrafficPolicy's VirtualService did not reach %s within 30s", workloads[0])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // let the federation outputs settle too
+	step(out, "Istio objects the agents applied (translated from the VirtualMesh and the policies)")
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLUSTER\tKIND\tNAMESPACE/NAME\tFROM")
+	for _, c := range workloads {
+		d, err := dynamic.NewForConfig(env.Cluster(c).RESTConfig())
+		if err != nil {
+			return err
+		}
+		for _, gvr := range istioKinds {
+			l, err := d.Resource(gvr).Namespace("").List(ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/owner=relaymesh-agent"})
+			if err != nil {
+				return err
+			}
+			sort.Slice(l.Items, func(i, j int) bool {
+				return l.Items[i].GetNamespace()+l.Items[i].GetName() < l.Items[j].GetNamespace()+l.Items[j].GetName()
+			})
+			for _, o := range l.Items {
+				fmt.Fprintf(tw, "%s\t%s\t%s/%s\t%s\n", c, o.GetKind(), o.GetNamespace(), o.GetName(), o.GetAnnotations()["relaymesh.io/parents"])
+			}
+		}
+	}
+	return tw.Flush()
 }

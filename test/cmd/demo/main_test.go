@@ -32,6 +32,11 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		"cluster-2  Destination  reviews-bookinfo-cluster-2",
 		"subsets version=[v1 v2]",
 		"VirtualService bookinfo/reviews-v2 applied by the agent, owner=relaymesh-agent",
+		"cluster-1  VirtualService",
+		"bookinfo/relaymesh-reviews",
+		"TrafficPolicy/relaymesh/reviews-shift",
+		"ServiceEntry",
+		"AuthorizationPolicy",
 		"records verified",
 		"Stopping local clusters",
 	} {

@@ -1,0 +1,117 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/examples"
+	"github.com/relaymesh/relaymesh/relay"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+)
+
+// TestTranslation runs the server and two agents as processes: a
+// VirtualMesh over two clusters, a TrafficPolicy shifting 20% to the remote
+// cluster and an AccessPolicy become Istio objects in the right clusters,
+// and disappear when the policy is deleted.
+func TestTranslation(t *testing.T) {
+	ctx := context.Background()
+	bin, env, dir := Setup(t, "mgmt", "cluster-1", "cluster-2")
+	mgmt := env.Cluster("mgmt")
+	sample, err := examples.Demo.ReadFile("demo/workload-cluster.yaml")
+	require.NoError(t, err)
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		_, err := env.Cluster(name).Apply(ctx, "test", []byte(strings.ReplaceAll(string(sample), "CLUSTER", name)))
+		require.NoError(t, err)
+	}
+	relayAddr, opsAddr := Addr(t), Addr(t)
+	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost")
+	waitHealthy(t, opsAddr)
+	clients := map[string]dynamic.Interface{}
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		_, err := Run(t, bin, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig, "--server-address", relayAddr)
+		require.NoError(t, err)
+		Start(t, bin, dir, "agent-"+name, "agent", "--kubeconfig", env.Cluster(name).Kubeconfig, "--health-listen", Addr(t), "--metrics-listen", Addr(t))
+		clients[name], err = dynamic.NewForConfig(env.Cluster(name).RESTConfig())
+		require.NoError(t, err)
+	}
+	mgmtDyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
+	require.NoError(t, err)
+	Eventually(t, 60*time.Second, "both clusters discovered", func() (bool, string) {
+		l, err := mgmtDyn.Resource(relay.DestinationsResource).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 4, fmt.Sprint(err)
+	})
+
+	vm, err := examples.Demo.ReadFile("demo/virtualmesh.yaml")
+	require.NoError(t, err)
+	_, err = mgmt.Apply(ctx, "test", vm)
+	require.NoError(t, err)
+	policies, err := examples.Demo.ReadFile("demo/policies.yaml")
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = mgmt.Apply(ctx, "test", policies)
+	require.NoError(t, err)
+
+	get := func(cluster string, gvr schema.GroupVersionResource, ns, name string) (*unstructured.Unstructured, error) {
+		return clients[cluster].Resource(gvr).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	}
+	vsGVR := schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
+	seGVR := schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"}
+	apGVR := schema.GroupVersionResource{Group: "security.istio.io", Version: "v1", Resource: "authorizationpolicies"}
+	Eventually(t, 10*time.Second, "the 80/20 VirtualService in cluster-1", func() (bool, string) {
+		vs, err := get("cluster-1", vsGVR, "bookinfo", "relaymesh-reviews")
+		if err != nil {
+			return false, err.Error()
+		}
+		routes, _, _ := unstructured.NestedSlice(vs.Object, "spec", "http")
+		return strings.Contains(fmt.Sprint(routes), "reviews.bookinfo.svc.cluster-2.global") && strings.Contains(fmt.Sprint(routes), "weight:20"), fmt.Sprint(routes)
+	})
+	t.Logf("TrafficPolicy applied in cluster-1 %s after it was created", time.Since(start).Round(time.Millisecond))
+	Eventually(t, 10*time.Second, "the federation ServiceEntry in cluster-2 and the AuthorizationPolicy in cluster-1", func() (bool, string) {
+		ses, err := clients["cluster-2"].Resource(seGVR).Namespace("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		found := false
+		for _, se := range ses.Items {
+			hosts, _, _ := unstructured.NestedStringSlice(se.Object, "spec", "hosts")
+			found = found || strings.Contains(strings.Join(hosts, ","), "reviews.bookinfo.svc.cluster-1.global")
+		}
+		_, err = get("cluster-1", apGVR, "bookinfo", "relaymesh-reviews")
+		return found && err == nil, fmt.Sprint(found, err)
+	})
+	Eventually(t, 10*time.Second, "statuses Accepted", func() (bool, string) {
+		var states []string
+		for _, gvr := range []schema.GroupVersionResource{
+			{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"},
+			{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"},
+			{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualmeshes"},
+		} {
+			l, err := mgmtDyn.Resource(gvr).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, o := range l.Items {
+				s, _, _ := unstructured.NestedString(o.Object, "status", "state")
+				states = append(states, o.GetKind()+"="+s)
+			}
+		}
+		return len(states) == 3 && !strings.Contains(strings.Join(states, ","), "=Invalid") && !strings.Contains(strings.Join(states, ","), "=\""), strings.Join(states, ",")
+	})
+
+	require.NoError(t, mgmtDyn.Resource(schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"}).
+		Namespace("relaymesh").Delete(ctx, "reviews-shift", metav1.DeleteOptions{}))
+	start = time.Now()
+	Eventually(t, 10*time.Second, "the VirtualService gone after the policy was deleted", func() (bool, string) {
+		_, err := get("cluster-1", vsGVR, "bookinfo", "relaymesh-reviews")
+		return err != nil && strings.Contains(err.Error(), "not found"), fmt.Sprint(err)
+	})
+	t.Logf("TrafficPolicy outputs pruned %s after the policy was deleted", time.Since(start).Round(time.Millisecond))
+}
