@@ -1,0 +1,117 @@
+package controller_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/controller"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// world builds a synthetic input: clusters meshes (one per cluster, each
+// with an east-west gateway), services Destinations and Workloads spread
+// over them, policies policies (half TrafficPolicies shifting between two
+// subsets, half AccessPolicies), and one VirtualMesh federating every
+// Destination to every mesh when federate is true.
+func world(clusters, services, policies int, federate bool) *translation.Input {
+	in := &translation.Input{}
+	var meshRefs []common.ObjectRef
+	for c := range clusters {
+		cl := fmt.Sprintf("cluster-%d", c)
+		name := "istiod-istio-system-" + cl
+		in.Meshes = append(in.Meshes, discoveryv1alpha1.Mesh{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "relaymesh"},
+			Spec: discoveryv1alpha1.MeshSpec{Istio: &discoveryv1alpha1.IstioMesh{
+				Installation: discoveryv1alpha1.MeshInstallation{Namespace: "istio-system", Cluster: cl},
+				TrustDomain:  cl + ".local", IstiodServiceAccount: "istiod",
+				Gateways: []discoveryv1alpha1.GatewayInfo{{Name: "istio-eastwestgateway", Namespace: "istio-system", Kind: "EastWest",
+					WorkloadLabels: map[string]string{"istio": "eastwestgateway"}, ExternalAddress: fmt.Sprintf("10.%d.%d.1", c/250, c%250), TLSPort: 15443}},
+			}},
+		})
+		meshRefs = append(meshRefs, common.ObjectRef{Name: name, Namespace: "relaymesh"})
+	}
+	for s := range services {
+		cl := fmt.Sprintf("cluster-%d", s%clusters)
+		svc := fmt.Sprintf("svc-%d", s)
+		mesh := common.ObjectRef{Name: "istiod-istio-system-" + cl, Namespace: "relaymesh"}
+		for _, v := range []string{"v1", "v2"} {
+			in.Workloads = append(in.Workloads, discoveryv1alpha1.Workload{
+				ObjectMeta: metav1.ObjectMeta{Name: svc + "-" + v + "-apps-" + cl, Namespace: "relaymesh"},
+				Spec: discoveryv1alpha1.WorkloadSpec{Mesh: mesh, Kubernetes: discoveryv1alpha1.KubernetesWorkload{
+					Controller: common.ClusterObjectRef{Name: svc + "-" + v, Namespace: "apps", ClusterName: cl}, Kind: "Deployment",
+					PodLabels: map[string]string{"app": svc, "version": v}, ServiceAccountName: svc}},
+			})
+		}
+		in.Destinations = append(in.Destinations, discoveryv1alpha1.Destination{
+			ObjectMeta: metav1.ObjectMeta{Name: svc + "-apps-" + cl, Namespace: "relaymesh"},
+			Spec: discoveryv1alpha1.DestinationSpec{Mesh: mesh, KubeService: discoveryv1alpha1.KubeService{
+				Ref: common.ClusterObjectRef{Name: svc, Namespace: "apps", ClusterName: cl}, Labels: map[string]string{"app": svc},
+				WorkloadSelectorLabels: map[string]string{"app": svc}, Subsets: map[string][]string{"version": {"v1", "v2"}},
+				Ports: []discoveryv1alpha1.ServicePort{{Port: 8080, Name: "http"}}}},
+		})
+	}
+	created := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	for p := range policies {
+		s := p % services
+		cl := fmt.Sprintf("cluster-%d", s%clusters)
+		ref := common.ClusterObjectRef{Name: fmt.Sprintf("svc-%d", s), Namespace: "apps", ClusterName: cl}
+		meta := metav1.ObjectMeta{Name: fmt.Sprintf("p-%d", p), Namespace: "relaymesh", CreationTimestamp: created, Generation: 1}
+		sel := []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{ref}}}}
+		if p%2 == 0 {
+			in.TrafficPolicies = append(in.TrafficPolicies, networkingv1alpha1.TrafficPolicy{ObjectMeta: meta, Spec: networkingv1alpha1.TrafficPolicySpec{
+				DestinationSelector: sel,
+				SourceSelector:      []common.WorkloadSelector{{Clusters: []string{cl}}},
+				HTTPRequestMatchers: []networkingv1alpha1.HTTPMatcher{{URI: &networkingv1alpha1.StringMatch{Prefix: new(fmt.Sprintf("/p%d", p))}}},
+				Policy: networkingv1alpha1.Policy{TrafficShift: &networkingv1alpha1.TrafficShift{Destinations: []networkingv1alpha1.WeightedDestination{
+					{Weight: 90, KubeService: &networkingv1alpha1.KubeServiceTarget{ClusterObjectRef: ref, Subset: map[string]string{"version": "v1"}}},
+					{Weight: 10, KubeService: &networkingv1alpha1.KubeServiceTarget{ClusterObjectRef: ref, Subset: map[string]string{"version": "v2"}}},
+				}}},
+			}})
+		} else {
+			in.AccessPolicies = append(in.AccessPolicies, networkingv1alpha1.AccessPolicy{ObjectMeta: meta, Spec: networkingv1alpha1.AccessPolicySpec{
+				DestinationSelector: sel,
+				SourceSelector: []common.IdentitySelector{{KubeServiceAccountRefs: &common.KubeServiceAccountRefs{ServiceAccounts: []common.ClusterObjectRef{
+					{Name: fmt.Sprintf("svc-%d", (s+1)%services), Namespace: "apps", ClusterName: fmt.Sprintf("cluster-%d", ((s+1)%services)%clusters)}}}}},
+			}})
+		}
+	}
+	if federate {
+		in.VirtualMeshes = []networkingv1alpha1.VirtualMesh{{ObjectMeta: metav1.ObjectMeta{Name: "all", Namespace: "relaymesh", CreationTimestamp: created, Generation: 1},
+			Spec: networkingv1alpha1.VirtualMeshSpec{Meshes: meshRefs, Federation: &networkingv1alpha1.Federation{Selectors: []networkingv1alpha1.FederationSelector{{}}}}}}
+	}
+	return in
+}
+
+func benchTranslate(b *testing.B, in *translation.Input) {
+	var objects int
+	for b.Loop() {
+		out, _ := controller.Translate(in)
+		objects = len(out.Objects())
+	}
+	b.ReportMetric(float64(objects), "outputs")
+}
+
+// BenchmarkTranslate is a full translation of 100 clusters, 1,000 services
+// and 1,000 policies: without federation, and with one VirtualMesh that
+// federates every service to every other mesh (99,000 ServiceEntries and as
+// many DestinationRules).
+func BenchmarkTranslate(b *testing.B) {
+	b.Run("policies", func(b *testing.B) { benchTranslate(b, world(100, 1000, 1000, false)) })
+	b.Run("policies+federation", func(b *testing.B) { benchTranslate(b, world(100, 1000, 1000, true)) })
+}
+
+// BenchmarkTranslateOneEdit changes one policy and translates again. There
+// is no incremental recompute yet, so this costs a full translation; the
+// benchmark exists to show the number incremental work has to beat.
+func BenchmarkTranslateOneEdit(b *testing.B) {
+	in := world(100, 1000, 1000, false)
+	for b.Loop() {
+		in.TrafficPolicies[0].Spec.HTTPRequestMatchers[0].URI.Prefix = new(fmt.Sprintf("/edit%d", b.N))
+		controller.Translate(in)
+	}
+}
