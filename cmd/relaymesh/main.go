@@ -34,6 +34,7 @@ func commands() map[string]command {
 			fmt.Fprintln(stdout, "relaymesh", version())
 			return nil
 		}},
+		"describe": {"explain which policies apply to a destination, workload or policy, and their outputs", runDescribe},
 	}
 }
 
@@ -47,7 +48,7 @@ func usage() string {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(&b, "  %-8s %s\n", n, cmds[n].summary)
+		fmt.Fprintf(&b, "  %-9s %s\n", n, cmds[n].summary)
 	}
 	b.WriteString("\nRun 'relaymesh COMMAND --help' for a command's flags.\n")
 	return b.String()

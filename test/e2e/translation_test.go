@@ -106,6 +106,18 @@ func TestTranslation(t *testing.T) {
 		return len(states) == 3 && !strings.Contains(strings.Join(states, ","), "=Invalid") && !strings.Contains(strings.Join(states, ","), "=\""), strings.Join(states, ",")
 	})
 
+	// describe reads the same view from the live management cluster.
+	out, err := Run(t, bin, "describe", "policy", "trafficpolicy/relaymesh/reviews-shift", "--kubeconfig", mgmt.Kubeconfig)
+	require.NoError(t, err)
+	for _, want := range []string{"Accepted", "reviews-bookinfo-cluster-1", "VirtualService", "relaymesh-reviews"} {
+		require.Contains(t, out, want)
+	}
+	out, err = Run(t, bin, "describe", "destination", "reviews-bookinfo-cluster-1", "--kubeconfig", mgmt.Kubeconfig)
+	require.NoError(t, err)
+	for _, want := range []string{"reviews-shift", "productpage-to-reviews", "bookinfo-federation"} {
+		require.Contains(t, out, want)
+	}
+
 	require.NoError(t, mgmtDyn.Resource(schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"}).
 		Namespace("relaymesh").Delete(ctx, "reviews-shift", metav1.DeleteOptions{}))
 	start = time.Now()

@@ -1,0 +1,378 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/relaymesh/relaymesh/api"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/controller"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
+)
+
+const describeSynopsis = `Translate the current view once, the way the server does, and explain one
+object:
+  destination NAME                 a discovered Destination (e.g.
+                                   reviews-bookinfo-cluster-1): the policies that
+                                   select it in translation order, the
+                                   VirtualMeshes that federate it, and the outputs
+                                   of those policies that concern it.
+  workload NAME                    a discovered Workload: the TrafficPolicies and
+                                   AccessPolicies that select it as a source.
+  policy KIND/NAMESPACE/NAME       a TrafficPolicy, AccessPolicy, VirtualMesh or
+                                   VirtualDestination: its state and errors, what
+                                   it selects, and its outputs per cluster.
+The view is read from the management cluster (discovered objects from
+--namespace, user objects from every namespace), or with -f from the YAML
+files of a directory.`
+
+// describeResources are the resources a translation Input is built from.
+var describeResources = struct {
+	meshes, workloads, destinations                     schema.GroupVersionResource
+	virtualMeshes, traffic, access, virtualDestinations schema.GroupVersionResource
+}{
+	meshes:              discoveryv1alpha1.GroupVersion.WithResource("meshes"),
+	workloads:           discoveryv1alpha1.GroupVersion.WithResource("workloads"),
+	destinations:        discoveryv1alpha1.GroupVersion.WithResource("destinations"),
+	virtualMeshes:       networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"),
+	traffic:             networkingv1alpha1.GroupVersion.WithResource("trafficpolicies"),
+	access:              networkingv1alpha1.GroupVersion.WithResource("accesspolicies"),
+	virtualDestinations: networkingv1alpha1.GroupVersion.WithResource("virtualdestinations"),
+}
+
+func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var kubeconfig, namespace, dir, format string
+	fs := newFlags("describe destination|workload|policy NAME [flags]", describeSynopsis, stderr)
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster)")
+	fs.StringVar(&namespace, "namespace", "relaymesh", "the server's namespace, which holds the discovered objects")
+	fs.StringVar(&dir, "f", "", "read the view from the .yaml/.yml/.json files of this directory instead of a cluster")
+	fs.StringVar(&format, "output", "text", "text or json")
+	// Accept KIND NAME before or after the flags.
+	var pos []string
+	rest := args
+	for len(rest) > 0 && len(pos) < 2 && len(rest[0]) > 0 && rest[0][0] != '-' {
+		pos, rest = append(pos, rest[0]), rest[1:]
+	}
+	more, err := parseAny(fs, rest)
+	if err != nil {
+		return err
+	}
+	pos = append(pos, more...)
+	if len(pos) != 2 {
+		fs.Usage()
+		return fmt.Errorf("%w: want destination|workload|policy and a NAME", errUsage)
+	}
+	kind, name := strings.ToLower(pos[0]), pos[1]
+	var policyKind, policyNS, policyName string
+	switch kind {
+	case "destination", "workload":
+	case "policy":
+		parts := strings.Split(name, "/")
+		if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+			return fmt.Errorf("%w: policy %q: want KIND/NAMESPACE/NAME, e.g. trafficpolicy/bookinfo/reviews-canary", errUsage, name)
+		}
+		if policyKind, err = translation.PolicyKind(parts[0]); err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		policyNS, policyName = parts[1], parts[2]
+	default:
+		fs.Usage()
+		return fmt.Errorf("%w: unknown kind %q: want destination, workload or policy", errUsage, pos[0])
+	}
+	if format != "text" && format != "json" {
+		return fmt.Errorf("%w: --output %q: want text or json", errUsage, format)
+	}
+
+	var in *translation.Input
+	if dir != "" {
+		in, err = loadInputDir(dir)
+	} else {
+		var kube *kubeClients
+		if kube, err = loadKube(kubeconfig); err == nil {
+			in, err = listInput(ctx, kube.dynamic, namespace)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	out, report := controller.Translate(in)
+
+	var desc any
+	switch kind {
+	case "destination":
+		desc, err = translation.DescribeDestination(in, out, report, name)
+	case "workload":
+		desc, err = translation.DescribeWorkload(in, report, name)
+	default:
+		desc, err = translation.DescribePolicy(in, out, report, policyKind, policyNS, policyName)
+	}
+	if err != nil {
+		return err
+	}
+	if format == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(desc)
+	}
+	return writeDescription(stdout, desc)
+}
+
+// listInput reads the translation input from the management cluster once:
+// discovered objects from namespace, user objects from every namespace.
+func listInput(ctx context.Context, client dynamic.Interface, namespace string) (*translation.Input, error) {
+	r := describeResources
+	in := &translation.Input{}
+	var err error
+	if in.Meshes, err = listAs[discoveryv1alpha1.Mesh](ctx, client, r.meshes, namespace); err != nil {
+		return nil, err
+	}
+	if in.Workloads, err = listAs[discoveryv1alpha1.Workload](ctx, client, r.workloads, namespace); err != nil {
+		return nil, err
+	}
+	if in.Destinations, err = listAs[discoveryv1alpha1.Destination](ctx, client, r.destinations, namespace); err != nil {
+		return nil, err
+	}
+	if in.VirtualMeshes, err = listAs[networkingv1alpha1.VirtualMesh](ctx, client, r.virtualMeshes, ""); err != nil {
+		return nil, err
+	}
+	if in.TrafficPolicies, err = listAs[networkingv1alpha1.TrafficPolicy](ctx, client, r.traffic, ""); err != nil {
+		return nil, err
+	}
+	if in.AccessPolicies, err = listAs[networkingv1alpha1.AccessPolicy](ctx, client, r.access, ""); err != nil {
+		return nil, err
+	}
+	if in.VirtualDestinations, err = listAs[networkingv1alpha1.VirtualDestination](ctx, client, r.virtualDestinations, ""); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// listAs lists a resource (namespace "": every namespace) as typed objects.
+func listAs[T any](ctx context.Context, client dynamic.Interface, gvr schema.GroupVersionResource, namespace string) ([]T, error) {
+	list, err := client.Resource(gvr).Namespace(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", gvr.Resource, err)
+	}
+	out := make([]T, 0, len(list.Items))
+	for i := range list.Items {
+		var t T
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(list.Items[i].Object, &t); err != nil {
+			return nil, fmt.Errorf("%s %s/%s: %w", gvr.Resource, list.Items[i].GetNamespace(), list.Items[i].GetName(), err)
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// loadInputDir reads every .yaml, .yml and .json file of dir (multi-document,
+// like a golden input.yaml) strictly: an unknown field or a kind translation
+// does not read is an error.
+func loadInputDir(dir string) (*translation.Input, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("-f: %w", err)
+	}
+	scheme := runtime.NewScheme()
+	if err := api.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	in := &translation.Input{}
+	files := 0
+	for _, e := range entries {
+		if e.IsDir() || !slices.Contains([]string{".yaml", ".yml", ".json"}, filepath.Ext(e.Name())) {
+			continue
+		}
+		files++
+		path := filepath.Join(dir, e.Name())
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		if err := decodeInput(b, scheme, in); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	if files == 0 {
+		return nil, fmt.Errorf("%s has no .yaml, .yml or .json files", dir)
+	}
+	return in, nil
+}
+
+func decodeInput(b []byte, scheme *runtime.Scheme, in *translation.Input) error {
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+	for i := 0; ; i++ {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("document %d: %w", i, err)
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		if u.GetAPIVersion() == "" || u.GetKind() == "" || u.GetName() == "" {
+			return fmt.Errorf("document %d: apiVersion, kind and metadata.name are required", i)
+		}
+		obj, err := scheme.New(u.GroupVersionKind())
+		if err != nil {
+			return fmt.Errorf("document %d: %s is not a translation input", i, u.GetKind())
+		}
+		raw, err := u.MarshalJSON()
+		if err != nil {
+			return err
+		}
+		if err := yaml.UnmarshalStrict(raw, obj); err != nil {
+			return fmt.Errorf("document %d (%s %s): %w", i, u.GetKind(), u.GetName(), err)
+		}
+		switch o := obj.(type) {
+		case *discoveryv1alpha1.Mesh:
+			in.Meshes = append(in.Meshes, *o)
+		case *discoveryv1alpha1.Workload:
+			in.Workloads = append(in.Workloads, *o)
+		case *discoveryv1alpha1.Destination:
+			in.Destinations = append(in.Destinations, *o)
+		case *networkingv1alpha1.VirtualMesh:
+			in.VirtualMeshes = append(in.VirtualMeshes, *o)
+		case *networkingv1alpha1.TrafficPolicy:
+			in.TrafficPolicies = append(in.TrafficPolicies, *o)
+		case *networkingv1alpha1.AccessPolicy:
+			in.AccessPolicies = append(in.AccessPolicies, *o)
+		case *networkingv1alpha1.VirtualDestination:
+			in.VirtualDestinations = append(in.VirtualDestinations, *o)
+		default:
+			return fmt.Errorf("document %d: %s is not a translation input", i, u.GetKind())
+		}
+	}
+}
+
+// writeDescription prints a description as aligned text.
+func writeDescription(w io.Writer, desc any) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
+	policies := func(title string, ps []translation.AppliedPolicy) {
+		row("")
+		if len(ps) == 0 {
+			row(title + ":\t<none>")
+			return
+		}
+		row(title + ":")
+		row("  #", "POLICY", "STATE", "DETAIL")
+		for i, p := range ps {
+			row(fmt.Sprintf("  %d", i+1), p.Kind+"/"+p.Namespace+"/"+p.Name, p.State, policyDetail(p))
+		}
+	}
+	outputs := func(os []translation.OutputRef) {
+		row("")
+		if len(os) == 0 {
+			row("Outputs:\t<none>")
+			return
+		}
+		row("Outputs:")
+		row("  CLUSTER", "KIND", "NAMESPACE/NAME", "PARENTS")
+		for _, o := range os {
+			row("  "+o.Cluster, o.Kind, o.Namespace+"/"+o.Name, strings.Join(o.Parents, ","))
+		}
+	}
+	switch d := desc.(type) {
+	case *translation.DestinationDescription:
+		row("Destination:", d.Name)
+		row("Service:", d.Service.Namespace+"/"+d.Service.Name)
+		row("Cluster:", d.Service.ClusterName)
+		row("Mesh:", d.Mesh)
+		row("Hostnames:", strings.Join(d.Hostnames, ", "))
+		policies("TrafficPolicies (translation order)", d.Traffic)
+		policies("AccessPolicies", d.Access)
+		row("")
+		if len(d.Federated) == 0 {
+			row("Federated by:\t<none>")
+		} else {
+			row("Federated by:")
+			row("  VIRTUALMESH", "STATE", "HOSTNAME", "TO MESHES")
+			for _, f := range d.Federated {
+				row("  "+f.Namespace+"/"+f.Name, f.State, f.Hostname, strings.Join(f.ToMeshes, ","))
+			}
+		}
+		outputs(d.Outputs)
+	case *translation.WorkloadDescription:
+		row("Workload:", d.Name)
+		row("Controller:", d.ControllerKind+" "+d.Controller.Namespace+"/"+d.Controller.Name)
+		row("Cluster:", d.Controller.ClusterName)
+		row("Service account:", d.ServiceAccount)
+		row("Mesh:", d.Mesh)
+		policies("TrafficPolicies selecting it as a source (translation order)", d.Traffic)
+		policies("AccessPolicies allowing its identity", d.Access)
+	case *translation.PolicyDescription:
+		row("Policy:", d.Kind+"/"+d.Namespace+"/"+d.Name)
+		row("State:", d.State)
+		if d.ObservedGeneration != 0 {
+			row("Observed generation:", fmt.Sprint(d.ObservedGeneration))
+		}
+		for _, e := range d.Errors {
+			row("Error:", e)
+		}
+		if len(d.Meshes) > 0 {
+			row("Meshes:", strings.Join(d.Meshes, ", "))
+		}
+		row("Destinations:", orNone(d.Destinations))
+		if d.Workloads != nil {
+			row("Source workloads:", orNone(d.Workloads))
+		}
+		if len(d.Targets) > 0 {
+			row("")
+			row("Targets:")
+			row("  TARGET", "STATE", "ERRORS")
+			for _, t := range d.Targets {
+				row("  "+t.Target, string(t.State), strings.Join(t.Errors, "; "))
+			}
+		}
+		row("")
+		if len(d.Outputs) == 0 {
+			row("Outputs:\t<none>")
+		}
+		for _, c := range d.Outputs {
+			row("Outputs in " + c.Cluster + ":")
+			for _, o := range c.Objects {
+				row("  "+o.Kind, o.Namespace+"/"+o.Name, o.APIVersion)
+			}
+		}
+	default:
+		return fmt.Errorf("cannot print %T", desc)
+	}
+	return tw.Flush()
+}
+
+// policyDetail is a policy's verdict for the described object, or its errors.
+func policyDetail(p translation.AppliedPolicy) string {
+	var parts []string
+	if t := p.Target; t != nil && (t.State != "" && string(t.State) != p.State || len(t.Errors) > 0) {
+		parts = append(parts, "target "+string(t.State))
+		parts = append(parts, t.Errors...)
+	}
+	parts = append(parts, p.Errors...)
+	return strings.Join(parts, "; ")
+}
+
+func orNone(xs []string) string {
+	if len(xs) == 0 {
+		return "<none>"
+	}
+	return strings.Join(xs, ", ")
+}

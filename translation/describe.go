@@ -1,0 +1,499 @@
+package translation
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+)
+
+// Kinds of the user objects translation reads.
+const (
+	KindVirtualMesh        = "VirtualMesh"
+	KindTrafficPolicy      = "TrafficPolicy"
+	KindAccessPolicy       = "AccessPolicy"
+	KindVirtualDestination = "VirtualDestination"
+)
+
+// defaultFederatedSuffix ends federated hostnames when a VirtualMesh names
+// none; TrafficPolicy targets in other clusters always use it.
+const defaultFederatedSuffix = "global"
+
+var (
+	// ErrNotFound: the object to describe is not in the input.
+	ErrNotFound = errors.New("not found")
+	// ErrUnknownKind: the kind to describe is not a user kind translation reads.
+	ErrUnknownKind = errors.New("unknown kind")
+)
+
+// NotFoundError names an object that is not in the input and the objects
+// whose names share its prefix.
+type NotFoundError struct {
+	What, Name string
+	Similar    []string
+}
+
+func (e *NotFoundError) Error() string {
+	msg := fmt.Sprintf("%s %q not found", e.What, e.Name)
+	if len(e.Similar) > 0 {
+		msg += "; did you mean " + strings.Join(e.Similar, ", ") + "?"
+	}
+	return msg
+}
+
+// Is makes a NotFoundError match ErrNotFound.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// AppliedPolicy is a user object that applies to the described object, with
+// its verdict from the Report.
+type AppliedPolicy struct {
+	Kind      string   `json:"kind"`
+	Namespace string   `json:"namespace"`
+	Name      string   `json:"name"`
+	State     string   `json:"state"`
+	Errors    []string `json:"errors,omitempty"`
+	// Target is the policy's verdict for the described Destination, if it
+	// reported one.
+	Target *common.TargetStatus `json:"target,omitempty"`
+}
+
+// Federation is a VirtualMesh that makes a Destination reachable from other
+// meshes under Hostname.
+type Federation struct {
+	AppliedPolicy
+	Hostname string   `json:"hostname"`
+	ToMeshes []string `json:"toMeshes"`
+}
+
+// OutputRef names one output object.
+type OutputRef struct {
+	Cluster    string   `json:"cluster"`
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Namespace  string   `json:"namespace"`
+	Name       string   `json:"name"`
+	Parents    []string `json:"parents"`
+}
+
+// DestinationDescription says which policies apply to a Destination, in
+// translation order, and what they produce for it.
+type DestinationDescription struct {
+	Name      string                  `json:"name"`
+	Service   common.ClusterObjectRef `json:"service"`
+	Mesh      string                  `json:"mesh"`
+	Hostnames []string                `json:"hostnames"`
+	Traffic   []AppliedPolicy         `json:"trafficPolicies"`
+	Access    []AppliedPolicy         `json:"accessPolicies"`
+	Federated []Federation            `json:"virtualMeshes"`
+	Outputs   []OutputRef             `json:"outputs"`
+}
+
+// WorkloadDescription says which policies apply to a Workload as a source.
+type WorkloadDescription struct {
+	Name           string                  `json:"name"`
+	Controller     common.ClusterObjectRef `json:"controller"`
+	ControllerKind string                  `json:"controllerKind"`
+	ServiceAccount string                  `json:"serviceAccount"`
+	Mesh           string                  `json:"mesh"`
+	Traffic        []AppliedPolicy         `json:"trafficPolicies"`
+	Access         []AppliedPolicy         `json:"accessPolicies"`
+}
+
+// PolicyDescription says what a user object selects and produces.
+type PolicyDescription struct {
+	AppliedPolicy
+	ObservedGeneration int64                 `json:"observedGeneration,omitempty"`
+	Targets            []common.TargetStatus `json:"targets,omitempty"`
+	// Destinations and Workloads are the discovered objects it selects
+	// (Workloads: as sources); Meshes are a VirtualMesh's members.
+	Destinations []string `json:"destinations"`
+	Workloads    []string `json:"workloads,omitempty"`
+	Meshes       []string `json:"meshes,omitempty"`
+	// Outputs by cluster, sorted.
+	Outputs []ClusterOutputs `json:"outputs"`
+}
+
+// ClusterOutputs are the output objects of one cluster.
+type ClusterOutputs struct {
+	Cluster string      `json:"cluster"`
+	Objects []OutputRef `json:"objects"`
+}
+
+// PolicyKind returns the user kind a command-line kind names (trafficpolicy,
+// TrafficPolicy, trafficpolicies, tp...), or ErrUnknownKind.
+func PolicyKind(s string) (string, error) {
+	switch strings.ToLower(s) {
+	case "trafficpolicy", "trafficpolicies", "tp":
+		return KindTrafficPolicy, nil
+	case "accesspolicy", "accesspolicies", "ap":
+		return KindAccessPolicy, nil
+	case "virtualmesh", "virtualmeshes", "vm":
+		return KindVirtualMesh, nil
+	case "virtualdestination", "virtualdestinations", "vd":
+		return KindVirtualDestination, nil
+	}
+	return "", fmt.Errorf("%w %q: want trafficpolicy, accesspolicy, virtualmesh or virtualdestination", ErrUnknownKind, s)
+}
+
+// DescribeDestination describes the Destination object named name.
+func DescribeDestination(in *Input, out *Output, r *Report, name string) (*DestinationDescription, error) {
+	var d *discoveryv1alpha1.Destination
+	names := make([]string, 0, len(in.Destinations))
+	for i := range in.Destinations {
+		names = append(names, in.Destinations[i].Name)
+		if in.Destinations[i].Name == name {
+			d = &in.Destinations[i]
+		}
+	}
+	if d == nil {
+		return nil, notFound("destination", name, names)
+	}
+	ks := d.Spec.KubeService
+	desc := &DestinationDescription{Name: d.Name, Service: ks.Ref, Mesh: d.Spec.Mesh.Name,
+		Hostnames: []string{LocalHostname(d, ""), FederatedHostname(d, defaultFederatedSuffix)},
+		Traffic:   []AppliedPolicy{}, Access: []AppliedPolicy{}, Federated: []Federation{}, Outputs: []OutputRef{}}
+	target := targetName(d)
+	parents := map[string]bool{}
+	for _, p := range sortedTraffic(in.TrafficPolicies) {
+		if MatchDestination(p.Spec.DestinationSelector, d) {
+			desc.Traffic = append(desc.Traffic, applied(r, KindTrafficPolicy, p.Namespace, p.Name, target))
+			parents[KindTrafficPolicy+"/"+p.Namespace+"/"+p.Name] = true
+		}
+	}
+	for _, p := range sortedBy(in.AccessPolicies, func(p *networkingv1alpha1.AccessPolicy) string { return p.Namespace + "/" + p.Name }) {
+		if MatchDestination(p.Spec.DestinationSelector, d) {
+			desc.Access = append(desc.Access, applied(r, KindAccessPolicy, p.Namespace, p.Name, target))
+			parents[KindAccessPolicy+"/"+p.Namespace+"/"+p.Name] = true
+		}
+	}
+	hosts := slices.Clone(desc.Hostnames)
+	for _, vm := range sortedBy(in.VirtualMeshes, func(v *networkingv1alpha1.VirtualMesh) string { return v.Namespace + "/" + v.Name }) {
+		to := federatedTo(vm, d)
+		if len(to) == 0 {
+			continue
+		}
+		suffix := cmp.Or(vm.Spec.Federation.HostnameSuffix, defaultFederatedSuffix)
+		f := Federation{AppliedPolicy: applied(r, KindVirtualMesh, vm.Namespace, vm.Name, ""),
+			Hostname: FederatedHostname(d, suffix), ToMeshes: to}
+		desc.Federated = append(desc.Federated, f)
+		parents[KindVirtualMesh+"/"+vm.Namespace+"/"+vm.Name] = true
+		desc.Hostnames = append(desc.Hostnames, f.Hostname)
+		hosts = append(hosts, f.Hostname, "*."+suffix)
+	}
+	slices.Sort(desc.Hostnames[1:]) // the local hostname first
+	desc.Hostnames = slices.Compact(desc.Hostnames)
+	slices.Sort(hosts)
+	hosts = slices.Compact(hosts)
+	for _, o := range out.Objects() {
+		if hasParent(o, parents) && relates(o, d, hosts) {
+			desc.Outputs = append(desc.Outputs, ref(o))
+		}
+	}
+	return desc, nil
+}
+
+// relates decides whether an output object concerns Destination d: its spec
+// names one of d's hostnames (a wildcard only in d's cluster), or it sits in
+// d's cluster and either selects
+// d's workloads in d's namespace or selects no workload and names no host
+// (a mesh-wide object such as a PeerAuthentication).
+func relates(o *Object, d *discoveryv1alpha1.Destination, hosts []string) bool {
+	spec, _ := o.Object.Object["spec"].(map[string]any)
+	b, _ := json.Marshal(spec)
+	ks := d.Spec.KubeService
+	local := o.Cluster == ks.Ref.ClusterName
+	for _, h := range hosts {
+		q, _ := json.Marshal(h)
+		// A wildcard (a passthrough Gateway's *.<suffix>) concerns d only
+		// in d's own cluster, where it lets d's federated traffic in.
+		if strings.Contains(string(b), string(q)) && (local || !strings.HasPrefix(h, "*.")) {
+			return true
+		}
+	}
+	if !local {
+		return false
+	}
+	if _, named := spec["hosts"]; named {
+		return false
+	}
+	if _, named := spec["host"]; named {
+		return false
+	}
+	sel, hasSel := spec["selector"].(map[string]any)
+	if !hasSel {
+		return true
+	}
+	labels, _ := sel["matchLabels"].(map[string]any)
+	if labels == nil || o.Object.GetNamespace() != ks.Ref.Namespace || len(labels) != len(ks.WorkloadSelectorLabels) {
+		return false
+	}
+	for k, v := range ks.WorkloadSelectorLabels {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// DescribeWorkload describes the Workload object named name.
+func DescribeWorkload(in *Input, r *Report, name string) (*WorkloadDescription, error) {
+	var w *discoveryv1alpha1.Workload
+	names := make([]string, 0, len(in.Workloads))
+	for i := range in.Workloads {
+		names = append(names, in.Workloads[i].Name)
+		if in.Workloads[i].Name == name {
+			w = &in.Workloads[i]
+		}
+	}
+	if w == nil {
+		return nil, notFound("workload", name, names)
+	}
+	k := w.Spec.Kubernetes
+	sa := cmp.Or(k.ServiceAccountName, "default")
+	desc := &WorkloadDescription{Name: w.Name, Controller: k.Controller, ControllerKind: k.Kind, ServiceAccount: sa, Mesh: w.Spec.Mesh.Name,
+		Traffic: []AppliedPolicy{}, Access: []AppliedPolicy{}}
+	for _, p := range sortedTraffic(in.TrafficPolicies) {
+		if MatchWorkload(p.Spec.SourceSelector, w) {
+			desc.Traffic = append(desc.Traffic, applied(r, KindTrafficPolicy, p.Namespace, p.Name, ""))
+		}
+	}
+	for _, p := range sortedBy(in.AccessPolicies, func(p *networkingv1alpha1.AccessPolicy) string { return p.Namespace + "/" + p.Name }) {
+		if MatchIdentity(p.Spec.SourceSelector, k.Controller.ClusterName, k.Controller.Namespace, sa) {
+			desc.Access = append(desc.Access, applied(r, KindAccessPolicy, p.Namespace, p.Name, ""))
+		}
+	}
+	return desc, nil
+}
+
+// DescribePolicy describes the user object kind/namespace/name (kind as
+// returned by PolicyKind).
+func DescribePolicy(in *Input, out *Output, r *Report, kind, namespace, name string) (*PolicyDescription, error) {
+	var (
+		found     bool
+		names     []string
+		destSel   func(*discoveryv1alpha1.Destination) bool
+		sourceSel func(*discoveryv1alpha1.Workload) bool
+		meshes    []string
+	)
+	switch kind {
+	case KindTrafficPolicy:
+		for i := range in.TrafficPolicies {
+			p := &in.TrafficPolicies[i]
+			names = append(names, p.Namespace+"/"+p.Name)
+			if p.Namespace == namespace && p.Name == name {
+				found = true
+				destSel = func(d *discoveryv1alpha1.Destination) bool { return MatchDestination(p.Spec.DestinationSelector, d) }
+				sourceSel = func(w *discoveryv1alpha1.Workload) bool { return MatchWorkload(p.Spec.SourceSelector, w) }
+			}
+		}
+	case KindAccessPolicy:
+		for i := range in.AccessPolicies {
+			p := &in.AccessPolicies[i]
+			names = append(names, p.Namespace+"/"+p.Name)
+			if p.Namespace == namespace && p.Name == name {
+				found = true
+				destSel = func(d *discoveryv1alpha1.Destination) bool { return MatchDestination(p.Spec.DestinationSelector, d) }
+				sourceSel = func(w *discoveryv1alpha1.Workload) bool {
+					k := w.Spec.Kubernetes
+					return MatchIdentity(p.Spec.SourceSelector, k.Controller.ClusterName, k.Controller.Namespace, cmp.Or(k.ServiceAccountName, "default"))
+				}
+			}
+		}
+	case KindVirtualMesh:
+		for i := range in.VirtualMeshes {
+			vm := &in.VirtualMeshes[i]
+			names = append(names, vm.Namespace+"/"+vm.Name)
+			if vm.Namespace == namespace && vm.Name == name {
+				found = true
+				destSel = func(d *discoveryv1alpha1.Destination) bool { return len(federatedTo(vm, d)) > 0 }
+				for _, m := range vm.Spec.Meshes {
+					meshes = append(meshes, m.Name)
+				}
+			}
+		}
+	case KindVirtualDestination:
+		for i := range in.VirtualDestinations {
+			vd := &in.VirtualDestinations[i]
+			names = append(names, vd.Namespace+"/"+vd.Name)
+			if vd.Namespace == namespace && vd.Name == name {
+				found = true
+				destSel = func(d *discoveryv1alpha1.Destination) bool { return backs(vd, d) }
+			}
+		}
+	default:
+		return nil, fmt.Errorf("%w %q", ErrUnknownKind, kind)
+	}
+	if !found {
+		return nil, notFound(strings.ToLower(kind), namespace+"/"+name, names)
+	}
+	desc := &PolicyDescription{AppliedPolicy: applied(r, kind, namespace, name, ""), Meshes: meshes, Destinations: []string{}}
+	if st, targets, ok := r.Status(ObjectKey{Kind: kind, Namespace: namespace, Name: name}); ok {
+		desc.ObservedGeneration, desc.Targets = st.ObservedGeneration, targets
+	}
+	for i := range in.Destinations {
+		if destSel(&in.Destinations[i]) {
+			desc.Destinations = append(desc.Destinations, in.Destinations[i].Name)
+		}
+	}
+	slices.Sort(desc.Destinations)
+	if sourceSel != nil {
+		desc.Workloads = []string{}
+		for i := range in.Workloads {
+			if sourceSel(&in.Workloads[i]) {
+				desc.Workloads = append(desc.Workloads, in.Workloads[i].Name)
+			}
+		}
+		slices.Sort(desc.Workloads)
+	}
+	self := map[string]bool{kind + "/" + namespace + "/" + name: true}
+	desc.Outputs = []ClusterOutputs{}
+	for _, o := range out.Objects() { // sorted by cluster first
+		if !hasParent(o, self) {
+			continue
+		}
+		if n := len(desc.Outputs); n == 0 || desc.Outputs[n-1].Cluster != o.Cluster {
+			desc.Outputs = append(desc.Outputs, ClusterOutputs{Cluster: o.Cluster})
+		}
+		last := &desc.Outputs[len(desc.Outputs)-1]
+		last.Objects = append(last.Objects, ref(o))
+	}
+	return desc, nil
+}
+
+// federatedTo returns the meshes (other than its own) a VirtualMesh
+// federates d to, as federation decides: d's mesh must be a member, and a
+// federation selector must select d.
+func federatedTo(vm *networkingv1alpha1.VirtualMesh, d *discoveryv1alpha1.Destination) []string {
+	f := vm.Spec.Federation
+	if f == nil {
+		return nil
+	}
+	key := func(ref common.ObjectRef) string { return cmp.Or(ref.Namespace, vm.Namespace) + "/" + ref.Name }
+	own := cmp.Or(d.Spec.Mesh.Namespace, d.Namespace) + "/" + d.Spec.Mesh.Name
+	members := map[string]string{}
+	for _, m := range vm.Spec.Meshes {
+		members[key(m)] = m.Name
+	}
+	if _, ok := members[own]; !ok {
+		return nil
+	}
+	set := map[string]bool{}
+	for _, sel := range f.Selectors {
+		if !MatchDestination(sel.DestinationSelectors, d) {
+			continue
+		}
+		if len(sel.Meshes) == 0 {
+			for k := range members {
+				set[k] = true
+			}
+		}
+		for _, m := range sel.Meshes {
+			set[key(m)] = true
+		}
+	}
+	var out []string
+	for k := range set {
+		if name, ok := members[k]; ok && k != own {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// backs reports whether d backs a VirtualDestination.
+func backs(vd *networkingv1alpha1.VirtualDestination, d *discoveryv1alpha1.Destination) bool {
+	if s := vd.Spec.Static; s != nil {
+		return slices.Contains(s.Destinations, d.Spec.KubeService.Ref)
+	}
+	if l := vd.Spec.Localized; l != nil {
+		return MatchDestination(l.DestinationSelectors, d)
+	}
+	return false
+}
+
+func applied(r *Report, kind, namespace, name, target string) AppliedPolicy {
+	a := AppliedPolicy{Kind: kind, Namespace: namespace, Name: name, State: "NotTranslated"}
+	st, targets, ok := r.Status(ObjectKey{Kind: kind, Namespace: namespace, Name: name})
+	if !ok {
+		return a
+	}
+	a.State, a.Errors = string(st.State), st.Errors
+	for i := range targets {
+		if target != "" && targets[i].Target == target {
+			t := targets[i]
+			a.Target = &t
+		}
+	}
+	return a
+}
+
+func hasParent(o *Object, set map[string]bool) bool {
+	for _, p := range o.Parents {
+		if set[p.String()] {
+			return true
+		}
+	}
+	return false
+}
+
+func ref(o *Object) OutputRef {
+	r := OutputRef{Cluster: o.Cluster, APIVersion: o.Object.GetAPIVersion(), Kind: o.Object.GetKind(),
+		Namespace: o.Object.GetNamespace(), Name: o.Object.GetName(), Parents: []string{}}
+	for _, p := range o.Parents {
+		r.Parents = append(r.Parents, p.String())
+	}
+	return r
+}
+
+// notFound lists the names that share name's first dash-separated word (or
+// of which name is a prefix).
+func notFound(what, name string, names []string) error {
+	word, _, _ := strings.Cut(name, "-")
+	if ns, rest, ok := strings.Cut(name, "/"); ok {
+		word, _, _ = strings.Cut(rest, "-")
+		word = ns + "/" + word
+	}
+	var similar []string
+	for _, n := range names {
+		if strings.HasPrefix(n, word) || strings.HasPrefix(n, name) {
+			similar = append(similar, n)
+		}
+	}
+	slices.Sort(similar)
+	return &NotFoundError{What: what, Name: name, Similar: slices.Compact(similar)}
+}
+
+// targetName names a Destination in a status, as the translators do.
+func targetName(d *discoveryv1alpha1.Destination) string {
+	r := d.Spec.KubeService.Ref
+	return r.Name + "-" + r.Namespace + "-" + r.ClusterName
+}
+
+// sortedTraffic orders TrafficPolicies as TranslateTraffic considers them:
+// oldest first, then by namespace and name.
+func sortedTraffic(ps []networkingv1alpha1.TrafficPolicy) []*networkingv1alpha1.TrafficPolicy {
+	out := make([]*networkingv1alpha1.TrafficPolicy, len(ps))
+	for i := range ps {
+		out[i] = &ps[i]
+	}
+	slices.SortFunc(out, func(a, b *networkingv1alpha1.TrafficPolicy) int {
+		return cmp.Or(a.CreationTimestamp.Time.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+func sortedBy[T any](xs []T, key func(*T) string) []*T {
+	out := make([]*T, len(xs))
+	for i := range xs {
+		out[i] = &xs[i]
+	}
+	slices.SortFunc(out, func(a, b *T) int { return cmp.Compare(key(a), key(b)) })
+	return out
+}

@@ -1,0 +1,197 @@
+package translation_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/federation"
+	"github.com/relaymesh/relaymesh/policy"
+	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/translationtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// translateAll runs every translator, as the server's controller does.
+func translateAll(in *translation.Input) (*translation.Output, *translation.Report) {
+	out, r := translation.NewOutput(), translation.NewReport()
+	federation.Translate(in, out, r)
+	policy.TranslateAccess(in, out, r)
+	policy.TranslateTraffic(in, out, r)
+	return out, r
+}
+
+// policyInput is the traffic-shift golden case plus an older timeout policy
+// on reviews, a policy on ratings, and an AccessPolicy on reviews.
+func policyInput(t *testing.T) *translation.Input {
+	in := translationtest.LoadInput(t, "../policy/testdata/traffic/shift-subsets-and-remote")
+	reviews := []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{{Name: "reviews", Namespace: "bookinfo", ClusterName: "cluster-1"}}}}}
+	ratings := []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{{Name: "ratings", Namespace: "bookinfo", ClusterName: "cluster-1"}}}}}
+	meta := func(name string, day int) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: name, Namespace: "bookinfo", Generation: 1, CreationTimestamp: metav1.NewTime(time.Date(2024, 12, day, 0, 0, 0, 0, time.UTC))}
+	}
+	in.TrafficPolicies = append(in.TrafficPolicies,
+		networkingv1alpha1.TrafficPolicy{ObjectMeta: meta("reviews-timeout", 1), Spec: networkingv1alpha1.TrafficPolicySpec{
+			DestinationSelector: reviews, Policy: networkingv1alpha1.Policy{RequestTimeout: &metav1.Duration{Duration: 2 * time.Second}}}},
+		networkingv1alpha1.TrafficPolicy{ObjectMeta: meta("ratings-timeout", 2), Spec: networkingv1alpha1.TrafficPolicySpec{
+			DestinationSelector: ratings, Policy: networkingv1alpha1.Policy{RequestTimeout: &metav1.Duration{Duration: time.Second}}}})
+	in.AccessPolicies = append(in.AccessPolicies, networkingv1alpha1.AccessPolicy{ObjectMeta: meta("reviews-from-productpage", 3), Spec: networkingv1alpha1.AccessPolicySpec{
+		SourceSelector: []common.IdentitySelector{{KubeServiceAccountRefs: &common.KubeServiceAccountRefs{ServiceAccounts: []common.ClusterObjectRef{
+			{Name: "bookinfo-productpage", Namespace: "bookinfo", ClusterName: "cluster-1"}}}}},
+		DestinationSelector: reviews}})
+	return in
+}
+
+func names(ps []translation.AppliedPolicy) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.Kind+"/"+p.Namespace+"/"+p.Name+" "+p.State)
+	}
+	return out
+}
+
+func refs(os []translation.OutputRef) []string {
+	var out []string
+	for _, o := range os {
+		out = append(out, o.Cluster+" "+o.Kind+" "+o.Namespace+"/"+o.Name)
+	}
+	return out
+}
+
+func TestDescribeDestination(t *testing.T) {
+	in := policyInput(t)
+	out, r := translateAll(in)
+	d, err := translation.DescribeDestination(in, out, r, "reviews-bookinfo-cluster-1")
+	require.NoError(t, err)
+	assert.Equal(t, common.ClusterObjectRef{Name: "reviews", Namespace: "bookinfo", ClusterName: "cluster-1"}, d.Service)
+	assert.Equal(t, "istiod-istio-system-cluster-1", d.Mesh)
+	assert.Equal(t, []string{"reviews.bookinfo.svc.cluster.local", "reviews.bookinfo.svc.cluster-1.global"}, d.Hostnames)
+	// Translation order: oldest first.
+	assert.Equal(t, []string{"TrafficPolicy/bookinfo/reviews-timeout Accepted", "TrafficPolicy/bookinfo/reviews-canary Accepted"}, names(d.Traffic))
+	require.NotNil(t, d.Traffic[1].Target)
+	assert.Equal(t, "reviews-bookinfo-cluster-1", d.Traffic[1].Target.Target)
+	assert.Equal(t, []string{"AccessPolicy/bookinfo/reviews-from-productpage Accepted"}, names(d.Access))
+	assert.Empty(t, d.Federated)
+	assert.Equal(t, []string{
+		"cluster-1 DestinationRule bookinfo/relaymesh-reviews",
+		"cluster-1 VirtualService bookinfo/relaymesh-reviews",
+		"cluster-1 AuthorizationPolicy bookinfo/relaymesh-reviews",
+		// reviews-timeout applies to sources in every cluster: cluster-2
+		// reaches reviews of cluster-1 through its federated hostname.
+		"cluster-2 VirtualService bookinfo/relaymesh-reviews-cluster-1",
+	}, refs(d.Outputs))
+
+	// A Destination nothing selects has no policies and no outputs.
+	d, err = translation.DescribeDestination(in, out, r, "details-bookinfo-cluster-1")
+	require.NoError(t, err)
+	assert.Empty(t, d.Traffic)
+	assert.Empty(t, d.Access)
+	assert.Empty(t, d.Outputs)
+}
+
+func TestDescribeDestinationFederated(t *testing.T) {
+	in := translationtest.LoadInput(t, "../federation/testdata/basic")
+	out, r := translateAll(in)
+	d, err := translation.DescribeDestination(in, out, r, "reviews-bookinfo-cluster-1")
+	require.NoError(t, err)
+	require.Len(t, d.Federated, 1)
+	f := d.Federated[0]
+	assert.Equal(t, "VirtualMesh/relaymesh/bookinfo Accepted", f.Kind+"/"+f.Namespace+"/"+f.Name+" "+f.State)
+	assert.Equal(t, "reviews.bookinfo.svc.cluster-1.global", f.Hostname)
+	assert.Equal(t, []string{"istiod-istio-system-cluster-2"}, f.ToMeshes)
+	assert.Equal(t, []string{
+		"cluster-1 Gateway istio-system/relaymesh-federation-istio-eastwestgateway-istio-system",
+		"cluster-1 ServiceEntry bookinfo/reviews-bookinfo-cluster-1",
+		"cluster-2 DestinationRule istio-system/reviews-bookinfo-cluster-1",
+		"cluster-2 ServiceEntry istio-system/reviews-bookinfo-cluster-1",
+	}, refs(d.Outputs))
+}
+
+func TestDescribeWorkload(t *testing.T) {
+	in := policyInput(t)
+	_, r := translateAll(in)
+	tests := []struct {
+		name            string
+		traffic, access []string
+	}{
+		// reviews-timeout and ratings-timeout select every source.
+		{"productpage-v1-bookinfo-cluster-1-deployment",
+			[]string{"TrafficPolicy/bookinfo/reviews-timeout Accepted", "TrafficPolicy/bookinfo/ratings-timeout Accepted", "TrafficPolicy/bookinfo/reviews-canary Accepted"},
+			[]string{"AccessPolicy/bookinfo/reviews-from-productpage Accepted"}},
+		{"sleep-tools-cluster-2-deployment",
+			[]string{"TrafficPolicy/bookinfo/reviews-timeout Accepted", "TrafficPolicy/bookinfo/ratings-timeout Accepted"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w, err := translation.DescribeWorkload(in, r, tt.name)
+			require.NoError(t, err)
+			assert.Equal(t, tt.traffic, names(w.Traffic))
+			assert.Equal(t, tt.access, names(w.Access))
+		})
+	}
+	w, err := translation.DescribeWorkload(in, r, "sleep-tools-cluster-2-deployment")
+	require.NoError(t, err)
+	assert.Equal(t, "sleep", w.ServiceAccount)
+	assert.Equal(t, "cluster-2", w.Controller.ClusterName)
+	assert.Equal(t, "Deployment", w.ControllerKind)
+}
+
+func TestDescribePolicy(t *testing.T) {
+	in := policyInput(t)
+	out, r := translateAll(in)
+	p, err := translation.DescribePolicy(in, out, r, translation.KindTrafficPolicy, "bookinfo", "reviews-canary")
+	require.NoError(t, err)
+	assert.Equal(t, "Accepted", p.State)
+	assert.Equal(t, int64(1), p.ObservedGeneration)
+	assert.Equal(t, []string{"reviews-bookinfo-cluster-1"}, p.Destinations)
+	assert.Equal(t, []string{"productpage-v1-bookinfo-cluster-1-deployment"}, p.Workloads)
+	require.Len(t, p.Outputs, 1)
+	assert.Equal(t, "cluster-1", p.Outputs[0].Cluster)
+	assert.Equal(t, []string{"cluster-1 DestinationRule bookinfo/relaymesh-reviews", "cluster-1 VirtualService bookinfo/relaymesh-reviews"}, refs(p.Outputs[0].Objects))
+
+	fin := translationtest.LoadInput(t, "../federation/testdata/basic")
+	fout, fr := translateAll(fin)
+	p, err = translation.DescribePolicy(fin, fout, fr, translation.KindVirtualMesh, "relaymesh", "bookinfo")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"istiod-istio-system-cluster-1", "istiod-istio-system-cluster-2"}, p.Meshes)
+	assert.Len(t, p.Destinations, 5)
+	require.Len(t, p.Outputs, 2)
+	assert.Equal(t, "cluster-2", p.Outputs[1].Cluster)
+	assert.Nil(t, p.Workloads)
+}
+
+func TestDescribeErrors(t *testing.T) {
+	in := policyInput(t)
+	out, r := translateAll(in)
+
+	_, err := translation.DescribeDestination(in, out, r, "reviews-bookinfo-cluster-3")
+	require.ErrorIs(t, err, translation.ErrNotFound)
+	var nf *translation.NotFoundError
+	require.True(t, errors.As(err, &nf))
+	assert.Equal(t, []string{"reviews-bookinfo-cluster-1", "reviews-bookinfo-cluster-2"}, nf.Similar)
+	assert.Contains(t, err.Error(), `destination "reviews-bookinfo-cluster-3" not found; did you mean reviews-bookinfo-cluster-1, reviews-bookinfo-cluster-2?`)
+
+	_, err = translation.DescribeDestination(in, out, r, "zzz")
+	assert.EqualError(t, err, `destination "zzz" not found`)
+
+	_, err = translation.DescribeWorkload(in, r, "sleep")
+	assert.ErrorContains(t, err, "did you mean sleep-tools-cluster-2-deployment?")
+
+	_, err = translation.DescribePolicy(in, out, r, translation.KindTrafficPolicy, "bookinfo", "reviews")
+	assert.ErrorContains(t, err, "bookinfo/reviews-canary, bookinfo/reviews-timeout")
+	_, err = translation.DescribePolicy(in, out, r, translation.KindAccessPolicy, "default", "reviews-from-productpage")
+	require.ErrorIs(t, err, translation.ErrNotFound)
+
+	for _, k := range []string{"trafficpolicy", "TrafficPolicies", "ap", "VirtualMesh", "virtualdestination"} {
+		_, err := translation.PolicyKind(k)
+		assert.NoError(t, err, k)
+	}
+	_, err = translation.PolicyKind("service")
+	assert.ErrorIs(t, err, translation.ErrUnknownKind)
+	_, err = translation.DescribePolicy(in, out, r, "Service", "a", "b")
+	assert.ErrorIs(t, err, translation.ErrUnknownKind)
+}
