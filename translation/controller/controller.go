@@ -194,6 +194,7 @@ func (c *Controller) Input() *translation.Input {
 func Translate(in *translation.Input) (*translation.Output, *translation.Report) {
 	out, r := translation.NewOutput(), translation.NewReport()
 	federation.Translate(in, out, r)
+	federation.TranslateVirtualDestinations(in, out, r)
 	policy.TranslateAccess(in, out, r)
 	policy.TranslateTraffic(in, out, r)
 	return out, r

@@ -1,0 +1,561 @@
+package federation
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/translation"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	networkingv1 "istio.io/api/networking/v1"
+)
+
+const (
+	kindVirtualDestination = "VirtualDestination"
+	vdNamePrefix           = "relaymesh-vd"
+	// failoverLabelPrefix names the labels that order static failover.
+	failoverLabelPrefix = "relaymesh.io/failover-"
+
+	defaultConsecutiveErrors = 10
+	defaultInterval          = 5 * time.Second
+	defaultBaseEjectionTime  = 120 * time.Second
+	defaultMaxEjectionPct    = 100
+)
+
+// vdState is one VirtualDestination being translated.
+type vdState struct {
+	vd      *networkingv1alpha1.VirtualDestination
+	key     translation.ObjectKey
+	parent  translation.Parent
+	meshes  []*member  // target meshes, sorted by key
+	backend []*backend // in failover order (static) or Destination order (localized)
+	missing []string   // target names of static destinations that do not exist
+	errs    []string
+}
+
+// backend is a Destination backing a VirtualDestination.
+type backend struct {
+	d       *discoveryv1alpha1.Destination
+	cluster string
+	region  string
+	port    uint32
+	suffix  string
+	errs    []string
+}
+
+func (b *backend) target() string {
+	r := b.d.Spec.KubeService.Ref
+	return r.Name + "-" + r.Namespace + "-" + r.ClusterName
+}
+
+// TranslateVirtualDestinations adds the outputs of every VirtualDestination
+// in `in` to out and its status to r. It publishes each valid VirtualDestination's
+// hostname in the cluster of every target mesh (spec.virtualMesh's members,
+// else spec.meshes), in the mesh's root namespace, as two objects named
+// `relaymesh-vd-<name>-<namespace>` (sanitized, at most 63 characters):
+//
+//   - a ServiceEntry: hosts [spec.hostname], one synthetic address from the
+//     federation allocator (240.0.0.0/8; the addresses federated hosts get
+//     are reserved first so the two never share one), one port
+//     {spec.port.number, lower-case protocol, protocol (default HTTP)},
+//     MESH_INTERNAL, resolution DNS and one endpoint per backing Destination:
+//     its local hostname `<svc>.<ns>.svc.cluster.local` in its own cluster,
+//     else its federated hostname `<svc>.<ns>.svc.<cluster>.<suffix>` (the
+//     suffix of spec.virtualMesh; with spec.meshes, of the VirtualMesh the
+//     Destination's mesh belongs to; default "global"). The endpoint's port is
+//     the backing Service's port (spec.port.targetName looked up on the
+//     Destination, else targetNumber, else number), set only when it differs
+//     from spec.port.number. Its locality is the region of the Destination's
+//     mesh (Mesh spec.istio.installation.region); Destinations carry no
+//     region or zone, so when the mesh has none the cluster name stands in
+//     for the region. No zone is set.
+//   - a DestinationRule for spec.hostname: outlierDetection (localized: from
+//     spec.localized.outlierDetection; unset fields and static failover use
+//     the defaults: 10 consecutive 5xx and gateway errors, 5s interval, 120s
+//     base ejection, 100% max ejection, so a whole failed locality can be
+//     ejected) and loadBalancer.localityLbSetting enabled.
+//
+// Failover. Localized: Istio's own locality order (same region first) with
+// one localityLbSetting.failover {from, to} per failoverDirective. Istio
+// fails over between regions only and honours one target region per source
+// region (the first entry whose `from` matches wins), so a directive with a
+// zone or sub-zone, several `to` localities, `to` equal to `from`, or a
+// `from` region repeated is Invalid instead of being cut down.
+// Static: the order must hold for every client whatever its locality, which
+// region failover cannot say. It is expressed with failoverPriority labels:
+// for N backing Destinations, labels `relaymesh.io/failover-<k>: "true"` for
+// k = 1..N-1 are put on the endpoints, the i-th Destination (1-based) carrying
+// labels 1..N-i, and failoverPriority lists `relaymesh.io/failover-<k>=true`
+// in order. Istio gives an endpoint matching the first j labels priority
+// N-1-j, so the i-th Destination gets priority i-1: Envoy sends all traffic to
+// the first healthy one in the list.
+//
+// Validation (each problem makes the VirtualDestination Invalid, with a
+// message, and it then produces nothing): exactly one of static or
+// localized; exactly one of virtualMesh or meshes, and what they name must
+// exist and be Istio meshes with an installation cluster and namespace;
+// static destinations must exist and be listed once; localized selectors must
+// match at least one Destination and at most one per cluster; with a
+// virtualMesh, every backing Destination's mesh must be a member of it (else
+// its federated hostname would not exist); spec.port.targetName must name a
+// port of every backing Destination; a hostname may be published by one
+// VirtualDestination only: the later one (by creation time, then
+// namespace/name) is Invalid and names the earlier. Every backing Destination
+// is a target in the report, named `<svc>-<ns>-<cluster>` of its Service.
+//
+// Reaching a federated endpoint needs its federated hostname to resolve in
+// Envoy's DNS (Envoy's own queries bypass Istio's DNS proxy), and the
+// VirtualMesh to federate the Destination to the target mesh; neither is
+// checked here.
+func TranslateVirtualDestinations(in *translation.Input, out *translation.Output, r *translation.Report) {
+	vds := make([]*vdState, 0, len(in.VirtualDestinations))
+	for i := range in.VirtualDestinations {
+		vd := &in.VirtualDestinations[i]
+		vds = append(vds, &vdState{
+			vd:     vd,
+			key:    translation.ObjectKey{Kind: kindVirtualDestination, Namespace: vd.Namespace, Name: vd.Name},
+			parent: translation.Parent{Kind: kindVirtualDestination, Namespace: vd.Namespace, Name: vd.Name},
+		})
+	}
+	// Earlier VirtualDestinations claim their hostnames first.
+	slices.SortFunc(vds, func(a, b *vdState) int {
+		if c := a.vd.CreationTimestamp.Compare(b.vd.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return cmp.Or(strings.Compare(a.vd.Namespace, b.vd.Namespace), strings.Compare(a.vd.Name, b.vd.Name))
+	})
+	dests := sortedDestinations(in)
+	vms := sortedVirtualMeshes(in)
+	claimed := map[string]*vdState{}
+	for _, s := range vds {
+		s.validate(in, dests, vms)
+		if len(s.errs) > 0 {
+			continue
+		}
+		if other := claimed[s.vd.Spec.Hostname]; other != nil {
+			s.errs = append(s.errs, fmt.Sprintf("hostname %s is already published by VirtualDestination %s/%s, created earlier", s.vd.Spec.Hostname, other.vd.Namespace, other.vd.Name))
+			continue
+		}
+		claimed[s.vd.Spec.Hostname] = s
+	}
+
+	alloc := reservedAllocator(vms, dests)
+	slices.SortFunc(vds, func(a, b *vdState) int {
+		return cmp.Or(strings.Compare(a.vd.Namespace, b.vd.Namespace), strings.Compare(a.vd.Name, b.vd.Name))
+	})
+	for _, s := range vds {
+		gen := s.vd.Generation
+		if len(s.errs) == 0 {
+			s.translate(alloc, out)
+		}
+		if len(s.errs) > 0 {
+			for _, e := range s.errs {
+				r.Invalid(s.key, gen, "%s", e)
+			}
+			s.reportTargets(r, "not translated: the VirtualDestination is invalid")
+			continue
+		}
+		r.Accept(s.key, gen)
+		s.reportTargets(r, "")
+	}
+}
+
+// sortedVirtualMeshes orders VirtualMeshes by namespace/name.
+func sortedVirtualMeshes(in *translation.Input) []*networkingv1alpha1.VirtualMesh {
+	out := make([]*networkingv1alpha1.VirtualMesh, len(in.VirtualMeshes))
+	for i := range in.VirtualMeshes {
+		out[i] = &in.VirtualMeshes[i]
+	}
+	slices.SortFunc(out, func(a, b *networkingv1alpha1.VirtualMesh) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+// reservedAllocator returns an allocator in which the federated hostname of
+// every Destination of every VirtualMesh member already has its address, in
+// the order Translate allocates them, so a VirtualDestination's address never
+// equals a federated host's.
+func reservedAllocator(vms []*networkingv1alpha1.VirtualMesh, dests []*discoveryv1alpha1.Destination) *allocator {
+	alloc := newAllocator()
+	for _, vm := range vms {
+		members := map[string]bool{}
+		for _, ref := range vm.Spec.Meshes {
+			members[cmp.Or(ref.Namespace, vm.Namespace)+"/"+ref.Name] = true
+		}
+		for _, d := range dests {
+			if members[destinationMeshKey(d)] {
+				alloc.address(translation.FederatedHostname(d, vmSuffix(vm)))
+			}
+		}
+	}
+	return alloc
+}
+
+func vmSuffix(vm *networkingv1alpha1.VirtualMesh) string {
+	if vm != nil && vm.Spec.Federation != nil {
+		return cmp.Or(vm.Spec.Federation.HostnameSuffix, DefaultHostnameSuffix)
+	}
+	return DefaultHostnameSuffix
+}
+
+func destinationMeshKey(d *discoveryv1alpha1.Destination) string {
+	return cmp.Or(d.Spec.Mesh.Namespace, d.Namespace) + "/" + d.Spec.Mesh.Name
+}
+
+func (s *vdState) fail(format string, args ...any) {
+	s.errs = append(s.errs, fmt.Sprintf(format, args...))
+}
+
+// validate resolves the target meshes and the backing Destinations; every
+// problem is recorded in s.errs.
+func (s *vdState) validate(in *translation.Input, dests []*discoveryv1alpha1.Destination, vms []*networkingv1alpha1.VirtualMesh) {
+	spec := s.vd.Spec
+	if spec.Hostname == "" {
+		s.fail("spec.hostname is empty")
+	}
+	if spec.Port.Number < 1 || spec.Port.Number > 65535 {
+		s.fail("spec.port.number %d is not a port (1-65535)", spec.Port.Number)
+	}
+	switch vdProtocol(spec.Port) {
+	case "HTTP", "HTTP2", "GRPC", "HTTPS", "TLS", "TCP":
+	default:
+		s.fail("spec.port.protocol %q is not one of HTTP, HTTP2, GRPC, HTTPS, TLS, TCP", spec.Port.Protocol)
+	}
+	vm := s.resolveMeshes(in, vms)
+	switch {
+	case spec.Static != nil && spec.Localized != nil:
+		s.fail("spec.static and spec.localized are both set; set exactly one")
+	case spec.Static != nil:
+		s.resolveStatic(dests)
+	case spec.Localized != nil:
+		s.resolveLocalized(dests)
+		s.validateLocalized()
+	default:
+		s.fail("neither spec.static nor spec.localized is set; set exactly one")
+	}
+	for _, b := range s.backend {
+		s.resolveBackend(in, b, vm, vms)
+		for _, e := range b.errs {
+			if !slices.Contains(s.errs, e) {
+				s.errs = append(s.errs, e)
+			}
+		}
+	}
+}
+
+// resolveMeshes fills s.meshes and returns the named VirtualMesh, if any.
+func (s *vdState) resolveMeshes(in *translation.Input, vms []*networkingv1alpha1.VirtualMesh) *networkingv1alpha1.VirtualMesh {
+	spec := s.vd.Spec
+	var refs []common.ObjectRef
+	var field, defaultNS string
+	var vm *networkingv1alpha1.VirtualMesh
+	switch {
+	case spec.VirtualMesh != nil && len(spec.Meshes) > 0:
+		s.fail("spec.virtualMesh and spec.meshes are both set; set one")
+		return nil
+	case spec.VirtualMesh != nil:
+		ns := cmp.Or(spec.VirtualMesh.Namespace, s.vd.Namespace)
+		for _, v := range vms {
+			if v.Namespace == ns && v.Name == spec.VirtualMesh.Name {
+				vm = v
+			}
+		}
+		if vm == nil {
+			s.fail("spec.virtualMesh: VirtualMesh %s/%s not found", ns, spec.VirtualMesh.Name)
+			return nil
+		}
+		refs, field, defaultNS = vm.Spec.Meshes, fmt.Sprintf("VirtualMesh %s/%s: spec.meshes", ns, vm.Name), vm.Namespace
+	case len(spec.Meshes) > 0:
+		refs, field, defaultNS = spec.Meshes, "spec.meshes", s.vd.Namespace
+	default:
+		s.fail("neither spec.virtualMesh nor spec.meshes is set; set one")
+		return nil
+	}
+	seen := map[string]bool{}
+	for i, ref := range refs {
+		ref.Namespace = cmp.Or(ref.Namespace, defaultNS)
+		key := ref.Namespace + "/" + ref.Name
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		mesh := in.MeshOf(ref)
+		switch {
+		case mesh == nil:
+			s.fail("%s[%d]: mesh %s not found", field, i, key)
+		case mesh.Spec.Istio == nil:
+			s.fail("%s[%d]: mesh %s is not an Istio mesh", field, i, key)
+		case mesh.Spec.Istio.Installation.Cluster == "" || mesh.Spec.Istio.Installation.Namespace == "":
+			s.fail("%s[%d]: mesh %s has no installation cluster or namespace", field, i, key)
+		default:
+			inst := mesh.Spec.Istio.Installation
+			s.meshes = append(s.meshes, &member{key: key, mesh: mesh, cluster: inst.Cluster, root: inst.Namespace})
+		}
+	}
+	slices.SortFunc(s.meshes, func(a, b *member) int { return strings.Compare(a.key, b.key) })
+	return vm
+}
+
+func (s *vdState) resolveStatic(dests []*discoveryv1alpha1.Destination) {
+	seen := map[common.ClusterObjectRef]bool{}
+	for i, ref := range s.vd.Spec.Static.Destinations {
+		name := ref.Name + "-" + ref.Namespace + "-" + ref.ClusterName
+		if seen[ref] {
+			s.fail("spec.static.destinations[%d]: destination %s is listed twice", i, name)
+			continue
+		}
+		seen[ref] = true
+		var found *discoveryv1alpha1.Destination
+		for _, d := range dests {
+			if d.Spec.KubeService.Ref == ref {
+				found = d
+				break
+			}
+		}
+		if found == nil {
+			s.fail("spec.static.destinations[%d]: destination %s not found (no Service %s/%s in cluster %s)", i, name, ref.Namespace, ref.Name, ref.ClusterName)
+			s.missing = append(s.missing, name)
+			continue
+		}
+		s.backend = append(s.backend, &backend{d: found, cluster: ref.ClusterName})
+	}
+	if len(s.vd.Spec.Static.Destinations) == 0 {
+		s.fail("spec.static.destinations is empty")
+	}
+}
+
+func (s *vdState) resolveLocalized(dests []*discoveryv1alpha1.Destination) {
+	sels := s.vd.Spec.Localized.DestinationSelectors
+	if len(sels) == 0 {
+		s.fail("spec.localized.destinationSelectors is empty")
+		return
+	}
+	byCluster := map[string]*backend{}
+	for _, d := range dests { // sorted by cluster
+		if !translation.MatchDestination(sels, d) {
+			continue
+		}
+		b := &backend{d: d, cluster: d.Spec.KubeService.Ref.ClusterName}
+		if prev := byCluster[b.cluster]; prev != nil {
+			msg := fmt.Sprintf("spec.localized.destinationSelectors select destinations %s and %s in cluster %s; localized failover takes at most one per cluster", prev.target(), b.target(), b.cluster)
+			prev.errs = append(prev.errs, msg)
+			b.errs = append(b.errs, msg)
+		} else {
+			byCluster[b.cluster] = b
+		}
+		s.backend = append(s.backend, b)
+	}
+	if len(s.backend) == 0 {
+		s.fail("spec.localized.destinationSelectors select no destination")
+	}
+}
+
+// validateLocalized checks the failover directives against what Istio's
+// locality failover can express.
+func (s *vdState) validateLocalized() {
+	from := map[string]int{}
+	for i, fd := range s.vd.Spec.Localized.FailoverDirectives {
+		at := fmt.Sprintf("spec.localized.failoverDirectives[%d]", i)
+		localities := append([]networkingv1alpha1.Locality{fd.From}, fd.To...)
+		for j, l := range localities {
+			where := at + ".from"
+			if j > 0 {
+				where = fmt.Sprintf("%s.to[%d]", at, j-1)
+			}
+			if l.Region == "" {
+				s.fail("%s: region is empty", where)
+			}
+			if l.Zone != "" || l.SubZone != "" {
+				s.fail("%s: Istio fails over between regions only; zone and subZone are not supported", where)
+			}
+		}
+		if len(fd.To) != 1 {
+			s.fail("%s: Istio fails a region over to exactly one other region; to lists %d localities", at, len(fd.To))
+		} else if fd.To[0].Region == fd.From.Region {
+			s.fail("%s: from and to are the same region %s", at, fd.From.Region)
+		}
+		if j, ok := from[fd.From.Region]; ok {
+			s.fail("%s: region %s already fails over in failoverDirectives[%d]; Istio honours one directive per region", at, fd.From.Region, j)
+		} else {
+			from[fd.From.Region] = i
+		}
+	}
+	if od := s.vd.Spec.Localized.OutlierDetection; od != nil {
+		if od.Interval != nil && od.Interval.Duration < 0 {
+			s.fail("spec.localized.outlierDetection.interval is negative")
+		}
+		if od.BaseEjectionTime != nil && od.BaseEjectionTime.Duration < 0 {
+			s.fail("spec.localized.outlierDetection.baseEjectionTime is negative")
+		}
+		if p := od.MaxEjectionPercent; p != nil && (*p < 0 || *p > 100) {
+			s.fail("spec.localized.outlierDetection.maxEjectionPercent %d is not a percentage", *p)
+		}
+	}
+}
+
+// resolveBackend fills b's region, port and hostname suffix.
+func (s *vdState) resolveBackend(in *translation.Input, b *backend, vm *networkingv1alpha1.VirtualMesh, vms []*networkingv1alpha1.VirtualMesh) {
+	meshKey := destinationMeshKey(b.d)
+	b.region = b.cluster
+	if m := in.MeshOf(common.ObjectRef{Name: b.d.Spec.Mesh.Name, Namespace: cmp.Or(b.d.Spec.Mesh.Namespace, b.d.Namespace)}); m != nil && m.Spec.Istio != nil {
+		b.region = cmp.Or(m.Spec.Istio.Installation.Region, b.cluster)
+	}
+	if vm != nil {
+		if !slices.ContainsFunc(vm.Spec.Meshes, func(r common.ObjectRef) bool { return cmp.Or(r.Namespace, vm.Namespace)+"/"+r.Name == meshKey }) {
+			b.errs = append(b.errs, fmt.Sprintf("destination %s: its mesh %s is not a member of VirtualMesh %s/%s, so it has no federated hostname", b.target(), meshKey, vm.Namespace, vm.Name))
+		}
+		b.suffix = vmSuffix(vm)
+	} else {
+		b.suffix = DefaultHostnameSuffix
+		for _, v := range vms { // the first VirtualMesh the mesh belongs to
+			if slices.ContainsFunc(v.Spec.Meshes, func(r common.ObjectRef) bool { return cmp.Or(r.Namespace, v.Namespace)+"/"+r.Name == meshKey }) {
+				b.suffix = vmSuffix(v)
+				break
+			}
+		}
+	}
+	p := s.vd.Spec.Port
+	switch {
+	case p.TargetName != "":
+		for _, sp := range b.d.Spec.KubeService.Ports {
+			if sp.Name == p.TargetName {
+				b.port = uint32(sp.Port)
+			}
+		}
+		if b.port == 0 {
+			b.errs = append(b.errs, fmt.Sprintf("destination %s has no port named %s (spec.port.targetName)", b.target(), p.TargetName))
+		}
+	case p.TargetNumber > 0:
+		b.port = uint32(p.TargetNumber)
+	default:
+		b.port = uint32(p.Number)
+	}
+}
+
+// reportTargets records each backing Destination's verdict.
+func (s *vdState) reportTargets(r *translation.Report, idle string) {
+	for _, b := range s.backend {
+		t := common.TargetStatus{Target: b.target(), State: common.StateAccepted, Errors: b.errs}
+		if len(b.errs) > 0 {
+			t.State = common.StateInvalid
+		} else if idle != "" {
+			t.State, t.Errors = common.StateInvalid, []string{idle}
+		}
+		r.Target(s.key, t)
+	}
+	for _, name := range s.missing {
+		r.Target(s.key, common.TargetStatus{Target: name, State: common.StateInvalid, Errors: []string{"destination not found"}})
+	}
+}
+
+// translate produces the outputs of a valid VirtualDestination.
+func (s *vdState) translate(alloc *allocator, out *translation.Output) {
+	spec := s.vd.Spec
+	name := objectName(vdNamePrefix, s.vd.Name, s.vd.Namespace)
+	addr := alloc.address(spec.Hostname)
+	dr := s.destinationRule()
+	for _, m := range s.meshes {
+		for _, err := range []error{
+			out.Add(m.cluster, apiNetworking, "ServiceEntry", m.root, name, s.serviceEntry(addr, m.cluster), s.parent),
+			out.Add(m.cluster, apiNetworking, "DestinationRule", m.root, name, dr, s.parent),
+		} {
+			if err != nil {
+				s.errs = append(s.errs, err.Error())
+			}
+		}
+	}
+}
+
+func vdProtocol(p networkingv1alpha1.VirtualDestinationPort) string {
+	return strings.ToUpper(cmp.Or(p.Protocol, "HTTP"))
+}
+
+// serviceEntry is the VirtualDestination's hostname in one cluster.
+func (s *vdState) serviceEntry(addr, cluster string) *networkingv1.ServiceEntry {
+	spec := s.vd.Spec
+	proto := vdProtocol(spec.Port)
+	port := &networkingv1.ServicePort{Number: uint32(spec.Port.Number), Name: strings.ToLower(proto), Protocol: proto}
+	se := &networkingv1.ServiceEntry{
+		Hosts:      []string{spec.Hostname},
+		Addresses:  []string{addr},
+		Ports:      []*networkingv1.ServicePort{port},
+		Location:   networkingv1.ServiceEntry_MESH_INTERNAL,
+		Resolution: networkingv1.ServiceEntry_DNS,
+	}
+	static := spec.Static != nil
+	for i, b := range s.backend {
+		host := translation.FederatedHostname(b.d, b.suffix)
+		if b.cluster == cluster {
+			host = translation.LocalHostname(b.d, "")
+		}
+		we := &networkingv1.WorkloadEntry{Address: host, Locality: b.region}
+		if b.port != port.Number {
+			we.Ports = map[string]uint32{port.Name: b.port}
+		}
+		if static {
+			// The i-th (0-based) of n carries labels 1..n-1-i.
+			for k := 1; k <= len(s.backend)-1-i; k++ {
+				if we.Labels == nil {
+					we.Labels = map[string]string{}
+				}
+				we.Labels[failoverLabel(k)] = "true"
+			}
+		}
+		se.Endpoints = append(se.Endpoints, we)
+	}
+	return se
+}
+
+func failoverLabel(k int) string { return failoverLabelPrefix + strconv.Itoa(k) }
+
+// destinationRule is the outlier detection and failover of the hostname.
+func (s *vdState) destinationRule() *networkingv1.DestinationRule {
+	spec := s.vd.Spec
+	od := &networkingv1.OutlierDetection{
+		Consecutive_5XxErrors:    wrapperspb.UInt32(defaultConsecutiveErrors),
+		ConsecutiveGatewayErrors: wrapperspb.UInt32(defaultConsecutiveErrors),
+		Interval:                 durationpb.New(defaultInterval),
+		BaseEjectionTime:         durationpb.New(defaultBaseEjectionTime),
+		MaxEjectionPercent:       defaultMaxEjectionPct,
+	}
+	lb := &networkingv1.LocalityLoadBalancerSetting{Enabled: wrapperspb.Bool(true)}
+	if l := spec.Localized; l != nil {
+		if u := l.OutlierDetection; u != nil {
+			if u.ConsecutiveErrors > 0 {
+				od.Consecutive_5XxErrors = wrapperspb.UInt32(uint32(u.ConsecutiveErrors))
+				od.ConsecutiveGatewayErrors = wrapperspb.UInt32(uint32(u.ConsecutiveErrors))
+			}
+			if u.Interval != nil && u.Interval.Duration > 0 {
+				od.Interval = durationpb.New(u.Interval.Duration)
+			}
+			if u.BaseEjectionTime != nil && u.BaseEjectionTime.Duration > 0 {
+				od.BaseEjectionTime = durationpb.New(u.BaseEjectionTime.Duration)
+			}
+			if u.MaxEjectionPercent != nil {
+				od.MaxEjectionPercent = *u.MaxEjectionPercent
+			}
+		}
+		for _, fd := range l.FailoverDirectives {
+			lb.Failover = append(lb.Failover, &networkingv1.LocalityLoadBalancerSetting_Failover{From: fd.From.Region, To: fd.To[0].Region})
+		}
+	} else {
+		for k := 1; k < len(s.backend); k++ {
+			lb.FailoverPriority = append(lb.FailoverPriority, failoverLabel(k)+"=true")
+		}
+	}
+	return &networkingv1.DestinationRule{
+		Host: spec.Hostname,
+		TrafficPolicy: &networkingv1.TrafficPolicy{
+			OutlierDetection: od,
+			LoadBalancer:     &networkingv1.LoadBalancerSettings{LocalityLbSetting: lb},
+		},
+	}
+}
