@@ -9,6 +9,7 @@ package translation
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -175,6 +176,22 @@ func (r *Report) Invalid(k ObjectKey, generation int64, format string, args ...a
 	st := r.status(k, generation)
 	st.State = common.StateInvalid
 	st.Errors = append(st.Errors, fmt.Sprintf(format, args...))
+}
+
+// Warn adds a warning to an object's status; it does not change the state.
+func (r *Report) Warn(k ObjectKey, generation int64, format string, args ...any) {
+	st := r.status(k, generation)
+	st.Warnings = append(st.Warnings, fmt.Sprintf(format, args...))
+}
+
+// WarnUntargeted warns about every Accepted object of kinds that has no
+// per-target result: its selectors match nothing, so it does nothing.
+func (r *Report) WarnUntargeted(kinds ...string) {
+	for k, st := range r.statuses {
+		if st.State == common.StateAccepted && len(r.targets[k]) == 0 && slices.Contains(kinds, k.Kind) {
+			st.Warnings = append(st.Warnings, "destinationSelector matches no Destination: the policy has no effect")
+		}
+	}
 }
 
 // Target records the verdict for one target (a Destination, a Mesh).

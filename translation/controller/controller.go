@@ -197,6 +197,7 @@ func Translate(in *translation.Input) (*translation.Output, *translation.Report)
 	federation.TranslateVirtualDestinations(in, out, r)
 	policy.TranslateAccess(in, out, r)
 	policy.TranslateTraffic(in, out, r)
+	r.WarnUntargeted("TrafficPolicy", "AccessPolicy")
 	return out, r
 }
 
@@ -241,10 +242,12 @@ func (c *Controller) writeStatus(ctx context.Context, r *translation.Report) {
 		}
 		st, targets, _ := r.Status(k)
 		status := map[string]any{"observedGeneration": st.ObservedGeneration, "state": string(st.State)}
+		status["errors"], status["warnings"] = nil, nil
 		if len(st.Errors) > 0 {
 			status["errors"] = st.Errors
-		} else {
-			status["errors"] = nil
+		}
+		if len(st.Warnings) > 0 {
+			status["warnings"] = st.Warnings
 		}
 		field := "destinations"
 		if k.Kind == "VirtualMesh" {

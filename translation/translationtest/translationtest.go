@@ -103,6 +103,9 @@ func RenderReport(t testing.TB, r *translation.Report) []byte {
 		if len(st.Errors) > 0 {
 			entry["errors"] = st.Errors
 		}
+		if len(st.Warnings) > 0 {
+			entry["warnings"] = st.Warnings
+		}
 		if len(targets) > 0 {
 			entry["targets"] = targets
 		}

@@ -144,6 +144,10 @@ type Status struct {
 	// Errors explain an Invalid or Failed state, most important first.
 	// +optional
 	Errors []string `json:"errors,omitempty"`
+	// Warnings are about an Accepted object that may not do what its author
+	// meant, e.g. a selector that matches nothing.
+	// +optional
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // TargetStatus is the verdict of a user object for one target (a Destination,
