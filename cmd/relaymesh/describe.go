@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,18 +11,14 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/relaymesh/relaymesh/api"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
-	"sigs.k8s.io/yaml"
 )
 
 const describeSynopsis = `Translate the current view once, the way the server does, and explain one
@@ -189,10 +183,6 @@ func loadInputDir(dir string) (*translation.Input, error) {
 	if err != nil {
 		return nil, fmt.Errorf("-f: %w", err)
 	}
-	scheme := runtime.NewScheme()
-	if err := api.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
 	in := &translation.Input{}
 	files := 0
 	for _, e := range entries {
@@ -205,7 +195,7 @@ func loadInputDir(dir string) (*translation.Input, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := decodeInput(b, scheme, in); err != nil {
+		if err := in.Decode(b); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 	}
@@ -213,54 +203,6 @@ func loadInputDir(dir string) (*translation.Input, error) {
 		return nil, fmt.Errorf("%s has no .yaml, .yml or .json files", dir)
 	}
 	return in, nil
-}
-
-func decodeInput(b []byte, scheme *runtime.Scheme, in *translation.Input) error {
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-	for i := 0; ; i++ {
-		u := &unstructured.Unstructured{}
-		if err := dec.Decode(&u.Object); err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return fmt.Errorf("document %d: %w", i, err)
-		}
-		if len(u.Object) == 0 {
-			continue
-		}
-		if u.GetAPIVersion() == "" || u.GetKind() == "" || u.GetName() == "" {
-			return fmt.Errorf("document %d: apiVersion, kind and metadata.name are required", i)
-		}
-		obj, err := scheme.New(u.GroupVersionKind())
-		if err != nil {
-			return fmt.Errorf("document %d: %s is not a translation input", i, u.GetKind())
-		}
-		raw, err := u.MarshalJSON()
-		if err != nil {
-			return err
-		}
-		if err := yaml.UnmarshalStrict(raw, obj); err != nil {
-			return fmt.Errorf("document %d (%s %s): %w", i, u.GetKind(), u.GetName(), err)
-		}
-		switch o := obj.(type) {
-		case *discoveryv1alpha1.Mesh:
-			in.Meshes = append(in.Meshes, *o)
-		case *discoveryv1alpha1.Workload:
-			in.Workloads = append(in.Workloads, *o)
-		case *discoveryv1alpha1.Destination:
-			in.Destinations = append(in.Destinations, *o)
-		case *networkingv1alpha1.VirtualMesh:
-			in.VirtualMeshes = append(in.VirtualMeshes, *o)
-		case *networkingv1alpha1.TrafficPolicy:
-			in.TrafficPolicies = append(in.TrafficPolicies, *o)
-		case *networkingv1alpha1.AccessPolicy:
-			in.AccessPolicies = append(in.AccessPolicies, *o)
-		case *networkingv1alpha1.VirtualDestination:
-			in.VirtualDestinations = append(in.VirtualDestinations, *o)
-		default:
-			return fmt.Errorf("document %d: %s is not a translation input", i, u.GetKind())
-		}
-	}
 }
 
 // writeDescription prints a description as aligned text.

@@ -17,9 +17,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/relaymesh/relaymesh/api"
-	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
-	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/test/istioctl"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation"
@@ -27,7 +24,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -44,36 +40,8 @@ func LoadInput(t testing.TB, dir string) *translation.Input {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "input.yaml"))
 	require.NoError(t, err)
-	objs, err := localcluster.DecodeObjects(b)
-	require.NoError(t, err)
-	scheme := runtime.NewScheme()
-	require.NoError(t, api.AddToScheme(scheme))
 	in := &translation.Input{}
-	for _, u := range objs {
-		raw, err := u.MarshalJSON()
-		require.NoError(t, err)
-		obj, err := scheme.New(u.GroupVersionKind())
-		require.NoError(t, err, "input kind %s", u.GetKind())
-		require.NoError(t, yaml.UnmarshalStrict(raw, obj), "%s %s", u.GetKind(), u.GetName())
-		switch o := obj.(type) {
-		case *discoveryv1alpha1.Mesh:
-			in.Meshes = append(in.Meshes, *o)
-		case *discoveryv1alpha1.Workload:
-			in.Workloads = append(in.Workloads, *o)
-		case *discoveryv1alpha1.Destination:
-			in.Destinations = append(in.Destinations, *o)
-		case *networkingv1alpha1.VirtualMesh:
-			in.VirtualMeshes = append(in.VirtualMeshes, *o)
-		case *networkingv1alpha1.TrafficPolicy:
-			in.TrafficPolicies = append(in.TrafficPolicies, *o)
-		case *networkingv1alpha1.AccessPolicy:
-			in.AccessPolicies = append(in.AccessPolicies, *o)
-		case *networkingv1alpha1.VirtualDestination:
-			in.VirtualDestinations = append(in.VirtualDestinations, *o)
-		default:
-			t.Fatalf("input kind %s is not a translation input", u.GetKind())
-		}
-	}
+	require.NoError(t, in.Decode(b), "%s/input.yaml", dir)
 	return in
 }
 
