@@ -106,7 +106,7 @@ func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	out, report := controller.Translate(in)
+	out, report := controller.Translate(in, namespace)
 
 	var desc any
 	switch kind {

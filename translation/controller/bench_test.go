@@ -90,7 +90,7 @@ func world(clusters, services, policies int, federate bool) *translation.Input {
 func benchTranslate(b *testing.B, in *translation.Input) {
 	var objects int
 	for b.Loop() {
-		out, _ := controller.Translate(in)
+		out, _ := controller.Translate(in, "relaymesh")
 		objects = len(out.Objects())
 	}
 	b.ReportMetric(float64(objects), "outputs")
@@ -112,6 +112,6 @@ func BenchmarkTranslateOneEdit(b *testing.B) {
 	in := world(100, 1000, 1000, false)
 	for b.Loop() {
 		in.TrafficPolicies[0].Spec.HTTPRequestMatchers[0].URI.Prefix = new(fmt.Sprintf("/edit%d", b.N))
-		controller.Translate(in)
+		controller.Translate(in, "relaymesh")
 	}
 }

@@ -190,9 +190,11 @@ func (c *Controller) Input() *translation.Input {
 	}
 }
 
-// Translate runs every translator over in.
-func Translate(in *translation.Input) (*translation.Output, *translation.Report) {
+// Translate runs every translator over in. Policies outside adminNamespace
+// are scoped to their own namespace first (ScopePolicies).
+func Translate(in *translation.Input, adminNamespace string) (*translation.Output, *translation.Report) {
 	out, r := translation.NewOutput(), translation.NewReport()
+	in = ScopePolicies(in, adminNamespace, r)
 	federation.Translate(in, out, r)
 	federation.TranslateVirtualDestinations(in, out, r)
 	policy.TranslateAccess(in, out, r)
@@ -204,7 +206,7 @@ func Translate(in *translation.Input) (*translation.Output, *translation.Report)
 func (c *Controller) translate(ctx context.Context) error {
 	start := time.Now()
 	in := c.Input()
-	out, report := Translate(in)
+	out, report := Translate(in, c.namespace)
 	byCluster := map[string][]*relaypb.OutputObject{}
 	for _, name := range c.clusters() {
 		byCluster[name] = nil
@@ -309,4 +311,58 @@ func normalize(m map[string]any) map[string]any {
 	_ = json.Unmarshal(b, &out)
 	delete(out, "conditions")
 	return out
+}
+
+// ScopePolicies enforces namespace tenancy: a TrafficPolicy or AccessPolicy
+// in the admin namespace (the server's) may select anything; one in any other
+// namespace may only select, shift to and mirror to Services of its own
+// namespace. A policy that reaches further is Invalid, naming what it may not
+// target, and is left out of translation. It returns the input translation
+// should use (in itself when nothing was removed).
+func ScopePolicies(in *translation.Input, adminNamespace string, r *translation.Report) *translation.Input {
+	foreign := func(policyNS string, sels []common.DestinationSelector) string {
+		for i := range in.Destinations {
+			d := &in.Destinations[i]
+			if ns := d.Spec.KubeService.Ref.Namespace; ns != policyNS && translation.MatchDestination(sels, d) {
+				return fmt.Sprintf("Service %s/%s in cluster %s", ns, d.Spec.KubeService.Ref.Name, d.Spec.KubeService.Ref.ClusterName)
+			}
+		}
+		return ""
+	}
+	scoped := *in
+	scoped.TrafficPolicies, scoped.AccessPolicies = nil, nil
+	for _, p := range in.TrafficPolicies {
+		bad := ""
+		if p.Namespace != adminNamespace {
+			bad = foreign(p.Namespace, p.Spec.DestinationSelector)
+			if ts := p.Spec.Policy.TrafficShift; bad == "" && ts != nil {
+				for _, d := range ts.Destinations {
+					if d.KubeService != nil && d.KubeService.Namespace != p.Namespace {
+						bad = fmt.Sprintf("traffic shift target %s/%s", d.KubeService.Namespace, d.KubeService.Name)
+						break
+					}
+				}
+			}
+			if m := p.Spec.Policy.Mirror; bad == "" && m != nil && m.KubeService.Namespace != p.Namespace {
+				bad = fmt.Sprintf("mirror target %s/%s", m.KubeService.Namespace, m.KubeService.Name)
+			}
+		}
+		if bad != "" {
+			r.Invalid(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: p.Namespace, Name: p.Name}, p.Generation,
+				"a policy in namespace %s may only target Services in %s (or be created in %s): it reaches %s", p.Namespace, p.Namespace, adminNamespace, bad)
+			continue
+		}
+		scoped.TrafficPolicies = append(scoped.TrafficPolicies, p)
+	}
+	for _, p := range in.AccessPolicies {
+		if p.Namespace != adminNamespace {
+			if bad := foreign(p.Namespace, p.Spec.DestinationSelector); bad != "" {
+				r.Invalid(translation.ObjectKey{Kind: "AccessPolicy", Namespace: p.Namespace, Name: p.Name}, p.Generation,
+					"a policy in namespace %s may only target Services in %s (or be created in %s): it reaches %s", p.Namespace, p.Namespace, adminNamespace, bad)
+				continue
+			}
+		}
+		scoped.AccessPolicies = append(scoped.AccessPolicies, p)
+	}
+	return &scoped
 }
