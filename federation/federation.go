@@ -94,7 +94,7 @@ func Translate(in *translation.Input, out *translation.Output, r *translation.Re
 	slices.SortFunc(vms, func(a, b *vmState) int {
 		return cmp.Or(strings.Compare(a.vm.Namespace, b.vm.Namespace), strings.Compare(a.vm.Name, b.vm.Name))
 	})
-	dests := sortedDestinations(in)
+	dests := translation.SortedDestinations(in.Destinations)
 	alloc := newAllocator()
 	for _, s := range vms {
 		gen := s.vm.Generation
@@ -298,21 +298,6 @@ func (s *vmState) export(out *translation.Output, alloc *allocator, d *discovery
 		s.add(out, from, m.cluster, apiNetworking, "ServiceEntry", m.root, name, remoteServiceEntry(host, addr, ports, endpoints))
 		s.add(out, from, m.cluster, apiNetworking, "DestinationRule", m.root, name, mutualTLS(host, ports))
 	}
-}
-
-// sortedDestinations orders Destinations by cluster, namespace and name of
-// their Service, then by object name.
-func sortedDestinations(in *translation.Input) []*discoveryv1alpha1.Destination {
-	out := make([]*discoveryv1alpha1.Destination, len(in.Destinations))
-	for i := range in.Destinations {
-		out[i] = &in.Destinations[i]
-	}
-	slices.SortFunc(out, func(a, b *discoveryv1alpha1.Destination) int {
-		ra, rb := a.Spec.KubeService.Ref, b.Spec.KubeService.Ref
-		return cmp.Or(strings.Compare(ra.ClusterName, rb.ClusterName), strings.Compare(ra.Namespace, rb.Namespace),
-			strings.Compare(ra.Name, rb.Name), strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-	})
-	return out
 }
 
 // eastWestGateways returns a mesh's east-west gateways sorted by namespace/name.

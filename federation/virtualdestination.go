@@ -51,8 +51,7 @@ type backend struct {
 }
 
 func (b *backend) target() string {
-	r := b.d.Spec.KubeService.Ref
-	return r.Name + "-" + r.Namespace + "-" + r.ClusterName
+	return translation.DestinationTarget(b.d)
 }
 
 // TranslateVirtualDestinations adds the outputs of every VirtualDestination
@@ -131,7 +130,7 @@ func TranslateVirtualDestinations(in *translation.Input, out *translation.Output
 		}
 		return cmp.Or(strings.Compare(a.vd.Namespace, b.vd.Namespace), strings.Compare(a.vd.Name, b.vd.Name))
 	})
-	dests := sortedDestinations(in)
+	dests := translation.SortedDestinations(in.Destinations)
 	vms := sortedVirtualMeshes(in)
 	claimed := map[string]*vdState{}
 	for _, s := range vds {
@@ -307,7 +306,7 @@ func (s *vdState) resolveMeshes(in *translation.Input, vms []*networkingv1alpha1
 func (s *vdState) resolveStatic(dests []*discoveryv1alpha1.Destination) {
 	seen := map[common.ClusterObjectRef]bool{}
 	for i, ref := range s.vd.Spec.Static.Destinations {
-		name := ref.Name + "-" + ref.Namespace + "-" + ref.ClusterName
+		name := translation.TargetName(ref)
 		if seen[ref] {
 			s.fail("spec.static.destinations[%d]: destination %s is listed twice", i, name)
 			continue

@@ -7,7 +7,6 @@ import (
 	"strconv"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
-	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
 	securityv1 "istio.io/api/security/v1"
@@ -59,7 +58,7 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 	for i, p := range policies {
 		sources[i] = resolveSources(in, p.Spec.SourceSelector)
 	}
-	for _, d := range sortedDestinations(in.Destinations) {
+	for _, d := range translation.SortedDestinations(in.Destinations) {
 		ks := d.Spec.KubeService
 		if ks.Ref.Name == "" || ks.Ref.Namespace == "" || ks.Ref.ClusterName == "" {
 			continue // not enough to place an output; discovery never sends this
@@ -74,7 +73,7 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 			}
 			key := accessKey(p)
 			parents = append(parents, translation.Parent{Kind: accessPolicyKind, Namespace: p.Namespace, Name: p.Name})
-			ts := common.TargetStatus{Target: targetName(d), State: common.StateAccepted, Errors: slices.Clone(sources[i].skipped)}
+			ts := common.TargetStatus{Target: translation.DestinationTarget(d), State: common.StateAccepted, Errors: slices.Clone(sources[i].skipped)}
 			if len(sources[i].principals) == 0 {
 				ts.Errors = append(ts.Errors, "sourceSelector matches no workload: this policy allows no one")
 			} else {
@@ -95,7 +94,7 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 			// discovery's bug, but say so on every policy involved.
 			for _, pa := range parents {
 				r.Target(translation.ObjectKey(pa),
-					common.TargetStatus{Target: targetName(d), State: common.StateFailed, Errors: []string{err.Error()}})
+					common.TargetStatus{Target: translation.DestinationTarget(d), State: common.StateFailed, Errors: []string{err.Error()}})
 			}
 		}
 	}
@@ -153,12 +152,6 @@ func accessKey(p *networkingv1alpha1.AccessPolicy) translation.ObjectKey {
 	return translation.ObjectKey{Kind: accessPolicyKind, Namespace: p.Namespace, Name: p.Name}
 }
 
-// targetName names a Destination in a status: `<name>-<namespace>-<cluster>`.
-func targetName(d *discoveryv1alpha1.Destination) string {
-	r := d.Spec.KubeService.Ref
-	return r.Name + "-" + r.Namespace + "-" + r.ClusterName
-}
-
 func sortedAccessPolicies(ps []networkingv1alpha1.AccessPolicy) []*networkingv1alpha1.AccessPolicy {
 	out := make([]*networkingv1alpha1.AccessPolicy, len(ps))
 	for i := range ps {
@@ -166,20 +159,6 @@ func sortedAccessPolicies(ps []networkingv1alpha1.AccessPolicy) []*networkingv1a
 	}
 	slices.SortFunc(out, func(a, b *networkingv1alpha1.AccessPolicy) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
-	return out
-}
-
-// sortedDestinations orders Destinations by cluster, namespace and name.
-func sortedDestinations(ds []discoveryv1alpha1.Destination) []*discoveryv1alpha1.Destination {
-	out := make([]*discoveryv1alpha1.Destination, len(ds))
-	for i := range ds {
-		out[i] = &ds[i]
-	}
-	slices.SortFunc(out, func(a, b *discoveryv1alpha1.Destination) int {
-		x, y := a.Spec.KubeService.Ref, b.Spec.KubeService.Ref
-		return cmp.Or(cmp.Compare(x.ClusterName, y.ClusterName), cmp.Compare(x.Namespace, y.Namespace),
-			cmp.Compare(x.Name, y.Name), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
 	return out
 }

@@ -70,14 +70,14 @@ const (
 //     the DestinationRule of a target in the same cluster; subsets of remote
 //     targets are left to federation.
 func TranslateTraffic(in *translation.Input, out *translation.Output, r *translation.Report) {
-	dests := sortedDestinations(in.Destinations)
+	dests := translation.SortedDestinations(in.Destinations)
 	byRef := map[common.ClusterObjectRef]*discoveryv1alpha1.Destination{}
 	for _, d := range dests {
 		if _, dup := byRef[d.Spec.KubeService.Ref]; !dup {
 			byRef[d.Spec.KubeService.Ref] = d
 		}
 	}
-	policies := sortedTrafficPolicies(in.TrafficPolicies)
+	policies := translation.SortedTrafficPolicies(in.TrafficPolicies)
 
 	// Validate each policy on its own, then claim fields oldest first.
 	owners := map[string]*networkingv1alpha1.TrafficPolicy{} // dest|route|field → owner
@@ -102,7 +102,7 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 		}
 		r.Accept(key, p.Generation)
 		for _, d := range tp.dests {
-			ts := common.TargetStatus{Target: targetName(d), State: common.StateAccepted}
+			ts := common.TargetStatus{Target: translation.DestinationTarget(d), State: common.StateAccepted}
 			if len(tp.clusters) == 0 {
 				ts.Errors = []string{"sourceSelector matches no workload: the policy applies in no cluster"}
 			}
@@ -198,11 +198,11 @@ func claim(owners map[string]*networkingv1alpha1.TrafficPolicy, tp *trafficPolic
 	for _, d := range tp.dests {
 		for _, rk := range tp.routes {
 			for _, f := range routeFields(&tp.p.Spec.Policy) {
-				keys = append(keys, targetName(d)+"\x00"+rk.key+"\x00"+f)
+				keys = append(keys, translation.DestinationTarget(d)+"\x00"+rk.key+"\x00"+f)
 			}
 		}
 		for _, f := range destFields(&tp.p.Spec.Policy) {
-			keys = append(keys, targetName(d)+"\x00\x00"+f)
+			keys = append(keys, translation.DestinationTarget(d)+"\x00\x00"+f)
 		}
 	}
 	for _, k := range keys {
@@ -398,7 +398,7 @@ func (b *trafficBuilder) virtualService(out *translation.Output, r *translation.
 func failed(r *translation.Report, parents []translation.Parent, d *discoveryv1alpha1.Destination, err error) {
 	for _, p := range parents {
 		r.Target(translation.ObjectKey(p),
-			common.TargetStatus{Target: targetName(d), State: common.StateFailed, Errors: []string{err.Error()}})
+			common.TargetStatus{Target: translation.DestinationTarget(d), State: common.StateFailed, Errors: []string{err.Error()}})
 	}
 }
 
@@ -471,7 +471,7 @@ func (b *trafficBuilder) addSubset(cluster string, t *discoveryv1alpha1.Destinat
 	if b.subsets[cluster] == nil {
 		b.subsets[cluster] = map[string]subsetSet{}
 	}
-	tn := targetName(t)
+	tn := translation.DestinationTarget(t)
 	if b.subsets[cluster][tn] == nil {
 		b.subsets[cluster][tn] = subsetSet{}
 	}
@@ -484,7 +484,7 @@ func (b *trafficBuilder) addSubset(cluster string, t *discoveryv1alpha1.Destinat
 func (b *trafficBuilder) drClusters(d *discoveryv1alpha1.Destination, accepted []*trafficPolicy) []string {
 	set := map[string]bool{}
 	for c, targets := range b.subsets {
-		if len(targets[targetName(d)]) > 0 {
+		if len(targets[translation.DestinationTarget(d)]) > 0 {
 			set[c] = true
 		}
 	}
@@ -530,7 +530,7 @@ func (b *trafficBuilder) destinationRule(out *translation.Output, r *translation
 			spec.TrafficPolicy.Tls = &networkingv1.ClientTLSSettings{Mode: tlsModes[m.TLSMode]}
 		}
 	}
-	subsets := b.subsets[cluster][targetName(d)]
+	subsets := b.subsets[cluster][translation.DestinationTarget(d)]
 	for _, name := range slices.Sorted(maps.Keys(subsets)) {
 		spec.Subsets = append(spec.Subsets, &networkingv1.Subset{Name: name, Labels: subsets[name]})
 	}
@@ -712,16 +712,4 @@ func subsetName(labels map[string]string) string {
 
 func trafficKey(p *networkingv1alpha1.TrafficPolicy) translation.ObjectKey {
 	return translation.ObjectKey{Kind: trafficPolicyKind, Namespace: p.Namespace, Name: p.Name}
-}
-
-// sortedTrafficPolicies orders policies oldest first, then by namespace and name.
-func sortedTrafficPolicies(ps []networkingv1alpha1.TrafficPolicy) []*networkingv1alpha1.TrafficPolicy {
-	out := make([]*networkingv1alpha1.TrafficPolicy, len(ps))
-	for i := range ps {
-		out[i] = &ps[i]
-	}
-	slices.SortFunc(out, func(a, b *networkingv1alpha1.TrafficPolicy) int {
-		return cmp.Or(a.CreationTimestamp.Time.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
-	return out
 }

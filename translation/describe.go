@@ -158,9 +158,9 @@ func DescribeDestination(in *Input, out *Output, r *Report, name string) (*Desti
 	desc := &DestinationDescription{Name: d.Name, Service: ks.Ref, Mesh: d.Spec.Mesh.Name,
 		Hostnames: []string{LocalHostname(d, ""), FederatedHostname(d, defaultFederatedSuffix)},
 		Traffic:   []AppliedPolicy{}, Access: []AppliedPolicy{}, Federated: []Federation{}, Outputs: []OutputRef{}}
-	target := targetName(d)
+	target := DestinationTarget(d)
 	parents := map[string]bool{}
-	for _, p := range sortedTraffic(in.TrafficPolicies) {
+	for _, p := range SortedTrafficPolicies(in.TrafficPolicies) {
 		if MatchDestination(p.Spec.DestinationSelector, d) {
 			desc.Traffic = append(desc.Traffic, applied(r, KindTrafficPolicy, p.Namespace, p.Name, target))
 			parents[KindTrafficPolicy+"/"+p.Namespace+"/"+p.Name] = true
@@ -258,7 +258,7 @@ func DescribeWorkload(in *Input, r *Report, name string) (*WorkloadDescription, 
 	sa := cmp.Or(k.ServiceAccountName, "default")
 	desc := &WorkloadDescription{Name: w.Name, Controller: k.Controller, ControllerKind: k.Kind, ServiceAccount: sa, Mesh: w.Spec.Mesh.Name,
 		Traffic: []AppliedPolicy{}, Access: []AppliedPolicy{}}
-	for _, p := range sortedTraffic(in.TrafficPolicies) {
+	for _, p := range SortedTrafficPolicies(in.TrafficPolicies) {
 		if MatchWorkload(p.Spec.SourceSelector, w) {
 			desc.Traffic = append(desc.Traffic, applied(r, KindTrafficPolicy, p.Namespace, p.Name, ""))
 		}
@@ -470,30 +470,8 @@ func notFound(what, name string, names []string) error {
 	return &NotFoundError{What: what, Name: name, Similar: slices.Compact(similar)}
 }
 
-// targetName names a Destination in a status, as the translators do.
-func targetName(d *discoveryv1alpha1.Destination) string {
-	r := d.Spec.KubeService.Ref
-	return r.Name + "-" + r.Namespace + "-" + r.ClusterName
-}
-
-// sortedTraffic orders TrafficPolicies as TranslateTraffic considers them:
-// oldest first, then by namespace and name.
-func sortedTraffic(ps []networkingv1alpha1.TrafficPolicy) []*networkingv1alpha1.TrafficPolicy {
-	out := make([]*networkingv1alpha1.TrafficPolicy, len(ps))
-	for i := range ps {
-		out[i] = &ps[i]
-	}
-	slices.SortFunc(out, func(a, b *networkingv1alpha1.TrafficPolicy) int {
-		return cmp.Or(a.CreationTimestamp.Time.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
-	return out
-}
-
 func sortedBy[T any](xs []T, key func(*T) string) []*T {
-	out := make([]*T, len(xs))
-	for i := range xs {
-		out[i] = &xs[i]
-	}
+	out := pointers(xs)
 	slices.SortFunc(out, func(a, b *T) int { return cmp.Compare(key(a), key(b)) })
 	return out
 }
