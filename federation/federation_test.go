@@ -1,7 +1,6 @@
 package federation_test
 
 import (
-	"context"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -12,7 +11,6 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/federation"
-	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/assert"
@@ -45,10 +43,7 @@ func cases(t *testing.T) []string {
 // status.yaml, and runs every output through istioctl and a server-side dry
 // run on one real kube-apiserver with Istio's CRDs.
 func TestGolden(t *testing.T) {
-	env, err := localcluster.Start(context.Background(), localcluster.Config{Dir: t.TempDir(), Clusters: []string{"cluster-1"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	apiserver := env.Cluster("cluster-1")
+	apiserver := translationtest.Cluster(t)
 
 	for _, name := range cases(t) {
 		t.Run(name, func(t *testing.T) {

@@ -2,7 +2,6 @@ package federation_test
 
 import (
 	"cmp"
-	"context"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -13,7 +12,6 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/federation"
-	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/assert"
@@ -66,10 +64,7 @@ func vdGolden(t *testing.T, dir string, out *translation.Output, r *translation.
 // runs every output through istioctl and a server-side dry run on one real
 // kube-apiserver with Istio's CRDs.
 func TestVirtualDestinationGolden(t *testing.T) {
-	env, err := localcluster.Start(context.Background(), localcluster.Config{Dir: t.TempDir(), Clusters: []string{"cluster-1"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	apiserver := env.Cluster("cluster-1")
+	apiserver := translationtest.Cluster(t)
 
 	for _, name := range vdCases(t) {
 		t.Run(name, func(t *testing.T) {

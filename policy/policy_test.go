@@ -1,17 +1,14 @@
 package policy_test
 
 import (
-	"context"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/relaymesh/relaymesh/policy"
-	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -28,9 +25,7 @@ func runGolden(t *testing.T, kind string, translate translateFunc) {
 	require.NoError(t, err)
 	require.NotEmpty(t, dirs)
 
-	env, err := localcluster.Start(context.Background(), localcluster.Config{Dir: t.TempDir(), Clusters: []string{"cluster-1"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	apiserver := translationtest.Cluster(t)
 
 	for _, dir := range dirs {
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
@@ -53,7 +48,7 @@ func runGolden(t *testing.T, kind string, translate translateFunc) {
 				return
 			}
 			translationtest.CheckWithIstioctl(t, out)
-			translationtest.DryRun(t, env.Cluster("cluster-1"), out)
+			translationtest.DryRun(t, apiserver, out)
 		})
 	}
 }

@@ -1,10 +1,8 @@
 package translation_test
 
 import (
-	"context"
 	"testing"
 
-	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/assert"
@@ -45,10 +43,7 @@ func TestHarnessChecks(t *testing.T) {
 	require.NoError(t, good.Add("cluster-1", "networking.istio.io/v1", "VirtualService", "bookinfo", "reviews", vs("reviews")))
 	translationtest.CheckWithIstioctl(t, good)
 
-	env, err := localcluster.Start(context.Background(), localcluster.Config{Dir: t.TempDir(), Clusters: []string{"cluster-1"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	translationtest.DryRun(t, env.Cluster("cluster-1"), good)
+	translationtest.DryRun(t, translationtest.Cluster(t), good)
 
 	bad := translation.NewOutput()
 	require.NoError(t, bad.Add("cluster-1", "networking.istio.io/v1", "VirtualService", "bookinfo", "bad", vs("")))
