@@ -11,6 +11,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -159,8 +160,10 @@ func (c *Controller) run(ctx context.Context) {
 	}
 }
 
-// list converts an informer's cache to typed objects.
-func list[T any](c *Controller, gvr schema.GroupVersionResource) []T {
+// list converts an informer's cache to typed objects. An object it cannot
+// read is an error, not a skip: dropping, say, a VirtualMesh with
+// globalAccessPolicy Enabled would remove its deny-all policy (fail open).
+func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) []T {
 	var out []T
 	for _, obj := range c.informers[gvr].GetStore().List() {
 		u, ok := obj.(*unstructured.Unstructured)
@@ -169,7 +172,7 @@ func list[T any](c *Controller, gvr schema.GroupVersionResource) []T {
 		}
 		var t T
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &t); err != nil {
-			c.log.Warn("ignoring unreadable object", "kind", u.GetKind(), "name", u.GetName(), "error", err)
+			*errs = append(*errs, fmt.Errorf("%s %s/%s: %w", u.GetKind(), u.GetNamespace(), u.GetName(), err))
 			continue
 		}
 		out = append(out, t)
@@ -177,17 +180,20 @@ func list[T any](c *Controller, gvr schema.GroupVersionResource) []T {
 	return out
 }
 
-// Input builds the translation input from the caches.
-func (c *Controller) Input() *translation.Input {
-	return &translation.Input{
-		Meshes:              list[discoveryv1alpha1.Mesh](c, gvrMesh),
-		Workloads:           list[discoveryv1alpha1.Workload](c, gvrWorkload),
-		Destinations:        list[discoveryv1alpha1.Destination](c, gvrDestination),
-		VirtualMeshes:       list[networkingv1alpha1.VirtualMesh](c, gvrVirtualMesh),
-		TrafficPolicies:     list[networkingv1alpha1.TrafficPolicy](c, gvrTraffic),
-		AccessPolicies:      list[networkingv1alpha1.AccessPolicy](c, gvrAccess),
-		VirtualDestinations: list[networkingv1alpha1.VirtualDestination](c, gvrVirtualDest),
+// Input builds the translation input from the caches; it fails if any
+// object cannot be read.
+func (c *Controller) Input() (*translation.Input, error) {
+	var errs []error
+	in := &translation.Input{
+		Meshes:              list[discoveryv1alpha1.Mesh](c, gvrMesh, &errs),
+		Workloads:           list[discoveryv1alpha1.Workload](c, gvrWorkload, &errs),
+		Destinations:        list[discoveryv1alpha1.Destination](c, gvrDestination, &errs),
+		VirtualMeshes:       list[networkingv1alpha1.VirtualMesh](c, gvrVirtualMesh, &errs),
+		TrafficPolicies:     list[networkingv1alpha1.TrafficPolicy](c, gvrTraffic, &errs),
+		AccessPolicies:      list[networkingv1alpha1.AccessPolicy](c, gvrAccess, &errs),
+		VirtualDestinations: list[networkingv1alpha1.VirtualDestination](c, gvrVirtualDest, &errs),
 	}
+	return in, errors.Join(errs...)
 }
 
 // Translate runs every translator over in. Policies outside adminNamespace
@@ -205,7 +211,12 @@ func Translate(in *translation.Input, adminNamespace string) (*translation.Outpu
 
 func (c *Controller) translate(ctx context.Context) error {
 	start := time.Now()
-	in := c.Input()
+	in, err := c.Input()
+	if err != nil {
+		// Keep the last published outputs rather than publish a view with
+		// holes in it.
+		return fmt.Errorf("not translating, the published outputs stay: %w", err)
+	}
 	out, report := Translate(in, c.namespace)
 	byCluster := map[string][]*relaypb.OutputObject{}
 	for _, name := range c.clusters() {
