@@ -254,8 +254,10 @@ const methodBootstrap = "/relaymesh.relay.v1.Identity/Bootstrap"
 
 // unaryAuth authenticates every unary call but Bootstrap.
 func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if m, ok := req.(proto.Message); ok && proto.Size(m) > s.cfg.MaxRecvBytes {
-		return nil, status.Errorf(codes.ResourceExhausted, "request of %d bytes exceeds the limit of %d", proto.Size(m), s.cfg.MaxRecvBytes)
+	if m, ok := req.(proto.Message); ok {
+		if n := proto.Size(m); n > s.cfg.MaxRecvBytes {
+			return nil, status.Errorf(codes.ResourceExhausted, "request of %d bytes exceeds the limit of %d", n, s.cfg.MaxRecvBytes)
+		}
 	}
 	if info.FullMethod == methodBootstrap {
 		return handler(ctx, req)
