@@ -2,6 +2,9 @@ package federation
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +13,7 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
+	"google.golang.org/protobuf/proto"
 )
 
 // Defaults and names of the objects Translate produces.
@@ -53,8 +57,42 @@ func (m *member) istio() *discoveryv1alpha1.IstioMesh { return m.mesh.Spec.Istio
 
 // Translate adds the outputs of every VirtualMesh in `in` to out and its
 // status to r. It never panics on partial data: what cannot be translated is
-// reported.
+// reported. It is NewPlan, Export of every Destination (in
+// translation.SortedDestinations order), then Finish; the translation
+// controller calls those separately so that a change to one Destination
+// re-exports that Destination only.
 func Translate(in *translation.Input, out *translation.Output, r *translation.Report) {
+	p := NewPlan(in)
+	var notes []Note
+	for _, d := range translation.SortedDestinations(in.Destinations) {
+		notes = append(notes, p.Export(d, out)...)
+	}
+	p.Finish(notes, out, r)
+}
+
+// Plan is the validated VirtualMeshes of an input: which are valid, which
+// meshes each owns, and the address of every federated host.
+type Plan struct {
+	vms    []*vmState          // sorted by namespace/name
+	byMesh map[string]*vmState // valid VirtualMeshes by member mesh key
+	alloc  *allocator
+	deps   map[*vmState]string // memoized ExportDeps prefixes
+}
+
+// Note is what exporting one Destination tells its VirtualMesh's status:
+// an error on the exporting member, or that the member now exports through
+// its east-west gateways (so it needs the AUTO_PASSTHROUGH Gateway).
+type Note struct {
+	VirtualMesh translation.ObjectKey
+	Mesh        string // namespace/name of the exporting member
+	Exported    bool
+	Error       string
+}
+
+// NewPlan validates every VirtualMesh of in, decides which VirtualMesh owns
+// each mesh (earlier VirtualMeshes claim their meshes first) and allocates
+// the address of every federated hostname.
+func NewPlan(in *translation.Input) *Plan {
 	vms := make([]*vmState, 0, len(in.VirtualMeshes))
 	for i := range in.VirtualMeshes {
 		vm := &in.VirtualMeshes[i]
@@ -90,13 +128,80 @@ func Translate(in *translation.Input, out *translation.Output, r *translation.Re
 			}
 		}
 	}
-
 	slices.SortFunc(vms, func(a, b *vmState) int {
 		return cmp.Or(strings.Compare(a.vm.Namespace, b.vm.Namespace), strings.Compare(a.vm.Name, b.vm.Name))
 	})
-	dests := translation.SortedDestinations(in.Destinations)
-	alloc := newAllocator()
-	for _, s := range vms {
+	// The VirtualDestination translator reserves addresses the same way, so
+	// a federated host has one address in both.
+	return &Plan{vms: vms, byMesh: claimed, alloc: reservedAllocator(sortedVirtualMeshes(in), translation.SortedDestinations(in.Destinations)),
+		deps: map[*vmState]string{}}
+}
+
+// VirtualMeshOf returns the valid VirtualMesh that owns d's mesh, or nil.
+func (p *Plan) VirtualMeshOf(d *discoveryv1alpha1.Destination) *networkingv1alpha1.VirtualMesh {
+	if s := p.byMesh[destinationMeshKey(d)]; s != nil {
+		return s.vm
+	}
+	return nil
+}
+
+// ExportDeps names everything Export(d) reads besides d itself: the owning
+// VirtualMesh's spec, every member's name, cluster and root namespace, the
+// exporting mesh's spec and the address of d's federated hostname. Two plans
+// that give equal ExportDeps for d export d identically. "" means d is
+// exported nowhere.
+func (p *Plan) ExportDeps(d *discoveryv1alpha1.Destination) string {
+	s := p.byMesh[destinationMeshKey(d)]
+	if s == nil {
+		return ""
+	}
+	prefix, ok := p.deps[s]
+	if !ok {
+		h := sha256.New()
+		vmSpec, _ := json.Marshal(s.vm.Spec)
+		fmt.Fprintf(h, "%s\x00%d\x00%s\x00", s.key, s.vm.Generation, vmSpec)
+		for _, m := range s.members {
+			fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00", m.key, m.mesh.Name, m.cluster, m.root)
+		}
+		prefix = hex.EncodeToString(h.Sum(nil))
+		p.deps[s] = prefix
+	}
+	from := s.byKey[destinationMeshKey(d)]
+	meshSpec, _ := json.Marshal(from.mesh.Spec)
+	sum := sha256.Sum256(meshSpec)
+	return prefix + "/" + hex.EncodeToString(sum[:8]) + "/" + p.alloc.address(translation.FederatedHostname(d, vmSuffix(s.vm)))
+}
+
+// Export adds d's federation outputs (none unless d's mesh belongs to a valid
+// VirtualMesh whose selectors federate d) and returns what the VirtualMesh's
+// status must say about it.
+func (p *Plan) Export(d *discoveryv1alpha1.Destination, out *translation.Output) []Note {
+	s := p.byMesh[destinationMeshKey(d)]
+	if s == nil {
+		return nil
+	}
+	f := s.vm.Spec.Federation
+	if f == nil || len(f.Selectors) == 0 {
+		return nil
+	}
+	from := s.byKey[destinationMeshKey(d)]
+	to := s.targets(f, d, from)
+	if len(to) == 0 {
+		return nil
+	}
+	return s.export(out, p.alloc, d, from, to, cmp.Or(f.HostnameSuffix, DefaultHostnameSuffix), f.FlatNetwork)
+}
+
+// Finish adds every valid VirtualMesh's per-mesh objects (PeerAuthentication,
+// deny-all and gateway allowances, AUTO_PASSTHROUGH Gateways of exporting
+// members) and reports every VirtualMesh. notes are Export's, in
+// translation.SortedDestinations order.
+func (p *Plan) Finish(notes []Note, out *translation.Output, r *translation.Report) {
+	byVM := map[translation.ObjectKey][]Note{}
+	for _, n := range notes {
+		byVM[n.VirtualMesh] = append(byVM[n.VirtualMesh], n)
+	}
+	for _, s := range p.vms {
 		gen := s.vm.Generation
 		if len(s.errs) > 0 {
 			for _, e := range s.errs {
@@ -106,7 +211,7 @@ func Translate(in *translation.Input, out *translation.Output, r *translation.Re
 			continue
 		}
 		r.Accept(s.key, gen)
-		s.translate(dests, alloc, out)
+		s.finish(byVM[s.key], out)
 		s.reportTargets(r, "")
 	}
 }
@@ -178,8 +283,9 @@ func (s *vmState) validate(in *translation.Input) {
 	}
 }
 
-// translate produces the outputs of a valid VirtualMesh.
-func (s *vmState) translate(dests []*discoveryv1alpha1.Destination, alloc *allocator, out *translation.Output) {
+// finish produces the per-mesh outputs of a valid VirtualMesh and applies
+// the notes of its exported Destinations.
+func (s *vmState) finish(notes []Note, out *translation.Output) {
 	spec := s.vm.Spec
 	for _, m := range s.members {
 		if spec.MTLS != nil && spec.MTLS.StrictMTLS {
@@ -196,25 +302,21 @@ func (s *vmState) translate(dests []*discoveryv1alpha1.Destination, alloc *alloc
 			}
 		}
 	}
+	for _, n := range notes {
+		m := s.byKey[n.Mesh]
+		if m == nil {
+			continue
+		}
+		if n.Error != "" {
+			m.errs = append(m.errs, n.Error)
+		}
+		m.exported = m.exported || n.Exported
+	}
 	f := spec.Federation
-	if f == nil || len(f.Selectors) == 0 {
+	if f == nil || len(f.Selectors) == 0 || f.FlatNetwork {
 		return
 	}
 	suffix := cmp.Or(f.HostnameSuffix, DefaultHostnameSuffix)
-	for _, d := range dests {
-		from := s.byKey[cmp.Or(d.Spec.Mesh.Namespace, d.Namespace)+"/"+d.Spec.Mesh.Name]
-		if from == nil {
-			continue
-		}
-		to := s.targets(f, d, from)
-		if len(to) == 0 {
-			continue
-		}
-		s.export(out, alloc, d, from, to, suffix, f.FlatNetwork)
-	}
-	if f.FlatNetwork {
-		return
-	}
 	for _, m := range s.members {
 		if !m.exported {
 			continue
@@ -251,19 +353,26 @@ func (s *vmState) targets(f *networkingv1alpha1.Federation, d *discoveryv1alpha1
 }
 
 // export federates d of mesh from to the meshes to.
-func (s *vmState) export(out *translation.Output, alloc *allocator, d *discoveryv1alpha1.Destination, from *member, to []*member, suffix string, flat bool) {
+func (s *vmState) export(out *translation.Output, alloc *allocator, d *discoveryv1alpha1.Destination, from *member, to []*member, suffix string, flat bool) []Note {
+	var notes []Note
+	note := func(msg string) { notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key, Error: msg}) }
+	add := func(cluster, apiVersion, kind, namespace, name string, spec proto.Message) {
+		if err := out.Add(cluster, apiVersion, kind, namespace, name, spec, s.parent); err != nil {
+			note(err.Error())
+		}
+	}
 	host := translation.FederatedHostname(d, suffix)
 	fail := func(format string, args ...any) {
 		names := make([]string, len(to))
 		for i, m := range to {
 			names[i] = m.mesh.Name
 		}
-		from.errs = append(from.errs, fmt.Sprintf("destination %s not federated to %s: %s", d.Name, strings.Join(names, ", "), fmt.Sprintf(format, args...)))
+		note(fmt.Sprintf("destination %s not federated to %s: %s", d.Name, strings.Join(names, ", "), fmt.Sprintf(format, args...)))
 	}
 	ports := servicePorts(d)
 	if len(ports) == 0 {
 		fail("it has no TCP port")
-		return
+		return notes
 	}
 	var endpoints []endpoint
 	if flat {
@@ -272,32 +381,33 @@ func (s *vmState) export(out *translation.Output, alloc *allocator, d *discovery
 		}
 		if len(endpoints) == 0 {
 			fail("flatNetwork needs an external address on the destination (Destinations carry no pod IPs)")
-			return
+			return notes
 		}
 	} else {
 		gws := usableGateways(from.istio())
 		if len(gws) == 0 {
 			fail("mesh %s has no usable east-west gateway%s", from.mesh.Name, gatewayProblems(from.istio()))
-			return
+			return notes
 		}
 		if len(d.Spec.KubeService.WorkloadSelectorLabels) == 0 {
 			fail("it has no pod selector, so the east-west gateway cannot reach its pods")
-			return
+			return notes
 		}
 		for _, gw := range gws {
 			endpoints = append(endpoints, endpoint{address: gw.ExternalAddress, port: gw.TLSPort})
 		}
 		ref := d.Spec.KubeService.Ref
-		s.add(out, from, from.cluster, apiNetworking, "ServiceEntry", ref.Namespace, objectName(ref.Name, ref.Namespace, ref.ClusterName),
+		add(from.cluster, apiNetworking, "ServiceEntry", ref.Namespace, objectName(ref.Name, ref.Namespace, ref.ClusterName),
 			localServiceEntry(host, d, ports, gws, from.root))
-		from.exported = true
+		notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key, Exported: true})
 	}
 	addr := alloc.address(host)
 	name := objectName(d.Spec.KubeService.Ref.Name, d.Spec.KubeService.Ref.Namespace, d.Spec.KubeService.Ref.ClusterName)
 	for _, m := range to {
-		s.add(out, from, m.cluster, apiNetworking, "ServiceEntry", m.root, name, remoteServiceEntry(host, addr, ports, endpoints))
-		s.add(out, from, m.cluster, apiNetworking, "DestinationRule", m.root, name, mutualTLS(host, ports))
+		add(m.cluster, apiNetworking, "ServiceEntry", m.root, name, remoteServiceEntry(host, addr, ports, endpoints))
+		add(m.cluster, apiNetworking, "DestinationRule", m.root, name, mutualTLS(host, ports))
 	}
+	return notes
 }
 
 // eastWestGateways returns a mesh's east-west gateways sorted by namespace/name.

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
 	securityv1 "istio.io/api/security/v1"
@@ -106,16 +107,24 @@ type accessSources struct {
 	skipped    []string // workloads that could not be named, sorted
 }
 
+// MatchAccessSource reports whether an AccessPolicy's sourceSelector sels
+// selects w's identity (its cluster, namespace and service account, "default"
+// when it names none).
+func MatchAccessSource(sels []common.IdentitySelector, w *discoveryv1alpha1.Workload) bool {
+	k := w.Spec.Kubernetes
+	return translation.MatchIdentity(sels, k.Controller.ClusterName, k.Controller.Namespace, cmp.Or(k.ServiceAccountName, defaultServiceAccount))
+}
+
 func resolveSources(in *translation.Input, sels []common.IdentitySelector) accessSources {
 	set := map[string]bool{}
 	var skipped []string
 	for i := range in.Workloads {
 		w := &in.Workloads[i]
-		k := w.Spec.Kubernetes
-		sa := cmp.Or(k.ServiceAccountName, defaultServiceAccount)
-		if !translation.MatchIdentity(sels, k.Controller.ClusterName, k.Controller.Namespace, sa) {
+		if !MatchAccessSource(sels, w) {
 			continue
 		}
+		k := w.Spec.Kubernetes
+		sa := cmp.Or(k.ServiceAccountName, defaultServiceAccount)
 		mesh := in.MeshOf(w.Spec.Mesh)
 		if mesh == nil || mesh.Spec.Istio == nil || mesh.Spec.Istio.TrustDomain == "" {
 			skipped = append(skipped, fmt.Sprintf("workload %s/%s: mesh %q has no known trust domain; not allowed", w.Namespace, w.Name, w.Spec.Mesh.Name))

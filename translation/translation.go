@@ -216,8 +216,33 @@ func (r *Report) Status(k ObjectKey) (common.Status, []common.TargetStatus, bool
 		return common.Status{}, nil, false
 	}
 	ts := append([]common.TargetStatus(nil), r.targets[k]...)
-	sort.Slice(ts, func(i, j int) bool { return ts[i].Target < ts[j].Target })
+	sort.SliceStable(ts, func(i, j int) bool { return ts[i].Target < ts[j].Target })
 	return *st, ts, true
+}
+
+// Merge adds other's statuses and per-target results to r, as if the
+// translator that wrote other had written to r: errors, warnings and targets
+// are appended, Invalid wins over Accepted and Accepted over Pending. The
+// translation controller uses it to assemble the report from translations of
+// parts of the input.
+func (r *Report) Merge(other *Report) {
+	rank := map[common.ApprovalState]int{common.StatePending: 0, common.StateAccepted: 1, common.StateInvalid: 2}
+	for k, o := range other.statuses {
+		st := r.statuses[k]
+		if st == nil {
+			st = &common.Status{State: common.StatePending}
+			r.statuses[k] = st
+		}
+		st.ObservedGeneration = o.ObservedGeneration
+		if rank[o.State] > rank[st.State] {
+			st.State = o.State
+		}
+		st.Errors = append(st.Errors, o.Errors...)
+		st.Warnings = append(st.Warnings, o.Warnings...)
+	}
+	for k, ts := range other.targets {
+		r.targets[k] = append(r.targets[k], ts...)
+	}
 }
 
 // Keys returns every reported object, sorted.

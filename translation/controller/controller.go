@@ -4,8 +4,8 @@
 // every change (debounced), publishes each cluster's Istio objects to the
 // relay's outputs, and writes every user object's status.
 //
-// Every change triggers a full translation today; incremental recompute
-// (issue 5, item 7) is not done.
+// Translation is incremental (Engine): a change recomputes the units whose
+// inputs changed and republishes only the clusters whose objects changed.
 package controller
 
 import (
@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"sort"
 	"time"
 
@@ -68,6 +69,21 @@ type Controller struct {
 
 	informers map[schema.GroupVersionResource]cache.SharedIndexInformer
 	wake      chan struct{}
+
+	// Owned by the translating goroutine.
+	engine    *Engine
+	typed     map[schema.GroupVersionResource]map[string]typedObject
+	published map[string]bool // clusters that have a published set
+	written   map[translation.ObjectKey]writtenStatus
+}
+
+// writtenStatus is a status known to be on an object at resourceVersion.
+type writtenStatus struct{ body, resourceVersion string }
+
+// typedObject is a cached conversion of an informer object.
+type typedObject struct {
+	resourceVersion string
+	obj             any
 }
 
 // Config configures a Controller.
@@ -88,7 +104,8 @@ type Config struct {
 func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	c := &Controller{client: cfg.Client, namespace: cfg.Namespace, out: cfg.Outputs, clusters: cfg.Clusters,
 		log: cfg.Logger.With("component", "translation"), informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{},
-		wake: make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1), engine: NewEngine(cfg.Namespace), typed: map[schema.GroupVersionResource]map[string]typedObject{},
+		published: map[string]bool{}, written: map[translation.ObjectKey]writtenStatus{}}
 	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Client, 10*time.Minute, cfg.Namespace, nil)
 	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Client, 10*time.Minute)
 	kick := func() {
@@ -160,14 +177,23 @@ func (c *Controller) run(ctx context.Context) {
 	}
 }
 
-// list converts an informer's cache to typed objects. An object it cannot
+// list converts an informer's cache to typed objects, converting only what
+// changed since the last call (by resourceVersion). An object it cannot
 // read is an error, not a skip: dropping, say, a VirtualMesh with
 // globalAccessPolicy Enabled would remove its deny-all policy (fail open).
 func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) []T {
 	var out []T
+	prev := c.typed[gvr]
+	next := map[string]typedObject{}
 	for _, obj := range c.informers[gvr].GetStore().List() {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
+			continue
+		}
+		key := u.GetNamespace() + "/" + u.GetName()
+		if t, ok := prev[key]; ok && t.resourceVersion != "" && t.resourceVersion == u.GetResourceVersion() {
+			next[key] = t
+			out = append(out, t.obj.(T))
 			continue
 		}
 		var t T
@@ -175,8 +201,10 @@ func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) 
 			*errs = append(*errs, fmt.Errorf("%s %s/%s: %w", u.GetKind(), u.GetNamespace(), u.GetName(), err))
 			continue
 		}
+		next[key] = typedObject{resourceVersion: u.GetResourceVersion(), obj: t}
 		out = append(out, t)
 	}
+	c.typed[gvr] = next
 	return out
 }
 
@@ -217,38 +245,39 @@ func (c *Controller) translate(ctx context.Context) error {
 		// holes in it.
 		return fmt.Errorf("not translating, the published outputs stay: %w", err)
 	}
-	out, report := Translate(in, c.namespace)
-	byCluster := map[string][]*relaypb.OutputObject{}
+	report := c.engine.Translate(in)
+	stats := c.engine.Stats()
+	if stats.Full && stats.FullReason != "" {
+		c.log.Warn("incremental translation gave way to a full one", "reason", stats.FullReason)
+	}
+	// Every registered cluster gets a set, possibly empty, so translation
+	// can also remove everything from a cluster.
+	dirty := c.engine.Dirty()
 	for _, name := range c.clusters() {
-		byCluster[name] = nil
-	}
-	for _, o := range out.Objects() {
-		b, err := json.Marshal(o.Object.Object)
-		if err != nil {
-			return err
+		if !c.published[name] && !slices.Contains(dirty, name) {
+			dirty = append(dirty, name)
 		}
-		var parents []string
-		for _, p := range o.Parents {
-			parents = append(parents, p.String())
-		}
-		byCluster[o.Cluster] = append(byCluster[o.Cluster], &relaypb.OutputObject{Manifest: b, Parents: parents})
 	}
-	names := make([]string, 0, len(byCluster))
-	for n := range byCluster {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		c.out.SetFrom(Source, n, byCluster[n])
+	sort.Strings(dirty)
+	for _, n := range dirty {
+		c.out.SetFrom(Source, n, c.engine.ClusterObjects(n))
+		c.published[n] = true
 	}
 	c.writeStatus(ctx, report)
-	c.log.Info("translated", "objects", len(out.Objects()), "clusters", len(names), "took", time.Since(start).Round(time.Millisecond))
+	c.log.Info("translated", "units", stats.Units, "recomputed", stats.Recomputed, "clusters_published", len(dirty),
+		"took", time.Since(start).Round(time.Microsecond))
 	return nil
 }
 
 // writeStatus patches the status of every user object whose status changed.
 func (c *Controller) writeStatus(ctx context.Context, r *translation.Report) {
-	for _, k := range r.Keys() {
+	keys := r.Keys()
+	for k := range c.written {
+		if _, _, ok := r.Status(k); !ok {
+			delete(c.written, k)
+		}
+	}
+	for _, k := range keys {
 		gvr, ok := userKinds[k.Kind]
 		if !ok {
 			continue
@@ -271,34 +300,42 @@ func (c *Controller) writeStatus(ctx context.Context, r *translation.Report) {
 		} else {
 			status[field] = nil
 		}
-		cur, found, _ := c.current(gvr, k)
-		if found && reflect.DeepEqual(normalize(cur), normalize(status)) {
-			continue
-		}
 		body, err := json.Marshal(map[string]any{"status": status})
 		if err != nil {
 			continue
 		}
+		cur, rv, found := c.current(gvr, k)
+		if w, ok := c.written[k]; ok && found && w.body == string(body) && w.resourceVersion == rv {
+			continue // nothing changed since it was last written or checked
+		}
+		if found && reflect.DeepEqual(normalize(cur), normalize(status)) {
+			c.written[k] = writtenStatus{body: string(body), resourceVersion: rv}
+			continue
+		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err = c.client.Resource(gvr).Namespace(k.Namespace).Patch(wctx, k.Name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
+		patched, err := c.client.Resource(gvr).Namespace(k.Namespace).Patch(wctx, k.Name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
 		cancel()
 		if err != nil {
 			c.log.Warn("could not write status", "kind", k.Kind, "namespace", k.Namespace, "name", k.Name, "error", err)
+			continue
 		}
+		c.written[k] = writtenStatus{body: string(body), resourceVersion: patched.GetResourceVersion()}
 	}
 }
 
-func (c *Controller) current(gvr schema.GroupVersionResource, k translation.ObjectKey) (map[string]any, bool, error) {
+// current returns the status and resourceVersion of a user object in the
+// informer's cache.
+func (c *Controller) current(gvr schema.GroupVersionResource, k translation.ObjectKey) (map[string]any, string, bool) {
 	obj, exists, err := c.informers[gvr].GetStore().GetByKey(k.Namespace + "/" + k.Name)
 	if err != nil || !exists {
-		return nil, false, err
+		return nil, "", false
 	}
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
-		return nil, false, nil
+		return nil, "", false
 	}
 	st, _, _ := unstructured.NestedMap(u.Object, "status")
-	return st, true, nil
+	return st, u.GetResourceVersion(), true
 }
 
 func targetsJSON(ts []common.TargetStatus) []any {
@@ -331,9 +368,12 @@ func normalize(m map[string]any) map[string]any {
 // target, and is left out of translation. It returns the input translation
 // should use (in itself when nothing was removed).
 func ScopePolicies(in *translation.Input, adminNamespace string, r *translation.Report) *translation.Input {
+	var dests []*discoveryv1alpha1.Destination // sorted on first use: the first foreign one is named
 	foreign := func(policyNS string, sels []common.DestinationSelector) string {
-		for i := range in.Destinations {
-			d := &in.Destinations[i]
+		if dests == nil {
+			dests = translation.SortedDestinations(in.Destinations)
+		}
+		for _, d := range dests {
 			if ns := d.Spec.KubeService.Ref.Namespace; ns != policyNS && translation.MatchDestination(sels, d) {
 				return fmt.Sprintf("Service %s/%s in cluster %s", ns, d.Spec.KubeService.Ref.Name, d.Spec.KubeService.Ref.ClusterName)
 			}

@@ -13,7 +13,7 @@ import (
 // An object the controller cannot read stops translation instead of being
 // skipped (skipping a VirtualMesh would drop its deny-all policy).
 func TestUnreadableObjectFailsClosed(t *testing.T) {
-	c := &Controller{informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{}}
+	c := &Controller{informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{}, typed: map[schema.GroupVersionResource]map[string]typedObject{}}
 	for _, gvr := range []schema.GroupVersionResource{gvrMesh, gvrWorkload, gvrDestination, gvrVirtualMesh, gvrTraffic, gvrAccess, gvrVirtualDest} {
 		c.informers[gvr] = cache.NewSharedIndexInformer(&cache.ListWatch{}, &unstructured.Unstructured{}, 0, cache.Indexers{})
 	}

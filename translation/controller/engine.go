@@ -1,0 +1,567 @@
+package controller
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"hash"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/federation"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/translation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// Engine translates incrementally. It splits translation into units whose
+// inputs it can name, remembers each unit's result with a fingerprint of
+// those inputs, and recomputes only the units whose fingerprint changed:
+//
+//   - fed/<destination>: the federation outputs of one Destination
+//     (federation.Plan.Export). Fingerprint: the Destination and
+//     Plan.ExportDeps (its VirtualMesh's spec, the members' names, clusters
+//     and root namespaces, the exporting mesh, the host's address).
+//   - fed-finish: every VirtualMesh's per-mesh objects and status
+//     (federation.Plan.Finish). Fingerprint: every VirtualMesh and Mesh, and
+//     the notes of every fed/ unit.
+//   - traffic/<policy>: one connected group of TrafficPolicies and the
+//     Destinations they select, shift or mirror to (conflicts and subsets are
+//     decided within such a group), with the Workloads their sources select.
+//   - access/<destination>: the AuthorizationPolicy of one Destination, from
+//     the AccessPolicies selecting it and the Workloads their sources select;
+//     access-idle: AccessPolicies that select nothing.
+//   - vd: every VirtualDestination (they claim hostnames from each other);
+//     fingerprint: every VirtualDestination, VirtualMesh, Mesh and Destination.
+//
+// Namespace tenancy (ScopePolicies) runs every time over the policies outside
+// the admin namespace and the Destinations they select. Which policies select
+// which Destinations and Workloads is kept in indexes updated from the
+// objects that changed. An object's version is its UID and generation (what
+// the apiserver bumps on a spec change), else a hash of the object.
+//
+// Two units producing one object is something only a full translation can
+// decide (Output.Add reports it on the right parent): the engine then
+// translates in full, which is always correct, and starts over.
+//
+// Whether the engine agrees with Translate is checked by tests that compare
+// the two after random edits and over every golden input.
+type Engine struct {
+	admin string
+
+	vers   map[string]string // object key → version, last cycle
+	tpDest index             // TrafficPolicy → Destinations it selects
+	apDest index             // AccessPolicy → Destinations it selects
+	tpWork index             // TrafficPolicy → Workloads its sources select
+	apWork index             // AccessPolicy → Workloads its sources select
+
+	units    map[string]*unit
+	clusters map[string]map[string]*published // cluster → object key → object
+	removed  map[string]map[string]*published // unpublished during this apply
+	dirty    map[string]bool
+	report   *translation.Report
+	lastGood map[translation.ObjectKey]*keptVirtualMesh
+	stats    Stats
+}
+
+// Stats describes the last translation.
+type Stats struct {
+	Units      int  // units in the last translation
+	Recomputed int  // of which were recomputed
+	Full       bool // the last translation was a full one
+	FullReason string
+}
+
+type unit struct {
+	deps    string
+	objects []*published
+	report  *translation.Report
+	notes   []federation.Note
+	kept    bool // last good outputs of an Invalid VirtualMesh
+}
+
+// published is one output object as the engine keeps it: encoded for the
+// wire only (the decoded form would cost about four times the memory).
+type published struct {
+	unit    string
+	cluster string
+	key     string
+	parents []translation.Parent
+	wire    *relaypb.OutputObject
+}
+
+// keptVirtualMesh is what a VirtualMesh produced the last time it was valid.
+type keptVirtualMesh struct {
+	generation int64
+	serial     int
+	units      []*unit
+	finishUnit *unit
+	finish     []*published
+}
+
+// NewEngine returns an engine for a server whose namespace is admin.
+func NewEngine(admin string) *Engine {
+	e := &Engine{admin: admin}
+	e.reset()
+	return e
+}
+
+func (e *Engine) reset() {
+	e.vers = map[string]string{}
+	e.tpDest, e.apDest, e.tpWork, e.apWork = newIndex(), newIndex(), newIndex(), newIndex()
+	e.units = map[string]*unit{}
+	if e.clusters == nil {
+		e.clusters = map[string]map[string]*published{}
+		e.removed = map[string]map[string]*published{}
+		e.dirty = map[string]bool{}
+	}
+	e.lastGood = map[translation.ObjectKey]*keptVirtualMesh{}
+}
+
+// Stats returns what the last Translate did.
+func (e *Engine) Stats() Stats { return e.stats }
+
+// Report returns the last translation's report.
+func (e *Engine) Report() *translation.Report { return e.report }
+
+// Dirty returns the clusters whose objects changed since the last call, and
+// forgets them.
+func (e *Engine) Dirty() []string {
+	out := slices.Sorted(maps.Keys(e.dirty))
+	e.dirty = map[string]bool{}
+	return out
+}
+
+// ClusterObjects returns a cluster's objects as published, sorted by key.
+func (e *Engine) ClusterObjects(cluster string) []*relaypb.OutputObject {
+	objs := e.clusters[cluster]
+	out := make([]*relaypb.OutputObject, 0, len(objs))
+	for _, k := range slices.Sorted(maps.Keys(objs)) {
+		out = append(out, objs[k].wire)
+	}
+	return out
+}
+
+// Objects decodes every object of the last translation, sorted like
+// Output.Objects (for tests and debugging; publishing uses ClusterObjects).
+func (e *Engine) Objects() []*translation.Object {
+	var out []*translation.Object
+	for _, c := range slices.Sorted(maps.Keys(e.clusters)) {
+		objs := e.clusters[c]
+		for _, k := range slices.Sorted(maps.Keys(objs)) {
+			p := objs[k]
+			u := &unstructured.Unstructured{}
+			if err := u.UnmarshalJSON(p.wire.Manifest); err != nil {
+				continue // cannot happen: the engine encoded it
+			}
+			out = append(out, &translation.Object{Cluster: p.cluster, Object: u, Parents: p.parents})
+		}
+	}
+	return out
+}
+
+// version is an object's UID and generation, or a hash of it when it has
+// neither (objects that did not come from an apiserver).
+func version(m *metav1.ObjectMeta, spec any) string {
+	if m.UID != "" && m.Generation > 0 {
+		return string(m.UID) + "/" + strconv.FormatInt(m.Generation, 10)
+	}
+	b, _ := json.Marshal(struct {
+		M *metav1.ObjectMeta
+		S any
+	}{m, spec})
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12])
+}
+
+// cycle holds one translation's view of the input.
+type cycle struct {
+	in      *translation.Input
+	dests   map[string]*discoveryv1alpha1.Destination
+	works   map[string]*discoveryv1alpha1.Workload
+	tps     map[string]*networkingv1alpha1.TrafficPolicy
+	aps     map[string]*networkingv1alpha1.AccessPolicy
+	vers    map[string]string
+	changed map[string]bool // keys whose version differs from the last cycle (or are new)
+	removed []string
+	meshes  string // hash of every Mesh
+}
+
+func objectKey(kind, ns, name string) string { return kind + "/" + ns + "/" + name }
+
+func (e *Engine) newCycle(in *translation.Input) *cycle {
+	c := &cycle{in: in, dests: map[string]*discoveryv1alpha1.Destination{}, works: map[string]*discoveryv1alpha1.Workload{},
+		tps: map[string]*networkingv1alpha1.TrafficPolicy{}, aps: map[string]*networkingv1alpha1.AccessPolicy{},
+		vers: map[string]string{}, changed: map[string]bool{}}
+	h := sha256.New()
+	for i := range in.Meshes {
+		m := &in.Meshes[i]
+		k := objectKey("Mesh", m.Namespace, m.Name)
+		c.vers[k] = version(&m.ObjectMeta, m.Spec)
+	}
+	for i := range in.Destinations {
+		d := &in.Destinations[i]
+		k := objectKey("Destination", d.Namespace, d.Name)
+		c.dests[k], c.vers[k] = d, version(&d.ObjectMeta, d.Spec)
+	}
+	for i := range in.Workloads {
+		w := &in.Workloads[i]
+		k := objectKey("Workload", w.Namespace, w.Name)
+		c.works[k], c.vers[k] = w, version(&w.ObjectMeta, w.Spec)
+	}
+	for i := range in.TrafficPolicies {
+		p := &in.TrafficPolicies[i]
+		k := objectKey("TrafficPolicy", p.Namespace, p.Name)
+		c.tps[k], c.vers[k] = p, version(&p.ObjectMeta, p.Spec)
+	}
+	for i := range in.AccessPolicies {
+		p := &in.AccessPolicies[i]
+		k := objectKey("AccessPolicy", p.Namespace, p.Name)
+		c.aps[k], c.vers[k] = p, version(&p.ObjectMeta, p.Spec)
+	}
+	for i := range in.VirtualMeshes {
+		v := &in.VirtualMeshes[i]
+		c.vers[objectKey("VirtualMesh", v.Namespace, v.Name)] = version(&v.ObjectMeta, v.Spec)
+	}
+	for i := range in.VirtualDestinations {
+		v := &in.VirtualDestinations[i]
+		c.vers[objectKey("VirtualDestination", v.Namespace, v.Name)] = version(&v.ObjectMeta, v.Spec)
+	}
+	for k, v := range c.vers {
+		if e.vers[k] != v {
+			c.changed[k] = true
+		}
+	}
+	for k := range e.vers {
+		if _, ok := c.vers[k]; !ok {
+			c.removed = append(c.removed, k)
+		}
+	}
+	writeVersions(h, c.vers, "Mesh/")
+	c.meshes = hex.EncodeToString(h.Sum(nil))
+	return c
+}
+
+// writeKV hashes one key and value.
+func writeKV(h hash.Hash, k, v string) {
+	io.WriteString(h, k)
+	h.Write([]byte{'='})
+	io.WriteString(h, v)
+	h.Write([]byte{0})
+}
+
+// writeVersions hashes the keys and versions of every object whose key
+// starts with prefix, in key order.
+func writeVersions(h hash.Hash, vers map[string]string, prefix string) {
+	var keys []string
+	for k := range vers {
+		if strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		writeKV(h, k, vers[k])
+	}
+}
+
+// Translate translates in, recomputing only what changed since the last
+// call, and returns the report. Dirty and ClusterObjects give the outputs.
+func (e *Engine) Translate(in *translation.Input) *translation.Report {
+	c := e.newCycle(in)
+	e.updateIndexes(c)
+	e.vers = c.vers
+
+	report := translation.NewReport()
+	invalid := e.scope(c, report)
+
+	next := map[string]*unit{}
+	recomputed := 0
+	run := func(key, deps string, compute func() *unit) *unit {
+		if u := e.units[key]; u != nil && u.deps == deps {
+			next[key] = u
+			return u
+		}
+		u := compute()
+		u.deps = deps
+		next[key] = u
+		recomputed++
+		return u
+	}
+
+	// Federation.
+	plan := federation.NewPlan(in)
+	sorted := translation.SortedDestinations(in.Destinations)
+	var notes []federation.Note
+	vmUnits := map[translation.ObjectKey][]*unit{}
+	for _, d := range sorted {
+		deps := plan.ExportDeps(d)
+		if deps == "" {
+			continue
+		}
+		k := objectKey("Destination", d.Namespace, d.Name)
+		u := run("fed/"+k, deps+"/"+c.vers[k], func() *unit {
+			out := translation.NewOutput()
+			n := plan.Export(d, out)
+			return &unit{objects: objectsOf(out), notes: n}
+		})
+		notes = append(notes, u.notes...)
+		vm := plan.VirtualMeshOf(d)
+		vk := translation.ObjectKey{Kind: "VirtualMesh", Namespace: vm.Namespace, Name: vm.Name}
+		vmUnits[vk] = append(vmUnits[vk], u)
+	}
+	h := sha256.New()
+	writeVersions(h, c.vers, "VirtualMesh/")
+	fmt.Fprintf(h, "%s\x00", c.meshes)
+	for _, n := range notes {
+		fmt.Fprintf(h, "%s\x00%s\x00%t\x00%s\x00", n.VirtualMesh, n.Mesh, n.Exported, n.Error)
+	}
+	finish := run("fed-finish", hex.EncodeToString(h.Sum(nil)), func() *unit {
+		out, r := translation.NewOutput(), translation.NewReport()
+		plan.Finish(notes, out, r)
+		return &unit{objects: objectsOf(out), report: r}
+	})
+
+	// VirtualDestinations.
+	if len(in.VirtualDestinations) > 0 {
+		h := sha256.New()
+		for _, p := range []string{"VirtualDestination/", "VirtualMesh/", "Mesh/", "Destination/"} {
+			writeVersions(h, c.vers, p)
+		}
+		run("vd", hex.EncodeToString(h.Sum(nil)), func() *unit {
+			out, r := translation.NewOutput(), translation.NewReport()
+			federation.TranslateVirtualDestinations(in, out, r)
+			return &unit{objects: objectsOf(out), report: r}
+		})
+	}
+
+	e.trafficUnits(c, invalid, run)
+	e.accessUnits(c, invalid, run)
+
+	// Keep the last good outputs of a VirtualMesh that turned Invalid.
+	kept := e.keepLastGood(c, finish, vmUnits, next)
+
+	units := next
+	if collision := e.apply(units); collision != "" {
+		return e.full(in, collision)
+	}
+	for _, k := range slices.Sorted(maps.Keys(units)) {
+		if r := units[k].report; r != nil {
+			report.Merge(r)
+		}
+	}
+	report.WarnUntargeted("TrafficPolicy", "AccessPolicy")
+	for _, vk := range slices.SortedFunc(maps.Keys(kept), compareKeys) {
+		report.Warn(vk, kept[vk].generation, "%s", keptWarning(kept[vk].generation))
+	}
+	e.report = report
+	e.stats = Stats{Units: len(units), Recomputed: recomputed}
+	return report
+}
+
+func keptWarning(gen int64) string {
+	return fmt.Sprintf("its meshes keep the outputs of generation %d, the last valid one, until the VirtualMesh is valid again or deleted", gen)
+}
+
+func compareKeys(a, b translation.ObjectKey) int {
+	return strings.Compare(a.Kind+"/"+a.Namespace+"/"+a.Name, b.Kind+"/"+b.Namespace+"/"+b.Name)
+}
+
+// full translates everything (Translate) and replaces the engine's state
+// with the result.
+func (e *Engine) full(in *translation.Input, why string) *translation.Report {
+	out, report := Translate(in, e.admin)
+	for _, u := range e.units {
+		e.drop(u)
+	}
+	e.reset()
+	u := &unit{objects: objectsOf(out), deps: "full"}
+	for _, p := range u.objects {
+		p.unit = "full"
+		e.put(p)
+	}
+	e.settle()
+	// Remembering no versions makes the next translation recompute every
+	// unit, which replaces this one.
+	e.units = map[string]*unit{"full": u}
+	e.report = report
+	e.stats = Stats{Units: 1, Recomputed: 1, Full: true, FullReason: why}
+	return report
+}
+
+// objectsOf encodes an output's objects for publishing.
+func objectsOf(out *translation.Output) []*published {
+	objs := out.Objects()
+	ps := make([]*published, 0, len(objs))
+	for _, o := range objs {
+		b, err := json.Marshal(o.Object.Object)
+		if err != nil {
+			continue // cannot happen: the object was built from JSON
+		}
+		parents := make([]string, len(o.Parents))
+		for i, p := range o.Parents {
+			parents[i] = p.String()
+		}
+		u := o.Object
+		ps = append(ps, &published{cluster: o.Cluster, key: strings.Join([]string{u.GetAPIVersion(), u.GetKind(), u.GetNamespace(), u.GetName()}, "/"),
+			parents: o.Parents, wire: &relaypb.OutputObject{Manifest: b, Parents: parents}})
+	}
+	return ps
+}
+
+// apply replaces the published objects of every unit that changed. It
+// returns a description of the first object two current units both produce.
+func (e *Engine) apply(next map[string]*unit) string {
+	for k, u := range e.units {
+		if next[k] != u {
+			e.drop(u)
+		}
+	}
+	old := e.units
+	e.units = next
+	keys := slices.Sorted(maps.Keys(next))
+	// Current units first, so kept objects never shadow current ones.
+	for _, kept := range []bool{false, true} {
+		for _, k := range keys {
+			u := next[k]
+			if u.kept != kept || old[k] == u {
+				continue
+			}
+			for _, p := range u.objects {
+				p.unit = k
+				if cur := e.clusters[p.cluster][p.key]; cur != nil && cur.unit != k {
+					curKept := e.units[cur.unit] != nil && e.units[cur.unit].kept
+					switch {
+					case u.kept:
+						continue
+					case !curKept:
+						return fmt.Sprintf("%s in cluster %s is produced by %s and %s", p.key, p.cluster, cur.unit, k)
+					}
+				}
+				e.put(p)
+			}
+		}
+	}
+	e.settle()
+	return ""
+}
+
+func (e *Engine) put(p *published) {
+	objs := e.clusters[p.cluster]
+	if objs == nil {
+		objs = map[string]*published{}
+		e.clusters[p.cluster] = objs
+	}
+	was := objs[p.key]
+	if was == nil {
+		was = e.removed[p.cluster][p.key]
+	}
+	if was == nil || !samePublished(was, p) {
+		e.dirty[p.cluster] = true
+	}
+	objs[p.key] = p
+}
+
+func samePublished(a, b *published) bool {
+	return string(a.wire.Manifest) == string(b.wire.Manifest) && slices.Equal(a.wire.Parents, b.wire.Parents)
+}
+
+// drop unpublishes u's objects. A cluster is dirty only if an object is
+// gone or different at the end of apply (settle), so replacing an object
+// with an equal one republishes nothing.
+func (e *Engine) drop(u *unit) {
+	for _, p := range u.objects {
+		if objs := e.clusters[p.cluster]; objs != nil && objs[p.key] == p {
+			delete(objs, p.key)
+			if e.removed[p.cluster] == nil {
+				e.removed[p.cluster] = map[string]*published{}
+			}
+			if e.removed[p.cluster][p.key] == nil {
+				e.removed[p.cluster][p.key] = p
+			}
+		}
+	}
+}
+
+// settle marks the clusters that lost an object dirty.
+func (e *Engine) settle() {
+	for c, objs := range e.removed {
+		for k := range objs {
+			if e.clusters[c][k] == nil {
+				e.dirty[c] = true
+			}
+		}
+	}
+	e.removed = map[string]map[string]*published{}
+}
+
+// keepLastGood remembers, for every valid VirtualMesh, the units that make
+// its outputs, and for every VirtualMesh that exists but is Invalid now adds
+// a kept unit with the outputs it had when it was last valid. It returns the
+// kept VirtualMeshes.
+func (e *Engine) keepLastGood(c *cycle, finish *unit, vmUnits map[translation.ObjectKey][]*unit, next map[string]*unit) map[translation.ObjectKey]*keptVirtualMesh {
+	kept := map[translation.ObjectKey]*keptVirtualMesh{}
+	for i := range c.in.VirtualMeshes {
+		vm := &c.in.VirtualMeshes[i]
+		vk := translation.ObjectKey{Kind: "VirtualMesh", Namespace: vm.Namespace, Name: vm.Name}
+		st, _, _ := finish.report.Status(vk)
+		if st.State != common.StateInvalid {
+			prev := e.lastGood[vk]
+			if prev != nil && prev.generation == vm.Generation && prev.finishUnit == finish && slices.Equal(prev.units, vmUnits[vk]) {
+				continue
+			}
+			lg := &keptVirtualMesh{generation: vm.Generation, units: vmUnits[vk], finishUnit: finish}
+			if prev != nil {
+				lg.serial = prev.serial + 1
+			}
+			parent := translation.Parent{Kind: "VirtualMesh", Namespace: vm.Namespace, Name: vm.Name}
+			for _, p := range finish.objects {
+				if slices.Contains(p.parents, parent) {
+					lg.finish = append(lg.finish, p)
+				}
+			}
+			e.lastGood[vk] = lg
+			continue
+		}
+		lg := e.lastGood[vk]
+		if lg == nil {
+			continue
+		}
+		kept[vk] = lg
+		key := "kept/" + vk.Namespace + "/" + vk.Name
+		deps := fmt.Sprintf("%d", lg.serial)
+		if u := e.units[key]; u != nil && u.deps == deps {
+			next[key] = u
+			continue
+		}
+		u := &unit{deps: deps, kept: true}
+		for _, src := range lg.units {
+			for _, p := range src.objects {
+				cp := *p
+				u.objects = append(u.objects, &cp)
+			}
+		}
+		for _, p := range lg.finish {
+			cp := *p
+			u.objects = append(u.objects, &cp)
+		}
+		next[key] = u
+	}
+	// A deleted VirtualMesh keeps nothing.
+	for vk := range e.lastGood {
+		if !slices.ContainsFunc(c.in.VirtualMeshes, func(v networkingv1alpha1.VirtualMesh) bool {
+			return v.Namespace == vk.Namespace && v.Name == vk.Name
+		}) {
+			delete(e.lastGood, vk)
+		}
+	}
+	return kept
+}

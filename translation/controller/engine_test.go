@@ -1,0 +1,241 @@
+package controller_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/relaymesh/relaymesh/translation/translationtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// requireSameAsFull fails unless the engine's objects and report are exactly
+// what a full translation of in gives.
+func requireSameAsFull(t *testing.T, e *controller.Engine, r *translation.Report, in *translation.Input, step string) {
+	t.Helper()
+	out, want := controller.Translate(in, "relaymesh")
+	render := func(objs []*translation.Object) []string {
+		var s []string
+		for _, o := range objs {
+			b, err := json.Marshal(o.Object.Object)
+			require.NoError(t, err)
+			s = append(s, o.Cluster+" "+string(b))
+		}
+		return s
+	}
+	require.Equal(t, render(out.Objects()), render(e.Objects()), "%s: objects differ from a full translation", step)
+	require.Equal(t, want.Keys(), r.Keys(), "%s: reported objects differ", step)
+	for _, k := range want.Keys() {
+		ws, wt, _ := want.Status(k)
+		gs, gt, _ := r.Status(k)
+		require.Equal(t, ws, gs, "%s: status of %v", step, k)
+		require.Equal(t, wt, gt, "%s: targets of %v", step, k)
+	}
+}
+
+// The engine gives exactly the full translation's result on every golden
+// input of the translators.
+func TestEngineAgreesOnGoldenInputs(t *testing.T) {
+	var dirs []string
+	for _, pattern := range []string{"../../federation/testdata/*", "../../policy/testdata/*/*"} {
+		m, err := filepath.Glob(pattern)
+		require.NoError(t, err)
+		dirs = append(dirs, m...)
+	}
+	require.GreaterOrEqual(t, len(dirs), 25)
+	for _, dir := range dirs {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			in := translationtest.LoadInput(t, dir)
+			e := controller.NewEngine("relaymesh")
+			requireSameAsFull(t, e, e.Translate(in), in, "first translation")
+			e.Dirty()
+			// Translating again changes nothing and recomputes nothing.
+			r := e.Translate(in)
+			requireSameAsFull(t, e, r, in, "second translation")
+			assert.Zero(t, e.Stats().Recomputed, "an unchanged input recomputes nothing")
+			assert.Empty(t, e.Dirty(), "an unchanged input republishes nothing")
+		})
+	}
+}
+
+// edits are the changes the random test makes; each returns what it did.
+var edits = []func(in *translation.Input, rng *rand.Rand) string{
+	func(in *translation.Input, rng *rand.Rand) string {
+		p := &in.TrafficPolicies[rng.IntN(len(in.TrafficPolicies))]
+		p.Spec.HTTPRequestMatchers = []networkingv1alpha1.HTTPMatcher{{URI: &networkingv1alpha1.StringMatch{Prefix: new(fmt.Sprintf("/edit-%d", rng.IntN(1000)))}}}
+		p.Generation++
+		return "edit TrafficPolicy " + p.Name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		// Point a policy at another Service: its old and new groups change.
+		p := &in.TrafficPolicies[rng.IntN(len(in.TrafficPolicies))]
+		d := in.Destinations[rng.IntN(len(in.Destinations))]
+		p.Spec.DestinationSelector = []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{d.Spec.KubeService.Ref}}}}
+		p.Generation++
+		return "retarget TrafficPolicy " + p.Name + " to " + d.Name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		// Two policies on one Destination conflict; the later is Invalid.
+		a := in.TrafficPolicies[rng.IntN(len(in.TrafficPolicies))]
+		a.Name = fmt.Sprintf("%s-copy-%d", a.Name, rng.IntN(1000))
+		a.CreationTimestamp = metav1.NewTime(a.CreationTimestamp.Add(1))
+		in.TrafficPolicies = append(in.TrafficPolicies, a)
+		return "add conflicting TrafficPolicy " + a.Name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		i := rng.IntN(len(in.TrafficPolicies))
+		name := in.TrafficPolicies[i].Name
+		in.TrafficPolicies = slices.Delete(in.TrafficPolicies, i, i+1)
+		return "delete TrafficPolicy " + name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		p := &in.AccessPolicies[rng.IntN(len(in.AccessPolicies))]
+		p.Spec.SourceSelector = []common.IdentitySelector{{KubeIdentityMatcher: &common.KubeIdentityMatcher{Namespaces: []string{"apps"}, Clusters: []string{fmt.Sprintf("cluster-%d", rng.IntN(4))}}}}
+		p.Generation++
+		return "edit AccessPolicy sources " + p.Name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		i := rng.IntN(len(in.AccessPolicies))
+		name := in.AccessPolicies[i].Name
+		in.AccessPolicies = slices.Delete(in.AccessPolicies, i, i+1)
+		return "delete AccessPolicy " + name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		// A tenant policy reaching another namespace is Invalid.
+		p := in.AccessPolicies[rng.IntN(len(in.AccessPolicies))]
+		p.Namespace, p.Name = "team-a", fmt.Sprintf("tenant-%d", rng.IntN(1000))
+		in.AccessPolicies = append(in.AccessPolicies, p)
+		return "add tenant AccessPolicy " + p.Name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		d := &in.Destinations[rng.IntN(len(in.Destinations))]
+		d.Spec.KubeService.Ports = append(slices.Clone(d.Spec.KubeService.Ports), discoveryv1alpha1.ServicePort{Port: int32(9000 + rng.IntN(100)), Name: "grpc"})
+		d.Generation++
+		return "add a port to Destination " + d.Name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		i := rng.IntN(len(in.Destinations))
+		name := in.Destinations[i].Name
+		in.Destinations = slices.Delete(in.Destinations, i, i+1)
+		return "delete Destination " + name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		i := rng.IntN(len(in.Workloads))
+		name := in.Workloads[i].Name
+		in.Workloads = slices.Delete(in.Workloads, i, i+1)
+		return "delete Workload " + name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		w := in.Workloads[rng.IntN(len(in.Workloads))]
+		w.Name += fmt.Sprintf("-new-%d", rng.IntN(1000))
+		w.Spec.Kubernetes.ServiceAccountName = "other"
+		w.Spec.Kubernetes.Controller.ClusterName = fmt.Sprintf("cluster-%d", rng.IntN(4))
+		in.Workloads = append(in.Workloads, w)
+		return "add Workload " + w.Name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		m := &in.Meshes[rng.IntN(len(in.Meshes))]
+		m.Spec.Istio.Gateways = slices.Clone(m.Spec.Istio.Gateways)
+		m.Spec.Istio.Gateways[0].ExternalAddress = fmt.Sprintf("192.0.2.%d", rng.IntN(250)+1)
+		m.Generation++
+		return "move the east-west gateway of " + m.Name
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		if len(in.VirtualMeshes) == 0 {
+			return "no VirtualMesh"
+		}
+		vm := &in.VirtualMeshes[0]
+		vm.Spec.GlobalAccessPolicy = networkingv1alpha1.GlobalAccessEnabled
+		vm.Spec.MTLS = &networkingv1alpha1.MTLSConfig{StrictMTLS: rng.IntN(2) == 0}
+		vm.Generation++
+		return "change the VirtualMesh's access and mTLS"
+	},
+}
+
+// Random sequences of edits: after every one the engine agrees with a full
+// translation, and it recomputes less than everything.
+func TestEngineAgreesAfterRandomEdits(t *testing.T) {
+	for seed := range uint64(8) {
+		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 42))
+			in := world(4, 24, 24, seed%2 == 0)
+			e := controller.NewEngine("relaymesh")
+			requireSameAsFull(t, e, e.Translate(in), in, "start")
+			for step := range 60 {
+				what := edits[rng.IntN(len(edits))](in, rng)
+				r := e.Translate(in)
+				requireSameAsFull(t, e, r, in, fmt.Sprintf("step %d (%s)", step, what))
+				require.False(t, e.Stats().Full, "step %d (%s): %s", step, what, e.Stats().FullReason)
+			}
+		})
+	}
+}
+
+// One policy edit recomputes that policy's unit only and republishes only
+// the clusters whose objects changed.
+func TestOneEditRecomputesOneUnit(t *testing.T) {
+	in := world(10, 100, 100, true)
+	e := controller.NewEngine("relaymesh")
+	e.Translate(in)
+	all := e.Dirty()
+	require.Len(t, all, 10, "the first translation publishes every cluster")
+
+	p := &in.TrafficPolicies[0]
+	p.Spec.HTTPRequestMatchers[0].URI.Prefix = new("/edited")
+	p.Generation++
+	r := e.Translate(in)
+	requireSameAsFull(t, e, r, in, "after the edit")
+	assert.Equal(t, 1, e.Stats().Recomputed, "units recomputed of %d", e.Stats().Units)
+	assert.Equal(t, []string{p.Spec.SourceSelector[0].Clusters[0]}, e.Dirty(), "only the policy's source cluster changes")
+
+	// A Service port change in one cluster re-exports that Destination to
+	// the other nine meshes and nothing else.
+	d := &in.Destinations[3]
+	d.Spec.KubeService.Ports = append(slices.Clone(d.Spec.KubeService.Ports), discoveryv1alpha1.ServicePort{Port: 9090, Name: "grpc"})
+	d.Generation++
+	r = e.Translate(in)
+	requireSameAsFull(t, e, r, in, "after the port change")
+	assert.LessOrEqual(t, e.Stats().Recomputed, 3, "fed/ for the Destination, and its traffic and access units")
+	assert.Len(t, e.Dirty(), 10, "a federated Destination's change reaches every mesh")
+}
+
+// A VirtualMesh that turns Invalid keeps its last good outputs, says so in
+// its status, and loses them when it is deleted.
+func TestInvalidVirtualMeshKeepsLastGoodOutputs(t *testing.T) {
+	in := world(3, 6, 0, true)
+	e := controller.NewEngine("relaymesh")
+	e.Translate(in)
+	before := e.Objects()
+	require.NotEmpty(t, before)
+	e.Dirty()
+
+	vm := &in.VirtualMeshes[0]
+	vm.Spec.Meshes = append(slices.Clone(vm.Spec.Meshes), common.ObjectRef{Name: "no-such-mesh", Namespace: "relaymesh"})
+	vm.Generation = 2
+	r := e.Translate(in)
+	st, _, _ := r.Status(translation.ObjectKey{Kind: "VirtualMesh", Namespace: "relaymesh", Name: "all"})
+	assert.Equal(t, common.StateInvalid, st.State)
+	assert.Contains(t, st.Errors[0], "no-such-mesh")
+	assert.Contains(t, st.Warnings, "its meshes keep the outputs of generation 1, the last valid one, until the VirtualMesh is valid again or deleted")
+	assert.Equal(t, len(before), len(e.Objects()), "every federation output is kept")
+	assert.Empty(t, e.Dirty(), "nothing is republished")
+
+	// A full translation would remove them: the engine remembers.
+	out, _ := controller.Translate(in, "relaymesh")
+	assert.Empty(t, out.Objects())
+
+	in.VirtualMeshes = nil
+	e.Translate(in)
+	assert.Empty(t, e.Objects(), "a deleted VirtualMesh keeps nothing")
+	assert.Len(t, e.Dirty(), 3)
+}
