@@ -145,6 +145,35 @@ func (p *Plan) VirtualMeshOf(d *discoveryv1alpha1.Destination) *networkingv1alph
 	return nil
 }
 
+// HostnameSuffix is the suffix of d's federated hostname: that of the valid
+// VirtualMesh owning d's mesh, else DefaultHostnameSuffix.
+func (p *Plan) HostnameSuffix(d *discoveryv1alpha1.Destination) string {
+	if s := p.byMesh[destinationMeshKey(d)]; s != nil {
+		return vmSuffix(s.vm)
+	}
+	return DefaultHostnameSuffix
+}
+
+// RemoteDestinationRule names the DestinationRule federation makes for d's
+// federated host in cluster: the root namespace of the member mesh there and
+// the object name. ok is false when d is not federated to a mesh in cluster.
+// Other translators put their settings for that host into an object of the
+// same name, so Output merges them into the one DestinationRule Istio reads.
+func (p *Plan) RemoteDestinationRule(d *discoveryv1alpha1.Destination, cluster string) (namespace, name string, ok bool) {
+	s := p.byMesh[destinationMeshKey(d)]
+	if s == nil || s.vm.Spec.Federation == nil || len(s.vm.Spec.Federation.Selectors) == 0 {
+		return "", "", false
+	}
+	from := s.byKey[destinationMeshKey(d)]
+	for _, m := range s.targets(s.vm.Spec.Federation, d, from) {
+		if m.cluster == cluster {
+			ref := d.Spec.KubeService.Ref
+			return m.root, objectName(ref.Name, ref.Namespace, ref.ClusterName), true
+		}
+	}
+	return "", "", false
+}
+
 // ExportDeps names everything Export(d) reads besides d itself: the owning
 // VirtualMesh's spec, every member's name, cluster and root namespace, the
 // exporting mesh's spec and the address of d's federated hostname. Two plans

@@ -13,16 +13,13 @@ import (
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/federation"
 	"github.com/relaymesh/relaymesh/translation"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networkingv1 "istio.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
-
-// federatedSuffix is the hostname suffix of Destinations in other clusters
-// until VirtualMesh federation passes its own.
-const federatedSuffix = "global"
 
 // tlsModes are the mtls.tlsMode values a TrafficPolicy may ask for.
 var tlsModes = map[string]networkingv1.ClientTLSSettings_TLSmode{
@@ -51,9 +48,14 @@ const (
 //
 // Decisions:
 //   - In the Destination's own cluster the host is its local hostname; in
-//     other clusters it is its federated hostname (suffix "global"). Objects
+//     other clusters it is its federated hostname (the suffix of the
+//     VirtualMesh federating it, default "global"). Objects
 //     are named relaymesh-<service> (local) or relaymesh-<service>-<cluster>
-//     (remote) in the Destination's namespace.
+//     (remote) in the Destination's namespace, except a DestinationRule for
+//     a federated host: Istio reads one DestinationRule per host, so its
+//     settings go into federation's (same name, the mesh's root namespace)
+//     and translation.Output merges the two; a setting both make differently
+//     (say mtls SIMPLE against federation's ISTIO_MUTUAL) fails that target.
 //   - Policies are considered oldest first (creationTimestamp, then
 //     namespace and name). A route is (sourceSelector, one request matcher);
 //     policies with equal routes merge into one HTTP route, and two of them
@@ -67,8 +69,10 @@ const (
 //     VirtualService goes.
 //   - appendRequestHeaders/appendResponseHeaders map to Istio's `add`.
 //   - Subsets are named by their sorted labels (`version-v2`) and defined in
-//     the DestinationRule of a target in the same cluster; subsets of remote
-//     targets are left to federation.
+//     the DestinationRule of a target in the same cluster. A shift to a
+//     subset of a Destination in another cluster than a source is Invalid:
+//     the federated host's endpoints are east-west gateways, which carry no
+//     subset labels.
 func TranslateTraffic(in *translation.Input, out *translation.Output, r *translation.Report) {
 	dests := translation.SortedDestinations(in.Destinations)
 	byRef := map[common.ClusterObjectRef]*discoveryv1alpha1.Destination{}
@@ -91,6 +95,10 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 			continue
 		}
 		tp := &trafficPolicy{p: p, clusters: sourceClusters(in, p.Spec.SourceSelector), routes: routeKeys(p)}
+		if err := remoteSubset(p, tp.clusters); err != "" {
+			r.Invalid(key, p.Generation, "%s", err)
+			continue
+		}
 		for _, d := range dests {
 			if translation.MatchDestination(p.Spec.DestinationSelector, d) {
 				tp.dests = append(tp.dests, d)
@@ -111,7 +119,7 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 		accepted = append(accepted, tp)
 	}
 
-	b := &trafficBuilder{byRef: byRef, subsets: map[string]map[string]subsetSet{}}
+	b := &trafficBuilder{byRef: byRef, subsets: map[string]map[string]subsetSet{}, plan: federation.NewPlan(in)}
 	for _, d := range dests {
 		var applied []*trafficPolicy
 		clusters := map[string]bool{}
@@ -296,6 +304,29 @@ func validateTraffic(p *networkingv1alpha1.TrafficPolicy, byRef map[common.Clust
 	return errs
 }
 
+// remoteSubset refuses a shift to a subset of a Destination in another
+// cluster than a source: a federated host's endpoints are the east-west
+// gateways, which carry no version labels, so such a route would name a
+// subset with no endpoints (every request would fail).
+func remoteSubset(p *networkingv1alpha1.TrafficPolicy, sources map[string]bool) string {
+	ts := p.Spec.Policy.TrafficShift
+	if ts == nil {
+		return ""
+	}
+	for i, d := range ts.Destinations {
+		if d.KubeService == nil || len(d.KubeService.Subset) == 0 {
+			continue
+		}
+		for _, c := range slices.Sorted(maps.Keys(sources)) {
+			if c != d.KubeService.ClusterName {
+				return fmt.Sprintf("policy.trafficShift.destinations[%d]: a subset of %s/%s in cluster %s cannot be reached from cluster %s, where the policy's sources run (subsets of federated hosts are not supported: their endpoints are the east-west gateways)",
+					i, d.KubeService.Namespace, d.KubeService.Name, d.KubeService.ClusterName, c)
+			}
+		}
+	}
+	return ""
+}
+
 // sourceClusters are the clusters of the workloads sels selects.
 func sourceClusters(in *translation.Input, sels []common.WorkloadSelector) map[string]bool {
 	out := map[string]bool{}
@@ -310,6 +341,9 @@ func sourceClusters(in *translation.Input, sels []common.WorkloadSelector) map[s
 
 type trafficBuilder struct {
 	byRef map[common.ClusterObjectRef]*discoveryv1alpha1.Destination
+	// plan is VirtualMesh federation's: the hostname suffix of a remote
+	// Destination and the DestinationRule federation keeps for it.
+	plan *federation.Plan
 	// subsets: cluster → target → subset name → labels, referenced by
 	// VirtualServices and defined by DestinationRules.
 	subsets map[string]map[string]subsetSet
@@ -319,11 +353,11 @@ type trafficBuilder struct {
 type subsetSet map[string]map[string]string
 
 // host is d's hostname as seen from cluster.
-func host(cluster string, d *discoveryv1alpha1.Destination) string {
+func (b *trafficBuilder) host(cluster string, d *discoveryv1alpha1.Destination) string {
 	if d.Spec.KubeService.Ref.ClusterName == cluster {
 		return translation.LocalHostname(d, "")
 	}
-	return translation.FederatedHostname(d, federatedSuffix)
+	return translation.FederatedHostname(d, b.plan.HostnameSuffix(d))
 }
 
 // objectName is the name of the VirtualService and DestinationRule of d in cluster.
@@ -379,17 +413,17 @@ func (b *trafficBuilder) virtualService(out *translation.Output, r *translation.
 			catchAll = true
 		}
 		if len(rt.http.Route) == 0 {
-			rt.http.Route = []*networkingv1.HTTPRouteDestination{{Destination: &networkingv1.Destination{Host: host(cluster, d)}}}
+			rt.http.Route = []*networkingv1.HTTPRouteDestination{{Destination: &networkingv1.Destination{Host: b.host(cluster, d)}}}
 		}
 		http = append(http, rt.http)
 	}
 	if !catchAll {
-		http = append(http, &networkingv1.HTTPRoute{Route: []*networkingv1.HTTPRouteDestination{{Destination: &networkingv1.Destination{Host: host(cluster, d)}}}})
+		http = append(http, &networkingv1.HTTPRoute{Route: []*networkingv1.HTTPRouteDestination{{Destination: &networkingv1.Destination{Host: b.host(cluster, d)}}}})
 	}
 	for i, h := range http {
 		h.Name = fmt.Sprintf("route-%d", i)
 	}
-	spec := &networkingv1.VirtualService{Hosts: []string{host(cluster, d)}, Http: http}
+	spec := &networkingv1.VirtualService{Hosts: []string{b.host(cluster, d)}, Http: http}
 	if err := out.Add(cluster, networkingAPIVersion, "VirtualService", d.Spec.KubeService.Ref.Namespace, objectName(cluster, d), spec, parents...); err != nil {
 		failed(r, parents, d, err)
 	}
@@ -408,7 +442,7 @@ func (b *trafficBuilder) decorate(h *networkingv1.HTTPRoute, cluster string, d *
 	if ts := p.TrafficShift; ts != nil {
 		for _, wd := range ts.Destinations {
 			t := b.byRef[wd.KubeService.ClusterObjectRef]
-			dst := &networkingv1.Destination{Host: host(cluster, t)}
+			dst := &networkingv1.Destination{Host: b.host(cluster, t)}
 			if len(wd.KubeService.Subset) > 0 {
 				dst.Subset = subsetName(wd.KubeService.Subset)
 				if t.Spec.KubeService.Ref.ClusterName == cluster {
@@ -450,7 +484,7 @@ func (b *trafficBuilder) decorate(h *networkingv1.HTTPRoute, cluster string, d *
 	}
 	if m := p.Mirror; m != nil {
 		t := b.byRef[m.KubeService]
-		h.Mirror = &networkingv1.Destination{Host: host(cluster, t)}
+		h.Mirror = &networkingv1.Destination{Host: b.host(cluster, t)}
 		if m.Port != 0 {
 			h.Mirror.Port = &networkingv1.PortSelector{Number: uint32(m.Port)}
 		}
@@ -499,7 +533,7 @@ func (b *trafficBuilder) drClusters(d *discoveryv1alpha1.Destination, accepted [
 }
 
 func (b *trafficBuilder) destinationRule(out *translation.Output, r *translation.Report, cluster string, d *discoveryv1alpha1.Destination, accepted []*trafficPolicy) {
-	spec := &networkingv1.DestinationRule{Host: host(cluster, d)}
+	spec := &networkingv1.DestinationRule{Host: b.host(cluster, d)}
 	var parents []translation.Parent
 	for _, tp := range accepted {
 		if !slices.Contains(tp.dests, d) && !shiftsTo(tp, d) {
@@ -534,7 +568,14 @@ func (b *trafficBuilder) destinationRule(out *translation.Output, r *translation
 	for _, name := range slices.Sorted(maps.Keys(subsets)) {
 		spec.Subsets = append(spec.Subsets, &networkingv1.Subset{Name: name, Labels: subsets[name]})
 	}
-	if err := out.Add(cluster, networkingAPIVersion, "DestinationRule", d.Spec.KubeService.Ref.Namespace, objectName(cluster, d), spec, parents...); err != nil {
+	// In another cluster the host is federated: federation's DestinationRule
+	// (ISTIO_MUTUAL with the SNI the east-west gateway routes on) is the one
+	// Istio must read, so the subsets and settings go into that object.
+	ns, name := d.Spec.KubeService.Ref.Namespace, objectName(cluster, d)
+	if fns, fname, ok := b.plan.RemoteDestinationRule(d, cluster); ok && cluster != d.Spec.KubeService.Ref.ClusterName {
+		ns, name = fns, fname
+	}
+	if err := out.Add(cluster, networkingAPIVersion, "DestinationRule", ns, name, spec, parents...); err != nil {
 		failed(r, parents, d, err)
 	}
 }

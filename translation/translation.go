@@ -8,7 +8,10 @@ package translation
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -64,8 +67,9 @@ func NewOutput() *Output { return &Output{objects: map[string]*Object{}} }
 // Add records an Istio object for cluster. spec is the Istio API message
 // (istio.io/api); it is encoded as Istio's CRDs expect (protobuf JSON,
 // lowerCamelCase). Adding the same object twice merges the parents; a
-// different spec under the same name is an error (a translator bug or a
-// conflict the caller must report).
+// different spec under the same name is merged by MergeSpecs (one
+// DestinationRule per host, made of what federation and traffic policies
+// each need) or is an error the caller must report.
 func (o *Output) Add(cluster, apiVersion, kind, namespace, name string, spec proto.Message, parents ...Parent) error {
 	specJSON, err := protojson.MarshalOptions{}.Marshal(spec)
 	if err != nil {
@@ -82,16 +86,86 @@ func (o *Output) Add(cluster, apiVersion, kind, namespace, name string, spec pro
 	u.SetName(name)
 	key := strings.Join([]string{cluster, apiVersion, kind, namespace, name}, "/")
 	if cur, ok := o.objects[key]; ok {
-		a, _ := json.Marshal(cur.Object.Object["spec"])
-		b, _ := json.Marshal(specMap)
-		if string(a) != string(b) {
-			return fmt.Errorf("%s %s/%s in cluster %s is produced twice with different specs", kind, namespace, name, cluster)
+		curSpec, _ := cur.Object.Object["spec"].(map[string]any)
+		merged, err := MergeSpecs(kind, curSpec, specMap)
+		if err != nil {
+			return fmt.Errorf("%s %s/%s in cluster %s: %w", kind, namespace, name, cluster, err)
 		}
+		cur.Object.Object["spec"] = merged
 		cur.Parents = mergeParents(cur.Parents, parents)
 		return nil
 	}
 	o.objects[key] = &Object{Cluster: cluster, Object: u, Parents: mergeParents(nil, parents)}
 	return nil
+}
+
+// MergeSpecs merges two specs of one object produced by two translators.
+// Equal specs merge to themselves. Two DestinationRules for one host merge:
+// subsets are united by name (a subset both define must be identical) and
+// each trafficPolicy field may be set by one of them or identically by both.
+// Istio reads one DestinationRule per host and namespace, so federation's
+// TLS settings and a TrafficPolicy's subsets must end up in the same object.
+// Anything else is an error naming the field. The result does not depend on
+// the order of a and b.
+func MergeSpecs(kind string, a, b map[string]any) (map[string]any, error) {
+	if reflect.DeepEqual(a, b) {
+		return a, nil
+	}
+	if kind != "DestinationRule" {
+		return nil, errors.New("produced twice with different specs")
+	}
+	out := map[string]any{}
+	for _, k := range slices.Sorted(maps.Keys(a)) {
+		out[k] = a[k]
+	}
+	for _, k := range slices.Sorted(maps.Keys(b)) {
+		v := b[k]
+		cur, both := out[k]
+		switch {
+		case !both:
+			out[k] = v
+		case k == "subsets":
+			merged, err := mergeSubsets(cur, v)
+			if err != nil {
+				return nil, err
+			}
+			out[k] = merged
+		case k == "trafficPolicy":
+			x, _ := cur.(map[string]any)
+			y, _ := v.(map[string]any)
+			tp := maps.Clone(x)
+			for _, f := range slices.Sorted(maps.Keys(y)) {
+				if have, ok := tp[f]; ok && !reflect.DeepEqual(have, y[f]) {
+					return nil, fmt.Errorf("trafficPolicy.%s is set differently by two parents", f)
+				}
+				tp[f] = y[f]
+			}
+			out[k] = tp
+		case !reflect.DeepEqual(cur, v):
+			return nil, fmt.Errorf("%s is set differently by two parents", k)
+		}
+	}
+	return out, nil
+}
+
+func mergeSubsets(a, b any) ([]any, error) {
+	byName := map[string]any{}
+	for _, list := range []any{a, b} {
+		items, _ := list.([]any)
+		for _, it := range items {
+			m, _ := it.(map[string]any)
+			name, _ := m["name"].(string)
+			if have, ok := byName[name]; ok && !reflect.DeepEqual(have, it) {
+				return nil, fmt.Errorf("subset %q is defined differently by two parents", name)
+			}
+			byName[name] = it
+		}
+	}
+	out := make([]any, 0, len(byName))
+	for _, name := range slices.Sorted(maps.Keys(byName)) {
+		out = append(out, byName[name])
+	}
+	return out, nil
 }
 
 func mergeParents(a, b []Parent) []Parent {

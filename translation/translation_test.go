@@ -64,3 +64,35 @@ type fakeT struct {
 func (f *fakeT) Errorf(string, ...any) { f.failed = true }
 func (f *fakeT) FailNow()              { f.failed = true; panic("FailNow") }
 func (f *fakeT) Helper()               {}
+
+// Two DestinationRules for one host merge whichever comes first; a field
+// both set differently, a subset defined twice differently, or another kind
+// with different specs is an error naming the field.
+func TestMergeSpecs(t *testing.T) {
+	fed := map[string]any{"host": "h", "trafficPolicy": map[string]any{"tls": map[string]any{"mode": "ISTIO_MUTUAL"}}}
+	pol := map[string]any{"host": "h", "trafficPolicy": map[string]any{"outlierDetection": map[string]any{"interval": "5s"}},
+		"subsets": []any{map[string]any{"name": "v1"}, map[string]any{"name": "v2"}}}
+	ab, err := translation.MergeSpecs("DestinationRule", fed, pol)
+	require.NoError(t, err)
+	ba, err := translation.MergeSpecs("DestinationRule", pol, fed)
+	require.NoError(t, err)
+	assert.Equal(t, ab, ba, "the merge does not depend on the order")
+	assert.Equal(t, map[string]any{"host": "h",
+		"trafficPolicy": map[string]any{"tls": map[string]any{"mode": "ISTIO_MUTUAL"}, "outlierDetection": map[string]any{"interval": "5s"}},
+		"subsets":       []any{map[string]any{"name": "v1"}, map[string]any{"name": "v2"}}}, ab)
+
+	simple := map[string]any{"host": "h", "trafficPolicy": map[string]any{"tls": map[string]any{"mode": "SIMPLE"}}}
+	_, err = translation.MergeSpecs("DestinationRule", fed, simple)
+	require.EqualError(t, err, "trafficPolicy.tls is set differently by two parents")
+	_, err = translation.MergeSpecs("DestinationRule", fed, map[string]any{"host": "other"})
+	require.EqualError(t, err, "host is set differently by two parents")
+	_, err = translation.MergeSpecs("DestinationRule",
+		map[string]any{"subsets": []any{map[string]any{"name": "v1", "labels": map[string]any{"version": "v1"}}}},
+		map[string]any{"subsets": []any{map[string]any{"name": "v1", "labels": map[string]any{"version": "v2"}}}})
+	require.EqualError(t, err, `subset "v1" is defined differently by two parents`)
+	_, err = translation.MergeSpecs("ServiceEntry", fed, pol)
+	require.EqualError(t, err, "produced twice with different specs")
+	same, err := translation.MergeSpecs("ServiceEntry", fed, fed)
+	require.NoError(t, err)
+	assert.Equal(t, fed, same)
+}

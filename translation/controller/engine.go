@@ -64,8 +64,8 @@ type Engine struct {
 	apWork index             // AccessPolicy → Workloads its sources select
 
 	units    map[string]*unit
-	clusters map[string]map[string]*published // cluster → object key → object
-	removed  map[string]map[string]*published // unpublished during this apply
+	clusters map[string]map[string]*slot      // cluster → object key → slot
+	touched  map[string]map[string]*published // slots touched by this apply → what they published before
 	dirty    map[string]bool
 	report   *translation.Report
 	lastGood map[translation.ObjectKey]*keptVirtualMesh
@@ -119,8 +119,8 @@ func (e *Engine) reset() {
 	e.tpDest, e.apDest, e.tpWork, e.apWork = newIndex(), newIndex(), newIndex(), newIndex()
 	e.units = map[string]*unit{}
 	if e.clusters == nil {
-		e.clusters = map[string]map[string]*published{}
-		e.removed = map[string]map[string]*published{}
+		e.clusters = map[string]map[string]*slot{}
+		e.touched = map[string]map[string]*published{}
 		e.dirty = map[string]bool{}
 	}
 	e.lastGood = map[translation.ObjectKey]*keptVirtualMesh{}
@@ -145,7 +145,7 @@ func (e *Engine) ClusterObjects(cluster string) []*relaypb.OutputObject {
 	objs := e.clusters[cluster]
 	out := make([]*relaypb.OutputObject, 0, len(objs))
 	for _, k := range slices.Sorted(maps.Keys(objs)) {
-		out = append(out, objs[k].wire)
+		out = append(out, objs[k].eff.wire)
 	}
 	return out
 }
@@ -157,7 +157,7 @@ func (e *Engine) Objects() []*translation.Object {
 	for _, c := range slices.Sorted(maps.Keys(e.clusters)) {
 		objs := e.clusters[c]
 		for _, k := range slices.Sorted(maps.Keys(objs)) {
-			p := objs[k]
+			p := objs[k].eff
 			u := &unstructured.Unstructured{}
 			if err := u.UnmarshalJSON(p.wire.Manifest); err != nil {
 				continue // cannot happen: the engine encoded it
@@ -379,19 +379,28 @@ func compareKeys(a, b translation.ObjectKey) int {
 // with the result.
 func (e *Engine) full(in *translation.Input, why string) *translation.Report {
 	out, report := Translate(in, e.admin)
+	for c := range e.clusters {
+		e.dirty[c] = true
+	}
 	for _, u := range e.units {
 		e.drop(u)
 	}
 	e.reset()
 	u := &unit{objects: objectsOf(out), deps: "full"}
+	e.units = map[string]*unit{"full": u}
 	for _, p := range u.objects {
 		p.unit = "full"
 		e.put(p)
 	}
-	e.settle()
+	if err := e.settle(); err != "" {
+		// Cannot happen: a full translation produces one object per key.
+		why += "; " + err
+	}
+	for c := range e.clusters {
+		e.dirty[c] = true
+	}
 	// Remembering no versions makes the next translation recompute every
 	// unit, which replaces this one.
-	e.units = map[string]*unit{"full": u}
 	e.report = report
 	e.stats = Stats{Units: 1, Recomputed: 1, Full: true, FullReason: why}
 	return report
@@ -417,8 +426,17 @@ func objectsOf(out *translation.Output) []*published {
 	return ps
 }
 
-// apply replaces the published objects of every unit that changed. It
-// returns a description of the first object two current units both produce.
+// slot is one object key in one cluster: what each unit contributes, and
+// what is published (one contribution, or several DestinationRules merged by
+// translation.MergeSpecs, as Output.Add merges them in a full translation).
+type slot struct {
+	contribs map[string]*published // by unit key
+	eff      *published
+}
+
+// apply replaces the contributions of every unit that changed and resolves
+// the slots they touched. It returns a description of the first object that
+// current units produce differently and cannot be merged.
 func (e *Engine) apply(next map[string]*unit) string {
 	for k, u := range e.units {
 		if next[k] != u {
@@ -427,80 +445,147 @@ func (e *Engine) apply(next map[string]*unit) string {
 	}
 	old := e.units
 	e.units = next
-	keys := slices.Sorted(maps.Keys(next))
-	// Current units first, so kept objects never shadow current ones.
-	for _, kept := range []bool{false, true} {
-		for _, k := range keys {
-			u := next[k]
-			if u.kept != kept || old[k] == u {
-				continue
-			}
-			for _, p := range u.objects {
-				p.unit = k
-				if cur := e.clusters[p.cluster][p.key]; cur != nil && cur.unit != k {
-					curKept := e.units[cur.unit] != nil && e.units[cur.unit].kept
-					switch {
-					case u.kept:
-						continue
-					case !curKept:
-						return fmt.Sprintf("%s in cluster %s is produced by %s and %s", p.key, p.cluster, cur.unit, k)
-					}
-				}
-				e.put(p)
-			}
+	for k, u := range next {
+		if old[k] == u {
+			continue
+		}
+		for _, p := range u.objects {
+			p.unit = k
+			e.put(p)
 		}
 	}
-	e.settle()
-	return ""
+	return e.settle()
+}
+
+func (e *Engine) slot(cluster, key string, create bool) *slot {
+	objs := e.clusters[cluster]
+	if objs == nil {
+		if !create {
+			return nil
+		}
+		objs = map[string]*slot{}
+		e.clusters[cluster] = objs
+	}
+	sl := objs[key]
+	if sl == nil && create {
+		sl = &slot{contribs: map[string]*published{}}
+		objs[key] = sl
+	}
+	if sl != nil {
+		if e.touched[cluster] == nil {
+			e.touched[cluster] = map[string]*published{}
+		}
+		if _, seen := e.touched[cluster][key]; !seen {
+			e.touched[cluster][key] = sl.eff
+		}
+	}
+	return sl
 }
 
 func (e *Engine) put(p *published) {
-	objs := e.clusters[p.cluster]
-	if objs == nil {
-		objs = map[string]*published{}
-		e.clusters[p.cluster] = objs
-	}
-	was := objs[p.key]
-	if was == nil {
-		was = e.removed[p.cluster][p.key]
-	}
-	if was == nil || !samePublished(was, p) {
-		e.dirty[p.cluster] = true
-	}
-	objs[p.key] = p
+	e.slot(p.cluster, p.key, true).contribs[p.unit] = p
 }
 
-func samePublished(a, b *published) bool {
-	return string(a.wire.Manifest) == string(b.wire.Manifest) && slices.Equal(a.wire.Parents, b.wire.Parents)
-}
-
-// drop unpublishes u's objects. A cluster is dirty only if an object is
-// gone or different at the end of apply (settle), so replacing an object
-// with an equal one republishes nothing.
 func (e *Engine) drop(u *unit) {
 	for _, p := range u.objects {
-		if objs := e.clusters[p.cluster]; objs != nil && objs[p.key] == p {
-			delete(objs, p.key)
-			if e.removed[p.cluster] == nil {
-				e.removed[p.cluster] = map[string]*published{}
-			}
-			if e.removed[p.cluster][p.key] == nil {
-				e.removed[p.cluster][p.key] = p
-			}
+		if sl := e.slot(p.cluster, p.key, false); sl != nil && sl.contribs[p.unit] == p {
+			delete(sl.contribs, p.unit)
 		}
 	}
 }
 
-// settle marks the clusters that lost an object dirty.
-func (e *Engine) settle() {
-	for c, objs := range e.removed {
-		for k := range objs {
-			if e.clusters[c][k] == nil {
+// settle decides what every touched slot publishes and marks the clusters
+// whose published objects changed dirty.
+func (e *Engine) settle() string {
+	defer func() { e.touched = map[string]map[string]*published{} }()
+	for _, c := range slices.Sorted(maps.Keys(e.touched)) {
+		for _, k := range slices.Sorted(maps.Keys(e.touched[c])) {
+			was := e.touched[c][k]
+			sl := e.clusters[c][k]
+			if err := e.resolve(sl); err != nil {
+				return fmt.Sprintf("%s in cluster %s: %v", k, c, err)
+			}
+			if sl.eff == nil {
+				delete(e.clusters[c], k)
+			}
+			if (was == nil) != (sl.eff == nil) || (was != nil && !samePublished(was, sl.eff)) {
 				e.dirty[c] = true
 			}
 		}
 	}
-	e.removed = map[string]map[string]*published{}
+	return ""
+}
+
+// resolve sets what a slot publishes: its current units' contributions
+// (merged when there are several), else a kept one.
+func (e *Engine) resolve(sl *slot) error {
+	var current, kept []*published
+	for _, k := range slices.Sorted(maps.Keys(sl.contribs)) {
+		if u := e.units[k]; u != nil && u.kept {
+			kept = append(kept, sl.contribs[k])
+		} else {
+			current = append(current, sl.contribs[k])
+		}
+	}
+	switch {
+	case len(current) == 0 && len(kept) == 0:
+		sl.eff = nil
+	case len(current) == 0:
+		sl.eff = kept[0]
+	case len(current) == 1:
+		sl.eff = current[0]
+	default:
+		merged, err := mergePublished(current)
+		if err != nil {
+			return err
+		}
+		sl.eff = merged
+	}
+	return nil
+}
+
+// mergePublished merges several units' versions of one object the way
+// translation.Output.Add does.
+func mergePublished(ps []*published) (*published, error) {
+	var (
+		obj     *unstructured.Unstructured
+		parents []translation.Parent
+	)
+	for _, p := range ps {
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(p.wire.Manifest); err != nil {
+			return nil, err
+		}
+		parents = append(parents, p.parents...)
+		if obj == nil {
+			obj = u
+			continue
+		}
+		a, _ := obj.Object["spec"].(map[string]any)
+		b, _ := u.Object["spec"].(map[string]any)
+		spec, err := translation.MergeSpecs(obj.GetKind(), a, b)
+		if err != nil {
+			return nil, err
+		}
+		obj.Object["spec"] = spec
+	}
+	slices.SortFunc(parents, func(a, b translation.Parent) int { return strings.Compare(a.String(), b.String()) })
+	parents = slices.Compact(parents)
+	names := make([]string, len(parents))
+	for i, p := range parents {
+		names[i] = p.String()
+	}
+	obj.SetAnnotations(map[string]string{translation.ParentsAnnotation: strings.Join(names, ",")})
+	b, err := json.Marshal(obj.Object)
+	if err != nil {
+		return nil, err
+	}
+	return &published{unit: "merged", cluster: ps[0].cluster, key: ps[0].key, parents: parents,
+		wire: &relaypb.OutputObject{Manifest: b, Parents: names}}, nil
+}
+
+func samePublished(a, b *published) bool {
+	return string(a.wire.Manifest) == string(b.wire.Manifest) && slices.Equal(a.wire.Parents, b.wire.Parents)
 }
 
 // keepLastGood remembers, for every valid VirtualMesh, the units that make

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
@@ -99,6 +100,19 @@ var edits = []func(in *translation.Input, rng *rand.Rand) string{
 		return "delete TrafficPolicy " + name
 	},
 	func(in *translation.Input, rng *rand.Rand) string {
+		// Sources in another cluster: outlier detection on a federated
+		// host merges into federation's DestinationRule there, and a
+		// shift to a remote subset is Invalid.
+		p := &in.TrafficPolicies[rng.IntN(len(in.TrafficPolicies))]
+		p.Spec.SourceSelector = []common.WorkloadSelector{{Clusters: []string{fmt.Sprintf("cluster-%d", rng.IntN(4))}}}
+		p.Spec.Policy.OutlierDetection = &networkingv1alpha1.OutlierDetection{ConsecutiveErrors: int32(1 + rng.IntN(5))}
+		if rng.IntN(2) == 0 {
+			p.Spec.Policy.TrafficShift = nil
+		}
+		p.Generation++
+		return "TrafficPolicy " + p.Name + " from another cluster with outlier detection"
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
 		p := &in.AccessPolicies[rng.IntN(len(in.AccessPolicies))]
 		p.Spec.SourceSelector = []common.IdentitySelector{{KubeIdentityMatcher: &common.KubeIdentityMatcher{Namespaces: []string{"apps"}, Clusters: []string{fmt.Sprintf("cluster-%d", rng.IntN(4))}}}}
 		p.Generation++
@@ -165,8 +179,13 @@ var edits = []func(in *translation.Input, rng *rand.Rand) string{
 // Random sequences of edits: after every one the engine agrees with a full
 // translation, and it recomputes less than everything.
 func TestEngineAgreesAfterRandomEdits(t *testing.T) {
+	var merged atomic.Int64 // steps that published a DestinationRule merged from two translators
+	t.Cleanup(func() {      // after the parallel subtests
+		assert.Positive(t, merged.Load(), "the edits never made federation and a TrafficPolicy share a DestinationRule")
+	})
 	for seed := range uint64(8) {
 		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
+			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 42))
 			in := world(4, 24, 24, seed%2 == 0)
 			e := controller.NewEngine("relaymesh")
@@ -175,6 +194,12 @@ func TestEngineAgreesAfterRandomEdits(t *testing.T) {
 				what := edits[rng.IntN(len(edits))](in, rng)
 				r := e.Translate(in)
 				requireSameAsFull(t, e, r, in, fmt.Sprintf("step %d (%s)", step, what))
+				for _, o := range e.Objects() {
+					if len(o.Parents) > 1 && o.Parents[0].Kind != o.Parents[len(o.Parents)-1].Kind {
+						merged.Add(1)
+						break
+					}
+				}
 				require.False(t, e.Stats().Full, "step %d (%s): %s", step, what, e.Stats().FullReason)
 			}
 		})

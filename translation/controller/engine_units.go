@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -241,6 +242,10 @@ func (e *Engine) trafficUnits(c *cycle, invalid map[string]bool, run runFunc) {
 			}
 		}
 	}
+	fh := sha256.New()
+	writeVersions(fh, c.vers, "VirtualMesh/")
+	io.WriteString(fh, c.meshes)
+	federationDeps := hex.EncodeToString(fh.Sum(nil))
 	type group struct{ policies, dests, works []string }
 	groups := map[string]*group{}
 	for _, k := range policies {
@@ -268,6 +273,9 @@ func (e *Engine) trafficUnits(c *cycle, invalid map[string]bool, run runFunc) {
 		}
 		g.works = slices.Sorted(maps.Keys(works))
 		h := sha256.New()
+		// Federation decides remote hostnames and where a remote
+		// DestinationRule goes.
+		h.Write([]byte(federationDeps))
 		for _, keys := range [][]string{g.policies, g.dests, g.works} {
 			for _, k := range keys {
 				writeKV(h, k, c.vers[k])
@@ -275,7 +283,7 @@ func (e *Engine) trafficUnits(c *cycle, invalid map[string]bool, run runFunc) {
 			h.Write([]byte{1})
 		}
 		run("traffic/"+g.policies[0], hex.EncodeToString(h.Sum(nil)), func() *unit {
-			sub := &translation.Input{}
+			sub := &translation.Input{VirtualMeshes: c.in.VirtualMeshes, Meshes: c.in.Meshes}
 			for _, k := range g.policies {
 				sub.TrafficPolicies = append(sub.TrafficPolicies, *c.tps[k])
 			}
