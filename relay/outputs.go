@@ -108,6 +108,13 @@ func (o *Outputs) Get(cluster string) *relaypb.OutputSet {
 	return o.sets[cluster]
 }
 
+// Version returns the version of cluster's current set, 0 if none.
+func (o *Outputs) Version(cluster string) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.sets[cluster].GetVersion()
+}
+
 // Remove forgets a cluster.
 func (o *Outputs) Remove(cluster string) {
 	o.mu.Lock()

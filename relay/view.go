@@ -12,9 +12,10 @@ import (
 // It lives in memory; after a restart the agents rebuild it within seconds
 // (they push on every reconnect).
 type View struct {
-	mu        sync.RWMutex
-	clusters  map[string]*ClusterView
-	listeners []func(cluster string)
+	mu           sync.RWMutex
+	clusters     map[string]*ClusterView
+	listeners    []func(cluster string)
+	ackListeners []func(cluster string)
 }
 
 // ClusterView is what the server knows of one cluster.
@@ -70,10 +71,17 @@ func (v *View) Refused(cluster, reason string) {
 	v.entry(cluster).LastError = reason
 }
 
+// OnAck registers f to be called (on the caller's goroutine, without locks
+// held) with the cluster whose agent acked an output set.
+func (v *View) OnAck(f func(cluster string)) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.ackListeners = append(v.ackListeners, f)
+}
+
 // Acked records an agent's ack.
 func (v *View) Acked(cluster string, ack *relaypb.PullAck, at time.Time) {
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	c := v.entry(cluster)
 	c.Ack, c.AckedAt, c.Conflicts = ack, at, nil
 	for _, r := range ack.GetResults() {
@@ -81,6 +89,21 @@ func (v *View) Acked(cluster string, ack *relaypb.PullAck, at time.Time) {
 			c.Conflicts = append(c.Conflicts, r)
 		}
 	}
+	listeners := v.ackListeners
+	v.mu.Unlock()
+	for _, f := range listeners {
+		f(cluster)
+	}
+}
+
+// Ack returns the last ack of cluster's agent, or nil.
+func (v *View) Ack(cluster string) *relaypb.PullAck {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	if c := v.clusters[cluster]; c != nil {
+		return c.Ack
+	}
+	return nil
 }
 
 // Remove forgets a cluster (deregistered).

@@ -177,7 +177,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if _, err := relay.RunPassthrough(ctx, kube.dynamic, f.namespace, outputs, log, sources...); err != nil {
 		return err
 	}
-	ctl, err := controller.Start(ctx, controller.Config{Client: kube.dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log,
+	ctl, err := controller.Start(ctx, controller.Config{Client: kube.dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: view,
 		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }})
 	if err != nil {
 		return err

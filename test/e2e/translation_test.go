@@ -106,6 +106,49 @@ func TestTranslation(t *testing.T) {
 		return len(states) == 3 && !strings.Contains(strings.Join(states, ","), "=Invalid") && !strings.Contains(strings.Join(states, ","), "=\""), strings.Join(states, ",")
 	})
 
+	// Every object's status says where its outputs are and that the agents
+	// applied them (status.clusters, from the agents' acks).
+	tpGVR := schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"}
+	apolGVR := schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"}
+	vmGVR := schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualmeshes"}
+	applied := func(gvr schema.GroupVersionResource, name string) (string, []any) {
+		o, err := mgmtDyn.Resource(gvr).Namespace("relaymesh").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err.Error(), nil
+		}
+		state, _, _ := unstructured.NestedString(o.Object, "status", "state")
+		clusters, _, _ := unstructured.NestedSlice(o.Object, "status", "clusters")
+		return state, clusters
+	}
+	Eventually(t, 10*time.Second, "status.clusters Applied", func() (bool, string) {
+		_, tpc := applied(tpGVR, "reviews-shift")
+		_, vmc := applied(vmGVR, "bookinfo-federation")
+		ok := fmt.Sprint(tpc) == "[map[cluster:cluster-1 state:Applied version:"+versionOf(tpc)+"]]" &&
+			strings.Count(fmt.Sprint(vmc), "state:Applied") == 2
+		return ok, fmt.Sprint(tpc, vmc)
+	})
+
+	// An object in the way that is not Relaymesh's is never overwritten:
+	// the agent reports a conflict and the policy's status names it.
+	apGVRList := clients["cluster-1"].Resource(apGVR).Namespace("bookinfo")
+	foreign := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+		"metadata": map[string]any{"name": "relaymesh-productpage", "namespace": "bookinfo"}, "spec": map[string]any{}}}
+	_, err = apGVRList.Create(ctx, foreign, metav1.CreateOptions{})
+	require.NoError(t, err)
+	blocked := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "networking.relaymesh.io/v1alpha1", "kind": "AccessPolicy",
+		"metadata": map[string]any{"name": "to-productpage", "namespace": "relaymesh"},
+		"spec": map[string]any{"destinationSelector": []any{map[string]any{"kubeServiceRefs": map[string]any{"services": []any{
+			map[string]any{"name": "productpage", "namespace": "bookinfo", "clusterName": "cluster-1"}}}}}}}}
+	_, err = mgmtDyn.Resource(apolGVR).Namespace("relaymesh").Create(ctx, blocked, metav1.CreateOptions{})
+	require.NoError(t, err)
+	Eventually(t, 10*time.Second, "the conflict on the AccessPolicy's status", func() (bool, string) {
+		state, clusters := applied(apolGVR, "to-productpage")
+		return state == "Failed" && strings.Contains(fmt.Sprint(clusters), "AuthorizationPolicy bookinfo/relaymesh-productpage: conflict"), state + fmt.Sprint(clusters)
+	})
+	cur, err := apGVRList.Get(ctx, "relaymesh-productpage", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Empty(t, cur.GetLabels(), "the foreign object was left as it was")
+
 	// describe reads the same view from the live management cluster.
 	out, err := Run(t, bin, "describe", "policy", "trafficpolicy/relaymesh/reviews-shift", "--kubeconfig", mgmt.Kubeconfig)
 	require.NoError(t, err)
@@ -126,4 +169,13 @@ func TestTranslation(t *testing.T) {
 		return err != nil && strings.Contains(err.Error(), "not found"), fmt.Sprint(err)
 	})
 	t.Logf("TrafficPolicy outputs pruned %s after the policy was deleted", time.Since(start).Round(time.Millisecond))
+}
+
+// versionOf returns the version field of the first status.clusters entry.
+func versionOf(clusters []any) string {
+	if len(clusters) == 0 {
+		return ""
+	}
+	m, _ := clusters[0].(map[string]any)
+	return fmt.Sprint(m["version"])
 }

@@ -14,9 +14,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math"
 	"reflect"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
@@ -39,6 +42,15 @@ import (
 // Publisher receives each cluster's translated objects.
 type Publisher interface {
 	SetFrom(source, cluster string, objects []*relaypb.OutputObject)
+	// Version is the version of cluster's current output set.
+	Version(cluster string) uint64
+}
+
+// Acks tells which output set each cluster's agent applied last, and with
+// what result per object (relay.View).
+type Acks interface {
+	Ack(cluster string) *relaypb.PullAck
+	OnAck(func(cluster string))
 }
 
 // Source is the name under which translation publishes outputs.
@@ -75,6 +87,9 @@ type Controller struct {
 	typed     map[schema.GroupVersionResource]map[string]typedObject
 	published map[string]bool // clusters that have a published set
 	written   map[translation.ObjectKey]writtenStatus
+	acks      Acks
+	versions  map[string]uint64                          // cluster → output version that carries translation's current objects
+	parentsIn map[string]map[translation.Parent][]string // cluster → parent → sorted keys of its objects there
 }
 
 // writtenStatus is a status known to be on an object at resourceVersion.
@@ -96,7 +111,10 @@ type Config struct {
 	// Clusters lists the registered clusters: each gets a (possibly empty)
 	// set, so translation can also remove everything from a cluster.
 	Clusters func() []string
-	Logger   *slog.Logger
+	// Acks, when set, puts each user object's per-cluster apply results in
+	// its status (status.clusters).
+	Acks   Acks
+	Logger *slog.Logger
 }
 
 // Start watches, translates once synced, and keeps translating after every
@@ -105,7 +123,8 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	c := &Controller{client: cfg.Client, namespace: cfg.Namespace, out: cfg.Outputs, clusters: cfg.Clusters,
 		log: cfg.Logger.With("component", "translation"), informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{},
 		wake: make(chan struct{}, 1), engine: NewEngine(cfg.Namespace), typed: map[schema.GroupVersionResource]map[string]typedObject{},
-		published: map[string]bool{}, written: map[translation.ObjectKey]writtenStatus{}}
+		published: map[string]bool{}, written: map[translation.ObjectKey]writtenStatus{},
+		acks: cfg.Acks, versions: map[string]uint64{}, parentsIn: map[string]map[translation.Parent][]string{}}
 	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Client, 10*time.Minute, cfg.Namespace, nil)
 	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Client, 10*time.Minute)
 	kick := func() {
@@ -133,6 +152,11 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			return nil, err
 		}
+	}
+	if c.acks != nil {
+		// An ack changes status.clusters only: translation itself has
+		// nothing to recompute, so this costs the engine's fixed check.
+		c.acks.OnAck(func(string) { kick() })
 	}
 	discovered.Start(ctx.Done())
 	users.Start(ctx.Done())
@@ -262,6 +286,8 @@ func (c *Controller) translate(ctx context.Context) error {
 	for _, n := range dirty {
 		c.out.SetFrom(Source, n, c.engine.ClusterObjects(n))
 		c.published[n] = true
+		c.versions[n] = c.out.Version(n)
+		c.parentsIn[n] = c.engine.ClusterParents(n)
 	}
 	c.writeStatus(ctx, report)
 	c.log.Info("translated", "units", stats.Units, "recomputed", stats.Recomputed, "clusters_published", len(dirty),
@@ -299,6 +325,20 @@ func (c *Controller) writeStatus(ctx context.Context, r *translation.Report) {
 			status[field] = targetsJSON(targets)
 		} else {
 			status[field] = nil
+		}
+		status["clusters"] = nil
+		if applied := c.applyStatus(translation.Parent(k)); len(applied) > 0 {
+			status["clusters"] = targetsJSON(applied)
+			var failed []string
+			for _, a := range applied {
+				if a.State == common.ApplyFailed {
+					failed = append(failed, a.Cluster)
+				}
+			}
+			if len(failed) > 0 && st.State == common.StateAccepted {
+				status["state"] = string(common.StateFailed)
+				status["errors"] = append(st.Errors, fmt.Sprintf("outputs not applied in cluster %s (see status.clusters)", strings.Join(failed, ", ")))
+			}
 		}
 		body, err := json.Marshal(map[string]any{"status": status})
 		if err != nil {
@@ -338,7 +378,59 @@ func (c *Controller) current(gvr schema.GroupVersionResource, k translation.Obje
 	return st, u.GetResourceVersion(), true
 }
 
-func targetsJSON(ts []common.TargetStatus) []any {
+// Bounds on what an agent's ack may put into a user object's status.
+const (
+	maxApplyErrors   = 10
+	maxApplyErrorLen = 256
+)
+
+// applyStatus is where p's outputs are and whether each cluster's agent
+// applied them: Pending until the agent acks the version that carries them,
+// then Applied, or Failed naming each object it did not apply.
+func (c *Controller) applyStatus(p translation.Parent) []common.ClusterApplyStatus {
+	if c.acks == nil {
+		return nil
+	}
+	var out []common.ClusterApplyStatus
+	for _, cl := range slices.Sorted(maps.Keys(c.parentsIn)) {
+		keys := c.parentsIn[cl][p]
+		if len(keys) == 0 {
+			continue
+		}
+		st := common.ClusterApplyStatus{Cluster: cl, State: common.ApplyPending}
+		ack := c.acks.Ack(cl)
+		if ack != nil {
+			st.Version = int64(min(ack.GetVersion(), math.MaxInt64))
+		}
+		if ack != nil && ack.GetVersion() >= c.versions[cl] {
+			st.State = common.ApplyApplied
+			for _, r := range ack.GetResults() {
+				if o := r.GetOutcome(); o != "conflict" && o != "error" {
+					continue
+				}
+				key := strings.Join([]string{r.GetApiVersion(), r.GetKind(), r.GetNamespace(), r.GetName()}, "/")
+				if _, mine := slices.BinarySearch(keys, key); !mine {
+					continue
+				}
+				st.State = common.ApplyFailed
+				if len(st.Errors) < maxApplyErrors {
+					msg := fmt.Sprintf("%s %s/%s: %s", r.GetKind(), r.GetNamespace(), r.GetName(), r.GetOutcome())
+					if e := r.GetError(); e != "" {
+						msg += ": " + e
+					}
+					if len(msg) > maxApplyErrorLen {
+						msg = msg[:maxApplyErrorLen] + "…"
+					}
+					st.Errors = append(st.Errors, strings.ToValidUTF8(msg, ""))
+				}
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+func targetsJSON[T any](ts []T) []any {
 	b, _ := json.Marshal(ts)
 	var out []any
 	_ = json.Unmarshal(b, &out)

@@ -150,6 +150,18 @@ func (e *Engine) ClusterObjects(cluster string) []*relaypb.OutputObject {
 	return out
 }
 
+// ClusterParents maps each parent with objects in cluster to the sorted keys
+// (apiVersion/kind/namespace/name) of those objects.
+func (e *Engine) ClusterParents(cluster string) map[translation.Parent][]string {
+	out := map[translation.Parent][]string{}
+	for _, k := range slices.Sorted(maps.Keys(e.clusters[cluster])) {
+		for _, p := range e.clusters[cluster][k].eff.parents {
+			out[p] = append(out[p], k)
+		}
+	}
+	return out
+}
+
 // Objects decodes every object of the last translation, sorted like
 // Output.Objects (for tests and debugging; publishing uses ClusterObjects).
 func (e *Engine) Objects() []*translation.Object {

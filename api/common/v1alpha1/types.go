@@ -148,6 +148,43 @@ type Status struct {
 	// meant, e.g. a selector that matches nothing.
 	// +optional
 	Warnings []string `json:"warnings,omitempty"`
+	// Clusters says, for every cluster the object has outputs in, whether
+	// that cluster's agent applied them.
+	// +listType=map
+	// +listMapKey=cluster
+	// +kubebuilder:validation:MaxItems=1024
+	// +optional
+	Clusters []ClusterApplyStatus `json:"clusters,omitempty"`
+}
+
+// ApplyState says whether a cluster's agent applied an object's outputs.
+// +kubebuilder:validation:Enum=Pending;Applied;Failed
+type ApplyState string
+
+// Apply states.
+const (
+	// ApplyPending: the agent has not acknowledged the output version that
+	// carries the object's current outputs.
+	ApplyPending ApplyState = "Pending"
+	// ApplyApplied: the agent applied (or found unchanged) every output.
+	ApplyApplied ApplyState = "Applied"
+	// ApplyFailed: some output was not applied; the errors say which.
+	ApplyFailed ApplyState = "Failed"
+)
+
+// ClusterApplyStatus is the result of applying an object's outputs in one
+// cluster.
+type ClusterApplyStatus struct {
+	// Cluster is the registered cluster's name.
+	Cluster string `json:"cluster"`
+	// State of the outputs there.
+	State ApplyState `json:"state"`
+	// Version is the output set version the agent last acknowledged.
+	// +optional
+	Version int64 `json:"version,omitempty"`
+	// Errors name the outputs that were not applied, and why.
+	// +optional
+	Errors []string `json:"errors,omitempty"`
 }
 
 // TargetStatus is the verdict of a user object for one target (a Destination,
