@@ -3,6 +3,7 @@ package federation
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networkingv1 "istio.io/api/networking/v1"
@@ -42,12 +44,16 @@ type vdState struct {
 
 // backend is a Destination backing a VirtualDestination.
 type backend struct {
-	d       *discoveryv1alpha1.Destination
-	cluster string
-	region  string
-	port    uint32
-	suffix  string
-	errs    []string
+	d        *discoveryv1alpha1.Destination
+	cluster  string
+	region   string
+	port     uint32 // the backing Service's port
+	podPort  uint32 // the pods' port behind it (the Service port when unknown)
+	suffix   string
+	gateways []discoveryv1alpha1.GatewayInfo // usable east-west gateways of its mesh
+	root     string                          // its mesh's root namespace
+	remote   bool                            // some target mesh is in another cluster
+	errs     []string
 }
 
 func (b *backend) target() string {
@@ -64,22 +70,40 @@ func (b *backend) target() string {
 //     federation allocator (240.0.0.0/8; the addresses federated hosts get
 //     are reserved first so the two never share one), one port
 //     {spec.port.number, lower-case protocol, protocol (default HTTP)},
-//     MESH_INTERNAL, resolution DNS and one endpoint per backing Destination:
-//     its local hostname `<svc>.<ns>.svc.cluster.local` in its own cluster,
-//     else its federated hostname `<svc>.<ns>.svc.<cluster>.<suffix>` (the
-//     suffix of spec.virtualMesh; with spec.meshes, of the VirtualMesh the
-//     Destination's mesh belongs to; default "global"). The endpoint's port is
-//     the backing Service's port (spec.port.targetName looked up on the
-//     Destination, else targetNumber, else number), set only when it differs
-//     from spec.port.number. Its locality is the region of the Destination's
-//     mesh (Mesh spec.istio.installation.region); Destinations carry no
-//     region or zone, so when the mesh has none the cluster name stands in
-//     for the region. No zone is set.
+//     MESH_INTERNAL, resolution DNS, and endpoints: a backing Destination in
+//     the same cluster is its Service, `<svc>.<ns>.svc.cluster.local` (which
+//     kube-dns resolves) on the backing Service's port (spec.port.targetName
+//     looked up on the Destination, else targetNumber, else number); one in
+//     another cluster is each usable east-west gateway of its mesh, at the
+//     gateway's external address and TLS port. Federated hostnames are not
+//     used: Envoy resolves DNS endpoints itself, bypassing Istio's DNS proxy,
+//     so `*.global` names would not resolve. Every endpoint's locality is the
+//     region of the Destination's mesh (Mesh spec.istio.installation.region);
+//     Destinations carry no region or zone, so when the mesh has none the
+//     cluster name stands in for the region. No zone is set.
 //   - a DestinationRule for spec.hostname: outlierDetection (localized: from
 //     spec.localized.outlierDetection; unset fields and static failover use
 //     the defaults: 10 consecutive 5xx and gateway errors, 5s interval, 120s
 //     base ejection, 100% max ejection, so a whole failed locality can be
-//     ejected) and loadBalancer.localityLbSetting enabled.
+//     ejected), loadBalancer.localityLbSetting enabled, and ISTIO_MUTUAL
+//     with SNI `outbound_.<port>_._.<name>.<namespace>.vd.<suffix>` (the
+//     gateway host, below): an east-west gateway routes on that SNI, and a
+//     local backend's sidecar accepts Istio mTLS whatever the SNI.
+//
+// In every cluster with a backing Destination that a target mesh in another
+// cluster reaches, two more objects: a ServiceEntry named like the others in
+// the Destination's namespace for the gateway host
+// `<name>.<namespace>.vd.<suffix>` on spec.port.number (target port: the
+// pods' port behind the backing Service port), selecting the Destination's
+// pods, exported only to the gateways' namespaces; and the AUTO_PASSTHROUGH
+// Gateway for `*.<suffix>` on each usable east-west gateway (the object
+// VirtualMesh federation makes; the two merge). The gateway host is not
+// spec.hostname because in a cluster that is also a target, spec.hostname
+// names every backend, other clusters' gateways included, and a gateway
+// would forward there. Such a backing Destination needs a usable east-west
+// gateway and a pod selector, all of them one suffix, and a VirtualDestination
+// takes at most one Destination per cluster (a gateway routes the gateway host
+// to one Service).
 //
 // Failover. Localized: Istio's own locality order (same region first) with
 // one localityLbSetting.failover {from, to} per failoverDirective. Istio
@@ -242,12 +266,57 @@ func (s *vdState) validate(in *translation.Input, dests []*discoveryv1alpha1.Des
 	}
 	for _, b := range s.backend {
 		s.resolveBackend(in, b, vm, vms)
+	}
+	s.checkReachable()
+	for _, b := range s.backend {
 		for _, e := range b.errs {
 			if !slices.Contains(s.errs, e) {
 				s.errs = append(s.errs, e)
 			}
 		}
 	}
+}
+
+// checkReachable requires every backend that a target mesh in another
+// cluster must reach to have a usable east-west gateway and a pod selector,
+// and all of them to share one hostname suffix (the gateways route on one
+// SNI, under their AUTO_PASSTHROUGH server's `*.<suffix>`).
+func (s *vdState) checkReachable() {
+	suffixes := map[string]bool{}
+	for _, b := range s.backend {
+		for _, m := range s.meshes {
+			b.remote = b.remote || m.cluster != b.cluster
+		}
+		if !b.remote {
+			continue
+		}
+		suffixes[b.suffix] = true
+		if len(b.gateways) == 0 {
+			b.errs = append(b.errs, fmt.Sprintf("destination %s: its mesh has no usable east-west gateway, so meshes in other clusters cannot reach it", b.target()))
+		}
+		if len(b.d.Spec.KubeService.WorkloadSelectorLabels) == 0 {
+			b.errs = append(b.errs, fmt.Sprintf("destination %s has no pod selector, so its east-west gateway cannot reach its pods", b.target()))
+		}
+	}
+	if len(suffixes) > 1 {
+		s.fail("the destinations reached through east-west gateways belong to VirtualMeshes with different hostname suffixes (%s); one VirtualDestination needs one", strings.Join(slices.Sorted(maps.Keys(suffixes)), ", "))
+	}
+}
+
+// gatewayHost is the name the east-west gateways know the VirtualDestination
+// by: clients send it as SNI, and each backing cluster defines it for its
+// own pods only. It is not the hostname itself, which in a cluster that is
+// also a target names every backend, gateways included (a gateway would
+// forward to other clusters' gateways).
+func (s *vdState) gatewayHost() string {
+	suffix := DefaultHostnameSuffix
+	for _, b := range s.backend {
+		if b.remote {
+			suffix = b.suffix
+			break
+		}
+	}
+	return s.vd.Name + "." + s.vd.Namespace + ".vd." + suffix
 }
 
 // resolveMeshes fills s.meshes and returns the named VirtualMesh, if any.
@@ -324,7 +393,15 @@ func (s *vdState) resolveStatic(dests []*discoveryv1alpha1.Destination) {
 			s.missing = append(s.missing, name)
 			continue
 		}
-		s.backend = append(s.backend, &backend{d: found, cluster: ref.ClusterName})
+		b := &backend{d: found, cluster: ref.ClusterName}
+		for _, prev := range s.backend {
+			if prev.cluster == b.cluster {
+				msg := fmt.Sprintf("spec.static.destinations[%d]: destination %s is in cluster %s like %s; a VirtualDestination takes at most one destination per cluster (other clusters reach it through that cluster's east-west gateway, which can route the hostname to one Service only)", i, name, b.cluster, prev.target())
+				prev.errs = append(prev.errs, msg)
+				b.errs = append(b.errs, msg)
+			}
+		}
+		s.backend = append(s.backend, b)
 	}
 	if len(s.vd.Spec.Static.Destinations) == 0 {
 		s.fail("spec.static.destinations is empty")
@@ -406,6 +483,7 @@ func (s *vdState) resolveBackend(in *translation.Input, b *backend, vm *networki
 	b.region = b.cluster
 	if m := in.MeshOf(common.ObjectRef{Name: b.d.Spec.Mesh.Name, Namespace: cmp.Or(b.d.Spec.Mesh.Namespace, b.d.Namespace)}); m != nil && m.Spec.Istio != nil {
 		b.region = cmp.Or(m.Spec.Istio.Installation.Region, b.cluster)
+		b.gateways, b.root = usableGateways(m.Spec.Istio), m.Spec.Istio.Installation.Namespace
 	}
 	if vm != nil {
 		if !slices.ContainsFunc(vm.Spec.Meshes, func(r common.ObjectRef) bool { return cmp.Or(r.Namespace, vm.Namespace)+"/"+r.Name == meshKey }) {
@@ -437,6 +515,12 @@ func (s *vdState) resolveBackend(in *translation.Input, b *backend, vm *networki
 	default:
 		b.port = uint32(p.Number)
 	}
+	b.podPort = b.port
+	for _, sp := range servicePorts(b.d) {
+		if sp.number == b.port && sp.target > 0 {
+			b.podPort = sp.target
+		}
+	}
 }
 
 // reportTargets records each backing Destination's verdict.
@@ -460,17 +544,50 @@ func (s *vdState) translate(alloc *allocator, out *translation.Output) {
 	spec := s.vd.Spec
 	name := objectName(vdNamePrefix, s.vd.Name, s.vd.Namespace)
 	addr := alloc.address(spec.Hostname)
-	dr := s.destinationRule()
-	for _, m := range s.meshes {
-		for _, err := range []error{
-			out.Add(m.cluster, apiNetworking, "ServiceEntry", m.root, name, s.serviceEntry(addr, m.cluster), s.parent),
-			out.Add(m.cluster, apiNetworking, "DestinationRule", m.root, name, dr, s.parent),
-		} {
-			if err != nil {
-				s.errs = append(s.errs, err.Error())
-			}
+	gwHost := s.gatewayHost()
+	dr := s.destinationRule(gwHost)
+	add := func(cluster, kind, namespace, name string, spec proto.Message) {
+		if err := out.Add(cluster, apiNetworking, kind, namespace, name, spec, s.parent); err != nil {
+			s.errs = append(s.errs, err.Error())
 		}
 	}
+	for _, m := range s.meshes {
+		add(m.cluster, "ServiceEntry", m.root, name, s.serviceEntry(addr, m.cluster))
+		add(m.cluster, "DestinationRule", m.root, name, dr)
+	}
+	// Each backing cluster that others reach through its east-west gateway
+	// defines the gateway host for its own pods, and opens its gateways to
+	// the suffix (the same Gateway VirtualMesh federation makes).
+	for _, b := range s.backend {
+		if !b.remote {
+			continue
+		}
+		ref := b.d.Spec.KubeService.Ref
+		add(b.cluster, "ServiceEntry", ref.Namespace, name, s.gatewayServiceEntry(gwHost, b))
+		for _, gw := range b.gateways {
+			add(b.cluster, "Gateway", b.root, passthroughGatewayName(gw), passthroughGateway(gw, b.suffix))
+		}
+	}
+}
+
+// gatewayServiceEntry defines the gateway host in b's cluster: b's pods,
+// visible to the east-west gateways only.
+func (s *vdState) gatewayServiceEntry(host string, b *backend) *networkingv1.ServiceEntry {
+	proto := vdProtocol(s.vd.Spec.Port)
+	se := &networkingv1.ServiceEntry{
+		Hosts:            []string{host},
+		Ports:            []*networkingv1.ServicePort{{Number: uint32(s.vd.Spec.Port.Number), Name: strings.ToLower(proto), Protocol: proto, TargetPort: b.podPort}},
+		Location:         networkingv1.ServiceEntry_MESH_INTERNAL,
+		Resolution:       networkingv1.ServiceEntry_STATIC,
+		WorkloadSelector: &networkingv1.WorkloadSelector{Labels: b.d.Spec.KubeService.WorkloadSelectorLabels},
+	}
+	for _, g := range b.gateways {
+		if ns := cmp.Or(g.Namespace, b.root); !slices.Contains(se.ExportTo, ns) {
+			se.ExportTo = append(se.ExportTo, ns)
+		}
+	}
+	slices.Sort(se.ExportTo)
+	return se
 }
 
 func vdProtocol(p networkingv1alpha1.VirtualDestinationPort) string {
@@ -491,32 +608,39 @@ func (s *vdState) serviceEntry(addr, cluster string) *networkingv1.ServiceEntry 
 	}
 	static := spec.Static != nil
 	for i, b := range s.backend {
-		host := translation.FederatedHostname(b.d, b.suffix)
+		// Its own cluster reaches a backend by its Service (kube-dns
+		// resolves it); other clusters at its east-west gateways.
+		var wes []*networkingv1.WorkloadEntry
 		if b.cluster == cluster {
-			host = translation.LocalHostname(b.d, "")
-		}
-		we := &networkingv1.WorkloadEntry{Address: host, Locality: b.region}
-		if b.port != port.Number {
-			we.Ports = map[string]uint32{port.Name: b.port}
-		}
-		if static {
-			// The i-th (0-based) of n carries labels 1..n-1-i.
-			for k := 1; k <= len(s.backend)-1-i; k++ {
-				if we.Labels == nil {
-					we.Labels = map[string]string{}
-				}
-				we.Labels[failoverLabel(k)] = "true"
+			wes = append(wes, &networkingv1.WorkloadEntry{Address: translation.LocalHostname(b.d, ""), Ports: map[string]uint32{port.Name: b.port}})
+		} else {
+			for _, gw := range b.gateways {
+				wes = append(wes, &networkingv1.WorkloadEntry{Address: gw.ExternalAddress, Ports: map[string]uint32{port.Name: uint32(gw.TLSPort)}})
 			}
 		}
-		se.Endpoints = append(se.Endpoints, we)
+		for _, we := range wes {
+			we.Locality = b.region
+			if static {
+				// The i-th (0-based) of n carries labels 1..n-1-i.
+				for k := 1; k <= len(s.backend)-1-i; k++ {
+					if we.Labels == nil {
+						we.Labels = map[string]string{}
+					}
+					we.Labels[failoverLabel(k)] = "true"
+				}
+			}
+			se.Endpoints = append(se.Endpoints, we)
+		}
 	}
 	return se
 }
 
 func failoverLabel(k int) string { return failoverLabelPrefix + strconv.Itoa(k) }
 
-// destinationRule is the outlier detection and failover of the hostname.
-func (s *vdState) destinationRule() *networkingv1.DestinationRule {
+// destinationRule is the outlier detection and failover of the hostname,
+// and Istio mTLS with the gateway host's SNI: an east-west gateway routes on
+// it, and a backend's own sidecar accepts mTLS whatever the SNI.
+func (s *vdState) destinationRule(gwHost string) *networkingv1.DestinationRule {
 	spec := s.vd.Spec
 	od := &networkingv1.OutlierDetection{
 		Consecutive_5XxErrors:    wrapperspb.UInt32(defaultConsecutiveErrors),
@@ -555,6 +679,8 @@ func (s *vdState) destinationRule() *networkingv1.DestinationRule {
 		TrafficPolicy: &networkingv1.TrafficPolicy{
 			OutlierDetection: od,
 			LoadBalancer:     &networkingv1.LoadBalancerSettings{LocalityLbSetting: lb},
+			Tls: &networkingv1.ClientTLSSettings{Mode: networkingv1.ClientTLSSettings_ISTIO_MUTUAL,
+				Sni: fmt.Sprintf("outbound_.%d_._.%s", spec.Port.Number, gwHost)},
 		},
 	}
 }

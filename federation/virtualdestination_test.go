@@ -123,8 +123,9 @@ func localizedVD(name string, directives ...networkingv1alpha1.FailoverDirective
 func TestVirtualDestinationInvalid(t *testing.T) {
 	http := discoveryv1alpha1.ServicePort{Port: 9080, Name: "http"}
 	base := translation.Input{
-		Meshes:       []discoveryv1alpha1.Mesh{istioMesh("m1", "c1"), istioMesh("m2", "c2")},
-		Destinations: []discoveryv1alpha1.Destination{destination("reviews", "c1", "m1", http), destination("reviews", "c2", "m2", http)},
+		Meshes: []discoveryv1alpha1.Mesh{istioMesh("m1", "c1", eastWest), istioMesh("m2", "c2", eastWest), istioMesh("m3", "c3")},
+		Destinations: []discoveryv1alpha1.Destination{destination("reviews", "c1", "m1", http), destination("reviews", "c2", "m2", http),
+			inNamespace(destination("reviews", "c3", "m3", http), "other"), inNamespace(destination("ratings", "c1", "m1", http), "other")},
 	}
 	loc := func(region, zone string) networkingv1alpha1.Locality {
 		return networkingv1alpha1.Locality{Region: region, Zone: zone}
@@ -139,6 +140,13 @@ func TestVirtualDestinationInvalid(t *testing.T) {
 	both.Spec.VirtualMesh = &common.ObjectRef{Name: "vm"}
 	noVM := localizedVD("vd")
 	noVM.Spec.Meshes, noVM.Spec.VirtualMesh = nil, &common.ObjectRef{Name: "vm"}
+	static := func(refs ...common.ClusterObjectRef) networkingv1alpha1.VirtualDestination {
+		vd := localizedVD("vd")
+		vd.Spec.Localized, vd.Spec.Static = nil, &networkingv1alpha1.StaticFailover{Destinations: refs}
+		return vd
+	}
+	noGateway := static(common.ClusterObjectRef{Name: "reviews", Namespace: "bookinfo", ClusterName: "c1"}, common.ClusterObjectRef{Name: "reviews", Namespace: "other", ClusterName: "c3"})
+	twoInOne := static(common.ClusterObjectRef{Name: "reviews", Namespace: "bookinfo", ClusterName: "c1"}, common.ClusterObjectRef{Name: "ratings", Namespace: "other", ClusterName: "c1"})
 	for _, tc := range []struct {
 		name string
 		vds  []networkingv1alpha1.VirtualDestination
@@ -163,6 +171,10 @@ func TestVirtualDestinationInvalid(t *testing.T) {
 			errs: []string{"spec.virtualMesh and spec.meshes are both set; set one"}},
 		{name: "missing virtualMesh", vds: []networkingv1alpha1.VirtualDestination{noVM},
 			errs: []string{"spec.virtualMesh: VirtualMesh relaymesh/vm not found"}},
+		{name: "no east-west gateway", vds: []networkingv1alpha1.VirtualDestination{noGateway},
+			errs: []string{"destination reviews-other-c3: its mesh has no usable east-west gateway, so meshes in other clusters cannot reach it"}},
+		{name: "two in one cluster", vds: []networkingv1alpha1.VirtualDestination{twoInOne},
+			errs: []string{"spec.static.destinations[1]: destination ratings-other-c1 is in cluster c1 like reviews-bookinfo-c1; a VirtualDestination takes at most one destination per cluster (other clusters reach it through that cluster's east-west gateway, which can route the hostname to one Service only)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := base
@@ -183,4 +195,10 @@ func TestVirtualDestinationInvalid(t *testing.T) {
 			}
 		})
 	}
+}
+
+func inNamespace(d discoveryv1alpha1.Destination, ns string) discoveryv1alpha1.Destination {
+	d.Spec.KubeService.Ref.Namespace = ns
+	d.Name = d.Spec.KubeService.Ref.Name + "-" + ns + "-" + d.Spec.KubeService.Ref.ClusterName
+	return d
 }
