@@ -58,6 +58,7 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 	sources := make([]accessSources, len(policies))
 	for i, p := range policies {
 		sources[i] = resolveSources(in, p.Spec.SourceSelector)
+		r.Workloads(accessKey(p), sources[i].workloads...)
 	}
 	for _, d := range translation.SortedDestinations(in.Destinations) {
 		ks := d.Spec.KubeService
@@ -105,6 +106,7 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 type accessSources struct {
 	principals []string // sorted, unique
 	skipped    []string // workloads that could not be named, sorted
+	workloads  []string // the Workloads selected
 }
 
 // MatchAccessSource reports whether an AccessPolicy's sourceSelector sels
@@ -117,12 +119,13 @@ func MatchAccessSource(sels []common.IdentitySelector, w *discoveryv1alpha1.Work
 
 func resolveSources(in *translation.Input, sels []common.IdentitySelector) accessSources {
 	set := map[string]bool{}
-	var skipped []string
+	var skipped, workloads []string
 	for i := range in.Workloads {
 		w := &in.Workloads[i]
 		if !MatchAccessSource(sels, w) {
 			continue
 		}
+		workloads = append(workloads, w.Name)
 		k := w.Spec.Kubernetes
 		sa := cmp.Or(k.ServiceAccountName, defaultServiceAccount)
 		mesh := in.MeshOf(w.Spec.Mesh)
@@ -138,7 +141,7 @@ func resolveSources(in *translation.Input, sels []common.IdentitySelector) acces
 	}
 	slices.Sort(principals)
 	slices.Sort(skipped)
-	return accessSources{principals: principals, skipped: slices.Compact(skipped)}
+	return accessSources{principals: principals, skipped: slices.Compact(skipped), workloads: workloads}
 }
 
 func accessRule(p *networkingv1alpha1.AccessPolicy, principals []string) *securityv1.Rule {

@@ -94,7 +94,9 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 			}
 			continue
 		}
-		tp := &trafficPolicy{p: p, clusters: sourceClusters(in, p.Spec.SourceSelector), routes: routeKeys(p)}
+		clusters, workloads := sourceClusters(in, p.Spec.SourceSelector)
+		r.Workloads(key, workloads...)
+		tp := &trafficPolicy{p: p, clusters: clusters, routes: routeKeys(p)}
 		if err := remoteSubset(p, tp.clusters); err != "" {
 			r.Invalid(key, p.Generation, "%s", err)
 			continue
@@ -328,15 +330,17 @@ func remoteSubset(p *networkingv1alpha1.TrafficPolicy, sources map[string]bool) 
 }
 
 // sourceClusters are the clusters of the workloads sels selects.
-func sourceClusters(in *translation.Input, sels []common.WorkloadSelector) map[string]bool {
+func sourceClusters(in *translation.Input, sels []common.WorkloadSelector) (map[string]bool, []string) {
 	out := map[string]bool{}
+	var names []string
 	for i := range in.Workloads {
 		w := &in.Workloads[i]
 		if c := w.Spec.Kubernetes.Controller.ClusterName; c != "" && translation.MatchWorkload(sels, w) {
 			out[c] = true
+			names = append(names, w.Name)
 		}
 	}
-	return out
+	return out, names
 }
 
 type trafficBuilder struct {

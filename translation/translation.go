@@ -228,13 +228,14 @@ type ObjectKey struct{ Kind, Namespace, Name string }
 
 // Report is the status translation gives each user object.
 type Report struct {
-	statuses map[ObjectKey]*common.Status
-	targets  map[ObjectKey][]common.TargetStatus
+	statuses  map[ObjectKey]*common.Status
+	targets   map[ObjectKey][]common.TargetStatus
+	workloads map[ObjectKey]map[string]bool
 }
 
 // NewReport returns an empty report.
 func NewReport() *Report {
-	return &Report{statuses: map[ObjectKey]*common.Status{}, targets: map[ObjectKey][]common.TargetStatus{}}
+	return &Report{statuses: map[ObjectKey]*common.Status{}, targets: map[ObjectKey][]common.TargetStatus{}, workloads: map[ObjectKey]map[string]bool{}}
 }
 
 // Accept marks an object Accepted (unless it is already Invalid).
@@ -266,6 +267,31 @@ func (r *Report) WarnUntargeted(kinds ...string) {
 			st.Warnings = append(st.Warnings, "destinationSelector matches no Destination: the policy has no effect")
 		}
 	}
+}
+
+// MaxWorkloads is how many source workloads a status lists; the rest are
+// counted.
+const MaxWorkloads = 64
+
+// Workloads records source workloads (discovered Workload names) a policy
+// selects; recording one twice is harmless.
+func (r *Report) Workloads(k ObjectKey, names ...string) {
+	if r.workloads[k] == nil {
+		r.workloads[k] = map[string]bool{}
+	}
+	for _, n := range names {
+		r.workloads[k][n] = true
+	}
+}
+
+// SourceWorkloads returns the source workloads of k, sorted, at most
+// MaxWorkloads of them followed by "… and N more".
+func (r *Report) SourceWorkloads(k ObjectKey) []string {
+	names := slices.Sorted(maps.Keys(r.workloads[k]))
+	if len(names) > MaxWorkloads {
+		names = append(names[:MaxWorkloads], fmt.Sprintf("… and %d more", len(names)-MaxWorkloads))
+	}
+	return names
 }
 
 // Target records the verdict for one target (a Destination, a Mesh).
@@ -316,6 +342,9 @@ func (r *Report) Merge(other *Report) {
 	}
 	for k, ts := range other.targets {
 		r.targets[k] = append(r.targets[k], ts...)
+	}
+	for k, ws := range other.workloads {
+		r.Workloads(k, slices.Collect(maps.Keys(ws))...)
 	}
 }
 

@@ -145,6 +145,14 @@ func TestTranslation(t *testing.T) {
 		state, clusters := applied(apolGVR, "to-productpage")
 		return state == "Failed" && strings.Contains(fmt.Sprint(clusters), "AuthorizationPolicy bookinfo/relaymesh-productpage: conflict"), state + fmt.Sprint(clusters)
 	})
+	tp, err := mgmtDyn.Resource(tpGVR).Namespace("relaymesh").Get(ctx, "reviews-shift", metav1.GetOptions{})
+	require.NoError(t, err)
+	workloads, _, _ := unstructured.NestedStringSlice(tp.Object, "status", "workloads")
+	require.NotEmpty(t, workloads, "status.workloads lists the policy's source workloads")
+	require.Contains(t, strings.Join(workloads, ","), "productpage")
+	for _, w := range workloads {
+		require.Contains(t, w, "cluster-1", "reviews-shift's sources are the workloads of cluster-1")
+	}
 	cur, err := apGVRList.Get(ctx, "relaymesh-productpage", metav1.GetOptions{})
 	require.NoError(t, err)
 	require.Empty(t, cur.GetLabels(), "the foreign object was left as it was")

@@ -326,6 +326,12 @@ func (c *Controller) writeStatus(ctx context.Context, r *translation.Report) {
 		} else {
 			status[field] = nil
 		}
+		if k.Kind == "TrafficPolicy" || k.Kind == "AccessPolicy" {
+			status["workloads"] = nil
+			if ws := r.SourceWorkloads(k); len(ws) > 0 {
+				status["workloads"] = ws
+			}
+		}
 		status["clusters"] = nil
 		if applied := c.applyStatus(translation.Parent(k)); len(applied) > 0 {
 			status["clusters"] = targetsJSON(applied)

@@ -41,6 +41,7 @@ func requireSameAsFull(t *testing.T, e *controller.Engine, r *translation.Report
 		gs, gt, _ := r.Status(k)
 		require.Equal(t, ws, gs, "%s: status of %v", step, k)
 		require.Equal(t, wt, gt, "%s: targets of %v", step, k)
+		require.Equal(t, want.SourceWorkloads(k), r.SourceWorkloads(k), "%s: workloads of %v", step, k)
 	}
 }
 

@@ -357,12 +357,19 @@ func (e *Engine) accessUnits(c *cycle, invalid map[string]bool, run runFunc) {
 	if len(idle) > 0 {
 		h := sha256.New()
 		for _, pk := range idle {
-			writeKV(h, pk, c.vers[pk])
+			writeKV(h, pk, c.vers[pk]+"/"+sourceDeps(pk))
 		}
 		run("access-idle", hex.EncodeToString(h.Sum(nil)), func() *unit {
-			sub := &translation.Input{}
+			// No Destination: only the policies' statuses (and the
+			// workloads their sources select).
+			sub := &translation.Input{Meshes: c.in.Meshes}
+			works := map[string]bool{}
 			for _, pk := range idle {
 				sub.AccessPolicies = append(sub.AccessPolicies, *c.aps[pk])
+				maps.Copy(works, e.apWork.fwd[pk])
+			}
+			for _, wk := range slices.Sorted(maps.Keys(works)) {
+				sub.Workloads = append(sub.Workloads, *c.works[wk])
 			}
 			out, r := translation.NewOutput(), translation.NewReport()
 			policy.TranslateAccess(sub, out, r)

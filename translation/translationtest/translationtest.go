@@ -77,6 +77,9 @@ func RenderReport(t testing.TB, r *translation.Report) []byte {
 		if len(targets) > 0 {
 			entry["targets"] = targets
 		}
+		if ws := r.SourceWorkloads(k); len(ws) > 0 {
+			entry["workloads"] = ws
+		}
 		list = append(list, entry)
 	}
 	y, err := yaml.Marshal(list)
