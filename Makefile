@@ -17,7 +17,7 @@ demo: tools ## run the main job end to end on local clusters (DEMO_EXIT=1: exit 
 test: tools ## run every test, with -race, including integration tests on real kube-apiservers
 	go test $(GO_TEST_FLAGS) ./...
 
-tools: ## build pinned kube-apiserver, etcd, kubectl, istioctl, pilot-discovery, controller-gen, staticcheck
+tools: ## build pinned kube-apiserver, etcd, kubectl, istioctl, pilot-discovery, controller-gen, staticcheck, cfssl, step-ca
 	hack/tools.sh
 
 gen: ## regenerate deepcopy functions, CRD manifests (api/) and protobuf code (relay/proto)
@@ -36,6 +36,7 @@ verify: gen ## gofmt, go vet, staticcheck, go.mod tidy, generated code up to dat
 	cd tools && go mod tidy -diff
 	cd tools/istio && go mod tidy -diff
 	cd tools/proto && go mod tidy -diff
+	cd tools/pki && go mod tidy -diff
 	@if [ -n "$$(git status --porcelain -- api relay/proto)" ]; then echo "generated code is stale; run make gen and commit:"; git status --porcelain -- api relay/proto; exit 1; fi
 
 bench: tools ## run every benchmark once (numbers go to docs/benchmarks.md)

@@ -112,11 +112,13 @@ func (c Config) Validate() error {
 // template from scratch, has the signer sign it and validates the result
 // before returning it. It is safe for concurrent use.
 type Authority struct {
-	cfg Config
+	cfg    Config
+	leeway Leeway
 }
 
-// New returns an Authority. It applies cfg.Default, validates the config
-// and checks that the signer's chain verifies to its roots now.
+// New returns an Authority. It applies cfg.Default, validates the config,
+// checks that the signer's chain verifies to its roots now and that its
+// Leeway, if it has one, is within bounds.
 func New(cfg Config) (*Authority, error) {
 	cfg = cfg.Default()
 	if err := cfg.Validate(); err != nil {
@@ -135,7 +137,11 @@ func New(cfg Config) (*Authority, error) {
 	if err := verifyCAChain(chain, roots, now); err != nil {
 		return nil, err
 	}
-	return &Authority{cfg: cfg}, nil
+	leeway := SignerLeeway(cfg.Signer)
+	if err := checkLeeway(leeway); err != nil {
+		return nil, err
+	}
+	return &Authority{cfg: cfg, leeway: leeway}, nil
 }
 
 // Roots are the trust anchors of the certificates this Authority issues.
@@ -178,7 +184,8 @@ func (i *Issued) RootsPEM() []byte { return encodeCertsPEM(i.Roots) }
 // is valid from now-Backdate (not before the issuing CA) to
 // now+AgentTTL, clamped to the earliest NotAfter in the signer's chain. Its
 // serial number is 128 random bits. The signed certificate is validated
-// against all of that, and must verify to the roots for clientAuth now.
+// against all of that, and must verify to the roots for clientAuth now. (A
+// signer with a Leeway may choose serial and validity within its bounds.)
 func (a *Authority) IssueAgent(ctx context.Context, csr *x509.CertificateRequest, id spiffeid.ID) (*Issued, error) {
 	return a.IssueAgentFor(ctx, csr, id, "")
 }
@@ -216,7 +223,7 @@ func (a *Authority) IssueAgentFor(ctx context.Context, csr *x509.CertificateRequ
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 		BasicConstraintsValid: true,
 	}
-	return a.issue(ctx, tmpl, csr.PublicKey, a.cfg.AgentTTL)
+	return a.issue(ctx, tmpl, csr.PublicKey, csr, a.cfg.AgentTTL)
 }
 
 // IssueServer issues the relay server's TLS certificate for pub, valid for
@@ -225,10 +232,42 @@ func (a *Authority) IssueAgentFor(ctx context.Context, csr *x509.CertificateRequ
 // key usage, and ServerTTL. DNS names must be plain host names (letters,
 // digits and hyphens in dot-separated labels, no wildcards); IP addresses
 // must not be unspecified; neither may repeat.
+//
+// A signer whose CA needs proof of possession (a RequestSigner) cannot sign
+// a bare public key: use IssueServerRequest; this fails with
+// ErrNeedsRequest.
 func (a *Authority) IssueServer(ctx context.Context, pub crypto.PublicKey, dnsNames []string, ips []net.IP) (*Issued, error) {
 	if err := checkPublicKey(pub); err != nil {
 		return nil, err
 	}
+	tmpl, err := serverTemplate(pub, dnsNames, ips)
+	if err != nil {
+		return nil, err
+	}
+	return a.issue(ctx, tmpl, pub, nil, a.cfg.ServerTTL)
+}
+
+// IssueServerRequest is IssueServer for the public key of csr, which is
+// checked as IssueAgent checks it; nothing else of the request is used.
+// It works with every signer, including those whose CA needs proof of
+// possession.
+func (a *Authority) IssueServerRequest(ctx context.Context, csr *x509.CertificateRequest, dnsNames []string, ips []net.IP) (*Issued, error) {
+	if csr == nil {
+		return nil, fmt.Errorf("%w: no certificate request", ErrInvalidCSR)
+	}
+	if err := checkCSR(csr); err != nil {
+		return nil, err
+	}
+	tmpl, err := serverTemplate(csr.PublicKey, dnsNames, ips)
+	if err != nil {
+		return nil, err
+	}
+	return a.issue(ctx, tmpl, csr.PublicKey, csr, a.cfg.ServerTTL)
+}
+
+// serverTemplate is the template of a server certificate for pub, or the
+// reason dnsNames and ips cannot be in one.
+func serverTemplate(pub crypto.PublicKey, dnsNames []string, ips []net.IP) (*x509.Certificate, error) {
 	if len(dnsNames) == 0 && len(ips) == 0 {
 		return nil, fmt.Errorf("%w: a server certificate needs at least one DNS name or IP address", ErrIssuance)
 	}
@@ -259,22 +298,26 @@ func (a *Authority) IssueServer(ctx context.Context, pub crypto.PublicKey, dnsNa
 		}
 		addrs = append(addrs, norm)
 	}
-	tmpl := &x509.Certificate{
+	return &x509.Certificate{
 		Subject:               pkix.Name{Organization: []string{subjectOrg}},
 		DNSNames:              slices.Clone(dnsNames),
 		IPAddresses:           addrs,
 		KeyUsage:              leafKeyUsage(pub),
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
-	}
-	return a.issue(ctx, tmpl, pub, a.cfg.ServerTTL)
+	}, nil
 }
 
 // issue completes tmpl (serial, validity), signs it and validates the
-// result.
-func (a *Authority) issue(ctx context.Context, tmpl *x509.Certificate, pub crypto.PublicKey, ttl time.Duration) (*Issued, error) {
+// result. csr, if not nil, is the checked request pub comes from: a
+// RequestSigner gets it as proof of possession, and cannot sign without it.
+func (a *Authority) issue(ctx context.Context, tmpl *x509.Certificate, pub crypto.PublicKey, csr *x509.CertificateRequest, ttl time.Duration) (*Issued, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrIssuance, err)
+	}
+	rs, needsRequest := a.cfg.Signer.(RequestSigner)
+	if needsRequest && csr == nil {
+		return nil, fmt.Errorf("%w: %w: issue from a certificate request", ErrIssuance, ErrNeedsRequest)
 	}
 	chain, roots := a.cfg.Signer.Chain(), a.cfg.Signer.Roots()
 	if len(chain) == 0 || len(roots) == 0 || slices.Contains(chain, nil) || slices.Contains(roots, nil) {
@@ -303,14 +346,19 @@ func (a *Authority) issue(ctx context.Context, tmpl *x509.Certificate, pub crypt
 	if !tmpl.NotAfter.After(now) {
 		return nil, fmt.Errorf("%w: the issuing CA expired at %s", ErrIssuance, tmpl.NotAfter.Format(time.RFC3339))
 	}
-	cert, err := a.cfg.Signer.Sign(ctx, tmpl, pub)
+	var cert *x509.Certificate
+	if needsRequest {
+		cert, err = rs.SignRequest(ctx, tmpl, csr)
+	} else {
+		cert, err = a.cfg.Signer.Sign(ctx, tmpl, pub)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: sign: %w", ErrIssuance, err)
 	}
 	if cert == nil {
 		return nil, fmt.Errorf("%w: the signer returned no certificate", ErrIssuance)
 	}
-	if err := checkIssued(cert, tmpl, pub, chain, roots, now); err != nil {
+	if err := checkIssued(cert, tmpl, pub, chain, roots, now, a.leeway); err != nil {
 		return nil, fmt.Errorf("%w: the signed certificate was rejected: %w", ErrIssuance, err)
 	}
 	return &Issued{Certificate: cert, Chain: chain, Roots: roots}, nil
@@ -327,10 +375,10 @@ var allowedLeafExtensions = []asn1.ObjectIdentifier{
 	oidExtensionAuthorityKeyID,
 }
 
-// checkIssued fails unless cert is exactly what tmpl asked for, for pub,
-// issued by chain[0], and verifies to roots at now for its extended key
-// usage.
-func checkIssued(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, roots []*x509.Certificate, now time.Time) error {
+// checkIssued fails unless cert is exactly what tmpl asked for (but for
+// what leeway lets the CA choose), for pub, issued by chain[0], and
+// verifies to roots at now for its extended key usage.
+func checkIssued(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, roots []*x509.Certificate, now time.Time, leeway Leeway) error {
 	var errs []error
 	mismatch := func(field string, got, want any) {
 		errs = append(errs, fmt.Errorf("%s is %v, want %v", field, got, want))
@@ -338,11 +386,7 @@ func checkIssued(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, root
 	if cert.Version != 3 {
 		mismatch("version", cert.Version, 3)
 	}
-	if cert.SerialNumber == nil || cert.SerialNumber.Cmp(tmpl.SerialNumber) != 0 {
-		mismatch("serial number", cert.SerialNumber, tmpl.SerialNumber)
-	} else if cert.SerialNumber.Sign() <= 0 || cert.SerialNumber.BitLen() < serialBits {
-		mismatch("serial number length", cert.SerialNumber.BitLen(), serialBits+1)
-	}
+	errs = append(errs, checkSerial(cert.SerialNumber, tmpl.SerialNumber, leeway)...)
 	if !keyutil.Equal(pub, cert.PublicKey) {
 		errs = append(errs, errors.New("public key differs from the requested one"))
 	}
@@ -352,12 +396,7 @@ func checkIssued(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, root
 	if string(cert.RawIssuer) != string(chain[0].RawSubject) {
 		mismatch("issuer", cert.Issuer, chain[0].Subject)
 	}
-	if !cert.NotBefore.Equal(tmpl.NotBefore) {
-		mismatch("notBefore", cert.NotBefore, tmpl.NotBefore)
-	}
-	if !cert.NotAfter.Equal(tmpl.NotAfter) {
-		mismatch("notAfter", cert.NotAfter, tmpl.NotAfter)
-	}
+	errs = append(errs, checkValidity(cert, tmpl, chain, leeway.Validity)...)
 	if !cert.BasicConstraintsValid || cert.IsCA {
 		errs = append(errs, errors.New("is a CA or lacks basic constraints"))
 	}
@@ -408,6 +447,58 @@ func checkIssued(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, root
 		return fmt.Errorf("does not verify: %w", err)
 	}
 	return nil
+}
+
+// checkSerial checks the serial number: tmpl's, or with leeway.Serial one
+// the CA picked that is positive, at least MinRemoteSerialBits long and at
+// most 20 octets.
+func checkSerial(got, want *big.Int, leeway Leeway) []error {
+	switch {
+	case got == nil:
+		return []error{errors.New("no serial number")}
+	case !leeway.Serial && got.Cmp(want) != 0:
+		return []error{fmt.Errorf("serial number is %v, want %v", got, want)}
+	case got.Sign() <= 0:
+		return []error{fmt.Errorf("serial number %v is not positive", got)}
+	case !leeway.Serial && got.BitLen() < serialBits:
+		return []error{fmt.Errorf("serial number is %d bits long, want %d", got.BitLen(), serialBits+1)}
+	case leeway.Serial && got.BitLen() < MinRemoteSerialBits:
+		return []error{fmt.Errorf("serial number chosen by the CA is %d bits long, want at least %d (sequential or short serials are refused)", got.BitLen(), MinRemoteSerialBits)}
+	case leeway.Serial && got.BitLen() > maxRemoteSerialBits:
+		return []error{fmt.Errorf("serial number chosen by the CA is %d bits long, more than 20 octets", got.BitLen())}
+	}
+	return nil
+}
+
+// checkValidity checks NotBefore and NotAfter: exactly tmpl's or, with a
+// leeway, each within leeway of tmpl's, yet never outside the validity of
+// the issuing chain (tmpl's NotAfter is already clamped to it).
+func checkValidity(cert, tmpl *x509.Certificate, chain []*x509.Certificate, leeway time.Duration) []error {
+	var errs []error
+	if leeway == 0 {
+		if !cert.NotBefore.Equal(tmpl.NotBefore) {
+			errs = append(errs, fmt.Errorf("notBefore is %v, want %v", cert.NotBefore, tmpl.NotBefore))
+		}
+		if !cert.NotAfter.Equal(tmpl.NotAfter) {
+			errs = append(errs, fmt.Errorf("notAfter is %v, want %v", cert.NotAfter, tmpl.NotAfter))
+		}
+		return errs
+	}
+	if d := cert.NotBefore.Sub(tmpl.NotBefore); d < -leeway || d > leeway {
+		errs = append(errs, fmt.Errorf("notBefore is %v, more than %v from the requested %v (do the CA's clock and ours agree?)", cert.NotBefore, leeway, tmpl.NotBefore))
+	}
+	if d := cert.NotAfter.Sub(tmpl.NotAfter); d < -leeway || d > leeway {
+		errs = append(errs, fmt.Errorf("notAfter is %v, more than %v from the requested %v (does the CA's profile issue for the configured lifetime?)", cert.NotAfter, leeway, tmpl.NotAfter))
+	}
+	if cert.NotBefore.Before(chain[0].NotBefore) {
+		errs = append(errs, fmt.Errorf("notBefore %v is before the issuing CA's %v", cert.NotBefore, chain[0].NotBefore))
+	}
+	for _, c := range chain {
+		if cert.NotAfter.After(c.NotAfter) {
+			errs = append(errs, fmt.Errorf("notAfter %v outlives %s, which ends %v", cert.NotAfter, describe(c), c.NotAfter))
+		}
+	}
+	return errs
 }
 
 // countGeneralNames counts the entries of a SubjectAltName extension value.

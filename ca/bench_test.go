@@ -68,3 +68,32 @@ func BenchmarkRawCreateCertificate(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "certs/s")
 }
+
+// BenchmarkSignParallel is the in-memory baseline of the signer back ends'
+// BenchmarkSign (ca/hsm, ca/cfsslca, ca/stepca): IssueAgent from parallel
+// callers with a parsed CSR, CA and agent keys ECDSA P-256.
+func BenchmarkSignParallel(b *testing.B) {
+	s, err := newRelayCA(b, ca.GenerateConfig{}).Signer(time.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := ca.New(ca.Config{Signer: s})
+	if err != nil {
+		b.Fatal(err)
+	}
+	csr, err := ca.ParseCSR(catest.NewCSR(b, catest.NewKey(b, catest.ECDSAP256), nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := a.IssueAgent(context.Background(), csr, catest.AgentID); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "certs/s")
+}

@@ -8,26 +8,36 @@
 //     the server. Nothing but the public key is taken from the agent's CSR;
 //     requested SANs are ignored and a CSR that asks to become a CA is
 //     rejected.
-//   - the relay server's TLS certificate ([Authority.IssueServer]):
-//     serverAuth only, for DNS names and IP addresses the caller names.
+//   - the relay server's TLS certificate ([Authority.IssueServer], or
+//     [Authority.IssueServerRequest] from a certificate request): serverAuth
+//     only, for DNS names and IP addresses the caller names.
 //
 // Every issuance is template → sign → validate the result: the template is
 // built from scratch, the signer signs it, and the returned certificate is
 // checked against what was asked for (chain, usage, names, key, serial,
 // validity) before anyone sees it. Any difference fails closed.
 //
-// Signer back ends:
+// Signer back ends (package backend builds one from configuration):
 //
 //   - generated: [GenerateRelayCA] makes a self-signed root and an issuing
 //     intermediate; [LoadOrCreateRelayCA] keeps them in the management
 //     cluster in the secrets [RootSecretName] and [SigningSecretName].
-//   - provided: [NewKeySigner], [ParseSignerPEM] and [LoadSignerFiles] take
-//     an enterprise CA certificate, its intermediates, its key and the roots
-//     it chains to.
+//   - provided ("secret"): [NewKeySigner], [ParseSignerPEM] and
+//     [LoadSignerFiles] take an enterprise CA certificate, its
+//     intermediates, its key and the roots it chains to.
+//   - pkcs11 (package hsm): a provided CA whose key stays in an HSM.
+//   - cfssl and step-ca (packages cfsslca and stepca): remote CAs.
 //
-// Every back end passes the conformance suite in package catest.
+// Every back end passes the conformance suite in package catest. Remote
+// CAs need proof of possession and pick some fields themselves; they say so
+// through two optional interfaces, [RequestSigner] (the Authority passes the
+// checked certificate request along, and refuses to issue for a bare public
+// key) and [LeewaySigner] (the serial number, and the validity within at
+// most [MaxValidityLeeway], may be the CA's choice; every other field must
+// still be exactly the template's).
 //
 // Errors wrap the sentinels [ErrInvalidCSR], [ErrKeyPolicy],
-// [ErrInvalidSigner] and [ErrIssuance]; messages never contain key material.
+// [ErrInvalidSigner] and [ErrIssuance] (and [ErrNeedsRequest]); messages
+// never contain key material or credentials.
 // Time and randomness are injected through the Config structs.
 package ca

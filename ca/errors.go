@@ -3,7 +3,8 @@ package ca
 import "errors"
 
 // Sentinel errors. Every error returned by this package that is caused by
-// its input or by a signer wraps exactly one of them; test with errors.Is.
+// its input or by a signer wraps exactly one of the first four; test with
+// errors.Is. ErrNeedsRequest comes with ErrIssuance.
 var (
 	// ErrInvalidCSR: the certificate request is malformed, oversized, not
 	// self-signed by its key, or asks for something an agent may not have
@@ -18,4 +19,8 @@ var (
 	// ErrIssuance: a certificate could not be issued, or the signer
 	// returned one that differs from what was asked for.
 	ErrIssuance = errors.New("certificate issuance failed")
+	// ErrNeedsRequest: the signer's CA wants proof of possession (see
+	// RequestSigner), and only a bare public key was given. Issue from a
+	// certificate request instead (IssueAgent, IssueServerRequest).
+	ErrNeedsRequest = errors.New("the certificate authority needs a certificate request signed by the subject key")
 )

@@ -27,9 +27,15 @@ import (
 //     basic constraints, with Chain()[0] as issuer and signed by its key. It
 //     MAY add authority and subject key identifiers. It MUST NOT add, drop or
 //     change anything else; the Authority rejects a certificate that differs.
+//     The only exception is a Signer that implements LeewaySigner: its CA
+//     MAY choose what its Leeway names (the serial number; the validity
+//     within bounds), and nothing else.
 //   - Sign MUST NOT modify tmpl, and MUST be safe for concurrent use.
 //   - Sign MUST return an error and no certificate when ctx is done or when
 //     it cannot sign.
+//   - A Signer whose CA insists on proof of possession (every remote CA)
+//     MUST implement RequestSigner, and its Sign MUST fail with an error
+//     wrapping ErrNeedsRequest rather than sign without it.
 //   - Chain MUST NOT be empty. Chain()[0] is the issuing CA certificate and
 //     each following certificate issued the one before it, up to but not
 //     including a root (a self-signed CA that signs directly is both
@@ -37,7 +43,9 @@ import (
 //   - Roots MUST NOT be empty, and Chain MUST verify to one of them.
 //   - Chain and Roots MUST return new slices the caller may modify; nobody
 //     may modify the certificates they point to.
-//   - A Signer MUST NOT reveal its private key in any result, error or log.
+//   - A Signer MUST NOT reveal its private key, or any credential it uses to
+//     reach its CA (PIN, password, authentication key), in any result,
+//     error or log.
 type Signer interface {
 	// Sign creates a certificate from tmpl for pub, signed by the CA key,
 	// and returns the parsed certificate.
@@ -47,6 +55,85 @@ type Signer interface {
 	Chain() []*x509.Certificate
 	// Roots are the trust anchors clients should pin.
 	Roots() []*x509.Certificate
+}
+
+// RequestSigner is an optional interface of a Signer whose certificate
+// authority wants proof that the subject holds its private key: a
+// certificate request signed with it. Remote CAs (cfssl, step-ca) refuse to
+// sign a bare public key. The Authority calls SignRequest instead of Sign
+// whenever it issues from a certificate request, and refuses to issue for a
+// bare public key (ErrNeedsRequest).
+type RequestSigner interface {
+	// SignRequest is Sign for csr.PublicKey. csr has passed the Authority's
+	// checks (key policy, signature) and serves as proof of possession
+	// only: SignRequest MUST keep the Signer contract for tmpl, so nothing
+	// of csr but its public key may reach the certificate.
+	SignRequest(ctx context.Context, tmpl *x509.Certificate, csr *x509.CertificateRequest) (*x509.Certificate, error)
+}
+
+// Bounds of a Leeway, checked by New.
+const (
+	// MinRemoteSerialBits is the shortest serial number the Authority
+	// accepts from a CA that picks its own (Leeway.Serial). It rules out
+	// sequential and short serials; it cannot measure entropy. step-ca
+	// draws serials uniformly below 2^128, which are shorter than 96 bits
+	// once in 2^32 issuances (that issuance fails closed); cfssl draws 159
+	// random bits.
+	MinRemoteSerialBits = 96
+	// maxRemoteSerialBits: RFC 5280 allows at most 20 octets, and a
+	// positive INTEGER of 20 octets has at most 159 significant bits.
+	maxRemoteSerialBits = 159
+	// MaxValidityLeeway bounds Leeway.Validity: as much as the Authority
+	// may backdate itself.
+	MaxValidityLeeway = maxBackdate
+)
+
+// Leeway is what a Signer's certificate authority decides itself instead of
+// copying it from the template. The zero Leeway allows nothing: the
+// certificate must be exactly the template.
+//
+// A Leeway only ever relaxes these two fields, and only within bounds.
+// Subject, subject alternative names, key usage, extended key usage, basic
+// constraints, public key, issuer and the set of extensions (only the
+// template's plus key identifiers) must still match exactly.
+type Leeway struct {
+	// Serial: the CA picks the serial number. The Authority then requires a
+	// positive serial of MinRemoteSerialBits to 159 bits (at most 20
+	// octets) instead of the template's.
+	Serial bool
+	// Validity: the CA sets NotBefore and NotAfter from its own clock and
+	// profile. Each may differ from the template's by up to Validity
+	// either way (rounding, backdating and clock skew of the CA), but
+	// NotBefore never precedes the issuing CA's and NotAfter never
+	// outlives any certificate of the chain. Zero means exact; at most
+	// MaxValidityLeeway.
+	Validity time.Duration
+}
+
+// LeewaySigner is an optional interface of a Signer whose certificate
+// authority decides some fields itself (a remote CA that picks its own
+// serial numbers or validity). The Authority validates every certificate
+// from it with Leeway, and New refuses a Leeway beyond its bounds.
+type LeewaySigner interface {
+	// Leeway MUST return the same value for the life of the Signer.
+	Leeway() Leeway
+}
+
+// checkLeeway reports a Leeway beyond its bounds.
+func checkLeeway(l Leeway) error {
+	if l.Validity < 0 || l.Validity > MaxValidityLeeway {
+		return fmt.Errorf("%w: validity leeway %v is outside [0s, %v]", ErrInvalidSigner, l.Validity, MaxValidityLeeway)
+	}
+	return nil
+}
+
+// SignerLeeway returns the Leeway of s: none unless s implements
+// LeewaySigner.
+func SignerLeeway(s Signer) Leeway {
+	if l, ok := s.(LeewaySigner); ok {
+		return l.Leeway()
+	}
+	return Leeway{}
 }
 
 // keySigner signs with a private key held in memory.
@@ -81,23 +168,13 @@ func NewKeySigner(chain []*x509.Certificate, key crypto.Signer, roots []*x509.Ce
 	if slices.Contains(chain, nil) || slices.Contains(roots, nil) {
 		return nil, fmt.Errorf("%w: nil certificate", ErrInvalidSigner)
 	}
-	issuer := chain[0]
-	name := describe(issuer)
-	if !issuer.BasicConstraintsValid || !issuer.IsCA {
-		return nil, fmt.Errorf("%w: %s is not a CA certificate (basicConstraints CA:true missing)", ErrInvalidSigner, name)
+	if err := checkIssuer(chain[0]); err != nil {
+		return nil, err
 	}
-	if issuer.KeyUsage&x509.KeyUsageCertSign == 0 {
-		return nil, fmt.Errorf("%w: %s may not sign certificates (keyCertSign key usage missing)", ErrInvalidSigner, name)
+	if !keyutil.Equal(chain[0].PublicKey, key.Public()) {
+		return nil, fmt.Errorf("%w: the CA key does not belong to %s", ErrInvalidSigner, describe(chain[0]))
 	}
-	if !keyutil.Equal(issuer.PublicKey, key.Public()) {
-		return nil, fmt.Errorf("%w: the CA key does not belong to %s", ErrInvalidSigner, name)
-	}
-	for _, c := range slices.Concat(chain, roots) {
-		if err := checkValidAt(c, now); err != nil {
-			return nil, err
-		}
-	}
-	if err := verifyCAChain(chain, roots, now); err != nil {
+	if err := VerifyChain(chain, roots, now); err != nil {
 		return nil, err
 	}
 	return &keySigner{chain: slices.Clone(chain), roots: slices.Clone(roots), key: key}, nil
@@ -166,6 +243,59 @@ func LoadSignerFiles(certPath, keyPath, rootsPath string, now time.Time) (Signer
 		return nil, fmt.Errorf("%w (files %s, %s, %s)", err, certPath, keyPath, rootsPath)
 	}
 	return s, nil
+}
+
+// VerifyChain checks what every signer back end needs of its certificates
+// at now: chain[0] is a CA (basicConstraints CA:true, keyCertSign key
+// usage); every certificate in chain and roots is within its validity
+// period; and chain is, in order, a path that verifies to one of roots.
+// Errors wrap ErrInvalidSigner.
+func VerifyChain(chain, roots []*x509.Certificate, now time.Time) error {
+	if len(chain) == 0 {
+		return fmt.Errorf("%w: no CA certificate", ErrInvalidSigner)
+	}
+	if len(roots) == 0 {
+		return fmt.Errorf("%w: no root certificate", ErrInvalidSigner)
+	}
+	if slices.Contains(chain, nil) || slices.Contains(roots, nil) {
+		return fmt.Errorf("%w: nil certificate", ErrInvalidSigner)
+	}
+	if err := checkIssuer(chain[0]); err != nil {
+		return err
+	}
+	for _, c := range slices.Concat(chain, roots) {
+		if err := checkValidAt(c, now); err != nil {
+			return err
+		}
+	}
+	return verifyCAChain(chain, roots, now)
+}
+
+// checkIssuer reports an issuing certificate that is not a CA that may
+// sign certificates.
+func checkIssuer(issuer *x509.Certificate) error {
+	name := describe(issuer)
+	if !issuer.BasicConstraintsValid || !issuer.IsCA {
+		return fmt.Errorf("%w: %s is not a CA certificate (basicConstraints CA:true missing)", ErrInvalidSigner, name)
+	}
+	if issuer.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return fmt.Errorf("%w: %s may not sign certificates (keyCertSign key usage missing)", ErrInvalidSigner, name)
+	}
+	return nil
+}
+
+// ReadCertificates reads a PEM file of one or more certificates, such as a
+// CA chain or a set of roots.
+func ReadCertificates(path string) ([]*x509.Certificate, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	certs, err := parseCertsPEM(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return certs, nil
 }
 
 // checkValidAt reports a CA or root certificate that is not valid at now.

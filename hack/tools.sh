@@ -34,13 +34,16 @@ build() {
 k8s="$cache/k8s-$(key "$root/tools")"
 istio="$cache/istio-$(key "$root/tools/istio")"
 proto="$cache/proto-$(key "$root/tools/proto")"
-mkdir -p "$k8s" "$istio" "$proto"
+pki="$cache/pki-$(key "$root/tools/pki")"
+mkdir -p "$k8s" "$istio" "$proto" "$pki"
 
 want=${*:-all}
 for t in $want; do
   case $t in
     all)
-      "$0" kube-apiserver etcd kubectl controller-gen staticcheck protoc-gen-go protoc-gen-go-grpc istioctl pilot-discovery ;;
+      "$0" kube-apiserver etcd kubectl controller-gen staticcheck protoc-gen-go protoc-gen-go-grpc istioctl pilot-discovery cfssl step-ca ;;
+    pki)
+      "$0" cfssl step-ca ;;
     kube-apiserver) build "$k8s" "$root/tools" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver ;;
     kubectl) build "$k8s" "$root/tools" kubectl k8s.io/kubernetes/cmd/kubectl ;;
     etcd) build "$k8s" "$root/tools" etcd go.etcd.io/etcd/server/v3 ;;
@@ -50,6 +53,8 @@ for t in $want; do
     protoc-gen-go-grpc) build "$proto" "$root/tools/proto" protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc ;;
     istioctl) build "$istio" "$root/tools/istio" istioctl istio.io/istio/istioctl/cmd/istioctl CGO_ENABLED=0 ;;
     pilot-discovery) build "$istio" "$root/tools/istio" pilot-discovery istio.io/istio/pilot/cmd/pilot-discovery CGO_ENABLED=0 ;;
-    *) echo "tools: unknown tool $t (known: kube-apiserver etcd kubectl controller-gen staticcheck protoc-gen-go protoc-gen-go-grpc istioctl pilot-discovery)" >&2; exit 2 ;;
+    cfssl) build "$pki" "$root/tools/pki" cfssl github.com/cloudflare/cfssl/cmd/cfssl CGO_ENABLED=0 ;;
+    step-ca) build "$pki" "$root/tools/pki" step-ca github.com/smallstep/certificates/cmd/step-ca CGO_ENABLED=0 ;;
+    *) echo "tools: unknown tool $t (known: all pki kube-apiserver etcd kubectl controller-gen staticcheck protoc-gen-go protoc-gen-go-grpc istioctl pilot-discovery cfssl step-ca)" >&2; exit 2 ;;
   esac
 done

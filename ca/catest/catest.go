@@ -1,7 +1,9 @@
 // Package catest builds throwaway PKIs for tests: keys of every type,
 // certificate requests (well-formed and hostile), root and intermediate CAs
-// (including expired, non-CA and multi-level ones), and the conformance
-// suite every ca.Signer back end must pass (RunSignerConformance).
+// (including expired, non-CA and multi-level ones), the conformance suite
+// every ca.Signer back end must pass (RunSignerConformance), and the means
+// to run the real third-party CAs that back ends are tested against
+// (Binary, StartProcess, FreeAddr).
 //
 // It is test support only: import it from _test.go files, never from
 // production code. Everything is generated at run time relative to the

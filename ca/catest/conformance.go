@@ -29,6 +29,14 @@ const conformanceIssuances = 50
 // contract, by issuing through a ca.Authority. newSigner is called once per
 // subtest and must return a signer valid now, with a chain that is valid
 // for at least another two hours.
+//
+// The suite is strict: certificates must be exactly what was asked for.
+// Only a signer that declares a ca.Leeway gets it, and only for what it
+// declares: serial numbers then need ca.MinRemoteSerialBits instead of
+// 128 bits, and with a validity leeway the issuing CA uses its own clock,
+// so an Authority whose clock is an hour off is refused rather than
+// clamped. A ca.RequestSigner is given certificate requests, and must
+// refuse a bare public key with ca.ErrNeedsRequest.
 func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) {
 	t.Run("chain and roots", func(t *testing.T) {
 		s := newSigner(t)
@@ -66,9 +74,13 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 		}
 	})
 
-	t.Run("serial numbers are random, unique and at least 128 bits", func(t *testing.T) {
+	t.Run("serial numbers are random, unique and long", func(t *testing.T) {
 		s := newSigner(t)
 		a := newAuthority(t, ca.Config{Signer: s})
+		minBits := 128
+		if ca.SignerLeeway(s).Serial {
+			minBits = ca.MinRemoteSerialBits
+		}
 		key := NewKey(t, ECDSAP256)
 		csr := parseCSR(t, NewCSR(t, key, nil))
 		seen := map[string]bool{}
@@ -78,7 +90,7 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 			require.NoError(t, err)
 			sn := iss.Certificate.SerialNumber
 			require.Positive(t, sn.Sign(), "serial is positive")
-			require.GreaterOrEqual(t, sn.BitLen(), 128, "serial bits")
+			require.GreaterOrEqual(t, sn.BitLen(), minBits, "serial bits")
 			require.False(t, seen[sn.String()], "serial %v issued twice", sn)
 			seen[sn.String()] = true
 			if prev != nil {
@@ -108,6 +120,14 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 		a := newAuthority(t, ca.Config{Signer: s, Clock: func() time.Time { return now }, AgentTTL: 24 * time.Hour})
 		key := NewKey(t, ECDSAP256)
 		iss, err := a.IssueAgent(context.Background(), parseCSR(t, NewCSR(t, key, nil)), AgentID)
+		if ca.SignerLeeway(s).Validity > 0 {
+			// The CA sets the validity from its own clock, which is
+			// months away from this Authority's: fail closed.
+			require.ErrorIs(t, err, ca.ErrIssuance)
+			assert.ErrorContains(t, err, "notBefore")
+			assert.Nil(t, iss)
+			return
+		}
 		require.NoError(t, err)
 		assert.True(t, iss.Certificate.NotAfter.Equal(caEnd), "NotAfter %v, want the CA's %v", iss.Certificate.NotAfter, caEnd)
 		verify(t, iss, now, x509.ExtKeyUsageClientAuth)
@@ -117,7 +137,13 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 		s := newSigner(t)
 		a := newAuthority(t, ca.Config{Signer: s})
 		key := NewKey(t, ECDSAP256)
-		iss, err := a.IssueServer(context.Background(), key.Public(), []string{"relay.example.test"}, []net.IP{net.IPv4(127, 0, 0, 1)})
+		names, ips := []string{"relay.example.test"}, []net.IP{net.IPv4(127, 0, 0, 1)}
+		iss, err := a.IssueServer(context.Background(), key.Public(), names, ips)
+		if _, ok := s.(ca.RequestSigner); ok {
+			require.ErrorIs(t, err, ca.ErrNeedsRequest, "a bare public key needs proof of possession")
+			assert.Nil(t, iss)
+			iss, err = a.IssueServerRequest(context.Background(), parseCSR(t, NewCSR(t, key, nil)), names, ips)
+		}
 		require.NoError(t, err)
 		c := iss.Certificate
 		assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, c.ExtKeyUsage)
@@ -172,6 +198,11 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 		c, err := s.Sign(ctx, tmpl, key.Public())
 		assert.Error(t, err)
 		assert.Nil(t, c)
+		if rs, ok := s.(ca.RequestSigner); ok {
+			c, err := rs.SignRequest(ctx, tmpl, parseCSR(t, NewCSR(t, key, nil)))
+			assert.Error(t, err)
+			assert.Nil(t, c)
+		}
 	})
 
 	t.Run("concurrent issuance", func(t *testing.T) {

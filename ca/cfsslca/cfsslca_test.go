@@ -1,0 +1,393 @@
+package cfsslca_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/ca/catest"
+	"github.com/relaymesh/relaymesh/ca/cfsslca"
+)
+
+// server is a running `cfssl serve` and what a Config needs to use it.
+type server struct {
+	url                              string
+	chainFile, rootsFile, authKeyHex string
+	authKeyFile                      string
+	tlsRootsFile                     string
+	issuing                          *catest.CA
+	proc                             *catest.Process
+}
+
+// serverOptions shape a test cfssl.
+type serverOptions struct {
+	// caTTL is the signing CA's remaining lifetime; default a year.
+	caTTL time.Duration
+	// https serves TLS with a certificate from a root of its own.
+	https bool
+	// clientUsages overrides the usages of the relaymesh-client profile.
+	clientUsages []string
+}
+
+// profile is a cfssl signing profile as its config file spells it.
+type profile struct {
+	Usages       []string        `json:"usages"`
+	Expiry       string          `json:"expiry"`
+	Backdate     string          `json:"backdate"`
+	AuthKey      string          `json:"auth_key"`
+	CSRWhitelist map[string]bool `json:"CSRWhitelist"`
+}
+
+// startServer starts `cfssl serve` on a free loopback port with a fresh
+// CA and an auth key, and waits until it answers.
+func startServer(t testing.TB, o serverOptions) *server {
+	t.Helper()
+	bin := catest.Binary(t, "cfssl")
+	dir := t.TempDir()
+	root := catest.NewRoot(t, catest.CAOptions{Name: "cfssl test root"})
+	caOpts := catest.CAOptions{Name: "cfssl test signing CA", PathLenZero: true}
+	if o.caTTL != 0 {
+		caOpts.NotAfter = time.Now().Add(o.caTTL)
+	}
+	issuing := root.NewIntermediate(t, caOpts)
+	s := &server{issuing: issuing}
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		return p
+	}
+	key := make([]byte, 32)
+	_, err := rand.Read(key)
+	require.NoError(t, err)
+	s.authKeyHex = hex.EncodeToString(key)
+	s.authKeyFile = write("auth.key", []byte(s.authKeyHex+"\n"))
+	s.chainFile = write("chain.pem", issuing.ChainPEM())
+	s.rootsFile = write("roots.pem", issuing.RootsPEM())
+	caFile := write("ca.pem", catest.CertsPEM(issuing.Cert))
+	caKeyFile := write("ca-key.pem", issuing.KeyPEM(t))
+
+	// Only the public key may come from the CSR; the request carries
+	// subject and hosts. Expiries are the Authority's default TTLs.
+	whitelist := map[string]bool{"PublicKey": true, "PublicKeyAlgorithm": true}
+	prof := func(expiry string, usages ...string) profile {
+		return profile{Usages: usages, Expiry: expiry, Backdate: "1m", AuthKey: "relaymesh", CSRWhitelist: whitelist}
+	}
+	clientUsages := []string{"digital signature", "client auth"}
+	if o.clientUsages != nil {
+		clientUsages = o.clientUsages
+	}
+	cfg := map[string]any{
+		"signing": map[string]any{
+			"default": prof("1h", "digital signature", "client auth"),
+			"profiles": map[string]profile{
+				"relaymesh-client":     prof("24h", clientUsages...),
+				"relaymesh-client-rsa": prof("24h", "digital signature", "key encipherment", "client auth"),
+				"relaymesh-server":     prof("720h", "digital signature", "server auth"),
+				"relaymesh-server-rsa": prof("720h", "digital signature", "key encipherment", "server auth"),
+			},
+		},
+		// cfssl reads the key from the file: it is in no command line.
+		"auth_keys": map[string]any{"relaymesh": map[string]string{"type": "standard", "key": "file:" + s.authKeyFile}},
+	}
+	cfgJSON, err := json.MarshalIndent(cfg, "", "  ")
+	require.NoError(t, err)
+	cfgFile := write("config.json", cfgJSON)
+
+	scheme := "http"
+	var tlsArgs []string
+	var tlsPool *x509.CertPool
+	if o.https {
+		scheme = "https"
+		tlsRoot := catest.NewRoot(t, catest.CAOptions{Name: "cfssl TLS root"})
+		tlsKey := catest.NewKey(t, catest.ECDSAP256)
+		now := time.Now()
+		der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+			SerialNumber: big.NewInt(now.UnixNano()),
+			Subject:      pkix.Name{CommonName: "cfssl test server"},
+			NotBefore:    now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+			KeyUsage:    x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		}, tlsRoot.Cert, tlsKey.Public(), tlsRoot.Key)
+		require.NoError(t, err)
+		c, err := x509.ParseCertificate(der)
+		require.NoError(t, err)
+		tlsArgs = []string{"-tls-cert", write("tls.pem", catest.CertsPEM(c)), "-tls-key", write("tls-key.pem", catest.KeyPEM(t, tlsKey))}
+		s.tlsRootsFile = write("tls-roots.pem", catest.CertsPEM(tlsRoot.Cert))
+		tlsPool = x509.NewCertPool()
+		tlsPool.AddCert(tlsRoot.Cert)
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: tlsPool}}}
+	defer hc.CloseIdleConnections()
+
+	for attempt := 1; ; attempt++ {
+		addr := catest.FreeAddr(t)
+		host, port, err := net.SplitHostPort(addr)
+		require.NoError(t, err)
+		args := append([]string{"serve", "-address", host, "-port", port, "-ca", caFile, "-ca-key", caKeyFile, "-config", cfgFile, "-loglevel", "1"}, tlsArgs...)
+		proc := catest.StartProcess(t, "cfssl-"+strconv.Itoa(attempt), bin, args, dir)
+		s.url = scheme + "://" + addr
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) && !proc.Exited() {
+			resp, err := hc.Get(s.url + "/api/v1/cfssl/health")
+			if err == nil {
+				_ = resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					s.proc = proc
+					return s
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if attempt == 3 {
+			t.Fatalf("cfssl serve did not come up on %s:\n%s", addr, proc.LogTail(t, 30))
+		}
+	}
+}
+
+// config is a working Config for s.
+func (s *server) config() cfsslca.Config {
+	return cfsslca.Config{
+		URL:          s.url,
+		AuthKeyFile:  s.authKeyFile,
+		ChainFile:    s.chainFile,
+		RootsFile:    s.rootsFile,
+		TLSRootsFile: s.tlsRootsFile,
+	}
+}
+
+func newSigner(t testing.TB, cfg cfsslca.Config) ca.Signer {
+	t.Helper()
+	s, err := cfsslca.New(context.Background(), cfg)
+	require.NoError(t, err)
+	return s
+}
+
+func TestSignerConformance(t *testing.T) {
+	srv := startServer(t, serverOptions{})
+	catest.RunSignerConformance(t, func(t *testing.T) ca.Signer {
+		return newSigner(t, srv.config())
+	})
+	assertNoSecret(t, srv.proc.Log(t), srv.authKeyHex, "cfssl's log")
+}
+
+func TestHTTPSWithPinnedRoot(t *testing.T) {
+	srv := startServer(t, serverOptions{https: true})
+	s := newSigner(t, srv.config())
+	a, err := ca.New(ca.Config{Signer: s})
+	require.NoError(t, err)
+	key := catest.NewKey(t, catest.ECDSAP256)
+	iss, err := a.IssueAgent(context.Background(), parseCSR(t, catest.NewCSR(t, key, nil)), catest.AgentID)
+	require.NoError(t, err)
+	catest.CheckAgentCertificate(t, iss, key.Public(), catest.AgentID)
+
+	// The relay roots do not vouch for cfssl's TLS certificate, and
+	// nothing else is trusted.
+	cfg := srv.config()
+	cfg.TLSRootsFile = ""
+	_, err = cfsslca.New(context.Background(), cfg)
+	require.ErrorIs(t, err, ca.ErrInvalidSigner)
+	assert.ErrorContains(t, err, "certificate signed by unknown authority")
+}
+
+// TestNewRejects: every misconfiguration fails at start, clearly, and
+// without the auth key in the error or the log.
+func TestNewRejects(t *testing.T) {
+	srv := startServer(t, serverOptions{})
+	other := startServer(t, serverOptions{})
+	badUsages := startServer(t, serverOptions{clientUsages: []string{"digital signature", "key encipherment", "client auth"}})
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	wrongKey := write("wrong.key", strings.Repeat("ab", 32))
+	notHex := write("nothex.key", "zz"+srv.authKeyHex[2:])
+	short := write("short.key", "abcdef")
+	closed := catest.FreeAddr(t)
+
+	tests := []struct {
+		name   string
+		modify func(c *cfsslca.Config)
+		is     error
+		want   []string
+	}{
+		{"wrong auth key", func(c *cfsslca.Config) { c.AuthKeyFile = wrongKey }, cfsslca.ErrAuth, []string{"refused the authentication key"}},
+		{"auth key of another server", func(c *cfsslca.Config) { c.AuthKeyFile = other.authKeyFile }, cfsslca.ErrAuth, []string{"refused the authentication key"}},
+		{"auth key not hex", func(c *cfsslca.Config) { c.AuthKeyFile = notHex }, ca.ErrInvalidSigner, []string{"is not hex", notHex}},
+		{"auth key too short", func(c *cfsslca.Config) { c.AuthKeyFile = short }, ca.ErrInvalidSigner, []string{"3 bytes, want at least 16"}},
+		{"auth key variable unset", func(c *cfsslca.Config) { c.AuthKeyFile, c.AuthKeyEnv = "", "RELAYMESH_TEST_UNSET_KEY" }, ca.ErrInvalidSigner, []string{"RELAYMESH_TEST_UNSET_KEY is not set"}},
+		{"server signs with another CA", func(c *cfsslca.Config) { c.ChainFile, c.RootsFile = other.chainFile, other.rootsFile }, ca.ErrInvalidSigner, []string{"the server signs with certificate", "not with the first certificate of chainFile"}},
+		{"unknown profile", func(c *cfsslca.Config) { c.Profiles.Server = "nope" }, ca.ErrInvalidSigner, []string{`profile "nope" (profiles.server)`}},
+		{"profile with other usages", func(c *cfsslca.Config) { *c = badUsages.config(); c.AuthKeyFile = srv.authKeyFile }, ca.ErrInvalidSigner, []string{`profile "relaymesh-client" (profiles.client) has usages`}},
+		{"nobody listening", func(c *cfsslca.Config) { c.URL = "http://" + closed }, ca.ErrInvalidSigner, []string{"connection refused"}},
+		{"https to a plain http server", func(c *cfsslca.Config) { c.URL = strings.Replace(c.URL, "http:", "https:", 1) }, ca.ErrInvalidSigner, []string{"HTTP response to HTTPS client"}},
+		{"plain http off loopback", func(c *cfsslca.Config) { c.URL = "http://cfssl.example.test:8888" }, ca.ErrInvalidSigner, []string{"plain http is only allowed to a loopback host"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			cfg := srv.config()
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			tt.modify(&cfg)
+			s, err := cfsslca.New(context.Background(), cfg)
+			require.Error(t, err)
+			t.Logf("error: %v", err)
+			assert.Nil(t, s)
+			assert.ErrorIs(t, err, tt.is)
+			assert.ErrorIs(t, err, ca.ErrInvalidSigner)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			for _, k := range []string{srv.authKeyHex, other.authKeyHex, strings.Repeat("ab", 32), srv.authKeyHex[2:]} {
+				assertNoSecret(t, err.Error(), k, "the error")
+				assertNoSecret(t, logs.String(), k, "the log")
+			}
+		})
+	}
+	for _, s := range []*server{srv, other, badUsages} {
+		assertNoSecret(t, s.proc.Log(t), s.authKeyHex, "cfssl's log")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	err := cfsslca.Config{URL: "ftp://x", AuthKeyFile: "a", AuthKeyEnv: "B", ValidityLeeway: time.Hour, Timeout: -1}.Validate()
+	require.Error(t, err)
+	for _, field := range []string{"url:", "authKeyFile, authKeyEnv: only one", "chainFile: required", "rootsFile: required", "validityLeeway:", "timeout:", "clock: required", "logger: required"} {
+		assert.Contains(t, err.Error(), field)
+	}
+	for _, u := range []string{"http://127.0.0.1:8888", "http://localhost:1", "http://[::1]:8888", "https://cfssl.example.test"} {
+		err := cfsslca.Config{URL: u, AuthKeyFile: "k", ChainFile: "c", RootsFile: "r"}.Default().Validate()
+		assert.NoError(t, err, u)
+	}
+	for _, u := range []string{"http://10.0.0.1:8888", "http://cfssl.example.test", "https://user:pw@cfssl.example.test", "https://cfssl.example.test/?x=1", "cfssl.example.test:8888"} {
+		err := cfsslca.Config{URL: u, AuthKeyFile: "k", ChainFile: "c", RootsFile: "r"}.Default().Validate()
+		assert.ErrorContains(t, err, "url:", u)
+	}
+	cfg := cfsslca.Config{URL: "http://10.0.0.1:8888", AllowInsecureHTTP: true, AuthKeyFile: "k", ChainFile: "c", RootsFile: "r"}.Default()
+	assert.NoError(t, cfg.Validate(), "the named opt-in allows plain http")
+}
+
+// TestRequestedNamesAreIgnored: the agent's CSR asks for a subject and
+// names of its own; the profile's CSRWhitelist keeps them out, and the
+// Authority would refuse them anyway.
+func TestRequestedNamesAreIgnored(t *testing.T) {
+	srv := startServer(t, serverOptions{})
+	a, err := ca.New(ca.Config{Signer: newSigner(t, srv.config())})
+	require.NoError(t, err)
+	key := catest.NewKey(t, catest.ECDSAP256)
+	csr := parseCSR(t, catest.NewCSR(t, key, &x509.CertificateRequest{
+		Subject:        pkix.Name{CommonName: "evil", Organization: []string{"evil corp"}, Country: []string{"XX"}},
+		DNSNames:       []string{"evil.example.test"},
+		EmailAddresses: []string{"evil@example.test"},
+	}))
+	iss, err := a.IssueAgentFor(context.Background(), csr, catest.AgentID, "reg-1")
+	require.NoError(t, err)
+	catest.CheckAgentCertificate(t, iss, key.Public(), catest.AgentID)
+	assert.Equal(t, "OU=reg-1,O=relaymesh", iss.Certificate.Subject.String())
+}
+
+// TestCertificateOutlivingTheCAIsRefused: cfssl does not clamp to its
+// CA's lifetime; the Authority refuses what it issues instead.
+func TestCertificateOutlivingTheCAIsRefused(t *testing.T) {
+	srv := startServer(t, serverOptions{caTTL: 3 * time.Hour})
+	a, err := ca.New(ca.Config{Signer: newSigner(t, srv.config())})
+	require.NoError(t, err)
+	iss, err := a.IssueAgent(context.Background(), parseCSR(t, catest.NewCSR(t, catest.NewKey(t, catest.ECDSAP256), nil)), catest.AgentID)
+	require.ErrorIs(t, err, ca.ErrIssuance)
+	assert.ErrorContains(t, err, "outlives")
+	assert.Nil(t, iss)
+}
+
+// TestProfilesRequireAuthentication: the test configuration itself is
+// safe: cfssl's unauthenticated sign endpoint refuses every profile.
+func TestProfilesRequireAuthentication(t *testing.T) {
+	srv := startServer(t, serverOptions{})
+	csrPEM := catest.NewCSRPEM(t, catest.NewKey(t, catest.ECDSAP256), nil)
+	for _, p := range []string{"", "relaymesh-client", "relaymesh-server"} {
+		body, err := json.Marshal(map[string]any{"certificate_request": string(csrPEM), "profile": p, "hosts": []string{"x.example.test"}})
+		require.NoError(t, err)
+		resp, err := http.Post(srv.url+"/api/v1/cfssl/sign", "application/json", bytes.NewReader(body))
+		require.NoError(t, err)
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		// cfssl does not even serve the endpoint when its profiles need
+		// authentication; if it did, it would have to refuse.
+		var out struct {
+			Success bool `json:"success"`
+		}
+		signed := resp.StatusCode == http.StatusOK && json.Unmarshal(raw, &out) == nil && out.Success
+		assert.False(t, signed, "profile %q signed without authentication: HTTP %d %s", p, resp.StatusCode, raw)
+	}
+}
+
+func TestSignHonoursContext(t *testing.T) {
+	srv := startServer(t, serverOptions{})
+	s := newSigner(t, srv.config())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
+	defer cancel()
+	<-ctx.Done()
+	key := catest.NewKey(t, catest.ECDSAP256)
+	tmpl := &x509.Certificate{Subject: pkix.Name{Organization: []string{"relaymesh"}}, DNSNames: []string{"a.example.test"}, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	c, err := s.(ca.RequestSigner).SignRequest(ctx, tmpl, parseCSR(t, catest.NewCSR(t, key, nil)))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Nil(t, c)
+
+	_, err = cfsslca.New(ctx, srv.config())
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// BenchmarkSign is the cost of one agent certificate signed by cfssl serve
+// over loopback HTTP, through a ca.Authority, from parallel callers.
+func BenchmarkSign(b *testing.B) {
+	srv := startServer(b, serverOptions{})
+	a, err := ca.New(ca.Config{Signer: newSigner(b, srv.config())})
+	require.NoError(b, err)
+	csr := parseCSR(b, catest.NewCSR(b, catest.NewKey(b, catest.ECDSAP256), nil))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := a.IssueAgent(context.Background(), csr, catest.AgentID); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "certs/s")
+}
+
+func parseCSR(t testing.TB, der []byte) *x509.CertificateRequest {
+	t.Helper()
+	csr, err := ca.ParseCSR(der)
+	require.NoError(t, err)
+	return csr
+}
+
+func assertNoSecret(t testing.TB, text, secret, where string) {
+	t.Helper()
+	if secret != "" && strings.Contains(text, secret) {
+		t.Errorf("a secret leaked into %s", where)
+	}
+}

@@ -1,0 +1,307 @@
+// Package hsm is the pkcs11 signer back end: the relay CA key lives in a
+// hardware security module (or any PKCS#11 token, such as SoftHSM) and
+// never leaves it. The CA certificate, its intermediates and the roots are
+// ordinary PEM files; every signature is made by the token.
+//
+// It uses the PKCS#11 key manager of go.step.sm/crypto/kms (which needs
+// cgo) and wraps the token's key in ca.NewKeySigner, so an HSM-backed CA
+// issues exactly like an in-memory one: same template, same checks, and no
+// Leeway.
+//
+// The user PIN comes from a file or an environment variable named in the
+// Config, never from the Config itself. It is used to log in to the token
+// and then forgotten by this package; it never appears in an error or a log
+// line (errors from the PKCS#11 stack are scrubbed of it as well).
+package hsm
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/miekg/pkcs11"
+	"go.step.sm/crypto/kms/apiv1"
+	kmspkcs11 "go.step.sm/crypto/kms/pkcs11"
+	"go.step.sm/crypto/kms/uri"
+
+	"github.com/relaymesh/relaymesh/ca"
+)
+
+// Config configures the pkcs11 back end.
+type Config struct {
+	// ModulePath is the token's PKCS#11 module, a shared library such as
+	// /usr/lib/softhsm/libsofthsm2.so. Required: there is no default
+	// module.
+	ModulePath string
+	// TokenLabel names the token that holds the CA key. Required.
+	TokenLabel string
+	// KeyLabel (CKA_LABEL) and KeyID (CKA_ID, in hex) name the CA's key
+	// pair on the token. At least one is required; with both, the key must
+	// match both.
+	KeyLabel string
+	KeyID    string
+	// PINFile is a file holding the token's user PIN (trailing white space
+	// ignored); PINEnv is the name of an environment variable holding it.
+	// Exactly one is required. The PIN is never logged or put in an error.
+	PINFile string
+	PINEnv  string
+	// ChainFile holds the PEM CA certificate of the token's key, then any
+	// intermediates above it in order. Required.
+	ChainFile string
+	// RootsFile holds the PEM roots the chain verifies to. Required.
+	RootsFile string
+	// Clock returns the current time; default time.Now.
+	Clock func() time.Time
+	// Logger receives start-up and shutdown messages; default: discarded.
+	Logger *slog.Logger
+}
+
+// Default returns c with every zero field that has a default set.
+func (c Config) Default() Config {
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports every problem with c, each prefixed with its field path.
+// It reads no files; call Default first.
+func (c Config) Validate() error {
+	var errs []error
+	required := func(field, v string) {
+		if strings.TrimSpace(v) == "" {
+			errs = append(errs, fmt.Errorf("%s: required", field))
+		}
+	}
+	required("modulePath", c.ModulePath)
+	required("tokenLabel", c.TokenLabel)
+	required("chainFile", c.ChainFile)
+	required("rootsFile", c.RootsFile)
+	if c.KeyLabel == "" && c.KeyID == "" {
+		errs = append(errs, errors.New("keyLabel, keyID: at least one is required"))
+	}
+	if c.KeyID != "" {
+		if _, err := hex.DecodeString(c.KeyID); err != nil {
+			errs = append(errs, fmt.Errorf("keyID: %q is not an even number of hex digits", c.KeyID))
+		}
+	}
+	switch {
+	case c.PINFile == "" && c.PINEnv == "":
+		errs = append(errs, errors.New("pinFile, pinEnv: one is required"))
+	case c.PINFile != "" && c.PINEnv != "":
+		errs = append(errs, errors.New("pinFile, pinEnv: only one may be set"))
+	}
+	if c.Clock == nil {
+		errs = append(errs, errors.New("clock: required"))
+	}
+	if c.Logger == nil {
+		errs = append(errs, errors.New("logger: required"))
+	}
+	return errors.Join(errs...)
+}
+
+// signer is a ca.Signer whose key lives on a PKCS#11 token.
+type signer struct {
+	ca.Signer
+	kms   *kmspkcs11.PKCS11
+	close sync.Once
+	err   error
+}
+
+// New logs in to the token, finds the CA key and checks it against the CA
+// certificate. It applies cfg.Default and validates cfg. Errors wrap
+// ca.ErrInvalidSigner and name what is wrong (module, token, PIN, key,
+// certificate) without the PIN.
+//
+// The returned Signer holds a PKCS#11 session pool and implements
+// io.Closer; close it when done. Sign is safe for concurrent use. A
+// signature, once started on the token, is not interrupted by its context.
+func New(ctx context.Context, cfg Config) (ca.Signer, error) {
+	cfg = cfg.Default()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: pkcs11: invalid config: %w", ca.ErrInvalidSigner, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	chain, roots, err := readCerts(cfg.ChainFile, cfg.RootsFile)
+	if err != nil {
+		return nil, err
+	}
+	pin, err := readPIN(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(cfg.ModulePath); err != nil {
+		return nil, fmt.Errorf("%w: pkcs11: module %s: %w", ca.ErrInvalidSigner, cfg.ModulePath, err)
+	}
+	k, err := kmspkcs11.New(ctx, apiv1.Options{
+		Type: apiv1.PKCS11,
+		URI: uri.New(kmspkcs11.Scheme, url.Values{
+			"module-path": {cfg.ModulePath},
+			"token":       {cfg.TokenLabel},
+		}).String(),
+		Pin: pin,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: pkcs11: open token %q with module %s: %w", ca.ErrInvalidSigner, cfg.TokenLabel, cfg.ModulePath, explain(err, pin))
+	}
+	s, err := newSigner(ctx, cfg, k, chain, roots, pin)
+	if err != nil {
+		if cerr := k.Close(); cerr != nil {
+			cfg.Logger.Warn("closing the PKCS#11 token failed", "component", "ca/hsm", "token", cfg.TokenLabel, "error", explain(cerr, pin))
+		}
+		return nil, err
+	}
+	cfg.Logger.Info("CA key on PKCS#11 token", "component", "ca/hsm", "token", cfg.TokenLabel, "key", keyName(cfg), "issuer", chain[0].Subject.String())
+	return s, nil
+}
+
+func newSigner(ctx context.Context, cfg Config, k *kmspkcs11.PKCS11, chain, roots []*x509.Certificate, pin string) (*signer, error) {
+	key, err := k.CreateSigner(&apiv1.CreateSignerRequest{SigningKey: keyURI(cfg)})
+	if err != nil {
+		var nf apiv1.NotFoundError
+		if errors.As(err, &nf) || strings.Contains(err.Error(), "not found") {
+			return nil, fmt.Errorf("%w: pkcs11: no key %s on token %q", ca.ErrInvalidSigner, keyName(cfg), cfg.TokenLabel)
+		}
+		return nil, fmt.Errorf("%w: pkcs11: key %s on token %q: %w", ca.ErrInvalidSigner, keyName(cfg), cfg.TokenLabel, explain(err, pin))
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ks, err := ca.NewKeySigner(chain, key, roots, cfg.Clock())
+	if err != nil {
+		return nil, fmt.Errorf("pkcs11: key %s on token %q: %w", keyName(cfg), cfg.TokenLabel, err)
+	}
+	return &signer{Signer: ks, kms: k}, nil
+}
+
+// Close ends the PKCS#11 sessions. Signing after Close fails.
+func (s *signer) Close() error {
+	s.close.Do(func() { s.err = s.kms.Close() })
+	return s.err
+}
+
+var _ io.Closer = (*signer)(nil)
+
+// keyURI names the key for the KMS: id (hex) and/or object (label).
+func keyURI(cfg Config) string {
+	v := url.Values{}
+	if cfg.KeyID != "" {
+		v.Set("id", strings.ToLower(cfg.KeyID))
+	}
+	if cfg.KeyLabel != "" {
+		v.Set("object", cfg.KeyLabel)
+	}
+	return uri.New(kmspkcs11.Scheme, v).String()
+}
+
+// keyName describes the key in messages.
+func keyName(cfg Config) string {
+	var parts []string
+	if cfg.KeyLabel != "" {
+		parts = append(parts, fmt.Sprintf("label %q", cfg.KeyLabel))
+	}
+	if cfg.KeyID != "" {
+		parts = append(parts, "id "+strings.ToLower(cfg.KeyID))
+	}
+	return "with " + strings.Join(parts, " and ")
+}
+
+// readPIN reads the PIN from the file or environment variable cfg names.
+// Errors name the source, never the content.
+func readPIN(cfg Config) (string, error) {
+	var pin string
+	if cfg.PINFile != "" {
+		b, err := os.ReadFile(cfg.PINFile)
+		if err != nil {
+			return "", fmt.Errorf("%w: pkcs11: PIN file: %w", ca.ErrInvalidSigner, err)
+		}
+		pin = strings.TrimRight(string(b), " \t\r\n")
+	} else {
+		v, ok := os.LookupEnv(cfg.PINEnv)
+		if !ok {
+			return "", fmt.Errorf("%w: pkcs11: PIN environment variable %s is not set", ca.ErrInvalidSigner, cfg.PINEnv)
+		}
+		pin = strings.TrimRight(v, " \t\r\n")
+	}
+	if pin == "" {
+		return "", fmt.Errorf("%w: pkcs11: the PIN (from %s) is empty", ca.ErrInvalidSigner, pinSource(cfg))
+	}
+	return pin, nil
+}
+
+func pinSource(cfg Config) string {
+	if cfg.PINFile != "" {
+		return "file " + cfg.PINFile
+	}
+	return "environment variable " + cfg.PINEnv
+}
+
+// loginErrors explains the PKCS#11 return values of a failed login.
+var loginErrors = map[pkcs11.Error]string{
+	pkcs11.CKR_PIN_INCORRECT:            "wrong PIN (CKR_PIN_INCORRECT)",
+	pkcs11.CKR_PIN_INVALID:              "the PIN has characters the token does not accept (CKR_PIN_INVALID)",
+	pkcs11.CKR_PIN_LEN_RANGE:            "the PIN is too long or too short for the token (CKR_PIN_LEN_RANGE)",
+	pkcs11.CKR_PIN_LOCKED:               "the PIN is locked after too many wrong attempts (CKR_PIN_LOCKED)",
+	pkcs11.CKR_PIN_EXPIRED:              "the PIN has expired (CKR_PIN_EXPIRED)",
+	pkcs11.CKR_USER_PIN_NOT_INITIALIZED: "the token's user PIN is not initialized (CKR_USER_PIN_NOT_INITIALIZED)",
+}
+
+// explain turns an error of the PKCS#11 stack into one that says what went
+// wrong, and guarantees the PIN is not in it: a message that contains it is
+// replaced, not wrapped.
+func explain(err error, pin string) error {
+	var code pkcs11.Error
+	if errors.As(err, &code) {
+		if msg, ok := loginErrors[code]; ok {
+			return errors.New(msg)
+		}
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "could not find PKCS#11 token"):
+		return errors.New("no token with this label (is the token initialized, and does the module's configuration, such as SOFTHSM2_CONF, point at it?)")
+	case strings.Contains(msg, "failed to open module"):
+		return errors.New("the module could not be loaded (not a PKCS#11 library, or a dependency is missing)")
+	case strings.Contains(msg, "compiled without cgo"):
+		return errors.New("this binary was built without cgo, which PKCS#11 needs")
+	}
+	if pin != "" && strings.Contains(msg, pin) {
+		return errors.New(scrub(msg, pin))
+	}
+	return err
+}
+
+// scrub removes the PIN from a message.
+func scrub(msg, pin string) string {
+	if pin == "" {
+		return msg
+	}
+	return strings.ReplaceAll(msg, pin, "[PIN]")
+}
+
+// readCerts reads the chain and roots PEM files.
+func readCerts(chainFile, rootsFile string) (chain, roots []*x509.Certificate, err error) {
+	chain, err = ca.ReadCertificates(chainFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: pkcs11: chainFile: %w", ca.ErrInvalidSigner, err)
+	}
+	roots, err = ca.ReadCertificates(rootsFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: pkcs11: rootsFile: %w", ca.ErrInvalidSigner, err)
+	}
+	return chain, roots, nil
+}
