@@ -29,10 +29,18 @@ const (
 	defaultServerTTL = 30 * 24 * time.Hour
 	defaultBackdate  = time.Minute
 
+	// defaultIntermediateTTL: a mesh's intermediate is renewed at about
+	// 2/3 of its life, so a year means a new key about every eight months.
+	defaultIntermediateTTL = 365 * 24 * time.Hour
+
 	minTTL       = 10 * time.Second
 	maxAgentTTL  = 30 * 24 * time.Hour
 	maxServerTTL = 365 * 24 * time.Hour
 	maxBackdate  = 10 * time.Minute
+	// maxIntermediateTTL bounds how long a stolen cacerts key (which sits
+	// in a workload cluster) can sign workload certificates that every
+	// mesh of its VirtualMesh trusts: there is no revocation.
+	maxIntermediateTTL = 2 * 365 * 24 * time.Hour
 )
 
 // subjectOrg is the subject organization of every leaf certificate.
@@ -58,6 +66,10 @@ type Config struct {
 	// ServerTTL is the lifetime of the relay server certificate; default 30
 	// days, between 10s and 1 year.
 	ServerTTL time.Duration
+	// IntermediateTTL is the lifetime of a mesh's intermediate CA
+	// (IssueIntermediate) when the request names none; default 1 year,
+	// between 10s and 2 years.
+	IntermediateTTL time.Duration
 	// Backdate moves NotBefore into the past to tolerate clock skew; default
 	// 1m, at most 10m.
 	Backdate time.Duration
@@ -76,6 +88,9 @@ func (c Config) Default() Config {
 	}
 	if c.ServerTTL == 0 {
 		c.ServerTTL = defaultServerTTL
+	}
+	if c.IntermediateTTL == 0 {
+		c.IntermediateTTL = defaultIntermediateTTL
 	}
 	if c.Backdate == 0 {
 		c.Backdate = defaultBackdate
@@ -101,6 +116,9 @@ func (c Config) Validate() error {
 	}
 	if c.ServerTTL < minTTL || c.ServerTTL > maxServerTTL {
 		errs = append(errs, fmt.Errorf("serverTTL: %v is outside [%v, %v]", c.ServerTTL, minTTL, maxServerTTL))
+	}
+	if c.IntermediateTTL < minTTL || c.IntermediateTTL > maxIntermediateTTL {
+		errs = append(errs, fmt.Errorf("intermediateTTL: %v is outside [%v, %v]", c.IntermediateTTL, minTTL, maxIntermediateTTL))
 	}
 	if c.Backdate < 0 || c.Backdate > maxBackdate {
 		errs = append(errs, fmt.Errorf("backdate: %v is outside [0s, %v]", c.Backdate, maxBackdate))
@@ -157,7 +175,8 @@ func (a *Authority) AgentTTL() time.Duration { return a.cfg.AgentTTL }
 
 // Issued is a certificate with the chain and roots it verifies with.
 type Issued struct {
-	// Certificate is the issued leaf.
+	// Certificate is the issued certificate: a leaf, or a mesh's
+	// intermediate CA (IssueIntermediate).
 	Certificate *x509.Certificate
 	// Chain is the issuing CA certificate and its intermediates (Signer.Chain).
 	Chain []*x509.Certificate
@@ -165,8 +184,9 @@ type Issued struct {
 	Roots []*x509.Certificate
 }
 
-// ChainPEM returns the leaf followed by Chain, PEM-encoded: the content of
-// a tls.crt.
+// ChainPEM returns Certificate followed by Chain, PEM-encoded: the content
+// of a tls.crt (or, for an intermediate, of Istio's cert-chain.pem without
+// the root).
 func (i *Issued) ChainPEM() []byte {
 	return encodeCertsPEM(append([]*x509.Certificate{i.Certificate}, i.Chain...))
 }
@@ -179,8 +199,9 @@ func (i *Issued) RootsPEM() []byte { return encodeCertsPEM(i.Roots) }
 //
 // The CSR is checked again as ParseCSR checks it. Nothing but its public key
 // is used: the certificate has subject O=relaymesh, exactly one URI SAN
-// (id), no other SANs, digitalSignature key usage (plus keyEncipherment for
-// RSA keys), clientAuth as its only extended key usage, and is not a CA. It
+// (id), no other SANs, digitalSignature as its only key usage (a TLS client
+// signs; RFC 5280 allows nothing else with clientAuth, whatever the key
+// type), clientAuth as its only extended key usage, and is not a CA. It
 // is valid from now-Backdate (not before the issuing CA) to
 // now+AgentTTL, clamped to the earliest NotAfter in the signer's chain. Its
 // serial number is 128 random bits. The signed certificate is validated
@@ -219,17 +240,18 @@ func (a *Authority) IssueAgentFor(ctx context.Context, csr *x509.CertificateRequ
 	tmpl := &x509.Certificate{
 		Subject:               subject,
 		URIs:                  []*url.URL{id.URL()},
-		KeyUsage:              leafKeyUsage(csr.PublicKey),
+		KeyUsage:              x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 		BasicConstraintsValid: true,
 	}
-	return a.issue(ctx, tmpl, csr.PublicKey, csr, a.cfg.AgentTTL)
+	return a.issue(ctx, tmpl, csr.PublicKey, csr, a.cfg.AgentTTL, checkIssued)
 }
 
 // IssueServer issues the relay server's TLS certificate for pub, valid for
 // dnsNames and ips (at least one name or address in all). It is like an
 // agent certificate except for its SANs, serverAuth as its only extended
-// key usage, and ServerTTL. DNS names must be plain host names (letters,
+// key usage, keyEncipherment besides digitalSignature for RSA keys (RSA
+// key exchange in TLS 1.2), and ServerTTL. DNS names must be plain host names (letters,
 // digits and hyphens in dot-separated labels, no wildcards); IP addresses
 // must not be unspecified; neither may repeat.
 //
@@ -244,7 +266,7 @@ func (a *Authority) IssueServer(ctx context.Context, pub crypto.PublicKey, dnsNa
 	if err != nil {
 		return nil, err
 	}
-	return a.issue(ctx, tmpl, pub, nil, a.cfg.ServerTTL)
+	return a.issue(ctx, tmpl, pub, nil, a.cfg.ServerTTL, checkIssued)
 }
 
 // IssueServerRequest is IssueServer for the public key of csr, which is
@@ -262,7 +284,7 @@ func (a *Authority) IssueServerRequest(ctx context.Context, csr *x509.Certificat
 	if err != nil {
 		return nil, err
 	}
-	return a.issue(ctx, tmpl, csr.PublicKey, csr, a.cfg.ServerTTL)
+	return a.issue(ctx, tmpl, csr.PublicKey, csr, a.cfg.ServerTTL, checkIssued)
 }
 
 // serverTemplate is the template of a server certificate for pub, or the
@@ -302,16 +324,21 @@ func serverTemplate(pub crypto.PublicKey, dnsNames []string, ips []net.IP) (*x50
 		Subject:               pkix.Name{Organization: []string{subjectOrg}},
 		DNSNames:              slices.Clone(dnsNames),
 		IPAddresses:           addrs,
-		KeyUsage:              leafKeyUsage(pub),
+		KeyUsage:              serverKeyUsage(pub),
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
 	}, nil
 }
 
+// checkFunc validates a signed certificate against its template:
+// checkIssued for leaves, checkIssuedCA for intermediates.
+type checkFunc func(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, roots []*x509.Certificate, now time.Time, leeway Leeway) error
+
 // issue completes tmpl (serial, validity), signs it and validates the
-// result. csr, if not nil, is the checked request pub comes from: a
-// RequestSigner gets it as proof of possession, and cannot sign without it.
-func (a *Authority) issue(ctx context.Context, tmpl *x509.Certificate, pub crypto.PublicKey, csr *x509.CertificateRequest, ttl time.Duration) (*Issued, error) {
+// result with check. csr, if not nil, is the checked request pub comes
+// from: a RequestSigner gets it as proof of possession, and cannot sign
+// without it.
+func (a *Authority) issue(ctx context.Context, tmpl *x509.Certificate, pub crypto.PublicKey, csr *x509.CertificateRequest, ttl time.Duration, check checkFunc) (*Issued, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrIssuance, err)
 	}
@@ -358,7 +385,7 @@ func (a *Authority) issue(ctx context.Context, tmpl *x509.Certificate, pub crypt
 	if cert == nil {
 		return nil, fmt.Errorf("%w: the signer returned no certificate", ErrIssuance)
 	}
-	if err := checkIssued(cert, tmpl, pub, chain, roots, now, a.leeway); err != nil {
+	if err := check(cert, tmpl, pub, chain, roots, now, a.leeway); err != nil {
 		return nil, fmt.Errorf("%w: the signed certificate was rejected: %w", ErrIssuance, err)
 	}
 	return &Issued{Certificate: cert, Chain: chain, Roots: roots}, nil
@@ -379,29 +406,12 @@ var allowedLeafExtensions = []asn1.ObjectIdentifier{
 // what leeway lets the CA choose), for pub, issued by chain[0], and
 // verifies to roots at now for its extended key usage.
 func checkIssued(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, roots []*x509.Certificate, now time.Time, leeway Leeway) error {
-	var errs []error
+	errs := checkCommon(cert, tmpl, pub, chain, leeway)
 	mismatch := func(field string, got, want any) {
 		errs = append(errs, fmt.Errorf("%s is %v, want %v", field, got, want))
 	}
-	if cert.Version != 3 {
-		mismatch("version", cert.Version, 3)
-	}
-	errs = append(errs, checkSerial(cert.SerialNumber, tmpl.SerialNumber, leeway)...)
-	if !keyutil.Equal(pub, cert.PublicKey) {
-		errs = append(errs, errors.New("public key differs from the requested one"))
-	}
-	if got, want := cert.Subject.String(), tmpl.Subject.String(); got != want {
-		mismatch("subject", got, want)
-	}
-	if string(cert.RawIssuer) != string(chain[0].RawSubject) {
-		mismatch("issuer", cert.Issuer, chain[0].Subject)
-	}
-	errs = append(errs, checkValidity(cert, tmpl, chain, leeway.Validity)...)
 	if !cert.BasicConstraintsValid || cert.IsCA {
 		errs = append(errs, errors.New("is a CA or lacks basic constraints"))
-	}
-	if cert.KeyUsage != tmpl.KeyUsage {
-		mismatch("key usage", cert.KeyUsage, tmpl.KeyUsage)
 	}
 	if !slices.Equal(cert.ExtKeyUsage, tmpl.ExtKeyUsage) || len(cert.UnknownExtKeyUsage) != 0 {
 		mismatch("extended key usage", cert.ExtKeyUsage, tmpl.ExtKeyUsage)
@@ -431,9 +441,6 @@ func checkIssued(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, root
 			}
 		}
 	}
-	if err := cert.CheckSignatureFrom(chain[0]); err != nil {
-		errs = append(errs, fmt.Errorf("not signed by the issuing CA: %w", err))
-	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
@@ -447,6 +454,38 @@ func checkIssued(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, root
 		return fmt.Errorf("does not verify: %w", err)
 	}
 	return nil
+}
+
+// checkCommon checks what every issued certificate must be, leaf or CA:
+// version 3, the serial number (see checkSerial), pub, tmpl's subject and
+// key usage, chain[0] as issuer and signer, and the validity (see
+// checkValidity).
+func checkCommon(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain []*x509.Certificate, leeway Leeway) []error {
+	var errs []error
+	mismatch := func(field string, got, want any) {
+		errs = append(errs, fmt.Errorf("%s is %v, want %v", field, got, want))
+	}
+	if cert.Version != 3 {
+		mismatch("version", cert.Version, 3)
+	}
+	errs = append(errs, checkSerial(cert.SerialNumber, tmpl.SerialNumber, leeway)...)
+	if !keyutil.Equal(pub, cert.PublicKey) {
+		errs = append(errs, errors.New("public key differs from the requested one"))
+	}
+	if got, want := cert.Subject.String(), tmpl.Subject.String(); got != want {
+		mismatch("subject", got, want)
+	}
+	if string(cert.RawIssuer) != string(chain[0].RawSubject) {
+		mismatch("issuer", cert.Issuer, chain[0].Subject)
+	}
+	errs = append(errs, checkValidity(cert, tmpl, chain, leeway.Validity)...)
+	if cert.KeyUsage != tmpl.KeyUsage {
+		mismatch("key usage", cert.KeyUsage, tmpl.KeyUsage)
+	}
+	if err := cert.CheckSignatureFrom(chain[0]); err != nil {
+		errs = append(errs, fmt.Errorf("not signed by the issuing CA: %w", err))
+	}
+	return errs
 }
 
 // checkSerial checks the serial number: tmpl's, or with leeway.Serial one
@@ -514,9 +553,9 @@ func countGeneralNames(der []byte) (int, error) {
 	return len(names), nil
 }
 
-// leafKeyUsage is digitalSignature, plus keyEncipherment for RSA keys
-// (RSA key exchange in TLS 1.2).
-func leafKeyUsage(pub crypto.PublicKey) x509.KeyUsage {
+// serverKeyUsage is digitalSignature, plus keyEncipherment for RSA keys
+// (RSA key exchange in TLS 1.2, which RFC 5280 allows with serverAuth).
+func serverKeyUsage(pub crypto.PublicKey) x509.KeyUsage {
 	ku := x509.KeyUsageDigitalSignature
 	if _, ok := pub.(*rsa.PublicKey); ok {
 		ku |= x509.KeyUsageKeyEncipherment

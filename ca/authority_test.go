@@ -34,6 +34,7 @@ func TestConfigDefault(t *testing.T) {
 	assert.Equal(t, 24*time.Hour, c.AgentTTL)
 	assert.Equal(t, 720*time.Hour, c.ServerTTL)
 	assert.Equal(t, time.Minute, c.Backdate)
+	assert.Equal(t, 365*24*time.Hour, c.IntermediateTTL)
 
 	kept := ca.Config{AgentTTL: time.Hour, ServerTTL: 2 * time.Hour, Backdate: 5 * time.Minute}.Default()
 	assert.Equal(t, time.Hour, kept.AgentTTL)
@@ -62,6 +63,9 @@ func TestConfigValidate(t *testing.T) {
 		{"agentTTL negative", func(c *ca.Config) { c.AgentTTL = -time.Hour }, "agentTTL:"},
 		{"serverTTL too short", func(c *ca.Config) { c.ServerTTL = time.Second }, "serverTTL: 1s is outside"},
 		{"serverTTL too long", func(c *ca.Config) { c.ServerTTL = 366 * 24 * time.Hour }, "serverTTL:"},
+		{"longest intermediateTTL", func(c *ca.Config) { c.IntermediateTTL = 2 * 365 * 24 * time.Hour }, ""},
+		{"intermediateTTL too short", func(c *ca.Config) { c.IntermediateTTL = time.Second }, "intermediateTTL: 1s is outside"},
+		{"intermediateTTL too long", func(c *ca.Config) { c.IntermediateTTL = 2*365*24*time.Hour + time.Second }, "intermediateTTL:"},
 		{"backdate negative", func(c *ca.Config) { c.Backdate = -time.Second }, "backdate: -1s is outside"},
 		{"backdate too long", func(c *ca.Config) { c.Backdate = 11 * time.Minute }, "backdate: 11m0s is outside"},
 	}
@@ -88,10 +92,10 @@ func TestConfigValidate(t *testing.T) {
 	t.Run("every problem at once", func(t *testing.T) {
 		err := ca.Config{AgentTTL: time.Second, ServerTTL: -time.Second, Backdate: time.Hour}.Validate()
 		require.Error(t, err)
-		for _, field := range []string{"signer:", "clock:", "rand:", "agentTTL:", "serverTTL:", "backdate:"} {
+		for _, field := range []string{"signer:", "clock:", "rand:", "agentTTL:", "serverTTL:", "intermediateTTL:", "backdate:"} {
 			assert.Contains(t, err.Error(), field)
 		}
-		assert.Len(t, strings.Split(err.Error(), "\n"), 6, "one line per problem")
+		assert.Len(t, strings.Split(err.Error(), "\n"), 7, "one line per problem")
 	})
 }
 

@@ -97,3 +97,32 @@ func BenchmarkSignParallel(b *testing.B) {
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "certs/s")
 }
+
+// BenchmarkIssueIntermediate is the in-memory baseline of the signer back
+// ends' BenchmarkIssueIntermediate: one mesh intermediate (P-256 key) from
+// a generated mesh root (P-256), template, sign and full validation.
+func BenchmarkIssueIntermediate(b *testing.B) {
+	r, err := ca.GenerateMeshRoot(ca.MeshRootConfig{VirtualMesh: "vm1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := r.Signer(time.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := ca.New(ca.Config{Signer: s})
+	if err != nil {
+		b.Fatal(err)
+	}
+	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(b, catest.NewKey(b, catest.ECDSAP256), nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "certs/s")
+}

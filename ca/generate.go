@@ -227,3 +227,112 @@ func encodeKeyPEM(key crypto.Signer) ([]byte, error) {
 	}
 	return pem.EncodeToMemory(block), nil
 }
+
+// Defaults of MeshRootConfig.
+const defaultMeshRootCN = "relaymesh mesh root CA"
+
+// MeshRootConfig configures GenerateMeshRoot.
+type MeshRootConfig struct {
+	// VirtualMesh is the subject organization: the VirtualMesh whose meshes
+	// share the root. Required: 1 to 64 letters, digits, '-' and '.'.
+	VirtualMesh string
+	// TTL is the root's lifetime; default 10 years, between 1m and 30
+	// years.
+	TTL time.Duration
+	// Clock returns the current time; default time.Now.
+	Clock func() time.Time
+	// Rand is the source of the serial number; default crypto/rand.Reader.
+	// The key always comes from the operating system's CSPRNG.
+	Rand io.Reader
+}
+
+// Default returns c with every zero field set to its default.
+func (c MeshRootConfig) Default() MeshRootConfig {
+	if c.TTL == 0 {
+		c.TTL = defaultRootTTL
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Reader
+	}
+	return c
+}
+
+// Validate reports every problem with c, each prefixed with its field path.
+// It does not apply defaults; call Default first.
+func (c MeshRootConfig) Validate() error {
+	var errs []error
+	if err := checkName(c.VirtualMesh, MaxVirtualMeshNameLen); err != nil {
+		errs = append(errs, fmt.Errorf("virtualMesh: %w", err))
+	}
+	if c.TTL < minCATTL || c.TTL > maxRootTTL {
+		errs = append(errs, fmt.Errorf("ttl: %v is outside [%v, %v]", c.TTL, minCATTL, maxRootTTL))
+	}
+	if c.Clock == nil {
+		errs = append(errs, errors.New("clock: required"))
+	}
+	if c.Rand == nil {
+		errs = append(errs, errors.New("rand: required"))
+	}
+	return errors.Join(errs...)
+}
+
+// MeshRoot is a generated root of a VirtualMesh's shared trust, with its
+// key: it signs the meshes' intermediates (Authority.IssueIntermediate)
+// directly. It is not the relay CA: agent and relay server certificates
+// never chain to it, and mesh certificates never chain to the relay root.
+type MeshRoot struct {
+	Cert *x509.Certificate
+	Key  crypto.Signer
+}
+
+// GenerateMeshRoot makes a self-signed root (ECDSA P-256, keyCertSign and
+// cRLSign, pathLen 1: one level of intermediates, each with pathLen 0, then
+// workload certificates) with subject O=<VirtualMesh>, CN=relaymesh mesh
+// root CA. It applies cfg.Default and validates cfg first. Keeping the root
+// (a management cluster Secret, like the relay CA) is the caller's.
+func GenerateMeshRoot(cfg MeshRootConfig) (*MeshRoot, error) {
+	cfg = cfg.Default()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("ca: invalid mesh root config: %w", err)
+	}
+	now := cfg.Clock()
+	key, err := keyutil.GenerateSigner("EC", "P-256", 0)
+	if err != nil {
+		return nil, fmt.Errorf("generate mesh root key: %w", err)
+	}
+	serial, err := randomSerial(cfg.Rand)
+	if err != nil {
+		return nil, fmt.Errorf("mesh root serial number: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{Organization: []string{cfg.VirtualMesh}, CommonName: defaultMeshRootCN},
+		NotBefore:             now.Add(-caBackdate).Truncate(time.Second).UTC(),
+		NotAfter:              now.Add(cfg.TTL).Truncate(time.Second).UTC(),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLen:            1,
+	}
+	cert, err := createCert(cfg.Rand, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, fmt.Errorf("create mesh root certificate: %w", err)
+	}
+	r := &MeshRoot{Cert: cert, Key: key}
+	if _, err := r.Signer(now); err != nil {
+		return nil, fmt.Errorf("generated mesh root: %w", err)
+	}
+	return r, nil
+}
+
+// Signer returns a Signer that issues with the root itself (its own chain
+// and only root), after checking it as NewKeySigner does at now.
+func (r *MeshRoot) Signer(now time.Time) (Signer, error) {
+	if r == nil || r.Cert == nil || r.Key == nil {
+		return nil, fmt.Errorf("%w: incomplete mesh root", ErrInvalidSigner)
+	}
+	return NewKeySigner([]*x509.Certificate{r.Cert}, r.Key, []*x509.Certificate{r.Cert}, now)
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/ca/catest"
 )
 
 func TestGenerateRelayCA(t *testing.T) {
@@ -55,6 +56,8 @@ func TestGenerateRelayCA(t *testing.T) {
 	require.NoError(t, issuer.CheckSignatureFrom(root))
 	assertP256(t, issuer.PublicKey)
 	assert.NotEqual(t, root.SubjectKeyId, issuer.SubjectKeyId)
+	catest.Lint(t, root)
+	catest.Lint(t, issuer)
 
 	s, err := r.Signer(t0)
 	require.NoError(t, err)
@@ -130,4 +133,49 @@ func TestGenerateConfigValidate(t *testing.T) {
 		require.ErrorContains(t, err, "issuerTTL:")
 		assert.Nil(t, r)
 	})
+}
+
+func TestGenerateMeshRoot(t *testing.T) {
+	r, err := ca.GenerateMeshRoot(ca.MeshRootConfig{
+		VirtualMesh: "vm1",
+		Clock:       func() time.Time { return t0 },
+		Rand:        bytes.NewReader(bytes.Repeat([]byte{0xcd}, 16)),
+	})
+	require.NoError(t, err)
+	c := r.Cert
+	assert.Equal(t, "CN=relaymesh mesh root CA,O=vm1", c.Subject.String())
+	assert.True(t, c.IsCA && c.BasicConstraintsValid)
+	assert.Equal(t, 1, c.MaxPathLen, "one level of intermediates")
+	assert.Equal(t, x509.KeyUsageCertSign|x509.KeyUsageCRLSign, c.KeyUsage)
+	assert.Empty(t, c.ExtKeyUsage)
+	assert.Equal(t, time.Date(2031, 5, 6, 6, 58, 9, 0, time.UTC), c.NotBefore, "backdated 10m")
+	assert.Equal(t, t0.Add(10*365*24*time.Hour).Truncate(time.Second), c.NotAfter, "10 years")
+	require.NoError(t, c.CheckSignatureFrom(c), "self-signed")
+	assertP256(t, c.PublicKey)
+	catest.Lint(t, c)
+
+	s, err := r.Signer(t0)
+	require.NoError(t, err)
+	assert.Equal(t, []*x509.Certificate{c}, s.Chain())
+	assert.Equal(t, []*x509.Certificate{c}, s.Roots())
+
+	relay := newRelayCA(t, ca.GenerateConfig{})
+	assert.NotEqual(t, relay.Root.Subject.String(), c.Subject.String(), "a mesh root is not the relay root")
+
+	for name, cfg := range map[string]ca.MeshRootConfig{
+		"no VirtualMesh":       {},
+		"VirtualMesh too long": {VirtualMesh: strings.Repeat("v", 65)},
+		"TTL too short":        {VirtualMesh: "vm1", TTL: time.Second},
+		"TTL too long":         {VirtualMesh: "vm1", TTL: 31 * 365 * 24 * time.Hour},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r, err := ca.GenerateMeshRoot(cfg)
+			require.ErrorContains(t, err, "invalid mesh root config")
+			assert.Nil(t, r)
+		})
+	}
+	err = ca.MeshRootConfig{TTL: -1}.Validate()
+	for _, field := range []string{"virtualMesh:", "ttl:", "clock:", "rand:"} {
+		assert.ErrorContains(t, err, field)
+	}
 }

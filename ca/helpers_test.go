@@ -59,3 +59,15 @@ func newClock(t time.Time) *clock {
 
 func (c *clock) Now() time.Time  { return time.Unix(0, c.ns.Load()).UTC() }
 func (c *clock) Set(t time.Time) { c.ns.Store(t.UnixNano()) }
+
+// isEd25519OrSmallRSA: keys the agent policy allows and the intermediate
+// policy does not.
+func isEd25519OrSmallRSA(pub crypto.PublicKey) bool {
+	switch k := pub.(type) {
+	case ed25519.PublicKey:
+		return true
+	case *rsa.PublicKey:
+		return k.N.BitLen() < 3072
+	}
+	return false
+}

@@ -30,6 +30,12 @@ import (
 //     The only exception is a Signer that implements LeewaySigner: its CA
 //     MAY choose what its Leeway names (the serial number; the validity
 //     within bounds), and nothing else.
+//   - Templates may be CA certificates (Authority.IssueIntermediate: CA:true,
+//     pathLen 0, keyCertSign and cRLSign, no SANs, no extended key usage).
+//     A Signer whose chain leaves room for one more CA level MUST sign them
+//     like any other template (a remote CA needs a profile or provisioner
+//     template for them); the Authority never asks one whose chain does
+//     not.
 //   - Sign MUST NOT modify tmpl, and MUST be safe for concurrent use.
 //   - Sign MUST return an error and no certificate when ctx is done or when
 //     it cannot sign.

@@ -24,12 +24,31 @@ func TestSignerConformance(t *testing.T) {
 			return s
 		})
 	})
+	t.Run("generated mesh root", func(t *testing.T) {
+		catest.RunSignerConformance(t, func(t *testing.T) ca.Signer {
+			r, err := ca.GenerateMeshRoot(ca.MeshRootConfig{VirtualMesh: "vm1"})
+			require.NoError(t, err)
+			s, err := r.Signer(time.Now())
+			require.NoError(t, err)
+			return s
+		})
+	})
 	t.Run("provided single-level root", func(t *testing.T) {
 		catest.RunSignerConformance(t, func(t *testing.T) ca.Signer {
 			return catest.NewRoot(t, catest.CAOptions{}).Signer(t, time.Now())
 		})
 	})
 	t.Run("provided 3-level chain", func(t *testing.T) {
+		catest.RunSignerConformance(t, func(t *testing.T) ca.Signer {
+			// Path lengths that leave room for one level of mesh
+			// intermediates below the issuing CA.
+			root := catest.NewRoot(t, catest.CAOptions{MaxPathLen: 3})
+			issuing := root.NewIntermediate(t, catest.CAOptions{MaxPathLen: 2}).
+				NewIntermediate(t, catest.CAOptions{MaxPathLen: 1})
+			return issuing.Signer(t, time.Now())
+		})
+	})
+	t.Run("provided 3-level chain ending in pathLen 0 (issues no intermediates)", func(t *testing.T) {
 		catest.RunSignerConformance(t, func(t *testing.T) ca.Signer {
 			root := catest.NewRoot(t, catest.CAOptions{MaxPathLen: 2})
 			issuing := root.NewIntermediate(t, catest.CAOptions{MaxPathLen: 1}).

@@ -56,6 +56,11 @@ var AllowedKeyTypes = []KeyType{ECDSAP256, ECDSAP384, Ed25519, RSA2048, RSA3072}
 // RefusedKeyTypes are key types ca's key policy refuses.
 var RefusedKeyTypes = []KeyType{ECDSAP224, ECDSAP521, RSA1024}
 
+// IntermediateKeyTypes are the key types ca's intermediate key policy
+// accepts (what Istio's plugged-in CA can sign with); the other allowed
+// types, Ed25519 and RSA-2048, are refused for intermediates.
+var IntermediateKeyTypes = []KeyType{ECDSAP256, ECDSAP384, RSA3072}
+
 // rsaKeys caches RSA keys by size: generating them is slow, and tests do not
 // need fresh ones.
 var rsaKeys sync.Map // int → *rsa.PrivateKey
@@ -154,6 +159,21 @@ func BasicConstraintsExtension(t testing.TB, isCA bool) pkix.Extension {
 	v, err := asn1.Marshal(struct {
 		IsCA bool `asn1:"optional"`
 	}{isCA})
+	if err != nil {
+		t.Fatalf("catest: marshal basicConstraints: %v", err)
+	}
+	return pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 19}, Critical: true, Value: v}
+}
+
+// BasicConstraintsPathLenExtension is a basicConstraints extension with
+// the given CA flag and path length constraint (negative: none), for CSR
+// extension requests.
+func BasicConstraintsPathLenExtension(t testing.TB, isCA bool, pathLen int) pkix.Extension {
+	t.Helper()
+	v, err := asn1.Marshal(struct {
+		IsCA       bool `asn1:"optional"`
+		MaxPathLen int  `asn1:"optional,default:-1"`
+	}{isCA, pathLen})
 	if err != nil {
 		t.Fatalf("catest: marshal basicConstraints: %v", err)
 	}

@@ -3,10 +3,13 @@ package catest
 import (
 	"context"
 	"crypto"
-	"crypto/rsa"
+	"crypto/rand"
 	"crypto/x509"
+	"encoding/asn1"
+	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +24,13 @@ import (
 // AgentID is the SPIFFE ID tests issue agent certificates for.
 var AgentID = spiffeid.RequireFromString("spiffe://relay.test/cluster/c1/agent")
 
+// Intermediate is the request tests issue mesh intermediates for.
+var Intermediate = ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "istiod-istio-system-c1"}
+
+// WorkloadID is the SPIFFE ID of the workload certificates tests sign with
+// an intermediate, as istiod would.
+var WorkloadID = spiffeid.RequireFromString("spiffe://cluster.local/ns/default/sa/sleep")
+
 // conformanceIssuances is how many certificates the serial number check
 // issues.
 const conformanceIssuances = 50
@@ -29,6 +39,14 @@ const conformanceIssuances = 50
 // contract, by issuing through a ca.Authority. newSigner is called once per
 // subtest and must return a signer valid now, with a chain that is valid
 // for at least another two hours.
+//
+// Every certificate the suite issues must pass Lint. The "intermediate"
+// subtest issues a mesh intermediate for each of IntermediateKeyTypes,
+// signs a workload certificate with its key (as istiod does) and checks
+// that it verifies to the roots through the chain and the intermediate,
+// and that a CA below the intermediate is refused by path validation. A
+// signer whose chain cannot sign another CA (see CanSignCA) must instead
+// refuse with ca.ErrInvalidSigner; the suite then checks only that.
 //
 // The suite is strict: certificates must be exactly what was asked for.
 // Only a signer that declares a ca.Leeway gets it, and only for what it
@@ -68,8 +86,7 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 				iss, err := a.IssueAgent(context.Background(), csr, AgentID)
 				require.NoError(t, err)
 				CheckAgentCertificate(t, iss, key.Public(), AgentID)
-				_, isRSA := key.Public().(*rsa.PublicKey)
-				assert.Equal(t, isRSA, iss.Certificate.KeyUsage&x509.KeyUsageKeyEncipherment != 0, "keyEncipherment only for RSA keys")
+				assert.Equal(t, x509.KeyUsageDigitalSignature, iss.Certificate.KeyUsage, "digitalSignature only, for every key type (RFC 5280, 4.2.1.12)")
 			})
 		}
 	})
@@ -92,6 +109,7 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 			require.Positive(t, sn.Sign(), "serial is positive")
 			require.GreaterOrEqual(t, sn.BitLen(), minBits, "serial bits")
 			require.False(t, seen[sn.String()], "serial %v issued twice", sn)
+			Lint(t, iss.Certificate)
 			seen[sn.String()] = true
 			if prev != nil {
 				d := new(big.Int).Sub(sn, prev.SerialNumber)
@@ -129,6 +147,7 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 			return
 		}
 		require.NoError(t, err)
+		Lint(t, iss.Certificate)
 		assert.True(t, iss.Certificate.NotAfter.Equal(caEnd), "NotAfter %v, want the CA's %v", iss.Certificate.NotAfter, caEnd)
 		verify(t, iss, now, x509.ExtKeyUsageClientAuth)
 	})
@@ -146,6 +165,7 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 		}
 		require.NoError(t, err)
 		c := iss.Certificate
+		Lint(t, c)
 		assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, c.ExtKeyUsage)
 		assert.Equal(t, []string{"relay.example.test"}, c.DNSNames)
 		assert.Empty(t, c.URIs)
@@ -169,6 +189,7 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 
 		ours, err := a.IssueAgent(context.Background(), csr, AgentID)
 		require.NoError(t, err)
+		Lint(t, ours.Certificate)
 		theirs, err := b.IssueAgent(context.Background(), csr, AgentID)
 		require.NoError(t, err)
 
@@ -211,26 +232,176 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 		csr := parseCSR(t, NewCSR(t, NewKey(t, ECDSAP256), nil))
 		var wg sync.WaitGroup
 		errs := make(chan error, 8*4)
+		certs := make(chan *x509.Certificate, 8*4)
 		for range 8 {
 			wg.Go(func() {
 				for range 4 {
-					_, err := a.IssueAgent(context.Background(), csr, AgentID)
+					iss, err := a.IssueAgent(context.Background(), csr, AgentID)
 					errs <- err
+					if err == nil {
+						certs <- iss.Certificate
+					}
 				}
 			})
 		}
 		wg.Wait()
 		close(errs)
+		close(certs)
 		for err := range errs {
 			require.NoError(t, err)
 		}
+		for c := range certs {
+			Lint(t, c)
+		}
 	})
+
+	t.Run("intermediate", func(t *testing.T) {
+		s := newSigner(t)
+		a := newAuthority(t, ca.Config{Signer: s})
+		if err := CanSignCA(s.Chain(), s.Roots()); err != nil {
+			t.Logf("the signer's chain cannot sign another CA (%v): checking that it refuses, and nothing more", err)
+			csr := parseIntermediateCSR(t, NewCSR(t, NewKey(t, ECDSAP256), nil))
+			iss, err := a.IssueIntermediate(context.Background(), csr, Intermediate)
+			require.ErrorIs(t, err, ca.ErrInvalidSigner)
+			assert.ErrorContains(t, err, "pathLen")
+			assert.Nil(t, iss)
+			return
+		}
+		for _, kt := range IntermediateKeyTypes {
+			t.Run(string(kt), func(t *testing.T) {
+				key := NewKey(t, kt)
+				csr := parseIntermediateCSR(t, NewCSR(t, key, nil))
+				iss, err := a.IssueIntermediate(context.Background(), csr, Intermediate)
+				require.NoError(t, err)
+				CheckIntermediateCertificate(t, iss, key.Public(), Intermediate)
+
+				// istiod signs a workload certificate with the
+				// intermediate's key; it verifies to the roots through the
+				// intermediate and the signer's chain.
+				now := time.Now()
+				leaf := NewWorkloadCertificate(t, iss.Certificate, key, WorkloadID)
+				opts := x509.VerifyOptions{
+					Roots:         pool(iss.Roots),
+					Intermediates: pool(append([]*x509.Certificate{iss.Certificate}, iss.Chain...)),
+					CurrentTime:   now,
+					KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+				}
+				_, err = leaf.Verify(opts)
+				require.NoError(t, err, "a workload certificate of the intermediate verifies to the roots")
+
+				// pathLen 0: a CA below the intermediate (which its key
+				// can technically sign) breaks path validation, and so does
+				// every certificate below it.
+				sub := (&CA{Cert: iss.Certificate, Key: key}).NewIntermediate(t, CAOptions{Name: "second-level CA"})
+				subLeaf := NewWorkloadCertificate(t, sub.Cert, sub.Key, WorkloadID)
+				opts.Intermediates = pool(append([]*x509.Certificate{sub.Cert, iss.Certificate}, iss.Chain...))
+				_, err = subLeaf.Verify(opts)
+				var invalid x509.CertificateInvalidError
+				require.ErrorAs(t, err, &invalid, "a certificate below a CA below the intermediate must not verify")
+				assert.Equal(t, x509.TooManyIntermediates, invalid.Reason)
+			})
+		}
+	})
+}
+
+// CanSignCA reports why a CA certificate issued by chain[0] would break a
+// path length constraint of chain, or of the root chain verifies to: the
+// suite's own reading of RFC 5280's rule, independent of ca's.
+func CanSignCA(chain, roots []*x509.Certificate) error {
+	constrained := func(c *x509.Certificate) bool {
+		return c.BasicConstraintsValid && (c.MaxPathLen > 0 || c.MaxPathLen == 0 && c.MaxPathLenZero)
+	}
+	for i, c := range chain {
+		// chain[i-1] … chain[0] and the new CA follow chain[i].
+		if constrained(c) && c.MaxPathLen < i+1 {
+			return fmt.Errorf("chain[%d] %q has pathLen %d", i, c.Subject, c.MaxPathLen)
+		}
+	}
+	paths, err := chain[0].Verify(x509.VerifyOptions{Roots: pool(roots), Intermediates: pool(chain[1:]), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	if err != nil {
+		return err
+	}
+	for _, p := range paths {
+		root := p[len(p)-1]
+		if len(p) == len(chain) || !constrained(root) || root.MaxPathLen >= len(chain)+1 {
+			return nil
+		}
+	}
+	return fmt.Errorf("the root %q has pathLen %d", paths[0][len(paths[0])-1].Subject, paths[0][len(paths[0])-1].MaxPathLen)
+}
+
+// CheckIntermediateCertificate asserts everything a mesh's intermediate
+// must be: a CA with pathLen 0, keyCertSign and cRLSign only, no extended
+// key usage and no subject alternative name, subject O=<VirtualMesh>,
+// CN=<Mesh> intermediate, for pub, with key identifiers that chain it to
+// Chain[0], within the issuing CA's validity, verifying to the roots, and
+// passing Lint.
+func CheckIntermediateCertificate(t testing.TB, iss *ca.Issued, pub crypto.PublicKey, req ca.IntermediateRequest) {
+	t.Helper()
+	c := iss.Certificate
+	require.NotNil(t, c)
+	require.NotEmpty(t, iss.Chain)
+	assert.True(t, c.BasicConstraintsValid && c.IsCA, "a CA")
+	assert.True(t, c.MaxPathLen == 0 && c.MaxPathLenZero, "pathLen 0")
+	assert.Equal(t, x509.KeyUsageCertSign|x509.KeyUsageCRLSign, c.KeyUsage)
+	assert.Empty(t, c.ExtKeyUsage, "extended key usages")
+	assert.Empty(t, c.UnknownExtKeyUsage, "extended key usages")
+	assert.Empty(t, c.DNSNames, "DNS SANs")
+	assert.Empty(t, c.IPAddresses, "IP SANs")
+	assert.Empty(t, c.URIs, "URI SANs")
+	assert.Empty(t, c.EmailAddresses, "email SANs")
+	for _, ext := range c.Extensions {
+		assert.False(t, ext.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 17}), "no subjectAltName extension")
+	}
+	assert.Equal(t, []string{req.VirtualMesh}, c.Subject.Organization)
+	assert.Equal(t, req.Mesh+" intermediate", c.Subject.CommonName)
+	assert.Empty(t, c.Subject.OrganizationalUnit)
+	eq, ok := pub.(interface{ Equal(crypto.PublicKey) bool })
+	if assert.True(t, ok, "public key type has Equal") {
+		assert.True(t, eq.Equal(c.PublicKey), "certificate is for the requested key")
+	}
+	assert.NotEmpty(t, c.SubjectKeyId, "subject key identifier")
+	if len(iss.Chain[0].SubjectKeyId) > 0 {
+		assert.Equal(t, iss.Chain[0].SubjectKeyId, c.AuthorityKeyId, "authority key identifier names the issuing CA")
+	}
+	assert.False(t, c.NotAfter.After(iss.Chain[0].NotAfter), "NotAfter within the issuing CA's")
+	assert.False(t, c.NotBefore.Before(iss.Chain[0].NotBefore), "NotBefore within the issuing CA's")
+	_, err := c.Verify(x509.VerifyOptions{
+		Roots:         pool(iss.Roots),
+		Intermediates: pool(iss.Chain),
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+	})
+	require.NoError(t, err, "the intermediate verifies to the roots")
+	Lint(t, c)
+}
+
+// NewWorkloadCertificate is what istiod signs with a plugged-in CA: a
+// certificate for a fresh P-256 key with id as its only SAN, serverAuth
+// and clientAuth, valid from a minute ago for an hour, issued by issuer
+// with key.
+func NewWorkloadCertificate(t testing.TB, issuer *x509.Certificate, key crypto.Signer, id spiffeid.ID) *x509.Certificate {
+	t.Helper()
+	now := time.Now()
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber:          randomSerial(t),
+		NotBefore:             now.Add(-time.Minute),
+		NotAfter:              now.Add(time.Hour),
+		URIs:                  []*url.URL{id.URL()},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+	}, issuer, NewKey(t, ECDSAP256).Public(), key)
+	require.NoError(t, err)
+	c, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	return c
 }
 
 // CheckAgentCertificate asserts everything an agent certificate must be:
 // it verifies to the roots through the chain for clientAuth and not for
 // serverAuth, has exactly the SPIFFE ID id as URI SAN and no other SAN, is
-// not a CA, is for pub, and lies within the issuing CA's validity.
+// not a CA, is for pub, lies within the issuing CA's validity, and passes
+// Lint.
 func CheckAgentCertificate(t testing.TB, iss *ca.Issued, pub crypto.PublicKey, id spiffeid.ID) {
 	t.Helper()
 	c := iss.Certificate
@@ -259,6 +430,7 @@ func CheckAgentCertificate(t testing.TB, iss *ca.Issued, pub crypto.PublicKey, i
 	if c.NotBefore.After(now) || c.NotAfter.Before(now) {
 		now = c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2)
 	}
+	Lint(t, c)
 	verify(t, iss, now, x509.ExtKeyUsageClientAuth)
 	_, err := c.Verify(verifyOptions(iss, now, x509.ExtKeyUsageServerAuth))
 	assert.Error(t, err, "an agent certificate must not verify for serverAuth")
@@ -289,6 +461,13 @@ func newAuthority(t testing.TB, cfg ca.Config) *ca.Authority {
 func parseCSR(t testing.TB, der []byte) *x509.CertificateRequest {
 	t.Helper()
 	csr, err := ca.ParseCSR(der)
+	require.NoError(t, err)
+	return csr
+}
+
+func parseIntermediateCSR(t testing.TB, der []byte) *x509.CertificateRequest {
+	t.Helper()
+	csr, err := ca.ParseIntermediateCSR(der)
 	require.NoError(t, err)
 	return csr
 }

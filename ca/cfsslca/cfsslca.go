@@ -15,7 +15,9 @@
 // Each kind of certificate has its own cfssl profile (see Profiles); each
 // profile must carry the auth key, exactly the usages listed there, the
 // Authority's lifetime as expiry, and a CSRWhitelist that copies nothing
-// but the public key from the request. New checks the usages of every
+// but the public key from the request. The profile for mesh intermediates
+// (Profiles.Intermediate, optional) also needs a ca_constraint of is_ca,
+// max_path_len 0 and max_path_len_zero. New checks the usages of every
 // profile and the issuing certificate with the server before it returns.
 //
 // The wire types come from cfssl v1.6.5 (auth, api, info, csr). The sign
@@ -72,14 +74,19 @@ var errTransport = errors.New("cfssl: no answer from the server")
 // Authority issues. Each profile must list exactly these usages, in this
 // order:
 //
-//   - Client: "digital signature", "client auth" (agent certificates for
-//     ECDSA and Ed25519 keys).
-//   - ClientRSA: "digital signature", "key encipherment", "client auth"
-//     (agent certificates for RSA keys).
+//   - Client: "digital signature", "client auth" (agent certificates, for
+//     every key type: RFC 5280 allows no key encipherment with client
+//     auth).
 //   - Server: "digital signature", "server auth".
 //   - ServerRSA: "digital signature", "key encipherment", "server auth".
+//   - Intermediate: "cert sign", "crl sign", and a ca_constraint with
+//     "is_ca": true, "max_path_len": 0, "max_path_len_zero": true (mesh
+//     intermediates, Authority.IssueIntermediate). Optional: empty means
+//     this signer issues no intermediates (a relay CA never does). cfssl's
+//     info endpoint does not report ca_constraint; the Authority refuses a
+//     certificate from a profile without it.
 type Profiles struct {
-	Client, ClientRSA, Server, ServerRSA string
+	Client, Server, ServerRSA, Intermediate string
 }
 
 // Config configures the cfssl back end.
@@ -93,8 +100,8 @@ type Config struct {
 	// Exactly one is required. The key is never logged or put in an error.
 	AuthKeyFile string
 	AuthKeyEnv  string
-	// Profiles default to relaymesh-client, relaymesh-client-rsa,
-	// relaymesh-server and relaymesh-server-rsa.
+	// Profiles default to relaymesh-client, relaymesh-server and
+	// relaymesh-server-rsa; Intermediate has no default (none).
 	Profiles Profiles
 	// ChainFile holds the PEM certificate cfssl signs with, then any
 	// intermediates above it in order. Required.
@@ -127,9 +134,6 @@ type Config struct {
 func (c Config) Default() Config {
 	if c.Profiles.Client == "" {
 		c.Profiles.Client = "relaymesh-client"
-	}
-	if c.Profiles.ClientRSA == "" {
-		c.Profiles.ClientRSA = "relaymesh-client-rsa"
 	}
 	if c.Profiles.Server == "" {
 		c.Profiles.Server = "relaymesh-server"
@@ -170,7 +174,7 @@ func (c Config) Validate() error {
 	case c.AuthKeyFile != "" && c.AuthKeyEnv != "":
 		errs = append(errs, errors.New("authKeyFile, authKeyEnv: only one may be set"))
 	}
-	for field, v := range map[string]string{"profiles.client": c.Profiles.Client, "profiles.clientRSA": c.Profiles.ClientRSA, "profiles.server": c.Profiles.Server, "profiles.serverRSA": c.Profiles.ServerRSA, "chainFile": c.ChainFile, "rootsFile": c.RootsFile, "tlsRootsFile": c.TLSRootsFile} {
+	for field, v := range map[string]string{"profiles.client": c.Profiles.Client, "profiles.server": c.Profiles.Server, "profiles.serverRSA": c.Profiles.ServerRSA, "chainFile": c.ChainFile, "rootsFile": c.RootsFile, "tlsRootsFile": c.TLSRootsFile} {
 		if v == "" {
 			errs = append(errs, fmt.Errorf("%s: required", field))
 		}
@@ -346,18 +350,20 @@ func readAuthKey(cfg Config) (auth.Provider, error) {
 
 // wantUsages are the usages each profile must list.
 var wantUsages = map[string][]string{
-	"client":    {"digital signature", "client auth"},
-	"clientRSA": {"digital signature", "key encipherment", "client auth"},
-	"server":    {"digital signature", "server auth"},
-	"serverRSA": {"digital signature", "key encipherment", "server auth"},
+	"client":       {"digital signature", "client auth"},
+	"server":       {"digital signature", "server auth"},
+	"serverRSA":    {"digital signature", "key encipherment", "server auth"},
+	"intermediate": {"cert sign", "crl sign"},
 }
 
 // probe checks the server before the first issuance: the certificate it
 // signs with, each profile's usages, and the auth key.
 func (s *signer) probe(ctx context.Context) error {
 	profiles := []struct{ field, name string }{
-		{"client", s.profiles.Client}, {"clientRSA", s.profiles.ClientRSA},
-		{"server", s.profiles.Server}, {"serverRSA", s.profiles.ServerRSA},
+		{"client", s.profiles.Client}, {"server", s.profiles.Server}, {"serverRSA", s.profiles.ServerRSA},
+	}
+	if s.profiles.Intermediate != "" {
+		profiles = append(profiles, struct{ field, name string }{"intermediate", s.profiles.Intermediate})
 	}
 	for _, p := range profiles {
 		body, err := json.Marshal(info.Req{Profile: p.name})
@@ -379,7 +385,7 @@ func (s *signer) probe(ctx context.Context) error {
 			return fmt.Errorf("%w: cfssl: the server signs with certificate %q (serial %x), not with the first certificate of chainFile %q (serial %x)", ca.ErrInvalidSigner, cert.Subject, cert.SerialNumber, s.chain[0].Subject, s.chain[0].SerialNumber)
 		}
 		if !slices.Equal(resp.Usage, wantUsages[p.field]) {
-			return fmt.Errorf("%w: cfssl: profile %q (profiles.%s) has usages %q, want exactly %q", ca.ErrInvalidSigner, p.name, p.field, resp.Usage, wantUsages[p.field])
+			return fmt.Errorf("%w: cfssl: profile %q (profiles.%s) has usages %q, want exactly %q (for a profile name it does not know, cfssl describes its default profile)", ca.ErrInvalidSigner, p.name, p.field, resp.Usage, wantUsages[p.field])
 		}
 	}
 	// An authenticated request without a certificate request: cfssl checks
@@ -426,6 +432,11 @@ func (s *signer) SignRequest(ctx context.Context, tmpl *x509.Certificate, req *x
 	if len(tmpl.EmailAddresses) != 0 {
 		return nil, errors.New("cfssl: email SANs are not supported")
 	}
+	if tmpl.IsCA && len(tmpl.DNSNames)+len(tmpl.IPAddresses)+len(tmpl.URIs) != 0 {
+		// cfssl drops DNS names and URIs of CA certificates, but not IP
+		// addresses; refuse rather than have it half-applied.
+		return nil, errors.New("cfssl: CA certificates with SANs are not supported")
+	}
 	hosts := slices.Clone(tmpl.DNSNames)
 	for _, ip := range tmpl.IPAddresses {
 		hosts = append(hosts, ip.String())
@@ -451,17 +462,21 @@ func (s *signer) profileFor(tmpl *x509.Certificate) (string, error) {
 	rsaKey := tmpl.KeyUsage&x509.KeyUsageKeyEncipherment != 0
 	switch {
 	case tmpl.IsCA:
-		return "", errors.New("cfssl: no profile for CA certificates")
-	case slices.Equal(tmpl.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}) && rsaKey:
-		return s.profiles.ClientRSA, nil
-	case slices.Equal(tmpl.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}):
+		switch {
+		case s.profiles.Intermediate == "":
+			return "", errors.New("cfssl: no profile for intermediate CA certificates (set profiles.intermediate)")
+		case tmpl.MaxPathLen != 0 || !tmpl.MaxPathLenZero || len(tmpl.ExtKeyUsage) != 0 || tmpl.KeyUsage != x509.KeyUsageCertSign|x509.KeyUsageCRLSign:
+			return "", errors.New("cfssl: the intermediate profile issues CA certificates with pathLen 0, cert sign and crl sign only")
+		}
+		return s.profiles.Intermediate, nil
+	case slices.Equal(tmpl.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}) && !rsaKey:
 		return s.profiles.Client, nil
 	case slices.Equal(tmpl.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}) && rsaKey:
 		return s.profiles.ServerRSA, nil
 	case slices.Equal(tmpl.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}):
 		return s.profiles.Server, nil
 	}
-	return "", fmt.Errorf("cfssl: no profile for extended key usage %v", tmpl.ExtKeyUsage)
+	return "", fmt.Errorf("cfssl: no profile for extended key usage %v with key usage %#x", tmpl.ExtKeyUsage, tmpl.KeyUsage)
 }
 
 // subject is the subject of a sign request, as cfssl's API reads it.

@@ -47,6 +47,14 @@ type serverOptions struct {
 	https bool
 	// clientUsages overrides the usages of the relaymesh-client profile.
 	clientUsages []string
+	// intermediateUsages overrides the usages of the
+	// relaymesh-intermediate profile.
+	intermediateUsages []string
+	// noCAConstraint leaves ca_constraint out of the intermediate profile.
+	noCAConstraint bool
+	// issuingPathLenZero gives the signing CA pathLen 0 (it may then sign
+	// no CA; cfssl does not check that itself).
+	issuingPathLenZero bool
 }
 
 // profile is a cfssl signing profile as its config file spells it.
@@ -56,6 +64,14 @@ type profile struct {
 	Backdate     string          `json:"backdate"`
 	AuthKey      string          `json:"auth_key"`
 	CSRWhitelist map[string]bool `json:"CSRWhitelist"`
+	CAConstraint *caConstraint   `json:"ca_constraint,omitempty"`
+}
+
+// caConstraint is a profile's ca_constraint.
+type caConstraint struct {
+	IsCA           bool `json:"is_ca"`
+	MaxPathLen     int  `json:"max_path_len"`
+	MaxPathLenZero bool `json:"max_path_len_zero"`
 }
 
 // startServer starts `cfssl serve` on a free loopback port with a fresh
@@ -64,8 +80,14 @@ func startServer(t testing.TB, o serverOptions) *server {
 	t.Helper()
 	bin := catest.Binary(t, "cfssl")
 	dir := t.TempDir()
-	root := catest.NewRoot(t, catest.CAOptions{Name: "cfssl test root"})
-	caOpts := catest.CAOptions{Name: "cfssl test signing CA", PathLenZero: true}
+	// Two years: cfssl does not clamp to its CA, so the CA must outlive a
+	// one-year intermediate. pathLen 1 leaves room for one.
+	twoYears := time.Now().Add(2 * 365 * 24 * time.Hour)
+	root := catest.NewRoot(t, catest.CAOptions{Name: "cfssl test root", NotAfter: twoYears})
+	caOpts := catest.CAOptions{Name: "cfssl test signing CA", MaxPathLen: 1, NotAfter: twoYears}
+	if o.issuingPathLenZero {
+		caOpts.MaxPathLen, caOpts.PathLenZero = 0, true
+	}
 	if o.caTTL != 0 {
 		caOpts.NotAfter = time.Now().Add(o.caTTL)
 	}
@@ -96,14 +118,23 @@ func startServer(t testing.TB, o serverOptions) *server {
 	if o.clientUsages != nil {
 		clientUsages = o.clientUsages
 	}
+	intermediateUsages := []string{"cert sign", "crl sign"}
+	if o.intermediateUsages != nil {
+		intermediateUsages = o.intermediateUsages
+	}
+	// The Authority's default intermediate TTL: a year.
+	intermediate := prof("8760h", intermediateUsages...)
+	if !o.noCAConstraint {
+		intermediate.CAConstraint = &caConstraint{IsCA: true, MaxPathLen: 0, MaxPathLenZero: true}
+	}
 	cfg := map[string]any{
 		"signing": map[string]any{
 			"default": prof("1h", "digital signature", "client auth"),
 			"profiles": map[string]profile{
-				"relaymesh-client":     prof("24h", clientUsages...),
-				"relaymesh-client-rsa": prof("24h", "digital signature", "key encipherment", "client auth"),
-				"relaymesh-server":     prof("720h", "digital signature", "server auth"),
-				"relaymesh-server-rsa": prof("720h", "digital signature", "key encipherment", "server auth"),
+				"relaymesh-client":       prof("24h", clientUsages...),
+				"relaymesh-server":       prof("720h", "digital signature", "server auth"),
+				"relaymesh-server-rsa":   prof("720h", "digital signature", "key encipherment", "server auth"),
+				"relaymesh-intermediate": intermediate,
 			},
 		},
 		// cfssl reads the key from the file: it is in no command line.
@@ -170,6 +201,7 @@ func (s *server) config() cfsslca.Config {
 	return cfsslca.Config{
 		URL:          s.url,
 		AuthKeyFile:  s.authKeyFile,
+		Profiles:     cfsslca.Profiles{Intermediate: "relaymesh-intermediate"},
 		ChainFile:    s.chainFile,
 		RootsFile:    s.rootsFile,
 		TLSRootsFile: s.tlsRootsFile,
@@ -188,7 +220,10 @@ func TestSignerConformance(t *testing.T) {
 	catest.RunSignerConformance(t, func(t *testing.T) ca.Signer {
 		return newSigner(t, srv.config())
 	})
-	assertNoSecret(t, srv.proc.Log(t), srv.authKeyHex, "cfssl's log")
+	log := srv.proc.Log(t)
+	assertNoSecret(t, log, srv.authKeyHex, "cfssl's log")
+	// What TestIntermediates looks for to see that nothing was signed.
+	assert.Contains(t, log, "signed certificate with serial number")
 }
 
 func TestHTTPSWithPinnedRoot(t *testing.T) {
@@ -216,6 +251,7 @@ func TestNewRejects(t *testing.T) {
 	srv := startServer(t, serverOptions{})
 	other := startServer(t, serverOptions{})
 	badUsages := startServer(t, serverOptions{clientUsages: []string{"digital signature", "key encipherment", "client auth"}})
+	badIntermediate := startServer(t, serverOptions{intermediateUsages: []string{"digital signature", "cert sign", "crl sign"}})
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)
@@ -241,6 +277,8 @@ func TestNewRejects(t *testing.T) {
 		{"server signs with another CA", func(c *cfsslca.Config) { c.ChainFile, c.RootsFile = other.chainFile, other.rootsFile }, ca.ErrInvalidSigner, []string{"the server signs with certificate", "not with the first certificate of chainFile"}},
 		{"unknown profile", func(c *cfsslca.Config) { c.Profiles.Server = "nope" }, ca.ErrInvalidSigner, []string{`profile "nope" (profiles.server)`}},
 		{"profile with other usages", func(c *cfsslca.Config) { *c = badUsages.config(); c.AuthKeyFile = srv.authKeyFile }, ca.ErrInvalidSigner, []string{`profile "relaymesh-client" (profiles.client) has usages`}},
+		{"unknown intermediate profile", func(c *cfsslca.Config) { c.Profiles.Intermediate = "nope" }, ca.ErrInvalidSigner, []string{`profile "nope" (profiles.intermediate)`}},
+		{"intermediate profile with other usages", func(c *cfsslca.Config) { *c = badIntermediate.config(); c.AuthKeyFile = srv.authKeyFile }, ca.ErrInvalidSigner, []string{`profile "relaymesh-intermediate" (profiles.intermediate) has usages`, `want exactly ["cert sign" "crl sign"]`}},
 		{"nobody listening", func(c *cfsslca.Config) { c.URL = "http://" + closed }, ca.ErrInvalidSigner, []string{"connection refused"}},
 		{"https to a plain http server", func(c *cfsslca.Config) { c.URL = strings.Replace(c.URL, "http:", "https:", 1) }, ca.ErrInvalidSigner, []string{"HTTP response to HTTPS client"}},
 		{"plain http off loopback", func(c *cfsslca.Config) { c.URL = "http://cfssl.example.test:8888" }, ca.ErrInvalidSigner, []string{"plain http is only allowed to a loopback host"}},
@@ -266,7 +304,7 @@ func TestNewRejects(t *testing.T) {
 			}
 		})
 	}
-	for _, s := range []*server{srv, other, badUsages} {
+	for _, s := range []*server{srv, other, badUsages, badIntermediate} {
 		assertNoSecret(t, s.proc.Log(t), s.authKeyHex, "cfssl's log")
 	}
 }
@@ -357,6 +395,65 @@ func TestSignHonoursContext(t *testing.T) {
 
 	_, err = cfsslca.New(ctx, srv.config())
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// TestIntermediates: the intermediate profile's misconfigurations, and
+// what cfssl would sign but the Authority refuses.
+func TestIntermediates(t *testing.T) {
+	key := catest.NewKey(t, catest.ECDSAP256)
+	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
+	require.NoError(t, err)
+	issue := func(t *testing.T, cfg cfsslca.Config) (*ca.Issued, error) {
+		t.Helper()
+		a, err := ca.New(ca.Config{Signer: newSigner(t, cfg)})
+		require.NoError(t, err)
+		iss, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate)
+		t.Logf("error: %v", err)
+		return iss, err
+	}
+
+	t.Run("no intermediate profile configured", func(t *testing.T) {
+		srv := startServer(t, serverOptions{})
+		cfg := srv.config()
+		cfg.Profiles.Intermediate = ""
+		iss, err := issue(t, cfg)
+		require.ErrorIs(t, err, ca.ErrIssuance)
+		assert.ErrorContains(t, err, "set profiles.intermediate")
+		assert.Nil(t, iss)
+	})
+	t.Run("a profile without ca_constraint issues a leaf, which is refused", func(t *testing.T) {
+		srv := startServer(t, serverOptions{noCAConstraint: true})
+		iss, err := issue(t, srv.config())
+		require.ErrorIs(t, err, ca.ErrIssuance)
+		assert.ErrorContains(t, err, "is not a CA")
+		assert.Nil(t, iss)
+	})
+	t.Run("a signing CA with pathLen 0 is refused before cfssl is asked", func(t *testing.T) {
+		// cfssl checks its CA's path length only against what the request
+		// asks for, not against its profile's ca_constraint: it would sign.
+		srv := startServer(t, serverOptions{issuingPathLenZero: true})
+		iss, err := issue(t, srv.config())
+		require.ErrorIs(t, err, ca.ErrInvalidSigner)
+		assert.ErrorContains(t, err, "cannot issue intermediates")
+		assert.Nil(t, iss)
+		assert.NotContains(t, srv.proc.Log(t), "signed certificate with serial number", "nothing was signed")
+	})
+}
+
+// BenchmarkIssueIntermediate is the cost of one mesh intermediate (P-256)
+// signed by cfssl serve over loopback HTTP, through a ca.Authority.
+func BenchmarkIssueIntermediate(b *testing.B) {
+	srv := startServer(b, serverOptions{})
+	a, err := ca.New(ca.Config{Signer: newSigner(b, srv.config())})
+	require.NoError(b, err)
+	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(b, catest.NewKey(b, catest.ECDSAP256), nil))
+	require.NoError(b, err)
+	for b.Loop() {
+		if _, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "certs/s")
 }
 
 // BenchmarkSign is the cost of one agent certificate signed by cfssl serve

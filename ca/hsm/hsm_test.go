@@ -158,8 +158,9 @@ func newCA(t testing.TB, selfSigned bool) tokenCA {
 		require.NoError(t, err)
 		chain, roots = []*x509.Certificate{c}, []*x509.Certificate{c}
 	} else {
+		// pathLen 1: room for one level of mesh intermediates.
 		root := catest.NewRoot(t, catest.CAOptions{})
-		tmpl.MaxPathLenZero = true
+		tmpl.MaxPathLen = 1
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, root.Cert, resp.PublicKey, root.Key)
 		require.NoError(t, err)
 		c, err := x509.ParseCertificate(der)
@@ -309,6 +310,22 @@ func TestCloseStopsSigning(t *testing.T) {
 	c, err := s.Sign(context.Background(), &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: now, NotAfter: now.Add(time.Hour)}, key.Public())
 	assert.Error(t, err)
 	assert.Nil(t, c)
+}
+
+// BenchmarkIssueIntermediate is the cost of one mesh intermediate (P-256)
+// signed on the token (SoftHSM2, P-256), through a ca.Authority.
+func BenchmarkIssueIntermediate(b *testing.B) {
+	s := newSigner(b, config(b, newCA(b, false)))
+	a, err := ca.New(ca.Config{Signer: s})
+	require.NoError(b, err)
+	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(b, catest.NewKey(b, catest.ECDSAP256), nil))
+	require.NoError(b, err)
+	for b.Loop() {
+		if _, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "certs/s")
 }
 
 // BenchmarkSign is the cost of one agent certificate signed on the token

@@ -20,6 +20,16 @@
 // Tokens live one minute by default and carry a random id that step-ca
 // accepts once.
 //
+// Mesh intermediates (CA certificates with pathLen 0 and no SANs) use the
+// same provisioner and template: their token names no SANs and has the
+// intermediate's common name as its subject, which step-ca then also
+// accepts as the request's common name. The provisioner's
+// maxTLSCertDuration must cover the intermediate's lifetime (8760h for the
+// default year; step-ca tolerates its own backdate, 1m, on top, which
+// covers the Authority's default backdate). step-ca
+// does not check its own CA's path length constraint before it signs a
+// CA; the Authority does (IssueIntermediate).
+//
 // The provisioner must disable smallstep's own certificate extension
 // ("disableSmallstepExtensions": true in its claims), allow the
 // Authority's lifetimes (minTLSCertDuration at most the shortest,
@@ -62,9 +72,16 @@ import (
 // it takes the subject alternative names from the token's "sans" claim and
 // everything else from its "relaymesh" claim, both signed by the
 // provisioner key. Put it in the provisioner's options.x509.template.
+//
+// One provisioner serves leaves and mesh intermediates: the template
+// branches on the claim's basicConstraints. A CA certificate gets no SANs
+// at all, because step-ca puts the token's subject into .SANs when the
+// token names none, and an intermediate has none.
 const ProvisionerTemplate = `{
 	"subject": {{ toJson .Token.relaymesh.subject }},
+{{- if not .Token.relaymesh.basicConstraints.isCA }}
 	"sans": {{ toJson .SANs }},
+{{- end }}
 	"keyUsage": {{ toJson .Token.relaymesh.keyUsage }},
 	"extKeyUsage": {{ toJson .Token.relaymesh.extKeyUsage }},
 	"basicConstraints": {{ toJson .Token.relaymesh.basicConstraints }}
@@ -353,11 +370,23 @@ func (s *signer) token(tmpl *x509.Certificate) (string, error) {
 	for _, u := range tmpl.URIs {
 		sans = append(sans, u.String())
 	}
-	if len(sans) == 0 {
-		return "", errors.New("step-ca: a certificate without SANs cannot be requested")
-	}
 	if len(tmpl.EmailAddresses) != 0 {
 		return "", errors.New("step-ca: email SANs are not supported")
+	}
+	// The token's subject: the first SAN of a leaf, the common name of a
+	// CA (ProvisionerTemplate gives a CA no SANs).
+	var sub string
+	switch {
+	case tmpl.IsCA && len(sans) != 0:
+		return "", errors.New("step-ca: CA certificates with SANs are not supported")
+	case tmpl.IsCA && tmpl.Subject.CommonName == "":
+		return "", errors.New("step-ca: a CA certificate without a common name cannot be requested")
+	case tmpl.IsCA:
+		sub = tmpl.Subject.CommonName
+	case len(sans) == 0:
+		return "", errors.New("step-ca: a certificate without SANs cannot be requested")
+	default:
+		sub = sans[0]
 	}
 	subject, err := subjectOf(tmpl.Subject)
 	if err != nil {
@@ -376,7 +405,7 @@ func (s *signer) token(tmpl *x509.Certificate) (string, error) {
 		Claims: jose.Claims{
 			ID:        hex.EncodeToString(id),
 			Issuer:    s.provisioner,
-			Subject:   sans[0],
+			Subject:   sub,
 			Audience:  jose.Audience{s.base.JoinPath("1.0", "sign").String()},
 			IssuedAt:  jose.NewNumericDate(now),
 			NotBefore: jose.NewNumericDate(now),

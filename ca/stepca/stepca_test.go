@@ -52,6 +52,10 @@ type serverOptions struct {
 	template string
 	// keepSmallstepExtensions leaves step-ca's provisioner extension on.
 	keepSmallstepExtensions bool
+	// maxCertDuration replaces the provisioner's maxTLSCertDuration.
+	maxCertDuration string
+	// intermediatePathLenZero gives step-ca's intermediate pathLen 0.
+	intermediatePathLenZero bool
 }
 
 // startServer starts step-ca on a free loopback port with a fresh root,
@@ -62,7 +66,12 @@ func startServer(t testing.TB, o serverOptions) *server {
 	bin := catest.Binary(t, "step-ca")
 	dir := t.TempDir()
 	root := catest.NewRoot(t, catest.CAOptions{Name: "step-ca test root"})
-	inter := root.NewIntermediate(t, catest.CAOptions{Name: "step-ca test intermediate", PathLenZero: true})
+	// pathLen 1 leaves room for mesh intermediates.
+	interOpts := catest.CAOptions{Name: "step-ca test intermediate", MaxPathLen: 1}
+	if o.intermediatePathLenZero {
+		interOpts.MaxPathLen, interOpts.PathLenZero = 0, true
+	}
+	inter := root.NewIntermediate(t, interOpts)
 	s := &server{dir: dir}
 	write := func(name string, data []byte) string {
 		p := filepath.Join(dir, name)
@@ -91,6 +100,12 @@ func startServer(t testing.TB, o serverOptions) *server {
 	if o.template != "" {
 		template = o.template
 	}
+	// A year-long intermediate (step-ca tolerates its own backdate, 1m,
+	// on top of the maximum).
+	maxDuration := "8760h"
+	if o.maxCertDuration != "" {
+		maxDuration = o.maxCertDuration
+	}
 	for attempt := 1; ; attempt++ {
 		addr := catest.FreeAddr(t)
 		host, _, err := net.SplitHostPort(addr)
@@ -111,7 +126,7 @@ func startServer(t testing.TB, o serverOptions) *server {
 					"encryptedKey": compact,
 					"claims": map[string]any{
 						"minTLSCertDuration":         "5s",
-						"maxTLSCertDuration":         "8760h",
+						"maxTLSCertDuration":         maxDuration,
 						"defaultTLSCertDuration":     "24h",
 						"disableRenewal":             true,
 						"disableSmallstepExtensions": !o.keepSmallstepExtensions,
@@ -308,6 +323,54 @@ func TestTemplateMismatchIsRefused(t *testing.T) {
 	}
 }
 
+// TestIntermediates: what a provisioner must allow for intermediates, and
+// what step-ca would sign but the Authority refuses.
+func TestIntermediates(t *testing.T) {
+	key := catest.NewKey(t, catest.ECDSAP256)
+	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
+	require.NoError(t, err)
+	issue := func(t *testing.T, o serverOptions) (*ca.Issued, *server, error) {
+		t.Helper()
+		srv := startServer(t, o)
+		a, err := ca.New(ca.Config{Signer: newSigner(t, srv.plainConfig())})
+		require.NoError(t, err)
+		iss, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate)
+		t.Logf("error: %v", err)
+		return iss, srv, err
+	}
+
+	t.Run("the request may carry the intermediate's common name", func(t *testing.T) {
+		srv := startServer(t, serverOptions{})
+		a, err := ca.New(ca.Config{Signer: newSigner(t, srv.plainConfig())})
+		require.NoError(t, err)
+		named, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, &x509.CertificateRequest{Subject: pkix.Name{Organization: []string{catest.Intermediate.VirtualMesh}, CommonName: catest.Intermediate.Mesh + " intermediate"}}))
+		require.NoError(t, err)
+		iss, err := a.IssueIntermediate(context.Background(), named, catest.Intermediate)
+		require.NoError(t, err)
+		catest.CheckIntermediateCertificate(t, iss, key.Public(), catest.Intermediate)
+	})
+	t.Run("a template without the CA branch adds a SAN, which is refused", func(t *testing.T) {
+		old := strings.Replace(stepca.ProvisionerTemplate, "{{- if not .Token.relaymesh.basicConstraints.isCA }}", "{{- if true }}", 1)
+		require.NotEqual(t, stepca.ProvisionerTemplate, old)
+		iss, _, err := issue(t, serverOptions{template: old})
+		require.ErrorIs(t, err, ca.ErrIssuance)
+		assert.ErrorContains(t, err, "subject alternative names")
+		assert.Nil(t, iss)
+	})
+	t.Run("a provisioner whose maximum is shorter than the intermediate's lifetime", func(t *testing.T) {
+		iss, _, err := issue(t, serverOptions{maxCertDuration: "4380h"})
+		require.ErrorIs(t, err, ca.ErrIssuance)
+		assert.ErrorContains(t, err, "duration")
+		assert.Nil(t, iss)
+	})
+	t.Run("an intermediate with pathLen 0 is refused before step-ca is asked", func(t *testing.T) {
+		iss, _, err := issue(t, serverOptions{intermediatePathLenZero: true})
+		require.ErrorIs(t, err, ca.ErrInvalidSigner)
+		assert.ErrorContains(t, err, "cannot issue intermediates")
+		assert.Nil(t, iss)
+	})
+}
+
 // TestRequestedNamesAreRefused: step-ca refuses a certificate request
 // that names a common name or SANs other than the token's, where the
 // Authority would only ignore them. Fail closed, and say why.
@@ -346,6 +409,22 @@ func TestSignHonoursContext(t *testing.T) {
 	assert.Nil(t, c)
 	_, err = stepca.New(ctx, srv.plainConfig())
 	require.ErrorIs(t, err, context.Canceled)
+}
+
+// BenchmarkIssueIntermediate is the cost of one mesh intermediate (P-256)
+// signed by step-ca over loopback HTTPS, through a ca.Authority.
+func BenchmarkIssueIntermediate(b *testing.B) {
+	srv := startServer(b, serverOptions{})
+	a, err := ca.New(ca.Config{Signer: newSigner(b, srv.plainConfig())})
+	require.NoError(b, err)
+	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(b, catest.NewKey(b, catest.ECDSAP256), nil))
+	require.NoError(b, err)
+	for b.Loop() {
+		if _, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "certs/s")
 }
 
 // BenchmarkSign is the cost of one agent certificate signed by step-ca over
