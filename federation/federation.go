@@ -145,6 +145,25 @@ func (p *Plan) VirtualMeshOf(d *discoveryv1alpha1.Destination) *networkingv1alph
 	return nil
 }
 
+// Members returns the member meshes of the VirtualMesh namespace/name,
+// sorted by key, and whether it is valid (an Invalid VirtualMesh has none).
+func (p *Plan) Members(namespace, name string) ([]*discoveryv1alpha1.Mesh, bool) {
+	for _, s := range p.vms {
+		if s.vm.Namespace != namespace || s.vm.Name != name {
+			continue
+		}
+		if len(s.errs) > 0 {
+			return nil, false
+		}
+		out := make([]*discoveryv1alpha1.Mesh, len(s.members))
+		for i, m := range s.members {
+			out[i] = m.mesh
+		}
+		return out, true
+	}
+	return nil, false
+}
+
 // HostnameSuffix is the suffix of d's federated hostname: that of the valid
 // VirtualMesh owning d's mesh, else DefaultHostnameSuffix.
 func (p *Plan) HostnameSuffix(d *discoveryv1alpha1.Destination) string {

@@ -39,6 +39,9 @@ type SessionConfig struct {
 	// Applier, if set, applies the output sets the server sends
 	// (Discovery.Pull) and the session acks them.
 	Applier OutputApplier
+	// Trust, when set, keeps the mesh CAs output sets ask for, signing
+	// through this session's connection.
+	Trust TrustApplier
 	// OnRefused is called when the server refuses the agent's certificate
 	// (PermissionDenied or Unauthenticated), so the credential manager can
 	// drop it; optional.
@@ -55,6 +58,12 @@ type SnapshotSource interface {
 // OutputApplier makes the cluster match an output set.
 type OutputApplier interface {
 	Apply(ctx context.Context, set *relaypb.OutputSet) ([]*relaypb.ObjectResult, error)
+}
+
+// TrustApplier keeps the mesh CAs an output set asks for (trust.Agent). It
+// returns one result per CA and when to run again (renewal; zero: never).
+type TrustApplier interface {
+	Apply(ctx context.Context, set *relaypb.OutputSet, sign func(context.Context, *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error)) ([]*relaypb.ObjectResult, time.Time)
 }
 
 // SessionState is what the agent knows about its session.
@@ -191,7 +200,7 @@ func (s *Session) once(ctx context.Context) error {
 		go func() { errc <- s.push(ctx, disc) }()
 	}
 	if s.cfg.Applier != nil {
-		go func() { errc <- s.pull(ctx, disc) }()
+		go func() { errc <- s.pull(ctx, disc, conn) }()
 	}
 	tick := time.NewTicker(s.cfg.PingInterval)
 	defer tick.Stop()
@@ -319,7 +328,7 @@ func truncateHash(h string) string { return truncate(h, 80) }
 // pull applies every output set the server sends and acks it; a set with
 // failed objects is applied again after a pause until it applies cleanly or
 // a newer one arrives.
-func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient) error {
+func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient, conn grpc.ClientConnInterface) error {
 	stream, err := c.Pull(ctx, grpc.MaxCallRecvMsgSize(MaxOutputBytes))
 	if err != nil {
 		return err
@@ -358,12 +367,24 @@ func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient) error {
 			results = []*relaypb.ObjectResult{{Outcome: "error", Error: "whole set refused: " + err.Error()}}
 			s.log.Error("output set refused", "version", set.GetVersion(), "error", err)
 		}
+		var renew time.Time
+		if s.cfg.Trust != nil {
+			var trust []*relaypb.ObjectResult
+			trust, renew = s.cfg.Trust.Apply(ctx, set, func(ctx context.Context, r *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
+				return relaypb.NewTrustClient(conn).SignIntermediate(ctx, r)
+			})
+			results = append(results, trust...)
+		}
 		outcomes := map[string]int{}
 		for _, r := range results {
 			outcomes[r.GetOutcome()]++
 		}
-		if outcomes["error"] > 0 {
+		switch {
+		case outcomes["error"] > 0:
 			retry = time.After(applyRetry)
+		case !renew.IsZero():
+			// Renew each intermediate in time, even if no new set comes.
+			retry = time.After(max(time.Until(renew), time.Second))
 		}
 		s.mu.Lock()
 		s.state.AppliedVersion, s.state.Outcomes = set.GetVersion(), outcomes

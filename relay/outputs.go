@@ -19,6 +19,7 @@ type Outputs struct {
 	pubMu   sync.Mutex // serializes SetFrom, so unions are published in order
 	mu      sync.Mutex
 	sources map[string]map[string][]*relaypb.OutputObject // source -> cluster -> objects
+	trust   map[string][]*relaypb.TrustRequest            // cluster -> mesh CAs
 	sets    map[string]*relaypb.OutputSet
 	hashes  map[string]string
 	next    uint64
@@ -31,8 +32,8 @@ type Outputs struct {
 // published its first state, so no agent prunes on a half-known set.
 func NewOutputs(now time.Time) *Outputs {
 	return &Outputs{
-		sources: map[string]map[string][]*relaypb.OutputObject{},
-		sets:    map[string]*relaypb.OutputSet{}, hashes: map[string]string{},
+		sources: map[string]map[string][]*relaypb.OutputObject{}, trust: map[string][]*relaypb.TrustRequest{},
+		sets: map[string]*relaypb.OutputSet{}, hashes: map[string]string{},
 		next: uint64(now.UnixNano()), subs: map[string]map[chan struct{}]struct{}{},
 		ready: make(chan struct{}),
 	}
@@ -61,20 +62,44 @@ func (o *Outputs) SetFrom(source, cluster string, objects []*relaypb.OutputObjec
 		o.sources[source] = map[string][]*relaypb.OutputObject{}
 	}
 	o.sources[source][cluster] = append([]*relaypb.OutputObject(nil), objects...)
-	var all []*relaypb.OutputObject
-	for _, bySource := range o.sources {
-		all = append(all, bySource[cluster]...)
-	}
 	o.mu.Unlock()
-	o.publish(cluster, all)
+	o.publish(cluster)
 }
 
-func (o *Outputs) publish(cluster string, objects []*relaypb.OutputObject) {
-	sorted := append([]*relaypb.OutputObject(nil), objects...)
+// SetTrust replaces the mesh CAs cluster's agent must keep (shared trust);
+// like objects, a new version is made only when they changed.
+func (o *Outputs) SetTrust(cluster string, reqs []*relaypb.TrustRequest) {
+	o.pubMu.Lock()
+	defer o.pubMu.Unlock()
+	sorted := append([]*relaypb.TrustRequest(nil), reqs...)
+	sort.Slice(sorted, func(i, j int) bool {
+		return sorted[i].GetNamespace()+"/"+sorted[i].GetMesh() < sorted[j].GetNamespace()+"/"+sorted[j].GetMesh()
+	})
+	o.mu.Lock()
+	o.trust[cluster] = sorted
+	o.mu.Unlock()
+	o.publish(cluster)
+}
+
+// publish makes cluster's set from every source's objects and its trust
+// requests. Callers hold pubMu.
+func (o *Outputs) publish(cluster string) {
+	o.mu.Lock()
+	var sorted []*relaypb.OutputObject
+	for _, bySource := range o.sources {
+		sorted = append(sorted, bySource[cluster]...)
+	}
+	trust := o.trust[cluster]
+	o.mu.Unlock()
 	sort.Slice(sorted, func(i, j int) bool { return string(sorted[i].GetManifest()) < string(sorted[j].GetManifest()) })
 	h := sha256.New()
 	for _, obj := range sorted {
 		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
+		h.Write(b)
+	}
+	h.Write([]byte{0})
+	for _, t := range trust {
+		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(t)
 		h.Write(b)
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
@@ -84,7 +109,7 @@ func (o *Outputs) publish(cluster string, objects []*relaypb.OutputObject) {
 		return
 	}
 	o.next++
-	o.sets[cluster] = &relaypb.OutputSet{Version: o.next, Objects: sorted}
+	o.sets[cluster] = &relaypb.OutputSet{Version: o.next, Objects: sorted, Trust: trust}
 	o.hashes[cluster] = sum
 	subs := make([]chan struct{}, 0, len(o.subs[cluster]))
 	for ch := range o.subs[cluster] {
@@ -122,6 +147,7 @@ func (o *Outputs) Remove(cluster string) {
 	for _, bySource := range o.sources {
 		delete(bySource, cluster)
 	}
+	delete(o.trust, cluster)
 	delete(o.sets, cluster)
 	delete(o.hashes, cluster)
 }

@@ -83,6 +83,29 @@ type ServerConfig struct {
 	// DataPath enables the Discovery service (snapshots up, outputs down);
 	// nil leaves it off.
 	DataPath *DataPathConfig
+	// Trust, when set, serves Trust.SignIntermediate: intermediates of the
+	// meshes of the caller's cluster (shared trust of VirtualMeshes).
+	Trust IntermediateSigner
+}
+
+// IntermediateSigner signs an intermediate CA for a mesh of cluster, the
+// authenticated caller's (trust.Controller).
+type IntermediateSigner interface {
+	SignIntermediate(ctx context.Context, cluster string, req *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error)
+}
+
+// trustService serves Trust for authenticated agents.
+type trustService struct {
+	relaypb.UnimplementedTrustServer
+	signer IntermediateSigner
+}
+
+func (t *trustService) SignIntermediate(ctx context.Context, req *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
+	a, ok := agentFrom(ctx)
+	if !ok {
+		return nil, errUnauthenticated
+	}
+	return t.signer.SignIntermediate(ctx, a.cluster, req)
 }
 
 func (c *ServerConfig) defaults() {
@@ -213,6 +236,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	)
 	relaypb.RegisterIdentityServer(s.grpc, s)
 	relaypb.RegisterRelayServer(s.grpc, s)
+	if cfg.Trust != nil {
+		relaypb.RegisterTrustServer(s.grpc, &trustService{signer: cfg.Trust})
+	}
 	if cfg.DataPath != nil {
 		relaypb.RegisterDiscoveryServer(s.grpc, &discoveryService{s: s, cfg: *cfg.DataPath})
 		cfg.Registry.OnRevoke(func(cluster string) {

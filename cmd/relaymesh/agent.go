@@ -16,6 +16,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/relay/apply"
+	"github.com/relaymesh/relaymesh/trust"
 	discoveryclient "k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/restmapper"
@@ -123,7 +124,8 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	session, err := relay.NewSession(relay.SessionConfig{ServerAddress: serverAddr, TLS: creds.ClientTLS, Version: version(), Logger: log,
-		OnRefused: creds.Refused, Snapshots: disc, Applier: applier})
+		OnRefused: creds.Refused, Snapshots: disc, Applier: applier,
+		Trust: &trust.Agent{Client: kube.typed, Owner: "relaymesh-agent", Logger: log}})
 	if err != nil {
 		return err
 	}

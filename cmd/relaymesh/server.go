@@ -21,6 +21,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
 	"github.com/relaymesh/relaymesh/relay"
 	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/relaymesh/relaymesh/trust"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -182,9 +183,14 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.dynamic, Kube: kube.typed, Namespace: f.namespace, Outputs: outputs,
+		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }, Audit: auditLog, Logger: log})
+	if err != nil {
+		return err
+	}
 	for _, r := range sources {
-		r.OnRegister(func(string) { ctl.Kick() })
-		r.OnRevoke(func(string) { ctl.Kick() })
+		r.OnRegister(func(string) { ctl.Kick(); trustCtl.Kick() })
+		r.OnRevoke(func(string) { ctl.Kick(); trustCtl.Kick() })
 	}
 	outputs.MarkReady()
 	if kubeconfigClusters != nil {
@@ -203,6 +209,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		Logger:            log,
 		Metrics:           metrics,
 		DataPath:          &relay.DataPathConfig{View: view, Outputs: outputs},
+		Trust:             trustCtl,
 	})
 	if err != nil {
 		return err

@@ -1337,8 +1337,12 @@ func (x *PushAck) GetError() string {
 type OutputSet struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Increases with every change; the agent acks the version it applied.
-	Version       uint64          `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
-	Objects       []*OutputObject `protobuf:"bytes,2,rep,name=objects,proto3" json:"objects,omitempty"`
+	Version uint64          `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Objects []*OutputObject `protobuf:"bytes,2,rep,name=objects,proto3" json:"objects,omitempty"`
+	// The mesh CAs the agent must keep in this cluster (shared trust of a
+	// VirtualMesh). The agent generates each key itself; only CSRs leave the
+	// cluster (Trust.SignIntermediate).
+	Trust         []*TrustRequest `protobuf:"bytes,3,rep,name=trust,proto3" json:"trust,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1387,6 +1391,234 @@ func (x *OutputSet) GetObjects() []*OutputObject {
 	return nil
 }
 
+func (x *OutputSet) GetTrust() []*TrustRequest {
+	if x != nil {
+		return x.Trust
+	}
+	return nil
+}
+
+// TrustRequest asks the agent to keep Istio's plugged-in CA secret
+// (`cacerts`: ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem) of one
+// mesh issued from a given root and carrying a given root bundle.
+type TrustRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The discovered Mesh object (its name in the management cluster).
+	Mesh string `protobuf:"bytes,1,opt,name=mesh,proto3" json:"mesh,omitempty"`
+	// The mesh's installation namespace, where `cacerts` lives.
+	Namespace string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// The VirtualMesh, "<namespace>/<name>".
+	VirtualMesh string `protobuf:"bytes,3,opt,name=virtual_mesh,json=virtualMesh,proto3" json:"virtual_mesh,omitempty"`
+	// PEM: the roots root-cert.pem must carry, in this order.
+	RootBundle []byte `protobuf:"bytes,4,opt,name=root_bundle,json=rootBundle,proto3" json:"root_bundle,omitempty"`
+	// Hex SHA-256 of the DER of the root the intermediate must chain to.
+	Issuer string `protobuf:"bytes,5,opt,name=issuer,proto3" json:"issuer,omitempty"`
+	// Renew the intermediate once this share (percent) of its life is gone.
+	RenewAtPercent int32 `protobuf:"varint,6,opt,name=renew_at_percent,json=renewAtPercent,proto3" json:"renew_at_percent,omitempty"`
+	// Key of the intermediate: "ECDSAP256" (default), "ECDSAP384",
+	// "RSA3072", "RSA4096".
+	KeyAlgorithm  string `protobuf:"bytes,7,opt,name=key_algorithm,json=keyAlgorithm,proto3" json:"key_algorithm,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrustRequest) Reset() {
+	*x = TrustRequest{}
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrustRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrustRequest) ProtoMessage() {}
+
+func (x *TrustRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrustRequest.ProtoReflect.Descriptor instead.
+func (*TrustRequest) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *TrustRequest) GetMesh() string {
+	if x != nil {
+		return x.Mesh
+	}
+	return ""
+}
+
+func (x *TrustRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *TrustRequest) GetVirtualMesh() string {
+	if x != nil {
+		return x.VirtualMesh
+	}
+	return ""
+}
+
+func (x *TrustRequest) GetRootBundle() []byte {
+	if x != nil {
+		return x.RootBundle
+	}
+	return nil
+}
+
+func (x *TrustRequest) GetIssuer() string {
+	if x != nil {
+		return x.Issuer
+	}
+	return ""
+}
+
+func (x *TrustRequest) GetRenewAtPercent() int32 {
+	if x != nil {
+		return x.RenewAtPercent
+	}
+	return 0
+}
+
+func (x *TrustRequest) GetKeyAlgorithm() string {
+	if x != nil {
+		return x.KeyAlgorithm
+	}
+	return ""
+}
+
+type IntermediateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Mesh (TrustRequest.mesh).
+	Mesh string `protobuf:"bytes,1,opt,name=mesh,proto3" json:"mesh,omitempty"`
+	// PEM PKCS#10 certificate request.
+	Csr           []byte `protobuf:"bytes,2,opt,name=csr,proto3" json:"csr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IntermediateRequest) Reset() {
+	*x = IntermediateRequest{}
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IntermediateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IntermediateRequest) ProtoMessage() {}
+
+func (x *IntermediateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IntermediateRequest.ProtoReflect.Descriptor instead.
+func (*IntermediateRequest) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *IntermediateRequest) GetMesh() string {
+	if x != nil {
+		return x.Mesh
+	}
+	return ""
+}
+
+func (x *IntermediateRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+type IntermediateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// PEM: the intermediate, then the issuing chain up to, not including,
+	// the root.
+	CertificateChain []byte `protobuf:"bytes,1,opt,name=certificate_chain,json=certificateChain,proto3" json:"certificate_chain,omitempty"`
+	// PEM: the bundle root-cert.pem must carry.
+	RootBundle []byte `protobuf:"bytes,2,opt,name=root_bundle,json=rootBundle,proto3" json:"root_bundle,omitempty"`
+	// Hex SHA-256 of the DER of the root the intermediate chains to.
+	Issuer        string `protobuf:"bytes,3,opt,name=issuer,proto3" json:"issuer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IntermediateResponse) Reset() {
+	*x = IntermediateResponse{}
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IntermediateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IntermediateResponse) ProtoMessage() {}
+
+func (x *IntermediateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IntermediateResponse.ProtoReflect.Descriptor instead.
+func (*IntermediateResponse) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *IntermediateResponse) GetCertificateChain() []byte {
+	if x != nil {
+		return x.CertificateChain
+	}
+	return nil
+}
+
+func (x *IntermediateResponse) GetRootBundle() []byte {
+	if x != nil {
+		return x.RootBundle
+	}
+	return nil
+}
+
+func (x *IntermediateResponse) GetIssuer() string {
+	if x != nil {
+		return x.Issuer
+	}
+	return ""
+}
+
 type OutputObject struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The object as JSON (apiVersion, kind, metadata.name, metadata.namespace,
@@ -1400,7 +1632,7 @@ type OutputObject struct {
 
 func (x *OutputObject) Reset() {
 	*x = OutputObject{}
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1644,7 @@ func (x *OutputObject) String() string {
 func (*OutputObject) ProtoMessage() {}
 
 func (x *OutputObject) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1657,7 @@ func (x *OutputObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputObject.ProtoReflect.Descriptor instead.
 func (*OutputObject) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *OutputObject) GetManifest() []byte {
@@ -1452,7 +1684,7 @@ type PullAck struct {
 
 func (x *PullAck) Reset() {
 	*x = PullAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1696,7 @@ func (x *PullAck) String() string {
 func (*PullAck) ProtoMessage() {}
 
 func (x *PullAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1709,7 @@ func (x *PullAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullAck.ProtoReflect.Descriptor instead.
 func (*PullAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PullAck) GetVersion() uint64 {
@@ -1510,7 +1742,7 @@ type ObjectResult struct {
 
 func (x *ObjectResult) Reset() {
 	*x = ObjectResult{}
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1754,7 @@ func (x *ObjectResult) String() string {
 func (*ObjectResult) ProtoMessage() {}
 
 func (x *ObjectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1767,7 @@ func (x *ObjectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectResult.ProtoReflect.Descriptor instead.
 func (*ObjectResult) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ObjectResult) GetApiVersion() string {
@@ -1701,10 +1933,28 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\aPushAck\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\tR\x04hash\x12\x1a\n" +
 	"\baccepted\x18\x02 \x01(\bR\baccepted\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"a\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\x99\x01\n" +
 	"\tOutputSet\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12:\n" +
-	"\aobjects\x18\x02 \x03(\v2 .relaymesh.relay.v1.OutputObjectR\aobjects\"D\n" +
+	"\aobjects\x18\x02 \x03(\v2 .relaymesh.relay.v1.OutputObjectR\aobjects\x126\n" +
+	"\x05trust\x18\x03 \x03(\v2 .relaymesh.relay.v1.TrustRequestR\x05trust\"\xeb\x01\n" +
+	"\fTrustRequest\x12\x12\n" +
+	"\x04mesh\x18\x01 \x01(\tR\x04mesh\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12!\n" +
+	"\fvirtual_mesh\x18\x03 \x01(\tR\vvirtualMesh\x12\x1f\n" +
+	"\vroot_bundle\x18\x04 \x01(\fR\n" +
+	"rootBundle\x12\x16\n" +
+	"\x06issuer\x18\x05 \x01(\tR\x06issuer\x12(\n" +
+	"\x10renew_at_percent\x18\x06 \x01(\x05R\x0erenewAtPercent\x12#\n" +
+	"\rkey_algorithm\x18\a \x01(\tR\fkeyAlgorithm\";\n" +
+	"\x13IntermediateRequest\x12\x12\n" +
+	"\x04mesh\x18\x01 \x01(\tR\x04mesh\x12\x10\n" +
+	"\x03csr\x18\x02 \x01(\fR\x03csr\"|\n" +
+	"\x14IntermediateResponse\x12+\n" +
+	"\x11certificate_chain\x18\x01 \x01(\fR\x10certificateChain\x12\x1f\n" +
+	"\vroot_bundle\x18\x02 \x01(\fR\n" +
+	"rootBundle\x12\x16\n" +
+	"\x06issuer\x18\x03 \x01(\tR\x06issuer\"D\n" +
 	"\fOutputObject\x12\x1a\n" +
 	"\bmanifest\x18\x01 \x01(\fR\bmanifest\x12\x18\n" +
 	"\aparents\x18\x02 \x03(\tR\aparents\"_\n" +
@@ -1726,7 +1976,9 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\aConnect\x12 .relaymesh.relay.v1.AgentMessage\x1a!.relaymesh.relay.v1.ServerMessage(\x010\x012\x9a\x01\n" +
 	"\tDiscovery\x12E\n" +
 	"\x04Push\x12\x1c.relaymesh.relay.v1.Snapshot\x1a\x1b.relaymesh.relay.v1.PushAck(\x010\x01\x12F\n" +
-	"\x04Pull\x12\x1b.relaymesh.relay.v1.PullAck\x1a\x1d.relaymesh.relay.v1.OutputSet(\x010\x01B4Z2github.com/relaymesh/relaymesh/relay/proto;relaypbb\x06proto3"
+	"\x04Pull\x12\x1b.relaymesh.relay.v1.PullAck\x1a\x1d.relaymesh.relay.v1.OutputSet(\x010\x012n\n" +
+	"\x05Trust\x12e\n" +
+	"\x10SignIntermediate\x12'.relaymesh.relay.v1.IntermediateRequest\x1a(.relaymesh.relay.v1.IntermediateResponseB4Z2github.com/relaymesh/relaymesh/relay/proto;relaypbb\x06proto3"
 
 var (
 	file_relay_proto_relay_proto_rawDescOnce sync.Once
@@ -1740,37 +1992,40 @@ func file_relay_proto_relay_proto_rawDescGZIP() []byte {
 	return file_relay_proto_relay_proto_rawDescData
 }
 
-var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_relay_proto_relay_proto_goTypes = []any{
-	(*BootstrapRequest)(nil),    // 0: relaymesh.relay.v1.BootstrapRequest
-	(*RenewRequest)(nil),        // 1: relaymesh.relay.v1.RenewRequest
-	(*CertificateResponse)(nil), // 2: relaymesh.relay.v1.CertificateResponse
-	(*AgentMessage)(nil),        // 3: relaymesh.relay.v1.AgentMessage
-	(*Hello)(nil),               // 4: relaymesh.relay.v1.Hello
-	(*Ping)(nil),                // 5: relaymesh.relay.v1.Ping
-	(*ServerMessage)(nil),       // 6: relaymesh.relay.v1.ServerMessage
-	(*Welcome)(nil),             // 7: relaymesh.relay.v1.Welcome
-	(*Pong)(nil),                // 8: relaymesh.relay.v1.Pong
-	(*Snapshot)(nil),            // 9: relaymesh.relay.v1.Snapshot
-	(*Mesh)(nil),                // 10: relaymesh.relay.v1.Mesh
-	(*Gateway)(nil),             // 11: relaymesh.relay.v1.Gateway
-	(*Workload)(nil),            // 12: relaymesh.relay.v1.Workload
-	(*Destination)(nil),         // 13: relaymesh.relay.v1.Destination
-	(*Endpoint)(nil),            // 14: relaymesh.relay.v1.Endpoint
-	(*ServicePort)(nil),         // 15: relaymesh.relay.v1.ServicePort
-	(*LabelValues)(nil),         // 16: relaymesh.relay.v1.LabelValues
-	(*PushAck)(nil),             // 17: relaymesh.relay.v1.PushAck
-	(*OutputSet)(nil),           // 18: relaymesh.relay.v1.OutputSet
-	(*OutputObject)(nil),        // 19: relaymesh.relay.v1.OutputObject
-	(*PullAck)(nil),             // 20: relaymesh.relay.v1.PullAck
-	(*ObjectResult)(nil),        // 21: relaymesh.relay.v1.ObjectResult
-	nil,                         // 22: relaymesh.relay.v1.Mesh.PodLabelsEntry
-	nil,                         // 23: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	nil,                         // 24: relaymesh.relay.v1.Workload.PodLabelsEntry
-	nil,                         // 25: relaymesh.relay.v1.Destination.SelectorEntry
-	nil,                         // 26: relaymesh.relay.v1.Destination.LabelsEntry
-	nil,                         // 27: relaymesh.relay.v1.Destination.SubsetsEntry
-	nil,                         // 28: relaymesh.relay.v1.Endpoint.LabelsEntry
+	(*BootstrapRequest)(nil),     // 0: relaymesh.relay.v1.BootstrapRequest
+	(*RenewRequest)(nil),         // 1: relaymesh.relay.v1.RenewRequest
+	(*CertificateResponse)(nil),  // 2: relaymesh.relay.v1.CertificateResponse
+	(*AgentMessage)(nil),         // 3: relaymesh.relay.v1.AgentMessage
+	(*Hello)(nil),                // 4: relaymesh.relay.v1.Hello
+	(*Ping)(nil),                 // 5: relaymesh.relay.v1.Ping
+	(*ServerMessage)(nil),        // 6: relaymesh.relay.v1.ServerMessage
+	(*Welcome)(nil),              // 7: relaymesh.relay.v1.Welcome
+	(*Pong)(nil),                 // 8: relaymesh.relay.v1.Pong
+	(*Snapshot)(nil),             // 9: relaymesh.relay.v1.Snapshot
+	(*Mesh)(nil),                 // 10: relaymesh.relay.v1.Mesh
+	(*Gateway)(nil),              // 11: relaymesh.relay.v1.Gateway
+	(*Workload)(nil),             // 12: relaymesh.relay.v1.Workload
+	(*Destination)(nil),          // 13: relaymesh.relay.v1.Destination
+	(*Endpoint)(nil),             // 14: relaymesh.relay.v1.Endpoint
+	(*ServicePort)(nil),          // 15: relaymesh.relay.v1.ServicePort
+	(*LabelValues)(nil),          // 16: relaymesh.relay.v1.LabelValues
+	(*PushAck)(nil),              // 17: relaymesh.relay.v1.PushAck
+	(*OutputSet)(nil),            // 18: relaymesh.relay.v1.OutputSet
+	(*TrustRequest)(nil),         // 19: relaymesh.relay.v1.TrustRequest
+	(*IntermediateRequest)(nil),  // 20: relaymesh.relay.v1.IntermediateRequest
+	(*IntermediateResponse)(nil), // 21: relaymesh.relay.v1.IntermediateResponse
+	(*OutputObject)(nil),         // 22: relaymesh.relay.v1.OutputObject
+	(*PullAck)(nil),              // 23: relaymesh.relay.v1.PullAck
+	(*ObjectResult)(nil),         // 24: relaymesh.relay.v1.ObjectResult
+	nil,                          // 25: relaymesh.relay.v1.Mesh.PodLabelsEntry
+	nil,                          // 26: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	nil,                          // 27: relaymesh.relay.v1.Workload.PodLabelsEntry
+	nil,                          // 28: relaymesh.relay.v1.Destination.SelectorEntry
+	nil,                          // 29: relaymesh.relay.v1.Destination.LabelsEntry
+	nil,                          // 30: relaymesh.relay.v1.Destination.SubsetsEntry
+	nil,                          // 31: relaymesh.relay.v1.Endpoint.LabelsEntry
 }
 var file_relay_proto_relay_proto_depIdxs = []int32{
 	4,  // 0: relaymesh.relay.v1.AgentMessage.hello:type_name -> relaymesh.relay.v1.Hello
@@ -1780,34 +2035,37 @@ var file_relay_proto_relay_proto_depIdxs = []int32{
 	10, // 4: relaymesh.relay.v1.Snapshot.meshes:type_name -> relaymesh.relay.v1.Mesh
 	12, // 5: relaymesh.relay.v1.Snapshot.workloads:type_name -> relaymesh.relay.v1.Workload
 	13, // 6: relaymesh.relay.v1.Snapshot.destinations:type_name -> relaymesh.relay.v1.Destination
-	22, // 7: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
+	25, // 7: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
 	11, // 8: relaymesh.relay.v1.Mesh.gateways:type_name -> relaymesh.relay.v1.Gateway
-	23, // 9: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	24, // 10: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
-	25, // 11: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
-	26, // 12: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
+	26, // 9: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	27, // 10: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
+	28, // 11: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
+	29, // 12: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
 	15, // 13: relaymesh.relay.v1.Destination.ports:type_name -> relaymesh.relay.v1.ServicePort
-	27, // 14: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
+	30, // 14: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
 	14, // 15: relaymesh.relay.v1.Destination.endpoints:type_name -> relaymesh.relay.v1.Endpoint
-	28, // 16: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
-	19, // 17: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
-	21, // 18: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
-	16, // 19: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
-	0,  // 20: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
-	1,  // 21: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
-	3,  // 22: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
-	9,  // 23: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
-	20, // 24: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
-	2,  // 25: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
-	2,  // 26: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
-	6,  // 27: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
-	17, // 28: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
-	18, // 29: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
-	25, // [25:30] is the sub-list for method output_type
-	20, // [20:25] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	31, // 16: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
+	22, // 17: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
+	19, // 18: relaymesh.relay.v1.OutputSet.trust:type_name -> relaymesh.relay.v1.TrustRequest
+	24, // 19: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
+	16, // 20: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
+	0,  // 21: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
+	1,  // 22: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
+	3,  // 23: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
+	9,  // 24: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
+	23, // 25: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
+	20, // 26: relaymesh.relay.v1.Trust.SignIntermediate:input_type -> relaymesh.relay.v1.IntermediateRequest
+	2,  // 27: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
+	2,  // 28: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
+	6,  // 29: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
+	17, // 30: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
+	18, // 31: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
+	21, // 32: relaymesh.relay.v1.Trust.SignIntermediate:output_type -> relaymesh.relay.v1.IntermediateResponse
+	27, // [27:33] is the sub-list for method output_type
+	21, // [21:27] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_relay_proto_relay_proto_init() }
@@ -1829,9 +2087,9 @@ func file_relay_proto_relay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_relay_proto_relay_proto_rawDesc), len(file_relay_proto_relay_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   32,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_relay_proto_relay_proto_goTypes,
 		DependencyIndexes: file_relay_proto_relay_proto_depIdxs,

@@ -440,3 +440,117 @@ var Discovery_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "relay/proto/relay.proto",
 }
+
+const (
+	Trust_SignIntermediate_FullMethodName = "/relaymesh.relay.v1.Trust/SignIntermediate"
+)
+
+// TrustClient is the client API for Trust service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Trust signs per-mesh intermediate CAs for the caller's cluster.
+type TrustClient interface {
+	// SignIntermediate signs an intermediate CA for a mesh of the caller's
+	// cluster that belongs to a VirtualMesh with shared trust. The server
+	// decides everything in the certificate; the CSR only proves possession
+	// of the key, which never leaves the workload cluster.
+	SignIntermediate(ctx context.Context, in *IntermediateRequest, opts ...grpc.CallOption) (*IntermediateResponse, error)
+}
+
+type trustClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewTrustClient(cc grpc.ClientConnInterface) TrustClient {
+	return &trustClient{cc}
+}
+
+func (c *trustClient) SignIntermediate(ctx context.Context, in *IntermediateRequest, opts ...grpc.CallOption) (*IntermediateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(IntermediateResponse)
+	err := c.cc.Invoke(ctx, Trust_SignIntermediate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// TrustServer is the server API for Trust service.
+// All implementations must embed UnimplementedTrustServer
+// for forward compatibility.
+//
+// Trust signs per-mesh intermediate CAs for the caller's cluster.
+type TrustServer interface {
+	// SignIntermediate signs an intermediate CA for a mesh of the caller's
+	// cluster that belongs to a VirtualMesh with shared trust. The server
+	// decides everything in the certificate; the CSR only proves possession
+	// of the key, which never leaves the workload cluster.
+	SignIntermediate(context.Context, *IntermediateRequest) (*IntermediateResponse, error)
+	mustEmbedUnimplementedTrustServer()
+}
+
+// UnimplementedTrustServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedTrustServer struct{}
+
+func (UnimplementedTrustServer) SignIntermediate(context.Context, *IntermediateRequest) (*IntermediateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SignIntermediate not implemented")
+}
+func (UnimplementedTrustServer) mustEmbedUnimplementedTrustServer() {}
+func (UnimplementedTrustServer) testEmbeddedByValue()               {}
+
+// UnsafeTrustServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to TrustServer will
+// result in compilation errors.
+type UnsafeTrustServer interface {
+	mustEmbedUnimplementedTrustServer()
+}
+
+func RegisterTrustServer(s grpc.ServiceRegistrar, srv TrustServer) {
+	// If the following call panics, it indicates UnimplementedTrustServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Trust_ServiceDesc, srv)
+}
+
+func _Trust_SignIntermediate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(IntermediateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TrustServer).SignIntermediate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Trust_SignIntermediate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TrustServer).SignIntermediate(ctx, req.(*IntermediateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Trust_ServiceDesc is the grpc.ServiceDesc for Trust service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Trust_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "relaymesh.relay.v1.Trust",
+	HandlerType: (*TrustServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "SignIntermediate",
+			Handler:    _Trust_SignIntermediate_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "relay/proto/relay.proto",
+}

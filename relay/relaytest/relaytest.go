@@ -90,6 +90,8 @@ type Options struct {
 	Limits  relay.SnapshotLimits
 	Shared  string
 	MaxRecv int
+	// Trust serves Trust.SignIntermediate when set.
+	Trust relay.IntermediateSigner
 }
 
 func New(t testing.TB, o Options) *Server {
@@ -138,7 +140,7 @@ func New(t testing.TB, o Options) *Server {
 		DataPath:    dp,
 		TrustDomain: TrustDomain, Issuer: authority, Tokens: tokens, SharedToken: shared, Registry: registry,
 		ServerCertificate: serving.Certificate, Audit: auditLog, Logger: log, Metrics: metrics, MaxRecvBytes: o.MaxRecv,
-		BootstrapFailureBurst: o.FailureBurst,
+		BootstrapFailureBurst: o.FailureBurst, Trust: o.Trust,
 	})
 	require.NoError(t, err)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

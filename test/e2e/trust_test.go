@@ -1,0 +1,163 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/examples"
+	"github.com/relaymesh/relaymesh/test/istiod"
+	"github.com/relaymesh/relaymesh/trust"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.step.sm/crypto/pemutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// TestSharedTrust runs the server and two agents as processes: a VirtualMesh
+// with a generated shared root gives each mesh an intermediate CA whose key
+// is generated in the mesh's own cluster; both chain to the one root, and no
+// intermediate key ever reaches the management cluster. Then a real istiod
+// per cluster, with the cacerts its agent wrote, signs workload
+// certificates, and each verifies against the other cluster's root bundle.
+func TestSharedTrust(t *testing.T) {
+	ctx := context.Background()
+	bin, env, dir := Setup(t, "mgmt", "cluster-1", "cluster-2")
+	mgmt := env.Cluster("mgmt")
+	sample, err := examples.Demo.ReadFile("demo/workload-cluster.yaml")
+	require.NoError(t, err)
+	clients := map[string]kubernetes.Interface{}
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		_, err := env.Cluster(name).Apply(ctx, "test", []byte(strings.ReplaceAll(string(sample), "CLUSTER", name)))
+		require.NoError(t, err)
+		clients[name], err = env.Cluster(name).Clientset()
+		require.NoError(t, err)
+	}
+	relayAddr, opsAddr := Addr(t), Addr(t)
+	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost")
+	waitHealthy(t, opsAddr)
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		_, err := Run(t, bin, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig, "--server-address", relayAddr)
+		require.NoError(t, err)
+		Start(t, bin, dir, "agent-"+name, "agent", "--kubeconfig", env.Cluster(name).Kubeconfig, "--health-listen", Addr(t), "--metrics-listen", Addr(t))
+	}
+	mgmtClient, err := mgmt.Clientset()
+	require.NoError(t, err)
+	Eventually(t, 60*time.Second, "both meshes discovered", func() (bool, string) {
+		l, err := mgmtClient.CoreV1().RESTClient().Get().AbsPath("/apis/discovery.relaymesh.io/v1alpha1/namespaces/relaymesh/meshes").DoRaw(ctx)
+		return err == nil && strings.Count(string(l), `"kind":"Mesh"`) == 2, fmt.Sprint(err)
+	})
+
+	vm, err := examples.Demo.ReadFile("demo/virtualmesh.yaml")
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = mgmt.Apply(ctx, "test", vm)
+	require.NoError(t, err)
+
+	cacerts := map[string]*corev1.Secret{}
+	Eventually(t, 30*time.Second, "cacerts in both clusters", func() (bool, string) {
+		for name, c := range clients {
+			s, err := c.CoreV1().Secrets("istio-system").Get(ctx, trust.SecretName, metav1.GetOptions{})
+			if err != nil {
+				return false, name + ": " + err.Error()
+			}
+			cacerts[name] = s
+		}
+		return true, ""
+	})
+	t.Logf("both meshes had their intermediate %s after the VirtualMesh was created", time.Since(start).Round(time.Millisecond))
+
+	one, two := cacerts["cluster-1"], cacerts["cluster-2"]
+	require.Equal(t, one.Data[trust.KeyRootCert], two.Data[trust.KeyRootCert], "one shared root bundle")
+	roots, err := pemutil.ParseCertificateBundle(one.Data[trust.KeyRootCert])
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	for _, r := range roots {
+		pool.AddCert(r)
+	}
+	var serials []string
+	for name, s := range cacerts {
+		inter, err := pemutil.ParseCertificate(s.Data[trust.KeyCACert])
+		require.NoError(t, err, name)
+		assert.True(t, inter.IsCA && inter.MaxPathLenZero && inter.MaxPathLen == 0, "%s: a CA limited to path length 0", name)
+		_, err = inter.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		require.NoError(t, err, "%s: the intermediate chains to the shared root", name)
+		serials = append(serials, inter.SerialNumber.String())
+	}
+	assert.NotEqual(t, serials[0], serials[1])
+
+	// No intermediate key is anywhere in the management cluster.
+	all, err := mgmtClient.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	for _, s := range all.Items {
+		for k, v := range s.Data {
+			for name, c := range cacerts {
+				assert.NotContains(t, string(v), strings.TrimSpace(string(c.Data[trust.KeyCAKey])), "%s's intermediate key in mgmt secret %s/%s[%s]", name, s.Namespace, s.Name, k)
+			}
+		}
+	}
+
+	// A real istiod per cluster, fed the agent's cacerts as a kubelet would
+	// mount them; each signs a workload certificate for bookinfo-reviews.
+	issued := map[string][]*x509.Certificate{}
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		d, err := istiod.Start(ctx, istiod.Config{Kubeconfig: env.Cluster(name).Kubeconfig, ClusterID: name, Dir: t.TempDir(),
+			CACerts: cacerts[name].Data})
+		require.NoError(t, err, name)
+		t.Cleanup(func() { _ = d.Stop() })
+		token, err := istiod.ServiceAccountToken(ctx, clients[name], "bookinfo", "bookinfo-reviews", istiod.TokenAudience)
+		require.NoError(t, err)
+		_, csr := workloadCSR(t, "spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews")
+		chain, err := d.WorkloadCertificate(ctx, token, csr)
+		require.NoError(t, err, "%s: istiod signs with the plugged-in intermediate\n%s", name, d.LogTail(20))
+		issued[name] = chain
+	}
+	for from, to := range map[string]string{"cluster-1": "cluster-2", "cluster-2": "cluster-1"} {
+		roots, err := pemutil.ParseCertificateBundle(cacerts[to].Data[trust.KeyRootCert])
+		require.NoError(t, err)
+		chain := issued[from]
+		_, err = verifyWorkload(chain, roots)
+		require.NoError(t, err, "a workload certificate from %s's istiod verifies against %s's root bundle", from, to)
+	}
+	// The check can fail: against another root it does not verify.
+	other, err := ca.GenerateMeshRoot(ca.MeshRootConfig{VirtualMesh: "other"})
+	require.NoError(t, err)
+	_, err = verifyWorkload(issued["cluster-1"], []*x509.Certificate{other.Cert})
+	require.Error(t, err)
+}
+
+// verifyWorkload verifies a workload chain (leaf first, as istiod returns
+// it) against roots.
+func verifyWorkload(chain, roots []*x509.Certificate) ([][]*x509.Certificate, error) {
+	pool, inter := x509.NewCertPool(), x509.NewCertPool()
+	for _, r := range roots {
+		pool.AddCert(r)
+	}
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	return chain[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+}
+
+func workloadCSR(t *testing.T, spiffeID string) (*ecdsa.PrivateKey, []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	u, err := url.Parse(spiffeID)
+	require.NoError(t, err)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{u}}, key)
+	require.NoError(t, err)
+	return key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
+}

@@ -1,0 +1,337 @@
+package trust
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"go.step.sm/crypto/keyutil"
+	"go.step.sm/crypto/pemutil"
+	"go.step.sm/crypto/x509util"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Istio's plugged-in CA secret and its keys.
+const (
+	SecretName  = "cacerts"
+	KeyCACert   = "ca-cert.pem"
+	KeyCAKey    = "ca-key.pem"
+	KeyChain    = "cert-chain.pem"
+	KeyRootCert = "root-cert.pem"
+
+	// OwnerLabel marks a cacerts Secret the agent manages; a cacerts it
+	// did not create is never changed or deleted.
+	OwnerLabel = "relaymesh.io/owner"
+	// IssuerAnnotation records the root the intermediate chains to.
+	IssuerAnnotation = "relaymesh.io/issuer"
+
+	defaultRenewAtPercent = 66
+	// maxSecretBytes bounds what the agent accepts from the server for one
+	// secret (chain and bundle).
+	maxSecretBytes = 256 << 10
+)
+
+// SignFunc asks the server to sign an intermediate (Trust.SignIntermediate).
+type SignFunc func(ctx context.Context, req *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error)
+
+// Agent keeps the cacerts Secrets an output set asks for: it generates each
+// intermediate's key in the cluster, sends only a CSR, checks what comes
+// back, and writes the Secret. It renews an intermediate once
+// renewAtPercent of its life is gone, and deletes the cacerts Secrets it
+// manages that are no longer asked for.
+type Agent struct {
+	Client kubernetes.Interface
+	// Owner is the value of OwnerLabel on the Secrets it writes.
+	Owner  string
+	Logger *slog.Logger
+	Clock  func() time.Time
+}
+
+// Apply makes the cluster's cacerts Secrets match set.Trust. It returns one
+// result per Secret, and when it should run again (the earliest renewal;
+// zero if nothing to renew).
+func (a *Agent) Apply(ctx context.Context, set *relaypb.OutputSet, sign func(context.Context, *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error)) ([]*relaypb.ObjectResult, time.Time) {
+	now := a.now()
+	var (
+		results []*relaypb.ObjectResult
+		next    time.Time
+	)
+	wanted := map[string]bool{}
+	for _, req := range set.GetTrust() {
+		wanted[req.GetNamespace()] = true
+		outcome, renewAt, err := a.keep(ctx, req, sign, now)
+		r := &relaypb.ObjectResult{ApiVersion: "v1", Kind: "Secret", Namespace: req.GetNamespace(), Name: SecretName, Outcome: outcome}
+		if err != nil {
+			r.Error = err.Error()
+			a.log().Error("mesh CA not written", "namespace", req.GetNamespace(), "mesh", req.GetMesh(), "error", err)
+			// Try again soon.
+			renewAt = now.Add(30 * time.Second)
+		}
+		if !renewAt.IsZero() && (next.IsZero() || renewAt.Before(next)) {
+			next = renewAt
+		}
+		results = append(results, r)
+	}
+	results = append(results, a.prune(ctx, wanted)...)
+	return results, next
+}
+
+func (a *Agent) now() time.Time {
+	if a.Clock != nil {
+		return a.Clock()
+	}
+	return time.Now()
+}
+
+func (a *Agent) log() *slog.Logger {
+	if a.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return a.Logger
+}
+
+// keep makes one mesh's cacerts match req; it returns the outcome and when
+// to renew.
+func (a *Agent) keep(ctx context.Context, req *relaypb.TrustRequest, sign SignFunc, now time.Time) (string, time.Time, error) {
+	if req.GetNamespace() == "" || req.GetMesh() == "" || req.GetIssuer() == "" || len(req.GetRootBundle()) == 0 {
+		return "error", time.Time{}, errors.New("incomplete trust request (mesh, namespace, issuer and root bundle are required)")
+	}
+	secrets := a.Client.CoreV1().Secrets(req.GetNamespace())
+	cur, err := secrets.Get(ctx, SecretName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		cur = nil
+	case err != nil:
+		return "error", time.Time{}, fmt.Errorf("read %s/%s: %w", req.GetNamespace(), SecretName, err)
+	case cur.Labels[OwnerLabel] != a.Owner:
+		return "conflict", time.Time{}, fmt.Errorf("%s/%s exists and is not managed by Relaymesh (a CA someone plugged in by hand): left as it is", req.GetNamespace(), SecretName)
+	}
+	if cur != nil {
+		if renewAt, ok := current(cur, req, now); ok {
+			return "unchanged", renewAt, nil
+		}
+	}
+	key, csrPEM, err := newKey(req.GetKeyAlgorithm())
+	if err != nil {
+		return "error", time.Time{}, err
+	}
+	resp, err := sign(ctx, &relaypb.IntermediateRequest{Mesh: req.GetMesh(), Csr: csrPEM})
+	if err != nil {
+		return "error", time.Time{}, fmt.Errorf("sign intermediate: %w", err)
+	}
+	chain, err := checkResponse(resp, req, key.Public(), now)
+	if err != nil {
+		return "error", time.Time{}, fmt.Errorf("the server's intermediate was refused: %w", err)
+	}
+	keyPEM, err := pemutil.Serialize(key)
+	if err != nil {
+		return "error", time.Time{}, errors.New("encode the intermediate key")
+	}
+	data := map[string][]byte{
+		KeyCACert:   pemCerts(chain[:1]),
+		KeyCAKey:    pem.EncodeToMemory(keyPEM),
+		KeyChain:    append(pemCerts(chain), resp.GetRootBundle()...),
+		KeyRootCert: resp.GetRootBundle(),
+	}
+	if cur == nil {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: SecretName, Namespace: req.GetNamespace(),
+			Labels: map[string]string{OwnerLabel: a.Owner}, Annotations: map[string]string{IssuerAnnotation: req.GetIssuer()}},
+			Type: corev1.SecretTypeOpaque, Data: data}
+		if _, err := secrets.Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			return "error", time.Time{}, fmt.Errorf("create %s/%s: %w", req.GetNamespace(), SecretName, err)
+		}
+	} else {
+		next := cur.DeepCopy()
+		next.Data = data
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		next.Annotations[IssuerAnnotation] = req.GetIssuer()
+		// resourceVersion makes this fail rather than overwrite a change
+		// made since it was read.
+		if _, err := secrets.Update(ctx, next, metav1.UpdateOptions{}); err != nil {
+			return "error", time.Time{}, fmt.Errorf("update %s/%s: %w", req.GetNamespace(), SecretName, err)
+		}
+	}
+	a.log().Info("mesh CA written", "namespace", req.GetNamespace(), "mesh", req.GetMesh(), "issuer", req.GetIssuer(),
+		"serial", chain[0].SerialNumber.Text(16), "not_after", chain[0].NotAfter)
+	return "applied", renewalTime(chain[0], req), nil
+}
+
+// current reports whether cur already holds what req asks for, and when it
+// must be renewed.
+func current(cur *corev1.Secret, req *relaypb.TrustRequest, now time.Time) (time.Time, bool) {
+	if !bytes.Equal(cur.Data[KeyRootCert], req.GetRootBundle()) || cur.Annotations[IssuerAnnotation] != req.GetIssuer() {
+		return time.Time{}, false
+	}
+	certs, err := pemutil.ParseCertificateBundle(cur.Data[KeyChain])
+	if err != nil || len(certs) == 0 {
+		return time.Time{}, false
+	}
+	key, err := pemutil.ParseKey(cur.Data[KeyCAKey])
+	if err != nil {
+		return time.Time{}, false
+	}
+	signer, ok := key.(crypto.Signer)
+	if !ok || !samePublicKey(signer.Public(), certs[0].PublicKey) {
+		return time.Time{}, false
+	}
+	if _, err := verifyChain(certs, req, now); err != nil {
+		return time.Time{}, false
+	}
+	renewAt := renewalTime(certs[0], req)
+	if !now.Before(renewAt) {
+		return time.Time{}, false
+	}
+	return renewAt, true
+}
+
+// checkResponse parses and verifies the server's answer: an intermediate CA
+// for our key, chaining to the root req names, within the bundle req asked
+// for.
+func checkResponse(resp *relaypb.IntermediateResponse, req *relaypb.TrustRequest, pub crypto.PublicKey, now time.Time) ([]*x509.Certificate, error) {
+	if len(resp.GetCertificateChain())+len(resp.GetRootBundle()) > maxSecretBytes {
+		return nil, fmt.Errorf("answer larger than %d bytes", maxSecretBytes)
+	}
+	if !bytes.Equal(resp.GetRootBundle(), req.GetRootBundle()) || resp.GetIssuer() != req.GetIssuer() {
+		return nil, errors.New("the answer names another root bundle or issuer than the request")
+	}
+	certs, err := pemutil.ParseCertificateBundle(resp.GetCertificateChain())
+	if err != nil || len(certs) == 0 {
+		return nil, errors.New("certificate chain is not PEM certificates")
+	}
+	if !samePublicKey(pub, certs[0].PublicKey) {
+		return nil, errors.New("the intermediate is not for the key we generated")
+	}
+	if !certs[0].IsCA || !certs[0].BasicConstraintsValid || certs[0].MaxPathLen != 0 || !certs[0].MaxPathLenZero {
+		return nil, errors.New("the intermediate is not a CA limited to path length 0")
+	}
+	return verifyChain(certs, req, now)
+}
+
+// verifyChain checks that chain verifies to the root named by req.issuer,
+// which must be in req's bundle.
+func verifyChain(chain []*x509.Certificate, req *relaypb.TrustRequest, now time.Time) ([]*x509.Certificate, error) {
+	roots, err := pemutil.ParseCertificateBundle(req.GetRootBundle())
+	if err != nil || len(roots) == 0 {
+		return nil, errors.New("root bundle is not PEM certificates")
+	}
+	idx := slices.IndexFunc(roots, func(c *x509.Certificate) bool { return Fingerprint(c) == req.GetIssuer() })
+	if idx < 0 {
+		return nil, errors.New("the issuer is not in the root bundle")
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(roots[idx])
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return nil, fmt.Errorf("does not chain to the requested root: %w", err)
+	}
+	return chain, nil
+}
+
+func renewalTime(c *x509.Certificate, req *relaypb.TrustRequest) time.Time {
+	pct := req.GetRenewAtPercent()
+	if pct < 10 || pct > 90 {
+		pct = defaultRenewAtPercent
+	}
+	life := c.NotAfter.Sub(c.NotBefore)
+	return c.NotBefore.Add(life * time.Duration(pct) / 100)
+}
+
+// newKey generates the intermediate's key and its CSR.
+func newKey(alg string) (crypto.Signer, []byte, error) {
+	var (
+		k   any
+		err error
+	)
+	switch alg {
+	case "", "ECDSAP256":
+		k, err = keyutil.GenerateKey("EC", "P-256", 0)
+	case "ECDSAP384":
+		k, err = keyutil.GenerateKey("EC", "P-384", 0)
+	case "RSA3072":
+		k, err = keyutil.GenerateKey("RSA", "", 3072)
+	case "RSA4096":
+		k, err = keyutil.GenerateKey("RSA", "", 4096)
+	default:
+		return nil, nil, fmt.Errorf("key algorithm %q is not one of ECDSAP256, ECDSAP384, RSA3072, RSA4096", alg)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate key: %w", err)
+	}
+	signer, ok := k.(crypto.Signer)
+	if !ok {
+		return nil, nil, errors.New("generated key cannot sign")
+	}
+	// No subject and no names: the server decides the whole certificate.
+	csr, err := x509util.CreateCertificateRequest("", nil, signer)
+	if err != nil {
+		return nil, nil, fmt.Errorf("certificate request: %w", err)
+	}
+	return signer, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr.Raw}), nil
+}
+
+// prune deletes the cacerts Secrets this agent manages in namespaces no
+// longer asked for.
+func (a *Agent) prune(ctx context.Context, wanted map[string]bool) []*relaypb.ObjectResult {
+	list, err := a.Client.CoreV1().Secrets("").List(ctx, metav1.ListOptions{
+		LabelSelector: OwnerLabel + "=" + a.Owner, FieldSelector: "metadata.name=" + SecretName})
+	if err != nil {
+		return []*relaypb.ObjectResult{{ApiVersion: "v1", Kind: "Secret", Name: SecretName, Outcome: "error", Error: "list managed cacerts: " + err.Error()}}
+	}
+	var out []*relaypb.ObjectResult
+	for _, s := range list.Items {
+		if wanted[s.Namespace] {
+			continue
+		}
+		r := &relaypb.ObjectResult{ApiVersion: "v1", Kind: "Secret", Namespace: s.Namespace, Name: SecretName, Outcome: "pruned"}
+		uid := s.UID
+		if err := a.Client.CoreV1().Secrets(s.Namespace).Delete(ctx, SecretName, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
+			r.Outcome, r.Error = "error", err.Error()
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// Fingerprint is the hex SHA-256 of a certificate's DER.
+func Fingerprint(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.Raw)
+	return hex.EncodeToString(sum[:])
+}
+
+func pemCerts(certs []*x509.Certificate) []byte {
+	var b []byte
+	for _, c := range certs {
+		b = append(b, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return b
+}
+
+func samePublicKey(a, b crypto.PublicKey) bool {
+	switch k := a.(type) {
+	case *ecdsa.PublicKey:
+		return k.Equal(b)
+	case *rsa.PublicKey:
+		return k.Equal(b)
+	}
+	return false
+}

@@ -1,0 +1,204 @@
+package trust_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/audit"
+	"github.com/relaymesh/relaymesh/ca"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/trust"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.step.sm/crypto/pemutil"
+	"go.step.sm/crypto/x509util"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+)
+
+// published records what the controller publishes per cluster.
+type published struct {
+	mu   sync.Mutex
+	sets map[string][]*relaypb.TrustRequest
+}
+
+func (p *published) SetTrust(cluster string, reqs []*relaypb.TrustRequest) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sets[cluster] = reqs
+}
+
+func (p *published) get(cluster string) []*relaypb.TrustRequest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sets[cluster]
+}
+
+func csrPEM(t *testing.T) []byte {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	csr, err := x509util.CreateCertificateRequest("", nil, k)
+	require.NoError(t, err)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr.Raw})
+}
+
+// The controller asks each cluster for the CAs of its meshes that belong to
+// a valid VirtualMesh with shared trust, and signs intermediates only for a
+// mesh of the caller's own cluster.
+func TestControllerPublishesAndAuthorizes(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cl := env.Cluster("cluster-1")
+	kube := client(t)
+	ns := namespace(t, kube)
+	dyn, err := dynamic.NewForConfig(cl.RESTConfig())
+	require.NoError(t, err)
+	manifest := ""
+	for i, c := range []string{"c1", "c2"} {
+		manifest += fmt.Sprintf(`
+apiVersion: discovery.relaymesh.io/v1alpha1
+kind: Mesh
+metadata: {name: istiod-istio-system-%[1]s, namespace: %[2]s}
+spec:
+  istio:
+    installation: {namespace: istio-system, cluster: %[1]s}
+    trustDomain: %[1]s.local
+---
+`, c, ns)
+		_ = i
+	}
+	manifest += fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: %[1]s}
+spec:
+  meshes: [{name: istiod-istio-system-c1}, {name: istiod-istio-system-c2}]
+  mtls:
+    shared:
+      rootCA: {generated: {}}
+      intermediateOptions: {ttl: 2h, renewAtPercent: 50}
+`, ns)
+	_, err = cl.Apply(ctx, "test", []byte(manifest))
+	require.NoError(t, err)
+
+	pub := &published{sets: map[string][]*relaypb.TrustRequest{}}
+	ctl, err := trust.Start(ctx, trust.Config{Dynamic: dyn, Kube: kube, Namespace: ns, Outputs: pub,
+		Clusters: func() []string { return []string{"c1", "c2", "c3"} }, Audit: audit.Discard})
+	require.NoError(t, err)
+
+	require.Len(t, pub.get("c1"), 1)
+	require.Len(t, pub.get("c2"), 1)
+	assert.Empty(t, pub.get("c3"), "a cluster without a member mesh gets an empty set")
+	req := pub.get("c1")[0]
+	assert.Equal(t, "istiod-istio-system-c1", req.GetMesh())
+	assert.Equal(t, "istio-system", req.GetNamespace())
+	assert.Equal(t, int32(50), req.GetRenewAtPercent())
+	assert.Equal(t, pub.get("c2")[0].GetRootBundle(), req.GetRootBundle(), "one root for the VirtualMesh")
+	roots, err := pemutil.ParseCertificateBundle(req.GetRootBundle())
+	require.NoError(t, err)
+	require.Len(t, roots, 1)
+	assert.Equal(t, trust.Fingerprint(roots[0]), req.GetIssuer())
+	secrets, err := kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/virtualmesh-root=true"})
+	require.NoError(t, err)
+	require.Len(t, secrets.Items, 1, "the generated root lives in one Secret of the server's namespace")
+
+	resp, err := ctl.SignIntermediate(ctx, "c1", &relaypb.IntermediateRequest{Mesh: "istiod-istio-system-c1", Csr: csrPEM(t)})
+	require.NoError(t, err)
+	chain, err := pemutil.ParseCertificateBundle(resp.GetCertificateChain())
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	pool.AddCert(roots[0])
+	_, err = chain[0].Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	require.NoError(t, err)
+	assert.True(t, chain[0].IsCA && chain[0].MaxPathLenZero)
+	assert.WithinDuration(t, time.Now().Add(2*time.Hour), chain[0].NotAfter, 5*time.Minute, "intermediateOptions.ttl")
+	assert.Equal(t, req.GetIssuer(), resp.GetIssuer())
+
+	for _, tc := range []struct {
+		name, cluster, mesh string
+		csr                 []byte
+		code                codes.Code
+	}{
+		{"a mesh of another cluster", "c2", "istiod-istio-system-c1", csrPEM(t), codes.PermissionDenied},
+		{"an unknown mesh", "c1", "istiod-nowhere", csrPEM(t), codes.FailedPrecondition},
+		{"garbage CSR", "c1", "istiod-istio-system-c1", []byte("not a csr"), codes.InvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ctl.SignIntermediate(ctx, tc.cluster, &relaypb.IntermediateRequest{Mesh: tc.mesh, Csr: tc.csr})
+			require.Error(t, err)
+			assert.Equal(t, tc.code, status.Code(err), err.Error())
+		})
+	}
+
+	// A VirtualMesh that stops asking for shared trust: no more requests.
+	_, err = cl.Apply(ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: %s}
+spec:
+  meshes: [{name: istiod-istio-system-c1}, {name: istiod-istio-system-c2}]
+`, ns)))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(pub.get("c1")) == 0 && len(pub.get("c2")) == 0 }, 10*time.Second, 50*time.Millisecond)
+	_, err = ctl.SignIntermediate(ctx, "c1", &relaypb.IntermediateRequest{Mesh: "istiod-istio-system-c1", Csr: csrPEM(t)})
+	assert.Equal(t, codes.FailedPrecondition, status.Code(err))
+}
+
+// A VirtualMesh cannot make the server sign with a key from another
+// namespace: a root Secret outside the server's namespace is refused and
+// nothing is asked of the meshes.
+func TestRootSecretMustBeInTheServersNamespace(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cl := env.Cluster("cluster-1")
+	kube := client(t)
+	server, other := namespace(t, kube), "default"
+	dyn, err := dynamic.NewForConfig(cl.RESTConfig())
+	require.NoError(t, err)
+	root, err := ca.GenerateMeshRoot(ca.MeshRootConfig{VirtualMesh: "stolen"})
+	require.NoError(t, err)
+	keyBlock, err := pemutil.Serialize(root.Key)
+	require.NoError(t, err)
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: root.Cert.Raw})
+	_, err = kube.CoreV1().Secrets(other).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "team-root-" + server, Namespace: other},
+		Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: pem.EncodeToMemory(keyBlock)}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = cl.Apply(ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: discovery.relaymesh.io/v1alpha1
+kind: Mesh
+metadata: {name: istiod-c9, namespace: %[1]s}
+spec:
+  istio:
+    installation: {namespace: istio-system, cluster: c9}
+    trustDomain: c9.local
+---
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: stolen, namespace: %[1]s}
+spec:
+  meshes: [{name: istiod-c9}]
+  mtls:
+    shared:
+      rootCA: {secret: {name: team-root-%[1]s, namespace: %[2]s}}
+`, server, other)))
+	require.NoError(t, err)
+	pub := &published{sets: map[string][]*relaypb.TrustRequest{}}
+	ctl, err := trust.Start(ctx, trust.Config{Dynamic: dyn, Kube: kube, Namespace: server, Outputs: pub,
+		Clusters: func() []string { return []string{"c9"} }, Audit: audit.Discard})
+	require.NoError(t, err)
+	assert.Empty(t, pub.get("c9"))
+	_, err = ctl.SignIntermediate(ctx, "c9", &relaypb.IntermediateRequest{Mesh: "istiod-c9", Csr: csrPEM(t)})
+	assert.Equal(t, codes.FailedPrecondition, status.Code(err))
+}
