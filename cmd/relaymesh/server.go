@@ -19,6 +19,7 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
+	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/relaymesh/relaymesh/trust"
@@ -34,7 +35,15 @@ identity service agents bootstrap and renew with, and their sessions.
 On first start it generates the relay root and issuing CA into the secrets
 relay-root-tls-secret and relay-tls-signing-secret of --namespace (or uses a
 provided CA: --ca-cert/--ca-key/--ca-roots). Every token use, issuance,
-renewal, denial and revocation goes to --audit-log.`
+renewal, denial, revocation and admission decision goes to --audit-log.
+
+Admission: every VirtualMesh, TrafficPolicy, AccessPolicy and
+VirtualDestination is judged by the built-in OPA rules and the rule sets in
+ConfigMaps labelled relaymesh.io/admission-policy in --namespace (reloaded
+on change). With --webhook-listen and --webhook-url or --webhook-service the
+server also registers a ValidatingWebhookConfiguration so kubectl is told at
+once; without it, refused objects are created but marked Invalid and never
+translated.`
 
 type serverFlags struct {
 	kubeconfig, namespace, listen, metricsListen, trustDomain string
@@ -42,6 +51,8 @@ type serverFlags struct {
 	caCert, caKey, caRoots, caSecret                          string
 	agentTTL                                                  time.Duration
 	allowSharedToken, allowKubeconfig                         bool
+	webhookListen, webhookURL, webhookService                 string
+	webhookDNSNames, webhookIPs, webhookFailurePolicy         string
 }
 
 func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -62,6 +73,12 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&f.caSecret, "ca-secret", "", "provided relay CA from a Secret in --namespace (keys tls.crt, tls.key, ca.crt)")
 	fs.DurationVar(&f.agentTTL, "agent-cert-ttl", 24*time.Hour, "lifetime of agent client certificates (renewed at about 2/3)")
 	fs.BoolVar(&f.allowSharedToken, "allow-shared-token", false, "WEAKER: also accept the shared token of relay-identity-token-secret (seed-product compatibility)")
+	fs.StringVar(&f.webhookListen, "webhook-listen", "", "serve the admission webhook (HTTPS) on this address, e.g. :9443; empty: no webhook, only the in-process check before translation")
+	fs.StringVar(&f.webhookURL, "webhook-url", "", "URL the kube-apiserver calls the webhook at (https://…/validate); or --webhook-service")
+	fs.StringVar(&f.webhookService, "webhook-service", "", "Service the kube-apiserver calls the webhook through, NAMESPACE/NAME[:PORT]; or --webhook-url")
+	fs.StringVar(&f.webhookDNSNames, "webhook-dns-names", "", "comma-separated DNS names of the webhook's certificate (default: the URL's host, or the Service's names)")
+	fs.StringVar(&f.webhookIPs, "webhook-ips", "", "comma-separated IPs of the webhook's certificate (default: the URL's host if it is an IP)")
+	fs.StringVar(&f.webhookFailurePolicy, "webhook-failure-policy", "Fail", "Fail (an unreachable webhook blocks changes) or WEAKER Ignore (changes pass while it is down; the in-process check still marks refused objects Invalid)")
 	fs.BoolVar(&f.allowKubeconfig, "allow-kubeconfig-clusters", false, "WEAKER: manage clusters registered in kubeconfig mode, with the kubeconfig in their Secret (the server then holds their credentials)")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
@@ -178,8 +195,21 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if _, err := relay.RunPassthrough(ctx, kube.dynamic, f.namespace, outputs, log, sources...); err != nil {
 		return err
 	}
+	// Admission: the same OPA decision for the webhook and, before
+	// translation, for every stored object.
+	admitter, err := admission.New(admission.Config{Recorder: auditLog, Registerer: reg, Logger: log})
+	if err != nil {
+		return err
+	}
+	loader, err := admission.NewLoader(admission.LoaderConfig{Client: kube.typed, Namespace: f.namespace, Engine: admitter, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := loader.Start(ctx); err != nil {
+		return err
+	}
 	ctl, err := controller.Start(ctx, controller.Config{Client: kube.dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: view,
-		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }})
+		Admission: admitter, Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }})
 	if err != nil {
 		return err
 	}
@@ -222,6 +252,15 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	if f.webhookListen != "" {
+		stop, err := f.serveWebhook(ctx, kube, authority, admitter, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	} else {
+		log.Warn("no admission webhook (--webhook-listen): objects the rules refuse can be created, and are marked Invalid and not translated")
+	}
 	mux := opsMux(reg, func() error { return nil })
 	mux.HandleFunc("/debug/snapshots/input", jsonHandler(func() any { return view.Clusters() }))
 	mux.HandleFunc("/debug/snapshots/output", jsonHandler(func() any { return outputs.All() }))
@@ -250,6 +289,14 @@ func (f serverFlags) validate() error {
 	}
 	if f.namespace == "" {
 		errs = append(errs, errors.New("--namespace must not be empty"))
+	}
+	if f.webhookListen == "" && (f.webhookURL != "" || f.webhookService != "") {
+		errs = append(errs, errors.New("--webhook-url and --webhook-service need --webhook-listen"))
+	}
+	if f.webhookListen != "" {
+		if _, err := f.webhookTarget(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	provided := 0
 	for _, v := range []string{f.caCert, f.caKey, f.caRoots} {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/relaymesh/relaymesh/policy/admission"
@@ -58,6 +60,48 @@ func FuzzDecide(f *testing.F) {
 		for _, den := range d.Denials {
 			assert.NotEmpty(t, den.Rule)
 			assert.LessOrEqual(t, len(den.Message), 1024)
+		}
+	})
+}
+
+// FuzzWebhook feeds arbitrary bodies to the webhook handler: it must not
+// panic, must answer a well-formed AdmissionReview or an HTTP error, and
+// must never allow what it could not read.
+func FuzzWebhook(f *testing.F) {
+	for _, seed := range []string{
+		`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","kind":{"kind":"AccessPolicy"},"operation":"CREATE","namespace":"a","name":"b","object":{"spec":{}}}}`,
+		`{"request":{"uid":"2","kind":{"kind":"TrafficPolicy"},"operation":"UPDATE","object":{"spec":{"policy":{}}},"oldObject":[]}}`,
+		`{"request":{"object":"x"}}`,
+		`{"request":null}`,
+		`[]`,
+		``,
+	} {
+		f.Add([]byte(seed))
+	}
+	engine, err := admission.New(admission.Config{Recorder: &recorder{}})
+	require.NoError(f, err)
+	hook := &admission.Webhook{Engine: engine}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		w := httptest.NewRecorder()
+		hook.ServeHTTP(w, httptest.NewRequest(http.MethodPost, admission.WebhookPath, bytes.NewReader(body)))
+		if w.Code != http.StatusOK {
+			return
+		}
+		var review struct {
+			Response *struct {
+				Allowed bool `json:"allowed"`
+			} `json:"response"`
+			Request json.RawMessage `json:"request"`
+		}
+		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &review), "a 200 answer is JSON")
+		require.NotNil(t, review.Response, "a 200 answer has a response")
+		if review.Response.Allowed {
+			var in struct {
+				Request struct {
+					Object map[string]any `json:"object"`
+				} `json:"request"`
+			}
+			require.NoError(t, json.Unmarshal(body, &in), "allowed only what it could read")
 		}
 	})
 }

@@ -113,3 +113,9 @@ func statusOf(t *testing.T, all []admission.RuleSetStatus, name string) admissio
 	require.Failf(t, "no status", "rule set %s has no status in %+v", name, all)
 	return admission.RuleSetStatus{}
 }
+
+func (r *recorder) all() []audit.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]audit.Event(nil), r.events...)
+}

@@ -88,6 +88,8 @@ type Controller struct {
 	published map[string]bool // clusters that have a published set
 	written   map[translation.ObjectKey]writtenStatus
 	acks      Acks
+	admission Admitter
+	admitted  map[string]admitted
 	versions  map[string]uint64                          // cluster → output version that carries translation's current objects
 	parentsIn map[string]map[translation.Parent][]string // cluster → parent → sorted keys of its objects there
 }
@@ -113,8 +115,11 @@ type Config struct {
 	Clusters func() []string
 	// Acks, when set, puts each user object's per-cluster apply results in
 	// its status (status.clusters).
-	Acks   Acks
-	Logger *slog.Logger
+	Acks Acks
+	// Admission, when set, judges every user object before translation; a
+	// refused one is Invalid with the rule's message and never translated.
+	Admission Admitter
+	Logger    *slog.Logger
 }
 
 // Start watches, translates once synced, and keeps translating after every
@@ -124,7 +129,7 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		log: cfg.Logger.With("component", "translation"), informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{},
 		wake: make(chan struct{}, 1), engine: NewEngine(cfg.Namespace), typed: map[schema.GroupVersionResource]map[string]typedObject{},
 		published: map[string]bool{}, written: map[translation.ObjectKey]writtenStatus{},
-		acks: cfg.Acks, versions: map[string]uint64{}, parentsIn: map[string]map[translation.Parent][]string{}}
+		acks: cfg.Acks, admission: cfg.Admission, admitted: map[string]admitted{}, versions: map[string]uint64{}, parentsIn: map[string]map[translation.Parent][]string{}}
 	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Client, 10*time.Minute, cfg.Namespace, nil)
 	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Client, 10*time.Minute)
 	kick := func() {
@@ -147,6 +152,20 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	}
 	for _, gvr := range []schema.GroupVersionResource{gvrVirtualMesh, gvrTraffic, gvrAccess, gvrVirtualDest} {
 		c.informers[gvr] = users.ForResource(gvr).Informer()
+	}
+	if c.admission != nil {
+		// Rules may read a namespace's labels.
+		c.informers[gvrNamespace] = users.ForResource(gvrNamespace).Informer()
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-c.admission.Changed():
+					kick() // the rules changed: judge every object again
+				}
+			}
+		}()
 	}
 	for _, inf := range c.informers {
 		if _, err := inf.AddEventHandler(handler); err != nil {
@@ -269,7 +288,9 @@ func (c *Controller) translate(ctx context.Context) error {
 		// holes in it.
 		return fmt.Errorf("not translating, the published outputs stay: %w", err)
 	}
+	in, refused := c.admit(ctx, in)
 	report := c.engine.Translate(in)
+	report.Merge(refused)
 	stats := c.engine.Stats()
 	if stats.Full && stats.FullReason != "" {
 		c.log.Warn("incremental translation gave way to a full one", "reason", stats.FullReason)

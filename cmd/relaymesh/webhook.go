@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/policy/admission"
+	"github.com/relaymesh/relaymesh/relay"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// webhookTarget is where the kube-apiserver reaches the webhook, and the
+// names its certificate must carry.
+type webhookTarget struct {
+	reg      admission.Registration
+	dnsNames []string
+	ips      []net.IP
+}
+
+// webhookTarget checks the webhook flags.
+func (f serverFlags) webhookTarget() (webhookTarget, error) {
+	var t webhookTarget
+	switch fp := admissionregistrationv1.FailurePolicyType(f.webhookFailurePolicy); fp {
+	case admissionregistrationv1.Fail, admissionregistrationv1.Ignore:
+		t.reg.FailurePolicy = fp
+	default:
+		return t, fmt.Errorf("--webhook-failure-policy %q: use Fail or Ignore", f.webhookFailurePolicy)
+	}
+	switch {
+	case (f.webhookURL == "") == (f.webhookService == ""):
+		return t, errors.New("--webhook-listen needs exactly one of --webhook-url and --webhook-service")
+	case f.webhookURL != "":
+		u, err := url.Parse(f.webhookURL)
+		if err != nil || u.Scheme != "https" || u.Host == "" {
+			return t, fmt.Errorf("--webhook-url %q: an https URL is required", f.webhookURL)
+		}
+		t.reg.URL = f.webhookURL
+		if ip := net.ParseIP(u.Hostname()); ip != nil {
+			t.ips = append(t.ips, ip)
+		} else {
+			t.dnsNames = append(t.dnsNames, u.Hostname())
+		}
+	default:
+		nsName, port, _ := strings.Cut(f.webhookService, ":")
+		ns, name, ok := strings.Cut(nsName, "/")
+		if !ok || ns == "" || name == "" {
+			return t, fmt.Errorf("--webhook-service %q: use NAMESPACE/NAME[:PORT]", f.webhookService)
+		}
+		t.reg.ServiceNamespace, t.reg.ServiceName = ns, name
+		if port != "" {
+			p, err := strconv.ParseInt(port, 10, 32)
+			if err != nil || p < 1 || p > 65535 {
+				return t, fmt.Errorf("--webhook-service %q: bad port", f.webhookService)
+			}
+			t.reg.ServicePort = int32(p)
+		}
+		t.dnsNames = append(t.dnsNames, name+"."+ns+".svc", name+"."+ns+".svc.cluster.local")
+	}
+	if f.webhookDNSNames != "" {
+		t.dnsNames = splitList(f.webhookDNSNames)
+	}
+	if f.webhookIPs != "" {
+		t.ips = nil
+		for _, s := range splitList(f.webhookIPs) {
+			ip := net.ParseIP(s)
+			if ip == nil {
+				return t, fmt.Errorf("--webhook-ips: %q is not an IP address", s)
+			}
+			t.ips = append(t.ips, ip)
+		}
+	}
+	return t, nil
+}
+
+// serveWebhook serves the admission webhook with a certificate from the
+// relay CA and registers it (caBundle: the relay roots). It returns a
+// function that stops serving.
+func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeClients, authority *ca.Authority, engine *admission.Engine, log *slog.Logger) (func(), error) {
+	t, err := f.webhookTarget()
+	if err != nil {
+		return nil, err
+	}
+	if t.reg.FailurePolicy == admissionregistrationv1.Ignore {
+		log.Warn("admission webhook failurePolicy is Ignore: while the webhook is down, objects the rules refuse are created (the in-process check still marks them Invalid)")
+	}
+	cert, err := relay.NewServingCert(ctx, authority, t.dnsNames, t.ips, func(context.Context, []byte, []byte) error { return nil }, log.With("for", "admission-webhook"))
+	if err != nil {
+		return nil, fmt.Errorf("webhook certificate: %w", err)
+	}
+	go cert.Run(ctx)
+	for _, r := range authority.Roots() {
+		t.reg.CABundle = append(t.reg.CABundle, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Raw})...)
+	}
+	hook := &admission.Webhook{Engine: engine, Logger: log, NamespaceLabels: func(ctx context.Context, ns string) (map[string]string, error) {
+		n, err := kube.typed.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return n.Labels, nil
+	}}
+	mux := http.NewServeMux()
+	mux.Handle(admission.WebhookPath, hook)
+	lis, err := net.Listen("tcp", f.webhookListen)
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Certificate() }}}
+	go func() { _ = srv.ServeTLS(lis, "", "") }()
+	if err := admission.Register(ctx, kube.typed, t.reg); err != nil {
+		_ = srv.Close()
+		return nil, err
+	}
+	log.Info("admission webhook serving", "listen", lis.Addr().String(), "url", t.reg.URL, "service", t.reg.ServiceNamespace+"/"+t.reg.ServiceName,
+		"failure_policy", string(t.reg.FailurePolicy))
+	return func() { _ = srv.Close() }, nil
+}

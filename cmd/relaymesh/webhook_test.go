@@ -1,0 +1,55 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The webhook flags are checked before anything starts, each problem with
+// a message naming the flag.
+func TestWebhookFlags(t *testing.T) {
+	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", webhookFailurePolicy: "Fail", dnsNames: "localhost"}
+	for _, tc := range []struct {
+		name string
+		edit func(*serverFlags)
+		want string
+	}{
+		{"url without listen", func(f *serverFlags) { f.webhookURL = "https://127.0.0.1:9443/validate" }, "need --webhook-listen"},
+		{"neither url nor service", func(f *serverFlags) { f.webhookListen = ":9443" }, "exactly one of --webhook-url and --webhook-service"},
+		{"both", func(f *serverFlags) {
+			f.webhookListen, f.webhookURL, f.webhookService = ":9443", "https://x/validate", "relaymesh/hook"
+		}, "exactly one of"},
+		{"plain http", func(f *serverFlags) { f.webhookListen, f.webhookURL = ":9443", "http://127.0.0.1:9443/validate" }, "an https URL is required"},
+		{"service without namespace", func(f *serverFlags) { f.webhookListen, f.webhookService = ":9443", "hook" }, "NAMESPACE/NAME[:PORT]"},
+		{"service bad port", func(f *serverFlags) { f.webhookListen, f.webhookService = ":9443", "relaymesh/hook:99999" }, "bad port"},
+		{"bad ip", func(f *serverFlags) {
+			f.webhookListen, f.webhookURL, f.webhookIPs = ":9443", "https://127.0.0.1:9443/validate", "not-an-ip"
+		}, "not an IP address"},
+		{"bad failure policy", func(f *serverFlags) {
+			f.webhookListen, f.webhookURL, f.webhookFailurePolicy = ":9443", "https://127.0.0.1:9443/validate", "Sometimes"
+		}, "use Fail or Ignore"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := base
+			tc.edit(&f)
+			err := f.validate()
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+
+	f := base
+	f.webhookListen, f.webhookService = ":9443", "relaymesh/relaymesh-webhook:443"
+	require.NoError(t, f.validate())
+	target, err := f.webhookTarget()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"relaymesh-webhook.relaymesh.svc", "relaymesh-webhook.relaymesh.svc.cluster.local"}, target.dnsNames)
+	assert.Equal(t, int32(443), target.reg.ServicePort)
+	f.webhookListen, f.webhookService, f.webhookURL = ":9443", "", "https://127.0.0.1:9443/validate"
+	target, err = f.webhookTarget()
+	require.NoError(t, err)
+	require.Len(t, target.ips, 1)
+	assert.Equal(t, "127.0.0.1", target.ips[0].String())
+}

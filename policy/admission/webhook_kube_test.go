@@ -1,0 +1,183 @@
+package admission_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/audit"
+	"github.com/relaymesh/relaymesh/policy/admission"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// servingCert makes a CA and a certificate for 127.0.0.1 signed by it.
+func servingCert(t *testing.T) (tls.Certificate, []byte) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "webhook test CA"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
+	require.NoError(t, err)
+	caCert, err := x509.ParseCertificate(caDER)
+	require.NoError(t, err)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, key.Public(), caKey)
+	require.NoError(t, err)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+}
+
+// The real kube-apiserver calls the webhook: a denied object is refused at
+// apply time with the rule's message, an allowed one is created, the
+// namespace's labels reach the rules, and every decision is audited with the
+// user who asked.
+func TestWebhookWithRealAPIServer(t *testing.T) {
+	ctx := context.Background()
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	cl := env.Cluster("mgmt")
+	cs, err := cl.Clientset()
+	require.NoError(t, err)
+	for name, labels := range map[string]map[string]string{"team-a": nil, "prod": {"relaymesh.io/environment": "production"}} {
+		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+
+	engine, rec := newEngine(t, nil)
+	hook := &admission.Webhook{Engine: engine, NamespaceLabels: func(ctx context.Context, ns string) (map[string]string, error) {
+		n, err := cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return n.Labels, nil
+	}}
+	cert, caPEM := servingCert(t)
+	srv := httptest.NewUnstartedServer(hook)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	require.NoError(t, admission.Register(ctx, cs, admission.Registration{URL: srv.URL + admission.WebhookPath, CABundle: caPEM}))
+	vwc, err := cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, "relaymesh-admission", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, admissionregistrationv1.Fail, *vwc.Webhooks[0].FailurePolicy, "fail closed by default")
+
+	allowAll := `
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: everyone, namespace: team-a%s}
+spec: {}
+`
+	// The apiserver picks up a new webhook configuration within moments.
+	var applyErr error
+	require.Eventually(t, func() bool {
+		_, applyErr = cl.Apply(ctx, "test", []byte(strings.ReplaceAll(allowAll, "%s", "")))
+		return applyErr != nil
+	}, 20*time.Second, 200*time.Millisecond, "the allow-all AccessPolicy is refused by the webhook")
+	assert.Contains(t, applyErr.Error(), "lets every source reach every destination")
+	assert.Contains(t, applyErr.Error(), "relaymesh.admission.access_allow_all")
+
+	_, err = cl.Apply(ctx, "test", []byte(strings.ReplaceAll(allowAll, "%s", `, annotations: {relaymesh.io/allow-all: "true"}`)))
+	require.NoError(t, err, "with the annotation it is allowed")
+
+	fault := `
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: TrafficPolicy
+metadata: {name: chaos, namespace: %s}
+spec:
+  policy:
+    faultInjection: {percentage: 10, abort: {httpStatus: 503}}
+`
+	_, err = cl.Apply(ctx, "test", []byte(strings.ReplaceAll(fault, "%s", "prod")))
+	require.Error(t, err, "fault injection in a production namespace")
+	assert.Contains(t, err.Error(), "production")
+	_, err = cl.Apply(ctx, "test", []byte(strings.ReplaceAll(fault, "%s", "team-a")))
+	require.NoError(t, err)
+
+	events := rec.all()
+	require.NotEmpty(t, events)
+	var denied, allowed int
+	for _, e := range events {
+		assert.Equal(t, audit.AdmissionDecision, e.Type)
+		assert.NotEmpty(t, e.Subject, "the user who asked")
+		if e.Result == audit.ResultFailure {
+			denied++
+		} else {
+			allowed++
+		}
+	}
+	assert.GreaterOrEqual(t, denied, 2)
+	assert.GreaterOrEqual(t, allowed, 2)
+
+	// With the webhook unreachable and failurePolicy Fail, nothing passes.
+	srv.Close()
+	_, err = cl.Apply(ctx, "test", []byte(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: while-down, namespace: team-a}
+spec: {destinationSelector: [{kubeServiceMatcher: {namespaces: [team-a]}}]}
+`))
+	require.Error(t, err, "failurePolicy Fail: an unreachable webhook blocks changes")
+}
+
+// Bad requests to the handler are refused without a decision.
+func TestWebhookRefusesBadRequests(t *testing.T) {
+	engine, rec := newEngine(t, nil)
+	hook := &admission.Webhook{Engine: engine}
+	for _, tc := range []struct {
+		name, method string
+		body         []byte
+		code         int
+	}{
+		{"GET", http.MethodGet, nil, http.StatusMethodNotAllowed},
+		{"not JSON", http.MethodPost, []byte("{"), http.StatusBadRequest},
+		{"no request", http.MethodPost, []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`), http.StatusBadRequest},
+		{"oversized", http.MethodPost, bytes.Repeat([]byte(" "), 8<<20), http.StatusRequestEntityTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			hook.ServeHTTP(w, httptest.NewRequest(tc.method, admission.WebhookPath, bytes.NewReader(tc.body)))
+			assert.Equal(t, tc.code, w.Code)
+		})
+	}
+	assert.Empty(t, rec.all(), "nothing was decided")
+
+	// An object that is not a JSON object is denied (fail closed), with the UID echoed.
+	review := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{UID: "u-1", Kind: metav1.GroupVersionKind{Kind: "AccessPolicy"}, Operation: admissionv1.Create,
+			Namespace: "team-a", Name: "x", Object: runtime.RawExtension{Raw: []byte(`"a string, not an object"`)}}}
+	body, err := json.Marshal(review)
+	require.NoError(t, err)
+	w := httptest.NewRecorder()
+	hook.ServeHTTP(w, httptest.NewRequest(http.MethodPost, admission.WebhookPath, bytes.NewReader(body)))
+	require.Equal(t, http.StatusOK, w.Code)
+	var out admissionv1.AdmissionReview
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &out))
+	require.NotNil(t, out.Response)
+	assert.Equal(t, "u-1", string(out.Response.UID))
+	assert.False(t, out.Response.Allowed)
+}

@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/examples"
+	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+)
+
+const allowAll = `apiVersion: networking.relaymesh.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: %s, namespace: relaymesh}
+spec: {}
+`
+
+// TestAdmission: an AccessPolicy the default rules refuse, created while no
+// webhook runs, ends up Invalid with the rule's message and is never
+// translated; with the webhook registered, the real kube-apiserver calls it
+// and kubectl apply is refused with that message.
+func TestAdmission(t *testing.T) {
+	ctx := context.Background()
+	bin, env, dir := Setup(t, "mgmt", "cluster-1")
+	mgmt := env.Cluster("mgmt")
+	sample, err := examples.Demo.ReadFile("demo/workload-cluster.yaml")
+	require.NoError(t, err)
+	_, err = env.Cluster("cluster-1").Apply(ctx, "test", []byte(strings.ReplaceAll(string(sample), "CLUSTER", "cluster-1")))
+	require.NoError(t, err)
+
+	// First without a webhook.
+	relayAddr, opsAddr := Addr(t), Addr(t)
+	serverArgs := []string{"server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+		"--audit-log", dir + "/audit.log", "--server-dns-names", "localhost"}
+	server := Start(t, bin, dir, "server", serverArgs...)
+	waitHealthy(t, opsAddr)
+	_, err = Run(t, bin, "cluster", "register", "cluster-1", "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster("cluster-1").Kubeconfig, "--server-address", relayAddr)
+	require.NoError(t, err)
+	Start(t, bin, dir, "agent-cluster-1", "agent", "--kubeconfig", env.Cluster("cluster-1").Kubeconfig, "--health-listen", Addr(t), "--metrics-listen", Addr(t))
+	mgmtDyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
+	require.NoError(t, err)
+	Eventually(t, 60*time.Second, "cluster-1 discovered", func() (bool, string) {
+		l, err := mgmtDyn.Resource(relay.DestinationsResource).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 2, fmt.Sprint(err)
+	})
+
+	_, err = mgmt.Apply(ctx, "test", []byte(fmt.Sprintf(allowAll, "sneaked-in")))
+	require.NoError(t, err, "no webhook: the API server stores it")
+	apGVR := schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"}
+	Eventually(t, 10*time.Second, "the stored allow-all AccessPolicy is Invalid with the rule's message", func() (bool, string) {
+		o, err := mgmtDyn.Resource(apGVR).Namespace("relaymesh").Get(ctx, "sneaked-in", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		state, _, _ := unstructured.NestedString(o.Object, "status", "state")
+		errs, _, _ := unstructured.NestedStringSlice(o.Object, "status", "errors")
+		return state == "Invalid" && strings.Contains(strings.Join(errs, ";"), "lets every source reach every destination"), state + fmt.Sprint(errs)
+	})
+	// Never translated: no AuthorizationPolicy names it as a parent.
+	c1, err := dynamic.NewForConfig(env.Cluster("cluster-1").RESTConfig())
+	require.NoError(t, err)
+	time.Sleep(time.Second) // what translation would have published has had time to arrive
+	aps, err := c1.Resource(schema.GroupVersionResource{Group: "security.istio.io", Version: "v1", Resource: "authorizationpolicies"}).
+		Namespace("").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	for _, ap := range aps.Items {
+		require.NotContains(t, ap.GetAnnotations()["relaymesh.io/parents"], "sneaked-in", "an Invalid policy was translated")
+	}
+
+	// Now with the webhook: the kube-apiserver calls it, kubectl is refused.
+	require.NoError(t, server.Stop(5*time.Second))
+	hookAddr := Addr(t)
+	Start(t, bin, dir, "server-with-webhook", append(serverArgs, "--webhook-listen", hookAddr, "--webhook-url", "https://"+hookAddr+"/validate")...)
+	waitHealthy(t, opsAddr)
+	file := filepath.Join(dir, "everyone.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(fmt.Sprintf(allowAll, "everyone")), 0o600))
+	root, err := localcluster.RepoRoot()
+	require.NoError(t, err)
+	kubectl := filepath.Join(root, ".cache", "bin", "kubectl")
+	var out []byte
+	Eventually(t, 20*time.Second, "kubectl apply refused by the webhook", func() (bool, string) {
+		out, err = exec.Command(kubectl, "--kubeconfig", mgmt.Kubeconfig, "apply", "-f", file).CombinedOutput()
+		return err != nil && strings.Contains(string(out), "denied the request"), string(out)
+	})
+	require.Contains(t, string(out), "lets every source reach every destination")
+	require.Contains(t, string(out), "relaymesh.admission.access_allow_all")
+	_, err = mgmtDyn.Resource(apGVR).Namespace("relaymesh").Get(ctx, "everyone", metav1.GetOptions{})
+	require.Error(t, err, "nothing was stored")
+
+	// The audit log holds the decisions, and still verifies.
+	out, err = exec.Command(bin, "audit", "verify", dir+"/audit.log").CombinedOutput()
+	require.NoError(t, err, string(out))
+	log, err := os.ReadFile(dir + "/audit.log")
+	require.NoError(t, err)
+	require.Contains(t, string(log), `"admission.decision"`)
+	require.Contains(t, string(log), `"result":"failure"`)
+}
