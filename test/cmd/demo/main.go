@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -27,6 +28,9 @@ import (
 
 	"github.com/relaymesh/relaymesh/examples"
 	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/relaymesh/relaymesh/trust"
+	"go.step.sm/crypto/pemutil"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -344,6 +348,9 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 	if err := showTranslation(ctx, env, cfg.workloads, out); err != nil {
 		return stop, err
 	}
+	if err := showTrust(ctx, env, cfg.workloads, out); err != nil {
+		return stop, err
+	}
 
 	verify := exec.CommandContext(ctx, bin, "audit", "verify", auditLog)
 	b, err := verify.CombinedOutput()
@@ -556,4 +563,60 @@ func showTranslation(ctx context.Context, env *localcluster.Env, workloads []str
 		}
 	}
 	return tw.Flush()
+}
+
+// showTrust waits for every mesh's cacerts (the agent generates the key and
+// sends only a CSR) and shows each intermediate chaining to the one root of
+// the VirtualMesh.
+func showTrust(ctx context.Context, env *localcluster.Env, workloads []string, out io.Writer) error {
+	step(out, "Shared trust: each mesh's intermediate CA (key generated in its own cluster) chains to the VirtualMesh's root")
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLUSTER\tSECRET\tINTERMEDIATE\tSERIAL\tEXPIRES\tROOT\tCHAINS TO ROOT")
+	bundles := map[string]string{}
+	for _, c := range workloads {
+		cs, err := env.Cluster(c).Clientset()
+		if err != nil {
+			return err
+		}
+		var sec *corev1.Secret
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			sec, err = cs.CoreV1().Secrets("istio-system").Get(ctx, trust.SecretName, metav1.GetOptions{})
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s: no %s Secret within 30s: %w", c, trust.SecretName, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		inter, err := pemutil.ParseCertificate(sec.Data[trust.KeyCACert])
+		if err != nil {
+			return fmt.Errorf("%s: %w", c, err)
+		}
+		roots, err := pemutil.ParseCertificateBundle(sec.Data[trust.KeyRootCert])
+		if err != nil {
+			return fmt.Errorf("%s: %w", c, err)
+		}
+		pool := x509.NewCertPool()
+		for _, r := range roots {
+			pool.AddCert(r)
+		}
+		_, verr := inter.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		bundles[c] = string(sec.Data[trust.KeyRootCert])
+		fmt.Fprintf(tw, "%s\tistio-system/%s\t%s\t%s…\t%s\t%s\t%t\n", c, trust.SecretName, inter.Subject.CommonName,
+			inter.SerialNumber.Text(16)[:12], inter.NotAfter.UTC().Format(time.DateOnly), roots[0].Subject.CommonName, verr == nil)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	same := true
+	for _, c := range workloads[1:] {
+		same = same && bundles[c] == bundles[workloads[0]]
+	}
+	fmt.Fprintf(out, "  one root bundle in every mesh: %t; intermediate keys never left their clusters (only CSRs did)\n", same)
+	if !same {
+		return errors.New("the meshes carry different root bundles")
+	}
+	return nil
 }

@@ -37,6 +37,9 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		"TrafficPolicy/relaymesh/reviews-shift",
 		"ServiceEntry",
 		"AuthorizationPolicy",
+		"istiod-istio-system-cluster-1 intermediate",
+		"istiod-istio-system-cluster-2 intermediate",
+		"one root bundle in every mesh: true",
 		"records verified",
 		"Stopping local clusters",
 	} {
