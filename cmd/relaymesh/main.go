@@ -34,6 +34,7 @@ func commands() map[string]command {
 			fmt.Fprintln(stdout, "relaymesh", version())
 			return nil
 		}},
+		"ca":       {"check shared trust: every mesh's CA against every other mesh's root bundle (verify)", runCA},
 		"describe": {"explain which policies apply to a destination, workload or policy, and their outputs", runDescribe},
 	}
 }

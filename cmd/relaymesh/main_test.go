@@ -46,6 +46,10 @@ func TestRunFlags(t *testing.T) {
 		{"audit no file", []string{"audit", "verify"}, 2, "", "want 1 argument(s)"},
 		{"audit missing file", []string{"audit", "verify", filepath.Join(dir, "nope")}, 1, "", "no such file"},
 		{"audit empty file", []string{"audit", "verify", good}, 0, "0 records verified", ""},
+		{"ca no verb", []string{"ca"}, 2, "", "relaymesh ca verify"},
+		{"ca one cluster", []string{"ca", "verify", "--kubeconfig", "x"}, 2, "", "at least two --kubeconfig"},
+		{"ca missing kubeconfig", []string{"ca", "verify", "--kubeconfig", filepath.Join(dir, "a"), "--kubeconfig", filepath.Join(dir, "b")}, 1, "", "no such file"},
+		{"webhook url without listen", []string{"server", "--audit-log", good, "--webhook-url", "https://127.0.0.1:1/validate"}, 1, "", "need --webhook-listen"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

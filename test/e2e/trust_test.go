@@ -109,6 +109,11 @@ func TestSharedTrust(t *testing.T) {
 		}
 	}
 
+	// The operator's check says the same.
+	out, err := Run(t, bin, "ca", "verify", "--kubeconfig", env.Cluster("cluster-1").Kubeconfig, "--kubeconfig", env.Cluster("cluster-2").Kubeconfig)
+	require.NoError(t, err, out)
+	require.Equal(t, 2, strings.Count(out, "  ok"), out)
+
 	// A real istiod per cluster, fed the agent's cacerts as a kubelet would
 	// mount them; each signs a workload certificate for bookinfo-reviews.
 	issued := map[string][]*x509.Certificate{}
