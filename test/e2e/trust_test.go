@@ -2,13 +2,8 @@ package e2e
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"encoding/pem"
 	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -124,7 +119,8 @@ func TestSharedTrust(t *testing.T) {
 		t.Cleanup(func() { _ = d.Stop() })
 		token, err := istiod.ServiceAccountToken(ctx, clients[name], "bookinfo", "bookinfo-reviews", istiod.TokenAudience)
 		require.NoError(t, err)
-		_, csr := workloadCSR(t, "spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews")
+		_, csr, err := istiod.WorkloadCSR("spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews")
+		require.NoError(t, err)
 		chain, err := d.WorkloadCertificate(ctx, token, csr)
 		require.NoError(t, err, "%s: istiod signs with the plugged-in intermediate\n%s", name, d.LogTail(20))
 		issued[name] = chain
@@ -154,15 +150,4 @@ func verifyWorkload(chain, roots []*x509.Certificate) ([][]*x509.Certificate, er
 		inter.AddCert(c)
 	}
 	return chain[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
-}
-
-func workloadCSR(t *testing.T, spiffeID string) (*ecdsa.PrivateKey, []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	u, err := url.Parse(spiffeID)
-	require.NoError(t, err)
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{u}}, key)
-	require.NoError(t, err)
-	return key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
 }

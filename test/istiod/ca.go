@@ -2,10 +2,14 @@ package istiod
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net/url"
 	"time"
 
 	"google.golang.org/grpc"
@@ -19,6 +23,24 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
+
+// WorkloadCSR is what istio-agent sends: a fresh P-256 key and a CSR
+// naming the workload's SPIFFE ID.
+func WorkloadCSR(spiffeID string) (*ecdsa.PrivateKey, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	u, err := url.Parse(spiffeID)
+	if err != nil {
+		return nil, nil, err
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{u}}, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
+}
 
 // TokenAudience is the audience istiod's CA requires of service-account
 // tokens (its TOKEN_AUDIENCES default); istio-agent requests tokens for it.

@@ -10,7 +10,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
-	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -90,17 +89,11 @@ func (p *testPKI) cacerts() map[string][]byte {
 	}
 }
 
-// workloadCSR is what istio-agent sends: a fresh key and a CSR naming the
-// workload's SPIFFE ID.
 func workloadCSR(t *testing.T, spiffeID string) (*ecdsa.PrivateKey, []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, csr, err := WorkloadCSR(spiffeID)
 	require.NoError(t, err)
-	u, err := url.Parse(spiffeID)
-	require.NoError(t, err)
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{u}}, key)
-	require.NoError(t, err)
-	return key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
+	return key, csr
 }
 
 func uris(c *x509.Certificate) []string {

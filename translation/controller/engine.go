@@ -214,39 +214,13 @@ func (e *Engine) newCycle(in *translation.Input) *cycle {
 		tps: map[string]*networkingv1alpha1.TrafficPolicy{}, aps: map[string]*networkingv1alpha1.AccessPolicy{},
 		vers: map[string]string{}, changed: map[string]bool{}}
 	h := sha256.New()
-	for i := range in.Meshes {
-		m := &in.Meshes[i]
-		k := objectKey("Mesh", m.Namespace, m.Name)
-		c.vers[k] = version(&m.ObjectMeta, m.Spec)
-	}
-	for i := range in.Destinations {
-		d := &in.Destinations[i]
-		k := objectKey("Destination", d.Namespace, d.Name)
-		c.dests[k], c.vers[k] = d, version(&d.ObjectMeta, d.Spec)
-	}
-	for i := range in.Workloads {
-		w := &in.Workloads[i]
-		k := objectKey("Workload", w.Namespace, w.Name)
-		c.works[k], c.vers[k] = w, version(&w.ObjectMeta, w.Spec)
-	}
-	for i := range in.TrafficPolicies {
-		p := &in.TrafficPolicies[i]
-		k := objectKey("TrafficPolicy", p.Namespace, p.Name)
-		c.tps[k], c.vers[k] = p, version(&p.ObjectMeta, p.Spec)
-	}
-	for i := range in.AccessPolicies {
-		p := &in.AccessPolicies[i]
-		k := objectKey("AccessPolicy", p.Namespace, p.Name)
-		c.aps[k], c.vers[k] = p, version(&p.ObjectMeta, p.Spec)
-	}
-	for i := range in.VirtualMeshes {
-		v := &in.VirtualMeshes[i]
-		c.vers[objectKey("VirtualMesh", v.Namespace, v.Name)] = version(&v.ObjectMeta, v.Spec)
-	}
-	for i := range in.VirtualDestinations {
-		v := &in.VirtualDestinations[i]
-		c.vers[objectKey("VirtualDestination", v.Namespace, v.Name)] = version(&v.ObjectMeta, v.Spec)
-	}
+	versions(in.Meshes, "Mesh", meshMeta, nil, c.vers)
+	versions(in.Destinations, "Destination", func(d *discoveryv1alpha1.Destination) (*metav1.ObjectMeta, any) { return &d.ObjectMeta, d.Spec }, c.dests, c.vers)
+	versions(in.Workloads, "Workload", func(w *discoveryv1alpha1.Workload) (*metav1.ObjectMeta, any) { return &w.ObjectMeta, w.Spec }, c.works, c.vers)
+	versions(in.TrafficPolicies, "TrafficPolicy", func(p *networkingv1alpha1.TrafficPolicy) (*metav1.ObjectMeta, any) { return &p.ObjectMeta, p.Spec }, c.tps, c.vers)
+	versions(in.AccessPolicies, "AccessPolicy", func(p *networkingv1alpha1.AccessPolicy) (*metav1.ObjectMeta, any) { return &p.ObjectMeta, p.Spec }, c.aps, c.vers)
+	versions(in.VirtualMeshes, "VirtualMesh", func(v *networkingv1alpha1.VirtualMesh) (*metav1.ObjectMeta, any) { return &v.ObjectMeta, v.Spec }, nil, c.vers)
+	versions(in.VirtualDestinations, "VirtualDestination", func(v *networkingv1alpha1.VirtualDestination) (*metav1.ObjectMeta, any) { return &v.ObjectMeta, v.Spec }, nil, c.vers)
 	for k, v := range c.vers {
 		if e.vers[k] != v {
 			c.changed[k] = true
@@ -260,6 +234,21 @@ func (e *Engine) newCycle(in *translation.Input) *cycle {
 	writeVersions(h, c.vers, "Mesh/")
 	c.meshes = hex.EncodeToString(h.Sum(nil))
 	return c
+}
+
+func meshMeta(m *discoveryv1alpha1.Mesh) (*metav1.ObjectMeta, any) { return &m.ObjectMeta, m.Spec }
+
+// versions records the key and version of every object of list (and, when
+// byKey is set, the object by its key).
+func versions[T any](list []T, kind string, meta func(*T) (*metav1.ObjectMeta, any), byKey map[string]*T, vers map[string]string) {
+	for i := range list {
+		m, spec := meta(&list[i])
+		k := objectKey(kind, m.Namespace, m.Name)
+		vers[k] = version(m, spec)
+		if byKey != nil {
+			byKey[k] = &list[i]
+		}
+	}
 }
 
 // writeKV hashes one key and value.

@@ -70,67 +70,40 @@ func (e *Engine) updateIndexes(c *cycle) {
 			e.apWork.dropObject(k)
 		}
 	}
-	matchTP := func(pk string, p *networkingv1alpha1.TrafficPolicy, dk string, d *discoveryv1alpha1.Destination) {
-		if translation.MatchDestination(p.Spec.DestinationSelector, d) {
-			e.tpDest.set(pk, dk)
-		}
-	}
-	matchAP := func(pk string, p *networkingv1alpha1.AccessPolicy, dk string, d *discoveryv1alpha1.Destination) {
-		if translation.MatchDestination(p.Spec.DestinationSelector, d) {
-			e.apDest.set(pk, dk)
-		}
-	}
-	sourceTP := func(pk string, p *networkingv1alpha1.TrafficPolicy, wk string, w *discoveryv1alpha1.Workload) {
-		if translation.MatchWorkload(p.Spec.SourceSelector, w) {
-			e.tpWork.set(pk, wk)
-		}
-	}
-	sourceAP := func(pk string, p *networkingv1alpha1.AccessPolicy, wk string, w *discoveryv1alpha1.Workload) {
-		if policy.MatchAccessSource(p.Spec.SourceSelector, w) {
-			e.apWork.set(pk, wk)
-		}
-	}
-	for k := range c.changed {
-		if p := c.tps[k]; p != nil {
-			e.tpDest.dropPolicy(k)
-			e.tpWork.dropPolicy(k)
-			for dk, d := range c.dests {
-				matchTP(k, p, dk, d)
-			}
-			for wk, w := range c.works {
-				sourceTP(k, p, wk, w)
-			}
-		}
-		if p := c.aps[k]; p != nil {
-			e.apDest.dropPolicy(k)
-			e.apWork.dropPolicy(k)
-			for dk, d := range c.dests {
-				matchAP(k, p, dk, d)
-			}
-			for wk, w := range c.works {
-				sourceAP(k, p, wk, w)
+	rematch(e.tpDest, c.changed, c.tps, c.dests, func(p *networkingv1alpha1.TrafficPolicy, d *discoveryv1alpha1.Destination) bool {
+		return translation.MatchDestination(p.Spec.DestinationSelector, d)
+	})
+	rematch(e.apDest, c.changed, c.aps, c.dests, func(p *networkingv1alpha1.AccessPolicy, d *discoveryv1alpha1.Destination) bool {
+		return translation.MatchDestination(p.Spec.DestinationSelector, d)
+	})
+	rematch(e.tpWork, c.changed, c.tps, c.works, func(p *networkingv1alpha1.TrafficPolicy, w *discoveryv1alpha1.Workload) bool {
+		return translation.MatchWorkload(p.Spec.SourceSelector, w)
+	})
+	rematch(e.apWork, c.changed, c.aps, c.works, func(p *networkingv1alpha1.AccessPolicy, w *discoveryv1alpha1.Workload) bool {
+		return policy.MatchAccessSource(p.Spec.SourceSelector, w)
+	})
+}
+
+// rematch updates one index: every changed policy is matched against every
+// object, every changed object against every policy.
+func rematch[P, O any](x index, changed map[string]bool, policies map[string]*P, objects map[string]*O, match func(*P, *O) bool) {
+	for k := range changed {
+		if p := policies[k]; p != nil {
+			x.dropPolicy(k)
+			for ok, o := range objects {
+				if match(p, o) {
+					x.set(k, ok)
+				}
 			}
 		}
 	}
-	for k := range c.changed {
-		if d := c.dests[k]; d != nil {
-			e.tpDest.dropObject(k)
-			e.apDest.dropObject(k)
-			for pk, p := range c.tps {
-				matchTP(pk, p, k, d)
-			}
-			for pk, p := range c.aps {
-				matchAP(pk, p, k, d)
-			}
-		}
-		if w := c.works[k]; w != nil {
-			e.tpWork.dropObject(k)
-			e.apWork.dropObject(k)
-			for pk, p := range c.tps {
-				sourceTP(pk, p, k, w)
-			}
-			for pk, p := range c.aps {
-				sourceAP(pk, p, k, w)
+	for k := range changed {
+		if o := objects[k]; o != nil {
+			x.dropObject(k)
+			for pk, p := range policies {
+				if match(p, o) {
+					x.set(pk, k)
+				}
 			}
 		}
 	}
