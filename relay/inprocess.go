@@ -254,6 +254,14 @@ func (a *InProcessAgents) pullLoop(ctx context.Context, cluster string, applier 
 				}
 				results = []*relaypb.ObjectResult{{Outcome: apply.OutcomeError, Error: "whole set refused: " + err.Error()}}
 			}
+			// Shared trust needs an agent in the cluster: here the
+			// intermediate key would be generated in the management
+			// server, outside the cluster it is for. Say so instead of
+			// doing it.
+			for _, req := range set.GetTrust() {
+				results = append(results, &relaypb.ObjectResult{ApiVersion: "v1", Kind: "Secret", Namespace: req.GetNamespace(), Name: "cacerts",
+					Outcome: apply.OutcomeError, Error: "shared trust is not available in kubeconfig mode (the intermediate key must be generated in the cluster by an agent): register the cluster in relay mode"})
+			}
 			a.view.Acked(cluster, &relaypb.PullAck{Version: set.GetVersion(), Results: results}, time.Now())
 			applied = set.GetVersion()
 		}

@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -73,6 +75,31 @@ spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews}}]}]}
 		vs, err := c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "reviews-route", metav1.GetOptions{})
 		return err == nil && vs.GetLabels()["relaymesh.io/owner"] == "relaymesh-agent", fmt.Sprint(err)
 	})
+
+	// Shared trust is refused here, visibly: the intermediate key would be
+	// generated in the server, outside the cluster it is for.
+	_, err = mgmt.Apply(ctx, "test", []byte(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: held, namespace: relaymesh}
+spec:
+  meshes: [{name: istiod-istio-system-cluster-1}]
+  mtls: {shared: {rootCA: {generated: {}}}}
+`))
+	require.NoError(t, err)
+	Eventually(t, 20*time.Second, "the in-process agent reports shared trust as unavailable", func() (bool, string) {
+		resp, err := http.Get("http://" + opsAddr + "/debug/snapshots/input")
+		if err != nil {
+			return false, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(b), "shared trust is not available in kubeconfig mode"), string(b)
+	})
+	c1CS, err := c1.Clientset()
+	require.NoError(t, err)
+	_, err = c1CS.CoreV1().Secrets("istio-system").Get(ctx, "cacerts", metav1.GetOptions{})
+	assert.Error(t, err, "no cacerts written from outside the cluster")
 
 	_, err = Run(t, bin, "cluster", "deregister", "cluster-1", "--mgmt-kubeconfig", mgmt.Kubeconfig)
 	require.NoError(t, err)
