@@ -94,15 +94,7 @@ func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return fmt.Errorf("%w: --output %q: want text or json", errUsage, format)
 	}
 
-	var in *translation.Input
-	if dir != "" {
-		in, err = loadInputDir(dir)
-	} else {
-		var kube *kubeClients
-		if kube, err = loadKube(kubeconfig); err == nil {
-			in, err = listInput(ctx, kube.dynamic, namespace)
-		}
-	}
+	in, err := loadView(ctx, dir, kubeconfig, namespace)
 	if err != nil {
 		return err
 	}
@@ -126,6 +118,20 @@ func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return enc.Encode(desc)
 	}
 	return writeDescription(stdout, desc)
+}
+
+// loadView reads the translation input the way the server sees it: from
+// the YAML files of dir when it is set, else from the management cluster
+// (discovered objects from namespace, user objects from every namespace).
+func loadView(ctx context.Context, dir, kubeconfig, namespace string) (*translation.Input, error) {
+	if dir != "" {
+		return loadInputDir(dir)
+	}
+	kube, err := loadKube(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return listInput(ctx, kube.dynamic, namespace)
 }
 
 // listInput reads the translation input from the management cluster once:

@@ -36,6 +36,7 @@ func commands() map[string]command {
 		}},
 		"ca":       {"check shared trust: every mesh's CA against every other mesh's root bundle (verify)", runCA},
 		"describe": {"explain which policies apply to a destination, workload or policy, and their outputs", runDescribe},
+		"policy":   {"audit who can reach what (access matrix and findings)", runPolicy},
 	}
 }
 

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/relaymesh/relaymesh/policy/accessaudit"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// auditWorld is the golden input of policy/accessaudit: VirtualMesh prod
+// (deny by default, reviews federated to mesh 2) and five AccessPolicies.
+const auditWorld = "../../policy/accessaudit/testdata/virtualmesh/input.yaml"
+
+// auditDir returns a directory holding only the audit world (the golden
+// directory also holds .json outputs, which -f would read as input).
+func auditDir(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(auditWorld)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "world.yaml"), b, 0o600))
+	return dir
+}
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+	return path
+}
+
+const morePostsToReviews = `apiVersion: networking.relaymesh.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: reviews-from-productpage, namespace: relaymesh}
+spec:
+  sourceSelector:
+  - kubeServiceAccountRefs:
+      serviceAccounts:
+      - {name: bookinfo-productpage, namespace: bookinfo, clusterName: cluster-1}
+  destinationSelector:
+  - kubeServiceRefs:
+      services:
+      - {name: reviews, namespace: bookinfo, clusterName: cluster-1}
+  allowedMethods: [GET, POST]
+`
+
+// TestPolicyAudit runs policy audit with -f: table output, what-if, and
+// refusals of bad input with a clear message and exit code.
+func TestPolicyAudit(t *testing.T) {
+	dir := auditDir(t)
+	tmp := t.TempDir()
+	with := writeFile(t, tmp, "with.yaml", morePostsToReviews)
+	malformed := writeFile(t, tmp, "malformed.yaml", "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: [unclosed\n")
+	foreign := writeFile(t, tmp, "foreign.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: y}\n")
+	unknownField := writeFile(t, tmp, "unknown-field.yaml", "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: x, namespace: y}\nspec: {allowEveryone: true}\n")
+	empty := writeFile(t, tmp, "empty.yaml", "# nothing\n")
+	badDir := t.TempDir()
+	writeFile(t, badDir, "x.yaml", "kind: [")
+	tests := []struct {
+		name     string
+		args     []string
+		code     int
+		out, err []string
+	}{
+		{"table", []string{"audit", "-f", dir}, 0, []string{
+			"ACCESS MATRIX: 9 allowed pairs (1 open) between 7 source identities and 6 destinations",
+			"cluster-2/tools/sleep                    reviews-bookinfo-cluster-1  9080  federated via relaymesh/prod  relaymesh/reviews-from-tools",
+			"cluster-1/bookinfo/bookinfo-productpage  reviews-bookinfo-cluster-1  9080  local                         relaymesh/reviews-from-productpage [methods GET]",
+			"FINDINGS: 3",
+			"unreachable-grant",
+		}, nil},
+		{"what-if change", []string{"audit", "-f", dir, "--with", with}, 0, []string{
+			"ACCESS CHANGES: 0 added, 0 removed, 1 changed",
+			"~  cluster-1/bookinfo/bookinfo-productpage  reviews-bookinfo-cluster-1  9080  local: relaymesh/reviews-from-productpage [methods GET]  local: relaymesh/reviews-from-productpage [methods GET,POST]",
+		}, nil},
+		{"what-if delete", []string{"audit", "--without", "ap/relaymesh/reviews-from-tools", "-f", dir}, 0, []string{
+			"ACCESS CHANGES: 0 added, 1 removed, 0 changed",
+			"-  cluster-2/tools/sleep  reviews-bookinfo-cluster-1  9080  federated via relaymesh/prod: relaymesh/reviews-from-tools  -",
+			"FINDINGS RESOLVED: 1",
+		}, nil},
+		{"what-if delete a discovered object", []string{"audit", "-f", dir, "--without", "workload/relaymesh/sleep-tools-cluster-2-deployment", "--without", "destination/relaymesh/legacy-db-cluster-3"}, 0, []string{
+			"ACCESS CHANGES: 0 added, 2 removed, 0 changed",
+		}, nil},
+		{"what-if nothing changes", []string{"audit", "-f", dir, "--with", auditWorld}, 0, []string{
+			"ACCESS CHANGES: 0 added, 0 removed, 0 changed",
+		}, nil},
+		{"help", []string{"audit", "--help"}, 0, nil, []string{"Usage: relaymesh policy audit [flags]", "--without"}},
+		{"help without subcommand", []string{"--help"}, 0, nil, []string{"Usage: relaymesh policy audit [flags]", "What-if"}},
+		{"no subcommand", nil, 2, nil, []string{"want a subcommand: audit"}},
+		{"unknown subcommand", []string{"check"}, 2, nil, []string{`unknown subcommand "check": want audit`}},
+		{"stray argument", []string{"audit", "-f", dir, "extra"}, 2, nil, []string{"want 0 argument(s), got 1"}},
+		{"bad output", []string{"audit", "-f", dir, "--output", "yaml"}, 2, nil, []string{`--output "yaml": want table, json or html`}},
+		{"bad without", []string{"audit", "-f", dir, "--without", "reviews"}, 2, nil, []string{"--without \"reviews\": want KIND/NAMESPACE/NAME"}},
+		{"without unknown kind", []string{"audit", "-f", dir, "--without", "service/bookinfo/reviews"}, 2, nil, []string{`unknown kind "service"`}},
+		{"without missing object", []string{"audit", "-f", dir, "--without", "ap/relaymesh/nope"}, 1, nil, []string{"cannot remove AccessPolicy/relaymesh/nope: not found"}},
+		{"with missing file", []string{"audit", "-f", dir, "--with", filepath.Join(tmp, "nope.yaml")}, 1, nil, []string{"--with: open", "no such file or directory"}},
+		{"with malformed YAML", []string{"audit", "-f", dir, "--with", malformed}, 1, nil, []string{"--with: " + malformed + ": document 0"}},
+		{"with unknown kind", []string{"audit", "-f", dir, "--with", foreign}, 1, nil, []string{"document 0: ConfigMap is not a translation input"}},
+		{"with unknown field", []string{"audit", "-f", dir, "--with", unknownField}, 1, nil, []string{`unknown field "allowEveryone"`}},
+		{"with nothing", []string{"audit", "-f", dir, "--with", empty}, 1, nil, []string{"has no objects"}},
+		{"malformed view", []string{"audit", "-f", badDir}, 1, nil, []string{"x.yaml: document 0"}},
+		{"missing dir", []string{"audit", "-f", filepath.Join(tmp, "nope")}, 1, nil, []string{"-f: open", "no such file or directory"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			assert.Equal(t, tt.code, run(context.Background(), append([]string{"policy"}, tt.args...), &out, &errOut), "stderr: %s", errOut.String())
+			for _, s := range tt.out {
+				assert.Contains(t, out.String(), s)
+			}
+			for _, s := range tt.err {
+				assert.Contains(t, errOut.String(), s)
+			}
+		})
+	}
+}
+
+// TestPolicyAuditJSON checks the JSON forms decode strictly into the
+// package's types, and --out writes the file (0600) instead of stdout.
+func TestPolicyAuditJSON(t *testing.T) {
+	dir := auditDir(t)
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run(context.Background(), []string{"policy", "audit", "-f", dir, "--output", "json"}, &out, &errOut), errOut.String())
+	var r accessaudit.Result
+	dec := json.NewDecoder(&out)
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(&r))
+	assert.Equal(t, accessaudit.Schema, r.Schema)
+	assert.Len(t, r.Matrix.Pairs, 9)
+	assert.Len(t, r.Matrix.Sources, 7)
+
+	path := filepath.Join(t.TempDir(), "diff.json")
+	out.Reset()
+	require.Equal(t, 0, run(context.Background(), []string{"policy", "audit", "-f", dir, "--without", "vm/relaymesh/prod", "--output", "json", "--out", path}, &out, &errOut), errOut.String())
+	assert.Empty(t, out.String())
+	info, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var d accessaudit.Diff
+	dec = json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(&d))
+	// Without the VirtualMesh nothing is deny-by-default or federated: the
+	// federated pair goes, every destination without a policy opens.
+	assert.NotEmpty(t, d.Added)
+	require.Len(t, d.Removed, 1)
+	assert.Equal(t, "cluster-2/tools/sleep", d.Removed[0].Source)
+}
+
+// TestPolicyAuditHTML: one self-contained page with the picture.
+func TestPolicyAuditHTML(t *testing.T) {
+	dir := auditDir(t)
+	for _, args := range [][]string{{}, {"--without", "ap/relaymesh/reviews-from-tools"}} {
+		var out, errOut bytes.Buffer
+		require.Equal(t, 0, run(context.Background(), append([]string{"policy", "audit", "-f", dir, "--output", "html"}, args...), &out, &errOut), errOut.String())
+		page := out.String()
+		assert.True(t, strings.HasPrefix(page, "<!DOCTYPE html>"))
+		assert.Contains(t, page, "<svg")
+		assert.Contains(t, page, "reviews-bookinfo-cluster-1:9080")
+		assert.NotContains(t, page, "<script")
+		assert.NotContains(t, page, "<link")
+	}
+}
+
+// TestPolicyAuditBounds: inputs above the object or byte bounds are refused
+// with a message that says which bound.
+func TestPolicyAuditBounds(t *testing.T) {
+	dir := auditDir(t)
+	objects, bytesLimit := auditMaxObjects, auditMaxBytes
+	t.Cleanup(func() { auditMaxObjects, auditMaxBytes = objects, bytesLimit })
+
+	auditMaxObjects = 10
+	var out, errOut bytes.Buffer
+	assert.Equal(t, 1, run(context.Background(), []string{"policy", "audit", "-f", dir}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "input too large: 23 objects, at most 10 are audited")
+
+	auditMaxObjects = 23
+	with := writeFile(t, t.TempDir(), "with.yaml", morePostsToReviews+"---\n"+strings.Replace(morePostsToReviews, "reviews-from-productpage", "another", 1))
+	errOut.Reset()
+	assert.Equal(t, 1, run(context.Background(), []string{"policy", "audit", "-f", dir, "--with", with}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "with the change: input too large: 24 objects, at most 23")
+
+	auditMaxObjects = objects
+	auditMaxBytes = 1024
+	errOut.Reset()
+	assert.Equal(t, 1, run(context.Background(), []string{"policy", "audit", "-f", dir}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "more than the 1024 audited")
+	big := writeFile(t, t.TempDir(), "big.yaml", fmt.Sprintf("# %s\n", strings.Repeat("x", 2048)))
+	errOut.Reset()
+	assert.Equal(t, 1, run(context.Background(), []string{"policy", "audit", "-f", dir, "--with", big}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "is larger than 1024 bytes")
+}

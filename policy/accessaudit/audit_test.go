@@ -1,0 +1,180 @@
+package accessaudit_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/relaymesh/relaymesh/policy/accessaudit"
+	"github.com/relaymesh/relaymesh/translation"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files of testdata/")
+
+// admin is the server's namespace in every golden input.
+const admin = "relaymesh"
+
+// rendered is the one case whose table and HTML forms are golden too.
+const rendered = "virtualmesh"
+
+// golden compares got with the file at path, or with -update writes it.
+func golden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		require.NoError(t, os.WriteFile(path, got, 0o644))
+		return
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "missing golden file; run go test -update")
+	require.Equal(t, string(want), string(got), "%s differs; if the change is intended, run go test -update and review the diff", path)
+}
+
+func jsonOf(t *testing.T, v any) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	require.NoError(t, accessaudit.WriteJSON(&b, v))
+	return b.Bytes()
+}
+
+func load(t testing.TB, path string) *translation.Input {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	in := &translation.Input{}
+	require.NoError(t, in.Decode(b), path)
+	return in
+}
+
+// cases are the directories of testdata/ with an input.yaml.
+func cases(t *testing.T) []string {
+	t.Helper()
+	dirs, err := filepath.Glob("testdata/*/input.yaml")
+	require.NoError(t, err)
+	require.NotEmpty(t, dirs)
+	for i, d := range dirs {
+		dirs[i] = filepath.Dir(d)
+	}
+	return dirs
+}
+
+// TestGolden audits each testdata/<case>/input.yaml and compares the matrix
+// and the findings with matrix.json and findings.json; the rendered case
+// also with table.txt and page.html.
+func TestGolden(t *testing.T) {
+	for _, dir := range cases(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			r, err := accessaudit.Audit(load(t, filepath.Join(dir, "input.yaml")), accessaudit.Config{AdminNamespace: admin})
+			require.NoError(t, err)
+			assert.Equal(t, accessaudit.Schema, r.Schema)
+			golden(t, filepath.Join(dir, "matrix.json"), jsonOf(t, r.Matrix))
+			golden(t, filepath.Join(dir, "findings.json"), jsonOf(t, r.Findings))
+			if filepath.Base(dir) != rendered {
+				return
+			}
+			var table, page bytes.Buffer
+			require.NoError(t, accessaudit.WriteTable(&table, r))
+			require.NoError(t, accessaudit.WriteHTML(&page, r))
+			golden(t, filepath.Join(dir, "table.txt"), table.Bytes())
+			golden(t, filepath.Join(dir, "page.html"), page.Bytes())
+		})
+	}
+}
+
+// TestEveryFindingKindIsGolden makes sure the golden cases show every kind
+// of finding, so none goes untested.
+func TestEveryFindingKindIsGolden(t *testing.T) {
+	seen := map[string]bool{}
+	for _, dir := range cases(t) {
+		b, err := os.ReadFile(filepath.Join(dir, "findings.json"))
+		require.NoError(t, err)
+		var fs []accessaudit.Finding
+		require.NoError(t, json.Unmarshal(b, &fs))
+		for _, f := range fs {
+			seen[f.Kind] = true
+		}
+	}
+	for _, k := range []string{accessaudit.KindAllowsEveryone, accessaudit.KindShadowed, accessaudit.KindMatchesNothing, accessaudit.KindNotInForce,
+		accessaudit.KindReachableOutside, accessaudit.KindTrafficConflict, accessaudit.KindSharedPrincipal, accessaudit.KindUnreachableGrant} {
+		assert.True(t, seen[k], "no golden case has a %s finding", k)
+	}
+}
+
+func shuffle[T any](rng *rand.Rand, s []T) []T {
+	out := slices.Clone(s)
+	rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+// TestDeterministic: the order of the input's lists changes nothing.
+func TestDeterministic(t *testing.T) {
+	for _, dir := range cases(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			in := load(t, filepath.Join(dir, "input.yaml"))
+			want, err := accessaudit.Audit(in, accessaudit.Config{AdminNamespace: admin})
+			require.NoError(t, err)
+			for seed := range uint64(5) {
+				rng := rand.New(rand.NewPCG(seed, 7))
+				shuffled := &translation.Input{
+					Meshes: shuffle(rng, in.Meshes), Workloads: shuffle(rng, in.Workloads), Destinations: shuffle(rng, in.Destinations),
+					VirtualMeshes: shuffle(rng, in.VirtualMeshes), TrafficPolicies: shuffle(rng, in.TrafficPolicies),
+					AccessPolicies: shuffle(rng, in.AccessPolicies), VirtualDestinations: shuffle(rng, in.VirtualDestinations),
+				}
+				got, err := accessaudit.Audit(shuffled, accessaudit.Config{AdminNamespace: admin})
+				require.NoError(t, err)
+				require.Equal(t, string(jsonOf(t, want)), string(jsonOf(t, got)), "seed %d", seed)
+			}
+		})
+	}
+}
+
+// TestTooLarge: an input above the bound is refused before any work, with a
+// message that says so.
+func TestTooLarge(t *testing.T) {
+	in := load(t, "testdata/virtualmesh/input.yaml")
+	_, err := accessaudit.Audit(in, accessaudit.Config{AdminNamespace: admin, MaxObjects: accessaudit.Count(in) - 1})
+	require.ErrorIs(t, err, accessaudit.ErrTooLarge)
+	assert.Contains(t, err.Error(), "objects, at most")
+	_, err = accessaudit.Audit(in, accessaudit.Config{AdminNamespace: admin, MaxObjects: accessaudit.Count(in)})
+	require.NoError(t, err)
+}
+
+// TestEmptyInput: nothing in, an empty matrix out (lists, not nulls).
+func TestEmptyInput(t *testing.T) {
+	r, err := accessaudit.Audit(&translation.Input{}, accessaudit.Config{AdminNamespace: admin})
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"schema":"`+accessaudit.Schema+`","matrix":{"sources":[],"destinations":[],"pairs":[]},"findings":[]}`, string(jsonOf(t, r)))
+}
+
+// TestNamespaceTenancy: a team's AccessPolicy that reaches into another
+// namespace is not in force (controller.ScopePolicies), while the same
+// policy in the admin namespace is.
+func TestNamespaceTenancy(t *testing.T) {
+	in := load(t, "testdata/findings/input.yaml")
+	r, err := accessaudit.Audit(in, accessaudit.Config{AdminNamespace: admin})
+	require.NoError(t, err)
+	batch := destination(t, r, "batch-jobs-cluster-2")
+	assert.NotContains(t, batch.Policies, "apps/grab-batch")
+
+	r, err = accessaudit.Audit(in, accessaudit.Config{AdminNamespace: "apps"})
+	require.NoError(t, err)
+	batch = destination(t, r, "batch-jobs-cluster-2")
+	assert.Contains(t, batch.Policies, "apps/grab-batch")
+}
+
+func destination(t *testing.T, r *accessaudit.Result, id string) accessaudit.Destination {
+	t.Helper()
+	for _, d := range r.Matrix.Destinations {
+		if d.ID == id {
+			return d
+		}
+	}
+	require.Failf(t, "no destination", "%s", id)
+	return accessaudit.Destination{}
+}
