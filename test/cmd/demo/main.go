@@ -358,6 +358,14 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 		return stop, fmt.Errorf("audit verify: %w: %s", err, b)
 	}
 	fmt.Fprintf(out, "\n  audit: %s", b)
+
+	step(out, "Who can reach what: relaymesh policy audit --kubeconfig %s", env.Cluster("mgmt").Kubeconfig)
+	audit := exec.CommandContext(ctx, bin, "policy", "audit", "--kubeconfig", env.Cluster("mgmt").Kubeconfig)
+	b, err = audit.CombinedOutput()
+	if err != nil {
+		return stop, fmt.Errorf("policy audit: %w: %s", err, b)
+	}
+	fmt.Fprintf(out, "%s", b)
 	return stop, nil
 }
 

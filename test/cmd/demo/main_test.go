@@ -41,6 +41,9 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		"istiod-istio-system-cluster-2 intermediate",
 		"one root bundle in every mesh: true",
 		"records verified",
+		"ACCESS MATRIX: 2 allowed pairs",
+		"cluster-1/bookinfo/bookinfo-productpage  reviews-bookinfo-cluster-2  9080  federated via relaymesh/bookinfo-federation",
+		"FINDINGS: 0",
 		"Stopping local clusters",
 	} {
 		assert.Contains(t, s, want)
