@@ -264,6 +264,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	mux := opsMux(reg, func() error { return nil })
 	mux.HandleFunc("/debug/snapshots/input", jsonHandler(func() any { return view.Clusters() }))
 	mux.HandleFunc("/debug/snapshots/output", jsonHandler(func() any { return outputs.All() }))
+	mux.HandleFunc("/debug/admission", jsonHandler(func() any { return loader.Status() }))
 	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = httpSrv.Serve(mlis) }()
 	defer httpSrv.Close()

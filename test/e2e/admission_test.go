@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 	"github.com/relaymesh/relaymesh/relay"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -97,6 +100,63 @@ func TestAdmission(t *testing.T) {
 	require.Contains(t, string(out), "relaymesh.admission.access_allow_all")
 	_, err = mgmtDyn.Resource(apGVR).Namespace("relaymesh").Get(ctx, "everyone", metav1.GetOptions{})
 	require.Error(t, err, "nothing was stored")
+
+	// A user rule set from a labelled ConfigMap takes effect without a
+	// restart; a broken one is refused (the server says so) and the
+	// previous rules keep working.
+	mgmtCS, err := mgmt.Clientset()
+	require.NoError(t, err)
+	rule := func(name, rego string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "relaymesh", Labels: map[string]string{"relaymesh.io/admission-policy": ""}},
+			Data: map[string]string{"rules.rego": rego}}
+	}
+	_, err = mgmtCS.CoreV1().ConfigMaps("relaymesh").Create(ctx, rule("no-legacy", `package relaymesh.admission.no_legacy
+
+deny contains "names starting with legacy- are retired" if startswith(input.name, "legacy-")
+
+test_legacy if { count(deny) == 1 with input as {"name": "legacy-x"} }
+test_other if { count(deny) == 0 with input as {"name": "x"} }
+`), metav1.CreateOptions{})
+	require.NoError(t, err)
+	legacy := filepath.Join(dir, "legacy.yaml")
+	require.NoError(t, os.WriteFile(legacy, []byte(`apiVersion: networking.relaymesh.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: legacy-reviews, namespace: relaymesh}
+spec: {destinationSelector: [{kubeServiceMatcher: {namespaces: [bookinfo]}}]}
+`), 0o600))
+	// admissionStatus is "<name>=<state>" of every rule set the server has.
+	admissionStatus := func() string {
+		resp, err := http.Get("http://" + opsAddr + "/debug/admission")
+		if err != nil {
+			return err.Error()
+		}
+		defer resp.Body.Close()
+		var sets []struct{ Name, State string }
+		if err := json.NewDecoder(resp.Body).Decode(&sets); err != nil {
+			return err.Error()
+		}
+		var out []string
+		for _, s := range sets {
+			out = append(out, s.Name+"="+s.State)
+		}
+		return strings.Join(out, " ")
+	}
+	Eventually(t, 20*time.Second, "the ConfigMap rule set is accepted, without a restart", func() (bool, string) {
+		st := admissionStatus()
+		return strings.Contains(st, "relaymesh/no-legacy=accepted"), st
+	})
+	out, err = exec.Command(kubectl, "--kubeconfig", mgmt.Kubeconfig, "apply", "-f", legacy).CombinedOutput()
+	require.Error(t, err, "the ConfigMap rule refuses legacy-reviews: %s", out)
+	require.Contains(t, string(out), "names starting with legacy- are retired")
+	_, err = mgmtCS.CoreV1().ConfigMaps("relaymesh").Create(ctx, rule("broken", "package relaymesh.admission.broken\n\ndeny contains msg if {"), metav1.CreateOptions{})
+	require.NoError(t, err)
+	Eventually(t, 20*time.Second, "the broken rule set is refused and shown", func() (bool, string) {
+		st := admissionStatus()
+		return strings.Contains(st, "relaymesh/broken=refused"), st
+	})
+	out, err = exec.Command(kubectl, "--kubeconfig", mgmt.Kubeconfig, "apply", "-f", legacy).CombinedOutput()
+	require.Error(t, err, "the previous rules still work: %s", out)
+	require.Contains(t, string(out), "names starting with legacy- are retired")
 
 	// The audit log holds the decisions, and still verifies.
 	out, err = exec.Command(bin, "audit", "verify", dir+"/audit.log").CombinedOutput()
