@@ -4,10 +4,12 @@ import (
 	"cmp"
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,8 +22,10 @@ import (
 	"github.com/relaymesh/relaymesh/translation"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
@@ -52,14 +56,16 @@ type Config struct {
 // Controller keeps every member mesh of every VirtualMesh with shared trust
 // supplied with an intermediate from the VirtualMesh's root.
 type Controller struct {
-	cfg   Config
-	log   *slog.Logger
-	vms   cache.SharedIndexInformer
-	mesh  cache.SharedIndexInformer
-	wake  chan struct{}
-	mu    sync.Mutex
-	state map[string]*meshTrust // by Mesh object name
-	roots map[string]*root      // by VirtualMesh namespace/name
+	cfg     Config
+	log     *slog.Logger
+	vms     cache.SharedIndexInformer
+	mesh    cache.SharedIndexInformer
+	wake    chan struct{}
+	mu      sync.Mutex
+	state   map[string]*meshTrust // by Mesh object name
+	roots   map[string]*root      // by VirtualMesh namespace/name
+	status  map[string]*networkingv1alpha1.SharedTrustStatus
+	written map[string]string // status last written, JSON
 }
 
 // meshTrust is what the server knows about one mesh with shared trust.
@@ -80,7 +86,7 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "trust"), wake: make(chan struct{}, 1),
-		state: map[string]*meshTrust{}, roots: map[string]*root{}}
+		state: map[string]*meshTrust{}, roots: map[string]*root{}, status: map[string]*networkingv1alpha1.SharedTrustStatus{}, written: map[string]string{}}
 	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute)
 	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute, cfg.Namespace, nil)
 	c.vms = users.ForResource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Informer()
@@ -222,7 +228,79 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input) {
 	}
 	c.mu.Lock()
 	c.state, c.roots = state, roots
+	keys := make([]string, 0, len(roots))
+	for key, r := range roots {
+		st := c.status[key]
+		if st == nil || st.RootFingerprint != r.fingerprint {
+			root := verifyingRoot(r.signer)
+			na := metav1.NewTime(root.NotAfter)
+			st = &networkingv1alpha1.SharedTrustStatus{RootFingerprint: r.fingerprint, RootSubject: root.Subject.String(), RootNotAfter: &na}
+			c.status[key] = st
+		}
+		// Meshes that left the VirtualMesh leave its status.
+		st.Meshes = slices.DeleteFunc(st.Meshes, func(m networkingv1alpha1.MeshCAStatus) bool {
+			mt := state[m.Mesh]
+			return mt == nil || mt.vm != key
+		})
+		keys = append(keys, key)
+	}
+	for key := range c.status {
+		if roots[key] == nil {
+			delete(c.status, key)
+		}
+	}
 	c.mu.Unlock()
+	for _, key := range keys {
+		c.writeStatus(ctx, key)
+	}
+}
+
+// writeStatus patches status.sharedTrust of a VirtualMesh when it changed.
+func (c *Controller) writeStatus(ctx context.Context, key string) {
+	c.mu.Lock()
+	st := c.status[key]
+	if st == nil {
+		c.mu.Unlock()
+		return
+	}
+	body, err := json.Marshal(map[string]any{"status": map[string]any{"sharedTrust": st}})
+	if err != nil || c.written[key] == string(body) {
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	ns, name, _ := strings.Cut(key, "/")
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = c.cfg.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).
+		Patch(wctx, name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
+	if err != nil {
+		c.log.Warn("could not write status.sharedTrust", "virtual_mesh", key, "error", err)
+		return
+	}
+	c.mu.Lock()
+	c.written[key] = string(body)
+	c.mu.Unlock()
+}
+
+// recordIssued puts an issued intermediate into its VirtualMesh's status.
+func (c *Controller) recordIssued(ctx context.Context, mt *meshTrust, mesh string, cert *x509.Certificate) {
+	c.mu.Lock()
+	st := c.status[mt.vm]
+	if st == nil {
+		c.mu.Unlock()
+		return
+	}
+	entry := networkingv1alpha1.MeshCAStatus{Mesh: mesh, Cluster: mt.cluster, Serial: cert.SerialNumber.Text(16),
+		NotBefore: metav1.NewTime(cert.NotBefore), NotAfter: metav1.NewTime(cert.NotAfter), Issuer: mt.req.GetIssuer()}
+	if i := slices.IndexFunc(st.Meshes, func(m networkingv1alpha1.MeshCAStatus) bool { return m.Mesh == mesh }); i >= 0 {
+		st.Meshes[i] = entry
+	} else {
+		st.Meshes = append(st.Meshes, entry)
+		slices.SortFunc(st.Meshes, func(a, b networkingv1alpha1.MeshCAStatus) int { return strings.Compare(a.Mesh, b.Mesh) })
+	}
+	c.mu.Unlock()
+	c.writeStatus(ctx, mt.vm)
 }
 
 // SignIntermediate signs an intermediate for a mesh of cluster (the caller's,
@@ -255,6 +333,7 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 			"notAfter": cert.NotAfter.UTC().Format(time.RFC3339)}}); err != nil {
 		return nil, status.Error(codes.Unavailable, "the issuance could not be audited; not issued")
 	}
+	c.recordIssued(ctx, mt, req.GetMesh(), cert)
 	chain := append([]*x509.Certificate{cert}, mt.root.chain()...)
 	return &relaypb.IntermediateResponse{CertificateChain: pemCerts(chain), RootBundle: mt.req.GetRootBundle(), Issuer: mt.req.GetIssuer()}, nil
 }

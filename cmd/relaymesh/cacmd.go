@@ -2,19 +2,28 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/trust"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-const caSynopsis = `verify: read every mesh's Istio CA (the cacerts Secret, public parts only)
+const caSynopsis = `status [VIRTUALMESH]: from the management cluster, each VirtualMesh with shared
+  trust: its root (fingerprint, subject, expiry), rotation phase, and the
+  intermediate last issued to each mesh (serial, expiry).
+
+  relaymesh ca status --kubeconfig mgmt.yaml [relaymesh/bookinfo-federation]
+
+verify: read every mesh's Istio CA (the cacerts Secret, public parts only)
   from each workload cluster and check that the intermediate of every mesh
   verifies against every other mesh's root bundle, so that workload
   certificates of one mesh are trusted by all the others. Exits non-zero if
@@ -29,12 +38,15 @@ func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 func runCA(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "status" {
+		return runCAStatus(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "verify" {
-		fmt.Fprintf(stderr, "Usage: relaymesh ca verify --kubeconfig FILE [--kubeconfig FILE ...]\n\n%s\n", caSynopsis)
+		fmt.Fprintf(stderr, "Usage: relaymesh ca status|verify …\n\n%s\n", caSynopsis)
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
 			return nil
 		}
-		return fmt.Errorf("%w: want verify (status and rotate come with root rotation)", errUsage)
+		return fmt.Errorf("%w: want status or verify (rotate comes with root rotation)", errUsage)
 	}
 	var kubeconfigs multiFlag
 	var namespace string
@@ -93,4 +105,88 @@ func runCA(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%d of %d pairs do not trust each other", failed, len(meshes)*(len(meshes)-1))
 	}
 	return nil
+}
+
+func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var kubeconfig string
+	fs := newFlags("ca status [NAMESPACE/VIRTUALMESH]", caSynopsis, stderr)
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster)")
+	pos, err := parseUpTo(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	kube, err := loadKube(kubeconfig)
+	if err != nil {
+		return err
+	}
+	list, err := kube.dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	shown := 0
+	for _, u := range list.Items {
+		key := u.GetNamespace() + "/" + u.GetName()
+		if len(pos) == 1 && pos[0] != key {
+			continue
+		}
+		var vm networkingv1alpha1.VirtualMesh
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &vm); err != nil {
+			return fmt.Errorf("VirtualMesh %s: %w", key, err)
+		}
+		if vm.Spec.MTLS == nil || vm.Spec.MTLS.Shared == nil {
+			continue
+		}
+		shown++
+		st := vm.Status.SharedTrust
+		phase := string(networkingv1alpha1.PhaseNotRotating)
+		if vm.Status.Rotation != nil {
+			phase = string(vm.Status.Rotation.Phase)
+		}
+		if st == nil {
+			fmt.Fprintf(stdout, "VIRTUALMESH %s  no root yet (is the server running, and the VirtualMesh valid? state %q)\n", key, vm.Status.State)
+			continue
+		}
+		expires := ""
+		if st.RootNotAfter != nil {
+			expires = st.RootNotAfter.UTC().Format(time.DateOnly)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "VIRTUALMESH %s  ROOT %s  FINGERPRINT %s…  EXPIRES %s  ROTATION %s\n", key, st.RootSubject, short(st.RootFingerprint), expires, phase)
+		fmt.Fprintln(tw, "  MESH\tCLUSTER\tINTERMEDIATE SERIAL\tEXPIRES\tFROM ROOT")
+		for _, m := range st.Meshes {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s…\n", m.Mesh, m.Cluster, m.Serial, m.NotAfter.UTC().Format(time.DateOnly), short(m.Issuer))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if shown == 0 {
+		if len(pos) == 1 {
+			return fmt.Errorf("no VirtualMesh %s with spec.mtls.shared", pos[0])
+		}
+		fmt.Fprintln(stdout, "no VirtualMesh asks for shared trust (spec.mtls.shared)")
+	}
+	return nil
+}
+
+func short(fp string) string {
+	if len(fp) > 16 {
+		return fp[:16]
+	}
+	return fp
+}
+
+// parseUpTo parses flags and allows at most max positional arguments.
+func parseUpTo(fs *flag.FlagSet, args []string, max int) ([]string, error) {
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > max {
+		fs.Usage()
+		return nil, fmt.Errorf("%w: want at most %d argument(s), got %d", errUsage, max, fs.NArg())
+	}
+	return fs.Args(), nil
 }

@@ -104,8 +104,20 @@ func TestSharedTrust(t *testing.T) {
 		}
 	}
 
+	// The management cluster knows the root and what each mesh was issued.
+	out, err := Run(t, bin, "ca", "status", "--kubeconfig", mgmt.Kubeconfig)
+	require.NoError(t, err, out)
+	for _, want := range []string{"VIRTUALMESH relaymesh/bookinfo-federation", "ROTATION NotRotating", "istiod-istio-system-cluster-1  cluster-1", "istiod-istio-system-cluster-2  cluster-2"} {
+		require.Contains(t, out, want)
+	}
+	for _, s := range cacerts {
+		inter, err := pemutil.ParseCertificate(s.Data[trust.KeyCACert])
+		require.NoError(t, err)
+		require.Contains(t, out, inter.SerialNumber.Text(16), "ca status names the serial the agent holds")
+	}
+
 	// The operator's check says the same.
-	out, err := Run(t, bin, "ca", "verify", "--kubeconfig", env.Cluster("cluster-1").Kubeconfig, "--kubeconfig", env.Cluster("cluster-2").Kubeconfig)
+	out, err = Run(t, bin, "ca", "verify", "--kubeconfig", env.Cluster("cluster-1").Kubeconfig, "--kubeconfig", env.Cluster("cluster-2").Kubeconfig)
 	require.NoError(t, err, out)
 	require.Equal(t, 2, strings.Count(out, "  ok"), out)
 

@@ -375,7 +375,7 @@ func (c *Controller) writeStatus(ctx context.Context, r *translation.Report) {
 		if w, ok := c.written[k]; ok && found && w.body == string(body) && w.resourceVersion == rv {
 			continue // nothing changed since it was last written or checked
 		}
-		if found && reflect.DeepEqual(normalize(cur), normalize(status)) {
+		if found && reflect.DeepEqual(normalize(owned(cur, status)), normalize(status)) {
 			c.written[k] = writtenStatus{body: string(body), resourceVersion: rv}
 			continue
 		}
@@ -461,6 +461,19 @@ func targetsJSON[T any](ts []T) []any {
 	b, _ := json.Marshal(ts)
 	var out []any
 	_ = json.Unmarshal(b, &out)
+	return out
+}
+
+// owned keeps the fields of cur that translation writes (status has every
+// one of them, nil when unset): other writers own the rest (the trust
+// controller's sharedTrust), which must not make statuses differ forever.
+func owned(cur, status map[string]any) map[string]any {
+	out := map[string]any{}
+	for k := range status {
+		if v, ok := cur[k]; ok {
+			out[k] = v
+		}
+	}
 	return out
 }
 

@@ -278,6 +278,44 @@ type VirtualMeshStatus struct {
 	// Rotation is the progress of a root rotation, if one ran.
 	// +optional
 	Rotation *RotationStatus `json:"rotation,omitempty"`
+	// SharedTrust is the root of spec.mtls.shared and the intermediate each
+	// mesh was last issued (written by the server's trust controller).
+	// +optional
+	SharedTrust *SharedTrustStatus `json:"sharedTrust,omitempty"`
+}
+
+// SharedTrustStatus describes a VirtualMesh's shared root and intermediates.
+type SharedTrustStatus struct {
+	// RootFingerprint is the SHA-256 of the root's DER, hex.
+	// +optional
+	RootFingerprint string `json:"rootFingerprint,omitempty"`
+	// RootSubject is the root's subject.
+	// +optional
+	RootSubject string `json:"rootSubject,omitempty"`
+	// RootNotAfter is when the root expires.
+	// +optional
+	RootNotAfter *metav1.Time `json:"rootNotAfter,omitempty"`
+	// Meshes is the intermediate last issued to each mesh.
+	// +listType=map
+	// +listMapKey=mesh
+	// +kubebuilder:validation:MaxItems=256
+	// +optional
+	Meshes []MeshCAStatus `json:"meshes,omitempty"`
+}
+
+// MeshCAStatus is the intermediate CA last issued to one mesh.
+type MeshCAStatus struct {
+	// Mesh is the discovered Mesh's name.
+	Mesh string `json:"mesh"`
+	// Cluster the mesh runs in.
+	Cluster string `json:"cluster"`
+	// Serial of the intermediate, hex.
+	Serial string `json:"serial"`
+	// NotBefore and NotAfter bound its validity.
+	NotBefore metav1.Time `json:"notBefore"`
+	NotAfter  metav1.Time `json:"notAfter"`
+	// Issuer is the fingerprint of the root it chains to.
+	Issuer string `json:"issuer"`
 }
 
 // RotationPhase is a step of a MultiRoot root rotation.
