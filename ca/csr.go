@@ -65,6 +65,12 @@ var csrSignatureAlgorithms = map[x509.SignatureAlgorithm]bool{
 // EmailAddresses) to log that they were ignored. Other errors wrap
 // ErrInvalidCSR.
 func ParseCSR(b []byte) (*x509.CertificateRequest, error) {
+	return parseCSR(b, checkCSR)
+}
+
+// parseCSR frames, parses and checks a PEM or DER certificate request of at
+// most MaxCSRSize bytes.
+func parseCSR(b []byte, check func(*x509.CertificateRequest) error) (*x509.CertificateRequest, error) {
 	switch {
 	case len(b) == 0:
 		return nil, fmt.Errorf("%w: empty", ErrInvalidCSR)
@@ -79,7 +85,7 @@ func ParseCSR(b []byte) (*x509.CertificateRequest, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidCSR, err)
 	}
-	if err := checkCSR(csr); err != nil {
+	if err := check(csr); err != nil {
 		return nil, err
 	}
 	return csr, nil

@@ -175,24 +175,7 @@ func (a *Authority) IssueIntermediate(ctx context.Context, csr *x509.Certificate
 // The subject is checked by IssueIntermediate, which knows the subject it
 // will issue. Other errors wrap ErrInvalidCSR.
 func ParseIntermediateCSR(b []byte) (*x509.CertificateRequest, error) {
-	switch {
-	case len(b) == 0:
-		return nil, fmt.Errorf("%w: empty", ErrInvalidCSR)
-	case len(b) > MaxCSRSize:
-		return nil, fmt.Errorf("%w: %d bytes, at most %d allowed", ErrInvalidCSR, len(b), MaxCSRSize)
-	}
-	der, err := csrDER(b)
-	if err != nil {
-		return nil, err
-	}
-	csr, err := x509.ParseCertificateRequest(der)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidCSR, err)
-	}
-	if err := checkIntermediateCSR(csr); err != nil {
-		return nil, err
-	}
-	return csr, nil
+	return parseCSR(b, checkIntermediateCSR)
 }
 
 // checkIntermediateCSR is ParseIntermediateCSR's checks of a parsed
