@@ -17,8 +17,17 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
+	"golang.org/x/time/rate"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The webhook judges (and audits) at most webhookRate requests per second,
+// webhookBurst at once: far above what one control plane sends, far below
+// what would flood the audit log.
+const (
+	webhookRate  = 50
+	webhookBurst = 200
 )
 
 // webhookTarget is where the kube-apiserver reaches the webhook, and the
@@ -103,7 +112,7 @@ func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeClients, author
 	for _, r := range authority.Roots() {
 		t.reg.CABundle = append(t.reg.CABundle, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Raw})...)
 	}
-	hook := &admission.Webhook{Engine: engine, Logger: log, NamespaceLabels: func(ctx context.Context, ns string) (map[string]string, error) {
+	hook := &admission.Webhook{Engine: engine, Logger: log, Limiter: rate.NewLimiter(webhookRate, webhookBurst), NamespaceLabels: func(ctx context.Context, ns string) (map[string]string, error) {
 		n, err := kube.typed.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 		if err != nil {
 			return nil, err

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"golang.org/x/time/rate"
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,12 +33,22 @@ type Webhook struct {
 	// NamespaceLabels returns the labels of a namespace; an error denies
 	// (the rules may depend on them).
 	NamespaceLabels func(ctx context.Context, namespace string) (map[string]string, error)
-	Logger          *slog.Logger
+	// Limiter bounds the requests judged (and audited) per second; more are
+	// answered 429, which the apiserver treats as a failed call (denied
+	// under failurePolicy Fail). The webhook port cannot authenticate the
+	// apiserver, so this keeps anyone who reaches it from flooding the audit
+	// log. Nil: no limit.
+	Limiter *rate.Limiter
+	Logger  *slog.Logger
 }
 
 func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		http.Error(rw, "POST an AdmissionReview", http.StatusMethodNotAllowed)
+		return
+	}
+	if w.Limiter != nil && !w.Limiter.Allow() {
+		http.Error(rw, "too many admission requests; retry", http.StatusTooManyRequests)
 		return
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewBytes+1))

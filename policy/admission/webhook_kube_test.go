@@ -24,6 +24,7 @@ import (
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -165,6 +166,17 @@ func TestWebhookRefusesBadRequests(t *testing.T) {
 		})
 	}
 	assert.Empty(t, rec.all(), "nothing was decided")
+
+	// Past the limit, requests are refused before anything is decided or
+	// audited.
+	limited := &admission.Webhook{Engine: engine, Limiter: rate.NewLimiter(0, 1)}
+	codes := []int{}
+	for range 3 {
+		w := httptest.NewRecorder()
+		limited.ServeHTTP(w, httptest.NewRequest(http.MethodPost, admission.WebhookPath, bytes.NewReader([]byte("{"))))
+		codes = append(codes, w.Code)
+	}
+	assert.Equal(t, []int{http.StatusBadRequest, http.StatusTooManyRequests, http.StatusTooManyRequests}, codes)
 
 	// An object that is not a JSON object is denied (fail closed), with the UID echoed.
 	review := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
