@@ -188,11 +188,11 @@ type Issued struct {
 // of a tls.crt (or, for an intermediate, of Istio's cert-chain.pem without
 // the root).
 func (i *Issued) ChainPEM() []byte {
-	return encodeCertsPEM(append([]*x509.Certificate{i.Certificate}, i.Chain...))
+	return CertsPEM(append([]*x509.Certificate{i.Certificate}, i.Chain...)...)
 }
 
 // RootsPEM returns Roots, PEM-encoded: the content of a ca.crt.
-func (i *Issued) RootsPEM() []byte { return encodeCertsPEM(i.Roots) }
+func (i *Issued) RootsPEM() []byte { return CertsPEM(i.Roots...) }
 
 // IssueAgent issues an agent's client certificate for the public key of
 // csr, with id as its only identity.
@@ -599,8 +599,8 @@ func checkDNSName(name string) error {
 	return nil
 }
 
-// encodeCertsPEM encodes certificates as CERTIFICATE blocks.
-func encodeCertsPEM(certs []*x509.Certificate) []byte {
+// CertsPEM encodes certificates as CERTIFICATE blocks (nil ones skipped).
+func CertsPEM(certs ...*x509.Certificate) []byte {
 	var out []byte
 	for _, c := range certs {
 		if c != nil {

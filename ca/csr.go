@@ -116,6 +116,18 @@ func csrDER(b []byte) ([]byte, error) {
 	return block.Bytes, nil
 }
 
+// checkPossession checks the request's self-signature: an allowed
+// algorithm, and a signature by the key it asks a certificate for.
+func checkPossession(csr *x509.CertificateRequest) error {
+	if !csrSignatureAlgorithms[csr.SignatureAlgorithm] {
+		return fmt.Errorf("%w: signature algorithm %v is not allowed", ErrInvalidCSR, csr.SignatureAlgorithm)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return fmt.Errorf("%w: bad self-signature (no proof of possession): %w", ErrInvalidCSR, err)
+	}
+	return nil
+}
+
 // checkCSR enforces key policy, proof of possession and the extension
 // request rules on a parsed request. IssueAgent runs it again so that a
 // request that did not come through ParseCSR gets the same checks.
@@ -123,11 +135,8 @@ func checkCSR(csr *x509.CertificateRequest) error {
 	if err := checkPublicKey(csr.PublicKey); err != nil {
 		return err
 	}
-	if !csrSignatureAlgorithms[csr.SignatureAlgorithm] {
-		return fmt.Errorf("%w: signature algorithm %v is not allowed", ErrInvalidCSR, csr.SignatureAlgorithm)
-	}
-	if err := csr.CheckSignature(); err != nil {
-		return fmt.Errorf("%w: bad self-signature (no proof of possession): %w", ErrInvalidCSR, err)
+	if err := checkPossession(csr); err != nil {
+		return err
 	}
 	for _, ext := range csr.Extensions {
 		switch {

@@ -184,11 +184,8 @@ func checkIntermediateCSR(csr *x509.CertificateRequest) error {
 	if err := checkIntermediateKey(csr.PublicKey); err != nil {
 		return err
 	}
-	if !csrSignatureAlgorithms[csr.SignatureAlgorithm] {
-		return fmt.Errorf("%w: signature algorithm %v is not allowed", ErrInvalidCSR, csr.SignatureAlgorithm)
-	}
-	if err := csr.CheckSignature(); err != nil {
-		return fmt.Errorf("%w: bad self-signature (no proof of possession): %w", ErrInvalidCSR, err)
+	if err := checkPossession(csr); err != nil {
+		return err
 	}
 	for _, ext := range csr.Extensions {
 		switch {

@@ -103,7 +103,7 @@ func RelayRootsPEM(ctx context.Context, client kubernetes.Interface, namespace s
 			return nil, fmt.Errorf("%w: secret %s/%s %s: %s is not a CA certificate", ErrInvalidSigner, namespace, RootSecretName, keyCACert, describe(c))
 		}
 	}
-	return encodeCertsPEM(certs), nil
+	return CertsPEM(certs...), nil
 }
 
 // getRelaySecrets reads both secrets; a missing one is nil.
@@ -274,7 +274,7 @@ func (r *RelayCA) secrets(namespace string) (root, signing *corev1.Secret, err e
 	if err != nil {
 		return nil, nil, fmt.Errorf("issuing CA key: %w", err)
 	}
-	rootPEM := encodeCertsPEM([]*x509.Certificate{r.Root})
+	rootPEM := CertsPEM(r.Root)
 	meta := func(name string) metav1.ObjectMeta {
 		return metav1.ObjectMeta{
 			Name:      name,
@@ -291,7 +291,7 @@ func (r *RelayCA) secrets(namespace string) (root, signing *corev1.Secret, err e
 		ObjectMeta: meta(SigningSecretName),
 		Type:       corev1.SecretTypeTLS,
 		Data: map[string][]byte{
-			keyTLSCert: encodeCertsPEM([]*x509.Certificate{r.Issuer}),
+			keyTLSCert: CertsPEM(r.Issuer),
 			keyTLSKey:  issuerKey,
 			keyCACert:  rootPEM,
 		},

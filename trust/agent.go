@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -16,6 +14,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/relaymesh/relaymesh/ca"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"go.step.sm/crypto/keyutil"
 	"go.step.sm/crypto/pemutil"
@@ -143,9 +142,9 @@ func (a *Agent) keep(ctx context.Context, req *relaypb.TrustRequest, sign SignFu
 		return "error", time.Time{}, errors.New("encode the intermediate key")
 	}
 	data := map[string][]byte{
-		KeyCACert:   pemCerts(chain[:1]),
+		KeyCACert:   ca.CertsPEM(chain[0]),
 		KeyCAKey:    pem.EncodeToMemory(keyPEM),
-		KeyChain:    append(pemCerts(chain), resp.GetRootBundle()...),
+		KeyChain:    append(ca.CertsPEM(chain...), resp.GetRootBundle()...),
 		KeyRootCert: resp.GetRootBundle(),
 	}
 	if cur == nil {
@@ -188,7 +187,7 @@ func current(cur *corev1.Secret, req *relaypb.TrustRequest, now time.Time) (time
 		return time.Time{}, false
 	}
 	signer, ok := key.(crypto.Signer)
-	if !ok || !samePublicKey(signer.Public(), certs[0].PublicKey) {
+	if !ok || !keyutil.Equal(signer.Public(), certs[0].PublicKey) {
 		return time.Time{}, false
 	}
 	if _, err := verifyChain(certs, req, now); err != nil {
@@ -215,7 +214,7 @@ func checkResponse(resp *relaypb.IntermediateResponse, req *relaypb.TrustRequest
 	if err != nil || len(certs) == 0 {
 		return nil, errors.New("certificate chain is not PEM certificates")
 	}
-	if !samePublicKey(pub, certs[0].PublicKey) {
+	if !keyutil.Equal(pub, certs[0].PublicKey) {
 		return nil, errors.New("the intermediate is not for the key we generated")
 	}
 	if !certs[0].IsCA || !certs[0].BasicConstraintsValid || certs[0].MaxPathLen != 0 || !certs[0].MaxPathLenZero {
@@ -235,16 +234,26 @@ func verifyChain(chain []*x509.Certificate, req *relaypb.TrustRequest, now time.
 	if idx < 0 {
 		return nil, errors.New("the issuer is not in the root bundle")
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(roots[idx])
-	inter := x509.NewCertPool()
-	for _, c := range chain[1:] {
-		inter.AddCert(c)
-	}
-	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+	if err := verifies(chain[0], chain[1:], roots[idx:idx+1], now); err != nil {
 		return nil, fmt.Errorf("does not chain to the requested root: %w", err)
 	}
 	return chain, nil
+}
+
+// verifies checks that cert, through the CA certificates of chain, verifies
+// to one of roots at now.
+func verifies(cert *x509.Certificate, chain, roots []*x509.Certificate, now time.Time) error {
+	rootPool, inter := x509.NewCertPool(), x509.NewCertPool()
+	for _, r := range roots {
+		rootPool.AddCert(r)
+	}
+	for _, c := range chain {
+		if !c.Equal(cert) {
+			inter.AddCert(c)
+		}
+	}
+	_, err := cert.Verify(x509.VerifyOptions{Roots: rootPool, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	return err
 }
 
 func renewalTime(c *x509.Certificate, req *relaypb.TrustRequest) time.Time {
@@ -316,22 +325,4 @@ func (a *Agent) prune(ctx context.Context, wanted map[string]bool) []*relaypb.Ob
 func Fingerprint(c *x509.Certificate) string {
 	sum := sha256.Sum256(c.Raw)
 	return hex.EncodeToString(sum[:])
-}
-
-func pemCerts(certs []*x509.Certificate) []byte {
-	var b []byte
-	for _, c := range certs {
-		b = append(b, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
-	}
-	return b
-}
-
-func samePublicKey(a, b crypto.PublicKey) bool {
-	switch k := a.(type) {
-	case *ecdsa.PublicKey:
-		return k.Equal(b)
-	case *rsa.PublicKey:
-		return k.Equal(b)
-	}
-	return false
 }

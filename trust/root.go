@@ -84,7 +84,7 @@ func (c *Controller) root(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 		return nil, err
 	}
 	roots := signer.Roots()
-	r := &root{authority: a, signer: signer, bundle: pemCerts(roots), fingerprint: Fingerprint(verifyingRoot(signer)),
+	r := &root{authority: a, signer: signer, bundle: ca.CertsPEM(roots...), fingerprint: Fingerprint(verifyingRoot(signer)),
 		ttl: defaultIntermediateTTL, org: vm.Name}
 	if opts != nil {
 		if opts.TTL != nil && opts.TTL.Duration > 0 {

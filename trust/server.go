@@ -335,7 +335,7 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	}
 	c.recordIssued(ctx, mt, req.GetMesh(), cert)
 	chain := append([]*x509.Certificate{cert}, mt.root.chain()...)
-	return &relaypb.IntermediateResponse{CertificateChain: pemCerts(chain), RootBundle: mt.req.GetRootBundle(), Issuer: mt.req.GetIssuer()}, nil
+	return &relaypb.IntermediateResponse{CertificateChain: ca.CertsPEM(chain...), RootBundle: mt.req.GetRootBundle(), Issuer: mt.req.GetIssuer()}, nil
 }
 
 func truncate(s string, n int) string {

@@ -45,15 +45,5 @@ func (m *MeshCA) VerifyAgainst(other *MeshCA, now time.Time) error {
 	if !m.Intermediate.IsCA || !m.Intermediate.MaxPathLenZero || m.Intermediate.MaxPathLen != 0 {
 		return errors.New("the intermediate is not a CA limited to path length 0")
 	}
-	roots, inter := x509.NewCertPool(), x509.NewCertPool()
-	for _, r := range other.Roots {
-		roots.AddCert(r)
-	}
-	for _, c := range m.Chain {
-		if !c.Equal(m.Intermediate) {
-			inter.AddCert(c)
-		}
-	}
-	_, err := m.Intermediate.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
-	return err
+	return verifies(m.Intermediate, m.Chain, other.Roots, now)
 }

@@ -348,13 +348,7 @@ func (c *CA) KeyPEM(t testing.TB) []byte {
 func (c *CA) RootsPEM() []byte { return CertsPEM(c.Roots()...) }
 
 // CertsPEM encodes certificates as PEM.
-func CertsPEM(certs ...*x509.Certificate) []byte {
-	var out []byte
-	for _, c := range certs {
-		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
-	}
-	return out
-}
+func CertsPEM(certs ...*x509.Certificate) []byte { return ca.CertsPEM(certs...) }
 
 // KeyPEM encodes a private key as PKCS#8 PEM.
 func KeyPEM(t testing.TB, key crypto.Signer) []byte {

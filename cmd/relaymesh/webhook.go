@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 	"golang.org/x/time/rate"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
 )
 
 // The webhook judges (and audits) at most webhookRate requests per second,
@@ -109,10 +109,17 @@ func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeClients, author
 		return nil, fmt.Errorf("webhook certificate: %w", err)
 	}
 	go cert.Run(ctx)
-	for _, r := range authority.Roots() {
-		t.reg.CABundle = append(t.reg.CABundle, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Raw})...)
-	}
+	t.reg.CABundle = ca.CertsPEM(authority.Roots()...)
+	// Namespace labels come from a watch; a namespace the watch has not seen
+	// yet (created in the same apply) is read once from the API.
+	factory := informers.NewSharedInformerFactory(kube.typed, 10*time.Minute)
+	namespaces := factory.Core().V1().Namespaces().Lister()
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
 	hook := &admission.Webhook{Engine: engine, Logger: log, Limiter: rate.NewLimiter(webhookRate, webhookBurst), NamespaceLabels: func(ctx context.Context, ns string) (map[string]string, error) {
+		if n, err := namespaces.Get(ns); err == nil {
+			return n.Labels, nil
+		}
 		n, err := kube.typed.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 		if err != nil {
 			return nil, err

@@ -51,7 +51,11 @@ func (c *Controller) admit(ctx context.Context, in *translation.Input) (*transla
 		seen[key] = true
 		obj, ok := c.object(gvr, namespace, name)
 		if !ok {
-			return true // not in the cache: nothing to judge it by (cannot happen: the input came from it)
+			// The input came from this cache, so this should not happen;
+			// what cannot be judged is not translated.
+			r.Invalid(translation.ObjectKey{Kind: kind, Namespace: namespace, Name: name}, generation, "%s",
+				"not judged by admission (the object left the watch cache), so it is not translated")
+			return false
 		}
 		labels := c.namespaceLabels(namespace)
 		fp := admissionFingerprint(obj, labels, c.admission.Version())
