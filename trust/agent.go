@@ -80,6 +80,15 @@ func (a *Agent) Apply(ctx context.Context, set *relaypb.OutputSet, sign func(con
 			a.log().Error("mesh CA not written", "namespace", req.GetNamespace(), "mesh", req.GetMesh(), "error", err)
 			// Try again soon.
 			renewAt = now.Add(30 * time.Second)
+		} else if req.GetRestartPods() && !req.GetHold() {
+			again, rerr := a.restartPods(ctx, req, now)
+			if rerr != nil {
+				a.log().Error("pods not restarted after the mesh CA changed", "namespace", req.GetNamespace(), "mesh", req.GetMesh(), "error", rerr)
+				again = now.Add(30 * time.Second)
+			}
+			if !again.IsZero() && (renewAt.IsZero() || again.Before(renewAt)) {
+				renewAt = again
+			}
 		}
 		if !renewAt.IsZero() && (next.IsZero() || renewAt.Before(next)) {
 			next = renewAt
@@ -107,8 +116,11 @@ func (a *Agent) log() *slog.Logger {
 // keep makes one mesh's cacerts match req; it returns the outcome and when
 // to renew.
 func (a *Agent) keep(ctx context.Context, req *relaypb.TrustRequest, sign SignFunc, now time.Time) (string, time.Time, error) {
-	if req.GetNamespace() == "" || req.GetMesh() == "" || req.GetIssuer() == "" || len(req.GetRootBundle()) == 0 {
-		return "error", time.Time{}, errors.New("incomplete trust request (mesh, namespace, issuer and root bundle are required)")
+	if req.GetNamespace() == "" || req.GetMesh() == "" {
+		return "error", time.Time{}, errors.New("incomplete trust request (mesh and namespace are required)")
+	}
+	if !req.GetHold() && (req.GetIssuer() == "" || len(req.GetRootBundle()) == 0) {
+		return "error", time.Time{}, errors.New("incomplete trust request (issuer and root bundle are required)")
 	}
 	secrets := a.Client.CoreV1().Secrets(req.GetNamespace())
 	cur, err := secrets.Get(ctx, SecretName, metav1.GetOptions{})
@@ -119,6 +131,13 @@ func (a *Agent) keep(ctx context.Context, req *relaypb.TrustRequest, sign SignFu
 		return "error", time.Time{}, fmt.Errorf("read %s/%s: %w", req.GetNamespace(), SecretName, err)
 	case cur.Labels[OwnerLabel] != a.Owner:
 		return "conflict", time.Time{}, fmt.Errorf("%s/%s exists and is not managed by Relaymesh (a CA someone plugged in by hand): left as it is", req.GetNamespace(), SecretName)
+	}
+	if req.GetHold() {
+		// The server cannot load the root: keep what is there, as it is.
+		if cur == nil {
+			return "error", time.Time{}, errors.New("the server holds this mesh's CA (it cannot load the VirtualMesh's root) and there is none yet")
+		}
+		return "unchanged", time.Time{}, nil
 	}
 	if cur != nil {
 		if renewAt, ok := current(cur, req, now); ok {

@@ -73,8 +73,12 @@ func (c *Controller) root(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 			roots = s.Data[corev1.TLSCertKey] // a self-signed root
 		}
 		signer, err = ca.ParseSignerPEM(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey], roots, c.cfg.Clock())
+	case rc.PKCS11 != nil:
+		signer, _, err = c.pkcs11Signer(ctx, rc.PKCS11)
+	case rc.External != nil:
+		signer, _, err = c.externalSigner(ctx, rc.External)
 	default:
-		return nil, errors.New("only generated and secret roots are wired into the server so far (external and pkcs11 exist as CA back ends in ca/, not yet selectable here)")
+		return nil, errors.New("spec.mtls.shared.rootCA: one of generated, secret, external or pkcs11 is required")
 	}
 	if err != nil {
 		return nil, err

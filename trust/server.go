@@ -51,6 +51,9 @@ type Config struct {
 	Audit    audit.Recorder
 	Logger   *slog.Logger
 	Clock    func() time.Time
+	// PKCS11Modules are the PKCS#11 modules (absolute paths) a VirtualMesh's
+	// rootCA.pkcs11.modulePath may name; none: pkcs11 roots are refused.
+	PKCS11Modules []string
 }
 
 // Controller keeps every member mesh of every VirtualMesh with shared trust

@@ -53,6 +53,7 @@ type serverFlags struct {
 	allowSharedToken, allowKubeconfig                         bool
 	webhookListen, webhookURL, webhookService                 string
 	webhookDNSNames, webhookIPs, webhookFailurePolicy         string
+	pkcs11Modules                                             multiFlag
 }
 
 func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -79,6 +80,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&f.webhookDNSNames, "webhook-dns-names", "", "comma-separated DNS names of the webhook's certificate (default: the URL's host, or the Service's names)")
 	fs.StringVar(&f.webhookIPs, "webhook-ips", "", "comma-separated IPs of the webhook's certificate (default: the URL's host if it is an IP)")
 	fs.StringVar(&f.webhookFailurePolicy, "webhook-failure-policy", "Fail", "Fail (an unreachable webhook blocks changes) or WEAKER Ignore (changes pass while it is down; the in-process check still marks refused objects Invalid)")
+	fs.Var(&f.pkcs11Modules, "pkcs11-module", "a PKCS#11 module a VirtualMesh's spec.mtls.shared.rootCA.pkcs11.modulePath may name (repeatable; none: pkcs11 roots are refused, so a VirtualMesh cannot make the server load an arbitrary library)")
 	fs.BoolVar(&f.allowKubeconfig, "allow-kubeconfig-clusters", false, "WEAKER: manage clusters registered in kubeconfig mode, with the kubeconfig in their Secret (the server then holds their credentials)")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
@@ -214,7 +216,8 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.dynamic, Kube: kube.typed, Namespace: f.namespace, Outputs: outputs,
-		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }, Audit: auditLog, Logger: log})
+		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }, Audit: auditLog, Logger: log,
+		PKCS11Modules: f.pkcs11Modules})
 	if err != nil {
 		return err
 	}

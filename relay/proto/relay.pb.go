@@ -1417,7 +1417,14 @@ type TrustRequest struct {
 	RenewAtPercent int32 `protobuf:"varint,6,opt,name=renew_at_percent,json=renewAtPercent,proto3" json:"renew_at_percent,omitempty"`
 	// Key of the intermediate: "ECDSAP256" (default), "ECDSAP384",
 	// "RSA3072", "RSA4096".
-	KeyAlgorithm  string `protobuf:"bytes,7,opt,name=key_algorithm,json=keyAlgorithm,proto3" json:"key_algorithm,omitempty"`
+	KeyAlgorithm string `protobuf:"bytes,7,opt,name=key_algorithm,json=keyAlgorithm,proto3" json:"key_algorithm,omitempty"`
+	// Hold: keep this mesh's cacerts as it is (the server cannot load the
+	// root right now); never create, renew or prune it.
+	Hold bool `protobuf:"varint,8,opt,name=hold,proto3" json:"hold,omitempty"`
+	// Restart istiod, then the mesh's workloads, once the CA changed and
+	// each namespace's istio-ca-root-cert carries root_bundle
+	// (VirtualMesh spec.mtls.autoRestartPods).
+	RestartPods   bool `protobuf:"varint,9,opt,name=restart_pods,json=restartPods,proto3" json:"restart_pods,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1499,6 +1506,20 @@ func (x *TrustRequest) GetKeyAlgorithm() string {
 		return x.KeyAlgorithm
 	}
 	return ""
+}
+
+func (x *TrustRequest) GetHold() bool {
+	if x != nil {
+		return x.Hold
+	}
+	return false
+}
+
+func (x *TrustRequest) GetRestartPods() bool {
+	if x != nil {
+		return x.RestartPods
+	}
+	return false
 }
 
 type IntermediateRequest struct {
@@ -1937,7 +1958,7 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\tOutputSet\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12:\n" +
 	"\aobjects\x18\x02 \x03(\v2 .relaymesh.relay.v1.OutputObjectR\aobjects\x126\n" +
-	"\x05trust\x18\x03 \x03(\v2 .relaymesh.relay.v1.TrustRequestR\x05trust\"\xeb\x01\n" +
+	"\x05trust\x18\x03 \x03(\v2 .relaymesh.relay.v1.TrustRequestR\x05trust\"\xa2\x02\n" +
 	"\fTrustRequest\x12\x12\n" +
 	"\x04mesh\x18\x01 \x01(\tR\x04mesh\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12!\n" +
@@ -1946,7 +1967,9 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"rootBundle\x12\x16\n" +
 	"\x06issuer\x18\x05 \x01(\tR\x06issuer\x12(\n" +
 	"\x10renew_at_percent\x18\x06 \x01(\x05R\x0erenewAtPercent\x12#\n" +
-	"\rkey_algorithm\x18\a \x01(\tR\fkeyAlgorithm\";\n" +
+	"\rkey_algorithm\x18\a \x01(\tR\fkeyAlgorithm\x12\x12\n" +
+	"\x04hold\x18\b \x01(\bR\x04hold\x12!\n" +
+	"\frestart_pods\x18\t \x01(\bR\vrestartPods\";\n" +
 	"\x13IntermediateRequest\x12\x12\n" +
 	"\x04mesh\x18\x01 \x01(\tR\x04mesh\x12\x10\n" +
 	"\x03csr\x18\x02 \x01(\fR\x03csr\"|\n" +

@@ -150,7 +150,7 @@ type RootCA struct {
 // ExternalCA is a CA service that signs intermediate CSRs.
 type ExternalCA struct {
 	// Provider is the kind of CA service.
-	// +kubebuilder:validation:Enum=cfssl;stepca;vault
+	// +kubebuilder:validation:Enum=cfssl;stepca
 	Provider string `json:"provider"`
 	// URL of the CA service; must be https unless the provider is cfssl on
 	// loopback.
@@ -295,6 +295,10 @@ type SharedTrustStatus struct {
 	// RootNotAfter is when the root expires.
 	// +optional
 	RootNotAfter *metav1.Time `json:"rootNotAfter,omitempty"`
+	// Root is where the root in force lives, so a change of
+	// spec.mtls.shared.rootCA can be recognised as a rotation from it.
+	// +optional
+	Root *RootSource `json:"root,omitempty"`
 	// Meshes is the intermediate last issued to each mesh.
 	// +listType=map
 	// +listMapKey=mesh
@@ -319,7 +323,7 @@ type MeshCAStatus struct {
 }
 
 // RotationPhase is a step of a MultiRoot root rotation.
-// +kubebuilder:validation:Enum=NotRotating;AddingNewRoot;PropagatingNewIntermediate;DeletingOldRoot;Finished;RollingBack;Failed
+// +kubebuilder:validation:Enum=NotRotating;AddingNewRoot;PropagatingNewIntermediate;DeletingOldRoot;Finished;RollingBack;RolledBack;Failed
 type RotationPhase string
 
 // Rotation phases, in order.
@@ -330,6 +334,7 @@ const (
 	PhaseDeletingOldRoot            RotationPhase = "DeletingOldRoot"
 	PhaseFinished                   RotationPhase = "Finished"
 	PhaseRollingBack                RotationPhase = "RollingBack"
+	PhaseRolledBack                 RotationPhase = "RolledBack"
 	PhaseFailed                     RotationPhase = "Failed"
 )
 
@@ -354,4 +359,45 @@ type RotationStatus struct {
 	// Message explains the current phase.
 	// +optional
 	Message string `json:"message,omitempty"`
+	// Step is what the meshes are asked to hold now: 0 the old root only;
+	// 1 both roots, intermediates from the old; 2 both roots,
+	// intermediates from the new; 3 the new root only. Forward phases
+	// raise it, RollingBack lowers it one acked step at a time.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=3
+	// +optional
+	Step int32 `json:"step,omitempty"`
+	// From and To are where the old and the new root live.
+	// +optional
+	From *RootSource `json:"from,omitempty"`
+	// +optional
+	To *RootSource `json:"to,omitempty"`
+	// PendingMeshes are the meshes whose agents have not yet acked Step.
+	// +kubebuilder:validation:MaxItems=256
+	// +optional
+	PendingMeshes []string `json:"pendingMeshes,omitempty"`
 }
+
+// RootSource is where a root lives: the spec.mtls.shared.rootCA it came
+// from; a generated root also by the Secret that holds it.
+type RootSource struct {
+	RootCA `json:",inline"`
+	// GeneratedSecret names the Secret (in the server's namespace) of a
+	// generated root.
+	// +optional
+	GeneratedSecret string `json:"generatedSecret,omitempty"`
+}
+
+// Annotations on a VirtualMesh that steer a root rotation (`relaymesh ca
+// rotate`). Who may annotate the VirtualMesh may steer its rotation.
+const (
+	// AnnotationRootGeneration: changing it makes a generated root anew
+	// (a new key), which starts a rotation to it.
+	AnnotationRootGeneration = "relaymesh.io/root-generation"
+	// AnnotationRotationContinue, "<phase>/<new root fingerprint>", lets a
+	// Manual rotation leave that phase.
+	AnnotationRotationContinue = "relaymesh.io/rotation-continue"
+	// AnnotationRotationRollback, "<new root fingerprint>", rolls the
+	// rotation to that root back.
+	AnnotationRotationRollback = "relaymesh.io/rotation-rollback"
+)
