@@ -22,10 +22,14 @@ type Outputs struct {
 	trust   map[string][]*relaypb.TrustRequest            // cluster -> mesh CAs
 	sets    map[string]*relaypb.OutputSet
 	hashes  map[string]string
-	next    uint64
-	subs    map[string]map[chan struct{}]struct{}
-	ready   chan struct{}
-	readyMu sync.Once
+	// trustSince is the version in which each cluster's current trust
+	// requests were first published, and trustHash their digest.
+	trustSince map[string]uint64
+	trustHash  map[string]string
+	next       uint64
+	subs       map[string]map[chan struct{}]struct{}
+	ready      chan struct{}
+	readyMu    sync.Once
 }
 
 // NewOutputs returns an empty store; call MarkReady once every source has
@@ -34,6 +38,7 @@ func NewOutputs(now time.Time) *Outputs {
 	return &Outputs{
 		sources: map[string]map[string][]*relaypb.OutputObject{}, trust: map[string][]*relaypb.TrustRequest{},
 		sets: map[string]*relaypb.OutputSet{}, hashes: map[string]string{},
+		trustSince: map[string]uint64{}, trustHash: map[string]string{},
 		next: uint64(now.UnixNano()), subs: map[string]map[chan struct{}]struct{}{},
 		ready: make(chan struct{}),
 	}
@@ -75,10 +80,30 @@ func (o *Outputs) SetTrust(cluster string, reqs []*relaypb.TrustRequest) {
 	sort.Slice(sorted, func(i, j int) bool {
 		return sorted[i].GetNamespace()+"/"+sorted[i].GetMesh() < sorted[j].GetNamespace()+"/"+sorted[j].GetMesh()
 	})
+	h := sha256.New()
+	for _, t := range sorted {
+		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(t)
+		h.Write(b)
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
 	o.mu.Lock()
 	o.trust[cluster] = sorted
 	o.mu.Unlock()
 	o.publish(cluster)
+	o.mu.Lock()
+	if o.trustHash[cluster] != sum || o.trustSince[cluster] == 0 {
+		o.trustHash[cluster], o.trustSince[cluster] = sum, o.sets[cluster].GetVersion()
+	}
+	o.mu.Unlock()
+}
+
+// TrustVersion returns the version in which cluster's current trust
+// requests were first published (0 if none were): an agent that acked it,
+// or a later one, holds them.
+func (o *Outputs) TrustVersion(cluster string) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.trustSince[cluster]
 }
 
 // publish makes cluster's set from every source's objects and its trust
@@ -150,6 +175,8 @@ func (o *Outputs) Remove(cluster string) {
 	delete(o.trust, cluster)
 	delete(o.sets, cluster)
 	delete(o.hashes, cluster)
+	delete(o.trustSince, cluster)
+	delete(o.trustHash, cluster)
 }
 
 // Subscribe returns a channel that receives a value after every change of

@@ -163,7 +163,7 @@ func (a *Agent) keep(ctx context.Context, req *relaypb.TrustRequest, sign SignFu
 	data := map[string][]byte{
 		KeyCACert:   ca.CertsPEM(chain[0]),
 		KeyCAKey:    pem.EncodeToMemory(keyPEM),
-		KeyChain:    append(ca.CertsPEM(chain...), resp.GetRootBundle()...),
+		KeyChain:    ca.CertsPEM(chain...),
 		KeyRootCert: resp.GetRootBundle(),
 	}
 	if cur == nil {
@@ -243,7 +243,7 @@ func checkResponse(resp *relaypb.IntermediateResponse, req *relaypb.TrustRequest
 }
 
 // verifyChain checks that chain verifies to the root named by req.issuer,
-// which must be in req's bundle.
+// which must be in req's bundle, and returns the chain up to that root.
 func verifyChain(chain []*x509.Certificate, req *relaypb.TrustRequest, now time.Time) ([]*x509.Certificate, error) {
 	roots, err := pemutil.ParseCertificateBundle(req.GetRootBundle())
 	if err != nil || len(roots) == 0 {
@@ -255,6 +255,11 @@ func verifyChain(chain []*x509.Certificate, req *relaypb.TrustRequest, now time.
 	}
 	if err := verifies(chain[0], chain[1:], roots[idx:idx+1], now); err != nil {
 		return nil, fmt.Errorf("does not chain to the requested root: %w", err)
+	}
+	// cert-chain.pem ends in the issuing root only: root-cert.pem carries
+	// the others.
+	if !chain[len(chain)-1].Equal(roots[idx]) {
+		chain = append(slices.Clone(chain), roots[idx])
 	}
 	return chain, nil
 }

@@ -32,9 +32,22 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
+// fieldManager owns status.sharedTrust and status.rotation of VirtualMeshes.
+const fieldManager = "relaymesh-trust"
+
 // Publisher receives each cluster's trust requests (relay.Outputs).
 type Publisher interface {
 	SetTrust(cluster string, reqs []*relaypb.TrustRequest)
+	// TrustVersion is the output version in which cluster's current trust
+	// requests were first published.
+	TrustVersion(cluster string) uint64
+}
+
+// Acks gives the agents' acks of output sets (relay.View): a rotation step
+// is over once every mesh's agent acked it.
+type Acks interface {
+	Ack(cluster string) *relaypb.PullAck
+	OnAck(func(cluster string))
 }
 
 // Config configures a Controller.
@@ -45,6 +58,8 @@ type Config struct {
 	// generated roots.
 	Namespace string
 	Outputs   Publisher
+	// Acks: without it, no rotation ever moves past its first step.
+	Acks Acks
 	// Clusters lists the registered clusters (each gets a set, possibly
 	// empty, so agents prune what is no longer asked for).
 	Clusters func() []string
@@ -64,9 +79,12 @@ type Controller struct {
 	vms     cache.SharedIndexInformer
 	mesh    cache.SharedIndexInformer
 	wake    chan struct{}
+	writeMu sync.Mutex // serializes status writes
 	mu      sync.Mutex
 	state   map[string]*meshTrust // by Mesh object name
-	roots   map[string]*root      // by VirtualMesh namespace/name
+	vmst    map[string]*vmState   // by VirtualMesh namespace/name
+	cache   map[string]cachedRoot // loaded roots
+	used    map[string]bool       // cache keys asked for since the last reconcile
 	status  map[string]*networkingv1alpha1.SharedTrustStatus
 	written map[string]string // status last written, JSON
 }
@@ -75,7 +93,9 @@ type Controller struct {
 type meshTrust struct {
 	cluster string
 	vm      string // namespace/name
-	root    *root
+	vmName  string
+	root    *root // nil: held
+	ttl     time.Duration
 	req     *relaypb.TrustRequest
 }
 
@@ -89,7 +109,7 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "trust"), wake: make(chan struct{}, 1),
-		state: map[string]*meshTrust{}, roots: map[string]*root{}, status: map[string]*networkingv1alpha1.SharedTrustStatus{}, written: map[string]string{}}
+		state: map[string]*meshTrust{}, vmst: map[string]*vmState{}, cache: map[string]cachedRoot{}, used: map[string]bool{}, status: map[string]*networkingv1alpha1.SharedTrustStatus{}, written: map[string]string{}}
 	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute)
 	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute, cfg.Namespace, nil)
 	c.vms = users.ForResource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Informer()
@@ -99,6 +119,9 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.Acks != nil {
+		cfg.Acks.OnAck(func(string) { c.Kick() })
 	}
 	users.Start(ctx.Done())
 	discovered.Start(ctx.Done())
@@ -150,15 +173,13 @@ func listTyped[T any](inf cache.SharedIndexInformer) ([]T, error) {
 	return out, nil
 }
 
-// reconcile decides every mesh's trust request and publishes them.
+// reconcile decides every mesh's trust request, publishes them, and moves
+// rotations whose step every agent acked.
 func (c *Controller) reconcile(ctx context.Context) {
 	vms, err := listTyped[networkingv1alpha1.VirtualMesh](c.vms)
+	var meshes []discoveryv1alpha1.Mesh
 	if err == nil {
-		var meshes []discoveryv1alpha1.Mesh
 		meshes, err = listTyped[discoveryv1alpha1.Mesh](c.mesh)
-		if err == nil {
-			c.decide(ctx, &translation.Input{VirtualMeshes: vms, Meshes: meshes})
-		}
 	}
 	if err != nil {
 		// Keep what was published: a hole in the view must not make agents
@@ -166,29 +187,44 @@ func (c *Controller) reconcile(ctx context.Context) {
 		c.log.Error("not reconciling shared trust; the published requests stay", "error", err)
 		return
 	}
+	plans := c.decide(ctx, &translation.Input{VirtualMeshes: vms, Meshes: meshes})
 	byCluster := map[string][]*relaypb.TrustRequest{}
 	for _, name := range c.cfg.Clusters() {
 		byCluster[name] = nil
 	}
+	members := map[string][]*meshTrust{}
 	c.mu.Lock()
 	for _, mt := range c.state {
 		byCluster[mt.cluster] = append(byCluster[mt.cluster], mt.req)
+		members[mt.vm] = append(members[mt.vm], mt)
 	}
 	c.mu.Unlock()
 	for cl, reqs := range byCluster {
 		c.cfg.Outputs.SetTrust(cl, reqs)
 	}
+	moved := false
+	for _, p := range plans {
+		moved = c.advance(ctx, p, members[p.key]) || moved
+	}
+	for _, p := range plans {
+		c.writeStatus(ctx, p.key)
+	}
+	c.dropUnused()
+	if moved {
+		c.Kick()
+	}
 }
 
-// decide computes the state from the VirtualMeshes that are valid (the same
-// decision translation makes) and ask for shared trust.
-func (c *Controller) decide(ctx context.Context, in *translation.Input) {
+// decide computes every mesh's request from the VirtualMeshes that are
+// valid (the same decision translation makes) and ask for shared trust.
+func (c *Controller) decide(ctx context.Context, in *translation.Input) []*vmPlan {
 	plan := federation.NewPlan(in)
 	state := map[string]*meshTrust{}
-	roots := map[string]*root{}
+	var plans []*vmPlan
 	slices.SortFunc(in.VirtualMeshes, func(a, b networkingv1alpha1.VirtualMesh) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
+	seen := map[string]bool{}
 	for i := range in.VirtualMeshes {
 		vm := &in.VirtualMeshes[i]
 		shared := vm.Spec.MTLS
@@ -197,47 +233,55 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input) {
 		}
 		members, ok := plan.Members(vm.Namespace, vm.Name)
 		if !ok {
-			continue // Invalid: its status says why; its meshes keep what they have
+			continue // Invalid: its status says why
 		}
-		key := vm.Namespace + "/" + vm.Name
-		r, err := c.root(ctx, vm)
-		if err != nil {
-			c.log.Error("VirtualMesh root unavailable; its meshes keep their current CAs", "virtual_mesh", key, "error", err)
-			// Keep the previous requests of its meshes.
-			c.mu.Lock()
-			for name, mt := range c.state {
-				if mt.vm == key {
-					state[name] = mt
-				}
-			}
-			if old := c.roots[key]; old != nil {
-				roots[key] = old
-			}
-			c.mu.Unlock()
+		p := c.plan(ctx, vm)
+		if p.signer == nil && !p.hold {
 			continue
 		}
-		roots[key] = r
+		seen[p.key] = true
+		plans = append(plans, p)
+		ttl := defaultIntermediateTTL
 		opts := shared.Shared.IntermediateOptions
 		for _, m := range members {
 			ist := m.Spec.Istio
-			req := &relaypb.TrustRequest{Mesh: m.Name, Namespace: ist.Installation.Namespace, VirtualMesh: key,
-				RootBundle: r.bundle, Issuer: r.fingerprint, RenewAtPercent: defaultRenewAtPercent}
-			if opts != nil {
-				req.RenewAtPercent = cmp.Or(opts.RenewAtPercent, int32(defaultRenewAtPercent))
-				req.KeyAlgorithm = string(opts.KeyAlgorithm)
+			req := &relaypb.TrustRequest{Mesh: m.Name, Namespace: ist.Installation.Namespace, VirtualMesh: p.key}
+			if p.hold {
+				req.Hold = true
+			} else {
+				req.RootBundle, req.Issuer, req.RenewAtPercent, req.RestartPods = p.bundle, p.issuer, defaultRenewAtPercent, shared.AutoRestartPods
+				if opts != nil {
+					req.RenewAtPercent = cmp.Or(opts.RenewAtPercent, int32(defaultRenewAtPercent))
+					req.KeyAlgorithm = string(opts.KeyAlgorithm)
+					if opts.TTL != nil && opts.TTL.Duration > 0 {
+						ttl = opts.TTL.Duration
+					}
+				}
 			}
-			state[m.Name] = &meshTrust{cluster: ist.Installation.Cluster, vm: key, root: r, req: req}
+			state[m.Name] = &meshTrust{cluster: ist.Installation.Cluster, vm: p.key, vmName: vm.Name, root: p.signer, ttl: ttl, req: req}
 		}
 	}
 	c.mu.Lock()
-	c.state, c.roots = state, roots
-	keys := make([]string, 0, len(roots))
-	for key, r := range roots {
+	c.state = state
+	for key := range c.status {
+		if !seen[key] {
+			delete(c.status, key)
+		}
+	}
+	for key := range c.vmst {
+		if !seen[key] {
+			delete(c.vmst, key)
+		}
+	}
+	for _, p := range plans {
+		key := p.key
 		st := c.status[key]
-		if st == nil || st.RootFingerprint != r.fingerprint {
-			root := verifyingRoot(r.signer)
-			na := metav1.NewTime(root.NotAfter)
-			st = &networkingv1alpha1.SharedTrustStatus{RootFingerprint: r.fingerprint, RootSubject: root.Subject.String(), RootNotAfter: &na}
+		if st == nil {
+			// A restarted server starts from what the status says was issued.
+			st = &networkingv1alpha1.SharedTrustStatus{}
+			if prev := p.vm.Status.SharedTrust; prev != nil {
+				st.Meshes = slices.Clone(prev.Meshes)
+			}
 			c.status[key] = st
 		}
 		// Meshes that left the VirtualMesh leave its status.
@@ -245,45 +289,79 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input) {
 			mt := state[m.Mesh]
 			return mt == nil || mt.vm != key
 		})
-		keys = append(keys, key)
-	}
-	for key := range c.status {
-		if roots[key] == nil {
-			delete(c.status, key)
-		}
 	}
 	c.mu.Unlock()
-	for _, key := range keys {
-		c.writeStatus(ctx, key)
+	return plans
+}
+
+// statusBody is the status patch of key for state st. Callers hold c.mu.
+func (c *Controller) statusBody(key string, st *vmState) ([]byte, error) {
+	shared := networkingv1alpha1.SharedTrustStatus{}
+	if cur := c.status[key]; cur != nil {
+		shared.Meshes = cur.Meshes
+	}
+	if st.inForce != nil {
+		shared.Root, shared.RootFingerprint, shared.RootSubject = st.inForce, st.fp, st.subject
+		if !st.notAfter.IsZero() {
+			na := metav1.NewTime(st.notAfter)
+			shared.RootNotAfter = &na
+		}
+	}
+	shared.Message = st.message
+	ns, name, _ := strings.Cut(key, "/")
+	status := map[string]any{"sharedTrust": shared}
+	if st.rotation != nil {
+		status["rotation"] = st.rotation
+	}
+	// Applied (server-side apply): a field this controller set before and
+	// leaves out now is removed, which a merge patch of omitempty fields
+	// would never do.
+	return json.Marshal(map[string]any{"apiVersion": networkingv1alpha1.GroupVersion.String(), "kind": "VirtualMesh",
+		"metadata": map[string]any{"name": name, "namespace": ns}, "status": status})
+}
+
+// writeStatus patches status.sharedTrust and status.rotation of a
+// VirtualMesh when they changed.
+func (c *Controller) writeStatus(ctx context.Context, key string) {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	c.mu.Lock()
+	st := c.vmst[key]
+	if st == nil || st.inForce == nil {
+		c.mu.Unlock()
+		return
+	}
+	body, err := c.statusBody(key, st)
+	c.mu.Unlock()
+	if err != nil {
+		return
+	}
+	if err := c.patchStatus(ctx, key, body); err != nil {
+		c.log.Warn("could not write the VirtualMesh's trust status", "virtual_mesh", key, "error", err)
 	}
 }
 
-// writeStatus patches status.sharedTrust of a VirtualMesh when it changed.
-func (c *Controller) writeStatus(ctx context.Context, key string) {
+// patchStatus writes body unless it is what was written last. Callers hold
+// c.writeMu.
+func (c *Controller) patchStatus(ctx context.Context, key string, body []byte) error {
 	c.mu.Lock()
-	st := c.status[key]
-	if st == nil {
-		c.mu.Unlock()
-		return
-	}
-	body, err := json.Marshal(map[string]any{"status": map[string]any{"sharedTrust": st}})
-	if err != nil || c.written[key] == string(body) {
-		c.mu.Unlock()
-		return
-	}
+	same := c.written[key] == string(body)
 	c.mu.Unlock()
+	if same {
+		return nil
+	}
 	ns, name, _ := strings.Cut(key, "/")
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err = c.cfg.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).
-		Patch(wctx, name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
+	_, err := c.cfg.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).
+		Patch(wctx, name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: fieldManager, Force: new(true)}, "status")
 	if err != nil {
-		c.log.Warn("could not write status.sharedTrust", "virtual_mesh", key, "error", err)
-		return
+		return err
 	}
 	c.mu.Lock()
 	c.written[key] = string(body)
 	c.mu.Unlock()
+	return nil
 }
 
 // recordIssued puts an issued intermediate into its VirtualMesh's status.
@@ -320,6 +398,9 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	if mt == nil {
 		return nil, deny(codes.FailedPrecondition, "the mesh has no shared trust: it is unknown or in no valid VirtualMesh with spec.mtls.shared")
 	}
+	if mt.root == nil {
+		return nil, deny(codes.Unavailable, "the VirtualMesh's root cannot be used now; the mesh keeps its CA (see the VirtualMesh's status.sharedTrust.message)")
+	}
 	if mt.cluster != cluster {
 		return nil, deny(codes.PermissionDenied, "the mesh is not in the caller's cluster")
 	}
@@ -327,7 +408,7 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	if err != nil {
 		return nil, deny(codes.InvalidArgument, err.Error())
 	}
-	cert, err := mt.root.issue(ctx, csr, req.GetMesh())
+	cert, err := mt.root.issue(ctx, csr, mt.vmName, req.GetMesh(), mt.ttl)
 	if err != nil {
 		return nil, deny(codes.Internal, "intermediate not issued: "+err.Error())
 	}

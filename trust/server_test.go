@@ -39,6 +39,8 @@ func (p *published) SetTrust(cluster string, reqs []*relaypb.TrustRequest) {
 	p.sets[cluster] = reqs
 }
 
+func (p *published) TrustVersion(string) uint64 { return 0 }
+
 func (p *published) get(cluster string) []*relaypb.TrustRequest {
 	p.mu.Lock()
 	defer p.mu.Unlock()

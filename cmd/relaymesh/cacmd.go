@@ -154,10 +154,10 @@ func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "VIRTUALMESH %s  ROOT %s  FINGERPRINT %s…  EXPIRES %s  ROTATION %s\n", key, st.RootSubject, short(st.RootFingerprint), expires, phase)
+		fmt.Fprintf(stdout, "VIRTUALMESH %s  ROOT %s  FINGERPRINT %s…  EXPIRES %s  ROTATION %s\n", key, st.RootSubject, trust.ShortFingerprint(st.RootFingerprint), expires, phase)
 		fmt.Fprintln(tw, "  MESH\tCLUSTER\tINTERMEDIATE SERIAL\tEXPIRES\tFROM ROOT")
 		for _, m := range st.Meshes {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s…\n", m.Mesh, m.Cluster, m.Serial, m.NotAfter.UTC().Format(time.DateOnly), short(m.Issuer))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s…\n", m.Mesh, m.Cluster, m.Serial, m.NotAfter.UTC().Format(time.DateOnly), trust.ShortFingerprint(m.Issuer))
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -170,13 +170,6 @@ func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		fmt.Fprintln(stdout, "no VirtualMesh asks for shared trust (spec.mtls.shared)")
 	}
 	return nil
-}
-
-func short(fp string) string {
-	if len(fp) > 16 {
-		return fp[:16]
-	}
-	return fp
 }
 
 // parseUpTo parses flags and allows at most max positional arguments.

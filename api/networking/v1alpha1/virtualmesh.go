@@ -295,6 +295,11 @@ type SharedTrustStatus struct {
 	// RootNotAfter is when the root expires.
 	// +optional
 	RootNotAfter *metav1.Time `json:"rootNotAfter,omitempty"`
+	// Message says why the meshes' CAs are held as they are, when the
+	// server cannot use the root.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
 	// Root is where the root in force lives, so a change of
 	// spec.mtls.shared.rootCA can be recognised as a rotation from it.
 	// +optional

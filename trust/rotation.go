@@ -1,0 +1,397 @@
+package trust
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/ca"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// A MultiRoot rotation moves every mesh of a VirtualMesh through four steps,
+// each only once every mesh's agent acked the one before:
+//
+//	step 0: root-cert.pem = old;       intermediates from old  (before; after a rollback)
+//	step 1: root-cert.pem = old + new; intermediates from old  (AddingNewRoot)
+//	step 2: root-cert.pem = old + new; intermediates from new  (PropagatingNewIntermediate)
+//	step 3: root-cert.pem = new;       intermediates from new  (DeletingOldRoot, then Finished)
+//
+// Neighbouring steps trust each other's certificates, so no handshake
+// between meshes fails while agents apply a step at different times. A
+// rollback walks the steps back down. The state lives in the VirtualMesh's
+// status (written before the next step is published), so a restarted
+// server resumes it.
+
+// vmState is what the controller holds of one VirtualMesh's trust; the
+// status mirrors it.
+type vmState struct {
+	inForce  *networkingv1alpha1.RootSource
+	fp       string // the in-force root's fingerprint
+	subject  string
+	notAfter time.Time
+	message  string // why the meshes' CAs are held
+	rotation *networkingv1alpha1.RotationStatus
+}
+
+func (s *vmState) clone() *vmState {
+	n := *s
+	n.inForce = s.inForce.DeepCopy()
+	n.rotation = s.rotation.DeepCopy()
+	return &n
+}
+
+// active reports whether rot is a rotation still moving.
+func active(rot *networkingv1alpha1.RotationStatus) bool {
+	if rot == nil {
+		return false
+	}
+	switch rot.Phase {
+	case networkingv1alpha1.PhaseAddingNewRoot, networkingv1alpha1.PhasePropagatingNewIntermediate,
+		networkingv1alpha1.PhaseDeletingOldRoot, networkingv1alpha1.PhaseRollingBack:
+		return true
+	}
+	return false
+}
+
+// vmPlan is what one VirtualMesh asks of its meshes now.
+type vmPlan struct {
+	key    string
+	vm     *networkingv1alpha1.VirtualMesh
+	signer *root  // issues intermediates; nil when held or unavailable
+	bundle []byte // root-cert.pem
+	issuer string
+	hold   bool // keep the meshes' CAs as they are
+}
+
+// stateOf returns the state of vm, from memory, else from its status (a
+// restarted server), else empty (a new VirtualMesh).
+func (c *Controller) stateOf(key string, vm *networkingv1alpha1.VirtualMesh) *vmState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st := c.vmst[key]; st != nil {
+		return st
+	}
+	st := &vmState{}
+	if t := vm.Status.SharedTrust; t != nil && t.Root != nil && t.RootFingerprint != "" {
+		st.inForce, st.fp, st.subject = t.Root.DeepCopy(), t.RootFingerprint, t.RootSubject
+		if t.RootNotAfter != nil {
+			st.notAfter = t.RootNotAfter.Time
+		}
+		st.rotation = vm.Status.Rotation.DeepCopy()
+	}
+	c.vmst[key] = st
+	return st
+}
+
+// plan decides what vm's meshes must hold now, starting a rotation when the
+// spec names another root than the one in force.
+func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMesh) *vmPlan {
+	key := vm.Namespace + "/" + vm.Name
+	p := &vmPlan{key: key, vm: vm}
+	st := c.stateOf(key, vm)
+	if active(st.rotation) {
+		c.planRotation(ctx, p, st)
+		return p
+	}
+	spec := specSource(vm)
+	if st.inForce == nil {
+		// A new VirtualMesh: its spec's root is the root in force.
+		r, err := c.load(ctx, vm, spec, true)
+		if err != nil {
+			c.log.Error("VirtualMesh root unavailable; nothing is asked of its meshes", "virtual_mesh", key, "error", err)
+			return p
+		}
+		c.persist(ctx, key, func(n *vmState) { n.setInForce(spec, r) })
+		p.steady(r)
+		return p
+	}
+	in, err := c.load(ctx, vm, *st.inForce, false)
+	if err == nil && in.fingerprint != st.fp {
+		err = fmt.Errorf("it changed in place (fingerprint %s…, was %s…): put a new root in a new place and point spec.mtls.shared.rootCA at it, so it is rotated to", ShortFingerprint(in.fingerprint), ShortFingerprint(st.fp))
+	}
+	if err != nil {
+		c.hold(ctx, p, fmt.Sprintf("the root in force (%s) cannot be used: %v", describe(*st.inForce), err))
+		return p
+	}
+	if sameSource(spec, *st.inForce) {
+		c.persist(ctx, key, func(n *vmState) {
+			n.message = ""
+			if rot := n.rotation; rot != nil && rot.Phase == networkingv1alpha1.PhaseFailed {
+				n.rotation = nil
+			}
+		})
+		p.steady(in)
+		return p
+	}
+	next, err := c.load(ctx, vm, spec, true)
+	if err != nil {
+		c.log.Error("the root spec.mtls.shared.rootCA names cannot be used; the root in force stays", "virtual_mesh", key, "error", err)
+		c.persist(ctx, key, func(n *vmState) {
+			n.message = ""
+			n.rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseFailed, OldRootFingerprint: n.fp,
+				Message: truncate("not rotating: the root spec.mtls.shared.rootCA names cannot be used ("+err.Error()+"); the root in force stays", 1024)}
+		})
+		p.steady(in)
+		return p
+	}
+	switch rot := st.rotation; {
+	case next.fingerprint == st.fp:
+		// The same root, found in another place.
+		c.persist(ctx, key, func(n *vmState) { n.setInForce(spec, next) })
+		p.steady(next)
+	case rot != nil && rot.Phase == networkingv1alpha1.PhaseRolledBack && rot.NewRootFingerprint == next.fingerprint:
+		p.steady(in) // stays rolled back until the spec names another root
+	case vm.Spec.MTLS.RotationStrategy == networkingv1alpha1.RotationNone:
+		now := metav1.NewTime(c.cfg.Clock())
+		if c.persist(ctx, key, func(n *vmState) {
+			n.rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseFinished, Step: 3, LastTransitionTime: &now,
+				OldRootFingerprint: n.fp, NewRootFingerprint: next.fingerprint, From: n.inForce.DeepCopy(), To: spec.DeepCopy(),
+				Message: "rotationStrategy None: the new root replaced the old at once; connections between meshes fail until every mesh holds it"}
+			n.setInForce(spec, next)
+		}) {
+			c.log.Warn("root replaced at once (rotationStrategy None)", "virtual_mesh", key, "old", ShortFingerprint(st.fp), "new", ShortFingerprint(next.fingerprint))
+			p.steady(next)
+		} else {
+			p.steady(in)
+		}
+	default:
+		now := metav1.NewTime(c.cfg.Clock())
+		if !c.persist(ctx, key, func(n *vmState) {
+			n.rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseAddingNewRoot, Step: 1, LastTransitionTime: &now,
+				OldRootFingerprint: n.fp, NewRootFingerprint: next.fingerprint, From: n.inForce.DeepCopy(), To: spec.DeepCopy(),
+				Message: phaseMessage(networkingv1alpha1.PhaseAddingNewRoot, 1)}
+		}) {
+			p.steady(in)
+			return p
+		}
+		c.log.Info("root rotation started", "virtual_mesh", key, "old", ShortFingerprint(st.fp), "new", ShortFingerprint(next.fingerprint))
+		c.planRotation(ctx, p, c.stateOf(key, vm))
+	}
+	return p
+}
+
+func (s *vmState) setInForce(src networkingv1alpha1.RootSource, r *root) {
+	s.inForce, s.fp, s.subject, s.notAfter, s.message = src.DeepCopy(), r.fingerprint, r.cert.Subject.String(), r.cert.NotAfter, ""
+}
+
+func (p *vmPlan) steady(r *root) {
+	p.signer, p.bundle, p.issuer = r, pemRoots(r.roots), r.fingerprint
+}
+
+// hold keeps the meshes' CAs as they are, and says why in the status.
+func (c *Controller) hold(ctx context.Context, p *vmPlan, why string) {
+	c.log.Error("holding the meshes' CAs as they are", "virtual_mesh", p.key, "reason", why)
+	p.hold = true
+	c.persist(ctx, p.key, func(n *vmState) { n.message = truncate(why, 1024) })
+}
+
+// planRotation publishes the current step of an active rotation, after
+// turning it into a rollback if one was asked for.
+func (c *Controller) planRotation(ctx context.Context, p *vmPlan, st *vmState) {
+	rot := st.rotation
+	from, err := c.load(ctx, p.vm, *rot.From, false)
+	if err != nil {
+		c.hold(ctx, p, fmt.Sprintf("rotation paused: the old root (%s) cannot be used: %v", describe(*rot.From), err))
+		return
+	}
+	to, err := c.load(ctx, p.vm, *rot.To, false)
+	if err != nil {
+		c.hold(ctx, p, fmt.Sprintf("rotation paused: the new root (%s) cannot be used: %v", describe(*rot.To), err))
+		return
+	}
+	if from.fingerprint != rot.OldRootFingerprint || to.fingerprint != rot.NewRootFingerprint {
+		c.hold(ctx, p, "rotation paused: a root changed in place during the rotation (its fingerprint is not the one the rotation started with)")
+		return
+	}
+	if rot.Phase != networkingv1alpha1.PhaseRollingBack && c.rollbackAsked(p.vm, rot) {
+		now := metav1.NewTime(c.cfg.Clock())
+		step := max(rot.Step-1, 0)
+		if c.persist(ctx, p.key, func(n *vmState) {
+			n.rotation.Phase, n.rotation.Step, n.rotation.AwaitingContinue, n.rotation.LastTransitionTime = networkingv1alpha1.PhaseRollingBack, step, false, &now
+			n.rotation.Message = phaseMessage(networkingv1alpha1.PhaseRollingBack, step)
+			n.message = ""
+		}) {
+			c.log.Warn("root rotation rolling back", "virtual_mesh", p.key, "to_step", step)
+		}
+		rot = c.stateOf(p.key, p.vm).rotation
+	}
+	c.persist(ctx, p.key, func(n *vmState) { n.message = "" })
+	switch rot.Step {
+	case 0:
+		p.signer, p.bundle = from, pemRoots(from.roots)
+	case 1:
+		p.signer, p.bundle = from, pemRoots(from.roots, to.roots)
+	case 2:
+		p.signer, p.bundle = to, pemRoots(from.roots, to.roots)
+	default:
+		p.signer, p.bundle = to, pemRoots(to.roots)
+	}
+	p.issuer = p.signer.fingerprint
+}
+
+// rollbackAsked: `relaymesh ca rotate rollback`, or a spec that names the
+// old root again.
+func (c *Controller) rollbackAsked(vm *networkingv1alpha1.VirtualMesh, rot *networkingv1alpha1.RotationStatus) bool {
+	return vm.Annotations[networkingv1alpha1.AnnotationRotationRollback] == rot.NewRootFingerprint || sameSource(specSource(vm), *rot.From)
+}
+
+// advance moves an active rotation on once every member mesh's agent acked
+// the current step (and, with Manual verification, once continue was
+// asked). It reports whether the rotation moved.
+func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrust) bool {
+	st := c.stateOf(p.key, p.vm)
+	rot := st.rotation
+	if p.hold || !active(rot) {
+		return false
+	}
+	var pending []string
+	for _, mt := range members {
+		if !c.acked(mt.cluster, mt.req.GetNamespace()) {
+			pending = append(pending, mt.req.GetMesh())
+		}
+	}
+	slices.Sort(pending)
+	if len(pending) > 0 {
+		c.persist(ctx, p.key, func(n *vmState) {
+			n.rotation.PendingMeshes = pending[:min(len(pending), 256)]
+			n.rotation.AwaitingContinue = false
+			n.rotation.Message = phaseMessage(rot.Phase, rot.Step) + fmt.Sprintf("; waiting for %d of %d meshes to ack it: %s", len(pending), len(members), strings.Join(pending[:min(len(pending), 5)], ", "))
+		})
+		return false
+	}
+	manual := p.vm.Spec.MTLS.RotationVerification == networkingv1alpha1.VerificationManual
+	continued := p.vm.Annotations[networkingv1alpha1.AnnotationRotationContinue] == string(rot.Phase)+"/"+rot.NewRootFingerprint
+	if rot.Phase != networkingv1alpha1.PhaseRollingBack && manual && !continued {
+		c.persist(ctx, p.key, func(n *vmState) {
+			n.rotation.PendingMeshes, n.rotation.AwaitingContinue = nil, true
+			n.rotation.Message = phaseMessage(rot.Phase, rot.Step) + "; every mesh acked it. Verify, then run `relaymesh ca rotate continue " + p.key + "` (or `rollback`)"
+		})
+		return false
+	}
+	now := metav1.NewTime(c.cfg.Clock())
+	var newTo *root
+	moved := c.persist(ctx, p.key, func(n *vmState) {
+		r := n.rotation
+		r.PendingMeshes, r.AwaitingContinue, r.LastTransitionTime = nil, false, &now
+		switch {
+		case r.Phase == networkingv1alpha1.PhaseRollingBack && r.Step == 0:
+			r.Phase = networkingv1alpha1.PhaseRolledBack
+			r.Message = "rolled back: every mesh holds the old root only again. spec.mtls.shared.rootCA still names the new root; it is not rotated to again until the spec names another root"
+		case r.Phase == networkingv1alpha1.PhaseRollingBack:
+			r.Step--
+			r.Message = phaseMessage(r.Phase, r.Step)
+		case r.Step >= 3:
+			r.Phase = networkingv1alpha1.PhaseFinished
+			r.Message = "finished: every mesh holds the new root only, and intermediates from it"
+			newTo = p.signer
+			n.setInForce(*r.To, newTo)
+		default:
+			r.Step++
+			r.Phase = phaseOf(r.Step)
+			r.Message = phaseMessage(r.Phase, r.Step)
+		}
+	})
+	if moved {
+		after := c.stateOf(p.key, p.vm).rotation
+		c.log.Info("root rotation moved on", "virtual_mesh", p.key, "phase", after.Phase, "step", after.Step)
+		if after.Phase == networkingv1alpha1.PhaseFinished {
+			c.deleteGeneratedRoot(ctx, p.vm, *after.From)
+		}
+	}
+	return moved
+}
+
+// acked reports whether cluster's agent acked the cluster's current trust
+// requests and holds the cacerts of namespace as asked.
+func (c *Controller) acked(cluster, namespace string) bool {
+	if c.cfg.Acks == nil {
+		return false
+	}
+	ack := c.cfg.Acks.Ack(cluster)
+	if ack == nil || ack.GetVersion() < c.cfg.Outputs.TrustVersion(cluster) {
+		return false
+	}
+	for _, r := range ack.GetResults() {
+		if r.GetKind() == "Secret" && r.GetNamespace() == namespace && r.GetName() == SecretName {
+			return r.GetOutcome() == "applied" || r.GetOutcome() == "unchanged"
+		}
+	}
+	return false
+}
+
+func phaseOf(step int32) networkingv1alpha1.RotationPhase {
+	switch step {
+	case 1:
+		return networkingv1alpha1.PhaseAddingNewRoot
+	case 2:
+		return networkingv1alpha1.PhasePropagatingNewIntermediate
+	default:
+		return networkingv1alpha1.PhaseDeletingOldRoot
+	}
+}
+
+func phaseMessage(phase networkingv1alpha1.RotationPhase, step int32) string {
+	held := [...]string{
+		"every mesh's root-cert.pem carries the old root only, intermediates from it",
+		"every mesh's root-cert.pem carries the old and the new root, intermediates still from the old",
+		"every mesh's root-cert.pem carries both roots, intermediates from the new",
+		"every mesh's root-cert.pem carries the new root only, intermediates from it",
+	}
+	return fmt.Sprintf("%s (step %d): %s", phase, step, held[min(max(step, 0), 3)])
+}
+
+// persist applies change to a copy of key's state, writes the status it
+// makes, and keeps the copy only if the write succeeded: a step is never
+// published before it is recorded. It reports whether the state is
+// recorded.
+func (c *Controller) persist(ctx context.Context, key string, change func(*vmState)) bool {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	c.mu.Lock()
+	cur := c.vmst[key]
+	if cur == nil {
+		c.mu.Unlock()
+		return false
+	}
+	next := cur.clone()
+	change(next)
+	body, err := c.statusBody(key, next)
+	c.mu.Unlock()
+	if err != nil {
+		return false
+	}
+	if err := c.patchStatus(ctx, key, body); err != nil {
+		c.log.Warn("could not write the VirtualMesh's trust status; not moving on", "virtual_mesh", key, "error", err)
+		return false
+	}
+	c.mu.Lock()
+	c.vmst[key] = next
+	c.mu.Unlock()
+	return true
+}
+
+// pemRoots is the root bundle of the given roots, each once, in order.
+func pemRoots(sets ...[]*x509.Certificate) []byte {
+	var out []*x509.Certificate
+	for _, set := range sets {
+		for _, r := range set {
+			if !slices.ContainsFunc(out, func(o *x509.Certificate) bool { return o.Equal(r) }) {
+				out = append(out, r)
+			}
+		}
+	}
+	return ca.CertsPEM(out...)
+}
+
+// ShortFingerprint is the first 16 hex digits of a fingerprint, for people.
+func ShortFingerprint(fp string) string {
+	if len(fp) > 16 {
+		return fp[:16]
+	}
+	return fp
+}

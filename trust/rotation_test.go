@@ -1,0 +1,422 @@
+package trust_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"testing"
+	"time"
+
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/audit"
+	"github.com/relaymesh/relaymesh/relay"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/trust"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.step.sm/crypto/pemutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+)
+
+// rotationWorld is a trust controller with the real relay.Outputs and
+// relay.View, and one real trust.Agent per (simulated) workload cluster
+// writing cacerts into its own namespace of a real kube-apiserver. sync is
+// what the relay does: each agent applies its cluster's set and acks it.
+type rotationWorld struct {
+	t        *testing.T
+	ctx      context.Context
+	kube     kubernetes.Interface
+	dyn      dynamic.Interface
+	ns       string
+	clusters []string
+	meshNS   map[string]string
+	agents   map[string]*trust.Agent
+	outputs  *relay.Outputs
+	view     *relay.View
+	ctl      *trust.Controller
+	stop     context.CancelFunc
+}
+
+func newRotationWorld(t *testing.T, rootCA string, manual bool) *rotationWorld {
+	t.Helper()
+	w := &rotationWorld{t: t, ctx: context.Background(), kube: client(t), clusters: []string{"c1", "c2"},
+		meshNS: map[string]string{}, agents: map[string]*trust.Agent{}}
+	w.ns = namespace(t, w.kube)
+	var err error
+	w.dyn, err = dynamic.NewForConfig(env.Cluster("cluster-1").RESTConfig())
+	require.NoError(t, err)
+	verification := "None"
+	if manual {
+		verification = "Manual"
+	}
+	manifest := ""
+	for _, cl := range w.clusters {
+		w.meshNS[cl] = w.ns + "-" + cl
+		_, err := w.kube.CoreV1().Namespaces().Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.meshNS[cl]}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		w.agents[cl] = &trust.Agent{Client: w.kube, Owner: w.ns + "-agent-" + cl}
+		manifest += fmt.Sprintf(`
+apiVersion: discovery.relaymesh.io/v1alpha1
+kind: Mesh
+metadata: {name: istiod-%[1]s, namespace: %[2]s}
+spec:
+  istio:
+    installation: {namespace: %[3]s, cluster: %[1]s}
+    trustDomain: %[1]s.local
+---
+`, cl, w.ns, w.meshNS[cl])
+	}
+	manifest += fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: %s}
+spec:
+  meshes: [{name: istiod-c1}, {name: istiod-c2}]
+  mtls:
+    rotationVerification: %s
+    shared:
+      rootCA: %s
+`, w.ns, verification, rootCA)
+	_, err = env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(manifest))
+	require.NoError(t, err)
+	w.start()
+	// Other tests' controllers watch VirtualMeshes everywhere.
+	t.Cleanup(func() {
+		_ = w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Delete(w.ctx, "shared", metav1.DeleteOptions{})
+	})
+	return w
+}
+
+// start starts a controller with empty outputs and acks, as a restarted
+// server has.
+func (w *rotationWorld) start() {
+	ctx, cancel := context.WithCancel(w.ctx)
+	w.stop = cancel
+	w.t.Cleanup(cancel)
+	w.outputs, w.view = relay.NewOutputs(time.Now()), relay.NewView()
+	var err error
+	w.ctl, err = trust.Start(ctx, trust.Config{Dynamic: w.dyn, Kube: w.kube, Namespace: w.ns, Outputs: w.outputs, Acks: w.view,
+		Clusters: func() []string { return w.clusters }, Audit: audit.Discard})
+	require.NoError(w.t, err)
+}
+
+// sync lets every agent apply its cluster's current set and ack it.
+func (w *rotationWorld) sync() {
+	for _, cl := range w.clusters {
+		set := w.outputs.Get(cl)
+		if set == nil {
+			continue
+		}
+		results, _ := w.agents[cl].Apply(w.ctx, set, func(ctx context.Context, r *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
+			return w.ctl.SignIntermediate(ctx, cl, r)
+		})
+		w.view.Acked(cl, &relaypb.PullAck{Version: set.GetVersion(), Results: results}, time.Now())
+	}
+}
+
+func (w *rotationWorld) vm() *networkingv1alpha1.VirtualMesh {
+	u, err := w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Get(w.ctx, "shared", metav1.GetOptions{})
+	require.NoError(w.t, err)
+	var vm networkingv1alpha1.VirtualMesh
+	require.NoError(w.t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &vm))
+	return &vm
+}
+
+func (w *rotationWorld) annotate(key, value string) {
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
+	require.NoError(w.t, err)
+	_, err = w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Patch(w.ctx, "shared", types.MergePatchType, body, metav1.PatchOptions{})
+	require.NoError(w.t, err)
+}
+
+// waitFor syncs the agents until the VirtualMesh's rotation status satisfies
+// cond.
+func (w *rotationWorld) waitFor(what string, cond func(*networkingv1alpha1.RotationStatus) bool) *networkingv1alpha1.VirtualMesh {
+	w.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		w.sync()
+		vm := w.vm()
+		if cond(vm.Status.Rotation) {
+			return vm
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("%s: not within 30s; status.rotation %+v", what, vm.Status.Rotation)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func phaseIs(phase networkingv1alpha1.RotationPhase, awaiting bool) func(*networkingv1alpha1.RotationStatus) bool {
+	return func(r *networkingv1alpha1.RotationStatus) bool {
+		return r != nil && r.Phase == phase && r.AwaitingContinue == awaiting
+	}
+}
+
+// meshCAs reads every mesh's cacerts (public parts).
+func (w *rotationWorld) meshCAs() map[string]*trust.MeshCA {
+	out := map[string]*trust.MeshCA{}
+	for _, cl := range w.clusters {
+		s, err := w.kube.CoreV1().Secrets(w.meshNS[cl]).Get(w.ctx, trust.SecretName, metav1.GetOptions{})
+		require.NoError(w.t, err)
+		m, err := trust.ParseMeshCA(cl, w.meshNS[cl], s.Data)
+		require.NoError(w.t, err)
+		out[cl] = m
+	}
+	return out
+}
+
+// holds checks what every mesh holds: the roots of its bundle and the root
+// its intermediate chains to.
+func holds(t *testing.T, cas map[string]*trust.MeshCA, bundle []string, issuer string) {
+	t.Helper()
+	for cl, m := range cas {
+		var got []string
+		for _, r := range m.Roots {
+			got = append(got, trust.Fingerprint(r))
+		}
+		assert.ElementsMatch(t, bundle, got, "%s: root-cert.pem", cl)
+		top := m.Chain[len(m.Chain)-1]
+		assert.Equal(t, issuer, trust.Fingerprint(top), "%s: cert-chain.pem ends in the root its intermediate is from", cl)
+	}
+}
+
+// trustEachOther checks that every mesh's CA of one step verifies against
+// every other mesh's bundle of the same and of the neighbouring step: what
+// makes a rotation free of failed handshakes while agents apply a step at
+// different times.
+func trustEachOther(t *testing.T, steps ...map[string]*trust.MeshCA) {
+	t.Helper()
+	for _, a := range steps {
+		for _, b := range steps {
+			for ca, x := range a {
+				for cb, y := range b {
+					if ca == cb {
+						continue
+					}
+					assert.NoError(t, x.VerifyAgainst(y, time.Now()), "%s's CA against %s's bundle", ca, cb)
+				}
+			}
+		}
+	}
+}
+
+// A MultiRoot rotation of a generated root with Manual verification: each
+// phase is published only after every agent acked the one before and the
+// operator asked to continue; at every phase, and across neighbouring
+// phases, every mesh trusts every other; the server is restarted in the
+// middle and resumes; after Finished the old root is trusted nowhere and
+// its key is deleted.
+func TestMultiRootRotation(t *testing.T) {
+	w := newRotationWorld(t, "{generated: {}}", true)
+	vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+	require.NotNil(t, vm.Status.SharedTrust)
+	require.NotNil(t, vm.Status.SharedTrust.Root, "status records where the root in force lives")
+	old := vm.Status.SharedTrust.RootFingerprint
+	oldSecret := vm.Status.SharedTrust.Root.GeneratedSecret
+	before := w.meshCAs()
+	holds(t, before, []string{old}, old)
+
+	// A new generation of the generated root starts the rotation.
+	w.annotate(networkingv1alpha1.AnnotationRootGeneration, "2")
+	vm = w.waitFor("AddingNewRoot acked", phaseIs(networkingv1alpha1.PhaseAddingNewRoot, true))
+	rot := vm.Status.Rotation
+	assert.Equal(t, old, rot.OldRootFingerprint)
+	nu := rot.NewRootFingerprint
+	require.NotEqual(t, old, nu)
+	assert.Equal(t, int32(1), rot.Step)
+	assert.Empty(t, rot.PendingMeshes)
+	assert.Equal(t, old, vm.Status.SharedTrust.RootFingerprint, "the old root is in force until Finished")
+	adding := w.meshCAs()
+	holds(t, adding, []string{old, nu}, old)
+	trustEachOther(t, before, adding)
+
+	// Without continue, Manual waits however often agents ack.
+	for range 5 {
+		w.sync()
+	}
+	time.Sleep(300 * time.Millisecond)
+	assert.Equal(t, networkingv1alpha1.PhaseAddingNewRoot, w.vm().Status.Rotation.Phase)
+	// A continue for another phase or root does not count.
+	w.annotate(networkingv1alpha1.AnnotationRotationContinue, "DeletingOldRoot/"+nu)
+	time.Sleep(300 * time.Millisecond)
+	w.sync()
+	assert.Equal(t, networkingv1alpha1.PhaseAddingNewRoot, w.vm().Status.Rotation.Phase)
+
+	w.annotate(networkingv1alpha1.AnnotationRotationContinue, "AddingNewRoot/"+nu)
+	w.waitFor("PropagatingNewIntermediate acked", phaseIs(networkingv1alpha1.PhasePropagatingNewIntermediate, true))
+	propagating := w.meshCAs()
+	holds(t, propagating, []string{old, nu}, nu)
+	trustEachOther(t, adding, propagating)
+
+	// The server dies here; a new one resumes from the status, with no
+	// outputs and no acks in memory.
+	w.stop()
+	w.start()
+	vm = w.waitFor("PropagatingNewIntermediate acked after a restart", phaseIs(networkingv1alpha1.PhasePropagatingNewIntermediate, true))
+	assert.Equal(t, nu, vm.Status.Rotation.NewRootFingerprint)
+	resumed := w.meshCAs()
+	holds(t, resumed, []string{old, nu}, nu)
+	for cl := range resumed {
+		assert.True(t, resumed[cl].Intermediate.Equal(propagating[cl].Intermediate), "%s: the resumed server reissued nothing", cl)
+	}
+
+	w.annotate(networkingv1alpha1.AnnotationRotationContinue, "PropagatingNewIntermediate/"+nu)
+	w.waitFor("DeletingOldRoot acked", phaseIs(networkingv1alpha1.PhaseDeletingOldRoot, true))
+	deleting := w.meshCAs()
+	holds(t, deleting, []string{nu}, nu)
+	trustEachOther(t, propagating, deleting)
+
+	w.annotate(networkingv1alpha1.AnnotationRotationContinue, "DeletingOldRoot/"+nu)
+	vm = w.waitFor("Finished", phaseIs(networkingv1alpha1.PhaseFinished, false))
+	assert.Equal(t, nu, vm.Status.SharedTrust.RootFingerprint)
+	finished := w.meshCAs()
+	holds(t, finished, []string{nu}, nu)
+	trustEachOther(t, finished)
+	for cl, m := range finished {
+		assert.Error(t, m.VerifyAgainst(before[cl], time.Now()), "%s: after Finished a CA of the new root is not trusted by the old bundle", cl)
+		assert.Error(t, before[cl].VerifyAgainst(m, time.Now()), "%s: after Finished the old root is trusted nowhere", cl)
+	}
+	_, err := w.kube.CoreV1().Secrets(w.ns).Get(w.ctx, oldSecret, metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "the replaced generated root's key is deleted: %v", err)
+}
+
+// A rollback from PropagatingNewIntermediate walks the steps back down,
+// each after every agent acked, to the old root only; the rotation stays
+// rolled back while the spec names the new root.
+func TestRotationRollback(t *testing.T) {
+	w := newRotationWorld(t, "{generated: {}}", false)
+	vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+	old := vm.Status.SharedTrust.RootFingerprint
+	before := w.meshCAs()
+
+	// Verification None: the rotation runs by itself once agents ack; the
+	// test holds the agents back to catch PropagatingNewIntermediate.
+	w.annotate(networkingv1alpha1.AnnotationRootGeneration, "2")
+	var nu string
+	var propagating map[string]*trust.MeshCA
+	deadline := time.Now().Add(30 * time.Second)
+	for propagating == nil {
+		require.True(t, time.Now().Before(deadline), "PropagatingNewIntermediate not reached")
+		w.sync()
+		if r := w.vm().Status.Rotation; r != nil && r.Phase == networkingv1alpha1.PhasePropagatingNewIntermediate {
+			// The status is written before the step is published: wait for
+			// it, apply it, and sync no more until the rollback is asked.
+			require.Eventually(t, func() bool {
+				return w.outputs.Get("c1").GetTrust()[0].GetIssuer() == r.NewRootFingerprint &&
+					w.outputs.Get("c2").GetTrust()[0].GetIssuer() == r.NewRootFingerprint
+			}, 10*time.Second, 20*time.Millisecond)
+			w.sync()
+			nu, propagating = r.NewRootFingerprint, w.meshCAs()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	holds(t, propagating, []string{old, nu}, nu)
+
+	w.annotate(networkingv1alpha1.AnnotationRotationRollback, nu)
+	vm = w.waitFor("RolledBack", phaseIs(networkingv1alpha1.PhaseRolledBack, false))
+	assert.Equal(t, old, vm.Status.SharedTrust.RootFingerprint)
+	back := w.meshCAs()
+	holds(t, back, []string{old}, old)
+	trustEachOther(t, before, back)
+
+	// Still rolled back a while later: the spec's root is not rotated to
+	// again.
+	time.Sleep(500 * time.Millisecond)
+	w.sync()
+	assert.Equal(t, networkingv1alpha1.PhaseRolledBack, w.vm().Status.Rotation.Phase)
+	holds(t, w.meshCAs(), []string{old}, old)
+
+	// A new generation rotates again, to another new root.
+	w.annotate(networkingv1alpha1.AnnotationRootGeneration, "3")
+	vm = w.waitFor("Finished", phaseIs(networkingv1alpha1.PhaseFinished, false))
+	assert.NotEqual(t, nu, vm.Status.Rotation.NewRootFingerprint)
+	holds(t, w.meshCAs(), []string{vm.Status.Rotation.NewRootFingerprint}, vm.Status.Rotation.NewRootFingerprint)
+}
+
+// A root that cannot be used does not start a rotation, and a root in force
+// that disappears holds the meshes' CAs as they are instead of letting
+// agents prune them.
+func TestRotationRefusesBadRoots(t *testing.T) {
+	w := newRotationWorld(t, "{generated: {}}", false)
+	vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+	old := vm.Status.SharedTrust.RootFingerprint
+	before := w.meshCAs()
+
+	// A root Secret that is not a CA.
+	notCA := testLeafPEM(t)
+	_, err := w.kube.CoreV1().Secrets(w.ns).Create(w.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "not-a-ca"},
+		Data: map[string][]byte{corev1.TLSCertKey: notCA.cert, corev1.TLSPrivateKeyKey: notCA.key}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: %s}
+spec:
+  meshes: [{name: istiod-c1}, {name: istiod-c2}]
+  mtls:
+    shared:
+      rootCA: {secret: {name: not-a-ca}}
+`, w.ns)))
+	require.NoError(t, err)
+	vm = w.waitFor("Failed", func(r *networkingv1alpha1.RotationStatus) bool {
+		return r != nil && r.Phase == networkingv1alpha1.PhaseFailed
+	})
+	assert.Contains(t, vm.Status.Rotation.Message, "cannot be used")
+	assert.Equal(t, old, vm.Status.SharedTrust.RootFingerprint)
+	holds(t, w.meshCAs(), []string{old}, old)
+
+	// The root in force disappears: the meshes keep their CAs.
+	require.NoError(t, w.kube.CoreV1().Secrets(w.ns).Delete(w.ctx, vm.Status.SharedTrust.Root.GeneratedSecret, metav1.DeleteOptions{}))
+	w.stop()
+	w.start() // no cached root
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		w.sync()
+		if st := w.vm().Status.SharedTrust; st != nil && st.Message != "" {
+			assert.Contains(t, st.Message, "cannot be used")
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no hold message")
+		time.Sleep(100 * time.Millisecond)
+	}
+	w.sync()
+	for _, cl := range w.clusters {
+		reqs := w.outputs.Get(cl).GetTrust()
+		require.Len(t, reqs, 1)
+		assert.True(t, reqs[0].GetHold(), "%s: held", cl)
+	}
+	after := w.meshCAs()
+	for cl := range after {
+		assert.True(t, after[cl].Intermediate.Equal(before[cl].Intermediate), "%s: cacerts kept as it was", cl)
+	}
+}
+
+type leafPEM struct{ cert, key []byte }
+
+// testLeafPEM is a self-signed certificate that is not a CA, and its key.
+func testLeafPEM(t *testing.T) leafPEM {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "not a CA"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(24 * time.Hour), BasicConstraintsValid: true, KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	require.NoError(t, err)
+	block, err := pemutil.Serialize(key)
+	require.NoError(t, err)
+	return leafPEM{cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), key: pem.EncodeToMemory(block)}
+}
