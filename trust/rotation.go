@@ -47,10 +47,12 @@ func (s *vmState) clone() *vmState {
 
 // active reports whether rot is a rotation still moving.
 func active(rot *networkingv1alpha1.RotationStatus) bool {
-	if rot == nil {
-		return false
-	}
-	switch rot.Phase {
+	return rot != nil && Rotating(rot.Phase)
+}
+
+// Rotating reports whether phase is one of a rotation still moving.
+func Rotating(phase networkingv1alpha1.RotationPhase) bool {
+	switch phase {
 	case networkingv1alpha1.PhaseAddingNewRoot, networkingv1alpha1.PhasePropagatingNewIntermediate,
 		networkingv1alpha1.PhaseDeletingOldRoot, networkingv1alpha1.PhaseRollingBack:
 		return true

@@ -23,6 +23,11 @@ const caSynopsis = `status [VIRTUALMESH]: from the management cluster, each Virt
 
   relaymesh ca status --kubeconfig mgmt.yaml [relaymesh/bookinfo-federation]
 
+rotate start|continue|rollback VIRTUALMESH: rotate the shared root with no
+  failed handshake between meshes (see relaymesh ca rotate --help).
+
+  relaymesh ca rotate start relaymesh/bookinfo-federation --kubeconfig mgmt.yaml --wait 2m
+
 verify: read every mesh's Istio CA (the cacerts Secret, public parts only)
   from each workload cluster and check that the intermediate of every mesh
   verifies against every other mesh's root bundle, so that workload
@@ -41,12 +46,15 @@ func runCA(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "status" {
 		return runCAStatus(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "rotate" {
+		return runCARotate(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "verify" {
-		fmt.Fprintf(stderr, "Usage: relaymesh ca status|verify …\n\n%s\n", caSynopsis)
+		fmt.Fprintf(stderr, "Usage: relaymesh ca status|rotate|verify …\n\n%s\n", caSynopsis)
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
 			return nil
 		}
-		return fmt.Errorf("%w: want status or verify (rotate comes with root rotation)", errUsage)
+		return fmt.Errorf("%w: want status, rotate or verify", errUsage)
 	}
 	var kubeconfigs multiFlag
 	var namespace string
@@ -111,10 +119,16 @@ func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	var kubeconfig string
 	fs := newFlags("ca status [NAMESPACE/VIRTUALMESH]", caSynopsis, stderr)
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster)")
-	pos, err := parseUpTo(fs, args, 1)
+	// Accept the VirtualMesh before or after the flags.
+	var first []string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		first, args = args[:1], args[1:]
+	}
+	pos, err := parseUpTo(fs, args, 1-len(first))
 	if err != nil {
 		return err
 	}
+	pos = append(first, pos...)
 	kube, err := loadKube(kubeconfig)
 	if err != nil {
 		return err
@@ -155,6 +169,12 @@ func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			return err
 		}
 		fmt.Fprintf(stdout, "VIRTUALMESH %s  ROOT %s  FINGERPRINT %s…  EXPIRES %s  ROTATION %s\n", key, st.RootSubject, trust.ShortFingerprint(st.RootFingerprint), expires, phase)
+		if r := vm.Status.Rotation; r != nil {
+			fmt.Fprintln(stdout, rotationLine(r))
+		}
+		if st.Message != "" {
+			fmt.Fprintln(stdout, "  HELD: "+st.Message)
+		}
 		fmt.Fprintln(tw, "  MESH\tCLUSTER\tINTERMEDIATE SERIAL\tEXPIRES\tFROM ROOT")
 		for _, m := range st.Meshes {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s…\n", m.Mesh, m.Cluster, m.Serial, m.NotAfter.UTC().Format(time.DateOnly), trust.ShortFingerprint(m.Issuer))

@@ -11,6 +11,7 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/examples"
 	"github.com/relaymesh/relaymesh/test/istiod"
+	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -40,8 +41,9 @@ func TestSharedTrust(t *testing.T) {
 		require.NoError(t, err)
 	}
 	relayAddr, opsAddr := Addr(t), Addr(t)
-	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost")
+	serverArgs := []string{"server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+		"--audit-log", dir + "/audit.log", "--server-dns-names", "localhost"}
+	server := Start(t, bin, dir, "server", serverArgs...)
 	waitHealthy(t, opsAddr)
 	for _, name := range []string{"cluster-1", "cluster-2"} {
 		_, err := Run(t, bin, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig, "--server-address", relayAddr)
@@ -149,6 +151,148 @@ func TestSharedTrust(t *testing.T) {
 	require.NoError(t, err)
 	_, err = verifyWorkload(issued["cluster-1"], []*x509.Certificate{other.Cert})
 	require.Error(t, err)
+
+	// Rotate the root, MultiRoot with Manual verification, killing the
+	// server in the middle.
+	r := &rotation{t: t, ctx: ctx, bin: bin, env: env, clients: clients, mgmt: mgmt.Kubeconfig}
+	r.observe("before", issued, cacerts)
+	_, err = mgmtClient.CoreV1().RESTClient().Patch("application/merge-patch+json").
+		AbsPath("/apis/networking.relaymesh.io/v1alpha1/namespaces/relaymesh/virtualmeshes/bookinfo-federation").
+		Body([]byte(`{"spec":{"mtls":{"rotationVerification":"Manual"}}}`)).DoRaw(ctx)
+	require.NoError(t, err)
+	oldRoot := roots[0]
+
+	out, err = Run(t, bin, "ca", "rotate", "start", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "60s")
+	require.NoError(t, err, out)
+	t.Logf("ca rotate start:\n%s", out)
+	require.Contains(t, out, "AddingNewRoot step 1 (awaiting continue)")
+	r.phase("AddingNewRoot", 2)
+
+	out, err = Run(t, bin, "ca", "rotate", "continue", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "60s")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "PropagatingNewIntermediate step 2 (awaiting continue)")
+	r.phase("PropagatingNewIntermediate", 2)
+
+	// The server dies (SIGKILL) and a new one resumes from the status.
+	require.NoError(t, server.Kill())
+	Start(t, bin, dir, "server-restarted", serverArgs...)
+	waitHealthy(t, opsAddr)
+	out, err = Run(t, bin, "ca", "status", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig)
+	require.NoError(t, err, out)
+	require.Contains(t, out, "rotation: PropagatingNewIntermediate step 2", "the restarted server resumed the rotation:\n%s", out)
+	Eventually(t, 60*time.Second, "the restarted server sees both agents' acks", func() (bool, string) {
+		out, err := Run(t, bin, "ca", "status", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig)
+		return err == nil && strings.Contains(out, "awaiting `relaymesh ca rotate continue`"), out
+	})
+
+	out, err = Run(t, bin, "ca", "rotate", "continue", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "60s")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "DeletingOldRoot step 3 (awaiting continue)")
+	r.phase("DeletingOldRoot", 1)
+
+	out, err = Run(t, bin, "ca", "rotate", "continue", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "60s")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "Finished step 3")
+	r.phase("Finished", 1)
+	t.Logf("rotation: %d cross-cluster verifications of istiod-issued workload certificates, 0 failed", r.checks)
+
+	// After Finished the old root is trusted nowhere: neither a bundle
+	// carries it, nor does a workload certificate from before the rotation
+	// verify against any bundle.
+	for name, m := range r.last {
+		for _, root := range m.bundle {
+			assert.False(t, root.Equal(oldRoot), "%s's bundle still carries the old root", name)
+		}
+		for from, before := range r.seen[0].certs {
+			_, err := verifyWorkload(before, m.bundle)
+			assert.Error(t, err, "a certificate %s's istiod issued before the rotation verifies against %s's bundle", from, name)
+		}
+	}
+	out, err = Run(t, bin, "ca", "verify", "--kubeconfig", env.Cluster("cluster-1").Kubeconfig, "--kubeconfig", env.Cluster("cluster-2").Kubeconfig)
+	require.NoError(t, err, out)
+}
+
+// rotation follows a root rotation with a real istiod per cluster: at each
+// phase it restarts istiod on the cacerts the agent wrote (as
+// autoRestartPods, or a kubelet remounting the Secret, would), has it sign a
+// workload certificate, and checks every cluster's certificate against
+// every other cluster's root bundle, of this phase and of the phase before
+// (agents apply a phase at different times, and workloads keep certificates
+// of the phase before for a while).
+type rotation struct {
+	t       *testing.T
+	ctx     context.Context
+	bin     string
+	env     *localcluster.Env
+	mgmt    string
+	clients map[string]kubernetes.Interface
+	seen    []phaseState
+	last    map[string]meshState
+	checks  int
+}
+
+type phaseState struct {
+	name  string
+	certs map[string][]*x509.Certificate // workload chain by cluster
+	roots map[string][]*x509.Certificate // root bundle by cluster
+}
+
+type meshState struct{ bundle []*x509.Certificate }
+
+func (r *rotation) observe(name string, certs map[string][]*x509.Certificate, cacerts map[string]*corev1.Secret) {
+	ps := phaseState{name: name, certs: certs, roots: map[string][]*x509.Certificate{}}
+	r.last = map[string]meshState{}
+	for cl, s := range cacerts {
+		roots, err := pemutil.ParseCertificateBundle(s.Data[trust.KeyRootCert])
+		require.NoError(r.t, err)
+		ps.roots[cl] = roots
+		r.last[cl] = meshState{bundle: roots}
+	}
+	r.seen = append(r.seen, ps)
+}
+
+// phase checks the phase the rotation waits in: each mesh's bundle has
+// wantRoots roots, and certificates verify across clusters and phases.
+func (r *rotation) phase(name string, wantRoots int) {
+	t := r.t
+	cacerts := map[string]*corev1.Secret{}
+	for cl, c := range r.clients {
+		s, err := c.CoreV1().Secrets("istio-system").Get(r.ctx, trust.SecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		cacerts[cl] = s
+	}
+	certs := map[string][]*x509.Certificate{}
+	for cl, s := range cacerts {
+		d, err := istiod.Start(r.ctx, istiod.Config{Kubeconfig: r.env.Cluster(cl).Kubeconfig, ClusterID: cl, Dir: t.TempDir(), CACerts: s.Data})
+		require.NoError(t, err, "%s: %s", name, cl)
+		token, err := istiod.ServiceAccountToken(r.ctx, r.clients[cl], "bookinfo", "bookinfo-reviews", istiod.TokenAudience)
+		require.NoError(t, err)
+		_, csr, err := istiod.WorkloadCSR("spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews")
+		require.NoError(t, err)
+		chain, err := d.WorkloadCertificate(r.ctx, token, csr)
+		require.NoError(t, err, "%s: %s's istiod signs\n%s", name, cl, d.LogTail(20))
+		require.NoError(t, d.Stop())
+		certs[cl] = chain
+	}
+	r.observe(name, certs, cacerts)
+	for cl, roots := range r.seen[len(r.seen)-1].roots {
+		assert.Len(t, roots, wantRoots, "%s: %s's root-cert.pem", name, cl)
+	}
+	prev, cur := r.seen[len(r.seen)-2], r.seen[len(r.seen)-1]
+	for _, certsOf := range []phaseState{prev, cur} {
+		for _, rootsOf := range []phaseState{prev, cur} {
+			for from, chain := range certsOf.certs {
+				for to, roots := range rootsOf.roots {
+					if from == to {
+						continue
+					}
+					r.checks++
+					_, err := verifyWorkload(chain, roots)
+					assert.NoError(t, err, "%s: a certificate %s's istiod issued in %s verifies against %s's bundle of %s", name, from, certsOf.name, to, rootsOf.name)
+				}
+			}
+		}
+	}
 }
 
 // verifyWorkload verifies a workload chain (leaf first, as istiod returns

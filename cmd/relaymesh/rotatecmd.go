@@ -1,0 +1,200 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/trust"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+)
+
+const rotateSynopsis = `start VIRTUALMESH: rotate a generated root: the server makes a new root and
+  moves every mesh to it (MultiRoot: AddingNewRoot, PropagatingNewIntermediate,
+  DeletingOldRoot, Finished; each phase once every mesh's agent acked the one
+  before). A root in a Secret, an HSM or an external CA is rotated by pointing
+  spec.mtls.shared.rootCA at the new one.
+continue VIRTUALMESH: with spec.mtls.rotationVerification Manual, let the
+  rotation leave the phase it waits in (after you verified traffic).
+rollback VIRTUALMESH: walk the rotation back to the old root, one acked step
+  at a time, from any phase.
+
+VIRTUALMESH is NAMESPACE/NAME. With --wait the command prints each phase the
+rotation passes through until it finishes, is rolled back, waits for a
+continue, or the time is up (then it fails).
+
+  relaymesh ca rotate start relaymesh/bookinfo-federation --kubeconfig mgmt.yaml --wait 2m`
+
+func runCARotate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	verbs := []string{"start", "continue", "rollback"}
+	if len(args) == 0 || !slices.Contains(verbs, args[0]) {
+		fmt.Fprintf(stderr, "Usage: relaymesh ca rotate start|continue|rollback NAMESPACE/VIRTUALMESH [flags]\n\n%s\n", rotateSynopsis)
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			return nil
+		}
+		return fmt.Errorf("%w: want start, continue or rollback", errUsage)
+	}
+	verb := args[0]
+	var kubeconfig string
+	var wait time.Duration
+	fs := newFlags("ca rotate "+verb+" NAMESPACE/VIRTUALMESH [flags]", rotateSynopsis, stderr)
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster)")
+	fs.DurationVar(&wait, "wait", 0, "print the phases until the rotation finishes, rolls back or waits for a continue; fail after this long (0: do not wait)")
+	rest := args[1:]
+	var key string
+	if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		key, rest = rest[0], rest[1:]
+	}
+	pos, err := parseAny(fs, rest)
+	if err != nil {
+		return err
+	}
+	if key == "" && len(pos) == 1 {
+		key, pos = pos[0], nil
+	}
+	ns, name, ok := strings.Cut(key, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") || len(pos) != 0 {
+		fs.Usage()
+		return fmt.Errorf("%w: want exactly one NAMESPACE/VIRTUALMESH", errUsage)
+	}
+	if wait < 0 {
+		return errors.New("--wait must not be negative")
+	}
+	kube, err := loadKube(kubeconfig)
+	if err != nil {
+		return err
+	}
+	vms := kube.dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns)
+	vm, rv, err := getVirtualMesh(ctx, vms, name)
+	if err != nil {
+		return err
+	}
+	if vm.Spec.MTLS == nil || vm.Spec.MTLS.Shared == nil {
+		return fmt.Errorf("VirtualMesh %s has no shared trust (spec.mtls.shared): there is no root to rotate", key)
+	}
+	rot := vm.Status.Rotation
+	rotating := rot != nil && trust.Rotating(rot.Phase)
+	var annotation, value string
+	switch verb {
+	case "start":
+		if vm.Spec.MTLS.Shared.RootCA.Generated == nil {
+			return fmt.Errorf("the root of %s is not generated: point spec.mtls.shared.rootCA at the new root (a new Secret, HSM key or CA service) and the server rotates to it", key)
+		}
+		if rotating {
+			return fmt.Errorf("%s is already rotating (%s): continue or roll it back first", key, rot.Phase)
+		}
+		gen, _ := strconv.Atoi(vm.Annotations[networkingv1alpha1.AnnotationRootGeneration])
+		annotation, value = networkingv1alpha1.AnnotationRootGeneration, strconv.Itoa(max(gen, 1)+1)
+	case "continue":
+		if !rotating || rot.Phase == networkingv1alpha1.PhaseRollingBack {
+			return fmt.Errorf("%s has no rotation that can continue (%s)", key, phaseOrNone(rot))
+		}
+		if !rot.AwaitingContinue {
+			return fmt.Errorf("%s is in %s and not waiting for a continue: %s", key, rot.Phase, rot.Message)
+		}
+		annotation, value = networkingv1alpha1.AnnotationRotationContinue, string(rot.Phase)+"/"+rot.NewRootFingerprint
+	case "rollback":
+		if !rotating || rot.Phase == networkingv1alpha1.PhaseRollingBack {
+			return fmt.Errorf("%s has no rotation to roll back (%s)", key, phaseOrNone(rot))
+		}
+		annotation, value = networkingv1alpha1.AnnotationRotationRollback, rot.NewRootFingerprint
+	}
+	// The resourceVersion makes this fail if the VirtualMesh changed since
+	// it was read (e.g. the phase moved on).
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": rv, "annotations": map[string]string{annotation: value}}})
+	if err != nil {
+		return err
+	}
+	if _, err := vms.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("annotate %s: %w", key, err)
+	}
+	fmt.Fprintf(stdout, "%s: %s=%s\n", key, annotation, value)
+	if wait == 0 {
+		return nil
+	}
+	return watchRotation(ctx, vms, name, rot, wait, stdout)
+}
+
+// watchRotation prints the rotation's phases until it settles: finished,
+// rolled back, failed, or waiting for a continue.
+func watchRotation(ctx context.Context, vms dynamic.ResourceInterface, name string, before *networkingv1alpha1.RotationStatus, wait time.Duration, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	last := ""
+	for {
+		vm, _, err := getVirtualMesh(ctx, vms, name)
+		if err == nil {
+			rot := vm.Status.Rotation
+			if rot != nil && !sameRotationState(rot, before) {
+				line := fmt.Sprintf("%s step %d", rot.Phase, rot.Step)
+				if rot.AwaitingContinue {
+					line += " (awaiting continue)"
+				}
+				if line != last {
+					fmt.Fprintf(out, "%s  %-45s %s\n", time.Now().UTC().Format(time.TimeOnly), line, rot.Message)
+					last = line
+				}
+				if !trust.Rotating(rot.Phase) || rot.AwaitingContinue {
+					if rot.Phase == networkingv1alpha1.PhaseFailed {
+						return errors.New(rot.Message)
+					}
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the rotation did not settle within the --wait time (last: %s)", cmp.Or(last, "no change seen"))
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+// sameRotationState reports whether rot is still what it was before the
+// command acted (so nothing has happened yet).
+func sameRotationState(rot, before *networkingv1alpha1.RotationStatus) bool {
+	return before != nil && rot.Phase == before.Phase && rot.Step == before.Step &&
+		rot.AwaitingContinue == before.AwaitingContinue && rot.NewRootFingerprint == before.NewRootFingerprint
+}
+
+func getVirtualMesh(ctx context.Context, vms dynamic.ResourceInterface, name string) (*networkingv1alpha1.VirtualMesh, string, error) {
+	u, err := vms.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, "", err
+	}
+	var vm networkingv1alpha1.VirtualMesh
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &vm); err != nil {
+		return nil, "", fmt.Errorf("VirtualMesh %s: %w", name, err)
+	}
+	return &vm, u.GetResourceVersion(), nil
+}
+
+func phaseOrNone(rot *networkingv1alpha1.RotationStatus) string {
+	if rot == nil {
+		return string(networkingv1alpha1.PhaseNotRotating)
+	}
+	return string(rot.Phase)
+}
+
+// rotationLine describes a rotation for `ca status`.
+func rotationLine(rot *networkingv1alpha1.RotationStatus) string {
+	s := fmt.Sprintf("  rotation: %s step %d, %s… → %s…", rot.Phase, rot.Step, trust.ShortFingerprint(rot.OldRootFingerprint), trust.ShortFingerprint(rot.NewRootFingerprint))
+	if rot.AwaitingContinue {
+		s += ", awaiting `relaymesh ca rotate continue`"
+	}
+	if len(rot.PendingMeshes) > 0 {
+		s += ", waiting for " + strings.Join(rot.PendingMeshes, ", ")
+	}
+	return s + "\n  " + rot.Message
+}
