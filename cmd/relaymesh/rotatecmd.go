@@ -15,6 +15,7 @@ import (
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/trust"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -127,38 +128,62 @@ func runCARotate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 }
 
 // watchRotation prints the rotation's phases until it settles: finished,
-// rolled back, failed, or waiting for a continue.
+// rolled back, failed, or waiting for a continue. It watches the
+// VirtualMesh, so every phase the server records is seen, however short.
 func watchRotation(ctx context.Context, vms dynamic.ResourceInterface, name string, before *networkingv1alpha1.RotationStatus, wait time.Duration, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	last := ""
-	for {
-		vm, _, err := getVirtualMesh(ctx, vms, name)
-		if err == nil {
-			rot := vm.Status.Rotation
-			if rot != nil && !sameRotationState(rot, before) {
-				line := fmt.Sprintf("%s step %d", rot.Phase, rot.Step)
-				if rot.AwaitingContinue {
-					line += " (awaiting continue)"
-				}
-				if line != last {
-					fmt.Fprintf(out, "%s  %-45s %s\n", time.Now().UTC().Format(time.TimeOnly), line, rot.Message)
-					last = line
-				}
-				if !trust.Rotating(rot.Phase) || rot.AwaitingContinue {
-					if rot.Phase == networkingv1alpha1.PhaseFailed {
-						return errors.New(rot.Message)
-					}
-					return nil
-				}
+	// show prints rot if it is new, and reports whether it settled.
+	show := func(rot *networkingv1alpha1.RotationStatus) (bool, error) {
+		if rot == nil || sameRotationState(rot, before) {
+			return false, nil
+		}
+		line := fmt.Sprintf("%s step %d", rot.Phase, rot.Step)
+		if rot.AwaitingContinue {
+			line += " (awaiting continue)"
+		}
+		if line != last {
+			fmt.Fprintf(out, "%s  %-45s %s\n", time.Now().UTC().Format(time.TimeOnly), line, rot.Message)
+			last = line
+		}
+		switch {
+		case rot.Phase == networkingv1alpha1.PhaseFailed:
+			return true, errors.New(rot.Message)
+		case !trust.Rotating(rot.Phase) || rot.AwaitingContinue:
+			return true, nil
+		}
+		return false, nil
+	}
+	for ctx.Err() == nil {
+		vm, rv, err := getVirtualMesh(ctx, vms, name)
+		if err != nil {
+			return err
+		}
+		if done, err := show(vm.Status.Rotation); done {
+			return err
+		}
+		w, err := vms.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: rv})
+		if err != nil {
+			return err
+		}
+		for ev := range w.ResultChan() {
+			u, ok := ev.Object.(*unstructured.Unstructured)
+			if !ok {
+				break // an error event: start over from a Get
+			}
+			var vm networkingv1alpha1.VirtualMesh
+			if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &vm) != nil {
+				continue
+			}
+			if done, err := show(vm.Status.Rotation); done {
+				w.Stop()
+				return err
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("the rotation did not settle within the --wait time (last: %s)", cmp.Or(last, "no change seen"))
-		case <-time.After(300 * time.Millisecond):
-		}
+		w.Stop()
 	}
+	return fmt.Errorf("the rotation did not settle within the --wait time (last: %s)", cmp.Or(last, "no change seen"))
 }
 
 // sameRotationState reports whether rot is still what it was before the

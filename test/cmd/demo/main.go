@@ -351,6 +351,9 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 	if err := showTrust(ctx, env, cfg.workloads, out); err != nil {
 		return stop, err
 	}
+	if err := showRotation(ctx, env, bin, cfg.workloads, out); err != nil {
+		return stop, err
+	}
 
 	verify := exec.CommandContext(ctx, bin, "audit", "verify", auditLog)
 	b, err := verify.CombinedOutput()
@@ -576,10 +579,33 @@ func showTranslation(ctx context.Context, env *localcluster.Env, workloads []str
 // showTrust waits for every mesh's cacerts (the agent generates the key and
 // sends only a CSR) and shows each intermediate chaining to the one root of
 // the VirtualMesh.
+// showRotation rotates the VirtualMesh's root (MultiRoot, verification
+// None: every phase moves on once both agents acked the one before) and
+// shows the phases and where each mesh ends up.
+func showRotation(ctx context.Context, env *localcluster.Env, bin string, workloads []string, out io.Writer) error {
+	mgmt := env.Cluster("mgmt").Kubeconfig
+	step(out, "Rotating the shared root with no failed handshake: relaymesh ca rotate start relaymesh/bookinfo-federation --wait 2m")
+	b, err := exec.CommandContext(ctx, bin, "ca", "rotate", "start", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt, "--wait", "2m").CombinedOutput()
+	fmt.Fprintf(out, "%s", b)
+	if err != nil {
+		return fmt.Errorf("ca rotate start: %w", err)
+	}
+	b, err = exec.CommandContext(ctx, bin, "ca", "status", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt).CombinedOutput()
+	fmt.Fprintf(out, "\n%s", b)
+	if err != nil {
+		return fmt.Errorf("ca status: %w", err)
+	}
+	return showIntermediates(ctx, env, workloads, "After the rotation: each mesh holds only the new root, and an intermediate from it", out)
+}
+
 func showTrust(ctx context.Context, env *localcluster.Env, workloads []string, out io.Writer) error {
-	step(out, "Shared trust: each mesh's intermediate CA (key generated in its own cluster) chains to the VirtualMesh's root")
+	return showIntermediates(ctx, env, workloads, "Shared trust: each mesh's intermediate CA (key generated in its own cluster) chains to the VirtualMesh's root", out)
+}
+
+func showIntermediates(ctx context.Context, env *localcluster.Env, workloads []string, title string, out io.Writer) error {
+	step(out, "%s", title)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLUSTER\tSECRET\tINTERMEDIATE\tSERIAL\tEXPIRES\tROOT\tCHAINS TO ROOT")
+	fmt.Fprintln(tw, "CLUSTER\tSECRET\tINTERMEDIATE\tSERIAL\tEXPIRES\tROOTS IN BUNDLE\tCHAINS TO ROOT")
 	bundles := map[string]string{}
 	for _, c := range workloads {
 		cs, err := env.Cluster(c).Clientset()
@@ -612,8 +638,12 @@ func showTrust(ctx context.Context, env *localcluster.Env, workloads []string, o
 		}
 		_, verr := inter.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
 		bundles[c] = string(sec.Data[trust.KeyRootCert])
+		var fps []string
+		for _, r := range roots {
+			fps = append(fps, trust.ShortFingerprint(trust.Fingerprint(r))+"…")
+		}
 		fmt.Fprintf(tw, "%s\tistio-system/%s\t%s\t%s…\t%s\t%s\t%t\n", c, trust.SecretName, inter.Subject.CommonName,
-			inter.SerialNumber.Text(16)[:12], inter.NotAfter.UTC().Format(time.DateOnly), roots[0].Subject.CommonName, verr == nil)
+			inter.SerialNumber.Text(16)[:12], inter.NotAfter.UTC().Format(time.DateOnly), strings.Join(fps, " "), verr == nil)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+)
+
+func TestRotateRefusesBadArguments(t *testing.T) {
+	ctx := context.Background()
+	for _, args := range [][]string{
+		{"ca", "rotate"},
+		{"ca", "rotate", "spin", "relaymesh/vm"},
+		{"ca", "rotate", "start"},
+		{"ca", "rotate", "start", "no-namespace"},
+		{"ca", "rotate", "start", "a/b/c"},
+		{"ca", "rotate", "start", "/vm"},
+		{"ca", "rotate", "start", "relaymesh/vm", "extra"},
+		{"ca", "rotate", "start", "relaymesh/vm", "--wait", "-1s"},
+		{"ca", "rotate", "start", "relaymesh/vm", "--wait", "soon"},
+	} {
+		var out, errOut bytes.Buffer
+		assert.NotEqual(t, 0, run(ctx, args, &out, &errOut), "%v", args)
+		assert.Empty(t, out.String(), "%v", args)
+	}
+}
+
+// The rotate verbs act only in the state they are meant for, and write
+// exactly the annotation the server reads (naming the phase and root they
+// mean).
+func TestRotateAgainstAPIServer(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	mgmt := env.Cluster("mgmt")
+	_, err = mgmt.Apply(ctx, "test", []byte(`
+apiVersion: v1
+kind: Namespace
+metadata: {name: relaymesh}
+---
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: gen, namespace: relaymesh}
+spec:
+  meshes: [{name: m1}]
+  mtls: {shared: {rootCA: {generated: {}}}}
+---
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: provided, namespace: relaymesh}
+spec:
+  meshes: [{name: m1}]
+  mtls: {shared: {rootCA: {secret: {name: team-root}}}}
+---
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: plain, namespace: relaymesh}
+spec:
+  meshes: [{name: m1}]
+`))
+	require.NoError(t, err)
+	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
+	require.NoError(t, err)
+	vms := dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace("relaymesh")
+	rotate := func(verb, vm string) (string, error) {
+		var out, errOut bytes.Buffer
+		code := run(ctx, []string{"ca", "rotate", verb, vm, "--kubeconfig", mgmt.Kubeconfig}, &out, &errOut)
+		if code != 0 {
+			return out.String(), assert.AnError
+		}
+		return out.String(), nil
+	}
+	failsWith := func(verb, vm, want string) {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		require.NotEqual(t, 0, run(ctx, []string{"ca", "rotate", verb, vm, "--kubeconfig", mgmt.Kubeconfig}, &out, &errOut))
+		assert.Contains(t, errOut.String(), want)
+	}
+	annotations := func(name string) map[string]string {
+		u, err := vms.Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		return u.GetAnnotations()
+	}
+	setRotation := func(rot string) {
+		_, err := vms.Patch(ctx, "gen", types.MergePatchType, []byte(`{"status":{"rotation":`+rot+`}}`), metav1.PatchOptions{}, "status")
+		require.NoError(t, err)
+	}
+
+	failsWith("start", "relaymesh/missing", "not found")
+	failsWith("start", "relaymesh/plain", "no shared trust")
+	failsWith("start", "relaymesh/provided", "point spec.mtls.shared.rootCA at the new root")
+	failsWith("continue", "relaymesh/gen", "no rotation that can continue (NotRotating)")
+	failsWith("rollback", "relaymesh/gen", "no rotation to roll back (NotRotating)")
+	assert.Empty(t, annotations("gen"), "refused commands change nothing")
+
+	out, err := rotate("start", "relaymesh/gen")
+	require.NoError(t, err)
+	assert.Contains(t, out, "relaymesh.io/root-generation=2")
+	assert.Equal(t, "2", annotations("gen")[networkingv1alpha1.AnnotationRootGeneration])
+
+	setRotation(`{"phase":"AddingNewRoot","step":1,"newRootFingerprint":"abcd"}`)
+	failsWith("start", "relaymesh/gen", "already rotating (AddingNewRoot)")
+	failsWith("continue", "relaymesh/gen", "not waiting for a continue")
+	setRotation(`{"phase":"AddingNewRoot","step":1,"newRootFingerprint":"abcd","awaitingContinue":true}`)
+	_, err = rotate("continue", "relaymesh/gen")
+	require.NoError(t, err)
+	assert.Equal(t, "AddingNewRoot/abcd", annotations("gen")[networkingv1alpha1.AnnotationRotationContinue])
+	_, err = rotate("rollback", "relaymesh/gen")
+	require.NoError(t, err)
+	assert.Equal(t, "abcd", annotations("gen")[networkingv1alpha1.AnnotationRotationRollback])
+
+	setRotation(`{"phase":"RollingBack","step":0,"newRootFingerprint":"abcd"}`)
+	failsWith("rollback", "relaymesh/gen", "no rotation to roll back (RollingBack)")
+	setRotation(`{"phase":"Finished","step":3,"newRootFingerprint":"abcd"}`)
+	_, err = rotate("start", "relaymesh/gen")
+	require.NoError(t, err)
+	assert.Equal(t, "3", annotations("gen")[networkingv1alpha1.AnnotationRootGeneration])
+}
