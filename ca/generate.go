@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"go.step.sm/crypto/keyutil"
@@ -231,6 +233,39 @@ func encodeKeyPEM(key crypto.Signer) ([]byte, error) {
 // Defaults of MeshRootConfig.
 const defaultMeshRootCN = "relaymesh mesh root CA"
 
+// KeyAlgorithm names the type and size of a generated key. The names are
+// those of the VirtualMesh API's keyAlgorithm.
+type KeyAlgorithm string
+
+// Key algorithms of generated mesh roots: at least as strong as ECDSA P-256
+// or RSA-3072. RSA-2048, which agents may use, is too weak for a root that
+// outlives them by years.
+const (
+	KeyECDSAP256 KeyAlgorithm = "ECDSAP256"
+	KeyECDSAP384 KeyAlgorithm = "ECDSAP384"
+	KeyRSA3072   KeyAlgorithm = "RSA3072"
+	KeyRSA4096   KeyAlgorithm = "RSA4096"
+)
+
+// rootKeyAlgorithms are the KeyAlgorithms GenerateMeshRoot accepts, in
+// order of preference.
+var rootKeyAlgorithms = []KeyAlgorithm{KeyECDSAP256, KeyECDSAP384, KeyRSA3072, KeyRSA4096}
+
+// generateKey makes a fresh key of alg from the operating system's CSPRNG.
+func generateKey(alg KeyAlgorithm) (crypto.Signer, error) {
+	switch alg {
+	case KeyECDSAP256:
+		return keyutil.GenerateSigner("EC", "P-256", 0)
+	case KeyECDSAP384:
+		return keyutil.GenerateSigner("EC", "P-384", 0)
+	case KeyRSA3072:
+		return keyutil.GenerateSigner("RSA", "", 3072)
+	case KeyRSA4096:
+		return keyutil.GenerateSigner("RSA", "", 4096)
+	}
+	return nil, fmt.Errorf("unknown key algorithm %q", alg)
+}
+
 // MeshRootConfig configures GenerateMeshRoot.
 type MeshRootConfig struct {
 	// VirtualMesh is the subject organization: the VirtualMesh whose meshes
@@ -239,6 +274,10 @@ type MeshRootConfig struct {
 	// TTL is the root's lifetime; default 10 years, between 1m and 30
 	// years.
 	TTL time.Duration
+	// KeyAlgorithm of the root's key: KeyECDSAP256 (the default),
+	// KeyECDSAP384, KeyRSA3072 or KeyRSA4096. Anything weaker, RSA2048
+	// included, is refused.
+	KeyAlgorithm KeyAlgorithm
 	// Clock returns the current time; default time.Now.
 	Clock func() time.Time
 	// Rand is the source of the serial number; default crypto/rand.Reader.
@@ -248,6 +287,9 @@ type MeshRootConfig struct {
 
 // Default returns c with every zero field set to its default.
 func (c MeshRootConfig) Default() MeshRootConfig {
+	if c.KeyAlgorithm == "" {
+		c.KeyAlgorithm = KeyECDSAP256
+	}
 	if c.TTL == 0 {
 		c.TTL = defaultRootTTL
 	}
@@ -270,6 +312,9 @@ func (c MeshRootConfig) Validate() error {
 	if c.TTL < minCATTL || c.TTL > maxRootTTL {
 		errs = append(errs, fmt.Errorf("ttl: %v is outside [%v, %v]", c.TTL, minCATTL, maxRootTTL))
 	}
+	if !slices.Contains(rootKeyAlgorithms, c.KeyAlgorithm) {
+		errs = append(errs, fmt.Errorf("keyAlgorithm: %q is not allowed for a root, which must be at least ECDSA P-256 or RSA-3072 (one of %s)", c.KeyAlgorithm, joinAlgorithms(rootKeyAlgorithms)))
+	}
 	if c.Clock == nil {
 		errs = append(errs, errors.New("clock: required"))
 	}
@@ -277,6 +322,14 @@ func (c MeshRootConfig) Validate() error {
 		errs = append(errs, errors.New("rand: required"))
 	}
 	return errors.Join(errs...)
+}
+
+func joinAlgorithms(algs []KeyAlgorithm) string {
+	names := make([]string, len(algs))
+	for i, a := range algs {
+		names[i] = string(a)
+	}
+	return strings.Join(names, ", ")
 }
 
 // MeshRoot is a generated root of a VirtualMesh's shared trust, with its
@@ -288,20 +341,21 @@ type MeshRoot struct {
 	Key  crypto.Signer
 }
 
-// GenerateMeshRoot makes a self-signed root (ECDSA P-256, keyCertSign and
-// cRLSign, pathLen 1: one level of intermediates, each with pathLen 0, then
-// workload certificates) with subject O=<VirtualMesh>, CN=relaymesh mesh
-// root CA. It applies cfg.Default and validates cfg first. Keeping the root
-// (a management cluster Secret, like the relay CA) is the caller's.
+// GenerateMeshRoot makes a self-signed root (a key of cfg.KeyAlgorithm,
+// ECDSA P-256 by default; keyCertSign and cRLSign; pathLen 1: one level of
+// intermediates, each with pathLen 0, then workload certificates) with
+// subject O=<VirtualMesh>, CN=relaymesh mesh root CA. It applies
+// cfg.Default and validates cfg first. Keeping the root (a management
+// cluster Secret, like the relay CA) is the caller's.
 func GenerateMeshRoot(cfg MeshRootConfig) (*MeshRoot, error) {
 	cfg = cfg.Default()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("ca: invalid mesh root config: %w", err)
 	}
 	now := cfg.Clock()
-	key, err := keyutil.GenerateSigner("EC", "P-256", 0)
+	key, err := generateKey(cfg.KeyAlgorithm)
 	if err != nil {
-		return nil, fmt.Errorf("generate mesh root key: %w", err)
+		return nil, fmt.Errorf("generate mesh root key (%s): %w", cfg.KeyAlgorithm, err)
 	}
 	serial, err := randomSerial(cfg.Rand)
 	if err != nil {

@@ -2,9 +2,12 @@ package ca_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/rsa"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"math/big"
 	"strings"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.step.sm/crypto/pemutil"
 
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/ca/catest"
@@ -178,4 +182,81 @@ func TestGenerateMeshRoot(t *testing.T) {
 	for _, field := range []string{"virtualMesh:", "ttl:", "clock:", "rand:"} {
 		assert.ErrorContains(t, err, field)
 	}
+}
+
+// TestGenerateMeshRootKeyAlgorithms: each allowed key algorithm makes a
+// root that loads from its PEM as a provided root does (the way the trust
+// controller keeps it in a Secret), signs a mesh intermediate that chains
+// to it, and passes the lints.
+func TestGenerateMeshRootKeyAlgorithms(t *testing.T) {
+	tests := []struct {
+		alg   ca.KeyAlgorithm
+		check func(t *testing.T, pub any)
+	}{
+		{"", assertP256},
+		{ca.KeyECDSAP256, assertP256},
+		{ca.KeyECDSAP384, func(t *testing.T, pub any) {
+			k, ok := pub.(*ecdsa.PublicKey)
+			if assert.True(t, ok, "ECDSA key, got %T", pub) {
+				assert.Equal(t, elliptic.P384(), k.Curve)
+			}
+		}},
+		{ca.KeyRSA3072, assertRSA(3072)},
+		// One RSA-4096 key: its generation takes seconds under -race.
+		{ca.KeyRSA4096, assertRSA(4096)},
+	}
+	for _, tt := range tests {
+		name := string(tt.alg)
+		if name == "" {
+			name = "default"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r, err := ca.GenerateMeshRoot(ca.MeshRootConfig{VirtualMesh: catest.Intermediate.VirtualMesh, KeyAlgorithm: tt.alg})
+			require.NoError(t, err)
+			tt.check(t, r.Cert.PublicKey)
+			catest.Lint(t, r.Cert)
+
+			keyBlock, err := pemutil.Serialize(r.Key)
+			require.NoError(t, err)
+			certPEM := ca.CertsPEM(r.Cert)
+			s, err := ca.ParseSignerPEM(certPEM, pem.EncodeToMemory(keyBlock), certPEM, time.Now())
+			require.NoError(t, err)
+			a, err := ca.New(ca.Config{Signer: s})
+			require.NoError(t, err)
+			key := catest.NewKey(t, catest.ECDSAP256)
+			csr, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
+			require.NoError(t, err)
+			iss, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate)
+			require.NoError(t, err)
+			catest.CheckIntermediateCertificate(t, iss, key.Public(), catest.Intermediate)
+			assert.Equal(t, []*x509.Certificate{r.Cert}, iss.Roots)
+		})
+	}
+}
+
+func assertRSA(bits int) func(t *testing.T, pub any) {
+	return func(t *testing.T, pub any) {
+		t.Helper()
+		k, ok := pub.(*rsa.PublicKey)
+		if assert.True(t, ok, "RSA key, got %T", pub) {
+			assert.Equal(t, bits, k.N.BitLen())
+		}
+	}
+}
+
+// TestGenerateMeshRootRefusesWeakKeys: a root's key must be at least ECDSA
+// P-256 or RSA-3072; anything else is refused before a key is made, with
+// the reason and the allowed names.
+func TestGenerateMeshRootRefusesWeakKeys(t *testing.T) {
+	for _, alg := range []ca.KeyAlgorithm{"RSA2048", "RSA1024", "ECDSAP224", "ECDSAP521", "Ed25519", "ecdsap256", "RSA"} {
+		t.Run(string(alg), func(t *testing.T) {
+			r, err := ca.GenerateMeshRoot(ca.MeshRootConfig{VirtualMesh: "vm1", KeyAlgorithm: alg})
+			require.Error(t, err)
+			assert.Nil(t, r)
+			assert.ErrorContains(t, err, `keyAlgorithm: "`+string(alg)+`" is not allowed for a root, which must be at least ECDSA P-256 or RSA-3072`)
+			assert.ErrorContains(t, err, "one of ECDSAP256, ECDSAP384, RSA3072, RSA4096")
+		})
+	}
+	assert.Equal(t, ca.KeyECDSAP256, ca.MeshRootConfig{}.Default().KeyAlgorithm)
 }

@@ -287,16 +287,15 @@ func rootSecretName(vm *networkingv1alpha1.VirtualMesh) string {
 }
 
 // generateRoot makes a VirtualMesh's root (ca.GenerateMeshRoot: path length
-// 1) and encodes it for its Secret.
+// 1, ECDSA P-256 unless keyAlgorithm says otherwise; RSA-2048 is refused)
+// and encodes it for its Secret.
 func generateRoot(vm *networkingv1alpha1.VirtualMesh, opts *networkingv1alpha1.CertOptions, now time.Time) (certPEM, keyPEM []byte, err error) {
 	cfg := ca.MeshRootConfig{VirtualMesh: vm.Name, Clock: func() time.Time { return now }}
 	if opts != nil {
 		if opts.TTL != nil {
 			cfg.TTL = opts.TTL.Duration
 		}
-		if alg := opts.KeyAlgorithm; alg != "" && alg != networkingv1alpha1.KeyECDSAP256 {
-			return nil, nil, fmt.Errorf("generated roots are ECDSA P-256; keyAlgorithm %s is not supported for them (provide the root in a Secret instead)", alg)
-		}
+		cfg.KeyAlgorithm = ca.KeyAlgorithm(opts.KeyAlgorithm)
 	}
 	r, err := ca.GenerateMeshRoot(cfg)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/trust"
@@ -48,12 +49,13 @@ type rotationWorld struct {
 	view     *relay.View
 	ctl      *trust.Controller
 	stop     context.CancelFunc
+	modules  []string // PKCS#11 modules a VirtualMesh may name
 }
 
-func newRotationWorld(t *testing.T, rootCA string, manual bool) *rotationWorld {
+func newRotationWorld(t *testing.T, rootCA string, manual bool, modules ...string) *rotationWorld {
 	t.Helper()
 	w := &rotationWorld{t: t, ctx: context.Background(), kube: client(t), clusters: []string{"c1", "c2"},
-		meshNS: map[string]string{}, agents: map[string]*trust.Agent{}}
+		meshNS: map[string]string{}, agents: map[string]*trust.Agent{}, modules: modules}
 	w.ns = namespace(t, w.kube)
 	var err error
 	w.dyn, err = dynamic.NewForConfig(env.Cluster("cluster-1").RESTConfig())
@@ -109,7 +111,7 @@ func (w *rotationWorld) start() {
 	w.outputs, w.view = relay.NewOutputs(time.Now()), relay.NewView()
 	var err error
 	w.ctl, err = trust.Start(ctx, trust.Config{Dynamic: w.dyn, Kube: w.kube, Namespace: w.ns, Outputs: w.outputs, Acks: w.view,
-		Clusters: func() []string { return w.clusters }, Audit: audit.Discard})
+		Clusters: func() []string { return w.clusters }, Audit: audit.Discard, PKCS11Modules: w.modules})
 	require.NoError(w.t, err)
 }
 
@@ -345,6 +347,73 @@ func TestRotationRollback(t *testing.T) {
 	vm = w.waitFor("Finished", phaseIs(networkingv1alpha1.PhaseFinished, false))
 	assert.NotEqual(t, nu, vm.Status.Rotation.NewRootFingerprint)
 	holds(t, w.meshCAs(), []string{vm.Status.Rotation.NewRootFingerprint}, vm.Status.Rotation.NewRootFingerprint)
+}
+
+// A VirtualMesh moves its generated root into an HSM: changing
+// spec.mtls.shared.rootCA to pkcs11 rotates every mesh to the HSM's root,
+// whose key signs every new intermediate through PKCS#11 (SoftHSM2).
+func TestRotationToAnHSMRoot(t *testing.T) {
+	module := hsmModule(t)
+	k := newHSMKey(t, "rotation-root")
+	w := newRotationWorld(t, "{generated: {}}", false, module)
+	vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+	old := vm.Status.SharedTrust.RootFingerprint
+	before := w.meshCAs()
+	createSecret(t, w.kube, w.ns, "hsm-pin", map[string][]byte{"pin": []byte(hsmPIN)})
+	createSecret(t, w.kube, w.ns, "hsm-root", map[string][]byte{"tls.crt": ca.CertsPEM(k.selfSigned)})
+	_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: %s}
+spec:
+  meshes: [{name: istiod-c1}, {name: istiod-c2}]
+  mtls:
+    shared:
+      rootCA:
+        pkcs11: {modulePath: %s, tokenLabel: %s, keyLabel: %s, pinSecretRef: {name: hsm-pin}, certificateSecretRef: {name: hsm-root}}
+`, w.ns, module, hsmToken, k.label)))
+	require.NoError(t, err)
+	vm = w.waitFor("Finished", phaseIs(networkingv1alpha1.PhaseFinished, false))
+	nu := trust.Fingerprint(k.selfSigned)
+	assert.Equal(t, old, vm.Status.Rotation.OldRootFingerprint)
+	assert.Equal(t, nu, vm.Status.Rotation.NewRootFingerprint)
+	assert.Equal(t, nu, vm.Status.SharedTrust.RootFingerprint)
+	require.NotNil(t, vm.Status.SharedTrust.Root.PKCS11, "the HSM is the root in force")
+	after := w.meshCAs()
+	holds(t, after, []string{nu}, nu)
+	trustEachOther(t, after)
+	for cl := range after {
+		assert.Error(t, before[cl].VerifyAgainst(after[cl], time.Now()), "%s: the generated root is trusted nowhere", cl)
+	}
+}
+
+// A new key algorithm for a generated root names a new root: the meshes
+// rotate to an ECDSA P-384 root.
+func TestRotationToAnotherKeyAlgorithm(t *testing.T) {
+	w := newRotationWorld(t, "{generated: {}}", false)
+	vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+	old := vm.Status.SharedTrust.RootFingerprint
+	_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: %s}
+spec:
+  meshes: [{name: istiod-c1}, {name: istiod-c2}]
+  mtls:
+    shared:
+      rootCA: {generated: {keyAlgorithm: ECDSAP384}}
+`, w.ns)))
+	require.NoError(t, err)
+	vm = w.waitFor("Finished", phaseIs(networkingv1alpha1.PhaseFinished, false))
+	nu := vm.Status.Rotation.NewRootFingerprint
+	require.NotEqual(t, old, nu)
+	cas := w.meshCAs()
+	holds(t, cas, []string{nu}, nu)
+	for cl, m := range cas {
+		pub, ok := m.Roots[0].PublicKey.(*ecdsa.PublicKey)
+		require.True(t, ok, cl)
+		assert.Equal(t, "P-384", pub.Curve.Params().Name, "%s: the new root's key", cl)
+	}
 }
 
 // A root that cannot be used does not start a rotation, and a root in force

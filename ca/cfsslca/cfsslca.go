@@ -53,6 +53,7 @@ import (
 	"github.com/cloudflare/cfssl/auth"
 	"github.com/cloudflare/cfssl/csr"
 	"github.com/cloudflare/cfssl/info"
+	"go.step.sm/crypto/pemutil"
 
 	"github.com/relaymesh/relaymesh/ca"
 )
@@ -96,21 +97,29 @@ type Config struct {
 	// "localhost"); AllowInsecureHTTP lifts that.
 	URL string
 	// AuthKeyFile is a file holding the hex HMAC key of the profiles'
-	// auth_key; AuthKeyEnv the name of an environment variable holding it.
-	// Exactly one is required. The key is never logged or put in an error.
+	// auth_key; AuthKeyEnv the name of an environment variable holding it;
+	// AuthKey the hex key itself. Exactly one is required. The key is never
+	// logged or put in an error.
 	AuthKeyFile string
 	AuthKeyEnv  string
+	AuthKey     []byte
 	// Profiles default to relaymesh-client, relaymesh-server and
 	// relaymesh-server-rsa; Intermediate has no default (none).
 	Profiles Profiles
 	// ChainFile holds the PEM certificate cfssl signs with, then any
-	// intermediates above it in order. Required.
+	// intermediates above it in order; ChainPEM is the same PEM in memory.
+	// Exactly one is required.
 	ChainFile string
-	// RootsFile holds the PEM roots the chain verifies to. Required.
+	ChainPEM  []byte
+	// RootsFile holds the PEM roots the chain verifies to; RootsPEM is the
+	// same PEM in memory. Exactly one is required.
 	RootsFile string
+	RootsPEM  []byte
 	// TLSRootsFile holds the PEM roots the server's HTTPS certificate must
-	// chain to; default RootsFile. No other root is trusted.
+	// chain to; TLSRootsPEM is the same PEM in memory. Default (neither
+	// set): the roots, RootsFile or RootsPEM. No other root is trusted.
 	TLSRootsFile string
+	TLSRootsPEM  []byte
 	// AllowInsecureHTTP permits plain http to a host that is not loopback.
 	// Anyone on the path then sees every request and can replay it (cfssl
 	// authenticates the request, not the channel, and has no nonce). New
@@ -141,8 +150,12 @@ func (c Config) Default() Config {
 	if c.Profiles.ServerRSA == "" {
 		c.Profiles.ServerRSA = "relaymesh-server-rsa"
 	}
-	if c.TLSRootsFile == "" {
-		c.TLSRootsFile = c.RootsFile
+	if c.TLSRootsFile == "" && len(c.TLSRootsPEM) == 0 {
+		if c.RootsFile != "" {
+			c.TLSRootsFile = c.RootsFile
+		} else {
+			c.TLSRootsPEM = c.RootsPEM
+		}
 	}
 	if c.ValidityLeeway == 0 {
 		c.ValidityLeeway = defaultValidityLeeway
@@ -168,13 +181,17 @@ func (c Config) Validate() error {
 	} else if _, err := parseURL(c.URL, c.AllowInsecureHTTP); err != nil {
 		errs = append(errs, fmt.Errorf("url: %w", err))
 	}
-	switch {
-	case c.AuthKeyFile == "" && c.AuthKeyEnv == "":
-		errs = append(errs, errors.New("authKeyFile, authKeyEnv: one is required"))
-	case c.AuthKeyFile != "" && c.AuthKeyEnv != "":
-		errs = append(errs, errors.New("authKeyFile, authKeyEnv: only one may be set"))
+	for _, err := range []error{
+		exactlyOne("authKeyFile, authKeyEnv: one is required (or authKey)", alternative{"authKeyFile", c.AuthKeyFile != ""}, alternative{"authKeyEnv", c.AuthKeyEnv != ""}, alternative{"authKey", len(c.AuthKey) != 0}),
+		exactlyOne("chainFile: required (or chainPEM)", alternative{"chainFile", c.ChainFile != ""}, alternative{"chainPEM", len(c.ChainPEM) != 0}),
+		exactlyOne("rootsFile: required (or rootsPEM)", alternative{"rootsFile", c.RootsFile != ""}, alternative{"rootsPEM", len(c.RootsPEM) != 0}),
+		exactlyOne("tlsRootsFile: required (or tlsRootsPEM)", alternative{"tlsRootsFile", c.TLSRootsFile != ""}, alternative{"tlsRootsPEM", len(c.TLSRootsPEM) != 0}),
+	} {
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
-	for field, v := range map[string]string{"profiles.client": c.Profiles.Client, "profiles.server": c.Profiles.Server, "profiles.serverRSA": c.Profiles.ServerRSA, "chainFile": c.ChainFile, "rootsFile": c.RootsFile, "tlsRootsFile": c.TLSRootsFile} {
+	for field, v := range map[string]string{"profiles.client": c.Profiles.Client, "profiles.server": c.Profiles.Server, "profiles.serverRSA": c.Profiles.ServerRSA} {
 		if v == "" {
 			errs = append(errs, fmt.Errorf("%s: required", field))
 		}
@@ -193,6 +210,31 @@ func (c Config) Validate() error {
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errors.Join(errs...)
+}
+
+// alternative is one of a group of fields of which one may be set.
+type alternative struct {
+	field string
+	set   bool
+}
+
+// exactlyOne reports a group of alternatives of which more than one is set
+// (naming those) or, unless missing is empty (an optional group), none
+// (with the message missing). It never quotes a value.
+func exactlyOne(missing string, alts ...alternative) error {
+	var set []string
+	for _, a := range alts {
+		if a.set {
+			set = append(set, a.field)
+		}
+	}
+	switch {
+	case len(set) == 0 && missing != "":
+		return errors.New(missing)
+	case len(set) > 1:
+		return fmt.Errorf("%s: only one may be set", strings.Join(set, ", "))
+	}
+	return nil
 }
 
 // parseURL accepts an http(s) URL without query or fragment; plain http
@@ -231,6 +273,8 @@ type signer struct {
 	chain    []*x509.Certificate
 	roots    []*x509.Certificate
 	leeway   ca.Leeway
+	// chainField names where chain came from, for messages.
+	chainField string
 }
 
 // New checks cfg, reads the certificates and the auth key, and asks the
@@ -250,33 +294,34 @@ func New(ctx context.Context, cfg Config) (ca.Signer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: cfssl: url: %w", ca.ErrInvalidSigner, err)
 	}
-	chain, err := ca.ReadCertificates(cfg.ChainFile)
+	chain, chainField, err := readCerts("chain", cfg.ChainFile, cfg.ChainPEM)
 	if err != nil {
-		return nil, fmt.Errorf("%w: cfssl: chainFile: %w", ca.ErrInvalidSigner, err)
+		return nil, err
 	}
-	roots, err := ca.ReadCertificates(cfg.RootsFile)
+	roots, _, err := readCerts("roots", cfg.RootsFile, cfg.RootsPEM)
 	if err != nil {
-		return nil, fmt.Errorf("%w: cfssl: rootsFile: %w", ca.ErrInvalidSigner, err)
+		return nil, err
 	}
 	if err := ca.VerifyChain(chain, roots, cfg.Clock()); err != nil {
 		return nil, fmt.Errorf("cfssl: %w", err)
 	}
-	tlsRoots, err := ca.ReadCertificates(cfg.TLSRootsFile)
+	tlsRoots, _, err := readCerts("tlsRoots", cfg.TLSRootsFile, cfg.TLSRootsPEM)
 	if err != nil {
-		return nil, fmt.Errorf("%w: cfssl: tlsRootsFile: %w", ca.ErrInvalidSigner, err)
+		return nil, err
 	}
 	provider, err := readAuthKey(cfg)
 	if err != nil {
 		return nil, err
 	}
 	s := &signer{
-		base:     base,
-		client:   newHTTPClient(tlsRoots, cfg.Timeout),
-		provider: provider,
-		profiles: cfg.Profiles,
-		chain:    chain,
-		roots:    roots,
-		leeway:   ca.Leeway{Serial: true, Validity: cfg.ValidityLeeway},
+		base:       base,
+		client:     newHTTPClient(tlsRoots, cfg.Timeout),
+		provider:   provider,
+		profiles:   cfg.Profiles,
+		chain:      chain,
+		roots:      roots,
+		leeway:     ca.Leeway{Serial: true, Validity: cfg.ValidityLeeway},
+		chainField: chainField,
 	}
 	if err := s.probe(ctx); err != nil {
 		s.client.CloseIdleConnections()
@@ -291,6 +336,26 @@ func New(ctx context.Context, cfg Config) (ca.Signer, error) {
 	}
 	cfg.Logger.Info("cfssl signer ready", "component", "ca/cfssl", "url", base.String(), "issuer", chain[0].Subject.String())
 	return s, nil
+}
+
+// readCerts reads the certificates of the field pair name (chain, roots,
+// tlsRoots) from file, or parses them from data. It returns the field it
+// used; errors name it.
+func readCerts(name, file string, data []byte) ([]*x509.Certificate, string, error) {
+	if file != "" {
+		field := name + "File"
+		certs, err := ca.ReadCertificates(file)
+		if err != nil {
+			return nil, field, fmt.Errorf("%w: cfssl: %s: %w", ca.ErrInvalidSigner, field, err)
+		}
+		return certs, field, nil
+	}
+	field := name + "PEM"
+	certs, err := pemutil.ParseCertificateBundle(data)
+	if err != nil {
+		return nil, field, fmt.Errorf("%w: cfssl: %s: %w", ca.ErrInvalidSigner, field, err)
+	}
+	return certs, field, nil
 }
 
 func newHTTPClient(roots []*x509.Certificate, timeout time.Duration) *http.Client {
@@ -316,17 +381,21 @@ func newHTTPClient(roots []*x509.Certificate, timeout time.Duration) *http.Clien
 	}
 }
 
-// readAuthKey reads the hex HMAC key; errors name the source, never the
-// content (cfssl's own parser would quote the first bad character).
+// readAuthKey reads the hex HMAC key, or takes cfg.AuthKey; errors name the
+// source, never the content (cfssl's own parser would quote the first bad
+// character).
 func readAuthKey(cfg Config) (auth.Provider, error) {
 	var raw, source string
-	if cfg.AuthKeyFile != "" {
+	switch {
+	case len(cfg.AuthKey) != 0:
+		raw, source = string(cfg.AuthKey), "field authKey"
+	case cfg.AuthKeyFile != "":
 		b, err := os.ReadFile(cfg.AuthKeyFile)
 		if err != nil {
 			return nil, fmt.Errorf("%w: cfssl: auth key file: %w", ca.ErrInvalidSigner, err)
 		}
 		raw, source = string(b), "file "+cfg.AuthKeyFile
-	} else {
+	default:
 		v, ok := os.LookupEnv(cfg.AuthKeyEnv)
 		if !ok {
 			return nil, fmt.Errorf("%w: cfssl: auth key environment variable %s is not set", ca.ErrInvalidSigner, cfg.AuthKeyEnv)
@@ -382,7 +451,7 @@ func (s *signer) probe(ctx context.Context) error {
 			return fmt.Errorf("%w: cfssl: info: %w", ca.ErrInvalidSigner, err)
 		}
 		if !cert.Equal(s.chain[0]) {
-			return fmt.Errorf("%w: cfssl: the server signs with certificate %q (serial %x), not with the first certificate of chainFile %q (serial %x)", ca.ErrInvalidSigner, cert.Subject, cert.SerialNumber, s.chain[0].Subject, s.chain[0].SerialNumber)
+			return fmt.Errorf("%w: cfssl: the server signs with certificate %q (serial %x), not with the first certificate of %s %q (serial %x)", ca.ErrInvalidSigner, cert.Subject, cert.SerialNumber, s.chainField, s.chain[0].Subject, s.chain[0].SerialNumber)
 		}
 		if !slices.Equal(resp.Usage, wantUsages[p.field]) {
 			return fmt.Errorf("%w: cfssl: profile %q (profiles.%s) has usages %q, want exactly %q (for a profile name it does not know, cfssl describes its default profile)", ca.ErrInvalidSigner, p.name, p.field, resp.Usage, wantUsages[p.field])

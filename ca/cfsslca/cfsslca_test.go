@@ -282,6 +282,13 @@ func TestNewRejects(t *testing.T) {
 		{"nobody listening", func(c *cfsslca.Config) { c.URL = "http://" + closed }, ca.ErrInvalidSigner, []string{"connection refused"}},
 		{"https to a plain http server", func(c *cfsslca.Config) { c.URL = strings.Replace(c.URL, "http:", "https:", 1) }, ca.ErrInvalidSigner, []string{"HTTP response to HTTPS client"}},
 		{"plain http off loopback", func(c *cfsslca.Config) { c.URL = "http://cfssl.example.test:8888" }, ca.ErrInvalidSigner, []string{"plain http is only allowed to a loopback host"}},
+		{"wrong auth key in memory", func(c *cfsslca.Config) { c.AuthKeyFile, c.AuthKey = "", []byte(strings.Repeat("ab", 32)) }, cfsslca.ErrAuth, []string{"refused the authentication key"}},
+		{"auth key in memory not hex", func(c *cfsslca.Config) { c.AuthKeyFile, c.AuthKey = "", []byte("zz"+srv.authKeyHex[2:]) }, ca.ErrInvalidSigner, []string{"is not hex", "field authKey"}},
+		{"auth key in memory and in a file", func(c *cfsslca.Config) { c.AuthKey = []byte(srv.authKeyHex) }, ca.ErrInvalidSigner, []string{"authKeyFile, authKey: only one may be set"}},
+		{"chain and roots in memory of another CA", func(c *cfsslca.Config) {
+			o := inMemory(t, other.config())
+			c.ChainFile, c.RootsFile, c.ChainPEM, c.RootsPEM = "", "", o.ChainPEM, o.RootsPEM
+		}, ca.ErrInvalidSigner, []string{"the server signs with certificate", "not with the first certificate of chainPEM"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -307,6 +314,92 @@ func TestNewRejects(t *testing.T) {
 	for _, s := range []*server{srv, other, badUsages, badIntermediate} {
 		assertNoSecret(t, s.proc.Log(t), s.authKeyHex, "cfssl's log")
 	}
+}
+
+// inMemory is cfg with the auth key, chain and roots (and TLS roots, if
+// any) in memory instead of in files, the way a caller holding a
+// Kubernetes Secret passes them.
+func inMemory(t testing.TB, cfg cfsslca.Config) cfsslca.Config {
+	t.Helper()
+	read := func(p string) []byte {
+		if p == "" {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		return b
+	}
+	cfg.AuthKey, cfg.ChainPEM, cfg.RootsPEM, cfg.TLSRootsPEM = read(cfg.AuthKeyFile), read(cfg.ChainFile), read(cfg.RootsFile), read(cfg.TLSRootsFile)
+	cfg.AuthKeyFile, cfg.ChainFile, cfg.RootsFile, cfg.TLSRootsFile = "", "", "", ""
+	return cfg
+}
+
+// TestInMemoryConfig: the auth key, chain, roots and TLS roots work from
+// memory as from files; without TLS roots of their own, the roots in
+// memory are the only ones trusted for HTTPS.
+func TestInMemoryConfig(t *testing.T) {
+	srv := startServer(t, serverOptions{https: true})
+	cfg := inMemory(t, srv.config())
+	require.NotEmpty(t, cfg.TLSRootsPEM)
+	a, err := ca.New(ca.Config{Signer: newSigner(t, cfg)})
+	require.NoError(t, err)
+	key := catest.NewKey(t, catest.ECDSAP256)
+	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
+	require.NoError(t, err)
+	iss, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate)
+	require.NoError(t, err)
+	catest.CheckIntermediateCertificate(t, iss, key.Public(), catest.Intermediate)
+
+	cfg.TLSRootsPEM = nil
+	_, err = cfsslca.New(context.Background(), cfg)
+	require.ErrorIs(t, err, ca.ErrInvalidSigner)
+	assert.ErrorContains(t, err, "certificate signed by unknown authority")
+	assertNoSecret(t, err.Error(), srv.authKeyHex, "the error")
+}
+
+// TestConfigValidateAlternatives: the auth key, chain, roots and TLS roots
+// each come from exactly one place; Validate names the places that
+// conflict or says what is missing, and never quotes the key.
+func TestConfigValidateAlternatives(t *testing.T) {
+	const authKey = "0123456789abcdef0123456789abcdef"
+	valid := cfsslca.Config{URL: "http://127.0.0.1:8888", AuthKey: []byte(authKey), ChainPEM: []byte("c"), RootsPEM: []byte("r")}.Default()
+	require.NoError(t, valid.Validate(), "everything in memory")
+	assert.Equal(t, valid.RootsPEM, valid.TLSRootsPEM, "TLS roots default to the roots in memory")
+	tests := []struct {
+		name   string
+		modify func(c *cfsslca.Config)
+		want   []string
+	}{
+		{"auth key in memory and in a file", func(c *cfsslca.Config) { c.AuthKeyFile = "k" }, []string{"authKeyFile, authKey: only one may be set"}},
+		{"auth key from all three", func(c *cfsslca.Config) { c.AuthKeyFile, c.AuthKeyEnv = "k", "K" }, []string{"authKeyFile, authKeyEnv, authKey: only one may be set"}},
+		{"no auth key", func(c *cfsslca.Config) { c.AuthKey = nil }, []string{"authKeyFile, authKeyEnv: one is required (or authKey)"}},
+		{"chain twice", func(c *cfsslca.Config) { c.ChainFile = "chain.pem" }, []string{"chainFile, chainPEM: only one may be set"}},
+		{"roots twice", func(c *cfsslca.Config) { c.RootsFile = "roots.pem" }, []string{"rootsFile, rootsPEM: only one may be set"}},
+		{"TLS roots twice", func(c *cfsslca.Config) { c.TLSRootsFile = "tls.pem" }, []string{"tlsRootsFile, tlsRootsPEM: only one may be set"}},
+		{"no chain, no roots", func(c *cfsslca.Config) { c.ChainPEM, c.RootsPEM, c.TLSRootsPEM = nil, nil, nil }, []string{"chainFile: required (or chainPEM)", "rootsFile: required (or rootsPEM)", "tlsRootsFile: required (or tlsRootsPEM)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := valid
+			tt.modify(&cfg)
+			err := cfg.Validate()
+			require.Error(t, err)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			assertNoSecret(t, err.Error(), authKey, "the error")
+			_, err = cfsslca.New(context.Background(), cfg)
+			require.ErrorIs(t, err, ca.ErrInvalidSigner)
+			assertNoSecret(t, err.Error(), authKey, "the error")
+		})
+	}
+	t.Run("roots given twice are not reported for the TLS roots as well", func(t *testing.T) {
+		cfg := valid
+		cfg.TLSRootsPEM, cfg.RootsFile = nil, "roots.pem"
+		err := cfg.Default().Validate()
+		assert.ErrorContains(t, err, "rootsFile, rootsPEM: only one may be set")
+		assert.NotContains(t, err.Error(), "tlsRoots")
+	})
 }
 
 func TestConfigValidate(t *testing.T) {

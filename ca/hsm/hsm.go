@@ -1,7 +1,8 @@
 // Package hsm is the pkcs11 signer back end: the relay CA key lives in a
 // hardware security module (or any PKCS#11 token, such as SoftHSM) and
 // never leaves it. The CA certificate, its intermediates and the roots are
-// ordinary PEM files; every signature is made by the token.
+// ordinary PEM, in files or in memory; every signature is made by the
+// token.
 //
 // It uses the PKCS#11 key manager of go.step.sm/crypto/kms (which needs
 // cgo) and wraps the token's key in ca.NewKeySigner, so an HSM-backed CA
@@ -9,9 +10,10 @@
 // Leeway.
 //
 // The user PIN comes from a file or an environment variable named in the
-// Config, never from the Config itself. It is used to log in to the token
-// and then forgotten by this package; it never appears in an error or a log
-// line (errors from the PKCS#11 stack are scrubbed of it as well).
+// Config, or from the Config itself (PIN, for a caller that read it from a
+// Kubernetes Secret). It is used to log in to the token and then forgotten
+// by this package; it never appears in an error or a log line (errors from
+// the PKCS#11 stack are scrubbed of it as well).
 package hsm
 
 import (
@@ -32,6 +34,7 @@ import (
 	"go.step.sm/crypto/kms/apiv1"
 	kmspkcs11 "go.step.sm/crypto/kms/pkcs11"
 	"go.step.sm/crypto/kms/uri"
+	"go.step.sm/crypto/pemutil"
 
 	"github.com/relaymesh/relaymesh/ca"
 )
@@ -50,15 +53,21 @@ type Config struct {
 	KeyLabel string
 	KeyID    string
 	// PINFile is a file holding the token's user PIN (trailing white space
-	// ignored); PINEnv is the name of an environment variable holding it.
-	// Exactly one is required. The PIN is never logged or put in an error.
+	// ignored); PINEnv is the name of an environment variable holding it;
+	// PIN is the PIN itself (trailing white space ignored). Exactly one is
+	// required. The PIN is never logged or put in an error.
 	PINFile string
 	PINEnv  string
+	PIN     []byte
 	// ChainFile holds the PEM CA certificate of the token's key, then any
-	// intermediates above it in order. Required.
+	// intermediates above it in order; ChainPEM is the same PEM in memory.
+	// Exactly one is required.
 	ChainFile string
-	// RootsFile holds the PEM roots the chain verifies to. Required.
+	ChainPEM  []byte
+	// RootsFile holds the PEM roots the chain verifies to; RootsPEM is the
+	// same PEM in memory. Exactly one is required.
 	RootsFile string
+	RootsPEM  []byte
 	// Clock returns the current time; default time.Now.
 	Clock func() time.Time
 	// Logger receives start-up and shutdown messages; default: discarded.
@@ -87,8 +96,6 @@ func (c Config) Validate() error {
 	}
 	required("modulePath", c.ModulePath)
 	required("tokenLabel", c.TokenLabel)
-	required("chainFile", c.ChainFile)
-	required("rootsFile", c.RootsFile)
 	if c.KeyLabel == "" && c.KeyID == "" {
 		errs = append(errs, errors.New("keyLabel, keyID: at least one is required"))
 	}
@@ -97,11 +104,14 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("keyID: %q is not an even number of hex digits", c.KeyID))
 		}
 	}
-	switch {
-	case c.PINFile == "" && c.PINEnv == "":
-		errs = append(errs, errors.New("pinFile, pinEnv: one is required"))
-	case c.PINFile != "" && c.PINEnv != "":
-		errs = append(errs, errors.New("pinFile, pinEnv: only one may be set"))
+	for _, err := range []error{
+		exactlyOne("pinFile, pinEnv: one is required (or pin)", alternative{"pinFile", c.PINFile != ""}, alternative{"pinEnv", c.PINEnv != ""}, alternative{"pin", len(c.PIN) != 0}),
+		exactlyOne("chainFile: required (or chainPEM)", alternative{"chainFile", c.ChainFile != ""}, alternative{"chainPEM", len(c.ChainPEM) != 0}),
+		exactlyOne("rootsFile: required (or rootsPEM)", alternative{"rootsFile", c.RootsFile != ""}, alternative{"rootsPEM", len(c.RootsPEM) != 0}),
+	} {
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.Clock == nil {
 		errs = append(errs, errors.New("clock: required"))
@@ -110,6 +120,31 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("logger: required"))
 	}
 	return errors.Join(errs...)
+}
+
+// alternative is one of a group of fields of which one may be set.
+type alternative struct {
+	field string
+	set   bool
+}
+
+// exactlyOne reports a group of alternatives of which more than one is set
+// (naming those) or, unless missing is empty (an optional group), none
+// (with the message missing). It never quotes a value.
+func exactlyOne(missing string, alts ...alternative) error {
+	var set []string
+	for _, a := range alts {
+		if a.set {
+			set = append(set, a.field)
+		}
+	}
+	switch {
+	case len(set) == 0 && missing != "":
+		return errors.New(missing)
+	case len(set) > 1:
+		return fmt.Errorf("%s: only one may be set", strings.Join(set, ", "))
+	}
+	return nil
 }
 
 // signer is a ca.Signer whose key lives on a PKCS#11 token.
@@ -136,7 +171,11 @@ func New(ctx context.Context, cfg Config) (ca.Signer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	chain, roots, err := readCerts(cfg.ChainFile, cfg.RootsFile)
+	chain, err := readCerts("chain", cfg.ChainFile, cfg.ChainPEM)
+	if err != nil {
+		return nil, err
+	}
+	roots, err := readCerts("roots", cfg.RootsFile, cfg.RootsPEM)
 	if err != nil {
 		return nil, err
 	}
@@ -220,17 +259,20 @@ func keyName(cfg Config) string {
 	return "with " + strings.Join(parts, " and ")
 }
 
-// readPIN reads the PIN from the file or environment variable cfg names.
-// Errors name the source, never the content.
+// readPIN reads the PIN from the file or environment variable cfg names, or
+// takes cfg.PIN. Errors name the source, never the content.
 func readPIN(cfg Config) (string, error) {
 	var pin string
-	if cfg.PINFile != "" {
+	switch {
+	case len(cfg.PIN) != 0:
+		pin = strings.TrimRight(string(cfg.PIN), " \t\r\n")
+	case cfg.PINFile != "":
 		b, err := os.ReadFile(cfg.PINFile)
 		if err != nil {
 			return "", fmt.Errorf("%w: pkcs11: PIN file: %w", ca.ErrInvalidSigner, err)
 		}
 		pin = strings.TrimRight(string(b), " \t\r\n")
-	} else {
+	default:
 		v, ok := os.LookupEnv(cfg.PINEnv)
 		if !ok {
 			return "", fmt.Errorf("%w: pkcs11: PIN environment variable %s is not set", ca.ErrInvalidSigner, cfg.PINEnv)
@@ -244,7 +286,10 @@ func readPIN(cfg Config) (string, error) {
 }
 
 func pinSource(cfg Config) string {
-	if cfg.PINFile != "" {
+	switch {
+	case len(cfg.PIN) != 0:
+		return "field pin"
+	case cfg.PINFile != "":
 		return "file " + cfg.PINFile
 	}
 	return "environment variable " + cfg.PINEnv
@@ -293,15 +338,19 @@ func scrub(msg, pin string) string {
 	return strings.ReplaceAll(msg, pin, "[PIN]")
 }
 
-// readCerts reads the chain and roots PEM files.
-func readCerts(chainFile, rootsFile string) (chain, roots []*x509.Certificate, err error) {
-	chain, err = ca.ReadCertificates(chainFile)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: pkcs11: chainFile: %w", ca.ErrInvalidSigner, err)
+// readCerts reads the certificates of the field pair name (chain, roots)
+// from file, or parses them from data. Errors name the field.
+func readCerts(name, file string, data []byte) ([]*x509.Certificate, error) {
+	if file != "" {
+		certs, err := ca.ReadCertificates(file)
+		if err != nil {
+			return nil, fmt.Errorf("%w: pkcs11: %sFile: %w", ca.ErrInvalidSigner, name, err)
+		}
+		return certs, nil
 	}
-	roots, err = ca.ReadCertificates(rootsFile)
+	certs, err := pemutil.ParseCertificateBundle(data)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: pkcs11: rootsFile: %w", ca.ErrInvalidSigner, err)
+		return nil, fmt.Errorf("%w: pkcs11: %sPEM: %w", ca.ErrInvalidSigner, name, err)
 	}
-	return chain, roots, nil
+	return certs, nil
 }

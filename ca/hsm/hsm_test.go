@@ -190,6 +190,20 @@ func config(t testing.TB, c tokenCA) hsm.Config {
 	}
 }
 
+// inMemory is cfg with the PIN, chain and roots in memory instead of in
+// files, the way a caller holding a Kubernetes Secret passes them.
+func inMemory(t testing.TB, cfg hsm.Config) hsm.Config {
+	t.Helper()
+	read := func(p string) []byte {
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		return b
+	}
+	cfg.PIN, cfg.ChainPEM, cfg.RootsPEM = []byte(userPIN+"\n"), read(cfg.ChainFile), read(cfg.RootsFile)
+	cfg.PINFile, cfg.ChainFile, cfg.RootsFile = "", "", ""
+	return cfg
+}
+
 func newSigner(t testing.TB, cfg hsm.Config) ca.Signer {
 	t.Helper()
 	s, err := hsm.New(context.Background(), cfg)
@@ -202,6 +216,11 @@ func TestSignerConformance(t *testing.T) {
 	t.Run("intermediate whose key is on the token", func(t *testing.T) {
 		catest.RunSignerConformance(t, func(t *testing.T) ca.Signer {
 			return newSigner(t, config(t, newCA(t, false)))
+		})
+	})
+	t.Run("PIN, chain and roots in memory", func(t *testing.T) {
+		catest.RunSignerConformance(t, func(t *testing.T) ca.Signer {
+			return newSigner(t, inMemory(t, config(t, newCA(t, false))))
 		})
 	})
 	t.Run("self-signed root on the token, key by label only, PIN from the environment", func(t *testing.T) {
@@ -244,6 +263,11 @@ func TestNewRejects(t *testing.T) {
 		{"module is not a PKCS#11 library", func(c *hsm.Config) { c.ModulePath = wrongPIN }, []string{"module could not be loaded"}},
 		{"missing token", func(c *hsm.Config) { c.TokenLabel = "no-such-token" }, []string{"no token", `"no-such-token"`}},
 		{"missing chain file", func(c *hsm.Config) { c.ChainFile = filepath.Join(dir, "nope.pem") }, []string{"chainFile"}},
+		{"wrong PIN in memory", func(c *hsm.Config) { c.PINFile, c.PIN = "", []byte("wrong-"+userPIN) }, []string{"wrong PIN", tokenLabel}},
+		{"empty PIN in memory", func(c *hsm.Config) { c.PINFile, c.PIN = "", []byte(" \n") }, []string{"PIN", "is empty", "field pin"}},
+		{"chain in memory is no PEM", func(c *hsm.Config) { c.ChainFile, c.ChainPEM = "", []byte("garbage") }, []string{"chainPEM"}},
+		{"certificate in memory of another key", func(c *hsm.Config) { *c = inMemory(t, *c); c.ChainPEM = inMemory(t, config(t, other)).ChainPEM }, []string{"does not belong"}},
+		{"PIN in memory and in a file", func(c *hsm.Config) { c.PIN = []byte(userPIN) }, []string{"pinFile, pin: only one may be set"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -289,6 +313,43 @@ func TestConfigValidate(t *testing.T) {
 	err = hsm.Config{}.Default().Validate()
 	assert.ErrorContains(t, err, "keyLabel, keyID: at least one is required")
 	assert.ErrorContains(t, err, "pinFile, pinEnv: one is required")
+}
+
+// TestConfigValidateAlternatives: the PIN, the chain and the roots each
+// come from exactly one place; Validate names the places that conflict or
+// says what is missing, and never quotes the PIN.
+func TestConfigValidateAlternatives(t *testing.T) {
+	valid := hsm.Config{ModulePath: "/m.so", TokenLabel: "t", KeyLabel: "k", PIN: []byte(userPIN), ChainPEM: []byte("c"), RootsPEM: []byte("r")}.Default()
+	require.NoError(t, valid.Validate(), "everything in memory")
+	tests := []struct {
+		name   string
+		modify func(c *hsm.Config)
+		want   []string
+	}{
+		{"PIN in memory and in a file", func(c *hsm.Config) { c.PINFile = "pin" }, []string{"pinFile, pin: only one may be set"}},
+		{"PIN in memory and in the environment", func(c *hsm.Config) { c.PINEnv = "PIN" }, []string{"pinEnv, pin: only one may be set"}},
+		{"PIN from all three", func(c *hsm.Config) { c.PINFile, c.PINEnv = "pin", "PIN" }, []string{"pinFile, pinEnv, pin: only one may be set"}},
+		{"no PIN", func(c *hsm.Config) { c.PIN = nil }, []string{"pinFile, pinEnv: one is required (or pin)"}},
+		{"empty PIN is no PIN", func(c *hsm.Config) { c.PIN = []byte{} }, []string{"pinFile, pinEnv: one is required (or pin)"}},
+		{"chain twice", func(c *hsm.Config) { c.ChainFile = "chain.pem" }, []string{"chainFile, chainPEM: only one may be set"}},
+		{"roots twice", func(c *hsm.Config) { c.RootsFile = "roots.pem" }, []string{"rootsFile, rootsPEM: only one may be set"}},
+		{"no chain, no roots", func(c *hsm.Config) { c.ChainPEM, c.RootsPEM = nil, nil }, []string{"chainFile: required (or chainPEM)", "rootsFile: required (or rootsPEM)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := valid
+			tt.modify(&cfg)
+			err := cfg.Validate()
+			require.Error(t, err)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			assert.NotContains(t, err.Error(), userPIN, "the PIN leaked into the error")
+			_, err = hsm.New(context.Background(), cfg)
+			require.ErrorIs(t, err, ca.ErrInvalidSigner)
+			assert.NotContains(t, err.Error(), userPIN, "the PIN leaked into the error")
+		})
+	}
 }
 
 func TestNewHonoursContext(t *testing.T) {

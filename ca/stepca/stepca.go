@@ -60,9 +60,11 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"go.step.sm/crypto/jose"
 	"go.step.sm/crypto/keyutil"
+	"go.step.sm/crypto/pemutil"
 	"go.step.sm/crypto/x509util"
 
 	"github.com/relaymesh/relaymesh/ca"
@@ -110,19 +112,30 @@ type Config struct {
 	Provisioner string
 	// ProvisionerKeyFile holds the provisioner's private key: a JWK, a JWE
 	// encrypted one (the provisioner's encryptedKey in ca.json, saved to a
-	// file) or a PEM key. Required. Never logged or put in an error.
+	// file) or a PEM key; ProvisionerKey is the same key in memory. Exactly
+	// one is required. Never logged or put in an error.
 	ProvisionerKeyFile string
-	// ProvisionerPasswordFile holds the password of an encrypted key.
+	ProvisionerKey     []byte
+	// ProvisionerPasswordFile holds the password of an encrypted key;
+	// ProvisionerPassword is the password itself. At most one may be set;
+	// trailing white space is ignored. Never logged or put in an error.
 	ProvisionerPasswordFile string
+	ProvisionerPassword     []byte
 	// ChainFile holds the PEM certificate step-ca signs with (its
-	// intermediate), then any intermediates above it in order. Required.
+	// intermediate), then any intermediates above it in order; ChainPEM is
+	// the same PEM in memory. Exactly one is required.
 	ChainFile string
-	// RootsFile holds the PEM roots the chain verifies to. Required.
+	ChainPEM  []byte
+	// RootsFile holds the PEM roots the chain verifies to; RootsPEM is the
+	// same PEM in memory. Exactly one is required.
 	RootsFile string
+	RootsPEM  []byte
 	// TLSRootsFile holds the PEM roots step-ca's HTTPS certificate must
-	// chain to; default RootsFile (step-ca serves a certificate of its own
-	// CA). No other root is trusted.
+	// chain to; TLSRootsPEM is the same PEM in memory. Default (neither
+	// set): the roots, RootsFile or RootsPEM (step-ca serves a certificate
+	// of its own CA). No other root is trusted.
 	TLSRootsFile string
+	TLSRootsPEM  []byte
 	// TokenLifetime is how long a one-time token is valid; default 1m, at
 	// most 5m.
 	TokenLifetime time.Duration
@@ -136,8 +149,12 @@ type Config struct {
 
 // Default returns c with every zero field that has a default set.
 func (c Config) Default() Config {
-	if c.TLSRootsFile == "" {
-		c.TLSRootsFile = c.RootsFile
+	if c.TLSRootsFile == "" && len(c.TLSRootsPEM) == 0 {
+		if c.RootsFile != "" {
+			c.TLSRootsFile = c.RootsFile
+		} else {
+			c.TLSRootsPEM = c.RootsPEM
+		}
 	}
 	if c.TokenLifetime == 0 {
 		c.TokenLifetime = defaultTokenLifetime
@@ -163,12 +180,18 @@ func (c Config) Validate() error {
 	} else if _, err := parseURL(c.URL); err != nil {
 		errs = append(errs, fmt.Errorf("url: %w", err))
 	}
-	for _, f := range []struct{ field, v string }{
-		{"provisioner", c.Provisioner}, {"provisionerKeyFile", c.ProvisionerKeyFile},
-		{"chainFile", c.ChainFile}, {"rootsFile", c.RootsFile}, {"tlsRootsFile", c.TLSRootsFile},
+	if c.Provisioner == "" {
+		errs = append(errs, errors.New("provisioner: required"))
+	}
+	for _, err := range []error{
+		exactlyOne("provisionerKeyFile: required (or provisionerKey)", alternative{"provisionerKeyFile", c.ProvisionerKeyFile != ""}, alternative{"provisionerKey", len(c.ProvisionerKey) != 0}),
+		exactlyOne("", alternative{"provisionerPasswordFile", c.ProvisionerPasswordFile != ""}, alternative{"provisionerPassword", len(c.ProvisionerPassword) != 0}),
+		exactlyOne("chainFile: required (or chainPEM)", alternative{"chainFile", c.ChainFile != ""}, alternative{"chainPEM", len(c.ChainPEM) != 0}),
+		exactlyOne("rootsFile: required (or rootsPEM)", alternative{"rootsFile", c.RootsFile != ""}, alternative{"rootsPEM", len(c.RootsPEM) != 0}),
+		exactlyOne("tlsRootsFile: required (or tlsRootsPEM)", alternative{"tlsRootsFile", c.TLSRootsFile != ""}, alternative{"tlsRootsPEM", len(c.TLSRootsPEM) != 0}),
 	} {
-		if f.v == "" {
-			errs = append(errs, fmt.Errorf("%s: required", f.field))
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if c.TokenLifetime <= 0 || c.TokenLifetime > maxTokenLifetime {
@@ -184,6 +207,31 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("logger: required"))
 	}
 	return errors.Join(errs...)
+}
+
+// alternative is one of a group of fields of which one may be set.
+type alternative struct {
+	field string
+	set   bool
+}
+
+// exactlyOne reports a group of alternatives of which more than one is set
+// (naming those) or, unless missing is empty (an optional group), none
+// (with the message missing). It never quotes a value.
+func exactlyOne(missing string, alts ...alternative) error {
+	var set []string
+	for _, a := range alts {
+		if a.set {
+			set = append(set, a.field)
+		}
+	}
+	switch {
+	case len(set) == 0 && missing != "":
+		return errors.New(missing)
+	case len(set) > 1:
+		return fmt.Errorf("%s: only one may be set", strings.Join(set, ", "))
+	}
+	return nil
 }
 
 func parseURL(raw string) (*url.URL, error) {
@@ -212,6 +260,9 @@ type signer struct {
 	clock       func() time.Time
 	chain       []*x509.Certificate
 	roots       []*x509.Certificate
+	// keyField, chainField and rootsField name where the provisioner key,
+	// chain and roots came from, for messages.
+	keyField, chainField, rootsField string
 }
 
 // New checks cfg, reads the certificates and the provisioner key, and asks
@@ -246,22 +297,22 @@ func newSigner(cfg Config) (*signer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: step-ca: url: %w", ca.ErrInvalidSigner, err)
 	}
-	chain, err := ca.ReadCertificates(cfg.ChainFile)
+	chain, chainField, err := readCerts("chain", cfg.ChainFile, cfg.ChainPEM)
 	if err != nil {
-		return nil, fmt.Errorf("%w: step-ca: chainFile: %w", ca.ErrInvalidSigner, err)
+		return nil, err
 	}
-	roots, err := ca.ReadCertificates(cfg.RootsFile)
+	roots, rootsField, err := readCerts("roots", cfg.RootsFile, cfg.RootsPEM)
 	if err != nil {
-		return nil, fmt.Errorf("%w: step-ca: rootsFile: %w", ca.ErrInvalidSigner, err)
+		return nil, err
 	}
 	if err := ca.VerifyChain(chain, roots, cfg.Clock()); err != nil {
 		return nil, fmt.Errorf("step-ca: %w", err)
 	}
-	tlsRoots, err := ca.ReadCertificates(cfg.TLSRootsFile)
+	tlsRoots, _, err := readCerts("tlsRoots", cfg.TLSRootsFile, cfg.TLSRootsPEM)
 	if err != nil {
-		return nil, fmt.Errorf("%w: step-ca: tlsRootsFile: %w", ca.ErrInvalidSigner, err)
+		return nil, err
 	}
-	key, err := readKey(cfg)
+	key, keyField, err := readKey(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -282,7 +333,30 @@ func newSigner(cfg Config) (*signer, error) {
 		clock:       cfg.Clock,
 		chain:       chain,
 		roots:       roots,
+		keyField:    keyField,
+		chainField:  chainField,
+		rootsField:  rootsField,
 	}, nil
+}
+
+// readCerts reads the certificates of the field pair name (chain, roots,
+// tlsRoots) from file, or parses them from data. It returns the field it
+// used; errors name it.
+func readCerts(name, file string, data []byte) ([]*x509.Certificate, string, error) {
+	if file != "" {
+		field := name + "File"
+		certs, err := ca.ReadCertificates(file)
+		if err != nil {
+			return nil, field, fmt.Errorf("%w: step-ca: %s: %w", ca.ErrInvalidSigner, field, err)
+		}
+		return certs, field, nil
+	}
+	field := name + "PEM"
+	certs, err := pemutil.ParseCertificateBundle(data)
+	if err != nil {
+		return nil, field, fmt.Errorf("%w: step-ca: %s: %w", ca.ErrInvalidSigner, field, err)
+	}
+	return certs, field, nil
 }
 
 func newHTTPClient(roots []*x509.Certificate, timeout time.Duration) *http.Client {
@@ -307,38 +381,60 @@ func newHTTPClient(roots []*x509.Certificate, timeout time.Duration) *http.Clien
 	}
 }
 
-// readKey reads the provisioner's private key, decrypting it with the
-// password file if it is encrypted. It never prompts.
-func readKey(cfg Config) (*jose.JSONWebKey, error) {
+// errNoPassword: the provisioner key is encrypted, and no password is set.
+var errNoPassword = errors.New("the key is encrypted and no provisionerPasswordFile or provisionerPassword is set")
+
+// readKey reads the provisioner's private key from its file, or parses
+// cfg.ProvisionerKey, decrypting it with the password (file) if it is
+// encrypted. It never prompts. It returns the field the key came from;
+// errors name the source, never the content.
+func readKey(cfg Config) (*jose.JSONWebKey, string, error) {
 	opts := []jose.Option{jose.WithPasswordPrompter("", func(string) ([]byte, error) {
-		return nil, errors.New("the key is encrypted and no provisionerPasswordFile is set")
+		return nil, errNoPassword
 	})}
-	if cfg.ProvisionerPasswordFile != "" {
+	passwordField := "provisionerPasswordFile"
+	switch {
+	case len(cfg.ProvisionerPassword) != 0:
+		passwordField = "provisionerPassword"
+		opts = append(opts, jose.WithPassword(bytes.TrimRightFunc(cfg.ProvisionerPassword, unicode.IsSpace)))
+	case cfg.ProvisionerPasswordFile != "":
 		opts = append(opts, jose.WithPasswordFile(cfg.ProvisionerPasswordFile))
 	}
-	key, err := jose.ReadKey(cfg.ProvisionerKeyFile, opts...)
+	var (
+		key    *jose.JSONWebKey
+		err    error
+		field  = "provisionerKey"
+		source = "provisioner key (provisionerKey)"
+	)
+	if cfg.ProvisionerKeyFile != "" {
+		field, source = "provisionerKeyFile", "provisioner key "+cfg.ProvisionerKeyFile
+		key, err = jose.ReadKey(cfg.ProvisionerKeyFile, opts...)
+	} else {
+		key, err = jose.ParseKey(cfg.ProvisionerKey, opts...)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: step-ca: provisioner key %s: %s", ca.ErrInvalidSigner, cfg.ProvisionerKeyFile, keyError(err))
+		return nil, field, fmt.Errorf("%w: step-ca: %s: %s", ca.ErrInvalidSigner, source, keyError(err, passwordField))
 	}
 	if key.IsPublic() || jose.IsSymmetric(key) {
-		return nil, fmt.Errorf("%w: step-ca: provisioner key %s is not a private key", ca.ErrInvalidSigner, cfg.ProvisionerKeyFile)
+		return nil, field, fmt.Errorf("%w: step-ca: %s is not a private key", ca.ErrInvalidSigner, source)
 	}
 	if key.KeyID == "" {
 		if key.KeyID, err = jose.Thumbprint(key); err != nil {
-			return nil, fmt.Errorf("%w: step-ca: provisioner key %s: no key id and no thumbprint", ca.ErrInvalidSigner, cfg.ProvisionerKeyFile)
+			return nil, field, fmt.Errorf("%w: step-ca: %s: no key id and no thumbprint", ca.ErrInvalidSigner, source)
 		}
 	}
-	return key, nil
+	return key, field, nil
 }
 
-// keyError explains a key-reading error without quoting the file.
-func keyError(err error) string {
+// keyError explains a key-reading error without quoting the key, the
+// password or the file; passwordField names where the password came from.
+func keyError(err error, passwordField string) string {
 	msg := err.Error()
 	switch {
 	case strings.Contains(msg, "invalid password"):
-		return "wrong password (provisionerPasswordFile)"
-	case strings.Contains(msg, "no provisionerPasswordFile"):
-		return "the key is encrypted and no provisionerPasswordFile is set"
+		return "wrong password (" + passwordField + ")"
+	case strings.Contains(msg, errNoPassword.Error()):
+		return errNoPassword.Error()
 	case strings.Contains(msg, "no such file"), strings.Contains(msg, "permission denied"):
 		return "cannot read the file (or the password file)"
 	}
@@ -510,7 +606,7 @@ func (s *signer) probe(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", ca.ErrInvalidSigner, err)
 	}
 	if len(intermediates) == 0 || !intermediates[0].Equal(s.chain[0]) {
-		return fail("the server does not sign with the first certificate of chainFile %q (serial %x)", s.chain[0].Subject, s.chain[0].SerialNumber)
+		return fail("the server does not sign with the first certificate of %s %q (serial %x)", s.chainField, s.chain[0].Subject, s.chain[0].SerialNumber)
 	}
 	if err := s.call(ctx, http.MethodGet, "1.0/roots.pem", nil, func(b []byte) (err error) {
 		roots, err = parseCertificates(string(b))
@@ -519,7 +615,7 @@ func (s *signer) probe(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", ca.ErrInvalidSigner, err)
 	}
 	if !slices.ContainsFunc(s.roots, func(r *x509.Certificate) bool { return slices.ContainsFunc(roots, r.Equal) }) {
-		return fail("none of the server's roots is in rootsFile")
+		return fail("none of the server's roots is in %s", s.rootsField)
 	}
 	return s.checkProvisioner(ctx)
 }
@@ -557,7 +653,7 @@ func (s *signer) checkProvisioner(ctx context.Context) error {
 				continue
 			}
 			if !keyutil.Equal(pub.Key, s.key.Public().Key) {
-				return fmt.Errorf("%w: step-ca: provisioner %q with key id %s has another public key than provisionerKeyFile", ca.ErrInvalidSigner, p.Name, pub.KeyID)
+				return fmt.Errorf("%w: step-ca: provisioner %q with key id %s has another public key than %s", ca.ErrInvalidSigner, p.Name, pub.KeyID, s.keyField)
 			}
 			return nil
 		}
@@ -566,7 +662,7 @@ func (s *signer) checkProvisioner(ctx context.Context) error {
 		}
 		cursor = page.NextCursor
 	}
-	return fmt.Errorf("%w: step-ca: no JWK provisioner %q with key id %s (the key in provisionerKeyFile)", ca.ErrInvalidSigner, s.provisioner, s.key.KeyID)
+	return fmt.Errorf("%w: step-ca: no JWK provisioner %q with key id %s (the key in %s)", ca.ErrInvalidSigner, s.provisioner, s.key.KeyID, s.keyField)
 }
 
 // call sends a request and hands a 2xx response body to decode. step-ca

@@ -244,6 +244,25 @@ func TestNewRejects(t *testing.T) {
 		}, []string{"does not sign with the first certificate of chainFile"}},
 		{"TLS not pinned to the server's root", func(c *stepca.Config) { c.ChainFile, c.RootsFile = other.chainFile, other.rootsFile }, []string{"certificate signed by unknown authority"}},
 		{"plain http", func(c *stepca.Config) { c.URL = strings.Replace(c.URL, "https:", "http:", 1) }, []string{"scheme must be https"}},
+		{"wrong password in memory", func(c *stepca.Config) {
+			*c = inMemory(t, *c)
+			c.ProvisionerPassword = []byte("wrong-" + keyPassword)
+		}, []string{"wrong password (provisionerPassword)"}},
+		{"encrypted key in memory, no password", func(c *stepca.Config) { *c = inMemory(t, *c); c.ProvisionerPassword = nil }, []string{"encrypted and no provisionerPasswordFile or provisionerPassword"}},
+		{"not a key in memory", func(c *stepca.Config) {
+			*c = inMemory(t, *c)
+			c.ProvisionerKey, c.ProvisionerPassword = []byte("not a key "+keyPassword), nil
+		}, []string{"provisioner key (provisionerKey)", "not a JWK"}},
+		{"key in memory of another CA's provisioner", func(c *stepca.Config) {
+			*c = inMemory(t, *c)
+			c.ProvisionerKey, c.ProvisionerPassword = inMemory(t, other.plainConfig()).ProvisionerKey, nil
+		}, []string{`no JWK provisioner "relaymesh" with key id ` + other.key.KeyID, "(the key in provisionerKey)"}},
+		{"another CA's chain in memory", func(c *stepca.Config) {
+			*c = inMemory(t, srv.plainConfig())
+			o := inMemory(t, other.config())
+			c.ChainPEM, c.RootsPEM, c.TLSRootsPEM = o.ChainPEM, o.RootsPEM, inMemory(t, srv.config()).RootsPEM
+		}, []string{"does not sign with the first certificate of chainPEM"}},
+		{"password in memory and in a file", func(c *stepca.Config) { c.ProvisionerPassword = []byte(keyPassword) }, []string{"provisionerPasswordFile, provisionerPassword: only one may be set"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -386,6 +405,91 @@ func TestRequestedNamesAreRefused(t *testing.T) {
 	require.ErrorIs(t, err, ca.ErrIssuance)
 	assert.Nil(t, iss)
 	t.Logf("error: %v", err)
+}
+
+// inMemory is cfg with the provisioner key, its password, the chain and
+// the roots (and TLS roots, if any) in memory instead of in files, the way
+// a caller holding a Kubernetes Secret passes them.
+func inMemory(t testing.TB, cfg stepca.Config) stepca.Config {
+	t.Helper()
+	read := func(p string) []byte {
+		if p == "" {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		return b
+	}
+	cfg.ProvisionerKey, cfg.ProvisionerPassword = read(cfg.ProvisionerKeyFile), read(cfg.ProvisionerPasswordFile)
+	cfg.ChainPEM, cfg.RootsPEM, cfg.TLSRootsPEM = read(cfg.ChainFile), read(cfg.RootsFile), read(cfg.TLSRootsFile)
+	cfg.ProvisionerKeyFile, cfg.ProvisionerPasswordFile = "", ""
+	cfg.ChainFile, cfg.RootsFile, cfg.TLSRootsFile = "", "", ""
+	return cfg
+}
+
+// TestInMemoryConfig: the encrypted provisioner key (as ca.json keeps it),
+// its password (with a trailing newline, as a Secret made from a file has
+// it), the chain and the roots work from memory as from files; the roots
+// in memory are the only ones trusted for HTTPS.
+func TestInMemoryConfig(t *testing.T) {
+	srv := startServer(t, serverOptions{})
+	cfg := inMemory(t, srv.config())
+	require.Equal(t, keyPassword+"\n", string(cfg.ProvisionerPassword))
+	a, err := ca.New(ca.Config{Signer: newSigner(t, cfg)})
+	require.NoError(t, err)
+	key := catest.NewKey(t, catest.ECDSAP256)
+	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
+	require.NoError(t, err)
+	iss, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate)
+	require.NoError(t, err)
+	catest.CheckIntermediateCertificate(t, iss, key.Public(), catest.Intermediate)
+
+	other := catest.NewRoot(t, catest.CAOptions{})
+	cfg.TLSRootsPEM = other.RootsPEM()
+	_, err = stepca.New(context.Background(), cfg)
+	require.ErrorIs(t, err, ca.ErrInvalidSigner)
+	assert.ErrorContains(t, err, "certificate signed by unknown authority")
+}
+
+// TestConfigValidateAlternatives: the provisioner key, its password, the
+// chain, the roots and the TLS roots each come from one place; Validate
+// names the places that conflict or says what is missing, and never quotes
+// the key or the password.
+func TestConfigValidateAlternatives(t *testing.T) {
+	const key, password = `{"kty":"EC","d":"secret-d-value"}`, "secret-password-value"
+	valid := stepca.Config{URL: "https://ca.example.test", Provisioner: "p", ProvisionerKey: []byte(key), ProvisionerPassword: []byte(password), ChainPEM: []byte("c"), RootsPEM: []byte("r")}.Default()
+	require.NoError(t, valid.Validate(), "everything in memory")
+	assert.Equal(t, valid.RootsPEM, valid.TLSRootsPEM, "TLS roots default to the roots in memory")
+	tests := []struct {
+		name   string
+		modify func(c *stepca.Config)
+		want   []string
+	}{
+		{"key in memory and in a file", func(c *stepca.Config) { c.ProvisionerKeyFile = "k" }, []string{"provisionerKeyFile, provisionerKey: only one may be set"}},
+		{"no key", func(c *stepca.Config) { c.ProvisionerKey = nil }, []string{"provisionerKeyFile: required (or provisionerKey)"}},
+		{"password in memory and in a file", func(c *stepca.Config) { c.ProvisionerPasswordFile = "pw" }, []string{"provisionerPasswordFile, provisionerPassword: only one may be set"}},
+		{"chain twice", func(c *stepca.Config) { c.ChainFile = "chain.pem" }, []string{"chainFile, chainPEM: only one may be set"}},
+		{"roots twice", func(c *stepca.Config) { c.RootsFile = "roots.pem" }, []string{"rootsFile, rootsPEM: only one may be set"}},
+		{"TLS roots twice", func(c *stepca.Config) { c.TLSRootsFile = "tls.pem" }, []string{"tlsRootsFile, tlsRootsPEM: only one may be set"}},
+		{"no chain, no roots", func(c *stepca.Config) { c.ChainPEM, c.RootsPEM, c.TLSRootsPEM = nil, nil, nil }, []string{"chainFile: required (or chainPEM)", "rootsFile: required (or rootsPEM)", "tlsRootsFile: required (or tlsRootsPEM)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := valid
+			tt.modify(&cfg)
+			err := cfg.Validate()
+			require.Error(t, err)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			_, newErr := stepca.New(context.Background(), cfg)
+			require.ErrorIs(t, newErr, ca.ErrInvalidSigner)
+			for _, secret := range []string{"secret-d-value", password} {
+				assert.NotContains(t, err.Error(), secret, "a secret leaked into the error")
+				assert.NotContains(t, newErr.Error(), secret, "a secret leaked into the error")
+			}
+		})
+	}
 }
 
 func TestConfigValidate(t *testing.T) {
