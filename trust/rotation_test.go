@@ -387,6 +387,54 @@ spec:
 	}
 }
 
+// From DeletingOldRoot (the old root already gone from every bundle), a
+// rollback asked by naming the old root in the spec again walks back
+// through every step, each trusted by its neighbours, to the old root only.
+func TestRotationRollbackFromDeletingOldRoot(t *testing.T) {
+	w := newRotationWorld(t, "{generated: {}}", true)
+	vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+	old := vm.Status.SharedTrust.RootFingerprint
+	w.annotate(networkingv1alpha1.AnnotationRootGeneration, "2")
+	vm = w.waitFor("AddingNewRoot acked", phaseIs(networkingv1alpha1.PhaseAddingNewRoot, true))
+	nu := vm.Status.Rotation.NewRootFingerprint
+	w.annotate(networkingv1alpha1.AnnotationRotationContinue, "AddingNewRoot/"+nu)
+	w.waitFor("PropagatingNewIntermediate acked", phaseIs(networkingv1alpha1.PhasePropagatingNewIntermediate, true))
+	w.annotate(networkingv1alpha1.AnnotationRotationContinue, "PropagatingNewIntermediate/"+nu)
+	w.waitFor("DeletingOldRoot acked", phaseIs(networkingv1alpha1.PhaseDeletingOldRoot, true))
+	prev := w.meshCAs()
+	holds(t, prev, []string{nu}, nu)
+
+	// The spec names the old root again (no generation annotation).
+	body := []byte(`{"metadata":{"annotations":{"` + networkingv1alpha1.AnnotationRootGeneration + `":null}}}`)
+	_, err := w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Patch(w.ctx, "shared", types.MergePatchType, body, metav1.PatchOptions{})
+	require.NoError(t, err)
+	want := map[int32]struct {
+		bundle []string
+		issuer string
+	}{2: {[]string{old, nu}, nu}, 1: {[]string{old, nu}, old}, 0: {[]string{old}, old}}
+	for step := int32(2); step >= 0; step-- {
+		// Nothing moves on until the agents ack, so each step can be seen:
+		// wait until it is published, then let the agents apply it.
+		require.Eventually(t, func() bool {
+			for _, cl := range w.clusters {
+				req := w.outputs.Get(cl).GetTrust()[0]
+				roots, err := pemutil.ParseCertificateBundle(req.GetRootBundle())
+				if err != nil || req.GetIssuer() != want[step].issuer || len(roots) != len(want[step].bundle) {
+					return false
+				}
+			}
+			return true
+		}, 10*time.Second, 20*time.Millisecond, "step %d published", step)
+		w.sync()
+		cur := w.meshCAs()
+		holds(t, cur, want[step].bundle, want[step].issuer)
+		trustEachOther(t, prev, cur)
+		prev = cur
+	}
+	vm = w.waitFor("RolledBack", phaseIs(networkingv1alpha1.PhaseRolledBack, false))
+	assert.Equal(t, old, vm.Status.SharedTrust.RootFingerprint)
+}
+
 // A new key algorithm for a generated root names a new root: the meshes
 // rotate to an ECDSA P-384 root.
 func TestRotationToAnotherKeyAlgorithm(t *testing.T) {

@@ -180,7 +180,7 @@ func TestSharedTrust(t *testing.T) {
 	out, err = Run(t, bin, "ca", "status", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig)
 	require.NoError(t, err, out)
 	require.Contains(t, out, "rotation: PropagatingNewIntermediate step 2", "the restarted server resumed the rotation:\n%s", out)
-	Eventually(t, 60*time.Second, "the restarted server sees both agents' acks", func() (bool, string) {
+	Eventually(t, 60*time.Second, "the resumed rotation waits for a continue", func() (bool, string) {
 		out, err := Run(t, bin, "ca", "status", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig)
 		return err == nil && strings.Contains(out, "awaiting `relaymesh ca rotate continue`"), out
 	})
