@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
@@ -66,6 +67,8 @@ type Config struct {
 	Audit    audit.Recorder
 	Logger   *slog.Logger
 	Clock    func() time.Time
+	// Registerer receives the shared-trust metrics; nil: not exported.
+	Registerer prometheus.Registerer
 	// PKCS11Modules are the PKCS#11 modules (absolute paths) a VirtualMesh's
 	// rootCA.pkcs11.modulePath may name; none: pkcs11 roots are refused.
 	PKCS11Modules []string
@@ -87,6 +90,7 @@ type Controller struct {
 	used    map[string]bool       // cache keys asked for since the last reconcile
 	status  map[string]*networkingv1alpha1.SharedTrustStatus
 	written map[string]string // status last written, JSON
+	metrics *metrics
 }
 
 // meshTrust is what the server knows about one mesh with shared trust.
@@ -119,6 +123,10 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return nil, err
 		}
+	}
+	var err error
+	if c.metrics, err = newMetrics(cfg.Registerer); err != nil {
+		return nil, err
 	}
 	if cfg.Acks != nil {
 		cfg.Acks.OnAck(func(string) { c.Kick() })
@@ -210,6 +218,13 @@ func (c *Controller) reconcile(ctx context.Context) {
 		c.writeStatus(ctx, p.key)
 	}
 	c.dropUnused()
+	c.mu.Lock()
+	states := map[string]*vmState{}
+	for _, p := range plans {
+		states[p.key] = c.vmst[p.key]
+	}
+	c.mu.Unlock()
+	c.metrics.observe(plans, states)
 	if moved {
 		c.Kick()
 	}

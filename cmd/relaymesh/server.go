@@ -217,7 +217,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.dynamic, Kube: kube.typed, Namespace: f.namespace, Outputs: outputs, Acks: view,
 		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }, Audit: auditLog, Logger: log,
-		PKCS11Modules: f.pkcs11Modules})
+		PKCS11Modules: f.pkcs11Modules, Registerer: reg})
 	if err != nil {
 		return err
 	}

@@ -210,6 +210,18 @@ func TestSharedTrust(t *testing.T) {
 	}
 	out, err = Run(t, bin, "ca", "verify", "--kubeconfig", env.Cluster("cluster-1").Kubeconfig, "--kubeconfig", env.Cluster("cluster-2").Kubeconfig)
 	require.NoError(t, err, out)
+
+	// Operators see it in the metrics too.
+	metrics := "http://" + opsAddr + "/metrics"
+	v, err := MetricWith(metrics, "relaymesh_trust_rotation_phase", `phase="Finished",virtual_mesh="relaymesh/bookinfo-federation"`)
+	require.NoError(t, err)
+	assert.Equal(t, 1.0, v, "rotation phase metric")
+	v, err = MetricWith(metrics, "relaymesh_trust_root_expiry_timestamp_seconds", `virtual_mesh="relaymesh/bookinfo-federation"`)
+	require.NoError(t, err)
+	assert.Greater(t, v, float64(time.Now().AddDate(5, 0, 0).Unix()), "the new root's expiry (ttl 87600h)")
+	v, err = MetricWith(metrics, "relaymesh_trust_held", `virtual_mesh="relaymesh/bookinfo-federation"`)
+	require.NoError(t, err)
+	assert.Equal(t, 0.0, v)
 }
 
 // rotation follows a root rotation with a real istiod per cluster: at each
