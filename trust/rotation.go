@@ -3,6 +3,7 @@ package trust
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // A MultiRoot rotation moves every mesh of a VirtualMesh through four steps,
@@ -146,8 +148,9 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 		// The same root, found in another place.
 		c.persist(ctx, key, func(n *vmState) { n.setInForce(spec, next) })
 		p.steady(next)
-	case rot != nil && rot.Phase == networkingv1alpha1.PhaseRolledBack && rot.NewRootFingerprint == next.fingerprint:
-		p.steady(in) // stays rolled back until the spec names another root
+	case rot != nil && rot.Phase == networkingv1alpha1.PhaseRolledBack && rot.NewRootFingerprint == next.fingerprint &&
+		vm.Annotations[networkingv1alpha1.AnnotationRotationRetry] != next.fingerprint:
+		p.steady(in) // stays rolled back until the spec names another root, or a retry is asked
 	case vm.Spec.MTLS.RotationStrategy == networkingv1alpha1.RotationNone:
 		now := metav1.NewTime(c.cfg.Clock())
 		if c.persist(ctx, key, func(n *vmState) {
@@ -162,6 +165,13 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 			p.steady(in)
 		}
 	default:
+		// Steering annotations left from an earlier rotation to the same
+		// root would continue or roll back this one at once.
+		if err := c.clearSteering(ctx, vm, next.fingerprint); err != nil {
+			c.log.Warn("not starting the rotation yet: its old steering annotations could not be removed", "virtual_mesh", key, "error", err)
+			p.steady(in)
+			return p
+		}
 		now := metav1.NewTime(c.cfg.Clock())
 		if !c.persist(ctx, key, func(n *vmState) {
 			n.rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseAddingNewRoot, Step: 1, LastTransitionTime: &now,
@@ -236,6 +246,33 @@ func (c *Controller) planRotation(ctx context.Context, p *vmPlan, st *vmState) {
 	p.issuer = p.signer.fingerprint
 }
 
+// clearSteering removes the continue, rollback and retry annotations of vm
+// that name the root fp.
+func (c *Controller) clearSteering(ctx context.Context, vm *networkingv1alpha1.VirtualMesh, fp string) error {
+	stale := map[string]any{}
+	for _, a := range []string{networkingv1alpha1.AnnotationRotationContinue, networkingv1alpha1.AnnotationRotationRollback, networkingv1alpha1.AnnotationRotationRetry} {
+		if v, ok := vm.Annotations[a]; ok && (v == fp || strings.HasSuffix(v, "/"+fp)) {
+			stale[a] = nil
+		}
+	}
+	if len(stale) == 0 {
+		return nil
+	}
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": vm.ResourceVersion, "annotations": stale}})
+	if err != nil {
+		return err
+	}
+	if _, err := c.cfg.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(vm.Namespace).
+		Patch(ctx, vm.Name, types.MergePatchType, body, metav1.PatchOptions{}); err != nil {
+		return err
+	}
+	// This reconcile goes on with vm: it must not see them either.
+	for a := range stale {
+		delete(vm.Annotations, a)
+	}
+	return nil
+}
+
 // rollbackAsked: `relaymesh ca rotate rollback`, or a spec that names the
 // old root again.
 func (c *Controller) rollbackAsked(vm *networkingv1alpha1.VirtualMesh, rot *networkingv1alpha1.RotationStatus) bool {
@@ -283,7 +320,7 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 		switch {
 		case r.Phase == networkingv1alpha1.PhaseRollingBack && r.Step == 0:
 			r.Phase = networkingv1alpha1.PhaseRolledBack
-			r.Message = "rolled back: every mesh holds the old root only again. spec.mtls.shared.rootCA still names the new root; it is not rotated to again until the spec names another root"
+			r.Message = "rolled back: every mesh holds the old root only again. spec.mtls.shared.rootCA still names the new root; it is rotated to again after `relaymesh ca rotate start`, or when the spec names another root"
 		case r.Phase == networkingv1alpha1.PhaseRollingBack:
 			r.Step--
 			r.Message = phaseMessage(r.Phase, r.Step)

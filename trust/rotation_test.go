@@ -342,10 +342,20 @@ func TestRotationRollback(t *testing.T) {
 	assert.Equal(t, networkingv1alpha1.PhaseRolledBack, w.vm().Status.Rotation.Phase)
 	holds(t, w.meshCAs(), []string{old}, old)
 
+	// A retry (`relaymesh ca rotate start`) rotates to the same root
+	// again; the rollback annotation left from the first attempt is
+	// removed, not applied to the retry.
+	w.annotate(networkingv1alpha1.AnnotationRotationRetry, nu)
+	vm = w.waitFor("Finished", phaseIs(networkingv1alpha1.PhaseFinished, false))
+	assert.Equal(t, nu, vm.Status.Rotation.NewRootFingerprint)
+	assert.NotContains(t, vm.Annotations, networkingv1alpha1.AnnotationRotationRollback)
+	holds(t, w.meshCAs(), []string{nu}, nu)
+
 	// A new generation rotates again, to another new root.
 	w.annotate(networkingv1alpha1.AnnotationRootGeneration, "3")
-	vm = w.waitFor("Finished", phaseIs(networkingv1alpha1.PhaseFinished, false))
-	assert.NotEqual(t, nu, vm.Status.Rotation.NewRootFingerprint)
+	vm = w.waitFor("Finished", func(r *networkingv1alpha1.RotationStatus) bool {
+		return r != nil && r.Phase == networkingv1alpha1.PhaseFinished && r.NewRootFingerprint != nu
+	})
 	holds(t, w.meshCAs(), []string{vm.Status.Rotation.NewRootFingerprint}, vm.Status.Rotation.NewRootFingerprint)
 }
 

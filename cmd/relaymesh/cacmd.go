@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -124,11 +123,14 @@ func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		first, args = args[:1], args[1:]
 	}
-	pos, err := parseUpTo(fs, args, 1-len(first))
-	if err != nil {
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	pos = append(first, pos...)
+	pos := append(first, fs.Args()...)
+	if len(pos) > 1 {
+		fs.Usage()
+		return fmt.Errorf("%w: want at most 1 argument(s), got %d", errUsage, len(pos))
+	}
 	kube, err := loadKube(kubeconfig)
 	if err != nil {
 		return err
@@ -190,16 +192,4 @@ func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		fmt.Fprintln(stdout, "no VirtualMesh asks for shared trust (spec.mtls.shared)")
 	}
 	return nil
-}
-
-// parseUpTo parses flags and allows at most max positional arguments.
-func parseUpTo(fs *flag.FlagSet, args []string, max int) ([]string, error) {
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > max {
-		fs.Usage()
-		return nil, fmt.Errorf("%w: want at most %d argument(s), got %d", errUsage, max, fs.NArg())
-	}
-	return fs.Args(), nil
 }

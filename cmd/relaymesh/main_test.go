@@ -46,7 +46,7 @@ func TestRunFlags(t *testing.T) {
 		{"audit no file", []string{"audit", "verify"}, 2, "", "want 1 argument(s)"},
 		{"audit missing file", []string{"audit", "verify", filepath.Join(dir, "nope")}, 1, "", "no such file"},
 		{"audit empty file", []string{"audit", "verify", good}, 0, "0 records verified", ""},
-		{"ca no verb", []string{"ca"}, 2, "", "relaymesh ca status|verify"},
+		{"ca no verb", []string{"ca"}, 2, "", "relaymesh ca status|rotate|verify"},
 		{"ca status two names", []string{"ca", "status", "a/b", "c/d"}, 2, "", "want at most 1 argument(s)"},
 		{"ca one cluster", []string{"ca", "verify", "--kubeconfig", "x"}, 2, "", "at least two --kubeconfig"},
 		{"ca missing kubeconfig", []string{"ca", "verify", "--kubeconfig", filepath.Join(dir, "a"), "--kubeconfig", filepath.Join(dir, "b")}, 1, "", "no such file"},

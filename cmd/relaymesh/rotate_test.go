@@ -91,10 +91,11 @@ spec:
 		require.NoError(t, err)
 		return u.GetAnnotations()
 	}
-	setRotation := func(rot string) {
-		_, err := vms.Patch(ctx, "gen", types.MergePatchType, []byte(`{"status":{"rotation":`+rot+`}}`), metav1.PatchOptions{}, "status")
+	setRotationOf := func(name, rot string) {
+		_, err := vms.Patch(ctx, name, types.MergePatchType, []byte(`{"status":{"rotation":`+rot+`}}`), metav1.PatchOptions{}, "status")
 		require.NoError(t, err)
 	}
+	setRotation := func(rot string) { setRotationOf("gen", rot) }
 
 	failsWith("start", "relaymesh/missing", "not found")
 	failsWith("start", "relaymesh/plain", "no shared trust")
@@ -121,6 +122,12 @@ spec:
 
 	setRotation(`{"phase":"RollingBack","step":0,"newRootFingerprint":"abcd"}`)
 	failsWith("rollback", "relaymesh/gen", "no rotation to roll back (RollingBack)")
+	// A provided root rolled back from is tried again by start.
+	setRotationOf("provided", `{"phase":"RolledBack","step":0,"newRootFingerprint":"ef01"}`)
+	_, err = rotate("start", "relaymesh/provided")
+	require.NoError(t, err)
+	assert.Equal(t, "ef01", annotations("provided")[networkingv1alpha1.AnnotationRotationRetry])
+
 	setRotation(`{"phase":"Finished","step":3,"newRootFingerprint":"abcd"}`)
 	_, err = rotate("start", "relaymesh/gen")
 	require.NoError(t, err)

@@ -25,7 +25,8 @@ const rotateSynopsis = `start VIRTUALMESH: rotate a generated root: the server m
   moves every mesh to it (MultiRoot: AddingNewRoot, PropagatingNewIntermediate,
   DeletingOldRoot, Finished; each phase once every mesh's agent acked the one
   before). A root in a Secret, an HSM or an external CA is rotated by pointing
-  spec.mtls.shared.rootCA at the new one.
+  spec.mtls.shared.rootCA at the new one; after a rollback, start tries that
+  root again.
 continue VIRTUALMESH: with spec.mtls.rotationVerification Manual, let the
   rotation leave the phase it waits in (after you verified traffic).
 rollback VIRTUALMESH: walk the rotation back to the old root, one acked step
@@ -89,14 +90,18 @@ func runCARotate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	var annotation, value string
 	switch verb {
 	case "start":
-		if vm.Spec.MTLS.Shared.RootCA.Generated == nil {
+		switch {
+		case rotating:
+			return fmt.Errorf("%s is already rotating (%s): continue or roll it back first", key, rot.Phase)
+		case vm.Spec.MTLS.Shared.RootCA.Generated != nil:
+			gen, _ := strconv.Atoi(vm.Annotations[networkingv1alpha1.AnnotationRootGeneration])
+			annotation, value = networkingv1alpha1.AnnotationRootGeneration, strconv.Itoa(max(gen, 1)+1)
+		case rot != nil && rot.Phase == networkingv1alpha1.PhaseRolledBack:
+			// Try again the root the last rotation was rolled back from.
+			annotation, value = networkingv1alpha1.AnnotationRotationRetry, rot.NewRootFingerprint
+		default:
 			return fmt.Errorf("the root of %s is not generated: point spec.mtls.shared.rootCA at the new root (a new Secret, HSM key or CA service) and the server rotates to it", key)
 		}
-		if rotating {
-			return fmt.Errorf("%s is already rotating (%s): continue or roll it back first", key, rot.Phase)
-		}
-		gen, _ := strconv.Atoi(vm.Annotations[networkingv1alpha1.AnnotationRootGeneration])
-		annotation, value = networkingv1alpha1.AnnotationRootGeneration, strconv.Itoa(max(gen, 1)+1)
 	case "continue":
 		if !rotating || rot.Phase == networkingv1alpha1.PhaseRollingBack {
 			return fmt.Errorf("%s has no rotation that can continue (%s)", key, phaseOrNone(rot))

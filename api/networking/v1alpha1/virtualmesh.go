@@ -405,4 +405,7 @@ const (
 	// AnnotationRotationRollback, "<new root fingerprint>", rolls the
 	// rotation to that root back.
 	AnnotationRotationRollback = "relaymesh.io/rotation-rollback"
+	// AnnotationRotationRetry, "<new root fingerprint>", rotates again to
+	// a root a rotation was rolled back from.
+	AnnotationRotationRetry = "relaymesh.io/rotation-retry"
 )
