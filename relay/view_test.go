@@ -41,6 +41,29 @@ func TestAcksAndVersions(t *testing.T) {
 	assert.Greater(t, o.Version("c1"), first)
 }
 
+// TrustVersion is the version in which a cluster's current trust requests
+// were first published: later object changes do not move it, a change of
+// the trust requests does (an ack at or after it proves the agent holds
+// them).
+func TestTrustVersion(t *testing.T) {
+	o := relay.NewOutputs(time.Now())
+	assert.Zero(t, o.TrustVersion("c1"), "nothing published")
+	req := &relaypb.TrustRequest{Mesh: "m", Namespace: "istio-system", Issuer: "aa", RootBundle: []byte("pem")}
+	o.SetTrust("c1", []*relaypb.TrustRequest{req})
+	since := o.TrustVersion("c1")
+	assert.Equal(t, o.Version("c1"), since)
+	o.SetFrom("translation", "c1", []*relaypb.OutputObject{{Manifest: []byte(`{"kind":"VirtualService"}`)}})
+	assert.Greater(t, o.Version("c1"), since)
+	assert.Equal(t, since, o.TrustVersion("c1"), "an object change is no trust change")
+	o.SetTrust("c1", []*relaypb.TrustRequest{req})
+	assert.Equal(t, since, o.TrustVersion("c1"), "the same requests again")
+	o.SetTrust("c1", []*relaypb.TrustRequest{{Mesh: "m", Namespace: "istio-system", Hold: true}})
+	assert.Greater(t, o.TrustVersion("c1"), since, "a hold is a trust change")
+	assert.Equal(t, o.Version("c1"), o.TrustVersion("c1"))
+	o.Remove("c1")
+	assert.Zero(t, o.TrustVersion("c1"))
+}
+
 // signerFunc adapts a function to relay.IntermediateSigner.
 type signerFunc func(ctx context.Context, cluster string, req *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error)
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
@@ -234,9 +235,16 @@ func (c *Controller) secret(ctx context.Context, field string, ref common.Object
 	if ns != c.cfg.Namespace {
 		return nil, fmt.Errorf("%s must be in the server's namespace %s, not %s", field, c.cfg.Namespace, ns)
 	}
+	reserved := fmt.Errorf("%s: secret %s/%s holds a key Relaymesh keeps for itself (the relay CA, or another VirtualMesh's generated root); a VirtualMesh cannot use it", field, ns, ref.Name)
+	if slices.Contains(append([]string{ca.RootSecretName, ca.SigningSecretName}, c.cfg.ReservedSecrets...), ref.Name) {
+		return nil, reserved
+	}
 	s, err := c.cfg.Kube.CoreV1().Secrets(ns).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("%s: secret %s/%s: %w", field, ns, ref.Name, err)
+	}
+	if s.Labels[rootLabel] != "" {
+		return nil, reserved
 	}
 	var missing []string
 	for _, k := range required {

@@ -1,7 +1,6 @@
 package trust
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
@@ -190,15 +189,9 @@ func (c *Controller) open(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 // secretRoot reads a provided root (or intermediate of a longer chain) from
 // a Secret of the server's namespace.
 func (c *Controller) secretRoot(ctx context.Context, src networkingv1alpha1.RootSource) (ca.Signer, error) {
-	ns := cmp.Or(src.Secret.Namespace, c.cfg.Namespace)
-	if ns != c.cfg.Namespace {
-		// The server can read Secrets everywhere; a VirtualMesh must not be
-		// a way to make it sign with a key from another namespace.
-		return nil, fmt.Errorf("spec.mtls.shared.rootCA.secret must be in the server's namespace %s, not %s", c.cfg.Namespace, ns)
-	}
-	s, err := c.cfg.Kube.CoreV1().Secrets(ns).Get(ctx, src.Secret.Name, metav1.GetOptions{})
+	s, err := c.secret(ctx, "spec.mtls.shared.rootCA.secret", *src.Secret, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)
 	if err != nil {
-		return nil, fmt.Errorf("root secret %s/%s: %w", ns, src.Secret.Name, err)
+		return nil, err
 	}
 	roots := s.Data["ca.crt"]
 	if len(roots) == 0 {

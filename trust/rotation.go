@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
+	"go.step.sm/crypto/pemutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -104,15 +106,7 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 	}
 	spec := specSource(vm)
 	if st.inForce == nil {
-		// A new VirtualMesh: its spec's root is the root in force.
-		r, err := c.load(ctx, vm, spec, true)
-		if err != nil {
-			c.log.Error("VirtualMesh root unavailable; nothing is asked of its meshes", "virtual_mesh", key, "error", err)
-			return p
-		}
-		c.persist(ctx, key, func(n *vmState) { n.setInForce(spec, r) })
-		p.steady(r)
-		return p
+		return c.planFirst(ctx, p, spec)
 	}
 	in, err := c.load(ctx, vm, *st.inForce, false)
 	if err == nil && in.fingerprint != st.fp {
@@ -129,6 +123,15 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 				n.rotation = nil
 			}
 		})
+		p.steady(in)
+		return p
+	}
+	if rot := st.rotation; rot != nil && rot.Phase == networkingv1alpha1.PhaseRolledBack && rot.To != nil && sameSource(spec, *rot.To) &&
+		vm.Annotations[networkingv1alpha1.AnnotationRotationRetry] != rot.NewRootFingerprint {
+		// Rolled back from the root the spec names: stay, without even
+		// loading it (a load that fails must not turn this into a Failed
+		// that a later good load would take as a new rotation).
+		c.persist(ctx, key, func(n *vmState) { n.message = "" })
 		p.steady(in)
 		return p
 	}
@@ -160,6 +163,7 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 			n.setInForce(spec, next)
 		}) {
 			c.log.Warn("root replaced at once (rotationStrategy None)", "virtual_mesh", key, "old", ShortFingerprint(st.fp), "new", ShortFingerprint(next.fingerprint))
+			c.deleteGeneratedRoot(ctx, vm, *st.inForce)
 			p.steady(next)
 		} else {
 			p.steady(in)
@@ -176,6 +180,7 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 		if !c.persist(ctx, key, func(n *vmState) {
 			n.rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseAddingNewRoot, Step: 1, LastTransitionTime: &now,
 				OldRootFingerprint: n.fp, NewRootFingerprint: next.fingerprint, From: n.inForce.DeepCopy(), To: spec.DeepCopy(),
+				OldRoots: string(pemRoots(in.roots)), NewRoots: string(pemRoots(next.roots)),
 				Message: phaseMessage(networkingv1alpha1.PhaseAddingNewRoot, 1)}
 		}) {
 			p.steady(in)
@@ -191,6 +196,16 @@ func (s *vmState) setInForce(src networkingv1alpha1.RootSource, r *root) {
 	s.inForce, s.fp, s.subject, s.notAfter, s.message = src.DeepCopy(), r.fingerprint, r.cert.Subject.String(), r.cert.NotAfter, ""
 }
 
+// setInForceRecorded makes the root of a finished rotation the root in
+// force; its subject and expiry are known only if it could be loaded.
+func (s *vmState) setInForceRecorded(src networkingv1alpha1.RootSource, fp string, r *root) {
+	if r != nil && r.fingerprint == fp {
+		s.setInForce(src, r)
+		return
+	}
+	s.inForce, s.fp, s.subject, s.notAfter = src.DeepCopy(), fp, "", time.Time{}
+}
+
 func (p *vmPlan) steady(r *root) {
 	p.signer, p.bundle, p.issuer = r, pemRoots(r.roots), r.fingerprint
 }
@@ -202,22 +217,59 @@ func (c *Controller) hold(ctx context.Context, p *vmPlan, why string) {
 	c.persist(ctx, p.key, func(n *vmState) { n.message = truncate(why, 1024) })
 }
 
+// planFirst makes the spec's root the root in force of a VirtualMesh the
+// controller has no record of (new, or its status lost). Nothing is
+// published before it is recorded, and a status that shows intermediates
+// from another root holds the meshes instead of switching them at once.
+func (c *Controller) planFirst(ctx context.Context, p *vmPlan, spec networkingv1alpha1.RootSource) *vmPlan {
+	var issued []networkingv1alpha1.MeshCAStatus
+	if prev := p.vm.Status.SharedTrust; prev != nil {
+		issued = prev.Meshes
+	}
+	r, err := c.load(ctx, p.vm, spec, true)
+	if err != nil {
+		if len(issued) > 0 {
+			c.hold(ctx, p, fmt.Sprintf("the root spec.mtls.shared.rootCA names (%s) cannot be used: %v", describe(spec), err))
+			return p
+		}
+		c.log.Error("VirtualMesh root unavailable; nothing is asked of its meshes", "virtual_mesh", p.key, "error", err)
+		return p
+	}
+	for _, m := range issued {
+		if m.Issuer != "" && m.Issuer != r.fingerprint {
+			c.hold(ctx, p, fmt.Sprintf("status.sharedTrust.root is missing and mesh %s holds an intermediate from root %s…, not from the root the spec names (%s…): "+
+				"restore the status, or point the spec at that root and rotate from there", m.Mesh, ShortFingerprint(m.Issuer), ShortFingerprint(r.fingerprint)))
+			return p
+		}
+	}
+	if !c.persist(ctx, p.key, func(n *vmState) { n.setInForce(spec, r) }) {
+		if len(issued) > 0 {
+			p.hold = true
+		}
+		return p
+	}
+	p.steady(r)
+	return p
+}
+
 // planRotation publishes the current step of an active rotation, after
-// turning it into a rollback if one was asked for.
+// turning it into a rollback if one was asked for. The bundles come from
+// the roots recorded in the status, so a root that cannot be loaded only
+// stops what needs its key: issuing intermediates from it.
 func (c *Controller) planRotation(ctx context.Context, p *vmPlan, st *vmState) {
 	rot := st.rotation
-	from, err := c.load(ctx, p.vm, *rot.From, false)
-	if err != nil {
-		c.hold(ctx, p, fmt.Sprintf("rotation paused: the old root (%s) cannot be used: %v", describe(*rot.From), err))
+	if rot.From == nil || rot.To == nil || rot.Step < 0 || rot.Step > 3 {
+		c.hold(ctx, p, "rotation paused: status.rotation is incomplete (from, to and a step 0–3 are required); restore it, or roll back by hand")
 		return
 	}
-	to, err := c.load(ctx, p.vm, *rot.To, false)
+	fromRoots, err := recordedRoots(rot.OldRoots, rot.OldRootFingerprint)
 	if err != nil {
-		c.hold(ctx, p, fmt.Sprintf("rotation paused: the new root (%s) cannot be used: %v", describe(*rot.To), err))
+		c.hold(ctx, p, "rotation paused: status.rotation.oldRoots: "+err.Error())
 		return
 	}
-	if from.fingerprint != rot.OldRootFingerprint || to.fingerprint != rot.NewRootFingerprint {
-		c.hold(ctx, p, "rotation paused: a root changed in place during the rotation (its fingerprint is not the one the rotation started with)")
+	toRoots, err := recordedRoots(rot.NewRoots, rot.NewRootFingerprint)
+	if err != nil {
+		c.hold(ctx, p, "rotation paused: status.rotation.newRoots: "+err.Error())
 		return
 	}
 	if rot.Phase != networkingv1alpha1.PhaseRollingBack && c.rollbackAsked(p.vm, rot) {
@@ -226,24 +278,49 @@ func (c *Controller) planRotation(ctx context.Context, p *vmPlan, st *vmState) {
 		if c.persist(ctx, p.key, func(n *vmState) {
 			n.rotation.Phase, n.rotation.Step, n.rotation.AwaitingContinue, n.rotation.LastTransitionTime = networkingv1alpha1.PhaseRollingBack, step, false, &now
 			n.rotation.Message = phaseMessage(networkingv1alpha1.PhaseRollingBack, step)
-			n.message = ""
 		}) {
 			c.log.Warn("root rotation rolling back", "virtual_mesh", p.key, "to_step", step)
 		}
 		rot = c.stateOf(p.key, p.vm).rotation
 	}
-	c.persist(ctx, p.key, func(n *vmState) { n.message = "" })
+	// Only the root the step issues from must be loaded.
+	src, fp, what := rot.From, rot.OldRootFingerprint, "old"
+	if rot.Step >= 2 {
+		src, fp, what = rot.To, rot.NewRootFingerprint, "new"
+	}
+	signer, err := c.load(ctx, p.vm, *src, false)
+	if err == nil && signer.fingerprint != fp {
+		err = errors.New("it changed in place during the rotation (its fingerprint is not the one the rotation started with)")
+	}
+	message := ""
+	if err != nil {
+		signer = nil
+		message = fmt.Sprintf("the %s root (%s) cannot be used: %v; meshes that already hold this step ack it, no intermediate is issued until it can be used", what, describe(*src), err)
+		c.log.Error("rotation step published without a signer", "virtual_mesh", p.key, "step", rot.Step, "error", err)
+	}
+	c.persist(ctx, p.key, func(n *vmState) { n.message = truncate(message, 1024) })
 	switch rot.Step {
 	case 0:
-		p.signer, p.bundle = from, pemRoots(from.roots)
-	case 1:
-		p.signer, p.bundle = from, pemRoots(from.roots, to.roots)
-	case 2:
-		p.signer, p.bundle = to, pemRoots(from.roots, to.roots)
+		p.bundle = pemRoots(fromRoots)
+	case 1, 2:
+		p.bundle = pemRoots(fromRoots, toRoots)
 	default:
-		p.signer, p.bundle = to, pemRoots(to.roots)
+		p.bundle = pemRoots(toRoots)
 	}
-	p.issuer = p.signer.fingerprint
+	p.signer, p.issuer = signer, fp
+}
+
+// recordedRoots parses a root bundle recorded in status.rotation, which
+// must carry the root of fingerprint fp.
+func recordedRoots(bundle, fp string) ([]*x509.Certificate, error) {
+	roots, err := pemutil.ParseCertificateBundle([]byte(bundle))
+	if err != nil {
+		return nil, errors.New("not PEM certificates")
+	}
+	if !slices.ContainsFunc(roots, func(r *x509.Certificate) bool { return Fingerprint(r) == fp }) {
+		return nil, fmt.Errorf("does not carry the root %s…", ShortFingerprint(fp))
+	}
+	return roots, nil
 }
 
 // clearSteering removes the continue, rollback and retry annotations of vm
@@ -285,8 +362,11 @@ func (c *Controller) rollbackAsked(vm *networkingv1alpha1.VirtualMesh, rot *netw
 func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrust) bool {
 	st := c.stateOf(p.key, p.vm)
 	rot := st.rotation
-	if p.hold || !active(rot) {
+	if p.hold || !active(rot) || p.bundle == nil {
 		return false
+	}
+	if rot.Phase != networkingv1alpha1.PhaseRollingBack && c.rollbackAsked(p.vm, rot) {
+		return false // the rollback was not recorded yet: never move forward instead
 	}
 	var pending []string
 	for _, mt := range members {
@@ -313,7 +393,6 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 		return false
 	}
 	now := metav1.NewTime(c.cfg.Clock())
-	var newTo *root
 	moved := c.persist(ctx, p.key, func(n *vmState) {
 		r := n.rotation
 		r.PendingMeshes, r.AwaitingContinue, r.LastTransitionTime = nil, false, &now
@@ -327,8 +406,7 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 		case r.Step >= 3:
 			r.Phase = networkingv1alpha1.PhaseFinished
 			r.Message = "finished: every mesh holds the new root only, and intermediates from it"
-			newTo = p.signer
-			n.setInForce(*r.To, newTo)
+			n.setInForceRecorded(*r.To, r.NewRootFingerprint, p.signer)
 		default:
 			r.Step++
 			r.Phase = phaseOf(r.Step)

@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"strings"
 	"testing"
 	"time"
 
@@ -546,4 +547,173 @@ func testLeafPEM(t *testing.T) leafPEM {
 	block, err := pemutil.Serialize(key)
 	require.NoError(t, err)
 	return leafPEM{cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), key: pem.EncodeToMemory(block)}
+}
+
+// syncOne lets one cluster's agent apply its set and ack it.
+func (w *rotationWorld) syncOne(cl string) {
+	set := w.outputs.Get(cl)
+	results, _ := w.agents[cl].Apply(w.ctx, set, func(ctx context.Context, r *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
+		return w.ctl.SignIntermediate(ctx, cl, r)
+	})
+	w.view.Acked(cl, &relaypb.PullAck{Version: set.GetVersion(), Results: results}, time.Now())
+}
+
+// stillThere checks, a while after something happened, that the rotation
+// status still satisfies cond while only the agents given sync.
+func (w *rotationWorld) stillThere(what string, clusters []string, cond func(*networkingv1alpha1.RotationStatus) bool) *networkingv1alpha1.VirtualMesh {
+	w.t.Helper()
+	var vm *networkingv1alpha1.VirtualMesh
+	for range 8 {
+		for _, cl := range clusters {
+			w.syncOne(cl)
+		}
+		time.Sleep(100 * time.Millisecond)
+		vm = w.vm()
+		require.True(w.t, cond(vm.Status.Rotation), "%s: status.rotation %+v", what, vm.Status.Rotation)
+	}
+	return vm
+}
+
+// A step moves on only once every member's agent acked the current trust
+// requests with the mesh's cacerts applied: not while one agent is silent,
+// acks an older version, or reports an error for its cacerts.
+func TestRotationWaitsForEveryAck(t *testing.T) {
+	w := newRotationWorld(t, "{generated: {}}", false)
+	w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+	before := w.outputs.Get("c2").GetVersion()
+	w.annotate(networkingv1alpha1.AnnotationRootGeneration, "2")
+	require.Eventually(t, func() bool {
+		r := w.vm().Status.Rotation
+		return r != nil && r.Phase == networkingv1alpha1.PhaseAddingNewRoot && w.outputs.Get("c2").GetVersion() > before
+	}, 30*time.Second, 50*time.Millisecond)
+	adding := func(r *networkingv1alpha1.RotationStatus) bool {
+		return r != nil && r.Phase == networkingv1alpha1.PhaseAddingNewRoot && r.Step == 1
+	}
+
+	vm := w.stillThere("c2 silent", []string{"c1"}, adding)
+	assert.Equal(t, []string{"istiod-c2"}, vm.Status.Rotation.PendingMeshes)
+	assert.Contains(t, vm.Status.Rotation.Message, "waiting for 1 of 2 meshes")
+
+	ok := []*relaypb.ObjectResult{{ApiVersion: "v1", Kind: "Secret", Namespace: w.meshNS["c2"], Name: trust.SecretName, Outcome: "unchanged"}}
+	w.view.Acked("c2", &relaypb.PullAck{Version: before, Results: ok}, time.Now())
+	w.stillThere("c2 acked an older version", []string{"c1"}, adding)
+
+	failed := []*relaypb.ObjectResult{{ApiVersion: "v1", Kind: "Secret", Namespace: w.meshNS["c2"], Name: trust.SecretName, Outcome: "error", Error: "boom"}}
+	w.view.Acked("c2", &relaypb.PullAck{Version: w.outputs.Get("c2").GetVersion(), Results: failed}, time.Now())
+	w.stillThere("c2 failed its cacerts", []string{"c1"}, adding)
+
+	w.waitFor("Finished once c2 applies", phaseIs(networkingv1alpha1.PhaseFinished, false))
+}
+
+// Review findings: a rolled-back rotation stays rolled back when its new
+// root breaks; a rollback works when the new root cannot be loaded; an
+// Invalid VirtualMesh holds its meshes' CAs; a malformed status.rotation
+// holds instead of crashing; a VirtualMesh cannot use another's generated
+// root or the relay CA.
+func TestRotationFailsClosed(t *testing.T) {
+	// A broken new root can neither block a rollback nor undo it.
+	t.Run("broken-new-root", func(t *testing.T) {
+		w := newRotationWorld(t, "{generated: {}}", true)
+		vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+		old := vm.Status.SharedTrust.RootFingerprint
+		w.annotate(networkingv1alpha1.AnnotationRootGeneration, "2")
+		vm = w.waitFor("AddingNewRoot acked", phaseIs(networkingv1alpha1.PhaseAddingNewRoot, true))
+		nu, newSecret := vm.Status.Rotation.NewRootFingerprint, vm.Status.Rotation.To.GeneratedSecret
+		w.annotate(networkingv1alpha1.AnnotationRotationContinue, "AddingNewRoot/"+nu)
+		w.waitFor("PropagatingNewIntermediate acked", phaseIs(networkingv1alpha1.PhasePropagatingNewIntermediate, true))
+
+		// The new root's key is gone, and the server restarts (no cache).
+		require.NoError(t, w.kube.CoreV1().Secrets(w.ns).Delete(w.ctx, newSecret, metav1.DeleteOptions{}))
+		w.stop()
+		w.start()
+		w.annotate(networkingv1alpha1.AnnotationRotationRollback, nu)
+		w.waitFor("RolledBack", phaseIs(networkingv1alpha1.PhaseRolledBack, false))
+		holds(t, w.meshCAs(), []string{old}, old)
+
+		// Rolled back from a root that cannot be loaded: it stays so, and
+		// the missing generated root is not made anew.
+		w.stop()
+		w.start()
+		w.stillThere("still rolled back", w.clusters, phaseIs(networkingv1alpha1.PhaseRolledBack, false))
+		_, err := w.kube.CoreV1().Secrets(w.ns).Get(w.ctx, newSecret, metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "the rolled-back root was generated again: %v", err)
+		holds(t, w.meshCAs(), []string{old}, old)
+	})
+
+	// An Invalid VirtualMesh holds its meshes' CAs.
+	t.Run("invalid", func(t *testing.T) {
+		w := newRotationWorld(t, "{generated: {}}", false)
+		w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+		before := w.meshCAs()
+		_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: %s}
+spec:
+  meshes: [{name: istiod-c1}, {name: istiod-c2}, {name: not-discovered-yet}]
+  mtls:
+    shared:
+      rootCA: {generated: {}}
+`, w.ns)))
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			for _, cl := range w.clusters {
+				reqs := w.outputs.Get(cl).GetTrust()
+				if len(reqs) != 1 || !reqs[0].GetHold() {
+					return false
+				}
+			}
+			return true
+		}, 30*time.Second, 50*time.Millisecond, "hold requests for both meshes")
+		w.sync()
+		after := w.meshCAs()
+		for cl := range after {
+			assert.True(t, after[cl].Intermediate.Equal(before[cl].Intermediate), "%s: cacerts kept", cl)
+		}
+	})
+
+	// A malformed status.rotation holds.
+	t.Run("malformed-status", func(t *testing.T) {
+		w := newRotationWorld(t, "{generated: {}}", false)
+		w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+		w.stop()
+		_, err := w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Patch(w.ctx, "shared",
+			types.MergePatchType, []byte(`{"status":{"rotation":{"phase":"AddingNewRoot","step":1}}}`), metav1.PatchOptions{}, "status")
+		require.NoError(t, err)
+		w.start()
+		require.Eventually(t, func() bool {
+			st := w.vm().Status.SharedTrust
+			return st != nil && strings.Contains(st.Message, "status.rotation is incomplete")
+		}, 30*time.Second, 50*time.Millisecond)
+		for _, cl := range w.clusters {
+			assert.True(t, w.outputs.Get(cl).GetTrust()[0].GetHold(), cl)
+		}
+	})
+
+	t.Run("reserved-secrets", func(t *testing.T) {
+		w := newRotationWorld(t, "{generated: {}}", false)
+		vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+		old := vm.Status.SharedTrust.RootFingerprint
+		for _, name := range []string{vm.Status.SharedTrust.Root.GeneratedSecret, ca.RootSecretName, ca.SigningSecretName} {
+			if name != vm.Status.SharedTrust.Root.GeneratedSecret {
+				createSecret(t, w.kube, w.ns, name, map[string][]byte{"tls.crt": []byte("x"), "tls.key": []byte("x")})
+			}
+			_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: %s}
+spec:
+  meshes: [{name: istiod-c1}, {name: istiod-c2}]
+  mtls:
+    shared:
+      rootCA: {secret: {name: %s}}
+`, w.ns, name)))
+			require.NoError(t, err)
+			vm = w.waitFor("Failed: "+name, func(r *networkingv1alpha1.RotationStatus) bool {
+				return r != nil && r.Phase == networkingv1alpha1.PhaseFailed && strings.Contains(r.Message, name)
+			})
+			assert.Contains(t, vm.Status.Rotation.Message, "keeps for itself", name)
+			assert.Equal(t, old, vm.Status.SharedTrust.RootFingerprint)
+		}
+	})
 }

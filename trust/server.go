@@ -69,6 +69,11 @@ type Config struct {
 	Clock    func() time.Time
 	// Registerer receives the shared-trust metrics; nil: not exported.
 	Registerer prometheus.Registerer
+	// ReservedSecrets name Secrets of the server's namespace no VirtualMesh
+	// may use as a root or for its credentials (a provided relay CA); the
+	// relay CA's own Secrets and generated VirtualMesh roots are always
+	// refused.
+	ReservedSecrets []string
 	// PKCS11Modules are the PKCS#11 modules (absolute paths) a VirtualMesh's
 	// rootCA.pkcs11.modulePath may name; none: pkcs11 roots are refused.
 	PKCS11Modules []string
@@ -240,18 +245,31 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input) []*vmPla
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
 	seen := map[string]bool{}
+	meshByName := map[string]*discoveryv1alpha1.Mesh{}
+	for i := range in.Meshes {
+		meshByName[in.Meshes[i].Name] = &in.Meshes[i]
+	}
 	for i := range in.VirtualMeshes {
 		vm := &in.VirtualMeshes[i]
 		shared := vm.Spec.MTLS
 		if shared == nil || shared.Shared == nil {
 			continue
 		}
+		key := vm.Namespace + "/" + vm.Name
 		members, ok := plan.Members(vm.Namespace, vm.Name)
 		if !ok {
-			continue // Invalid: its status says why
+			// Invalid (its status says why), e.g. a mesh named before it is
+			// discovered: the meshes it had keep their CAs as they are.
+			for _, mt := range c.heldWhileInvalid(key, vm, meshByName) {
+				state[mt.req.GetMesh()] = mt
+			}
+			c.mu.Lock()
+			seen[key] = seen[key] || c.vmst[key] != nil
+			c.mu.Unlock()
+			continue
 		}
 		p := c.plan(ctx, vm)
-		if p.signer == nil && !p.hold {
+		if p.bundle == nil && !p.hold {
 			continue
 		}
 		seen[p.key] = true
@@ -288,6 +306,11 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input) []*vmPla
 			delete(c.vmst, key)
 		}
 	}
+	for key := range seen {
+		if c.status[key] == nil {
+			c.status[key] = &networkingv1alpha1.SharedTrustStatus{}
+		}
+	}
 	for _, p := range plans {
 		key := p.key
 		st := c.status[key]
@@ -307,6 +330,33 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input) []*vmPla
 	}
 	c.mu.Unlock()
 	return plans
+}
+
+// heldWhileInvalid returns hold requests for the meshes an Invalid
+// VirtualMesh had: those published for it before, else (a restarted server)
+// those its status says were issued intermediates.
+func (c *Controller) heldWhileInvalid(key string, vm *networkingv1alpha1.VirtualMesh, meshes map[string]*discoveryv1alpha1.Mesh) []*meshTrust {
+	var out []*meshTrust
+	hold := func(mesh, cluster, namespace string) {
+		out = append(out, &meshTrust{cluster: cluster, vm: key, vmName: vm.Name,
+			req: &relaypb.TrustRequest{Mesh: mesh, Namespace: namespace, VirtualMesh: key, Hold: true}})
+	}
+	c.mu.Lock()
+	for name, mt := range c.state {
+		if mt.vm == key {
+			hold(name, mt.cluster, mt.req.GetNamespace())
+		}
+	}
+	c.mu.Unlock()
+	if len(out) > 0 || vm.Status.SharedTrust == nil {
+		return out
+	}
+	for _, m := range vm.Status.SharedTrust.Meshes {
+		if mesh := meshes[m.Mesh]; mesh != nil && mesh.Spec.Istio != nil && mesh.Spec.Istio.Installation.Cluster == m.Cluster {
+			hold(m.Mesh, m.Cluster, mesh.Spec.Istio.Installation.Namespace)
+		}
+	}
+	return out
 }
 
 // statusBody is the status patch of key for state st. Callers hold c.mu.
@@ -413,11 +463,11 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	if mt == nil {
 		return nil, deny(codes.FailedPrecondition, "the mesh has no shared trust: it is unknown or in no valid VirtualMesh with spec.mtls.shared")
 	}
-	if mt.root == nil {
-		return nil, deny(codes.Unavailable, "the VirtualMesh's root cannot be used now; the mesh keeps its CA (see the VirtualMesh's status.sharedTrust.message)")
-	}
 	if mt.cluster != cluster {
 		return nil, deny(codes.PermissionDenied, "the mesh is not in the caller's cluster")
+	}
+	if mt.root == nil {
+		return nil, deny(codes.Unavailable, "the VirtualMesh's root cannot be used now; the mesh keeps its CA (see the VirtualMesh's status.sharedTrust.message)")
 	}
 	csr, err := ca.ParseIntermediateCSR(req.GetCsr())
 	if err != nil {

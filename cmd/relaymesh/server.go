@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -217,7 +218,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.dynamic, Kube: kube.typed, Namespace: f.namespace, Outputs: outputs, Acks: view,
 		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }, Audit: auditLog, Logger: log,
-		PKCS11Modules: f.pkcs11Modules, Registerer: reg})
+		PKCS11Modules: f.pkcs11Modules, Registerer: reg, ReservedSecrets: slices.DeleteFunc([]string{f.caSecret}, func(s string) bool { return s == "" })})
 	if err != nil {
 		return err
 	}

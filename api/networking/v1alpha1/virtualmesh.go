@@ -377,6 +377,15 @@ type RotationStatus struct {
 	From *RootSource `json:"from,omitempty"`
 	// +optional
 	To *RootSource `json:"to,omitempty"`
+	// OldRoots and NewRoots are the PEM certificates of both roots, so the
+	// bundles of every step (and a rollback) can be published even when
+	// one of them cannot be loaded.
+	// +kubebuilder:validation:MaxLength=65536
+	// +optional
+	OldRoots string `json:"oldRoots,omitempty"`
+	// +kubebuilder:validation:MaxLength=65536
+	// +optional
+	NewRoots string `json:"newRoots,omitempty"`
 	// PendingMeshes are the meshes whose agents have not yet acked Step.
 	// +kubebuilder:validation:MaxItems=256
 	// +optional
