@@ -306,6 +306,12 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input) []*vmPla
 			delete(c.vmst, key)
 		}
 	}
+	for key := range c.written {
+		if !seen[key] {
+			// A VirtualMesh made again under the same name gets its status.
+			delete(c.written, key)
+		}
+	}
 	for key := range seen {
 		if c.status[key] == nil {
 			c.status[key] = &networkingv1alpha1.SharedTrustStatus{}
