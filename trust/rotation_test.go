@@ -51,6 +51,30 @@ type rotationWorld struct {
 	ctl      *trust.Controller
 	stop     context.CancelFunc
 	modules  []string // PKCS#11 modules a VirtualMesh may name
+	// verification is the VirtualMesh's spec.mtls.rotationVerification.
+	verification string
+}
+
+// applyVM applies the VirtualMesh "shared" with rootCA (YAML) and the
+// world's meshes, plus extra mesh names.
+func (w *rotationWorld) applyVM(rootCA string, extra ...string) {
+	w.t.Helper()
+	meshes := "{name: istiod-c1}, {name: istiod-c2}"
+	for _, m := range extra {
+		meshes += ", {name: " + m + "}"
+	}
+	_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: %s}
+spec:
+  meshes: [%s]
+  mtls:
+    rotationVerification: %s
+    shared:
+      rootCA: %s
+`, w.ns, meshes, w.verification, rootCA)))
+	require.NoError(w.t, err)
 }
 
 func newRotationWorld(t *testing.T, rootCA string, manual bool, modules ...string) *rotationWorld {
@@ -82,19 +106,10 @@ spec:
 ---
 `, cl, w.ns, w.meshNS[cl])
 	}
-	manifest += fmt.Sprintf(`
-apiVersion: networking.relaymesh.io/v1alpha1
-kind: VirtualMesh
-metadata: {name: shared, namespace: %s}
-spec:
-  meshes: [{name: istiod-c1}, {name: istiod-c2}]
-  mtls:
-    rotationVerification: %s
-    shared:
-      rootCA: %s
-`, w.ns, verification, rootCA)
 	_, err = env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(manifest))
 	require.NoError(t, err)
+	w.verification = verification
+	w.applyVM(rootCA)
 	w.start()
 	// Other tests' controllers watch VirtualMeshes everywhere.
 	t.Cleanup(func() {
@@ -372,18 +387,7 @@ func TestRotationToAnHSMRoot(t *testing.T) {
 	before := w.meshCAs()
 	createSecret(t, w.kube, w.ns, "hsm-pin", map[string][]byte{"pin": []byte(hsmPIN)})
 	createSecret(t, w.kube, w.ns, "hsm-root", map[string][]byte{"tls.crt": ca.CertsPEM(k.selfSigned)})
-	_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
-apiVersion: networking.relaymesh.io/v1alpha1
-kind: VirtualMesh
-metadata: {name: shared, namespace: %s}
-spec:
-  meshes: [{name: istiod-c1}, {name: istiod-c2}]
-  mtls:
-    shared:
-      rootCA:
-        pkcs11: {modulePath: %s, tokenLabel: %s, keyLabel: %s, pinSecretRef: {name: hsm-pin}, certificateSecretRef: {name: hsm-root}}
-`, w.ns, module, hsmToken, k.label)))
-	require.NoError(t, err)
+	w.applyVM(fmt.Sprintf("{pkcs11: {modulePath: %s, tokenLabel: %s, keyLabel: %s, pinSecretRef: {name: hsm-pin}, certificateSecretRef: {name: hsm-root}}}", module, hsmToken, k.label))
 	vm = w.waitFor("Finished", phaseIs(networkingv1alpha1.PhaseFinished, false))
 	nu := trust.Fingerprint(k.selfSigned)
 	assert.Equal(t, old, vm.Status.Rotation.OldRootFingerprint)
@@ -452,17 +456,7 @@ func TestRotationToAnotherKeyAlgorithm(t *testing.T) {
 	w := newRotationWorld(t, "{generated: {}}", false)
 	vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
 	old := vm.Status.SharedTrust.RootFingerprint
-	_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
-apiVersion: networking.relaymesh.io/v1alpha1
-kind: VirtualMesh
-metadata: {name: shared, namespace: %s}
-spec:
-  meshes: [{name: istiod-c1}, {name: istiod-c2}]
-  mtls:
-    shared:
-      rootCA: {generated: {keyAlgorithm: ECDSAP384}}
-`, w.ns)))
-	require.NoError(t, err)
+	w.applyVM("{generated: {keyAlgorithm: ECDSAP384}}")
 	vm = w.waitFor("Finished", phaseIs(networkingv1alpha1.PhaseFinished, false))
 	nu := vm.Status.Rotation.NewRootFingerprint
 	require.NotEqual(t, old, nu)
@@ -489,17 +483,7 @@ func TestRotationRefusesBadRoots(t *testing.T) {
 	_, err := w.kube.CoreV1().Secrets(w.ns).Create(w.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "not-a-ca"},
 		Data: map[string][]byte{corev1.TLSCertKey: notCA.cert, corev1.TLSPrivateKeyKey: notCA.key}}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	_, err = env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
-apiVersion: networking.relaymesh.io/v1alpha1
-kind: VirtualMesh
-metadata: {name: shared, namespace: %s}
-spec:
-  meshes: [{name: istiod-c1}, {name: istiod-c2}]
-  mtls:
-    shared:
-      rootCA: {secret: {name: not-a-ca}}
-`, w.ns)))
-	require.NoError(t, err)
+	w.applyVM("{secret: {name: not-a-ca}}")
 	vm = w.waitFor("Failed", func(r *networkingv1alpha1.RotationStatus) bool {
 		return r != nil && r.Phase == networkingv1alpha1.PhaseFailed
 	})
@@ -645,17 +629,7 @@ func TestRotationFailsClosed(t *testing.T) {
 		w := newRotationWorld(t, "{generated: {}}", false)
 		w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
 		before := w.meshCAs()
-		_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
-apiVersion: networking.relaymesh.io/v1alpha1
-kind: VirtualMesh
-metadata: {name: shared, namespace: %s}
-spec:
-  meshes: [{name: istiod-c1}, {name: istiod-c2}, {name: not-discovered-yet}]
-  mtls:
-    shared:
-      rootCA: {generated: {}}
-`, w.ns)))
-		require.NoError(t, err)
+		w.applyVM("{generated: {}}", "not-discovered-yet")
 		require.Eventually(t, func() bool {
 			for _, cl := range w.clusters {
 				reqs := w.outputs.Get(cl).GetTrust()
@@ -698,17 +672,7 @@ spec:
 			if name != vm.Status.SharedTrust.Root.GeneratedSecret {
 				createSecret(t, w.kube, w.ns, name, map[string][]byte{"tls.crt": []byte("x"), "tls.key": []byte("x")})
 			}
-			_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
-apiVersion: networking.relaymesh.io/v1alpha1
-kind: VirtualMesh
-metadata: {name: shared, namespace: %s}
-spec:
-  meshes: [{name: istiod-c1}, {name: istiod-c2}]
-  mtls:
-    shared:
-      rootCA: {secret: {name: %s}}
-`, w.ns, name)))
-			require.NoError(t, err)
+			w.applyVM(fmt.Sprintf("{secret: {name: %s}}", name))
 			vm = w.waitFor("Failed: "+name, func(r *networkingv1alpha1.RotationStatus) bool {
 				return r != nil && r.Phase == networkingv1alpha1.PhaseFailed && strings.Contains(r.Message, name)
 			})

@@ -182,10 +182,10 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("url: %w", err))
 	}
 	for _, err := range []error{
-		exactlyOne("authKeyFile, authKeyEnv: one is required (or authKey)", alternative{"authKeyFile", c.AuthKeyFile != ""}, alternative{"authKeyEnv", c.AuthKeyEnv != ""}, alternative{"authKey", len(c.AuthKey) != 0}),
-		exactlyOne("chainFile: required (or chainPEM)", alternative{"chainFile", c.ChainFile != ""}, alternative{"chainPEM", len(c.ChainPEM) != 0}),
-		exactlyOne("rootsFile: required (or rootsPEM)", alternative{"rootsFile", c.RootsFile != ""}, alternative{"rootsPEM", len(c.RootsPEM) != 0}),
-		exactlyOne("tlsRootsFile: required (or tlsRootsPEM)", alternative{"tlsRootsFile", c.TLSRootsFile != ""}, alternative{"tlsRootsPEM", len(c.TLSRootsPEM) != 0}),
+		ca.ExactlyOne("authKeyFile, authKeyEnv: one is required (or authKey)", ca.Alternative{Field: "authKeyFile", Set: c.AuthKeyFile != ""}, ca.Alternative{Field: "authKeyEnv", Set: c.AuthKeyEnv != ""}, ca.Alternative{Field: "authKey", Set: len(c.AuthKey) != 0}),
+		ca.ExactlyOne("chainFile: required (or chainPEM)", ca.Alternative{Field: "chainFile", Set: c.ChainFile != ""}, ca.Alternative{Field: "chainPEM", Set: len(c.ChainPEM) != 0}),
+		ca.ExactlyOne("rootsFile: required (or rootsPEM)", ca.Alternative{Field: "rootsFile", Set: c.RootsFile != ""}, ca.Alternative{Field: "rootsPEM", Set: len(c.RootsPEM) != 0}),
+		ca.ExactlyOne("tlsRootsFile: required (or tlsRootsPEM)", ca.Alternative{Field: "tlsRootsFile", Set: c.TLSRootsFile != ""}, ca.Alternative{Field: "tlsRootsPEM", Set: len(c.TLSRootsPEM) != 0}),
 	} {
 		if err != nil {
 			errs = append(errs, err)
@@ -210,31 +210,6 @@ func (c Config) Validate() error {
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errors.Join(errs...)
-}
-
-// alternative is one of a group of fields of which one may be set.
-type alternative struct {
-	field string
-	set   bool
-}
-
-// exactlyOne reports a group of alternatives of which more than one is set
-// (naming those) or, unless missing is empty (an optional group), none
-// (with the message missing). It never quotes a value.
-func exactlyOne(missing string, alts ...alternative) error {
-	var set []string
-	for _, a := range alts {
-		if a.set {
-			set = append(set, a.field)
-		}
-	}
-	switch {
-	case len(set) == 0 && missing != "":
-		return errors.New(missing)
-	case len(set) > 1:
-		return fmt.Errorf("%s: only one may be set", strings.Join(set, ", "))
-	}
-	return nil
 }
 
 // parseURL accepts an http(s) URL without query or fragment; plain http

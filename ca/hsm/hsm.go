@@ -105,9 +105,9 @@ func (c Config) Validate() error {
 		}
 	}
 	for _, err := range []error{
-		exactlyOne("pinFile, pinEnv: one is required (or pin)", alternative{"pinFile", c.PINFile != ""}, alternative{"pinEnv", c.PINEnv != ""}, alternative{"pin", len(c.PIN) != 0}),
-		exactlyOne("chainFile: required (or chainPEM)", alternative{"chainFile", c.ChainFile != ""}, alternative{"chainPEM", len(c.ChainPEM) != 0}),
-		exactlyOne("rootsFile: required (or rootsPEM)", alternative{"rootsFile", c.RootsFile != ""}, alternative{"rootsPEM", len(c.RootsPEM) != 0}),
+		ca.ExactlyOne("pinFile, pinEnv: one is required (or pin)", ca.Alternative{Field: "pinFile", Set: c.PINFile != ""}, ca.Alternative{Field: "pinEnv", Set: c.PINEnv != ""}, ca.Alternative{Field: "pin", Set: len(c.PIN) != 0}),
+		ca.ExactlyOne("chainFile: required (or chainPEM)", ca.Alternative{Field: "chainFile", Set: c.ChainFile != ""}, ca.Alternative{Field: "chainPEM", Set: len(c.ChainPEM) != 0}),
+		ca.ExactlyOne("rootsFile: required (or rootsPEM)", ca.Alternative{Field: "rootsFile", Set: c.RootsFile != ""}, ca.Alternative{Field: "rootsPEM", Set: len(c.RootsPEM) != 0}),
 	} {
 		if err != nil {
 			errs = append(errs, err)
@@ -120,31 +120,6 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("logger: required"))
 	}
 	return errors.Join(errs...)
-}
-
-// alternative is one of a group of fields of which one may be set.
-type alternative struct {
-	field string
-	set   bool
-}
-
-// exactlyOne reports a group of alternatives of which more than one is set
-// (naming those) or, unless missing is empty (an optional group), none
-// (with the message missing). It never quotes a value.
-func exactlyOne(missing string, alts ...alternative) error {
-	var set []string
-	for _, a := range alts {
-		if a.set {
-			set = append(set, a.field)
-		}
-	}
-	switch {
-	case len(set) == 0 && missing != "":
-		return errors.New(missing)
-	case len(set) > 1:
-		return fmt.Errorf("%s: only one may be set", strings.Join(set, ", "))
-	}
-	return nil
 }
 
 // signer is a ca.Signer whose key lives on a PKCS#11 token.

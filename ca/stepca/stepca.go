@@ -184,11 +184,11 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("provisioner: required"))
 	}
 	for _, err := range []error{
-		exactlyOne("provisionerKeyFile: required (or provisionerKey)", alternative{"provisionerKeyFile", c.ProvisionerKeyFile != ""}, alternative{"provisionerKey", len(c.ProvisionerKey) != 0}),
-		exactlyOne("", alternative{"provisionerPasswordFile", c.ProvisionerPasswordFile != ""}, alternative{"provisionerPassword", len(c.ProvisionerPassword) != 0}),
-		exactlyOne("chainFile: required (or chainPEM)", alternative{"chainFile", c.ChainFile != ""}, alternative{"chainPEM", len(c.ChainPEM) != 0}),
-		exactlyOne("rootsFile: required (or rootsPEM)", alternative{"rootsFile", c.RootsFile != ""}, alternative{"rootsPEM", len(c.RootsPEM) != 0}),
-		exactlyOne("tlsRootsFile: required (or tlsRootsPEM)", alternative{"tlsRootsFile", c.TLSRootsFile != ""}, alternative{"tlsRootsPEM", len(c.TLSRootsPEM) != 0}),
+		ca.ExactlyOne("provisionerKeyFile: required (or provisionerKey)", ca.Alternative{Field: "provisionerKeyFile", Set: c.ProvisionerKeyFile != ""}, ca.Alternative{Field: "provisionerKey", Set: len(c.ProvisionerKey) != 0}),
+		ca.ExactlyOne("", ca.Alternative{Field: "provisionerPasswordFile", Set: c.ProvisionerPasswordFile != ""}, ca.Alternative{Field: "provisionerPassword", Set: len(c.ProvisionerPassword) != 0}),
+		ca.ExactlyOne("chainFile: required (or chainPEM)", ca.Alternative{Field: "chainFile", Set: c.ChainFile != ""}, ca.Alternative{Field: "chainPEM", Set: len(c.ChainPEM) != 0}),
+		ca.ExactlyOne("rootsFile: required (or rootsPEM)", ca.Alternative{Field: "rootsFile", Set: c.RootsFile != ""}, ca.Alternative{Field: "rootsPEM", Set: len(c.RootsPEM) != 0}),
+		ca.ExactlyOne("tlsRootsFile: required (or tlsRootsPEM)", ca.Alternative{Field: "tlsRootsFile", Set: c.TLSRootsFile != ""}, ca.Alternative{Field: "tlsRootsPEM", Set: len(c.TLSRootsPEM) != 0}),
 	} {
 		if err != nil {
 			errs = append(errs, err)
@@ -207,31 +207,6 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("logger: required"))
 	}
 	return errors.Join(errs...)
-}
-
-// alternative is one of a group of fields of which one may be set.
-type alternative struct {
-	field string
-	set   bool
-}
-
-// exactlyOne reports a group of alternatives of which more than one is set
-// (naming those) or, unless missing is empty (an optional group), none
-// (with the message missing). It never quotes a value.
-func exactlyOne(missing string, alts ...alternative) error {
-	var set []string
-	for _, a := range alts {
-		if a.set {
-			set = append(set, a.field)
-		}
-	}
-	switch {
-	case len(set) == 0 && missing != "":
-		return errors.New(missing)
-	case len(set) > 1:
-		return fmt.Errorf("%s: only one may be set", strings.Join(set, ", "))
-	}
-	return nil
 }
 
 func parseURL(raw string) (*url.URL, error) {
