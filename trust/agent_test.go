@@ -86,14 +86,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func client(t *testing.T) kubernetes.Interface {
+func client(t testing.TB) kubernetes.Interface {
 	t.Helper()
 	c, err := env.Cluster("cluster-1").Clientset()
 	require.NoError(t, err)
 	return c
 }
 
-func namespace(t *testing.T, c kubernetes.Interface) string {
+func namespace(t testing.TB, c kubernetes.Interface) string {
 	t.Helper()
 	ns := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
 	ns = strings.ReplaceAll(ns, "_", "-")

@@ -38,7 +38,7 @@ import (
 // writing cacerts into its own namespace of a real kube-apiserver. sync is
 // what the relay does: each agent applies its cluster's set and acks it.
 type rotationWorld struct {
-	t        *testing.T
+	t        testing.TB
 	ctx      context.Context
 	kube     kubernetes.Interface
 	dyn      dynamic.Interface
@@ -59,10 +59,14 @@ type rotationWorld struct {
 // world's meshes, plus extra mesh names.
 func (w *rotationWorld) applyVM(rootCA string, extra ...string) {
 	w.t.Helper()
-	meshes := "{name: istiod-c1}, {name: istiod-c2}"
-	for _, m := range extra {
-		meshes += ", {name: " + m + "}"
+	var names []string
+	for _, cl := range w.clusters {
+		names = append(names, "{name: istiod-"+cl+"}")
 	}
+	for _, m := range extra {
+		names = append(names, "{name: "+m+"}")
+	}
+	meshes := strings.Join(names, ", ")
 	_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
 apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
@@ -79,8 +83,17 @@ spec:
 
 func newRotationWorld(t *testing.T, rootCA string, manual bool, modules ...string) *rotationWorld {
 	t.Helper()
-	w := &rotationWorld{t: t, ctx: context.Background(), kube: client(t), clusters: []string{"c1", "c2"},
+	return newRotationWorldOf(t, 2, rootCA, manual, modules...)
+}
+
+// newRotationWorldOf is newRotationWorld with n clusters of one mesh each.
+func newRotationWorldOf(t testing.TB, n int, rootCA string, manual bool, modules ...string) *rotationWorld {
+	t.Helper()
+	w := &rotationWorld{t: t, ctx: context.Background(), kube: client(t),
 		meshNS: map[string]string{}, agents: map[string]*trust.Agent{}, modules: modules}
+	for i := range n {
+		w.clusters = append(w.clusters, fmt.Sprintf("c%d", i+1))
+	}
 	w.ns = namespace(t, w.kube)
 	var err error
 	w.dyn, err = dynamic.NewForConfig(env.Cluster("cluster-1").RESTConfig())
@@ -680,4 +693,35 @@ func TestRotationFailsClosed(t *testing.T) {
 			assert.Equal(t, old, vm.Status.SharedTrust.RootFingerprint)
 		}
 	})
+}
+
+// BenchmarkRotation measures a whole MultiRoot rotation (verification None)
+// of a generated root: from the new generation to Finished, every step
+// written to the status, published and acked by every mesh's agent (a real
+// trust.Agent writing cacerts into a real kube-apiserver, issuing a new
+// intermediate at each of the three steps that change it).
+func BenchmarkRotation(b *testing.B) {
+	for _, n := range []int{2, 20} {
+		b.Run(fmt.Sprintf("%d-meshes", n), func(b *testing.B) {
+			w := newRotationWorldOf(b, n, "{generated: {}}", false)
+			w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+			gen, last := 1, ""
+			for b.Loop() {
+				gen++
+				w.annotate(networkingv1alpha1.AnnotationRootGeneration, fmt.Sprint(gen))
+				deadline := time.Now().Add(time.Minute)
+				for {
+					// The agents apply as soon as a step is there, as
+					// connected agents do.
+					w.sync()
+					if r := w.vm().Status.Rotation; r != nil && r.Phase == networkingv1alpha1.PhaseFinished && r.NewRootFingerprint != last {
+						last = r.NewRootFingerprint
+						break
+					}
+					require.True(b, time.Now().Before(deadline), "rotation %d did not finish within a minute", gen)
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+		})
+	}
 }
