@@ -18,4 +18,14 @@
 // intermediate once renewAtPercent of its life is gone (default 66%), never
 // touches a cacerts Secret it did not create, and deletes the ones it
 // manages that are no longer asked for.
+//
+// When the VirtualMesh names another root, the Controller rotates every mesh
+// to it (MultiRoot): both roots in the bundle with old intermediates, both
+// with new intermediates, the new root only, Finished; each step is recorded
+// in the VirtualMesh status before it is published and moves on only once
+// every mesh's agent acked the one before (and, with Manual verification,
+// once continue was asked). Rollback walks the steps back. A root that
+// cannot be loaded holds the meshes' CAs (TrustRequest.hold) instead of
+// letting agents prune them. With autoRestartPods the agent restarts istiod,
+// then the injected workloads, after a CA change.
 package trust

@@ -10,6 +10,7 @@ const (
 	metricRootExpiry = "relaymesh_trust_root_expiry_timestamp_seconds"
 	metricPhase      = "relaymesh_trust_rotation_phase"
 	metricHeld       = "relaymesh_trust_held"
+	metricInterExp   = "relaymesh_trust_intermediate_expiry_timestamp_seconds"
 )
 
 // metrics are the shared-trust gauges, per VirtualMesh (namespace/name).
@@ -17,6 +18,7 @@ type metrics struct {
 	rootExpiry *prometheus.GaugeVec
 	phase      *prometheus.GaugeVec
 	held       *prometheus.GaugeVec
+	interExp   *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -27,9 +29,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "1 for the root rotation phase each VirtualMesh is in (NotRotating when none ran)."}, []string{"virtual_mesh", "phase"}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricHeld,
 			Help: "1 while a VirtualMesh's meshes keep their CAs as they are because its root cannot be used."}, []string{"virtual_mesh"}),
+		interExp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricInterExp,
+			Help: "Expiry of the intermediate last issued to each mesh of a VirtualMesh with shared trust."}, []string{"virtual_mesh", "mesh"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.rootExpiry, m.phase, m.held} {
+		for _, c := range []prometheus.Collector{m.rootExpiry, m.phase, m.held, m.interExp} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -40,10 +44,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 // observe sets the gauges from the plans of one reconcile; VirtualMeshes no
 // longer planned disappear.
-func (m *metrics) observe(plans []*vmPlan, states map[string]*vmState) {
+func (m *metrics) observe(plans []*vmPlan, states map[string]*vmState, issued map[string][]networkingv1alpha1.MeshCAStatus) {
 	m.rootExpiry.Reset()
 	m.phase.Reset()
 	m.held.Reset()
+	m.interExp.Reset()
 	for _, p := range plans {
 		st := states[p.key]
 		if st == nil {
@@ -62,5 +67,8 @@ func (m *metrics) observe(plans []*vmPlan, states map[string]*vmState) {
 			held = 1
 		}
 		m.held.WithLabelValues(p.key).Set(held)
+		for _, mesh := range issued[p.key] {
+			m.interExp.WithLabelValues(p.key, mesh.Mesh).Set(float64(mesh.NotAfter.Unix()))
+		}
 	}
 }

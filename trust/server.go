@@ -225,11 +225,15 @@ func (c *Controller) reconcile(ctx context.Context) {
 	c.dropUnused()
 	c.mu.Lock()
 	states := map[string]*vmState{}
+	issued := map[string][]networkingv1alpha1.MeshCAStatus{}
 	for _, p := range plans {
 		states[p.key] = c.vmst[p.key]
+		if st := c.status[p.key]; st != nil {
+			issued[p.key] = slices.Clone(st.Meshes)
+		}
 	}
 	c.mu.Unlock()
-	c.metrics.observe(plans, states)
+	c.metrics.observe(plans, states, issued)
 	if moved {
 		c.Kick()
 	}
