@@ -2,7 +2,6 @@ package ca_test
 
 import (
 	"bytes"
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rsa"
@@ -222,14 +221,7 @@ func TestGenerateMeshRootKeyAlgorithms(t *testing.T) {
 			certPEM := ca.CertsPEM(r.Cert)
 			s, err := ca.ParseSignerPEM(certPEM, pem.EncodeToMemory(keyBlock), certPEM, time.Now())
 			require.NoError(t, err)
-			a, err := ca.New(ca.Config{Signer: s})
-			require.NoError(t, err)
-			key := catest.NewKey(t, catest.ECDSAP256)
-			csr, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
-			require.NoError(t, err)
-			iss, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate)
-			require.NoError(t, err)
-			catest.CheckIntermediateCertificate(t, iss, key.Public(), catest.Intermediate)
+			iss := catest.IssueIntermediate(t, s)
 			assert.Equal(t, []*x509.Certificate{r.Cert}, iss.Roots)
 		})
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
@@ -15,12 +14,9 @@ import (
 	"log/slog"
 	"math/big"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -48,51 +44,12 @@ const (
 	hsmSOPIN = "so-pin-5a8c61"
 )
 
-// softHSM is one SoftHSM2 token for the whole test binary: SoftHSM reads
-// SOFTHSM2_CONF once per process, when the module is first initialized.
-var softHSM struct {
-	once   sync.Once
-	err    error
-	module string
-}
-
 // hsmModule returns the SoftHSM2 module path, creating the token in the
 // test environment's directory (removed with it) on first use. A missing
 // SoftHSM2 fails the test, as in package ca/hsm.
 func hsmModule(t *testing.T) string {
 	t.Helper()
-	softHSM.once.Do(func() {
-		for _, p := range []string{"/usr/lib/softhsm/libsofthsm2.so", "/usr/lib/x86_64-linux-gnu/softhsm/libsofthsm2.so", "/usr/lib/aarch64-linux-gnu/softhsm/libsofthsm2.so"} {
-			if _, err := os.Stat(p); err == nil {
-				softHSM.module = p
-				break
-			}
-		}
-		util, err := exec.LookPath("softhsm2-util")
-		if softHSM.module == "" || err != nil {
-			softHSM.err = fmt.Errorf("SoftHSM2 is not installed: apt-get install softhsm2 (.ci/run does this)")
-			return
-		}
-		dir := filepath.Join(env.Dir(), "softhsm")
-		tokens := filepath.Join(dir, "tokens")
-		conf := filepath.Join(dir, "softhsm2.conf")
-		if softHSM.err = os.MkdirAll(tokens, 0o700); softHSM.err != nil {
-			return
-		}
-		cfg := fmt.Sprintf("directories.tokendir = %s\nobjectstore.backend = file\nlog.level = ERROR\nslots.removable = false\n", tokens)
-		if softHSM.err = os.WriteFile(conf, []byte(cfg), 0o600); softHSM.err != nil {
-			return
-		}
-		// Before any PKCS#11 call of this process.
-		if softHSM.err = os.Setenv("SOFTHSM2_CONF", conf); softHSM.err != nil {
-			return
-		}
-		if out, err := exec.Command(util, "--init-token", "--free", "--label", hsmToken, "--pin", hsmPIN, "--so-pin", hsmSOPIN).CombinedOutput(); err != nil {
-			softHSM.err = fmt.Errorf("softhsm2-util --init-token: %w: %s", err, out)
-		}
-	})
-	require.NoError(t, softHSM.err)
-	return softHSM.module
+	return catest.SoftHSM(t, filepath.Join(env.Dir(), "softhsm"), hsmToken, hsmPIN, hsmSOPIN)
 }
 
 // hsmKey is a P-256 key pair generated on the token, and certificates
@@ -182,22 +139,6 @@ func newController(kube kubernetes.Interface, ns string, modules ...string) (*tr
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}), &logs
 }
 
-// issueIntermediate wraps s in an Authority, as the controller does, and
-// issues a mesh intermediate for a fresh key; it must be everything a mesh
-// intermediate is, and verify to s's roots.
-func issueIntermediate(t *testing.T, s ca.Signer) *ca.Issued {
-	t.Helper()
-	a, err := ca.New(ca.Config{Signer: s})
-	require.NoError(t, err)
-	key := catest.NewKey(t, catest.ECDSAP256)
-	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
-	require.NoError(t, err)
-	iss, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate)
-	require.NoError(t, err)
-	catest.CheckIntermediateCertificate(t, iss, key.Public(), catest.Intermediate)
-	return iss
-}
-
 // verifiesTo asserts that the intermediate's chain verifies to root and
 // to nothing else the Issued names.
 func verifiesTo(t *testing.T, iss *ca.Issued, root *x509.Certificate) {
@@ -245,7 +186,7 @@ func TestPKCS11Root(t *testing.T) {
 		require.NoError(t, err)
 		defer closeSigner(t, s)
 		assert.Equal(t, pin.ResourceVersion+","+chained.ResourceVersion, v)
-		verifiesTo(t, issueIntermediate(t, s), k.root.Cert)
+		verifiesTo(t, catest.IssueIntermediate(t, s), k.root.Cert)
 	})
 	t.Run("a self-signed root (tls.crt only), module path not in clean form", func(t *testing.T) {
 		p := spec(selfSigned)
@@ -254,7 +195,7 @@ func TestPKCS11Root(t *testing.T) {
 		require.NoError(t, err)
 		defer closeSigner(t, s)
 		assert.Equal(t, pin.ResourceVersion+","+selfSigned.ResourceVersion, v)
-		verifiesTo(t, issueIntermediate(t, s), k.selfSigned)
+		verifiesTo(t, catest.IssueIntermediate(t, s), k.selfSigned)
 	})
 	t.Run("a changed Secret changes the version", func(t *testing.T) {
 		s, before, err := trust.PKCS11Signer(ctl, ctx, spec(chained))
@@ -438,7 +379,7 @@ func TestExternalRootRejects(t *testing.T) {
 			for _, w := range tt.want {
 				assert.Contains(t, err.Error(), w)
 			}
-			for _, secret := range []string{authKey, authKey[2:], password, string(privJSON), privateD(t, jwk)} {
+			for _, secret := range []string{authKey, authKey[2:], password, string(privJSON), catest.JWKPrivateD(t, jwk)} {
 				assert.NotContains(t, err.Error(), secret, "a secret leaked into the error")
 				assert.NotContains(t, logs.String(), secret, "a secret leaked into the log")
 			}
@@ -475,7 +416,7 @@ func TestExternalRootCFSSL(t *testing.T) {
 			s, v, err := trust.ExternalSigner(ctl, ctx, spec(sec.Name))
 			require.NoError(t, err)
 			assert.Equal(t, sec.ResourceVersion, v)
-			verifiesTo(t, issueIntermediate(t, s), srv.issuing.Root().Cert)
+			verifiesTo(t, catest.IssueIntermediate(t, s), srv.issuing.Root().Cert)
 		})
 	}
 	for name, want := range map[string]string{
@@ -523,14 +464,14 @@ func TestExternalRootStepCA(t *testing.T) {
 	s, v, err := trust.ExternalSigner(ctl, ctx, spec(sec.Name))
 	require.NoError(t, err)
 	assert.Equal(t, sec.ResourceVersion, v)
-	verifiesTo(t, issueIntermediate(t, s), srv.issuing.Root().Cert)
+	verifiesTo(t, catest.IssueIntermediate(t, s), srv.issuing.Root().Cert)
 
 	s, _, err = trust.ExternalSigner(ctl, ctx, spec("stepca-other-tls-roots"))
 	require.Error(t, err)
 	t.Logf("error: %v", err)
 	assert.Nil(t, s)
 	assert.ErrorContains(t, err, "certificate signed by unknown authority")
-	for _, secret := range []string{srv.password, string(priv), privateD(t, srv.key)} {
+	for _, secret := range []string{srv.password, string(priv), catest.JWKPrivateD(t, srv.key)} {
 		assert.NotContains(t, err.Error(), secret, "a secret leaked into the error")
 		assert.NotContains(t, logs.String(), secret, "a secret leaked into the log")
 		assert.NotContains(t, srv.proc.Log(t), secret, "a secret leaked into step-ca's log")
@@ -593,21 +534,15 @@ func startCFSSL(t *testing.T) *cfsslServer {
 	})
 	require.NoError(t, err)
 	cfgFile := write("config.json", cfg)
-	for attempt := 1; ; attempt++ {
-		addr := catest.FreeAddr(t)
-		host, port, err := net.SplitHostPort(addr)
-		require.NoError(t, err)
-		proc := catest.StartProcess(t, fmt.Sprintf("cfssl-%d", attempt), bin,
-			[]string{"serve", "-address", host, "-port", port, "-ca", caFile, "-ca-key", caKeyFile, "-config", cfgFile, "-loglevel", "1"}, dir)
-		srv.url = "http://" + addr
-		if waitHealthy(proc, srv.url+"/api/v1/cfssl/health", nil) {
-			srv.proc = proc
-			return srv
-		}
-		if attempt == 3 {
-			t.Fatalf("cfssl serve did not come up on %s:\n%s", addr, proc.LogTail(t, 30))
-		}
-	}
+	srv.proc, srv.url = catest.StartServer(t, catest.Server{
+		Name: "cfssl", Bin: bin, Dir: dir, Scheme: "http", Health: "/api/v1/cfssl/health",
+		Args: func(addr string) []string {
+			host, port, err := net.SplitHostPort(addr)
+			require.NoError(t, err)
+			return []string{"serve", "-address", host, "-port", port, "-ca", caFile, "-ca-key", caKeyFile, "-config", cfgFile, "-loglevel", "1"}
+		},
+	})
+	return srv
 }
 
 // stepCAProvisioner is the JWK provisioner of the test step-ca.
@@ -649,8 +584,7 @@ func startStepCA(t *testing.T) *stepCAServer {
 	pub := jwk.Public()
 	pool := x509.NewCertPool()
 	pool.AddCert(root.Cert)
-	for attempt := 1; ; attempt++ {
-		addr := catest.FreeAddr(t)
+	args := func(addr string) []string {
 		host, _, err := net.SplitHostPort(addr)
 		require.NoError(t, err)
 		cfg, err := json.Marshal(map[string]any{
@@ -665,44 +599,8 @@ func startStepCA(t *testing.T) *stepCAServer {
 			"tls": map[string]any{"minVersion": 1.2, "maxVersion": 1.3},
 		})
 		require.NoError(t, err)
-		proc := catest.StartProcess(t, fmt.Sprintf("step-ca-%d", attempt), bin, []string{write("ca.json", cfg)}, dir)
-		srv.url = "https://" + addr
-		if waitHealthy(proc, srv.url+"/health", pool) {
-			srv.proc = proc
-			return srv
-		}
-		if attempt == 3 {
-			t.Fatalf("step-ca did not come up on %s:\n%s", addr, proc.LogTail(t, 30))
-		}
+		return []string{write("ca.json", cfg)}
 	}
-}
-
-// waitHealthy polls url until it answers 200 (true), the process ends or
-// 30 seconds pass (false).
-func waitHealthy(proc *catest.Process, url string, roots *x509.CertPool) bool {
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
-	defer hc.CloseIdleConnections()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !proc.Exited(); time.Sleep(50 * time.Millisecond) {
-		resp, err := hc.Get(url)
-		if err != nil {
-			continue
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode == http.StatusOK {
-			return true
-		}
-	}
-	return false
-}
-
-// privateD is the private scalar of an EC JWK, as it appears in JSON.
-func privateD(t *testing.T, k *jose.JSONWebKey) string {
-	t.Helper()
-	b, err := json.Marshal(k)
-	require.NoError(t, err)
-	var m map[string]any
-	require.NoError(t, json.Unmarshal(b, &m))
-	d, ok := m["d"].(string)
-	require.True(t, ok, "private JWK has d")
-	return d
+	srv.proc, srv.url = catest.StartServer(t, catest.Server{Name: "step-ca", Bin: bin, Dir: dir, Args: args, Scheme: "https", Health: "/health", Roots: pool})
+	return srv
 }

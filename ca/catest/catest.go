@@ -2,8 +2,8 @@
 // certificate requests (well-formed and hostile), root and intermediate CAs
 // (including expired, non-CA and multi-level ones), the conformance suite
 // every ca.Signer back end must pass (RunSignerConformance), and the means
-// to run the real third-party CAs that back ends are tested against
-// (Binary, StartProcess, FreeAddr).
+// to run the real third-party CAs and the SoftHSM2 token that back ends are
+// tested against (Binary, StartServer, StartProcess, FreeAddr, SoftHSM).
 //
 // It is test support only: import it from _test.go files, never from
 // production code. Everything is generated at run time relative to the
@@ -19,6 +19,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
+	"encoding/json"
 	"encoding/pem"
 	"math/big"
 	"slices"
@@ -27,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"go.step.sm/crypto/jose"
 	"go.step.sm/crypto/keyutil"
 	"go.step.sm/crypto/pemutil"
 
@@ -358,6 +360,25 @@ func KeyPEM(t testing.TB, key crypto.Signer) []byte {
 		t.Fatalf("catest: encode key: %v", err)
 	}
 	return pem.EncodeToMemory(b)
+}
+
+// JWKPrivateD is the private scalar ("d") of an EC JSON web key as its JSON
+// spells it, for tests that check it leaks nowhere.
+func JWKPrivateD(t testing.TB, k *jose.JSONWebKey) string {
+	t.Helper()
+	b, err := json.Marshal(k)
+	if err != nil {
+		t.Fatalf("catest: encode JWK: %v", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("catest: decode JWK: %v", err)
+	}
+	d, ok := m["d"].(string)
+	if !ok {
+		t.Fatalf("catest: the JWK has no private d")
+	}
+	return d
 }
 
 func randomSerial(t testing.TB) *big.Int {

@@ -375,6 +375,19 @@ func CheckIntermediateCertificate(t testing.TB, iss *ca.Issued, pub crypto.Publi
 	Lint(t, c)
 }
 
+// IssueIntermediate wraps s in a ca.Authority, as the server does, and
+// issues the mesh intermediate Intermediate for a fresh P-256 key; the
+// result must pass CheckIntermediateCertificate.
+func IssueIntermediate(t testing.TB, s ca.Signer) *ca.Issued {
+	t.Helper()
+	a := newAuthority(t, ca.Config{Signer: s})
+	key := NewKey(t, ECDSAP256)
+	iss, err := a.IssueIntermediate(context.Background(), parseIntermediateCSR(t, NewCSR(t, key, nil)), Intermediate)
+	require.NoError(t, err)
+	CheckIntermediateCertificate(t, iss, key.Public(), Intermediate)
+	return iss
+}
+
 // NewWorkloadCertificate is what istiod signs with a plugged-in CA: a
 // certificate for a fresh P-256 key with id as its only SAN, serverAuth
 // and clientAuth, valid from a minute ago for an hour, issued by issuer

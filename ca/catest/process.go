@@ -1,9 +1,13 @@
 package catest
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -75,6 +79,66 @@ func StartProcess(t testing.TB, name, bin string, args []string, dir string) *Pr
 func (p *Process) Exited() bool {
 	done, _ := p.p.Exited()
 	return done
+}
+
+// Server is a third-party server for StartServer to run.
+type Server struct {
+	// Name names the process and its logs; Bin and Dir are as for
+	// StartProcess.
+	Name, Bin, Dir string
+	// Args is the command line that makes the server listen on addr
+	// (host:port). Each attempt calls it with a fresh address.
+	Args func(addr string) []string
+	// Scheme is http or https; Health the path that answers 200 OK once
+	// the server is up.
+	Scheme, Health string
+	// Roots are the trust for https; nil for http.
+	Roots *x509.CertPool
+	// Timeout is how long an attempt may take to come up; default 30
+	// seconds.
+	Timeout time.Duration
+}
+
+// StartServer runs srv on a free loopback port, as StartProcess does, and
+// waits until it is healthy. Another process may take the port FreeAddr
+// gave before the server binds it, so a server that ends or does not come
+// up is tried again on a fresh port, three times in all before the test
+// fails with the end of its log. It returns the process and the server's
+// base URL, scheme://host:port.
+func StartServer(t testing.TB, srv Server) (*Process, string) {
+	t.Helper()
+	if srv.Timeout == 0 {
+		srv.Timeout = 30 * time.Second
+	}
+	for attempt := 1; ; attempt++ {
+		addr := FreeAddr(t)
+		proc := StartProcess(t, srv.Name+"-"+strconv.Itoa(attempt), srv.Bin, srv.Args(addr), srv.Dir)
+		url := srv.Scheme + "://" + addr
+		if proc.waitHealthy(url+srv.Health, srv.Roots, srv.Timeout) {
+			return proc, url
+		}
+		if attempt == 3 {
+			t.Fatalf("catest: %s did not come up on %s:\n%s", srv.Name, addr, proc.LogTail(t, 30))
+		}
+	}
+}
+
+// waitHealthy polls url until it answers 200 OK (true), or the process
+// ends or timeout passes (false).
+func (p *Process) waitHealthy(url string, roots *x509.CertPool, timeout time.Duration) bool {
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	defer hc.CloseIdleConnections()
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline) && !p.Exited(); time.Sleep(50 * time.Millisecond) {
+		resp, err := hc.Get(url)
+		if err != nil {
+			continue
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return true
+		}
+	}
+	return false
 }
 
 // Log returns what the process wrote so far.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
@@ -16,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -168,32 +166,15 @@ func startServer(t testing.TB, o serverOptions) *server {
 		tlsPool = x509.NewCertPool()
 		tlsPool.AddCert(tlsRoot.Cert)
 	}
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: tlsPool}}}
-	defer hc.CloseIdleConnections()
-
-	for attempt := 1; ; attempt++ {
-		addr := catest.FreeAddr(t)
-		host, port, err := net.SplitHostPort(addr)
-		require.NoError(t, err)
-		args := append([]string{"serve", "-address", host, "-port", port, "-ca", caFile, "-ca-key", caKeyFile, "-config", cfgFile, "-loglevel", "1"}, tlsArgs...)
-		proc := catest.StartProcess(t, "cfssl-"+strconv.Itoa(attempt), bin, args, dir)
-		s.url = scheme + "://" + addr
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) && !proc.Exited() {
-			resp, err := hc.Get(s.url + "/api/v1/cfssl/health")
-			if err == nil {
-				_ = resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					s.proc = proc
-					return s
-				}
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if attempt == 3 {
-			t.Fatalf("cfssl serve did not come up on %s:\n%s", addr, proc.LogTail(t, 30))
-		}
-	}
+	s.proc, s.url = catest.StartServer(t, catest.Server{
+		Name: "cfssl", Bin: bin, Dir: dir, Scheme: scheme, Health: "/api/v1/cfssl/health", Roots: tlsPool, Timeout: 20 * time.Second,
+		Args: func(addr string) []string {
+			host, port, err := net.SplitHostPort(addr)
+			require.NoError(t, err)
+			return append([]string{"serve", "-address", host, "-port", port, "-ca", caFile, "-ca-key", caKeyFile, "-config", cfgFile, "-loglevel", "1"}, tlsArgs...)
+		},
+	})
+	return s
 }
 
 // config is a working Config for s.
@@ -341,17 +322,10 @@ func TestInMemoryConfig(t *testing.T) {
 	srv := startServer(t, serverOptions{https: true})
 	cfg := inMemory(t, srv.config())
 	require.NotEmpty(t, cfg.TLSRootsPEM)
-	a, err := ca.New(ca.Config{Signer: newSigner(t, cfg)})
-	require.NoError(t, err)
-	key := catest.NewKey(t, catest.ECDSAP256)
-	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
-	require.NoError(t, err)
-	iss, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate)
-	require.NoError(t, err)
-	catest.CheckIntermediateCertificate(t, iss, key.Public(), catest.Intermediate)
+	catest.IssueIntermediate(t, newSigner(t, cfg))
 
 	cfg.TLSRootsPEM = nil
-	_, err = cfsslca.New(context.Background(), cfg)
+	_, err := cfsslca.New(context.Background(), cfg)
 	require.ErrorIs(t, err, ca.ErrInvalidSigner)
 	assert.ErrorContains(t, err, "certificate signed by unknown authority")
 	assertNoSecret(t, err.Error(), srv.authKeyHex, "the error")

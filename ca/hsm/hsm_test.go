@@ -12,9 +12,7 @@ import (
 	"log/slog"
 	"math/big"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,73 +35,27 @@ const (
 	soPIN      = "so-pin-8d7e61a0"
 )
 
-// softHSM is one SoftHSM2 token for the whole test binary: SoftHSM reads
-// SOFTHSM2_CONF once per process, when the module is first initialized.
-var softHSM struct {
-	once   sync.Once
-	err    error
-	dir    string
-	module string
-}
-
-// modulePaths are where Debian's softhsm2 package installs the module.
-var modulePaths = []string{"/usr/lib/softhsm/libsofthsm2.so", "/usr/lib/x86_64-linux-gnu/softhsm/libsofthsm2.so", "/usr/lib/aarch64-linux-gnu/softhsm/libsofthsm2.so"}
+// tokenDir holds the test token's configuration and objects; TestMain
+// removes it.
+var tokenDir string
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if softHSM.dir != "" {
-		_ = os.RemoveAll(softHSM.dir)
+	dir, err := os.MkdirTemp("", "relaymesh-softhsm-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
+	tokenDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-// token returns the SoftHSM2 module path, creating the token in a fresh
-// directory on first use. A missing SoftHSM2 fails the test.
+// token returns the SoftHSM2 module path, creating the token on first use.
+// A missing SoftHSM2 fails the test.
 func token(t testing.TB) string {
 	t.Helper()
-	softHSM.once.Do(func() {
-		for _, p := range modulePaths {
-			if _, err := os.Stat(p); err == nil {
-				softHSM.module = p
-				break
-			}
-		}
-		util, err := exec.LookPath("softhsm2-util")
-		if softHSM.module == "" || err != nil {
-			softHSM.err = fmt.Errorf("SoftHSM2 is not installed: apt-get install softhsm2 (.ci/run does this)")
-			return
-		}
-		dir, err := os.MkdirTemp("", "relaymesh-softhsm-")
-		if err != nil {
-			softHSM.err = err
-			return
-		}
-		softHSM.dir = dir
-		tokens := filepath.Join(dir, "tokens")
-		conf := filepath.Join(dir, "softhsm2.conf")
-		if err := os.Mkdir(tokens, 0o700); err != nil {
-			softHSM.err = err
-			return
-		}
-		cfg := fmt.Sprintf("directories.tokendir = %s\nobjectstore.backend = file\nlog.level = ERROR\nslots.removable = false\n", tokens)
-		if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
-			softHSM.err = err
-			return
-		}
-		// Before any PKCS#11 call of this process.
-		if err := os.Setenv("SOFTHSM2_CONF", conf); err != nil {
-			softHSM.err = err
-			return
-		}
-		out, err := exec.Command(util, "--init-token", "--free", "--label", tokenLabel, "--pin", userPIN, "--so-pin", soPIN).CombinedOutput()
-		if err != nil {
-			softHSM.err = fmt.Errorf("softhsm2-util --init-token: %w: %s", err, out)
-		}
-	})
-	if softHSM.err != nil {
-		t.Fatalf("hsm test: %v", softHSM.err)
-	}
-	return softHSM.module
+	return catest.SoftHSM(t, tokenDir, tokenLabel, userPIN, soPIN)
 }
 
 var keyCount atomic.Int64

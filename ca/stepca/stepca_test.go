@@ -3,16 +3,13 @@ package stepca_test
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -106,8 +103,9 @@ func startServer(t testing.TB, o serverOptions) *server {
 	if o.maxCertDuration != "" {
 		maxDuration = o.maxCertDuration
 	}
-	for attempt := 1; ; attempt++ {
-		addr := catest.FreeAddr(t)
+	pool := x509.NewCertPool()
+	pool.AddCert(root.Cert)
+	args := func(addr string) []string {
 		host, _, err := net.SplitHostPort(addr)
 		require.NoError(t, err)
 		cfg := map[string]any{
@@ -138,30 +136,10 @@ func startServer(t testing.TB, o serverOptions) *server {
 		}
 		b, err := json.MarshalIndent(cfg, "", "  ")
 		require.NoError(t, err)
-		caJSON := write("ca.json", b)
-		proc := catest.StartProcess(t, "step-ca-"+strconv.Itoa(attempt), bin, []string{caJSON}, dir)
-		s.url = "https://" + addr
-		pool := x509.NewCertPool()
-		pool.AddCert(root.Cert)
-		hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) && !proc.Exited() {
-			resp, err := hc.Get(s.url + "/health")
-			if err == nil {
-				_ = resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					hc.CloseIdleConnections()
-					s.proc = proc
-					return s
-				}
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		hc.CloseIdleConnections()
-		if attempt == 3 {
-			t.Fatalf("step-ca did not come up on %s:\n%s", addr, proc.LogTail(t, 30))
-		}
+		return []string{write("ca.json", b)}
 	}
+	s.proc, s.url = catest.StartServer(t, catest.Server{Name: "step-ca", Bin: bin, Dir: dir, Args: args, Scheme: "https", Health: "/health", Roots: pool})
+	return s
 }
 
 // config is a working Config for s, with the encrypted key.
@@ -278,7 +256,7 @@ func TestNewRejects(t *testing.T) {
 			for _, w := range tt.want {
 				assert.Contains(t, err.Error(), w)
 			}
-			for _, secret := range []string{keyPassword, string(privJSON), privateD(t, srv.key), privateD(t, other.key)} {
+			for _, secret := range []string{keyPassword, string(privJSON), catest.JWKPrivateD(t, srv.key), catest.JWKPrivateD(t, other.key)} {
 				assert.NotContains(t, err.Error(), secret, "a secret leaked into the error")
 				assert.NotContains(t, logs.String(), secret, "a secret leaked into the log")
 			}
@@ -435,18 +413,11 @@ func TestInMemoryConfig(t *testing.T) {
 	srv := startServer(t, serverOptions{})
 	cfg := inMemory(t, srv.config())
 	require.Equal(t, keyPassword+"\n", string(cfg.ProvisionerPassword))
-	a, err := ca.New(ca.Config{Signer: newSigner(t, cfg)})
-	require.NoError(t, err)
-	key := catest.NewKey(t, catest.ECDSAP256)
-	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
-	require.NoError(t, err)
-	iss, err := a.IssueIntermediate(context.Background(), csr, catest.Intermediate)
-	require.NoError(t, err)
-	catest.CheckIntermediateCertificate(t, iss, key.Public(), catest.Intermediate)
+	catest.IssueIntermediate(t, newSigner(t, cfg))
 
 	other := catest.NewRoot(t, catest.CAOptions{})
 	cfg.TLSRootsPEM = other.RootsPEM()
-	_, err = stepca.New(context.Background(), cfg)
+	_, err := stepca.New(context.Background(), cfg)
 	require.ErrorIs(t, err, ca.ErrInvalidSigner)
 	assert.ErrorContains(t, err, "certificate signed by unknown authority")
 }
@@ -557,18 +528,6 @@ func forgedKeyFile(t testing.TB, k *jose.JSONWebKey) string {
 	p := filepath.Join(t.TempDir(), "forged.jwk")
 	require.NoError(t, os.WriteFile(p, b, 0o600))
 	return p
-}
-
-// privateD is the private scalar of an EC JWK, as it appears in JSON.
-func privateD(t testing.TB, k *jose.JSONWebKey) string {
-	t.Helper()
-	b, err := json.Marshal(k)
-	require.NoError(t, err)
-	var m map[string]any
-	require.NoError(t, json.Unmarshal(b, &m))
-	d, ok := m["d"].(string)
-	require.True(t, ok, "private JWK has d")
-	return d
 }
 
 func parseCSR(t testing.TB, der []byte) *x509.CertificateRequest {
