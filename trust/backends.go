@@ -73,16 +73,16 @@ const defaultCFSSLProfile = "relaymesh-intermediate"
 //
 // The key must belong to the first certificate of tls.crt, which must be
 // a CA valid now. No error contains the PIN.
-func (c *Controller) pkcs11Signer(ctx context.Context, p *networkingv1alpha1.PKCS11CA) (ca.Signer, string, error) {
+func (c *Controller) pkcs11Signer(ctx context.Context, vm string, p *networkingv1alpha1.PKCS11CA) (ca.Signer, string, error) {
 	module, err := c.pkcs11Module(p.ModulePath)
 	if err != nil {
 		return nil, "", err
 	}
-	pinSecret, err := c.secret(ctx, pkcs11Field+".pinSecretRef", p.PINSecretRef, keyPIN)
+	pinSecret, err := c.secret(ctx, vm, pkcs11Field+".pinSecretRef", p.PINSecretRef, keyPIN)
 	if err != nil {
 		return nil, "", err
 	}
-	certSecret, err := c.secret(ctx, pkcs11Field+".certificateSecretRef", p.CertificateSecretRef, corev1.TLSCertKey)
+	certSecret, err := c.secret(ctx, vm, pkcs11Field+".certificateSecretRef", p.CertificateSecretRef, corev1.TLSCertKey)
 	if err != nil {
 		return nil, "", err
 	}
@@ -178,7 +178,7 @@ func selfSignedRoot(certPEM []byte) error {
 //
 // White space around authKey, profile and provisioner, and trailing white
 // space of provisionerPassword, is ignored.
-func (c *Controller) externalSigner(ctx context.Context, e *networkingv1alpha1.ExternalCA) (ca.Signer, string, error) {
+func (c *Controller) externalSigner(ctx context.Context, vm string, e *networkingv1alpha1.ExternalCA) (ca.Signer, string, error) {
 	var required []string
 	switch e.Provider {
 	case providerCFSSL:
@@ -188,7 +188,7 @@ func (c *Controller) externalSigner(ctx context.Context, e *networkingv1alpha1.E
 	default:
 		return nil, "", fmt.Errorf("%s.provider %q is not one of %s, %s", externalField, e.Provider, providerCFSSL, providerStepCA)
 	}
-	sec, err := c.secret(ctx, externalField+".configRef", e.ConfigRef, required...)
+	sec, err := c.secret(ctx, vm, externalField+".configRef", e.ConfigRef, required...)
 	if err != nil {
 		return nil, "", err
 	}
@@ -230,7 +230,7 @@ func (c *Controller) externalSigner(ctx context.Context, e *networkingv1alpha1.E
 // server's namespace (empty means that one): the server can read Secrets
 // everywhere, and a VirtualMesh must not be a way to make it use
 // credentials or keys of another namespace.
-func (c *Controller) secret(ctx context.Context, field string, ref common.ObjectRef, required ...string) (*corev1.Secret, error) {
+func (c *Controller) secret(ctx context.Context, vm, field string, ref common.ObjectRef, required ...string) (*corev1.Secret, error) {
 	ns := cmp.Or(ref.Namespace, c.cfg.Namespace)
 	if ns != c.cfg.Namespace {
 		return nil, fmt.Errorf("%s must be in the server's namespace %s, not %s", field, c.cfg.Namespace, ns)
@@ -246,6 +246,10 @@ func (c *Controller) secret(ctx context.Context, field string, ref common.Object
 	if s.Labels[rootLabel] != "" {
 		return nil, reserved
 	}
+	if !offered(s, vm) {
+		return nil, fmt.Errorf("%s: secret %s/%s is not offered to VirtualMesh %s: list it in the Secret's annotation %s (comma-separated namespace/name, or \"*\")",
+			field, ns, ref.Name, vm, networkingv1alpha1.AnnotationVirtualMeshes)
+	}
 	var missing []string
 	for _, k := range required {
 		if len(s.Data[k]) == 0 {
@@ -256,6 +260,19 @@ func (c *Controller) secret(ctx context.Context, field string, ref common.Object
 		return nil, fmt.Errorf("%s: secret %s/%s has no (or an empty) key %s", field, ns, ref.Name, strings.Join(missing, ", "))
 	}
 	return s, nil
+}
+
+// offered reports whether Secret s lists VirtualMesh vm (namespace/name),
+// or "*", in its relaymesh.io/virtualmeshes annotation: the owner of a root
+// or of CA credentials decides which VirtualMeshes may use them, not the
+// VirtualMeshes' authors.
+func offered(s *corev1.Secret, vm string) bool {
+	for _, v := range strings.Split(s.Annotations[networkingv1alpha1.AnnotationVirtualMeshes], ",") {
+		if v = strings.TrimSpace(v); v == "*" || v == vm {
+			return true
+		}
+	}
+	return false
 }
 
 // version joins the resourceVersions of the Secrets a signer was opened

@@ -124,9 +124,14 @@ func createCert(t *testing.T, tmpl, parent *x509.Certificate, pub crypto.PublicK
 	return c
 }
 
+// testVM is the VirtualMesh the back-end tests open roots for.
+const testVM = "team-a/mesh"
+
+// createSecret creates a Secret offered to every VirtualMesh.
 func createSecret(t *testing.T, kube kubernetes.Interface, ns, name string, data map[string][]byte) *corev1.Secret {
 	t.Helper()
-	s, err := kube.CoreV1().Secrets(ns).Create(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: data}, metav1.CreateOptions{})
+	s, err := kube.CoreV1().Secrets(ns).Create(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+		Annotations: map[string]string{networkingv1alpha1.AnnotationVirtualMeshes: "*"}}, Data: data}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	return s
 }
@@ -182,7 +187,7 @@ func TestPKCS11Root(t *testing.T) {
 	}
 
 	t.Run("an intermediate of an offline root (tls.crt and ca.crt)", func(t *testing.T) {
-		s, v, err := trust.PKCS11Signer(ctl, ctx, spec(chained))
+		s, v, err := trust.PKCS11Signer(ctl, ctx, testVM, spec(chained))
 		require.NoError(t, err)
 		defer closeSigner(t, s)
 		assert.Equal(t, pin.ResourceVersion+","+chained.ResourceVersion, v)
@@ -191,20 +196,20 @@ func TestPKCS11Root(t *testing.T) {
 	t.Run("a self-signed root (tls.crt only), module path not in clean form", func(t *testing.T) {
 		p := spec(selfSigned)
 		p.ModulePath = filepath.Dir(module) + "/./" + filepath.Base(module)
-		s, v, err := trust.PKCS11Signer(ctl, ctx, p)
+		s, v, err := trust.PKCS11Signer(ctl, ctx, testVM, p)
 		require.NoError(t, err)
 		defer closeSigner(t, s)
 		assert.Equal(t, pin.ResourceVersion+","+selfSigned.ResourceVersion, v)
 		verifiesTo(t, catest.IssueIntermediate(t, s), k.selfSigned)
 	})
 	t.Run("a changed Secret changes the version", func(t *testing.T) {
-		s, before, err := trust.PKCS11Signer(ctl, ctx, spec(chained))
+		s, before, err := trust.PKCS11Signer(ctl, ctx, testVM, spec(chained))
 		require.NoError(t, err)
 		closeSigner(t, s)
-		pin.Annotations = map[string]string{"rotated": "yes"}
+		pin.Annotations["rotated"] = "yes"
 		_, err = kube.CoreV1().Secrets(ns).Update(ctx, pin, metav1.UpdateOptions{})
 		require.NoError(t, err)
-		s, after, err := trust.PKCS11Signer(ctl, ctx, spec(chained))
+		s, after, err := trust.PKCS11Signer(ctl, ctx, testVM, spec(chained))
 		require.NoError(t, err)
 		closeSigner(t, s)
 		assert.NotEqual(t, before, after)
@@ -279,7 +284,7 @@ func TestPKCS11RootRejects(t *testing.T) {
 			if tt.modify != nil {
 				tt.modify(p)
 			}
-			s, v, err := trust.PKCS11Signer(ctl, ctx, p)
+			s, v, err := trust.PKCS11Signer(ctl, ctx, testVM, p)
 			if s != nil {
 				closeSigner(t, s)
 			}
@@ -297,7 +302,7 @@ func TestPKCS11RootRejects(t *testing.T) {
 
 	t.Run("the right configuration works after all that", func(t *testing.T) {
 		ctl, _ := newController(kube, ns, module)
-		s, _, err := trust.PKCS11Signer(ctl, ctx, &networkingv1alpha1.PKCS11CA{ModulePath: module, TokenLabel: hsmToken, KeyLabel: k.label,
+		s, _, err := trust.PKCS11Signer(ctl, ctx, testVM, &networkingv1alpha1.PKCS11CA{ModulePath: module, TokenLabel: hsmToken, KeyLabel: k.label,
 			PINSecretRef: common.ObjectRef{Name: "pin"}, CertificateSecretRef: common.ObjectRef{Name: "cert"}})
 		require.NoError(t, err)
 		closeSigner(t, s)
@@ -371,7 +376,7 @@ func TestExternalRootRejects(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctl, logs := newController(kube, ns)
-			s, v, err := trust.ExternalSigner(ctl, ctx, &tt.spec)
+			s, v, err := trust.ExternalSigner(ctl, ctx, testVM, &tt.spec)
 			require.Error(t, err)
 			t.Logf("error: %v", err)
 			assert.Nil(t, s)
@@ -413,7 +418,7 @@ func TestExternalRootCFSSL(t *testing.T) {
 
 	for _, sec := range []*corev1.Secret{defaults, named} {
 		t.Run(sec.Name, func(t *testing.T) {
-			s, v, err := trust.ExternalSigner(ctl, ctx, spec(sec.Name))
+			s, v, err := trust.ExternalSigner(ctl, ctx, testVM, spec(sec.Name))
 			require.NoError(t, err)
 			assert.Equal(t, sec.ResourceVersion, v)
 			verifiesTo(t, catest.IssueIntermediate(t, s), srv.issuing.Root().Cert)
@@ -424,7 +429,7 @@ func TestExternalRootCFSSL(t *testing.T) {
 		"cfssl-wrong-key":       "cfssl refused the authentication key",
 	} {
 		t.Run(name, func(t *testing.T) {
-			s, _, err := trust.ExternalSigner(ctl, ctx, spec(name))
+			s, _, err := trust.ExternalSigner(ctl, ctx, testVM, spec(name))
 			require.Error(t, err)
 			t.Logf("error: %v", err)
 			assert.Nil(t, s)
@@ -461,12 +466,12 @@ func TestExternalRootStepCA(t *testing.T) {
 		return &networkingv1alpha1.ExternalCA{Provider: "stepca", URL: srv.url, ConfigRef: common.ObjectRef{Name: name}}
 	}
 
-	s, v, err := trust.ExternalSigner(ctl, ctx, spec(sec.Name))
+	s, v, err := trust.ExternalSigner(ctl, ctx, testVM, spec(sec.Name))
 	require.NoError(t, err)
 	assert.Equal(t, sec.ResourceVersion, v)
 	verifiesTo(t, catest.IssueIntermediate(t, s), srv.issuing.Root().Cert)
 
-	s, _, err = trust.ExternalSigner(ctl, ctx, spec("stepca-other-tls-roots"))
+	s, _, err = trust.ExternalSigner(ctl, ctx, testVM, spec("stepca-other-tls-roots"))
 	require.Error(t, err)
 	t.Logf("error: %v", err)
 	assert.Nil(t, s)
@@ -603,4 +608,45 @@ func startStepCA(t *testing.T) *stepCAServer {
 	}
 	srv.proc, srv.url = catest.StartServer(t, catest.Server{Name: "step-ca", Bin: bin, Dir: dir, Args: args, Scheme: "https", Health: "/health", Roots: pool})
 	return srv
+}
+
+// A Secret serves only the VirtualMeshes its relaymesh.io/virtualmeshes
+// annotation lists: the owner of a root or of CA credentials decides who
+// may use them, not the VirtualMeshes' authors.
+func TestRootSecretsMustBeOffered(t *testing.T) {
+	ctx := context.Background()
+	kube := client(t)
+	ns := namespace(t, kube)
+	ctl, _ := newController(kube, ns)
+	spec := func(name string) *networkingv1alpha1.ExternalCA {
+		return &networkingv1alpha1.ExternalCA{Provider: "cfssl", URL: "https://127.0.0.1:1", ConfigRef: common.ObjectRef{Name: name}}
+	}
+	data := map[string][]byte{"authKey": []byte("00"), "chain.pem": []byte("x"), "roots.pem": []byte("x")}
+	for _, tc := range []struct {
+		name, annotation string
+		offered          bool
+	}{
+		{"no-annotation", "", false},
+		{"other-vm", "team-b/mesh", false},
+		{"prefix-only", "team-a/mesh-2, team-a", false},
+		{"listed", "team-b/mesh, " + testVM, true},
+		{"everyone", "*", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			meta := metav1.ObjectMeta{Name: "creds-" + tc.name, Namespace: ns}
+			if tc.annotation != "" {
+				meta.Annotations = map[string]string{networkingv1alpha1.AnnotationVirtualMeshes: tc.annotation}
+			}
+			_, err := kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: meta, Data: data}, metav1.CreateOptions{})
+			require.NoError(t, err)
+			_, _, err = trust.ExternalSigner(ctl, ctx, testVM, spec(meta.Name))
+			require.Error(t, err, "the chain is not PEM either way")
+			if tc.offered {
+				assert.NotContains(t, err.Error(), "not offered")
+			} else {
+				assert.Contains(t, err.Error(), "is not offered to VirtualMesh "+testVM)
+				assert.Contains(t, err.Error(), networkingv1alpha1.AnnotationVirtualMeshes)
+			}
+		})
+	}
 }

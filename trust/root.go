@@ -164,11 +164,11 @@ func (c *Controller) open(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 	case src.Generated != nil:
 		signer, err = c.generatedRoot(ctx, vm, src, create)
 	case src.Secret != nil:
-		signer, err = c.secretRoot(ctx, src)
+		signer, err = c.secretRoot(ctx, vm.Namespace+"/"+vm.Name, src)
 	case src.PKCS11 != nil:
-		signer, _, err = c.pkcs11Signer(ctx, src.PKCS11)
+		signer, _, err = c.pkcs11Signer(ctx, vm.Namespace+"/"+vm.Name, src.PKCS11)
 	case src.External != nil:
-		signer, _, err = c.externalSigner(ctx, src.External)
+		signer, _, err = c.externalSigner(ctx, vm.Namespace+"/"+vm.Name, src.External)
 	default:
 		return nil, errors.New("spec.mtls.shared.rootCA: one of generated, secret, external or pkcs11 is required")
 	}
@@ -188,8 +188,8 @@ func (c *Controller) open(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 
 // secretRoot reads a provided root (or intermediate of a longer chain) from
 // a Secret of the server's namespace.
-func (c *Controller) secretRoot(ctx context.Context, src networkingv1alpha1.RootSource) (ca.Signer, error) {
-	s, err := c.secret(ctx, "spec.mtls.shared.rootCA.secret", *src.Secret, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)
+func (c *Controller) secretRoot(ctx context.Context, vm string, src networkingv1alpha1.RootSource) (ca.Signer, error) {
+	s, err := c.secret(ctx, vm, "spec.mtls.shared.rootCA.secret", *src.Secret, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)
 	if err != nil {
 		return nil, err
 	}

@@ -493,9 +493,7 @@ func TestRotationRefusesBadRoots(t *testing.T) {
 
 	// A root Secret that is not a CA.
 	notCA := testLeafPEM(t)
-	_, err := w.kube.CoreV1().Secrets(w.ns).Create(w.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "not-a-ca"},
-		Data: map[string][]byte{corev1.TLSCertKey: notCA.cert, corev1.TLSPrivateKeyKey: notCA.key}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	createSecret(t, w.kube, w.ns, "not-a-ca", map[string][]byte{corev1.TLSCertKey: notCA.cert, corev1.TLSPrivateKeyKey: notCA.key})
 	w.applyVM("{secret: {name: not-a-ca}}")
 	vm = w.waitFor("Failed", func(r *networkingv1alpha1.RotationStatus) bool {
 		return r != nil && r.Phase == networkingv1alpha1.PhaseFailed

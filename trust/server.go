@@ -440,7 +440,7 @@ func (c *Controller) patchStatus(ctx context.Context, key string, body []byte) e
 }
 
 // recordIssued puts an issued intermediate into its VirtualMesh's status.
-func (c *Controller) recordIssued(ctx context.Context, mt *meshTrust, mesh string, cert *x509.Certificate) {
+func (c *Controller) recordIssued(mt *meshTrust, mesh string, cert *x509.Certificate) {
 	c.mu.Lock()
 	st := c.status[mt.vm]
 	if st == nil {
@@ -456,7 +456,9 @@ func (c *Controller) recordIssued(ctx context.Context, mt *meshTrust, mesh strin
 		slices.SortFunc(st.Meshes, func(a, b networkingv1alpha1.MeshCAStatus) int { return strings.Compare(a.Mesh, b.Mesh) })
 	}
 	c.mu.Unlock()
-	c.writeStatus(ctx, mt.vm)
+	// The next reconcile writes it: a signing never waits for a status
+	// write.
+	c.Kick()
 }
 
 // SignIntermediate signs an intermediate for a mesh of cluster (the caller's,
@@ -492,7 +494,7 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 			"notAfter": cert.NotAfter.UTC().Format(time.RFC3339)}}); err != nil {
 		return nil, status.Error(codes.Unavailable, "the issuance could not be audited; not issued")
 	}
-	c.recordIssued(ctx, mt, req.GetMesh(), cert)
+	c.recordIssued(mt, req.GetMesh(), cert)
 	chain := append([]*x509.Certificate{cert}, mt.root.chain()...)
 	return &relaypb.IntermediateResponse{CertificateChain: ca.CertsPEM(chain...), RootBundle: mt.req.GetRootBundle(), Issuer: mt.req.GetIssuer()}, nil
 }

@@ -106,16 +106,24 @@ func TestSharedTrust(t *testing.T) {
 		}
 	}
 
-	// The management cluster knows the root and what each mesh was issued.
-	out, err := Run(t, bin, "ca", "status", "--kubeconfig", mgmt.Kubeconfig)
-	require.NoError(t, err, out)
+	// The management cluster knows the root and what each mesh was issued
+	// (the status is written by the reconcile after each signing).
+	var out string
+	Eventually(t, 10*time.Second, "ca status names the serials the agents hold", func() (bool, string) {
+		out, err = Run(t, bin, "ca", "status", "--kubeconfig", mgmt.Kubeconfig)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, s := range cacerts {
+			inter, err := pemutil.ParseCertificate(s.Data[trust.KeyCACert])
+			if err != nil || !strings.Contains(out, inter.SerialNumber.Text(16)) {
+				return false, out
+			}
+		}
+		return true, ""
+	})
 	for _, want := range []string{"VIRTUALMESH relaymesh/bookinfo-federation", "ROTATION NotRotating", "istiod-istio-system-cluster-1  cluster-1", "istiod-istio-system-cluster-2  cluster-2"} {
 		require.Contains(t, out, want)
-	}
-	for _, s := range cacerts {
-		inter, err := pemutil.ParseCertificate(s.Data[trust.KeyCACert])
-		require.NoError(t, err)
-		require.Contains(t, out, inter.SerialNumber.Text(16), "ca status names the serial the agent holds")
 	}
 
 	// The operator's check says the same.

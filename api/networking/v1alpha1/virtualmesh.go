@@ -417,4 +417,9 @@ const (
 	// AnnotationRotationRetry, "<new root fingerprint>", rotates again to
 	// a root a rotation was rolled back from.
 	AnnotationRotationRetry = "relaymesh.io/rotation-retry"
+	// AnnotationVirtualMeshes, on a Secret a root names (a provided root,
+	// an HSM PIN or certificate, a CA service's credentials): the
+	// VirtualMeshes that may use it, comma-separated namespace/name, or
+	// "*" for all. A Secret without it serves no VirtualMesh.
+	AnnotationVirtualMeshes = "relaymesh.io/virtualmeshes"
 )
