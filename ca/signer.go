@@ -304,6 +304,24 @@ func ReadCertificates(path string) ([]*x509.Certificate, error) {
 	return certs, nil
 }
 
+// ReadCertificatesFrom reads the certificates of a back end's field pair
+// name ("chain" for chainFile/chainPEM, "roots", "tlsRoots") from file if
+// it is set, else parses them from data. It returns the field it used;
+// errors wrap ErrInvalidSigner and name the component and the field.
+func ReadCertificatesFrom(component, name, file string, data []byte) ([]*x509.Certificate, string, error) {
+	field, certs, err := name+"File", []*x509.Certificate(nil), error(nil)
+	if file != "" {
+		certs, err = ReadCertificates(file)
+	} else {
+		field = name + "PEM"
+		certs, err = parseCertsPEM(data)
+	}
+	if err != nil {
+		return nil, field, fmt.Errorf("%w: %s: %s: %w", ErrInvalidSigner, component, field, err)
+	}
+	return certs, field, nil
+}
+
 // checkValidAt reports a CA or root certificate that is not valid at now.
 func checkValidAt(c *x509.Certificate, now time.Time) error {
 	switch {

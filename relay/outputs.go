@@ -3,6 +3,7 @@ package relay
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"hash"
 	"sort"
 	"sync"
 	"time"
@@ -72,7 +73,9 @@ func (o *Outputs) SetFrom(source, cluster string, objects []*relaypb.OutputObjec
 }
 
 // SetTrust replaces the mesh CAs cluster's agent must keep (shared trust);
-// like objects, a new version is made only when they changed.
+// like objects, a new version is made only when they changed. Unchanged
+// requests cost one digest of them, not of the cluster's whole set: the
+// trust controller calls this for every cluster after every ack.
 func (o *Outputs) SetTrust(cluster string, reqs []*relaypb.TrustRequest) {
 	o.pubMu.Lock()
 	defer o.pubMu.Unlock()
@@ -80,21 +83,28 @@ func (o *Outputs) SetTrust(cluster string, reqs []*relaypb.TrustRequest) {
 	sort.Slice(sorted, func(i, j int) bool {
 		return sorted[i].GetNamespace()+"/"+sorted[i].GetMesh() < sorted[j].GetNamespace()+"/"+sorted[j].GetMesh()
 	})
-	h := sha256.New()
-	for _, t := range sorted {
-		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(t)
-		h.Write(b)
-	}
-	sum := hex.EncodeToString(h.Sum(nil))
+	sum := hex.EncodeToString(digest(sha256.New(), sorted))
 	o.mu.Lock()
+	if o.trustHash[cluster] == sum && o.trustSince[cluster] != 0 && o.sets[cluster] != nil {
+		o.mu.Unlock()
+		return
+	}
 	o.trust[cluster] = sorted
 	o.mu.Unlock()
 	o.publish(cluster)
 	o.mu.Lock()
-	if o.trustHash[cluster] != sum || o.trustSince[cluster] == 0 {
-		o.trustHash[cluster], o.trustSince[cluster] = sum, o.sets[cluster].GetVersion()
-	}
+	o.trustHash[cluster], o.trustSince[cluster] = sum, o.sets[cluster].GetVersion()
 	o.mu.Unlock()
+}
+
+// digest writes the deterministic encoding of each message to h and
+// returns its sum.
+func digest[M proto.Message](h hash.Hash, msgs []M) []byte {
+	for _, m := range msgs {
+		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+		h.Write(b)
+	}
+	return h.Sum(nil)
 }
 
 // TrustVersion returns the version in which cluster's current trust
@@ -118,16 +128,9 @@ func (o *Outputs) publish(cluster string) {
 	o.mu.Unlock()
 	sort.Slice(sorted, func(i, j int) bool { return string(sorted[i].GetManifest()) < string(sorted[j].GetManifest()) })
 	h := sha256.New()
-	for _, obj := range sorted {
-		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(obj)
-		h.Write(b)
-	}
+	digest(h, sorted)
 	h.Write([]byte{0})
-	for _, t := range trust {
-		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(t)
-		h.Write(b)
-	}
-	sum := hex.EncodeToString(h.Sum(nil))
+	sum := hex.EncodeToString(digest(h, trust))
 	o.mu.Lock()
 	if o.hashes[cluster] == sum && o.sets[cluster] != nil {
 		o.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -96,6 +97,8 @@ type Controller struct {
 	status  map[string]*networkingv1alpha1.SharedTrustStatus
 	written map[string]string // status last written, JSON
 	metrics *metrics
+	// rotating: some VirtualMesh is in a rotation (so acks matter).
+	rotating atomic.Bool
 }
 
 // meshTrust is what the server knows about one mesh with shared trust.
@@ -134,7 +137,14 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	if cfg.Acks != nil {
-		cfg.Acks.OnAck(func(string) { c.Kick() })
+		// Acks matter only to a rotation waiting for them; every output
+		// set an agent applies is acked, so the rest of the time they
+		// would only make reconciles.
+		cfg.Acks.OnAck(func(string) {
+			if c.rotating.Load() {
+				c.Kick()
+			}
+		})
 	}
 	users.Start(ctx.Done())
 	discovered.Start(ctx.Done())
@@ -201,6 +211,16 @@ func (c *Controller) reconcile(ctx context.Context) {
 		return
 	}
 	plans := c.decide(ctx, &translation.Input{VirtualMeshes: vms, Meshes: meshes})
+	// Before anything is published: an ack of it must not be missed.
+	rotating := false
+	c.mu.Lock()
+	for _, p := range plans {
+		if st := c.vmst[p.key]; st != nil && active(st.rotation) {
+			rotating = true
+		}
+	}
+	c.mu.Unlock()
+	c.rotating.Store(rotating)
 	byCluster := map[string][]*relaypb.TrustRequest{}
 	for _, name := range c.cfg.Clusters() {
 		byCluster[name] = nil

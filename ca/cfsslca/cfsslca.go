@@ -32,7 +32,6 @@ import (
 	"bytes"
 	"context"
 	"crypto"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
@@ -53,9 +52,9 @@ import (
 	"github.com/cloudflare/cfssl/auth"
 	"github.com/cloudflare/cfssl/csr"
 	"github.com/cloudflare/cfssl/info"
-	"go.step.sm/crypto/pemutil"
 
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/ca/internal/remote"
 )
 
 // Defaults and bounds of Config.
@@ -269,18 +268,18 @@ func New(ctx context.Context, cfg Config) (ca.Signer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: cfssl: url: %w", ca.ErrInvalidSigner, err)
 	}
-	chain, chainField, err := readCerts("chain", cfg.ChainFile, cfg.ChainPEM)
+	chain, chainField, err := ca.ReadCertificatesFrom("cfssl", "chain", cfg.ChainFile, cfg.ChainPEM)
 	if err != nil {
 		return nil, err
 	}
-	roots, _, err := readCerts("roots", cfg.RootsFile, cfg.RootsPEM)
+	roots, _, err := ca.ReadCertificatesFrom("cfssl", "roots", cfg.RootsFile, cfg.RootsPEM)
 	if err != nil {
 		return nil, err
 	}
 	if err := ca.VerifyChain(chain, roots, cfg.Clock()); err != nil {
 		return nil, fmt.Errorf("cfssl: %w", err)
 	}
-	tlsRoots, _, err := readCerts("tlsRoots", cfg.TLSRootsFile, cfg.TLSRootsPEM)
+	tlsRoots, _, err := ca.ReadCertificatesFrom("cfssl", "tlsRoots", cfg.TLSRootsFile, cfg.TLSRootsPEM)
 	if err != nil {
 		return nil, err
 	}
@@ -290,7 +289,7 @@ func New(ctx context.Context, cfg Config) (ca.Signer, error) {
 	}
 	s := &signer{
 		base:       base,
-		client:     newHTTPClient(tlsRoots, cfg.Timeout),
+		client:     remote.NewClient(tlsRoots, cfg.Timeout),
 		provider:   provider,
 		profiles:   cfg.Profiles,
 		chain:      chain,
@@ -311,49 +310,6 @@ func New(ctx context.Context, cfg Config) (ca.Signer, error) {
 	}
 	cfg.Logger.Info("cfssl signer ready", "component", "ca/cfssl", "url", base.String(), "issuer", chain[0].Subject.String())
 	return s, nil
-}
-
-// readCerts reads the certificates of the field pair name (chain, roots,
-// tlsRoots) from file, or parses them from data. It returns the field it
-// used; errors name it.
-func readCerts(name, file string, data []byte) ([]*x509.Certificate, string, error) {
-	if file != "" {
-		field := name + "File"
-		certs, err := ca.ReadCertificates(file)
-		if err != nil {
-			return nil, field, fmt.Errorf("%w: cfssl: %s: %w", ca.ErrInvalidSigner, field, err)
-		}
-		return certs, field, nil
-	}
-	field := name + "PEM"
-	certs, err := pemutil.ParseCertificateBundle(data)
-	if err != nil {
-		return nil, field, fmt.Errorf("%w: cfssl: %s: %w", ca.ErrInvalidSigner, field, err)
-	}
-	return certs, field, nil
-}
-
-func newHTTPClient(roots []*x509.Certificate, timeout time.Duration) *http.Client {
-	pool := x509.NewCertPool()
-	for _, r := range roots {
-		pool.AddCert(r)
-	}
-	return &http.Client{
-		Timeout: timeout,
-		Transport: &http.Transport{
-			// No proxy from the environment: where CA requests go is
-			// configuration, not ambient state.
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			TLSClientConfig:     &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
-			TLSHandshakeTimeout: 10 * time.Second,
-			MaxIdleConnsPerHost: 16,
-			IdleConnTimeout:     90 * time.Second,
-			ForceAttemptHTTP2:   true,
-		},
-		// Never follow a redirect to somewhere else.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
 }
 
 // readAuthKey reads the hex HMAC key, or takes cfg.AuthKey; errors name the

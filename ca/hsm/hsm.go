@@ -34,7 +34,6 @@ import (
 	"go.step.sm/crypto/kms/apiv1"
 	kmspkcs11 "go.step.sm/crypto/kms/pkcs11"
 	"go.step.sm/crypto/kms/uri"
-	"go.step.sm/crypto/pemutil"
 
 	"github.com/relaymesh/relaymesh/ca"
 )
@@ -146,11 +145,11 @@ func New(ctx context.Context, cfg Config) (ca.Signer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	chain, err := readCerts("chain", cfg.ChainFile, cfg.ChainPEM)
+	chain, _, err := ca.ReadCertificatesFrom("pkcs11", "chain", cfg.ChainFile, cfg.ChainPEM)
 	if err != nil {
 		return nil, err
 	}
-	roots, err := readCerts("roots", cfg.RootsFile, cfg.RootsPEM)
+	roots, _, err := ca.ReadCertificatesFrom("pkcs11", "roots", cfg.RootsFile, cfg.RootsPEM)
 	if err != nil {
 		return nil, err
 	}
@@ -311,21 +310,4 @@ func scrub(msg, pin string) string {
 		return msg
 	}
 	return strings.ReplaceAll(msg, pin, "[PIN]")
-}
-
-// readCerts reads the certificates of the field pair name (chain, roots)
-// from file, or parses them from data. Errors name the field.
-func readCerts(name, file string, data []byte) ([]*x509.Certificate, error) {
-	if file != "" {
-		certs, err := ca.ReadCertificates(file)
-		if err != nil {
-			return nil, fmt.Errorf("%w: pkcs11: %sFile: %w", ca.ErrInvalidSigner, name, err)
-		}
-		return certs, nil
-	}
-	certs, err := pemutil.ParseCertificateBundle(data)
-	if err != nil {
-		return nil, fmt.Errorf("%w: pkcs11: %sPEM: %w", ca.ErrInvalidSigner, name, err)
-	}
-	return certs, nil
 }

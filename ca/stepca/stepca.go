@@ -44,7 +44,6 @@ import (
 	"context"
 	"crypto"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
@@ -54,7 +53,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -64,10 +62,10 @@ import (
 
 	"go.step.sm/crypto/jose"
 	"go.step.sm/crypto/keyutil"
-	"go.step.sm/crypto/pemutil"
 	"go.step.sm/crypto/x509util"
 
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/ca/internal/remote"
 )
 
 // ProvisionerTemplate is the X.509 template the JWK provisioner must use:
@@ -272,18 +270,18 @@ func newSigner(cfg Config) (*signer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: step-ca: url: %w", ca.ErrInvalidSigner, err)
 	}
-	chain, chainField, err := readCerts("chain", cfg.ChainFile, cfg.ChainPEM)
+	chain, chainField, err := ca.ReadCertificatesFrom("step-ca", "chain", cfg.ChainFile, cfg.ChainPEM)
 	if err != nil {
 		return nil, err
 	}
-	roots, rootsField, err := readCerts("roots", cfg.RootsFile, cfg.RootsPEM)
+	roots, rootsField, err := ca.ReadCertificatesFrom("step-ca", "roots", cfg.RootsFile, cfg.RootsPEM)
 	if err != nil {
 		return nil, err
 	}
 	if err := ca.VerifyChain(chain, roots, cfg.Clock()); err != nil {
 		return nil, fmt.Errorf("step-ca: %w", err)
 	}
-	tlsRoots, _, err := readCerts("tlsRoots", cfg.TLSRootsFile, cfg.TLSRootsPEM)
+	tlsRoots, _, err := ca.ReadCertificatesFrom("step-ca", "tlsRoots", cfg.TLSRootsFile, cfg.TLSRootsPEM)
 	if err != nil {
 		return nil, err
 	}
@@ -300,7 +298,7 @@ func newSigner(cfg Config) (*signer, error) {
 	}
 	return &signer{
 		base:        base,
-		client:      newHTTPClient(tlsRoots, cfg.Timeout),
+		client:      remote.NewClient(tlsRoots, cfg.Timeout),
 		provisioner: cfg.Provisioner,
 		key:         key,
 		jws:         jws,
@@ -312,48 +310,6 @@ func newSigner(cfg Config) (*signer, error) {
 		chainField:  chainField,
 		rootsField:  rootsField,
 	}, nil
-}
-
-// readCerts reads the certificates of the field pair name (chain, roots,
-// tlsRoots) from file, or parses them from data. It returns the field it
-// used; errors name it.
-func readCerts(name, file string, data []byte) ([]*x509.Certificate, string, error) {
-	if file != "" {
-		field := name + "File"
-		certs, err := ca.ReadCertificates(file)
-		if err != nil {
-			return nil, field, fmt.Errorf("%w: step-ca: %s: %w", ca.ErrInvalidSigner, field, err)
-		}
-		return certs, field, nil
-	}
-	field := name + "PEM"
-	certs, err := pemutil.ParseCertificateBundle(data)
-	if err != nil {
-		return nil, field, fmt.Errorf("%w: step-ca: %s: %w", ca.ErrInvalidSigner, field, err)
-	}
-	return certs, field, nil
-}
-
-func newHTTPClient(roots []*x509.Certificate, timeout time.Duration) *http.Client {
-	pool := x509.NewCertPool()
-	for _, r := range roots {
-		pool.AddCert(r)
-	}
-	return &http.Client{
-		Timeout: timeout,
-		Transport: &http.Transport{
-			// No proxy from the environment: where CA requests go is
-			// configuration, not ambient state.
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			TLSClientConfig:     &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
-			TLSHandshakeTimeout: 10 * time.Second,
-			MaxIdleConnsPerHost: 16,
-			IdleConnTimeout:     90 * time.Second,
-			ForceAttemptHTTP2:   true,
-		},
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
 }
 
 // errNoPassword: the provisioner key is encrypted, and no password is set.

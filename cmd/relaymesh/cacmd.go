@@ -12,7 +12,6 @@ import (
 	"github.com/relaymesh/relaymesh/trust"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -118,15 +117,10 @@ func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	var kubeconfig string
 	fs := newFlags("ca status [NAMESPACE/VIRTUALMESH]", caSynopsis, stderr)
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster)")
-	// Accept the VirtualMesh before or after the flags.
-	var first []string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		first, args = args[:1], args[1:]
-	}
-	if err := fs.Parse(args); err != nil {
+	pos, err := parsePositional(fs, args, 1)
+	if err != nil {
 		return err
 	}
-	pos := append(first, fs.Args()...)
 	if len(pos) > 1 {
 		fs.Usage()
 		return fmt.Errorf("%w: want at most 1 argument(s), got %d", errUsage, len(pos))
@@ -135,20 +129,16 @@ func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	list, err := kube.dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace("").List(ctx, metav1.ListOptions{})
+	vms, err := listAs[networkingv1alpha1.VirtualMesh](ctx, kube.dynamic, networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), "")
 	if err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 	shown := 0
-	for _, u := range list.Items {
-		key := u.GetNamespace() + "/" + u.GetName()
+	for _, vm := range vms {
+		key := vm.Namespace + "/" + vm.Name
 		if len(pos) == 1 && pos[0] != key {
 			continue
-		}
-		var vm networkingv1alpha1.VirtualMesh
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &vm); err != nil {
-			return fmt.Errorf("VirtualMesh %s: %w", key, err)
 		}
 		if vm.Spec.MTLS == nil || vm.Spec.MTLS.Shared == nil {
 			continue

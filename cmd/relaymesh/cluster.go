@@ -54,17 +54,12 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fs.DurationVar(&ttl, "token-ttl", identity.DefaultTokenTTL, "how long the bootstrap token stays valid")
 		fs.StringVar(&mode, "mode", "relay", "relay (an agent in the cluster dials out; secure default) or kubeconfig (WEAKER: the server keeps --remote-kubeconfig in a Secret and manages the cluster itself; needs 'relaymesh server --allow-kubeconfig-clusters')")
 	}
-	// Accept NAME before or after the flags.
-	rest := args[1:]
-	var name string
-	if len(rest) > 0 && len(rest[0]) > 0 && rest[0][0] != '-' {
-		name, rest = rest[0], rest[1:]
-	}
-	pos, err := parseAny(fs, rest)
+	pos, err := parsePositional(fs, args[1:], 1)
 	if err != nil {
 		return err
 	}
-	if name == "" && len(pos) == 1 {
+	var name string
+	if len(pos) == 1 {
 		name, pos = pos[0], nil
 	}
 	if name == "" || len(pos) != 0 {
@@ -112,17 +107,6 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return register(ctx, stdout, mgmt, remote, name, namespace, remoteNamespace, serverAddr, clusterDomain, ttl)
 	}
 	return deregister(ctx, stdout, mgmt, remote, name, namespace, remoteNamespace)
-}
-
-// parseAny parses flags and returns the positional arguments.
-func parseAny(fs interface {
-	Parse([]string) error
-	Args() []string
-}, args []string) ([]string, error) {
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	return fs.Args(), nil
 }
 
 func register(ctx context.Context, out io.Writer, mgmt, remote *kubeClients, name, ns, remoteNS, serverAddr, domain string, ttl time.Duration) (err error) {

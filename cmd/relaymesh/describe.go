@@ -58,17 +58,10 @@ func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&namespace, "namespace", "relaymesh", "the server's namespace, which holds the discovered objects")
 	fs.StringVar(&dir, "f", "", "read the view from the .yaml/.yml/.json files of this directory instead of a cluster")
 	fs.StringVar(&format, "output", "text", "text or json")
-	// Accept KIND NAME before or after the flags.
-	var pos []string
-	rest := args
-	for len(rest) > 0 && len(pos) < 2 && len(rest[0]) > 0 && rest[0][0] != '-' {
-		pos, rest = append(pos, rest[0]), rest[1:]
-	}
-	more, err := parseAny(fs, rest)
+	pos, err := parsePositional(fs, args, 2)
 	if err != nil {
 		return err
 	}
-	pos = append(pos, more...)
 	if len(pos) != 2 {
 		fs.Usage()
 		return fmt.Errorf("%w: want destination|workload|policy and a NAME", errUsage)

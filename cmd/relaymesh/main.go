@@ -116,6 +116,20 @@ func parse(fs *flag.FlagSet, args []string, want int) ([]string, error) {
 	return fs.Args(), nil
 }
 
+// parsePositional parses flags and returns every positional argument,
+// accepting up to lead of them before the flags (`cluster register NAME
+// --flag …` as well as `cluster register --flag … NAME`).
+func parsePositional(fs *flag.FlagSet, args []string, lead int) ([]string, error) {
+	var pos []string
+	for len(args) > 0 && len(pos) < lead && args[0] != "" && args[0][0] != '-' {
+		pos, args = append(pos, args[0]), args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return append(pos, fs.Args()...), nil
+}
+
 // version is the module version, or the VCS revision for a source build.
 func version() string {
 	info, ok := debug.ReadBuildInfo()

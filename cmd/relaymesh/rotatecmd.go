@@ -53,16 +53,12 @@ func runCARotate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs := newFlags("ca rotate "+verb+" NAMESPACE/VIRTUALMESH [flags]", rotateSynopsis, stderr)
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster)")
 	fs.DurationVar(&wait, "wait", 0, "print the phases until the rotation finishes, rolls back or waits for a continue; fail after this long (0: do not wait)")
-	rest := args[1:]
-	var key string
-	if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		key, rest = rest[0], rest[1:]
-	}
-	pos, err := parseAny(fs, rest)
+	pos, err := parsePositional(fs, args[1:], 1)
 	if err != nil {
 		return err
 	}
-	if key == "" && len(pos) == 1 {
+	var key string
+	if len(pos) == 1 {
 		key, pos = pos[0], nil
 	}
 	ns, name, ok := strings.Cut(key, "/")

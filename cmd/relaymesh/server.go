@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -218,7 +217,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.dynamic, Kube: kube.typed, Namespace: f.namespace, Outputs: outputs, Acks: view,
 		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }, Audit: auditLog, Logger: log,
-		PKCS11Modules: f.pkcs11Modules, Registerer: reg, ReservedSecrets: slices.DeleteFunc([]string{f.caSecret}, func(s string) bool { return s == "" })})
+		PKCS11Modules: f.pkcs11Modules, Registerer: reg, ReservedSecrets: f.reservedSecrets()})
 	if err != nil {
 		return err
 	}
@@ -404,4 +403,14 @@ func jsonHandler(f func() any) http.HandlerFunc {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(f())
 	}
+}
+
+// reservedSecrets are the Secrets of --namespace no VirtualMesh may use as
+// a root: a provided relay CA's (the generated relay CA's are always
+// reserved).
+func (f *serverFlags) reservedSecrets() []string {
+	if f.caSecret == "" {
+		return nil
+	}
+	return []string{f.caSecret}
 }
