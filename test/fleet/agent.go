@@ -1,0 +1,876 @@
+package fleet
+
+import (
+	"context"
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/internal/backoff"
+	"github.com/relaymesh/relaymesh/relay"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"go.step.sm/crypto/keyutil"
+	"go.step.sm/crypto/pemutil"
+	"go.step.sm/crypto/x509util"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// The real agent's timings (identity.Manager and relay.Session defaults).
+const (
+	defaultPingInterval = 10 * time.Second
+	defaultCallTimeout  = 15 * time.Second
+	snapshotRetry       = time.Second
+	defaultKeepOutputs  = 16
+)
+
+var (
+	defaultBootstrapRetry = backoff.Policy{Min: time.Second, Max: time.Minute}
+	defaultSessionRetry   = backoff.Policy{Min: time.Second, Max: 30 * time.Second}
+)
+
+// AgentConfig configures one simulated agent.
+type AgentConfig struct {
+	// Cluster is the registered cluster the agent speaks for. Required.
+	Cluster string
+	// Token is its bootstrap token (a secret: never logged). Required.
+	Token string
+	// Source is the local address the agent's connections come from; the
+	// zero value lets the kernel choose.
+	Source netip.Addr
+	// Servers are relay addresses (host:port). The agent starts with
+	// Servers[FirstServer % len] and moves to the next one whenever a call
+	// or session fails. Required.
+	Servers     []string
+	FirstServer int
+	// ServerName the server certificate must carry; default the host of
+	// the server's address, as the real agent does.
+	ServerName string
+	// Roots are the pinned relay roots. Required.
+	Roots *x509.CertPool
+	// Snapshot is pushed at the start of every session; nil opens no Push
+	// stream. SetSnapshot replaces it.
+	Snapshot *relaypb.Snapshot
+	// Version is reported in Bootstrap and Hello.
+	Version string
+	// PingInterval (default 10s), CallTimeout of Bootstrap and Renew
+	// (default 15s), BootstrapRetry (default 1s..1m) and SessionRetry
+	// (default 1s..30s) are the real agent's.
+	PingInterval                 time.Duration
+	CallTimeout                  time.Duration
+	BootstrapRetry, SessionRetry backoff.Policy
+	// KeepOutputs is how many received output sets State remembers
+	// (without their objects); default 16.
+	KeepOutputs int
+	// SendOversized sends snapshots larger than relay.MaxSnapshotBytes,
+	// which the real agent refuses to send: for tests of the server's own
+	// limit.
+	SendOversized bool
+	// Hooks are called on the agent's goroutines; they must not block.
+	Hooks Hooks
+}
+
+// Hooks observe an agent. Every field is optional.
+type Hooks struct {
+	// Certified: the agent holds a certificate from Bootstrap.
+	Certified func(a *Agent, at time.Time)
+	// SessionOpened: the server answered Hello with Welcome.
+	SessionOpened func(a *Agent, server string, at time.Time)
+	// SessionEnded: a session ended (err says why).
+	SessionEnded func(a *Agent, server string, err error)
+	// PushAcked: the server answered a snapshot.
+	PushAcked func(a *Agent, r PushResult)
+	// Output: an output set arrived (Set holds it, during the call only).
+	Output func(a *Agent, o Output)
+}
+
+// Timeline is when an agent reached each step, the first time.
+type Timeline struct {
+	// Started is when Run began: the agent has its token.
+	Started time.Time
+	// Certified is when Bootstrap gave it a certificate it accepted.
+	Certified time.Time
+	// Session is when its first session was answered with Welcome.
+	Session time.Time
+	// Pushed is when the server first accepted its snapshot.
+	Pushed time.Time
+	// FirstOutput is when the first output set arrived.
+	FirstOutput time.Time
+}
+
+// Output is one output set an agent received and acknowledged.
+type Output struct {
+	Version uint64
+	// At is when it arrived; Server is where from.
+	At     time.Time
+	Server string
+	// Objects is how many objects it holds.
+	Objects int
+	// Resent: the version the agent acknowledged last (after a reconnect);
+	// Regressed: older than that, which must never happen.
+	Resent, Regressed bool
+	// Set is the set itself, given to the Output hook only.
+	Set *relaypb.OutputSet
+}
+
+// PushResult is the server's answer to one snapshot.
+type PushResult struct {
+	Hash     string
+	Accepted bool
+	Error    string
+	SentAt   time.Time
+	AckedAt  time.Time
+}
+
+// AgentState is what an agent knows about itself.
+type AgentState struct {
+	Cluster  string
+	Timeline Timeline
+	// Connected: a session is open, to Server.
+	Connected bool
+	Server    string
+	// Serial of the current certificate (hex).
+	Serial string
+	// BootstrapAttempts counts Bootstrap calls; Sessions the sessions
+	// opened; Reconnects the sessions that ended while the agent ran.
+	BootstrapAttempts, Sessions, Reconnects int
+	// Acked is the output version last acknowledged.
+	Acked uint64
+	// Outputs are the last KeepOutputs sets received, oldest first.
+	Outputs []Output
+	// Regressions counts sets older than the one acknowledged before.
+	Regressions int
+	// LastPush is the server's last answer to a snapshot; PushError why a
+	// snapshot was not sent.
+	LastPush  PushResult
+	PushError string
+	// Refused: the server refused the agent's certificate (the cluster was
+	// deregistered); the agent has stopped. LastError is the latest failure.
+	Refused   error
+	LastError error
+	// Done: Run returned.
+	Done bool
+}
+
+// ErrNoSession is returned by Renew while no session is open.
+var ErrNoSession = errors.New("fleet agent: no open session")
+
+// Agent is one simulated relay agent.
+type Agent struct {
+	cfg  AgentConfig
+	snap chan struct{}
+
+	mu       sync.Mutex
+	state    AgentState
+	server   int
+	cert     *tls.Certificate
+	snapshot *relaypb.Snapshot
+	conn     *grpc.ClientConn
+	applied  map[string]appliedObject // by apiVersion/kind/namespace/name
+	raw      map[*trackedConn]struct{}
+	cancel   context.CancelFunc
+	done     chan struct{}
+}
+
+// NewAgent checks cfg and returns an agent; call Start.
+func NewAgent(cfg AgentConfig) (*Agent, error) {
+	var errs []error
+	if err := identity.ValidateClusterName(cfg.Cluster); err != nil {
+		errs = append(errs, fmt.Errorf("cluster: %w", err))
+	}
+	if cfg.Token == "" {
+		errs = append(errs, errors.New("token: required"))
+	}
+	if len(cfg.Servers) == 0 {
+		errs = append(errs, errors.New("servers: at least one is required"))
+	}
+	for i, s := range cfg.Servers {
+		if _, _, err := net.SplitHostPort(s); err != nil {
+			errs = append(errs, fmt.Errorf("servers[%d]: %q is not host:port", i, s))
+		}
+	}
+	if cfg.Roots == nil {
+		errs = append(errs, errors.New("roots: required"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("fleet agent config: %w", err)
+	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = defaultPingInterval
+	}
+	if cfg.CallTimeout == 0 {
+		cfg.CallTimeout = defaultCallTimeout
+	}
+	if cfg.BootstrapRetry.Min == 0 {
+		cfg.BootstrapRetry = defaultBootstrapRetry
+	}
+	if cfg.SessionRetry.Min == 0 {
+		cfg.SessionRetry = defaultSessionRetry
+	}
+	if cfg.KeepOutputs == 0 {
+		cfg.KeepOutputs = defaultKeepOutputs
+	}
+	if cfg.Version == "" {
+		cfg.Version = "fleet"
+	}
+	return &Agent{
+		cfg: cfg, snap: make(chan struct{}, 1), snapshot: cfg.Snapshot,
+		state:   AgentState{Cluster: cfg.Cluster},
+		server:  cfg.FirstServer % len(cfg.Servers),
+		applied: map[string]appliedObject{}, raw: map[*trackedConn]struct{}{},
+	}, nil
+}
+
+// Cluster is the agent's cluster.
+func (a *Agent) Cluster() string { return a.cfg.Cluster }
+
+// Start runs the agent on its own goroutine until Stop or ctx ends.
+func (a *Agent) Start(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	a.mu.Lock()
+	if a.done != nil {
+		a.mu.Unlock()
+		cancel()
+		return
+	}
+	a.cancel, a.done = cancel, make(chan struct{})
+	a.state.Timeline.Started = time.Now()
+	a.mu.Unlock()
+	go func() {
+		defer close(a.done)
+		err := a.run(ctx)
+		a.mu.Lock()
+		a.state.Done = true
+		if err != nil && !errors.Is(err, context.Canceled) {
+			a.state.LastError = err
+		}
+		a.mu.Unlock()
+	}()
+}
+
+// Stop ends the agent and waits for it: its connections close the way a
+// process that exits closes them.
+func (a *Agent) Stop() {
+	a.mu.Lock()
+	cancel, done := a.cancel, a.done
+	a.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-done
+}
+
+// Kill ends the agent as a crash would: its TCP connections are reset
+// (no HTTP/2 or TLS goodbye), then it stops.
+func (a *Agent) Kill() {
+	a.Drop()
+	a.Stop()
+}
+
+// Drop resets the agent's open connections (as a cut network would) and
+// lets it reconnect, to the next server of its list. It returns how many
+// connections it reset.
+func (a *Agent) Drop() int {
+	a.mu.Lock()
+	conns := make([]*trackedConn, 0, len(a.raw))
+	for c := range a.raw {
+		conns = append(conns, c)
+	}
+	a.mu.Unlock()
+	for _, c := range conns {
+		if tc, ok := c.Conn.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		_ = c.Close()
+	}
+	return len(conns)
+}
+
+// Done is closed when the agent stopped.
+func (a *Agent) Done() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.done
+}
+
+// State returns a copy of the agent's state.
+func (a *Agent) State() AgentState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.state
+	st.Outputs = append([]Output(nil), a.state.Outputs...)
+	return st
+}
+
+// SetSnapshot replaces the snapshot; an open session pushes it at once.
+func (a *Agent) SetSnapshot(s *relaypb.Snapshot) {
+	a.mu.Lock()
+	a.snapshot = s
+	a.mu.Unlock()
+	select {
+	case a.snap <- struct{}{}:
+	default:
+	}
+}
+
+func (a *Agent) currentSnapshot() *relaypb.Snapshot {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.snapshot
+}
+
+func (a *Agent) serverAddr() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cfg.Servers[a.server]
+}
+
+func (a *Agent) nextServer() {
+	a.mu.Lock()
+	a.server = (a.server + 1) % len(a.cfg.Servers)
+	a.mu.Unlock()
+}
+
+func (a *Agent) serverName(addr string) string {
+	if a.cfg.ServerName != "" {
+		return a.cfg.ServerName
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	return host
+}
+
+func (a *Agent) fail(err error) {
+	a.mu.Lock()
+	a.state.LastError = err
+	a.mu.Unlock()
+}
+
+// run bootstraps, then holds a session until ctx ends or the server
+// refuses the agent's certificate.
+func (a *Agent) run(ctx context.Context) error {
+	if err := a.bootstrap(ctx); err != nil {
+		return err
+	}
+	attempt := 0
+	for {
+		start := time.Now()
+		server := a.serverAddr()
+		err := a.session(ctx, server)
+		if h := a.cfg.Hooks.SessionEnded; h != nil {
+			h(a, server, err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if c := status.Code(err); c == codes.PermissionDenied || c == codes.Unauthenticated {
+			// The real agent drops the certificate and needs a new token;
+			// its used one is gone. It stops talking to the server.
+			a.mu.Lock()
+			a.state.Refused = err
+			a.cert = nil
+			a.mu.Unlock()
+			return err
+		}
+		a.fail(err)
+		if time.Since(start) > time.Minute {
+			attempt = 0
+		}
+		delay := a.cfg.SessionRetry.Delay(attempt)
+		attempt++
+		a.mu.Lock()
+		a.state.Reconnects++
+		a.mu.Unlock()
+		a.nextServer()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// bootstrap trades the token for a certificate, retrying as the real agent
+// does.
+func (a *Agent) bootstrap(ctx context.Context) error {
+	for attempt := 0; ; attempt++ {
+		err := a.bootstrapOnce(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		a.fail(err)
+		a.nextServer()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(a.cfg.BootstrapRetry.Delay(attempt)):
+		}
+	}
+}
+
+func (a *Agent) bootstrapOnce(ctx context.Context) error {
+	a.mu.Lock()
+	a.state.BootstrapAttempts++
+	a.mu.Unlock()
+	key, csr, err := NewCSR()
+	if err != nil {
+		return err
+	}
+	addr := a.serverAddr()
+	conn, err := a.dial(addr, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: a.cfg.Roots, ServerName: a.serverName(addr)})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	cctx, cancel := context.WithTimeout(ctx, a.cfg.CallTimeout)
+	defer cancel()
+	resp, err := relaypb.NewIdentityClient(conn).Bootstrap(cctx, &relaypb.BootstrapRequest{
+		Cluster: a.cfg.Cluster, Token: a.cfg.Token, Csr: csr, AgentVersion: a.cfg.Version})
+	if err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	cert, err := a.accept(resp, key)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	a.mu.Lock()
+	a.cert = cert
+	a.state.Serial = fmt.Sprintf("%x", cert.Leaf.SerialNumber)
+	a.state.Timeline.Certified = now
+	a.mu.Unlock()
+	if h := a.cfg.Hooks.Certified; h != nil {
+		h(a, now)
+	}
+	return nil
+}
+
+// Renew obtains a new certificate over the open session's connection and
+// uses it for new connections, as the credential manager does when a
+// certificate reaches 2/3 of its life.
+func (a *Agent) Renew(ctx context.Context) error {
+	key, csr, err := NewCSR()
+	if err != nil {
+		return err
+	}
+	resp, err := a.RenewCSR(ctx, csr)
+	if err != nil {
+		return err
+	}
+	cert, err := a.accept(resp, key)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.cert = cert
+	a.state.Serial = fmt.Sprintf("%x", cert.Leaf.SerialNumber)
+	a.mu.Unlock()
+	return nil
+}
+
+// RenewCSR calls Identity.Renew with csr over the open session's
+// connection and returns the answer unchecked: issuance benchmarks send
+// requests made beforehand (CheckCertificate checks an answer).
+func (a *Agent) RenewCSR(ctx context.Context, csr []byte) (*relaypb.CertificateResponse, error) {
+	a.mu.Lock()
+	conn := a.conn
+	a.mu.Unlock()
+	if conn == nil {
+		return nil, ErrNoSession
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.cfg.CallTimeout)
+	defer cancel()
+	return relaypb.NewIdentityClient(conn).Renew(cctx, &relaypb.RenewRequest{Csr: csr})
+}
+
+// accept checks the server's answer against the key the agent holds and
+// the roots it pins, as identity.Manager does.
+func (a *Agent) accept(resp *relaypb.CertificateResponse, key crypto.Signer) (*tls.Certificate, error) {
+	block, err := pemutil.Serialize(key)
+	if err != nil {
+		return nil, err
+	}
+	pair, err := tls.X509KeyPair(resp.GetCertificateChain(), pem.EncodeToMemory(block))
+	if err != nil {
+		return nil, fmt.Errorf("server answered with an unusable certificate: %w", err)
+	}
+	if err := CheckCertificate(pair.Certificate, a.cfg.Roots, a.cfg.Cluster, time.Now()); err != nil {
+		return nil, fmt.Errorf("server answered with an unusable certificate: %w", err)
+	}
+	return &pair, nil
+}
+
+// CheckCertificate checks an agent certificate chain (DER, leaf first): it
+// verifies to roots for clientAuth at now and names exactly cluster's agent.
+func CheckCertificate(chain [][]byte, roots *x509.CertPool, cluster string, now time.Time) error {
+	if len(chain) == 0 {
+		return errors.New("no certificate")
+	}
+	leaf, err := x509.ParseCertificate(chain[0])
+	if err != nil {
+		return err
+	}
+	inter := x509.NewCertPool()
+	for _, der := range chain[1:] {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return err
+		}
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return fmt.Errorf("does not chain to the pinned relay root: %w", err)
+	}
+	if len(leaf.URIs) != 1 {
+		return errors.New("certificate does not carry exactly one SPIFFE ID")
+	}
+	id, err := spiffeid.FromURI(leaf.URIs[0])
+	if err != nil {
+		return err
+	}
+	if got, err := identity.ClusterFromID(id.TrustDomain(), id); err != nil || got != cluster {
+		return fmt.Errorf("certificate names %s, not the agent of %s", id, cluster)
+	}
+	return nil
+}
+
+// NewCSR makes a fresh P-256 key and a PEM certificate request that names
+// nothing, as the real agent does: the server decides the identity.
+func NewCSR() (crypto.Signer, []byte, error) {
+	signer, err := keyutil.GenerateSigner("EC", "P-256", 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate key: %w", err)
+	}
+	csr, err := x509util.CreateCertificateRequest("", nil, signer)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create CSR: %w", err)
+	}
+	return signer, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr.Raw}), nil
+}
+
+// dial makes a gRPC client whose connections come from the agent's source
+// address and are tracked for Drop.
+func (a *Agent) dial(addr string, tlsCfg *tls.Config) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
+		grpc.WithContextDialer(func(ctx context.Context, target string) (net.Conn, error) {
+			d := net.Dialer{}
+			if a.cfg.Source.IsValid() {
+				d.LocalAddr = &net.TCPAddr{IP: a.cfg.Source.AsSlice()}
+			}
+			c, err := d.DialContext(ctx, "tcp", target)
+			if err != nil {
+				return nil, err
+			}
+			tc := &trackedConn{Conn: c, a: a}
+			a.mu.Lock()
+			a.raw[tc] = struct{}{}
+			a.mu.Unlock()
+			return tc, nil
+		}))
+}
+
+// trackedConn forgets itself when closed.
+type trackedConn struct {
+	net.Conn
+	a    *Agent
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.a.mu.Lock()
+		delete(c.a.raw, c)
+		c.a.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// session holds one relay session on one connection: Connect with Hello and
+// pings, Push and Pull, as relay.Session does.
+func (a *Agent) session(ctx context.Context, server string) error {
+	tlsCfg := &tls.Config{
+		MinVersion: tls.VersionTLS13, RootCAs: a.cfg.Roots, ServerName: a.serverName(server),
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if a.cert == nil {
+				return nil, errors.New("no client certificate")
+			}
+			return a.cert, nil
+		},
+	}
+	conn, err := a.dial(server, tlsCfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := relaypb.NewRelayClient(conn).Connect(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: a.cfg.Version}}}); err != nil {
+		return err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	if first.GetWelcome() == nil {
+		return errors.New("server did not answer Hello with Welcome")
+	}
+	now := time.Now()
+	a.mu.Lock()
+	a.conn = conn
+	a.state.Connected, a.state.Server = true, server
+	a.state.Sessions++
+	if a.state.Timeline.Session.IsZero() {
+		a.state.Timeline.Session = now
+	}
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.conn = nil
+		a.state.Connected = false
+		a.mu.Unlock()
+	}()
+	if h := a.cfg.Hooks.SessionOpened; h != nil {
+		h(a, server, now)
+	}
+
+	errc := make(chan error, 3)
+	go func() {
+		for {
+			if _, err := stream.Recv(); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	disc := relaypb.NewDiscoveryClient(conn)
+	if a.currentSnapshot() != nil {
+		go func() { errc <- a.push(ctx, disc) }()
+	}
+	go func() { errc <- a.pull(ctx, disc, server) }()
+	tick := time.NewTicker(a.cfg.PingInterval)
+	defer tick.Stop()
+	var nonce int64
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			nonce++
+			if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Ping{Ping: &relaypb.Ping{Nonce: nonce}}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// push sends the snapshot at once and whenever it changes; a refused one is
+// sent again after a second, as relay.Session does.
+func (a *Agent) push(ctx context.Context, c relaypb.DiscoveryClient) error {
+	stream, err := c.Push(ctx)
+	if err != nil {
+		return err
+	}
+	acks := make(chan *relaypb.PushAck)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			ack, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case acks <- ack:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var sent string
+	sentAt := map[string]time.Time{}
+	var retry <-chan time.Time
+	sendIfChanged := func() error {
+		snap := a.currentSnapshot()
+		if snap == nil || snap.GetHash() == sent {
+			return nil
+		}
+		if n := proto.Size(snap); n > relay.MaxSnapshotBytes && !a.cfg.SendOversized {
+			a.mu.Lock()
+			a.state.PushError = fmt.Sprintf("snapshot of %d bytes exceeds the %d-byte limit; not sent", n, relay.MaxSnapshotBytes)
+			a.mu.Unlock()
+			sent = snap.GetHash()
+			return nil
+		}
+		sentAt[snap.GetHash()] = time.Now()
+		if err := stream.Send(snap); err != nil {
+			if errors.Is(err, io.EOF) {
+				_, err = stream.Recv()
+			}
+			return fmt.Errorf("push stream: %w", err)
+		}
+		sent = snap.GetHash()
+		return nil
+	}
+	if err := sendIfChanged(); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-recvErr:
+			return fmt.Errorf("push stream: %w", err)
+		case <-a.snap:
+			if err := sendIfChanged(); err != nil {
+				return err
+			}
+		case <-retry:
+			retry = nil
+			if err := sendIfChanged(); err != nil {
+				return err
+			}
+		case ack := <-acks:
+			r := PushResult{Hash: ack.GetHash(), Accepted: ack.GetAccepted(), Error: ack.GetError(), SentAt: sentAt[ack.GetHash()], AckedAt: time.Now()}
+			delete(sentAt, ack.GetHash())
+			a.mu.Lock()
+			a.state.LastPush = r
+			if r.Accepted {
+				a.state.PushError = ""
+				if a.state.Timeline.Pushed.IsZero() {
+					a.state.Timeline.Pushed = r.AckedAt
+				}
+			}
+			a.mu.Unlock()
+			if h := a.cfg.Hooks.PushAcked; h != nil {
+				h(a, r)
+			}
+			if !ack.GetAccepted() && ack.GetHash() == sent {
+				sent = ""
+				retry = time.After(snapshotRetry)
+			}
+		}
+	}
+}
+
+// pull acknowledges every output set with per-object results, as the real
+// agent does after applying it.
+func (a *Agent) pull(ctx context.Context, c relaypb.DiscoveryClient, server string) error {
+	stream, err := c.Pull(ctx, grpc.MaxCallRecvMsgSize(relay.MaxOutputBytes))
+	if err != nil {
+		return err
+	}
+	for {
+		set, err := stream.Recv()
+		if err != nil {
+			return fmt.Errorf("pull stream: %w", err)
+		}
+		at := time.Now()
+		results := a.apply(set)
+		a.mu.Lock()
+		o := Output{Version: set.GetVersion(), At: at, Server: server, Objects: len(set.GetObjects()),
+			Resent: set.GetVersion() == a.state.Acked, Regressed: set.GetVersion() < a.state.Acked}
+		if o.Regressed {
+			a.state.Regressions++
+		}
+		if a.state.Timeline.FirstOutput.IsZero() {
+			a.state.Timeline.FirstOutput = at
+		}
+		a.state.Outputs = append(a.state.Outputs, o)
+		if n := len(a.state.Outputs) - a.cfg.KeepOutputs; n > 0 {
+			a.state.Outputs = append(a.state.Outputs[:0:0], a.state.Outputs[n:]...)
+		}
+		a.mu.Unlock()
+		if h := a.cfg.Hooks.Output; h != nil {
+			o.Set = set
+			h(a, o)
+		}
+		if err := stream.Send(&relaypb.PullAck{Version: set.GetVersion(), Results: results}); err != nil {
+			return err
+		}
+		a.mu.Lock()
+		a.state.Acked = set.GetVersion()
+		a.mu.Unlock()
+	}
+}
+
+// manifestHead is what an agent reads of an output object to report on it.
+type manifestHead struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+}
+
+// appliedObject is what the agent remembers of an object it applied.
+type appliedObject struct {
+	head   manifestHead
+	digest uint64
+}
+
+// apply stands in for server-side apply: it reports each object applied
+// (new or changed), unchanged, or pruned (gone from the set), as the real
+// applier's results do.
+func (a *Agent) apply(set *relaypb.OutputSet) []*relaypb.ObjectResult {
+	results := make([]*relaypb.ObjectResult, 0, len(set.GetObjects()))
+	next := make(map[string]appliedObject, len(set.GetObjects()))
+	a.mu.Lock()
+	prev := a.applied
+	a.mu.Unlock()
+	for _, o := range set.GetObjects() {
+		var h manifestHead
+		r := &relaypb.ObjectResult{Outcome: "applied"}
+		if err := json.Unmarshal(o.GetManifest(), &h); err != nil {
+			r.Outcome, r.Error = "error", "manifest is not JSON"
+			results = append(results, r)
+			continue
+		}
+		r.ApiVersion, r.Kind, r.Namespace, r.Name = h.APIVersion, h.Kind, h.Metadata.Namespace, h.Metadata.Name
+		key := h.APIVersion + "/" + h.Kind + "/" + h.Metadata.Namespace + "/" + h.Metadata.Name
+		d := fnv.New64a()
+		d.Write(o.GetManifest())
+		sum := d.Sum64()
+		if old, ok := prev[key]; ok && old.digest == sum {
+			r.Outcome = "unchanged"
+		}
+		next[key] = appliedObject{head: h, digest: sum}
+		results = append(results, r)
+	}
+	for key, old := range prev {
+		if _, ok := next[key]; !ok {
+			h := old.head
+			results = append(results, &relaypb.ObjectResult{Outcome: "pruned", ApiVersion: h.APIVersion, Kind: h.Kind, Namespace: h.Metadata.Namespace, Name: h.Metadata.Name})
+		}
+	}
+	a.mu.Lock()
+	a.applied = next
+	a.mu.Unlock()
+	return results
+}

@@ -1,0 +1,48 @@
+package fleet
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/relaymesh/relaymesh/audit"
+)
+
+// VerifyAudit checks the server's hash-chained audit log (audit.Verify)
+// and returns how many records it holds.
+func (s *Server) VerifyAudit() (uint64, error) {
+	f, err := os.Open(s.AuditPath())
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sum, err := audit.Verify(f)
+	if err != nil {
+		return 0, err
+	}
+	return sum.Records, nil
+}
+
+// FindSecrets reports where any of the members' tokens (whole, or their
+// secret half) or any PEM private key appears in the server's log or audit
+// log. The report names the cluster and the file, never the secret.
+func (s *Server) FindSecrets(members []Member) ([]string, error) {
+	var found []string
+	for _, path := range []string{s.LogPath(), s.AuditPath()} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		if bytes.Contains(b, []byte("PRIVATE KEY")) {
+			found = append(found, fmt.Sprintf("a PEM private key in %s", path))
+		}
+		for _, m := range members {
+			_, secret, _ := strings.Cut(m.Token, ".")
+			if m.Token != "" && bytes.Contains(b, []byte(m.Token)) || secret != "" && bytes.Contains(b, []byte(secret)) {
+				found = append(found, fmt.Sprintf("the token of %s in %s", m.Cluster, path))
+			}
+		}
+	}
+	return found, nil
+}

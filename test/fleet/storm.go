@@ -1,0 +1,223 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+)
+
+// StormConfig is a bootstrap storm: Agents agents with fresh tokens start at
+// once against one server.
+type StormConfig struct {
+	Options
+	// Agents is the fleet size. Required.
+	Agents int
+	// Prefix names the clusters; default storm.
+	Prefix string
+	// Snapshot each agent pushes; the zero value is one mesh with one
+	// Service of one pod.
+	Snapshot SnapshotSpec
+	// Timeout bounds the wait for every session; default 10 minutes.
+	Timeout time.Duration
+	// StatusAfter is how long after the last session opened the
+	// KubernetesCluster statuses are read; default 25s.
+	StatusAfter time.Duration
+}
+
+// StormResult is what a storm measured.
+type StormResult struct {
+	Agents int
+	// Registered is how long registering and minting took; MintsAudited
+	// how long the server then took to audit every mint (neither is part
+	// of the storm).
+	Registered, MintsAudited time.Duration
+	// Certified is token → certificate, Session token → first session,
+	// per agent (those that got there).
+	Certified, Session Summary
+	// AllCertified and AllSessions: storm start → the last agent.
+	AllCertified, AllSessions time.Duration
+	// NotConnected agents had no session when Timeout passed.
+	NotConnected int
+	// BootstrapAttempts over the fleet (Agents if none was retried);
+	// BootstrapErrors counts the last error of agents that retried, by
+	// message.
+	BootstrapAttempts int
+	BootstrapErrors   map[string]int
+	// CPU used from the storm's start until every session was open.
+	CPU CPUWindow
+	// APIRequests the management API server served in the same window.
+	APIRequests map[string]float64
+	// Status is the KubernetesCluster statuses StatusAfter after the last
+	// session opened.
+	Status StatusCheck
+	// QueueFull counts "status queue full; dropping update" warnings in the
+	// server's whole log; Logs counts the server's lines from the storm's
+	// start to the status check, by level and message.
+	QueueFull int
+	Logs      map[string]int
+	// ServerAfter is the server's usage after the status check.
+	ServerAfter ProcUsage
+}
+
+// StatusCheck compares KubernetesCluster statuses with the agents.
+type StatusCheck struct {
+	After time.Duration
+	Total int
+	// Connected say connected: true; NoStatus have no status at all;
+	// SerialMatches name the certificate the agent holds; Correct are
+	// connected and name it.
+	Connected, NoStatus, SerialMatches, Correct int
+}
+
+// Storm runs a bootstrap storm.
+func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if cfg.Agents < 1 {
+		return nil, errors.New("storm: agents must be at least 1")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "storm"
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Minute
+	}
+	if cfg.StatusAfter == 0 {
+		cfg.StatusAfter = 25 * time.Second
+	}
+	srv, err := cfg.startServer(ctx, cfg.Prefix+"-server")
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	r := &StormResult{Agents: cfg.Agents, BootstrapErrors: map[string]int{}}
+	members, reg, audited, err := cfg.registerFleet(ctx, cfg.Prefix, cfg.Agents)
+	if err != nil {
+		return nil, err
+	}
+	r.Registered, r.MintsAudited = reg, audited
+	roots, err := cfg.Env.Mgmt.RelayRoots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f, err := NewFleet(FleetConfig{Servers: []string{srv.Addr}, Roots: roots, Members: members,
+		Snapshot: func(c string) *relaypb.Snapshot { return cfg.Snapshot.Snapshot(c) }})
+	if err != nil {
+		return nil, err
+	}
+	defer f.Stop()
+	meter, err := StartCPU(cfg.cpuPids(srv))
+	if err != nil {
+		return nil, err
+	}
+	apiBefore, err := cfg.Env.Mgmt.APIRequests(ctx)
+	if err != nil {
+		return nil, err
+	}
+	stop := cfg.during(ctx, srv)
+	cfg.Logf("storm: starting %d agents at once", cfg.Agents)
+	start := f.Start(ctx)
+	wctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	waitErr := f.Wait(wctx, "connected", Connected)
+	cancel()
+	stop()
+	if r.CPU, err = meter.Stop(); err != nil {
+		return nil, err
+	}
+	apiAfter, err := cfg.Env.Mgmt.APIRequests(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.APIRequests = subAPI(apiAfter, apiBefore)
+	if waitErr != nil {
+		cfg.Logf("storm: %v", waitErr)
+	}
+	var certified, session []time.Duration
+	states := f.States()
+	for _, st := range states {
+		tl := st.Timeline
+		r.BootstrapAttempts += st.BootstrapAttempts
+		if st.BootstrapAttempts > 1 && st.LastError != nil {
+			r.BootstrapErrors[truncate(st.LastError.Error(), 160)]++
+		}
+		if !tl.Certified.IsZero() {
+			certified = append(certified, tl.Certified.Sub(tl.Started))
+			r.AllCertified = max(r.AllCertified, tl.Certified.Sub(start))
+		}
+		if tl.Session.IsZero() {
+			r.NotConnected++
+			continue
+		}
+		session = append(session, tl.Session.Sub(tl.Started))
+		r.AllSessions = max(r.AllSessions, tl.Session.Sub(start))
+	}
+	r.Certified, r.Session = Summarize(certified), Summarize(session)
+	cfg.Logf("storm: %d agents: certified %s; session %s; all sessions after %s", cfg.Agents, r.Certified, r.Session, r.AllSessions.Round(time.Millisecond))
+
+	cfg.Logf("storm: reading KubernetesCluster statuses in %s", cfg.StatusAfter)
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(cfg.StatusAfter):
+	}
+	if r.Status, err = checkStatus(ctx, cfg.Env.Mgmt, f); err != nil {
+		return nil, err
+	}
+	r.Status.After = cfg.StatusAfter
+	lines, err := linesBetween(srv, start, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	r.Logs = LogCounts(lines)
+	all, err := ReadLog(srv.LogPath(), time.Time{}, func(l LogLine) bool { return l.Msg == "status queue full; dropping update" })
+	if err != nil {
+		return nil, err
+	}
+	r.QueueFull = len(all)
+	if r.ServerAfter, err = srv.Usage(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// checkStatus reads every KubernetesCluster of the fleet and compares it
+// with its agent.
+func checkStatus(ctx context.Context, m *Management, f *Fleet) (StatusCheck, error) {
+	statuses, err := m.ClusterStatuses(ctx)
+	if err != nil {
+		return StatusCheck{}, err
+	}
+	var c StatusCheck
+	for _, a := range f.Agents() {
+		st, ok := statuses[a.Cluster()]
+		if !ok {
+			return c, fmt.Errorf("KubernetesCluster %s is missing", a.Cluster())
+		}
+		c.Total++
+		if !st.HasStatus {
+			c.NoStatus++
+		}
+		if st.Connected {
+			c.Connected++
+		}
+		agent := a.State()
+		if st.Serial != "" && st.Serial == agent.Serial {
+			c.SerialMatches++
+			if st.Connected == agent.Connected {
+				c.Correct++
+			}
+		}
+	}
+	return c, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
