@@ -5,7 +5,8 @@
 // token.
 //
 // It uses the PKCS#11 key manager of go.step.sm/crypto/kms (which needs
-// cgo) and wraps the token's key in ca.NewKeySigner, so an HSM-backed CA
+// cgo: a binary built with CGO_ENABLED=0, such as the static image, has
+// this package, and New refuses every token with ErrNoCgo) and wraps the token's key in ca.NewKeySigner, so an HSM-backed CA
 // issues exactly like an in-memory one: same template, same checks, and no
 // Leeway.
 //
@@ -30,13 +31,18 @@ import (
 	"sync"
 	"time"
 
-	"github.com/miekg/pkcs11"
 	"go.step.sm/crypto/kms/apiv1"
 	kmspkcs11 "go.step.sm/crypto/kms/pkcs11"
 	"go.step.sm/crypto/kms/uri"
 
 	"github.com/relaymesh/relaymesh/ca"
 )
+
+// scheme is the URI scheme of PKCS#11 keys in go.step.sm/crypto/kms.
+const scheme = "pkcs11"
+
+// ErrNoCgo is why New refuses every token in a binary built without cgo.
+var ErrNoCgo = errors.New("this relaymesh binary was built without cgo (CGO_ENABLED=0, like the static image), and PKCS#11 needs cgo: run a cgo build of relaymesh for an HSM-backed CA")
 
 // Config configures the pkcs11 back end.
 type Config struct {
@@ -142,6 +148,9 @@ func New(ctx context.Context, cfg Config) (ca.Signer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: pkcs11: invalid config: %w", ca.ErrInvalidSigner, err)
 	}
+	if !cgoBuild {
+		return nil, fmt.Errorf("%w: pkcs11: %w", ca.ErrInvalidSigner, ErrNoCgo)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -162,7 +171,7 @@ func New(ctx context.Context, cfg Config) (ca.Signer, error) {
 	}
 	k, err := kmspkcs11.New(ctx, apiv1.Options{
 		Type: apiv1.PKCS11,
-		URI: uri.New(kmspkcs11.Scheme, url.Values{
+		URI: uri.New(scheme, url.Values{
 			"module-path": {cfg.ModulePath},
 			"token":       {cfg.TokenLabel},
 		}).String(),
@@ -218,7 +227,7 @@ func keyURI(cfg Config) string {
 	if cfg.KeyLabel != "" {
 		v.Set("object", cfg.KeyLabel)
 	}
-	return uri.New(kmspkcs11.Scheme, v).String()
+	return uri.New(scheme, v).String()
 }
 
 // keyName describes the key in messages.
@@ -269,25 +278,12 @@ func pinSource(cfg Config) string {
 	return "environment variable " + cfg.PINEnv
 }
 
-// loginErrors explains the PKCS#11 return values of a failed login.
-var loginErrors = map[pkcs11.Error]string{
-	pkcs11.CKR_PIN_INCORRECT:            "wrong PIN (CKR_PIN_INCORRECT)",
-	pkcs11.CKR_PIN_INVALID:              "the PIN has characters the token does not accept (CKR_PIN_INVALID)",
-	pkcs11.CKR_PIN_LEN_RANGE:            "the PIN is too long or too short for the token (CKR_PIN_LEN_RANGE)",
-	pkcs11.CKR_PIN_LOCKED:               "the PIN is locked after too many wrong attempts (CKR_PIN_LOCKED)",
-	pkcs11.CKR_PIN_EXPIRED:              "the PIN has expired (CKR_PIN_EXPIRED)",
-	pkcs11.CKR_USER_PIN_NOT_INITIALIZED: "the token's user PIN is not initialized (CKR_USER_PIN_NOT_INITIALIZED)",
-}
-
 // explain turns an error of the PKCS#11 stack into one that says what went
 // wrong, and guarantees the PIN is not in it: a message that contains it is
 // replaced, not wrapped.
 func explain(err error, pin string) error {
-	var code pkcs11.Error
-	if errors.As(err, &code) {
-		if msg, ok := loginErrors[code]; ok {
-			return errors.New(msg)
-		}
+	if msg, ok := loginError(err); ok {
+		return errors.New(msg)
 	}
 	msg := err.Error()
 	switch {
