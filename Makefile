@@ -1,26 +1,35 @@
 # Relaymesh. The two commands for a fresh machine are `make demo` and
-# `make test`; both build the pinned third-party binaries first (`make tools`,
+# `make test`; both install the Debian packages they need when missing
+# (hack/deps.sh) and build the pinned third-party binaries first (`make tools`,
 # cached per pin under ~/.cache/relaymesh/bin).
 SHELL := /bin/bash
 BIN := .cache/bin
 GO_TEST_FLAGS ?= -race -count=1 -timeout 45m
 FUZZTIME ?= 10s
 
-.PHONY: demo test tools gen verify bench fuzz clean help
+.PHONY: demo test deps tools gen verify bench fuzz clean help
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
-demo: tools ## run the main job end to end on local clusters (DEMO_EXIT=1: exit after the summary)
+demo: deps-demo tools ## run the main job end to end on local clusters (DEMO_EXIT=1: exit after the summary)
 	go run ./test/cmd/demo
 
-test: tools ## run every test, with -race, including integration tests on real kube-apiservers
+test: deps-test tools ## run every test, with -race, including integration tests on real kube-apiservers
 	go test $(GO_TEST_FLAGS) ./...
+	@# -race needs cgo: the cgo-less build (the image's) is tested without it.
+	CGO_ENABLED=0 go test -count=1 -run NoCgo ./ca/hsm/
+
+deps: ## install the Debian packages every target needs, when missing (gcc, softhsm2, protoc, ca-certificates)
+	hack/deps.sh all
+
+deps-%:
+	hack/deps.sh $*
 
 tools: ## build pinned kube-apiserver, etcd, kubectl, istioctl, pilot-discovery, controller-gen, staticcheck, cfssl, step-ca
 	hack/tools.sh
 
-gen: ## regenerate deepcopy functions, CRD manifests (api/) and protobuf code (relay/proto)
+gen: deps-gen ## regenerate deepcopy functions, CRD manifests (api/) and protobuf code (relay/proto)
 	hack/tools.sh controller-gen protoc-gen-go protoc-gen-go-grpc
 	PATH="$(CURDIR)/$(BIN):$$PATH" protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative relay/proto/relay.proto
 	rm -f api/crds/*.yaml
