@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -40,6 +41,9 @@ const (
 	// PortName is the name of every Service port and Pod container port
 	// the harness writes: "grpc", so istiod treats the port as gRPC.
 	PortName = "grpc"
+	// workloadImage is the image the harness's Pods and Deployments name;
+	// nothing pulls it.
+	workloadImage = "relaymesh.test/dataplane:proxyless"
 )
 
 // ClusterConfig says which cluster to run workloads in.
@@ -190,6 +194,40 @@ func (c *Cluster) Service(ctx context.Context, cfg ServiceConfig) error {
 		return fmt.Errorf("service %s/%s: %w", cfg.Namespace, cfg.Name, err)
 	}
 	return c.SyncEndpoints(ctx, cfg.Namespace)
+}
+
+// Deployment writes a Deployment for a workload: selector and pod template
+// labels are the workload's labels, the template runs as its service
+// account. It is an API object only (no controller makes Pods from it);
+// Relaymesh's discovery reads workloads from controllers like it.
+func (c *Cluster) Deployment(ctx context.Context, cfg WorkloadConfig) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("deployment: %w", err)
+	}
+	if len(cfg.Labels) == 0 {
+		return errors.New("deployment: the workload has no labels to select its pods by")
+	}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: cfg.Name, Namespace: cfg.Namespace, Labels: cfg.Labels},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: cfg.Labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: cfg.Labels, Annotations: map[string]string{"inject.istio.io/templates": "grpc-agent"}},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: cfg.ServiceAccount,
+					Containers:         []corev1.Container{{Name: "app", Image: workloadImage}},
+				},
+			},
+		},
+	}
+	_, err := c.kube.AppsV1().Deployments(cfg.Namespace).Create(ctx, d, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("deployment %s/%s: %w", cfg.Namespace, cfg.Name, err)
+	}
+	return nil
 }
 
 // SyncEndpoints does the endpoint-slice controller's job for a namespace:

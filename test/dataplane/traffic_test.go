@@ -2,8 +2,6 @@ package dataplane_test
 
 import (
 	"context"
-	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,140 +12,6 @@ import (
 
 	"github.com/relaymesh/relaymesh/test/dataplane"
 )
-
-// Numbers of the traffic checks.
-const (
-	batch     = 2000 // RPCs per measured split
-	tolerance = 5.0  // percentage points
-	probe     = 200  // RPCs per settling probe
-	settle    = 30 * time.Second
-)
-
-// fixture is one cluster with an istiod, two versions of the echo server
-// and two clients with different service accounts.
-type fixture struct {
-	env             *dataplane.Env
-	c               *dataplane.Cluster
-	td              string
-	v1, v2          *dataplane.Workload
-	sleep, other    *dataplane.Workload
-	toEcho, fromOth *dataplane.Client
-}
-
-const (
-	ns       = "apps"
-	echoPort = 7070
-)
-
-func startFixture(t *testing.T) *fixture {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	start := time.Now()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	env, err := dataplane.StartEnv(ctx, dataplane.EnvConfig{Dir: t.TempDir(), Clusters: []string{"cluster-1"}, Others: []string{"mgmt"}, Log: log})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	c := env.Cluster("cluster-1")
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("istiod log (last lines):\n%s", c.Istiod().LogTail(40))
-		}
-	})
-	t.Logf("cluster and istiod ready after %s", time.Since(start).Round(time.Millisecond))
-
-	require.NoError(t, c.Namespace(ctx, ns, map[string]string{"istio-injection": "enabled"}))
-	require.NoError(t, c.Service(ctx, dataplane.ServiceConfig{Name: "echo", Namespace: ns, Selector: map[string]string{"app": "echo"}, Port: echoPort}))
-	f := &fixture{env: env, c: c, td: c.Istiod().TrustDomain()}
-	start = time.Now()
-	for _, w := range []struct {
-		into *(*dataplane.Workload)
-		cfg  dataplane.WorkloadConfig
-	}{
-		{&f.v1, dataplane.WorkloadConfig{Name: "echo-v1", Namespace: ns, ServiceAccount: "echo", Labels: map[string]string{"app": "echo", "version": "v1"}, Serve: true}},
-		{&f.v2, dataplane.WorkloadConfig{Name: "echo-v2", Namespace: ns, ServiceAccount: "echo", Labels: map[string]string{"app": "echo", "version": "v2"}, Serve: true}},
-		{&f.sleep, dataplane.WorkloadConfig{Name: "sleep", Namespace: ns, ServiceAccount: "sleep", Labels: map[string]string{"app": "sleep"}}},
-		{&f.other, dataplane.WorkloadConfig{Name: "other", Namespace: ns, ServiceAccount: "other", Labels: map[string]string{"app": "other"}}},
-	} {
-		*w.into, err = c.StartWorkload(ctx, w.cfg)
-		require.NoError(t, err, w.cfg.Name)
-	}
-	t.Logf("4 workloads registered, certified and serving after %s", time.Since(start).Round(time.Millisecond))
-	f.toEcho, err = f.sleep.Dial("echo", ns, echoPort)
-	require.NoError(t, err)
-	f.fromOth, err = f.other.Dial("echo", ns, echoPort)
-	require.NoError(t, err)
-	// Both versions answer before anything is measured: the client has
-	// the listener, route, cluster and both endpoints.
-	f.baseline(t)
-	return f
-}
-
-// settle runs probes until ok holds of one, so that a measurement starts
-// after istiod's push took effect; it fails the test after `settle`.
-func (f *fixture) settle(t *testing.T, c *dataplane.Client, what string, opts dataplane.CallOptions, ok func(*dataplane.Outcomes) bool) time.Duration {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), settle)
-	defer cancel()
-	start := time.Now()
-	var last *dataplane.Outcomes
-	for ctx.Err() == nil {
-		o, err := c.Run(ctx, probe, opts)
-		require.NoError(t, err)
-		if ok(o) {
-			return time.Since(start)
-		}
-		last = o
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s; last probe: %v", what, settle, last)
-	return 0
-}
-
-// apply writes Istio objects for the rest of the (sub)test; at its end they
-// are deleted and the next check waits for the baseline again.
-func (f *fixture) apply(t *testing.T, manifest string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, f.c.Apply(ctx, manifest))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		assert.NoError(t, f.c.Delete(ctx, manifest))
-		f.baseline(t)
-	})
-}
-
-// baseline waits until no policy is in effect: round robin over both
-// versions, every call OK. (Connections established over mTLS stay mTLS
-// after the PeerAuthentication and DestinationRule are gone: neither the
-// gRPC client nor the server tears down a working connection when the
-// TLS configuration changes, so the peer is not part of the baseline.)
-func (f *fixture) baseline(t *testing.T) {
-	t.Helper()
-	f.settle(t, f.toEcho, "the baseline (no policy)", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool {
-		v1 := o.Percent(o.Version("v1"))
-		return o.Failed() == 0 && v1 > 35 && v1 < 65
-	})
-}
-
-func run(t *testing.T, c *dataplane.Client, n int, opts dataplane.CallOptions) *dataplane.Outcomes {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	o, err := c.Run(ctx, n, opts)
-	require.NoError(t, err)
-	require.Equal(t, n, o.Total())
-	t.Logf("%s", o)
-	return o
-}
-
-// within asserts got is within tolerance points of want.
-func within(t *testing.T, want, got float64, what string) {
-	t.Helper()
-	assert.InDelta(t, want, got, tolerance, "%s: %.1f%%, want %.0f%% ± %.0f", what, got, want, tolerance)
-}
 
 const subsetsDR = `
 apiVersion: networking.istio.io/v1
@@ -164,7 +28,7 @@ spec:
 // counted RPCs between proxyless gRPC workloads of one cluster, configured
 // by a real istiod from Istio objects written to the cluster.
 func TestTraffic(t *testing.T) {
-	f := startFixture(t)
+	f := sharedFixture(t)
 
 	t.Run("no policy: no 80/20 split", func(t *testing.T) {
 		o := run(t, f.toEcho, batch, dataplane.CallOptions{})

@@ -234,7 +234,7 @@ func writeAtomic(path string, data []byte) error {
 // EndpointSlices of the Services that select it.
 func (w *Workload) register(ctx context.Context) error {
 	pods := w.cluster.kube.CoreV1().Pods(w.cfg.Namespace)
-	ctr := corev1.Container{Name: "app", Image: "relaymesh.test/dataplane:proxyless"}
+	ctr := corev1.Container{Name: "app", Image: workloadImage}
 	if w.port != 0 {
 		ctr.Ports = []corev1.ContainerPort{{Name: PortName, ContainerPort: int32(w.port), Protocol: corev1.ProtocolTCP}}
 	}

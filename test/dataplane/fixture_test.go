@@ -1,0 +1,201 @@
+package dataplane_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/relaymesh/relaymesh/test/dataplane"
+)
+
+// Numbers of the traffic checks.
+const (
+	batch     = 2000 // RPCs per measured split
+	tolerance = 5.0  // percentage points
+	probe     = 200  // RPCs per settling probe
+	settle    = 30 * time.Second
+)
+
+// fixture is one cluster with an istiod, two versions of the echo server
+// and two clients with different service accounts.
+type fixture struct {
+	env             *dataplane.Env
+	c               *dataplane.Cluster
+	envTook         time.Duration
+	workloadsTook   time.Duration
+	v1, v2          *dataplane.Workload
+	sleep, other    *dataplane.Workload
+	toEcho, fromOth *dataplane.Client
+}
+
+const (
+	ns       = "apps"
+	echoPort = 7070
+)
+
+// shared is the one fixture of the package's traffic tests: starting
+// clusters and istiod once keeps `go test ./test/dataplane/...` short.
+var shared struct {
+	once sync.Once
+	f    *fixture
+	err  error
+	dir  string
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared.f != nil {
+		if err := shared.f.env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop the data plane:", err)
+			code = 1
+		}
+	}
+	if shared.dir != "" {
+		os.RemoveAll(shared.dir)
+	}
+	os.Exit(code)
+}
+
+// sharedFixture starts the fixture on first use; a test that uses it shows
+// istiod's log when it fails.
+func sharedFixture(t *testing.T) *fixture {
+	t.Helper()
+	shared.once.Do(func() { shared.f, shared.err = startFixture() })
+	require.NoError(t, shared.err)
+	f := shared.f
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("istiod log (last lines):\n%s", f.c.Istiod().LogTail(40))
+		}
+	})
+	t.Logf("fixture: cluster and istiod ready after %s; 4 workloads registered, certified and serving %s later", f.envTook, f.workloadsTook)
+	f.baseline(t)
+	return f
+}
+
+// workloadConfigs are the fixture's workloads: two versions of the echo
+// server (service account echo) and two clients, sleep and other.
+var workloadConfigs = []dataplane.WorkloadConfig{
+	{Name: "echo-v1", Namespace: ns, ServiceAccount: "echo", Labels: map[string]string{"app": "echo", "version": "v1"}, Serve: true},
+	{Name: "echo-v2", Namespace: ns, ServiceAccount: "echo", Labels: map[string]string{"app": "echo", "version": "v2"}, Serve: true},
+	{Name: "sleep", Namespace: ns, ServiceAccount: "sleep", Labels: map[string]string{"app": "sleep"}},
+	{Name: "other", Namespace: ns, ServiceAccount: "other", Labels: map[string]string{"app": "other"}},
+}
+
+func startFixture() (_ *fixture, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if shared.dir, err = os.MkdirTemp("", "dataplane-"); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	env, err := dataplane.StartEnv(ctx, dataplane.EnvConfig{Dir: shared.dir, Clusters: []string{"cluster-1"}, Others: []string{"mgmt"}, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	f := &fixture{env: env, c: env.Cluster("cluster-1"), envTook: time.Since(start).Round(time.Millisecond)}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, env.Stop())
+		}
+	}()
+	c := f.c
+	if err := c.Namespace(ctx, ns, map[string]string{"istio-injection": "enabled"}); err != nil {
+		return nil, err
+	}
+	if err := c.Service(ctx, dataplane.ServiceConfig{Name: "echo", Namespace: ns, Selector: map[string]string{"app": "echo"}, Port: echoPort}); err != nil {
+		return nil, err
+	}
+	start = time.Now()
+	ws := make([]*dataplane.Workload, len(workloadConfigs))
+	for i, cfg := range workloadConfigs {
+		if ws[i], err = c.StartWorkload(ctx, cfg); err != nil {
+			return nil, err
+		}
+	}
+	f.workloadsTook = time.Since(start).Round(time.Millisecond)
+	f.v1, f.v2, f.sleep, f.other = ws[0], ws[1], ws[2], ws[3]
+	if f.toEcho, err = f.sleep.Dial("echo", ns, echoPort); err != nil {
+		return nil, err
+	}
+	if f.fromOth, err = f.other.Dial("echo", ns, echoPort); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// settle runs probes until ok holds of one, so that a measurement starts
+// after istiod's push took effect; it fails the test after `settle`.
+func (f *fixture) settle(t *testing.T, c *dataplane.Client, what string, opts dataplane.CallOptions, ok func(*dataplane.Outcomes) bool) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), settle)
+	defer cancel()
+	start := time.Now()
+	var last *dataplane.Outcomes
+	for ctx.Err() == nil {
+		o, err := c.Run(ctx, probe, opts)
+		require.NoError(t, err)
+		if ok(o) {
+			return time.Since(start)
+		}
+		last = o
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s; last probe: %v", what, settle, last)
+	return 0
+}
+
+// apply writes Istio objects for the rest of the (sub)test; at its end they
+// are deleted and the next check waits for the baseline again.
+func (f *fixture) apply(t *testing.T, manifest string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, f.c.Apply(ctx, manifest))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		assert.NoError(t, f.c.Delete(ctx, manifest))
+		f.baseline(t)
+	})
+}
+
+// baseline waits until no policy is in effect (both versions answer: the
+// client has the listener, route, cluster and both endpoints): round robin over both
+// versions, every call OK. (Connections established over mTLS stay mTLS
+// after the PeerAuthentication and DestinationRule are gone: neither the
+// gRPC client nor the server tears down a working connection when the
+// TLS configuration changes, so the peer is not part of the baseline.)
+func (f *fixture) baseline(t *testing.T) {
+	t.Helper()
+	f.settle(t, f.toEcho, "the baseline (no policy)", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool {
+		v1 := o.Percent(o.Version("v1"))
+		return o.Failed() == 0 && v1 > 35 && v1 < 65
+	})
+}
+
+func run(t *testing.T, c *dataplane.Client, n int, opts dataplane.CallOptions) *dataplane.Outcomes {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	o, err := c.Run(ctx, n, opts)
+	require.NoError(t, err)
+	require.Equal(t, n, o.Total())
+	t.Logf("%s", o)
+	return o
+}
+
+// within asserts got is within tolerance points of want.
+func within(t *testing.T, want, got float64, what string) {
+	t.Helper()
+	assert.InDelta(t, want, got, tolerance, "%s: %.1f%%, want %.0f%% ± %.0f", what, got, want, tolerance)
+}
