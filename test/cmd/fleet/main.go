@@ -1,0 +1,248 @@
+// Command fleet runs the fleet scenarios of test/fleet by hand, at any
+// size, against any relaymesh binary, and prints each result as JSON:
+//
+//	go run ./test/cmd/fleet -bin /work/baseline/relaymesh -dir /tmp/fleet storm -agents 1000 -status-after 25s
+//	go run ./test/cmd/fleet -bin ./relaymesh issuance -concurrency 1,4,16 -duration 10s
+//	go run ./test/cmd/fleet idle -agents 1000
+//	go run ./test/cmd/fleet config -clusters 100 -edits 5
+//	go run ./test/cmd/fleet snapshot
+//
+// Each run starts its own management cluster (etcd and a kube-apiserver
+// from `make tools`) and server, and stops them at the end; -dir keeps
+// their logs and audit logs. With -pprof ADDR the server is started with
+// RELAYMESH_FLEET_PPROF=ADDR, which a profiling build of relaymesh (see
+// docs/benchmarks.md, "Fleet") serves net/http/pprof on; CPU profiles and
+// goroutine dumps of every measured phase are then written to -dir.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/relaymesh/relaymesh/test/fleet"
+)
+
+const usage = `Usage: fleet [flags] SCENARIO [scenario flags]
+
+Scenarios:
+  storm     bootstrap storm: -agents agents with fresh tokens start at once
+  issuance  Identity.Renew vs cfssl serve vs step-ca vs x509, same requests
+  idle      server RSS, heap and goroutines per connected idle agent
+  config    issue 21: mirror, policy edit reaching every agent, deregistration
+  snapshot  the largest snapshot an agent can send
+
+Flags:
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "fleet:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	bin := fs.String("bin", "", "relaymesh binary to measure (default $"+fleet.BinaryEnv+", else one built from this checkout)")
+	dir := fs.String("dir", "", "keep cluster data, logs, audit logs and profiles here (default: a temporary directory, removed)")
+	out := fs.String("json", "", "also write the result to this file")
+	logLevel := fs.String("log-level", "info", "the server's --log-level")
+	pprofAddr := fs.String("pprof", "", "profile the server: start it with RELAYMESH_FLEET_PPROF=ADDR (a profiling build serves pprof there)")
+	pprofSecs := fs.Int("pprof-seconds", 10, "length of each CPU profile")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errors.New("a scenario is required")
+	}
+	scenario, rest := fs.Arg(0), fs.Args()[1:]
+	workDir := *dir
+	if workDir == "" {
+		d, err := os.MkdirTemp("", "fleet-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		workDir = d
+	}
+	logf := func(format string, a ...any) {
+		fmt.Fprintf(stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
+	}
+	run, err := scenarioFor(scenario, rest, stderr)
+	if err != nil {
+		return err
+	}
+	env, err := fleet.StartEnv(ctx, fleet.EnvConfig{Dir: workDir, Binary: *bin})
+	if err != nil {
+		return err
+	}
+	defer env.Stop()
+	logf("binary %s, open-file limit %d, work in %s", env.Binary, env.FileLimit, workDir)
+	opts := fleet.Options{Env: env, Logf: logf, LogLevel: *logLevel}
+	if *pprofAddr != "" {
+		opts.ServerEnv = []string{"RELAYMESH_FLEET_PPROF=" + *pprofAddr}
+		opts.During = profiler(*pprofAddr, filepath.Join(workDir, "profiles", scenario), time.Duration(*pprofSecs)*time.Second, logf)
+	}
+	result, err := run(ctx, opts)
+	if err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(result, "", "  ")
+	if err != nil {
+		return err
+	}
+	if *out != "" {
+		if err := os.WriteFile(*out, js, 0o600); err != nil {
+			return err
+		}
+	}
+	_, err = fmt.Fprintf(stdout, "%s\n", js)
+	return err
+}
+
+type scenarioFunc func(ctx context.Context, o fleet.Options) (any, error)
+
+func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f scenarioFunc
+	switch name {
+	case "storm":
+		agents := fs.Int("agents", 200, "fleet size")
+		statusAfter := fs.Duration("status-after", 25*time.Second, "wait after the last session before statuses are read")
+		timeout := fs.Duration("timeout", 10*time.Minute, "bound on the wait for every session")
+		services := fs.Int("services", 1, "Services in each agent's snapshot")
+		f = func(ctx context.Context, o fleet.Options) (any, error) {
+			return fleet.Storm(ctx, fleet.StormConfig{Options: o, Agents: *agents, StatusAfter: *statusAfter, Timeout: *timeout,
+				Snapshot: fleet.SnapshotSpec{Services: *services}})
+		}
+	case "issuance":
+		conc := fs.String("concurrency", "1,4,16", "concurrency levels")
+		dur := fs.Duration("duration", 10*time.Second, "measured window per level")
+		backends := fs.String("backends", "relaymesh,cfssl,step-ca,step-ca-badgerv2,x509", "back ends, in order")
+		csrs := fs.Int("csrs", 256, "size of the request pool")
+		f = func(ctx context.Context, o fleet.Options) (any, error) {
+			var levels []int
+			for _, s := range strings.Split(*conc, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(s))
+				if err != nil || n < 1 {
+					return nil, fmt.Errorf("-concurrency: %q is not a positive number", s)
+				}
+				levels = append(levels, n)
+			}
+			return fleet.Issuance(ctx, fleet.IssuanceConfig{Options: o, Concurrency: levels, Duration: *dur, CSRs: *csrs, Backends: strings.Split(*backends, ",")})
+		}
+	case "idle":
+		agents := fs.Int("agents", 1000, "fleet size")
+		settle := fs.Duration("settle", 30*time.Second, "idle time before, and then during, the measurement")
+		policy := fs.String("policy", "", "if set, a TrafficPolicy without selectors with this request timeout, so every agent holds an output set")
+		f = func(ctx context.Context, o fleet.Options) (any, error) {
+			return fleet.Idle(ctx, fleet.IdleConfig{Options: o, Agents: *agents, Settle: *settle, Policy: *policy})
+		}
+	case "config":
+		clusters := fs.Int("clusters", 100, "fleet size")
+		edits := fs.Int("edits", 5, "policy edits")
+		f = func(ctx context.Context, o fleet.Options) (any, error) {
+			return fleet.ConfigPlane(ctx, fleet.ConfigPlaneConfig{Options: o, Clusters: *clusters, Edits: *edits})
+		}
+	case "snapshot":
+		pods := fs.Int("pods-per-service", 10, "ready pods behind each Service")
+		f = func(ctx context.Context, o fleet.Options) (any, error) {
+			return fleet.SnapshotLimit(ctx, fleet.SnapshotLimitConfig{Options: o, PodsPerService: *pods})
+		}
+	default:
+		return nil, fmt.Errorf("unknown scenario %q: want storm, issuance, idle, config or snapshot", name)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	return f, nil
+}
+
+// profiler collects, for every measured phase, a goroutine dump two
+// seconds in and a CPU profile of the given length from the server's pprof
+// endpoint at addr, into dir.
+func profiler(addr, dir string, cpu time.Duration, logf func(string, ...any)) func(ctx context.Context, s *fleet.Server) {
+	var phase atomic.Int64
+	return func(ctx context.Context, _ *fleet.Server) {
+		n := phase.Add(1)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			logf("pprof: %v", err)
+			return
+		}
+		cpuDone := make(chan struct{})
+		go func() {
+			defer close(cpuDone)
+			// The CPU profile runs its full length even if the phase ends
+			// sooner: pprof sends nothing before it is done.
+			path := filepath.Join(dir, fmt.Sprintf("phase%d-cpu.pprof", n))
+			if err := fetch(context.Background(), fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(cpu.Seconds())), path, cpu+30*time.Second); err != nil {
+				logf("pprof: cpu profile: %v", err)
+				return
+			}
+			logf("pprof: wrote %s", path)
+		}()
+		select {
+		case <-ctx.Done():
+		case <-time.After(2 * time.Second):
+			for _, p := range []struct{ name, url string }{
+				{"goroutines.txt", "/debug/pprof/goroutine?debug=2"},
+				{"block.pprof", "/debug/pprof/block"},
+				{"mutex.pprof", "/debug/pprof/mutex"},
+			} {
+				path := filepath.Join(dir, fmt.Sprintf("phase%d-%s", n, p.name))
+				if err := fetch(ctx, "http://"+addr+p.url, path, 30*time.Second); err != nil {
+					logf("pprof: %s: %v", p.name, err)
+				}
+			}
+		}
+		<-cpuDone
+	}
+}
+
+func fetch(ctx context.Context, url, path string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,162 @@
+package fleet_test
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/test/fleet"
+	"github.com/stretchr/testify/require"
+)
+
+// Sizes default to what CI can afford; the big runs pass them by hand, e.g.
+//
+//	go test ./test/fleet -run '^$' -bench Storm -benchtime 1x -timeout 2h \
+//	  -fleet.bin /work/baseline/relaymesh -fleet.agents 1000 -fleet.status-after 25s
+var (
+	agentsFlag      = flag.Int("fleet.agents", 20, "agents in BenchmarkFleetStorm")
+	idleFlag        = flag.Int("fleet.idle-agents", 20, "agents in BenchmarkFleetIdle")
+	clustersFlag    = flag.Int("fleet.clusters", 10, "clusters in BenchmarkFleetConfigPlane")
+	editsFlag       = flag.Int("fleet.edits", 3, "policy edits in BenchmarkFleetConfigPlane")
+	statusAfterFlag = flag.Duration("fleet.status-after", 5*time.Second, "wait after a storm before KubernetesCluster statuses are read")
+	settleFlag      = flag.Duration("fleet.settle", 5*time.Second, "idle time before and during the idle measurement")
+	durationFlag    = flag.Duration("fleet.duration", 2*time.Second, "measured window of each issuance level")
+	concFlag        = flag.String("fleet.concurrency", "1,4,16", "issuance concurrency levels")
+	backendsFlag    = flag.String("fleet.backends", "relaymesh,cfssl,step-ca,step-ca-badgerv2,x509", "issuance back ends")
+	reportFlag      = flag.String("fleet.report", "", "write each benchmark's full result as JSON to this file prefix (<prefix>-<benchmark>.json)")
+)
+
+func options(b *testing.B, env *fleet.Env) fleet.Options {
+	return fleet.Options{Env: env, Logf: b.Logf}
+}
+
+// report writes v as JSON when -fleet.report is set and logs it.
+func report(b *testing.B, v any) {
+	js, err := json.MarshalIndent(v, "", "  ")
+	require.NoError(b, err)
+	if *reportFlag != "" {
+		name := strings.NewReplacer("/", "-", " ", "-").Replace(b.Name())
+		require.NoError(b, os.WriteFile(*reportFlag+"-"+name+".json", js, 0o600))
+	}
+	b.Logf("%s", js)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkFleetStorm: -fleet.agents agents with fresh tokens start at once
+// against one server; token → certified → first session per agent, the
+// time until every session is open, and KubernetesCluster statuses
+// -fleet.status-after later.
+func BenchmarkFleetStorm(b *testing.B) {
+	env := startEnv(b)
+	var r *fleet.StormResult
+	for b.Loop() {
+		var err error
+		r, err = fleet.Storm(context.Background(), fleet.StormConfig{Options: options(b, env), Agents: *agentsFlag, StatusAfter: *statusAfterFlag})
+		require.NoError(b, err)
+	}
+	require.Zero(b, r.NotConnected, "every agent got a session")
+	b.ReportMetric(float64(r.Agents), "agents")
+	b.ReportMetric(r.AllSessions.Seconds(), "s-all-sessions")
+	b.ReportMetric(ms(r.Session.P50), "ms-session-p50")
+	b.ReportMetric(ms(r.Session.P99), "ms-session-p99")
+	b.ReportMetric(ms(r.Session.Max), "ms-session-max")
+	b.ReportMetric(ms(r.Certified.P50), "ms-certified-p50")
+	b.ReportMetric(float64(r.Status.Correct), "status-correct")
+	b.ReportMetric(float64(r.Status.NoStatus), "status-missing")
+	b.ReportMetric(float64(r.QueueFull), "queue-full-warnings")
+	b.ReportMetric(r.CPU.Total().Seconds(), "cpu-s")
+	report(b, r)
+}
+
+// BenchmarkFleetIssuance: Identity.Renew through the server over open
+// sessions, `cfssl serve`, step-ca (no database and badger) and a bare
+// x509.CreateCertificate signing the same requests at each of
+// -fleet.concurrency for -fleet.duration.
+func BenchmarkFleetIssuance(b *testing.B) {
+	env := startEnv(b)
+	var levels []int
+	for _, s := range strings.Split(*concFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		require.NoError(b, err)
+		levels = append(levels, n)
+	}
+	var r *fleet.IssuanceResult
+	for b.Loop() {
+		var err error
+		r, err = fleet.Issuance(context.Background(), fleet.IssuanceConfig{Options: options(b, env), Concurrency: levels,
+			Duration: *durationFlag, Backends: strings.Split(*backendsFlag, ",")})
+		require.NoError(b, err)
+	}
+	for _, row := range r.Rows {
+		require.Zero(b, row.Errors, "%s at %d: %s", row.Backend, row.Concurrency, row.FirstError)
+		b.ReportMetric(row.PerSecond, fmt.Sprintf("certs/s-%s-c%d", row.Backend, row.Concurrency))
+		b.ReportMetric(ms(row.CPUPerCert), fmt.Sprintf("ms-cpu/cert-%s-c%d", row.Backend, row.Concurrency))
+	}
+	require.Empty(b, r.Leaks)
+	report(b, r)
+}
+
+// BenchmarkFleetIdle: the server's RSS, heap and goroutines per connected,
+// idle agent (-fleet.idle-agents of them).
+func BenchmarkFleetIdle(b *testing.B) {
+	env := startEnv(b)
+	var r *fleet.IdleResult
+	for b.Loop() {
+		var err error
+		r, err = fleet.Idle(context.Background(), fleet.IdleConfig{Options: options(b, env), Agents: *idleFlag, Settle: *settleFlag})
+		require.NoError(b, err)
+	}
+	require.Equal(b, r.Agents, r.Connected)
+	b.ReportMetric(r.PerAgentRSS/1024, "KiB-rss/agent")
+	b.ReportMetric(r.PerAgentLiveHeap/1024, "KiB-live-heap/agent")
+	b.ReportMetric(r.PerAgentHeapInuse/1024, "KiB-heap-inuse/agent")
+	b.ReportMetric(r.PerAgentGoroutines, "goroutines/agent")
+	report(b, r)
+}
+
+// BenchmarkFleetConfigPlane: -fleet.clusters clusters of one mesh, one
+// Deployment and its Service; their discovered objects mirrored, a
+// TrafficPolicy without selectors edited -fleet.edits times (edit → every
+// agent has it), then deregistration until their objects are gone.
+func BenchmarkFleetConfigPlane(b *testing.B) {
+	env := startEnv(b)
+	var r *fleet.ConfigPlaneResult
+	for b.Loop() {
+		var err error
+		r, err = fleet.ConfigPlane(context.Background(), fleet.ConfigPlaneConfig{Options: options(b, env), Clusters: *clustersFlag, Edits: *editsFlag})
+		require.NoError(b, err)
+	}
+	require.Equal(b, r.Clusters, r.Refused, "deregistration refused every agent")
+	b.ReportMetric(ms(r.Reach.P50), "ms-edit-p50")
+	b.ReportMetric(ms(r.Reach.P99), "ms-edit-p99")
+	b.ReportMetric(float64(r.Edits[0].PolicyObjectsMax), "policy-objects/cluster")
+	b.ReportMetric(r.MirroredAfterFirst.Seconds(), "s-mirrored")
+	b.ReportMetric(r.Removed.Seconds(), "s-removed")
+	report(b, r)
+}
+
+// BenchmarkFleetSnapshotLimit: the largest snapshot (Services of 10 pods)
+// an agent can send, and the server's answer to one Service more.
+func BenchmarkFleetSnapshotLimit(b *testing.B) {
+	env := startEnv(b)
+	var r *fleet.SnapshotLimitResult
+	for b.Loop() {
+		var err error
+		r, err = fleet.SnapshotLimit(context.Background(), fleet.SnapshotLimitConfig{Options: options(b, env)})
+		require.NoError(b, err)
+	}
+	for _, s := range r.Shapes {
+		require.True(b, s.Accepted, "%s: %s", s.Shape, s.Error)
+		b.ReportMetric(float64(s.Pods), "pods-"+s.Shape)
+		b.ReportMetric(ms(s.AckAfter), "ms-ack-"+s.Shape)
+	}
+	require.NotEmpty(b, r.OverResult)
+	report(b, r)
+}

@@ -1,0 +1,369 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+)
+
+// ConfigPlaneConfig is issue 21's fleet: Clusters agents, each pushing one
+// Istio mesh with one injected Deployment and its Service and acknowledging
+// every output set; one TrafficPolicy without selectors whose request
+// timeout is edited Edits times; then every cluster is deregistered.
+type ConfigPlaneConfig struct {
+	Options
+	// Clusters is the fleet size; default 100.
+	Clusters int
+	// Edits of the policy's timeout (5s → 7s → 5s …); default 5.
+	Edits int
+	// Snapshot each agent pushes; default one Service of one pod.
+	Snapshot SnapshotSpec
+	// Timeout bounds each wait; default 5 minutes.
+	Timeout time.Duration
+}
+
+// EditResult is one policy edit reaching the fleet.
+type EditResult struct {
+	// From and To are the timeouts.
+	From, To string
+	// Reach is edit → the agent received a set with the new timeout, per
+	// agent.
+	Reach Summary
+	// Objects is the number of objects in each agent's set (min and max),
+	// PolicyObjects the ones the policy produced, Kinds those by kind in
+	// the first agent's set, RemoteHosts how many of them name a
+	// `<svc>.<ns>.svc.<cluster>.global` host of another cluster.
+	ObjectsMin, ObjectsMax, PolicyObjectsMin, PolicyObjectsMax int
+	Kinds                                                      map[string]int
+	RemoteHosts                                                int
+	// Translations are the server's "translated" log lines that published
+	// to clusters (took, recomputed units,	// clusters_published, between the edit and 5 s later (the controller
+	// debounces changes by 100 ms, then translates and publishes).
+	Translations []Translation
+	at           time.Time
+}
+
+// Translation is one "translated" line of the server's log.
+type Translation struct {
+	Took              time.Duration
+	Recomputed        int
+	ClustersPublished int
+}
+
+// ConfigPlaneResult is what the config-plane run measured.
+type ConfigPlaneResult struct {
+	Clusters int
+	// Pushed is agent start → its snapshot accepted.
+	Pushed Summary
+	// MirroredAfterFirst/Last: the first/last snapshot accepted → every
+	// cluster's Mesh, Workload and Destination in the management cluster.
+	MirroredAfterFirst, MirroredAfterLast time.Duration
+	// Edits, in order; Reach summarises every agent of every edit.
+	Edits []EditResult
+	Reach Summary
+	// Removed: deregistration of every cluster → none of their discovered
+	// objects left. Refused agents were told their certificate is refused.
+	Removed time.Duration
+	Refused int
+	// Logs counts the server's log lines of the whole run.
+	Logs map[string]int
+}
+
+// policyName is the TrafficPolicy ConfigPlane edits.
+const policyName = "fleet-timeout"
+
+// arrivals records when each agent first got an output set holding a
+// given request timeout from the policy.
+type arrivals struct {
+	mu      sync.Mutex
+	want    string
+	at      map[string]time.Time
+	objects map[string][2]int // all objects, the policy's objects
+	kinds   map[string]map[string]int
+	remote  map[string]int
+}
+
+func (r *arrivals) expect(timeout string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.want = `"timeout":"` + timeout + `"`
+	r.at, r.objects, r.kinds, r.remote = map[string]time.Time{}, map[string][2]int{}, map[string]map[string]int{}, map[string]int{}
+}
+
+func (r *arrivals) observe(a *Agent, o Output) {
+	r.mu.Lock()
+	want := r.want
+	_, seen := r.at[a.Cluster()]
+	r.mu.Unlock()
+	if want == "" || seen {
+		return
+	}
+	parent := "TrafficPolicy/"
+	policy, timed := 0, false
+	kinds := map[string]int{}
+	remote := 0
+	for _, obj := range o.Set.GetObjects() {
+		mine := false
+		for _, p := range obj.GetParents() {
+			if strings.HasPrefix(p, parent) && strings.HasSuffix(p, "/"+policyName) {
+				mine = true
+			}
+		}
+		if !mine {
+			continue
+		}
+		policy++
+		m := string(obj.GetManifest())
+		timed = timed || strings.Contains(m, want)
+		var h manifestHead
+		if json.Unmarshal(obj.GetManifest(), &h) == nil {
+			kinds[h.Kind]++
+		}
+		if strings.Contains(m, ".global") && !strings.Contains(m, ".svc."+a.Cluster()+".global") {
+			remote++
+		}
+	}
+	if !timed {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, seen := r.at[a.Cluster()]; !seen && r.want == want {
+		r.at[a.Cluster()] = o.At
+		r.objects[a.Cluster()] = [2]int{o.Objects, policy}
+		r.kinds[a.Cluster()] = kinds
+		r.remote[a.Cluster()] = remote
+	}
+}
+
+func (r *arrivals) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.at)
+}
+
+// ConfigPlane runs the config-plane measurements.
+func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if cfg.Clusters == 0 {
+		cfg.Clusters = 100
+	}
+	if cfg.Edits == 0 {
+		cfg.Edits = 5
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Minute
+	}
+	srv, err := cfg.startServer(ctx, "config-server")
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	runStart := time.Now()
+	members, _, _, err := cfg.registerFleet(ctx, "cfg", cfg.Clusters)
+	if err != nil {
+		return nil, err
+	}
+	roots, err := cfg.Env.Mgmt.RelayRoots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	arr := &arrivals{}
+	f, err := NewFleet(FleetConfig{Servers: []string{srv.Addr}, Roots: roots, Members: members,
+		Snapshot: func(c string) *relaypb.Snapshot { return cfg.Snapshot.Snapshot(c) },
+		Agent:    AgentConfig{Hooks: Hooks{Output: arr.observe}}})
+	if err != nil {
+		return nil, err
+	}
+	defer f.Stop()
+	clusters := map[string]bool{}
+	for _, m := range members {
+		clusters[m.Cluster] = true
+	}
+	wantObjects := len(cfg.Snapshot.Snapshot("x").GetMeshes()) + len(cfg.Snapshot.Snapshot("x").GetWorkloads()) + len(cfg.Snapshot.Snapshot("x").GetDestinations())
+	wantObjects *= cfg.Clusters
+	r := &ConfigPlaneResult{Clusters: cfg.Clusters}
+
+	// 1. Clusters connect: their snapshots become discovered objects.
+	stop := cfg.during(ctx, srv)
+	f.Start(ctx)
+	wctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	if err := f.Wait(wctx, "pushed", func(st AgentState) bool { return !st.Timeline.Pushed.IsZero() }); err != nil {
+		stop()
+		return nil, err
+	}
+	var first, last time.Time
+	var pushed []time.Duration
+	for _, st := range f.States() {
+		p := st.Timeline.Pushed
+		pushed = append(pushed, p.Sub(st.Timeline.Started))
+		if first.IsZero() || p.Before(first) {
+			first = p
+		}
+		if p.After(last) {
+			last = p
+		}
+	}
+	r.Pushed = Summarize(pushed)
+	mirrored, err := pollUntil(wctx, 100*time.Millisecond, func() (bool, error) {
+		n, err := cfg.Env.Mgmt.DiscoveredObjects(ctx, clusters)
+		return n == wantObjects, err
+	})
+	stop()
+	if err != nil {
+		return nil, fmt.Errorf("waiting for %d discovered objects: %w", wantObjects, err)
+	}
+	r.MirroredAfterFirst, r.MirroredAfterLast = mirrored.Sub(first), mirrored.Sub(last)
+	cfg.Logf("config: %d clusters' objects mirrored %s after the first snapshot was accepted (%s after the last)", cfg.Clusters, r.MirroredAfterFirst.Round(time.Millisecond), r.MirroredAfterLast.Round(time.Millisecond))
+
+	// 2. The policy, then edits of its timeout.
+	timeouts := []string{"5s", "7s"}
+	arr.expect(timeouts[0])
+	if err := cfg.Env.Mgmt.SetRequestTimeout(ctx, policyName, timeouts[0]); err != nil {
+		return nil, err
+	}
+	if _, err := pollUntil(wctx, 50*time.Millisecond, func() (bool, error) { return arr.count() == cfg.Clusters, nil }); err != nil {
+		return nil, fmt.Errorf("policy reached %d of %d agents: %w", arr.count(), cfg.Clusters, err)
+	}
+	var all []time.Duration
+	for e := range cfg.Edits {
+		from, to := timeouts[e%2], timeouts[(e+1)%2]
+		// Let the acks of the previous version settle.
+		if err := f.Wait(wctx, "acked", func(st AgentState) bool {
+			return len(st.Outputs) > 0 && st.Acked == st.Outputs[len(st.Outputs)-1].Version
+		}); err != nil {
+			return nil, err
+		}
+		time.Sleep(time.Second)
+		arr.expect(to)
+		stop := cfg.during(ctx, srv)
+		edit := time.Now()
+		if err := cfg.Env.Mgmt.SetRequestTimeout(ctx, policyName, to); err != nil {
+			stop()
+			return nil, err
+		}
+		_, err := pollUntil(wctx, 10*time.Millisecond, func() (bool, error) { return arr.count() == cfg.Clusters, nil })
+		stop()
+		if err != nil {
+			return nil, fmt.Errorf("edit %d reached %d of %d agents: %w", e, arr.count(), cfg.Clusters, err)
+		}
+		er := EditResult{From: from, To: to}
+		var reach []time.Duration
+		arr.mu.Lock()
+		for c, at := range arr.at {
+			reach = append(reach, at.Sub(edit))
+			o := arr.objects[c]
+			if er.ObjectsMax == 0 || o[0] < er.ObjectsMin {
+				er.ObjectsMin = o[0]
+			}
+			if er.PolicyObjectsMax == 0 || o[1] < er.PolicyObjectsMin {
+				er.PolicyObjectsMin = o[1]
+			}
+			er.ObjectsMax, er.PolicyObjectsMax = max(er.ObjectsMax, o[0]), max(er.PolicyObjectsMax, o[1])
+		}
+		er.Kinds = arr.kinds[members[0].Cluster]
+		er.RemoteHosts = arr.remote[members[0].Cluster]
+		arr.mu.Unlock()
+		er.Reach = Summarize(reach)
+		all = append(all, reach...)
+		er.at = edit
+		cfg.Logf("config: edit %s → %s reached %d agents: %s; %d objects per set, %d from the policy", from, to, cfg.Clusters, er.Reach, er.ObjectsMax, er.PolicyObjectsMax)
+		r.Edits = append(r.Edits, er)
+	}
+	r.Reach = Summarize(all)
+	if err := addTranslations(srv, r.Edits); err != nil {
+		return nil, err
+	}
+
+	// 3. Deregistration removes every cluster's discovered objects.
+	stop = cfg.during(ctx, srv)
+	dereg := time.Now()
+	names := make([]string, len(members))
+	for i, m := range members {
+		names[i] = m.Cluster
+	}
+	if err := cfg.Env.Mgmt.Deregister(ctx, names, cfg.Parallel); err != nil {
+		stop()
+		return nil, err
+	}
+	gone, err := pollUntil(wctx, 100*time.Millisecond, func() (bool, error) {
+		n, err := cfg.Env.Mgmt.DiscoveredObjects(ctx, clusters)
+		return n == 0, err
+	})
+	stop()
+	if err != nil {
+		return nil, fmt.Errorf("waiting for the discovered objects to go: %w", err)
+	}
+	r.Removed = gone.Sub(dereg)
+	cfg.Logf("config: %d clusters' objects removed %s after deregistration", cfg.Clusters, r.Removed.Round(time.Millisecond))
+	for _, st := range f.States() {
+		if st.Refused != nil {
+			r.Refused++
+		}
+	}
+	if err := cfg.Env.Mgmt.DeleteTrafficPolicy(ctx, policyName); err != nil {
+		return nil, err
+	}
+	lines, err := linesBetween(srv, runStart, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	r.Logs = LogCounts(lines)
+	return r, nil
+}
+
+// pollUntil calls cond every interval until it holds (returning when) or
+// ctx ends.
+func pollUntil(ctx context.Context, interval time.Duration, cond func() (bool, error)) (time.Time, error) {
+	for {
+		ok, err := cond()
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return time.Time{}, err
+		}
+		if ok {
+			return time.Now(), nil
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}
+
+// addTranslations gives each edit the "translated" lines that published to
+// clusters within 5 s after it (and before the next edit).
+func addTranslations(srv *Server, edits []EditResult) error {
+	if len(edits) == 0 {
+		return nil
+	}
+	lines, err := ReadLog(srv.LogPath(), edits[0].at, func(l LogLine) bool { return l.Msg == "translated" })
+	if err != nil {
+		return err
+	}
+	num := func(l LogLine, k string) int { f, _ := l.Attrs[k].(float64); return int(f) }
+	for _, l := range lines {
+		if num(l, "clusters_published") == 0 {
+			continue
+		}
+		for i := len(edits) - 1; i >= 0; i-- {
+			if !l.Time.Before(edits[i].at) {
+				if l.Time.Sub(edits[i].at) < 5*time.Second {
+					edits[i].Translations = append(edits[i].Translations, Translation{Took: time.Duration(num(l, "took")),
+						Recomputed: num(l, "recomputed"), ClustersPublished: num(l, "clusters_published")})
+				}
+				break
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,146 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+)
+
+// IdleConfig measures what connected, idle agents cost the server.
+type IdleConfig struct {
+	Options
+	// Agents is the fleet size. Required.
+	Agents int
+	// Snapshot each agent pushes; default one mesh, one Service, one pod.
+	Snapshot SnapshotSpec
+	// Settle is how long the fleet idles before the second sample; default
+	// 30s. The server's CPU over it is the idle CPU.
+	Settle time.Duration
+	// Policy, when set, is a request timeout a TrafficPolicy without
+	// selectors applies, so every agent also holds an output set.
+	Policy string
+}
+
+// ServerSample is the server's footprint at one moment.
+type ServerSample struct {
+	// RSS and Threads from /proc.
+	RSS     int64
+	Threads int
+	// From /metrics: heap in use, heap allocated (live and not yet
+	// collected), the next GC goal (about twice the heap that was live at
+	// the last GC, plus GC roots), goroutines and open descriptors.
+	HeapInuse, HeapAlloc, NextGC, Goroutines, OpenFDs float64
+}
+
+// IdleResult is the footprint before and after the fleet connected, and
+// the difference per agent.
+type IdleResult struct {
+	Agents        int
+	Before, After ServerSample
+	// PerAgent is (After - Before) / Agents; LiveHeap is NextGC/2.
+	PerAgentRSS, PerAgentHeapInuse, PerAgentLiveHeap, PerAgentGoroutines float64
+	// IdleCPU is the server's CPU per second of the settle window.
+	IdleCPU float64
+	// Connected agents when the second sample was taken.
+	Connected int
+}
+
+func sampleServer(ctx context.Context, s *Server) (ServerSample, error) {
+	u, err := s.Usage()
+	if err != nil {
+		return ServerSample{}, err
+	}
+	m, err := s.Metrics(ctx)
+	if err != nil {
+		return ServerSample{}, err
+	}
+	return ServerSample{RSS: u.RSS, Threads: u.Threads,
+		HeapInuse: m.Sum("go_memstats_heap_inuse_bytes"), HeapAlloc: m.Sum("go_memstats_heap_alloc_bytes"),
+		NextGC: m.Sum("go_memstats_next_gc_bytes"), Goroutines: m.Sum("go_goroutines"), OpenFDs: m.Sum("process_open_fds")}, nil
+}
+
+// Idle registers the fleet, samples the server, connects the fleet, lets
+// it idle and samples again.
+func Idle(ctx context.Context, cfg IdleConfig) (*IdleResult, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if cfg.Agents < 1 {
+		return nil, errors.New("idle: agents must be at least 1")
+	}
+	if cfg.Settle == 0 {
+		cfg.Settle = 30 * time.Second
+	}
+	srv, err := cfg.startServer(ctx, "idle-server")
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	if cfg.Policy != "" {
+		if err := cfg.Env.Mgmt.SetRequestTimeout(ctx, "fleet-idle", cfg.Policy); err != nil {
+			return nil, err
+		}
+	}
+	members, _, _, err := cfg.registerFleet(ctx, "idle", cfg.Agents)
+	if err != nil {
+		return nil, err
+	}
+	roots, err := cfg.Env.Mgmt.RelayRoots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	time.Sleep(5 * time.Second)
+	r := &IdleResult{Agents: cfg.Agents}
+	if r.Before, err = sampleServer(ctx, srv); err != nil {
+		return nil, err
+	}
+	f, err := NewFleet(FleetConfig{Servers: []string{srv.Addr}, Roots: roots, Members: members,
+		Snapshot: func(c string) *relaypb.Snapshot { return cfg.Snapshot.Snapshot(c) }})
+	if err != nil {
+		return nil, err
+	}
+	defer f.Stop()
+	f.Start(ctx)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	cond := Connected
+	if cfg.Policy != "" {
+		cond = Synced
+	}
+	err = f.Wait(wctx, "connected", func(st AgentState) bool { return cond(st) && !st.Timeline.Pushed.IsZero() })
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Logf("idle: %d agents connected; idling %s", cfg.Agents, cfg.Settle)
+	// The writes that follow a storm (status, mirror) settle first; the
+	// CPU is measured over a second, quiet window.
+	time.Sleep(cfg.Settle)
+	meter, err := StartCPU(map[string]int{"server": srv.Pid()})
+	if err != nil {
+		return nil, err
+	}
+	stop := cfg.during(ctx, srv)
+	time.Sleep(cfg.Settle)
+	stop()
+	w, err := meter.Stop()
+	if err != nil {
+		return nil, err
+	}
+	r.IdleCPU = w.CPU["server"].Seconds() / w.Wall.Seconds()
+	if r.After, err = sampleServer(ctx, srv); err != nil {
+		return nil, err
+	}
+	for _, st := range f.States() {
+		if st.Connected {
+			r.Connected++
+		}
+	}
+	n := float64(cfg.Agents)
+	r.PerAgentRSS = float64(r.After.RSS-r.Before.RSS) / n
+	r.PerAgentHeapInuse = (r.After.HeapInuse - r.Before.HeapInuse) / n
+	r.PerAgentLiveHeap = (r.After.NextGC - r.Before.NextGC) / 2 / n
+	r.PerAgentGoroutines = (r.After.Goroutines - r.Before.Goroutines) / n
+	return r, nil
+}

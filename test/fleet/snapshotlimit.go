@@ -1,0 +1,178 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/relaymesh/relaymesh/relay"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// SnapshotLimitConfig finds the largest snapshot an agent can send.
+type SnapshotLimitConfig struct {
+	Options
+	// PodsPerService shapes the cluster (one Deployment of that many ready
+	// pods per Service); default 10.
+	PodsPerService int
+}
+
+// SnapshotLimitResult is the largest snapshot of each cluster shape the
+// server accepted, and what happened to a bigger one.
+type SnapshotLimitResult struct {
+	// Limit is the agent's and the server's message limit in bytes.
+	Limit  int
+	Shapes []ShapeLimit
+	// OverBytes is the first shape one step bigger; OverResult what the
+	// server did when it was sent anyway (the real agent does not send it).
+	OverBytes  int
+	OverResult string
+}
+
+// ShapeLimit is the largest snapshot of one shape under the limit.
+type ShapeLimit struct {
+	// Shape names the cluster's shape: "services-of-N-pods" (SnapshotSpec)
+	// or "discovery-bench" (RichSpec, 200 pods per namespace).
+	Shape string
+	// Services, Pods and Bytes of the largest snapshot under Limit;
+	// Accepted says whether the server accepted it, AckAfter how long
+	// after it was sent.
+	Services, Pods, Bytes int
+	Accepted              bool
+	AckAfter              time.Duration
+	Error                 string
+}
+
+// shape grows a cluster in steps.
+type shape struct {
+	name     string
+	snapshot func(cluster string, n int) *relaypb.Snapshot
+}
+
+// SnapshotLimit searches, for each shape, for the largest cluster whose
+// snapshot fits the limit (by encoded size), pushes it from one agent, and
+// then pushes the first shape one step bigger past the agent's own check.
+func SnapshotLimit(ctx context.Context, cfg SnapshotLimitConfig) (*SnapshotLimitResult, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if cfg.PodsPerService == 0 {
+		cfg.PodsPerService = 10
+	}
+	shapes := []shape{
+		{fmt.Sprintf("services-of-%d-pods", cfg.PodsPerService), func(c string, n int) *relaypb.Snapshot {
+			return SnapshotSpec{Services: n, PodsPerService: cfg.PodsPerService}.Snapshot(c)
+		}},
+		{"discovery-bench", func(c string, n int) *relaypb.Snapshot { return RichSpec{Namespaces: n}.Snapshot(c) }},
+	}
+	srv, err := cfg.startServer(ctx, "snapshot-server")
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	members, _, _, err := cfg.registerFleet(ctx, "big", 1)
+	if err != nil {
+		return nil, err
+	}
+	cluster := members[0].Cluster
+	roots, err := cfg.Env.Mgmt.RelayRoots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	var ended []error
+	acks := make(chan PushResult, 16)
+	a, err := NewAgent(AgentConfig{Cluster: cluster, Token: members[0].Token, Source: SourceAddr(0), Servers: []string{srv.Addr}, Roots: roots,
+		Snapshot: SnapshotSpec{}.Snapshot(cluster), SendOversized: true,
+		Hooks: Hooks{
+			PushAcked: func(_ *Agent, p PushResult) {
+				select {
+				case acks <- p:
+				default:
+				}
+			},
+			SessionEnded: func(_ *Agent, _ string, err error) { mu.Lock(); ended = append(ended, err); mu.Unlock() },
+		}})
+	if err != nil {
+		return nil, err
+	}
+	a.Start(ctx)
+	defer a.Stop()
+	wait := func(hash string) (PushResult, error) {
+		timeout := time.After(2 * time.Minute)
+		for {
+			select {
+			case p := <-acks:
+				if p.Hash == hash {
+					return p, nil
+				}
+			case <-timeout:
+				return PushResult{}, fmt.Errorf("no answer to snapshot %s", hash)
+			case <-ctx.Done():
+				return PushResult{}, ctx.Err()
+			}
+		}
+	}
+	if _, err := wait(a.currentSnapshot().GetHash()); err != nil {
+		return nil, err
+	}
+	r := &SnapshotLimitResult{Limit: relay.MaxSnapshotBytes}
+	var over *relaypb.Snapshot
+	for i, sh := range shapes {
+		size := func(n int) int { return proto.Size(sh.snapshot(cluster, n)) }
+		lo, hi := 1, 2
+		for size(hi) <= r.Limit {
+			lo, hi = hi, hi*2
+		}
+		for hi-lo > 1 { // size(lo) fits, size(hi) does not
+			mid := (lo + hi) / 2
+			if size(mid) <= r.Limit {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		snap := sh.snapshot(cluster, lo)
+		pods := 0
+		for _, d := range snap.GetDestinations() {
+			pods += len(d.GetEndpoints())
+		}
+		sl := ShapeLimit{Shape: sh.name, Services: len(snap.GetDestinations()), Pods: pods, Bytes: proto.Size(snap)}
+		if sh.name == "discovery-bench" {
+			sl.Pods = RichSpec{Namespaces: lo}.Pods() // two Services select each pod
+		}
+		cfg.Logf("snapshot: %s: %d Services, %d pods: %d bytes (limit %d)", sh.name, sl.Services, sl.Pods, sl.Bytes, r.Limit)
+		if i == 0 {
+			over = sh.snapshot(cluster, lo+1)
+			r.OverBytes = proto.Size(over)
+		}
+		stop := cfg.during(ctx, srv)
+		a.SetSnapshot(snap)
+		p, err := wait(snap.GetHash())
+		stop()
+		if err != nil {
+			return nil, err
+		}
+		sl.Accepted, sl.AckAfter, sl.Error = p.Accepted, p.AckedAt.Sub(p.SentAt), p.Error
+		r.Shapes = append(r.Shapes, sl)
+	}
+	mu.Lock()
+	before := len(ended)
+	mu.Unlock()
+	a.SetSnapshot(over)
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && r.OverResult == ""; time.Sleep(50 * time.Millisecond) {
+		mu.Lock()
+		if len(ended) > before {
+			err := ended[before]
+			r.OverResult = fmt.Sprintf("session ended: %s: %s", status.Code(err), truncate(status.Convert(err).Message(), 200))
+		}
+		mu.Unlock()
+		if st := a.State(); r.OverResult == "" && st.LastPush.Hash == over.GetHash() {
+			r.OverResult = fmt.Sprintf("answered: accepted=%v %s", st.LastPush.Accepted, st.LastPush.Error)
+		}
+	}
+	return r, nil
+}
