@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/big"
 	"path/filepath"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -94,37 +95,63 @@ func StartEnv(ctx context.Context, cfg EnvConfig) (_ *Env, err error) {
 			err = errors.Join(err, e.Stop())
 		}
 	}()
-	for _, name := range cfg.Clusters {
-		lc := local.Cluster(name)
-		kube, err := lc.Clientset()
-		if err != nil {
-			return nil, err
-		}
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: istiod.DefaultNamespace}}
-		if _, err := kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, err
-		}
-		cacerts, err := cfg.Root.CACerts(ctx, "istiod-"+name, cfg.TrustDomain(name))
-		if err != nil {
-			return nil, err
-		}
-		start := time.Now()
-		d, err := istiod.Start(ctx, istiod.Config{
-			Kubeconfig: lc.Kubeconfig, ClusterID: name, Dir: filepath.Join(cfg.Dir, "istiod-"+name),
-			CACerts: cacerts, TrustDomain: cfg.TrustDomain(name),
+	// istiods start side by side: each takes seconds, mostly waiting.
+	type started struct {
+		d   *istiod.Istiod
+		c   *Cluster
+		err error
+	}
+	results := make([]started, len(cfg.Clusters))
+	var wg sync.WaitGroup
+	for i, name := range cfg.Clusters {
+		wg.Go(func() {
+			d, c, err := startIstiod(ctx, cfg, local.Cluster(name), ips)
+			results[i] = started{d, c, err}
 		})
-		if err != nil {
-			return nil, err
+	}
+	wg.Wait()
+	var errs []error
+	for i, r := range results {
+		if r.d != nil {
+			e.istiods = append(e.istiods, r.d)
 		}
-		e.istiods = append(e.istiods, d)
-		cfg.Log.Info("istiod ready", "cluster", name, "after", time.Since(start).Round(time.Millisecond), "xds", d.Addresses().GRPC)
-		c, err := NewCluster(ClusterConfig{Cluster: lc, Istiod: d, Dir: filepath.Join(cfg.Dir, "workloads-"+name), IPs: ips, Log: cfg.Log})
-		if err != nil {
-			return nil, err
+		if r.c != nil {
+			e.clusters[cfg.Clusters[i]] = r.c
 		}
-		e.clusters[name] = c
+		errs = append(errs, r.err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return e, nil
+}
+
+// startIstiod gives a cluster its istio-system namespace, a cacerts from the
+// shared root and a running istiod.
+func startIstiod(ctx context.Context, cfg EnvConfig, lc *localcluster.Cluster, ips *IPPool) (*istiod.Istiod, *Cluster, error) {
+	kube, err := lc.Clientset()
+	if err != nil {
+		return nil, nil, err
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: istiod.DefaultNamespace}}
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, nil, err
+	}
+	cacerts, err := cfg.Root.CACerts(ctx, "istiod-"+lc.Name, cfg.TrustDomain(lc.Name))
+	if err != nil {
+		return nil, nil, err
+	}
+	start := time.Now()
+	d, err := istiod.Start(ctx, istiod.Config{
+		Kubeconfig: lc.Kubeconfig, ClusterID: lc.Name, Dir: filepath.Join(cfg.Dir, "istiod-"+lc.Name),
+		CACerts: cacerts, TrustDomain: cfg.TrustDomain(lc.Name),
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.Log.Info("istiod ready", "cluster", lc.Name, "after", time.Since(start).Round(time.Millisecond), "xds", d.Addresses().GRPC)
+	c, err := NewCluster(ClusterConfig{Cluster: lc, Istiod: d, Dir: filepath.Join(cfg.Dir, "workloads-"+lc.Name), IPs: ips, Log: cfg.Log})
+	return d, c, err
 }
 
 // Cluster returns the named workload cluster, or nil.

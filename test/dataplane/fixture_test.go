@@ -24,14 +24,19 @@ const (
 	settle    = 30 * time.Second
 )
 
-// fixture is one cluster with an istiod, two versions of the echo server
-// and two clients with different service accounts.
+// fixture is cluster-1 with an istiod, two versions of the echo server and
+// two clients with different service accounts, and cluster-2 with its own
+// istiod and a third version of echo. Both meshes' intermediates come
+// from one root, and Pod IPs are unique across the clusters (one flat
+// pod network).
 type fixture struct {
 	env             *dataplane.Env
 	c               *dataplane.Cluster
 	envTook         time.Duration
 	workloadsTook   time.Duration
 	v1, v2          *dataplane.Workload
+	c2              *dataplane.Cluster  // cluster-2
+	v3              *dataplane.Workload // echo in cluster-2
 	sleep, other    *dataplane.Workload
 	toEcho, fromOth *dataplane.Client
 }
@@ -76,7 +81,7 @@ func sharedFixture(t *testing.T) *fixture {
 			t.Logf("istiod log (last lines):\n%s", f.c.Istiod().LogTail(40))
 		}
 	})
-	t.Logf("fixture: cluster and istiod ready after %s; 4 workloads registered, certified and serving %s later", f.envTook, f.workloadsTook)
+	t.Logf("fixture: cluster and istiod ready after %s; 5 workloads registered, certified and serving %s later", f.envTook, f.workloadsTook)
 	f.baseline(t)
 	return f
 }
@@ -90,6 +95,9 @@ var workloadConfigs = []dataplane.WorkloadConfig{
 	{Name: "other", Namespace: ns, ServiceAccount: "other", Labels: map[string]string{"app": "other"}},
 }
 
+// echoV3 is cluster-2's echo server.
+var echoV3 = dataplane.WorkloadConfig{Name: "echo-v3", Namespace: ns, ServiceAccount: "echo", Labels: map[string]string{"app": "echo", "version": "v3"}, Serve: true}
+
 func startFixture() (_ *fixture, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -98,7 +106,7 @@ func startFixture() (_ *fixture, err error) {
 	}
 	start := time.Now()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	env, err := dataplane.StartEnv(ctx, dataplane.EnvConfig{Dir: shared.dir, Clusters: []string{"cluster-1"}, Others: []string{"mgmt"}, Log: log})
+	env, err := dataplane.StartEnv(ctx, dataplane.EnvConfig{Dir: shared.dir, Clusters: []string{"cluster-1", "cluster-2"}, Others: []string{"mgmt"}, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -124,6 +132,17 @@ func startFixture() (_ *fixture, err error) {
 	}
 	f.workloadsTook = time.Since(start).Round(time.Millisecond)
 	f.v1, f.v2, f.sleep, f.other = ws[0], ws[1], ws[2], ws[3]
+	// cluster-2 runs a third version of echo, for the cross-cluster checks.
+	f.c2 = env.Cluster("cluster-2")
+	if err := f.c2.Namespace(ctx, ns, map[string]string{"istio-injection": "enabled"}); err != nil {
+		return nil, err
+	}
+	if err := f.c2.Service(ctx, dataplane.ServiceConfig{Name: "echo", Namespace: ns, Selector: map[string]string{"app": "echo"}, Port: echoPort}); err != nil {
+		return nil, err
+	}
+	if f.v3, err = f.c2.StartWorkload(ctx, echoV3); err != nil {
+		return nil, err
+	}
 	if f.toEcho, err = f.sleep.Dial("echo", ns, echoPort); err != nil {
 		return nil, err
 	}
@@ -166,6 +185,19 @@ func (f *fixture) apply(t *testing.T, manifest string) {
 		defer cancel()
 		assert.NoError(t, f.c.Delete(ctx, manifest))
 		f.baseline(t)
+	})
+}
+
+// apply2 is apply for cluster-2.
+func (f *fixture) apply2(t *testing.T, manifest string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, f.c2.Apply(ctx, manifest))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		assert.NoError(t, f.c2.Delete(ctx, manifest))
 	})
 }
 

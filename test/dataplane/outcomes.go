@@ -106,6 +106,20 @@ func (o *Outcomes) Peer(id string) int {
 	return o.peers[id]
 }
 
+// ErrorsWith is how many failed RPCs had an error message containing
+// substr (among the first few distinct messages Add keeps).
+func (o *Outcomes) ErrorsWith(substr string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for k, c := range o.errors {
+		if strings.Contains(k, substr) {
+			n += c
+		}
+	}
+	return n
+}
+
 // Percent is 100*n/Total, 0 for no RPCs.
 func (o *Outcomes) Percent(n int) float64 {
 	t := o.Total()

@@ -139,6 +139,10 @@ func (w *Workload) Name() string { return w.cfg.Name }
 // Address is the workload's Pod IP and the loopback address it binds.
 func (w *Workload) Address() Address { return w.addr }
 
+// Port is the server's container port (PortName) on its address; 0 for a
+// client-only workload.
+func (w *Workload) Port() int { return w.port }
+
 // Served is how many calls the workload's server answered.
 func (w *Workload) Served() int64 { return w.served.Load() }
 
