@@ -164,7 +164,9 @@ func (f *fixture) settle(t *testing.T, c *dataplane.Client, what string, opts da
 		o, err := c.Run(ctx, probe, opts)
 		require.NoError(t, err)
 		if ok(o) {
-			return time.Since(start)
+			took := time.Since(start)
+			t.Logf("settled: %s after %s", what, took.Round(time.Millisecond))
+			return took
 		}
 		last = o
 		time.Sleep(100 * time.Millisecond)
@@ -225,6 +227,9 @@ func run(t *testing.T, c *dataplane.Client, n int, opts dataplane.CallOptions) *
 	t.Logf("%s", o)
 	return o
 }
+
+// bothVersions: cluster-1's two echo servers both answered.
+func bothVersions(o *dataplane.Outcomes) bool { return o.Version("v1") > 0 && o.Version("v2") > 0 }
 
 // within asserts got is within tolerance points of want.
 func within(t *testing.T, want, got float64, what string) {

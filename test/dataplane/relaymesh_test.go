@@ -297,7 +297,7 @@ spec: {mtls: {mode: STRICT}}
 		require.NoError(t, err)
 		defer fresh.Close()
 		f.settle(t, fresh, "mTLS from other", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool {
-			return o.Peer(f.other.SPIFFEID()) == o.Total()
+			return o.Peer(f.other.SPIFFEID()) == o.Total() && bothVersions(o)
 		})
 		o := run(t, fresh, batch/4, dataplane.CallOptions{})
 		require.Equal(t, batch/4, o.Peer(f.other.SPIFFEID()), "no AccessPolicy: other gets through, over mTLS")

@@ -152,7 +152,9 @@ spec:
   host: echo.apps.svc.cluster.local
   trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}
 `)
-		f.settle(t, plain, "mTLS", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool { return o.Code(codes.OK) == o.Total() })
+		f.settle(t, plain, "mTLS to both versions", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool {
+			return o.Code(codes.OK) == o.Total() && bothVersions(o)
+		})
 		o = run(t, plain, batch/4, dataplane.CallOptions{})
 		assert.Equal(t, batch/4, o.Peer(f.sleep.SPIFFEID()), "every call arrived over mTLS with sleep's certificate")
 		assert.Positive(t, o.Version("v1"))
@@ -162,7 +164,7 @@ spec:
 	t.Run("AuthorizationPolicy: the allowed service account gets OK, another PermissionDenied", func(t *testing.T) {
 		f.apply(t, strictMTLS)
 		f.settle(t, f.fromOth, "mTLS from other", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool {
-			return o.Peer(f.other.SPIFFEID()) == o.Total()
+			return o.Peer(f.other.SPIFFEID()) == o.Total() && bothVersions(o)
 		})
 		// Without a policy, both callers get through.
 		o := run(t, f.fromOth, batch/4, dataplane.CallOptions{})
@@ -193,7 +195,7 @@ spec:
 	t.Run("certificate files are reloaded: a foreign root fails new handshakes, a re-issued certificate mends them", func(t *testing.T) {
 		f.apply(t, strictMTLS)
 		f.settle(t, f.toEcho, "mTLS", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool {
-			return o.Peer(f.sleep.SPIFFEID()) == o.Total()
+			return o.Peer(f.sleep.SPIFFEID()) == o.Total() && bothVersions(o)
 		})
 		foreign, err := dataplane.NewRoot("foreign")
 		require.NoError(t, err)

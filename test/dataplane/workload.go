@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	xdscreds "google.golang.org/grpc/credentials/xds"
@@ -404,13 +405,24 @@ func (w *Workload) DialHost(host string, port int32) (*Client, error) {
 		return nil, err
 	}
 	target := "xds:///" + net.JoinHostPort(host, strconv.Itoa(int(port)))
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds), grpc.WithResolvers(w.resolver), grpc.WithContextDialer(w.dialPod))
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds), grpc.WithResolvers(w.resolver),
+		grpc.WithContextDialer(w.dialPod), grpc.WithConnectParams(reconnect))
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: dial %s: %w", w.cfg.Name, target, err)
 	}
 	c := &Client{from: w.cfg.Name, target: target, conn: conn}
 	w.clients = append(w.clients, c)
 	return c, nil
+}
+
+// reconnect is how the workloads' clients retry a failed connection: at
+// most a second apart, where gRPC's default backs off to two minutes. A
+// policy change that fails connections for a while (STRICT before the
+// client's ISTIO_MUTUAL arrives) would otherwise leave an endpoint
+// unused for long after the configuration is right again.
+var reconnect = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: 5 * time.Second,
 }
 
 // dialPod is the pod network: it connects to a Pod IP at its loopback twin,
