@@ -37,8 +37,9 @@ type vmState struct {
 	parent  translation.Parent
 	members []*member // sorted by mesh key
 	byKey   map[string]*member
-	missing []string // names of referenced meshes that do not exist
+	missing []string // references to meshes that do not exist
 	errs    []string
+	warns   []string
 }
 
 // member is a Mesh of a VirtualMesh.
@@ -133,7 +134,7 @@ func NewPlan(in *translation.Input) *Plan {
 	})
 	// The VirtualDestination translator reserves addresses the same way, so
 	// a federated host has one address in both.
-	return &Plan{vms: vms, byMesh: claimed, alloc: reservedAllocator(sortedVirtualMeshes(in), translation.SortedDestinations(in.Destinations)),
+	return &Plan{vms: vms, byMesh: claimed, alloc: reservedAllocator(in, sortedVirtualMeshes(in), translation.SortedDestinations(in.Destinations)),
 		deps: map[*vmState]string{}}
 }
 
@@ -259,6 +260,9 @@ func (p *Plan) Finish(notes []Note, out *translation.Output, r *translation.Repo
 			continue
 		}
 		r.Accept(s.key, gen)
+		for _, w := range s.warns {
+			r.Warn(s.key, gen, "%s", w)
+		}
 		s.finish(byVM[s.key], out)
 		s.reportTargets(r, "")
 	}
@@ -290,45 +294,80 @@ func (s *vmState) validate(in *translation.Input) {
 		s.errs = append(s.errs, "spec.meshes is empty")
 	}
 	for i, ref := range vm.Spec.Meshes {
-		ref.Namespace = cmp.Or(ref.Namespace, vm.Namespace)
-		key := ref.Namespace + "/" + ref.Name
-		if s.byKey[key] != nil {
-			s.errs = append(s.errs, fmt.Sprintf("spec.meshes[%d]: mesh %s is listed twice", i, key))
+		mesh, err := in.MeshFor(ref)
+		if err != nil {
+			s.errs = append(s.errs, fmt.Sprintf("spec.meshes[%d]: %v", i, err))
+			s.missing = append(s.missing, translation.MeshRefString(ref))
 			continue
 		}
-		mesh := in.MeshOf(ref)
-		if mesh == nil {
-			s.errs = append(s.errs, fmt.Sprintf("spec.meshes[%d]: mesh %s not found", i, key))
-			s.missing = append(s.missing, ref.Name)
+		key := mesh.Namespace + "/" + mesh.Name
+		if s.byKey[key] != nil {
+			s.errs = append(s.errs, fmt.Sprintf("spec.meshes[%d]: mesh %s is listed twice", i, translation.MeshRefString(ref)))
 			continue
 		}
 		m := &member{key: key, mesh: mesh}
 		s.byKey[key] = m
 		s.members = append(s.members, m)
 		switch ist := mesh.Spec.Istio; {
-		case ist == nil:
-			m.errs = append(m.errs, fmt.Sprintf("mesh %s is not an Istio mesh", key))
 		case ist.Installation.Cluster == "" || ist.Installation.Namespace == "":
-			m.errs = append(m.errs, fmt.Sprintf("mesh %s has no installation cluster or namespace", key))
+			m.errs = append(m.errs, fmt.Sprintf("mesh %s has no installation cluster or namespace", translation.MeshRefString(ref)))
 		default:
 			m.cluster, m.root = ist.Installation.Cluster, ist.Installation.Namespace
 		}
 		s.errs = append(s.errs, m.errs...)
 	}
 	slices.SortFunc(s.members, func(a, b *member) int { return strings.Compare(a.key, b.key) })
+	s.checkTrustDomains()
 	if f := vm.Spec.Federation; f != nil {
 		if len(f.EastWestGatewaySelectors) > 0 {
 			s.errs = append(s.errs, "spec.federation.eastWestGatewaySelectors is not supported yet; omit it to use the discovered east-west gateways (label istio: eastwestgateway)")
 		}
 		for i, sel := range f.Selectors {
 			for j, ref := range sel.Meshes {
-				key := cmp.Or(ref.Namespace, vm.Namespace) + "/" + ref.Name
-				if s.byKey[key] == nil {
-					s.errs = append(s.errs, fmt.Sprintf("spec.federation.selectors[%d].meshes[%d]: mesh %s is not a member of this VirtualMesh", i, j, key))
+				mesh, err := in.MeshFor(ref)
+				if err != nil || s.byKey[mesh.Namespace+"/"+mesh.Name] == nil {
+					s.errs = append(s.errs, fmt.Sprintf("spec.federation.selectors[%d].meshes[%d]: mesh %s is not a member of this VirtualMesh", i, j, translation.MeshRefString(ref)))
 				}
 			}
 		}
 	}
+}
+
+// checkTrustDomains refuses members whose trust domain is missing, or
+// claimed by another member unless spec.mtls.trustDomains is Shared. A
+// trust domain is what a mesh's intermediate CA is constrained to sign and
+// what policies name identities by: two meshes of one VirtualMesh with one
+// trust domain could sign each other's identities, so that takes an explicit
+// choice.
+func (s *vmState) checkTrustDomains() {
+	shared := s.vm.Spec.MTLS != nil && s.vm.Spec.MTLS.TrustDomains == networkingv1alpha1.TrustDomainsShared
+	first := map[string]*member{}
+	for _, m := range s.members {
+		td := m.istio().TrustDomain
+		if td == "" {
+			msg := fmt.Sprintf("mesh %s reports no trust domain", meshName(m.mesh))
+			m.errs, s.errs = append(m.errs, msg), append(s.errs, msg)
+			continue
+		}
+		other := first[td]
+		if other == nil {
+			first[td] = m
+			continue
+		}
+		if !shared {
+			msg := fmt.Sprintf("meshes %s and %s both claim trust domain %q: either could sign the other's identities; give each mesh its own trust domain, or set spec.mtls.trustDomains: Shared if they are meant to share one", meshName(other.mesh), meshName(m.mesh), td)
+			m.errs, s.errs = append(m.errs, msg), append(s.errs, msg)
+			continue
+		}
+		s.warns = append(s.warns, fmt.Sprintf("meshes %s and %s share trust domain %q (spec.mtls.trustDomains: Shared): each mesh's CA can sign the other's identities", meshName(other.mesh), meshName(m.mesh), td))
+	}
+}
+
+// meshName is how a mesh reads in messages: its control plane,
+// `<cluster>/<namespace>/<name>`.
+func meshName(m *discoveryv1alpha1.Mesh) string {
+	inst := m.Spec.Istio.Installation
+	return translation.MeshRefString(common.ClusterObjectRef{ClusterName: inst.Cluster, Namespace: inst.Namespace, Name: inst.Name})
 }
 
 // finish produces the per-mesh outputs of a valid VirtualMesh and applies
@@ -388,7 +427,11 @@ func (s *vmState) targets(f *networkingv1alpha1.Federation, d *discoveryv1alpha1
 			}
 		}
 		for _, ref := range sel.Meshes {
-			set[cmp.Or(ref.Namespace, s.vm.Namespace)+"/"+ref.Name] = true
+			for _, m := range s.members {
+				if inst := m.istio().Installation; inst.Cluster == ref.ClusterName && inst.Namespace == ref.Namespace && inst.Name == ref.Name {
+					set[m.key] = true
+				}
+			}
 		}
 	}
 	var out []*member

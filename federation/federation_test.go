@@ -92,11 +92,18 @@ func shuffle[T any](rng *rand.Rand, s []T) []T {
 
 func ref(name string) common.ObjectRef { return common.ObjectRef{Name: name, Namespace: "relaymesh"} }
 
+// meshRef names the control plane of test mesh m<i>: istiod "m<i>" in
+// istio-system of cluster c<i> (as istioMesh makes it).
+func meshRef(name string) common.ClusterObjectRef {
+	return common.ClusterObjectRef{ClusterName: "c" + strings.TrimPrefix(name, "m"), Namespace: "istio-system", Name: name}
+}
+
 func istioMesh(name, cluster string, gws ...discoveryv1alpha1.GatewayInfo) discoveryv1alpha1.Mesh {
 	return discoveryv1alpha1.Mesh{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "relaymesh"},
 		Spec: discoveryv1alpha1.MeshSpec{Istio: &discoveryv1alpha1.IstioMesh{
-			Installation: discoveryv1alpha1.MeshInstallation{Namespace: "istio-system", Cluster: cluster},
+			Installation: discoveryv1alpha1.MeshInstallation{Name: name, Namespace: "istio-system", Cluster: cluster},
+			TrustDomain:  cluster + ".local",
 			Gateways:     gws,
 		}},
 	}
@@ -122,7 +129,7 @@ var eastWest = discoveryv1alpha1.GatewayInfo{Name: "istio-eastwestgateway", Name
 func federateAll(meshes ...string) networkingv1alpha1.VirtualMesh {
 	vm := networkingv1alpha1.VirtualMesh{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "relaymesh", Generation: 4}}
 	for _, m := range meshes {
-		vm.Spec.Meshes = append(vm.Spec.Meshes, ref(m))
+		vm.Spec.Meshes = append(vm.Spec.Meshes, meshRef(m))
 	}
 	vm.Spec.Federation = &networkingv1alpha1.Federation{Selectors: []networkingv1alpha1.FederationSelector{{}}}
 	return vm
@@ -144,12 +151,12 @@ func TestPartialData(t *testing.T) {
 		{
 			name:  "nil istio field",
 			in:    translation.Input{Meshes: []discoveryv1alpha1.Mesh{{ObjectMeta: metav1.ObjectMeta{Name: "m1", Namespace: "relaymesh"}}}, VirtualMeshes: []networkingv1alpha1.VirtualMesh{federateAll("m1")}},
-			state: common.StateInvalid, errs: []string{"mesh relaymesh/m1 is not an Istio mesh"},
+			state: common.StateInvalid, errs: []string{"spec.meshes[0]: c1/istio-system/m1: mesh not found"},
 		},
 		{
 			name:  "no installation",
 			in:    translation.Input{Meshes: []discoveryv1alpha1.Mesh{istioMesh("m1", "")}, VirtualMeshes: []networkingv1alpha1.VirtualMesh{federateAll("m1")}},
-			state: common.StateInvalid, errs: []string{"has no installation cluster or namespace"},
+			state: common.StateInvalid, errs: []string{"spec.meshes[0]: c1/istio-system/m1: mesh not found"},
 		},
 		{
 			name:  "no meshes",
@@ -159,7 +166,7 @@ func TestPartialData(t *testing.T) {
 		{
 			name:  "mesh listed twice",
 			in:    translation.Input{Meshes: []discoveryv1alpha1.Mesh{istioMesh("m1", "c1")}, VirtualMeshes: []networkingv1alpha1.VirtualMesh{federateAll("m1", "m1")}},
-			state: common.StateInvalid, errs: []string{"spec.meshes[1]: mesh relaymesh/m1 is listed twice"},
+			state: common.StateInvalid, errs: []string{"spec.meshes[1]: mesh c1/istio-system/m1 is listed twice"},
 		},
 		{
 			name: "destination without ports",

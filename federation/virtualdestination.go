@@ -169,7 +169,7 @@ func TranslateVirtualDestinations(in *translation.Input, out *translation.Output
 		claimed[s.vd.Spec.Hostname] = s
 	}
 
-	alloc := reservedAllocator(vms, dests)
+	alloc := reservedAllocator(in, vms, dests)
 	slices.SortFunc(vds, func(a, b *vdState) int {
 		return cmp.Or(strings.Compare(a.vd.Namespace, b.vd.Namespace), strings.Compare(a.vd.Name, b.vd.Name))
 	})
@@ -206,13 +206,10 @@ func sortedVirtualMeshes(in *translation.Input) []*networkingv1alpha1.VirtualMes
 // every Destination of every VirtualMesh member already has its address, in
 // the order Translate allocates them, so a VirtualDestination's address never
 // equals a federated host's.
-func reservedAllocator(vms []*networkingv1alpha1.VirtualMesh, dests []*discoveryv1alpha1.Destination) *allocator {
+func reservedAllocator(in *translation.Input, vms []*networkingv1alpha1.VirtualMesh, dests []*discoveryv1alpha1.Destination) *allocator {
 	alloc := newAllocator()
 	for _, vm := range vms {
-		members := map[string]bool{}
-		for _, ref := range vm.Spec.Meshes {
-			members[cmp.Or(ref.Namespace, vm.Namespace)+"/"+ref.Name] = true
-		}
+		members := memberKeys(in, vm)
 		for _, d := range dests {
 			if members[destinationMeshKey(d)] {
 				alloc.address(translation.FederatedHostname(d, vmSuffix(vm)))
@@ -220,6 +217,18 @@ func reservedAllocator(vms []*networkingv1alpha1.VirtualMesh, dests []*discovery
 		}
 	}
 	return alloc
+}
+
+// memberKeys are the Mesh object keys (namespace/name) of the meshes vm
+// names that exist.
+func memberKeys(in *translation.Input, vm *networkingv1alpha1.VirtualMesh) map[string]bool {
+	members := map[string]bool{}
+	for _, ref := range vm.Spec.Meshes {
+		if m, err := in.MeshFor(ref); err == nil {
+			members[m.Namespace+"/"+m.Name] = true
+		}
+	}
+	return members
 }
 
 func vmSuffix(vm *networkingv1alpha1.VirtualMesh) string {
@@ -322,8 +331,8 @@ func (s *vdState) gatewayHost() string {
 // resolveMeshes fills s.meshes and returns the named VirtualMesh, if any.
 func (s *vdState) resolveMeshes(in *translation.Input, vms []*networkingv1alpha1.VirtualMesh) *networkingv1alpha1.VirtualMesh {
 	spec := s.vd.Spec
-	var refs []common.ObjectRef
-	var field, defaultNS string
+	var refs []common.ClusterObjectRef
+	var field string
 	var vm *networkingv1alpha1.VirtualMesh
 	switch {
 	case spec.VirtualMesh != nil && len(spec.Meshes) > 0:
@@ -340,29 +349,28 @@ func (s *vdState) resolveMeshes(in *translation.Input, vms []*networkingv1alpha1
 			s.fail("spec.virtualMesh: VirtualMesh %s/%s not found", ns, spec.VirtualMesh.Name)
 			return nil
 		}
-		refs, field, defaultNS = vm.Spec.Meshes, fmt.Sprintf("VirtualMesh %s/%s: spec.meshes", ns, vm.Name), vm.Namespace
+		refs, field = vm.Spec.Meshes, fmt.Sprintf("VirtualMesh %s/%s: spec.meshes", ns, vm.Name)
 	case len(spec.Meshes) > 0:
-		refs, field, defaultNS = spec.Meshes, "spec.meshes", s.vd.Namespace
+		refs, field = spec.Meshes, "spec.meshes"
 	default:
 		s.fail("neither spec.virtualMesh nor spec.meshes is set; set one")
 		return nil
 	}
 	seen := map[string]bool{}
 	for i, ref := range refs {
-		ref.Namespace = cmp.Or(ref.Namespace, defaultNS)
-		key := ref.Namespace + "/" + ref.Name
+		mesh, err := in.MeshFor(ref)
+		if err != nil {
+			s.fail("%s[%d]: %v", field, i, err)
+			continue
+		}
+		key := mesh.Namespace + "/" + mesh.Name
 		if seen[key] {
 			continue
 		}
 		seen[key] = true
-		mesh := in.MeshOf(ref)
 		switch {
-		case mesh == nil:
-			s.fail("%s[%d]: mesh %s not found", field, i, key)
-		case mesh.Spec.Istio == nil:
-			s.fail("%s[%d]: mesh %s is not an Istio mesh", field, i, key)
 		case mesh.Spec.Istio.Installation.Cluster == "" || mesh.Spec.Istio.Installation.Namespace == "":
-			s.fail("%s[%d]: mesh %s has no installation cluster or namespace", field, i, key)
+			s.fail("%s[%d]: mesh %s has no installation cluster or namespace", field, i, translation.MeshRefString(ref))
 		default:
 			inst := mesh.Spec.Istio.Installation
 			s.meshes = append(s.meshes, &member{key: key, mesh: mesh, cluster: inst.Cluster, root: inst.Namespace})
@@ -486,14 +494,14 @@ func (s *vdState) resolveBackend(in *translation.Input, b *backend, vm *networki
 		b.gateways, b.root = usableGateways(m.Spec.Istio), m.Spec.Istio.Installation.Namespace
 	}
 	if vm != nil {
-		if !slices.ContainsFunc(vm.Spec.Meshes, func(r common.ObjectRef) bool { return cmp.Or(r.Namespace, vm.Namespace)+"/"+r.Name == meshKey }) {
+		if !memberKeys(in, vm)[meshKey] {
 			b.errs = append(b.errs, fmt.Sprintf("destination %s: its mesh %s is not a member of VirtualMesh %s/%s, so it has no federated hostname", b.target(), meshKey, vm.Namespace, vm.Name))
 		}
 		b.suffix = vmSuffix(vm)
 	} else {
 		b.suffix = DefaultHostnameSuffix
 		for _, v := range vms { // the first VirtualMesh the mesh belongs to
-			if slices.ContainsFunc(v.Spec.Meshes, func(r common.ObjectRef) bool { return cmp.Or(r.Namespace, v.Namespace)+"/"+r.Name == meshKey }) {
+			if memberKeys(in, v)[meshKey] {
 				b.suffix = vmSuffix(v)
 				break
 			}

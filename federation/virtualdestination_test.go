@@ -109,7 +109,7 @@ func localizedVD(name string, directives ...networkingv1alpha1.FailoverDirective
 		Spec: networkingv1alpha1.VirtualDestinationSpec{
 			Hostname: "reviews.global",
 			Port:     networkingv1alpha1.VirtualDestinationPort{Number: 9080},
-			Meshes:   []common.ObjectRef{ref("m1"), ref("m2")},
+			Meshes:   []common.ClusterObjectRef{meshRef("m1"), meshRef("m2")},
 			Localized: &networkingv1alpha1.LocalizedFailover{
 				DestinationSelectors: []common.DestinationSelector{{KubeServiceMatcher: &common.KubeServiceMatcher{Namespaces: []string{"bookinfo"}}}},
 				FailoverDirectives:   directives,
@@ -166,15 +166,15 @@ func TestVirtualDestinationInvalid(t *testing.T) {
 		{name: "hostname taken", vds: []networkingv1alpha1.VirtualDestination{later, earlier}, vd: "later",
 			errs: []string{"hostname reviews.global is already published by VirtualDestination relaymesh/earlier, created earlier"}},
 		{name: "unknown target port", vds: []networkingv1alpha1.VirtualDestination{targetName},
-			errs: []string{"destination reviews-bookinfo-c1 has no port named grpc (spec.port.targetName)"}},
+			errs: []string{"destination c1/bookinfo/reviews has no port named grpc (spec.port.targetName)"}},
 		{name: "virtualMesh and meshes", vds: []networkingv1alpha1.VirtualDestination{both},
 			errs: []string{"spec.virtualMesh and spec.meshes are both set; set one"}},
 		{name: "missing virtualMesh", vds: []networkingv1alpha1.VirtualDestination{noVM},
 			errs: []string{"spec.virtualMesh: VirtualMesh relaymesh/vm not found"}},
 		{name: "no east-west gateway", vds: []networkingv1alpha1.VirtualDestination{noGateway},
-			errs: []string{"destination reviews-other-c3: its mesh has no usable east-west gateway, so meshes in other clusters cannot reach it"}},
+			errs: []string{"destination c3/other/reviews: its mesh has no usable east-west gateway, so meshes in other clusters cannot reach it"}},
 		{name: "two in one cluster", vds: []networkingv1alpha1.VirtualDestination{twoInOne},
-			errs: []string{"spec.static.destinations[1]: destination ratings-other-c1 is in cluster c1 like reviews-bookinfo-c1; a VirtualDestination takes at most one destination per cluster (other clusters reach it through that cluster's east-west gateway, which can route the hostname to one Service only)"}},
+			errs: []string{"spec.static.destinations[1]: destination c1/other/ratings is in cluster c1 like c1/bookinfo/reviews; a VirtualDestination takes at most one destination per cluster (other clusters reach it through that cluster's east-west gateway, which can route the hostname to one Service only)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := base

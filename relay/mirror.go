@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -21,12 +20,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 )
 
 // Labels and annotations on discovered objects in the management cluster.
 const (
-	LabelCluster      = "relaymesh.io/cluster"
+	// LabelCluster is the cluster a discovered object came from.
+	LabelCluster      = discoveryv1alpha1.LabelCluster
 	LabelManagedBy    = "app.kubernetes.io/managed-by"
 	annotationSpecSum = "relaymesh.io/spec-sha256"
 	mirrorManager     = "relaymesh-server"
@@ -38,17 +39,6 @@ var (
 	WorkloadsResource    = discoveryv1alpha1.GroupVersion.WithResource("workloads")
 	DestinationsResource = discoveryv1alpha1.GroupVersion.WithResource("destinations")
 )
-
-// WorkloadName is a Workload's discovered name: `<name>-<namespace>-<cluster>`
-// for Deployments, with `-statefulset` or `-daemonset` appended for the
-// other kinds so that controllers of different kinds never collide.
-func WorkloadName(w *relaypb.Workload) string {
-	n := DiscoveredName(w.GetName(), w.GetNamespace(), w.GetCluster())
-	if k := strings.ToLower(w.GetKind()); k != "deployment" {
-		n += "-" + k
-	}
-	return n
-}
 
 // Mirror writes each cluster's accepted snapshot as Mesh, Workload and
 // Destination objects in the management cluster, in one namespace, labelled
@@ -124,7 +114,7 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 			return err
 		}
 		for _, o := range objs {
-			desired[o.gvr][o.obj.GetName()] = o.obj
+			desired[o.Resource][o.Object.GetName()] = o.Object
 		}
 	}
 	start := time.Now()
@@ -137,20 +127,26 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 			return fmt.Errorf("list %s: %w", gvr.Resource, err)
 		}
 		have := map[string]*unstructured.Unstructured{}
-		others := map[string]string{} // name -> the other cluster that owns it
+		others := map[string]*unstructured.Unstructured{} // objects of other clusters (or hand-made), by name
 		for i := range list.Items {
 			o := &list.Items[i]
 			if c := o.GetLabels()[LabelCluster]; c == cluster {
 				have[o.GetName()] = o
 			} else {
-				others[o.GetName()] = c
+				others[o.GetName()] = o
 			}
 		}
 		for name, obj := range want {
-			if owner, taken := others[name]; taken {
-				// Never take over another cluster's object: names are
-				// `<name>-<namespace>-<cluster>` and can collide.
-				m.log.Warn("discovered name already used by another cluster; not written", "cluster", cluster, "kind", gvr.Resource, "name", name, "owner", owner)
+			if cur := others[name]; cur != nil || (have[name] != nil && !sameOrigin(have[name], obj)) {
+				if cur == nil {
+					cur = have[name]
+				}
+				// Names are a hash of the exact origin, so only a hash
+				// collision or a hand-made object gets here: never take
+				// over an object of another origin.
+				m.log.Error("a discovered object of another origin has this name; not written", "cluster", cluster, "kind", gvr.Resource, "name", name,
+					"owner_cluster", cur.GetLabels()[LabelCluster], "owner_namespace", cur.GetLabels()[discoveryv1alpha1.LabelNamespace])
+				errs = append(errs, fmt.Errorf("%s %s: the name belongs to an object of another origin", gvr.Resource, name))
 				continue
 			}
 			if cur, ok := have[name]; ok && cur.GetAnnotations()[annotationSpecSum] == obj.GetAnnotations()[annotationSpecSum] {
@@ -217,17 +213,31 @@ func (m *Mirror) CollectOrphans(ctx context.Context, registered func(cluster str
 	return errors.Join(errs...)
 }
 
-type discoveredObject struct {
-	gvr schema.GroupVersionResource
-	obj *unstructured.Unstructured
+// sameOrigin reports whether cur, found under want's name, came from the
+// same cluster and namespace (its labels).
+func sameOrigin(cur, want *unstructured.Unstructured) bool {
+	for _, k := range []string{LabelCluster, discoveryv1alpha1.LabelNamespace} {
+		if cur.GetLabels()[k] != want.GetLabels()[k] {
+			return false
+		}
+	}
+	return true
+}
+
+// DiscoveredObject is a Mesh, Workload or Destination object to write.
+type DiscoveredObject struct {
+	Resource schema.GroupVersionResource
+	Object   *unstructured.Unstructured
 }
 
 // DiscoveredObjects turns a snapshot into the Mesh, Workload and Destination
-// objects of the management cluster (a pure function).
-func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]discoveredObject, error) {
+// objects of the management cluster (a pure function). Each is named by
+// discoveryv1alpha1.Name from exactly where it came from, and labelled with
+// it.
+func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredObject, error) {
 	cluster := snap.GetCluster()
-	var out []discoveredObject
-	add := func(gvr schema.GroupVersionResource, kind, name string, spec any) error {
+	var out []DiscoveredObject
+	add := func(gvr schema.GroupVersionResource, kind, origin, objNamespace, objName string, spec any) error {
 		specJSON, err := json.Marshal(spec)
 		if err != nil {
 			return err
@@ -240,28 +250,32 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]discoveredOb
 		u := &unstructured.Unstructured{Object: map[string]any{"spec": specMap}}
 		u.SetAPIVersion(discoveryv1alpha1.GroupVersion.String())
 		u.SetKind(kind)
-		u.SetName(name)
+		u.SetName(discoveryv1alpha1.Name(origin, cluster, objNamespace, objName))
 		u.SetNamespace(namespace)
-		u.SetLabels(map[string]string{LabelCluster: cluster, LabelManagedBy: "relaymesh"})
+		labels := map[string]string{LabelCluster: cluster, discoveryv1alpha1.LabelNamespace: objNamespace, LabelManagedBy: "relaymesh"}
+		if len(validation.IsValidLabelValue(objName)) == 0 {
+			labels[discoveryv1alpha1.LabelName] = objName
+		}
+		u.SetLabels(labels)
 		u.SetAnnotations(map[string]string{annotationSpecSum: hex.EncodeToString(sum[:])})
-		out = append(out, discoveredObject{gvr: gvr, obj: u})
+		out = append(out, DiscoveredObject{Resource: gvr, Object: u})
 		return nil
 	}
 	for _, m := range snap.GetMeshes() {
 		spec := discoveryv1alpha1.MeshSpec{Istio: &discoveryv1alpha1.IstioMesh{
-			Installation: discoveryv1alpha1.MeshInstallation{Namespace: m.GetNamespace(), Cluster: cluster, Revision: m.GetRevision(), Version: m.GetVersion(), PodLabels: m.GetPodLabels()},
+			Installation: discoveryv1alpha1.MeshInstallation{Name: m.GetName(), Namespace: m.GetNamespace(), Cluster: cluster, Revision: m.GetRevision(), Version: m.GetVersion(), PodLabels: m.GetPodLabels()},
 			TrustDomain:  m.GetTrustDomain(), IstiodServiceAccount: m.GetIstiodServiceAccount(), SmartDNSProxying: m.GetSmartDnsProxying(),
 		}}
 		for _, g := range m.GetGateways() {
 			spec.Istio.Gateways = append(spec.Istio.Gateways, discoveryv1alpha1.GatewayInfo{Name: g.GetName(), Namespace: g.GetNamespace(), Kind: g.GetKind(),
 				WorkloadLabels: g.GetWorkloadLabels(), ExternalAddress: g.GetExternalAddress(), TLSPort: g.GetTlsPort()})
 		}
-		if err := add(MeshesResource, "Mesh", DiscoveredName(m.GetName(), m.GetNamespace(), cluster), spec); err != nil {
+		if err := add(MeshesResource, "Mesh", discoveryv1alpha1.OriginMesh, m.GetNamespace(), m.GetName(), spec); err != nil {
 			return nil, err
 		}
 	}
 	meshRef := func(name, ns string) common.ObjectRef {
-		return common.ObjectRef{Name: DiscoveredName(name, ns, cluster), Namespace: namespace}
+		return common.ObjectRef{Name: MeshObjectName(cluster, ns, name), Namespace: namespace}
 	}
 	for _, w := range snap.GetWorkloads() {
 		spec := discoveryv1alpha1.WorkloadSpec{
@@ -269,7 +283,7 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]discoveredOb
 				Kind: w.GetKind(), PodLabels: w.GetPodLabels(), ServiceAccountName: w.GetServiceAccount()},
 			Mesh: meshRef(w.GetMeshName(), w.GetMeshNamespace()),
 		}
-		if err := add(WorkloadsResource, "Workload", WorkloadName(w), spec); err != nil {
+		if err := add(WorkloadsResource, "Workload", w.GetKind(), w.GetNamespace(), w.GetName(), spec); err != nil {
 			return nil, err
 		}
 	}
@@ -286,9 +300,15 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]discoveredOb
 			}
 		}
 		spec := discoveryv1alpha1.DestinationSpec{KubeService: ks, Mesh: meshRef(d.GetMeshName(), d.GetMeshNamespace())}
-		if err := add(DestinationsResource, "Destination", DiscoveredName(d.GetName(), d.GetNamespace(), cluster), spec); err != nil {
+		if err := add(DestinationsResource, "Destination", discoveryv1alpha1.OriginService, d.GetNamespace(), d.GetName(), spec); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// MeshObjectName is the name of the Mesh object of the istiod name in
+// namespace of cluster.
+func MeshObjectName(cluster, namespace, name string) string {
+	return discoveryv1alpha1.Name(discoveryv1alpha1.OriginMesh, cluster, namespace, name)
 }

@@ -174,7 +174,7 @@ func DescribeDestination(in *Input, out *Output, r *Report, name string) (*Desti
 	}
 	hosts := slices.Clone(desc.Hostnames)
 	for _, vm := range sortedBy(in.VirtualMeshes, func(v *networkingv1alpha1.VirtualMesh) string { return v.Namespace + "/" + v.Name }) {
-		to := federatedTo(vm, d)
+		to := in.federatedTo(vm, d)
 		if len(to) == 0 {
 			continue
 		}
@@ -311,9 +311,9 @@ func DescribePolicy(in *Input, out *Output, r *Report, kind, namespace, name str
 			names = append(names, vm.Namespace+"/"+vm.Name)
 			if vm.Namespace == namespace && vm.Name == name {
 				found = true
-				destSel = func(d *discoveryv1alpha1.Destination) bool { return len(federatedTo(vm, d)) > 0 }
+				destSel = func(d *discoveryv1alpha1.Destination) bool { return len(in.federatedTo(vm, d)) > 0 }
 				for _, m := range vm.Spec.Meshes {
-					meshes = append(meshes, m.Name)
+					meshes = append(meshes, MeshRefString(m))
 				}
 			}
 		}
@@ -369,17 +369,26 @@ func DescribePolicy(in *Input, out *Output, r *Report, kind, namespace, name str
 // federatedTo returns the meshes (other than its own) a VirtualMesh
 // federates d to, as federation decides: d's mesh must be a member, and a
 // federation selector must select d.
-func federatedTo(vm *networkingv1alpha1.VirtualMesh, d *discoveryv1alpha1.Destination) []string {
+func (in *Input) federatedTo(vm *networkingv1alpha1.VirtualMesh, d *discoveryv1alpha1.Destination) []string {
 	f := vm.Spec.Federation
 	if f == nil {
 		return nil
 	}
-	key := func(ref common.ObjectRef) string { return cmp.Or(ref.Namespace, vm.Namespace) + "/" + ref.Name }
-	own := cmp.Or(d.Spec.Mesh.Namespace, d.Namespace) + "/" + d.Spec.Mesh.Name
+	// Members by Mesh object key (namespace/name), named by their control
+	// plane.
 	members := map[string]string{}
-	for _, m := range vm.Spec.Meshes {
-		members[key(m)] = m.Name
+	key := func(ref common.ClusterObjectRef) string {
+		if m, err := in.MeshFor(ref); err == nil {
+			return m.Namespace + "/" + m.Name
+		}
+		return ""
 	}
+	for _, m := range vm.Spec.Meshes {
+		if k := key(m); k != "" {
+			members[k] = MeshRefString(m)
+		}
+	}
+	own := cmp.Or(d.Spec.Mesh.Namespace, d.Namespace) + "/" + d.Spec.Mesh.Name
 	if _, ok := members[own]; !ok {
 		return nil
 	}

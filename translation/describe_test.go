@@ -73,7 +73,7 @@ func TestDescribeDestination(t *testing.T) {
 	// Translation order: oldest first.
 	assert.Equal(t, []string{"TrafficPolicy/bookinfo/reviews-timeout Accepted", "TrafficPolicy/bookinfo/reviews-canary Accepted"}, names(d.Traffic))
 	require.NotNil(t, d.Traffic[1].Target)
-	assert.Equal(t, "reviews-bookinfo-cluster-1", d.Traffic[1].Target.Target)
+	assert.Equal(t, "cluster-1/bookinfo/reviews", d.Traffic[1].Target.Target)
 	assert.Equal(t, []string{"AccessPolicy/bookinfo/reviews-from-productpage Accepted"}, names(d.Access))
 	assert.Empty(t, d.Federated)
 	assert.Equal(t, []string{
@@ -102,7 +102,7 @@ func TestDescribeDestinationFederated(t *testing.T) {
 	f := d.Federated[0]
 	assert.Equal(t, "VirtualMesh/relaymesh/bookinfo Accepted", f.Kind+"/"+f.Namespace+"/"+f.Name+" "+f.State)
 	assert.Equal(t, "reviews.bookinfo.svc.cluster-1.global", f.Hostname)
-	assert.Equal(t, []string{"istiod-istio-system-cluster-2"}, f.ToMeshes)
+	assert.Equal(t, []string{"cluster-2/istio-system/istiod"}, f.ToMeshes)
 	assert.Equal(t, []string{
 		"cluster-1 Gateway istio-system/relaymesh-federation-istio-eastwestgateway-istio-system",
 		"cluster-1 ServiceEntry bookinfo/reviews-bookinfo-cluster-1",
@@ -157,7 +157,7 @@ func TestDescribePolicy(t *testing.T) {
 	fout, fr := translateAll(fin)
 	p, err = translation.DescribePolicy(fin, fout, fr, translation.KindVirtualMesh, "relaymesh", "bookinfo")
 	require.NoError(t, err)
-	assert.Equal(t, []string{"istiod-istio-system-cluster-1", "istiod-istio-system-cluster-2"}, p.Meshes)
+	assert.Equal(t, []string{"cluster-1/istio-system/istiod", "cluster-2/istio-system/istiod"}, p.Meshes)
 	assert.Len(t, p.Destinations, 5)
 	require.Len(t, p.Outputs, 2)
 	assert.Equal(t, "cluster-2", p.Outputs[1].Cluster)

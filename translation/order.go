@@ -13,9 +13,12 @@ import (
 // here, once.
 
 // TargetName names a Destination (or the Service a reference points at) in
-// a status: `<name>-<namespace>-<cluster>`, the discovered object's name.
+// a status, the access audit and translation's own keys:
+// `<cluster>/<namespace>/<name>`. No part may contain '/', so two Services
+// never share a target name (`<name>-<namespace>-<cluster>` would:
+// `a-b`,`c` and `a`,`b-c`).
 func TargetName(ref common.ClusterObjectRef) string {
-	return ref.Name + "-" + ref.Namespace + "-" + ref.ClusterName
+	return ref.ClusterName + "/" + ref.Namespace + "/" + ref.Name
 }
 
 // DestinationTarget is TargetName of a Destination's Service.

@@ -1,6 +1,8 @@
 package translation
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
@@ -67,7 +69,8 @@ func MatchIdentity(sels []common.IdentitySelector, cluster, namespace, serviceAc
 	return false
 }
 
-// MeshOf returns the discovered Mesh a reference names, or nil.
+// MeshOf returns the discovered Mesh object a reference names (a Workload's
+// or Destination's spec.mesh, written by the server), or nil.
 func (in *Input) MeshOf(ref common.ObjectRef) *discoveryv1alpha1.Mesh {
 	for i := range in.Meshes {
 		m := &in.Meshes[i]
@@ -110,4 +113,40 @@ func subset(want, have map[string]string) bool {
 // in: an empty list allows anything.
 func in(list []string, v string) bool {
 	return len(list) == 0 || slices.Contains(list, v)
+}
+
+// ErrMeshNotFound and ErrMeshAmbiguous are why MeshFor found no mesh.
+var (
+	ErrMeshNotFound  = errors.New("mesh not found")
+	ErrMeshAmbiguous = errors.New("more than one Mesh object claims this control plane")
+)
+
+// MeshFor returns the discovered Istio mesh whose control plane ref names:
+// the istiod Deployment ref.Name in ref.Namespace of cluster ref.ClusterName,
+// as its Mesh's spec.istio.installation says. It never matches by object
+// name. Two Mesh objects that claim one control plane (only a hand-made
+// object can) name none: ErrMeshAmbiguous.
+func (in *Input) MeshFor(ref common.ClusterObjectRef) (*discoveryv1alpha1.Mesh, error) {
+	var found *discoveryv1alpha1.Mesh
+	for i := range in.Meshes {
+		m := &in.Meshes[i]
+		ist := m.Spec.Istio
+		if ist == nil || ist.Installation.Cluster != ref.ClusterName || ist.Installation.Namespace != ref.Namespace || ist.Installation.Name != ref.Name {
+			continue
+		}
+		if found != nil {
+			return nil, fmt.Errorf("%s: %w (%s/%s and %s/%s)", MeshRefString(ref), ErrMeshAmbiguous, found.Namespace, found.Name, m.Namespace, m.Name)
+		}
+		found = m
+	}
+	if found == nil {
+		return nil, fmt.Errorf("%s: %w", MeshRefString(ref), ErrMeshNotFound)
+	}
+	return found, nil
+}
+
+// MeshRefString is how a mesh reference reads in messages:
+// `<cluster>/<namespace>/<name>`.
+func MeshRefString(ref common.ClusterObjectRef) string {
+	return ref.ClusterName + "/" + ref.Namespace + "/" + ref.Name
 }

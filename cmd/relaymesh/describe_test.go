@@ -109,7 +109,7 @@ func TestDescribeJSON(t *testing.T) {
 	assert.Equal(t, "reviews-timeout", d.Traffic[0].Name)
 	assert.Equal(t, "reviews-canary", d.Traffic[1].Name)
 	require.NotNil(t, d.Traffic[1].Target)
-	assert.Equal(t, "reviews-bookinfo-cluster-1", d.Traffic[1].Target.Target)
+	assert.Equal(t, "cluster-1/bookinfo/reviews", d.Traffic[1].Target.Target)
 	assert.Len(t, d.Outputs, 4)
 
 	var w translation.WorkloadDescription

@@ -72,18 +72,18 @@ func TestPolicyAudit(t *testing.T) {
 	}{
 		{"table", []string{"audit", "-f", dir}, 0, []string{
 			"ACCESS MATRIX: 9 allowed pairs (1 open) between 7 source identities and 6 destinations",
-			"cluster-2/tools/sleep                    reviews-bookinfo-cluster-1  9080  federated via relaymesh/prod  relaymesh/reviews-from-tools",
-			"cluster-1/bookinfo/bookinfo-productpage  reviews-bookinfo-cluster-1  9080  local                         relaymesh/reviews-from-productpage [methods GET]",
+			"cluster-2/tools/sleep                    cluster-1/bookinfo/reviews  9080  federated via relaymesh/prod  relaymesh/reviews-from-tools",
+			"cluster-1/bookinfo/bookinfo-productpage  cluster-1/bookinfo/reviews  9080  local                         relaymesh/reviews-from-productpage [methods GET]",
 			"FINDINGS: 3",
 			"unreachable-grant",
 		}, nil},
 		{"what-if change", []string{"audit", "-f", dir, "--with", with}, 0, []string{
 			"ACCESS CHANGES: 0 added, 0 removed, 1 changed",
-			"~  cluster-1/bookinfo/bookinfo-productpage  reviews-bookinfo-cluster-1  9080  local: relaymesh/reviews-from-productpage [methods GET]  local: relaymesh/reviews-from-productpage [methods GET,POST]",
+			"~  cluster-1/bookinfo/bookinfo-productpage  cluster-1/bookinfo/reviews  9080  local: relaymesh/reviews-from-productpage [methods GET]  local: relaymesh/reviews-from-productpage [methods GET,POST]",
 		}, nil},
 		{"what-if delete", []string{"audit", "--without", "ap/relaymesh/reviews-from-tools", "-f", dir}, 0, []string{
 			"ACCESS CHANGES: 0 added, 1 removed, 0 changed",
-			"-  cluster-2/tools/sleep  reviews-bookinfo-cluster-1  9080  federated via relaymesh/prod: relaymesh/reviews-from-tools  -",
+			"-  cluster-2/tools/sleep  cluster-1/bookinfo/reviews  9080  federated via relaymesh/prod: relaymesh/reviews-from-tools  -",
 			"FINDINGS RESOLVED: 1",
 		}, nil},
 		{"what-if delete a discovered object", []string{"audit", "-f", dir, "--without", "workload/relaymesh/sleep-tools-cluster-2-deployment", "--without", "destination/relaymesh/legacy-db-cluster-3"}, 0, []string{
@@ -166,7 +166,7 @@ func TestPolicyAuditHTML(t *testing.T) {
 		page := out.String()
 		assert.True(t, strings.HasPrefix(page, "<!DOCTYPE html>"))
 		assert.Contains(t, page, "<svg")
-		assert.Contains(t, page, "reviews-bookinfo-cluster-1:9080")
+		assert.Contains(t, page, "cluster-1/bookinfo/reviews:9080")
 		assert.NotContains(t, page, "<script")
 		assert.NotContains(t, page, "<link")
 	}

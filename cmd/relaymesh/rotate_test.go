@@ -52,21 +52,21 @@ apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
 metadata: {name: gen, namespace: relaymesh}
 spec:
-  meshes: [{name: m1}]
+  meshes: [{clusterName: c1, namespace: istio-system, name: istiod}]
   mtls: {shared: {rootCA: {generated: {}}}}
 ---
 apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
 metadata: {name: provided, namespace: relaymesh}
 spec:
-  meshes: [{name: m1}]
+  meshes: [{clusterName: c1, namespace: istio-system, name: istiod}]
   mtls: {shared: {rootCA: {secret: {name: team-root}}}}
 ---
 apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
 metadata: {name: plain, namespace: relaymesh}
 spec:
-  meshes: [{name: m1}]
+  meshes: [{clusterName: c1, namespace: istio-system, name: istiod}]
 `))
 	require.NoError(t, err)
 	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())

@@ -325,7 +325,9 @@ func (a *auditor) destinations() {
 			x.DenyByDefault = vm.Spec.GlobalAccessPolicy == networkingv1alpha1.GlobalAccessEnabled
 			x.members = map[string]bool{}
 			for _, r := range vm.Spec.Meshes {
-				x.members[meshKey(r, vm.Namespace)] = true
+				if m, err := a.in.MeshFor(r); err == nil {
+					x.members[m.Namespace+"/"+m.Name] = true
+				}
 			}
 		}
 		if len(a.dests) > 0 && a.dests[len(a.dests)-1].ID == x.ID {

@@ -159,12 +159,12 @@ func TestNamespaceTenancy(t *testing.T) {
 	in := load(t, "testdata/findings/input.yaml")
 	r, err := accessaudit.Audit(in, accessaudit.Config{AdminNamespace: admin})
 	require.NoError(t, err)
-	batch := destination(t, r, "batch-jobs-cluster-2")
+	batch := destination(t, r, "cluster-2/jobs/batch")
 	assert.NotContains(t, batch.Policies, "apps/grab-batch")
 
 	r, err = accessaudit.Audit(in, accessaudit.Config{AdminNamespace: "apps"})
 	require.NoError(t, err)
-	batch = destination(t, r, "batch-jobs-cluster-2")
+	batch = destination(t, r, "cluster-2/jobs/batch")
 	assert.Contains(t, batch.Policies, "apps/grab-batch")
 }
 

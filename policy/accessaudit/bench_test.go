@@ -24,7 +24,7 @@ import (
 // the next service's account for GET /api/* only.
 func world(clusters, services, policies int) *translation.Input {
 	in := &translation.Input{}
-	var meshRefs []common.ObjectRef
+	var meshRefs []common.ClusterObjectRef
 	meshOf := func(c int) common.ObjectRef {
 		return common.ObjectRef{Name: fmt.Sprintf("istiod-istio-system-cluster-%d", c), Namespace: "relaymesh"}
 	}
@@ -33,13 +33,13 @@ func world(clusters, services, policies int) *translation.Input {
 		in.Meshes = append(in.Meshes, discoveryv1alpha1.Mesh{
 			ObjectMeta: metav1.ObjectMeta{Name: ref.Name, Namespace: ref.Namespace},
 			Spec: discoveryv1alpha1.MeshSpec{Istio: &discoveryv1alpha1.IstioMesh{
-				Installation: discoveryv1alpha1.MeshInstallation{Namespace: "istio-system", Cluster: fmt.Sprintf("cluster-%d", c)},
+				Installation: discoveryv1alpha1.MeshInstallation{Name: "istiod", Namespace: "istio-system", Cluster: fmt.Sprintf("cluster-%d", c)},
 				TrustDomain:  fmt.Sprintf("cluster-%d.local", c),
 				Gateways: []discoveryv1alpha1.GatewayInfo{{Name: "istio-eastwestgateway", Namespace: "istio-system", Kind: "EastWest",
 					WorkloadLabels: map[string]string{"istio": "eastwestgateway"}, ExternalAddress: fmt.Sprintf("10.%d.%d.1", c/250, c%250), TLSPort: 15443}},
 			}},
 		})
-		meshRefs = append(meshRefs, common.ObjectRef{Name: ref.Name})
+		meshRefs = append(meshRefs, common.ClusterObjectRef{ClusterName: fmt.Sprintf("cluster-%d", c), Namespace: "istio-system", Name: "istiod"})
 	}
 	ref := func(s int) common.ClusterObjectRef {
 		return common.ClusterObjectRef{Name: fmt.Sprintf("svc-%d", s), Namespace: fmt.Sprintf("ns-%d", s%20), ClusterName: fmt.Sprintf("cluster-%d", s%clusters)}

@@ -68,17 +68,17 @@ func TestDataPath(t *testing.T) {
 	}
 	for _, c := range []string{"cluster-1", "cluster-2"} {
 		Eventually(t, 60*time.Second, "discovered objects of "+c, func() (bool, string) {
-			ok := exists(relay.MeshesResource, "istiod-istio-system-"+c) &&
-				exists(relay.WorkloadsResource, "reviews-v1-bookinfo-"+c) && exists(relay.WorkloadsResource, "reviews-v2-bookinfo-"+c) &&
-				exists(relay.WorkloadsResource, "productpage-v1-bookinfo-"+c) &&
-				exists(relay.DestinationsResource, "reviews-bookinfo-"+c) && exists(relay.DestinationsResource, "productpage-bookinfo-"+c)
+			ok := exists(relay.MeshesResource, meshName(c)) &&
+				exists(relay.WorkloadsResource, deploymentName(c, "bookinfo", "reviews-v1")) && exists(relay.WorkloadsResource, deploymentName(c, "bookinfo", "reviews-v2")) &&
+				exists(relay.WorkloadsResource, deploymentName(c, "bookinfo", "productpage-v1")) &&
+				exists(relay.DestinationsResource, serviceName(c, "bookinfo", "reviews")) && exists(relay.DestinationsResource, serviceName(c, "bookinfo", "productpage"))
 			return ok, fmt.Sprint(count(relay.MeshesResource, c), count(relay.WorkloadsResource, c), count(relay.DestinationsResource, c))
 		})
 	}
-	dest, err := dyn.Resource(relay.DestinationsResource).Namespace("relaymesh").Get(ctx, "reviews-bookinfo-cluster-1", metav1.GetOptions{})
+	dest, err := dyn.Resource(relay.DestinationsResource).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "reviews"), metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, []any{"v1", "v2"}, dest.Object["spec"].(map[string]any)["kubeService"].(map[string]any)["subsets"].(map[string]any)["version"])
-	mesh, err := dyn.Resource(relay.MeshesResource).Namespace("relaymesh").Get(ctx, "istiod-istio-system-cluster-2", metav1.GetOptions{})
+	mesh, err := dyn.Resource(relay.MeshesResource).Namespace("relaymesh").Get(ctx, meshName("cluster-2"), metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, "cluster-2.local", mesh.Object["spec"].(map[string]any)["istio"].(map[string]any)["trustDomain"])
 
@@ -93,13 +93,13 @@ func TestDataPath(t *testing.T) {
 	require.NoError(t, err)
 	start := time.Now()
 	Eventually(t, 2*time.Second, "the new Service's Destination within 2s", func() (bool, string) {
-		return exists(relay.DestinationsResource, "reviews-canary-bookinfo-cluster-1"), ""
+		return exists(relay.DestinationsResource, serviceName("cluster-1", "bookinfo", "reviews-canary")), ""
 	})
 	t.Logf("a Service created in cluster-1 appeared in mgmt after %s", time.Since(start).Round(time.Millisecond))
 	require.NoError(t, c1CS.CoreV1().Services("bookinfo").Delete(ctx, "reviews-canary", metav1.DeleteOptions{}))
 	start = time.Now()
 	Eventually(t, 2*time.Second, "the deleted Service's Destination gone within 2s", func() (bool, string) {
-		return !exists(relay.DestinationsResource, "reviews-canary-bookinfo-cluster-1"), ""
+		return !exists(relay.DestinationsResource, serviceName("cluster-1", "bookinfo", "reviews-canary")), ""
 	})
 	t.Logf("a Service deleted in cluster-1 disappeared from mgmt after %s", time.Since(start).Round(time.Millisecond))
 
@@ -213,7 +213,7 @@ spec: {hosts: [productpage], http: [{route: [{destination: {host: productpage}}]
 	waitHealthy(t, opsAddr)
 	start = time.Now()
 	Eventually(t, 45*time.Second, "the view rebuilt after the restart", func() (bool, string) {
-		return exists(relay.DestinationsResource, "while-down-bookinfo-cluster-1"), ""
+		return exists(relay.DestinationsResource, serviceName("cluster-1", "bookinfo", "while-down")), ""
 	})
 	t.Logf("after a server restart, a change made while it was down arrived %s after it came back", time.Since(start).Round(time.Millisecond))
 	restarted := uids()
@@ -258,7 +258,7 @@ spec: {hosts: [productpage], http: [{route: [{destination: {host: productpage}}]
 	t.Logf("standby took over %s after the leader was killed (lease 4s)", time.Since(start).Round(time.Millisecond))
 	require.NoError(t, c1CS.CoreV1().Services("bookinfo").Delete(ctx, "while-down", metav1.DeleteOptions{}))
 	Eventually(t, 5*time.Second, "changes flow through the new leader", func() (bool, string) {
-		return !exists(relay.DestinationsResource, "while-down-bookinfo-cluster-1"), ""
+		return !exists(relay.DestinationsResource, serviceName("cluster-1", "bookinfo", "while-down")), ""
 	})
 }
 

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -39,7 +38,7 @@ func TestKubeconfigMode(t *testing.T) {
 	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
 	destination := func() bool {
-		_, err := dyn.Resource(relay.DestinationsResource).Namespace("relaymesh").Get(ctx, "reviews-bookinfo-cluster-1", metav1.GetOptions{})
+		_, err := dyn.Resource(relay.DestinationsResource).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "reviews"), metav1.GetOptions{})
 		return err == nil
 	}
 
@@ -83,18 +82,17 @@ apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
 metadata: {name: held, namespace: relaymesh}
 spec:
-  meshes: [{name: istiod-istio-system-cluster-1}]
+  meshes: [{clusterName: cluster-1, namespace: istio-system, name: istiod}]
   mtls: {shared: {rootCA: {generated: {}}}}
 `))
 	require.NoError(t, err)
+	debug := DebugReader(t, mgmt, opsAddr)
 	Eventually(t, 20*time.Second, "the in-process agent reports shared trust as unavailable", func() (bool, string) {
-		resp, err := http.Get("http://" + opsAddr + "/debug/snapshots/input")
+		code, b, err := debug("/debug/snapshots/input")
 		if err != nil {
 			return false, err.Error()
 		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return strings.Contains(string(b), "shared trust is not available in kubeconfig mode"), string(b)
+		return code == http.StatusOK && strings.Contains(string(b), "shared trust is not available in kubeconfig mode"), string(b)
 	})
 	c1CS, err := c1.Clientset()
 	require.NoError(t, err)

@@ -160,10 +160,10 @@ func TestTranslation(t *testing.T) {
 	// describe reads the same view from the live management cluster.
 	out, err := Run(t, bin, "describe", "policy", "trafficpolicy/relaymesh/reviews-shift", "--kubeconfig", mgmt.Kubeconfig)
 	require.NoError(t, err)
-	for _, want := range []string{"Accepted", "reviews-bookinfo-cluster-1", "VirtualService", "relaymesh-reviews"} {
+	for _, want := range []string{"Accepted", serviceName("cluster-1", "bookinfo", "reviews"), "VirtualService", "relaymesh-reviews"} {
 		require.Contains(t, out, want)
 	}
-	out, err = Run(t, bin, "describe", "destination", "reviews-bookinfo-cluster-1", "--kubeconfig", mgmt.Kubeconfig)
+	out, err = Run(t, bin, "describe", "destination", serviceName("cluster-1", "bookinfo", "reviews"), "--kubeconfig", mgmt.Kubeconfig)
 	require.NoError(t, err)
 	for _, want := range []string{"reviews-shift", "productpage-to-reviews", "bookinfo-federation"} {
 		require.Contains(t, out, want)

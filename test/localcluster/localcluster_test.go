@@ -152,7 +152,7 @@ apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
 metadata: {name: vm, namespace: default}
 spec:
-  meshes: [{name: istiod-istio-system-cluster-1}]
+  meshes: [{clusterName: cluster-1, namespace: istio-system, name: istiod}]
   mtls: {shared: {rootCA: {generated: {}}}}
   globalAccessPolicy: Enabled
 `
@@ -199,6 +199,9 @@ func TestThreeClusters(t *testing.T) {
 		{"two root sources", "spec.mtls.shared.rootCA.secret", map[string]any{"name": "root"}, []string{"exactly one of generated, secret, external or pkcs11"}},
 		{"bad duration", "spec.mtls.shared.rootCA.generated.ttl", "one year", []string{"spec.mtls.shared.rootCA.generated.ttl", "should match"}},
 		{"no meshes", "spec.meshes", []any{}, []string{"spec.meshes", "at least 1 items"}},
+		{"a mesh named by object name only", "spec.meshes", []any{map[string]any{"name": "istiod-istio-system-cluster-1"}}, []string{"spec.meshes[0].clusterName", "Required value"}},
+		{"a mesh cluster that is no DNS label", "spec.meshes", []any{map[string]any{"clusterName": "Cluster_1", "namespace": "istio-system", "name": "istiod"}}, []string{"spec.meshes[0].clusterName", "should match"}},
+		{"an unknown trust domain policy", "spec.mtls.trustDomains", "Anything", []string{"spec.mtls.trustDomains", "Unsupported value"}},
 	}
 	for _, tt := range rejections {
 		t.Run("VirtualMesh "+tt.name+" is rejected", func(t *testing.T) {

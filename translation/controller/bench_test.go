@@ -23,20 +23,20 @@ import (
 // Destination to every mesh when federate is true.
 func world(clusters, services, policies int, federate bool) *translation.Input {
 	in := &translation.Input{}
-	var meshRefs []common.ObjectRef
+	var meshRefs []common.ClusterObjectRef
 	for c := range clusters {
 		cl := fmt.Sprintf("cluster-%d", c)
 		name := "istiod-istio-system-" + cl
 		in.Meshes = append(in.Meshes, discoveryv1alpha1.Mesh{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "relaymesh"},
 			Spec: discoveryv1alpha1.MeshSpec{Istio: &discoveryv1alpha1.IstioMesh{
-				Installation: discoveryv1alpha1.MeshInstallation{Namespace: "istio-system", Cluster: cl},
+				Installation: discoveryv1alpha1.MeshInstallation{Name: "istiod", Namespace: "istio-system", Cluster: cl},
 				TrustDomain:  cl + ".local", IstiodServiceAccount: "istiod",
 				Gateways: []discoveryv1alpha1.GatewayInfo{{Name: "istio-eastwestgateway", Namespace: "istio-system", Kind: "EastWest",
 					WorkloadLabels: map[string]string{"istio": "eastwestgateway"}, ExternalAddress: fmt.Sprintf("10.%d.%d.1", c/250, c%250), TLSPort: 15443}},
 			}},
 		})
-		meshRefs = append(meshRefs, common.ObjectRef{Name: name, Namespace: "relaymesh"})
+		meshRefs = append(meshRefs, common.ClusterObjectRef{ClusterName: cl, Namespace: "istio-system", Name: "istiod"})
 	}
 	for s := range services {
 		cl := fmt.Sprintf("cluster-%d", s%clusters)

@@ -246,7 +246,7 @@ func TestInvalidVirtualMeshKeepsLastGoodOutputs(t *testing.T) {
 	e.Dirty()
 
 	vm := &in.VirtualMeshes[0]
-	vm.Spec.Meshes = append(slices.Clone(vm.Spec.Meshes), common.ObjectRef{Name: "no-such-mesh", Namespace: "relaymesh"})
+	vm.Spec.Meshes = append(slices.Clone(vm.Spec.Meshes), common.ClusterObjectRef{ClusterName: "cluster-9", Namespace: "istio-system", Name: "no-such-mesh"})
 	vm.Generation = 2
 	r := e.Translate(in)
 	st, _, _ := r.Status(translation.ObjectKey{Kind: "VirtualMesh", Namespace: "relaymesh", Name: "all"})

@@ -16,7 +16,9 @@ type ObjectRef struct {
 	Namespace string `json:"namespace,omitempty"`
 }
 
-// ClusterObjectRef names an object in a registered workload cluster.
+// ClusterObjectRef names an object in a registered workload cluster by
+// exactly where it is. A mesh is named by its control plane: the istiod
+// Deployment's name and namespace in its cluster.
 type ClusterObjectRef struct {
 	// Name of the object.
 	// +kubebuilder:validation:MinLength=1
@@ -190,7 +192,8 @@ type ClusterApplyStatus struct {
 // TargetStatus is the verdict of a user object for one target (a Destination,
 // a Mesh, a Workload) it applies to.
 type TargetStatus struct {
-	// Target names the discovered object, `<name>-<namespace>-<cluster>`.
+	// Target names what the object applies to: a mesh or a Service as
+	// `<cluster>/<namespace>/<name>`.
 	Target string `json:"target"`
 	// State of the object for this target.
 	State ApprovalState `json:"state"`

@@ -56,8 +56,13 @@ type IstioMesh struct {
 	SmartDNSProxying bool `json:"smartDNSProxying,omitempty"`
 }
 
-// MeshInstallation locates a control plane.
+// MeshInstallation locates a control plane: the istiod Deployment Name in
+// Namespace of Cluster. VirtualMeshes and VirtualDestinations name meshes by
+// these three values.
 type MeshInstallation struct {
+	// Name of the istiod Deployment.
+	// +optional
+	Name      string `json:"name,omitempty"`
 	Namespace string `json:"namespace"`
 	Cluster   string `json:"cluster"`
 	// Revision is the `istio.io/rev` of the control plane; empty: default.
@@ -124,7 +129,8 @@ type WorkloadList struct {
 // WorkloadSpec describes a discovered workload.
 type WorkloadSpec struct {
 	Kubernetes KubernetesWorkload `json:"kubernetes"`
-	// Mesh is the Mesh whose sidecars the workload runs.
+	// Mesh is the Mesh object (in the management cluster) whose sidecars the
+	// workload runs.
 	Mesh common.ObjectRef `json:"mesh"`
 }
 

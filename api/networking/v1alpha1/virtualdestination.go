@@ -45,10 +45,11 @@ type VirtualDestinationSpec struct {
 	// VirtualMesh whose meshes can reach the hostname; omitted: Meshes.
 	// +optional
 	VirtualMesh *common.ObjectRef `json:"virtualMesh,omitempty"`
-	// Meshes that can reach the hostname, when no VirtualMesh is named.
+	// Meshes that can reach the hostname, when no VirtualMesh is named, each
+	// named by its istiod's clusterName, namespace and name.
 	// +kubebuilder:validation:MaxItems=256
 	// +optional
-	Meshes []common.ObjectRef `json:"meshes,omitempty"`
+	Meshes []common.ClusterObjectRef `json:"meshes,omitempty"`
 	// Static failover: the listed Destinations in priority order.
 	// +optional
 	Static *StaticFailover `json:"static,omitempty"`

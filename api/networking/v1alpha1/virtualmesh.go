@@ -34,11 +34,12 @@ type VirtualMeshList struct {
 
 // VirtualMeshSpec is what a VirtualMesh asks for.
 type VirtualMeshSpec struct {
-	// Meshes are the discovered Mesh objects to federate. A Mesh may belong to
-	// at most one VirtualMesh.
+	// Meshes to federate, each named by its control plane: the istiod
+	// Deployment's clusterName, namespace and name (e.g. cluster-1,
+	// istio-system, istiod). A mesh may belong to at most one VirtualMesh.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=256
-	Meshes []common.ObjectRef `json:"meshes"`
+	Meshes []common.ClusterObjectRef `json:"meshes"`
 
 	// MTLS configures identity and trust between the meshes.
 	// +optional
@@ -96,7 +97,28 @@ type MTLSConfig struct {
 	// StrictMTLS adds a STRICT PeerAuthentication to every mesh.
 	// +optional
 	StrictMTLS bool `json:"strictMTLS,omitempty"`
+
+	// TrustDomains: Distinct (the default) requires every member mesh to
+	// have a trust domain of its own, so an identity names exactly one mesh
+	// and each mesh's intermediate CA can sign only its own identities.
+	// WEAKER Shared lets several meshes claim one trust domain (Istio's
+	// default cluster.local everywhere): each of their CAs can then sign the
+	// identities of the others, and policies cannot tell their workloads
+	// apart.
+	// +kubebuilder:default=Distinct
+	// +optional
+	TrustDomains TrustDomainPolicy `json:"trustDomains,omitempty"`
 }
+
+// TrustDomainPolicy says whether member meshes may share a trust domain.
+// +kubebuilder:validation:Enum=Distinct;Shared
+type TrustDomainPolicy string
+
+// Trust domain policies.
+const (
+	TrustDomainsDistinct TrustDomainPolicy = "Distinct"
+	TrustDomainsShared   TrustDomainPolicy = "Shared"
+)
 
 // RotationStrategy is how a root change is rolled out.
 // +kubebuilder:validation:Enum=MultiRoot;None
@@ -251,10 +273,12 @@ type FederationSelector struct {
 	// +kubebuilder:validation:MaxItems=64
 	// +optional
 	DestinationSelectors []common.DestinationSelector `json:"destinationSelectors,omitempty"`
-	// Meshes receive the Destinations; omitted: every mesh of the VirtualMesh.
+	// Meshes receive the Destinations (clusterName, namespace and name of
+	// their istiod, as in spec.meshes); omitted: every mesh of the
+	// VirtualMesh.
 	// +kubebuilder:validation:MaxItems=256
 	// +optional
-	Meshes []common.ObjectRef `json:"meshes,omitempty"`
+	Meshes []common.ClusterObjectRef `json:"meshes,omitempty"`
 }
 
 // GatewaySelector selects east-west gateway Services and their TLS port.
@@ -318,6 +342,10 @@ type MeshCAStatus struct {
 	Mesh string `json:"mesh"`
 	// Cluster the mesh runs in.
 	Cluster string `json:"cluster"`
+	// TrustDomain is the only trust domain the intermediate may sign
+	// identities of (its name constraints).
+	// +optional
+	TrustDomain string `json:"trustDomain,omitempty"`
 	// Serial of the intermediate, hex.
 	Serial string `json:"serial"`
 	// NotBefore and NotAfter bound its validity.

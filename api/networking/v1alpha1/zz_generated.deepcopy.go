@@ -298,7 +298,7 @@ func (in *FederationSelector) DeepCopyInto(out *FederationSelector) {
 	}
 	if in.Meshes != nil {
 		in, out := &in.Meshes, &out.Meshes
-		*out = make([]commonv1alpha1.ObjectRef, len(*in))
+		*out = make([]commonv1alpha1.ClusterObjectRef, len(*in))
 		copy(*out, *in)
 	}
 }
@@ -1124,7 +1124,7 @@ func (in *VirtualDestinationSpec) DeepCopyInto(out *VirtualDestinationSpec) {
 	}
 	if in.Meshes != nil {
 		in, out := &in.Meshes, &out.Meshes
-		*out = make([]commonv1alpha1.ObjectRef, len(*in))
+		*out = make([]commonv1alpha1.ClusterObjectRef, len(*in))
 		copy(*out, *in)
 	}
 	if in.Static != nil {
@@ -1236,7 +1236,7 @@ func (in *VirtualMeshSpec) DeepCopyInto(out *VirtualMeshSpec) {
 	*out = *in
 	if in.Meshes != nil {
 		in, out := &in.Meshes, &out.Meshes
-		*out = make([]commonv1alpha1.ObjectRef, len(*in))
+		*out = make([]commonv1alpha1.ClusterObjectRef, len(*in))
 		copy(*out, *in)
 	}
 	if in.MTLS != nil {

@@ -193,9 +193,8 @@ func summarize(ctx context.Context, env *localcluster.Env, workloads []string, o
 		var meshNames []string
 		for _, m := range meshes {
 			if mm, ok := m.(map[string]any); ok {
-				if n, ok := mm["name"].(string); ok {
-					meshNames = append(meshNames, n)
-				}
+				// A mesh is named by its control plane: cluster/namespace/istiod.
+				meshNames = append(meshNames, fmt.Sprintf("%v/%v/%v", mm["clusterName"], mm["namespace"], mm["name"]))
 			}
 		}
 		root, _, _ := unstructured.NestedMap(vm.Object, "spec", "mtls", "shared", "rootCA")
@@ -605,7 +604,7 @@ func showTrust(ctx context.Context, env *localcluster.Env, workloads []string, o
 func showIntermediates(ctx context.Context, env *localcluster.Env, workloads []string, title string, out io.Writer) error {
 	step(out, "%s", title)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLUSTER\tSECRET\tINTERMEDIATE\tSERIAL\tEXPIRES\tROOTS IN BUNDLE\tCHAINS TO ROOT")
+	fmt.Fprintln(tw, "CLUSTER\tSECRET\tINTERMEDIATE\tSIGNS ONLY\tSERIAL\tEXPIRES\tROOTS IN BUNDLE\tCHAINS TO ROOT")
 	bundles := map[string]string{}
 	for _, c := range workloads {
 		cs, err := env.Cluster(c).Clientset()
@@ -642,7 +641,13 @@ func showIntermediates(ctx context.Context, env *localcluster.Env, workloads []s
 		for _, r := range roots {
 			fps = append(fps, trust.ShortFingerprint(trust.Fingerprint(r))+"…")
 		}
-		fmt.Fprintf(tw, "%s\tistio-system/%s\t%s\t%s…\t%s\t%s\t%t\n", c, trust.SecretName, inter.Subject.CommonName,
+		// Name constraints: the intermediate signs identities of its own
+		// mesh's trust domain only.
+		signs := "ANY TRUST DOMAIN"
+		if len(inter.PermittedURIDomains) > 0 {
+			signs = "spiffe://" + strings.Join(inter.PermittedURIDomains, ",") + "/…"
+		}
+		fmt.Fprintf(tw, "%s\tistio-system/%s\t%s\t%s\t%s…\t%s\t%s\t%t\n", c, trust.SecretName, inter.Subject.CommonName, signs,
 			inter.SerialNumber.Text(16)[:12], inter.NotAfter.UTC().Format(time.DateOnly), strings.Join(fps, " "), verr == nil)
 	}
 	if err := tw.Flush(); err != nil {

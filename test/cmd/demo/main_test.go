@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -14,6 +15,10 @@ import (
 // TestDemoRunsToCompletion is `DEMO_EXIT=1 make demo` inside the test suite:
 // the sample objects must pass the real API servers' validation and the
 // summary must show them.
+func meshName(cluster string) string {
+	return discoveryv1alpha1.Name(discoveryv1alpha1.OriginMesh, cluster, "istio-system", "istiod")
+}
+
 func TestDemoRunsToCompletion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -24,12 +29,12 @@ func TestDemoRunsToCompletion(t *testing.T) {
 	for _, want := range []string{
 		"cluster-1  bookinfo      enabled    productpage-v1,reviews-v1,reviews-v2  productpage,reviews",
 		"cluster-2  istio-system  -          istiod",
-		"relaymesh/bookinfo-federation  istiod-istio-system-cluster-1,istiod-istio-system-cluster-2  generated  MultiRoot  global",
+		"relaymesh/bookinfo-federation  cluster-1/istio-system/istiod,cluster-2/istio-system/istiod  generated  MultiRoot  global",
 		"registered cluster cluster-1",
 		"cluster-1  true       spiffe://relaymesh.local/cluster/cluster-1/agent",
 		"cluster-2  true       spiffe://relaymesh.local/cluster/cluster-2/agent",
-		"cluster-1  Mesh         istiod-istio-system-cluster-1",
-		"cluster-2  Destination  reviews-bookinfo-cluster-2",
+		"cluster-1  Mesh         " + meshName("cluster-1"),
+		"cluster-2  Destination  " + discoveryv1alpha1.Name(discoveryv1alpha1.OriginService, "cluster-2", "bookinfo", "reviews"),
 		"subsets version=[v1 v2]",
 		"VirtualService bookinfo/reviews-v2 applied by the agent, owner=relaymesh-agent",
 		"cluster-1  VirtualService",
@@ -37,8 +42,8 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		"TrafficPolicy/relaymesh/reviews-shift",
 		"ServiceEntry",
 		"AuthorizationPolicy",
-		"istiod-istio-system-cluster-1 intermediate",
-		"istiod-istio-system-cluster-2 intermediate",
+		meshName("cluster-1") + " intermediate  spiffe://cluster-1.local/…",
+		meshName("cluster-2") + " intermediate  spiffe://cluster-2.local/…",
 		"one root bundle in every mesh: true",
 		"relaymesh.io/root-generation=2",
 		"AddingNewRoot step 1",
@@ -49,7 +54,7 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		"After the rotation: each mesh holds only the new root",
 		"records verified",
 		"ACCESS MATRIX: 2 allowed pairs",
-		"cluster-1/bookinfo/bookinfo-productpage  reviews-bookinfo-cluster-2  9080  federated via relaymesh/bookinfo-federation",
+		"cluster-1/bookinfo/bookinfo-productpage  cluster-2/bookinfo/reviews  9080  federated via relaymesh/bookinfo-federation",
 		"FINDINGS: 0",
 		"Stopping local clusters",
 	} {
