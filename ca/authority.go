@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"io"
 	"math/big"
 	"net"
@@ -296,7 +297,7 @@ func serverTemplate(pub crypto.PublicKey, dnsNames []string, ips []net.IP) (*x50
 	seen := map[string]bool{}
 	for _, n := range dnsNames {
 		if err := checkDNSName(n); err != nil {
-			return nil, fmt.Errorf("%w: DNS name %q: %w", ErrIssuance, truncate(n, 260), err)
+			return nil, fmt.Errorf("%w: DNS name %q: %w", ErrIssuance, text.Truncate(n, 260), err)
 		}
 		l := strings.ToLower(n)
 		if seen[l] {

@@ -11,6 +11,7 @@ import (
 	"encoding/asn1"
 	"encoding/pem"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 )
 
 // MaxCSRSize bounds the size of a certificate request, PEM or DER.
@@ -29,6 +30,7 @@ var (
 	oidExtensionSubjectKeyID     = asn1.ObjectIdentifier{2, 5, 29, 14}
 	oidExtensionAuthorityKeyID   = asn1.ObjectIdentifier{2, 5, 29, 35}
 	oidExtensionExtKeyUsage      = asn1.ObjectIdentifier{2, 5, 29, 37}
+	oidExtensionNameConstraints  = asn1.ObjectIdentifier{2, 5, 29, 30}
 )
 
 // csrSignatureAlgorithms are the self-signature algorithms accepted as proof
@@ -107,7 +109,7 @@ func csrDER(b []byte) ([]byte, error) {
 	case block == nil:
 		return nil, fmt.Errorf("%w: malformed PEM", ErrInvalidCSR)
 	case block.Type != "CERTIFICATE REQUEST" && block.Type != "NEW CERTIFICATE REQUEST":
-		return nil, fmt.Errorf("%w: PEM block is %q, want CERTIFICATE REQUEST", ErrInvalidCSR, truncate(block.Type, 40))
+		return nil, fmt.Errorf("%w: PEM block is %q, want CERTIFICATE REQUEST", ErrInvalidCSR, text.Truncate(block.Type, 40))
 	case len(block.Headers) != 0:
 		return nil, fmt.Errorf("%w: PEM headers are not allowed", ErrInvalidCSR)
 	case len(rest) != 0:
@@ -197,11 +199,4 @@ func checkPublicKey(pub crypto.PublicKey) error {
 		return fmt.Errorf("%w: %T keys are not allowed (allowed: ECDSA P-256/P-384, Ed25519, RSA)", ErrKeyPolicy, pub)
 	}
 	return nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

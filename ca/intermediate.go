@@ -12,6 +12,7 @@ import (
 	"encoding/asn1"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"slices"
 	"time"
 )
@@ -49,6 +50,11 @@ type IntermediateRequest struct {
 	// is "<Mesh> intermediate". Required: 1 to MaxMeshNameLen letters,
 	// digits, '-' and '.'.
 	Mesh string
+	// TrustDomain is the only trust domain whose identities the
+	// intermediate may sign: its name constraints permit URIs of exactly
+	// this host (spiffe://<TrustDomain>/...) and no other. Required: a
+	// SPIFFE trust domain (CheckTrustDomain).
+	TrustDomain string
 	// TTL is the intermediate's lifetime; zero means Config.IntermediateTTL.
 	// Between 10s and 2 years. It is clamped to the signer's chain.
 	TTL time.Duration
@@ -62,15 +68,86 @@ func (r IntermediateRequest) subject() pkix.Name {
 // validate reports the first problem with r, wrapping ErrIssuance.
 func (r IntermediateRequest) validate() error {
 	if err := checkName(r.VirtualMesh, MaxVirtualMeshNameLen); err != nil {
-		return fmt.Errorf("%w: VirtualMesh name %q: %w", ErrIssuance, truncate(r.VirtualMesh, 80), err)
+		return fmt.Errorf("%w: VirtualMesh name %q: %w", ErrIssuance, text.Truncate(r.VirtualMesh, 80), err)
 	}
 	if err := checkName(r.Mesh, MaxMeshNameLen); err != nil {
-		return fmt.Errorf("%w: mesh name %q: %w (the common name \"<mesh>%s\" is at most 64 bytes, RFC 5280)", ErrIssuance, truncate(r.Mesh, 80), err, intermediateCNSuffix)
+		return fmt.Errorf("%w: mesh name %q: %w (the common name \"<mesh>%s\" is at most 64 bytes, RFC 5280)", ErrIssuance, text.Truncate(r.Mesh, 80), err, intermediateCNSuffix)
+	}
+	if err := CheckTrustDomain(r.TrustDomain); err != nil {
+		return fmt.Errorf("%w: trust domain: %w", ErrIssuance, err)
 	}
 	if r.TTL != 0 && (r.TTL < minTTL || r.TTL > maxIntermediateTTL) {
 		return fmt.Errorf("%w: intermediate TTL %v is outside [%v, %v]", ErrIssuance, r.TTL, minTTL, maxIntermediateTTL)
 	}
 	return nil
+}
+
+// maxTrustDomainLen: SPIFFE bounds a trust domain name to 255 bytes.
+const maxTrustDomainLen = 255
+
+// CheckTrustDomain reports why td is not a SPIFFE trust domain name: 1 to
+// 255 bytes of lower-case letters, digits, '.', '-' and '_'.
+func CheckTrustDomain(td string) error {
+	switch {
+	case td == "":
+		return errors.New("empty (Istio's default trust domain is cluster.local)")
+	case len(td) > maxTrustDomainLen:
+		return fmt.Errorf("%d bytes long, at most %d", len(td), maxTrustDomainLen)
+	}
+	for _, c := range []byte(td) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return fmt.Errorf("%q is not a SPIFFE trust domain (lower-case letters, digits, '.', '-' and '_' only)", text.Truncate(td, 80))
+		}
+	}
+	return nil
+}
+
+// checkRequestedConstraints refuses a request whose name constraints, if it
+// asks for any, are not exactly those of td: a critical extension that
+// permits URIs of td only and excludes its subdomains.
+func checkRequestedConstraints(csr *x509.CertificateRequest, td string) error {
+	i := slices.IndexFunc(csr.Extensions, func(e pkix.Extension) bool { return e.Id.Equal(oidExtensionNameConstraints) })
+	if i < 0 {
+		return nil
+	}
+	want := &x509.Certificate{}
+	trustDomainConstraints(want, td)
+	ext, err := URINameConstraints(want)
+	if err != nil {
+		return err
+	}
+	if got := csr.Extensions[i]; !got.Critical || string(got.Value) != string(ext.Value) {
+		return fmt.Errorf("%w: name constraints: requests other name constraints than the server issues (URIs of trust domain %q only, critical)", ErrInvalidCSR, text.Truncate(td, 80))
+	}
+	return nil
+}
+
+// NameConstraintsRequest is the extension a mesh's certificate request
+// carries to ask for the name constraints of trust domain td (what
+// IssueIntermediate sets anyway; a CA that copies extensions from requests
+// needs it).
+func NameConstraintsRequest(td string) (pkix.Extension, error) {
+	if err := CheckTrustDomain(td); err != nil {
+		return pkix.Extension{}, fmt.Errorf("trust domain: %w", err)
+	}
+	want := &x509.Certificate{}
+	trustDomainConstraints(want, td)
+	ext, err := URINameConstraints(want)
+	if err != nil {
+		return pkix.Extension{}, err
+	}
+	return *ext, nil
+}
+
+// trustDomainConstraints sets tmpl's name constraints to td: URIs whose host
+// is exactly td (RFC 5280: a constraint without a leading period names one
+// host; the excluded ".td" also rules out subdomains for verifiers, Go's
+// among them, that read the permitted one as a domain). Marked critical, as
+// RFC 5280 requires.
+func trustDomainConstraints(tmpl *x509.Certificate, td string) {
+	tmpl.PermittedURIDomains = []string{td}
+	tmpl.ExcludedURIDomains = []string{"." + td}
+	tmpl.PermittedDNSDomainsCritical = true
 }
 
 // checkName accepts 1 to max letters, digits, '-' and '.', the characters
@@ -97,6 +174,9 @@ func checkName(s string, maxLen int) error {
 // The certificate is built from scratch, never from the request: subject
 // O=<VirtualMesh>, CN="<Mesh> intermediate"; basicConstraints CA:true,
 // pathLen 0 (istiod may sign workload certificates, never another CA);
+// critical name constraints that permit URIs of the mesh's trust domain only
+// (spiffe://<TrustDomain>/..., so the mesh cannot sign another mesh's
+// identities);
 // key usage keyCertSign and cRLSign; no extended key usage (Istio verifies
 // its plugged-in certificate for any usage, and workload certificates need
 // both serverAuth and clientAuth); no subject alternative name (Istio reads
@@ -129,10 +209,13 @@ func (a *Authority) IssueIntermediate(ctx context.Context, csr *x509.Certificate
 	if err := checkIntermediateCSR(csr); err != nil {
 		return nil, err
 	}
+	if err := checkRequestedConstraints(csr, req.TrustDomain); err != nil {
+		return nil, err
+	}
 	subject := req.subject()
 	if len(csr.Subject.Names) != 0 || len(csr.Subject.ExtraNames) != 0 {
 		if got, want := csr.Subject.String(), subject.String(); got != want {
-			return nil, fmt.Errorf("%w: requests subject %q; the server issues %q (send an empty subject)", ErrInvalidCSR, truncate(got, 200), want)
+			return nil, fmt.Errorf("%w: requests subject %q; the server issues %q (send an empty subject)", ErrInvalidCSR, text.Truncate(got, 200), want)
 		}
 	}
 	chain, roots := a.cfg.Signer.Chain(), a.cfg.Signer.Roots()
@@ -154,6 +237,7 @@ func (a *Authority) IssueIntermediate(ctx context.Context, csr *x509.Certificate
 		MaxPathLen:            0,
 		MaxPathLenZero:        true,
 	}
+	trustDomainConstraints(tmpl, req.TrustDomain)
 	return a.issue(ctx, tmpl, csr.PublicKey, csr, ttl, checkIssuedCA)
 }
 
@@ -219,6 +303,10 @@ func checkIntermediateCSR(csr *x509.CertificateRequest) error {
 			}
 		case ext.Id.Equal(oidExtensionSubjectKeyID):
 			// Harmless, and not copied: the CA computes its own.
+		case ext.Id.Equal(oidExtensionNameConstraints):
+			// The mesh's trust domain, which a CA that copies extensions
+			// from requests (cfssl) needs; IssueIntermediate requires it to
+			// be exactly what the server issues.
 		case ext.Id.Equal(oidExtensionSubjectAltName):
 			return fmt.Errorf("%w: requests subject alternative names; an intermediate has none", ErrInvalidCSR)
 		case ext.Id.Equal(oidExtensionExtKeyUsage):
@@ -331,6 +419,60 @@ var allowedCAExtensions = []asn1.ObjectIdentifier{
 	oidExtensionBasicConstraints,
 	oidExtensionSubjectKeyID,
 	oidExtensionAuthorityKeyID,
+	oidExtensionNameConstraints,
+}
+
+// checkNameConstraints requires cert's name constraints to be exactly
+// tmpl's: the same permitted and excluded URI domains, critical, and no
+// constraint of another name type.
+func checkNameConstraints(cert, tmpl *x509.Certificate) []error {
+	var errs []error
+	if !slices.Equal(cert.PermittedURIDomains, tmpl.PermittedURIDomains) || !slices.Equal(cert.ExcludedURIDomains, tmpl.ExcludedURIDomains) {
+		errs = append(errs, fmt.Errorf("name constraints permit URIs of %q and exclude %q, want %q and %q", cert.PermittedURIDomains, cert.ExcludedURIDomains, tmpl.PermittedURIDomains, tmpl.ExcludedURIDomains))
+	}
+	if cert.PermittedDNSDomainsCritical != tmpl.PermittedDNSDomainsCritical {
+		errs = append(errs, fmt.Errorf("name constraints critical is %v, want %v", cert.PermittedDNSDomainsCritical, tmpl.PermittedDNSDomainsCritical))
+	}
+	if len(cert.PermittedDNSDomains)+len(cert.ExcludedDNSDomains)+len(cert.PermittedIPRanges)+len(cert.ExcludedIPRanges)+
+		len(cert.PermittedEmailAddresses)+len(cert.ExcludedEmailAddresses) != 0 {
+		errs = append(errs, errors.New("has name constraints on DNS names, IP addresses or email addresses, want URI constraints only"))
+	}
+	return errs
+}
+
+// URINameConstraints is tmpl's name constraints extension, DER-encoded, for
+// a remote CA that takes extensions as bytes (cfssl); nil when tmpl has
+// none. It supports URI constraints only, the kind IssueIntermediate sets.
+func URINameConstraints(tmpl *x509.Certificate) (*pkix.Extension, error) {
+	if len(tmpl.PermittedURIDomains)+len(tmpl.ExcludedURIDomains) == 0 {
+		return nil, nil
+	}
+	if len(tmpl.PermittedDNSDomains)+len(tmpl.ExcludedDNSDomains)+len(tmpl.PermittedIPRanges)+len(tmpl.ExcludedIPRanges)+
+		len(tmpl.PermittedEmailAddresses)+len(tmpl.ExcludedEmailAddresses) != 0 {
+		return nil, errors.New("only URI name constraints can be expressed")
+	}
+	// RFC 5280, 4.2.1.10: NameConstraints ::= SEQUENCE { permittedSubtrees
+	// [0] GeneralSubtrees OPTIONAL, excludedSubtrees [1] ... }, implicitly
+	// tagged; GeneralSubtree ::= SEQUENCE { base GeneralName, ... };
+	// uniformResourceIdentifier [6] IA5String.
+	type subtree struct {
+		Base asn1.RawValue
+	}
+	subtrees := func(domains []string) []subtree {
+		var out []subtree
+		for _, d := range domains {
+			out = append(out, subtree{Base: asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 6, Bytes: []byte(d)}})
+		}
+		return out
+	}
+	value, err := asn1.Marshal(struct {
+		Permitted []subtree `asn1:"optional,tag:0"`
+		Excluded  []subtree `asn1:"optional,tag:1"`
+	}{subtrees(tmpl.PermittedURIDomains), subtrees(tmpl.ExcludedURIDomains)})
+	if err != nil {
+		return nil, err
+	}
+	return &pkix.Extension{Id: oidExtensionNameConstraints, Critical: tmpl.PermittedDNSDomainsCritical, Value: value}, nil
 }
 
 // checkIssuedCA is checkIssued for an intermediate: cert must be exactly
@@ -357,6 +499,7 @@ func checkIssuedCA(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, ro
 	if len(cert.SubjectKeyId) == 0 {
 		errs = append(errs, errors.New("has no subject key identifier (RFC 5280 requires one in CA certificates)"))
 	}
+	errs = append(errs, checkNameConstraints(cert, tmpl)...)
 	if len(chain[0].SubjectKeyId) != 0 && string(cert.AuthorityKeyId) != string(chain[0].SubjectKeyId) {
 		errs = append(errs, fmt.Errorf("authority key identifier is %x, want the issuing CA's %x", cert.AuthorityKeyId, chain[0].SubjectKeyId))
 	}

@@ -58,7 +58,7 @@ func TestIssueIntermediate(t *testing.T) {
 	a, err := ca.New(ca.Config{Signer: s, Clock: func() time.Time { return t0 }})
 	require.NoError(t, err)
 	key := catest.NewKey(t, catest.ECDSAP384)
-	req := ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "istiod-istio-system-c1"}
+	req := ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "istiod-istio-system-c1", TrustDomain: "c1.local"}
 
 	iss, err := a.IssueIntermediate(context.Background(), intermediateCSR(t, key, nil), req)
 	require.NoError(t, err)
@@ -73,9 +73,9 @@ func TestIssueIntermediate(t *testing.T) {
 	for _, e := range c.Extensions {
 		exts = append(exts, e.Id.String())
 	}
-	assert.ElementsMatch(t, []string{"2.5.29.15", "2.5.29.19", "2.5.29.14", "2.5.29.35"}, exts, "key usage, basic constraints, key identifiers: nothing else")
+	assert.ElementsMatch(t, []string{"2.5.29.15", "2.5.29.19", "2.5.29.14", "2.5.29.35", "2.5.29.30"}, exts, "key usage, basic constraints, key identifiers, name constraints: nothing else")
 	for _, e := range c.Extensions {
-		if e.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 19}) || e.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 15}) {
+		if e.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 19}) || e.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 15}) || e.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 30}) {
 			assert.True(t, e.Critical, "%v is critical", e.Id)
 		}
 	}
@@ -139,6 +139,13 @@ func TestIssueIntermediate(t *testing.T) {
 // TestIssueIntermediateRejects: a request for anything but the server's
 // intermediate, or a key Istio cannot use, fails with a clear error and
 // nothing reaches the signer.
+func ncRequest(t *testing.T, td string) pkix.Extension {
+	t.Helper()
+	e, err := ca.NameConstraintsRequest(td)
+	require.NoError(t, err)
+	return e
+}
+
 func TestIssueIntermediateRejects(t *testing.T) {
 	root := newMeshRoot(t, nil)
 	base, err := root.Signer(time.Now())
@@ -146,7 +153,7 @@ func TestIssueIntermediateRejects(t *testing.T) {
 	s := &countingSigner{Signer: base}
 	a, err := ca.New(ca.Config{Signer: s})
 	require.NoError(t, err)
-	good := ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1"}
+	good := ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TrustDomain: "cluster.local"}
 	p256 := catest.NewKey(t, catest.ECDSAP256)
 	ext := func(e ...pkix.Extension) *x509.CertificateRequest {
 		return &x509.CertificateRequest{ExtraExtensions: e}
@@ -176,7 +183,6 @@ func TestIssueIntermediateRejects(t *testing.T) {
 		{"digitalSignature", intermediateCSR(t, p256, ext(catest.KeyUsageExtension(t, x509.KeyUsageCertSign|x509.KeyUsageDigitalSignature))), good, ca.ErrInvalidCSR, "requests digitalSignature key usage"},
 		{"keyEncipherment", intermediateCSR(t, p256, ext(catest.KeyUsageExtension(t, x509.KeyUsageKeyEncipherment))), good, ca.ErrInvalidCSR, "requests keyEncipherment key usage"},
 		{"an extended key usage", intermediateCSR(t, p256, &x509.CertificateRequest{ExtraExtensions: []pkix.Extension{{Id: asn1.ObjectIdentifier{2, 5, 29, 37}, Value: mustMarshal(t, []asn1.ObjectIdentifier{{1, 3, 6, 1, 5, 5, 7, 3, 1}})}}}), good, ca.ErrInvalidCSR, "extended key usages"},
-		{"name constraints", intermediateCSR(t, p256, ext(pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 30}, Critical: true, Value: []byte{0x30, 0x00}})), good, ca.ErrInvalidCSR, "requests extension 2.5.29.30"},
 		{"a malformed basicConstraints", intermediateCSR(t, p256, ext(pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 19}, Value: []byte{0x30, 0x03, 0x01, 0x01}})), good, ca.ErrInvalidCSR, "malformed basicConstraints"},
 		{"a bad self-signature", tampered, good, ca.ErrInvalidCSR, "no proof of possession"},
 		{"a P-224 key", intermediateCSR(t, catest.NewKey(t, catest.ECDSAP224), nil), good, ca.ErrKeyPolicy, "ECDSA curve P-224"},
@@ -186,10 +192,19 @@ func TestIssueIntermediateRejects(t *testing.T) {
 		{"an Ed25519 key", intermediateCSR(t, catest.NewKey(t, catest.Ed25519), nil), good, ca.ErrKeyPolicy, "Ed25519 keys are not supported for Istio's plugged-in CA"},
 		{"no VirtualMesh", intermediateCSR(t, p256, nil), ca.IntermediateRequest{Mesh: "mesh1"}, ca.ErrIssuance, "VirtualMesh name \"\": empty"},
 		{"no mesh", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1"}, ca.ErrIssuance, "mesh name \"\": empty"},
-		{"a mesh name too long for the common name", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: strings.Repeat("m", ca.MaxMeshNameLen+1)}, ca.ErrIssuance, "52 bytes long, at most 51"},
+		{"a mesh name too long for the common name", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: strings.Repeat("m", ca.MaxMeshNameLen+1), TrustDomain: "cluster.local"}, ca.ErrIssuance, "52 bytes long, at most 51"},
 		{"a mesh name with a comma", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1,O=evil"}, ca.ErrIssuance, "character ',' is not allowed"},
-		{"a TTL too long", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TTL: 3 * 365 * 24 * time.Hour}, ca.ErrIssuance, "intermediate TTL 26280h0m0s is outside"},
-		{"a TTL too short", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TTL: time.Second}, ca.ErrIssuance, "intermediate TTL 1s is outside"},
+		{"a TTL too long", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TrustDomain: "cluster.local", TTL: 3 * 365 * 24 * time.Hour}, ca.ErrIssuance, "intermediate TTL 26280h0m0s is outside"},
+		{"a TTL too short", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TrustDomain: "cluster.local", TTL: time.Second}, ca.ErrIssuance, "intermediate TTL 1s is outside"},
+		{"no trust domain", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1"}, ca.ErrIssuance, "trust domain: empty"},
+		{"a trust domain with a path", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TrustDomain: "cluster.local/ns"}, ca.ErrIssuance, "is not a SPIFFE trust domain"},
+		{"an upper-case trust domain", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TrustDomain: "Cluster.Local"}, ca.ErrIssuance, "is not a SPIFFE trust domain"},
+		{"a trust domain too long", intermediateCSR(t, p256, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TrustDomain: strings.Repeat("a", 256)}, ca.ErrIssuance, "256 bytes long, at most 255"},
+		// Name constraints in the request are the issuer's to check: only
+		// exactly the trust domain's are accepted.
+		{"empty name constraints", intermediateCSR(t, p256, ext(pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 30}, Critical: true, Value: []byte{0x30, 0x00}})), good, ca.ErrInvalidCSR, "name constraints: requests other name constraints"},
+		{"another trust domain's name constraints", intermediateCSR(t, p256, ext(ncRequest(t, "other.local"))), good, ca.ErrInvalidCSR, `name constraints: requests other name constraints than the server issues (URIs of trust domain "cluster.local" only`},
+		{"non-critical name constraints", intermediateCSR(t, p256, ext(func() pkix.Extension { e := ncRequest(t, "cluster.local"); e.Critical = false; return e }())), good, ca.ErrInvalidCSR, "name constraints: requests other"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -202,8 +217,8 @@ func TestIssueIntermediateRejects(t *testing.T) {
 			assert.Zero(t, s.calls.Load(), "nothing reached the signer")
 			if tt.csr != nil && tt.is != ca.ErrIssuance {
 				_, perr := ca.ParseIntermediateCSR(tt.csr.Raw)
-				if strings.Contains(tt.name, "subject") {
-					assert.NoError(t, perr, "the subject is IssueIntermediate's to check")
+				if strings.Contains(tt.name, "subject") || strings.Contains(tt.name, "name constraints") {
+					assert.NoError(t, perr, "the subject and name constraints are IssueIntermediate's to check")
 				} else {
 					assert.ErrorIs(t, perr, tt.is, "ParseIntermediateCSR refuses it too")
 				}
@@ -244,7 +259,7 @@ func TestIssueIntermediateSignerCannotSignCA(t *testing.T) {
 			cs := &countingSigner{Signer: tt.s}
 			a, err := ca.New(ca.Config{Signer: cs})
 			require.NoError(t, err)
-			iss, err := a.IssueIntermediate(context.Background(), intermediateCSR(t, key, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1"})
+			iss, err := a.IssueIntermediate(context.Background(), intermediateCSR(t, key, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TrustDomain: "cluster.local"})
 			require.ErrorIs(t, err, ca.ErrInvalidSigner)
 			t.Logf("error: %v", err)
 			assert.ErrorContains(t, err, tt.want)
@@ -262,7 +277,7 @@ func TestIssueIntermediateSignerCannotSignCA(t *testing.T) {
 		issuing := catest.NewRoot(t, catest.CAOptions{MaxPathLen: 2}).NewIntermediate(t, catest.CAOptions{MaxPathLen: 1})
 		a, err := ca.New(ca.Config{Signer: issuing.Signer(t, time.Now())})
 		require.NoError(t, err)
-		_, err = a.IssueIntermediate(context.Background(), intermediateCSR(t, key, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1"})
+		_, err = a.IssueIntermediate(context.Background(), intermediateCSR(t, key, nil), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TrustDomain: "cluster.local"})
 		require.NoError(t, err)
 	})
 }
@@ -300,7 +315,13 @@ func TestIssueIntermediateFailsClosed(t *testing.T) {
 		{"adds serverAuth", mut(func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth} }), "extended key usages"},
 		{"adds a DNS name", mut(func(c *x509.Certificate) { c.DNSNames = []string{"istiod.istio-system.svc"} }), "subject alternative names"},
 		{"adds a SPIFFE ID", mut(func(c *x509.Certificate) { c.URIs = []*url.URL{{Scheme: "spiffe", Host: "cluster.local"}} }), "subject alternative names"},
-		{"adds name constraints", mut(func(c *x509.Certificate) { c.PermittedDNSDomains = []string{"example.test"} }), "unexpected extension 2.5.29.30"},
+		{"adds DNS name constraints", mut(func(c *x509.Certificate) { c.PermittedDNSDomains = []string{"example.test"} }), "want URI constraints only"},
+		{"drops the name constraints", mut(func(c *x509.Certificate) {
+			c.PermittedURIDomains, c.ExcludedURIDomains, c.PermittedDNSDomainsCritical = nil, nil, false
+		}), "name constraints permit URIs of []"},
+		{"widens the name constraints", mut(func(c *x509.Certificate) { c.PermittedURIDomains = []string{"local"} }), `name constraints permit URIs of ["local"]`},
+		{"drops the subdomain exclusion", mut(func(c *x509.Certificate) { c.ExcludedURIDomains = nil }), "exclude []"},
+		{"makes the name constraints non-critical", mut(func(c *x509.Certificate) { c.PermittedDNSDomainsCritical = false }), "name constraints critical is false"},
 		{"adds an AIA", mut(func(c *x509.Certificate) { c.IssuingCertificateURL = []string{"http://ca.example.test/ca.crt"} }), "unexpected extension 1.3.6.1.5.5.7.1.1"},
 		{"changes the subject", mut(func(c *x509.Certificate) { c.Subject.CommonName = "mesh2 intermediate" }), "subject"},
 		{"changes the serial", mut(func(c *x509.Certificate) { c.SerialNumber = big.NewInt(7) }), "serial number"},
@@ -311,7 +332,7 @@ func TestIssueIntermediateFailsClosed(t *testing.T) {
 		}}, "HSM unplugged"},
 	}
 	key := catest.NewKey(t, catest.ECDSAP256)
-	req := ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1"}
+	req := ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TrustDomain: "cluster.local"}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a, err := ca.New(ca.Config{Signer: tt.s})
@@ -355,11 +376,11 @@ func TestIntermediateLeeway(t *testing.T) {
 			s := &remoteSigner{chain: []*x509.Certificate{root.Cert}, roots: []*x509.Certificate{root.Cert}, issuer: root.Cert, key: root.Key, leeway: both, mutate: tt.mutate}
 			a, err := ca.New(ca.Config{Signer: s})
 			require.NoError(t, err)
-			iss, err := a.IssueIntermediate(context.Background(), csr, ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1"})
+			iss, err := a.IssueIntermediate(context.Background(), csr, ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TrustDomain: "cluster.local"})
 			assert.Equal(t, int32(1), s.requests.Load(), "SignRequest was called once, with the request")
 			if tt.want == "" {
 				require.NoError(t, err)
-				catest.CheckIntermediateCertificate(t, iss, key.Public(), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1"})
+				catest.CheckIntermediateCertificate(t, iss, key.Public(), ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "mesh1", TrustDomain: "cluster.local"})
 				return
 			}
 			require.ErrorIs(t, err, ca.ErrIssuance)

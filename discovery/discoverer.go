@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"log/slog"
 	"slices"
 	"strings"
@@ -61,7 +62,7 @@ func (c Config) Validate() error {
 	if c.Cluster == "" {
 		errs = append(errs, errors.New("cluster: required"))
 	} else if msgs := validation.IsDNS1123Label(c.Cluster); len(msgs) > 0 {
-		errs = append(errs, fmt.Errorf("cluster: %q is not a DNS label: %s", truncate(c.Cluster, 80), strings.Join(msgs, "; ")))
+		errs = append(errs, fmt.Errorf("cluster: %q is not a DNS label: %s", text.Truncate(c.Cluster, 80), strings.Join(msgs, "; ")))
 	}
 	if c.Resync < 0 {
 		errs = append(errs, errors.New("resync: must not be negative"))
@@ -293,11 +294,4 @@ func trim(obj any) (any, error) {
 		}
 	}
 	return obj, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

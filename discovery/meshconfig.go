@@ -42,3 +42,10 @@ func parseMeshConfig(doc string) meshConfig {
 	}
 	return mc
 }
+
+// MeshTrustDomain is the trust domain a YAML mesh config (the `mesh` key of
+// istiod's ConfigMap) gives its mesh: Istio's default when it names none.
+func MeshTrustDomain(doc string) string { return parseMeshConfig(doc).TrustDomain }
+
+// MeshConfigKey is the key of the mesh config in istiod's ConfigMap.
+const MeshConfigKey = meshConfigKey

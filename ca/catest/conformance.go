@@ -5,6 +5,7 @@ import (
 	"crypto"
 	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/asn1"
 	"fmt"
 	"math/big"
@@ -25,7 +26,7 @@ import (
 var AgentID = spiffeid.RequireFromString("spiffe://relay.test/cluster/c1/agent")
 
 // Intermediate is the request tests issue mesh intermediates for.
-var Intermediate = ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "istiod-istio-system-c1"}
+var Intermediate = ca.IntermediateRequest{VirtualMesh: "vm1", Mesh: "istiod-istio-system-c1", TrustDomain: WorkloadID.TrustDomain().Name()}
 
 // WorkloadID is the SPIFFE ID of the workload certificates tests sign with
 // an intermediate, as istiod would.
@@ -260,7 +261,7 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 		a := newAuthority(t, ca.Config{Signer: s})
 		if err := CanSignCA(s.Chain(), s.Roots()); err != nil {
 			t.Logf("the signer's chain cannot sign another CA (%v): checking that it refuses, and nothing more", err)
-			csr := parseIntermediateCSR(t, NewCSR(t, NewKey(t, ECDSAP256), nil))
+			csr := parseIntermediateCSR(t, NewIntermediateCSR(t, NewKey(t, ECDSAP256)))
 			iss, err := a.IssueIntermediate(context.Background(), csr, Intermediate)
 			require.ErrorIs(t, err, ca.ErrInvalidSigner)
 			assert.ErrorContains(t, err, "pathLen")
@@ -270,7 +271,7 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 		for _, kt := range IntermediateKeyTypes {
 			t.Run(string(kt), func(t *testing.T) {
 				key := NewKey(t, kt)
-				csr := parseIntermediateCSR(t, NewCSR(t, key, nil))
+				csr := parseIntermediateCSR(t, NewIntermediateCSR(t, key))
 				iss, err := a.IssueIntermediate(context.Background(), csr, Intermediate)
 				require.NoError(t, err)
 				CheckIntermediateCertificate(t, iss, key.Public(), Intermediate)
@@ -288,6 +289,17 @@ func RunSignerConformance(t *testing.T, newSigner func(t *testing.T) ca.Signer) 
 				}
 				_, err = leaf.Verify(opts)
 				require.NoError(t, err, "a workload certificate of the intermediate verifies to the roots")
+
+				// Name constraints: an identity of another trust domain
+				// (or a subdomain of the mesh's) signed with the
+				// intermediate's key does not verify.
+				for _, other := range []string{"spiffe://other-mesh.local/ns/bookinfo/sa/reviews", "spiffe://evil." + Intermediate.TrustDomain + "/ns/bookinfo/sa/reviews"} {
+					foreign := NewWorkloadCertificate(t, iss.Certificate, key, spiffeid.RequireFromString(other))
+					_, err = foreign.Verify(opts)
+					var invalid x509.CertificateInvalidError
+					require.ErrorAs(t, err, &invalid, "%s signed by the intermediate of %s must not verify", other, Intermediate.TrustDomain)
+					assert.Equal(t, x509.CANotAuthorizedForThisName, invalid.Reason, other)
+				}
 
 				// pathLen 0: a CA below the intermediate (which its key
 				// can technically sign) breaks path validation, and so does
@@ -353,6 +365,10 @@ func CheckIntermediateCertificate(t testing.TB, iss *ca.Issued, pub crypto.Publi
 	for _, ext := range c.Extensions {
 		assert.False(t, ext.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 17}), "no subjectAltName extension")
 	}
+	assert.Equal(t, []string{req.TrustDomain}, c.PermittedURIDomains, "permits its trust domain's URIs only")
+	assert.Equal(t, []string{"." + req.TrustDomain}, c.ExcludedURIDomains, "and none of its subdomains")
+	assert.True(t, c.PermittedDNSDomainsCritical, "name constraints are critical (RFC 5280)")
+	assert.Empty(t, c.PermittedDNSDomains, "no DNS constraints")
 	assert.Equal(t, []string{req.VirtualMesh}, c.Subject.Organization)
 	assert.Equal(t, req.Mesh+" intermediate", c.Subject.CommonName)
 	assert.Empty(t, c.Subject.OrganizationalUnit)
@@ -375,6 +391,16 @@ func CheckIntermediateCertificate(t testing.TB, iss *ca.Issued, pub crypto.Publi
 	Lint(t, c)
 }
 
+// NewIntermediateCSR is what an agent sends for its mesh's intermediate: a
+// request without subject that asks for the name constraints of
+// Intermediate's trust domain.
+func NewIntermediateCSR(t testing.TB, key crypto.Signer) []byte {
+	t.Helper()
+	ext, err := ca.NameConstraintsRequest(Intermediate.TrustDomain)
+	require.NoError(t, err)
+	return NewCSR(t, key, &x509.CertificateRequest{ExtraExtensions: []pkix.Extension{ext}})
+}
+
 // IssueIntermediate wraps s in a ca.Authority, as the server does, and
 // issues the mesh intermediate Intermediate for a fresh P-256 key; the
 // result must pass CheckIntermediateCertificate.
@@ -382,7 +408,7 @@ func IssueIntermediate(t testing.TB, s ca.Signer) *ca.Issued {
 	t.Helper()
 	a := newAuthority(t, ca.Config{Signer: s})
 	key := NewKey(t, ECDSAP256)
-	iss, err := a.IssueIntermediate(context.Background(), parseIntermediateCSR(t, NewCSR(t, key, nil)), Intermediate)
+	iss, err := a.IssueIntermediate(context.Background(), parseIntermediateCSR(t, NewIntermediateCSR(t, key)), Intermediate)
 	require.NoError(t, err)
 	CheckIntermediateCertificate(t, iss, key.Public(), Intermediate)
 	return iss

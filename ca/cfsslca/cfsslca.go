@@ -33,11 +33,13 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"io"
 	"log/slog"
 	"net"
@@ -444,15 +446,29 @@ func (s *signer) SignRequest(ctx context.Context, tmpl *x509.Certificate, req *x
 	for _, u := range tmpl.URIs {
 		hosts = append(hosts, u.String())
 	}
-	var cert *x509.Certificate
-	err = s.authSign(ctx, signRequest{
+	sr := signRequest{
 		Hosts:   hosts,
 		Request: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.Raw})),
 		Subject: subject,
 		Profile: profile,
-	}, &cert)
+	}
+	// cfssl's sign API takes no extensions: name constraints (a mesh
+	// intermediate's trust domain) come from the certificate request, which
+	// the intermediate profile copies (copy_extensions). The Authority has
+	// checked that what the request asks for is exactly the template's.
+	nc, err := ca.URINameConstraints(tmpl)
 	if err != nil {
+		return nil, fmt.Errorf("cfssl: %w", err)
+	}
+	if nc != nil && !slices.ContainsFunc(req.Extensions, func(e pkix.Extension) bool { return e.Id.Equal(nc.Id) }) {
+		return nil, errors.New("cfssl: the certificate request does not ask for the intermediate's name constraints, and cfssl can take them only from the request (upgrade the agent)")
+	}
+	var cert *x509.Certificate
+	if err := s.authSign(ctx, sr, &cert); err != nil {
 		return nil, err
+	}
+	if nc != nil && len(cert.PermittedURIDomains) == 0 {
+		return nil, fmt.Errorf("cfssl: profile %q did not copy the requested name constraints into the intermediate: set \"copy_extensions\": true and no CSRWhitelist in it (cfssl drops copied extensions under a whitelist; the server still checks every field of the result)", profile)
 	}
 	return cert, nil
 }
@@ -569,7 +585,7 @@ func (s *signer) call(ctx context.Context, endpoint string, body []byte, out any
 	}
 	var envelope api.Response
 	if err := json.Unmarshal(raw, &envelope); err != nil {
-		return fmt.Errorf("cfssl: %s: HTTP %d, not a cfssl response: %q", endpoint, resp.StatusCode, truncate(string(raw), 200))
+		return fmt.Errorf("cfssl: %s: HTTP %d, not a cfssl response: %q", endpoint, resp.StatusCode, text.Truncate(string(raw), 200))
 	}
 	if !envelope.Success {
 		if len(envelope.Errors) == 0 {
@@ -579,7 +595,7 @@ func (s *signer) call(ctx context.Context, endpoint string, body []byte, out any
 		if e.Message == "invalid token" {
 			return fmt.Errorf("%w (wrong auth key, or a profile with another auth_key)", ErrAuth)
 		}
-		return fmt.Errorf("cfssl: %s: %s (code %d)", endpoint, truncate(e.Message, 300), e.Code)
+		return fmt.Errorf("cfssl: %s: %s (code %d)", endpoint, text.Truncate(e.Message, 300), e.Code)
 	}
 	result, err := json.Marshal(envelope.Result)
 	if err != nil {
@@ -612,11 +628,4 @@ func parseCertificatePEM(s string) (*x509.Certificate, error) {
 		return nil, errors.New("not exactly one PEM certificate")
 	}
 	return x509.ParseCertificate(block.Bytes)
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

@@ -48,6 +48,9 @@ type serverOptions struct {
 	// intermediateUsages overrides the usages of the
 	// relaymesh-intermediate profile.
 	intermediateUsages []string
+	// noNameConstraints leaves the name constraints extension out of the
+	// intermediate profile's allowed_extensions.
+	noNameConstraints bool
 	// noCAConstraint leaves ca_constraint out of the intermediate profile.
 	noCAConstraint bool
 	// issuingPathLenZero gives the signing CA pathLen 0 (it may then sign
@@ -61,8 +64,11 @@ type profile struct {
 	Expiry       string          `json:"expiry"`
 	Backdate     string          `json:"backdate"`
 	AuthKey      string          `json:"auth_key"`
-	CSRWhitelist map[string]bool `json:"CSRWhitelist"`
+	CSRWhitelist map[string]bool `json:"CSRWhitelist,omitempty"`
 	CAConstraint *caConstraint   `json:"ca_constraint,omitempty"`
+	// CopyExtensions copies the extensions of the certificate request: the
+	// intermediates' name constraints.
+	CopyExtensions bool `json:"copy_extensions,omitempty"`
 }
 
 // caConstraint is a profile's ca_constraint.
@@ -124,6 +130,13 @@ func startServer(t testing.TB, o serverOptions) *server {
 	intermediate := prof("8760h", intermediateUsages...)
 	if !o.noCAConstraint {
 		intermediate.CAConstraint = &caConstraint{IsCA: true, MaxPathLen: 0, MaxPathLenZero: true}
+	}
+	if !o.noNameConstraints {
+		// cfssl's sign API takes no extensions, and a CSRWhitelist drops
+		// those it copies from the request: the intermediate's name
+		// constraints come from the agent's request. The Authority still
+		// requires the result to be exactly its template.
+		intermediate.CopyExtensions, intermediate.CSRWhitelist = true, nil
 	}
 	cfg := map[string]any{
 		"signing": map[string]any{
@@ -468,9 +481,9 @@ func TestSignHonoursContext(t *testing.T) {
 // what cfssl would sign but the Authority refuses.
 func TestIntermediates(t *testing.T) {
 	key := catest.NewKey(t, catest.ECDSAP256)
-	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
+	csr, err := ca.ParseIntermediateCSR(catest.NewIntermediateCSR(t, key))
 	require.NoError(t, err)
-	issue := func(t *testing.T, cfg cfsslca.Config) (*ca.Issued, error) {
+	issueFor := func(t *testing.T, cfg cfsslca.Config, csr *x509.CertificateRequest) (*ca.Issued, error) {
 		t.Helper()
 		a, err := ca.New(ca.Config{Signer: newSigner(t, cfg)})
 		require.NoError(t, err)
@@ -478,6 +491,24 @@ func TestIntermediates(t *testing.T) {
 		t.Logf("error: %v", err)
 		return iss, err
 	}
+	issue := func(t *testing.T, cfg cfsslca.Config) (*ca.Issued, error) { return issueFor(t, cfg, csr) }
+
+	t.Run("a request without name constraints is refused: cfssl cannot add them", func(t *testing.T) {
+		srv := startServer(t, serverOptions{})
+		bare, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
+		require.NoError(t, err)
+		iss, err := issueFor(t, srv.config(), bare)
+		require.ErrorIs(t, err, ca.ErrIssuance)
+		assert.ErrorContains(t, err, "does not ask for the intermediate's name constraints")
+		assert.Nil(t, iss)
+	})
+	t.Run("a profile that does not copy the request's extensions is refused", func(t *testing.T) {
+		srv := startServer(t, serverOptions{noNameConstraints: true})
+		iss, err := issue(t, srv.config())
+		require.ErrorIs(t, err, ca.ErrIssuance)
+		assert.ErrorContains(t, err, `set "copy_extensions": true`)
+		assert.Nil(t, iss)
+	})
 
 	t.Run("no intermediate profile configured", func(t *testing.T) {
 		srv := startServer(t, serverOptions{})

@@ -51,6 +51,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"io"
 	"log/slog"
 	"net/http"
@@ -84,6 +85,9 @@ const ProvisionerTemplate = `{
 {{- end }}
 	"keyUsage": {{ toJson .Token.relaymesh.keyUsage }},
 	"extKeyUsage": {{ toJson .Token.relaymesh.extKeyUsage }},
+{{- if .Token.relaymesh.nameConstraints }}
+	"nameConstraints": {{ toJson .Token.relaymesh.nameConstraints }},
+{{- end }}
 	"basicConstraints": {{ toJson .Token.relaymesh.basicConstraints }}
 }`
 
@@ -379,6 +383,8 @@ type profileClaim struct {
 	KeyUsage         x509util.KeyUsage         `json:"keyUsage"`
 	ExtKeyUsage      x509util.ExtKeyUsage      `json:"extKeyUsage"`
 	BasicConstraints x509util.BasicConstraints `json:"basicConstraints"`
+	// NameConstraints of a mesh intermediate: its trust domain.
+	NameConstraints *x509util.NameConstraints `json:"nameConstraints,omitempty"`
 }
 
 // tokenClaims are the claims of a one-time sign token.
@@ -445,6 +451,10 @@ func (s *signer) token(tmpl *x509.Certificate) (string, error) {
 			ExtKeyUsage:      x509util.ExtKeyUsage(tmpl.ExtKeyUsage),
 			BasicConstraints: bc,
 		},
+	}
+	if len(tmpl.PermittedURIDomains)+len(tmpl.ExcludedURIDomains) != 0 {
+		claims.Relaymesh.NameConstraints = &x509util.NameConstraints{Critical: tmpl.PermittedDNSDomainsCritical,
+			PermittedURIDomains: tmpl.PermittedURIDomains, ExcludedURIDomains: tmpl.ExcludedURIDomains}
 	}
 	tok, err := jose.Signed(s.jws).Claims(claims).CompactSerialize()
 	if err != nil {
@@ -637,9 +647,9 @@ func (s *signer) call(ctx context.Context, method, path string, body []byte, dec
 			msg = e.Message
 		}
 		if resp.StatusCode == http.StatusUnauthorized {
-			return fmt.Errorf("%w (wrong provisioner key, key id or name, or a reused or expired token): %s", ErrAuth, truncate(msg, 300))
+			return fmt.Errorf("%w (wrong provisioner key, key id or name, or a reused or expired token): %s", ErrAuth, text.Truncate(msg, 300))
 		}
-		return fmt.Errorf("step-ca: %s: HTTP %d: %s", ref.Path, resp.StatusCode, truncate(msg, 300))
+		return fmt.Errorf("step-ca: %s: HTTP %d: %s", ref.Path, resp.StatusCode, text.Truncate(msg, 300))
 	}
 	if err := decode(raw); err != nil {
 		return fmt.Errorf("step-ca: %s: unexpected response: %w", ref.Path, err)
@@ -683,11 +693,4 @@ func parseCertificates(s string) ([]*x509.Certificate, error) {
 		return nil, errors.New("trailing data after the certificates")
 	}
 	return out, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }
