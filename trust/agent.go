@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
@@ -18,7 +20,6 @@ import (
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"go.step.sm/crypto/keyutil"
 	"go.step.sm/crypto/pemutil"
-	"go.step.sm/crypto/x509util"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -144,7 +145,7 @@ func (a *Agent) keep(ctx context.Context, req *relaypb.TrustRequest, sign SignFu
 			return "unchanged", renewAt, nil
 		}
 	}
-	key, csrPEM, err := newKey(req.GetKeyAlgorithm())
+	key, csrPEM, err := newKey(req.GetKeyAlgorithm(), req.GetTrustDomain())
 	if err != nil {
 		return "error", time.Time{}, err
 	}
@@ -212,6 +213,10 @@ func current(cur *corev1.Secret, req *relaypb.TrustRequest, now time.Time) (time
 	if _, err := verifyChain(certs, req, now); err != nil {
 		return time.Time{}, false
 	}
+	// An intermediate of another (or no) trust domain is replaced.
+	if checkConstraints(certs[0], req) != nil {
+		return time.Time{}, false
+	}
 	renewAt := renewalTime(certs[0], req)
 	if !now.Before(renewAt) {
 		return time.Time{}, false
@@ -239,7 +244,25 @@ func checkResponse(resp *relaypb.IntermediateResponse, req *relaypb.TrustRequest
 	if !certs[0].IsCA || !certs[0].BasicConstraintsValid || certs[0].MaxPathLen != 0 || !certs[0].MaxPathLenZero {
 		return nil, errors.New("the intermediate is not a CA limited to path length 0")
 	}
+	if err := checkConstraints(certs[0], req); err != nil {
+		return nil, err
+	}
 	return verifyChain(certs, req, now)
+}
+
+// checkConstraints requires the intermediate to be constrained to the
+// trust domain the request names: URIs of exactly that host, critical. A
+// request without one (an older server) asks nothing of the constraints.
+func checkConstraints(c *x509.Certificate, req *relaypb.TrustRequest) error {
+	td := req.GetTrustDomain()
+	if td == "" {
+		return nil
+	}
+	if !slices.Equal(c.PermittedURIDomains, []string{td}) || !slices.Equal(c.ExcludedURIDomains, []string{"." + td}) || !c.PermittedDNSDomainsCritical ||
+		len(c.PermittedDNSDomains)+len(c.ExcludedDNSDomains)+len(c.PermittedIPRanges)+len(c.ExcludedIPRanges)+len(c.PermittedEmailAddresses)+len(c.ExcludedEmailAddresses) != 0 {
+		return fmt.Errorf("the intermediate is not constrained to trust domain %q (it permits URIs of %q)", td, c.PermittedURIDomains)
+	}
+	return nil
 }
 
 // verifyChain checks that chain verifies to the root named by req.issuer,
@@ -289,8 +312,9 @@ func renewalTime(c *x509.Certificate, req *relaypb.TrustRequest) time.Time {
 	return c.NotBefore.Add(life * time.Duration(pct) / 100)
 }
 
-// newKey generates the intermediate's key and its CSR.
-func newKey(alg string) (crypto.Signer, []byte, error) {
+// newKey generates the intermediate's key and its CSR, which asks for the
+// name constraints of trust domain td when td is set.
+func newKey(alg, td string) (crypto.Signer, []byte, error) {
 	var (
 		k   any
 		err error
@@ -315,11 +339,21 @@ func newKey(alg string) (crypto.Signer, []byte, error) {
 		return nil, nil, errors.New("generated key cannot sign")
 	}
 	// No subject and no names: the server decides the whole certificate.
-	csr, err := x509util.CreateCertificateRequest("", nil, signer)
+	// The name constraints it will set are asked for, for CAs that take
+	// them only from the request.
+	tmpl := &x509.CertificateRequest{}
+	if td != "" {
+		ext, err := ca.NameConstraintsRequest(td)
+		if err != nil {
+			return nil, nil, fmt.Errorf("certificate request: %w", err)
+		}
+		tmpl.ExtraExtensions = []pkix.Extension{ext}
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, signer)
 	if err != nil {
 		return nil, nil, fmt.Errorf("certificate request: %w", err)
 	}
-	return signer, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr.Raw}), nil
+	return signer, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
 }
 
 // prune deletes the cacerts Secrets this agent manages in namespaces no

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relaymesh/relaymesh/ca"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/trust"
@@ -253,4 +254,85 @@ func TestAgentRefusesBadAnswers(t *testing.T) {
 			assert.True(t, apierrors.IsNotFound(err), "nothing written")
 		})
 	}
+}
+
+// With a trust domain in the request, the agent asks for its name
+// constraints in the CSR, refuses an intermediate constrained otherwise (or
+// not at all), and replaces a CA written before the request named one.
+func TestAgentRequiresTheTrustDomainsConstraints(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	root := newRoot(t, "root")
+	constrain := func(td string) func(*x509.Certificate, *crypto.PublicKey) {
+		return func(c *x509.Certificate, _ *crypto.PublicKey) {
+			c.PermittedURIDomains, c.ExcludedURIDomains, c.PermittedDNSDomainsCritical = []string{td}, []string{"." + td}, true
+		}
+	}
+	answer := func(mutate func(*x509.Certificate, *crypto.PublicKey)) trust.SignFunc {
+		return func(_ context.Context, r *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
+			return &relaypb.IntermediateResponse{CertificateChain: root.sign(t, r.GetCsr(), time.Hour, mutate), RootBundle: root.pem, Issuer: trust.Fingerprint(root.cert)}, nil
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*x509.Certificate, *crypto.PublicKey)
+		want   string
+	}{
+		{"unconstrained", nil, `not constrained to trust domain "c1.local"`},
+		{"another trust domain", constrain("c2.local"), `not constrained to trust domain "c1.local" (it permits URIs of ["c2.local"])`},
+		{"subdomains allowed", func(c *x509.Certificate, p *crypto.PublicKey) {
+			constrain("c1.local")(c, p)
+			c.ExcludedURIDomains = nil
+		}, "not constrained"},
+		{"not critical", func(c *x509.Certificate, p *crypto.PublicKey) {
+			constrain("c1.local")(c, p)
+			c.PermittedDNSDomainsCritical = false
+		}, "not constrained"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := namespace(t, c)
+			req := request(ns, root)
+			req.TrustDomain = "c1.local"
+			a := &trust.Agent{Client: c, Owner: "relaymesh-agent"}
+			results, _ := a.Apply(ctx, &relaypb.OutputSet{Trust: []*relaypb.TrustRequest{req}}, answer(tc.mutate))
+			require.Len(t, results, 1)
+			assert.Equal(t, "error", results[0].GetOutcome())
+			assert.Contains(t, results[0].GetError(), tc.want)
+			_, err := c.CoreV1().Secrets(ns).Get(ctx, trust.SecretName, metav1.GetOptions{})
+			assert.True(t, apierrors.IsNotFound(err), "nothing written")
+		})
+	}
+
+	t.Run("the request asks for the constraints; an older CA is replaced", func(t *testing.T) {
+		ns := namespace(t, c)
+		a := &trust.Agent{Client: c, Owner: "relaymesh-agent"}
+		// Written for a request without a trust domain (an older server).
+		results, _ := a.Apply(ctx, &relaypb.OutputSet{Trust: []*relaypb.TrustRequest{request(ns, root)}}, answer(nil))
+		require.Equal(t, "applied", results[0].GetOutcome(), results[0].GetError())
+
+		req := request(ns, root)
+		req.TrustDomain = "c1.local"
+		want, err := ca.NameConstraintsRequest("c1.local")
+		require.NoError(t, err)
+		var asked bool
+		results, _ = a.Apply(ctx, &relaypb.OutputSet{Trust: []*relaypb.TrustRequest{req}}, func(ctx context.Context, r *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
+			csr, err := pemutil.ParseCertificateRequest(r.GetCsr())
+			require.NoError(t, err)
+			require.Len(t, csr.Extensions, 1)
+			assert.Equal(t, want, csr.Extensions[0], "the CSR asks for exactly the trust domain's constraints")
+			asked = true
+			return answer(constrain("c1.local"))(ctx, r)
+		})
+		require.True(t, asked, "the unconstrained CA was replaced")
+		require.Equal(t, "applied", results[0].GetOutcome(), results[0].GetError())
+		s, err := c.CoreV1().Secrets(ns).Get(ctx, trust.SecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		cert, err := pemutil.ParseCertificate(s.Data[trust.KeyCACert])
+		require.NoError(t, err)
+		assert.Equal(t, []string{"c1.local"}, cert.PermittedURIDomains)
+
+		// The next pass keeps it.
+		results, _ = a.Apply(ctx, &relaypb.OutputSet{Trust: []*relaypb.TrustRequest{req}}, answer(nil))
+		assert.Equal(t, "unchanged", results[0].GetOutcome(), results[0].GetError())
+	})
 }

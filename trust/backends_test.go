@@ -523,6 +523,10 @@ func startCFSSL(t *testing.T) *cfsslServer {
 	}
 	intermediate := profile("8760h", "cert sign", "crl sign")
 	intermediate["ca_constraint"] = map[string]any{"is_ca": true, "max_path_len": 0, "max_path_len_zero": true}
+	// The name constraints come from the agent's request: cfssl copies
+	// request extensions only without a CSRWhitelist.
+	intermediate["copy_extensions"] = true
+	delete(intermediate, "CSRWhitelist")
 	cfg, err := json.Marshal(map[string]any{
 		"signing": map[string]any{
 			"default": profile("1h", "digital signature", "client auth"),

@@ -53,8 +53,8 @@ func (r *root) chain() []*x509.Certificate {
 }
 
 // issue signs mesh's intermediate for csr.
-func (r *root) issue(ctx context.Context, csr *x509.CertificateRequest, virtualMesh, mesh string, ttl time.Duration) (*x509.Certificate, error) {
-	iss, err := r.authority.IssueIntermediate(ctx, csr, ca.IntermediateRequest{VirtualMesh: virtualMesh, Mesh: mesh, TTL: ttl})
+func (r *root) issue(ctx context.Context, csr *x509.CertificateRequest, req ca.IntermediateRequest) (*x509.Certificate, error) {
+	iss, err := r.authority.IssueIntermediate(ctx, csr, req)
 	if err != nil {
 		return nil, err
 	}

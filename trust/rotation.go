@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"slices"
 	"strings"
 	"time"
@@ -141,7 +142,7 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 		c.persist(ctx, key, func(n *vmState) {
 			n.message = ""
 			n.rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseFailed, OldRootFingerprint: n.fp,
-				Message: truncate("not rotating: the root spec.mtls.shared.rootCA names cannot be used ("+err.Error()+"); the root in force stays", 1024)}
+				Message: text.Truncate("not rotating: the root spec.mtls.shared.rootCA names cannot be used ("+err.Error()+"); the root in force stays", 1024)}
 		})
 		p.steady(in)
 		return p
@@ -214,7 +215,7 @@ func (p *vmPlan) steady(r *root) {
 func (c *Controller) hold(ctx context.Context, p *vmPlan, why string) {
 	c.log.Error("holding the meshes' CAs as they are", "virtual_mesh", p.key, "reason", why)
 	p.hold = true
-	c.persist(ctx, p.key, func(n *vmState) { n.message = truncate(why, 1024) })
+	c.persist(ctx, p.key, func(n *vmState) { n.message = text.Truncate(why, 1024) })
 }
 
 // planFirst makes the spec's root the root in force of a VirtualMesh the
@@ -298,7 +299,7 @@ func (c *Controller) planRotation(ctx context.Context, p *vmPlan, st *vmState) {
 		message = fmt.Sprintf("the %s root (%s) cannot be used: %v; meshes that already hold this step ack it, no intermediate is issued until it can be used", what, describe(*src), err)
 		c.log.Error("rotation step published without a signer", "virtual_mesh", p.key, "step", rot.Step, "error", err)
 	}
-	c.persist(ctx, p.key, func(n *vmState) { n.message = truncate(message, 1024) })
+	c.persist(ctx, p.key, func(n *vmState) { n.message = text.Truncate(message, 1024) })
 	switch rot.Step {
 	case 0:
 		p.bundle = pemRoots(fromRoots)

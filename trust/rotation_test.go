@@ -61,10 +61,10 @@ func (w *rotationWorld) applyVM(rootCA string, extra ...string) {
 	w.t.Helper()
 	var names []string
 	for _, cl := range w.clusters {
-		names = append(names, "{name: istiod-"+cl+"}")
+		names = append(names, "{clusterName: "+cl+", namespace: "+w.meshNS[cl]+", name: istiod}")
 	}
 	for _, m := range extra {
-		names = append(names, "{name: "+m+"}")
+		names = append(names, "{clusterName: c9, namespace: istio-system, name: "+m+"}")
 	}
 	meshes := strings.Join(names, ", ")
 	_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`
@@ -114,7 +114,7 @@ kind: Mesh
 metadata: {name: istiod-%[1]s, namespace: %[2]s}
 spec:
   istio:
-    installation: {namespace: %[3]s, cluster: %[1]s}
+    installation: {name: istiod, namespace: %[3]s, cluster: %[1]s}
     trustDomain: %[1]s.local
 ---
 `, cl, w.ns, w.meshNS[cl])

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"log/slog"
 	"slices"
 	"strings"
@@ -302,7 +303,10 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input) []*vmPla
 		opts := shared.Shared.IntermediateOptions
 		for _, m := range members {
 			ist := m.Spec.Istio
-			req := &relaypb.TrustRequest{Mesh: m.Name, Namespace: ist.Installation.Namespace, VirtualMesh: p.key}
+			// The trust domain is the one discovery reported for the mesh;
+			// federation already refused a VirtualMesh in which two meshes
+			// claim one without spec.mtls.trustDomains: Shared.
+			req := &relaypb.TrustRequest{Mesh: m.Name, Namespace: ist.Installation.Namespace, VirtualMesh: p.key, TrustDomain: ist.TrustDomain}
 			if p.hold {
 				req.Hold = true
 			} else {
@@ -467,7 +471,7 @@ func (c *Controller) recordIssued(mt *meshTrust, mesh string, cert *x509.Certifi
 		c.mu.Unlock()
 		return
 	}
-	entry := networkingv1alpha1.MeshCAStatus{Mesh: mesh, Cluster: mt.cluster, Serial: cert.SerialNumber.Text(16),
+	entry := networkingv1alpha1.MeshCAStatus{Mesh: mesh, Cluster: mt.cluster, TrustDomain: mt.req.GetTrustDomain(), Serial: cert.SerialNumber.Text(16),
 		NotBefore: metav1.NewTime(cert.NotBefore), NotAfter: metav1.NewTime(cert.NotAfter), Issuer: mt.req.GetIssuer()}
 	if i := slices.IndexFunc(st.Meshes, func(m networkingv1alpha1.MeshCAStatus) bool { return m.Mesh == mesh }); i >= 0 {
 		st.Meshes[i] = entry
@@ -489,7 +493,7 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	c.mu.Unlock()
 	deny := func(code codes.Code, reason string) error {
 		_ = c.cfg.Audit.Record(audit.Event{Type: audit.CertDeny, Result: audit.ResultFailure, Cluster: cluster, Reason: reason,
-			Details: map[string]string{"kind": "intermediate", "mesh": truncate(req.GetMesh(), 253)}})
+			Details: map[string]string{"kind": "intermediate", "mesh": text.Truncate(req.GetMesh(), 253)}})
 		return status.Error(code, reason)
 	}
 	if mt == nil {
@@ -505,8 +509,13 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	if err != nil {
 		return nil, deny(codes.InvalidArgument, err.Error())
 	}
-	cert, err := mt.root.issue(ctx, csr, mt.vmName, req.GetMesh(), mt.ttl)
-	if err != nil {
+	cert, err := mt.root.issue(ctx, csr, ca.IntermediateRequest{VirtualMesh: mt.vmName, Mesh: req.GetMesh(), TrustDomain: mt.req.GetTrustDomain(), TTL: mt.ttl})
+	switch {
+	case errors.Is(err, ca.ErrInvalidCSR) || errors.Is(err, ca.ErrKeyPolicy):
+		// The caller's request is at fault (a foreign subject, other name
+		// constraints): its error, not ours.
+		return nil, deny(codes.InvalidArgument, "intermediate not issued: "+err.Error())
+	case err != nil:
 		return nil, deny(codes.Internal, "intermediate not issued: "+err.Error())
 	}
 	if err := c.cfg.Audit.Record(audit.Event{Type: audit.CertIssue, Result: audit.ResultSuccess, Cluster: cluster,
@@ -517,11 +526,4 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	c.recordIssued(mt, req.GetMesh(), cert)
 	chain := append([]*x509.Certificate{cert}, mt.root.chain()...)
 	return &relaypb.IntermediateResponse{CertificateChain: ca.CertsPEM(chain...), RootBundle: mt.req.GetRootBundle(), Issuer: mt.req.GetIssuer()}, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
 }

@@ -6,12 +6,14 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
@@ -24,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 )
 
@@ -75,7 +78,7 @@ kind: Mesh
 metadata: {name: istiod-istio-system-%[1]s, namespace: %[2]s}
 spec:
   istio:
-    installation: {namespace: istio-system, cluster: %[1]s}
+    installation: {name: istiod, namespace: istio-system, cluster: %[1]s}
     trustDomain: %[1]s.local
 ---
 `, c, ns)
@@ -86,7 +89,7 @@ apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
 metadata: {name: shared, namespace: %[1]s}
 spec:
-  meshes: [{name: istiod-istio-system-c1}, {name: istiod-istio-system-c2}]
+  meshes: [{clusterName: c1, namespace: istio-system, name: istiod}, {clusterName: c2, namespace: istio-system, name: istiod}]
   mtls:
     shared:
       rootCA: {generated: {}}
@@ -106,6 +109,7 @@ spec:
 	req := pub.get("c1")[0]
 	assert.Equal(t, "istiod-istio-system-c1", req.GetMesh())
 	assert.Equal(t, "istio-system", req.GetNamespace())
+	assert.Equal(t, "c1.local", req.GetTrustDomain(), "the mesh's discovered trust domain")
 	assert.Equal(t, int32(50), req.GetRenewAtPercent())
 	assert.Equal(t, pub.get("c2")[0].GetRootBundle(), req.GetRootBundle(), "one root for the VirtualMesh")
 	roots, err := pemutil.ParseCertificateBundle(req.GetRootBundle())
@@ -127,7 +131,32 @@ spec:
 	assert.True(t, chain[0].IsCA && chain[0].MaxPathLenZero)
 	assert.WithinDuration(t, time.Now().Add(2*time.Hour), chain[0].NotAfter, 5*time.Minute, "intermediateOptions.ttl")
 	assert.Equal(t, req.GetIssuer(), resp.GetIssuer())
+	assert.Equal(t, []string{"c1.local"}, chain[0].PermittedURIDomains, "the intermediate signs identities of its mesh's trust domain only")
+	assert.Equal(t, []string{".c1.local"}, chain[0].ExcludedURIDomains)
+	require.Eventually(t, func() bool {
+		u, err := dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).Get(ctx, "shared", metav1.GetOptions{})
+		require.NoError(t, err)
+		var vm networkingv1alpha1.VirtualMesh
+		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &vm))
+		return vm.Status.SharedTrust != nil && len(vm.Status.SharedTrust.Meshes) == 1 && vm.Status.SharedTrust.Meshes[0].TrustDomain == "c1.local"
+	}, 10*time.Second, 50*time.Millisecond, "the status records the intermediate's trust domain")
 
+	foreignSubject := func() []byte {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		csr, err := x509util.CreateCertificateRequest("istiod-istio-system-c2 intermediate", nil, k)
+		require.NoError(t, err)
+		return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr.Raw})
+	}
+	otherConstraints := func() []byte {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		ext, err := ca.NameConstraintsRequest("c2.local")
+		require.NoError(t, err)
+		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{ExtraExtensions: []pkix.Extension{ext}}, k)
+		require.NoError(t, err)
+		return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
+	}
 	for _, tc := range []struct {
 		name, cluster, mesh string
 		csr                 []byte
@@ -136,6 +165,9 @@ spec:
 		{"a mesh of another cluster", "c2", "istiod-istio-system-c1", csrPEM(t), codes.PermissionDenied},
 		{"an unknown mesh", "c1", "istiod-nowhere", csrPEM(t), codes.FailedPrecondition},
 		{"garbage CSR", "c1", "istiod-istio-system-c1", []byte("not a csr"), codes.InvalidArgument},
+		// The caller's request is at fault, not the server: InvalidArgument.
+		{"a foreign subject", "c1", "istiod-istio-system-c1", foreignSubject(), codes.InvalidArgument},
+		{"another trust domain's constraints", "c1", "istiod-istio-system-c1", otherConstraints(), codes.InvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ctl.SignIntermediate(ctx, tc.cluster, &relaypb.IntermediateRequest{Mesh: tc.mesh, Csr: tc.csr})
@@ -150,7 +182,7 @@ apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
 metadata: {name: shared, namespace: %s}
 spec:
-  meshes: [{name: istiod-istio-system-c1}, {name: istiod-istio-system-c2}]
+  meshes: [{clusterName: c1, namespace: istio-system, name: istiod}, {clusterName: c2, namespace: istio-system, name: istiod}]
 `, ns)))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(pub.get("c1")) == 0 && len(pub.get("c2")) == 0 }, 10*time.Second, 50*time.Millisecond)
@@ -183,14 +215,14 @@ kind: Mesh
 metadata: {name: istiod-c9, namespace: %[1]s}
 spec:
   istio:
-    installation: {namespace: istio-system, cluster: c9}
+    installation: {name: istiod, namespace: istio-system, cluster: c9}
     trustDomain: c9.local
 ---
 apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
 metadata: {name: stolen, namespace: %[1]s}
 spec:
-  meshes: [{name: istiod-c9}]
+  meshes: [{clusterName: c9, namespace: istio-system, name: istiod}]
   mtls:
     shared:
       rootCA: {secret: {name: team-root-%[1]s, namespace: %[2]s}}

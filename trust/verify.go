@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.step.sm/crypto/pemutil"
@@ -36,6 +37,25 @@ func ParseMeshCA(cluster, namespace string, data map[string][]byte) (*MeshCA, er
 
 // Name is "<cluster>/<namespace>".
 func (m *MeshCA) Name() string { return m.Cluster + "/" + m.Namespace }
+
+// CheckTrustDomain reports whether m's intermediate can sign identities of
+// trust domain td only: critical name constraints that permit URIs of
+// exactly td (and none of its subdomains) and constrain nothing else. An
+// unconstrained intermediate could sign any mesh's identities.
+func (m *MeshCA) CheckTrustDomain(td string) error {
+	c := m.Intermediate
+	switch {
+	case len(c.PermittedURIDomains) == 0:
+		return fmt.Errorf("the intermediate is not name-constrained: it can sign identities of any trust domain, not only %q", td)
+	case !slices.Equal(c.PermittedURIDomains, []string{td}):
+		return fmt.Errorf("the intermediate may sign identities of %q, but the mesh's trust domain is %q", c.PermittedURIDomains, td)
+	case !slices.Equal(c.ExcludedURIDomains, []string{"." + td}):
+		return fmt.Errorf("the intermediate does not exclude the subdomains of %q (it excludes %q)", td, c.ExcludedURIDomains)
+	case !c.PermittedDNSDomainsCritical:
+		return errors.New("the intermediate's name constraints are not critical")
+	}
+	return nil
+}
 
 // VerifyAgainst checks that a workload certificate m's istiod issues would
 // verify against other's root bundle at now: m's intermediate, through its

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/trust"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -66,6 +67,7 @@ func runCA(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: give at least two --kubeconfig (one per workload cluster)", errUsage)
 	}
 	var meshes []*trust.MeshCA
+	trustDomains := map[*trust.MeshCA]string{}
 	for _, path := range kubeconfigs {
 		kube, err := loadKube(path)
 		if err != nil {
@@ -86,12 +88,31 @@ func runCA(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		// The mesh's trust domain, from istiod's mesh config.
+		td := discovery.MeshTrustDomain("")
+		cm, err := kube.typed.CoreV1().ConfigMaps(namespace).Get(ctx, istioConfigMap, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			td = discovery.MeshTrustDomain(cm.Data[discovery.MeshConfigKey])
+		case !apierrors.IsNotFound(err):
+			return fmt.Errorf("%s: istio mesh config: %w", path, err)
+		}
+		trustDomains[m] = td
 		meshes = append(meshes, m)
 	}
 	now := time.Now()
 	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ISSUED IN\tTRUSTED BY\tRESULT")
 	failed := 0
+	fmt.Fprintln(tw, "MESH\tTRUST DOMAIN\tINTERMEDIATE SIGNS")
+	for _, m := range meshes {
+		result := "only " + trustDomains[m]
+		if err := m.CheckTrustDomain(trustDomains[m]); err != nil {
+			result, failed = "FAIL: "+err.Error(), failed+1
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", m.Name(), trustDomains[m], result)
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "ISSUED IN\tTRUSTED BY\tRESULT")
 	for _, from := range meshes {
 		for _, to := range meshes {
 			if from == to {
@@ -108,10 +129,13 @@ func runCA(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if failed > 0 {
-		return fmt.Errorf("%d of %d pairs do not trust each other", failed, len(meshes)*(len(meshes)-1))
+		return fmt.Errorf("%d of %d checks failed (each mesh's trust domain, then every pair)", failed, len(meshes)+len(meshes)*(len(meshes)-1))
 	}
 	return nil
 }
+
+// istioConfigMap holds istiod's mesh config (the default revision's).
+const istioConfigMap = "istio"
 
 func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var kubeconfig string

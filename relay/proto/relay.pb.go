@@ -1424,7 +1424,13 @@ type TrustRequest struct {
 	// Restart istiod, then the mesh's workloads, once the CA changed and
 	// each namespace's istio-ca-root-cert carries root_bundle
 	// (VirtualMesh spec.mtls.autoRestartPods).
-	RestartPods   bool `protobuf:"varint,9,opt,name=restart_pods,json=restartPods,proto3" json:"restart_pods,omitempty"`
+	RestartPods bool `protobuf:"varint,9,opt,name=restart_pods,json=restartPods,proto3" json:"restart_pods,omitempty"`
+	// The only trust domain the intermediate may sign identities of, as the
+	// server decided it: its name constraints permit URIs of exactly this
+	// host. The agent asks for these constraints in its certificate request
+	// (CAs that copy them from requests need it) and refuses an intermediate
+	// constrained otherwise.
+	TrustDomain   string `protobuf:"bytes,10,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1520,6 +1526,13 @@ func (x *TrustRequest) GetRestartPods() bool {
 		return x.RestartPods
 	}
 	return false
+}
+
+func (x *TrustRequest) GetTrustDomain() string {
+	if x != nil {
+		return x.TrustDomain
+	}
+	return ""
 }
 
 type IntermediateRequest struct {
@@ -1958,7 +1971,7 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\tOutputSet\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12:\n" +
 	"\aobjects\x18\x02 \x03(\v2 .relaymesh.relay.v1.OutputObjectR\aobjects\x126\n" +
-	"\x05trust\x18\x03 \x03(\v2 .relaymesh.relay.v1.TrustRequestR\x05trust\"\xa2\x02\n" +
+	"\x05trust\x18\x03 \x03(\v2 .relaymesh.relay.v1.TrustRequestR\x05trust\"\xc5\x02\n" +
 	"\fTrustRequest\x12\x12\n" +
 	"\x04mesh\x18\x01 \x01(\tR\x04mesh\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12!\n" +
@@ -1969,7 +1982,9 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\x10renew_at_percent\x18\x06 \x01(\x05R\x0erenewAtPercent\x12#\n" +
 	"\rkey_algorithm\x18\a \x01(\tR\fkeyAlgorithm\x12\x12\n" +
 	"\x04hold\x18\b \x01(\bR\x04hold\x12!\n" +
-	"\frestart_pods\x18\t \x01(\bR\vrestartPods\";\n" +
+	"\frestart_pods\x18\t \x01(\bR\vrestartPods\x12!\n" +
+	"\ftrust_domain\x18\n" +
+	" \x01(\tR\vtrustDomain\";\n" +
 	"\x13IntermediateRequest\x12\x12\n" +
 	"\x04mesh\x18\x01 \x01(\tR\x04mesh\x12\x10\n" +
 	"\x03csr\x18\x02 \x01(\fR\x03csr\"|\n" +

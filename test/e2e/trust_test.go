@@ -122,7 +122,7 @@ func TestSharedTrust(t *testing.T) {
 		}
 		return true, ""
 	})
-	for _, want := range []string{"VIRTUALMESH relaymesh/bookinfo-federation", "ROTATION NotRotating", "istiod-istio-system-cluster-1  cluster-1", "istiod-istio-system-cluster-2  cluster-2"} {
+	for _, want := range []string{"VIRTUALMESH relaymesh/bookinfo-federation", "ROTATION NotRotating", meshName("cluster-1") + "  cluster-1", meshName("cluster-2") + "  cluster-2"} {
 		require.Contains(t, out, want)
 	}
 
@@ -130,18 +130,22 @@ func TestSharedTrust(t *testing.T) {
 	out, err = Run(t, bin, "ca", "verify", "--kubeconfig", env.Cluster("cluster-1").Kubeconfig, "--kubeconfig", env.Cluster("cluster-2").Kubeconfig)
 	require.NoError(t, err, out)
 	require.Equal(t, 2, strings.Count(out, "  ok"), out)
+	require.Contains(t, out, "only cluster-1.local", "each intermediate signs its own mesh's identities only:\n%s", out)
 
 	// A real istiod per cluster, fed the agent's cacerts as a kubelet would
 	// mount them; each signs a workload certificate for bookinfo-reviews.
 	issued := map[string][]*x509.Certificate{}
 	for _, name := range []string{"cluster-1", "cluster-2"} {
+		// The sample's mesh config gives cluster-N the trust domain
+		// cluster-N.local; its intermediate signs identities of that domain
+		// only.
 		d, err := istiod.Start(ctx, istiod.Config{Kubeconfig: env.Cluster(name).Kubeconfig, ClusterID: name, Dir: t.TempDir(),
-			CACerts: cacerts[name].Data})
+			CACerts: cacerts[name].Data, TrustDomain: name + ".local"})
 		require.NoError(t, err, name)
 		t.Cleanup(func() { _ = d.Stop() })
 		token, err := istiod.ServiceAccountToken(ctx, clients[name], "bookinfo", "bookinfo-reviews", istiod.TokenAudience)
 		require.NoError(t, err)
-		_, csr, err := istiod.WorkloadCSR("spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews")
+		_, csr, err := istiod.WorkloadCSR("spiffe://" + name + ".local/ns/bookinfo/sa/bookinfo-reviews")
 		require.NoError(t, err)
 		chain, err := d.WorkloadCertificate(ctx, token, csr)
 		require.NoError(t, err, "%s: istiod signs with the plugged-in intermediate\n%s", name, d.LogTail(20))
@@ -227,7 +231,7 @@ func TestSharedTrust(t *testing.T) {
 	v, err = MetricWith(metrics, "relaymesh_trust_root_expiry_timestamp_seconds", `virtual_mesh="relaymesh/bookinfo-federation"`)
 	require.NoError(t, err)
 	assert.Greater(t, v, float64(time.Now().AddDate(5, 0, 0).Unix()), "the new root's expiry (ttl 87600h)")
-	v, err = MetricWith(metrics, "relaymesh_trust_intermediate_expiry_timestamp_seconds", `mesh="istiod-istio-system-cluster-1"`)
+	v, err = MetricWith(metrics, "relaymesh_trust_intermediate_expiry_timestamp_seconds", `mesh="`+meshName("cluster-1")+`"`)
 	require.NoError(t, err)
 	assert.Greater(t, v, float64(time.Now().Unix()), "cluster-1's intermediate expiry")
 	v, err = MetricWith(metrics, "relaymesh_trust_held", `virtual_mesh="relaymesh/bookinfo-federation"`)
@@ -286,11 +290,11 @@ func (r *rotation) phase(name string, wantRoots int) {
 	}
 	certs := map[string][]*x509.Certificate{}
 	for cl, s := range cacerts {
-		d, err := istiod.Start(r.ctx, istiod.Config{Kubeconfig: r.env.Cluster(cl).Kubeconfig, ClusterID: cl, Dir: t.TempDir(), CACerts: s.Data})
+		d, err := istiod.Start(r.ctx, istiod.Config{Kubeconfig: r.env.Cluster(cl).Kubeconfig, ClusterID: cl, Dir: t.TempDir(), CACerts: s.Data, TrustDomain: cl + ".local"})
 		require.NoError(t, err, "%s: %s", name, cl)
 		token, err := istiod.ServiceAccountToken(r.ctx, r.clients[cl], "bookinfo", "bookinfo-reviews", istiod.TokenAudience)
 		require.NoError(t, err)
-		_, csr, err := istiod.WorkloadCSR("spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews")
+		_, csr, err := istiod.WorkloadCSR("spiffe://" + cl + ".local/ns/bookinfo/sa/bookinfo-reviews")
 		require.NoError(t, err)
 		chain, err := d.WorkloadCertificate(r.ctx, token, csr)
 		require.NoError(t, err, "%s: %s's istiod signs\n%s", name, cl, d.LogTail(20))
