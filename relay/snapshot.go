@@ -3,7 +3,15 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
+	"maps"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	"github.com/relaymesh/relaymesh/discovery"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"google.golang.org/protobuf/proto"
@@ -18,144 +26,320 @@ type SnapshotLimits struct {
 	MaxObjects int
 	// MaxEndpoints per destination; default 10,000.
 	MaxEndpoints int
-	// MaxLabels per label map; default 64. MaxPorts per destination; default 64.
+	// MaxLabels per label map; default 64. MaxPorts per destination, and
+	// gateways per mesh; default 64.
 	MaxLabels, MaxPorts int
+	// MaxSubsets: label keys that tell a destination's workloads apart;
+	// default 16. MaxSubsetValues per key; default 64.
+	MaxSubsets, MaxSubsetValues int
+	// MaxExternalAddresses per destination; default 16.
+	MaxExternalAddresses int
 }
 
 func (l SnapshotLimits) withDefaults() SnapshotLimits {
-	if l.MaxBytes == 0 {
-		l.MaxBytes = 4 << 20
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
 	}
-	if l.MaxObjects == 0 {
-		l.MaxObjects = 50000
-	}
-	if l.MaxEndpoints == 0 {
-		l.MaxEndpoints = 10000
-	}
-	if l.MaxLabels == 0 {
-		l.MaxLabels = 64
-	}
-	if l.MaxPorts == 0 {
-		l.MaxPorts = 64
-	}
+	def(&l.MaxBytes, 4<<20)
+	def(&l.MaxObjects, 50000)
+	def(&l.MaxEndpoints, 10000)
+	def(&l.MaxLabels, 64)
+	def(&l.MaxPorts, 64)
+	def(&l.MaxSubsets, 16)
+	def(&l.MaxSubsetValues, 64)
+	def(&l.MaxExternalAddresses, 16)
 	return l
 }
 
 // ErrSnapshotRefused wraps every reason a snapshot is refused.
 var ErrSnapshotRefused = errors.New("snapshot refused")
 
-// ValidateSnapshot checks a snapshot pushed by cluster's agent: every object
-// belongs to cluster, names are valid Kubernetes names whose discovered
-// names (`<name>-<namespace>-<cluster>`) fit, nothing is duplicated, sizes
-// are within limits, and the hash matches the content. It reports the first
-// problem with its path; a refused snapshot never replaces the last good one.
+// Bounds of free-form fields, beyond what Kubernetes' own syntax bounds.
+const (
+	// maxVersionLen: an image tag is at most 128 characters.
+	maxVersionLen = 128
+	// maxTrustDomainLen: SPIFFE bounds a trust domain to 255 bytes.
+	maxTrustDomainLen = 255
+)
+
+// ValidateSnapshot checks a snapshot pushed by cluster's agent against what
+// Kubernetes itself allows of the objects it describes, so nothing accepted
+// fails to become a discovered object: every object belongs to cluster;
+// names, namespaces and label maps have Kubernetes syntax; ports are
+// 1-65535 with a known protocol; service types, gateway kinds, workload
+// kinds are from their enums; trust domains are SPIFFE trust domains;
+// addresses are IPs or DNS names; versions are image-tag characters; every
+// workload and destination names a mesh of the snapshot; nothing is
+// duplicated; sizes and counts are within limits; the hash matches the
+// content. It reports the first problem with its field path; a refused
+// snapshot never replaces the last good one.
 func ValidateSnapshot(cluster string, s *relaypb.Snapshot, limits SnapshotLimits) error {
 	l := limits.withDefaults()
-	refuse := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrSnapshotRefused, fmt.Sprintf(format, args...))
-	}
 	if s == nil {
-		return refuse("empty message")
+		return refused("empty message")
 	}
 	if n := proto.Size(s); n > l.MaxBytes {
-		return refuse("%d bytes, at most %d", n, l.MaxBytes)
+		return refused("%d bytes, at most %d", n, l.MaxBytes)
 	}
 	if s.GetCluster() != cluster {
-		return refuse("cluster %q, but the agent's certificate names %q", s.GetCluster(), cluster)
+		return refused("cluster %q, but the agent's certificate names %q", text.Truncate(s.GetCluster(), 80), cluster)
 	}
 	if n := len(s.GetMeshes()) + len(s.GetWorkloads()) + len(s.GetDestinations()); n > l.MaxObjects {
-		return refuse("%d objects, at most %d", n, l.MaxObjects)
+		return refused("%d objects, at most %d", n, l.MaxObjects)
 	}
 	if want := discovery.Hash(s); s.GetHash() != want {
-		return refuse("hash %q does not match the content", truncate(s.GetHash(), 80))
+		return refused("hash %q does not match the content", text.Truncate(s.GetHash(), 80))
 	}
-	seen := map[string]bool{}
-	discovered := map[string]string{} // discovered name -> the object that claimed it
-	check := func(kind, subkind string, i int, name, namespace, objCluster string, labelMaps ...map[string]string) error {
-		path := fmt.Sprintf("%s[%d]", kind, i)
-		if objCluster != cluster {
-			return refuse("%s: cluster %q is not the agent's cluster %q", path, truncate(objCluster, 80), cluster)
-		}
-		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-			return refuse("%s: name %q: %s", path, truncate(name, 80), errs[0])
-		}
-		if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
-			return refuse("%s: namespace %q: %s", path, truncate(namespace, 80), errs[0])
-		}
-		dn := DiscoveredName(name, namespace, cluster)
-		if kind == "workloads" {
-			dn = WorkloadName(&relaypb.Workload{Name: name, Namespace: namespace, Cluster: cluster, Kind: subkind})
-		}
-		if len(dn) > validation.DNS1123SubdomainMaxLength {
-			return refuse("%s: discovered name %s is longer than %d characters", path, truncate(dn, 80), validation.DNS1123SubdomainMaxLength)
-		}
-		// `<name>-<namespace>-<cluster>` is ambiguous when names contain
-		// '-': two objects must not claim the same discovered name.
-		if other, dup := discovered[kind+"/"+dn]; dup && other != namespace+"/"+name {
-			return refuse("%s: %s/%s and %s map to the same discovered name %s", path, namespace, name, other, dn)
-		}
-		discovered[kind+"/"+dn] = namespace + "/" + name
-		key := kind + "/" + subkind + "/" + namespace + "/" + name
-		if seen[key] {
-			return refuse("%s: %s/%s appears twice", path, namespace, name)
-		}
-		seen[key] = true
-		for _, m := range labelMaps {
-			if len(m) > l.MaxLabels {
-				return refuse("%s: %d labels, at most %d", path, len(m), l.MaxLabels)
-			}
-			for k, v := range m {
-				if errs := validation.IsQualifiedName(k); len(errs) > 0 {
-					return refuse("%s: label key %q: %s", path, truncate(k, 80), errs[0])
-				}
-				if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
-					return refuse("%s: label value %q: %s", path, truncate(v, 80), errs[0])
-				}
-			}
-		}
-		return nil
-	}
+	v := &snapshotValidator{cluster: cluster, l: l, seen: map[string]bool{}, meshes: map[string]bool{}}
 	for i, m := range s.GetMeshes() {
-		if err := check("meshes", "", i, m.GetName(), m.GetNamespace(), m.GetCluster(), m.GetPodLabels()); err != nil {
-			return err
-		}
-		if len(m.GetGateways()) > l.MaxPorts {
-			return refuse("meshes[%d]: %d gateways, at most %d", i, len(m.GetGateways()), l.MaxPorts)
-		}
+		v.mesh(fmt.Sprintf("meshes[%d]", i), m)
 	}
 	for i, w := range s.GetWorkloads() {
-		switch w.GetKind() {
-		case "Deployment", "StatefulSet", "DaemonSet":
-		default:
-			return refuse("workloads[%d]: kind %q is not Deployment, StatefulSet or DaemonSet", i, truncate(w.GetKind(), 40))
-		}
-		if err := check("workloads", w.GetKind(), i, w.GetName(), w.GetNamespace(), w.GetCluster(), w.GetPodLabels()); err != nil {
-			return err
-		}
+		v.workload(fmt.Sprintf("workloads[%d]", i), w)
 	}
 	for i, d := range s.GetDestinations() {
-		if err := check("destinations", "", i, d.GetName(), d.GetNamespace(), d.GetCluster(), d.GetSelector(), d.GetLabels()); err != nil {
-			return err
+		v.destination(fmt.Sprintf("destinations[%d]", i), d)
+	}
+	return v.err
+}
+
+func refused(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrSnapshotRefused, fmt.Sprintf(format, args...))
+}
+
+// snapshotValidator keeps the first problem found; later checks are no-ops.
+type snapshotValidator struct {
+	cluster string
+	l       SnapshotLimits
+	seen    map[string]bool // kind/namespace/name of every object
+	meshes  map[string]bool // namespace/name of every mesh
+	err     error
+}
+
+func (v *snapshotValidator) fail(path, format string, args ...any) {
+	if v.err == nil {
+		v.err = refused("%s: %s", path, fmt.Sprintf(format, args...))
+	}
+}
+
+// object checks what every object has: its cluster, name and namespace,
+// and that it appears once.
+func (v *snapshotValidator) object(path, kind, name, namespace, objCluster string) {
+	if objCluster != v.cluster {
+		v.fail(path+".cluster", "%q is not the agent's cluster %q", text.Truncate(objCluster, 80), v.cluster)
+	}
+	v.subdomain(path+".name", name)
+	v.label(path+".namespace", namespace)
+	key := kind + "/" + namespace + "/" + name
+	if v.seen[key] {
+		v.fail(path, "%s/%s appears twice", text.Truncate(namespace, 80), text.Truncate(name, 80))
+	}
+	v.seen[key] = true
+}
+
+func (v *snapshotValidator) subdomain(path, s string) {
+	if errs := validation.IsDNS1123Subdomain(s); len(errs) > 0 {
+		v.fail(path, "%q: %s", text.Truncate(s, 80), errs[0])
+	}
+}
+
+func (v *snapshotValidator) label(path, s string) {
+	if errs := validation.IsDNS1123Label(s); len(errs) > 0 {
+		v.fail(path, "%q: %s", text.Truncate(s, 80), errs[0])
+	}
+}
+
+// optional checks s with check unless it is empty.
+func (v *snapshotValidator) optional(path, s string, check func(path, s string)) {
+	if s != "" {
+		check(path, s)
+	}
+}
+
+func (v *snapshotValidator) labels(path string, m map[string]string) {
+	if len(m) > v.l.MaxLabels {
+		v.fail(path, "%d labels, at most %d", len(m), v.l.MaxLabels)
+		return
+	}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			v.fail(path, "label key %q: %s", text.Truncate(k, 80), errs[0])
 		}
-		if len(d.GetPorts()) > l.MaxPorts {
-			return refuse("destinations[%d]: %d ports, at most %d", i, len(d.GetPorts()), l.MaxPorts)
+		if errs := validation.IsValidLabelValue(m[k]); len(errs) > 0 {
+			v.fail(path+"["+text.Truncate(k, 80)+"]", "label value %q: %s", text.Truncate(m[k], 80), errs[0])
 		}
-		if len(d.GetEndpoints()) > l.MaxEndpoints {
-			return refuse("destinations[%d]: %d endpoints, at most %d", i, len(d.GetEndpoints()), l.MaxEndpoints)
+	}
+}
+
+// meshRef checks a workload's or destination's mesh: one of the snapshot's.
+func (v *snapshotValidator) meshRef(path, name, namespace string) {
+	if !v.meshes[namespace+"/"+name] {
+		v.fail(path, "mesh %s/%s is not a mesh of this snapshot", text.Truncate(namespace, 80), text.Truncate(name, 80))
+	}
+}
+
+func (v *snapshotValidator) port(path string, p int32, optional bool) {
+	if optional && p == 0 {
+		return
+	}
+	if p < 1 || p > 65535 {
+		v.fail(path, "%d is not a port (1-65535)", p)
+	}
+}
+
+// address is an IP address or a DNS name.
+func (v *snapshotValidator) address(path, s string) {
+	if _, err := netip.ParseAddr(s); err == nil {
+		return
+	}
+	if errs := validation.IsDNS1123Subdomain(s); len(errs) > 0 {
+		v.fail(path, "%q is neither an IP address nor a DNS name", text.Truncate(s, 80))
+	}
+}
+
+func (v *snapshotValidator) mesh(path string, m *relaypb.Mesh) {
+	v.object(path, "mesh", m.GetName(), m.GetNamespace(), m.GetCluster())
+	v.meshes[m.GetNamespace()+"/"+m.GetName()] = true
+	if errs := validation.IsValidLabelValue(m.GetRevision()); len(errs) > 0 {
+		v.fail(path+".revision", "%q: %s", text.Truncate(m.GetRevision(), 80), errs[0])
+	}
+	if s := m.GetVersion(); len(s) > maxVersionLen || strings.TrimLeft(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+") != "" {
+		v.fail(path+".version", "%q is not an image tag (at most %d letters, digits, '.', '_', '-', '+')", text.Truncate(s, 80), maxVersionLen)
+	}
+	if err := CheckTrustDomain(m.GetTrustDomain()); err != nil {
+		v.fail(path+".trustDomain", "%v", err)
+	}
+	v.optional(path+".istiodServiceAccount", m.GetIstiodServiceAccount(), v.subdomain)
+	v.labels(path+".podLabels", m.GetPodLabels())
+	if len(m.GetGateways()) > v.l.MaxPorts {
+		v.fail(path+".gateways", "%d gateways, at most %d", len(m.GetGateways()), v.l.MaxPorts)
+		return
+	}
+	gateways := map[string]bool{}
+	for j, g := range m.GetGateways() {
+		gp := fmt.Sprintf("%s.gateways[%d]", path, j)
+		v.label(gp+".name", g.GetName())
+		v.label(gp+".namespace", g.GetNamespace())
+		if key := g.GetNamespace() + "/" + g.GetName(); gateways[key] {
+			v.fail(gp, "%s appears twice", key)
+		} else {
+			gateways[key] = true
+		}
+		if k := g.GetKind(); k != "Ingress" && k != "EastWest" {
+			v.fail(gp+".kind", "%q is not Ingress or EastWest", text.Truncate(k, 40))
+		}
+		v.labels(gp+".workloadLabels", g.GetWorkloadLabels())
+		v.optional(gp+".externalAddress", g.GetExternalAddress(), v.address)
+		v.port(gp+".tlsPort", g.GetTlsPort(), true)
+	}
+}
+
+func (v *snapshotValidator) workload(path string, w *relaypb.Workload) {
+	kind, ok := discoveryv1alpha1.WorkloadOrigin(w.GetKind())
+	if !ok {
+		v.fail(path+".kind", "%q is not Deployment, StatefulSet or DaemonSet", text.Truncate(w.GetKind(), 40))
+	}
+	v.object(path, kind, w.GetName(), w.GetNamespace(), w.GetCluster())
+	v.labels(path+".podLabels", w.GetPodLabels())
+	v.optional(path+".serviceAccount", w.GetServiceAccount(), v.subdomain)
+	v.meshRef(path+".mesh", w.GetMeshName(), w.GetMeshNamespace())
+}
+
+// Enums of a Kubernetes Service.
+var (
+	serviceProtocols = []string{"", "TCP", "UDP", "SCTP"}
+	serviceTypes     = []string{"", "ClusterIP", "NodePort", "LoadBalancer", "ExternalName"}
+)
+
+func (v *snapshotValidator) destination(path string, d *relaypb.Destination) {
+	v.object(path, "destination", d.GetName(), d.GetNamespace(), d.GetCluster())
+	// A Service's name is a DNS label (it becomes one of a hostname).
+	v.label(path+".name", d.GetName())
+	v.labels(path+".selector", d.GetSelector())
+	v.labels(path+".labels", d.GetLabels())
+	v.meshRef(path+".mesh", d.GetMeshName(), d.GetMeshNamespace())
+	if !slices.Contains(serviceTypes, d.GetServiceType()) {
+		v.fail(path+".serviceType", "%q is not ClusterIP, NodePort, LoadBalancer or ExternalName", text.Truncate(d.GetServiceType(), 40))
+	}
+	if n := len(d.GetExternalAddresses()); n > v.l.MaxExternalAddresses {
+		v.fail(path+".externalAddresses", "%d addresses, at most %d", n, v.l.MaxExternalAddresses)
+	}
+	for j, a := range d.GetExternalAddresses() {
+		v.address(fmt.Sprintf("%s.externalAddresses[%d]", path, j), a)
+	}
+	if len(d.GetPorts()) > v.l.MaxPorts {
+		v.fail(path+".ports", "%d ports, at most %d", len(d.GetPorts()), v.l.MaxPorts)
+		return
+	}
+	for j, p := range d.GetPorts() {
+		pp := fmt.Sprintf("%s.ports[%d]", path, j)
+		v.port(pp+".port", p.GetPort(), false)
+		v.optional(pp+".name", p.GetName(), v.label)
+		if !slices.Contains(serviceProtocols, p.GetProtocol()) {
+			v.fail(pp+".protocol", "%q is not TCP, UDP or SCTP", text.Truncate(p.GetProtocol(), 40))
+		}
+		if ap := p.GetAppProtocol(); ap != "" {
+			if errs := validation.IsQualifiedName(ap); len(errs) > 0 {
+				v.fail(pp+".appProtocol", "%q: %s", text.Truncate(ap, 80), errs[0])
+			}
+		}
+		if tp := p.GetTargetPort(); tp != "" {
+			if n, err := strconv.Atoi(tp); err == nil {
+				v.port(pp+".targetPort", int32(min(max(n, -1), 1<<20)), false)
+			} else if errs := validation.IsValidPortName(tp); len(errs) > 0 {
+				v.fail(pp+".targetPort", "%q is neither a port number nor a port name: %s", text.Truncate(tp, 80), errs[0])
+			}
+		}
+	}
+	if len(d.GetSubsets()) > v.l.MaxSubsets {
+		v.fail(path+".subsets", "%d subset keys, at most %d", len(d.GetSubsets()), v.l.MaxSubsets)
+		return
+	}
+	for _, k := range slices.Sorted(maps.Keys(d.GetSubsets())) {
+		sp := path + ".subsets[" + text.Truncate(k, 80) + "]"
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			v.fail(sp, "label key %q: %s", text.Truncate(k, 80), errs[0])
+		}
+		vals := d.GetSubsets()[k].GetValues()
+		if len(vals) > v.l.MaxSubsetValues {
+			v.fail(sp, "%d values, at most %d", len(vals), v.l.MaxSubsetValues)
+		}
+		for _, val := range vals {
+			if errs := validation.IsValidLabelValue(val); len(errs) > 0 || val == "" {
+				v.fail(sp, "label value %q is not a non-empty label value", text.Truncate(val, 80))
+			}
+		}
+	}
+	if len(d.GetEndpoints()) > v.l.MaxEndpoints {
+		v.fail(path+".endpoints", "%d endpoints, at most %d", len(d.GetEndpoints()), v.l.MaxEndpoints)
+		return
+	}
+	for j, e := range d.GetEndpoints() {
+		ep := fmt.Sprintf("%s.endpoints[%d]", path, j)
+		if _, err := netip.ParseAddr(e.GetIp()); err != nil || strings.Contains(e.GetIp(), "%") {
+			v.fail(ep+".ip", "%q is not an IP address", text.Truncate(e.GetIp(), 80))
+		}
+		v.labels(ep+".labels", e.GetLabels())
+	}
+}
+
+// CheckTrustDomain reports why td is not a SPIFFE trust domain a mesh may
+// claim: 1 to 255 bytes of lower-case letters, digits, '.', '-' and '_'.
+func CheckTrustDomain(td string) error {
+	switch {
+	case td == "":
+		return errors.New("empty: every mesh has a trust domain (Istio's default is cluster.local)")
+	case len(td) > maxTrustDomainLen:
+		return fmt.Errorf("%d bytes, at most %d", len(td), maxTrustDomainLen)
+	case !utf8.ValidString(td):
+		return errors.New("not UTF-8")
+	}
+	for _, c := range []byte(td) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return fmt.Errorf("%q is not a SPIFFE trust domain (lower-case letters, digits, '.', '-' and '_')", text.Truncate(td, 80))
 		}
 	}
 	return nil
-}
-
-// DiscoveredName is the name of a discovered object in the management
-// cluster: `<name>-<namespace>-<cluster>`.
-func DiscoveredName(name, namespace, cluster string) string {
-	return name + "-" + namespace + "-" + cluster
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

@@ -87,11 +87,25 @@ type Options struct {
 	// DataPath enables Push and Pull with a fresh View and (ready) Outputs.
 	DataPath bool
 	// Limits for snapshots (defaults when zero).
-	Limits  relay.SnapshotLimits
-	Shared  string
-	MaxRecv int
+	Limits relay.SnapshotLimits
+	// SnapshotBurst bounds the snapshots one agent may push at once
+	// (default: the server's).
+	SnapshotBurst int
+	Shared        string
+	MaxRecv       int
 	// Trust serves Trust.SignIntermediate when set.
 	Trust relay.IntermediateSigner
+	// Connections: limits of connections; tests that are not about them get
+	// per-address limits far above the defaults, since every peer is
+	// 127.0.0.1.
+	Connections relay.ConnectionLimits
+	// Clusters: per-cluster limits (defaults when zero).
+	Clusters relay.ClusterLimits
+	// GlobalFailureBurst bounds failed bootstraps of all peers (default:
+	// as large as FailureBurst); GlobalFailuresPerMinute is its refill
+	// (default: the server's).
+	GlobalFailureBurst      int
+	GlobalFailuresPerMinute float64
 }
 
 func New(t testing.TB, o Options) *Server {
@@ -102,6 +116,15 @@ func New(t testing.TB, o Options) *Server {
 	}
 	if o.FailureBurst == 0 {
 		o.FailureBurst = 1000
+	}
+	if o.GlobalFailureBurst == 0 {
+		o.GlobalFailureBurst = max(o.FailureBurst, 60)
+	}
+	if o.Connections.MaxPreAuthPerAddress == 0 {
+		o.Connections.MaxPreAuthPerAddress = 1024
+	}
+	if o.Connections.MaxConnectionsPerAddress == 0 {
+		o.Connections.MaxConnectionsPerAddress = 4096
 	}
 	relayCA, err := ca.GenerateRelayCA(ca.GenerateConfig{})
 	require.NoError(t, err)
@@ -133,14 +156,15 @@ func New(t testing.TB, o Options) *Server {
 	}
 	var dp *relay.DataPathConfig
 	if o.DataPath {
-		dp = &relay.DataPathConfig{View: relay.NewView(), Outputs: relay.NewOutputs(time.Now()), Limits: o.Limits}
+		dp = &relay.DataPathConfig{View: relay.NewView(), Outputs: relay.NewOutputs(time.Now()), Limits: o.Limits, SnapshotBurst: o.SnapshotBurst}
 		dp.Outputs.MarkReady()
 	}
 	srv, err := relay.NewServer(relay.ServerConfig{
 		DataPath:    dp,
 		TrustDomain: TrustDomain, Issuer: authority, Tokens: tokens, SharedToken: shared, Registry: registry,
 		ServerCertificate: serving.Certificate, Audit: auditLog, Logger: log, Metrics: metrics, MaxRecvBytes: o.MaxRecv,
-		BootstrapFailureBurst: o.FailureBurst, Trust: o.Trust,
+		BootstrapFailureBurst: o.FailureBurst, Trust: o.Trust, Connections: o.Connections, Clusters: o.Clusters,
+		GlobalBootstrapFailureBurst: o.GlobalFailureBurst, GlobalBootstrapFailuresPerMinute: o.GlobalFailuresPerMinute,
 	})
 	require.NoError(t, err)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
