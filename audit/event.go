@@ -37,6 +37,10 @@ const (
 	AdmissionDecision EventType = "admission.decision"
 	// RotationStep: the CA rotation state machine took a step.
 	RotationStep EventType = "rotation.step"
+	// Throttled: calls refused by a rate limit over a window, summarised in
+	// one record (how many, from how many peers, for what) instead of one
+	// record per call, so a flood cannot fill the log.
+	Throttled EventType = "throttled"
 )
 
 // Event results.

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"io"
 	"log/slog"
 	"sync"
@@ -323,7 +324,7 @@ const (
 	applyRetry     = 5 * time.Second
 )
 
-func truncateHash(h string) string { return truncate(h, 80) }
+func truncateHash(h string) string { return text.Truncate(h, 80) }
 
 // pull applies every output set the server sends and acks it; a set with
 // failed objects is applied again after a pause until it applies cleanly or

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,7 +85,7 @@ func (d *discoveryService) Push(stream relaypb.Discovery_PushServer) error {
 			return ignoreEOF(err)
 		case snap = <-msgs:
 		}
-		ack := &relaypb.PushAck{Hash: truncate(snap.GetHash(), 80), Accepted: true}
+		ack := &relaypb.PushAck{Hash: text.Truncate(snap.GetHash(), 80), Accepted: true}
 		size := proto.Size(snap)
 		reason := ""
 		switch {
@@ -171,7 +172,7 @@ func (d *discoveryService) Pull(stream relaypb.Discovery_PullServer) error {
 				if (r.GetOutcome() == "conflict" || r.GetOutcome() == "error") && logged < maxLoggedResults {
 					logged++
 					d.s.log.Warn("agent could not apply an object", "cluster", a.cluster, "version", ack.GetVersion(),
-						"object", truncate(r.GetKind()+"/"+r.GetNamespace()+"/"+r.GetName(), 300), "outcome", r.GetOutcome(), "error", truncate(r.GetError(), 300))
+						"object", text.Truncate(r.GetKind()+"/"+r.GetNamespace()+"/"+r.GetName(), 300), "outcome", r.GetOutcome(), "error", text.Truncate(r.GetError(), 300))
 				}
 			}
 		}
@@ -226,10 +227,10 @@ func ignoreEOF(err error) error {
 // ends it; done unregisters it.
 func (s *Server) session(ctx context.Context, a *agent) (context.Context, func(), error) {
 	ctx, cancel := context.WithCancelCause(ctx)
-	sess, ok := s.addSession(a, cancel, false)
-	if !ok {
+	sess, err := s.addSession(a, cancel, false)
+	if err != nil {
 		cancel(nil)
-		return nil, nil, status.Error(codes.PermissionDenied, "cluster is not registered")
+		return nil, nil, err
 	}
 	return ctx, func() { s.removeSession(a.cluster, sess); cancel(nil) }, nil
 }

@@ -61,15 +61,16 @@ func (f *failureLimiter) begin(peer string) (done func(success bool), ok bool) {
 	now := f.now()
 	p, found := f.peers[key]
 	if !found {
-		if len(f.peers) >= f.max {
-			f.evictOldest()
+		if len(f.peers) >= f.max && !f.evict(now) {
+			// Every peer in the table is throttled: a new one is refused
+			// rather than let an eviction reset someone's history.
+			return nil, false
 		}
 		p = &peerLimit{tokens: float64(f.burst), last: now}
 		f.peers[key] = p
 	}
 	p.seen = now
-	p.tokens = min(float64(f.burst), p.tokens+now.Sub(p.last).Seconds()*float64(f.limit))
-	p.last = now
+	f.refill(p, now)
 	if p.tokens < 1 {
 		return nil, false
 	}
@@ -86,13 +87,50 @@ func (f *failureLimiter) begin(peer string) (done func(success bool), ok bool) {
 	}, true
 }
 
-func (f *failureLimiter) evictOldest() {
-	var oldestKey string
-	var oldest time.Time
+func (f *failureLimiter) refill(p *peerLimit, now time.Time) {
+	p.tokens = min(float64(f.burst), p.tokens+now.Sub(p.last).Seconds()*float64(f.limit))
+	p.last = now
+}
+
+// evict makes room in a full table. It forgets every peer whose budget has
+// refilled (forgetting it changes nothing), else the one closest to that,
+// seen longest ago; it never forgets a throttled peer (one with less than a
+// failure left), so a flood of new addresses cannot reset a throttled
+// address's history. It returns false when every peer is throttled.
+func (f *failureLimiter) evict(now time.Time) bool {
+	var victim string
+	var best *peerLimit
+	freed := false
 	for k, p := range f.peers {
-		if oldestKey == "" || p.seen.Before(oldest) {
-			oldestKey, oldest = k, p.seen
+		f.refill(p, now)
+		switch {
+		case p.tokens >= float64(f.burst):
+			delete(f.peers, k)
+			freed = true
+		case p.tokens < 1:
+		case best == nil || p.tokens > best.tokens || p.tokens == best.tokens && p.seen.Before(best.seen):
+			victim, best = k, p
 		}
 	}
-	delete(f.peers, oldestKey)
+	if freed {
+		return true
+	}
+	if best == nil {
+		return false
+	}
+	delete(f.peers, victim)
+	return true
+}
+
+// exhausted reports whether peer has no failure left now, without creating
+// an entry for it.
+func (f *failureLimiter) exhausted(peer string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.peers[peerKey(peer)]
+	if !ok {
+		return false
+	}
+	f.refill(p, f.now())
+	return p.tokens < 1
 }

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -46,4 +47,44 @@ func TestFailureLimiter(t *testing.T) {
 	now = now.Add(time.Second)
 	_, _ = l.begin("10.0.0.3")
 	assert.LessOrEqual(t, len(l.peers), 2)
+}
+
+// A flood of new addresses does not reset a throttled address: the table
+// forgets peers whose budget refilled, then the least throttled, never one
+// with no failure left; when every peer is throttled a new one is refused.
+func TestFailureLimiterEvictionKeepsThrottledPeers(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := newFailureLimiter(6, 5, 10000, func() time.Time { return now })
+	fail := func(peer string) bool {
+		done, ok := l.begin(peer)
+		if ok {
+			done(false)
+		}
+		return ok
+	}
+	for fail("203.0.113.7") {
+	}
+	// 10,500 other addresses, each failing once.
+	for i := range 10500 {
+		fail(fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255))
+	}
+	assert.LessOrEqual(t, len(l.peers), 10000)
+	_, ok := l.begin("203.0.113.7")
+	assert.False(t, ok, "the throttled address is still throttled after 10,500 others")
+
+	// Every entry throttled: a newcomer is refused, nobody is forgotten.
+	full := newFailureLimiter(6, 1, 3, func() time.Time { return now })
+	for _, p := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
+		done, ok := full.begin(p)
+		require.True(t, ok)
+		done(false)
+	}
+	_, ok = full.begin("10.0.0.4")
+	assert.False(t, ok)
+	assert.Len(t, full.peers, 3)
+	// Refilled peers make room again.
+	now = now.Add(time.Minute)
+	done, ok := full.begin("10.0.0.4")
+	require.True(t, ok)
+	done(true)
 }

@@ -18,6 +18,8 @@ const (
 	MetricSnapshotAccepted  = "relaymesh_snapshot_accepted_timestamp_seconds"
 	MetricSnapshotsRefused  = "relaymesh_snapshots_refused_total"
 	MetricApplyResults      = "relaymesh_apply_results_total"
+	MetricConnsRefused      = "relaymesh_relay_connections_refused_total"
+	MetricOpenConns         = "relaymesh_relay_open_connections"
 )
 
 // Metrics are the relay server's Prometheus metrics, on the server's own
@@ -35,6 +37,8 @@ type Metrics struct {
 	snapshotAccepted  *prometheus.GaugeVec
 	snapshotsRefused  *prometheus.CounterVec
 	applyResults      *prometheus.CounterVec
+	connsRefused      *prometheus.CounterVec
+	openConns         *prometheus.GaugeVec
 }
 
 // NewMetrics registers the relay metrics with reg.
@@ -67,9 +71,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		snapshotAccepted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSnapshotAccepted, Help: "When each cluster's last snapshot was accepted (Unix seconds); its age is time() minus this."}, []string{"cluster"}),
 		snapshotsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricSnapshotsRefused, Help: "Snapshots refused, by reason (invalid, rate_limited)."}, []string{"reason"}),
 		applyResults:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricApplyResults, Help: "Per-object results agents acked, by cluster and outcome (applied, unchanged, pruned, conflict, error)."}, []string{"cluster", "outcome"}),
+		connsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricConnsRefused,
+			Help: "Relay connections closed by a limit, by reason (connection_limit, address_connection_limit, preauth_limit, address_preauth_limit, abuse, handshake, preauth_stream_budget, authenticated_stream_budget)."}, []string{"reason"}),
+		openConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricOpenConns, Help: "Open relay connections, by state (preauth: handshaking or without a client certificate; authenticated)."}, []string{"state"}),
 	}
 	for _, c := range []prometheus.Collector{m.issued, m.bootstrapFailures, m.connected, m.certExpiry, m.refused,
-		m.pushClients, m.pullClients, m.snapshotBytes, m.snapshotObjects, m.snapshotAccepted, m.snapshotsRefused, m.applyResults} {
+		m.pushClients, m.pullClients, m.snapshotBytes, m.snapshotObjects, m.snapshotAccepted, m.snapshotsRefused, m.applyResults, m.connsRefused, m.openConns} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/relaymesh/relaymesh/audit"
@@ -19,9 +21,9 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -86,6 +88,16 @@ type ServerConfig struct {
 	// Trust, when set, serves Trust.SignIntermediate: intermediates of the
 	// meshes of the caller's cluster (shared trust of VirtualMeshes).
 	Trust IntermediateSigner
+	// Connections bound connections before and after authentication.
+	Connections ConnectionLimits
+	// Clusters bound what one registered cluster may ask for.
+	Clusters ClusterLimits
+	// GlobalBootstrapFailuresPerMinute and GlobalBootstrapFailureBurst
+	// bound failed bootstraps from all peers together (beside the budget of
+	// each peer), so a flood from many addresses is not evaluated and
+	// audited without end; defaults 60/min, burst 60.
+	GlobalBootstrapFailuresPerMinute float64
+	GlobalBootstrapFailureBurst      int
 }
 
 // IntermediateSigner signs an intermediate CA for a mesh of cluster, the
@@ -98,6 +110,7 @@ type IntermediateSigner interface {
 type trustService struct {
 	relaypb.UnimplementedTrustServer
 	signer IntermediateSigner
+	s      *Server
 }
 
 func (t *trustService) SignIntermediate(ctx context.Context, req *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
@@ -105,8 +118,25 @@ func (t *trustService) SignIntermediate(ctx context.Context, req *relaypb.Interm
 	if !ok {
 		return nil, errUnauthenticated
 	}
-	return t.signer.SignIntermediate(ctx, a.cluster, req)
+	// A cluster's refused requests (meshes it may not have, bad CSRs) are
+	// evaluated and audited within its refusal budget; beyond it they are
+	// refused at once and summarised.
+	done, ok := t.s.clusterRefusals.begin(clusterBudgetKey(a.cluster))
+	if !ok {
+		t.s.cfg.Metrics.refused.WithLabelValues("cluster_refusals").Inc()
+		t.s.throttle.add("intermediate", a.cluster)
+		return nil, errClusterThrottled
+	}
+	resp, err := t.signer.SignIntermediate(ctx, a.cluster, req)
+	done(err == nil)
+	return resp, err
 }
+
+// errClusterThrottled answers a cluster that used up a budget of its own.
+var errClusterThrottled = status.Error(codes.ResourceExhausted, "this cluster made too many such requests; retry later")
+
+// clusterBudgetKey keys a cluster's budget apart from any address's.
+func clusterBudgetKey(cluster string) string { return "cluster:" + cluster }
 
 func (c *ServerConfig) defaults() {
 	if c.Clock == nil {
@@ -124,6 +154,14 @@ func (c *ServerConfig) defaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.GlobalBootstrapFailuresPerMinute == 0 {
+		c.GlobalBootstrapFailuresPerMinute = 60
+	}
+	if c.GlobalBootstrapFailureBurst == 0 {
+		c.GlobalBootstrapFailureBurst = 60
+	}
+	c.Connections = c.Connections.withDefaults()
+	c.Clusters = c.Clusters.withDefaults()
 }
 
 // Validate reports every missing or bad field.
@@ -156,22 +194,50 @@ func (c ServerConfig) Validate() error {
 	if c.MaxRecvBytes < 0 || c.MaxRecvBytes > 64<<20 {
 		errs = append(errs, errors.New("maxRecvBytes: must be in [0, 64 MiB]"))
 	}
+	if c.GlobalBootstrapFailuresPerMinute < 0 || c.GlobalBootstrapFailureBurst < 0 {
+		errs = append(errs, errors.New("globalBootstrapFailures: must not be negative"))
+	}
+	if err := c.Connections.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if l := c.Clusters; l.RenewsPerMinute < 0 || l.RenewBurst < 0 || l.MaxSessions < 0 || l.RefusalsPerMinute < 0 || l.RefusalBurst < 0 {
+		errs = append(errs, errors.New("clusters: limits must not be negative"))
+	}
 	return errors.Join(errs...)
 }
 
-// Server is the relay's gRPC server.
+// Server is the relay's gRPC server. Its port serves two gRPC servers,
+// split at the TLS handshake (see ConnectionLimits): grpc for peers with a
+// relay certificate, pre for the rest, which may only bootstrap.
 type Server struct {
 	relaypb.UnimplementedIdentityServer
 	relaypb.UnimplementedRelayServer
 
 	cfg       ServerConfig
 	log       *slog.Logger
-	limiter   *failureLimiter
+	limiter   *failureLimiter // failed calls per peer address
+	global    *failureLimiter // failed bootstraps of all peers
 	grpc      *grpc.Server
+	pre       *grpc.Server
 	issuingCA *x509.Certificate
+	// bootstraps bounds the bootstraps evaluated at once.
+	bootstraps chan struct{}
+	// renews and clusterRefusals are per-cluster budgets.
+	renews          *perCluster
+	clusterRefusals *failureLimiter
+	throttle        *throttleLog
+	stopTicker      chan struct{}
+	tickerDone      chan struct{}
+	stopOnce        sync.Once
+	// abusers are addresses whose connections were cut for overspending
+	// their stream budget: past their budget, their new connections are
+	// closed before the TLS handshake.
+	abusers *failureLimiter
 
 	mu       sync.Mutex
 	sessions map[string]map[*session]struct{}
+	gates    []*gate
+	lis      []net.Listener
 }
 
 type session struct {
@@ -191,10 +257,18 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("relay server config: %w", err)
 	}
 	s := &Server{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "relay-server"),
-		limiter:  newFailureLimiter(cfg.BootstrapFailuresPerMinute, cfg.BootstrapFailureBurst, 10000, cfg.Clock),
-		sessions: map[string]map[*session]struct{}{},
+		cfg:             cfg,
+		log:             cfg.Logger.With("component", "relay-server"),
+		limiter:         newFailureLimiter(cfg.BootstrapFailuresPerMinute, cfg.BootstrapFailureBurst, 10000, cfg.Clock),
+		global:          newFailureLimiter(cfg.GlobalBootstrapFailuresPerMinute, cfg.GlobalBootstrapFailureBurst, 1, cfg.Clock),
+		bootstraps:      make(chan struct{}, cfg.Connections.MaxConcurrentBootstraps),
+		renews:          newPerCluster(cfg.Clusters.RenewsPerMinute, cfg.Clusters.RenewBurst),
+		clusterRefusals: newFailureLimiter(cfg.Clusters.RefusalsPerMinute, cfg.Clusters.RefusalBurst, 100000, cfg.Clock),
+		throttle:        newThrottleLog(cfg.Audit, 10*time.Second, cfg.Clock),
+		stopTicker:      make(chan struct{}),
+		tickerDone:      make(chan struct{}),
+		abusers:         newFailureLimiter(3, 3, 10000, cfg.Clock),
+		sessions:        map[string]map[*session]struct{}{},
 	}
 	if cfg.SharedToken != nil {
 		s.log.Warn("shared bootstrap token mode is ON: any holder of relay-identity-token-secret can bootstrap any registered cluster; per-cluster single-use tokens are the secure choice")
@@ -205,9 +279,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, errors.New("relay server config: issuer has no CA chain")
 	}
 	s.issuingCA = chain[0]
-	// The transport admits the largest message any method takes; each
-	// unary method is held to MaxRecvBytes by the interceptor, snapshots to
-	// their own limit.
+	// The authenticated transport admits the largest message any method
+	// takes; each unary method is held to MaxRecvBytes by the interceptor,
+	// snapshots to their own limit. The pre-authentication transport admits
+	// MaxRecvBytes and refuses anything larger before reading it.
 	maxMsg := cfg.MaxRecvBytes
 	if dp := cfg.DataPath; dp != nil {
 		dp.Limits = dp.Limits.withDefaults()
@@ -222,22 +297,41 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		}
 		maxMsg = max(maxMsg, dp.Limits.MaxBytes)
 	}
+	lim := cfg.Connections
 	s.grpc = grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(s.tlsConfig())),
+		grpc.Creds(handshakenCreds{}),
 		grpc.MaxRecvMsgSize(maxMsg),
 		grpc.MaxHeaderListSize(64<<10),
 		grpc.MaxConcurrentStreams(64),
 		grpc.UnaryInterceptor(s.unaryAuth),
 		grpc.StreamInterceptor(s.streamAuth),
+		grpc.StatsHandler(streamGuard{metrics: cfg.Metrics, kind: "authenticated", abusers: s.abusers}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		// Half-open connections are found and closed: ping after 30s of
-		// silence, give up 10s later.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// silence, give up 10s later. A connection without a stream for 5
+		// minutes is closed (agents hold sessions, so theirs never idle).
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: 5 * time.Minute}),
+	)
+	s.pre = grpc.NewServer(
+		grpc.Creds(handshakenCreds{}),
+		grpc.MaxRecvMsgSize(cfg.MaxRecvBytes),
+		grpc.MaxHeaderListSize(16<<10),
+		grpc.MaxConcurrentStreams(2),
+		grpc.UnaryInterceptor(s.unaryPreAuth),
+		grpc.StreamInterceptor(func(_ any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, _ grpc.StreamHandler) error {
+			return s.refuseUnauthenticated(ss.Context())
+		}),
+		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error { return s.refuseUnauthenticated(ss.Context()) }),
+		grpc.StatsHandler(preAuthGuard{streamGuard: streamGuard{metrics: cfg.Metrics, kind: "preauth", abusers: s.abusers}, s: s}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second,
+			MaxConnectionIdle: lim.PreAuthIdle, MaxConnectionAge: lim.PreAuthAge, MaxConnectionAgeGrace: 5 * time.Second}),
 	)
 	relaypb.RegisterIdentityServer(s.grpc, s)
 	relaypb.RegisterRelayServer(s.grpc, s)
+	relaypb.RegisterIdentityServer(s.pre, bootstrapOnly{s: s})
 	if cfg.Trust != nil {
-		relaypb.RegisterTrustServer(s.grpc, &trustService{signer: cfg.Trust})
+		relaypb.RegisterTrustServer(s.grpc, &trustService{signer: cfg.Trust, s: s})
 	}
 	if cfg.DataPath != nil {
 		relaypb.RegisterDiscoveryServer(s.grpc, &discoveryService{s: s, cfg: *cfg.DataPath})
@@ -247,6 +341,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			}
 		})
 	}
+	go s.flushThrottled()
 	return s, nil
 }
 
@@ -264,17 +359,152 @@ func (s *Server) tlsConfig() *tls.Config {
 		},
 		ClientAuth: tls.VerifyClientCertIfGiven,
 		ClientCAs:  pool,
+		// gRPC over TLS negotiates HTTP/2 by ALPN.
+		NextProtos: []string{"h2"},
 	}
 }
 
-// Serve accepts connections on lis until Stop.
-func (s *Server) Serve(lis net.Listener) error { return s.grpc.Serve(lis) }
+// Serve accepts connections on lis until Stop: it runs the TLS handshake
+// under the connection limits and hands each connection to the
+// authenticated or the pre-authentication server.
+func (s *Server) Serve(lis net.Listener) error {
+	g := newGate(s.cfg.Connections, s.tlsConfig(), s.cfg.Metrics, lis.Addr(), s.abusers)
+	s.mu.Lock()
+	s.gates = append(s.gates, g)
+	s.lis = append(s.lis, lis)
+	s.mu.Unlock()
+	go func() { _ = s.grpc.Serve(g.auth) }()
+	go func() { _ = s.pre.Serve(g.pre) }()
+	return g.serve(lis)
+}
 
-// Stop ends every session and closes the listener.
-func (s *Server) Stop() { s.grpc.Stop() }
+// Stop ends every session and closes the listeners.
+func (s *Server) Stop() {
+	s.closeListeners()
+	s.grpc.Stop()
+	s.pre.Stop()
+	s.stopFlushing()
+}
 
 // GracefulStop waits for calls to finish (sessions are long-lived: prefer Stop).
-func (s *Server) GracefulStop() { s.grpc.GracefulStop() }
+func (s *Server) GracefulStop() {
+	s.closeListeners()
+	s.pre.GracefulStop()
+	s.grpc.GracefulStop()
+	s.stopFlushing()
+}
+
+// stopFlushing writes the last summary of throttled calls and waits for it.
+func (s *Server) stopFlushing() {
+	s.stopOnce.Do(func() { close(s.stopTicker) })
+	<-s.tickerDone
+}
+
+func (s *Server) closeListeners() {
+	s.mu.Lock()
+	lis, gates := s.lis, s.gates
+	s.lis, s.gates = nil, nil
+	s.mu.Unlock()
+	for _, l := range lis {
+		_ = l.Close()
+	}
+	for _, g := range gates {
+		g.close()
+	}
+}
+
+// flushThrottled writes the summaries of throttled calls every window,
+// until Stop.
+func (s *Server) flushThrottled() {
+	defer close(s.tickerDone)
+	t := time.NewTicker(s.throttle.window)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopTicker:
+			s.throttle.flush()
+			return
+		case <-t.C:
+			s.throttle.flush()
+		}
+	}
+}
+
+// bootstrapOnly is the Identity service of the pre-authentication server:
+// Bootstrap only; Renew needs a certificate.
+type bootstrapOnly struct {
+	relaypb.UnimplementedIdentityServer
+	s *Server
+}
+
+func (b bootstrapOnly) Bootstrap(ctx context.Context, req *relaypb.BootstrapRequest) (*relaypb.CertificateResponse, error) {
+	return b.s.Bootstrap(ctx, req)
+}
+
+// unaryPreAuth guards the pre-authentication server: Bootstrap alone (the
+// transport already refused messages over MaxRecvBytes unread).
+func (s *Server) unaryPreAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if info.FullMethod != methodBootstrap {
+		return nil, s.refuseUnauthenticated(ctx)
+	}
+	return handler(ctx, req)
+}
+
+// refuseUnauthenticated answers a call that needs a certificate on a
+// connection without one. It costs the peer's address one failure; with
+// none left, the answer is that it is throttled. Such calls are counted,
+// not audited, so knocking cannot fill the audit log.
+func (s *Server) refuseUnauthenticated(ctx context.Context) error {
+	accounted(ctx)
+	done, ok := s.limiter.begin(peerIP(ctx))
+	if !ok {
+		s.cfg.Metrics.refused.WithLabelValues("rate_limited").Inc()
+		return errThrottled
+	}
+	done(false)
+	s.cfg.Metrics.refused.WithLabelValues("no_certificate").Inc()
+	return errUnauthenticated
+}
+
+// preAuthGuard is the pre-authentication server's stats handler: the
+// stream budget of streamGuard, and a failure charged to the peer's address
+// for every call that ends in an error before a handler accounted for it
+// (an oversized message, an unknown method), so those are not free either.
+type preAuthGuard struct {
+	streamGuard
+	s *Server
+}
+
+type callAccounted struct{ done atomic.Bool }
+
+type callAccountedKey struct{}
+
+func (g preAuthGuard) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	return context.WithValue(ctx, callAccountedKey{}, &callAccounted{})
+}
+
+func (g preAuthGuard) HandleRPC(ctx context.Context, st stats.RPCStats) {
+	g.streamGuard.HandleRPC(ctx, st)
+	end, ok := st.(*stats.End)
+	if !ok || end.Error == nil {
+		return
+	}
+	if a, ok := ctx.Value(callAccountedKey{}).(*callAccounted); ok && a.done.Load() {
+		return
+	}
+	ip := peerIP(ctx)
+	if done, ok := g.s.limiter.begin(ip); ok {
+		done(false)
+	}
+	g.s.cfg.Metrics.refused.WithLabelValues("preauth_" + strings.ToLower(status.Code(end.Error).String())).Inc()
+}
+
+// accounted marks a pre-authentication call as charged by its handler.
+func accounted(ctx context.Context) {
+	if a, ok := ctx.Value(callAccountedKey{}).(*callAccounted); ok {
+		a.done.Store(true)
+	}
+}
 
 const methodBootstrap = "/relaymesh.relay.v1.Identity/Bootstrap"
 
@@ -371,10 +601,8 @@ func (s *Server) authenticate(ctx context.Context, method string) (*agent, error
 // revoked, retrying behind the same NAT as healthy agents, exhausts only its
 // own budget); a caller without one spends its address's.
 func budgetKey(ctx context.Context, ip string) string {
-	if p, ok := peer.FromContext(ctx); ok {
-		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.VerifiedChains) > 0 && len(info.State.VerifiedChains[0]) > 0 {
-			return "certificate:" + fmt.Sprintf("%x", info.State.VerifiedChains[0][0].SerialNumber)
-		}
+	if info, ok := tlsInfo(ctx); ok && len(info.State.VerifiedChains) > 0 && len(info.State.VerifiedChains[0]) > 0 {
+		return "certificate:" + fmt.Sprintf("%x", info.State.VerifiedChains[0][0].SerialNumber)
 	}
 	return ip
 }
@@ -390,7 +618,7 @@ func (s *Server) verifyPeer(ctx context.Context) (*agent, string, error) {
 	if !ok {
 		return nil, "no_peer", errUnauthenticated
 	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	info, ok := tlsInfo(ctx)
 	if !ok || len(info.State.VerifiedChains) == 0 {
 		return nil, "no_certificate", errUnauthenticated
 	}
@@ -460,14 +688,40 @@ var errBootstrapDenied = status.Error(codes.PermissionDenied, "bootstrap denied:
 
 // Bootstrap implements relaypb.IdentityServer.
 func (s *Server) Bootstrap(ctx context.Context, req *relaypb.BootstrapRequest) (*relaypb.CertificateResponse, error) {
+	accounted(ctx)
 	ip := peerIP(ctx)
 	done, ok := s.limiter.begin(ip)
 	if !ok {
 		s.cfg.Metrics.bootstrapFailures.WithLabelValues("rate_limited").Inc()
+		s.throttle.add("bootstrap", peerKey(ip))
 		return nil, status.Error(codes.ResourceExhausted, "too many failed bootstrap attempts from this address; retry later")
 	}
+	// Every peer's failures also spend one budget of all peers, so a flood
+	// from many addresses is bounded too (eviction from the table of
+	// addresses cannot reset it).
+	globalDone, ok := s.global.begin("*")
+	if !ok {
+		done(true)
+		s.cfg.Metrics.bootstrapFailures.WithLabelValues("rate_limited_global").Inc()
+		s.throttle.add("bootstrap_global", peerKey(ip))
+		return nil, status.Error(codes.ResourceExhausted, "too many failed bootstrap attempts from all addresses; retry later")
+	}
+	select {
+	case s.bootstraps <- struct{}{}:
+	case <-ctx.Done():
+		done(true)
+		globalDone(true)
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case <-time.After(s.cfg.Connections.HandshakeTimeout):
+		done(true)
+		globalDone(true)
+		s.cfg.Metrics.bootstrapFailures.WithLabelValues("busy").Inc()
+		return nil, status.Error(codes.ResourceExhausted, "the server is busy with other bootstraps; retry later")
+	}
 	resp, err := s.bootstrap(ctx, ip, req)
+	<-s.bootstraps
 	done(err == nil)
+	globalDone(err == nil)
 	return resp, err
 }
 
@@ -531,6 +785,11 @@ func (s *Server) Renew(ctx context.Context, req *relaypb.RenewRequest) (*relaypb
 	a, ok := agentFrom(ctx)
 	if !ok {
 		return nil, errUnauthenticated
+	}
+	if !s.renews.allow(a.cluster, s.cfg.Clock()) {
+		s.cfg.Metrics.issued.WithLabelValues("renew", "throttled").Inc()
+		s.throttle.add("renew", a.cluster)
+		return nil, errClusterThrottled
 	}
 	csr, err := ca.ParseCSR(req.GetCsr())
 	if err != nil {
@@ -601,9 +860,9 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 	}
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
-	sess, ok := s.addSession(a, cancel, true)
-	if !ok {
-		return status.Error(codes.PermissionDenied, "cluster is not registered")
+	sess, err := s.addSession(a, cancel, true)
+	if err != nil {
+		return err
 	}
 	defer s.removeSession(a.cluster, sess)
 
@@ -669,11 +928,17 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 // addSession records a session of a's cluster, unless its registration
 // ended (or changed) since a was authenticated. Checked under the same lock
 // revoke takes, so no session of a revoked registration survives.
-func (s *Server) addSession(a *agent, cancel context.CancelCauseFunc, counted bool) (*session, bool) {
+func (s *Server) addSession(a *agent, cancel context.CancelCauseFunc, counted bool) (*session, error) {
 	s.mu.Lock()
 	if reg, ok := s.cfg.Registry.Lookup(a.cluster); !ok || reg.UID != a.registration {
 		s.mu.Unlock()
-		return nil, false
+		return nil, status.Error(codes.PermissionDenied, "cluster is not registered")
+	}
+	if len(s.sessions[a.cluster]) >= s.cfg.Clusters.MaxSessions {
+		s.mu.Unlock()
+		s.cfg.Metrics.refused.WithLabelValues("cluster_sessions").Inc()
+		s.throttle.add("sessions", a.cluster)
+		return nil, status.Errorf(codes.ResourceExhausted, "this cluster holds %d streams already, the most it may", s.cfg.Clusters.MaxSessions)
 	}
 	set := s.sessions[a.cluster]
 	if set == nil {
@@ -690,7 +955,7 @@ func (s *Server) addSession(a *agent, cancel context.CancelCauseFunc, counted bo
 	if first && s.cfg.Status != nil {
 		s.cfg.Status.SessionChanged(a.cluster, true)
 	}
-	return sess, true
+	return sess, nil
 }
 
 func (s *Server) countedLocked(cluster string) int {
@@ -730,6 +995,7 @@ func (s *Server) revoke(cluster string) {
 		ended++
 	}
 	s.mu.Unlock()
+	s.renews.forget(cluster)
 	s.cfg.Metrics.certExpiry.DeleteLabelValues(cluster)
 	s.cfg.Metrics.snapshotObjects.DeleteLabelValues(cluster)
 	s.cfg.Metrics.snapshotAccepted.DeleteLabelValues(cluster)

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"github.com/relaymesh/relaymesh/internal/text"
 	"sync"
 	"time"
 
@@ -79,16 +80,41 @@ func (v *View) OnAck(f func(cluster string)) {
 	v.ackListeners = append(v.ackListeners, f)
 }
 
-// Acked records an agent's ack.
+// Bounds of what the view keeps of an ack: an agent decides what it acks,
+// so a compromised one could otherwise make the server hold (and serve
+// from /debug) megabytes per cluster.
+const (
+	// maxKeptFailures: conflict and error results kept per cluster.
+	maxKeptFailures = 1000
+	// maxKeptTrustResults: results for mesh CA Secrets kept per cluster.
+	maxKeptTrustResults = 1000
+	// maxResultError and maxResultField bound each kept string.
+	maxResultError = 256
+	maxResultField = 253
+)
+
+// Acked records an agent's ack. It keeps what the server reads: the
+// version, the failed objects (for statuses) and the results for Secrets
+// (the mesh CAs of shared trust), each bounded.
 func (v *View) Acked(cluster string, ack *relaypb.PullAck, at time.Time) {
-	v.mu.Lock()
-	c := v.entry(cluster)
-	c.Ack, c.AckedAt, c.Conflicts = ack, at, nil
+	kept := &relaypb.PullAck{Version: ack.GetVersion()}
+	var failures []*relaypb.ObjectResult
+	trust := 0
 	for _, r := range ack.GetResults() {
-		if r.GetOutcome() == "conflict" || r.GetOutcome() == "error" {
-			c.Conflicts = append(c.Conflicts, r)
+		failed := r.GetOutcome() == "conflict" || r.GetOutcome() == "error"
+		switch {
+		case failed && len(failures) < maxKeptFailures:
+			r = boundedResult(r)
+			failures = append(failures, r)
+			kept.Results = append(kept.Results, r)
+		case !failed && r.GetKind() == "Secret" && trust < maxKeptTrustResults:
+			trust++
+			kept.Results = append(kept.Results, boundedResult(r))
 		}
 	}
+	v.mu.Lock()
+	c := v.entry(cluster)
+	c.Ack, c.AckedAt, c.Conflicts = kept, at, failures
 	listeners := v.ackListeners
 	v.mu.Unlock()
 	for _, f := range listeners {
@@ -96,7 +122,15 @@ func (v *View) Acked(cluster string, ack *relaypb.PullAck, at time.Time) {
 	}
 }
 
-// Ack returns the last ack of cluster's agent, or nil.
+// boundedResult is r with every string cut to its bound.
+func boundedResult(r *relaypb.ObjectResult) *relaypb.ObjectResult {
+	return &relaypb.ObjectResult{ApiVersion: text.Truncate(r.GetApiVersion(), maxResultField), Kind: text.Truncate(r.GetKind(), maxResultField),
+		Namespace: text.Truncate(r.GetNamespace(), maxResultField), Name: text.Truncate(r.GetName(), maxResultField),
+		Outcome: text.Truncate(r.GetOutcome(), 16), Error: text.Truncate(r.GetError(), maxResultError)}
+}
+
+// Ack returns what the view kept of the last ack of cluster's agent (the
+// version, failures and Secret results), or nil.
 func (v *View) Ack(cluster string) *relaypb.PullAck {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
