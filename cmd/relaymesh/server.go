@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,12 +19,14 @@ import (
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/internal/kubeauth"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -53,6 +56,8 @@ type serverFlags struct {
 	allowSharedToken, allowKubeconfig                         bool
 	webhookListen, webhookURL, webhookService                 string
 	webhookDNSNames, webhookIPs, webhookFailurePolicy         string
+	webhookClientCA, debugEndpoints                           string
+	webhookAllowUnauthenticated                               bool
 	pkcs11Modules                                             multiFlag
 }
 
@@ -82,6 +87,9 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&f.webhookFailurePolicy, "webhook-failure-policy", "Fail", "Fail (an unreachable webhook blocks changes) or WEAKER Ignore (changes pass while it is down; the in-process check still marks refused objects Invalid)")
 	fs.Var(&f.pkcs11Modules, "pkcs11-module", "a PKCS#11 module a VirtualMesh's spec.mtls.shared.rootCA.pkcs11.modulePath may name (repeatable; none: pkcs11 roots are refused, so a VirtualMesh cannot make the server load an arbitrary library)")
 	fs.BoolVar(&f.allowKubeconfig, "allow-kubeconfig-clusters", false, "WEAKER: manage clusters registered in kubeconfig mode, with the kubeconfig in their Secret (the server then holds their credentials)")
+	fs.StringVar(&f.debugEndpoints, "debug-endpoints", "authenticated", "authenticated: /debug/* on the metrics port answers only bearer tokens the apiserver accepts (TokenReview) whose user may get relaymesh.io/debug (SubjectAccessReview); off: not served")
+	fs.StringVar(&f.webhookClientCA, "webhook-client-ca", "", "PEM file of the CA that issued the kube-apiserver's client certificate for admission webhooks (its --admission-control-config-file kubeconfig): the webhook then answers only callers with such a certificate; required with --webhook-listen unless --webhook-allow-unauthenticated")
+	fs.BoolVar(&f.webhookAllowUnauthenticated, "webhook-allow-unauthenticated", false, "WEAKER: serve the webhook to callers without a client certificate; decisions record the caller as unauthenticated and each source address has its own budget")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
@@ -265,9 +273,21 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		log.Warn("no admission webhook (--webhook-listen): objects the rules refuse can be created, and are marked Invalid and not translated")
 	}
 	mux := opsMux(reg, func() error { return nil })
-	mux.HandleFunc("/debug/snapshots/input", jsonHandler(func() any { return view.Clusters() }))
-	mux.HandleFunc("/debug/snapshots/output", jsonHandler(func() any { return outputs.All() }))
-	mux.HandleFunc("/debug/admission", jsonHandler(func() any { return loader.Status() }))
+	if f.debugEndpoints == "authenticated" {
+		auth, err := kubeauth.New(kubeauth.Config{Client: kube.typed, Logger: log})
+		if err != nil {
+			return err
+		}
+		for name, value := range map[string]func() any{
+			"snapshots/input":  func() any { return view.Clusters() },
+			"snapshots/output": func() any { return outputs.All() },
+			"admission":        func() any { return loader.Status() },
+		} {
+			mux.Handle("/debug/"+name, auth.Handler(debugAttributes(f.namespace), jsonHandler(value)))
+		}
+	} else {
+		log.Info("debug endpoints are off (--debug-endpoints off)")
+	}
 	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = httpSrv.Serve(mlis) }()
 	defer httpSrv.Close()
@@ -301,6 +321,14 @@ func (f serverFlags) validate() error {
 		if _, err := f.webhookTarget(); err != nil {
 			errs = append(errs, err)
 		}
+		if (f.webhookClientCA == "") == !f.webhookAllowUnauthenticated {
+			errs = append(errs, errors.New("--webhook-listen needs --webhook-client-ca (the apiserver authenticates with its client certificate) or, WEAKER, --webhook-allow-unauthenticated, not both"))
+		}
+	}
+	switch f.debugEndpoints {
+	case "authenticated", "off":
+	default:
+		errs = append(errs, fmt.Errorf("--debug-endpoints %q: use authenticated or off", f.debugEndpoints))
 	}
 	provided := 0
 	for _, v := range []string{f.caCert, f.caKey, f.caRoots} {
@@ -392,6 +420,17 @@ func opsMux(reg *prometheus.Registry, ready func() error) *http.ServeMux {
 		fmt.Fprintln(w, "ok")
 	})
 	return mux
+}
+
+// debugAttributes is what a request for /debug/<name> must be allowed:
+// get on relaymesh.io/debug named after the endpoint ("snapshots-input",
+// "snapshots-output", "admission") in the server's namespace. Grant it with
+// a Role: apiGroups [relaymesh.io], resources [debug], verbs [get].
+func debugAttributes(namespace string) kubeauth.Attributes {
+	return func(r *http.Request) *authorizationv1.ResourceAttributes {
+		name := strings.ReplaceAll(strings.TrimPrefix(r.URL.Path, "/debug/"), "/", "-")
+		return &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: "get", Group: "relaymesh.io", Resource: "debug", Name: name}
+	}
 }
 
 // jsonHandler serves f's value as indented JSON. The values served hold

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -116,30 +118,44 @@ func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeClients, author
 	namespaces := factory.Core().V1().Namespaces().Lister()
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
-	hook := &admission.Webhook{Engine: engine, Logger: log, Limiter: rate.NewLimiter(webhookRate, webhookBurst), NamespaceLabels: func(ctx context.Context, ns string) (map[string]string, error) {
-		if n, err := namespaces.Get(ns); err == nil {
-			return n.Labels, nil
-		}
-		n, err := kube.typed.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	var clientCAs *x509.CertPool
+	if f.webhookClientCA != "" {
+		b, err := os.ReadFile(f.webhookClientCA)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--webhook-client-ca: %w", err)
 		}
-		return n.Labels, nil
-	}}
+		clientCAs = x509.NewCertPool()
+		if !clientCAs.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("--webhook-client-ca %s: no PEM certificate", f.webhookClientCA)
+		}
+	} else {
+		log.Warn("admission webhook accepts callers without a client certificate (--webhook-allow-unauthenticated): anyone who reaches its port can make it judge requests; their decisions are audited as unauthenticated and they spend budgets of their own")
+	}
+	hook := &admission.Webhook{Engine: engine, Logger: log, Limiter: rate.NewLimiter(webhookRate, webhookBurst), AllowUnauthenticated: clientCAs == nil,
+		NamespaceLabels: func(ctx context.Context, ns string) (map[string]string, error) {
+			if n, err := namespaces.Get(ns); err == nil {
+				return n.Labels, nil
+			}
+			n, err := kube.typed.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			if err != nil {
+				return nil, err
+			}
+			return n.Labels, nil
+		}}
 	mux := http.NewServeMux()
 	mux.Handle(admission.WebhookPath, hook)
 	lis, err := net.Listen("tcp", f.webhookListen)
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
-		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Certificate() }}}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: time.Minute,
+		TLSConfig: admission.ServerTLS(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Certificate() }, clientCAs)}
 	go func() { _ = srv.ServeTLS(lis, "", "") }()
 	if err := admission.Register(ctx, kube.typed, t.reg); err != nil {
 		_ = srv.Close()
 		return nil, err
 	}
 	log.Info("admission webhook serving", "listen", lis.Addr().String(), "url", t.reg.URL, "service", t.reg.ServiceNamespace+"/"+t.reg.ServiceName,
-		"failure_policy", string(t.reg.FailurePolicy))
+		"failure_policy", string(t.reg.FailurePolicy), "client_certificate_required", clientCAs != nil)
 	return func() { _ = srv.Close() }, nil
 }

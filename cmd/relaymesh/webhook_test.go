@@ -10,7 +10,7 @@ import (
 // The webhook flags are checked before anything starts, each problem with
 // a message naming the flag.
 func TestWebhookFlags(t *testing.T) {
-	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", webhookFailurePolicy: "Fail", dnsNames: "localhost"}
+	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", webhookFailurePolicy: "Fail", dnsNames: "localhost", webhookClientCA: "apiserver-client-ca.pem", debugEndpoints: "authenticated"}
 	for _, tc := range []struct {
 		name string
 		edit func(*serverFlags)
@@ -30,6 +30,13 @@ func TestWebhookFlags(t *testing.T) {
 		{"bad failure policy", func(f *serverFlags) {
 			f.webhookListen, f.webhookURL, f.webhookFailurePolicy = ":9443", "https://127.0.0.1:9443/validate", "Sometimes"
 		}, "use Fail or Ignore"},
+		{"no way to authenticate the apiserver", func(f *serverFlags) {
+			f.webhookListen, f.webhookURL, f.webhookClientCA = ":9443", "https://127.0.0.1:9443/validate", ""
+		}, "needs --webhook-client-ca"},
+		{"client CA and unauthenticated both", func(f *serverFlags) {
+			f.webhookListen, f.webhookURL, f.webhookAllowUnauthenticated = ":9443", "https://127.0.0.1:9443/validate", true
+		}, "not both"},
+		{"bad debug endpoints", func(f *serverFlags) { f.debugEndpoints = "public" }, "use authenticated or off"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := base

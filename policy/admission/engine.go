@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"log/slog"
 	"sort"
 	"strings"
@@ -125,6 +126,12 @@ type Request struct {
 	User User
 	// NamespaceLabels are the labels of the object's namespace.
 	NamespaceLabels map[string]string
+	// Caller is who delivered the request when that is not the server
+	// itself: the webhook's authenticated caller ("apiserver CN=…"), or
+	// "unauthenticated <address>" when the webhook accepts callers without
+	// a client certificate, whose User is then only a claim. Audited, not
+	// given to the rules.
+	Caller string
 }
 
 // User is the identity a request was made with.
@@ -290,7 +297,7 @@ func (e *Engine) Decide(ctx context.Context, req Request) (Decision, error) {
 // failed is the denial for a check that could not be completed.
 func failed(version string, err error) Decision {
 	return Decision{Version: version, Denials: []Denial{{Rule: EngineRule,
-		Message: truncate("admission check failed, the object is refused: "+err.Error(), maxMessageLen)}}}
+		Message: text.Truncate("admission check failed, the object is refused: "+err.Error(), maxMessageLen)}}}
 }
 
 func (e *Engine) evaluate(ctx context.Context, st *state, req Request) (Decision, error) {
@@ -301,7 +308,7 @@ func (e *Engine) evaluate(ctx context.Context, st *state, req Request) (Decision
 		}
 	case OperationDelete:
 	default:
-		return Decision{}, fmt.Errorf("malformed request: operation %q is not CREATE, UPDATE or DELETE", truncate(req.Operation, 32))
+		return Decision{}, fmt.Errorf("malformed request: operation %q is not CREATE, UPDATE or DELETE", text.Truncate(req.Operation, 32))
 	}
 	if req.Kind == "" {
 		return Decision{}, errors.New("malformed request: no kind")
@@ -333,7 +340,7 @@ func (e *Engine) evaluate(ctx context.Context, st *state, req Request) (Decision
 			return Decision{}, fmt.Errorf("evaluation: %s.deny is a %T, not a set", rule, v)
 		}
 		for _, m := range msgs {
-			d.Denials = append(d.Denials, Denial{Rule: rule, Message: truncate(message(m), maxMessageLen)})
+			d.Denials = append(d.Denials, Denial{Rule: rule, Message: text.Truncate(message(m), maxMessageLen)})
 		}
 	}
 	sort.Slice(d.Denials, func(i, j int) bool {
@@ -360,6 +367,9 @@ func (e *Engine) record(req Request, d Decision, checkErr error) error {
 			"name":      clean(req.Name),
 			"ruleset":   d.Version,
 		},
+	}
+	if req.Caller != "" {
+		ev.Details["caller"] = clean(req.Caller)
 	}
 	if !d.Allowed {
 		ev.Result = audit.ResultFailure

@@ -83,7 +83,7 @@ func FuzzWebhook(f *testing.F) {
 	hook := &admission.Webhook{Engine: engine}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		w := httptest.NewRecorder()
-		hook.ServeHTTP(w, httptest.NewRequest(http.MethodPost, admission.WebhookPath, bytes.NewReader(body)))
+		hook.ServeHTTP(w, fromAPIServer(httptest.NewRequest(http.MethodPost, admission.WebhookPath, bytes.NewReader(body))))
 		if w.Code != http.StatusOK {
 			return
 		}

@@ -1,9 +1,13 @@
 package admission_test
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"sync"
 	"testing"
 
@@ -118,4 +122,11 @@ func (r *recorder) all() []audit.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]audit.Event(nil), r.events...)
+}
+
+// fromAPIServer is req as it arrives over TLS from the kube-apiserver: with
+// its verified client certificate.
+func fromAPIServer(req *http.Request) *http.Request {
+	req.TLS = &tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{{Subject: pkix.Name{CommonName: "kube-apiserver"}}}}}
+	return req
 }

@@ -4,11 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"math"
 	"strconv"
 	"strings"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
@@ -104,7 +104,7 @@ func (b *budget) value(x any, depth int) (ast.Value, error) {
 		return ast.Number(strconv.FormatFloat(x, 'g', -1, 64)), b.spend(0)
 	case json.Number:
 		if _, err := strconv.ParseFloat(string(x), 64); err != nil {
-			return nil, fmt.Errorf("invalid number %q", truncate(string(x), 32))
+			return nil, fmt.Errorf("invalid number %q", text.Truncate(string(x), 32))
 		}
 		return ast.Number(x), b.spend(len(x))
 	case map[string]any:
@@ -171,19 +171,6 @@ func message(m any) string {
 	return string(b)
 }
 
-// truncate cuts s to at most n bytes, on a rune boundary, marking the cut.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const mark = "…"
-	cut := n - len(mark)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + mark
-}
-
 // clean makes s fit an audit field: valid UTF-8, no control characters or
 // line separators, at most 1 KiB.
 func clean(s string) string {
@@ -194,5 +181,5 @@ func clean(s string) string {
 		}
 		return r
 	}, s)
-	return truncate(s, 1<<10)
+	return text.Truncate(s, 1<<10)
 }

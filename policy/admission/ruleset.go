@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"io/fs"
 	"maps"
 	"path"
@@ -431,7 +432,7 @@ func (e *Engine) refuse(s RuleSet, hash string, err error, now time.Time) {
 	if cur, ok := e.sets[s.Name]; ok {
 		active = cur.version
 	}
-	msg := truncate(fmt.Sprintf("rule set %s: %v", s.Name, err), 8<<10)
+	msg := text.Truncate(fmt.Sprintf("rule set %s: %v", s.Name, err), 8<<10)
 	e.status[s.Name] = RuleSetStatus{Name: s.Name, State: StateRefused, Error: msg, Time: now, Version: s.Version, ActiveVersion: active}
 	e.metrics.reloadFailures.Inc()
 	e.log.Warn("admission rule set refused; its last accepted version, if any, stays in force",

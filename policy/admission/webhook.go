@@ -2,12 +2,16 @@ package admission
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -33,13 +37,71 @@ type Webhook struct {
 	// NamespaceLabels returns the labels of a namespace; an error denies
 	// (the rules may depend on them).
 	NamespaceLabels func(ctx context.Context, namespace string) (map[string]string, error)
-	// Limiter bounds the requests judged (and audited) per second; more are
-	// answered 429, which the apiserver treats as a failed call (denied
-	// under failurePolicy Fail). The webhook port cannot authenticate the
-	// apiserver, so this keeps anyone who reaches it from flooding the audit
-	// log. Nil: no limit.
+	// Limiter bounds the requests of authenticated callers judged (and
+	// audited) per second; more are answered 429, which the apiserver
+	// treats as a failed call (denied under failurePolicy Fail). Nil: no
+	// limit.
 	Limiter *rate.Limiter
-	Logger  *slog.Logger
+	// AllowUnauthenticated (WEAKER) judges callers without a verified
+	// client certificate too. Their decisions are audited with the caller
+	// "unauthenticated <address>" (the user they name is a claim), and they
+	// spend budgets of their own (UnauthenticatedLimit per address and in
+	// total), never the authenticated callers'. Without it a request
+	// without a verified client certificate is refused (401) unread; the
+	// TLS server normally refuses it before that.
+	AllowUnauthenticated bool
+	// UnauthenticatedLimit and UnauthenticatedBurst bound unauthenticated
+	// requests per address and, times ten, in total; defaults 5/s, 20.
+	UnauthenticatedLimit rate.Limit
+	UnauthenticatedBurst int
+	Logger               *slog.Logger
+
+	once    sync.Once
+	anyone  *rate.Limiter
+	byAddr  map[string]*rate.Limiter
+	addrsMu sync.Mutex
+}
+
+// maxTrackedAddresses bounds the per-address budgets of unauthenticated
+// callers; past it, they share the total budget only.
+const maxTrackedAddresses = 4096
+
+// caller says who delivered r and whether it may be judged now.
+func (w *Webhook) caller(r *http.Request) (caller string, status int) {
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
+		if w.Limiter != nil && !w.Limiter.Allow() {
+			return "", http.StatusTooManyRequests
+		}
+		return "apiserver CN=" + r.TLS.VerifiedChains[0][0].Subject.CommonName, 0
+	}
+	if !w.AllowUnauthenticated {
+		return "", http.StatusUnauthorized
+	}
+	w.once.Do(func() {
+		if w.UnauthenticatedLimit == 0 {
+			w.UnauthenticatedLimit = 5
+		}
+		if w.UnauthenticatedBurst == 0 {
+			w.UnauthenticatedBurst = 20
+		}
+		w.anyone = rate.NewLimiter(10*w.UnauthenticatedLimit, 10*w.UnauthenticatedBurst)
+		w.byAddr = map[string]*rate.Limiter{}
+	})
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	w.addrsMu.Lock()
+	l := w.byAddr[host]
+	if l == nil && len(w.byAddr) < maxTrackedAddresses {
+		l = rate.NewLimiter(w.UnauthenticatedLimit, w.UnauthenticatedBurst)
+		w.byAddr[host] = l
+	}
+	w.addrsMu.Unlock()
+	if (l != nil && !l.Allow()) || !w.anyone.Allow() {
+		return "", http.StatusTooManyRequests
+	}
+	return "unauthenticated " + host, 0
 }
 
 func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
@@ -47,7 +109,12 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, "POST an AdmissionReview", http.StatusMethodNotAllowed)
 		return
 	}
-	if w.Limiter != nil && !w.Limiter.Allow() {
+	caller, code := w.caller(r)
+	switch code {
+	case http.StatusUnauthorized:
+		http.Error(rw, "the webhook answers the kube-apiserver only: present its client certificate", http.StatusUnauthorized)
+		return
+	case http.StatusTooManyRequests:
 		http.Error(rw, "too many admission requests; retry", http.StatusTooManyRequests)
 		return
 	}
@@ -61,7 +128,7 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, "the body is not an admission.k8s.io/v1 AdmissionReview with a request", http.StatusBadRequest)
 		return
 	}
-	resp := w.review(r.Context(), review.Request)
+	resp := w.review(r.Context(), review.Request, caller)
 	out := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"}, Response: resp}
 	rw.Header().Set("Content-Type", "application/json")
 	if err := json.NewEncoder(rw).Encode(out); err != nil && w.Logger != nil {
@@ -70,13 +137,13 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 }
 
 // review judges one request; every way it can fail is a denial.
-func (w *Webhook) review(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+func (w *Webhook) review(ctx context.Context, req *admissionv1.AdmissionRequest, caller string) *admissionv1.AdmissionResponse {
 	deny := func(code int32, reason metav1.StatusReason, msg string) *admissionv1.AdmissionResponse {
 		return &admissionv1.AdmissionResponse{UID: req.UID, Allowed: false,
 			Result: &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: reason, Message: msg}}
 	}
 	in := Request{Operation: string(req.Operation), Kind: req.Kind.Kind, Namespace: req.Namespace, Name: req.Name,
-		User: User{Username: req.UserInfo.Username, Groups: req.UserInfo.Groups}}
+		User: User{Username: req.UserInfo.Username, Groups: req.UserInfo.Groups}, Caller: caller}
 	for _, part := range []struct {
 		raw []byte
 		dst *map[string]any
@@ -204,4 +271,16 @@ func Register(ctx context.Context, client kubernetes.Interface, r Registration) 
 		return fmt.Errorf("admission webhook configuration %s: %w", r.Name, err)
 	}
 	return nil
+}
+
+// ServerTLS is the webhook's TLS configuration: its serving certificate
+// from getCertificate and, when clientCAs is set, a client certificate
+// verified against it required of every caller (the kube-apiserver's, from
+// its admission configuration), so nobody else completes a handshake.
+func ServerTLS(getCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error), clientCAs *x509.CertPool) *tls.Config {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: getCertificate}
+	if clientCAs != nil {
+		cfg.ClientAuth, cfg.ClientCAs = tls.RequireAndVerifyClientCert, clientCAs
+	}
+	return cfg
 }

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"golang.org/x/time/rate"
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -78,8 +80,15 @@ func TestWebhookWithRealAPIServer(t *testing.T) {
 		return n.Labels, nil
 	}}
 	cert, caPEM := servingCert(t)
+	// The webhook answers the apiserver's client certificate only (the
+	// admission configuration of local clusters gives it one).
+	clientCA, err := os.ReadFile(cl.WebhookClientCA)
+	require.NoError(t, err)
+	clientCAs := x509.NewCertPool()
+	require.True(t, clientCAs.AppendCertsFromPEM(clientCA))
 	srv := httptest.NewUnstartedServer(hook)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	srv.TLS = admission.ServerTLS(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil }, clientCAs)
+	srv.TLS.Certificates = []tls.Certificate{cert} // or httptest serves its own
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	require.NoError(t, admission.Register(ctx, cs, admission.Registration{URL: srv.URL + admission.WebhookPath, CABundle: caPEM}))
@@ -125,6 +134,7 @@ spec:
 	for _, e := range events {
 		assert.Equal(t, audit.AdmissionDecision, e.Type)
 		assert.NotEmpty(t, e.Subject, "the user who asked")
+		assert.Equal(t, "apiserver CN=kube-apiserver", e.Details["caller"], "the authenticated caller")
 		if e.Result == audit.ResultFailure {
 			denied++
 		} else {
@@ -133,6 +143,16 @@ spec:
 	}
 	assert.GreaterOrEqual(t, denied, 2)
 	assert.GreaterOrEqual(t, allowed, 2)
+
+	// Anyone else cannot even complete the handshake, whatever they post.
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	forger := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	_, err = forger.Post(srv.URL+admission.WebhookPath, "application/json", strings.NewReader(`{"request":{"userInfo":{"username":"forged"}}}`))
+	require.Error(t, err, "no client certificate, no webhook")
+	for _, e := range rec.all() {
+		assert.NotEqual(t, "forged", e.Subject)
+	}
 
 	// With the webhook unreachable and failurePolicy Fail, nothing passes.
 	srv.Close()
@@ -161,7 +181,7 @@ func TestWebhookRefusesBadRequests(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := httptest.NewRecorder()
-			hook.ServeHTTP(w, httptest.NewRequest(tc.method, admission.WebhookPath, bytes.NewReader(tc.body)))
+			hook.ServeHTTP(w, fromAPIServer(httptest.NewRequest(tc.method, admission.WebhookPath, bytes.NewReader(tc.body))))
 			assert.Equal(t, tc.code, w.Code)
 		})
 	}
@@ -173,7 +193,7 @@ func TestWebhookRefusesBadRequests(t *testing.T) {
 	codes := []int{}
 	for range 3 {
 		w := httptest.NewRecorder()
-		limited.ServeHTTP(w, httptest.NewRequest(http.MethodPost, admission.WebhookPath, bytes.NewReader([]byte("{"))))
+		limited.ServeHTTP(w, fromAPIServer(httptest.NewRequest(http.MethodPost, admission.WebhookPath, bytes.NewReader([]byte("{")))))
 		codes = append(codes, w.Code)
 	}
 	assert.Equal(t, []int{http.StatusBadRequest, http.StatusTooManyRequests, http.StatusTooManyRequests}, codes)
@@ -185,11 +205,61 @@ func TestWebhookRefusesBadRequests(t *testing.T) {
 	body, err := json.Marshal(review)
 	require.NoError(t, err)
 	w := httptest.NewRecorder()
-	hook.ServeHTTP(w, httptest.NewRequest(http.MethodPost, admission.WebhookPath, bytes.NewReader(body)))
+	hook.ServeHTTP(w, fromAPIServer(httptest.NewRequest(http.MethodPost, admission.WebhookPath, bytes.NewReader(body))))
 	require.Equal(t, http.StatusOK, w.Code)
 	var out admissionv1.AdmissionReview
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &out))
 	require.NotNil(t, out.Response)
 	assert.Equal(t, "u-1", string(out.Response.UID))
 	assert.False(t, out.Response.Allowed)
+}
+
+// Callers without a verified client certificate are refused unread, unless
+// the webhook is told to accept them (the weaker mode); then each address
+// has its own budget, apart from the authenticated callers', and their
+// decisions name them as unauthenticated.
+func TestWebhookUnauthenticatedCallers(t *testing.T) {
+	engine, rec := newEngine(t, nil)
+	review := func(user string) []byte {
+		b, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+			Request: &admissionv1.AdmissionRequest{UID: "u", Kind: metav1.GroupVersionKind{Kind: "AccessPolicy"}, Operation: admissionv1.Create,
+				Namespace: "team-a", Name: "x", UserInfo: authenticationv1.UserInfo{Username: user},
+				Object: runtime.RawExtension{Raw: []byte(`{"metadata":{"name":"x"},"spec":{"destinationSelector":[{"kubeServiceMatcher":{"namespaces":["team-a"]}}]}}`)}}})
+		require.NoError(t, err)
+		return b
+	}
+	post := func(h *admission.Webhook, r *http.Request) int {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	strict := &admission.Webhook{Engine: engine, Limiter: rate.NewLimiter(0, 2)}
+	assert.Equal(t, http.StatusUnauthorized, post(strict, httptest.NewRequest(http.MethodPost, admission.WebhookPath, bytes.NewReader(review("forged")))))
+	assert.Empty(t, rec.all(), "nothing judged, nothing audited")
+
+	weak := &admission.Webhook{Engine: engine, Limiter: rate.NewLimiter(0, 2), AllowUnauthenticated: true, UnauthenticatedLimit: 0.001, UnauthenticatedBurst: 3}
+	from := func(addr, user string) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, admission.WebhookPath, bytes.NewReader(review(user)))
+		r.RemoteAddr = addr
+		return r
+	}
+	var codes []int
+	for range 5 {
+		codes = append(codes, post(weak, from("203.0.113.9:4000", "forged-admin")))
+	}
+	assert.Equal(t, []int{200, 200, 200, 429, 429}, codes, "an unauthenticated address has a budget of its own")
+	assert.Equal(t, http.StatusOK, post(weak, from("198.51.100.1:4000", "someone")), "another address is not blocked by it")
+	assert.Equal(t, http.StatusOK, post(weak, fromAPIServer(from("192.0.2.1:6443", "alice"))), "nor is the apiserver")
+	assert.Equal(t, http.StatusOK, post(weak, fromAPIServer(from("192.0.2.1:6443", "alice"))))
+	var unauth, apiserver int
+	for _, e := range rec.all() {
+		switch {
+		case strings.HasPrefix(e.Details["caller"], "unauthenticated "):
+			unauth++
+		case e.Details["caller"] == "apiserver CN=kube-apiserver":
+			apiserver++
+		}
+	}
+	assert.Equal(t, 4, unauth, "the unauthenticated decisions say so")
+	assert.Equal(t, 2, apiserver)
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,7 +87,10 @@ func TestAdmission(t *testing.T) {
 	// Now with the webhook: the kube-apiserver calls it, kubectl is refused.
 	require.NoError(t, server.Stop(5*time.Second))
 	hookAddr := Addr(t)
-	Start(t, bin, dir, "server-with-webhook", append(serverArgs, "--webhook-listen", hookAddr, "--webhook-url", "https://"+hookAddr+"/validate")...)
+	// The webhook answers the kube-apiserver only: its client certificate
+	// (from the apiserver's admission configuration) is required.
+	Start(t, bin, dir, "server-with-webhook", append(serverArgs, "--webhook-listen", hookAddr, "--webhook-url", "https://"+hookAddr+"/validate",
+		"--webhook-client-ca", mgmt.WebhookClientCA)...)
 	waitHealthy(t, opsAddr)
 	file := filepath.Join(dir, "everyone.yaml")
 	require.NoError(t, os.WriteFile(file, []byte(fmt.Sprintf(allowAll, "everyone")), 0o600))
@@ -125,14 +131,17 @@ metadata: {name: legacy-reviews, namespace: relaymesh}
 spec: {destinationSelector: [{kubeServiceMatcher: {namespaces: [bookinfo]}}]}
 `), 0o600))
 	// admissionStatus is "<name>=<state>" of every rule set the server has.
+	debug := DebugReader(t, mgmt, opsAddr)
 	admissionStatus := func() string {
-		resp, err := http.Get("http://" + opsAddr + "/debug/admission")
+		code, b, err := debug("/debug/admission")
 		if err != nil {
 			return err.Error()
 		}
-		defer resp.Body.Close()
+		if code != http.StatusOK {
+			return fmt.Sprintf("HTTP %d: %s", code, b)
+		}
 		var sets []struct{ Name, State string }
-		if err := json.NewDecoder(resp.Body).Decode(&sets); err != nil {
+		if err := json.Unmarshal(b, &sets); err != nil {
 			return err.Error()
 		}
 		var out []string
@@ -158,11 +167,62 @@ spec: {destinationSelector: [{kubeServiceMatcher: {namespaces: [bookinfo]}}]}
 	require.Error(t, err, "the previous rules still work: %s", out)
 	require.Contains(t, string(out), "names starting with legacy- are retired")
 
-	// The audit log holds the decisions, and still verifies.
+	// The debug endpoints answer only an authenticated, authorized caller.
+	resp, err := http.Get("http://" + opsAddr + "/debug/admission")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "no token, no debug data")
+
+	// A flood of garbage at the webhook port from someone without the
+	// apiserver's client certificate: refused at the TLS handshake, while
+	// the apiserver's own calls go on being judged.
+	floodCtx, stopFlood := context.WithCancel(ctx)
+	var flooded, floodRefused atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: true}}
+			for floodCtx.Err() == nil {
+				flooded.Add(1)
+				resp, err := c.Post("https://"+hookAddr+"/validate", "application/json", strings.NewReader(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","userInfo":{"username":"forged-admin"}}}`))
+				if err != nil {
+					floodRefused.Add(1)
+					continue
+				}
+				_ = resp.Body.Close()
+			}
+		}()
+	}
+	start := time.Now()
+	for i := range 5 {
+		out, err = exec.Command(kubectl, "--kubeconfig", mgmt.Kubeconfig, "apply", "-f", legacy).CombinedOutput()
+		require.Error(t, err, "during the flood the webhook still judges the apiserver's calls: %s", out)
+		require.Contains(t, string(out), "names starting with legacy- are retired", "attempt %d", i)
+		allowed := filepath.Join(dir, fmt.Sprintf("allowed-%d.yaml", i))
+		require.NoError(t, os.WriteFile(allowed, []byte(fmt.Sprintf(`apiVersion: networking.relaymesh.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: during-flood-%d, namespace: relaymesh}
+spec: {destinationSelector: [{kubeServiceMatcher: {namespaces: [bookinfo]}}]}
+`, i)), 0o600))
+		out, err = exec.Command(kubectl, "--kubeconfig", mgmt.Kubeconfig, "apply", "-f", allowed).CombinedOutput()
+		require.NoError(t, err, "an allowed policy is applied during the flood: %s", out)
+	}
+	stopFlood()
+	wg.Wait()
+	t.Logf("webhook garbage flood: %d requests in %s, %d refused at the TLS handshake; 10 kubectl applies through the webhook all judged",
+		flooded.Load(), time.Since(start).Round(time.Millisecond), floodRefused.Load())
+	require.Equal(t, flooded.Load(), floodRefused.Load(), "no garbage request got past the handshake")
+
+	// The audit log holds the decisions, each naming the authenticated
+	// caller, none the forged user; and it still verifies.
 	out, err = exec.Command(bin, "audit", "verify", dir+"/audit.log").CombinedOutput()
 	require.NoError(t, err, string(out))
 	log, err := os.ReadFile(dir + "/audit.log")
 	require.NoError(t, err)
 	require.Contains(t, string(log), `"admission.decision"`)
 	require.Contains(t, string(log), `"result":"failure"`)
+	require.Contains(t, string(log), `"caller":"apiserver CN=kube-apiserver"`)
+	require.NotContains(t, string(log), "forged-admin")
 }

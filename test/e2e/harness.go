@@ -17,13 +17,31 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
+
+// meshName, deploymentName and serviceName are the names of the discovered
+// Mesh (an istiod in istio-system), Workload and Destination objects in the
+// management cluster.
+func meshName(cluster string) string {
+	return discoveryv1alpha1.Name(discoveryv1alpha1.OriginMesh, cluster, "istio-system", "istiod")
+}
+
+func deploymentName(cluster, namespace, name string) string {
+	return discoveryv1alpha1.Name(discoveryv1alpha1.OriginDeployment, cluster, namespace, name)
+}
+
+func serviceName(cluster, namespace, name string) string {
+	return discoveryv1alpha1.Name(discoveryv1alpha1.OriginService, cluster, namespace, name)
+}
 
 // Addr is a free loopback address.
 func Addr(t testing.TB) string {
@@ -156,4 +174,43 @@ func Setup(t *testing.T, clusters ...string) (bin string, env *localcluster.Env,
 	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	return bin, env, dir
+}
+
+// DebugReader returns a GET of the server's /debug endpoints with the
+// bearer token of a service account "debug-reader" in the relaymesh
+// namespace of mgmt, bound to a Role that grants get on relaymesh.io/debug
+// (what the server checks with SubjectAccessReview). The returned function
+// fetches path from opsAddr and returns the status and body.
+func DebugReader(t testing.TB, mgmt *localcluster.Cluster, opsAddr string) func(path string) (int, []byte, error) {
+	t.Helper()
+	ctx := context.Background()
+	cs, err := mgmt.Clientset()
+	require.NoError(t, err)
+	_, err = cs.CoreV1().ServiceAccounts("relaymesh").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "debug-reader"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = cs.RbacV1().Roles("relaymesh").Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh-debug"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"relaymesh.io"}, Resources: []string{"debug"}, Verbs: []string{"get"}}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = cs.RbacV1().RoleBindings("relaymesh").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh-debug"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "relaymesh-debug"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "debug-reader", Namespace: "relaymesh"}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	tr, err := cs.CoreV1().ServiceAccounts("relaymesh").CreateToken(ctx, "debug-reader", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	token := tr.Status.Token
+	return func(path string) (int, []byte, error) {
+		req, err := http.NewRequest(http.MethodGet, "http://"+opsAddr+path, nil)
+		if err != nil {
+			return 0, nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		c := http.Client{Timeout: 5 * time.Second}
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+		return resp.StatusCode, b, err
+	}
 }

@@ -56,6 +56,9 @@ type Config struct {
 	Detach bool
 	// ReadyTimeout bounds the wait for each API server; default 90s.
 	ReadyTimeout time.Duration
+	// AuditPolicy, if set, is the path of an audit policy file: each API
+	// server then writes JSON audit events to Cluster.AuditLog.
+	AuditPolicy string
 }
 
 // Validate reports every problem with the config at once.
@@ -128,6 +131,14 @@ type Cluster struct {
 	URL string
 	// Kubeconfig is the path of an admin kubeconfig for it.
 	Kubeconfig string
+	// AuditLog is the path of its audit log (JSON lines), when
+	// Config.AuditPolicy is set.
+	AuditLog string
+	// WebhookClientCA is the path of the PEM CA that issued the client
+	// certificate the API server presents to admission webhooks (CN
+	// kube-apiserver, configured through --admission-control-config-file),
+	// for webhooks that authenticate their caller.
+	WebhookClientCA string
 
 	config *rest.Config
 	proc   *Process
@@ -352,6 +363,10 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 	if err != nil {
 		return nil, err
 	}
+	admissionConfig, webhookCA, err := writeWebhookClient(dir, name)
+	if err != nil {
+		return nil, err
+	}
 	logPath := filepath.Join(e.dir, name+".log")
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
@@ -381,14 +396,21 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 			"--service-cluster-ip-range=10.96.0.0/16",
 			"--allow-privileged=false",
 			"--enable-priority-and-fairness=false",
+			"--admission-control-config-file=" + admissionConfig,
 			"--profiling=false",
 			"--v=1",
+		}
+		auditLog := ""
+		if cfg.AuditPolicy != "" {
+			auditLog = filepath.Join(e.dir, name+".audit.log")
+			args = append(args, "--audit-policy-file="+cfg.AuditPolicy, "--audit-log-path="+auditLog, "--audit-log-format=json", "--audit-log-maxbackup=0")
 		}
 		p, err := StartProcess("kube-apiserver "+name, filepath.Join(cfg.BinDir, "kube-apiserver"), args, logPath, cfg.Detach)
 		if err != nil {
 			return nil, err
 		}
-		c := &Cluster{Name: name, URL: "https://127.0.0.1:" + strconv.Itoa(port), proc: p}
+		c := &Cluster{Name: name, URL: "https://127.0.0.1:" + strconv.Itoa(port), WebhookClientCA: webhookCA, proc: p}
+		c.AuditLog = auditLog
 		c.config = &rest.Config{
 			Host: c.URL,
 			TLSClientConfig: rest.TLSClientConfig{
@@ -412,6 +434,47 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 		}
 	}
 	return nil, fmt.Errorf("kube-apiserver not ready (see %s): %w", logPath, lastErr)
+}
+
+// writeWebhookClient gives the API server a client certificate for calling
+// admission webhooks, from a CA of its own (a webhook that trusts it trusts
+// nothing else of the cluster), and the admission configuration that makes
+// it present the certificate to every webhook. It returns the paths of the
+// configuration and of the CA.
+func writeWebhookClient(dir, name string) (admissionConfig, caFile string, err error) {
+	ca, err := newCA(name + "-webhook-client-ca")
+	if err != nil {
+		return "", "", err
+	}
+	client, err := newClient(ca, "kube-apiserver")
+	if err != nil {
+		return "", "", err
+	}
+	if caFile, _, err = ca.write(dir, "webhook-client-ca"); err != nil {
+		return "", "", err
+	}
+	certFile, keyFile, err := client.write(dir, "webhook-client")
+	if err != nil {
+		return "", "", err
+	}
+	kubeconfig := filepath.Join(dir, "webhook-client.kubeconfig")
+	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+users:
+- name: "*"
+  user:
+    client-certificate: %q
+    client-key: %q
+`, certFile, keyFile), 0o600); err != nil {
+		return "", "", err
+	}
+	admissionConfig = filepath.Join(dir, "admission.yaml")
+	var b strings.Builder
+	b.WriteString("apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n")
+	for _, plugin := range []string{"ValidatingAdmissionWebhook", "MutatingAdmissionWebhook"} {
+		fmt.Fprintf(&b, "- name: %s\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: %q\n", plugin, kubeconfig)
+	}
+	return admissionConfig, caFile, os.WriteFile(admissionConfig, []byte(b.String()), 0o600)
 }
 
 // portTaken reports whether the API server's log says another process took
