@@ -22,12 +22,7 @@ import (
 func TestFlatNetworkByHand(t *testing.T) {
 	f := sharedFixture(t)
 	const host = "echo.apps.svc.cluster-2.global"
-	f.apply2(t, `
-apiVersion: security.istio.io/v1
-kind: PeerAuthentication
-metadata: {name: default, namespace: apps}
-spec: {mtls: {mode: STRICT}}
-`)
+	f.applyTo(t, f.c2, strictPeerAuthentication)
 	serviceEntry := func(san string) string {
 		return fmt.Sprintf(`
 apiVersion: networking.istio.io/v1

@@ -175,31 +175,22 @@ func (f *fixture) settle(t *testing.T, c *dataplane.Client, what string, opts da
 	return 0
 }
 
-// apply writes Istio objects for the rest of the (sub)test; at its end they
-// are deleted and the next check waits for the baseline again.
-func (f *fixture) apply(t *testing.T, manifest string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, f.c.Apply(ctx, manifest))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		assert.NoError(t, f.c.Delete(ctx, manifest))
-		f.baseline(t)
-	})
-}
+// apply writes Istio objects into cluster-1 for the rest of the (sub)test;
+// at its end they are deleted and the next check waits for the baseline
+// again.
+func (f *fixture) apply(t *testing.T, manifest string) { f.applyTo(t, f.c, manifest) }
 
-// apply2 is apply for cluster-2.
-func (f *fixture) apply2(t *testing.T, manifest string) {
+// applyTo is apply for any of the fixture's clusters.
+func (f *fixture) applyTo(t *testing.T, c *dataplane.Cluster, manifest string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	require.NoError(t, f.c2.Apply(ctx, manifest))
+	require.NoError(t, c.Apply(ctx, manifest))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		assert.NoError(t, f.c2.Delete(ctx, manifest))
+		assert.NoError(t, c.Delete(ctx, manifest))
+		f.baseline(t)
 	})
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc/codes"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -232,77 +231,39 @@ func TestTrafficFromRelaymeshPolicies(t *testing.T) {
 
 	t.Run("traffic shift 80/20 between subsets", func(t *testing.T) {
 		r.subtest(t)
-		start := time.Now()
-		r.apply(t, trafficPolicy("echo", "", shiftTo("v1", "80", "v2", "20")))
-		f.settle(t, f.toEcho, "the split", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool {
-			return o.Failed() == 0 && o.Percent(o.Version("v2")) < 35
-		})
-		t.Logf("TrafficPolicy to traffic: %s", time.Since(start).Round(time.Millisecond))
-		o := run(t, f.toEcho, batch, dataplane.CallOptions{})
-		require.Zero(t, o.Failed())
-		within(t, 80, o.Percent(o.Version("v1")), "v1")
-		within(t, 20, o.Percent(o.Version("v2")), "v2")
+		checkShift(t, f, func(t *testing.T) { r.apply(t, trafficPolicy("echo", "", shiftTo("v1", "80", "v2", "20"))) })
 	})
 
 	t.Run("header match routes to a subset", func(t *testing.T) {
 		r.subtest(t)
-		r.apply(t, trafficPolicy("echo-canary", `  httpRequestMatchers:
+		checkHeaderMatch(t, f, func(t *testing.T) {
+			r.apply(t, trafficPolicy("echo-canary", `  httpRequestMatchers:
   - headers: [{name: x-canary, value: "yes"}]`, shiftTo("v2", "100"))+"---\n"+trafficPolicy("echo", "", shiftTo("v1", "100")))
-		canary := dataplane.CallOptions{Headers: map[string]string{"x-canary": "yes"}}
-		f.settle(t, f.toEcho, "header route", canary, func(o *dataplane.Outcomes) bool { return o.Version("v2") == o.Total() })
-		f.settle(t, f.toEcho, "default route", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool { return o.Version("v1") == o.Total() })
-		o := run(t, f.toEcho, batch/4, canary)
-		assert.Equal(t, batch/4, o.Version("v2"), "x-canary: yes goes to v2 only")
-		o = run(t, f.toEcho, batch/4, dataplane.CallOptions{Headers: map[string]string{"x-canary": "no"}})
-		assert.Equal(t, batch/4, o.Version("v1"), "another value goes to v1 only")
+		})
 	})
 
 	t.Run("fault injection aborts 30%", func(t *testing.T) {
 		r.subtest(t)
-		r.apply(t, trafficPolicy("echo", "", "    faultInjection: {abort: {httpStatus: 503}, percentage: 30}\n"))
-		f.settle(t, f.toEcho, "aborts", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool { return o.Failed() > 0 })
-		o := run(t, f.toEcho, batch, dataplane.CallOptions{})
-		within(t, 30, o.Percent(o.Code(codes.Unavailable)), "aborted (UNAVAILABLE)")
-		assert.Equal(t, batch, o.Code(codes.OK)+o.Code(codes.Unavailable), "only OK and the injected UNAVAILABLE")
+		checkAbort(t, f, func(t *testing.T) {
+			r.apply(t, trafficPolicy("echo", "", "    faultInjection: {abort: {httpStatus: 503}, percentage: 30}\n"))
+		})
 	})
 
 	t.Run("request timeout", func(t *testing.T) {
 		r.subtest(t)
-		slow := dataplane.CallOptions{Request: dataplane.Request{Delay: time.Second}, Concurrency: 20}
-		o := run(t, f.toEcho, 20, slow)
-		require.Equal(t, 20, o.Code(codes.OK), "no timeout: slow calls succeed")
-		r.apply(t, trafficPolicy("echo", "", "    requestTimeout: 250ms\n"))
-		f.settle(t, f.toEcho, "timeouts", dataplane.CallOptions{Request: dataplane.Request{Delay: time.Second}, Concurrency: 50}, func(o *dataplane.Outcomes) bool {
-			return o.Code(codes.DeadlineExceeded) == o.Total()
-		})
-		o = run(t, f.toEcho, 40, slow)
-		assert.Equal(t, 40, o.Code(codes.DeadlineExceeded), "a 1s answer exceeds the policy's 250ms")
-		o = run(t, f.toEcho, batch/4, dataplane.CallOptions{})
-		assert.Equal(t, batch/4, o.Code(codes.OK), "fast calls are unaffected")
+		checkTimeout(t, f, func(t *testing.T) { r.apply(t, trafficPolicy("echo", "", "    requestTimeout: 250ms\n")) })
 	})
 
 	t.Run("mTLS from the policy, and AccessPolicy: the allowed service account gets OK, another PermissionDenied", func(t *testing.T) {
 		r.subtest(t)
-		// STRICT comes from the mesh (a VirtualMesh's strictMTLS writes this
-		// PeerAuthentication); written here directly. The client side,
-		// ISTIO_MUTUAL, comes from the TrafficPolicy.
-		f.apply(t, `
-apiVersion: security.istio.io/v1
-kind: PeerAuthentication
-metadata: {name: default, namespace: apps}
-spec: {mtls: {mode: STRICT}}
-`)
-		r.apply(t, trafficPolicy("echo", "", "    mtls: {tlsMode: ISTIO_MUTUAL}\n"))
-		fresh, err := f.other.Dial("echo", ns, echoPort)
-		require.NoError(t, err)
-		defer fresh.Close()
-		f.settle(t, fresh, "mTLS from other", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool {
-			return o.Peer(f.other.SPIFFEID()) == o.Total() && bothVersions(o)
-		})
-		o := run(t, fresh, batch/4, dataplane.CallOptions{})
-		require.Equal(t, batch/4, o.Peer(f.other.SPIFFEID()), "no AccessPolicy: other gets through, over mTLS")
-
-		r.apply(t, `
+		checkAccess(t, f, func(t *testing.T) {
+			// STRICT comes from the mesh (a VirtualMesh's strictMTLS
+			// writes this PeerAuthentication); written here directly. The
+			// client side, ISTIO_MUTUAL, comes from the TrafficPolicy.
+			f.apply(t, strictPeerAuthentication)
+			r.apply(t, trafficPolicy("echo", "", "    mtls: {tlsMode: ISTIO_MUTUAL}\n"))
+		}, func(t *testing.T) {
+			r.apply(t, `
 apiVersion: networking.relaymesh.io/v1alpha1
 kind: AccessPolicy
 metadata: {name: echo-readers, namespace: relaymesh}
@@ -314,15 +275,6 @@ spec:
   - kubeServiceRefs:
       services: [{name: echo, namespace: apps, clusterName: cluster-1}]
 `)
-		f.settle(t, fresh, "the policy denies other", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool {
-			return o.Code(codes.PermissionDenied) == o.Total()
 		})
-		o = run(t, fresh, batch/2, dataplane.CallOptions{})
-		assert.Equal(t, batch/2, o.Code(codes.PermissionDenied), "other is denied")
-		sleep, err := f.sleep.Dial("echo", ns, echoPort)
-		require.NoError(t, err)
-		defer sleep.Close()
-		o = run(t, sleep, batch/2, dataplane.CallOptions{})
-		assert.Equal(t, batch/2, o.Peer(f.sleep.SPIFFEID()), "sleep, the allowed service account, gets OK over mTLS")
 	})
 }
