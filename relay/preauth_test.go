@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"os"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -25,149 +23,11 @@ import (
 	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
-
-// rawConn is an HTTP/2 client speaking frames directly, as an attacker
-// would: no gRPC library between the test and the wire.
-type rawConn struct {
-	t    testing.TB
-	conn *tls.Conn
-	fr   *http2.Framer
-	wmu  sync.Mutex
-	hbuf bytes.Buffer
-	henc *hpack.Encoder
-	next uint32
-	// closed is closed when the server ends the connection (EOF or
-	// GOAWAY); statuses collects grpc-status per stream.
-	closed   chan struct{}
-	mu       sync.Mutex
-	statuses map[uint32]string
-	goaway   bool
-}
-
-func dialRaw(t testing.TB, f *relaytest.Server, cfg *tls.Config, local string) (*rawConn, error) {
-	t.Helper()
-	cfg = cfg.Clone()
-	cfg.NextProtos = []string{"h2"}
-	d := &net.Dialer{Timeout: 5 * time.Second}
-	if local != "" {
-		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(local)}
-	}
-	c, err := tls.DialWithDialer(d, "tcp", f.Addr, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
-		return nil, err
-	}
-	r := &rawConn{t: t, conn: c, fr: http2.NewFramer(c, c), next: 1, closed: make(chan struct{}), statuses: map[uint32]string{}}
-	r.henc = hpack.NewEncoder(&r.hbuf)
-	r.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	if err := r.fr.WriteSettings(); err != nil {
-		return nil, err
-	}
-	go r.read()
-	t.Cleanup(func() { _ = c.Close() })
-	return r, nil
-}
-
-func (r *rawConn) read() {
-	defer close(r.closed)
-	for {
-		f, err := r.fr.ReadFrame()
-		if err != nil {
-			return
-		}
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				r.wmu.Lock()
-				_ = r.fr.WriteSettingsAck()
-				r.wmu.Unlock()
-			}
-		case *http2.MetaHeadersFrame:
-			if st := f.PseudoValue("status"); st != "" && st != "200" {
-				r.mu.Lock()
-				r.statuses[f.StreamID] = "http " + st
-				r.mu.Unlock()
-			}
-			for _, hf := range f.Fields {
-				if hf.Name == "grpc-status" {
-					r.mu.Lock()
-					r.statuses[f.StreamID] = hf.Value
-					r.mu.Unlock()
-				}
-			}
-		case *http2.GoAwayFrame:
-			r.mu.Lock()
-			r.goaway = true
-			r.mu.Unlock()
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				r.wmu.Lock()
-				_ = r.fr.WritePing(true, f.Data)
-				r.wmu.Unlock()
-			}
-		}
-	}
-}
-
-// headers opens a stream calling method; it returns the stream id.
-func (r *rawConn) headers(method string, endStream bool) (uint32, error) {
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	r.hbuf.Reset()
-	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "https"}, {":path", method}, {":authority", "localhost"},
-		{"content-type", "application/grpc"}, {"te", "trailers"}} {
-		if err := r.henc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]}); err != nil {
-			return 0, err
-		}
-	}
-	id := r.next
-	r.next += 2
-	return id, r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndStream: endStream, EndHeaders: true})
-}
-
-func (r *rawConn) data(id uint32, b []byte, end bool) error {
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	return r.fr.WriteData(id, end, b)
-}
-
-func (r *rawConn) reset(id uint32) error {
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	return r.fr.WriteRSTStream(id, http2.ErrCodeCancel)
-}
-
-func (r *rawConn) status(id uint32) string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.statuses[id]
-}
-
-// isClosed reports whether the server ended the connection within d.
-func (r *rawConn) isClosed(d time.Duration) bool {
-	select {
-	case <-r.closed:
-		return true
-	case <-time.After(d):
-		return false
-	}
-}
-
-// grpcHeader is the 5-byte gRPC message prefix declaring n bytes.
-func grpcHeader(n uint32) []byte {
-	h := make([]byte, 5)
-	binary.BigEndian.PutUint32(h[1:], n)
-	return h
-}
 
 func cpuTime(t testing.TB) time.Duration {
 	var ru syscall.Rusage
@@ -187,21 +47,20 @@ func TestPreAuthOversizedCallsAreRefusedUnread(t *testing.T) {
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
-	var conns []*rawConn
+	var conns []*relaytest.RawConn
 	var ids [][]uint32
 	var peak uint64
 	for range calls / 2 { // two streams per connection (MaxConcurrentStreams 2)
-		r, err := dialRaw(t, f, f.ServerOnly(), "")
+		r, err := relaytest.DialRaw(t, f.Addr, f.ServerOnly(), "")
 		require.NoError(t, err)
 		var mine []uint32
 		for range 2 {
-			id, err := r.headers("/relaymesh.relay.v1.Identity/Bootstrap", false)
+			id, err := r.Headers("/relaymesh.relay.v1.Identity/Bootstrap", false)
 			require.NoError(t, err)
-			require.NoError(t, r.data(id, grpcHeader(4<<20), false))
-			// As much of the body as flow control lets through.
-			for range 3 {
-				_ = r.data(id, chunk, false)
-			}
+			require.NoError(t, r.Data(id, relaytest.GRPCHeader(4<<20), false))
+			// As much of the body as the connection's flow-control window
+			// lets two streams send.
+			_ = r.Data(id, chunk, false)
 			mine = append(mine, id)
 		}
 		conns, ids = append(conns, r), append(ids, mine)
@@ -210,10 +69,10 @@ func TestPreAuthOversizedCallsAreRefusedUnread(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for i, r := range conns {
 		for _, id := range ids[i] {
-			for r.status(id) == "" && time.Now().Before(deadline) {
+			for r.Status(id) == "" && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
 			}
-			if r.status(id) == fmt.Sprint(int(codes.ResourceExhausted)) {
+			if r.Status(id) == fmt.Sprint(int(codes.ResourceExhausted)) {
 				refused++
 			}
 		}
@@ -230,12 +89,12 @@ func TestPreAuthOversizedCallsAreRefusedUnread(t *testing.T) {
 	// They cost the address its failure budget like any failed call.
 	small := relaytest.New(t, relaytest.Options{FailureBurst: 3})
 	for range 3 {
-		r, err := dialRaw(t, small, small.ServerOnly(), "")
+		r, err := relaytest.DialRaw(t, small.Addr, small.ServerOnly(), "")
 		require.NoError(t, err)
-		id, err := r.headers("/relaymesh.relay.v1.Identity/Bootstrap", false)
+		id, err := r.Headers("/relaymesh.relay.v1.Identity/Bootstrap", false)
 		require.NoError(t, err)
-		require.NoError(t, r.data(id, grpcHeader(4<<20), false))
-		require.Eventually(t, func() bool { return r.status(id) != "" }, 5*time.Second, 5*time.Millisecond)
+		require.NoError(t, r.Data(id, relaytest.GRPCHeader(4<<20), false))
+		require.Eventually(t, func() bool { return r.Status(id) != "" }, 5*time.Second, 5*time.Millisecond)
 	}
 	_, err := small.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: small.Mint("cluster-1", time.Hour)})
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "the address spent its budget on oversized calls: %v", err)
@@ -248,23 +107,23 @@ func TestPreAuthOversizedCallsAreRefusedUnread(t *testing.T) {
 func TestRapidResetIsCutOff(t *testing.T) {
 	f := relaytest.New(t, relaytest.Options{})
 	flood := func(cfg *tls.Config) (sent int, cut bool) {
-		r, err := dialRaw(t, f, cfg, "")
+		r, err := relaytest.DialRaw(t, f.Addr, cfg, "")
 		require.NoError(t, err)
 		for sent = 0; sent < 100000; sent++ {
-			id, err := r.headers("/relaymesh.relay.v1.Identity/Bootstrap", false)
+			id, err := r.Headers("/relaymesh.relay.v1.Identity/Bootstrap", false)
 			if err == nil {
-				err = r.reset(id)
+				err = r.Reset(id)
 			}
 			if err != nil {
 				break
 			}
 			select {
-			case <-r.closed:
+			case <-r.Closed():
 				return sent, true
 			default:
 			}
 		}
-		return sent, r.isClosed(2 * time.Second)
+		return sent, r.IsClosed(2 * time.Second)
 	}
 	sent, cut := flood(f.ServerOnly())
 	assert.True(t, cut, "the unauthenticated connection is closed")
@@ -284,12 +143,12 @@ func TestRapidResetIsCutOff(t *testing.T) {
 	start, cpu0 := time.Now(), cpuTime(t)
 	var total, cuts, refused int
 	for time.Since(start) < 3*time.Second {
-		r, err := dialRaw(t, f, f.ServerOnly(), "")
+		r, err := relaytest.DialRaw(t, f.Addr, f.ServerOnly(), "")
 		if err != nil {
 			refused++
 			continue
 		}
-		_ = r.conn.Close()
+		_ = r.Close()
 		n, c := flood(f.ServerOnly())
 		total += n
 		if c {
@@ -332,9 +191,9 @@ func TestHandshakeDeadlineAndIdlePreAuth(t *testing.T) {
 	assert.Less(t, time.Since(start), 2*time.Second)
 	t.Logf("a silent connection was closed after %s", time.Since(start).Round(time.Millisecond))
 
-	r, err := dialRaw(t, f, f.ServerOnly(), "")
+	r, err := relaytest.DialRaw(t, f.Addr, f.ServerOnly(), "")
 	require.NoError(t, err)
-	assert.True(t, r.isClosed(5*time.Second), "an idle unauthenticated connection is closed")
+	assert.True(t, r.IsClosed(5*time.Second), "an idle unauthenticated connection is closed")
 }
 
 func isTimeout(err error) bool {
