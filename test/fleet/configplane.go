@@ -71,8 +71,10 @@ type ConfigPlaneResult struct {
 	// objects left. Refused agents were told their certificate is refused.
 	Removed time.Duration
 	Refused int
-	// Logs counts the server's log lines of the whole run.
-	Logs map[string]int
+	// Logs counts the server's log lines of the whole run; Throttled the
+	// client-side throttling client-go reported in them.
+	Logs      map[string]int
+	Throttled Throttled
 }
 
 // policyName is the TrafficPolicy ConfigPlane edits.
@@ -317,7 +319,7 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 	if err != nil {
 		return nil, err
 	}
-	r.Logs = LogCounts(lines)
+	r.Logs, r.Throttled = LogCounts(lines), ThrottledOf(lines)
 	return r, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -209,7 +210,7 @@ func ReadLog(path string, since time.Time, keep func(LogLine) bool) ([]LogLine, 
 		var raw map[string]any
 		var l LogLine
 		if err := json.Unmarshal(sc.Bytes(), &raw); err != nil {
-			l.Msg = sc.Text()
+			l = parseKlog(sc.Text(), since)
 		} else {
 			l.Level, _ = raw["level"].(string)
 			l.Msg, _ = raw["msg"].(string)
@@ -229,6 +230,62 @@ func ReadLog(path string, since time.Time, keep func(LogLine) bool) ([]LogLine, 
 		}
 	}
 	return out, sc.Err()
+}
+
+// klogLine is a line client-go writes through klog, e.g.
+// `I1125 05:32:19.133353   19980 request.go:752] "Waited before sending request" delay="10.8s" verb="GET"`.
+var klogLine = regexp.MustCompile(`^([IWEF])(\d{2})(\d{2}) (\d{2}:\d{2}:\d{2}\.\d+)\s+\d+ [^\]]+\] "((?:[^"\\]|\\.)*)"(.*)$`)
+
+// klogAttr is one key="value" of a klog line.
+var klogAttr = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
+
+// parseKlog reads a klog line (level, time, message and key="value"
+// attributes; klog's header has no year: the year of ref, or of now, is
+// assumed); any other text becomes a line with that text as its message.
+func parseKlog(text string, ref time.Time) LogLine {
+	m := klogLine.FindStringSubmatch(text)
+	if m == nil {
+		return LogLine{Msg: text}
+	}
+	levels := map[string]string{"I": "INFO", "W": "WARN", "E": "ERROR", "F": "FATAL"}
+	l := LogLine{Level: "klog-" + levels[m[1]], Msg: m[5], Attrs: map[string]any{}}
+	if ref.IsZero() {
+		ref = time.Now()
+	}
+	if t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", fmt.Sprintf("%d-%s-%s %s", ref.Year(), m[2], m[3], m[4]), time.Local); err == nil {
+		l.Time = t
+	}
+	for _, kv := range klogAttr.FindAllStringSubmatch(m[6], -1) {
+		l.Attrs[kv[1]] = kv[2]
+	}
+	return l
+}
+
+// Throttled summarises client-go's "Waited before sending request" lines
+// (client-side rate limiting of the server's Kubernetes client; client-go
+// logs at most one such line every few seconds, for waits over a second).
+type Throttled struct {
+	Lines    int
+	MaxDelay time.Duration
+	// ByVerb counts the lines by HTTP verb.
+	ByVerb map[string]int
+}
+
+// ThrottledOf reads the throttling lines among lines.
+func ThrottledOf(lines []LogLine) Throttled {
+	t := Throttled{ByVerb: map[string]int{}}
+	for _, l := range lines {
+		if l.Msg != "Waited before sending request" {
+			continue
+		}
+		t.Lines++
+		verb, _ := l.Attrs["verb"].(string)
+		t.ByVerb[verb]++
+		if d, err := time.ParseDuration(fmt.Sprint(l.Attrs["delay"])); err == nil {
+			t.MaxDelay = max(t.MaxDelay, d)
+		}
+	}
+	return t
 }
 
 // LogCounts counts log lines by "LEVEL msg".

@@ -21,7 +21,10 @@ type StormConfig struct {
 	// Service of one pod.
 	Snapshot SnapshotSpec
 	// Timeout bounds the wait for every session; default 10 minutes.
-	Timeout time.Duration
+	// Stall ends the wait early when no new session opened for that long
+	// (agents whose token was used up without a certificate never will);
+	// default 60s.
+	Timeout, Stall time.Duration
 	// StatusAfter is how long after the last session opened the
 	// KubernetesCluster statuses are read; default 25s.
 	StatusAfter time.Duration
@@ -39,14 +42,17 @@ type StormResult struct {
 	Certified, Session Summary
 	// AllCertified and AllSessions: storm start → the last agent.
 	AllCertified, AllSessions time.Duration
-	// NotConnected agents had no session when Timeout passed.
-	NotConnected int
+	// NotConnected agents had no session when the wait ended;
+	// NotConnectedErrors are their last errors, by message.
+	NotConnected       int
+	NotConnectedErrors map[string]int
 	// BootstrapAttempts over the fleet (Agents if none was retried);
 	// BootstrapErrors counts the last error of agents that retried, by
 	// message.
 	BootstrapAttempts int
 	BootstrapErrors   map[string]int
-	// CPU used from the storm's start until every session was open.
+	// CPU used from the storm's start until the last session opened
+	// (sampled every 500ms, so up to that much later).
 	CPU CPUWindow
 	// APIRequests the management API server served in the same window.
 	APIRequests map[string]float64
@@ -58,6 +64,9 @@ type StormResult struct {
 	// start to the status check, by level and message.
 	QueueFull int
 	Logs      map[string]int
+	// Throttled is client-go's own account, in the same lines, of requests
+	// its rate limiter held back.
+	Throttled Throttled
 	// ServerAfter is the server's usage after the status check.
 	ServerAfter ProcUsage
 }
@@ -67,8 +76,9 @@ type StatusCheck struct {
 	After time.Duration
 	Total int
 	// Connected say connected: true; NoStatus have no status at all;
-	// SerialMatches name the certificate the agent holds; Correct are
-	// connected and name it.
+	// SerialMatches name the certificate the agent holds; Correct say what
+	// is true: an agent with a session is connected with the certificate
+	// it holds, one without a session is not connected.
 	Connected, NoStatus, SerialMatches, Correct int
 }
 
@@ -86,6 +96,9 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 10 * time.Minute
 	}
+	if cfg.Stall == 0 {
+		cfg.Stall = time.Minute
+	}
 	if cfg.StatusAfter == 0 {
 		cfg.StatusAfter = 25 * time.Second
 	}
@@ -94,7 +107,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		return nil, err
 	}
 	defer srv.Stop()
-	r := &StormResult{Agents: cfg.Agents, BootstrapErrors: map[string]int{}}
+	r := &StormResult{Agents: cfg.Agents, BootstrapErrors: map[string]int{}, NotConnectedErrors: map[string]int{}}
 	members, reg, audited, err := cfg.registerFleet(ctx, cfg.Prefix, cfg.Agents)
 	if err != nil {
 		return nil, err
@@ -110,24 +123,51 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		return nil, err
 	}
 	defer f.Stop()
-	meter, err := StartCPU(cfg.cpuPids(srv))
-	if err != nil {
-		return nil, err
-	}
 	apiBefore, err := cfg.Env.Mgmt.APIRequests(ctx)
 	if err != nil {
 		return nil, err
 	}
 	stop := cfg.during(ctx, srv)
 	cfg.Logf("storm: starting %d agents at once", cfg.Agents)
-	start := f.Start(ctx)
-	wctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	waitErr := f.Wait(wctx, "connected", Connected)
-	cancel()
-	stop()
-	if r.CPU, err = meter.Stop(); err != nil {
+	pids := cfg.cpuPids(srv)
+	meter, err := StartCPU(pids)
+	if err != nil {
 		return nil, err
 	}
+	start := f.Start(ctx)
+	// Wait until every agent has a session, the fleet stalls, or Timeout;
+	// keep the CPU used up to the latest new session.
+	deadline, progress, connected := start.Add(cfg.Timeout), start, 0
+	var waitErr error
+	for {
+		n := 0
+		for _, a := range f.Agents() {
+			if !a.State().Timeline.Session.IsZero() {
+				n++
+			}
+		}
+		now := time.Now()
+		if n > connected {
+			connected, progress = n, now
+			if r.CPU, err = meter.Stop(); err != nil {
+				return nil, err
+			}
+		}
+		if n == cfg.Agents {
+			break
+		}
+		if now.After(deadline) || now.Sub(progress) > cfg.Stall {
+			waitErr = fmt.Errorf("%d of %d agents have no session; the last new one opened %s ago", cfg.Agents-n, cfg.Agents, now.Sub(progress).Round(time.Second))
+			break
+		}
+		select {
+		case <-ctx.Done():
+			stop()
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	stop()
 	apiAfter, err := cfg.Env.Mgmt.APIRequests(ctx)
 	if err != nil {
 		return nil, err
@@ -150,6 +190,9 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		}
 		if tl.Session.IsZero() {
 			r.NotConnected++
+			if st.LastError != nil {
+				r.NotConnectedErrors[truncate(st.LastError.Error(), 160)]++
+			}
 			continue
 		}
 		session = append(session, tl.Session.Sub(tl.Started))
@@ -172,7 +215,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.Logs = LogCounts(lines)
+	r.Logs, r.Throttled = LogCounts(lines), ThrottledOf(lines)
 	all, err := ReadLog(srv.LogPath(), time.Time{}, func(l LogLine) bool { return l.Msg == "status queue full; dropping update" })
 	if err != nil {
 		return nil, err
@@ -205,11 +248,12 @@ func checkStatus(ctx context.Context, m *Management, f *Fleet) (StatusCheck, err
 			c.Connected++
 		}
 		agent := a.State()
-		if st.Serial != "" && st.Serial == agent.Serial {
+		match := st.Serial != "" && st.Serial == agent.Serial
+		if match {
 			c.SerialMatches++
-			if st.Connected == agent.Connected {
-				c.Correct++
-			}
+		}
+		if agent.Connected && st.Connected && match || !agent.Connected && !st.Connected {
+			c.Correct++
 		}
 	}
 	return c, nil

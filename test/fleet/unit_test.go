@@ -85,14 +85,17 @@ func TestReadLog(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(`{"time":"2026-01-01T00:00:00Z","level":"INFO","msg":"agent certificate issued","cluster":"a"}
 {"time":"2026-01-01T00:00:02Z","level":"WARN","msg":"status queue full; dropping update","cluster":"b"}
 not json at all
+I0101 00:00:02.500000   19980 request.go:752] "Waited before sending request" delay="10.827667886s" reason="client-side throttling, not priority and fairness" verb="GET" URL="https://127.0.0.1:1/api/v1/namespaces/relaymesh/secrets/x"
 {"time":"2026-01-01T00:00:03Z","level":"INFO","msg":"agent certificate issued","cluster":"c"}
 `), 0o600))
 	all, err := fleet.ReadLog(path, time.Time{}, nil)
 	require.NoError(t, err)
-	require.Len(t, all, 4)
+	require.Len(t, all, 5)
 	assert.Equal(t, "a", all[0].Attrs["cluster"])
 	assert.Equal(t, "not json at all", all[2].Msg)
-	assert.Equal(t, map[string]int{"INFO agent certificate issued": 2, "WARN status queue full; dropping update": 1, "not json at all": 1}, fleet.LogCounts(all))
+	assert.Equal(t, map[string]int{"INFO agent certificate issued": 2, "WARN status queue full; dropping update": 1, "not json at all": 1,
+		"klog-INFO Waited before sending request": 1}, fleet.LogCounts(all))
+	assert.Equal(t, fleet.Throttled{Lines: 1, MaxDelay: 10827667886, ByVerb: map[string]int{"GET": 1}}, fleet.ThrottledOf(all))
 	later, err := fleet.ReadLog(path, time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC), func(l fleet.LogLine) bool { return l.Level == "INFO" })
 	require.NoError(t, err)
 	require.Len(t, later, 1)

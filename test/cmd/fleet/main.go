@@ -129,9 +129,10 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 		agents := fs.Int("agents", 200, "fleet size")
 		statusAfter := fs.Duration("status-after", 25*time.Second, "wait after the last session before statuses are read")
 		timeout := fs.Duration("timeout", 10*time.Minute, "bound on the wait for every session")
+		stall := fs.Duration("stall", time.Minute, "end the wait when no new session opened for this long")
 		services := fs.Int("services", 1, "Services in each agent's snapshot")
 		f = func(ctx context.Context, o fleet.Options) (any, error) {
-			return fleet.Storm(ctx, fleet.StormConfig{Options: o, Agents: *agents, StatusAfter: *statusAfter, Timeout: *timeout,
+			return fleet.Storm(ctx, fleet.StormConfig{Options: o, Agents: *agents, StatusAfter: *statusAfter, Timeout: *timeout, Stall: *stall,
 				Snapshot: fleet.SnapshotSpec{Services: *services}})
 		}
 	case "issuance":
