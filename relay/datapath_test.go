@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/relay"
@@ -265,6 +266,38 @@ func TestPullDeliversVersionsAndRecordsAcks(t *testing.T) {
 	f.Registry.Remove("cluster-1")
 	_, err = stream.Recv()
 	assert.Equal(t, codes.PermissionDenied, status.Code(err))
+}
+
+// A hostile agent acks thousands of conflicts with huge error texts: the
+// server keeps at most 1,000, each cut to 256 bytes, plus the results for
+// Secrets (mesh CAs), and serves no more than that from /debug.
+func TestAckContentsAreBounded(t *testing.T) {
+	f := relaytest.New(t, relaytest.Options{DataPath: true})
+	c1 := f.Bootstrap("cluster-1")
+	f.Outputs.Set("cluster-1", []*relaypb.OutputObject{{Manifest: []byte(`{"apiVersion":"networking.istio.io/v1","kind":"VirtualService","metadata":{"name":"a","namespace":"x"}}`)}})
+	stream, err := relaypb.NewDiscoveryClient(f.Dial(f.MTLS(c1.TLS))).Pull(context.Background())
+	require.NoError(t, err)
+	set, err := stream.Recv()
+	require.NoError(t, err)
+	ack := &relaypb.PullAck{Version: set.GetVersion()}
+	huge := strings.Repeat("é", 400) // 800 bytes, cut on a rune boundary
+	for i := range 3000 {
+		ack.Results = append(ack.Results, &relaypb.ObjectResult{Kind: "VirtualService", Namespace: "x", Name: fmt.Sprintf("vs-%d", i), Outcome: "conflict", Error: huge})
+	}
+	ack.Results = append(ack.Results, &relaypb.ObjectResult{Kind: "Secret", Namespace: "istio-system", Name: "cacerts", Outcome: "applied"},
+		&relaypb.ObjectResult{Kind: "VirtualService", Namespace: "x", Name: "fine", Outcome: "applied"})
+	require.NoError(t, stream.Send(ack))
+	require.Eventually(t, func() bool { return f.View.Ack("cluster-1") != nil }, 2*time.Second, 10*time.Millisecond)
+	cv := f.View.Clusters()["cluster-1"]
+	assert.Len(t, cv.Conflicts, 1000)
+	for _, r := range cv.Conflicts {
+		require.LessOrEqual(t, len(r.GetError()), 256)
+		require.True(t, utf8.ValidString(r.GetError()))
+	}
+	kept := f.View.Ack("cluster-1")
+	assert.Equal(t, set.GetVersion(), kept.GetVersion())
+	assert.Len(t, kept.GetResults(), 1001, "1,000 failures and the Secret result; not the applied VirtualService")
+	assert.Equal(t, "cacerts", kept.GetResults()[1000].GetName())
 }
 
 func TestDataPathNeedsAClientCertificate(t *testing.T) {
