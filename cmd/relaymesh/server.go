@@ -59,6 +59,8 @@ type serverFlags struct {
 	webhookClientCA, debugEndpoints                           string
 	webhookAllowUnauthenticated                               bool
 	pkcs11Modules                                             multiFlag
+	conns                                                     relay.ConnectionLimits
+	clusters                                                  relay.ClusterLimits
 }
 
 func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -87,6 +89,12 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&f.webhookFailurePolicy, "webhook-failure-policy", "Fail", "Fail (an unreachable webhook blocks changes) or WEAKER Ignore (changes pass while it is down; the in-process check still marks refused objects Invalid)")
 	fs.Var(&f.pkcs11Modules, "pkcs11-module", "a PKCS#11 module a VirtualMesh's spec.mtls.shared.rootCA.pkcs11.modulePath may name (repeatable; none: pkcs11 roots are refused, so a VirtualMesh cannot make the server load an arbitrary library)")
 	fs.BoolVar(&f.allowKubeconfig, "allow-kubeconfig-clusters", false, "WEAKER: manage clusters registered in kubeconfig mode, with the kubeconfig in their Secret (the server then holds their credentials)")
+	fs.IntVar(&f.conns.MaxConnections, "max-connections", 32768, "relay connections open at once, all peers")
+	fs.IntVar(&f.conns.MaxConnectionsPerAddress, "max-connections-per-address", 256, "relay connections open at once from one address (IPv6: /64); agents behind one NAT share it")
+	fs.IntVar(&f.conns.MaxPreAuth, "max-preauth-connections", 1024, "relay connections open at once that have not authenticated (handshaking or bootstrapping)")
+	fs.IntVar(&f.conns.MaxPreAuthPerAddress, "max-preauth-connections-per-address", 16, "unauthenticated relay connections open at once from one address")
+	fs.Float64Var(&f.clusters.RenewsPerMinute, "cluster-renewals-per-minute", 6, "certificate renewals a cluster may ask for per minute (burst 10)")
+	fs.IntVar(&f.clusters.MaxSessions, "cluster-max-streams", 32, "relay streams (sessions, snapshots, outputs) one cluster may hold open at once")
 	fs.StringVar(&f.debugEndpoints, "debug-endpoints", "authenticated", "authenticated: /debug/* on the metrics port answers only bearer tokens the apiserver accepts (TokenReview) whose user may get relaymesh.io/debug (SubjectAccessReview); off: not served")
 	fs.StringVar(&f.webhookClientCA, "webhook-client-ca", "", "PEM file of the CA that issued the kube-apiserver's client certificate for admission webhooks (its --admission-control-config-file kubeconfig): the webhook then answers only callers with such a certificate; required with --webhook-listen unless --webhook-allow-unauthenticated")
 	fs.BoolVar(&f.webhookAllowUnauthenticated, "webhook-allow-unauthenticated", false, "WEAKER: serve the webhook to callers without a client certificate; decisions record the caller as unauthenticated and each source address has its own budget")
@@ -251,6 +259,8 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		Metrics:           metrics,
 		DataPath:          &relay.DataPathConfig{View: view, Outputs: outputs},
 		Trust:             trustCtl,
+		Connections:       f.conns,
+		Clusters:          f.clusters,
 	})
 	if err != nil {
 		return err
@@ -324,6 +334,15 @@ func (f serverFlags) validate() error {
 		if (f.webhookClientCA == "") == !f.webhookAllowUnauthenticated {
 			errs = append(errs, errors.New("--webhook-listen needs --webhook-client-ca (the apiserver authenticates with its client certificate) or, WEAKER, --webhook-allow-unauthenticated, not both"))
 		}
+	}
+	for name, v := range map[string]int{"--max-connections": f.conns.MaxConnections, "--max-connections-per-address": f.conns.MaxConnectionsPerAddress,
+		"--max-preauth-connections": f.conns.MaxPreAuth, "--max-preauth-connections-per-address": f.conns.MaxPreAuthPerAddress, "--cluster-max-streams": f.clusters.MaxSessions} {
+		if v < 1 {
+			errs = append(errs, fmt.Errorf("%s must be at least 1", name))
+		}
+	}
+	if f.clusters.RenewsPerMinute <= 0 {
+		errs = append(errs, errors.New("--cluster-renewals-per-minute must be positive"))
 	}
 	switch f.debugEndpoints {
 	case "authenticated", "off":

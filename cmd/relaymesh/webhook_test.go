@@ -3,6 +3,8 @@ package main
 import (
 	"testing"
 
+	"github.com/relaymesh/relaymesh/relay"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -10,7 +12,8 @@ import (
 // The webhook flags are checked before anything starts, each problem with
 // a message naming the flag.
 func TestWebhookFlags(t *testing.T) {
-	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", webhookFailurePolicy: "Fail", dnsNames: "localhost", webhookClientCA: "apiserver-client-ca.pem", debugEndpoints: "authenticated"}
+	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", webhookFailurePolicy: "Fail", dnsNames: "localhost", webhookClientCA: "apiserver-client-ca.pem", debugEndpoints: "authenticated",
+		conns: relay.ConnectionLimits{MaxConnections: 1, MaxConnectionsPerAddress: 1, MaxPreAuth: 1, MaxPreAuthPerAddress: 1}, clusters: relay.ClusterLimits{RenewsPerMinute: 1, MaxSessions: 1}}
 	for _, tc := range []struct {
 		name string
 		edit func(*serverFlags)
@@ -37,6 +40,8 @@ func TestWebhookFlags(t *testing.T) {
 			f.webhookListen, f.webhookURL, f.webhookAllowUnauthenticated = ":9443", "https://127.0.0.1:9443/validate", true
 		}, "not both"},
 		{"bad debug endpoints", func(f *serverFlags) { f.debugEndpoints = "public" }, "use authenticated or off"},
+		{"no connections", func(f *serverFlags) { f.conns.MaxConnections = 0 }, "--max-connections must be at least 1"},
+		{"no renewals", func(f *serverFlags) { f.clusters.RenewsPerMinute = -1 }, "--cluster-renewals-per-minute must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := base
