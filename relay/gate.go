@@ -240,13 +240,6 @@ func (g *gate) close() {
 	g.auth.close()
 }
 
-// open returns the connections counted now (total, pre-authentication).
-func (g *gate) open() (int, int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.total, g.preTotal
-}
-
 func hostOf(a net.Addr) string {
 	if a == nil {
 		return "unknown"
@@ -342,7 +335,7 @@ func (handshakenCreds) ClientHandshake(context.Context, string, net.Conn) (net.C
 }
 
 func (handshakenCreds) Info() credentials.ProtocolInfo {
-	return credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.3"}
+	return credentials.ProtocolInfo{SecurityProtocol: "tls"}
 }
 
 func (h handshakenCreds) Clone() credentials.TransportCredentials { return h }
