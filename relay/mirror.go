@@ -293,6 +293,9 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredOb
 		for _, p := range d.GetPorts() {
 			ks.Ports = append(ks.Ports, discoveryv1alpha1.ServicePort{Port: p.GetPort(), Name: p.GetName(), Protocol: p.GetProtocol(), AppProtocol: p.GetAppProtocol(), TargetPort: p.GetTargetPort()})
 		}
+		for _, e := range d.GetEndpoints() {
+			ks.Endpoints = append(ks.Endpoints, discoveryv1alpha1.Endpoint{IP: e.GetIp(), Labels: e.GetLabels()})
+		}
 		if len(d.GetSubsets()) > 0 {
 			ks.Subsets = map[string][]string{}
 			for k, v := range d.GetSubsets() {

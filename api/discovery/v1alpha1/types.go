@@ -200,6 +200,20 @@ type KubeService struct {
 	ServiceType string `json:"serviceType,omitempty"`
 	// +optional
 	ExternalAddresses []string `json:"externalAddresses,omitempty"`
+	// Endpoints are the Service's ready pods, sorted by IP: what
+	// flat-network federation sends traffic to directly.
+	// +kubebuilder:validation:MaxItems=10000
+	// +optional
+	Endpoints []Endpoint `json:"endpoints,omitempty"`
+}
+
+// Endpoint is a ready pod behind a Service.
+type Endpoint struct {
+	// IP is the pod's IP address.
+	IP string `json:"ip"`
+	// Labels are the pod's labels, which subsets select endpoints by.
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // ServicePort is a port of a Service.
