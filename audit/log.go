@@ -18,14 +18,14 @@ type Config struct {
 	// Clock gives the time of each record; default time.Now. Records are
 	// stored in UTC whatever location it returns.
 	Clock func() time.Time
-	// Sync makes Record fsync the file after every record, so a record
-	// survives a power loss or kernel crash once Record returns, at the cost
-	// of one disk flush per record (milliseconds each on most disks, which
-	// also caps throughput since records are written one at a time). Without
-	// it a returned record has reached the operating system and survives a
-	// crash of the process but not of the machine; the last records may
-	// then be lost, or the last line left torn, which Open reports. Close
-	// syncs either way.
+	// Sync makes Record return only once its record is on disk (fsync), so
+	// a record survives a power loss or kernel crash once Record returns.
+	// Records written while a flush runs share the next one (group commit):
+	// one flush per batch, not per record, so concurrent callers are not
+	// serialised behind each other's flushes. Without it a returned record
+	// has reached the operating system and survives a crash of the process
+	// but not of the machine; the last records may then be lost, or the last
+	// line left torn, which Open reports. Close syncs either way.
 	Sync bool
 }
 
@@ -49,6 +49,14 @@ type Log struct {
 	seq  uint64 // of the last record written; 0 when the log is empty
 	head string // Hash of the last record; "" when the log is empty
 	err  error  // once set, Record fails: the file was closed or a write failed
+
+	// Group commit: durable is the last seq known to be on disk; syncing
+	// is set while one caller flushes for everyone; flushed wakes the
+	// waiters. Guarded by mu.
+	durable uint64
+	syncing bool
+	flushed *sync.Cond
+	syncs   uint64 // flushes done, for tests
 }
 
 var _ Recorder = (*Log)(nil)
@@ -115,7 +123,9 @@ func start(f *os.File, created bool, cfg Config) (*Log, error) {
 	if clock == nil {
 		clock = time.Now
 	}
-	return &Log{clock: clock, sync: cfg.Sync, f: f, seq: s.Records, head: s.HeadHash}, nil
+	l := &Log{clock: clock, sync: cfg.Sync, f: f, seq: s.Records, head: s.HeadHash, durable: s.Records}
+	l.flushed = sync.NewCond(&l.mu)
+	return l, nil
 }
 
 // syncDir makes a newly created file's directory entry durable.
@@ -162,10 +172,38 @@ func (l *Log) Record(e Event) error {
 	}
 	l.seq, l.head = r.Seq, hash
 	if l.sync {
-		if err := l.f.Sync(); err != nil {
-			l.err = fmt.Errorf("log unusable after a failed sync: %w", err)
-			return fmt.Errorf("audit: record: %w", err)
+		return l.waitDurable(r.Seq)
+	}
+	return nil
+}
+
+// waitDurable returns once record seq is on disk. Callers hold l.mu. The
+// first caller to find no flush running flushes everything written so far
+// (outside the lock, so others keep appending); the rest wait for a flush
+// that covers them.
+func (l *Log) waitDurable(seq uint64) error {
+	for l.durable < seq {
+		if l.err != nil {
+			return fmt.Errorf("audit: record: %w", l.err)
 		}
+		if l.syncing {
+			l.flushed.Wait()
+			continue
+		}
+		l.syncing = true
+		target, f := l.seq, l.f
+		l.mu.Unlock()
+		err := f.Sync()
+		l.mu.Lock()
+		l.syncing = false
+		l.syncs++
+		if err != nil && l.err == nil {
+			l.err = fmt.Errorf("log unusable after a failed sync: %w", err)
+		}
+		if err == nil {
+			l.durable = max(l.durable, target)
+		}
+		l.flushed.Broadcast()
 	}
 	return nil
 }
@@ -187,9 +225,13 @@ func (l *Log) Close() error {
 	if l.f == nil {
 		return nil
 	}
+	for l.syncing {
+		l.flushed.Wait()
+	}
 	f := l.f
 	l.f = nil
 	l.err = fmt.Errorf("log is closed: %w", os.ErrClosed)
+	l.flushed.Broadcast()
 	if err := errors.Join(f.Sync(), f.Close()); err != nil {
 		return fmt.Errorf("audit: close: %w", err)
 	}
