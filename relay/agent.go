@@ -48,6 +48,8 @@ type SessionConfig struct {
 	// drop it; optional.
 	OnRefused func(error)
 	Logger    *slog.Logger
+	// Clock is the agent's clock, whose time Hello reports; default time.Now.
+	Clock func() time.Time
 }
 
 // SnapshotSource is the agent's discovery.
@@ -169,7 +171,7 @@ func (s *Session) once(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: s.cfg.Version}}}); err != nil {
+	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: s.cfg.Version, AgentTimeUnixNano: s.now().UnixNano()}}}); err != nil {
 		return err
 	}
 	first, err := stream.Recv()

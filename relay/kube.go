@@ -2,17 +2,13 @@ package relay
 
 import (
 	"context"
-	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
@@ -98,79 +94,4 @@ func toCluster(obj any) (*multiclusterv1alpha1.KubernetesCluster, error) {
 		return nil, err
 	}
 	return kc, nil
-}
-
-// KubeStatus writes agent facts to KubernetesCluster status. Writes happen
-// on one background goroutine so the relay never waits for the API server;
-// if the queue is full a write is dropped and logged (the next event
-// rewrites the facts).
-type KubeStatus struct {
-	client    dynamic.Interface
-	namespace string
-	log       *slog.Logger
-	queue     chan statusPatch
-	now       func() time.Time
-}
-
-type statusPatch struct {
-	cluster string
-	status  map[string]any
-}
-
-// NewKubeStatus returns a sink; call Run.
-func NewKubeStatus(client dynamic.Interface, namespace string, log *slog.Logger) *KubeStatus {
-	return &KubeStatus{client: client, namespace: namespace, log: log.With("component", "cluster-status"), queue: make(chan statusPatch, 1024), now: time.Now}
-}
-
-// Run applies queued status patches until ctx ends.
-func (k *KubeStatus) Run(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case p := <-k.queue:
-			body, err := json.Marshal(map[string]any{"status": p.status})
-			if err != nil {
-				continue
-			}
-			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err = k.client.Resource(KubernetesClusters).Namespace(k.namespace).Patch(wctx, p.cluster, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "relaymesh-server"}, "status")
-			cancel()
-			if err != nil {
-				k.log.Warn("could not update KubernetesCluster status", "cluster", p.cluster, "error", err)
-			}
-		}
-	}
-}
-
-func (k *KubeStatus) enqueue(p statusPatch) {
-	select {
-	case k.queue <- p:
-	default:
-		k.log.Warn("status queue full; dropping update", "cluster", p.cluster)
-	}
-}
-
-// CertificateIssued implements StatusSink.
-func (k *KubeStatus) CertificateIssued(cluster string, cert *x509.Certificate, version string) {
-	st := map[string]any{
-		"lastSeen": k.now().UTC().Format(time.RFC3339),
-		"agentCertificate": map[string]any{
-			"serial":   fmt.Sprintf("%x", cert.SerialNumber),
-			"spiffeID": cert.URIs[0].String(),
-			"notAfter": cert.NotAfter.UTC().Format(time.RFC3339),
-		},
-	}
-	if version != "" {
-		st["agentVersion"] = version
-	}
-	k.enqueue(statusPatch{cluster: cluster, status: st})
-}
-
-// SessionChanged implements StatusSink.
-func (k *KubeStatus) SessionChanged(cluster string, connected bool) {
-	k.enqueue(statusPatch{cluster: cluster, status: map[string]any{
-		"connected": connected,
-		"lastSeen":  k.now().UTC().Format(time.RFC3339),
-	}})
 }

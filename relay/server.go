@@ -813,7 +813,7 @@ func (s *Server) issue(ctx context.Context, op, cluster, registration, peerAddr 
 		return nil, status.Error(codes.PermissionDenied, "cluster is not registered")
 	}
 	if n := len(csr.DNSNames) + len(csr.IPAddresses) + len(csr.URIs) + len(csr.EmailAddresses); n > 0 {
-		s.log.Info("ignoring names requested in CSR; the server decides the identity", "cluster", cluster, "requested_names", n)
+		s.log.Debug("ignoring names requested in CSR; the server decides the identity", "cluster", cluster, "requested_names", n)
 	}
 	issued, err := s.cfg.Issuer.IssueAgentFor(ctx, csr, id, registration)
 	if err != nil {
@@ -835,7 +835,9 @@ func (s *Server) issue(ctx context.Context, op, cluster, registration, peerAddr 
 	}
 	s.cfg.Metrics.issued.WithLabelValues(op, "success").Inc()
 	s.cfg.Metrics.certExpiry.WithLabelValues(cluster).Set(float64(cert.NotAfter.Unix()))
-	s.log.Info("agent certificate issued", "cluster", cluster, "operation", op, "spiffe_id", id.String(), "serial", serial, "not_after", cert.NotAfter)
+	// Routine: the audit log has the record and relaymesh_ca_issued_certificates_total
+	// counts it; at info level a fleet renewing would flood the log.
+	s.log.Debug("agent certificate issued", "cluster", cluster, "operation", op, "spiffe_id", id.String(), "serial", serial, "not_after", cert.NotAfter)
 	if s.cfg.Status != nil {
 		s.cfg.Status.CertificateIssued(cluster, cert, version)
 	}
@@ -907,6 +909,7 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 			return err
 		}
 		s.log.Info("agent session opened", "cluster", a.cluster, "peer", a.peer, "agent_version", first.GetHello().GetAgentVersion())
+		s.agentClock(a.cluster, first.GetHello())
 	}
 	for {
 		select {

@@ -184,7 +184,8 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := identity.AuditTokenMints(ctx, kube.typed, f.namespace, auditLog, log); err != nil {
 		return err
 	}
-	status := relay.NewKubeStatus(kube.dynamic, f.namespace, log)
+	status := relay.NewKubeStatus(kube.dynamic, f.namespace, log, relay.StatusConfig{})
+	registry.OnRevoke(status.Forget)
 	go status.Run(ctx)
 	go serving.Run(ctx)
 

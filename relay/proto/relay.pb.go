@@ -302,10 +302,14 @@ func (*AgentMessage_Hello) isAgentMessage_Msg() {}
 func (*AgentMessage_Ping) isAgentMessage_Msg() {}
 
 type Hello struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AgentVersion  string                 `protobuf:"bytes,1,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	AgentVersion string                 `protobuf:"bytes,1,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	// The agent's clock when it sent Hello, Unix nanoseconds; 0 from agents
+	// that do not report it. The server records the difference from its own
+	// clock (KubernetesCluster status.agentClockOffset) for relaymesh check.
+	AgentTimeUnixNano int64 `protobuf:"varint,2,opt,name=agent_time_unix_nano,json=agentTimeUnixNano,proto3" json:"agent_time_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -343,6 +347,13 @@ func (x *Hello) GetAgentVersion() string {
 		return x.AgentVersion
 	}
 	return ""
+}
+
+func (x *Hello) GetAgentTimeUnixNano() int64 {
+	if x != nil {
+		return x.AgentTimeUnixNano
+	}
+	return 0
 }
 
 type Ping struct {
@@ -1866,9 +1877,10 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\fAgentMessage\x121\n" +
 	"\x05hello\x18\x01 \x01(\v2\x19.relaymesh.relay.v1.HelloH\x00R\x05hello\x12.\n" +
 	"\x04ping\x18\x02 \x01(\v2\x18.relaymesh.relay.v1.PingH\x00R\x04pingB\x05\n" +
-	"\x03msg\",\n" +
+	"\x03msg\"]\n" +
 	"\x05Hello\x12#\n" +
-	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\"\x1c\n" +
+	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12/\n" +
+	"\x14agent_time_unix_nano\x18\x02 \x01(\x03R\x11agentTimeUnixNano\"\x1c\n" +
 	"\x04Ping\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\x03R\x05nonce\"\x7f\n" +
 	"\rServerMessage\x127\n" +

@@ -82,6 +82,11 @@ type KubernetesClusterStatus struct {
 	// AgentVersion is the version the agent reported.
 	// +optional
 	AgentVersion string `json:"agentVersion,omitempty"`
+	// AgentClockOffset is the agent's clock minus the server's when the
+	// agent's session opened (positive: the agent is ahead), from the time
+	// the agent sent in its Hello; it includes the one-way network delay.
+	// +optional
+	AgentClockOffset *metav1.Duration `json:"agentClockOffset,omitempty"`
 }
 
 // AgentCertificate describes an agent's client certificate (never its key).

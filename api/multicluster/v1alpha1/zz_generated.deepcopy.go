@@ -6,6 +6,7 @@ package v1alpha1
 
 import (
 	commonv1alpha1 "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
@@ -116,6 +117,11 @@ func (in *KubernetesClusterStatus) DeepCopyInto(out *KubernetesClusterStatus) {
 		in, out := &in.AgentCertificate, &out.AgentCertificate
 		*out = new(AgentCertificate)
 		(*in).DeepCopyInto(*out)
+	}
+	if in.AgentClockOffset != nil {
+		in, out := &in.AgentClockOffset, &out.AgentClockOffset
+		*out = new(v1.Duration)
+		**out = **in
 	}
 }
 
