@@ -31,6 +31,13 @@ func (s *Server) agentClock(cluster string, hello *relaypb.Hello) {
 	sink.AgentClock(cluster, offset)
 }
 
+// AgentClock implements ClockSink: status.agentClockOffset, to the
+// millisecond.
+func (k *KubeStatus) AgentClock(cluster string, offset time.Duration) {
+	offset = offset.Round(time.Millisecond)
+	k.mark(cluster, func(st *agentState) { st.clockOffset = &offset })
+}
+
 // now is the agent's clock.
 func (s *Session) now() time.Time {
 	if s.cfg.Clock != nil {

@@ -78,6 +78,8 @@ type agentState struct {
 	cert      *multiclusterv1alpha1.AgentCertificate
 	version   string
 	lastSeen  time.Time
+	// clockOffset is the agent's clock minus ours at its last Hello.
+	clockOffset *time.Duration
 }
 
 // NewKubeStatus returns a sink for namespace's KubernetesClusters; call Run.
@@ -220,6 +222,9 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	}
 	if st.version != "" && have.AgentVersion != st.version {
 		patch["agentVersion"] = st.version
+	}
+	if st.clockOffset != nil && (have.AgentClockOffset == nil || have.AgentClockOffset.Duration != *st.clockOffset) {
+		patch["agentClockOffset"] = metav1.Duration{Duration: *st.clockOffset}
 	}
 	var retryIn time.Duration
 	if !st.lastSeen.IsZero() {
