@@ -28,10 +28,28 @@
 //     in D's namespace for the federated host that selects D's pods
 //     (workloadSelector, resolution STATIC), exported only to the gateways'
 //     namespaces, so the gateway knows the Envoy cluster the SNI names.
-//   - flatNetwork: no gateway is involved. Destinations carry no pod IPs, so
-//     the endpoints are D's external addresses (load balancer IPs or names) on
-//     D's own ports; a Destination without one is not federated and the
-//     VirtualMesh reports why. No Gateway and no local ServiceEntry are made.
+//   - flatNetwork: no gateway is involved; clients in B connect to D's pods
+//     directly, over Istio mTLS with the identities of A's mesh. In B's
+//     cluster, in B's root namespace, under the same names and host: a
+//     ServiceEntry (MESH_INTERNAL, resolution STATIC, the synthetic address)
+//     whose endpoints are D's ready endpoints as discovery reports them
+//     (pod IP and pod labels, so subsets select them; sorted, duplicates
+//     dropped, an address that is not an IP left out and reported), whose
+//     ports carry the pods' port as targetPort, and whose subjectAltNames are
+//     the SPIFFE IDs of D's pods: spiffe://<trust domain of the workload's
+//     mesh>/ns/<ns>/sa/<service account> for every discovered Workload in
+//     D's cluster and namespace whose pod labels D's selector matches
+//     ("default" when it names no account). Istio would otherwise derive the
+//     names from endpoint service accounts in B's own trust domain, which
+//     A's certificates do not carry. A DestinationRule sets ISTIO_MUTUAL
+//     with no SNI (there is no gateway to route on it). A port whose target
+//     is a named container port is left out and reported (Destinations do
+//     not carry the pods' numbers for names); a Destination with no such
+//     identity is not federated and reported, since clients could not verify
+//     its pods (fail closed). A Destination with no ready endpoint keeps its
+//     ServiceEntry, with no endpoints. No Gateway and no local ServiceEntry
+//     are made. The servers need mTLS STRICT (mtls.strictMTLS) for
+//     proxyless gRPC, which serves PERMISSIVE as plaintext.
 //   - mtls.strictMTLS: a PeerAuthentication "default" (STRICT) in each
 //     member's root namespace.
 //   - globalAccessPolicy Enabled: an empty AuthorizationPolicy

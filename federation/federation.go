@@ -77,6 +77,7 @@ type Plan struct {
 	vms    []*vmState          // sorted by namespace/name
 	byMesh map[string]*vmState // valid VirtualMeshes by member mesh key
 	alloc  *allocator
+	ids    *identityIndex      // identities of Destinations' pods (flatNetwork)
 	deps   map[*vmState]string // memoized ExportDeps prefixes
 }
 
@@ -135,7 +136,7 @@ func NewPlan(in *translation.Input) *Plan {
 	// The VirtualDestination translator reserves addresses the same way, so
 	// a federated host has one address in both.
 	return &Plan{vms: vms, byMesh: claimed, alloc: reservedAllocator(in, sortedVirtualMeshes(in), translation.SortedDestinations(in.Destinations)),
-		deps: map[*vmState]string{}}
+		ids: newIdentityIndex(in), deps: map[*vmState]string{}}
 }
 
 // VirtualMeshOf returns the valid VirtualMesh that owns d's mesh, or nil.
@@ -196,9 +197,10 @@ func (p *Plan) RemoteDestinationRule(d *discoveryv1alpha1.Destination, cluster s
 
 // ExportDeps names everything Export(d) reads besides d itself: the owning
 // VirtualMesh's spec, every member's name, cluster and root namespace, the
-// exporting mesh's spec and the address of d's federated hostname. Two plans
-// that give equal ExportDeps for d export d identically. "" means d is
-// exported nowhere.
+// exporting mesh's spec, the address of d's federated hostname and, on a
+// flat network, the identities of d's pods (from the Workloads its selector
+// matches). Two plans that give equal ExportDeps for d export d identically.
+// "" means d is exported nowhere.
 func (p *Plan) ExportDeps(d *discoveryv1alpha1.Destination) string {
 	s := p.byMesh[destinationMeshKey(d)]
 	if s == nil {
@@ -218,7 +220,16 @@ func (p *Plan) ExportDeps(d *discoveryv1alpha1.Destination) string {
 	from := s.byKey[destinationMeshKey(d)]
 	meshSpec, _ := json.Marshal(from.mesh.Spec)
 	sum := sha256.Sum256(meshSpec)
-	return prefix + "/" + hex.EncodeToString(sum[:8]) + "/" + p.alloc.address(translation.FederatedHostname(d, vmSuffix(s.vm)))
+	deps := prefix + "/" + hex.EncodeToString(sum[:8]) + "/" + p.alloc.address(translation.FederatedHostname(d, vmSuffix(s.vm)))
+	if f := s.vm.Spec.Federation; f != nil && f.FlatNetwork {
+		ids, skipped := p.ids.identities(d)
+		h := sha256.New()
+		for _, id := range append(ids, skipped...) {
+			fmt.Fprintf(h, "%s\x00", id)
+		}
+		deps += "/" + hex.EncodeToString(h.Sum(nil)[:8])
+	}
+	return deps
 }
 
 // Export adds d's federation outputs (none unless d's mesh belongs to a valid
@@ -238,7 +249,11 @@ func (p *Plan) Export(d *discoveryv1alpha1.Destination, out *translation.Output)
 	if len(to) == 0 {
 		return nil
 	}
-	return s.export(out, p.alloc, d, from, to, cmp.Or(f.HostnameSuffix, DefaultHostnameSuffix), f.FlatNetwork)
+	suffix := cmp.Or(f.HostnameSuffix, DefaultHostnameSuffix)
+	if f.FlatNetwork {
+		return s.exportFlat(out, p.alloc, p.ids, d, from, to, suffix)
+	}
+	return s.export(out, p.alloc, d, from, to, suffix)
 }
 
 // Finish adds every valid VirtualMesh's per-mesh objects (PeerAuthentication,
@@ -443,8 +458,9 @@ func (s *vmState) targets(f *networkingv1alpha1.Federation, d *discoveryv1alpha1
 	return out
 }
 
-// export federates d of mesh from to the meshes to.
-func (s *vmState) export(out *translation.Output, alloc *allocator, d *discoveryv1alpha1.Destination, from *member, to []*member, suffix string, flat bool) []Note {
+// export federates d of mesh from to the meshes to through from's east-west
+// gateways.
+func (s *vmState) export(out *translation.Output, alloc *allocator, d *discoveryv1alpha1.Destination, from *member, to []*member, suffix string) []Note {
 	var notes []Note
 	note := func(msg string) { notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key, Error: msg}) }
 	add := func(cluster, apiVersion, kind, namespace, name string, spec proto.Message) {
@@ -465,33 +481,23 @@ func (s *vmState) export(out *translation.Output, alloc *allocator, d *discovery
 		fail("it has no TCP port")
 		return notes
 	}
-	var endpoints []endpoint
-	if flat {
-		for _, a := range d.Spec.KubeService.ExternalAddresses {
-			endpoints = append(endpoints, endpoint{address: a})
-		}
-		if len(endpoints) == 0 {
-			fail("flatNetwork needs an external address on the destination (Destinations carry no pod IPs)")
-			return notes
-		}
-	} else {
-		gws := usableGateways(from.istio())
-		if len(gws) == 0 {
-			fail("mesh %s has no usable east-west gateway%s", from.mesh.Name, gatewayProblems(from.istio()))
-			return notes
-		}
-		if len(d.Spec.KubeService.WorkloadSelectorLabels) == 0 {
-			fail("it has no pod selector, so the east-west gateway cannot reach its pods")
-			return notes
-		}
-		for _, gw := range gws {
-			endpoints = append(endpoints, endpoint{address: gw.ExternalAddress, port: gw.TLSPort})
-		}
-		ref := d.Spec.KubeService.Ref
-		add(from.cluster, apiNetworking, "ServiceEntry", ref.Namespace, objectName(ref.Name, ref.Namespace, ref.ClusterName),
-			localServiceEntry(host, d, ports, gws, from.root))
-		notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key, Exported: true})
+	gws := usableGateways(from.istio())
+	if len(gws) == 0 {
+		fail("mesh %s has no usable east-west gateway%s", from.mesh.Name, gatewayProblems(from.istio()))
+		return notes
 	}
+	if len(d.Spec.KubeService.WorkloadSelectorLabels) == 0 {
+		fail("it has no pod selector, so the east-west gateway cannot reach its pods")
+		return notes
+	}
+	var endpoints []endpoint
+	for _, gw := range gws {
+		endpoints = append(endpoints, endpoint{address: gw.ExternalAddress, port: gw.TLSPort})
+	}
+	ref := d.Spec.KubeService.Ref
+	add(from.cluster, apiNetworking, "ServiceEntry", ref.Namespace, objectName(ref.Name, ref.Namespace, ref.ClusterName),
+		localServiceEntry(host, d, ports, gws, from.root))
+	notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key, Exported: true})
 	addr := alloc.address(host)
 	name := objectName(d.Spec.KubeService.Ref.Name, d.Spec.KubeService.Ref.Namespace, d.Spec.KubeService.Ref.ClusterName)
 	for _, m := range to {

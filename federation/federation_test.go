@@ -1,6 +1,7 @@
 package federation_test
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -246,4 +247,59 @@ func TestPartialData(t *testing.T) {
 			}
 		})
 	}
+}
+
+// On a flat network a Destination's federation reads the Workloads its
+// selector matches (their service accounts are the identities clients
+// verify), so ExportDeps changes with them: the incremental engine then
+// exports it again.
+func TestFlatExportDepsFollowIdentities(t *testing.T) {
+	http := discoveryv1alpha1.ServicePort{Port: 9080, Name: "http", TargetPort: "9080"}
+	d := destination("reviews", "c1", "m1", http)
+	d.Spec.KubeService.Endpoints = []discoveryv1alpha1.Endpoint{{IP: "10.0.0.7", Labels: map[string]string{"app": "reviews"}}}
+	w := discoveryv1alpha1.Workload{
+		ObjectMeta: metav1.ObjectMeta{Name: "reviews-v1", Namespace: "relaymesh"},
+		Spec: discoveryv1alpha1.WorkloadSpec{
+			Kubernetes: discoveryv1alpha1.KubernetesWorkload{
+				Controller: common.ClusterObjectRef{Name: "reviews-v1", Namespace: "bookinfo", ClusterName: "c1"},
+				Kind:       "Deployment", PodLabels: map[string]string{"app": "reviews", "version": "v1"}, ServiceAccountName: "reviews",
+			},
+			Mesh: ref("m1"),
+		},
+	}
+	vm := federateAll("m1", "m2")
+	vm.Spec.Federation.FlatNetwork = true
+	in := func(ws ...discoveryv1alpha1.Workload) *translation.Input {
+		return &translation.Input{
+			Meshes:       []discoveryv1alpha1.Mesh{istioMesh("m1", "c1"), istioMesh("m2", "c2")},
+			Destinations: []discoveryv1alpha1.Destination{d}, Workloads: ws, VirtualMeshes: []networkingv1alpha1.VirtualMesh{vm},
+		}
+	}
+	deps := func(in *translation.Input) string { return federation.NewPlan(in).ExportDeps(&in.Destinations[0]) }
+	other := w
+	other.Spec.Kubernetes.ServiceAccountName = "someone-else"
+	unrelated := w
+	unrelated.Spec.Kubernetes.PodLabels = map[string]string{"app": "ratings"}
+	unrelated.Spec.Kubernetes.ServiceAccountName = "ratings"
+
+	base := deps(in(w))
+	assert.NotEmpty(t, base)
+	assert.Equal(t, base, deps(in(w)))
+	assert.Equal(t, base, deps(in(w, unrelated)), "a workload the Destination does not select changes nothing")
+	assert.NotEqual(t, base, deps(in(other)), "another service account: other identities to verify")
+	assert.NotEqual(t, base, deps(in()), "no workload: no identities")
+
+	// And the output follows: the identities are the SANs clients verify.
+	out, _ := translate(in(w))
+	var sans []any
+	for _, o := range out.Objects() {
+		if o.Object.GetKind() == "ServiceEntry" {
+			sans, _ = o.Object.Object["spec"].(map[string]any)["subjectAltNames"].([]any)
+		}
+	}
+	assert.Equal(t, []any{"spiffe://c1.local/ns/bookinfo/sa/reviews"}, sans)
+	out, r := translate(in())
+	assert.Empty(t, out.Objects(), "no identity to verify: not federated (fail closed)")
+	_, targets, _ := r.Status(translation.ObjectKey{Kind: "VirtualMesh", Namespace: "relaymesh", Name: "vm"})
+	assert.Contains(t, fmt.Sprint(targets), "no discovered workload of it names the identity")
 }

@@ -38,6 +38,8 @@ type servicePort struct {
 	number   uint32
 	protocol string // Istio's protocol name
 	target   uint32 // the pods' port, 0 if unknown (named or unset)
+	// targetName is the pods' named container port, if the target is a name.
+	targetName string
 }
 
 // servicePorts returns d's ports Istio can proxy, with Istio protocol names.
@@ -58,6 +60,8 @@ func servicePorts(d *discoveryv1alpha1.Destination) []servicePort {
 		}
 		if t, err := strconv.ParseUint(p.TargetPort, 10, 16); err == nil && t > 0 {
 			sp.target = uint32(t)
+		} else if err != nil && p.TargetPort != "" {
+			sp.targetName = p.TargetPort
 		}
 		out = append(out, sp)
 	}
