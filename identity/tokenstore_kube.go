@@ -13,7 +13,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 )
 
 // Kubernetes representation of a token record: one Secret per token in the
@@ -36,6 +39,8 @@ const (
 type KubeTokenStore struct {
 	client    kubernetes.Interface
 	namespace string
+	// cache, once WatchCache synced, serves Get without an API call.
+	cache corelisters.SecretNamespaceLister
 }
 
 // NewKubeTokenStore returns a store in namespace.
@@ -71,9 +76,38 @@ func (s *KubeTokenStore) Create(ctx context.Context, rec TokenRecord) error {
 	return err
 }
 
+// WatchCache makes Get read token records from a watch of the token
+// Secrets, so redeeming a token costs one API call (the conditional delete
+// of Consume) instead of two; a record the watch has not seen yet (minted a
+// moment ago) is read from the API. It returns once the watch has synced,
+// and watches until ctx ends. Single use does not depend on the cache:
+// Consume is still a delete with the record's UID as precondition, so of
+// racing redemptions — on this server or another replica — exactly one wins,
+// and a record the cache still shows after it was consumed fails there.
+func (s *KubeTokenStore) WatchCache(ctx context.Context) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 10*time.Minute,
+		informers.WithNamespace(s.namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = labelToken + "=true" }))
+	secrets := factory.Core().V1().Secrets()
+	inf := secrets.Informer()
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return fmt.Errorf("token watch did not sync: %w", ctx.Err())
+	}
+	s.cache = secrets.Lister().Secrets(s.namespace)
+	return nil
+}
+
 // Get implements TokenStore.
 func (s *KubeTokenStore) Get(ctx context.Context, id string) (TokenRecord, error) {
-	sec, err := s.client.CoreV1().Secrets(s.namespace).Get(ctx, secretName(id), metav1.GetOptions{})
+	var sec *corev1.Secret
+	var err error
+	if s.cache != nil {
+		sec, err = s.cache.Get(secretName(id))
+	}
+	if s.cache == nil || err != nil {
+		sec, err = s.client.CoreV1().Secrets(s.namespace).Get(ctx, secretName(id), metav1.GetOptions{})
+	}
 	if apierrors.IsNotFound(err) {
 		return TokenRecord{}, ErrTokenNotFound
 	}

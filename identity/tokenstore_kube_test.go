@@ -2,6 +2,10 @@ package identity_test
 
 import (
 	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // TestKubeTokenStore runs the token rules against a real kube-apiserver,
@@ -93,3 +98,102 @@ func TestKubeTokenStore(t *testing.T) {
 		assert.Contains(t, err.Error(), "not a bootstrap token")
 	})
 }
+
+// With the watch cache, a redemption is one API call (the conditional
+// delete); single use holds across two "replicas" with their own caches,
+// a reused token is refused while a cache still shows it, and a token minted
+// after the cache synced is read from the API.
+func TestKubeTokenStoreCached(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	admin, err := env.Cluster("mgmt").Clientset()
+	require.NoError(t, err)
+	_, err = admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	minter, err := identity.NewKubeTokenStore(admin, "relaymesh")
+	require.NoError(t, err)
+	mint, err := identity.NewTokens(identity.TokensConfig{Store: minter})
+	require.NoError(t, err)
+
+	var gets, deletes atomic.Int32
+	replica := func() *identity.Tokens {
+		cfg := env.Cluster("mgmt").RESTConfig()
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+			return rtFunc(func(r *http.Request) (*http.Response, error) {
+				if strings.Contains(r.URL.Path, "/secrets/relaymesh-bootstrap-token-") {
+					switch r.Method {
+					case http.MethodGet:
+						gets.Add(1)
+					case http.MethodDelete:
+						deletes.Add(1)
+					}
+				}
+				return rt.RoundTrip(r)
+			})
+		}
+		cs, err := kubernetes.NewForConfig(cfg)
+		require.NoError(t, err)
+		store, err := identity.NewKubeTokenStore(cs, "relaymesh")
+		require.NoError(t, err)
+		require.NoError(t, store.WatchCache(ctx))
+		tokens, err := identity.NewTokens(identity.TokensConfig{Store: store})
+		require.NoError(t, err)
+		return tokens
+	}
+	a, b := replica(), replica()
+
+	// Minted after the caches synced: read from the API once, then one delete.
+	tok, _, err := mint.Mint(ctx, "cluster-1", time.Hour)
+	require.NoError(t, err)
+	_, err = a.Redeem(ctx, "cluster-1", tok)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, gets.Load(), int32(1))
+	assert.Equal(t, int32(1), deletes.Load())
+
+	// Seen by the cache: a redemption is one delete and no read.
+	tok, rec, err := mint.Mint(ctx, "cluster-1", time.Hour)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := admin.CoreV1().Secrets("relaymesh").Get(ctx, "relaymesh-bootstrap-token-"+rec.ID, metav1.GetOptions{})
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // the watch delivers it
+	gets.Store(0)
+	deletes.Store(0)
+	_, err = a.Redeem(ctx, "cluster-1", tok)
+	require.NoError(t, err)
+	assert.Equal(t, int32(0), gets.Load(), "read from the cache")
+	assert.Equal(t, int32(1), deletes.Load(), "one API call per bootstrap")
+	// Reused at once, while b's cache may still hold the record: refused.
+	_, err = b.Redeem(ctx, "cluster-1", tok)
+	require.ErrorIs(t, err, identity.ErrBootstrapDenied)
+
+	// Two replicas racing on one token, many rounds: exactly one wins.
+	for range 20 {
+		tok, _, err := mint.Mint(ctx, "cluster-1", time.Hour)
+		require.NoError(t, err)
+		var wins atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for _, r := range []*identity.Tokens{a, b, a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				if _, err := r.Redeem(ctx, "cluster-1", tok); err == nil {
+					wins.Add(1)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		require.Equal(t, int32(1), wins.Load(), "exactly one of four racing redemptions on two replicas wins")
+	}
+}
+
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

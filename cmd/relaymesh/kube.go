@@ -20,8 +20,11 @@ type kubeClients struct {
 }
 
 // loadKube builds clients from a kubeconfig path, or from the in-cluster
-// service account when path is empty.
-func loadKube(path string) (*kubeClients, error) {
+// service account when path is empty, limited to 50 requests a second.
+func loadKube(path string) (*kubeClients, error) { return loadKubeQPS(path, 50) }
+
+// loadKubeQPS is loadKube with a client limit of qps (burst twice that).
+func loadKubeQPS(path string, qps float32) (*kubeClients, error) {
 	var cfg *rest.Config
 	var err error
 	if path == "" {
@@ -35,7 +38,7 @@ func loadKube(path string) (*kubeClients, error) {
 			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
 		}
 	}
-	cfg.QPS, cfg.Burst = 50, 100
+	cfg.QPS, cfg.Burst = qps, int(2*qps)
 	typed, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err

@@ -59,6 +59,7 @@ type serverFlags struct {
 	webhookClientCA, debugEndpoints                           string
 	webhookAllowUnauthenticated                               bool
 	pkcs11Modules                                             multiFlag
+	kubeQPS                                                   float64
 	conns                                                     relay.ConnectionLimits
 	clusters                                                  relay.ClusterLimits
 }
@@ -89,6 +90,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&f.webhookFailurePolicy, "webhook-failure-policy", "Fail", "Fail (an unreachable webhook blocks changes) or WEAKER Ignore (changes pass while it is down; the in-process check still marks refused objects Invalid)")
 	fs.Var(&f.pkcs11Modules, "pkcs11-module", "a PKCS#11 module a VirtualMesh's spec.mtls.shared.rootCA.pkcs11.modulePath may name (repeatable; none: pkcs11 roots are refused, so a VirtualMesh cannot make the server load an arbitrary library)")
 	fs.BoolVar(&f.allowKubeconfig, "allow-kubeconfig-clusters", false, "WEAKER: manage clusters registered in kubeconfig mode, with the kubeconfig in their Secret (the server then holds their credentials)")
+	fs.Float64Var(&f.kubeQPS, "kube-qps", 200, "requests per second the server's Kubernetes client may send to the management apiserver (burst twice that); size it for the fleet, with the apiserver's API Priority and Fairness in mind")
 	fs.IntVar(&f.conns.MaxConnections, "max-connections", 32768, "relay connections open at once, all peers")
 	fs.IntVar(&f.conns.MaxConnectionsPerAddress, "max-connections-per-address", 256, "relay connections open at once from one address (IPv6: /64); agents behind one NAT share it")
 	fs.IntVar(&f.conns.MaxPreAuth, "max-preauth-connections", 1024, "relay connections open at once that have not authenticated (handshaking or bootstrapping)")
@@ -122,7 +124,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		ips = append(ips, ip)
 	}
 
-	kube, err := loadKube(f.kubeconfig)
+	kube, err := loadKubeQPS(f.kubeconfig, float32(f.kubeQPS))
 	if err != nil {
 		return err
 	}
@@ -149,6 +151,10 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	store, err := identity.NewKubeTokenStore(kube.typed, f.namespace)
 	if err != nil {
+		return err
+	}
+	// Token records come from a watch: a bootstrap is one API call.
+	if err := store.WatchCache(ctx); err != nil {
 		return err
 	}
 	tokens, err := identity.NewTokens(identity.TokensConfig{Store: store})
@@ -341,6 +347,9 @@ func (f serverFlags) validate() error {
 		if v < 1 {
 			errs = append(errs, fmt.Errorf("%s must be at least 1", name))
 		}
+	}
+	if f.kubeQPS <= 0 {
+		errs = append(errs, errors.New("--kube-qps must be positive"))
 	}
 	if f.clusters.RenewsPerMinute <= 0 {
 		errs = append(errs, errors.New("--cluster-renewals-per-minute must be positive"))

@@ -13,7 +13,7 @@ import (
 // a message naming the flag.
 func TestWebhookFlags(t *testing.T) {
 	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", webhookFailurePolicy: "Fail", dnsNames: "localhost", webhookClientCA: "apiserver-client-ca.pem", debugEndpoints: "authenticated",
-		conns: relay.ConnectionLimits{MaxConnections: 1, MaxConnectionsPerAddress: 1, MaxPreAuth: 1, MaxPreAuthPerAddress: 1}, clusters: relay.ClusterLimits{RenewsPerMinute: 1, MaxSessions: 1}}
+		conns: relay.ConnectionLimits{MaxConnections: 1, MaxConnectionsPerAddress: 1, MaxPreAuth: 1, MaxPreAuthPerAddress: 1}, clusters: relay.ClusterLimits{RenewsPerMinute: 1, MaxSessions: 1}, kubeQPS: 200}
 	for _, tc := range []struct {
 		name string
 		edit func(*serverFlags)
