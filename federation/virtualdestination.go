@@ -40,6 +40,7 @@ type vdState struct {
 	backend []*backend // in failover order (static) or Destination order (localized)
 	missing []string   // target names of static destinations that do not exist
 	errs    []string
+	warns   []string
 }
 
 // backend is a Destination backing a VirtualDestination.
@@ -53,7 +54,14 @@ type backend struct {
 	gateways []discoveryv1alpha1.GatewayInfo // usable east-west gateways of its mesh
 	root     string                          // its mesh's root namespace
 	remote   bool                            // some target mesh is in another cluster
-	errs     []string
+	// flat: its VirtualMesh federates on a flat network, so it is reached
+	// at its pods; identities are the SPIFFE IDs they present, podPortName
+	// the named container port its Service port targets, if any.
+	flat        bool
+	identities  []string
+	podPortName string
+	servicePort bool // its Service has the port (so the pods' port is known)
+	errs        []string
 }
 
 func (b *backend) target() string {
@@ -104,6 +112,22 @@ func (b *backend) target() string {
 // gateway and a pod selector, all of them one suffix, and a VirtualDestination
 // takes at most one Destination per cluster (a gateway routes the gateway host
 // to one Service).
+//
+// Flat network. When every backing Destination belongs to a VirtualMesh
+// with federation.flatNetwork, its pods are reached directly and nothing
+// involves a gateway: the ServiceEntry, the same in every target cluster,
+// has resolution STATIC and as endpoints every backend's ready pods (IP,
+// the pods' port behind the backing Service port, the backend's locality
+// and, for static failover, its failover labels; an address that is not an
+// IP is left out with a warning), and as subjectAltNames the SPIFFE IDs of
+// every backend's pods (the Workloads its selector matches, in their mesh's
+// trust domain); the DestinationRule sets ISTIO_MUTUAL without SNI; no
+// gateway host, ServiceEntry in the backing cluster or Gateway is made. A
+// backend is then Invalid without a known identity (fail closed), without a
+// Service port of the number used, or when that port targets a named
+// container port (the pods' numbers behind names are not discovered).
+// Resolution STATIC is what proxyless gRPC clients need: istiod sends them
+// every cluster as EDS, and a DNS ServiceEntry has no EDS endpoints.
 //
 // Failover. Localized: Istio's own locality order (same region first) with
 // one localityLbSetting.failover {from, to} per failoverDirective. Istio
@@ -157,8 +181,9 @@ func TranslateVirtualDestinations(in *translation.Input, out *translation.Output
 	dests := translation.SortedDestinations(in.Destinations)
 	vms := sortedVirtualMeshes(in)
 	claimed := map[string]*vdState{}
+	ids := newIdentityIndex(in)
 	for _, s := range vds {
-		s.validate(in, dests, vms)
+		s.validate(in, dests, vms, ids)
 		if len(s.errs) > 0 {
 			continue
 		}
@@ -186,6 +211,9 @@ func TranslateVirtualDestinations(in *translation.Input, out *translation.Output
 			continue
 		}
 		r.Accept(s.key, gen)
+		for _, w := range s.warns {
+			r.Warn(s.key, gen, "%s", w)
+		}
 		s.reportTargets(r, "")
 	}
 }
@@ -248,7 +276,7 @@ func (s *vdState) fail(format string, args ...any) {
 
 // validate resolves the target meshes and the backing Destinations; every
 // problem is recorded in s.errs.
-func (s *vdState) validate(in *translation.Input, dests []*discoveryv1alpha1.Destination, vms []*networkingv1alpha1.VirtualMesh) {
+func (s *vdState) validate(in *translation.Input, dests []*discoveryv1alpha1.Destination, vms []*networkingv1alpha1.VirtualMesh, ids *identityIndex) {
 	spec := s.vd.Spec
 	if spec.Hostname == "" {
 		s.fail("spec.hostname is empty")
@@ -274,7 +302,7 @@ func (s *vdState) validate(in *translation.Input, dests []*discoveryv1alpha1.Des
 		s.fail("neither spec.static nor spec.localized is set; set exactly one")
 	}
 	for _, b := range s.backend {
-		s.resolveBackend(in, b, vm, vms)
+		s.resolveBackend(in, b, vm, vms, ids)
 	}
 	s.checkReachable()
 	for _, b := range s.backend {
@@ -286,11 +314,27 @@ func (s *vdState) validate(in *translation.Input, dests []*discoveryv1alpha1.Des
 	}
 }
 
-// checkReachable requires every backend that a target mesh in another
-// cluster must reach to have a usable east-west gateway and a pod selector,
-// and all of them to share one hostname suffix (the gateways route on one
-// SNI, under their AUTO_PASSTHROUGH server's `*.<suffix>`).
+// checkReachable requires, on a flat network, every backend to name the
+// identities of its pods and a numeric pod port; else every backend that a
+// target mesh in another cluster must reach to have a usable east-west
+// gateway and a pod selector, and all of them to share one hostname suffix
+// (the gateways route on one SNI, under their AUTO_PASSTHROUGH server's
+// `*.<suffix>`).
 func (s *vdState) checkReachable() {
+	if s.flat() {
+		for _, b := range s.backend {
+			if len(b.identities) == 0 {
+				b.errs = append(b.errs, fmt.Sprintf("destination %s: no discovered workload of it names the identity its pods present, so clients could not verify them", b.target()))
+			}
+			if !b.servicePort {
+				b.errs = append(b.errs, fmt.Sprintf("destination %s has no TCP port %d; on a flat network the pods' port behind it is unknown", b.target(), b.port))
+			}
+			if b.podPortName != "" {
+				b.errs = append(b.errs, fmt.Sprintf("destination %s: its port %d targets the named container port %q; on a flat network the pods' port must be a number (the pods' numbers behind a name are not discovered)", b.target(), b.port, b.podPortName))
+			}
+		}
+		return
+	}
 	suffixes := map[string]bool{}
 	for _, b := range s.backend {
 		for _, m := range s.meshes {
@@ -310,6 +354,20 @@ func (s *vdState) checkReachable() {
 	if len(suffixes) > 1 {
 		s.fail("the destinations reached through east-west gateways belong to VirtualMeshes with different hostname suffixes (%s); one VirtualDestination needs one", strings.Join(slices.Sorted(maps.Keys(suffixes)), ", "))
 	}
+}
+
+// flat reports whether every backend is reached at its pods: each belongs
+// to a VirtualMesh that federates on a flat network. Then the hostname's
+// endpoints are the backends' pod IPs everywhere (resolution STATIC, which
+// proxyless gRPC clients can use), and no gateway is involved. A
+// VirtualDestination with any backend behind a gateway keeps DNS endpoints.
+func (s *vdState) flat() bool {
+	for _, b := range s.backend {
+		if !b.flat {
+			return false
+		}
+	}
+	return len(s.backend) > 0
 }
 
 // gatewayHost is the name the east-west gateways know the VirtualDestination
@@ -485,8 +543,9 @@ func (s *vdState) validateLocalized() {
 	}
 }
 
-// resolveBackend fills b's region, port and hostname suffix.
-func (s *vdState) resolveBackend(in *translation.Input, b *backend, vm *networkingv1alpha1.VirtualMesh, vms []*networkingv1alpha1.VirtualMesh) {
+// resolveBackend fills b's region, port, hostname suffix and, on a flat
+// network, the identities of its pods.
+func (s *vdState) resolveBackend(in *translation.Input, b *backend, vm *networkingv1alpha1.VirtualMesh, vms []*networkingv1alpha1.VirtualMesh, ids *identityIndex) {
 	meshKey := destinationMeshKey(b.d)
 	b.region = b.cluster
 	if m := in.MeshOf(common.ObjectRef{Name: b.d.Spec.Mesh.Name, Namespace: cmp.Or(b.d.Spec.Mesh.Namespace, b.d.Namespace)}); m != nil && m.Spec.Istio != nil {
@@ -498,13 +557,21 @@ func (s *vdState) resolveBackend(in *translation.Input, b *backend, vm *networki
 			b.errs = append(b.errs, fmt.Sprintf("destination %s: its mesh %s is not a member of VirtualMesh %s/%s, so it has no federated hostname", b.target(), meshKey, vm.Namespace, vm.Name))
 		}
 		b.suffix = vmSuffix(vm)
+		b.flat = flatFederation(vm)
 	} else {
 		b.suffix = DefaultHostnameSuffix
 		for _, v := range vms { // the first VirtualMesh the mesh belongs to
 			if memberKeys(in, v)[meshKey] {
-				b.suffix = vmSuffix(v)
+				b.suffix, b.flat = vmSuffix(v), flatFederation(v)
 				break
 			}
+		}
+	}
+	if b.flat {
+		var skipped []string
+		b.identities, skipped = ids.identities(b.d)
+		for _, sk := range skipped {
+			s.warns = append(s.warns, fmt.Sprintf("destination %s: %s", b.target(), sk))
 		}
 	}
 	p := s.vd.Spec.Port
@@ -528,7 +595,17 @@ func (s *vdState) resolveBackend(in *translation.Input, b *backend, vm *networki
 		if sp.number == b.port && sp.target > 0 {
 			b.podPort = sp.target
 		}
+		if sp.number == b.port {
+			b.servicePort = true
+			if sp.targetName != "" {
+				b.podPortName = sp.targetName
+			}
+		}
 	}
+}
+
+func flatFederation(vm *networkingv1alpha1.VirtualMesh) bool {
+	return vm.Spec.Federation != nil && vm.Spec.Federation.FlatNetwork
 }
 
 // reportTargets records each backing Destination's verdict.
@@ -558,6 +635,14 @@ func (s *vdState) translate(alloc *allocator, out *translation.Output) {
 		if err := out.Add(cluster, apiNetworking, kind, namespace, name, spec, s.parent); err != nil {
 			s.errs = append(s.errs, err.Error())
 		}
+	}
+	if s.flat() {
+		se := s.flatServiceEntry(addr)
+		for _, m := range s.meshes {
+			add(m.cluster, "ServiceEntry", m.root, name, se)
+			add(m.cluster, "DestinationRule", m.root, name, dr)
+		}
+		return
 	}
 	for _, m := range s.meshes {
 		add(m.cluster, "ServiceEntry", m.root, name, s.serviceEntry(addr, m.cluster))
@@ -643,6 +728,50 @@ func (s *vdState) serviceEntry(addr, cluster string) *networkingv1.ServiceEntry 
 	return se
 }
 
+// flatServiceEntry is the hostname on a flat network, the same in every
+// cluster: every backend's ready pods (on its pods' port, with its region
+// as locality and, for static failover, its failover labels), resolution
+// STATIC, and the identities of all backends' pods as subjectAltNames.
+func (s *vdState) flatServiceEntry(addr string) *networkingv1.ServiceEntry {
+	spec := s.vd.Spec
+	proto := vdProtocol(spec.Port)
+	port := &networkingv1.ServicePort{Number: uint32(spec.Port.Number), Name: strings.ToLower(proto), Protocol: proto}
+	se := &networkingv1.ServiceEntry{
+		Hosts:      []string{spec.Hostname},
+		Addresses:  []string{addr},
+		Ports:      []*networkingv1.ServicePort{port},
+		Location:   networkingv1.ServiceEntry_MESH_INTERNAL,
+		Resolution: networkingv1.ServiceEntry_STATIC,
+	}
+	ids := map[string]bool{}
+	for i, b := range s.backend {
+		for _, id := range b.identities {
+			ids[id] = true
+		}
+		eps, problems := flatEndpoints(b.d, b.region)
+		for _, p := range problems {
+			s.warns = append(s.warns, fmt.Sprintf("destination %s: %s; left out", b.target(), p))
+		}
+		for _, we := range eps {
+			// Pod labels are not needed on the hostname (it has no
+			// subsets); the failover labels are.
+			we.Labels = nil
+			we.Ports = map[string]uint32{port.Name: b.podPort}
+			if spec.Static != nil {
+				for k := 1; k <= len(s.backend)-1-i; k++ {
+					if we.Labels == nil {
+						we.Labels = map[string]string{}
+					}
+					we.Labels[failoverLabel(k)] = "true"
+				}
+			}
+			se.Endpoints = append(se.Endpoints, we)
+		}
+	}
+	se.SubjectAltNames = slices.Sorted(maps.Keys(ids))
+	return se
+}
+
 func failoverLabel(k int) string { return failoverLabelPrefix + strconv.Itoa(k) }
 
 // destinationRule is the outlier detection and failover of the hostname,
@@ -682,13 +811,16 @@ func (s *vdState) destinationRule(gwHost string) *networkingv1.DestinationRule {
 			lb.FailoverPriority = append(lb.FailoverPriority, failoverLabel(k)+"=true")
 		}
 	}
+	tls := &networkingv1.ClientTLSSettings{Mode: networkingv1.ClientTLSSettings_ISTIO_MUTUAL}
+	if !s.flat() {
+		tls.Sni = fmt.Sprintf("outbound_.%d_._.%s", spec.Port.Number, gwHost)
+	}
 	return &networkingv1.DestinationRule{
 		Host: spec.Hostname,
 		TrafficPolicy: &networkingv1.TrafficPolicy{
 			OutlierDetection: od,
 			LoadBalancer:     &networkingv1.LoadBalancerSettings{LocalityLbSetting: lb},
-			Tls: &networkingv1.ClientTLSSettings{Mode: networkingv1.ClientTLSSettings_ISTIO_MUTUAL,
-				Sni: fmt.Sprintf("outbound_.%d_._.%s", spec.Port.Number, gwHost)},
+			Tls:              tls,
 		},
 	}
 }

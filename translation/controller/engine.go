@@ -29,7 +29,8 @@ import (
 //   - fed/<destination>: the federation outputs of one Destination
 //     (federation.Plan.Export). Fingerprint: the Destination and
 //     Plan.ExportDeps (its VirtualMesh's spec, the members' names, clusters
-//     and root namespaces, the exporting mesh, the host's address).
+//     and root namespaces, the exporting mesh, the host's address, and on a
+//     flat network the identities of its pods).
 //   - fed-finish: every VirtualMesh's per-mesh objects and status
 //     (federation.Plan.Finish). Fingerprint: every VirtualMesh and Mesh, and
 //     the notes of every fed/ unit.
@@ -40,7 +41,8 @@ import (
 //     the AccessPolicies selecting it and the Workloads their sources select;
 //     access-idle: AccessPolicies that select nothing.
 //   - vd: every VirtualDestination (they claim hostnames from each other);
-//     fingerprint: every VirtualDestination, VirtualMesh, Mesh and Destination.
+//     fingerprint: every VirtualDestination, VirtualMesh, Mesh, Destination
+//     and Workload.
 //
 // Namespace tenancy (ScopePolicies) runs every time over the policies outside
 // the admin namespace and the Destinations they select. Which policies select
@@ -334,7 +336,9 @@ func (e *Engine) Translate(in *translation.Input) *translation.Report {
 	// VirtualDestinations.
 	if len(in.VirtualDestinations) > 0 {
 		h := sha256.New()
-		for _, p := range []string{"VirtualDestination/", "VirtualMesh/", "Mesh/", "Destination/"} {
+		// Workloads: on a flat network a backend's identities are the
+		// service accounts of the Workloads it selects.
+		for _, p := range []string{"VirtualDestination/", "VirtualMesh/", "Mesh/", "Destination/", "Workload/"} {
 			writeVersions(h, c.vers, p)
 		}
 		run("vd", hex.EncodeToString(h.Sum(nil)), func() *unit {
