@@ -35,13 +35,14 @@ k8s="$cache/k8s-$(key "$root/tools")"
 istio="$cache/istio-$(key "$root/tools/istio")"
 proto="$cache/proto-$(key "$root/tools/proto")"
 pki="$cache/pki-$(key "$root/tools/pki")"
-mkdir -p "$k8s" "$istio" "$proto" "$pki"
+helm="$cache/helm-$(key "$root/tools/helm")"
+mkdir -p "$k8s" "$istio" "$proto" "$pki" "$helm"
 
 want=${*:-all}
 for t in $want; do
   case $t in
     all)
-      "$0" kube-apiserver etcd kubectl controller-gen staticcheck protoc-gen-go protoc-gen-go-grpc istioctl pilot-discovery cfssl step-ca ;;
+      "$0" kube-apiserver etcd kubectl controller-gen staticcheck protoc-gen-go protoc-gen-go-grpc istioctl pilot-discovery cfssl step-ca helm ;;
     pki)
       "$0" cfssl step-ca ;;
     kube-apiserver) build "$k8s" "$root/tools" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver ;;
@@ -55,6 +56,7 @@ for t in $want; do
     pilot-discovery) build "$istio" "$root/tools/istio" pilot-discovery istio.io/istio/pilot/cmd/pilot-discovery CGO_ENABLED=0 ;;
     cfssl) build "$pki" "$root/tools/pki" cfssl github.com/cloudflare/cfssl/cmd/cfssl CGO_ENABLED=0 ;;
     step-ca) build "$pki" "$root/tools/pki" step-ca github.com/smallstep/certificates/cmd/step-ca CGO_ENABLED=0 ;;
-    *) echo "tools: unknown tool $t (known: all pki kube-apiserver etcd kubectl controller-gen staticcheck protoc-gen-go protoc-gen-go-grpc istioctl pilot-discovery cfssl step-ca)" >&2; exit 2 ;;
+    helm) build "$helm" "$root/tools/helm" helm helm.sh/helm/v3/cmd/helm CGO_ENABLED=0 ;;
+    *) echo "tools: unknown tool $t (known: all pki kube-apiserver etcd kubectl controller-gen staticcheck protoc-gen-go protoc-gen-go-grpc istioctl pilot-discovery cfssl step-ca helm)" >&2; exit 2 ;;
   esac
 done
