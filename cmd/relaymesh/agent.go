@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"time"
@@ -26,7 +25,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/relay"
+	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -50,41 +51,64 @@ const (
 // agentConfigMap is where registration leaves the agent's settings.
 const agentConfigMap = "relaymesh-agent-config"
 
-func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var kubeconfig, namespace, cluster, serverAddr, serverName, healthListen, metricsListen, logLevel, leaseName, identityName string
-	var leaderElect bool
-	var leaseDuration, renewDeadline, retryPeriod time.Duration
-	fs := newFlags("agent [flags]", agentSynopsis, stderr)
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "workload cluster kubeconfig (default: in-cluster service account)")
-	fs.StringVar(&namespace, "namespace", "relaymesh", "namespace of the agent's secrets")
-	fs.StringVar(&cluster, "cluster", "", "this cluster's registered name (default: from "+agentConfigMap+")")
-	fs.StringVar(&serverAddr, "server-address", "", "relay server host:port (default: from "+agentConfigMap+")")
-	fs.StringVar(&serverName, "server-name", "", "name the server certificate must carry (default: host of --server-address)")
-	fs.StringVar(&healthListen, "health-listen", ":9988", "health address (/healthz, /readyz with JSON status)")
-	fs.StringVar(&metricsListen, "metrics-listen", ":9977", "metrics address (/metrics)")
-	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.BoolVar(&leaderElect, "leader-elect", true, "run as one of several replicas: only the holder of the Lease --lease-name talks to the server and applies")
-	fs.StringVar(&leaseName, "lease-name", "relaymesh-agent", "name of the leader-election Lease in --namespace")
-	fs.StringVar(&identityName, "identity", "", "this replica's leader-election identity (default: hostname and a random suffix)")
-	fs.DurationVar(&leaseDuration, "leader-lease-duration", 15*time.Second, "how long a lease lasts without renewal (a standby takes over after it)")
-	fs.DurationVar(&renewDeadline, "leader-renew-deadline", 10*time.Second, "how long the leader retries renewing before it gives up")
-	fs.DurationVar(&retryPeriod, "leader-retry-period", 2*time.Second, "how often candidates try to acquire or renew the lease")
-	if _, err := parse(fs, args, 0); err != nil {
-		return err
+// agentFlags are the agent's flags.
+type agentFlags struct {
+	cluster, serverAddr, serverName, healthListen, metricsListen, logLevel, leaseName, identityName string
+	leaderElect                                                                                     bool
+	leaseDuration, renewDeadline, retryPeriod                                                       time.Duration
+}
+
+func newAgentCommand(d deps, g *globals) *cobra.Command {
+	var f agentFlags
+	c := &cobra.Command{
+		Use:   "agent",
+		Short: "Run the relay agent in a workload cluster (metrics :9977, health :9988)",
+		Long:  agentSynopsis,
+		Example: `  # In the workload cluster (the relaymesh-agent chart runs this), after relaymesh cluster register
+  relaymesh agent
+
+  # On a workstation against a workload cluster context, one replica
+  relaymesh agent --context cluster-1 --leader-elect=false`,
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if f.leaderElect && !(f.retryPeriod > 0 && f.retryPeriod < f.renewDeadline && f.renewDeadline < f.leaseDuration) {
+				return errors.New("leader election needs 0 < --leader-retry-period < --leader-renew-deadline < --leader-lease-duration")
+			}
+			kube, err := g.clients()
+			if err != nil {
+				return err
+			}
+			return runAgent(c.Context(), f, g.namespace, kube, d)
+		},
 	}
-	if leaderElect && !(retryPeriod > 0 && retryPeriod < renewDeadline && renewDeadline < leaseDuration) {
-		return errors.New("leader election needs 0 < --leader-retry-period < --leader-renew-deadline < --leader-lease-duration")
-	}
-	log, err := newLogger(stderr, logLevel)
-	if err != nil {
-		return err
-	}
-	kube, err := loadKube(kubeconfig)
+	fs := c.Flags()
+	fs.StringVar(&f.cluster, "cluster", "", "this cluster's registered name (default: from "+agentConfigMap+")")
+	fs.StringVar(&f.serverAddr, "server-address", "", "relay server host:port (default: from "+agentConfigMap+")")
+	fs.StringVar(&f.serverName, "server-name", "", "name the server certificate must carry (default: host of --server-address)")
+	fs.StringVar(&f.healthListen, "health-listen", ":9988", "health address (/healthz, /readyz with JSON status)")
+	fs.StringVar(&f.metricsListen, "metrics-listen", ":9977", "metrics address (/metrics)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run as one of several replicas: only the holder of the Lease --lease-name talks to the server and applies")
+	fs.StringVar(&f.leaseName, "lease-name", "relaymesh-agent", "name of the leader-election Lease in --namespace")
+	fs.StringVar(&f.identityName, "identity", "", "this replica's leader-election identity (default: hostname and a random suffix)")
+	fs.DurationVar(&f.leaseDuration, "leader-lease-duration", 15*time.Second, "how long a lease lasts without renewal (a standby takes over after it)")
+	fs.DurationVar(&f.renewDeadline, "leader-renew-deadline", 10*time.Second, "how long the leader retries renewing before it gives up")
+	fs.DurationVar(&f.retryPeriod, "leader-retry-period", 2*time.Second, "how often candidates try to acquire or renew the lease")
+	_ = c.RegisterFlagCompletionFunc("log-level", cobra.FixedCompletions([]string{"debug", "info", "warn", "error"}, cobra.ShellCompDirectiveNoFileComp))
+	return c
+}
+
+func runAgent(ctx context.Context, f agentFlags, namespace string, kube *kubeclient.Clients, d deps) error {
+	stderr := d.stderr
+	cluster, serverAddr, serverName, healthListen, metricsListen := f.cluster, f.serverAddr, f.serverName, f.healthListen, f.metricsListen
+	leaderElect, leaseName, identityName := f.leaderElect, f.leaseName, f.identityName
+	leaseDuration, renewDeadline, retryPeriod := f.leaseDuration, f.renewDeadline, f.retryPeriod
+	log, err := newLogger(stderr, f.logLevel)
 	if err != nil {
 		return err
 	}
 	if cluster == "" || serverAddr == "" {
-		cm, err := kube.typed.CoreV1().ConfigMaps(namespace).Get(ctx, agentConfigMap, metav1.GetOptions{})
+		cm, err := kube.Typed.CoreV1().ConfigMaps(namespace).Get(ctx, agentConfigMap, metav1.GetOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("read %s/%s: %w", namespace, agentConfigMap, err)
 		}
@@ -101,7 +125,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errors.New("--cluster and --server-address are required (or register the cluster first: relaymesh cluster register)")
 	}
 	log = log.With("cluster", cluster)
-	secrets, err := identity.NewKubeAgentSecrets(kube.typed, namespace)
+	secrets, err := identity.NewKubeAgentSecrets(kube.Typed, namespace)
 	if err != nil {
 		return err
 	}
@@ -111,28 +135,28 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	disc, err := discovery.New(discovery.Config{Client: kube.typed, Cluster: cluster, Logger: log})
+	disc, err := discovery.New(discovery.Config{Client: kube.Typed, Cluster: cluster, Logger: log})
 	if err != nil {
 		return err
 	}
-	dc, err := discoveryclient.NewDiscoveryClientForConfig(kube.config)
+	dc, err := discoveryclient.NewDiscoveryClientForConfig(kube.Config)
 	if err != nil {
 		return err
 	}
-	applier, err := apply.New(apply.Config{Dynamic: kube.dynamic, Mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), Owner: "relaymesh-agent", Logger: log})
+	applier, err := apply.New(apply.Config{Dynamic: kube.Dynamic, Mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), Owner: "relaymesh-agent", Logger: log})
 	if err != nil {
 		return err
 	}
 	session, err := relay.NewSession(relay.SessionConfig{ServerAddress: serverAddr, TLS: creds.ClientTLS, Version: version(), Logger: log,
-		OnRefused: creds.Refused, Snapshots: disc, Applier: applier,
-		Trust: &trust.Agent{Client: kube.typed, Owner: "relaymesh-agent", Logger: log}})
+		OnRefused: creds.Refused, Snapshots: disc, Applier: applier, Clock: d.agentClock,
+		Trust: &trust.Agent{Client: kube.Typed, Owner: "relaymesh-agent", Logger: log}})
 	if err != nil {
 		return err
 	}
 	var leading atomic.Bool
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo(),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricAgentCertExpiry, Help: "Expiry (Unix seconds) of the agent's current client certificate; 0 when it has none."},
 			func() float64 {
 				if st := creds.Status(); st.Ready {
@@ -216,8 +240,8 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // restarts it as a standby), so two replicas never apply at once. On
 // shutdown the work is stopped and waited for before the lease is released,
 // so a standby never starts while this replica is still applying.
-func leadAndWork(ctx context.Context, kube *kubeClients, namespace, lease, id string, leaseDuration, renewDeadline, retryPeriod time.Duration, log *slog.Logger, work func(context.Context) error) error {
-	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, namespace, lease, kube.typed.CoreV1(), kube.typed.CoordinationV1(),
+func leadAndWork(ctx context.Context, kube *kubeclient.Clients, namespace, lease, id string, leaseDuration, renewDeadline, retryPeriod time.Duration, log *slog.Logger, work func(context.Context) error) error {
+	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, namespace, lease, kube.Typed.CoreV1(), kube.Typed.CoordinationV1(),
 		resourcelock.ResourceLockConfig{Identity: id})
 	if err != nil {
 		return err

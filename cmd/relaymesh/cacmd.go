@@ -4,161 +4,292 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/discovery"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/internal/printer"
+	"github.com/relaymesh/relaymesh/relay"
 	"github.com/relaymesh/relaymesh/trust"
+	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
-const caSynopsis = `status [VIRTUALMESH]: from the management cluster, each VirtualMesh with shared
-  trust: its root (fingerprint, subject, expiry), rotation phase, and the
-  intermediate last issued to each mesh (serial, expiry).
+const caSynopsis = `Shared trust between the meshes of a VirtualMesh: the roots, the
+intermediate each mesh was issued, root rotation, and a check that every
+mesh's CA is trusted by every other mesh.`
 
-  relaymesh ca status --kubeconfig mgmt.yaml [relaymesh/bookinfo-federation]
+func newCACommand(d deps, g *globals) *cobra.Command {
+	return groupCommand("ca", "Shared trust: status, root rotation, verification", caSynopsis, `  relaymesh ca status
+  relaymesh ca rotate start relaymesh/bookinfo-federation --wait 2m
+  relaymesh ca verify`,
+		newCAStatusCommand(d, g), newCARotateCommand(d, g), newCAVerifyCommand(d, g))
+}
 
-rotate start|continue|rollback VIRTUALMESH: rotate the shared root with no
-  failed handshake between meshes (see relaymesh ca rotate --help).
+// meshVerdict is one mesh's trust-domain check in ca verify.
+type meshVerdict struct {
+	Mesh        string `json:"mesh"`
+	TrustDomain string `json:"trustDomain"`
+	OK          bool   `json:"ok"`
+	Result      string `json:"result"`
+}
 
-  relaymesh ca rotate start relaymesh/bookinfo-federation --kubeconfig mgmt.yaml --wait 2m
+// pairVerdict is one ordered pair of meshes in ca verify.
+type pairVerdict struct {
+	IssuedIn  string `json:"issuedIn"`
+	TrustedBy string `json:"trustedBy"`
+	OK        bool   `json:"ok"`
+	Result    string `json:"result"`
+}
 
-verify: read every mesh's Istio CA (the cacerts Secret, public parts only)
-  from each workload cluster and check that the intermediate of every mesh
-  verifies against every other mesh's root bundle, so that workload
-  certificates of one mesh are trusted by all the others. Exits non-zero if
-  any pair fails.
+// caVerification is what ca verify prints.
+type caVerification struct {
+	Meshes []meshVerdict `json:"meshes"`
+	Pairs  []pairVerdict `json:"pairs"`
+	Failed int           `json:"failed"`
+}
 
-  relaymesh ca verify --kubeconfig cluster-1.yaml --kubeconfig cluster-2.yaml`
+func newCAVerifyCommand(d deps, g *globals) *cobra.Command {
+	var tc twoClusters
+	var remotes []string
+	var namespace, output string
+	c := &cobra.Command{
+		Use:   "verify",
+		Short: "Check that every mesh's CA is trusted by every other mesh, and constrained to its trust domain",
+		Long: `Read every mesh's Istio CA (the cacerts Secret, public parts only) from each
+workload cluster and check that the intermediate of every mesh verifies
+against every other mesh's root bundle, so that workload certificates of one
+mesh are trusted by all the others; and that each intermediate is
+name-constrained to its mesh's trust domain (from istiod's mesh config), so
+it cannot sign identities of another mesh. Exits non-zero if any check fails.
 
-// multiFlag collects a repeated flag.
-type multiFlag []string
+The workload clusters are the contexts given with --remote-context (the
+context's name is the cluster's name in the output), or by default every
+context named after a KubernetesCluster registered in the management cluster
+(--mgmt-context, else --context). Repeating --kubeconfig, one file per
+workload cluster, still works: each file's current context is a cluster.`,
+		Example: `  # Every registered cluster that has a context of the same name
+  relaymesh ca verify --mgmt-context mgmt
 
-func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+  # Two named contexts, as JSON
+  relaymesh ca verify --remote-context cluster-1 --remote-context cluster-2 -o json
 
-func runCA(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "status" {
-		return runCAStatus(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "rotate" {
-		return runCARotate(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) == 0 || args[0] != "verify" {
-		fmt.Fprintf(stderr, "Usage: relaymesh ca status|rotate|verify …\n\n%s\n", caSynopsis)
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+  # One kubeconfig file per workload cluster
+  relaymesh ca verify --kubeconfig cluster-1.yaml --kubeconfig cluster-2.yaml`,
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			format, err := printer.Parse(output, printer.Formats)
+			if err != nil {
+				return usageError{err}
+			}
+			srcs, err := verifySources(c.Context(), g, &tc, remotes)
+			if err != nil {
+				return err
+			}
+			v, err := verifyMeshCAs(c.Context(), srcs, namespace, d.now())
+			if err != nil {
+				return err
+			}
+			if format == printer.Table || format == printer.Wide {
+				err = writeVerification(d.stdout, v)
+			} else {
+				err = printer.Print(d.stdout, format, v)
+			}
+			if err != nil {
+				return err
+			}
+			if v.Failed > 0 {
+				return fmt.Errorf("%d of %d checks failed (each mesh's trust domain, then every pair)", v.Failed, len(v.Meshes)+len(v.Pairs))
+			}
 			return nil
+		},
+	}
+	tc.addFlags(c.Flags(), g, false)
+	c.Flags().StringArrayVar(&remotes, "remote-context", nil, "kubeconfig context of a workload cluster (repeat for each; default: every context named after a registered cluster)")
+	c.Flags().StringVar(&namespace, "istio-namespace", "istio-system", "namespace of each mesh's cacerts Secret")
+	outputFlag(c, &output, printer.Formats)
+	_ = c.RegisterFlagCompletionFunc("remote-context", completeContexts(g))
+	tc.complete(c, g)
+	return c
+}
+
+// verifySources are the workload clusters ca verify reads: one per
+// repeated --kubeconfig (legacy), the --remote-context list, or every
+// context named after a registered cluster.
+func verifySources(ctx context.Context, g *globals, tc *twoClusters, remotes []string) ([]kubeclient.Source, error) {
+	var srcs []kubeclient.Source
+	switch {
+	case len(g.kubeconfig) > 1:
+		if len(remotes) > 0 {
+			return nil, usagef("give either one --kubeconfig per workload cluster or --remote-context, not both")
 		}
-		return fmt.Errorf("%w: want status, rotate or verify", errUsage)
+		for _, path := range g.kubeconfig {
+			src := kubeclient.Source{Kubeconfig: path}
+			raw, err := src.Raw()
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", path, err)
+			}
+			src.Context = raw.CurrentContext
+			srcs = append(srcs, src)
+		}
+	case len(remotes) > 0:
+		file, err := g.kubeconfig.file()
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range remotes {
+			srcs = append(srcs, kubeclient.Source{Kubeconfig: file, Context: r})
+		}
+	default:
+		mgmtSrc, err := tc.mgmt(g)
+		if err != nil {
+			return nil, err
+		}
+		mgmt, err := mgmtSrc.Load()
+		if err != nil {
+			return nil, fmt.Errorf("management cluster (to find the registered clusters): %w", err)
+		}
+		kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, relay.KubernetesClusters, g.namespace)
+		if err != nil {
+			return nil, err
+		}
+		file, _ := g.kubeconfig.file()
+		for _, kc := range kcs {
+			src := kubeclient.Source{Kubeconfig: file, Context: kc.Name}
+			if src.HasContext(kc.Name) {
+				srcs = append(srcs, src)
+			}
+		}
 	}
-	var kubeconfigs multiFlag
-	var namespace string
-	fs := newFlags("ca verify", caSynopsis, stderr)
-	fs.Var(&kubeconfigs, "kubeconfig", "kubeconfig of a workload cluster (repeat for each); its context name is the cluster's name")
-	fs.StringVar(&namespace, "istio-namespace", "istio-system", "namespace of each mesh's cacerts Secret")
-	if _, err := parse(fs, args[1:], 0); err != nil {
-		return err
+	if len(srcs) < 2 {
+		return nil, usagef("found %d workload cluster(s); ca verify needs at least two: give --remote-context for each (or one --kubeconfig per cluster)", len(srcs))
 	}
-	if len(kubeconfigs) < 2 {
-		return fmt.Errorf("%w: give at least two --kubeconfig (one per workload cluster)", errUsage)
-	}
+	return srcs, nil
+}
+
+func verifyMeshCAs(ctx context.Context, srcs []kubeclient.Source, namespace string, now time.Time) (*caVerification, error) {
 	var meshes []*trust.MeshCA
 	trustDomains := map[*trust.MeshCA]string{}
-	for _, path := range kubeconfigs {
-		kube, err := loadKube(path)
+	for _, src := range srcs {
+		kube, err := src.Load()
 		if err != nil {
-			return err
+			return nil, err
 		}
-		s, err := kube.typed.CoreV1().Secrets(namespace).Get(ctx, trust.SecretName, metav1.GetOptions{})
+		s, err := kube.Typed.CoreV1().Secrets(namespace).Get(ctx, trust.SecretName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			return fmt.Errorf("%s: no %s/%s Secret: the mesh has no plugged-in CA", path, namespace, trust.SecretName)
+			return nil, fmt.Errorf("%s: no %s/%s Secret: the mesh has no plugged-in CA", kube.Context, namespace, trust.SecretName)
 		}
 		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+			return nil, fmt.Errorf("%s: %w", kube.Context, err)
 		}
-		name := path
-		if cfg, err := clientcmd.LoadFromFile(path); err == nil && cfg.CurrentContext != "" {
-			name = cfg.CurrentContext
-		}
-		m, err := trust.ParseMeshCA(name, namespace, s.Data)
+		m, err := trust.ParseMeshCA(kube.Context, namespace, s.Data)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		// The mesh's trust domain, from istiod's mesh config.
 		td := discovery.MeshTrustDomain("")
-		cm, err := kube.typed.CoreV1().ConfigMaps(namespace).Get(ctx, istioConfigMap, metav1.GetOptions{})
+		cm, err := kube.Typed.CoreV1().ConfigMaps(namespace).Get(ctx, istioConfigMap, metav1.GetOptions{})
 		switch {
 		case err == nil:
 			td = discovery.MeshTrustDomain(cm.Data[discovery.MeshConfigKey])
 		case !apierrors.IsNotFound(err):
-			return fmt.Errorf("%s: istio mesh config: %w", path, err)
+			return nil, fmt.Errorf("%s: istio mesh config: %w", kube.Context, err)
 		}
 		trustDomains[m] = td
 		meshes = append(meshes, m)
 	}
-	now := time.Now()
-	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-	failed := 0
-	fmt.Fprintln(tw, "MESH\tTRUST DOMAIN\tINTERMEDIATE SIGNS")
+	v := &caVerification{Meshes: []meshVerdict{}, Pairs: []pairVerdict{}}
 	for _, m := range meshes {
-		result := "only " + trustDomains[m]
+		mv := meshVerdict{Mesh: m.Name(), TrustDomain: trustDomains[m], OK: true, Result: "only " + trustDomains[m]}
 		if err := m.CheckTrustDomain(trustDomains[m]); err != nil {
-			result, failed = "FAIL: "+err.Error(), failed+1
+			mv.OK, mv.Result = false, "FAIL: "+err.Error()
+			v.Failed++
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", m.Name(), trustDomains[m], result)
+		v.Meshes = append(v.Meshes, mv)
 	}
-	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "ISSUED IN\tTRUSTED BY\tRESULT")
 	for _, from := range meshes {
 		for _, to := range meshes {
 			if from == to {
 				continue
 			}
-			result := "ok"
+			pv := pairVerdict{IssuedIn: from.Name(), TrustedBy: to.Name(), OK: true, Result: "ok"}
 			if err := from.VerifyAgainst(to, now); err != nil {
-				result, failed = "FAIL: "+err.Error(), failed+1
+				pv.OK, pv.Result = false, "FAIL: "+err.Error()
+				v.Failed++
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", from.Name(), to.Name(), result)
+			v.Pairs = append(v.Pairs, pv)
 		}
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	return v, nil
+}
+
+func writeVerification(w io.Writer, v *caVerification) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MESH\tTRUST DOMAIN\tINTERMEDIATE SIGNS")
+	for _, m := range v.Meshes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", m.Mesh, m.TrustDomain, m.Result)
 	}
-	if failed > 0 {
-		return fmt.Errorf("%d of %d checks failed (each mesh's trust domain, then every pair)", failed, len(meshes)+len(meshes)*(len(meshes)-1))
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "ISSUED IN\tTRUSTED BY\tRESULT")
+	for _, p := range v.Pairs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", p.IssuedIn, p.TrustedBy, p.Result)
 	}
-	return nil
+	return tw.Flush()
 }
 
 // istioConfigMap holds istiod's mesh config (the default revision's).
 const istioConfigMap = "istio"
 
-func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var kubeconfig string
-	fs := newFlags("ca status [NAMESPACE/VIRTUALMESH]", caSynopsis, stderr)
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster)")
-	pos, err := parsePositional(fs, args, 1)
+// meshTrustStatus is one VirtualMesh's shared trust as ca status prints it.
+type meshTrustStatus struct {
+	VirtualMesh string                                `json:"virtualMesh"`
+	State       string                                `json:"state,omitempty"`
+	SharedTrust *networkingv1alpha1.SharedTrustStatus `json:"sharedTrust,omitempty"`
+	Rotation    *networkingv1alpha1.RotationStatus    `json:"rotation,omitempty"`
+}
+
+func newCAStatusCommand(d deps, g *globals) *cobra.Command {
+	var output string
+	c := &cobra.Command{
+		Use:   "status [NAMESPACE/VIRTUALMESH]",
+		Short: "Show each shared-trust VirtualMesh's root, rotation phase and mesh intermediates",
+		Long: `From the management cluster, each VirtualMesh with shared trust: its root
+(fingerprint, subject, expiry), rotation phase, and the intermediate last
+issued to each mesh (serial, expiry).`,
+		Example: `  relaymesh ca status --context mgmt
+  relaymesh ca status relaymesh/bookinfo-federation -o yaml`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return usagef("want at most one NAMESPACE/VIRTUALMESH, got %d argument(s)", len(args))
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			format, err := printer.Parse(output, printer.Formats)
+			if err != nil {
+				return usageError{err}
+			}
+			kube, err := g.clients()
+			if err != nil {
+				return err
+			}
+			return caStatus(c.Context(), d.stdout, kube, args, format)
+		},
+	}
+	outputFlag(c, &output, printer.Formats)
+	return c
+}
+
+func caStatus(ctx context.Context, stdout io.Writer, kube *kubeclient.Clients, pos []string, format printer.Format) error {
+	vms, err := listAs[networkingv1alpha1.VirtualMesh](ctx, kube.Dynamic, networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), "")
 	if err != nil {
 		return err
 	}
-	if len(pos) > 1 {
-		fs.Usage()
-		return fmt.Errorf("%w: want at most 1 argument(s), got %d", errUsage, len(pos))
-	}
-	kube, err := loadKube(kubeconfig)
-	if err != nil {
-		return err
-	}
-	vms, err := listAs[networkingv1alpha1.VirtualMesh](ctx, kube.dynamic, networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), "")
-	if err != nil {
-		return err
-	}
-	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-	shown := 0
+	var statuses []meshTrustStatus
 	for _, vm := range vms {
 		key := vm.Namespace + "/" + vm.Name
 		if len(pos) == 1 && pos[0] != key {
@@ -167,14 +298,29 @@ func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if vm.Spec.MTLS == nil || vm.Spec.MTLS.Shared == nil {
 			continue
 		}
-		shown++
-		st := vm.Status.SharedTrust
+		statuses = append(statuses, meshTrustStatus{VirtualMesh: key, State: string(vm.Status.State), SharedTrust: vm.Status.SharedTrust, Rotation: vm.Status.Rotation})
+	}
+	if len(statuses) == 0 {
+		if len(pos) == 1 {
+			return fmt.Errorf("no VirtualMesh %s with spec.mtls.shared", pos[0])
+		}
+		if format == printer.Table || format == printer.Wide {
+			fmt.Fprintln(stdout, "no VirtualMesh asks for shared trust (spec.mtls.shared)")
+			return nil
+		}
+	}
+	if format == printer.JSON || format == printer.YAML {
+		return printer.Print(stdout, format, map[string]any{"virtualMeshes": orEmpty(statuses)})
+	}
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	for _, s := range statuses {
+		st := s.SharedTrust
 		phase := string(networkingv1alpha1.PhaseNotRotating)
-		if vm.Status.Rotation != nil {
-			phase = string(vm.Status.Rotation.Phase)
+		if s.Rotation != nil {
+			phase = string(s.Rotation.Phase)
 		}
 		if st == nil {
-			fmt.Fprintf(stdout, "VIRTUALMESH %s  no root yet (is the server running, and the VirtualMesh valid? state %q)\n", key, vm.Status.State)
+			fmt.Fprintf(stdout, "VIRTUALMESH %s  no root yet (is the server running, and the VirtualMesh valid? state %q)\n", s.VirtualMesh, s.State)
 			continue
 		}
 		expires := ""
@@ -184,8 +330,8 @@ func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "VIRTUALMESH %s  ROOT %s  FINGERPRINT %s…  EXPIRES %s  ROTATION %s\n", key, st.RootSubject, trust.ShortFingerprint(st.RootFingerprint), expires, phase)
-		if r := vm.Status.Rotation; r != nil {
+		fmt.Fprintf(stdout, "VIRTUALMESH %s  ROOT %s  FINGERPRINT %s…  EXPIRES %s  ROTATION %s\n", s.VirtualMesh, st.RootSubject, trust.ShortFingerprint(st.RootFingerprint), expires, phase)
+		if r := s.Rotation; r != nil {
 			fmt.Fprintln(stdout, rotationLine(r))
 		}
 		if st.Message != "" {
@@ -196,14 +342,13 @@ func runCAStatus(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s…\n", m.Mesh, m.Cluster, m.Serial, m.NotAfter.UTC().Format(time.DateOnly), trust.ShortFingerprint(m.Issuer))
 		}
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	return tw.Flush()
+}
+
+// orEmpty is s, or an empty slice for nil (so JSON shows [] not null).
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
 	}
-	if shown == 0 {
-		if len(pos) == 1 {
-			return fmt.Errorf("no VirtualMesh %s with spec.mtls.shared", pos[0])
-		}
-		fmt.Fprintln(stdout, "no VirtualMesh asks for shared trust (spec.mtls.shared)")
-	}
-	return nil
+	return s
 }

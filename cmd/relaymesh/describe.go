@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -13,8 +12,10 @@ import (
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/printer"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -51,21 +52,44 @@ var describeResources = struct {
 	virtualDestinations: networkingv1alpha1.GroupVersion.WithResource("virtualdestinations"),
 }
 
-func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var kubeconfig, namespace, dir, format string
-	fs := newFlags("describe destination|workload|policy NAME [flags]", describeSynopsis, stderr)
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster)")
-	fs.StringVar(&namespace, "namespace", "relaymesh", "the server's namespace, which holds the discovered objects")
-	fs.StringVar(&dir, "f", "", "read the view from the .yaml/.yml/.json files of this directory instead of a cluster")
-	fs.StringVar(&format, "output", "text", "text or json")
-	pos, err := parsePositional(fs, args, 2)
-	if err != nil {
-		return err
+func newDescribeCommand(d deps, g *globals) *cobra.Command {
+	var dir, output string
+	c := &cobra.Command{
+		Use:   "describe destination|workload|policy NAME",
+		Short: "Explain which policies apply to a destination, workload or policy, and their outputs",
+		Long:  describeSynopsis,
+		Example: `  # A discovered Destination: the policies that select it, in translation order
+  relaymesh describe destination reviews-bookinfo-cluster-1-1a2b3c4d --context mgmt
+
+  # A policy: its state, what it selects, its outputs per cluster, as YAML
+  relaymesh describe policy trafficpolicy/bookinfo/reviews-canary -o yaml
+
+  # Offline, from the YAML files of a directory
+  relaymesh describe workload productpage-v1-bookinfo-cluster-1-deployment -f ./world`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 2 {
+				return usagef("want destination|workload|policy and a NAME, got %d argument(s)", len(args))
+			}
+			return nil
+		},
+		ValidArgsFunction: func(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+			if len(args) == 0 {
+				return []string{"destination", "workload", "policy"}, cobra.ShellCompDirectiveNoFileComp
+			}
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			return runDescribe(c.Context(), d, g, dir, output, args)
+		},
 	}
-	if len(pos) != 2 {
-		fs.Usage()
-		return fmt.Errorf("%w: want destination|workload|policy and a NAME", errUsage)
-	}
+	c.Flags().StringVarP(&dir, "filename", "f", "", "read the view from the .yaml/.yml/.json files of this directory instead of a cluster")
+	outputFlag(c, &output, printer.Formats, "text")
+	return c
+}
+
+func runDescribe(ctx context.Context, d deps, g *globals, dir, format string, pos []string) error {
+	namespace, stdout := g.namespace, d.stdout
+	var err error
 	kind, name := strings.ToLower(pos[0]), pos[1]
 	var policyKind, policyNS, policyName string
 	switch kind {
@@ -73,21 +97,22 @@ func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	case "policy":
 		parts := strings.Split(name, "/")
 		if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
-			return fmt.Errorf("%w: policy %q: want KIND/NAMESPACE/NAME, e.g. trafficpolicy/bookinfo/reviews-canary", errUsage, name)
+			return usagef("policy %q: want KIND/NAMESPACE/NAME, e.g. trafficpolicy/bookinfo/reviews-canary", name)
 		}
 		if policyKind, err = translation.PolicyKind(parts[0]); err != nil {
-			return fmt.Errorf("%w: %w", errUsage, err)
+			return usageError{err}
 		}
 		policyNS, policyName = parts[1], parts[2]
 	default:
-		fs.Usage()
-		return fmt.Errorf("%w: unknown kind %q: want destination, workload or policy", errUsage, pos[0])
+		return usagef("unknown kind %q: want destination, workload or policy", pos[0])
 	}
-	if format != "text" && format != "json" {
-		return fmt.Errorf("%w: --output %q: want text or json", errUsage, format)
+	switch format {
+	case "table", "wide", "text", "json", "yaml":
+	default:
+		return usagef("-o %q: want table, wide, json or yaml", format)
 	}
 
-	in, err := loadView(ctx, dir, kubeconfig, namespace)
+	in, err := loadView(ctx, dir, g, namespace)
 	if err != nil {
 		return err
 	}
@@ -105,10 +130,8 @@ func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	if format == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(desc)
+	if format == "json" || format == "yaml" {
+		return printer.Print(stdout, printer.Format(format), desc)
 	}
 	return writeDescription(stdout, desc)
 }
@@ -116,15 +139,15 @@ func runDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // loadView reads the translation input the way the server sees it: from
 // the YAML files of dir when it is set, else from the management cluster
 // (discovered objects from namespace, user objects from every namespace).
-func loadView(ctx context.Context, dir, kubeconfig, namespace string) (*translation.Input, error) {
+func loadView(ctx context.Context, dir string, g *globals, namespace string) (*translation.Input, error) {
 	if dir != "" {
 		return loadInputDir(dir)
 	}
-	kube, err := loadKube(kubeconfig)
+	kube, err := g.clients()
 	if err != nil {
 		return nil, err
 	}
-	return listInput(ctx, kube.dynamic, namespace)
+	return listInput(ctx, kube.Dynamic, namespace)
 }
 
 // listInput reads the translation input from the management cluster once:

@@ -58,13 +58,14 @@ func TestDescribeOffline(t *testing.T) {
 		{"invalid policy", []string{"policy", "tp/bookinfo/ratings-bad-regex", "-f", describeDir}, 0, []string{
 			"State:                Invalid", `Error:                spec.httpRequestMatchers[0].uri.regex: regex "(unclosed" does not compile`, "Outputs:  <none>",
 		}, nil},
-		{"help", []string{"--help"}, 0, nil, []string{"Usage: relaymesh describe destination|workload|policy NAME"}},
+		{"help", []string{"--help"}, 0, []string{"relaymesh describe destination|workload|policy NAME [flags]", "Examples:"}, nil},
 		{"no arguments", nil, 2, nil, []string{"want destination|workload|policy and a NAME"}},
 		{"three arguments", []string{"destination", "a", "b", "-f", describeDir}, 2, nil, []string{"want destination|workload|policy and a NAME"}},
 		{"unknown kind", []string{"service", "reviews", "-f", describeDir}, 2, nil, []string{`unknown kind "service": want destination, workload or policy`}},
 		{"unknown policy kind", []string{"policy", "gateway/bookinfo/x", "-f", describeDir}, 2, nil, []string{`unknown kind "gateway": want trafficpolicy`}},
 		{"policy without namespace", []string{"policy", "trafficpolicy/reviews-canary", "-f", describeDir}, 2, nil, []string{"want KIND/NAMESPACE/NAME"}},
-		{"bad output", []string{"destination", "x", "--output", "yaml", "-f", describeDir}, 2, nil, []string{`--output "yaml": want text or json`}},
+		{"bad output", []string{"destination", "x", "--output", "xml", "-f", describeDir}, 2, nil, []string{`-o "xml": want table, wide, json or yaml`}},
+		{"yaml", []string{"policy", "TrafficPolicy/bookinfo/reviews-canary", "-f", describeDir, "-o", "yaml"}, 0, []string{"state: Accepted", "kind: TrafficPolicy"}, nil},
 		{"unknown destination", []string{"destination", "reviews", "-f", describeDir}, 1, nil, []string{
 			`destination "reviews" not found; did you mean reviews-bookinfo-cluster-1, reviews-bookinfo-cluster-2?`,
 		}},

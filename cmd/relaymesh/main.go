@@ -1,63 +1,70 @@
 // Command relaymesh is Relaymesh's single binary: the management server, the
 // relay agent, and the admin commands. It only parses flags and wires the
-// packages together; the logic lives in ca/, identity/, relay/ and audit/.
+// packages together; the logic lives in ca/, identity/, relay/, check/ and
+// the other top-level packages.
+//
+// The command tree is built with spf13/cobra, like kubectl, istioctl and
+// helm: shell completion (relaymesh completion bash|zsh|fish|powershell),
+// kubeconfig loading through client-go's standard rules (--kubeconfig,
+// KUBECONFIG, ~/.kube/config, --context; --mgmt-context and --remote-context
+// where two clusters are involved) and -o table|wide|json|yaml wherever
+// objects are printed. docs/cli.md is generated from the tree
+// (relaymesh docs).
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"sort"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
 )
 
-// command is one subcommand.
-type command struct {
-	summary string
-	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// usageError marks an error in how the command was called: bad flags or
+// arguments. It exits 2 and points at --help.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// usagef returns a usageError.
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
 }
 
-func commands() map[string]command {
-	return map[string]command{
-		"server":  {"run the management server (relay gRPC :9900, metrics/health :9091)", runServer},
-		"agent":   {"run the relay agent in a workload cluster (metrics :9977, health :9988)", runAgent},
-		"cluster": {"register or deregister a workload cluster (cluster register|deregister NAME)", runCluster},
-		"token":   {"mint a single-use bootstrap token (token create --cluster NAME)", runToken},
-		"audit":   {"verify the hash-chained audit log (audit verify FILE)", runAudit},
-		"version": {"print the version", func(_ context.Context, _ []string, stdout, _ io.Writer) error {
-			fmt.Fprintln(stdout, "relaymesh", version())
-			return nil
-		}},
-		"ca":       {"check shared trust: every mesh's CA against every other mesh's root bundle (verify)", runCA},
-		"describe": {"explain which policies apply to a destination, workload or policy, and their outputs", runDescribe},
-		"policy":   {"audit who can reach what (access matrix and findings)", runPolicy},
-	}
+// exitCodeError ends the command with a code after it printed its result
+// (check: 1 for warnings, 2 for errors); it prints no message of its own.
+type exitCodeError struct{ code int }
+
+func (e exitCodeError) Error() string { return fmt.Sprintf("exit code %d", e.code) }
+
+// deps are what the commands take from their environment, injected so
+// tests can replace them.
+type deps struct {
+	stdout, stderr io.Writer
+	// now is the clock of the admin commands (check, debug report).
+	now func() time.Time
+	// agentClock is the clock the agent reports to the server in Hello.
+	agentClock func() time.Time
 }
 
-func usage() string {
-	var b strings.Builder
-	b.WriteString("relaymesh: multi-cluster trust and federation for Istio meshes\n\nUsage:\n  relaymesh COMMAND [flags]\n\nCommands:\n")
-	cmds := commands()
-	names := make([]string, 0, len(cmds))
-	for n := range cmds {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(&b, "  %-9s %s\n", n, cmds[n].summary)
-	}
-	b.WriteString("\nRun 'relaymesh COMMAND --help' for a command's flags.\n")
-	return b.String()
+func defaultDeps(stdout, stderr io.Writer) deps {
+	return deps{stdout: stdout, stderr: stderr, now: time.Now, agentClock: time.Now}
 }
-
-// errUsage marks an error whose message is the help the user asked for.
-var errUsage = errors.New("usage")
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -66,68 +73,47 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage())
-		return 2
+	return runWith(ctx, defaultDeps(stdout, stderr), args)
+}
+
+// runWith runs the command line args and returns the exit code.
+func runWith(ctx context.Context, d deps, args []string) int {
+	root := newRootCommand(d)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return exitOK
 	}
-	switch args[0] {
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage())
-		return 0
+	var code exitCodeError
+	if errors.As(err, &code) {
+		return code.code
 	}
-	cmd, ok := commands()[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "relaymesh: unknown command %q\n\n%s", args[0], usage())
-		return 2
+	path := "relaymesh"
+	if cmd != nil {
+		path = cmd.CommandPath()
 	}
-	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
+	fmt.Fprintf(d.stderr, "%s: %v\n", path, err)
+	if isUsage(err) {
+		fmt.Fprintf(d.stderr, "Run '%s --help' for usage.\n", path)
+		return exitUsage
+	}
+	return exitError
+}
+
+// isUsage reports whether err is about how the command was called,
+// including cobra's own errors for unknown commands and flags.
+func isUsage(err error) bool {
+	var u usageError
+	if errors.As(err, &u) {
+		return true
+	}
+	msg := err.Error()
+	for _, prefix := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "flag needs an argument", "invalid argument", "bad flag syntax"} {
+		if strings.HasPrefix(msg, prefix) {
+			return true
 		}
-		fmt.Fprintf(stderr, "relaymesh %s: %v\n", args[0], err)
-		if errors.Is(err, errUsage) {
-			return 2
-		}
-		return 1
 	}
-	return 0
-}
-
-// newFlags makes a flag set whose help goes to stderr with a synopsis.
-func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("relaymesh "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: relaymesh %s\n\n%s\n\nFlags:\n", name, synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-// parse parses flags and refuses stray positional arguments beyond want.
-func parse(fs *flag.FlagSet, args []string, want int) ([]string, error) {
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() != want {
-		fs.Usage()
-		return nil, fmt.Errorf("%w: want %d argument(s), got %d", errUsage, want, fs.NArg())
-	}
-	return fs.Args(), nil
-}
-
-// parsePositional parses flags and returns every positional argument,
-// accepting up to lead of them before the flags (`cluster register NAME
-// --flag …` as well as `cluster register --flag … NAME`).
-func parsePositional(fs *flag.FlagSet, args []string, lead int) ([]string, error) {
-	var pos []string
-	for len(args) > 0 && len(pos) < lead && args[0] != "" && args[0][0] != '-' {
-		pos, args = append(pos, args[0]), args[1:]
-	}
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	return append(pos, fs.Args()...), nil
+	return false
 }
 
 // version is the module version, or the VCS revision for a source build.
@@ -145,4 +131,45 @@ func version() string {
 		}
 	}
 	return "devel"
+}
+
+// groupCommand is a command that only holds subcommands: run without one,
+// or with an unknown one, it is a usage error naming the subcommands.
+func groupCommand(use, short, long, example string, subs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{
+		Use: use, Short: short, Long: long, Example: example,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			var names []string
+			for _, s := range c.Commands() {
+				if s.IsAvailableCommand() {
+					names = append(names, s.Name())
+				}
+			}
+			if len(args) == 0 {
+				return usagef("want a subcommand: %s", strings.Join(names, ", "))
+			}
+			return usagef("unknown subcommand %q: want %s", args[0], strings.Join(names, ", "))
+		},
+	}
+	c.AddCommand(subs...)
+	return c
+}
+
+// exactArgs wants exactly n positional arguments, named in the message.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("want %s, got %d argument(s)", what, len(args))
+		}
+		return nil
+	}
+}
+
+// noArgs refuses positional arguments.
+func noArgs(_ *cobra.Command, args []string) error {
+	if len(args) != 0 {
+		return usagef("want no arguments, got %q", args)
+	}
+	return nil
 }

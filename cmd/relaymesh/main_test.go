@@ -5,52 +5,68 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestRunFlags covers the commands' handling of bad input that needs no
-// cluster: each refuses with a clear message and a non-zero exit.
+// cluster: each refuses with a clear message and a non-zero exit (2 for
+// wrong usage, 1 for a failure).
 func TestRunFlags(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "audit.log")
 	assert.NoError(t, os.WriteFile(good, nil, 0o600))
+	missing := filepath.Join(dir, "missing")
 	tests := []struct {
 		name     string
 		args     []string
 		code     int
 		out, err string
 	}{
-		{"version", []string{"version"}, 0, "relaymesh ", ""},
-		{"help", []string{"--help"}, 0, "Commands:", ""},
-		{"no command", nil, 2, "", "Commands:"},
+		{"version client", []string{"version", "--client"}, 0, "client     " + version(), ""},
+		{"version client json", []string{"version", "--client", "-o", "json"}, 0, `"component": "client"`, ""},
+		{"version without cluster", []string{"version", "--kubeconfig", missing}, 1, "client", "no such file"},
+		{"help", []string{"--help"}, 0, "Available Commands:", ""},
+		{"help command", []string{"help", "cluster", "register"}, 0, "relaymesh cluster register NAME [flags]", ""},
+		{"no command", nil, 2, "", "Available Commands:"},
 		{"unknown command", []string{"serve"}, 2, "", `unknown command "serve"`},
 		{"server without audit log", []string{"server"}, 1, "", "--audit-log is required"},
 		{"server half a provided CA", []string{"server", "--audit-log", good, "--ca-cert", "x"}, 1, "", "--ca-cert, --ca-key and --ca-roots go together"},
-		{"server stray argument", []string{"server", "now"}, 2, "", "want 0 argument(s)"},
-		{"server unknown flag", []string{"server", "--tls=false"}, 1, "", "flag provided but not defined: -tls"},
-		{"server help", []string{"server", "--help"}, 0, "", "Usage: relaymesh server"},
-		{"agent without cluster", []string{"agent", "--kubeconfig", filepath.Join(dir, "missing")}, 1, "", "kubeconfig"},
-		{"cluster no verb", []string{"cluster"}, 2, "", "register|deregister"},
+		{"server stray argument", []string{"server", "now"}, 2, "", `want no arguments, got ["now"]`},
+		{"server unknown flag", []string{"server", "--tls=false"}, 2, "", "unknown flag: --tls"},
+		{"server help", []string{"server", "--help"}, 0, "relaymesh server [flags]", ""},
+		{"agent without cluster", []string{"agent", "--kubeconfig", missing}, 1, "", "kubeconfig"},
+		{"agent bad leader timing", []string{"agent", "--leader-retry-period", "20s"}, 1, "", "0 < --leader-retry-period < --leader-renew-deadline"},
+		{"two kubeconfigs", []string{"agent", "--kubeconfig", "a", "--kubeconfig", "b"}, 2, "", "--kubeconfig given 2 times"},
+		{"cluster no verb", []string{"cluster"}, 2, "", "want a subcommand: deregister, list, register"},
+		{"cluster unknown verb", []string{"cluster", "join"}, 2, "", `unknown subcommand "join"`},
 		{"cluster bad name", []string{"cluster", "register", "Bad_Name", "--mgmt-kubeconfig", "x"}, 1, "", "not a DNS label"},
 		{"cluster two names", []string{"cluster", "register", "a", "b"}, 2, "", "exactly one cluster NAME"},
-		{"cluster register missing flags", []string{"cluster", "register", "c1", "--mgmt-kubeconfig", "x"}, 1, "", "--remote-kubeconfig and --server-address are required"},
+		{"cluster register no server address", []string{"cluster", "register", "c1", "--mgmt-kubeconfig", "x"}, 1, "", "--server-address is required"},
+		{"cluster register no workload cluster", []string{"cluster", "register", "c1", "--kubeconfig", missing, "--server-address", "h:1"}, 1, "", "no workload cluster: give --remote-context"},
 		{"cluster register bad address", []string{"cluster", "register", "c1", "--mgmt-kubeconfig", "x", "--remote-kubeconfig", "y", "--server-address", "nohost"}, 1, "", "missing port"},
 		{"cluster register ttl too long", []string{"cluster", "register", "c1", "--mgmt-kubeconfig", "x", "--remote-kubeconfig", "y", "--server-address", "h:1", "--token-ttl", "200h"}, 1, "", "out of range"},
 		{"cluster register bad mode", []string{"cluster", "register", "c1", "--mgmt-kubeconfig", "x", "--remote-kubeconfig", "y", "--mode", "ssh"}, 1, "", `--mode "ssh": want relay or kubeconfig`},
-		{"cluster register kubeconfig mode needs remote", []string{"cluster", "register", "c1", "--mgmt-kubeconfig", "x", "--mode", "kubeconfig"}, 1, "", "--remote-kubeconfig is required"},
-		{"token no verb", []string{"token"}, 2, "", "token create"},
+		{"cluster register kubeconfig mode needs remote", []string{"cluster", "register", "c1", "--kubeconfig", missing, "--mode", "kubeconfig"}, 1, "", "no workload cluster"},
+		{"cluster list bad output", []string{"cluster", "list", "-o", "xml"}, 2, "", `-o "xml": want table, wide, json, yaml`},
+		{"token no verb", []string{"token"}, 2, "", "want a subcommand: create"},
 		{"token no cluster", []string{"token", "create"}, 1, "", "--cluster is required"},
 		{"token ttl negative", []string{"token", "create", "--cluster", "c", "--ttl", "-1h"}, 1, "", "out of range"},
-		{"audit no file", []string{"audit", "verify"}, 2, "", "want 1 argument(s)"},
+		{"audit no file", []string{"audit", "verify"}, 2, "", "want one audit log FILE, got 0"},
 		{"audit missing file", []string{"audit", "verify", filepath.Join(dir, "nope")}, 1, "", "no such file"},
 		{"audit empty file", []string{"audit", "verify", good}, 0, "0 records verified", ""},
-		{"ca no verb", []string{"ca"}, 2, "", "relaymesh ca status|rotate|verify"},
-		{"ca status two names", []string{"ca", "status", "a/b", "c/d"}, 2, "", "want at most 1 argument(s)"},
-		{"ca one cluster", []string{"ca", "verify", "--kubeconfig", "x"}, 2, "", "at least two --kubeconfig"},
+		{"ca no verb", []string{"ca"}, 2, "", "want a subcommand: rotate, status, verify"},
+		{"ca status two names", []string{"ca", "status", "a/b", "c/d"}, 2, "", "want at most one NAMESPACE/VIRTUALMESH"},
+		{"ca one cluster", []string{"ca", "verify", "--remote-context", "a"}, 2, "", "found 1 workload cluster(s); ca verify needs at least two"},
 		{"ca missing kubeconfig", []string{"ca", "verify", "--kubeconfig", filepath.Join(dir, "a"), "--kubeconfig", filepath.Join(dir, "b")}, 1, "", "no such file"},
+		{"ca kubeconfigs and contexts", []string{"ca", "verify", "--kubeconfig", "a", "--kubeconfig", "b", "--remote-context", "c"}, 2, "", "not both"},
 		{"webhook url without listen", []string{"server", "--audit-log", good, "--webhook-url", "https://127.0.0.1:1/validate"}, 1, "", "need --webhook-listen"},
+		{"completion no shell", []string{"completion"}, 2, "", "want one shell"},
+		{"completion bad shell", []string{"completion", "tcsh"}, 2, "", `unknown shell "tcsh"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,4 +76,82 @@ func TestRunFlags(t *testing.T) {
 			assert.Contains(t, errOut.String(), tt.err)
 		})
 	}
+}
+
+// Every command's help has an example and a description; every command
+// that prints objects takes -o with table, wide, json and yaml.
+func TestEveryCommandHasAnExample(t *testing.T) {
+	root := newRootCommand(defaultDeps(&bytes.Buffer{}, &bytes.Buffer{}))
+	root.InitDefaultHelpCmd()
+	var walk func(c *cobra.Command)
+	n := 0
+	walk = func(c *cobra.Command) {
+		n++
+		assert.NotEmpty(t, strings.TrimSpace(c.Example), "%s has no example", c.CommandPath())
+		assert.NotEmpty(t, c.Short, "%s has no summary", c.CommandPath())
+		if f := c.Flags().Lookup("output"); f != nil {
+			assert.Equal(t, "o", f.Shorthand, c.CommandPath())
+			for _, format := range []string{"table", "wide", "json", "yaml"} {
+				assert.Contains(t, f.Usage, format, "%s -o", c.CommandPath())
+			}
+		}
+		var out bytes.Buffer
+		c.SetOut(&out)
+		require.NoError(t, c.Help())
+		assert.Contains(t, out.String(), "Examples:", c.CommandPath())
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(root)
+	assert.Greater(t, n, 20)
+	for _, path := range [][]string{{"cluster", "list"}, {"ca", "status"}, {"ca", "verify"}, {"version"}, {"describe"}, {"policy", "audit"}} {
+		c, _, err := root.Find(path)
+		require.NoError(t, err)
+		assert.NotNil(t, c.Flags().Lookup("output"), "%v has no -o", path)
+	}
+}
+
+// The completion scripts generate for every shell, and complete
+// subcommands and output formats.
+func TestCompletion(t *testing.T) {
+	for shell, want := range map[string]string{"bash": "__start_relaymesh", "zsh": "#compdef relaymesh", "fish": "complete -c relaymesh", "powershell": "Register-ArgumentCompleter"} {
+		var out, errOut bytes.Buffer
+		require.Equal(t, 0, run(context.Background(), []string{"completion", shell}, &out, &errOut), errOut.String())
+		assert.Contains(t, out.String(), want, shell)
+	}
+	// The hidden __complete command is what the scripts call.
+	for args, want := range map[string][]string{
+		"__complete cluster ":               {"register", "deregister", "list"},
+		"__complete cluster list -o ":       {"table", "wide", "json", "yaml"},
+		"__complete describe ":              {"destination", "workload", "policy"},
+		"__complete server --log-level ":    {"debug", "info"},
+		"__complete completion ":            {"bash", "zsh", "fish"},
+		"__complete ca rotate ":             {"start", "continue", "rollback"},
+		"__complete policy audit --output ": {"html", "json"},
+	} {
+		var out, errOut bytes.Buffer
+		require.Equal(t, 0, run(context.Background(), strings.Split(args, " "), &out, &errOut), errOut.String())
+		for _, w := range want {
+			assert.Regexp(t, `(?m)^`+w+`(\t|$)`, out.String(), args)
+		}
+	}
+}
+
+// docs/cli.md is what the command tree generates (make verify runs the
+// same comparison through relaymesh docs --check).
+func TestCLIDocsFresh(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run(context.Background(), []string{"docs"}, &out, &errOut), errOut.String())
+	have, err := os.ReadFile("../../docs/cli.md")
+	require.NoError(t, err)
+	assert.Equal(t, out.String(), string(have), "docs/cli.md is stale: go run ./cmd/relaymesh docs > docs/cli.md")
+	assert.Contains(t, out.String(), "## relaymesh cluster list")
+	assert.Equal(t, 0, run(context.Background(), []string{"docs", "--check", "../../docs/cli.md"}, &out, &errOut), errOut.String())
+
+	stale := filepath.Join(t.TempDir(), "cli.md")
+	require.NoError(t, os.WriteFile(stale, []byte(strings.Replace(string(have), "relaymesh", "relaymash", 1)), 0o600))
+	errOut.Reset()
+	assert.Equal(t, 1, run(context.Background(), []string{"docs", "--check", stale}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "is stale")
 }

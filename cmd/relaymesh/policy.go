@@ -3,16 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 
+	"github.com/relaymesh/relaymesh/internal/printer"
 	"github.com/relaymesh/relaymesh/policy/accessaudit"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
 )
 
 const policyAuditSynopsis = `Audit who can reach what. Translate the current view once, the way the
@@ -40,45 +41,48 @@ var (
 	auditMaxBytes   = int64(64 << 20)
 )
 
-// stringList is a repeatable flag.
-type stringList []string
+func newPolicyCommand(d deps, g *globals) *cobra.Command {
+	var dir, with, output, outPath string
+	var without []string
+	audit := &cobra.Command{
+		Use:   "audit",
+		Short: "Audit who can reach what: the access matrix and findings",
+		Long:  policyAuditSynopsis,
+		Example: `  # The live access matrix of the management cluster
+  relaymesh policy audit --context mgmt
 
-func (l *stringList) String() string     { return strings.Join(*l, ",") }
-func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+  # What would change if a policy were removed, as JSON
+  relaymesh policy audit --without accesspolicy/bookinfo/reviews-from-productpage -o json
 
-func runPolicy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "audit" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			fmt.Fprintf(stderr, "Usage: relaymesh policy audit [flags]\n\n%s\n", policyAuditSynopsis)
-			return flag.ErrHelp
-		}
-		fmt.Fprintf(stderr, "Usage: relaymesh policy audit [flags]\n")
-		if len(args) == 0 {
-			return fmt.Errorf("%w: want a subcommand: audit", errUsage)
-		}
-		return fmt.Errorf("%w: unknown subcommand %q: want audit", errUsage, args[0])
+  # Offline, from YAML files, as one HTML page
+  relaymesh policy audit -f ./world -o html --out access.html`,
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return runPolicyAudit(c.Context(), d, g, dir, with, output, outPath, without)
+		},
 	}
-	var kubeconfig, namespace, dir, with, format, outPath string
-	var without stringList
-	fs := newFlags("policy audit [flags]", policyAuditSynopsis, stderr)
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster)")
-	fs.StringVar(&namespace, "namespace", "relaymesh", "the server's namespace: it holds the discovered objects, and policies in it may select any namespace")
-	fs.StringVar(&dir, "f", "", "read the view from the .yaml/.yml/.json files of this directory instead of a cluster")
+	fs := audit.Flags()
+	fs.StringVarP(&dir, "filename", "f", "", "read the view from the .yaml/.yml/.json files of this directory instead of a cluster")
 	fs.StringVar(&with, "with", "", "what-if: add (or replace) the objects of this YAML file and print the difference in access")
-	fs.Var(&without, "without", "what-if: remove the object KIND/NAMESPACE/NAME (repeatable), e.g. accesspolicy/bookinfo/reviews-from-productpage")
-	fs.StringVar(&format, "output", "table", "table, json or html")
+	fs.StringArrayVar(&without, "without", nil, "what-if: remove the object KIND/NAMESPACE/NAME (repeatable), e.g. accesspolicy/bookinfo/reviews-from-productpage")
+	outputFlag(audit, &output, printer.Formats, "html")
 	fs.StringVar(&outPath, "out", "", "write the output to this file (mode 0600) instead of stdout")
-	if _, err := parse(fs, args[1:], 0); err != nil {
-		return err
-	}
-	if !slices.Contains([]string{"table", "json", "html"}, format) {
-		return fmt.Errorf("%w: --output %q: want table, json or html", errUsage, format)
+	return groupCommand("policy", "Audit access policies", "Audit who can reach what through the AccessPolicies and VirtualMeshes in force.",
+		"  relaymesh policy audit --context mgmt", audit)
+}
+
+func runPolicyAudit(ctx context.Context, d deps, g *globals, dir, with, format, outPath string, without []string) error {
+	namespace, stdout := g.namespace, d.stdout
+	switch format {
+	case "table", "wide", "json", "yaml", "html":
+	default:
+		return usagef("-o %q: want table, wide, json, yaml or html", format)
 	}
 	var refs []accessaudit.Ref
 	for _, w := range without {
 		r, err := accessaudit.ParseRef(w)
 		if err != nil {
-			return fmt.Errorf("%w: --without %w", errUsage, err)
+			return usagef("--without %w", err)
 		}
 		refs = append(refs, r)
 	}
@@ -95,7 +99,7 @@ func runPolicy(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 	}
-	in, err := loadView(ctx, dir, kubeconfig, namespace)
+	in, err := loadView(ctx, dir, g, namespace)
 	if err != nil {
 		return err
 	}
@@ -186,6 +190,8 @@ func writeResult(w io.Writer, format string, r *accessaudit.Result) error {
 	switch format {
 	case "json":
 		return accessaudit.WriteJSON(w, r)
+	case "yaml":
+		return jsonAsYAML(w, func(w io.Writer) error { return accessaudit.WriteJSON(w, r) })
 	case "html":
 		return accessaudit.WriteHTML(w, r)
 	}
@@ -196,8 +202,24 @@ func writeDiff(w io.Writer, format string, d *accessaudit.Diff) error {
 	switch format {
 	case "json":
 		return accessaudit.WriteJSON(w, d)
+	case "yaml":
+		return jsonAsYAML(w, func(w io.Writer) error { return accessaudit.WriteJSON(w, d) })
 	case "html":
 		return accessaudit.WriteDiffHTML(w, d)
 	}
 	return accessaudit.WriteDiffTable(w, d)
+}
+
+// jsonAsYAML writes what write writes as JSON, converted to YAML.
+func jsonAsYAML(w io.Writer, write func(io.Writer) error) error {
+	var buf bytes.Buffer
+	if err := write(&buf); err != nil {
+		return err
+	}
+	y, err := yaml.JSONToYAML(buf.Bytes())
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(y)
+	return err
 }

@@ -7,13 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/trust"
+	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -34,46 +34,50 @@ rollback VIRTUALMESH: walk the rotation back to the old root, one acked step
 
 VIRTUALMESH is NAMESPACE/NAME. With --wait the command prints each phase the
 rotation passes through until it finishes, is rolled back, waits for a
-continue, or the time is up (then it fails).
+continue, or the time is up (then it fails).`
 
-  relaymesh ca rotate start relaymesh/bookinfo-federation --kubeconfig mgmt.yaml --wait 2m`
-
-func runCARotate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	verbs := []string{"start", "continue", "rollback"}
-	if len(args) == 0 || !slices.Contains(verbs, args[0]) {
-		fmt.Fprintf(stderr, "Usage: relaymesh ca rotate start|continue|rollback NAMESPACE/VIRTUALMESH [flags]\n\n%s\n", rotateSynopsis)
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			return nil
+func newCARotateCommand(d deps, g *globals) *cobra.Command {
+	var subs []*cobra.Command
+	for _, v := range []struct{ verb, short, example string }{
+		{"start", "Rotate a VirtualMesh's shared root with no failed handshake between meshes",
+			"  relaymesh ca rotate start relaymesh/bookinfo-federation --wait 2m"},
+		{"continue", "Let a rotation with Manual verification leave the phase it waits in",
+			"  relaymesh ca rotate continue relaymesh/bookinfo-federation --wait 2m"},
+		{"rollback", "Walk a rotation back to the old root, one acknowledged step at a time",
+			"  relaymesh ca rotate rollback relaymesh/bookinfo-federation --wait 5m"},
+	} {
+		var wait time.Duration
+		c := &cobra.Command{
+			Use:     v.verb + " NAMESPACE/VIRTUALMESH",
+			Short:   v.short,
+			Long:    rotateSynopsis,
+			Example: v.example,
+			Args:    exactArgs(1, "exactly one NAMESPACE/VIRTUALMESH"),
+			RunE: func(c *cobra.Command, args []string) error {
+				return rotate(c.Context(), d, g, v.verb, args[0], wait)
+			},
 		}
-		return fmt.Errorf("%w: want start, continue or rollback", errUsage)
+		c.Flags().DurationVar(&wait, "wait", 0, "print the phases until the rotation finishes, rolls back or waits for a continue; fail after this long (0: do not wait)")
+		subs = append(subs, c)
 	}
-	verb := args[0]
-	var kubeconfig string
-	var wait time.Duration
-	fs := newFlags("ca rotate "+verb+" NAMESPACE/VIRTUALMESH [flags]", rotateSynopsis, stderr)
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster)")
-	fs.DurationVar(&wait, "wait", 0, "print the phases until the rotation finishes, rolls back or waits for a continue; fail after this long (0: do not wait)")
-	pos, err := parsePositional(fs, args[1:], 1)
-	if err != nil {
-		return err
-	}
-	var key string
-	if len(pos) == 1 {
-		key, pos = pos[0], nil
-	}
+	return groupCommand("rotate", "Rotate a VirtualMesh's shared root: start, continue, rollback", rotateSynopsis,
+		"  relaymesh ca rotate start relaymesh/bookinfo-federation --wait 2m", subs...)
+}
+
+func rotate(ctx context.Context, d deps, g *globals, verb, key string, wait time.Duration) error {
+	stdout := d.stdout
 	ns, name, ok := strings.Cut(key, "/")
-	if !ok || ns == "" || name == "" || strings.Contains(name, "/") || len(pos) != 0 {
-		fs.Usage()
-		return fmt.Errorf("%w: want exactly one NAMESPACE/VIRTUALMESH", errUsage)
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return usagef("want exactly one NAMESPACE/VIRTUALMESH, got %q", key)
 	}
 	if wait < 0 {
-		return errors.New("--wait must not be negative")
+		return usagef("--wait must not be negative")
 	}
-	kube, err := loadKube(kubeconfig)
+	kube, err := g.clients()
 	if err != nil {
 		return err
 	}
-	vms := kube.dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns)
+	vms := kube.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns)
 	vm, rv, err := getVirtualMesh(ctx, vms, name)
 	if err != nil {
 		return err

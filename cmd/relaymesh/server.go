@@ -7,7 +7,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -20,11 +19,13 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeauth"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/relaymesh/relaymesh/trust"
+	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -49,26 +50,52 @@ once; without it, refused objects are created but marked Invalid and never
 translated.`
 
 type serverFlags struct {
-	kubeconfig, namespace, listen, metricsListen, trustDomain string
-	dnsNames, ips, auditLog, logLevel                         string
-	caCert, caKey, caRoots, caSecret                          string
-	agentTTL                                                  time.Duration
-	allowSharedToken, allowKubeconfig                         bool
-	webhookListen, webhookURL, webhookService                 string
-	webhookDNSNames, webhookIPs, webhookFailurePolicy         string
-	webhookClientCA, debugEndpoints                           string
-	webhookAllowUnauthenticated                               bool
-	pkcs11Modules                                             multiFlag
-	kubeQPS                                                   float64
-	conns                                                     relay.ConnectionLimits
-	clusters                                                  relay.ClusterLimits
+	namespace, listen, metricsListen, trustDomain     string
+	dnsNames, ips, auditLog, logLevel                 string
+	caCert, caKey, caRoots, caSecret                  string
+	agentTTL                                          time.Duration
+	allowSharedToken, allowKubeconfig                 bool
+	webhookListen, webhookURL, webhookService         string
+	webhookDNSNames, webhookIPs, webhookFailurePolicy string
+	webhookClientCA, debugEndpoints                   string
+	webhookAllowUnauthenticated                       bool
+	pkcs11Modules                                     []string
+	kubeQPS                                           float64
+	conns                                             relay.ConnectionLimits
+	clusters                                          relay.ClusterLimits
 }
 
-func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func newServerCommand(d deps, g *globals) *cobra.Command {
 	var f serverFlags
-	fs := newFlags("server [flags]", serverSynopsis, stderr)
-	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster service account)")
-	fs.StringVar(&f.namespace, "namespace", "relaymesh", "namespace of the server's secrets and KubernetesClusters")
+	c := &cobra.Command{
+		Use:   "server",
+		Short: "Run the management server (relay gRPC :9900, metrics/health/debug :9091)",
+		Long:  serverSynopsis,
+		Example: `  # In the management cluster (the chart runs this); the relay CA is generated at first start
+  relaymesh server --audit-log /var/log/relaymesh/audit.log
+
+  # On a workstation against a management cluster context, with the admission webhook
+  relaymesh server --context mgmt --audit-log audit.log --webhook-listen :9443 \
+    --webhook-url https://relaymesh.example.com:9443/validate --webhook-client-ca apiserver-webhook-client-ca.pem`,
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			f.namespace = g.namespace
+			if err := f.validate(); err != nil {
+				return err
+			}
+			src, err := g.source()
+			if err != nil {
+				return err
+			}
+			src.QPS, src.Burst = float32(f.kubeQPS), int(2*f.kubeQPS)
+			kube, err := src.Load()
+			if err != nil {
+				return err
+			}
+			return runServer(c.Context(), f, kube, d)
+		},
+	}
+	fs := c.Flags()
 	fs.StringVar(&f.listen, "listen", ":9900", "relay gRPC address")
 	fs.StringVar(&f.metricsListen, "metrics-listen", ":9091", "metrics and health address (/metrics, /healthz, /readyz)")
 	fs.StringVar(&f.trustDomain, "trust-domain", "relaymesh.local", "SPIFFE trust domain of agent identities")
@@ -88,7 +115,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&f.webhookDNSNames, "webhook-dns-names", "", "comma-separated DNS names of the webhook's certificate (default: the URL's host, or the Service's names)")
 	fs.StringVar(&f.webhookIPs, "webhook-ips", "", "comma-separated IPs of the webhook's certificate (default: the URL's host if it is an IP)")
 	fs.StringVar(&f.webhookFailurePolicy, "webhook-failure-policy", "Fail", "Fail (an unreachable webhook blocks changes) or WEAKER Ignore (changes pass while it is down; the in-process check still marks refused objects Invalid)")
-	fs.Var(&f.pkcs11Modules, "pkcs11-module", "a PKCS#11 module a VirtualMesh's spec.mtls.shared.rootCA.pkcs11.modulePath may name (repeatable; none: pkcs11 roots are refused, so a VirtualMesh cannot make the server load an arbitrary library)")
+	fs.StringArrayVar(&f.pkcs11Modules, "pkcs11-module", nil, "a PKCS#11 module a VirtualMesh's spec.mtls.shared.rootCA.pkcs11.modulePath may name (repeatable; none: pkcs11 roots are refused, so a VirtualMesh cannot make the server load an arbitrary library)")
 	fs.BoolVar(&f.allowKubeconfig, "allow-kubeconfig-clusters", false, "WEAKER: manage clusters registered in kubeconfig mode, with the kubeconfig in their Secret (the server then holds their credentials)")
 	fs.Float64Var(&f.kubeQPS, "kube-qps", 200, "requests per second the server's Kubernetes client may send to the management apiserver (burst twice that); size it for the fleet, with the apiserver's API Priority and Fairness in mind")
 	fs.IntVar(&f.conns.MaxConnections, "max-connections", 32768, "relay connections open at once, all peers")
@@ -100,12 +127,14 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&f.debugEndpoints, "debug-endpoints", "authenticated", "authenticated: /debug/* on the metrics port answers only bearer tokens the apiserver accepts (TokenReview) whose user may get relaymesh.io/debug (SubjectAccessReview); off: not served")
 	fs.StringVar(&f.webhookClientCA, "webhook-client-ca", "", "PEM file of the CA that issued the kube-apiserver's client certificate for admission webhooks (its --admission-control-config-file kubeconfig): the webhook then answers only callers with such a certificate; required with --webhook-listen unless --webhook-allow-unauthenticated")
 	fs.BoolVar(&f.webhookAllowUnauthenticated, "webhook-allow-unauthenticated", false, "WEAKER: serve the webhook to callers without a client certificate; decisions record the caller as unauthenticated and each source address has its own budget")
-	if _, err := parse(fs, args, 0); err != nil {
-		return err
+	for name, values := range map[string][]string{"log-level": {"debug", "info", "warn", "error"}, "webhook-failure-policy": {"Fail", "Ignore"}, "debug-endpoints": {"authenticated", "off"}} {
+		_ = c.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
 	}
-	if err := f.validate(); err != nil {
-		return err
-	}
+	return c
+}
+
+func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d deps) error {
+	stderr := d.stderr
 	log, err := newLogger(stderr, f.logLevel)
 	if err != nil {
 		return err
@@ -124,11 +153,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		ips = append(ips, ip)
 	}
 
-	kube, err := loadKubeQPS(f.kubeconfig, float32(f.kubeQPS))
-	if err != nil {
-		return err
-	}
-	if _, err := kube.typed.CoreV1().Namespaces().Get(ctx, f.namespace, metav1.GetOptions{}); err != nil {
+	if _, err := kube.Typed.CoreV1().Namespaces().Get(ctx, f.namespace, metav1.GetOptions{}); err != nil {
 		return fmt.Errorf("namespace %s: %w", f.namespace, err)
 	}
 	auditLog, err := audit.Open(audit.Config{Path: f.auditLog, Sync: true})
@@ -149,7 +174,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	store, err := identity.NewKubeTokenStore(kube.typed, f.namespace)
+	store, err := identity.NewKubeTokenStore(kube.Typed, f.namespace)
 	if err != nil {
 		return err
 	}
@@ -163,7 +188,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	var shared *identity.SharedToken
 	if f.allowSharedToken {
-		sec, err := kube.typed.CoreV1().Secrets(f.namespace).Get(ctx, identity.TokenSecret, metav1.GetOptions{})
+		sec, err := kube.Typed.CoreV1().Secrets(f.namespace).Get(ctx, identity.TokenSecret, metav1.GetOptions{})
 		if err != nil {
 			return fmt.Errorf("--allow-shared-token: secret %s/%s: %w", f.namespace, identity.TokenSecret, err)
 		}
@@ -173,7 +198,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	metrics, err := relay.NewMetrics(reg)
 	if err != nil {
 		return err
@@ -184,13 +209,13 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		kubeconfigClusters = relay.NewRegistry()
 		log.Warn("kubeconfig-mode clusters are allowed: the server will hold credentials for every cluster registered that way; relay mode is the secure choice")
 	}
-	if err := relay.WatchClusters(ctx, kube.dynamic, f.namespace, registry, kubeconfigClusters, log); err != nil {
+	if err := relay.WatchClusters(ctx, kube.Dynamic, f.namespace, registry, kubeconfigClusters, log); err != nil {
 		return err
 	}
-	if err := identity.AuditTokenMints(ctx, kube.typed, f.namespace, auditLog, log); err != nil {
+	if err := identity.AuditTokenMints(ctx, kube.Typed, f.namespace, auditLog, log); err != nil {
 		return err
 	}
-	status := relay.NewKubeStatus(kube.dynamic, f.namespace, log, relay.StatusConfig{})
+	status := relay.NewKubeStatus(kube.Dynamic, f.namespace, log, relay.StatusConfig{})
 	registry.OnRevoke(status.Forget)
 	go status.Run(ctx)
 	go serving.Run(ctx)
@@ -198,7 +223,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// The data path: snapshots become discovered objects; outputs (today
 	// pass-through objects, later translation) go to the agents.
 	view := relay.NewView()
-	mirror := relay.NewMirror(kube.dynamic, f.namespace, view, log)
+	mirror := relay.NewMirror(kube.Dynamic, f.namespace, view, log)
 	go mirror.Run(ctx)
 	go func() {
 		registered := func(c string) bool {
@@ -217,7 +242,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if kubeconfigClusters != nil {
 		sources = append(sources, kubeconfigClusters)
 	}
-	if _, err := relay.RunPassthrough(ctx, kube.dynamic, f.namespace, outputs, log, sources...); err != nil {
+	if _, err := relay.RunPassthrough(ctx, kube.Dynamic, f.namespace, outputs, log, sources...); err != nil {
 		return err
 	}
 	// Admission: the same OPA decision for the webhook and, before
@@ -226,19 +251,19 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	loader, err := admission.NewLoader(admission.LoaderConfig{Client: kube.typed, Namespace: f.namespace, Engine: admitter, Logger: log})
+	loader, err := admission.NewLoader(admission.LoaderConfig{Client: kube.Typed, Namespace: f.namespace, Engine: admitter, Logger: log})
 	if err != nil {
 		return err
 	}
 	if err := loader.Start(ctx); err != nil {
 		return err
 	}
-	ctl, err := controller.Start(ctx, controller.Config{Client: kube.dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: view,
+	ctl, err := controller.Start(ctx, controller.Config{Client: kube.Dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: view,
 		Admission: admitter, Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }})
 	if err != nil {
 		return err
 	}
-	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.dynamic, Kube: kube.typed, Namespace: f.namespace, Outputs: outputs, Acks: view,
+	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.Dynamic, Kube: kube.Typed, Namespace: f.namespace, Outputs: outputs, Acks: view,
 		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }, Audit: auditLog, Logger: log,
 		PKCS11Modules: f.pkcs11Modules, Registerer: reg, ReservedSecrets: f.reservedSecrets()})
 	if err != nil {
@@ -250,7 +275,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	outputs.MarkReady()
 	if kubeconfigClusters != nil {
-		relay.NewInProcessAgents(ctx, kube.typed, f.namespace, kubeconfigClusters, view, outputs, log)
+		relay.NewInProcessAgents(ctx, kube.Typed, f.namespace, kubeconfigClusters, view, outputs, log)
 	}
 
 	srv, err := relay.NewServer(relay.ServerConfig{
@@ -286,12 +311,13 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 		defer stop()
+		reg.MustRegister(webhookInfo(f.webhookClientCA != "", f.webhookFailurePolicy))
 	} else {
 		log.Warn("no admission webhook (--webhook-listen): objects the rules refuse can be created, and are marked Invalid and not translated")
 	}
 	mux := opsMux(reg, func() error { return nil })
 	if f.debugEndpoints == "authenticated" {
-		auth, err := kubeauth.New(kubeauth.Config{Client: kube.typed, Logger: log})
+		auth, err := kubeauth.New(kubeauth.Config{Client: kube.Typed, Logger: log})
 		if err != nil {
 			return err
 		}
@@ -380,7 +406,7 @@ func (f serverFlags) validate() error {
 // signer is the provided CA if one was given, else the generated one. A
 // provided CA's roots are published in relay-root-tls-secret (ca.crt only)
 // for registration to copy to workload clusters.
-func (f serverFlags) signer(ctx context.Context, kube *kubeClients) (ca.Signer, error) {
+func (f serverFlags) signer(ctx context.Context, kube *kubeclient.Clients) (ca.Signer, error) {
 	var signer ca.Signer
 	var err error
 	switch {
@@ -388,13 +414,13 @@ func (f serverFlags) signer(ctx context.Context, kube *kubeClients) (ca.Signer, 
 		signer, err = ca.LoadSignerFiles(f.caCert, f.caKey, f.caRoots, time.Now())
 	case f.caSecret != "":
 		var sec *corev1.Secret
-		sec, err = kube.typed.CoreV1().Secrets(f.namespace).Get(ctx, f.caSecret, metav1.GetOptions{})
+		sec, err = kube.Typed.CoreV1().Secrets(f.namespace).Get(ctx, f.caSecret, metav1.GetOptions{})
 		if err != nil {
 			return nil, fmt.Errorf("--ca-secret: %w", err)
 		}
 		signer, err = ca.ParseSignerPEM(sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey], sec.Data["ca.crt"], time.Now())
 	default:
-		return ca.LoadOrCreateRelayCA(ctx, kube.typed, f.namespace, ca.GenerateConfig{})
+		return ca.LoadOrCreateRelayCA(ctx, kube.Typed, f.namespace, ca.GenerateConfig{})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("provided relay CA: %w", err)
@@ -404,19 +430,19 @@ func (f serverFlags) signer(ctx context.Context, kube *kubeClients) (ca.Signer, 
 
 // publishRoots writes the provided CA's roots into relay-root-tls-secret. It
 // refuses to overwrite a generated relay CA (a secret that holds a key).
-func publishRoots(ctx context.Context, kube *kubeClients, namespace string, roots []*x509.Certificate) error {
+func publishRoots(ctx context.Context, kube *kubeclient.Clients, namespace string, roots []*x509.Certificate) error {
 	var rootsPEM []byte
 	for _, r := range roots {
 		rootsPEM = append(rootsPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Raw})...)
 	}
-	cur, err := kube.typed.CoreV1().Secrets(namespace).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+	cur, err := kube.Typed.CoreV1().Secrets(namespace).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
 	if err == nil && len(cur.Data[corev1.TLSPrivateKeyKey]) > 0 {
 		return fmt.Errorf("%s/%s holds a generated relay CA; delete it and %s to switch to a provided CA (agents must then be registered again)", namespace, ca.RootSecretName, ca.SigningSecretName)
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	return kubeutil.UpsertSecret(ctx, kube.typed, &corev1.Secret{
+	return kubeutil.UpsertSecret(ctx, kube.Typed, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: ca.RootSecretName, Namespace: namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}},
 		Type:       corev1.SecretTypeOpaque,
 		Data:       map[string][]byte{"ca.crt": rootsPEM},
@@ -425,14 +451,14 @@ func publishRoots(ctx context.Context, kube *kubeClients, namespace string, root
 
 // storeServingSecret writes relay-server-tls-secret for operators and tools
 // that expect it; the server itself serves from memory.
-func storeServingSecret(kube *kubeClients, namespace string) func(ctx context.Context, certPEM, keyPEM []byte) error {
+func storeServingSecret(kube *kubeclient.Clients, namespace string) func(ctx context.Context, certPEM, keyPEM []byte) error {
 	return func(ctx context.Context, certPEM, keyPEM []byte) error {
 		want := &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: "relay-server-tls-secret", Namespace: namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}},
 			Type:       corev1.SecretTypeTLS,
 			Data:       map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM},
 		}
-		return kubeutil.UpsertSecret(ctx, kube.typed, want)
+		return kubeutil.UpsertSecret(ctx, kube.Typed, want)
 	}
 }
 

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/relay"
+	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -17,24 +17,29 @@ const tokenSynopsis = `create: mint a single-use bootstrap token for a registere
   it once on standard output (only its hash is stored). Put it into the
   workload cluster's relay-identity-token-secret (key token).`
 
-func runToken(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "create" {
-		fmt.Fprintf(stderr, "Usage: relaymesh token create --cluster NAME [flags]\n\n%s\n", tokenSynopsis)
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			return nil
-		}
-		return fmt.Errorf("%w: want create", errUsage)
-	}
-	var kubeconfig, namespace, cluster string
+func newTokenCommand(d deps, g *globals) *cobra.Command {
+	var cluster string
 	var ttl time.Duration
-	fs := newFlags("token create --cluster NAME [flags]", tokenSynopsis, stderr)
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "management cluster kubeconfig (default: in-cluster)")
-	fs.StringVar(&namespace, "namespace", "relaymesh", "the server's namespace")
-	fs.StringVar(&cluster, "cluster", "", "registered cluster the token is for (required)")
-	fs.DurationVar(&ttl, "ttl", identity.DefaultTokenTTL, "how long the token stays valid (at most 168h)")
-	if _, err := parse(fs, args[1:], 0); err != nil {
-		return err
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "Mint a single-use bootstrap token for a registered cluster",
+		Long:  tokenSynopsis,
+		Example: `  # A new token for cluster-1, straight into its workload cluster's Secret
+  relaymesh token create --cluster cluster-1 --context mgmt | \
+    kubectl --context cluster-1 -n relaymesh create secret generic relay-identity-token-secret \
+      --from-file=token=/dev/stdin --dry-run=client -o yaml | kubectl --context cluster-1 apply -f -`,
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return runTokenCreate(c.Context(), d, g, cluster, ttl)
+		},
 	}
+	create.Flags().StringVar(&cluster, "cluster", "", "registered cluster the token is for (required)")
+	create.Flags().DurationVar(&ttl, "ttl", identity.DefaultTokenTTL, "how long the token stays valid (at most 168h)")
+	return groupCommand("token", "Mint bootstrap tokens", tokenSynopsis, "  relaymesh token create --cluster cluster-1", create)
+}
+
+func runTokenCreate(ctx context.Context, d deps, g *globals, cluster string, ttl time.Duration) error {
+	stdout, stderr, namespace := d.stdout, d.stderr, g.namespace
 	if cluster == "" {
 		return errors.New("--cluster is required")
 	}
@@ -44,11 +49,11 @@ func runToken(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if ttl <= 0 || ttl > identity.MaxTokenTTL {
 		return fmt.Errorf("--ttl %s out of range (0, %s]", ttl, identity.MaxTokenTTL)
 	}
-	mgmt, err := loadKube(kubeconfig)
+	mgmt, err := g.clients()
 	if err != nil {
 		return err
 	}
-	if _, err := mgmt.dynamic.Resource(relay.KubernetesClusters).Namespace(namespace).Get(ctx, cluster, metav1.GetOptions{}); err != nil {
+	if _, err := mgmt.Dynamic.Resource(relay.KubernetesClusters).Namespace(namespace).Get(ctx, cluster, metav1.GetOptions{}); err != nil {
 		if apierrors.IsNotFound(err) {
 			return fmt.Errorf("cluster %s is not registered; run 'relaymesh cluster register %s' first", cluster, cluster)
 		}

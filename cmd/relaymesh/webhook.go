@@ -15,7 +15,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
 	"golang.org/x/time/rate"
@@ -98,7 +100,7 @@ func (f serverFlags) webhookTarget() (webhookTarget, error) {
 // serveWebhook serves the admission webhook with a certificate from the
 // relay CA and registers it (caBundle: the relay roots). It returns a
 // function that stops serving.
-func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeClients, authority *ca.Authority, engine *admission.Engine, log *slog.Logger) (func(), error) {
+func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeclient.Clients, authority *ca.Authority, engine *admission.Engine, log *slog.Logger) (func(), error) {
 	t, err := f.webhookTarget()
 	if err != nil {
 		return nil, err
@@ -114,7 +116,7 @@ func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeClients, author
 	t.reg.CABundle = ca.CertsPEM(authority.Roots()...)
 	// Namespace labels come from a watch; a namespace the watch has not seen
 	// yet (created in the same apply) is read once from the API.
-	factory := informers.NewSharedInformerFactory(kube.typed, 10*time.Minute)
+	factory := informers.NewSharedInformerFactory(kube.Typed, 10*time.Minute)
 	namespaces := factory.Core().V1().Namespaces().Lister()
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
@@ -136,7 +138,7 @@ func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeClients, author
 			if n, err := namespaces.Get(ns); err == nil {
 				return n.Labels, nil
 			}
-			n, err := kube.typed.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			n, err := kube.Typed.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 			if err != nil {
 				return nil, err
 			}
@@ -151,11 +153,31 @@ func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeClients, author
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: time.Minute,
 		TLSConfig: admission.ServerTLS(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Certificate() }, clientCAs)}
 	go func() { _ = srv.ServeTLS(lis, "", "") }()
-	if err := admission.Register(ctx, kube.typed, t.reg); err != nil {
+	if err := admission.Register(ctx, kube.Typed, t.reg); err != nil {
 		_ = srv.Close()
 		return nil, err
 	}
 	log.Info("admission webhook serving", "listen", lis.Addr().String(), "url", t.reg.URL, "service", t.reg.ServiceNamespace+"/"+t.reg.ServiceName,
 		"failure_policy", string(t.reg.FailurePolicy), "client_certificate_required", clientCAs != nil)
 	return func() { _ = srv.Close() }, nil
+}
+
+// metricWebhookInfo says how the admission webhook is served (relaymesh
+// check reads it).
+const metricWebhookInfo = "relaymesh_admission_webhook_info"
+
+// webhookInfo is the relaymesh_admission_webhook_info gauge: 1, with
+// client_auth "certificate" (only the apiserver's client certificate is
+// answered) or "none" (WEAKER: --webhook-allow-unauthenticated), and the
+// failure policy registered.
+func webhookInfo(clientCert bool, failurePolicy string) prometheus.Collector {
+	auth := "none"
+	if clientCert {
+		auth = "certificate"
+	}
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricWebhookInfo,
+		Help: "Always 1 while the admission webhook is served; client_auth is certificate (only the kube-apiserver's client certificate is answered) or none (--webhook-allow-unauthenticated), failure_policy the one registered."},
+		[]string{"client_auth", "failure_policy"})
+	g.WithLabelValues(auth, failurePolicy).Set(1)
+	return g
 }

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/printer"
+	"github.com/relaymesh/relaymesh/relay"
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/duration"
+)
+
+// clusterInfo is one registered cluster as cluster list shows it.
+type clusterInfo struct {
+	Name          string     `json:"name"`
+	Mode          string     `json:"mode"`
+	Registered    time.Time  `json:"registered"`
+	Connected     bool       `json:"connected"`
+	LastSeen      *time.Time `json:"lastSeen,omitempty"`
+	CertSerial    string     `json:"certificateSerial,omitempty"`
+	SPIFFEID      string     `json:"spiffeID,omitempty"`
+	CertNotAfter  *time.Time `json:"certificateNotAfter,omitempty"`
+	AgentVersion  string     `json:"agentVersion,omitempty"`
+	ClockOffset   string     `json:"agentClockOffset,omitempty"`
+	ClusterDomain string     `json:"clusterDomain,omitempty"`
+}
+
+// clusterList is what cluster list prints.
+type clusterList struct {
+	Clusters []clusterInfo `json:"clusters"`
+	now      time.Time
+}
+
+func (l clusterList) Columns(wide bool) []string {
+	cols := []string{"NAME", "MODE", "REGISTERED", "CONNECTED", "LAST SEEN", "CERT EXPIRES", "AGENT VERSION"}
+	if wide {
+		cols = append(cols, "CLOCK OFFSET", "DOMAIN", "SERIAL", "SPIFFE ID")
+	}
+	return cols
+}
+
+func (l clusterList) Rows(wide bool) [][]string {
+	var rows [][]string
+	for _, c := range l.Clusters {
+		connected := "no"
+		if c.Connected {
+			connected = "yes"
+		}
+		r := []string{c.Name, c.Mode, ago(l.now, &c.Registered), connected, ago(l.now, c.LastSeen), until(l.now, c.CertNotAfter), c.AgentVersion}
+		if wide {
+			r = append(r, c.ClockOffset, c.ClusterDomain, c.CertSerial, c.SPIFFEID)
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// ago is "5m ago" (kubectl's short durations), or "" for no time.
+func ago(now time.Time, t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return ""
+	}
+	return duration.HumanDuration(now.Sub(*t)) + " ago"
+}
+
+// until is "in 23h" or "expired 5m ago".
+func until(now time.Time, t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return ""
+	}
+	if d := t.Sub(now); d > 0 {
+		return "in " + duration.HumanDuration(d)
+	}
+	return "expired " + duration.HumanDuration(now.Sub(*t)) + " ago"
+}
+
+func newClusterListCommand(d deps, g *globals) *cobra.Command {
+	var output string
+	c := &cobra.Command{
+		Use:   "list",
+		Short: "List registered clusters: registration, connection, certificate expiry, versions",
+		Long: `List the KubernetesClusters of --namespace in the management cluster with
+what the server recorded of each agent: whether it holds a session, when it
+was last heard, its client certificate's expiry, the version it reported,
+and (-o wide) how far its clock was from the server's when it connected.`,
+		Example: `  relaymesh cluster list --context mgmt
+  relaymesh cluster list -o wide
+  relaymesh cluster list -o json | jq '.clusters[] | select(.connected | not) | .name'`,
+		Aliases: []string{"ls"},
+		Args:    noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			format, err := printer.Parse(output, printer.Formats)
+			if err != nil {
+				return usageError{err}
+			}
+			kube, err := g.clients()
+			if err != nil {
+				return err
+			}
+			kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](c.Context(), kube.Dynamic, relay.KubernetesClusters, g.namespace)
+			if err != nil {
+				return err
+			}
+			list := clusterList{Clusters: []clusterInfo{}, now: d.now()}
+			for _, kc := range kcs {
+				list.Clusters = append(list.Clusters, describeCluster(kc))
+			}
+			sort.Slice(list.Clusters, func(i, j int) bool { return list.Clusters[i].Name < list.Clusters[j].Name })
+			if len(list.Clusters) == 0 && (format == printer.Table || format == printer.Wide) {
+				fmt.Fprintf(d.stderr, "no clusters registered in namespace %s\n", g.namespace)
+				return nil
+			}
+			return printer.Print(d.stdout, format, list)
+		},
+	}
+	outputFlag(c, &output, printer.Formats)
+	return c
+}
+
+func describeCluster(kc multiclusterv1alpha1.KubernetesCluster) clusterInfo {
+	info := clusterInfo{Name: kc.Name, Mode: string(kc.Spec.Mode), Registered: kc.CreationTimestamp.UTC(),
+		Connected: kc.Status.Connected, AgentVersion: kc.Status.AgentVersion, ClusterDomain: kc.Spec.ClusterDomain}
+	if kc.Status.LastSeen != nil {
+		t := kc.Status.LastSeen.UTC()
+		info.LastSeen = &t
+	}
+	if c := kc.Status.AgentCertificate; c != nil {
+		t := c.NotAfter.UTC()
+		info.CertNotAfter, info.CertSerial, info.SPIFFEID = &t, c.Serial, c.SPIFFEID
+	}
+	if o := kc.Status.AgentClockOffset; o != nil {
+		info.ClockOffset = o.Duration.String()
+	}
+	return info
+}

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"runtime"
+	"sort"
+
+	"github.com/prometheus/client_golang/prometheus"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/internal/opsclient"
+	"github.com/relaymesh/relaymesh/internal/printer"
+	"github.com/relaymesh/relaymesh/relay"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// buildInfo is the relaymesh_build_info gauge of the server and the agent.
+func buildInfo() prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: opsclient.BuildInfoMetric,
+		Help: "Always 1; the labels say which relaymesh build this is (relaymesh version reads it)."}, []string{"version", "go_version"})
+	g.WithLabelValues(version(), runtime.Version()).Set(1)
+	return g
+}
+
+// serverOps are the flags that say how to reach the server's operations
+// port (/metrics, /debug/*).
+type serverOps struct {
+	address, service, port string
+}
+
+func (s *serverOps) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&s.address, "server-metrics-address", "", "host:port of the server's metrics port, e.g. 127.0.0.1:9091 after 'kubectl -n relaymesh port-forward svc/relaymesh-server 9091' (default: through the management apiserver's service proxy)")
+	fs.StringVar(&s.service, "server-service", "relaymesh-server", "the server's Service in --namespace, for the service proxy")
+	fs.StringVar(&s.port, "server-metrics-port", "metrics", "the Service port (name or number) of the metrics port, for the service proxy")
+}
+
+// client reaches the server's operations port of the management cluster
+// mgmt (nil: only a direct address works).
+func (s *serverOps) client(mgmt *kubeclient.Clients, namespace string) *opsclient.Client {
+	c := &opsclient.Client{Address: s.address, Namespace: namespace, Service: s.service, Port: s.port}
+	if mgmt != nil {
+		c.Kube = mgmt.Typed
+	}
+	return c
+}
+
+// componentVersion is one line of relaymesh version.
+type componentVersion struct {
+	Component string `json:"component"`
+	Version   string `json:"version,omitempty"`
+	Source    string `json:"source,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// versions is what relaymesh version prints.
+type versions struct {
+	Client componentVersion   `json:"client"`
+	Server *componentVersion  `json:"server,omitempty"`
+	Agents []componentVersion `json:"agents,omitempty"`
+}
+
+func (v versions) all() []componentVersion {
+	out := []componentVersion{v.Client}
+	if v.Server != nil {
+		out = append(out, *v.Server)
+	}
+	return append(out, v.Agents...)
+}
+
+func (v versions) Columns(wide bool) []string {
+	if wide {
+		return []string{"COMPONENT", "VERSION", "SOURCE", "ERROR"}
+	}
+	return []string{"COMPONENT", "VERSION", "ERROR"}
+}
+
+func (v versions) Rows(wide bool) [][]string {
+	var rows [][]string
+	for _, c := range v.all() {
+		if wide {
+			rows = append(rows, []string{c.Component, c.Version, c.Source, c.Error})
+		} else {
+			rows = append(rows, []string{c.Component, c.Version, c.Error})
+		}
+	}
+	return rows
+}
+
+func newVersionCommand(d deps, g *globals) *cobra.Command {
+	var ops serverOps
+	var output string
+	var clientOnly bool
+	c := &cobra.Command{
+		Use:   "version",
+		Short: "Print the client's, the server's and the agents' versions",
+		Long: `Print this client's version, the management server's (read from the
+relaymesh_build_info metric of its metrics port, directly with
+--server-metrics-address or through the management apiserver's service
+proxy) and each registered agent's (as the agent reported it to the server
+over the relay, from its KubernetesCluster status). Exits 1 if the server
+cannot be asked; --client prints the client's alone.`,
+		Example: `  relaymesh version --context mgmt
+  relaymesh version --client
+  relaymesh version --server-metrics-address 127.0.0.1:9091 -o json`,
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			format, err := printer.Parse(output, printer.Formats)
+			if err != nil {
+				return usageError{err}
+			}
+			v := versions{Client: componentVersion{Component: "client", Version: version(), Source: "this binary"}}
+			if clientOnly {
+				return printer.Print(d.stdout, format, v)
+			}
+			failed := collectVersions(c.Context(), g, &ops, &v)
+			if err := printer.Print(d.stdout, format, v); err != nil {
+				return err
+			}
+			return failed
+		},
+	}
+	ops.addFlags(c.Flags())
+	c.Flags().BoolVar(&clientOnly, "client", false, "print the client's version only")
+	outputFlag(c, &output, printer.Formats)
+	return c
+}
+
+// collectVersions fills in the server's and the agents' versions; it
+// returns an error when the server's could not be read.
+func collectVersions(ctx context.Context, g *globals, ops *serverOps, v *versions) error {
+	server := &componentVersion{Component: "server"}
+	v.Server = server
+	var mgmt *kubeclient.Clients
+	mgmt, kubeErr := g.clients()
+	client := ops.client(mgmt, g.namespace)
+	server.Source = client.Where() + "/metrics"
+	if kubeErr != nil && ops.address == "" {
+		server.Error = kubeErr.Error()
+		return kubeErr
+	}
+	var serverErr error
+	if body, err := client.Get(ctx, "/metrics"); err != nil {
+		serverErr = err
+	} else if m, err := opsclient.ParseMetrics(body); err != nil {
+		serverErr = err
+	} else if server.Version, err = opsclient.Version(m); err != nil {
+		serverErr = err
+	}
+	if serverErr != nil {
+		server.Error = serverErr.Error()
+	}
+	if kubeErr != nil {
+		return serverErr
+	}
+	kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, relay.KubernetesClusters, g.namespace)
+	if err != nil {
+		v.Agents = append(v.Agents, componentVersion{Component: "agents", Error: err.Error()})
+		return serverErr
+	}
+	sort.Slice(kcs, func(i, j int) bool { return kcs[i].Name < kcs[j].Name })
+	for _, kc := range kcs {
+		a := componentVersion{Component: "agent/" + kc.Name, Version: kc.Status.AgentVersion, Source: "KubernetesCluster status (reported over the relay)"}
+		if a.Version == "" {
+			a.Error = "not reported yet (the agent never connected)"
+		}
+		v.Agents = append(v.Agents, a)
+	}
+	return serverErr
+}

@@ -1,0 +1,247 @@
+// Package opsclient reads the operations port of a Relaymesh process (the
+// server's :9091, an agent's :9977): /metrics, /healthz, /readyz and the
+// server's /debug/* endpoints.
+//
+// A process is reached directly at an address (a port-forward, a load
+// balancer, a process on the same machine), or — for the unauthenticated
+// endpoints only — through the management apiserver's service proxy
+// (/api/v1/namespaces/NS/services/NAME:PORT/proxy/…), which needs nothing
+// but the kubeconfig. The service proxy cannot carry a bearer token to the
+// backend (the apiserver removes the Authorization header once it has
+// authenticated the caller), so /debug/* is read directly only.
+//
+// Bodies are bounded (MaxBody); a bearer token is only ever sent in the
+// Authorization header, and never to a non-loopback address over plain
+// HTTP unless the caller says the token is one it minted for this purpose.
+package opsclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/kubernetes"
+)
+
+// MaxBody bounds what is read from one endpoint.
+const MaxBody = 32 << 20
+
+// requestTimeout bounds one request.
+const requestTimeout = 10 * time.Second
+
+// BuildInfoMetric is the gauge every Relaymesh process exports with its
+// version in a label.
+const BuildInfoMetric = "relaymesh_build_info"
+
+// Errors.
+var (
+	// ErrNoAddress: the endpoint needs a direct address and none was given.
+	ErrNoAddress = errors.New("no address of the operations port given")
+	// ErrCleartextToken: the bearer token would travel in cleartext to
+	// another machine.
+	ErrCleartextToken = errors.New("refusing to send a long-lived bearer token over plain HTTP to a non-loopback address")
+)
+
+// Client reads one process's operations port.
+type Client struct {
+	// Address is host:port of the operations port; empty: through the
+	// service proxy of Kube (unauthenticated endpoints only).
+	Address string
+	// Kube reaches the apiserver whose service proxy is used; with
+	// Namespace, Service and Port ("metrics": the port's name or number).
+	Kube      kubernetes.Interface
+	Namespace string
+	Service   string
+	Port      string
+	// Token, when set, is sent as a bearer token on /debug/* requests.
+	Token string
+	// TokenShortLived says Token was minted for this (a short-lived token
+	// of an account that may only read /debug), so it may travel to a
+	// non-loopback address; a long-lived token may only go to loopback.
+	TokenShortLived bool
+	// HTTP is the client for direct requests; default one with a timeout.
+	HTTP *http.Client
+}
+
+// Where describes how the process is reached, for messages.
+func (c *Client) Where() string {
+	if c.Address != "" {
+		return "http://" + c.Address
+	}
+	return fmt.Sprintf("service proxy %s/%s:%s", c.Namespace, c.Service, c.Port)
+}
+
+// Get fetches path ("/metrics", "/debug/snapshots/input", …).
+func (c *Client) Get(ctx context.Context, path string) ([]byte, error) {
+	if !strings.HasPrefix(path, "/") {
+		return nil, fmt.Errorf("path %q must start with /", path)
+	}
+	debug := strings.HasPrefix(path, "/debug/")
+	if c.Address == "" {
+		if debug {
+			return nil, fmt.Errorf("%s: %w (the apiserver's service proxy does not pass bearer tokens on)", path, ErrNoAddress)
+		}
+		if c.Kube == nil || c.Service == "" {
+			return nil, ErrNoAddress
+		}
+		return c.viaProxy(ctx, path)
+	}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.Address+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	if debug && c.Token != "" {
+		if !c.TokenShortLived && !loopback(c.Address) {
+			return nil, fmt.Errorf("%s: %w (%s); use a port-forward to 127.0.0.1 or a short-lived token of a debug service account", path, ErrCleartextToken, c.Address)
+		}
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = &http.Client{Timeout: requestTimeout}
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	body, err := readBounded(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return body, fmt.Errorf("GET %s: %s: %s", path, resp.Status, firstLine(body))
+	}
+	return body, nil
+}
+
+func (c *Client) viaProxy(ctx context.Context, path string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	name := c.Service
+	if c.Port != "" {
+		name += ":" + c.Port
+	}
+	rc, err := c.Kube.CoreV1().RESTClient().Get().Namespace(c.Namespace).Resource("services").Name(name).SubResource("proxy").Suffix(path).Stream(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s through the service proxy of %s/%s: %w", path, c.Namespace, name, err)
+	}
+	defer rc.Close()
+	return readBounded(rc)
+}
+
+// readBounded reads at most MaxBody bytes, failing on more.
+func readBounded(r io.Reader) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, MaxBody+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxBody {
+		return nil, fmt.Errorf("response larger than %d bytes", MaxBody)
+	}
+	return b, nil
+}
+
+func firstLine(b []byte) string {
+	s, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// loopback reports whether host:port names a loopback address.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Metrics are parsed Prometheus metric families by name.
+type Metrics map[string]*dto.MetricFamily
+
+// ParseMetrics parses the Prometheus text format.
+func ParseMetrics(b []byte) (Metrics, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics: %w", err)
+	}
+	return Metrics(fams), nil
+}
+
+// Value is the value of the sample of name whose labels include match (all
+// of them), and whether there is one.
+func (m Metrics) Value(name string, match map[string]string) (float64, bool) {
+	fam := m[name]
+	if fam == nil {
+		return 0, false
+	}
+	for _, s := range fam.GetMetric() {
+		if !labelsMatch(s, match) {
+			continue
+		}
+		switch {
+		case s.GetGauge() != nil:
+			return s.GetGauge().GetValue(), true
+		case s.GetCounter() != nil:
+			return s.GetCounter().GetValue(), true
+		case s.GetUntyped() != nil:
+			return s.GetUntyped().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// Label is the value of label of the first sample of name, and whether
+// there is one.
+func (m Metrics) Label(name, label string) (string, bool) {
+	fam := m[name]
+	if fam == nil || len(fam.GetMetric()) == 0 {
+		return "", false
+	}
+	for _, l := range fam.GetMetric()[0].GetLabel() {
+		if l.GetName() == label {
+			return l.GetValue(), true
+		}
+	}
+	return "", false
+}
+
+func labelsMatch(s *dto.Metric, match map[string]string) bool {
+	have := map[string]string{}
+	for _, l := range s.GetLabel() {
+		have[l.GetName()] = l.GetValue()
+	}
+	for k, v := range match {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Version is the version label of the process's build-info metric.
+func Version(m Metrics) (string, error) {
+	v, ok := m.Label(BuildInfoMetric, "version")
+	if !ok {
+		return "", fmt.Errorf("no %s metric (a relaymesh older than this client?)", BuildInfoMetric)
+	}
+	return v, nil
+}
