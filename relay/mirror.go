@@ -10,11 +10,14 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -22,6 +25,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 )
 
 // Labels and annotations on discovered objects in the management cluster.
@@ -42,71 +48,227 @@ var (
 
 // Mirror writes each cluster's accepted snapshot as Mesh, Workload and
 // Destination objects in the management cluster, in one namespace, labelled
-// with the cluster: it creates and updates what changed (by a hash of the
-// spec kept in an annotation) and deletes what disappeared. One worker per
-// cluster applies the latest snapshot; intermediate ones are skipped.
+// with the cluster: it applies what changed (by a hash of the spec kept in
+// an annotation) and deletes what disappeared, comparing against an
+// informer's cache rather than listing. A keyed work queue coalesces a
+// cluster's snapshots (the latest wins), retries failures with backoff, and
+// several workers write clusters in parallel, each cluster's writes in
+// parallel too, so a thousand clusters arriving at once are written at the
+// rate the Kubernetes client allows rather than one cluster at a time.
 type Mirror struct {
 	client    dynamic.Interface
 	namespace string
 	view      *View
 	log       *slog.Logger
+	cfg       MirrorConfig
 
-	mu      sync.Mutex
-	pending map[string]bool
-	wake    chan struct{}
+	informers map[schema.GroupVersionResource]cache.SharedIndexInformer
+	queue     workqueue.TypedRateLimitingInterface[string]
+	started   chan struct{}
+	writes    *prometheus.CounterVec
+
+	// expected holds the writes made but not yet seen in the cache, so a
+	// sync before the watch catches up does not write them again.
+	expMu    sync.Mutex
+	expected map[string]expectation
 }
 
-// NewMirror returns a mirror of view; call Run.
+// expectation is a write the cache has not shown yet: an apply of spec sum
+// sum, or (sum empty) the delete of the object uid.
+type expectation struct {
+	sum string
+	uid types.UID
+	at  time.Time
+}
+
+// expectationTTL bounds how long a write not seen in the cache is trusted;
+// after it the object is compared (and written) again.
+const expectationTTL = time.Minute
+
+// MirrorConfig tunes a Mirror; the zero value is the default.
+type MirrorConfig struct {
+	// Workers is the number of clusters written at once (default 16).
+	Workers int
+	// Writes is the number of a cluster's objects written at once
+	// (default 8).
+	Writes int
+	// Resync compares every cluster again at this interval, repairing
+	// objects changed or deleted by hand (default 5m).
+	Resync time.Duration
+	// Registerer, if set, gets relaymesh_mirror_writes_total.
+	Registerer prometheus.Registerer
+}
+
+func (c MirrorConfig) withDefaults() MirrorConfig {
+	if c.Workers <= 0 {
+		c.Workers = 16
+	}
+	if c.Writes <= 0 {
+		c.Writes = 8
+	}
+	if c.Resync <= 0 {
+		c.Resync = 5 * time.Minute
+	}
+	return c
+}
+
+// indexCluster indexes discovered objects by the cluster they came from.
+const indexCluster = "cluster"
+
+// NewMirror returns a mirror of view with the default configuration; call
+// Run.
 func NewMirror(client dynamic.Interface, namespace string, view *View, log *slog.Logger) *Mirror {
-	m := &Mirror{client: client, namespace: namespace, view: view, log: log.With("component", "discovery-mirror"),
-		pending: map[string]bool{}, wake: make(chan struct{}, 1)}
-	view.OnSnapshot(m.enqueue)
+	return NewMirrorWithConfig(client, namespace, view, log, MirrorConfig{})
+}
+
+// NewMirrorWithConfig returns a mirror of view; call Run.
+func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View, log *slog.Logger, cfg MirrorConfig) *Mirror {
+	m := &Mirror{client: client, namespace: namespace, view: view, log: log.With("component", "discovery-mirror"), cfg: cfg.withDefaults(),
+		informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "discovery-mirror"}),
+		started:  make(chan struct{}),
+		expected: map[string]expectation{},
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relaymesh_mirror_writes_total",
+			Help: "Writes of discovered objects to the management cluster, by operation (apply, delete) and result (ok, error)."}, []string{"operation", "result"}),
+	}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(m.writes)
+	}
+	// Every object of the namespace, not only labelled ones: a hand-made
+	// object under a discovered name must be seen to be left alone.
+	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 0, namespace, nil)
+	for _, gvr := range discoveredResources {
+		inf := factory.ForResource(gvr).Informer()
+		if err := inf.AddIndexers(cache.Indexers{indexCluster: func(obj any) ([]string, error) {
+			if o, ok := obj.(metav1.Object); ok {
+				if c := o.GetLabels()[LabelCluster]; c != "" {
+					return []string{c}, nil
+				}
+			}
+			return nil, nil
+		}}); err != nil {
+			panic(err) // only fails on a started informer or a duplicate index name
+		}
+		// A delete seen ends any expectation of the object: if it was
+		// deleted by someone else, it is written again.
+		seen := func(obj any) {
+			if u, ok := obj.(*unstructured.Unstructured); ok {
+				m.expMu.Lock()
+				key := expectKey(gvr, u.GetName())
+				if e, ok := m.expected[key]; ok && e.sum != "" && e.sum == u.GetAnnotations()[annotationSpecSum] {
+					delete(m.expected, key)
+				}
+				m.expMu.Unlock()
+			}
+		}
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: seen, UpdateFunc: func(_, obj any) { seen(obj) }, DeleteFunc: func(obj any) {
+			if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+				_, name, _ := cache.SplitMetaNamespaceKey(key)
+				m.expMu.Lock()
+				delete(m.expected, expectKey(gvr, name))
+				m.expMu.Unlock()
+			}
+		}}); err != nil {
+			panic(err)
+		}
+		m.informers[gvr] = inf
+	}
+	view.OnSnapshot(m.queue.Add)
 	return m
 }
 
-func (m *Mirror) enqueue(cluster string) {
-	m.mu.Lock()
-	m.pending[cluster] = true
-	m.mu.Unlock()
-	select {
-	case m.wake <- struct{}{}:
-	default:
-	}
-}
+var discoveredResources = []schema.GroupVersionResource{MeshesResource, WorkloadsResource, DestinationsResource}
 
-// Run syncs pending clusters until ctx ends; a failed sync is retried.
+// Run syncs clusters until ctx ends: each one whose snapshot changed or
+// that left the view, failed ones again after a backoff, and every cluster
+// with objects at each resync.
 func (m *Mirror) Run(ctx context.Context) {
+	defer m.queue.ShutDown()
+	synced := make([]cache.InformerSynced, 0, len(m.informers))
+	for _, inf := range m.informers {
+		go inf.Run(ctx.Done())
+		synced = append(synced, inf.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return
+	}
+	close(m.started)
+	for range m.cfg.Workers {
+		go func() {
+			for m.processNext(ctx) {
+			}
+		}()
+	}
+	t := time.NewTicker(m.cfg.Resync)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-m.wake:
-		case <-time.After(10 * time.Second): // retry failures
-		}
-		m.mu.Lock()
-		clusters := make([]string, 0, len(m.pending))
-		for c := range m.pending {
-			clusters = append(clusters, c)
-		}
-		m.pending = map[string]bool{}
-		m.mu.Unlock()
-		sort.Strings(clusters)
-		for _, c := range clusters {
-			if err := m.sync(ctx, c); err != nil {
-				m.log.Warn("could not write discovered objects; will retry", "cluster", c, "error", err)
-				m.mu.Lock()
-				m.pending[c] = true
-				m.mu.Unlock()
+		case <-t.C:
+			for _, c := range m.clustersWithObjects() {
+				m.queue.Add(c)
+			}
+			for c := range m.view.Clusters() {
+				m.queue.Add(c)
 			}
 		}
 	}
 }
 
+func (m *Mirror) processNext(ctx context.Context) bool {
+	cluster, shutdown := m.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer m.queue.Done(cluster)
+	if err := m.sync(ctx, cluster); err != nil {
+		if ctx.Err() != nil {
+			return false
+		}
+		m.log.Warn("could not write discovered objects; will retry", "cluster", cluster, "retries", m.queue.NumRequeues(cluster), "error", err)
+		m.queue.AddRateLimited(cluster)
+		return true
+	}
+	m.queue.Forget(cluster)
+	return true
+}
+
+// clustersWithObjects lists the clusters that have discovered objects in
+// the cache.
+func (m *Mirror) clustersWithObjects() []string {
+	seen := map[string]bool{}
+	for _, inf := range m.informers {
+		for _, c := range inf.GetIndexer().ListIndexFuncValues(indexCluster) {
+			seen[c] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for c := range seen {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// mirrorWrite is one apply (obj set) or delete (obj nil) of a sync.
+type mirrorWrite struct {
+	gvr  schema.GroupVersionResource
+	name string
+	obj  *unstructured.Unstructured
+	uid  types.UID                  // of the object to delete
+	cur  *unstructured.Unstructured // the cached object an apply replaces, nil if none
+}
+
 // sync makes the discovered objects of cluster match its snapshot (none if
-// the cluster left the view).
+// the cluster left the view), comparing against the cache. A stale cache
+// costs at most a repeated, idempotent write.
 func (m *Mirror) sync(ctx context.Context, cluster string) error {
-	desired := map[schema.GroupVersionResource]map[string]*unstructured.Unstructured{
-		MeshesResource: {}, WorkloadsResource: {}, DestinationsResource: {},
+	desired := map[schema.GroupVersionResource]map[string]*unstructured.Unstructured{}
+	for _, gvr := range discoveredResources {
+		desired[gvr] = map[string]*unstructured.Unstructured{}
 	}
 	if snap := m.view.Snapshot(cluster); snap != nil {
 		objs, err := DiscoveredObjects(snap, m.namespace)
@@ -117,30 +279,28 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 			desired[o.Resource][o.Object.GetName()] = o.Object
 		}
 	}
-	start := time.Now()
-	var created, updated, deleted int
+	var writes []mirrorWrite
 	var errs []error
-	for gvr, want := range desired {
-		ri := m.client.Resource(gvr).Namespace(m.namespace)
-		list, err := ri.List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return fmt.Errorf("list %s: %w", gvr.Resource, err)
-		}
+	for _, gvr := range discoveredResources {
+		want, idx := desired[gvr], m.informers[gvr].GetIndexer()
 		have := map[string]*unstructured.Unstructured{}
-		others := map[string]*unstructured.Unstructured{} // objects of other clusters (or hand-made), by name
-		for i := range list.Items {
-			o := &list.Items[i]
-			if c := o.GetLabels()[LabelCluster]; c == cluster {
-				have[o.GetName()] = o
-			} else {
-				others[o.GetName()] = o
+		objs, err := idx.ByIndex(indexCluster, cluster)
+		if err != nil {
+			return err
+		}
+		for _, obj := range objs {
+			if u, ok := obj.(*unstructured.Unstructured); ok {
+				have[u.GetName()] = u
 			}
 		}
 		for name, obj := range want {
-			if cur := others[name]; cur != nil || (have[name] != nil && !sameOrigin(have[name], obj)) {
-				if cur == nil {
-					cur = have[name]
+			cur := have[name]
+			if cur == nil {
+				if other, ok, _ := idx.GetByKey(m.namespace + "/" + name); ok {
+					cur, _ = other.(*unstructured.Unstructured)
 				}
+			}
+			if cur != nil && !sameOrigin(cur, obj) {
 				// Names are a hash of the exact origin, so only a hash
 				// collision or a hand-made object gets here: never take
 				// over an object of another origin.
@@ -149,68 +309,184 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 				errs = append(errs, fmt.Errorf("%s %s: the name belongs to an object of another origin", gvr.Resource, name))
 				continue
 			}
-			if cur, ok := have[name]; ok && cur.GetAnnotations()[annotationSpecSum] == obj.GetAnnotations()[annotationSpecSum] {
+			sum := obj.GetAnnotations()[annotationSpecSum]
+			if cur != nil && cur.GetAnnotations()[annotationSpecSum] == sum {
+				m.observed(gvr, name)
 				continue
 			}
-			body, err := obj.MarshalJSON()
-			if err != nil {
-				errs = append(errs, err)
+			if m.awaiting(gvr, name, expectation{sum: sum}) {
 				continue
 			}
-			if _, err := ri.Patch(ctx, name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: mirrorManager, Force: new(true)}); err != nil {
-				errs = append(errs, fmt.Errorf("apply %s %s: %w", gvr.Resource, name, err))
-				continue
-			}
-			if _, ok := have[name]; ok {
-				updated++
-			} else {
-				created++
-			}
+			writes = append(writes, mirrorWrite{gvr: gvr, name: name, obj: obj, cur: cur})
 		}
 		for name, cur := range have {
-			if _, ok := want[name]; ok {
-				continue
+			if _, ok := want[name]; !ok && !m.awaiting(gvr, name, expectation{uid: cur.GetUID()}) {
+				writes = append(writes, mirrorWrite{gvr: gvr, name: name, uid: cur.GetUID()})
 			}
-			uid := cur.GetUID()
-			err := ri.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
-			if err != nil && !apierrors.IsNotFound(err) {
-				errs = append(errs, fmt.Errorf("delete %s %s: %w", gvr.Resource, name, err))
-				continue
-			}
-			deleted++
 		}
 	}
-	if created+updated+deleted > 0 {
-		m.log.Info("discovered objects written", "cluster", cluster, "created", created, "updated", updated, "deleted", deleted, "took", time.Since(start).Round(time.Millisecond))
+	if len(writes) == 0 {
+		return errors.Join(errs...)
 	}
+	start := time.Now()
+	var created, updated, deleted atomic.Int64
+	var mu sync.Mutex
+	var g errgroup.Group
+	g.SetLimit(m.cfg.Writes)
+	for _, w := range writes {
+		g.Go(func() error {
+			err := m.write(ctx, w)
+			if err == nil {
+				e := expectation{uid: w.uid, at: time.Now()}
+				if w.obj != nil {
+					e = expectation{sum: w.obj.GetAnnotations()[annotationSpecSum], at: e.at}
+				}
+				m.expMu.Lock()
+				m.expected[expectKey(w.gvr, w.name)] = e
+				m.expMu.Unlock()
+			}
+			switch {
+			case err != nil:
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			case w.obj == nil:
+				deleted.Add(1)
+			case w.cur != nil:
+				updated.Add(1)
+			default:
+				created.Add(1)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	m.log.Debug("discovered objects written", "cluster", cluster, "created", created.Load(), "updated", updated.Load(), "deleted", deleted.Load(),
+		"failed", len(errs), "took", time.Since(start).Round(time.Millisecond))
 	// One bad object does not hold up the others; the failures are retried.
 	return errors.Join(errs...)
 }
 
-// CollectOrphans deletes discovered objects of clusters that are not
-// registered (deregistered while the server was down, or a mode that is no
-// longer managed). Call it once at start, after the registries synced.
-func (m *Mirror) CollectOrphans(ctx context.Context, registered func(cluster string) bool) error {
-	var errs []error
-	for _, gvr := range []schema.GroupVersionResource{MeshesResource, WorkloadsResource, DestinationsResource} {
-		ri := m.client.Resource(gvr).Namespace(m.namespace)
-		list, err := ri.List(ctx, metav1.ListOptions{LabelSelector: LabelCluster})
-		if err != nil {
-			errs = append(errs, err)
-			continue
+func expectKey(gvr schema.GroupVersionResource, name string) string {
+	return gvr.Resource + "/" + name
+}
+
+// awaiting reports whether a write equal to want (same spec sum, or the
+// delete of the same object) was made recently and is not in the cache
+// yet.
+func (m *Mirror) awaiting(gvr schema.GroupVersionResource, name string, want expectation) bool {
+	m.expMu.Lock()
+	defer m.expMu.Unlock()
+	key := expectKey(gvr, name)
+	e, ok := m.expected[key]
+	if !ok {
+		return false
+	}
+	if time.Since(e.at) > expectationTTL {
+		delete(m.expected, key)
+		return false
+	}
+	return e.sum == want.sum && e.uid == want.uid
+}
+
+// observed ends the expectation of an object the cache now shows as
+// written.
+func (m *Mirror) observed(gvr schema.GroupVersionResource, name string) {
+	m.expMu.Lock()
+	delete(m.expected, expectKey(gvr, name))
+	m.expMu.Unlock()
+}
+
+// write applies or deletes one object.
+func (m *Mirror) write(ctx context.Context, w mirrorWrite) error {
+	op := "apply"
+	if w.obj == nil {
+		op = "delete"
+	}
+	err := m.writeOne(ctx, w)
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.writes.WithLabelValues(op, result).Inc()
+	return err
+}
+
+func (m *Mirror) writeOne(ctx context.Context, w mirrorWrite) error {
+	ri := m.client.Resource(w.gvr).Namespace(m.namespace)
+	switch {
+	case w.obj == nil:
+		uid := w.uid
+		err := ri.Delete(ctx, w.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete %s %s: %w", w.gvr.Resource, w.name, err)
 		}
-		for _, o := range list.Items {
-			if c := o.GetLabels()[LabelCluster]; !registered(c) {
-				uid := o.GetUID()
-				if err := ri.Delete(ctx, o.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
-					errs = append(errs, err)
-					continue
-				}
-				m.log.Info("deleted a discovered object of an unregistered cluster", "cluster", c, "kind", gvr.Resource, "name", o.GetName())
-			}
+	case w.cur == nil:
+		// A create, not a server-side apply: the apiserver does about
+		// half the work, which is what bounds a fleet arriving at once.
+		// If the cache was stale the create fails and the retry updates.
+		if _, err := ri.Create(ctx, w.obj, metav1.CreateOptions{FieldManager: mirrorManager}); err != nil {
+			return fmt.Errorf("create %s %s: %w", w.gvr.Resource, w.name, err)
+		}
+	default:
+		// An update from the cached object, conditional on its
+		// resourceVersion: the spec and our labels and annotations are
+		// replaced, anything else someone added is kept. A conflict
+		// (the cache was stale) is retried.
+		next := w.cur.DeepCopy()
+		next.Object["spec"] = w.obj.Object["spec"]
+		next.SetLabels(merged(next.GetLabels(), w.obj.GetLabels(), discoveredLabels))
+		next.SetAnnotations(merged(next.GetAnnotations(), w.obj.GetAnnotations(), []string{annotationSpecSum}))
+		if _, err := ri.Update(ctx, next, metav1.UpdateOptions{FieldManager: mirrorManager}); err != nil {
+			return fmt.Errorf("update %s %s: %w", w.gvr.Resource, w.name, err)
 		}
 	}
-	return errors.Join(errs...)
+	return nil
+}
+
+// discoveredLabels are the labels the mirror owns on discovered objects.
+var discoveredLabels = []string{LabelCluster, discoveryv1alpha1.LabelNamespace, discoveryv1alpha1.LabelName, LabelManagedBy}
+
+// merged is have with the keys owned set as in want (or removed where want
+// lacks them); other keys are kept.
+func merged(have, want map[string]string, owned []string) map[string]string {
+	out := make(map[string]string, len(have)+len(want))
+	for k, v := range have {
+		out[k] = v
+	}
+	for _, k := range owned {
+		if v, ok := want[k]; ok {
+			out[k] = v
+		} else {
+			delete(out, k)
+		}
+	}
+	return out
+}
+
+// CollectOrphans deletes discovered objects of clusters that are not
+// registered (deregistered while the server was down, or a mode that is no
+// longer managed). Call it once at start, after the registries synced; it
+// waits for Run's cache and queues each orphaned cluster, whose objects the
+// workers then delete like those of any cluster that left the view.
+func (m *Mirror) CollectOrphans(ctx context.Context, registered func(cluster string) bool) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.started:
+	}
+	n := 0
+	for _, c := range m.clustersWithObjects() {
+		if !registered(c) && m.view.Snapshot(c) == nil {
+			m.log.Info("deleting the discovered objects of an unregistered cluster", "cluster", c)
+			m.queue.Add(c)
+			n++
+		}
+	}
+	if n > 0 {
+		m.log.Info("unregistered clusters with discovered objects queued for deletion", "clusters", n)
+	}
+	return nil
 }
 
 // sameOrigin reports whether cur, found under want's name, came from the
