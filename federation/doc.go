@@ -52,8 +52,12 @@
 //     proxyless gRPC, which serves PERMISSIVE as plaintext.
 //   - mtls.strictMTLS: a PeerAuthentication "default" (STRICT) in each
 //     member's root namespace.
-//   - globalAccessPolicy Enabled: an empty AuthorizationPolicy
-//     "relaymesh-global-deny" (deny all) in each member's root namespace and,
+//   - globalAccessPolicy Enabled: an AuthorizationPolicy
+//     "relaymesh-global-deny" in each member's root namespace that allows
+//     nothing (ALLOW with one rule no request matches: principals ["*"] and
+//     notPrincipals ["*"]; an empty spec would do for Envoy, but istiod
+//     gives proxyless gRPC servers no RBAC filter for a policy without
+//     rules, so they would allow everything) and,
 //     for each east-west gateway with workload labels, an ALLOW policy with
 //     one empty rule selecting it, so cross-cluster traffic can enter.
 //     Disabled and MeshDefault produce nothing.

@@ -191,9 +191,21 @@ func strictPeerAuthentication() *securityv1.PeerAuthentication {
 	return &securityv1.PeerAuthentication{Mtls: &securityv1.PeerAuthentication_MutualTLS{Mode: securityv1.PeerAuthentication_MutualTLS_STRICT}}
 }
 
-// denyAll is an AuthorizationPolicy with an empty spec: in the root
-// namespace it denies every request in the mesh that no ALLOW policy allows.
-func denyAll() *securityv1.AuthorizationPolicy { return &securityv1.AuthorizationPolicy{} }
+// denyAll is an ALLOW AuthorizationPolicy whose one rule no request can
+// match (a peer principal that is both present and absent): in the root
+// namespace it denies every request in the mesh that no other ALLOW policy
+// allows. An empty spec means the same to Envoy, but istiod's grpc
+// generator builds no RBAC filter from a policy without rules, so for
+// proxyless gRPC servers it would allow everything; this rule is enforced
+// by both, on HTTP and TCP alike (principals are not HTTP-only).
+func denyAll() *securityv1.AuthorizationPolicy {
+	return &securityv1.AuthorizationPolicy{
+		Action: securityv1.AuthorizationPolicy_ALLOW,
+		Rules: []*securityv1.Rule{{From: []*securityv1.Rule_From{{Source: &securityv1.Source{
+			Principals: []string{"*"}, NotPrincipals: []string{"*"},
+		}}}}},
+	}
+}
 
 // allowGateway lets everything through an east-west gateway.
 func allowGateway(gw discoveryv1alpha1.GatewayInfo) *securityv1.AuthorizationPolicy {
