@@ -83,6 +83,7 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 	}
 	policies := translation.SortedTrafficPolicies(in.TrafficPolicies)
 
+	b := &trafficBuilder{byRef: byRef, subsets: map[string]map[string]subsetSet{}, plan: federation.NewPlan(in)}
 	// Validate each policy on its own, then claim fields oldest first.
 	owners := map[string]*networkingv1alpha1.TrafficPolicy{} // dest|route|field → owner
 	var accepted []*trafficPolicy
@@ -106,6 +107,10 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 				tp.dests = append(tp.dests, d)
 			}
 		}
+		if err := unreachableTarget(b, tp); err != "" {
+			r.Invalid(key, p.Generation, "%s", err)
+			continue
+		}
 		if conflict := claim(owners, tp); conflict != "" {
 			r.Invalid(key, p.Generation, "%s", conflict)
 			continue
@@ -121,7 +126,6 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 		accepted = append(accepted, tp)
 	}
 
-	b := &trafficBuilder{byRef: byRef, subsets: map[string]map[string]subsetSet{}, plan: federation.NewPlan(in)}
 	for _, d := range dests {
 		var applied []*trafficPolicy
 		clusters := map[string]bool{}
@@ -134,7 +138,13 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 			}
 		}
 		for _, c := range slices.Sorted(maps.Keys(clusters)) {
-			b.virtualService(out, r, c, d, applied)
+			// Config only where it can take effect: a remote Destination's
+			// host exists in a cluster only where a VirtualMesh federates
+			// it; elsewhere a VirtualService for it would configure a
+			// hostname nothing defines.
+			if b.reachable(c, d) {
+				b.virtualService(out, r, c, d, applied)
+			}
 		}
 	}
 	for _, d := range dests {
@@ -306,6 +316,52 @@ func validateTraffic(p *networkingv1alpha1.TrafficPolicy, byRef map[common.Clust
 	return errs
 }
 
+// unreachableTarget refuses a policy that would route or mirror, in a
+// cluster where it configures a selected Destination, to a Destination that
+// cluster cannot reach (no VirtualMesh federates it there): the route would
+// send requests to a hostname nothing defines.
+func unreachableTarget(b *trafficBuilder, tp *trafficPolicy) string {
+	type ref struct {
+		path string
+		d    *discoveryv1alpha1.Destination
+	}
+	var refs []ref
+	pol := tp.p.Spec.Policy
+	if ts := pol.TrafficShift; ts != nil {
+		for i, wd := range ts.Destinations {
+			if wd.KubeService != nil {
+				refs = append(refs, ref{fmt.Sprintf("policy.trafficShift.destinations[%d]", i), b.byRef[wd.KubeService.ClusterObjectRef]})
+			}
+		}
+	}
+	if m := pol.Mirror; m != nil {
+		refs = append(refs, ref{"policy.mirror", b.byRef[m.KubeService]})
+	}
+	if len(refs) == 0 {
+		return ""
+	}
+	for _, c := range slices.Sorted(maps.Keys(tp.clusters)) {
+		configured := false
+		for _, d := range tp.dests {
+			if b.reachable(c, d) {
+				configured = true
+				break
+			}
+		}
+		if !configured {
+			continue
+		}
+		for _, r := range refs {
+			if r.d != nil && !b.reachable(c, r.d) {
+				ks := r.d.Spec.KubeService.Ref
+				return fmt.Sprintf("%s: %s/%s in cluster %s cannot be reached from cluster %s, where the policy's sources run: no VirtualMesh federates it there (federate it, or limit sourceSelector to clusters that reach it)",
+					r.path, ks.Namespace, ks.Name, ks.ClusterName, c)
+			}
+		}
+	}
+	return ""
+}
+
 // remoteSubset refuses a shift to a subset of a Destination in another
 // cluster than a source: a federated host's endpoints are the east-west
 // gateways, which carry no version labels, so such a route would name a
@@ -355,6 +411,19 @@ type trafficBuilder struct {
 
 // subsetSet maps a subset name to its labels.
 type subsetSet map[string]map[string]string
+
+// reachable reports whether workloads in cluster can reach d by its
+// hostname: d runs there, or a VirtualMesh federates d to a mesh there
+// (which defines its federated hostname). A VirtualDestination makes d
+// reachable by the VirtualDestination's own hostname, not d's, so it does
+// not count here.
+func (b *trafficBuilder) reachable(cluster string, d *discoveryv1alpha1.Destination) bool {
+	if d.Spec.KubeService.Ref.ClusterName == cluster {
+		return true
+	}
+	_, _, ok := b.plan.RemoteDestinationRule(d, cluster)
+	return ok
+}
 
 // host is d's hostname as seen from cluster.
 func (b *trafficBuilder) host(cluster string, d *discoveryv1alpha1.Destination) string {
@@ -531,6 +600,11 @@ func (b *trafficBuilder) drClusters(d *discoveryv1alpha1.Destination, accepted [
 			for c := range tp.clusters {
 				set[c] = true
 			}
+		}
+	}
+	for c := range set {
+		if !b.reachable(c, d) {
+			delete(set, c)
 		}
 	}
 	return slices.Sorted(maps.Keys(set))

@@ -75,13 +75,17 @@ func TestDescribeDestination(t *testing.T) {
 	require.NotNil(t, d.Traffic[1].Target)
 	assert.Equal(t, "cluster-1/bookinfo/reviews", d.Traffic[1].Target.Target)
 	assert.Equal(t, []string{"AccessPolicy/bookinfo/reviews-from-productpage Accepted"}, names(d.Access))
-	assert.Empty(t, d.Federated)
+	// The golden input's VirtualMesh federates both meshes.
+	require.Len(t, d.Federated, 1)
+	assert.Equal(t, "reviews.bookinfo.svc.cluster-1.global", d.Federated[0].Hostname)
+	assert.Equal(t, []string{"cluster-2/istio-system/istiod"}, d.Federated[0].ToMeshes)
 	assert.Equal(t, []string{
 		"cluster-1 DestinationRule bookinfo/relaymesh-reviews",
 		"cluster-1 VirtualService bookinfo/relaymesh-reviews",
 		"cluster-1 AuthorizationPolicy bookinfo/relaymesh-reviews",
 		// reviews-timeout applies to sources in every cluster: cluster-2
-		// reaches reviews of cluster-1 through its federated hostname.
+		// reaches reviews of cluster-1 through its federated hostname
+		// (without the VirtualMesh it could not, and would get nothing).
 		"cluster-2 VirtualService bookinfo/relaymesh-reviews-cluster-1",
 	}, refs(d.Outputs))
 
