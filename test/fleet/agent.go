@@ -628,7 +628,7 @@ func (a *Agent) session(ctx context.Context, server string) error {
 	if err != nil {
 		return err
 	}
-	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: a.cfg.Version}}}); err != nil {
+	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: a.cfg.Version, AgentTimeUnixNano: time.Now().UnixNano()}}}); err != nil {
 		return err
 	}
 	first, err := stream.Recv()

@@ -190,8 +190,7 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 	for _, m := range members {
 		clusters[m.Cluster] = true
 	}
-	wantObjects := len(cfg.Snapshot.Snapshot("x").GetMeshes()) + len(cfg.Snapshot.Snapshot("x").GetWorkloads()) + len(cfg.Snapshot.Snapshot("x").GetDestinations())
-	wantObjects *= cfg.Clusters
+	wantObjects := cfg.Clusters * len(DiscoveredObjectsOf(cfg.Snapshot.Snapshot("x")))
 	r := &ConfigPlaneResult{Clusters: cfg.Clusters}
 
 	// 1. Clusters connect: their snapshots become discovered objects.

@@ -14,8 +14,8 @@
 //     and retry policy (1 s to 1 min, full jitter), then the same checks of
 //     the answer (chain to the pinned root, clientAuth, exactly its SPIFFE
 //     ID);
-//   - one mTLS connection holding a Relay.Connect session (Hello, Welcome,
-//     a ping every 10 s), a Discovery.Push stream with a snapshot built by
+//   - one mTLS connection holding a Relay.Connect session (Hello with its
+//     clock, Welcome, a ping every 10 s), a Discovery.Push stream with a snapshot built by
 //     discovery.Build (so its hash is discovery.Hash) and a Discovery.Pull
 //     stream on which every output set is acknowledged with per-object
 //     results (applied, unchanged, pruned), as relay.Session does;

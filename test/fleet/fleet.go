@@ -78,6 +78,25 @@ func (f *Fleet) Start(ctx context.Context) time.Time {
 	return f.started
 }
 
+// StartPaced starts perSecond agents a second (a fleet coming up over
+// time rather than at once) and returns when every agent was started, or
+// ctx ended.
+func (f *Fleet) StartPaced(ctx context.Context, perSecond float64) time.Time {
+	f.started = time.Now()
+	gap := time.Duration(float64(time.Second) / perSecond)
+	for i, a := range f.agents {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return f.started
+			case <-time.After(time.Until(f.started.Add(time.Duration(i) * gap))):
+			}
+		}
+		a.Start(ctx)
+	}
+	return f.started
+}
+
 // Started is when Start was called.
 func (f *Fleet) Started() time.Time { return f.started }
 

@@ -14,10 +14,15 @@ type IdleConfig struct {
 	// Agents is the fleet size. Required.
 	Agents int
 	// Snapshot each agent pushes; default one mesh, one Service, one pod.
-	Snapshot SnapshotSpec
+	// NoSnapshot opens no Push stream: the cost of the session alone.
+	Snapshot   SnapshotSpec
+	NoSnapshot bool
 	// Settle is how long the fleet idles before the second sample; default
 	// 30s. The server's CPU over it is the idle CPU.
 	Settle time.Duration
+	// PerSecond paces the fleet's start (agents a second), so that the
+	// bootstrap storm does not decide who connects; default 20.
+	PerSecond float64
 	// Policy, when set, is a request timeout a TrafficPolicy without
 	// selectors applies, so every agent also holds an output set.
 	Policy string
@@ -45,6 +50,13 @@ type IdleResult struct {
 	IdleCPU float64
 	// Connected agents when the second sample was taken.
 	Connected int
+	// Quiet is how long after the last session the server's catch-up
+	// writes were done (every discovered object in the management cluster,
+	// every KubernetesCluster status saying connected): the samples are
+	// taken after it. QuietStatus is what status said then (or at the
+	// 10-minute bound).
+	Quiet       time.Duration
+	QuietStatus StatusCheck
 }
 
 func sampleServer(ctx context.Context, s *Server) (ServerSample, error) {
@@ -69,6 +81,9 @@ func Idle(ctx context.Context, cfg IdleConfig) (*IdleResult, error) {
 	}
 	if cfg.Agents < 1 {
 		return nil, errors.New("idle: agents must be at least 1")
+	}
+	if cfg.PerSecond == 0 {
+		cfg.PerSecond = 20
 	}
 	if cfg.Settle == 0 {
 		cfg.Settle = 30 * time.Second
@@ -96,24 +111,54 @@ func Idle(ctx context.Context, cfg IdleConfig) (*IdleResult, error) {
 	if r.Before, err = sampleServer(ctx, srv); err != nil {
 		return nil, err
 	}
-	f, err := NewFleet(FleetConfig{Servers: []string{srv.Addr}, Roots: roots, Members: members,
-		Snapshot: func(c string) *relaypb.Snapshot { return cfg.Snapshot.Snapshot(c) }})
+	fc := FleetConfig{Servers: []string{srv.Addr}, Roots: roots, Members: members,
+		Snapshot: func(c string) *relaypb.Snapshot { return cfg.Snapshot.Snapshot(c) }}
+	if cfg.NoSnapshot {
+		fc.Snapshot = nil
+	}
+	f, err := NewFleet(fc)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Stop()
-	f.Start(ctx)
+	f.StartPaced(ctx, cfg.PerSecond)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	cond := Connected
 	if cfg.Policy != "" {
 		cond = Synced
 	}
-	err = f.Wait(wctx, "connected", func(st AgentState) bool { return cond(st) && !st.Timeline.Pushed.IsZero() })
+	err = f.Wait(wctx, "connected", func(st AgentState) bool { return cond(st) && (cfg.NoSnapshot || !st.Timeline.Pushed.IsZero()) })
 	cancel()
 	if err != nil {
 		return nil, err
 	}
-	cfg.Logf("idle: %d agents connected; idling %s", cfg.Agents, cfg.Settle)
+	last := time.Time{}
+	clusters := map[string]bool{}
+	for _, st := range f.States() {
+		clusters[st.Cluster] = true
+		if st.Timeline.Session.After(last) {
+			last = st.Timeline.Session
+		}
+	}
+	want := cfg.Agents * len(DiscoveredObjectsOf(cfg.Snapshot.Snapshot("x")))
+	if cfg.NoSnapshot {
+		want = 0
+	}
+	qctx, qcancel := context.WithTimeout(ctx, 10*time.Minute)
+	_, err = pollUntil(qctx, time.Second, func() (bool, error) {
+		n, err := cfg.Env.Mgmt.DiscoveredObjects(ctx, clusters)
+		if err != nil || n < want {
+			return false, err
+		}
+		r.QuietStatus, err = checkStatus(ctx, cfg.Env.Mgmt, f)
+		return r.QuietStatus.Correct == cfg.Agents, err
+	})
+	qcancel()
+	r.Quiet = time.Since(last)
+	if err != nil {
+		cfg.Logf("idle: the server did not catch up within 10 minutes: %v (status %+v)", err, r.QuietStatus)
+	}
+	cfg.Logf("idle: %d agents connected; the server caught up %s after the last session; idling %s", cfg.Agents, r.Quiet.Round(time.Second), cfg.Settle)
 	// The writes that follow a storm (status, mirror) settle first; the
 	// CPU is measured over a second, quiet window.
 	time.Sleep(cfg.Settle)

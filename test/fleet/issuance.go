@@ -49,6 +49,9 @@ type IssuanceConfig struct {
 	Backends []string
 	// ToolsDir holds cfssl and step-ca; default .cache/bin.
 	ToolsDir string
+	// StatusAfter is how long after the last relaymesh level the
+	// KubernetesCluster statuses are compared; default 5s.
+	StatusAfter time.Duration
 }
 
 // IssuanceRow is one back end at one concurrency.
@@ -74,7 +77,11 @@ type IssuanceRow struct {
 
 // IssuanceResult holds every row, and the relaymesh server's audit check.
 type IssuanceResult struct {
-	Rows         []IssuanceRow
+	Rows []IssuanceRow
+	// StatusAfter compares, StatusAfter after the last relaymesh level,
+	// each KubernetesCluster's status with the last certificate Renew gave
+	// its agent (Correct: connected and naming it).
+	StatusAfter  StatusCheck
 	AuditRecords uint64
 	Leaks        []string
 }
@@ -95,6 +102,9 @@ func Issuance(ctx context.Context, cfg IssuanceConfig) (*IssuanceResult, error) 
 	}
 	if cfg.CSRs == 0 {
 		cfg.CSRs = 256
+	}
+	if cfg.StatusAfter == 0 {
+		cfg.StatusAfter = 5 * time.Second
 	}
 	if len(cfg.Backends) == 0 {
 		cfg.Backends = []string{BackendRelaymesh, BackendCfssl, BackendStepCA, BackendStepCABadge, BackendX509}
@@ -252,6 +262,8 @@ func issueRelaymesh(ctx context.Context, cfg *IssuanceConfig, csrs [][]byte, res
 		return nil, err
 	}
 	agents := f.Agents()
+	// The last certificate issued to each agent, to compare with status.
+	last := make([]atomic.Pointer[[]byte], len(agents))
 	var rows []IssuanceRow
 	for _, c := range cfg.Concurrency {
 		apiBefore, err := cfg.Env.Mgmt.APIRequests(ctx)
@@ -265,6 +277,8 @@ func issueRelaymesh(ctx context.Context, cfg *IssuanceConfig, csrs [][]byte, res
 			if err != nil {
 				return err
 			}
+			chain := resp.GetCertificateChain()
+			last[worker].Store(&chain)
 			if i%16 == 0 {
 				return CheckCertificate(pemChain(resp.GetCertificateChain()), roots, a.Cluster(), time.Now())
 			}
@@ -297,6 +311,43 @@ func issueRelaymesh(ctx context.Context, cfg *IssuanceConfig, csrs [][]byte, res
 		cfg.Logf("issuance: relaymesh at %d: %.0f certs/s, %s CPU per cert", c, row.PerSecond, row.CPUPerCert)
 		rows = append(rows, row)
 	}
+	// After Renew at full speed, does every KubernetesCluster name the
+	// last certificate issued to its agent?
+	time.Sleep(cfg.StatusAfter)
+	statuses, err := cfg.Env.Mgmt.ClusterStatuses(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res.StatusAfter = StatusCheck{After: cfg.StatusAfter}
+	for i, a := range agents {
+		p := last[i].Load()
+		if p == nil {
+			continue
+		}
+		res.StatusAfter.Total++
+		st := statuses[a.Cluster()]
+		if !st.HasStatus {
+			res.StatusAfter.NoStatus++
+		}
+		if st.Connected {
+			res.StatusAfter.Connected++
+		}
+		chain := pemChain(*p)
+		if len(chain) == 0 {
+			continue
+		}
+		leaf, err := x509.ParseCertificate(chain[0])
+		if err != nil {
+			return nil, err
+		}
+		if st.Serial == fmt.Sprintf("%x", leaf.SerialNumber) {
+			res.StatusAfter.SerialMatches++
+			if st.Connected {
+				res.StatusAfter.Correct++
+			}
+		}
+	}
+	cfg.Logf("issuance: %s after the last Renew, %d of %d statuses name the last certificate issued", cfg.StatusAfter, res.StatusAfter.SerialMatches, res.StatusAfter.Total)
 	f.Stop()
 	if res.AuditRecords, err = srv.VerifyAudit(); err != nil {
 		return nil, fmt.Errorf("audit log of the issuance server: %w", err)

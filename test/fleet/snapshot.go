@@ -156,3 +156,19 @@ func (s RichSpec) Snapshot(cluster string) *relaypb.Snapshot {
 	}
 	return discovery.Build(cluster, in)
 }
+
+// DiscoveredObjectsOf lists the Mesh, Workload and Destination objects a
+// snapshot becomes in the management cluster, by kind and name.
+func DiscoveredObjectsOf(s *relaypb.Snapshot) []string {
+	var out []string
+	for _, m := range s.GetMeshes() {
+		out = append(out, "Mesh/"+m.GetNamespace()+"/"+m.GetName())
+	}
+	for _, w := range s.GetWorkloads() {
+		out = append(out, "Workload/"+w.GetNamespace()+"/"+w.GetName()+"/"+w.GetKind())
+	}
+	for _, d := range s.GetDestinations() {
+		out = append(out, "Destination/"+d.GetNamespace()+"/"+d.GetName())
+	}
+	return out
+}

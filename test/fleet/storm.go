@@ -23,7 +23,8 @@ type StormConfig struct {
 	// Timeout bounds the wait for every session; default 10 minutes.
 	// Stall ends the wait early when no new session opened for that long
 	// (agents whose token was used up without a certificate never will);
-	// default 60s.
+	// default 3 minutes (a refused agent backs off up to a minute, and the
+	// server lets an address fail only six times a minute).
 	Timeout, Stall time.Duration
 	// StatusAfter is how long after the last session opened the
 	// KubernetesCluster statuses are read; default 25s.
@@ -97,7 +98,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		cfg.Timeout = 10 * time.Minute
 	}
 	if cfg.Stall == 0 {
-		cfg.Stall = time.Minute
+		cfg.Stall = 3 * time.Minute
 	}
 	if cfg.StatusAfter == 0 {
 		cfg.StatusAfter = 25 * time.Second

@@ -129,7 +129,7 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 		agents := fs.Int("agents", 200, "fleet size")
 		statusAfter := fs.Duration("status-after", 25*time.Second, "wait after the last session before statuses are read")
 		timeout := fs.Duration("timeout", 10*time.Minute, "bound on the wait for every session")
-		stall := fs.Duration("stall", time.Minute, "end the wait when no new session opened for this long")
+		stall := fs.Duration("stall", 3*time.Minute, "end the wait when no new session opened for this long")
 		services := fs.Int("services", 1, "Services in each agent's snapshot")
 		f = func(ctx context.Context, o fleet.Options) (any, error) {
 			return fleet.Storm(ctx, fleet.StormConfig{Options: o, Agents: *agents, StatusAfter: *statusAfter, Timeout: *timeout, Stall: *stall,
@@ -140,6 +140,7 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 		dur := fs.Duration("duration", 10*time.Second, "measured window per level")
 		backends := fs.String("backends", "relaymesh,cfssl,step-ca,step-ca-badgerv2,x509", "back ends, in order")
 		csrs := fs.Int("csrs", 256, "size of the request pool")
+		statusAfter := fs.Duration("status-after", 5*time.Second, "wait after the last Renew before statuses are compared")
 		f = func(ctx context.Context, o fleet.Options) (any, error) {
 			var levels []int
 			for _, s := range strings.Split(*conc, ",") {
@@ -149,14 +150,15 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 				}
 				levels = append(levels, n)
 			}
-			return fleet.Issuance(ctx, fleet.IssuanceConfig{Options: o, Concurrency: levels, Duration: *dur, CSRs: *csrs, Backends: strings.Split(*backends, ",")})
+			return fleet.Issuance(ctx, fleet.IssuanceConfig{Options: o, Concurrency: levels, Duration: *dur, CSRs: *csrs, StatusAfter: *statusAfter, Backends: strings.Split(*backends, ",")})
 		}
 	case "idle":
 		agents := fs.Int("agents", 1000, "fleet size")
 		settle := fs.Duration("settle", 30*time.Second, "idle time before, and then during, the measurement")
+		noSnap := fs.Bool("no-snapshot", false, "open no Push stream: the cost of the session alone")
 		policy := fs.String("policy", "", "if set, a TrafficPolicy without selectors with this request timeout, so every agent holds an output set")
 		f = func(ctx context.Context, o fleet.Options) (any, error) {
-			return fleet.Idle(ctx, fleet.IdleConfig{Options: o, Agents: *agents, Settle: *settle, Policy: *policy})
+			return fleet.Idle(ctx, fleet.IdleConfig{Options: o, Agents: *agents, Settle: *settle, Policy: *policy, NoSnapshot: *noSnap})
 		}
 	case "config":
 		clusters := fs.Int("clusters", 100, "fleet size")
