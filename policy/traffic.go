@@ -83,7 +83,7 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 	}
 	policies := translation.SortedTrafficPolicies(in.TrafficPolicies)
 
-	b := &trafficBuilder{byRef: byRef, subsets: map[string]map[string]subsetSet{}, plan: federation.NewPlan(in)}
+	b := &trafficBuilder{byRef: byRef, subsets: map[string]map[string]subsetSet{}, plan: federation.NewPlan(in), reach: map[*discoveryv1alpha1.Destination][]string{}}
 	// Validate each policy on its own, then claim fields oldest first.
 	owners := map[string]*networkingv1alpha1.TrafficPolicy{} // dest|route|field → owner
 	var accepted []*trafficPolicy
@@ -97,7 +97,7 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 		}
 		clusters, workloads := sourceClusters(in, p.Spec.SourceSelector)
 		r.Workloads(key, workloads...)
-		tp := &trafficPolicy{p: p, clusters: clusters, routes: routeKeys(p)}
+		tp := &trafficPolicy{p: p, clusters: clusters, routes: routeKeys(p), selects: map[*discoveryv1alpha1.Destination]bool{}}
 		if err := remoteSubset(p, tp.clusters); err != "" {
 			r.Invalid(key, p.Generation, "%s", err)
 			continue
@@ -105,6 +105,7 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 		for _, d := range dests {
 			if translation.MatchDestination(p.Spec.DestinationSelector, d) {
 				tp.dests = append(tp.dests, d)
+				tp.selects[d] = true
 			}
 		}
 		if err := unreachableTarget(b, tp); err != "" {
@@ -128,22 +129,25 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 
 	for _, d := range dests {
 		var applied []*trafficPolicy
-		clusters := map[string]bool{}
 		for _, tp := range accepted {
-			if slices.Contains(tp.dests, d) {
+			if tp.selects[d] {
 				applied = append(applied, tp)
-				for c := range tp.clusters {
-					clusters[c] = true
-				}
 			}
 		}
-		for _, c := range slices.Sorted(maps.Keys(clusters)) {
-			// Config only where it can take effect: a remote Destination's
-			// host exists in a cluster only where a VirtualMesh federates
-			// it; elsewhere a VirtualService for it would configure a
-			// hostname nothing defines.
-			if b.reachable(c, d) {
-				b.virtualService(out, r, c, d, applied)
+		if len(applied) == 0 {
+			continue
+		}
+		// Config only where it can take effect: a remote Destination's
+		// host exists in a cluster only where a VirtualMesh federates it;
+		// elsewhere a VirtualService for it would configure a hostname
+		// nothing defines. Walking d's clusters (not the policies') keeps
+		// this linear in the fleet.
+		for _, c := range b.reachableFrom(d) {
+			for _, tp := range applied {
+				if tp.clusters[c] {
+					b.virtualService(out, r, c, d, applied)
+					break
+				}
 			}
 		}
 	}
@@ -158,6 +162,7 @@ type trafficPolicy struct {
 	p        *networkingv1alpha1.TrafficPolicy
 	clusters map[string]bool
 	dests    []*discoveryv1alpha1.Destination
+	selects  map[*discoveryv1alpha1.Destination]bool // dests, as a set
 	routes   []routeKey
 }
 
@@ -340,17 +345,15 @@ func unreachableTarget(b *trafficBuilder, tp *trafficPolicy) string {
 	if len(refs) == 0 {
 		return ""
 	}
-	for _, c := range slices.Sorted(maps.Keys(tp.clusters)) {
-		configured := false
-		for _, d := range tp.dests {
-			if b.reachable(c, d) {
-				configured = true
-				break
+	configured := map[string]bool{} // clusters where the policy configures a selected Destination
+	for _, d := range tp.dests {
+		for _, c := range b.reachableFrom(d) {
+			if tp.clusters[c] {
+				configured[c] = true
 			}
 		}
-		if !configured {
-			continue
-		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(configured)) {
 		for _, r := range refs {
 			if r.d != nil && !b.reachable(c, r.d) {
 				ks := r.d.Spec.KubeService.Ref
@@ -407,6 +410,8 @@ type trafficBuilder struct {
 	// subsets: cluster → target → subset name → labels, referenced by
 	// VirtualServices and defined by DestinationRules.
 	subsets map[string]map[string]subsetSet
+	// reach caches reachableFrom.
+	reach map[*discoveryv1alpha1.Destination][]string
 }
 
 // subsetSet maps a subset name to its labels.
@@ -423,6 +428,19 @@ func (b *trafficBuilder) reachable(cluster string, d *discoveryv1alpha1.Destinat
 	}
 	_, _, ok := b.plan.RemoteDestinationRule(d, cluster)
 	return ok
+}
+
+// reachableFrom returns the clusters, sorted, that can reach d by its
+// hostname (see reachable).
+func (b *trafficBuilder) reachableFrom(d *discoveryv1alpha1.Destination) []string {
+	if cs, ok := b.reach[d]; ok {
+		return cs
+	}
+	cs := append([]string{d.Spec.KubeService.Ref.ClusterName}, b.plan.FederatedClusters(d)...)
+	slices.Sort(cs)
+	cs = slices.Compact(cs)
+	b.reach[d] = cs
+	return cs
 }
 
 // host is d's hostname as seen from cluster.
@@ -589,39 +607,38 @@ func (b *trafficBuilder) addSubset(cluster string, t *discoveryv1alpha1.Destinat
 // route references one of its subsets, or where a policy that sets
 // outlierDetection or mtls on it applies.
 func (b *trafficBuilder) drClusters(d *discoveryv1alpha1.Destination, accepted []*trafficPolicy) []string {
-	set := map[string]bool{}
-	for c, targets := range b.subsets {
-		if len(targets[translation.DestinationTarget(d)]) > 0 {
-			set[c] = true
-		}
-	}
+	var setting []*trafficPolicy
 	for _, tp := range accepted {
-		if len(destFields(&tp.p.Spec.Policy)) > 0 && slices.Contains(tp.dests, d) {
-			for c := range tp.clusters {
-				set[c] = true
-			}
+		if len(destFields(&tp.p.Spec.Policy)) > 0 && tp.selects[d] {
+			setting = append(setting, tp)
 		}
 	}
-	for c := range set {
-		if !b.reachable(c, d) {
-			delete(set, c)
+	target := translation.DestinationTarget(d)
+	var out []string
+	for _, c := range b.reachableFrom(d) {
+		need := len(b.subsets[c][target]) > 0
+		for _, tp := range setting {
+			need = need || tp.clusters[c]
+		}
+		if need {
+			out = append(out, c)
 		}
 	}
-	return slices.Sorted(maps.Keys(set))
+	return out
 }
 
 func (b *trafficBuilder) destinationRule(out *translation.Output, r *translation.Report, cluster string, d *discoveryv1alpha1.Destination, accepted []*trafficPolicy) {
 	spec := &networkingv1.DestinationRule{Host: b.host(cluster, d)}
 	var parents []translation.Parent
 	for _, tp := range accepted {
-		if !slices.Contains(tp.dests, d) && !shiftsTo(tp, d) {
+		if !tp.selects[d] && !shiftsTo(tp, d) {
 			continue
 		}
 		if !tp.clusters[cluster] {
 			continue
 		}
 		parents = append(parents, translation.Parent{Kind: trafficPolicyKind, Namespace: tp.p.Namespace, Name: tp.p.Name})
-		if !slices.Contains(tp.dests, d) {
+		if !tp.selects[d] {
 			continue
 		}
 		pol := tp.p.Spec.Policy

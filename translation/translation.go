@@ -294,6 +294,9 @@ func (r *Report) SourceWorkloads(k ObjectKey) []string {
 	return names
 }
 
+// WorkloadCount is the number of source workloads of k.
+func (r *Report) WorkloadCount(k ObjectKey) int { return len(r.workloads[k]) }
+
 // Target records the verdict for one target (a Destination, a Mesh).
 func (r *Report) Target(k ObjectKey, t common.TargetStatus) {
 	r.targets[k] = append(r.targets[k], t)

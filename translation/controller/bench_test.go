@@ -203,3 +203,34 @@ func withUIDs(in *translation.Input) *translation.Input {
 	}
 	return in
 }
+
+// BenchmarkTranslateFleetEdit is issue 21's edit: a fleet of clusters with
+// one Service each, no VirtualMesh, and one TrafficPolicy without selectors
+// (every Destination, from every cluster's workloads) whose request timeout
+// changes (5 s ↔ 7 s). It reports the objects the policy produces and the
+// clusters republished per edit.
+func BenchmarkTranslateFleetEdit(b *testing.B) {
+	for _, clusters := range []int{100, 1000} {
+		b.Run(fmt.Sprintf("clusters=%d", clusters), func(b *testing.B) {
+			in := world(clusters, clusters, 0, false)
+			in.TrafficPolicies = []networkingv1alpha1.TrafficPolicy{{
+				ObjectMeta: metav1.ObjectMeta{Name: "timeouts", Namespace: "relaymesh", CreationTimestamp: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))},
+				Spec:       networkingv1alpha1.TrafficPolicySpec{Policy: networkingv1alpha1.Policy{RequestTimeout: &metav1.Duration{Duration: 5 * time.Second}}},
+			}}
+			in = withUIDs(in)
+			e := controller.NewEngine("relaymesh")
+			e.Translate(in)
+			e.Dirty()
+			p := &in.TrafficPolicies[0]
+			dirty := 0
+			for b.Loop() {
+				p.Spec.Policy.RequestTimeout.Duration = 12*time.Second - p.Spec.Policy.RequestTimeout.Duration
+				p.Generation++
+				e.Translate(in)
+				dirty = len(e.Dirty())
+			}
+			b.ReportMetric(float64(len(e.Objects())), "outputs")
+			b.ReportMetric(float64(dirty), "clusters-republished")
+		})
+	}
+}

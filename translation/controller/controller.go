@@ -10,16 +10,12 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"math"
 	"reflect"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
@@ -29,11 +25,9 @@ import (
 	"github.com/relaymesh/relaymesh/policy"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/translation"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
@@ -86,16 +80,13 @@ type Controller struct {
 	engine    *Engine
 	typed     map[schema.GroupVersionResource]map[string]typedObject
 	published map[string]bool // clusters that have a published set
-	written   map[translation.ObjectKey]writtenStatus
+	status    *statusWriter
 	acks      Acks
 	admission Admitter
 	admitted  map[string]admitted
 	versions  map[string]uint64                          // cluster → output version that carries translation's current objects
 	parentsIn map[string]map[translation.Parent][]string // cluster → parent → sorted keys of its objects there
 }
-
-// writtenStatus is a status known to be on an object at resourceVersion.
-type writtenStatus struct{ body, resourceVersion string }
 
 // typedObject is a cached conversion of an informer object.
 type typedObject struct {
@@ -128,8 +119,8 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	c := &Controller{client: cfg.Client, namespace: cfg.Namespace, out: cfg.Outputs, clusters: cfg.Clusters,
 		log: cfg.Logger.With("component", "translation"), informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{},
 		wake: make(chan struct{}, 1), engine: NewEngine(cfg.Namespace), typed: map[schema.GroupVersionResource]map[string]typedObject{},
-		published: map[string]bool{}, written: map[translation.ObjectKey]writtenStatus{},
-		acks: cfg.Acks, admission: cfg.Admission, admitted: map[string]admitted{}, versions: map[string]uint64{}, parentsIn: map[string]map[translation.Parent][]string{}}
+		published: map[string]bool{},
+		acks:      cfg.Acks, admission: cfg.Admission, admitted: map[string]admitted{}, versions: map[string]uint64{}, parentsIn: map[string]map[translation.Parent][]string{}}
 	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Client, 10*time.Minute, cfg.Namespace, nil)
 	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Client, 10*time.Minute)
 	kick := func() {
@@ -186,6 +177,8 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 			return nil, fmt.Errorf("translation watch of %s did not sync within a minute", gvr.Resource)
 		}
 	}
+	c.status = newStatusWriter(c)
+	go c.status.run(ctx)
 	if err := c.translate(ctx); err != nil {
 		return nil, err
 	}
@@ -314,183 +307,6 @@ func (c *Controller) translate(ctx context.Context) error {
 	c.log.Info("translated", "units", stats.Units, "recomputed", stats.Recomputed, "clusters_published", len(dirty),
 		"took", time.Since(start).Round(time.Microsecond))
 	return nil
-}
-
-// writeStatus patches the status of every user object whose status changed.
-func (c *Controller) writeStatus(ctx context.Context, r *translation.Report) {
-	keys := r.Keys()
-	for k := range c.written {
-		if _, _, ok := r.Status(k); !ok {
-			delete(c.written, k)
-		}
-	}
-	for _, k := range keys {
-		gvr, ok := userKinds[k.Kind]
-		if !ok {
-			continue
-		}
-		st, targets, _ := r.Status(k)
-		status := map[string]any{"observedGeneration": st.ObservedGeneration, "state": string(st.State)}
-		status["errors"], status["warnings"] = nil, nil
-		if len(st.Errors) > 0 {
-			status["errors"] = st.Errors
-		}
-		if len(st.Warnings) > 0 {
-			status["warnings"] = st.Warnings
-		}
-		field := "destinations"
-		if k.Kind == "VirtualMesh" {
-			field = "meshes"
-		}
-		if len(targets) > 0 {
-			status[field] = targetsJSON(targets)
-		} else {
-			status[field] = nil
-		}
-		if k.Kind == "TrafficPolicy" || k.Kind == "AccessPolicy" {
-			status["workloads"] = nil
-			if ws := r.SourceWorkloads(k); len(ws) > 0 {
-				status["workloads"] = ws
-			}
-		}
-		status["clusters"] = nil
-		if applied := c.applyStatus(translation.Parent(k)); len(applied) > 0 {
-			status["clusters"] = targetsJSON(applied)
-			var failed []string
-			for _, a := range applied {
-				if a.State == common.ApplyFailed {
-					failed = append(failed, a.Cluster)
-				}
-			}
-			if len(failed) > 0 && st.State == common.StateAccepted {
-				status["state"] = string(common.StateFailed)
-				status["errors"] = append(st.Errors, fmt.Sprintf("outputs not applied in cluster %s (see status.clusters)", strings.Join(failed, ", ")))
-			}
-		}
-		body, err := json.Marshal(map[string]any{"status": status})
-		if err != nil {
-			continue
-		}
-		cur, rv, found := c.current(gvr, k)
-		if w, ok := c.written[k]; ok && found && w.body == string(body) && w.resourceVersion == rv {
-			continue // nothing changed since it was last written or checked
-		}
-		if found && reflect.DeepEqual(normalize(owned(cur, status)), normalize(status)) {
-			c.written[k] = writtenStatus{body: string(body), resourceVersion: rv}
-			continue
-		}
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		patched, err := c.client.Resource(gvr).Namespace(k.Namespace).Patch(wctx, k.Name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
-		cancel()
-		if err != nil {
-			c.log.Warn("could not write status", "kind", k.Kind, "namespace", k.Namespace, "name", k.Name, "error", err)
-			continue
-		}
-		c.written[k] = writtenStatus{body: string(body), resourceVersion: patched.GetResourceVersion()}
-	}
-}
-
-// current returns the status and resourceVersion of a user object in the
-// informer's cache.
-func (c *Controller) current(gvr schema.GroupVersionResource, k translation.ObjectKey) (map[string]any, string, bool) {
-	obj, exists, err := c.informers[gvr].GetStore().GetByKey(k.Namespace + "/" + k.Name)
-	if err != nil || !exists {
-		return nil, "", false
-	}
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return nil, "", false
-	}
-	st, _, _ := unstructured.NestedMap(u.Object, "status")
-	return st, u.GetResourceVersion(), true
-}
-
-// Bounds on what an agent's ack may put into a user object's status.
-const (
-	maxApplyErrors   = 10
-	maxApplyErrorLen = 256
-)
-
-// applyStatus is where p's outputs are and whether each cluster's agent
-// applied them: Pending until the agent acks the version that carries them,
-// then Applied, or Failed naming each object it did not apply.
-func (c *Controller) applyStatus(p translation.Parent) []common.ClusterApplyStatus {
-	if c.acks == nil {
-		return nil
-	}
-	var out []common.ClusterApplyStatus
-	for _, cl := range slices.Sorted(maps.Keys(c.parentsIn)) {
-		keys := c.parentsIn[cl][p]
-		if len(keys) == 0 {
-			continue
-		}
-		st := common.ClusterApplyStatus{Cluster: cl, State: common.ApplyPending}
-		ack := c.acks.Ack(cl)
-		if ack != nil {
-			st.Version = int64(min(ack.GetVersion(), math.MaxInt64))
-		}
-		if ack != nil && ack.GetVersion() >= c.versions[cl] {
-			st.State = common.ApplyApplied
-			for _, r := range ack.GetResults() {
-				if o := r.GetOutcome(); o != "conflict" && o != "error" {
-					continue
-				}
-				key := strings.Join([]string{r.GetApiVersion(), r.GetKind(), r.GetNamespace(), r.GetName()}, "/")
-				if _, mine := slices.BinarySearch(keys, key); !mine {
-					continue
-				}
-				st.State = common.ApplyFailed
-				if len(st.Errors) < maxApplyErrors {
-					msg := fmt.Sprintf("%s %s/%s: %s", r.GetKind(), r.GetNamespace(), r.GetName(), r.GetOutcome())
-					if e := r.GetError(); e != "" {
-						msg += ": " + e
-					}
-					if len(msg) > maxApplyErrorLen {
-						msg = msg[:maxApplyErrorLen] + "…"
-					}
-					st.Errors = append(st.Errors, strings.ToValidUTF8(msg, ""))
-				}
-			}
-		}
-		out = append(out, st)
-	}
-	return out
-}
-
-func targetsJSON[T any](ts []T) []any {
-	b, _ := json.Marshal(ts)
-	var out []any
-	_ = json.Unmarshal(b, &out)
-	return out
-}
-
-// owned keeps the fields of cur that translation writes (status has every
-// one of them, nil when unset): other writers own the rest (the trust
-// controller's sharedTrust), which must not make statuses differ forever.
-func owned(cur, status map[string]any) map[string]any {
-	out := map[string]any{}
-	for k := range status {
-		if v, ok := cur[k]; ok {
-			out[k] = v
-		}
-	}
-	return out
-}
-
-// normalize drops nil values and round-trips through JSON so a cached
-// status compares equal to the one about to be written.
-func normalize(m map[string]any) map[string]any {
-	clean := map[string]any{}
-	for k, v := range m {
-		if v != nil {
-			clean[k] = v
-		}
-	}
-	b, _ := json.Marshal(clean)
-	var out map[string]any
-	_ = json.Unmarshal(b, &out)
-	delete(out, "conditions")
-	return out
 }
 
 // ScopePolicies enforces namespace tenancy: a TrafficPolicy or AccessPolicy

@@ -150,13 +150,29 @@ type Status struct {
 	// meant, e.g. a selector that matches nothing.
 	// +optional
 	Warnings []string `json:"warnings,omitempty"`
-	// Clusters says, for every cluster the object has outputs in, whether
-	// that cluster's agent applied them.
+	// Clusters says, for the clusters the object has outputs in, whether
+	// that cluster's agent applied them: every cluster up to 100 of them;
+	// beyond that the 100 listed are the failed ones first, then the
+	// pending ones, then applied ones, and ClusterCounts counts them all.
 	// +listType=map
 	// +listMapKey=cluster
 	// +kubebuilder:validation:MaxItems=1024
 	// +optional
 	Clusters []ClusterApplyStatus `json:"clusters,omitempty"`
+	// ClusterCounts counts every cluster the object has outputs in, by
+	// state, including those Clusters leaves out.
+	// +optional
+	ClusterCounts *ClusterCounts `json:"clusterCounts,omitempty"`
+}
+
+// ClusterCounts counts clusters by the state of an object's outputs there.
+type ClusterCounts struct {
+	// Total is the number of clusters the object has outputs in.
+	Total int32 `json:"total"`
+	// Applied, Pending and Failed sum to Total.
+	Applied int32 `json:"applied"`
+	Pending int32 `json:"pending"`
+	Failed  int32 `json:"failed"`
 }
 
 // ApplyState says whether a cluster's agent applied an object's outputs.

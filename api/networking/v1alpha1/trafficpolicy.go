@@ -298,10 +298,20 @@ type MTLSPolicy struct {
 // VirtualDestination.
 type PolicyStatus struct {
 	common.Status `json:",inline"`
-	// Destinations is the verdict per selected Destination.
+	// Destinations is the verdict per selected Destination: at most 256,
+	// those not Accepted first; DestinationCount counts them all.
+	// +kubebuilder:validation:MaxItems=256
 	// +optional
 	Destinations []common.TargetStatus `json:"destinations,omitempty"`
-	// Workloads are the selected source workloads.
+	// DestinationCount is the number of selected Destinations.
+	// +optional
+	DestinationCount int32 `json:"destinationCount,omitempty"`
+	// Workloads are the selected source workloads: at most 64 names, then
+	// "… and N more"; WorkloadCount counts them all.
+	// +kubebuilder:validation:MaxItems=256
 	// +optional
 	Workloads []string `json:"workloads,omitempty"`
+	// WorkloadCount is the number of selected source workloads.
+	// +optional
+	WorkloadCount int32 `json:"workloadCount,omitempty"`
 }
