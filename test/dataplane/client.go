@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -22,6 +23,7 @@ type Client struct {
 	from   string
 	target string
 	conn   *grpc.ClientConn
+	closed func(*Client) // tells the workload, which then forgets it
 
 	closeOnce sync.Once
 	closeErr  error
@@ -30,7 +32,12 @@ type Client struct {
 // Close closes the client's connections (and its own xDS stream). It is
 // safe to call twice; the workload closes its clients when it stops.
 func (c *Client) Close() error {
-	c.closeOnce.Do(func() { c.closeErr = c.conn.Close() })
+	c.closeOnce.Do(func() {
+		c.closeErr = c.conn.Close()
+		if c.closed != nil {
+			c.closed(c)
+		}
+	})
 	return c.closeErr
 }
 
@@ -102,10 +109,13 @@ func (c *Client) Call(ctx context.Context, opts CallOptions) (Reply, error) {
 	if err := opts.validate(); err != nil {
 		return Reply{}, err
 	}
-	return c.call(ctx, opts)
+	r, _, err := c.call(ctx, opts)
+	return r, err
 }
 
-func (c *Client) call(ctx context.Context, opts CallOptions) (Reply, error) {
+// call makes one call and returns the reply and the issuer (IssuerID) of
+// the server's certificate, "" over plaintext.
+func (c *Client) call(ctx context.Context, opts CallOptions) (Reply, string, error) {
 	timeout := opts.Timeout
 	if timeout == 0 {
 		timeout = DefaultCallTimeout
@@ -120,14 +130,16 @@ func (c *Client) call(ctx context.Context, opts CallOptions) (Reply, error) {
 		ctx = metadata.NewOutgoingContext(ctx, md)
 	}
 	out := new(structpb.Struct)
-	if err := c.conn.Invoke(ctx, EchoMethod, opts.Request.Encode(), out); err != nil {
-		return Reply{}, err
+	var p peer.Peer
+	if err := c.conn.Invoke(ctx, EchoMethod, opts.Request.Encode(), out, grpc.Peer(&p)); err != nil {
+		return Reply{}, "", err
 	}
 	r, err := DecodeReply(out)
 	if err != nil {
-		return Reply{}, status.Error(codes.Internal, "bad reply: "+err.Error())
+		return Reply{}, "", status.Error(codes.Internal, "bad reply: "+err.Error())
 	}
-	return r, nil
+	_, issuer := tlsIdentity(p.AuthInfo)
+	return r, issuer, nil
 }
 
 // Run makes n calls, opts.Concurrency at a time, and counts their outcomes.
@@ -151,9 +163,9 @@ func (c *Client) Run(ctx context.Context, n int, opts CallOptions) (*Outcomes, e
 	for range workers {
 		wg.Go(func() {
 			for range jobs {
-				r, err := c.call(ctx, opts)
+				r, issuer, err := c.call(ctx, opts)
 				st := status.Convert(err)
-				out.Add(st.Code(), r, st.Message())
+				out.add(st.Code(), r, issuer, st.Message())
 			}
 		})
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -50,8 +51,13 @@ const (
 type ClusterConfig struct {
 	// Cluster is the local cluster. Required.
 	Cluster *localcluster.Cluster
-	// Istiod is the cluster's running istiod. Required.
+	// Istiod is the cluster's running istiod. Required. The cluster owns
+	// it from now on: RestartIstiod replaces it, StopIstiod stops it.
 	Istiod *istiod.Istiod
+	// IstiodConfig is what Istiod was started with; RestartIstiod starts
+	// its successors from it (other cacerts, a directory of their own).
+	// Without it the cluster cannot restart istiod.
+	IstiodConfig istiod.Config
 	// Dir holds the workloads' certificates and bootstraps. Required.
 	Dir string
 	// IPs hands out the workloads' loopback addresses; share one pool
@@ -74,6 +80,14 @@ type Cluster struct {
 
 	// syncMu serializes EndpointSlice syncs, which read then write.
 	syncMu sync.Mutex
+
+	// xds is istiod's stable address; istiodMu guards the istiod it
+	// forwards to; restartMu serializes restarts.
+	xds       *xdsProxy
+	restartMu sync.Mutex
+	istiodMu  sync.Mutex
+	current   *istiod.Istiod
+	restarts  int
 
 	mu        sync.Mutex
 	workloads []*Workload
@@ -115,8 +129,12 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, err
 	}
+	xds, err := newXDSProxy(cfg.Istiod.Addresses().GRPC)
+	if err != nil {
+		return nil, err
+	}
 	return &Cluster{
-		cfg: cfg, kube: kube, dyn: dyn,
+		cfg: cfg, kube: kube, dyn: dyn, xds: xds, current: cfg.Istiod,
 		maps: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)),
 		log:  cfg.Log.With("component", "dataplane", "cluster", cfg.Cluster.Name),
 	}, nil
@@ -125,8 +143,61 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 // Name is the cluster's name.
 func (c *Cluster) Name() string { return c.cfg.Cluster.Name }
 
-// Istiod is the cluster's istiod.
-func (c *Cluster) Istiod() *istiod.Istiod { return c.cfg.Istiod }
+// Istiod is the cluster's current istiod.
+func (c *Cluster) Istiod() *istiod.Istiod {
+	c.istiodMu.Lock()
+	defer c.istiodMu.Unlock()
+	return c.current
+}
+
+// XDSAddress is where the cluster's workloads reach istiod's xDS: a stable
+// address that forwards to the current istiod (istiod's Service).
+func (c *Cluster) XDSAddress() string { return c.xds.Addr() }
+
+// TrustDomain is the trust domain of the cluster's mesh.
+func (c *Cluster) TrustDomain() string { return c.cfg.Istiod.TrustDomain() }
+
+// RestartIstiod replaces the cluster's istiod with one that loads cacerts,
+// the way a rolling update of the istiod Deployment does after its cacerts
+// Secret changed: the new istiod starts beside the old one, takes new xDS
+// connections once ready, and then the old one stops (its workloads'
+// xDS streams reconnect to the new one; they keep the configuration they
+// have meanwhile). It returns how long it took. On error the old istiod
+// keeps serving.
+func (c *Cluster) RestartIstiod(ctx context.Context, cacerts map[string][]byte) (time.Duration, error) {
+	c.restartMu.Lock()
+	defer c.restartMu.Unlock()
+	cfg := c.cfg.IstiodConfig
+	if cfg.Kubeconfig == "" || cfg.Dir == "" {
+		return 0, fmt.Errorf("cluster %s: no istiod config to restart istiod from", c.Name())
+	}
+	c.restarts++
+	cfg.Dir = fmt.Sprintf("%s-%d", cfg.Dir, c.restarts)
+	cfg.CACerts = cacerts
+	start := time.Now()
+	d, err := istiod.Start(ctx, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("cluster %s: restart istiod: %w", c.Name(), err)
+	}
+	c.xds.SetTarget(d.Addresses().GRPC)
+	c.istiodMu.Lock()
+	old := c.current
+	c.current = d
+	c.istiodMu.Unlock()
+	if err := old.Stop(); err != nil {
+		c.log.Warn("old istiod did not stop cleanly", "err", err)
+	}
+	took := time.Since(start)
+	c.log.Info("istiod restarted", "after", took.Round(time.Millisecond), "dir", cfg.Dir)
+	return took, nil
+}
+
+// StopIstiod stops the cluster's istiod and its stable address.
+func (c *Cluster) StopIstiod() error {
+	c.restartMu.Lock()
+	defer c.restartMu.Unlock()
+	return errors.Join(c.xds.Close(), c.Istiod().Stop())
+}
 
 // Kube is an admin client of the cluster.
 func (c *Cluster) Kube() kubernetes.Interface { return c.kube }
@@ -147,8 +218,12 @@ type ServiceConfig struct {
 	// Selector picks the Service's workloads by Pod labels. Required.
 	Selector map[string]string
 	// Port is the Service port clients dial (xds:///name.ns.svc.cluster.local:Port).
-	// Each Pod serves it on its own container port named PortName.
 	Port int32
+	// TargetPort is the Pods' port number behind Port (what flat-network
+	// federation needs: discovery reports numbers, not what a name
+	// resolves to in each Pod); 0: the container port named PortName,
+	// which may differ from Pod to Pod.
+	TargetPort int32
 }
 
 // Service creates (or updates) the Service and writes its EndpointSlices
@@ -168,6 +243,13 @@ func (c *Cluster) Service(ctx context.Context, cfg ServiceConfig) error {
 	if cfg.Port < 1 || cfg.Port > 65535 {
 		errs = append(errs, fmt.Errorf("port: %d is not a port", cfg.Port))
 	}
+	if cfg.TargetPort < 0 || cfg.TargetPort > 65535 {
+		errs = append(errs, fmt.Errorf("targetPort: %d is not a port", cfg.TargetPort))
+	}
+	target := intstr.FromString(PortName)
+	if cfg.TargetPort > 0 {
+		target = intstr.FromInt32(cfg.TargetPort)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("service: %w", err)
 	}
@@ -176,7 +258,7 @@ func (c *Cluster) Service(ctx context.Context, cfg ServiceConfig) error {
 		Spec: corev1.ServiceSpec{
 			Selector: cfg.Selector,
 			Ports: []corev1.ServicePort{{
-				Name: PortName, Port: cfg.Port, TargetPort: intstr.FromString(PortName),
+				Name: PortName, Port: cfg.Port, TargetPort: target,
 				Protocol: corev1.ProtocolTCP, AppProtocol: new("grpc"),
 			}},
 		},

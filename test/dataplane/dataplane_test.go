@@ -1,14 +1,18 @@
 package dataplane
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"math"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.step.sm/crypto/pemutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/proto"
@@ -125,7 +129,7 @@ func TestRequestRoundTripAndLimits(t *testing.T) {
 }
 
 func TestReplyRoundTripAndLimits(t *testing.T) {
-	want := Reply{Workload: "echo-v1", Namespace: "apps", Cluster: "cluster-1", ServiceAccount: "echo", Version: "v1", Peer: "spiffe://cluster-1.local/ns/apps/sa/sleep"}
+	want := Reply{Workload: "echo-v1", Namespace: "apps", Cluster: "cluster-1", ServiceAccount: "echo", Version: "v1", Peer: "spiffe://cluster-1.local/ns/apps/sa/sleep", PeerIssuer: "0011223344556677"}
 	got, err := DecodeReply(want.Encode())
 	require.NoError(t, err)
 	assert.Equal(t, want, got)
@@ -304,4 +308,124 @@ func TestConfigsRefuseBadInput(t *testing.T) {
 	for _, w := range []string{"name:", "namespace:", "serviceAccount:", "labels:"} {
 		assert.Contains(t, err.Error(), w)
 	}
+	ok := WorkloadConfig{Name: "ping-1", Namespace: "apps", ServiceAccount: "ping", Serve: true, Port: 7070, MaxConnectionAge: time.Second}
+	require.NoError(t, ok.Validate())
+	for name, modify := range map[string]func(*WorkloadConfig){
+		"port of a client": func(c *WorkloadConfig) { c.Serve, c.MaxConnectionAge = false, 0 },
+		"port":             func(c *WorkloadConfig) { c.Port = 70000 },
+		"negative port":    func(c *WorkloadConfig) { c.Port = -1 },
+		"age of a client":  func(c *WorkloadConfig) { c.Serve, c.Port = false, 0 },
+		"age too short":    func(c *WorkloadConfig) { c.MaxConnectionAge = time.Millisecond },
+		"negative age":     func(c *WorkloadConfig) { c.MaxConnectionAge = -time.Second },
+	} {
+		c := ok
+		modify(&c)
+		assert.Error(t, c.Validate(), name)
+	}
+	for name, cfg := range map[string]LoadConfig{
+		"no flows":    {Rate: 10},
+		"no rate":     {Flows: []Flow{{Name: "a", From: &Workload{}}}},
+		"huge rate":   {Flows: []Flow{{Name: "a", From: &Workload{}}}, Rate: 1_000_000},
+		"two names":   {Flows: []Flow{{Name: "a", From: &Workload{}}, {Name: "a", From: &Workload{}}}, Rate: 10},
+		"no workload": {Flows: []Flow{{Name: "a"}}, Rate: 10},
+		"workers":     {Flows: []Flow{{Name: "a", From: &Workload{}}}, Rate: 10, Workers: 1000},
+		"timeout":     {Flows: []Flow{{Name: "a", From: &Workload{}}}, Rate: 10, Timeout: -time.Second},
+	} {
+		l, err := StartLoad("x", cfg)
+		assert.Error(t, err, name)
+		assert.Nil(t, l, name)
+	}
+}
+
+// The xDS proxy sends new connections to the target of the moment and
+// leaves open ones where they are, as a Service in front of a rolling
+// update does; Close ends every forwarded connection.
+func TestXDSProxyFollowsItsTarget(t *testing.T) {
+	serve := func(name string) string {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		t.Cleanup(func() { lis.Close() })
+		go func() {
+			for {
+				c, err := lis.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					buf := make([]byte, 1)
+					for {
+						if _, err := c.Read(buf); err != nil {
+							return
+						}
+						if _, err := c.Write([]byte(name)); err != nil {
+							return
+						}
+					}
+				}()
+			}
+		}()
+		return lis.Addr().String()
+	}
+	a, b := serve("a"), serve("b")
+	p, err := newXDSProxy(a)
+	require.NoError(t, err)
+	ask := func(c net.Conn) string {
+		_, err := c.Write([]byte("?"))
+		require.NoError(t, err)
+		buf := make([]byte, 1)
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+		_, err = io.ReadFull(c, buf)
+		require.NoError(t, err)
+		return string(buf)
+	}
+	first, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	defer first.Close()
+	assert.Equal(t, "a", ask(first))
+	p.SetTarget(b)
+	second, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	defer second.Close()
+	assert.Equal(t, "b", ask(second), "a new connection goes to the new target")
+	assert.Equal(t, "a", ask(first), "an open connection stays where it is")
+
+	require.NoError(t, p.Close())
+	require.NoError(t, first.SetReadDeadline(time.Now().Add(5*time.Second)))
+	_, err = first.Read(make([]byte, 1))
+	assert.Error(t, err, "Close ends forwarded connections")
+	_, err = net.Dial("tcp", p.Addr())
+	assert.Error(t, err, "and stops listening")
+}
+
+func TestOutcomesMerge(t *testing.T) {
+	a, b := NewOutcomes(), NewOutcomes()
+	a.add(codes.OK, Reply{Workload: "w", Cluster: "c1", PeerIssuer: "i1"}, "s1", "")
+	b.add(codes.OK, Reply{Workload: "w", Cluster: "c2", PeerIssuer: "i1"}, "s2", "")
+	b.Add(codes.Unavailable, Reply{}, "x509: certificate signed by unknown authority")
+	a.Merge(b)
+	assert.Equal(t, 3, a.Total())
+	assert.Equal(t, 1, a.Failed())
+	assert.Equal(t, 2, a.PeerIssuer("i1"))
+	assert.Equal(t, 1, a.ServerIssuer("s1"))
+	assert.Equal(t, 1, a.ServerIssuer("s2"))
+	assert.Equal(t, 1, a.Cluster("c2"))
+	assert.Equal(t, 1, a.ErrorsWith("unknown authority"))
+	assert.Equal(t, 2, b.Total(), "the merged-in counts are unchanged")
+}
+
+// IssuerID of a certificate is KeyID of the CA that signed it, and another
+// CA's differs.
+func TestIssuerIDNamesTheSigningCA(t *testing.T) {
+	root, err := NewRoot("issuer-id")
+	require.NoError(t, err)
+	cacerts, err := root.CACerts(context.Background(), "istiod-cluster-1", "cluster-1.local")
+	require.NoError(t, err)
+	inter, err := pemutil.ParseCertificate(cacerts["ca-cert.pem"])
+	require.NoError(t, err)
+	assert.Equal(t, KeyID(root.Cert()), IssuerID(inter))
+	assert.Len(t, KeyID(inter), 16)
+	other, err := NewRoot("other")
+	require.NoError(t, err)
+	assert.NotEqual(t, KeyID(other.Cert()), IssuerID(inter))
 }

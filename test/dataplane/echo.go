@@ -2,6 +2,8 @@ package dataplane
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -41,6 +43,7 @@ const (
 	fieldServiceAccount = "service_account"
 	fieldVersion        = "version"
 	fieldPeer           = "peer"
+	fieldPeerIssuer     = "peer_issuer"
 )
 
 // Request is what a call asks of the server.
@@ -86,6 +89,9 @@ type Reply struct {
 	// Peer is the caller's SPIFFE ID from its mTLS certificate, as the
 	// server verified it; empty when the call came over plaintext.
 	Peer string
+	// PeerIssuer names the CA that issued the caller's certificate
+	// (IssuerID); empty over plaintext.
+	PeerIssuer string
 }
 
 // Encode returns r as the wire message.
@@ -93,7 +99,7 @@ func (r Reply) Encode() *structpb.Struct {
 	f := map[string]*structpb.Value{}
 	for k, v := range map[string]string{
 		fieldWorkload: r.Workload, fieldNamespace: r.Namespace, fieldCluster: r.Cluster,
-		fieldServiceAccount: r.ServiceAccount, fieldVersion: r.Version, fieldPeer: r.Peer,
+		fieldServiceAccount: r.ServiceAccount, fieldVersion: r.Version, fieldPeer: r.Peer, fieldPeerIssuer: r.PeerIssuer,
 	} {
 		if v != "" {
 			f[k] = structpb.NewStringValue(v)
@@ -131,6 +137,8 @@ func DecodeReply(s *structpb.Struct) (Reply, error) {
 			r.Version = sv.StringValue
 		case fieldPeer:
 			r.Peer = sv.StringValue
+		case fieldPeerIssuer:
+			r.PeerIssuer = sv.StringValue
 		default:
 			return Reply{}, fmt.Errorf("unknown reply field %.40q", k)
 		}
@@ -198,20 +206,44 @@ func (e *echoServer) call(ctx context.Context, in *structpb.Struct) (*structpb.S
 		}
 	}
 	r := e.reply
-	r.Peer = peerID(ctx)
+	r.Peer, r.PeerIssuer = peerIdentity(ctx)
 	e.served()
 	return r.Encode(), nil
 }
 
-// peerID is the caller's SPIFFE ID from the TLS handshake, or "".
-func peerID(ctx context.Context) string {
+// peerIdentity is the caller's SPIFFE ID and the issuer of its certificate
+// from the TLS handshake, or "".
+func peerIdentity(ctx context.Context) (id, issuer string) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return ""
+		return "", ""
 	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || info.SPIFFEID == nil {
-		return ""
-	}
-	return info.SPIFFEID.String()
+	return tlsIdentity(p.AuthInfo)
 }
+
+// tlsIdentity is the SPIFFE ID and the issuer (IssuerID) of the peer's
+// certificate of a TLS connection, or "" for anything else.
+func tlsIdentity(auth credentials.AuthInfo) (id, issuer string) {
+	info, ok := auth.(credentials.TLSInfo)
+	if !ok {
+		return "", ""
+	}
+	if info.SPIFFEID != nil {
+		id = info.SPIFFEID.String()
+	}
+	if certs := info.State.PeerCertificates; len(certs) > 0 {
+		issuer = IssuerID(certs[0])
+	}
+	return id, issuer
+}
+
+// IssuerID names the CA that issued cert by its key: the first 8 bytes of
+// the certificate's authority key identifier, in hex. It equals KeyID of
+// the issuing CA's certificate.
+func IssuerID(cert *x509.Certificate) string { return shortHex(cert.AuthorityKeyId) }
+
+// KeyID names a CA certificate by its key: the first 8 bytes of its
+// subject key identifier, in hex.
+func KeyID(cert *x509.Certificate) string { return shortHex(cert.SubjectKeyId) }
+
+func shortHex(b []byte) string { return hex.EncodeToString(b[:min(len(b), 8)]) }

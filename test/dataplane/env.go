@@ -50,7 +50,7 @@ type Env struct {
 	IPs *IPPool
 
 	clusters map[string]*Cluster
-	istiods  []*istiod.Istiod
+	istiods  []*istiod.Istiod // started, but owned by no Cluster
 }
 
 // StartEnv starts the clusters, then an istiod per workload cluster with an
@@ -112,11 +112,11 @@ func StartEnv(ctx context.Context, cfg EnvConfig) (_ *Env, err error) {
 	wg.Wait()
 	var errs []error
 	for i, r := range results {
-		if r.d != nil {
-			e.istiods = append(e.istiods, r.d)
-		}
-		if r.c != nil {
+		switch {
+		case r.c != nil: // the cluster owns its istiod
 			e.clusters[cfg.Clusters[i]] = r.c
+		case r.d != nil:
+			e.istiods = append(e.istiods, r.d)
 		}
 		errs = append(errs, r.err)
 	}
@@ -142,16 +142,20 @@ func startIstiod(ctx context.Context, cfg EnvConfig, lc *localcluster.Cluster, i
 		return nil, nil, err
 	}
 	start := time.Now()
-	d, err := istiod.Start(ctx, istiod.Config{
+	icfg := istiod.Config{
 		Kubeconfig: lc.Kubeconfig, ClusterID: lc.Name, Dir: filepath.Join(cfg.Dir, "istiod-"+lc.Name),
 		CACerts: cacerts, TrustDomain: cfg.TrustDomain(lc.Name),
-	})
+	}
+	d, err := istiod.Start(ctx, icfg)
 	if err != nil {
 		return nil, nil, err
 	}
 	cfg.Log.Info("istiod ready", "cluster", lc.Name, "after", time.Since(start).Round(time.Millisecond), "xds", d.Addresses().GRPC)
-	c, err := NewCluster(ClusterConfig{Cluster: lc, Istiod: d, Dir: filepath.Join(cfg.Dir, "workloads-"+lc.Name), IPs: ips, Log: cfg.Log})
-	return d, c, err
+	c, err := NewCluster(ClusterConfig{Cluster: lc, Istiod: d, IstiodConfig: icfg, Dir: filepath.Join(cfg.Dir, "workloads-"+lc.Name), IPs: ips, Log: cfg.Log})
+	if err != nil {
+		return d, nil, err
+	}
+	return d, c, nil
 }
 
 // Cluster returns the named workload cluster, or nil.
@@ -164,6 +168,9 @@ func (e *Env) Stop() error {
 	defer cancel()
 	for _, c := range e.clusters {
 		errs = append(errs, c.StopWorkloads(ctx))
+	}
+	for _, c := range e.clusters {
+		errs = append(errs, c.StopIstiod())
 	}
 	for _, d := range e.istiods {
 		errs = append(errs, d.Stop())

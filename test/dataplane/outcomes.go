@@ -21,6 +21,8 @@ type Outcomes struct {
 	versions  map[string]int
 	clusters  map[string]int
 	peers     map[string]int
+	issuers   map[string]int // of the callers' certificates, as servers saw them
+	servers   map[string]int // of the servers' certificates, as the client saw them
 	errors    map[string]int
 	elapsed   time.Duration
 }
@@ -32,13 +34,17 @@ const maxDistinctErrors = 8
 func NewOutcomes() *Outcomes {
 	return &Outcomes{
 		codes: map[codes.Code]int{}, workloads: map[string]int{}, versions: map[string]int{},
-		clusters: map[string]int{}, peers: map[string]int{}, errors: map[string]int{},
+		clusters: map[string]int{}, peers: map[string]int{}, issuers: map[string]int{}, servers: map[string]int{}, errors: map[string]int{},
 	}
 }
 
 // Add counts one RPC: its code, and for OK its reply; for errors a sample
 // of the message (the first few distinct ones).
-func (o *Outcomes) Add(code codes.Code, r Reply, errMsg string) {
+func (o *Outcomes) Add(code codes.Code, r Reply, errMsg string) { o.add(code, r, "", errMsg) }
+
+// add is Add with the issuer of the server's certificate ("" over
+// plaintext).
+func (o *Outcomes) add(code codes.Code, r Reply, serverIssuer, errMsg string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.total++
@@ -48,9 +54,15 @@ func (o *Outcomes) Add(code codes.Code, r Reply, errMsg string) {
 		o.versions[r.Version]++
 		o.clusters[r.Cluster]++
 		o.peers[r.Peer]++
+		if r.PeerIssuer != "" {
+			o.issuers[r.PeerIssuer]++
+		}
+		if serverIssuer != "" {
+			o.servers[serverIssuer]++
+		}
 		return
 	}
-	key := fmt.Sprintf("%s: %.200s", code, errMsg)
+	key := fmt.Sprintf("%s: %.600s", code, errMsg)
 	if _, ok := o.errors[key]; ok || len(o.errors) < maxDistinctErrors {
 		o.errors[key]++
 	}
@@ -104,6 +116,47 @@ func (o *Outcomes) Peer(id string) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.peers[id]
+}
+
+// PeerIssuer is how many answered RPCs came with a client certificate
+// issued by the CA id (KeyID), as the server saw it.
+func (o *Outcomes) PeerIssuer(id string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.issuers[id]
+}
+
+// ServerIssuer is how many answered RPCs were served with a certificate
+// issued by the CA id (KeyID), as the client saw it.
+func (o *Outcomes) ServerIssuer(id string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.servers[id]
+}
+
+// Merge adds other's counts to o.
+func (o *Outcomes) Merge(other *Outcomes) {
+	other.mu.Lock()
+	defer other.mu.Unlock()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.total += other.total
+	for k, v := range other.codes {
+		o.codes[k] += v
+	}
+	for _, m := range []struct{ to, from map[string]int }{
+		{o.workloads, other.workloads}, {o.versions, other.versions}, {o.clusters, other.clusters},
+		{o.peers, other.peers}, {o.issuers, other.issuers}, {o.servers, other.servers},
+	} {
+		for k, v := range m.from {
+			m.to[k] += v
+		}
+	}
+	for k, v := range other.errors {
+		if _, ok := o.errors[k]; ok || len(o.errors) < maxDistinctErrors {
+			o.errors[k] += v
+		}
+	}
 }
 
 // ErrorsWith is how many failed RPCs had an error message containing
@@ -164,7 +217,8 @@ func (o *Outcomes) String() string {
 	for _, m := range []struct {
 		name string
 		m    map[string]int
-	}{{"workloads", o.workloads}, {"versions", o.versions}, {"clusters", o.clusters}, {"peers", o.peers}, {"errors", o.errors}} {
+	}{{"workloads", o.workloads}, {"versions", o.versions}, {"clusters", o.clusters}, {"peers", o.peers},
+		{"client issuers", o.issuers}, {"server issuers", o.servers}, {"errors", o.errors}} {
 		if len(m.m) == 0 {
 			continue
 		}

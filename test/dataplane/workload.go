@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	xdscreds "google.golang.org/grpc/credentials/xds"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/xds"
 	corev1 "k8s.io/api/core/v1"
@@ -44,7 +46,21 @@ type WorkloadConfig struct {
 	// Serve runs the Echo service on an xDS-enabled gRPC server; otherwise
 	// the workload is only a client.
 	Serve bool
+	// Port is the server's container port; 0: any free port. Every
+	// workload binds its own address, so servers can share a number, as
+	// the Pods of a Deployment do.
+	Port int32
+	// MaxConnectionAge makes the server end each connection (GOAWAY,
+	// then MaxConnectionAgeGrace for the calls in flight) after about
+	// this long, so clients reconnect and both sides handshake again with
+	// the certificate files as they are then; established connections
+	// never re-handshake otherwise. 0: connections live on.
+	MaxConnectionAge time.Duration
 }
+
+// MaxConnectionAgeGrace is how long a server that ends a connection for
+// its age lets the calls in flight finish.
+const MaxConnectionAgeGrace = 5 * time.Second
 
 // Validate reports every problem with cfg at once.
 func (cfg WorkloadConfig) Validate() error {
@@ -59,6 +75,12 @@ func (cfg WorkloadConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("serviceAccount: %q is not a DNS subdomain", cfg.ServiceAccount))
 	}
 	errs = append(errs, validateLabels("labels", cfg.Labels)...)
+	if cfg.Port < 0 || cfg.Port > 65535 || cfg.Port > 0 && !cfg.Serve {
+		errs = append(errs, fmt.Errorf("port: %d is not a port of a server", cfg.Port))
+	}
+	if cfg.MaxConnectionAge < 0 || cfg.MaxConnectionAge > 0 && (!cfg.Serve || cfg.MaxConnectionAge < 100*time.Millisecond) {
+		errs = append(errs, fmt.Errorf("maxConnectionAge: %v is not at least 100ms of a server", cfg.MaxConnectionAge))
+	}
 	return errors.Join(errs...)
 }
 
@@ -111,7 +133,7 @@ func (c *Cluster) StartWorkload(ctx context.Context, cfg WorkloadConfig) (_ *Wor
 		}
 	}()
 	if cfg.Serve {
-		if w.lis, err = net.Listen("tcp", net.JoinHostPort(addr.Bind, "0")); err != nil {
+		if w.lis, err = net.Listen("tcp", net.JoinHostPort(addr.Bind, strconv.Itoa(int(cfg.Port)))); err != nil {
 			return nil, fmt.Errorf("workload %s: listen: %w", cfg.Name, err)
 		}
 		w.port = w.lis.Addr().(*net.TCPAddr).Port
@@ -149,7 +171,7 @@ func (w *Workload) Served() int64 { return w.served.Load() }
 
 // SPIFFEID is the identity istiod certifies for the workload.
 func (w *Workload) SPIFFEID() string {
-	return "spiffe://" + w.cluster.cfg.Istiod.TrustDomain() + "/ns/" + w.cfg.Namespace + "/sa/" + w.cfg.ServiceAccount
+	return "spiffe://" + w.cluster.TrustDomain() + "/ns/" + w.cfg.Namespace + "/sa/" + w.cfg.ServiceAccount
 }
 
 // CertDir holds the workload's certificate files.
@@ -159,12 +181,12 @@ func (w *Workload) CertDir() string { return filepath.Join(w.dir, "certs") }
 func (w *Workload) node() Node {
 	return Node{
 		IP: w.addr.PodIP, Pod: w.cfg.Name, Namespace: w.cfg.Namespace, ServiceAccount: w.cfg.ServiceAccount,
-		ClusterID: w.cluster.cfg.Istiod.ClusterID(), Labels: w.cfg.Labels, Port: w.port,
+		ClusterID: w.cluster.Name(), Labels: w.cfg.Labels, Port: w.port,
 	}
 }
 
 func (w *Workload) bootstrap() ([]byte, error) {
-	return Bootstrap(BootstrapConfig{Node: w.node(), XDSAddress: w.cluster.cfg.Istiod.Addresses().GRPC, CertDir: w.CertDir()})
+	return Bootstrap(BootstrapConfig{Node: w.node(), XDSAddress: w.cluster.XDSAddress(), CertDir: w.CertDir()})
 }
 
 // RenewCertificate gets a new certificate from istiod's CA the way
@@ -174,7 +196,7 @@ func (w *Workload) bootstrap() ([]byte, error) {
 // the old file or the new one, never a mix. gRPC picks the new files up
 // within DefaultRefresh.
 func (w *Workload) RenewCertificate(ctx context.Context) error {
-	d := w.cluster.cfg.Istiod
+	d := w.cluster.Istiod()
 	token, err := istiod.ServiceAccountToken(ctx, w.cluster.kube, w.cfg.Namespace, w.cfg.ServiceAccount, istiod.TokenAudience)
 	if err != nil {
 		return fmt.Errorf("workload %s: %w", w.cfg.Name, err)
@@ -307,7 +329,11 @@ func (w *Workload) serve(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		srv, err := xds.NewGRPCServer(grpc.Creds(creds), xds.BootstrapContentsForTesting(boot), xds.ServingModeCallback(w.modeChanged))
+		opts := []grpc.ServerOption{grpc.Creds(creds), xds.BootstrapContentsForTesting(boot), xds.ServingModeCallback(w.modeChanged)}
+		if age := w.cfg.MaxConnectionAge; age > 0 {
+			opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: age, MaxConnectionAgeGrace: MaxConnectionAgeGrace}))
+		}
+		srv, err := xds.NewGRPCServer(opts...)
 		if err != nil {
 			return fmt.Errorf("workload %s: xds server: %w", w.cfg.Name, err)
 		}
@@ -330,7 +356,7 @@ func (w *Workload) serve(ctx context.Context) error {
 			break
 		}
 	}
-	return fmt.Errorf("workload %s on %s:%d: %w (istiod log:\n%s)", w.cfg.Name, w.addr.Bind, w.port, last, w.cluster.cfg.Istiod.LogTail(20))
+	return fmt.Errorf("workload %s on %s:%d: %w (istiod log:\n%s)", w.cfg.Name, w.addr.Bind, w.port, last, w.cluster.Istiod().LogTail(20))
 }
 
 func (w *Workload) modeChanged(addr net.Addr, args xds.ServingModeChangeArgs) {
@@ -410,9 +436,16 @@ func (w *Workload) DialHost(host string, port int32) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: dial %s: %w", w.cfg.Name, target, err)
 	}
-	c := &Client{from: w.cfg.Name, target: target, conn: conn}
+	c := &Client{from: w.cfg.Name, target: target, conn: conn, closed: w.forget}
 	w.clients = append(w.clients, c)
 	return c, nil
+}
+
+// forget drops a closed client from the workload's list.
+func (w *Workload) forget(c *Client) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.clients = slices.DeleteFunc(w.clients, func(x *Client) bool { return x == c })
 }
 
 // reconnect is how the workloads' clients retry a failed connection: at
@@ -435,6 +468,10 @@ func (w *Workload) dialPod(ctx context.Context, addr string) (net.Conn, error) {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(w.addr.Bind)}}
 	return d.DialContext(ctx, "tcp", to)
 }
+
+// Register writes the workload's Pod and endpoints again after Unregister,
+// as when the Pod comes back (at the same address).
+func (w *Workload) Register(ctx context.Context) error { return w.register(ctx) }
 
 // Unregister deletes the workload's Pod and its endpoints, as when a Pod
 // goes away; the server keeps running (a test can show traffic leaving it).
