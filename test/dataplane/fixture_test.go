@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,6 +38,8 @@ type fixture struct {
 	v1, v2          *dataplane.Workload
 	c2              *dataplane.Cluster  // cluster-2
 	v3              *dataplane.Workload // echo in cluster-2
+	sleep2          *dataplane.Workload // a client in cluster-2
+	ping1, ping2    *dataplane.Workload // the ping servers of cluster-1 and cluster-2
 	sleep, other    *dataplane.Workload
 	toEcho, fromOth *dataplane.Client
 }
@@ -57,13 +60,22 @@ var shared struct {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if err := stopRelaymesh(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop relaymesh:", err)
+		code = 1
+	}
 	if shared.f != nil {
 		if err := shared.f.env.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "stop the data plane:", err)
 			code = 1
 		}
 	}
-	if shared.dir != "" {
+	switch {
+	case shared.dir == "":
+	case code != 0:
+		// istiod, relaymesh and workload files stay for a post-mortem.
+		fmt.Fprintln(os.Stderr, "the data plane's files (istiod logs, certificates) are kept in", shared.dir)
+	default:
 		os.RemoveAll(shared.dir)
 	}
 	os.Exit(code)
@@ -81,22 +93,44 @@ func sharedFixture(t *testing.T) *fixture {
 			t.Logf("istiod log (last lines):\n%s", f.c.Istiod().LogTail(40))
 		}
 	})
-	t.Logf("fixture: cluster and istiod ready after %s; 5 workloads registered, certified and serving %s later", f.envTook, f.workloadsTook)
+	t.Logf("fixture: cluster and istiod ready after %s; cluster-1's workloads registered, certified and serving %s later", f.envTook, f.workloadsTook)
 	f.baseline(t)
 	return f
 }
 
 // workloadConfigs are the fixture's workloads: two versions of the echo
-// server (service account echo) and two clients, sleep and other.
+// server (service account echo) and two clients, sleep and other. Every
+// echo server listens on echoPort of its own address, as Pods of a
+// Deployment do.
 var workloadConfigs = []dataplane.WorkloadConfig{
-	{Name: "echo-v1", Namespace: ns, ServiceAccount: "echo", Labels: map[string]string{"app": "echo", "version": "v1"}, Serve: true},
-	{Name: "echo-v2", Namespace: ns, ServiceAccount: "echo", Labels: map[string]string{"app": "echo", "version": "v2"}, Serve: true},
+	{Name: "echo-v1", Namespace: ns, ServiceAccount: "echo", Labels: map[string]string{"app": "echo", "version": "v1"}, Serve: true, Port: echoPort},
+	{Name: "echo-v2", Namespace: ns, ServiceAccount: "echo", Labels: map[string]string{"app": "echo", "version": "v2"}, Serve: true, Port: echoPort},
 	{Name: "sleep", Namespace: ns, ServiceAccount: "sleep", Labels: map[string]string{"app": "sleep"}},
 	{Name: "other", Namespace: ns, ServiceAccount: "other", Labels: map[string]string{"app": "other"}},
 }
 
-// echoV3 is cluster-2's echo server.
-var echoV3 = dataplane.WorkloadConfig{Name: "echo-v3", Namespace: ns, ServiceAccount: "echo", Labels: map[string]string{"app": "echo", "version": "v3"}, Serve: true}
+// cluster2Configs are cluster-2's workloads: a third version of echo, and a
+// client.
+var cluster2Configs = []dataplane.WorkloadConfig{
+	{Name: "echo-v3", Namespace: ns, ServiceAccount: "echo", Labels: map[string]string{"app": "echo", "version": "v3"}, Serve: true, Port: echoPort},
+	{Name: "sleep", Namespace: ns, ServiceAccount: "sleep", Labels: map[string]string{"app": "sleep"}},
+}
+
+// pingConfig is the ping server of a cluster: it ends every connection
+// after pingConnectionAge, so clients handshake again every second or so
+// (the root rotation test calls it under load).
+func pingConfig(cluster string) dataplane.WorkloadConfig {
+	return dataplane.WorkloadConfig{Name: "ping-" + strings.TrimPrefix(cluster, "cluster-"), Namespace: ns, ServiceAccount: "ping",
+		Labels: map[string]string{"app": "ping"}, Serve: true, Port: echoPort, MaxConnectionAge: pingConnectionAge}
+}
+
+const pingConnectionAge = time.Second
+
+// pingService is the ping Service of both clusters.
+var pingService = dataplane.ServiceConfig{Name: "ping", Namespace: ns, Selector: map[string]string{"app": "ping"}, Port: echoPort, TargetPort: echoPort}
+
+// echoService is the echo Service of both clusters.
+var echoService = dataplane.ServiceConfig{Name: "echo", Namespace: ns, Selector: map[string]string{"app": "echo"}, Port: echoPort, TargetPort: echoPort}
 
 func startFixture() (_ *fixture, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -120,7 +154,7 @@ func startFixture() (_ *fixture, err error) {
 	if err := c.Namespace(ctx, ns, map[string]string{"istio-injection": "enabled"}); err != nil {
 		return nil, err
 	}
-	if err := c.Service(ctx, dataplane.ServiceConfig{Name: "echo", Namespace: ns, Selector: map[string]string{"app": "echo"}, Port: echoPort}); err != nil {
+	if err := c.Service(ctx, echoService); err != nil {
 		return nil, err
 	}
 	start = time.Now()
@@ -137,11 +171,25 @@ func startFixture() (_ *fixture, err error) {
 	if err := f.c2.Namespace(ctx, ns, map[string]string{"istio-injection": "enabled"}); err != nil {
 		return nil, err
 	}
-	if err := f.c2.Service(ctx, dataplane.ServiceConfig{Name: "echo", Namespace: ns, Selector: map[string]string{"app": "echo"}, Port: echoPort}); err != nil {
+	if err := f.c2.Service(ctx, echoService); err != nil {
 		return nil, err
 	}
-	if f.v3, err = f.c2.StartWorkload(ctx, echoV3); err != nil {
+	if f.v3, err = f.c2.StartWorkload(ctx, cluster2Configs[0]); err != nil {
 		return nil, err
+	}
+	if f.sleep2, err = f.c2.StartWorkload(ctx, cluster2Configs[1]); err != nil {
+		return nil, err
+	}
+	for _, p := range []struct {
+		c *dataplane.Cluster
+		w **dataplane.Workload
+	}{{c, &f.ping1}, {f.c2, &f.ping2}} {
+		if err := p.c.Service(ctx, pingService); err != nil {
+			return nil, err
+		}
+		if *p.w, err = p.c.StartWorkload(ctx, pingConfig(p.c.Name())); err != nil {
+			return nil, err
+		}
 	}
 	if f.toEcho, err = f.sleep.Dial("echo", ns, echoPort); err != nil {
 		return nil, err

@@ -2,10 +2,16 @@ package dataplane_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,19 +27,27 @@ import (
 	"github.com/relaymesh/relaymesh/test/localcluster"
 )
 
-// relaymesh is the real management plane over the fixture's cluster: the
-// relaymesh binary as a server in mgmt and an agent in cluster-1.
+// relaymesh is the real management plane over the fixture's clusters: the
+// relaymesh binary as a server in mgmt and an agent in each workload
+// cluster, started once for the package (sharedRelaymesh).
 type relaymesh struct {
-	f    *fixture
-	mgmt *localcluster.Cluster
-	dyn  dynamic.Interface // of mgmt
-	c1   dynamic.Interface // of cluster-1
+	f       *fixture
+	bin     string
+	dir     string
+	mgmt    *localcluster.Cluster
+	dyn     dynamic.Interface // of mgmt
+	c1      dynamic.Interface // of cluster-1
+	c2      dynamic.Interface // of cluster-2
+	procs   []*localcluster.Process
+	took    time.Duration // from the build to both clusters discovered
+	buildIn time.Duration
 }
 
-// The cluster-1 objects Relaymesh's discovery reads: the istiod Deployment
-// and its mesh config (the trust domain istiod was started with), the way
-// an Istio install leaves them.
-const istioInstall = `
+// istioInstall is what Relaymesh's discovery reads in a workload cluster:
+// the istiod Deployment and its mesh config (the trust domain istiod was
+// started with), the way an Istio install leaves them.
+func istioInstall(cluster string) string {
+	return `
 apiVersion: v1
 kind: ServiceAccount
 metadata: {name: istiod, namespace: istio-system}
@@ -43,7 +57,7 @@ kind: ConfigMap
 metadata: {name: istio, namespace: istio-system, labels: {istio.io/rev: default}}
 data:
   mesh: |
-    trustDomain: cluster-1.local
+    trustDomain: ` + cluster + `.local
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -56,6 +70,7 @@ spec:
       serviceAccountName: istiod
       containers: [{name: discovery, image: docker.io/istio/pilot:1.31.1, args: [discovery]}]
 `
+}
 
 var (
 	ownedKinds = []schema.GroupVersionResource{
@@ -63,65 +78,216 @@ var (
 		{Group: "networking.istio.io", Version: "v1", Resource: "destinationrules"},
 		{Group: "security.istio.io", Version: "v1", Resource: "authorizationpolicies"},
 	}
+	explainedKinds = append([]schema.GroupVersionResource{
+		{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"},
+		{Group: "security.istio.io", Version: "v1", Resource: "peerauthentications"},
+	}, ownedKinds...)
 	destinations    = schema.GroupVersionResource{Group: "discovery.relaymesh.io", Version: "v1alpha1", Resource: "destinations"}
 	policyResources = map[string]schema.GroupVersionResource{
-		"TrafficPolicy": {Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"},
-		"AccessPolicy":  {Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"},
+		"TrafficPolicy":      {Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"},
+		"AccessPolicy":       {Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"},
+		"VirtualMesh":        {Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualmeshes"},
+		"VirtualDestination": {Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualdestinations"},
 	}
 )
 
-// startRelaymesh builds relaymesh, runs the server and cluster-1's agent,
-// and waits until cluster-1's echo Service is a discovered Destination.
-func startRelaymesh(t *testing.T, f *fixture) *relaymesh {
+// sharedRM is the package's one Relaymesh: building and starting it once
+// keeps the package's run time down.
+var sharedRM struct {
+	once sync.Once
+	r    *relaymesh
+	err  error
+}
+
+// sharedRelaymesh starts Relaymesh on first use; a test that uses it shows
+// the server's and agents' logs when it fails.
+func sharedRelaymesh(t *testing.T) *relaymesh {
 	t.Helper()
-	ctx := context.Background()
-	c1 := f.env.Local.Cluster("cluster-1")
-	_, err := c1.Apply(ctx, dataplane.FieldManager, []byte(istioInstall))
-	require.NoError(t, err)
-	// Discovery finds workloads through their controllers.
-	for _, cfg := range workloadConfigs {
-		require.NoError(t, f.c.Deployment(ctx, cfg))
-	}
-
-	dir := t.TempDir()
-	start := time.Now()
-	bin, err := localcluster.BuildRelaymesh(dir)
-	require.NoError(t, err)
-	t.Logf("built relaymesh in %s", time.Since(start).Round(time.Millisecond))
-	mgmt := f.env.Local.Cluster("mgmt")
-	r := &relaymesh{f: f, mgmt: mgmt}
-	r.dyn, err = dynamic.NewForConfig(mgmt.RESTConfig())
-	require.NoError(t, err)
-	r.c1, err = dynamic.NewForConfig(c1.RESTConfig())
-	require.NoError(t, err)
-	_, err = mgmt.Apply(ctx, dataplane.FieldManager, []byte("apiVersion: v1\nkind: Namespace\nmetadata: {name: relaymesh}\n"))
-	require.NoError(t, err)
-
-	relayAddr, opsAddr := e2e.Addr(t), e2e.Addr(t)
-	e2e.Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost")
-	e2e.Eventually(t, 60*time.Second, "server healthy", func() (bool, string) {
-		code, err := e2e.GetJSON("http://"+opsAddr+"/healthz", nil)
-		return err == nil && code == 200, fmt.Sprint(code, err)
-	})
-	_, err = e2e.Run(t, bin, "cluster", "register", "cluster-1", "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", c1.Kubeconfig, "--server-address", relayAddr)
-	require.NoError(t, err)
-	e2e.Start(t, bin, dir, "agent-cluster-1", "agent", "--kubeconfig", c1.Kubeconfig, "--health-listen", e2e.Addr(t), "--metrics-listen", e2e.Addr(t))
-	e2e.Eventually(t, 60*time.Second, "cluster-1's echo Service discovered", func() (bool, string) {
-		l, err := r.dyn.Resource(destinations).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, d := range l.Items {
-			ref, _, _ := unstructured.NestedStringMap(d.Object, "spec", "kubeService", "ref")
-			if ref["name"] == "echo" && ref["namespace"] == ns && ref["clusterName"] == "cluster-1" {
-				return true, ""
+	f := sharedFixture(t)
+	sharedRM.once.Do(func() { sharedRM.r, sharedRM.err = startRelaymesh(f) })
+	require.NoError(t, sharedRM.err)
+	r := sharedRM.r
+	t.Logf("relaymesh: built in %s; server and both agents up, both clusters discovered %s after the build", r.buildIn.Round(time.Millisecond), r.took.Round(time.Millisecond))
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, p := range r.procs {
+				b, _ := os.ReadFile(p.LogPath())
+				t.Logf("---- %s (last lines) ----\n%s", filepath.Base(p.LogPath()), lastLines(string(b), 40))
 			}
 		}
-		return false, fmt.Sprintf("%d destinations", len(l.Items))
 	})
-	t.Logf("server and agent up, cluster-1 discovered, %s after the build", time.Since(start).Round(time.Millisecond))
 	return r
+}
+
+// stopRelaymesh stops the shared Relaymesh, if it ran (TestMain).
+func stopRelaymesh() error {
+	if sharedRM.r == nil {
+		return nil
+	}
+	var errs []error
+	for _, p := range slices.Backward(sharedRM.r.procs) {
+		errs = append(errs, p.Stop(10*time.Second))
+	}
+	return errors.Join(errs...)
+}
+
+// startRelaymesh builds relaymesh, runs the server and both clusters'
+// agents, and waits until each cluster's echo Service is a discovered
+// Destination with its endpoints.
+func startRelaymesh(f *fixture) (_ *relaymesh, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp(shared.dir, "relaymesh-")
+	if err != nil {
+		return nil, err
+	}
+	r := &relaymesh{f: f, dir: dir, mgmt: f.env.Local.Cluster("mgmt")}
+	defer func() {
+		if err != nil {
+			for _, p := range r.procs {
+				b, _ := os.ReadFile(p.LogPath())
+				err = fmt.Errorf("%w\n---- %s ----\n%s", err, filepath.Base(p.LogPath()), lastLines(string(b), 30))
+				_ = p.Stop(5 * time.Second)
+			}
+		}
+	}()
+	for _, c := range []struct {
+		name string
+		ws   []dataplane.WorkloadConfig
+		dc   *dataplane.Cluster
+	}{{"cluster-1", append(slices.Clone(workloadConfigs), pingConfig("cluster-1")), f.c}, {"cluster-2", append(slices.Clone(cluster2Configs), pingConfig("cluster-2")), f.c2}} {
+		if _, err := f.env.Local.Cluster(c.name).Apply(ctx, dataplane.FieldManager, []byte(istioInstall(c.name))); err != nil {
+			return nil, err
+		}
+		// Discovery finds workloads through their controllers.
+		for _, cfg := range c.ws {
+			if err := c.dc.Deployment(ctx, cfg); err != nil {
+				return nil, err
+			}
+		}
+	}
+	start := time.Now()
+	if r.bin, err = localcluster.BuildRelaymesh(dir); err != nil {
+		return nil, err
+	}
+	r.buildIn = time.Since(start)
+	start = time.Now()
+	mgmt := r.mgmt
+	if r.dyn, err = dynamic.NewForConfig(mgmt.RESTConfig()); err != nil {
+		return nil, err
+	}
+	if r.c1, err = dynamic.NewForConfig(f.env.Local.Cluster("cluster-1").RESTConfig()); err != nil {
+		return nil, err
+	}
+	if r.c2, err = dynamic.NewForConfig(f.env.Local.Cluster("cluster-2").RESTConfig()); err != nil {
+		return nil, err
+	}
+	if _, err := mgmt.Apply(ctx, dataplane.FieldManager, []byte("apiVersion: v1\nkind: Namespace\nmetadata: {name: relaymesh}\n")); err != nil {
+		return nil, err
+	}
+	relayAddr, opsAddr := freeAddr(), freeAddr()
+	if err := r.start("server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost"); err != nil {
+		return nil, err
+	}
+	if err := poll(ctx, "the server is healthy", func() (bool, string) {
+		code, err := e2e.GetJSON("http://"+opsAddr+"/healthz", nil)
+		return err == nil && code == 200, fmt.Sprint(code, err)
+	}); err != nil {
+		return nil, err
+	}
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		lc := f.env.Local.Cluster(name)
+		if _, err := r.run(ctx, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", lc.Kubeconfig, "--server-address", relayAddr); err != nil {
+			return nil, err
+		}
+		if err := r.start("agent-"+name, "agent", "--kubeconfig", lc.Kubeconfig, "--health-listen", freeAddr(), "--metrics-listen", freeAddr()); err != nil {
+			return nil, err
+		}
+	}
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		if err := poll(ctx, name+"'s echo Service discovered with its endpoints", func() (bool, string) {
+			d, err := r.destination(ctx, name)
+			if err != nil {
+				return false, err.Error()
+			}
+			eps, _, _ := unstructured.NestedSlice(d.Object, "spec", "kubeService", "endpoints")
+			return len(eps) > 0, fmt.Sprintf("%d endpoints", len(eps))
+		}); err != nil {
+			return nil, err
+		}
+	}
+	r.took = time.Since(start)
+	return r, nil
+}
+
+// start runs the relaymesh binary as a long-lived process of the package.
+func (r *relaymesh) start(name string, args ...string) error {
+	p, err := localcluster.StartProcess(name, r.bin, args, filepath.Join(r.dir, name+".log"), false)
+	if err != nil {
+		return err
+	}
+	r.procs = append(r.procs, p)
+	return nil
+}
+
+// run runs the relaymesh CLI to completion and returns its stdout.
+func (r *relaymesh) run(ctx context.Context, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, r.bin, args...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("relaymesh %s: %w: %s", strings.Join(args[:min(3, len(args))], " "), err, stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+// destination is the discovered Destination of the echo Service of cluster.
+func (r *relaymesh) destination(ctx context.Context, cluster string) (*unstructured.Unstructured, error) {
+	l, err := r.dyn.Resource(destinations).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	for i := range l.Items {
+		d := &l.Items[i]
+		ref, _, _ := unstructured.NestedStringMap(d.Object, "spec", "kubeService", "ref")
+		if ref["name"] == "echo" && ref["namespace"] == ns && ref["clusterName"] == cluster {
+			return d, nil
+		}
+	}
+	return nil, fmt.Errorf("no Destination for echo in %s among %d", cluster, len(l.Items))
+}
+
+func freeAddr() string {
+	p, err := localcluster.FreePort()
+	if err != nil {
+		panic(err) // only in tests; FreePort fails only without a loopback interface
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+}
+
+// poll checks cond every 100ms until it holds, or ctx ends.
+func poll(ctx context.Context, what string, cond func() (bool, string)) error {
+	last := ""
+	for {
+		ok, msg := cond()
+		if ok {
+			return nil
+		}
+		last = msg
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: not before %w (last: %s)", what, ctx.Err(), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // apply writes Relaymesh policies into mgmt for the rest of the subtest;
@@ -188,23 +354,28 @@ func (r *relaymesh) explain(t *testing.T) {
 			}
 		}
 	}
-	for _, gvr := range ownedKinds {
-		l, err := r.c1.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{})
-		if err == nil {
-			for _, o := range l.Items {
-				t.Logf("cluster-1 %s %s: %v", o.GetKind(), o.GetName(), o.Object["spec"])
+	for name, c := range map[string]dynamic.Interface{"cluster-1": r.c1, "cluster-2": r.c2} {
+		for _, gvr := range explainedKinds {
+			l, err := c.Resource(gvr).List(ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/owner"})
+			if err == nil {
+				for _, o := range l.Items {
+					t.Logf("%s %s %s/%s: %v", name, o.GetKind(), o.GetNamespace(), o.GetName(), o.Object["spec"])
+				}
 			}
 		}
 	}
 }
 
-// trafficPolicy is a TrafficPolicy for cluster-1's echo Service.
+// trafficPolicy is a TrafficPolicy for cluster-1's echo Service, for
+// cluster-1's clients (a shift to a subset is refused for clients in
+// another cluster, and cluster-2 has clients too).
 func trafficPolicy(name, matchers, policy string) string {
 	return `
 apiVersion: networking.relaymesh.io/v1alpha1
 kind: TrafficPolicy
 metadata: {name: ` + name + `, namespace: relaymesh}
 spec:
+  sourceSelector: [{clusters: [cluster-1]}]
   destinationSelector:
   - kubeServiceRefs:
       services: [{name: echo, namespace: apps, clusterName: cluster-1}]
@@ -227,7 +398,7 @@ func shiftTo(weights ...string) string {
 // applied by the real agent, served by istiod to the proxyless workloads.
 func TestTrafficFromRelaymeshPolicies(t *testing.T) {
 	f := sharedFixture(t)
-	r := startRelaymesh(t, f)
+	r := sharedRelaymesh(t)
 
 	t.Run("traffic shift 80/20 between subsets", func(t *testing.T) {
 		r.subtest(t)
