@@ -70,6 +70,9 @@ type StormResult struct {
 	Throttled Throttled
 	// ServerAfter is the server's usage after the status check.
 	ServerAfter ProcUsage
+	// Errors are measurements that could not be taken (an API server too
+	// busy to answer), the rest of the result stands.
+	Errors []string
 }
 
 // StatusCheck compares KubernetesCluster statuses with the agents.
@@ -169,11 +172,13 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		}
 	}
 	stop()
-	apiAfter, err := cfg.Env.Mgmt.APIRequests(ctx)
-	if err != nil {
-		return nil, err
+	// An overloaded API server may not answer now; the storm's own
+	// numbers are kept either way.
+	if apiAfter, err := cfg.Env.Mgmt.APIRequests(ctx); err != nil {
+		r.Errors = append(r.Errors, "API request counts after the storm: "+err.Error())
+	} else {
+		r.APIRequests = subAPI(apiAfter, apiBefore)
 	}
-	r.APIRequests = subAPI(apiAfter, apiBefore)
 	if waitErr != nil {
 		cfg.Logf("storm: %v", waitErr)
 	}
@@ -209,7 +214,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 	case <-time.After(cfg.StatusAfter):
 	}
 	if r.Status, err = checkStatus(ctx, cfg.Env.Mgmt, f); err != nil {
-		return nil, err
+		r.Errors = append(r.Errors, "KubernetesCluster statuses: "+err.Error())
 	}
 	r.Status.After = cfg.StatusAfter
 	lines, err := linesBetween(srv, start, time.Now())
