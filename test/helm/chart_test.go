@@ -1,0 +1,270 @@
+package helm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	"github.com/relaymesh/relaymesh/test/localcluster"
+)
+
+// The Prometheus Operator release whose ServiceMonitor CRD the production
+// values' ServiceMonitor is applied against.
+const prometheusOperator = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
+
+// variants are the values each chart is rendered with: its defaults and
+// its documented production file.
+func variants(t testing.TB, chart string) map[string][]string {
+	return map[string][]string{
+		"defaults":   nil,
+		"production": {"-f", filepath.Join(chartDir(t, chart), "values-production.yaml")},
+	}
+}
+
+// TestLint: helm lint --strict is clean for both charts, with their
+// defaults and their production values.
+func TestLint(t *testing.T) {
+	h := newHelm(t)
+	for _, chart := range []string{serverChart, agentChart} {
+		for name, args := range variants(t, chart) {
+			out, err := h.run(append([]string{"lint", "--strict", chartDir(t, chart)}, args...)...)
+			require.NoError(t, err, "%s %s:\n%s", chart, name, out)
+			require.Contains(t, out, "0 chart(s) failed")
+		}
+	}
+}
+
+// TestSchemaRefusesBadValues: values that break a chart's values.schema.json
+// are refused by helm template and helm lint with a message that names the
+// field.
+func TestSchemaRefusesBadValues(t *testing.T) {
+	h := newHelm(t)
+	cases := []struct {
+		chart, values, want string
+	}{
+		{serverChart, "replicas: 3", "/replicas"},
+		{serverChart, "replica: 1", "additional properties 'replica' not allowed"},
+		{serverChart, "webhook: {failurePolicy: Maybe}", "/webhook/failurePolicy"},
+		{serverChart, "webhook: {enabled: true}", "/webhook/clientCAConfigMap"},
+		{serverChart, "webhook: {enabled: true, clientCAConfigMap: ca, allowUnauthenticated: true}", "/webhook/allowUnauthenticated"},
+		{serverChart, "debug: {enabled: authenticated}", "/debug/enabled"},
+		{serverChart, "agentCertTTL: 1 day", "/agentCertTTL"},
+		{serverChart, "image: {repository: r, digest: 'sha256:abc'}", "/image/digest"},
+		{serverChart, "serverDNSNames: ['Not A Name']", "/serverDNSNames/0"},
+		{serverChart, "serverIPs: [relay.example.com]", "/serverIPs/0"},
+		{serverChart, "logLevel: verbose", "/logLevel"},
+		{serverChart, "extraArgs: ['rm -rf /']", "/extraArgs/0"},
+		{serverChart, "resources: {requests: {cpu: [1]}}", "/resources/requests/cpu"},
+		{serverChart, "allowSharedToken: 'yes'", "/allowSharedToken"},
+		{agentChart, "replicas: 0", "/replicas"},
+		{agentChart, "serverAddress: no-port", "/serverAddress"},
+		{agentChart, "cluster: Cluster_1", "/cluster"},
+		{agentChart, "leaderElection: {leaseName: l, leaseDuration: 15, renewDeadline: 10s, retryPeriod: 2s}", "/leaderElection/leaseDuration"},
+		{agentChart, "autoRestartPods: 1", "/autoRestartPods"},
+		{agentChart, "networkPolicy: {enabled: true, from: []}", "additional properties 'from' not allowed"},
+	}
+	for _, c := range cases {
+		t.Run(c.chart+"/"+c.values, func(t *testing.T) {
+			f := filepath.Join(t.TempDir(), "values.yaml")
+			require.NoError(t, os.WriteFile(f, []byte(c.values+"\n"), 0o600))
+			_, err := h.template(chartDir(t, c.chart), "r", namespace, "-f", f)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "values don't meet the specifications of the schema")
+			require.Contains(t, err.Error(), c.want)
+			out, err := h.run("lint", "--strict", chartDir(t, c.chart), "-f", f)
+			require.Error(t, err, out)
+			require.Contains(t, out+err.Error(), c.want)
+		})
+	}
+}
+
+// TestCRDsAreTheAPIs: the server chart's crds/ is exactly api/crds (make
+// gen copies them; make verify fails when they differ).
+func TestCRDsAreTheAPIs(t *testing.T) {
+	api, err := filepath.Glob(filepath.Join(repoRoot(t), "api", "crds", "*.yaml"))
+	require.NoError(t, err)
+	chart, err := filepath.Glob(filepath.Join(chartDir(t, serverChart), "crds", "*.yaml"))
+	require.NoError(t, err)
+	require.NotEmpty(t, api)
+	require.Len(t, chart, len(api))
+	for _, p := range api {
+		want, err := os.ReadFile(p)
+		require.NoError(t, err)
+		got, err := os.ReadFile(filepath.Join(chartDir(t, serverChart), "crds", filepath.Base(p)))
+		require.NoError(t, err, "run make gen")
+		require.True(t, bytes.Equal(want, got), "%s differs from api/crds: run make gen", filepath.Base(p))
+	}
+}
+
+// TestNoChartOwnedSecrets: no values of either chart render a Secret, so no
+// helm upgrade or uninstall can delete or regenerate a key; and both charts
+// default to the image `make image` builds.
+func TestNoChartOwnedSecrets(t *testing.T) {
+	h := newHelm(t)
+	prod := func(chart string) []string { return variants(t, chart)["production"] }
+	for chart, argSets := range map[string][][]string{
+		serverChart: {nil, prod(serverChart), {"--set", "caSecret=provided"}, {"--set", "allowSharedToken=true,allowKubeconfigClusters=true"}, {"--set", "debug.enabled=false"}, {"--set", "webhook.enabled=true,webhook.allowUnauthenticated=true"}},
+		agentChart:  {nil, prod(agentChart), {"--set", "autoRestartPods=true"}, {"--set", "cluster=c1,serverAddress=relay.example.com:9900"}},
+	} {
+		for _, args := range argSets {
+			objs, err := h.template(chartDir(t, chart), chart, namespace, args...)
+			require.NoError(t, err)
+			for _, o := range objs {
+				assert.NotEqual(t, "Secret", o.GetKind(), "%s %v renders Secret %s", chart, args, o.GetName())
+			}
+		}
+		objs, err := h.template(chartDir(t, chart), chart, namespace)
+		require.NoError(t, err)
+		d := convert[appsv1.Deployment](t, find(t, objs, "Deployment"))
+		meta, err := os.ReadFile(filepath.Join(chartDir(t, chart), "Chart.yaml"))
+		require.NoError(t, err)
+		var c struct {
+			AppVersion string `json:"appVersion"`
+		}
+		require.NoError(t, yaml.Unmarshal(meta, &c))
+		assert.Equal(t, "ghcr.io/relaymesh/relaymesh:"+c.AppVersion, d.Spec.Template.Spec.Containers[0].Image,
+			"%s: the image make image names (tools/image --repository, VERSION from appVersion)", chart)
+	}
+}
+
+// TestChartsOnARealAPIServer: everything both charts render, with defaults
+// and with the production values, is server-side applied (not a dry run)
+// to a real kube-apiserver with the Relaymesh CRDs and the Prometheus
+// Operator's ServiceMonitor CRD; Pods built from both Deployments are
+// admitted by a namespace enforcing Pod Security "restricted" (and a Pod
+// that breaks it is refused, so the check is on); a helm install with bad
+// values changes nothing.
+func TestChartsOnARealAPIServer(t *testing.T) {
+	ctx := context.Background()
+	start := time.Now()
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"charts"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	c := env.Cluster("charts")
+	cs, err := c.Clientset()
+	require.NoError(t, err)
+	_, err = c.Apply(ctx, "test", serviceMonitorCRD(t))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := cs.Discovery().ServerResourcesForGroupVersion("monitoring.coreos.com/v1")
+		return err == nil
+	}, 30*time.Second, 100*time.Millisecond, "ServiceMonitor CRD served")
+	_, err = cs.CoreV1().Namespaces().Create(ctx, namespaceObject("restricted", map[string]string{
+		"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}), metav1.CreateOptions{})
+	require.NoError(t, err)
+	h := newHelm(t)
+
+	for _, chart := range []string{serverChart, agentChart} {
+		for variant, args := range variants(t, chart) {
+			t.Run(chart+"/"+variant, func(t *testing.T) {
+				ns := strings.TrimPrefix(chart, "relaymesh-") + "-" + variant
+				_, err := cs.CoreV1().Namespaces().Create(ctx, namespaceObject(ns, nil), metav1.CreateOptions{})
+				require.NoError(t, err)
+				objs, err := h.template(chartDir(t, chart), chart, ns, args...)
+				require.NoError(t, err)
+				manifest := encode(t, objs)
+				applied, err := c.Apply(ctx, "helm-test", manifest)
+				require.NoError(t, err, "server-side apply of %s %s", chart, variant)
+				require.Len(t, applied, len(objs))
+				kinds := map[string]bool{}
+				for _, o := range applied {
+					kinds[o.GetKind()] = true
+					require.NotEmpty(t, o.GetUID(), "%s %s stored", o.GetKind(), o.GetName())
+				}
+				for _, k := range []string{"ServiceAccount", "Deployment", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "PodDisruptionBudget", "NetworkPolicy"} {
+					require.True(t, kinds[k], "%s %s renders a %s", chart, variant, k)
+				}
+				if chart == serverChart {
+					require.True(t, kinds["Service"])
+					require.Equal(t, variant == "production", kinds["ServiceMonitor"])
+				} else {
+					require.True(t, kinds["ValidatingAdmissionPolicy"] && kinds["ValidatingAdmissionPolicyBinding"])
+				}
+
+				// The Deployment's pod, as a kubelet-less cluster admits it.
+				objs, err = h.template(chartDir(t, chart), chart, "restricted", args...)
+				require.NoError(t, err)
+				sa := find(t, objs, "ServiceAccount")
+				_, err = c.Apply(ctx, "helm-test", encode(t, []*unstructured.Unstructured{sa}))
+				require.NoError(t, err)
+				pod := podOf(t, find(t, objs, "Deployment"), "restricted", chart+"-"+variant)
+				_, err = cs.CoreV1().Pods("restricted").Create(ctx, pod, metav1.CreateOptions{})
+				require.NoError(t, err, "Pod Security restricted admits the %s pod (%s)", chart, variant)
+
+				bad := pod.DeepCopy()
+				bad.Name += "-privileged"
+				bad.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = new(true)
+				bad.Spec.Containers[0].SecurityContext.Capabilities = nil
+				_, err = cs.CoreV1().Pods("restricted").Create(ctx, bad, metav1.CreateOptions{})
+				require.Error(t, err, "the namespace enforces restricted")
+				require.Contains(t, err.Error(), `violates PodSecurity "restricted:latest"`)
+			})
+		}
+	}
+
+	t.Run("bad values change nothing", func(t *testing.T) {
+		f := filepath.Join(t.TempDir(), "bad.yaml")
+		require.NoError(t, os.WriteFile(f, []byte("webhook: {failurePolicy: Maybe}\n"), 0o600))
+		_, err := h.run("install", "bad", chartDir(t, serverChart), "--namespace", "bad", "--create-namespace", "--kubeconfig", c.Kubeconfig, "-f", f)
+		require.Error(t, err)
+		require.Contains(t, err.Error(), "/webhook/failurePolicy")
+		_, err = cs.CoreV1().Namespaces().Get(ctx, "bad", metav1.GetOptions{})
+		require.True(t, apierrors.IsNotFound(err), "nothing created: %v", err)
+		out, err := h.run("list", "--all-namespaces", "--kubeconfig", c.Kubeconfig, "-q")
+		require.NoError(t, err)
+		require.Empty(t, strings.TrimSpace(out), "no release recorded")
+	})
+	t.Logf("charts on a real API server: %s", time.Since(start).Round(time.Millisecond))
+}
+
+// podOf is the Pod a ReplicaSet would create from a Deployment's template.
+func podOf(t testing.TB, o *unstructured.Unstructured, ns, name string) *corev1.Pod {
+	t.Helper()
+	d := convert[appsv1.Deployment](t, o)
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: d.Spec.Template.Labels, Annotations: d.Spec.Template.Annotations},
+		Spec: d.Spec.Template.Spec}
+}
+
+// encode writes objects as a multi-document YAML manifest.
+func encode(t testing.TB, objs []*unstructured.Unstructured) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	for _, o := range objs {
+		y, err := yaml.Marshal(o.Object)
+		require.NoError(t, err)
+		b.WriteString("---\n")
+		b.Write(y)
+	}
+	return b.Bytes()
+}
+
+// serviceMonitorCRD is the ServiceMonitor CRD of the pinned Prometheus
+// Operator release, from the Go module cache (downloaded once through the
+// module proxy).
+func serviceMonitorCRD(t testing.TB) []byte {
+	t.Helper()
+	cmd := exec.Command("go", "mod", "download", "-json", prometheusOperator)
+	cmd.Dir = t.TempDir() // outside any module: no go.mod is changed
+	out, err := cmd.Output()
+	require.NoError(t, err, "go mod download %s", prometheusOperator)
+	var m struct{ Dir string }
+	require.NoError(t, json.Unmarshal(out, &m))
+	b, err := os.ReadFile(filepath.Join(m.Dir, "example", "prometheus-operator-crd", "monitoring.coreos.com_servicemonitors.yaml"))
+	require.NoError(t, err)
+	return b
+}
