@@ -6,11 +6,16 @@ SHELL := /bin/bash
 BIN := .cache/bin
 GO_TEST_FLAGS ?= -race -count=1 -timeout 45m
 FUZZTIME ?= 10s
+# The image `make image` builds is the charts' default: appVersion and
+# image.repository of charts/relaymesh-*/ (test/helm and tools/image check).
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/relaymesh-server/Chart.yaml)
+IMAGE_REPOSITORY ?= ghcr.io/relaymesh/relaymesh
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
 
-.PHONY: demo test deps tools gen verify bench fuzz clean help
+.PHONY: demo test deps tools gen verify image charts-lint bench fuzz clean help
 
 help: ## show the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 demo: deps-demo tools ## run the main job end to end on local clusters (DEMO_EXIT=1: exit after the summary)
 	go run ./test/cmd/demo
@@ -19,6 +24,7 @@ test: deps-test tools ## run every test, with -race, including integration tests
 	go test $(GO_TEST_FLAGS) ./...
 	@# -race needs cgo: the cgo-less build (the image's) is tested without it.
 	CGO_ENABLED=0 go test -count=1 -run NoCgo ./ca/hsm/
+	cd tools/image && go test $(GO_TEST_FLAGS) ./...
 
 deps: ## install the Debian packages every target needs, when missing (gcc, softhsm2, protoc, ca-certificates)
 	hack/deps.sh all
@@ -26,15 +32,17 @@ deps: ## install the Debian packages every target needs, when missing (gcc, soft
 deps-%:
 	hack/deps.sh $*
 
-tools: ## build pinned kube-apiserver, etcd, kubectl, istioctl, pilot-discovery, controller-gen, staticcheck, cfssl, step-ca
+tools: ## build pinned kube-apiserver, etcd, kubectl, istioctl, pilot-discovery, controller-gen, staticcheck, cfssl, step-ca, helm
 	hack/tools.sh
 
-gen: deps-gen ## regenerate deepcopy functions, CRD manifests (api/) and protobuf code (relay/proto)
+gen: deps-gen ## regenerate deepcopy functions, CRD manifests (api/, copied to the server chart's crds/) and protobuf code (relay/proto)
 	hack/tools.sh controller-gen protoc-gen-go protoc-gen-go-grpc
 	PATH="$(CURDIR)/$(BIN):$$PATH" protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative relay/proto/relay.proto
 	rm -f api/crds/*.yaml
 	$(BIN)/controller-gen object:headerFile=/dev/null paths=./api/...
 	$(BIN)/controller-gen crd:allowDangerousTypes=true,crdVersions=v1 paths=./api/... output:crd:artifacts:config=api/crds
+	rm -f charts/relaymesh-server/crds/*.yaml
+	cp api/crds/*.yaml charts/relaymesh-server/crds/
 
 verify: gen ## gofmt, go vet, staticcheck, go.mod tidy, generated code up to date
 	hack/tools.sh staticcheck
@@ -46,7 +54,19 @@ verify: gen ## gofmt, go vet, staticcheck, go.mod tidy, generated code up to dat
 	cd tools/istio && go mod tidy -diff
 	cd tools/proto && go mod tidy -diff
 	cd tools/pki && go mod tidy -diff
-	@if [ -n "$$(git status --porcelain -- api relay/proto)" ]; then echo "generated code is stale; run make gen and commit:"; git status --porcelain -- api relay/proto; exit 1; fi
+	cd tools/helm && go mod tidy -diff
+	cd tools/image && go mod tidy -diff
+	@if [ -n "$$(git status --porcelain -- api relay/proto charts/relaymesh-server/crds)" ]; then echo "generated code is stale; run make gen and commit:"; git status --porcelain -- api relay/proto charts/relaymesh-server/crds; exit 1; fi
+
+image: deps-image ## build the OCI image (static relaymesh, non-root, no shell; IMAGE_PLATFORMS) into _out/image and _out/relaymesh-VERSION.oci.tar, without a daemon
+	cd tools/image && go run . --repo ../.. --out ../../_out/image --tar ../../_out/relaymesh-$(VERSION).oci.tar \
+		--version $(VERSION) --repository $(IMAGE_REPOSITORY) --platforms $(IMAGE_PLATFORMS)
+
+charts-lint: ## helm lint --strict both charts, with their defaults and their production values
+	hack/tools.sh helm
+	for c in relaymesh-server relaymesh-agent; do \
+		$(BIN)/helm lint --strict charts/$$c && $(BIN)/helm lint --strict charts/$$c -f charts/$$c/values-production.yaml || exit 1; \
+	done
 
 bench: tools ## run every benchmark once (numbers go to docs/benchmarks.md)
 	go test -run '^$$' -bench . -benchmem -count=1 ./...
@@ -55,4 +75,4 @@ fuzz: ## run every native fuzz target for FUZZTIME each
 	hack/fuzz.sh $(FUZZTIME)
 
 clean: ## remove local state (not the cached third-party binaries)
-	rm -rf _demo .cache/bin
+	rm -rf _demo _out .cache/bin
