@@ -12,7 +12,7 @@ VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' cha
 IMAGE_REPOSITORY ?= ghcr.io/relaymesh/relaymesh
 IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
 
-.PHONY: demo test deps tools gen verify image charts-lint bench fuzz clean help
+.PHONY: demo test test-rotation deps tools gen verify image charts-lint bench fuzz clean help
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -25,6 +25,9 @@ test: deps-test tools ## run every test, with -race, including integration tests
 	@# -race needs cgo: the cgo-less build (the image's) is tested without it.
 	CGO_ENABLED=0 go test -count=1 -run NoCgo ./ca/hsm/
 	cd tools/image && go test $(GO_TEST_FLAGS) ./...
+
+test-rotation: deps-test tools ## the data plane's root rotation under load, rolled back from every phase (docs/dataplane.md)
+	go test $(GO_TEST_FLAGS) -run 'TestFederation/root_rotation' -v ./test/dataplane/ -args -dataplane.rollbacks=all
 
 deps: ## install the Debian packages every target needs, when missing (gcc, softhsm2, protoc, ca-certificates)
 	hack/deps.sh all
