@@ -21,10 +21,10 @@ deps=(
   "softhsm2           test               cmd:softhsm2-util"                       # ca/hsm, trust: a real PKCS#11 token
   "protobuf-compiler  gen                cmd:protoc"                              # relay/proto
   "ca-certificates    test,image         file:/etc/ssl/certs/ca-certificates.crt" # the image's CA bundle
+  "chromium           test               cmd:chromium"                            # dashboard: browser tests, make screenshots
 )
 # Later, e.g.:
 #  "redis-server       test,demo          cmd:redis-server"
-#  "chromium           test               cmd:chromium"
 
 targets=(test demo gen image)
 
@@ -98,10 +98,21 @@ if [ "$(id -u)" != 0 ]; then
   fi
 fi
 
+# retry CMD...: a mirror that fails once should not fail the set-up.
+retry() {
+  local i
+  for i in 1 2 3; do
+    "$@" && return 0
+    echo "deps: $* failed (attempt $i of 3)" >&2
+    sleep $((i * 5))
+  done
+  return 1
+}
+
 echo "deps: installing ${missing[*]} (for ${want[*]})"
 export DEBIAN_FRONTEND=noninteractive
-"${sudo[@]}" apt-get update -qq
-"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+retry "${sudo[@]}" apt-get update -qq
+retry "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 
 failed=()
 for i in "${!missing[@]}"; do
