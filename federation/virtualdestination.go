@@ -687,19 +687,38 @@ func vdProtocol(p networkingv1alpha1.VirtualDestinationPort) string {
 	return strings.ToUpper(cmp.Or(p.Protocol, "HTTP"))
 }
 
-// serviceEntry is the VirtualDestination's hostname in one cluster.
-func (s *vdState) serviceEntry(addr, cluster string) *networkingv1.ServiceEntry {
+// hostServiceEntry is the VirtualDestination's hostname, without
+// endpoints, and its one port.
+func (s *vdState) hostServiceEntry(addr string, resolution networkingv1.ServiceEntry_Resolution) (*networkingv1.ServiceEntry, *networkingv1.ServicePort) {
 	spec := s.vd.Spec
 	proto := vdProtocol(spec.Port)
 	port := &networkingv1.ServicePort{Number: uint32(spec.Port.Number), Name: strings.ToLower(proto), Protocol: proto}
-	se := &networkingv1.ServiceEntry{
+	return &networkingv1.ServiceEntry{
 		Hosts:      []string{spec.Hostname},
 		Addresses:  []string{addr},
 		Ports:      []*networkingv1.ServicePort{port},
 		Location:   networkingv1.ServiceEntry_MESH_INTERNAL,
-		Resolution: networkingv1.ServiceEntry_DNS,
+		Resolution: resolution,
+	}, port
+}
+
+// failoverLabels are the labels of the i-th (0-based) backend's endpoints
+// for static failover: of n backends, labels 1..n-1-i; nil for localized
+// failover.
+func (s *vdState) failoverLabels(i int) map[string]string {
+	if s.vd.Spec.Static == nil || i >= len(s.backend)-1 {
+		return nil
 	}
-	static := spec.Static != nil
+	labels := map[string]string{}
+	for k := 1; k <= len(s.backend)-1-i; k++ {
+		labels[failoverLabel(k)] = "true"
+	}
+	return labels
+}
+
+// serviceEntry is the VirtualDestination's hostname in one cluster.
+func (s *vdState) serviceEntry(addr, cluster string) *networkingv1.ServiceEntry {
+	se, port := s.hostServiceEntry(addr, networkingv1.ServiceEntry_DNS)
 	for i, b := range s.backend {
 		// Its own cluster reaches a backend by its Service (kube-dns
 		// resolves it); other clusters at its east-west gateways.
@@ -712,16 +731,7 @@ func (s *vdState) serviceEntry(addr, cluster string) *networkingv1.ServiceEntry 
 			}
 		}
 		for _, we := range wes {
-			we.Locality = b.region
-			if static {
-				// The i-th (0-based) of n carries labels 1..n-1-i.
-				for k := 1; k <= len(s.backend)-1-i; k++ {
-					if we.Labels == nil {
-						we.Labels = map[string]string{}
-					}
-					we.Labels[failoverLabel(k)] = "true"
-				}
-			}
+			we.Locality, we.Labels = b.region, s.failoverLabels(i)
 			se.Endpoints = append(se.Endpoints, we)
 		}
 	}
@@ -733,16 +743,7 @@ func (s *vdState) serviceEntry(addr, cluster string) *networkingv1.ServiceEntry 
 // as locality and, for static failover, its failover labels), resolution
 // STATIC, and the identities of all backends' pods as subjectAltNames.
 func (s *vdState) flatServiceEntry(addr string) *networkingv1.ServiceEntry {
-	spec := s.vd.Spec
-	proto := vdProtocol(spec.Port)
-	port := &networkingv1.ServicePort{Number: uint32(spec.Port.Number), Name: strings.ToLower(proto), Protocol: proto}
-	se := &networkingv1.ServiceEntry{
-		Hosts:      []string{spec.Hostname},
-		Addresses:  []string{addr},
-		Ports:      []*networkingv1.ServicePort{port},
-		Location:   networkingv1.ServiceEntry_MESH_INTERNAL,
-		Resolution: networkingv1.ServiceEntry_STATIC,
-	}
+	se, port := s.hostServiceEntry(addr, networkingv1.ServiceEntry_STATIC)
 	ids := map[string]bool{}
 	for i, b := range s.backend {
 		for _, id := range b.identities {
@@ -755,16 +756,8 @@ func (s *vdState) flatServiceEntry(addr string) *networkingv1.ServiceEntry {
 		for _, we := range eps {
 			// Pod labels are not needed on the hostname (it has no
 			// subsets); the failover labels are.
-			we.Labels = nil
+			we.Labels = s.failoverLabels(i)
 			we.Ports = map[string]uint32{port.Name: b.podPort}
-			if spec.Static != nil {
-				for k := 1; k <= len(s.backend)-1-i; k++ {
-					if we.Labels == nil {
-						we.Labels = map[string]string{}
-					}
-					we.Labels[failoverLabel(k)] = "true"
-				}
-			}
 			se.Endpoints = append(se.Endpoints, we)
 		}
 	}

@@ -92,26 +92,22 @@ func TestFederation(t *testing.T) {
 	r := sharedRelaymesh(t)
 	fed := federate(t, f, r)
 
-	t.Run("a client in cluster-1 reaches the federated host of cluster-2 over mTLS with each mesh's intermediate; another root fails", func(t *testing.T) {
-		fed.subtest(t)
-		fed.checkFederatedHost(t)
-	})
-	t.Run("traffic shift 80/20 between clusters", func(t *testing.T) {
-		fed.subtest(t)
-		fed.checkShiftAcrossClusters(t)
-	})
-	t.Run("AccessPolicy across clusters with globalAccessPolicy Enabled", func(t *testing.T) {
-		fed.subtest(t)
-		fed.checkAccessAcrossClusters(t)
-	})
-	t.Run("VirtualDestination fails over to the other cluster when the local endpoints go", func(t *testing.T) {
-		fed.subtest(t)
-		fed.checkFailover(t)
-	})
-	t.Run("root rotation under load", func(t *testing.T) {
-		fed.subtest(t)
-		fed.checkRotationUnderLoad(t)
-	})
+	// In order: each leaves the VirtualMesh as it found it.
+	for _, c := range []struct {
+		name  string
+		check func(*federation, *testing.T)
+	}{
+		{"a client in cluster-1 reaches the federated host of cluster-2 over mTLS with each mesh's intermediate; another root fails", (*federation).checkFederatedHost},
+		{"traffic shift 80/20 between clusters", (*federation).checkShiftAcrossClusters},
+		{"AccessPolicy across clusters with globalAccessPolicy Enabled", (*federation).checkAccessAcrossClusters},
+		{"VirtualDestination fails over to the other cluster when the local endpoints go", (*federation).checkFailover},
+		{"root rotation under load", (*federation).checkRotationUnderLoad},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fed.subtest(t)
+			c.check(fed, t)
+		})
+	}
 }
 
 // federate creates the VirtualMesh, waits for both meshes' cacerts, restarts
