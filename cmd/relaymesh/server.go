@@ -59,6 +59,7 @@ type serverFlags struct {
 	webhookDNSNames, webhookIPs, webhookFailurePolicy string
 	webhookClientCA, debugEndpoints                   string
 	webhookAllowUnauthenticated                       bool
+	dashboardListen                                   string
 	pkcs11Modules                                     []string
 	kubeQPS                                           float64
 	conns                                             relay.ConnectionLimits
@@ -126,6 +127,7 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.IntVar(&f.clusters.MaxSessions, "cluster-max-streams", 32, "relay streams (sessions, snapshots, outputs) one cluster may hold open at once")
 	fs.StringVar(&f.debugEndpoints, "debug-endpoints", "authenticated", "authenticated: /debug/* on the metrics port answers only bearer tokens the apiserver accepts (TokenReview) whose user may get relaymesh.io/debug (SubjectAccessReview); off: not served")
 	fs.StringVar(&f.webhookClientCA, "webhook-client-ca", "", "PEM file of the CA that issued the kube-apiserver's client certificate for admission webhooks (its --admission-control-config-file kubeconfig): the webhook then answers only callers with such a certificate; required with --webhook-listen unless --webhook-allow-unauthenticated")
+	fs.StringVar(&f.dashboardListen, "dashboard-listen", "", "serve the read-only web dashboard on this address, e.g. :9092 (bearer token checked by TokenReview, every view authorized by SubjectAccessReview; see docs/dashboard.md); empty: off")
 	fs.BoolVar(&f.webhookAllowUnauthenticated, "webhook-allow-unauthenticated", false, "WEAKER: serve the webhook to callers without a client certificate; decisions record the caller as unauthenticated and each source address has its own budget")
 	for name, values := range map[string][]string{"log-level": {"debug", "info", "warn", "error"}, "webhook-failure-policy": {"Fail", "Ignore"}, "debug-endpoints": {"authenticated", "off"}} {
 		_ = c.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
@@ -330,6 +332,13 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		}
 	} else {
 		log.Info("debug endpoints are off (--debug-endpoints off)")
+	}
+	if f.dashboardListen != "" {
+		stop, err := serveDashboard(ctx, f, kube, dashboardParts{view: view, pki: signer, serving: serving, auditLog: auditLog}, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = httpSrv.Serve(mlis) }()

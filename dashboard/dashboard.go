@@ -1,0 +1,436 @@
+package dashboard
+
+import (
+	"context"
+	"crypto/x509"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/relaymesh/relaymesh/internal/kubeauth"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+)
+
+// Authorizer checks callers against the management cluster (a
+// *kubeauth.Authenticator). Errors MUST wrap kubeauth.ErrUnauthenticated,
+// kubeauth.ErrForbidden or kubeauth.ErrUnavailable.
+type Authorizer interface {
+	Authenticate(ctx context.Context, token string) (*authenticationv1.UserInfo, error)
+	Authorize(ctx context.Context, user *authenticationv1.UserInfo, attrs authorizationv1.ResourceAttributes) error
+}
+
+// Config configures a Dashboard.
+type Config struct {
+	// Namespace is the server's: KubernetesClusters, discovered objects and
+	// the audit log's permission live there.
+	Namespace string
+	Source    Source
+	Auth      Authorizer
+	// Agents, Relay and Serving are the server's own state; nil leaves
+	// their rows out.
+	Agents  Agents
+	Relay   RelayPKI
+	Serving func() (*x509.Certificate, error)
+	// AuditLog is the path of the server's audit log; AuditHead its
+	// running head (audit.Log.Head), to tell a cut-short file.
+	AuditLog  string
+	AuditHead func() (uint64, string)
+	// AgentTTL is the lifetime of agent certificates (their warning band).
+	AgentTTL time.Duration
+	// ServerVersion is compared with the agents'.
+	ServerVersion string
+	// MaxAccessRows bounds the rows of the access table (default 500; a
+	// filter finds the rest, the JSON has everything).
+	MaxAccessRows int
+	Logger        *slog.Logger
+	Clock         func() time.Time
+}
+
+// Validate reports every missing field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Namespace == "" {
+		errs = append(errs, errors.New("dashboard: Namespace is required"))
+	}
+	if c.Source == nil {
+		errs = append(errs, errors.New("dashboard: Source is required"))
+	}
+	if c.Auth == nil {
+		errs = append(errs, errors.New("dashboard: Auth is required: the dashboard serves no one anonymously"))
+	}
+	return errors.Join(errs...)
+}
+
+//go:embed templates/*.tmpl
+var templateFS embed.FS
+
+//go:embed assets
+var assetFS embed.FS
+
+// Dashboard serves the pages. Safe for concurrent use.
+type Dashboard struct {
+	cfg    Config
+	log    *slog.Logger
+	pages  map[string]*template.Template
+	audit  *auditReader
+	access *accessCache
+	h      http.Handler
+}
+
+// New returns a Dashboard.
+func New(cfg Config) (*Dashboard, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.MaxAccessRows <= 0 {
+		cfg.MaxAccessRows = 500
+	}
+	d := &Dashboard{cfg: cfg, log: cfg.Logger.With("component", "dashboard"), audit: &auditReader{path: cfg.AuditLog, head: cfg.AuditHead},
+		access: &accessCache{}}
+	pages, err := parseTemplates()
+	if err != nil {
+		return nil, err
+	}
+	d.pages = pages
+	d.h = d.routes()
+	return d, nil
+}
+
+func parseTemplates() (map[string]*template.Template, error) {
+	layout, err := template.New("layout.tmpl").Funcs(funcs).ParseFS(templateFS, "templates/layout.tmpl")
+	if err != nil {
+		return nil, err
+	}
+	names, err := fs.Glob(templateFS, "templates/*.tmpl")
+	if err != nil {
+		return nil, err
+	}
+	pages := map[string]*template.Template{}
+	for _, n := range names {
+		name := strings.TrimSuffix(path.Base(n), ".tmpl")
+		if name == "layout" {
+			continue
+		}
+		t, err := template.Must(layout.Clone()).ParseFS(templateFS, n)
+		if err != nil {
+			return nil, fmt.Errorf("dashboard template %s: %w", name, err)
+		}
+		pages[name] = t
+	}
+	return pages, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) { d.h.ServeHTTP(w, r) }
+
+func (d *Dashboard) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/fleet", http.StatusSeeOther) })
+	mux.HandleFunc("GET /login", d.loginPage)
+	mux.HandleFunc("POST /login", d.login)
+	mux.HandleFunc("POST /logout", d.logout)
+	assets, _ := fs.Sub(assetFS, "assets")
+	mux.Handle("GET /assets/", http.StripPrefix("/assets/", assetHandler(http.FileServerFS(assets))))
+	for _, v := range AllViews {
+		mux.HandleFunc("GET /"+string(v), d.page(v))
+		mux.HandleFunc("GET /api/v1/"+string(v), d.api(v))
+	}
+	mux.HandleFunc("POST /access/whatif", d.whatIf)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
+	// Requests that change something (POST) must come from this origin:
+	// Sec-Fetch-Site, else Origin compared with Host.
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "cross-origin request refused", http.StatusForbidden)
+	}))
+	return securityHeaders(cop.Handler(mux))
+}
+
+// contentSecurityPolicy allows this origin's script, style and fetches
+// only; no inline script or style, no plugins, no framing, no forms to
+// elsewhere, and Trusted Types so no script can reach an HTML sink.
+const contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
+	"form-action 'self'; frame-ancestors 'none'; base-uri 'none'; require-trusted-types-for 'script'; trusted-types 'none'"
+
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", contentSecurityPolicy)
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cross-Origin-Opener-Policy", "same-origin")
+		h.Set("Cross-Origin-Resource-Policy", "same-origin")
+		h.Set("Permissions-Policy", "camera=(), microphone=(), geolocation=(), payment=(), usb=()")
+		if !strings.HasPrefix(r.URL.Path, "/assets/") {
+			h.Set("Cache-Control", "no-store")
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func assetHandler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "" || strings.HasSuffix(r.URL.Path, "/") {
+			http.NotFound(w, r) // no directory listings
+			return
+		}
+		w.Header().Set("Cache-Control", "private, max-age=300")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// navItem is one link of the navigation.
+type navItem struct {
+	View   View
+	Title  string
+	Active bool
+}
+
+// pageData is what every page template gets.
+type pageData struct {
+	Title string
+	View  View
+	Nav   []navItem
+	// User is the signed-in caller's name; empty on the login page.
+	User string
+	// CSRF is the form token of the session (see csrfToken).
+	CSRF string
+	Now  time.Time
+	// Message is an error or notice for the page.
+	Message string
+	Data    any
+}
+
+func (d *Dashboard) nav(v View) []navItem {
+	out := make([]navItem, 0, len(AllViews))
+	for _, x := range AllViews {
+		out = append(out, navItem{View: x, Title: x.Title(), Active: x == v})
+	}
+	return out
+}
+
+// render writes a page; a template error is logged and answered 500
+// without the partial page.
+func (d *Dashboard) render(w http.ResponseWriter, status int, name string, p *pageData) {
+	t, ok := d.pages[name]
+	if !ok {
+		http.Error(w, "no such page", http.StatusInternalServerError)
+		return
+	}
+	var buf strings.Builder
+	if err := t.ExecuteTemplate(&buf, "layout", p); err != nil {
+		d.log.Error("rendering a page failed", "page", name, "error", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(buf.String()))
+}
+
+// caller authenticates r: its Authorization header, else the session
+// cookie. fromCookie says which.
+func (d *Dashboard) caller(r *http.Request) (user *authenticationv1.UserInfo, token string, fromCookie bool, err error) {
+	if r.Header.Get("Authorization") != "" {
+		token, err = kubeauth.Token(r)
+	} else {
+		token, err = sessionToken(r)
+		fromCookie = true
+	}
+	if err != nil {
+		return nil, "", false, err
+	}
+	user, err = d.cfg.Auth.Authenticate(r.Context(), token)
+	if err != nil {
+		return nil, "", false, err
+	}
+	return user, token, fromCookie, nil
+}
+
+// authorize checks every permission view v needs, for user.
+func (d *Dashboard) authorize(ctx context.Context, user *authenticationv1.UserInfo, v View) error {
+	for _, a := range Attributes(v, d.cfg.Namespace) {
+		if err := d.cfg.Auth.Authorize(ctx, user, a); err != nil {
+			if errors.Is(err, kubeauth.ErrForbidden) {
+				d.log.Info("dashboard view forbidden", "user", user.Username, "view", string(v), "verb", a.Verb, "resource", a.Group+"/"+a.Resource)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// refuse answers a page request that did not authenticate or authorize,
+// with no data: the login form (401), a page that names the permissions
+// the view needs (403), or 503.
+func (d *Dashboard) refuse(w http.ResponseWriter, r *http.Request, v View, err error) {
+	switch {
+	case errors.Is(err, kubeauth.ErrUnauthenticated):
+		w.Header().Set("WWW-Authenticate", `Bearer realm="relaymesh"`)
+		msg := ""
+		if _, cerr := r.Cookie(cookieName); cerr == nil {
+			msg = "Your token is no longer accepted (expired or revoked): sign in again."
+			clearSession(w, r)
+		}
+		d.render(w, http.StatusUnauthorized, "login", &pageData{Title: "Sign in", Message: msg, Data: loginData{Next: "/" + string(v)}})
+	case errors.Is(err, kubeauth.ErrForbidden):
+		d.render(w, http.StatusForbidden, "forbidden", &pageData{Title: "Not allowed", View: v, Nav: d.nav(v), Data: forbiddenData(v, d.cfg.Namespace)})
+	default:
+		d.render(w, http.StatusServiceUnavailable, "forbidden", &pageData{Title: "Unavailable", View: v, Nav: d.nav(v),
+			Message: "The management cluster's apiserver could not check your token; try again."})
+	}
+}
+
+// forbidden is what the 403 page says: the permissions the view needs.
+type forbidden struct {
+	View  string
+	Needs []string
+}
+
+func forbiddenData(v View, namespace string) forbidden {
+	f := forbidden{View: v.Title()}
+	for _, a := range Attributes(v, namespace) {
+		where := "in every namespace"
+		if a.Namespace != "" {
+			where = "in namespace " + a.Namespace
+		}
+		f.Needs = append(f.Needs, fmt.Sprintf("%s %s.%s %s", a.Verb, a.Resource, a.Group, where))
+	}
+	return f
+}
+
+// page serves view v as HTML.
+func (d *Dashboard) page(v View) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		user, token, fromCookie, err := d.caller(r)
+		if err == nil {
+			err = d.authorize(r.Context(), user, v)
+		}
+		if err != nil {
+			d.refuse(w, r, v, err)
+			return
+		}
+		data, err := d.data(v, r)
+		p := &pageData{Title: v.Title(), View: v, Nav: d.nav(v), User: user.Username, Now: d.cfg.Clock().UTC(), Data: data}
+		if fromCookie {
+			p.CSRF = csrfToken(token)
+		}
+		if err != nil {
+			d.log.Warn("dashboard data unavailable", "view", string(v), "error", err)
+			p.Data, p.Message = nil, "Could not read the data of this page: "+err.Error()
+		}
+		d.render(w, http.StatusOK, string(v), p)
+	}
+}
+
+// api serves view v as JSON; refusals are kubeauth's plain-text answers.
+func (d *Dashboard) api(v View) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		user, _, _, err := d.caller(r)
+		if err == nil {
+			err = d.authorize(r.Context(), user, v)
+		}
+		if err != nil {
+			kubeauth.WriteError(w, err)
+			return
+		}
+		data, err := d.data(v, r)
+		if err != nil {
+			d.log.Warn("dashboard data unavailable", "view", string(v), "error", err)
+			http.Error(w, "data unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		if a, ok := data.(*accessPage); ok {
+			data = a.Result // the whole matrix, not the page's excerpt
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(map[string]any{"view": string(v), "generated": d.cfg.Clock().UTC(), "data": data})
+	}
+}
+
+// data builds view v.
+func (d *Dashboard) data(v View, r *http.Request) (any, error) {
+	now := d.cfg.Clock().UTC()
+	switch v {
+	case ViewFleet:
+		clusters, err := d.cfg.Source.Clusters()
+		if err != nil {
+			return nil, err
+		}
+		var agents map[string]AgentState
+		if d.cfg.Agents != nil {
+			agents = d.cfg.Agents.Agents()
+		}
+		return fleet(fleetInput{clusters: clusters, agents: agents, serverVersion: d.cfg.ServerVersion, agentTTL: d.cfg.AgentTTL, now: now}), nil
+	case ViewCertificates:
+		clusters, err := d.cfg.Source.Clusters()
+		if err != nil {
+			return nil, err
+		}
+		in, err := d.cfg.Source.Input()
+		if err != nil {
+			return nil, err
+		}
+		ci := certificateInput{relay: d.cfg.Relay, clusters: clusters, vms: in.VirtualMeshes, agentTTL: d.cfg.AgentTTL, now: now}
+		if d.cfg.Serving != nil {
+			if c, err := d.cfg.Serving(); err == nil {
+				ci.serving = c
+			}
+		}
+		return certificates(ci), nil
+	case ViewTrust:
+		in, err := d.cfg.Source.Input()
+		if err != nil {
+			return nil, err
+		}
+		return trustMeshes(in.VirtualMeshes, now), nil
+	case ViewPolicies:
+		in, err := d.cfg.Source.Input()
+		if err != nil {
+			return nil, err
+		}
+		return policies(in), nil
+	case ViewAccess:
+		return d.accessPage(accessFilterOf(r))
+	case ViewAudit:
+		return d.audit.read(), nil
+	}
+	return nil, fmt.Errorf("no view %q", v)
+}
+
+// funcs are the template helpers.
+var funcs = template.FuncMap{
+	"when": func(t time.Time) string {
+		if t.IsZero() {
+			return "—"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05Z")
+	},
+	"date": func(t time.Time) string {
+		if t.IsZero() {
+			return "—"
+		}
+		return t.UTC().Format(time.DateOnly)
+	},
+	"join":  strings.Join,
+	"short": short,
+	"add":   func(a, b int) int { return a + b },
+}
