@@ -61,6 +61,7 @@ func BenchmarkFleetStorm(b *testing.B) {
 		r, err = fleet.Storm(context.Background(), fleet.StormConfig{Options: options(b, env), Agents: *agentsFlag, StatusAfter: *statusAfterFlag})
 		require.NoError(b, err)
 	}
+	report(b, r)
 	require.Zero(b, r.NotConnected, "every agent got a session")
 	b.ReportMetric(float64(r.Agents), "agents")
 	b.ReportMetric(r.AllSessions.Seconds(), "s-all-sessions")
@@ -72,7 +73,6 @@ func BenchmarkFleetStorm(b *testing.B) {
 	b.ReportMetric(float64(r.Status.NoStatus), "status-missing")
 	b.ReportMetric(float64(r.QueueFull), "queue-full-warnings")
 	b.ReportMetric(r.CPU.Total().Seconds(), "cpu-s")
-	report(b, r)
 }
 
 // BenchmarkFleetIssuance: Identity.Renew through the server over open
@@ -94,13 +94,13 @@ func BenchmarkFleetIssuance(b *testing.B) {
 			Duration: *durationFlag, Backends: strings.Split(*backendsFlag, ",")})
 		require.NoError(b, err)
 	}
+	report(b, r)
 	for _, row := range r.Rows {
 		require.Zero(b, row.Errors, "%s at %d: %s", row.Backend, row.Concurrency, row.FirstError)
 		b.ReportMetric(row.PerSecond, fmt.Sprintf("certs/s-%s-c%d", row.Backend, row.Concurrency))
 		b.ReportMetric(ms(row.CPUPerCert), fmt.Sprintf("ms-cpu/cert-%s-c%d", row.Backend, row.Concurrency))
 	}
 	require.Empty(b, r.Leaks)
-	report(b, r)
 }
 
 // BenchmarkFleetIdle: the server's RSS, heap and goroutines per connected,
@@ -113,12 +113,12 @@ func BenchmarkFleetIdle(b *testing.B) {
 		r, err = fleet.Idle(context.Background(), fleet.IdleConfig{Options: options(b, env), Agents: *idleFlag, Settle: *settleFlag})
 		require.NoError(b, err)
 	}
+	report(b, r)
 	require.Equal(b, r.Agents, r.Connected)
 	b.ReportMetric(r.PerAgentRSS/1024, "KiB-rss/agent")
 	b.ReportMetric(r.PerAgentLiveHeap/1024, "KiB-live-heap/agent")
 	b.ReportMetric(r.PerAgentHeapInuse/1024, "KiB-heap-inuse/agent")
 	b.ReportMetric(r.PerAgentGoroutines, "goroutines/agent")
-	report(b, r)
 }
 
 // BenchmarkFleetConfigPlane: -fleet.clusters clusters of one mesh, one
@@ -133,13 +133,13 @@ func BenchmarkFleetConfigPlane(b *testing.B) {
 		r, err = fleet.ConfigPlane(context.Background(), fleet.ConfigPlaneConfig{Options: options(b, env), Clusters: *clustersFlag, Edits: *editsFlag})
 		require.NoError(b, err)
 	}
+	report(b, r)
 	require.Equal(b, r.Clusters, r.Refused, "deregistration refused every agent")
 	b.ReportMetric(ms(r.Reach.P50), "ms-edit-p50")
 	b.ReportMetric(ms(r.Reach.P99), "ms-edit-p99")
 	b.ReportMetric(float64(r.Edits[0].PolicyObjectsMax), "policy-objects/cluster")
 	b.ReportMetric(r.MirroredAfterFirst.Seconds(), "s-mirrored")
 	b.ReportMetric(r.Removed.Seconds(), "s-removed")
-	report(b, r)
 }
 
 // BenchmarkFleetSnapshotLimit: the largest snapshot (Services of 10 pods)
@@ -152,11 +152,11 @@ func BenchmarkFleetSnapshotLimit(b *testing.B) {
 		r, err = fleet.SnapshotLimit(context.Background(), fleet.SnapshotLimitConfig{Options: options(b, env)})
 		require.NoError(b, err)
 	}
+	report(b, r)
 	for _, s := range r.Shapes {
 		require.True(b, s.Accepted, "%s: %s", s.Shape, s.Error)
 		b.ReportMetric(float64(s.Pods), "pods-"+s.Shape)
 		b.ReportMetric(ms(s.AckAfter), "ms-ack-"+s.Shape)
 	}
 	require.NotEmpty(b, r.OverResult)
-	report(b, r)
 }
