@@ -45,7 +45,8 @@ var wantFiles = []string{
 // second build of the same commit gives the same digest.
 func TestImage(t *testing.T) {
 	version, repository := chartImage(t)
-	dir, tarPath := filepath.Join(t.TempDir(), "layout"), filepath.Join(t.TempDir(), "image.tar")
+	// Under directories that do not exist yet, like _out/ of a fresh clone.
+	dir, tarPath := filepath.Join(t.TempDir(), "_out", "image"), filepath.Join(t.TempDir(), "_out", "image.tar")
 	start := time.Now()
 	out := makeImage(t, "--out", dir, "--tar", tarPath, "--version", version, "--repository", repository)
 	t.Logf("make image's build: %s\n%s", time.Since(start).Round(time.Second), out)

@@ -309,6 +309,11 @@ func Write(idx v1.ImageIndex, dir, tarPath string, ref string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
+	for _, d := range []string{filepath.Dir(dir), filepath.Dir(tarPath)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
 	p, err := layout.Write(dir, empty.Index)
 	if err != nil {
 		return err
