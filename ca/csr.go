@@ -7,10 +7,14 @@ import (
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rsa"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/asn1"
+	"encoding/binary"
 	"encoding/pem"
 	"fmt"
+	"sync"
+
 	"github.com/relaymesh/relaymesh/internal/text"
 )
 
@@ -124,10 +128,66 @@ func checkPossession(csr *x509.CertificateRequest) error {
 	if !csrSignatureAlgorithms[csr.SignatureAlgorithm] {
 		return fmt.Errorf("%w: signature algorithm %v is not allowed", ErrInvalidCSR, csr.SignatureAlgorithm)
 	}
+	key, memo := possessionKey(csr)
+	if memo && possessions.seen(key) {
+		return nil
+	}
 	if err := csr.CheckSignature(); err != nil {
 		return fmt.Errorf("%w: bad self-signature (no proof of possession): %w", ErrInvalidCSR, err)
 	}
+	if memo {
+		possessions.add(key)
+	}
 	return nil
+}
+
+// possessionKey digests exactly what CheckSignature reads — the signed
+// bytes, the signature, its algorithm and the public key as it is now —
+// so a request whose self-signature verified once (ParseCSR, then
+// IssueAgent) is not verified again, and a request changed since, even its
+// parsed PublicKey alone, is. ok is false when the key cannot be encoded.
+func possessionKey(csr *x509.CertificateRequest) (key [sha256.Size]byte, ok bool) {
+	spki, err := x509.MarshalPKIXPublicKey(csr.PublicKey)
+	if err != nil {
+		return key, false
+	}
+	h := sha256.New()
+	for _, part := range [][]byte{csr.RawTBSCertificateRequest, csr.Signature, spki} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write(part)
+	}
+	fmt.Fprintf(h, "%d", csr.SignatureAlgorithm)
+	h.Sum(key[:0])
+	return key, true
+}
+
+// possessions remembers the most recent self-signatures that verified.
+var possessions = &possessionMemo{max: 4096}
+
+// possessionMemo is a bounded set of digests (possessionKey); when full it
+// starts over.
+type possessionMemo struct {
+	mu   sync.Mutex
+	max  int
+	keys map[[sha256.Size]byte]struct{}
+}
+
+func (m *possessionMemo) seen(k [sha256.Size]byte) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.keys[k]
+	return ok
+}
+
+func (m *possessionMemo) add(k [sha256.Size]byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.keys == nil || len(m.keys) >= m.max {
+		m.keys = map[[sha256.Size]byte]struct{}{}
+	}
+	m.keys[k] = struct{}{}
 }
 
 // checkCSR enforces key policy, proof of possession and the extension

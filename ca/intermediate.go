@@ -482,8 +482,8 @@ func URINameConstraints(tmpl *x509.Certificate) (*pkix.Extension, error) {
 // subject key identifier (and an authority key identifier that names
 // chain[0]'s key, when chain[0] has one); the chain's path length
 // constraints must allow it, and it must verify to roots at now.
-func checkIssuedCA(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, roots []*x509.Certificate, now time.Time, leeway Leeway) error {
-	errs := checkCommon(cert, tmpl, pub, chain, leeway)
+func checkIssuedCA(cert, tmpl *x509.Certificate, pub crypto.PublicKey, chain, roots []*x509.Certificate, now time.Time, leeway Leeway, known verified) error {
+	errs := checkCommon(cert, tmpl, pub, chain, leeway, known)
 	if !cert.BasicConstraintsValid || !cert.IsCA {
 		errs = append(errs, errors.New("is not a CA (basicConstraints CA:true missing)"))
 	} else if cert.MaxPathLen != 0 || !cert.MaxPathLenZero {

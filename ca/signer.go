@@ -207,6 +207,15 @@ func (s *keySigner) Sign(ctx context.Context, tmpl *x509.Certificate, pub crypto
 	return cert, nil
 }
 
+// verifiesSignature implements verifyingSigner: x509.CreateCertificate
+// verifies the signature it made with the key's public half, which
+// NewKeySigner checked is chain[0]'s.
+func (s *keySigner) verifiesSignature() bool { return true }
+
+// verifyingSigner is a Signer (of this package only) that verifies the
+// signature of each certificate it returns against chain[0]'s key.
+type verifyingSigner interface{ verifiesSignature() bool }
+
 // Chain implements Signer.
 func (s *keySigner) Chain() []*x509.Certificate { return slices.Clone(s.chain) }
 

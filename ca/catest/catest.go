@@ -231,6 +231,8 @@ type CAOptions struct {
 	// zero value means none too; use PathLenZero for pathLen 0.
 	MaxPathLen  int
 	PathLenZero bool
+	// PermittedURIDomains, if set, name-constrains the CA's URI names.
+	PermittedURIDomains []string
 }
 
 var caCount atomic.Int64
@@ -280,6 +282,7 @@ func newCA(t testing.TB, parent *CA, opts CAOptions) *CA {
 		IsCA:                  !opts.NotCA,
 		MaxPathLen:            opts.MaxPathLen,
 		MaxPathLenZero:        opts.PathLenZero,
+		PermittedURIDomains:   opts.PermittedURIDomains,
 	}
 	if tmpl.MaxPathLen == 0 && !opts.PathLenZero {
 		tmpl.MaxPathLen = -1
