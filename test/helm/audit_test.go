@@ -119,13 +119,26 @@ func (g grant) String() string {
 }
 
 // grants lists the rules of the Roles and ClusterRoles among a chart's
-// objects. Each chart binds its roles to its one ServiceAccount.
+// objects that the chart binds, to its one ServiceAccount. (A role the
+// chart ships for people to bind, such as the server's dashboard viewer,
+// grants its account nothing.)
 func grants(t testing.TB, chart string, objs []*unstructured.Unstructured) []grant {
 	t.Helper()
 	sa := find(t, objs, "ServiceAccount")
 	user := "system:serviceaccount:" + sa.GetNamespace() + ":" + sa.GetName()
+	bound := map[string]bool{}
+	for _, o := range objs {
+		if k := o.GetKind(); k == "RoleBinding" || k == "ClusterRoleBinding" {
+			ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+			kind, _, _ := unstructured.NestedString(o.Object, "roleRef", "kind")
+			bound[kind+"/"+ref] = true
+		}
+	}
 	var out []grant
 	for _, o := range objs {
+		if !bound[o.GetKind()+"/"+o.GetName()] {
+			continue
+		}
 		var rules []rbacv1.PolicyRule
 		switch o.GetKind() {
 		case "Role":

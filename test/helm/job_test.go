@@ -355,6 +355,7 @@ func (j *job) serverCommand() []string {
 		"--webhook-listen=":    "--webhook-listen=" + j.webhookAddr,
 		"--webhook-service=":   "--webhook-url=https://" + j.webhookAddr + "/validate",
 		"--webhook-client-ca=": "--webhook-client-ca=" + j.mgmt.WebhookClientCA,
+		"--dashboard-listen=":  "--dashboard-listen=127.0.0.1:0",
 	})
 	return append(args, "--kubeconfig="+kubeconfig)
 }
