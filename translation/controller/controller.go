@@ -75,8 +75,12 @@ type Controller struct {
 
 	informers map[schema.GroupVersionResource]cache.SharedIndexInformer
 	wake      chan struct{}
+	// acked wakes a status refresh only: an ack changes status.clusters,
+	// never what translation computes.
+	acked chan struct{}
 
 	// Owned by the translating goroutine.
+	report    *translation.Report // the last translation's, with admission's refusals
 	engine    *Engine
 	typed     map[schema.GroupVersionResource]map[string]typedObject
 	published map[string]bool // clusters that have a published set
@@ -118,7 +122,7 @@ type Config struct {
 func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	c := &Controller{client: cfg.Client, namespace: cfg.Namespace, out: cfg.Outputs, clusters: cfg.Clusters,
 		log: cfg.Logger.With("component", "translation"), informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{},
-		wake: make(chan struct{}, 1), engine: NewEngine(cfg.Namespace), typed: map[schema.GroupVersionResource]map[string]typedObject{},
+		wake: make(chan struct{}, 1), acked: make(chan struct{}, 1), engine: NewEngine(cfg.Namespace), typed: map[schema.GroupVersionResource]map[string]typedObject{},
 		published: map[string]bool{},
 		acks:      cfg.Acks, admission: cfg.Admission, admitted: map[string]admitted{}, versions: map[string]uint64{}, parentsIn: map[string]map[translation.Parent][]string{}}
 	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Client, 10*time.Minute, cfg.Namespace, nil)
@@ -164,9 +168,14 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		}
 	}
 	if c.acks != nil {
-		// An ack changes status.clusters only: translation itself has
-		// nothing to recompute, so this costs the engine's fixed check.
-		c.acks.OnAck(func(string) { kick() })
+		// An ack changes status.clusters only: the statuses are computed
+		// again from the last translation's report, without translating.
+		c.acks.OnAck(func(string) {
+			select {
+			case c.acked <- struct{}{}:
+			default:
+			}
+		})
 	}
 	discovered.Start(ctx.Done())
 	users.Start(ctx.Done())
@@ -196,16 +205,35 @@ func (c *Controller) Kick() {
 
 func (c *Controller) run(ctx context.Context) {
 	for {
+		translate := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.wake:
+			translate = true
+		case <-c.acked:
 		}
-		// Debounce a burst of changes into one translation.
+		// Debounce a burst of changes (or acks) into one translation (or
+		// status refresh).
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(100 * time.Millisecond):
+		}
+		select {
+		case <-c.wake:
+			translate = true
+		default:
+		}
+		if !translate {
+			select {
+			case <-c.acked:
+			default:
+			}
+			if c.report != nil {
+				c.writeStatus(ctx, c.report)
+			}
+			continue
 		}
 		if err := c.translate(ctx); err != nil {
 			c.log.Error("translation failed", "error", err)
@@ -303,6 +331,7 @@ func (c *Controller) translate(ctx context.Context) error {
 		c.versions[n] = c.out.Version(n)
 		c.parentsIn[n] = c.engine.ClusterParents(n)
 	}
+	c.report = report
 	c.writeStatus(ctx, report)
 	c.log.Info("translated", "units", stats.Units, "recomputed", stats.Recomputed, "clusters_published", len(dirty),
 		"took", time.Since(start).Round(time.Microsecond))
