@@ -1,18 +1,24 @@
 package relay
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"github.com/relaymesh/relaymesh/internal/text"
+	"hash"
 	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
@@ -223,18 +229,82 @@ func (s *Session) once(ctx context.Context) error {
 	}
 }
 
-// push sends the current snapshot at once (every connection starts the
-// server's view afresh) and then each time its hash changes.
+// push keeps the server's view of the cluster current: it sends the
+// current snapshot at once (every connection starts the server's view
+// afresh) and then each time its hash changes, in parts (PushChunked), or
+// whole (Push, up to MaxSnapshotBytes) to a server that does not know
+// PushChunked. A stream the server refused (framing, deadline, no room or
+// rate: InvalidArgument, DeadlineExceeded, ResourceExhausted) is opened
+// again after a backoff pause, and the rest of the session goes on; other
+// errors end the session.
 func (s *Session) push(ctx context.Context, c relaypb.DiscoveryClient) error {
-	stream, err := c.Push(ctx)
-	if err != nil {
-		return err
+	chunked := true
+	attempt := 0
+	for {
+		accepted, err := s.pushStream(ctx, c, chunked)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if accepted {
+			attempt = 0
+		}
+		switch status.Code(err) {
+		case codes.Unimplemented:
+			if !chunked {
+				return fmt.Errorf("push stream: %w", err)
+			}
+			chunked = false
+			s.log.Info("the server does not know chunked pushes; sending snapshots whole", "limit", MaxSnapshotBytes)
+			continue
+		case codes.InvalidArgument, codes.DeadlineExceeded, codes.ResourceExhausted:
+		default:
+			return fmt.Errorf("push stream: %w", err)
+		}
+		delay := s.cfg.Retry.Delay(attempt)
+		attempt++
+		s.mu.Lock()
+		s.state.PushError = status.Convert(err).Message()
+		s.mu.Unlock()
+		s.log.Warn("server refused the snapshot stream; opening a new one", "error", err, "retry_in", delay.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// pushStream runs one Push or PushChunked stream until it fails; accepted
+// reports whether the server accepted a snapshot on it.
+func (s *Session) pushStream(ctx context.Context, c relaypb.DiscoveryClient, chunked bool) (accepted bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var send func(*relaypb.Snapshot) (string, error)
+	var recv func() (*relaypb.PushAck, error)
+	if chunked {
+		stream, err := c.PushChunked(ctx)
+		if err != nil {
+			return false, err
+		}
+		send, recv = func(snap *relaypb.Snapshot) (string, error) { return s.sendChunked(stream, snap) }, stream.Recv
+	} else {
+		stream, err := c.Push(ctx)
+		if err != nil {
+			return false, err
+		}
+		send = func(snap *relaypb.Snapshot) (string, error) {
+			if n := proto.Size(snap); n > MaxSnapshotBytes {
+				return "", fmt.Errorf("%w: snapshot of %d bytes exceeds the %d-byte limit of servers without chunked pushes; the server keeps the last accepted one", errTooLarge, n, MaxSnapshotBytes)
+			}
+			return snap.GetHash(), stream.Send(snap)
+		}
+		recv = stream.Recv
 	}
 	acks := make(chan *relaypb.PushAck)
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
-			ack, err := stream.Recv()
+			ack, err := recv()
 			if err != nil {
 				recvErr <- err
 				return
@@ -246,8 +316,28 @@ func (s *Session) push(ctx context.Context, c relaypb.DiscoveryClient) error {
 			}
 		}
 	}()
-	var sent string
+	// sent is the hash of the snapshot last sent (or found too large), as
+	// its source has it; wire the hash its ack carries.
+	var sent, wire string
 	var retry <-chan time.Time
+	onAck := func(ack *relaypb.PushAck) {
+		s.mu.Lock()
+		if ack.GetAccepted() {
+			accepted = true
+			s.state.PushedHash, s.state.PushError = ack.GetHash(), ""
+		} else {
+			s.state.PushError = ack.GetError()
+		}
+		s.mu.Unlock()
+		if !ack.GetAccepted() && ack.GetHash() == truncateHash(wire) {
+			// The server keeps the last accepted snapshot; send the
+			// current one again after a pause (a refusal for rate is
+			// transient, and the view must not stay stale).
+			s.log.Warn("server refused a snapshot; will send again", "error", ack.GetError())
+			sent = ""
+			retry = time.After(snapshotRetry)
+		}
+	}
 	sendIfChanged := func() error {
 		snap, err := s.cfg.Snapshots.Snapshot()
 		if err != nil {
@@ -256,70 +346,212 @@ func (s *Session) push(ctx context.Context, c relaypb.DiscoveryClient) error {
 		if snap.GetHash() == sent {
 			return nil
 		}
-		if n := proto.Size(snap); n > MaxSnapshotBytes {
-			// Sending it would only end the session; say so and keep the
+		h, err := send(snap)
+		if errors.Is(err, errTooLarge) {
+			// Sending it would only end the stream; say so and keep the
 			// rest of the session (Pull, Connect) working.
-			msg := fmt.Sprintf("snapshot of %d bytes exceeds the %d-byte limit; the server keeps the last accepted one", n, MaxSnapshotBytes)
 			s.mu.Lock()
-			s.state.PushError = msg
+			s.state.PushError = err.Error()
 			s.mu.Unlock()
-			s.log.Error("snapshot too large to push", "bytes", n, "limit", MaxSnapshotBytes)
+			s.log.Error("snapshot too large to push", "error", err)
 			sent = snap.GetHash()
 			return nil
 		}
-		if err := stream.Send(snap); err != nil {
+		if err != nil {
 			if errors.Is(err, io.EOF) {
 				// The server ended the stream; its status says why.
-				_, err = stream.Recv()
+				for {
+					select {
+					case ack := <-acks:
+						onAck(ack)
+						continue
+					case err = <-recvErr:
+					case <-ctx.Done():
+						err = ctx.Err()
+					}
+					break
+				}
 			}
-			return fmt.Errorf("push stream: %w", err)
+			return err
 		}
-		sent = snap.GetHash()
+		sent, wire = snap.GetHash(), h
 		return nil
 	}
 	if err := sendIfChanged(); err != nil {
-		return err
+		return accepted, err
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return accepted, ctx.Err()
 		case err := <-recvErr:
-			return fmt.Errorf("push stream: %w", err)
+			return accepted, err
 		case <-s.cfg.Snapshots.Changes():
 			if err := sendIfChanged(); err != nil {
-				return err
+				return accepted, err
 			}
 		case <-retry:
 			retry = nil
 			if err := sendIfChanged(); err != nil {
-				return err
+				return accepted, err
 			}
 		case ack := <-acks:
-			s.mu.Lock()
-			if ack.GetAccepted() {
-				s.state.PushedHash, s.state.PushError = ack.GetHash(), ""
-			} else {
-				s.state.PushError = ack.GetError()
-			}
-			s.mu.Unlock()
-			if !ack.GetAccepted() && ack.GetHash() == truncateHash(sent) {
-				// The server keeps the last accepted snapshot; send the
-				// current one again after a pause (a refusal for rate is
-				// transient, and the view must not stay stale).
-				s.log.Warn("server refused a snapshot; will send again", "error", ack.GetError())
-				sent = ""
-				retry = time.After(snapshotRetry)
-			}
+			onAck(ack)
 		}
 	}
 }
 
+// errTooLarge: the agent does not send a snapshot over the limit.
+var errTooLarge = errors.New("snapshot too large")
+
+// chunkSender is the sending side of a PushChunked stream.
+type chunkSender interface {
+	Send(*relaypb.SnapshotChunk) error
+}
+
+// sendChunked sends snap as a header, parts of MaxSnapshotPartBytes and an
+// end. The parts carry the deterministic encoding of snap without its hash
+// — what discovery.Hash hashes, so the header names snap's own hash — and
+// are encoded object by object while the first ones travel, so the server
+// decodes while the agent encodes. It returns the hash the server's ack
+// will carry.
+func (s *Session) sendChunked(stream chunkSender, snap *relaypb.Snapshot) (string, error) {
+	c := withoutHash(snap)
+	hash := snap.GetHash()
+	if !isHexSHA256(hash) {
+		// Not a snapshot of discovery.Build: hash it first.
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+		if err != nil {
+			return "", fmt.Errorf("encode snapshot: %w", err)
+		}
+		sum := sha256.Sum256(b)
+		hash = hex.EncodeToString(sum[:])
+	}
+	// Size caches the size of every message, which the encoding below
+	// reuses instead of computing it again.
+	size := proto.Size(c)
+	if size > MaxChunkedSnapshotBytes {
+		return "", fmt.Errorf("%w: snapshot of %d bytes exceeds the %d-byte limit; the server keeps the last accepted one", errTooLarge, size, MaxChunkedSnapshotBytes)
+	}
+	parts := (size + MaxSnapshotPartBytes - 1) / MaxSnapshotPartBytes
+	if err := stream.Send(&relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_Header{Header: &relaypb.SnapshotHeader{
+		Cluster: snap.GetCluster(), Hash: hash, Size: uint64(size), Parts: uint32(parts)}}}); err != nil {
+		return "", err
+	}
+	w := &partWriter{stream: stream, sum: sha256.New(), buf: make([]byte, 0, 2*MaxSnapshotPartBytes)}
+	if err := encodeFields(c, w); err != nil {
+		return "", err
+	}
+	if err := w.flush(true); err != nil {
+		return "", err
+	}
+	if w.sent != size || w.next != parts {
+		return "", fmt.Errorf("encode snapshot: %d bytes in %d parts, but its size is %d bytes", w.sent, w.next, size)
+	}
+	if got := hex.EncodeToString(w.sum.Sum(nil)); got != hash {
+		// The server will refuse it (the hash does not match); a
+		// snapshot source MUST set the hash discovery.Hash computes.
+		s.log.Error("snapshot hash is not the SHA-256 of its encoding; the server will refuse it", "hash", hash, "sha256", got)
+	}
+	return hash, stream.Send(&relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_End{End: &relaypb.SnapshotEnd{Hash: hash}}})
+}
+
+// encodeFields appends the deterministic encoding of s, whose sizes
+// proto.Size cached, to w one top-level field at a time: field-number
+// order, repeated elements in order, unknown fields last — the order the
+// deterministic encoding of the whole message has.
+func encodeFields(s *relaypb.Snapshot, w *partWriter) error {
+	opts := proto.MarshalOptions{Deterministic: true, UseCachedSize: true}
+	m := s.ProtoReflect()
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if !m.Has(fd) {
+			continue
+		}
+		if fd.Kind() != protoreflect.MessageKind || !fd.IsList() {
+			// Another field: encode a message holding only it (no size of
+			// its own is cached).
+			one := &relaypb.Snapshot{}
+			one.ProtoReflect().Set(fd, m.Get(fd))
+			b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(w.buf, one)
+			if err != nil {
+				return fmt.Errorf("encode snapshot: %w", err)
+			}
+			w.buf = b
+		} else {
+			list := m.Get(fd).List()
+			for j := range list.Len() {
+				msg := list.Get(j).Message().Interface()
+				w.buf = protowire.AppendTag(w.buf, fd.Number(), protowire.BytesType)
+				w.buf = protowire.AppendVarint(w.buf, uint64(opts.Size(msg)))
+				b, err := opts.MarshalAppend(w.buf, msg)
+				if err != nil {
+					return fmt.Errorf("encode snapshot: %w", err)
+				}
+				w.buf = b
+				if err := w.flush(false); err != nil {
+					return err
+				}
+			}
+		}
+		if err := w.flush(false); err != nil {
+			return err
+		}
+	}
+	w.buf = append(w.buf, m.GetUnknown()...)
+	return nil
+}
+
+// partWriter sends what is appended to buf in parts of
+// MaxSnapshotPartBytes, hashing it on the way.
+type partWriter struct {
+	stream chunkSender
+	sum    hash.Hash
+	buf    []byte
+	sent   int
+	next   int
+}
+
+// flush sends every full part of buf, and with last also the rest.
+func (w *partWriter) flush(last bool) error {
+	for len(w.buf) >= MaxSnapshotPartBytes || last && len(w.buf) > 0 {
+		n := min(len(w.buf), MaxSnapshotPartBytes)
+		// A message MUST NOT change once sent: each part has its own bytes.
+		data := bytes.Clone(w.buf[:n])
+		w.sum.Write(data)
+		if err := w.stream.Send(&relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_Part{Part: &relaypb.SnapshotPart{Index: uint32(w.next), Data: data}}}); err != nil {
+			return err
+		}
+		w.sent += n
+		w.next++
+		w.buf = append(w.buf[:0], w.buf[n:]...)
+	}
+	return nil
+}
+
+// withoutHash is a shallow copy of s with every field but the hash.
+func withoutHash(s *relaypb.Snapshot) *relaypb.Snapshot {
+	c := &relaypb.Snapshot{}
+	src, dst := s.ProtoReflect(), c.ProtoReflect()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Name() != "hash" {
+			dst.Set(fd, v)
+		}
+		return true
+	})
+	dst.SetUnknown(src.GetUnknown())
+	return c
+}
+
 // Data path limits on the agent's side.
 const (
-	// MaxSnapshotBytes is the largest snapshot the agent sends (the
-	// server's default limit).
+	// MaxSnapshotBytes is the largest snapshot the agent sends whole
+	// (Push), to a server without chunked pushes (its default limit).
 	MaxSnapshotBytes = 4 << 20
+	// MaxChunkedSnapshotBytes is the largest snapshot the agent sends in
+	// parts (the server's default limit).
+	MaxChunkedSnapshotBytes = 64 << 20
 	// MaxOutputBytes is the largest output set the agent accepts.
 	MaxOutputBytes = 64 << 20
 	snapshotRetry  = time.Second

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/relaymesh/relaymesh/internal/text"
 	"sync"
+	"time"
+
+	"github.com/relaymesh/relaymesh/internal/text"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -25,7 +27,23 @@ type DataPathConfig struct {
 	// push; defaults 2/s, burst 10. Extra snapshots are refused, not queued.
 	SnapshotsPerSecond float64
 	SnapshotBurst      int
+	// SnapshotDeadline bounds the time from a chunked snapshot's header to
+	// its end (PushChunked); default 60 s, room for 64 MiB at 10 Mbit/s.
+	SnapshotDeadline time.Duration
+	// SnapshotMemory is the server-wide memory for snapshots in transit:
+	// the buffered parts of every chunked push, then the memory decoding
+	// them takes, until each is accepted or refused; default 512 MiB. A
+	// snapshot that finds no room is refused (ResourceExhausted) and the
+	// agent sends it again later. A 100,000-pod snapshot takes about
+	// 200 MiB of it for the moment it is decoded and checked.
+	SnapshotMemory int64
 }
+
+// Defaults of DataPathConfig beyond those NewServer applies.
+const (
+	defaultSnapshotDeadline = 60 * time.Second
+	defaultSnapshotMemory   = 512 << 20
+)
 
 // discoveryService implements relaypb.DiscoveryServer on a Server.
 type discoveryService struct {
@@ -35,6 +53,21 @@ type discoveryService struct {
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // per cluster, so new streams get no fresh budget
+
+	budgetOnce sync.Once
+	budget     *snapshotBudget
+}
+
+// snapshotBudget returns the server-wide budget of snapshots in transit.
+func (d *discoveryService) snapshotBudget() *snapshotBudget {
+	d.budgetOnce.Do(func() {
+		limit := d.cfg.SnapshotMemory
+		if limit <= 0 {
+			limit = defaultSnapshotMemory
+		}
+		d.budget = newSnapshotBudget(limit, d.s.cfg.Metrics.snapshotAssembly)
+	})
+	return d.budget
 }
 
 func (d *discoveryService) limiter(cluster string) *rate.Limiter {
@@ -66,7 +99,9 @@ func (d *discoveryService) open(streamCtx context.Context, gauge prometheus.Gaug
 	return a, ctx, func() { gauge.Dec(); done() }, nil
 }
 
-// Push implements relaypb.DiscoveryServer.
+// Push implements relaypb.DiscoveryServer: snapshots of up to
+// Limits.MaxBytes, each in one message (agents of earlier releases, and
+// agents facing servers of earlier releases).
 func (d *discoveryService) Push(stream relaypb.Discovery_PushServer) error {
 	m := d.s.cfg.Metrics
 	a, ctx, done, err := d.open(stream.Context(), m.pushClients)
@@ -85,39 +120,164 @@ func (d *discoveryService) Push(stream relaypb.Discovery_PushServer) error {
 			return ignoreEOF(err)
 		case snap = <-msgs:
 		}
-		ack := &relaypb.PushAck{Hash: text.Truncate(snap.GetHash(), 80), Accepted: true}
-		size := proto.Size(snap)
-		reason := ""
-		switch {
-		case !lim.Allow():
-			reason = "rate_limited"
-			ack.Accepted, ack.Error = false, fmt.Sprintf("%v: more than %.0f snapshots per second; the last accepted snapshot stays in force", ErrSnapshotRefused, d.cfg.SnapshotsPerSecond)
-		default:
-			if err := ValidateSnapshot(a.cluster, snap, d.cfg.Limits); err != nil {
-				reason = "invalid"
-				ack.Accepted, ack.Error = false, err.Error()
-			}
-		}
-		now := d.s.cfg.Clock()
-		if ack.Accepted {
-			// The registration may have ended while the snapshot was checked;
-			// a deregistered cluster must not reappear in the view.
-			if reg, ok := d.s.cfg.Registry.Lookup(a.cluster); !ok || reg.UID != a.registration {
-				return status.Error(codes.PermissionDenied, "cluster deregistered")
-			}
-			d.cfg.View.Accept(a.cluster, snap, now)
-			m.snapshotBytes.Observe(float64(size))
-			m.snapshotObjects.WithLabelValues(a.cluster).Set(float64(len(snap.GetMeshes()) + len(snap.GetWorkloads()) + len(snap.GetDestinations())))
-			m.snapshotAccepted.WithLabelValues(a.cluster).Set(float64(now.Unix()))
+		var problem error
+		reason := "invalid"
+		if !lim.Allow() {
+			problem, reason = d.rateLimited(), "rate_limited"
 		} else {
-			m.snapshotsRefused.WithLabelValues(reason).Inc()
-			d.cfg.View.Refused(a.cluster, ack.Error)
-			d.s.log.Warn("snapshot refused", "cluster", a.cluster, "reason", ack.Error)
+			problem = ValidateSnapshot(a.cluster, snap, d.cfg.Limits)
+		}
+		ack, err := d.ingest(a, snap, snap.GetHash(), proto.Size(snap), problem, reason)
+		if err != nil {
+			return err
 		}
 		if err := stream.Send(ack); err != nil {
 			return err
 		}
 	}
+}
+
+func (d *discoveryService) rateLimited() error {
+	return fmt.Errorf("%w: %s", ErrSnapshotRefused, d.rateMessage())
+}
+
+func (d *discoveryService) rateMessage() string {
+	return fmt.Sprintf("more than %.0f snapshots per second; the last accepted snapshot stays in force", d.cfg.SnapshotsPerSecond)
+}
+
+// ingest puts a checked snapshot into the view, or records why it was
+// refused (problem, counted under reason); either way it returns the ack.
+// The last accepted snapshot stays unless snap replaces it. An error ends
+// the stream: the cluster was deregistered meanwhile.
+func (d *discoveryService) ingest(a *agent, snap *relaypb.Snapshot, hash string, size int, problem error, reason string) (*relaypb.PushAck, error) {
+	m := d.s.cfg.Metrics
+	ack := &relaypb.PushAck{Hash: text.Truncate(hash, 80), Accepted: problem == nil}
+	if problem != nil {
+		ack.Error = problem.Error()
+		m.snapshotsRefused.WithLabelValues(reason).Inc()
+		d.cfg.View.Refused(a.cluster, ack.Error)
+		d.s.log.Warn("snapshot refused", "cluster", a.cluster, "reason", ack.Error)
+		return ack, nil
+	}
+	// The registration may have ended while the snapshot was checked; a
+	// deregistered cluster must not reappear in the view.
+	if reg, ok := d.s.cfg.Registry.Lookup(a.cluster); !ok || reg.UID != a.registration {
+		return nil, status.Error(codes.PermissionDenied, "cluster deregistered")
+	}
+	now := d.s.cfg.Clock()
+	d.cfg.View.Accept(a.cluster, snap, now)
+	m.snapshotBytes.Observe(float64(size))
+	m.snapshotObjects.WithLabelValues(a.cluster).Set(float64(len(snap.GetMeshes()) + len(snap.GetWorkloads()) + len(snap.GetDestinations())))
+	m.snapshotAccepted.WithLabelValues(a.cluster).Set(float64(now.Unix()))
+	return ack, nil
+}
+
+// PushChunked implements relaypb.DiscoveryServer: snapshots of up to
+// Limits.MaxChunkedBytes in parts (see relay.proto and chunks.go). A
+// broken framing, a missed deadline, or no room or rate for a snapshot
+// ends the stream (the agent opens a new one after a pause); a complete
+// snapshot is checked like one pushed whole and answered with an ack.
+func (d *discoveryService) PushChunked(stream relaypb.Discovery_PushChunkedServer) error {
+	m := d.s.cfg.Metrics
+	a, ctx, done, err := d.open(stream.Context(), m.pushClients)
+	if err != nil {
+		return err
+	}
+	defer done()
+	c := d.newChunkedStream(a, time.Now)
+	defer c.close()
+	msgs, recvErr := recvLoop(ctx, stream.Recv)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		var chunk *relaypb.SnapshotChunk
+		select {
+		case <-ctx.Done():
+			return d.s.sessionEnded(ctx, a)
+		case err := <-recvErr:
+			return ignoreEOF(err)
+		case <-timer.C:
+			return c.expire()
+		case chunk = <-msgs:
+		}
+		ack, err := c.take(chunk)
+		if err != nil {
+			return err
+		}
+		timer.Stop()
+		if dl, ok := c.asm.deadline(); ok {
+			timer.Reset(time.Until(dl))
+		}
+		if ack == nil {
+			continue
+		}
+		if err := stream.Send(ack); err != nil {
+			return err
+		}
+	}
+}
+
+// chunkedStream is the server's side of one PushChunked stream apart from
+// its transport: the stream's messages in turn, and its deadline. It puts
+// a snapshot into the view only once it is complete and valid.
+type chunkedStream struct {
+	d   *discoveryService
+	a   *agent
+	lim *rate.Limiter
+	asm *assembler
+}
+
+// newChunkedStream starts a stream of the authenticated agent a; now is
+// the clock of its deadline.
+func (d *discoveryService) newChunkedStream(a *agent, now func() time.Time) *chunkedStream {
+	deadline := d.cfg.SnapshotDeadline
+	if deadline <= 0 {
+		deadline = defaultSnapshotDeadline
+	}
+	return &chunkedStream{d: d, a: a, lim: d.limiter(a.cluster),
+		asm: newAssembler(assemblerConfig{cluster: a.cluster, limits: d.cfg.Limits, budget: d.snapshotBudget(), deadline: deadline, now: now})}
+}
+
+// take handles the stream's next message. It returns the ack of the
+// snapshot the message completes (nil if it completes none), or the
+// status error that ends the stream, refused and recorded; the last
+// accepted snapshot stays unless an accepted one replaces it.
+func (c *chunkedStream) take(chunk *relaypb.SnapshotChunk) (*relaypb.PushAck, error) {
+	d, a := c.d, c.a
+	if _, inTransit := c.asm.deadline(); chunk.GetHeader() != nil && !inTransit && !c.lim.Allow() {
+		return nil, d.refuseStream(a, &chunkError{code: codes.ResourceExhausted, reason: "rate_limited", msg: d.rateMessage()})
+	}
+	out, err := c.asm.add(chunk)
+	if err != nil {
+		return nil, d.refuseStream(a, err)
+	}
+	if out == nil {
+		return nil, nil
+	}
+	defer c.asm.release()
+	problem := out.err
+	if problem == nil {
+		problem = validateSnapshot(a.cluster, out.snapshot, d.cfg.Limits.withDefaults(), func(*relaypb.Snapshot) string { return out.hash })
+	}
+	return d.ingest(a, out.snapshot, out.hash, out.size, problem, "invalid")
+}
+
+// expire refuses the snapshot in transit: its deadline passed.
+func (c *chunkedStream) expire() error { return c.d.refuseStream(c.a, c.asm.expire()) }
+
+// close returns what the stream held; it ended.
+func (c *chunkedStream) close() { c.asm.close() }
+
+// refuseStream ends a PushChunked stream for err (a *chunkError), records
+// the refusal, and leaves the last accepted snapshot in force.
+func (d *discoveryService) refuseStream(a *agent, err error) error {
+	ce := &chunkError{code: codes.Internal, reason: "framing", msg: err.Error()}
+	errors.As(err, &ce)
+	d.s.cfg.Metrics.snapshotsRefused.WithLabelValues(ce.reason).Inc()
+	d.cfg.View.Refused(a.cluster, ce.Error())
+	d.s.log.Warn("snapshot stream refused", "cluster", a.cluster, "reason", ce.reason, "error", ce.Error())
+	return status.Error(ce.code, ce.Error())
 }
 
 // Pull implements relaypb.DiscoveryServer: the current set at once, then

@@ -219,7 +219,9 @@ func (a *InProcessAgents) pushLoop(ctx context.Context, cluster string, disc *di
 			return nil // stopped: a deregistered cluster must not reappear in the view
 		}
 		if snap.GetHash() != last {
-			if err := ValidateSnapshot(cluster, snap, SnapshotLimits{}); err != nil {
+			// Nothing travels in one message here: the size limit is a
+			// chunked push's.
+			if err := ValidateSnapshot(cluster, snap, SnapshotLimits{MaxBytes: SnapshotLimits{}.withDefaults().MaxChunkedBytes}); err != nil {
 				a.view.Refused(cluster, err.Error())
 			} else {
 				a.view.Accept(cluster, snap, time.Now())

@@ -17,6 +17,7 @@ const (
 	MetricSnapshotObjects   = "relaymesh_snapshot_objects"
 	MetricSnapshotAccepted  = "relaymesh_snapshot_accepted_timestamp_seconds"
 	MetricSnapshotsRefused  = "relaymesh_snapshots_refused_total"
+	MetricSnapshotAssembly  = "relaymesh_snapshot_assembly_bytes"
 	MetricApplyResults      = "relaymesh_apply_results_total"
 	MetricConnsRefused      = "relaymesh_relay_connections_refused_total"
 	MetricOpenConns         = "relaymesh_relay_open_connections"
@@ -36,6 +37,7 @@ type Metrics struct {
 	snapshotObjects   *prometheus.GaugeVec
 	snapshotAccepted  *prometheus.GaugeVec
 	snapshotsRefused  *prometheus.CounterVec
+	snapshotAssembly  prometheus.Gauge
 	applyResults      *prometheus.CounterVec
 	connsRefused      *prometheus.CounterVec
 	openConns         *prometheus.GaugeVec
@@ -69,14 +71,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		snapshotBytes:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: MetricSnapshotBytes, Help: "Size of accepted snapshots in bytes.", Buckets: prometheus.ExponentialBuckets(1024, 4, 8)}),
 		snapshotObjects:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSnapshotObjects, Help: "Meshes, workloads and destinations in each cluster's last accepted snapshot."}, []string{"cluster"}),
 		snapshotAccepted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSnapshotAccepted, Help: "When each cluster's last snapshot was accepted (Unix seconds); its age is time() minus this."}, []string{"cluster"}),
-		snapshotsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricSnapshotsRefused, Help: "Snapshots refused, by reason (invalid, rate_limited)."}, []string{"reason"}),
+		snapshotsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricSnapshotsRefused, Help: "Snapshots refused, by reason (invalid, rate_limited; of chunked pushes also framing, too_large, deadline, memory, cluster_busy)."}, []string{"reason"}),
+		snapshotAssembly: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricSnapshotAssembly, Help: "Memory reserved for snapshots in transit (chunked pushes): their buffered parts, then their decoding."}),
 		applyResults:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricApplyResults, Help: "Per-object results agents acked, by cluster and outcome (applied, unchanged, pruned, conflict, error)."}, []string{"cluster", "outcome"}),
 		connsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricConnsRefused,
 			Help: "Relay connections closed by a limit, by reason (connection_limit, address_connection_limit, preauth_limit, address_preauth_limit, abuse, handshake, preauth_stream_budget, authenticated_stream_budget)."}, []string{"reason"}),
 		openConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricOpenConns, Help: "Open relay connections, by state (preauth: handshaking or without a client certificate; authenticated)."}, []string{"state"}),
 	}
 	for _, c := range []prometheus.Collector{m.issued, m.bootstrapFailures, m.connected, m.certExpiry, m.refused,
-		m.pushClients, m.pullClients, m.snapshotBytes, m.snapshotObjects, m.snapshotAccepted, m.snapshotsRefused, m.applyResults, m.connsRefused, m.openConns} {
+		m.pushClients, m.pullClients, m.snapshotBytes, m.snapshotObjects, m.snapshotAccepted, m.snapshotsRefused, m.snapshotAssembly, m.applyResults, m.connsRefused, m.openConns} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -20,8 +20,13 @@ import (
 
 // SnapshotLimits bound what one agent may push.
 type SnapshotLimits struct {
-	// MaxBytes of one encoded snapshot; default 4 MiB (gRPC's message limit).
+	// MaxBytes of a snapshot pushed whole (Push): one gRPC message; default
+	// 4 MiB. The authenticated server's message limit is at least this.
 	MaxBytes int
+	// MaxChunkedBytes of a snapshot pushed in parts (PushChunked), all parts
+	// together; default 64 MiB (a cluster of 100,000 pods and 10,000
+	// Services is about 20 MiB).
+	MaxChunkedBytes int
 	// MaxObjects is meshes + workloads + destinations; default 50,000.
 	MaxObjects int
 	// MaxEndpoints per destination; default 10,000.
@@ -43,6 +48,7 @@ func (l SnapshotLimits) withDefaults() SnapshotLimits {
 		}
 	}
 	def(&l.MaxBytes, 4<<20)
+	def(&l.MaxChunkedBytes, 64<<20)
 	def(&l.MaxObjects, 50000)
 	def(&l.MaxEndpoints, 10000)
 	def(&l.MaxLabels, 64)
@@ -83,16 +89,27 @@ func ValidateSnapshot(cluster string, s *relaypb.Snapshot, limits SnapshotLimits
 	if n := proto.Size(s); n > l.MaxBytes {
 		return refused("%d bytes, at most %d", n, l.MaxBytes)
 	}
+	return validateSnapshot(cluster, s, l, discovery.Hash)
+}
+
+// validateSnapshot is ValidateSnapshot but for the encoded size, which the
+// caller checked; contentHash is the hash s must carry. A snapshot
+// assembled from parts (PushChunked) carries the SHA-256 of the bytes it
+// was decoded from, which the assembler computed: the same commitment to
+// the content that discovery.Hash is for the agent's deterministic
+// encoding, without encoding it again.
+func validateSnapshot(cluster string, s *relaypb.Snapshot, l SnapshotLimits, contentHash func(*relaypb.Snapshot) string) error {
 	if s.GetCluster() != cluster {
 		return refused("cluster %q, but the agent's certificate names %q", text.Truncate(s.GetCluster(), 80), cluster)
 	}
 	if n := len(s.GetMeshes()) + len(s.GetWorkloads()) + len(s.GetDestinations()); n > l.MaxObjects {
 		return refused("%d objects, at most %d", n, l.MaxObjects)
 	}
-	if want := discovery.Hash(s); s.GetHash() != want {
+	if want := contentHash(s); s.GetHash() != want {
 		return refused("hash %q does not match the content", text.Truncate(s.GetHash(), 80))
 	}
-	v := &snapshotValidator{cluster: cluster, l: l, seen: map[string]bool{}, meshes: map[string]bool{}}
+	v := &snapshotValidator{cluster: cluster, l: l, seen: map[string]bool{}, meshes: map[string]bool{},
+		keys: map[string]bool{}, values: map[string]bool{}}
 	for i, m := range s.GetMeshes() {
 		v.mesh(fmt.Sprintf("meshes[%d]", i), m)
 	}
@@ -115,7 +132,10 @@ type snapshotValidator struct {
 	l       SnapshotLimits
 	seen    map[string]bool // kind/namespace/name of every object
 	meshes  map[string]bool // namespace/name of every mesh
-	err     error
+	// keys and values are label keys and values found valid: a large
+	// cluster repeats a few of them on every pod.
+	keys, values map[string]bool
+	err          error
 }
 
 func (v *snapshotValidator) fail(path, format string, args ...any) {
@@ -158,7 +178,35 @@ func (v *snapshotValidator) optional(path, s string, check func(path, s string))
 	}
 }
 
+// labelsValid reports whether m passes labels, quickly for keys and values
+// seen before; it records nothing.
+func (v *snapshotValidator) labelsValid(m map[string]string) bool {
+	if len(m) > v.l.MaxLabels {
+		return false
+	}
+	for k, val := range m {
+		if !v.keys[k] {
+			if len(validation.IsQualifiedName(k)) > 0 {
+				return false
+			}
+			v.keys[k] = true
+		}
+		if !v.values[val] {
+			if len(validation.IsValidLabelValue(val)) > 0 {
+				return false
+			}
+			v.values[val] = true
+		}
+	}
+	return true
+}
+
+// labels checks a label map: bounded, with qualified-name keys and label
+// values; it reports the first problem in key order.
 func (v *snapshotValidator) labels(path string, m map[string]string) {
+	if v.labelsValid(m) {
+		return
+	}
 	if len(m) > v.l.MaxLabels {
 		v.fail(path, "%d labels, at most %d", len(m), v.l.MaxLabels)
 		return
@@ -316,12 +364,15 @@ func (v *snapshotValidator) destination(path string, d *relaypb.Destination) {
 		v.fail(path+".endpoints", "%d endpoints, at most %d", len(d.GetEndpoints()), v.l.MaxEndpoints)
 		return
 	}
+	// A destination of a large cluster has thousands of endpoints: their
+	// paths are only spelled out for a problem.
 	for j, e := range d.GetEndpoints() {
-		ep := fmt.Sprintf("%s.endpoints[%d]", path, j)
 		if _, err := netip.ParseAddr(e.GetIp()); err != nil || strings.Contains(e.GetIp(), "%") {
-			v.fail(ep+".ip", "%q is not an IP address", text.Truncate(e.GetIp(), 80))
+			v.fail(fmt.Sprintf("%s.endpoints[%d].ip", path, j), "%q is not an IP address", text.Truncate(e.GetIp(), 80))
 		}
-		v.labels(ep+".labels", e.GetLabels())
+		if !v.labelsValid(e.GetLabels()) {
+			v.labels(fmt.Sprintf("%s.endpoints[%d].labels", path, j), e.GetLabels())
+		}
 	}
 }
 

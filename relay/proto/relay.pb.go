@@ -1282,6 +1282,282 @@ func (x *LabelValues) GetValues() []string {
 	return nil
 }
 
+// SnapshotChunk is one message of PushChunked.
+type SnapshotChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Chunk:
+	//
+	//	*SnapshotChunk_Header
+	//	*SnapshotChunk_Part
+	//	*SnapshotChunk_End
+	Chunk         isSnapshotChunk_Chunk `protobuf_oneof:"chunk"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotChunk) Reset() {
+	*x = SnapshotChunk{}
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotChunk) ProtoMessage() {}
+
+func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
+func (*SnapshotChunk) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *SnapshotChunk) GetChunk() isSnapshotChunk_Chunk {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetHeader() *SnapshotHeader {
+	if x != nil {
+		if x, ok := x.Chunk.(*SnapshotChunk_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetPart() *SnapshotPart {
+	if x != nil {
+		if x, ok := x.Chunk.(*SnapshotChunk_Part); ok {
+			return x.Part
+		}
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetEnd() *SnapshotEnd {
+	if x != nil {
+		if x, ok := x.Chunk.(*SnapshotChunk_End); ok {
+			return x.End
+		}
+	}
+	return nil
+}
+
+type isSnapshotChunk_Chunk interface {
+	isSnapshotChunk_Chunk()
+}
+
+type SnapshotChunk_Header struct {
+	Header *SnapshotHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type SnapshotChunk_Part struct {
+	Part *SnapshotPart `protobuf:"bytes,2,opt,name=part,proto3,oneof"`
+}
+
+type SnapshotChunk_End struct {
+	End *SnapshotEnd `protobuf:"bytes,3,opt,name=end,proto3,oneof"`
+}
+
+func (*SnapshotChunk_Header) isSnapshotChunk_Chunk() {}
+
+func (*SnapshotChunk_Part) isSnapshotChunk_Chunk() {}
+
+func (*SnapshotChunk_End) isSnapshotChunk_Chunk() {}
+
+// SnapshotHeader starts a snapshot. The data of its parts, concatenated in
+// order, are the deterministic protobuf encoding of the Snapshot with its
+// hash field empty: exactly the bytes Snapshot.hash is the SHA-256 of.
+type SnapshotHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The cluster the agent believes it is; must equal the certificate's.
+	Cluster string `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// Hex SHA-256 of the encoding (64 lower-case hex digits); it becomes the
+	// snapshot's hash, and the ack carries it.
+	Hash string `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"`
+	// Length of the encoding in bytes: the sum of the parts' data.
+	Size uint64 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// Number of parts. Every part carries at most 1 MiB and, but the last, at
+	// least 64 KiB.
+	Parts         uint32 `protobuf:"varint,4,opt,name=parts,proto3" json:"parts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotHeader) Reset() {
+	*x = SnapshotHeader{}
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotHeader) ProtoMessage() {}
+
+func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
+func (*SnapshotHeader) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SnapshotHeader) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *SnapshotHeader) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+func (x *SnapshotHeader) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *SnapshotHeader) GetParts() uint32 {
+	if x != nil {
+		return x.Parts
+	}
+	return 0
+}
+
+// SnapshotPart carries the next bytes of the encoding.
+type SnapshotPart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 0, 1, 2, ...: the parts of a snapshot in order, none left out.
+	Index         uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotPart) Reset() {
+	*x = SnapshotPart{}
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotPart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotPart) ProtoMessage() {}
+
+func (x *SnapshotPart) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotPart.ProtoReflect.Descriptor instead.
+func (*SnapshotPart) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SnapshotPart) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *SnapshotPart) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// SnapshotEnd completes a snapshot: every announced part has arrived.
+type SnapshotEnd struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The header's hash again.
+	Hash          string `protobuf:"bytes,1,opt,name=hash,proto3" json:"hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotEnd) Reset() {
+	*x = SnapshotEnd{}
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotEnd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotEnd) ProtoMessage() {}
+
+func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
+func (*SnapshotEnd) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SnapshotEnd) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
 type PushAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The hash of the snapshot this acks.
@@ -1295,7 +1571,7 @@ type PushAck struct {
 
 func (x *PushAck) Reset() {
 	*x = PushAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1583,7 @@ func (x *PushAck) String() string {
 func (*PushAck) ProtoMessage() {}
 
 func (x *PushAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1596,7 @@ func (x *PushAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushAck.ProtoReflect.Descriptor instead.
 func (*PushAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{17}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PushAck) GetHash() string {
@@ -1360,7 +1636,7 @@ type OutputSet struct {
 
 func (x *OutputSet) Reset() {
 	*x = OutputSet{}
-	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +1648,7 @@ func (x *OutputSet) String() string {
 func (*OutputSet) ProtoMessage() {}
 
 func (x *OutputSet) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +1661,7 @@ func (x *OutputSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputSet.ProtoReflect.Descriptor instead.
 func (*OutputSet) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{18}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *OutputSet) GetVersion() uint64 {
@@ -1448,7 +1724,7 @@ type TrustRequest struct {
 
 func (x *TrustRequest) Reset() {
 	*x = TrustRequest{}
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +1736,7 @@ func (x *TrustRequest) String() string {
 func (*TrustRequest) ProtoMessage() {}
 
 func (x *TrustRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +1749,7 @@ func (x *TrustRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrustRequest.ProtoReflect.Descriptor instead.
 func (*TrustRequest) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TrustRequest) GetMesh() string {
@@ -1558,7 +1834,7 @@ type IntermediateRequest struct {
 
 func (x *IntermediateRequest) Reset() {
 	*x = IntermediateRequest{}
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1570,7 +1846,7 @@ func (x *IntermediateRequest) String() string {
 func (*IntermediateRequest) ProtoMessage() {}
 
 func (x *IntermediateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1583,7 +1859,7 @@ func (x *IntermediateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IntermediateRequest.ProtoReflect.Descriptor instead.
 func (*IntermediateRequest) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *IntermediateRequest) GetMesh() string {
@@ -1615,7 +1891,7 @@ type IntermediateResponse struct {
 
 func (x *IntermediateResponse) Reset() {
 	*x = IntermediateResponse{}
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1903,7 @@ func (x *IntermediateResponse) String() string {
 func (*IntermediateResponse) ProtoMessage() {}
 
 func (x *IntermediateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1916,7 @@ func (x *IntermediateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IntermediateResponse.ProtoReflect.Descriptor instead.
 func (*IntermediateResponse) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *IntermediateResponse) GetCertificateChain() []byte {
@@ -1677,7 +1953,7 @@ type OutputObject struct {
 
 func (x *OutputObject) Reset() {
 	*x = OutputObject{}
-	mi := &file_relay_proto_relay_proto_msgTypes[22]
+	mi := &file_relay_proto_relay_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +1965,7 @@ func (x *OutputObject) String() string {
 func (*OutputObject) ProtoMessage() {}
 
 func (x *OutputObject) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[22]
+	mi := &file_relay_proto_relay_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +1978,7 @@ func (x *OutputObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputObject.ProtoReflect.Descriptor instead.
 func (*OutputObject) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{22}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *OutputObject) GetManifest() []byte {
@@ -1729,7 +2005,7 @@ type PullAck struct {
 
 func (x *PullAck) Reset() {
 	*x = PullAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[23]
+	mi := &file_relay_proto_relay_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1741,7 +2017,7 @@ func (x *PullAck) String() string {
 func (*PullAck) ProtoMessage() {}
 
 func (x *PullAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[23]
+	mi := &file_relay_proto_relay_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1754,7 +2030,7 @@ func (x *PullAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullAck.ProtoReflect.Descriptor instead.
 func (*PullAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{23}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PullAck) GetVersion() uint64 {
@@ -1787,7 +2063,7 @@ type ObjectResult struct {
 
 func (x *ObjectResult) Reset() {
 	*x = ObjectResult{}
-	mi := &file_relay_proto_relay_proto_msgTypes[24]
+	mi := &file_relay_proto_relay_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1799,7 +2075,7 @@ func (x *ObjectResult) String() string {
 func (*ObjectResult) ProtoMessage() {}
 
 func (x *ObjectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[24]
+	mi := &file_relay_proto_relay_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1812,7 +2088,7 @@ func (x *ObjectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectResult.ProtoReflect.Descriptor instead.
 func (*ObjectResult) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{24}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ObjectResult) GetApiVersion() string {
@@ -1975,7 +2251,22 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\vtarget_port\x18\x05 \x01(\tR\n" +
 	"targetPort\"%\n" +
 	"\vLabelValues\x12\x16\n" +
-	"\x06values\x18\x01 \x03(\tR\x06values\"O\n" +
+	"\x06values\x18\x01 \x03(\tR\x06values\"\xc3\x01\n" +
+	"\rSnapshotChunk\x12<\n" +
+	"\x06header\x18\x01 \x01(\v2\".relaymesh.relay.v1.SnapshotHeaderH\x00R\x06header\x126\n" +
+	"\x04part\x18\x02 \x01(\v2 .relaymesh.relay.v1.SnapshotPartH\x00R\x04part\x123\n" +
+	"\x03end\x18\x03 \x01(\v2\x1f.relaymesh.relay.v1.SnapshotEndH\x00R\x03endB\a\n" +
+	"\x05chunk\"h\n" +
+	"\x0eSnapshotHeader\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
+	"\x04hash\x18\x02 \x01(\tR\x04hash\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x14\n" +
+	"\x05parts\x18\x04 \x01(\rR\x05parts\"8\n" +
+	"\fSnapshotPart\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"!\n" +
+	"\vSnapshotEnd\x12\x12\n" +
+	"\x04hash\x18\x01 \x01(\tR\x04hash\"O\n" +
 	"\aPushAck\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\tR\x04hash\x12\x1a\n" +
 	"\baccepted\x18\x02 \x01(\bR\baccepted\x12\x14\n" +
@@ -2023,9 +2314,10 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\tBootstrap\x12$.relaymesh.relay.v1.BootstrapRequest\x1a'.relaymesh.relay.v1.CertificateResponse\x12R\n" +
 	"\x05Renew\x12 .relaymesh.relay.v1.RenewRequest\x1a'.relaymesh.relay.v1.CertificateResponse2[\n" +
 	"\x05Relay\x12R\n" +
-	"\aConnect\x12 .relaymesh.relay.v1.AgentMessage\x1a!.relaymesh.relay.v1.ServerMessage(\x010\x012\x9a\x01\n" +
+	"\aConnect\x12 .relaymesh.relay.v1.AgentMessage\x1a!.relaymesh.relay.v1.ServerMessage(\x010\x012\xed\x01\n" +
 	"\tDiscovery\x12E\n" +
-	"\x04Push\x12\x1c.relaymesh.relay.v1.Snapshot\x1a\x1b.relaymesh.relay.v1.PushAck(\x010\x01\x12F\n" +
+	"\x04Push\x12\x1c.relaymesh.relay.v1.Snapshot\x1a\x1b.relaymesh.relay.v1.PushAck(\x010\x01\x12Q\n" +
+	"\vPushChunked\x12!.relaymesh.relay.v1.SnapshotChunk\x1a\x1b.relaymesh.relay.v1.PushAck(\x010\x01\x12F\n" +
 	"\x04Pull\x12\x1b.relaymesh.relay.v1.PullAck\x1a\x1d.relaymesh.relay.v1.OutputSet(\x010\x012n\n" +
 	"\x05Trust\x12e\n" +
 	"\x10SignIntermediate\x12'.relaymesh.relay.v1.IntermediateRequest\x1a(.relaymesh.relay.v1.IntermediateResponseB4Z2github.com/relaymesh/relaymesh/relay/proto;relaypbb\x06proto3"
@@ -2042,7 +2334,7 @@ func file_relay_proto_relay_proto_rawDescGZIP() []byte {
 	return file_relay_proto_relay_proto_rawDescData
 }
 
-var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_relay_proto_relay_proto_goTypes = []any{
 	(*BootstrapRequest)(nil),     // 0: relaymesh.relay.v1.BootstrapRequest
 	(*RenewRequest)(nil),         // 1: relaymesh.relay.v1.RenewRequest
@@ -2061,21 +2353,25 @@ var file_relay_proto_relay_proto_goTypes = []any{
 	(*Endpoint)(nil),             // 14: relaymesh.relay.v1.Endpoint
 	(*ServicePort)(nil),          // 15: relaymesh.relay.v1.ServicePort
 	(*LabelValues)(nil),          // 16: relaymesh.relay.v1.LabelValues
-	(*PushAck)(nil),              // 17: relaymesh.relay.v1.PushAck
-	(*OutputSet)(nil),            // 18: relaymesh.relay.v1.OutputSet
-	(*TrustRequest)(nil),         // 19: relaymesh.relay.v1.TrustRequest
-	(*IntermediateRequest)(nil),  // 20: relaymesh.relay.v1.IntermediateRequest
-	(*IntermediateResponse)(nil), // 21: relaymesh.relay.v1.IntermediateResponse
-	(*OutputObject)(nil),         // 22: relaymesh.relay.v1.OutputObject
-	(*PullAck)(nil),              // 23: relaymesh.relay.v1.PullAck
-	(*ObjectResult)(nil),         // 24: relaymesh.relay.v1.ObjectResult
-	nil,                          // 25: relaymesh.relay.v1.Mesh.PodLabelsEntry
-	nil,                          // 26: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	nil,                          // 27: relaymesh.relay.v1.Workload.PodLabelsEntry
-	nil,                          // 28: relaymesh.relay.v1.Destination.SelectorEntry
-	nil,                          // 29: relaymesh.relay.v1.Destination.LabelsEntry
-	nil,                          // 30: relaymesh.relay.v1.Destination.SubsetsEntry
-	nil,                          // 31: relaymesh.relay.v1.Endpoint.LabelsEntry
+	(*SnapshotChunk)(nil),        // 17: relaymesh.relay.v1.SnapshotChunk
+	(*SnapshotHeader)(nil),       // 18: relaymesh.relay.v1.SnapshotHeader
+	(*SnapshotPart)(nil),         // 19: relaymesh.relay.v1.SnapshotPart
+	(*SnapshotEnd)(nil),          // 20: relaymesh.relay.v1.SnapshotEnd
+	(*PushAck)(nil),              // 21: relaymesh.relay.v1.PushAck
+	(*OutputSet)(nil),            // 22: relaymesh.relay.v1.OutputSet
+	(*TrustRequest)(nil),         // 23: relaymesh.relay.v1.TrustRequest
+	(*IntermediateRequest)(nil),  // 24: relaymesh.relay.v1.IntermediateRequest
+	(*IntermediateResponse)(nil), // 25: relaymesh.relay.v1.IntermediateResponse
+	(*OutputObject)(nil),         // 26: relaymesh.relay.v1.OutputObject
+	(*PullAck)(nil),              // 27: relaymesh.relay.v1.PullAck
+	(*ObjectResult)(nil),         // 28: relaymesh.relay.v1.ObjectResult
+	nil,                          // 29: relaymesh.relay.v1.Mesh.PodLabelsEntry
+	nil,                          // 30: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	nil,                          // 31: relaymesh.relay.v1.Workload.PodLabelsEntry
+	nil,                          // 32: relaymesh.relay.v1.Destination.SelectorEntry
+	nil,                          // 33: relaymesh.relay.v1.Destination.LabelsEntry
+	nil,                          // 34: relaymesh.relay.v1.Destination.SubsetsEntry
+	nil,                          // 35: relaymesh.relay.v1.Endpoint.LabelsEntry
 }
 var file_relay_proto_relay_proto_depIdxs = []int32{
 	4,  // 0: relaymesh.relay.v1.AgentMessage.hello:type_name -> relaymesh.relay.v1.Hello
@@ -2085,37 +2381,42 @@ var file_relay_proto_relay_proto_depIdxs = []int32{
 	10, // 4: relaymesh.relay.v1.Snapshot.meshes:type_name -> relaymesh.relay.v1.Mesh
 	12, // 5: relaymesh.relay.v1.Snapshot.workloads:type_name -> relaymesh.relay.v1.Workload
 	13, // 6: relaymesh.relay.v1.Snapshot.destinations:type_name -> relaymesh.relay.v1.Destination
-	25, // 7: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
+	29, // 7: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
 	11, // 8: relaymesh.relay.v1.Mesh.gateways:type_name -> relaymesh.relay.v1.Gateway
-	26, // 9: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	27, // 10: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
-	28, // 11: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
-	29, // 12: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
+	30, // 9: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	31, // 10: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
+	32, // 11: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
+	33, // 12: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
 	15, // 13: relaymesh.relay.v1.Destination.ports:type_name -> relaymesh.relay.v1.ServicePort
-	30, // 14: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
+	34, // 14: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
 	14, // 15: relaymesh.relay.v1.Destination.endpoints:type_name -> relaymesh.relay.v1.Endpoint
-	31, // 16: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
-	22, // 17: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
-	19, // 18: relaymesh.relay.v1.OutputSet.trust:type_name -> relaymesh.relay.v1.TrustRequest
-	24, // 19: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
-	16, // 20: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
-	0,  // 21: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
-	1,  // 22: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
-	3,  // 23: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
-	9,  // 24: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
-	23, // 25: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
-	20, // 26: relaymesh.relay.v1.Trust.SignIntermediate:input_type -> relaymesh.relay.v1.IntermediateRequest
-	2,  // 27: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
-	2,  // 28: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
-	6,  // 29: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
-	17, // 30: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
-	18, // 31: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
-	21, // 32: relaymesh.relay.v1.Trust.SignIntermediate:output_type -> relaymesh.relay.v1.IntermediateResponse
-	27, // [27:33] is the sub-list for method output_type
-	21, // [21:27] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	35, // 16: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
+	18, // 17: relaymesh.relay.v1.SnapshotChunk.header:type_name -> relaymesh.relay.v1.SnapshotHeader
+	19, // 18: relaymesh.relay.v1.SnapshotChunk.part:type_name -> relaymesh.relay.v1.SnapshotPart
+	20, // 19: relaymesh.relay.v1.SnapshotChunk.end:type_name -> relaymesh.relay.v1.SnapshotEnd
+	26, // 20: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
+	23, // 21: relaymesh.relay.v1.OutputSet.trust:type_name -> relaymesh.relay.v1.TrustRequest
+	28, // 22: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
+	16, // 23: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
+	0,  // 24: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
+	1,  // 25: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
+	3,  // 26: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
+	9,  // 27: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
+	17, // 28: relaymesh.relay.v1.Discovery.PushChunked:input_type -> relaymesh.relay.v1.SnapshotChunk
+	27, // 29: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
+	24, // 30: relaymesh.relay.v1.Trust.SignIntermediate:input_type -> relaymesh.relay.v1.IntermediateRequest
+	2,  // 31: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
+	2,  // 32: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
+	6,  // 33: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
+	21, // 34: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
+	21, // 35: relaymesh.relay.v1.Discovery.PushChunked:output_type -> relaymesh.relay.v1.PushAck
+	22, // 36: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
+	25, // 37: relaymesh.relay.v1.Trust.SignIntermediate:output_type -> relaymesh.relay.v1.IntermediateResponse
+	31, // [31:38] is the sub-list for method output_type
+	24, // [24:31] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_relay_proto_relay_proto_init() }
@@ -2131,13 +2432,18 @@ func file_relay_proto_relay_proto_init() {
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_Pong)(nil),
 	}
+	file_relay_proto_relay_proto_msgTypes[17].OneofWrappers = []any{
+		(*SnapshotChunk_Header)(nil),
+		(*SnapshotChunk_Part)(nil),
+		(*SnapshotChunk_End)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_relay_proto_relay_proto_rawDesc), len(file_relay_proto_relay_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

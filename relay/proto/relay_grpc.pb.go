@@ -290,8 +290,9 @@ var Relay_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Discovery_Push_FullMethodName = "/relaymesh.relay.v1.Discovery/Push"
-	Discovery_Pull_FullMethodName = "/relaymesh.relay.v1.Discovery/Pull"
+	Discovery_Push_FullMethodName        = "/relaymesh.relay.v1.Discovery/Push"
+	Discovery_PushChunked_FullMethodName = "/relaymesh.relay.v1.Discovery/PushChunked"
+	Discovery_Pull_FullMethodName        = "/relaymesh.relay.v1.Discovery/Pull"
 )
 
 // DiscoveryClient is the client API for Discovery service.
@@ -308,6 +309,21 @@ type DiscoveryClient interface {
 	// answers each with an ack. A refused snapshot never replaces the last
 	// accepted one.
 	Push(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Snapshot, PushAck], error)
+	// PushChunked streams snapshots of any size up to the server's limit
+	// (default 64 MiB), each as messages well under gRPC's message limit: a
+	// SnapshotHeader, its SnapshotParts in order, a SnapshotEnd. One snapshot
+	// at a time per stream, and per cluster. The server buffers the parts
+	// within a server-wide memory budget, checks the whole snapshot the same
+	// way as Push before it replaces anything, and answers each with a
+	// PushAck. A snapshot that breaks the framing (a part out of order or too
+	// large, more bytes than announced, a header for another cluster, a
+	// second header before the end, no end within the server's deadline) ends
+	// the stream with InvalidArgument or DeadlineExceeded; one the server has
+	// no room or rate for ends it with ResourceExhausted. Either way the last
+	// accepted snapshot stays, and the agent opens a new stream after a pause.
+	// Agents use Push, for snapshots up to 4 MiB, only against servers that
+	// answer PushChunked with Unimplemented.
+	PushChunked(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SnapshotChunk, PushAck], error)
 	// Pull streams the cluster's output set: the current one at once, then
 	// every new version. The agent acks each version it applied, with
 	// per-object results.
@@ -335,9 +351,22 @@ func (c *discoveryClient) Push(ctx context.Context, opts ...grpc.CallOption) (gr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Discovery_PushClient = grpc.BidiStreamingClient[Snapshot, PushAck]
 
+func (c *discoveryClient) PushChunked(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SnapshotChunk, PushAck], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Discovery_ServiceDesc.Streams[1], Discovery_PushChunked_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SnapshotChunk, PushAck]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Discovery_PushChunkedClient = grpc.BidiStreamingClient[SnapshotChunk, PushAck]
+
 func (c *discoveryClient) Pull(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PullAck, OutputSet], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Discovery_ServiceDesc.Streams[1], Discovery_Pull_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Discovery_ServiceDesc.Streams[2], Discovery_Pull_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -362,6 +391,21 @@ type DiscoveryServer interface {
 	// answers each with an ack. A refused snapshot never replaces the last
 	// accepted one.
 	Push(grpc.BidiStreamingServer[Snapshot, PushAck]) error
+	// PushChunked streams snapshots of any size up to the server's limit
+	// (default 64 MiB), each as messages well under gRPC's message limit: a
+	// SnapshotHeader, its SnapshotParts in order, a SnapshotEnd. One snapshot
+	// at a time per stream, and per cluster. The server buffers the parts
+	// within a server-wide memory budget, checks the whole snapshot the same
+	// way as Push before it replaces anything, and answers each with a
+	// PushAck. A snapshot that breaks the framing (a part out of order or too
+	// large, more bytes than announced, a header for another cluster, a
+	// second header before the end, no end within the server's deadline) ends
+	// the stream with InvalidArgument or DeadlineExceeded; one the server has
+	// no room or rate for ends it with ResourceExhausted. Either way the last
+	// accepted snapshot stays, and the agent opens a new stream after a pause.
+	// Agents use Push, for snapshots up to 4 MiB, only against servers that
+	// answer PushChunked with Unimplemented.
+	PushChunked(grpc.BidiStreamingServer[SnapshotChunk, PushAck]) error
 	// Pull streams the cluster's output set: the current one at once, then
 	// every new version. The agent acks each version it applied, with
 	// per-object results.
@@ -378,6 +422,9 @@ type UnimplementedDiscoveryServer struct{}
 
 func (UnimplementedDiscoveryServer) Push(grpc.BidiStreamingServer[Snapshot, PushAck]) error {
 	return status.Error(codes.Unimplemented, "method Push not implemented")
+}
+func (UnimplementedDiscoveryServer) PushChunked(grpc.BidiStreamingServer[SnapshotChunk, PushAck]) error {
+	return status.Error(codes.Unimplemented, "method PushChunked not implemented")
 }
 func (UnimplementedDiscoveryServer) Pull(grpc.BidiStreamingServer[PullAck, OutputSet]) error {
 	return status.Error(codes.Unimplemented, "method Pull not implemented")
@@ -410,6 +457,13 @@ func _Discovery_Push_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Discovery_PushServer = grpc.BidiStreamingServer[Snapshot, PushAck]
 
+func _Discovery_PushChunked_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DiscoveryServer).PushChunked(&grpc.GenericServerStream[SnapshotChunk, PushAck]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Discovery_PushChunkedServer = grpc.BidiStreamingServer[SnapshotChunk, PushAck]
+
 func _Discovery_Pull_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(DiscoveryServer).Pull(&grpc.GenericServerStream[PullAck, OutputSet]{ServerStream: stream})
 }
@@ -428,6 +482,12 @@ var Discovery_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Push",
 			Handler:       _Discovery_Push_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "PushChunked",
+			Handler:       _Discovery_PushChunked_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

@@ -106,6 +106,11 @@ type Options struct {
 	// (default: the server's).
 	GlobalFailureBurst      int
 	GlobalFailuresPerMinute float64
+
+	// SnapshotDeadline and SnapshotMemory bound chunked pushes (default:
+	// the server's).
+	SnapshotDeadline time.Duration
+	SnapshotMemory   int64
 }
 
 func New(t testing.TB, o Options) *Server {
@@ -156,7 +161,8 @@ func New(t testing.TB, o Options) *Server {
 	}
 	var dp *relay.DataPathConfig
 	if o.DataPath {
-		dp = &relay.DataPathConfig{View: relay.NewView(), Outputs: relay.NewOutputs(time.Now()), Limits: o.Limits, SnapshotBurst: o.SnapshotBurst}
+		dp = &relay.DataPathConfig{View: relay.NewView(), Outputs: relay.NewOutputs(time.Now()), Limits: o.Limits, SnapshotBurst: o.SnapshotBurst,
+			SnapshotDeadline: o.SnapshotDeadline, SnapshotMemory: o.SnapshotMemory}
 		dp.Outputs.MarkReady()
 	}
 	srv, err := relay.NewServer(relay.ServerConfig{
