@@ -96,6 +96,12 @@ type Manager struct {
 	// it is in use and retried until stored.
 	pending *storedCredential
 	kick    chan struct{}
+	// bootstrapKey and bootstrapCSR are kept across Bootstrap attempts
+	// until one succeeds: a server that spent the token on an attempt whose
+	// answer never arrived gives the certificate to the same key again.
+	// Only the Run goroutine uses them.
+	bootstrapKey crypto.Signer
+	bootstrapCSR []byte
 }
 
 type storedCredential struct{ cert, key, roots []byte }
@@ -306,10 +312,12 @@ func (m *Manager) bootstrap(ctx context.Context, roots *x509.CertPool, rootsPEM 
 		}
 		return err
 	}
-	key, csr, err := newKeyAndCSR()
-	if err != nil {
-		return err
+	if m.bootstrapKey == nil {
+		if m.bootstrapKey, m.bootstrapCSR, err = newKeyAndCSR(); err != nil {
+			return err
+		}
 	}
+	key, csr := m.bootstrapKey, m.bootstrapCSR
 	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: m.cfg.ServerName}
 	resp, err := m.call(ctx, tlsCfg, func(ctx context.Context, c relaypb.IdentityClient) (*relaypb.CertificateResponse, error) {
 		return c.Bootstrap(ctx, &relaypb.BootstrapRequest{Cluster: m.cfg.Cluster, Token: token, Csr: csr, AgentVersion: m.cfg.Version})
@@ -324,6 +332,7 @@ func (m *Manager) bootstrap(ctx context.Context, roots *x509.CertPool, rootsPEM 
 	if err != nil {
 		return err
 	}
+	m.bootstrapKey, m.bootstrapCSR = nil, nil
 	if err := m.cfg.Secrets.DeleteToken(ctx); err != nil {
 		m.log.Warn("could not delete the used bootstrap token", "error", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -201,4 +202,40 @@ func TestManagerRetriesStoringTheCertificate(t *testing.T) {
 	waitFor(t, 5*time.Second, "the certificate to be stored", func() bool { return secrets.Saves() == 1 })
 	assert.True(t, m.Status().Ready)
 	assert.Equal(t, float64(1), srv.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success"), "issued once, not re-bootstrapped")
+}
+
+// TestManagerBootstrapRetriesWithTheSameKey: the server spends the token
+// but the answer comes after the manager's call gave up (a busy server);
+// the manager calls again with the same key and gets the certificate
+// instead of needing a new token.
+func TestManagerBootstrapRetriesWithTheSameKey(t *testing.T) {
+	srv := relaytest.New(t, relaytest.Options{})
+	release := make(chan struct{})
+	var calls atomic.Int32
+	srv.Store.AfterConsume = func() {
+		if calls.Add(1) == 1 {
+			<-release
+		}
+	}
+	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
+	m, err := identity.NewManager(identity.ManagerConfig{
+		Cluster: "cluster-1", ServerAddress: srv.Addr, ServerName: "localhost", Secrets: secrets, CallTimeout: 2 * time.Second,
+		Jitter: func() float64 { return 0 }, Retry: backoff.Policy{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = m.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	waitFor(t, 10*time.Second, "the first call to give up", func() bool { return m.Status().LastError != "" })
+	close(release)
+	select {
+	case <-m.Ready():
+	case <-time.After(15 * time.Second):
+		t.Fatalf("not ready: %+v", m.Status())
+	}
+	assert.Equal(t, int32(1), calls.Load(), "the token was spent once, by the first call")
+	assert.Equal(t, float64(1), srv.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success"), "one certificate")
+	assert.False(t, secrets.HasToken())
 }

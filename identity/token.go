@@ -89,6 +89,10 @@ func ParseToken(s string) (ParsedToken, error) {
 	return ParsedToken{ID: id, secret: secret}, nil
 }
 
+// SecretDigest is the SHA-256 of the token's secret: what a record keeps,
+// and what a server may keep to recognise the same token again.
+func (p ParsedToken) SecretDigest() [sha256.Size]byte { return sha256.Sum256(p.secret) }
+
 func lowerHex(s string) string {
 	b := []byte(s)
 	for i, c := range b {

@@ -222,6 +222,8 @@ type Server struct {
 	issuingCA *x509.Certificate
 	// bootstraps bounds the bootstraps evaluated at once.
 	bootstraps chan struct{}
+	// redeemed remembers which key spent each token, for retries.
+	redeemed *redemptions
 	// renews and clusterRefusals are per-cluster budgets.
 	renews          *perCluster
 	clusterRefusals *failureLimiter
@@ -262,6 +264,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		limiter:         newFailureLimiter(cfg.BootstrapFailuresPerMinute, cfg.BootstrapFailureBurst, 10000, cfg.Clock),
 		global:          newFailureLimiter(cfg.GlobalBootstrapFailuresPerMinute, cfg.GlobalBootstrapFailureBurst, 1, cfg.Clock),
 		bootstraps:      make(chan struct{}, cfg.Connections.MaxConcurrentBootstraps),
+		redeemed:        newRedemptions(),
 		renews:          newPerCluster(cfg.Clusters.RenewsPerMinute, cfg.Clusters.RenewBurst),
 		clusterRefusals: newFailureLimiter(cfg.Clusters.RefusalsPerMinute, cfg.Clusters.RefusalBurst, 100000, cfg.Clock),
 		throttle:        newThrottleLog(cfg.Audit, 10*time.Second, cfg.Clock),
@@ -720,10 +723,24 @@ func (s *Server) Bootstrap(ctx context.Context, req *relaypb.BootstrapRequest) (
 	}
 	resp, err := s.bootstrap(ctx, ip, req)
 	<-s.bootstraps
-	done(err == nil)
-	globalDone(err == nil)
+	// Being asked to come back later is not a failed attempt.
+	ok = err == nil || errors.Is(err, errBootstrapLater)
+	done(ok)
+	globalDone(ok)
 	return resp, err
 }
+
+// minBootstrapBudget is the least time a Bootstrap call must have left for
+// the server to spend its token: with less, the answer would likely come
+// after the caller gave up (it may still retry: see redemptions).
+const minBootstrapBudget = time.Second
+
+// bootstrapWorkTimeout bounds the work after a token is spent, which no
+// longer depends on the caller still waiting.
+const bootstrapWorkTimeout = 30 * time.Second
+
+// errBootstrapLater asks the agent to retry without counting a failure.
+var errBootstrapLater = status.Error(codes.Unavailable, "the server cannot complete this bootstrap now; retry with the same key")
 
 func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.BootstrapRequest) (*relaypb.CertificateResponse, error) {
 	fail := func(reason string, cluster string, err error) error {
@@ -747,7 +764,41 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 	if !ok {
 		return nil, fail("unregistered", cluster, errBootstrapDenied)
 	}
-	tokenID, err := s.redeem(ctx, cluster, req.GetToken())
+	// A per-cluster token spent earlier by this same key (its first call
+	// gave up or lost the answer) gets that call's certificate.
+	parsed, perr := identity.ParseToken(req.GetToken())
+	key := keyDigest(csr)
+	if perr == nil {
+		switch outcome, resp := s.redeemed.retry(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, s.cfg.Clock()); outcome {
+		case retryAnswer:
+			if !s.record(audit.Event{Type: audit.TokenUse, Result: audit.ResultSuccess, Cluster: cluster, Peer: ip, Reason: "retry by the key that spent it",
+				Details: map[string]string{"token_id": parsed.ID}}) {
+				return nil, errAuditUnavailable
+			}
+			s.cfg.Metrics.issued.WithLabelValues("bootstrap", "retried").Inc()
+			return resp, nil
+		case retryInFlight:
+			return nil, errBootstrapLater
+		case retryIssue:
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bootstrapWorkTimeout)
+			defer cancel()
+			resp, err := s.issue(wctx, "bootstrap", cluster, reg.UID, ip, csr, req.GetAgentVersion())
+			s.redeemed.done(parsed.ID, resp)
+			return resp, err
+		}
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < minBootstrapBudget {
+		s.cfg.Metrics.bootstrapFailures.WithLabelValues("deadline").Inc()
+		return nil, errBootstrapLater
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	// From here on the token is spent: the work finishes whether or not the
+	// caller still waits, and its result is kept for a retry by this key.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bootstrapWorkTimeout)
+	defer cancel()
+	tokenID, err := s.redeem(wctx, cluster, req.GetToken())
 	if err != nil {
 		reason := "denied"
 		var d *identity.DenialError
@@ -756,10 +807,20 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 		}
 		return nil, fail(reason, cluster, errBootstrapDenied)
 	}
-	if !s.record(audit.Event{Type: audit.TokenUse, Result: audit.ResultSuccess, Cluster: cluster, Peer: ip, Details: map[string]string{"token_id": tokenID}}) {
-		return nil, errAuditUnavailable
+	remembered := perr == nil && tokenID == parsed.ID
+	if remembered {
+		s.redeemed.spent(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, s.cfg.Clock())
 	}
-	return s.issue(ctx, "bootstrap", cluster, reg.UID, ip, csr, req.GetAgentVersion())
+	var resp *relaypb.CertificateResponse
+	if s.record(audit.Event{Type: audit.TokenUse, Result: audit.ResultSuccess, Cluster: cluster, Peer: ip, Details: map[string]string{"token_id": tokenID}}) {
+		resp, err = s.issue(wctx, "bootstrap", cluster, reg.UID, ip, csr, req.GetAgentVersion())
+	} else {
+		err = errAuditUnavailable
+	}
+	if remembered {
+		s.redeemed.done(parsed.ID, resp)
+	}
+	return resp, err
 }
 
 // redeem checks a per-cluster token, or the shared token when that mode is

@@ -88,7 +88,10 @@ func TestBootstrapRefusals(t *testing.T) {
 		keepTok bool // the presented token must still be redeemable afterwards
 	}{
 		{"reused token", func() *relaypb.BootstrapRequest {
-			return &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: used, Csr: good}
+			// Another key than the one that spent it (that one may retry:
+			// TestBootstrapRetryBySpendingKey).
+			other, _ := relaytest.CSRPEM(t)
+			return &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: used, Csr: other}
 		}, codes.PermissionDenied, "bootstrap denied", identity.ReasonUnknown, false},
 		{"expired token", func() *relaypb.BootstrapRequest {
 			return &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: expired, Csr: good}

@@ -18,6 +18,10 @@ type MemTokenStore struct {
 	mu      sync.Mutex
 	recs    map[string]identity.TokenRecord
 	version int
+	// AfterConsume, when set, runs after each successful Consume, before
+	// it returns (a slow store or network in tests); set it before the
+	// store is shared.
+	AfterConsume func()
 }
 
 // NewMemTokenStore returns an empty store.
@@ -52,12 +56,17 @@ func (m *MemTokenStore) Get(_ context.Context, id string) (identity.TokenRecord,
 // Consume implements identity.TokenStore.
 func (m *MemTokenStore) Consume(_ context.Context, rec identity.TokenRecord) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	cur, ok := m.recs[rec.ID]
 	if !ok || cur.Version != rec.Version {
+		m.mu.Unlock()
 		return errors.New("token already consumed")
 	}
 	delete(m.recs, rec.ID)
+	after := m.AfterConsume
+	m.mu.Unlock()
+	if after != nil {
+		after()
+	}
 	return nil
 }
 

@@ -179,6 +179,11 @@ type Agent struct {
 	state    AgentState
 	server   int
 	cert     *tls.Certificate
+	// bootKey and bootCSR are kept across Bootstrap attempts until one
+	// succeeds, as the real agent keeps them (a server that spent the token
+	// on an attempt whose answer was lost answers the same key again).
+	bootKey crypto.Signer
+	bootCSR []byte
 	snapshot *relaypb.Snapshot
 	conn     *grpc.ClientConn
 	applied  map[string]appliedObject // by apiVersion/kind/namespace/name
@@ -430,10 +435,13 @@ func (a *Agent) bootstrapOnce(ctx context.Context) error {
 	a.mu.Lock()
 	a.state.BootstrapAttempts++
 	a.mu.Unlock()
-	key, csr, err := NewCSR()
-	if err != nil {
-		return err
+	if a.bootKey == nil {
+		var err error
+		if a.bootKey, a.bootCSR, err = NewCSR(); err != nil {
+			return err
+		}
 	}
+	key, csr := a.bootKey, a.bootCSR
 	addr := a.serverAddr()
 	conn, err := a.dial(addr, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: a.cfg.Roots, ServerName: a.serverName(addr)})
 	if err != nil {
@@ -451,6 +459,7 @@ func (a *Agent) bootstrapOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.bootKey, a.bootCSR = nil, nil
 	now := time.Now()
 	a.mu.Lock()
 	a.cert = cert
