@@ -1,0 +1,379 @@
+package check
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"math/big"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/opsclient"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+var now = time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)
+
+func TestExpiry(t *testing.T) {
+	day := 24 * time.Hour
+	for _, tc := range []struct {
+		name string
+		l    Lifetime
+		want Severity
+		msg  string
+	}{
+		{"root with a year", Lifetime{What: "root", NotBefore: now.Add(-day), NotAfter: now.Add(365 * day)}, OK, "root expires in"},
+		{"root with 29 days", Lifetime{What: "root", NotBefore: now.Add(-day), NotAfter: now.Add(29 * day)}, Warning, "root expires in 29d"},
+		{"root with 20 days of a 21-day life", Lifetime{What: "root", NotBefore: now.Add(-day), NotAfter: now.Add(20 * day)}, Warning, "expires in 20d"},
+		{"root with 6 days", Lifetime{What: "root", NotAfter: now.Add(6 * day)}, Error, "expires in 6d"},
+		{"expired", Lifetime{What: "root", NotAfter: now.Add(-time.Minute)}, Error, "root expired 60s ago"},
+		{"not yet valid", Lifetime{What: "cert", NotBefore: now.Add(time.Hour), NotAfter: now.Add(2 * time.Hour)}, Warning, "not valid until"},
+		{"fresh 24h agent cert", Lifetime{What: "agent", NotBefore: now.Add(-time.Hour), NotAfter: now.Add(23 * time.Hour), RenewAt: 2.0 / 3}, OK, "agent expires in 23h"},
+		{"24h agent cert at its renewal point", Lifetime{What: "agent", NotBefore: now.Add(-16 * time.Hour), NotAfter: now.Add(8 * time.Hour), RenewAt: 2.0 / 3}, OK, ""},
+		{"24h agent cert renewal overdue", Lifetime{What: "agent", NotBefore: now.Add(-19 * time.Hour), NotAfter: now.Add(5 * time.Hour), RenewAt: 2.0 / 3}, Warning, "renewal is overdue"},
+		{"24h agent cert nearly gone", Lifetime{What: "agent", NotBefore: now.Add(-22 * time.Hour), NotAfter: now.Add(2 * time.Hour), RenewAt: 2.0 / 3}, Error, "renewed long ago"},
+		{"year intermediate renewed at 90%", Lifetime{What: "i", NotBefore: now.Add(-335 * day), NotAfter: now.Add(30 * day), RenewAt: 0.9}, OK, ""},
+		{"year intermediate renewed at 90%, overdue", Lifetime{What: "i", NotBefore: now.Add(-340 * day), NotAfter: now.Add(25 * day), RenewAt: 0.9}, Warning, "renewal is overdue"},
+		{"year intermediate with 20 days at 66%", Lifetime{What: "i", NotBefore: now.Add(-345 * day), NotAfter: now.Add(20 * day), RenewAt: 0.66}, Warning, ""},
+		{"year intermediate with 5 days", Lifetime{What: "i", NotBefore: now.Add(-360 * day), NotAfter: now.Add(5 * day), RenewAt: 0.66}, Error, ""},
+		{"renewed, lifetime unknown", Lifetime{What: "agent", NotAfter: now.Add(time.Hour), RenewAt: 2.0 / 3}, OK, "expires in 60m"},
+		{"renewed, lifetime unknown, expired", Lifetime{What: "agent", NotAfter: now.Add(-time.Hour), RenewAt: 2.0 / 3}, Error, "expired"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sev, msg := Expiry(tc.l, now)
+			assert.Equal(t, tc.want, sev, msg)
+			assert.Contains(t, msg, tc.msg)
+		})
+	}
+}
+
+// newCA makes a self-signed CA, or one signed by parent.
+func newCA(t *testing.T, cn string, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, notAfter time.Time, mod func(*x509.Certificate)) (*x509.Certificate, *ecdsa.PrivateKey) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn}, NotBefore: now.Add(-24 * time.Hour), NotAfter: notAfter,
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	if mod != nil {
+		mod(tmpl)
+	}
+	if parent == nil {
+		parent, parentKey = tmpl, key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+	require.NoError(t, err)
+	c, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	return c, key
+}
+
+func find(rs []Result, area, subject string) []Result {
+	var out []Result
+	for _, r := range rs {
+		if r.Area == area && (subject == "" || r.Subject == subject) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// worst is the worst severity among rs and its messages.
+func worst(rs []Result) (Severity, string) {
+	s := OK
+	var msgs []string
+	for _, r := range rs {
+		s = max(s, r.Severity)
+		msgs = append(msgs, r.Message)
+	}
+	return s, strings.Join(msgs, " | ")
+}
+
+func TestEvaluateCRDs(t *testing.T) {
+	for _, tc := range []struct {
+		crd  CRD
+		want Severity
+		msg  string
+	}{
+		{CRD{Name: "a", Version: "v1alpha1", Found: true, Established: true, Served: true, Stored: true}, OK, "installed"},
+		{CRD{Name: "a", Version: "v1alpha1"}, Error, "not installed"},
+		{CRD{Name: "a", Version: "v1alpha1", Found: true, Established: true}, Error, "not served and stored"},
+		{CRD{Name: "a", Version: "v1alpha1", Found: true, Served: true, Stored: true}, Error, "not established"},
+		{CRD{Name: "a", Version: "v1alpha1", Found: true, Established: true, Served: true, Stored: true, SchemaDiffers: true}, Warning, "schema is not this relaymesh version's"},
+		{CRD{Name: "a", Err: errors.New("forbidden")}, Error, "forbidden"},
+	} {
+		s, msg := worst(evalCRDs(&Observations{CRDs: []CRD{tc.crd}}))
+		assert.Equal(t, tc.want, s, msg)
+		assert.Contains(t, msg, tc.msg)
+	}
+}
+
+func TestEvaluateServerAndRelayCA(t *testing.T) {
+	root, rootKey := newCA(t, "relay root", nil, nil, now.Add(10*365*24*time.Hour), nil)
+	short, _ := newCA(t, "short root", nil, nil, now.Add(3*24*time.Hour), nil)
+	issuing, issuingKey := newCA(t, "relay issuing", root, rootKey, now.Add(20*24*time.Hour), nil)
+	leaf, _ := newCA(t, "server", issuing, issuingKey, now.Add(20*24*time.Hour), func(c *x509.Certificate) { c.IsCA = false })
+	for _, tc := range []struct {
+		name string
+		o    Observations
+		area string
+		want Severity
+		msg  string
+	}{
+		{"roots fine", Observations{RelayRoots: []*x509.Certificate{root}}, AreaRelayCA, OK, "relay root relay root expires in"},
+		{"root expiring", Observations{RelayRoots: []*x509.Certificate{short}}, AreaRelayCA, Error, "expires in 3d"},
+		{"issuing CA in 20 days", Observations{RelayRoots: []*x509.Certificate{root}, SigningCA: issuing}, AreaRelayCA, Warning, "relay issuing CA relay issuing expires in 20d"},
+		{"issuing CA from another root", Observations{RelayRoots: []*x509.Certificate{short}, SigningCA: issuing}, AreaRelayCA, Error, "does not chain to the relay roots"},
+		{"no roots", Observations{RelayRootsErr: apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, "relay-root-tls-secret")}, AreaRelayCA, Error, "has the server started once"},
+		{"address unknown", Observations{}, AreaServer, Warning, "relay address is unknown"},
+		{"unreachable", Observations{Server: Server{Address: "h:1", AddressFrom: "x", DialErr: errors.New("connection refused")}}, AreaServer, Error, "unreachable"},
+		{"foreign certificate", Observations{Server: Server{Address: "h:1", VerifyErr: errors.New("unknown authority")}}, AreaServer, Error, "does not verify against the relay root"},
+		{"healthy", Observations{Server: Server{Address: "h:1", AddressFrom: "x", Chain: []*x509.Certificate{leaf}}}, AreaServer, OK, "reachable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, msg := worst(find(Evaluate(&tc.o, now), tc.area, ""))
+			assert.Equal(t, tc.want, s, msg)
+			assert.Contains(t, msg, tc.msg)
+		})
+	}
+}
+
+func metrics(t *testing.T, text string) opsclient.Metrics {
+	t.Helper()
+	m, err := opsclient.ParseMetrics([]byte(text))
+	require.NoError(t, err)
+	return m
+}
+
+func TestEvaluateAgents(t *testing.T) {
+	seen := metav1.NewTime(now.Add(-time.Hour))
+	offset := func(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
+	kc := func(name string, connected bool, off *metav1.Duration) multiclusterv1alpha1.KubernetesCluster {
+		return multiclusterv1alpha1.KubernetesCluster{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeRelay},
+			Status: multiclusterv1alpha1.KubernetesClusterStatus{Connected: connected, LastSeen: &seen, AgentClockOffset: off, AgentVersion: "v1"}}
+	}
+	oneSession := metrics(t, "relaymesh_relay_connected_agents 1\n")
+	for _, tc := range []struct {
+		name    string
+		o       Observations
+		area    string
+		subject string
+		want    Severity
+		msg     string
+	}{
+		{"connected", Observations{Clusters: []multiclusterv1alpha1.KubernetesCluster{kc("c1", true, offset(time.Second))}, Metrics: oneSession}, AreaAgents, "c1", OK, "agent connected (version v1)"},
+		{"not connected", Observations{Clusters: []multiclusterv1alpha1.KubernetesCluster{kc("c1", false, nil)}, Metrics: oneSession}, AreaAgents, "c1", Error, "agent not connected (last seen 60m ago)"},
+		{"an extra session", Observations{Clusters: []multiclusterv1alpha1.KubernetesCluster{kc("c1", true, nil)}, Metrics: metrics(t, "relaymesh_relay_connected_agents 2\n")}, AreaAgents, "sessions", Error, "holds 2 agent sessions but only 1 registered clusters are connected"},
+		{"sessions not counted", Observations{Clusters: []multiclusterv1alpha1.KubernetesCluster{kc("c1", true, nil)}, MetricsErr: errors.New("refused"), MetricsFrom: "x"}, AreaAgents, "sessions", Warning, "sessions not counted"},
+		{"clock fine", Observations{Clusters: []multiclusterv1alpha1.KubernetesCluster{kc("c1", true, offset(-800*time.Millisecond))}}, AreaClock, "c1", OK, "within 5s"},
+		{"clock ahead", Observations{Clusters: []multiclusterv1alpha1.KubernetesCluster{kc("c1", true, offset(7*time.Second))}}, AreaClock, "c1", Warning, "7s ahead of the server's"},
+		{"clock far behind", Observations{Clusters: []multiclusterv1alpha1.KubernetesCluster{kc("c1", true, offset(-3*time.Minute))}}, AreaClock, "c1", Error, "3m0s behind the server's"},
+		{"clock not reported", Observations{Clusters: []multiclusterv1alpha1.KubernetesCluster{kc("c1", true, nil)}}, AreaClock, "c1", Warning, "has not reported its clock"},
+		{"kubeconfig mode", Observations{Clusters: []multiclusterv1alpha1.KubernetesCluster{{ObjectMeta: metav1.ObjectMeta{Name: "k"}, Spec: multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeKubeconfig}}}}, AreaAgents, "k", Warning, "WEAKER"},
+		{"agent names an unregistered cluster", Observations{Workloads: []Workload{{Context: "ctx", Cluster: "ghost"}}}, AreaAgents, "ghost", Error, `names cluster "ghost", which is not registered`},
+		{"workload unreachable", Observations{Workloads: []Workload{{Context: "ctx", Err: errors.New("dial tcp: refused")}}}, AreaAgents, "context ctx", Error, "unreachable"},
+		{"no agent config", Observations{Workloads: []Workload{{Context: "ctx", ConfigErr: errors.New("not found")}}}, AreaAgents, "context ctx", Error, "relaymesh cluster register"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, msg := worst(find(Evaluate(&tc.o, now), tc.area, tc.subject))
+			assert.Equal(t, tc.want, s, msg)
+			assert.Contains(t, msg, tc.msg)
+		})
+	}
+}
+
+func TestEvaluateWorkload(t *testing.T) {
+	root, rootKey := newCA(t, "relay root", nil, nil, now.Add(365*24*time.Hour), nil)
+	other, otherKey := newCA(t, "other root", nil, nil, now.Add(365*24*time.Hour), nil)
+	u, _ := url.Parse("spiffe://relaymesh.local/cluster/c1/agent")
+	leaf := func(notBefore, notAfter time.Time) *x509.Certificate {
+		c, _ := newCA(t, "agent", root, rootKey, notAfter, func(c *x509.Certificate) {
+			c.IsCA, c.NotBefore, c.URIs, c.ExtKeyUsage, c.SerialNumber = false, notBefore, []*url.URL{u}, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, big.NewInt(0xabc)
+		})
+		return c
+	}
+	holder := "agent-0"
+	lease := func(renewed time.Time) *coordinationv1.Lease {
+		secs := int32(15)
+		r := metav1.NewMicroTime(renewed)
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh-agent"}, Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &r, LeaseDurationSeconds: &secs}}
+	}
+	registered := []multiclusterv1alpha1.KubernetesCluster{{ObjectMeta: metav1.ObjectMeta{Name: "c1"}, Spec: multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeRelay},
+		Status: multiclusterv1alpha1.KubernetesClusterStatus{Connected: true, AgentCertificate: &multiclusterv1alpha1.AgentCertificate{Serial: "abc"}}}}
+	good := Workload{Context: "c1", Cluster: "c1", RootCA: []*x509.Certificate{root}, ClientCert: leaf(now.Add(-time.Hour), now.Add(23*time.Hour)), Lease: lease(now.Add(-3 * time.Second))}
+	notFound := apierrors.NewNotFound(schema.GroupResource{Resource: "x"}, "y")
+	for _, tc := range []struct {
+		name string
+		edit func(*Workload)
+		area string
+		want Severity
+		msg  string
+	}{
+		{"healthy", func(*Workload) {}, AreaAgents, OK, "holds the leader Lease"},
+		{"expired certificate", func(w *Workload) { w.ClientCert = leaf(now.Add(-2*time.Hour), now.Add(-time.Minute)) }, AreaAgents, Error, "client certificate expired 60s ago"},
+		{"certificate from another CA", func(w *Workload) {
+			w.ClientCert, _ = newCA(t, "agent", other, otherKey, now.Add(time.Hour), func(c *x509.Certificate) { c.IsCA, c.SerialNumber = false, big.NewInt(0xabc) })
+		}, AreaAgents, Error, "not from the relay CA"},
+		{"other serial", func(w *Workload) {
+			w.ClientCert, _ = newCA(t, "agent", root, rootKey, now.Add(23*time.Hour), func(c *x509.Certificate) {
+				c.IsCA, c.SerialNumber, c.ExtKeyUsage = false, big.NewInt(0xdef), []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+			})
+		}, AreaAgents, Warning, "holds certificate def, but the server last issued abc"},
+		{"no certificate", func(w *Workload) { w.ClientCert, w.ClientCertErr = nil, notFound }, AreaAgents, Error, "has not bootstrapped"},
+		{"pins another root", func(w *Workload) { w.RootCA = []*x509.Certificate{other} }, AreaAgents, Error, "pins a relay root that is not the server's"},
+		{"stale lease", func(w *Workload) { w.Lease = lease(now.Add(-time.Minute)) }, AreaAgents, Error, "no agent is running"},
+		{"released lease", func(w *Workload) { w.Lease.Spec.HolderIdentity = nil }, AreaAgents, Error, "no agent holds the leader Lease"},
+		{"no lease", func(w *Workload) { w.Lease, w.LeaseErr = nil, notFound }, AreaAgents, Warning, "cannot tell whether an agent runs"},
+		{"istio CRDs missing", func(w *Workload) { w.MissingIstioCRDs = []string{"virtualservices.networking.istio.io"} }, AreaCRDs, Error, "virtualservices.networking.istio.io"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := good
+			l := *good.Lease
+			w.Lease = &l
+			tc.edit(&w)
+			o := &Observations{RelayRoots: []*x509.Certificate{root}, Clusters: registered, Workloads: []Workload{w}}
+			s, msg := worst(find(Evaluate(o, now), tc.area, "c1"))
+			assert.Equal(t, tc.want, s, msg)
+			assert.Contains(t, msg, tc.msg)
+		})
+	}
+}
+
+func TestEvaluateVirtualMeshesAndIstiod(t *testing.T) {
+	root, rootKey := newCA(t, "mesh root", nil, nil, now.Add(365*24*time.Hour), nil)
+	old, _ := newCA(t, "old root", nil, nil, now.Add(365*24*time.Hour), nil)
+	constrained, _ := newCA(t, "intermediate", root, rootKey, now.Add(300*24*time.Hour), func(c *x509.Certificate) {
+		c.PermittedURIDomains, c.ExcludedURIDomains, c.PermittedDNSDomainsCritical = []string{"c1.local"}, []string{".c1.local"}, true
+	})
+	open, _ := newCA(t, "intermediate", root, rootKey, now.Add(300*24*time.Hour), nil)
+	ref := common.ClusterObjectRef{ClusterName: "c1", Namespace: "istio-system", Name: "istiod"}
+	vm := func(mod func(*networkingv1alpha1.VirtualMesh)) networkingv1alpha1.VirtualMesh {
+		notAfter := metav1.NewTime(now.Add(3650 * 24 * time.Hour))
+		v := networkingv1alpha1.VirtualMesh{ObjectMeta: metav1.ObjectMeta{Namespace: "relaymesh", Name: "vm"},
+			Spec: networkingv1alpha1.VirtualMeshSpec{Meshes: []common.ClusterObjectRef{ref}, MTLS: &networkingv1alpha1.MTLSConfig{Shared: &networkingv1alpha1.SharedTrust{}}},
+			Status: networkingv1alpha1.VirtualMeshStatus{Status: common.Status{State: "Accepted"}, SharedTrust: &networkingv1alpha1.SharedTrustStatus{RootSubject: "root", RootNotAfter: &notAfter,
+				Meshes: []networkingv1alpha1.MeshCAStatus{{Mesh: discoveryv1alpha1.Name(discoveryv1alpha1.OriginMesh, "c1", "istio-system", "istiod"), Cluster: "c1",
+					NotBefore: metav1.NewTime(now.Add(-24 * time.Hour)), NotAfter: metav1.NewTime(now.Add(300 * 24 * time.Hour))}}}}}
+		if mod != nil {
+			mod(&v)
+		}
+		return v
+	}
+	mesh := MeshCA{VirtualMesh: "relaymesh/vm", Cluster: "c1", Namespace: "istio-system", Reachable: true, Intermediate: constrained, Roots: []*x509.Certificate{root},
+		TrustDomain: "c1.local", IstiodRoots: []*x509.Certificate{root}}
+	for _, tc := range []struct {
+		name string
+		vm   networkingv1alpha1.VirtualMesh
+		mesh func(*MeshCA)
+		area string
+		want Severity
+		msg  string
+	}{
+		{"healthy", vm(nil), nil, AreaVirtualMeshes, OK, "rotation: not rotating"},
+		{"healthy istiod", vm(nil), nil, AreaIstiod, OK, "istiod uses the cacerts of relaymesh/vm"},
+		{"invalid", vm(func(v *networkingv1alpha1.VirtualMesh) {
+			v.Status.State, v.Status.Errors = "Invalid", []string{"spec.meshes[0]: no such mesh"}
+		}), nil, AreaVirtualMeshes, Error, "Invalid: spec.meshes[0]: no such mesh"},
+		{"held", vm(func(v *networkingv1alpha1.VirtualMesh) { v.Status.SharedTrust.Message = "root secret missing" }), nil, AreaVirtualMeshes, Error, "held: root secret missing"},
+		{"root expiring", vm(func(v *networkingv1alpha1.VirtualMesh) {
+			t := metav1.NewTime(now.Add(10 * 24 * time.Hour))
+			v.Status.SharedTrust.RootNotAfter = &t
+		}), nil, AreaVirtualMeshes, Warning, "root root expires in 10d"},
+		{"intermediate expiring", vm(func(v *networkingv1alpha1.VirtualMesh) {
+			v.Status.SharedTrust.Meshes[0].NotBefore = metav1.NewTime(now.Add(-360 * 24 * time.Hour))
+			v.Status.SharedTrust.Meshes[0].NotAfter = metav1.NewTime(now.Add(2 * 24 * time.Hour))
+		}), nil, AreaVirtualMeshes, Error, "intermediate of c1's mesh expires in 2d"},
+		{"mesh without intermediate", vm(func(v *networkingv1alpha1.VirtualMesh) { v.Status.SharedTrust.Meshes = nil }), func(m *MeshCA) { m.Intermediate = nil }, AreaVirtualMeshes, Warning, "no intermediate issued yet to c1/istio-system/istiod"},
+		{"intermediate not in the status, but in the cluster", vm(func(v *networkingv1alpha1.VirtualMesh) { v.Status.SharedTrust.Meshes = nil }), nil, AreaVirtualMeshes, OK, "the intermediate of c1's mesh (from its cacerts) expires in"},
+		{"rotating", vm(func(v *networkingv1alpha1.VirtualMesh) {
+			v.Status.Rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhasePropagatingNewIntermediate, Step: 2, PendingMeshes: []string{"c1"}}
+		}), nil, AreaVirtualMeshes, Warning, "rotation in PropagatingNewIntermediate (step 2), waiting for c1"},
+		{"awaiting continue", vm(func(v *networkingv1alpha1.VirtualMesh) {
+			v.Status.Rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseAddingNewRoot, Step: 1, AwaitingContinue: true}
+		}), nil, AreaVirtualMeshes, Warning, "relaymesh ca rotate continue relaymesh/vm"},
+		{"rotation failed", vm(func(v *networkingv1alpha1.VirtualMesh) {
+			v.Status.Rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseFailed, Message: "new root unreadable"}
+		}), nil, AreaVirtualMeshes, Error, "rotation failed: new root unreadable"},
+		{"istiod on the old CA", vm(nil), func(m *MeshCA) { m.IstiodRoots = []*x509.Certificate{old} }, AreaIstiod, Error, "istiod is not using the cacerts Relaymesh wrote"},
+		{"istiod with half the bundle", vm(nil), func(m *MeshCA) { m.Roots = []*x509.Certificate{root, old} }, AreaIstiod, Error, "restart istiod"},
+		{"istiod not running", vm(nil), func(m *MeshCA) {
+			m.IstiodRoots, m.IstiodRootsErr = nil, apierrors.NewNotFound(schema.GroupResource{Resource: "configmaps"}, "istio-ca-root-cert")
+		}, AreaIstiod, Error, "is istiod running"},
+		{"no cacerts", vm(nil), func(m *MeshCA) {
+			m.CACertsErr = apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, "cacerts")
+		}, AreaIstiod, Error, "no cacerts Secret"},
+		{"unconstrained intermediate", vm(nil), func(m *MeshCA) { m.Intermediate = open }, AreaIstiod, Error, "not name-constrained"},
+		{"no credentials", vm(nil), func(m *MeshCA) { *m = MeshCA{VirtualMesh: "relaymesh/vm", Cluster: "c1", Namespace: "istio-system"} }, AreaIstiod, Warning, "no credentials for cluster c1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := mesh
+			if tc.mesh != nil {
+				tc.mesh(&m)
+			}
+			o := &Observations{VirtualMeshes: []networkingv1alpha1.VirtualMesh{tc.vm}, Meshes: []MeshCA{m}}
+			s, msg := worst(find(Evaluate(o, now), tc.area, ""))
+			assert.Equal(t, tc.want, s, msg)
+			assert.Contains(t, msg, tc.msg)
+		})
+	}
+}
+
+func TestEvaluateWebhook(t *testing.T) {
+	fail, ignore := admissionregistrationv1.Fail, admissionregistrationv1.Ignore
+	hook := func(fp *admissionregistrationv1.FailurePolicyType) *admissionregistrationv1.ValidatingWebhookConfiguration {
+		return &admissionregistrationv1.ValidatingWebhookConfiguration{Webhooks: []admissionregistrationv1.ValidatingWebhook{{Name: "validate.relaymesh.io", FailurePolicy: fp}}}
+	}
+	authenticated := metrics(t, `relaymesh_admission_webhook_info{client_auth="certificate",failure_policy="Fail"} 1`+"\n")
+	open := metrics(t, `relaymesh_admission_webhook_info{client_auth="none",failure_policy="Fail"} 1`+"\n")
+	for _, tc := range []struct {
+		name string
+		o    Observations
+		want Severity
+		msg  string
+	}{
+		{"healthy", Observations{Webhook: Webhook{Config: hook(&fail), DryRunRan: true}, Metrics: authenticated}, OK, "answers only the apiserver's client certificate"},
+		{"denied is reachable", Observations{Webhook: Webhook{Config: hook(&fail), DryRunRan: true, DryRunErr: errors.New(`admission webhook "validate.relaymesh.io" denied the request: no`)}, Metrics: authenticated}, OK, "judged"},
+		{"unreachable", Observations{Webhook: Webhook{Config: hook(&fail), DryRunRan: true, DryRunErr: errors.New(`Internal error occurred: failed calling webhook "validate.relaymesh.io": connection refused`)}, Metrics: authenticated}, Error, "cannot call the webhook"},
+		{"ignore", Observations{Webhook: Webhook{Config: hook(&ignore), DryRunRan: true}, Metrics: authenticated}, Warning, "failure policy Ignore (WEAKER)"},
+		{"unauthenticated", Observations{Webhook: Webhook{Config: hook(&fail), DryRunRan: true}, Metrics: open}, Warning, "--webhook-allow-unauthenticated"},
+		{"not served", Observations{Webhook: Webhook{Config: hook(&fail), DryRunRan: true}, Metrics: metrics(t, "relaymesh_relay_connected_agents 0\n")}, Warning, "this server does not serve it"},
+		{"metrics unreadable", Observations{Webhook: Webhook{Config: hook(&fail), DryRunRan: true}}, Warning, "cannot tell whether the webhook authenticates"},
+		{"none", Observations{Webhook: Webhook{NotFound: true}}, Warning, "no admission webhook registered"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, msg := worst(find(Evaluate(&tc.o, now), AreaWebhook, ""))
+			assert.Equal(t, tc.want, s, msg)
+			assert.Contains(t, msg, tc.msg)
+		})
+	}
+}
+
+func TestReport(t *testing.T) {
+	r := NewReport(now, []Result{{Area: AreaWebhook, Subject: "w", Severity: Warning}, {Area: AreaCRDs, Subject: "b"}, {Area: AreaCRDs, Subject: "a"}})
+	assert.Equal(t, []string{"a", "b", "w"}, []string{r.Results[0].Subject, r.Results[1].Subject, r.Results[2].Subject})
+	assert.Equal(t, 1, r.ExitCode())
+	assert.Equal(t, "2 ok, 1 warnings, 0 errors", r.Line())
+	r = NewReport(now, append(r.Results, Result{Area: AreaServer, Severity: Error}))
+	assert.Equal(t, 2, r.ExitCode())
+	assert.Equal(t, 0, NewReport(now, nil).ExitCode())
+	b, err := Warning.MarshalText()
+	require.NoError(t, err)
+	var s Severity
+	require.NoError(t, s.UnmarshalText(b))
+	assert.Equal(t, Warning, s)
+	assert.Error(t, s.UnmarshalText([]byte("fine")))
+}

@@ -1,0 +1,458 @@
+package check
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"sort"
+	"time"
+
+	"github.com/relaymesh/relaymesh/api/crds"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/discovery"
+	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/internal/opsclient"
+	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/trust"
+	"go.step.sm/crypto/pemutil"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
+)
+
+// Names the gatherers read.
+const (
+	// AgentConfigMap is where registration leaves the agent's settings.
+	AgentConfigMap = "relaymesh-agent-config"
+	// DefaultLeaseName is the agents' leader-election Lease.
+	DefaultLeaseName = "relaymesh-agent"
+	// WebhookConfiguration is the server's ValidatingWebhookConfiguration.
+	WebhookConfiguration = "relaymesh-admission"
+	// istioMeshConfigMap holds istiod's mesh config (the default revision's).
+	istioMeshConfigMap = "istio"
+	// istioRootCertKey is the key of istio-ca-root-cert.
+	istioRootCertKey = "root-cert.pem"
+)
+
+// IstioCRDs are the Istio CRDs the agent applies outputs of.
+var IstioCRDs = []string{
+	"virtualservices.networking.istio.io",
+	"destinationrules.networking.istio.io",
+	"serviceentries.networking.istio.io",
+	"gateways.networking.istio.io",
+	"authorizationpolicies.security.istio.io",
+	"peerauthentications.security.istio.io",
+}
+
+// Config says what Gather reads.
+type Config struct {
+	// Mgmt is the management cluster; required.
+	Mgmt *kubeclient.Clients
+	// Namespace is the server's namespace there.
+	Namespace string
+	// Workloads are the workload clusters to check from their side.
+	Workloads []WorkloadSource
+	// AgentNamespace is the agents' namespace; default "relaymesh".
+	AgentNamespace string
+	// LeaseName is the agents' Lease; default DefaultLeaseName.
+	LeaseName string
+	// ServerAddress is the relay address (host:port); default: the one in
+	// a workload cluster's relaymesh-agent-config. ServerName is the name
+	// the certificate must carry; default the address's host.
+	ServerAddress, ServerName string
+	// Ops reads the server's metrics; nil: not read (a warning).
+	Ops *opsclient.Client
+	// Timeout bounds each network step; default 10s.
+	Timeout time.Duration
+}
+
+// WorkloadSource is a workload cluster's clients, or why there are none.
+type WorkloadSource struct {
+	Context string
+	Clients *kubeclient.Clients
+	Err     error
+}
+
+// Run gathers and evaluates at now.
+func Run(ctx context.Context, cfg Config, now time.Time) (*Report, *Observations) {
+	o := Gather(ctx, cfg)
+	return NewReport(now, Evaluate(o, now)), o
+}
+
+// Gather reads everything Evaluate needs. It never fails as a whole:
+// what it cannot read is recorded in the observations.
+func Gather(ctx context.Context, cfg Config) *Observations {
+	if cfg.AgentNamespace == "" {
+		cfg.AgentNamespace = "relaymesh"
+	}
+	if cfg.LeaseName == "" {
+		cfg.LeaseName = DefaultLeaseName
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	o := &Observations{Namespace: cfg.Namespace}
+	o.CRDs = gatherCRDs(ctx, cfg)
+	o.RelayRoots, o.RelayRootsErr = secretCerts(ctx, cfg.Mgmt, cfg.Namespace, ca.RootSecretName, "ca.crt")
+	if certs, err := secretCerts(ctx, cfg.Mgmt, cfg.Namespace, ca.SigningSecretName, corev1.TLSCertKey); err == nil && len(certs) > 0 {
+		o.SigningCA = certs[0]
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		o.SigningCAErr = err
+	}
+	for _, w := range cfg.Workloads {
+		o.Workloads = append(o.Workloads, gatherWorkload(ctx, cfg, w))
+	}
+	o.Server = gatherServer(ctx, cfg, o)
+	if cfg.Ops != nil {
+		o.MetricsFrom = cfg.Ops.Where()
+		if body, err := cfg.Ops.Get(ctx, "/metrics"); err != nil {
+			o.MetricsErr = err
+		} else {
+			o.Metrics, o.MetricsErr = opsclient.ParseMetrics(body)
+		}
+	} else {
+		o.MetricsFrom, o.MetricsErr = "nowhere", opsclient.ErrNoAddress
+	}
+	o.Clusters, o.ClustersErr = listAs[multiclusterv1alpha1.KubernetesCluster](ctx, cfg.Mgmt.Dynamic, relay.KubernetesClusters, cfg.Namespace)
+	o.VirtualMeshes, o.VirtualMeshesErr = listAs[networkingv1alpha1.VirtualMesh](ctx, cfg.Mgmt.Dynamic, networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), "")
+	o.Meshes = gatherMeshes(ctx, cfg, o)
+	o.Webhook = gatherWebhook(ctx, cfg)
+	return o
+}
+
+// gatherCRDs compares every embedded Relaymesh CRD with the cluster's.
+func gatherCRDs(ctx context.Context, cfg Config) []CRD {
+	want, err := embeddedCRDs()
+	if err != nil {
+		return []CRD{{Name: "relaymesh CRDs", Err: err}}
+	}
+	client, err := apiextensionsclient.NewForConfig(cfg.Mgmt.Config)
+	if err != nil {
+		return []CRD{{Name: "relaymesh CRDs", Err: err}}
+	}
+	var out []CRD
+	for _, w := range want {
+		ver := storageVersion(w)
+		c := CRD{Name: w.Name, Version: ver.Name}
+		have, err := client.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, w.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			out = append(out, c)
+			continue
+		case err != nil:
+			c.Err = err
+			out = append(out, c)
+			continue
+		}
+		c.Found = true
+		for _, cond := range have.Status.Conditions {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+				c.Established = true
+			}
+		}
+		for _, v := range have.Spec.Versions {
+			if v.Name != ver.Name {
+				continue
+			}
+			c.Served, c.Stored = v.Served, v.Storage
+			c.SchemaDiffers = !equality.Semantic.DeepEqual(schemaOf(v), schemaOf(ver))
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func embeddedCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	var out []*apiextensionsv1.CustomResourceDefinition
+	err := fs.WalkDir(crds.FS, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(crds.FS, path)
+		if err != nil {
+			return err
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.UnmarshalStrict(b, crd); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		out = append(out, crd)
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, err
+}
+
+func storageVersion(crd *apiextensionsv1.CustomResourceDefinition) apiextensionsv1.CustomResourceDefinitionVersion {
+	for _, v := range crd.Spec.Versions {
+		if v.Storage {
+			return v
+		}
+	}
+	return apiextensionsv1.CustomResourceDefinitionVersion{}
+}
+
+// schemaOf is a version's schema in a form that compares equal when the
+// apiserver returns what was applied.
+func schemaOf(v apiextensionsv1.CustomResourceDefinitionVersion) any {
+	if v.Schema == nil || v.Schema.OpenAPIV3Schema == nil {
+		return nil
+	}
+	b, err := json.Marshal(v.Schema.OpenAPIV3Schema)
+	if err != nil {
+		return nil
+	}
+	var m any
+	_ = json.Unmarshal(b, &m)
+	return m
+}
+
+// secretCerts reads the certificates under key of a Secret. Only that key
+// is parsed; nothing else of the Secret is kept.
+func secretCerts(ctx context.Context, k *kubeclient.Clients, ns, name, key string) ([]*x509.Certificate, error) {
+	s, err := k.Typed.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if len(s.Data[key]) == 0 {
+		return nil, fmt.Errorf("secret %s/%s has no %s", ns, name, key)
+	}
+	certs, err := pemutil.ParseCertificateBundle(s.Data[key])
+	if err != nil {
+		return nil, fmt.Errorf("secret %s/%s %s: %w", ns, name, key, err)
+	}
+	return certs, nil
+}
+
+func gatherWorkload(ctx context.Context, cfg Config, src WorkloadSource) Workload {
+	w := Workload{Context: src.Context, Err: src.Err}
+	if src.Err != nil || src.Clients == nil {
+		if w.Err == nil {
+			w.Err = errors.New("no credentials")
+		}
+		return w
+	}
+	k := src.Clients
+	ns := cfg.AgentNamespace
+	cm, err := k.Typed.CoreV1().ConfigMaps(ns).Get(ctx, AgentConfigMap, metav1.GetOptions{})
+	switch {
+	case err != nil && !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err):
+		// Not even the agent's namespace can be read: the cluster is out of reach.
+		w.Err = err
+		return w
+	case err != nil:
+		w.ConfigErr = fmt.Errorf("ConfigMap %s/%s: %w", ns, AgentConfigMap, err)
+		return w
+	}
+	w.Cluster, w.ServerAddress = cm.Data["cluster"], cm.Data["serverAddress"]
+	if w.Cluster == "" {
+		w.ConfigErr = fmt.Errorf("ConfigMap %s/%s names no cluster", ns, AgentConfigMap)
+		return w
+	}
+	if certs, err := secretCerts(ctx, k, ns, identity.ClientSecret, corev1.TLSCertKey); err != nil {
+		w.ClientCertErr = err
+	} else {
+		w.ClientCert = certs[0]
+	}
+	w.RootCA, w.RootCAErr = secretCerts(ctx, k, ns, identity.RootSecret, identity.KeyCACert)
+	w.Lease, w.LeaseErr = k.Typed.CoordinationV1().Leases(ns).Get(ctx, cfg.LeaseName, metav1.GetOptions{})
+	if w.LeaseErr != nil {
+		w.Lease = nil
+	}
+	if client, err := apiextensionsclient.NewForConfig(k.Config); err != nil {
+		w.IstioCRDsErr = err
+	} else {
+		for _, name := range IstioCRDs {
+			_, err := client.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+				w.MissingIstioCRDs = append(w.MissingIstioCRDs, name)
+			case err != nil:
+				w.IstioCRDsErr = err
+			}
+		}
+	}
+	return w
+}
+
+// gatherServer dials the relay port and keeps what it presented.
+func gatherServer(ctx context.Context, cfg Config, o *Observations) Server {
+	s := Server{Address: cfg.ServerAddress, AddressFrom: "--server-address"}
+	if s.Address == "" {
+		for _, w := range o.Workloads {
+			if w.ServerAddress != "" {
+				s.Address, s.AddressFrom = w.ServerAddress, "the relaymesh-agent-config of "+w.Cluster
+				break
+			}
+		}
+	}
+	if s.Address == "" {
+		return s
+	}
+	host, _, err := net.SplitHostPort(s.Address)
+	if err != nil {
+		s.DialErr = err
+		return s
+	}
+	name := cfg.ServerName
+	if name == "" {
+		name = host
+	}
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: cfg.Timeout}, Config: &tls.Config{
+		// Verified below against the relay roots, so the chain is kept
+		// even when it does not verify.
+		InsecureSkipVerify: true, //nolint:gosec // verified by hand right after the handshake
+		ServerName:         name,
+		NextProtos:         []string{"h2"},
+		MinVersion:         tls.VersionTLS12,
+	}}
+	dctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	conn, err := d.DialContext(dctx, "tcp", s.Address)
+	if err != nil {
+		s.DialErr = err
+		return s
+	}
+	tc, ok := conn.(*tls.Conn)
+	if !ok {
+		_ = conn.Close()
+		s.DialErr = fmt.Errorf("dialled %s without TLS", s.Address)
+		return s
+	}
+	s.Chain = tc.ConnectionState().PeerCertificates
+	_ = conn.Close()
+	if len(s.Chain) == 0 {
+		return s
+	}
+	if len(o.RelayRoots) == 0 {
+		s.VerifyErr = errors.New("the relay roots could not be read")
+		return s
+	}
+	inter := x509.NewCertPool()
+	for _, c := range s.Chain[1:] {
+		inter.AddCert(c)
+	}
+	_, s.VerifyErr = s.Chain[0].Verify(x509.VerifyOptions{DNSName: name, Roots: pool(o.RelayRoots), Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	return s
+}
+
+// gatherMeshes reads the CA of every mesh of a shared-trust VirtualMesh
+// from its workload cluster: cacerts (public parts) and istiod's root.
+func gatherMeshes(ctx context.Context, cfg Config, o *Observations) []MeshCA {
+	clusters := map[string]*kubeclient.Clients{}
+	for i, w := range o.Workloads {
+		if w.Err == nil && cfg.Workloads[i].Clients != nil {
+			name := w.Cluster
+			if name == "" {
+				name = w.Context
+			}
+			clusters[name] = cfg.Workloads[i].Clients
+		}
+	}
+	var out []MeshCA
+	for _, vm := range o.VirtualMeshes {
+		if vm.Spec.MTLS == nil || vm.Spec.MTLS.Shared == nil {
+			continue
+		}
+		for _, ref := range vm.Spec.Meshes {
+			m := MeshCA{VirtualMesh: vm.Namespace + "/" + vm.Name, Cluster: ref.ClusterName, Namespace: ref.Namespace}
+			k := clusters[ref.ClusterName]
+			if k == nil {
+				out = append(out, m)
+				continue
+			}
+			m.Reachable = true
+			s, err := k.Typed.CoreV1().Secrets(ref.Namespace).Get(ctx, trust.SecretName, metav1.GetOptions{})
+			if err != nil {
+				m.CACertsErr = err
+			} else if ca, err := trust.ParseMeshCA(ref.ClusterName, ref.Namespace, map[string][]byte{
+				trust.KeyCACert: s.Data[trust.KeyCACert], trust.KeyChain: s.Data[trust.KeyChain], trust.KeyRootCert: s.Data[trust.KeyRootCert]}); err != nil {
+				m.CACertsErr = err
+			} else {
+				m.Intermediate, m.Roots = ca.Intermediate, ca.Roots
+			}
+			if cm, err := k.Typed.CoreV1().ConfigMaps(ref.Namespace).Get(ctx, istioMeshConfigMap, metav1.GetOptions{}); err == nil {
+				m.TrustDomain = discovery.MeshTrustDomain(cm.Data[discovery.MeshConfigKey])
+			} else if apierrors.IsNotFound(err) {
+				m.TrustDomain = discovery.MeshTrustDomain("")
+			}
+			if cm, err := k.Typed.CoreV1().ConfigMaps(ref.Namespace).Get(ctx, trust.RootCertConfigMap, metav1.GetOptions{}); err != nil {
+				m.IstiodRootsErr = err
+			} else if m.IstiodRoots, err = pemutil.ParseCertificateBundle([]byte(cm.Data[istioRootCertKey])); err != nil {
+				m.IstiodRootsErr = fmt.Errorf("%s/%s %s: %w", ref.Namespace, trust.RootCertConfigMap, istioRootCertKey, err)
+			}
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// probeName names the dry-run object the webhook is asked about.
+const probeName = "relaymesh-check-probe"
+
+func gatherWebhook(ctx context.Context, cfg Config) Webhook {
+	var w Webhook
+	hook, err := cfg.Mgmt.Typed.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, WebhookConfiguration, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		w.NotFound = true
+		return w
+	case err != nil:
+		w.ConfigErr = err
+		return w
+	}
+	w.Config = hook
+	// A server-side dry run goes through admission like a real create, so
+	// the apiserver calls the webhook; nothing is stored.
+	ref := map[string]any{"name": probeName, "namespace": probeName, "clusterName": probeName}
+	probe := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": networkingv1alpha1.GroupVersion.String(), "kind": "AccessPolicy",
+		"metadata": map[string]any{"name": probeName, "namespace": cfg.Namespace},
+		"spec": map[string]any{
+			"sourceSelector":      []any{map[string]any{"kubeServiceAccountRefs": map[string]any{"serviceAccounts": []any{ref}}}},
+			"destinationSelector": []any{map[string]any{"kubeServiceRefs": map[string]any{"services": []any{ref}}}},
+		},
+	}}
+	dctx, cancel := context.WithTimeout(ctx, cfg.Timeout+35*time.Second)
+	defer cancel()
+	_, err = cfg.Mgmt.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("accesspolicies")).Namespace(cfg.Namespace).
+		Create(dctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: "relaymesh-check"})
+	w.DryRunRan, w.DryRunErr = true, err
+	if apierrors.IsAlreadyExists(err) {
+		w.DryRunErr = nil
+	}
+	return w
+}
+
+// listAs lists a resource (namespace "": every namespace) as typed objects.
+func listAs[T any](ctx context.Context, client dynamic.Interface, gvr schema.GroupVersionResource, namespace string) ([]T, error) {
+	list, err := client.Resource(gvr).Namespace(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", gvr.Resource, err)
+	}
+	out := make([]T, 0, len(list.Items))
+	for i := range list.Items {
+		var t T
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(list.Items[i].Object, &t); err != nil {
+			return nil, fmt.Errorf("%s %s/%s: %w", gvr.Resource, list.Items[i].GetNamespace(), list.Items[i].GetName(), err)
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}

@@ -1,0 +1,139 @@
+package check
+
+import (
+	"crypto/x509"
+
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/opsclient"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+)
+
+// Observations are what Gather saw. Each part carries the error that kept
+// it from being seen; Evaluate turns every such error into a finding.
+type Observations struct {
+	// Namespace is the server's namespace in the management cluster.
+	Namespace string
+	// CRDs are the Relaymesh CRDs this binary expects, as found.
+	CRDs []CRD
+	// RelayRoots are the certificates of relay-root-tls-secret (ca.crt);
+	// SigningCA the issuing CA of relay-tls-signing-secret (tls.crt), nil
+	// for a provided relay CA.
+	RelayRoots    []*x509.Certificate
+	RelayRootsErr error
+	SigningCA     *x509.Certificate
+	SigningCAErr  error
+	// Server is the relay port as dialled.
+	Server Server
+	// Metrics are the server's metrics (nil with MetricsErr when they
+	// could not be read); MetricsFrom says where from.
+	Metrics     opsclient.Metrics
+	MetricsErr  error
+	MetricsFrom string
+	// Clusters are the KubernetesClusters of Namespace.
+	Clusters    []multiclusterv1alpha1.KubernetesCluster
+	ClustersErr error
+	// Workloads are the workload clusters the run had credentials for.
+	Workloads []Workload
+	// VirtualMeshes are all VirtualMeshes of the management cluster.
+	VirtualMeshes    []networkingv1alpha1.VirtualMesh
+	VirtualMeshesErr error
+	// Meshes are the CAs of the meshes of shared-trust VirtualMeshes, as
+	// found in their workload clusters.
+	Meshes []MeshCA
+	// Webhook is the admission webhook.
+	Webhook Webhook
+}
+
+// CRD is one expected CustomResourceDefinition.
+type CRD struct {
+	Name    string
+	Version string
+	Found   bool
+	Err     error
+	// Established is the CRD's Established condition.
+	Established bool
+	// Served and Stored say whether Version is served and is the storage
+	// version.
+	Served, Stored bool
+	// SchemaDiffers is true when the installed schema of Version is not
+	// this binary's.
+	SchemaDiffers bool
+}
+
+// Server is the relay server as seen from here.
+type Server struct {
+	// Address dialled, and where it came from ("--server-address", "the
+	// agent config of cluster-1"); empty Address: not known.
+	Address, AddressFrom string
+	// Chain is what the server presented; VerifyErr why it does not verify
+	// against the relay roots for the address's name.
+	Chain     []*x509.Certificate
+	DialErr   error
+	VerifyErr error
+}
+
+// Workload is one workload cluster and its agent, as read with the run's
+// credentials for it.
+type Workload struct {
+	// Context is the kubeconfig context.
+	Context string
+	// Cluster is the name the agent's relaymesh-agent-config gives it
+	// (empty with ConfigErr when it has none).
+	Cluster       string
+	ServerAddress string
+	ConfigErr     error
+	// ClientCert is the agent's certificate (relay-client-tls-secret
+	// tls.crt); nil with ClientCertErr.
+	ClientCert    *x509.Certificate
+	ClientCertErr error
+	// RootCA is what the agent pins (relay-root-tls-secret ca.crt).
+	RootCA    []*x509.Certificate
+	RootCAErr error
+	// Lease is the agents' leader-election Lease; nil with LeaseErr.
+	Lease    *coordinationv1.Lease
+	LeaseErr error
+	// MissingIstioCRDs are Istio CRDs the agent applies that are absent;
+	// IstioCRDsErr when they could not be listed.
+	MissingIstioCRDs []string
+	IstioCRDsErr     error
+	// Err is set when the cluster could not be reached at all.
+	Err error
+}
+
+// MeshCA is one mesh's plugged-in CA, for a mesh of a shared-trust
+// VirtualMesh.
+type MeshCA struct {
+	// VirtualMesh is NAMESPACE/NAME of the VirtualMesh naming the mesh.
+	VirtualMesh string
+	// Cluster and Namespace of the mesh's istiod.
+	Cluster, Namespace string
+	// Reachable is false when the run has no credentials for Cluster.
+	Reachable bool
+	// Intermediate, Chain and Roots are the public parts of cacerts; nil
+	// with CACertsErr.
+	Intermediate *x509.Certificate
+	Roots        []*x509.Certificate
+	CACertsErr   error
+	// TrustDomain is the mesh's, from istiod's mesh config.
+	TrustDomain string
+	// IstiodRoots are the roots istiod publishes (istio-ca-root-cert
+	// root-cert.pem in Namespace); nil with IstiodRootsErr.
+	IstiodRoots    []*x509.Certificate
+	IstiodRootsErr error
+}
+
+// Webhook is the admission webhook as seen from here.
+type Webhook struct {
+	// Config is the ValidatingWebhookConfiguration; nil with ConfigErr or
+	// when it does not exist (NotFound).
+	Config    *admissionregistrationv1.ValidatingWebhookConfiguration
+	NotFound  bool
+	ConfigErr error
+	// DryRunErr is the apiserver's answer to a server-side dry-run create
+	// the webhook is asked about: nil (admitted), a denial (reachable) or a
+	// failure to call it.
+	DryRunErr error
+	DryRunRan bool
+}
