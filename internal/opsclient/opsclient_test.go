@@ -1,0 +1,101 @@
+package opsclient
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestGet(t *testing.T) {
+	var auth []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth = append(auth, r.URL.Path+"="+r.Header.Get("Authorization"))
+		switch r.URL.Path {
+		case "/metrics":
+			_, _ = w.Write([]byte("# TYPE relaymesh_build_info gauge\nrelaymesh_build_info{go_version=\"go1\",version=\"v1.2.3\"} 1\nrelaymesh_relay_connected_agents 2\n"))
+		case "/debug/admission":
+			if r.Header.Get("Authorization") != "Bearer t0ken-value" {
+				http.Error(w, "a bearer token is required", http.StatusUnauthorized)
+				return
+			}
+			_, _ = w.Write([]byte(`{"ok":true}`))
+		case "/big":
+			_, _ = w.Write([]byte(strings.Repeat("x", MaxBody+1)))
+		}
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	ctx := context.Background()
+
+	c := &Client{Address: addr, Token: "t0ken-value"}
+	body, err := c.Get(ctx, "/metrics")
+	require.NoError(t, err)
+	m, err := ParseMetrics(body)
+	require.NoError(t, err)
+	v, err := Version(m)
+	require.NoError(t, err)
+	assert.Equal(t, "v1.2.3", v)
+	n, ok := m.Value("relaymesh_relay_connected_agents", nil)
+	assert.True(t, ok)
+	assert.Equal(t, 2.0, n)
+	_, ok = m.Value("relaymesh_build_info", map[string]string{"version": "v9"})
+	assert.False(t, ok)
+
+	body, err = c.Get(ctx, "/debug/admission")
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"ok":true}`, string(body))
+	assert.Equal(t, []string{"/metrics=", "/debug/admission=Bearer t0ken-value"}, auth, "the token goes to /debug only")
+
+	_, err = (&Client{Address: addr}).Get(ctx, "/debug/admission")
+	assert.ErrorContains(t, err, "401")
+	_, err = c.Get(ctx, "/big")
+	assert.ErrorContains(t, err, "larger than")
+	_, err = c.Get(ctx, "metrics")
+	assert.Error(t, err)
+
+	// A long-lived token never goes over plain HTTP to another machine; a
+	// short-lived one minted for this may.
+	auth = nil
+	far := &Client{Address: "192.0.2.1:9091", Token: "t0ken-value"}
+	_, err = far.Get(ctx, "/debug/admission")
+	assert.ErrorIs(t, err, ErrCleartextToken)
+	assert.Empty(t, auth)
+	// The service proxy cannot carry a token: /debug needs an address.
+	_, err = (&Client{Service: "relaymesh-server", Namespace: "relaymesh"}).Get(ctx, "/debug/admission")
+	assert.ErrorIs(t, err, ErrNoAddress)
+	_, err = (&Client{}).Get(ctx, "/metrics")
+	assert.ErrorIs(t, err, ErrNoAddress)
+}
+
+func TestLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{"127.0.0.1:9091": true, "[::1]:9091": true, "localhost:9091": true, "10.0.0.1:9091": false, "relaymesh-server:9091": false, "bad": false} {
+		assert.Equal(t, want, loopback(addr), addr)
+	}
+}
+
+func TestParseMetricsRefusesGarbage(t *testing.T) {
+	_, err := ParseMetrics([]byte("relaymesh_build_info{version=\"unterminated} 1\n"))
+	assert.Error(t, err)
+	_, err = Version(Metrics{})
+	assert.ErrorContains(t, err, "no relaymesh_build_info")
+}
+
+// FuzzParseMetrics: whatever a server sends, parsing and reading it never
+// panics.
+func FuzzParseMetrics(f *testing.F) {
+	f.Add([]byte("relaymesh_build_info{version=\"v1\"} 1\n"))
+	f.Add([]byte("# TYPE x counter\nx 1\n"))
+	f.Fuzz(func(_ *testing.T, b []byte) {
+		m, err := ParseMetrics(b)
+		if err != nil {
+			return
+		}
+		_, _ = Version(m)
+		_, _ = m.Value(BuildInfoMetric, map[string]string{"version": "v1"})
+	})
+}
