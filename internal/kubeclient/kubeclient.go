@@ -54,6 +54,12 @@ func (s Source) rules() *clientcmd.ClientConfigLoadingRules {
 	return rules
 }
 
+// ClientConfig is the source as a client-go ClientConfig (what kubectl
+// and Helm take), with namespace as its namespace when not empty.
+func (s Source) ClientConfig(namespace string) clientcmd.ClientConfig {
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(s.rules(), &clientcmd.ConfigOverrides{CurrentContext: s.Context, Context: clientcmdapi.Context{Namespace: namespace}})
+}
+
 func (s Source) clientConfig() clientcmd.ClientConfig {
 	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(s.rules(), &clientcmd.ConfigOverrides{CurrentContext: s.Context})
 }

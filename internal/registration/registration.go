@@ -1,0 +1,241 @@
+// Package registration registers a workload cluster with the management
+// cluster: the KubernetesCluster, a single-use bootstrap token, and the
+// bundle the workload cluster's agent needs — its Secrets
+// (relay-root-tls-secret with the relay root only, relay-identity-token-
+// secret with the token), the relaymesh-agent-config ConfigMap and the
+// values of the relaymesh-agent chart.
+//
+// The bundle is either written into the workload cluster (WriteTo), with
+// the chart installed through the Helm SDK (InstallChart), or printed for a
+// GitOps repository (Objects, RenderChart). Everything that can fail is
+// checked before anything is written, and a registration that fails half
+// way is rolled back, so a retry starts clean.
+package registration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/internal/kubeutil"
+	"github.com/relaymesh/relaymesh/relay"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+)
+
+// AgentConfigMap is where registration leaves the agent's settings.
+const AgentConfigMap = "relaymesh-agent-config"
+
+// managedBy labels what registration writes.
+var managedBy = map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}
+
+// Request is a registration of one cluster in relay mode.
+type Request struct {
+	// Cluster is the cluster's name, a DNS label.
+	Cluster string
+	// Namespace is the server's namespace in the management cluster.
+	Namespace string
+	// RemoteNamespace is the agent's namespace in the workload cluster.
+	RemoteNamespace string
+	// ServerAddress is host:port of the relay as the agent reaches it.
+	ServerAddress string
+	// ClusterDomain is the workload cluster's DNS suffix.
+	ClusterDomain string
+	// TokenTTL is how long the bootstrap token is valid.
+	TokenTTL time.Duration
+}
+
+// Validate reports every problem with the request.
+func (r Request) Validate() error {
+	var errs []error
+	if err := identity.ValidateClusterName(r.Cluster); err != nil {
+		errs = append(errs, err)
+	}
+	if r.Namespace == "" || r.RemoteNamespace == "" {
+		errs = append(errs, errors.New("the server's and the agent's namespaces must not be empty"))
+	}
+	if r.ServerAddress == "" {
+		errs = append(errs, errors.New("--server-address is required: the relay server's host:port as the agent reaches it"))
+	} else if _, _, err := net.SplitHostPort(r.ServerAddress); err != nil {
+		errs = append(errs, fmt.Errorf("--server-address %q: %w", r.ServerAddress, err))
+	}
+	if r.TokenTTL <= 0 || r.TokenTTL > identity.MaxTokenTTL {
+		errs = append(errs, fmt.Errorf("--token-ttl %s out of range (0, %s]", r.TokenTTL, identity.MaxTokenTTL))
+	}
+	return errors.Join(errs...)
+}
+
+// Bundle is what the workload cluster's agent needs. It holds a bootstrap
+// token: never log it, and print it only where the user asked for it.
+type Bundle struct {
+	Cluster   string
+	Namespace string
+	// TokenID identifies the token (not secret); ExpiresAt is its expiry.
+	TokenID   string
+	ExpiresAt time.Time
+	// Secrets are relay-root-tls-secret and relay-identity-token-secret.
+	Secrets []*corev1.Secret
+	// ConfigMap is relaymesh-agent-config.
+	ConfigMap *corev1.ConfigMap
+	// Values are the relaymesh-agent chart's values for this cluster.
+	Values map[string]any
+}
+
+// Register creates the KubernetesCluster and mints the bootstrap token in
+// the management cluster and returns the bundle. On error nothing is left;
+// after success, rollback undoes the registration (for a failure in the
+// workload cluster).
+func Register(ctx context.Context, mgmt *kubeclient.Clients, req Request) (b *Bundle, rollback func(context.Context), err error) {
+	if err := req.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if req.ClusterDomain == "" {
+		req.ClusterDomain = "cluster.local"
+	}
+	roots, err := ca.RelayRootsPEM(ctx, mgmt.Typed, req.Namespace)
+	if err != nil {
+		return nil, nil, fmt.Errorf("relay CA not found in %s (start 'relaymesh server' once first): %w", req.Namespace, err)
+	}
+	clusters := mgmt.Dynamic.Resource(relay.KubernetesClusters).Namespace(req.Namespace)
+	if _, err := clusters.Get(ctx, req.Cluster, metav1.GetOptions{}); err == nil {
+		return nil, nil, fmt.Errorf("cluster %s is already registered; deregister it first, or mint a new token with 'relaymesh token create --cluster %s'", req.Cluster, req.Cluster)
+	} else if !apierrors.IsNotFound(err) {
+		return nil, nil, err
+	}
+	kc := &multiclusterv1alpha1.KubernetesCluster{
+		TypeMeta:   metav1.TypeMeta{APIVersion: multiclusterv1alpha1.GroupVersion.String(), Kind: "KubernetesCluster"},
+		ObjectMeta: metav1.ObjectMeta{Name: req.Cluster, Namespace: req.Namespace},
+		Spec:       multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeRelay, ClusterDomain: req.ClusterDomain},
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(kc)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := clusters.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+		return nil, nil, fmt.Errorf("create KubernetesCluster %s: %w", req.Cluster, err)
+	}
+	rollback = func(ctx context.Context) {
+		ctx = context.WithoutCancel(ctx)
+		_ = clusters.Delete(ctx, req.Cluster, metav1.DeleteOptions{})
+		if store, serr := identity.NewKubeTokenStore(mgmt.Typed, req.Namespace); serr == nil {
+			_ = store.DeleteCluster(ctx, req.Cluster)
+		}
+	}
+	token, rec, err := MintToken(ctx, mgmt.Typed, req.Namespace, req.Cluster, req.TokenTTL)
+	if err != nil {
+		rollback(ctx)
+		return nil, nil, err
+	}
+	ns := req.RemoteNamespace
+	b = &Bundle{Cluster: req.Cluster, Namespace: ns, TokenID: rec.ID, ExpiresAt: rec.ExpiresAt,
+		Secrets: []*corev1.Secret{
+			{ObjectMeta: metav1.ObjectMeta{Name: identity.RootSecret, Namespace: ns, Labels: managedBy}, Type: corev1.SecretTypeOpaque, Data: map[string][]byte{identity.KeyCACert: roots}},
+			{ObjectMeta: metav1.ObjectMeta{Name: identity.TokenSecret, Namespace: ns, Labels: managedBy}, Type: corev1.SecretTypeOpaque, Data: map[string][]byte{identity.KeyToken: []byte(token)}},
+		},
+		ConfigMap: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: AgentConfigMap, Namespace: ns, Labels: managedBy},
+			Data: map[string]string{"cluster": req.Cluster, "serverAddress": req.ServerAddress}},
+		Values: map[string]any{"cluster": req.Cluster, "serverAddress": req.ServerAddress},
+	}
+	for _, s := range b.Secrets {
+		s.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}
+	}
+	b.ConfigMap.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"}
+	return b, rollback, nil
+}
+
+// MintToken mints a single-use bootstrap token for cluster.
+func MintToken(ctx context.Context, mgmt kubernetes.Interface, namespace, cluster string, ttl time.Duration) (string, identity.TokenRecord, error) {
+	store, err := identity.NewKubeTokenStore(mgmt, namespace)
+	if err != nil {
+		return "", identity.TokenRecord{}, err
+	}
+	tokens, err := identity.NewTokens(identity.TokensConfig{Store: store})
+	if err != nil {
+		return "", identity.TokenRecord{}, err
+	}
+	return tokens.Mint(ctx, cluster, ttl)
+}
+
+// Objects are the bundle as objects to apply: the namespace, the two
+// Secrets and the ConfigMap.
+func (b *Bundle) Objects() []runtime.Object {
+	objs := []runtime.Object{&corev1.Namespace{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Namespace"}, ObjectMeta: metav1.ObjectMeta{Name: b.Namespace}}}
+	for _, s := range b.Secrets {
+		objs = append(objs, s)
+	}
+	return append(objs, b.ConfigMap)
+}
+
+// WriteTo writes the bundle into the workload cluster. A client
+// certificate of an earlier registration is removed first: the server
+// binds certificates to one registration, so the agent must bootstrap
+// with the new token.
+func (b *Bundle) WriteTo(ctx context.Context, remote kubernetes.Interface) error {
+	if _, err := remote.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.Namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s: %w", b.Namespace, err)
+	}
+	if err := remote.CoreV1().Secrets(b.Namespace).Delete(ctx, identity.ClientSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove the stale %s/%s in the workload cluster: %w", b.Namespace, identity.ClientSecret, err)
+	}
+	for _, s := range b.Secrets {
+		if err := kubeutil.UpsertSecret(ctx, remote, s.DeepCopy()); err != nil {
+			return fmt.Errorf("write %s/%s in the workload cluster: %w", b.Namespace, s.Name, err)
+		}
+	}
+	cm := b.ConfigMap.DeepCopy()
+	_, err := remote.CoreV1().ConfigMaps(b.Namespace).Create(ctx, cm, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		_, err = remote.CoreV1().ConfigMaps(b.Namespace).Update(ctx, cm, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("write %s/%s in the workload cluster: %w", b.Namespace, AgentConfigMap, err)
+	}
+	return nil
+}
+
+// Deregister deletes the KubernetesCluster, its unused tokens and (for
+// kubeconfig mode) its kubeconfig Secret in the management cluster.
+func Deregister(ctx context.Context, mgmt *kubeclient.Clients, namespace, cluster string) error {
+	err := mgmt.Dynamic.Resource(relay.KubernetesClusters).Namespace(namespace).Delete(ctx, cluster, metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("cluster %s is not registered in %s", cluster, namespace)
+	}
+	if err != nil {
+		return err
+	}
+	store, err := identity.NewKubeTokenStore(mgmt.Typed, namespace)
+	if err != nil {
+		return err
+	}
+	if err := store.DeleteCluster(ctx, cluster); err != nil {
+		return fmt.Errorf("delete bootstrap tokens of %s: %w", cluster, err)
+	}
+	if err := mgmt.Typed.CoreV1().Secrets(namespace).Delete(ctx, relay.KubeconfigSecretName(cluster), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete the kubeconfig secret of %s: %w", cluster, err)
+	}
+	return nil
+}
+
+// RemoveAgentSecrets removes what registration wrote into the workload
+// cluster.
+func RemoveAgentSecrets(ctx context.Context, remote kubernetes.Interface, namespace string) error {
+	for _, s := range []string{identity.ClientSecret, identity.TokenSecret, identity.RootSecret} {
+		if err := remote.CoreV1().Secrets(namespace).Delete(ctx, s, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete %s/%s in the workload cluster: %w", namespace, s, err)
+		}
+	}
+	if err := remote.CoreV1().ConfigMaps(namespace).Delete(ctx, AgentConfigMap, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,97 @@
+package registration
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/identity"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestRequestValidate(t *testing.T) {
+	good := Request{Cluster: "cluster-1", Namespace: "relaymesh", RemoteNamespace: "relaymesh", ServerAddress: "relay.example.com:9900", TokenTTL: time.Hour}
+	require.NoError(t, good.Validate())
+	for _, tc := range []struct {
+		name string
+		mod  func(*Request)
+		want []string
+	}{
+		{"bad cluster name", func(r *Request) { r.Cluster = "Cluster_1" }, []string{"Cluster_1"}},
+		{"no server address", func(r *Request) { r.ServerAddress = "" }, []string{"--server-address is required"}},
+		{"address without a port", func(r *Request) { r.ServerAddress = "relay.example.com" }, []string{`--server-address "relay.example.com"`}},
+		{"no namespace", func(r *Request) { r.RemoteNamespace = "" }, []string{"namespaces must not be empty"}},
+		{"ttl zero", func(r *Request) { r.TokenTTL = 0 }, []string{"--token-ttl 0s out of range"}},
+		{"ttl too long", func(r *Request) { r.TokenTTL = identity.MaxTokenTTL + time.Second }, []string{"out of range"}},
+		{"every fault at once", func(r *Request) { r.Cluster, r.ServerAddress, r.TokenTTL = "", "", -time.Second }, []string{"--server-address is required", "--token-ttl -1s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := good
+			tc.mod(&r)
+			err := r.Validate()
+			require.Error(t, err)
+			for _, w := range tc.want {
+				assert.ErrorContains(t, err, w)
+			}
+		})
+	}
+}
+
+func chartPath(name string) string { return filepath.Join("..", "..", "charts", name) }
+
+func bundle() *Bundle {
+	return &Bundle{Cluster: "cluster-1", Namespace: "relaymesh",
+		Secrets:   []*corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Name: identity.RootSecret}}, {ObjectMeta: metav1.ObjectMeta{Name: identity.TokenSecret}}},
+		ConfigMap: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: AgentConfigMap}},
+		Values:    map[string]any{"cluster": "cluster-1", "serverAddress": "relay.example.com:9900"}}
+}
+
+// The agent chart renders with the registration's values over the user's:
+// a --set cannot point the agent at another cluster or server.
+func TestRenderChart(t *testing.T) {
+	c := Chart{Ref: chartPath(AgentChartName), Set: []string{"replicas=1", "cluster=someone-else", "serverAddress=evil.example.com:1"}}
+	l, err := c.Load()
+	require.NoError(t, err)
+	out, err := RenderChart(c, l, bundle())
+	require.NoError(t, err)
+	for _, want := range []string{"kind: Deployment", "kind: ServiceAccount", "replicas: 1", "--cluster=cluster-1", "--server-address=relay.example.com:9900", "namespace: relaymesh"} {
+		assert.Contains(t, out, want)
+	}
+	assert.NotContains(t, out, "someone-else")
+	assert.NotContains(t, out, "evil.example.com")
+}
+
+// Everything that can be wrong with the chart or its values is found by
+// Load, before anything is registered.
+func TestChartLoadRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    Chart
+		want string
+	}{
+		{"not the agent chart", Chart{Ref: chartPath("relaymesh-server")}, "is not the relaymesh-agent chart"},
+		{"no such chart", Chart{Ref: filepath.Join(t.TempDir(), "missing")}, "chart "},
+		{"missing values file", Chart{Ref: chartPath(AgentChartName), ValueFiles: []string{filepath.Join(t.TempDir(), "values.yaml")}}, "chart values"},
+		{"bad --set", Chart{Ref: chartPath(AgentChartName), Set: []string{"a[=b"}}, "chart values"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tc.c.Load()
+			assert.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func TestBundleObjects(t *testing.T) {
+	var names []string
+	for _, o := range bundle().Objects() {
+		m, err := meta.Accessor(o)
+		require.NoError(t, err)
+		names = append(names, m.GetName())
+	}
+	assert.Equal(t, "relaymesh,"+identity.RootSecret+","+identity.TokenSecret+","+AgentConfigMap, strings.Join(names, ","))
+}
