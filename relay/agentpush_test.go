@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"io"
+	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -197,4 +200,81 @@ func TestPushSendsPartsAndRetries(t *testing.T) {
 	fake = &fakeDiscovery{chunkedErrs: []error{status.Error(codes.Unavailable, "gone")}}
 	go func() { done <- sess.push(ctx, fake) }()
 	assert.Equal(t, codes.Unavailable, status.Code(<-done))
+}
+
+// earlierDiscovery is the Discovery service of a server of an earlier
+// release: it accepts every snapshot pushed whole and knows no
+// PushChunked.
+type earlierDiscovery struct {
+	relaypb.UnimplementedDiscoveryServer
+	got chan *relaypb.Snapshot
+}
+
+func (e *earlierDiscovery) Push(stream relaypb.Discovery_PushServer) error {
+	for {
+		s, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		e.got <- s
+		if err := stream.Send(&relaypb.PushAck{Hash: s.GetHash(), Accepted: true}); err != nil {
+			return err
+		}
+	}
+}
+
+// Over real gRPC, a server whose Discovery service has no PushChunked (as
+// servers of earlier releases are registered) answers it with
+// Unimplemented, and the agent sends its snapshot whole instead; one over
+// the old limit it keeps, saying why.
+func TestPushAgainstEarlierServer(t *testing.T) {
+	desc := relaypb.Discovery_ServiceDesc
+	desc.Streams = slices.DeleteFunc(slices.Clone(desc.Streams), func(s grpc.StreamDesc) bool { return s.StreamName == "PushChunked" })
+	require.Len(t, desc.Streams, len(relaypb.Discovery_ServiceDesc.Streams)-1)
+	earlier := &earlierDiscovery{got: make(chan *relaypb.Snapshot, 16)}
+	srv := grpc.NewServer()
+	srv.RegisterService(&desc, earlier)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	client := relaypb.NewDiscoveryClient(conn)
+
+	snap := testSnapshot(3)
+	sess := testSession(t, snap)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- sess.push(ctx, client) }()
+	select {
+	case got := <-earlier.got:
+		assert.True(t, proto.Equal(snap, got), "the snapshot, whole")
+	case err := <-done:
+		t.Fatalf("push ended: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no snapshot reached the earlier server")
+	}
+	require.Eventually(t, func() bool { return sess.State().PushedHash == snap.GetHash() }, 30*time.Second, time.Millisecond)
+	assert.Empty(t, sess.State().PushError)
+	cancel()
+	assert.ErrorIs(t, <-done, context.Canceled)
+
+	big := testSnapshot(40000)
+	require.Greater(t, proto.Size(big), MaxSnapshotBytes)
+	sess = testSession(t, big)
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- sess.push(ctx, client) }()
+	require.Eventually(t, func() bool { return sess.State().PushError != "" }, 30*time.Second, time.Millisecond)
+	assert.Contains(t, sess.State().PushError, "exceeds the 4194304-byte limit of servers without chunked pushes")
+	select {
+	case got := <-earlier.got:
+		t.Fatalf("a snapshot of %d bytes was sent to a server that cannot take it", proto.Size(got))
+	case <-time.After(200 * time.Millisecond):
+	}
+	cancel()
+	assert.ErrorIs(t, <-done, context.Canceled)
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
@@ -429,14 +431,53 @@ func allocatedBy(f func()) uint64 {
 	return least
 }
 
-// FuzzSnapshotChunks feeds the assembler any sequence of messages (the
-// input is length-delimited SnapshotChunk encodings), then checks it as the
-// server would: a snapshot it accepts equals the decoding of exactly the
-// parts sent since its header, carries their SHA-256, and passes the
-// server's checks (ValidateSnapshot's too when the encoding is the
-// deterministic one); whatever it refuses leaves nothing behind — no
-// reservation, nothing in transit, and the next good snapshot assembles as
-// if nothing had happened.
+// chunkHarness is the server's side of PushChunked streams of cluster-1
+// without their transport: the handler the server runs for each message
+// (chunkedStream.take), with a real View, Registry, memory budget and
+// metrics, small parts (64 to 256 bytes, at most 64 KiB in all) and a
+// fake clock.
+type chunkHarness struct {
+	d     *discoveryService
+	view  *View
+	clock *fakeClock
+	agent *agent
+}
+
+func newChunkHarness(t testing.TB) *chunkHarness {
+	m, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	reg := NewRegistry()
+	reg.Set(Registration{Name: "cluster-1", UID: "uid-1"})
+	h := &chunkHarness{view: NewView(), clock: &fakeClock{t: time.Unix(1000, 0)}, agent: &agent{cluster: "cluster-1", registration: "uid-1"}}
+	h.d = &discoveryService{
+		s: &Server{cfg: ServerConfig{Registry: reg, Metrics: m, Clock: h.clock.now}, log: slog.New(slog.DiscardHandler)},
+		cfg: DataPathConfig{View: h.view, Limits: SnapshotLimits{MaxChunkedBytes: 64 << 10}.withDefaults(),
+			SnapshotsPerSecond: 1000, SnapshotBurst: 1000, SnapshotDeadline: 10 * time.Second, SnapshotMemory: 1 << 20},
+	}
+	return h
+}
+
+// stream opens a stream of cluster-1's agent.
+func (h *chunkHarness) stream() *chunkedStream {
+	c := h.d.newChunkedStream(h.agent, h.clock.now)
+	c.asm.cfg.maxPart, c.asm.cfg.minPart = 256, 64
+	return c
+}
+
+// FuzzSnapshotChunks feeds the server's handler of a PushChunked stream
+// (chunkedStream.take, what PushChunked runs for every message) any
+// sequence of messages — the input is length-delimited SnapshotChunk
+// encodings: out of order, oversized, repeated, never finished, naming
+// or carrying another cluster — and checks the server's state after each:
+// a snapshot the view accepts is exactly the decoding of the parts sent
+// since its header, carries their SHA-256 and passes the server's checks
+// (ValidateSnapshot's too when the encoding is the deterministic one);
+// anything refused (the stream ended, or an ack that refuses) leaves the
+// view's snapshot of the cluster as it was and says why in its LastError;
+// another cluster's snapshot never changes; nothing stays reserved
+// between snapshots; a snapshot never finished is refused at its deadline
+// without a change; and a new stream of the cluster then gets a good
+// snapshot through as if nothing had happened.
 func FuzzSnapshotChunks(f *testing.F) {
 	good := testSnapshot(8)
 	data, hash := encoding(f, good)
@@ -458,14 +499,26 @@ func FuzzSnapshotChunks(f *testing.F) {
 	small, smallHash := encoding(f, testSnapshot(1))
 	f.Add(seed(chunked("cluster-1", smallHash, small, 256)...))
 	f.Add(seed(chunked("cluster-1", smallHash, small[:len(small)-1], 256)...))
+	other := testSnapshot(2)
+	other.Cluster = "cluster-2"
+	for _, d := range other.Destinations {
+		d.Cluster = "cluster-2"
+	}
+	otherData, otherHash := encoding(f, other)
+	f.Add(seed(chunked("cluster-1", otherHash, otherData, 256)...))
+	f.Add(seed(msgs[0], part(0, make([]byte, 257))))
 	f.Add([]byte{})
+	next := testSnapshot(5)
+	nextData, nextHash := encoding(f, next)
+	nextMsgs := chunked("cluster-1", nextHash, nextData, 256)
 	f.Fuzz(func(t *testing.T, in []byte) {
-		budget := newTestBudget(1 << 20)
-		clock := &fakeClock{t: time.Unix(1000, 0)}
-		a := testAssembler(budget, clock)
-		view := NewView()
-		view.Accept("cluster-1", good, clock.t)
-		limits := SnapshotLimits{}.withDefaults()
+		h := newChunkHarness(t)
+		budget := h.d.snapshotBudget()
+		limits := h.d.cfg.Limits
+		h.view.Accept("cluster-1", good, h.clock.t)
+		h.view.Accept("cluster-2", other, h.clock.t)
+		otherBefore := h.view.Snapshot("cluster-2")
+		c := h.stream()
 		var sent []byte // the data of the parts since the last header
 		ended := false
 		for i := 0; len(in) > 0 && i < 64 && !ended; i++ {
@@ -478,56 +531,66 @@ func FuzzSnapshotChunks(f *testing.F) {
 			if proto.Unmarshal(mb, m) != nil {
 				break
 			}
-			clock.t = clock.t.Add(time.Second)
-			before := view.Snapshot("cluster-1")
-			out, err := a.add(m)
+			h.clock.t = h.clock.t.Add(time.Second)
+			before := h.view.Snapshot("cluster-1")
+			ack, err := c.take(m)
 			switch {
 			case err != nil:
-				var ce *chunkError
-				require.ErrorAs(t, err, &ce)
-				require.ErrorIs(t, err, ErrSnapshotRefused)
+				require.Contains(t, []codes.Code{codes.InvalidArgument, codes.DeadlineExceeded, codes.ResourceExhausted}, status.Code(err), err)
+				require.Same(t, before, h.view.Snapshot("cluster-1"), "a refused stream changes nothing")
+				require.Contains(t, h.view.Clusters()["cluster-1"].LastError, ErrSnapshotRefused.Error())
 				ended = true
+			case ack != nil && !ack.GetAccepted():
+				require.Same(t, before, h.view.Snapshot("cluster-1"), "a refused snapshot changes nothing")
+				require.Contains(t, ack.GetError(), ErrSnapshotRefused.Error())
+				require.Equal(t, ack.GetError(), h.view.Clusters()["cluster-1"].LastError)
+			case ack != nil:
+				got := h.view.Snapshot("cluster-1")
+				sum := sha256.Sum256(sent)
+				require.Equal(t, hex.EncodeToString(sum[:]), ack.GetHash())
+				require.Equal(t, ack.GetHash(), got.GetHash())
+				decoded := &relaypb.Snapshot{}
+				require.NoError(t, proto.Unmarshal(sent, decoded))
+				decoded.Hash = ack.GetHash()
+				require.True(t, proto.Equal(decoded, got), "accepted: exactly the parts sent")
+				require.NoError(t, validateSnapshot("cluster-1", got, limits, func(*relaypb.Snapshot) string { return ack.GetHash() }))
+				if canonical, err := (proto.MarshalOptions{Deterministic: true}).Marshal(withoutHash(got)); err == nil && string(canonical) == string(sent) {
+					require.NoError(t, ValidateSnapshot("cluster-1", got, SnapshotLimits{MaxBytes: 64 << 20}))
+				}
 			case m.GetHeader() != nil:
 				sent = nil
 			case m.GetPart() != nil:
 				sent = append(sent, m.GetPart().GetData()...)
-			case out != nil && out.err != nil:
-				require.ErrorIs(t, out.err, ErrSnapshotRefused)
-				require.Nil(t, out.snapshot)
-			case out != nil:
-				require.Equal(t, len(sent), out.size)
-				sum := sha256.Sum256(sent)
-				require.Equal(t, hex.EncodeToString(sum[:]), out.hash)
-				decoded := &relaypb.Snapshot{}
-				require.NoError(t, proto.Unmarshal(sent, decoded))
-				decoded.Hash = out.hash
-				require.True(t, proto.Equal(decoded, out.snapshot), "accepted: exactly the parts sent")
-				if validateSnapshot("cluster-1", out.snapshot, limits, func(*relaypb.Snapshot) string { return out.hash }) == nil {
-					if canonical, err := (proto.MarshalOptions{Deterministic: true}).Marshal(withoutHash(out.snapshot)); err == nil && string(canonical) == string(sent) {
-						require.NoError(t, ValidateSnapshot("cluster-1", out.snapshot, SnapshotLimits{MaxBytes: 64 << 20}))
-					}
-					view.Accept("cluster-1", out.snapshot, clock.t)
-				}
-				a.release()
 			}
-			if err != nil || out != nil && out.err != nil {
-				require.Same(t, before, view.Snapshot("cluster-1"), "a refusal changes nothing")
+			if ack == nil && err == nil {
+				require.Same(t, before, h.view.Snapshot("cluster-1"), "nothing changes before a snapshot is complete")
 			}
-			if _, inTransit := a.deadline(); !inTransit {
+			require.Same(t, otherBefore, h.view.Snapshot("cluster-2"), "a stream of cluster-1 never touches cluster-2")
+			if _, inTransit := c.asm.deadline(); !inTransit {
 				require.Zero(t, budget.inUse(), "nothing reserved between snapshots")
 			}
 		}
-		if _, inTransit := a.deadline(); !ended && !inTransit {
-			var out *assembled
-			for _, m := range msgs {
-				var err error
-				out, err = a.add(m)
-				require.NoError(t, err)
-			}
-			require.NotNil(t, out)
-			require.True(t, proto.Equal(good, out.snapshot), "nothing left behind")
+		if _, inTransit := c.asm.deadline(); inTransit && !ended {
+			// Never finished: the stream's timer refuses it.
+			before := h.view.Snapshot("cluster-1")
+			require.Equal(t, codes.DeadlineExceeded, status.Code(c.expire()))
+			require.Same(t, before, h.view.Snapshot("cluster-1"))
 		}
-		a.close()
+		c.close()
+		require.Zero(t, budget.inUse(), "the stream ended: nothing reserved")
+
+		// Nothing left behind: a new stream of the cluster gets a good
+		// snapshot through.
+		c = h.stream()
+		var ack *relaypb.PushAck
+		for _, m := range nextMsgs {
+			var err error
+			ack, err = c.take(m)
+			require.NoError(t, err)
+		}
+		require.True(t, ack.GetAccepted(), ack.GetError())
+		require.True(t, proto.Equal(next, h.view.Snapshot("cluster-1")))
+		c.close()
 		require.Zero(t, budget.inUse())
 	})
 }
