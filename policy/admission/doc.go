@@ -90,6 +90,12 @@
 // error wrapping ErrCheckFailed. Every decision is recorded as an
 // audit.AdmissionDecision event before Decide returns.
 //
+// Decide evaluates only the packages whose deny set may be non-empty for
+// the input: those OPA's rule index and the rules' leading guards (equalities
+// between the input and constants) do not rule out (index.go). A package
+// left out would have produced no denial and no error, so every decision,
+// error included, is that of evaluating every package.
+//
 // Whoever may write labelled ConfigMaps in the server's namespace controls
 // admission: a rule set can deny everything (for example with a rule that
 // errors on every input). Evaluation time is bounded, memory is not.

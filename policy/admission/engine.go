@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/relaymesh/relaymesh/audit"
 )
@@ -239,7 +239,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("admission: the default rule set is broken: %w", err)
 	}
 	e.sets = map[string]*ruleSet{BuiltinRuleSet: compiled}
-	st, err := e.prepare(ctx, e.sets)
+	st, err := e.prepare(e.sets)
 	if err != nil {
 		return nil, fmt.Errorf("admission: the default rule set is broken: %w", err)
 	}
@@ -263,8 +263,8 @@ func (e *Engine) Changed() <-chan struct{} {
 	return e.changed
 }
 
-// Decide evaluates every deny rule in force against req and records the
-// decision in the audit log.
+// Decide judges req by every deny rule in force (evaluating those that may
+// deny it, see index.go) and records the decision in the audit log.
 //
 // It fails closed: when it cannot judge req, or cannot record the decision,
 // it returns a Decision that denies (Allowed false, a Denial with Rule
@@ -273,7 +273,7 @@ func (e *Engine) Changed() <-chan struct{} {
 func (e *Engine) Decide(ctx context.Context, req Request) (Decision, error) {
 	start := time.Now()
 	st := e.state.Load()
-	d, err := e.evaluate(ctx, st, req)
+	d, err := e.evaluate(ctx, st, req, denials)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrCheckFailed, err)
 		d = failed(st.version, err)
@@ -300,7 +300,11 @@ func failed(version string, err error) Decision {
 		Message: text.Truncate("admission check failed, the object is refused: "+err.Error(), maxMessageLen)}}}
 }
 
-func (e *Engine) evaluate(ctx context.Context, st *state, req Request) (Decision, error) {
+// denyFunc adds to d the denials of the rules of st for the input in of an
+// object of kind.
+type denyFunc func(ctx context.Context, st *state, kind string, in ast.Value, d *Decision) error
+
+func (e *Engine) evaluate(ctx context.Context, st *state, req Request, deny denyFunc) (Decision, error) {
 	switch req.Operation {
 	case OperationCreate, OperationUpdate:
 		if req.Object == nil {
@@ -319,29 +323,12 @@ func (e *Engine) evaluate(ctx context.Context, st *state, req Request) (Decision
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
-	rs, err := st.query.Eval(ctx, rego.EvalParsedInput(in))
-	if err != nil {
+	d := Decision{Version: st.version}
+	if err := deny(ctx, st, req.Kind, in, &d); err != nil {
 		if ctx.Err() != nil {
 			return Decision{}, fmt.Errorf("evaluation did not finish within %v: %w", e.timeout, err)
 		}
 		return Decision{}, fmt.Errorf("evaluation: %w", err)
-	}
-	if len(rs) != 1 {
-		return Decision{}, fmt.Errorf("evaluation: %d results, want 1", len(rs))
-	}
-	d := Decision{Version: st.version}
-	for i, rule := range st.rules {
-		v, ok := rs[0].Bindings[st.bindings[i]]
-		if !ok {
-			return Decision{}, fmt.Errorf("evaluation: no result for %s", rule)
-		}
-		msgs, ok := v.([]any)
-		if !ok {
-			return Decision{}, fmt.Errorf("evaluation: %s.deny is a %T, not a set", rule, v)
-		}
-		for _, m := range msgs {
-			d.Denials = append(d.Denials, Denial{Rule: rule, Message: text.Truncate(message(m), maxMessageLen)})
-		}
 	}
 	sort.Slice(d.Denials, func(i, j int) bool {
 		a, b := d.Denials[i], d.Denials[j]
@@ -352,6 +339,26 @@ func (e *Engine) evaluate(ctx context.Context, st *state, req Request) (Decision
 	}
 	d.Allowed = len(d.Denials) == 0
 	return d, nil
+}
+
+// denials is the denyFunc of Decide: it evaluates only the packages that
+// may deny in, whose deny rules OPA's index and their guards leave to
+// evaluate; the others' deny sets are empty (index.go).
+func denials(ctx context.Context, st *state, kind string, in ast.Value, d *Decision) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r := &inputResolver{input: in}
+	var pkgs []int
+	for _, i := range st.candidates(kind) {
+		if st.pkgs[i].mayDeny(r) {
+			pkgs = append(pkgs, i)
+		}
+	}
+	if len(pkgs) == 0 {
+		return nil
+	}
+	return st.evaluate(ctx, in, pkgs, d)
 }
 
 // record writes d to the audit log.

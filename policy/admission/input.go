@@ -44,7 +44,7 @@ func input(req Request) (ast.Value, error) {
 		[2]*ast.Term{ast.StringTerm("username"), ast.StringTerm(req.User.Username)},
 		[2]*ast.Term{ast.StringTerm("groups"), ast.ArrayTerm(groups...)},
 	)
-	labels := ast.NewObject()
+	labels := ast.NewObjectWithCapacity(len(req.NamespaceLabels))
 	for k, v := range req.NamespaceLabels {
 		labels.Insert(ast.StringTerm(k), ast.StringTerm(v))
 	}
@@ -111,7 +111,7 @@ func (b *budget) value(x any, depth int) (ast.Value, error) {
 		if err := b.spend(0); err != nil {
 			return nil, err
 		}
-		obj := ast.NewObject()
+		obj := ast.NewObjectWithCapacity(len(x))
 		for k, v := range x {
 			if err := b.spend(len(k)); err != nil {
 				return nil, err
@@ -124,7 +124,7 @@ func (b *budget) value(x any, depth int) (ast.Value, error) {
 		}
 		return obj, nil
 	case map[string]string:
-		obj := ast.NewObject()
+		obj := ast.NewObjectWithCapacity(len(x))
 		for k, v := range x {
 			if err := b.spend(len(k) + len(v)); err != nil {
 				return nil, err

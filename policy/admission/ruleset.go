@@ -17,7 +17,8 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
 	"github.com/open-policy-agent/opa/v1/tester"
 )
 
@@ -78,13 +79,26 @@ type ruleSet struct {
 	denies              []ast.Ref              // packages with deny rules, sorted
 }
 
-// state is what Decide evaluates: every accepted rule set, compiled into
-// one prepared query that binds bindings[i] to the deny set of rules[i].
+// state is what Decide evaluates: every accepted rule set, compiled
+// together, and what decides which of its deny packages a decision
+// evaluates (index.go).
 type state struct {
-	query    rego.PreparedEvalQuery
-	rules    []string
-	bindings []string
 	version  string
+	compiler *ast.Compiler
+	store    storage.Store // OPA's store of base documents: empty
+	pkgs     []denyPackage // every package with deny rules, sorted
+	// all is every package, kinds the packages that may deny an object of
+	// each kind of judgedKinds; positions in pkgs, ascending.
+	all   []int
+	kinds map[string][]int
+}
+
+// candidates returns the packages that may deny an object of kind.
+func (st *state) candidates(kind string) []int {
+	if c, ok := st.kinds[kind]; ok {
+		return c
+	}
+	return st.all
 }
 
 // refusal is why a rule set was refused; transient ones (the load was
@@ -252,8 +266,9 @@ func where(loc *ast.Location) string {
 	return fmt.Sprintf("%s:%d", loc.File, loc.Row)
 }
 
-// prepare compiles every rule set of sets together into one query.
-func (e *Engine) prepare(ctx context.Context, sets map[string]*ruleSet) (*state, error) {
+// prepare compiles every rule set of sets together and works out which of
+// their deny packages a decision evaluates (index.go).
+func (e *Engine) prepare(sets map[string]*ruleSet) (*state, error) {
 	modules := map[string]*ast.Module{}
 	var denies []ast.Ref
 	h := sha256.New()
@@ -271,23 +286,20 @@ func (e *Engine) prepare(ctx context.Context, sets map[string]*ruleSet) (*state,
 	if c.Compile(modules); c.Failed() {
 		return nil, fmt.Errorf("compile: %w", c.Errors)
 	}
-	st := &state{version: hex.EncodeToString(h.Sum(nil))[:16]}
-	body := make([]string, len(denies))
+	st := &state{version: hex.EncodeToString(h.Sum(nil))[:16], compiler: c, store: inmem.New(),
+		pkgs: make([]denyPackage, len(denies)), all: make([]int, len(denies)), kinds: map[string][]int{}}
 	for i, pkg := range denies {
-		st.rules = append(st.rules, strings.TrimPrefix(pkg.String(), "data."))
-		st.bindings = append(st.bindings, fmt.Sprintf("d%d", i))
-		body[i] = fmt.Sprintf("d%d := %s", i, pkg.Append(ast.StringTerm("deny")))
+		st.pkgs[i] = denyPackageOf(c, pkg)
+		st.all[i] = i
 	}
-	q, err := rego.New(
-		rego.Compiler(c),
-		rego.Query(strings.Join(body, "; ")),
-		rego.StrictBuiltinErrors(true),
-		rego.UnsafeBuiltins(unsafeBuiltins),
-	).PrepareForEval(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("prepare: %w", err)
+	for _, kind := range judgedKinds {
+		r := &kindResolver{kind: ast.String(kind)}
+		for i := range st.pkgs {
+			if st.pkgs[i].mayDeny(r) {
+				st.kinds[kind] = append(st.kinds[kind], i)
+			}
+		}
 	}
-	st.query = q
 	return st, nil
 }
 
@@ -373,7 +385,7 @@ func (e *Engine) Load(ctx context.Context, sets []RuleSet) []RuleSetStatus {
 		accepted = append(accepted, c)
 	}
 
-	st, err := e.prepare(ctx, next)
+	st, err := e.prepare(next)
 	if err != nil && len(accepted) > 0 {
 		// Together they do not compile: add them one at a time to find the
 		// rule sets at fault.
@@ -383,7 +395,7 @@ func (e *Engine) Load(ctx context.Context, sets []RuleSet) []RuleSetStatus {
 		for _, c := range accepted {
 			prev, had := next[c.name]
 			next[c.name] = c
-			if _, err := e.prepare(ctx, next); err != nil {
+			if _, err := e.prepare(next); err != nil {
 				e.refuse(RuleSet{Name: c.name, Version: c.version}, c.hash, &refusal{err: fmt.Errorf("does not compile with the other rule sets: %w", err), transient: true}, now)
 				if had {
 					next[c.name] = prev
@@ -395,7 +407,7 @@ func (e *Engine) Load(ctx context.Context, sets []RuleSet) []RuleSetStatus {
 			kept = append(kept, c)
 		}
 		accepted = kept
-		st, err = e.prepare(ctx, next)
+		st, err = e.prepare(next)
 	}
 	if err != nil {
 		e.log.Error("admission rule sets do not compile; the previous ones stay in force", "error", err)

@@ -219,7 +219,10 @@ slow if {
 `
 	e, rec := newEngine(t, func(c *admission.Config) {
 		c.Timeout = 100 * time.Millisecond
-		c.TestTimeout = 200 * time.Millisecond
+		// Long enough for the default rules' own tests, which New runs
+		// with it, under -race on a loaded machine (200 ms was not at load
+		// 25); a test that loops still runs into it.
+		c.TestTimeout = 2 * time.Second
 	})
 
 	t.Run("a test that loops is refused", func(t *testing.T) {
@@ -318,7 +321,9 @@ func TestHostileInput(t *testing.T) {
 // rules before a Load or those after it, never a mix.
 func TestDecideDuringLoad(t *testing.T) {
 	ctx := context.Background()
-	e, _ := newEngine(t, nil)
+	// patient: this is about consistency, and four deciders racing loads
+	// under -race on a loaded 2-core machine can pass the 500 ms deadline.
+	e, _ := newEngine(t, patient)
 	withRule := e.Load(ctx, []admission.RuleSet{ruleSet("ns/a", "a", "x")})
 	require.Equal(t, admission.StateAccepted, statusOf(t, withRule, "ns/a").State)
 	v1 := e.Version()
