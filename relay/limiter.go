@@ -23,6 +23,12 @@ type failureLimiter struct {
 	peers map[string]*peerLimit
 	max   int
 	now   func() time.Time
+	// onFailure charges an attempt only when it fails, instead of
+	// reserving a token while it runs: the budget of all peers together,
+	// where attempts in flight are legitimate agents of a storm far more
+	// often than attackers (whose concurrency the bootstrap semaphore
+	// bounds anyway). A failure then costs a token, down to zero.
+	onFailure bool
 }
 
 // peerLimit is a token bucket: tokens refill at limit per second up to burst.
@@ -36,6 +42,14 @@ type peerLimit struct {
 
 func newFailureLimiter(perMinute float64, burst, maxPeers int, now func() time.Time) *failureLimiter {
 	return &failureLimiter{limit: rate.Limit(perMinute / 60), burst: burst, peers: map[string]*peerLimit{}, max: maxPeers, now: now}
+}
+
+// newGlobalFailureLimiter is one budget of failures for all peers together,
+// charged only when an attempt fails (see onFailure).
+func newGlobalFailureLimiter(perMinute float64, burst int, now func() time.Time) *failureLimiter {
+	f := newFailureLimiter(perMinute, burst, 1, now)
+	f.onFailure = true
+	return f
 }
 
 // peerKey is the address a limit applies to: the IPv4 address, or the /64
@@ -74,8 +88,20 @@ func (f *failureLimiter) begin(peer string) (done func(success bool), ok bool) {
 	if p.tokens < 1 {
 		return nil, false
 	}
-	p.tokens--
 	var once sync.Once
+	if f.onFailure {
+		return func(success bool) {
+			once.Do(func() {
+				if !success {
+					f.mu.Lock()
+					f.refill(p, f.now())
+					p.tokens = max(0, p.tokens-1)
+					f.mu.Unlock()
+				}
+			})
+		}, true
+	}
+	p.tokens--
 	return func(success bool) {
 		once.Do(func() {
 			if success {

@@ -88,3 +88,35 @@ func TestFailureLimiterEvictionKeepsThrottledPeers(t *testing.T) {
 	require.True(t, ok)
 	done(true)
 }
+
+// The budget of all peers charges failures only: a storm of legitimate
+// bootstraps in flight at once is not refused for being many, while
+// failures still use it up.
+func TestGlobalFailureLimiterChargesFailuresOnly(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := newGlobalFailureLimiter(1.0/60, 3, func() time.Time { return now })
+	var inFlight []func(bool)
+	for range 1000 {
+		done, ok := l.begin("*")
+		require.True(t, ok, "attempts in flight cost nothing")
+		inFlight = append(inFlight, done)
+	}
+	for _, done := range inFlight[:997] {
+		done(true)
+	}
+	for _, done := range inFlight[997:] {
+		done(false)
+		done(false) // once only
+	}
+	_, ok := l.begin("*")
+	assert.False(t, ok, "three failures spent the budget of three")
+	now = now.Add(time.Hour)
+	done, ok := l.begin("*")
+	require.True(t, ok, "it refills")
+	done(false)
+	_, ok = l.begin("*")
+	assert.False(t, ok, "a failure costs one, never less than zero")
+	now = now.Add(time.Hour) // one an hour
+	_, ok = l.begin("*")
+	assert.True(t, ok)
+}

@@ -262,7 +262,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		cfg:             cfg,
 		log:             cfg.Logger.With("component", "relay-server"),
 		limiter:         newFailureLimiter(cfg.BootstrapFailuresPerMinute, cfg.BootstrapFailureBurst, 10000, cfg.Clock),
-		global:          newFailureLimiter(cfg.GlobalBootstrapFailuresPerMinute, cfg.GlobalBootstrapFailureBurst, 1, cfg.Clock),
+		global:          newGlobalFailureLimiter(cfg.GlobalBootstrapFailuresPerMinute, cfg.GlobalBootstrapFailureBurst, cfg.Clock),
 		bootstraps:      make(chan struct{}, cfg.Connections.MaxConcurrentBootstraps),
 		redeemed:        newRedemptions(),
 		renews:          newPerCluster(cfg.Clusters.RenewsPerMinute, cfg.Clusters.RenewBurst),
