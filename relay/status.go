@@ -45,7 +45,9 @@ type KubeStatus struct {
 
 // StatusConfig tunes KubeStatus; the zero value takes the defaults.
 type StatusConfig struct {
-	// Workers write statuses in parallel; default 8.
+	// Workers write statuses in parallel; default 32 (each write is one
+	// round trip to the apiserver; with fewer, a storm's statuses queue
+	// behind the mirror's many parallel writes of discovered objects).
 	Workers int
 	// Heartbeat bounds how often lastSeen alone is written per cluster;
 	// default 30s.
@@ -58,7 +60,7 @@ type StatusConfig struct {
 
 func (c StatusConfig) withDefaults() StatusConfig {
 	if c.Workers == 0 {
-		c.Workers = 8
+		c.Workers = 32
 	}
 	if c.Heartbeat == 0 {
 		c.Heartbeat = 30 * time.Second
