@@ -49,6 +49,7 @@ gen: deps-gen ## regenerate deepcopy functions, CRD manifests (api/, copied to t
 
 verify: gen ## gofmt, go vet, staticcheck, go.mod tidy, generated code up to date
 	hack/tools.sh staticcheck
+	go run ./cmd/relaymesh docs --check docs/cli.md
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	$(BIN)/staticcheck ./...

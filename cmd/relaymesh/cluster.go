@@ -1,28 +1,20 @@
 package main
 
 import (
+	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
+	"strings"
 	"time"
 
-	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
-	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
-	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
-	"github.com/relaymesh/relaymesh/internal/kubeutil"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/internal/printer"
+	"github.com/relaymesh/relaymesh/internal/registration"
 	"github.com/spf13/cobra"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/yaml"
 )
 
 const clusterSynopsis = `Workload clusters are registered in the management cluster (one
@@ -33,11 +25,26 @@ const registerSynopsis = `Create the KubernetesCluster NAME in the management cl
 single-use bootstrap token for it, and write the agent's secrets
 (relay-root-tls-secret with the relay root certificate only,
 relay-identity-token-secret with the token) and relaymesh-agent-config into
-the workload cluster's --remote-namespace. The token is never printed.
+the workload cluster's --remote-namespace. The token is never printed (but
+with --dry-run, where printing it is the point).
 
 The management cluster is --mgmt-context (default --context) of the merged
 kubeconfig, or --mgmt-kubeconfig; the workload cluster is --remote-context
 (default: a context named NAME), or --remote-kubeconfig.
+
+--chart also installs the relaymesh-agent chart into the workload cluster
+with the Helm SDK (helm upgrade --install semantics: release --release-name
+in --remote-namespace), with the cluster's name and server address as
+values over any --values/--set; --wait waits for the agent to be ready.
+
+--dry-run is for GitOps: the workload cluster is not touched (and need not
+be reachable). The management side is registered for real — the
+KubernetesCluster, and the bootstrap token the printed Secret holds (only
+its hash is stored) — and what would be written into the workload cluster
+is printed instead (-o yaml or json): the namespace, the two Secrets and
+the ConfigMap, and with --chart the chart rendered with its values. The
+token is single-use and expires after --token-ttl: commit it encrypted
+(SOPS, Sealed Secrets), never in plain text.
 
 A registration that fails half-way is rolled back, so a retry starts clean.`
 
@@ -50,6 +57,9 @@ type registerFlags struct {
 	clusters                                  twoClusters
 	remoteNamespace, serverAddr, domain, mode string
 	ttl                                       time.Duration
+	chart                                     registration.Chart
+	dryRun                                    bool
+	output                                    string
 }
 
 func newClusterCommand(d deps, g *globals) *cobra.Command {
@@ -63,15 +73,20 @@ func newClusterRegisterCommand(d deps, g *globals) *cobra.Command {
 	var f registerFlags
 	c := &cobra.Command{
 		Use:   "register NAME",
-		Short: "Register a workload cluster and write its agent's bootstrap secrets",
+		Short: "Register a workload cluster, write its agent's bootstrap secrets, optionally install the agent chart",
 		Long:  registerSynopsis,
-		Example: `  # Both clusters from one merged kubeconfig (KUBECONFIG=mgmt.yaml:cluster-1.yaml)
+		Example: `  # Both clusters from one merged kubeconfig (KUBECONFIG=mgmt.yaml:cluster-1.yaml), agent installed with Helm
   relaymesh cluster register cluster-1 --mgmt-context mgmt --remote-context cluster-1 \
+    --server-address relay.example.com:9900 --chart charts/relaymesh-agent \
+    --set image.repository=registry.example.com/platform/relaymesh
+
+  # The same with one kubeconfig file per cluster, secrets only
+  relaymesh cluster register cluster-1 --mgmt-kubeconfig mgmt.yaml --remote-kubeconfig cluster-1.yaml \
     --server-address relay.example.com:9900
 
-  # The same with one kubeconfig file per cluster
-  relaymesh cluster register cluster-1 --mgmt-kubeconfig mgmt.yaml --remote-kubeconfig cluster-1.yaml \
-    --server-address relay.example.com:9900`,
+  # GitOps: print the workload cluster's Secrets, ConfigMap and rendered chart
+  relaymesh cluster register cluster-2 --mgmt-context mgmt --server-address relay.example.com:9900 \
+    --chart charts/relaymesh-agent --dry-run -o yaml > cluster-2.yaml`,
 		Args: exactArgs(1, "exactly one cluster NAME"),
 		RunE: func(c *cobra.Command, args []string) error {
 			return runRegister(c.Context(), d, g, &f, args[0])
@@ -84,6 +99,15 @@ func newClusterRegisterCommand(d deps, g *globals) *cobra.Command {
 	fs.StringVar(&f.domain, "cluster-domain", "cluster.local", "the workload cluster's DNS domain")
 	fs.DurationVar(&f.ttl, "token-ttl", identity.DefaultTokenTTL, "how long the bootstrap token stays valid")
 	fs.StringVar(&f.mode, "mode", "relay", "relay (an agent in the cluster dials out; secure default) or kubeconfig (WEAKER: the server keeps the workload cluster's credentials in a Secret and manages the cluster itself; needs 'relaymesh server --allow-kubeconfig-clusters')")
+	fs.StringVar(&f.chart.Ref, "chart", "", "install the relaymesh-agent chart from this directory, .tgz, oci:// reference or repository URL into the workload cluster (Helm SDK)")
+	fs.StringVar(&f.chart.Version, "chart-version", "", "version constraint of --chart (oci and repositories; default the latest)")
+	fs.StringVar(&f.chart.Release, "release-name", registration.AgentChartName, "Helm release name of the agent chart")
+	fs.StringArrayVarP(&f.chart.ValueFiles, "values", "f", nil, "chart values file (repeatable; the cluster's name and server address always win)")
+	fs.StringArrayVar(&f.chart.Set, "set", nil, "chart value KEY=VALUE (repeatable; Helm's --set syntax)")
+	fs.BoolVar(&f.chart.Wait, "wait", false, "wait until the agent Deployment is ready")
+	fs.DurationVar(&f.chart.Timeout, "timeout", 5*time.Minute, "how long Helm may take")
+	fs.BoolVar(&f.dryRun, "dry-run", false, "do not touch the workload cluster: register in the management cluster and print what would be written there (see above)")
+	outputFlag(c, &f.output, []printer.Format{printer.YAML, printer.JSON})
 	f.clusters.complete(c, g)
 	_ = c.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions([]string{"relay", "kubeconfig"}, cobra.ShellCompDirectiveNoFileComp))
 	return c
@@ -93,27 +117,38 @@ func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name
 	if err := identity.ValidateClusterName(name); err != nil {
 		return err
 	}
+	format, err := printer.Parse(f.output, []printer.Format{printer.YAML, printer.JSON})
+	if err != nil {
+		return usageError{err}
+	}
+	req := registration.Request{Cluster: name, Namespace: g.namespace, RemoteNamespace: f.remoteNamespace, ServerAddress: f.serverAddr, ClusterDomain: f.domain, TokenTTL: f.ttl}
 	switch f.mode {
 	case "relay":
-		if f.serverAddr == "" {
-			return errors.New("--server-address is required: the relay server's host:port as the agent reaches it")
-		}
-		if _, _, err := net.SplitHostPort(f.serverAddr); err != nil {
-			return fmt.Errorf("--server-address %q: %w", f.serverAddr, err)
-		}
-		if f.ttl <= 0 || f.ttl > identity.MaxTokenTTL {
-			return fmt.Errorf("--token-ttl %s out of range (0, %s]", f.ttl, identity.MaxTokenTTL)
+		if err := req.Validate(); err != nil {
+			return err
 		}
 	case "kubeconfig":
+		if f.dryRun || f.chart.Ref != "" {
+			return usagef("--mode kubeconfig registers no agent: --dry-run and --chart do not apply")
+		}
 	default:
 		return fmt.Errorf("--mode %q: want relay or kubeconfig", f.mode)
 	}
-	remoteSrc, ok, err := f.clusters.remote(g, name)
-	if err != nil {
-		return err
+	var remoteSrc kubeclient.Source
+	if !f.dryRun {
+		var ok bool
+		if remoteSrc, ok, err = f.clusters.remote(g, name); err != nil {
+			return err
+		} else if !ok {
+			return fmt.Errorf("no workload cluster: give --remote-context (a context of your kubeconfig; default: a context named %s) or --remote-kubeconfig", name)
+		}
 	}
-	if !ok {
-		return fmt.Errorf("no workload cluster: give --remote-context (a context of your kubeconfig; default: a context named %s) or --remote-kubeconfig", name)
+	// The chart and its values are checked before anything is written.
+	var chart *registration.Loaded
+	if f.chart.Ref != "" {
+		if chart, err = f.chart.Load(); err != nil {
+			return err
+		}
 	}
 	mgmtSrc, err := f.clusters.mgmt(g)
 	if err != nil {
@@ -123,37 +158,134 @@ func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name
 	if err != nil {
 		return fmt.Errorf("management cluster: %w", err)
 	}
+	if f.dryRun {
+		return registerDryRun(ctx, d, mgmt, req, f.chart, chart, format)
+	}
 	remote, err := remoteSrc.Load()
 	if err != nil {
 		return fmt.Errorf("workload cluster: %w", err)
 	}
+	// The workload cluster must answer before anything is written.
+	if _, err := remote.Typed.Discovery().ServerVersion(); err != nil {
+		return fmt.Errorf("workload cluster unreachable: %w", err)
+	}
 	if f.mode == "kubeconfig" {
-		raw, err := standaloneKubeconfig(remoteSrc)
+		raw, err := registration.StandaloneKubeconfig(remoteSrc)
 		if err != nil {
 			return err
 		}
-		return registerKubeconfig(ctx, d.stdout, mgmt, remote, raw, name, g.namespace, f.domain)
+		secret, err := registration.RegisterKubeconfig(ctx, mgmt, remote, raw, name, g.namespace, f.domain)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(d.stdout, "registered cluster %s in kubeconfig mode (WEAKER: the server holds its credentials in %s/%s); the server manages it only with --allow-kubeconfig-clusters\n", name, g.namespace, secret)
+		return nil
 	}
-	return register(ctx, d.stdout, mgmt, remote, name, g.namespace, f.remoteNamespace, f.serverAddr, f.domain, f.ttl)
+	bundle, rollback, err := registration.Register(ctx, mgmt, req)
+	if err != nil {
+		return err
+	}
+	if err := bundle.WriteTo(ctx, remote.Typed); err != nil {
+		rollback(ctx)
+		fmt.Fprintf(d.stdout, "registration of %s failed; rolled back the KubernetesCluster and its token\n", name)
+		return err
+	}
+	fmt.Fprintf(d.stdout, "registered cluster %s: KubernetesCluster %s/%s, bootstrap token %s (single use, expires %s) written to %s/%s in the workload cluster\n",
+		name, g.namespace, name, bundle.TokenID, bundle.ExpiresAt.Format(time.RFC3339), f.remoteNamespace, identity.TokenSecret)
+	if f.chart.Ref == "" {
+		return nil
+	}
+	rel, err := registration.InstallChart(ctx, remoteSrc, bundle, f.chart, chart, d.stderr)
+	if err != nil {
+		// The registration stands: the agent can be installed again (or
+		// with helm) with the Secrets in place.
+		return fmt.Errorf("the cluster is registered, but installing the agent chart failed (run the command again with --chart after deregistering, or helm install): %w", err)
+	}
+	fmt.Fprintf(d.stdout, "installed chart %s %s as release %s (revision %d) in %s of the workload cluster\n", rel.Chart.Metadata.Name, rel.Chart.Metadata.Version, rel.Name, rel.Version, rel.Namespace)
+	return nil
 }
 
-// standaloneKubeconfig is the workload cluster's context alone, with every
-// file it references inlined, for the Secret of a kubeconfig-mode cluster.
-func standaloneKubeconfig(src kubeclient.Source) ([]byte, error) {
-	raw, err := src.Raw()
+// registerDryRun registers in the management cluster and prints what would
+// be written into the workload cluster.
+func registerDryRun(ctx context.Context, d deps, mgmt *kubeclient.Clients, req registration.Request, chart registration.Chart, loaded *registration.Loaded, format printer.Format) error {
+	bundle, rollback, err := registration.Register(ctx, mgmt, req)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if src.Context != "" {
-		raw.CurrentContext = src.Context
+	var rendered string
+	if loaded != nil {
+		if rendered, err = registration.RenderChart(chart, loaded, bundle); err != nil {
+			rollback(ctx)
+			return err
+		}
 	}
-	if err := clientcmdapi.MinifyConfig(&raw); err != nil {
-		return nil, fmt.Errorf("workload cluster kubeconfig: %w", err)
+	var out bytes.Buffer
+	if err := writeBundle(&out, format, bundle, rendered); err != nil {
+		rollback(ctx)
+		return err
 	}
-	if err := clientcmdapi.FlattenConfig(&raw); err != nil {
-		return nil, fmt.Errorf("workload cluster kubeconfig: %w", err)
+	if _, err := d.stdout.Write(out.Bytes()); err != nil {
+		return err
 	}
-	return clientcmd.Write(raw)
+	fmt.Fprintf(d.stderr, "registered cluster %s in the management cluster; the bootstrap token %s in the output is single use and expires %s: apply the output to the workload cluster before then, and keep it encrypted\n",
+		req.Cluster, bundle.TokenID, bundle.ExpiresAt.Format(time.RFC3339))
+	return nil
+}
+
+// writeBundle prints the bundle's objects (and the rendered chart): YAML
+// documents after a comment with the chart values, or one JSON List.
+func writeBundle(w io.Writer, format printer.Format, b *registration.Bundle, rendered string) error {
+	objs := b.Objects()
+	if format == printer.JSON {
+		items := make([]any, 0, len(objs))
+		for _, o := range objs {
+			u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+			if err != nil {
+				return err
+			}
+			items = append(items, u)
+		}
+		for _, doc := range splitYAML(rendered) {
+			var m map[string]any
+			if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+				return fmt.Errorf("rendered chart: %w", err)
+			}
+			if len(m) > 0 {
+				items = append(items, m)
+			}
+		}
+		return printer.WriteJSON(w, map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
+	}
+	values, err := yaml.Marshal(b.Values)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "# Workload cluster %s: apply to its namespace %s. Values of the relaymesh-agent chart:\n", b.Cluster, b.Namespace)
+	for _, line := range strings.Split(strings.TrimSpace(string(values)), "\n") {
+		fmt.Fprintf(w, "#   %s\n", line)
+	}
+	for _, o := range objs {
+		y, err := yaml.Marshal(o)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "---\n%s", y)
+	}
+	if rendered != "" {
+		fmt.Fprintf(w, "%s", rendered)
+	}
+	return nil
+}
+
+// splitYAML splits a YAML stream into documents.
+func splitYAML(s string) []string {
+	var docs []string
+	for _, doc := range strings.Split("\n"+s, "\n---") {
+		if strings.TrimSpace(doc) != "" {
+			docs = append(docs, doc)
+		}
+	}
+	return docs
 }
 
 func newClusterDeregisterCommand(d deps, g *globals) *cobra.Command {
@@ -193,183 +325,22 @@ func newClusterDeregisterCommand(d deps, g *globals) *cobra.Command {
 					return fmt.Errorf("workload cluster: %w", err)
 				}
 			}
-			return deregister(c.Context(), d.stdout, mgmt, remote, name, g.namespace, remoteNamespace)
+			if err := registration.Deregister(c.Context(), mgmt, g.namespace, name); err != nil {
+				return err
+			}
+			fmt.Fprintf(d.stdout, "deregistered cluster %s: its sessions end and its certificate is refused from now on\n", name)
+			if remote == nil {
+				return nil
+			}
+			if err := registration.RemoveAgentSecrets(c.Context(), remote.Typed, remoteNamespace); err != nil {
+				return err
+			}
+			fmt.Fprintf(d.stdout, "removed the agent's secrets from %s in the workload cluster\n", remoteNamespace)
+			return nil
 		},
 	}
 	tc.addFlags(c.Flags(), g, true)
 	c.Flags().StringVar(&remoteNamespace, "remote-namespace", defaultNamespace, "the agent's namespace in the workload cluster")
 	tc.complete(c, g)
 	return c
-}
-
-func register(ctx context.Context, out io.Writer, mgmt, remote *kubeclient.Clients, name, ns, remoteNS, serverAddr, domain string, ttl time.Duration) (err error) {
-	// Everything that can fail is checked before anything is written.
-	roots, err := ca.RelayRootsPEM(ctx, mgmt.Typed, ns)
-	if err != nil {
-		return fmt.Errorf("relay CA not found in %s (start 'relaymesh server' once first): %w", ns, err)
-	}
-	clusters := mgmt.Dynamic.Resource(relay.KubernetesClusters).Namespace(ns)
-	if _, err := clusters.Get(ctx, name, metav1.GetOptions{}); err == nil {
-		return fmt.Errorf("cluster %s is already registered; deregister it first, or mint a new token with 'relaymesh token create --cluster %s'", name, name)
-	} else if !apierrors.IsNotFound(err) {
-		return err
-	}
-	if _, err := remote.Typed.Discovery().ServerVersion(); err != nil {
-		return fmt.Errorf("workload cluster unreachable: %w", err)
-	}
-
-	kc := &multiclusterv1alpha1.KubernetesCluster{
-		TypeMeta:   metav1.TypeMeta{APIVersion: multiclusterv1alpha1.GroupVersion.String(), Kind: "KubernetesCluster"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec:       multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeRelay, ClusterDomain: domain},
-	}
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(kc)
-	if err != nil {
-		return err
-	}
-	if _, err := clusters.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create KubernetesCluster %s: %w", name, err)
-	}
-	// A registration that fails half-way is rolled back, so a retry starts clean.
-	defer func() {
-		if err == nil {
-			return
-		}
-		_ = clusters.Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{})
-		if store, serr := identity.NewKubeTokenStore(mgmt.Typed, ns); serr == nil {
-			_ = store.DeleteCluster(context.WithoutCancel(ctx), name)
-		}
-		fmt.Fprintf(out, "registration of %s failed; rolled back the KubernetesCluster and its token\n", name)
-	}()
-	token, rec, err := mintToken(ctx, mgmt, ns, name, ttl)
-	if err != nil {
-		return err
-	}
-	if err := ensureNamespace(ctx, remote, remoteNS); err != nil {
-		return err
-	}
-	// A client certificate of an earlier registration is useless now (the
-	// server binds certificates to one registration); remove it so the
-	// agent bootstraps with the new token.
-	if err := remote.Typed.CoreV1().Secrets(remoteNS).Delete(ctx, identity.ClientSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("remove the stale %s/%s in the workload cluster: %w", remoteNS, identity.ClientSecret, err)
-	}
-	labels := map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}
-	for _, s := range []*corev1.Secret{
-		{ObjectMeta: metav1.ObjectMeta{Name: identity.RootSecret, Namespace: remoteNS, Labels: labels}, Data: map[string][]byte{identity.KeyCACert: roots}},
-		{ObjectMeta: metav1.ObjectMeta{Name: identity.TokenSecret, Namespace: remoteNS, Labels: labels}, Data: map[string][]byte{identity.KeyToken: []byte(token)}},
-	} {
-		s.Type = corev1.SecretTypeOpaque
-		if err := kubeutil.UpsertSecret(ctx, remote.Typed, s); err != nil {
-			return fmt.Errorf("write %s/%s in the workload cluster: %w", remoteNS, s.Name, err)
-		}
-	}
-	cm := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: agentConfigMap, Namespace: remoteNS, Labels: labels},
-		Data:       map[string]string{"cluster": name, "serverAddress": serverAddr},
-	}
-	if _, err = remote.Typed.CoreV1().ConfigMaps(remoteNS).Create(ctx, cm, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
-		_, err = remote.Typed.CoreV1().ConfigMaps(remoteNS).Update(ctx, cm, metav1.UpdateOptions{})
-	}
-	if err != nil {
-		return fmt.Errorf("write %s/%s in the workload cluster: %w", remoteNS, agentConfigMap, err)
-	}
-	fmt.Fprintf(out, "registered cluster %s: KubernetesCluster %s/%s, bootstrap token %s (single use, expires %s) written to %s/%s in the workload cluster\n",
-		name, ns, name, rec.ID, rec.ExpiresAt.Format(time.RFC3339), remoteNS, identity.TokenSecret)
-	return nil
-}
-
-func mintToken(ctx context.Context, mgmt *kubeclient.Clients, ns, cluster string, ttl time.Duration) (string, identity.TokenRecord, error) {
-	store, err := identity.NewKubeTokenStore(mgmt.Typed, ns)
-	if err != nil {
-		return "", identity.TokenRecord{}, err
-	}
-	tokens, err := identity.NewTokens(identity.TokensConfig{Store: store})
-	if err != nil {
-		return "", identity.TokenRecord{}, err
-	}
-	return tokens.Mint(ctx, cluster, ttl)
-}
-
-func ensureNamespace(ctx context.Context, k *kubeclient.Clients, ns string) error {
-	_, err := k.Typed.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create namespace %s: %w", ns, err)
-	}
-	return nil
-}
-
-func deregister(ctx context.Context, out io.Writer, mgmt, remote *kubeclient.Clients, name, ns, remoteNS string) error {
-	err := mgmt.Dynamic.Resource(relay.KubernetesClusters).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{})
-	if apierrors.IsNotFound(err) {
-		return fmt.Errorf("cluster %s is not registered in %s", name, ns)
-	}
-	if err != nil {
-		return err
-	}
-	store, err := identity.NewKubeTokenStore(mgmt.Typed, ns)
-	if err != nil {
-		return err
-	}
-	if err := store.DeleteCluster(ctx, name); err != nil {
-		return fmt.Errorf("delete bootstrap tokens of %s: %w", name, err)
-	}
-	if err := mgmt.Typed.CoreV1().Secrets(ns).Delete(ctx, relay.KubeconfigSecretName(name), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete the kubeconfig secret of %s: %w", name, err)
-	}
-	fmt.Fprintf(out, "deregistered cluster %s: its sessions end and its certificate is refused from now on\n", name)
-	if remote == nil {
-		return nil
-	}
-	for _, s := range []string{identity.ClientSecret, identity.TokenSecret, identity.RootSecret} {
-		if err := remote.Typed.CoreV1().Secrets(remoteNS).Delete(ctx, s, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("delete %s/%s in the workload cluster: %w", remoteNS, s, err)
-		}
-	}
-	if err := remote.Typed.CoreV1().ConfigMaps(remoteNS).Delete(ctx, agentConfigMap, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	fmt.Fprintf(out, "removed the agent's secrets from %s in the workload cluster\n", remoteNS)
-	return nil
-}
-
-// registerKubeconfig registers a cluster the server manages with a
-// kubeconfig kept in the Secret <name>-kubeconfig (the weaker mode).
-func registerKubeconfig(ctx context.Context, out io.Writer, mgmt, remote *kubeclient.Clients, raw []byte, name, ns, domain string) (err error) {
-	if _, err := relay.ParseKubeconfig(raw); err != nil {
-		return fmt.Errorf("workload cluster kubeconfig: %w", err)
-	}
-	if _, err := remote.Typed.Discovery().ServerVersion(); err != nil {
-		return fmt.Errorf("workload cluster unreachable with that kubeconfig: %w", err)
-	}
-	clusters := mgmt.Dynamic.Resource(relay.KubernetesClusters).Namespace(ns)
-	if _, err := clusters.Get(ctx, name, metav1.GetOptions{}); err == nil {
-		return fmt.Errorf("cluster %s is already registered; deregister it first", name)
-	} else if !apierrors.IsNotFound(err) {
-		return err
-	}
-	secretName := relay.KubeconfigSecretName(name)
-	if err := kubeutil.UpsertSecret(ctx, mgmt.Typed, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: secretName, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh", relay.LabelCluster: name}},
-		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{relay.KubeconfigKey: raw},
-	}); err != nil {
-		return fmt.Errorf("write %s/%s: %w", ns, secretName, err)
-	}
-	kc := &multiclusterv1alpha1.KubernetesCluster{
-		TypeMeta:   metav1.TypeMeta{APIVersion: multiclusterv1alpha1.GroupVersion.String(), Kind: "KubernetesCluster"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeKubeconfig, ClusterDomain: domain,
-			KubeconfigSecretRef: &common.ObjectRef{Name: secretName, Namespace: ns}},
-	}
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(kc)
-	if err != nil {
-		return err
-	}
-	if _, err := clusters.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
-		_ = mgmt.Typed.CoreV1().Secrets(ns).Delete(context.WithoutCancel(ctx), secretName, metav1.DeleteOptions{})
-		return fmt.Errorf("create KubernetesCluster %s: %w", name, err)
-	}
-	fmt.Fprintf(out, "registered cluster %s in kubeconfig mode (WEAKER: the server holds its credentials in %s/%s); the server manages it only with --allow-kubeconfig-clusters\n", name, ns, secretName)
-	return nil
 }

@@ -65,6 +65,14 @@ func TestRunFlags(t *testing.T) {
 		{"ca missing kubeconfig", []string{"ca", "verify", "--kubeconfig", filepath.Join(dir, "a"), "--kubeconfig", filepath.Join(dir, "b")}, 1, "", "no such file"},
 		{"ca kubeconfigs and contexts", []string{"ca", "verify", "--kubeconfig", "a", "--kubeconfig", "b", "--remote-context", "c"}, 2, "", "not both"},
 		{"webhook url without listen", []string{"server", "--audit-log", good, "--webhook-url", "https://127.0.0.1:1/validate"}, 1, "", "need --webhook-listen"},
+		{"check bad output", []string{"check", "-o", "xml"}, 2, "", `-o "xml"`},
+		{"check without cluster", []string{"check", "--kubeconfig", missing}, 1, "", "management cluster"},
+		{"debug no verb", []string{"debug"}, 2, "", "want a subcommand: report"},
+		{"debug report bad log file", []string{"debug", "report", "--log-file", "server"}, 2, "", `--log-file "server": want NAME=VALUE`},
+		{"debug report log file twice", []string{"debug", "report", "--log-file", "a=x", "--log-file", "a=y"}, 2, "", "--log-file a given twice"},
+		{"debug report log name with a path", []string{"debug", "report", "--log-file", "../a=x"}, 2, "", "want NAME=VALUE"},
+		{"debug report bad agent address", []string{"debug", "report", "--agent-metrics-address", "cluster-1"}, 2, "", "want NAME=VALUE"},
+		{"debug report without cluster", []string{"debug", "report", "--kubeconfig", missing, "--out", filepath.Join(dir, "r.tgz")}, 1, "", "management cluster"},
 		{"completion no shell", []string{"completion"}, 2, "", "want one shell"},
 		{"completion bad shell", []string{"completion", "tcsh"}, 2, "", `unknown shell "tcsh"`},
 	}
@@ -91,7 +99,11 @@ func TestEveryCommandHasAnExample(t *testing.T) {
 		assert.NotEmpty(t, c.Short, "%s has no summary", c.CommandPath())
 		if f := c.Flags().Lookup("output"); f != nil {
 			assert.Equal(t, "o", f.Shorthand, c.CommandPath())
-			for _, format := range []string{"table", "wide", "json", "yaml"} {
+			formats := []string{"table", "wide", "json", "yaml"}
+			if c.CommandPath() == "relaymesh cluster register" {
+				formats = []string{"json", "yaml"} // it prints manifests to apply (--dry-run), not a listing
+			}
+			for _, format := range formats {
 				assert.Contains(t, f.Usage, format, "%s -o", c.CommandPath())
 			}
 		}
@@ -105,7 +117,7 @@ func TestEveryCommandHasAnExample(t *testing.T) {
 	}
 	walk(root)
 	assert.Greater(t, n, 20)
-	for _, path := range [][]string{{"cluster", "list"}, {"ca", "status"}, {"ca", "verify"}, {"version"}, {"describe"}, {"policy", "audit"}} {
+	for _, path := range [][]string{{"cluster", "list"}, {"ca", "status"}, {"ca", "verify"}, {"check"}, {"debug", "report"}, {"version"}, {"describe"}, {"policy", "audit"}} {
 		c, _, err := root.Find(path)
 		require.NoError(t, err)
 		assert.NotNil(t, c.Flags().Lookup("output"), "%v has no -o", path)
@@ -146,7 +158,8 @@ func TestCLIDocsFresh(t *testing.T) {
 	have, err := os.ReadFile("../../docs/cli.md")
 	require.NoError(t, err)
 	assert.Equal(t, out.String(), string(have), "docs/cli.md is stale: go run ./cmd/relaymesh docs > docs/cli.md")
-	assert.Contains(t, out.String(), "## relaymesh cluster list")
+	assert.Contains(t, out.String(), "## relaymesh check")
+	assert.Contains(t, out.String(), "## relaymesh debug report")
 	assert.Equal(t, 0, run(context.Background(), []string{"docs", "--check", "../../docs/cli.md"}, &out, &errOut), errOut.String())
 
 	stale := filepath.Join(t.TempDir(), "cli.md")

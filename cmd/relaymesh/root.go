@@ -78,7 +78,7 @@ namespace (default relaymesh), not the context's namespace.`,
 
   # Register a workload cluster and install its agent with the Helm chart
   relaymesh cluster register cluster-1 --mgmt-context mgmt --remote-context cluster-1 \
-    --server-address relay.example.com:9900 --install-chart
+    --server-address relay.example.com:9900 --chart charts/relaymesh-agent
 
   # Shell completion for the current bash session
   source <(relaymesh completion bash)`,
@@ -112,6 +112,8 @@ namespace (default relaymesh), not the context's namespace.`,
 		newPolicyCommand(d, g),
 		newDescribeCommand(d, g),
 		newAuditCommand(d, g),
+		newCheckCommand(d, g),
+		newDebugCommand(d, g),
 		newDashboardCommand(d, g),
 		newVersionCommand(d, g),
 		newCompletionCommand(d),

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/internal/registration"
 	"github.com/relaymesh/relaymesh/relay"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -59,7 +60,7 @@ func runTokenCreate(ctx context.Context, d deps, g *globals, cluster string, ttl
 		}
 		return err
 	}
-	token, rec, err := mintToken(ctx, mgmt, namespace, cluster, ttl)
+	token, rec, err := registration.MintToken(ctx, mgmt.Typed, namespace, cluster, ttl)
 	if err != nil {
 		return err
 	}
