@@ -57,7 +57,8 @@ type LargeSnapshotResult struct {
 }
 
 // LargeSnapshot registers one cluster, bootstraps its agent, and pushes
-// its snapshot of cfg's size, then cfg.Pushes changed ones.
+// its snapshot of cfg's size, then cfg.Pushes changed ones; the pushes are
+// the measured phase (Options.During).
 func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshotResult, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
@@ -128,6 +129,8 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 		stopSampling()
 		return nil, err
 	}
+	stopDuring := cfg.during(ctx, srv)
+	defer stopDuring()
 	sessCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = sess.Run(sessCtx) }()
