@@ -45,7 +45,7 @@ type KubeStatus struct {
 
 // StatusConfig tunes KubeStatus; the zero value takes the defaults.
 type StatusConfig struct {
-	// Workers write statuses in parallel; default 32 (each write is one
+	// Workers write statuses in parallel; default 64 (each write is one
 	// round trip to the apiserver; with fewer, a storm's statuses queue
 	// behind the mirror's many parallel writes of discovered objects).
 	Workers int
@@ -54,19 +54,27 @@ type StatusConfig struct {
 	Heartbeat time.Duration
 	// Resync compares every cluster again this often; default 1m.
 	Resync time.Duration
+	// Coalesce is how long an event waits for others of its cluster before
+	// the write: an agent's certificate and its session arrive about a
+	// second apart, and in a storm one write instead of two is half the
+	// load on the apiserver; default 500ms.
+	Coalesce time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }
 
 func (c StatusConfig) withDefaults() StatusConfig {
 	if c.Workers == 0 {
-		c.Workers = 32
+		c.Workers = 64
 	}
 	if c.Heartbeat == 0 {
 		c.Heartbeat = 30 * time.Second
 	}
 	if c.Resync == 0 {
 		c.Resync = time.Minute
+	}
+	if c.Coalesce == 0 {
+		c.Coalesce = 500 * time.Millisecond
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -146,7 +154,7 @@ func (k *KubeStatus) mark(cluster string, update func(*agentState)) {
 	update(st)
 	st.lastSeen = k.cfg.Now()
 	k.mu.Unlock()
-	k.queue.Add(cluster)
+	k.queue.AddAfter(cluster, k.cfg.Coalesce)
 }
 
 // CertificateIssued implements StatusSink.
