@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -12,6 +13,7 @@ import (
 	"hash"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -464,8 +466,13 @@ func encodeFields(s *relaypb.Snapshot, w *partWriter) error {
 	opts := proto.MarshalOptions{Deterministic: true, UseCachedSize: true}
 	m := s.ProtoReflect()
 	fields := m.Descriptor().Fields()
-	for i := range fields.Len() {
-		fd := fields.Get(i)
+	// In field-number order, which need not be the order of declaration.
+	ordered := make([]protoreflect.FieldDescriptor, fields.Len())
+	for i := range ordered {
+		ordered[i] = fields.Get(i)
+	}
+	slices.SortFunc(ordered, func(a, b protoreflect.FieldDescriptor) int { return cmp.Compare(a.Number(), b.Number()) })
+	for _, fd := range ordered {
 		if !m.Has(fd) {
 			continue
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/stretchr/testify/assert"
@@ -156,6 +157,10 @@ func TestPushFallsBackToWholeSnapshots(t *testing.T) {
 // end; a refused stream is opened again, and the session goes on.
 func TestPushSendsPartsAndRetries(t *testing.T) {
 	snap := testSnapshot(15000)
+	// Every field of a snapshot, so the parts' order is checked for all.
+	snap.Workloads = []*relaypb.Workload{{Name: "app-0", Namespace: "bookinfo", Cluster: "cluster-1", Kind: "Deployment",
+		PodLabels: map[string]string{"app": "app-0", "version": "v1"}, MeshName: "istiod", MeshNamespace: "istio-system"}}
+	snap.Hash = discovery.Hash(snap)
 	data, hash := encoding(t, snap)
 	require.Equal(t, snap.GetHash(), hash)
 	sess := testSession(t, snap)
