@@ -3,14 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -22,8 +15,10 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/relaymesh/relaymesh/examples"
 	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/test/e2e"
 	"github.com/relaymesh/relaymesh/test/istiod"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/trust"
@@ -170,20 +165,11 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// eventually polls cond every 100ms until it holds or timeout passes.
+// eventually polls cond until it holds or timeout passes (e2e.Eventually
+// for the (sub)test now running).
 func (w *world) eventually(timeout time.Duration, what string, cond func() (bool, string)) {
 	w.t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for time.Now().Before(deadline) {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		last = msg
-		time.Sleep(100 * time.Millisecond)
-	}
-	w.t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, last)
+	e2e.Eventually(w.t, timeout, what, cond)
 }
 
 // newWorld starts everything; agent certificates live agentTTL.
@@ -364,32 +350,13 @@ func (w *world) startIstiod(name string, files map[string][]byte) {
 // a VirtualMesh: a root and an intermediate, in cacerts' four files.
 func oldMeshCA(t *testing.T) map[string][]byte {
 	t.Helper()
-	now := time.Now()
-	mk := func(cn string, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, pathLen int) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		require.NoError(t, err)
-		serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
-		require.NoError(t, err)
-		tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{Organization: []string{"old mesh"}, CommonName: cn}, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(365 * 24 * time.Hour),
-			IsCA: true, BasicConstraintsValid: true, MaxPathLen: pathLen, MaxPathLenZero: pathLen == 0, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature}
-		if parent == nil {
-			parent, parentKey = tmpl, key
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
-		require.NoError(t, err)
-		c, err := x509.ParseCertificate(der)
-		require.NoError(t, err)
-		return c, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	}
-	root, rootKey, rootPEM := mk("old root", nil, nil, 1)
-	_, key, interPEM := mk("old intermediate", root, rootKey, 0)
-	der, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
+	root := catest.NewRoot(t, catest.CAOptions{Name: "old root"})
+	inter := root.NewIntermediate(t, catest.CAOptions{Name: "old intermediate", PathLenZero: true})
 	return map[string][]byte{
-		istiod.CACertFile:    interPEM,
-		istiod.CAKeyFile:     pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}),
-		istiod.CertChainFile: append(append([]byte{}, interPEM...), rootPEM...),
-		istiod.RootCertFile:  rootPEM,
+		istiod.CACertFile:    catest.CertsPEM(inter.Cert),
+		istiod.CAKeyFile:     inter.KeyPEM(t),
+		istiod.CertChainFile: catest.CertsPEM(inter.Cert, root.Cert),
+		istiod.RootCertFile:  root.RootsPEM(),
 	}
 }
 
