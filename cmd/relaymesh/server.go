@@ -125,6 +125,7 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.IntVar(&f.conns.MaxPreAuthPerAddress, "max-preauth-connections-per-address", 16, "unauthenticated relay connections open at once from one address")
 	fs.Float64Var(&f.clusters.RenewsPerMinute, "cluster-renewals-per-minute", 6, "certificate renewals a cluster may ask for per minute (burst 10)")
 	fs.IntVar(&f.clusters.MaxSessions, "cluster-max-streams", 32, "relay streams (sessions, snapshots, outputs) one cluster may hold open at once")
+	fs.Float64Var(&f.conns.StreamsPerSecond, "connection-streams-per-second", 50, "streams an authenticated relay connection may open per second (burst 4x); beyond, the connection is closed (what an HTTP/2 rapid-reset flood meets); raise it with --cluster-renewals-per-minute")
 	fs.StringVar(&f.debugEndpoints, "debug-endpoints", "authenticated", "authenticated: /debug/* on the metrics port answers only bearer tokens the apiserver accepts (TokenReview) whose user may get relaymesh.io/debug (SubjectAccessReview); off: not served")
 	fs.StringVar(&f.webhookClientCA, "webhook-client-ca", "", "PEM file of the CA that issued the kube-apiserver's client certificate for admission webhooks (its --admission-control-config-file kubeconfig): the webhook then answers only callers with such a certificate; required with --webhook-listen unless --webhook-allow-unauthenticated")
 	fs.StringVar(&f.dashboardListen, "dashboard-listen", "", "serve the read-only web dashboard on this address, e.g. :9092 (bearer token checked by TokenReview, every view authorized by SubjectAccessReview; see docs/dashboard.md); empty: off")
@@ -293,7 +294,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		Metrics:           metrics,
 		DataPath:          &relay.DataPathConfig{View: view, Outputs: outputs},
 		Trust:             trustCtl,
-		Connections:       f.conns,
+		Connections:       f.connections(),
 		Clusters:          f.clusters,
 	})
 	if err != nil {
@@ -385,6 +386,9 @@ func (f serverFlags) validate() error {
 	}
 	if f.kubeQPS <= 0 {
 		errs = append(errs, errors.New("--kube-qps must be positive"))
+	}
+	if f.conns.StreamsPerSecond <= 0 {
+		errs = append(errs, errors.New("--connection-streams-per-second must be positive"))
 	}
 	if f.clusters.RenewsPerMinute <= 0 {
 		errs = append(errs, errors.New("--cluster-renewals-per-minute must be positive"))
@@ -516,4 +520,12 @@ func (f *serverFlags) reservedSecrets() []string {
 		return nil
 	}
 	return []string{f.caSecret}
+}
+
+// connections are the relay's connection limits, with the stream burst
+// that goes with --connection-streams-per-second.
+func (f serverFlags) connections() relay.ConnectionLimits {
+	c := f.conns
+	c.StreamBurst = int(min(4*c.StreamsPerSecond, 1<<20))
+	return c
 }

@@ -13,7 +13,7 @@ import (
 // a message naming the flag.
 func TestWebhookFlags(t *testing.T) {
 	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", webhookFailurePolicy: "Fail", dnsNames: "localhost", webhookClientCA: "apiserver-client-ca.pem", debugEndpoints: "authenticated",
-		conns: relay.ConnectionLimits{MaxConnections: 1, MaxConnectionsPerAddress: 1, MaxPreAuth: 1, MaxPreAuthPerAddress: 1}, clusters: relay.ClusterLimits{RenewsPerMinute: 1, MaxSessions: 1}, kubeQPS: 200}
+		conns: relay.ConnectionLimits{MaxConnections: 1, MaxConnectionsPerAddress: 1, MaxPreAuth: 1, MaxPreAuthPerAddress: 1, StreamsPerSecond: 50}, clusters: relay.ClusterLimits{RenewsPerMinute: 1, MaxSessions: 1}, kubeQPS: 200}
 	for _, tc := range []struct {
 		name string
 		edit func(*serverFlags)
@@ -42,6 +42,7 @@ func TestWebhookFlags(t *testing.T) {
 		{"bad debug endpoints", func(f *serverFlags) { f.debugEndpoints = "public" }, "use authenticated or off"},
 		{"no connections", func(f *serverFlags) { f.conns.MaxConnections = 0 }, "--max-connections must be at least 1"},
 		{"no renewals", func(f *serverFlags) { f.clusters.RenewsPerMinute = -1 }, "--cluster-renewals-per-minute must be positive"},
+		{"no streams", func(f *serverFlags) { f.conns.StreamsPerSecond = 0 }, "--connection-streams-per-second must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := base

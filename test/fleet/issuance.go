@@ -252,6 +252,12 @@ func issueRelaymesh(ctx context.Context, cfg *IssuanceConfig, csrs [][]byte, res
 	if serverHasFlag(cfg.Env.Binary, renewalBudgetFlag) {
 		opts.ServerArgs = append(append([]string(nil), opts.ServerArgs...), "--"+renewalBudgetFlag+"=1000000")
 	}
+	// So is each authenticated connection's stream budget (50/s: what an
+	// HTTP/2 rapid-reset flood meets), which Renew at full speed over one
+	// session exceeds.
+	if serverHasFlag(cfg.Env.Binary, streamBudgetFlag) {
+		opts.ServerArgs = append(opts.ServerArgs, "--"+streamBudgetFlag+"=1000000")
+	}
 	res.ServerArgs = opts.ServerArgs
 	srv, err := opts.startServer(ctx, "issuance-server")
 	if err != nil {
@@ -377,6 +383,10 @@ func issueRelaymesh(ctx context.Context, cfg *IssuanceConfig, csrs [][]byte, res
 
 // renewalBudgetFlag is the server flag that bounds renewals per cluster.
 const renewalBudgetFlag = "cluster-renewals-per-minute"
+
+// streamBudgetFlag is the server flag that bounds the streams one
+// authenticated connection may open per second.
+const streamBudgetFlag = "connection-streams-per-second"
 
 // serverHasFlag reports whether `bin server --help` lists flag.
 func serverHasFlag(bin, flag string) bool {
