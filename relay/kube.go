@@ -7,6 +7,8 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
@@ -57,7 +59,7 @@ func WatchClusters(ctx context.Context, client dynamic.Interface, namespace stri
 		if kubeconfig != nil {
 			kubeconfig.Remove(kc.Name)
 		}
-		reg.Set(Registration{Name: kc.Name, UID: string(kc.UID)})
+		reg.Watched(Registration{Name: kc.Name, UID: string(kc.UID)})
 	}
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    apply,
@@ -77,6 +79,48 @@ func WatchClusters(ctx context.Context, client dynamic.Interface, namespace stri
 	if err != nil {
 		return err
 	}
+	// A miss (the watch lags) reads the one object; a registration read so
+	// that the watch does not confirm within a minute is read again, and
+	// dropped if it is gone.
+	fetch := func(ctx context.Context, name string) (Registration, bool, error) {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		u, err := client.Resource(KubernetesClusters).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return Registration{}, false, nil
+		}
+		if err != nil {
+			return Registration{}, false, err
+		}
+		kc, err := toCluster(u)
+		if err != nil || kc.DeletionTimestamp != nil || kc.Spec.Mode == multiclusterv1alpha1.ModeKubeconfig {
+			return Registration{}, false, err
+		}
+		return Registration{Name: kc.Name, UID: string(kc.UID)}, true, nil
+	}
+	reg.SetFetch(fetch)
+	go func() {
+		t := time.NewTicker(30 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			for _, name := range reg.Unconfirmed(time.Minute) {
+				cur, ok, err := fetch(ctx, name)
+				switch {
+				case err != nil:
+					log.Warn("cannot re-read a KubernetesCluster the watch has not shown", "cluster", name, "error", err)
+				case !ok:
+					reg.Remove(name)
+				default:
+					reg.Watched(cur) // still there: the watch will say so too
+				}
+			}
+		}
+	}()
 	factory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return fmt.Errorf("KubernetesCluster watch did not sync: %w", ctx.Err())

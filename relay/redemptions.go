@@ -22,7 +22,7 @@ import (
 // token) and holds no secret: digests, the cluster and the public answer.
 
 // redemptionWindow is how long a spent token stays retryable by its key.
-const redemptionWindow = 5 * time.Minute
+const redemptionWindow = 15 * time.Minute
 
 // maxRedemptions bounds the memory; beyond it the oldest entries go (they
 // are only a convenience: losing one costs that agent a new token).

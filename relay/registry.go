@@ -1,6 +1,10 @@
 package relay
 
-import "sync"
+import (
+	"context"
+	"sync"
+	"time"
+)
 
 // Registration is a cluster the server accepts agents from.
 type Registration struct {
@@ -21,11 +25,74 @@ type Registry struct {
 	clusters  map[string]Registration
 	listeners []func(name string)
 	onSet     []func(name string)
+	// fetch reads one registration from the source of truth when the
+	// watch has not shown it (yet); fetched are the names it added that
+	// the watch has not confirmed, with when.
+	fetch   func(ctx context.Context, name string) (Registration, bool, error)
+	fetched map[string]time.Time
 }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{clusters: map[string]Registration{}}
+	return &Registry{clusters: map[string]Registration{}, fetched: map[string]time.Time{}}
+}
+
+// SetFetch lets LookupFresh ask the source of truth on a miss: a watch can
+// lag (an apiserver closes a watcher that falls behind), and a cluster
+// registered a moment ago must not be refused for it.
+func (r *Registry) SetFetch(f func(ctx context.Context, name string) (Registration, bool, error)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fetch = f
+}
+
+// LookupFresh is Lookup, and on a miss one read of the source of truth
+// (SetFetch), whose registration is then kept until the watch confirms or
+// removes it (Unconfirmed). Errors are a miss: fail closed.
+func (r *Registry) LookupFresh(ctx context.Context, name string) (Registration, bool) {
+	if reg, ok := r.Lookup(name); ok || r == nil {
+		return reg, ok
+	}
+	r.mu.RLock()
+	fetch := r.fetch
+	r.mu.RUnlock()
+	if fetch == nil {
+		return Registration{}, false
+	}
+	reg, ok, err := fetch(ctx, name)
+	if err != nil || !ok || reg.Name != name {
+		return Registration{}, false
+	}
+	r.mu.Lock()
+	if _, had := r.clusters[name]; !had {
+		r.fetched[name] = time.Now()
+	}
+	r.mu.Unlock()
+	r.Set(reg)
+	return r.Lookup(name)
+}
+
+// Watched is Set for a registration the watch shows: it confirms one that
+// LookupFresh fetched.
+func (r *Registry) Watched(reg Registration) {
+	r.mu.Lock()
+	delete(r.fetched, reg.Name)
+	r.mu.Unlock()
+	r.Set(reg)
+}
+
+// Unconfirmed are the names LookupFresh added more than age ago that the
+// watch has not shown since.
+func (r *Registry) Unconfirmed(age time.Duration) []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []string
+	for name, at := range r.fetched {
+		if time.Since(at) > age {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // Lookup returns the registration of a cluster. A nil registry has none.
@@ -73,6 +140,7 @@ func (r *Registry) Remove(name string) {
 	r.mu.Lock()
 	_, had := r.clusters[name]
 	delete(r.clusters, name)
+	delete(r.fetched, name)
 	listeners := r.listeners
 	r.mu.Unlock()
 	if had {

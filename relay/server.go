@@ -759,8 +759,9 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 		return nil, fail("bad_csr", cluster, status.Error(codes.InvalidArgument, err.Error()))
 	}
 	// Registration is checked before the token is consumed, so a token sent
-	// too early (before the KubernetesCluster exists) is not burned.
-	reg, ok := s.cfg.Registry.Lookup(cluster)
+	// too early (before the KubernetesCluster exists) is not burned; a
+	// cluster the watch has not shown yet is read from the apiserver.
+	reg, ok := s.cfg.Registry.LookupFresh(ctx, cluster)
 	if !ok {
 		return nil, fail("unregistered", cluster, errBootstrapDenied)
 	}
