@@ -175,15 +175,15 @@ type Agent struct {
 	cfg  AgentConfig
 	snap chan struct{}
 
-	mu       sync.Mutex
-	state    AgentState
-	server   int
-	cert     *tls.Certificate
+	mu     sync.Mutex
+	state  AgentState
+	server int
+	cert   *tls.Certificate
 	// bootKey and bootCSR are kept across Bootstrap attempts until one
 	// succeeds, as the real agent keeps them (a server that spent the token
 	// on an attempt whose answer was lost answers the same key again).
-	bootKey crypto.Signer
-	bootCSR []byte
+	bootKey  crypto.Signer
+	bootCSR  []byte
 	snapshot *relaypb.Snapshot
 	conn     *grpc.ClientConn
 	applied  map[string]appliedObject // by apiVersion/kind/namespace/name
