@@ -60,9 +60,12 @@ type accessCache struct {
 
 // AccessRow is one allowed (source, destination, port).
 type AccessRow struct {
-	Source        string   `json:"source"`
-	SourceCluster string   `json:"sourceCluster"`
+	Source        string `json:"source"`
+	SourceCluster string `json:"sourceCluster"`
+	// Destination is the destination's label (service.namespace @
+	// cluster); DestinationID its matrix ID (cluster/namespace/service).
 	Destination   string   `json:"destination"`
+	DestinationID string   `json:"destinationID"`
 	DestCluster   string   `json:"destinationCluster"`
 	Port          int32    `json:"port"`
 	Route         string   `json:"route"`
@@ -142,7 +145,7 @@ func buildAccessPage(res *accessaudit.Result, f accessFilter, max int) *accessPa
 	q := strings.ToLower(f.Query)
 	var matched []AccessRow
 	for _, pair := range res.Matrix.Pairs {
-		row := AccessRow{Source: pair.Source, Destination: pair.Destination, Port: pair.Port, Route: pair.Route, Via: pair.Via,
+		row := AccessRow{Source: pair.Source, Destination: pair.Destination, DestinationID: pair.Destination, Port: pair.Port, Route: pair.Route, Via: pair.Via,
 			Open: pair.Open, Conditional: pair.Conditional, Policies: []string{}}
 		if s := srcs[pair.Source]; s != nil {
 			row.SourceCluster = s.Cluster
@@ -259,7 +262,7 @@ func buildGraph(rows []AccessRow, srcs map[string]*accessaudit.Source, dsts map[
 			} else {
 				ls = side{r.Source, r.Source, r.SourceCluster}
 			}
-			if d := dsts[r.Destination]; d != nil {
+			if d := dsts[r.DestinationID]; d != nil {
 				rs = keyOf(level, d.Cluster, d.Namespace, d.ID, d.Service+"."+d.Namespace+" @ "+d.Cluster)
 			} else {
 				rs = side{r.Destination, r.Destination, r.DestCluster}
