@@ -75,6 +75,10 @@ charts-lint: ## helm lint --strict both charts, with their defaults and their pr
 bench: tools ## run every benchmark once (numbers go to docs/benchmarks.md)
 	go test -run '^$$' -bench . -benchmem -count=1 ./...
 
+.PHONY: screenshots
+screenshots: deps-test tools ## regenerate the dashboard's screenshots in docs/images/dashboard (the browser test on the demo world, headless Chromium)
+	go test -count=1 -run '^TestDashboard$$' ./dashboard/ -args -screenshots=$(CURDIR)/docs/images/dashboard
+
 fuzz: ## run every native fuzz target for FUZZTIME each
 	hack/fuzz.sh $(FUZZTIME)
 
