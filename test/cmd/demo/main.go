@@ -267,15 +267,27 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 		}
 		return err
 	}
+	dashAddr, err := loopbackAddr()
+	if err != nil {
+		return stop, err
+	}
 	auditLog := filepath.Join(cfg.dir, "audit.log")
 	if err := start("server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--audit-log", auditLog, "--server-dns-names", "localhost", "--server-ips", "127.0.0.1"); err != nil {
+		"--dashboard-listen", dashAddr, "--audit-log", auditLog, "--server-dns-names", "localhost", "--server-ips", "127.0.0.1"); err != nil {
 		return stop, err
 	}
 	if err := waitHTTP(ctx, "http://"+opsAddr+"/healthz", 30*time.Second); err != nil {
 		return stop, fmt.Errorf("server did not come up (see %s): %w", filepath.Join(logs, "server.log"), err)
 	}
 	fmt.Fprintf(out, "  relay gRPC %s, metrics http://%s/metrics, audit log %s, logs in %s\n", relayAddr, opsAddr, auditLog, logs)
+	if err := dashboardViewer(ctx, cs); err != nil {
+		return stop, err
+	}
+	dashURL, tokenCmd := "http://"+dashAddr+"/", tokenCommand(mgmt.Kubeconfig)
+	if err := checkDashboard(ctx, dashURL, tokenCmd); err != nil {
+		return stop, err
+	}
+	fmt.Fprintf(out, "  dashboard %s\n", dashURL)
 
 	step(out, "Registering the workload clusters and starting their agents")
 	for _, name := range cfg.workloads {
@@ -368,6 +380,10 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 		return stop, fmt.Errorf("policy audit: %w: %s", err, b)
 	}
 	fmt.Fprintf(out, "%s", b)
+
+	step(out, "The dashboard: %s", dashURL)
+	fmt.Fprintf(out, "  Sign in with a token of the ServiceAccount relaymesh/%s (bound to the dashboard's viewer ClusterRole):\n", dashboardViewerName)
+	fmt.Fprintf(out, "    %s\n", strings.Join(tokenCmd, " "))
 	return stop, nil
 }
 

@@ -23,7 +23,8 @@ func TestDemoRunsToCompletion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	err := run(ctx, config{dir: filepath.Join(t.TempDir(), "demo"), workloads: []string{"cluster-1", "cluster-2"}, exit: true}, &out)
+	dir := filepath.Join(t.TempDir(), "demo")
+	err := run(ctx, config{dir: dir, workloads: []string{"cluster-1", "cluster-2"}, exit: true}, &out)
 	require.NoError(t, err, out.String())
 	s := out.String()
 	for _, want := range []string{
@@ -56,6 +57,9 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		"ACCESS MATRIX: 2 allowed pairs",
 		"cluster-1/bookinfo/bookinfo-productpage  cluster-2/bookinfo/reviews  9080  federated via relaymesh/bookinfo-federation",
 		"FINDINGS: 0",
+		"==> The dashboard: http://127.0.0.1:",
+		"Sign in with a token of the ServiceAccount relaymesh/dashboard-viewer",
+		"--kubeconfig " + filepath.Join(dir, "clusters") + "/mgmt.kubeconfig -n relaymesh create token dashboard-viewer",
 		"Stopping local clusters",
 	} {
 		assert.Contains(t, s, want)
