@@ -41,6 +41,17 @@ type KubeStatus struct {
 
 	mu    sync.Mutex
 	state map[string]*agentState
+	// written is the status each cluster's last write left, and the
+	// resourceVersions before and after it: while the watch still shows
+	// the object as it was before that write (a watch lags, most of all in
+	// a storm), the write's result is what the cluster has, not a
+	// difference to write again.
+	written map[string]writtenStatus
+}
+
+type writtenStatus struct {
+	before, after string
+	status        multiclusterv1alpha1.KubernetesClusterStatus
 }
 
 // StatusConfig tunes KubeStatus; the zero value takes the defaults.
@@ -100,7 +111,7 @@ func NewKubeStatus(client dynamic.Interface, namespace string, log *slog.Logger,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "cluster-status"}),
 		informer: factory.ForResource(KubernetesClusters).Informer(),
-		state:    map[string]*agentState{}}
+		state:    map[string]*agentState{}, written: map[string]writtenStatus{}}
 }
 
 // Run watches the KubernetesClusters and writes their statuses until ctx
@@ -178,6 +189,7 @@ func (k *KubeStatus) SessionChanged(cluster string, connected bool) {
 func (k *KubeStatus) Forget(cluster string) {
 	k.mu.Lock()
 	delete(k.state, cluster)
+	delete(k.written, cluster)
 	k.mu.Unlock()
 }
 
@@ -221,8 +233,11 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	if cur := k.state[cluster]; cur != nil {
 		st = *cur
 	}
-	k.mu.Unlock()
 	have := kc.Status
+	if w, ok := k.written[cluster]; ok && w.before == kc.ResourceVersion && w.after != kc.ResourceVersion {
+		have = w.status
+	}
+	k.mu.Unlock()
 	patch := map[string]any{}
 	if have.Connected != st.connected {
 		patch["connected"] = st.connected
@@ -258,13 +273,18 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err = k.client.Resource(KubernetesClusters).Namespace(k.namespace).Patch(wctx, cluster, types.MergePatchType, body,
+	got, err := k.client.Resource(KubernetesClusters).Namespace(k.namespace).Patch(wctx, cluster, types.MergePatchType, body,
 		metav1.PatchOptions{FieldManager: "relaymesh-server"}, "status")
 	if apierrors.IsNotFound(err) {
 		return 0, nil // deregistered meanwhile
 	}
 	if err != nil {
 		return 0, fmt.Errorf("patch %v: %w", slices.Sorted(maps.Keys(patch)), err)
+	}
+	if after, err := toCluster(got); err == nil {
+		k.mu.Lock()
+		k.written[cluster] = writtenStatus{before: kc.ResourceVersion, after: after.ResourceVersion, status: after.Status}
+		k.mu.Unlock()
 	}
 	return 0, nil
 }
