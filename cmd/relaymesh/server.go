@@ -226,7 +226,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	// The data path: snapshots become discovered objects; outputs (today
 	// pass-through objects, later translation) go to the agents.
 	view := relay.NewView()
-	mirror := relay.NewMirror(kube.Dynamic, f.namespace, view, log)
+	mirror := relay.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, relay.MirrorConfig{Registerer: reg})
 	go mirror.Run(ctx)
 	go func() {
 		registered := func(c string) bool {
