@@ -249,6 +249,9 @@ type session struct {
 	counted bool
 }
 
+// connBufferSize is the read and write buffer of each relay connection.
+const connBufferSize = 8 << 10
+
 // errRevoked ends the sessions of a deregistered cluster.
 var errRevoked = errors.New("cluster deregistered")
 
@@ -301,8 +304,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		maxMsg = max(maxMsg, dp.Limits.MaxBytes)
 	}
 	lim := cfg.Connections
+	// Idle sessions are most of a fleet: small per-connection buffers (the
+	// 32 KiB defaults are sized for throughput).
 	s.grpc = grpc.NewServer(
 		grpc.Creds(handshakenCreds{}),
+		grpc.ReadBufferSize(connBufferSize),
+		grpc.WriteBufferSize(connBufferSize),
 		grpc.MaxRecvMsgSize(maxMsg),
 		grpc.MaxHeaderListSize(64<<10),
 		grpc.MaxConcurrentStreams(64),
@@ -317,6 +324,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	)
 	s.pre = grpc.NewServer(
 		grpc.Creds(handshakenCreds{}),
+		grpc.ReadBufferSize(connBufferSize),
+		grpc.WriteBufferSize(connBufferSize),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvBytes),
 		grpc.MaxHeaderListSize(16<<10),
 		grpc.MaxConcurrentStreams(2),
