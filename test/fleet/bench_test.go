@@ -73,6 +73,9 @@ func BenchmarkFleetStorm(b *testing.B) {
 	b.ReportMetric(float64(r.Status.NoStatus), "status-missing")
 	b.ReportMetric(float64(r.QueueFull), "queue-full-warnings")
 	b.ReportMetric(r.CPU.Total().Seconds(), "cpu-s")
+	// Reported first, then asserted: a failing run still leaves its numbers.
+	require.Equal(b, r.Agents, r.Status.Correct, "every KubernetesCluster status right %s after the last session", r.Status.After)
+	require.Empty(b, r.Leaks, "no token or private key in the server's logs")
 }
 
 // BenchmarkFleetIssuance: Identity.Renew through the server over open
@@ -101,6 +104,8 @@ func BenchmarkFleetIssuance(b *testing.B) {
 		b.ReportMetric(ms(row.CPUPerCert), fmt.Sprintf("ms-cpu/cert-%s-c%d", row.Backend, row.Concurrency))
 	}
 	require.Empty(b, r.Leaks)
+	// After Renew at full speed, every status names the last certificate.
+	require.Equal(b, r.StatusAfter.Total, r.StatusAfter.Correct, "statuses %s after the last Renew", r.StatusAfter.After)
 }
 
 // BenchmarkFleetIdle: the server's RSS, heap and goroutines per connected,
@@ -119,6 +124,7 @@ func BenchmarkFleetIdle(b *testing.B) {
 	b.ReportMetric(r.PerAgentLiveHeap/1024, "KiB-live-heap/agent")
 	b.ReportMetric(r.PerAgentHeapInuse/1024, "KiB-heap-inuse/agent")
 	b.ReportMetric(r.PerAgentGoroutines, "goroutines/agent")
+	require.Empty(b, r.Leaks, "no token or private key in the server's logs")
 }
 
 // BenchmarkFleetConfigPlane: -fleet.clusters clusters of one mesh, one
@@ -140,6 +146,7 @@ func BenchmarkFleetConfigPlane(b *testing.B) {
 	b.ReportMetric(float64(r.Edits[0].PolicyObjectsMax), "policy-objects/cluster")
 	b.ReportMetric(r.MirroredAfterFirst.Seconds(), "s-mirrored")
 	b.ReportMetric(r.Removed.Seconds(), "s-removed")
+	require.Empty(b, r.Leaks, "no token or private key in the server's logs")
 }
 
 // BenchmarkFleetSnapshotLimit: the largest snapshot (Services of 10 pods)

@@ -59,6 +59,7 @@ type Translation struct {
 // ConfigPlaneResult is what the config-plane run measured.
 type ConfigPlaneResult struct {
 	Clusters int
+	Hygiene
 	// Pushed is agent start → its snapshot accepted.
 	Pushed Summary
 	// MirroredAfterFirst/Last: the first/last snapshot accepted → every
@@ -319,6 +320,10 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		return nil, err
 	}
 	r.Logs, r.Throttled = LogCounts(lines), ThrottledOf(lines)
+	f.Stop()
+	if r.Hygiene, err = srv.CheckHygiene(members); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 

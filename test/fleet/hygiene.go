@@ -46,3 +46,25 @@ func (s *Server) FindSecrets(members []Member) ([]string, error) {
 	}
 	return found, nil
 }
+
+// Hygiene is what every scenario checks at its end, with its agents
+// stopped: the server's audit chain verifies, and no token or private key
+// appears in its logs.
+type Hygiene struct {
+	AuditRecords uint64
+	Leaks        []string
+}
+
+// CheckHygiene verifies the audit log and searches the logs for the
+// members' secrets.
+func (s *Server) CheckHygiene(members []Member) (Hygiene, error) {
+	n, err := s.VerifyAudit()
+	if err != nil {
+		return Hygiene{}, fmt.Errorf("audit log %s: %w", s.AuditPath(), err)
+	}
+	leaks, err := s.FindSecrets(members)
+	if err != nil {
+		return Hygiene{}, err
+	}
+	return Hygiene{AuditRecords: n, Leaks: leaks}, nil
+}

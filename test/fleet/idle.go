@@ -42,7 +42,8 @@ type ServerSample struct {
 // IdleResult is the footprint before and after the fleet connected, and
 // the difference per agent.
 type IdleResult struct {
-	Agents        int
+	Agents int
+	Hygiene
 	Before, After ServerSample
 	// PerAgent is (After - Before) / Agents; LiveHeap is NextGC/2.
 	PerAgentRSS, PerAgentHeapInuse, PerAgentLiveHeap, PerAgentGoroutines float64
@@ -187,5 +188,9 @@ func Idle(ctx context.Context, cfg IdleConfig) (*IdleResult, error) {
 	r.PerAgentHeapInuse = (r.After.HeapInuse - r.Before.HeapInuse) / n
 	r.PerAgentLiveHeap = (r.After.NextGC - r.Before.NextGC) / 2 / n
 	r.PerAgentGoroutines = (r.After.Goroutines - r.Before.Goroutines) / n
+	f.Stop()
+	if r.Hygiene, err = srv.CheckHygiene(members); err != nil {
+		return nil, err
+	}
 	return r, nil
 }

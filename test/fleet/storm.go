@@ -34,6 +34,7 @@ type StormConfig struct {
 // StormResult is what a storm measured.
 type StormResult struct {
 	Agents int
+	Hygiene
 	// Registered is how long registering and minting took; MintsAudited
 	// how long the server then took to audit every mint (neither is part
 	// of the storm).
@@ -228,6 +229,10 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 	}
 	r.QueueFull = len(all)
 	if r.ServerAfter, err = srv.Usage(); err != nil {
+		return nil, err
+	}
+	f.Stop()
+	if r.Hygiene, err = srv.CheckHygiene(members); err != nil {
 		return nil, err
 	}
 	return r, nil
