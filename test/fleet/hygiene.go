@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -67,4 +68,29 @@ func (s *Server) CheckHygiene(members []Member) (Hygiene, error) {
 		return Hygiene{}, err
 	}
 	return Hygiene{AuditRecords: n, Leaks: leaks}, nil
+}
+
+// LastIssued reads the server's audit log: the serial of the last
+// certificate issued or renewed for each cluster. It is what status must
+// name: a Renew the harness gave up on at the end of a window may still
+// have been issued.
+func (s *Server) LastIssued() (map[string]string, error) {
+	b, err := os.ReadFile(s.AuditPath())
+	if err != nil {
+		return nil, err
+	}
+	last := map[string]string{}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var r audit.Record
+		if err := json.Unmarshal(line, &r); err != nil {
+			return nil, fmt.Errorf("audit log %s: %w", s.AuditPath(), err)
+		}
+		if (r.Type == audit.CertIssue || r.Type == audit.CertRenew) && r.Result == audit.ResultSuccess && r.Serial != "" {
+			last[r.Cluster] = r.Serial
+		}
+	}
+	return last, nil
 }
