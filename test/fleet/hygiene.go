@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/relaymesh/relaymesh/audit"
@@ -27,10 +28,24 @@ func (s *Server) VerifyAudit() (uint64, error) {
 
 // FindSecrets reports where any of the members' tokens (whole, or their
 // secret half) or any PEM private key appears in the server's log or audit
-// log. The report names the cluster and the file, never the secret.
+// log. The report names the cluster and the file, never the secret. Every
+// run of base64url characters in the logs is looked up in the set of the
+// members' secrets, so the cost is one pass over the logs, whatever the
+// fleet's size.
 func (s *Server) FindSecrets(members []Member) ([]string, error) {
+	return FindSecretsIn([]string{s.LogPath(), s.AuditPath()}, members)
+}
+
+// FindSecretsIn is FindSecrets over any files.
+func FindSecretsIn(paths []string, members []Member) ([]string, error) {
+	owner := make(map[string]string, len(members))
+	for _, m := range members {
+		if _, secret, ok := strings.Cut(m.Token, "."); ok && secret != "" {
+			owner[secret] = m.Cluster
+		}
+	}
 	var found []string
-	for _, path := range []string{s.LogPath(), s.AuditPath()} {
+	for _, path := range paths {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return nil, err
@@ -38,15 +53,26 @@ func (s *Server) FindSecrets(members []Member) ([]string, error) {
 		if bytes.Contains(b, []byte("PRIVATE KEY")) {
 			found = append(found, fmt.Sprintf("a PEM private key in %s", path))
 		}
-		for _, m := range members {
-			_, secret, _ := strings.Cut(m.Token, ".")
-			if m.Token != "" && bytes.Contains(b, []byte(m.Token)) || secret != "" && bytes.Contains(b, []byte(secret)) {
-				found = append(found, fmt.Sprintf("the token of %s in %s", m.Cluster, path))
+		seen := map[string]bool{}
+		for _, run := range base64urlRuns.FindAll(b, -1) {
+			// A secret may sit inside a longer run (e.g. a whole token's
+			// neighbours): check every window of a secret's length.
+			for i := 0; i+tokenSecretLen <= len(run); i++ {
+				if c, ok := owner[string(run[i:i+tokenSecretLen])]; ok && !seen[c] {
+					seen[c] = true
+					found = append(found, fmt.Sprintf("the token of %s in %s", c, path))
+				}
 			}
 		}
 	}
 	return found, nil
 }
+
+// tokenSecretLen is the length of a token's secret half (32 bytes as
+// unpadded base64url); base64urlRuns finds the runs that may hold one.
+const tokenSecretLen = 43
+
+var base64urlRuns = regexp.MustCompile(`[A-Za-z0-9_-]{43,}`)
 
 // Hygiene is what every scenario checks at its end, with its agents
 // stopped: the server's audit chain verifies, and no token or private key

@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,4 +161,35 @@ func TestSnapshotsAreValid(t *testing.T) {
 	assert.Len(t, rich.GetDestinations(), 40)
 	assert.Len(t, rich.GetWorkloads(), 40)
 	assert.Equal(t, 400, fleet.RichSpec{Namespaces: 2}.Pods())
+}
+
+// FindSecretsIn finds a token's secret wherever it sits in a line (alone,
+// inside a whole token, next to other base64url characters) and names only
+// the cluster; unrelated base64url runs are not reported.
+func TestFindSecretsIn(t *testing.T) {
+	secret := strings.Repeat("Ab1_-", 8) + "xyz" // 43 characters
+	other := strings.Repeat("Zz9", 14) + "q"
+	members := []fleet.Member{{Cluster: "c1", Token: "0123456789abcdef." + secret}, {Cluster: "c2", Token: "fedcba9876543210." + other}}
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+		return p
+	}
+	clean := write("clean.log", `{"msg":"agent session opened","hash":"`+strings.Repeat("ab", 32)+`"}`+"\n")
+	found, err := fleet.FindSecretsIn([]string{clean}, members)
+	require.NoError(t, err)
+	assert.Empty(t, found)
+	for _, line := range []string{secret, "token=0123456789abcdef." + secret, `{"x":"QQ` + secret + `QQ"}`} {
+		leaky := write("leaky.log", line+"\n")
+		found, err := fleet.FindSecretsIn([]string{leaky}, members)
+		require.NoError(t, err)
+		require.Len(t, found, 1, line)
+		assert.Contains(t, found[0], "the token of c1")
+		assert.NotContains(t, found[0], secret)
+	}
+	key := write("key.log", "-----BEGIN EC PRIVATE KEY-----\n")
+	found, err = fleet.FindSecretsIn([]string{key}, members)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a PEM private key in " + key}, found)
 }
