@@ -13,7 +13,9 @@ import (
 	"encoding/binary"
 	"encoding/pem"
 	"fmt"
+	"runtime"
 	"sync"
+	"weak"
 
 	"github.com/relaymesh/relaymesh/internal/text"
 )
@@ -129,22 +131,22 @@ func checkPossession(csr *x509.CertificateRequest) error {
 		return fmt.Errorf("%w: signature algorithm %v is not allowed", ErrInvalidCSR, csr.SignatureAlgorithm)
 	}
 	key, memo := possessionKey(csr)
-	if memo && possessions.seen(key) {
+	if memo && possessionSeen(csr, key) {
 		return nil
 	}
 	if err := csr.CheckSignature(); err != nil {
 		return fmt.Errorf("%w: bad self-signature (no proof of possession): %w", ErrInvalidCSR, err)
 	}
 	if memo {
-		possessions.add(key)
+		possessionVerified(csr, key)
 	}
 	return nil
 }
 
 // possessionKey digests exactly what CheckSignature reads — the signed
 // bytes, the signature, its algorithm and the public key as it is now —
-// so a request whose self-signature verified once (ParseCSR, then
-// IssueAgent) is not verified again, and a request changed since, even its
+// so a request object whose self-signature verified once (ParseCSR, then
+// IssueAgent) is not verified again, and one changed since, even its
 // parsed PublicKey alone, is. ok is false when the key cannot be encoded.
 func possessionKey(csr *x509.CertificateRequest) (key [sha256.Size]byte, ok bool) {
 	spki, err := x509.MarshalPKIXPublicKey(csr.PublicKey)
@@ -163,31 +165,24 @@ func possessionKey(csr *x509.CertificateRequest) (key [sha256.Size]byte, ok bool
 	return key, true
 }
 
-// possessions remembers the most recent self-signatures that verified.
-var possessions = &possessionMemo{max: 4096}
+// possessions remembers, for each parsed request still in memory, the
+// digest (possessionKey) of the self-signature that verified on it. It is
+// per request object, not per request bytes: the same request sent again
+// is parsed into a new object and verified again; only the second check of
+// one request (ParseCSR, then IssueAgent) is saved. An entry goes when its
+// request is collected.
+var possessions sync.Map // weak.Pointer[x509.CertificateRequest] -> [sha256.Size]byte
 
-// possessionMemo is a bounded set of digests (possessionKey); when full it
-// starts over.
-type possessionMemo struct {
-	mu   sync.Mutex
-	max  int
-	keys map[[sha256.Size]byte]struct{}
+func possessionSeen(csr *x509.CertificateRequest, key [sha256.Size]byte) bool {
+	v, ok := possessions.Load(weak.Make(csr))
+	return ok && v.([sha256.Size]byte) == key
 }
 
-func (m *possessionMemo) seen(k [sha256.Size]byte) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	_, ok := m.keys[k]
-	return ok
-}
-
-func (m *possessionMemo) add(k [sha256.Size]byte) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.keys == nil || len(m.keys) >= m.max {
-		m.keys = map[[sha256.Size]byte]struct{}{}
+func possessionVerified(csr *x509.CertificateRequest, key [sha256.Size]byte) {
+	wp := weak.Make(csr)
+	if _, loaded := possessions.Swap(wp, key); !loaded {
+		runtime.AddCleanup(csr, func(wp weak.Pointer[x509.CertificateRequest]) { possessions.Delete(wp) }, wp)
 	}
-	m.keys[k] = struct{}{}
 }
 
 // checkCSR enforces key policy, proof of possession and the extension
