@@ -38,7 +38,9 @@ const Shards = 16
 const Label = "relaymesh.io/output-heads"
 
 // ShardName is the ConfigMap holding cluster's head.
-func ShardName(cluster string) string { return fmt.Sprintf("relaymesh-output-heads-%02d", shardOf(cluster)) }
+func ShardName(cluster string) string {
+	return fmt.Sprintf("relaymesh-output-heads-%02d", shardOf(cluster))
+}
 
 func shardOf(cluster string) int {
 	h := fnv.New32a()
