@@ -26,6 +26,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/server/heads"
 	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/relaymesh/relaymesh/translation/controller"
@@ -233,11 +234,18 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		return err
 	}
 	// Work that must happen once across the replicas runs under the Lease.
-	onceOnly, runOnceOnly, err := f.onceOnlyWork(kube, reg, log)
+	reps, err := f.onceOnlyWork(kube, reg, log)
 	if err != nil {
 		return err
 	}
-	status := relay.NewKubeStatus(kube.Dynamic, f.namespace, log, relay.StatusConfig{})
+	onceOnly := reps.add
+	status := relay.NewKubeStatus(kube.Dynamic, f.namespace, log, relay.StatusConfig{Replica: reps.name})
+	if reps.name != "" {
+		go leader.Heartbeat(ctx, kube.Typed, f.namespace, reps.name, replicaHeartbeat, log)
+		onceOnly(leader.Task{Name: "session-sweep", Run: func(ctx context.Context) {
+			status.Sweep(ctx, replicaHeartbeat, func(ctx context.Context) (map[string]bool, error) { return leader.Alive(ctx, kube.Typed, f.namespace) })
+		}})
+	}
 	registry.OnRevoke(status.Forget)
 	go status.Run(ctx)
 	go serving.Run(ctx)
@@ -245,6 +253,16 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	// The data path: snapshots become discovered objects; outputs (today
 	// pass-through objects, later translation) go to the agents.
 	view := relay.NewView()
+	// Acks go to the cluster's status, where the replica holding the Lease
+	// reads every cluster's, whichever replica the agent talks to.
+	view.OnAck(func(c string) { status.Acked(c, view.Ack(c)) })
+	var acks interface {
+		Ack(cluster string) *relaypb.PullAck
+		OnAck(func(cluster string))
+	} = view
+	if reps.name != "" {
+		acks = status
+	}
 	mirror := relay.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, relay.MirrorConfig{Registerer: reg})
 	go mirror.Run(ctx)
 	onceOnly(leader.Task{Name: "orphan-collection", Run: func(ctx context.Context) {
@@ -292,12 +310,12 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if err := loader.Start(ctx); err != nil {
 		return err
 	}
-	ctl, err := controller.Start(ctx, controller.Config{Client: kube.Dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: view,
+	ctl, err := controller.Start(ctx, controller.Config{Client: kube.Dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: acks,
 		Admission: admitter, Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }})
 	if err != nil {
 		return err
 	}
-	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.Dynamic, Kube: kube.Typed, Namespace: f.namespace, Outputs: outputs, Acks: view,
+	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.Dynamic, Kube: kube.Typed, Namespace: f.namespace, Outputs: outputs, Acks: acks,
 		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }, Audit: auditLog, Logger: log,
 		PKCS11Modules: f.pkcs11Modules, Registerer: reg, ReservedSecrets: f.reservedSecrets()})
 	if err != nil {
@@ -376,7 +394,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	go func() { _ = httpSrv.Serve(mlis) }()
 	defer httpSrv.Close()
 
-	go runOnceOnly(ctx)
+	go reps.run(ctx)
 	log.Info("relay server listening", "relay", lis.Addr().String(), "metrics", mlis.Addr().String(), "trust_domain", td.String(),
 		"registered_clusters", len(registry.Names()), "shared_token_mode", f.allowSharedToken)
 	errc := make(chan error, 1)
@@ -568,37 +586,68 @@ func (f serverFlags) connections() relay.ConnectionLimits {
 	return c
 }
 
-// onceOnlyWork returns how to register work that must run on one replica
-// at a time, and the loop that runs it: under the Lease relaymesh-server
-// (--leader-elect, the default), or unconditionally in this process.
-func (f serverFlags) onceOnlyWork(kube *kubeclient.Clients, reg prometheus.Registerer, log *slog.Logger) (add func(leader.Task), run func(context.Context), err error) {
-	if !f.leaderElect {
-		log.Warn("leader election is off (--leader-elect=false): this process runs the once-only work; run exactly one server replica")
-		var tasks []leader.Task
-		return func(t leader.Task) { tasks = append(tasks, t) }, func(ctx context.Context) {
-			for _, t := range tasks {
-				go t.Run(ctx)
-			}
-		}, nil
-	}
+// replicas is how this process works beside other replicas of the server.
+type replicas struct {
+	// name of this replica ("" with --leader-elect=false: the only one).
+	name string
+	// add registers work that must run on one replica at a time; run runs
+	// it (under the Lease, or unconditionally with --leader-elect=false).
+	add func(leader.Task)
+	run func(context.Context)
+	// leading reports whether this replica runs the once-only work now.
+	leading func() bool
+}
+
+// replicaName is --replica-name, else $POD_NAME, else the host name and
+// the process ID (two processes on one host must not share an identity:
+// both would think they hold the Lease), made a DNS subdomain.
+func (f serverFlags) replica() string {
 	name := f.replicaName
 	if name == "" {
 		name = os.Getenv("POD_NAME")
 	}
 	if name == "" {
 		host, _ := os.Hostname()
-		// Two processes on one host must not share an identity: both would
-		// think they hold the Lease.
-		name = fmt.Sprintf("%s-%d", strings.ToLower(host), os.Getpid())
+		name = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
+	name = strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '.':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, name)
+	return strings.Trim(text.Truncate(name, 200), "-.")
+}
+
+// onceOnlyWork sets up the replicas: the Lease relaymesh-server
+// (--leader-elect, the default), or this process alone.
+func (f serverFlags) onceOnlyWork(kube *kubeclient.Clients, reg prometheus.Registerer, log *slog.Logger) (*replicas, error) {
+	if !f.leaderElect {
+		log.Warn("leader election is off (--leader-elect=false): this process runs the once-only work; run exactly one server replica")
+		var tasks []leader.Task
+		return &replicas{add: func(t leader.Task) { tasks = append(tasks, t) }, run: func(ctx context.Context) {
+			for _, t := range tasks {
+				go t.Run(ctx)
+			}
+		}, leading: func() bool { return true }}, nil
+	}
+	name := f.replica()
 	e, err := leader.New(leader.Config{Client: kube.Typed, Namespace: f.namespace, Name: serverLease, Identity: name,
 		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod, Logger: log, Registerer: reg})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	log.Info("leader election on: once-only work runs while this replica holds the Lease", "lease", f.namespace+"/"+serverLease, "replica", name)
-	return e.Add, e.Run, nil
+	return &replicas{name: name, add: e.Add, run: e.Run, leading: e.Leading}, nil
 }
+
+// replicaHeartbeat is how often a replica renews its own Lease, and how
+// often the leader looks for clusters of replicas that are gone (their
+// Lease lasts 3 heartbeats).
+const replicaHeartbeat = 5 * time.Second
 
 // serverLease is the Lease the server's replicas elect a leader with.
 const serverLease = "relaymesh-server"
