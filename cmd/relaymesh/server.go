@@ -278,6 +278,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		}
 	}})
 	outputs := relay.NewOutputs(time.Now())
+	var afterAdopt []func() // run when a term's leader adopted the heads
 	if f.leaderElect {
 		// Replicas serve one order of versions: the leader's heads.
 		headStore := heads.New(kube.Typed, f.namespace, log)
@@ -287,6 +288,11 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		}
 		outputs.UseHeads(headStore.Head)
 		writer := heads.NewWriter(headStore, outputs, log)
+		writer.Adopted = func() {
+			for _, f := range afterAdopt {
+				f()
+			}
+		}
 		outputs.OnPublish(writer.Dirty)
 		onceOnly(leader.Task{Name: "output-heads", Run: writer.Lead})
 	}
@@ -310,17 +316,27 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if err := loader.Start(ctx); err != nil {
 		return err
 	}
-	ctl, err := controller.Start(ctx, controller.Config{Client: kube.Dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: acks,
+	ctl, err := controller.Start(ctx, controller.Config{Client: kube.Dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: acks, Leading: reps.leading,
 		Admission: admitter, Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }})
 	if err != nil {
 		return err
 	}
-	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.Dynamic, Kube: kube.Typed, Namespace: f.namespace, Outputs: outputs, Acks: acks,
+	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.Dynamic, Kube: kube.Typed, Namespace: f.namespace, Outputs: outputs, Acks: acks, Leading: reps.leading,
 		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }, Audit: auditLog, Logger: log,
 		PKCS11Modules: f.pkcs11Modules, Registerer: reg, ReservedSecrets: f.reservedSecrets()})
 	if err != nil {
 		return err
 	}
+	afterAdopt = append(afterAdopt, ctl.Kick, trustCtl.Kick)
+	onceOnly(leader.Task{Name: "status-and-rotation", Run: func(ctx context.Context) {
+		// Without heads (--leader-elect=false) nothing else starts a term's
+		// statuses; at a term's end, a follower re-reads what it follows.
+		ctl.Kick()
+		trustCtl.Kick()
+		<-ctx.Done()
+		ctl.Kick()
+		trustCtl.Kick()
+	}})
 	for _, r := range sources {
 		r.OnRegister(func(string) { ctl.Kick(); trustCtl.Kick() })
 		r.OnRevoke(func(string) { ctl.Kick(); trustCtl.Kick() })

@@ -272,12 +272,16 @@ type Source interface {
 // Dirty from the start (it only remembers them while following); Lead runs
 // while this replica holds the Lease.
 type Writer struct {
-	store *Store
-	src   Source
-	log   *slog.Logger
-	mu    sync.Mutex
-	dirty map[string]bool
-	wake  chan struct{}
+	// Adopted, if set, is called when a term's adoption is done: versions
+	// (and the trust versions a rotation waits for acks of) changed to the
+	// heads' numbering, so whatever compares acks with them looks again.
+	Adopted func()
+	store   *Store
+	src     Source
+	log     *slog.Logger
+	mu      sync.Mutex
+	dirty   map[string]bool
+	wake    chan struct{}
 }
 
 // NewWriter returns a Writer of src's sets to store.
@@ -304,6 +308,9 @@ func (w *Writer) Dirty(cluster string) {
 // set, until ctx is done (the term ended). Failed writes are retried.
 func (w *Writer) Lead(ctx context.Context) {
 	w.src.Adopt(w.store.All())
+	if w.Adopted != nil {
+		w.Adopted()
+	}
 	for _, c := range w.src.Clusters() {
 		w.Dirty(c)
 	}
