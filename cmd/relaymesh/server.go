@@ -263,7 +263,25 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if reps.name != "" {
 		acks = status
 	}
-	mirror := relay.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, relay.MirrorConfig{Registerer: reg})
+	mirrorCfg := relay.MirrorConfig{Registerer: reg}
+	var sink relay.StatusSink = status
+	if reps.name != "" {
+		// The replica holding a cluster's session writes its objects; the
+		// leader deletes those of clusters that left. A replica whose
+		// agent moved on forgets the snapshot, so it never writes a stale
+		// one over the new holder's.
+		mirrorCfg.Owns = func(c string) bool {
+			if view.Has(c) {
+				return true
+			}
+			_, relayMode := registry.Lookup(c)
+			_, kubeconfigMode := kubeconfigClusters.Lookup(c)
+			return !relayMode && !kubeconfigMode && reps.leading()
+		}
+		sink = releasingSink{KubeStatus: status, view: view}
+	}
+	mirror := relay.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, mirrorCfg)
+	registry.OnRevoke(mirror.Kick)
 	go mirror.Run(ctx)
 	onceOnly(leader.Task{Name: "orphan-collection", Run: func(ctx context.Context) {
 		registered := func(c string) bool {
@@ -353,7 +371,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		SharedToken:       shared,
 		Registry:          registry,
 		ServerCertificate: serving.Certificate,
-		Status:            status,
+		Status:            sink,
 		Audit:             auditLog,
 		Logger:            log,
 		Metrics:           metrics,
@@ -667,3 +685,18 @@ const replicaHeartbeat = 5 * time.Second
 
 // serverLease is the Lease the server's replicas elect a leader with.
 const serverLease = "relaymesh-server"
+
+// releasingSink forgets a cluster's snapshot when its last session on this
+// replica ends: the agent reconnects to some replica, which then owns the
+// cluster's discovered objects.
+type releasingSink struct {
+	*relay.KubeStatus
+	view *relay.View
+}
+
+func (r releasingSink) SessionChanged(cluster string, connected bool) {
+	r.KubeStatus.SessionChanged(cluster, connected)
+	if !connected {
+		r.view.Release(cluster)
+	}
+}
