@@ -66,8 +66,18 @@ func parse(s string) (Head, error) {
 	if err != nil || n == 0 {
 		return Head{}, errors.New("version is not a positive integer")
 	}
+	if n > uint64(time.Now().UnixNano())+maxAhead {
+		// No replica made it (versions start at a replica's start time in
+		// nanoseconds and grow by one per change); kept, it would stop the
+		// leader from ever writing a higher one.
+		return Head{}, errors.New("version is ahead of every replica's clock")
+	}
 	return Head{Version: n, Digest: d}, nil
 }
+
+// maxAhead bounds how far past the wall clock, in nanoseconds, a head's
+// version may be: about 73 minutes of clock skew and changes.
+const maxAhead = 1 << 42
 
 // Store reads the heads from a watch and writes them with the shard's
 // resourceVersion as precondition.
