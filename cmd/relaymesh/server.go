@@ -241,7 +241,6 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	onceOnly := reps.add
 	status := relay.NewKubeStatus(kube.Dynamic, f.namespace, log, relay.StatusConfig{Replica: reps.name})
 	if reps.name != "" {
-		go leader.Heartbeat(ctx, kube.Typed, f.namespace, reps.name, replicaHeartbeat, log)
 		onceOnly(leader.Task{Name: "session-sweep", Run: func(ctx context.Context) {
 			status.Sweep(ctx, replicaHeartbeat, func(ctx context.Context) (map[string]bool, error) { return leader.Alive(ctx, kube.Typed, f.namespace) })
 		}})
@@ -382,6 +381,11 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	})
 	if err != nil {
 		return err
+	}
+	if reps.name != "" {
+		// A replica cut off from the apiserver cannot learn of
+		// deregistrations: it fails closed and its agents move on.
+		go leader.Heartbeat(ctx, kube.Typed, f.namespace, reps.name, replicaHeartbeat, log, srv.SetIsolated)
 	}
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {

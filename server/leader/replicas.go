@@ -21,24 +21,39 @@ func ReplicaLeaseName(replica string) string { return "relaymesh-replica-" + rep
 // leader can tell which replicas are alive (Alive); the Lease lasts
 // 3 periods. A replica that cannot reach the apiserver stops renewing, and
 // the leader counts it gone.
-func Heartbeat(ctx context.Context, client kubernetes.Interface, namespace, replica string, period time.Duration, log *slog.Logger) {
+//
+// isolated, if set, hears when the replica has not renewed for as long as
+// its Lease lasts (true: the leader counts it gone and sweeps its sessions;
+// it cannot learn of deregistrations either) and when it renews again
+// (false).
+func Heartbeat(ctx context.Context, client kubernetes.Interface, namespace, replica string, period time.Duration, log *slog.Logger, isolated func(bool)) {
 	leases := client.CoordinationV1().Leases(namespace)
 	name := ReplicaLeaseName(replica)
 	secs := int32(3 * period / time.Second)
+	lastOK, cut := time.Now(), false
 	for {
-		now := metav1.NewMicroTime(time.Now())
-		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		// A renewal that hangs counts as failed once the Lease is over.
+		rctx, cancel := context.WithTimeout(ctx, period)
+		err := renew(rctx, leases, namespace, name, replica, secs)
+		cancel()
 		switch {
-		case apierrors.IsNotFound(err):
-			_, err = leases.Create(ctx, &coordinationv1.Lease{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{ReplicaLabel: "true"}},
-				Spec:       coordinationv1.LeaseSpec{HolderIdentity: &replica, LeaseDurationSeconds: &secs, RenewTime: &now}}, metav1.CreateOptions{})
 		case err == nil:
-			l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &replica, &secs, &now
-			_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
-		}
-		if err != nil && ctx.Err() == nil {
+			lastOK = time.Now()
+			if cut {
+				cut = false
+				log.Info("this replica's Lease is renewed again", "lease", name)
+				if isolated != nil {
+					isolated(false)
+				}
+			}
+		case ctx.Err() == nil:
 			log.Warn("could not renew this replica's Lease", "lease", name, "error", err)
+			if !cut && time.Since(lastOK) >= time.Duration(secs)*time.Second {
+				cut = true
+				if isolated != nil {
+					isolated(true)
+				}
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -46,6 +61,27 @@ func Heartbeat(ctx context.Context, client kubernetes.Interface, namespace, repl
 		case <-time.After(period):
 		}
 	}
+}
+
+type leaseClient interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error)
+	Create(ctx context.Context, l *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)
+	Update(ctx context.Context, l *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error)
+}
+
+func renew(ctx context.Context, leases leaseClient, namespace, name, replica string, secs int32) error {
+	now := metav1.NewMicroTime(time.Now())
+	l, err := leases.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = leases.Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{ReplicaLabel: "true"}},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &replica, LeaseDurationSeconds: &secs, RenewTime: &now}}, metav1.CreateOptions{})
+	case err == nil:
+		l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &replica, &secs, &now
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+	}
+	return err
 }
 
 // Alive lists the replicas whose Lease is current.
