@@ -432,7 +432,18 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	go func() { _ = httpSrv.Serve(mlis) }()
 	defer httpSrv.Close()
 
-	go reps.run(ctx)
+	// The once-only work stops with ctx; waiting for it lets the elector
+	// release the Lease, so another replica takes over at once instead of
+	// after the lease duration.
+	onceOnlyDone := make(chan struct{})
+	go func() { reps.run(ctx); close(onceOnlyDone) }()
+	defer func() {
+		select {
+		case <-onceOnlyDone:
+		case <-time.After(f.renewDeadline):
+			log.Warn("once-only work did not stop in time; the Lease expires on its own")
+		}
+	}()
 	log.Info("relay server listening", "relay", lis.Addr().String(), "metrics", mlis.Addr().String(), "trust_domain", td.String(),
 		"registered_clusters", len(registry.Names()), "shared_token_mode", f.allowSharedToken)
 	errc := make(chan error, 1)
