@@ -29,8 +29,89 @@ import (
 func TestReplicasStartTogether(t *testing.T) {
 	ctx := context.Background()
 	env := ha.Setup(t, bin, ha.Config{Replicas: 3, Workloads: []string{"cluster-1"}})
-	env.Start(t)
+	var lastRoot *x509.Certificate
+	for round := range startRounds {
+		if round > 0 {
+			// Again from an empty namespace: stop every replica and remove
+			// the relay CA and the serving secret.
+			for _, r := range env.Replicas {
+				require.NoError(t, r.Stop())
+			}
+			for _, name := range []string{"relay-root-tls-secret", "relay-tls-signing-secret", "relay-server-tls-secret"} {
+				require.NoError(t, env.Kube.CoreV1().Secrets(env.Namespace).Delete(ctx, name, metav1.DeleteOptions{}))
+			}
+		}
+		env.Start(t)
+		root := checkOneCA(t, env)
+		if lastRoot != nil {
+			assert.False(t, root.Equal(lastRoot), "round %d: the replicas generated a new relay CA", round)
+		}
+		lastRoot = root
+	}
+	failedStores := 0
+	for _, r := range env.Replicas {
+		b, err := os.ReadFile(r.LogPath)
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "could not store serving certificate secret") {
+				failedStores++
+				t.Logf("%s: %s", r.Name, line)
+			}
+		}
+		assert.NotContains(t, string(b), "half present", r.Name)
+	}
+	t.Logf("relay-server-tls-secret: %d of %d replica starts (%d rounds of %d) could not write it", failedStores, startRounds*len(env.Replicas), startRounds, len(env.Replicas))
 
+	// A real agent bootstraps through replica 0 ...
+	r0, r1 := env.Replicas[0], env.Replicas[1]
+	_, err := env.Run(t, "cluster", "register", "cluster-1", "--mgmt-kubeconfig", env.Mgmt.Kubeconfig, "--namespace", env.Namespace,
+		"--remote-kubeconfig", env.Local.Cluster("cluster-1").Kubeconfig, "--server-address", r0.RelayAddr)
+	require.NoError(t, err)
+	agent := env.StartAgent(t, "agent-1", "cluster-1")
+	first := waitConnected(t, agent, "cluster-1")
+	waitGauge(t, r0, 1)
+	require.NoError(t, agent.Proc.Stop(10*time.Second))
+	workload, err := env.Local.Cluster("cluster-1").Clientset()
+	require.NoError(t, err)
+	_, err = workload.CoreV1().Secrets("relaymesh").Get(ctx, "relay-identity-token-secret", metav1.GetOptions{})
+	require.True(t, apierrors.IsNotFound(err), "the used token is gone from the workload cluster: %v", err)
+	waitGauge(t, r0, 0)
+
+	// ... and connects to replica 1, through the Service name, with the
+	// certificate it stored.
+	agent = env.StartAgent(t, "agent-1-again", "cluster-1", "--server-address", r1.RelayAddr, "--server-name", env.ServiceName())
+	second := waitConnected(t, agent, "cluster-1")
+	assert.Equal(t, first, second, "the agent kept its certificate")
+	waitGauge(t, r1, 1)
+	n, err := r0.Metric(ha.MetricConnectedAgents)
+	require.NoError(t, err)
+	assert.Zero(t, n, "replica 0 holds no session")
+
+	issued := 0
+	for _, rec := range env.AuditRecords(t) {
+		if rec.Cluster == "cluster-1" && rec.Type == "cert.issue" {
+			issued++
+			assert.Equal(t, 0, rec.Replica, "only the replica that took the token issued")
+			assert.Equal(t, first, rec.Serial)
+		}
+	}
+	assert.Equal(t, 1, issued, "one certificate was issued for cluster-1, by bootstrap")
+	env.VerifyAudit(t)
+	for _, r := range env.Replicas {
+		assert.True(t, r.Running(), "%s is still running", r.Name)
+	}
+}
+
+// startRounds is how often the replicas start together on an empty
+// namespace (each a new race to create the relay CA).
+const startRounds = 4
+
+// checkOneCA checks the replicas share one relay CA, each serving a
+// certificate for its own address and the Service name, and returns the
+// root.
+func checkOneCA(t *testing.T, env *ha.Env) *x509.Certificate {
+	t.Helper()
+	ctx := context.Background()
 	// One relay CA: one root secret with one root, one signing secret.
 	roots := env.Roots(t)
 	pool := x509.NewCertPool()
@@ -73,58 +154,7 @@ func TestReplicasStartTogether(t *testing.T) {
 	} else {
 		t.Logf("relay-server-tls-secret: %v", err)
 	}
-	failedStores := 0
-	for _, r := range env.Replicas {
-		b, err := os.ReadFile(r.LogPath)
-		require.NoError(t, err)
-		for _, line := range strings.Split(string(b), "\n") {
-			if strings.Contains(line, "could not store serving certificate secret") {
-				failedStores++
-				t.Logf("%s: %s", r.Name, line)
-			}
-		}
-		assert.NotContains(t, string(b), "half present", r.Name)
-	}
-	t.Logf("replicas that could not store relay-server-tls-secret at start: %d of %d", failedStores, len(env.Replicas))
-
-	// A real agent bootstraps through replica 0 ...
-	r0, r1 := env.Replicas[0], env.Replicas[1]
-	_, err := env.Run(t, "cluster", "register", "cluster-1", "--mgmt-kubeconfig", env.Mgmt.Kubeconfig, "--namespace", env.Namespace,
-		"--remote-kubeconfig", env.Local.Cluster("cluster-1").Kubeconfig, "--server-address", r0.RelayAddr)
-	require.NoError(t, err)
-	agent := env.StartAgent(t, "agent-1", "cluster-1")
-	first := waitConnected(t, agent, "cluster-1")
-	waitGauge(t, r0, 1)
-	require.NoError(t, agent.Proc.Stop(10*time.Second))
-	workload, err := env.Local.Cluster("cluster-1").Clientset()
-	require.NoError(t, err)
-	_, err = workload.CoreV1().Secrets("relaymesh").Get(ctx, "relay-identity-token-secret", metav1.GetOptions{})
-	require.True(t, apierrors.IsNotFound(err), "the used token is gone from the workload cluster: %v", err)
-	waitGauge(t, r0, 0)
-
-	// ... and connects to replica 1, through the Service name, with the
-	// certificate it stored.
-	agent = env.StartAgent(t, "agent-1-again", "cluster-1", "--server-address", r1.RelayAddr, "--server-name", env.ServiceName())
-	second := waitConnected(t, agent, "cluster-1")
-	assert.Equal(t, first, second, "the agent kept its certificate")
-	waitGauge(t, r1, 1)
-	n, err := r0.Metric(ha.MetricConnectedAgents)
-	require.NoError(t, err)
-	assert.Zero(t, n, "replica 0 holds no session")
-
-	issued := 0
-	for _, rec := range env.AuditRecords(t) {
-		if rec.Cluster == "cluster-1" && rec.Type == "cert.issue" {
-			issued++
-			assert.Equal(t, 0, rec.Replica, "only the replica that took the token issued")
-			assert.Equal(t, first, rec.Serial)
-		}
-	}
-	assert.Equal(t, 1, issued, "one certificate was issued for cluster-1, by bootstrap")
-	env.VerifyAudit(t)
-	for _, r := range env.Replicas {
-		assert.True(t, r.Running(), "%s is still running", r.Name)
-	}
+	return rootCerts[0]
 }
 
 // handshake opens a TLS connection to addr as an agent would (TLS 1.3,
