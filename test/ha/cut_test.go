@@ -36,6 +36,11 @@ func TestCutOffFromAPIServer(t *testing.T) {
 	code, err := e2e.GetJSON("http://"+env.Replicas[0].OpsAddr+"/healthz", nil)
 	require.NoError(t, err, "the cut replica is still reachable by agents")
 	assert.Equal(t, 200, code)
+	// What a Service would see: the server's readiness does not depend on
+	// the apiserver today, so a cut replica stays in rotation.
+	code, err = e2e.GetJSON("http://"+env.Replicas[0].OpsAddr+"/readyz", nil)
+	require.NoError(t, err)
+	t.Logf("the cut replica's /readyz answers %d", code)
 
 	// A cluster registered during the cut: replica 0 cannot know it.
 	env.RegisterOnly(t, "late-1", 1)
