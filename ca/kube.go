@@ -38,7 +38,7 @@ const (
 // signing secret. Another replica that sees only the root waits this long
 // for the second secret before reporting a half-present CA.
 const (
-	settleTimeout  = 3 * time.Second
+	settleTimeout  = 10 * time.Second
 	settleInterval = 100 * time.Millisecond
 )
 

@@ -264,6 +264,9 @@ var errIsolated = errors.New("this server replica lost the management apiserver"
 // then try another replica.
 var unavailableIsolated = status.Error(codes.Unavailable, "this server replica lost the management apiserver; try another replica")
 
+// Isolated reports whether the replica is cut off (SetIsolated).
+func (s *Server) Isolated() bool { return s.isolated.Load() }
+
 // SetIsolated says whether this replica is cut off from the management
 // apiserver (its own Lease could not be renewed for a lease duration).
 // Isolated, it cannot learn of deregistrations, so it fails closed: it ends

@@ -43,7 +43,7 @@ func NewServingCert(ctx context.Context, issuer ServerIssuer, dnsNames []string,
 	if len(dnsNames) == 0 && len(ips) == 0 {
 		return nil, errors.New("serving certificate: at least one DNS name or IP is required")
 	}
-	s := &ServingCert{issuer: issuer, dnsNames: dnsNames, ips: ips, store: store, log: log.With("component", "serving-cert")}
+	s := &ServingCert{issuer: issuer, dnsNames: dnsNames, ips: ips, store: store, log: log.With("part", "serving-cert")}
 	if err := s.renew(ctx); err != nil {
 		return nil, err
 	}

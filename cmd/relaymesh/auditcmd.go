@@ -28,7 +28,7 @@ func newAuditCommand(d deps, _ *globals) *cobra.Command {
   relaymesh audit verify audit-0.log audit-1.log audit-2.log`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return errors.New("give at least one audit log FILE")
+				return usagef("want at least one audit log FILE, got 0")
 			}
 			return nil
 		},

@@ -56,7 +56,7 @@ func TestRunFlags(t *testing.T) {
 		{"token no verb", []string{"token"}, 2, "", "want a subcommand: create"},
 		{"token no cluster", []string{"token", "create"}, 1, "", "--cluster is required"},
 		{"token ttl negative", []string{"token", "create", "--cluster", "c", "--ttl", "-1h"}, 1, "", "out of range"},
-		{"audit no file", []string{"audit", "verify"}, 2, "", "want one audit log FILE, got 0"},
+		{"audit no file", []string{"audit", "verify"}, 2, "", "want at least one audit log FILE, got 0"},
 		{"audit missing file", []string{"audit", "verify", filepath.Join(dir, "nope")}, 1, "", "no such file"},
 		{"audit empty file", []string{"audit", "verify", good}, 0, "0 records verified", ""},
 		{"ca no verb", []string{"ca"}, 2, "", "want a subcommand: rotate, status, verify"},

@@ -230,15 +230,19 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if err := relay.WatchClusters(ctx, kube.Dynamic, f.namespace, registry, kubeconfigClusters, log); err != nil {
 		return err
 	}
-	if err := identity.AuditTokenMints(ctx, kube.Typed, f.namespace, auditLog, log); err != nil {
-		return err
-	}
 	// Work that must happen once across the replicas runs under the Lease.
 	reps, err := f.onceOnlyWork(kube, reg, log)
 	if err != nil {
 		return err
 	}
 	onceOnly := reps.add
+	// One audit record per minted token, not one per replica.
+	onceOnly(leader.Task{Name: "token-mint-audit", Run: func(ctx context.Context) {
+		if err := identity.AuditTokenMints(ctx, kube.Typed, f.namespace, auditLog, log); err != nil && ctx.Err() == nil {
+			log.Error("cannot watch bootstrap tokens: their minting is not audited", "error", err)
+		}
+		<-ctx.Done()
+	}})
 	status := relay.NewKubeStatus(kube.Dynamic, f.namespace, log, relay.StatusConfig{Replica: reps.name})
 	if reps.name != "" {
 		onceOnly(leader.Task{Name: "session-sweep", Run: func(ctx context.Context) {
@@ -405,7 +409,12 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	} else {
 		log.Warn("no admission webhook (--webhook-listen): objects the rules refuse can be created, and are marked Invalid and not translated")
 	}
-	mux := opsMux(reg, func() error { return nil })
+	mux := opsMux(reg, func() error {
+		if srv.Isolated() {
+			return errors.New("cut off from the management apiserver: not serving agents")
+		}
+		return nil
+	})
 	if f.debugEndpoints == "authenticated" {
 		auth, err := kubeauth.New(kubeauth.Config{Client: kube.Typed, Logger: log})
 		if err != nil {
