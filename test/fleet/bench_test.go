@@ -29,6 +29,8 @@ var (
 	durationFlag    = flag.Duration("fleet.duration", 2*time.Second, "measured window of each issuance level")
 	concFlag        = flag.String("fleet.concurrency", "1,4,16", "issuance concurrency levels")
 	backendsFlag    = flag.String("fleet.backends", "relaymesh,cfssl,step-ca,step-ca-badgerv2,x509", "issuance back ends")
+	failoverFlag    = flag.Int("fleet.failover-agents", 100, "agents in BenchmarkFleetFailover")
+	steadyFlag      = flag.Duration("fleet.steady", 20*time.Second, "steady window of BenchmarkFleetFailover")
 	reportFlag      = flag.String("fleet.report", "", "write each benchmark's full result as JSON to this file prefix (<prefix>-<benchmark>.json)")
 )
 
@@ -166,4 +168,41 @@ func BenchmarkFleetSnapshotLimit(b *testing.B) {
 		b.ReportMetric(ms(s.AckAfter), "ms-ack-"+s.Shape)
 	}
 	require.NotEmpty(b, r.OverResult)
+}
+
+// BenchmarkFleetFailover: -fleet.failover-agents agents on 3 server
+// replicas; the busiest replica is SIGKILLed, then the Lease holder (with a
+// policy edit right after): kill → every agent that was on it holds its
+// cluster's current output head from another replica, and the apiserver's
+// writes in a -fleet.steady window and after each kill.
+func BenchmarkFleetFailover(b *testing.B) {
+	env := startEnv(b)
+	var r *fleet.FailoverResult
+	for b.Loop() {
+		var err error
+		r, err = fleet.Failover(context.Background(), fleet.FailoverConfig{Options: options(b, env), Agents: *failoverFlag, Steady: *steadyFlag})
+		require.NoError(b, err)
+	}
+	report(b, r)
+	b.ReportMetric(float64(r.Busiest.Moved), "moved-busiest")
+	b.ReportMetric(ms(r.Busiest.Resynced.P50), "ms-busiest-resync-p50")
+	b.ReportMetric(ms(r.Busiest.Resynced.P99), "ms-busiest-resync-p99")
+	b.ReportMetric(ms(r.Busiest.AllResynced), "ms-busiest-resync-max")
+	b.ReportMetric(float64(r.Leader.Moved), "moved-leader")
+	b.ReportMetric(ms(r.Leader.AllResynced), "ms-leader-resync-max")
+	b.ReportMetric(ms(r.Leader.LeaseMoved), "ms-lease-moved")
+	b.ReportMetric(ms(r.Leader.EditAll), "ms-edit-all-acked")
+	b.ReportMetric(r.Steady.PerSecond, "writes/s-steady")
+	b.ReportMetric(r.EtcdEnd, "etcd-B")
+	// Reported first, then asserted: a failing run still leaves its numbers.
+	for _, p := range []fleet.FailoverPhase{r.Busiest, r.Leader} {
+		require.Zero(b, p.NotResynced, "%s: agents that never resynced (%s)", p.Killed, p.Example)
+		require.Equal(b, p.Status.Total, p.Status.Correct, "%s: KubernetesCluster status %+v", p.Killed, p.Status)
+	}
+	require.Zero(b, r.Leader.EditNotReached, "the edit made during the leader's failover reached every agent")
+	require.Zero(b, r.Regressions, "no agent received a version older than one it acked")
+	require.Empty(b, r.Leaks, "no token or private key in any replica's logs")
+	for _, rep := range r.Replica {
+		require.Empty(b, rep.AuditError, "audit chain of %s", rep.Name)
+	}
 }

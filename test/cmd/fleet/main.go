@@ -6,6 +6,7 @@
 //	go run ./test/cmd/fleet idle -agents 1000
 //	go run ./test/cmd/fleet config -clusters 100 -edits 5
 //	go run ./test/cmd/fleet snapshot
+//	go run ./test/cmd/fleet failover -agents 1000 -replicas 3
 //
 // Each run starts its own management cluster (etcd and a kube-apiserver
 // from `make tools`) and server, and stops them at the end; -dir keeps
@@ -43,6 +44,7 @@ Scenarios:
   idle      server RSS, heap and goroutines per connected idle agent
   config    issue 21: mirror, policy edit reaching every agent, deregistration
   snapshot  the largest snapshot an agent can send
+  failover  issue 22: SIGKILL the busiest replica, then the Lease holder; time until their agents resync
 
 Flags:
 `
@@ -171,8 +173,27 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 		f = func(ctx context.Context, o fleet.Options) (any, error) {
 			return fleet.SnapshotLimit(ctx, fleet.SnapshotLimitConfig{Options: o, PodsPerService: *pods})
 		}
+	case "failover":
+		agents := fs.Int("agents", 100, "fleet size")
+		replicas := fs.Int("replicas", 3, "server replicas (at least 3)")
+		perSecond := fs.Float64("per-second", 100, "agents started a second")
+		steady := fs.Duration("steady", time.Minute, "window in which the apiserver's writes are counted with nothing failing")
+		window := fs.Duration("window", 30*time.Second, "writes are counted from each kill over this window (at least until its measurement ends)")
+		timeout := fs.Duration("timeout", 5*time.Minute, "bound on each wait")
+		lease := fs.Duration("leader-lease-duration", 0, "the replicas' --leader-lease-duration (0: the server's default)")
+		renew := fs.Duration("leader-renew-deadline", 0, "the replicas' --leader-renew-deadline (0: the server's default)")
+		retry := fs.Duration("leader-retry-period", 0, "the replicas' --leader-retry-period (0: the server's default)")
+		f = func(ctx context.Context, o fleet.Options) (any, error) {
+			for flag, d := range map[string]time.Duration{"--leader-lease-duration": *lease, "--leader-renew-deadline": *renew, "--leader-retry-period": *retry} {
+				if d != 0 {
+					o.ServerArgs = append(o.ServerArgs, flag, d.String())
+				}
+			}
+			return fleet.Failover(ctx, fleet.FailoverConfig{Options: o, Agents: *agents, Replicas: *replicas, PerSecond: *perSecond,
+				Steady: *steady, Window: *window, Timeout: *timeout})
+		}
 	default:
-		return nil, fmt.Errorf("unknown scenario %q: want storm, issuance, idle, config or snapshot", name)
+		return nil, fmt.Errorf("unknown scenario %q: want storm, issuance, idle, config, snapshot or failover", name)
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
