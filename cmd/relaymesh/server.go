@@ -142,9 +142,9 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.BoolVar(&f.webhookAllowUnauthenticated, "webhook-allow-unauthenticated", false, "WEAKER: serve the webhook to callers without a client certificate; decisions record the caller as unauthenticated and each source address has its own budget")
 	fs.StringVar(&f.replicaName, "replica-name", "", "this replica's name in the server's Lease (unique per replica; default: $POD_NAME, else the host name)")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run the once-only work (orphan collection, the webhook's configuration) only while holding the Lease relaymesh-server in --namespace, so several replicas can run; off: this process does it unconditionally (run exactly one replica)")
-	fs.DurationVar(&f.leaseDuration, "leader-lease-duration", 15*time.Second, "how long the server's Lease lasts without renewal (another replica takes over after it)")
-	fs.DurationVar(&f.renewDeadline, "leader-renew-deadline", 10*time.Second, "how long the leading replica retries renewing before it stops its once-only work")
-	fs.DurationVar(&f.retryPeriod, "leader-retry-period", 2*time.Second, "how often replicas try to acquire or renew the Lease")
+	fs.DurationVar(&f.leaseDuration, "leader-lease-duration", 8*time.Second, "how long the server's Lease lasts without renewal (another replica takes over after it)")
+	fs.DurationVar(&f.renewDeadline, "leader-renew-deadline", 5*time.Second, "how long the leading replica retries renewing before it stops its once-only work")
+	fs.DurationVar(&f.retryPeriod, "leader-retry-period", time.Second, "how often replicas try to acquire or renew the Lease")
 	for name, values := range map[string][]string{"log-level": {"debug", "info", "warn", "error"}, "webhook-failure-policy": {"Fail", "Ignore"}, "debug-endpoints": {"authenticated", "off"}} {
 		_ = c.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
 	}
