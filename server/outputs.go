@@ -1,0 +1,211 @@
+package server
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"hash"
+	"sort"
+	"sync"
+	"time"
+
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"google.golang.org/protobuf/proto"
+)
+
+// Outputs holds each cluster's desired output set and wakes the cluster's
+// Pull streams when it changes. Versions increase across server restarts
+// (they start from the start time in nanoseconds), so an agent never sees a
+// version go backwards.
+type Outputs struct {
+	pubMu   sync.Mutex // serializes SetFrom, so unions are published in order
+	mu      sync.Mutex
+	sources map[string]map[string][]*relaypb.OutputObject // source -> cluster -> objects
+	trust   map[string][]*relaypb.TrustRequest            // cluster -> mesh CAs
+	sets    map[string]*relaypb.OutputSet
+	hashes  map[string]string
+	// trustSince is the version in which each cluster's current trust
+	// requests were first published, and trustHash their digest.
+	trustSince map[string]uint64
+	trustHash  map[string]string
+	next       uint64
+	subs       map[string]map[chan struct{}]struct{}
+	ready      chan struct{}
+	readyMu    sync.Once
+}
+
+// NewOutputs returns an empty store; call MarkReady once every source has
+// published its first state, so no agent prunes on a half-known set.
+func NewOutputs(now time.Time) *Outputs {
+	return &Outputs{
+		sources: map[string]map[string][]*relaypb.OutputObject{}, trust: map[string][]*relaypb.TrustRequest{},
+		sets: map[string]*relaypb.OutputSet{}, hashes: map[string]string{},
+		trustSince: map[string]uint64{}, trustHash: map[string]string{},
+		next: uint64(now.UnixNano()), subs: map[string]map[chan struct{}]struct{}{},
+		ready: make(chan struct{}),
+	}
+}
+
+// MarkReady releases Pull streams.
+func (o *Outputs) MarkReady() { o.readyMu.Do(func() { close(o.ready) }) }
+
+// Ready is closed once outputs are complete.
+func (o *Outputs) Ready() <-chan struct{} { return o.ready }
+
+// Set replaces cluster's objects from the default source.
+func (o *Outputs) Set(cluster string, objects []*relaypb.OutputObject) {
+	o.SetFrom("default", cluster, objects)
+}
+
+// SetFrom replaces what one source (translation, pass-through) contributes
+// to cluster's set; the set is the union of every source's objects. Objects
+// are sorted by manifest, so the same content gives the same set; a new
+// version is made only when the content changed.
+func (o *Outputs) SetFrom(source, cluster string, objects []*relaypb.OutputObject) {
+	o.pubMu.Lock()
+	defer o.pubMu.Unlock()
+	o.mu.Lock()
+	if o.sources[source] == nil {
+		o.sources[source] = map[string][]*relaypb.OutputObject{}
+	}
+	o.sources[source][cluster] = append([]*relaypb.OutputObject(nil), objects...)
+	o.mu.Unlock()
+	o.publish(cluster)
+}
+
+// SetTrust replaces the mesh CAs cluster's agent must keep (shared trust);
+// like objects, a new version is made only when they changed. Unchanged
+// requests cost one digest of them, not of the cluster's whole set: the
+// trust controller calls this for every cluster after every ack.
+func (o *Outputs) SetTrust(cluster string, reqs []*relaypb.TrustRequest) {
+	o.pubMu.Lock()
+	defer o.pubMu.Unlock()
+	sorted := append([]*relaypb.TrustRequest(nil), reqs...)
+	sort.Slice(sorted, func(i, j int) bool {
+		return sorted[i].GetNamespace()+"/"+sorted[i].GetMesh() < sorted[j].GetNamespace()+"/"+sorted[j].GetMesh()
+	})
+	sum := hex.EncodeToString(digest(sha256.New(), sorted))
+	o.mu.Lock()
+	if o.trustHash[cluster] == sum && o.trustSince[cluster] != 0 && o.sets[cluster] != nil {
+		o.mu.Unlock()
+		return
+	}
+	o.trust[cluster] = sorted
+	o.mu.Unlock()
+	o.publish(cluster)
+	o.mu.Lock()
+	o.trustHash[cluster], o.trustSince[cluster] = sum, o.sets[cluster].GetVersion()
+	o.mu.Unlock()
+}
+
+// digest writes the deterministic encoding of each message to h and
+// returns its sum.
+func digest[M proto.Message](h hash.Hash, msgs []M) []byte {
+	for _, m := range msgs {
+		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+		h.Write(b)
+	}
+	return h.Sum(nil)
+}
+
+// TrustVersion returns the version in which cluster's current trust
+// requests were first published (0 if none were): an agent that acked it,
+// or a later one, holds them.
+func (o *Outputs) TrustVersion(cluster string) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.trustSince[cluster]
+}
+
+// publish makes cluster's set from every source's objects and its trust
+// requests. Callers hold pubMu.
+func (o *Outputs) publish(cluster string) {
+	o.mu.Lock()
+	var sorted []*relaypb.OutputObject
+	for _, bySource := range o.sources {
+		sorted = append(sorted, bySource[cluster]...)
+	}
+	trust := o.trust[cluster]
+	o.mu.Unlock()
+	sort.Slice(sorted, func(i, j int) bool { return string(sorted[i].GetManifest()) < string(sorted[j].GetManifest()) })
+	h := sha256.New()
+	digest(h, sorted)
+	h.Write([]byte{0})
+	sum := hex.EncodeToString(digest(h, trust))
+	o.mu.Lock()
+	if o.hashes[cluster] == sum && o.sets[cluster] != nil {
+		o.mu.Unlock()
+		return
+	}
+	o.next++
+	o.sets[cluster] = &relaypb.OutputSet{Version: o.next, Objects: sorted, Trust: trust}
+	o.hashes[cluster] = sum
+	subs := make([]chan struct{}, 0, len(o.subs[cluster]))
+	for ch := range o.subs[cluster] {
+		subs = append(subs, ch)
+	}
+	o.mu.Unlock()
+	for _, ch := range subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Get returns cluster's current set, or nil if none was published yet. An
+// agent prunes what a set lacks, so "nothing known" must never be sent as an
+// empty set.
+func (o *Outputs) Get(cluster string) *relaypb.OutputSet {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.sets[cluster]
+}
+
+// Version returns the version of cluster's current set, 0 if none.
+func (o *Outputs) Version(cluster string) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.sets[cluster].GetVersion()
+}
+
+// Remove forgets a cluster.
+func (o *Outputs) Remove(cluster string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, bySource := range o.sources {
+		delete(bySource, cluster)
+	}
+	delete(o.trust, cluster)
+	delete(o.sets, cluster)
+	delete(o.hashes, cluster)
+	delete(o.trustSince, cluster)
+	delete(o.trustHash, cluster)
+}
+
+// Subscribe returns a channel that receives a value after every change of
+// cluster's set; call cancel when done.
+func (o *Outputs) Subscribe(cluster string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	o.mu.Lock()
+	if o.subs[cluster] == nil {
+		o.subs[cluster] = map[chan struct{}]struct{}{}
+	}
+	o.subs[cluster][ch] = struct{}{}
+	o.mu.Unlock()
+	return ch, func() {
+		o.mu.Lock()
+		delete(o.subs[cluster], ch)
+		o.mu.Unlock()
+	}
+}
+
+// All returns every cluster's set, for the debug endpoint.
+func (o *Outputs) All() map[string]*relaypb.OutputSet {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make(map[string]*relaypb.OutputSet, len(o.sets))
+	for k, v := range o.sets {
+		out[k] = v
+	}
+	return out
+}
