@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/relaymesh/relaymesh/internal/backoff"
+	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -418,9 +419,9 @@ type chunkSender interface {
 // decodes while the agent encodes. It returns the hash the server's ack
 // will carry.
 func (s *Session) sendChunked(stream chunkSender, snap *relaypb.Snapshot) (string, error) {
-	c := withoutHash(snap)
+	c := relay.WithoutHash(snap)
 	hash := snap.GetHash()
-	if !isHexSHA256(hash) {
+	if !relay.IsHexSHA256(hash) {
 		// Not a snapshot of discovery.Build: hash it first.
 		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
 		if err != nil {
@@ -435,12 +436,12 @@ func (s *Session) sendChunked(stream chunkSender, snap *relaypb.Snapshot) (strin
 	if size > MaxChunkedSnapshotBytes {
 		return "", fmt.Errorf("%w: snapshot of %d bytes exceeds the %d-byte limit; the server keeps the last accepted one", errTooLarge, size, MaxChunkedSnapshotBytes)
 	}
-	parts := (size + MaxSnapshotPartBytes - 1) / MaxSnapshotPartBytes
+	parts := (size + relay.MaxSnapshotPartBytes - 1) / relay.MaxSnapshotPartBytes
 	if err := stream.Send(&relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_Header{Header: &relaypb.SnapshotHeader{
 		Cluster: snap.GetCluster(), Hash: hash, Size: uint64(size), Parts: uint32(parts)}}}); err != nil {
 		return "", err
 	}
-	w := &partWriter{stream: stream, sum: sha256.New(), buf: make([]byte, 0, 2*MaxSnapshotPartBytes)}
+	w := &partWriter{stream: stream, sum: sha256.New(), buf: make([]byte, 0, 2*relay.MaxSnapshotPartBytes)}
 	if err := encodeFields(c, w); err != nil {
 		return "", err
 	}
@@ -522,8 +523,8 @@ type partWriter struct {
 
 // flush sends every full part of buf, and with last also the rest.
 func (w *partWriter) flush(last bool) error {
-	for len(w.buf) >= MaxSnapshotPartBytes || last && len(w.buf) > 0 {
-		n := min(len(w.buf), MaxSnapshotPartBytes)
+	for len(w.buf) >= relay.MaxSnapshotPartBytes || last && len(w.buf) > 0 {
+		n := min(len(w.buf), relay.MaxSnapshotPartBytes)
 		// A message MUST NOT change once sent: each part has its own bytes.
 		data := bytes.Clone(w.buf[:n])
 		w.sum.Write(data)
@@ -535,20 +536,6 @@ func (w *partWriter) flush(last bool) error {
 		w.buf = append(w.buf[:0], w.buf[n:]...)
 	}
 	return nil
-}
-
-// withoutHash is a shallow copy of s with every field but the hash.
-func withoutHash(s *relaypb.Snapshot) *relaypb.Snapshot {
-	c := &relaypb.Snapshot{}
-	src, dst := s.ProtoReflect(), c.ProtoReflect()
-	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		if fd.Name() != "hash" {
-			dst.Set(fd, v)
-		}
-		return true
-	})
-	dst.SetUnknown(src.GetUnknown())
-	return c
 }
 
 // Data path limits on the agent's side.

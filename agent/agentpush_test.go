@@ -12,7 +12,9 @@ import (
 
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/internal/backoff"
+	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -121,7 +123,7 @@ func testSession(t *testing.T, snap *relaypb.Snapshot) *Session {
 // Against a server of an earlier release (PushChunked unimplemented) the
 // agent sends its snapshots whole.
 func TestPushFallsBackToWholeSnapshots(t *testing.T) {
-	snap := testSnapshot(3)
+	snap := relaytest.Snapshot(3)
 	sess := testSession(t, snap)
 	fake := &fakeDiscovery{chunkedErrs: []error{status.Error(codes.Unimplemented, "unknown method PushChunked")}}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -139,7 +141,7 @@ func TestPushFallsBackToWholeSnapshots(t *testing.T) {
 	assert.ErrorIs(t, <-done, context.Canceled)
 
 	// A snapshot over the old limit is not sent whole; the agent says why.
-	big := testSnapshot(40000)
+	big := relaytest.Snapshot(40000)
 	require.Greater(t, proto.Size(big), MaxSnapshotBytes)
 	sess = testSession(t, big)
 	fake = &fakeDiscovery{chunkedErrs: []error{status.Error(codes.Unimplemented, "unknown method PushChunked")}}
@@ -156,12 +158,12 @@ func TestPushFallsBackToWholeSnapshots(t *testing.T) {
 // The agent sends a snapshot as a header, parts of at most 1 MiB and an
 // end; a refused stream is opened again, and the session goes on.
 func TestPushSendsPartsAndRetries(t *testing.T) {
-	snap := testSnapshot(15000)
+	snap := relaytest.Snapshot(15000)
 	// Every field of a snapshot, so the parts' order is checked for all.
 	snap.Workloads = []*relaypb.Workload{{Name: "app-0", Namespace: "bookinfo", Cluster: "cluster-1", Kind: "Deployment",
 		PodLabels: map[string]string{"app": "app-0", "version": "v1"}, MeshName: "istiod", MeshNamespace: "istio-system"}}
 	snap.Hash = discovery.Hash(snap)
-	data, hash := encoding(t, snap)
+	data, hash := relaytest.Encode(t, snap)
 	require.Equal(t, snap.GetHash(), hash)
 	sess := testSession(t, snap)
 	fake := &fakeDiscovery{chunkedErrs: []error{status.Error(codes.ResourceExhausted, "no room"), status.Error(codes.InvalidArgument, "framing")}}
@@ -185,9 +187,9 @@ func TestPushSendsPartsAndRetries(t *testing.T) {
 		p := m.GetPart()
 		require.NotNil(t, p)
 		assert.Equal(t, uint32(i), p.GetIndex())
-		assert.LessOrEqual(t, len(p.GetData()), MaxSnapshotPartBytes)
+		assert.LessOrEqual(t, len(p.GetData()), relay.MaxSnapshotPartBytes)
 		if i < len(msgs)-3 {
-			assert.GreaterOrEqual(t, len(p.GetData()), MinSnapshotPartBytes)
+			assert.GreaterOrEqual(t, len(p.GetData()), relay.MinSnapshotPartBytes)
 		}
 		got = append(got, p.GetData()...)
 	}
@@ -248,7 +250,7 @@ func TestPushAgainstEarlierServer(t *testing.T) {
 	t.Cleanup(func() { _ = conn.Close() })
 	client := relaypb.NewDiscoveryClient(conn)
 
-	snap := testSnapshot(3)
+	snap := relaytest.Snapshot(3)
 	sess := testSession(t, snap)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -267,7 +269,7 @@ func TestPushAgainstEarlierServer(t *testing.T) {
 	cancel()
 	assert.ErrorIs(t, <-done, context.Canceled)
 
-	big := testSnapshot(40000)
+	big := relaytest.Snapshot(40000)
 	require.Greater(t, proto.Size(big), MaxSnapshotBytes)
 	sess = testSession(t, big)
 	ctx, cancel = context.WithCancel(context.Background())

@@ -37,11 +37,3 @@ func (k *KubeStatus) AgentClock(cluster string, offset time.Duration) {
 	offset = offset.Round(time.Millisecond)
 	k.mark(cluster, func(st *agentState) { st.clockOffset = &offset })
 }
-
-// now is the agent's clock.
-func (s *Session) now() time.Time {
-	if s.cfg.Clock != nil {
-		return s.cfg.Clock()
-	}
-	return time.Now()
-}

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/server/servertest"
 )
 
 // BenchmarkBootstrap measures a full agent bootstrap as an agent sees it: a
@@ -14,12 +14,12 @@ import (
 // memory) and issuance, on loopback. Minting and CSR generation happen
 // outside the timer.
 func BenchmarkBootstrap(b *testing.B) {
-	srv := relaytest.New(b, relaytest.Options{})
+	srv := servertest.New(b, servertest.Options{})
 	ctx := context.Background()
 	for b.Loop() {
 		b.StopTimer()
 		tok := srv.Mint("cluster-1", time.Hour)
-		csr, _ := relaytest.CSRPEM(b)
+		csr, _ := servertest.CSRPEM(b)
 		b.StartTimer()
 		conn, err := srv.NewConn(srv.ServerOnly())
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
@@ -22,7 +23,7 @@ import (
 type DataPathConfig struct {
 	View    *View
 	Outputs *Outputs
-	Limits  SnapshotLimits
+	Limits  relay.SnapshotLimits
 	// SnapshotsPerSecond and SnapshotBurst bound how often one agent may
 	// push; defaults 2/s, burst 10. Extra snapshots are refused, not queued.
 	SnapshotsPerSecond float64
@@ -55,17 +56,17 @@ type discoveryService struct {
 	limiters map[string]*rate.Limiter // per cluster, so new streams get no fresh budget
 
 	budgetOnce sync.Once
-	budget     *snapshotBudget
+	budget     *relay.SnapshotBudget
 }
 
 // snapshotBudget returns the server-wide budget of snapshots in transit.
-func (d *discoveryService) snapshotBudget() *snapshotBudget {
+func (d *discoveryService) snapshotBudget() *relay.SnapshotBudget {
 	d.budgetOnce.Do(func() {
 		limit := d.cfg.SnapshotMemory
 		if limit <= 0 {
 			limit = defaultSnapshotMemory
 		}
-		d.budget = newSnapshotBudget(limit, d.s.cfg.Metrics.snapshotAssembly)
+		d.budget = relay.NewSnapshotBudget(limit, d.s.cfg.Metrics.snapshotAssembly)
 	})
 	return d.budget
 }
@@ -125,7 +126,7 @@ func (d *discoveryService) Push(stream relaypb.Discovery_PushServer) error {
 		if !lim.Allow() {
 			problem, reason = d.rateLimited(), "rate_limited"
 		} else {
-			problem = ValidateSnapshot(a.cluster, snap, d.cfg.Limits)
+			problem = relay.ValidateSnapshot(a.cluster, snap, d.cfg.Limits)
 		}
 		ack, err := d.ingest(a, snap, snap.GetHash(), proto.Size(snap), problem, reason)
 		if err != nil {
@@ -138,7 +139,7 @@ func (d *discoveryService) Push(stream relaypb.Discovery_PushServer) error {
 }
 
 func (d *discoveryService) rateLimited() error {
-	return fmt.Errorf("%w: %s", ErrSnapshotRefused, d.rateMessage())
+	return fmt.Errorf("%w: %s", relay.ErrSnapshotRefused, d.rateMessage())
 }
 
 func (d *discoveryService) rateMessage() string {
@@ -206,7 +207,7 @@ func (d *discoveryService) PushChunked(stream relaypb.Discovery_PushChunkedServe
 			return err
 		}
 		timer.Stop()
-		if dl, ok := c.asm.deadline(); ok {
+		if dl, ok := c.asm.Deadline(); ok {
 			timer.Reset(time.Until(dl))
 		}
 		if ack == nil {
@@ -225,7 +226,7 @@ type chunkedStream struct {
 	d   *discoveryService
 	a   *agent
 	lim *rate.Limiter
-	asm *assembler
+	asm *relay.Assembler
 }
 
 // newChunkedStream starts a stream of the authenticated agent a; now is
@@ -236,7 +237,7 @@ func (d *discoveryService) newChunkedStream(a *agent, now func() time.Time) *chu
 		deadline = defaultSnapshotDeadline
 	}
 	return &chunkedStream{d: d, a: a, lim: d.limiter(a.cluster),
-		asm: newAssembler(assemblerConfig{cluster: a.cluster, limits: d.cfg.Limits, budget: d.snapshotBudget(), deadline: deadline, now: now})}
+		asm: relay.NewAssembler(relay.AssemblerConfig{Cluster: a.cluster, Limits: d.cfg.Limits, Budget: d.snapshotBudget(), Deadline: deadline, Now: now})}
 }
 
 // take handles the stream's next message. It returns the ack of the
@@ -245,39 +246,39 @@ func (d *discoveryService) newChunkedStream(a *agent, now func() time.Time) *chu
 // accepted snapshot stays unless an accepted one replaces it.
 func (c *chunkedStream) take(chunk *relaypb.SnapshotChunk) (*relaypb.PushAck, error) {
 	d, a := c.d, c.a
-	if _, inTransit := c.asm.deadline(); chunk.GetHeader() != nil && !inTransit && !c.lim.Allow() {
-		return nil, d.refuseStream(a, &chunkError{code: codes.ResourceExhausted, reason: "rate_limited", msg: d.rateMessage()})
+	if _, inTransit := c.asm.Deadline(); chunk.GetHeader() != nil && !inTransit && !c.lim.Allow() {
+		return nil, d.refuseStream(a, &relay.ChunkError{Code: codes.ResourceExhausted, Reason: "rate_limited", Msg: d.rateMessage()})
 	}
-	out, err := c.asm.add(chunk)
+	out, err := c.asm.Add(chunk)
 	if err != nil {
 		return nil, d.refuseStream(a, err)
 	}
 	if out == nil {
 		return nil, nil
 	}
-	defer c.asm.release()
-	problem := out.err
+	defer c.asm.Release()
+	problem := out.Err
 	if problem == nil {
-		problem = validateSnapshot(a.cluster, out.snapshot, d.cfg.Limits.withDefaults(), func(*relaypb.Snapshot) string { return out.hash })
+		problem = relay.ValidateAssembled(a.cluster, out.Snapshot, d.cfg.Limits, out.Hash)
 	}
-	return d.ingest(a, out.snapshot, out.hash, out.size, problem, "invalid")
+	return d.ingest(a, out.Snapshot, out.Hash, out.Size, problem, "invalid")
 }
 
 // expire refuses the snapshot in transit: its deadline passed.
-func (c *chunkedStream) expire() error { return c.d.refuseStream(c.a, c.asm.expire()) }
+func (c *chunkedStream) expire() error { return c.d.refuseStream(c.a, c.asm.Expire()) }
 
 // close returns what the stream held; it ended.
-func (c *chunkedStream) close() { c.asm.close() }
+func (c *chunkedStream) close() { c.asm.Close() }
 
-// refuseStream ends a PushChunked stream for err (a *chunkError), records
+// refuseStream ends a PushChunked stream for err (a *relay.ChunkError), records
 // the refusal, and leaves the last accepted snapshot in force.
 func (d *discoveryService) refuseStream(a *agent, err error) error {
-	ce := &chunkError{code: codes.Internal, reason: "framing", msg: err.Error()}
+	ce := &relay.ChunkError{Code: codes.Internal, Reason: "framing", Msg: err.Error()}
 	errors.As(err, &ce)
-	d.s.cfg.Metrics.snapshotsRefused.WithLabelValues(ce.reason).Inc()
+	d.s.cfg.Metrics.snapshotsRefused.WithLabelValues(ce.Reason).Inc()
 	d.cfg.View.Refused(a.cluster, ce.Error())
-	d.s.log.Warn("snapshot stream refused", "cluster", a.cluster, "reason", ce.reason, "error", ce.Error())
-	return status.Error(ce.code, ce.Error())
+	d.s.log.Warn("snapshot stream refused", "cluster", a.cluster, "reason", ce.Reason, "error", ce.Error())
+	return status.Error(ce.Code, ce.Error())
 }
 
 // Pull implements relaypb.DiscoveryServer: the current set at once, then

@@ -11,7 +11,8 @@ import (
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -38,7 +39,7 @@ func rehash(s *relaypb.Snapshot) *relaypb.Snapshot {
 	return s
 }
 
-func pushStream(t *testing.T, f *relaytest.Server, cred relaytest.AgentCred) relaypb.Discovery_PushClient {
+func pushStream(t *testing.T, f *servertest.Server, cred servertest.AgentCred) relaypb.Discovery_PushClient {
 	t.Helper()
 	stream, err := relaypb.NewDiscoveryClient(f.Dial(f.MTLS(cred.TLS))).Push(context.Background())
 	require.NoError(t, err)
@@ -54,7 +55,7 @@ func push(t *testing.T, stream relaypb.Discovery_PushClient, s *relaypb.Snapshot
 }
 
 func TestPushValidation(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{DataPath: true, Limits: relay.SnapshotLimits{MaxObjects: 100, MaxBytes: 256 << 10}, SnapshotBurst: 100})
+	f := servertest.New(t, servertest.Options{DataPath: true, Limits: relay.SnapshotLimits{MaxObjects: 100, MaxBytes: 256 << 10}, SnapshotBurst: 100})
 	stream := pushStream(t, f, f.Bootstrap("cluster-1"))
 	good := snapshot("cluster-1", 3)
 	ack := push(t, stream, good)
@@ -188,7 +189,7 @@ func TestPushValidation(t *testing.T) {
 			assert.Contains(t, f.View.Clusters()["cluster-1"].LastError, tt.want)
 		})
 	}
-	assert.Equal(t, float64(len(tests)), f.Metric(relay.MetricSnapshotsRefused, "reason", "invalid"))
+	assert.Equal(t, float64(len(tests)), f.Metric(server.MetricSnapshotsRefused, "reason", "invalid"))
 }
 
 func TestValidateSnapshotSize(t *testing.T) {
@@ -203,7 +204,7 @@ func TestValidateSnapshotSize(t *testing.T) {
 // A message larger than the transport admits ends the stream with
 // ResourceExhausted; nothing is accepted.
 func TestPushOversizedMessage(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{DataPath: true})
+	f := servertest.New(t, servertest.Options{DataPath: true})
 	cred := f.Bootstrap("cluster-1")
 	good := snapshot("cluster-1", 1)
 	require.True(t, push(t, pushStream(t, f, cred), good).GetAccepted())
@@ -218,7 +219,7 @@ func TestPushOversizedMessage(t *testing.T) {
 }
 
 func TestPushFlood(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{DataPath: true})
+	f := servertest.New(t, servertest.Options{DataPath: true})
 	stream := pushStream(t, f, f.Bootstrap("cluster-1"))
 	var accepted, refused int
 	var lastGood string
@@ -237,11 +238,11 @@ func TestPushFlood(t *testing.T) {
 	assert.Positive(t, refused, "a flood is refused")
 	assert.LessOrEqual(t, accepted, 12)
 	assert.Equal(t, lastGood, f.View.Snapshot("cluster-1").GetHash(), "the last accepted snapshot stays")
-	assert.Equal(t, float64(refused), f.Metric(relay.MetricSnapshotsRefused, "reason", "rate_limited"))
+	assert.Equal(t, float64(refused), f.Metric(server.MetricSnapshotsRefused, "reason", "rate_limited"))
 }
 
 func TestPullDeliversVersionsAndRecordsAcks(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{DataPath: true})
+	f := servertest.New(t, servertest.Options{DataPath: true})
 	c1 := f.Bootstrap("cluster-1")
 	f.Outputs.Set("cluster-1", []*relaypb.OutputObject{{Manifest: []byte(`{"apiVersion":"networking.istio.io/v1","kind":"VirtualService","metadata":{"name":"a","namespace":"x"}}`), Parents: []string{"TrafficPolicy/x/p"}}})
 	f.Outputs.Set("cluster-2", []*relaypb.OutputObject{{Manifest: []byte(`{"secret":"for cluster-2 only"}`)}})
@@ -254,7 +255,7 @@ func TestPullDeliversVersionsAndRecordsAcks(t *testing.T) {
 	require.NoError(t, stream.Send(&relaypb.PullAck{Version: set.GetVersion(), Results: []*relaypb.ObjectResult{{Kind: "VirtualService", Namespace: "x", Name: "a", Outcome: "conflict", Error: "exists and is not managed by relaymesh"}}}))
 	require.Eventually(t, func() bool { return f.View.Clusters()["cluster-1"].Ack != nil }, 2*time.Second, 10*time.Millisecond)
 	assert.Len(t, f.View.Clusters()["cluster-1"].Conflicts, 1)
-	assert.Equal(t, float64(1), f.Metric(relay.MetricApplyResults, "cluster", "cluster-1", "outcome", "conflict"))
+	assert.Equal(t, float64(1), f.Metric(server.MetricApplyResults, "cluster", "cluster-1", "outcome", "conflict"))
 
 	f.Outputs.Set("cluster-1", nil)
 	next, err := stream.Recv()
@@ -272,7 +273,7 @@ func TestPullDeliversVersionsAndRecordsAcks(t *testing.T) {
 // server keeps at most 1,000, each cut to 256 bytes, plus the results for
 // Secrets (mesh CAs), and serves no more than that from /debug.
 func TestAckContentsAreBounded(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{DataPath: true})
+	f := servertest.New(t, servertest.Options{DataPath: true})
 	c1 := f.Bootstrap("cluster-1")
 	f.Outputs.Set("cluster-1", []*relaypb.OutputObject{{Manifest: []byte(`{"apiVersion":"networking.istio.io/v1","kind":"VirtualService","metadata":{"name":"a","namespace":"x"}}`)}})
 	stream, err := relaypb.NewDiscoveryClient(f.Dial(f.MTLS(c1.TLS))).Pull(context.Background())
@@ -301,7 +302,7 @@ func TestAckContentsAreBounded(t *testing.T) {
 }
 
 func TestDataPathNeedsAClientCertificate(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{DataPath: true})
+	f := servertest.New(t, servertest.Options{DataPath: true})
 	stream, err := relaypb.NewDiscoveryClient(f.Dial(f.ServerOnly())).Push(context.Background())
 	require.NoError(t, err)
 	_, err = stream.Recv()
@@ -312,7 +313,7 @@ func TestDataPathNeedsAClientCertificate(t *testing.T) {
 // acceptance of a 10,000-destination snapshot (20,001 objects).
 func BenchmarkSnapshotIngestion(b *testing.B) {
 	s := snapshot("cluster-1", 10000)
-	view := relay.NewView()
+	view := server.NewView()
 	objects := len(s.GetMeshes()) + len(s.GetWorkloads()) + len(s.GetDestinations())
 	for b.Loop() {
 		if err := relay.ValidateSnapshot("cluster-1", s, relay.SnapshotLimits{}); err != nil {
@@ -347,10 +348,10 @@ func FuzzValidateSnapshot(f *testing.F) {
 		if relay.ValidateSnapshot("cluster-1", s, relay.SnapshotLimits{}) != nil {
 			return
 		}
-		objs, err := relay.DiscoveredObjects(s, "relaymesh")
+		objs, err := server.DiscoveredObjects(s, "relaymesh")
 		require.NoError(t, err)
 		for _, o := range objs {
-			require.Equal(t, "cluster-1", o.Object.GetLabels()[relay.LabelCluster])
+			require.Equal(t, "cluster-1", o.Object.GetLabels()[server.LabelCluster])
 			require.Empty(t, schemaErrors(t, o.Object), "accepted snapshot, refused object %s %s", o.Object.GetKind(), o.Object.GetName())
 		}
 	})
@@ -383,7 +384,7 @@ func TestAcceptedSnapshotsBecomeStorableObjects(t *testing.T) {
 	s.Workloads[0].PodLabels = map[string]string{"example.com/" + strings.Repeat("k", 63): strings.Repeat("v", 63)}
 	rehash(s)
 	require.NoError(t, relay.ValidateSnapshot("cluster-1", s, relay.SnapshotLimits{}))
-	objs, err := relay.DiscoveredObjects(s, "relaymesh")
+	objs, err := server.DiscoveredObjects(s, "relaymesh")
 	require.NoError(t, err)
 	require.Len(t, objs, 3)
 	for _, o := range objs {

@@ -8,8 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/relaymesh/relaymesh/agent/apply"
 	"github.com/relaymesh/relaymesh/discovery"
-	"github.com/relaymesh/relaymesh/relay/apply"
+	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	discoveryclient "k8s.io/client-go/discovery"
@@ -221,7 +222,7 @@ func (a *InProcessAgents) pushLoop(ctx context.Context, cluster string, disc *di
 		if snap.GetHash() != last {
 			// Nothing travels in one message here: the size limit is a
 			// chunked push's.
-			if err := ValidateSnapshot(cluster, snap, SnapshotLimits{MaxBytes: SnapshotLimits{}.withDefaults().MaxChunkedBytes}); err != nil {
+			if err := relay.ValidateSnapshot(cluster, snap, relay.SnapshotLimits{MaxBytes: relay.SnapshotLimits{}.WithDefaults().MaxChunkedBytes}); err != nil {
 				a.view.Refused(cluster, err.Error())
 			} else {
 				a.view.Accept(cluster, snap, time.Now())

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -32,7 +32,7 @@ func kubeconfig(cluster, user string) []byte {
 
 func TestParseKubeconfig(t *testing.T) {
 	good := kubeconfig("certificate-authority-data: Zm9v", "token: abc")
-	cfg, err := relay.ParseKubeconfig(good)
+	cfg, err := server.ParseKubeconfig(good)
 	require.NoError(t, err)
 	assert.Equal(t, "https://127.0.0.1:6443", cfg.Host)
 
@@ -51,7 +51,7 @@ func TestParseKubeconfig(t *testing.T) {
 		"oversized":        {[]byte(strings.Repeat("#", 2<<20)), "at most 1 MiB"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := relay.ParseKubeconfig(tt.raw)
+			_, err := server.ParseKubeconfig(tt.raw)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tt.want)
 		})

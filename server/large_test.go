@@ -11,6 +11,7 @@ import (
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 	appsv1 "k8s.io/api/apps/v1"
@@ -145,7 +146,7 @@ func TestLargeSnapshotIsBuilds(t *testing.T) {
 // re-encoding).
 func BenchmarkSnapshotIngestion100k(b *testing.B) {
 	s := large100k()
-	view := relay.NewView()
+	view := server.NewView()
 	b.Run("whole", func(b *testing.B) {
 		for b.Loop() {
 			if err := relay.ValidateSnapshot("cluster-1", s, relay.SnapshotLimits{MaxBytes: 64 << 20}); err != nil {
@@ -156,7 +157,7 @@ func BenchmarkSnapshotIngestion100k(b *testing.B) {
 	})
 	b.Run("chunked", func(b *testing.B) {
 		for b.Loop() {
-			if err := relay.ValidateAssembled("cluster-1", s, relay.SnapshotLimits{}); err != nil {
+			if err := relay.ValidateAssembled("cluster-1", s, relay.SnapshotLimits{}, s.GetHash()); err != nil {
 				b.Fatal(err)
 			}
 			view.Accept("cluster-1", s, time.Now())

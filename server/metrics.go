@@ -2,6 +2,7 @@ package server
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/relaymesh/relaymesh/relay"
 )
 
 // Metric names, listed in docs/metrics.md.
@@ -41,6 +42,8 @@ type Metrics struct {
 	applyResults      *prometheus.CounterVec
 	connsRefused      *prometheus.CounterVec
 	openConns         *prometheus.GaugeVec
+	// gate is connsRefused and openConns, for the relay's gate.
+	gate *relay.GateMetrics
 }
 
 // NewMetrics registers the relay metrics with reg.
@@ -84,6 +87,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			return nil, err
 		}
 	}
+	m.gate = &relay.GateMetrics{ConnsRefused: m.connsRefused, OpenConns: m.openConns}
 	// Known label values start at zero, so dashboards see them before the first event.
 	for _, op := range []string{"bootstrap", "renew"} {
 		for _, res := range []string{"success", "failure"} {

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/fleet"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
@@ -54,17 +54,17 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	// Objects of a cluster that is not registered (left while the server
 	// was down), and a hand-made Destination under the name c007's
 	// Destination will have.
-	orphans, err := relay.DiscoveredObjects(snap(999, 2), ns)
+	orphans, err := server.DiscoveredObjects(snap(999, 2), ns)
 	require.NoError(t, err)
 	for _, o := range orphans {
 		_, err := admin.Resource(o.Resource).Namespace(ns).Create(ctx, o.Object, metav1.CreateOptions{})
 		require.NoError(t, err)
 	}
-	c7, err := relay.DiscoveredObjects(snap(7, 1), ns)
+	c7, err := server.DiscoveredObjects(snap(7, 1), ns)
 	require.NoError(t, err)
 	var squatted string
 	for _, o := range c7 {
-		if o.Resource == relay.DestinationsResource {
+		if o.Resource == server.DestinationsResource {
 			squatted = o.Object.GetName()
 			hand := o.Object.DeepCopy()
 			hand.SetLabels(map[string]string{"made-by": "hand"})
@@ -102,15 +102,15 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	}
 	client, err := dynamic.NewForConfig(cfg)
 	require.NoError(t, err)
-	view := relay.NewView()
-	mirror := relay.NewMirrorWithConfig(client, ns, view, slog.New(slog.NewTextHandler(io.Discard, nil)), relay.MirrorConfig{Resync: 3 * time.Second})
+	view := server.NewView()
+	mirror := server.NewMirrorWithConfig(client, ns, view, slog.New(slog.NewTextHandler(io.Discard, nil)), server.MirrorConfig{Resync: 3 * time.Second})
 	go mirror.Run(ctx)
 	require.NoError(t, mirror.CollectOrphans(ctx, func(c string) bool { return c != name(999) }))
 
 	objectsOf := func(cluster string) map[string]*unstructured.Unstructured {
 		out := map[string]*unstructured.Unstructured{}
-		for _, gvr := range []schema.GroupVersionResource{relay.MeshesResource, relay.WorkloadsResource, relay.DestinationsResource} {
-			sel := relay.LabelCluster
+		for _, gvr := range []schema.GroupVersionResource{server.MeshesResource, server.WorkloadsResource, server.DestinationsResource} {
+			sel := server.LabelCluster
 			if cluster != "" {
 				sel += "=" + cluster
 			}
@@ -142,7 +142,7 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	t.Logf("%d clusters' objects written in %s: %d applies, %d lists", clusters, time.Since(start), applies.Load(), lists.Load())
 	assert.EqualValues(t, 3*clusters-1, applies.Load(), "one apply per object, the squatted one never")
 	assert.LessOrEqual(t, lists.Load(), int64(3), "the informers' lists only, never one per write")
-	hand, err := admin.Resource(relay.DestinationsResource).Namespace(ns).Get(ctx, squatted, metav1.GetOptions{})
+	hand, err := admin.Resource(server.DestinationsResource).Namespace(ns).Get(ctx, squatted, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, map[string]string{"made-by": "hand"}, hand.GetLabels(), "the hand-made object is not taken over")
 
@@ -157,7 +157,7 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	// someone else added stays.
 	var dest *unstructured.Unstructured
 	for key, o := range objectsOf(name(9)) {
-		if strings.HasPrefix(key, relay.DestinationsResource.Resource+"/") {
+		if strings.HasPrefix(key, server.DestinationsResource.Resource+"/") {
 			dest = o
 		}
 	}
@@ -165,7 +165,7 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	labels := dest.GetLabels()
 	labels["team"] = "payments"
 	dest.SetLabels(labels)
-	_, err = admin.Resource(relay.DestinationsResource).Namespace(ns).Update(ctx, dest, metav1.UpdateOptions{})
+	_, err = admin.Resource(server.DestinationsResource).Namespace(ns).Update(ctx, dest, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	changed := snap(9, 1)
 	changed.Destinations[0].Ports[0].Port = 9090
@@ -173,7 +173,7 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	before = applies.Load()
 	view.Accept(name(9), changed, time.Now())
 	waitFor("c009's Destination is updated", func() bool {
-		got, err := admin.Resource(relay.DestinationsResource).Namespace(ns).Get(ctx, dest.GetName(), metav1.GetOptions{})
+		got, err := admin.Resource(server.DestinationsResource).Namespace(ns).Get(ctx, dest.GetName(), metav1.GetOptions{})
 		require.NoError(t, err)
 		ports, _, _ := unstructured.NestedSlice(got.Object, "spec", "kubeService", "ports")
 		return len(ports) == 1 && ports[0].(map[string]any)["port"] == int64(9090) && got.GetLabels()["team"] == "payments"
@@ -183,8 +183,8 @@ func TestMirrorAtFleetRate(t *testing.T) {
 
 	// Deleted by hand: back at the resync.
 	for key := range objectsOf(name(5)) {
-		if strings.HasPrefix(key, relay.WorkloadsResource.Resource+"/") {
-			require.NoError(t, admin.Resource(relay.WorkloadsResource).Namespace(ns).Delete(ctx, strings.TrimPrefix(key, relay.WorkloadsResource.Resource+"/"), metav1.DeleteOptions{}))
+		if strings.HasPrefix(key, server.WorkloadsResource.Resource+"/") {
+			require.NoError(t, admin.Resource(server.WorkloadsResource).Namespace(ns).Delete(ctx, strings.TrimPrefix(key, server.WorkloadsResource.Resource+"/"), metav1.DeleteOptions{}))
 		}
 	}
 	waitFor("the deleted Workload is written again", func() bool { return len(objectsOf(name(5))) == 3 })
@@ -199,6 +199,6 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	waitFor("every cluster's objects are deleted", func() bool { return len(objectsOf("")) == 0 })
 	t.Logf("%d clusters' objects deleted in %s: %d deletes", clusters, time.Since(start), deletes.Load()-beforeDeletes)
 	assert.EqualValues(t, 3*clusters-1+2, deletes.Load()-beforeDeletes)
-	_, err = admin.Resource(relay.DestinationsResource).Namespace(ns).Get(ctx, squatted, metav1.GetOptions{})
+	_, err = admin.Resource(server.DestinationsResource).Namespace(ns).Get(ctx, squatted, metav1.GetOptions{})
 	require.NoError(t, err, "the hand-made object stays")
 }

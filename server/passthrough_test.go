@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/relaymesh/relaymesh/relay"
-	"github.com/relaymesh/relaymesh/relay/apply"
+	"github.com/relaymesh/relaymesh/agent/apply"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/stretchr/testify/assert"
 )
 
@@ -16,7 +16,7 @@ func TestPassthroughKindsMatchApply(t *testing.T) {
 		want = append(want, gvk.Group+"/"+gvk.Version+"/"+strings.ToLower(gvk.Kind))
 	}
 	var got []string
-	for _, gvr := range relay.PassthroughKinds {
+	for _, gvr := range server.PassthroughKinds {
 		got = append(got, gvr.Group+"/"+gvr.Version+"/"+strings.TrimSuffix(strings.TrimSuffix(gvr.Resource, "s"), "ie")+map[bool]string{true: "y", false: ""}[strings.HasSuffix(gvr.Resource, "ies")])
 	}
 	assert.Equal(t, want, got)

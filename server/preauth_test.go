@@ -20,7 +20,8 @@ import (
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -41,23 +42,23 @@ func cpuTime(t testing.TB) time.Duration {
 // each costs the address a failure, so the address is throttled after its
 // budget.
 func TestPreAuthOversizedCallsAreRefusedUnread(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{FailureBurst: 500})
+	f := servertest.New(t, servertest.Options{FailureBurst: 500})
 	const calls = 200
 	chunk := make([]byte, 16<<10)
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
-	var conns []*relaytest.RawConn
+	var conns []*servertest.RawConn
 	var ids [][]uint32
 	var peak uint64
 	for range calls / 2 { // two streams per connection (MaxConcurrentStreams 2)
-		r, err := relaytest.DialRaw(t, f.Addr, f.ServerOnly(), "")
+		r, err := servertest.DialRaw(t, f.Addr, f.ServerOnly(), "")
 		require.NoError(t, err)
 		var mine []uint32
 		for range 2 {
 			id, err := r.Headers("/relaymesh.relay.v1.Identity/Bootstrap", false)
 			require.NoError(t, err)
-			require.NoError(t, r.Data(id, relaytest.GRPCHeader(4<<20), false))
+			require.NoError(t, r.Data(id, servertest.GRPCHeader(4<<20), false))
 			// As much of the body as the connection's flow-control window
 			// lets two streams send.
 			_ = r.Data(id, chunk, false)
@@ -84,16 +85,16 @@ func TestPreAuthOversizedCallsAreRefusedUnread(t *testing.T) {
 	t.Logf("%d concurrent 4 MiB pre-auth calls: %d refused (ResourceExhausted); heap in use %d MiB -> %d MiB", calls, refused, before.HeapInuse>>20, peak>>20)
 	assert.Equal(t, calls, refused, "every oversized call is refused")
 	assert.Less(t, grew, int64(64<<20), "the server did not buffer the messages (heap grew %d MiB)", grew>>20)
-	assert.Equal(t, float64(calls), f.Metric(relay.MetricRefusedCalls, "reason", "preauth_resourceexhausted"), "each refusal is counted")
+	assert.Equal(t, float64(calls), f.Metric(server.MetricRefusedCalls, "reason", "preauth_resourceexhausted"), "each refusal is counted")
 
 	// They cost the address its failure budget like any failed call.
-	small := relaytest.New(t, relaytest.Options{FailureBurst: 3})
+	small := servertest.New(t, servertest.Options{FailureBurst: 3})
 	for range 3 {
-		r, err := relaytest.DialRaw(t, small.Addr, small.ServerOnly(), "")
+		r, err := servertest.DialRaw(t, small.Addr, small.ServerOnly(), "")
 		require.NoError(t, err)
 		id, err := r.Headers("/relaymesh.relay.v1.Identity/Bootstrap", false)
 		require.NoError(t, err)
-		require.NoError(t, r.Data(id, relaytest.GRPCHeader(4<<20), false))
+		require.NoError(t, r.Data(id, servertest.GRPCHeader(4<<20), false))
 		require.Eventually(t, func() bool { return r.Status(id) != "" }, 5*time.Second, 5*time.Millisecond)
 	}
 	_, err := small.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: small.Mint("cluster-1", time.Hour)})
@@ -105,9 +106,9 @@ func TestPreAuthOversizedCallsAreRefusedUnread(t *testing.T) {
 // authenticated one after its stream burst; the CPU the flood costs the
 // server is bounded by the TLS handshakes of reconnecting.
 func TestRapidResetIsCutOff(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	flood := func(cfg *tls.Config) (sent int, cut bool) {
-		r, err := relaytest.DialRaw(t, f.Addr, cfg, "")
+		r, err := servertest.DialRaw(t, f.Addr, cfg, "")
 		require.NoError(t, err)
 		for sent = 0; sent < 100000; sent++ {
 			id, err := r.Headers("/relaymesh.relay.v1.Identity/Bootstrap", false)
@@ -135,15 +136,15 @@ func TestRapidResetIsCutOff(t *testing.T) {
 	assert.True(t, cut, "the authenticated connection is closed too")
 	t.Logf("authenticated: cut off after sending %d HEADERS+RST_STREAM", sent)
 	assert.Less(t, sent, 20000)
-	assert.Positive(t, f.Metric(relay.MetricConnsRefused, "reason", "preauth_stream_budget"))
-	assert.Positive(t, f.Metric(relay.MetricConnsRefused, "reason", "authenticated_stream_budget"))
+	assert.Positive(t, f.Metric(server.MetricConnsRefused, "reason", "preauth_stream_budget"))
+	assert.Positive(t, f.Metric(server.MetricConnsRefused, "reason", "authenticated_stream_budget"))
 
 	// A 3-second flood that reconnects every time it is cut: after three
 	// cuts the address's new connections are closed before the handshake.
 	start, cpu0 := time.Now(), cpuTime(t)
 	var total, cuts, refused int
 	for time.Since(start) < 3*time.Second {
-		r, err := relaytest.DialRaw(t, f.Addr, f.ServerOnly(), "")
+		r, err := servertest.DialRaw(t, f.Addr, f.ServerOnly(), "")
 		if err != nil {
 			refused++
 			continue
@@ -159,7 +160,7 @@ func TestRapidResetIsCutOff(t *testing.T) {
 	t.Logf("3 s rapid-reset flood with reconnects: %d streams on %d connections cut, %d connections refused before the handshake; test process CPU %.2f cores (client and server together)",
 		total, cuts, refused, cpu.Seconds()/time.Since(start).Seconds())
 	assert.Less(t, total, 2000, "the abusive address gets no more streams")
-	assert.Positive(t, f.Metric(relay.MetricConnsRefused, "reason", "abuse"))
+	assert.Positive(t, f.Metric(server.MetricConnsRefused, "reason", "abuse"))
 
 	// The server still serves everyone else: a bootstrap from another
 	// address succeeds.
@@ -170,7 +171,7 @@ func TestRapidResetIsCutOff(t *testing.T) {
 		}))
 	require.NoError(t, err)
 	defer conn.Close()
-	csr, _ := relaytest.CSRPEM(t)
+	csr, _ := servertest.CSRPEM(t)
 	_, err = relaypb.NewIdentityClient(conn).Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-2", Token: f.Mint("cluster-2", time.Hour), Csr: csr})
 	require.NoError(t, err)
 }
@@ -179,7 +180,7 @@ func TestRapidResetIsCutOff(t *testing.T) {
 // disconnected at the handshake deadline; an unauthenticated connection
 // that stays idle is closed too.
 func TestHandshakeDeadlineAndIdlePreAuth(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{Connections: relay.ConnectionLimits{HandshakeTimeout: 300 * time.Millisecond, PreAuthIdle: 500 * time.Millisecond}})
+	f := servertest.New(t, servertest.Options{Connections: relay.ConnectionLimits{HandshakeTimeout: 300 * time.Millisecond, PreAuthIdle: 500 * time.Millisecond}})
 	c, err := net.Dial("tcp", f.Addr)
 	require.NoError(t, err)
 	defer c.Close()
@@ -191,7 +192,7 @@ func TestHandshakeDeadlineAndIdlePreAuth(t *testing.T) {
 	assert.Less(t, time.Since(start), 2*time.Second)
 	t.Logf("a silent connection was closed after %s", time.Since(start).Round(time.Millisecond))
 
-	r, err := relaytest.DialRaw(t, f.Addr, f.ServerOnly(), "")
+	r, err := servertest.DialRaw(t, f.Addr, f.ServerOnly(), "")
 	require.NoError(t, err)
 	assert.True(t, r.IsClosed(5*time.Second), "an idle unauthenticated connection is closed")
 }
@@ -204,7 +205,7 @@ func isTimeout(err error) bool {
 // Connections are capped per address before the handshake: the one over
 // the cap is closed at once; closing one makes room.
 func TestConnectionCapsPerAddress(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{Connections: relay.ConnectionLimits{MaxPreAuthPerAddress: 4}})
+	f := servertest.New(t, servertest.Options{Connections: relay.ConnectionLimits{MaxPreAuthPerAddress: 4}})
 	var open []net.Conn
 	for range 4 {
 		c, err := net.Dial("tcp", f.Addr)
@@ -218,7 +219,7 @@ func TestConnectionCapsPerAddress(t *testing.T) {
 	_, err = over.Read(make([]byte, 1))
 	require.Error(t, err)
 	assert.ErrorIs(t, err, io.EOF, "the fifth connection is closed at once")
-	assert.Equal(t, 1.0, f.Metric(relay.MetricConnsRefused, "reason", "address_preauth_limit"))
+	assert.Equal(t, 1.0, f.Metric(server.MetricConnsRefused, "reason", "address_preauth_limit"))
 	_ = open[0].Close()
 	require.Eventually(t, func() bool {
 		_, err := relaypb.NewIdentityClient(f.Dial(f.ServerOnly())).Bootstrap(context.Background(), &relaypb.BootstrapRequest{})
@@ -234,7 +235,7 @@ func TestConnectionCapsPerAddress(t *testing.T) {
 // and summarised in the audit log instead of one record each.
 func TestGlobalBootstrapFailureBudget(t *testing.T) {
 	// The global budget refills once an hour here, so the count is exact.
-	f := relaytest.New(t, relaytest.Options{FailureBurst: 5, GlobalFailureBurst: 20, GlobalFailuresPerMinute: 1.0 / 60})
+	f := servertest.New(t, servertest.Options{FailureBurst: 5, GlobalFailureBurst: 20, GlobalFailuresPerMinute: 1.0 / 60})
 	codesSeen := map[codes.Code]int{}
 	for i := range 200 {
 		local := fmt.Sprintf("127.0.%d.%d", 1+i/250, 1+i%250)
@@ -244,7 +245,7 @@ func TestGlobalBootstrapFailureBudget(t *testing.T) {
 				return d.DialContext(ctx, "tcp", addr)
 			}))
 		require.NoError(t, err)
-		csr, _ := relaytest.CSRPEM(t)
+		csr, _ := servertest.CSRPEM(t)
 		_, err = relaypb.NewIdentityClient(conn).Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: "rmt_" + strings.Repeat("x", 60), Csr: csr})
 		codesSeen[status.Code(err)]++
 		_ = conn.Close()
@@ -282,7 +283,7 @@ func TestPerClusterLimits(t *testing.T) {
 		signed.Add(1)
 		return nil, status.Error(codes.PermissionDenied, "not your mesh")
 	})
-	f := relaytest.New(t, relaytest.Options{DataPath: true, Trust: signer,
+	f := servertest.New(t, servertest.Options{DataPath: true, Trust: signer,
 		Clusters: relay.ClusterLimits{RenewBurst: 3, RenewsPerMinute: 1, MaxSessions: 3, RefusalBurst: 3, RefusalsPerMinute: 1}})
 	ctx := context.Background()
 	cred := f.Bootstrap("cluster-1")
@@ -290,7 +291,7 @@ func TestPerClusterLimits(t *testing.T) {
 
 	var renewCodes []codes.Code
 	for range 5 {
-		csr, _ := relaytest.CSRPEM(t)
+		csr, _ := servertest.CSRPEM(t)
 		_, err := relaypb.NewIdentityClient(conn).Renew(ctx, &relaypb.RenewRequest{Csr: csr})
 		renewCodes = append(renewCodes, status.Code(err))
 	}
@@ -320,7 +321,7 @@ func TestPerClusterLimits(t *testing.T) {
 	assert.Equal(t, int32(3), signed.Load(), "refusals past the budget never reach the signer")
 	// Another cluster has its own budgets.
 	other := f.Bootstrap("cluster-2")
-	csr, _ := relaytest.CSRPEM(t)
+	csr, _ := servertest.CSRPEM(t)
 	_, err = relaypb.NewIdentityClient(f.Dial(f.MTLS(other.TLS))).Renew(ctx, &relaypb.RenewRequest{Csr: csr})
 	assert.NoError(t, err)
 }

@@ -14,11 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relaymesh/relaymesh/agent"
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -50,7 +52,7 @@ func frames(cluster, hash string, data []byte, partSize int) []*relaypb.Snapshot
 	return append(out, &relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_End{End: &relaypb.SnapshotEnd{Hash: hash}}})
 }
 
-func chunkedStream(t testing.TB, f *relaytest.Server, cred relaytest.AgentCred) relaypb.Discovery_PushChunkedClient {
+func chunkedStream(t testing.TB, f *servertest.Server, cred servertest.AgentCred) relaypb.Discovery_PushChunkedClient {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -110,11 +112,11 @@ func (s *source) askedAt(hash string) time.Time {
 	return s.asked[hash]
 }
 
-// startSession runs the agent's session (relay.Session, the code the real
+// startSession runs the agent's session (agent.Session, the code the real
 // agent runs) against f with cred until the test ends.
-func startSession(t testing.TB, f *relaytest.Server, cred relaytest.AgentCred, src relay.SnapshotSource) *relay.Session {
+func startSession(t testing.TB, f *servertest.Server, cred servertest.AgentCred, src agent.SnapshotSource) *agent.Session {
 	t.Helper()
-	sess, err := relay.NewSession(relay.SessionConfig{ServerAddress: f.Addr, Version: "test",
+	sess, err := agent.NewSession(agent.SessionConfig{ServerAddress: f.Addr, Version: "test",
 		TLS:       func() (*tls.Config, error) { return f.MTLS(cred.TLS), nil },
 		Snapshots: src, Retry: backoff.Policy{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond}})
 	require.NoError(t, err)
@@ -126,7 +128,7 @@ func startSession(t testing.TB, f *relaytest.Server, cred relaytest.AgentCred, s
 }
 
 // acceptedAt records when the view accepted each hash of cluster.
-func acceptedAt(view *relay.View, cluster string) func(hash string) (time.Time, bool) {
+func acceptedAt(view *server.View, cluster string) func(hash string) (time.Time, bool) {
 	var mu sync.Mutex
 	at := map[string]time.Time{}
 	view.OnSnapshot(func(c string) {
@@ -153,10 +155,10 @@ func acceptedAt(view *relay.View, cluster string) func(hash string) (time.Time, 
 // message — goes from the agent's session to the server's view, checked
 // as a snapshot pushed whole is.
 func TestPushChunkedLargeCluster(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{DataPath: true})
+	f := servertest.New(t, servertest.Options{DataPath: true})
 	s := large100k()
 	size := proto.Size(s)
-	require.Greater(t, size, 4*relay.MaxSnapshotBytes, "more than four times the old limit")
+	require.Greater(t, size, 4*agent.MaxSnapshotBytes, "more than four times the old limit")
 	accepted := acceptedAt(f.View, "cluster-1")
 	src := newSource(s)
 	sess := startSession(t, f, f.Bootstrap("cluster-1"), src)
@@ -168,14 +170,14 @@ func TestPushChunkedLargeCluster(t *testing.T) {
 	assert.True(t, proto.Equal(s, got), "the view holds exactly the agent's snapshot")
 	require.NoError(t, relay.ValidateSnapshot("cluster-1", got, relay.SnapshotLimits{MaxBytes: 64 << 20}), "and it passes the checks of a snapshot pushed whole")
 	require.Eventually(t, func() bool { return sess.State().PushedHash == s.GetHash() }, 30*time.Second, 5*time.Millisecond, "the agent got the ack")
-	assert.Zero(t, f.Metric(relay.MetricSnapshotAssembly), "nothing stays reserved")
+	assert.Zero(t, f.Metric(server.MetricSnapshotAssembly), "nothing stays reserved")
 	assert.Zero(t, sess.State().Reconnects)
 }
 
 // Hostile chunked streams are refused with a clear error and leave the
 // last accepted snapshot in force.
 func TestPushChunkedRefusesHostileStreams(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{DataPath: true, SnapshotBurst: 1000})
+	f := servertest.New(t, servertest.Options{DataPath: true, SnapshotBurst: 1000})
 	cred := f.Bootstrap("cluster-1")
 	good := snapshot("cluster-1", 3)
 	data, hash := encode(t, good)
@@ -226,7 +228,7 @@ func TestPushChunkedRefusesHostileStreams(t *testing.T) {
 	}
 	for _, tc := range streamRefusals {
 		t.Run(tc.name, func(t *testing.T) {
-			before := f.Metric(relay.MetricSnapshotsRefused, "reason", tc.reason)
+			before := f.Metric(server.MetricSnapshotsRefused, "reason", tc.reason)
 			stream := chunkedStream(t, f, cred)
 			sendAll(t, stream, tc.msgs)
 			_, err := stream.Recv()
@@ -235,8 +237,8 @@ func TestPushChunkedRefusesHostileStreams(t *testing.T) {
 			assert.Contains(t, status.Convert(err).Message(), tc.want)
 			assert.Same(t, last, f.View.Snapshot("cluster-1"), "the last accepted snapshot stays")
 			assert.Contains(t, f.View.Clusters()["cluster-1"].LastError, tc.want)
-			assert.Equal(t, before+1, f.Metric(relay.MetricSnapshotsRefused, "reason", tc.reason))
-			assert.Zero(t, f.Metric(relay.MetricSnapshotAssembly), "nothing stays reserved")
+			assert.Equal(t, before+1, f.Metric(server.MetricSnapshotsRefused, "reason", tc.reason))
+			assert.Zero(t, f.Metric(server.MetricSnapshotAssembly), "nothing stays reserved")
 		})
 	}
 
@@ -247,7 +249,7 @@ func TestPushChunkedRefusesHostileStreams(t *testing.T) {
 		_, err := stream.Recv()
 		assert.Equal(t, codes.ResourceExhausted, status.Code(err), err)
 		assert.Same(t, last, f.View.Snapshot("cluster-1"))
-		require.Eventually(t, func() bool { return f.Metric(relay.MetricSnapshotAssembly) == 0 }, 30*time.Second, 10*time.Millisecond, "the header's reservation is returned")
+		require.Eventually(t, func() bool { return f.Metric(server.MetricSnapshotAssembly) == 0 }, 30*time.Second, 10*time.Millisecond, "the header's reservation is returned")
 	})
 
 	// Framing kept, content refused: an ack, and the stream goes on.
@@ -264,15 +266,15 @@ func TestPushChunkedRefusesHostileStreams(t *testing.T) {
 	stream = chunkedStream(t, f, cred)
 	for _, tc := range ackRefusals {
 		t.Run(tc.name, func(t *testing.T) {
-			before := f.Metric(relay.MetricSnapshotsRefused, "reason", "invalid")
+			before := f.Metric(server.MetricSnapshotsRefused, "reason", "invalid")
 			sendAll(t, stream, tc.msgs)
 			ack, err := stream.Recv()
 			require.NoError(t, err, "the stream goes on")
 			assert.False(t, ack.GetAccepted())
 			assert.Contains(t, ack.GetError(), tc.want)
 			assert.Same(t, last, f.View.Snapshot("cluster-1"), "the last accepted snapshot stays")
-			assert.Equal(t, before+1, f.Metric(relay.MetricSnapshotsRefused, "reason", "invalid"))
-			assert.Zero(t, f.Metric(relay.MetricSnapshotAssembly))
+			assert.Equal(t, before+1, f.Metric(server.MetricSnapshotsRefused, "reason", "invalid"))
+			assert.Zero(t, f.Metric(server.MetricSnapshotAssembly))
 		})
 	}
 	// The same stream then takes a good snapshot in three parts.
@@ -287,7 +289,7 @@ func TestPushChunkedRefusesHostileStreams(t *testing.T) {
 // A snapshot never finished is refused at the server's deadline, and
 // what it held is returned.
 func TestPushChunkedDeadline(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{DataPath: true, SnapshotDeadline: 300 * time.Millisecond})
+	f := servertest.New(t, servertest.Options{DataPath: true, SnapshotDeadline: 300 * time.Millisecond})
 	cred := f.Bootstrap("cluster-1")
 	good := snapshot("cluster-1", 3)
 	require.Equal(t, "", pushChunked(t, f, cred, good).GetError())
@@ -297,19 +299,19 @@ func TestPushChunkedDeadline(t *testing.T) {
 	msgs := frames("cluster-1", hash, data, relay.MaxSnapshotPartBytes)
 	stream := chunkedStream(t, f, cred)
 	sendAll(t, stream, msgs[:2])
-	require.Eventually(t, func() bool { return f.Metric(relay.MetricSnapshotAssembly) > 0 }, 30*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return f.Metric(server.MetricSnapshotAssembly) > 0 }, 30*time.Second, 5*time.Millisecond)
 	start := time.Now()
 	_, err := stream.Recv()
 	t.Logf("refused %s after the first part arrived", time.Since(start).Round(time.Millisecond))
 	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), err)
 	assert.Contains(t, status.Convert(err).Message(), "not complete within 300ms (1 of 3 parts)")
 	assert.Same(t, last, f.View.Snapshot("cluster-1"))
-	assert.Zero(t, f.Metric(relay.MetricSnapshotAssembly))
-	assert.Equal(t, float64(1), f.Metric(relay.MetricSnapshotsRefused, "reason", "deadline"))
+	assert.Zero(t, f.Metric(server.MetricSnapshotAssembly))
+	assert.Equal(t, float64(1), f.Metric(server.MetricSnapshotsRefused, "reason", "deadline"))
 }
 
 // pushChunked sends s on a new stream and returns the ack.
-func pushChunked(t testing.TB, f *relaytest.Server, cred relaytest.AgentCred, s *relaypb.Snapshot) *relaypb.PushAck {
+func pushChunked(t testing.TB, f *servertest.Server, cred servertest.AgentCred, s *relaypb.Snapshot) *relaypb.PushAck {
 	t.Helper()
 	data, hash := encode(t, s)
 	stream := chunkedStream(t, f, cred)
@@ -330,7 +332,7 @@ func hexSum(b []byte) string {
 // room.
 func TestPushChunkedMemoryBudget(t *testing.T) {
 	const budget = 32 << 20
-	f := relaytest.New(t, relaytest.Options{DataPath: true, SnapshotMemory: budget})
+	f := servertest.New(t, servertest.Options{DataPath: true, SnapshotMemory: budget})
 	const agents = 8
 	var peak atomic.Int64
 	stop := make(chan struct{})
@@ -338,7 +340,7 @@ func TestPushChunkedMemoryBudget(t *testing.T) {
 	go func() {
 		defer close(sampled)
 		for {
-			peak.Store(max(peak.Load(), int64(f.Metric(relay.MetricSnapshotAssembly))))
+			peak.Store(max(peak.Load(), int64(f.Metric(server.MetricSnapshotAssembly))))
 			select {
 			case <-stop:
 				return
@@ -351,7 +353,7 @@ func TestPushChunkedMemoryBudget(t *testing.T) {
 	errs := map[int]error{}
 	for i := range agents {
 		cluster := fmt.Sprintf("big-%d", i)
-		f.Registry.Set(relay.Registration{Name: cluster, UID: cluster + "-uid"})
+		f.Registry.Set(server.Registration{Name: cluster, UID: cluster + "-uid"})
 		cred := f.Bootstrap(cluster)
 		streams[i] = chunkedStream(t, f, cred)
 		go func() {
@@ -385,14 +387,14 @@ func TestPushChunkedMemoryBudget(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	assert.Equal(t, float64(budget), f.Metric(relay.MetricSnapshotAssembly))
-	assert.Equal(t, float64(agents-len(holders)), f.Metric(relay.MetricSnapshotsRefused, "reason", "memory"))
+	assert.Equal(t, float64(budget), f.Metric(server.MetricSnapshotAssembly))
+	assert.Equal(t, float64(agents-len(holders)), f.Metric(server.MetricSnapshotsRefused, "reason", "memory"))
 
 	// Once the holders go, a real agent gets its snapshot through.
 	for _, i := range holders {
 		_ = streams[i].CloseSend()
 	}
-	require.Eventually(t, func() bool { return f.Metric(relay.MetricSnapshotAssembly) == 0 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return f.Metric(server.MetricSnapshotAssembly) == 0 }, 30*time.Second, 10*time.Millisecond)
 	s := snapshot("cluster-1", 100)
 	src := newSource(s)
 	startSession(t, f, f.Bootstrap("cluster-1"), src)
@@ -408,13 +410,13 @@ func TestPushChunkedMemoryBudget(t *testing.T) {
 // An agent whose snapshot stream is refused opens a new one after a pause,
 // keeps its session, and gets its snapshot through.
 func TestSessionRetriesRefusedStream(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{DataPath: true})
+	f := servertest.New(t, servertest.Options{DataPath: true})
 	cred := f.Bootstrap("cluster-1")
 	// Another stream of the cluster holds a snapshot in transit.
 	holder := chunkedStream(t, f, cred)
 	require.NoError(t, holder.Send(&relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_Header{Header: &relaypb.SnapshotHeader{
 		Cluster: "cluster-1", Hash: hexSum(nil), Size: 100, Parts: 1}}}))
-	require.Eventually(t, func() bool { return f.Metric(relay.MetricSnapshotAssembly) > 0 }, 30*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return f.Metric(server.MetricSnapshotAssembly) > 0 }, 30*time.Second, 5*time.Millisecond)
 	s := snapshot("cluster-1", 5)
 	sess := startSession(t, f, cred, newSource(s))
 	require.Eventually(t, func() bool { return sess.State().PushError != "" }, 30*time.Second, 5*time.Millisecond)
@@ -425,11 +427,11 @@ func TestSessionRetriesRefusedStream(t *testing.T) {
 	assert.Equal(t, s.GetHash(), f.View.Snapshot("cluster-1").GetHash())
 	assert.Empty(t, sess.State().PushError)
 	assert.Zero(t, sess.State().Reconnects, "the session itself stayed")
-	assert.GreaterOrEqual(t, f.Metric(relay.MetricSnapshotsRefused, "reason", "cluster_busy"), float64(1))
+	assert.GreaterOrEqual(t, f.Metric(server.MetricSnapshotsRefused, "reason", "cluster_busy"), float64(1))
 }
 
 // BenchmarkPushChunked100k: a changed 100,000-pod, 10,000-Service snapshot
-// from the agent's session (relay.Session: encoding, parts, TLS on
+// from the agent's session (agent.Session: encoding, parts, TLS on
 // loopback) into the server's view (assembly, decoding, checks,
 // acceptance); both ends in this process. s/push (mean, p50, max over the
 // pushes) is wall time from the session taking the snapshot to the view
@@ -449,7 +451,7 @@ func BenchmarkPushWhole20k(b *testing.B) {
 }
 
 func benchmarkPush(b *testing.B, a *relaypb.Snapshot, chunked bool) {
-	f := relaytest.New(b, relaytest.Options{DataPath: true, SnapshotBurst: 1 << 20})
+	f := servertest.New(b, servertest.Options{DataPath: true, SnapshotBurst: 1 << 20})
 	// Two snapshots that differ in one label, so each push is a change.
 	variant := func(s *relaypb.Snapshot, n int) *relaypb.Snapshot {
 		c := proto.Clone(s).(*relaypb.Snapshot)
@@ -479,7 +481,7 @@ func benchmarkPush(b *testing.B, a *relaypb.Snapshot, chunked bool) {
 			return at.Sub(src.askedAt(s.GetHash()))
 		}
 	} else {
-		require.LessOrEqual(b, proto.Size(a), relay.MaxSnapshotBytes)
+		require.LessOrEqual(b, proto.Size(a), agent.MaxSnapshotBytes)
 		stream, err := relaypb.NewDiscoveryClient(f.Dial(f.MTLS(cred.TLS))).Push(context.Background())
 		require.NoError(b, err)
 		push = func(s *relaypb.Snapshot) time.Duration {
@@ -499,7 +501,7 @@ func benchmarkPush(b *testing.B, a *relaypb.Snapshot, chunked bool) {
 	go func() {
 		defer close(sampled)
 		for {
-			peak.Store(max(peak.Load(), int64(f.Metric(relay.MetricSnapshotAssembly))))
+			peak.Store(max(peak.Load(), int64(f.Metric(server.MetricSnapshotAssembly))))
 			select {
 			case <-stop:
 				return

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/ca/catest"
-	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -22,7 +22,7 @@ import (
 // the same key; any other key, or another cluster, is refused as for any
 // spent token, and the token is spent exactly once.
 func TestBootstrapRetryBySpendingKey(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	slow := make(chan struct{})
 	f.Store.AfterConsume = func() { <-slow }
 	tok := f.Mint("cluster-1", time.Hour)
@@ -37,7 +37,7 @@ func TestBootstrapRetryBySpendingKey(t *testing.T) {
 	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 	close(slow) // the server goes on: the token is spent, a certificate issued
 	require.Eventually(t, func() bool {
-		return f.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success") == 1
+		return f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success") == 1
 	}, 10*time.Second, 20*time.Millisecond)
 	assert.Equal(t, 0, f.Store.Len(), "the token is spent")
 
@@ -57,8 +57,8 @@ func TestBootstrapRetryBySpendingKey(t *testing.T) {
 	again, err := f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: tok, Csr: csr})
 	require.NoError(t, err)
 	assert.Equal(t, resp.GetCertificateChain(), again.GetCertificateChain())
-	assert.Equal(t, float64(1), f.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success"), "one certificate for one token")
-	assert.Equal(t, float64(2), f.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "retried"))
+	assert.Equal(t, float64(1), f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success"), "one certificate for one token")
+	assert.Equal(t, float64(2), f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "retried"))
 
 	// The audit log shows the token spent once, and each retry.
 	b, err := os.ReadFile(f.AuditPath)
@@ -74,9 +74,9 @@ func TestBootstrapRetryBySpendingKey(t *testing.T) {
 // A call with too little time left is asked to come back, and its token is
 // not spent: the retry succeeds.
 func TestBootstrapWithoutTimeLeftKeepsTheToken(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	tok := f.Mint("cluster-1", time.Hour)
-	csr, _ := relaytest.CSRPEM(t)
+	csr, _ := servertest.CSRPEM(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	_, err := f.BootstrapClient().Bootstrap(ctx, &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: tok, Csr: csr})
 	cancel()

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -40,7 +40,7 @@ func TestLookupFreshReadsWhatTheWatchMissed(t *testing.T) {
 		if mode == "kubeconfig" {
 			spec["kubeconfigSecretRef"] = map[string]any{"name": name + "-kubeconfig"}
 		}
-		u, err := client.Resource(relay.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		u, err := client.Resource(server.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": multiclusterv1alpha1.GroupVersion.String(), "kind": "KubernetesCluster",
 			"metadata": map[string]any{"name": name}, "spec": spec}}, metav1.CreateOptions{})
 		require.NoError(t, err)
@@ -49,8 +49,8 @@ func TestLookupFreshReadsWhatTheWatchMissed(t *testing.T) {
 	uid := create("c1", "relay")
 	create("kc", "kubeconfig")
 
-	reg := relay.NewRegistry()
-	require.NoError(t, relay.WatchClusters(ctx, client, "relaymesh", reg, nil, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	reg := server.NewRegistry()
+	require.NoError(t, server.WatchClusters(ctx, client, "relaymesh", reg, nil, slog.New(slog.NewTextHandler(io.Discard, nil))))
 	require.Eventually(t, func() bool { _, ok := reg.Lookup("c1"); return ok }, 10*time.Second, 20*time.Millisecond)
 
 	// The watch "missed" c1: a lookup reads it again, with its UID.
@@ -59,7 +59,7 @@ func TestLookupFreshReadsWhatTheWatchMissed(t *testing.T) {
 	require.False(t, ok)
 	got, ok := reg.LookupFresh(ctx, "c1")
 	require.True(t, ok)
-	assert.Equal(t, relay.Registration{Name: "c1", UID: uid}, got)
+	assert.Equal(t, server.Registration{Name: "c1", UID: uid}, got)
 	assert.Equal(t, []string{"c1"}, reg.Unconfirmed(0), "kept until the watch confirms it")
 
 	for _, name := range []string{"nope", "kc", "UPPER", ""} {
@@ -68,7 +68,7 @@ func TestLookupFreshReadsWhatTheWatchMissed(t *testing.T) {
 	}
 
 	// Deleted: the watch removes it, and a fresh lookup finds nothing.
-	require.NoError(t, client.Resource(relay.KubernetesClusters).Namespace("relaymesh").Delete(ctx, "c1", metav1.DeleteOptions{}))
+	require.NoError(t, client.Resource(server.KubernetesClusters).Namespace("relaymesh").Delete(ctx, "c1", metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool { _, ok := reg.Lookup("c1"); return !ok }, 10*time.Second, 20*time.Millisecond)
 	_, ok = reg.LookupFresh(ctx, "c1")
 	assert.False(t, ok)

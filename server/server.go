@@ -17,6 +17,7 @@ import (
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
@@ -89,9 +90,9 @@ type ServerConfig struct {
 	// meshes of the caller's cluster (shared trust of VirtualMeshes).
 	Trust IntermediateSigner
 	// Connections bound connections before and after authentication.
-	Connections ConnectionLimits
+	Connections relay.ConnectionLimits
 	// Clusters bound what one registered cluster may ask for.
-	Clusters ClusterLimits
+	Clusters relay.ClusterLimits
 	// GlobalBootstrapFailuresPerMinute and GlobalBootstrapFailureBurst
 	// bound failed bootstraps from all peers together (beside the budget of
 	// each peer), so a flood from many addresses is not evaluated and
@@ -121,7 +122,7 @@ func (t *trustService) SignIntermediate(ctx context.Context, req *relaypb.Interm
 	// A cluster's refused requests (meshes it may not have, bad CSRs) are
 	// evaluated and audited within its refusal budget; beyond it they are
 	// refused at once and summarised.
-	done, ok := t.s.clusterRefusals.begin(clusterBudgetKey(a.cluster))
+	done, ok := t.s.clusterRefusals.Begin(clusterBudgetKey(a.cluster))
 	if !ok {
 		t.s.cfg.Metrics.refused.WithLabelValues("cluster_refusals").Inc()
 		t.s.throttle.add("intermediate", a.cluster)
@@ -160,8 +161,8 @@ func (c *ServerConfig) defaults() {
 	if c.GlobalBootstrapFailureBurst == 0 {
 		c.GlobalBootstrapFailureBurst = 60
 	}
-	c.Connections = c.Connections.withDefaults()
-	c.Clusters = c.Clusters.withDefaults()
+	c.Connections = c.Connections.WithDefaults()
+	c.Clusters = c.Clusters.WithDefaults()
 }
 
 // Validate reports every missing or bad field.
@@ -197,7 +198,7 @@ func (c ServerConfig) Validate() error {
 	if c.GlobalBootstrapFailuresPerMinute < 0 || c.GlobalBootstrapFailureBurst < 0 {
 		errs = append(errs, errors.New("globalBootstrapFailures: must not be negative"))
 	}
-	if err := c.Connections.validate(); err != nil {
+	if err := c.Connections.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if l := c.Clusters; l.RenewsPerMinute < 0 || l.RenewBurst < 0 || l.MaxSessions < 0 || l.RefusalsPerMinute < 0 || l.RefusalBurst < 0 {
@@ -207,7 +208,7 @@ func (c ServerConfig) Validate() error {
 }
 
 // Server is the relay's gRPC server. Its port serves two gRPC servers,
-// split at the TLS handshake (see ConnectionLimits): grpc for peers with a
+// split at the TLS handshake (see relay.ConnectionLimits): grpc for peers with a
 // relay certificate, pre for the rest, which may only bootstrap.
 type Server struct {
 	relaypb.UnimplementedIdentityServer
@@ -215,8 +216,8 @@ type Server struct {
 
 	cfg       ServerConfig
 	log       *slog.Logger
-	limiter   *failureLimiter // failed calls per peer address
-	global    *failureLimiter // failed bootstraps of all peers
+	limiter   *relay.FailureLimiter // failed calls per peer address
+	global    *relay.FailureLimiter // failed bootstraps of all peers
 	grpc      *grpc.Server
 	pre       *grpc.Server
 	issuingCA *x509.Certificate
@@ -226,7 +227,7 @@ type Server struct {
 	redeemed *redemptions
 	// renews and clusterRefusals are per-cluster budgets.
 	renews          *perCluster
-	clusterRefusals *failureLimiter
+	clusterRefusals *relay.FailureLimiter
 	throttle        *throttleLog
 	stopTicker      chan struct{}
 	tickerDone      chan struct{}
@@ -234,11 +235,11 @@ type Server struct {
 	// abusers are addresses whose connections were cut for overspending
 	// their stream budget: past their budget, their new connections are
 	// closed before the TLS handshake.
-	abusers *failureLimiter
+	abusers *relay.FailureLimiter
 
 	mu       sync.Mutex
 	sessions map[string]map[*session]struct{}
-	gates    []*gate
+	gates    []*relay.Gate
 	lis      []net.Listener
 }
 
@@ -264,16 +265,16 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{
 		cfg:             cfg,
 		log:             cfg.Logger.With("component", "relay-server"),
-		limiter:         newFailureLimiter(cfg.BootstrapFailuresPerMinute, cfg.BootstrapFailureBurst, 10000, cfg.Clock),
-		global:          newGlobalFailureLimiter(cfg.GlobalBootstrapFailuresPerMinute, cfg.GlobalBootstrapFailureBurst, cfg.Clock),
+		limiter:         relay.NewFailureLimiter(cfg.BootstrapFailuresPerMinute, cfg.BootstrapFailureBurst, 10000, cfg.Clock),
+		global:          relay.NewGlobalFailureLimiter(cfg.GlobalBootstrapFailuresPerMinute, cfg.GlobalBootstrapFailureBurst, cfg.Clock),
 		bootstraps:      make(chan struct{}, cfg.Connections.MaxConcurrentBootstraps),
 		redeemed:        newRedemptions(),
 		renews:          newPerCluster(cfg.Clusters.RenewsPerMinute, cfg.Clusters.RenewBurst),
-		clusterRefusals: newFailureLimiter(cfg.Clusters.RefusalsPerMinute, cfg.Clusters.RefusalBurst, 100000, cfg.Clock),
+		clusterRefusals: relay.NewFailureLimiter(cfg.Clusters.RefusalsPerMinute, cfg.Clusters.RefusalBurst, 100000, cfg.Clock),
 		throttle:        newThrottleLog(cfg.Audit, 10*time.Second, cfg.Clock),
 		stopTicker:      make(chan struct{}),
 		tickerDone:      make(chan struct{}),
-		abusers:         newFailureLimiter(3, 3, 10000, cfg.Clock),
+		abusers:         relay.NewFailureLimiter(3, 3, 10000, cfg.Clock),
 		sessions:        map[string]map[*session]struct{}{},
 	}
 	if cfg.SharedToken != nil {
@@ -291,7 +292,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	// MaxRecvBytes and refuses anything larger before reading it.
 	maxMsg := cfg.MaxRecvBytes
 	if dp := cfg.DataPath; dp != nil {
-		dp.Limits = dp.Limits.withDefaults()
+		dp.Limits = dp.Limits.WithDefaults()
 		if dp.SnapshotsPerSecond == 0 {
 			dp.SnapshotsPerSecond = 2
 		}
@@ -307,7 +308,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	// Idle sessions are most of a fleet: small per-connection buffers (the
 	// 32 KiB defaults are sized for throughput).
 	s.grpc = grpc.NewServer(
-		grpc.Creds(handshakenCreds{}),
+		grpc.Creds(relay.HandshakenCreds{}),
 		grpc.ReadBufferSize(connBufferSize),
 		grpc.WriteBufferSize(connBufferSize),
 		grpc.MaxRecvMsgSize(maxMsg),
@@ -315,7 +316,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		grpc.MaxConcurrentStreams(64),
 		grpc.UnaryInterceptor(s.unaryAuth),
 		grpc.StreamInterceptor(s.streamAuth),
-		grpc.StatsHandler(streamGuard{metrics: cfg.Metrics, kind: "authenticated", abusers: s.abusers}),
+		grpc.StatsHandler(relay.NewStreamGuard(cfg.Metrics.gate, "authenticated", s.abusers)),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		// Half-open connections are found and closed: ping after 30s of
 		// silence, give up 10s later. A connection without a stream for 5
@@ -323,7 +324,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: 5 * time.Minute}),
 	)
 	s.pre = grpc.NewServer(
-		grpc.Creds(handshakenCreds{}),
+		grpc.Creds(relay.HandshakenCreds{}),
 		grpc.ReadBufferSize(connBufferSize),
 		grpc.WriteBufferSize(connBufferSize),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvBytes),
@@ -334,7 +335,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			return s.refuseUnauthenticated(ss.Context())
 		}),
 		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error { return s.refuseUnauthenticated(ss.Context()) }),
-		grpc.StatsHandler(preAuthGuard{streamGuard: streamGuard{metrics: cfg.Metrics, kind: "preauth", abusers: s.abusers}, s: s}),
+		grpc.StatsHandler(preAuthGuard{StreamGuard: relay.NewStreamGuard(cfg.Metrics.gate, "preauth", s.abusers), s: s}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second,
 			MaxConnectionIdle: lim.PreAuthIdle, MaxConnectionAge: lim.PreAuthAge, MaxConnectionAgeGrace: 5 * time.Second}),
@@ -380,14 +381,14 @@ func (s *Server) tlsConfig() *tls.Config {
 // under the connection limits and hands each connection to the
 // authenticated or the pre-authentication server.
 func (s *Server) Serve(lis net.Listener) error {
-	g := newGate(s.cfg.Connections, s.tlsConfig(), s.cfg.Metrics, lis.Addr(), s.abusers)
+	g := relay.NewGate(s.cfg.Connections, s.tlsConfig(), s.cfg.Metrics.gate, lis.Addr(), s.abusers)
 	s.mu.Lock()
 	s.gates = append(s.gates, g)
 	s.lis = append(s.lis, lis)
 	s.mu.Unlock()
-	go func() { _ = s.grpc.Serve(g.auth) }()
-	go func() { _ = s.pre.Serve(g.pre) }()
-	return g.serve(lis)
+	go func() { _ = s.grpc.Serve(g.Authenticated()) }()
+	go func() { _ = s.pre.Serve(g.PreAuth()) }()
+	return g.Serve(lis)
 }
 
 // Stop ends every session and closes the listeners.
@@ -421,7 +422,7 @@ func (s *Server) closeListeners() {
 		_ = l.Close()
 	}
 	for _, g := range gates {
-		g.close()
+		g.Close()
 	}
 }
 
@@ -468,7 +469,7 @@ func (s *Server) unaryPreAuth(ctx context.Context, req any, info *grpc.UnaryServ
 // not audited, so knocking cannot fill the audit log.
 func (s *Server) refuseUnauthenticated(ctx context.Context) error {
 	accounted(ctx)
-	done, ok := s.limiter.begin(peerIP(ctx))
+	done, ok := s.limiter.Begin(peerIP(ctx))
 	if !ok {
 		s.cfg.Metrics.refused.WithLabelValues("rate_limited").Inc()
 		return errThrottled
@@ -479,11 +480,11 @@ func (s *Server) refuseUnauthenticated(ctx context.Context) error {
 }
 
 // preAuthGuard is the pre-authentication server's stats handler: the
-// stream budget of streamGuard, and a failure charged to the peer's address
+// stream budget of relay.StreamGuard, and a failure charged to the peer's address
 // for every call that ends in an error before a handler accounted for it
 // (an oversized message, an unknown method), so those are not free either.
 type preAuthGuard struct {
-	streamGuard
+	relay.StreamGuard
 	s *Server
 }
 
@@ -496,7 +497,7 @@ func (g preAuthGuard) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.C
 }
 
 func (g preAuthGuard) HandleRPC(ctx context.Context, st stats.RPCStats) {
-	g.streamGuard.HandleRPC(ctx, st)
+	g.StreamGuard.HandleRPC(ctx, st)
 	end, ok := st.(*stats.End)
 	if !ok || end.Error == nil {
 		return
@@ -505,7 +506,7 @@ func (g preAuthGuard) HandleRPC(ctx context.Context, st stats.RPCStats) {
 		return
 	}
 	ip := peerIP(ctx)
-	if done, ok := g.s.limiter.begin(ip); ok {
+	if done, ok := g.s.limiter.Begin(ip); ok {
 		done(false)
 	}
 	g.s.cfg.Metrics.refused.WithLabelValues("preauth_" + strings.ToLower(status.Code(end.Error).String())).Inc()
@@ -587,7 +588,7 @@ var errThrottled = status.Error(codes.ResourceExhausted, "too many refused calls
 // relay certificate that is no longer acceptable are audited.
 func (s *Server) authenticate(ctx context.Context, method string) (*agent, error) {
 	ip := peerIP(ctx)
-	done, ok := s.limiter.begin(budgetKey(ctx, ip))
+	done, ok := s.limiter.Begin(budgetKey(ctx, ip))
 	if !ok {
 		s.cfg.Metrics.refused.WithLabelValues("rate_limited").Inc()
 		return nil, errThrottled
@@ -613,7 +614,7 @@ func (s *Server) authenticate(ctx context.Context, method string) (*agent, error
 // revoked, retrying behind the same NAT as healthy agents, exhausts only its
 // own budget); a caller without one spends its address's.
 func budgetKey(ctx context.Context, ip string) string {
-	if info, ok := tlsInfo(ctx); ok && len(info.State.VerifiedChains) > 0 && len(info.State.VerifiedChains[0]) > 0 {
+	if info, ok := relay.TLSInfo(ctx); ok && len(info.State.VerifiedChains) > 0 && len(info.State.VerifiedChains[0]) > 0 {
 		return "certificate:" + fmt.Sprintf("%x", info.State.VerifiedChains[0][0].SerialNumber)
 	}
 	return ip
@@ -630,7 +631,7 @@ func (s *Server) verifyPeer(ctx context.Context) (*agent, string, error) {
 	if !ok {
 		return nil, "no_peer", errUnauthenticated
 	}
-	info, ok := tlsInfo(ctx)
+	info, ok := relay.TLSInfo(ctx)
 	if !ok || len(info.State.VerifiedChains) == 0 {
 		return nil, "no_certificate", errUnauthenticated
 	}
@@ -702,20 +703,20 @@ var errBootstrapDenied = status.Error(codes.PermissionDenied, "bootstrap denied:
 func (s *Server) Bootstrap(ctx context.Context, req *relaypb.BootstrapRequest) (*relaypb.CertificateResponse, error) {
 	accounted(ctx)
 	ip := peerIP(ctx)
-	done, ok := s.limiter.begin(ip)
+	done, ok := s.limiter.Begin(ip)
 	if !ok {
 		s.cfg.Metrics.bootstrapFailures.WithLabelValues("rate_limited").Inc()
-		s.throttle.add("bootstrap", peerKey(ip))
+		s.throttle.add("bootstrap", relay.PeerKey(ip))
 		return nil, status.Error(codes.ResourceExhausted, "too many failed bootstrap attempts from this address; retry later")
 	}
 	// Every peer's failures also spend one budget of all peers, so a flood
 	// from many addresses is bounded too (eviction from the table of
 	// addresses cannot reset it).
-	globalDone, ok := s.global.begin("*")
+	globalDone, ok := s.global.Begin("*")
 	if !ok {
 		done(true)
 		s.cfg.Metrics.bootstrapFailures.WithLabelValues("rate_limited_global").Inc()
-		s.throttle.add("bootstrap_global", peerKey(ip))
+		s.throttle.add("bootstrap_global", relay.PeerKey(ip))
 		return nil, status.Error(codes.ResourceExhausted, "too many failed bootstrap attempts from all addresses; retry later")
 	}
 	select {

@@ -20,9 +20,9 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/relaymesh/relaymesh/identity"
-	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -31,7 +31,7 @@ import (
 )
 
 func TestBootstrapIssuesServerChosenIdentity(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	key := catest.NewKey(t, catest.ECDSAP256)
 	u, _ := url.Parse("spiffe://relaymesh.test/cluster/cluster-2/agent")
 	// The CSR asks for names of its own, including another cluster's identity.
@@ -53,14 +53,14 @@ func TestBootstrapIssuesServerChosenIdentity(t *testing.T) {
 	assert.False(t, c.Leaf.IsCA)
 	assert.GreaterOrEqual(t, c.Leaf.SerialNumber.BitLen(), 100, "random serial of ~128 bits")
 	assert.Equal(t, 0, f.Store.Len(), "the token was consumed")
-	assert.Equal(t, float64(1), f.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success"))
+	assert.Equal(t, float64(1), f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success"))
 	assert.Contains(t, f.Logs.String(), "ignoring names requested in CSR")
 }
 
 func TestBootstrapRefusals(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	ctx := context.Background()
-	good, _ := relaytest.CSRPEM(t)
+	good, _ := servertest.CSRPEM(t)
 	rsaKey := catest.NewKey(t, catest.RSA1024)
 	used := f.Mint("cluster-1", time.Hour)
 	_, err := f.BootstrapClient().Bootstrap(ctx, &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: used, Csr: good})
@@ -90,7 +90,7 @@ func TestBootstrapRefusals(t *testing.T) {
 		{"reused token", func() *relaypb.BootstrapRequest {
 			// Another key than the one that spent it (that one may retry:
 			// TestBootstrapRetryBySpendingKey).
-			other, _ := relaytest.CSRPEM(t)
+			other, _ := servertest.CSRPEM(t)
 			return &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: used, Csr: other}
 		}, codes.PermissionDenied, "bootstrap denied", identity.ReasonUnknown, false},
 		{"expired token", func() *relaypb.BootstrapRequest {
@@ -125,8 +125,8 @@ func TestBootstrapRefusals(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			req := tt.req()
 			before := f.Store.Len()
-			issued := f.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success")
-			reasonBefore := f.Metric(relay.MetricBootstrapFailures, "reason", tt.reason)
+			issued := f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success")
+			reasonBefore := f.Metric(server.MetricBootstrapFailures, "reason", tt.reason)
 			_, err := f.BootstrapClient().Bootstrap(ctx, req)
 			require.Error(t, err)
 			assert.Equal(t, tt.code, status.Code(err), "%v", err)
@@ -135,15 +135,15 @@ func TestBootstrapRefusals(t *testing.T) {
 				assert.NotContains(t, err.Error(), req.Token[17:], "the error must not echo the token")
 			}
 			assert.Equal(t, before, f.Store.Len(), "no token was consumed")
-			assert.Equal(t, issued, f.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success"), "nothing was issued")
-			assert.Equal(t, reasonBefore+1, f.Metric(relay.MetricBootstrapFailures, "reason", tt.reason))
+			assert.Equal(t, issued, f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success"), "nothing was issued")
+			assert.Equal(t, reasonBefore+1, f.Metric(server.MetricBootstrapFailures, "reason", tt.reason))
 			if tt.keepTok && req.Cluster != "../cluster-1" {
 				cluster := req.Cluster
 				if tt.reason == identity.ReasonWrongCluster {
 					cluster = "cluster-1"
 				}
 				if cluster == "cluster-9" {
-					f.Registry.Set(relay.Registration{Name: "cluster-9", UID: "9"})
+					f.Registry.Set(server.Registration{Name: "cluster-9", UID: "9"})
 					defer f.Registry.Remove("cluster-9")
 				}
 				_, err := f.BootstrapClient().Bootstrap(ctx, &relaypb.BootstrapRequest{Cluster: cluster, Token: req.Token, Csr: good})
@@ -155,27 +155,27 @@ func TestBootstrapRefusals(t *testing.T) {
 
 func TestSharedTokenMode(t *testing.T) {
 	shared := strings.Repeat("s", 48)
-	f := relaytest.New(t, relaytest.Options{Shared: shared})
+	f := servertest.New(t, servertest.Options{Shared: shared})
 	assert.Contains(t, f.Logs.String(), "shared bootstrap token mode is ON", "the weaker mode is logged")
-	csr, _ := relaytest.CSRPEM(t)
+	csr, _ := servertest.CSRPEM(t)
 	_, err := f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: shared, Csr: csr})
 	require.NoError(t, err)
-	issued := f.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success")
+	issued := f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success")
 	_, err = f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: strings.Repeat("s", 47) + "t", Csr: csr})
 	require.Error(t, err)
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "wrong shared token")
-	assert.Equal(t, issued, f.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success"), "nothing issued")
-	assert.Equal(t, float64(1), f.Metric(relay.MetricBootstrapFailures, "reason", identity.ReasonWrongSecret))
+	assert.Equal(t, issued, f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success"), "nothing issued")
+	assert.Equal(t, float64(1), f.Metric(server.MetricBootstrapFailures, "reason", identity.ReasonWrongSecret))
 	_, err = f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-9", Token: shared, Csr: csr})
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "the shared token admits only registered clusters")
 
-	off := relaytest.New(t, relaytest.Options{})
+	off := servertest.New(t, servertest.Options{})
 	_, err = off.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: shared, Csr: csr})
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "shared mode is off by default")
 }
 
 func TestBootstrapRace(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	for range 10 {
 		tok := f.Mint("cluster-1", time.Hour)
 		var wins atomic.Int32
@@ -185,7 +185,7 @@ func TestBootstrapRace(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				csr, _ := relaytest.CSRPEM(t)
+				csr, _ := servertest.CSRPEM(t)
 				client := f.BootstrapClient()
 				<-start
 				if _, err := client.Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: tok, Csr: csr}); err == nil {
@@ -200,7 +200,7 @@ func TestBootstrapRace(t *testing.T) {
 }
 
 func TestOversizedRequest(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	_, err := f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: f.Mint("cluster-1", time.Hour), Csr: bytes.Repeat([]byte("A"), 1<<20)})
 	require.Error(t, err)
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
@@ -208,8 +208,8 @@ func TestOversizedRequest(t *testing.T) {
 }
 
 func TestBootstrapFailuresAreRateLimited(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{FailureBurst: 5})
-	csr, _ := relaytest.CSRPEM(t)
+	f := servertest.New(t, servertest.Options{FailureBurst: 5})
+	csr, _ := servertest.CSRPEM(t)
 	var codesSeen []codes.Code
 	for range 8 {
 		_, err := f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: "guess", Csr: csr})
@@ -221,16 +221,16 @@ func TestBootstrapFailuresAreRateLimited(t *testing.T) {
 	_, err := f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: f.Mint("cluster-1", time.Hour), Csr: csr})
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
 	assert.Equal(t, 1, f.Store.Len(), "a blocked attempt consumes nothing")
-	assert.Positive(t, f.Metric(relay.MetricBootstrapFailures, "reason", "rate_limited"))
+	assert.Positive(t, f.Metric(server.MetricBootstrapFailures, "reason", "rate_limited"))
 }
 
 func TestAuthenticatedCalls(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	ctx := context.Background()
 	c1 := f.Bootstrap("cluster-1")
 
 	t.Run("renew over mTLS keeps the identity", func(t *testing.T) {
-		csr, keyPEM := relaytest.CSRPEM(t)
+		csr, keyPEM := servertest.CSRPEM(t)
 		resp, err := relaypb.NewIdentityClient(f.Dial(f.MTLS(c1.TLS))).Renew(ctx, &relaypb.RenewRequest{Csr: csr})
 		require.NoError(t, err)
 		n := f.Cred(resp, keyPEM)
@@ -239,7 +239,7 @@ func TestAuthenticatedCalls(t *testing.T) {
 	})
 
 	t.Run("renew without a client certificate", func(t *testing.T) {
-		csr, _ := relaytest.CSRPEM(t)
+		csr, _ := servertest.CSRPEM(t)
 		_, err := relaypb.NewIdentityClient(f.Dial(f.ServerOnly())).Renew(ctx, &relaypb.RenewRequest{Csr: csr})
 		assert.Equal(t, codes.Unauthenticated, status.Code(err))
 	})
@@ -264,7 +264,7 @@ func TestAuthenticatedCalls(t *testing.T) {
 		require.NoError(t, err)
 		pair, err := tls.X509KeyPair(iss.ChainPEM(), catest.KeyPEM(t, key))
 		require.NoError(t, err)
-		csr2, _ := relaytest.CSRPEM(t)
+		csr2, _ := servertest.CSRPEM(t)
 		_, err = relaypb.NewIdentityClient(f.Dial(f.MTLS(pair))).Renew(ctx, &relaypb.RenewRequest{Csr: csr2})
 		require.Error(t, err, "a certificate with the right SPIFFE ID from another CA is refused")
 		assert.Contains(t, []codes.Code{codes.Unavailable, codes.Unauthenticated}, status.Code(err), "%v", err)
@@ -277,7 +277,7 @@ func TestAuthenticatedCalls(t *testing.T) {
 }
 
 // openSession opens a relay session and returns it after Welcome.
-func openSession(t *testing.T, f *relaytest.Server, cred relaytest.AgentCred) relaypb.Relay_ConnectClient {
+func openSession(t *testing.T, f *servertest.Server, cred servertest.AgentCred) relaypb.Relay_ConnectClient {
 	t.Helper()
 	stream, err := relaypb.NewRelayClient(f.Dial(f.MTLS(cred.TLS))).Connect(context.Background())
 	require.NoError(t, err)
@@ -289,10 +289,10 @@ func openSession(t *testing.T, f *relaytest.Server, cred relaytest.AgentCred) re
 }
 
 func TestDeregistrationEndsSessionsAndRefusesCertificate(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	c1, c2 := f.Bootstrap("cluster-1"), f.Bootstrap("cluster-2")
 	s1, s2 := openSession(t, f, c1), openSession(t, f, c2)
-	require.Equal(t, float64(2), f.Metric(relay.MetricConnectedAgents))
+	require.Equal(t, float64(2), f.Metric(server.MetricConnectedAgents))
 
 	ended := make(chan error, 1)
 	go func() {
@@ -316,7 +316,7 @@ func TestDeregistrationEndsSessionsAndRefusesCertificate(t *testing.T) {
 		t.Fatal("session of a deregistered cluster still open after 2s")
 	}
 
-	csr, _ := relaytest.CSRPEM(t)
+	csr, _ := servertest.CSRPEM(t)
 	_, err := relaypb.NewIdentityClient(f.Dial(f.MTLS(c2.TLS))).Renew(context.Background(), &relaypb.RenewRequest{Csr: csr})
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "renewal of a deregistered cluster is refused: %v", err)
 	stream, err := relaypb.NewRelayClient(f.Dial(f.MTLS(c2.TLS))).Connect(context.Background())
@@ -332,7 +332,7 @@ func TestDeregistrationEndsSessionsAndRefusesCertificate(t *testing.T) {
 
 	// Registering the name again (a new UID, at once: no clock involved)
 	// does not revive the old certificate.
-	f.Registry.Set(relay.Registration{Name: "cluster-2", UID: "new-uid"})
+	f.Registry.Set(server.Registration{Name: "cluster-2", UID: "new-uid"})
 	_, err = relaypb.NewIdentityClient(f.Dial(f.MTLS(c2.TLS))).Renew(context.Background(), &relaypb.RenewRequest{Csr: csr})
 	assert.Equal(t, codes.PermissionDenied, status.Code(err))
 	assert.Contains(t, err.Error(), "earlier registration")
@@ -344,9 +344,9 @@ func TestDeregistrationEndsSessionsAndRefusesCertificate(t *testing.T) {
 }
 
 func TestAuditTrail(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	c := f.Bootstrap("cluster-1")
-	csr, _ := relaytest.CSRPEM(t)
+	csr, _ := servertest.CSRPEM(t)
 	_, err := relaypb.NewIdentityClient(f.Dial(f.MTLS(c.TLS))).Renew(context.Background(), &relaypb.RenewRequest{Csr: csr})
 	require.NoError(t, err)
 	_, err = f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: f.Mint("cluster-2", time.Hour), Csr: csr})
@@ -365,7 +365,7 @@ func TestAuditTrail(t *testing.T) {
 // right SPIFFE ID and even the right registration, is not an agent
 // certificate: only the relay's issuing CA issues those.
 func TestSiblingIssuerIsRefused(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	root := &catest.CA{Cert: f.RelayCA.Root, Key: f.RelayCA.RootKey}
 	sibling := root.NewIntermediate(t, catest.CAOptions{Name: "other team's CA", PathLenZero: true})
 	other, err := ca.New(ca.Config{Signer: sibling.Signer(t, time.Now())})
@@ -377,15 +377,15 @@ func TestSiblingIssuerIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	pair, err := tls.X509KeyPair(iss.ChainPEM(), catest.KeyPEM(t, key))
 	require.NoError(t, err)
-	csr2, _ := relaytest.CSRPEM(t)
+	csr2, _ := servertest.CSRPEM(t)
 	_, err = relaypb.NewIdentityClient(f.Dial(f.MTLS(pair))).Renew(context.Background(), &relaypb.RenewRequest{Csr: csr2})
 	assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
-	assert.Equal(t, float64(1), f.Metric(relay.MetricRefusedCalls, "reason", "foreign_issuer"))
+	assert.Equal(t, float64(1), f.Metric(server.MetricRefusedCalls, "reason", "foreign_issuer"))
 }
 
 // A session that never says Hello still ends when its cluster is revoked.
 func TestRevocationBeforeHello(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{})
+	f := servertest.New(t, servertest.Options{})
 	c := f.Bootstrap("cluster-1")
 	stream, err := relaypb.NewRelayClient(f.Dial(f.MTLS(c.TLS))).Connect(context.Background())
 	require.NoError(t, err)
@@ -405,7 +405,7 @@ func TestRevocationBeforeHello(t *testing.T) {
 // Calls without a certificate are throttled per peer and never reach the
 // audit log, so nobody can fill it by knocking.
 func TestUnauthenticatedCallsAreThrottledAndNotAudited(t *testing.T) {
-	f := relaytest.New(t, relaytest.Options{FailureBurst: 5})
+	f := servertest.New(t, servertest.Options{FailureBurst: 5})
 	client := relaypb.NewIdentityClient(f.Dial(f.ServerOnly()))
 	codesSeen := map[codes.Code]int{}
 	for range 50 {
@@ -418,7 +418,7 @@ func TestUnauthenticatedCallsAreThrottledAndNotAudited(t *testing.T) {
 	assert.Equal(t, 5, codesSeen[codes.Unauthenticated], "%v", codesSeen)
 	assert.Positive(t, codesSeen[codes.ResourceExhausted], "%v", codesSeen)
 	assert.Equal(t, 50, codesSeen[codes.Unauthenticated]+codesSeen[codes.ResourceExhausted]+codesSeen[codes.Unavailable], "%v", codesSeen)
-	assert.Equal(t, float64(5), f.Metric(relay.MetricRefusedCalls, "reason", "no_certificate"))
+	assert.Equal(t, float64(5), f.Metric(server.MetricRefusedCalls, "reason", "no_certificate"))
 	b, err := os.ReadFile(f.AuditPath)
 	require.NoError(t, err)
 	assert.Empty(t, string(b), "knocking without a certificate writes no audit record")

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -18,7 +18,7 @@ import (
 // outputs report each cluster's current version. Translation builds the
 // per-cluster apply status of user objects from the two.
 func TestAcksAndVersions(t *testing.T) {
-	v := relay.NewView()
+	v := server.NewView()
 	var acked []string
 	v.OnAck(func(cluster string) { acked = append(acked, cluster) })
 	assert.Nil(t, v.Ack("c1"))
@@ -30,7 +30,7 @@ func TestAcksAndVersions(t *testing.T) {
 	assert.Equal(t, uint64(7), v.Ack("c1").GetVersion())
 	assert.Len(t, v.Clusters()["c1"].Conflicts, 1)
 
-	o := relay.NewOutputs(time.Now())
+	o := server.NewOutputs(time.Now())
 	assert.Zero(t, o.Version("c1"), "no set yet")
 	o.SetFrom("translation", "c1", []*relaypb.OutputObject{{Manifest: []byte(`{"kind":"VirtualService"}`)}})
 	first := o.Version("c1")
@@ -46,7 +46,7 @@ func TestAcksAndVersions(t *testing.T) {
 // the trust requests does (an ack at or after it proves the agent holds
 // them).
 func TestTrustVersion(t *testing.T) {
-	o := relay.NewOutputs(time.Now())
+	o := server.NewOutputs(time.Now())
 	assert.Zero(t, o.TrustVersion("c1"), "nothing published")
 	req := &relaypb.TrustRequest{Mesh: "m", Namespace: "istio-system", Issuer: "aa", RootBundle: []byte("pem")}
 	o.SetTrust("c1", []*relaypb.TrustRequest{req})
@@ -64,7 +64,7 @@ func TestTrustVersion(t *testing.T) {
 	assert.Zero(t, o.TrustVersion("c1"))
 }
 
-// signerFunc adapts a function to relay.IntermediateSigner.
+// signerFunc adapts a function to server.IntermediateSigner.
 type signerFunc func(ctx context.Context, cluster string, req *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error)
 
 func (f signerFunc) SignIntermediate(ctx context.Context, cluster string, req *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
@@ -76,7 +76,7 @@ func (f signerFunc) SignIntermediate(ctx context.Context, cluster string, req *r
 // the request.
 func TestSignIntermediateNeedsAnAgentCertificate(t *testing.T) {
 	var clusters []string
-	f := relaytest.New(t, relaytest.Options{Trust: signerFunc(func(_ context.Context, cluster string, req *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
+	f := servertest.New(t, servertest.Options{Trust: signerFunc(func(_ context.Context, cluster string, req *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
 		clusters = append(clusters, cluster+"/"+req.GetMesh())
 		return &relaypb.IntermediateResponse{Issuer: "x"}, nil
 	})})

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/relaymesh/relaymesh/relay/apply"
+	"github.com/relaymesh/relaymesh/agent/apply"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/relaymesh/relaymesh/relay/apply"
+	"github.com/relaymesh/relaymesh/agent/apply"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/require"

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/relaymesh/relaymesh/relay/apply"
+	"github.com/relaymesh/relaymesh/agent/apply"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"

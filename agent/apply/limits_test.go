@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relaymesh/relaymesh/relay/apply"
+	"github.com/relaymesh/relaymesh/agent/apply"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"

@@ -25,6 +25,7 @@ import (
 	"github.com/relaymesh/relaymesh/identity/identitytest"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -57,17 +58,17 @@ func (s *SyncBuffer) String() string {
 // an in-memory token store and clusters cluster-1 and cluster-2 registered.
 type Server struct {
 	t         testing.TB
-	Srv       *relay.Server
+	Srv       *server.Server
 	Addr      string
 	Authority *ca.Authority
 	// RelayCA is the generated CA (root and issuing CA with their keys).
 	RelayCA *ca.RelayCA
 	// View and Outputs of the data path, when enabled.
-	View      *relay.View
-	Outputs   *relay.Outputs
+	View      *server.View
+	Outputs   *server.Outputs
 	RootsPEM  []byte
 	Roots     *x509.CertPool
-	Registry  *relay.Registry
+	Registry  *server.Registry
 	Tokens    *identity.Tokens
 	Store     *identitytest.MemTokenStore
 	AuditPath string
@@ -94,7 +95,7 @@ type Options struct {
 	Shared        string
 	MaxRecv       int
 	// Trust serves Trust.SignIntermediate when set.
-	Trust relay.IntermediateSigner
+	Trust server.IntermediateSigner
 	// Connections: limits of connections; tests that are not about them get
 	// per-address limits far above the defaults, since every peer is
 	// 127.0.0.1.
@@ -139,7 +140,7 @@ func New(t testing.TB, o Options) *Server {
 	require.NoError(t, err)
 	logs := &SyncBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	serving, err := relay.NewServingCert(ctx, authority, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, nil, log)
+	serving, err := server.NewServingCert(ctx, authority, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, nil, log)
 	require.NoError(t, err)
 	store := identitytest.NewMemTokenStore()
 	tokens, err := identity.NewTokens(identity.TokensConfig{Store: store})
@@ -148,24 +149,24 @@ func New(t testing.TB, o Options) *Server {
 	auditLog, err := audit.Open(audit.Config{Path: auditPath})
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
-	metrics, err := relay.NewMetrics(reg)
+	metrics, err := server.NewMetrics(reg)
 	require.NoError(t, err)
-	registry := relay.NewRegistry()
+	registry := server.NewRegistry()
 	for _, c := range []string{"cluster-1", "cluster-2"} {
-		registry.Set(relay.Registration{Name: c, UID: c + "-uid"})
+		registry.Set(server.Registration{Name: c, UID: c + "-uid"})
 	}
 	var shared *identity.SharedToken
 	if o.Shared != "" {
 		shared, err = identity.NewSharedToken(o.Shared)
 		require.NoError(t, err)
 	}
-	var dp *relay.DataPathConfig
+	var dp *server.DataPathConfig
 	if o.DataPath {
-		dp = &relay.DataPathConfig{View: relay.NewView(), Outputs: relay.NewOutputs(time.Now()), Limits: o.Limits, SnapshotBurst: o.SnapshotBurst,
+		dp = &server.DataPathConfig{View: server.NewView(), Outputs: server.NewOutputs(time.Now()), Limits: o.Limits, SnapshotBurst: o.SnapshotBurst,
 			SnapshotDeadline: o.SnapshotDeadline, SnapshotMemory: o.SnapshotMemory}
 		dp.Outputs.MarkReady()
 	}
-	srv, err := relay.NewServer(relay.ServerConfig{
+	srv, err := server.NewServer(server.ServerConfig{
 		DataPath:    dp,
 		TrustDomain: TrustDomain, Issuer: authority, Tokens: tokens, SharedToken: shared, Registry: registry,
 		ServerCertificate: serving.Certificate, Audit: auditLog, Logger: log, Metrics: metrics, MaxRecvBytes: o.MaxRecv,
@@ -298,14 +299,14 @@ func (f *Server) Metric(name string, labels ...string) float64 {
 	return 0
 }
 
-func viewOf(dp *relay.DataPathConfig) *relay.View {
+func viewOf(dp *server.DataPathConfig) *server.View {
 	if dp == nil {
 		return nil
 	}
 	return dp.View
 }
 
-func outputsOf(dp *relay.DataPathConfig) *relay.Outputs {
+func outputsOf(dp *server.DataPathConfig) *server.Outputs {
 	if dp == nil {
 		return nil
 	}
