@@ -23,6 +23,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/spf13/cobra"
@@ -173,7 +174,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if err != nil {
 		return err
 	}
-	serving, err := relay.NewServingCert(ctx, authority, splitList(f.dnsNames), ips, storeServingSecret(kube, f.namespace), log)
+	serving, err := server.NewServingCert(ctx, authority, splitList(f.dnsNames), ips, storeServingSecret(kube, f.namespace), log)
 	if err != nil {
 		return err
 	}
@@ -202,31 +203,31 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
-	metrics, err := relay.NewMetrics(reg)
+	metrics, err := server.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
-	registry := relay.NewRegistry()
-	var kubeconfigClusters *relay.Registry
+	registry := server.NewRegistry()
+	var kubeconfigClusters *server.Registry
 	if f.allowKubeconfig {
-		kubeconfigClusters = relay.NewRegistry()
+		kubeconfigClusters = server.NewRegistry()
 		log.Warn("kubeconfig-mode clusters are allowed: the server will hold credentials for every cluster registered that way; relay mode is the secure choice")
 	}
-	if err := relay.WatchClusters(ctx, kube.Dynamic, f.namespace, registry, kubeconfigClusters, log); err != nil {
+	if err := server.WatchClusters(ctx, kube.Dynamic, f.namespace, registry, kubeconfigClusters, log); err != nil {
 		return err
 	}
 	if err := identity.AuditTokenMints(ctx, kube.Typed, f.namespace, auditLog, log); err != nil {
 		return err
 	}
-	status := relay.NewKubeStatus(kube.Dynamic, f.namespace, log, relay.StatusConfig{})
+	status := server.NewKubeStatus(kube.Dynamic, f.namespace, log, server.StatusConfig{})
 	registry.OnRevoke(status.Forget)
 	go status.Run(ctx)
 	go serving.Run(ctx)
 
 	// The data path: snapshots become discovered objects; outputs (today
 	// pass-through objects, later translation) go to the agents.
-	view := relay.NewView()
-	mirror := relay.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, relay.MirrorConfig{Registerer: reg})
+	view := server.NewView()
+	mirror := server.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, server.MirrorConfig{Registerer: reg})
 	go mirror.Run(ctx)
 	go func() {
 		registered := func(c string) bool {
@@ -240,12 +241,12 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 			log.Warn("could not delete discovered objects of unregistered clusters", "error", err)
 		}
 	}()
-	outputs := relay.NewOutputs(time.Now())
-	sources := []*relay.Registry{registry}
+	outputs := server.NewOutputs(time.Now())
+	sources := []*server.Registry{registry}
 	if kubeconfigClusters != nil {
 		sources = append(sources, kubeconfigClusters)
 	}
-	if _, err := relay.RunPassthrough(ctx, kube.Dynamic, f.namespace, outputs, log, sources...); err != nil {
+	if _, err := server.RunPassthrough(ctx, kube.Dynamic, f.namespace, outputs, log, sources...); err != nil {
 		return err
 	}
 	// Admission: the same OPA decision for the webhook and, before
@@ -278,10 +279,10 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	}
 	outputs.MarkReady()
 	if kubeconfigClusters != nil {
-		relay.NewInProcessAgents(ctx, kube.Typed, f.namespace, kubeconfigClusters, view, outputs, log)
+		server.NewInProcessAgents(ctx, kube.Typed, f.namespace, kubeconfigClusters, view, outputs, log)
 	}
 
-	srv, err := relay.NewServer(relay.ServerConfig{
+	srv, err := server.NewServer(server.ServerConfig{
 		TrustDomain:       td,
 		Issuer:            authority,
 		Tokens:            tokens,
@@ -292,7 +293,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		Audit:             auditLog,
 		Logger:            log,
 		Metrics:           metrics,
-		DataPath:          &relay.DataPathConfig{View: view, Outputs: outputs},
+		DataPath:          &server.DataPathConfig{View: view, Outputs: outputs},
 		Trust:             trustCtl,
 		Connections:       f.connections(),
 		Clusters:          f.clusters,
