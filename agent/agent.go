@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/internal/dialer"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"hash"
 	"io"
@@ -27,13 +28,14 @@ import (
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
 
 // SessionConfig configures an agent's session with the server.
 type SessionConfig struct {
-	// ServerAddress is host:port of the relay server.
+	// ServerAddress is host:port of the relay server, or a comma-separated
+	// list of its replicas' (each session starts at a random one; the TLS
+	// configuration must then name the server).
 	ServerAddress string
 	// TLS returns the mTLS client config (pinned roots, newest certificate).
 	TLS func() (*tls.Config, error)
@@ -99,6 +101,7 @@ type SessionState struct {
 // Session keeps one relay session open, reconnecting with backoff.
 type Session struct {
 	cfg        SessionConfig
+	addrs      []string // the parsed ServerAddress
 	log        *slog.Logger
 	mu         sync.RWMutex
 	state      SessionState
@@ -110,6 +113,10 @@ func NewSession(cfg SessionConfig) (*Session, error) {
 	if cfg.ServerAddress == "" || cfg.TLS == nil {
 		return nil, errors.New("relay session: serverAddress and tls are required")
 	}
+	addrs, err := dialer.Parse(cfg.ServerAddress)
+	if err != nil {
+		return nil, fmt.Errorf("relay session: %w", err)
+	}
 	if cfg.PingInterval == 0 {
 		cfg.PingInterval = 10 * time.Second
 	}
@@ -119,7 +126,7 @@ func NewSession(cfg SessionConfig) (*Session, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Session{cfg: cfg, log: cfg.Logger.With("component", "relay-session")}, nil
+	return &Session{cfg: cfg, addrs: addrs, log: cfg.Logger.With("component", "relay-session")}, nil
 }
 
 // State returns the session state.
@@ -169,7 +176,7 @@ func (s *Session) once(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient(s.cfg.ServerAddress, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	conn, err := dialer.Dial(s.addrs, tlsCfg)
 	if err != nil {
 		return err
 	}
@@ -562,6 +569,16 @@ func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient, conn grpc
 	if err != nil {
 		return err
 	}
+	// Say what we hold: a replica we failed over to then sends only a
+	// newer set, and an older one it sends first is not applied.
+	s.mu.RLock()
+	applied := s.state.AppliedVersion
+	s.mu.RUnlock()
+	if applied > 0 {
+		if err := stream.Send(&relaypb.PullAck{Version: applied, Resume: true}); err != nil {
+			return err
+		}
+	}
 	sets := make(chan *relaypb.OutputSet)
 	recvErr := make(chan error, 1)
 	go func() {
@@ -586,11 +603,17 @@ func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient, conn grpc
 			return ctx.Err()
 		case err := <-recvErr:
 			return fmt.Errorf("pull stream: %w", err)
-		case current = <-sets:
+		case set := <-sets:
+			if set.GetVersion() < applied {
+				s.log.Info("output set older than the one applied; waiting for a newer one", "version", set.GetVersion(), "applied", applied)
+				continue
+			}
+			current = set
 		case <-retry:
 		}
 		retry = nil
 		set := current
+		applied = set.GetVersion()
 		results, err := s.cfg.Applier.Apply(ctx, set)
 		if err != nil {
 			results = []*relaypb.ObjectResult{{Outcome: "error", Error: "whole set refused: " + err.Error()}}

@@ -11,19 +11,17 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"sync"
 	"time"
 
 	"github.com/relaymesh/relaymesh/internal/backoff"
+	"github.com/relaymesh/relaymesh/internal/dialer"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.step.sm/crypto/keyutil"
 	"go.step.sm/crypto/pemutil"
 	"go.step.sm/crypto/x509util"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
 
@@ -44,10 +42,12 @@ func RenewalTime(notBefore, notAfter time.Time, jitter float64) time.Time {
 type ManagerConfig struct {
 	// Cluster is the agent's cluster name.
 	Cluster string
-	// ServerAddress is the relay server, host:port.
+	// ServerAddress is the relay server, host:port, or a comma-separated
+	// list of the replicas' addresses (each call starts at a random one and
+	// fails over to the next).
 	ServerAddress string
 	// ServerName is the name the server's certificate must carry; default
-	// the host of ServerAddress.
+	// the host of ServerAddress; required with several addresses.
 	ServerName string
 	// Secrets is where credentials live.
 	Secrets AgentSecrets
@@ -80,8 +80,9 @@ type Status struct {
 // connections made with ClientTLS use the newest certificate; open ones keep
 // the certificate they were made with, so renewal drops no stream.
 type Manager struct {
-	cfg ManagerConfig
-	log *slog.Logger
+	cfg   ManagerConfig
+	addrs []string // the parsed ServerAddress
+	log   *slog.Logger
 
 	mu      sync.RWMutex
 	cert    *tls.Certificate
@@ -112,18 +113,19 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	if err := ValidateClusterName(cfg.Cluster); err != nil {
 		errs = append(errs, fmt.Errorf("cluster: %w", err))
 	}
-	host, _, err := net.SplitHostPort(cfg.ServerAddress)
-	if err != nil || host == "" {
-		errs = append(errs, fmt.Errorf("serverAddress: %q is not host:port", cfg.ServerAddress))
+	addrs, err := dialer.Parse(cfg.ServerAddress)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("serverAddress: %w", err))
+	} else if cfg.ServerName == "" {
+		if cfg.ServerName, err = dialer.ServerName(addrs); err != nil {
+			errs = append(errs, fmt.Errorf("serverName: %w", err))
+		}
 	}
 	if cfg.Secrets == nil {
 		errs = append(errs, errors.New("secrets: required"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("credential manager config: %w", err)
-	}
-	if cfg.ServerName == "" {
-		cfg.ServerName = host
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -142,6 +144,7 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	}
 	return &Manager{
 		cfg:    cfg,
+		addrs:  addrs,
 		log:    cfg.Logger.With("component", "agent-credentials", "cluster", cfg.Cluster),
 		ready:  make(chan struct{}),
 		status: Status{Message: "starting"},
@@ -372,7 +375,7 @@ func (m *Manager) renew(ctx context.Context) error {
 }
 
 func (m *Manager) call(ctx context.Context, tlsCfg *tls.Config, f func(context.Context, relaypb.IdentityClient) (*relaypb.CertificateResponse, error)) (*relaypb.CertificateResponse, error) {
-	conn, err := grpc.NewClient(m.cfg.ServerAddress, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	conn, err := dialer.Dial(m.addrs, tlsCfg)
 	if err != nil {
 		return nil, err
 	}

@@ -326,6 +326,16 @@ func (d *discoveryService) Pull(stream relaypb.Discovery_PullServer) error {
 			if len(ack.GetResults()) > 100000 {
 				return status.Error(codes.InvalidArgument, "ack has too many results")
 			}
+			if ack.GetResume() {
+				// What the agent held before this stream: not a new apply.
+				if len(ack.GetResults()) > 0 {
+					return status.Error(codes.InvalidArgument, "a resume ack carries no results")
+				}
+				if err := d.cfg.Outputs.Resume(a.cluster, ack.GetVersion(), d.s.cfg.Clock()); err != nil {
+					return status.Error(codes.InvalidArgument, err.Error())
+				}
+				continue
+			}
 			d.cfg.View.Acked(a.cluster, ack, d.s.cfg.Clock())
 			logged := 0
 			for _, r := range ack.GetResults() {

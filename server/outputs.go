@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"hash"
 	"sort"
 	"sync"
@@ -150,6 +151,48 @@ func (o *Outputs) publish(cluster string) {
 		default:
 		}
 	}
+}
+
+// maxResumeAhead bounds how far past the wall clock (in nanoseconds, the
+// unit versions start in) a version an agent says it holds may be: a
+// replica's versions start at its start time and grow by one per change.
+const maxResumeAhead = 1 << 40 // about 18 minutes
+
+// Resume makes sure cluster's next set goes out with a version above held,
+// the version its agent says it applied (from this replica or another): if
+// the current set's version is not above it, the same set is published
+// again with a higher version. A held version beyond now by more than
+// maxResumeAhead is refused (no replica made it; it would exhaust the
+// counter) and changes nothing.
+func (o *Outputs) Resume(cluster string, held uint64, now time.Time) error {
+	if held > uint64(now.UnixNano())+maxResumeAhead {
+		return fmt.Errorf("resume version %d is ahead of every replica's", held)
+	}
+	o.pubMu.Lock()
+	defer o.pubMu.Unlock()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.next < held {
+		o.next = held
+	}
+	cur := o.sets[cluster]
+	if cur == nil || cur.GetVersion() > held {
+		return nil
+	}
+	o.next++
+	o.sets[cluster] = &relaypb.OutputSet{Version: o.next, Objects: cur.GetObjects(), Trust: cur.GetTrust()}
+	if o.trustSince[cluster] != 0 {
+		// The agent holds this trust content already only if it holds this
+		// set; it must ack the new version before a rotation moves on.
+		o.trustSince[cluster] = o.next
+	}
+	for ch := range o.subs[cluster] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	return nil
 }
 
 // Get returns cluster's current set, or nil if none was published yet. An

@@ -7,8 +7,10 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -21,9 +23,11 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeauth"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
 	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/spf13/cobra"
@@ -32,6 +36,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 const serverSynopsis = `Runs the management server in the management cluster: the relay CA, the
@@ -63,6 +68,9 @@ type serverFlags struct {
 	dashboardListen                                   string
 	pkcs11Modules                                     []string
 	kubeQPS                                           float64
+	replicaName                                       string
+	leaderElect                                       bool
+	leaseDuration, renewDeadline, retryPeriod         time.Duration
 	conns                                             relay.ConnectionLimits
 	clusters                                          relay.ClusterLimits
 }
@@ -131,6 +139,11 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.StringVar(&f.webhookClientCA, "webhook-client-ca", "", "PEM file of the CA that issued the kube-apiserver's client certificate for admission webhooks (its --admission-control-config-file kubeconfig): the webhook then answers only callers with such a certificate; required with --webhook-listen unless --webhook-allow-unauthenticated")
 	fs.StringVar(&f.dashboardListen, "dashboard-listen", "", "serve the read-only web dashboard on this address, e.g. :9092 (bearer token checked by TokenReview, every view authorized by SubjectAccessReview; see docs/dashboard.md); empty: off")
 	fs.BoolVar(&f.webhookAllowUnauthenticated, "webhook-allow-unauthenticated", false, "WEAKER: serve the webhook to callers without a client certificate; decisions record the caller as unauthenticated and each source address has its own budget")
+	fs.StringVar(&f.replicaName, "replica-name", "", "this replica's name in the server's Lease (unique per replica; default: $POD_NAME, else the host name)")
+	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run the once-only work (orphan collection, the webhook's configuration) only while holding the Lease relaymesh-server in --namespace, so several replicas can run; off: this process does it unconditionally (run exactly one replica)")
+	fs.DurationVar(&f.leaseDuration, "leader-lease-duration", 15*time.Second, "how long the server's Lease lasts without renewal (another replica takes over after it)")
+	fs.DurationVar(&f.renewDeadline, "leader-renew-deadline", 10*time.Second, "how long the leading replica retries renewing before it stops its once-only work")
+	fs.DurationVar(&f.retryPeriod, "leader-retry-period", 2*time.Second, "how often replicas try to acquire or renew the Lease")
 	for name, values := range map[string][]string{"log-level": {"debug", "info", "warn", "error"}, "webhook-failure-policy": {"Fail", "Ignore"}, "debug-endpoints": {"authenticated", "off"}} {
 		_ = c.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
 	}
@@ -219,6 +232,11 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if err := identity.AuditTokenMints(ctx, kube.Typed, f.namespace, auditLog, log); err != nil {
 		return err
 	}
+	// Work that must happen once across the replicas runs under the Lease.
+	onceOnly, runOnceOnly, err := f.onceOnlyWork(kube, reg, log)
+	if err != nil {
+		return err
+	}
 	status := server.NewKubeStatus(kube.Dynamic, f.namespace, log, server.StatusConfig{})
 	registry.OnRevoke(status.Forget)
 	go status.Run(ctx)
@@ -229,7 +247,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	view := server.NewView()
 	mirror := server.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, server.MirrorConfig{Registerer: reg})
 	go mirror.Run(ctx)
-	go func() {
+	onceOnly(leader.Task{Name: "orphan-collection", Run: func(ctx context.Context) {
 		registered := func(c string) bool {
 			if _, ok := registry.Lookup(c); ok {
 				return true
@@ -240,7 +258,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		if err := mirror.CollectOrphans(ctx, registered); err != nil {
 			log.Warn("could not delete discovered objects of unregistered clusters", "error", err)
 		}
-	}()
+	}})
 	outputs := server.NewOutputs(time.Now())
 	sources := []*server.Registry{registry}
 	if kubeconfigClusters != nil {
@@ -310,7 +328,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		return err
 	}
 	if f.webhookListen != "" {
-		stop, err := f.serveWebhook(ctx, kube, authority, admitter, log)
+		stop, err := f.serveWebhook(ctx, kube, authority, admitter, log, onceOnly)
 		if err != nil {
 			return err
 		}
@@ -346,6 +364,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	go func() { _ = httpSrv.Serve(mlis) }()
 	defer httpSrv.Close()
 
+	go runOnceOnly(ctx)
 	log.Info("relay server listening", "relay", lis.Addr().String(), "metrics", mlis.Addr().String(), "trust_domain", td.String(),
 		"registered_clusters", len(registry.Names()), "shared_token_mode", f.allowSharedToken)
 	errc := make(chan error, 1)
@@ -362,6 +381,12 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 
 func (f serverFlags) validate() error {
 	var errs []error
+	if f.leaderElect && !(f.retryPeriod > 0 && f.retryPeriod < f.renewDeadline && f.renewDeadline < f.leaseDuration) {
+		errs = append(errs, errors.New("leader election needs 0 < --leader-retry-period < --leader-renew-deadline < --leader-lease-duration"))
+	}
+	if f.replicaName != "" && len(validation.IsDNS1123Subdomain(f.replicaName)) > 0 {
+		errs = append(errs, fmt.Errorf("--replica-name %q: must be a DNS subdomain (lowercase letters, digits, '-' and '.')", text.Truncate(f.replicaName, 80)))
+	}
 	if f.auditLog == "" {
 		errs = append(errs, errors.New("--audit-log is required: every issuance and denial must be recorded"))
 	}
@@ -530,3 +555,38 @@ func (f serverFlags) connections() relay.ConnectionLimits {
 	c.StreamBurst = int(min(4*c.StreamsPerSecond, 1<<20))
 	return c
 }
+
+// onceOnlyWork returns how to register work that must run on one replica
+// at a time, and the loop that runs it: under the Lease relaymesh-server
+// (--leader-elect, the default), or unconditionally in this process.
+func (f serverFlags) onceOnlyWork(kube *kubeclient.Clients, reg prometheus.Registerer, log *slog.Logger) (add func(leader.Task), run func(context.Context), err error) {
+	if !f.leaderElect {
+		log.Warn("leader election is off (--leader-elect=false): this process runs the once-only work; run exactly one server replica")
+		var tasks []leader.Task
+		return func(t leader.Task) { tasks = append(tasks, t) }, func(ctx context.Context) {
+			for _, t := range tasks {
+				go t.Run(ctx)
+			}
+		}, nil
+	}
+	name := f.replicaName
+	if name == "" {
+		name = os.Getenv("POD_NAME")
+	}
+	if name == "" {
+		host, _ := os.Hostname()
+		// Two processes on one host must not share an identity: both would
+		// think they hold the Lease.
+		name = fmt.Sprintf("%s-%d", strings.ToLower(host), os.Getpid())
+	}
+	e, err := leader.New(leader.Config{Client: kube.Typed, Namespace: f.namespace, Name: serverLease, Identity: name,
+		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod, Logger: log, Registerer: reg})
+	if err != nil {
+		return nil, nil, err
+	}
+	log.Info("leader election on: once-only work runs while this replica holds the Lease", "lease", f.namespace+"/"+serverLease, "replica", name)
+	return e.Add, e.Run, nil
+}
+
+// serverLease is the Lease the server's replicas elect a leader with.
+const serverLease = "relaymesh-server"

@@ -20,6 +20,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/leader"
 	"golang.org/x/time/rate"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -100,7 +101,7 @@ func (f serverFlags) webhookTarget() (webhookTarget, error) {
 // serveWebhook serves the admission webhook with a certificate from the
 // relay CA and registers it (caBundle: the relay roots). It returns a
 // function that stops serving.
-func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeclient.Clients, authority *ca.Authority, engine *admission.Engine, log *slog.Logger) (func(), error) {
+func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeclient.Clients, authority *ca.Authority, engine *admission.Engine, log *slog.Logger, onceOnly func(leader.Task)) (func(), error) {
 	t, err := f.webhookTarget()
 	if err != nil {
 		return nil, err
@@ -153,10 +154,22 @@ func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeclient.Clients,
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: time.Minute,
 		TLSConfig: admission.ServerTLS(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Certificate() }, clientCAs)}
 	go func() { _ = srv.ServeTLS(lis, "", "") }()
-	if err := admission.Register(ctx, kube.Typed, t.reg); err != nil {
-		_ = srv.Close()
-		return nil, err
-	}
+	// Every replica serves the webhook; one writes its configuration.
+	onceOnly(leader.Task{Name: "webhook-configuration", Run: func(ctx context.Context) {
+		for attempt := 0; ; attempt++ {
+			err := admission.Register(ctx, kube.Typed, t.reg)
+			if err == nil || ctx.Err() != nil {
+				return
+			}
+			delay := min(time.Second<<min(attempt, 5), 30*time.Second)
+			log.Error("could not write the admission webhook's configuration; retrying", "error", err, "retry_in", delay)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+		}
+	}})
 	log.Info("admission webhook serving", "listen", lis.Addr().String(), "url", t.reg.URL, "service", t.reg.ServiceNamespace+"/"+t.reg.ServiceName,
 		"failure_policy", string(t.reg.FailurePolicy), "client_certificate_required", clientCAs != nil)
 	return func() { _ = srv.Close() }, nil

@@ -1996,9 +1996,14 @@ func (x *OutputObject) GetParents() []string {
 }
 
 type PullAck struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
-	Results       []*ObjectResult        `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Version uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Results []*ObjectResult        `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	// The agent's first message on a Pull stream when it applied a set
+	// before (from this replica or another): the version it holds, no
+	// results. The server then sends a set only with a higher version, so an
+	// agent that fails over between replicas never moves back.
+	Resume        bool `protobuf:"varint,3,opt,name=resume,proto3" json:"resume,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2045,6 +2050,13 @@ func (x *PullAck) GetResults() []*ObjectResult {
 		return x.Results
 	}
 	return nil
+}
+
+func (x *PullAck) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
 }
 
 type ObjectResult struct {
@@ -2298,10 +2310,11 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\x06issuer\x18\x03 \x01(\tR\x06issuer\"D\n" +
 	"\fOutputObject\x12\x1a\n" +
 	"\bmanifest\x18\x01 \x01(\fR\bmanifest\x12\x18\n" +
-	"\aparents\x18\x02 \x03(\tR\aparents\"_\n" +
+	"\aparents\x18\x02 \x03(\tR\aparents\"w\n" +
 	"\aPullAck\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12:\n" +
-	"\aresults\x18\x02 \x03(\v2 .relaymesh.relay.v1.ObjectResultR\aresults\"\xa5\x01\n" +
+	"\aresults\x18\x02 \x03(\v2 .relaymesh.relay.v1.ObjectResultR\aresults\x12\x16\n" +
+	"\x06resume\x18\x03 \x01(\bR\x06resume\"\xa5\x01\n" +
 	"\fObjectResult\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x12\x12\n" +

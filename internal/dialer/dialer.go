@@ -1,0 +1,106 @@
+// Package dialer connects an agent to the relay server at one address or at
+// several (the replicas of a highly available management plane): with
+// several, each connection starts at a random replica and moves to the next
+// when one refuses or times out, so agents spread across replicas and fail
+// over without a load balancer in front of them.
+package dialer
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/relaymesh/relaymesh/internal/text"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+)
+
+// MaxAddresses bounds a list: more replicas than this is a typo.
+const MaxAddresses = 64
+
+// ConnectTimeout bounds one connection attempt to one address, so a replica
+// cut off from the network (packets dropped, no refusal) costs this long
+// before the next is tried, not gRPC's default 20 s.
+const ConnectTimeout = 3 * time.Second
+
+// Parse splits a comma-separated list of host:port addresses; each must
+// have a host and a port in 1..65535, and none may repeat.
+func Parse(list string) ([]string, error) {
+	if len(list) > 16<<10 {
+		return nil, fmt.Errorf("server address list is %d bytes, at most 16 KiB", len(list))
+	}
+	var out []string
+	seen := map[string]bool{}
+	for _, a := range strings.Split(list, ",") {
+		a = strings.TrimSpace(a)
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("server address %q is not host:port", text.Truncate(a, 100))
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return nil, fmt.Errorf("server address %q: port must be 1..65535", text.Truncate(a, 100))
+		}
+		if seen[a] {
+			return nil, fmt.Errorf("server address %q is listed twice", text.Truncate(a, 100))
+		}
+		seen[a] = true
+		out = append(out, a)
+	}
+	if len(out) > MaxAddresses {
+		return nil, fmt.Errorf("%d server addresses, at most %d", len(out), MaxAddresses)
+	}
+	return out, nil
+}
+
+// ServerName is the name the server's certificate must carry when the
+// caller gave none: the host of the only address. Several addresses need
+// an explicit name (one the serving certificate of every replica carries).
+func ServerName(addresses []string) (string, error) {
+	if len(addresses) != 1 {
+		return "", errors.New("several server addresses need --server-name: a DNS name or IP every replica's certificate carries")
+	}
+	host, _, err := net.SplitHostPort(addresses[0])
+	return host, err
+}
+
+var schemes atomic.Int64
+
+// Dial returns a client connection to the relay server at addresses,
+// authenticated by tlsCfg (whose ServerName must be set when there are
+// several). With several addresses the list is shuffled per connection and
+// tried in turn (gRPC pick_first).
+func Dial(addresses []string, tlsCfg *tls.Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	if len(addresses) == 0 {
+		return nil, errors.New("no server address")
+	}
+	opts = append([]grpc.DialOption{
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
+		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: ConnectTimeout,
+			Backoff: backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second}}),
+	}, opts...)
+	if len(addresses) == 1 {
+		return grpc.NewClient(addresses[0], opts...)
+	}
+	if tlsCfg == nil || tlsCfg.ServerName == "" {
+		return nil, errors.New("several server addresses need a server name to verify")
+	}
+	// A resolver of its own per connection: the list is this agent's, and a
+	// scheme registered globally would be shared by every connection.
+	r := manual.NewBuilderWithScheme(fmt.Sprintf("relaymesh-replicas-%d", schemes.Add(1)))
+	state := resolver.State{}
+	for _, a := range addresses {
+		state.Addresses = append(state.Addresses, resolver.Address{Addr: a})
+	}
+	r.InitialState(state)
+	opts = append(opts, grpc.WithResolvers(r),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"pick_first":{"shuffleAddressList":true}}]}`))
+	return grpc.NewClient(r.Scheme()+":///relay", opts...)
+}

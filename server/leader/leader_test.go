@@ -1,0 +1,173 @@
+package leader_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/server/leader"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// cutTransport fails every request while cut: the replica is cut off from
+// the apiserver (the real one keeps running for the others).
+type cutTransport struct {
+	next http.RoundTripper
+	cut  *atomic.Bool
+}
+
+func (c cutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c.cut.Load() {
+		return nil, errors.New("cut off from the apiserver (test)")
+	}
+	return c.next.RoundTrip(r)
+}
+
+type replica struct {
+	name    string
+	e       *leader.Elector
+	cut     atomic.Bool
+	running atomic.Int32 // tasks running now
+	terms   atomic.Int32
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+func startReplica(t *testing.T, cfg *rest.Config, name string, overlap *atomic.Int32) *replica {
+	t.Helper()
+	r := &replica{name: name, done: make(chan struct{})}
+	cfg = rest.CopyConfig(cfg)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return cutTransport{next: rt, cut: &r.cut} }
+	cfg.Timeout = 2 * time.Second
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	r.e, err = leader.New(leader.Config{Client: cs, Namespace: "relaymesh", Name: "relaymesh-server", Identity: name,
+		LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond})
+	require.NoError(t, err)
+	r.e.Add(leader.Task{Name: "once", Run: func(ctx context.Context) {
+		r.terms.Add(1)
+		r.running.Add(1)
+		if overlap.Add(1) > 1 {
+			t.Errorf("%s: two replicas ran once-only work at the same time", name)
+		}
+		<-ctx.Done()
+		overlap.Add(-1)
+		r.running.Add(-1)
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.e.Run(ctx); close(r.done) }()
+	return r
+}
+
+func (r *replica) stop() { r.cancel(); <-r.done }
+
+func leaders(rs []*replica) []string {
+	var out []string
+	for _, r := range rs {
+		if r.running.Load() > 0 {
+			out = append(out, r.name)
+		}
+	}
+	return out
+}
+
+// Exactly one of three replicas runs the once-only work; it moves when the
+// leader shuts down (at once: the Lease is released after the work
+// stopped) and when the leader is cut off from the apiserver (after the
+// lease duration; the cut-off replica stops its work first), and never
+// runs on two replicas at once.
+func TestOneLeaderAndFailover(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	mgmt := env.Cluster("mgmt")
+	cs, err := mgmt.Clientset()
+	require.NoError(t, err)
+	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	var overlap atomic.Int32
+	rs := []*replica{startReplica(t, mgmt.RESTConfig(), "a", &overlap), startReplica(t, mgmt.RESTConfig(), "b", &overlap), startReplica(t, mgmt.RESTConfig(), "c", &overlap)}
+	t.Cleanup(func() {
+		for _, r := range rs {
+			r.stop()
+		}
+	})
+	one := func(msg string) *replica {
+		t.Helper()
+		var got []string
+		require.Eventually(t, func() bool { got = leaders(rs); return len(got) == 1 }, 15*time.Second, 50*time.Millisecond, "%s: leaders %v", msg, got)
+		for _, r := range rs {
+			if r.name == got[0] {
+				require.True(t, r.e.Leading())
+				return r
+			}
+		}
+		panic("unreachable")
+	}
+	first := one("at start")
+	lease, err := cs.CoordinationV1().Leases("relaymesh").Get(ctx, "relaymesh-server", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, first.name, *lease.Spec.HolderIdentity)
+
+	// A graceful stop hands over at once, not after the lease duration.
+	start := time.Now()
+	first.stop()
+	rest := []*replica{}
+	for _, r := range rs {
+		if r != first {
+			rest = append(rest, r)
+		}
+	}
+	rs = append(rest, first) // first is stopped: never leads again
+	second := one("after the leader stopped")
+	handover := time.Since(start)
+	t.Logf("graceful handover took %s", handover)
+	assert.Less(t, handover, 4*time.Second, "a released Lease is taken within the retry period, not the lease duration")
+
+	// Cut off from the apiserver: the leader stops its work within the renew
+	// deadline; the other replica leads after the lease duration.
+	start = time.Now()
+	second.cut.Store(true)
+	require.Eventually(t, func() bool { return second.running.Load() == 0 }, 6*time.Second, 50*time.Millisecond, "a replica that cannot renew stops its once-only work")
+	stopped := time.Since(start)
+	third := one("after the leader was cut off")
+	took := time.Since(start)
+	assert.NotEqual(t, second.name, third.name)
+	t.Logf("cut-off leader stopped its work after %s; %s led after %s", stopped, third.name, took)
+	assert.False(t, second.e.Leading())
+
+	// Restored, it stands by: the leader keeps leading.
+	second.cut.Store(false)
+	time.Sleep(2 * time.Second)
+	assert.Equal(t, []string{third.name}, leaders(rs))
+	assert.Equal(t, int32(0), overlap.Load()-1, "exactly one task running")
+}
+
+func TestConfigRefusesBadTimings(t *testing.T) {
+	cs := kubernetes.NewForConfigOrDie(&rest.Config{Host: "https://127.0.0.1:1"})
+	for name, cfg := range map[string]leader.Config{
+		"no identity":           {Client: cs, Namespace: "n", Name: "l"},
+		"no lease name":         {Client: cs, Namespace: "n", Identity: "a"},
+		"renew over lease":      {Client: cs, Namespace: "n", Name: "l", Identity: "a", LeaseDuration: time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 100 * time.Millisecond},
+		"retry over renew":      {Client: cs, Namespace: "n", Name: "l", Identity: "a", LeaseDuration: 10 * time.Second, RenewDeadline: time.Second, RetryPeriod: 2 * time.Second},
+		"negative retry period": {Client: cs, Namespace: "n", Name: "l", Identity: "a", RetryPeriod: -time.Second},
+	} {
+		_, err := leader.New(cfg)
+		assert.Error(t, err, name)
+	}
+	_, err := leader.New(leader.Config{Client: cs, Namespace: "n", Name: "l", Identity: "a"})
+	assert.NoError(t, err)
+}
