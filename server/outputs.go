@@ -10,6 +10,7 @@ import (
 	"time"
 
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server/heads"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -32,6 +33,10 @@ type Outputs struct {
 	subs       map[string]map[chan struct{}]struct{}
 	ready      chan struct{}
 	readyMu    sync.Once
+	// heads, when set, are the leader's decisions: a set is served only
+	// when its digest is the cluster's head's, with the head's version.
+	heads     func(cluster string) (heads.Head, bool)
+	published []func(cluster string)
 }
 
 // NewOutputs returns an empty store; call MarkReady once every source has
@@ -144,7 +149,11 @@ func (o *Outputs) publish(cluster string) {
 	for ch := range o.subs[cluster] {
 		subs = append(subs, ch)
 	}
+	published := o.published
 	o.mu.Unlock()
+	for _, f := range published {
+		f(cluster)
+	}
 	for _, ch := range subs {
 		select {
 		case ch <- struct{}{}:
@@ -172,6 +181,9 @@ func (o *Outputs) Resume(cluster string, held uint64, now time.Time) error {
 	defer o.pubMu.Unlock()
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.heads != nil {
+		return nil // versions are the leader's heads: the same on every replica
+	}
 	if o.next < held {
 		o.next = held
 	}
@@ -197,11 +209,109 @@ func (o *Outputs) Resume(cluster string, held uint64, now time.Time) error {
 
 // Get returns cluster's current set, or nil if none was published yet. An
 // agent prunes what a set lacks, so "nothing known" must never be sent as an
-// empty set.
+// empty set. With heads, it returns the set only when its digest is the
+// head's, stamped with the head's version: nil while this replica is behind
+// or ahead of the leader.
 func (o *Outputs) Get(cluster string) *relaypb.OutputSet {
 	o.mu.Lock()
+	set, sum, headOf := o.sets[cluster], o.hashes[cluster], o.heads
+	o.mu.Unlock()
+	if set == nil || headOf == nil {
+		return set
+	}
+	h, ok := headOf(cluster)
+	if !ok || h.Digest != sum {
+		return nil
+	}
+	if h.Version == set.GetVersion() {
+		return set
+	}
+	return &relaypb.OutputSet{Version: h.Version, Objects: set.GetObjects(), Trust: set.GetTrust()}
+}
+
+// UseHeads makes Get serve only what the leader decided (package heads);
+// call before MarkReady.
+func (o *Outputs) UseHeads(head func(cluster string) (heads.Head, bool)) {
+	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.sets[cluster]
+	o.heads = head
+}
+
+// HeadChanged wakes cluster's Pull streams: its head moved.
+func (o *Outputs) HeadChanged(cluster string) {
+	o.mu.Lock()
+	subs := make([]chan struct{}, 0, len(o.subs[cluster]))
+	for ch := range o.subs[cluster] {
+		subs = append(subs, ch)
+	}
+	o.mu.Unlock()
+	for _, ch := range subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// OnPublish registers f, called (without locks held) with each cluster
+// whose set changed or was removed: the leader writes its head.
+func (o *Outputs) OnPublish(f func(cluster string)) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.published = append(o.published, f)
+}
+
+// Local returns the version and digest of cluster's own set, as this
+// replica computed it (ok false: none).
+func (o *Outputs) Local(cluster string) (heads.Head, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	set := o.sets[cluster]
+	if set == nil {
+		return heads.Head{}, false
+	}
+	return heads.Head{Version: set.GetVersion(), Digest: o.hashes[cluster]}, true
+}
+
+// Clusters returns the clusters with a set.
+func (o *Outputs) Clusters() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]string, 0, len(o.sets))
+	for c := range o.sets {
+		out = append(out, c)
+	}
+	return out
+}
+
+// Adopt starts a term as leader: every version this replica makes from now
+// on is above every stored head; a set whose content is its cluster's head
+// takes the head's version (no new head, and a rotation waiting for acks
+// of it is not set back), and any other set gets a new version above its
+// head, to be written as the new head.
+func (o *Outputs) Adopt(stored map[string]heads.Head) {
+	o.pubMu.Lock()
+	defer o.pubMu.Unlock()
+	o.mu.Lock()
+	for _, h := range stored {
+		o.next = max(o.next, h.Version)
+	}
+	for cluster, set := range o.sets {
+		h, ok := stored[cluster]
+		switch {
+		case ok && h.Digest == o.hashes[cluster]:
+			o.sets[cluster] = &relaypb.OutputSet{Version: h.Version, Objects: set.GetObjects(), Trust: set.GetTrust()}
+		case ok && set.GetVersion() <= h.Version:
+			o.next++
+			o.sets[cluster] = &relaypb.OutputSet{Version: o.next, Objects: set.GetObjects(), Trust: set.GetTrust()}
+		default:
+			continue
+		}
+		if o.trustSince[cluster] != 0 {
+			o.trustSince[cluster] = o.sets[cluster].GetVersion()
+		}
+	}
+	o.mu.Unlock()
 }
 
 // Version returns the version of cluster's current set, 0 if none.
@@ -214,6 +324,12 @@ func (o *Outputs) Version(cluster string) uint64 {
 // Remove forgets a cluster.
 func (o *Outputs) Remove(cluster string) {
 	o.mu.Lock()
+	published := o.published
+	defer func() {
+		for _, f := range published {
+			f(cluster)
+		}
+	}()
 	defer o.mu.Unlock()
 	for _, bySource := range o.sources {
 		delete(bySource, cluster)

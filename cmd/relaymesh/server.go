@@ -27,6 +27,7 @@ import (
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
 	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/heads"
 	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/relaymesh/relaymesh/trust"
@@ -260,6 +261,18 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		}
 	}})
 	outputs := server.NewOutputs(time.Now())
+	if f.leaderElect {
+		// Replicas serve one order of versions: the leader's heads.
+		headStore := heads.New(kube.Typed, f.namespace, log)
+		headStore.OnChange(outputs.HeadChanged)
+		if err := headStore.Start(ctx); err != nil {
+			return err
+		}
+		outputs.UseHeads(headStore.Head)
+		writer := heads.NewWriter(headStore, outputs, log)
+		outputs.OnPublish(writer.Dirty)
+		onceOnly(leader.Task{Name: "output-heads", Run: writer.Lead})
+	}
 	sources := []*server.Registry{registry}
 	if kubeconfigClusters != nil {
 		sources = append(sources, kubeconfigClusters)
