@@ -411,5 +411,8 @@ func (s *Server) sessionEnded(ctx context.Context, a *agent) error {
 	if errors.Is(context.Cause(ctx), errRevoked) {
 		return status.Error(codes.PermissionDenied, "cluster deregistered")
 	}
+	if errors.Is(context.Cause(ctx), errIsolated) {
+		return unavailableIsolated
+	}
 	return ctx.Err()
 }

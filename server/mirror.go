@@ -97,6 +97,13 @@ type MirrorConfig struct {
 	Resync time.Duration
 	// Registerer, if set, gets relaymesh_mirror_writes_total.
 	Registerer prometheus.Registerer
+	// Owns, if set, says which clusters this replica writes: with several
+	// server replicas, the one holding a cluster's session writes its
+	// objects, and the leader deletes those of clusters no longer
+	// registered. A cluster it does not own is never written nor deleted
+	// here, whatever this replica's view holds. Nil: every cluster (one
+	// replica).
+	Owns func(cluster string) bool
 }
 
 func (c MirrorConfig) withDefaults() MirrorConfig {
@@ -266,6 +273,9 @@ type mirrorWrite struct {
 // the cluster left the view), comparing against the cache. A stale cache
 // costs at most a repeated, idempotent write.
 func (m *Mirror) sync(ctx context.Context, cluster string) error {
+	if m.cfg.Owns != nil && !m.cfg.Owns(cluster) {
+		return nil
+	}
 	desired := map[schema.GroupVersionResource]map[string]*unstructured.Unstructured{}
 	for _, gvr := range discoveredResources {
 		desired[gvr] = map[string]*unstructured.Unstructured{}
@@ -463,6 +473,10 @@ func merged(have, want map[string]string, owned []string) map[string]string {
 	}
 	return out
 }
+
+// Kick queues cluster for a sync (e.g. it was deregistered: the replica
+// that owns its deletion may not have had it in its view).
+func (m *Mirror) Kick(cluster string) { m.queue.Add(cluster) }
 
 // CollectOrphans deletes discovered objects of clusters that are not
 // registered (deregistered while the server was down, or a mode that is no

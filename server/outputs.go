@@ -165,7 +165,7 @@ func (o *Outputs) publish(cluster string) {
 // maxResumeAhead bounds how far past the wall clock (in nanoseconds, the
 // unit versions start in) a version an agent says it holds may be: a
 // replica's versions start at its start time and grow by one per change.
-const maxResumeAhead = 1 << 40 // about 18 minutes
+const maxResumeAhead = 1 << 42 // about 73 minutes
 
 // Resume makes sure cluster's next set goes out with a version above held,
 // the version its agent says it applied (from this replica or another): if

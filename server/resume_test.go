@@ -51,7 +51,7 @@ func TestPullResumesAboveTheHeldVersion(t *testing.T) {
 	assert.Equal(t, next.GetVersion()+1, last.GetVersion())
 
 	for name, ack := range map[string]*relaypb.PullAck{
-		"ahead of every replica": {Version: uint64(time.Now().Add(time.Hour).UnixNano()) + 1<<41, Resume: true},
+		"ahead of every replica": {Version: uint64(time.Now().UnixNano()) + 1<<43, Resume: true},
 		"the counter's end":      {Version: ^uint64(0), Resume: true},
 		"with results":           {Version: 1, Resume: true, Results: []*relaypb.ObjectResult{{Kind: "Secret", Outcome: "applied"}}},
 	} {

@@ -237,6 +237,7 @@ type Server struct {
 	// closed before the TLS handshake.
 	abusers *relay.FailureLimiter
 
+	isolated atomic.Bool
 	mu       sync.Mutex
 	sessions map[string]map[*session]struct{}
 	gates    []*relay.Gate
@@ -255,6 +256,39 @@ const connBufferSize = 8 << 10
 
 // errRevoked ends the sessions of a deregistered cluster.
 var errRevoked = errors.New("cluster deregistered")
+
+// errIsolated ends every session of a replica that lost the management
+// apiserver: it can no longer learn of a deregistration.
+var errIsolated = errors.New("this server replica lost the management apiserver")
+
+// unavailableIsolated answers calls while the replica is isolated; agents
+// then try another replica.
+var unavailableIsolated = status.Error(codes.Unavailable, "this server replica lost the management apiserver; try another replica")
+
+// SetIsolated says whether this replica is cut off from the management
+// apiserver (its own Lease could not be renewed for a lease duration).
+// Isolated, it cannot learn of deregistrations, so it fails closed: it ends
+// every session and refuses every call until it is back, and the agents
+// reconnect to another replica.
+func (s *Server) SetIsolated(isolated bool) {
+	if s.isolated.Swap(isolated) == isolated {
+		return
+	}
+	if !isolated {
+		s.log.Info("the management apiserver is reachable again: serving agents")
+		return
+	}
+	s.mu.Lock()
+	ended := 0
+	for _, set := range s.sessions {
+		for sess := range set {
+			sess.cancel(errIsolated)
+			ended++
+		}
+	}
+	s.mu.Unlock()
+	s.log.Error("cut off from the management apiserver: ended every agent session and refusing calls until it is back", "streams_ended", ended)
+}
 
 // NewServer builds a Server; call Serve to accept connections.
 func NewServer(cfg ServerConfig) (*Server, error) {
@@ -587,6 +621,9 @@ var errThrottled = status.Error(codes.ResourceExhausted, "too many refused calls
 // certificate are counted and logged at debug level only; calls with a
 // relay certificate that is no longer acceptable are audited.
 func (s *Server) authenticate(ctx context.Context, method string) (*agent, error) {
+	if s.isolated.Load() {
+		return nil, unavailableIsolated
+	}
 	ip := peerIP(ctx)
 	done, ok := s.limiter.Begin(budgetKey(ctx, ip))
 	if !ok {
@@ -702,6 +739,9 @@ var errBootstrapDenied = status.Error(codes.PermissionDenied, "bootstrap denied:
 // Bootstrap implements relaypb.IdentityServer.
 func (s *Server) Bootstrap(ctx context.Context, req *relaypb.BootstrapRequest) (*relaypb.CertificateResponse, error) {
 	accounted(ctx)
+	if s.isolated.Load() {
+		return nil, unavailableIsolated
+	}
 	ip := peerIP(ctx)
 	done, ok := s.limiter.Begin(ip)
 	if !ok {
@@ -960,6 +1000,9 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		if errors.Is(context.Cause(ctx), errRevoked) {
 			s.log.Info("agent session ended: cluster deregistered", "cluster", a.cluster)
 			return status.Error(codes.PermissionDenied, "cluster deregistered")
+		}
+		if errors.Is(context.Cause(ctx), errIsolated) {
+			return unavailableIsolated
 		}
 		return ctx.Err()
 	}

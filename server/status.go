@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -39,8 +42,9 @@ type KubeStatus struct {
 	queue     workqueue.TypedRateLimitingInterface[string]
 	informer  cache.SharedIndexInformer
 
-	mu    sync.Mutex
-	state map[string]*agentState
+	mu           sync.Mutex
+	state        map[string]*agentState
+	ackListeners []func(cluster string)
 	// written is the status each cluster's last write left, and the
 	// resourceVersions before and after it: while the watch still shows
 	// the object as it was before that write (a watch lags, most of all in
@@ -72,6 +76,11 @@ type StatusConfig struct {
 	Coalesce time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// Replica names this server replica. Set (several replicas), the status
+	// records which replica holds each session, and a replica writes
+	// "disconnected" only for sessions it held, so a replica that lost an
+	// agent to another does not overwrite the other's "connected".
+	Replica string
 }
 
 func (c StatusConfig) withDefaults() StatusConfig {
@@ -101,6 +110,8 @@ type agentState struct {
 	lastSeen  time.Time
 	// clockOffset is the agent's clock minus ours at its last Hello.
 	clockOffset *time.Duration
+	// ack is the agent's last ack, as the status keeps it.
+	ack *multiclusterv1alpha1.AppliedOutputs
 }
 
 // NewKubeStatus returns a sink for namespace's KubernetesClusters; call Run.
@@ -126,7 +137,20 @@ func (k *KubeStatus) Run(ctx context.Context) {
 	}
 	// A new registration is compared at once (a stale status of an earlier
 	// server is corrected); updates are ours, or drift the resync repairs.
-	if _, err := k.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue}); err != nil {
+	acked := func(old, cur any) {
+		o, err1 := toCluster(old)
+		c, err2 := toCluster(cur)
+		if err2 != nil || c.Status.AppliedOutputs == nil || (err1 == nil && reflect.DeepEqual(o.Status.AppliedOutputs, c.Status.AppliedOutputs)) {
+			return
+		}
+		k.mu.Lock()
+		listeners := k.ackListeners
+		k.mu.Unlock()
+		for _, f := range listeners {
+			f(c.Name)
+		}
+	}
+	if _, err := k.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: acked}); err != nil {
 		k.log.Error("cannot watch KubernetesClusters; statuses are not written", "error", err)
 		return
 	}
@@ -239,8 +263,23 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	}
 	k.mu.Unlock()
 	patch := map[string]any{}
-	if have.Connected != st.connected {
+	mine := k.cfg.Replica == "" || have.Replica == "" || have.Replica == k.cfg.Replica
+	switch {
+	case st.connected && k.cfg.Replica != "" && have.Replica != k.cfg.Replica:
+		patch["replica"] = k.cfg.Replica
+		if !have.Connected {
+			patch["connected"] = true
+		}
+	case have.Connected != st.connected && (st.connected || mine):
 		patch["connected"] = st.connected
+	}
+	if !st.connected && !mine {
+		// Another replica holds (or last held) the session: its facts are
+		// its to write.
+		st = agentState{}
+	}
+	if st.ack != nil && newerAck(st.ack, have.AppliedOutputs) {
+		patch["appliedOutputs"] = st.ack
 	}
 	if st.cert != nil && (have.AgentCertificate == nil || *have.AgentCertificate != *st.cert) {
 		patch["agentCertificate"] = st.cert
@@ -294,4 +333,112 @@ func timeOf(t *metav1.Time) time.Time {
 		return time.Time{}
 	}
 	return t.Time
+}
+
+// maxStatusResults bounds the results an ack keeps in the status (an
+// object has at most 1.5 MiB, and a compromised agent chooses its acks).
+const maxStatusResults = 256
+
+// Acked records cluster's agent's ack (as View.Acked kept it) for the
+// status: the version, failed objects first, then Secret results.
+func (k *KubeStatus) Acked(cluster string, ack *relaypb.PullAck) {
+	if ack == nil {
+		return
+	}
+	out := &multiclusterv1alpha1.AppliedOutputs{Version: strconv.FormatUint(ack.GetVersion(), 10)}
+	for _, failedFirst := range []bool{true, false} {
+		for _, r := range ack.GetResults() {
+			failed := r.GetOutcome() == "conflict" || r.GetOutcome() == "error"
+			if failed != failedFirst || len(out.Results) >= maxStatusResults {
+				continue
+			}
+			r = boundedResult(r)
+			out.Results = append(out.Results, multiclusterv1alpha1.AppliedResult{APIVersion: r.GetApiVersion(), Kind: r.GetKind(),
+				Namespace: r.GetNamespace(), Name: r.GetName(), Outcome: r.GetOutcome(), Error: r.GetError()})
+		}
+	}
+	k.mark(cluster, func(st *agentState) { st.ack = out })
+}
+
+// newerAck: want differs from have and is not older.
+func newerAck(want, have *multiclusterv1alpha1.AppliedOutputs) bool {
+	if have == nil {
+		return true
+	}
+	wv, _ := strconv.ParseUint(want.Version, 10, 64)
+	hv, _ := strconv.ParseUint(have.Version, 10, 64)
+	return wv > hv || (wv == hv && !reflect.DeepEqual(want.Results, have.Results))
+}
+
+// OnAck registers f, called with each cluster whose status shows a new
+// ack (from whichever replica holds its session). Register before Run.
+func (k *KubeStatus) OnAck(f func(cluster string)) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.ackListeners = append(k.ackListeners, f)
+}
+
+// Ack returns the ack cluster's status shows, or nil: what the agent
+// applied, whichever replica it talks to.
+func (k *KubeStatus) Ack(cluster string) *relaypb.PullAck {
+	obj, exists, err := k.informer.GetStore().GetByKey(k.namespace + "/" + cluster)
+	if err != nil || !exists {
+		return nil
+	}
+	kc, err := toCluster(obj)
+	if err != nil || kc.Status.AppliedOutputs == nil {
+		return nil
+	}
+	return ackOf(kc.Status.AppliedOutputs)
+}
+
+func ackOf(a *multiclusterv1alpha1.AppliedOutputs) *relaypb.PullAck {
+	v, err := strconv.ParseUint(a.Version, 10, 64)
+	if err != nil {
+		return nil
+	}
+	out := &relaypb.PullAck{Version: v}
+	for _, r := range a.Results {
+		out.Results = append(out.Results, &relaypb.ObjectResult{ApiVersion: r.APIVersion, Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Outcome: r.Outcome, Error: r.Error})
+	}
+	return out
+}
+
+// Sweep runs on the replica holding the Lease until ctx ends: every
+// interval it marks disconnected each cluster whose status names a replica
+// that alive says is gone (its Lease expired: it died or lost the
+// apiserver), unless the cluster reconnected meanwhile (the write is
+// conditional on the resourceVersion it read).
+func (k *KubeStatus) Sweep(ctx context.Context, interval time.Duration, alive func(context.Context) (map[string]bool, error)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		live, err := alive(ctx)
+		if err != nil {
+			k.log.Warn("cannot tell which replicas are alive; not sweeping", "error", err)
+			continue
+		}
+		for _, obj := range k.informer.GetStore().List() {
+			kc, err := toCluster(obj)
+			if err != nil || !kc.Status.Connected || kc.Status.Replica == "" || live[kc.Status.Replica] {
+				continue
+			}
+			body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": kc.ResourceVersion},
+				"status": map[string]any{"connected": false}})
+			_, err = k.client.Resource(KubernetesClusters).Namespace(k.namespace).Patch(ctx, kc.Name, types.MergePatchType, body,
+				metav1.PatchOptions{FieldManager: "relaymesh-server"}, "status")
+			switch {
+			case err == nil:
+				k.log.Info("cluster marked disconnected: the replica holding its session is gone", "cluster", kc.Name, "replica", kc.Status.Replica)
+			case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
+			default:
+				k.log.Warn("could not mark a cluster of a gone replica disconnected", "cluster", kc.Name, "error", err)
+			}
+		}
+	}
 }

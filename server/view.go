@@ -154,6 +154,24 @@ func (v *View) Remove(cluster string) {
 	}
 }
 
+// Has reports whether the view holds cluster (a snapshot, an error or an
+// ack of it).
+func (v *View) Has(cluster string) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	_, ok := v.clusters[cluster]
+	return ok
+}
+
+// Release forgets cluster without telling anyone: its agent's session
+// moved to another replica, which now owns its objects; this replica must
+// neither write its stale snapshot nor delete the objects.
+func (v *View) Release(cluster string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.clusters, cluster)
+}
+
 // Snapshot returns the last accepted snapshot of cluster, or nil.
 func (v *View) Snapshot(cluster string) *relaypb.Snapshot {
 	v.mu.RLock()

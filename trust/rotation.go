@@ -83,22 +83,15 @@ func (c *Controller) stateOf(key string, vm *networkingv1alpha1.VirtualMesh) *vm
 	if st := c.vmst[key]; st != nil {
 		return st
 	}
-	st := &vmState{}
-	if t := vm.Status.SharedTrust; t != nil && t.Root != nil && t.RootFingerprint != "" {
-		st.inForce, st.fp, st.subject = t.Root.DeepCopy(), t.RootFingerprint, t.RootSubject
-		if t.RootNotAfter != nil {
-			st.notAfter = t.RootNotAfter.Time
-		}
-		st.rotation = vm.Status.Rotation.DeepCopy()
-	}
-	c.vmst[key] = st
-	return st
+	return c.adoptLocked(key, vm)
 }
 
 // plan decides what vm's meshes must hold now, starting a rotation when the
-// spec names another root than the one in force.
-func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMesh) *vmPlan {
+// spec names another root than the one in force. A replica that does not
+// lead decides nothing new: it plans what the status records.
+func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMesh, leading bool) *vmPlan {
 	key := vm.Namespace + "/" + vm.Name
+	vm = c.follow(ctx, key, vm, leading)
 	p := &vmPlan{key: key, vm: vm}
 	st := c.stateOf(key, vm)
 	if active(st.rotation) {
@@ -107,7 +100,7 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 	}
 	spec := specSource(vm)
 	if st.inForce == nil {
-		return c.planFirst(ctx, p, spec)
+		return c.planFirst(ctx, p, spec, leading)
 	}
 	in, err := c.load(ctx, vm, *st.inForce, false)
 	if err == nil && in.fingerprint != st.fp {
@@ -133,6 +126,13 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 		// loading it (a load that fails must not turn this into a Failed
 		// that a later good load would take as a new rotation).
 		c.persist(ctx, key, func(n *vmState) { n.message = "" })
+		p.steady(in)
+		return p
+	}
+	if !leading {
+		// Another root, or a failed one, or a rotation the leader has not
+		// recorded yet: the root in force stays until the status says
+		// otherwise (and a new generated root is the leader's to make).
 		p.steady(in)
 		return p
 	}
@@ -222,10 +222,17 @@ func (c *Controller) hold(ctx context.Context, p *vmPlan, why string) {
 // controller has no record of (new, or its status lost). Nothing is
 // published before it is recorded, and a status that shows intermediates
 // from another root holds the meshes instead of switching them at once.
-func (c *Controller) planFirst(ctx context.Context, p *vmPlan, spec networkingv1alpha1.RootSource) *vmPlan {
+func (c *Controller) planFirst(ctx context.Context, p *vmPlan, spec networkingv1alpha1.RootSource, leading bool) *vmPlan {
 	var issued []networkingv1alpha1.MeshCAStatus
 	if prev := p.vm.Status.SharedTrust; prev != nil {
 		issued = prev.Meshes
+	}
+	if !leading {
+		// Nothing recorded: the leader makes (or loads) the root and
+		// records it; until then nothing is asked, as on the leader before
+		// its record.
+		p.hold = len(issued) > 0
+		return p
 	}
 	r, err := c.load(ctx, p.vm, spec, true)
 	if err != nil {
@@ -340,10 +347,15 @@ func (c *Controller) clearSteering(ctx context.Context, vm *networkingv1alpha1.V
 	if err != nil {
 		return err
 	}
-	if _, err := c.cfg.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(vm.Namespace).
-		Patch(ctx, vm.Name, types.MergePatchType, body, metav1.PatchOptions{}); err != nil {
+	res, err := c.cfg.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(vm.Namespace).
+		Patch(ctx, vm.Name, types.MergePatchType, body, metav1.PatchOptions{})
+	if err != nil {
 		return err
 	}
+	// The patch changed no status: if the status it returns records the
+	// state this replica holds, the state is current as of the patch
+	// (else the next status write is refused and the state read afresh).
+	c.resumeAfter(vm.Namespace+"/"+vm.Name, res)
 	// This reconcile goes on with vm: it must not see them either.
 	for a := range stale {
 		delete(vm.Annotations, a)
@@ -363,7 +375,7 @@ func (c *Controller) rollbackAsked(vm *networkingv1alpha1.VirtualMesh, rot *netw
 func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrust) bool {
 	st := c.stateOf(p.key, p.vm)
 	rot := st.rotation
-	if p.hold || !active(rot) || p.bundle == nil {
+	if p.hold || !active(rot) || p.bundle == nil || !c.leading() {
 		return false
 	}
 	if rot.Phase != networkingv1alpha1.PhaseRollingBack && c.rollbackAsked(p.vm, rot) {
@@ -470,6 +482,9 @@ func phaseMessage(phase networkingv1alpha1.RotationPhase, step int32) string {
 func (c *Controller) persist(ctx context.Context, key string, change func(*vmState)) bool {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
+	if !c.leading() {
+		return false // a follower records nothing, so moves nothing
+	}
 	c.mu.Lock()
 	cur := c.vmst[key]
 	if cur == nil {
@@ -484,7 +499,9 @@ func (c *Controller) persist(ctx context.Context, key string, change func(*vmSta
 		return false
 	}
 	if err := c.patchStatus(ctx, key, body); err != nil {
-		c.log.Warn("could not write the VirtualMesh's trust status; not moving on", "virtual_mesh", key, "error", err)
+		if !errors.Is(err, errStale) && !errors.Is(err, errNotLeading) {
+			c.log.Warn("could not write the VirtualMesh's trust status; not moving on", "virtual_mesh", key, "error", err)
+		}
 		return false
 	}
 	c.mu.Lock()

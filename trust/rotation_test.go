@@ -89,6 +89,14 @@ func newRotationWorld(t *testing.T, rootCA string, manual bool, modules ...strin
 // newRotationWorldOf is newRotationWorld with n clusters of one mesh each.
 func newRotationWorldOf(t testing.TB, n int, rootCA string, manual bool, modules ...string) *rotationWorld {
 	t.Helper()
+	w := setupRotationWorld(t, n, rootCA, manual, modules...)
+	w.start()
+	return w
+}
+
+// setupRotationWorld is newRotationWorldOf without a controller.
+func setupRotationWorld(t testing.TB, n int, rootCA string, manual bool, modules ...string) *rotationWorld {
+	t.Helper()
 	w := &rotationWorld{t: t, ctx: context.Background(), kube: client(t),
 		meshNS: map[string]string{}, agents: map[string]*trust.Agent{}, modules: modules}
 	for i := range n {
@@ -123,7 +131,6 @@ spec:
 	require.NoError(t, err)
 	w.verification = verification
 	w.applyVM(rootCA)
-	w.start()
 	// Other tests' controllers watch VirtualMeshes everywhere.
 	t.Cleanup(func() {
 		_ = w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Delete(w.ctx, "shared", metav1.DeleteOptions{})

@@ -25,6 +25,7 @@ import (
 	"github.com/relaymesh/relaymesh/translation"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -79,6 +80,13 @@ type Config struct {
 	// PKCS11Modules are the PKCS#11 modules (absolute paths) a VirtualMesh's
 	// rootCA.pkcs11.modulePath may name; none: pkcs11 roots are refused.
 	PKCS11Modules []string
+	// Leading reports whether this replica holds the server's Lease
+	// (leader.Elector.Leading); nil: always (one replica). While it returns
+	// false the Controller writes no VirtualMesh status, creates no
+	// generated root and never moves a rotation: it publishes and signs
+	// from the state the leader recorded in each VirtualMesh's status. Call
+	// Kick when it changes.
+	Leading func() bool
 }
 
 // Controller keeps every member mesh of every VirtualMesh with shared trust
@@ -100,6 +108,11 @@ type Controller struct {
 	metrics *metrics
 	// rotating: some VirtualMesh is in a rotation (so acks matter).
 	rotating atomic.Bool
+	// Leadership (follow.go), under mu.
+	led      bool                       // led at the last reconcile
+	rv       map[string]string          // resourceVersion vmst[key] was read from or written as
+	stale    map[string]bool            // read afresh before the next write
+	replaced map[string]map[string]bool // resourceVersions this replica's own writes replaced
 }
 
 // meshTrust is what the server knows about one mesh with shared trust.
@@ -122,7 +135,8 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "trust"), wake: make(chan struct{}, 1),
-		state: map[string]*meshTrust{}, vmst: map[string]*vmState{}, cache: map[string]cachedRoot{}, used: map[string]bool{}, status: map[string]*networkingv1alpha1.SharedTrustStatus{}, written: map[string]string{}}
+		state: map[string]*meshTrust{}, vmst: map[string]*vmState{}, cache: map[string]cachedRoot{}, used: map[string]bool{}, status: map[string]*networkingv1alpha1.SharedTrustStatus{}, written: map[string]string{},
+		rv: map[string]string{}, stale: map[string]bool{}, replaced: map[string]map[string]bool{}}
 	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute)
 	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute, cfg.Namespace, nil)
 	c.vms = users.ForResource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Informer()
@@ -173,7 +187,8 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	return c, nil
 }
 
-// Kick asks for a reconcile (e.g. when a cluster registers).
+// Kick asks for a reconcile (e.g. when a cluster registers, or this replica
+// started or stopped leading).
 func (c *Controller) Kick() {
 	select {
 	case c.wake <- struct{}{}:
@@ -211,7 +226,8 @@ func (c *Controller) reconcile(ctx context.Context) {
 		c.log.Error("not reconciling shared trust; the published requests stay", "error", err)
 		return
 	}
-	plans := c.decide(ctx, &translation.Input{VirtualMeshes: vms, Meshes: meshes})
+	leading := c.observeLeadership()
+	plans := c.decide(ctx, &translation.Input{VirtualMeshes: vms, Meshes: meshes}, leading)
 	// Before anything is published: an ack of it must not be missed.
 	rotating := false
 	c.mu.Lock()
@@ -237,11 +253,13 @@ func (c *Controller) reconcile(ctx context.Context) {
 		c.cfg.Outputs.SetTrust(cl, reqs)
 	}
 	moved := false
-	for _, p := range plans {
-		moved = c.advance(ctx, p, members[p.key]) || moved
-	}
-	for _, p := range plans {
-		c.writeStatus(ctx, p.key)
+	if leading {
+		for _, p := range plans {
+			moved = c.advance(ctx, p, members[p.key]) || moved
+		}
+		for _, p := range plans {
+			c.writeStatus(ctx, p.key)
+		}
 	}
 	c.dropUnused()
 	c.mu.Lock()
@@ -262,7 +280,7 @@ func (c *Controller) reconcile(ctx context.Context) {
 
 // decide computes every mesh's request from the VirtualMeshes that are
 // valid (the same decision translation makes) and ask for shared trust.
-func (c *Controller) decide(ctx context.Context, in *translation.Input) []*vmPlan {
+func (c *Controller) decide(ctx context.Context, in *translation.Input, leading bool) []*vmPlan {
 	plan := federation.NewPlan(in)
 	state := map[string]*meshTrust{}
 	var plans []*vmPlan
@@ -293,7 +311,7 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input) []*vmPla
 			c.mu.Unlock()
 			continue
 		}
-		p := c.plan(ctx, vm)
+		p := c.plan(ctx, vm, leading)
 		if p.bundle == nil && !p.hold {
 			continue
 		}
@@ -332,6 +350,9 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input) []*vmPla
 	for key := range c.vmst {
 		if !seen[key] {
 			delete(c.vmst, key)
+			delete(c.rv, key)
+			delete(c.stale, key)
+			delete(c.replaced, key)
 		}
 	}
 	for key := range c.written {
@@ -420,10 +441,13 @@ func (c *Controller) statusBody(key string, st *vmState) ([]byte, error) {
 }
 
 // writeStatus patches status.sharedTrust and status.rotation of a
-// VirtualMesh when they changed.
+// VirtualMesh when they changed; only the leader does.
 func (c *Controller) writeStatus(ctx context.Context, key string) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
+	if !c.leading() {
+		return
+	}
 	c.mu.Lock()
 	st := c.vmst[key]
 	if st == nil || st.inForce == nil {
@@ -435,30 +459,67 @@ func (c *Controller) writeStatus(ctx context.Context, key string) {
 	if err != nil {
 		return
 	}
-	if err := c.patchStatus(ctx, key, body); err != nil {
+	if err := c.patchStatus(ctx, key, body); err != nil && !errors.Is(err, errStale) {
 		c.log.Warn("could not write the VirtualMesh's trust status", "virtual_mesh", key, "error", err)
 	}
 }
 
-// patchStatus writes body unless it is what was written last. Callers hold
+// errStale: a status write was refused because the VirtualMesh changed
+// since its state was read; the next reconcile reads it afresh.
+var errStale = errors.New("the VirtualMesh changed since its state was read")
+
+// maxReplaced bounds the resourceVersions remembered as replaced by this
+// replica's own writes, per VirtualMesh.
+const maxReplaced = 16
+
+// patchStatus writes body unless it is what was written last, on condition
+// that the VirtualMesh is still at the resourceVersion key's state was read
+// from or last written as (follow.go). Only the leader writes. Callers hold
 // c.writeMu.
 func (c *Controller) patchStatus(ctx context.Context, key string, body []byte) error {
 	c.mu.Lock()
 	same := c.written[key] == string(body)
+	rv, stale := c.rv[key], c.stale[key]
 	c.mu.Unlock()
 	if same {
 		return nil
 	}
+	if !c.leading() {
+		return errNotLeading
+	}
+	if rv == "" || stale {
+		return errStale
+	}
+	req, err := conditional(body, rv)
+	if err != nil {
+		return err
+	}
 	ns, name, _ := strings.Cut(key, "/")
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := c.cfg.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).
-		Patch(wctx, name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: fieldManager, Force: new(true)}, "status")
+	res, err := c.cfg.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).
+		Patch(wctx, name, types.ApplyPatchType, req, metav1.PatchOptions{FieldManager: fieldManager, Force: new(true)}, "status")
+	if apierrors.IsConflict(err) {
+		c.mu.Lock()
+		c.stale[key] = true
+		c.mu.Unlock()
+		c.log.Info("the VirtualMesh changed since its state was read; reading it afresh", "virtual_mesh", key)
+		c.Kick()
+		return fmt.Errorf("%w: %w", errStale, err)
+	}
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
 	c.written[key] = string(body)
+	c.rv[key] = res.GetResourceVersion()
+	if c.replaced[key] == nil {
+		c.replaced[key] = map[string]bool{}
+	}
+	if len(c.replaced[key]) >= maxReplaced {
+		clear(c.replaced[key])
+	}
+	c.replaced[key][rv] = true
 	c.mu.Unlock()
 	return nil
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/heads"
 	"github.com/relaymesh/relaymesh/server/leader"
@@ -234,11 +235,17 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		return err
 	}
 	// Work that must happen once across the replicas runs under the Lease.
-	onceOnly, runOnceOnly, err := f.onceOnlyWork(kube, reg, log)
+	reps, err := f.onceOnlyWork(kube, reg, log)
 	if err != nil {
 		return err
 	}
-	status := server.NewKubeStatus(kube.Dynamic, f.namespace, log, server.StatusConfig{})
+	onceOnly := reps.add
+	status := server.NewKubeStatus(kube.Dynamic, f.namespace, log, server.StatusConfig{Replica: reps.name})
+	if reps.name != "" {
+		onceOnly(leader.Task{Name: "session-sweep", Run: func(ctx context.Context) {
+			status.Sweep(ctx, replicaHeartbeat, func(ctx context.Context) (map[string]bool, error) { return leader.Alive(ctx, kube.Typed, f.namespace) })
+		}})
+	}
 	registry.OnRevoke(status.Forget)
 	go status.Run(ctx)
 	go serving.Run(ctx)
@@ -246,7 +253,35 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	// The data path: snapshots become discovered objects; outputs (today
 	// pass-through objects, later translation) go to the agents.
 	view := server.NewView()
-	mirror := server.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, server.MirrorConfig{Registerer: reg})
+	// Acks go to the cluster's status, where the replica holding the Lease
+	// reads every cluster's, whichever replica the agent talks to.
+	view.OnAck(func(c string) { status.Acked(c, view.Ack(c)) })
+	var acks interface {
+		Ack(cluster string) *relaypb.PullAck
+		OnAck(func(cluster string))
+	} = view
+	if reps.name != "" {
+		acks = status
+	}
+	mirrorCfg := server.MirrorConfig{Registerer: reg}
+	var sink server.StatusSink = status
+	if reps.name != "" {
+		// The replica holding a cluster's session writes its objects; the
+		// leader deletes those of clusters that left. A replica whose
+		// agent moved on forgets the snapshot, so it never writes a stale
+		// one over the new holder's.
+		mirrorCfg.Owns = func(c string) bool {
+			if view.Has(c) {
+				return true
+			}
+			_, relayMode := registry.Lookup(c)
+			_, kubeconfigMode := kubeconfigClusters.Lookup(c)
+			return !relayMode && !kubeconfigMode && reps.leading()
+		}
+		sink = releasingSink{KubeStatus: status, view: view}
+	}
+	mirror := server.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, mirrorCfg)
+	registry.OnRevoke(mirror.Kick)
 	go mirror.Run(ctx)
 	onceOnly(leader.Task{Name: "orphan-collection", Run: func(ctx context.Context) {
 		registered := func(c string) bool {
@@ -261,6 +296,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		}
 	}})
 	outputs := server.NewOutputs(time.Now())
+	var afterAdopt []func() // run when a term's leader adopted the heads
 	if f.leaderElect {
 		// Replicas serve one order of versions: the leader's heads.
 		headStore := heads.New(kube.Typed, f.namespace, log)
@@ -270,6 +306,11 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		}
 		outputs.UseHeads(headStore.Head)
 		writer := heads.NewWriter(headStore, outputs, log)
+		writer.Adopted = func() {
+			for _, f := range afterAdopt {
+				f()
+			}
+		}
 		outputs.OnPublish(writer.Dirty)
 		onceOnly(leader.Task{Name: "output-heads", Run: writer.Lead})
 	}
@@ -293,17 +334,27 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if err := loader.Start(ctx); err != nil {
 		return err
 	}
-	ctl, err := controller.Start(ctx, controller.Config{Client: kube.Dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: view,
+	ctl, err := controller.Start(ctx, controller.Config{Client: kube.Dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: acks, Leading: reps.leading,
 		Admission: admitter, Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }})
 	if err != nil {
 		return err
 	}
-	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.Dynamic, Kube: kube.Typed, Namespace: f.namespace, Outputs: outputs, Acks: view,
+	trustCtl, err := trust.Start(ctx, trust.Config{Dynamic: kube.Dynamic, Kube: kube.Typed, Namespace: f.namespace, Outputs: outputs, Acks: acks, Leading: reps.leading,
 		Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }, Audit: auditLog, Logger: log,
 		PKCS11Modules: f.pkcs11Modules, Registerer: reg, ReservedSecrets: f.reservedSecrets()})
 	if err != nil {
 		return err
 	}
+	afterAdopt = append(afterAdopt, ctl.Kick, trustCtl.Kick)
+	onceOnly(leader.Task{Name: "status-and-rotation", Run: func(ctx context.Context) {
+		// Without heads (--leader-elect=false) nothing else starts a term's
+		// statuses; at a term's end, a follower re-reads what it follows.
+		ctl.Kick()
+		trustCtl.Kick()
+		<-ctx.Done()
+		ctl.Kick()
+		trustCtl.Kick()
+	}})
 	for _, r := range sources {
 		r.OnRegister(func(string) { ctl.Kick(); trustCtl.Kick() })
 		r.OnRevoke(func(string) { ctl.Kick(); trustCtl.Kick() })
@@ -320,7 +371,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		SharedToken:       shared,
 		Registry:          registry,
 		ServerCertificate: serving.Certificate,
-		Status:            status,
+		Status:            sink,
 		Audit:             auditLog,
 		Logger:            log,
 		Metrics:           metrics,
@@ -331,6 +382,11 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	})
 	if err != nil {
 		return err
+	}
+	if reps.name != "" {
+		// A replica cut off from the apiserver cannot learn of
+		// deregistrations: it fails closed and its agents move on.
+		go leader.Heartbeat(ctx, kube.Typed, f.namespace, reps.name, replicaHeartbeat, log, srv.SetIsolated)
 	}
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
@@ -377,7 +433,18 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	go func() { _ = httpSrv.Serve(mlis) }()
 	defer httpSrv.Close()
 
-	go runOnceOnly(ctx)
+	// The once-only work stops with ctx; waiting for it lets the elector
+	// release the Lease, so another replica takes over at once instead of
+	// after the lease duration.
+	onceOnlyDone := make(chan struct{})
+	go func() { reps.run(ctx); close(onceOnlyDone) }()
+	defer func() {
+		select {
+		case <-onceOnlyDone:
+		case <-time.After(f.renewDeadline):
+			log.Warn("once-only work did not stop in time; the Lease expires on its own")
+		}
+	}()
 	log.Info("relay server listening", "relay", lis.Addr().String(), "metrics", mlis.Addr().String(), "trust_domain", td.String(),
 		"registered_clusters", len(registry.Names()), "shared_token_mode", f.allowSharedToken)
 	errc := make(chan error, 1)
@@ -569,37 +636,83 @@ func (f serverFlags) connections() relay.ConnectionLimits {
 	return c
 }
 
-// onceOnlyWork returns how to register work that must run on one replica
-// at a time, and the loop that runs it: under the Lease relaymesh-server
-// (--leader-elect, the default), or unconditionally in this process.
-func (f serverFlags) onceOnlyWork(kube *kubeclient.Clients, reg prometheus.Registerer, log *slog.Logger) (add func(leader.Task), run func(context.Context), err error) {
-	if !f.leaderElect {
-		log.Warn("leader election is off (--leader-elect=false): this process runs the once-only work; run exactly one server replica")
-		var tasks []leader.Task
-		return func(t leader.Task) { tasks = append(tasks, t) }, func(ctx context.Context) {
-			for _, t := range tasks {
-				go t.Run(ctx)
-			}
-		}, nil
-	}
+// replicas is how this process works beside other replicas of the server.
+type replicas struct {
+	// name of this replica ("" with --leader-elect=false: the only one).
+	name string
+	// add registers work that must run on one replica at a time; run runs
+	// it (under the Lease, or unconditionally with --leader-elect=false).
+	add func(leader.Task)
+	run func(context.Context)
+	// leading reports whether this replica runs the once-only work now.
+	leading func() bool
+}
+
+// replicaName is --replica-name, else $POD_NAME, else the host name and
+// the process ID (two processes on one host must not share an identity:
+// both would think they hold the Lease), made a DNS subdomain.
+func (f serverFlags) replica() string {
 	name := f.replicaName
 	if name == "" {
 		name = os.Getenv("POD_NAME")
 	}
 	if name == "" {
 		host, _ := os.Hostname()
-		// Two processes on one host must not share an identity: both would
-		// think they hold the Lease.
-		name = fmt.Sprintf("%s-%d", strings.ToLower(host), os.Getpid())
+		name = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
+	name = strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '.':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, name)
+	return strings.Trim(text.Truncate(name, 200), "-.")
+}
+
+// onceOnlyWork sets up the replicas: the Lease relaymesh-server
+// (--leader-elect, the default), or this process alone.
+func (f serverFlags) onceOnlyWork(kube *kubeclient.Clients, reg prometheus.Registerer, log *slog.Logger) (*replicas, error) {
+	if !f.leaderElect {
+		log.Warn("leader election is off (--leader-elect=false): this process runs the once-only work; run exactly one server replica")
+		var tasks []leader.Task
+		return &replicas{add: func(t leader.Task) { tasks = append(tasks, t) }, run: func(ctx context.Context) {
+			for _, t := range tasks {
+				go t.Run(ctx)
+			}
+		}, leading: func() bool { return true }}, nil
+	}
+	name := f.replica()
 	e, err := leader.New(leader.Config{Client: kube.Typed, Namespace: f.namespace, Name: serverLease, Identity: name,
 		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod, Logger: log, Registerer: reg})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	log.Info("leader election on: once-only work runs while this replica holds the Lease", "lease", f.namespace+"/"+serverLease, "replica", name)
-	return e.Add, e.Run, nil
+	return &replicas{name: name, add: e.Add, run: e.Run, leading: e.Leading}, nil
 }
+
+// replicaHeartbeat is how often a replica renews its own Lease, and how
+// often the leader looks for clusters of replicas that are gone (their
+// Lease lasts 3 heartbeats).
+const replicaHeartbeat = 5 * time.Second
 
 // serverLease is the Lease the server's replicas elect a leader with.
 const serverLease = "relaymesh-server"
+
+// releasingSink forgets a cluster's snapshot when its last session on this
+// replica ends: the agent reconnects to some replica, which then owns the
+// cluster's discovered objects.
+type releasingSink struct {
+	*server.KubeStatus
+	view *server.View
+}
+
+func (r releasingSink) SessionChanged(cluster string, connected bool) {
+	r.KubeStatus.SessionChanged(cluster, connected)
+	if !connected {
+		r.view.Release(cluster)
+	}
+}

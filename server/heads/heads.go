@@ -66,8 +66,18 @@ func parse(s string) (Head, error) {
 	if err != nil || n == 0 {
 		return Head{}, errors.New("version is not a positive integer")
 	}
+	if n > uint64(time.Now().UnixNano())+maxAhead {
+		// No replica made it (versions start at a replica's start time in
+		// nanoseconds and grow by one per change); kept, it would stop the
+		// leader from ever writing a higher one.
+		return Head{}, errors.New("version is ahead of every replica's clock")
+	}
 	return Head{Version: n, Digest: d}, nil
 }
+
+// maxAhead bounds how far past the wall clock, in nanoseconds, a head's
+// version may be: about 73 minutes of clock skew and changes.
+const maxAhead = 1 << 42
 
 // Store reads the heads from a watch and writes them with the shard's
 // resourceVersion as precondition.
@@ -272,12 +282,16 @@ type Source interface {
 // Dirty from the start (it only remembers them while following); Lead runs
 // while this replica holds the Lease.
 type Writer struct {
-	store *Store
-	src   Source
-	log   *slog.Logger
-	mu    sync.Mutex
-	dirty map[string]bool
-	wake  chan struct{}
+	// Adopted, if set, is called when a term's adoption is done: versions
+	// (and the trust versions a rotation waits for acks of) changed to the
+	// heads' numbering, so whatever compares acks with them looks again.
+	Adopted func()
+	store   *Store
+	src     Source
+	log     *slog.Logger
+	mu      sync.Mutex
+	dirty   map[string]bool
+	wake    chan struct{}
 }
 
 // NewWriter returns a Writer of src's sets to store.
@@ -304,6 +318,9 @@ func (w *Writer) Dirty(cluster string) {
 // set, until ctx is done (the term ended). Failed writes are retried.
 func (w *Writer) Lead(ctx context.Context) {
 	w.src.Adopt(w.store.All())
+	if w.Adopted != nil {
+		w.Adopted()
+	}
 	for _, c := range w.src.Clusters() {
 		w.Dirty(c)
 	}

@@ -216,6 +216,11 @@ func (e *Elector) lead(leCtx context.Context) {
 		}()
 	}
 	<-lctx.Done()
+	// The term is over: nothing may act as leader from now on, even while
+	// the tasks are still stopping.
+	if e.leading.Swap(false) {
+		e.gauge.Set(0)
+	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {

@@ -57,7 +57,7 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 	cases := []struct {
 		chart, values, want string
 	}{
-		{serverChart, "replicas: 3", "/replicas"},
+		{serverChart, "replicas: 10", "/replicas"},
 		{serverChart, "replica: 1", "additional properties 'replica' not allowed"},
 		{serverChart, "webhook: {failurePolicy: Maybe}", "/webhook/failurePolicy"},
 		{serverChart, "webhook: {enabled: true}", "/webhook/clientCAConfigMap"},

@@ -90,6 +90,8 @@ type Controller struct {
 	admitted  map[string]admitted
 	versions  map[string]uint64                          // cluster → output version that carries translation's current objects
 	parentsIn map[string]map[translation.Parent][]string // cluster → parent → sorted keys of its objects there
+	leading   func() bool
+	led       bool // led when statuses were last set
 }
 
 // typedObject is a cached conversion of an informer object.
@@ -115,6 +117,12 @@ type Config struct {
 	// refused one is Invalid with the rule's message and never translated.
 	Admission Admitter
 	Logger    *slog.Logger
+	// Leading reports whether this replica holds the server's Lease
+	// (leader.Elector.Leading); nil: always (one replica). Every replica
+	// translates and publishes; only the leader writes statuses. Call Kick
+	// when it changes: a new leader writes every status that differs from
+	// what it wants, including changes made while it followed.
+	Leading func() bool
 }
 
 // Start watches, translates once synced, and keeps translating after every
@@ -124,7 +132,11 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		log: cfg.Logger.With("component", "translation"), informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{},
 		wake: make(chan struct{}, 1), acked: make(chan struct{}, 1), engine: NewEngine(cfg.Namespace), typed: map[schema.GroupVersionResource]map[string]typedObject{},
 		published: map[string]bool{},
-		acks:      cfg.Acks, admission: cfg.Admission, admitted: map[string]admitted{}, versions: map[string]uint64{}, parentsIn: map[string]map[translation.Parent][]string{}}
+		acks:      cfg.Acks, admission: cfg.Admission, admitted: map[string]admitted{}, versions: map[string]uint64{}, parentsIn: map[string]map[translation.Parent][]string{},
+		leading: cfg.Leading}
+	if c.leading == nil {
+		c.leading = func() bool { return true }
+	}
 	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Client, 10*time.Minute, cfg.Namespace, nil)
 	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Client, 10*time.Minute)
 	kick := func() {
@@ -195,7 +207,8 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	return c, nil
 }
 
-// Kick asks for a new translation (e.g. when a cluster registers).
+// Kick asks for a new translation (e.g. when a cluster registers, or this
+// replica started or stopped leading).
 func (c *Controller) Kick() {
 	select {
 	case c.wake <- struct{}{}:

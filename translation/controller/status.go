@@ -87,9 +87,21 @@ func (w *statusWriter) run(ctx context.Context) {
 }
 
 // writeStatus sets the wanted status of every user object in r and queues
-// the ones that differ from what is known to be written.
+// the ones that differ from what is known to be written. Only the leader
+// does; at the start of its term it forgets what it knew written, since
+// another leader may have written since.
 func (c *Controller) writeStatus(_ context.Context, r *translation.Report) {
 	w := c.status
+	if !c.leading() {
+		c.led = false
+		return
+	}
+	if !c.led {
+		w.mu.Lock()
+		clear(w.written)
+		w.mu.Unlock()
+		c.led = true
+	}
 	keys := r.Keys()
 	inReport := make(map[translation.ObjectKey]bool, len(keys))
 	for _, k := range keys {
@@ -140,7 +152,9 @@ func (w *statusWriter) processNext(ctx context.Context) bool {
 	w.mu.Lock()
 	want, ok := w.wanted[k]
 	w.mu.Unlock()
-	if !ok {
+	if !ok || !w.c.leading() {
+		// A replica that stopped leading drops its queue; the next leader
+		// computes every status again at the start of its term.
 		w.queue.Forget(k)
 		return true
 	}

@@ -87,6 +87,52 @@ type KubernetesClusterStatus struct {
 	// the agent sent in its Hello; it includes the one-way network delay.
 	// +optional
 	AgentClockOffset *metav1.Duration `json:"agentClockOffset,omitempty"`
+	// Replica is the server replica holding the agent's session (written by
+	// that replica; with several replicas, only it marks the cluster
+	// disconnected).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Replica string `json:"replica,omitempty"`
+	// AppliedOutputs is what the agent acked last: the output version it
+	// applied, the objects it could not apply and its mesh CA Secrets. The
+	// replica holding the session writes it; the replica holding the Lease
+	// reads every cluster's (a rotation step ends when every mesh's agent
+	// applied it).
+	// +optional
+	AppliedOutputs *AppliedOutputs `json:"appliedOutputs,omitempty"`
+}
+
+// AppliedOutputs is an agent's last ack of an output set.
+type AppliedOutputs struct {
+	// Version of the output set applied, in decimal (versions exceed what
+	// JSON numbers keep exactly).
+	// +kubebuilder:validation:MaxLength=20
+	// +kubebuilder:validation:Pattern=`^[0-9]+$`
+	Version string `json:"version"`
+	// Results are the failed objects and the mesh CA Secrets, at most 256.
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	Results []AppliedResult `json:"results,omitempty"`
+}
+
+// AppliedResult is the outcome of one object of an output set.
+type AppliedResult struct {
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	APIVersion string `json:"apiVersion,omitempty"`
+	// +kubebuilder:validation:MaxLength=253
+	Kind string `json:"kind"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Namespace string `json:"namespace,omitempty"`
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// applied, unchanged, pruned, conflict or error.
+	// +kubebuilder:validation:MaxLength=16
+	Outcome string `json:"outcome"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Error string `json:"error,omitempty"`
 }
 
 // AgentCertificate describes an agent's client certificate (never its key).
