@@ -20,7 +20,7 @@ import (
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/opsclient"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/trust"
 	"go.step.sm/crypto/pemutil"
 	corev1 "k8s.io/api/core/v1"
@@ -129,7 +129,7 @@ func Gather(ctx context.Context, cfg Config) *Observations {
 	} else {
 		o.MetricsFrom, o.MetricsErr = "nowhere", opsclient.ErrNoAddress
 	}
-	o.Clusters, o.ClustersErr = listAs[multiclusterv1alpha1.KubernetesCluster](ctx, cfg.Mgmt.Dynamic, relay.KubernetesClusters, cfg.Namespace)
+	o.Clusters, o.ClustersErr = listAs[multiclusterv1alpha1.KubernetesCluster](ctx, cfg.Mgmt.Dynamic, server.KubernetesClusters, cfg.Namespace)
 	o.VirtualMeshes, o.VirtualMeshesErr = listAs[networkingv1alpha1.VirtualMesh](ctx, cfg.Mgmt.Dynamic, networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), "")
 	o.Meshes = gatherMeshes(ctx, cfg, o)
 	o.Webhook = gatherWebhook(ctx, cfg)

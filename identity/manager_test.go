@@ -8,12 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relaymesh/relaymesh/agent"
 	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/identity/identitytest"
 	"github.com/relaymesh/relaymesh/internal/backoff"
-	"github.com/relaymesh/relaymesh/relay"
-	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -37,7 +38,7 @@ func TestNewManagerValidates(t *testing.T) {
 	}
 }
 
-func startManager(t *testing.T, srv *relaytest.Server, secrets identity.AgentSecrets, cluster string) (*identity.Manager, context.CancelFunc) {
+func startManager(t *testing.T, srv *servertest.Server, secrets identity.AgentSecrets, cluster string) (*identity.Manager, context.CancelFunc) {
 	t.Helper()
 	m, err := identity.NewManager(identity.ManagerConfig{
 		Cluster: cluster, ServerAddress: srv.Addr, ServerName: "localhost", Secrets: secrets,
@@ -63,7 +64,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 }
 
 func TestManagerBootstrapsThenReloads(t *testing.T) {
-	srv := relaytest.New(t, relaytest.Options{})
+	srv := servertest.New(t, servertest.Options{})
 	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
 	m, cancel := startManager(t, srv, secrets, "cluster-1")
 	select {
@@ -87,7 +88,7 @@ func TestManagerBootstrapsThenReloads(t *testing.T) {
 }
 
 func TestManagerCannotBootstrap(t *testing.T) {
-	srv := relaytest.New(t, relaytest.Options{})
+	srv := servertest.New(t, servertest.Options{})
 	tests := []struct {
 		name    string
 		secrets *identitytest.MemAgentSecrets
@@ -123,13 +124,13 @@ func TestManagerCannotBootstrap(t *testing.T) {
 // TestRenewalKeepsTheSession renews a 12-second certificate while a relay
 // session made with the first certificate stays open.
 func TestRenewalKeepsTheSession(t *testing.T) {
-	srv := relaytest.New(t, relaytest.Options{AgentTTL: 12 * time.Second, Backdate: time.Second})
+	srv := servertest.New(t, servertest.Options{AgentTTL: 12 * time.Second, Backdate: time.Second})
 	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
 	m, _ := startManager(t, srv, secrets, "cluster-1")
 	<-m.Ready()
 	first := m.Status()
 
-	sess, err := relay.NewSession(relay.SessionConfig{ServerAddress: srv.Addr, TLS: m.ClientTLS, PingInterval: 500 * time.Millisecond})
+	sess, err := agent.NewSession(agent.SessionConfig{ServerAddress: srv.Addr, TLS: m.ClientTLS, PingInterval: 500 * time.Millisecond})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -160,19 +161,19 @@ func TestRenewalKeepsTheSession(t *testing.T) {
 	leaf, err := x509.ParseCertificate(cert.Certificate[0])
 	require.NoError(t, err)
 	assert.Equal(t, renewed.Serial, strings.TrimLeft(leaf.SerialNumber.Text(16), "0"))
-	assert.Equal(t, float64(1), srv.Metric(relay.MetricIssued, "operation", "renew", "result", "success"))
+	assert.Equal(t, float64(1), srv.Metric(server.MetricIssued, "operation", "renew", "result", "success"))
 }
 
 // A cluster registered again gets a new registration: the server refuses
 // the old certificate, the agent drops it, says it needs a token, and
 // bootstraps again as soon as one arrives — without a restart.
 func TestManagerRebootstrapsAfterReregistration(t *testing.T) {
-	srv := relaytest.New(t, relaytest.Options{})
+	srv := servertest.New(t, servertest.Options{})
 	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
 	m, _ := startManager(t, srv, secrets, "cluster-1")
 	<-m.Ready()
 	first := m.Status().Serial
-	sess, err := relay.NewSession(relay.SessionConfig{ServerAddress: srv.Addr, TLS: m.ClientTLS, OnRefused: m.Refused,
+	sess, err := agent.NewSession(agent.SessionConfig{ServerAddress: srv.Addr, TLS: m.ClientTLS, OnRefused: m.Refused,
 		Retry: backoff.Policy{Min: 50 * time.Millisecond, Max: 100 * time.Millisecond}})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -181,7 +182,7 @@ func TestManagerRebootstrapsAfterReregistration(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 	waitFor(t, 5*time.Second, "session", func() bool { return sess.State().Connected })
 
-	srv.Registry.Set(relay.Registration{Name: "cluster-1", UID: "registered-again"})
+	srv.Registry.Set(server.Registration{Name: "cluster-1", UID: "registered-again"})
 	waitFor(t, 5*time.Second, "the agent to drop the refused certificate", func() bool { return !m.Status().Ready })
 	waitFor(t, 5*time.Second, "the status to ask for a token", func() bool { return strings.Contains(m.Status().Message, "no bootstrap token") })
 
@@ -194,14 +195,14 @@ func TestManagerRebootstrapsAfterReregistration(t *testing.T) {
 // A certificate whose storing fails is used anyway (its token is spent) and
 // stored on a later attempt.
 func TestManagerRetriesStoringTheCertificate(t *testing.T) {
-	srv := relaytest.New(t, relaytest.Options{})
+	srv := servertest.New(t, servertest.Options{})
 	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
 	secrets.FailSaves(2)
 	m, _ := startManager(t, srv, secrets, "cluster-1")
 	<-m.Ready()
 	waitFor(t, 5*time.Second, "the certificate to be stored", func() bool { return secrets.Saves() == 1 })
 	assert.True(t, m.Status().Ready)
-	assert.Equal(t, float64(1), srv.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success"), "issued once, not re-bootstrapped")
+	assert.Equal(t, float64(1), srv.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success"), "issued once, not re-bootstrapped")
 }
 
 // TestManagerBootstrapRetriesWithTheSameKey: the server spends the token
@@ -209,7 +210,7 @@ func TestManagerRetriesStoringTheCertificate(t *testing.T) {
 // the manager calls again with the same key and gets the certificate
 // instead of needing a new token.
 func TestManagerBootstrapRetriesWithTheSameKey(t *testing.T) {
-	srv := relaytest.New(t, relaytest.Options{})
+	srv := servertest.New(t, servertest.Options{})
 	release := make(chan struct{})
 	var calls atomic.Int32
 	srv.Store.AfterConsume = func() {
@@ -236,6 +237,6 @@ func TestManagerBootstrapRetriesWithTheSameKey(t *testing.T) {
 		t.Fatalf("not ready: %+v", m.Status())
 	}
 	assert.Equal(t, int32(1), calls.Load(), "the token was spent once, by the first call")
-	assert.Equal(t, float64(1), srv.Metric(relay.MetricIssued, "operation", "bootstrap", "result", "success"), "one certificate")
+	assert.Equal(t, float64(1), srv.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success"), "one certificate")
 	assert.False(t, secrets.HasToken())
 }

@@ -31,28 +31,28 @@ const (
 	MinSnapshotPartBytes = 64 << 10
 )
 
-// chunkError refuses a PushChunked stream: the snapshot broke the framing,
+// ChunkError refuses a PushChunked stream: the snapshot broke the framing,
 // took too long, or the server has no room or rate for it. The stream ends
 // with code; the last accepted snapshot stays.
-type chunkError struct {
-	code codes.Code
-	// reason is the label of relaymesh_snapshots_refused_total.
-	reason string
-	msg    string
+type ChunkError struct {
+	Code codes.Code
+	// Reason is the label of relaymesh_snapshots_refused_total.
+	Reason string
+	Msg    string
 }
 
-func (e *chunkError) Error() string { return ErrSnapshotRefused.Error() + ": " + e.msg }
-func (e *chunkError) Unwrap() error { return ErrSnapshotRefused }
+func (e *ChunkError) Error() string { return ErrSnapshotRefused.Error() + ": " + e.Msg }
+func (e *ChunkError) Unwrap() error { return ErrSnapshotRefused }
 
-func framing(format string, args ...any) *chunkError {
-	return &chunkError{code: codes.InvalidArgument, reason: "framing", msg: fmt.Sprintf(format, args...)}
+func framing(format string, args ...any) *ChunkError {
+	return &ChunkError{Code: codes.InvalidArgument, Reason: "framing", Msg: fmt.Sprintf(format, args...)}
 }
 
-// snapshotBudget is the server-wide memory for snapshots in transit: the
+// SnapshotBudget is the server-wide memory for snapshots in transit: the
 // buffered parts of every PushChunked stream, and then the memory their
 // decoding takes, until the snapshot is accepted or refused. A cluster
 // holds at most one reservation at a time.
-type snapshotBudget struct {
+type SnapshotBudget struct {
 	limit int64
 	gauge prometheus.Gauge
 
@@ -61,19 +61,21 @@ type snapshotBudget struct {
 	holders map[string]int64
 }
 
-func newSnapshotBudget(limit int64, gauge prometheus.Gauge) *snapshotBudget {
-	return &snapshotBudget{limit: limit, gauge: gauge, holders: map[string]int64{}}
+// NewSnapshotBudget holds limit bytes for snapshots in transit and shows
+// what it holds in gauge.
+func NewSnapshotBudget(limit int64, gauge prometheus.Gauge) *SnapshotBudget {
+	return &SnapshotBudget{limit: limit, gauge: gauge, holders: map[string]int64{}}
 }
 
 // reserve takes n bytes for cluster's one snapshot in transit.
-func (b *snapshotBudget) reserve(cluster string, n int64) *chunkError {
+func (b *SnapshotBudget) reserve(cluster string, n int64) *ChunkError {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, busy := b.holders[cluster]; busy {
-		return &chunkError{code: codes.ResourceExhausted, reason: "cluster_busy", msg: "another stream of this cluster is sending a snapshot; one at a time"}
+		return &ChunkError{Code: codes.ResourceExhausted, Reason: "cluster_busy", Msg: "another stream of this cluster is sending a snapshot; one at a time"}
 	}
 	if b.used+n > b.limit {
-		return &chunkError{code: codes.ResourceExhausted, reason: "memory", msg: fmt.Sprintf("the server's memory for snapshots in transit is in use (%d MiB); retry later", b.limit>>20)}
+		return &ChunkError{Code: codes.ResourceExhausted, Reason: "memory", Msg: fmt.Sprintf("the server's memory for snapshots in transit is in use (%d MiB); retry later", b.limit>>20)}
 	}
 	b.holders[cluster] = n
 	b.used += n
@@ -82,11 +84,11 @@ func (b *snapshotBudget) reserve(cluster string, n int64) *chunkError {
 }
 
 // grow adds n bytes to cluster's reservation.
-func (b *snapshotBudget) grow(cluster string, n int64) *chunkError {
+func (b *SnapshotBudget) grow(cluster string, n int64) *ChunkError {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.used+n > b.limit {
-		return &chunkError{code: codes.ResourceExhausted, reason: "memory", msg: fmt.Sprintf("the server's memory for snapshots in transit is in use (%d MiB); retry later", b.limit>>20)}
+		return &ChunkError{Code: codes.ResourceExhausted, Reason: "memory", Msg: fmt.Sprintf("the server's memory for snapshots in transit is in use (%d MiB); retry later", b.limit>>20)}
 	}
 	b.holders[cluster] += n
 	b.used += n
@@ -95,14 +97,14 @@ func (b *snapshotBudget) grow(cluster string, n int64) *chunkError {
 }
 
 // held is cluster's reservation.
-func (b *snapshotBudget) held(cluster string) int64 {
+func (b *SnapshotBudget) held(cluster string) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.holders[cluster]
 }
 
 // shrink cuts cluster's reservation down to n, if it holds more.
-func (b *snapshotBudget) shrink(cluster string, n int64) {
+func (b *SnapshotBudget) shrink(cluster string, n int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if have, ok := b.holders[cluster]; ok && have > n {
@@ -113,7 +115,7 @@ func (b *snapshotBudget) shrink(cluster string, n int64) {
 }
 
 // release returns cluster's reservation, if it holds one.
-func (b *snapshotBudget) release(cluster string) {
+func (b *SnapshotBudget) release(cluster string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.used -= b.holders[cluster]
@@ -121,32 +123,32 @@ func (b *snapshotBudget) release(cluster string) {
 	b.gauge.Set(float64(b.used))
 }
 
-// inUse is the memory reserved now.
-func (b *snapshotBudget) inUse() int64 {
+// InUse is the memory reserved now.
+func (b *SnapshotBudget) InUse() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.used
 }
 
-// assemblerConfig configures the assembler of one PushChunked stream.
-type assemblerConfig struct {
-	// cluster is the stream's, from its certificate.
-	cluster string
-	limits  SnapshotLimits
-	budget  *snapshotBudget
-	// deadline from a header to its end.
-	deadline time.Duration
-	now      func() time.Time
-	// maxPart and minPart bound the parts; default MaxSnapshotPartBytes
+// AssemblerConfig configures the Assembler of one PushChunked stream.
+type AssemblerConfig struct {
+	// Cluster is the stream's, from its certificate.
+	Cluster string
+	Limits  SnapshotLimits
+	Budget  *SnapshotBudget
+	// Deadline from a header to its end.
+	Deadline time.Duration
+	Now      func() time.Time
+	// MaxPart and MinPart bound the parts; default MaxSnapshotPartBytes
 	// and MinSnapshotPartBytes (tests use small ones).
-	maxPart, minPart uint64
+	MaxPart, MinPart uint64
 }
 
-// assembler puts the snapshots of one PushChunked stream together, one at
+// Assembler puts the snapshots of one PushChunked stream together, one at
 // a time. It never holds more than the header announced, within the
 // budget; any refusal drops what it buffered. Not safe for concurrent use.
-type assembler struct {
-	cfg assemblerConfig
+type Assembler struct {
+	cfg AssemblerConfig
 	cur *assembly
 	// held: the budget still holds the reservation of a snapshot add
 	// returned; release gives it back.
@@ -171,30 +173,31 @@ type assembly struct {
 	err error
 }
 
-// assembled is a complete snapshot: decoded, with the hash of its bytes,
-// not yet validated. err, when set, is why it was refused (wrapping
+// Assembled is a complete snapshot: decoded, with the hash of its bytes,
+// not yet validated. Err, when set, is why it was refused (wrapping
 // ErrSnapshotRefused): it is answered with an ack, and the stream goes on.
-type assembled struct {
-	snapshot *relaypb.Snapshot
-	hash     string
-	size     int
-	err      error
+type Assembled struct {
+	Snapshot *relaypb.Snapshot
+	Hash     string
+	Size     int
+	Err      error
 }
 
-func newAssembler(cfg assemblerConfig) *assembler {
-	cfg.limits = cfg.limits.withDefaults()
-	if cfg.maxPart == 0 {
-		cfg.maxPart, cfg.minPart = MaxSnapshotPartBytes, MinSnapshotPartBytes
+// NewAssembler starts the assembler of one PushChunked stream.
+func NewAssembler(cfg AssemblerConfig) *Assembler {
+	cfg.Limits = cfg.Limits.WithDefaults()
+	if cfg.MaxPart == 0 {
+		cfg.MaxPart, cfg.MinPart = MaxSnapshotPartBytes, MinSnapshotPartBytes
 	}
-	return &assembler{cfg: cfg}
+	return &Assembler{cfg: cfg}
 }
 
-// add takes the next message of the stream. It returns the snapshot an end
+// Add takes the next message of the stream. It returns the snapshot an end
 // completes (the caller MUST call release once it is done with it), nil
-// otherwise. An error refuses the stream: the assembler has dropped what
+// otherwise. An error refuses the stream: the Assembler has dropped what
 // it held, and the caller ends the stream.
-func (a *assembler) add(c *relaypb.SnapshotChunk) (*assembled, error) {
-	a.release()
+func (a *Assembler) Add(c *relaypb.SnapshotChunk) (*Assembled, error) {
+	a.Release()
 	out, err := a.step(c)
 	if err != nil {
 		a.drop()
@@ -203,8 +206,8 @@ func (a *assembler) add(c *relaypb.SnapshotChunk) (*assembled, error) {
 	return out, nil
 }
 
-func (a *assembler) step(c *relaypb.SnapshotChunk) (*assembled, error) {
-	if cur := a.cur; cur != nil && a.cfg.now().After(cur.deadline) {
+func (a *Assembler) step(c *relaypb.SnapshotChunk) (*Assembled, error) {
+	if cur := a.cur; cur != nil && a.cfg.Now().After(cur.deadline) {
 		return nil, a.expired()
 	}
 	switch {
@@ -218,34 +221,34 @@ func (a *assembler) step(c *relaypb.SnapshotChunk) (*assembled, error) {
 	return nil, framing("a message that is neither a header, a part nor an end")
 }
 
-func (a *assembler) start(h *relaypb.SnapshotHeader) error {
+func (a *Assembler) start(h *relaypb.SnapshotHeader) error {
 	if a.cur != nil {
 		return framing("a second header before the end of snapshot %s", a.cur.header.GetHash())
 	}
-	if h.GetCluster() != a.cfg.cluster {
-		return framing("header for cluster %q, but the agent's certificate names %q", text.Truncate(h.GetCluster(), 80), a.cfg.cluster)
+	if h.GetCluster() != a.cfg.Cluster {
+		return framing("header for cluster %q, but the agent's certificate names %q", text.Truncate(h.GetCluster(), 80), a.cfg.Cluster)
 	}
-	if !isHexSHA256(h.GetHash()) {
+	if !IsHexSHA256(h.GetHash()) {
 		return framing("header hash %q is not 64 lower-case hex digits", text.Truncate(h.GetHash(), 80))
 	}
 	size, parts := h.GetSize(), uint64(h.GetParts())
-	if size == 0 || size > uint64(a.cfg.limits.MaxChunkedBytes) {
-		return &chunkError{code: codes.InvalidArgument, reason: "too_large", msg: fmt.Sprintf("snapshot of %d bytes; at least 1, at most %d", size, a.cfg.limits.MaxChunkedBytes)}
+	if size == 0 || size > uint64(a.cfg.Limits.MaxChunkedBytes) {
+		return &ChunkError{Code: codes.InvalidArgument, Reason: "too_large", Msg: fmt.Sprintf("snapshot of %d bytes; at least 1, at most %d", size, a.cfg.Limits.MaxChunkedBytes)}
 	}
-	if least, most := (size+a.cfg.maxPart-1)/a.cfg.maxPart, size/a.cfg.minPart+1; parts < least || parts > most {
+	if least, most := (size+a.cfg.MaxPart-1)/a.cfg.MaxPart, size/a.cfg.MinPart+1; parts < least || parts > most {
 		return framing("%d parts for %d bytes; between %d and %d (parts of at most %d bytes, all but the last at least %d)",
-			parts, size, least, most, a.cfg.maxPart, a.cfg.minPart)
+			parts, size, least, most, a.cfg.MaxPart, a.cfg.MinPart)
 	}
 	// Twice the size: the strings and unknown fields decoded from the
 	// parts are copies of them, and pending holds at most the rest.
-	if err := a.cfg.budget.reserve(a.cfg.cluster, 2*int64(size)); err != nil {
+	if err := a.cfg.Budget.reserve(a.cfg.Cluster, 2*int64(size)); err != nil {
 		return err
 	}
-	a.cur = &assembly{header: h, deadline: a.cfg.now().Add(a.cfg.deadline), sum: sha256.New(), snapshot: &relaypb.Snapshot{}}
+	a.cur = &assembly{header: h, deadline: a.cfg.Now().Add(a.cfg.Deadline), sum: sha256.New(), snapshot: &relaypb.Snapshot{}}
 	return nil
 }
 
-func (a *assembler) part(p *relaypb.SnapshotPart) error {
+func (a *Assembler) part(p *relaypb.SnapshotPart) error {
 	cur := a.cur
 	if cur == nil {
 		return framing("part %d without a header", p.GetIndex())
@@ -256,12 +259,12 @@ func (a *assembler) part(p *relaypb.SnapshotPart) error {
 		return framing("part %d, but part %d comes next", p.GetIndex(), cur.next)
 	case p.GetIndex() >= h.GetParts():
 		return framing("part %d, but the header announced %d", p.GetIndex(), h.GetParts())
-	case n > a.cfg.maxPart:
-		return &chunkError{code: codes.InvalidArgument, reason: "too_large", msg: fmt.Sprintf("part %d of %d bytes, at most %d", p.GetIndex(), n, a.cfg.maxPart)}
-	case n == 0 || n < a.cfg.minPart && p.GetIndex() < h.GetParts()-1:
-		return framing("part %d of %d bytes; all parts but the last carry at least %d", p.GetIndex(), n, a.cfg.minPart)
+	case n > a.cfg.MaxPart:
+		return &ChunkError{Code: codes.InvalidArgument, Reason: "too_large", Msg: fmt.Sprintf("part %d of %d bytes, at most %d", p.GetIndex(), n, a.cfg.MaxPart)}
+	case n == 0 || n < a.cfg.MinPart && p.GetIndex() < h.GetParts()-1:
+		return framing("part %d of %d bytes; all parts but the last carry at least %d", p.GetIndex(), n, a.cfg.MinPart)
 	case cur.received+n > h.GetSize():
-		return &chunkError{code: codes.InvalidArgument, reason: "too_large", msg: fmt.Sprintf("more than the %d bytes the header announced", h.GetSize())}
+		return &ChunkError{Code: codes.InvalidArgument, Reason: "too_large", Msg: fmt.Sprintf("more than the %d bytes the header announced", h.GetSize())}
 	}
 	cur.sum.Write(p.GetData())
 	cur.received += n
@@ -283,7 +286,7 @@ func (a *assembler) part(p *relaypb.SnapshotPart) error {
 // snapshot, after reserving what decoding it takes. A malformed field
 // makes the content refused (cur.err); no room for decoding ends the
 // stream.
-func (a *assembler) decodeFields(cur *assembly) error {
+func (a *Assembler) decodeFields(cur *assembly) error {
 	b := cur.pending
 	md := cur.snapshot.ProtoReflect().Descriptor()
 	for len(b) > 0 {
@@ -310,11 +313,11 @@ func (a *assembler) decodeFields(cur *assembly) error {
 		if err != nil {
 			return a.refuseContent(cur, refused("the parts are not a snapshot's encoding: %v", err))
 		}
-		held := a.cfg.budget.held(a.cfg.cluster)
-		if held+cost > a.cfg.budget.limit {
-			return a.refuseContent(cur, refused("decoding would take more than the server's memory for snapshots in transit (%d MiB)", a.cfg.budget.limit>>20))
+		held := a.cfg.Budget.held(a.cfg.Cluster)
+		if held+cost > a.cfg.Budget.limit {
+			return a.refuseContent(cur, refused("decoding would take more than the server's memory for snapshots in transit (%d MiB)", a.cfg.Budget.limit>>20))
 		}
-		if err := a.cfg.budget.grow(a.cfg.cluster, cost); err != nil {
+		if err := a.cfg.Budget.grow(a.cfg.Cluster, cost); err != nil {
 			return err
 		}
 		if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(field, cur.snapshot); err != nil {
@@ -328,13 +331,13 @@ func (a *assembler) decodeFields(cur *assembly) error {
 // refuseContent stops decoding cur: its end will be answered with err.
 // What it decoded is dropped and its reservation shrinks back to the
 // parts'.
-func (a *assembler) refuseContent(cur *assembly, err error) error {
+func (a *Assembler) refuseContent(cur *assembly, err error) error {
 	cur.err, cur.pending, cur.snapshot = err, nil, nil
-	a.cfg.budget.shrink(a.cfg.cluster, 2*int64(cur.header.GetSize()))
+	a.cfg.Budget.shrink(a.cfg.Cluster, 2*int64(cur.header.GetSize()))
 	return nil
 }
 
-func (a *assembler) end(e *relaypb.SnapshotEnd) (*assembled, error) {
+func (a *Assembler) end(e *relaypb.SnapshotEnd) (*Assembled, error) {
 	cur := a.cur
 	if cur == nil {
 		return nil, framing("an end without a header")
@@ -348,68 +351,85 @@ func (a *assembler) end(e *relaypb.SnapshotEnd) (*assembled, error) {
 	}
 	// The framing was kept: a problem with the content is answered with an
 	// ack, and the stream goes on.
-	out := &assembled{hash: h.GetHash(), size: int(cur.received)}
+	out := &Assembled{Hash: h.GetHash(), Size: int(cur.received)}
 	switch {
 	case hex.EncodeToString(cur.sum.Sum(nil)) != h.GetHash():
-		out.err = refused("the parts' SHA-256 is not the header's hash %s", h.GetHash())
+		out.Err = refused("the parts' SHA-256 is not the header's hash %s", h.GetHash())
 	case cur.err != nil:
-		out.err = cur.err
+		out.Err = cur.err
 	case len(cur.pending) > 0:
-		out.err = refused("the parts are not a snapshot's encoding: it ends inside a field")
+		out.Err = refused("the parts are not a snapshot's encoding: it ends inside a field")
 	case cur.snapshot.GetHash() != "":
-		out.err = refused("the encoding carries a hash field; it must be empty (the header carries the hash)")
+		out.Err = refused("the encoding carries a hash field; it must be empty (the header carries the hash)")
 	}
-	if out.err != nil {
+	if out.Err != nil {
 		a.drop()
 		return out, nil
 	}
-	out.snapshot = cur.snapshot
-	out.snapshot.Hash = h.GetHash()
+	out.Snapshot = cur.snapshot
+	out.Snapshot.Hash = h.GetHash()
 	a.cur, a.held = nil, true
 	return out, nil
 }
 
-// deadline is when the snapshot in transit must be complete.
-func (a *assembler) deadline() (time.Time, bool) {
+// Deadline is when the snapshot in transit must be complete.
+func (a *Assembler) Deadline() (time.Time, bool) {
 	if a.cur == nil {
 		return time.Time{}, false
 	}
 	return a.cur.deadline, true
 }
 
-// expire refuses the snapshot in transit: its deadline passed.
-func (a *assembler) expire() error {
+// Expire refuses the snapshot in transit: its deadline passed.
+func (a *Assembler) Expire() error {
 	err := a.expired()
 	a.drop()
 	return err
 }
 
-func (a *assembler) expired() *chunkError {
+func (a *Assembler) expired() *ChunkError {
 	h := a.cur.header
-	return &chunkError{code: codes.DeadlineExceeded, reason: "deadline",
-		msg: fmt.Sprintf("snapshot %s not complete within %s (%d of %d parts)", h.GetHash(), a.cfg.deadline, a.cur.next, h.GetParts())}
+	return &ChunkError{Code: codes.DeadlineExceeded, Reason: "deadline",
+		Msg: fmt.Sprintf("snapshot %s not complete within %s (%d of %d parts)", h.GetHash(), a.cfg.Deadline, a.cur.next, h.GetParts())}
 }
 
-// release returns the reservation of the snapshot add returned last.
-func (a *assembler) release() {
+// Release returns the reservation of the snapshot Add returned last.
+func (a *Assembler) Release() {
 	if a.held {
 		a.held = false
-		a.cfg.budget.release(a.cfg.cluster)
+		a.cfg.Budget.release(a.cfg.Cluster)
 	}
 }
 
 // drop forgets the snapshot in transit and returns its reservation.
-func (a *assembler) drop() {
+func (a *Assembler) drop() {
 	if a.cur != nil || a.held {
 		a.cur, a.held = nil, false
-		a.cfg.budget.release(a.cfg.cluster)
+		a.cfg.Budget.release(a.cfg.Cluster)
 	}
 }
 
-// close drops everything; the stream ended.
-func (a *assembler) close() { a.drop() }
+// Close drops everything; the stream ended.
+func (a *Assembler) Close() { a.drop() }
 
-func isHexSHA256(s string) bool {
+// WithoutHash is a shallow copy of s with every field but the hash: its
+// deterministic encoding is what a snapshot's hash covers, and what the
+// parts of a chunked push carry.
+func WithoutHash(s *relaypb.Snapshot) *relaypb.Snapshot {
+	c := &relaypb.Snapshot{}
+	src, dst := s.ProtoReflect(), c.ProtoReflect()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Name() != "hash" {
+			dst.Set(fd, v)
+		}
+		return true
+	})
+	dst.SetUnknown(src.GetUnknown())
+	return c
+}
+
+// IsHexSHA256 reports whether s is a snapshot hash: 64 lower-case hex digits.
+func IsHexSHA256(s string) bool {
 	if len(s) != 64 {
 		return false
 	}

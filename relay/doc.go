@@ -1,15 +1,13 @@
 // Package relay is the wire between the management server and the agents:
-// the gRPC protocol (relay/proto), the server that authenticates agents and
-// holds their sessions, the agent's session client, and the cluster registry
-// that decides which clusters may connect.
+// the gRPC protocol (relay/proto), the gate that splits the relay port's
+// connections at the TLS handshake into pre-authentication and
+// authenticated ones (Gate, HandshakenCreds, TLSInfo, StreamGuard), the
+// limits and budgets that bound what a peer may hold or spend
+// (ConnectionLimits, ClusterLimits, SnapshotLimits, FailureLimiter), and
+// the snapshot as it travels: its framing in parts (Assembler,
+// SnapshotBudget) and the checks it passes on arrival (ValidateSnapshot).
 //
-// Authentication (see threatmodel.md, boundary 1):
-//   - Identity.Bootstrap is the only method served without a client
-//     certificate; the agent pins the relay root, sends a single-use token and
-//     a CSR, and the server decides the identity.
-//   - Every other method requires a client certificate that chains to the
-//     relay root, carries exactly one SPIFFE ID of the form
-//     spiffe://<trust-domain>/cluster/<name>/agent, names a registered
-//     cluster, and was issued after that cluster's current registration.
-//     Deregistering a cluster ends its sessions at once.
+// The management server that serves these (package server) and the
+// agent's session that dials it (package agent) are built on this package;
+// it imports neither.
 package relay

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
@@ -51,7 +52,8 @@ type ConnectionLimits struct {
 	MaxConcurrentBootstraps int
 }
 
-func (l ConnectionLimits) withDefaults() ConnectionLimits {
+// WithDefaults fills the zero fields of l with their defaults.
+func (l ConnectionLimits) WithDefaults() ConnectionLimits {
 	if l.HandshakeTimeout == 0 {
 		l.HandshakeTimeout = 10 * time.Second
 	}
@@ -79,7 +81,8 @@ func (l ConnectionLimits) withDefaults() ConnectionLimits {
 	return l
 }
 
-func (l ConnectionLimits) validate() error {
+// Validate reports every negative or out-of-range field.
+func (l ConnectionLimits) Validate() error {
 	var errs []error
 	if l.HandshakeTimeout < 0 || l.HandshakeTimeout > time.Minute {
 		errs = append(errs, errors.New("connectionLimits.handshakeTimeout: must be in [0, 1m]"))
@@ -97,16 +100,28 @@ func (l ConnectionLimits) validate() error {
 	return errors.Join(errs...)
 }
 
-// gate accepts relay connections, enforces the connection limits, runs the
+// GateMetrics are the metrics the gate and its stream guards write; the
+// server registers them (docs/metrics.md). Labels never carry a token, key
+// or certificate.
+type GateMetrics struct {
+	// ConnsRefused counts connections closed by a limit, by reason
+	// (relaymesh_relay_connections_refused_total).
+	ConnsRefused *prometheus.CounterVec
+	// OpenConns counts open connections, by state: preauth or
+	// authenticated (relaymesh_relay_open_connections).
+	OpenConns *prometheus.GaugeVec
+}
+
+// Gate accepts relay connections, enforces the connection limits, runs the
 // TLS handshake under a deadline and hands each connection to the
 // pre-authentication or the authenticated gRPC server.
-type gate struct {
+type Gate struct {
 	limits  ConnectionLimits
 	tls     *tls.Config
-	metrics *Metrics
+	metrics *GateMetrics
 	// abusers: addresses whose connections were cut for abuse; with no
 	// budget left, their new connections are closed before the handshake.
-	abusers *failureLimiter
+	abusers *FailureLimiter
 	pre     *connQueue
 	auth    *connQueue
 
@@ -118,13 +133,18 @@ type gate struct {
 	closed     bool
 }
 
-func newGate(limits ConnectionLimits, cfg *tls.Config, m *Metrics, addr net.Addr, abusers *failureLimiter) *gate {
-	return &gate{limits: limits, tls: cfg, metrics: m, abusers: abusers,
+// NewGate makes the gate of one listener: connections it admits and
+// handshakes come out of PreAuth or Authenticated, to be served by the
+// pre-authentication and the authenticated gRPC server; m counts what it
+// refuses and holds; abusers, optional, are addresses refused before the
+// handshake while their budget is spent.
+func NewGate(limits ConnectionLimits, cfg *tls.Config, m *GateMetrics, addr net.Addr, abusers *FailureLimiter) *Gate {
+	return &Gate{limits: limits, tls: cfg, metrics: m, abusers: abusers,
 		pre: newConnQueue(addr), auth: newConnQueue(addr), perAddr: map[string]int{}, prePerAddr: map[string]int{}}
 }
 
-// serve accepts from lis until it fails or the gate is closed.
-func (g *gate) serve(lis net.Listener) error {
+// Serve accepts from lis until it fails or the gate is closed.
+func (g *Gate) Serve(lis net.Listener) error {
 	var delay time.Duration
 	for {
 		raw, err := lis.Accept()
@@ -136,7 +156,7 @@ func (g *gate) serve(lis net.Listener) error {
 				time.Sleep(delay)
 				continue
 			}
-			g.close()
+			g.Close()
 			return err
 		}
 		delay = 0
@@ -146,14 +166,14 @@ func (g *gate) serve(lis net.Listener) error {
 
 // admit counts raw against the limits and starts its handshake, or closes
 // it at once.
-func (g *gate) admit(raw net.Conn) {
-	addr := peerKey(hostOf(raw.RemoteAddr()))
+func (g *Gate) admit(raw net.Conn) {
+	addr := PeerKey(hostOf(raw.RemoteAddr()))
 	reason := ""
 	g.mu.Lock()
 	switch {
 	case g.closed:
 		reason = "closed"
-	case g.abusers != nil && g.abusers.exhausted(addr):
+	case g.abusers != nil && g.abusers.Exhausted(addr):
 		reason = "abuse"
 	case g.total >= g.limits.MaxConnections:
 		reason = "connection_limit"
@@ -168,11 +188,11 @@ func (g *gate) admit(raw net.Conn) {
 		g.perAddr[addr]++
 		g.preTotal++
 		g.prePerAddr[addr]++
-		g.metrics.openConns.WithLabelValues("preauth").Inc()
+		g.metrics.OpenConns.WithLabelValues("preauth").Inc()
 	}
 	g.mu.Unlock()
 	if reason != "" {
-		g.metrics.connsRefused.WithLabelValues(reason).Inc()
+		g.metrics.ConnsRefused.WithLabelValues(reason).Inc()
 		_ = raw.Close()
 		return
 	}
@@ -181,7 +201,7 @@ func (g *gate) admit(raw net.Conn) {
 
 // handshake completes TLS within the deadline and routes the connection by
 // whether the peer proved a relay certificate.
-func (g *gate) handshake(raw net.Conn, addr string) {
+func (g *Gate) handshake(raw net.Conn, addr string) {
 	c := &gatedConn{g: g, addr: addr, preAuth: true}
 	tc := tls.Server(raw, g.tls)
 	c.Conn = tc
@@ -189,7 +209,7 @@ func (g *gate) handshake(raw net.Conn, addr string) {
 	err := tc.HandshakeContext(ctx)
 	cancel()
 	if err != nil {
-		g.metrics.connsRefused.WithLabelValues("handshake").Inc()
+		g.metrics.ConnsRefused.WithLabelValues("handshake").Inc()
 		_ = c.Close()
 		return
 	}
@@ -202,8 +222,8 @@ func (g *gate) handshake(raw net.Conn, addr string) {
 		if g.prePerAddr[addr] <= 0 {
 			delete(g.prePerAddr, addr)
 		}
-		g.metrics.openConns.WithLabelValues("preauth").Dec()
-		g.metrics.openConns.WithLabelValues("authenticated").Inc()
+		g.metrics.OpenConns.WithLabelValues("preauth").Dec()
+		g.metrics.OpenConns.WithLabelValues("authenticated").Inc()
 		g.mu.Unlock()
 		c.streams = newStreamBudget(g.limits.StreamsPerSecond, g.limits.StreamBurst)
 		g.auth.push(c)
@@ -214,7 +234,7 @@ func (g *gate) handshake(raw net.Conn, addr string) {
 }
 
 // release undoes admit's counts.
-func (g *gate) release(addr string, preAuth bool) {
+func (g *Gate) release(addr string, preAuth bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.total--
@@ -226,13 +246,22 @@ func (g *gate) release(addr string, preAuth bool) {
 		if g.prePerAddr[addr]--; g.prePerAddr[addr] <= 0 {
 			delete(g.prePerAddr, addr)
 		}
-		g.metrics.openConns.WithLabelValues("preauth").Dec()
+		g.metrics.OpenConns.WithLabelValues("preauth").Dec()
 	} else {
-		g.metrics.openConns.WithLabelValues("authenticated").Dec()
+		g.metrics.OpenConns.WithLabelValues("authenticated").Dec()
 	}
 }
 
-func (g *gate) close() {
+// PreAuth is the listener of connections without a client certificate,
+// for the pre-authentication server.
+func (g *Gate) PreAuth() net.Listener { return g.pre }
+
+// Authenticated is the listener of connections that proved a certificate
+// of the relay CA, for the authenticated server.
+func (g *Gate) Authenticated() net.Listener { return g.auth }
+
+// Close refuses new connections and closes both listeners.
+func (g *Gate) Close() {
 	g.mu.Lock()
 	g.closed = true
 	g.mu.Unlock()
@@ -254,7 +283,7 @@ func hostOf(a net.Addr) string {
 // gatedConn is a handshaken connection the gate counts until it closes.
 type gatedConn struct {
 	net.Conn
-	g       *gate
+	g       *Gate
 	addr    string
 	state   tls.ConnectionState
 	streams *streamBudget
@@ -310,10 +339,10 @@ func (q *connQueue) Close() error { q.close(); return nil }
 
 func (q *connQueue) Addr() net.Addr { return q.addr }
 
-// handshakenCreds are the transport credentials of a connection the gate
+// HandshakenCreds are the transport credentials of a connection the gate
 // already handshook: they report its TLS state (which authentication
 // reads) without a second handshake.
-type handshakenCreds struct{}
+type HandshakenCreds struct{}
 
 // gatedInfo is the peer's AuthInfo: the TLS state, and the connection so
 // its stream budget can be charged.
@@ -322,7 +351,7 @@ type gatedInfo struct {
 	conn *gatedConn
 }
 
-func (handshakenCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+func (HandshakenCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	c, ok := raw.(*gatedConn)
 	if !ok {
 		return nil, nil, errors.New("relay: connection did not come through the gate")
@@ -330,20 +359,20 @@ func (handshakenCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Auth
 	return c, gatedInfo{TLSInfo: credentials.TLSInfo{State: c.state, CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}, conn: c}, nil
 }
 
-func (handshakenCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
+func (HandshakenCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	return nil, nil, errors.New("relay: server-side credentials")
 }
 
-func (handshakenCreds) Info() credentials.ProtocolInfo {
+func (HandshakenCreds) Info() credentials.ProtocolInfo {
 	return credentials.ProtocolInfo{SecurityProtocol: "tls"}
 }
 
-func (h handshakenCreds) Clone() credentials.TransportCredentials { return h }
+func (h HandshakenCreds) Clone() credentials.TransportCredentials { return h }
 
-func (handshakenCreds) OverrideServerName(string) error { return nil }
+func (HandshakenCreds) OverrideServerName(string) error { return nil }
 
-// tlsInfo is the verified TLS state of a call's peer.
-func tlsInfo(ctx context.Context) (credentials.TLSInfo, bool) {
+// TLSInfo is the verified TLS state of a call's peer.
+func TLSInfo(ctx context.Context) (credentials.TLSInfo, bool) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
 		return credentials.TLSInfo{}, false
@@ -391,20 +420,27 @@ func (b *streamBudget) take(now time.Time) bool {
 	return true
 }
 
-// streamGuard is a stats.Handler that charges every stream to its
+// StreamGuard is a stats.Handler that charges every stream to its
 // connection's budget and closes a connection that overspends it: a client
 // that opens and resets streams as fast as it can (HTTP/2 rapid reset) is
 // cut off after a few, whatever the streams ask for.
-type streamGuard struct {
-	metrics *Metrics
+type StreamGuard struct {
+	metrics *GateMetrics
 	kind    string // "preauth" or "authenticated", for the metric
 	// abusers is charged the address of every connection cut.
-	abusers *failureLimiter
+	abusers *FailureLimiter
 }
 
-func (streamGuard) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+// NewStreamGuard charges the streams of the gate's connections; kind
+// ("preauth" or "authenticated") labels the connections it cuts, whose
+// addresses are charged to abusers (optional).
+func NewStreamGuard(m *GateMetrics, kind string, abusers *FailureLimiter) StreamGuard {
+	return StreamGuard{metrics: m, kind: kind, abusers: abusers}
+}
 
-func (g streamGuard) HandleRPC(ctx context.Context, s stats.RPCStats) {
+func (StreamGuard) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+func (g StreamGuard) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	if _, ok := s.(*stats.InHeader); !ok {
 		return
 	}
@@ -417,9 +453,9 @@ func (g streamGuard) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		return
 	}
 	if !info.conn.streams.take(time.Now()) && info.conn.streams.cut.CompareAndSwap(false, true) {
-		g.metrics.connsRefused.WithLabelValues(g.kind + "_stream_budget").Inc()
+		g.metrics.ConnsRefused.WithLabelValues(g.kind + "_stream_budget").Inc()
 		if g.abusers != nil {
-			if done, ok := g.abusers.begin(info.conn.addr); ok {
+			if done, ok := g.abusers.Begin(info.conn.addr); ok {
 				done(false)
 			}
 		}
@@ -427,6 +463,6 @@ func (g streamGuard) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	}
 }
 
-func (streamGuard) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (StreamGuard) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
 
-func (streamGuard) HandleConn(context.Context, stats.ConnStats) {}
+func (StreamGuard) HandleConn(context.Context, stats.ConnStats) {}

@@ -8,7 +8,7 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// failureLimiter rate-limits failed attempts per peer: every attempt takes a
+// FailureLimiter rate-limits failed attempts per peer: every attempt takes a
 // token from the peer's bucket when it starts and gets it back if it
 // succeeds, so concurrent attempts cannot slip past the limit, guessing
 // tokens or probing without a certificate costs time, and successful agents
@@ -16,7 +16,7 @@ import (
 // inside one network does not buy fresh buckets. The table is bounded: when
 // full, the peer seen longest ago is forgotten (its history resets; nobody
 // else is locked out).
-type failureLimiter struct {
+type FailureLimiter struct {
 	mu    sync.Mutex
 	limit rate.Limit
 	burst int
@@ -40,21 +40,21 @@ type peerLimit struct {
 	seen   time.Time
 }
 
-func newFailureLimiter(perMinute float64, burst, maxPeers int, now func() time.Time) *failureLimiter {
-	return &failureLimiter{limit: rate.Limit(perMinute / 60), burst: burst, peers: map[string]*peerLimit{}, max: maxPeers, now: now}
+func NewFailureLimiter(perMinute float64, burst, maxPeers int, now func() time.Time) *FailureLimiter {
+	return &FailureLimiter{limit: rate.Limit(perMinute / 60), burst: burst, peers: map[string]*peerLimit{}, max: maxPeers, now: now}
 }
 
-// newGlobalFailureLimiter is one budget of failures for all peers together,
+// NewGlobalFailureLimiter is one budget of failures for all peers together,
 // charged only when an attempt fails (see onFailure).
-func newGlobalFailureLimiter(perMinute float64, burst int, now func() time.Time) *failureLimiter {
-	f := newFailureLimiter(perMinute, burst, 1, now)
+func NewGlobalFailureLimiter(perMinute float64, burst int, now func() time.Time) *FailureLimiter {
+	f := NewFailureLimiter(perMinute, burst, 1, now)
 	f.onFailure = true
 	return f
 }
 
-// peerKey is the address a limit applies to: the IPv4 address, or the /64
+// PeerKey is the address a limit applies to: the IPv4 address, or the /64
 // of an IPv6 address.
-func peerKey(host string) string {
+func PeerKey(host string) string {
 	ip := net.ParseIP(host)
 	if ip == nil {
 		return host
@@ -65,11 +65,11 @@ func peerKey(host string) string {
 	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
-// begin reserves one failure for peer. It returns false if the peer has no
+// Begin reserves one failure for peer. It returns false if the peer has no
 // failures left (refuse at once). Otherwise the caller MUST call done once:
 // done(true) refunds the reservation.
-func (f *failureLimiter) begin(peer string) (done func(success bool), ok bool) {
-	key := peerKey(peer)
+func (f *FailureLimiter) Begin(peer string) (done func(success bool), ok bool) {
+	key := PeerKey(peer)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.now()
@@ -113,7 +113,7 @@ func (f *failureLimiter) begin(peer string) (done func(success bool), ok bool) {
 	}, true
 }
 
-func (f *failureLimiter) refill(p *peerLimit, now time.Time) {
+func (f *FailureLimiter) refill(p *peerLimit, now time.Time) {
 	p.tokens = min(float64(f.burst), p.tokens+now.Sub(p.last).Seconds()*float64(f.limit))
 	p.last = now
 }
@@ -123,7 +123,7 @@ func (f *failureLimiter) refill(p *peerLimit, now time.Time) {
 // seen longest ago; it never forgets a throttled peer (one with less than a
 // failure left), so a flood of new addresses cannot reset a throttled
 // address's history. It returns false when every peer is throttled.
-func (f *failureLimiter) evict(now time.Time) bool {
+func (f *FailureLimiter) evict(now time.Time) bool {
 	var victim string
 	var best *peerLimit
 	freed := false
@@ -148,12 +148,12 @@ func (f *failureLimiter) evict(now time.Time) bool {
 	return true
 }
 
-// exhausted reports whether peer has no failure left now, without creating
+// Exhausted reports whether peer has no failure left now, without creating
 // an entry for it.
-func (f *failureLimiter) exhausted(peer string) bool {
+func (f *FailureLimiter) Exhausted(peer string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	p, ok := f.peers[peerKey(peer)]
+	p, ok := f.peers[PeerKey(peer)]
 	if !ok {
 		return false
 	}

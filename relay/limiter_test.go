@@ -11,41 +11,41 @@ import (
 
 func TestFailureLimiter(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	l := newFailureLimiter(6, 3, 2, func() time.Time { return now })
+	l := NewFailureLimiter(6, 3, 2, func() time.Time { return now })
 
 	// Successes are refunded: any number of them costs nothing.
 	for range 100 {
-		done, ok := l.begin("10.0.0.1")
+		done, ok := l.Begin("10.0.0.1")
 		require.True(t, ok)
 		done(true)
 	}
 	// Failures use up the burst.
 	for range 3 {
-		done, ok := l.begin("10.0.0.1")
+		done, ok := l.Begin("10.0.0.1")
 		require.True(t, ok)
 		done(false)
 	}
-	_, ok := l.begin("10.0.0.1")
+	_, ok := l.Begin("10.0.0.1")
 	assert.False(t, ok, "blocked after the burst")
 	// Concurrent attempts reserve before they finish.
-	done, ok := l.begin("10.0.0.2")
+	done, ok := l.Begin("10.0.0.2")
 	require.True(t, ok)
-	_, ok2 := l.begin("10.0.0.2")
-	_, ok3 := l.begin("10.0.0.2")
-	_, ok4 := l.begin("10.0.0.2")
+	_, ok2 := l.Begin("10.0.0.2")
+	_, ok3 := l.Begin("10.0.0.2")
+	_, ok4 := l.Begin("10.0.0.2")
 	assert.Equal(t, []bool{true, true, false}, []bool{ok2, ok3, ok4})
 	done(true)
 	done(true) // idempotent
 	// Refill: 6/min is one every 10s.
 	now = now.Add(10 * time.Second)
-	_, ok = l.begin("10.0.0.1")
+	_, ok = l.Begin("10.0.0.1")
 	assert.True(t, ok)
 	// IPv6 peers share their /64.
-	assert.Equal(t, peerKey("2001:db8::1"), peerKey("2001:db8::ffff:1"))
-	assert.NotEqual(t, peerKey("2001:db8::1"), peerKey("2001:db8:0:1::1"))
+	assert.Equal(t, PeerKey("2001:db8::1"), PeerKey("2001:db8::ffff:1"))
+	assert.NotEqual(t, PeerKey("2001:db8::1"), PeerKey("2001:db8:0:1::1"))
 	// The table is bounded; the oldest peer is forgotten.
 	now = now.Add(time.Second)
-	_, _ = l.begin("10.0.0.3")
+	_, _ = l.Begin("10.0.0.3")
 	assert.LessOrEqual(t, len(l.peers), 2)
 }
 
@@ -54,9 +54,9 @@ func TestFailureLimiter(t *testing.T) {
 // with no failure left; when every peer is throttled a new one is refused.
 func TestFailureLimiterEvictionKeepsThrottledPeers(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	l := newFailureLimiter(6, 5, 10000, func() time.Time { return now })
+	l := NewFailureLimiter(6, 5, 10000, func() time.Time { return now })
 	fail := func(peer string) bool {
-		done, ok := l.begin(peer)
+		done, ok := l.Begin(peer)
 		if ok {
 			done(false)
 		}
@@ -69,22 +69,22 @@ func TestFailureLimiterEvictionKeepsThrottledPeers(t *testing.T) {
 		fail(fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255))
 	}
 	assert.LessOrEqual(t, len(l.peers), 10000)
-	_, ok := l.begin("203.0.113.7")
+	_, ok := l.Begin("203.0.113.7")
 	assert.False(t, ok, "the throttled address is still throttled after 10,500 others")
 
 	// Every entry throttled: a newcomer is refused, nobody is forgotten.
-	full := newFailureLimiter(6, 1, 3, func() time.Time { return now })
+	full := NewFailureLimiter(6, 1, 3, func() time.Time { return now })
 	for _, p := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
-		done, ok := full.begin(p)
+		done, ok := full.Begin(p)
 		require.True(t, ok)
 		done(false)
 	}
-	_, ok = full.begin("10.0.0.4")
+	_, ok = full.Begin("10.0.0.4")
 	assert.False(t, ok)
 	assert.Len(t, full.peers, 3)
 	// Refilled peers make room again.
 	now = now.Add(time.Minute)
-	done, ok := full.begin("10.0.0.4")
+	done, ok := full.Begin("10.0.0.4")
 	require.True(t, ok)
 	done(true)
 }
@@ -94,10 +94,10 @@ func TestFailureLimiterEvictionKeepsThrottledPeers(t *testing.T) {
 // failures still use it up.
 func TestGlobalFailureLimiterChargesFailuresOnly(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	l := newGlobalFailureLimiter(1.0/60, 3, func() time.Time { return now })
+	l := NewGlobalFailureLimiter(1.0/60, 3, func() time.Time { return now })
 	var inFlight []func(bool)
 	for range 1000 {
-		done, ok := l.begin("*")
+		done, ok := l.Begin("*")
 		require.True(t, ok, "attempts in flight cost nothing")
 		inFlight = append(inFlight, done)
 	}
@@ -108,15 +108,15 @@ func TestGlobalFailureLimiterChargesFailuresOnly(t *testing.T) {
 		done(false)
 		done(false) // once only
 	}
-	_, ok := l.begin("*")
+	_, ok := l.Begin("*")
 	assert.False(t, ok, "three failures spent the budget of three")
 	now = now.Add(time.Hour)
-	done, ok := l.begin("*")
+	done, ok := l.Begin("*")
 	require.True(t, ok, "it refills")
 	done(false)
-	_, ok = l.begin("*")
+	_, ok = l.Begin("*")
 	assert.False(t, ok, "a failure costs one, never less than zero")
 	now = now.Add(time.Hour) // one an hour
-	_, ok = l.begin("*")
+	_, ok = l.Begin("*")
 	assert.True(t, ok)
 }

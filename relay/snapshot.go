@@ -41,7 +41,8 @@ type SnapshotLimits struct {
 	MaxExternalAddresses int
 }
 
-func (l SnapshotLimits) withDefaults() SnapshotLimits {
+// WithDefaults fills the zero fields of l with their defaults.
+func (l SnapshotLimits) WithDefaults() SnapshotLimits {
 	def := func(v *int, d int) {
 		if *v == 0 {
 			*v = d
@@ -82,7 +83,7 @@ const (
 // content. It reports the first problem with its field path; a refused
 // snapshot never replaces the last good one.
 func ValidateSnapshot(cluster string, s *relaypb.Snapshot, limits SnapshotLimits) error {
-	l := limits.withDefaults()
+	l := limits.WithDefaults()
 	if s == nil {
 		return refused("empty message")
 	}
@@ -90,6 +91,13 @@ func ValidateSnapshot(cluster string, s *relaypb.Snapshot, limits SnapshotLimits
 		return refused("%d bytes, at most %d", n, l.MaxBytes)
 	}
 	return validateSnapshot(cluster, s, l, discovery.Hash)
+}
+
+// ValidateAssembled runs ValidateSnapshot's checks but for the encoded size
+// on a snapshot assembled from parts (Assembler): hash, the SHA-256 of the
+// bytes it was decoded from, is the hash s must carry.
+func ValidateAssembled(cluster string, s *relaypb.Snapshot, limits SnapshotLimits, hash string) error {
+	return validateSnapshot(cluster, s, limits.WithDefaults(), func(*relaypb.Snapshot) string { return hash })
 }
 
 // validateSnapshot is ValidateSnapshot but for the encoded size, which the

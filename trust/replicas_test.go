@@ -14,8 +14,8 @@ import (
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
-	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,8 +32,8 @@ import (
 // and leadership, and clients that count every request that is not a read.
 type replica struct {
 	name    string
-	outputs *relay.Outputs
-	view    *relay.View
+	outputs *server.Outputs
+	view    *server.View
 	ctl     *trust.Controller
 	lead    atomic.Bool
 
@@ -72,7 +72,7 @@ func (c countingTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 // leads while its lead flag is set.
 func (w *rotationWorld) startReplica(name string, leading bool) *replica {
 	w.t.Helper()
-	r := &replica{name: name, outputs: relay.NewOutputs(time.Now()), view: relay.NewView()}
+	r := &replica{name: name, outputs: server.NewOutputs(time.Now()), view: server.NewView()}
 	r.lead.Store(leading)
 	cfg := rest.CopyConfig(env.Cluster("cluster-1").RESTConfig())
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return countingTransport{next: rt, r: r} }

@@ -18,8 +18,8 @@ import (
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
-	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,8 +33,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// rotationWorld is a trust controller with the real relay.Outputs and
-// relay.View, and one real trust.Agent per (simulated) workload cluster
+// rotationWorld is a trust controller with the real server.Outputs and
+// server.View, and one real trust.Agent per (simulated) workload cluster
 // writing cacerts into its own namespace of a real kube-apiserver. sync is
 // what the relay does: each agent applies its cluster's set and acks it.
 type rotationWorld struct {
@@ -46,8 +46,8 @@ type rotationWorld struct {
 	clusters []string
 	meshNS   map[string]string
 	agents   map[string]*trust.Agent
-	outputs  *relay.Outputs
-	view     *relay.View
+	outputs  *server.Outputs
+	view     *server.View
 	ctl      *trust.Controller
 	stop     context.CancelFunc
 	modules  []string // PKCS#11 modules a VirtualMesh may name
@@ -144,7 +144,7 @@ func (w *rotationWorld) start() {
 	ctx, cancel := context.WithCancel(w.ctx)
 	w.stop = cancel
 	w.t.Cleanup(cancel)
-	w.outputs, w.view = relay.NewOutputs(time.Now()), relay.NewView()
+	w.outputs, w.view = server.NewOutputs(time.Now()), server.NewView()
 	var err error
 	w.ctl, err = trust.Start(ctx, trust.Config{Dynamic: w.dyn, Kube: w.kube, Namespace: w.ns, Outputs: w.outputs, Acks: w.view,
 		Clusters: func() []string { return w.clusters }, Audit: audit.Discard, PKCS11Modules: w.modules})

@@ -39,7 +39,7 @@ import (
 // fieldManager owns status.sharedTrust and status.rotation of VirtualMeshes.
 const fieldManager = "relaymesh-trust"
 
-// Publisher receives each cluster's trust requests (relay.Outputs).
+// Publisher receives each cluster's trust requests (server.Outputs).
 type Publisher interface {
 	SetTrust(cluster string, reqs []*relaypb.TrustRequest)
 	// TrustVersion is the output version in which cluster's current trust
@@ -47,7 +47,7 @@ type Publisher interface {
 	TrustVersion(cluster string) uint64
 }
 
-// Acks gives the agents' acks of output sets (relay.View): a rotation step
+// Acks gives the agents' acks of output sets (server.View): a rotation step
 // is over once every mesh's agent acked it.
 type Acks interface {
 	Ack(cluster string) *relaypb.PullAck

@@ -13,8 +13,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/relaymesh/relaymesh/agent/apply"
 	"github.com/relaymesh/relaymesh/discovery"
-	"github.com/relaymesh/relaymesh/relay/apply"
 	"github.com/relaymesh/relaymesh/trust"
 	discoveryclient "k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -24,9 +24,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/relaymesh/relaymesh/agent"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
-	"github.com/relaymesh/relaymesh/relay"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -147,7 +147,7 @@ func runAgent(ctx context.Context, f agentFlags, namespace string, kube *kubecli
 	if err != nil {
 		return err
 	}
-	session, err := relay.NewSession(relay.SessionConfig{ServerAddress: serverAddr, TLS: creds.ClientTLS, Version: version(), Logger: log,
+	session, err := agent.NewSession(agent.SessionConfig{ServerAddress: serverAddr, TLS: creds.ClientTLS, Version: version(), Logger: log,
 		OnRefused: creds.Refused, Snapshots: disc, Applier: applier, Clock: d.agentClock,
 		Trust: &trust.Agent{Client: kube.Typed, Owner: "relaymesh-agent", Logger: log}})
 	if err != nil {
@@ -175,7 +175,7 @@ func runAgent(ctx context.Context, f agentFlags, namespace string, kube *kubecli
 		st := struct {
 			Leader     bool               `json:"leader"`
 			Credential identity.Status    `json:"credential"`
-			Session    relay.SessionState `json:"session"`
+			Session    agent.SessionState `json:"session"`
 		}{leading.Load() || !leaderElect, creds.Status(), session.State()}
 		switch {
 		case !st.Leader:

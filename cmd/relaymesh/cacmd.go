@@ -12,7 +12,7 @@ import (
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -153,7 +153,7 @@ func verifySources(ctx context.Context, g *globals, tc *twoClusters, remotes []s
 		if err != nil {
 			return nil, fmt.Errorf("management cluster (to find the registered clusters): %w", err)
 		}
-		kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, relay.KubernetesClusters, g.namespace)
+		kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, server.KubernetesClusters, g.namespace)
 		if err != nil {
 			return nil, err
 		}

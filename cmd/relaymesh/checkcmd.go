@@ -8,7 +8,7 @@ import (
 	"github.com/relaymesh/relaymesh/check"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
 )
 
@@ -131,7 +131,7 @@ func workloadSources(ctx context.Context, g *globals, mgmt *kubeclient.Clients, 
 	}
 	names := remotes
 	if len(names) == 0 {
-		kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, relay.KubernetesClusters, g.namespace)
+		kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, server.KubernetesClusters, g.namespace)
 		if err != nil {
 			// check reports the listing; no workload cluster is read.
 			return nil, nil

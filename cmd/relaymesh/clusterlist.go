@@ -7,7 +7,7 @@ import (
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/duration"
 )
@@ -99,7 +99,7 @@ and (-o wide) how far its clock was from the server's when it connected.`,
 			if err != nil {
 				return err
 			}
-			kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](c.Context(), kube.Dynamic, relay.KubernetesClusters, g.namespace)
+			kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](c.Context(), kube.Dynamic, server.KubernetesClusters, g.namespace)
 			if err != nil {
 				return err
 			}

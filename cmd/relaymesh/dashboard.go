@@ -17,7 +17,7 @@ import (
 	"github.com/relaymesh/relaymesh/dashboard"
 	"github.com/relaymesh/relaymesh/internal/kubeauth"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,9 +38,9 @@ const (
 
 // dashboardParts are the server's own state the dashboard shows.
 type dashboardParts struct {
-	view     *relay.View
+	view     *server.View
 	pki      dashboard.RelayPKI
-	serving  *relay.ServingCert
+	serving  *server.ServingCert
 	auditLog *audit.Log
 }
 
@@ -88,7 +88,7 @@ func serveDashboard(ctx context.Context, f serverFlags, kube *kubeclient.Clients
 }
 
 // viewAgents shows the relay's View to the dashboard: wire types stay here.
-type viewAgents struct{ v *relay.View }
+type viewAgents struct{ v *server.View }
 
 func (a viewAgents) Agents() map[string]dashboard.AgentState {
 	out := map[string]dashboard.AgentState{}

@@ -16,7 +16,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/opsclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -240,7 +240,7 @@ func runDebugReport(ctx context.Context, d deps, g *globals, f *debugFlags) erro
 
 // mgmtResources are the Relaymesh resources of the management cluster.
 var mgmtResources = []schema.GroupVersionResource{
-	relay.KubernetesClusters,
+	server.KubernetesClusters,
 	networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"),
 	networkingv1alpha1.GroupVersion.WithResource("trafficpolicies"),
 	networkingv1alpha1.GroupVersion.WithResource("accesspolicies"),

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/identity"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -119,7 +119,7 @@ func TestRegisterThroughChart(t *testing.T) {
 			"--server-address", w.relayAddr, "--chart", filepath.Join(filepath.Dir(chart), "relaymesh-server"))
 		assert.Equal(t, 1, code)
 		assert.Contains(t, errOut, "is not the relaymesh-agent chart")
-		_, err = w.mgmtDyn.Resource(relay.KubernetesClusters).Namespace("relaymesh").Get(w.ctx, "chart-2", metav1.GetOptions{})
+		_, err = w.mgmtDyn.Resource(server.KubernetesClusters).Namespace("relaymesh").Get(w.ctx, "chart-2", metav1.GetOptions{})
 		assert.True(t, notFound(err), "a refused chart registers nothing: %v", err)
 		_, errOut, code = w.relaymesh("cluster", "register", "chart-2", "--mgmt-context", "mgmt", "--remote-context", "chart-1", "--server-address", w.relayAddr, "--chart", chart, "--values", filepath.Join(t.TempDir(), "missing.yaml"))
 		assert.Equal(t, 1, code)
@@ -193,7 +193,7 @@ func TestRegisterThroughChart(t *testing.T) {
 			_, err := w.clients["chart-1"].CoreV1().Secrets("relaymesh").Get(w.ctx, s, metav1.GetOptions{})
 			assert.True(t, notFound(err), "%s: %v", s, err)
 		}
-		connected := regexp.MustCompile(`(?m)^` + relay.MetricConnectedAgents + ` (\S+)$`)
+		connected := regexp.MustCompile(`(?m)^` + server.MetricConnectedAgents + ` (\S+)$`)
 		w.eventually(30*time.Second, "one agent session left (gitops-1's)", func() (bool, string) {
 			resp, err := http.Get("http://" + w.opsAddr + "/metrics")
 			if err != nil {

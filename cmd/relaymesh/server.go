@@ -27,6 +27,7 @@ import (
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/heads"
 	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/relaymesh/relaymesh/translation/controller"
@@ -188,7 +189,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if err != nil {
 		return err
 	}
-	serving, err := relay.NewServingCert(ctx, authority, splitList(f.dnsNames), ips, storeServingSecret(kube, f.namespace), log)
+	serving, err := server.NewServingCert(ctx, authority, splitList(f.dnsNames), ips, storeServingSecret(kube, f.namespace), log)
 	if err != nil {
 		return err
 	}
@@ -217,17 +218,17 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
-	metrics, err := relay.NewMetrics(reg)
+	metrics, err := server.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
-	registry := relay.NewRegistry()
-	var kubeconfigClusters *relay.Registry
+	registry := server.NewRegistry()
+	var kubeconfigClusters *server.Registry
 	if f.allowKubeconfig {
-		kubeconfigClusters = relay.NewRegistry()
+		kubeconfigClusters = server.NewRegistry()
 		log.Warn("kubeconfig-mode clusters are allowed: the server will hold credentials for every cluster registered that way; relay mode is the secure choice")
 	}
-	if err := relay.WatchClusters(ctx, kube.Dynamic, f.namespace, registry, kubeconfigClusters, log); err != nil {
+	if err := server.WatchClusters(ctx, kube.Dynamic, f.namespace, registry, kubeconfigClusters, log); err != nil {
 		return err
 	}
 	// Work that must happen once across the replicas runs under the Lease.
@@ -243,7 +244,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		}
 		<-ctx.Done()
 	}})
-	status := relay.NewKubeStatus(kube.Dynamic, f.namespace, log, relay.StatusConfig{Replica: reps.name})
+	status := server.NewKubeStatus(kube.Dynamic, f.namespace, log, server.StatusConfig{Replica: reps.name})
 	if reps.name != "" {
 		onceOnly(leader.Task{Name: "session-sweep", Run: func(ctx context.Context) {
 			status.Sweep(ctx, replicaHeartbeat, func(ctx context.Context) (map[string]bool, error) { return leader.Alive(ctx, kube.Typed, f.namespace) })
@@ -255,7 +256,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 
 	// The data path: snapshots become discovered objects; outputs (today
 	// pass-through objects, later translation) go to the agents.
-	view := relay.NewView()
+	view := server.NewView()
 	// Acks go to the cluster's status, where the replica holding the Lease
 	// reads every cluster's, whichever replica the agent talks to.
 	view.OnAck(func(c string) { status.Acked(c, view.Ack(c)) })
@@ -266,8 +267,8 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if reps.name != "" {
 		acks = status
 	}
-	mirrorCfg := relay.MirrorConfig{Registerer: reg}
-	var sink relay.StatusSink = status
+	mirrorCfg := server.MirrorConfig{Registerer: reg}
+	var sink server.StatusSink = status
 	if reps.name != "" {
 		// The replica holding a cluster's session writes its objects; the
 		// leader deletes those of clusters that left. A replica whose
@@ -283,7 +284,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		}
 		sink = releasingSink{KubeStatus: status, view: view}
 	}
-	mirror := relay.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, mirrorCfg)
+	mirror := server.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, mirrorCfg)
 	registry.OnRevoke(mirror.Kick)
 	go mirror.Run(ctx)
 	onceOnly(leader.Task{Name: "orphan-collection", Run: func(ctx context.Context) {
@@ -298,7 +299,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 			log.Warn("could not delete discovered objects of unregistered clusters", "error", err)
 		}
 	}})
-	outputs := relay.NewOutputs(time.Now())
+	outputs := server.NewOutputs(time.Now())
 	var afterAdopt []func() // run when a term's leader adopted the heads
 	if f.leaderElect {
 		// Replicas serve one order of versions: the leader's heads.
@@ -317,11 +318,11 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		outputs.OnPublish(writer.Dirty)
 		onceOnly(leader.Task{Name: "output-heads", Run: writer.Lead})
 	}
-	sources := []*relay.Registry{registry}
+	sources := []*server.Registry{registry}
 	if kubeconfigClusters != nil {
 		sources = append(sources, kubeconfigClusters)
 	}
-	if _, err := relay.RunPassthrough(ctx, kube.Dynamic, f.namespace, outputs, log, sources...); err != nil {
+	if _, err := server.RunPassthrough(ctx, kube.Dynamic, f.namespace, outputs, log, sources...); err != nil {
 		return err
 	}
 	// Admission: the same OPA decision for the webhook and, before
@@ -364,10 +365,10 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	}
 	outputs.MarkReady()
 	if kubeconfigClusters != nil {
-		relay.NewInProcessAgents(ctx, kube.Typed, f.namespace, kubeconfigClusters, view, outputs, log)
+		server.NewInProcessAgents(ctx, kube.Typed, f.namespace, kubeconfigClusters, view, outputs, log)
 	}
 
-	srv, err := relay.NewServer(relay.ServerConfig{
+	srv, err := server.NewServer(server.ServerConfig{
 		TrustDomain:       td,
 		Issuer:            authority,
 		Tokens:            tokens,
@@ -378,7 +379,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		Audit:             auditLog,
 		Logger:            log,
 		Metrics:           metrics,
-		DataPath:          &relay.DataPathConfig{View: view, Outputs: outputs},
+		DataPath:          &server.DataPathConfig{View: view, Outputs: outputs},
 		Trust:             trustCtl,
 		Connections:       f.connections(),
 		Clusters:          f.clusters,
@@ -714,8 +715,8 @@ const serverLease = "relaymesh-server"
 // replica ends: the agent reconnects to some replica, which then owns the
 // cluster's discovered objects.
 type releasingSink struct {
-	*relay.KubeStatus
-	view *relay.View
+	*server.KubeStatus
+	view *server.View
 }
 
 func (r releasingSink) SessionChanged(cluster string, connected bool) {

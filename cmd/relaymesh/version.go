@@ -10,7 +10,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/opsclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	"github.com/relaymesh/relaymesh/relay"
+	relayserver "github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -153,7 +153,7 @@ func collectVersions(ctx context.Context, g *globals, ops *serverOps, v *version
 	if kubeErr != nil {
 		return serverErr
 	}
-	kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, relay.KubernetesClusters, g.namespace)
+	kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, relayserver.KubernetesClusters, g.namespace)
 	if err != nil {
 		v.Agents = append(v.Agents, componentVersion{Component: "agents", Error: err.Error()})
 		return serverErr

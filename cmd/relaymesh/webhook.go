@@ -19,7 +19,7 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/policy/admission"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/leader"
 	"golang.org/x/time/rate"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -109,7 +109,7 @@ func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeclient.Clients,
 	if t.reg.FailurePolicy == admissionregistrationv1.Ignore {
 		log.Warn("admission webhook failurePolicy is Ignore: while the webhook is down, objects the rules refuse are created (the in-process check still marks them Invalid)")
 	}
-	cert, err := relay.NewServingCert(ctx, authority, t.dnsNames, t.ips, func(context.Context, []byte, []byte) error { return nil }, log.With("for", "admission-webhook"))
+	cert, err := server.NewServingCert(ctx, authority, t.dnsNames, t.ips, func(context.Context, []byte, []byte) error { return nil }, log.With("for", "admission-webhook"))
 	if err != nil {
 		return nil, fmt.Errorf("webhook certificate: %w", err)
 	}

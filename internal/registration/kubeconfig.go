@@ -8,7 +8,7 @@ import (
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,23 +41,23 @@ func StandaloneKubeconfig(src kubeclient.Source) ([]byte, error) {
 // the kubeconfig raw, kept in the Secret <name>-kubeconfig (the weaker
 // mode). It returns that Secret's name.
 func RegisterKubeconfig(ctx context.Context, mgmt, remote *kubeclient.Clients, raw []byte, name, ns, domain string) (string, error) {
-	if _, err := relay.ParseKubeconfig(raw); err != nil {
+	if _, err := server.ParseKubeconfig(raw); err != nil {
 		return "", fmt.Errorf("workload cluster kubeconfig: %w", err)
 	}
 	if _, err := remote.Typed.Discovery().ServerVersion(); err != nil {
 		return "", fmt.Errorf("workload cluster unreachable with that kubeconfig: %w", err)
 	}
-	clusters := mgmt.Dynamic.Resource(relay.KubernetesClusters).Namespace(ns)
+	clusters := mgmt.Dynamic.Resource(server.KubernetesClusters).Namespace(ns)
 	if _, err := clusters.Get(ctx, name, metav1.GetOptions{}); err == nil {
 		return "", fmt.Errorf("cluster %s is already registered; deregister it first", name)
 	} else if !apierrors.IsNotFound(err) {
 		return "", err
 	}
-	secretName := relay.KubeconfigSecretName(name)
+	secretName := server.KubeconfigSecretName(name)
 	if err := kubeutil.UpsertSecret(ctx, mgmt.Typed, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: secretName, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh", relay.LabelCluster: name}},
+		ObjectMeta: metav1.ObjectMeta{Name: secretName, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh", server.LabelCluster: name}},
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{relay.KubeconfigKey: raw},
+		Data:       map[string][]byte{server.KubeconfigKey: raw},
 	}); err != nil {
 		return "", fmt.Errorf("write %s/%s: %w", ns, secretName, err)
 	}

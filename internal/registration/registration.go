@@ -24,7 +24,7 @@ import (
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -106,7 +106,7 @@ func Register(ctx context.Context, mgmt *kubeclient.Clients, req Request) (b *Bu
 	if err != nil {
 		return nil, nil, fmt.Errorf("relay CA not found in %s (start 'relaymesh server' once first): %w", req.Namespace, err)
 	}
-	clusters := mgmt.Dynamic.Resource(relay.KubernetesClusters).Namespace(req.Namespace)
+	clusters := mgmt.Dynamic.Resource(server.KubernetesClusters).Namespace(req.Namespace)
 	if _, err := clusters.Get(ctx, req.Cluster, metav1.GetOptions{}); err == nil {
 		return nil, nil, fmt.Errorf("cluster %s is already registered; deregister it first, or mint a new token with 'relaymesh token create --cluster %s'", req.Cluster, req.Cluster)
 	} else if !apierrors.IsNotFound(err) {
@@ -206,7 +206,7 @@ func (b *Bundle) WriteTo(ctx context.Context, remote kubernetes.Interface) error
 // Deregister deletes the KubernetesCluster, its unused tokens and (for
 // kubeconfig mode) its kubeconfig Secret in the management cluster.
 func Deregister(ctx context.Context, mgmt *kubeclient.Clients, namespace, cluster string) error {
-	err := mgmt.Dynamic.Resource(relay.KubernetesClusters).Namespace(namespace).Delete(ctx, cluster, metav1.DeleteOptions{})
+	err := mgmt.Dynamic.Resource(server.KubernetesClusters).Namespace(namespace).Delete(ctx, cluster, metav1.DeleteOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("cluster %s is not registered in %s", cluster, namespace)
 	}
@@ -220,7 +220,7 @@ func Deregister(ctx context.Context, mgmt *kubeclient.Clients, namespace, cluste
 	if err := store.DeleteCluster(ctx, cluster); err != nil {
 		return fmt.Errorf("delete bootstrap tokens of %s: %w", cluster, err)
 	}
-	if err := mgmt.Typed.CoreV1().Secrets(namespace).Delete(ctx, relay.KubeconfigSecretName(cluster), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if err := mgmt.Typed.CoreV1().Secrets(namespace).Delete(ctx, server.KubeconfigSecretName(cluster), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete the kubeconfig secret of %s: %w", cluster, err)
 	}
 	return nil

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/heads"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
@@ -118,7 +118,7 @@ func manifest(name string) []*relaypb.OutputObject {
 }
 
 type replica struct {
-	out    *relay.Outputs
+	out    *server.Outputs
 	store  *heads.Store
 	writer *heads.Writer
 	cancel context.CancelFunc
@@ -126,7 +126,7 @@ type replica struct {
 }
 
 func newReplica(t *testing.T, cs kubernetes.Interface, start time.Time) *replica {
-	r := &replica{out: relay.NewOutputs(start), store: started(t, cs)}
+	r := &replica{out: server.NewOutputs(start), store: started(t, cs)}
 	r.store.OnChange(r.out.HeadChanged)
 	r.out.UseHeads(r.store.Head)
 	r.writer = heads.NewWriter(r.store, r.out, nil)

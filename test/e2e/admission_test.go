@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/examples"
-	"github.com/relaymesh/relaymesh/relay"
+	relayserver "github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -57,7 +57,7 @@ func TestAdmission(t *testing.T) {
 	mgmtDyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
 	Eventually(t, 60*time.Second, "cluster-1 discovered", func() (bool, string) {
-		l, err := mgmtDyn.Resource(relay.DestinationsResource).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
+		l, err := mgmtDyn.Resource(relayserver.DestinationsResource).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
 		return err == nil && len(l.Items) == 2, fmt.Sprint(err)
 	})
 

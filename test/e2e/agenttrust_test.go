@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/ca/catest"
-	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	relayserver "github.com/relaymesh/relaymesh/server"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -64,7 +64,7 @@ func TestAgentTrust(t *testing.T) {
 
 	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
-	clusters := dyn.Resource(relay.KubernetesClusters).Namespace("relaymesh")
+	clusters := dyn.Resource(relayserver.KubernetesClusters).Namespace("relaymesh")
 	for _, name := range []string{"cluster-1", "cluster-2"} {
 		want := "spiffe://relaymesh.local/cluster/" + name + "/agent"
 		Eventually(t, 30*time.Second, name+" connected", func() (bool, string) {
@@ -105,7 +105,7 @@ func TestAgentTrust(t *testing.T) {
 		_, err = cs.CoreV1().Secrets("relaymesh").Get(ctx, "relay-identity-token-secret", metav1.GetOptions{})
 		assert.True(t, apierrors.IsNotFound(err), "the used token is removed from the workload cluster")
 	}
-	connected, err := Metric("http://"+opsAddr+"/metrics", relay.MetricConnectedAgents)
+	connected, err := Metric("http://"+opsAddr+"/metrics", relayserver.MetricConnectedAgents)
 	require.NoError(t, err)
 	assert.Equal(t, float64(2), connected)
 
@@ -119,7 +119,7 @@ func TestAgentTrust(t *testing.T) {
 	require.NoError(t, err)
 	start := time.Now()
 	Eventually(t, time.Second, "cluster-2's session closed within 1s", func() (bool, string) {
-		n, err := Metric("http://"+opsAddr+"/metrics", relay.MetricConnectedAgents)
+		n, err := Metric("http://"+opsAddr+"/metrics", relayserver.MetricConnectedAgents)
 		return err == nil && n == 1, fmt.Sprint(n, err)
 	})
 	t.Logf("cluster-2's session closed %s after deregistration", time.Since(start).Round(time.Millisecond))

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/examples"
-	"github.com/relaymesh/relaymesh/relay"
+	relayserver "github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -62,23 +62,23 @@ func TestDataPath(t *testing.T) {
 		return err == nil
 	}
 	count := func(gvr schema.GroupVersionResource, cluster string) int {
-		l, err := dyn.Resource(gvr).Namespace("relaymesh").List(ctx, metav1.ListOptions{LabelSelector: relay.LabelCluster + "=" + cluster})
+		l, err := dyn.Resource(gvr).Namespace("relaymesh").List(ctx, metav1.ListOptions{LabelSelector: relayserver.LabelCluster + "=" + cluster})
 		require.NoError(t, err)
 		return len(l.Items)
 	}
 	for _, c := range []string{"cluster-1", "cluster-2"} {
 		Eventually(t, 60*time.Second, "discovered objects of "+c, func() (bool, string) {
-			ok := exists(relay.MeshesResource, meshName(c)) &&
-				exists(relay.WorkloadsResource, deploymentName(c, "bookinfo", "reviews-v1")) && exists(relay.WorkloadsResource, deploymentName(c, "bookinfo", "reviews-v2")) &&
-				exists(relay.WorkloadsResource, deploymentName(c, "bookinfo", "productpage-v1")) &&
-				exists(relay.DestinationsResource, serviceName(c, "bookinfo", "reviews")) && exists(relay.DestinationsResource, serviceName(c, "bookinfo", "productpage"))
-			return ok, fmt.Sprint(count(relay.MeshesResource, c), count(relay.WorkloadsResource, c), count(relay.DestinationsResource, c))
+			ok := exists(relayserver.MeshesResource, meshName(c)) &&
+				exists(relayserver.WorkloadsResource, deploymentName(c, "bookinfo", "reviews-v1")) && exists(relayserver.WorkloadsResource, deploymentName(c, "bookinfo", "reviews-v2")) &&
+				exists(relayserver.WorkloadsResource, deploymentName(c, "bookinfo", "productpage-v1")) &&
+				exists(relayserver.DestinationsResource, serviceName(c, "bookinfo", "reviews")) && exists(relayserver.DestinationsResource, serviceName(c, "bookinfo", "productpage"))
+			return ok, fmt.Sprint(count(relayserver.MeshesResource, c), count(relayserver.WorkloadsResource, c), count(relayserver.DestinationsResource, c))
 		})
 	}
-	dest, err := dyn.Resource(relay.DestinationsResource).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "reviews"), metav1.GetOptions{})
+	dest, err := dyn.Resource(relayserver.DestinationsResource).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "reviews"), metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, []any{"v1", "v2"}, dest.Object["spec"].(map[string]any)["kubeService"].(map[string]any)["subsets"].(map[string]any)["version"])
-	mesh, err := dyn.Resource(relay.MeshesResource).Namespace("relaymesh").Get(ctx, meshName("cluster-2"), metav1.GetOptions{})
+	mesh, err := dyn.Resource(relayserver.MeshesResource).Namespace("relaymesh").Get(ctx, meshName("cluster-2"), metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, "cluster-2.local", mesh.Object["spec"].(map[string]any)["istio"].(map[string]any)["trustDomain"])
 
@@ -93,13 +93,13 @@ func TestDataPath(t *testing.T) {
 	require.NoError(t, err)
 	start := time.Now()
 	Eventually(t, 2*time.Second, "the new Service's Destination within 2s", func() (bool, string) {
-		return exists(relay.DestinationsResource, serviceName("cluster-1", "bookinfo", "reviews-canary")), ""
+		return exists(relayserver.DestinationsResource, serviceName("cluster-1", "bookinfo", "reviews-canary")), ""
 	})
 	t.Logf("a Service created in cluster-1 appeared in mgmt after %s", time.Since(start).Round(time.Millisecond))
 	require.NoError(t, c1CS.CoreV1().Services("bookinfo").Delete(ctx, "reviews-canary", metav1.DeleteOptions{}))
 	start = time.Now()
 	Eventually(t, 2*time.Second, "the deleted Service's Destination gone within 2s", func() (bool, string) {
-		return !exists(relay.DestinationsResource, serviceName("cluster-1", "bookinfo", "reviews-canary")), ""
+		return !exists(relayserver.DestinationsResource, serviceName("cluster-1", "bookinfo", "reviews-canary")), ""
 	})
 	t.Logf("a Service deleted in cluster-1 disappeared from mgmt after %s", time.Since(start).Round(time.Millisecond))
 
@@ -142,7 +142,7 @@ spec: {hosts: [ratings], http: [{route: [{destination: {host: ratings}}]}]}
 		return err == nil && vs.GetLabels()["relaymesh.io/owner"] == "relaymesh-agent" && vs.GetAnnotations()["relaymesh.io/parents"] == "VirtualService/relaymesh/reviews-route", fmt.Sprint(err)
 	})
 	Eventually(t, 10*time.Second, "the conflict reported", func() (bool, string) {
-		n, err := MetricWith("http://"+opsAddr+"/metrics", relay.MetricApplyResults, `outcome="conflict"`)
+		n, err := MetricWith("http://"+opsAddr+"/metrics", relayserver.MetricApplyResults, `outcome="conflict"`)
 		return err == nil && n >= 1, fmt.Sprint(n, err)
 	})
 	after, err := c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "user-owned", metav1.GetOptions{})
@@ -193,7 +193,7 @@ spec: {hosts: [productpage], http: [{route: [{destination: {host: productpage}}]
 	})
 	uids := func() map[string]string {
 		out := map[string]string{}
-		for _, gvr := range []schema.GroupVersionResource{relay.MeshesResource, relay.WorkloadsResource, relay.DestinationsResource} {
+		for _, gvr := range []schema.GroupVersionResource{relayserver.MeshesResource, relayserver.WorkloadsResource, relayserver.DestinationsResource} {
 			l, err := dyn.Resource(gvr).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
 			require.NoError(t, err)
 			for _, o := range l.Items {
@@ -213,7 +213,7 @@ spec: {hosts: [productpage], http: [{route: [{destination: {host: productpage}}]
 	waitHealthy(t, opsAddr)
 	start = time.Now()
 	Eventually(t, 45*time.Second, "the view rebuilt after the restart", func() (bool, string) {
-		return exists(relay.DestinationsResource, serviceName("cluster-1", "bookinfo", "while-down")), ""
+		return exists(relayserver.DestinationsResource, serviceName("cluster-1", "bookinfo", "while-down")), ""
 	})
 	t.Logf("after a server restart, a change made while it was down arrived %s after it came back", time.Since(start).Round(time.Millisecond))
 	restarted := uids()
@@ -258,7 +258,7 @@ spec: {hosts: [productpage], http: [{route: [{destination: {host: productpage}}]
 	t.Logf("standby took over %s after the leader was killed (lease 4s)", time.Since(start).Round(time.Millisecond))
 	require.NoError(t, c1CS.CoreV1().Services("bookinfo").Delete(ctx, "while-down", metav1.DeleteOptions{}))
 	Eventually(t, 5*time.Second, "changes flow through the new leader", func() (bool, string) {
-		return !exists(relay.DestinationsResource, serviceName("cluster-1", "bookinfo", "while-down")), ""
+		return !exists(relayserver.DestinationsResource, serviceName("cluster-1", "bookinfo", "while-down")), ""
 	})
 }
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/examples"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,7 +38,7 @@ func TestKubeconfigMode(t *testing.T) {
 	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
 	destination := func() bool {
-		_, err := dyn.Resource(relay.DestinationsResource).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "reviews"), metav1.GetOptions{})
+		_, err := dyn.Resource(server.DestinationsResource).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "reviews"), metav1.GetOptions{})
 		return err == nil
 	}
 
@@ -102,6 +102,6 @@ spec:
 	_, err = Run(t, bin, "cluster", "deregister", "cluster-1", "--mgmt-kubeconfig", mgmt.Kubeconfig)
 	require.NoError(t, err)
 	Eventually(t, 20*time.Second, "discovered objects removed after deregistration", func() (bool, string) { return !destination(), "" })
-	_, err = mgmtCS.CoreV1().Secrets("relaymesh").Get(ctx, relay.KubeconfigSecretName("cluster-1"), metav1.GetOptions{})
+	_, err = mgmtCS.CoreV1().Secrets("relaymesh").Get(ctx, server.KubeconfigSecretName("cluster-1"), metav1.GetOptions{})
 	assert.Error(t, err, "the held kubeconfig is deleted on deregistration")
 }

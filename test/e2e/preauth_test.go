@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/ca"
-	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -68,7 +68,7 @@ func TestPreAuthAgainstTheServerProcess(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := relaytest.DialRaw(t, relayAddr, serverOnly, fmt.Sprintf("127.0.1.%d", i+1))
+			r, err := servertest.DialRaw(t, relayAddr, serverOnly, fmt.Sprintf("127.0.1.%d", i+1))
 			if err != nil {
 				mu.Lock()
 				statuses["dial: "+err.Error()]++
@@ -83,7 +83,7 @@ func TestPreAuthAgainstTheServerProcess(t *testing.T) {
 				}
 				// The length prefix, and as much of the body as the
 				// connection's flow-control window lets two streams send.
-				_ = r.Data(id, relaytest.GRPCHeader(4<<20), false)
+				_ = r.Data(id, servertest.GRPCHeader(4<<20), false)
 				_ = r.Data(id, chunk, false)
 				ids = append(ids, id)
 			}
@@ -109,7 +109,7 @@ func TestPreAuthAgainstTheServerProcess(t *testing.T) {
 	// even admitted.
 	admitted := 0
 	for range 40 {
-		r, err := relaytest.DialRaw(t, relayAddr, serverOnly, "127.0.2.1")
+		r, err := servertest.DialRaw(t, relayAddr, serverOnly, "127.0.2.1")
 		if err == nil && !r.IsClosed(50*time.Millisecond) {
 			admitted++
 		}
@@ -122,7 +122,7 @@ func TestPreAuthAgainstTheServerProcess(t *testing.T) {
 	start := time.Now()
 	var streams, conns, refusedConns int
 	for time.Since(start) < 3*time.Second {
-		r, err := relaytest.DialRaw(t, relayAddr, serverOnly, "127.0.3.1")
+		r, err := servertest.DialRaw(t, relayAddr, serverOnly, "127.0.3.1")
 		if err != nil {
 			refusedConns++
 			continue

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/examples"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -45,7 +45,7 @@ func TestTranslation(t *testing.T) {
 	mgmtDyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
 	Eventually(t, 60*time.Second, "both clusters discovered", func() (bool, string) {
-		l, err := mgmtDyn.Resource(relay.DestinationsResource).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
+		l, err := mgmtDyn.Resource(server.DestinationsResource).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
 		return err == nil && len(l.Items) == 4, fmt.Sprint(err)
 	})
 

@@ -16,9 +16,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/relaymesh/relaymesh/agent"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/backoff"
-	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.step.sm/crypto/keyutil"
@@ -31,7 +31,7 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// The real agent's timings (identity.Manager and relay.Session defaults).
+// The real agent's timings (identity.Manager and agent.Session defaults).
 const (
 	defaultPingInterval = 10 * time.Second
 	defaultCallTimeout  = 15 * time.Second
@@ -77,7 +77,7 @@ type AgentConfig struct {
 	// KeepOutputs is how many received output sets State remembers
 	// (without their objects); default 16.
 	KeepOutputs int
-	// SendOversized sends snapshots larger than relay.MaxSnapshotBytes,
+	// SendOversized sends snapshots larger than agent.MaxSnapshotBytes,
 	// which the real agent refuses to send: for tests of the server's own
 	// limit.
 	SendOversized bool
@@ -613,7 +613,7 @@ func (c *trackedConn) Close() error {
 }
 
 // session holds one relay session on one connection: Connect with Hello and
-// pings, Push and Pull, as relay.Session does.
+// pings, Push and Pull, as agent.Session does.
 func (a *Agent) session(ctx context.Context, server string) error {
 	tlsCfg := &tls.Config{
 		MinVersion: tls.VersionTLS13, RootCAs: a.cfg.Roots, ServerName: a.serverName(server),
@@ -699,7 +699,7 @@ func (a *Agent) session(ctx context.Context, server string) error {
 }
 
 // push sends the snapshot at once and whenever it changes; a refused one is
-// sent again after a second, as relay.Session does.
+// sent again after a second, as agent.Session does.
 func (a *Agent) push(ctx context.Context, c relaypb.DiscoveryClient) error {
 	stream, err := c.Push(ctx)
 	if err != nil {
@@ -729,9 +729,9 @@ func (a *Agent) push(ctx context.Context, c relaypb.DiscoveryClient) error {
 		if snap == nil || snap.GetHash() == sent {
 			return nil
 		}
-		if n := proto.Size(snap); n > relay.MaxSnapshotBytes && !a.cfg.SendOversized {
+		if n := proto.Size(snap); n > agent.MaxSnapshotBytes && !a.cfg.SendOversized {
 			a.mu.Lock()
-			a.state.PushError = fmt.Sprintf("snapshot of %d bytes exceeds the %d-byte limit; not sent", n, relay.MaxSnapshotBytes)
+			a.state.PushError = fmt.Sprintf("snapshot of %d bytes exceeds the %d-byte limit; not sent", n, agent.MaxSnapshotBytes)
 			a.mu.Unlock()
 			sent = snap.GetHash()
 			return nil
@@ -790,7 +790,7 @@ func (a *Agent) push(ctx context.Context, c relaypb.DiscoveryClient) error {
 // pull acknowledges every output set with per-object results, as the real
 // agent does after applying it.
 func (a *Agent) pull(ctx context.Context, c relaypb.DiscoveryClient, server string) error {
-	stream, err := c.Pull(ctx, grpc.MaxCallRecvMsgSize(relay.MaxOutputBytes))
+	stream, err := c.Pull(ctx, grpc.MaxCallRecvMsgSize(agent.MaxOutputBytes))
 	if err != nil {
 		return err
 	}

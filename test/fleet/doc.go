@@ -18,7 +18,7 @@
 //     clock, Welcome, a ping every 10 s), a Discovery.Push stream with a snapshot built by
 //     discovery.Build (so its hash is discovery.Hash) and a Discovery.Pull
 //     stream on which every output set is acknowledged with per-object
-//     results (applied, unchanged, pruned), as relay.Session does;
+//     results (applied, unchanged, pruned), as agent.Session does;
 //   - reconnection with the session backoff (1 s to 30 s) to the next server
 //     of its list, keeping the output version it last acknowledged.
 //

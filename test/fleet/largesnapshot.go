@@ -11,10 +11,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/relaymesh/relaymesh/agent"
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/internal/backoff"
-	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
 	"go.step.sm/crypto/pemutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -22,7 +23,7 @@ import (
 )
 
 // LargeSnapshotConfig pushes one large cluster's snapshot through a real
-// server process, with the agent's own session code (relay.Session: parts
+// server process, with the agent's own session code (agent.Session: parts
 // of a chunked push).
 type LargeSnapshotConfig struct {
 	Options
@@ -118,7 +119,7 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 	}()
 
 	src := &settableSource{snap: snaps[0], asked: map[string]time.Time{}, changes: make(chan struct{}, 1)}
-	sess, err := relay.NewSession(relay.SessionConfig{ServerAddress: srv.Addr, Version: "fleet", Snapshots: src,
+	sess, err := agent.NewSession(agent.SessionConfig{ServerAddress: srv.Addr, Version: "fleet", Snapshots: src,
 		TLS: func() (*tls.Config, error) {
 			c := serverOnly.Clone()
 			c.Certificates = []tls.Certificate{cert}
@@ -171,10 +172,10 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 	if err != nil {
 		return nil, err
 	}
-	r.ReservedAfter = m.Sum(relay.MetricSnapshotAssembly)
+	r.ReservedAfter = m.Sum(server.MetricSnapshotAssembly)
 	r.Refused = map[string]float64{}
 	for _, reason := range []string{"invalid", "rate_limited", "framing", "too_large", "deadline", "memory", "cluster_busy"} {
-		if v := m.Sum(relay.MetricSnapshotsRefused, `reason="`+reason+`"`); v > 0 {
+		if v := m.Sum(server.MetricSnapshotsRefused, `reason="`+reason+`"`); v > 0 {
 			r.Refused[reason] = v
 		}
 	}
@@ -223,7 +224,7 @@ func bootstrapOnce(ctx context.Context, addr string, serverOnly *tls.Config, roo
 	return pair, nil
 }
 
-// settableSource is a relay.SnapshotSource whose snapshot the scenario
+// settableSource is a agent.SnapshotSource whose snapshot the scenario
 // sets; it records when the session first took each one.
 type settableSource struct {
 	mu      sync.Mutex

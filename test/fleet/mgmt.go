@@ -12,7 +12,7 @@ import (
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/identity"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -90,7 +90,7 @@ func (m *Management) Register(ctx context.Context, names []string, tokenTTL time
 	if err != nil {
 		return nil, err
 	}
-	clusters := m.Dynamic.Resource(relay.KubernetesClusters).Namespace(m.Namespace)
+	clusters := m.Dynamic.Resource(server.KubernetesClusters).Namespace(m.Namespace)
 	members := make([]Member, len(names))
 	err = parallelDo(ctx, len(names), parallel, func(ctx context.Context, i int) error {
 		name := names[i]
@@ -145,7 +145,7 @@ func (m *Management) Deregister(ctx context.Context, names []string, parallel in
 	if err != nil {
 		return err
 	}
-	clusters := m.Dynamic.Resource(relay.KubernetesClusters).Namespace(m.Namespace)
+	clusters := m.Dynamic.Resource(server.KubernetesClusters).Namespace(m.Namespace)
 	return parallelDo(ctx, len(names), parallel, func(ctx context.Context, i int) error {
 		if err := clusters.Delete(ctx, names[i], metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete KubernetesCluster %s: %w", names[i], err)
@@ -198,7 +198,7 @@ type ClusterStatus struct {
 // ClusterStatuses reads the status of every KubernetesCluster of the
 // namespace, by name.
 func (m *Management) ClusterStatuses(ctx context.Context) (map[string]ClusterStatus, error) {
-	list, err := m.Dynamic.Resource(relay.KubernetesClusters).Namespace(m.Namespace).List(ctx, metav1.ListOptions{})
+	list, err := m.Dynamic.Resource(server.KubernetesClusters).Namespace(m.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -222,19 +222,19 @@ func (m *Management) ClusterStatuses(ctx context.Context) (map[string]ClusterSta
 }
 
 // DiscoveredKinds are the kinds the server mirrors from snapshots.
-var DiscoveredKinds = []schema.GroupVersionResource{relay.MeshesResource, relay.WorkloadsResource, relay.DestinationsResource}
+var DiscoveredKinds = []schema.GroupVersionResource{server.MeshesResource, server.WorkloadsResource, server.DestinationsResource}
 
 // DiscoveredObjects counts the Mesh, Workload and Destination objects of the
 // namespace whose cluster label is one of clusters (nil: any).
 func (m *Management) DiscoveredObjects(ctx context.Context, clusters map[string]bool) (int, error) {
 	n := 0
 	for _, gvr := range DiscoveredKinds {
-		list, err := m.Dynamic.Resource(gvr).Namespace(m.Namespace).List(ctx, metav1.ListOptions{LabelSelector: relay.LabelCluster})
+		list, err := m.Dynamic.Resource(gvr).Namespace(m.Namespace).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster})
 		if err != nil {
 			return 0, fmt.Errorf("list %s: %w", gvr.Resource, err)
 		}
 		for _, o := range list.Items {
-			if clusters == nil || clusters[o.GetLabels()[relay.LabelCluster]] {
+			if clusters == nil || clusters[o.GetLabels()[server.LabelCluster]] {
 				n++
 			}
 		}

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/agent"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -119,7 +119,7 @@ func SnapshotLimit(ctx context.Context, cfg SnapshotLimitConfig) (*SnapshotLimit
 	if _, err := wait(a.currentSnapshot().GetHash()); err != nil {
 		return nil, err
 	}
-	r := &SnapshotLimitResult{Limit: relay.MaxSnapshotBytes}
+	r := &SnapshotLimitResult{Limit: agent.MaxSnapshotBytes}
 	var over *relaypb.Snapshot
 	for i, sh := range shapes {
 		size := func(n int) int { return proto.Size(sh.snapshot(cluster, n)) }

@@ -29,7 +29,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/examples"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/e2e"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 )
@@ -44,12 +44,12 @@ var (
 	gvrTraffic      = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"}
 	gvrAccess       = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"}
 	gvrVirtualDest  = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualdestinations"}
-	gvrClusters     = relay.KubernetesClusters
-	gvrMeshes       = relay.MeshesResource
-	gvrWorkloads    = relay.WorkloadsResource
-	gvrDestinations = relay.DestinationsResource
+	gvrClusters     = server.KubernetesClusters
+	gvrMeshes       = server.MeshesResource
+	gvrWorkloads    = server.WorkloadsResource
+	gvrDestinations = server.DestinationsResource
 	// istioKinds are what the agents apply (apply.DefaultKinds, as resources).
-	istioKinds = relay.PassthroughKinds
+	istioKinds = server.PassthroughKinds
 )
 
 // Values the job installs the charts with: the server's certificate names

@@ -41,7 +41,7 @@ type Publisher interface {
 }
 
 // Acks tells which output set each cluster's agent applied last, and with
-// what result per object (relay.View).
+// what result per object (server.View).
 type Acks interface {
 	Ack(cluster string) *relaypb.PullAck
 	OnAck(func(cluster string))

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
-	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/stretchr/testify/assert"
@@ -66,7 +66,7 @@ func TestOnlyTheLeaderWritesStatus(t *testing.T) {
 		}
 		client, err := dynamic.NewForConfig(cfg)
 		require.NoError(t, err)
-		r.ctl, err = controller.Start(ctx, controller.Config{Client: client, Namespace: ns, Outputs: relay.NewOutputs(time.Now()),
+		r.ctl, err = controller.Start(ctx, controller.Config{Client: client, Namespace: ns, Outputs: server.NewOutputs(time.Now()),
 			Clusters: func() []string { return []string{"c1"} }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Leading: r.lead.Load})
 		require.NoError(t, err)
 		return r

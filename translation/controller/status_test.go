@@ -13,8 +13,8 @@ import (
 	"time"
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
-	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/fleet"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation/controller"
@@ -60,7 +60,7 @@ func TestPolicyStatusAtFleetScale(t *testing.T) {
 		names[i] = fmt.Sprintf("c%04d", i)
 	}
 	start := time.Now()
-	work := make(chan relay.DiscoveredObject)
+	work := make(chan server.DiscoveredObject)
 	var wg sync.WaitGroup
 	for range 32 {
 		wg.Add(1)
@@ -73,10 +73,10 @@ func TestPolicyStatusAtFleetScale(t *testing.T) {
 		}()
 	}
 	for _, name := range names {
-		objs, err := relay.DiscoveredObjects(fleet.SnapshotSpec{}.Snapshot(name), ns)
+		objs, err := server.DiscoveredObjects(fleet.SnapshotSpec{}.Snapshot(name), ns)
 		require.NoError(t, err)
 		for _, o := range objs {
-			if o.Resource != relay.MeshesResource {
+			if o.Resource != server.MeshesResource {
 				work <- o
 			}
 		}
@@ -105,7 +105,7 @@ func TestPolicyStatusAtFleetScale(t *testing.T) {
 	}
 	client, err := dynamic.NewForConfig(ccfg)
 	require.NoError(t, err)
-	view, outputs := relay.NewView(), relay.NewOutputs(time.Now())
+	view, outputs := server.NewView(), server.NewOutputs(time.Now())
 	_, err = controller.Start(ctx, controller.Config{Client: client, Namespace: ns, Outputs: outputs, Acks: view,
 		Clusters: func() []string { return names }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)

@@ -1,0 +1,649 @@
+package agent
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"github.com/relaymesh/relaymesh/internal/dialer"
+	"github.com/relaymesh/relaymesh/internal/text"
+	"hash"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/relaymesh/relaymesh/internal/backoff"
+	"github.com/relaymesh/relaymesh/relay"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// SessionConfig configures an agent's session with the server.
+type SessionConfig struct {
+	// ServerAddress is host:port of the relay server, or a comma-separated
+	// list of its replicas' (each session starts at a random one; the TLS
+	// configuration must then name the server).
+	ServerAddress string
+	// TLS returns the mTLS client config (pinned roots, newest certificate).
+	TLS func() (*tls.Config, error)
+	// Version is sent in Hello.
+	Version string
+	// PingInterval between keepalive pings; default 10s.
+	PingInterval time.Duration
+	// Retry bounds reconnect backoff; default 1s..30s with jitter.
+	Retry backoff.Policy
+	// Snapshots, if set, are pushed to the server (Discovery.Push) on every
+	// change of their hash and once per connection.
+	Snapshots SnapshotSource
+	// Applier, if set, applies the output sets the server sends
+	// (Discovery.Pull) and the session acks them.
+	Applier OutputApplier
+	// Trust, when set, keeps the mesh CAs output sets ask for, signing
+	// through this session's connection.
+	Trust TrustApplier
+	// OnRefused is called when the server refuses the agent's certificate
+	// (PermissionDenied or Unauthenticated), so the credential manager can
+	// drop it; optional.
+	OnRefused func(error)
+	Logger    *slog.Logger
+	// Clock is the agent's clock, whose time Hello reports; default time.Now.
+	Clock func() time.Time
+}
+
+// SnapshotSource is the agent's discovery.
+type SnapshotSource interface {
+	Snapshot() (*relaypb.Snapshot, error)
+	Changes() <-chan struct{}
+}
+
+// OutputApplier makes the cluster match an output set.
+type OutputApplier interface {
+	Apply(ctx context.Context, set *relaypb.OutputSet) ([]*relaypb.ObjectResult, error)
+}
+
+// TrustApplier keeps the mesh CAs an output set asks for (trust.Agent). It
+// returns one result per CA and when to run again (renewal; zero: never).
+type TrustApplier interface {
+	Apply(ctx context.Context, set *relaypb.OutputSet, sign func(context.Context, *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error)) ([]*relaypb.ObjectResult, time.Time)
+}
+
+// SessionState is what the agent knows about its session.
+type SessionState struct {
+	Connected  bool      `json:"connected"`
+	Cluster    string    `json:"cluster,omitempty"`
+	SPIFFEID   string    `json:"spiffeID,omitempty"`
+	Since      time.Time `json:"since,omitzero"`
+	Reconnects int64     `json:"reconnects"`
+	LastError  string    `json:"lastError,omitempty"`
+	// PushedHash is the hash of the last snapshot the server accepted;
+	// PushError why the last one was refused.
+	PushedHash string `json:"pushedHash,omitempty"`
+	PushError  string `json:"pushError,omitempty"`
+	// AppliedVersion is the last output version applied; Outcomes counts
+	// its per-object results.
+	AppliedVersion uint64         `json:"appliedVersion,omitempty"`
+	Outcomes       map[string]int `json:"outcomes,omitempty"`
+}
+
+// Session keeps one relay session open, reconnecting with backoff.
+type Session struct {
+	cfg        SessionConfig
+	addrs      []string // the parsed ServerAddress
+	log        *slog.Logger
+	mu         sync.RWMutex
+	state      SessionState
+	reconnects atomic.Int64
+}
+
+// NewSession validates cfg.
+func NewSession(cfg SessionConfig) (*Session, error) {
+	if cfg.ServerAddress == "" || cfg.TLS == nil {
+		return nil, errors.New("relay session: serverAddress and tls are required")
+	}
+	addrs, err := dialer.Parse(cfg.ServerAddress)
+	if err != nil {
+		return nil, fmt.Errorf("relay session: %w", err)
+	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = 10 * time.Second
+	}
+	if cfg.Retry.Min == 0 {
+		cfg.Retry = backoff.Policy{Min: time.Second, Max: 30 * time.Second}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Session{cfg: cfg, addrs: addrs, log: cfg.Logger.With("component", "relay-session")}, nil
+}
+
+// State returns the session state.
+func (s *Session) State() SessionState {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	st := s.state
+	st.Reconnects = s.reconnects.Load()
+	return st
+}
+
+// Run holds the session until ctx ends.
+func (s *Session) Run(ctx context.Context) error {
+	attempt := 0
+	for {
+		start := time.Now()
+		err := s.once(ctx)
+		s.mu.Lock()
+		s.state.Connected = false
+		if err != nil {
+			s.state.LastError = err.Error()
+		}
+		s.mu.Unlock()
+		if c := status.Code(err); (c == codes.PermissionDenied || c == codes.Unauthenticated) && s.cfg.OnRefused != nil {
+			s.cfg.OnRefused(err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Since(start) > time.Minute {
+			attempt = 0 // a long session resets the backoff
+		}
+		delay := s.cfg.Retry.Delay(attempt)
+		attempt++
+		s.reconnects.Add(1)
+		s.log.Warn("relay session ended; reconnecting", "error", err, "retry_in", delay.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+func (s *Session) once(ctx context.Context) error {
+	tlsCfg, err := s.cfg.TLS()
+	if err != nil {
+		return err
+	}
+	conn, err := dialer.Dial(s.addrs, tlsCfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := relaypb.NewRelayClient(conn).Connect(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: s.cfg.Version, AgentTimeUnixNano: s.now().UnixNano()}}}); err != nil {
+		return err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	w := first.GetWelcome()
+	if w == nil {
+		return errors.New("server did not answer Hello with Welcome")
+	}
+	s.mu.Lock()
+	prev := s.state
+	s.state = SessionState{Connected: true, Cluster: w.GetCluster(), SPIFFEID: w.GetSpiffeId(), Since: time.Now(),
+		AppliedVersion: prev.AppliedVersion, Outcomes: prev.Outcomes}
+	s.mu.Unlock()
+	s.log.Info("relay session open", "cluster", w.GetCluster(), "spiffe_id", w.GetSpiffeId())
+
+	errc := make(chan error, 3)
+	go func() {
+		for {
+			if _, err := stream.Recv(); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	disc := relaypb.NewDiscoveryClient(conn)
+	if s.cfg.Snapshots != nil {
+		go func() { errc <- s.push(ctx, disc) }()
+	}
+	if s.cfg.Applier != nil {
+		go func() { errc <- s.pull(ctx, disc, conn) }()
+	}
+	tick := time.NewTicker(s.cfg.PingInterval)
+	defer tick.Stop()
+	var nonce int64
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			nonce++
+			if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Ping{Ping: &relaypb.Ping{Nonce: nonce}}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// push keeps the server's view of the cluster current: it sends the
+// current snapshot at once (every connection starts the server's view
+// afresh) and then each time its hash changes, in parts (PushChunked), or
+// whole (Push, up to MaxSnapshotBytes) to a server that does not know
+// PushChunked. A stream the server refused (framing, deadline, no room or
+// rate: InvalidArgument, DeadlineExceeded, ResourceExhausted) is opened
+// again after a backoff pause, and the rest of the session goes on; other
+// errors end the session.
+func (s *Session) push(ctx context.Context, c relaypb.DiscoveryClient) error {
+	chunked := true
+	attempt := 0
+	for {
+		accepted, err := s.pushStream(ctx, c, chunked)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if accepted {
+			attempt = 0
+		}
+		switch status.Code(err) {
+		case codes.Unimplemented:
+			if !chunked {
+				return fmt.Errorf("push stream: %w", err)
+			}
+			chunked = false
+			s.log.Info("the server does not know chunked pushes; sending snapshots whole", "limit", MaxSnapshotBytes)
+			continue
+		case codes.InvalidArgument, codes.DeadlineExceeded, codes.ResourceExhausted:
+		default:
+			return fmt.Errorf("push stream: %w", err)
+		}
+		delay := s.cfg.Retry.Delay(attempt)
+		attempt++
+		s.mu.Lock()
+		s.state.PushError = status.Convert(err).Message()
+		s.mu.Unlock()
+		s.log.Warn("server refused the snapshot stream; opening a new one", "error", err, "retry_in", delay.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// pushStream runs one Push or PushChunked stream until it fails; accepted
+// reports whether the server accepted a snapshot on it.
+func (s *Session) pushStream(ctx context.Context, c relaypb.DiscoveryClient, chunked bool) (accepted bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var send func(*relaypb.Snapshot) (string, error)
+	var recv func() (*relaypb.PushAck, error)
+	if chunked {
+		stream, err := c.PushChunked(ctx)
+		if err != nil {
+			return false, err
+		}
+		send, recv = func(snap *relaypb.Snapshot) (string, error) { return s.sendChunked(stream, snap) }, stream.Recv
+	} else {
+		stream, err := c.Push(ctx)
+		if err != nil {
+			return false, err
+		}
+		send = func(snap *relaypb.Snapshot) (string, error) {
+			if n := proto.Size(snap); n > MaxSnapshotBytes {
+				return "", fmt.Errorf("%w: snapshot of %d bytes exceeds the %d-byte limit of servers without chunked pushes; the server keeps the last accepted one", errTooLarge, n, MaxSnapshotBytes)
+			}
+			return snap.GetHash(), stream.Send(snap)
+		}
+		recv = stream.Recv
+	}
+	acks := make(chan *relaypb.PushAck)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			ack, err := recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case acks <- ack:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	// sent is the hash of the snapshot last sent (or found too large), as
+	// its source has it; wire the hash its ack carries.
+	var sent, wire string
+	var retry <-chan time.Time
+	onAck := func(ack *relaypb.PushAck) {
+		s.mu.Lock()
+		if ack.GetAccepted() {
+			accepted = true
+			s.state.PushedHash, s.state.PushError = ack.GetHash(), ""
+		} else {
+			s.state.PushError = ack.GetError()
+		}
+		s.mu.Unlock()
+		if !ack.GetAccepted() && ack.GetHash() == truncateHash(wire) {
+			// The server keeps the last accepted snapshot; send the
+			// current one again after a pause (a refusal for rate is
+			// transient, and the view must not stay stale).
+			s.log.Warn("server refused a snapshot; will send again", "error", ack.GetError())
+			sent = ""
+			retry = time.After(snapshotRetry)
+		}
+	}
+	sendIfChanged := func() error {
+		snap, err := s.cfg.Snapshots.Snapshot()
+		if err != nil {
+			return fmt.Errorf("build snapshot: %w", err)
+		}
+		if snap.GetHash() == sent {
+			return nil
+		}
+		h, err := send(snap)
+		if errors.Is(err, errTooLarge) {
+			// Sending it would only end the stream; say so and keep the
+			// rest of the session (Pull, Connect) working.
+			s.mu.Lock()
+			s.state.PushError = err.Error()
+			s.mu.Unlock()
+			s.log.Error("snapshot too large to push", "error", err)
+			sent = snap.GetHash()
+			return nil
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				// The server ended the stream; its status says why.
+				for {
+					select {
+					case ack := <-acks:
+						onAck(ack)
+						continue
+					case err = <-recvErr:
+					case <-ctx.Done():
+						err = ctx.Err()
+					}
+					break
+				}
+			}
+			return err
+		}
+		sent, wire = snap.GetHash(), h
+		return nil
+	}
+	if err := sendIfChanged(); err != nil {
+		return accepted, err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return accepted, ctx.Err()
+		case err := <-recvErr:
+			return accepted, err
+		case <-s.cfg.Snapshots.Changes():
+			if err := sendIfChanged(); err != nil {
+				return accepted, err
+			}
+		case <-retry:
+			retry = nil
+			if err := sendIfChanged(); err != nil {
+				return accepted, err
+			}
+		case ack := <-acks:
+			onAck(ack)
+		}
+	}
+}
+
+// errTooLarge: the agent does not send a snapshot over the limit.
+var errTooLarge = errors.New("snapshot too large")
+
+// chunkSender is the sending side of a PushChunked stream.
+type chunkSender interface {
+	Send(*relaypb.SnapshotChunk) error
+}
+
+// sendChunked sends snap as a header, parts of MaxSnapshotPartBytes and an
+// end. The parts carry the deterministic encoding of snap without its hash
+// — what discovery.Hash hashes, so the header names snap's own hash — and
+// are encoded object by object while the first ones travel, so the server
+// decodes while the agent encodes. It returns the hash the server's ack
+// will carry.
+func (s *Session) sendChunked(stream chunkSender, snap *relaypb.Snapshot) (string, error) {
+	c := relay.WithoutHash(snap)
+	hash := snap.GetHash()
+	if !relay.IsHexSHA256(hash) {
+		// Not a snapshot of discovery.Build: hash it first.
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+		if err != nil {
+			return "", fmt.Errorf("encode snapshot: %w", err)
+		}
+		sum := sha256.Sum256(b)
+		hash = hex.EncodeToString(sum[:])
+	}
+	// Size caches the size of every message, which the encoding below
+	// reuses instead of computing it again.
+	size := proto.Size(c)
+	if size > MaxChunkedSnapshotBytes {
+		return "", fmt.Errorf("%w: snapshot of %d bytes exceeds the %d-byte limit; the server keeps the last accepted one", errTooLarge, size, MaxChunkedSnapshotBytes)
+	}
+	parts := (size + relay.MaxSnapshotPartBytes - 1) / relay.MaxSnapshotPartBytes
+	if err := stream.Send(&relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_Header{Header: &relaypb.SnapshotHeader{
+		Cluster: snap.GetCluster(), Hash: hash, Size: uint64(size), Parts: uint32(parts)}}}); err != nil {
+		return "", err
+	}
+	w := &partWriter{stream: stream, sum: sha256.New(), buf: make([]byte, 0, 2*relay.MaxSnapshotPartBytes)}
+	if err := encodeFields(c, w); err != nil {
+		return "", err
+	}
+	if err := w.flush(true); err != nil {
+		return "", err
+	}
+	if w.sent != size || w.next != parts {
+		return "", fmt.Errorf("encode snapshot: %d bytes in %d parts, but its size is %d bytes", w.sent, w.next, size)
+	}
+	if got := hex.EncodeToString(w.sum.Sum(nil)); got != hash {
+		// The server will refuse it (the hash does not match); a
+		// snapshot source MUST set the hash discovery.Hash computes.
+		s.log.Error("snapshot hash is not the SHA-256 of its encoding; the server will refuse it", "hash", hash, "sha256", got)
+	}
+	return hash, stream.Send(&relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_End{End: &relaypb.SnapshotEnd{Hash: hash}}})
+}
+
+// encodeFields appends the deterministic encoding of s, whose sizes
+// proto.Size cached, to w one top-level field at a time: field-number
+// order, repeated elements in order, unknown fields last — the order the
+// deterministic encoding of the whole message has.
+func encodeFields(s *relaypb.Snapshot, w *partWriter) error {
+	opts := proto.MarshalOptions{Deterministic: true, UseCachedSize: true}
+	m := s.ProtoReflect()
+	fields := m.Descriptor().Fields()
+	// In field-number order, which need not be the order of declaration.
+	ordered := make([]protoreflect.FieldDescriptor, fields.Len())
+	for i := range ordered {
+		ordered[i] = fields.Get(i)
+	}
+	slices.SortFunc(ordered, func(a, b protoreflect.FieldDescriptor) int { return cmp.Compare(a.Number(), b.Number()) })
+	for _, fd := range ordered {
+		if !m.Has(fd) {
+			continue
+		}
+		if fd.Kind() != protoreflect.MessageKind || !fd.IsList() {
+			// Another field: encode a message holding only it (no size of
+			// its own is cached).
+			one := &relaypb.Snapshot{}
+			one.ProtoReflect().Set(fd, m.Get(fd))
+			b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(w.buf, one)
+			if err != nil {
+				return fmt.Errorf("encode snapshot: %w", err)
+			}
+			w.buf = b
+		} else {
+			list := m.Get(fd).List()
+			for j := range list.Len() {
+				msg := list.Get(j).Message().Interface()
+				w.buf = protowire.AppendTag(w.buf, fd.Number(), protowire.BytesType)
+				w.buf = protowire.AppendVarint(w.buf, uint64(opts.Size(msg)))
+				b, err := opts.MarshalAppend(w.buf, msg)
+				if err != nil {
+					return fmt.Errorf("encode snapshot: %w", err)
+				}
+				w.buf = b
+				if err := w.flush(false); err != nil {
+					return err
+				}
+			}
+		}
+		if err := w.flush(false); err != nil {
+			return err
+		}
+	}
+	w.buf = append(w.buf, m.GetUnknown()...)
+	return nil
+}
+
+// partWriter sends what is appended to buf in parts of
+// MaxSnapshotPartBytes, hashing it on the way.
+type partWriter struct {
+	stream chunkSender
+	sum    hash.Hash
+	buf    []byte
+	sent   int
+	next   int
+}
+
+// flush sends every full part of buf, and with last also the rest.
+func (w *partWriter) flush(last bool) error {
+	for len(w.buf) >= relay.MaxSnapshotPartBytes || last && len(w.buf) > 0 {
+		n := min(len(w.buf), relay.MaxSnapshotPartBytes)
+		// A message MUST NOT change once sent: each part has its own bytes.
+		data := bytes.Clone(w.buf[:n])
+		w.sum.Write(data)
+		if err := w.stream.Send(&relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_Part{Part: &relaypb.SnapshotPart{Index: uint32(w.next), Data: data}}}); err != nil {
+			return err
+		}
+		w.sent += n
+		w.next++
+		w.buf = append(w.buf[:0], w.buf[n:]...)
+	}
+	return nil
+}
+
+// Data path limits on the agent's side.
+const (
+	// MaxSnapshotBytes is the largest snapshot the agent sends whole
+	// (Push), to a server without chunked pushes (its default limit).
+	MaxSnapshotBytes = 4 << 20
+	// MaxChunkedSnapshotBytes is the largest snapshot the agent sends in
+	// parts (the server's default limit).
+	MaxChunkedSnapshotBytes = 64 << 20
+	// MaxOutputBytes is the largest output set the agent accepts.
+	MaxOutputBytes = 64 << 20
+	snapshotRetry  = time.Second
+	applyRetry     = 5 * time.Second
+)
+
+func truncateHash(h string) string { return text.Truncate(h, 80) }
+
+// pull applies every output set the server sends and acks it; a set with
+// failed objects is applied again after a pause until it applies cleanly or
+// a newer one arrives.
+func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient, conn grpc.ClientConnInterface) error {
+	stream, err := c.Pull(ctx, grpc.MaxCallRecvMsgSize(MaxOutputBytes))
+	if err != nil {
+		return err
+	}
+	// Say what we hold: a replica we failed over to then sends only a
+	// newer set, and an older one it sends first is not applied.
+	s.mu.RLock()
+	applied := s.state.AppliedVersion
+	s.mu.RUnlock()
+	if applied > 0 {
+		if err := stream.Send(&relaypb.PullAck{Version: applied, Resume: true}); err != nil {
+			return err
+		}
+	}
+	sets := make(chan *relaypb.OutputSet)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			set, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case sets <- set:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var current *relaypb.OutputSet
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-recvErr:
+			return fmt.Errorf("pull stream: %w", err)
+		case set := <-sets:
+			if set.GetVersion() < applied {
+				s.log.Info("output set older than the one applied; waiting for a newer one", "version", set.GetVersion(), "applied", applied)
+				continue
+			}
+			current = set
+		case <-retry:
+		}
+		retry = nil
+		set := current
+		applied = set.GetVersion()
+		results, err := s.cfg.Applier.Apply(ctx, set)
+		if err != nil {
+			results = []*relaypb.ObjectResult{{Outcome: "error", Error: "whole set refused: " + err.Error()}}
+			s.log.Error("output set refused", "version", set.GetVersion(), "error", err)
+		}
+		var renew time.Time
+		if s.cfg.Trust != nil {
+			var trust []*relaypb.ObjectResult
+			trust, renew = s.cfg.Trust.Apply(ctx, set, func(ctx context.Context, r *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
+				return relaypb.NewTrustClient(conn).SignIntermediate(ctx, r)
+			})
+			results = append(results, trust...)
+		}
+		outcomes := map[string]int{}
+		for _, r := range results {
+			outcomes[r.GetOutcome()]++
+		}
+		switch {
+		case outcomes["error"] > 0:
+			retry = time.After(applyRetry)
+		case !renew.IsZero():
+			// Renew each intermediate in time, even if no new set comes.
+			retry = time.After(max(time.Until(renew), time.Second))
+		}
+		s.mu.Lock()
+		s.state.AppliedVersion, s.state.Outcomes = set.GetVersion(), outcomes
+		s.mu.Unlock()
+		s.log.Info("output set applied", "version", set.GetVersion(), "objects", len(set.GetObjects()), "outcomes", fmt.Sprint(outcomes))
+		if err := stream.Send(&relaypb.PullAck{Version: set.GetVersion(), Results: results}); err != nil {
+			return err
+		}
+	}
+}

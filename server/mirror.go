@@ -1,0 +1,607 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// Labels and annotations on discovered objects in the management cluster.
+const (
+	// LabelCluster is the cluster a discovered object came from.
+	LabelCluster      = discoveryv1alpha1.LabelCluster
+	LabelManagedBy    = "app.kubernetes.io/managed-by"
+	annotationSpecSum = "relaymesh.io/spec-sha256"
+	mirrorManager     = "relaymesh-server"
+)
+
+// Discovered kinds.
+var (
+	MeshesResource       = discoveryv1alpha1.GroupVersion.WithResource("meshes")
+	WorkloadsResource    = discoveryv1alpha1.GroupVersion.WithResource("workloads")
+	DestinationsResource = discoveryv1alpha1.GroupVersion.WithResource("destinations")
+)
+
+// Mirror writes each cluster's accepted snapshot as Mesh, Workload and
+// Destination objects in the management cluster, in one namespace, labelled
+// with the cluster: it applies what changed (by a hash of the spec kept in
+// an annotation) and deletes what disappeared, comparing against an
+// informer's cache rather than listing. A keyed work queue coalesces a
+// cluster's snapshots (the latest wins), retries failures with backoff, and
+// several workers write clusters in parallel, each cluster's writes in
+// parallel too, so a thousand clusters arriving at once are written at the
+// rate the Kubernetes client allows rather than one cluster at a time.
+type Mirror struct {
+	client    dynamic.Interface
+	namespace string
+	view      *View
+	log       *slog.Logger
+	cfg       MirrorConfig
+
+	informers map[schema.GroupVersionResource]cache.SharedIndexInformer
+	queue     workqueue.TypedRateLimitingInterface[string]
+	started   chan struct{}
+	writes    *prometheus.CounterVec
+
+	// expected holds the writes made but not yet seen in the cache, so a
+	// sync before the watch catches up does not write them again.
+	expMu    sync.Mutex
+	expected map[string]expectation
+}
+
+// expectation is a write the cache has not shown yet: an apply of spec sum
+// sum, or (sum empty) the delete of the object uid.
+type expectation struct {
+	sum string
+	uid types.UID
+	at  time.Time
+}
+
+// expectationTTL bounds how long a write not seen in the cache is trusted;
+// after it the object is compared (and written) again.
+const expectationTTL = time.Minute
+
+// MirrorConfig tunes a Mirror; the zero value is the default.
+type MirrorConfig struct {
+	// Workers is the number of clusters written at once (default 16).
+	Workers int
+	// Writes is the number of a cluster's objects written at once
+	// (default 8).
+	Writes int
+	// Resync compares every cluster again at this interval, repairing
+	// objects changed or deleted by hand (default 5m).
+	Resync time.Duration
+	// Registerer, if set, gets relaymesh_mirror_writes_total.
+	Registerer prometheus.Registerer
+	// Owns, if set, says which clusters this replica writes: with several
+	// server replicas, the one holding a cluster's session writes its
+	// objects, and the leader deletes those of clusters no longer
+	// registered. A cluster it does not own is never written nor deleted
+	// here, whatever this replica's view holds. Nil: every cluster (one
+	// replica).
+	Owns func(cluster string) bool
+}
+
+func (c MirrorConfig) withDefaults() MirrorConfig {
+	if c.Workers <= 0 {
+		c.Workers = 16
+	}
+	if c.Writes <= 0 {
+		c.Writes = 8
+	}
+	if c.Resync <= 0 {
+		c.Resync = 5 * time.Minute
+	}
+	return c
+}
+
+// indexCluster indexes discovered objects by the cluster they came from.
+const indexCluster = "cluster"
+
+// NewMirror returns a mirror of view with the default configuration; call
+// Run.
+func NewMirror(client dynamic.Interface, namespace string, view *View, log *slog.Logger) *Mirror {
+	return NewMirrorWithConfig(client, namespace, view, log, MirrorConfig{})
+}
+
+// NewMirrorWithConfig returns a mirror of view; call Run.
+func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View, log *slog.Logger, cfg MirrorConfig) *Mirror {
+	m := &Mirror{client: client, namespace: namespace, view: view, log: log.With("component", "discovery-mirror"), cfg: cfg.withDefaults(),
+		informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "discovery-mirror"}),
+		started:  make(chan struct{}),
+		expected: map[string]expectation{},
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relaymesh_mirror_writes_total",
+			Help: "Writes of discovered objects to the management cluster, by operation (apply, delete) and result (ok, error)."}, []string{"operation", "result"}),
+	}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(m.writes)
+	}
+	// Every object of the namespace, not only labelled ones: a hand-made
+	// object under a discovered name must be seen to be left alone.
+	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 0, namespace, nil)
+	for _, gvr := range discoveredResources {
+		inf := factory.ForResource(gvr).Informer()
+		if err := inf.AddIndexers(cache.Indexers{indexCluster: func(obj any) ([]string, error) {
+			if o, ok := obj.(metav1.Object); ok {
+				if c := o.GetLabels()[LabelCluster]; c != "" {
+					return []string{c}, nil
+				}
+			}
+			return nil, nil
+		}}); err != nil {
+			panic(err) // only fails on a started informer or a duplicate index name
+		}
+		// A delete seen ends any expectation of the object: if it was
+		// deleted by someone else, it is written again.
+		seen := func(obj any) {
+			if u, ok := obj.(*unstructured.Unstructured); ok {
+				m.expMu.Lock()
+				key := expectKey(gvr, u.GetName())
+				if e, ok := m.expected[key]; ok && e.sum != "" && e.sum == u.GetAnnotations()[annotationSpecSum] {
+					delete(m.expected, key)
+				}
+				m.expMu.Unlock()
+			}
+		}
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: seen, UpdateFunc: func(_, obj any) { seen(obj) }, DeleteFunc: func(obj any) {
+			if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+				_, name, _ := cache.SplitMetaNamespaceKey(key)
+				m.expMu.Lock()
+				delete(m.expected, expectKey(gvr, name))
+				m.expMu.Unlock()
+			}
+		}}); err != nil {
+			panic(err)
+		}
+		m.informers[gvr] = inf
+	}
+	view.OnSnapshot(m.queue.Add)
+	return m
+}
+
+var discoveredResources = []schema.GroupVersionResource{MeshesResource, WorkloadsResource, DestinationsResource}
+
+// Run syncs clusters until ctx ends: each one whose snapshot changed or
+// that left the view, failed ones again after a backoff, and every cluster
+// with objects at each resync.
+func (m *Mirror) Run(ctx context.Context) {
+	defer m.queue.ShutDown()
+	synced := make([]cache.InformerSynced, 0, len(m.informers))
+	for _, inf := range m.informers {
+		go inf.Run(ctx.Done())
+		synced = append(synced, inf.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return
+	}
+	close(m.started)
+	for range m.cfg.Workers {
+		go func() {
+			for m.processNext(ctx) {
+			}
+		}()
+	}
+	t := time.NewTicker(m.cfg.Resync)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			for _, c := range m.clustersWithObjects() {
+				m.queue.Add(c)
+			}
+			for c := range m.view.Clusters() {
+				m.queue.Add(c)
+			}
+		}
+	}
+}
+
+func (m *Mirror) processNext(ctx context.Context) bool {
+	cluster, shutdown := m.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer m.queue.Done(cluster)
+	if err := m.sync(ctx, cluster); err != nil {
+		if ctx.Err() != nil {
+			return false
+		}
+		m.log.Warn("could not write discovered objects; will retry", "cluster", cluster, "retries", m.queue.NumRequeues(cluster), "error", err)
+		m.queue.AddRateLimited(cluster)
+		return true
+	}
+	m.queue.Forget(cluster)
+	return true
+}
+
+// clustersWithObjects lists the clusters that have discovered objects in
+// the cache.
+func (m *Mirror) clustersWithObjects() []string {
+	seen := map[string]bool{}
+	for _, inf := range m.informers {
+		for _, c := range inf.GetIndexer().ListIndexFuncValues(indexCluster) {
+			seen[c] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for c := range seen {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// mirrorWrite is one apply (obj set) or delete (obj nil) of a sync.
+type mirrorWrite struct {
+	gvr  schema.GroupVersionResource
+	name string
+	obj  *unstructured.Unstructured
+	uid  types.UID                  // of the object to delete
+	cur  *unstructured.Unstructured // the cached object an apply replaces, nil if none
+}
+
+// sync makes the discovered objects of cluster match its snapshot (none if
+// the cluster left the view), comparing against the cache. A stale cache
+// costs at most a repeated, idempotent write.
+func (m *Mirror) sync(ctx context.Context, cluster string) error {
+	if m.cfg.Owns != nil && !m.cfg.Owns(cluster) {
+		return nil
+	}
+	desired := map[schema.GroupVersionResource]map[string]*unstructured.Unstructured{}
+	for _, gvr := range discoveredResources {
+		desired[gvr] = map[string]*unstructured.Unstructured{}
+	}
+	if snap := m.view.Snapshot(cluster); snap != nil {
+		objs, err := DiscoveredObjects(snap, m.namespace)
+		if err != nil {
+			return err
+		}
+		for _, o := range objs {
+			desired[o.Resource][o.Object.GetName()] = o.Object
+		}
+	}
+	var writes []mirrorWrite
+	var errs []error
+	for _, gvr := range discoveredResources {
+		want, idx := desired[gvr], m.informers[gvr].GetIndexer()
+		have := map[string]*unstructured.Unstructured{}
+		objs, err := idx.ByIndex(indexCluster, cluster)
+		if err != nil {
+			return err
+		}
+		for _, obj := range objs {
+			if u, ok := obj.(*unstructured.Unstructured); ok {
+				have[u.GetName()] = u
+			}
+		}
+		for name, obj := range want {
+			cur := have[name]
+			if cur == nil {
+				if other, ok, _ := idx.GetByKey(m.namespace + "/" + name); ok {
+					cur, _ = other.(*unstructured.Unstructured)
+				}
+			}
+			if cur != nil && !sameOrigin(cur, obj) {
+				// Names are a hash of the exact origin, so only a hash
+				// collision or a hand-made object gets here: never take
+				// over an object of another origin.
+				m.log.Error("a discovered object of another origin has this name; not written", "cluster", cluster, "kind", gvr.Resource, "name", name,
+					"owner_cluster", cur.GetLabels()[LabelCluster], "owner_namespace", cur.GetLabels()[discoveryv1alpha1.LabelNamespace])
+				errs = append(errs, fmt.Errorf("%s %s: the name belongs to an object of another origin", gvr.Resource, name))
+				continue
+			}
+			sum := obj.GetAnnotations()[annotationSpecSum]
+			if cur != nil && cur.GetAnnotations()[annotationSpecSum] == sum {
+				m.observed(gvr, name)
+				continue
+			}
+			if m.awaiting(gvr, name, expectation{sum: sum}) {
+				continue
+			}
+			writes = append(writes, mirrorWrite{gvr: gvr, name: name, obj: obj, cur: cur})
+		}
+		for name, cur := range have {
+			if _, ok := want[name]; !ok && !m.awaiting(gvr, name, expectation{uid: cur.GetUID()}) {
+				writes = append(writes, mirrorWrite{gvr: gvr, name: name, uid: cur.GetUID()})
+			}
+		}
+	}
+	if len(writes) == 0 {
+		return errors.Join(errs...)
+	}
+	start := time.Now()
+	var created, updated, deleted atomic.Int64
+	var mu sync.Mutex
+	var g errgroup.Group
+	g.SetLimit(m.cfg.Writes)
+	for _, w := range writes {
+		g.Go(func() error {
+			err := m.write(ctx, w)
+			if err == nil {
+				e := expectation{uid: w.uid, at: time.Now()}
+				if w.obj != nil {
+					e = expectation{sum: w.obj.GetAnnotations()[annotationSpecSum], at: e.at}
+				}
+				m.expMu.Lock()
+				m.expected[expectKey(w.gvr, w.name)] = e
+				m.expMu.Unlock()
+			}
+			switch {
+			case err != nil:
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			case w.obj == nil:
+				deleted.Add(1)
+			case w.cur != nil:
+				updated.Add(1)
+			default:
+				created.Add(1)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	m.log.Debug("discovered objects written", "cluster", cluster, "created", created.Load(), "updated", updated.Load(), "deleted", deleted.Load(),
+		"failed", len(errs), "took", time.Since(start).Round(time.Millisecond))
+	// One bad object does not hold up the others; the failures are retried.
+	return errors.Join(errs...)
+}
+
+func expectKey(gvr schema.GroupVersionResource, name string) string {
+	return gvr.Resource + "/" + name
+}
+
+// awaiting reports whether a write equal to want (same spec sum, or the
+// delete of the same object) was made recently and is not in the cache
+// yet.
+func (m *Mirror) awaiting(gvr schema.GroupVersionResource, name string, want expectation) bool {
+	m.expMu.Lock()
+	defer m.expMu.Unlock()
+	key := expectKey(gvr, name)
+	e, ok := m.expected[key]
+	if !ok {
+		return false
+	}
+	if time.Since(e.at) > expectationTTL {
+		delete(m.expected, key)
+		return false
+	}
+	return e.sum == want.sum && e.uid == want.uid
+}
+
+// observed ends the expectation of an object the cache now shows as
+// written.
+func (m *Mirror) observed(gvr schema.GroupVersionResource, name string) {
+	m.expMu.Lock()
+	delete(m.expected, expectKey(gvr, name))
+	m.expMu.Unlock()
+}
+
+// write applies or deletes one object.
+func (m *Mirror) write(ctx context.Context, w mirrorWrite) error {
+	op := "apply"
+	if w.obj == nil {
+		op = "delete"
+	}
+	err := m.writeOne(ctx, w)
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.writes.WithLabelValues(op, result).Inc()
+	return err
+}
+
+func (m *Mirror) writeOne(ctx context.Context, w mirrorWrite) error {
+	ri := m.client.Resource(w.gvr).Namespace(m.namespace)
+	switch {
+	case w.obj == nil:
+		uid := w.uid
+		err := ri.Delete(ctx, w.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete %s %s: %w", w.gvr.Resource, w.name, err)
+		}
+	case w.cur == nil:
+		// A create, not a server-side apply: the apiserver does about
+		// half the work, which is what bounds a fleet arriving at once.
+		// If the cache was stale the create fails and the retry updates.
+		if _, err := ri.Create(ctx, w.obj, metav1.CreateOptions{FieldManager: mirrorManager}); err != nil {
+			return fmt.Errorf("create %s %s: %w", w.gvr.Resource, w.name, err)
+		}
+	default:
+		// An update from the cached object, conditional on its
+		// resourceVersion: the spec and our labels and annotations are
+		// replaced, anything else someone added is kept. A conflict
+		// (the cache was stale) is retried.
+		next := w.cur.DeepCopy()
+		next.Object["spec"] = w.obj.Object["spec"]
+		next.SetLabels(merged(next.GetLabels(), w.obj.GetLabels(), discoveredLabels))
+		next.SetAnnotations(merged(next.GetAnnotations(), w.obj.GetAnnotations(), []string{annotationSpecSum}))
+		if _, err := ri.Update(ctx, next, metav1.UpdateOptions{FieldManager: mirrorManager}); err != nil {
+			return fmt.Errorf("update %s %s: %w", w.gvr.Resource, w.name, err)
+		}
+	}
+	return nil
+}
+
+// discoveredLabels are the labels the mirror owns on discovered objects.
+var discoveredLabels = []string{LabelCluster, discoveryv1alpha1.LabelNamespace, discoveryv1alpha1.LabelName, LabelManagedBy}
+
+// merged is have with the keys owned set as in want (or removed where want
+// lacks them); other keys are kept.
+func merged(have, want map[string]string, owned []string) map[string]string {
+	out := make(map[string]string, len(have)+len(want))
+	for k, v := range have {
+		out[k] = v
+	}
+	for _, k := range owned {
+		if v, ok := want[k]; ok {
+			out[k] = v
+		} else {
+			delete(out, k)
+		}
+	}
+	return out
+}
+
+// Kick queues cluster for a sync (e.g. it was deregistered: the replica
+// that owns its deletion may not have had it in its view).
+func (m *Mirror) Kick(cluster string) { m.queue.Add(cluster) }
+
+// CollectOrphans deletes discovered objects of clusters that are not
+// registered (deregistered while the server was down, or a mode that is no
+// longer managed). Call it once at start, after the registries synced; it
+// waits for Run's cache and queues each orphaned cluster, whose objects the
+// workers then delete like those of any cluster that left the view.
+func (m *Mirror) CollectOrphans(ctx context.Context, registered func(cluster string) bool) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.started:
+	}
+	n := 0
+	for _, c := range m.clustersWithObjects() {
+		if !registered(c) && m.view.Snapshot(c) == nil {
+			m.log.Info("deleting the discovered objects of an unregistered cluster", "cluster", c)
+			m.queue.Add(c)
+			n++
+		}
+	}
+	if n > 0 {
+		m.log.Info("unregistered clusters with discovered objects queued for deletion", "clusters", n)
+	}
+	return nil
+}
+
+// sameOrigin reports whether cur, found under want's name, came from the
+// same cluster and namespace (its labels).
+func sameOrigin(cur, want *unstructured.Unstructured) bool {
+	for _, k := range []string{LabelCluster, discoveryv1alpha1.LabelNamespace} {
+		if cur.GetLabels()[k] != want.GetLabels()[k] {
+			return false
+		}
+	}
+	return true
+}
+
+// DiscoveredObject is a Mesh, Workload or Destination object to write.
+type DiscoveredObject struct {
+	Resource schema.GroupVersionResource
+	Object   *unstructured.Unstructured
+}
+
+// DiscoveredObjects turns a snapshot into the Mesh, Workload and Destination
+// objects of the management cluster (a pure function). Each is named by
+// discoveryv1alpha1.Name from exactly where it came from, and labelled with
+// it.
+func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredObject, error) {
+	cluster := snap.GetCluster()
+	var out []DiscoveredObject
+	add := func(gvr schema.GroupVersionResource, kind, origin, objNamespace, objName string, spec any) error {
+		specJSON, err := json.Marshal(spec)
+		if err != nil {
+			return err
+		}
+		sum := sha256.Sum256(specJSON)
+		var specMap map[string]any
+		if err := json.Unmarshal(specJSON, &specMap); err != nil {
+			return err
+		}
+		u := &unstructured.Unstructured{Object: map[string]any{"spec": specMap}}
+		u.SetAPIVersion(discoveryv1alpha1.GroupVersion.String())
+		u.SetKind(kind)
+		u.SetName(discoveryv1alpha1.Name(origin, cluster, objNamespace, objName))
+		u.SetNamespace(namespace)
+		labels := map[string]string{LabelCluster: cluster, discoveryv1alpha1.LabelNamespace: objNamespace, LabelManagedBy: "relaymesh"}
+		if len(validation.IsValidLabelValue(objName)) == 0 {
+			labels[discoveryv1alpha1.LabelName] = objName
+		}
+		u.SetLabels(labels)
+		u.SetAnnotations(map[string]string{annotationSpecSum: hex.EncodeToString(sum[:])})
+		out = append(out, DiscoveredObject{Resource: gvr, Object: u})
+		return nil
+	}
+	for _, m := range snap.GetMeshes() {
+		spec := discoveryv1alpha1.MeshSpec{Istio: &discoveryv1alpha1.IstioMesh{
+			Installation: discoveryv1alpha1.MeshInstallation{Name: m.GetName(), Namespace: m.GetNamespace(), Cluster: cluster, Revision: m.GetRevision(), Version: m.GetVersion(), PodLabels: m.GetPodLabels()},
+			TrustDomain:  m.GetTrustDomain(), IstiodServiceAccount: m.GetIstiodServiceAccount(), SmartDNSProxying: m.GetSmartDnsProxying(),
+		}}
+		for _, g := range m.GetGateways() {
+			spec.Istio.Gateways = append(spec.Istio.Gateways, discoveryv1alpha1.GatewayInfo{Name: g.GetName(), Namespace: g.GetNamespace(), Kind: g.GetKind(),
+				WorkloadLabels: g.GetWorkloadLabels(), ExternalAddress: g.GetExternalAddress(), TLSPort: g.GetTlsPort()})
+		}
+		if err := add(MeshesResource, "Mesh", discoveryv1alpha1.OriginMesh, m.GetNamespace(), m.GetName(), spec); err != nil {
+			return nil, err
+		}
+	}
+	meshRef := func(name, ns string) common.ObjectRef {
+		return common.ObjectRef{Name: MeshObjectName(cluster, ns, name), Namespace: namespace}
+	}
+	for _, w := range snap.GetWorkloads() {
+		spec := discoveryv1alpha1.WorkloadSpec{
+			Kubernetes: discoveryv1alpha1.KubernetesWorkload{Controller: common.ClusterObjectRef{Name: w.GetName(), Namespace: w.GetNamespace(), ClusterName: cluster},
+				Kind: w.GetKind(), PodLabels: w.GetPodLabels(), ServiceAccountName: w.GetServiceAccount()},
+			Mesh: meshRef(w.GetMeshName(), w.GetMeshNamespace()),
+		}
+		if err := add(WorkloadsResource, "Workload", w.GetKind(), w.GetNamespace(), w.GetName(), spec); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range snap.GetDestinations() {
+		ks := discoveryv1alpha1.KubeService{Ref: common.ClusterObjectRef{Name: d.GetName(), Namespace: d.GetNamespace(), ClusterName: cluster},
+			WorkloadSelectorLabels: d.GetSelector(), Labels: d.GetLabels(), ServiceType: d.GetServiceType(), ExternalAddresses: d.GetExternalAddresses()}
+		for _, p := range d.GetPorts() {
+			ks.Ports = append(ks.Ports, discoveryv1alpha1.ServicePort{Port: p.GetPort(), Name: p.GetName(), Protocol: p.GetProtocol(), AppProtocol: p.GetAppProtocol(), TargetPort: p.GetTargetPort()})
+		}
+		for _, e := range d.GetEndpoints() {
+			ks.Endpoints = append(ks.Endpoints, discoveryv1alpha1.Endpoint{IP: e.GetIp(), Labels: e.GetLabels()})
+		}
+		if len(d.GetSubsets()) > 0 {
+			ks.Subsets = map[string][]string{}
+			for k, v := range d.GetSubsets() {
+				ks.Subsets[k] = v.GetValues()
+			}
+		}
+		spec := discoveryv1alpha1.DestinationSpec{KubeService: ks, Mesh: meshRef(d.GetMeshName(), d.GetMeshNamespace())}
+		if err := add(DestinationsResource, "Destination", discoveryv1alpha1.OriginService, d.GetNamespace(), d.GetName(), spec); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// MeshObjectName is the name of the Mesh object of the istiod name in
+// namespace of cluster.
+func MeshObjectName(cluster, namespace, name string) string {
+	return discoveryv1alpha1.Name(discoveryv1alpha1.OriginMesh, cluster, namespace, name)
+}

@@ -1,0 +1,204 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/test/fleet"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+)
+
+// The mirror writes a fleet's discovered objects from an informer cache:
+// every cluster's objects appear, a change to one cluster writes only that
+// cluster's changed object, nothing is listed per write, a hand-made object
+// under a discovered name is never taken over (and does not hold up the
+// rest), objects deleted by hand come back at the resync, and every object
+// of a cluster that leaves — or was never registered — is deleted.
+func TestMirrorAtFleetRate(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	mgmt := env.Cluster("mgmt")
+	cs, err := mgmt.Clientset()
+	require.NoError(t, err)
+	const ns = "relaymesh"
+	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	admin, err := dynamic.NewForConfig(mgmt.RESTConfig())
+	require.NoError(t, err)
+
+	const clusters = 300
+	name := func(i int) string { return fmt.Sprintf("c%03d", i) }
+	snap := func(i, services int) *relaypb.Snapshot {
+		return fleet.SnapshotSpec{Services: services}.Snapshot(name(i))
+	}
+
+	// Objects of a cluster that is not registered (left while the server
+	// was down), and a hand-made Destination under the name c007's
+	// Destination will have.
+	orphans, err := server.DiscoveredObjects(snap(999, 2), ns)
+	require.NoError(t, err)
+	for _, o := range orphans {
+		_, err := admin.Resource(o.Resource).Namespace(ns).Create(ctx, o.Object, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	c7, err := server.DiscoveredObjects(snap(7, 1), ns)
+	require.NoError(t, err)
+	var squatted string
+	for _, o := range c7 {
+		if o.Resource == server.DestinationsResource {
+			squatted = o.Object.GetName()
+			hand := o.Object.DeepCopy()
+			hand.SetLabels(map[string]string{"made-by": "hand"})
+			_, err := admin.Resource(o.Resource).Namespace(ns).Create(ctx, hand, metav1.CreateOptions{})
+			require.NoError(t, err)
+		}
+	}
+	require.NotEmpty(t, squatted)
+
+	// The server's client, counting its requests. A write refused with 409
+	// (its cache had not seen someone else's edit yet) is retried, and
+	// counted apart: under load the cache may lag.
+	cfg := mgmt.RESTConfig()
+	cfg.QPS, cfg.Burst = 400, 800
+	var applies, conflicts, deletes, lists atomic.Int64
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			write := r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch
+			switch {
+			case r.Method == http.MethodDelete:
+				deletes.Add(1)
+			case r.Method == http.MethodGet && r.URL.Query().Get("watch") != "true" && !strings.Contains(r.URL.RawQuery, "watch=true"):
+				lists.Add(1)
+			}
+			resp, err := rt.RoundTrip(r)
+			if write {
+				if err == nil && resp.StatusCode == http.StatusConflict {
+					conflicts.Add(1)
+				} else {
+					applies.Add(1)
+				}
+			}
+			return resp, err
+		})
+	}
+	client, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	view := server.NewView()
+	mirror := server.NewMirrorWithConfig(client, ns, view, slog.New(slog.NewTextHandler(io.Discard, nil)), server.MirrorConfig{Resync: 3 * time.Second})
+	go mirror.Run(ctx)
+	require.NoError(t, mirror.CollectOrphans(ctx, func(c string) bool { return c != name(999) }))
+
+	objectsOf := func(cluster string) map[string]*unstructured.Unstructured {
+		out := map[string]*unstructured.Unstructured{}
+		for _, gvr := range []schema.GroupVersionResource{server.MeshesResource, server.WorkloadsResource, server.DestinationsResource} {
+			sel := server.LabelCluster
+			if cluster != "" {
+				sel += "=" + cluster
+			}
+			l, err := admin.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+			require.NoError(t, err)
+			for i := range l.Items {
+				out[gvr.Resource+"/"+l.Items[i].GetName()] = &l.Items[i]
+			}
+		}
+		return out
+	}
+	waitFor := func(what string, cond func() bool) time.Duration {
+		t.Helper()
+		start := time.Now()
+		require.Eventually(t, cond, 60*time.Second, 100*time.Millisecond, what)
+		return time.Since(start)
+	}
+
+	took := waitFor("the unregistered cluster's objects are deleted", func() bool { return len(objectsOf(name(999))) == 0 })
+	t.Logf("orphans deleted in %s", took)
+
+	start := time.Now()
+	for i := range clusters {
+		view.Accept(name(i), snap(i, 1), time.Now())
+	}
+	// One Mesh, Workload and Destination per cluster, but c007's
+	// Destination, whose name a hand-made object holds.
+	waitFor("every cluster's objects are written", func() bool { return len(objectsOf("")) == 3*clusters-1 })
+	t.Logf("%d clusters' objects written in %s: %d applies, %d lists", clusters, time.Since(start), applies.Load(), lists.Load())
+	assert.EqualValues(t, 3*clusters-1, applies.Load(), "one apply per object, the squatted one never")
+	assert.LessOrEqual(t, lists.Load(), int64(3), "the informers' lists only, never one per write")
+	hand, err := admin.Resource(server.DestinationsResource).Namespace(ns).Get(ctx, squatted, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"made-by": "hand"}, hand.GetLabels(), "the hand-made object is not taken over")
+
+	// A second Service in one cluster: that cluster's new objects only.
+	before := applies.Load()
+	view.Accept(name(42), snap(42, 2), time.Now())
+	waitFor("c042's second Service is written", func() bool { return len(objectsOf(name(42))) == 5 })
+	time.Sleep(time.Second)
+	assert.EqualValues(t, 2, applies.Load()-before, "a Workload and a Destination written, nothing else")
+
+	// A changed Service: its Destination is updated in place; a label
+	// someone else added stays.
+	var dest *unstructured.Unstructured
+	for key, o := range objectsOf(name(9)) {
+		if strings.HasPrefix(key, server.DestinationsResource.Resource+"/") {
+			dest = o
+		}
+	}
+	require.NotNil(t, dest)
+	labels := dest.GetLabels()
+	labels["team"] = "payments"
+	dest.SetLabels(labels)
+	_, err = admin.Resource(server.DestinationsResource).Namespace(ns).Update(ctx, dest, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	changed := snap(9, 1)
+	changed.Destinations[0].Ports[0].Port = 9090
+	changed.Hash = "changed"
+	before = applies.Load()
+	view.Accept(name(9), changed, time.Now())
+	waitFor("c009's Destination is updated", func() bool {
+		got, err := admin.Resource(server.DestinationsResource).Namespace(ns).Get(ctx, dest.GetName(), metav1.GetOptions{})
+		require.NoError(t, err)
+		ports, _, _ := unstructured.NestedSlice(got.Object, "spec", "kubeService", "ports")
+		return len(ports) == 1 && ports[0].(map[string]any)["port"] == int64(9090) && got.GetLabels()["team"] == "payments"
+	})
+	time.Sleep(time.Second)
+	assert.EqualValues(t, 1, applies.Load()-before, "one update (%d refused as conflicts and retried)", conflicts.Load())
+
+	// Deleted by hand: back at the resync.
+	for key := range objectsOf(name(5)) {
+		if strings.HasPrefix(key, server.WorkloadsResource.Resource+"/") {
+			require.NoError(t, admin.Resource(server.WorkloadsResource).Namespace(ns).Delete(ctx, strings.TrimPrefix(key, server.WorkloadsResource.Resource+"/"), metav1.DeleteOptions{}))
+		}
+	}
+	waitFor("the deleted Workload is written again", func() bool { return len(objectsOf(name(5))) == 3 })
+
+	// Every cluster leaves: everything of theirs is deleted; the hand-made
+	// object stays.
+	start = time.Now()
+	beforeDeletes := deletes.Load()
+	for i := range clusters {
+		view.Remove(name(i))
+	}
+	waitFor("every cluster's objects are deleted", func() bool { return len(objectsOf("")) == 0 })
+	t.Logf("%d clusters' objects deleted in %s: %d deletes", clusters, time.Since(start), deletes.Load()-beforeDeletes)
+	assert.EqualValues(t, 3*clusters-1+2, deletes.Load()-beforeDeletes)
+	_, err = admin.Resource(server.DestinationsResource).Namespace(ns).Get(ctx, squatted, metav1.GetOptions{})
+	require.NoError(t, err, "the hand-made object stays")
+}

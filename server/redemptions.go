@@ -1,0 +1,133 @@
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/x509"
+	"sync"
+	"time"
+
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+)
+
+// A bootstrap token is single-use, but the call that spends it can fail
+// after it is spent: the agent's deadline passes while the server is busy
+// (a storm of agents), or the connection drops before the answer arrives.
+// Without more, that agent's token is gone and its cluster must be
+// registered again. So the server remembers, for a short window, which key
+// spent each token: the same token with a CSR for the same key (which only
+// its holder can sign) gets the certificate issued for it, or a new one if
+// issuing failed; any other key is refused as before. The memory is per
+// server process (a retry that reaches another replica is refused as a used
+// token) and holds no secret: digests, the cluster and the public answer.
+
+// redemptionWindow is how long a spent token stays retryable by its key.
+const redemptionWindow = 15 * time.Minute
+
+// maxRedemptions bounds the memory; beyond it the oldest entries go (they
+// are only a convenience: losing one costs that agent a new token).
+const maxRedemptions = 100_000
+
+type redemption struct {
+	secret       [sha256.Size]byte // of the token's secret
+	key          [sha256.Size]byte // of the CSR's public key
+	cluster      string
+	registration string
+	until        time.Time
+	inFlight     bool
+	resp         *relaypb.CertificateResponse
+}
+
+type redemptions struct {
+	mu    sync.Mutex
+	byID  map[string]*redemption
+	order []string // insertion order, for expiry
+}
+
+func newRedemptions() *redemptions { return &redemptions{byID: map[string]*redemption{}} }
+
+// keyDigest identifies a CSR's key.
+func keyDigest(csr *x509.CertificateRequest) [sha256.Size]byte {
+	return sha256.Sum256(csr.RawSubjectPublicKeyInfo)
+}
+
+// retryOutcome is what a remembered redemption allows.
+type retryOutcome int
+
+const (
+	retryNone     retryOutcome = iota // not a retry: redeem the token as usual
+	retryAnswer                       // answer with the remembered response
+	retryIssue                        // the token is spent by this key but nothing was issued: issue
+	retryInFlight                     // the first call is still issuing: come back later
+)
+
+// retry looks up a token spent earlier. A match needs the same secret, the
+// same key, the same cluster and registration, within the window; claim
+// marks a retryIssue as in flight so only one call issues at a time.
+func (r *redemptions) retry(id string, secret, key [sha256.Size]byte, cluster, registration string, now time.Time) (retryOutcome, *relaypb.CertificateResponse) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.byID[id]
+	if !ok || !now.Before(e.until) {
+		return retryNone, nil
+	}
+	same := subtle.ConstantTimeCompare(e.secret[:], secret[:]) & subtle.ConstantTimeCompare(e.key[:], key[:])
+	if same != 1 || e.cluster != cluster || e.registration != registration {
+		return retryNone, nil // redeeming finds the token spent and refuses
+	}
+	switch {
+	case e.resp != nil:
+		return retryAnswer, e.resp
+	case e.inFlight:
+		return retryInFlight, nil
+	}
+	e.inFlight = true
+	return retryIssue, nil
+}
+
+// spent remembers a token just redeemed by key, in flight.
+func (r *redemptions) spent(id string, secret, key [sha256.Size]byte, cluster, registration string, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.expire(now)
+	if _, ok := r.byID[id]; !ok {
+		r.order = append(r.order, id)
+	}
+	r.byID[id] = &redemption{secret: secret, key: key, cluster: cluster, registration: registration,
+		until: now.Add(redemptionWindow), inFlight: true}
+}
+
+// done records how issuing for a spent token ended: its answer, or nothing
+// (a retry by the same key may try again).
+func (r *redemptions) done(id string, resp *relaypb.CertificateResponse) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.byID[id]; ok {
+		e.inFlight = false
+		e.resp = resp
+	}
+}
+
+// expire drops entries past their window, and the oldest beyond the bound.
+// Entries are appended in time order, so the expired ones are a prefix.
+func (r *redemptions) expire(now time.Time) {
+	n := 0
+	for n < len(r.order) {
+		e, ok := r.byID[r.order[n]]
+		if ok && now.Before(e.until) && len(r.order)-n < maxRedemptions {
+			break
+		}
+		delete(r.byID, r.order[n])
+		n++
+	}
+	if n > 0 {
+		r.order = append(r.order[:0:0], r.order[n:]...)
+	}
+}
+
+// len is the number of remembered redemptions.
+func (r *redemptions) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.byID)
+}

@@ -1,0 +1,60 @@
+package server
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"testing"
+	"time"
+
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/stretchr/testify/assert"
+)
+
+func TestRedemptionsMatchOnlyTheSpendingKeyWithinTheWindow(t *testing.T) {
+	r := newRedemptions()
+	now := time.Unix(1_000_000, 0)
+	secret, key := sha256.Sum256([]byte("s")), sha256.Sum256([]byte("k"))
+	other := sha256.Sum256([]byte("x"))
+	r.spent("id", secret, key, "c1", "uid", now)
+
+	o, _ := r.retry("id", secret, key, "c1", "uid", now)
+	assert.Equal(t, retryInFlight, o, "the first call is still issuing")
+	r.done("id", nil)
+	o, _ = r.retry("id", secret, key, "c1", "uid", now)
+	assert.Equal(t, retryIssue, o, "nothing was issued: the same key may issue")
+	o, _ = r.retry("id", secret, key, "c1", "uid", now)
+	assert.Equal(t, retryInFlight, o, "one issuing call at a time")
+	resp := &relaypb.CertificateResponse{SpiffeId: "x"}
+	r.done("id", resp)
+	o, got := r.retry("id", secret, key, "c1", "uid", now)
+	assert.Equal(t, retryAnswer, o)
+	assert.Same(t, resp, got)
+
+	for name, try := range map[string]func() retryOutcome{
+		"other key":          func() retryOutcome { o, _ := r.retry("id", secret, other, "c1", "uid", now); return o },
+		"other secret":       func() retryOutcome { o, _ := r.retry("id", other, key, "c1", "uid", now); return o },
+		"other cluster":      func() retryOutcome { o, _ := r.retry("id", secret, key, "c2", "uid", now); return o },
+		"other registration": func() retryOutcome { o, _ := r.retry("id", secret, key, "c1", "uid2", now); return o },
+		"other id":           func() retryOutcome { o, _ := r.retry("id2", secret, key, "c1", "uid", now); return o },
+		"after the window": func() retryOutcome {
+			o, _ := r.retry("id", secret, key, "c1", "uid", now.Add(redemptionWindow))
+			return o
+		},
+	} {
+		assert.Equal(t, retryNone, try(), name)
+	}
+}
+
+func TestRedemptionsAreBounded(t *testing.T) {
+	r := newRedemptions()
+	now := time.Unix(1_000_000, 0)
+	var s [sha256.Size]byte
+	for i := range maxRedemptions + 10 {
+		r.spent(fmt.Sprint(i), s, s, "c", "u", now)
+	}
+	assert.LessOrEqual(t, r.len(), maxRedemptions)
+	o, _ := r.retry("0", s, s, "c", "u", now)
+	assert.Equal(t, retryNone, o, "the oldest went first")
+	r.spent("late", s, s, "c", "u", now.Add(redemptionWindow))
+	assert.Equal(t, 1, r.len(), "expired entries go on the next insert")
+}

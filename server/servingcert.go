@@ -1,0 +1,115 @@
+package server
+
+import (
+	"context"
+	"crypto"
+	"crypto/tls"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/identity"
+	"go.step.sm/crypto/keyutil"
+	"go.step.sm/crypto/pemutil"
+)
+
+// ServerIssuer issues the relay server's own certificate.
+type ServerIssuer interface {
+	IssueServer(ctx context.Context, pub crypto.PublicKey, dnsNames []string, ips []net.IP) (*ca.Issued, error)
+}
+
+// ServingCert keeps the relay server's TLS certificate fresh: a new key and
+// certificate at start, renewed at about 2/3 of its life. Its key never
+// leaves the process; Store, if set, receives each new certificate (for the
+// relay-server-tls-secret).
+type ServingCert struct {
+	issuer   ServerIssuer
+	dnsNames []string
+	ips      []net.IP
+	log      *slog.Logger
+	store    func(ctx context.Context, certPEM, keyPEM []byte) error
+
+	mu   sync.RWMutex
+	cert *tls.Certificate
+}
+
+// NewServingCert issues the first certificate.
+func NewServingCert(ctx context.Context, issuer ServerIssuer, dnsNames []string, ips []net.IP, store func(ctx context.Context, certPEM, keyPEM []byte) error, log *slog.Logger) (*ServingCert, error) {
+	if len(dnsNames) == 0 && len(ips) == 0 {
+		return nil, errors.New("serving certificate: at least one DNS name or IP is required")
+	}
+	s := &ServingCert{issuer: issuer, dnsNames: dnsNames, ips: ips, store: store, log: log.With("part", "serving-cert")}
+	if err := s.renew(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Certificate returns the current certificate.
+func (s *ServingCert) Certificate() (*tls.Certificate, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.cert, nil
+}
+
+// Run renews the certificate until ctx ends.
+func (s *ServingCert) Run(ctx context.Context) {
+	for {
+		s.mu.RLock()
+		leaf := s.cert.Leaf
+		s.mu.RUnlock()
+		at := identity.RenewalTime(leaf.NotBefore, leaf.NotAfter, 0)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Until(at)):
+		}
+		if err := s.renew(ctx); err != nil {
+			s.log.Error("serving certificate renewal failed; retrying in 1m", "error", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Minute):
+			}
+		}
+	}
+}
+
+func (s *ServingCert) renew(ctx context.Context) error {
+	k, err := keyutil.GenerateKey("EC", "P-256", 0)
+	if err != nil {
+		return err
+	}
+	key, ok := k.(crypto.Signer)
+	if !ok {
+		return errors.New("generated key is not a signer")
+	}
+	issued, err := s.issuer.IssueServer(ctx, key.Public(), s.dnsNames, s.ips)
+	if err != nil {
+		return fmt.Errorf("issue serving certificate: %w", err)
+	}
+	block, err := pemutil.Serialize(key)
+	if err != nil {
+		return err
+	}
+	keyPEM := pem.EncodeToMemory(block)
+	pair, err := tls.X509KeyPair(issued.ChainPEM(), keyPEM)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.cert = &pair
+	s.mu.Unlock()
+	s.log.Info("serving certificate issued", "dns_names", s.dnsNames, "ips", fmt.Sprint(s.ips), "not_after", pair.Leaf.NotAfter)
+	if s.store != nil {
+		if err := s.store(ctx, issued.ChainPEM(), keyPEM); err != nil {
+			s.log.Warn("could not store serving certificate secret", "error", err)
+		}
+	}
+	return nil
+}

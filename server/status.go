@@ -1,0 +1,444 @@
+package server
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"maps"
+	"reflect"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// KubeStatus writes what the server knows of each cluster's agent to its
+// KubernetesCluster status. The status is derived from current state —
+// whether the agent holds a session, the certificate last issued to it, the
+// version it reported, when it was last heard — never replayed from events:
+// every event only marks its cluster in a keyed, rate-limited work queue, so
+// any number of events coalesce into one write of the latest state, a failed
+// write is retried with back-off, and nothing is ever dropped. A write is
+// skipped when the status the watch shows already says the same; lastSeen
+// alone is refreshed at most once per Heartbeat; and every Resync each
+// cluster is compared again, which repairs a status someone changed.
+type KubeStatus struct {
+	client    dynamic.Interface
+	namespace string
+	log       *slog.Logger
+	cfg       StatusConfig
+	queue     workqueue.TypedRateLimitingInterface[string]
+	informer  cache.SharedIndexInformer
+
+	mu           sync.Mutex
+	state        map[string]*agentState
+	ackListeners []func(cluster string)
+	// written is the status each cluster's last write left, and the
+	// resourceVersions before and after it: while the watch still shows
+	// the object as it was before that write (a watch lags, most of all in
+	// a storm), the write's result is what the cluster has, not a
+	// difference to write again.
+	written map[string]writtenStatus
+}
+
+type writtenStatus struct {
+	before, after string
+	status        multiclusterv1alpha1.KubernetesClusterStatus
+}
+
+// StatusConfig tunes KubeStatus; the zero value takes the defaults.
+type StatusConfig struct {
+	// Workers write statuses in parallel; default 64 (each write is one
+	// round trip to the apiserver; with fewer, a storm's statuses queue
+	// behind the mirror's many parallel writes of discovered objects).
+	Workers int
+	// Heartbeat bounds how often lastSeen alone is written per cluster;
+	// default 30s.
+	Heartbeat time.Duration
+	// Resync compares every cluster again this often; default 1m.
+	Resync time.Duration
+	// Coalesce is how long an event waits for others of its cluster before
+	// the write: an agent's certificate and its session arrive about a
+	// second apart, and in a storm one write instead of two is half the
+	// load on the apiserver; default 500ms.
+	Coalesce time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Replica names this server replica. Set (several replicas), the status
+	// records which replica holds each session, and a replica writes
+	// "disconnected" only for sessions it held, so a replica that lost an
+	// agent to another does not overwrite the other's "connected".
+	Replica string
+}
+
+func (c StatusConfig) withDefaults() StatusConfig {
+	if c.Workers == 0 {
+		c.Workers = 64
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = 30 * time.Second
+	}
+	if c.Resync == 0 {
+		c.Resync = time.Minute
+	}
+	if c.Coalesce == 0 {
+		c.Coalesce = 500 * time.Millisecond
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// agentState is what the server knows of one cluster's agent.
+type agentState struct {
+	connected bool
+	cert      *multiclusterv1alpha1.AgentCertificate
+	version   string
+	lastSeen  time.Time
+	// clockOffset is the agent's clock minus ours at its last Hello.
+	clockOffset *time.Duration
+	// ack is the agent's last ack, as the status keeps it.
+	ack *multiclusterv1alpha1.AppliedOutputs
+}
+
+// NewKubeStatus returns a sink for namespace's KubernetesClusters; call Run.
+func NewKubeStatus(client dynamic.Interface, namespace string, log *slog.Logger, cfg StatusConfig) *KubeStatus {
+	cfg = cfg.withDefaults()
+	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 0, namespace, nil)
+	return &KubeStatus{client: client, namespace: namespace, log: log.With("component", "cluster-status"), cfg: cfg,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "cluster-status"}),
+		informer: factory.ForResource(KubernetesClusters).Informer(),
+		state:    map[string]*agentState{}, written: map[string]writtenStatus{}}
+}
+
+// Run watches the KubernetesClusters and writes their statuses until ctx
+// ends.
+func (k *KubeStatus) Run(ctx context.Context) {
+	defer k.queue.ShutDown()
+	enqueue := func(obj any) {
+		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
+			_, name, _ := cache.SplitMetaNamespaceKey(key)
+			k.queue.Add(name)
+		}
+	}
+	// A new registration is compared at once (a stale status of an earlier
+	// server is corrected); updates are ours, or drift the resync repairs.
+	acked := func(old, cur any) {
+		o, err1 := toCluster(old)
+		c, err2 := toCluster(cur)
+		if err2 != nil || c.Status.AppliedOutputs == nil || (err1 == nil && reflect.DeepEqual(o.Status.AppliedOutputs, c.Status.AppliedOutputs)) {
+			return
+		}
+		k.mu.Lock()
+		listeners := k.ackListeners
+		k.mu.Unlock()
+		for _, f := range listeners {
+			f(c.Name)
+		}
+	}
+	if _, err := k.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: acked}); err != nil {
+		k.log.Error("cannot watch KubernetesClusters; statuses are not written", "error", err)
+		return
+	}
+	go k.informer.Run(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), k.informer.HasSynced) {
+		return
+	}
+	for range k.cfg.Workers {
+		go func() {
+			for k.processNext(ctx) {
+			}
+		}()
+	}
+	t := time.NewTicker(k.cfg.Resync)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			for _, obj := range k.informer.GetStore().List() {
+				enqueue(obj)
+			}
+		}
+	}
+}
+
+// mark updates cluster's state and queues it for a write.
+func (k *KubeStatus) mark(cluster string, update func(*agentState)) {
+	k.mu.Lock()
+	st := k.state[cluster]
+	if st == nil {
+		st = &agentState{}
+		k.state[cluster] = st
+	}
+	update(st)
+	st.lastSeen = k.cfg.Now()
+	k.mu.Unlock()
+	k.queue.AddAfter(cluster, k.cfg.Coalesce)
+}
+
+// CertificateIssued implements StatusSink.
+func (k *KubeStatus) CertificateIssued(cluster string, cert *x509.Certificate, version string) {
+	facts := &multiclusterv1alpha1.AgentCertificate{Serial: fmt.Sprintf("%x", cert.SerialNumber), SPIFFEID: cert.URIs[0].String(),
+		NotAfter: metav1.NewTime(cert.NotAfter.UTC().Truncate(time.Second))}
+	k.mark(cluster, func(st *agentState) {
+		st.cert = facts
+		if version != "" {
+			st.version = version
+		}
+	})
+}
+
+// SessionChanged implements StatusSink.
+func (k *KubeStatus) SessionChanged(cluster string, connected bool) {
+	k.mark(cluster, func(st *agentState) { st.connected = connected })
+}
+
+// Forget drops what the server knew of a deregistered cluster.
+func (k *KubeStatus) Forget(cluster string) {
+	k.mu.Lock()
+	delete(k.state, cluster)
+	delete(k.written, cluster)
+	k.mu.Unlock()
+}
+
+func (k *KubeStatus) processNext(ctx context.Context) bool {
+	cluster, shutdown := k.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer k.queue.Done(cluster)
+	retryIn, err := k.sync(ctx, cluster)
+	switch {
+	case err != nil:
+		k.log.Warn("could not update KubernetesCluster status; will retry", "cluster", cluster, "error", err)
+		k.queue.AddRateLimited(cluster)
+	case retryIn > 0:
+		k.queue.Forget(cluster)
+		k.queue.AddAfter(cluster, retryIn)
+	default:
+		k.queue.Forget(cluster)
+	}
+	return true
+}
+
+// sync writes cluster's status if the watched one differs from what the
+// server knows. It returns when to look again for a heartbeat not written
+// yet.
+func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, error) {
+	obj, exists, err := k.informer.GetStore().GetByKey(k.namespace + "/" + cluster)
+	if err != nil {
+		return 0, err
+	}
+	if !exists {
+		return 0, nil // not registered (any more): nothing to write
+	}
+	kc, err := toCluster(obj)
+	if err != nil {
+		return 0, err
+	}
+	k.mu.Lock()
+	st := agentState{}
+	if cur := k.state[cluster]; cur != nil {
+		st = *cur
+	}
+	have := kc.Status
+	if w, ok := k.written[cluster]; ok && w.before == kc.ResourceVersion && w.after != kc.ResourceVersion {
+		have = w.status
+	}
+	k.mu.Unlock()
+	patch := map[string]any{}
+	mine := k.cfg.Replica == "" || have.Replica == "" || have.Replica == k.cfg.Replica
+	switch {
+	case st.connected && k.cfg.Replica != "" && have.Replica != k.cfg.Replica:
+		patch["replica"] = k.cfg.Replica
+		if !have.Connected {
+			patch["connected"] = true
+		}
+	case have.Connected != st.connected && (st.connected || mine):
+		patch["connected"] = st.connected
+	}
+	if !st.connected && !mine {
+		// Another replica holds (or last held) the session: its facts are
+		// its to write.
+		st = agentState{}
+	}
+	if st.ack != nil && newerAck(st.ack, have.AppliedOutputs) {
+		patch["appliedOutputs"] = st.ack
+	}
+	if st.cert != nil && (have.AgentCertificate == nil || *have.AgentCertificate != *st.cert) {
+		patch["agentCertificate"] = st.cert
+	}
+	if st.version != "" && have.AgentVersion != st.version {
+		patch["agentVersion"] = st.version
+	}
+	if st.clockOffset != nil && (have.AgentClockOffset == nil || have.AgentClockOffset.Duration != *st.clockOffset) {
+		patch["agentClockOffset"] = metav1.Duration{Duration: *st.clockOffset}
+	}
+	var retryIn time.Duration
+	if !st.lastSeen.IsZero() {
+		seen := st.lastSeen.UTC().Truncate(time.Second)
+		switch behind := seen.Sub(timeOf(have.LastSeen)); {
+		case behind <= 0:
+		case len(patch) > 0 || behind >= k.cfg.Heartbeat:
+			patch["lastSeen"] = metav1.NewTime(seen)
+		default:
+			// Only lastSeen is behind, by less than a heartbeat: write it
+			// with the next change, or when the heartbeat is due.
+			retryIn = k.cfg.Heartbeat - behind
+		}
+	}
+	if len(patch) == 0 {
+		return retryIn, nil
+	}
+	body, err := json.Marshal(map[string]any{"status": patch})
+	if err != nil {
+		return 0, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	got, err := k.client.Resource(KubernetesClusters).Namespace(k.namespace).Patch(wctx, cluster, types.MergePatchType, body,
+		metav1.PatchOptions{FieldManager: "relaymesh-server"}, "status")
+	if apierrors.IsNotFound(err) {
+		return 0, nil // deregistered meanwhile
+	}
+	if err != nil {
+		return 0, fmt.Errorf("patch %v: %w", slices.Sorted(maps.Keys(patch)), err)
+	}
+	if after, err := toCluster(got); err == nil {
+		k.mu.Lock()
+		k.written[cluster] = writtenStatus{before: kc.ResourceVersion, after: after.ResourceVersion, status: after.Status}
+		k.mu.Unlock()
+	}
+	return 0, nil
+}
+
+func timeOf(t *metav1.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.Time
+}
+
+// maxStatusResults bounds the results an ack keeps in the status (an
+// object has at most 1.5 MiB, and a compromised agent chooses its acks).
+const maxStatusResults = 256
+
+// Acked records cluster's agent's ack (as View.Acked kept it) for the
+// status: the version, failed objects first, then Secret results.
+func (k *KubeStatus) Acked(cluster string, ack *relaypb.PullAck) {
+	if ack == nil {
+		return
+	}
+	out := &multiclusterv1alpha1.AppliedOutputs{Version: strconv.FormatUint(ack.GetVersion(), 10)}
+	for _, failedFirst := range []bool{true, false} {
+		for _, r := range ack.GetResults() {
+			failed := r.GetOutcome() == "conflict" || r.GetOutcome() == "error"
+			if failed != failedFirst || len(out.Results) >= maxStatusResults {
+				continue
+			}
+			r = boundedResult(r)
+			out.Results = append(out.Results, multiclusterv1alpha1.AppliedResult{APIVersion: r.GetApiVersion(), Kind: r.GetKind(),
+				Namespace: r.GetNamespace(), Name: r.GetName(), Outcome: r.GetOutcome(), Error: r.GetError()})
+		}
+	}
+	k.mark(cluster, func(st *agentState) { st.ack = out })
+}
+
+// newerAck: want differs from have and is not older.
+func newerAck(want, have *multiclusterv1alpha1.AppliedOutputs) bool {
+	if have == nil {
+		return true
+	}
+	wv, _ := strconv.ParseUint(want.Version, 10, 64)
+	hv, _ := strconv.ParseUint(have.Version, 10, 64)
+	return wv > hv || (wv == hv && !reflect.DeepEqual(want.Results, have.Results))
+}
+
+// OnAck registers f, called with each cluster whose status shows a new
+// ack (from whichever replica holds its session). Register before Run.
+func (k *KubeStatus) OnAck(f func(cluster string)) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.ackListeners = append(k.ackListeners, f)
+}
+
+// Ack returns the ack cluster's status shows, or nil: what the agent
+// applied, whichever replica it talks to.
+func (k *KubeStatus) Ack(cluster string) *relaypb.PullAck {
+	obj, exists, err := k.informer.GetStore().GetByKey(k.namespace + "/" + cluster)
+	if err != nil || !exists {
+		return nil
+	}
+	kc, err := toCluster(obj)
+	if err != nil || kc.Status.AppliedOutputs == nil {
+		return nil
+	}
+	return ackOf(kc.Status.AppliedOutputs)
+}
+
+func ackOf(a *multiclusterv1alpha1.AppliedOutputs) *relaypb.PullAck {
+	v, err := strconv.ParseUint(a.Version, 10, 64)
+	if err != nil {
+		return nil
+	}
+	out := &relaypb.PullAck{Version: v}
+	for _, r := range a.Results {
+		out.Results = append(out.Results, &relaypb.ObjectResult{ApiVersion: r.APIVersion, Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Outcome: r.Outcome, Error: r.Error})
+	}
+	return out
+}
+
+// Sweep runs on the replica holding the Lease until ctx ends: every
+// interval it marks disconnected each cluster whose status names a replica
+// that alive says is gone (its Lease expired: it died or lost the
+// apiserver), unless the cluster reconnected meanwhile (the write is
+// conditional on the resourceVersion it read).
+func (k *KubeStatus) Sweep(ctx context.Context, interval time.Duration, alive func(context.Context) (map[string]bool, error)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		live, err := alive(ctx)
+		if err != nil {
+			k.log.Warn("cannot tell which replicas are alive; not sweeping", "error", err)
+			continue
+		}
+		for _, obj := range k.informer.GetStore().List() {
+			kc, err := toCluster(obj)
+			if err != nil || !kc.Status.Connected || kc.Status.Replica == "" || live[kc.Status.Replica] {
+				continue
+			}
+			body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": kc.ResourceVersion},
+				"status": map[string]any{"connected": false}})
+			_, err = k.client.Resource(KubernetesClusters).Namespace(k.namespace).Patch(ctx, kc.Name, types.MergePatchType, body,
+				metav1.PatchOptions{FieldManager: "relaymesh-server"}, "status")
+			switch {
+			case err == nil:
+				k.log.Info("cluster marked disconnected: the replica holding its session is gone", "cluster", kc.Name, "replica", kc.Status.Replica)
+			case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
+			default:
+				k.log.Warn("could not mark a cluster of a gone replica disconnected", "cluster", kc.Name, "error", err)
+			}
+		}
+	}
+}

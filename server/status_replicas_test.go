@@ -1,0 +1,123 @@
+package server_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+)
+
+// Two replicas write one cluster's status: the one holding the session
+// says so; the one whose session ended late does not overwrite it; an ack
+// written by one is read by the other (the leader reads every cluster's);
+// an older ack never replaces a newer one; a hostile ack is cut to what the
+// status keeps; and the leader's sweep marks disconnected the clusters of a
+// replica that is gone.
+func TestClusterStatusAcrossReplicas(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	mgmt := env.Cluster("mgmt")
+	cs, err := mgmt.Clientset()
+	require.NoError(t, err)
+	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	client, err := dynamic.NewForConfig(mgmt.RESTConfig())
+	require.NoError(t, err)
+	_, err = client.Resource(server.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": multiclusterv1alpha1.GroupVersion.String(), "kind": "KubernetesCluster",
+		"metadata": map[string]any{"name": "c1"}, "spec": map[string]any{"mode": "relay"}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	a := server.NewKubeStatus(client, "relaymesh", log, server.StatusConfig{Replica: "a", Coalesce: 10 * time.Millisecond})
+	b := server.NewKubeStatus(client, "relaymesh", log, server.StatusConfig{Replica: "b", Coalesce: 10 * time.Millisecond})
+	var acksOnA atomic.Int32
+	a.OnAck(func(c string) {
+		if c == "c1" {
+			acksOnA.Add(1)
+		}
+	})
+	go a.Run(ctx)
+	go b.Run(ctx)
+	status := func() multiclusterv1alpha1.KubernetesClusterStatus {
+		u, err := client.Resource(server.KubernetesClusters).Namespace("relaymesh").Get(ctx, "c1", metav1.GetOptions{})
+		require.NoError(t, err)
+		var kc multiclusterv1alpha1.KubernetesCluster
+		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &kc))
+		return kc.Status
+	}
+	eventually := func(msg string, f func(multiclusterv1alpha1.KubernetesClusterStatus) bool) {
+		t.Helper()
+		require.Eventually(t, func() bool { return f(status()) }, 10*time.Second, 20*time.Millisecond, msg)
+	}
+
+	a.SessionChanged("c1", true)
+	eventually("a holds the session", func(s multiclusterv1alpha1.KubernetesClusterStatus) bool { return s.Connected && s.Replica == "a" })
+	b.SessionChanged("c1", true) // the agent failed over to b
+	eventually("b holds the session", func(s multiclusterv1alpha1.KubernetesClusterStatus) bool { return s.Connected && s.Replica == "b" })
+	a.SessionChanged("c1", false) // a notices its old session ended, late
+	time.Sleep(500 * time.Millisecond)
+	st := status()
+	assert.True(t, st.Connected, "a replica that lost the agent to another does not mark it disconnected")
+	assert.Equal(t, "b", st.Replica)
+
+	b.Acked("c1", &relaypb.PullAck{Version: 1_700_000_000_000_000_002, Results: []*relaypb.ObjectResult{
+		{Kind: "Secret", Namespace: "istio-system", Name: "cacerts", Outcome: "applied"},
+		{ApiVersion: "networking.istio.io/v1", Kind: "VirtualService", Namespace: "x", Name: "a", Outcome: "conflict", Error: "not ours"}}})
+	require.Eventually(t, func() bool { return a.Ack("c1").GetVersion() == 1_700_000_000_000_000_002 }, 10*time.Second, 20*time.Millisecond, "the other replica reads the ack")
+	got := a.Ack("c1").GetResults()
+	require.Len(t, got, 2)
+	assert.Equal(t, "conflict", got[0].GetOutcome(), "failures first")
+	assert.Equal(t, "cacerts", got[1].GetName())
+	assert.Positive(t, acksOnA.Load())
+
+	a.Acked("c1", &relaypb.PullAck{Version: 1_700_000_000_000_000_001}) // an older ack, from a stale session
+	time.Sleep(500 * time.Millisecond)
+	assert.Equal(t, "1700000000000000002", status().AppliedOutputs.Version, "never an older ack over a newer one")
+
+	// A hostile agent's ack: thousands of results, long strings.
+	var hostile []*relaypb.ObjectResult
+	for range 5000 {
+		hostile = append(hostile, &relaypb.ObjectResult{Kind: strings.Repeat("K", 10000), Name: strings.Repeat("n", 10000), Outcome: "error", Error: strings.Repeat("e", 100000)})
+	}
+	view := server.NewView()
+	view.Acked("c1", &relaypb.PullAck{Version: 1_700_000_000_000_000_003, Results: hostile}, time.Now())
+	b.Acked("c1", view.Ack("c1"))
+	eventually("the hostile ack is kept, bounded", func(s multiclusterv1alpha1.KubernetesClusterStatus) bool {
+		return s.AppliedOutputs != nil && s.AppliedOutputs.Version == "1700000000000000003"
+	})
+	st = status()
+	assert.Len(t, st.AppliedOutputs.Results, 256)
+	for _, r := range st.AppliedOutputs.Results {
+		assert.LessOrEqual(t, len(r.Kind), 253)
+		assert.LessOrEqual(t, len(r.Error), 256)
+	}
+
+	// b is gone (its Lease expired): the leader's sweep marks c1
+	// disconnected; a cluster of a live replica stays.
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	defer stopSweep()
+	go a.Sweep(sweepCtx, 50*time.Millisecond, func(context.Context) (map[string]bool, error) { return map[string]bool{"a": true, "b": true}, nil })
+	time.Sleep(300 * time.Millisecond)
+	assert.True(t, status().Connected, "a live replica's cluster stays connected")
+	stopSweep()
+	go a.Sweep(ctx, 50*time.Millisecond, func(context.Context) (map[string]bool, error) { return map[string]bool{"a": true}, nil })
+	eventually("the sweep marks a gone replica's cluster disconnected", func(s multiclusterv1alpha1.KubernetesClusterStatus) bool { return !s.Connected })
+}
