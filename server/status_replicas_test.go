@@ -86,7 +86,7 @@ func TestClusterStatusAcrossReplicas(t *testing.T) {
 	require.Len(t, got, 2)
 	assert.Equal(t, "conflict", got[0].GetOutcome(), "failures first")
 	assert.Equal(t, "cacerts", got[1].GetName())
-	assert.Positive(t, acksOnA.Load())
+	assert.Eventually(t, func() bool { return acksOnA.Load() > 0 }, 5*time.Second, 10*time.Millisecond, "the other replica heard of the ack")
 
 	a.Acked("c1", &relaypb.PullAck{Version: 1_700_000_000_000_000_001}) // an older ack, from a stale session
 	time.Sleep(500 * time.Millisecond)
