@@ -13,9 +13,7 @@ import (
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
 )
 
 // With several replicas a replica writes only the clusters it owns: one
@@ -24,17 +22,8 @@ import (
 func TestMirrorWritesOnlyOwnedClusters(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	mgmt := env.Cluster("mgmt")
-	cs, err := mgmt.Clientset()
-	require.NoError(t, err)
 	const ns = "relaymesh"
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	client, err := dynamic.NewForConfig(mgmt.RESTConfig())
-	require.NoError(t, err)
+	_, _, client := localcluster.Management(t, ns)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	count := func() int {
 		l, err := client.Resource(server.DestinationsResource).Namespace(ns).List(ctx, metav1.ListOptions{})

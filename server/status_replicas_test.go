@@ -15,11 +15,9 @@ import (
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/dynamic"
 )
 
 // Two replicas write one cluster's status: the one holding the session
@@ -31,17 +29,8 @@ import (
 func TestClusterStatusAcrossReplicas(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	mgmt := env.Cluster("mgmt")
-	cs, err := mgmt.Clientset()
-	require.NoError(t, err)
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	client, err := dynamic.NewForConfig(mgmt.RESTConfig())
-	require.NoError(t, err)
-	_, err = client.Resource(server.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+	_, _, client := localcluster.Management(t, "relaymesh")
+	_, err := client.Resource(server.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": multiclusterv1alpha1.GroupVersion.String(), "kind": "KubernetesCluster",
 		"metadata": map[string]any{"name": "c1"}, "spec": map[string]any{"mode": "relay"}}}, metav1.CreateOptions{})
 	require.NoError(t, err)

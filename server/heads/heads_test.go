@@ -14,7 +14,6 @@ import (
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
@@ -23,15 +22,7 @@ const ns = "relaymesh"
 
 func apiserver(t *testing.T) kubernetes.Interface {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cs, err := env.Cluster("mgmt").Clientset()
-	require.NoError(t, err)
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	_, cs, _ := localcluster.Management(t, ns)
 	return cs
 }
 
