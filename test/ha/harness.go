@@ -174,7 +174,8 @@ func (e *Env) Start(t *testing.T, idx ...int) {
 // Replica is one `relaymesh server` process in its own network namespace.
 type Replica struct {
 	Index int
-	// Name is replica-<Index>, the process's name in logs.
+	// Name is replica-<Index>: its --replica-name (the Lease holder and
+	// KubernetesCluster status.replica say it) and its name in logs.
 	Name string
 	// IP is its address; RelayAddr (gRPC) and OpsAddr (metrics, health)
 	// are on it.
@@ -193,7 +194,7 @@ func (r *Replica) Args() []string {
 	e := r.env
 	return append([]string{"server", "--kubeconfig", e.replicaKubeconfig, "--namespace", e.Namespace,
 		"--listen", r.RelayAddr, "--metrics-listen", r.OpsAddr, "--audit-log", r.AuditLog,
-		"--server-dns-names", e.ServiceName(), "--server-ips", r.IP.String()}, e.serverArgs...)
+		"--server-dns-names", e.ServiceName(), "--server-ips", r.IP.String(), "--replica-name", r.Name}, e.serverArgs...)
 }
 
 func (r *Replica) start() error {
@@ -348,8 +349,11 @@ type AgentStatus struct {
 			Serial string `json:"serial"`
 		} `json:"credential"`
 		Session struct {
-			Connected bool   `json:"connected"`
-			SPIFFEID  string `json:"spiffeID"`
+			Connected bool      `json:"connected"`
+			SPIFFEID  string    `json:"spiffeID"`
+			Since     time.Time `json:"since"`
+			// AppliedVersion is the output version the agent applied last.
+			AppliedVersion uint64 `json:"appliedVersion"`
 		} `json:"session"`
 	} `json:"status"`
 }
