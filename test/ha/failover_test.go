@@ -135,11 +135,13 @@ func (w *world) failover(t *testing.T, dead *ha.Replica, vic *victim) {
 		}
 	}
 
-	// The Lease moves within its duration (and a bit).
+	// The Lease moves within its duration and a bit: the dead holder's
+	// last renewal preceded the kill by up to a retry period (1 s), the
+	// others look once a retry period, and this machine is shared.
 	if wasLeader {
 		leader, after := newLeader(t)
 		t.Logf("new Lease holder %s %s after the kill (lease %s)", leader.Name, after.Round(time.Millisecond), lease)
-		assert.LessOrEqual(t, after, lease+3*time.Second, "a new Lease holder within the lease duration")
+		assert.LessOrEqual(t, after, lease+5*time.Second, "a new Lease holder within the lease duration")
 	}
 
 	// The edit made right after the kill reaches every cluster.
