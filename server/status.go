@@ -257,9 +257,9 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	if cur := k.state[cluster]; cur != nil {
 		st = *cur
 	}
-	have := kc.Status
+	have, rv := kc.Status, kc.ResourceVersion
 	if w, ok := k.written[cluster]; ok && w.before == kc.ResourceVersion && w.after != kc.ResourceVersion {
-		have = w.status
+		have, rv = w.status, w.after
 	}
 	k.mu.Unlock()
 	patch := map[string]any{}
@@ -306,7 +306,16 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	if len(patch) == 0 {
 		return retryIn, nil
 	}
-	body, err := json.Marshal(map[string]any{"status": patch})
+	doc := map[string]any{"status": patch}
+	if k.cfg.Replica != "" {
+		// With several replicas, what this one decided rests on the status
+		// it read (who holds the session): written only if nobody wrote
+		// since, else read again and decide again. Without it, a replica
+		// that read a stale holder wrote "disconnected" over the new
+		// holder's "connected".
+		doc["metadata"] = map[string]any{"resourceVersion": rv}
+	}
+	body, err := json.Marshal(doc)
 	if err != nil {
 		return 0, err
 	}
@@ -316,6 +325,9 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 		metav1.PatchOptions{FieldManager: "relaymesh-server"}, "status")
 	if apierrors.IsNotFound(err) {
 		return 0, nil // deregistered meanwhile
+	}
+	if apierrors.IsConflict(err) {
+		return 100 * time.Millisecond, nil // someone wrote since: decide again on what the watch shows then
 	}
 	if err != nil {
 		return 0, fmt.Errorf("patch %v: %w", slices.Sorted(maps.Keys(patch)), err)
