@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,6 +30,10 @@ import (
 // stale; the next reconcile reads it afresh from the apiserver and goes on
 // from there. So no write can move a rotation back, or skip a step, over
 // one it did not see.
+
+// staleRetry is how soon a failed fresh read of a VirtualMesh is tried
+// again.
+const staleRetry = 2 * time.Second
 
 // errNotLeading refuses a status write on a replica that does not lead.
 var errNotLeading = errors.New("not the leading replica")
@@ -74,8 +79,10 @@ func (c *Controller) follow(ctx context.Context, key string, vm *networkingv1alp
 	case stale:
 		fresh, err := c.read(ctx, vm.Namespace, vm.Name)
 		if err != nil {
-			// Still stale: writes stay refused until a read succeeds.
-			c.log.Warn("could not read the VirtualMesh afresh; not writing its status yet", "virtual_mesh", key, "error", err)
+			// Still stale: writes stay refused until a read succeeds; try
+			// again soon rather than at the next event.
+			c.log.Warn("could not read the VirtualMesh afresh; not writing its status yet", "virtual_mesh", key, "error", err, "retry_in", staleRetry)
+			time.AfterFunc(staleRetry, c.Kick)
 			return vm
 		}
 		c.adopt(key, fresh)
