@@ -58,7 +58,7 @@ func (e *Env) leaseDuration(ctx context.Context, name string) (time.Duration, er
 		return 0, err
 	}
 	if l.Spec.LeaseDurationSeconds == nil {
-		return 0, fmt.Errorf("Lease %s has no duration", name)
+		return 0, fmt.Errorf("lease %s has no duration", name)
 	}
 	return time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second, nil
 }
