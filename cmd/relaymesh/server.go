@@ -282,9 +282,11 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 			_, kubeconfigMode := kubeconfigClusters.Lookup(c)
 			return !relayMode && !kubeconfigMode && reps.leading()
 		}
-		sink = releasingSink{KubeStatus: status, view: view}
 	}
 	mirror := server.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, mirrorCfg)
+	if reps.name != "" {
+		sink = releasingSink{KubeStatus: status, view: view, mirror: mirror}
+	}
 	registry.OnRevoke(mirror.Kick)
 	go mirror.Run(ctx)
 	onceOnly(leader.Task{Name: "orphan-collection", Run: func(ctx context.Context) {
@@ -716,12 +718,18 @@ const serverLease = "relaymesh-server"
 // cluster's discovered objects.
 type releasingSink struct {
 	*server.KubeStatus
-	view *server.View
+	view   *server.View
+	mirror *server.Mirror
 }
 
 func (r releasingSink) SessionChanged(cluster string, connected bool) {
 	r.KubeStatus.SessionChanged(cluster, connected)
 	if !connected {
 		r.view.Release(cluster)
+		// Whoever owns the cluster's objects now decides again: if the
+		// session ended because the cluster was deregistered, the leader
+		// deletes them (the release may come before the view's removal,
+		// which then has nothing to announce).
+		r.mirror.Kick(cluster)
 	}
 }
