@@ -15,6 +15,7 @@ import (
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"google.golang.org/protobuf/proto"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -45,6 +46,8 @@ type KubeStatus struct {
 	mu           sync.Mutex
 	state        map[string]*agentState
 	ackListeners []func(cluster string)
+	// acks is the ack each cluster's status shows, kept from the watch.
+	acks map[string]*relaypb.PullAck
 	// written is the status each cluster's last write left, and the
 	// resourceVersions before and after it: while the watch still shows
 	// the object as it was before that write (a watch lags, most of all in
@@ -122,7 +125,7 @@ func NewKubeStatus(client dynamic.Interface, namespace string, log *slog.Logger,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "cluster-status"}),
 		informer: factory.ForResource(KubernetesClusters).Informer(),
-		state:    map[string]*agentState{}, written: map[string]writtenStatus{}}
+		state:    map[string]*agentState{}, written: map[string]writtenStatus{}, acks: map[string]*relaypb.PullAck{}}
 }
 
 // Run watches the KubernetesClusters and writes their statuses until ctx
@@ -137,20 +140,11 @@ func (k *KubeStatus) Run(ctx context.Context) {
 	}
 	// A new registration is compared at once (a stale status of an earlier
 	// server is corrected); updates are ours, or drift the resync repairs.
-	acked := func(old, cur any) {
-		o, err1 := toCluster(old)
-		c, err2 := toCluster(cur)
-		if err2 != nil || c.Status.AppliedOutputs == nil || (err1 == nil && reflect.DeepEqual(o.Status.AppliedOutputs, c.Status.AppliedOutputs)) {
-			return
-		}
-		k.mu.Lock()
-		listeners := k.ackListeners
-		k.mu.Unlock()
-		for _, f := range listeners {
-			f(c.Name)
-		}
-	}
-	if _, err := k.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: acked}); err != nil {
+	if _, err := k.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { enqueue(obj); k.recordAck(obj) },
+		UpdateFunc: func(_, cur any) { k.recordAck(cur) },
+		DeleteFunc: k.forgetAck,
+	}); err != nil {
 		k.log.Error("cannot watch KubernetesClusters; statuses are not written", "error", err)
 		return
 	}
@@ -391,17 +385,52 @@ func (k *KubeStatus) OnAck(f func(cluster string)) {
 }
 
 // Ack returns the ack cluster's status shows, or nil: what the agent
-// applied, whichever replica it talks to.
+// applied, whichever replica it talks to. It is kept from the watch, so a
+// caller asking for every cluster on every ack costs no decoding.
 func (k *KubeStatus) Ack(cluster string) *relaypb.PullAck {
-	obj, exists, err := k.informer.GetStore().GetByKey(k.namespace + "/" + cluster)
-	if err != nil || !exists {
-		return nil
-	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.acks[cluster]
+}
+
+// recordAck keeps the ack a watched KubernetesCluster's status shows and,
+// when it changed, tells the listeners.
+func (k *KubeStatus) recordAck(obj any) {
 	kc, err := toCluster(obj)
-	if err != nil || kc.Status.AppliedOutputs == nil {
-		return nil
+	if err != nil {
+		return
 	}
-	return ackOf(kc.Status.AppliedOutputs)
+	var ack *relaypb.PullAck
+	if kc.Status.AppliedOutputs != nil {
+		ack = ackOf(kc.Status.AppliedOutputs)
+	}
+	k.mu.Lock()
+	changed := !proto.Equal(k.acks[kc.Name], ack)
+	if ack == nil {
+		delete(k.acks, kc.Name)
+	} else {
+		k.acks[kc.Name] = ack
+	}
+	listeners := k.ackListeners
+	k.mu.Unlock()
+	if changed && ack != nil {
+		for _, f := range listeners {
+			f(kc.Name)
+		}
+	}
+}
+
+// forgetAck drops the ack of a KubernetesCluster that was deleted.
+func (k *KubeStatus) forgetAck(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
+		_, name, _ := cache.SplitMetaNamespaceKey(key)
+		k.mu.Lock()
+		delete(k.acks, name)
+		k.mu.Unlock()
+	}
 }
 
 func ackOf(a *multiclusterv1alpha1.AppliedOutputs) *relaypb.PullAck {
