@@ -145,36 +145,22 @@ func (o *Outputs) publish(cluster string) {
 	o.next++
 	o.sets[cluster] = &relaypb.OutputSet{Version: o.next, Objects: sorted, Trust: trust}
 	o.hashes[cluster] = sum
-	subs := make([]chan struct{}, 0, len(o.subs[cluster]))
-	for ch := range o.subs[cluster] {
-		subs = append(subs, ch)
-	}
+	o.wakeLocked(cluster)
 	published := o.published
 	o.mu.Unlock()
 	for _, f := range published {
 		f(cluster)
 	}
-	for _, ch := range subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
 }
-
-// maxResumeAhead bounds how far past the wall clock (in nanoseconds, the
-// unit versions start in) a version an agent says it holds may be: a
-// replica's versions start at its start time and grow by one per change.
-const maxResumeAhead = 1 << 42 // about 73 minutes
 
 // Resume makes sure cluster's next set goes out with a version above held,
 // the version its agent says it applied (from this replica or another): if
-// the current set's version is not above it, the same set is published
-// again with a higher version. A held version beyond now by more than
-// maxResumeAhead is refused (no replica made it; it would exhaust the
-// counter) and changes nothing.
+// the current set's version is below it, the same set is published again
+// with a higher version (an equal one is the set the agent holds). A held version no replica can have made
+// (heads.Plausible) is refused, as it would exhaust the counter, and
+// changes nothing.
 func (o *Outputs) Resume(cluster string, held uint64, now time.Time) error {
-	if held > uint64(now.UnixNano())+maxResumeAhead {
+	if !heads.Plausible(held, now) {
 		return fmt.Errorf("resume version %d is ahead of every replica's", held)
 	}
 	o.pubMu.Lock()
@@ -187,24 +173,37 @@ func (o *Outputs) Resume(cluster string, held uint64, now time.Time) error {
 	if o.next < held {
 		o.next = held
 	}
+	// The same version is the set this agent already holds (versions are
+	// this replica's start time in nanoseconds plus its changes, so another
+	// replica's equal version is not a concern): nothing to send again.
+	if cur := o.sets[cluster]; cur != nil && cur.GetVersion() < held {
+		o.next++
+		o.restampLocked(cluster, o.next)
+		o.wakeLocked(cluster)
+	}
+	return nil
+}
+
+// restampLocked gives cluster's current set version v. An agent holds its
+// trust requests only once it acked v, so a rotation waits for that ack.
+// Callers hold mu.
+func (o *Outputs) restampLocked(cluster string, v uint64) {
 	cur := o.sets[cluster]
-	if cur == nil || cur.GetVersion() > held {
-		return nil
-	}
-	o.next++
-	o.sets[cluster] = &relaypb.OutputSet{Version: o.next, Objects: cur.GetObjects(), Trust: cur.GetTrust()}
+	o.sets[cluster] = &relaypb.OutputSet{Version: v, Objects: cur.GetObjects(), Trust: cur.GetTrust()}
 	if o.trustSince[cluster] != 0 {
-		// The agent holds this trust content already only if it holds this
-		// set; it must ack the new version before a rotation moves on.
-		o.trustSince[cluster] = o.next
+		o.trustSince[cluster] = v
 	}
+}
+
+// wakeLocked tells cluster's Pull streams that its set may have changed;
+// a stream already woken is not woken twice. Callers hold mu.
+func (o *Outputs) wakeLocked(cluster string) {
 	for ch := range o.subs[cluster] {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
 	}
-	return nil
 }
 
 // Get returns cluster's current set, or nil if none was published yet. An
@@ -240,17 +239,8 @@ func (o *Outputs) UseHeads(head func(cluster string) (heads.Head, bool)) {
 // HeadChanged wakes cluster's Pull streams: its head moved.
 func (o *Outputs) HeadChanged(cluster string) {
 	o.mu.Lock()
-	subs := make([]chan struct{}, 0, len(o.subs[cluster]))
-	for ch := range o.subs[cluster] {
-		subs = append(subs, ch)
-	}
-	o.mu.Unlock()
-	for _, ch := range subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
+	defer o.mu.Unlock()
+	o.wakeLocked(cluster)
 }
 
 // OnPublish registers f, called (without locks held) with each cluster
@@ -300,15 +290,10 @@ func (o *Outputs) Adopt(stored map[string]heads.Head) {
 		h, ok := stored[cluster]
 		switch {
 		case ok && h.Digest == o.hashes[cluster]:
-			o.sets[cluster] = &relaypb.OutputSet{Version: h.Version, Objects: set.GetObjects(), Trust: set.GetTrust()}
+			o.restampLocked(cluster, h.Version)
 		case ok && set.GetVersion() <= h.Version:
 			o.next++
-			o.sets[cluster] = &relaypb.OutputSet{Version: o.next, Objects: set.GetObjects(), Trust: set.GetTrust()}
-		default:
-			continue
-		}
-		if o.trustSince[cluster] != 0 {
-			o.trustSince[cluster] = o.sets[cluster].GetVersion()
+			o.restampLocked(cluster, o.next)
 		}
 	}
 	o.mu.Unlock()

@@ -66,18 +66,21 @@ func parse(s string) (Head, error) {
 	if err != nil || n == 0 {
 		return Head{}, errors.New("version is not a positive integer")
 	}
-	if n > uint64(time.Now().UnixNano())+maxAhead {
-		// No replica made it (versions start at a replica's start time in
-		// nanoseconds and grow by one per change); kept, it would stop the
-		// leader from ever writing a higher one.
+	if !Plausible(n, time.Now()) {
+		// Kept, it would stop the leader from ever writing a higher one.
 		return Head{}, errors.New("version is ahead of every replica's clock")
 	}
 	return Head{Version: n, Digest: d}, nil
 }
 
-// maxAhead bounds how far past the wall clock, in nanoseconds, a head's
+// maxAhead bounds how far past the wall clock, in nanoseconds, an output
 // version may be: about 73 minutes of clock skew and changes.
 const maxAhead = 1 << 42
+
+// Plausible reports whether some replica can have made output version v by
+// now: versions start at a replica's start time in nanoseconds and grow by
+// one per change, so one far past the wall clock was made by no replica.
+func Plausible(v uint64, now time.Time) bool { return v <= uint64(now.UnixNano())+maxAhead }
 
 // Store reads the heads from a watch and writes them with the shard's
 // resourceVersion as precondition.
