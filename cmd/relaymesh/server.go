@@ -141,8 +141,8 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.StringVar(&f.webhookClientCA, "webhook-client-ca", "", "PEM file of the CA that issued the kube-apiserver's client certificate for admission webhooks (its --admission-control-config-file kubeconfig): the webhook then answers only callers with such a certificate; required with --webhook-listen unless --webhook-allow-unauthenticated")
 	fs.StringVar(&f.dashboardListen, "dashboard-listen", "", "serve the read-only web dashboard on this address, e.g. :9092 (bearer token checked by TokenReview, every view authorized by SubjectAccessReview; see docs/dashboard.md); empty: off")
 	fs.BoolVar(&f.webhookAllowUnauthenticated, "webhook-allow-unauthenticated", false, "WEAKER: serve the webhook to callers without a client certificate; decisions record the caller as unauthenticated and each source address has its own budget")
-	fs.StringVar(&f.replicaName, "replica-name", "", "this replica's name in the server's Lease (unique per replica; default: $POD_NAME, else the host name)")
-	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run the once-only work (orphan collection, the webhook's configuration) only while holding the Lease relaymesh-server in --namespace, so several replicas can run; off: this process does it unconditionally (run exactly one replica)")
+	fs.StringVar(&f.replicaName, "replica-name", "", "this replica's name in the server's Leases and in KubernetesCluster status (unique per replica; default: $POD_NAME, else the host name and process ID)")
+	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run as one of several replicas: the once-only work (output heads, statuses, the rotation driver, orphan collection, the session sweep, the token-mint audit, the webhook's configuration) runs only while holding the Lease relaymesh-server in --namespace; off: this process does it unconditionally and serves its own output versions (run exactly one replica)")
 	fs.DurationVar(&f.leaseDuration, "leader-lease-duration", 8*time.Second, "how long the server's Lease lasts without renewal (another replica takes over after it)")
 	fs.DurationVar(&f.renewDeadline, "leader-renew-deadline", 5*time.Second, "how long the leading replica retries renewing before it stops its once-only work")
 	fs.DurationVar(&f.retryPeriod, "leader-retry-period", time.Second, "how often replicas try to acquire or renew the Lease")
@@ -244,8 +244,11 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		}
 		<-ctx.Done()
 	}})
+	// With leader election this is one of several replicas: state they
+	// share goes through the apiserver.
+	ha := reps.name != ""
 	status := server.NewKubeStatus(kube.Dynamic, f.namespace, log, server.StatusConfig{Replica: reps.name})
-	if reps.name != "" {
+	if ha {
 		onceOnly(leader.Task{Name: "session-sweep", Run: func(ctx context.Context) {
 			status.Sweep(ctx, replicaHeartbeat, func(ctx context.Context) (map[string]bool, error) { return leader.Alive(ctx, kube.Typed, f.namespace) })
 		}})
@@ -264,12 +267,12 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		Ack(cluster string) *relaypb.PullAck
 		OnAck(func(cluster string))
 	} = view
-	if reps.name != "" {
+	if ha {
 		acks = status
 	}
 	mirrorCfg := server.MirrorConfig{Registerer: reg}
 	var sink server.StatusSink = status
-	if reps.name != "" {
+	if ha {
 		// The replica holding a cluster's session writes its objects; the
 		// leader deletes those of clusters that left. A replica whose
 		// agent moved on forgets the snapshot, so it never writes a stale
@@ -284,7 +287,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		}
 	}
 	mirror := server.NewMirrorWithConfig(kube.Dynamic, f.namespace, view, log, mirrorCfg)
-	if reps.name != "" {
+	if ha {
 		sink = releasingSink{KubeStatus: status, view: view, mirror: mirror}
 	}
 	registry.OnRevoke(mirror.Kick)
@@ -303,7 +306,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	}})
 	outputs := server.NewOutputs(time.Now())
 	var afterAdopt []func() // run when a term's leader adopted the heads
-	if f.leaderElect {
+	if ha {
 		// Replicas serve one order of versions: the leader's heads.
 		headStore := heads.New(kube.Typed, f.namespace, log)
 		headStore.OnChange(outputs.HeadChanged)
@@ -389,7 +392,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if err != nil {
 		return err
 	}
-	if reps.name != "" {
+	if ha {
 		// A replica cut off from the apiserver cannot learn of
 		// deregistrations: it fails closed and its agents move on.
 		go leader.Heartbeat(ctx, kube.Typed, f.namespace, reps.name, replicaHeartbeat, log, srv.SetIsolated)
