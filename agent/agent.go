@@ -9,8 +9,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/relaymesh/relaymesh/internal/dialer"
-	"github.com/relaymesh/relaymesh/internal/text"
 	"hash"
 	"io"
 	"log/slog"
@@ -24,6 +22,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/relaymesh/relaymesh/internal/backoff"
+	"github.com/relaymesh/relaymesh/internal/dialer"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"google.golang.org/grpc"

@@ -19,8 +19,6 @@ import (
 	"github.com/relaymesh/relaymesh/test/fleet"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -69,15 +67,8 @@ func etcdBytes(b *testing.B, cs kubernetes.Interface) float64 {
 func BenchmarkMirrorStoreBudget(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: b.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(b, err)
-	defer func() { _ = env.Stop() }()
-	mgmt := env.Cluster("mgmt")
-	cs, err := mgmt.Clientset()
-	require.NoError(b, err)
 	const ns = "relaymesh"
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	require.NoError(b, err)
+	mgmt, cs, _ := localcluster.Management(b, ns)
 	cfg := mgmt.RESTConfig()
 	cfg.QPS, cfg.Burst = 500, 1000
 	client, err := dynamic.NewForConfig(cfg)

@@ -15,7 +15,6 @@ import (
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -30,19 +29,10 @@ import (
 func TestOnlyTheLeaderWritesStatus(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	mgmt := env.Cluster("mgmt")
-	cs, err := mgmt.Clientset()
-	require.NoError(t, err)
 	const ns = "relaymesh"
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	admin, err := dynamic.NewForConfig(mgmt.RESTConfig())
-	require.NoError(t, err)
+	mgmt, _, admin := localcluster.Management(t, ns)
 	tpGVR := networkingv1alpha1.GroupVersion.WithResource("trafficpolicies")
-	_, err = admin.Resource(tpGVR).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+	_, err := admin.Resource(tpGVR).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": networkingv1alpha1.GroupVersion.String(), "kind": "TrafficPolicy",
 		"metadata": map[string]any{"name": "timeouts"}, "spec": map[string]any{"policy": map[string]any{"requestTimeout": "5s"}}}}, metav1.CreateOptions{})
 	require.NoError(t, err)
