@@ -39,6 +39,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 const serverSynopsis = `Runs the management server in the management cluster: the relay CA, the
@@ -250,7 +252,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	status := server.NewKubeStatus(kube.Dynamic, f.namespace, log, server.StatusConfig{Replica: reps.name})
 	if ha {
 		onceOnly(leader.Task{Name: "session-sweep", Run: func(ctx context.Context) {
-			status.Sweep(ctx, replicaHeartbeat, func(ctx context.Context) (map[string]bool, error) { return leader.Alive(ctx, kube.Typed, f.namespace) })
+			status.Sweep(ctx, replicaHeartbeat, func(ctx context.Context) (map[string]bool, error) { return leader.Alive(ctx, reps.coord, f.namespace) })
 		}})
 	}
 	registry.OnRevoke(status.Forget)
@@ -308,7 +310,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	var afterAdopt []func() // run when a term's leader adopted the heads
 	if ha {
 		// Replicas serve one order of versions: the leader's heads.
-		headStore := heads.New(kube.Typed, f.namespace, log)
+		headStore := heads.New(reps.coord, f.namespace, log)
 		headStore.OnChange(outputs.HeadChanged)
 		if err := headStore.Start(ctx); err != nil {
 			return err
@@ -395,7 +397,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if ha {
 		// A replica cut off from the apiserver cannot learn of
 		// deregistrations: it fails closed and its agents move on.
-		go leader.Heartbeat(ctx, kube.Typed, f.namespace, reps.name, replicaHeartbeat, log, srv.SetIsolated)
+		go leader.Heartbeat(ctx, reps.coord, f.namespace, reps.name, replicaHeartbeat, log, srv.SetIsolated)
 	}
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
@@ -658,6 +660,9 @@ type replicas struct {
 	// it (under the Lease, or unconditionally with --leader-elect=false).
 	add func(leader.Task)
 	run func(context.Context)
+	// coord is the client of the Leases and heads (nil without leader
+	// election).
+	coord kubernetes.Interface
 	// leading reports whether this replica runs the once-only work now.
 	leading func() bool
 }
@@ -699,13 +704,23 @@ func (f serverFlags) onceOnlyWork(kube *kubeclient.Clients, reg prometheus.Regis
 		}, leading: func() bool { return true }}, nil
 	}
 	name := f.replica()
-	e, err := leader.New(leader.Config{Client: kube.Typed, Namespace: f.namespace, Name: serverLease, Identity: name,
+	// Coordination (the Leases, the heads) has a client of its own: behind
+	// a storm's thousands of status and mirror writes in the shared
+	// client's rate limiter, a Lease renewal would miss its deadline and
+	// a head would reach the agents seconds late.
+	cfg := rest.CopyConfig(kube.Config)
+	cfg.QPS, cfg.Burst = 50, 100
+	coord, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	e, err := leader.New(leader.Config{Client: coord, Namespace: f.namespace, Name: serverLease, Identity: name,
 		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod, Logger: log, Registerer: reg})
 	if err != nil {
 		return nil, err
 	}
 	log.Info("leader election on: once-only work runs while this replica holds the Lease", "lease", f.namespace+"/"+serverLease, "replica", name)
-	return &replicas{name: name, add: e.Add, run: e.Run, leading: e.Leading}, nil
+	return &replicas{name: name, add: e.Add, run: e.Run, leading: e.Leading, coord: coord}, nil
 }
 
 // replicaHeartbeat is how often a replica renews its own Lease, and how
