@@ -118,10 +118,6 @@ func GenerateRelayCA(cfg GenerateConfig) (*RelayCA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("generate root key: %w", err)
 	}
-	issuerKey, err := keyutil.GenerateSigner("EC", "P-256", 0)
-	if err != nil {
-		return nil, fmt.Errorf("generate issuing CA key: %w", err)
-	}
 	notBefore := now.Add(-caBackdate).Truncate(time.Second).UTC()
 
 	rootSerial, err := randomSerial(cfg.Rand)
@@ -143,9 +139,30 @@ func GenerateRelayCA(cfg GenerateConfig) (*RelayCA, error) {
 		return nil, fmt.Errorf("create root certificate: %w", err)
 	}
 
+	issuer, issuerKey, err := newRelayIssuer(cfg, root, rootKey)
+	if err != nil {
+		return nil, err
+	}
+	r := &RelayCA{Root: root, Issuer: issuer, RootKey: rootKey, IssuerKey: issuerKey}
+	// Validate the result like any provided CA.
+	if err := r.check(now); err != nil {
+		return nil, fmt.Errorf("generated relay CA: %w", err)
+	}
+	return r, nil
+}
+
+// newRelayIssuer makes an issuing intermediate (ECDSA P-256, pathLen 0,
+// cfg.IssuerTTL, never outliving root) signed by root's key. cfg must have
+// been defaulted.
+func newRelayIssuer(cfg GenerateConfig, root *x509.Certificate, rootKey crypto.Signer) (*x509.Certificate, crypto.Signer, error) {
+	now := cfg.Clock()
+	issuerKey, err := keyutil.GenerateSigner("EC", "P-256", 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate issuing CA key: %w", err)
+	}
 	issuerSerial, err := randomSerial(cfg.Rand)
 	if err != nil {
-		return nil, fmt.Errorf("issuing CA serial number: %w", err)
+		return nil, nil, fmt.Errorf("issuing CA serial number: %w", err)
 	}
 	issuerNotAfter := now.Add(cfg.IssuerTTL).Truncate(time.Second).UTC()
 	if issuerNotAfter.After(root.NotAfter) {
@@ -154,7 +171,7 @@ func GenerateRelayCA(cfg GenerateConfig) (*RelayCA, error) {
 	issuerTmpl := &x509.Certificate{
 		SerialNumber:          issuerSerial,
 		Subject:               pkix.Name{Organization: []string{cfg.Org}, CommonName: "relaymesh relay issuing CA"},
-		NotBefore:             notBefore,
+		NotBefore:             now.Add(-caBackdate).Truncate(time.Second).UTC(),
 		NotAfter:              issuerNotAfter,
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		BasicConstraintsValid: true,
@@ -164,14 +181,9 @@ func GenerateRelayCA(cfg GenerateConfig) (*RelayCA, error) {
 	}
 	issuer, err := createCert(cfg.Rand, issuerTmpl, root, issuerKey.Public(), rootKey)
 	if err != nil {
-		return nil, fmt.Errorf("create issuing CA certificate: %w", err)
+		return nil, nil, fmt.Errorf("create issuing CA certificate: %w", err)
 	}
-	r := &RelayCA{Root: root, Issuer: issuer, RootKey: rootKey, IssuerKey: issuerKey}
-	// Validate the result like any provided CA.
-	if err := r.check(now); err != nil {
-		return nil, fmt.Errorf("generated relay CA: %w", err)
-	}
-	return r, nil
+	return issuer, issuerKey, nil
 }
 
 // Signer returns a Signer that issues with the issuing CA and pins the

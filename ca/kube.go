@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.step.sm/crypto/keyutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,7 +37,8 @@ const (
 
 // A replica that creates the relay CA writes the root secret, then the
 // signing secret. Another replica that sees only the root waits this long
-// for the second secret before reporting a half-present CA.
+// for the second secret before it makes the issuing CA itself from the
+// stored root.
 const (
 	settleTimeout  = 10 * time.Second
 	settleInterval = 100 * time.Millisecond
@@ -51,11 +53,14 @@ const (
 //   - Neither exists: it generates a CA (cfg) and creates the root secret,
 //     then the signing secret, both labelled
 //     app.kubernetes.io/managed-by=relaymesh. Creation never overwrites: if
-//     another replica created the root secret first, it waits for that
-//     replica's signing secret and uses its CA.
-//   - Exactly one exists: it fails with ErrInvalidSigner and changes
-//     nothing (after waiting briefly, if only the root exists, for a
-//     replica that may be creating the CA right now).
+//     another replica created a secret first, it uses that replica's.
+//   - Only the root exists (a replica creating the CA right now, or one
+//     that stopped between the two writes): after waiting briefly for the
+//     signing secret, it checks the stored root and its key, makes a new
+//     issuing CA signed by it, and creates the signing secret. The root
+//     secret is never changed.
+//   - Only the signing secret exists: the root's key is gone, so it fails
+//     with ErrInvalidSigner and changes nothing.
 func LoadOrCreateRelayCA(ctx context.Context, client kubernetes.Interface, namespace string, cfg GenerateConfig) (Signer, error) {
 	cfg = cfg.Default()
 	if err := cfg.Validate(); err != nil {
@@ -74,13 +79,70 @@ func LoadOrCreateRelayCA(ctx context.Context, client kubernetes.Interface, names
 			return nil, err
 		}
 	}
+	if root == nil && signing == nil {
+		return createRelayCA(ctx, secrets, namespace, cfg)
+	}
+	return loadOrCompleteRelayCA(ctx, secrets, namespace, root, signing, cfg)
+}
+
+// loadOrCompleteRelayCA loads a CA whose secrets both exist, completes one
+// whose root secret alone exists, and refuses one without a root secret.
+func loadOrCompleteRelayCA(ctx context.Context, secrets typedcorev1.SecretInterface, namespace string, root, signing *corev1.Secret, cfg GenerateConfig) (Signer, error) {
 	switch {
 	case root != nil && signing != nil:
 		return loadRelayCA(root, signing, cfg.Clock())
-	case root != nil || signing != nil:
-		return nil, halfPresent(namespace, root, signing)
+	case root != nil:
+		return completeRelayCA(ctx, secrets, namespace, root, cfg)
 	}
-	return createRelayCA(ctx, secrets, namespace, cfg)
+	return nil, halfPresent(namespace, root, signing)
+}
+
+// completeRelayCA makes an issuing CA from the root stored in root and
+// creates the signing secret. If another replica creates it first, that
+// replica's issuing CA is used.
+func completeRelayCA(ctx context.Context, secrets typedcorev1.SecretInterface, namespace string, root *corev1.Secret, cfg GenerateConfig) (Signer, error) {
+	bad := func(key string, err error) error {
+		return fmt.Errorf("%w: secret %s/%s %s: %w", ErrInvalidSigner, namespace, RootSecretName, key, err)
+	}
+	rootCert, err := singleCertPEM(root.Data[keyCACert])
+	if err != nil {
+		return nil, bad(keyCACert, err)
+	}
+	rootKey, err := parseKeyPEM(root.Data[keyTLSKey])
+	if err != nil {
+		return nil, bad(keyTLSKey, err)
+	}
+	if !keyutil.Equal(rootCert.PublicKey, rootKey.Public()) {
+		return nil, fmt.Errorf("%w: secret %s/%s: the root key does not belong to %s", ErrInvalidSigner, namespace, RootSecretName, describe(rootCert))
+	}
+	issuer, issuerKey, err := newRelayIssuer(cfg, rootCert, rootKey)
+	if err != nil {
+		return nil, err
+	}
+	r := &RelayCA{Root: rootCert, RootKey: rootKey, Issuer: issuer, IssuerKey: issuerKey}
+	// The stored root is checked like a loaded CA before anything is written.
+	if err := r.check(cfg.Clock()); err != nil {
+		return nil, fmt.Errorf("relay CA in secret %s/%s: %w", namespace, RootSecretName, err)
+	}
+	_, signingSecret, err := r.secrets(namespace)
+	if err != nil {
+		return nil, err
+	}
+	created, err := secrets.Create(ctx, signingSecret, metav1.CreateOptions{})
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		root, signing, err := getRelaySecrets(ctx, secrets)
+		if err != nil {
+			return nil, err
+		}
+		if root == nil || signing == nil {
+			return nil, halfPresent(namespace, root, signing)
+		}
+		return loadRelayCA(root, signing, cfg.Clock())
+	case err != nil:
+		return nil, fmt.Errorf("create secret %s/%s: %w", namespace, SigningSecretName, err)
+	}
+	return loadRelayCA(root, created, cfg.Clock())
 }
 
 // RelayRootsPEM returns the relay root certificates, the ca.crt of
@@ -174,10 +236,7 @@ func createRelayCA(ctx context.Context, secrets typedcorev1.SecretInterface, nam
 		if err != nil {
 			return nil, err
 		}
-		if root == nil || signing == nil {
-			return nil, halfPresent(namespace, root, signing)
-		}
-		return loadRelayCA(root, signing, cfg.Clock())
+		return loadOrCompleteRelayCA(ctx, secrets, namespace, root, signing, cfg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create secret %s/%s: %w", namespace, RootSecretName, err)
@@ -195,9 +254,15 @@ func createRelayCA(ctx context.Context, secrets typedcorev1.SecretInterface, nam
 		}
 		return loadRelayCA(root, signing, cfg.Clock())
 	}
+	if err != nil && !refused(err) {
+		// The write may have landed (a timeout, a server error): keep the
+		// root secret. A retry loads the CA, or completes it from the root.
+		return nil, fmt.Errorf("create secret %s/%s: %w", namespace, SigningSecretName, err)
+	}
 	if err != nil {
-		// Undo our root secret (and only ours), so that a retry starts
-		// from nothing instead of a half-present CA.
+		// The apiserver refused the signing secret, so it does not exist.
+		// Undo our root secret (and only ours), so that the namespace is
+		// as it was.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		derr := secrets.Delete(dctx, RootSecretName, metav1.DeleteOptions{
@@ -211,6 +276,13 @@ func createRelayCA(ctx context.Context, secrets typedcorev1.SecretInterface, nam
 		return nil, errors.Join(fmt.Errorf("create secret %s/%s: %w", namespace, SigningSecretName, err), derr)
 	}
 	return r.Signer(cfg.Clock())
+}
+
+// refused reports whether the apiserver answered err with a definite refusal
+// (the object was not written), as opposed to a timeout or a server error.
+func refused(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) ||
+		apierrors.IsUnauthorized(err) || apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsMethodNotSupported(err)
 }
 
 // loadRelayCA parses and checks the two secrets and returns their signer.

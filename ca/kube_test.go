@@ -135,20 +135,66 @@ func TestRelayCAInKubernetes(t *testing.T) {
 		return versions
 	}
 
-	t.Run("half-present CA is an error and changes nothing", func(t *testing.T) {
-		root, signing := secretsOf(t)
-		for name, s := range map[string]*corev1.Secret{"only root": root, "only signing": signing} {
-			t.Run(name, func(t *testing.T) {
-				ns := newNamespace(t)
-				versions := create(t, ns, s)
-				got, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, ca.GenerateConfig{})
-				require.ErrorIs(t, err, ca.ErrInvalidSigner)
-				assert.Contains(t, err.Error(), "half present")
-				assert.Contains(t, err.Error(), s.Name+" exists")
-				assert.Nil(t, got)
-				assertUnchanged(t, cs, ns, versions)
-			})
+	t.Run("a signing secret without its root is an error and changes nothing", func(t *testing.T) {
+		_, signing := secretsOf(t)
+		ns := newNamespace(t)
+		versions := create(t, ns, signing)
+		got, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, ca.GenerateConfig{})
+		require.ErrorIs(t, err, ca.ErrInvalidSigner)
+		assert.Contains(t, err.Error(), "half present")
+		assert.Contains(t, err.Error(), ca.SigningSecretName+" exists")
+		assert.Nil(t, got)
+		assertUnchanged(t, cs, ns, versions)
+	})
+
+	t.Run("a root without its signing secret is completed once, from that root", func(t *testing.T) {
+		// A replica that stopped between its two writes leaves the root
+		// secret alone. Callers that start together wait for the signing
+		// secret, then one makes it from the stored root; all use it.
+		root, _ := secretsOf(t)
+		ns := newNamespace(t)
+		versions := create(t, ns, root)
+		const callers = 3
+		signers := make([]ca.Signer, callers)
+		errs := make([]error, callers)
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Go(func() { signers[i], errs[i] = ca.LoadOrCreateRelayCA(ctx, cs, ns, ca.GenerateConfig{}) })
 		}
+		wg.Wait()
+		stored, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, versions[ca.RootSecretName], stored.ResourceVersion, "the root secret is never changed")
+		signing, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.SigningSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, root.Data["ca.crt"], signing.Data["ca.crt"], "the signing secret names the stored root")
+		for i := range callers {
+			require.NoError(t, errs[i], "caller %d", i)
+			assert.Equal(t, root.Data["ca.crt"], catest.CertsPEM(signers[i].Roots()...), "caller %d uses the stored root", i)
+			assert.Equal(t, signing.Data["tls.crt"], catest.CertsPEM(signers[i].Chain()...), "caller %d uses the one issuing CA", i)
+		}
+		// Its certificates verify against the stored root.
+		a, err := ca.New(ca.Config{Signer: signers[0]})
+		require.NoError(t, err)
+		key := catest.NewKey(t, catest.ECDSAP256)
+		csr, err := ca.ParseCSR(catest.NewCSR(t, key, nil))
+		require.NoError(t, err)
+		iss, err := a.IssueAgent(ctx, csr, catest.AgentID)
+		require.NoError(t, err)
+		catest.CheckAgentCertificate(t, iss, key.Public(), catest.AgentID)
+	})
+
+	t.Run("a root whose key does not match is an error and changes nothing", func(t *testing.T) {
+		root, signing := secretsOf(t)
+		root.Data["tls.key"] = signing.Data["tls.key"]
+		ns := newNamespace(t)
+		versions := create(t, ns, root)
+		got, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, ca.GenerateConfig{})
+		require.ErrorIs(t, err, ca.ErrInvalidSigner)
+		assert.Contains(t, err.Error(), "root key does not belong")
+		assert.NotContains(t, err.Error(), "PRIVATE KEY-----", "no key material in errors")
+		assert.Nil(t, got)
+		assertUnchanged(t, cs, ns, versions)
 	})
 
 	t.Run("malformed or mismatched secrets are errors and change nothing", func(t *testing.T) {
