@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"time"
 
@@ -72,14 +73,20 @@ func ParseKubeconfig(raw []byte) (*rest.Config, error) {
 // weaker one: whoever controls the server controls those clusters. Relay
 // mode stays the default; this runs only when the server was started with
 // --allow-kubeconfig-clusters, and says so in its log for every cluster.
+//
+// The agents run only inside Run: with several server replicas, Run is
+// once-only work under the Lease, so one replica at a time discovers and
+// applies to a kubeconfig-mode cluster.
 type InProcessAgents struct {
 	secrets   kubernetes.Interface // management cluster
 	namespace string
+	reg       *Registry
 	view      *View
 	outputs   *Outputs
 	log       *slog.Logger
 
 	mu      sync.Mutex
+	term    context.Context          // Run's context while it runs, else nil
 	running map[string]*inProcessRun // by cluster
 }
 
@@ -88,14 +95,15 @@ type inProcessRun struct {
 	done   chan struct{}
 }
 
-// NewInProcessAgents starts an in-process agent for every cluster of reg
-// (now and as it changes) until ctx ends.
-func NewInProcessAgents(ctx context.Context, secrets kubernetes.Interface, namespace string, reg *Registry, view *View, outputs *Outputs, log *slog.Logger) *InProcessAgents {
-	a := &InProcessAgents{secrets: secrets, namespace: namespace, view: view, outputs: outputs,
+// NewInProcessAgents follows reg: while Run runs, every cluster of reg has
+// an in-process agent, started and stopped as reg changes. A revoked
+// cluster leaves the view whether or not Run runs.
+func NewInProcessAgents(secrets kubernetes.Interface, namespace string, reg *Registry, view *View, outputs *Outputs, log *slog.Logger) *InProcessAgents {
+	a := &InProcessAgents{secrets: secrets, namespace: namespace, reg: reg, view: view, outputs: outputs,
 		log: log.With("component", "in-process-agent"), running: map[string]*inProcessRun{}}
 	reg.OnRegister(func(name string) {
 		if r, ok := reg.Lookup(name); ok {
-			a.start(ctx, r)
+			a.start(r)
 		}
 	})
 	reg.OnRevoke(func(name string) {
@@ -104,21 +112,47 @@ func NewInProcessAgents(ctx context.Context, secrets kubernetes.Interface, names
 			view.Remove(name)
 		}
 	})
-	for _, name := range reg.Names() {
-		if r, ok := reg.Lookup(name); ok {
-			a.start(ctx, r)
-		}
-	}
 	return a
 }
 
-// start replaces the cluster's agent: the old one is stopped and waited
-// for under the lock, so two never apply to the same cluster.
-func (a *InProcessAgents) start(parent context.Context, r Registration) {
+// Run runs an agent for every registered cluster until ctx ends. Then it
+// stops them, waits for them, and forgets their snapshots (View.Release):
+// the replica that runs them next owns the clusters' discovered objects.
+// It returns the clusters it released.
+func (a *InProcessAgents) Run(ctx context.Context) (released []string) {
+	a.mu.Lock()
+	a.term = ctx
+	a.mu.Unlock()
+	for _, name := range a.reg.Names() {
+		if r, ok := a.reg.Lookup(name); ok {
+			a.start(r)
+		}
+	}
+	<-ctx.Done()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.term = nil
+	for name := range a.running {
+		released = append(released, name)
+	}
+	sort.Strings(released)
+	for _, name := range released {
+		a.stopLocked(name)
+		a.view.Release(name)
+	}
+	return released
+}
+
+// start replaces the cluster's agent if Run runs: the old one is stopped
+// and waited for under the lock, so two never apply to the same cluster.
+func (a *InProcessAgents) start(r Registration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.term == nil || a.term.Err() != nil {
+		return
+	}
 	a.stopLocked(r.Name)
-	ctx, cancel := context.WithCancel(parent)
+	ctx, cancel := context.WithCancel(a.term)
 	run := &inProcessRun{cancel: cancel, done: make(chan struct{})}
 	a.running[r.Name] = run
 	a.log.Warn("managing a cluster in kubeconfig mode: the server holds its credentials (relay mode is the secure choice)", "cluster", r.Name, "secret", r.KubeconfigSecret)
@@ -189,8 +223,14 @@ func (a *InProcessAgents) run(ctx context.Context, r Registration) error {
 	if err != nil {
 		return err
 	}
-	errc := make(chan error, 2)
-	go func() { errc <- disc.Run(ctx) }()
+	// Every goroutine of this life ends before run returns: a stopped
+	// agent must not put a snapshot into the view afterwards.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	wg.Go(func() { errc <- disc.Run(ctx) })
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -198,8 +238,8 @@ func (a *InProcessAgents) run(ctx context.Context, r Registration) error {
 		return fmt.Errorf("discovery: %w", err)
 	case <-disc.Synced():
 	}
-	go func() { errc <- a.pushLoop(ctx, r.Name, disc) }()
-	go func() { errc <- a.pullLoop(ctx, r.Name, applier) }()
+	wg.Go(func() { errc <- a.pushLoop(ctx, r.Name, disc) })
+	wg.Go(func() { errc <- a.pullLoop(ctx, r.Name, applier) })
 	select {
 	case <-ctx.Done():
 		return ctx.Err()

@@ -144,7 +144,7 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.StringVar(&f.dashboardListen, "dashboard-listen", "", "serve the read-only web dashboard on this address, e.g. :9092 (bearer token checked by TokenReview, every view authorized by SubjectAccessReview; see docs/dashboard.md); empty: off")
 	fs.BoolVar(&f.webhookAllowUnauthenticated, "webhook-allow-unauthenticated", false, "WEAKER: serve the webhook to callers without a client certificate; decisions record the caller as unauthenticated and each source address has its own budget")
 	fs.StringVar(&f.replicaName, "replica-name", "", "this replica's name in the server's Leases and in KubernetesCluster status (unique per replica; default: $POD_NAME, else the host name and process ID)")
-	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run as one of several replicas: the once-only work (output heads, statuses, the rotation driver, orphan collection, the session sweep, the token-mint audit, the webhook's configuration) runs only while holding the Lease relaymesh-server in --namespace; off: this process does it unconditionally and serves its own output versions (run exactly one replica)")
+	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run as one of several replicas: the once-only work (output heads, statuses, the rotation driver, orphan collection, the session sweep, the token-mint audit, the webhook's configuration, the in-process agents of kubeconfig-mode clusters) runs only while holding the Lease relaymesh-server in --namespace; off: this process does it unconditionally and serves its own output versions (run exactly one replica)")
 	fs.DurationVar(&f.leaseDuration, "leader-lease-duration", 8*time.Second, "how long the server's Lease lasts without renewal (another replica takes over after it)")
 	fs.DurationVar(&f.renewDeadline, "leader-renew-deadline", 5*time.Second, "how long the leading replica retries renewing before it stops its once-only work")
 	fs.DurationVar(&f.retryPeriod, "leader-retry-period", time.Second, "how often replicas try to acquire or renew the Lease")
@@ -372,7 +372,15 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	}
 	outputs.MarkReady()
 	if kubeconfigClusters != nil {
-		server.NewInProcessAgents(ctx, kube.Typed, f.namespace, kubeconfigClusters, view, outputs, log)
+		// One replica at a time discovers and applies to a kubeconfig-mode
+		// cluster; at the end of its term the next leader's mirror takes
+		// the clusters' discovered objects over.
+		inProcess := server.NewInProcessAgents(kube.Typed, f.namespace, kubeconfigClusters, view, outputs, log)
+		onceOnly(leader.Task{Name: "kubeconfig-clusters", Run: func(ctx context.Context) {
+			for _, cluster := range inProcess.Run(ctx) {
+				mirror.Kick(cluster)
+			}
+		}})
 	}
 
 	srv, err := server.NewServer(server.ServerConfig{

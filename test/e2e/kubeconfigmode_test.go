@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/examples"
 	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,7 +21,8 @@ import (
 
 // TestKubeconfigMode registers a cluster in the weaker kubeconfig mode: a
 // server without --allow-kubeconfig-clusters ignores it; with the flag, the
-// server runs discovery and apply in-process with the kubeconfig it holds.
+// server runs discovery and apply in-process with the kubeconfig it holds —
+// of two replicas only the Lease holder, and the other once it stops.
 func TestKubeconfigMode(t *testing.T) {
 	ctx := context.Background()
 	bin, env, dir := Setup(t, "mgmt", "cluster-1")
@@ -51,11 +54,55 @@ func TestKubeconfigMode(t *testing.T) {
 	assert.False(t, destination(), "kubeconfig mode is off by default")
 	require.NoError(t, off.Stop(10*time.Second))
 
-	opsAddr = Addr(t)
-	Start(t, bin, dir, "server-kubeconfig", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", Addr(t), "--metrics-listen", opsAddr,
-		"--audit-log", filepath.Join(dir, "audit-2.log"), "--allow-kubeconfig-clusters")
-	waitHealthy(t, opsAddr)
+	// Two replicas: the in-process agent is once-only work, so only the
+	// Lease holder discovers and applies; when it stops, the other does.
+	type replica struct {
+		proc    *localcluster.Process
+		opsAddr string
+	}
+	var replicas []replica
+	for i := range 2 {
+		ops := Addr(t)
+		p := Start(t, bin, dir, fmt.Sprintf("server-kubeconfig-%d", i), "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", Addr(t), "--metrics-listen", ops,
+			"--audit-log", filepath.Join(dir, fmt.Sprintf("audit-kubeconfig-%d.log", i)), "--allow-kubeconfig-clusters")
+		waitHealthy(t, ops)
+		replicas = append(replicas, replica{p, ops})
+	}
 	Eventually(t, 30*time.Second, "discovery through the held kubeconfig", func() (bool, string) { return destination(), "" })
+	const managing = "managing a cluster in kubeconfig mode"
+	managers := func() []int {
+		var out []int
+		for i, r := range replicas {
+			b, err := os.ReadFile(r.proc.LogPath())
+			require.NoError(t, err)
+			if strings.Contains(string(b), managing) {
+				out = append(out, i)
+			}
+		}
+		return out
+	}
+	require.Len(t, managers(), 1, "one replica runs the in-process agent")
+	lead := managers()[0]
+	next := replicas[1-lead]
+	require.NoError(t, replicas[lead].proc.Stop(10*time.Second))
+	Eventually(t, 30*time.Second, "the other replica runs the in-process agent after the leader stopped", func() (bool, string) {
+		b, err := os.ReadFile(next.proc.LogPath())
+		return err == nil && strings.Contains(string(b), managing), fmt.Sprint(err)
+	})
+	opsAddr = next.opsAddr
+	// The new holder discovers: a Service created after the handover is
+	// mirrored.
+	_, err = c1.Apply(ctx, "test", []byte(`
+apiVersion: v1
+kind: Service
+metadata: {name: late, namespace: bookinfo}
+spec: {ports: [{name: http, port: 9080}], selector: {app: reviews}}
+`))
+	require.NoError(t, err)
+	Eventually(t, 30*time.Second, "a Service made after the handover is discovered", func() (bool, string) {
+		_, err := dyn.Resource(server.DestinationsResource).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "late"), metav1.GetOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
 
 	_, err = mgmt.Apply(ctx, "test", []byte(`
 apiVersion: networking.istio.io/v1
