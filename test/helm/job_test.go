@@ -596,6 +596,18 @@ func (j *job) userObjects() []byte {
 }
 
 func (j *job) translation() error {
+	// The server (its Lease holder) registers the admission webhook: the
+	// apiserver then refuses what the rules refuse. A dry run stores nothing.
+	everyone := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "networking.relaymesh.io/v1alpha1", "kind": "AccessPolicy",
+		"metadata": map[string]any{"name": "everyone", "namespace": namespace}, "spec": map[string]any{},
+	}}
+	if err := j.wait("the admission webhook refuses an allow-all AccessPolicy", 30*time.Second, func() (bool, string) {
+		_, err := j.mgmtDyn.Resource(gvrAccess).Namespace(namespace).Create(j.ctx, everyone, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "denied the request"), fmt.Sprint(err)
+	}); err != nil {
+		return err
+	}
 	if _, err := j.mgmt.Apply(j.ctx, "test", j.userObjects()); err != nil {
 		return fmt.Errorf("apply the VirtualMesh and policies (the server's admission webhook judges them): %w", err)
 	}
