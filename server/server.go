@@ -811,6 +811,12 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 	if err != nil {
 		return nil, fail("bad_csr", cluster, status.Error(codes.InvalidArgument, err.Error()))
 	}
+	// A token that cannot be one is refused before anything is read: an
+	// unauthenticated caller must not make the server ask the apiserver.
+	parsed, perr := identity.ParseToken(req.GetToken())
+	if perr != nil && s.cfg.SharedToken == nil {
+		return nil, fail(identity.ReasonMalformed, cluster, errBootstrapDenied)
+	}
 	// Registration is checked before the token is consumed, so a token sent
 	// too early (before the KubernetesCluster exists) is not burned; a
 	// cluster the watch has not shown yet is read from the apiserver.
@@ -820,7 +826,6 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 	}
 	// A per-cluster token spent earlier by this same key (its first call
 	// gave up or lost the answer) gets that call's certificate.
-	parsed, perr := identity.ParseToken(req.GetToken())
 	key := keyDigest(csr)
 	if perr == nil {
 		switch outcome, resp := s.redeemed.retry(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, s.cfg.Clock()); outcome {

@@ -153,6 +153,29 @@ func TestBootstrapRefusals(t *testing.T) {
 	}
 }
 
+// TestMalformedTokenReadsNothing: a token that cannot be one is refused
+// before the registration is read, so unauthenticated callers naming
+// unknown clusters cannot make the server query the apiserver.
+func TestMalformedTokenReadsNothing(t *testing.T) {
+	f := servertest.New(t, servertest.Options{})
+	var fetches atomic.Int32
+	f.Registry.SetFetch(func(context.Context, string) (server.Registration, bool, error) {
+		fetches.Add(1)
+		return server.Registration{}, false, nil
+	})
+	csr, _ := servertest.CSRPEM(t)
+	for _, token := range []string{"", "hunter2", strings.Repeat("a", 16) + "." + strings.Repeat("b", 42), strings.Repeat("x", 4096)} {
+		_, err := f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-unknown", Token: token, Csr: csr})
+		assert.Equal(t, codes.PermissionDenied, status.Code(err), "%.20q", token)
+	}
+	assert.Zero(t, fetches.Load(), "no registration read for a malformed token")
+	assert.Equal(t, float64(4), f.Metric(server.MetricBootstrapFailures, "reason", identity.ReasonMalformed))
+	// A well-formed token for a cluster the watch has not shown is read.
+	_, err := f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-unknown", Token: f.Mint("cluster-unknown", time.Hour), Csr: csr})
+	assert.Equal(t, codes.PermissionDenied, status.Code(err))
+	assert.Equal(t, int32(1), fetches.Load(), "a well-formed token's cluster is looked up")
+}
+
 func TestSharedTokenMode(t *testing.T) {
 	shared := strings.Repeat("s", 48)
 	f := servertest.New(t, servertest.Options{Shared: shared})
