@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -94,4 +96,61 @@ func TestOnlyTheLeaderWritesStatus(t *testing.T) {
 	assert.NotZero(t, b.writes.Load())
 	time.Sleep(500 * time.Millisecond)
 	assert.Equal(t, aWrites, a.writes.Load(), "the old leader wrote after it stopped leading")
+}
+
+// A status is decided on the object at one resourceVersion and written only
+// onto that version: when the object changes between the decision and the
+// write (another replica wrote, the user edited), the write is refused with
+// a Conflict instead of overwriting, and the status is decided again.
+func TestStatusWriteIsConditional(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const ns = "relaymesh"
+	mgmt, _, admin := localcluster.Management(t, ns)
+	tpGVR := networkingv1alpha1.GroupVersion.WithResource("trafficpolicies")
+	_, err := admin.Resource(tpGVR).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": networkingv1alpha1.GroupVersion.String(), "kind": "TrafficPolicy",
+		"metadata": map[string]any{"name": "timeouts"}, "spec": map[string]any{"policy": map[string]any{"requestTimeout": "5s"}}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	var intercepted atomic.Bool
+	var codes []int
+	var mu sync.Mutex
+	cfg := mgmt.RESTConfig()
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			isStatus := req.Method == http.MethodPatch && strings.HasSuffix(req.URL.Path, "/timeouts/status")
+			if isStatus && intercepted.CompareAndSwap(false, true) {
+				// Between the decision and the write, the object changes.
+				_, err := admin.Resource(tpGVR).Namespace(ns).Patch(req.Context(), "timeouts", types.MergePatchType,
+					[]byte(`{"metadata":{"labels":{"edited":"meanwhile"}}}`), metav1.PatchOptions{})
+				if err != nil {
+					return nil, err
+				}
+			}
+			resp, err := rt.RoundTrip(req)
+			if isStatus && err == nil {
+				mu.Lock()
+				codes = append(codes, resp.StatusCode)
+				mu.Unlock()
+			}
+			return resp, err
+		})
+	}
+	client, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	_, err = controller.Start(ctx, controller.Config{Client: client, Namespace: ns, Outputs: server.NewOutputs(time.Now()),
+		Clusters: func() []string { return []string{"c1"} }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Leading: func() bool { return true }})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		o, err := admin.Resource(tpGVR).Namespace(ns).Get(ctx, "timeouts", metav1.GetOptions{})
+		require.NoError(t, err)
+		g, _, _ := unstructured.NestedInt64(o.Object, "status", "observedGeneration")
+		return g == 1 && o.GetLabels()["edited"] == "meanwhile"
+	}, 30*time.Second, 50*time.Millisecond, "the status is written after the edit, and the edit kept")
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, codes)
+	assert.Equal(t, http.StatusConflict, codes[0], "the write decided before the edit is refused: %v", codes)
+	assert.Equal(t, http.StatusOK, codes[len(codes)-1], "the status decided again is written: %v", codes)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"reflect"
@@ -15,6 +16,7 @@ import (
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -162,7 +164,11 @@ func (w *statusWriter) processNext(ctx context.Context) bool {
 		if ctx.Err() != nil {
 			return false
 		}
-		w.c.log.Warn("could not write status; will retry", "kind", k.Kind, "namespace", k.Namespace, "name", k.Name,
+		level := slog.LevelWarn
+		if apierrors.IsConflict(err) {
+			level = slog.LevelDebug // the object changed since this status was decided: decide again
+		}
+		w.c.log.Log(ctx, level, "could not write status; will retry", "kind", k.Kind, "namespace", k.Namespace, "name", k.Name,
 			"retries", w.queue.NumRequeues(k), "error", err)
 		w.queue.AddRateLimited(k)
 		return true
@@ -191,9 +197,17 @@ func (w *statusWriter) write(ctx context.Context, k translation.ObjectKey, want 
 		record(rv)
 		return nil
 	}
+	// The status was decided on the object at rv: the patch carries rv as
+	// a precondition, so a replica whose view is behind (a deposed leader,
+	// a cache that has not seen the new leader's write) gets a Conflict
+	// instead of overwriting a newer status.
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": rv}, "status": want.status})
+	if err != nil {
+		return err
+	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	patched, err := w.c.client.Resource(want.gvr).Namespace(k.Namespace).Patch(wctx, k.Name, types.MergePatchType, []byte(want.body), metav1.PatchOptions{}, "status")
+	patched, err := w.c.client.Resource(want.gvr).Namespace(k.Namespace).Patch(wctx, k.Name, types.MergePatchType, body, metav1.PatchOptions{}, "status")
 	if err != nil {
 		return err
 	}
