@@ -11,8 +11,10 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/relaymesh/relaymesh/trust"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/duration"
 )
@@ -44,6 +46,7 @@ func Evaluate(o *Observations, now time.Time) []Result {
 	rs = append(rs, evalCRDs(o)...)
 	rs = append(rs, evalRelayCA(o, now)...)
 	rs = append(rs, evalServer(o, now)...)
+	rs = append(rs, evalReplicas(o, now)...)
 	rs = append(rs, evalAgents(o, now)...)
 	rs = append(rs, evalVirtualMeshes(o, now)...)
 	rs = append(rs, evalIstiod(o)...)
@@ -119,6 +122,65 @@ func evalServer(o *Observations, now time.Time) []Result {
 	sev, msg := Expiry(Lifetime{What: "the serving certificate", NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter, RenewAt: agentRenewAt}, now)
 	rs := []Result{result(AreaServer, s.Address, OK, "reachable (address from %s), serving a certificate that chains to the relay root", s.AddressFrom)}
 	return append(rs, result(AreaServer, s.Address, sev, "%s", msg))
+}
+
+// evalReplicas reports the server's replicas: which one leads (runs the
+// once-only work: output versions, statuses, rotations) and which have
+// stopped renewing their own Lease.
+func evalReplicas(o *Observations, now time.Time) []Result {
+	const subject = "replicas"
+	var rs []Result
+	switch {
+	case apierrors.IsNotFound(o.ServerLeaseErr):
+		rs = append(rs, result(AreaServer, subject, Warning, "no Lease %s/%s: the server runs with --leader-elect=false (keep exactly one replica) or has never started", o.Namespace, leader.ServerLease))
+	case o.ServerLeaseErr != nil:
+		rs = append(rs, result(AreaServer, subject, Warning, "cannot read the Lease %s/%s: %v", o.Namespace, leader.ServerLease, o.ServerLeaseErr))
+	case o.ServerLease != nil:
+		holder, age, dur, ok := leaseState(o.ServerLease.Spec, now)
+		switch {
+		case holder == "":
+			rs = append(rs, result(AreaServer, subject, Error, "no replica holds the Lease %s: new output versions, statuses and rotations wait for a leader (is any replica running?)", leader.ServerLease))
+		case !ok:
+			rs = append(rs, result(AreaServer, subject, Error, "replica %s last renewed the Lease %s %s ago (it lasts %s): new output versions, statuses and rotations wait for a leader", holder, leader.ServerLease, duration.HumanDuration(age), dur))
+		default:
+			rs = append(rs, result(AreaServer, subject, OK, "replica %s leads (Lease %s renewed %s ago)", holder, leader.ServerLease, duration.HumanDuration(max(age, 0))))
+		}
+	}
+	if o.ReplicaLeasesErr != nil {
+		return append(rs, result(AreaServer, subject, Warning, "cannot list the replicas' Leases: %v", o.ReplicaLeasesErr))
+	}
+	var alive []string
+	for _, l := range o.ReplicaLeases {
+		holder, age, dur, ok := leaseState(l.Spec, now)
+		if ok {
+			alive = append(alive, holder)
+			continue
+		}
+		rs = append(rs, result(AreaServer, "replica "+l.Name, Warning, "not renewed for %s (it lasts %s): the replica crashed or is cut off from the apiserver, and its agents reconnect to the others; the leader deletes this Lease %s after it expired",
+			duration.HumanDuration(age), dur, duration.HumanDuration(leader.GoneAfter)))
+	}
+	if len(alive) > 0 {
+		slices.Sort(alive)
+		rs = append(rs, result(AreaServer, subject, OK, "%d replica(s) renewing their Leases: %s", len(alive), strings.Join(alive, ", ")))
+	}
+	return rs
+}
+
+// leaseState reads a Lease: its holder, how long ago it was renewed, how
+// long it lasts, and whether it is current at now.
+func leaseState(l coordinationv1.LeaseSpec, now time.Time) (holder string, age, dur time.Duration, current bool) {
+	if l.HolderIdentity != nil {
+		holder = *l.HolderIdentity
+	}
+	dur = 15 * time.Second
+	if l.LeaseDurationSeconds != nil {
+		dur = time.Duration(*l.LeaseDurationSeconds) * time.Second
+	}
+	if l.RenewTime == nil {
+		return holder, 0, dur, false
+	}
+	age = now.Sub(l.RenewTime.Time)
+	return holder, age, dur, holder != "" && age <= dur
 }
 
 func evalAgents(o *Observations, now time.Time) []Result {
@@ -277,20 +339,11 @@ func evalWorkload(o *Observations, w *Workload, registered map[string]*multiclus
 }
 
 func evalLease(subject string, w *Workload, now time.Time) Result {
-	l := w.Lease.Spec
-	holder := ""
-	if l.HolderIdentity != nil {
-		holder = *l.HolderIdentity
-	}
-	if holder == "" || l.RenewTime == nil {
+	holder, age, dur, current := leaseState(w.Lease.Spec, now)
+	switch {
+	case holder == "" || w.Lease.Spec.RenewTime == nil:
 		return result(AreaAgents, subject, Error, "no agent holds the leader Lease %s: none is running", w.Lease.Name)
-	}
-	dur := 15 * time.Second
-	if l.LeaseDurationSeconds != nil {
-		dur = time.Duration(*l.LeaseDurationSeconds) * time.Second
-	}
-	age := now.Sub(l.RenewTime.Time)
-	if age > dur {
+	case !current:
 		return result(AreaAgents, subject, Error, "the agent's leader Lease was last renewed %s ago (it lasts %s): no agent is running", duration.HumanDuration(age), dur)
 	}
 	return result(AreaAgents, subject, OK, "agent %s holds the leader Lease (renewed %s ago)", holder, duration.HumanDuration(max(age, 0)))

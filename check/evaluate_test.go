@@ -377,3 +377,45 @@ func TestReport(t *testing.T) {
 	assert.Equal(t, Warning, s)
 	assert.Error(t, s.UnmarshalText([]byte("fine")))
 }
+
+func TestEvaluateReplicas(t *testing.T) {
+	lease := func(name, holder string, renewed time.Duration, secs int32) coordinationv1.Lease {
+		l := coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &secs}}
+		if holder != "" {
+			l.Spec.HolderIdentity = &holder
+		}
+		if renewed >= 0 {
+			l.Spec.RenewTime = &metav1.MicroTime{Time: now.Add(-renewed)}
+		}
+		return l
+	}
+	leader := func(holder string, renewed time.Duration) *coordinationv1.Lease {
+		l := lease("relaymesh-server", holder, renewed, 8)
+		return &l
+	}
+	alive := []coordinationv1.Lease{lease("relaymesh-replica-b", "b", 2*time.Second, 15), lease("relaymesh-replica-a", "a", time.Second, 15)}
+	for _, tc := range []struct {
+		name    string
+		o       Observations
+		subject string
+		want    Severity
+		msg     string
+	}{
+		{"a replica leads", Observations{ServerLease: leader("a", 3*time.Second), ReplicaLeases: alive}, "replicas", OK, "replica a leads"},
+		{"replicas renewing", Observations{ServerLease: leader("a", 3*time.Second), ReplicaLeases: alive}, "replicas", OK, "2 replica(s) renewing their Leases: a, b"},
+		{"leader Lease expired", Observations{ServerLease: leader("a", 20*time.Second), ReplicaLeases: alive}, "replicas", Error, "replica a last renewed the Lease relaymesh-server 20s ago (it lasts 8s)"},
+		{"leader Lease released", Observations{ServerLease: leader("", 20*time.Second)}, "replicas", Error, "no replica holds the Lease relaymesh-server"},
+		{"leader Lease never renewed", Observations{ServerLease: leader("a", -1)}, "replicas", Error, "wait for a leader"},
+		{"leader election off", Observations{Namespace: "relaymesh", ServerLeaseErr: apierrors.NewNotFound(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, "relaymesh-server")}, "replicas", Warning, "--leader-elect=false"},
+		{"Lease unreadable", Observations{ServerLeaseErr: errors.New("forbidden")}, "replicas", Warning, "cannot read the Lease"},
+		{"replicas unlistable", Observations{ServerLease: leader("a", time.Second), ReplicaLeasesErr: errors.New("forbidden")}, "replicas", Warning, "cannot list the replicas' Leases"},
+		{"a replica stopped renewing", Observations{ServerLease: leader("a", time.Second), ReplicaLeases: append(alive, lease("relaymesh-replica-c", "c", 5*time.Minute, 15))},
+			"replica relaymesh-replica-c", Warning, "not renewed for 5m (it lasts 15s): the replica crashed or is cut off"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, msg := worst(find(Evaluate(&tc.o, now), AreaServer, tc.subject))
+			assert.Equal(t, tc.want, s, msg)
+			assert.Contains(t, msg, tc.msg)
+		})
+	}
+}

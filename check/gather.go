@@ -21,6 +21,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/opsclient"
 	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/relaymesh/relaymesh/trust"
 	"go.step.sm/crypto/pemutil"
 	corev1 "k8s.io/api/core/v1"
@@ -133,6 +134,15 @@ func Gather(ctx context.Context, cfg Config) *Observations {
 	o.VirtualMeshes, o.VirtualMeshesErr = listAs[networkingv1alpha1.VirtualMesh](ctx, cfg.Mgmt.Dynamic, networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), "")
 	o.Meshes = gatherMeshes(ctx, cfg, o)
 	o.Webhook = gatherWebhook(ctx, cfg)
+	leases := cfg.Mgmt.Typed.CoordinationV1().Leases(cfg.Namespace)
+	if o.ServerLease, o.ServerLeaseErr = leases.Get(ctx, leader.ServerLease, metav1.GetOptions{}); o.ServerLeaseErr != nil {
+		o.ServerLease = nil
+	}
+	if list, err := leases.List(ctx, metav1.ListOptions{LabelSelector: leader.ReplicaLabel + "=true"}); err != nil {
+		o.ReplicaLeasesErr = err
+	} else {
+		o.ReplicaLeases = list.Items
+	}
 	return o
 }
 

@@ -44,6 +44,12 @@ type Observations struct {
 	Meshes []MeshCA
 	// Webhook is the admission webhook.
 	Webhook Webhook
+	// ServerLease is the server replicas' leader Lease (leader.ServerLease);
+	// ReplicaLeases are each replica's own Lease.
+	ServerLease      *coordinationv1.Lease
+	ServerLeaseErr   error
+	ReplicaLeases    []coordinationv1.Lease
+	ReplicaLeasesErr error
 }
 
 // CRD is one expected CustomResourceDefinition.

@@ -19,7 +19,9 @@ green on a broken setup: what it cannot observe is a warning, not a pass.
 Checked: the CRDs (installed, established, at this version, with this
 version's schema; the Istio CRDs in each workload cluster); the relay server
 (reachable at its relay address, serving a certificate that chains to the
-relay root and is not near expiry); the relay CA, agent certificates,
+relay root and is not near expiry); the server's replicas (one holds the
+Lease relaymesh-server and renews it; every replica renews its own Lease);
+the relay CA, agent certificates,
 per-mesh intermediates and VirtualMesh roots with days to expiry (warning
 under 30 days, error under 7; certificates the software renews are judged
 against their lifetime); every registered cluster's agent connected, no
@@ -56,7 +58,7 @@ func newCheckCommand(d deps, g *globals) *cobra.Command {
 	var f checkFlags
 	c := &cobra.Command{
 		Use:   "check",
-		Short: "Check the installation: CRDs, server, CA expiry, agents, clocks, VirtualMeshes, istiod, webhook",
+		Short: "Check the installation: CRDs, server and its replicas, CA expiry, agents, clocks, VirtualMeshes, istiod, webhook",
 		Long:  checkSynopsis,
 		Example: `  # Everything, from one merged kubeconfig with a context per cluster
   KUBECONFIG=mgmt.yaml:cluster-1.yaml:cluster-2.yaml relaymesh check --context mgmt

@@ -254,6 +254,22 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		onceOnly(leader.Task{Name: "session-sweep", Run: func(ctx context.Context) {
 			status.Sweep(ctx, replicaHeartbeat, func(ctx context.Context) (map[string]bool, error) { return leader.Alive(ctx, reps.coord, f.namespace) })
 		}})
+		// Pods get new names on every rollout: the Leases of replicas gone
+		// for long are deleted, so they do not pile up.
+		onceOnly(leader.Task{Name: "replica-lease-collection", Run: func(ctx context.Context) {
+			for {
+				if gone, err := leader.CollectGone(ctx, reps.coord, f.namespace, time.Now()); err != nil && ctx.Err() == nil {
+					log.Warn("could not delete the Leases of gone replicas", "error", err)
+				} else if len(gone) > 0 {
+					log.Info("deleted the Leases of replicas gone for long", "leases", gone, "gone_for", leader.GoneAfter)
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Minute):
+				}
+			}
+		}})
 	}
 	registry.OnRevoke(status.Forget)
 	go status.Run(ctx)
@@ -404,8 +420,20 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	}
 	if ha {
 		// A replica cut off from the apiserver cannot learn of
-		// deregistrations: it fails closed and its agents move on.
-		go leader.Heartbeat(ctx, reps.coord, f.namespace, reps.name, replicaHeartbeat, log, srv.SetIsolated)
+		// deregistrations: it fails closed and its agents move on. As it
+		// stops, it deletes its Lease: waiting for that lets the leader
+		// sweep its sessions at once.
+		heartbeatDone := make(chan struct{})
+		go func() {
+			leader.Heartbeat(ctx, reps.coord, f.namespace, reps.name, replicaHeartbeat, log, srv.SetIsolated)
+			close(heartbeatDone)
+		}()
+		defer func() {
+			select {
+			case <-heartbeatDone:
+			case <-time.After(3 * time.Second):
+			}
+		}()
 	}
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
@@ -737,7 +765,7 @@ func (f serverFlags) onceOnlyWork(kube *kubeclient.Clients, reg prometheus.Regis
 const replicaHeartbeat = 5 * time.Second
 
 // serverLease is the Lease the server's replicas elect a leader with.
-const serverLease = "relaymesh-server"
+const serverLease = leader.ServerLease
 
 // releasingSink forgets a cluster's snapshot when its last session on this
 // replica ends: the agent reconnects to some replica, which then owns the
