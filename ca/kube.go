@@ -59,8 +59,9 @@ const (
 //     signing secret, it checks the stored root and its key, makes a new
 //     issuing CA signed by it, and creates the signing secret. The root
 //     secret is never changed.
-//   - Only the signing secret exists: the root's key is gone, so it fails
-//     with ErrInvalidSigner and changes nothing.
+//   - Only the signing secret exists (after waiting as briefly): the
+//     root's key is gone, so it fails with ErrInvalidSigner and changes
+//     nothing.
 func LoadOrCreateRelayCA(ctx context.Context, client kubernetes.Interface, namespace string, cfg GenerateConfig) (Signer, error) {
 	cfg = cfg.Default()
 	if err := cfg.Validate(); err != nil {
@@ -74,7 +75,7 @@ func LoadOrCreateRelayCA(ctx context.Context, client kubernetes.Interface, names
 	if err != nil {
 		return nil, err
 	}
-	if root != nil && signing == nil {
+	if (root == nil) != (signing == nil) {
 		if root, signing, err = waitForRelaySecrets(ctx, secrets); err != nil {
 			return nil, err
 		}
@@ -168,12 +169,15 @@ func RelayRootsPEM(ctx context.Context, client kubernetes.Interface, namespace s
 	return CertsPEM(certs...), nil
 }
 
-// getRelaySecrets reads both secrets; a missing one is nil.
+// getRelaySecrets reads both secrets; a missing one is nil. The signing
+// secret is read first: it is created after the root, so a replica that
+// creates both between the two reads cannot make the CA look half present
+// (a root read as missing, then a signing secret read as there).
 func getRelaySecrets(ctx context.Context, secrets typedcorev1.SecretInterface) (root, signing *corev1.Secret, err error) {
-	if root, err = getSecret(ctx, secrets, RootSecretName); err != nil {
+	if signing, err = getSecret(ctx, secrets, SigningSecretName); err != nil {
 		return nil, nil, err
 	}
-	if signing, err = getSecret(ctx, secrets, SigningSecretName); err != nil {
+	if root, err = getSecret(ctx, secrets, RootSecretName); err != nil {
 		return nil, nil, err
 	}
 	return root, signing, nil
