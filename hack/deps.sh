@@ -22,9 +22,8 @@ deps=(
   "protobuf-compiler  gen                cmd:protoc"                              # relay/proto
   "ca-certificates    test,image         file:/etc/ssl/certs/ca-certificates.crt" # the image's CA bundle
   "chromium           test               cmd:chromium"                            # dashboard: browser tests, make screenshots
+  "redis-server       test               cmd:redis-server"                        # the replicas' snapshot store (server/snapshots, test/ha)
 )
-# Later, e.g.:
-#  "redis-server       test,demo          cmd:redis-server"
 
 targets=(test demo gen image)
 

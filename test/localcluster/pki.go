@@ -39,10 +39,17 @@ func newCA(commonName string) (*keyPair, error) {
 
 // newServing makes a loopback serving certificate signed by ca.
 func newServing(ca *keyPair, commonName string) (*keyPair, error) {
+	return issueServing(ca, commonName, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
+		[]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback})
+}
+
+// issueServing makes a serving certificate for dnsNames and ips signed by
+// ca.
+func issueServing(ca *keyPair, commonName string, dnsNames []string, ips []net.IP) (*keyPair, error) {
 	return issue(ca, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: commonName},
-		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		DNSNames:    dnsNames,
+		IPAddresses: ips,
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	})
