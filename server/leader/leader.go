@@ -98,6 +98,10 @@ type Elector struct {
 	terms   prometheus.Counter
 	term    sync.WaitGroup  // a term's tasks are running
 	stop    context.Context // Run's: done ends the term too
+	// abstain: give up the Lease and do not campaign (Abstain);
+	// abstainChanged is closed (and replaced) at every change.
+	abstain        bool
+	abstainChanged chan struct{}
 }
 
 // New returns an Elector; register tasks with Add before Run.
@@ -106,7 +110,7 @@ func New(cfg Config) (*Elector, error) {
 		return nil, fmt.Errorf("leader election: %w", err)
 	}
 	cfg.defaults()
-	e := &Elector{cfg: cfg, log: cfg.Logger.With("lease", cfg.Namespace+"/"+cfg.Name, "identity", cfg.Identity),
+	e := &Elector{cfg: cfg, log: cfg.Logger.With("lease", cfg.Namespace+"/"+cfg.Name, "identity", cfg.Identity), abstainChanged: make(chan struct{}),
 		gauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "relaymesh_server_leader", Help: "1 while this replica holds the server's Lease and runs its once-only work."}),
 		terms: prometheus.NewCounter(prometheus.CounterOpts{Name: "relaymesh_server_leader_terms_total", Help: "Times this replica started leading."})}
 	if cfg.Registerer != nil {
@@ -125,6 +129,35 @@ func (e *Elector) Add(t Task) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.tasks = append(e.tasks, t)
+}
+
+// Abstain makes this replica give up the Lease (its term ends: the tasks
+// stop and the Lease is released, so another replica takes over at once)
+// and stop campaigning while abstain is true; false lets it campaign
+// again. A replica cut off from state the once-only work reads (the
+// snapshot store) must not lead.
+func (e *Elector) Abstain(abstain bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.abstain == abstain {
+		return
+	}
+	e.abstain = abstain
+	close(e.abstainChanged)
+	e.abstainChanged = make(chan struct{})
+	if abstain {
+		e.log.Warn("abstaining: this replica gives up the Lease and does not campaign")
+	} else {
+		e.log.Info("campaigning again for the Lease")
+	}
+}
+
+// abstaining reports Abstain's state and a channel closed at its next
+// change.
+func (e *Elector) abstaining() (bool, <-chan struct{}) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.abstain, e.abstainChanged
 }
 
 // Leading reports whether this replica holds the Lease now.
@@ -154,6 +187,13 @@ func (e *Elector) Run(ctx context.Context) {
 	}()
 	e.stop = ctx
 	for ctx.Err() == nil {
+		if abstain, changed := e.abstaining(); abstain {
+			select {
+			case <-ctx.Done():
+			case <-changed:
+			}
+			continue
+		}
 		lock, err := resourcelock.New(resourcelock.LeasesResourceLock, e.cfg.Namespace, e.cfg.Name,
 			e.cfg.Client.CoreV1(), e.cfg.Client.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: e.cfg.Identity})
 		if err != nil {
@@ -184,7 +224,24 @@ func (e *Elector) Run(ctx context.Context) {
 			e.log.Error("leader election: bad configuration", "error", err)
 			return
 		}
-		le.Run(leCtx) // returns when leadership is lost or ctx is done and the tasks stopped
+		// A term also ends when the replica abstains.
+		runCtx, cancelRun := context.WithCancel(leCtx)
+		go func() {
+			for {
+				abstain, changed := e.abstaining()
+				if abstain {
+					cancelRun()
+					return
+				}
+				select {
+				case <-runCtx.Done():
+					return
+				case <-changed:
+				}
+			}
+		}()
+		le.Run(runCtx) // returns when leadership is lost, the replica abstains, or ctx is done and the tasks stopped
+		cancelRun()
 		if ctx.Err() == nil {
 			sleep(ctx, e.cfg.RetryPeriod)
 		}

@@ -163,3 +163,39 @@ func TestConfigRefusesBadTimings(t *testing.T) {
 	_, err := leader.New(leader.Config{Client: cs, Namespace: "n", Name: "l", Identity: "a"})
 	assert.NoError(t, err)
 }
+
+// A leader that abstains (cut off from the snapshot store) gives the Lease
+// up at once and does not campaign while it abstains; the others lead.
+// When it stops abstaining it campaigns again, and stands by while another
+// leads.
+func TestAbstainingLeaderStepsDown(t *testing.T) {
+	mgmt, _, _ := localcluster.Management(t, "relaymesh")
+	var overlap atomic.Int32
+	rs := []*replica{startReplica(t, mgmt.RESTConfig(), "a", &overlap), startReplica(t, mgmt.RESTConfig(), "b", &overlap)}
+	t.Cleanup(func() {
+		for _, r := range rs {
+			r.stop()
+		}
+	})
+	var got []string
+	require.Eventually(t, func() bool { got = leaders(rs); return len(got) == 1 }, 15*time.Second, 50*time.Millisecond)
+	first, other := rs[0], rs[1]
+	if got[0] == "b" {
+		first, other = rs[1], rs[0]
+	}
+	start := time.Now()
+	first.e.Abstain(true)
+	require.Eventually(t, func() bool { return other.running.Load() == 1 }, 4*time.Second, 20*time.Millisecond, "the other replica leads within the retry period, not the lease duration")
+	t.Logf("abstaining leader handed over in %s", time.Since(start).Round(time.Millisecond))
+	assert.False(t, first.e.Leading())
+	assert.Equal(t, int32(0), first.running.Load())
+
+	// The only one left: an abstaining replica still does not lead.
+	other.stop()
+	rs = []*replica{first}
+	time.Sleep(3 * time.Second)
+	assert.Empty(t, leaders(rs), "an abstaining replica never takes the Lease")
+	first.e.Abstain(false)
+	require.Eventually(t, func() bool { return first.running.Load() == 1 }, 10*time.Second, 20*time.Millisecond, "it campaigns again")
+	assert.Equal(t, int32(2), first.terms.Load())
+}

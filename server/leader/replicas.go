@@ -23,49 +23,79 @@ const ReplicaLabel = "relaymesh.io/server-replica"
 // ReplicaLeaseName is the Lease a replica renews while it runs.
 func ReplicaLeaseName(replica string) string { return "relaymesh-replica-" + replica }
 
+// StoreAnnotation on a replica's Lease says whether the replica reaches
+// the replicas' snapshot store: StoreReachable or StoreUnreachable (absent
+// when the replicas use none).
+const StoreAnnotation = "relaymesh.io/snapshot-store"
+
+// Values of StoreAnnotation.
+const (
+	StoreReachable   = "reachable"
+	StoreUnreachable = "unreachable"
+)
+
+// HeartbeatConfig configures Heartbeat.
+type HeartbeatConfig struct {
+	Client    kubernetes.Interface
+	Namespace string
+	// Replica is this replica's name; its Lease is ReplicaLeaseName(Replica).
+	Replica string
+	// Period between renewals; the Lease lasts 3 periods.
+	Period time.Duration
+	Logger *slog.Logger
+	// Isolated, if set, hears when the replica has not renewed for as
+	// long as its Lease lasts (true: the leader counts it gone and sweeps
+	// its sessions; it cannot learn of deregistrations either) and when it
+	// renews again (false).
+	Isolated func(bool)
+	// Store, if set, says at each renewal whether this replica reaches the
+	// snapshot store (StoreAnnotation): the other replicas read it to tell
+	// a replica cut off from the store from a store that is down.
+	Store func() string
+}
+
 // Heartbeat renews this replica's Lease every period until ctx ends, so the
 // leader can tell which replicas are alive (Alive); the Lease lasts
 // 3 periods. A replica that cannot reach the apiserver stops renewing, and
-// the leader counts it gone.
-//
-// isolated, if set, hears when the replica has not renewed for as long as
-// its Lease lasts (true: the leader counts it gone and sweeps its sessions;
-// it cannot learn of deregistrations either) and when it renews again
-// (false).
-func Heartbeat(ctx context.Context, client kubernetes.Interface, namespace, replica string, period time.Duration, log *slog.Logger, isolated func(bool)) {
-	leases := client.CoordinationV1().Leases(namespace)
-	name := ReplicaLeaseName(replica)
-	secs := int32(3 * period / time.Second)
+// the leader counts it gone. As it stops, it deletes its Lease.
+func Heartbeat(ctx context.Context, cfg HeartbeatConfig) {
+	leases := cfg.Client.CoordinationV1().Leases(cfg.Namespace)
+	name := ReplicaLeaseName(cfg.Replica)
+	secs := int32(3 * cfg.Period / time.Second)
 	lastOK, cut := time.Now(), false
 	for {
+		store := ""
+		if cfg.Store != nil {
+			store = cfg.Store()
+		}
 		// A renewal that hangs counts as failed once the Lease is over.
-		rctx, cancel := context.WithTimeout(ctx, period)
-		err := renew(rctx, leases, namespace, name, replica, secs)
+		rctx, cancel := context.WithTimeout(ctx, cfg.Period)
+		err := renew(rctx, leases, cfg.Namespace, name, cfg.Replica, secs, store)
 		cancel()
 		switch {
 		case err == nil:
 			lastOK = time.Now()
 			if cut {
 				cut = false
-				log.Info("this replica's Lease is renewed again", "lease", name)
-				if isolated != nil {
-					isolated(false)
+				cfg.Logger.Info("this replica's Lease is renewed again", "lease", name)
+				if cfg.Isolated != nil {
+					cfg.Isolated(false)
 				}
 			}
 		case ctx.Err() == nil:
-			log.Warn("could not renew this replica's Lease", "lease", name, "error", err)
+			cfg.Logger.Warn("could not renew this replica's Lease", "lease", name, "error", err)
 			if !cut && time.Since(lastOK) >= time.Duration(secs)*time.Second {
 				cut = true
-				if isolated != nil {
-					isolated(true)
+				if cfg.Isolated != nil {
+					cfg.Isolated(true)
 				}
 			}
 		}
 		select {
 		case <-ctx.Done():
-			release(leases, name, replica, log)
+			release(leases, name, cfg.Replica, cfg.Logger)
 			return
-		case <-time.After(period):
+		case <-time.After(cfg.Period):
 		}
 	}
 }
@@ -101,16 +131,26 @@ type leaseClient interface {
 	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
 }
 
-func renew(ctx context.Context, leases leaseClient, namespace, name, replica string, secs int32) error {
+func renew(ctx context.Context, leases leaseClient, namespace, name, replica string, secs int32, store string) error {
 	now := metav1.NewMicroTime(time.Now())
+	var annotations map[string]string
+	if store != "" {
+		annotations = map[string]string{StoreAnnotation: store}
+	}
 	l, err := leases.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		_, err = leases.Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{ReplicaLabel: "true"}},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{ReplicaLabel: "true"}, Annotations: annotations},
 			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &replica, LeaseDurationSeconds: &secs, RenewTime: &now}}, metav1.CreateOptions{})
 	case err == nil:
 		l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &replica, &secs, &now
+		if store != "" {
+			if l.Annotations == nil {
+				l.Annotations = map[string]string{}
+			}
+			l.Annotations[StoreAnnotation] = store
+		}
 		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
 	}
 	return err
@@ -118,20 +158,43 @@ func renew(ctx context.Context, leases leaseClient, namespace, name, replica str
 
 // Alive lists the replicas whose Lease is current.
 func Alive(ctx context.Context, client kubernetes.Interface, namespace string) (map[string]bool, error) {
-	list, err := client.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: ReplicaLabel + "=true"})
+	reps, err := Replicas(ctx, client, namespace, time.Now())
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]bool{}
-	now := time.Now()
+	for name, r := range reps {
+		if r.Alive {
+			out[name] = true
+		}
+	}
+	return out, nil
+}
+
+// Replica is what a replica's Lease says of it.
+type Replica struct {
+	// Alive: the Lease is current at the time asked.
+	Alive bool
+	// Store is its StoreAnnotation ("" if none), as of Renewed.
+	Store string
+	// Renewed is when it last renewed its Lease.
+	Renewed time.Time
+}
+
+// Replicas reads every replica's Lease, by replica name, at now.
+func Replicas(ctx context.Context, client kubernetes.Interface, namespace string, now time.Time) (map[string]Replica, error) {
+	list, err := client.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: ReplicaLabel + "=true"})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Replica{}
 	for _, l := range list.Items {
 		s := l.Spec
 		if s.HolderIdentity == nil || s.RenewTime == nil || s.LeaseDurationSeconds == nil {
 			continue
 		}
-		if s.RenewTime.Add(time.Duration(*s.LeaseDurationSeconds) * time.Second).After(now) {
-			out[*s.HolderIdentity] = true
-		}
+		out[*s.HolderIdentity] = Replica{Alive: s.RenewTime.Add(time.Duration(*s.LeaseDurationSeconds) * time.Second).After(now),
+			Store: l.Annotations[StoreAnnotation], Renewed: s.RenewTime.Time}
 	}
 	return out, nil
 }

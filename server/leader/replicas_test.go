@@ -32,7 +32,10 @@ func TestReplicaLeasesDoNotPileUp(t *testing.T) {
 
 	hctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { leader.Heartbeat(hctx, cs, ns, "pod-a", time.Second, log, nil); close(done) }()
+	go func() {
+		leader.Heartbeat(hctx, leader.HeartbeatConfig{Client: cs, Namespace: ns, Replica: "pod-a", Period: time.Second, Logger: log})
+		close(done)
+	}()
 	require.Eventually(t, func() bool {
 		alive, err := leader.Alive(ctx, cs, ns)
 		return err == nil && alive["pod-a"]
@@ -74,7 +77,7 @@ func TestReplicaLeasesDoNotPileUp(t *testing.T) {
 
 	// Collected later, after it came back and renewed: kept.
 	lease("came-back", now.Add(-leader.GoneAfter-time.Minute), true)
-	go leader.Heartbeat(t.Context(), cs, ns, "came-back", time.Second, log, nil)
+	go leader.Heartbeat(t.Context(), leader.HeartbeatConfig{Client: cs, Namespace: ns, Replica: "came-back", Period: time.Second, Logger: log})
 	require.Eventually(t, func() bool {
 		alive, err := leader.Alive(ctx, cs, ns)
 		return err == nil && alive["came-back"]
