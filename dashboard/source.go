@@ -185,3 +185,34 @@ func (s *StaticSource) Input() (*translation.Input, error) {
 
 // Version implements Source.
 func (s *StaticSource) Version() string { return s.Rev }
+
+// Workloads lists discovered Workloads kept outside the apiserver
+// (server.SharedSnapshots); Version changes whenever the list may have.
+type Workloads interface {
+	Workloads() []discoveryv1alpha1.Workload
+	Version() string
+}
+
+// WithWorkloads is src with its Workloads read from w instead: an
+// installation that keeps full snapshots in the replicas' shared store has
+// no Workload objects in the apiserver.
+func WithWorkloads(src Source, w Workloads) Source { return sharedWorkloads{Source: src, w: w} }
+
+type sharedWorkloads struct {
+	Source
+	w Workloads
+}
+
+// Input implements Source.
+func (s sharedWorkloads) Input() (*translation.Input, error) {
+	in, err := s.Source.Input()
+	if err != nil {
+		return nil, err
+	}
+	out := *in
+	out.Workloads = s.w.Workloads()
+	return &out, nil
+}
+
+// Version implements Source.
+func (s sharedWorkloads) Version() string { return s.Source.Version() + "/" + s.w.Version() }

@@ -104,6 +104,11 @@ type MirrorConfig struct {
 	// here, whatever this replica's view holds. Nil: every cluster (one
 	// replica).
 	Owns func(cluster string) bool
+	// WorkloadsElsewhere: the Workloads live in the replicas' shared
+	// snapshot store (SharedSnapshots), not in the apiserver; Workload
+	// objects left from before are deleted like those of a cluster that
+	// has none.
+	WorkloadsElsewhere bool
 }
 
 func (c MirrorConfig) withDefaults() MirrorConfig {
@@ -286,6 +291,9 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 			return err
 		}
 		for _, o := range objs {
+			if o.Resource == WorkloadsResource && m.cfg.WorkloadsElsewhere {
+				continue
+			}
 			desired[o.Resource][o.Object.GetName()] = o.Object
 		}
 	}
@@ -527,12 +535,11 @@ type DiscoveredObject struct {
 func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredObject, error) {
 	cluster := snap.GetCluster()
 	var out []DiscoveredObject
-	add := func(gvr schema.GroupVersionResource, kind, origin, objNamespace, objName string, spec any) error {
+	add := func(gvr schema.GroupVersionResource, kind string, meta metav1.ObjectMeta, spec any) error {
 		specJSON, err := json.Marshal(spec)
 		if err != nil {
 			return err
 		}
-		sum := sha256.Sum256(specJSON)
 		var specMap map[string]any
 		if err := json.Unmarshal(specJSON, &specMap); err != nil {
 			return err
@@ -540,14 +547,10 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredOb
 		u := &unstructured.Unstructured{Object: map[string]any{"spec": specMap}}
 		u.SetAPIVersion(discoveryv1alpha1.GroupVersion.String())
 		u.SetKind(kind)
-		u.SetName(discoveryv1alpha1.Name(origin, cluster, objNamespace, objName))
-		u.SetNamespace(namespace)
-		labels := map[string]string{LabelCluster: cluster, discoveryv1alpha1.LabelNamespace: objNamespace, LabelManagedBy: "relaymesh"}
-		if len(validation.IsValidLabelValue(objName)) == 0 {
-			labels[discoveryv1alpha1.LabelName] = objName
-		}
-		u.SetLabels(labels)
-		u.SetAnnotations(map[string]string{annotationSpecSum: hex.EncodeToString(sum[:])})
+		u.SetName(meta.Name)
+		u.SetNamespace(meta.Namespace)
+		u.SetLabels(meta.Labels)
+		u.SetAnnotations(map[string]string{annotationSpecSum: specSum(specJSON)})
 		out = append(out, DiscoveredObject{Resource: gvr, Object: u})
 		return nil
 	}
@@ -560,20 +563,12 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredOb
 			spec.Istio.Gateways = append(spec.Istio.Gateways, discoveryv1alpha1.GatewayInfo{Name: g.GetName(), Namespace: g.GetNamespace(), Kind: g.GetKind(),
 				WorkloadLabels: g.GetWorkloadLabels(), ExternalAddress: g.GetExternalAddress(), TLSPort: g.GetTlsPort()})
 		}
-		if err := add(MeshesResource, "Mesh", discoveryv1alpha1.OriginMesh, m.GetNamespace(), m.GetName(), spec); err != nil {
+		if err := add(MeshesResource, "Mesh", discoveredMeta(discoveryv1alpha1.OriginMesh, cluster, m.GetNamespace(), m.GetName(), namespace), spec); err != nil {
 			return nil, err
 		}
 	}
-	meshRef := func(name, ns string) common.ObjectRef {
-		return common.ObjectRef{Name: MeshObjectName(cluster, ns, name), Namespace: namespace}
-	}
 	for _, w := range snap.GetWorkloads() {
-		spec := discoveryv1alpha1.WorkloadSpec{
-			Kubernetes: discoveryv1alpha1.KubernetesWorkload{Controller: common.ClusterObjectRef{Name: w.GetName(), Namespace: w.GetNamespace(), ClusterName: cluster},
-				Kind: w.GetKind(), PodLabels: w.GetPodLabels(), ServiceAccountName: w.GetServiceAccount()},
-			Mesh: meshRef(w.GetMeshName(), w.GetMeshNamespace()),
-		}
-		if err := add(WorkloadsResource, "Workload", w.GetKind(), w.GetNamespace(), w.GetName(), spec); err != nil {
+		if err := add(WorkloadsResource, "Workload", discoveredMeta(w.GetKind(), cluster, w.GetNamespace(), w.GetName(), namespace), workloadSpec(cluster, namespace, w)); err != nil {
 			return nil, err
 		}
 	}
@@ -592,12 +587,44 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredOb
 				ks.Subsets[k] = v.GetValues()
 			}
 		}
-		spec := discoveryv1alpha1.DestinationSpec{KubeService: ks, Mesh: meshRef(d.GetMeshName(), d.GetMeshNamespace())}
-		if err := add(DestinationsResource, "Destination", discoveryv1alpha1.OriginService, d.GetNamespace(), d.GetName(), spec); err != nil {
+		spec := discoveryv1alpha1.DestinationSpec{KubeService: ks, Mesh: meshRef(cluster, namespace, d.GetMeshName(), d.GetMeshNamespace())}
+		if err := add(DestinationsResource, "Destination", discoveredMeta(discoveryv1alpha1.OriginService, cluster, d.GetNamespace(), d.GetName(), namespace), spec); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// discoveredMeta is the name, namespace and labels of a discovered object:
+// named by discoveryv1alpha1.Name from exactly where it came from (origin
+// kind, cluster, namespace, name) and labelled with it.
+func discoveredMeta(origin, cluster, objNamespace, objName, namespace string) metav1.ObjectMeta {
+	labels := map[string]string{LabelCluster: cluster, discoveryv1alpha1.LabelNamespace: objNamespace, LabelManagedBy: "relaymesh"}
+	if len(validation.IsValidLabelValue(objName)) == 0 {
+		labels[discoveryv1alpha1.LabelName] = objName
+	}
+	return metav1.ObjectMeta{Name: discoveryv1alpha1.Name(origin, cluster, objNamespace, objName), Namespace: namespace, Labels: labels}
+}
+
+// workloadSpec is the spec of a discovered workload of cluster.
+func workloadSpec(cluster, namespace string, w *relaypb.Workload) discoveryv1alpha1.WorkloadSpec {
+	return discoveryv1alpha1.WorkloadSpec{
+		Kubernetes: discoveryv1alpha1.KubernetesWorkload{Controller: common.ClusterObjectRef{Name: w.GetName(), Namespace: w.GetNamespace(), ClusterName: cluster},
+			Kind: w.GetKind(), PodLabels: w.GetPodLabels(), ServiceAccountName: w.GetServiceAccount()},
+		Mesh: meshRef(cluster, namespace, w.GetMeshName(), w.GetMeshNamespace()),
+	}
+}
+
+// meshRef names the Mesh object of the istiod name in meshNamespace of
+// cluster.
+func meshRef(cluster, namespace, name, meshNamespace string) common.ObjectRef {
+	return common.ObjectRef{Name: MeshObjectName(cluster, meshNamespace, name), Namespace: namespace}
+}
+
+// specSum is the hex SHA-256 of a spec's JSON: what the mirror compares.
+func specSum(specJSON []byte) string {
+	sum := sha256.Sum256(specJSON)
+	return hex.EncodeToString(sum[:])
 }
 
 // MeshObjectName is the name of the Mesh object of the istiod name in

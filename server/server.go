@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -239,6 +241,7 @@ type Server struct {
 
 	isolated atomic.Bool
 	mu       sync.Mutex
+	cutOff   map[string]bool // what the replica is cut off from (SetCutOff)
 	sessions map[string]map[*session]struct{}
 	gates    []*relay.Gate
 	lis      []net.Listener
@@ -257,40 +260,77 @@ const connBufferSize = 8 << 10
 // errRevoked ends the sessions of a deregistered cluster.
 var errRevoked = errors.New("cluster deregistered")
 
-// errIsolated ends every session of a replica that lost the management
-// apiserver: it can no longer learn of a deregistration.
-var errIsolated = errors.New("this server replica lost the management apiserver")
+// errIsolated ends every session of a replica cut off from the state the
+// replicas share: it can no longer learn of a deregistration (the
+// management apiserver), or share what its agents push (the snapshot
+// store).
+var errIsolated = errors.New("this server replica is cut off from the replicas' shared state")
 
 // unavailableIsolated answers calls while the replica is isolated; agents
 // then try another replica.
-var unavailableIsolated = status.Error(codes.Unavailable, "this server replica lost the management apiserver; try another replica")
+var unavailableIsolated = status.Error(codes.Unavailable, "this server replica is cut off from the replicas' shared state; try another replica")
 
-// Isolated reports whether the replica is cut off (SetIsolated).
+// What a replica can be cut off from (SetCutOff).
+const (
+	CutOffAPIServer     = "the management apiserver"
+	CutOffSnapshotStore = "the snapshot store"
+)
+
+// Isolated reports whether the replica is cut off (SetCutOff).
 func (s *Server) Isolated() bool { return s.isolated.Load() }
 
-// SetIsolated says whether this replica is cut off from the management
-// apiserver (its own Lease could not be renewed for a lease duration).
-// Isolated, it cannot learn of deregistrations, so it fails closed: it ends
-// every session and refuses every call until it is back, and the agents
-// reconnect to another replica.
-func (s *Server) SetIsolated(isolated bool) {
-	if s.isolated.Swap(isolated) == isolated {
-		return
-	}
-	if !isolated {
-		s.log.Info("the management apiserver is reachable again: serving agents")
-		return
-	}
+// CutOff lists what the replica is cut off from, sorted.
+func (s *Server) CutOff() []string {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Sorted(maps.Keys(s.cutOff))
+}
+
+// SetIsolated says whether this replica is cut off from the management
+// apiserver (its own Lease could not be renewed for a lease duration):
+// SetCutOff(CutOffAPIServer, isolated).
+func (s *Server) SetIsolated(isolated bool) { s.SetCutOff(CutOffAPIServer, isolated) }
+
+// SetCutOff says whether this replica is cut off from one part of the
+// state the replicas share (CutOffAPIServer, CutOffSnapshotStore). Cut off
+// from any, it fails closed: it ends every session and refuses every call
+// until it is back, and the agents reconnect to another replica.
+func (s *Server) SetCutOff(from string, cut bool) {
+	s.mu.Lock()
+	if s.cutOff == nil {
+		s.cutOff = map[string]bool{}
+	}
+	if s.cutOff[from] == cut {
+		s.mu.Unlock()
+		return
+	}
+	if cut {
+		s.cutOff[from] = true
+	} else {
+		delete(s.cutOff, from)
+	}
+	isolated := len(s.cutOff) > 0
+	was := s.isolated.Swap(isolated)
 	ended := 0
-	for _, set := range s.sessions {
-		for sess := range set {
-			sess.cancel(errIsolated)
-			ended++
+	if isolated && !was {
+		for _, set := range s.sessions {
+			for sess := range set {
+				sess.cancel(errIsolated)
+				ended++
+			}
 		}
 	}
 	s.mu.Unlock()
-	s.log.Error("cut off from the management apiserver: ended every agent session and refusing calls until it is back", "streams_ended", ended)
+	switch {
+	case cut && !was:
+		s.log.Error("cut off from "+from+": ended every agent session and refusing calls until it is back", "streams_ended", ended)
+	case cut:
+		s.log.Error("cut off from " + from + " too")
+	case !isolated:
+		s.log.Info(from + " is reachable again: serving agents")
+	default:
+		s.log.Info(from+" is reachable again; still cut off", "from", s.CutOff())
+	}
 }
 
 // NewServer builds a Server; call Serve to accept connections.

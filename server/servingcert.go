@@ -24,18 +24,22 @@ type ServerIssuer interface {
 }
 
 // ServingCert keeps the relay server's TLS certificate fresh: a new key and
-// certificate at start, renewed at about 2/3 of its life. Its key never
-// leaves the process; Store, if set, receives each new certificate (for the
-// relay-server-tls-secret).
+// certificate at start, renewed at about 2/3 of its life. Every replica has
+// its own. Store, if set, receives each new certificate (for the
+// relay-server-tls-secret); with several replicas only the Lease holder's
+// (SetStore's when), so the Secret has one writer, and Publish writes the
+// current one when a replica starts leading.
 type ServingCert struct {
 	issuer   ServerIssuer
 	dnsNames []string
 	ips      []net.IP
 	log      *slog.Logger
-	store    func(ctx context.Context, certPEM, keyPEM []byte) error
 
-	mu   sync.RWMutex
-	cert *tls.Certificate
+	mu    sync.RWMutex
+	store func(ctx context.Context, certPEM, keyPEM []byte) error
+	when  func() bool // gates store at renewals; nil: always
+	cert  *tls.Certificate
+	pem   [2][]byte // chain and key of cert, for store
 }
 
 // NewServingCert issues the first certificate.
@@ -104,12 +108,36 @@ func (s *ServingCert) renew(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.cert = &pair
+	s.pem = [2][]byte{issued.ChainPEM(), keyPEM}
 	s.mu.Unlock()
 	s.log.Info("serving certificate issued", "dns_names", s.dnsNames, "ips", fmt.Sprint(s.ips), "not_after", pair.Leaf.NotAfter)
-	if s.store != nil {
-		if err := s.store(ctx, issued.ChainPEM(), keyPEM); err != nil {
+	s.mu.RLock()
+	when := s.when
+	s.mu.RUnlock()
+	if when == nil || when() {
+		if err := s.Publish(ctx); err != nil {
 			s.log.Warn("could not store serving certificate secret", "error", err)
 		}
 	}
 	return nil
+}
+
+// SetStore replaces the store of new certificates, called at renewals
+// only while when says so (nil: always).
+func (s *ServingCert) SetStore(store func(ctx context.Context, certPEM, keyPEM []byte) error, when func() bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.store, s.when = store, when
+}
+
+// Publish hands the current certificate to the store (nothing without
+// one).
+func (s *ServingCert) Publish(ctx context.Context) error {
+	s.mu.RLock()
+	store, chain, key := s.store, s.pem[0], s.pem[1]
+	s.mu.RUnlock()
+	if store == nil {
+		return nil
+	}
+	return store(ctx, chain, key)
 }

@@ -115,6 +115,8 @@ type agentState struct {
 	clockOffset *time.Duration
 	// ack is the agent's last ack, as the status keeps it.
 	ack *multiclusterv1alpha1.AppliedOutputs
+	// discovered summarizes the last snapshot this replica accepted.
+	discovered *multiclusterv1alpha1.DiscoverySummary
 }
 
 // NewKubeStatus returns a sink for namespace's KubernetesClusters; call Run.
@@ -203,6 +205,23 @@ func (k *KubeStatus) SessionChanged(cluster string, connected bool) {
 	k.mark(cluster, func(st *agentState) { st.connected = connected })
 }
 
+// Discovered records the summary of the snapshot this replica accepted of
+// cluster (Summarize).
+func (k *KubeStatus) Discovered(cluster string, sum *multiclusterv1alpha1.DiscoverySummary) {
+	k.mark(cluster, func(st *agentState) { st.discovered = sum })
+}
+
+// Summarize counts what snap holds; workloadsIn says where its Workloads
+// are kept (multiclusterv1alpha1.WorkloadsIn*).
+func Summarize(snap *relaypb.Snapshot, workloadsIn string) *multiclusterv1alpha1.DiscoverySummary {
+	accounts := map[[2]string]bool{}
+	for _, w := range snap.GetWorkloads() {
+		accounts[[2]string{w.GetNamespace(), w.GetServiceAccount()}] = true
+	}
+	return &multiclusterv1alpha1.DiscoverySummary{Snapshot: snap.GetHash(), Meshes: int32(len(snap.GetMeshes())), Workloads: int32(len(snap.GetWorkloads())),
+		Destinations: int32(len(snap.GetDestinations())), ServiceAccounts: int32(len(accounts)), WorkloadsIn: workloadsIn}
+}
+
 // Forget drops what the server knew of a deregistered cluster.
 func (k *KubeStatus) Forget(cluster string) {
 	k.mu.Lock()
@@ -277,6 +296,9 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	}
 	if st.cert != nil && (have.AgentCertificate == nil || *have.AgentCertificate != *st.cert) {
 		patch["agentCertificate"] = st.cert
+	}
+	if st.discovered != nil && (have.Discovered == nil || *have.Discovered != *st.discovered) {
+		patch["discovered"] = st.discovered
 	}
 	if st.version != "" && have.AgentVersion != st.version {
 		patch["agentVersion"] = st.version

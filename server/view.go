@@ -182,6 +182,16 @@ func (v *View) Snapshot(cluster string) *relaypb.Snapshot {
 	return nil
 }
 
+// Get returns a copy of what the view holds of cluster.
+func (v *View) Get(cluster string) (ClusterView, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	if c := v.clusters[cluster]; c != nil {
+		return *c, true
+	}
+	return ClusterView{}, false
+}
+
 // Clusters returns a copy of the view, for the debug endpoint.
 func (v *View) Clusters() map[string]ClusterView {
 	v.mu.RLock()

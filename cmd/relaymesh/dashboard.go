@@ -42,14 +42,20 @@ type dashboardParts struct {
 	pki      dashboard.RelayPKI
 	serving  *server.ServingCert
 	auditLog *audit.Log
+	// shared, if set, holds the Workloads (--snapshot-store=redis).
+	shared *server.SharedSnapshots
 }
 
 // serveDashboard starts the dashboard on --dashboard-listen; the returned
 // function stops it.
 func serveDashboard(ctx context.Context, f serverFlags, kube *kubeclient.Clients, p dashboardParts, log *slog.Logger) (func(), error) {
-	src, err := dashboard.StartKubeSource(ctx, kube.Dynamic, f.namespace, time.Minute)
+	kubeSrc, err := dashboard.StartKubeSource(ctx, kube.Dynamic, f.namespace, time.Minute)
 	if err != nil {
 		return nil, err
+	}
+	var src dashboard.Source = kubeSrc
+	if p.shared != nil {
+		src = dashboard.WithWorkloads(kubeSrc, p.shared)
 	}
 	auth, err := kubeauth.New(kubeauth.Config{Client: kube.Typed, Logger: log})
 	if err != nil {

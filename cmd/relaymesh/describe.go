@@ -11,12 +11,14 @@ import (
 	"text/tabwriter"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/printer"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
@@ -154,6 +156,9 @@ func loadView(ctx context.Context, dir string, g *globals, namespace string) (*t
 // discovered objects from namespace, user objects from every namespace.
 func listInput(ctx context.Context, client dynamic.Interface, namespace string) (*translation.Input, error) {
 	r := describeResources
+	if err := workloadsListable(ctx, client, namespace); err != nil {
+		return nil, err
+	}
 	in := &translation.Input{}
 	var err error
 	if in.Meshes, err = listAs[discoveryv1alpha1.Mesh](ctx, client, r.meshes, namespace); err != nil {
@@ -178,6 +183,26 @@ func listInput(ctx context.Context, client dynamic.Interface, namespace string) 
 		return nil, err
 	}
 	return in, nil
+}
+
+// workloadsListable refuses a live view of an installation that keeps its
+// Workloads in the server replicas' snapshot store (--snapshot-store=redis,
+// which every cluster's status.discovered.workloadsIn says): without them,
+// an audit or a description would leave out every source workload. What
+// cannot be read (no permission to list the clusters) is not refused.
+func workloadsListable(ctx context.Context, client dynamic.Interface, namespace string) error {
+	list, err := client.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil
+	}
+	for _, item := range list.Items {
+		if in, _, _ := unstructured.NestedString(item.Object, "status", "discovered", "workloadsIn"); in == multiclusterv1alpha1.WorkloadsInRedis {
+			return fmt.Errorf("this installation keeps its Workloads in the server replicas' snapshot store (Redis), not as Workload objects (KubernetesCluster %s/%s status.discovered.workloadsIn: redis): "+
+				"a view read from the apiserver would leave out every source workload; use the dashboard's Access page (relaymesh dashboard), which reads them through the server, or -f with exported objects",
+				namespace, item.GetName())
+		}
+	}
+	return nil
 }
 
 // listAs lists a resource (namespace "": every namespace) as typed objects.

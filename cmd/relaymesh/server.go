@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/identity"
@@ -77,6 +78,7 @@ type serverFlags struct {
 	leaseDuration, renewDeadline, retryPeriod         time.Duration
 	conns                                             relay.ConnectionLimits
 	clusters                                          relay.ClusterLimits
+	store                                             snapshotStoreFlags
 }
 
 func newServerCommand(d deps, g *globals) *cobra.Command {
@@ -148,7 +150,9 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.DurationVar(&f.leaseDuration, "leader-lease-duration", 8*time.Second, "how long the server's Lease lasts without renewal (another replica takes over after it)")
 	fs.DurationVar(&f.renewDeadline, "leader-renew-deadline", 5*time.Second, "how long the leading replica retries renewing before it stops its once-only work")
 	fs.DurationVar(&f.retryPeriod, "leader-retry-period", time.Second, "how often replicas try to acquire or renew the Lease")
-	for name, values := range map[string][]string{"log-level": {"debug", "info", "warn", "error"}, "webhook-failure-policy": {"Fail", "Ignore"}, "debug-endpoints": {"authenticated", "off"}} {
+	f.store.register(fs)
+	for name, values := range map[string][]string{"log-level": {"debug", "info", "warn", "error"}, "webhook-failure-policy": {"Fail", "Ignore"}, "debug-endpoints": {"authenticated", "off"},
+		"snapshot-store": {snapshotStoreAPIServer, snapshotStoreRedis}} {
 		_ = c.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
 	}
 	return c
@@ -191,7 +195,13 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if err != nil {
 		return err
 	}
-	serving, err := server.NewServingCert(ctx, authority, splitList(f.dnsNames), ips, storeServingSecret(kube, f.namespace), log)
+	// relay-server-tls-secret has one writer: this process, or with several
+	// replicas the Lease holder (below).
+	var storeServing func(context.Context, []byte, []byte) error
+	if !f.leaderElect {
+		storeServing = storeServingSecret(kube, f.namespace)
+	}
+	serving, err := server.NewServingCert(ctx, authority, splitList(f.dnsNames), ips, storeServing, log)
 	if err != nil {
 		return err
 	}
@@ -271,6 +281,15 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 			}
 		}})
 	}
+	if ha {
+		serving.SetStore(storeServingSecret(kube, f.namespace), reps.leading)
+		onceOnly(leader.Task{Name: "serving-secret", Run: func(ctx context.Context) {
+			if err := serving.Publish(ctx); err != nil && ctx.Err() == nil {
+				log.Warn("could not store the serving certificate's secret", "error", err)
+			}
+			<-ctx.Done()
+		}})
+	}
 	registry.OnRevoke(status.Forget)
 	go status.Run(ctx)
 	go serving.Run(ctx)
@@ -281,6 +300,15 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	// Acks go to the cluster's status, where the replica holding the Lease
 	// reads every cluster's, whichever replica the agent talks to.
 	view.OnAck(func(c string) { status.Acked(c, view.Ack(c)) })
+	workloadsIn := multiclusterv1alpha1.WorkloadsInAPIServer
+	if f.store.kind == snapshotStoreRedis {
+		workloadsIn = multiclusterv1alpha1.WorkloadsInRedis
+	}
+	view.OnSnapshot(func(c string) {
+		if snap := view.Snapshot(c); snap != nil {
+			status.Discovered(c, server.Summarize(snap, workloadsIn))
+		}
+	})
 	var acks interface {
 		Ack(cluster string) *relaypb.PullAck
 		OnAck(func(cluster string))
@@ -288,7 +316,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if ha {
 		acks = status
 	}
-	mirrorCfg := server.MirrorConfig{Registerer: reg}
+	mirrorCfg := server.MirrorConfig{Registerer: reg, WorkloadsElsewhere: f.store.kind == snapshotStoreRedis}
 	var sink server.StatusSink = status
 	if ha {
 		// The replica holding a cluster's session writes its objects; the
@@ -310,14 +338,21 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	}
 	registry.OnRevoke(mirror.Kick)
 	go mirror.Run(ctx)
-	onceOnly(leader.Task{Name: "orphan-collection", Run: func(ctx context.Context) {
-		registered := func(c string) bool {
-			if _, ok := registry.Lookup(c); ok {
-				return true
-			}
-			_, ok := kubeconfigClusters.Lookup(c)
-			return ok
+	registered := func(c string) bool {
+		if _, ok := registry.Lookup(c); ok {
+			return true
 		}
+		_, ok := kubeconfigClusters.Lookup(c)
+		return ok
+	}
+	sharedSnaps, err := f.startSharedSnapshots(ctx, kube, view, ha, reps.name, registered, reg, log)
+	if err != nil {
+		return err
+	}
+	if sharedSnaps != nil {
+		onceOnly(leader.Task{Name: "snapshot-store-collection", Run: func(ctx context.Context) { collectSharedSnapshots(ctx, sharedSnaps, registry, log) }})
+	}
+	onceOnly(leader.Task{Name: "orphan-collection", Run: func(ctx context.Context) {
 		if err := mirror.CollectOrphans(ctx, registered); err != nil {
 			log.Warn("could not delete discovered objects of unregistered clusters", "error", err)
 		}
@@ -361,8 +396,12 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	if err := loader.Start(ctx); err != nil {
 		return err
 	}
-	ctl, err := controller.Start(ctx, controller.Config{Client: kube.Dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: acks, Leading: reps.leading,
-		Admission: admitter, Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }})
+	ctlCfg := controller.Config{Client: kube.Dynamic, Namespace: f.namespace, Outputs: outputs, Logger: log, Acks: acks, Leading: reps.leading,
+		Admission: admitter, Clusters: func() []string { return append(registry.Names(), kubeconfigClusters.Names()...) }}
+	if sharedSnaps != nil {
+		ctlCfg.Workloads = sharedSnaps
+	}
+	ctl, err := controller.Start(ctx, ctlCfg)
 	if err != nil {
 		return err
 	}
@@ -423,9 +462,19 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		// deregistrations: it fails closed and its agents move on. As it
 		// stops, it deletes its Lease: waiting for that lets the leader
 		// sweep its sessions at once.
+		hb := leader.HeartbeatConfig{Client: reps.coord, Namespace: f.namespace, Replica: reps.name, Period: replicaHeartbeat, Logger: log, Isolated: srv.SetIsolated}
+		if sharedSnaps != nil {
+			hb.Store = func() string { return storeState(sharedSnaps) }
+			go sharedSnaps.Guard(ctx, storeCutGrace, storeDetect, func(ctx context.Context) (time.Time, error) {
+				return othersReachStore(ctx, reps, f.namespace)
+			}, func(cut bool) {
+				srv.SetCutOff(server.CutOffSnapshotStore, cut)
+				reps.abstain(cut)
+			})
+		}
 		heartbeatDone := make(chan struct{})
 		go func() {
-			leader.Heartbeat(ctx, reps.coord, f.namespace, reps.name, replicaHeartbeat, log, srv.SetIsolated)
+			leader.Heartbeat(ctx, hb)
 			close(heartbeatDone)
 		}()
 		defer func() {
@@ -455,7 +504,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	}
 	mux := opsMux(reg, func() error {
 		if srv.Isolated() {
-			return errors.New("cut off from the management apiserver: not serving agents")
+			return fmt.Errorf("cut off from %s: not serving agents", strings.Join(srv.CutOff(), " and "))
 		}
 		return nil
 	})
@@ -475,7 +524,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		log.Info("debug endpoints are off (--debug-endpoints off)")
 	}
 	if f.dashboardListen != "" {
-		stop, err := serveDashboard(ctx, f, kube, dashboardParts{view: view, pki: signer, serving: serving, auditLog: auditLog}, log)
+		stop, err := serveDashboard(ctx, f, kube, dashboardParts{view: view, pki: signer, serving: serving, auditLog: auditLog, shared: sharedSnaps}, log)
 		if err != nil {
 			return err
 		}
@@ -571,6 +620,7 @@ func (f serverFlags) validate() error {
 	if len(splitList(f.dnsNames)) == 0 && len(splitList(f.ips)) == 0 {
 		errs = append(errs, errors.New("--server-dns-names or --server-ips must name the server"))
 	}
+	errs = append(errs, f.store.validate()...)
 	return errors.Join(errs...)
 }
 
@@ -621,7 +671,8 @@ func publishRoots(ctx context.Context, kube *kubeclient.Clients, namespace strin
 }
 
 // storeServingSecret writes relay-server-tls-secret for operators and tools
-// that expect it; the server itself serves from memory.
+// that expect it (the Lease holder's certificate, with several replicas);
+// every replica serves its own from memory.
 func storeServingSecret(kube *kubeclient.Clients, namespace string) func(ctx context.Context, certPEM, keyPEM []byte) error {
 	return func(ctx context.Context, certPEM, keyPEM []byte) error {
 		want := &corev1.Secret{
@@ -701,6 +752,9 @@ type replicas struct {
 	coord kubernetes.Interface
 	// leading reports whether this replica runs the once-only work now.
 	leading func() bool
+	// abstain gives up the Lease and stops campaigning while true (nil
+	// without leader election).
+	abstain func(bool)
 }
 
 // replicaName is --replica-name, else $POD_NAME, else the host name and
@@ -756,7 +810,7 @@ func (f serverFlags) onceOnlyWork(kube *kubeclient.Clients, reg prometheus.Regis
 		return nil, err
 	}
 	log.Info("leader election on: once-only work runs while this replica holds the Lease", "lease", f.namespace+"/"+serverLease, "replica", name)
-	return &replicas{name: name, add: e.Add, run: e.Run, leading: e.Leading, coord: coord}, nil
+	return &replicas{name: name, add: e.Add, run: e.Run, leading: e.Leading, abstain: e.Abstain, coord: coord}, nil
 }
 
 // replicaHeartbeat is how often a replica renews its own Lease, and how

@@ -106,24 +106,31 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (b
 	t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, last)
 }
 
-// GetJSON fetches url and decodes a JSON body into v; it returns the status.
-func GetJSON(url string, v any) (int, error) {
+// GetBody fetches url; it returns the status and (up to 1 MiB of) the body.
+func GetBody(url string) (int, string, error) {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get(url)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, string(b), err
+}
+
+// GetJSON fetches url and decodes a JSON body into v; it returns the status.
+func GetJSON(url string, v any) (int, error) {
+	code, body, err := GetBody(url)
 	if err != nil {
-		return resp.StatusCode, err
+		return code, err
 	}
+	b := []byte(body)
 	if v != nil {
 		if err := json.Unmarshal(b, v); err != nil {
-			return resp.StatusCode, fmt.Errorf("decode %s: %w", b, err)
+			return code, fmt.Errorf("decode %s: %w", b, err)
 		}
 	}
-	return resp.StatusCode, nil
+	return code, nil
 }
 
 // MetricWith sums the samples of name whose labels contain match (e.g.

@@ -60,7 +60,7 @@ var (
 // Throughout, no agent ever receives (fleet) or applies (real) an output
 // version below one it had before.
 func TestFailover(t *testing.T) {
-	w := newWorld(t)
+	w := newWorld(t, false)
 	t.Run("KillBusiest", w.killBusiest)
 	t.Run("KillLeader", w.killLeader)
 	t.Run("CutFromAPIServer", w.cutFromAPIServer)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -51,6 +52,10 @@ type Config struct {
 	Namespace string
 	// ServerArgs are extra flags for every replica.
 	ServerArgs []string
+	// Redis runs redis-server (TLS, a password) in a namespace of its own
+	// and has the replicas keep full snapshots in it
+	// (--snapshot-store=redis).
+	Redis bool
 }
 
 // Env is one management cluster (real etcd and kube-apiserver processes),
@@ -64,6 +69,8 @@ type Env struct {
 	Kube                kubernetes.Interface
 	Net                 *Network
 	Replicas            []*Replica
+	// Redis is the replicas' snapshot store, with Config.Redis.
+	Redis *localcluster.Redis
 	// replicaKubeconfig reaches the apiserver through the store address.
 	replicaKubeconfig string
 	serverArgs        []string
@@ -102,6 +109,23 @@ func Setup(t *testing.T, bin string, cfg Config) *Env {
 	e.Net, err = NewNetwork(cfg.Replicas, u.Host)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, e.Net.Close(), "remove the network namespaces and links") })
+	if cfg.Redis {
+		require.NoError(t, e.Net.AddRedis())
+		dir := filepath.Join(e.Dir, "redis")
+		require.NoError(t, os.MkdirAll(dir, 0o700))
+		e.Redis, err = localcluster.StartRedis(ctx, localcluster.RedisConfig{Dir: dir, Netns: e.Net.RedisNamespace(),
+			Bind: []net.IP{e.Net.RedisAddr().Addr().AsSlice()}, Port: RedisPort})
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_ = e.Redis.Stop()
+			if t.Failed() {
+				b, _ := os.ReadFile(e.Redis.Log())
+				t.Logf("---- redis-server log (last lines) ----\n%s", tail(string(b), 20))
+			}
+		})
+		e.serverArgs = append(e.serverArgs, "--snapshot-store=redis", "--redis-address", e.Net.RedisAddr().String(),
+			"--redis-password-file", e.Redis.PasswordFile(), "--redis-ca-file", e.Redis.CAFile())
+	}
 	e.replicaKubeconfig = filepath.Join(e.Dir, "replica.kubeconfig")
 	require.NoError(t, writeStoreKubeconfig(e.Mgmt.Kubeconfig, e.replicaKubeconfig, "https://"+e.Net.StoreAddr().String()))
 

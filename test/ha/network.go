@@ -28,6 +28,7 @@ import (
 //	root namespace   bridge rmhb<tag>   10.231.X.1     agents, CLI, test clients
 //	                                    10.231.X.100+  extra client source addresses
 //	store namespace  rmha-<tag>-s       10.231.X.254   the management apiserver (a proxy)
+//	redis namespace  rmha-<tag>-r       10.231.X.253   redis-server (AddRedis), when used
 //	replica i        rmha-<tag>-<i>     10.231.X.10+i  `relaymesh server`
 //
 // <tag> is this process's pid (6 hex digits) and a sequence number, so
@@ -39,8 +40,9 @@ const (
 	bridgePrefix = "rmhb"  // bridges
 	vethPrefix   = "rmhv"  // root ends of veth pairs
 	peerPrefix   = "rmhp"  // namespace ends before they are renamed eth0
-	// storeHost, firstReplica and firstClient are last octets.
+	// storeHost, redisHost, firstReplica and firstClient are last octets.
 	storeHost    = 254
+	redisHost    = 253
 	firstReplica = 10
 	firstClient  = 100
 	// MaxReplicas is the most replicas one network holds.
@@ -49,6 +51,8 @@ const (
 	MaxClientAddrs = 150
 	// StorePort is the apiserver's port on the store address.
 	StorePort = 6443
+	// RedisPort is Redis's port on the redis address.
+	RedisPort = 6379
 )
 
 // blackholeMAC is the link address a cut sends packets to: no interface on
@@ -67,13 +71,15 @@ type Network struct {
 	subnet   int // X of 10.231.X.0/24
 	bridge   string
 	store    string   // network namespace of the apiserver's front
+	redis    string   // network namespace of redis-server, if added
 	replicas []string // network namespaces of the replicas
 	lock     *os.File // flock on the subnet, held while the network lives
 	proxy    *proxy
 
-	mu      sync.Mutex
-	clients int          // client addresses added so far
-	cut     map[int]bool // replicas cut off from the store
+	mu       sync.Mutex
+	clients  int          // client addresses added so far
+	cut      map[int]bool // replicas cut off from the store
+	cutRedis map[int]bool // replicas cut off from Redis
 }
 
 // NewNetwork makes a network with a namespace for each of replicas and a
@@ -94,7 +100,7 @@ func NewNetwork(replicas int, apiserver string) (n *Network, err error) {
 		return nil, fmt.Errorf("ha network: iproute2's ip is required: %w", err)
 	}
 	removeStale()
-	n = &Network{tag: fmt.Sprintf("%06x%02x", os.Getpid()&0xffffff, netSeq.Add(1)&0xff), cut: map[int]bool{}}
+	n = &Network{tag: fmt.Sprintf("%06x%02x", os.Getpid()&0xffffff, netSeq.Add(1)&0xff), cut: map[int]bool{}, cutRedis: map[int]bool{}}
 	if n.subnet, n.lock, err = claimSubnet(); err != nil {
 		return nil, err
 	}
@@ -188,14 +194,14 @@ func (n *Network) Close() error {
 		n.proxy = nil
 	}
 	// Deleting a namespace deletes the veth pairs with an end in it.
-	for _, ns := range append(append([]string(nil), n.replicas...), n.store) {
+	for _, ns := range append(append([]string(nil), n.replicas...), n.store, n.redis) {
 		if ns != "" && nsExists(ns) {
 			if err := ipCmd("netns", "del", ns); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	n.replicas, n.store = nil, ""
+	n.replicas, n.store, n.redis = nil, "", ""
 	if n.bridge != "" && linkExists(n.bridge) {
 		if err := ipCmd("link", "del", n.bridge); err != nil {
 			errs = append(errs, err)
@@ -251,27 +257,92 @@ func (n *Network) ClientAddr() (netip.Addr, error) {
 // directions, as in a network partition; connections already open hang, new
 // ones time out. Agents and clients still reach the replica.
 func (n *Network) CutAPIServer(i int) error {
+	if err := n.cutOff(i, n.store, n.addr(storeHost)); err != nil {
+		return err
+	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	if i < 0 || i >= len(n.replicas) {
-		return fmt.Errorf("ha network: no replica %d", i)
-	}
-	// A permanent neighbour entry to a link address nobody has, on each
-	// side: the replica's packets to the store and the store's to the
-	// replica go nowhere. Every other address keeps its real entry.
-	if err := ipCmd("-n", n.replicas[i], "neigh", "replace", n.addr(storeHost).String(), "lladdr", blackholeMAC, "dev", "eth0", "nud", "permanent"); err != nil {
-		return err
-	}
-	if err := ipCmd("-n", n.store, "neigh", "replace", n.ReplicaIP(i).String(), "lladdr", blackholeMAC, "dev", "eth0", "nud", "permanent"); err != nil {
-		return err
-	}
 	n.cut[i] = true
+	n.mu.Unlock()
 	return nil
 }
 
 // RestoreAPIServer undoes CutAPIServer: both sides resolve each other again
 // and open connections resume (TCP retransmits what was lost).
 func (n *Network) RestoreAPIServer(i int) error {
+	if err := n.restore(i, n.store, n.addr(storeHost)); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	delete(n.cut, i)
+	n.mu.Unlock()
+	return nil
+}
+
+// AddRedis makes the namespace redis-server runs in (RedisNamespace) at
+// RedisAddr.
+func (n *Network) AddRedis() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.redis != "" {
+		return nil
+	}
+	name := namePrefix + n.tag + "-r"
+	if err := n.addNamespace(name, "r", n.addr(redisHost)); err != nil {
+		return err
+	}
+	n.redis = name
+	return nil
+}
+
+// RedisNamespace is the network namespace of redis-server (after AddRedis).
+func (n *Network) RedisNamespace() string { return n.redis }
+
+// RedisAddr is where replicas reach Redis.
+func (n *Network) RedisAddr() netip.AddrPort { return netip.AddrPortFrom(n.addr(redisHost), RedisPort) }
+
+// CutRedis cuts replica i off from Redis (and only from it), as CutAPIServer
+// does from the apiserver.
+func (n *Network) CutRedis(i int) error {
+	if n.redis == "" {
+		return errors.New("ha network: no redis namespace (AddRedis)")
+	}
+	if err := n.cutOff(i, n.redis, n.addr(redisHost)); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.cutRedis[i] = true
+	n.mu.Unlock()
+	return nil
+}
+
+// RestoreRedis undoes CutRedis.
+func (n *Network) RestoreRedis(i int) error {
+	if err := n.restore(i, n.redis, n.addr(redisHost)); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	delete(n.cutRedis, i)
+	n.mu.Unlock()
+	return nil
+}
+
+// cutOff drops the packets between replica i and the host at ip in the
+// namespace ns: a permanent neighbour entry to a link address nobody has,
+// on each side. Every other address keeps its real entry.
+func (n *Network) cutOff(i int, ns string, ip netip.Addr) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if i < 0 || i >= len(n.replicas) {
+		return fmt.Errorf("ha network: no replica %d", i)
+	}
+	if err := ipCmd("-n", n.replicas[i], "neigh", "replace", ip.String(), "lladdr", blackholeMAC, "dev", "eth0", "nud", "permanent"); err != nil {
+		return err
+	}
+	return ipCmd("-n", ns, "neigh", "replace", n.ReplicaIP(i).String(), "lladdr", blackholeMAC, "dev", "eth0", "nud", "permanent")
+}
+
+// restore undoes cutOff.
+func (n *Network) restore(i int, ns string, ip netip.Addr) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if i < 0 || i >= len(n.replicas) {
@@ -279,15 +350,12 @@ func (n *Network) RestoreAPIServer(i int) error {
 	}
 	var errs []error
 	for _, s := range [][]string{
-		{"-n", n.replicas[i], "neigh", "del", n.addr(storeHost).String(), "dev", "eth0"},
-		{"-n", n.store, "neigh", "del", n.ReplicaIP(i).String(), "dev", "eth0"},
+		{"-n", n.replicas[i], "neigh", "del", ip.String(), "dev", "eth0"},
+		{"-n", ns, "neigh", "del", n.ReplicaIP(i).String(), "dev", "eth0"},
 	} {
 		if err := ipCmd(s...); err != nil && !strings.Contains(err.Error(), "No such file") {
 			errs = append(errs, err)
 		}
-	}
-	if len(errs) == 0 {
-		delete(n.cut, i)
 	}
 	return errors.Join(errs...)
 }

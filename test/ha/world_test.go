@@ -43,6 +43,11 @@ type world struct {
 	// victims are the clusters deregistered during a failure, by phase.
 	victims map[string]*victim
 	leader  *ha.Replica // the Lease holder when the agents started
+	// canaries are the cluster/name of the workloads the canary policy
+	// selects (TestFailoverWithRedis); fleetCanaries those of each fleet
+	// cluster.
+	canaries      []string
+	fleetCanaries map[string][]string
 }
 
 // tracked is one agent: in-process (fleet) or a process (real).
@@ -207,9 +212,9 @@ func timeoutOf(set *relaypb.OutputSet) string {
 
 // newWorld starts everything and waits until every agent holds its
 // cluster's current outputs.
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T, redis bool) *world {
 	ctx := context.Background()
-	env := ha.Setup(t, bin, ha.Config{Replicas: 3, Workloads: realClusters})
+	env := ha.Setup(t, bin, ha.Config{Replicas: 3, Workloads: realClusters, Redis: redis})
 	sample, err := examples.Demo.ReadFile("demo/workload-cluster.yaml")
 	require.NoError(t, err)
 	for _, name := range realClusters {
@@ -222,7 +227,7 @@ func newWorld(t *testing.T) *world {
 	require.NoError(t, err)
 	dyn, err := dynamic.NewForConfig(env.Mgmt.RESTConfig())
 	require.NoError(t, err)
-	w := &world{ctx: ctx, env: env, mgmt: mgmt, dyn: dyn, victims: map[string]*victim{},
+	w := &world{ctx: ctx, env: env, mgmt: mgmt, dyn: dyn, victims: map[string]*victim{}, fleetCanaries: map[string][]string{},
 		log: &outputLog{outputs: map[*fleet.Agent][]received{}, sessions: map[*fleet.Agent][]event{}, ended: map[*fleet.Agent][]event{}}}
 	w.editPolicy(t)
 	vm := fmt.Sprintf(`apiVersion: networking.relaymesh.io/v1alpha1
@@ -545,6 +550,9 @@ func (w *world) realTimeouts(a *tracked) string {
 		routes, _, _ := unstructured.NestedSlice(vs.Object, "spec", "http")
 		for _, r := range routes {
 			m, _ := r.(map[string]any)
+			if fromSources(m) {
+				continue // a route for some clients only (a policy's sourceSelector): not the failover policy's
+			}
 			to, _ := m["timeout"].(string)
 			seen[to] = true
 		}
@@ -558,6 +566,18 @@ func (w *world) realTimeouts(a *tracked) string {
 	}
 	sort.Strings(out)
 	return strings.Join(out, ",")
+}
+
+// fromSources reports whether a VirtualService route matches on its
+// clients' labels.
+func fromSources(route map[string]any) bool {
+	matches, _ := route["match"].([]any)
+	for _, m := range matches {
+		if mm, ok := m.(map[string]any); ok && mm["sourceLabels"] != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // waitSynced waits until every one of agents is connected and holds its

@@ -47,6 +47,16 @@ type Acks interface {
 	OnAck(func(cluster string))
 }
 
+// WorkloadSource lists the discovered Workloads when they are not kept in
+// the apiserver (server.SharedSnapshots: full snapshots in the replicas'
+// shared store). Workloads MUST return every registered cluster's Workloads
+// as last known, never a partial list while the store is unreachable;
+// OnChange's function MUST be called after every change.
+type WorkloadSource interface {
+	Workloads() []discoveryv1alpha1.Workload
+	OnChange(func())
+}
+
 // Source is the name under which translation publishes outputs.
 const Source = "translation"
 
@@ -92,6 +102,7 @@ type Controller struct {
 	parentsIn map[string]map[translation.Parent][]string // cluster → parent → sorted keys of its objects there
 	leading   func() bool
 	led       bool // led when statuses were last set
+	workloads WorkloadSource
 }
 
 // typedObject is a cached conversion of an informer object.
@@ -123,6 +134,9 @@ type Config struct {
 	// when it changes: a new leader writes every status that differs from
 	// what it wants, including changes made while it followed.
 	Leading func() bool
+	// Workloads, when set, is where the discovered Workloads are read
+	// instead of Workload objects (which are then not watched).
+	Workloads WorkloadSource
 }
 
 // Start watches, translates once synced, and keeps translating after every
@@ -133,7 +147,7 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		wake: make(chan struct{}, 1), acked: make(chan struct{}, 1), engine: NewEngine(cfg.Namespace), typed: map[schema.GroupVersionResource]map[string]typedObject{},
 		published: map[string]bool{},
 		acks:      cfg.Acks, admission: cfg.Admission, admitted: map[string]admitted{}, versions: map[string]uint64{}, parentsIn: map[string]map[translation.Parent][]string{},
-		leading: cfg.Leading}
+		leading: cfg.Leading, workloads: cfg.Workloads}
 	if c.leading == nil {
 		c.leading = func() bool { return true }
 	}
@@ -154,7 +168,12 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		}
 		kick()
 	}, DeleteFunc: func(any) { kick() }}
-	for _, gvr := range []schema.GroupVersionResource{gvrMesh, gvrWorkload, gvrDestination} {
+	discoveredKinds := []schema.GroupVersionResource{gvrMesh, gvrWorkload, gvrDestination}
+	if c.workloads != nil {
+		discoveredKinds = []schema.GroupVersionResource{gvrMesh, gvrDestination}
+		c.workloads.OnChange(kick)
+	}
+	for _, gvr := range discoveredKinds {
 		c.informers[gvr] = discovered.ForResource(gvr).Informer()
 	}
 	for _, gvr := range []schema.GroupVersionResource{gvrVirtualMesh, gvrTraffic, gvrAccess, gvrVirtualDest} {
@@ -289,9 +308,15 @@ func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) 
 // object cannot be read.
 func (c *Controller) Input() (*translation.Input, error) {
 	var errs []error
+	var workloads []discoveryv1alpha1.Workload
+	if c.workloads != nil {
+		workloads = c.workloads.Workloads()
+	} else {
+		workloads = list[discoveryv1alpha1.Workload](c, gvrWorkload, &errs)
+	}
 	in := &translation.Input{
 		Meshes:              list[discoveryv1alpha1.Mesh](c, gvrMesh, &errs),
-		Workloads:           list[discoveryv1alpha1.Workload](c, gvrWorkload, &errs),
+		Workloads:           workloads,
 		Destinations:        list[discoveryv1alpha1.Destination](c, gvrDestination, &errs),
 		VirtualMeshes:       list[networkingv1alpha1.VirtualMesh](c, gvrVirtualMesh, &errs),
 		TrafficPolicies:     list[networkingv1alpha1.TrafficPolicy](c, gvrTraffic, &errs),

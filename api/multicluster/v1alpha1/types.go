@@ -100,7 +100,36 @@ type KubernetesClusterStatus struct {
 	// applied it).
 	// +optional
 	AppliedOutputs *AppliedOutputs `json:"appliedOutputs,omitempty"`
+	// Discovered summarizes the agent's last accepted snapshot (written by
+	// the replica that accepted it).
+	// +optional
+	Discovered *DiscoverySummary `json:"discovered,omitempty"`
 }
+
+// DiscoverySummary counts what a cluster's last accepted discovery snapshot
+// holds, and says where its Workloads are kept.
+type DiscoverySummary struct {
+	// Snapshot is the snapshot's hash (hex SHA-256).
+	// +kubebuilder:validation:MaxLength=64
+	Snapshot     string `json:"snapshot"`
+	Meshes       int32  `json:"meshes"`
+	Workloads    int32  `json:"workloads"`
+	Destinations int32  `json:"destinations"`
+	// ServiceAccounts is how many distinct service accounts (namespace and
+	// name) the workloads run as.
+	ServiceAccounts int32 `json:"serviceAccounts"`
+	// WorkloadsIn is where the Workloads are: apiserver (Workload objects
+	// in the server's namespace) or redis (the server replicas' snapshot
+	// store: read them through the server, e.g. the dashboard).
+	// +kubebuilder:validation:Enum=apiserver;redis
+	WorkloadsIn string `json:"workloadsIn"`
+}
+
+// Where a cluster's Workloads are kept (DiscoverySummary.WorkloadsIn).
+const (
+	WorkloadsInAPIServer = "apiserver"
+	WorkloadsInRedis     = "redis"
+)
 
 // AppliedOutputs is an agent's last ack of an output set.
 type AppliedOutputs struct {
