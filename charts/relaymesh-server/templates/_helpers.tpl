@@ -44,3 +44,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $names := list $svc (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) -}}
 {{- concat $names .Values.serverDNSNames | uniq | join "," -}}
 {{- end -}}
+
+{{/* The Redis the replicas keep snapshots in: snapshotStore.redis.address, else the subchart's Service. */}}
+{{- define "relaymesh-server.redisAddress" -}}
+{{- if .Values.snapshotStore.redis.address -}}
+{{- .Values.snapshotStore.redis.address -}}
+{{- else if .Values.redis.enabled -}}
+{{- printf "%s-redis.%s.svc:6379" .Release.Name .Release.Namespace -}}
+{{- else -}}
+{{- fail "snapshotStore.type redis: set snapshotStore.redis.address, or redis.enabled for this chart's Redis" -}}
+{{- end -}}
+{{- end -}}
