@@ -30,11 +30,19 @@ const prometheusOperator = "github.com/prometheus-operator/prometheus-operator@v
 // variants are the values each chart is rendered with: its defaults and
 // its documented production file.
 func variants(t testing.TB, chart string) map[string][]string {
-	return map[string][]string{
+	v := map[string][]string{
 		"defaults":   nil,
 		"production": {"-f", filepath.Join(chartDir(t, chart), "values-production.yaml")},
 	}
+	if chart == serverChart {
+		v["redis"] = redisValues
+	}
+	return v
 }
+
+// redisValues keep the server's snapshots in the chart's own Redis.
+var redisValues = []string{"--set", "snapshotStore.type=redis,snapshotStore.redis.passwordSecret=redis-password,snapshotStore.redis.caConfigMap=redis-ca," +
+	"redis.enabled=true,redis.passwordSecret=redis-password,redis.tlsSecret=redis-tls"}
 
 // TestLint: helm lint --strict is clean for both charts, with their
 // defaults and their production values.
@@ -71,6 +79,10 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{serverChart, "extraArgs: ['rm -rf /']", "/extraArgs/0"},
 		{serverChart, "resources: {requests: {cpu: [1]}}", "/resources/requests/cpu"},
 		{serverChart, "allowSharedToken: 'yes'", "/allowSharedToken"},
+		{serverChart, "snapshotStore: {type: mongodb}", "/snapshotStore/type"},
+		{serverChart, "snapshotStore: {type: redis, redis: {caConfigMap: ca}}", "/snapshotStore/redis"},
+		{serverChart, "snapshotStore: {type: redis, redis: {address: 'redis', passwordSecret: p, caConfigMap: ca}}", "/snapshotStore/redis/address"},
+		{serverChart, "redis: {enabled: true, passwordSecret: p}", "/tlsSecret"},
 		{agentChart, "replicas: 0", "/replicas"},
 		{agentChart, "serverAddress: no-port", "/serverAddress"},
 		{agentChart, "cluster: Cluster_1", "/cluster"},
@@ -118,7 +130,7 @@ func TestNoChartOwnedSecrets(t *testing.T) {
 	h := newHelm(t)
 	prod := func(chart string) []string { return variants(t, chart)["production"] }
 	for chart, argSets := range map[string][][]string{
-		serverChart: {nil, prod(serverChart), {"--set", "caSecret=provided"}, {"--set", "allowSharedToken=true,allowKubeconfigClusters=true"}, {"--set", "debug.enabled=false"}, {"--set", "webhook.enabled=true,webhook.allowUnauthenticated=true"}},
+		serverChart: {nil, prod(serverChart), redisValues, {"--set", "caSecret=provided"}, {"--set", "allowSharedToken=true,allowKubeconfigClusters=true"}, {"--set", "debug.enabled=false"}, {"--set", "webhook.enabled=true,webhook.allowUnauthenticated=true"}},
 		agentChart:  {nil, prod(agentChart), {"--set", "autoRestartPods=true"}, {"--set", "cluster=c1,serverAddress=relay.example.com:9900"}},
 	} {
 		for _, args := range argSets {
@@ -196,15 +208,29 @@ func TestChartsOnARealAPIServer(t *testing.T) {
 					require.True(t, kinds["ValidatingAdmissionPolicy"] && kinds["ValidatingAdmissionPolicyBinding"])
 				}
 
-				// The Deployment's pod, as a kubelet-less cluster admits it.
+				// Each Deployment's pod, as a kubelet-less cluster admits it.
 				objs, err = h.template(chartDir(t, chart), chart, "restricted", args...)
 				require.NoError(t, err)
-				sa := find(t, objs, "ServiceAccount")
-				_, err = c.Apply(ctx, "helm-test", encode(t, []*unstructured.Unstructured{sa}))
+				var sas []*unstructured.Unstructured
+				for _, o := range objs {
+					if o.GetKind() == "ServiceAccount" {
+						sas = append(sas, o)
+					}
+				}
+				_, err = c.Apply(ctx, "helm-test", encode(t, sas))
 				require.NoError(t, err)
-				pod := podOf(t, find(t, objs, "Deployment"), "restricted", chart+"-"+variant)
-				_, err = cs.CoreV1().Pods("restricted").Create(ctx, pod, metav1.CreateOptions{})
-				require.NoError(t, err, "Pod Security restricted admits the %s pod (%s)", chart, variant)
+				var pod *corev1.Pod
+				for _, o := range objs {
+					if o.GetKind() != "Deployment" {
+						continue
+					}
+					p := podOf(t, o, "restricted", chart+"-"+variant+"-"+o.GetName())
+					_, err = cs.CoreV1().Pods("restricted").Create(ctx, p, metav1.CreateOptions{})
+					require.NoError(t, err, "Pod Security restricted admits the %s pod (%s)", o.GetName(), variant)
+					if pod == nil {
+						pod = p
+					}
+				}
 
 				bad := pod.DeepCopy()
 				bad.Name += "-privileged"
