@@ -231,20 +231,27 @@ func (m *Mirror) Run(ctx context.Context) {
 }
 
 func (m *Mirror) processNext(ctx context.Context) bool {
-	cluster, shutdown := m.queue.Get()
+	return processKey(ctx, m.queue, m.sync, m.log, "could not write discovered objects; will retry")
+}
+
+// processKey takes one cluster from q and syncs it: a failure is logged
+// (failed) and retried after q's backoff, a success forgets the cluster's
+// failures. It returns false once q shuts down or ctx ends.
+func processKey(ctx context.Context, q workqueue.TypedRateLimitingInterface[string], sync func(context.Context, string) error, log *slog.Logger, failed string) bool {
+	cluster, shutdown := q.Get()
 	if shutdown {
 		return false
 	}
-	defer m.queue.Done(cluster)
-	if err := m.sync(ctx, cluster); err != nil {
+	defer q.Done(cluster)
+	if err := sync(ctx, cluster); err != nil {
 		if ctx.Err() != nil {
 			return false
 		}
-		m.log.Warn("could not write discovered objects; will retry", "cluster", cluster, "retries", m.queue.NumRequeues(cluster), "error", err)
-		m.queue.AddRateLimited(cluster)
+		log.Warn(failed, "cluster", cluster, "retries", q.NumRequeues(cluster), "error", err)
+		q.AddRateLimited(cluster)
 		return true
 	}
-	m.queue.Forget(cluster)
+	q.Forget(cluster)
 	return true
 }
 

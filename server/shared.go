@@ -157,21 +157,7 @@ func (s *SharedSnapshots) WaitSynced(ctx context.Context) error {
 }
 
 func (s *SharedSnapshots) processNext(ctx context.Context) bool {
-	cluster, shutdown := s.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer s.queue.Done(cluster)
-	if err := s.write(ctx, cluster); err != nil {
-		if ctx.Err() != nil {
-			return false
-		}
-		s.log.Warn("could not write a snapshot to the store; will retry", "cluster", cluster, "retries", s.queue.NumRequeues(cluster), "error", err)
-		s.queue.AddRateLimited(cluster)
-		return true
-	}
-	s.queue.Forget(cluster)
-	return true
+	return processKey(ctx, s.queue, s.write, s.log, "could not write a snapshot to the store; will retry")
 }
 
 // write stores cluster's snapshot if this replica holds its session.
