@@ -149,11 +149,18 @@ func evalReplicas(o *Observations, now time.Time) []Result {
 	if o.ReplicaLeasesErr != nil {
 		return append(rs, result(AreaServer, subject, Warning, "cannot list the replicas' Leases: %v", o.ReplicaLeasesErr))
 	}
-	var alive []string
+	var alive, storeUsers, storeLost []string
 	for _, l := range o.ReplicaLeases {
 		holder, age, dur, ok := leaseState(l.Spec, now)
 		if ok {
 			alive = append(alive, holder)
+			switch l.Annotations[leader.StoreAnnotation] {
+			case leader.StoreReachable:
+				storeUsers = append(storeUsers, holder)
+			case leader.StoreUnreachable:
+				storeUsers = append(storeUsers, holder)
+				storeLost = append(storeLost, holder)
+			}
 			continue
 		}
 		rs = append(rs, result(AreaServer, "replica "+l.Name, Warning, "not renewed for %s (it lasts %s): the replica crashed or is cut off from the apiserver, and its agents reconnect to the others; the leader deletes this Lease %s after it expired",
@@ -163,7 +170,23 @@ func evalReplicas(o *Observations, now time.Time) []Result {
 		slices.Sort(alive)
 		rs = append(rs, result(AreaServer, subject, OK, "%d replica(s) renewing their Leases: %s", len(alive), strings.Join(alive, ", ")))
 	}
-	return rs
+	return append(rs, evalSnapshotStore(storeUsers, storeLost)...)
+}
+
+// evalSnapshotStore reports whether the replicas that keep snapshots in
+// Redis (--snapshot-store=redis) reach it, as their Leases say.
+func evalSnapshotStore(users, lost []string) []Result {
+	const subject = "snapshot store"
+	slices.Sort(lost)
+	switch {
+	case len(users) == 0:
+		return nil
+	case len(lost) == len(users):
+		return []Result{result(AreaServer, subject, Error, "no replica reaches the snapshot store (Redis): snapshots pushed since are not shared, and every replica serves what it read last; check Redis and the replicas' --redis-* flags")}
+	case len(lost) > 0:
+		return []Result{result(AreaServer, subject, Warning, "replica(s) %s cannot reach the snapshot store (Redis) while others can: they end their sessions and give up the Lease until they reach it again (a network partition?)", strings.Join(lost, ", "))}
+	}
+	return []Result{result(AreaServer, subject, OK, "%d replica(s) reach the snapshot store (Redis)", len(users))}
 }
 
 // leaseState reads a Lease: its holder, how long ago it was renewed, how

@@ -394,6 +394,15 @@ func TestEvaluateReplicas(t *testing.T) {
 		return &l
 	}
 	alive := []coordinationv1.Lease{lease("relaymesh-replica-b", "b", 2*time.Second, 15), lease("relaymesh-replica-a", "a", time.Second, 15)}
+	// withStore copies leases with each one's snapshot-store annotation.
+	withStore := func(leases []coordinationv1.Lease, states ...string) []coordinationv1.Lease {
+		out := make([]coordinationv1.Lease, len(leases))
+		for i, l := range leases {
+			l.Annotations = map[string]string{"relaymesh.io/snapshot-store": states[i]}
+			out[i] = l
+		}
+		return out
+	}
 	for _, tc := range []struct {
 		name    string
 		o       Observations
@@ -411,6 +420,12 @@ func TestEvaluateReplicas(t *testing.T) {
 		{"replicas unlistable", Observations{ServerLease: leader("a", time.Second), ReplicaLeasesErr: errors.New("forbidden")}, "replicas", Warning, "cannot list the replicas' Leases"},
 		{"a replica stopped renewing", Observations{ServerLease: leader("a", time.Second), ReplicaLeases: append(alive, lease("relaymesh-replica-c", "c", 5*time.Minute, 15))},
 			"replica relaymesh-replica-c", Warning, "not renewed for 5m (it lasts 15s): the replica crashed or is cut off"},
+		{"every replica reaches redis", Observations{ServerLease: leader("a", time.Second), ReplicaLeases: withStore(alive, "reachable", "reachable")},
+			"snapshot store", OK, "2 replica(s) reach the snapshot store"},
+		{"one replica cut off from redis", Observations{ServerLease: leader("a", time.Second), ReplicaLeases: withStore(alive, "reachable", "unreachable")},
+			"snapshot store", Warning, "replica(s) a cannot reach the snapshot store (Redis) while others can"},
+		{"redis down", Observations{ServerLease: leader("a", time.Second), ReplicaLeases: withStore(alive, "unreachable", "unreachable")},
+			"snapshot store", Error, "no replica reaches the snapshot store"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, msg := worst(find(Evaluate(&tc.o, now), AreaServer, tc.subject))

@@ -20,7 +20,8 @@ Checked: the CRDs (installed, established, at this version, with this
 version's schema; the Istio CRDs in each workload cluster); the relay server
 (reachable at its relay address, serving a certificate that chains to the
 relay root and is not near expiry); the server's replicas (one holds the
-Lease relaymesh-server and renews it; every replica renews its own Lease);
+Lease relaymesh-server and renews it; every replica renews its own Lease;
+with --snapshot-store=redis, every replica reaches Redis);
 the relay CA, agent certificates,
 per-mesh intermediates and VirtualMesh roots with days to expiry (warning
 under 30 days, error under 7; certificates the software renews are judged
