@@ -218,7 +218,7 @@ func Summarize(snap *relaypb.Snapshot, workloadsIn string) *multiclusterv1alpha1
 	for _, w := range snap.GetWorkloads() {
 		accounts[[2]string{w.GetNamespace(), w.GetServiceAccount()}] = true
 	}
-	return &multiclusterv1alpha1.DiscoverySummary{Snapshot: snap.GetHash(), Meshes: int32(len(snap.GetMeshes())), Workloads: int32(len(snap.GetWorkloads())),
+	return &multiclusterv1alpha1.DiscoverySummary{Meshes: int32(len(snap.GetMeshes())), Workloads: int32(len(snap.GetWorkloads())),
 		Destinations: int32(len(snap.GetDestinations())), ServiceAccounts: int32(len(accounts)), WorkloadsIn: workloadsIn}
 }
 

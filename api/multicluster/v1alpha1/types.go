@@ -107,14 +107,13 @@ type KubernetesClusterStatus struct {
 }
 
 // DiscoverySummary counts what a cluster's last accepted discovery snapshot
-// holds, and says where its Workloads are kept.
+// holds, and says where its Workloads are kept. It changes only when a
+// count does (not with every endpoint), so it costs a status write only
+// then.
 type DiscoverySummary struct {
-	// Snapshot is the snapshot's hash (hex SHA-256).
-	// +kubebuilder:validation:MaxLength=64
-	Snapshot     string `json:"snapshot"`
-	Meshes       int32  `json:"meshes"`
-	Workloads    int32  `json:"workloads"`
-	Destinations int32  `json:"destinations"`
+	Meshes       int32 `json:"meshes"`
+	Workloads    int32 `json:"workloads"`
+	Destinations int32 `json:"destinations"`
 	// ServiceAccounts is how many distinct service accounts (namespace and
 	// name) the workloads run as.
 	ServiceAccounts int32 `json:"serviceAccounts"`
