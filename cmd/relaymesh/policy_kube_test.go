@@ -6,11 +6,14 @@ import (
 	"os"
 	"testing"
 
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 )
 
 // TestPolicyAuditLive audits a real management cluster (a kube-apiserver
@@ -39,5 +42,22 @@ func TestPolicyAuditLive(t *testing.T) {
 		require.Equal(t, 0, run(ctx, append([]string{"policy", "audit", "-f", dir}, extra...), &offline, &errOut), errOut.String())
 		assert.Equal(t, offline.String(), live.String(), "%v", extra)
 		assert.NotEmpty(t, live.String())
+	}
+
+	// An installation that keeps its Workloads in Redis: a live audit
+	// would miss every source workload, so it refuses and says why.
+	kc := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "multicluster.relaymesh.io/v1alpha1", "kind": "KubernetesCluster",
+		"metadata": map[string]any{"name": "redis-mode", "namespace": "relaymesh"}, "spec": map[string]any{}}}
+	clusters := dynamic.NewForConfigOrDie(mgmt.RESTConfig()).Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace("relaymesh")
+	created, err := clusters.Create(ctx, kc, metav1.CreateOptions{})
+	require.NoError(t, err)
+	created.Object["status"] = map[string]any{"discovered": map[string]any{"meshes": 1, "workloads": 10, "destinations": 2, "serviceAccounts": 3, "workloadsIn": "redis"}}
+	_, err = clusters.UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	for _, args := range [][]string{{"policy", "audit"}, {"describe", "workload", "x"}} {
+		var out, errOut bytes.Buffer
+		assert.NotEqual(t, 0, run(ctx, append(args, "--kubeconfig", mgmt.Kubeconfig), &out, &errOut), "%v", args)
+		assert.Contains(t, errOut.String(), "keeps its Workloads in the server replicas' snapshot store", "%v", args)
+		assert.Empty(t, out.String())
 	}
 }
