@@ -312,7 +312,11 @@ func (s *SharedSnapshots) Guard(ctx context.Context, grace, detect time.Duration
 		}
 		lost, failed := s.lostAt.Load(), s.failedAt.Load()
 		next := false
-		if lost != nil && failed != nil && time.Since(*lost) >= grace {
+		switch {
+		case lost == nil:
+		case isCut:
+			next = true // cut off until it reaches the store again
+		case failed != nil && time.Since(*lost) >= grace:
 			reached, err := othersReach(ctx)
 			if err != nil {
 				continue // cannot tell: stay as decided

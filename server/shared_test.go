@@ -213,6 +213,15 @@ func TestGuardTellsACutFromAStoreThatIsDown(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("not cut off")
 	}
+	// It stays cut off while it does not reach the store, however the
+	// others' reports and its own failures interleave.
+	later := time.Now().Add(time.Hour)
+	reached.Store(&later)
+	select {
+	case c := <-cuts:
+		t.Fatalf("cut=%v while still unreachable", c)
+	case <-time.After(3 * grace):
+	}
 	r.shared.Synced()
 	select {
 	case c := <-cuts:
