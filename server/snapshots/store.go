@@ -21,9 +21,9 @@
 //
 //	snapshot:<cluster>  hash: rec = the record, at = when Redis stored it
 //	                    (its own clock, microseconds: one order for all
-//	                    replicas)
-//	snapshots           channel: "put <at> <cluster>" after every write,
-//	                    "del <cluster>" after a delete
+//	                    replicas), hash = the snapshot's hash
+//	snapshots           channel: "put <at> <hash> <cluster>" after every
+//	                    write, "del <cluster>" after a delete
 package snapshots
 
 import (
@@ -181,11 +181,16 @@ func (s *Store) channel() string           { return s.cfg.Prefix + "snapshots" }
 
 // putScript stores a record and announces it, atomically; "at" is Redis's
 // own clock, so every replica's writes have one order.
+// The record's snapshot hash is stored and announced beside it, so a
+// replica that holds that content already need not read the record again
+// (after Redis restarted empty, every replica rewrites what it holds). The
+// hash is not authenticated: a forged one can only make a replica keep the
+// record it has.
 var putScript = redis.NewScript(`
 local t = redis.call('TIME')
 local at = t[1] .. string.format('%06d', tonumber(t[2]))
-redis.call('HSET', KEYS[1], 'rec', ARGV[1], 'at', at)
-redis.call('PUBLISH', KEYS[2], 'put ' .. at .. ' ' .. ARGV[2])
+redis.call('HSET', KEYS[1], 'rec', ARGV[1], 'at', at, 'hash', ARGV[3])
+redis.call('PUBLISH', KEYS[2], 'put ' .. at .. ' ' .. ARGV[3] .. ' ' .. ARGV[2])
 return at
 `)
 
@@ -211,7 +216,7 @@ func (s *Store) Put(ctx context.Context, r Record) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout+time.Duration(len(rec)>>20)*time.Second)
 	defer cancel()
-	at, err := putScript.Run(ctx, s.rdb, []string{s.key(r.Cluster), s.channel()}, rec, r.Cluster).Text()
+	at, err := putScript.Run(ctx, s.rdb, []string{s.key(r.Cluster), s.channel()}, rec, r.Cluster, r.Snapshot.GetHash()).Text()
 	s.count("put", err)
 	if err != nil {
 		return "", fmt.Errorf("store the snapshot of cluster %s: %w", r.Cluster, s.wrap(err))
@@ -281,6 +286,23 @@ func (s *Store) Delete(ctx context.Context, cluster string) error {
 // Clusters lists the clusters with a record, with the store's time of
 // each.
 func (s *Store) Clusters(ctx context.Context) (map[string]string, error) {
+	stamps, err := s.stamps(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(stamps))
+	for c, st := range stamps {
+		out[c] = st.at
+	}
+	return out, nil
+}
+
+// stamp is what the store says of a record without reading it: its time
+// and the hash of its snapshot.
+type stamp struct{ at, hash string }
+
+// stamps lists the clusters with a record and the stamp of each.
+func (s *Store) stamps(ctx context.Context) (map[string]stamp, error) {
 	ctx, cancel := context.WithTimeout(ctx, 12*s.cfg.Timeout)
 	defer cancel()
 	prefix := s.key("")
@@ -293,11 +315,11 @@ func (s *Store) Clusters(ctx context.Context) (map[string]string, error) {
 		s.count("list", err)
 		return nil, s.wrap(err)
 	}
-	out := make(map[string]string, len(keys))
+	out := make(map[string]stamp, len(keys))
 	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.StringCmd, len(keys))
+	cmds := make([]*redis.SliceCmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = pipe.HGet(ctx, k, "at")
+		cmds[i] = pipe.HMGet(ctx, k, "at", "hash")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		s.count("list", err)
@@ -305,8 +327,14 @@ func (s *Store) Clusters(ctx context.Context) (map[string]string, error) {
 	}
 	for i, k := range keys {
 		cluster := strings.TrimPrefix(k, prefix)
-		if at, err := cmds[i].Result(); err == nil && checkCluster(cluster) == nil {
-			out[cluster] = at
+		vals, err := cmds[i].Result()
+		if err != nil || checkCluster(cluster) != nil {
+			continue
+		}
+		at, _ := vals[0].(string)
+		hash, _ := vals[1].(string)
+		if at != "" {
+			out[cluster] = stamp{at: at, hash: hash}
 		}
 	}
 	s.count("list", nil)

@@ -291,7 +291,7 @@ func TestHostileStore(t *testing.T) {
 		func() { publish(t, c, "east", "RMS1"+strings.Repeat("\x00", 2<<20)) },
 		func() { publish(t, c, "east", "") },
 		func() {
-			for _, m := range []string{"", "put", "put 1", "put 1 East", "del ../x", "drop east", strings.Repeat("x", 1<<16)} {
+			for _, m := range []string{"", "put", "put 1", "put 1 East", "put 1 h East", "put 1 h east extra", "del ../x", "drop east", strings.Repeat("x", 1<<16)} {
 				require.NoError(t, c.Publish(ctx, "relaymesh:snapshots", m).Err())
 			}
 		},
@@ -319,7 +319,7 @@ func publish(t *testing.T, c *redis.Client, cluster, rec string) {
 	t.Helper()
 	ctx := t.Context()
 	require.NoError(t, c.HSet(ctx, "relaymesh:snapshot:"+cluster, "rec", rec, "at", time.Now().Format("20060102150405.000000000")).Err())
-	require.NoError(t, c.Publish(ctx, "relaymesh:snapshots", "put "+time.Now().Format("150405.000000000")+" "+cluster).Err())
+	require.NoError(t, c.Publish(ctx, "relaymesh:snapshots", "put "+time.Now().Format("150405.000000000")+" forged-hash "+cluster).Err())
 }
 
 func refusedCounter(t *testing.T, s *snapshots.Store) prometheus.Collector {
@@ -367,4 +367,42 @@ func TestWatchSurvivesRestartAndHang(t *testing.T) {
 	stored, _, err := writer.Get(ctx, "west")
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return rec.hash("west") == stored.Snapshot.GetHash() }, 5*time.Second, 10*time.Millisecond)
+}
+
+// A record rewritten with the content a replica holds (what every replica
+// does after Redis restarted empty) is not read again: its hash is stored
+// and announced beside it.
+func TestRewriteOfHeldContentIsNotReadAgain(t *testing.T) {
+	r := startRedis(t)
+	writer, _ := open(t, r, nil)
+	ctx := t.Context()
+	east := snapshot(t, "east", 3)
+	_, err := writer.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: east})
+	require.NoError(t, err)
+	reader, _ := open(t, r, nil)
+	rec := watch(t, reader)
+	require.Equal(t, east.GetHash(), rec.hash("east"))
+	gets := func() float64 { return testutil.ToFloat64(snapshots.RequestsCounter(reader).WithLabelValues("get", "ok")) }
+	before := gets()
+
+	_, err = writer.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: east})
+	require.NoError(t, err)
+	west := snapshot(t, "west", 1)
+	_, err = writer.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: west})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return rec.hash("west") == west.GetHash() }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, before+1, gets(), "west was read; east, rewritten with the same content, was not")
+
+	// After a restart (emptied) and a rewrite of both, the resync reads
+	// neither again.
+	require.NoError(t, r.Restart(ctx))
+	require.Eventually(t, func() bool {
+		_, err1 := writer.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: east})
+		_, err2 := writer.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: west})
+		return err1 == nil && err2 == nil
+	}, 10*time.Second, 100*time.Millisecond)
+	require.Eventually(t, func() bool { s, _, _ := rec.counts(); return s >= 2 }, 20*time.Second, 20*time.Millisecond)
+	time.Sleep(500 * time.Millisecond)
+	assert.Equal(t, before+1, gets(), "nothing read again")
+	assert.Equal(t, east.GetHash(), rec.hash("east"))
 }

@@ -44,7 +44,7 @@ type Handler interface {
 // does not verify is logged and skipped (the handler keeps the last good
 // one of that cluster). It returns ctx's error.
 func (s *Store) Watch(ctx context.Context, h Handler) error {
-	seen := map[string]string{} // cluster → store time delivered
+	seen := map[string]stamp{} // cluster → the stamp delivered
 	retry := backoff.Policy{Min: 200 * time.Millisecond, Max: 2 * time.Second}
 	for attempt := 0; ; attempt = min(attempt+1, 20) {
 		synced, err := s.watchOnce(ctx, h, seen)
@@ -69,7 +69,7 @@ func (s *Store) Watch(ctx context.Context, h Handler) error {
 
 // watchOnce runs one subscription until it fails; synced tells whether it
 // got as far as a resync.
-func (s *Store) watchOnce(ctx context.Context, h Handler, seen map[string]string) (synced bool, err error) {
+func (s *Store) watchOnce(ctx context.Context, h Handler, seen map[string]stamp) (synced bool, err error) {
 	ps := s.rdb.Subscribe(ctx)
 	defer ps.Close()
 	if err := ps.Subscribe(ctx, s.channel()); err != nil {
@@ -109,35 +109,43 @@ func (s *Store) watchOnce(ctx context.Context, h Handler, seen map[string]string
 	}
 }
 
-// resync reads every record whose store time differs from the one
-// delivered.
-func (s *Store) resync(ctx context.Context, h Handler, seen map[string]string) error {
-	stored, err := s.Clusters(ctx)
+// resync reads every record whose stamp differs from the one delivered.
+func (s *Store) resync(ctx context.Context, h Handler, seen map[string]stamp) error {
+	stored, err := s.stamps(ctx)
 	if err != nil {
 		return err
 	}
-	for cluster, at := range stored {
-		if seen[cluster] != at {
-			s.deliver(ctx, h, seen, cluster)
-		}
+	for cluster, st := range stored {
+		s.changed(ctx, h, seen, cluster, st)
 	}
 	return nil
 }
 
+// changed handles a record whose stamp may be new: a record of the content
+// delivered last (the same snapshot hash, rewritten by a replica after the
+// store was emptied) is not read again.
+func (s *Store) changed(ctx context.Context, h Handler, seen map[string]stamp, cluster string, st stamp) {
+	prev, ok := seen[cluster]
+	switch {
+	case ok && prev.at == st.at:
+	case ok && st.hash != "" && prev.hash == st.hash:
+		seen[cluster] = st
+	default:
+		s.deliver(ctx, h, seen, cluster)
+	}
+}
+
 // announced handles one announcement.
-func (s *Store) announced(ctx context.Context, h Handler, seen map[string]string, payload string) {
+func (s *Store) announced(ctx context.Context, h Handler, seen map[string]stamp, payload string) {
 	op, rest, _ := strings.Cut(payload, " ")
 	switch op {
 	case "put":
-		at, cluster, ok := strings.Cut(rest, " ")
-		if !ok || checkCluster(cluster) != nil {
+		fields := strings.Fields(rest)
+		if len(fields) != 3 || checkCluster(fields[2]) != nil {
 			s.log.Warn("ignored a malformed announcement in the snapshot store", "length", len(payload))
 			return
 		}
-		if seen[cluster] == at {
-			return
-		}
-		s.deliver(ctx, h, seen, cluster)
+		s.changed(ctx, h, seen, fields[2], stamp{at: fields[0], hash: fields[1]})
 	case "del":
 		if checkCluster(rest) != nil {
 			s.log.Warn("ignored a malformed announcement in the snapshot store", "length", len(payload))
@@ -155,19 +163,19 @@ func (s *Store) announced(ctx context.Context, h Handler, seen map[string]string
 // deliver reads cluster's record and hands it to h. A read that fails is
 // left for the next announcement or resync; a record that does not verify
 // is marked seen, so it is not read again until it changes.
-func (s *Store) deliver(ctx context.Context, h Handler, seen map[string]string, cluster string) {
+func (s *Store) deliver(ctx context.Context, h Handler, seen map[string]stamp, cluster string) {
 	r, at, err := s.Get(ctx, cluster)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return
 	case errors.Is(err, ErrRecord):
-		seen[cluster] = at
+		seen[cluster] = stamp{at: at}
 		s.log.Error("refused a snapshot record from the store; keeping the last good one of this cluster", "cluster", cluster, "error", err)
 		return
 	case err != nil:
 		s.log.Warn("could not read a snapshot from the store; it is read again at the next change or reconnection", "cluster", cluster, "error", err)
 		return
 	}
-	seen[cluster] = at
+	seen[cluster] = stamp{at: at, hash: r.Snapshot.GetHash()}
 	h.Changed(Event{Cluster: cluster, Record: r, At: at})
 }
