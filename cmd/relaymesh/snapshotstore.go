@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/leader"
@@ -155,6 +156,9 @@ func snapshotKey(ctx context.Context, kube *kubeclient.Clients, namespace string
 // before translation starts: translating without the Workloads would
 // publish access policies without their sources.
 func startSharedSnapshots(ctx context.Context, cfg snapshots.Config, shared server.SharedConfig, log *slog.Logger) (*server.SharedSnapshots, error) {
+	// go-redis's own messages (reconnects, pool dials) go to the server's
+	// structured log at debug level; the store reports failures itself.
+	redis.SetLogger(redisLog{log.With("component", "redis-client")})
 	store, err := snapshots.New(cfg)
 	if err != nil {
 		return nil, err
@@ -259,4 +263,12 @@ func othersReachStore(ctx context.Context, reps *replicas, namespace string) (ti
 		}
 	}
 	return last, nil
+}
+
+// redisLog hands go-redis's messages to slog. They name addresses and
+// commands, never the password.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, fmt.Sprintf(format, v...))
 }
