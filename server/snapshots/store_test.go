@@ -382,7 +382,9 @@ func TestRewriteOfHeldContentIsNotReadAgain(t *testing.T) {
 	reader, _ := open(t, r, nil)
 	rec := watch(t, reader)
 	require.Equal(t, east.GetHash(), rec.hash("east"))
-	gets := func() float64 { return testutil.ToFloat64(snapshots.RequestsCounter(reader).WithLabelValues("get", "ok")) }
+	gets := func() float64 {
+		return testutil.ToFloat64(snapshots.RequestsCounter(reader).WithLabelValues("get", "ok"))
+	}
 	before := gets()
 
 	_, err = writer.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: east})
