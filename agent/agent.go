@@ -12,6 +12,8 @@ import (
 	"hash"
 	"io"
 	"log/slog"
+	"math/rand/v2"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -61,6 +63,37 @@ type SessionConfig struct {
 	Logger    *slog.Logger
 	// Clock is the agent's clock, whose time Hello reports; default time.Now.
 	Clock func() time.Time
+	// Dialer opens the TCP connection to one address; default a plain
+	// net.Dialer (the in-process fleet agents choose their source address).
+	Dialer func(ctx context.Context, address string) (net.Conn, error)
+	// FirstReplica is the index of the address the first session tries,
+	// given how many there are; default random, so agents spread over the
+	// replicas. After a session fails the next one starts at the next
+	// address, so a replica that accepts connections but cannot serve
+	// sessions is left at once instead of being picked again by chance.
+	FirstReplica func(n int) int
+	// Hooks observe the session; optional.
+	Hooks SessionHooks
+}
+
+// SessionHooks observe a session: for the in-process fleet agents of the
+// tests, which run this same loop. Each is optional, runs on one of the
+// session's goroutines and must not block.
+type SessionHooks struct {
+	// Opened: the server at address (as configured) answered Hello; conn
+	// is the session's connection until Ended.
+	Opened func(address string, conn grpc.ClientConnInterface, w *relaypb.Welcome)
+	// Ended: the session at address (empty if none opened) ended.
+	Ended func(address string, err error)
+	// Sent: a snapshot went out; hash is what its ack will carry.
+	Sent func(hash string)
+	// PushAnswered: the server answered a snapshot.
+	PushAnswered func(ack *relaypb.PushAck)
+	// Received: an output set arrived, before the session decides to
+	// apply it; applied is the version applied before it.
+	Received func(set *relaypb.OutputSet, applied uint64)
+	// Acked: the session acknowledged version with results.
+	Acked func(version uint64, results []*relaypb.ObjectResult)
 }
 
 // SnapshotSource is the agent's discovery.
@@ -82,9 +115,11 @@ type TrustApplier interface {
 
 // SessionState is what the agent knows about its session.
 type SessionState struct {
-	Connected  bool      `json:"connected"`
-	Cluster    string    `json:"cluster,omitempty"`
-	SPIFFEID   string    `json:"spiffeID,omitempty"`
+	Connected bool   `json:"connected"`
+	Cluster   string `json:"cluster,omitempty"`
+	SPIFFEID  string `json:"spiffeID,omitempty"`
+	// Server is the replica address the session is (or was last) open to.
+	Server     string    `json:"server,omitempty"`
 	Since      time.Time `json:"since,omitzero"`
 	Reconnects int64     `json:"reconnects"`
 	LastError  string    `json:"lastError,omitempty"`
@@ -106,6 +141,9 @@ type Session struct {
 	mu         sync.RWMutex
 	state      SessionState
 	reconnects atomic.Int64
+	// next is the index of the address the next session tries first
+	// (Run's goroutine only).
+	next int
 }
 
 // NewSession validates cfg.
@@ -126,7 +164,20 @@ func NewSession(cfg SessionConfig) (*Session, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Session{cfg: cfg, addrs: addrs, log: cfg.Logger.With("component", "relay-session")}, nil
+	if cfg.Dialer == nil {
+		var d net.Dialer
+		cfg.Dialer = func(ctx context.Context, address string) (net.Conn, error) { return d.DialContext(ctx, "tcp", address) }
+	}
+	next := 0
+	if cfg.FirstReplica != nil {
+		next = cfg.FirstReplica(len(addrs))
+	} else {
+		next = rand.IntN(len(addrs))
+	}
+	if next < 0 || next >= len(addrs) {
+		return nil, fmt.Errorf("relay session: first replica %d is not one of %d addresses", next, len(addrs))
+	}
+	return &Session{cfg: cfg, addrs: addrs, next: next, log: cfg.Logger.With("component", "relay-session")}, nil
 }
 
 // State returns the session state.
@@ -143,13 +194,18 @@ func (s *Session) Run(ctx context.Context) error {
 	attempt := 0
 	for {
 		start := time.Now()
-		err := s.once(ctx)
+		server, err := s.once(ctx)
 		s.mu.Lock()
 		s.state.Connected = false
 		if err != nil {
 			s.state.LastError = err.Error()
 		}
 		s.mu.Unlock()
+		// The next session starts at the next replica.
+		s.next = (s.next + 1) % len(s.addrs)
+		if h := s.cfg.Hooks.Ended; h != nil {
+			h(server, err)
+		}
 		if c := status.Code(err); (c == codes.PermissionDenied || c == codes.Unauthenticated) && s.cfg.OnRefused != nil {
 			s.cfg.OnRefused(err)
 		}
@@ -171,39 +227,58 @@ func (s *Session) Run(ctx context.Context) error {
 	}
 }
 
-func (s *Session) once(ctx context.Context) error {
+// once holds one session; it returns the address it was open to (empty if
+// none opened) and why it ended.
+func (s *Session) once(ctx context.Context) (string, error) {
 	tlsCfg, err := s.cfg.TLS()
 	if err != nil {
-		return err
+		return "", err
 	}
-	conn, err := dialer.Dial(s.addrs, tlsCfg)
+	// The addresses in order from s.next: gRPC's pick_first tries them in
+	// turn until one connects. connected is the one that did.
+	order := append(append([]string(nil), s.addrs[s.next:]...), s.addrs[:s.next]...)
+	var connected atomic.Pointer[string]
+	conn, err := dialer.DialInOrder(order, tlsCfg, grpc.WithContextDialer(func(ctx context.Context, address string) (net.Conn, error) {
+		c, err := s.cfg.Dialer(ctx, address)
+		if err == nil {
+			connected.Store(&address)
+		}
+		return c, err
+	}))
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := relaypb.NewRelayClient(conn).Connect(ctx)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: s.cfg.Version, AgentTimeUnixNano: s.now().UnixNano()}}}); err != nil {
-		return err
+		return "", err
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		return err
+		return "", err
 	}
 	w := first.GetWelcome()
 	if w == nil {
-		return errors.New("server did not answer Hello with Welcome")
+		return "", errors.New("server did not answer Hello with Welcome")
+	}
+	server := order[0] // one address: gRPC's resolver hands the dialer what it resolved to
+	if a := connected.Load(); a != nil && len(order) > 1 {
+		server = *a
 	}
 	s.mu.Lock()
 	prev := s.state
-	s.state = SessionState{Connected: true, Cluster: w.GetCluster(), SPIFFEID: w.GetSpiffeId(), Since: time.Now(),
+	s.state = SessionState{Connected: true, Cluster: w.GetCluster(), SPIFFEID: w.GetSpiffeId(), Server: server, Since: time.Now(),
 		AppliedVersion: prev.AppliedVersion, Outcomes: prev.Outcomes}
 	s.mu.Unlock()
-	s.log.Info("relay session open", "cluster", w.GetCluster(), "spiffe_id", w.GetSpiffeId())
+	s.log.Info("relay session open", "cluster", w.GetCluster(), "spiffe_id", w.GetSpiffeId(), "server", server)
+	if h := s.cfg.Hooks.Opened; h != nil {
+		h(server, conn, w)
+	}
 
 	errc := make(chan error, 3)
 	go func() {
@@ -227,13 +302,13 @@ func (s *Session) once(ctx context.Context) error {
 	for {
 		select {
 		case err := <-errc:
-			return err
+			return server, err
 		case <-ctx.Done():
-			return ctx.Err()
+			return server, ctx.Err()
 		case <-tick.C:
 			nonce++
 			if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Ping{Ping: &relaypb.Ping{Nonce: nonce}}}); err != nil {
-				return err
+				return server, err
 			}
 		}
 	}
@@ -331,6 +406,9 @@ func (s *Session) pushStream(ctx context.Context, c relaypb.DiscoveryClient, chu
 	var sent, wire string
 	var retry <-chan time.Time
 	onAck := func(ack *relaypb.PushAck) {
+		if h := s.cfg.Hooks.PushAnswered; h != nil {
+			h(ack)
+		}
 		s.mu.Lock()
 		if ack.GetAccepted() {
 			accepted = true
@@ -385,6 +463,9 @@ func (s *Session) pushStream(ctx context.Context, c relaypb.DiscoveryClient, chu
 			return err
 		}
 		sent, wire = snap.GetHash(), h
+		if hk := s.cfg.Hooks.Sent; hk != nil {
+			hk(truncateHash(h))
+		}
 		return nil
 	}
 	if err := sendIfChanged(); err != nil {
@@ -604,6 +685,9 @@ func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient, conn grpc
 		case err := <-recvErr:
 			return fmt.Errorf("pull stream: %w", err)
 		case set := <-sets:
+			if h := s.cfg.Hooks.Received; h != nil {
+				h(set, applied)
+			}
 			if set.GetVersion() < applied {
 				s.log.Info("output set older than the one applied; waiting for a newer one", "version", set.GetVersion(), "applied", applied)
 				continue
@@ -644,6 +728,9 @@ func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient, conn grpc
 		s.log.Info("output set applied", "version", set.GetVersion(), "objects", len(set.GetObjects()), "outcomes", fmt.Sprint(outcomes))
 		if err := stream.Send(&relaypb.PullAck{Version: set.GetVersion(), Results: results}); err != nil {
 			return err
+		}
+		if h := s.cfg.Hooks.Acked; h != nil {
+			h(set.GetVersion(), results)
 		}
 	}
 }

@@ -10,9 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,14 +28,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 )
 
 // The real agent's timings (identity.Manager and agent.Session defaults).
 const (
 	defaultPingInterval = 10 * time.Second
 	defaultCallTimeout  = 15 * time.Second
-	snapshotRetry       = time.Second
 	defaultKeepOutputs  = 16
 )
 
@@ -55,16 +53,17 @@ type AgentConfig struct {
 	Source netip.Addr
 	// Servers are relay addresses (host:port). The agent starts with
 	// Servers[FirstServer % len] and moves to the next one whenever a call
-	// or session fails. Required.
+	// or session fails (agent.Session's FirstReplica). Required.
 	Servers     []string
 	FirstServer int
 	// ServerName the server certificate must carry; default the host of
-	// the server's address, as the real agent does.
+	// the first server's address, as the real agent does with one address.
 	ServerName string
 	// Roots are the pinned relay roots. Required.
 	Roots *x509.CertPool
-	// Snapshot is pushed at the start of every session; nil opens no Push
-	// stream. SetSnapshot replaces it.
+	// Snapshot is pushed at the start of every session (in parts, as the
+	// real agent pushes); nil opens no push stream for the agent's life.
+	// SetSnapshot replaces it.
 	Snapshot *relaypb.Snapshot
 	// Version is reported in Bootstrap and Hello.
 	Version string
@@ -77,10 +76,6 @@ type AgentConfig struct {
 	// KeepOutputs is how many received output sets State remembers
 	// (without their objects); default 16.
 	KeepOutputs int
-	// SendOversized sends snapshots larger than agent.MaxSnapshotBytes,
-	// which the real agent refuses to send: for tests of the server's own
-	// limit.
-	SendOversized bool
 	// Hooks are called on the agent's goroutines; they must not block.
 	Hooks Hooks
 }
@@ -113,7 +108,8 @@ type Timeline struct {
 	FirstOutput time.Time
 }
 
-// Output is one output set an agent received and acknowledged.
+// Output is one output set an agent received (the session applies and
+// acknowledges it unless it is older than the one applied).
 type Output struct {
 	Version uint64
 	// At is when it arrived; Server is where from.
@@ -161,6 +157,7 @@ type AgentState struct {
 	PushError string
 	// Refused: the server refused the agent's certificate (the cluster was
 	// deregistered); the agent has stopped. LastError is the latest failure.
+	// PushError is the session's (agent.SessionState) too.
 	Refused   error
 	LastError error
 	// Done: Run returned.
@@ -185,11 +182,15 @@ type Agent struct {
 	bootKey  crypto.Signer
 	bootCSR  []byte
 	snapshot *relaypb.Snapshot
-	conn     *grpc.ClientConn
-	applied  map[string]appliedObject // by apiVersion/kind/namespace/name
-	raw      map[*trackedConn]struct{}
-	cancel   context.CancelFunc
-	done     chan struct{}
+	// conn is the open session's connection (nil between sessions);
+	// session the real agent's session loop, once bootstrapped.
+	conn    grpc.ClientConnInterface
+	session *agent.Session
+	sentAt  map[string]time.Time     // snapshot hash → when it went out
+	applied map[string]appliedObject // by apiVersion/kind/namespace/name
+	raw     map[*trackedConn]struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 // NewAgent checks cfg and returns an agent; call Start.
@@ -237,7 +238,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		cfg: cfg, snap: make(chan struct{}, 1), snapshot: cfg.Snapshot,
 		state:   AgentState{Cluster: cfg.Cluster},
 		server:  cfg.FirstServer % len(cfg.Servers),
-		applied: map[string]appliedObject{}, raw: map[*trackedConn]struct{}{},
+		applied: map[string]appliedObject{}, raw: map[*trackedConn]struct{}{}, sentAt: map[string]time.Time{},
 	}, nil
 }
 
@@ -320,6 +321,9 @@ func (a *Agent) State() AgentState {
 	defer a.mu.Unlock()
 	st := a.state
 	st.Outputs = append([]Output(nil), a.state.Outputs...)
+	if a.session != nil {
+		st.PushError = a.session.State().PushError
+	}
 	return st
 }
 
@@ -340,6 +344,12 @@ func (a *Agent) currentSnapshot() *relaypb.Snapshot {
 	return a.snapshot
 }
 
+// snapshots is the agent's agent.SnapshotSource.
+type snapshots struct{ a *Agent }
+
+func (s snapshots) Snapshot() (*relaypb.Snapshot, error) { return s.a.currentSnapshot(), nil }
+func (s snapshots) Changes() <-chan struct{}             { return s.a.snap }
+
 func (a *Agent) serverAddr() string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -352,11 +362,11 @@ func (a *Agent) nextServer() {
 	a.mu.Unlock()
 }
 
-func (a *Agent) serverName(addr string) string {
+func (a *Agent) serverName() string {
 	if a.cfg.ServerName != "" {
 		return a.cfg.ServerName
 	}
-	host, _, _ := net.SplitHostPort(addr)
+	host, _, _ := net.SplitHostPort(a.cfg.Servers[0])
 	return host
 }
 
@@ -366,48 +376,150 @@ func (a *Agent) fail(err error) {
 	a.mu.Unlock()
 }
 
-// run bootstraps, then holds a session until ctx ends or the server
-// refuses the agent's certificate.
+// run bootstraps, then holds a session with the real agent's loop
+// (agent.Session) until ctx ends or the server refuses the agent's
+// certificate.
 func (a *Agent) run(ctx context.Context) error {
 	if err := a.bootstrap(ctx); err != nil {
 		return err
 	}
-	attempt := 0
-	for {
-		start := time.Now()
-		server := a.serverAddr()
-		err := a.session(ctx, server)
-		if h := a.cfg.Hooks.SessionEnded; h != nil {
-			h(a, server, err)
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if c := status.Code(err); c == codes.PermissionDenied || c == codes.Unauthenticated {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var refused error
+	cfg := agent.SessionConfig{
+		ServerAddress: strings.Join(a.cfg.Servers, ","), Version: a.cfg.Version,
+		PingInterval: a.cfg.PingInterval, Retry: a.cfg.SessionRetry,
+		TLS:          a.clientTLS,
+		Dialer:       a.dialTCP,
+		FirstReplica: func(n int) int { return a.cfg.FirstServer % n },
+		Applier:      applier{a},
+		OnRefused: func(err error) {
 			// The real agent drops the certificate and needs a new token;
 			// its used one is gone. It stops talking to the server.
 			a.mu.Lock()
-			a.state.Refused = err
+			a.state.Refused, refused = err, err
 			a.cert = nil
 			a.mu.Unlock()
-			return err
-		}
-		a.fail(err)
-		if time.Since(start) > time.Minute {
-			attempt = 0
-		}
-		delay := a.cfg.SessionRetry.Delay(attempt)
-		attempt++
-		a.mu.Lock()
-		a.state.Reconnects++
-		a.mu.Unlock()
-		a.nextServer()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(delay):
-		}
+			cancel()
+		},
+		Hooks: agent.SessionHooks{Opened: a.opened, Ended: a.ended, Sent: a.sent, PushAnswered: a.pushAnswered, Received: a.received, Acked: a.acked},
 	}
+	if a.currentSnapshot() != nil {
+		cfg.Snapshots = snapshots{a}
+	}
+	sess, err := agent.NewSession(cfg)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.session = sess
+	a.mu.Unlock()
+	err = sess.Run(ctx)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if refused != nil {
+		return refused
+	}
+	return err
+}
+
+// clientTLS is the session's mTLS configuration: the pinned roots and the
+// agent's newest certificate.
+func (a *Agent) clientTLS() (*tls.Config, error) {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13, RootCAs: a.cfg.Roots, ServerName: a.serverName(),
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if a.cert == nil {
+				return nil, errors.New("no client certificate")
+			}
+			return a.cert, nil
+		},
+	}, nil
+}
+
+func (a *Agent) opened(server string, conn grpc.ClientConnInterface, _ *relaypb.Welcome) {
+	now := time.Now()
+	a.mu.Lock()
+	a.conn = conn
+	a.state.Connected, a.state.Server = true, server
+	a.state.Sessions++
+	if a.state.Timeline.Session.IsZero() {
+		a.state.Timeline.Session = now
+	}
+	a.mu.Unlock()
+	if h := a.cfg.Hooks.SessionOpened; h != nil {
+		h(a, server, now)
+	}
+}
+
+func (a *Agent) ended(server string, err error) {
+	a.mu.Lock()
+	a.conn = nil
+	a.state.Connected = false
+	if err != nil && !errors.Is(err, context.Canceled) {
+		a.state.LastError = err
+	}
+	if c := status.Code(err); c != codes.PermissionDenied && c != codes.Unauthenticated && !errors.Is(err, context.Canceled) {
+		a.state.Reconnects++
+	}
+	a.mu.Unlock()
+	if h := a.cfg.Hooks.SessionEnded; h != nil {
+		h(a, server, err)
+	}
+}
+
+func (a *Agent) sent(hash string) {
+	a.mu.Lock()
+	a.sentAt[hash] = time.Now()
+	a.mu.Unlock()
+}
+
+func (a *Agent) pushAnswered(ack *relaypb.PushAck) {
+	now := time.Now()
+	a.mu.Lock()
+	r := PushResult{Hash: ack.GetHash(), Accepted: ack.GetAccepted(), Error: ack.GetError(), SentAt: a.sentAt[ack.GetHash()], AckedAt: now}
+	delete(a.sentAt, ack.GetHash())
+	a.state.LastPush = r
+	if r.Accepted && a.state.Timeline.Pushed.IsZero() {
+		a.state.Timeline.Pushed = now
+	}
+	a.mu.Unlock()
+	if h := a.cfg.Hooks.PushAcked; h != nil {
+		h(a, r)
+	}
+}
+
+// received records an output set on arrival, counting one older than the
+// version acknowledged before (the session does not apply it, but the
+// server must never send it).
+func (a *Agent) received(set *relaypb.OutputSet, _ uint64) {
+	at := time.Now()
+	a.mu.Lock()
+	o := Output{Version: set.GetVersion(), At: at, Server: a.state.Server, Objects: len(set.GetObjects()),
+		Resent: set.GetVersion() == a.state.Acked, Regressed: set.GetVersion() < a.state.Acked}
+	if o.Regressed {
+		a.state.Regressions++
+	}
+	if a.state.Timeline.FirstOutput.IsZero() {
+		a.state.Timeline.FirstOutput = at
+	}
+	a.state.Outputs = append(a.state.Outputs, o)
+	if n := len(a.state.Outputs) - a.cfg.KeepOutputs; n > 0 {
+		a.state.Outputs = append(a.state.Outputs[:0:0], a.state.Outputs[n:]...)
+	}
+	a.mu.Unlock()
+	if h := a.cfg.Hooks.Output; h != nil {
+		o.Set = set
+		h(a, o)
+	}
+}
+
+func (a *Agent) acked(version uint64, _ []*relaypb.ObjectResult) {
+	a.mu.Lock()
+	a.state.Acked = version
+	a.mu.Unlock()
 }
 
 // bootstrap trades the token for a certificate, retrying as the real agent
@@ -443,7 +555,7 @@ func (a *Agent) bootstrapOnce(ctx context.Context) error {
 	}
 	key, csr := a.bootKey, a.bootCSR
 	addr := a.serverAddr()
-	conn, err := a.dial(addr, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: a.cfg.Roots, ServerName: a.serverName(addr)})
+	conn, err := a.dial(addr, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: a.cfg.Roots, ServerName: a.serverName()})
 	if err != nil {
 		return err
 	}
@@ -575,25 +687,28 @@ func NewCSR() (crypto.Signer, []byte, error) {
 	return signer, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr.Raw}), nil
 }
 
-// dial makes a gRPC client whose connections come from the agent's source
-// address and are tracked for Drop.
+// dial makes a gRPC client (for Bootstrap) whose connections come from the
+// agent's source address and are tracked for Drop.
 func (a *Agent) dial(addr string, tlsCfg *tls.Config) (*grpc.ClientConn, error) {
-	return grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
-		grpc.WithContextDialer(func(ctx context.Context, target string) (net.Conn, error) {
-			d := net.Dialer{}
-			if a.cfg.Source.IsValid() {
-				d.LocalAddr = &net.TCPAddr{IP: a.cfg.Source.AsSlice()}
-			}
-			c, err := d.DialContext(ctx, "tcp", target)
-			if err != nil {
-				return nil, err
-			}
-			tc := &trackedConn{Conn: c, a: a}
-			a.mu.Lock()
-			a.raw[tc] = struct{}{}
-			a.mu.Unlock()
-			return tc, nil
-		}))
+	return grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)), grpc.WithContextDialer(a.dialTCP))
+}
+
+// dialTCP opens a connection from the agent's source address, tracked for
+// Drop.
+func (a *Agent) dialTCP(ctx context.Context, target string) (net.Conn, error) {
+	d := net.Dialer{}
+	if a.cfg.Source.IsValid() {
+		d.LocalAddr = &net.TCPAddr{IP: a.cfg.Source.AsSlice()}
+	}
+	c, err := d.DialContext(ctx, "tcp", target)
+	if err != nil {
+		return nil, err
+	}
+	tc := &trackedConn{Conn: c, a: a}
+	a.mu.Lock()
+	a.raw[tc] = struct{}{}
+	a.mu.Unlock()
+	return tc, nil
 }
 
 // trackedConn forgets itself when closed.
@@ -612,222 +727,6 @@ func (c *trackedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// session holds one relay session on one connection: Connect with Hello and
-// pings, Push and Pull, as agent.Session does.
-func (a *Agent) session(ctx context.Context, server string) error {
-	tlsCfg := &tls.Config{
-		MinVersion: tls.VersionTLS13, RootCAs: a.cfg.Roots, ServerName: a.serverName(server),
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			if a.cert == nil {
-				return nil, errors.New("no client certificate")
-			}
-			return a.cert, nil
-		},
-	}
-	conn, err := a.dial(server, tlsCfg)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := relaypb.NewRelayClient(conn).Connect(ctx)
-	if err != nil {
-		return err
-	}
-	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: a.cfg.Version, AgentTimeUnixNano: time.Now().UnixNano()}}}); err != nil {
-		return err
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		return err
-	}
-	if first.GetWelcome() == nil {
-		return errors.New("server did not answer Hello with Welcome")
-	}
-	now := time.Now()
-	a.mu.Lock()
-	a.conn = conn
-	a.state.Connected, a.state.Server = true, server
-	a.state.Sessions++
-	if a.state.Timeline.Session.IsZero() {
-		a.state.Timeline.Session = now
-	}
-	a.mu.Unlock()
-	defer func() {
-		a.mu.Lock()
-		a.conn = nil
-		a.state.Connected = false
-		a.mu.Unlock()
-	}()
-	if h := a.cfg.Hooks.SessionOpened; h != nil {
-		h(a, server, now)
-	}
-
-	errc := make(chan error, 3)
-	go func() {
-		for {
-			if _, err := stream.Recv(); err != nil {
-				errc <- err
-				return
-			}
-		}
-	}()
-	disc := relaypb.NewDiscoveryClient(conn)
-	if a.currentSnapshot() != nil {
-		go func() { errc <- a.push(ctx, disc) }()
-	}
-	go func() { errc <- a.pull(ctx, disc, server) }()
-	tick := time.NewTicker(a.cfg.PingInterval)
-	defer tick.Stop()
-	var nonce int64
-	for {
-		select {
-		case err := <-errc:
-			return err
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
-			nonce++
-			if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Ping{Ping: &relaypb.Ping{Nonce: nonce}}}); err != nil {
-				return err
-			}
-		}
-	}
-}
-
-// push sends the snapshot at once and whenever it changes; a refused one is
-// sent again after a second, as agent.Session does.
-func (a *Agent) push(ctx context.Context, c relaypb.DiscoveryClient) error {
-	stream, err := c.Push(ctx)
-	if err != nil {
-		return err
-	}
-	acks := make(chan *relaypb.PushAck)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			ack, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case acks <- ack:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	var sent string
-	sentAt := map[string]time.Time{}
-	var retry <-chan time.Time
-	sendIfChanged := func() error {
-		snap := a.currentSnapshot()
-		if snap == nil || snap.GetHash() == sent {
-			return nil
-		}
-		if n := proto.Size(snap); n > agent.MaxSnapshotBytes && !a.cfg.SendOversized {
-			a.mu.Lock()
-			a.state.PushError = fmt.Sprintf("snapshot of %d bytes exceeds the %d-byte limit; not sent", n, agent.MaxSnapshotBytes)
-			a.mu.Unlock()
-			sent = snap.GetHash()
-			return nil
-		}
-		sentAt[snap.GetHash()] = time.Now()
-		if err := stream.Send(snap); err != nil {
-			if errors.Is(err, io.EOF) {
-				_, err = stream.Recv()
-			}
-			return fmt.Errorf("push stream: %w", err)
-		}
-		sent = snap.GetHash()
-		return nil
-	}
-	if err := sendIfChanged(); err != nil {
-		return err
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-recvErr:
-			return fmt.Errorf("push stream: %w", err)
-		case <-a.snap:
-			if err := sendIfChanged(); err != nil {
-				return err
-			}
-		case <-retry:
-			retry = nil
-			if err := sendIfChanged(); err != nil {
-				return err
-			}
-		case ack := <-acks:
-			r := PushResult{Hash: ack.GetHash(), Accepted: ack.GetAccepted(), Error: ack.GetError(), SentAt: sentAt[ack.GetHash()], AckedAt: time.Now()}
-			delete(sentAt, ack.GetHash())
-			a.mu.Lock()
-			a.state.LastPush = r
-			if r.Accepted {
-				a.state.PushError = ""
-				if a.state.Timeline.Pushed.IsZero() {
-					a.state.Timeline.Pushed = r.AckedAt
-				}
-			}
-			a.mu.Unlock()
-			if h := a.cfg.Hooks.PushAcked; h != nil {
-				h(a, r)
-			}
-			if !ack.GetAccepted() && ack.GetHash() == sent {
-				sent = ""
-				retry = time.After(snapshotRetry)
-			}
-		}
-	}
-}
-
-// pull acknowledges every output set with per-object results, as the real
-// agent does after applying it.
-func (a *Agent) pull(ctx context.Context, c relaypb.DiscoveryClient, server string) error {
-	stream, err := c.Pull(ctx, grpc.MaxCallRecvMsgSize(agent.MaxOutputBytes))
-	if err != nil {
-		return err
-	}
-	for {
-		set, err := stream.Recv()
-		if err != nil {
-			return fmt.Errorf("pull stream: %w", err)
-		}
-		at := time.Now()
-		results := a.apply(set)
-		a.mu.Lock()
-		o := Output{Version: set.GetVersion(), At: at, Server: server, Objects: len(set.GetObjects()),
-			Resent: set.GetVersion() == a.state.Acked, Regressed: set.GetVersion() < a.state.Acked}
-		if o.Regressed {
-			a.state.Regressions++
-		}
-		if a.state.Timeline.FirstOutput.IsZero() {
-			a.state.Timeline.FirstOutput = at
-		}
-		a.state.Outputs = append(a.state.Outputs, o)
-		if n := len(a.state.Outputs) - a.cfg.KeepOutputs; n > 0 {
-			a.state.Outputs = append(a.state.Outputs[:0:0], a.state.Outputs[n:]...)
-		}
-		a.mu.Unlock()
-		if h := a.cfg.Hooks.Output; h != nil {
-			o.Set = set
-			h(a, o)
-		}
-		if err := stream.Send(&relaypb.PullAck{Version: set.GetVersion(), Results: results}); err != nil {
-			return err
-		}
-		a.mu.Lock()
-		a.state.Acked = set.GetVersion()
-		a.mu.Unlock()
-	}
-}
-
 // manifestHead is what an agent reads of an output object to report on it.
 type manifestHead struct {
 	APIVersion string `json:"apiVersion"`
@@ -842,6 +741,13 @@ type manifestHead struct {
 type appliedObject struct {
 	head   manifestHead
 	digest uint64
+}
+
+// applier is the agent's agent.OutputApplier.
+type applier struct{ a *Agent }
+
+func (p applier) Apply(_ context.Context, set *relaypb.OutputSet) ([]*relaypb.ObjectResult, error) {
+	return p.a.apply(set), nil
 }
 
 // apply stands in for server-side apply: it reports each object applied

@@ -14,13 +14,16 @@
 //     and retry policy (1 s to 1 min, full jitter), then the same checks of
 //     the answer (chain to the pinned root, clientAuth, exactly its SPIFFE
 //     ID);
-//   - one mTLS connection holding a Relay.Connect session (Hello with its
-//     clock, Welcome, a ping every 10 s), a Discovery.Push stream with a snapshot built by
-//     discovery.Build (so its hash is discovery.Hash) and a Discovery.Pull
-//     stream on which every output set is acknowledged with per-object
-//     results (applied, unchanged, pruned), as agent.Session does;
-//   - reconnection with the session backoff (1 s to 30 s) to the next server
-//     of its list, keeping the output version it last acknowledged.
+//   - the real agent's session loop itself (agent.Session: one mTLS
+//     connection holding a Relay.Connect session with Hello, Welcome and a
+//     ping every 10 s; snapshots built by discovery.Build pushed in parts on
+//     PushChunked; every output set on Pull applied — here by a stand-in
+//     that reports applied, unchanged and pruned per object — and
+//     acknowledged; the resume ack after a reconnect; failover to the next
+//     server of its list with the session backoff of 1 s to 30 s). The
+//     session's hooks record what the agent saw, including any set older
+//     than one it acknowledged, which the loop does not apply and the
+//     server must never send.
 //
 // What a simulated agent does not do: it has no workload cluster, so it
 // applies nothing and keeps its credential in memory (the real agent writes

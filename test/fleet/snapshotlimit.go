@@ -2,12 +2,14 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"sync"
+	"io"
 	"time"
 
 	"github.com/relaymesh/relaymesh/agent"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -82,42 +84,31 @@ func SnapshotLimit(ctx context.Context, cfg SnapshotLimitConfig) (*SnapshotLimit
 	if err != nil {
 		return nil, err
 	}
-	var mu sync.Mutex
-	var ended []error
-	acks := make(chan PushResult, 16)
-	a, err := NewAgent(AgentConfig{Cluster: cluster, Token: members[0].Token, Source: SourceAddr(0), Servers: []string{srv.Addr}, Roots: roots,
-		Snapshot: SnapshotSpec{}.Snapshot(cluster), SendOversized: true,
-		Hooks: Hooks{
-			PushAcked: func(_ *Agent, p PushResult) {
-				select {
-				case acks <- p:
-				default:
-				}
-			},
-			SessionEnded: func(_ *Agent, _ string, err error) { mu.Lock(); ended = append(ended, err); mu.Unlock() },
-		}})
+	// The agent holds a session (the real loop) without pushing; the
+	// probe sends whole snapshots on a Push stream of its own over that
+	// session's connection, including one the real agent would not send.
+	a, err := NewAgent(AgentConfig{Cluster: cluster, Token: members[0].Token, Source: SourceAddr(0), Servers: []string{srv.Addr}, Roots: roots})
 	if err != nil {
 		return nil, err
 	}
 	a.Start(ctx)
 	defer a.Stop()
-	wait := func(hash string) (PushResult, error) {
-		timeout := time.After(2 * time.Minute)
-		for {
-			select {
-			case p := <-acks:
-				if p.Hash == hash {
-					return p, nil
-				}
-			case <-timeout:
-				return PushResult{}, fmt.Errorf("no answer to snapshot %s", hash)
-			case <-ctx.Done():
-				return PushResult{}, ctx.Err()
-			}
-		}
+	var conn grpc.ClientConnInterface
+	if _, err := pollUntil(ctx, 10*time.Millisecond, func() (bool, error) {
+		a.mu.Lock()
+		conn = a.conn
+		a.mu.Unlock()
+		return conn != nil, nil
+	}); err != nil {
+		return nil, fmt.Errorf("agent session: %w (last error %v)", err, a.State().LastError)
 	}
-	if _, err := wait(a.currentSnapshot().GetHash()); err != nil {
+	probe, err := newWholePush(ctx, conn)
+	if err != nil {
 		return nil, err
+	}
+	defer probe.close()
+	if p, err := probe.push(SnapshotSpec{}.Snapshot(cluster)); err != nil || !p.Accepted {
+		return nil, fmt.Errorf("first snapshot: %v %s", err, p.Error)
 	}
 	r := &SnapshotLimitResult{Limit: agent.MaxSnapshotBytes}
 	var over *relaypb.Snapshot
@@ -150,8 +141,7 @@ func SnapshotLimit(ctx context.Context, cfg SnapshotLimitConfig) (*SnapshotLimit
 			r.OverBytes = proto.Size(over)
 		}
 		stop := cfg.during(ctx, srv)
-		a.SetSnapshot(snap)
-		p, err := wait(snap.GetHash())
+		p, err := probe.push(snap)
 		stop()
 		if err != nil {
 			return nil, err
@@ -159,20 +149,53 @@ func SnapshotLimit(ctx context.Context, cfg SnapshotLimitConfig) (*SnapshotLimit
 		sl.Accepted, sl.AckAfter, sl.Error = p.Accepted, p.AckedAt.Sub(p.SentAt), p.Error
 		r.Shapes = append(r.Shapes, sl)
 	}
-	mu.Lock()
-	before := len(ended)
-	mu.Unlock()
-	a.SetSnapshot(over)
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && r.OverResult == ""; time.Sleep(50 * time.Millisecond) {
-		mu.Lock()
-		if len(ended) > before {
-			err := ended[before]
-			r.OverResult = fmt.Sprintf("session ended: %s: %s", status.Code(err), truncate(status.Convert(err).Message(), 200))
-		}
-		mu.Unlock()
-		if st := a.State(); r.OverResult == "" && st.LastPush.Hash == over.GetHash() {
-			r.OverResult = fmt.Sprintf("answered: accepted=%v %s", st.LastPush.Accepted, st.LastPush.Error)
-		}
+	if p, err := probe.push(over); err != nil {
+		r.OverResult = fmt.Sprintf("stream ended: %s: %s", status.Code(err), truncate(status.Convert(err).Message(), 200))
+	} else {
+		r.OverResult = fmt.Sprintf("answered: accepted=%v %s", p.Accepted, p.Error)
 	}
 	return r, nil
 }
+
+// wholePush is one Discovery.Push stream: whole snapshots, each answered
+// before the next is sent.
+type wholePush struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	stream relaypb.Discovery_PushClient
+}
+
+func newWholePush(ctx context.Context, conn grpc.ClientConnInterface) (*wholePush, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	stream, err := relaypb.NewDiscoveryClient(conn).Push(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &wholePush{ctx: ctx, cancel: cancel, stream: stream}, nil
+}
+
+// push sends snap and returns the server's answer to it, or why the stream
+// ended (within two minutes).
+func (w *wholePush) push(snap *relaypb.Snapshot) (PushResult, error) {
+	sent := time.Now()
+	if err := w.stream.Send(snap); err != nil {
+		if errors.Is(err, io.EOF) {
+			_, err = w.stream.Recv() // the stream's status says why
+		}
+		return PushResult{}, err
+	}
+	timer := time.AfterFunc(2*time.Minute, w.cancel)
+	defer timer.Stop()
+	for {
+		ack, err := w.stream.Recv()
+		if err != nil {
+			return PushResult{}, err
+		}
+		if ack.GetHash() == snap.GetHash() {
+			return PushResult{Hash: ack.GetHash(), Accepted: ack.GetAccepted(), Error: ack.GetError(), SentAt: sent, AckedAt: time.Now()}, nil
+		}
+	}
+}
+
+func (w *wholePush) close() { w.cancel() }
