@@ -30,6 +30,7 @@ import (
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -235,13 +236,19 @@ func (s *Session) once(ctx context.Context) (string, error) {
 		return "", err
 	}
 	// The addresses in order from s.next: gRPC's pick_first tries them in
-	// turn until one connects. connected is the one that did.
+	// turn until one connects (starting the next one when a connection
+	// takes over 250 ms, so several may be dialled). dialed maps each
+	// connection's remote address to the address it was dialled as, to
+	// name the replica the session is open to.
 	order := append(append([]string(nil), s.addrs[s.next:]...), s.addrs[:s.next]...)
-	var connected atomic.Pointer[string]
+	var dialedMu sync.Mutex
+	dialed := map[string]string{}
 	conn, err := dialer.DialInOrder(order, tlsCfg, grpc.WithContextDialer(func(ctx context.Context, address string) (net.Conn, error) {
 		c, err := s.cfg.Dialer(ctx, address)
 		if err == nil {
-			connected.Store(&address)
+			dialedMu.Lock()
+			dialed[c.RemoteAddr().String()] = address
+			dialedMu.Unlock()
 		}
 		return c, err
 	}))
@@ -267,8 +274,14 @@ func (s *Session) once(ctx context.Context) (string, error) {
 		return "", errors.New("server did not answer Hello with Welcome")
 	}
 	server := order[0] // one address: gRPC's resolver hands the dialer what it resolved to
-	if a := connected.Load(); a != nil && len(order) > 1 {
-		server = *a
+	if p, ok := peer.FromContext(stream.Context()); ok && len(order) > 1 && p.Addr != nil {
+		dialedMu.Lock()
+		if a, ok := dialed[p.Addr.String()]; ok {
+			server = a
+		} else {
+			server = p.Addr.String()
+		}
+		dialedMu.Unlock()
 	}
 	s.mu.Lock()
 	prev := s.state

@@ -72,9 +72,16 @@ func TestSessionMovesToTheNextReplica(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		addrs []string
+		// readDelay holds back an address's first read (its handshake).
+		readDelay map[string]time.Duration
 	}{
-		{"broken first", []string{lis.Addr().String(), f.Addr}},
-		{"broken last", []string{f.Addr, lis.Addr().String()}},
+		{name: "broken first", addrs: []string{lis.Addr().String(), f.Addr}},
+		{name: "broken last", addrs: []string{f.Addr, lis.Addr().String()}},
+		// gRPC starts the next address when one takes over 250 ms: the
+		// session is named after the connection that won, not the last
+		// one dialled.
+		{name: "both dialled", addrs: []string{f.Addr, lis.Addr().String()},
+			readDelay: map[string]time.Duration{f.Addr: 300 * time.Millisecond, lis.Addr().String(): 2 * time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ev := &sessionEvents{}
@@ -94,7 +101,11 @@ func TestSessionMovesToTheNextReplica(t *testing.T) {
 					dialMu.Lock()
 					dialed = append(dialed, a)
 					dialMu.Unlock()
-					return d.DialContext(ctx, "tcp", a)
+					c, err := d.DialContext(ctx, "tcp", a)
+					if err != nil || tc.readDelay[a] == 0 {
+						return c, err
+					}
+					return &slowConn{Conn: c, delay: tc.readDelay[a]}, nil
 				},
 				Applier: noApply{},
 				Hooks: agent.SessionHooks{
@@ -141,7 +152,22 @@ func TestSessionMovesToTheNextReplica(t *testing.T) {
 			assert.Equal(t, f.Outputs.Version("cluster-1"), acked[0])
 			dialMu.Lock()
 			assert.Contains(t, dialed, f.Addr, "connections go through the configured dialer")
+			if len(tc.readDelay) > 1 {
+				assert.ElementsMatch(t, tc.addrs, dialed, "both addresses were dialled")
+			}
 			dialMu.Unlock()
 		})
 	}
+}
+
+// slowConn holds back its first read.
+type slowConn struct {
+	net.Conn
+	delay time.Duration
+	once  sync.Once
+}
+
+func (c *slowConn) Read(p []byte) (int, error) {
+	c.once.Do(func() { time.Sleep(c.delay) })
+	return c.Conn.Read(p)
 }
