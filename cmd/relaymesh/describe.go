@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,7 +15,10 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/snapshots"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/spf13/cobra"
@@ -56,6 +61,7 @@ var describeResources = struct {
 
 func newDescribeCommand(d deps, g *globals) *cobra.Command {
 	var dir, output string
+	var store snapshotStoreFlags
 	c := &cobra.Command{
 		Use:   "describe destination|workload|policy NAME",
 		Short: "Explain which policies apply to a destination, workload or policy, and their outputs",
@@ -81,15 +87,16 @@ func newDescribeCommand(d deps, g *globals) *cobra.Command {
 			return nil, cobra.ShellCompDirectiveNoFileComp
 		},
 		RunE: func(c *cobra.Command, args []string) error {
-			return runDescribe(c.Context(), d, g, dir, output, args)
+			return runDescribe(c.Context(), d, g, dir, output, store, args)
 		},
 	}
 	c.Flags().StringVarP(&dir, "filename", "f", "", "read the view from the .yaml/.yml/.json files of this directory instead of a cluster")
+	store.registerRead(c.Flags())
 	outputFlag(c, &output, printer.Formats, "text")
 	return c
 }
 
-func runDescribe(ctx context.Context, d deps, g *globals, dir, format string, pos []string) error {
+func runDescribe(ctx context.Context, d deps, g *globals, dir, format string, store snapshotStoreFlags, pos []string) error {
 	namespace, stdout := g.namespace, d.stdout
 	var err error
 	kind, name := strings.ToLower(pos[0]), pos[1]
@@ -114,7 +121,7 @@ func runDescribe(ctx context.Context, d deps, g *globals, dir, format string, po
 		return usagef("-o %q: want table, wide, json or yaml", format)
 	}
 
-	in, err := loadView(ctx, dir, g, namespace)
+	in, err := loadView(ctx, d, dir, g, namespace, store)
 	if err != nil {
 		return err
 	}
@@ -141,30 +148,44 @@ func runDescribe(ctx context.Context, d deps, g *globals, dir, format string, po
 // loadView reads the translation input the way the server sees it: from
 // the YAML files of dir when it is set, else from the management cluster
 // (discovered objects from namespace, user objects from every namespace).
-func loadView(ctx context.Context, dir string, g *globals, namespace string) (*translation.Input, error) {
+// Workloads come from Redis when the installation keeps them there and
+// store names it (--redis-address).
+func loadView(ctx context.Context, d deps, dir string, g *globals, namespace string, store snapshotStoreFlags) (*translation.Input, error) {
 	if dir != "" {
+		if store.address != "" {
+			return nil, usagef("-f reads the view from files; --redis-address reads a live installation's: give one of them")
+		}
 		return loadInputDir(dir)
+	}
+	if err := errors.Join(store.validateRead()...); err != nil {
+		return nil, usageError{err}
 	}
 	kube, err := g.clients()
 	if err != nil {
 		return nil, err
 	}
-	return listInput(ctx, kube.Dynamic, namespace)
+	return listInput(ctx, d, kube, namespace, store)
 }
 
 // listInput reads the translation input from the management cluster once:
 // discovered objects from namespace, user objects from every namespace.
-func listInput(ctx context.Context, client dynamic.Interface, namespace string) (*translation.Input, error) {
+func listInput(ctx context.Context, d deps, kube *kubeclient.Clients, namespace string, store snapshotStoreFlags) (*translation.Input, error) {
 	r := describeResources
-	if err := workloadsListable(ctx, client, namespace); err != nil {
+	client := kube.Dynamic
+	inRedis, err := workloadsInRedis(ctx, client, namespace)
+	if err != nil {
 		return nil, err
 	}
 	in := &translation.Input{}
-	var err error
 	if in.Meshes, err = listAs[discoveryv1alpha1.Mesh](ctx, client, r.meshes, namespace); err != nil {
 		return nil, err
 	}
-	if in.Workloads, err = listAs[discoveryv1alpha1.Workload](ctx, client, r.workloads, namespace); err != nil {
+	if inRedis != "" {
+		in.Workloads, err = storeWorkloads(ctx, d, kube, namespace, store)
+	} else {
+		in.Workloads, err = listAs[discoveryv1alpha1.Workload](ctx, client, r.workloads, namespace)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if in.Destinations, err = listAs[discoveryv1alpha1.Destination](ctx, client, r.destinations, namespace); err != nil {
@@ -185,24 +206,64 @@ func listInput(ctx context.Context, client dynamic.Interface, namespace string) 
 	return in, nil
 }
 
-// workloadsListable refuses a live view of an installation that keeps its
-// Workloads in the server replicas' snapshot store (--snapshot-store=redis,
-// which every cluster's status.discovered.workloadsIn says): without them,
-// an audit or a description would leave out every source workload. What
-// cannot be read (no permission to list the clusters) is not refused.
-func workloadsListable(ctx context.Context, client dynamic.Interface, namespace string) error {
+// workloadsInRedis names a cluster whose status.discovered.workloadsIn says
+// the installation keeps its Workloads in the server replicas' snapshot
+// store (--snapshot-store=redis), or "" if none does. What cannot be read
+// (no permission to list the clusters) counts as none.
+func workloadsInRedis(ctx context.Context, client dynamic.Interface, namespace string) (string, error) {
 	list, err := client.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace(namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil
+		return "", nil
 	}
 	for _, item := range list.Items {
 		if in, _, _ := unstructured.NestedString(item.Object, "status", "discovered", "workloadsIn"); in == multiclusterv1alpha1.WorkloadsInRedis {
-			return fmt.Errorf("this installation keeps its Workloads in the server replicas' snapshot store (Redis), not as Workload objects (KubernetesCluster %s/%s status.discovered.workloadsIn: redis): "+
-				"a view read from the apiserver would leave out every source workload; use the dashboard's Access page (relaymesh dashboard), which reads them through the server, or -f with exported objects",
-				namespace, item.GetName())
+			return item.GetName(), nil
 		}
 	}
-	return nil
+	return "", nil
+}
+
+// storeWorkloads reads every registered cluster's Workloads from the
+// replicas' snapshot store, each record verified with the replicas' key,
+// as the servers' translation sees them. Without --redis-address it
+// refuses: a view without them would leave out every source workload.
+func storeWorkloads(ctx context.Context, d deps, kube *kubeclient.Clients, namespace string, f snapshotStoreFlags) ([]discoveryv1alpha1.Workload, error) {
+	if f.address == "" {
+		return nil, fmt.Errorf("this installation keeps its Workloads in the server replicas' snapshot store (Redis), not as Workload objects (its KubernetesClusters' status.discovered.workloadsIn: redis): "+
+			"a view read from the apiserver alone would leave out every source workload; give --redis-address with --redis-password-file and --redis-ca-file (as the servers have them), "+
+			"use the dashboard's Access page (relaymesh dashboard), or -f with exported objects")
+	}
+	cfg, err := f.config(ctx, kube, namespace, nil, slog.New(slog.NewTextHandler(d.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		return nil, err
+	}
+	store, err := snapshots.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	clusters, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, kube.Dynamic, multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters"), namespace)
+	if err != nil {
+		return nil, err
+	}
+	var out []discoveryv1alpha1.Workload
+	for _, c := range clusters {
+		rec, _, err := store.Get(ctx, c.Name)
+		if errors.Is(err, snapshots.ErrNotFound) {
+			continue // no snapshot yet: nothing discovered
+		}
+		if err != nil {
+			return nil, fmt.Errorf("the Workloads of cluster %s in Redis: %w", c.Name, err)
+		}
+		for _, w := range rec.Snapshot.GetWorkloads() {
+			wl, err := server.SharedWorkload(c.Name, namespace, w)
+			if err != nil {
+				return nil, fmt.Errorf("the Workloads of cluster %s in Redis: %w", c.Name, err)
+			}
+			out = append(out, wl)
+		}
+	}
+	return out, nil
 }
 
 // listAs lists a resource (namespace "": every namespace) as typed objects.

@@ -43,6 +43,7 @@ var (
 
 func newPolicyCommand(d deps, g *globals) *cobra.Command {
 	var dir, with, output, outPath string
+	var store snapshotStoreFlags
 	var without []string
 	audit := &cobra.Command{
 		Use:   "audit",
@@ -58,7 +59,7 @@ func newPolicyCommand(d deps, g *globals) *cobra.Command {
   relaymesh policy audit -f ./world -o html --out access.html`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return runPolicyAudit(c.Context(), d, g, dir, with, output, outPath, without)
+			return runPolicyAudit(c.Context(), d, g, dir, with, output, outPath, without, store)
 		},
 	}
 	fs := audit.Flags()
@@ -67,11 +68,12 @@ func newPolicyCommand(d deps, g *globals) *cobra.Command {
 	fs.StringArrayVar(&without, "without", nil, "what-if: remove the object KIND/NAMESPACE/NAME (repeatable), e.g. accesspolicy/bookinfo/reviews-from-productpage")
 	outputFlag(audit, &output, printer.Formats, "html")
 	fs.StringVar(&outPath, "out", "", "write the output to this file (mode 0600) instead of stdout")
+	store.registerRead(fs)
 	return groupCommand("policy", "Audit access policies", "Audit who can reach what through the AccessPolicies and VirtualMeshes in force.",
 		"  relaymesh policy audit --context mgmt", audit)
 }
 
-func runPolicyAudit(ctx context.Context, d deps, g *globals, dir, with, format, outPath string, without []string) error {
+func runPolicyAudit(ctx context.Context, d deps, g *globals, dir, with, format, outPath string, without []string, store snapshotStoreFlags) error {
 	namespace, stdout := g.namespace, d.stdout
 	switch format {
 	case "table", "wide", "json", "yaml", "html":
@@ -99,7 +101,7 @@ func runPolicyAudit(ctx context.Context, d deps, g *globals, dir, with, format, 
 			return err
 		}
 	}
-	in, err := loadView(ctx, dir, g, namespace)
+	in, err := loadView(ctx, d, dir, g, namespace, store)
 	if err != nil {
 		return err
 	}

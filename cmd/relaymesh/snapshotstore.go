@@ -40,6 +40,9 @@ type snapshotStoreFlags struct {
 	address, username          string
 	passwordFile, caFile, name string
 	allowPlaintext             bool
+	// reader: a command that reads the store (registerRead), which never
+	// creates the replicas' key.
+	reader bool
 }
 
 func (f *snapshotStoreFlags) register(fs *pflag.FlagSet) {
@@ -50,6 +53,35 @@ func (f *snapshotStoreFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.caFile, "redis-ca-file", "", "with --snapshot-store=redis: PEM of the CA(s) Redis's TLS certificate chains to (required unless --redis-allow-plaintext)")
 	fs.StringVar(&f.name, "redis-server-name", "", "with --snapshot-store=redis: the name Redis's certificate must carry (default: the host of --redis-address)")
 	fs.BoolVar(&f.allowPlaintext, "redis-allow-plaintext", false, "WEAKER: talk to Redis without TLS (and without a password if none is given): anyone on the path reads every snapshot")
+}
+
+// registerRead adds the flags with which a live view of the management
+// cluster (policy audit, describe) reads the Workloads of an installation
+// whose servers run with --snapshot-store=redis.
+func (f *snapshotStoreFlags) registerRead(fs *pflag.FlagSet) {
+	f.reader = true
+	const with = "for an installation with --snapshot-store=redis: "
+	fs.StringVar(&f.address, "redis-address", "", with+"host:port of its Redis, to read every cluster's Workloads from (records are verified with the replicas' key, read from Secret "+snapshotKeySecret+" of --namespace)")
+	fs.StringVar(&f.username, "redis-username", "", with+"Redis ACL user (empty: the default user)")
+	fs.StringVar(&f.passwordFile, "redis-password-file", "", with+"file holding the Redis password (required with --redis-address unless --redis-allow-plaintext)")
+	fs.StringVar(&f.caFile, "redis-ca-file", "", with+"PEM of the CA(s) Redis's TLS certificate chains to (required with --redis-address unless --redis-allow-plaintext)")
+	fs.StringVar(&f.name, "redis-server-name", "", with+"the name Redis's certificate must carry (default: the host of --redis-address)")
+	fs.BoolVar(&f.allowPlaintext, "redis-allow-plaintext", false, "WEAKER: read Redis without TLS (and without a password if none is given): anyone on the path reads every snapshot")
+}
+
+// validateRead checks the flags of registerRead: none without
+// --redis-address, and with it what the server itself needs.
+func (f snapshotStoreFlags) validateRead() []error {
+	if f.address == "" {
+		f.kind = snapshotStoreAPIServer
+	} else {
+		f.kind = snapshotStoreRedis
+	}
+	errs := f.validate()
+	for i, err := range errs {
+		errs[i] = errors.New(strings.ReplaceAll(err.Error(), "needs --snapshot-store=redis", "needs --redis-address"))
+	}
+	return errs
 }
 
 func (f snapshotStoreFlags) validate() []error {
@@ -108,12 +140,31 @@ func (f snapshotStoreFlags) config(ctx context.Context, kube *kubeclient.Clients
 	} else if f.allowPlaintext {
 		log.Warn("WEAKER: the snapshot store is reached without TLS (--redis-allow-plaintext)")
 	}
-	key, err := snapshotKey(ctx, kube, namespace)
+	read := snapshotKey
+	if f.reader {
+		read = readSnapshotKey
+	}
+	key, err := read(ctx, kube, namespace)
 	if err != nil {
 		return cfg, err
 	}
 	cfg.Key = key
 	return cfg, nil
+}
+
+// readSnapshotKey reads the replicas' record key; a reader never makes one.
+func readSnapshotKey(ctx context.Context, kube *kubeclient.Clients, namespace string) ([]byte, error) {
+	s, err := kube.Typed.CoreV1().Secrets(namespace).Get(ctx, snapshotKeySecret, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("secret %s/%s does not exist: the server replicas create it when they start with --snapshot-store=redis (is --namespace the servers' namespace?)", namespace, snapshotKeySecret)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("secret %s/%s (the replicas' record key): %w", namespace, snapshotKeySecret, err)
+	}
+	if key := s.Data["key"]; len(key) >= snapshots.MinKeyBytes {
+		return key, nil
+	}
+	return nil, fmt.Errorf("secret %s/%s: key holds %d bytes, at least %d are required", namespace, snapshotKeySecret, len(s.Data["key"]), snapshots.MinKeyBytes)
 }
 
 // snapshotKey reads the key the replicas authenticate their records with,
