@@ -83,7 +83,7 @@ func newAgentCommand(d deps, g *globals) *cobra.Command {
 	}
 	fs := c.Flags()
 	fs.StringVar(&f.cluster, "cluster", "", "this cluster's registered name (default: from "+agentConfigMap+")")
-	fs.StringVar(&f.serverAddr, "server-address", "", "relay server host:port, or the replicas' addresses comma-separated (the first session starts at a random one; a connection fails over to the next, and each new session starts at the next; then --server-name is required) (default: from "+agentConfigMap+")")
+	fs.StringVar(&f.serverAddr, "server-address", "", "relay server host:port, or the replicas' addresses comma-separated (each session dials one: the first a random one, and after a session ends or fails the next one; then --server-name is required) (default: from "+agentConfigMap+")")
 	fs.StringVar(&f.serverName, "server-name", "", "name the server certificate must carry (default: host of --server-address; required with several addresses)")
 	fs.StringVar(&f.healthListen, "health-listen", ":9988", "health address (/healthz, /readyz with JSON status)")
 	fs.StringVar(&f.metricsListen, "metrics-listen", ":9977", "metrics address (/metrics)")

@@ -229,7 +229,7 @@ func workloadsInRedis(ctx context.Context, client dynamic.Interface, namespace s
 // refuses: a view without them would leave out every source workload.
 func storeWorkloads(ctx context.Context, d deps, kube *kubeclient.Clients, namespace string, f snapshotStoreFlags) ([]discoveryv1alpha1.Workload, error) {
 	if f.address == "" {
-		return nil, fmt.Errorf("this installation keeps its Workloads in the server replicas' snapshot store (Redis), not as Workload objects (its KubernetesClusters' status.discovered.workloadsIn: redis): " +
+		return nil, errors.New("this installation keeps its Workloads in the server replicas' snapshot store (Redis), not as Workload objects (its KubernetesClusters' status.discovered.workloadsIn: redis): " +
 			"a view read from the apiserver alone would leave out every source workload; give --redis-address with --redis-password-file and --redis-ca-file (as the servers have them), " +
 			"use the dashboard's Access page (relaymesh dashboard), or -f with exported objects")
 	}

@@ -78,17 +78,6 @@ var schemes atomic.Int64
 // several). With several addresses the list is shuffled per connection and
 // tried in turn (gRPC pick_first).
 func Dial(addresses []string, tlsCfg *tls.Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-	return dial(addresses, tlsCfg, true, opts)
-}
-
-// DialInOrder is Dial without the shuffle: the addresses are tried in the
-// order given (the agent's session starts at a chosen replica and moves to
-// the next after a failed session).
-func DialInOrder(addresses []string, tlsCfg *tls.Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-	return dial(addresses, tlsCfg, false, opts)
-}
-
-func dial(addresses []string, tlsCfg *tls.Config, shuffle bool, opts []grpc.DialOption) (*grpc.ClientConn, error) {
 	if len(addresses) == 0 {
 		return nil, errors.New("no server address")
 	}
@@ -112,6 +101,6 @@ func dial(addresses []string, tlsCfg *tls.Config, shuffle bool, opts []grpc.Dial
 	}
 	r.InitialState(state)
 	opts = append(opts, grpc.WithResolvers(r),
-		grpc.WithDefaultServiceConfig(fmt.Sprintf(`{"loadBalancingConfig":[{"pick_first":{"shuffleAddressList":%t}}]}`, shuffle)))
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"pick_first":{"shuffleAddressList":true}}]}`))
 	return grpc.NewClient(r.Scheme()+":///relay", opts...)
 }
