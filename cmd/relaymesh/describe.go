@@ -183,6 +183,9 @@ func listInput(ctx context.Context, d deps, kube *kubeclient.Clients, namespace 
 	if inRedis != "" {
 		in.Workloads, err = storeWorkloads(ctx, d, kube, namespace, store)
 	} else {
+		if store.address != "" {
+			fmt.Fprintf(d.stderr, "note: --redis-address is not used: no KubernetesCluster in %s keeps its Workloads in Redis; they are read from the apiserver\n", namespace)
+		}
 		in.Workloads, err = listAs[discoveryv1alpha1.Workload](ctx, client, r.workloads, namespace)
 	}
 	if err != nil {

@@ -109,6 +109,23 @@ func TestLiveViewFromRedis(t *testing.T) {
 	put(key)
 	runOK(append([]string{"policy", "audit"}, redisFlags...)...)
 
+	// An installation whose clusters keep their Workloads in the
+	// apiserver: the Redis flags are not used, and the output says so.
+	created, err = clusters.Get(ctx, "east", metav1.GetOptions{})
+	require.NoError(t, err)
+	created.Object["status"] = map[string]any{"discovered": map[string]any{"meshes": 1, "workloads": 1, "destinations": 0, "serviceAccounts": 1, "workloadsIn": "apiserver"}}
+	_, err = clusters.UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	var out2, errOut2 bytes.Buffer
+	require.Equal(t, 0, run(ctx, append([]string{"policy", "audit", "-o", "json"}, redisFlags...), &out2, &errOut2), errOut2.String())
+	assert.Contains(t, errOut2.String(), "--redis-address is not used")
+	assert.NotContains(t, out2.String(), "productpage", "Workloads from the apiserver, where there are none")
+	created, err = clusters.Get(ctx, "east", metav1.GetOptions{})
+	require.NoError(t, err)
+	created.Object["status"] = map[string]any{"discovered": map[string]any{"meshes": 1, "workloads": 1, "destinations": 0, "serviceAccounts": 1, "workloadsIn": "redis"}}
+	_, err = clusters.UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
 	// No key: the reader does not make one.
 	require.NoError(t, cs.CoreV1().Secrets("relaymesh").Delete(ctx, snapshotKeySecret, metav1.DeleteOptions{}))
 	assert.Contains(t, runFails(append([]string{"policy", "audit"}, redisFlags...)...), "the server replicas create it")
