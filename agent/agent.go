@@ -36,8 +36,8 @@ import (
 // SessionConfig configures an agent's session with the server.
 type SessionConfig struct {
 	// ServerAddress is host:port of the relay server, or a comma-separated
-	// list of its replicas' (each session starts at a random one; the TLS
-	// configuration must then name the server).
+	// list of its replicas' (each session dials one, see FirstReplica; the
+	// TLS configuration must then name the server).
 	ServerAddress string
 	// TLS returns the mTLS client config (pinned roots, newest certificate).
 	TLS func() (*tls.Config, error)

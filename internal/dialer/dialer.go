@@ -2,7 +2,9 @@
 // several (the replicas of a highly available management plane): with
 // several, each connection starts at a random replica and moves to the next
 // when one refuses or times out, so agents spread across replicas and fail
-// over without a load balancer in front of them.
+// over without a load balancer in front of them. The agent's credential
+// calls use the list; its session dials one replica at a time
+// (agent.Session).
 package dialer
 
 import (
