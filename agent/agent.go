@@ -254,6 +254,9 @@ func (s *Session) once(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: s.cfg.Version, AgentTimeUnixNano: s.now().UnixNano()}}}); err != nil {
+		if errors.Is(err, io.EOF) {
+			_, err = stream.Recv() // the server ended the stream; its status says why
+		}
 		return "", err
 	}
 	first, err := stream.Recv()
@@ -302,6 +305,14 @@ func (s *Session) once(ctx context.Context) (string, error) {
 		case <-tick.C:
 			nonce++
 			if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Ping{Ping: &relaypb.Ping{Nonce: nonce}}}); err != nil {
+				if errors.Is(err, io.EOF) {
+					// The server ended the stream: the receiving side
+					// reports its status.
+					select {
+					case err = <-errc:
+					case <-ctx.Done():
+					}
+				}
 				return server, err
 			}
 		}

@@ -161,8 +161,10 @@ func TestReplicasServeTheLeadersVersions(t *testing.T) {
 	require.Eventually(t, func() bool { h, _ := b.store.Head("c1"); return h.Version > v1 }, 5*time.Second, 10*time.Millisecond)
 	assert.Nil(t, b.out.Get("c1"), "a replica behind the leader serves nothing new")
 	b.out.Set("c1", manifest("two"))
-	v2 := a.out.Get("c1").GetVersion()
-	require.Greater(t, v2, v1)
+	// The leader serves the new set once its own watch has shown it the
+	// head it wrote (the other replica's watch may be first).
+	var v2 uint64
+	require.Eventually(t, func() bool { v2 = a.out.Get("c1").GetVersion(); return v2 > v1 }, 5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, v2, b.out.Get("c1").GetVersion())
 
 	// b takes over: its own counter is ahead, but the first thing it does is
