@@ -273,11 +273,16 @@ func (s *SharedSnapshots) Synced() {
 }
 
 // Lost implements snapshots.Handler.
-func (s *SharedSnapshots) Lost(error) {
+func (s *SharedSnapshots) Lost(err error) {
 	s.lost.Store(true)
 	now := time.Now()
 	s.lostAt.CompareAndSwap(nil, &now)
-	s.failedAt.Store(&now)
+	if !snapshots.StoreAnswered(err) {
+		// Only a failure to reach the store is evidence of a cut: one the
+		// store answered (closed, reset, an error reply) is the store
+		// failing, as when it restarts while others already reconnected.
+		s.failedAt.Store(&now)
+	}
 }
 
 // Reachable reports whether this replica is subscribed to the store, and

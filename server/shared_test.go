@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"sort"
 	"sync"
@@ -177,7 +179,16 @@ func TestGuardTellsACutFromAStoreThatIsDown(t *testing.T) {
 	redis, err := localcluster.StartRedis(t.Context(), localcluster.RedisConfig{Dir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = redis.Stop() })
-	r := startReplica(t, redis, "a", &registrations{names: map[string]bool{}})
+	// Not running: only the test reports the store lost or back, so no
+	// resubscription of a loaded machine's watch interleaves.
+	store, err := snapshots.New(snapshots.Config{Address: redis.Address(), Password: redis.Password(), TLS: redis.TLS(), Key: bytes.Repeat([]byte{1}, 32), Timeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	view := server.NewView()
+	shared, err := server.NewSharedSnapshots(server.SharedConfig{Store: store, View: view, Namespace: "relaymesh", Replica: "a",
+		Owns: view.Has, Registered: (&registrations{names: map[string]bool{}}).has, Resync: time.Second, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	r := &replica{view: view, shared: shared}
 
 	var reached atomic.Pointer[time.Time]
 	var asked atomic.Int64
@@ -202,10 +213,19 @@ func TestGuardTellsACutFromAStoreThatIsDown(t *testing.T) {
 		t.Fatalf("no other replica reaches the store (it is down), yet cut=%v", c)
 	case <-time.After(3 * grace):
 	}
-	// Another replica reaches it; this one fails again afterwards.
+	// Another replica reaches it (the store came back); this one's next
+	// attempt is closed by the store as it starts: the store failing, not
+	// a cut.
 	now := time.Now()
 	reached.Store(&now)
 	time.Sleep(10 * time.Millisecond)
+	r.shared.Lost(fmt.Errorf("snapshot store x: %w", io.EOF))
+	select {
+	case c := <-cuts:
+		t.Fatalf("the store closed the connection (it answered), yet cut=%v", c)
+	case <-time.After(3 * grace):
+	}
+	// It fails again to reach it at all, while the other does.
 	r.shared.Lost(errors.New("test: still unreachable"))
 	select {
 	case c := <-cuts:

@@ -31,8 +31,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -361,6 +363,17 @@ func (s *Store) wrap(err error) error {
 		return fmt.Errorf("snapshot store %s refused the credentials (username, password)", s.cfg.Address)
 	}
 	return fmt.Errorf("snapshot store %s: %w", s.cfg.Address, err)
+}
+
+// StoreAnswered tells whether err came from the store itself: the
+// connection was made and then closed or reset (a store that is stopping or
+// starting), or Redis answered with an error. Such a failure says the store
+// is failing, not that the network between this replica and the store is
+// cut: a replica cut off from it gets timeouts, or refusals from whatever
+// rejects its packets.
+func StoreAnswered(err error) bool {
+	var re redis.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.As(err, &re)
 }
 
 // checkCluster refuses a name that could not be a registered cluster's
