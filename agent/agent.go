@@ -63,8 +63,9 @@ type SessionConfig struct {
 	Logger    *slog.Logger
 	// Clock is the agent's clock, whose time Hello reports; default time.Now.
 	Clock func() time.Time
-	// Dialer opens the TCP connection to one address; default a plain
-	// net.Dialer (the in-process fleet agents choose their source address).
+	// Dialer, if set, opens the TCP connection to one address (the
+	// in-process fleet agents choose their source address); nil leaves it
+	// to gRPC, whose own dialer honours HTTPS_PROXY (a custom one does not).
 	Dialer func(ctx context.Context, address string) (net.Conn, error)
 	// FirstReplica is the index of the address the first session tries,
 	// given how many there are; default random, so agents spread over the
@@ -90,8 +91,8 @@ type SessionHooks struct {
 	// PushAnswered: the server answered a snapshot.
 	PushAnswered func(ack *relaypb.PushAck)
 	// Received: an output set arrived, before the session decides to
-	// apply it; applied is the version applied before it.
-	Received func(set *relaypb.OutputSet, applied uint64)
+	// apply it (one older than the version applied is not).
+	Received func(set *relaypb.OutputSet)
 	// Acked: the session acknowledged version with results.
 	Acked func(version uint64, results []*relaypb.ObjectResult)
 }
@@ -163,10 +164,6 @@ func NewSession(cfg SessionConfig) (*Session, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Dialer == nil {
-		var d net.Dialer
-		cfg.Dialer = func(ctx context.Context, address string) (net.Conn, error) { return d.DialContext(ctx, "tcp", address) }
 	}
 	next := 0
 	if cfg.FirstReplica != nil {
@@ -242,7 +239,11 @@ func (s *Session) once(ctx context.Context) (string, error) {
 	// skewing where agents land. A replica that refuses or stays silent
 	// (3 s) fails the session, and the next starts at the next replica.
 	server := s.addrs[s.next]
-	conn, err := dialer.Dial([]string{server}, tlsCfg, grpc.WithContextDialer(s.cfg.Dialer))
+	var opts []grpc.DialOption
+	if s.cfg.Dialer != nil {
+		opts = append(opts, grpc.WithContextDialer(s.cfg.Dialer))
+	}
+	conn, err := dialer.Dial([]string{server}, tlsCfg, opts...)
 	if err != nil {
 		return "", err
 	}
@@ -691,7 +692,7 @@ func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient, conn grpc
 			return fmt.Errorf("pull stream: %w", err)
 		case set := <-sets:
 			if h := s.cfg.Hooks.Received; h != nil {
-				h(set, applied)
+				h(set)
 			}
 			if set.GetVersion() < applied {
 				s.log.Info("output set older than the one applied; waiting for a newer one", "version", set.GetVersion(), "applied", applied)

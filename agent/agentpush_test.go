@@ -285,3 +285,13 @@ func TestPushAgainstEarlierServer(t *testing.T) {
 	cancel()
 	assert.ErrorIs(t, <-done, context.Canceled)
 }
+
+// Without a Dialer the session leaves dialling to gRPC, whose own dialer
+// honours HTTPS_PROXY; a custom one (even a plain net.Dialer) would
+// silently bypass an agent's egress proxy.
+func TestSessionLeavesDiallingToGRPC(t *testing.T) {
+	s, err := NewSession(SessionConfig{ServerAddress: "relay.example:9900", TLS: func() (*tls.Config, error) { return &tls.Config{}, nil }})
+	require.NoError(t, err)
+	assert.Nil(t, s.cfg.Dialer)
+	assert.Zero(t, s.next, "one address: it is the first")
+}

@@ -107,7 +107,7 @@ func TestSessionMovesToTheNextReplica(t *testing.T) {
 							ev.add("ended " + a + " " + status.Code(err).String())
 						}
 					},
-					Received: func(set *relaypb.OutputSet, _ uint64) {
+					Received: func(set *relaypb.OutputSet) {
 						ev.mu.Lock()
 						ev.received = append(ev.received, set.GetVersion())
 						ev.mu.Unlock()

@@ -151,14 +151,14 @@ func runDescribe(ctx context.Context, d deps, g *globals, dir, format string, st
 // Workloads come from Redis when the installation keeps them there and
 // store names it (--redis-address).
 func loadView(ctx context.Context, d deps, dir string, g *globals, namespace string, store snapshotStoreFlags) (*translation.Input, error) {
-	if dir != "" {
-		if store.address != "" {
-			return nil, usagef("-f reads the view from files; --redis-address reads a live installation's: give one of them")
-		}
-		return loadInputDir(dir)
+	if dir != "" && store.address != "" {
+		return nil, usagef("-f reads the view from files; --redis-address reads a live installation's: give one of them")
 	}
-	if err := errors.Join(store.validateRead()...); err != nil {
+	if err := errors.Join(store.validate()...); err != nil {
 		return nil, usageError{err}
+	}
+	if dir != "" {
+		return loadInputDir(dir)
 	}
 	kube, err := g.clients()
 	if err != nil {
@@ -172,16 +172,14 @@ func loadView(ctx context.Context, d deps, dir string, g *globals, namespace str
 func listInput(ctx context.Context, d deps, kube *kubeclient.Clients, namespace string, store snapshotStoreFlags) (*translation.Input, error) {
 	r := describeResources
 	client := kube.Dynamic
-	inRedis, err := workloadsInRedis(ctx, client, namespace)
-	if err != nil {
-		return nil, err
-	}
+	clusters, inRedis := registeredClusters(ctx, client, namespace)
 	in := &translation.Input{}
+	var err error
 	if in.Meshes, err = listAs[discoveryv1alpha1.Mesh](ctx, client, r.meshes, namespace); err != nil {
 		return nil, err
 	}
-	if inRedis != "" {
-		in.Workloads, err = storeWorkloads(ctx, d, kube, namespace, store)
+	if inRedis {
+		in.Workloads, err = storeWorkloads(ctx, d, kube, namespace, store, clusters)
 	} else {
 		if store.address != "" {
 			fmt.Fprintf(d.stderr, "note: --redis-address is not used: no KubernetesCluster in %s keeps its Workloads in Redis; they are read from the apiserver\n", namespace)
@@ -209,28 +207,30 @@ func listInput(ctx context.Context, d deps, kube *kubeclient.Clients, namespace 
 	return in, nil
 }
 
-// workloadsInRedis names a cluster whose status.discovered.workloadsIn says
-// the installation keeps its Workloads in the server replicas' snapshot
-// store (--snapshot-store=redis), or "" if none does. What cannot be read
-// (no permission to list the clusters) counts as none.
-func workloadsInRedis(ctx context.Context, client dynamic.Interface, namespace string) (string, error) {
+// registeredClusters lists the registered clusters of namespace, and
+// whether any one's status.discovered.workloadsIn says the installation
+// keeps its Workloads in the server replicas' snapshot store
+// (--snapshot-store=redis). What cannot be read (no permission to list the
+// clusters) counts as none.
+func registeredClusters(ctx context.Context, client dynamic.Interface, namespace string) (names []string, inRedis bool) {
 	list, err := client.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace(namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return "", nil
+		return nil, false
 	}
 	for _, item := range list.Items {
+		names = append(names, item.GetName())
 		if in, _, _ := unstructured.NestedString(item.Object, "status", "discovered", "workloadsIn"); in == multiclusterv1alpha1.WorkloadsInRedis {
-			return item.GetName(), nil
+			inRedis = true
 		}
 	}
-	return "", nil
+	return names, inRedis
 }
 
-// storeWorkloads reads every registered cluster's Workloads from the
-// replicas' snapshot store, each record verified with the replicas' key,
-// as the servers' translation sees them. Without --redis-address it
-// refuses: a view without them would leave out every source workload.
-func storeWorkloads(ctx context.Context, d deps, kube *kubeclient.Clients, namespace string, f snapshotStoreFlags) ([]discoveryv1alpha1.Workload, error) {
+// storeWorkloads reads the Workloads of clusters from the replicas'
+// snapshot store, each record verified with the replicas' key, as the
+// servers' translation sees them. Without --redis-address it refuses: a
+// view without them would leave out every source workload.
+func storeWorkloads(ctx context.Context, d deps, kube *kubeclient.Clients, namespace string, f snapshotStoreFlags, clusters []string) ([]discoveryv1alpha1.Workload, error) {
 	if f.address == "" {
 		return nil, errors.New("this installation keeps its Workloads in the server replicas' snapshot store (Redis), not as Workload objects (its KubernetesClusters' status.discovered.workloadsIn: redis): " +
 			"a view read from the apiserver alone would leave out every source workload; give --redis-address with --redis-password-file and --redis-ca-file (as the servers have them), " +
@@ -245,23 +245,19 @@ func storeWorkloads(ctx context.Context, d deps, kube *kubeclient.Clients, names
 		return nil, err
 	}
 	defer store.Close()
-	clusters, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, kube.Dynamic, multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters"), namespace)
-	if err != nil {
-		return nil, err
-	}
 	var out []discoveryv1alpha1.Workload
 	for _, c := range clusters {
-		rec, _, err := store.Get(ctx, c.Name)
+		rec, _, err := store.Get(ctx, c)
 		if errors.Is(err, snapshots.ErrNotFound) {
 			continue // no snapshot yet: nothing discovered
 		}
 		if err != nil {
-			return nil, fmt.Errorf("the Workloads of cluster %s in Redis: %w", c.Name, err)
+			return nil, fmt.Errorf("the Workloads of cluster %s in Redis: %w", c, err)
 		}
 		for _, w := range rec.Snapshot.GetWorkloads() {
-			wl, err := server.SharedWorkload(c.Name, namespace, w)
+			wl, err := server.SharedWorkload(c, namespace, w)
 			if err != nil {
-				return nil, fmt.Errorf("the Workloads of cluster %s in Redis: %w", c.Name, err)
+				return nil, fmt.Errorf("the Workloads of cluster %s in Redis: %w", c, err)
 			}
 			out = append(out, wl)
 		}

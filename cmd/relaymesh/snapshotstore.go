@@ -69,32 +69,27 @@ func (f *snapshotStoreFlags) registerRead(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.allowPlaintext, "redis-allow-plaintext", false, "WEAKER: read Redis without TLS (and without a password if none is given): anyone on the path reads every snapshot")
 }
 
-// validateRead checks the flags of registerRead: none without
-// --redis-address, and with it what the server itself needs.
-func (f snapshotStoreFlags) validateRead() []error {
-	if f.address == "" {
-		f.kind = snapshotStoreAPIServer
-	} else {
-		f.kind = snapshotStoreRedis
-	}
-	errs := f.validate()
-	for i, err := range errs {
-		errs[i] = errors.New(strings.ReplaceAll(err.Error(), "needs --snapshot-store=redis", "needs --redis-address"))
-	}
-	return errs
-}
-
+// validate checks the flags of register, or of registerRead, where
+// --redis-address alone selects Redis: no Redis flag without Redis, and
+// with Redis TLS and a password unless plaintext is the named opt-in.
 func (f snapshotStoreFlags) validate() []error {
+	selector := "--snapshot-store=redis"
+	if f.reader {
+		selector, f.kind = "--redis-address", snapshotStoreAPIServer
+		if f.address != "" {
+			f.kind = snapshotStoreRedis
+		}
+	}
 	var errs []error
 	switch f.kind {
 	case snapshotStoreAPIServer, "":
 		for name, v := range map[string]string{"--redis-address": f.address, "--redis-username": f.username, "--redis-password-file": f.passwordFile, "--redis-ca-file": f.caFile, "--redis-server-name": f.name} {
 			if v != "" {
-				errs = append(errs, fmt.Errorf("%s needs --snapshot-store=redis", name))
+				errs = append(errs, fmt.Errorf("%s needs %s", name, selector))
 			}
 		}
 		if f.allowPlaintext {
-			errs = append(errs, errors.New("--redis-allow-plaintext needs --snapshot-store=redis"))
+			errs = append(errs, fmt.Errorf("--redis-allow-plaintext needs %s", selector))
 		}
 	case snapshotStoreRedis:
 		if f.address == "" {
@@ -102,10 +97,10 @@ func (f snapshotStoreFlags) validate() []error {
 		}
 		if !f.allowPlaintext {
 			if f.caFile == "" {
-				errs = append(errs, errors.New("--snapshot-store=redis needs --redis-ca-file (Redis with TLS) or, WEAKER, --redis-allow-plaintext"))
+				errs = append(errs, fmt.Errorf("%s needs --redis-ca-file (Redis with TLS) or, WEAKER, --redis-allow-plaintext", selector))
 			}
 			if f.passwordFile == "" {
-				errs = append(errs, errors.New("--snapshot-store=redis needs --redis-password-file or, WEAKER, --redis-allow-plaintext"))
+				errs = append(errs, fmt.Errorf("%s needs --redis-password-file or, WEAKER, --redis-allow-plaintext", selector))
 			}
 		}
 	default:
@@ -140,11 +135,7 @@ func (f snapshotStoreFlags) config(ctx context.Context, kube *kubeclient.Clients
 	} else if f.allowPlaintext {
 		log.Warn("WEAKER: the snapshot store is reached without TLS (--redis-allow-plaintext)")
 	}
-	read := snapshotKey
-	if f.reader {
-		read = readSnapshotKey
-	}
-	key, err := read(ctx, kube, namespace)
+	key, err := snapshotKey(ctx, kube, namespace, !f.reader)
 	if err != nil {
 		return cfg, err
 	}
@@ -152,25 +143,11 @@ func (f snapshotStoreFlags) config(ctx context.Context, kube *kubeclient.Clients
 	return cfg, nil
 }
 
-// readSnapshotKey reads the replicas' record key; a reader never makes one.
-func readSnapshotKey(ctx context.Context, kube *kubeclient.Clients, namespace string) ([]byte, error) {
-	s, err := kube.Typed.CoreV1().Secrets(namespace).Get(ctx, snapshotKeySecret, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("secret %s/%s does not exist: the server replicas create it when they start with --snapshot-store=redis (is --namespace the servers' namespace?)", namespace, snapshotKeySecret)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("secret %s/%s (the replicas' record key): %w", namespace, snapshotKeySecret, err)
-	}
-	if key := s.Data["key"]; len(key) >= snapshots.MinKeyBytes {
-		return key, nil
-	}
-	return nil, fmt.Errorf("secret %s/%s: key holds %d bytes, at least %d are required", namespace, snapshotKeySecret, len(s.Data["key"]), snapshots.MinKeyBytes)
-}
-
-// snapshotKey reads the key the replicas authenticate their records with,
-// creating it if no replica did yet (replicas starting together race on
-// the create; the apiserver lets one win and the others read its key).
-func snapshotKey(ctx context.Context, kube *kubeclient.Clients, namespace string) ([]byte, error) {
+// snapshotKey reads the key the replicas authenticate their records with;
+// with create (a replica) it makes it if no replica did yet (replicas
+// starting together race on the create; the apiserver lets one win and the
+// others read its key). A reader (the CLI) never makes one.
+func snapshotKey(ctx context.Context, kube *kubeclient.Clients, namespace string, create bool) ([]byte, error) {
 	secrets := kube.Typed.CoreV1().Secrets(namespace)
 	for range 3 {
 		s, err := secrets.Get(ctx, snapshotKeySecret, metav1.GetOptions{})
@@ -183,6 +160,9 @@ func snapshotKey(ctx context.Context, kube *kubeclient.Clients, namespace string
 		}
 		if !apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("secret %s/%s: %w", namespace, snapshotKeySecret, err)
+		}
+		if !create {
+			return nil, fmt.Errorf("secret %s/%s does not exist: the server replicas create it when they start with --snapshot-store=redis (is --namespace the servers' namespace?)", namespace, snapshotKeySecret)
 		}
 		key := make([]byte, 32)
 		if _, err := rand.Read(key); err != nil {

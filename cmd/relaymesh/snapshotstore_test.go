@@ -31,6 +31,9 @@ func TestSnapshotStoreFlags(t *testing.T) {
 		{"redis plaintext opt-in", snapshotStoreFlags{kind: "redis", address: "redis:6379", allowPlaintext: true}, nil},
 		{"redis bare", snapshotStoreFlags{kind: "redis"}, []string{"needs --redis-address", "needs --redis-ca-file", "needs --redis-password-file"}},
 		{"unknown store", snapshotStoreFlags{kind: "etcd2"}, []string{`--snapshot-store "etcd2": use apiserver or redis`}},
+		{"a reader: nothing", snapshotStoreFlags{reader: true}, nil},
+		{"a reader: --redis-address selects Redis", snapshotStoreFlags{reader: true, address: "x:1"}, []string{"--redis-address needs --redis-ca-file", "--redis-address needs --redis-password-file"}},
+		{"a reader: Redis flags without an address", snapshotStoreFlags{reader: true, passwordFile: "pw", allowPlaintext: true}, []string{"--redis-password-file needs --redis-address", "--redis-allow-plaintext needs --redis-address"}},
 		{"redis flags without redis", snapshotStoreFlags{kind: "apiserver", address: "x:1", caFile: "c", allowPlaintext: true},
 			[]string{"--redis-address needs --snapshot-store=redis", "--redis-ca-file needs", "--redis-allow-plaintext needs"}},
 	} {
@@ -59,9 +62,9 @@ func TestSnapshotStoreConfig(t *testing.T) {
 	require.NoError(t, err)
 	kube := &kubeclient.Clients{Typed: cs, Dynamic: dyn, Config: mgmt.RESTConfig()}
 	ctx := context.Background()
-	a, err := snapshotKey(ctx, kube, "relaymesh")
+	a, err := snapshotKey(ctx, kube, "relaymesh", true)
 	require.NoError(t, err)
-	b, err := snapshotKey(ctx, kube, "relaymesh")
+	b, err := snapshotKey(ctx, kube, "relaymesh", true)
 	require.NoError(t, err)
 	assert.Len(t, a, 32)
 	assert.Equal(t, a, b, "every replica reads the one key")
@@ -71,7 +74,7 @@ func TestSnapshotStoreConfig(t *testing.T) {
 	sec.Data["key"] = []byte("short")
 	_, err = cs.CoreV1().Secrets("relaymesh").Update(ctx, sec, metav1.UpdateOptions{})
 	require.NoError(t, err)
-	_, err = snapshotKey(ctx, kube, "relaymesh")
+	_, err = snapshotKey(ctx, kube, "relaymesh", true)
 	require.ErrorContains(t, err, "at least 32 are required")
 	assert.NotContains(t, err.Error(), "short")
 

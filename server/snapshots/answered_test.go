@@ -40,7 +40,12 @@ func TestStoreAnswered(t *testing.T) {
 			_ = c.Close()
 		}
 	}()
-	eof := redis.NewClient(&redis.Options{Addr: closing.Addr().String(), MaxRetries: -1, DialTimeout: time.Second}).Ping(ctx).Err()
+	ping := func(addr string, timeout time.Duration) error {
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: timeout, ReadTimeout: timeout})
+		defer c.Close()
+		return c.Ping(ctx).Err()
+	}
+	eof := ping(closing.Addr().String(), time.Second)
 	require.Error(t, eof)
 	assert.True(t, snapshots.StoreAnswered(eof), "closed by the peer: %v", eof)
 
@@ -49,14 +54,14 @@ func TestStoreAnswered(t *testing.T) {
 	require.NoError(t, err)
 	addr := gone.Addr().String()
 	require.NoError(t, gone.Close())
-	refused := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second}).Ping(ctx).Err()
+	refused := ping(addr, time.Second)
 	require.Error(t, refused)
 	assert.False(t, snapshots.StoreAnswered(refused), "refused: %v", refused)
 
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer silent.Close()
-	timeout := redis.NewClient(&redis.Options{Addr: silent.Addr().String(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond}).Ping(ctx).Err()
+	timeout := ping(silent.Addr().String(), 200*time.Millisecond)
 	require.Error(t, timeout)
 	assert.False(t, snapshots.StoreAnswered(timeout), "silent: %v", timeout)
 	assert.False(t, snapshots.StoreAnswered(errors.New("test: connection lost")))

@@ -385,7 +385,6 @@ func (a *Agent) run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var refused error
 	cfg := agent.SessionConfig{
 		ServerAddress: strings.Join(a.cfg.Servers, ","), Version: a.cfg.Version,
 		PingInterval: a.cfg.PingInterval, Retry: a.cfg.SessionRetry,
@@ -397,7 +396,7 @@ func (a *Agent) run(ctx context.Context) error {
 			// The real agent drops the certificate and needs a new token;
 			// its used one is gone. It stops talking to the server.
 			a.mu.Lock()
-			a.state.Refused, refused = err, err
+			a.state.Refused = err
 			a.cert = nil
 			a.mu.Unlock()
 			cancel()
@@ -417,8 +416,8 @@ func (a *Agent) run(ctx context.Context) error {
 	err = sess.Run(ctx)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if refused != nil {
-		return refused
+	if a.state.Refused != nil {
+		return a.state.Refused
 	}
 	return err
 }
@@ -494,7 +493,7 @@ func (a *Agent) pushAnswered(ack *relaypb.PushAck) {
 // received records an output set on arrival, counting one older than the
 // version acknowledged before (the session does not apply it, but the
 // server must never send it).
-func (a *Agent) received(set *relaypb.OutputSet, _ uint64) {
+func (a *Agent) received(set *relaypb.OutputSet) {
 	at := time.Now()
 	a.mu.Lock()
 	o := Output{Version: set.GetVersion(), At: at, Server: a.state.Server, Objects: len(set.GetObjects()),
