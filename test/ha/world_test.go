@@ -145,6 +145,19 @@ func (l *outputLog) firstEnd(a *fleet.Agent, t time.Time) (event, bool) {
 	return l.firstAfter(l.ended, a, t)
 }
 
+// lastOpened is the replica a's last session before t was opened on.
+func (l *outputLog) lastOpened(a *fleet.Agent, t time.Time) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	server := ""
+	for _, e := range l.sessions[a] {
+		if e.at.Before(t) {
+			server = e.server
+		}
+	}
+	return server
+}
+
 func (l *outputLog) firstAfter(events map[*fleet.Agent][]event, a *fleet.Agent, t time.Time) (event, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
