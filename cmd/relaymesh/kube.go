@@ -1,19 +1,25 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"log/slog"
 	"strings"
+
+	"github.com/relaymesh/relaymesh/internal/logging"
+	"github.com/relaymesh/relaymesh/internal/text"
 )
 
-// newLogger returns a JSON logger at level ("debug", "info", "warn", "error").
+// newLogger returns the JSON logger of a long-running process at level
+// ("debug", "info", "warn", "error") and routes klog (client-go) through it;
+// a bad level is a usage error.
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	l, err := logging.ParseLevel(level)
+	if err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", text.Truncate(level, 40))
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+	log := logging.New(w, l)
+	logging.RouteKlog(log)
+	return log, nil
 }
 
 // splitList splits a comma-separated flag value, dropping empty items.
