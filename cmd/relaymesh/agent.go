@@ -27,6 +27,8 @@ import (
 	"github.com/relaymesh/relaymesh/agent"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/internal/logging"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -72,7 +74,10 @@ func newAgentCommand(d deps, g *globals) *cobra.Command {
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if f.leaderElect && !(f.retryPeriod > 0 && f.retryPeriod < f.renewDeadline && f.renewDeadline < f.leaseDuration) {
-				return errors.New("leader election needs 0 < --leader-retry-period < --leader-renew-deadline < --leader-lease-duration")
+				return usagef("leader election needs 0 < --leader-retry-period < --leader-renew-deadline < --leader-lease-duration")
+			}
+			if _, err := logging.ParseLevel(f.logLevel); err != nil {
+				return usagef("--log-level %q: want debug, info, warn or error", text.Truncate(f.logLevel, 40))
 			}
 			kube, err := g.clients()
 			if err != nil {
@@ -122,7 +127,7 @@ func runAgent(ctx context.Context, f agentFlags, namespace string, kube *kubecli
 		}
 	}
 	if cluster == "" || serverAddr == "" {
-		return errors.New("--cluster and --server-address are required (or register the cluster first: relaymesh cluster register)")
+		return usagef("--cluster and --server-address are required (or register the cluster first: relaymesh cluster register)")
 	}
 	log = log.With("cluster", cluster)
 	secrets, err := identity.NewKubeAgentSecrets(kube.Typed, namespace)

@@ -75,7 +75,11 @@ func newCheckCommand(d deps, g *globals) *cobra.Command {
 			}
 			cfg, err := checkConfig(c.Context(), g, &f)
 			if err != nil {
-				return err
+				if isUsage(err) {
+					return err
+				}
+				// Nothing can be checked: as bad as the worst finding.
+				return codedError{int(check.Error), err}
 			}
 			report, _ := check.Run(c.Context(), cfg, d.now())
 			if err := printer.Print(d.stdout, format, report); err != nil {

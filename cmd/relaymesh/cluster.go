@@ -12,6 +12,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
 	"github.com/relaymesh/relaymesh/internal/registration"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
@@ -115,7 +116,7 @@ func newClusterRegisterCommand(d deps, g *globals) *cobra.Command {
 
 func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name string) error {
 	if err := identity.ValidateClusterName(name); err != nil {
-		return err
+		return usageError{err}
 	}
 	format, err := printer.Parse(f.output, []printer.Format{printer.YAML, printer.JSON})
 	if err != nil {
@@ -125,14 +126,14 @@ func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name
 	switch f.mode {
 	case "relay":
 		if err := req.Validate(); err != nil {
-			return err
+			return usageError{err}
 		}
 	case "kubeconfig":
 		if f.dryRun || f.chart.Ref != "" {
 			return usagef("--mode kubeconfig registers no agent: --dry-run and --chart do not apply")
 		}
 	default:
-		return fmt.Errorf("--mode %q: want relay or kubeconfig", f.mode)
+		return usagef("--mode %q: want relay or kubeconfig", text.Truncate(f.mode, 40))
 	}
 	var remoteSrc kubeclient.Source
 	if !f.dryRun {
@@ -140,7 +141,7 @@ func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name
 		if remoteSrc, ok, err = f.clusters.remote(g, name); err != nil {
 			return err
 		} else if !ok {
-			return fmt.Errorf("no workload cluster: give --remote-context (a context of your kubeconfig; default: a context named %s) or --remote-kubeconfig", name)
+			return usagef("no workload cluster: give --remote-context (a context of your kubeconfig; default: a context named %s) or --remote-kubeconfig", name)
 		}
 	}
 	// The chart and its values are checked before anything is written.
@@ -300,11 +301,12 @@ func newClusterDeregisterCommand(d deps, g *globals) *cobra.Command {
 
   # Deregister only (the workload cluster is gone or unreachable)
   relaymesh cluster deregister cluster-1 --mgmt-context mgmt`,
-		Args: exactArgs(1, "exactly one cluster NAME"),
+		Args:              exactArgs(1, "exactly one cluster NAME"),
+		ValidArgsFunction: completeFrom(func() (kubeclient.Source, error) { return tc.mgmt(g) }, g, false, clusterNames),
 		RunE: func(c *cobra.Command, args []string) error {
 			name := args[0]
 			if err := identity.ValidateClusterName(name); err != nil {
-				return err
+				return usageError{err}
 			}
 			mgmtSrc, err := tc.mgmt(g)
 			if err != nil {

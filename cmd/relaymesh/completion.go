@@ -57,7 +57,15 @@ context. Commands that work on the management cluster and a workload cluster at 
 take ` + "`--mgmt-context`" + ` and ` + "`--remote-context`" + `, so one merged kubeconfig with a context per
 cluster serves them all. Commands that print objects take ` + "`-o table|wide|json|yaml`" + `.
 
-Exit codes: 0 success; 1 failure (` + "`check`" + `: warnings); 2 wrong usage (` + "`check`" + `: errors).`
+## Exit codes
+
+| code | meaning |
+| --- | --- |
+| 0 | success |
+| 1 | the command could not do its work: a cluster or file it needs is unreachable, an object is missing, the server refused (` + "`check`" + `: warnings found) |
+| 2 | the command line is wrong: an unknown command or flag, a missing or malformed argument or flag value; nothing was changed (` + "`check`" + `: errors found, or the management cluster cannot be read at all) |
+
+A command whose codes say more (` + "`check`" + `, ` + "`version`" + `) says so in its description.`
 
 func newDocsCommand(d deps) *cobra.Command {
 	var check string

@@ -27,7 +27,10 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Exit codes.
+// Exit codes (docs/cli.md, "Exit codes"): 0 success; 1 the command could
+// not do its work (a cluster unreachable, an object missing, a refusal);
+// 2 the command line is wrong (an unknown command or flag, a missing or
+// malformed argument or flag value) — and, for check, errors found.
 const (
 	exitOK    = 0
 	exitError = 1
@@ -51,6 +54,17 @@ func usagef(format string, args ...any) error {
 type exitCodeError struct{ code int }
 
 func (e exitCodeError) Error() string { return fmt.Sprintf("exit code %d", e.code) }
+
+// codedError is a failure printed like any other whose exit code is not 1:
+// check exits 2, its code for errors, when it cannot read the management
+// cluster at all.
+type codedError struct {
+	code int
+	err  error
+}
+
+func (e codedError) Error() string { return e.err.Error() }
+func (e codedError) Unwrap() error { return e.err }
 
 // deps are what the commands take from their environment, injected so
 // tests can replace them.
@@ -97,6 +111,10 @@ func runWith(ctx context.Context, d deps, args []string) int {
 		fmt.Fprintf(d.stderr, "Run '%s --help' for usage.\n", path)
 		return exitUsage
 	}
+	var coded codedError
+	if errors.As(err, &coded) {
+		return coded.code
+	}
 	return exitError
 }
 
@@ -116,21 +134,72 @@ func isUsage(err error) bool {
 	return false
 }
 
-// version is the module version, or the VCS revision for a source build.
+// releaseVersion is the version of a release build, set at link time
+// (tools/image: -ldflags "-X main.releaseVersion=VERSION"); empty in a
+// source build.
+var releaseVersion string
+
+// version is this binary's version: the release's; else the module version
+// Go recorded (go install …@v1.2.3, or, built in a git checkout, the
+// pseudo-version of the commit: v0.0.0-20261201165550-7507dfa924df+dirty);
+// else "devel" (built without VCS information: go run, go test, or
+// -buildvcs=false).
 func version() string {
+	if releaseVersion != "" {
+		return releaseVersion
+	}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "unknown"
 	}
+	return versionOf(info)
+}
+
+// versionOf reads a version out of build information.
+func versionOf(info *debug.BuildInfo) string {
 	if v := info.Main.Version; v != "" && v != "(devel)" {
 		return v
 	}
-	for _, s := range info.Settings {
-		if s.Key == "vcs.revision" {
-			return "devel+" + s.Value
+	b := buildOf(info)
+	if b.Revision == "" {
+		return "devel"
+	}
+	// Go records no pseudo-version for some builds (a module without a
+	// go.mod version, older toolchains): make the same form from the
+	// commit.
+	v := "v0.0.0-"
+	if b.Time != "" {
+		if t, err := time.Parse(time.RFC3339, b.Time); err == nil {
+			v += t.UTC().Format("20060102150405") + "-"
 		}
 	}
-	return "devel"
+	v += b.Revision[:min(12, len(b.Revision))]
+	if b.Modified {
+		v += "+dirty"
+	}
+	return v
+}
+
+// build is what Go recorded of the checkout a binary was built from.
+type build struct {
+	Revision string `json:"revision,omitempty"`
+	Time     string `json:"time,omitempty"`
+	Modified bool   `json:"modified,omitempty"`
+}
+
+func buildOf(info *debug.BuildInfo) build {
+	var b build
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			b.Revision = s.Value
+		case "vcs.time":
+			b.Time = s.Value
+		case "vcs.modified":
+			b.Modified = s.Value == "true"
+		}
+	}
+	return b
 }
 
 // groupCommand is a command that only holds subcommands: run without one,

@@ -24,6 +24,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeauth"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
+	"github.com/relaymesh/relaymesh/internal/logging"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
@@ -97,7 +98,7 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 		RunE: func(c *cobra.Command, _ []string) error {
 			f.namespace = g.namespace
 			if err := f.validate(); err != nil {
-				return err
+				return usageError{err}
 			}
 			src, err := g.source()
 			if err != nil {
@@ -167,13 +168,13 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	log = log.With("component", "server")
 	td, err := spiffeid.TrustDomainFromString(f.trustDomain)
 	if err != nil {
-		return fmt.Errorf("--trust-domain: %w", err)
+		return usageError{fmt.Errorf("--trust-domain: %w", err)}
 	}
 	var ips []net.IP
 	for _, s := range splitList(f.ips) {
 		ip := net.ParseIP(s)
 		if ip == nil {
-			return fmt.Errorf("--server-ips: %q is not an IP address", s)
+			return usagef("--server-ips: %q is not an IP address", text.Truncate(s, 80))
 		}
 		ips = append(ips, ip)
 	}
@@ -562,6 +563,12 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 
 func (f serverFlags) validate() error {
 	var errs []error
+	if _, err := logging.ParseLevel(f.logLevel); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", text.Truncate(f.logLevel, 40)))
+	}
+	if _, err := spiffeid.TrustDomainFromString(f.trustDomain); err != nil {
+		errs = append(errs, fmt.Errorf("--trust-domain: %w", err))
+	}
 	if f.leaderElect && !(f.retryPeriod > 0 && f.retryPeriod < f.renewDeadline && f.renewDeadline < f.leaseDuration) {
 		errs = append(errs, errors.New("leader election needs 0 < --leader-retry-period < --leader-renew-deadline < --leader-lease-duration"))
 	}

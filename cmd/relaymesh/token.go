@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -36,19 +35,20 @@ func newTokenCommand(d deps, g *globals) *cobra.Command {
 	}
 	create.Flags().StringVar(&cluster, "cluster", "", "registered cluster the token is for (required)")
 	create.Flags().DurationVar(&ttl, "ttl", identity.DefaultTokenTTL, "how long the token stays valid (at most 168h)")
+	_ = create.RegisterFlagCompletionFunc("cluster", completeFrom(g.source, g, true, clusterNames))
 	return groupCommand("token", "Mint bootstrap tokens", tokenSynopsis, "  relaymesh token create --cluster cluster-1", create)
 }
 
 func runTokenCreate(ctx context.Context, d deps, g *globals, cluster string, ttl time.Duration) error {
 	stdout, stderr, namespace := d.stdout, d.stderr, g.namespace
 	if cluster == "" {
-		return errors.New("--cluster is required")
+		return usagef("--cluster is required")
 	}
 	if err := identity.ValidateClusterName(cluster); err != nil {
-		return err
+		return usageError{err}
 	}
 	if ttl <= 0 || ttl > identity.MaxTokenTTL {
-		return fmt.Errorf("--ttl %s out of range (0, %s]", ttl, identity.MaxTokenTTL)
+		return usagef("--ttl %s out of range (0, %s]", ttl, identity.MaxTokenTTL)
 	}
 	mgmt, err := g.clients()
 	if err != nil {
