@@ -268,6 +268,7 @@ issued to each mesh (serial, expiry).`,
 			}
 			return nil
 		},
+		ValidArgsFunction: completeVirtualMeshes(g),
 		RunE: func(c *cobra.Command, args []string) error {
 			format, err := printer.Parse(output, printer.Formats)
 			if err != nil {

@@ -31,8 +31,9 @@ import (
 
 const describeSynopsis = `Translate the current view once, the way the server does, and explain one
 object:
-  destination NAME                 a discovered Destination (e.g.
-                                   reviews-bookinfo-cluster-1): the policies that
+  destination NAME                 a discovered Destination, by object name or
+                                   as CLUSTER/NAMESPACE/NAME of its Service
+                                   (cluster-1/bookinfo/reviews): the policies that
                                    select it in translation order, the
                                    VirtualMeshes that federate it, and the outputs
                                    of those policies that concern it.
@@ -67,7 +68,7 @@ func newDescribeCommand(d deps, g *globals) *cobra.Command {
 		Short: "Explain which policies apply to a destination, workload or policy, and their outputs",
 		Long:  describeSynopsis,
 		Example: `  # A discovered Destination: the policies that select it, in translation order
-  relaymesh describe destination reviews-bookinfo-cluster-1-1a2b3c4d --context mgmt
+  relaymesh describe destination cluster-1/bookinfo/reviews --context mgmt
 
   # A policy: its state, what it selects, its outputs per cluster, as YAML
   relaymesh describe policy trafficpolicy/bookinfo/reviews-canary -o yaml
@@ -80,12 +81,7 @@ func newDescribeCommand(d deps, g *globals) *cobra.Command {
 			}
 			return nil
 		},
-		ValidArgsFunction: func(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
-			if len(args) == 0 {
-				return []string{"destination", "workload", "policy"}, cobra.ShellCompDirectiveNoFileComp
-			}
-			return nil, cobra.ShellCompDirectiveNoFileComp
-		},
+		ValidArgsFunction: completeDescribe(g),
 		RunE: func(c *cobra.Command, args []string) error {
 			return runDescribe(c.Context(), d, g, dir, output, store, args)
 		},
@@ -130,6 +126,9 @@ func runDescribe(ctx context.Context, d deps, g *globals, dir, format string, st
 	var desc any
 	switch kind {
 	case "destination":
+		if name, err = destinationNamed(in, name); err != nil {
+			return err
+		}
 		desc, err = translation.DescribeDestination(in, out, report, name)
 	case "workload":
 		desc, err = translation.DescribeWorkload(in, report, name)

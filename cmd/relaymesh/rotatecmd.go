@@ -36,6 +36,38 @@ VIRTUALMESH is NAMESPACE/NAME. With --wait the command prints each phase the
 rotation passes through until it finishes, is rolled back, waits for a
 continue, or the time is up (then it fails).`
 
+// rotateLong are the leaf commands' own descriptions.
+var rotateLong = map[string]string{
+	"start": `Rotate the shared root of VIRTUALMESH (NAMESPACE/NAME).
+
+A generated root (spec.mtls.shared.rootCA.generated): the server makes a new
+root and moves every mesh to it, phase by phase (MultiRoot: AddingNewRoot,
+PropagatingNewIntermediate, DeletingOldRoot, Finished), each phase once every
+mesh's agent acknowledged the one before, so no handshake between meshes
+fails. A root in a Secret, an HSM or an external CA is rotated by pointing
+spec.mtls.shared.rootCA at the new root (the server then rotates to it); after
+such a rotation was rolled back, start tries that root again.
+
+It refuses a VirtualMesh that is already rotating. With --wait it prints each
+phase until the rotation finishes, rolls back, waits for a continue, or the
+time is up (then it fails).`,
+	"continue": `Let the rotation of VIRTUALMESH (NAMESPACE/NAME) leave the phase it waits in.
+
+With spec.mtls.rotationVerification Manual the server stops after each phase
+until you verified traffic and run this; the command names the phase and the
+new root it continues, so a continue meant for an earlier phase is ignored.
+It refuses a VirtualMesh that is not waiting for a continue. With --wait it
+prints each phase until the rotation finishes, rolls back, waits for the
+next continue, or the time is up (then it fails).`,
+	"rollback": `Walk the rotation of VIRTUALMESH (NAMESPACE/NAME) back to the old root.
+
+From any phase, one step at a time, each once every mesh's agent
+acknowledged the one before, so no handshake between meshes fails on the way
+back. It refuses a VirtualMesh that is not rotating (or already rolling
+back). With --wait it prints each phase until the rollback ends or the time
+is up (then it fails).`,
+}
+
 func newCARotateCommand(d deps, g *globals) *cobra.Command {
 	var subs []*cobra.Command
 	for _, v := range []struct{ verb, short, example string }{
@@ -48,11 +80,12 @@ func newCARotateCommand(d deps, g *globals) *cobra.Command {
 	} {
 		var wait time.Duration
 		c := &cobra.Command{
-			Use:     v.verb + " NAMESPACE/VIRTUALMESH",
-			Short:   v.short,
-			Long:    rotateSynopsis,
-			Example: v.example,
-			Args:    exactArgs(1, "exactly one NAMESPACE/VIRTUALMESH"),
+			Use:               v.verb + " NAMESPACE/VIRTUALMESH",
+			Short:             v.short,
+			Long:              rotateLong[v.verb],
+			Example:           v.example,
+			Args:              exactArgs(1, "exactly one NAMESPACE/VIRTUALMESH"),
+			ValidArgsFunction: completeVirtualMeshes(g),
 			RunE: func(c *cobra.Command, args []string) error {
 				return rotate(c.Context(), d, g, v.verb, args[0], wait)
 			},
