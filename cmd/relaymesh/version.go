@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"runtime"
+	"runtime/debug"
 	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,7 +39,8 @@ func (s *serverOps) addFlags(fs *pflag.FlagSet) {
 // client reaches the server's operations port of the management cluster
 // mgmt (nil: only a direct address works).
 func (s *serverOps) client(mgmt *kubeclient.Clients, namespace string) *opsclient.Client {
-	c := &opsclient.Client{Address: s.address, Namespace: namespace, Service: s.service, Port: s.port}
+	c := &opsclient.Client{Address: s.address, Namespace: namespace, Service: s.service, Port: s.port,
+		DirectHint: "pass the metrics port's address with --server-metrics-address HOST:PORT (e.g. 127.0.0.1:9091 for a server on this machine, or after 'kubectl -n " + namespace + " port-forward svc/" + s.service + " 9091'), or the Service's name with --server-service"}
 	if mgmt != nil {
 		c.Kube = mgmt.Typed
 	}
@@ -49,8 +51,38 @@ func (s *serverOps) client(mgmt *kubeclient.Clients, namespace string) *opsclien
 type componentVersion struct {
 	Component string `json:"component"`
 	Version   string `json:"version,omitempty"`
-	Source    string `json:"source,omitempty"`
-	Error     string `json:"error,omitempty"`
+	// Build is the client's checkout, as Go recorded it.
+	Build  *build `json:"build,omitempty"`
+	Source string `json:"source,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// clientVersion is this binary's line: its version and, in Source, the
+// commit it was built from, or why that is unknown.
+func clientVersion() componentVersion {
+	v := componentVersion{Component: "client", Version: version(), Source: "this binary"}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return v
+	}
+	b := buildOf(info)
+	switch {
+	case releaseVersion != "":
+		v.Source += " (release build)"
+	case b.Revision == "":
+		v.Source += " (built without VCS information — go run, go test or -buildvcs=false — so its commit is unknown)"
+	default:
+		v.Build = &b
+		v.Source += " (commit " + b.Revision[:min(12, len(b.Revision))]
+		if b.Time != "" {
+			v.Source += " of " + b.Time
+		}
+		if b.Modified {
+			v.Source += ", with uncommitted changes"
+		}
+		v.Source += ")"
+	}
+	return v
 }
 
 // versions is what relaymesh version prints.
@@ -109,7 +141,7 @@ cannot be asked; --client prints the client's alone.`,
 			if err != nil {
 				return usageError{err}
 			}
-			v := versions{Client: componentVersion{Component: "client", Version: version(), Source: "this binary"}}
+			v := versions{Client: clientVersion()}
 			if clientOnly {
 				return printer.Print(d.stdout, format, v)
 			}

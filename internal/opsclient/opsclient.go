@@ -28,6 +28,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -48,6 +50,10 @@ var (
 	// ErrCleartextToken: the bearer token would travel in cleartext to
 	// another machine.
 	ErrCleartextToken = errors.New("refusing to send a long-lived bearer token over plain HTTP to a non-loopback address")
+	// ErrNoService: the service proxy found no Service of that name.
+	ErrNoService = errors.New("no such Service")
+	// ErrNoEndpoints: the Service exists, but no ready endpoint backs it.
+	ErrNoEndpoints = errors.New("the Service has no ready endpoints")
 )
 
 // Client reads one process's operations port.
@@ -69,6 +75,10 @@ type Client struct {
 	TokenShortLived bool
 	// HTTP is the client for direct requests; default one with a timeout.
 	HTTP *http.Client
+	// DirectHint says how the caller gives a direct address (e.g. "pass
+	// --server-metrics-address HOST:PORT"); it ends the message of a
+	// service-proxy request that found no Service or no endpoint.
+	DirectHint string
 }
 
 // Where describes how the process is reached, for messages.
@@ -134,10 +144,59 @@ func (c *Client) viaProxy(ctx context.Context, path string) ([]byte, error) {
 	}
 	rc, err := c.Kube.CoreV1().RESTClient().Get().Namespace(c.Namespace).Resource("services").Name(name).SubResource("proxy").Suffix(path).Stream(ctx)
 	if err != nil {
+		if why := c.whyUnproxied(ctx, err); why != nil {
+			err = why
+		}
 		return nil, fmt.Errorf("GET %s through the service proxy of %s/%s: %w", path, c.Namespace, name, err)
 	}
 	defer rc.Close()
 	return readBounded(rc)
+}
+
+// whyUnproxied explains a service-proxy request the apiserver answered with
+// NotFound or ServiceUnavailable: the apiserver says "not found" both for a
+// Service that does not exist and for one without an Endpoints object
+// (a Service whose pods are not ready, or a server run outside the
+// cluster behind a Service nobody feeds). It returns nil when it cannot
+// tell (err is then the best message).
+func (c *Client) whyUnproxied(ctx context.Context, err error) error {
+	if !apierrors.IsNotFound(err) && !apierrors.IsServiceUnavailable(err) {
+		return nil
+	}
+	hint := ""
+	if c.DirectHint != "" {
+		hint = "; " + c.DirectHint
+	}
+	svc, getErr := c.Kube.CoreV1().Services(c.Namespace).Get(ctx, c.Service, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(getErr):
+		return fmt.Errorf("%w %s/%s (is the server installed in namespace %s, under another name, or running outside the cluster?)%s", ErrNoService, c.Namespace, c.Service, c.Namespace, hint)
+	case getErr != nil:
+		return nil
+	}
+	ready, known := readyEndpoints(ctx, c.Kube, c.Namespace, svc.Name)
+	if known && ready > 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: Service %s/%s exists, but no ready pod backs it (no server pod is ready yet, or the server runs outside the cluster, by hand or in the demo, and nothing feeds the Service)%s", ErrNoEndpoints, c.Namespace, c.Service, hint)
+}
+
+// readyEndpoints counts the ready addresses of Service ns/name as the
+// service proxy sees them (its Endpoints object); known is false when they
+// cannot be read.
+func readyEndpoints(ctx context.Context, kube kubernetes.Interface, ns, name string) (ready int, known bool) {
+	//lint:ignore SA1019 the apiserver's service proxy reads Endpoints, so they are what tells whether it can proxy
+	eps, err := kube.CoreV1().Endpoints(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return 0, true
+	case err != nil:
+		return 0, false
+	}
+	for _, s := range eps.Subsets {
+		ready += len(s.Addresses)
+	}
+	return ready, true
 }
 
 // readBounded reads at most MaxBody bytes, failing on more.

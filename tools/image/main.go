@@ -101,6 +101,9 @@ func (c Config) Validate() error {
 	}
 	if c.Version == "" {
 		errs = append(errs, errors.New("version: required"))
+	} else if strings.Trim(c.Version, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.+_-") != "" || len(c.Version) > 128 {
+		// It is linked into the binary with -ldflags -X: no spaces or quotes.
+		errs = append(errs, fmt.Errorf("version %q: letters, digits, '.', '+', '_' and '-' only, at most 128", c.Version))
 	}
 	if c.Revision == "" {
 		errs = append(errs, errors.New("revision: required"))
@@ -185,7 +188,9 @@ func Build(ctx context.Context, cfg Config) (v1.ImageIndex, error) {
 
 // goBuild compiles a static relaymesh for p into out.
 func goBuild(ctx context.Context, cfg Config, p v1.Platform, out string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", "-o", out, "./cmd/relaymesh")
+	// The version is linked in (relaymesh version, relaymesh_build_info):
+	// a build without VCS information would otherwise say "devel".
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid= -X main.releaseVersion="+cfg.Version, "-o", out, "./cmd/relaymesh")
 	cmd.Dir = cfg.RepoRoot
 	env := []string{"CGO_ENABLED=0", "GOOS=" + p.OS, "GOARCH=" + p.Architecture, "GOFLAGS="}
 	if p.Architecture == "arm" && p.Variant != "" {
