@@ -376,10 +376,16 @@ func (d *Dashboard) data(v View, r *http.Request) (any, error) {
 			return nil, err
 		}
 		var agents map[string]AgentState
+		var replicas map[string]time.Time
 		if d.cfg.Agents != nil {
 			agents = d.cfg.Agents.Agents()
 		}
-		return fleet(fleetInput{clusters: clusters, agents: agents, serverVersion: d.cfg.ServerVersion, agentTTL: d.cfg.AgentTTL, now: now}), nil
+		if reps, ok := d.cfg.Agents.(Replicas); ok {
+			if replicas, err = reps.Replicas(r.Context()); err != nil {
+				d.log.Warn("cannot read the replicas' Leases; last seen is the status's last event", "error", err)
+			}
+		}
+		return fleet(fleetInput{clusters: clusters, agents: agents, replicas: replicas, serverVersion: d.cfg.ServerVersion, agentTTL: d.cfg.AgentTTL, now: now}), nil
 	case ViewCertificates:
 		clusters, err := d.cfg.Source.Clusters()
 		if err != nil {

@@ -39,11 +39,14 @@ const (
 
 // Cluster is one row of the fleet.
 type Cluster struct {
-	Name         string    `json:"name"`
-	Mode         string    `json:"mode"`
-	Connected    bool      `json:"connected"`
-	LastSeen     time.Time `json:"lastSeen,omitzero"`
-	LastSeenAgo  string    `json:"lastSeenAgo"`
+	Name        string    `json:"name"`
+	Mode        string    `json:"mode"`
+	Connected   bool      `json:"connected"`
+	LastSeen    time.Time `json:"lastSeen,omitzero"`
+	LastSeenAgo string    `json:"lastSeenAgo"`
+	// HeldBy is the live server replica holding the agent's session (then
+	// LastSeen is that replica's last Lease renewal; see LastSeen).
+	HeldBy       string    `json:"heldBy,omitempty"`
 	AgentVersion string    `json:"agentVersion,omitempty"`
 	ClockOffset  string    `json:"clockOffset,omitempty"`
 	CertSerial   string    `json:"certificateSerial,omitempty"`
@@ -64,8 +67,11 @@ type Cluster struct {
 
 // fleetInput is what the fleet is built from.
 type fleetInput struct {
-	clusters      []multiclusterv1alpha1.KubernetesCluster
-	agents        map[string]AgentState
+	clusters []multiclusterv1alpha1.KubernetesCluster
+	agents   map[string]AgentState
+	// replicas are the live server replicas' last Lease renewals (nil:
+	// unknown).
+	replicas      map[string]time.Time
 	serverVersion string
 	agentTTL      time.Duration
 	now           time.Time
@@ -80,10 +86,8 @@ func fleet(in fleetInput) []Cluster {
 		if c.Mode == "" {
 			c.Mode = string(multiclusterv1alpha1.ModeRelay)
 		}
-		if st.LastSeen != nil {
-			c.LastSeen = st.LastSeen.UTC()
-		}
-		c.LastSeenAgo = ago(c.LastSeen, in.now)
+		heard := LastSeen(st, in.replicas, in.now)
+		c.LastSeen, c.HeldBy, c.LastSeenAgo = heard.At, heard.HeldBy, SeenAgo(heard, in.now)
 		if st.AgentClockOffset != nil {
 			c.ClockOffset = st.AgentClockOffset.Duration.String()
 			if off := st.AgentClockOffset.Duration; off > maxClockOffset || off < -maxClockOffset {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/dashboard"
 	"github.com/relaymesh/relaymesh/internal/printer"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
@@ -18,7 +19,11 @@ type clusterInfo struct {
 	Mode          string     `json:"mode"`
 	Registered    time.Time  `json:"registered"`
 	Connected     bool       `json:"connected"`
-	LastSeen      *time.Time `json:"lastSeen,omitempty"`
+	// LastSeen is when the agent was last heard: while a live replica
+	// holds its session (HeldBy), that replica's last Lease renewal, else
+	// the session's last recorded event (dashboard.LastSeen).
+	LastSeen *time.Time `json:"lastSeen,omitempty"`
+	HeldBy   string     `json:"heldBy,omitempty"`
 	CertSerial    string     `json:"certificateSerial,omitempty"`
 	SPIFFEID      string     `json:"spiffeID,omitempty"`
 	CertNotAfter  *time.Time `json:"certificateNotAfter,omitempty"`
@@ -48,7 +53,11 @@ func (l clusterList) Rows(wide bool) [][]string {
 		if c.Connected {
 			connected = "yes"
 		}
-		r := []string{c.Name, c.Mode, ago(l.now, &c.Registered), connected, ago(l.now, c.LastSeen), until(l.now, c.CertNotAfter), c.AgentVersion}
+		seen := ago(l.now, c.LastSeen)
+		if c.HeldBy != "" {
+			seen = "now (replica " + c.HeldBy + ")"
+		}
+		r := []string{c.Name, c.Mode, ago(l.now, &c.Registered), connected, seen, until(l.now, c.CertNotAfter), c.AgentVersion}
 		if wide {
 			r = append(r, c.ClockOffset, c.ClusterDomain, c.CertSerial, c.SPIFFEID)
 		}
@@ -84,7 +93,15 @@ func newClusterListCommand(d deps, g *globals) *cobra.Command {
 		Long: `List the KubernetesClusters of --namespace in the management cluster with
 what the server recorded of each agent: whether it holds a session, when it
 was last heard, its client certificate's expiry, the version it reported,
-and (-o wide) how far its clock was from the server's when it connected.`,
+and (-o wide) how far its clock was from the server's when it connected.
+
+An idle session records nothing, so while a live server replica holds the
+agent's session LAST SEEN says "now (replica NAME)" (JSON: lastSeen is that
+replica's last Lease renewal, a few seconds ago; the server's keepalive ends
+a session whose agent stopped answering within 40s); otherwise it is the
+session's last recorded event. Reading the replicas' Leases needs list on
+leases in --namespace; without it, and with the server's leader election
+off, it is the last recorded event.`,
 		Example: `  relaymesh cluster list --context mgmt
   relaymesh cluster list -o wide
   relaymesh cluster list -o json | jq '.clusters[] | select(.connected | not) | .name'`,
@@ -104,8 +121,9 @@ and (-o wide) how far its clock was from the server's when it connected.`,
 				return err
 			}
 			list := clusterList{Clusters: []clusterInfo{}, now: d.now()}
+			replicas, _ := liveReplicas(kube.Typed, g.namespace)(c.Context())
 			for _, kc := range kcs {
-				list.Clusters = append(list.Clusters, describeCluster(kc))
+				list.Clusters = append(list.Clusters, describeCluster(kc, replicas, list.now))
 			}
 			sort.Slice(list.Clusters, func(i, j int) bool { return list.Clusters[i].Name < list.Clusters[j].Name })
 			if len(list.Clusters) == 0 && (format == printer.Table || format == printer.Wide) {
@@ -119,12 +137,13 @@ and (-o wide) how far its clock was from the server's when it connected.`,
 	return c
 }
 
-func describeCluster(kc multiclusterv1alpha1.KubernetesCluster) clusterInfo {
+// describeCluster is kc's row, with the live replicas' last Lease renewals
+// (nil: unknown) at now.
+func describeCluster(kc multiclusterv1alpha1.KubernetesCluster, replicas map[string]time.Time, now time.Time) clusterInfo {
 	info := clusterInfo{Name: kc.Name, Mode: string(kc.Spec.Mode), Registered: kc.CreationTimestamp.UTC(),
 		Connected: kc.Status.Connected, AgentVersion: kc.Status.AgentVersion, ClusterDomain: kc.Spec.ClusterDomain}
-	if kc.Status.LastSeen != nil {
-		t := kc.Status.LastSeen.UTC()
-		info.LastSeen = &t
+	if seen := dashboard.LastSeen(kc.Status, replicas, now); !seen.At.IsZero() {
+		info.LastSeen, info.HeldBy = &seen.At, seen.HeldBy
 	}
 	if c := kc.Status.AgentCertificate; c != nil {
 		t := c.NotAfter.UTC()

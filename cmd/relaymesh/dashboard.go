@@ -18,9 +18,11 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeauth"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 	"k8s.io/streaming/pkg/httpstream"
@@ -61,7 +63,7 @@ func serveDashboard(ctx context.Context, f serverFlags, kube *kubeclient.Clients
 	if err != nil {
 		return nil, err
 	}
-	cfg := dashboard.Config{Namespace: f.namespace, Source: src, Auth: auth, Agents: viewAgents{p.view}, Relay: p.pki,
+	cfg := dashboard.Config{Namespace: f.namespace, Source: src, Auth: auth, Agents: viewAgents{v: p.view, replicas: liveReplicas(kube.Typed, f.namespace)}, Relay: p.pki,
 		AuditLog: f.auditLog, AgentTTL: f.agentTTL, ServerVersion: version(), Logger: log}
 	if p.auditLog != nil {
 		cfg.AuditHead = p.auditLog.Head
@@ -94,7 +96,37 @@ func serveDashboard(ctx context.Context, f serverFlags, kube *kubeclient.Clients
 }
 
 // viewAgents shows the relay's View to the dashboard: wire types stay here.
-type viewAgents struct{ v *server.View }
+// It also says which replicas are alive (dashboard.Replicas).
+type viewAgents struct {
+	v        *server.View
+	replicas func(context.Context) (map[string]time.Time, error)
+}
+
+// Replicas implements dashboard.Replicas.
+func (a viewAgents) Replicas(ctx context.Context) (map[string]time.Time, error) {
+	if a.replicas == nil {
+		return nil, nil
+	}
+	return a.replicas(ctx)
+}
+
+// liveReplicas reads when each live server replica of namespace last
+// renewed its Lease (leader.Replicas).
+func liveReplicas(client kubernetes.Interface, namespace string) func(context.Context) (map[string]time.Time, error) {
+	return func(ctx context.Context) (map[string]time.Time, error) {
+		reps, err := leader.Replicas(ctx, client, namespace, time.Now())
+		if err != nil {
+			return nil, err
+		}
+		out := map[string]time.Time{}
+		for name, r := range reps {
+			if r.Alive {
+				out[name] = r.Renewed
+			}
+		}
+		return out, nil
+	}
+}
 
 func (a viewAgents) Agents() map[string]dashboard.AgentState {
 	out := map[string]dashboard.AgentState{}
