@@ -22,7 +22,8 @@ const annotationAudited = "relaymesh.io/audited"
 
 // AuditTokenMints records every bootstrap token minted in namespace (by
 // `relaymesh cluster register` or `relaymesh token create`, which run
-// outside the server) in the server's audit log, once. It returns when the
+// outside the server) in the server's audit log, once, with the minter
+// (MintedByAnnotation) as the record's subject. It returns when the
 // watch has synced; it runs until ctx ends.
 func AuditTokenMints(ctx context.Context, client kubernetes.Interface, namespace string, rec audit.Recorder, log *slog.Logger) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
@@ -35,9 +36,13 @@ func AuditTokenMints(ctx context.Context, client kubernetes.Interface, namespace
 			return
 		}
 		id := sec.Name[len(tokenSecretPrefix):]
+		details := map[string]string{"token_id": id, "expires_at": string(sec.Data[keyExpiresAt]), "minted_at": sec.CreationTimestamp.UTC().Format(time.RFC3339)}
+		actor := sec.Annotations[MintedByAnnotation]
+		if actor == "" {
+			details["minted_by"] = "unknown: the minting client did not record its user"
+		}
 		err := rec.Record(audit.Event{
-			Type: audit.TokenMint, Result: audit.ResultSuccess, Cluster: string(sec.Data[keyCluster]),
-			Details: map[string]string{"token_id": id, "expires_at": string(sec.Data[keyExpiresAt]), "minted_at": sec.CreationTimestamp.UTC().Format(time.RFC3339)},
+			Type: audit.TokenMint, Result: audit.ResultSuccess, Cluster: string(sec.Data[keyCluster]), Subject: actor, Details: details,
 		})
 		if err != nil {
 			log.Error("audit log write failed", "type", audit.TokenMint, "error", err)

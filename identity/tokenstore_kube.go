@@ -33,12 +33,22 @@ const (
 	keyExpiresAt      = "expires-at"
 )
 
+// MintedByAnnotation on a token record names the user the management
+// apiserver authenticated as the minter (the minting client asks it with a
+// SelfSubjectReview). The server chart's admission policy refuses a record
+// whose annotation is not its creator's user name, so the token.mint audit
+// record's subject is the apiserver's word, not the client's.
+const MintedByAnnotation = "relaymesh.io/minted-by"
+
 // KubeTokenStore keeps token records as Secrets in the management cluster.
 // Consume is a delete with UID and resourceVersion preconditions, so of two
 // racing redemptions exactly one deletes the Secret.
 type KubeTokenStore struct {
 	client    kubernetes.Interface
 	namespace string
+	// MintedBy, if set, is written into the records it creates
+	// (MintedByAnnotation).
+	MintedBy string
 	// cache, once WatchCache synced, serves Get without an API call.
 	cache corelisters.SecretNamespaceLister
 }
@@ -71,6 +81,9 @@ func (s *KubeTokenStore) Create(ctx context.Context, rec TokenRecord) error {
 			keySecretHash: []byte(hex.EncodeToString(rec.SecretHash[:])),
 			keyExpiresAt:  []byte(rec.ExpiresAt.UTC().Format(time.RFC3339)),
 		},
+	}
+	if s.MintedBy != "" {
+		sec.Annotations = map[string]string{MintedByAnnotation: s.MintedBy}
 	}
 	_, err := s.client.CoreV1().Secrets(s.namespace).Create(ctx, sec, metav1.CreateOptions{})
 	return err

@@ -25,6 +25,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
 	"github.com/relaymesh/relaymesh/server"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -159,6 +160,13 @@ func MintToken(ctx context.Context, mgmt kubernetes.Interface, namespace, cluste
 	if err != nil {
 		return "", identity.TokenRecord{}, err
 	}
+	// Who mints, as the apiserver authenticated us: the server's audit
+	// record names it.
+	review, err := mgmt.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		return "", identity.TokenRecord{}, fmt.Errorf("ask the management apiserver who we are (SelfSubjectReview), for the token's audit record: %w", err)
+	}
+	store.MintedBy = review.Status.UserInfo.Username
 	tokens, err := identity.NewTokens(identity.TokensConfig{Store: store})
 	if err != nil {
 		return "", identity.TokenRecord{}, err
