@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"sync/atomic"
+	"syscall"
 
 	"context"
 	"encoding/json"
@@ -64,7 +65,7 @@ func newAgentCommand(d deps, g *globals) *cobra.Command {
 	var f agentFlags
 	c := &cobra.Command{
 		Use:   "agent",
-		Short: "Run the relay agent in a workload cluster (metrics :9977, health :9988)",
+		Short: "Run the relay agent in a workload cluster (metrics 127.0.0.1:9977, health 127.0.0.1:9988)",
 		Long:  agentSynopsis,
 		Example: `  # In the workload cluster (the relaymesh-agent chart runs this), after relaymesh cluster register
   relaymesh agent
@@ -90,8 +91,8 @@ func newAgentCommand(d deps, g *globals) *cobra.Command {
 	fs.StringVar(&f.cluster, "cluster", "", "this cluster's registered name (default: from "+agentConfigMap+")")
 	fs.StringVar(&f.serverAddr, "server-address", "", "relay server host:port, or the replicas' addresses comma-separated (each session dials one: the first a random one, and after a session ends or fails the next one; then --server-name is required) (default: from "+agentConfigMap+")")
 	fs.StringVar(&f.serverName, "server-name", "", "name the server certificate must carry (default: host of --server-address; required with several addresses)")
-	fs.StringVar(&f.healthListen, "health-listen", ":9988", "health address (/healthz, /readyz with JSON status)")
-	fs.StringVar(&f.metricsListen, "metrics-listen", ":9977", "metrics address (/metrics)")
+	fs.StringVar(&f.healthListen, "health-listen", defaultAgentHealth, "health address (/healthz, /readyz with JSON status); the default is loopback only, and another free loopback port (logged) when a second agent on this machine holds it; the chart sets :9988")
+	fs.StringVar(&f.metricsListen, "metrics-listen", defaultAgentMetrics, "metrics address (/metrics); the default is loopback only, and another free loopback port (logged) when a second agent on this machine holds it; the chart sets :9977")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run as one of several replicas: only the holder of the Lease --lease-name talks to the server and applies")
 	fs.StringVar(&f.leaseName, "lease-name", "relaymesh-agent", "name of the leader-election Lease in --namespace")
@@ -102,6 +103,39 @@ func newAgentCommand(d deps, g *globals) *cobra.Command {
 	_ = c.RegisterFlagCompletionFunc("log-level", cobra.FixedCompletions([]string{"debug", "info", "warn", "error"}, cobra.ShellCompDirectiveNoFileComp))
 	return c
 }
+
+// The agent's operations addresses when no flag names them: loopback only
+// (the charts set :9988 and :9977 for the kubelet's probes and scrapes).
+const (
+	defaultAgentHealth  = "127.0.0.1:9988"
+	defaultAgentMetrics = "127.0.0.1:9977"
+)
+
+// listenOps listens on addr for flag. At the default address, held by
+// another agent on this machine (by-hand use), it takes a free loopback
+// port instead and logs it; an address given explicitly is never replaced.
+func listenOps(flag, addr, def string, log *slog.Logger) (net.Listener, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err == nil {
+		log.Info("listening", "flag", flag, "address", lis.Addr().String())
+		return lis, nil
+	}
+	if addr != def || !errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("%s %s: %w (another process on this machine holds it? give each agent its own %s)", flag, addr, err, flag)
+	}
+	lis, err2 := net.Listen("tcp", "127.0.0.1:0")
+	if err2 != nil {
+		return nil, fmt.Errorf("%s %s: %w; and no free loopback port: %w", flag, addr, err, err2)
+	}
+	log.Warn("the default address is in use (another agent on this machine?): listening on a free loopback port instead; set the flag to choose one",
+		"flag", flag, "default", def, "address", lis.Addr().String())
+	return lis, nil
+}
+
+// agentOwner is the value of the owner label (relaymesh.io/owner) on
+// everything the agent applies: its Istio objects and cacerts Secrets.
+// cluster deregister removes what carries it.
+const agentOwner = "relaymesh-agent"
 
 func runAgent(ctx context.Context, f agentFlags, namespace string, kube *kubeclient.Clients, d deps) error {
 	stderr := d.stderr
@@ -148,13 +182,13 @@ func runAgent(ctx context.Context, f agentFlags, namespace string, kube *kubecli
 	if err != nil {
 		return err
 	}
-	applier, err := apply.New(apply.Config{Dynamic: kube.Dynamic, Mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), Owner: "relaymesh-agent", Logger: log})
+	applier, err := apply.New(apply.Config{Dynamic: kube.Dynamic, Mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), Owner: agentOwner, Logger: log})
 	if err != nil {
 		return err
 	}
 	session, err := agent.NewSession(agent.SessionConfig{ServerAddress: serverAddr, TLS: creds.ClientTLS, Version: version(), Logger: log,
 		OnRefused: creds.Refused, Snapshots: disc, Applier: applier, Clock: d.agentClock,
-		Trust: &trust.Agent{Client: kube.Typed, Owner: "relaymesh-agent", Logger: log}})
+		Trust: &trust.Agent{Client: kube.Typed, Owner: agentOwner, Logger: log}})
 	if err != nil {
 		return err
 	}
@@ -202,12 +236,18 @@ func runAgent(ctx context.Context, f agentFlags, namespace string, kube *kubecli
 		}
 		_ = json.NewEncoder(w).Encode(map[string]any{"ok": err == nil, "error": errString(err), "status": st})
 	})
-	for addr, h := range map[string]http.Handler{healthListen: health, metricsListen: opsMux(reg, func() error { _, err := status(); return err })} {
-		lis, err := net.Listen("tcp", addr)
+	for _, l := range []struct {
+		flag, addr, def string
+		h               http.Handler
+	}{
+		{"--health-listen", healthListen, defaultAgentHealth, health},
+		{"--metrics-listen", metricsListen, defaultAgentMetrics, opsMux(reg, func() error { _, err := status(); return err })},
+	} {
+		lis, err := listenOps(l.flag, l.addr, l.def, log)
 		if err != nil {
 			return err
 		}
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(lis) }()
 		defer srv.Close()
 	}
