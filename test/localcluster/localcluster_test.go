@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -197,7 +199,7 @@ func TestThreeClusters(t *testing.T) {
 		{"invalid enum", "spec.globalAccessPolicy", "Sometimes", []string{"spec.globalAccessPolicy", "Unsupported value", `"Sometimes"`}},
 		{"invalid rotation enum", "spec.mtls.rotationStrategy", "Sideways", []string{"spec.mtls.rotationStrategy", "Unsupported value"}},
 		{"two root sources", "spec.mtls.shared.rootCA.secret", map[string]any{"name": "root"}, []string{"exactly one of generated, secret, external or pkcs11"}},
-		{"bad duration", "spec.mtls.shared.rootCA.generated.ttl", "one year", []string{"spec.mtls.shared.rootCA.generated.ttl", "should match"}},
+		{"bad duration", "spec.mtls.shared.rootCA.generated.ttl", "one year", []string{"spec.mtls.shared.rootCA.generated.ttl", "must be a Go duration such as 30s"}},
 		{"no meshes", "spec.meshes", []any{}, []string{"spec.meshes", "at least 1 items"}},
 		{"a mesh named by object name only", "spec.meshes", []any{map[string]any{"name": "istiod-istio-system-cluster-1"}}, []string{"spec.meshes[0].clusterName", "Required value"}},
 		{"a mesh cluster that is no DNS label", "spec.meshes", []any{map[string]any{"clusterName": "Cluster_1", "namespace": "istio-system", "name": "istiod"}}, []string{"spec.meshes[0].clusterName", "should match"}},
@@ -213,6 +215,9 @@ func TestThreeClusters(t *testing.T) {
 			assert.True(t, apierrors.IsInvalid(err), "want a schema rejection, got %v", err)
 			for _, w := range tt.want {
 				assert.Contains(t, err.Error(), w)
+			}
+			if tt.name == "bad duration" {
+				assert.NotContains(t, err.Error(), "should match '^", "the schema's message, not its raw regex")
 			}
 			_, err = vms.Get(ctx, u.GetName(), metav1.GetOptions{})
 			assert.True(t, apierrors.IsNotFound(err), "rejected object must not exist")
@@ -268,6 +273,70 @@ spec:
 				assert.True(t, apierrors.IsNotFound(err), "rejected object must not exist")
 			})
 		}
+	})
+
+	t.Run("no short name is served twice, with Istio's CRDs installed", func(t *testing.T) {
+		cs, err := mgmt.Clientset()
+		require.NoError(t, err)
+		lists, err := cs.Discovery().ServerPreferredResources()
+		require.NoError(t, err)
+		// A short name must name one resource: the same plural in two
+		// groups (core and events.k8s.io events) is one kind to kubectl.
+		owners := map[string]map[string][]string{} // short name -> plural -> groups
+		names := map[string][]string{}             // plural or singular name -> groups
+		var ours []string
+		for _, l := range lists {
+			gv, err := schema.ParseGroupVersion(l.GroupVersion)
+			require.NoError(t, err)
+			for _, r := range l.APIResources {
+				if strings.Contains(r.Name, "/") {
+					continue // a subresource
+				}
+				names[r.Name] = append(names[r.Name], gv.Group)
+				for _, sn := range r.ShortNames {
+					if owners[sn] == nil {
+						owners[sn] = map[string][]string{}
+					}
+					owners[sn][r.Name] = append(owners[sn][r.Name], gv.Group)
+					if strings.HasSuffix(gv.Group, "relaymesh.io") {
+						ours = append(ours, sn)
+					}
+				}
+			}
+		}
+		require.NotEmpty(t, owners["ap"], "Istio's CRDs are served (AuthorizationPolicy is ap)")
+		require.Len(t, ours, 5, "every user-facing Relaymesh kind has a short name: %v", ours)
+		for sn, byName := range owners {
+			assert.Len(t, byName, 1, "short name %q names %v", sn, byName)
+		}
+		for _, sn := range ours {
+			assert.True(t, strings.HasPrefix(sn, "rm"), "%q: Relaymesh's short names start with rm, clear of other projects' (KubeVirt's vm)", sn)
+			assert.Empty(t, names[sn], "short name %q is another resource's name", sn)
+		}
+
+		// kubectl resolves Istio's ap without a warning, and Relaymesh's own.
+		kubectl := filepath.Join(repoRoot(t), ".cache", "bin", "kubectl")
+		for _, args := range [][]string{{"get", "ap", "-A"}, {"get", "rmap,rmtp,rmvm,rmvd,rmkc", "-A"}} {
+			out, err := runKubectl(kubectl, mgmt.Kubeconfig, args...)
+			require.NoError(t, err, "kubectl %v: %s", args, out)
+			assert.NotContains(t, out, "Warning", "kubectl %v", args)
+		}
+	})
+
+	t.Run("kubectl shows a readable certificate expiry", func(t *testing.T) {
+		clusters := dyn.Resource(schema.GroupVersionResource{Group: "multicluster.relaymesh.io", Version: "v1alpha1", Resource: "kubernetesclusters"}).Namespace("default")
+		expiry := time.Now().Add(23 * time.Hour).UTC().Truncate(time.Second)
+		patch := fmt.Sprintf(`{"status": {"connected": true, "replica": "server-0", "lastSeen": %q, "agentCertificate": {"serial": "0a", "spiffeID": "spiffe://relaymesh.local/cluster/cluster-1/agent", "notAfter": %q}}}`,
+			time.Now().UTC().Format(time.RFC3339), expiry.Format(time.RFC3339))
+		_, err := clusters.Patch(ctx, "cluster-1", "application/merge-patch+json", []byte(patch), metav1.PatchOptions{}, "status")
+		require.NoError(t, err)
+		kubectl := filepath.Join(repoRoot(t), ".cache", "bin", "kubectl")
+		out, err := runKubectl(kubectl, mgmt.Kubeconfig, "get", "kubernetesclusters", "-n", "default", "-o", "wide")
+		require.NoError(t, err, out)
+		t.Logf("kubectl get kubernetesclusters -o wide:\n%s", out)
+		assert.NotContains(t, out, "<invalid>")
+		assert.Regexp(t, `(?m)^NAME\s+MODE\s+CONNECTED\s+LAST EVENT\s+CERT EXPIRES\s+REPLICA`, out)
+		assert.Regexp(t, `(?m)^cluster-1\s+relay\s+true\s+\S+\s+`+regexp.QuoteMeta(expiry.Format(time.RFC3339))+`\s+server-0`, out)
 	})
 
 	t.Run("valid VirtualService is accepted", func(t *testing.T) {
@@ -374,4 +443,21 @@ func BenchmarkStart(b *testing.B) {
 			}
 		})
 	}
+}
+
+// repoRoot is the checkout the tests run in.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := RepoRoot()
+	require.NoError(t, err)
+	return root
+}
+
+// runKubectl runs kubectl against kubeconfig and returns its stdout and
+// stderr together.
+func runKubectl(kubectl, kubeconfig string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
+	return string(out), err
 }

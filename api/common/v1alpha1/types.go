@@ -4,6 +4,9 @@ import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // ObjectRef names an object in the management cluster.
 type ObjectRef struct {
+	// (Patterns, not CEL rules with readable messages as the scalar fields
+	// of the specs have: ObjectRef and ClusterObjectRef are items of long
+	// lists, where a rule's estimated cost is over the apiserver's budget.)
 	// Name of the object.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253

@@ -11,12 +11,13 @@ import (
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:shortName=kc,categories=relaymesh
+// +kubebuilder:resource:shortName=rmkc,categories=relaymesh
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS label (at most 63 characters of a-z, 0-9 and '-')"
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
 // +kubebuilder:printcolumn:name="Connected",type=boolean,JSONPath=`.status.connected`
-// +kubebuilder:printcolumn:name="Last Seen",type=date,JSONPath=`.status.lastSeen`
-// +kubebuilder:printcolumn:name="Cert Expiry",type=date,JSONPath=`.status.agentCertificate.notAfter`
+// +kubebuilder:printcolumn:name="Last Event",type=date,JSONPath=`.status.lastSeen`,description="when the server last recorded an event of the agent's session; an idle connected session records none"
+// +kubebuilder:printcolumn:name="Cert Expires",type=string,JSONPath=`.status.agentCertificate.notAfter`,description="when the agent's client certificate expires (RFC 3339; relaymesh cluster list shows it as in 23h)"
+// +kubebuilder:printcolumn:name="Replica",type=string,JSONPath=`.status.replica`,priority=1,description="the server replica holding the agent's session"
 type KubernetesCluster struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -58,7 +59,7 @@ type KubernetesClusterSpec struct {
 	// ClusterDomain is the cluster's DNS suffix.
 	// +kubebuilder:default=cluster.local
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="must be a DNS name such as cluster.local: lowercase letters, digits and '-' between the dots"
 	// +optional
 	ClusterDomain string `json:"clusterDomain,omitempty"`
 	// KubeconfigSecretRef names the secret with the cluster's kubeconfig
@@ -73,7 +74,11 @@ type KubernetesClusterStatus struct {
 	// Connected is true while the cluster's agent holds an open stream.
 	// +optional
 	Connected bool `json:"connected,omitempty"`
-	// LastSeen is when the agent last talked to the server.
+	// LastSeen is when the server last recorded an event of the agent's
+	// session (it connected, renewed, sent a snapshot or an ack, or
+	// disconnected). An idle session writes nothing: while Connected, the
+	// session itself, held by Replica, is the evidence (relaymesh cluster
+	// list shows "now" for it).
 	// +optional
 	LastSeen *metav1.Time `json:"lastSeen,omitempty"`
 	// AgentCertificate is the agent's current client certificate.

@@ -11,7 +11,7 @@ import (
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:shortName=tp,categories=relaymesh
+// +kubebuilder:resource:shortName=rmtp,categories=relaymesh
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type TrafficPolicy struct {
@@ -122,7 +122,8 @@ type Policy struct {
 	FaultInjection *FaultInjection `json:"faultInjection,omitempty"`
 	// RequestTimeout for the whole request, a Go duration.
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a Go duration such as 30s, 1m30s or 8760h (units h, m, s, ms, us, ns)"
 	// +optional
 	RequestTimeout *metav1.Duration `json:"requestTimeout,omitempty"`
 	// +optional
@@ -186,7 +187,8 @@ type VirtualDestinationTarget struct {
 // +kubebuilder:validation:XValidation:rule="has(self.fixedDelay) != has(self.abort)",message="exactly one of fixedDelay or abort must be set"
 type FaultInjection struct {
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a Go duration such as 30s, 1m30s or 8760h (units h, m, s, ms, us, ns)"
 	// +optional
 	FixedDelay *metav1.Duration `json:"fixedDelay,omitempty"`
 	// +optional
@@ -210,7 +212,8 @@ type RetryPolicy struct {
 	// +kubebuilder:validation:Maximum=100
 	Attempts int32 `json:"attempts"`
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a Go duration such as 30s, 1m30s or 8760h (units h, m, s, ms, us, ns)"
 	// +optional
 	PerTryTimeout *metav1.Duration `json:"perTryTimeout,omitempty"`
 	// RetryOn lists Envoy retry conditions.
@@ -235,7 +238,8 @@ type CORSPolicy struct {
 	// +optional
 	ExposeHeaders []string `json:"exposeHeaders,omitempty"`
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a Go duration such as 30s, 1m30s or 8760h (units h, m, s, ms, us, ns)"
 	// +optional
 	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
 	// +optional
@@ -275,11 +279,13 @@ type OutlierDetection struct {
 	// +optional
 	ConsecutiveErrors int32 `json:"consecutiveErrors,omitempty"`
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a Go duration such as 30s, 1m30s or 8760h (units h, m, s, ms, us, ns)"
 	// +optional
 	Interval *metav1.Duration `json:"interval,omitempty"`
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a Go duration such as 30s, 1m30s or 8760h (units h, m, s, ms, us, ns)"
 	// +optional
 	BaseEjectionTime *metav1.Duration `json:"baseEjectionTime,omitempty"`
 	// +kubebuilder:validation:Minimum=0

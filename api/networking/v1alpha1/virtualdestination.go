@@ -10,7 +10,7 @@ import (
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:shortName=vd,categories=relaymesh
+// +kubebuilder:resource:shortName=rmvd,categories=relaymesh
 // +kubebuilder:printcolumn:name="Hostname",type=string,JSONPath=`.spec.hostname`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -38,7 +38,7 @@ type VirtualDestinationSpec struct {
 	// Hostname clients use, e.g. `reviews.global`.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$`
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)+$')",message="must be a DNS name of at least two labels such as reviews.global: lowercase letters, digits and '-' between the dots"
 	Hostname string `json:"hostname"`
 	// Port clients use.
 	Port VirtualDestinationPort `json:"port"`

@@ -11,7 +11,7 @@ import (
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:shortName=vm,categories=relaymesh
+// +kubebuilder:resource:shortName=rmvm,categories=relaymesh
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Rotation",type=string,JSONPath=`.status.rotation.phase`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -209,7 +209,8 @@ type CertOptions struct {
 	// TTL of the certificate, a Go duration. Defaults: 87600h for roots,
 	// 8760h for intermediates.
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$')",message="must be a Go duration such as 30s, 1m30s or 8760h (units h, m, s, ms, us, ns)"
 	// +optional
 	TTL *metav1.Duration `json:"ttl,omitempty"`
 	// KeyAlgorithm of the generated key.
@@ -252,7 +253,7 @@ type Federation struct {
 	// HostnameSuffix of federated hostnames, `<svc>.<ns>.svc.<cluster>.<suffix>`.
 	// +kubebuilder:default=global
 	// +kubebuilder:validation:MaxLength=63
-	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')",message="must be a DNS subdomain: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
 	// +optional
 	HostnameSuffix string `json:"hostnameSuffix,omitempty"`
 	// EastWestGatewaySelectors choose the gateways that carry cross-cluster
