@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,8 +53,20 @@ A registration that fails half-way is rolled back, so a retry starts clean.`
 
 const deregisterSynopsis = `Delete the KubernetesCluster NAME and its unused tokens; the server ends the
 cluster's sessions at once and refuses its certificate and renewals from
-then on. With --remote-context or --remote-kubeconfig it also removes the
-agent's secrets from the workload cluster.`
+then on.
+
+With --remote-context or --remote-kubeconfig it also cleans the workload
+cluster: it removes what the agent applied — the Istio objects carrying the
+label relaymesh.io/owner=relaymesh-agent (ServiceEntries, VirtualServices,
+DestinationRules, Gateways, AuthorizationPolicies with the global deny,
+PeerAuthentications) and the cacerts Secrets carrying it — and the agent's
+secrets. Objects without the label (your own, a cacerts you made) are never
+touched. Removing the AuthorizationPolicies leaves the mesh to Istio's
+default (allow); istiod keeps the removed CA until it restarts. The agent's
+Deployment (its Helm release) is left: uninstall it. --keep-istio-config
+leaves the applied objects and prints the commands that remove them.
+
+Without a workload cluster named, it prints those commands: run them there.`
 
 type registerFlags struct {
 	clusters                                  twoClusters
@@ -292,14 +306,15 @@ func splitYAML(s string) []string {
 func newClusterDeregisterCommand(d deps, g *globals) *cobra.Command {
 	var tc twoClusters
 	var remoteNamespace string
+	var keepIstio bool
 	c := &cobra.Command{
 		Use:   "deregister NAME",
-		Short: "Deregister a workload cluster: end its sessions, refuse its certificate",
+		Short: "Deregister a workload cluster: end its sessions, refuse its certificate, remove what its agent applied",
 		Long:  deregisterSynopsis,
-		Example: `  # Deregister and remove the agent's secrets from the workload cluster
+		Example: `  # Deregister, and remove from the workload cluster what the agent applied and its secrets
   relaymesh cluster deregister cluster-1 --mgmt-context mgmt --remote-context cluster-1
 
-  # Deregister only (the workload cluster is gone or unreachable)
+  # Deregister only (the workload cluster is gone or unreachable): prints the cleanup to run there
   relaymesh cluster deregister cluster-1 --mgmt-context mgmt`,
 		Args:              exactArgs(1, "exactly one cluster NAME"),
 		ValidArgsFunction: completeFrom(func() (kubeclient.Source, error) { return tc.mgmt(g) }, g, false, clusterNames),
@@ -331,18 +346,67 @@ func newClusterDeregisterCommand(d deps, g *globals) *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(d.stdout, "deregistered cluster %s: its sessions end and its certificate is refused from now on\n", name)
+			if remote == nil || keepIstio {
+				why := "the workload cluster was not named (--remote-context or --remote-kubeconfig)"
+				if remote != nil {
+					why = "--keep-istio-config"
+				}
+				fmt.Fprintf(d.stdout, "%s: the Istio objects and cacerts Secrets its agent applied stay in the workload cluster. Remove them there with:\n", why)
+				for _, cmd := range registration.CleanupCommands(agentOwner) {
+					fmt.Fprintf(d.stdout, "  %s\n", cmd)
+				}
+			}
 			if remote == nil {
 				return nil
+			}
+			if !keepIstio {
+				removed, err := registration.RemoveApplied(c.Context(), remote, agentOwner, false)
+				printRemoved(d.stdout, removed)
+				if err != nil {
+					return fmt.Errorf("remove what the agent applied in the workload cluster (run the command again to finish): %w", err)
+				}
 			}
 			if err := registration.RemoveAgentSecrets(c.Context(), remote.Typed, remoteNamespace); err != nil {
 				return err
 			}
 			fmt.Fprintf(d.stdout, "removed the agent's secrets from %s in the workload cluster\n", remoteNamespace)
+			fmt.Fprintf(d.stdout, "the agent itself still runs there and can no longer connect: helm uninstall it (e.g. helm uninstall relaymesh-agent -n %s) or delete its Deployment\n", remoteNamespace)
 			return nil
 		},
 	}
 	tc.addFlags(c.Flags(), g, true)
 	c.Flags().StringVar(&remoteNamespace, "remote-namespace", defaultNamespace, "the agent's namespace in the workload cluster")
+	c.Flags().BoolVar(&keepIstio, "keep-istio-config", false, "with a workload cluster named, leave the Istio objects and cacerts Secrets the agent applied there (and print the commands that remove them)")
 	tc.complete(c, g)
 	return c
+}
+
+// printRemoved says what RemoveApplied removed, and what that changes.
+func printRemoved(w io.Writer, r registration.Applied) {
+	byKind := map[string]int{}
+	for _, o := range r.Objects {
+		kind, _, _ := strings.Cut(o, " ")
+		byKind[kind]++
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(byKind)) {
+		parts = append(parts, fmt.Sprintf("%d %s", byKind[k], k))
+	}
+	if len(parts) == 0 {
+		parts = []string{"no Istio objects"}
+	}
+	fmt.Fprintf(w, "removed what the agent applied in the workload cluster: %s; cacerts Secrets: %d%s\n", strings.Join(parts, ", "), len(r.CACerts), inNamespaces(r.CACerts))
+	if r.AuthorizationPolicies > 0 {
+		fmt.Fprintf(w, "WARNING: %d AuthorizationPolicies were among them (the global deny too): access in the mesh is Istio's default (allow) until you apply policies of your own\n", r.AuthorizationPolicies)
+	}
+	if len(r.CACerts) > 0 {
+		fmt.Fprintf(w, "note: istiod keeps signing with the removed cacerts' CA until it restarts (kubectl -n %s rollout restart deployment/istiod); then it uses a CA of its own and trust with the other meshes ends\n", r.CACerts[0])
+	}
+}
+
+func inNamespaces(ns []string) string {
+	if len(ns) == 0 {
+		return ""
+	}
+	return " (in " + strings.Join(ns, ", ") + ")"
 }
