@@ -14,12 +14,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 )
 
@@ -68,8 +70,6 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{serverChart, "replicas: 10", "/replicas"},
 		{serverChart, "replica: 1", "additional properties 'replica' not allowed"},
 		{serverChart, "webhook: {failurePolicy: Maybe}", "/webhook/failurePolicy"},
-		{serverChart, "webhook: {enabled: true}", "/webhook/clientCAConfigMap"},
-		{serverChart, "webhook: {enabled: true, clientCAConfigMap: ca, allowUnauthenticated: true}", "/webhook/allowUnauthenticated"},
 		{serverChart, "debug: {enabled: authenticated}", "/debug/enabled"},
 		{serverChart, "agentCertTTL: 1 day", "/agentCertTTL"},
 		{serverChart, "image: {repository: r, digest: 'sha256:abc'}", "/image/digest"},
@@ -84,6 +84,12 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{serverChart, "snapshotStore: {type: redis, redis: {address: 'redis', passwordSecret: p, caConfigMap: ca}}", "/snapshotStore/redis/address"},
 		{serverChart, "redis: {enabled: true, passwordSecret: p}", "/tlsSecret"},
 		{agentChart, "replicas: 0", "/replicas"},
+		{agentChart, "replicaCount: 11", "/replicaCount"},
+		{serverChart, "replicaCount: 0", "/replicaCount"},
+		{serverChart, "serviceAccount: {create: false}", "/serviceAccount/name"},
+		{agentChart, "serviceAccount: {create: false}", "/serviceAccount/name"},
+		{serverChart, "fullnameOverride: 9-starts-with-a-digit", "/fullnameOverride"},
+		{agentChart, "nameOverride: Not_A_Label", "/nameOverride"},
 		{agentChart, "serverAddress: no-port", "/serverAddress"},
 		{agentChart, "cluster: Cluster_1", "/cluster"},
 		{agentChart, "leaderElection: {leaseName: l, leaseDuration: 15, renewDeadline: 10s, retryPeriod: 2s}", "/leaderElection/leaseDuration"},
@@ -101,6 +107,26 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 			out, err := h.run("lint", "--strict", chartDir(t, c.chart), "-f", f)
 			require.Error(t, err, out)
 			require.Contains(t, out+err.Error(), c.want)
+		})
+	}
+}
+
+// TestTemplatesRefuseWithAMessage: rules across fields that a JSON schema
+// can only report as a failed branch are the templates' own, and their
+// messages say what to set.
+func TestTemplatesRefuseWithAMessage(t *testing.T) {
+	h := newHelm(t)
+	for _, c := range []struct{ values, want string }{
+		{"webhook: {enabled: true}", "webhook.enabled=true needs webhook.clientCAConfigMap: a ConfigMap of the release namespace"},
+		{"webhook: {enabled: true, clientCAConfigMap: ca, allowUnauthenticated: true}", "set either webhook.clientCAConfigMap"},
+	} {
+		t.Run(c.values, func(t *testing.T) {
+			f := filepath.Join(t.TempDir(), "values.yaml")
+			require.NoError(t, os.WriteFile(f, []byte(c.values+"\n"), 0o600))
+			_, err := h.template(chartDir(t, serverChart), "r", namespace, "-f", f)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), c.want)
+			require.NotContains(t, err.Error(), "oneOf")
 		})
 	}
 }
@@ -201,11 +227,10 @@ func TestChartsOnARealAPIServer(t *testing.T) {
 				for _, k := range []string{"ServiceAccount", "Deployment", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "PodDisruptionBudget", "NetworkPolicy"} {
 					require.True(t, kinds[k], "%s %s renders a %s", chart, variant, k)
 				}
+				require.True(t, kinds["ValidatingAdmissionPolicy"] && kinds["ValidatingAdmissionPolicyBinding"])
 				if chart == serverChart {
 					require.True(t, kinds["Service"])
 					require.Equal(t, variant == "production", kinds["ServiceMonitor"])
-				} else {
-					require.True(t, kinds["ValidatingAdmissionPolicy"] && kinds["ValidatingAdmissionPolicyBinding"])
 				}
 
 				// Each Deployment's pod, as a kubelet-less cluster admits it.
@@ -255,6 +280,103 @@ func TestChartsOnARealAPIServer(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, strings.TrimSpace(out), "no release recorded")
 	})
+	t.Run("the keys every Helm user types", func(t *testing.T) {
+		// helm install with replicaCount, fullnameOverride and an existing
+		// ServiceAccount, then nameOverride: both charts install, and the
+		// objects carry what was asked.
+		for _, chart := range []string{serverChart, agentChart} {
+			ns := "keys-" + strings.TrimPrefix(chart, "relaymesh-")
+			_, err := cs.CoreV1().Namespaces().Create(ctx, namespaceObject(ns, nil), metav1.CreateOptions{})
+			require.NoError(t, err)
+			_, err = cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "existing"}}, metav1.CreateOptions{})
+			require.NoError(t, err)
+			out, err := h.run("install", chart, chartDir(t, chart), "--namespace", ns, "--kubeconfig", c.Kubeconfig,
+				"--set", "replicaCount=3", "--set", "fullnameOverride=x", "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=existing")
+			require.NoError(t, err, "%s: %s", chart, out)
+			objs, err := h.manifest(c.Kubeconfig, chart, ns)
+			require.NoError(t, err)
+			for _, o := range objs {
+				assert.NotEqual(t, "ServiceAccount", o.GetKind(), "%s: serviceAccount.create=false renders none", chart)
+			}
+			d, err := cs.AppsV1().Deployments(ns).Get(ctx, "x", metav1.GetOptions{})
+			require.NoError(t, err, "%s: the Deployment is named by fullnameOverride", chart)
+			assert.Equal(t, int32(3), *d.Spec.Replicas, "%s: replicaCount", chart)
+			assert.Equal(t, "existing", d.Spec.Template.Spec.ServiceAccountName, chart)
+			assert.Equal(t, chart, d.Spec.Template.Labels["app.kubernetes.io/name"], "%s: the label the CLI finds pods by stays", chart)
+			rb, err := cs.RbacV1().RoleBindings(ns).Get(ctx, "x", metav1.GetOptions{})
+			require.NoError(t, err, chart)
+			require.Len(t, rb.Subjects, 1)
+			assert.Equal(t, "existing", rb.Subjects[0].Name, "%s: the Role is bound to the existing account", chart)
+			if chart == serverChart {
+				_, err := cs.CoreV1().Services(ns).Get(ctx, "x", metav1.GetOptions{})
+				require.NoError(t, err, "the Service is named by fullnameOverride")
+				assert.Contains(t, out, "--server-service x", "NOTES say how the CLI finds the renamed Service")
+				assert.NotContains(t, out, "ClusterIP Service", "NOTES do not say agents dial a ClusterIP")
+				assert.Contains(t, out, "A ClusterIP is reachable only from inside this cluster")
+			}
+
+			// nameOverride: RELEASE-NAME, created ServiceAccount of that name.
+			release := chart + "-named"
+			out, err = h.run("install", release, chartDir(t, chart), "--namespace", ns, "--kubeconfig", c.Kubeconfig, "--set", "nameOverride=renamed", "--set", "replicaCount=1")
+			require.NoError(t, err, "%s: %s", chart, out)
+			d, err = cs.AppsV1().Deployments(ns).Get(ctx, release+"-renamed", metav1.GetOptions{})
+			require.NoError(t, err, "%s: the Deployment is named RELEASE-nameOverride", chart)
+			assert.Equal(t, int32(1), *d.Spec.Replicas)
+			assert.Equal(t, release+"-renamed", d.Spec.Template.Spec.ServiceAccountName)
+			_, err = cs.CoreV1().ServiceAccounts(ns).Get(ctx, release+"-renamed", metav1.GetOptions{})
+			require.NoError(t, err, "%s: the chart's own ServiceAccount", chart)
+		}
+	})
+
+	t.Run("token records name their minter", func(t *testing.T) {
+		// The server chart's admission policy (installed above in
+		// keys-server): a bootstrap token record must name the user that
+		// creates it, and the name cannot change afterwards.
+		const ns = "keys-server"
+		me, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		user := me.Status.UserInfo.Username
+		require.NotEmpty(t, user)
+		record := func(name, minter string) *corev1.Secret {
+			s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"relaymesh.io/bootstrap-token": "true"}},
+				Type: identity.TokenSecretType, Data: map[string][]byte{"cluster": []byte("c1")}}
+			if minter != "" {
+				s.Annotations = map[string]string{identity.MintedByAnnotation: minter}
+			}
+			return s
+		}
+		secrets := cs.CoreV1().Secrets(ns)
+		// The policy takes a moment to be enforced after it is created.
+		require.Eventually(t, func() bool {
+			_, err := secrets.Create(ctx, record("probe", "someone-else"), metav1.CreateOptions{})
+			if err == nil {
+				_ = secrets.Delete(ctx, "probe", metav1.DeleteOptions{})
+			}
+			return err != nil && strings.Contains(err.Error(), "must name its minter")
+		}, 30*time.Second, 200*time.Millisecond, "a record naming another user is refused")
+		_, err = secrets.Create(ctx, record("unnamed", ""), metav1.CreateOptions{})
+		require.Error(t, err, "a record naming no one is refused")
+		assert.Contains(t, err.Error(), "annotation relaymesh.io/minted-by must be "+user)
+		got, err := secrets.Create(ctx, record("named", user), metav1.CreateOptions{})
+		require.NoError(t, err, "a record naming its creator is accepted")
+		got.Annotations[identity.MintedByAnnotation] = "someone-else"
+		_, err = secrets.Update(ctx, got, metav1.UpdateOptions{})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "cannot be changed")
+		// The server marks records audited: an update that keeps the
+		// minter passes.
+		got, err = secrets.Get(ctx, "named", metav1.GetOptions{})
+		require.NoError(t, err)
+		got.Annotations["relaymesh.io/audited"] = "true"
+		_, err = secrets.Update(ctx, got, metav1.UpdateOptions{})
+		require.NoError(t, err)
+		// Outside the release namespace the policy does not apply.
+		other := record("elsewhere", "")
+		other.Namespace = "keys-agent"
+		_, err = cs.CoreV1().Secrets("keys-agent").Create(ctx, other, metav1.CreateOptions{})
+		require.NoError(t, err)
+	})
+
 	t.Logf("charts on a real API server: %s", time.Since(start).Round(time.Millisecond))
 }
 

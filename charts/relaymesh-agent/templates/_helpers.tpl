@@ -1,9 +1,28 @@
-{{/* Full name of the release's objects: the release name, unless it already holds the chart name. */}}
+{{/* The chart's name in object names: nameOverride, else the chart name. The label app.kubernetes.io/name stays relaymesh-agent whatever it is: relaymesh dashboard and debug report find the pods by it. */}}
+{{- define "relaymesh-agent.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name of the release's objects: fullnameOverride; else the release name, unless it already holds the chart's name; else release-name. */}}
 {{- define "relaymesh-agent.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "relaymesh-agent.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Replicas: replicaCount (the key `helm create` charts use) when set, else replicas. */}}
+{{- define "relaymesh-agent.replicas" -}}
+{{- if kindIs "invalid" .Values.replicaCount -}}
+{{- .Values.replicas -}}
+{{- else -}}
+{{- .Values.replicaCount -}}
 {{- end -}}
 {{- end -}}
 
@@ -12,7 +31,11 @@
 {{- printf "%s-%s" .Release.Namespace (include "relaymesh-agent.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The ServiceAccount: serviceAccount.name, else the full name (serviceAccount.create=false requires a name: the schema says so). */}}
 {{- define "relaymesh-agent.serviceAccountName" -}}
+{{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) -}}
+{{- fail "serviceAccount.create=false: set serviceAccount.name to the ServiceAccount you created" -}}
+{{- end -}}
 {{- default (include "relaymesh-agent.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 

@@ -1,9 +1,28 @@
-{{/* Full name of the release's objects: the release name, unless it already holds the chart name. */}}
+{{/* The chart's name in object names: nameOverride, else the chart name. The label app.kubernetes.io/name stays relaymesh-server whatever it is: relaymesh dashboard and debug report find the pods by it. */}}
+{{- define "relaymesh-server.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name of the release's objects: fullnameOverride; else the release name, unless it already holds the chart's name; else release-name. */}}
 {{- define "relaymesh-server.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "relaymesh-server.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Replicas: replicaCount (the key `helm create` charts use) when set, else replicas. */}}
+{{- define "relaymesh-server.replicas" -}}
+{{- if kindIs "invalid" .Values.replicaCount -}}
+{{- .Values.replicas -}}
+{{- else -}}
+{{- .Values.replicaCount -}}
 {{- end -}}
 {{- end -}}
 
@@ -12,7 +31,11 @@
 {{- printf "%s-%s" .Release.Namespace (include "relaymesh-server.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The ServiceAccount: serviceAccount.name, else the full name (serviceAccount.create=false requires a name: the schema says so). */}}
 {{- define "relaymesh-server.serviceAccountName" -}}
+{{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) -}}
+{{- fail "serviceAccount.create=false: set serviceAccount.name to the ServiceAccount you created" -}}
+{{- end -}}
 {{- default (include "relaymesh-server.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
@@ -53,5 +76,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s-redis.%s.svc:6379" .Release.Name .Release.Namespace -}}
 {{- else -}}
 {{- fail "snapshotStore.type redis: set snapshotStore.redis.address, or redis.enabled for this chart's Redis" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The webhook's caller check: exactly one of clientCAConfigMap and (WEAKER) allowUnauthenticated. A template rule, not the schema's: its message can say what to do. */}}
+{{- define "relaymesh-server.checkWebhook" -}}
+{{- if .Values.webhook.enabled -}}
+{{- if and .Values.webhook.allowUnauthenticated .Values.webhook.clientCAConfigMap -}}
+{{- fail "webhook: set either webhook.clientCAConfigMap (the webhook answers only your kube-apiserver's client certificate) or, WEAKER, webhook.allowUnauthenticated=true, not both" -}}
+{{- end -}}
+{{- if not (or .Values.webhook.allowUnauthenticated .Values.webhook.clientCAConfigMap) -}}
+{{- fail "webhook.enabled=true needs webhook.clientCAConfigMap: a ConfigMap of the release namespace whose key ca.crt holds the CA of the client certificate your kube-apiserver presents to admission webhooks (or, WEAKER, webhook.allowUnauthenticated=true for an apiserver that presents none)" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
