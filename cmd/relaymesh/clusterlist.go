@@ -15,15 +15,15 @@ import (
 
 // clusterInfo is one registered cluster as cluster list shows it.
 type clusterInfo struct {
-	Name          string     `json:"name"`
-	Mode          string     `json:"mode"`
-	Registered    time.Time  `json:"registered"`
-	Connected     bool       `json:"connected"`
+	Name       string    `json:"name"`
+	Mode       string    `json:"mode"`
+	Registered time.Time `json:"registered"`
+	Connected  bool      `json:"connected"`
 	// LastSeen is when the agent was last heard: while a live replica
 	// holds its session (HeldBy), that replica's last Lease renewal, else
 	// the session's last recorded event (dashboard.LastSeen).
-	LastSeen *time.Time `json:"lastSeen,omitempty"`
-	HeldBy   string     `json:"heldBy,omitempty"`
+	LastSeen      *time.Time `json:"lastSeen,omitempty"`
+	HeldBy        string     `json:"heldBy,omitempty"`
 	CertSerial    string     `json:"certificateSerial,omitempty"`
 	SPIFFEID      string     `json:"spiffeID,omitempty"`
 	CertNotAfter  *time.Time `json:"certificateNotAfter,omitempty"`

@@ -167,6 +167,10 @@ func TestOperatorCLI(t *testing.T) {
 	})
 
 	t.Run("debug report", w.debugReport)
+	t.Run("an idle connected agent is seen now", w.idleAgentsAreSeenNow)
+	t.Run("a Service without endpoints is named as such", w.serviceWithoutEndpoints)
+	t.Run("names complete and describe takes CLUSTER/NAMESPACE/NAME", w.completionAndNames)
+	t.Run("token mints name their minter", w.tokenMintsNameTheMinter)
 
 	t.Run("istiod left on the old CA", func(t *testing.T) {
 		defer w.in(t)()
@@ -352,7 +356,13 @@ func TestOperatorCLI(t *testing.T) {
 		out := w.mustRelaymesh("cluster", "deregister", "cluster-2", "--mgmt-context", "mgmt")
 		assert.Contains(t, out, "deregistered cluster cluster-2")
 		w.requireFinding(30*time.Second, 2, check.Error, check.AreaAgents, `names cluster "cluster-2", which is not registered`, "--remote-context", "cluster-2")
+		// It said what it left in the workload cluster, and how to remove it.
+		assert.Contains(t, out, "the Istio objects and cacerts Secrets its agent applied stay in the workload cluster")
+		assert.Contains(t, out, "kubectl delete virtualservices.networking.istio.io,")
+		assert.Contains(t, out, "-l relaymesh.io/owner=relaymesh-agent")
 	})
+
+	t.Run("deregistration with the workload cluster removes what its agent applied", w.deregisterCleansTheWorkloadCluster)
 }
 
 // ext is an apiextensions client of a cluster of the world.
