@@ -62,7 +62,7 @@ func (w *world) serviceWithoutEndpoints(t *testing.T) {
 	require.NoError(t, err)
 	for service, want := range map[string]string{
 		"relaymesh-noeps":  "Service relaymesh/relaymesh-noeps exists, but no ready pod backs it",
-		"relaymesh-nosuch": "no such Service relaymesh/relaymesh-nosuch",
+		"relaymesh-nosuch": "no Service relaymesh/relaymesh-nosuch (is the server installed",
 	} {
 		out, errOut, code := w.relaymesh("version", "--context", "mgmt", "--server-service", service, "-o", "json")
 		assert.Equal(t, 1, code, "%s: %s", out, errOut)

@@ -170,7 +170,7 @@ func (c *Client) whyUnproxied(ctx context.Context, err error) error {
 	svc, getErr := c.Kube.CoreV1().Services(c.Namespace).Get(ctx, c.Service, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(getErr):
-		return fmt.Errorf("%w %s/%s (is the server installed in namespace %s, under another name, or running outside the cluster?)%s", ErrNoService, c.Namespace, c.Service, c.Namespace, hint)
+		return unproxiedError{ErrNoService, fmt.Sprintf("no Service %s/%s (is the server installed in namespace %s, under another name, or running outside the cluster?)%s", c.Namespace, c.Service, c.Namespace, hint)}
 	case getErr != nil:
 		return nil
 	}
@@ -178,8 +178,18 @@ func (c *Client) whyUnproxied(ctx context.Context, err error) error {
 	if known && ready > 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: Service %s/%s exists, but no ready pod backs it (no server pod is ready yet, or the server runs outside the cluster, by hand or in the demo, and nothing feeds the Service)%s", ErrNoEndpoints, c.Namespace, c.Service, hint)
+	return unproxiedError{ErrNoEndpoints, fmt.Sprintf("Service %s/%s exists, but no ready pod backs it (no server pod is ready yet, or the server runs outside the cluster, by hand or in the demo, and nothing feeds the Service)%s", c.Namespace, c.Service, hint)}
 }
+
+// unproxiedError says why the service proxy could not reach the process;
+// errors.Is matches its kind (ErrNoService, ErrNoEndpoints).
+type unproxiedError struct {
+	kind error
+	msg  string
+}
+
+func (e unproxiedError) Error() string        { return e.msg }
+func (e unproxiedError) Is(target error) bool { return target == e.kind }
 
 // readyEndpoints counts the ready addresses of Service ns/name as the
 // service proxy sees them (its Endpoints object); known is false when they

@@ -9,6 +9,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 func TestGet(t *testing.T) {
@@ -98,4 +104,46 @@ func FuzzParseMetrics(f *testing.F) {
 		_, _ = Version(m)
 		_, _ = m.Value(BuildInfoMetric, map[string]string{"version": "v1"})
 	})
+}
+
+// The apiserver's service proxy says "not found" both for a Service that
+// does not exist and for one no ready pod backs: the client tells them
+// apart, and names the way to give an address directly.
+func TestServiceProxyNotFoundIsExplained(t *testing.T) {
+	ctx := context.Background()
+	notFound := apierrors.NewNotFound(schema.GroupResource{Resource: "services"}, "relaymesh-server:metrics")
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh-server", Namespace: "relaymesh"}}
+	//lint:ignore SA1019 the service proxy reads Endpoints
+	ready := &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh-server", Namespace: "relaymesh"},
+		Subsets: []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: "10.0.0.1"}}}}}
+	//lint:ignore SA1019 as above
+	empty := &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh-server", Namespace: "relaymesh"},
+		Subsets: []corev1.EndpointSubset{{NotReadyAddresses: []corev1.EndpointAddress{{IP: "10.0.0.1"}}}}}
+	for _, tt := range []struct {
+		name    string
+		objects []runtime.Object
+		err     error
+		want    error
+		says    string
+	}{
+		{"no Service", nil, notFound, ErrNoService, "no Service relaymesh/relaymesh-server (is the server installed in namespace relaymesh"},
+		{"no Endpoints object", []runtime.Object{svc}, notFound, ErrNoEndpoints, "exists, but no ready pod backs it"},
+		{"only not-ready addresses", []runtime.Object{svc, empty}, apierrors.NewServiceUnavailable("no endpoints available"), ErrNoEndpoints, "by hand or in the demo"},
+		{"ready: the apiserver's word stands", []runtime.Object{svc, ready}, notFound, nil, ""},
+		{"another error", nil, apierrors.NewForbidden(schema.GroupResource{Resource: "services"}, "x", nil), nil, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &Client{Kube: fake.NewClientset(tt.objects...), Namespace: "relaymesh", Service: "relaymesh-server", Port: "metrics", DirectHint: "pass --server-metrics-address HOST:PORT"}
+			got := c.whyUnproxied(ctx, tt.err)
+			if tt.want == nil {
+				assert.NoError(t, got)
+				return
+			}
+			require.Error(t, got)
+			assert.ErrorIs(t, got, tt.want)
+			assert.Contains(t, got.Error(), tt.says)
+			assert.True(t, strings.HasSuffix(got.Error(), "; pass --server-metrics-address HOST:PORT"), got.Error())
+			assert.NotContains(t, got.Error(), "not found")
+		})
+	}
 }
