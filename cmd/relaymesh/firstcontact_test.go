@@ -13,12 +13,12 @@ import (
 	"github.com/relaymesh/relaymesh/agent/apply"
 	"github.com/relaymesh/relaymesh/check"
 	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/internal/registration"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -167,8 +167,7 @@ func (w *world) deregisterCleansTheWorkloadCluster(t *testing.T) {
 	cs := w.clients[name]
 	kinds := map[string]schema.GroupVersionResource{}
 	for _, gvk := range apply.DefaultKinds {
-		gvr, _ := meta.UnsafeGuessKindToResource(gvk)
-		kinds[gvk.Kind] = gvr
+		kinds[gvk.Kind] = registration.Resource(gvk)
 	}
 	owned := func() int {
 		n := 0

@@ -129,11 +129,26 @@ func removeOwned(ctx context.Context, remote *kubeclient.Clients, gvr schema.Gro
 func CleanupCommands(owner string) []string {
 	kinds := make([]string, 0, len(apply.DefaultKinds))
 	for _, gvk := range apply.DefaultKinds {
-		plural, _ := meta.UnsafeGuessKindToResource(gvk)
-		kinds = append(kinds, plural.Resource+"."+gvk.Group)
+		kinds = append(kinds, Resource(gvk).Resource+"."+gvk.Group)
 	}
 	return []string{
 		fmt.Sprintf("kubectl delete %s --all-namespaces -l %s=%s", strings.Join(kinds, ","), apply.OwnerLabel, owner),
 		fmt.Sprintf("kubectl delete secrets --all-namespaces -l %s=%s --field-selector metadata.name=%s", trust.OwnerLabel, owner, trust.SecretName),
 	}
+}
+
+// Resource is the resource of one of the agent's kinds (apply.DefaultKinds),
+// for a command printed without a cluster to ask: the lower-case plural
+// (meta.UnsafeGuessKindToResource would say "gatewaies").
+func Resource(gvk schema.GroupVersionKind) schema.GroupVersionResource {
+	k := strings.ToLower(gvk.Kind)
+	switch {
+	case strings.HasSuffix(k, "y") && len(k) > 1 && !strings.ContainsRune("aeiou", rune(k[len(k)-2])):
+		k = k[:len(k)-1] + "ies"
+	case strings.HasSuffix(k, "s"):
+		k += "es"
+	default:
+		k += "s"
+	}
+	return gvk.GroupVersion().WithResource(k)
 }

@@ -95,3 +95,15 @@ func TestBundleObjects(t *testing.T) {
 	}
 	assert.Equal(t, "relaymesh,"+identity.RootSecret+","+identity.TokenSecret+","+AgentConfigMap, strings.Join(names, ","))
 }
+
+// The printed cleanup names every kind the agent applies, by its real
+// resource name, and selects only what carries the agent's owner label.
+func TestCleanupCommandsNameEveryKindTheAgentApplies(t *testing.T) {
+	cmds := CleanupCommands("relaymesh-agent")
+	require.Len(t, cmds, 2)
+	for _, want := range []string{"virtualservices.networking.istio.io", "destinationrules.networking.istio.io", "serviceentries.networking.istio.io",
+		"gateways.networking.istio.io", "authorizationpolicies.security.istio.io", "peerauthentications.security.istio.io", "-l relaymesh.io/owner=relaymesh-agent"} {
+		assert.Contains(t, cmds[0], want)
+	}
+	assert.Equal(t, "kubectl delete secrets --all-namespaces -l relaymesh.io/owner=relaymesh-agent --field-selector metadata.name=cacerts", cmds[1])
+}
