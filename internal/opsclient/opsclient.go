@@ -195,7 +195,8 @@ func (e unproxiedError) Is(target error) bool { return target == e.kind }
 // service proxy sees them (its Endpoints object); known is false when they
 // cannot be read.
 func readyEndpoints(ctx context.Context, kube kubernetes.Interface, ns, name string) (ready int, known bool) {
-	//lint:ignore SA1019 the apiserver's service proxy reads Endpoints, so they are what tells whether it can proxy
+	// The apiserver's service proxy reads Endpoints (not EndpointSlices),
+	// so they are what tells whether it can proxy.
 	eps, err := kube.CoreV1().Endpoints(ns).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):

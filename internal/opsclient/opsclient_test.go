@@ -113,12 +113,11 @@ func TestServiceProxyNotFoundIsExplained(t *testing.T) {
 	ctx := context.Background()
 	notFound := apierrors.NewNotFound(schema.GroupResource{Resource: "services"}, "relaymesh-server:metrics")
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh-server", Namespace: "relaymesh"}}
+	meta := metav1.ObjectMeta{Name: "relaymesh-server", Namespace: "relaymesh"}
 	//lint:ignore SA1019 the service proxy reads Endpoints
-	ready := &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh-server", Namespace: "relaymesh"},
-		Subsets: []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: "10.0.0.1"}}}}}
+	ready := &corev1.Endpoints{ObjectMeta: meta, Subsets: []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: "10.0.0.1"}}}}}
 	//lint:ignore SA1019 as above
-	empty := &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh-server", Namespace: "relaymesh"},
-		Subsets: []corev1.EndpointSubset{{NotReadyAddresses: []corev1.EndpointAddress{{IP: "10.0.0.1"}}}}}
+	empty := &corev1.Endpoints{ObjectMeta: meta, Subsets: []corev1.EndpointSubset{{NotReadyAddresses: []corev1.EndpointAddress{{IP: "10.0.0.1"}}}}}
 	for _, tt := range []struct {
 		name    string
 		objects []runtime.Object
