@@ -224,7 +224,7 @@ func inspectImage(t *testing.T, img v1.Image, p v1.Platform, version, rev string
 		cmd.Env = []string{}
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s", out)
-		assert.NotEmpty(t, strings.TrimSpace(string(out)))
+		assert.Regexp(t, `(?m)^client\s+`+regexp.QuoteMeta(version)+`\s`, string(out), "the image's version is linked in, not devel")
 	}
 }
 
@@ -279,4 +279,12 @@ func TestConfigValidate(t *testing.T) {
 		assert.Contains(t, err.Error(), want)
 	}
 	require.NoError(t, Config{RepoRoot: ".", Version: "1", Revision: "r", Created: time.Unix(1, 0)}.Default().Validate())
+	// The version is linked in with -ldflags -X: nothing that would split
+	// or quote the flag.
+	for _, bad := range []string{"1.0 -X main.x=y", "1'0", `1"0`, "1\n0", strings.Repeat("1", 129)} {
+		err := Config{RepoRoot: ".", Version: bad, Revision: "r", Created: time.Unix(1, 0)}.Default().Validate()
+		require.Error(t, err, bad)
+		assert.Contains(t, err.Error(), "letters, digits")
+	}
+	require.NoError(t, Config{RepoRoot: ".", Version: "0.4.0-rc.1+build_7", Revision: "r", Created: time.Unix(1, 0)}.Default().Validate())
 }
