@@ -31,9 +31,14 @@
 {{- printf "%s-%s" .Release.Namespace (include "relaymesh-agent.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* Whether the chart creates the ServiceAccount: "true" or "". Unset (values of a release made before the key, reused by helm upgrade --reuse-values) means it does, as it always did. */}}
+{{- define "relaymesh-agent.createServiceAccount" -}}
+{{- if or (not (kindIs "bool" .Values.serviceAccount.create)) .Values.serviceAccount.create -}}true{{- end -}}
+{{- end -}}
+
 {{/* The ServiceAccount: serviceAccount.name, else the full name (serviceAccount.create=false requires a name: the schema says so). */}}
 {{- define "relaymesh-agent.serviceAccountName" -}}
-{{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) -}}
+{{- if and (not (include "relaymesh-agent.createServiceAccount" .)) (not .Values.serviceAccount.name) -}}
 {{- fail "serviceAccount.create=false: set serviceAccount.name to the ServiceAccount you created" -}}
 {{- end -}}
 {{- default (include "relaymesh-agent.fullname" .) .Values.serviceAccount.name -}}

@@ -31,9 +31,14 @@
 {{- printf "%s-%s" .Release.Namespace (include "relaymesh-server.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* Whether the chart creates the ServiceAccount: "true" or "". Unset (values of a release made before the key, reused by helm upgrade --reuse-values) means it does, as it always did. */}}
+{{- define "relaymesh-server.createServiceAccount" -}}
+{{- if or (not (kindIs "bool" .Values.serviceAccount.create)) .Values.serviceAccount.create -}}true{{- end -}}
+{{- end -}}
+
 {{/* The ServiceAccount: serviceAccount.name, else the full name (serviceAccount.create=false requires a name: the schema says so). */}}
 {{- define "relaymesh-server.serviceAccountName" -}}
-{{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) -}}
+{{- if and (not (include "relaymesh-server.createServiceAccount" .)) (not .Values.serviceAccount.name) -}}
 {{- fail "serviceAccount.create=false: set serviceAccount.name to the ServiceAccount you created" -}}
 {{- end -}}
 {{- default (include "relaymesh-server.fullname" .) .Values.serviceAccount.name -}}
