@@ -10,8 +10,8 @@ import (
 )
 
 // newLogger returns the JSON logger of a long-running process at level
-// ("debug", "info", "warn", "error") and routes klog (client-go) through it;
-// a bad level is a usage error.
+// ("debug", "info", "warn", "error") and routes klog (client-go) through it
+// (main installed the route); a bad level is a usage error.
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 	l, err := logging.ParseLevel(level)
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/relaymesh/relaymesh/internal/logging"
 	"github.com/spf13/cobra"
 )
 
@@ -81,6 +82,9 @@ func defaultDeps(stdout, stderr io.Writer) deps {
 }
 
 func main() {
+	// klog (client-go) logs through the server's or agent's JSON logger
+	// once it exists; set before anything logs.
+	logging.InstallKlog(os.Stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))

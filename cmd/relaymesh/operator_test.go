@@ -96,7 +96,7 @@ func TestOperatorCLI(t *testing.T) {
 			assert.NotEmpty(t, c.ClockOffset)
 		}
 		table := w.mustRelaymesh("cluster", "list", "--context", "mgmt", "-o", "wide")
-		assert.Regexp(t, `(?m)^cluster-1\s+relay\s+\S+ ago\s+yes\s+\S+ ago\s+in \S+\s+`+version(), table)
+		assert.Regexp(t, `(?m)^cluster-1\s+relay\s+\S+ ago\s+yes\s+now \(replica \S+\)\s+in \S+\s+`+version(), table)
 
 		var v versions
 		require.NoError(t, json.Unmarshal([]byte(w.mustRelaymesh("version", "--context", "mgmt", "-o", "json")), &v))

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"k8s.io/klog/v2"
 )
@@ -42,11 +43,65 @@ func New(w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(&uniqueKeys{next: slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: durationString})})
 }
 
-// RouteKlog makes klog (client-go, leader election, informers) log through
-// log, with component KlogComponent. klog's state is process-wide: call it
-// once, from main.
+// klogTarget is the logger klog's lines go to once InstallKlog ran: the
+// one RouteKlog named last, else klogFallback.
+var (
+	klogTarget   atomic.Pointer[slog.Logger]
+	klogFallback atomic.Pointer[slog.Logger]
+)
+
+// InstallKlog makes klog (client-go, leader election, informers) log
+// through the logger RouteKlog names, and until then through a text logger
+// on fallback. klog's own setting is process-wide and not safe against
+// concurrent logging: call it once, first thing in main, before anything
+// logs.
+func InstallKlog(fallback io.Writer) {
+	klogFallback.Store(slog.New(slog.NewTextHandler(fallback, nil)))
+	klog.SetSlogLogger(slog.New(&klogHandler{}))
+}
+
+// RouteKlog sends klog's lines to log, with component KlogComponent, from
+// now on (once InstallKlog ran; safe to call at any time, from any
+// goroutine).
 func RouteKlog(log *slog.Logger) {
-	klog.SetSlogLogger(log.With("component", KlogComponent))
+	klogTarget.Store(log.With("component", KlogComponent))
+}
+
+// klogHandler hands each klog record to the target logger of the moment,
+// replaying the attributes and groups klog added on the way.
+type klogHandler struct {
+	ops []func(slog.Handler) slog.Handler
+}
+
+func (h *klogHandler) target() slog.Handler {
+	l := klogTarget.Load()
+	if l == nil {
+		l = klogFallback.Load()
+	}
+	if l == nil {
+		return slog.DiscardHandler
+	}
+	out := l.Handler()
+	for _, op := range h.ops {
+		out = op(out)
+	}
+	return out
+}
+
+func (h *klogHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.target().Enabled(ctx, l)
+}
+
+func (h *klogHandler) Handle(ctx context.Context, r slog.Record) error {
+	return h.target().Handle(ctx, r)
+}
+
+func (h *klogHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &klogHandler{ops: append(slices.Clone(h.ops), func(n slog.Handler) slog.Handler { return n.WithAttrs(attrs) })}
+}
+
+func (h *klogHandler) WithGroup(name string) slog.Handler {
+	return &klogHandler{ops: append(slices.Clone(h.ops), func(n slog.Handler) slog.Handler { return n.WithGroup(name) })}
 }
 
 // durationString writes a duration as its string, e.g. "1m30s".

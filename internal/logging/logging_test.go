@@ -106,9 +106,14 @@ func TestParseLevel(t *testing.T) {
 // klog's lines (client-go's throttling, leader election) come out as JSON
 // records of the same handler, with component klog and string durations.
 func TestKlogGoesThroughTheHandler(t *testing.T) {
-	var b bytes.Buffer
-	RouteKlog(New(&b, slog.LevelInfo).With("component", "server"))
+	var before, b bytes.Buffer
+	InstallKlog(&before)
 	defer klog.ClearLogger()
+	klog.InfoS("before any process logger", "n", 1)
+	klog.Flush()
+	assert.Contains(t, before.String(), `msg="before any process logger" n=1`, "until a process names its logger: text on the fallback")
+	RouteKlog(New(&b, slog.LevelInfo).With("component", "server"))
+	defer klogTarget.Store(nil)
 	klog.InfoS("Waited before sending request", "delay", 10800*time.Millisecond, "verb", "GET")
 	klog.ErrorS(errors.New("boom"), "watch failed")
 	klog.Flush()
