@@ -41,6 +41,7 @@ func TestKubeTokenStore(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, identity.TokenSecretType, sec.Type)
 		assert.Equal(t, "cluster-1", sec.Labels["relaymesh.io/cluster"])
+		assert.NotContains(t, sec.Annotations, identity.MintedByAnnotation, "no minter given, none claimed")
 		for k, v := range sec.Data {
 			assert.NotContains(t, string(v), tok[17:], "key %s holds the secret", k)
 		}
@@ -50,6 +51,18 @@ func TestKubeTokenStore(t *testing.T) {
 		assert.Error(t, err, "a redeemed token's record is gone")
 		_, err = tokens.Redeem(ctx, "cluster-1", tok)
 		assert.ErrorIs(t, err, identity.ErrBootstrapDenied, "reuse is refused")
+	})
+
+	t.Run("the minter is recorded", func(t *testing.T) {
+		named, err := identity.NewKubeTokenStore(cs, "relaymesh")
+		require.NoError(t, err)
+		named.MintedBy = "alice@example.com"
+		mint, _ := newTokens(t, named)
+		_, rec, err := mint.Mint(ctx, "cluster-1", time.Hour)
+		require.NoError(t, err)
+		sec, err := cs.CoreV1().Secrets("relaymesh").Get(ctx, "relaymesh-bootstrap-token-"+rec.ID, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, "alice@example.com", sec.Annotations[identity.MintedByAnnotation])
 	})
 
 	t.Run("racing redemptions: exactly one wins", func(t *testing.T) {
