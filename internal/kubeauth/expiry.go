@@ -31,16 +31,18 @@ func Expiry(token string) (time.Time, bool) {
 	if err != nil {
 		return time.Time{}, false
 	}
+	// A JSON number only (RFC 7519 NumericDate): a string, even of
+	// digits, is no expiry.
 	var claims struct {
-		Exp *json.Number `json:"exp"`
+		Exp *float64 `json:"exp"`
 	}
 	if err := json.Unmarshal(raw, &claims); err != nil || claims.Exp == nil {
 		return time.Time{}, false
 	}
-	f, err := claims.Exp.Float64()
-	// Seconds since the epoch, within what time.Time holds (year 1 to far
-	// beyond any token): anything else is no expiry Expiry can name.
-	if err != nil || math.IsNaN(f) || f < 0 || f > 1<<40 {
+	// Seconds since the epoch, up to far beyond any token: anything else
+	// is no expiry Expiry can name.
+	f := *claims.Exp
+	if math.IsNaN(f) || f < 0 || f > 1<<40 {
 		return time.Time{}, false
 	}
 	sec, frac := math.Modf(f)
