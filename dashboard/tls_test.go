@@ -2,7 +2,6 @@ package dashboard_test
 
 import (
 	"context"
-	"crypto"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
@@ -44,7 +43,7 @@ func newServingPKI(t *testing.T) *servingPKI {
 // localhost.
 func (p *servingPKI) issue() (chainPEM, keyPEM []byte, leaf *x509.Certificate) {
 	key := catest.NewKey(p.t, catest.ECDSAP256)
-	issued, err := p.auth.IssueServer(context.Background(), key.(crypto.Signer).Public(), []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
+	issued, err := p.auth.IssueServer(context.Background(), key.Public(), []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
 	require.NoError(p.t, err)
 	return issued.ChainPEM(), catest.KeyPEM(p.t, key), issued.Certificate
 }
