@@ -272,7 +272,8 @@ func (w *world) secondReplica(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, own.code, own.body)
 	require.Len(t, own.cookies, 1)
 	assert.True(t, own.cookies[0].Secure)
-	assert.Equal(t, float64(1), metric(t, opsAddr, dashboard.MetricSessions, ""))
+	// (No timing asserted before the idle timeout: on a loaded machine the
+	// next request may come late. After it, the session must be gone.)
 	time.Sleep(11 * time.Second)
 	x = send(t, client, base, http.MethodGet, "/trust", nil, own.cookies[0])
 	assert.Equal(t, http.StatusUnauthorized, x.code, "the session idled out")
