@@ -51,6 +51,7 @@ func Evaluate(o *Observations, now time.Time) []Result {
 	rs = append(rs, evalVirtualMeshes(o, now)...)
 	rs = append(rs, evalIstiod(o)...)
 	rs = append(rs, evalWebhook(o)...)
+	rs = append(rs, evalDashboard(o)...)
 	return rs
 }
 
@@ -547,6 +548,28 @@ func evalWebhook(o *Observations) []Result {
 		}
 	}
 	return rs
+}
+
+// evalDashboard reports how the web dashboard is served: over plain HTTP
+// off loopback, anyone on the path reads the session cookie.
+func evalDashboard(o *Observations) []Result {
+	const subject = "transport"
+	d := o.Dashboard
+	switch {
+	case o.MetricsErr != nil:
+		return nil // reported with the agents: the metrics could not be read
+	case !d.Served:
+		return []Result{result(AreaDashboard, subject, OK, "the server serves no dashboard (no --dashboard-listen)")}
+	case d.TLS == "none" && d.Listener == "loopback":
+		return []Result{result(AreaDashboard, subject, Warning, "served over plain HTTP on loopback (--dashboard-plain-http, WEAKER): reachable only through a port-forward, and its session cookie is not Secure; drop the flag to serve TLS")}
+	case d.TLS == "none":
+		return []Result{result(AreaDashboard, subject, Error, "served over plain HTTP off loopback (%s listener): anyone on the path reads sign-in tokens and session cookies; serve it over TLS (drop --dashboard-plain-http)", d.Listener)}
+	case d.TLS == "relay-ca":
+		return []Result{result(AreaDashboard, subject, OK, "served over TLS with a certificate from the relay CA (%s listener)", d.Listener)}
+	case d.TLS == "files":
+		return []Result{result(AreaDashboard, subject, OK, "served over TLS with the provided certificate (--dashboard-tls-cert, %s listener)", d.Listener)}
+	}
+	return []Result{result(AreaDashboard, subject, Warning, "the server reports the dashboard's transport as %q, which this relaymesh does not know", d.TLS)}
 }
 
 // webhookDenied reports whether the apiserver's error is the webhook's

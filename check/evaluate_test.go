@@ -434,3 +434,35 @@ func TestEvaluateReplicas(t *testing.T) {
 		})
 	}
 }
+
+// The dashboard's transport, as the server's metric reports it: plain
+// HTTP off loopback is an error, on loopback a warning, TLS fine.
+func TestEvaluateDashboard(t *testing.T) {
+	info := func(tls, listener string) opsclient.Metrics {
+		return metrics(t, `relaymesh_dashboard_info{listener="`+listener+`",tls="`+tls+`"} 1`+"\n")
+	}
+	for _, tc := range []struct {
+		name    string
+		metrics opsclient.Metrics
+		want    Severity
+		msg     string
+	}{
+		{"plain HTTP off loopback", info("none", "network"), Error, "served over plain HTTP off loopback"},
+		{"plain HTTP on loopback", info("none", "loopback"), Warning, "--dashboard-plain-http, WEAKER"},
+		{"relay CA", info("relay-ca", "network"), OK, "certificate from the relay CA"},
+		{"provided", info("files", "network"), OK, "provided certificate"},
+		{"unknown transport", info("quantum", "network"), Warning, `"quantum"`},
+		{"not served", metrics(t, "relaymesh_relay_connected_agents 0\n"), OK, "serves no dashboard"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := &Observations{Metrics: tc.metrics}
+			o.Dashboard = gatherDashboard(o.Metrics)
+			s, msg := worst(find(Evaluate(o, now), AreaDashboard, ""))
+			assert.Equal(t, tc.want, s, msg)
+			assert.Contains(t, msg, tc.msg)
+		})
+	}
+	// Metrics that could not be read say nothing of the dashboard (the
+	// agents' row reports them).
+	assert.Empty(t, find(Evaluate(&Observations{MetricsErr: errors.New("refused")}, now), AreaDashboard, ""))
+}

@@ -130,6 +130,7 @@ func Gather(ctx context.Context, cfg Config) *Observations {
 	} else {
 		o.MetricsFrom, o.MetricsErr = "nowhere", opsclient.ErrNoAddress
 	}
+	o.Dashboard = gatherDashboard(o.Metrics)
 	o.Clusters, o.ClustersErr = listAs[multiclusterv1alpha1.KubernetesCluster](ctx, cfg.Mgmt.Dynamic, server.KubernetesClusters, cfg.Namespace)
 	o.VirtualMeshes, o.VirtualMeshesErr = listAs[networkingv1alpha1.VirtualMesh](ctx, cfg.Mgmt.Dynamic, networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), "")
 	o.Meshes = gatherMeshes(ctx, cfg, o)
@@ -144,6 +145,21 @@ func Gather(ctx context.Context, cfg Config) *Observations {
 		o.ReplicaLeases = list.Items
 	}
 	return o
+}
+
+// metricDashboardInfo is the server's account of how it serves the
+// dashboard.
+const metricDashboardInfo = "relaymesh_dashboard_info"
+
+// gatherDashboard reads how the server serves its dashboard from its
+// metrics (nil metrics: not served, as far as can be told).
+func gatherDashboard(m opsclient.Metrics) Dashboard {
+	tls, ok := m.Label(metricDashboardInfo, "tls")
+	if !ok {
+		return Dashboard{}
+	}
+	listener, _ := m.Label(metricDashboardInfo, "listener")
+	return Dashboard{Served: true, TLS: tls, Listener: listener}
 }
 
 // gatherCRDs compares every embedded Relaymesh CRD with the cluster's.

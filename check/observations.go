@@ -50,6 +50,19 @@ type Observations struct {
 	ServerLeaseErr   error
 	ReplicaLeases    []coordinationv1.Lease
 	ReplicaLeasesErr error
+	// Dashboard is how the server says it serves its dashboard (read from
+	// Metrics; zero when they could not be read).
+	Dashboard Dashboard
+}
+
+// Dashboard is the server's web dashboard, as its metric
+// relaymesh_dashboard_info reports it.
+type Dashboard struct {
+	// Served is false when the server reports no dashboard.
+	Served bool
+	// TLS is what it is served with: relay-ca, files, or none (plain
+	// HTTP); Listener is loopback or network, the address it bound.
+	TLS, Listener string
 }
 
 // CRD is one expected CustomResourceDefinition.

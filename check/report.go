@@ -91,6 +91,7 @@ const (
 	AreaVirtualMeshes = "virtualmeshes"
 	AreaIstiod        = "istiod"
 	AreaWebhook       = "webhook"
+	AreaDashboard     = "dashboard"
 )
 
 // Result is one finding.
@@ -118,7 +119,7 @@ type Report struct {
 // NewReport sorts results (by area order, then subject) and counts them.
 func NewReport(now time.Time, results []Result) *Report {
 	order := map[string]int{}
-	for i, a := range []string{AreaCRDs, AreaServer, AreaRelayCA, AreaAgents, AreaClock, AreaVirtualMeshes, AreaIstiod, AreaWebhook} {
+	for i, a := range []string{AreaCRDs, AreaServer, AreaRelayCA, AreaAgents, AreaClock, AreaVirtualMeshes, AreaIstiod, AreaWebhook, AreaDashboard} {
 		order[a] = i
 	}
 	sort.SliceStable(results, func(i, j int) bool {

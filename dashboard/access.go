@@ -404,7 +404,7 @@ type whatIfPage struct {
 // or replaced) and removals (KIND/NAMESPACE/NAME lines), and shows the
 // difference in access. It changes nothing anywhere.
 func (d *Dashboard) whatIf(w http.ResponseWriter, r *http.Request) {
-	user, token, fromCookie, err := d.caller(r)
+	user, csrf, fromCookie, err := d.caller(r)
 	if err == nil {
 		err = d.authorize(r.Context(), user, ViewAccess)
 	}
@@ -422,14 +422,11 @@ func (d *Dashboard) whatIf(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the form could not be read", http.StatusBadRequest)
 		return
 	}
-	if !checkCSRF(r, token, fromCookie) {
+	if !checkCSRF(r, csrf, fromCookie) {
 		http.Error(w, "form token missing or wrong", http.StatusForbidden)
 		return
 	}
-	p := &pageData{Title: "What if", View: ViewAccess, Nav: d.nav(ViewAccess), User: user.Username, Now: d.cfg.Clock().UTC()}
-	if fromCookie {
-		p.CSRF = csrfToken(token)
-	}
+	p := &pageData{Title: "What if", View: ViewAccess, Nav: d.nav(ViewAccess), User: user.Username, CSRF: csrf, Now: d.cfg.Clock().UTC()}
 	page := &whatIfPage{With: r.PostFormValue("with"), Without: r.PostFormValue("without")}
 	p.Data = page
 	diff, status, err := d.diff(page.With, page.Without)

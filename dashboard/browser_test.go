@@ -2,6 +2,10 @@ package dashboard_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -16,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 	"github.com/relaymesh/relaymesh/dashboard"
 	"github.com/relaymesh/relaymesh/examples"
@@ -53,11 +59,18 @@ type world struct {
 	bin, dir  string
 	env       *localcluster.Env
 	url       string
+	opsAddr   string
 	mgmt      *localcluster.Cluster
 	dyn       dynamic.Interface
 	kube      kubernetes.Interface
 	tokens    map[string]string
 	auditPath string
+	// client trusts only the relay roots (relay-root-tls-secret), which
+	// issue the dashboard's certificate: every request verifies the chain.
+	client *http.Client
+	// spki is the SHA-256 of the dashboard certificate's public key, for
+	// Chromium, which does not trust the relay root.
+	spki string
 }
 
 func startWorld(t *testing.T) *world {
@@ -86,11 +99,12 @@ func startWorld(t *testing.T) *world {
 	relayAddr, opsAddr, dashAddr := e2e.Addr(t), e2e.Addr(t), e2e.Addr(t)
 	e2e.Start(t, bin, dir, "server", "server", "--kubeconfig", w.mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
 		"--dashboard-listen", dashAddr, "--audit-log", w.auditPath, "--server-dns-names", "localhost", "--server-ips", "127.0.0.1")
-	w.url = "http://" + dashAddr
+	w.url, w.opsAddr = "https://"+dashAddr, opsAddr
 	e2e.Eventually(t, time.Minute, "the server's health", func() (bool, string) {
 		code, err := e2e.GetJSON("http://"+opsAddr+"/healthz", nil)
 		return code == http.StatusOK, fmt.Sprint(code, err)
 	})
+	w.trustRelayRoots(t, dashAddr)
 	for _, c := range []string{"cluster-1", "cluster-2"} {
 		_, err := e2e.Run(t, bin, "cluster", "register", c, "--mgmt-kubeconfig", w.mgmt.Kubeconfig,
 			"--remote-kubeconfig", env.Cluster(c).Kubeconfig, "--server-address", relayAddr)
@@ -179,10 +193,43 @@ func (w *world) accounts(t *testing.T) {
 	for _, sa := range []string{"viewer", "fleet", "nobody"} {
 		_, err := cs.CoreV1().ServiceAccounts("relaymesh").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
 		require.NoError(t, err)
-		tr, err := cs.CoreV1().ServiceAccounts("relaymesh").CreateToken(ctx, sa, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
-		require.NoError(t, err)
-		w.tokens[sa] = tr.Status.Token
+		w.tokens[sa] = w.mint(t, sa, dashboard.DefaultAudience)
 	}
+}
+
+// mint is a token of ServiceAccount sa for audiences (none: the
+// apiserver's own).
+func (w *world) mint(t *testing.T, sa string, audiences ...string) string {
+	t.Helper()
+	tr, err := w.kube.CoreV1().ServiceAccounts("relaymesh").CreateToken(context.Background(), sa,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: audiences}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return tr.Status.Token
+}
+
+// trustRelayRoots reads the relay roots the server published, and makes
+// w.client trust them only; the dashboard's certificate must verify
+// against them for 127.0.0.1.
+func (w *world) trustRelayRoots(t *testing.T, dashAddr string) {
+	sec, err := w.kube.CoreV1().Secrets("relaymesh").Get(context.Background(), "relay-root-tls-secret", metav1.GetOptions{})
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(sec.Data["ca.crt"]))
+	tlsCfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	w.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	var leaf *x509.Certificate
+	e2e.Eventually(t, 30*time.Second, "the dashboard's TLS", func() (bool, string) {
+		conn, err := tls.Dial("tcp", dashAddr, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12})
+		if err != nil {
+			return false, err.Error()
+		}
+		defer conn.Close()
+		leaf = conn.ConnectionState().PeerCertificates[0]
+		return true, ""
+	})
+	sum := sha256.Sum256(leaf.RawSubjectPublicKeyInfo)
+	w.spki = base64.StdEncoding.EncodeToString(sum[:])
 }
 
 func (w *world) do(t *testing.T, method, path, token string, form url.Values) (int, string) {
@@ -199,8 +246,7 @@ func (w *world) do(t *testing.T, method, path, token string, form url.Values) (i
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	c := http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := c.Do(req)
+	resp, err := w.client.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
@@ -208,11 +254,18 @@ func (w *world) do(t *testing.T, method, path, token string, form url.Values) (i
 	return resp.StatusCode, string(b)
 }
 
-// TestDashboard runs the dashboard of a real server on the demo's world:
-// the refusals of every page and API, then each page in headless
-// Chromium — signed in through the form, the rows each page must show,
-// the access graph's edges, hostile strings shown as text, and the Trust
-// page following a root rotation phase by phase without a reload.
+// TestDashboard runs the dashboard of a real server on the demo's world,
+// over TLS from the relay CA (every request of the test verifies the
+// chain against the relay roots): the refusals of every page and API;
+// sessions (the cookie a random id, never the token; a token for another
+// audience refused with no session; hostile cookies changing nothing;
+// sign-out ending the session on the server); plain HTTP off loopback
+// refused at start; each page in headless Chromium — signed in through
+// the form, the rows each page must show, the access graph's edges,
+// hostile strings shown as text, and the Trust page following a root
+// rotation phase by phase without a reload; and a second replica serving
+// a provided, reloaded certificate, whose sessions are its own and idle
+// out, with relaymesh check reporting both replicas' transport.
 func TestDashboard(t *testing.T) {
 	chromium, err := exec.LookPath("chromium")
 	require.NoError(t, err, "the browser tests need Debian's chromium: make deps (hack/deps.sh test) installs it")
@@ -221,7 +274,10 @@ func TestDashboard(t *testing.T) {
 	t.Logf("world up in %s", time.Since(start).Round(time.Millisecond))
 
 	t.Run("refusals carry no data", func(t *testing.T) { w.refusals(t) })
+	t.Run("sessions keep the token on the server", func(t *testing.T) { w.sessions(t) })
+	t.Run("plain HTTP off loopback is refused at start", func(t *testing.T) { w.plainHTTPOffLoopback(t) })
 	t.Run("browser", func(t *testing.T) { w.browser(t, chromium) })
+	t.Run("a second replica with a provided certificate", func(t *testing.T) { w.secondReplica(t) })
 }
 
 // refusals: every page, API and the what-if, without a token, with a
@@ -308,8 +364,11 @@ func (p page) noScriptRan(name string) {
 }
 
 func (w *world) browser(t *testing.T, chromium string) {
+	// Chromium does not trust the relay root: it is told the key of the
+	// dashboard's certificate instead (the chain itself is verified by
+	// w.client on every other request).
 	opts := append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]), chromedp.ExecPath(chromium), chromedp.NoSandbox,
-		chromedp.WindowSize(1440, 1000), chromedp.DisableGPU)
+		chromedp.WindowSize(1440, 1000), chromedp.DisableGPU, chromedp.Flag("ignore-certificate-errors-spki-list", w.spki))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	defer cancelAlloc()
 	bctx, cancel := chromedp.NewContext(actx)
@@ -327,8 +386,25 @@ func (w *world) browser(t *testing.T, chromium string) {
 	// A token the apiserver does not accept: still the form.
 	p.do("bad token", chromedp.SetValue(chromedp.ID("token"), "not-a-token"), chromedp.Submit(chromedp.ID("token")), chromedp.WaitVisible(chromedp.CSS(".message")))
 	assert.Contains(t, p.text(".message"), "does not accept this token")
+	// A token of the viewer for another audience: still the form.
+	p.do("foreign audience", chromedp.SetValue(chromedp.ID("token"), w.mint(t, "viewer", "istio-ca")), chromedp.Submit(chromedp.ID("token")), chromedp.WaitVisible(chromedp.CSS(".message")))
+	assert.Contains(t, p.text(".message"), "minted for another audience")
 	// The viewer's token signs in and lands on the Fleet.
 	p.do("sign in", chromedp.SetValue(chromedp.ID("token"), w.tokens["viewer"]), chromedp.Submit(chromedp.ID("token")), chromedp.WaitVisible(chromedp.ID("fleet-table")))
+	// The browser holds one cookie: a random id, Secure, HttpOnly,
+	// SameSite=Strict, __Host-; not the token.
+	cookies, err := chromedp.Run(p.ctx, func(ctx context.Context, target *chromedp.Target) ([]*network.Cookie, error) {
+		res, err := cdp.Call(ctx, target, network.GetCookies, network.GetCookiesParams{URLs: []string{w.url}})
+		return res.Cookies, err
+	})
+	require.NoError(t, err)
+	require.Len(t, cookies, 1)
+	assert.Equal(t, "__Host-relaymesh_dashboard", cookies[0].Name)
+	assert.True(t, cookies[0].Secure)
+	assert.True(t, cookies[0].HTTPOnly)
+	assert.Equal(t, network.CookieSameSiteStrict, cookies[0].SameSite)
+	assert.NotContains(t, cookies[0].Value, w.tokens["viewer"])
+	assert.Len(t, cookies[0].Value, 43)
 
 	// Fleet: both agents connected; cluster-3 (no agent) not ready, its
 	// hostile version shown as text.

@@ -16,9 +16,12 @@ import (
 )
 
 // The server chart serves the dashboard by default, on the port its
-// container and Service name "dashboard", and ships a viewer ClusterRole
-// that grants exactly what the dashboard asks about (ViewerRules); with
-// dashboard.enabled=false there is none of it.
+// container and Service name "dashboard", over TLS from the relay CA for
+// the dashboard's audience, and ships a viewer ClusterRole that grants
+// exactly what the dashboard asks about (ViewerRules); dashboard.tls
+// names a Secret whose certificate it serves instead (mounted whole, so
+// renewals reach the server); with dashboard.enabled=false there is none
+// of it.
 func TestChartShipsTheDashboard(t *testing.T) {
 	root, err := localcluster.RepoRoot()
 	require.NoError(t, err)
@@ -52,10 +55,22 @@ func TestChartShipsTheDashboard(t *testing.T) {
 
 	out := render()
 	assert.Contains(t, out, "- --dashboard-listen=:9092")
+	assert.Contains(t, out, "- --dashboard-audience=relaymesh-dashboard\n")
+	assert.Contains(t, out, "- --dashboard-session-idle-timeout=30m\n")
+	assert.NotContains(t, out, "dashboard-tls", "by default a certificate from the relay CA")
+	assert.NotContains(t, out, "dashboard-plain-http", "the chart never serves plain HTTP")
+
+	provided := render("--set", "dashboard.tls.secretName=dashboard-tls", "--set", "dashboard.audience=dash.example")
+	for _, want := range []string{"- --dashboard-tls-cert=/etc/relaymesh/dashboard-tls/tls.crt", "- --dashboard-tls-key=/etc/relaymesh/dashboard-tls/tls.key",
+		"- name: dashboard-tls\n              mountPath: /etc/relaymesh/dashboard-tls\n              readOnly: true", "secretName: dashboard-tls", "- --dashboard-audience=dash.example"} {
+		assert.Contains(t, provided, want)
+	}
+	assert.NotContains(t, provided, "subPath", "a subPath mount would never see the Secret's updates")
 	assert.Contains(t, out, "- name: dashboard\n              containerPort: 9092")
 	assert.Contains(t, out, "- name: dashboard\n      port: 9092\n      targetPort: dashboard")
 
-	off := render("--set", "dashboard.enabled=false")
+	off := render("--set", "dashboard.enabled=false", "--set", "dashboard.tls.secretName=dashboard-tls")
 	assert.NotContains(t, off, "dashboard-listen")
+	assert.NotContains(t, off, "dashboard-tls")
 	assert.NotContains(t, off, "dashboard-viewer")
 }

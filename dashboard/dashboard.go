@@ -2,12 +2,14 @@ package dashboard
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/x509"
 	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -15,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/relaymesh/relaymesh/internal/kubeauth"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -28,13 +31,24 @@ type Authorizer interface {
 	Authorize(ctx context.Context, user *authenticationv1.UserInfo, attrs authorizationv1.ResourceAttributes) error
 }
 
+// DefaultAudience is the audience a dashboard sign-in token is minted
+// for: `kubectl create token NAME --audience relaymesh-dashboard`.
+const DefaultAudience = "relaymesh-dashboard"
+
 // Config configures a Dashboard.
 type Config struct {
 	// Namespace is the server's: KubernetesClusters, discovered objects and
 	// the audit log's permission live there.
 	Namespace string
 	Source    Source
-	Auth      Authorizer
+	// Auth checks tokens; it MUST accept only tokens for Audience (a
+	// kubeauth.Authenticator with Audiences: {Audience}).
+	Auth Authorizer
+	// Audience is the one tokens are minted for, shown on the sign-in
+	// page; default DefaultAudience.
+	Audience string
+	// Sessions bounds the sign-in sessions (SessionConfig.Default).
+	Sessions SessionConfig
 	// Agents, Relay and Serving are the server's own state; nil leaves
 	// their rows out.
 	Agents  Agents
@@ -51,8 +65,13 @@ type Config struct {
 	// MaxAccessRows bounds the rows of the access table (default 500; a
 	// filter finds the rest, the JSON has everything).
 	MaxAccessRows int
-	Logger        *slog.Logger
-	Clock         func() time.Time
+	// Registerer gets the dashboard's metrics (sessions, sign-ins); nil:
+	// not exported.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+	Clock      func() time.Time
+	// Rand makes session ids and form tokens; default crypto/rand.
+	Rand io.Reader
 }
 
 // Validate reports every missing field.
@@ -67,6 +86,7 @@ func (c Config) Validate() error {
 	if c.Auth == nil {
 		errs = append(errs, errors.New("dashboard: Auth is required: the dashboard serves no one anonymously"))
 	}
+	errs = append(errs, c.Sessions.Validate())
 	return errors.Join(errs...)
 }
 
@@ -78,13 +98,21 @@ var assetFS embed.FS
 
 // Dashboard serves the pages. Safe for concurrent use.
 type Dashboard struct {
-	cfg    Config
-	log    *slog.Logger
-	pages  map[string]*template.Template
-	audit  *auditReader
-	access *accessCache
-	h      http.Handler
+	cfg      Config
+	log      *slog.Logger
+	pages    map[string]*template.Template
+	audit    *auditReader
+	access   *accessCache
+	sessions *sessions
+	signIns  *prometheus.CounterVec
+	h        http.Handler
 }
+
+// Metric names.
+const (
+	MetricSessions = "relaymesh_dashboard_sessions"
+	MetricSignIns  = "relaymesh_dashboard_sign_ins_total"
+)
 
 // New returns a Dashboard.
 func New(cfg Config) (*Dashboard, error) {
@@ -100,8 +128,28 @@ func New(cfg Config) (*Dashboard, error) {
 	if cfg.MaxAccessRows <= 0 {
 		cfg.MaxAccessRows = 500
 	}
+	if cfg.Audience == "" {
+		cfg.Audience = DefaultAudience
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Reader
+	}
+	cfg.Sessions = cfg.Sessions.Default()
 	d := &Dashboard{cfg: cfg, log: cfg.Logger.With("component", "dashboard"), audit: &auditReader{path: cfg.AuditLog, head: cfg.AuditHead},
-		access: &accessCache{}}
+		access: &accessCache{}, sessions: newSessions(cfg.Sessions, cfg.Rand, cfg.Clock),
+		signIns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricSignIns,
+			Help: "Dashboard sign-ins by result: success (a session started), refused (the token is not accepted for the dashboard's audience), unavailable (the apiserver could not be asked, or no session could be started)."},
+			[]string{"result"})}
+	for _, r := range []string{"success", "refused", "unavailable"} {
+		d.signIns.WithLabelValues(r)
+	}
+	if cfg.Registerer != nil {
+		sessions := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: MetricSessions,
+			Help: "Dashboard sessions this replica holds (signed in, not expired, idle or signed out)."}, func() float64 { return float64(d.sessions.count()) })
+		if err := errors.Join(cfg.Registerer.Register(sessions), cfg.Registerer.Register(d.signIns)); err != nil {
+			return nil, fmt.Errorf("dashboard metrics: %w", err)
+		}
+	}
 	pages, err := parseTemplates()
 	if err != nil {
 		return nil, err
@@ -141,7 +189,7 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) { d.h.Serv
 func (d *Dashboard) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/fleet", http.StatusSeeOther) })
-	mux.HandleFunc("GET /login", d.loginPage)
+	mux.HandleFunc("GET /login", d.showLogin)
 	mux.HandleFunc("POST /login", d.login)
 	mux.HandleFunc("POST /logout", d.logout)
 	assets, _ := fs.Sub(assetFS, "assets")
@@ -209,7 +257,8 @@ type pageData struct {
 	Nav   []navItem
 	// User is the signed-in caller's name; empty on the login page.
 	User string
-	// CSRF is the form token of the session (see csrfToken).
+	// CSRF is the form token of the session (empty for a caller that sent
+	// its token in a header).
 	CSRF string
 	Now  time.Time
 	// Message is an error or notice for the page.
@@ -244,23 +293,39 @@ func (d *Dashboard) render(w http.ResponseWriter, status int, name string, p *pa
 	_, _ = w.Write([]byte(buf.String()))
 }
 
-// caller authenticates r: its Authorization header, else the session
-// cookie. fromCookie says which.
-func (d *Dashboard) caller(r *http.Request) (user *authenticationv1.UserInfo, token string, fromCookie bool, err error) {
+// caller authenticates r: its Authorization header, else its session
+// cookie. csrf is the session's form token ("" for a header); fromCookie
+// says which. A session whose token the apiserver no longer accepts is
+// ended.
+func (d *Dashboard) caller(r *http.Request) (user *authenticationv1.UserInfo, csrf string, fromCookie bool, err error) {
 	if r.Header.Get("Authorization") != "" {
-		token, err = kubeauth.Token(r)
-	} else {
-		token, err = sessionToken(r)
-		fromCookie = true
+		token, err := kubeauth.Token(r)
+		if err != nil {
+			return nil, "", false, err
+		}
+		user, err := d.cfg.Auth.Authenticate(r.Context(), token)
+		if err != nil {
+			return nil, "", false, err
+		}
+		return user, "", false, nil
+	}
+	key, err := sessionCookie(r)
+	if err != nil {
+		return nil, "", false, errors.Join(kubeauth.ErrUnauthenticated, err)
+	}
+	sess, err := d.sessions.get(key)
+	if err != nil {
+		return nil, "", false, errors.Join(kubeauth.ErrUnauthenticated, err)
+	}
+	user, err = d.cfg.Auth.Authenticate(r.Context(), sess.token)
+	if errors.Is(err, kubeauth.ErrUnauthenticated) {
+		d.sessions.end(key)
+		d.log.Info("dashboard session ended: its token is no longer accepted", "user", sess.user)
 	}
 	if err != nil {
 		return nil, "", false, err
 	}
-	user, err = d.cfg.Auth.Authenticate(r.Context(), token)
-	if err != nil {
-		return nil, "", false, err
-	}
-	return user, token, fromCookie, nil
+	return user, sess.csrf, true, nil
 }
 
 // authorize checks every permission view v needs, for user.
@@ -284,11 +349,18 @@ func (d *Dashboard) refuse(w http.ResponseWriter, r *http.Request, v View, err e
 	case errors.Is(err, kubeauth.ErrUnauthenticated):
 		w.Header().Set("WWW-Authenticate", `Bearer realm="relaymesh"`)
 		msg := ""
-		if _, cerr := r.Cookie(cookieName); cerr == nil {
-			msg = "Your token is no longer accepted (expired or revoked): sign in again."
+		if r.Header.Get("Authorization") == "" && hasSessionCookie(r) {
+			switch {
+			case errors.Is(err, errSessionEnded):
+				msg = "Your session ended (signed out, unused for too long, at its token's expiry, or started on another server replica): sign in again."
+			case errors.Is(err, errMalformedSession):
+				msg = "Your session cookie is not one this server made: sign in again."
+			default:
+				msg = "Your token is no longer accepted (expired or revoked): sign in again."
+			}
 			clearSession(w, r)
 		}
-		d.render(w, http.StatusUnauthorized, "login", &pageData{Title: "Sign in", Message: msg, Data: loginData{Next: "/" + string(v)}})
+		d.loginPage(w, http.StatusUnauthorized, msg, "/"+string(v))
 	case errors.Is(err, kubeauth.ErrForbidden):
 		d.render(w, http.StatusForbidden, "forbidden", &pageData{Title: "Not allowed", View: v, Nav: d.nav(v), Data: forbiddenData(v, d.cfg.Namespace)})
 	default:
@@ -318,7 +390,7 @@ func forbiddenData(v View, namespace string) forbidden {
 // page serves view v as HTML.
 func (d *Dashboard) page(v View) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		user, token, fromCookie, err := d.caller(r)
+		user, csrf, _, err := d.caller(r)
 		if err == nil {
 			err = d.authorize(r.Context(), user, v)
 		}
@@ -327,10 +399,7 @@ func (d *Dashboard) page(v View) http.HandlerFunc {
 			return
 		}
 		data, err := d.data(v, r)
-		p := &pageData{Title: v.Title(), View: v, Nav: d.nav(v), User: user.Username, Now: d.cfg.Clock().UTC(), Data: data}
-		if fromCookie {
-			p.CSRF = csrfToken(token)
-		}
+		p := &pageData{Title: v.Title(), View: v, Nav: d.nav(v), User: user.Username, CSRF: csrf, Now: d.cfg.Clock().UTC(), Data: data}
 		if err != nil {
 			d.log.Warn("dashboard data unavailable", "view", string(v), "error", err)
 			p.Data, p.Message = nil, "Could not read the data of this page: "+err.Error()

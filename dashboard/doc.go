@@ -1,4 +1,4 @@
-// Package dashboard is Relaymesh's read-only web UI, served by the
+// Package dashboard is Relaymesh's read-only web UI, served over TLS by the
 // management server on its own port (`relaymesh server --dashboard-listen`):
 // the fleet of clusters and agents, every certificate Relaymesh issued or
 // manages, each VirtualMesh's shared trust and root rotation, the status of
@@ -10,12 +10,20 @@
 // Nothing is served without a caller the management cluster's apiserver
 // vouches for, and every view is authorized for that caller:
 //
+//   - Transport: TLS (a certificate from the relay CA, or provided files,
+//     reloaded; see tls.go). Plain HTTP is a WEAKER opt-in the server
+//     allows on a loopback address only.
 //   - Authentication is the Kubernetes way: a bearer token the apiserver
-//     accepts (from `kubectl create token`, or an OIDC token), checked with
-//     a TokenReview. Browsers paste it once into the login form; the server
-//     checks it and keeps it in an HttpOnly, SameSite=Strict cookie scoped
-//     to the dashboard's path. API clients send it as an Authorization
-//     header instead.
+//     accepts for the dashboard's audience (`kubectl create token NAME
+//     --audience relaymesh-dashboard`, or an OIDC token for it), checked
+//     with a TokenReview whose answer must name that audience. Browsers
+//     paste it once into the login form; the server keeps it in memory and
+//     gives the browser only a random session id (session.go): HttpOnly,
+//     SameSite=Strict, and over TLS Secure with the __Host- prefix. The
+//     token never leaves the server again; sessions end at sign-out, when
+//     idle, at a maximum lifetime, at the token's expiry or revocation, and
+//     live in one replica only. API clients send the token as an
+//     Authorization header instead.
 //   - Authorization is a SubjectAccessReview per request for each
 //     Relaymesh resource the view shows (Views lists them; ViewerRules is
 //     the ClusterRole that grants them all). A caller refused any of them
@@ -24,8 +32,8 @@
 //     logout) and the what-if (a POST because a policy does not fit a URL,
 //     and it changes nothing either) need a same-origin request
 //     (net/http's CrossOriginProtection: Sec-Fetch-Site, else Origin against
-//     Host) and, once signed in, a form token derived from the session's
-//     token. The cookie is SameSite=Strict, so no other site's page sends it.
+//     Host) and, once signed in, the session's own random form token. The
+//     cookie is SameSite=Strict, so no other site's page sends it.
 //   - XSS: every string from a cluster is untrusted. Pages are html/template
 //     (contextual escaping, no template.HTML of cluster data); the only
 //     script is the embedded assets/app.js, which writes with textContent;

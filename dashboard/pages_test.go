@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -166,8 +167,8 @@ func TestRefusalsCarryNoData(t *testing.T) {
 }
 
 // Sign-in: a form post sets an HttpOnly, SameSite=Strict cookie that then
-// authenticates; a cross-site post is refused; sign-out needs the form
-// token.
+// authenticates; a cross-site post is refused; the what-if and sign-out
+// need the session's form token, which the session's pages carry.
 func TestSessionCookieAndCSRF(t *testing.T) {
 	srv := newTestDashboard(t, demoWorld("", testNow), "")
 	c := srv.Client()
@@ -205,6 +206,7 @@ func TestSessionCookieAndCSRF(t *testing.T) {
 	ck := resp.Cookies()[0]
 	assert.True(t, ck.HttpOnly)
 	assert.Equal(t, http.SameSiteStrictMode, ck.SameSite)
+	assert.NotContains(t, ck.Value, "viewer-token")
 
 	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/trust", nil)
 	req.AddCookie(ck)
@@ -213,20 +215,30 @@ func TestSessionCookieAndCSRF(t *testing.T) {
 	body, _ := io.ReadAll(r2.Body)
 	r2.Body.Close()
 	require.Equal(t, http.StatusOK, r2.StatusCode)
-	assert.Contains(t, string(body), csrfToken("viewer-token"))
+	csrf := formToken(t, string(body))
 
 	// The what-if with the cookie needs the form token.
 	resp = post("/access/whatif", url.Values{"without": {"accesspolicy/relaymesh/productpage-to-reviews"}}, nil, ck)
 	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
-	resp = post("/access/whatif", url.Values{"without": {"accesspolicy/relaymesh/productpage-to-reviews"}, "csrf": {csrfToken("viewer-token")}}, nil, ck)
+	resp = post("/access/whatif", url.Values{"without": {"accesspolicy/relaymesh/productpage-to-reviews"}, "csrf": {"wrong"}}, nil, ck)
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+	resp = post("/access/whatif", url.Values{"without": {"accesspolicy/relaymesh/productpage-to-reviews"}, "csrf": {csrf}}, nil, ck)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 
 	resp = post("/logout", url.Values{"csrf": {"wrong"}}, nil, ck)
 	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
-	resp = post("/logout", url.Values{"csrf": {csrfToken("viewer-token")}}, nil, ck)
+	resp = post("/logout", url.Values{"csrf": {csrf}}, nil, ck)
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Len(t, resp.Cookies(), 1)
 	assert.Equal(t, -1, resp.Cookies()[0].MaxAge)
+}
+
+// formToken is the csrf value of the first form of a page.
+func formToken(t testing.TB, body string) string {
+	t.Helper()
+	m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(body)
+	require.NotNil(t, m, "the page carries a form token")
+	return m[1]
 }
 
 // The what-if shows the difference a removal makes, and refuses bad input

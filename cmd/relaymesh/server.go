@@ -71,7 +71,7 @@ type serverFlags struct {
 	webhookDNSNames, webhookIPs, webhookFailurePolicy string
 	webhookClientCA, debugEndpoints                   string
 	webhookAllowUnauthenticated                       bool
-	dashboardListen                                   string
+	dash                                              dashboardServeFlags
 	pkcs11Modules                                     []string
 	kubeQPS                                           float64
 	replicaName                                       string
@@ -144,7 +144,7 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.Float64Var(&f.conns.StreamsPerSecond, "connection-streams-per-second", 50, "streams an authenticated relay connection may open per second (burst 4x); beyond, the connection is closed (what an HTTP/2 rapid-reset flood meets); raise it with --cluster-renewals-per-minute")
 	fs.StringVar(&f.debugEndpoints, "debug-endpoints", "authenticated", "authenticated: /debug/* on the metrics port answers only bearer tokens the apiserver accepts (TokenReview) whose user may get relaymesh.io/debug (SubjectAccessReview); off: not served")
 	fs.StringVar(&f.webhookClientCA, "webhook-client-ca", "", "PEM file of the CA that issued the kube-apiserver's client certificate for admission webhooks (its --admission-control-config-file kubeconfig): the webhook then answers only callers with such a certificate; required with --webhook-listen unless --webhook-allow-unauthenticated")
-	fs.StringVar(&f.dashboardListen, "dashboard-listen", "", "serve the read-only web dashboard on this address, e.g. :9092 (bearer token checked by TokenReview, every view authorized by SubjectAccessReview; see docs/dashboard.md); empty: off")
+	f.dash.register(fs)
 	fs.BoolVar(&f.webhookAllowUnauthenticated, "webhook-allow-unauthenticated", false, "WEAKER: serve the webhook to callers without a client certificate; decisions record the caller as unauthenticated and each source address has its own budget")
 	fs.StringVar(&f.replicaName, "replica-name", "", "this replica's name in the server's Leases and in KubernetesCluster status (unique per replica; default: $POD_NAME, else the host name and process ID)")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "run as one of several replicas: the once-only work (output heads, statuses, the rotation driver, orphan collection, the session sweep, the token-mint audit, the webhook's configuration, the in-process agents of kubeconfig-mode clusters) runs only while holding the Lease relaymesh-server in --namespace; off: this process does it unconditionally and serves its own output versions (run exactly one replica)")
@@ -524,8 +524,8 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	} else {
 		log.Info("debug endpoints are off (--debug-endpoints off)")
 	}
-	if f.dashboardListen != "" {
-		stop, err := serveDashboard(ctx, f, kube, dashboardParts{view: view, pki: signer, serving: serving, auditLog: auditLog, shared: sharedSnaps}, log)
+	if f.dash.listen != "" {
+		stop, err := serveDashboard(ctx, f, kube, dashboardParts{view: view, pki: signer, serving: serving, auditLog: auditLog, shared: sharedSnaps, authority: authority, reg: reg}, log)
 		if err != nil {
 			return err
 		}
@@ -628,6 +628,7 @@ func (f serverFlags) validate() error {
 		errs = append(errs, errors.New("--server-dns-names or --server-ips must name the server"))
 	}
 	errs = append(errs, f.store.validate()...)
+	errs = append(errs, f.dash.validate()...)
 	return errors.Join(errs...)
 }
 

@@ -7,6 +7,12 @@
 // the relaymesh.io group. Nothing is allowed without both; an apiserver
 // that cannot be asked means no access (fail closed). Tokens are never
 // logged, and only their SHA-256 is kept, in a short-lived cache.
+//
+// An Authenticator configured with Audiences accepts only tokens minted for
+// one of them (`kubectl create token NAME --audience AUDIENCE`): the
+// TokenReview asks for them, and its answer must name one, so a token for
+// another service (istio-ca, the apiserver itself) or an authenticator that
+// ignores audiences is refused.
 package kubeauth
 
 import (
@@ -16,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -53,7 +60,9 @@ type Config struct {
 	// Client reaches the management cluster's apiserver; the server's
 	// account needs create on tokenreviews and subjectaccessreviews.
 	Client kubernetes.Interface
-	// Audiences the token must be for; empty: the apiserver's default.
+	// Audiences the token must be for (one of them); the TokenReview's
+	// answer must name one. Empty: the apiserver's own audience, i.e. any
+	// token the apiserver itself would accept.
 	Audiences []string
 	// CacheTTL reuses a review's answer this long; default 10s; negative:
 	// no caching.
@@ -138,7 +147,14 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (*authen
 		return nil, ErrUnavailable
 	}
 	var user *authenticationv1.UserInfo
-	if tr.Status.Authenticated && tr.Status.Error == "" {
+	switch {
+	case !tr.Status.Authenticated || tr.Status.Error != "":
+	case !a.audienceAnswered(tr.Status.Audiences):
+		// The token may be valid, but not for us: a token minted for
+		// another service, or an authenticator that ignored the audiences
+		// asked for (it then answers none).
+		a.log.Info("token refused: the token review names none of the audiences asked for", "want", a.cfg.Audiences, "answered", tr.Status.Audiences)
+	default:
 		u := tr.Status.User
 		user = &u
 	}
@@ -152,6 +168,22 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (*authen
 		return nil, ErrUnauthenticated
 	}
 	return user, nil
+}
+
+// audienceAnswered says whether a review's answer names one of the
+// audiences asked for (always, when none were). The Kubernetes API asks
+// clients that set spec.audiences to check this: an authenticator that is
+// not audience-aware answers with none.
+func (a *Authenticator) audienceAnswered(answered []string) bool {
+	if len(a.cfg.Audiences) == 0 {
+		return true
+	}
+	for _, want := range a.cfg.Audiences {
+		if slices.Contains(answered, want) {
+			return true
+		}
+	}
+	return false
 }
 
 // Authorize asks whether user may do attrs, by SubjectAccessReview.

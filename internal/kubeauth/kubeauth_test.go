@@ -19,8 +19,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 func debugAttrs(r *http.Request) *authorizationv1.ResourceAttributes {
@@ -121,6 +124,34 @@ func TestHandlerWithRealAPIServer(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	assert.Equal(t, n, calls.Load(), "the token review and the access review are cached")
 
+	// With an audience, only tokens minted for it are accepted: not the
+	// apiserver's own (a plain `kubectl create token`), not istio-ca's.
+	minted := func(sa string, audiences ...string) string {
+		tr, err := kube.CoreV1().ServiceAccounts("relaymesh").CreateToken(ctx, sa, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: audiences}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		return tr.Status.Token
+	}
+	dash, err := kubeauth.New(kubeauth.Config{Client: kube, Audiences: []string{"relaymesh-dashboard"}})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name  string
+		token string
+		ok    bool
+	}{
+		{"the dashboard's audience", minted("reader", "relaymesh-dashboard"), true},
+		{"the dashboard's among others", minted("reader", "istio-ca", "relaymesh-dashboard"), true},
+		{"istio-ca's", minted("reader", "istio-ca"), false},
+		{"the apiserver's own", reader, false},
+	} {
+		u, err := dash.Authenticate(ctx, tc.token)
+		if tc.ok {
+			require.NoError(t, err, tc.name)
+			assert.Equal(t, "system:serviceaccount:relaymesh:reader", u.Username, tc.name)
+		} else {
+			assert.ErrorIs(t, err, kubeauth.ErrUnauthenticated, tc.name)
+		}
+	}
+
 	// An apiserver that cannot be asked refuses (fail closed).
 	down, err := kubernetes.NewForConfig(&rest.Config{Host: "https://127.0.0.1:1", Timeout: time.Second})
 	require.NoError(t, err)
@@ -137,6 +168,25 @@ func TestHandlerWithRealAPIServer(t *testing.T) {
 	require.NoError(t, err)
 	_ = resp.Body.Close()
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+}
+
+// A review that authenticates the token but names none of the audiences
+// asked for (an authenticator that is not audience-aware) is a refusal,
+// and so is one naming another audience.
+func TestAuthenticateRefusesAnAnswerWithoutTheAudience(t *testing.T) {
+	for _, answered := range [][]string{nil, {"istio-ca"}, {"relaymesh-dashboard-x"}} {
+		kube := fake.NewClientset()
+		kube.PrependReactor("create", "tokenreviews", func(action k8stesting.Action) (bool, runtime.Object, error) {
+			tr := action.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview)
+			assert.Equal(t, []string{"relaymesh-dashboard"}, tr.Spec.Audiences, "the review asks for the audience")
+			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: answered, User: authenticationv1.UserInfo{Username: "someone"}}
+			return true, tr, nil
+		})
+		a, err := kubeauth.New(kubeauth.Config{Client: kube, Audiences: []string{"relaymesh-dashboard"}})
+		require.NoError(t, err)
+		_, err = a.Authenticate(context.Background(), "token")
+		assert.ErrorIs(t, err, kubeauth.ErrUnauthenticated, "answered %v", answered)
+	}
 }
 
 type roundTripper func(*http.Request) (*http.Response, error)

@@ -55,7 +55,7 @@ func tokenCommand(kubeconfig string) []string {
 	if abs, err := filepath.Abs(kubeconfig); err == nil {
 		kubeconfig = abs
 	}
-	return []string{kubectl, "--kubeconfig", kubeconfig, "-n", "relaymesh", "create", "token", dashboardViewerName}
+	return []string{kubectl, "--kubeconfig", kubeconfig, "-n", "relaymesh", "create", "token", dashboardViewerName, "--audience", dashboard.DefaultAudience}
 }
 
 // checkDashboard runs the printed token command and reads the Fleet's API

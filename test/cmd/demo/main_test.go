@@ -59,7 +59,7 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		"FINDINGS: 0",
 		"==> The dashboard: http://127.0.0.1:",
 		"Sign in with a token of the ServiceAccount relaymesh/dashboard-viewer",
-		"--kubeconfig " + filepath.Join(dir, "clusters") + "/mgmt.kubeconfig -n relaymesh create token dashboard-viewer",
+		"--kubeconfig " + filepath.Join(dir, "clusters") + "/mgmt.kubeconfig -n relaymesh create token dashboard-viewer --audience relaymesh-dashboard",
 		"Stopping local clusters",
 	} {
 		assert.Contains(t, s, want)
