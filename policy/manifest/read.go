@@ -404,6 +404,10 @@ func (r *reader) document(ctx context.Context, d Document) {
 		r.problem(d.Location, "", "kind", "Required value: an object of %s needs a kind", apiVersion)
 		return
 	}
+	if msg := metadataProblem(d.Object); msg != "" {
+		r.problem(d.Location, kind, "metadata", "%s", msg)
+		return
+	}
 	gv, err := schema.ParseGroupVersion(apiVersion)
 	if err != nil {
 		r.problem(d.Location, kind, "apiVersion", "%v", err)
@@ -428,6 +432,10 @@ func (r *reader) document(ctx context.Context, d Document) {
 		r.problem(d.Location, object, f, "unknown field %q", f)
 	}
 	for _, e := range errs {
+		if e.Detail == celNotChecked {
+			r.problem(d.Location, object, "", "%s", celNotChecked)
+			continue
+		}
 		r.problem(d.Location, object, e.Field, "%s", e.ErrorBody())
 	}
 	if len(unknown)+len(errs) > 0 {
@@ -447,6 +455,28 @@ func (r *reader) document(ctx context.Context, d Document) {
 	default:
 		r.w.Objects++
 	}
+}
+
+// metadataProblem says what is wrong with the shape of an object's
+// metadata: an object, whose name and namespace are strings (YAML reads an
+// unquoted y, no or on as a boolean).
+func metadataProblem(obj map[string]any) string {
+	raw, ok := obj["metadata"]
+	if !ok || raw == nil {
+		return ""
+	}
+	meta, ok := raw.(map[string]any)
+	if !ok {
+		return fmt.Sprintf("must be an object, not %s", typeName(raw))
+	}
+	for _, k := range []string{"name", "namespace", "generateName"} {
+		if v, ok := meta[k]; ok && v != nil {
+			if _, isString := v.(string); !isString {
+				return fmt.Sprintf("%s must be a string, not %s (quote it: YAML reads unquoted y, n, yes, no, on, off as booleans)", k, typeName(v))
+			}
+		}
+	}
+	return ""
 }
 
 func objectName(u *unstructured.Unstructured) string {

@@ -99,9 +99,9 @@ func TestSchemaProblems(t *testing.T) {
 			"spec.destinationSelector[0]", "AccessPolicy relaymesh/reviews", "exactly one of kubeServiceMatcher or kubeServiceRefs must be set"},
 		{"unknown field", strings.Replace(accessPolicy, "spec:\n", "spec:\n  allowEveryone: true\n", 1), "spec.allowEveryone", "AccessPolicy relaymesh/reviews", `unknown field "spec.allowEveryone"`},
 		{"wrong version", strings.Replace(accessPolicy, "v1alpha1", "v1", 1), "apiVersion", "AccessPolicy relaymesh/reviews",
-			`wrong apiVersion "networking.relaymesh.io/v1": AccessPolicy is served as apiVersion networking.relaymesh.io/v1alpha1`},
+			`Unsupported value: "networking.relaymesh.io/v1": AccessPolicy is served as apiVersion networking.relaymesh.io/v1alpha1`},
 		{"wrong group", strings.Replace(accessPolicy, "networking.relaymesh.io", "relaymesh.io", 1), "apiVersion", "AccessPolicy relaymesh/reviews",
-			`wrong apiVersion "relaymesh.io/v1alpha1": AccessPolicy is served as apiVersion networking.relaymesh.io/v1alpha1`},
+			`Unsupported value: "relaymesh.io/v1alpha1": AccessPolicy is served as apiVersion networking.relaymesh.io/v1alpha1`},
 		{"unknown kind", strings.Replace(accessPolicy, "kind: AccessPolicy", "kind: AccessRule", 1), "apiVersion", "AccessRule relaymesh/reviews",
 			"the group networking.relaymesh.io has no kind AccessRule (it has AccessPolicy, TrafficPolicy, VirtualDestination, VirtualMesh)"},
 		{"no name", strings.Replace(accessPolicy, "name: reviews, ", "", 1), "metadata.name", "AccessPolicy relaymesh/", "Required value: name or generateName is required"},
@@ -109,6 +109,9 @@ func TestSchemaProblems(t *testing.T) {
 		{"minItems", strings.Replace(virtualMesh, "  meshes: [{clusterName: cluster-1, namespace: istio-system, name: istiod}]\n", "  meshes: []\n", 1), "spec.meshes", "VirtualMesh relaymesh/prod", "should have at least 1 items"},
 		{"wrong type", strings.Replace(accessPolicy, "spec:\n", "spec:\n  allowedPorts: [\"eighty\"]\n", 1), "spec.allowedPorts[0]", "AccessPolicy relaymesh/reviews", `Invalid value: "string": spec.allowedPorts[0] in body must be of type integer: "string"`},
 		{"no apiVersion", "kind: AccessPolicy\nmetadata: {name: x}\n", "apiVersion", "AccessPolicy", "Required value"},
+		{"namespace read as a boolean", strings.Replace(accessPolicy, "namespace: relaymesh", "namespace: y", 1), "metadata", "AccessPolicy",
+			"namespace must be a string, not a boolean (quote it: YAML reads unquoted y, n, yes, no, on, off as booleans)"},
+		{"metadata not an object", "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: [x]\n", "metadata", "AccessPolicy", "must be an object, not a list"},
 		{"no kind", "apiVersion: networking.relaymesh.io/v1alpha1\nmetadata: {name: x}\n", "kind", "", "Required value"},
 	}
 	for _, tt := range tests {

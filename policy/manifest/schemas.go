@@ -126,6 +126,17 @@ func (s *Schemas) Kinds() []string {
 // the CRD does not serve (or a known group with an unknown kind).
 var ErrWrongAPIVersion = errors.New("wrong apiVersion")
 
+// apiVersionError is an ErrWrongAPIVersion that says which apiVersion is
+// expected.
+type apiVersionError struct{ msg string }
+
+func (e *apiVersionError) Error() string        { return e.msg }
+func (e *apiVersionError) Is(target error) bool { return target == ErrWrongAPIVersion }
+
+func wrongAPIVersion(format string, args ...any) error {
+	return &apiVersionError{msg: fmt.Sprintf(format, args...)}
+}
+
 // expected returns the CRD schema for obj's apiVersion and kind. It returns
 // nil and no error when obj is not of the schemas' groups or kinds, and
 // ErrWrongAPIVersion (with the apiVersion that is expected) when the group,
@@ -133,7 +144,7 @@ var ErrWrongAPIVersion = errors.New("wrong apiVersion")
 func (s *Schemas) expected(gv schema.GroupVersion, kind string) (*crdSchema, error) {
 	if c := s.byKind[schema.GroupKind{Group: gv.Group, Kind: kind}]; c != nil {
 		if c.gvk.Version != gv.Version {
-			return nil, fmt.Errorf("%w %q: %s is served as apiVersion %s", ErrWrongAPIVersion, gv.String(), kind, c.gvk.GroupVersion())
+			return nil, wrongAPIVersion("Unsupported value: %q: %s is served as apiVersion %s", gv.String(), kind, c.gvk.GroupVersion())
 		}
 		return c, nil
 	}
@@ -146,7 +157,7 @@ func (s *Schemas) expected(gv schema.GroupVersion, kind string) (*crdSchema, err
 	ours := s.groups[gv.Group] || strings.Contains(gv.Group, "relaymesh") || gv.Group == ""
 	switch {
 	case len(sameKind) > 0 && ours:
-		return nil, fmt.Errorf("%w %q: %s is served as apiVersion %s", ErrWrongAPIVersion, gv.String(), kind, strings.Join(sameKind, ", "))
+		return nil, wrongAPIVersion("Unsupported value: %q: %s is served as apiVersion %s", gv.String(), kind, strings.Join(sameKind, ", "))
 	case s.groups[gv.Group]:
 		var kinds []string
 		for gk := range s.byKind {
@@ -155,23 +166,29 @@ func (s *Schemas) expected(gv schema.GroupVersion, kind string) (*crdSchema, err
 			}
 		}
 		slices.Sort(kinds)
-		return nil, fmt.Errorf("%w %q: the group %s has no kind %s (it has %s)", ErrWrongAPIVersion, gv.String(), gv.Group, kind, strings.Join(kinds, ", "))
+		return nil, wrongAPIVersion("Unsupported value: %q: the group %s has no kind %s (it has %s)", gv.String(), gv.Group, kind, strings.Join(kinds, ", "))
 	case strings.Contains(gv.Group, "relaymesh"):
 		var groups []string
 		for g := range s.groups {
 			groups = append(groups, g)
 		}
 		slices.Sort(groups)
-		return nil, fmt.Errorf("%w %q: Relaymesh's API groups are %s", ErrWrongAPIVersion, gv.String(), strings.Join(groups, ", "))
+		return nil, wrongAPIVersion("Unsupported value: %q: Relaymesh's API groups are %s", gv.String(), strings.Join(groups, ", "))
 	}
 	return nil, nil
 }
+
+// celNotChecked is what the API server says when schema errors keep it from
+// evaluating the CEL rules.
+const celNotChecked = "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation"
 
 // admit prepares u as the API server does on create (drops status when the
 // CRD has a status subresource, prunes unknown fields, applies defaults)
 // and validates it. It returns the unknown fields it pruned (which strict
 // field validation refuses) and every validation error with its field
-// path. u is changed in place.
+// path (the CEL rules are not evaluated after a blocking schema error, as
+// on the API server: the last error then says so, without a field). u is
+// changed in place.
 func (c *crdSchema) admit(ctx context.Context, u *unstructured.Unstructured) (unknown []string, errs field.ErrorList) {
 	if c.status {
 		delete(u.Object, "status")
@@ -206,7 +223,7 @@ func (c *crdSchema) admit(ctx context.Context, u *unstructured.Unstructured) (un
 	errs = append(errs, structurallisttype.ValidateListSetsAndMaps(nil, c.structural, u.Object)...)
 	if blocking(errs) {
 		// As the API server: CEL rules assume the schema holds.
-		return unknown, append(errs, field.Invalid(nil, nil, "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation"))
+		return unknown, append(errs, &field.Error{Type: field.ErrorTypeInternal, Detail: celNotChecked})
 	}
 	celErrs, _ := c.cel.Validate(ctx, nil, c.structural, u.Object, nil, celconfig.RuntimeCELCostBudget)
 	return unknown, append(errs, celErrs...)
