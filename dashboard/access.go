@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,15 +11,21 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/policy/accessaudit"
+	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/translation"
 )
 
 // The Access page is `relaymesh policy audit` in the browser: the same
 // accessaudit.Audit over the same input, its matrix as a filterable table
 // and a graph, its findings, and the what-if of a pasted change
-// (accessaudit.WhatIf and Compare, as --with and --without).
+// (accessaudit.WhatIf and Compare, as --with and --without). What is in
+// force is decided as the server and the CLI decide it
+// (controller.InForce): the server's admission rules, and the statuses the
+// server wrote (which also carry the verdicts of user rule sets), so an
+// object the server refuses is neither in the matrix nor in the graph.
 
 // Bounds of the Access page.
 const (
@@ -56,6 +63,22 @@ type accessCache struct {
 	version string
 	result  *accessaudit.Result
 	in      *translation.Input
+
+	// admission is the server's default rule set, built on first use.
+	admission     *admission.Engine
+	admissionErr  error
+	admissionOnce sync.Once
+}
+
+// auditConfig is the audit's Config: admission as on the server, and the
+// statuses the server wrote.
+func (d *Dashboard) auditConfig() (accessaudit.Config, error) {
+	c := d.access
+	c.admissionOnce.Do(func() { c.admission, c.admissionErr = admission.New(admission.Config{Recorder: audit.Discard}) })
+	if c.admissionErr != nil {
+		return accessaudit.Config{}, c.admissionErr
+	}
+	return accessaudit.Config{AdminNamespace: d.cfg.Namespace, Admission: c.admission, ServerStatus: true}, nil
 }
 
 // AccessRow is one allowed (source, destination, port).
@@ -91,8 +114,12 @@ type accessPage struct {
 	Sources, Destinations int
 }
 
-// audit returns the audit of the source's current input.
-func (d *Dashboard) auditNow() (*accessaudit.Result, *translation.Input, error) {
+// auditNow returns the audit of the source's current input.
+func (d *Dashboard) auditNow(ctx context.Context) (*accessaudit.Result, *translation.Input, error) {
+	cfg, err := d.auditConfig()
+	if err != nil {
+		return nil, nil, err
+	}
 	c := d.access
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -104,7 +131,7 @@ func (d *Dashboard) auditNow() (*accessaudit.Result, *translation.Input, error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := accessaudit.Audit(in, accessaudit.Config{AdminNamespace: d.cfg.Namespace})
+	res, err := accessaudit.Audit(ctx, in, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -113,7 +140,8 @@ func (d *Dashboard) auditNow() (*accessaudit.Result, *translation.Input, error) 
 }
 
 func (d *Dashboard) accessPage(f accessFilter) (*accessPage, error) {
-	res, _, err := d.auditNow()
+	// Each admission decision has its own deadline (admission.Config).
+	res, _, err := d.auditNow(context.Background())
 	if err != nil {
 		return nil, err
 	}
@@ -432,7 +460,7 @@ func (d *Dashboard) whatIf(w http.ResponseWriter, r *http.Request) {
 	}
 	page := &whatIfPage{With: r.PostFormValue("with"), Without: r.PostFormValue("without")}
 	p.Data = page
-	diff, status, err := d.diff(page.With, page.Without)
+	diff, status, err := d.diff(r.Context(), page.With, page.Without)
 	if err != nil {
 		page.Error = err.Error()
 		d.render(w, status, "whatif", p)
@@ -443,7 +471,7 @@ func (d *Dashboard) whatIf(w http.ResponseWriter, r *http.Request) {
 }
 
 // diff is the what-if: status is the HTTP status of an error.
-func (d *Dashboard) diff(with, without string) (*accessaudit.Diff, int, error) {
+func (d *Dashboard) diff(ctx context.Context, with, without string) (*accessaudit.Diff, int, error) {
 	var refs []accessaudit.Ref
 	for _, line := range strings.Split(without, "\n") {
 		line = strings.TrimSpace(line)
@@ -469,7 +497,7 @@ func (d *Dashboard) diff(with, without string) (*accessaudit.Diff, int, error) {
 	if change == nil && len(refs) == 0 {
 		return nil, http.StatusBadRequest, errors.New("paste objects to add or replace, or name objects to remove")
 	}
-	before, in, err := d.auditNow()
+	before, in, err := d.auditNow(ctx)
 	if err != nil {
 		return nil, http.StatusServiceUnavailable, err
 	}
@@ -477,7 +505,12 @@ func (d *Dashboard) diff(with, without string) (*accessaudit.Diff, int, error) {
 	if err != nil {
 		return nil, http.StatusBadRequest, err
 	}
-	after, err := accessaudit.Audit(proposed, accessaudit.Config{AdminNamespace: d.cfg.Namespace})
+	cfg, err := d.auditConfig()
+	if err != nil {
+		return nil, http.StatusServiceUnavailable, err
+	}
+	// A pasted object is judged by admission as if it were applied.
+	after, err := accessaudit.Audit(ctx, proposed, cfg)
 	if err != nil {
 		return nil, http.StatusBadRequest, fmt.Errorf("with the change: %w", err)
 	}

@@ -1,17 +1,22 @@
 package dashboard
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
+	"github.com/relaymesh/relaymesh/policy/accessaudit"
+	"github.com/relaymesh/relaymesh/translation"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/html"
@@ -280,4 +285,81 @@ func TestAssets(t *testing.T) {
 	for _, sink := range []string{"innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"} {
 		assert.NotContains(t, string(js), sink)
 	}
+}
+
+// refusedAllowAll is an AccessPolicy selecting every source and
+// destination without the opt-in: the server's admission refuses it.
+const refusedAllowAll = `apiVersion: networking.relaymesh.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: allow-all, namespace: relaymesh}
+spec:
+  sourceSelector: [{kubeIdentityMatcher: {}}]
+  destinationSelector: [{kubeServiceMatcher: {}}]
+`
+
+// The Access page and its what-if apply the server's admission and the
+// statuses it wrote: a refused allow-all policy adds no pair to the demo's
+// and leaves the demo's policy unshadowed (opted in, the same policy adds
+// pairs); pasted, it adds nothing; a policy the server reports Invalid for
+// its generation allows nothing either.
+func TestAccessShowsOnlyWhatIsInForce(t *testing.T) {
+	src := demoWorld("", testNow)
+	matrix := func(srv *httptest.Server) (accessaudit.Matrix, map[string]string) {
+		t.Helper()
+		code, body, _ := get(t, srv, "/api/v1/access", "viewer-token")
+		require.Equal(t, http.StatusOK, code, body)
+		var api struct {
+			Data struct {
+				Matrix   accessaudit.Matrix
+				Findings []accessaudit.Finding
+			}
+		}
+		require.NoError(t, json.Unmarshal([]byte(body), &api))
+		kinds := map[string]string{}
+		for _, f := range api.Data.Findings {
+			kinds[f.Objects[0]] += f.Kind + " "
+		}
+		return api.Data.Matrix, kinds
+	}
+	demo, _ := matrix(newTestDashboard(t, src, ""))
+	require.NotEmpty(t, demo.Pairs)
+
+	in := *src.In
+	refused := translation.Input{}
+	require.NoError(t, refused.Decode([]byte(refusedAllowAll)))
+	serverInvalid := refused.AccessPolicies[0]
+	serverInvalid.Name, serverInvalid.Generation = "team-refused", 3
+	serverInvalid.Annotations = map[string]string{"relaymesh.io/allow-all": "true"}              // allowed by the default rules...
+	serverInvalid.Status.State, serverInvalid.Status.ObservedGeneration = common.StateInvalid, 3 // ...refused by the server's
+	serverInvalid.Status.Errors = []string{"refused by admission, so it is not translated: a team rule"}
+	in.AccessPolicies = append(slices.Clone(in.AccessPolicies), refused.AccessPolicies[0], serverInvalid)
+	srv := newTestDashboard(t, &StaticSource{KubernetesClusters: src.KubernetesClusters, In: &in, Rev: "2"}, "")
+	got, kinds := matrix(srv)
+	assert.Equal(t, demo.Pairs, got.Pairs, "the refused policies add no pair")
+	assert.Equal(t, accessaudit.KindRefused+" ", kinds["AccessPolicy/relaymesh/allow-all"])
+	assert.Equal(t, accessaudit.KindNotInForce+" ", kinds["AccessPolicy/relaymesh/team-refused"])
+	assert.NotContains(t, kinds["AccessPolicy/relaymesh/productpage-to-reviews"], accessaudit.KindShadowed, "the real policy is not shadowed")
+
+	opted := in
+	opted.AccessPolicies = slices.Clone(in.AccessPolicies)
+	opted.AccessPolicies[len(opted.AccessPolicies)-2].Annotations = map[string]string{"relaymesh.io/allow-all": "true"}
+	all, _ := matrix(newTestDashboard(t, &StaticSource{KubernetesClusters: src.KubernetesClusters, In: &opted, Rev: "3"}, ""))
+	assert.Greater(t, len(all.Pairs), len(demo.Pairs), "opted in, the same policy is in force")
+
+	code, page, _ := get(t, srv, "/access", "viewer-token")
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, len(demo.Pairs), strings.Count(page, `class="edge `), "the graph draws the demo's pairs")
+
+	// Pasting the refused policy into the what-if adds nothing.
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/access/whatif", strings.NewReader(url.Values{"with": {strings.Replace(refusedAllowAll, "allow-all", "pasted", 1)}}.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer viewer-token")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+	assert.Contains(t, string(b), "0 pair(s) added")
+	assert.Contains(t, string(b), "refused by admission")
 }

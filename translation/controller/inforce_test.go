@@ -139,3 +139,25 @@ func TestInForceFailsClosed(t *testing.T) {
 		assert.Len(t, r.Keys(), len(in.VirtualMeshes)+len(in.TrafficPolicies)+len(in.AccessPolicies)+len(in.VirtualDestinations))
 	}
 }
+
+// TestDescribeSaysARefusedPolicyIsNotInForce: described from what
+// TranslateInForce reports, the refused policy is Invalid, not in force,
+// and has no outputs, while an accepted one is in force.
+func TestDescribeSaysARefusedPolicyIsNotInForce(t *testing.T) {
+	in := world(2, 4, 2, false)
+	in.AccessPolicies = append(in.AccessPolicies, allowAll("everyone"))
+	_, out, r, err := controller.TranslateInForce(context.Background(), in, controller.InForceConfig{AdminNamespace: "relaymesh", Admission: defaultAdmission(t)})
+	require.NoError(t, err)
+	d, err := translation.DescribePolicy(in, out, r, translation.KindAccessPolicy, "relaymesh", "everyone")
+	require.NoError(t, err)
+	assert.Equal(t, string(common.StateInvalid), d.State)
+	assert.False(t, d.InForce)
+	assert.Empty(t, d.Outputs)
+	assert.NotEmpty(t, d.Destinations, "what it would select is still shown")
+
+	first := in.AccessPolicies[0]
+	d, err = translation.DescribePolicy(in, out, r, translation.KindAccessPolicy, first.Namespace, first.Name)
+	require.NoError(t, err)
+	assert.True(t, d.InForce)
+	assert.NotEmpty(t, d.Outputs)
+}
