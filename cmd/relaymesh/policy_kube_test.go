@@ -169,6 +169,26 @@ func (w *liveWorld) refusedPolicy(t *testing.T, ctx context.Context, old []byte)
 	require.Equal(t, 0, run(ctx, []string{"policy", "export", "--kubeconfig", kc, "--out", exported}, &out, &errOut), errOut.String())
 	_, offlineJSON := audit(2, "", "-f", exported)
 	assert.Equal(t, liveJSON, offlineJSON, "export reads back equal")
+	// --discovered-only: the world a repository's policies are audited
+	// against; with the user objects read from files it is the same audit.
+	discovered := filepath.Join(t.TempDir(), "discovered.yaml")
+	require.Equal(t, 0, run(ctx, []string{"policy", "export", "--kubeconfig", kc, "--discovered-only", "--out", discovered}, &out, &errOut), errOut.String())
+	b, err := os.ReadFile(discovered)
+	require.NoError(t, err)
+	assert.Contains(t, string(b), "kind: Workload")
+	assert.NotContains(t, string(b), "kind: AccessPolicy")
+	assert.NotContains(t, string(b), "kind: VirtualMesh")
+	userObjects := filepath.Join(t.TempDir(), "policies.yaml")
+	var user []string
+	for _, doc := range strings.Split(string(world)+"\n---\n"+string(refused), "\n---\n") {
+		if strings.Contains(doc, "networking.relaymesh.io") {
+			user = append(user, doc)
+		}
+	}
+	require.NoError(t, os.WriteFile(userObjects, []byte(strings.Join(user, "\n---\n")), 0o600))
+	_, repoJSON := audit(2, "", "-f", discovered, "-f", userObjects)
+	assert.Equal(t, liveJSON, repoJSON, "discovered export + the repository's policies")
+
 	root, err := localcluster.RepoRoot()
 	require.NoError(t, err)
 	list, err := exec.CommandContext(ctx, filepath.Join(root, ".cache", "bin", "kubectl"), "--kubeconfig", kc, "get",

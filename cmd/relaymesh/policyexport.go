@@ -38,10 +38,16 @@ one multi-document YAML file that 'relaymesh policy audit -f' and
 Objects are written as they would be applied: apiVersion, kind, name,
 namespace, labels, annotations and spec; no status and no server-set
 metadata. The view holds no Secret. The output is sorted, so two exports of
-an unchanged installation are equal.`
+an unchanged installation are equal.
+
+With --discovered-only the user objects are left out (their Namespaces
+too, but for --namespace): the export is then the world a repository's
+policies are audited against, e.g. in CI:
+  relaymesh policy audit -f discovered.yaml -f policies/`
 
 func newPolicyExportCommand(d deps, g *globals) *cobra.Command {
 	var outPath string
+	var discoveredOnly bool
 	var store snapshotStoreFlags
 	c := &cobra.Command{
 		Use:   "export",
@@ -51,19 +57,24 @@ func newPolicyExportCommand(d deps, g *globals) *cobra.Command {
   relaymesh policy export --context mgmt --out world.yaml
   relaymesh policy audit -f world.yaml
 
+  # A CI gate: the repository holds the policies, the export the rest
+  relaymesh policy export --context mgmt --discovered-only --out discovered.yaml
+  relaymesh policy audit -f discovered.yaml -f policies/
+
   # An installation with --snapshot-store=redis
   relaymesh policy export --redis-address redis:6379 --redis-password-file pw --redis-ca-file ca.pem > world.yaml`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return runPolicyExport(c.Context(), d, g, outPath, store)
+			return runPolicyExport(c.Context(), d, g, outPath, discoveredOnly, store)
 		},
 	}
 	c.Flags().StringVar(&outPath, "out", "", "write to this file (mode 0600) instead of stdout")
+	c.Flags().BoolVar(&discoveredOnly, "discovered-only", false, "leave out the user objects (VirtualMeshes, TrafficPolicies, AccessPolicies, VirtualDestinations): the world a repository of them is audited against")
 	store.registerRead(c.Flags())
 	return c
 }
 
-func runPolicyExport(ctx context.Context, d deps, g *globals, outPath string, store snapshotStoreFlags) error {
+func runPolicyExport(ctx context.Context, d deps, g *globals, outPath string, discoveredOnly bool, store snapshotStoreFlags) error {
 	if err := errors.Join(store.validate()...); err != nil {
 		return usageError{err}
 	}
@@ -74,6 +85,9 @@ func runPolicyExport(ctx context.Context, d deps, g *globals, outPath string, st
 	in, err := listInput(ctx, d, kube, g.namespace, store)
 	if err != nil {
 		return err
+	}
+	if discoveredOnly {
+		in.VirtualMeshes, in.TrafficPolicies, in.AccessPolicies, in.VirtualDestinations = nil, nil, nil, nil
 	}
 	var buf bytes.Buffer
 	if err := writeExport(ctx, &buf, d.stderr, kube, g.namespace, in); err != nil {

@@ -83,11 +83,6 @@ func InForce(ctx context.Context, in *translation.Input, cfg InForceConfig) (*tr
 	r := translation.NewReport()
 	var errs []error
 	out := judged(in, r, func(kind string, o metav1.Object, typed runtime.Object) string {
-		if cfg.ServerStatus {
-			if st := storedStatus(typed); st != nil && st.State == common.StateInvalid && st.ObservedGeneration == o.GetGeneration() {
-				return serverInvalid + strings.Join(st.Errors, "; ")
-			}
-		}
 		obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(typed)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s %s/%s: %w", kind, o.GetNamespace(), o.GetName(), err))
@@ -96,7 +91,17 @@ func InForce(ctx context.Context, in *translation.Input, cfg InForceConfig) (*tr
 		obj["apiVersion"], obj["kind"] = networkingv1alpha1.GroupVersion.String(), kind
 		d, err := cfg.Admission.Decide(ctx, admission.Request{Operation: admission.OperationCreate, Kind: kind, Namespace: o.GetNamespace(), Name: o.GetName(),
 			Object: obj, User: admission.User{Username: InProcessUser}, NamespaceLabels: cfg.NamespaceLabels[o.GetNamespace()]})
-		return refusal(d, err)
+		if msg := refusal(d, err); msg != "" {
+			return msg
+		}
+		// Admitted here; the server may still have refused it (rule sets
+		// this view cannot read), and says so in the status.
+		if cfg.ServerStatus {
+			if st := storedStatus(typed); st != nil && st.State == common.StateInvalid && st.ObservedGeneration == o.GetGeneration() {
+				return serverInvalid + strings.Join(st.Errors, "; ")
+			}
+		}
+		return ""
 	})
 	return out, r, errors.Join(errs...)
 }
@@ -116,8 +121,10 @@ func TranslateInForce(ctx context.Context, in *translation.Input, cfg InForceCon
 }
 
 // RefusedByAdmission says whether a status message is admission's refusal
-// (or failure to judge), given by InForce or by the server.
+// (or failure to judge), given by InForce or by the server (as InForce
+// passes on the server's status).
 func RefusedByAdmission(msg string) bool {
+	msg = strings.TrimPrefix(msg, serverInvalid)
 	return strings.HasPrefix(msg, refusedPrefix) || strings.HasPrefix(msg, checkFailed)
 }
 

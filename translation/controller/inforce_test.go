@@ -91,6 +91,15 @@ func TestServerStatusCountsForItsGeneration(t *testing.T) {
 	st, _, _ := r.Status(key)
 	assert.Equal(t, []string{"the server reports it Invalid, so it is not translated: refused by admission, so it is not translated: team rule"}, st.Errors)
 	assert.True(t, controller.LeftOut(st.Errors[0]))
+	assert.True(t, controller.RefusedByAdmission(st.Errors[0]), "the server's refusal by its own rules")
+
+	// An Invalid status for another reason is left out, not a refusal.
+	ap.Status.Errors = []string{"spec.destinationSelector: something translation refused"}
+	_, r, err = controller.InForce(context.Background(), in, cfg)
+	require.NoError(t, err)
+	st, _, _ = r.Status(key)
+	assert.True(t, controller.LeftOut(st.Errors[0]))
+	assert.False(t, controller.RefusedByAdmission(st.Errors[0]))
 
 	ap.Generation = 5 // changed since the server judged it
 	admitted, _, err = controller.InForce(context.Background(), in, cfg)
