@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/relaymesh/relaymesh/api/crds"
@@ -192,6 +191,3 @@ func printInput(w io.Writer, r *accessaudit.InputReport) {
 
 // hasStdin says whether paths read standard input.
 func hasStdin(paths []string) bool { return slices.Contains(paths, manifest.Stdin) }
-
-// pathsText is paths for a message.
-func pathsText(paths []string) string { return strings.Join(paths, ", ") }
