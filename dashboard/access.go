@@ -11,10 +11,12 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/relaymesh/relaymesh/api/crds"
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/policy/accessaudit"
 	"github.com/relaymesh/relaymesh/policy/admission"
+	"github.com/relaymesh/relaymesh/policy/manifest"
 	"github.com/relaymesh/relaymesh/translation"
 )
 
@@ -68,6 +70,10 @@ type accessCache struct {
 	admission     *admission.Engine
 	admissionErr  error
 	admissionOnce sync.Once
+	// schemas validate a pasted what-if, loaded on first use.
+	schemas     *manifest.Schemas
+	schemasErr  error
+	schemasOnce sync.Once
 }
 
 // auditConfig is the audit's Config: admission as on the server, and the
@@ -486,12 +492,9 @@ func (d *Dashboard) diff(ctx context.Context, with, without string) (*accessaudi
 	}
 	var change *translation.Input
 	if strings.TrimSpace(with) != "" {
-		change = &translation.Input{}
-		if err := change.Decode([]byte(with)); err != nil {
+		var err error
+		if change, err = d.readChange(ctx, with); err != nil {
 			return nil, http.StatusBadRequest, fmt.Errorf("add or replace: %w", err)
-		}
-		if accessaudit.Count(change) == 0 {
-			return nil, http.StatusBadRequest, errors.New("add or replace: the YAML holds no object")
 		}
 	}
 	if change == nil && len(refs) == 0 {
@@ -515,4 +518,38 @@ func (d *Dashboard) diff(ctx context.Context, with, without string) (*accessaudi
 		return nil, http.StatusBadRequest, fmt.Errorf("with the change: %w", err)
 	}
 	return accessaudit.Compare(before, after), http.StatusOK, nil
+}
+
+// maxProblems is how many of a pasted YAML's problems the what-if names.
+const maxProblems = 5
+
+// readChange reads a pasted YAML as `policy audit --with` reads a file
+// (policy/manifest): every Relaymesh object checked as the API server
+// would (schema, CEL, apiVersion); an object it would refuse is an error
+// naming the field, not a change.
+func (d *Dashboard) readChange(ctx context.Context, with string) (*translation.Input, error) {
+	c := d.access
+	c.schemasOnce.Do(func() { c.schemas, c.schemasErr = manifest.LoadSchemas(crds.FS) })
+	if c.schemasErr != nil {
+		return nil, c.schemasErr
+	}
+	w, err := manifest.Read(ctx, manifest.Config{Schemas: c.schemas, AdminNamespace: d.cfg.Namespace, MaxBytes: maxWhatIf, MaxFiles: 1},
+		strings.NewReader(with), manifest.Stdin)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(w.Problems); n > 0 {
+		var msgs []string
+		for _, p := range w.Problems[:min(n, maxProblems)] {
+			msgs = append(msgs, strings.TrimPrefix(p.String(), manifest.Stdin+": "))
+		}
+		if n > maxProblems {
+			msgs = append(msgs, fmt.Sprintf("and %d more", n-maxProblems))
+		}
+		return nil, fmt.Errorf("the API server would refuse it: %s", strings.Join(msgs, "; "))
+	}
+	if accessaudit.Count(w.Input) == 0 {
+		return nil, errors.New("the YAML holds no Relaymesh object")
+	}
+	return w.Input, nil
 }
