@@ -13,7 +13,8 @@
 // (controller.TranslateInForce: the server's admission engine and rules,
 // namespace tenancy, for live views the Invalid statuses the server wrote,
 // and anything else translation refuses). An object that is not in force
-// allows nothing and restricts nothing; it is a finding:
+// allows nothing and restricts nothing, and is a finding (refused-by-admission
+// or not-in-force). The rules:
 //
 //   - A source identity is a (cluster, namespace, service account, mesh) of
 //     the discovered Workloads; Istio knows it by its principal
