@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,15 +11,23 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/relaymesh/relaymesh/api/crds"
+	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/policy/accessaudit"
+	"github.com/relaymesh/relaymesh/policy/admission"
+	"github.com/relaymesh/relaymesh/policy/manifest"
 	"github.com/relaymesh/relaymesh/translation"
 )
 
 // The Access page is `relaymesh policy audit` in the browser: the same
 // accessaudit.Audit over the same input, its matrix as a filterable table
 // and a graph, its findings, and the what-if of a pasted change
-// (accessaudit.WhatIf and Compare, as --with and --without).
+// (accessaudit.WhatIf and Compare, as --with and --without). What is in
+// force is decided as the server and the CLI decide it
+// (controller.InForce): the server's admission rules, and the statuses the
+// server wrote (which also carry the verdicts of user rule sets), so an
+// object the server refuses is neither in the matrix nor in the graph.
 
 // Bounds of the Access page.
 const (
@@ -56,6 +65,26 @@ type accessCache struct {
 	version string
 	result  *accessaudit.Result
 	in      *translation.Input
+
+	// admission is the server's default rule set, built on first use.
+	admission     *admission.Engine
+	admissionErr  error
+	admissionOnce sync.Once
+	// schemas validate a pasted what-if, loaded on first use.
+	schemas     *manifest.Schemas
+	schemasErr  error
+	schemasOnce sync.Once
+}
+
+// auditConfig is the audit's Config: admission as on the server, and the
+// statuses the server wrote.
+func (d *Dashboard) auditConfig() (accessaudit.Config, error) {
+	c := d.access
+	c.admissionOnce.Do(func() { c.admission, c.admissionErr = admission.New(admission.Config{Recorder: audit.Discard}) })
+	if c.admissionErr != nil {
+		return accessaudit.Config{}, c.admissionErr
+	}
+	return accessaudit.Config{AdminNamespace: d.cfg.Namespace, Admission: c.admission, ServerStatus: true}, nil
 }
 
 // AccessRow is one allowed (source, destination, port).
@@ -91,8 +120,12 @@ type accessPage struct {
 	Sources, Destinations int
 }
 
-// audit returns the audit of the source's current input.
-func (d *Dashboard) auditNow() (*accessaudit.Result, *translation.Input, error) {
+// auditNow returns the audit of the source's current input.
+func (d *Dashboard) auditNow(ctx context.Context) (*accessaudit.Result, *translation.Input, error) {
+	cfg, err := d.auditConfig()
+	if err != nil {
+		return nil, nil, err
+	}
 	c := d.access
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -104,7 +137,7 @@ func (d *Dashboard) auditNow() (*accessaudit.Result, *translation.Input, error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := accessaudit.Audit(in, accessaudit.Config{AdminNamespace: d.cfg.Namespace})
+	res, err := accessaudit.Audit(ctx, in, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -113,7 +146,8 @@ func (d *Dashboard) auditNow() (*accessaudit.Result, *translation.Input, error) 
 }
 
 func (d *Dashboard) accessPage(f accessFilter) (*accessPage, error) {
-	res, _, err := d.auditNow()
+	// Each admission decision has its own deadline (admission.Config).
+	res, _, err := d.auditNow(context.Background())
 	if err != nil {
 		return nil, err
 	}
@@ -429,7 +463,7 @@ func (d *Dashboard) whatIf(w http.ResponseWriter, r *http.Request) {
 	p := &pageData{Title: "What if", View: ViewAccess, Nav: d.nav(ViewAccess), User: user.Username, CSRF: csrf, Now: d.cfg.Clock().UTC()}
 	page := &whatIfPage{With: r.PostFormValue("with"), Without: r.PostFormValue("without")}
 	p.Data = page
-	diff, status, err := d.diff(page.With, page.Without)
+	diff, status, err := d.diff(r.Context(), page.With, page.Without)
 	if err != nil {
 		page.Error = err.Error()
 		d.render(w, status, "whatif", p)
@@ -440,7 +474,7 @@ func (d *Dashboard) whatIf(w http.ResponseWriter, r *http.Request) {
 }
 
 // diff is the what-if: status is the HTTP status of an error.
-func (d *Dashboard) diff(with, without string) (*accessaudit.Diff, int, error) {
+func (d *Dashboard) diff(ctx context.Context, with, without string) (*accessaudit.Diff, int, error) {
 	var refs []accessaudit.Ref
 	for _, line := range strings.Split(without, "\n") {
 		line = strings.TrimSpace(line)
@@ -455,18 +489,15 @@ func (d *Dashboard) diff(with, without string) (*accessaudit.Diff, int, error) {
 	}
 	var change *translation.Input
 	if strings.TrimSpace(with) != "" {
-		change = &translation.Input{}
-		if err := change.Decode([]byte(with)); err != nil {
+		var err error
+		if change, err = d.readChange(ctx, with); err != nil {
 			return nil, http.StatusBadRequest, fmt.Errorf("add or replace: %w", err)
-		}
-		if accessaudit.Count(change) == 0 {
-			return nil, http.StatusBadRequest, errors.New("add or replace: the YAML holds no object")
 		}
 	}
 	if change == nil && len(refs) == 0 {
 		return nil, http.StatusBadRequest, errors.New("paste objects to add or replace, or name objects to remove")
 	}
-	before, in, err := d.auditNow()
+	before, in, err := d.auditNow(ctx)
 	if err != nil {
 		return nil, http.StatusServiceUnavailable, err
 	}
@@ -474,9 +505,48 @@ func (d *Dashboard) diff(with, without string) (*accessaudit.Diff, int, error) {
 	if err != nil {
 		return nil, http.StatusBadRequest, err
 	}
-	after, err := accessaudit.Audit(proposed, accessaudit.Config{AdminNamespace: d.cfg.Namespace})
+	cfg, err := d.auditConfig()
+	if err != nil {
+		return nil, http.StatusServiceUnavailable, err
+	}
+	// A pasted object is judged by admission as if it were applied.
+	after, err := accessaudit.Audit(ctx, proposed, cfg)
 	if err != nil {
 		return nil, http.StatusBadRequest, fmt.Errorf("with the change: %w", err)
 	}
 	return accessaudit.Compare(before, after), http.StatusOK, nil
+}
+
+// maxProblems is how many of a pasted YAML's problems the what-if names.
+const maxProblems = 5
+
+// readChange reads a pasted YAML as `policy audit --with` reads a file
+// (policy/manifest): every Relaymesh object checked as the API server
+// would (schema, CEL, apiVersion); an object it would refuse is an error
+// naming the field, not a change.
+func (d *Dashboard) readChange(ctx context.Context, with string) (*translation.Input, error) {
+	c := d.access
+	c.schemasOnce.Do(func() { c.schemas, c.schemasErr = manifest.LoadSchemas(crds.FS) })
+	if c.schemasErr != nil {
+		return nil, c.schemasErr
+	}
+	w, err := manifest.Read(ctx, manifest.Config{Schemas: c.schemas, AdminNamespace: d.cfg.Namespace, MaxBytes: maxWhatIf, MaxFiles: 1},
+		strings.NewReader(with), manifest.Stdin)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(w.Problems); n > 0 {
+		var msgs []string
+		for _, p := range w.Problems[:min(n, maxProblems)] {
+			msgs = append(msgs, strings.TrimPrefix(p.String(), manifest.Stdin+": "))
+		}
+		if n > maxProblems {
+			msgs = append(msgs, fmt.Sprintf("and %d more", n-maxProblems))
+		}
+		return nil, fmt.Errorf("the API server would refuse it: %s", strings.Join(msgs, "; "))
+	}
+	if accessaudit.Count(w.Input) == 0 {
+		return nil, errors.New("the YAML holds no Relaymesh object")
+	}
+	return w.Input, nil
 }

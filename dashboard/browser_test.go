@@ -129,7 +129,12 @@ func startWorld(t *testing.T) *world {
 			return false, err.Error()
 		}
 		applied, _, _ := unstructured.NestedInt64(ap.Object, "status", "clusterCounts", "applied")
-		return len(meshes) == 2 && applied == 2, fmt.Sprintf("%d intermediates, policy applied in %d clusters", len(meshes), applied)
+		refused, err := w.dyn.Resource(gvrAccess).Namespace("relaymesh").Get(ctx, "allow-all", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		state, _, _ := unstructured.NestedString(refused.Object, "status", "state")
+		return len(meshes) == 2 && applied == 2 && state == "Invalid", fmt.Sprintf("%d intermediates, policy applied in %d clusters, allow-all %q", len(meshes), applied, state)
 	})
 	return w
 }
@@ -152,6 +157,16 @@ spec:
       services: [{name: productpage, namespace: bookinfo, clusterName: cluster-1}]
   allowedPaths: [`+strconvQuote("/api/"+hostile)+`]
 ---
+# Every source to every destination, without the relaymesh.io/allow-all
+# opt-in: the server's admission refuses it (there is no webhook here, so
+# it is stored), and every view must show it as not in force.
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: allow-all, namespace: relaymesh}
+spec:
+  sourceSelector: [{kubeIdentityMatcher: {}}]
+  destinationSelector: [{kubeServiceMatcher: {}}]
+---
 apiVersion: multicluster.relaymesh.io/v1alpha1
 kind: KubernetesCluster
 metadata: {name: cluster-3, namespace: relaymesh}
@@ -165,6 +180,15 @@ spec: {mode: relay}
 	_, err = w.dyn.Resource(gvrClusters).Namespace("relaymesh").UpdateStatus(ctx, kc, metav1.UpdateOptions{})
 	require.NoError(t, err)
 }
+
+// refusedAllowAll is the allow-all policy of hostileObjects.
+const refusedAllowAll = `apiVersion: networking.relaymesh.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: allow-all, namespace: relaymesh}
+spec:
+  sourceSelector: [{kubeIdentityMatcher: {}}]
+  destinationSelector: [{kubeServiceMatcher: {}}]
+`
 
 func strconvQuote(s string) string {
 	b, _ := json.Marshal(s)
@@ -441,6 +465,7 @@ func (w *world) browser(t *testing.T, chromium string) {
 	for _, want := range []string{"relaymesh/bookinfo-federation", "relaymesh/reviews-shift", "relaymesh/productpage-to-reviews", "Accepted"} {
 		assert.Contains(t, text, want)
 	}
+	assert.Contains(t, p.text(`#policy-table tr[data-name="relaymesh/allow-all"]`), "Invalid")
 	assert.Contains(t, p.text(`#policy-table tr[data-name="relaymesh/productpage-to-reviews"]`), "cluster-1, cluster-2")
 	p.noScriptRan("policies")
 	p.shot("policies")
@@ -452,6 +477,10 @@ func (w *world) browser(t *testing.T, chromium string) {
 		Data struct {
 			Matrix struct {
 				Pairs []struct{ Source, Destination string }
+			}
+			Findings []struct {
+				Kind    string
+				Objects []string
 			}
 		}
 	}
@@ -474,6 +503,23 @@ func (w *world) browser(t *testing.T, chromium string) {
 		k := "cluster-1/bookinfo/bookinfo-productpage → " + dst + "/bookinfo/reviews"
 		assert.Equal(t, "relaymesh/productpage-to-reviews", policyOf[k], "edge %s (have %v)", k, policyOf)
 	}
+	// The refused allow-all policy is neither in the matrix nor in the
+	// graph: the demo's 2 pairs and the hostile policy's 1, not the 16 it
+	// would allow; it is a refused-by-admission finding, and the demo's
+	// policy is not "shadowed" by it.
+	assert.Len(t, api.Data.Matrix.Pairs, 3)
+	assert.Len(t, edges, 3)
+	for k, pol := range policyOf {
+		assert.NotContains(t, pol, "relaymesh/allow-all", k)
+	}
+	findings := map[string][]string{}
+	for _, f := range api.Data.Findings {
+		findings[f.Objects[0]] = append(findings[f.Objects[0]], f.Kind)
+	}
+	assert.Equal(t, []string{"refused-by-admission"}, findings["AccessPolicy/relaymesh/allow-all"])
+	assert.NotContains(t, findings["AccessPolicy/relaymesh/productpage-to-reviews"], "shadowed")
+	assert.Contains(t, p.text("#findings-table"), "refused by admission")
+	assert.NotContains(t, p.text("#findings-table"), "shadowed")
 	assert.Contains(t, p.text("#access-table"), hostile, "the hostile path is shown as text")
 	p.noScriptRan("access")
 	p.shot("access")
@@ -483,6 +529,13 @@ func (w *world) browser(t *testing.T, chromium string) {
 		chromedp.WaitVisible(chromedp.ID("whatif-summary")))
 	assert.Contains(t, p.text("#whatif-summary"), "2 removed")
 	p.shot("whatif")
+	// What-if: pasting the refused policy (under another name) adds
+	// nothing; the finding it adds says why.
+	p.do("what-if refused", chromedp.Navigate(w.url+"/access"), chromedp.WaitVisible(chromedp.ID("with")),
+		chromedp.SetValue(chromedp.ID("with"), strings.Replace(refusedAllowAll, "name: allow-all", "name: pasted", 1)), chromedp.Submit(chromedp.ID("with")),
+		chromedp.WaitVisible(chromedp.ID("whatif-summary")))
+	assert.Contains(t, p.text("#whatif-summary"), "0 pair(s) added")
+	assert.Contains(t, p.text("main"), "refused by admission")
 
 	// Audit log: the chain verified, issuances listed.
 	p.do("audit", chromedp.Navigate(w.url+"/audit"), chromedp.WaitVisible(chromedp.ID("chain")))

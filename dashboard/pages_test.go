@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -8,11 +9,15 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
+	"github.com/relaymesh/relaymesh/policy/accessaudit"
+	"github.com/relaymesh/relaymesh/translation"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/html"
@@ -245,17 +250,7 @@ func formToken(t testing.TB, body string) string {
 // with a clear error and no change.
 func TestWhatIf(t *testing.T) {
 	srv := newTestDashboard(t, demoWorld("", testNow), "")
-	whatIf := func(form url.Values) (int, string) {
-		req, err := http.NewRequest(http.MethodPost, srv.URL+"/access/whatif", strings.NewReader(form.Encode()))
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.Header.Set("Authorization", "Bearer viewer-token")
-		resp, err := srv.Client().Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	whatIf := func(form url.Values) (int, string) { return postWhatIf(t, srv, form) }
 	code, body := whatIf(url.Values{"without": {"accesspolicy/relaymesh/productpage-to-reviews"}})
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, body, "removed")
@@ -266,11 +261,14 @@ func TestWhatIf(t *testing.T) {
 		{url.Values{"without": {"nonsense"}}},
 		{url.Values{"with": {"kind: Pod\napiVersion: v1\nmetadata: {name: x}"}}},
 		{url.Values{"with": {": : :"}}},
+		{url.Values{"with": {"apiVersion: networking.relaymesh.io/v1alpha1\nkind: VirtualMesh\nmetadata: {name: x, namespace: relaymesh}\nspec: {meshes: [{clusterName: c, namespace: n, name: m}], globalAccessPolicy: Maybe}"}}},
 	} {
 		code, body := whatIf(tc.form)
 		assert.Equal(t, http.StatusBadRequest, code, "%v: %s", tc.form, body)
 		assert.Contains(t, body, `role="alert"`)
 	}
+	code, body = whatIf(url.Values{"with": {"apiVersion: networking.relaymesh.io/v1alpha1\nkind: VirtualMesh\nmetadata: {name: x, namespace: relaymesh}\nspec: {meshes: [{clusterName: c, namespace: n, name: m}], globalAccessPolicy: Maybe}"}})
+	assert.Contains(t, html.UnescapeString(body), `the API server would refuse it: document 1: VirtualMesh relaymesh/x: spec.globalAccessPolicy: Unsupported value: "Maybe"`)
 	code, _ = whatIf(url.Values{"with": {strings.Repeat("x", maxWhatIf+1)}})
 	assert.Equal(t, http.StatusRequestEntityTooLarge, code)
 }
@@ -292,4 +290,89 @@ func TestAssets(t *testing.T) {
 	for _, sink := range []string{"innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"} {
 		assert.NotContains(t, string(js), sink)
 	}
+}
+
+// refusedAllowAll is an AccessPolicy selecting every source and
+// destination without the opt-in: the server's admission refuses it.
+const refusedAllowAll = `apiVersion: networking.relaymesh.io/v1alpha1
+kind: AccessPolicy
+metadata: {name: allow-all, namespace: relaymesh}
+spec:
+  sourceSelector: [{kubeIdentityMatcher: {}}]
+  destinationSelector: [{kubeServiceMatcher: {}}]
+`
+
+// The Access page and its what-if apply the server's admission and the
+// statuses it wrote: a refused allow-all policy adds no pair to the demo's
+// and leaves the demo's policy unshadowed (opted in, the same policy adds
+// pairs); pasted, it adds nothing; a policy the server reports Invalid for
+// its generation allows nothing either.
+func TestAccessShowsOnlyWhatIsInForce(t *testing.T) {
+	src := demoWorld("", testNow)
+	matrix := func(srv *httptest.Server) (accessaudit.Matrix, map[string]string) {
+		t.Helper()
+		code, body, _ := get(t, srv, "/api/v1/access", "viewer-token")
+		require.Equal(t, http.StatusOK, code, body)
+		var api struct {
+			Data struct {
+				Matrix   accessaudit.Matrix
+				Findings []accessaudit.Finding
+			}
+		}
+		require.NoError(t, json.Unmarshal([]byte(body), &api))
+		kinds := map[string]string{}
+		for _, f := range api.Data.Findings {
+			kinds[f.Objects[0]] += f.Kind + " "
+		}
+		return api.Data.Matrix, kinds
+	}
+	demo, _ := matrix(newTestDashboard(t, src, ""))
+	require.NotEmpty(t, demo.Pairs)
+
+	in := *src.In
+	refused := translation.Input{}
+	require.NoError(t, refused.Decode([]byte(refusedAllowAll)))
+	serverInvalid := refused.AccessPolicies[0]
+	serverInvalid.Name, serverInvalid.Generation = "team-refused", 3
+	serverInvalid.Annotations = map[string]string{"relaymesh.io/allow-all": "true"}              // allowed by the default rules...
+	serverInvalid.Status.State, serverInvalid.Status.ObservedGeneration = common.StateInvalid, 3 // ...refused by the server's
+	serverInvalid.Status.Errors = []string{"refused by admission, so it is not translated: a team rule"}
+	in.AccessPolicies = append(slices.Clone(in.AccessPolicies), refused.AccessPolicies[0], serverInvalid)
+	srv := newTestDashboard(t, &StaticSource{KubernetesClusters: src.KubernetesClusters, In: &in, Rev: "2"}, "")
+	got, kinds := matrix(srv)
+	assert.Equal(t, demo.Pairs, got.Pairs, "the refused policies add no pair")
+	assert.Equal(t, accessaudit.KindRefused+" ", kinds["AccessPolicy/relaymesh/allow-all"])
+	// The server's verdict is an admission refusal too (by its rules).
+	assert.Equal(t, accessaudit.KindRefused+" ", kinds["AccessPolicy/relaymesh/team-refused"])
+	assert.NotContains(t, kinds["AccessPolicy/relaymesh/productpage-to-reviews"], accessaudit.KindShadowed, "the real policy is not shadowed")
+
+	opted := in
+	opted.AccessPolicies = slices.Clone(in.AccessPolicies)
+	opted.AccessPolicies[len(opted.AccessPolicies)-2].Annotations = map[string]string{"relaymesh.io/allow-all": "true"}
+	all, _ := matrix(newTestDashboard(t, &StaticSource{KubernetesClusters: src.KubernetesClusters, In: &opted, Rev: "3"}, ""))
+	assert.Greater(t, len(all.Pairs), len(demo.Pairs), "opted in, the same policy is in force")
+
+	code, page, _ := get(t, srv, "/access", "viewer-token")
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, len(demo.Pairs), strings.Count(page, `class="edge `), "the graph draws the demo's pairs")
+
+	// Pasting the refused policy into the what-if adds nothing.
+	code, b := postWhatIf(t, srv, url.Values{"with": {strings.Replace(refusedAllowAll, "allow-all", "pasted", 1)}})
+	require.Equal(t, http.StatusOK, code, b)
+	assert.Contains(t, b, "0 pair(s) added")
+	assert.Contains(t, b, "refused by admission")
+}
+
+// postWhatIf posts the what-if form as the viewer.
+func postWhatIf(t *testing.T, srv *httptest.Server, form url.Values) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/access/whatif", strings.NewReader(form.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer viewer-token")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -53,11 +53,15 @@ func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 // AppliedPolicy is a user object that applies to the described object, with
 // its verdict from the Report.
 type AppliedPolicy struct {
-	Kind      string   `json:"kind"`
-	Namespace string   `json:"namespace"`
-	Name      string   `json:"name"`
-	State     string   `json:"state"`
-	Errors    []string `json:"errors,omitempty"`
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	State     string `json:"state"`
+	// InForce: translation accepted it, so what it asks for is enforced
+	// (an Invalid object — refused by admission, out of its namespace's
+	// reach, or wrong — produces nothing).
+	InForce bool     `json:"inForce"`
+	Errors  []string `json:"errors,omitempty"`
 	// Target is the policy's verdict for the described Destination, if it
 	// reported one.
 	Target *common.TargetStatus `json:"target,omitempty"`
@@ -433,7 +437,7 @@ func applied(r *Report, kind, namespace, name, target string) AppliedPolicy {
 	if !ok {
 		return a
 	}
-	a.State, a.Errors = string(st.State), st.Errors
+	a.State, a.Errors, a.InForce = string(st.State), st.Errors, st.State == common.StateAccepted
 	for i := range targets {
 		if target != "" && targets[i].Target == target {
 			t := targets[i]

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -42,9 +39,12 @@ object:
   policy KIND/NAMESPACE/NAME       a TrafficPolicy, AccessPolicy, VirtualMesh or
                                    VirtualDestination: its state and errors, what
                                    it selects, and its outputs per cluster.
+Only what is in force counts, decided as the server decides it (admission,
+namespace tenancy, and live the statuses the server wrote): a refused
+policy is shown Invalid and not in force, with no outputs.
 The view is read from the management cluster (discovered objects from
---namespace, user objects from every namespace), or with -f from the YAML
-files of a directory.`
+--namespace, user objects from every namespace), or with -f from files,
+directories (recursive) and - (stdin), as policy audit reads them.`
 
 // describeResources are the resources a translation Input is built from.
 var describeResources = struct {
@@ -61,7 +61,8 @@ var describeResources = struct {
 }
 
 func newDescribeCommand(d deps, g *globals) *cobra.Command {
-	var dir, output string
+	var files []string
+	var output string
 	var store snapshotStoreFlags
 	c := &cobra.Command{
 		Use:   "describe destination|workload|policy NAME",
@@ -83,16 +84,16 @@ func newDescribeCommand(d deps, g *globals) *cobra.Command {
 		},
 		ValidArgsFunction: completeDescribe(g),
 		RunE: func(c *cobra.Command, args []string) error {
-			return runDescribe(c.Context(), d, g, dir, output, store, args)
+			return runDescribe(c.Context(), d, g, files, output, store, args)
 		},
 	}
-	c.Flags().StringVarP(&dir, "filename", "f", "", "read the view from the .yaml/.yml/.json files of this directory instead of a cluster")
+	c.Flags().StringArrayVarP(&files, "filename", "f", nil, "read the view from these files, directories (recursive) or - (stdin) instead of a cluster (repeatable)")
 	store.registerRead(c.Flags())
 	outputFlag(c, &output, printer.Formats, "text")
 	return c
 }
 
-func runDescribe(ctx context.Context, d deps, g *globals, dir, format string, store snapshotStoreFlags, pos []string) error {
+func runDescribe(ctx context.Context, d deps, g *globals, files []string, format string, store snapshotStoreFlags, pos []string) error {
 	namespace, stdout := g.namespace, d.stdout
 	var err error
 	kind, name := strings.ToLower(pos[0]), pos[1]
@@ -117,11 +118,17 @@ func runDescribe(ctx context.Context, d deps, g *globals, dir, format string, st
 		return usagef("-o %q: want table, wide, json or yaml", format)
 	}
 
-	in, err := loadView(ctx, d, dir, g, namespace, store)
+	v, err := loadView(ctx, d, g, files, namespace, store)
 	if err != nil {
 		return err
 	}
-	out, report := controller.Translate(in, namespace)
+	// Objects the API server would refuse are left out; say which.
+	printInput(d.stderr, v.input)
+	in := v.in
+	_, out, report, err := controller.TranslateInForce(ctx, in, v.inForce)
+	if err != nil {
+		return err
+	}
 
 	var desc any
 	switch kind {
@@ -142,28 +149,6 @@ func runDescribe(ctx context.Context, d deps, g *globals, dir, format string, st
 		return printer.Print(stdout, printer.Format(format), desc)
 	}
 	return writeDescription(stdout, desc)
-}
-
-// loadView reads the translation input the way the server sees it: from
-// the YAML files of dir when it is set, else from the management cluster
-// (discovered objects from namespace, user objects from every namespace).
-// Workloads come from Redis when the installation keeps them there and
-// store names it (--redis-address).
-func loadView(ctx context.Context, d deps, dir string, g *globals, namespace string, store snapshotStoreFlags) (*translation.Input, error) {
-	if dir != "" && store.address != "" {
-		return nil, usagef("-f reads the view from files; --redis-address reads a live installation's: give one of them")
-	}
-	if err := errors.Join(store.validate()...); err != nil {
-		return nil, usageError{err}
-	}
-	if dir != "" {
-		return loadInputDir(dir)
-	}
-	kube, err := g.clients()
-	if err != nil {
-		return nil, err
-	}
-	return listInput(ctx, d, kube, namespace, store)
 }
 
 // listInput reads the translation input from the management cluster once:
@@ -281,36 +266,6 @@ func listAs[T any](ctx context.Context, client dynamic.Interface, gvr schema.Gro
 	return out, nil
 }
 
-// loadInputDir reads every .yaml, .yml and .json file of dir (multi-document,
-// like a golden input.yaml) strictly: an unknown field or a kind translation
-// does not read is an error.
-func loadInputDir(dir string) (*translation.Input, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("-f: %w", err)
-	}
-	in := &translation.Input{}
-	files := 0
-	for _, e := range entries {
-		if e.IsDir() || !slices.Contains([]string{".yaml", ".yml", ".json"}, filepath.Ext(e.Name())) {
-			continue
-		}
-		files++
-		path := filepath.Join(dir, e.Name())
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, err
-		}
-		if err := in.Decode(b); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-	}
-	if files == 0 {
-		return nil, fmt.Errorf("%s has no .yaml, .yml or .json files", dir)
-	}
-	return in, nil
-}
-
 // writeDescription prints a description as aligned text.
 func writeDescription(w io.Writer, desc any) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -370,6 +325,11 @@ func writeDescription(w io.Writer, desc any) error {
 	case *translation.PolicyDescription:
 		row("Policy:", d.Kind+"/"+d.Namespace+"/"+d.Name)
 		row("State:", d.State)
+		if d.InForce {
+			row("In force:", "yes")
+		} else {
+			row("In force:", "no — the server does not translate it: it allows, restricts and produces nothing")
+		}
 		if d.ObservedGeneration != 0 {
 			row("Observed generation:", fmt.Sprint(d.ObservedGeneration))
 		}

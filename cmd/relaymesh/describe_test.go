@@ -23,7 +23,9 @@ func TestDescribeOffline(t *testing.T) {
 	bad := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(bad, "x.yaml"), []byte("apiVersion: v1\nkind: Service\nmetadata: {name: x}\n"), 0o600))
 	unknownField := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(unknownField, "x.yaml"), []byte("apiVersion: networking.relaymesh.io/v1alpha1\nkind: TrafficPolicy\nmetadata: {name: x, namespace: y}\nspec: {weights: 1}\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(unknownField, "x.yaml"), []byte("apiVersion: networking.relaymesh.io/v1alpha1\nkind: TrafficPolicy\nmetadata: {name: x, namespace: apps}\nspec: {weights: 1}\n"), 0o600))
+	refused := filepath.Join(t.TempDir(), "refused.yaml")
+	require.NoError(t, os.WriteFile(refused, []byte("apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: everyone, namespace: relaymesh}\nspec: {}\n"), 0o600))
 	tests := []struct {
 		name     string
 		args     []string
@@ -74,10 +76,20 @@ func TestDescribeOffline(t *testing.T) {
 		{"unknown policy", []string{"policy", "accesspolicy/bookinfo/reviews", "-f", describeDir}, 1, nil, []string{
 			`accesspolicy "bookinfo/reviews" not found; did you mean bookinfo/reviews-from-productpage?`,
 		}},
-		{"missing dir", []string{"destination", "x", "-f", filepath.Join(empty, "nope")}, 1, nil, []string{"-f: open", "no such file or directory"}},
+		{"missing dir", []string{"destination", "x", "-f", filepath.Join(empty, "nope")}, 1, nil, []string{"-f: stat", "no such file or directory"}},
 		{"empty dir", []string{"destination", "x", "-f", empty}, 1, nil, []string{"has no .yaml, .yml or .json files"}},
-		{"foreign kind", []string{"destination", "x", "-f", bad}, 1, nil, []string{"x.yaml: document 0: Service is not a translation input"}},
-		{"unknown field", []string{"destination", "x", "-f", unknownField}, 1, nil, []string{`unknown field "weights"`}},
+		{"foreign kind", []string{"destination", "x", "-f", bad}, 1, nil, []string{"x.yaml: document 1: v1 Service: skipped", `destination "x" not found`}},
+		{"unknown field", []string{"destination", "x", "-f", unknownField}, 1, nil, []string{`error: ` + filepath.Join(unknownField, "x.yaml") + `: document 1: TrafficPolicy apps/x: spec.weights: unknown field "spec.weights"`}},
+		{"refused policy", []string{"policy", "accesspolicy/relaymesh/everyone", "-f", describeDir, "-f", refused}, 0, []string{
+			"State:             Invalid",
+			"In force:          no — the server does not translate it",
+			"Error:             refused by admission, so it is not translated: AccessPolicy relaymesh/everyone lets every source reach every destination",
+			"Outputs:  <none>",
+		}, nil},
+		{"refused policy on a destination", []string{"destination", "reviews-bookinfo-cluster-1", "-f", describeDir, "-f", refused}, 0, []string{
+			"2  AccessPolicy/relaymesh/everyone                 Invalid   refused by admission",
+		}, nil},
+		{"accepted policy is in force", []string{"policy", "TrafficPolicy/bookinfo/reviews-canary", "-f", describeDir}, 0, []string{"In force:             yes"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -71,6 +71,8 @@ func (e codedError) Unwrap() error { return e.err }
 // tests can replace them.
 type deps struct {
 	stdout, stderr io.Writer
+	// stdin is what `-f -` reads; nil: os.Stdin.
+	stdin io.Reader
 	// now is the clock of the admin commands (check, debug report).
 	now func() time.Time
 	// agentClock is the clock the agent reports to the server in Hello.

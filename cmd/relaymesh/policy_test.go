@@ -59,9 +59,10 @@ func TestPolicyAudit(t *testing.T) {
 	tmp := t.TempDir()
 	with := writeFile(t, tmp, "with.yaml", morePostsToReviews)
 	malformed := writeFile(t, tmp, "malformed.yaml", "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: [unclosed\n")
-	foreign := writeFile(t, tmp, "foreign.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: y}\n")
-	unknownField := writeFile(t, tmp, "unknown-field.yaml", "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: x, namespace: y}\nspec: {allowEveryone: true}\n")
+	foreign := writeFile(t, tmp, "foreign.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: apps}\n")
+	unknownField := writeFile(t, tmp, "unknown-field.yaml", "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: x, namespace: apps}\nspec: {allowEveryone: true}\n")
 	empty := writeFile(t, tmp, "empty.yaml", "# nothing\n")
+	refused := writeFile(t, tmp, "refused.yaml", "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: everyone, namespace: relaymesh}\nspec: {}\n")
 	badDir := t.TempDir()
 	writeFile(t, badDir, "x.yaml", "kind: [")
 	tests := []struct {
@@ -70,13 +71,16 @@ func TestPolicyAudit(t *testing.T) {
 		code     int
 		out, err []string
 	}{
-		{"table", []string{"audit", "-f", dir}, 0, []string{
+		{"table", []string{"audit", "-f", dir}, 1, []string{
+			"INPUT: 1 file, 23 documents, 23 Relaymesh objects read; 0 problems (refused as the API server would, left out), 0 notes",
 			"ACCESS MATRIX: 9 allowed pairs (1 open) between 7 source identities and 6 destinations",
 			"cluster-2/tools/sleep                    cluster-1/bookinfo/reviews  9080  federated via relaymesh/prod  relaymesh/reviews-from-tools",
 			"cluster-1/bookinfo/bookinfo-productpage  cluster-1/bookinfo/reviews  9080  local                         relaymesh/reviews-from-productpage [methods GET]",
 			"FINDINGS: 3",
 			"unreachable-grant",
 		}, nil},
+		{"a medium finding passes --fail-on high", []string{"audit", "-f", dir, "--fail-on", "high"}, 0, []string{"FINDINGS: 3"}, nil},
+		{"and --fail-on none", []string{"audit", "-f", dir, "--fail-on", "none"}, 0, []string{"FINDINGS: 3"}, nil},
 		{"what-if change", []string{"audit", "-f", dir, "--with", with}, 0, []string{
 			"ACCESS CHANGES: 0 added, 0 removed, 1 changed",
 			"~  cluster-1/bookinfo/bookinfo-productpage  cluster-1/bookinfo/reviews  9080  local: relaymesh/reviews-from-productpage [methods GET]  local: relaymesh/reviews-from-productpage [methods GET,POST]",
@@ -92,23 +96,29 @@ func TestPolicyAudit(t *testing.T) {
 		{"what-if nothing changes", []string{"audit", "-f", dir, "--with", auditWorld}, 0, []string{
 			"ACCESS CHANGES: 0 added, 0 removed, 0 changed",
 		}, nil},
-		{"help", []string{"audit", "--help"}, 0, []string{"relaymesh policy audit [flags]", "--without", "What-if", "Examples:"}, nil},
-		{"help without subcommand", []string{"--help"}, 0, []string{"relaymesh policy [command]", "audit"}, nil},
-		{"yaml", []string{"audit", "-f", dir, "-o", "yaml"}, 0, []string{"schema: " + accessaudit.Schema, "matrix:"}, nil},
-		{"no subcommand", nil, 2, nil, []string{"want a subcommand: audit"}},
-		{"unknown subcommand", []string{"check"}, 2, nil, []string{`unknown subcommand "check": want audit`}},
+		{"what-if of a refused policy adds nothing and is invalid input", []string{"audit", "-f", dir, "--with", refused}, 2, []string{
+			"ACCESS CHANGES: 0 added, 0 removed, 0 changed",
+			"refused-by-admission",
+		}, []string{"invalid input"}},
+		{"help", []string{"audit", "--help"}, 0, []string{"relaymesh policy audit [flags]", "--without", "What-if", "Examples:", "Exit code", "--fail-on"}, nil},
+		{"help without subcommand", []string{"--help"}, 0, []string{"relaymesh policy [command]", "audit", "export"}, nil},
+		{"yaml", []string{"audit", "-f", dir, "-o", "yaml"}, 1, []string{"schema: " + accessaudit.Schema, "matrix:"}, nil},
+		{"no subcommand", nil, 2, nil, []string{"want a subcommand: audit, export"}},
+		{"unknown subcommand", []string{"check"}, 2, nil, []string{`unknown subcommand "check": want audit, export`}},
 		{"stray argument", []string{"audit", "-f", dir, "extra"}, 2, nil, []string{`want no arguments, got ["extra"]`}},
 		{"bad output", []string{"audit", "-f", dir, "--output", "xml"}, 2, nil, []string{`-o "xml": want table, wide, json, yaml or html`}},
+		{"bad fail-on", []string{"audit", "-f", dir, "--fail-on", "warning"}, 2, nil, []string{`--fail-on "warning": want high, medium, low, info, none`}},
 		{"bad without", []string{"audit", "-f", dir, "--without", "reviews"}, 2, nil, []string{"--without \"reviews\": want KIND/NAMESPACE/NAME"}},
 		{"without unknown kind", []string{"audit", "-f", dir, "--without", "service/bookinfo/reviews"}, 2, nil, []string{`unknown kind "service"`}},
-		{"without missing object", []string{"audit", "-f", dir, "--without", "ap/relaymesh/nope"}, 1, nil, []string{"cannot remove AccessPolicy/relaymesh/nope: not found"}},
-		{"with missing file", []string{"audit", "-f", dir, "--with", filepath.Join(tmp, "nope.yaml")}, 1, nil, []string{"--with: open", "no such file or directory"}},
-		{"with malformed YAML", []string{"audit", "-f", dir, "--with", malformed}, 1, nil, []string{"--with: " + malformed + ": document 0"}},
-		{"with unknown kind", []string{"audit", "-f", dir, "--with", foreign}, 1, nil, []string{"document 0: ConfigMap is not a translation input"}},
-		{"with unknown field", []string{"audit", "-f", dir, "--with", unknownField}, 1, nil, []string{`unknown field "allowEveryone"`}},
-		{"with nothing", []string{"audit", "-f", dir, "--with", empty}, 1, nil, []string{"has no objects"}},
-		{"malformed view", []string{"audit", "-f", badDir}, 1, nil, []string{"x.yaml: document 0"}},
-		{"missing dir", []string{"audit", "-f", filepath.Join(tmp, "nope")}, 1, nil, []string{"-f: open", "no such file or directory"}},
+		{"without missing object", []string{"audit", "-f", dir, "--without", "ap/relaymesh/nope"}, 2, nil, []string{"cannot remove AccessPolicy/relaymesh/nope: not found"}},
+		{"with missing file", []string{"audit", "-f", dir, "--with", filepath.Join(tmp, "nope.yaml")}, 2, nil, []string{"--with: stat", "no such file or directory"}},
+		{"with malformed YAML", []string{"audit", "-f", dir, "--with", malformed}, 2, []string{malformed + ": document 1: not valid YAML or JSON"}, []string{"invalid input"}},
+		{"with a foreign kind only", []string{"audit", "-f", dir, "--with", foreign}, 2, nil, []string{foreign + " has no Relaymesh objects"}},
+		{"with unknown field", []string{"audit", "-f", dir, "--with", unknownField}, 2, []string{`AccessPolicy apps/x: spec.allowEveryone: unknown field "spec.allowEveryone"`}, []string{"invalid input"}},
+		{"with nothing", []string{"audit", "-f", dir, "--with", empty}, 2, nil, []string{"has no Relaymesh objects"}},
+		{"with and -f both stdin", []string{"audit", "-f", "-", "--with", "-"}, 2, nil, []string{"both read standard input"}},
+		{"malformed view", []string{"audit", "-f", badDir}, 2, []string{"x.yaml: document 1: not valid YAML or JSON"}, []string{"invalid input"}},
+		{"missing dir", []string{"audit", "-f", filepath.Join(tmp, "nope")}, 2, nil, []string{"-f: stat", "no such file or directory"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -129,7 +139,7 @@ func TestPolicyAudit(t *testing.T) {
 func TestPolicyAuditJSON(t *testing.T) {
 	dir := auditDir(t)
 	var out, errOut bytes.Buffer
-	require.Equal(t, 0, run(context.Background(), []string{"policy", "audit", "-f", dir, "--output", "json"}, &out, &errOut), errOut.String())
+	require.Equal(t, 1, run(context.Background(), []string{"policy", "audit", "-f", dir, "--output", "json"}, &out, &errOut), errOut.String())
 	var r accessaudit.Result
 	dec := json.NewDecoder(&out)
 	dec.DisallowUnknownFields()
@@ -140,7 +150,7 @@ func TestPolicyAuditJSON(t *testing.T) {
 
 	path := filepath.Join(t.TempDir(), "diff.json")
 	out.Reset()
-	require.Equal(t, 0, run(context.Background(), []string{"policy", "audit", "-f", dir, "--without", "vm/relaymesh/prod", "--output", "json", "--out", path}, &out, &errOut), errOut.String())
+	assert.Equal(t, 1, run(context.Background(), []string{"policy", "audit", "-f", dir, "--without", "vm/relaymesh/prod", "--output", "json", "--out", path}, &out, &errOut), "findings added: %s", errOut.String())
 	assert.Empty(t, out.String())
 	info, err := os.Stat(path)
 	require.NoError(t, err)
@@ -163,7 +173,7 @@ func TestPolicyAuditHTML(t *testing.T) {
 	dir := auditDir(t)
 	for _, args := range [][]string{{}, {"--without", "ap/relaymesh/reviews-from-tools"}} {
 		var out, errOut bytes.Buffer
-		require.Equal(t, 0, run(context.Background(), append([]string{"policy", "audit", "-f", dir, "--output", "html"}, args...), &out, &errOut), errOut.String())
+		require.Equal(t, 0, run(context.Background(), append([]string{"policy", "audit", "-f", dir, "--output", "html", "--fail-on", "none"}, args...), &out, &errOut), errOut.String())
 		page := out.String()
 		assert.True(t, strings.HasPrefix(page, "<!DOCTYPE html>"))
 		assert.Contains(t, page, "<svg")
@@ -182,22 +192,26 @@ func TestPolicyAuditBounds(t *testing.T) {
 
 	auditMaxObjects = 10
 	var out, errOut bytes.Buffer
-	assert.Equal(t, 1, run(context.Background(), []string{"policy", "audit", "-f", dir}, &out, &errOut))
+	assert.Equal(t, 2, run(context.Background(), []string{"policy", "audit", "-f", dir}, &out, &errOut))
 	assert.Contains(t, errOut.String(), "input too large: 23 objects, at most 10 are audited")
 
 	auditMaxObjects = 23
 	with := writeFile(t, t.TempDir(), "with.yaml", morePostsToReviews+"---\n"+strings.Replace(morePostsToReviews, "reviews-from-productpage", "another", 1))
 	errOut.Reset()
-	assert.Equal(t, 1, run(context.Background(), []string{"policy", "audit", "-f", dir, "--with", with}, &out, &errOut))
+	assert.Equal(t, 2, run(context.Background(), []string{"policy", "audit", "-f", dir, "--with", with}, &out, &errOut))
 	assert.Contains(t, errOut.String(), "with the change: input too large: 24 objects, at most 23")
 
 	auditMaxObjects = objects
 	auditMaxBytes = 1024
 	errOut.Reset()
-	assert.Equal(t, 1, run(context.Background(), []string{"policy", "audit", "-f", dir}, &out, &errOut))
-	assert.Contains(t, errOut.String(), "more than the 1024 audited")
+	assert.Equal(t, 2, run(context.Background(), []string{"policy", "audit", "-f", dir}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "-f: input too large: the files add up to more than 1024 bytes")
+	auditMaxBytes = bytesLimit
 	big := writeFile(t, t.TempDir(), "big.yaml", fmt.Sprintf("# %s\n", strings.Repeat("x", 2048)))
+	auditMaxBytes = 1024
 	errOut.Reset()
-	assert.Equal(t, 1, run(context.Background(), []string{"policy", "audit", "-f", dir, "--with", big}, &out, &errOut))
-	assert.Contains(t, errOut.String(), "is larger than 1024 bytes")
+	// The view and the change are bounded apart: the view fits.
+	small := writeFile(t, t.TempDir(), "small.yaml", morePostsToReviews)
+	assert.Equal(t, 2, run(context.Background(), []string{"policy", "audit", "-f", small, "--with", big}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "--with: input too large: the files add up to more than 1024 bytes")
 }

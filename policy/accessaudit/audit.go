@@ -2,6 +2,7 @@ package accessaudit
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -61,16 +62,36 @@ type Config struct {
 	// AdminNamespace is the server's namespace: policies there may select
 	// any Destination, others only their own namespace's.
 	AdminNamespace string
+	// Admission judges every user object as the server does before it
+	// translates (policy/admission.Engine, with the rule sets the caller
+	// can read). Required: an object the server refuses is not in force
+	// and must not be in the matrix.
+	Admission controller.Decider
+	// NamespaceLabels are the labels of the user objects' namespaces, which
+	// admission rules may read.
+	NamespaceLabels map[string]map[string]string
+	// ServerStatus: an object the server reports Invalid for its current
+	// generation is not in force either (live views; see
+	// controller.InForceConfig).
+	ServerStatus bool
 	// MaxObjects refuses larger inputs (all seven kinds counted); 0 means
 	// DefaultMaxObjects.
 	MaxObjects int
 }
 
+// InForce is how the audit decides what is in force: the view's part of
+// cfg.
+func (cfg Config) InForce() controller.InForceConfig {
+	return controller.InForceConfig{AdminNamespace: cfg.AdminNamespace, Admission: cfg.Admission, NamespaceLabels: cfg.NamespaceLabels, ServerStatus: cfg.ServerStatus}
+}
+
 // Result is an audit: the access matrix and the findings.
 type Result struct {
-	Schema   string    `json:"schema"`
-	Matrix   Matrix    `json:"matrix"`
-	Findings []Finding `json:"findings"`
+	Schema string `json:"schema"`
+	// Input is what reading the files found, for an offline audit.
+	Input    *InputReport `json:"input,omitempty"`
+	Matrix   Matrix       `json:"matrix"`
+	Findings []Finding    `json:"findings"`
 }
 
 // Matrix is the effective access: the identities, the destinations and every
@@ -169,13 +190,19 @@ func Count(in *translation.Input) int {
 		len(in.TrafficPolicies) + len(in.AccessPolicies) + len(in.VirtualDestinations)
 }
 
-// Audit computes the access matrix and the findings of in.
-func Audit(in *translation.Input, cfg Config) (*Result, error) {
+// Audit computes the access matrix and the findings of in. Only what is in
+// force counts (controller.TranslateInForce): an object admission refuses,
+// or that translation reports Invalid, allows nothing and restricts
+// nothing, and is a not-in-force finding.
+func Audit(ctx context.Context, in *translation.Input, cfg Config) (*Result, error) {
 	limit := cmp.Or(cfg.MaxObjects, DefaultMaxObjects)
 	if n := Count(in); n > limit {
 		return nil, fmt.Errorf("%w: %d objects, at most %d are audited", ErrTooLarge, n, limit)
 	}
-	a, _ := newAuditor(in, cfg)
+	a, _, err := newAuditor(ctx, in, cfg)
+	if err != nil {
+		return nil, err
+	}
 	res := &Result{Schema: Schema, Matrix: Matrix{Sources: make([]Source, 0, len(a.srcs)), Destinations: make([]Destination, 0, len(a.dests)), Pairs: a.pairs}}
 	for _, s := range a.srcs {
 		res.Matrix.Sources = append(res.Matrix.Sources, *s)
@@ -190,17 +217,22 @@ func Audit(in *translation.Input, cfg Config) (*Result, error) {
 	return res, nil
 }
 
-// newAuditor translates in and computes the matrix; it also returns the
-// translation's output.
-func newAuditor(in *translation.Input, cfg Config) (*auditor, *translation.Output) {
-	out, report := controller.Translate(in, cfg.AdminNamespace)
-	a := &auditor{in: in, report: report, plan: federation.NewPlan(in)}
+// newAuditor translates what is in force of in and computes the matrix; it
+// also returns the translation's output.
+func newAuditor(ctx context.Context, in *translation.Input, cfg Config) (*auditor, *translation.Output, error) {
+	admitted, out, report, err := controller.TranslateInForce(ctx, in, cfg.InForce())
+	if err != nil {
+		return nil, nil, err
+	}
+	// The plan (which VirtualMesh a Destination is in, deny by default)
+	// only from what is in force: a refused VirtualMesh denies nothing.
+	a := &auditor{in: in, report: report, plan: federation.NewPlan(admitted)}
 	a.sources()
 	a.destinations()
 	a.routes(out)
 	a.policies()
 	a.matrix()
-	return a, out
+	return a, out, nil
 }
 
 // auditor holds the resolved input while one audit runs.

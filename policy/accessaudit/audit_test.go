@@ -12,6 +12,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/policy/accessaudit"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -70,7 +71,7 @@ func cases(t *testing.T) []string {
 func TestGolden(t *testing.T) {
 	for _, dir := range cases(t) {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
-			r, err := accessaudit.Audit(load(t, filepath.Join(dir, "input.yaml")), accessaudit.Config{AdminNamespace: admin})
+			r, err := accessaudit.Audit(t.Context(), load(t, filepath.Join(dir, "input.yaml")), auditConfig(t, admin))
 			require.NoError(t, err)
 			assert.Equal(t, accessaudit.Schema, r.Schema)
 			golden(t, filepath.Join(dir, "matrix.json"), jsonOf(t, r.Matrix))
@@ -100,7 +101,7 @@ func TestEveryFindingKindIsGolden(t *testing.T) {
 			seen[f.Kind] = true
 		}
 	}
-	for _, k := range []string{accessaudit.KindAllowsEveryone, accessaudit.KindShadowed, accessaudit.KindMatchesNothing, accessaudit.KindNotInForce,
+	for _, k := range []string{accessaudit.KindAllowsEveryone, accessaudit.KindShadowed, accessaudit.KindMatchesNothing, accessaudit.KindNotInForce, accessaudit.KindRefused,
 		accessaudit.KindReachableOutside, accessaudit.KindTrafficConflict, accessaudit.KindSharedPrincipal, accessaudit.KindUnreachableGrant} {
 		assert.True(t, seen[k], "no golden case has a %s finding", k)
 	}
@@ -117,7 +118,7 @@ func TestDeterministic(t *testing.T) {
 	for _, dir := range cases(t) {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			in := load(t, filepath.Join(dir, "input.yaml"))
-			want, err := accessaudit.Audit(in, accessaudit.Config{AdminNamespace: admin})
+			want, err := accessaudit.Audit(t.Context(), in, auditConfig(t, admin))
 			require.NoError(t, err)
 			for seed := range uint64(5) {
 				rng := rand.New(rand.NewPCG(seed, 7))
@@ -126,7 +127,7 @@ func TestDeterministic(t *testing.T) {
 					VirtualMeshes: shuffle(rng, in.VirtualMeshes), TrafficPolicies: shuffle(rng, in.TrafficPolicies),
 					AccessPolicies: shuffle(rng, in.AccessPolicies), VirtualDestinations: shuffle(rng, in.VirtualDestinations),
 				}
-				got, err := accessaudit.Audit(shuffled, accessaudit.Config{AdminNamespace: admin})
+				got, err := accessaudit.Audit(t.Context(), shuffled, auditConfig(t, admin))
 				require.NoError(t, err)
 				require.Equal(t, string(jsonOf(t, want)), string(jsonOf(t, got)), "seed %d", seed)
 			}
@@ -138,16 +139,16 @@ func TestDeterministic(t *testing.T) {
 // message that says so.
 func TestTooLarge(t *testing.T) {
 	in := load(t, "testdata/virtualmesh/input.yaml")
-	_, err := accessaudit.Audit(in, accessaudit.Config{AdminNamespace: admin, MaxObjects: accessaudit.Count(in) - 1})
+	_, err := accessaudit.Audit(t.Context(), in, withMax(auditConfig(t, admin), accessaudit.Count(in)-1))
 	require.ErrorIs(t, err, accessaudit.ErrTooLarge)
 	assert.Contains(t, err.Error(), "objects, at most")
-	_, err = accessaudit.Audit(in, accessaudit.Config{AdminNamespace: admin, MaxObjects: accessaudit.Count(in)})
+	_, err = accessaudit.Audit(t.Context(), in, withMax(auditConfig(t, admin), accessaudit.Count(in)))
 	require.NoError(t, err)
 }
 
 // TestEmptyInput: nothing in, an empty matrix out (lists, not nulls).
 func TestEmptyInput(t *testing.T) {
-	r, err := accessaudit.Audit(&translation.Input{}, accessaudit.Config{AdminNamespace: admin})
+	r, err := accessaudit.Audit(t.Context(), &translation.Input{}, auditConfig(t, admin))
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"schema":"`+accessaudit.Schema+`","matrix":{"sources":[],"destinations":[],"pairs":[]},"findings":[]}`, string(jsonOf(t, r)))
 }
@@ -157,12 +158,12 @@ func TestEmptyInput(t *testing.T) {
 // policy in the admin namespace is.
 func TestNamespaceTenancy(t *testing.T) {
 	in := load(t, "testdata/findings/input.yaml")
-	r, err := accessaudit.Audit(in, accessaudit.Config{AdminNamespace: admin})
+	r, err := accessaudit.Audit(t.Context(), in, auditConfig(t, admin))
 	require.NoError(t, err)
 	batch := destination(t, r, "cluster-2/jobs/batch")
 	assert.NotContains(t, batch.Policies, "apps/grab-batch")
 
-	r, err = accessaudit.Audit(in, accessaudit.Config{AdminNamespace: "apps"})
+	r, err = accessaudit.Audit(t.Context(), in, auditConfig(t, "apps"))
 	require.NoError(t, err)
 	batch = destination(t, r, "cluster-2/jobs/batch")
 	assert.Contains(t, batch.Policies, "apps/grab-batch")
@@ -177,4 +178,67 @@ func destination(t *testing.T, r *accessaudit.Result, id string) accessaudit.Des
 	}
 	require.Failf(t, "no destination", "%s", id)
 	return accessaudit.Destination{}
+}
+
+// auditConfig is a Config for the server namespace adminNS, judged by the
+// default admission rules.
+func auditConfig(tb testing.TB, adminNS string) accessaudit.Config {
+	return accessaudit.ConfigForTest(tb, adminNS)
+}
+
+func withMax(cfg accessaudit.Config, n int) accessaudit.Config {
+	cfg.MaxObjects = n
+	return cfg
+}
+
+// TestARefusedAllowAllIsNotInTheMatrix is the demo with an AccessPolicy
+// that selects everything without the opt-in: admission refuses it, so the
+// matrix holds the demo's 2 pairs, not 16, no pair names it, the demo's
+// policy is not "shadowed", and removing the demo's policy removes its 2
+// pairs. With the opt-in the same policy is in force: 16 pairs, and the
+// demo's policy shadowed — what the audit said before it applied admission.
+func TestARefusedAllowAllIsNotInTheMatrix(t *testing.T) {
+	in := load(t, "testdata/refused/input.yaml")
+	cfg := auditConfig(t, admin)
+	r, err := accessaudit.Audit(t.Context(), in, cfg)
+	require.NoError(t, err)
+	require.Len(t, r.Matrix.Pairs, 2)
+	for _, p := range r.Matrix.Pairs {
+		assert.Equal(t, "cluster-1/bookinfo/bookinfo-productpage", p.Source)
+		require.Len(t, p.Grants, 1)
+		assert.Equal(t, "relaymesh/productpage-to-reviews", p.Grants[0].Policy)
+	}
+	kinds := map[string][]string{}
+	for _, f := range r.Findings {
+		kinds[f.Kind] = append(kinds[f.Kind], f.Objects[0])
+	}
+	assert.Equal(t, []string{"AccessPolicy/relaymesh/allow-all"}, kinds[accessaudit.KindRefused])
+	assert.Empty(t, kinds[accessaudit.KindShadowed])
+	assert.Empty(t, kinds[accessaudit.KindAllowsEveryone])
+
+	proposed, err := accessaudit.WhatIf(in, nil, []accessaudit.Ref{{Kind: "AccessPolicy", Namespace: admin, Name: "productpage-to-reviews"}})
+	require.NoError(t, err)
+	after, err := accessaudit.Audit(t.Context(), proposed, cfg)
+	require.NoError(t, err)
+	assert.Len(t, accessaudit.Compare(r, after).Removed, 2, "removing the only real policy cuts the only access")
+
+	for i := range in.AccessPolicies {
+		if in.AccessPolicies[i].Name == "allow-all" {
+			in.AccessPolicies[i].Annotations = map[string]string{"relaymesh.io/allow-all": "true"}
+		}
+	}
+	opted, err := accessaudit.Audit(t.Context(), in, cfg)
+	require.NoError(t, err)
+	assert.Len(t, opted.Matrix.Pairs, 16)
+	var shadowed []string
+	for _, f := range opted.Findings {
+		if f.Kind == accessaudit.KindShadowed {
+			shadowed = append(shadowed, f.Objects[0])
+		}
+	}
+	assert.Equal(t, []string{"AccessPolicy/relaymesh/productpage-to-reviews"}, shadowed)
+
+	// Without an admission check the audit refuses to run.
+	_, err = accessaudit.Audit(t.Context(), in, accessaudit.Config{AdminNamespace: admin})
+	require.ErrorIs(t, err, controller.ErrNoAdmission)
 }

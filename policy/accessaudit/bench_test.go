@@ -98,10 +98,10 @@ func world(clusters, services, policies int) *translation.Input {
 // 1,000 AccessPolicies: translation, matrix and findings.
 func BenchmarkAudit(b *testing.B) {
 	in := world(10, 1000, 1000)
-	cfg := accessaudit.Config{AdminNamespace: admin}
+	cfg := auditConfig(b, admin)
 	var pairs, findings int
 	for b.Loop() {
-		r, err := accessaudit.Audit(in, cfg)
+		r, err := accessaudit.Audit(b.Context(), in, cfg)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -9,8 +9,12 @@
 // The matrix follows what translation produces in Istio, not what the
 // policies say on their own. It is computed from the same input the server
 // translates, with the same selectors (translation.MatchDestination,
-// policy.MatchAccessSource) and the same report (controller.Translate, so
-// namespace tenancy and anything else translation refuses is honoured):
+// policy.MatchAccessSource) and the same decision of what is in force
+// (controller.TranslateInForce: the server's admission engine and rules,
+// namespace tenancy, for live views the Invalid statuses the server wrote,
+// and anything else translation refuses). An object that is not in force
+// allows nothing and restricts nothing, and is a finding (refused-by-admission
+// or not-in-force). The rules:
 //
 //   - A source identity is a (cluster, namespace, service account, mesh) of
 //     the discovered Workloads; Istio knows it by its principal

@@ -10,6 +10,7 @@ import (
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/controller"
 )
 
 // Finding kinds.
@@ -25,9 +26,15 @@ const (
 	// sources match no workload (or none Istio can name), or that allows no
 	// pair at all.
 	KindMatchesNothing = "matches-nothing"
-	// KindNotInForce: an AccessPolicy or VirtualMesh that translation
-	// refuses (Invalid), so what it asks for is not enforced.
+	// KindNotInForce: a user object the server does not translate — an
+	// AccessPolicy or VirtualMesh translation reports Invalid, or any user
+	// object the server reports Invalid — so what it asks for is not
+	// enforced.
 	KindNotInForce = "not-in-force"
+	// KindRefused: a user object admission refuses (the server's rules,
+	// policy/admission): the server does not translate it, and the
+	// admission webhook refuses to store it.
+	KindRefused = "refused-by-admission"
 	// KindReachableOutside: Destinations reachable from outside their
 	// VirtualMesh: open Destinations of a mesh without deny-by-default, and
 	// policy grants to identities of meshes that are not members.
@@ -125,7 +132,11 @@ func (a *auditor) policyFindings(add func(kind, severity, msg string, objects ..
 	for pi, ap := range a.aps {
 		subject := apObject(ap.id)
 		if !ap.inForce {
-			add(KindNotInForce, SeverityMedium, fmt.Sprintf("AccessPolicy %s is Invalid and not enforced: %s; the Destinations it would select keep their default access",
+			kind, sev := KindNotInForce, SeverityMedium
+			if slices.ContainsFunc(ap.errors, controller.RefusedByAdmission) {
+				kind, sev = KindRefused, SeverityHigh
+			}
+			add(kind, sev, fmt.Sprintf("AccessPolicy %s is Invalid and not enforced: %s; the Destinations it would select keep their default access",
 				ap.id, strings.Join(ap.errors, "; ")), subject)
 			continue
 		}
@@ -299,6 +310,18 @@ func (a *auditor) otherFindings(add func(kind, severity, msg string, objects ...
 	for _, k := range a.report.Keys() {
 		st, targets, _ := a.report.Status(k)
 		subject := k.Kind + "/" + k.Namespace + "/" + k.Name
+		if k.Kind == translation.KindTrafficPolicy || k.Kind == translation.KindVirtualDestination {
+			// Left out before translation (admission, or the server's own
+			// verdict): what it asks for does not happen.
+			if i := slices.IndexFunc(st.Errors, controller.LeftOut); i >= 0 {
+				kind, sev := KindNotInForce, SeverityMedium
+				if controller.RefusedByAdmission(st.Errors[i]) {
+					kind, sev = KindRefused, SeverityHigh
+				}
+				add(kind, sev, fmt.Sprintf("%s %s/%s is not in force: %s", k.Kind, k.Namespace, k.Name, st.Errors[i]), subject)
+				continue
+			}
+		}
 		switch k.Kind {
 		case translation.KindTrafficPolicy:
 			for _, e := range st.Errors {
@@ -321,11 +344,14 @@ func (a *auditor) otherFindings(add func(kind, severity, msg string, objects ...
 			if st.State != common.StateInvalid {
 				continue
 			}
-			sev, consequence := SeverityMedium, "its meshes are not federated by it"
+			kind, sev, consequence := KindNotInForce, SeverityMedium, "its meshes are not federated by it"
 			if vm := a.virtualMesh(k); vm != nil && vm.Spec.GlobalAccessPolicy == networkingv1alpha1.GlobalAccessEnabled {
 				sev, consequence = SeverityHigh, "its globalAccessPolicy Enabled (deny by default) is not in force in a fresh translation"
 			}
-			add(KindNotInForce, sev, fmt.Sprintf("VirtualMesh %s/%s is Invalid: %s; %s", k.Namespace, k.Name, strings.Join(st.Errors, "; "), consequence), subject)
+			if slices.ContainsFunc(st.Errors, controller.RefusedByAdmission) {
+				kind, sev = KindRefused, SeverityHigh
+			}
+			add(kind, sev, fmt.Sprintf("VirtualMesh %s/%s is Invalid: %s; %s", k.Namespace, k.Name, strings.Join(st.Errors, "; "), consequence), subject)
 		}
 	}
 	// Shared principals.

@@ -27,13 +27,13 @@ func FuzzAudit(f *testing.F) {
 		if in.Decode(b) != nil {
 			return
 		}
-		cfg := accessaudit.Config{AdminNamespace: admin, MaxObjects: 200}
-		r, err := accessaudit.Audit(in, cfg)
+		cfg := withMax(auditConfig(t, admin), 200)
+		r, err := accessaudit.Audit(t.Context(), in, cfg)
 		if err != nil {
 			require.ErrorIs(t, err, accessaudit.ErrTooLarge)
 			return
 		}
-		again, err := accessaudit.Audit(in, cfg)
+		again, err := accessaudit.Audit(t.Context(), in, cfg)
 		require.NoError(t, err)
 		var x, y, table, page bytes.Buffer
 		require.NoError(t, accessaudit.WriteJSON(&x, r))

@@ -28,7 +28,8 @@ func TestAgreesWithTranslation(t *testing.T) {
 			require.NoError(t, err)
 			in := &translation.Input{}
 			require.NoError(t, in.Decode(b))
-			a, out := newAuditor(in, Config{AdminNamespace: "relaymesh"})
+			a, out, err := newAuditor(t.Context(), in, ConfigForTest(t, "relaymesh"))
+			require.NoError(t, err)
 
 			authz := map[string][]string{} // cluster/namespace/name → principals of its rules
 			denyAll := map[string]bool{}   // cluster/namespace

@@ -68,6 +68,7 @@ func conditions(g Grant) string {
 func WriteTable(w io.Writer, r *Result) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
+	writeInput(row, r.Input)
 	open := 0
 	for _, p := range r.Matrix.Pairs {
 		if p.Open {
@@ -108,6 +109,7 @@ func writeFindings(row func(...string), title string, fs []Finding) {
 func WriteDiffTable(w io.Writer, d *Diff) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
+	writeInput(row, d.Input)
 	row(fmt.Sprintf("ACCESS CHANGES: %d added, %d removed, %d changed", len(d.Added), len(d.Removed), len(d.Changed)))
 	if len(d.Added)+len(d.Removed)+len(d.Changed) > 0 {
 		row("", "SOURCE", "DESTINATION", "PORT", "BEFORE", "AFTER")

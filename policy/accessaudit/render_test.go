@@ -37,7 +37,9 @@ func hostile() *translation.Input {
 			Spec: discoveryv1alpha1.DestinationSpec{Mesh: mesh, KubeService: discoveryv1alpha1.KubeService{
 				Ref:   common.ClusterObjectRef{Name: "</text></svg><script>alert(6)</script>", Namespace: "ns", ClusterName: "c\"><img src=x onerror=alert(1)>"},
 				Ports: []discoveryv1alpha1.ServicePort{{Port: 80, Name: "http"}}}}}},
-		AccessPolicies: []networkingv1alpha1.AccessPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "p<b>bold</b>", Namespace: "relaymesh"},
+		AccessPolicies: []networkingv1alpha1.AccessPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "p<b>bold</b>", Namespace: "relaymesh",
+			// Allow-all needs the opt-in, or admission refuses it.
+			Annotations: map[string]string{"relaymesh.io/allow-all": "true"}},
 			Spec: networkingv1alpha1.AccessPolicySpec{AllowedPaths: []string{"/<script>alert(7)</script>"}}}},
 	}
 }
@@ -45,11 +47,11 @@ func hostile() *translation.Input {
 // TestHTMLEscapesNames: no name reaches the page as markup, and the page
 // loads nothing from elsewhere.
 func TestHTMLEscapesNames(t *testing.T) {
-	r, err := accessaudit.Audit(hostile(), accessaudit.Config{AdminNamespace: admin})
+	r, err := accessaudit.Audit(t.Context(), hostile(), auditConfig(t, admin))
 	require.NoError(t, err)
 	require.NotEmpty(t, r.Matrix.Pairs)
 	require.NotEmpty(t, r.Findings)
-	before, err := accessaudit.Audit(&translation.Input{}, accessaudit.Config{AdminNamespace: admin})
+	before, err := accessaudit.Audit(t.Context(), &translation.Input{}, auditConfig(t, admin))
 	require.NoError(t, err)
 
 	var page, diff bytes.Buffer
@@ -77,7 +79,7 @@ func TestHTMLEscapesNames(t *testing.T) {
 // TestHTMLBoundsThePicture: a matrix larger than MaxGrid rows or columns is
 // drawn in part, and the page says so.
 func TestHTMLBoundsThePicture(t *testing.T) {
-	r, err := accessaudit.Audit(world(4, accessaudit.MaxGrid+20, 40), accessaudit.Config{AdminNamespace: admin})
+	r, err := accessaudit.Audit(t.Context(), world(4, accessaudit.MaxGrid+20, 40), auditConfig(t, admin))
 	require.NoError(t, err)
 	require.Greater(t, len(r.Matrix.Sources), accessaudit.MaxGrid)
 	var page bytes.Buffer
@@ -87,7 +89,7 @@ func TestHTMLBoundsThePicture(t *testing.T) {
 }
 
 func TestTableWithoutPairs(t *testing.T) {
-	r, err := accessaudit.Audit(&translation.Input{}, accessaudit.Config{AdminNamespace: admin})
+	r, err := accessaudit.Audit(t.Context(), &translation.Input{}, auditConfig(t, admin))
 	require.NoError(t, err)
 	var b bytes.Buffer
 	require.NoError(t, accessaudit.WriteTable(&b, r))

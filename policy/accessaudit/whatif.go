@@ -126,6 +126,9 @@ func WhatIf(base, with *translation.Input, without []Ref) (*translation.Input, e
 // Diff is what a change does to access.
 type Diff struct {
 	Schema string `json:"schema"`
+	// Input is what reading the files found (the view's, when read from
+	// files, and the change's).
+	Input *InputReport `json:"input,omitempty"`
 	// Added, Removed and Changed pairs, each sorted by destination, port
 	// and source.
 	Added   []Pair   `json:"added"`

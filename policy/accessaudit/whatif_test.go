@@ -41,12 +41,12 @@ func TestWhatIfGolden(t *testing.T) {
 					without = append(without, r)
 				}
 			}
-			cfg := accessaudit.Config{AdminNamespace: admin}
-			before, err := accessaudit.Audit(base, cfg)
+			cfg := auditConfig(t, admin)
+			before, err := accessaudit.Audit(t.Context(), base, cfg)
 			require.NoError(t, err)
 			proposed, err := accessaudit.WhatIf(base, with, without)
 			require.NoError(t, err)
-			after, err := accessaudit.Audit(proposed, cfg)
+			after, err := accessaudit.Audit(t.Context(), proposed, cfg)
 			require.NoError(t, err)
 			diff := accessaudit.Compare(before, after)
 			assert.False(t, diff.Empty())
@@ -57,7 +57,7 @@ func TestWhatIfGolden(t *testing.T) {
 				golden(t, filepath.Join(dir, "diff.txt"), table.Bytes())
 			}
 			// The base input is not modified, and changing nothing changes nothing.
-			again, err := accessaudit.Audit(base, cfg)
+			again, err := accessaudit.Audit(t.Context(), base, cfg)
 			require.NoError(t, err)
 			assert.True(t, accessaudit.Compare(before, again).Empty())
 		})

@@ -169,13 +169,15 @@ func (l *Loader) reload(ctx context.Context) {
 	}
 	sets := make([]RuleSet, 0, len(cms))
 	for _, cm := range cms {
-		sets = append(sets, ruleSetOf(cm))
+		sets = append(sets, RuleSetOf(cm))
 	}
 	l.engine.Load(ctx, sets)
 }
 
-// ruleSetOf is the rule set a ConfigMap holds.
-func ruleSetOf(cm *corev1.ConfigMap) RuleSet {
+// RuleSetOf is the rule set a ConfigMap labelled PolicyLabel holds: the
+// Loader's reading, shared with views that load the same ConfigMaps once
+// (the offline and live access audit).
+func RuleSetOf(cm *corev1.ConfigMap) RuleSet {
 	rs := RuleSet{Name: cm.Namespace + "/" + cm.Name, Version: cm.ResourceVersion, Files: map[string]string{}}
 	for k, v := range cm.Data {
 		if strings.HasSuffix(k, ".rego") {

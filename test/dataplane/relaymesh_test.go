@@ -448,4 +448,9 @@ spec:
 `)
 		})
 	})
+
+	t.Run("the access audit's matrix is what the data plane enforces, with an AccessPolicy admission refuses", func(t *testing.T) {
+		r.subtest(t)
+		checkAuditMatchesTraffic(t, f, r)
+	})
 }

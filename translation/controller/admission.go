@@ -10,7 +10,9 @@ import (
 
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/translation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -46,61 +48,33 @@ func (c *Controller) admit(ctx context.Context, in *translation.Input) (*transla
 		return in, r
 	}
 	seen := map[string]bool{}
-	check := func(kind, namespace, name string, generation int64, gvr schema.GroupVersionResource) bool {
+	out := judged(in, r, func(kind string, o metav1.Object, _ runtime.Object) string {
+		namespace, name := o.GetNamespace(), o.GetName()
 		key := kind + "/" + namespace + "/" + name
 		seen[key] = true
-		obj, ok := c.object(gvr, namespace, name)
+		obj, ok := c.object(userKinds[kind], namespace, name)
 		if !ok {
 			// The input came from this cache, so this should not happen;
 			// what cannot be judged is not translated.
-			r.Invalid(translation.ObjectKey{Kind: kind, Namespace: namespace, Name: name}, generation, "%s",
-				"not judged by admission (the object left the watch cache), so it is not translated")
-			return false
+			return "not judged by admission (the object left the watch cache), so it is not translated"
 		}
 		labels := c.namespaceLabels(namespace)
 		fp := admissionFingerprint(obj, labels, c.admission.Version())
 		a, cached := c.admitted[key]
 		if !cached || a.fingerprint != fp {
-			a = admitted{fingerprint: fp}
 			d, err := c.admission.Decide(ctx, admission.Request{Operation: admission.OperationCreate, Kind: kind, Namespace: namespace, Name: name,
 				Object: obj.Object, User: admission.User{Username: InProcessUser}, NamespaceLabels: labels})
-			switch {
-			case err != nil:
-				a.refusal = "the admission check failed, so it is not translated: " + err.Error()
-			case !d.Allowed:
-				a.refusal = "refused by admission, so it is not translated: " + d.Message()
-			}
+			a = admitted{fingerprint: fp, refusal: refusal(d, err)}
 			c.admitted[key] = a
 		}
-		if a.refusal != "" {
-			r.Invalid(translation.ObjectKey{Kind: kind, Namespace: namespace, Name: name}, generation, "%s", a.refusal)
-			return false
-		}
-		return true
-	}
-	out := *in
-	out.VirtualMeshes = filter(in.VirtualMeshes, func(i int) bool {
-		v := &in.VirtualMeshes[i]
-		return check("VirtualMesh", v.Namespace, v.Name, v.Generation, gvrVirtualMesh)
-	})
-	out.TrafficPolicies = filter(in.TrafficPolicies, func(i int) bool {
-		v := &in.TrafficPolicies[i]
-		return check("TrafficPolicy", v.Namespace, v.Name, v.Generation, gvrTraffic)
-	})
-	out.AccessPolicies = filter(in.AccessPolicies, func(i int) bool {
-		v := &in.AccessPolicies[i]
-		return check("AccessPolicy", v.Namespace, v.Name, v.Generation, gvrAccess)
-	})
-	out.VirtualDestinations = filter(in.VirtualDestinations, func(i int) bool {
-		v := &in.VirtualDestinations[i]
-		return check("VirtualDestination", v.Namespace, v.Name, v.Generation, gvrVirtualDest)
+		return a.refusal
 	})
 	for k := range c.admitted {
 		if !seen[k] {
 			delete(c.admitted, k)
 		}
 	}
-	return &out, r
+	return out, r
 }
 
 func filter[T any](xs []T, keep func(i int) bool) []T {
