@@ -9,10 +9,12 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
@@ -73,6 +75,11 @@ func TestControllerPublishesAndAuthorizes(t *testing.T) {
 	manifest := ""
 	for i, c := range []string{"c1", "c2"} {
 		manifest += fmt.Sprintf(`
+apiVersion: multicluster.relaymesh.io/v1alpha1
+kind: KubernetesCluster
+metadata: {name: %[1]s, namespace: %[2]s}
+spec: {}
+---
 apiVersion: discovery.relaymesh.io/v1alpha1
 kind: Mesh
 metadata: {name: istiod-istio-system-%[1]s, namespace: %[2]s}
@@ -210,6 +217,11 @@ func TestRootSecretMustBeInTheServersNamespace(t *testing.T) {
 		Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: pem.EncodeToMemory(keyBlock)}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	_, err = cl.Apply(ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: multicluster.relaymesh.io/v1alpha1
+kind: KubernetesCluster
+metadata: {name: c9, namespace: %[1]s}
+spec: {}
+---
 apiVersion: discovery.relaymesh.io/v1alpha1
 kind: Mesh
 metadata: {name: istiod-c9, namespace: %[1]s}
@@ -235,4 +247,138 @@ spec:
 	assert.Empty(t, pub.get("c9"))
 	_, err = ctl.SignIntermediate(ctx, "c9", &relaypb.IntermediateRequest{Mesh: "istiod-c9", Csr: csrPEM(t)})
 	assert.Equal(t, codes.FailedPrecondition, status.Code(err))
+}
+
+// Intermediates are issued only for a trust domain the registry grants to
+// the mesh's cluster alone (or shared by every holder): a mesh that starts
+// reporting another trust domain gets nothing until an administrator
+// grants it, a grant written onto a second cluster takes it from both, and
+// marking it shared on both gives it back. Each cluster's status says why.
+func TestIntermediatesOnlyForAGrantedTrustDomain(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cl := env.Cluster("cluster-1")
+	kube := client(t)
+	ns := namespace(t, kube)
+	dyn, err := dynamic.NewForConfig(cl.RESTConfig())
+	require.NoError(t, err)
+	apply := func(manifest string) {
+		t.Helper()
+		_, err := cl.Apply(ctx, "test", []byte(strings.ReplaceAll(manifest, "NS", ns)))
+		require.NoError(t, err)
+	}
+	mesh := func(cluster, td string) {
+		t.Helper()
+		apply(fmt.Sprintf(`
+apiVersion: discovery.relaymesh.io/v1alpha1
+kind: Mesh
+metadata: {name: istiod-%[1]s, namespace: NS}
+spec:
+  istio:
+    installation: {name: istiod, namespace: istio-system, cluster: %[1]s}
+    trustDomain: %[2]s
+`, cluster, td))
+	}
+	grant := func(cluster, grants string) {
+		t.Helper()
+		apply(fmt.Sprintf(`
+apiVersion: multicluster.relaymesh.io/v1alpha1
+kind: KubernetesCluster
+metadata: {name: %s, namespace: NS}
+spec: {trustDomains: %s}
+`, cluster, grants))
+	}
+	grant("c1", "[]")
+	grant("c2", "[]")
+	mesh("c1", "c1.local")
+	mesh("c2", "c2.local")
+	apply(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: NS}
+spec:
+  meshes: [{clusterName: c1, namespace: istio-system, name: istiod}, {clusterName: c2, namespace: istio-system, name: istiod}]
+  mtls: {shared: {rootCA: {generated: {}}}}
+`)
+	t.Cleanup(func() {
+		_ = dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).Delete(context.Background(), "shared", metav1.DeleteOptions{})
+	})
+	pub := &published{sets: map[string][]*relaypb.TrustRequest{}}
+	ctl, err := trust.Start(ctx, trust.Config{Dynamic: dyn, Kube: kube, Namespace: ns, Outputs: pub,
+		Clusters: func() []string { return []string{"c1", "c2"} }, Audit: audit.Discard})
+	require.NoError(t, err)
+	sign := func() ([]string, error) {
+		resp, err := ctl.SignIntermediate(ctx, "c1", &relaypb.IntermediateRequest{Mesh: "istiod-c1", Csr: csrPEM(t)})
+		if err != nil {
+			return nil, err
+		}
+		chain, err := pemutil.ParseCertificateBundle(resp.GetCertificateChain())
+		require.NoError(t, err)
+		return chain[0].PermittedURIDomains, nil
+	}
+	signs := func(what, td string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			got, err := sign()
+			return err == nil && len(got) == 1 && got[0] == td
+		}, 20*time.Second, 50*time.Millisecond, what)
+	}
+	refused := func(what string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			_, err := sign()
+			code := status.Code(err)
+			return code == codes.PermissionDenied || code == codes.FailedPrecondition || code == codes.Unavailable
+		}, 20*time.Second, 50*time.Millisecond, what)
+		// And it stays refused: no reconcile gives it back.
+		time.Sleep(300 * time.Millisecond)
+		_, err := sign()
+		require.Error(t, err, what)
+		for _, r := range pub.get("c1") {
+			assert.True(t, r.GetHold() || r.GetTrustDomain() != "c1-new.local", "no request to sign outside the grant: %v", r)
+		}
+	}
+	kcStatus := func(cluster, td string, state multiclusterv1alpha1.TrustDomainState, msg string) {
+		t.Helper()
+		var last string
+		require.Eventually(t, func() bool {
+			u, err := dyn.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace(ns).Get(ctx, cluster, metav1.GetOptions{})
+			require.NoError(t, err)
+			var kc multiclusterv1alpha1.KubernetesCluster
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &kc))
+			last = fmt.Sprint(kc.Status.TrustDomains)
+			for _, st := range kc.Status.TrustDomains {
+				if st.Name == td && st.State == state && strings.Contains(st.Message, msg) {
+					return true
+				}
+			}
+			return false
+		}, 20*time.Second, 50*time.Millisecond, "%s: %s %s (last: %s)", cluster, td, state, last)
+	}
+
+	signs("the default grant", "c1.local")
+	kcStatus("c1", "c1.local", multiclusterv1alpha1.TrustDomainAuthorized, "")
+
+	// The mesh reports a trust domain nobody granted: nothing is signed.
+	mesh("c1", "c1-new.local")
+	refused("a trust domain outside the grant")
+	kcStatus("c1", "c1-new.local", multiclusterv1alpha1.TrustDomainNotGranted, `cluster c1 is not granted trust domain "c1-new.local" (its grant: c1.local)`)
+
+	// An administrator grants it: the mesh gets an intermediate for it.
+	grant("c1", "[{name: c1-new.local}]")
+	signs("granted by an administrator", "c1-new.local")
+	kcStatus("c1", "c1-new.local", multiclusterv1alpha1.TrustDomainAuthorized, "")
+
+	// The same grant written onto c2 as well takes it from both.
+	grant("c2", "[{name: c2.local}, {name: c1-new.local}]")
+	refused("a trust domain granted to two clusters")
+	kcStatus("c1", "c1-new.local", multiclusterv1alpha1.TrustDomainConflict, `granted to clusters c1, c2`)
+	kcStatus("c2", "c1-new.local", multiclusterv1alpha1.TrustDomainConflict, `granted to clusters c1, c2`)
+
+	// Shared on one side is not enough; on both, it is usable again.
+	grant("c2", "[{name: c2.local}, {name: c1-new.local, shared: true}]")
+	refused("shared by one holder only")
+	grant("c1", "[{name: c1-new.local, shared: true}]")
+	signs("shared by both holders", "c1-new.local")
+	kcStatus("c2", "c1-new.local", multiclusterv1alpha1.TrustDomainAuthorized, "shared with clusters c1")
 }
