@@ -225,7 +225,9 @@ func (e *Engine) newCycle(in *translation.Input) *cycle {
 	versions(in.AccessPolicies, "AccessPolicy", func(p *networkingv1alpha1.AccessPolicy) (*metav1.ObjectMeta, any) { return &p.ObjectMeta, p.Spec }, c.aps, c.vers)
 	versions(in.VirtualMeshes, "VirtualMesh", func(v *networkingv1alpha1.VirtualMesh) (*metav1.ObjectMeta, any) { return &v.ObjectMeta, v.Spec }, nil, c.vers)
 	versions(in.VirtualDestinations, "VirtualDestination", func(v *networkingv1alpha1.VirtualDestination) (*metav1.ObjectMeta, any) { return &v.ObjectMeta, v.Spec }, nil, c.vers)
-	versions(in.Clusters, "KubernetesCluster", func(k *multiclusterv1alpha1.KubernetesCluster) (*metav1.ObjectMeta, any) { return &k.ObjectMeta, k.Spec }, nil, c.vers)
+	versions(in.Clusters, "KubernetesCluster", func(k *multiclusterv1alpha1.KubernetesCluster) (*metav1.ObjectMeta, any) {
+		return &k.ObjectMeta, k.Spec
+	}, nil, c.vers)
 	for k, v := range c.vers {
 		if e.vers[k] != v {
 			c.changed[k] = true

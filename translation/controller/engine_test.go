@@ -11,6 +11,7 @@ import (
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/controller"
@@ -174,6 +175,26 @@ var edits = []func(in *translation.Input, rng *rand.Rand) string{
 		vm.Spec.MTLS = &networkingv1alpha1.MTLSConfig{StrictMTLS: rng.IntN(2) == 0}
 		vm.Generation++
 		return "change the VirtualMesh's access and mTLS"
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		// The registry changes a grant: a mesh's trust domain is refused,
+		// or held by two clusters, and the VirtualMesh turns Invalid; or
+		// the default grant is back and it is valid again.
+		c := &in.Clusters[rng.IntN(len(in.Clusters))]
+		other := in.Clusters[rng.IntN(len(in.Clusters))].Name
+		what := "restore the default grant of " + c.Name
+		switch rng.IntN(3) {
+		case 0:
+			c.Spec.TrustDomains = []multiclusterv1alpha1.TrustDomainGrant{{Name: c.Name + ".example"}}
+			what = "grant " + c.Name + " a trust domain its mesh does not report"
+		case 1:
+			c.Spec.TrustDomains = []multiclusterv1alpha1.TrustDomainGrant{{Name: c.Name + ".local"}, {Name: other + ".local"}}
+			what = "grant " + c.Name + " the trust domain of " + other + " too"
+		default:
+			c.Spec.TrustDomains = nil
+		}
+		c.Generation++
+		return what
 	},
 }
 
