@@ -260,6 +260,8 @@ func TestIntermediatesOnlyForAGrantedTrustDomain(t *testing.T) {
 	cl := env.Cluster("cluster-1")
 	kube := client(t)
 	ns := namespace(t, kube)
+	// Clusters g1 and g2: VirtualMeshes of other tests (in every
+	// namespace, which the controller watches) name meshes of c1 and c2.
 	dyn, err := dynamic.NewForConfig(cl.RESTConfig())
 	require.NoError(t, err)
 	apply := func(manifest string) {
@@ -288,16 +290,16 @@ metadata: {name: %s, namespace: NS}
 spec: {trustDomains: %s}
 `, cluster, grants))
 	}
-	grant("c1", "[]")
-	grant("c2", "[]")
-	mesh("c1", "c1.local")
-	mesh("c2", "c2.local")
+	grant("g1", "[]")
+	grant("g2", "[]")
+	mesh("g1", "g1.local")
+	mesh("g2", "g2.local")
 	apply(`
 apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
 metadata: {name: shared, namespace: NS}
 spec:
-  meshes: [{clusterName: c1, namespace: istio-system, name: istiod}, {clusterName: c2, namespace: istio-system, name: istiod}]
+  meshes: [{clusterName: g1, namespace: istio-system, name: istiod}, {clusterName: g2, namespace: istio-system, name: istiod}]
   mtls: {shared: {rootCA: {generated: {}}}}
 `)
 	t.Cleanup(func() {
@@ -305,10 +307,10 @@ spec:
 	})
 	pub := &published{sets: map[string][]*relaypb.TrustRequest{}}
 	ctl, err := trust.Start(ctx, trust.Config{Dynamic: dyn, Kube: kube, Namespace: ns, Outputs: pub,
-		Clusters: func() []string { return []string{"c1", "c2"} }, Audit: audit.Discard})
+		Clusters: func() []string { return []string{"g1", "g2"} }, Audit: audit.Discard})
 	require.NoError(t, err)
 	sign := func() ([]string, error) {
-		resp, err := ctl.SignIntermediate(ctx, "c1", &relaypb.IntermediateRequest{Mesh: "istiod-c1", Csr: csrPEM(t)})
+		resp, err := ctl.SignIntermediate(ctx, "g1", &relaypb.IntermediateRequest{Mesh: "istiod-g1", Csr: csrPEM(t)})
 		if err != nil {
 			return nil, err
 		}
@@ -318,10 +320,12 @@ spec:
 	}
 	signs := func(what, td string) {
 		t.Helper()
+		var last string
 		require.Eventually(t, func() bool {
 			got, err := sign()
+			last = fmt.Sprint(got, err)
 			return err == nil && len(got) == 1 && got[0] == td
-		}, 20*time.Second, 50*time.Millisecond, what)
+		}, 20*time.Second, 50*time.Millisecond, "%s (last: %s; published: %v)", what, last, pub.get("g1"))
 	}
 	refused := func(what string) {
 		t.Helper()
@@ -334,8 +338,8 @@ spec:
 		time.Sleep(300 * time.Millisecond)
 		_, err := sign()
 		require.Error(t, err, what)
-		for _, r := range pub.get("c1") {
-			assert.True(t, r.GetHold() || r.GetTrustDomain() != "c1-new.local", "no request to sign outside the grant: %v", r)
+		for _, r := range pub.get("g1") {
+			assert.True(t, r.GetHold() || r.GetTrustDomain() != "g1-new.local", "no request to sign outside the grant: %v", r)
 		}
 	}
 	kcStatus := func(cluster, td string, state multiclusterv1alpha1.TrustDomainState, msg string) {
@@ -356,29 +360,29 @@ spec:
 		}, 20*time.Second, 50*time.Millisecond, "%s: %s %s (last: %s)", cluster, td, state, last)
 	}
 
-	signs("the default grant", "c1.local")
-	kcStatus("c1", "c1.local", multiclusterv1alpha1.TrustDomainAuthorized, "")
+	signs("the default grant", "g1.local")
+	kcStatus("g1", "g1.local", multiclusterv1alpha1.TrustDomainAuthorized, "")
 
 	// The mesh reports a trust domain nobody granted: nothing is signed.
-	mesh("c1", "c1-new.local")
+	mesh("g1", "g1-new.local")
 	refused("a trust domain outside the grant")
-	kcStatus("c1", "c1-new.local", multiclusterv1alpha1.TrustDomainNotGranted, `cluster c1 is not granted trust domain "c1-new.local" (its grant: c1.local)`)
+	kcStatus("g1", "g1-new.local", multiclusterv1alpha1.TrustDomainNotGranted, `cluster g1 is not granted trust domain "g1-new.local" (its grant: g1.local)`)
 
 	// An administrator grants it: the mesh gets an intermediate for it.
-	grant("c1", "[{name: c1-new.local}]")
-	signs("granted by an administrator", "c1-new.local")
-	kcStatus("c1", "c1-new.local", multiclusterv1alpha1.TrustDomainAuthorized, "")
+	grant("g1", "[{name: g1-new.local}]")
+	signs("granted by an administrator", "g1-new.local")
+	kcStatus("g1", "g1-new.local", multiclusterv1alpha1.TrustDomainAuthorized, "")
 
-	// The same grant written onto c2 as well takes it from both.
-	grant("c2", "[{name: c2.local}, {name: c1-new.local}]")
+	// The same grant written onto g2 as well takes it from both.
+	grant("g2", "[{name: g2.local}, {name: g1-new.local}]")
 	refused("a trust domain granted to two clusters")
-	kcStatus("c1", "c1-new.local", multiclusterv1alpha1.TrustDomainConflict, `granted to clusters c1, c2`)
-	kcStatus("c2", "c1-new.local", multiclusterv1alpha1.TrustDomainConflict, `granted to clusters c1, c2`)
+	kcStatus("g1", "g1-new.local", multiclusterv1alpha1.TrustDomainConflict, `granted to clusters g1, g2`)
+	kcStatus("g2", "g1-new.local", multiclusterv1alpha1.TrustDomainConflict, `granted to clusters g1, g2`)
 
 	// Shared on one side is not enough; on both, it is usable again.
-	grant("c2", "[{name: c2.local}, {name: c1-new.local, shared: true}]")
+	grant("g2", "[{name: g2.local}, {name: g1-new.local, shared: true}]")
 	refused("shared by one holder only")
-	grant("c1", "[{name: c1-new.local, shared: true}]")
-	signs("shared by both holders", "c1-new.local")
-	kcStatus("c2", "c1-new.local", multiclusterv1alpha1.TrustDomainAuthorized, "shared with clusters c1")
+	grant("g1", "[{name: g1-new.local, shared: true}]")
+	signs("shared by both holders", "g1-new.local")
+	kcStatus("g2", "g1-new.local", multiclusterv1alpha1.TrustDomainAuthorized, "shared with clusters g1")
 }
