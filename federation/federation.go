@@ -97,7 +97,9 @@ type Note struct {
 func NewPlan(in *translation.Input) *Plan {
 	vms := make([]*vmState, 0, len(in.VirtualMeshes))
 	for i := range in.VirtualMeshes {
-		vm := &in.VirtualMeshes[i]
+		// A copy: a caller that reorders in.VirtualMeshes later must not
+		// give one VirtualMesh another's verdict.
+		vm := new(in.VirtualMeshes[i])
 		vms = append(vms, &vmState{
 			vm:     vm,
 			key:    translation.ObjectKey{Kind: kindVirtualMesh, Namespace: vm.Namespace, Name: vm.Name},

@@ -453,3 +453,23 @@ func TestTrustDomainOutsideTheGrantIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// A plan keeps each VirtualMesh's verdict with that VirtualMesh even when
+// the caller reorders its input afterwards (the trust controller sorted it
+// after planning, and an Invalid VirtualMesh took a valid one's members).
+func TestPlanSurvivesReorderedInput(t *testing.T) {
+	bad := istioMesh("m1", "c1")
+	bad.Spec.Istio.TrustDomain = "elsewhere.local"
+	a, b := federateAll("m1"), federateAll("m2")
+	a.Name, b.Name = "b-invalid", "a-valid"
+	in := &translation.Input{Clusters: registered("c1", "c2"), Meshes: []discoveryv1alpha1.Mesh{bad, istioMesh("m2", "c2")},
+		VirtualMeshes: []networkingv1alpha1.VirtualMesh{a, b}}
+	plan := federation.NewPlan(in)
+	in.VirtualMeshes[0], in.VirtualMeshes[1] = in.VirtualMeshes[1], in.VirtualMeshes[0]
+	_, ok := plan.Members("relaymesh", "b-invalid")
+	assert.False(t, ok, "the VirtualMesh with a member outside its grant stays Invalid")
+	members, ok := plan.Members("relaymesh", "a-valid")
+	require.True(t, ok)
+	require.Len(t, members, 1)
+	assert.Equal(t, "m2", members[0].Name)
+}

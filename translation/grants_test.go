@@ -91,3 +91,46 @@ func TestGrantsIgnoreOrder(t *testing.T) {
 	require.Error(t, ea)
 	assert.Equal(t, ea.Error(), eb.Error())
 }
+
+// Whatever the registry holds, a trust domain is authorized to a cluster
+// only if that cluster holds it and every holder marks it shared (or holds
+// it alone), and the verdict never panics.
+func FuzzGrants(f *testing.F) {
+	f.Add("a", "a.local", false, "b", "a.local", false, "a.local")
+	f.Add("a", "x", true, "b", "x", true, "x")
+	f.Add("a", "", false, "a", "", false, "a.local")
+	f.Fuzz(func(t *testing.T, c1, td1 string, s1 bool, c2, td2 string, s2 bool, ask string) {
+		var clusters []multiclusterv1alpha1.KubernetesCluster
+		for _, c := range []struct {
+			name, td string
+			shared   bool
+		}{{c1, td1, s1}, {c2, td2, s2}} {
+			var grants []multiclusterv1alpha1.TrustDomainGrant
+			if c.td != "" {
+				grants = append(grants, grant(c.td, c.shared))
+			}
+			clusters = append(clusters, kc(c.name, grants...))
+		}
+		g := translation.NewGrants(clusters)
+		for _, cl := range []string{c1, c2} {
+			err := g.Authorize(cl, ask)
+			if err == nil {
+				require.Contains(t, g.Granted(cl), ask)
+				for _, k := range clusters {
+					if k.Name == cl {
+						continue
+					}
+					for _, gr := range k.Grant() {
+						if gr.Name == ask {
+							require.True(t, gr.Shared, "%s authorized although %s holds it unshared", cl, k.Name)
+						}
+					}
+				}
+				continue
+			}
+			var ge *translation.GrantError
+			require.ErrorAs(t, err, &ge)
+			require.NotEmpty(t, err.Error())
+		}
+	})
+}

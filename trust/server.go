@@ -305,12 +305,15 @@ func (c *Controller) reconcile(ctx context.Context) {
 // decide computes every mesh's request from the VirtualMeshes that are
 // valid (the same decision translation makes) and ask for shared trust.
 func (c *Controller) decide(ctx context.Context, in *translation.Input, leading bool) []*vmPlan {
-	plan := federation.NewPlan(in)
-	state := map[string]*meshTrust{}
-	var plans []*vmPlan
+	// Sorted before the plan is made: the plan keeps pointers into the
+	// list, and sorting it afterwards gave one VirtualMesh another's
+	// verdict and members (an Invalid one then issued intermediates).
 	slices.SortFunc(in.VirtualMeshes, func(a, b networkingv1alpha1.VirtualMesh) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
+	plan := federation.NewPlan(in)
+	state := map[string]*meshTrust{}
+	var plans []*vmPlan
 	seen := map[string]bool{}
 	meshByName := map[string]*discoveryv1alpha1.Mesh{}
 	for i := range in.Meshes {
