@@ -2,7 +2,9 @@ package check
 
 import (
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/server/leader"
+	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/trust"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -49,6 +52,7 @@ func Evaluate(o *Observations, now time.Time) []Result {
 	rs = append(rs, evalReplicas(o, now)...)
 	rs = append(rs, evalAgents(o, now)...)
 	rs = append(rs, evalVirtualMeshes(o, now)...)
+	rs = append(rs, evalTrustDomains(o)...)
 	rs = append(rs, evalIstiod(o)...)
 	rs = append(rs, evalWebhook(o)...)
 	rs = append(rs, evalDashboard(o)...)
@@ -463,6 +467,94 @@ func evalSharedTrust(vm *networkingv1alpha1.VirtualMesh, key string, observed []
 		rs = append(rs, result(AreaVirtualMeshes, key, OK, "rotation: %s", rot.Phase))
 	}
 	return rs
+}
+
+// evalTrustDomains reports what makes a trust domain unsafe or unusable:
+// one granted to several clusters without every holder marking it shared
+// (no mesh of theirs gets an intermediate), one shared (WEAKER), a mesh
+// reporting a trust domain outside its cluster's grant, and one trust
+// domain reported by several meshes.
+func evalTrustDomains(o *Observations) []Result {
+	switch {
+	case o.ClustersErr != nil:
+		return nil // evalAgents reports it
+	case o.DiscoveredErr != nil:
+		return []Result{result(AreaTrustDomains, "meshes", Warning, "cannot list the discovered Meshes: %v; trust domains not checked", o.DiscoveredErr)}
+	}
+	grants := translation.NewGrants(o.Clusters)
+	var rs []Result
+	// Grants: each trust domain once.
+	seen := map[string]bool{}
+	for i := range o.Clusters {
+		for _, td := range grants.Granted(o.Clusters[i].Name) {
+			if seen[td] {
+				continue
+			}
+			seen[td] = true
+			var ge *translation.GrantError
+			if err := grants.Authorize(o.Clusters[i].Name, td); errors.As(err, &ge) {
+				rs = append(rs, result(AreaTrustDomains, td, Error, "%v", err))
+			} else if others := grants.SharedWith(o.Clusters[i].Name, td); len(others) > 0 {
+				rs = append(rs, result(AreaTrustDomains, td, Warning, "shared by clusters %s (WEAKER: the meshes of each can sign the others' identities)",
+					strings.Join(append([]string{o.Clusters[i].Name}, others...), ", ")))
+			}
+		}
+	}
+	// Reports: what each mesh's agent says, against its cluster's grant.
+	byTD := map[string][]*discoveryv1alpha1.Mesh{}
+	ok := 0
+	for i := range o.Discovered {
+		m := &o.Discovered[i]
+		ist := m.Spec.Istio
+		if ist == nil || ist.Installation.Cluster == "" {
+			continue
+		}
+		subject := "mesh " + meshLabel(m)
+		if ist.TrustDomain == "" {
+			rs = append(rs, result(AreaTrustDomains, subject, Error, "reports no trust domain: it gets no intermediate"))
+			continue
+		}
+		byTD[ist.TrustDomain] = append(byTD[ist.TrustDomain], m)
+		var ge *translation.GrantError
+		switch err := grants.Authorize(ist.Installation.Cluster, ist.TrustDomain); {
+		case errors.As(err, &ge) && ge.Reason == translation.RefusedConflict:
+			// Reported once, on the trust domain, above.
+		case err != nil:
+			rs = append(rs, result(AreaTrustDomains, subject, Error, "reports trust domain %q: %v; it gets no intermediate and every VirtualMesh naming it is Invalid", ist.TrustDomain, err))
+		default:
+			ok++
+		}
+	}
+	for _, td := range slices.Sorted(maps.Keys(byTD)) {
+		ms := byTD[td]
+		if len(ms) < 2 {
+			continue
+		}
+		names, clusters := make([]string, len(ms)), map[string]bool{}
+		for i, m := range ms {
+			names[i] = meshLabel(m)
+			clusters[m.Spec.Istio.Installation.Cluster] = true
+		}
+		slices.Sort(names)
+		sev, why := Warning, "either's CA can sign the others' identities"
+		if len(clusters) > 1 && len(grants.SharedWith(ms[0].Spec.Istio.Installation.Cluster, td)) == 0 {
+			// Not an administrator's shared grant: at most one of them can
+			// be the trust domain's rightful mesh.
+			sev, why = Error, "at most one cluster can hold it: the others are refused, or all are when the grant is held twice"
+		}
+		rs = append(rs, result(AreaTrustDomains, td, sev, "claimed by %d meshes (%s): %s", len(ms), strings.Join(names, ", "), why))
+	}
+	if len(rs) == 0 && ok > 0 {
+		rs = append(rs, result(AreaTrustDomains, "meshes", OK, "%d mesh(es), each reporting a trust domain its cluster is granted alone", ok))
+	}
+	return rs
+}
+
+// meshLabel is how a discovered mesh reads: its control plane,
+// cluster/namespace/name.
+func meshLabel(m *discoveryv1alpha1.Mesh) string {
+	inst := m.Spec.Istio.Installation
+	return inst.Cluster + "/" + inst.Namespace + "/" + inst.Name
 }
 
 func evalIstiod(o *Observations) []Result {

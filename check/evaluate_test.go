@@ -435,6 +435,57 @@ func TestEvaluateReplicas(t *testing.T) {
 	}
 }
 
+// check reports a trust domain two clusters hold without both sharing it,
+// one shared (WEAKER), a mesh reporting a trust domain outside its
+// cluster's grant, and one trust domain reported by several meshes.
+func TestEvaluateTrustDomains(t *testing.T) {
+	kc := func(name string, grants ...multiclusterv1alpha1.TrustDomainGrant) multiclusterv1alpha1.KubernetesCluster {
+		return multiclusterv1alpha1.KubernetesCluster{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: multiclusterv1alpha1.KubernetesClusterSpec{TrustDomains: grants}}
+	}
+	mesh := func(cluster, ns, td string) discoveryv1alpha1.Mesh {
+		return discoveryv1alpha1.Mesh{Spec: discoveryv1alpha1.MeshSpec{Istio: &discoveryv1alpha1.IstioMesh{
+			Installation: discoveryv1alpha1.MeshInstallation{Name: "istiod", Namespace: ns, Cluster: cluster}, TrustDomain: td}}}
+	}
+	two := []multiclusterv1alpha1.KubernetesCluster{kc("cluster-1"), kc("eu")}
+	shared := multiclusterv1alpha1.TrustDomainGrant{Name: "cluster.local", Shared: true}
+	for _, tc := range []struct {
+		name     string
+		o        Observations
+		subject  string
+		want     Severity
+		msg      string
+		findings int // results in the area
+	}{
+		{"every mesh in its grant", Observations{Clusters: two, Discovered: []discoveryv1alpha1.Mesh{mesh("cluster-1", "istio-system", "cluster-1.local"), mesh("eu", "istio-system", "eu.local")}},
+			"meshes", OK, "2 mesh(es), each reporting a trust domain its cluster is granted alone", 1},
+		{"a mesh reporting another cluster's trust domain", Observations{Clusters: two, Discovered: []discoveryv1alpha1.Mesh{mesh("cluster-1", "istio-system", "cluster-1.local"), mesh("eu", "istio-system", "cluster-1.local")}},
+			"mesh eu/istio-system/istiod", Error, `reports trust domain "cluster-1.local": cluster eu is not granted trust domain "cluster-1.local" (its grant: eu.local)`, 2},
+		{"and the claim by two meshes", Observations{Clusters: two, Discovered: []discoveryv1alpha1.Mesh{mesh("cluster-1", "istio-system", "cluster-1.local"), mesh("eu", "istio-system", "cluster-1.local")}},
+			"cluster-1.local", Error, "claimed by 2 meshes (cluster-1/istio-system/istiod, eu/istio-system/istiod)", 2},
+		{"two meshes of one cluster", Observations{Clusters: two, Discovered: []discoveryv1alpha1.Mesh{mesh("eu", "istio-system", "eu.local"), mesh("eu", "istio-canary", "eu.local")}},
+			"eu.local", Warning, "claimed by 2 meshes (eu/istio-canary/istiod, eu/istio-system/istiod): either's CA", 1},
+		{"a grant held twice", Observations{Clusters: []multiclusterv1alpha1.KubernetesCluster{kc("cluster-1"), kc("eu", multiclusterv1alpha1.TrustDomainGrant{Name: "cluster-1.local"})}},
+			"cluster-1.local", Error, `trust domain "cluster-1.local" is granted to clusters cluster-1, eu, and cluster-1, eu do not mark it shared`, 1},
+		{"a grant shared by every holder", Observations{Clusters: []multiclusterv1alpha1.KubernetesCluster{kc("c1", shared), kc("c2", shared)},
+			Discovered: []discoveryv1alpha1.Mesh{mesh("c1", "istio-system", "cluster.local"), mesh("c2", "istio-system", "cluster.local")}},
+			"cluster.local", Warning, "shared by clusters c1, c2 (WEAKER", 2},
+		{"an unregistered cluster's mesh", Observations{Clusters: two, Discovered: []discoveryv1alpha1.Mesh{mesh("gone", "istio-system", "gone.local")}},
+			"mesh gone/istio-system/istiod", Error, "cluster gone is not registered", 1},
+		{"no trust domain", Observations{Clusters: two, Discovered: []discoveryv1alpha1.Mesh{mesh("eu", "istio-system", "")}},
+			"mesh eu/istio-system/istiod", Error, "reports no trust domain", 1},
+		{"meshes unreadable", Observations{Clusters: two, DiscoveredErr: errors.New("forbidden")}, "meshes", Warning, "cannot list the discovered Meshes: forbidden", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			all := find(Evaluate(&tc.o, now), AreaTrustDomains, "")
+			assert.Len(t, all, tc.findings, "%v", all)
+			s, msg := worst(find(all, AreaTrustDomains, tc.subject))
+			assert.Equal(t, tc.want, s, msg)
+			assert.Contains(t, msg, tc.msg)
+		})
+	}
+	assert.Empty(t, find(Evaluate(&Observations{ClustersErr: errors.New("forbidden")}, now), AreaTrustDomains, ""), "an unreadable registry is the agents' finding")
+}
+
 // The dashboard's transport, as the server's metric reports it: plain
 // HTTP off loopback is an error, on loopback a warning, TLS fine.
 func TestEvaluateDashboard(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/api/crds"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
@@ -134,6 +135,7 @@ func Gather(ctx context.Context, cfg Config) *Observations {
 	o.Clusters, o.ClustersErr = listAs[multiclusterv1alpha1.KubernetesCluster](ctx, cfg.Mgmt.Dynamic, server.KubernetesClusters, cfg.Namespace)
 	o.VirtualMeshes, o.VirtualMeshesErr = listAs[networkingv1alpha1.VirtualMesh](ctx, cfg.Mgmt.Dynamic, networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), "")
 	o.Meshes = gatherMeshes(ctx, cfg, o)
+	o.Discovered, o.DiscoveredErr = listAs[discoveryv1alpha1.Mesh](ctx, cfg.Mgmt.Dynamic, discoveryv1alpha1.GroupVersion.WithResource("meshes"), cfg.Namespace)
 	o.Webhook = gatherWebhook(ctx, cfg)
 	leases := cfg.Mgmt.Typed.CoordinationV1().Leases(cfg.Namespace)
 	if o.ServerLease, o.ServerLeaseErr = leases.Get(ctx, leader.ServerLease, metav1.GetOptions{}); o.ServerLeaseErr != nil {

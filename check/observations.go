@@ -3,6 +3,7 @@ package check
 import (
 	"crypto/x509"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/opsclient"
@@ -42,6 +43,10 @@ type Observations struct {
 	// Meshes are the CAs of the meshes of shared-trust VirtualMeshes, as
 	// found in their workload clusters.
 	Meshes []MeshCA
+	// Discovered are the Mesh objects the server discovered (in
+	// Namespace): each with the trust domain its agent reports.
+	Discovered    []discoveryv1alpha1.Mesh
+	DiscoveredErr error
 	// Webhook is the admission webhook.
 	Webhook Webhook
 	// ServerLease is the server replicas' leader Lease (leader.ServerLease);

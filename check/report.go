@@ -89,6 +89,7 @@ const (
 	AreaAgents        = "agents"
 	AreaClock         = "clock"
 	AreaVirtualMeshes = "virtualmeshes"
+	AreaTrustDomains  = "trust-domains"
 	AreaIstiod        = "istiod"
 	AreaWebhook       = "webhook"
 	AreaDashboard     = "dashboard"
@@ -119,7 +120,7 @@ type Report struct {
 // NewReport sorts results (by area order, then subject) and counts them.
 func NewReport(now time.Time, results []Result) *Report {
 	order := map[string]int{}
-	for i, a := range []string{AreaCRDs, AreaServer, AreaRelayCA, AreaAgents, AreaClock, AreaVirtualMeshes, AreaIstiod, AreaWebhook, AreaDashboard} {
+	for i, a := range []string{AreaCRDs, AreaServer, AreaRelayCA, AreaAgents, AreaClock, AreaVirtualMeshes, AreaTrustDomains, AreaIstiod, AreaWebhook, AreaDashboard} {
 		order[a] = i
 	}
 	sort.SliceStable(results, func(i, j int) bool {

@@ -10,6 +10,7 @@ import (
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,6 +35,7 @@ func largeWorld(clusters, services, policies int) *StaticSource {
 			Spec: discoveryv1alpha1.MeshSpec{Istio: &discoveryv1alpha1.IstioMesh{
 				Installation: discoveryv1alpha1.MeshInstallation{Name: "istiod", Namespace: "istio-system", Cluster: name}, TrustDomain: name + ".local"}}})
 		refs = append(refs, common.ClusterObjectRef{ClusterName: name, Namespace: "istio-system", Name: "istiod"})
+		in.Clusters = append(in.Clusters, multiclusterv1alpha1.KubernetesCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "relaymesh"}}) // the default grant, <cluster>.local
 	}
 	ref := func(s int) common.ClusterObjectRef {
 		return common.ClusterObjectRef{Name: fmt.Sprintf("svc-%d", s), Namespace: fmt.Sprintf("ns-%d", s%20), ClusterName: fmt.Sprintf("cluster-%d", s%clusters)}

@@ -105,6 +105,7 @@ func (s *KubeSource) Input() (*translation.Input, error) {
 		TrafficPolicies:     listTyped[networkingv1alpha1.TrafficPolicy](s, gvrTraffic, &errs),
 		AccessPolicies:      listTyped[networkingv1alpha1.AccessPolicy](s, gvrAccess, &errs),
 		VirtualDestinations: listTyped[networkingv1alpha1.VirtualDestination](s, gvrVirtualDests, &errs),
+		Clusters:            listTyped[multiclusterv1alpha1.KubernetesCluster](s, gvrClusters, &errs),
 	}
 	return in, errors.Join(errs...)
 }

@@ -69,6 +69,7 @@ func demoWorld(s string, now time.Time) *StaticSource {
 			Spec: discoveryv1alpha1.MeshSpec{Istio: &discoveryv1alpha1.IstioMesh{Installation: discoveryv1alpha1.MeshInstallation{Name: "istiod", Namespace: "istio-system", Cluster: c},
 				TrustDomain: c + ".local"}}})
 		refs = append(refs, common.ClusterObjectRef{ClusterName: c, Namespace: "istio-system", Name: "istiod"})
+		in.Clusters = append(in.Clusters, multiclusterv1alpha1.KubernetesCluster{ObjectMeta: metav1.ObjectMeta{Name: c, Namespace: "relaymesh"}}) // the default grant, <cluster>.local
 		meshRef := common.ObjectRef{Name: mesh, Namespace: "relaymesh"}
 		for _, app := range []string{"productpage", "reviews"} {
 			svc := common.ClusterObjectRef{ClusterName: c, Namespace: "bookinfo", Name: app}

@@ -97,7 +97,9 @@ type Note struct {
 func NewPlan(in *translation.Input) *Plan {
 	vms := make([]*vmState, 0, len(in.VirtualMeshes))
 	for i := range in.VirtualMeshes {
-		vm := &in.VirtualMeshes[i]
+		// A copy: a caller that reorders in.VirtualMeshes later must not
+		// give one VirtualMesh another's verdict.
+		vm := new(in.VirtualMeshes[i])
 		vms = append(vms, &vmState{
 			vm:     vm,
 			key:    translation.ObjectKey{Kind: kindVirtualMesh, Namespace: vm.Namespace, Name: vm.Name},
@@ -113,8 +115,9 @@ func NewPlan(in *translation.Input) *Plan {
 		return cmp.Or(strings.Compare(a.vm.Namespace, b.vm.Namespace), strings.Compare(a.vm.Name, b.vm.Name))
 	})
 	claimed := map[string]*vmState{}
+	grants := translation.NewGrants(in.Clusters)
 	for _, s := range vms {
-		s.validate(in)
+		s.validate(in, grants)
 		if len(s.errs) == 0 {
 			for _, m := range s.members {
 				if other := claimed[m.key]; other != nil {
@@ -303,7 +306,7 @@ func (s *vmState) reportTargets(r *translation.Report, idle string) {
 }
 
 // validate resolves the member meshes and records every error in s.errs.
-func (s *vmState) validate(in *translation.Input) {
+func (s *vmState) validate(in *translation.Input, grants *translation.Grants) {
 	vm := s.vm
 	if len(vm.Spec.Meshes) == 0 {
 		s.errs = append(s.errs, "spec.meshes is empty")
@@ -332,7 +335,7 @@ func (s *vmState) validate(in *translation.Input) {
 		s.errs = append(s.errs, m.errs...)
 	}
 	slices.SortFunc(s.members, func(a, b *member) int { return strings.Compare(a.key, b.key) })
-	s.checkTrustDomains()
+	s.checkTrustDomains(grants)
 	if f := vm.Spec.Federation; f != nil {
 		if len(f.EastWestGatewaySelectors) > 0 {
 			s.errs = append(s.errs, "spec.federation.eastWestGatewaySelectors is not supported yet; omit it to use the discovered east-west gateways (label istio: eastwestgateway)")
@@ -348,13 +351,14 @@ func (s *vmState) validate(in *translation.Input) {
 	}
 }
 
-// checkTrustDomains refuses members whose trust domain is missing, or
+// checkTrustDomains refuses members whose trust domain is missing, outside
+// their cluster's grant (grants: the registry's word, not the agent's), or
 // claimed by another member unless spec.mtls.trustDomains is Shared. A
 // trust domain is what a mesh's intermediate CA is constrained to sign and
-// what policies name identities by: two meshes of one VirtualMesh with one
-// trust domain could sign each other's identities, so that takes an explicit
-// choice.
-func (s *vmState) checkTrustDomains() {
+// what policies name identities by: two meshes with one trust domain could
+// sign each other's identities, so that takes an explicit choice — across
+// clusters an administrator's, on the KubernetesClusters.
+func (s *vmState) checkTrustDomains(grants *translation.Grants) {
 	shared := s.vm.Spec.MTLS != nil && s.vm.Spec.MTLS.TrustDomains == networkingv1alpha1.TrustDomainsShared
 	first := map[string]*member{}
 	for _, m := range s.members {
@@ -363,6 +367,18 @@ func (s *vmState) checkTrustDomains() {
 			msg := fmt.Sprintf("mesh %s reports no trust domain", meshName(m.mesh))
 			m.errs, s.errs = append(m.errs, msg), append(s.errs, msg)
 			continue
+		}
+		if m.cluster == "" {
+			continue // refused already: no installation cluster
+		}
+		if err := grants.Authorize(m.cluster, td); err != nil {
+			msg := fmt.Sprintf("mesh %s reports trust domain %q: %v", meshName(m.mesh), td, err)
+			m.errs, s.errs = append(m.errs, msg), append(s.errs, msg)
+			continue
+		}
+		if others := grants.SharedWith(m.cluster, td); len(others) > 0 {
+			s.warns = append(s.warns, fmt.Sprintf("mesh %s uses trust domain %q, which clusters %s hold too (shared on every KubernetesCluster holding it): their meshes' CAs can sign this mesh's identities",
+				meshName(m.mesh), td, strings.Join(others, ", ")))
 		}
 		other := first[td]
 		if other == nil {

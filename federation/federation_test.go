@@ -10,6 +10,7 @@ import (
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/federation"
 	"github.com/relaymesh/relaymesh/translation"
@@ -124,6 +125,22 @@ func destination(svc, cluster, mesh string, ports ...discoveryv1alpha1.ServicePo
 	}
 }
 
+// registered is a registry of clusters each holding its default grant,
+// <name>.local (what istioMesh reports).
+func registered(names ...string) []multiclusterv1alpha1.KubernetesCluster {
+	var out []multiclusterv1alpha1.KubernetesCluster
+	for _, n := range names {
+		out = append(out, cluster(n))
+	}
+	return out
+}
+
+// cluster is a KubernetesCluster with grants (none: the default grant).
+func cluster(name string, grants ...multiclusterv1alpha1.TrustDomainGrant) multiclusterv1alpha1.KubernetesCluster {
+	return multiclusterv1alpha1.KubernetesCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "relaymesh"},
+		Spec: multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeRelay, TrustDomains: grants}}
+}
+
 var eastWest = discoveryv1alpha1.GatewayInfo{Name: "istio-eastwestgateway", Namespace: "istio-system", Kind: "EastWest",
 	WorkloadLabels: map[string]string{"istio": "eastwestgateway"}, ExternalAddress: "10.0.0.1", TLSPort: 15443}
 
@@ -217,6 +234,7 @@ func TestPartialData(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			tc.in.Clusters = registered("c1", "c2")
 			out, r := translate(&tc.in)
 			st, targets, ok := r.Status(translation.ObjectKey{Kind: "VirtualMesh", Namespace: "relaymesh", Name: "vm"})
 			require.True(t, ok)
@@ -273,6 +291,7 @@ func TestFlatExportDepsFollowIdentities(t *testing.T) {
 		return &translation.Input{
 			Meshes:       []discoveryv1alpha1.Mesh{istioMesh("m1", "c1"), istioMesh("m2", "c2")},
 			Destinations: []discoveryv1alpha1.Destination{d}, Workloads: ws, VirtualMeshes: []networkingv1alpha1.VirtualMesh{vm},
+			Clusters: registered("c1", "c2"),
 		}
 	}
 	deps := func(in *translation.Input) string { return federation.NewPlan(in).ExportDeps(&in.Destinations[0]) }
@@ -302,4 +321,155 @@ func TestFlatExportDepsFollowIdentities(t *testing.T) {
 	assert.Empty(t, out.Objects(), "no identity to verify: not federated (fail closed)")
 	_, targets, _ := r.Status(translation.ObjectKey{Kind: "VirtualMesh", Namespace: "relaymesh", Name: "vm"})
 	assert.Contains(t, fmt.Sprint(targets), "no discovered workload of it names the identity")
+}
+
+// A mesh's trust domain is the registry's to grant: a mesh reporting one
+// outside its cluster's grant, or one granted to another cluster too
+// without being shared on both, makes every VirtualMesh naming it Invalid
+// (so no intermediate is issued for it), whichever VirtualMesh the trust
+// domain's rightful mesh is in, and whoever was registered first.
+func TestTrustDomainOutsideTheGrantIsRefused(t *testing.T) {
+	td := func(m discoveryv1alpha1.Mesh, td string) discoveryv1alpha1.Mesh {
+		m.Spec.Istio.TrustDomain = td
+		return m
+	}
+	grant := func(name string, shared bool) multiclusterv1alpha1.TrustDomainGrant {
+		return multiclusterv1alpha1.TrustDomainGrant{Name: name, Shared: shared}
+	}
+	vm := func(name string, meshes ...string) networkingv1alpha1.VirtualMesh {
+		v := federateAll(meshes...)
+		v.Name = name
+		return v
+	}
+	for _, tc := range []struct {
+		name     string
+		clusters []multiclusterv1alpha1.KubernetesCluster
+		meshes   []discoveryv1alpha1.Mesh
+		vms      []networkingv1alpha1.VirtualMesh
+		want     map[string]common.ApprovalState // by VirtualMesh name
+		errs     []string
+		warns    []string
+	}{
+		{
+			name:     "default grants",
+			clusters: registered("c1", "c2"),
+			meshes:   []discoveryv1alpha1.Mesh{istioMesh("m1", "c1"), istioMesh("m2", "c2")},
+			vms:      []networkingv1alpha1.VirtualMesh{vm("vm", "m1", "m2")},
+			want:     map[string]common.ApprovalState{"vm": common.StateAccepted},
+		},
+		{
+			name:     "another cluster's trust domain, in a VirtualMesh without that cluster",
+			clusters: registered("c1", "c2", "c3"),
+			meshes:   []discoveryv1alpha1.Mesh{istioMesh("m1", "c1"), istioMesh("m2", "c2"), td(istioMesh("m3", "c3"), "c1.local")},
+			vms:      []networkingv1alpha1.VirtualMesh{vm("a", "m1"), vm("b", "m2", "m3")},
+			want:     map[string]common.ApprovalState{"a": common.StateAccepted, "b": common.StateInvalid},
+			errs:     []string{`mesh c3/istio-system/m3 reports trust domain "c1.local": cluster c3 is not granted trust domain "c1.local" (its grant: c3.local); an administrator grants trust domains in KubernetesCluster c3, spec.trustDomains`},
+		},
+		{
+			name:     "a trust domain no cluster holds",
+			clusters: registered("c1", "c2"),
+			meshes:   []discoveryv1alpha1.Mesh{istioMesh("m1", "c1"), td(istioMesh("m2", "c2"), "cluster.local")},
+			vms:      []networkingv1alpha1.VirtualMesh{vm("vm", "m1", "m2")},
+			want:     map[string]common.ApprovalState{"vm": common.StateInvalid},
+			errs:     []string{`cluster c2 is not granted trust domain "cluster.local" (its grant: c2.local)`},
+		},
+		{
+			name:     "an unregistered cluster holds nothing",
+			clusters: registered("c1"),
+			meshes:   []discoveryv1alpha1.Mesh{istioMesh("m1", "c1"), istioMesh("m2", "c2")},
+			vms:      []networkingv1alpha1.VirtualMesh{vm("vm", "m1", "m2")},
+			want:     map[string]common.ApprovalState{"vm": common.StateInvalid},
+			errs:     []string{"cluster c2 is not registered (no KubernetesCluster)"},
+		},
+		{
+			name:     "an explicit grant replaces the default",
+			clusters: []multiclusterv1alpha1.KubernetesCluster{cluster("c1", grant("prod.example", false)), cluster("c2")},
+			meshes:   []discoveryv1alpha1.Mesh{istioMesh("m1", "c1"), istioMesh("m2", "c2")},
+			vms:      []networkingv1alpha1.VirtualMesh{vm("vm", "m1", "m2")},
+			want:     map[string]common.ApprovalState{"vm": common.StateInvalid},
+			errs:     []string{`cluster c1 is not granted trust domain "c1.local" (its grant: prod.example)`},
+		},
+		{
+			name:     "a trust domain granted to two clusters is refused to both, whichever registered first",
+			clusters: []multiclusterv1alpha1.KubernetesCluster{cluster("c1"), cluster("c2"), cluster("c3", grant("c3.local", false), grant("c1.local", false))},
+			meshes:   []discoveryv1alpha1.Mesh{istioMesh("m1", "c1"), istioMesh("m2", "c2"), td(istioMesh("m3", "c3"), "c1.local")},
+			vms:      []networkingv1alpha1.VirtualMesh{vm("a", "m1"), vm("b", "m2", "m3")},
+			want:     map[string]common.ApprovalState{"a": common.StateInvalid, "b": common.StateInvalid},
+			errs:     []string{`trust domain "c1.local" is granted to clusters c1, c3, and c1, c3 do not mark it shared`},
+		},
+		{
+			name:     "shared by one holder only is still a conflict",
+			clusters: []multiclusterv1alpha1.KubernetesCluster{cluster("c1"), cluster("c2"), cluster("c3", grant("c1.local", true))},
+			meshes:   []discoveryv1alpha1.Mesh{istioMesh("m1", "c1"), istioMesh("m2", "c2"), td(istioMesh("m3", "c3"), "c1.local")},
+			vms:      []networkingv1alpha1.VirtualMesh{vm("a", "m1"), vm("b", "m2", "m3")},
+			want:     map[string]common.ApprovalState{"a": common.StateInvalid, "b": common.StateInvalid},
+			errs:     []string{`trust domain "c1.local" is granted to clusters c1, c3, and c1 does not mark it shared`},
+		},
+		{
+			name:     "shared on every holder: usable, with a warning",
+			clusters: []multiclusterv1alpha1.KubernetesCluster{cluster("c1", grant("c1.local", true)), cluster("c2"), cluster("c3", grant("c1.local", true))},
+			meshes:   []discoveryv1alpha1.Mesh{istioMesh("m1", "c1"), istioMesh("m2", "c2"), td(istioMesh("m3", "c3"), "c1.local")},
+			vms:      []networkingv1alpha1.VirtualMesh{vm("a", "m1"), vm("b", "m2", "m3")},
+			want:     map[string]common.ApprovalState{"a": common.StateAccepted, "b": common.StateAccepted},
+			warns:    []string{`mesh c3/istio-system/m3 uses trust domain "c1.local", which clusters c1 hold too`, `mesh c1/istio-system/m1 uses trust domain "c1.local", which clusters c3 hold too`},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, r := translate(&translation.Input{Clusters: tc.clusters, Meshes: tc.meshes, VirtualMeshes: tc.vms})
+			var all, warns []string
+			for name, want := range tc.want {
+				st, targets, ok := r.Status(translation.ObjectKey{Kind: "VirtualMesh", Namespace: "relaymesh", Name: name})
+				require.True(t, ok, name)
+				assert.Equal(t, want, st.State, "%s: %v", name, st.Errors)
+				all = append(all, st.Errors...)
+				for _, ts := range targets {
+					all = append(all, ts.Errors...)
+				}
+				warns = append(warns, st.Warnings...)
+			}
+			for _, want := range tc.errs {
+				assert.Contains(t, strings.Join(all, "\n"), want)
+			}
+			for _, want := range tc.warns {
+				assert.Contains(t, strings.Join(warns, "\n"), want)
+			}
+			if len(tc.errs) == 0 {
+				assert.Empty(t, all)
+			}
+			for _, o := range out.Objects() {
+				for name, want := range tc.want {
+					if want == common.StateInvalid {
+						assert.NotContains(t, o.Object.GetAnnotations()[translation.ParentsAnnotation], "VirtualMesh/relaymesh/"+name, "an Invalid VirtualMesh produces nothing")
+					}
+				}
+			}
+			// The plan the trust controller reads agrees: an Invalid
+			// VirtualMesh has no members to issue intermediates to.
+			plan := federation.NewPlan(&translation.Input{Clusters: tc.clusters, Meshes: tc.meshes, VirtualMeshes: tc.vms})
+			for name, want := range tc.want {
+				_, ok := plan.Members("relaymesh", name)
+				assert.Equal(t, want == common.StateAccepted, ok, name)
+			}
+		})
+	}
+}
+
+// A plan keeps each VirtualMesh's verdict with that VirtualMesh even when
+// the caller reorders its input afterwards (the trust controller sorted it
+// after planning, and an Invalid VirtualMesh took a valid one's members).
+func TestPlanSurvivesReorderedInput(t *testing.T) {
+	bad := istioMesh("m1", "c1")
+	bad.Spec.Istio.TrustDomain = "elsewhere.local"
+	a, b := federateAll("m1"), federateAll("m2")
+	a.Name, b.Name = "b-invalid", "a-valid"
+	in := &translation.Input{Clusters: registered("c1", "c2"), Meshes: []discoveryv1alpha1.Mesh{bad, istioMesh("m2", "c2")},
+		VirtualMeshes: []networkingv1alpha1.VirtualMesh{a, b}}
+	plan := federation.NewPlan(in)
+	in.VirtualMeshes[0], in.VirtualMeshes[1] = in.VirtualMeshes[1], in.VirtualMeshes[0]
+	_, ok := plan.Members("relaymesh", "b-invalid")
+	assert.False(t, ok, "the VirtualMesh with a member outside its grant stays Invalid")
+	members, ok := plan.Members("relaymesh", "a-valid")
+	require.True(t, ok)
+	require.Len(t, members, 1)
+	assert.Equal(t, "m2", members[0].Name)
 }

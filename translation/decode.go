@@ -8,6 +8,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/api"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -25,7 +26,7 @@ var scheme = func() *runtime.Scheme {
 
 // Decode adds the objects of a multi-document YAML or JSON stream (Mesh,
 // Workload, Destination, VirtualMesh, TrafficPolicy, AccessPolicy,
-// VirtualDestination) to in. Decoding is strict: an unknown field or a kind
+// VirtualDestination, KubernetesCluster) to in. Decoding is strict: an unknown field or a kind
 // that is not a translation input is an error naming the document.
 func (in *Input) Decode(b []byte) error {
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
@@ -69,6 +70,8 @@ func (in *Input) Decode(b []byte) error {
 			in.AccessPolicies = append(in.AccessPolicies, *o)
 		case *networkingv1alpha1.VirtualDestination:
 			in.VirtualDestinations = append(in.VirtualDestinations, *o)
+		case *multiclusterv1alpha1.KubernetesCluster:
+			in.Clusters = append(in.Clusters, *o)
 		default:
 			return fmt.Errorf("document %d: %s is not a translation input", i, u.GetKind())
 		}

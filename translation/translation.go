@@ -18,6 +18,7 @@ import (
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -42,6 +43,12 @@ type Input struct {
 	TrafficPolicies     []networkingv1alpha1.TrafficPolicy
 	AccessPolicies      []networkingv1alpha1.AccessPolicy
 	VirtualDestinations []networkingv1alpha1.VirtualDestination
+
+	// Clusters are the registered clusters (the KubernetesClusters of the
+	// server's namespace): their grants say which trust domains their
+	// meshes may use (NewGrants). A mesh of a cluster not listed here may
+	// use none, so a view without them federates no mesh.
+	Clusters []multiclusterv1alpha1.KubernetesCluster
 }
 
 // Parent is a user object that produced an output.

@@ -55,6 +55,7 @@ func (c *Controller) observeLeadership() bool {
 			c.stale[key] = true
 		}
 		clear(c.written)
+		clear(c.grantWritten)
 	}
 	c.led = leading
 	return leading

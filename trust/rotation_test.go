@@ -117,6 +117,11 @@ func setupRotationWorld(t testing.TB, n int, rootCA string, manual bool, modules
 		require.NoError(t, err)
 		w.agents[cl] = &trust.Agent{Client: w.kube, Owner: w.ns + "-agent-" + cl}
 		manifest += fmt.Sprintf(`
+apiVersion: multicluster.relaymesh.io/v1alpha1
+kind: KubernetesCluster
+metadata: {name: %[1]s, namespace: %[2]s}
+spec: {}
+---
 apiVersion: discovery.relaymesh.io/v1alpha1
 kind: Mesh
 metadata: {name: istiod-%[1]s, namespace: %[2]s}

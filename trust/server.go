@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
@@ -96,6 +98,7 @@ type Controller struct {
 	log     *slog.Logger
 	vms     cache.SharedIndexInformer
 	mesh    cache.SharedIndexInformer
+	kcs     cache.SharedIndexInformer // the registry: KubernetesClusters and their grants
 	wake    chan struct{}
 	writeMu sync.Mutex // serializes status writes
 	mu      sync.Mutex
@@ -105,7 +108,9 @@ type Controller struct {
 	used    map[string]bool       // cache keys asked for since the last reconcile
 	status  map[string]*networkingv1alpha1.SharedTrustStatus
 	written map[string]string // status last written, JSON
-	metrics *metrics
+	// grantWritten is status.trustDomains last written, by cluster.
+	grantWritten map[string]string
+	metrics      *metrics
 	// rotating: some VirtualMesh is in a rotation (so acks matter).
 	rotating atomic.Bool
 	// Leadership (follow.go), under mu.
@@ -136,16 +141,30 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "trust"), wake: make(chan struct{}, 1),
 		state: map[string]*meshTrust{}, vmst: map[string]*vmState{}, cache: map[string]cachedRoot{}, used: map[string]bool{}, status: map[string]*networkingv1alpha1.SharedTrustStatus{}, written: map[string]string{},
-		rv: map[string]string{}, stale: map[string]bool{}, replaced: map[string]map[string]bool{}}
+		rv: map[string]string{}, stale: map[string]bool{}, replaced: map[string]map[string]bool{}, grantWritten: map[string]string{}}
 	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute)
 	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute, cfg.Namespace, nil)
 	c.vms = users.ForResource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Informer()
 	c.mesh = discovered.ForResource(discoveryv1alpha1.GroupVersion.WithResource("meshes")).Informer()
+	c.kcs = discovered.ForResource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Informer()
 	h := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.Kick() }, UpdateFunc: func(any, any) { c.Kick() }, DeleteFunc: func(any) { c.Kick() }}
 	for _, inf := range []cache.SharedIndexInformer{c.vms, c.mesh} {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return nil, err
 		}
+	}
+	// A KubernetesCluster's status changes with every agent heartbeat; only
+	// its spec (the grant) matters here.
+	if _, err := c.kcs.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.Kick() }, DeleteFunc: func(any) { c.Kick() },
+		UpdateFunc: func(o, n any) {
+			if ou, ok := o.(*unstructured.Unstructured); ok {
+				if nu, ok := n.(*unstructured.Unstructured); ok && ou.GetGeneration() == nu.GetGeneration() && ou.GetGeneration() != 0 {
+					return
+				}
+			}
+			c.Kick()
+		}}); err != nil {
+		return nil, err
 	}
 	var err error
 	if c.metrics, err = newMetrics(cfg.Registerer); err != nil {
@@ -165,8 +184,8 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	discovered.Start(ctx.Done())
 	syncCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if !cache.WaitForCacheSync(syncCtx.Done(), c.vms.HasSynced, c.mesh.HasSynced) {
-		return nil, errors.New("trust: VirtualMesh and Mesh watches did not sync within a minute")
+	if !cache.WaitForCacheSync(syncCtx.Done(), c.vms.HasSynced, c.mesh.HasSynced, c.kcs.HasSynced) {
+		return nil, errors.New("trust: VirtualMesh, Mesh and KubernetesCluster watches did not sync within a minute")
 	}
 	c.reconcile(ctx)
 	go func() {
@@ -220,6 +239,10 @@ func (c *Controller) reconcile(ctx context.Context) {
 	if err == nil {
 		meshes, err = listTyped[discoveryv1alpha1.Mesh](c.mesh)
 	}
+	var clusters []multiclusterv1alpha1.KubernetesCluster
+	if err == nil {
+		clusters, err = listTyped[multiclusterv1alpha1.KubernetesCluster](c.kcs)
+	}
 	if err != nil {
 		// Keep what was published: a hole in the view must not make agents
 		// delete their CAs.
@@ -227,7 +250,7 @@ func (c *Controller) reconcile(ctx context.Context) {
 		return
 	}
 	leading := c.observeLeadership()
-	plans := c.decide(ctx, &translation.Input{VirtualMeshes: vms, Meshes: meshes}, leading)
+	plans := c.decide(ctx, &translation.Input{VirtualMeshes: vms, Meshes: meshes, Clusters: clusters}, leading)
 	// Before anything is published: an ack of it must not be missed.
 	rotating := false
 	c.mu.Lock()
@@ -260,6 +283,7 @@ func (c *Controller) reconcile(ctx context.Context) {
 		for _, p := range plans {
 			c.writeStatus(ctx, p.key)
 		}
+		c.writeGrantStatuses(ctx, grantStatuses(clusters, meshes))
 	}
 	c.dropUnused()
 	c.mu.Lock()
@@ -281,12 +305,15 @@ func (c *Controller) reconcile(ctx context.Context) {
 // decide computes every mesh's request from the VirtualMeshes that are
 // valid (the same decision translation makes) and ask for shared trust.
 func (c *Controller) decide(ctx context.Context, in *translation.Input, leading bool) []*vmPlan {
-	plan := federation.NewPlan(in)
-	state := map[string]*meshTrust{}
-	var plans []*vmPlan
+	// Sorted before the plan is made: the plan keeps pointers into the
+	// list, and sorting it afterwards gave one VirtualMesh another's
+	// verdict and members (an Invalid one then issued intermediates).
 	slices.SortFunc(in.VirtualMeshes, func(a, b networkingv1alpha1.VirtualMesh) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
+	plan := federation.NewPlan(in)
+	state := map[string]*meshTrust{}
+	var plans []*vmPlan
 	seen := map[string]bool{}
 	meshByName := map[string]*discoveryv1alpha1.Mesh{}
 	for i := range in.Meshes {
@@ -322,8 +349,9 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input, leading 
 		for _, m := range members {
 			ist := m.Spec.Istio
 			// The trust domain is the one discovery reported for the mesh;
-			// federation already refused a VirtualMesh in which two meshes
-			// claim one without spec.mtls.trustDomains: Shared.
+			// federation already refused a VirtualMesh in which a member's
+			// is outside its cluster's grant, or two members claim one
+			// without spec.mtls.trustDomains: Shared.
 			req := &relaypb.TrustRequest{Mesh: m.Name, Namespace: ist.Installation.Namespace, VirtualMesh: p.key, TrustDomain: ist.TrustDomain}
 			if p.hold {
 				req.Hold = true
@@ -566,6 +594,11 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	if mt.root == nil {
 		return nil, deny(codes.Unavailable, "the VirtualMesh's root cannot be used now; the mesh keeps its CA (see the VirtualMesh's status.sharedTrust.message)")
 	}
+	// The last word before signing: the registry and the mesh as they are
+	// now, not as the last reconcile saw them.
+	if err := c.authorizeNow(cluster, req.GetMesh(), mt.req.GetTrustDomain()); err != nil {
+		return nil, deny(codes.PermissionDenied, "intermediate not issued: "+err.Error())
+	}
 	csr, err := ca.ParseIntermediateCSR(req.GetCsr())
 	if err != nil {
 		return nil, deny(codes.InvalidArgument, err.Error())
@@ -587,4 +620,70 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	c.recordIssued(mt, req.GetMesh(), cert)
 	chain := append([]*x509.Certificate{cert}, mt.root.chain()...)
 	return &relaypb.IntermediateResponse{CertificateChain: ca.CertsPEM(chain...), RootBundle: mt.req.GetRootBundle(), Issuer: mt.req.GetIssuer()}, nil
+}
+
+// authorizeNow is authorizeSigning against the watches' current view of
+// the registry and of the mesh. Without the watches nothing is authorized.
+func (c *Controller) authorizeNow(cluster, mesh, td string) error {
+	if c.kcs == nil || c.mesh == nil {
+		return fmt.Errorf("%w: the registry is not watched", ErrTrustDomainRefused)
+	}
+	clusters, err := listTyped[multiclusterv1alpha1.KubernetesCluster](c.kcs)
+	if err != nil {
+		return fmt.Errorf("%w: the registry cannot be read: %w", ErrTrustDomainRefused, err)
+	}
+	var m *discoveryv1alpha1.Mesh
+	if obj, ok, err := c.mesh.GetStore().GetByKey(c.cfg.Namespace + "/" + mesh); err == nil && ok {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			var typed discoveryv1alpha1.Mesh
+			if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &typed) == nil {
+				m = &typed
+			}
+		}
+	}
+	return authorizeSigning(clusters, m, cluster, td)
+}
+
+// writeGrantStatuses applies status.trustDomains of every cluster whose
+// verdict changed since this replica last wrote it; only the leader does.
+// A failed write is tried again at the next reconcile.
+func (c *Controller) writeGrantStatuses(ctx context.Context, sts map[string][]multiclusterv1alpha1.TrustDomainStatus) {
+	c.mu.Lock()
+	for name := range c.grantWritten {
+		if _, ok := sts[name]; !ok {
+			delete(c.grantWritten, name) // deregistered: a new registration gets its status
+		}
+	}
+	c.mu.Unlock()
+	for _, name := range slices.Sorted(maps.Keys(sts)) {
+		status := map[string]any{}
+		if len(sts[name]) > 0 {
+			status["trustDomains"] = sts[name]
+		}
+		body, err := json.Marshal(map[string]any{"apiVersion": multiclusterv1alpha1.GroupVersion.String(), "kind": "KubernetesCluster",
+			"metadata": map[string]any{"name": name, "namespace": c.cfg.Namespace}, "status": status})
+		if err != nil {
+			continue
+		}
+		c.mu.Lock()
+		same := c.grantWritten[name] == string(body)
+		c.mu.Unlock()
+		if same || !c.leading() {
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = c.cfg.Dynamic.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace(c.cfg.Namespace).
+			Patch(wctx, name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: fieldManager, Force: new(true)}, "status")
+		cancel()
+		switch {
+		case apierrors.IsNotFound(err):
+			continue // deregistered meanwhile
+		case err != nil:
+			c.log.Warn("could not write the cluster's trust domain status", "cluster", name, "error", err)
+			continue
+		}
+		c.mu.Lock()
+		c.grantWritten[name] = string(body)
+		c.mu.Unlock()
+	}
 }

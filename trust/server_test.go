@@ -1,6 +1,7 @@
 package trust_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -9,14 +10,20 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/federation"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,6 +34,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 )
 
@@ -73,6 +81,11 @@ func TestControllerPublishesAndAuthorizes(t *testing.T) {
 	manifest := ""
 	for i, c := range []string{"c1", "c2"} {
 		manifest += fmt.Sprintf(`
+apiVersion: multicluster.relaymesh.io/v1alpha1
+kind: KubernetesCluster
+metadata: {name: %[1]s, namespace: %[2]s}
+spec: {}
+---
 apiVersion: discovery.relaymesh.io/v1alpha1
 kind: Mesh
 metadata: {name: istiod-istio-system-%[1]s, namespace: %[2]s}
@@ -210,6 +223,11 @@ func TestRootSecretMustBeInTheServersNamespace(t *testing.T) {
 		Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: pem.EncodeToMemory(keyBlock)}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	_, err = cl.Apply(ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: multicluster.relaymesh.io/v1alpha1
+kind: KubernetesCluster
+metadata: {name: c9, namespace: %[1]s}
+spec: {}
+---
 apiVersion: discovery.relaymesh.io/v1alpha1
 kind: Mesh
 metadata: {name: istiod-c9, namespace: %[1]s}
@@ -235,4 +253,263 @@ spec:
 	assert.Empty(t, pub.get("c9"))
 	_, err = ctl.SignIntermediate(ctx, "c9", &relaypb.IntermediateRequest{Mesh: "istiod-c9", Csr: csrPEM(t)})
 	assert.Equal(t, codes.FailedPrecondition, status.Code(err))
+}
+
+// Intermediates are issued only for a trust domain the registry grants to
+// the mesh's cluster alone (or shared by every holder): a mesh that starts
+// reporting another trust domain gets nothing until an administrator
+// grants it, a grant written onto a second cluster takes it from both, and
+// marking it shared on both gives it back. Each cluster's status says why.
+func TestIntermediatesOnlyForAGrantedTrustDomain(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cl := env.Cluster("cluster-1")
+	kube := client(t)
+	ns := namespace(t, kube)
+	// Clusters g1 and g2: VirtualMeshes of other tests (in every
+	// namespace, which the controller watches) name meshes of c1 and c2.
+	dyn, err := dynamic.NewForConfig(cl.RESTConfig())
+	require.NoError(t, err)
+	apply := func(manifest string) {
+		t.Helper()
+		_, err := cl.Apply(ctx, "test", []byte(strings.ReplaceAll(manifest, "NS", ns)))
+		require.NoError(t, err)
+	}
+	mesh := func(cluster, td string) {
+		t.Helper()
+		apply(fmt.Sprintf(`
+apiVersion: discovery.relaymesh.io/v1alpha1
+kind: Mesh
+metadata: {name: istiod-%[1]s, namespace: NS}
+spec:
+  istio:
+    installation: {name: istiod, namespace: istio-system, cluster: %[1]s}
+    trustDomain: %[2]s
+`, cluster, td))
+	}
+	grant := func(cluster, grants string) {
+		t.Helper()
+		apply(fmt.Sprintf(`
+apiVersion: multicluster.relaymesh.io/v1alpha1
+kind: KubernetesCluster
+metadata: {name: %s, namespace: NS}
+spec: {trustDomains: %s}
+`, cluster, grants))
+	}
+	grant("g1", "[]")
+	grant("g2", "[]")
+	mesh("g1", "g1.local")
+	mesh("g2", "g2.local")
+	apply(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: NS}
+spec:
+  meshes: [{clusterName: g1, namespace: istio-system, name: istiod}, {clusterName: g2, namespace: istio-system, name: istiod}]
+  mtls: {shared: {rootCA: {generated: {}}}}
+`)
+	t.Cleanup(func() {
+		_ = dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).Delete(context.Background(), "shared", metav1.DeleteOptions{})
+	})
+	pub := &published{sets: map[string][]*relaypb.TrustRequest{}}
+	var logs syncBuffer
+	ctl, err := trust.Start(ctx, trust.Config{Dynamic: dyn, Kube: kube, Namespace: ns, Outputs: pub,
+		Clusters: func() []string { return []string{"g1", "g2"} }, Audit: audit.Discard,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		t.Logf("controller log:\n%s", logs.String())
+		// What federation decides from the apiserver's objects now.
+		in := &translation.Input{}
+		for _, r := range []struct {
+			gvr schema.GroupVersionResource
+			ns  string
+		}{{networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), ""}, {discoveryv1alpha1.GroupVersion.WithResource("meshes"), ns},
+			{multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters"), ns}} {
+			l, err := dyn.Resource(r.gvr).Namespace(r.ns).List(context.Background(), metav1.ListOptions{})
+			require.NoError(t, err)
+			for _, u := range l.Items {
+				b, _ := u.MarshalJSON()
+				require.NoError(t, in.Decode(b))
+			}
+		}
+		out, rep := translation.NewOutput(), translation.NewReport()
+		federation.Translate(in, out, rep)
+		for _, k := range rep.Keys() {
+			st, targets, _ := rep.Status(k)
+			t.Logf("%v: %s %v %v", k, st.State, st.Errors, targets)
+		}
+	})
+	sign := func() ([]string, error) {
+		resp, err := ctl.SignIntermediate(ctx, "g1", &relaypb.IntermediateRequest{Mesh: "istiod-g1", Csr: csrPEM(t)})
+		if err != nil {
+			return nil, err
+		}
+		chain, err := pemutil.ParseCertificateBundle(resp.GetCertificateChain())
+		require.NoError(t, err)
+		return chain[0].PermittedURIDomains, nil
+	}
+	signs := func(what, td string) {
+		t.Helper()
+		var last string
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			got, err := sign()
+			if err == nil && len(got) == 1 && got[0] == td {
+				return
+			}
+			last = fmt.Sprint(got, err)
+		}
+		t.Fatalf("%s: no intermediate for %s (last: %s; published: %v)", what, td, last, pub.get("g1"))
+	}
+	refused := func(what string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			_, err := sign()
+			code := status.Code(err)
+			return code == codes.PermissionDenied || code == codes.FailedPrecondition || code == codes.Unavailable
+		}, 30*time.Second, 50*time.Millisecond, what)
+		// And it stays refused: no reconcile gives it back.
+		time.Sleep(300 * time.Millisecond)
+		_, err := sign()
+		require.Error(t, err, what)
+		for _, r := range pub.get("g1") {
+			assert.True(t, r.GetHold() || r.GetTrustDomain() != "g1-new.local", "no request to sign outside the grant: %v", r)
+		}
+	}
+	kcStatus := func(cluster, td string, state multiclusterv1alpha1.TrustDomainState, msg string) {
+		t.Helper()
+		var last string
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			u, err := dyn.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace(ns).Get(ctx, cluster, metav1.GetOptions{})
+			require.NoError(t, err)
+			var kc multiclusterv1alpha1.KubernetesCluster
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &kc))
+			last = fmt.Sprint(kc.Status.TrustDomains)
+			for _, st := range kc.Status.TrustDomains {
+				if st.Name == td && st.State == state && strings.Contains(st.Message, msg) {
+					return
+				}
+			}
+		}
+		t.Fatalf("%s: no %s %s in status.trustDomains (last: %s)", cluster, td, state, last)
+	}
+
+	signs("the default grant", "g1.local")
+	kcStatus("g1", "g1.local", multiclusterv1alpha1.TrustDomainAuthorized, "")
+
+	// The mesh reports a trust domain nobody granted: nothing is signed.
+	mesh("g1", "g1-new.local")
+	refused("a trust domain outside the grant")
+	kcStatus("g1", "g1-new.local", multiclusterv1alpha1.TrustDomainNotGranted, `cluster g1 is not granted trust domain "g1-new.local" (its grant: g1.local)`)
+
+	// An administrator grants it: the mesh gets an intermediate for it.
+	grant("g1", "[{name: g1-new.local}]")
+	signs("granted by an administrator", "g1-new.local")
+	kcStatus("g1", "g1-new.local", multiclusterv1alpha1.TrustDomainAuthorized, "")
+
+	// The same grant written onto g2 as well takes it from both.
+	grant("g2", "[{name: g2.local}, {name: g1-new.local}]")
+	refused("a trust domain granted to two clusters")
+	kcStatus("g1", "g1-new.local", multiclusterv1alpha1.TrustDomainConflict, `granted to clusters g1, g2`)
+	kcStatus("g2", "g1-new.local", multiclusterv1alpha1.TrustDomainConflict, `granted to clusters g1, g2`)
+
+	// Shared on one side is not enough; on both, it is usable again.
+	grant("g2", "[{name: g2.local}, {name: g1-new.local, shared: true}]")
+	refused("shared by one holder only")
+	grant("g1", "[{name: g1-new.local, shared: true}]")
+	signs("shared by both holders", "g1-new.local")
+	kcStatus("g2", "g1-new.local", multiclusterv1alpha1.TrustDomainAuthorized, "shared with clusters g1")
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Each VirtualMesh is judged by its own members, whatever order the watch
+// lists them in: a VirtualMesh refused for a trust domain outside a grant
+// never has another VirtualMesh's verdict (or members) taken for its own.
+func TestEveryVirtualMeshIsJudgedByItsOwnMembers(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cl := env.Cluster("cluster-1")
+	kube := client(t)
+	ns := namespace(t, kube)
+	dyn, err := dynamic.NewForConfig(cl.RESTConfig())
+	require.NoError(t, err)
+	clusters := []string{"h1", "h2", "h3", "h4", "h5"}
+	manifest := ""
+	for i, c := range clusters {
+		td := c + ".local"
+		if i == 0 {
+			td = "elsewhere.local" // not granted: VirtualMesh vm-h1 is Invalid
+		}
+		manifest += fmt.Sprintf(`
+apiVersion: multicluster.relaymesh.io/v1alpha1
+kind: KubernetesCluster
+metadata: {name: %[1]s, namespace: %[2]s}
+spec: {}
+---
+apiVersion: discovery.relaymesh.io/v1alpha1
+kind: Mesh
+metadata: {name: istiod-%[1]s, namespace: %[2]s}
+spec:
+  istio:
+    installation: {name: istiod, namespace: istio-system, cluster: %[1]s}
+    trustDomain: %[3]s
+---
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: vm-%[1]s, namespace: %[2]s}
+spec:
+  meshes: [{clusterName: %[1]s, namespace: istio-system, name: istiod}]
+  mtls: {shared: {rootCA: {generated: {}}}}
+---
+`, c, ns, td)
+	}
+	_, err = cl.Apply(ctx, "test", []byte(manifest))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, c := range clusters {
+			_ = dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).Delete(context.Background(), "vm-"+c, metav1.DeleteOptions{})
+		}
+	})
+	pub := &published{sets: map[string][]*relaypb.TrustRequest{}}
+	ctl, err := trust.Start(ctx, trust.Config{Dynamic: dyn, Kube: kube, Namespace: ns, Outputs: pub,
+		Clusters: func() []string { return clusters }, Audit: audit.Discard})
+	require.NoError(t, err)
+	// Every reconcile lists the VirtualMeshes in the watch's (map) order.
+	for round := range 20 {
+		if round > 0 {
+			ctl.Kick()
+			time.Sleep(150 * time.Millisecond)
+		}
+		for _, r := range pub.get("h1") {
+			require.True(t, r.GetHold(), "round %d: the mesh outside its grant is asked to take a CA: %v", round, r)
+		}
+		_, err := ctl.SignIntermediate(ctx, "h1", &relaypb.IntermediateRequest{Mesh: "istiod-h1", Csr: csrPEM(t)})
+		require.Error(t, err, "round %d", round)
+		for _, c := range clusters[1:] {
+			reqs := pub.get(c)
+			require.Len(t, reqs, 1, "round %d: %s", round, c)
+			assert.Equal(t, ns+"/vm-"+c, reqs[0].GetVirtualMesh(), "round %d: %s", round, c)
+			assert.Equal(t, c+".local", reqs[0].GetTrustDomain(), "round %d: %s", round, c)
+		}
+	}
 }

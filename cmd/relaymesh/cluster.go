@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
@@ -49,6 +50,16 @@ the ConfigMap, and with --chart the chart rendered with its values. The
 token is single-use and expires after --token-ttl: commit it encrypted
 (SOPS, Sealed Secrets), never in plain text.
 
+--trust-domain grants the trust domains the cluster's meshes may use
+(default: NAME.local). The grant is the registry's word, not the agent's: a
+mesh reporting any other trust domain gets no intermediate and makes every
+VirtualMesh naming it Invalid. No two clusters may hold one trust domain
+unless both mark it shared (--shared-trust-domain here, shared: true in the
+other's KubernetesCluster); registration refuses a grant another cluster
+holds, and the server refuses the trust domain to both if one is written
+anyway. An administrator changes the grant later in the KubernetesCluster's
+spec.trustDomains.
+
 A registration that fails half-way is rolled back, so a retry starts clean.`
 
 const deregisterSynopsis = `Delete the KubernetesCluster NAME and its unused tokens; the server ends the
@@ -75,6 +86,7 @@ type registerFlags struct {
 	chart                                     registration.Chart
 	dryRun                                    bool
 	output                                    string
+	trustDomains, sharedTrustDomains          []string
 }
 
 func newClusterCommand(d deps, g *globals) *cobra.Command {
@@ -121,6 +133,8 @@ func newClusterRegisterCommand(d deps, g *globals) *cobra.Command {
 	fs.StringArrayVar(&f.chart.Set, "set", nil, "chart value KEY=VALUE (repeatable; Helm's --set syntax)")
 	fs.BoolVar(&f.chart.Wait, "wait", false, "wait until the agent Deployment is ready")
 	fs.DurationVar(&f.chart.Timeout, "timeout", 5*time.Minute, "how long Helm may take")
+	fs.StringArrayVar(&f.trustDomains, "trust-domain", nil, "a trust domain the cluster's meshes may use (repeatable; default NAME.local): a mesh reporting any other gets no intermediate")
+	fs.StringArrayVar(&f.sharedTrustDomains, "shared-trust-domain", nil, "a trust domain the cluster's meshes may use that other clusters may hold too, if each of them marks it shared as well (repeatable; WEAKER: the meshes of every cluster holding it can sign each other's identities)")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "do not touch the workload cluster: register in the management cluster and print what would be written there (see above)")
 	outputFlag(c, &f.output, []printer.Format{printer.YAML, printer.JSON})
 	f.clusters.complete(c, g)
@@ -136,7 +150,12 @@ func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name
 	if err != nil {
 		return usageError{err}
 	}
-	req := registration.Request{Cluster: name, Namespace: g.namespace, RemoteNamespace: f.remoteNamespace, ServerAddress: f.serverAddr, ClusterDomain: f.domain, TokenTTL: f.ttl}
+	grants, err := f.grants()
+	if err != nil {
+		return err
+	}
+	req := registration.Request{Cluster: name, Namespace: g.namespace, RemoteNamespace: f.remoteNamespace, ServerAddress: f.serverAddr, ClusterDomain: f.domain, TokenTTL: f.ttl,
+		TrustDomains: grants}
 	switch f.mode {
 	case "relay":
 		if err := req.Validate(); err != nil {
@@ -189,11 +208,12 @@ func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name
 		if err != nil {
 			return err
 		}
-		secret, err := registration.RegisterKubeconfig(ctx, mgmt, remote, raw, name, g.namespace, f.domain)
+		secret, err := registration.RegisterKubeconfig(ctx, mgmt, remote, raw, name, g.namespace, f.domain, grants)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(d.stdout, "registered cluster %s in kubeconfig mode (WEAKER: the server holds its credentials in %s/%s); the server manages it only with --allow-kubeconfig-clusters\n", name, g.namespace, secret)
+		fmt.Fprintf(d.stdout, "registered cluster %s in kubeconfig mode (WEAKER: the server holds its credentials in %s/%s), granted trust domain(s) %s; the server manages it only with --allow-kubeconfig-clusters\n",
+			name, g.namespace, secret, grantNames(name, grants))
 		return nil
 	}
 	bundle, rollback, err := registration.Register(ctx, mgmt, req)
@@ -205,8 +225,8 @@ func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name
 		fmt.Fprintf(d.stdout, "registration of %s failed; rolled back the KubernetesCluster and its token\n", name)
 		return err
 	}
-	fmt.Fprintf(d.stdout, "registered cluster %s: KubernetesCluster %s/%s, bootstrap token %s (single use, expires %s) written to %s/%s in the workload cluster\n",
-		name, g.namespace, name, bundle.TokenID, bundle.ExpiresAt.Format(time.RFC3339), f.remoteNamespace, identity.TokenSecret)
+	fmt.Fprintf(d.stdout, "registered cluster %s: KubernetesCluster %s/%s granted trust domain(s) %s, bootstrap token %s (single use, expires %s) written to %s/%s in the workload cluster\n",
+		name, g.namespace, name, grantNames(name, grants), bundle.TokenID, bundle.ExpiresAt.Format(time.RFC3339), f.remoteNamespace, identity.TokenSecret)
 	if f.chart.Ref == "" {
 		return nil
 	}
@@ -218,6 +238,38 @@ func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name
 	}
 	fmt.Fprintf(d.stdout, "installed chart %s %s as release %s (revision %d) in %s of the workload cluster\n", rel.Chart.Metadata.Name, rel.Chart.Metadata.Version, rel.Name, rel.Version, rel.Namespace)
 	return nil
+}
+
+// grants are the trust domains of --trust-domain and --shared-trust-domain,
+// checked as the KubernetesCluster schema would; none: the default grant.
+func (f *registerFlags) grants() ([]multiclusterv1alpha1.TrustDomainGrant, error) {
+	var out []multiclusterv1alpha1.TrustDomainGrant
+	for _, td := range f.trustDomains {
+		if slices.Contains(f.sharedTrustDomains, td) {
+			return nil, usagef("trust domain %q is given both as --trust-domain and as --shared-trust-domain: give it once", td)
+		}
+		out = append(out, multiclusterv1alpha1.TrustDomainGrant{Name: td})
+	}
+	for _, td := range f.sharedTrustDomains {
+		out = append(out, multiclusterv1alpha1.TrustDomainGrant{Name: td, Shared: true})
+	}
+	if err := registration.ValidateGrants(out); err != nil {
+		return nil, usageError{err}
+	}
+	return out, nil
+}
+
+// grantNames is how a grant reads in a message: "eu.local, shared.example (shared)".
+func grantNames(cluster string, grants []multiclusterv1alpha1.TrustDomainGrant) string {
+	var names []string
+	for _, g := range registration.Grants(cluster, grants) {
+		if g.Shared {
+			names = append(names, g.Name+" (shared)")
+		} else {
+			names = append(names, g.Name)
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // registerDryRun registers in the management cluster and prints what would
@@ -242,8 +294,8 @@ func registerDryRun(ctx context.Context, d deps, mgmt *kubeclient.Clients, req r
 	if _, err := d.stdout.Write(out.Bytes()); err != nil {
 		return err
 	}
-	fmt.Fprintf(d.stderr, "registered cluster %s in the management cluster; the bootstrap token %s in the output is single use and expires %s: apply the output to the workload cluster before then, and keep it encrypted\n",
-		req.Cluster, bundle.TokenID, bundle.ExpiresAt.Format(time.RFC3339))
+	fmt.Fprintf(d.stderr, "registered cluster %s in the management cluster, granted trust domain(s) %s; the bootstrap token %s in the output is single use and expires %s: apply the output to the workload cluster before then, and keep it encrypted\n",
+		req.Cluster, grantNames(req.Cluster, req.TrustDomains), bundle.TokenID, bundle.ExpiresAt.Format(time.RFC3339))
 	return nil
 }
 

@@ -162,6 +162,10 @@ func listInput(ctx context.Context, d deps, kube *kubeclient.Clients, namespace 
 	if in.Meshes, err = listAs[discoveryv1alpha1.Mesh](ctx, client, r.meshes, namespace); err != nil {
 		return nil, err
 	}
+	// The registry: which trust domains each cluster's meshes may use.
+	if in.Clusters, err = listAs[multiclusterv1alpha1.KubernetesCluster](ctx, client, multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters"), namespace); err != nil {
+		return nil, err
+	}
 	if inRedis {
 		in.Workloads, err = storeWorkloads(ctx, d, kube, namespace, store, clusters)
 	} else {

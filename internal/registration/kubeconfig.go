@@ -12,8 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -39,8 +37,12 @@ func StandaloneKubeconfig(src kubeclient.Source) ([]byte, error) {
 
 // RegisterKubeconfig registers a cluster the server manages itself with
 // the kubeconfig raw, kept in the Secret <name>-kubeconfig (the weaker
-// mode). It returns that Secret's name.
-func RegisterKubeconfig(ctx context.Context, mgmt, remote *kubeclient.Clients, raw []byte, name, ns, domain string) (string, error) {
+// mode), granted trust domains grants (none: the default grant). It
+// returns that Secret's name.
+func RegisterKubeconfig(ctx context.Context, mgmt, remote *kubeclient.Clients, raw []byte, name, ns, domain string, grants []multiclusterv1alpha1.TrustDomainGrant) (string, error) {
+	if err := ValidateGrants(grants); err != nil {
+		return "", err
+	}
 	if _, err := server.ParseKubeconfig(raw); err != nil {
 		return "", fmt.Errorf("workload cluster kubeconfig: %w", err)
 	}
@@ -54,6 +56,11 @@ func RegisterKubeconfig(ctx context.Context, mgmt, remote *kubeclient.Clients, r
 		return "", err
 	}
 	secretName := server.KubeconfigSecretName(name)
+	kc, err := newCluster(ctx, mgmt, ns, name, multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeKubeconfig, ClusterDomain: domain,
+		KubeconfigSecretRef: &common.ObjectRef{Name: secretName, Namespace: ns}, TrustDomains: grants})
+	if err != nil {
+		return "", err
+	}
 	if err := kubeutil.UpsertSecret(ctx, mgmt.Typed, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: secretName, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh", server.LabelCluster: name}},
 		Type:       corev1.SecretTypeOpaque,
@@ -61,17 +68,7 @@ func RegisterKubeconfig(ctx context.Context, mgmt, remote *kubeclient.Clients, r
 	}); err != nil {
 		return "", fmt.Errorf("write %s/%s: %w", ns, secretName, err)
 	}
-	kc := &multiclusterv1alpha1.KubernetesCluster{
-		TypeMeta:   metav1.TypeMeta{APIVersion: multiclusterv1alpha1.GroupVersion.String(), Kind: "KubernetesCluster"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeKubeconfig, ClusterDomain: domain,
-			KubeconfigSecretRef: &common.ObjectRef{Name: secretName, Namespace: ns}},
-	}
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(kc)
-	if err != nil {
-		return "", err
-	}
-	if _, err := clusters.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+	if _, err := clusters.Create(ctx, kc, metav1.CreateOptions{}); err != nil {
 		_ = mgmt.Typed.CoreV1().Secrets(ns).Delete(context.WithoutCancel(ctx), secretName, metav1.DeleteOptions{})
 		return "", fmt.Errorf("create KubernetesCluster %s: %w", name, err)
 	}

@@ -17,6 +17,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
@@ -24,7 +26,10 @@ import (
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
+	"github.com/relaymesh/relaymesh/internal/text"
+	"github.com/relaymesh/relaymesh/relay"
 	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/translation"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -54,6 +59,10 @@ type Request struct {
 	ClusterDomain string
 	// TokenTTL is how long the bootstrap token is valid.
 	TokenTTL time.Duration
+	// TrustDomains are the trust domains the cluster's meshes may use (the
+	// KubernetesCluster's spec.trustDomains); none: the default grant,
+	// `<cluster>.local`, written out.
+	TrustDomains []multiclusterv1alpha1.TrustDomainGrant
 }
 
 // Validate reports every problem with the request.
@@ -73,7 +82,102 @@ func (r Request) Validate() error {
 	if r.TokenTTL <= 0 || r.TokenTTL > identity.MaxTokenTTL {
 		errs = append(errs, fmt.Errorf("--token-ttl %s out of range (0, %s]", r.TokenTTL, identity.MaxTokenTTL))
 	}
+	if err := ValidateGrants(r.TrustDomains); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// maxGrants is how many trust domains one cluster may be granted (the
+// CRD's bound).
+const maxGrants = 32
+
+// ValidateGrants reports every trust domain that the KubernetesCluster
+// schema would refuse: not a trust domain a mesh may report
+// (relay.CheckTrustDomain), repeated, or too many.
+func ValidateGrants(grants []multiclusterv1alpha1.TrustDomainGrant) error {
+	var errs []error
+	if len(grants) > maxGrants {
+		errs = append(errs, fmt.Errorf("%d trust domains: at most %d", len(grants), maxGrants))
+	}
+	seen := map[string]bool{}
+	for _, g := range grants {
+		if err := relay.CheckTrustDomain(g.Name); err != nil {
+			errs = append(errs, fmt.Errorf("--trust-domain %q: %w", text.Truncate(g.Name, 80), err))
+			continue
+		}
+		if seen[g.Name] {
+			errs = append(errs, fmt.Errorf("--trust-domain %q is given twice", g.Name))
+		}
+		seen[g.Name] = true
+	}
+	return errors.Join(errs...)
+}
+
+// Grants returns grants, or the default grant of cluster when there are none.
+func Grants(cluster string, grants []multiclusterv1alpha1.TrustDomainGrant) []multiclusterv1alpha1.TrustDomainGrant {
+	if len(grants) > 0 {
+		return grants
+	}
+	return []multiclusterv1alpha1.TrustDomainGrant{{Name: multiclusterv1alpha1.DefaultTrustDomain(cluster)}}
+}
+
+// CheckExclusive refuses grants for cluster that another registered
+// cluster already holds, unless both mark them shared: such a grant would
+// take the trust domain from both (the server refuses a trust domain held
+// twice). The server enforces it whatever registered the clusters; this
+// is the early, clear error.
+func CheckExclusive(registered []multiclusterv1alpha1.KubernetesCluster, cluster string, grants []multiclusterv1alpha1.TrustDomainGrant) error {
+	all := append(slices.Clone(registered), multiclusterv1alpha1.KubernetesCluster{ObjectMeta: metav1.ObjectMeta{Name: cluster},
+		Spec: multiclusterv1alpha1.KubernetesClusterSpec{TrustDomains: Grants(cluster, grants)}})
+	g := translation.NewGrants(all)
+	var errs []error
+	for _, gr := range Grants(cluster, grants) {
+		var ge *translation.GrantError
+		if err := g.Authorize(cluster, gr.Name); errors.As(err, &ge) && ge.Reason == translation.RefusedConflict {
+			var others []string
+			for _, h := range ge.Holders {
+				if h != cluster {
+					others = append(others, h)
+				}
+			}
+			errs = append(errs, fmt.Errorf("trust domain %q is already granted to cluster %s: granting it to %s as well would leave it to neither; give %s a trust domain of its own (--trust-domain), or, if the clusters are meant to share it (WEAKER: each can sign the other's identities), mark it shared on every holder (--shared-trust-domain here, shared: true in their KubernetesClusters' spec.trustDomains)",
+				gr.Name, strings.Join(others, ", "), cluster, cluster))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// newCluster is the KubernetesCluster of a registration, with its grant
+// written out, after checking the grant against the registered clusters.
+func newCluster(ctx context.Context, mgmt *kubeclient.Clients, namespace, name string, spec multiclusterv1alpha1.KubernetesClusterSpec) (*unstructured.Unstructured, error) {
+	clusters := mgmt.Dynamic.Resource(server.KubernetesClusters).Namespace(namespace)
+	list, err := clusters.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list the registered clusters: %w", err)
+	}
+	var registered []multiclusterv1alpha1.KubernetesCluster
+	for _, u := range list.Items {
+		var kc multiclusterv1alpha1.KubernetesCluster
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &kc); err != nil {
+			return nil, fmt.Errorf("KubernetesCluster %s: %w", u.GetName(), err)
+		}
+		registered = append(registered, kc)
+	}
+	spec.TrustDomains = Grants(name, spec.TrustDomains)
+	if err := CheckExclusive(registered, name, spec.TrustDomains); err != nil {
+		return nil, err
+	}
+	kc := &multiclusterv1alpha1.KubernetesCluster{
+		TypeMeta:   metav1.TypeMeta{APIVersion: multiclusterv1alpha1.GroupVersion.String(), Kind: "KubernetesCluster"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec:       spec,
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(kc)
+	if err != nil {
+		return nil, err
+	}
+	return &unstructured.Unstructured{Object: obj}, nil
 }
 
 // Bundle is what the workload cluster's agent needs. It holds a bootstrap
@@ -113,16 +217,12 @@ func Register(ctx context.Context, mgmt *kubeclient.Clients, req Request) (b *Bu
 	} else if !apierrors.IsNotFound(err) {
 		return nil, nil, err
 	}
-	kc := &multiclusterv1alpha1.KubernetesCluster{
-		TypeMeta:   metav1.TypeMeta{APIVersion: multiclusterv1alpha1.GroupVersion.String(), Kind: "KubernetesCluster"},
-		ObjectMeta: metav1.ObjectMeta{Name: req.Cluster, Namespace: req.Namespace},
-		Spec:       multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeRelay, ClusterDomain: req.ClusterDomain},
-	}
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(kc)
+	kc, err := newCluster(ctx, mgmt, req.Namespace, req.Cluster, multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeRelay,
+		ClusterDomain: req.ClusterDomain, TrustDomains: req.TrustDomains})
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := clusters.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+	if _, err := clusters.Create(ctx, kc, metav1.CreateOptions{}); err != nil {
 		return nil, nil, fmt.Errorf("create KubernetesCluster %s: %w", req.Cluster, err)
 	}
 	rollback = func(ctx context.Context) {

@@ -1,11 +1,13 @@
 package registration
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -106,4 +108,85 @@ func TestCleanupCommandsNameEveryKindTheAgentApplies(t *testing.T) {
 		assert.Contains(t, cmds[0], want)
 	}
 	assert.Equal(t, "kubectl delete secrets --all-namespaces -l relaymesh.io/owner=relaymesh-agent --field-selector metadata.name=cacerts", cmds[1])
+}
+
+// A grant is checked as the KubernetesCluster schema would check it, and
+// every fault is reported at once.
+func TestValidateGrants(t *testing.T) {
+	g := func(names ...string) []multiclusterv1alpha1.TrustDomainGrant {
+		var out []multiclusterv1alpha1.TrustDomainGrant
+		for _, n := range names {
+			out = append(out, multiclusterv1alpha1.TrustDomainGrant{Name: n})
+		}
+		return out
+	}
+	require.NoError(t, ValidateGrants(nil))
+	require.NoError(t, ValidateGrants(g("eu.local", "cluster.local", "a_b-c.example")))
+	many := make([]string, 33)
+	for i := range many {
+		many[i] = fmt.Sprintf("td-%d.local", i)
+	}
+	for _, tc := range []struct {
+		name   string
+		grants []multiclusterv1alpha1.TrustDomainGrant
+		want   []string
+	}{
+		{"empty", g(""), []string{`--trust-domain "": empty`}},
+		{"upper case", g("EU.local"), []string{"not a SPIFFE trust domain"}},
+		{"a URI, not a trust domain", g("spiffe://eu.local"), []string{"not a SPIFFE trust domain"}},
+		{"oversized", g(strings.Repeat("a", 300)), []string{"300 bytes, at most 255"}},
+		{"not UTF-8", g("eu\xff.local"), []string{"not UTF-8"}},
+		{"twice", g("eu.local", "eu.local"), []string{`"eu.local" is given twice`}},
+		{"too many", g(many...), []string{"33 trust domains: at most 32"}},
+		{"every fault at once", g("", "x.local", "x.local", "A"), []string{"empty", "given twice", `"A" is not`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateGrants(tc.grants)
+			require.Error(t, err)
+			for _, w := range tc.want {
+				assert.ErrorContains(t, err, w)
+			}
+		})
+	}
+}
+
+// Registration refuses a grant another cluster already holds, unless both
+// mark it shared: registering it would take the trust domain from both.
+func TestCheckExclusive(t *testing.T) {
+	kc := func(name string, grants ...multiclusterv1alpha1.TrustDomainGrant) multiclusterv1alpha1.KubernetesCluster {
+		return multiclusterv1alpha1.KubernetesCluster{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: multiclusterv1alpha1.KubernetesClusterSpec{TrustDomains: grants}}
+	}
+	own := func(n string) multiclusterv1alpha1.TrustDomainGrant {
+		return multiclusterv1alpha1.TrustDomainGrant{Name: n}
+	}
+	shared := func(n string) multiclusterv1alpha1.TrustDomainGrant {
+		return multiclusterv1alpha1.TrustDomainGrant{Name: n, Shared: true}
+	}
+	registered := []multiclusterv1alpha1.KubernetesCluster{kc("cluster-1"), kc("cluster-2", shared("cluster.local"))}
+	for _, tc := range []struct {
+		name   string
+		grants []multiclusterv1alpha1.TrustDomainGrant
+		want   string
+	}{
+		{"the default grant", nil, ""},
+		{"a trust domain of its own", []multiclusterv1alpha1.TrustDomainGrant{own("eu.example")}, ""},
+		{"another cluster's default grant", []multiclusterv1alpha1.TrustDomainGrant{own("cluster-1.local")}, `trust domain "cluster-1.local" is already granted to cluster cluster-1`},
+		{"shared here, not there", []multiclusterv1alpha1.TrustDomainGrant{shared("cluster-1.local")}, `already granted to cluster cluster-1`},
+		{"shared there, not here", []multiclusterv1alpha1.TrustDomainGrant{own("cluster.local")}, `already granted to cluster cluster-2`},
+		{"shared on both", []multiclusterv1alpha1.TrustDomainGrant{own("eu.local"), shared("cluster.local")}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckExclusive(registered, "eu", tc.grants)
+			if tc.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tc.want)
+			assert.ErrorContains(t, err, "--shared-trust-domain")
+		})
+	}
+	// A cluster named like the trust domain another holds explicitly.
+	err := CheckExclusive([]multiclusterv1alpha1.KubernetesCluster{kc("prod", own("eu.local"))}, "eu", nil)
+	assert.ErrorContains(t, err, `trust domain "eu.local" is already granted to cluster prod`)
+	assert.Equal(t, []multiclusterv1alpha1.TrustDomainGrant{{Name: "eu.local"}}, Grants("eu", nil), "the default grant is <cluster>.local")
 }

@@ -126,6 +126,7 @@ func TestDeterministic(t *testing.T) {
 					Meshes: shuffle(rng, in.Meshes), Workloads: shuffle(rng, in.Workloads), Destinations: shuffle(rng, in.Destinations),
 					VirtualMeshes: shuffle(rng, in.VirtualMeshes), TrafficPolicies: shuffle(rng, in.TrafficPolicies),
 					AccessPolicies: shuffle(rng, in.AccessPolicies), VirtualDestinations: shuffle(rng, in.VirtualDestinations),
+					Clusters: shuffle(rng, in.Clusters),
 				}
 				got, err := accessaudit.Audit(t.Context(), shuffled, auditConfig(t, admin))
 				require.NoError(t, err)

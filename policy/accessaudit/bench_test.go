@@ -7,6 +7,7 @@ import (
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/policy/accessaudit"
 	"github.com/relaymesh/relaymesh/translation"
@@ -40,6 +41,8 @@ func world(clusters, services, policies int) *translation.Input {
 			}},
 		})
 		meshRefs = append(meshRefs, common.ClusterObjectRef{ClusterName: fmt.Sprintf("cluster-%d", c), Namespace: "istio-system", Name: "istiod"})
+		// Registered with the default grant, <cluster>.local.
+		in.Clusters = append(in.Clusters, multiclusterv1alpha1.KubernetesCluster{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cluster-%d", c), Namespace: "relaymesh"}})
 	}
 	ref := func(s int) common.ClusterObjectRef {
 		return common.ClusterObjectRef{Name: fmt.Sprintf("svc-%d", s), Namespace: fmt.Sprintf("ns-%d", s%20), ClusterName: fmt.Sprintf("cluster-%d", s%clusters)}

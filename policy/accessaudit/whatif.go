@@ -113,6 +113,7 @@ func WhatIf(base, with *translation.Input, without []Ref) (*translation.Input, e
 		TrafficPolicies:     change(translation.KindTrafficPolicy, base.TrafficPolicies, with.TrafficPolicies, rm, found),
 		AccessPolicies:      change(translation.KindAccessPolicy, base.AccessPolicies, with.AccessPolicies, rm, found),
 		VirtualDestinations: change(translation.KindVirtualDestination, base.VirtualDestinations, with.VirtualDestinations, rm, found),
+		Clusters:            base.Clusters, // a proposed change cannot grant trust domains
 	}
 	var missing []error
 	for _, r := range without {

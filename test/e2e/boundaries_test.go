@@ -17,6 +17,7 @@ import (
 	"time"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/examples"
@@ -35,6 +36,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 )
@@ -51,13 +54,22 @@ import (
 //     and nobody gets an intermediate;
 //   - eu's agent asks for prod-eu's intermediate with its own certificate:
 //     refused, nothing issued;
+//   - eu claims prod-eu's trust domain in a VirtualMesh with cluster us, not
+//     with prod-eu (issue 27): refused, because the registry grants eu only
+//     eu.local; no intermediate for eu or us. An administrator granting it
+//     to eu as well takes it from both; marking it shared on both opens the
+//     gate;
 //   - with intermediates issued to both (eu now with a trust domain of its
 //     own), eu's real istiod, configured to mint prod-eu's identities, signs
 //     a workload certificate that Go's and OpenSSL's verifiers refuse
-//     against the shared root, while prod-eu's own verifies.
+//     against the shared root, while prod-eu's own verifies;
+//   - eu, now a member with an intermediate for eu.local, starts reporting
+//     prod-eu.local without anyone editing the VirtualMesh: its
+//     intermediate is neither renewed nor reissued, and the statuses say
+//     why; a new trust domain works once an administrator grants it.
 func TestTrustBoundaries(t *testing.T) {
 	ctx := context.Background()
-	bin, env, dir := Setup(t, "mgmt", "prod-eu", "eu")
+	bin, env, dir := Setup(t, "mgmt", "prod-eu", "eu", "us")
 	mgmt := env.Cluster("mgmt")
 	sample, err := examples.Demo.ReadFile("demo/workload-cluster.yaml")
 	require.NoError(t, err)
@@ -67,8 +79,10 @@ func TestTrustBoundaries(t *testing.T) {
 	squat = strings.ReplaceAll(squat, "istio-system", "istio-system-prod")
 	_, err = env.Cluster("eu").Apply(ctx, "test", []byte(strings.ReplaceAll(squat, "CLUSTER", "eu")))
 	require.NoError(t, err)
+	_, err = env.Cluster("us").Apply(ctx, "test", []byte(strings.ReplaceAll(string(sample), "CLUSTER", "us")))
+	require.NoError(t, err)
 	clients := map[string]kubernetes.Interface{}
-	for _, name := range []string{"prod-eu", "eu"} {
+	for _, name := range []string{"prod-eu", "eu", "us"} {
 		clients[name], err = env.Cluster(name).Clientset()
 		require.NoError(t, err)
 	}
@@ -77,17 +91,25 @@ func TestTrustBoundaries(t *testing.T) {
 	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
 		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost")
 	waitHealthy(t, opsAddr)
-	for _, name := range []string{"prod-eu", "eu"} {
-		_, err := Run(t, bin, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig, "--server-address", relayAddr)
+	for _, name := range []string{"prod-eu", "eu", "us"} {
+		args := []string{"cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig, "--server-address", relayAddr}
+		if name == "eu" {
+			args = append(args, "--trust-domain", "eu.local") // the default, spelled out
+		}
+		out, err := Run(t, bin, args...)
 		require.NoError(t, err)
+		require.Contains(t, out, "granted trust domain(s) "+name+".local")
 		Start(t, bin, dir, "agent-"+name, "agent", "--kubeconfig", env.Cluster(name).Kubeconfig, "--health-listen", Addr(t), "--metrics-listen", Addr(t))
 	}
+	// Registration refuses a grant another cluster holds.
+	_, err = Run(t, bin, "cluster", "register", "squatter", "--mgmt-kubeconfig", mgmt.Kubeconfig, "--server-address", relayAddr, "--dry-run", "--trust-domain", "prod-eu.local")
+	require.ErrorContains(t, err, `trust domain "prod-eu.local" is already granted to cluster prod-eu`)
 	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
 	meshes := dyn.Resource(discoveryv1alpha1.GroupVersion.WithResource("meshes")).Namespace("relaymesh")
 	victim := discoveryv1alpha1.Name(discoveryv1alpha1.OriginMesh, "prod-eu", "istio-system", "istiod")
 	squatter := discoveryv1alpha1.Name(discoveryv1alpha1.OriginMesh, "eu", "istio-system-prod", "istiod")
-	Eventually(t, 60*time.Second, "both meshes discovered, each under its own name", func() (bool, string) {
+	Eventually(t, 60*time.Second, "every mesh discovered, each under its own name", func() (bool, string) {
 		l, err := meshes.List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -96,39 +118,94 @@ func TestTrustBoundaries(t *testing.T) {
 		for _, m := range l.Items {
 			got[m.GetName()] = m.GetLabels()[discoveryv1alpha1.LabelCluster]
 		}
-		return len(got) == 2 && got[victim] == "prod-eu" && got[squatter] == "eu", fmt.Sprint(got)
+		return len(got) == 3 && got[victim] == "prod-eu" && got[squatter] == "eu" && got[meshName("us")] == "us", fmt.Sprint(got)
 	})
 	require.NotEqual(t, victim, squatter)
 
 	vms := dyn.Resource(schemaVirtualMeshes).Namespace("relaymesh")
-	applyVM := func(meshes string) {
+	applyNamedVM := func(name, meshes string) {
 		t.Helper()
 		_, err := mgmt.Apply(ctx, "test", []byte(`
 apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
-metadata: {name: shared, namespace: relaymesh}
+metadata: {name: `+name+`, namespace: relaymesh}
 spec:
   meshes: `+meshes+`
   mtls: {shared: {rootCA: {generated: {}}}}
 `))
 		require.NoError(t, err)
 	}
+	applyVM := func(meshes string) { t.Helper(); applyNamedVM("shared", meshes) }
 	cacerts := func(cluster, ns string) (*corev1.Secret, error) {
 		return clients[cluster].CoreV1().Secrets(ns).Get(ctx, trust.SecretName, metav1.GetOptions{})
 	}
+	vmState := func(name, state, msg string) {
+		t.Helper()
+		Eventually(t, 30*time.Second, "VirtualMesh "+name+" "+state+": "+msg, func() (bool, string) {
+			o, err := vms.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			st, _, _ := unstructured.NestedString(o.Object, "status", "state")
+			errs, _, _ := unstructured.NestedStringSlice(o.Object, "status", "errors")
+			warns, _, _ := unstructured.NestedStringSlice(o.Object, "status", "warnings")
+			all := strings.Join(append(errs, warns...), ";")
+			return st == state && strings.Contains(all, msg), st + fmt.Sprint(all)
+		})
+	}
+	kcs := dyn.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace("relaymesh")
+	grant := func(cluster, grants string) {
+		t.Helper()
+		_, err := kcs.Patch(ctx, cluster, types.MergePatchType, []byte(`{"spec":{"trustDomains":`+grants+`}}`), metav1.PatchOptions{})
+		require.NoError(t, err)
+	}
+	kcSays := func(cluster, td string, state multiclusterv1alpha1.TrustDomainState, msg string) {
+		t.Helper()
+		Eventually(t, 30*time.Second, fmt.Sprintf("KubernetesCluster %s: %s %s", cluster, td, state), func() (bool, string) {
+			o, err := kcs.Get(ctx, cluster, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			var kc multiclusterv1alpha1.KubernetesCluster
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &kc); err != nil {
+				return false, err.Error()
+			}
+			for _, st := range kc.Status.TrustDomains {
+				if st.Name == td && st.State == state && strings.Contains(st.Message, msg) {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprint(kc.Status.TrustDomains)
+		})
+	}
+	// refusedNow: eu's agent, with its real certificate, asks for an
+	// intermediate of its mesh constrained to td; the server refuses.
+	refusedNow := func(td string) {
+		t.Helper()
+		conn := agentConn(t, ctx, clients["eu"], relayAddr)
+		_, err := relaypb.NewTrustClient(conn).SignIntermediate(ctx, &relaypb.IntermediateRequest{Mesh: squatter, Csr: meshCSR(t, td)})
+		require.Error(t, err, "an intermediate for %s", td)
+		assert.Contains(t, []codes.Code{codes.FailedPrecondition, codes.Unavailable, codes.PermissionDenied}, status.Code(err), err.Error())
+	}
+	setTrustDomain := func(cluster, ns, from, to string) {
+		t.Helper()
+		cm, err := clients[cluster].CoreV1().ConfigMaps(ns).Get(ctx, "istio", metav1.GetOptions{})
+		require.NoError(t, err)
+		require.Contains(t, cm.Data["mesh"], from)
+		cm.Data["mesh"] = strings.ReplaceAll(cm.Data["mesh"], from, to)
+		_, err = clients[cluster].CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+	constrainedTo := func(s *corev1.Secret) []string {
+		c, err := pemutil.ParseCertificate(s.Data[trust.KeyCACert])
+		require.NoError(t, err)
+		return c.PermittedURIDomains
+	}
 
-	// 1. Both meshes claim prod-eu.local: the VirtualMesh is Invalid, and
-	// neither mesh gets an intermediate.
+	// 1. Both meshes claim prod-eu.local: the VirtualMesh is Invalid (eu is
+	// not granted it), and neither mesh gets an intermediate.
 	applyVM("[{clusterName: prod-eu, namespace: istio-system, name: istiod}, {clusterName: eu, namespace: istio-system-prod, name: istiod}]")
-	Eventually(t, 20*time.Second, "a VirtualMesh whose meshes claim one trust domain is Invalid", func() (bool, string) {
-		o, err := vms.Get(ctx, "shared", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		state, _, _ := unstructured.NestedString(o.Object, "status", "state")
-		errs, _, _ := unstructured.NestedStringSlice(o.Object, "status", "errors")
-		return state == "Invalid" && strings.Contains(strings.Join(errs, ";"), `both claim trust domain "prod-eu.local"`), state + fmt.Sprint(errs)
-	})
+	vmState("shared", "Invalid", `cluster eu is not granted trust domain "prod-eu.local" (its grant: eu.local)`)
 	time.Sleep(2 * time.Second) // what would have been issued has had time
 	for cluster, ns := range map[string]string{"prod-eu": "istio-system", "eu": "istio-system-prod"} {
 		_, err := cacerts(cluster, ns)
@@ -158,13 +235,54 @@ spec:
 	_, err = cacerts("eu", "istio-system-prod")
 	require.Error(t, err, "eu has no intermediate")
 
+	// 3b. Issue 27: eu claims prod-eu.local in a VirtualMesh with us, which
+	// prod-eu is not in. Uniqueness within one VirtualMesh does not see it;
+	// the registry's grant does: the VirtualMesh is Invalid, nobody gets an
+	// intermediate, and eu's KubernetesCluster says why.
+	applyNamedVM("eu-us", "[{clusterName: eu, namespace: istio-system-prod, name: istiod}, {clusterName: us, namespace: istio-system, name: istiod}]")
+	vmState("eu-us", "Invalid", `mesh eu/istio-system-prod/istiod reports trust domain "prod-eu.local": cluster eu is not granted trust domain "prod-eu.local" (its grant: eu.local)`)
+	kcSays("eu", "prod-eu.local", multiclusterv1alpha1.TrustDomainNotGranted, "they get no intermediate")
+	vmState("shared", "Accepted", "")
+	refusedNow("prod-eu.local")
+	time.Sleep(2 * time.Second) // what would have been issued has had time
+	for cluster, ns := range map[string]string{"eu": "istio-system-prod", "us": "istio-system"} {
+		_, err := cacerts(cluster, ns)
+		require.Error(t, err, "%s got an intermediate from a VirtualMesh with a trust domain outside a grant", cluster)
+	}
+	// So no certificate for prod-eu's identities can come from eu's mesh,
+	// and none can verify against a bundle us carries: there is none.
+
+	// An administrator granting prod-eu.local to eu as well, unshared (or
+	// shared on eu's side only), takes it from both clusters: "first claim
+	// wins" would have left it to whoever registered it first.
+	grant("eu", `[{"name":"eu.local"},{"name":"prod-eu.local","shared":true}]`)
+	kcSays("prod-eu", "prod-eu.local", multiclusterv1alpha1.TrustDomainConflict, `granted to clusters eu, prod-eu, and prod-eu does not mark it shared`)
+	kcSays("eu", "prod-eu.local", multiclusterv1alpha1.TrustDomainConflict, "granted to clusters eu, prod-eu")
+	vmState("shared", "Invalid", `trust domain "prod-eu.local" is granted to clusters eu, prod-eu`)
+	vmState("eu-us", "Invalid", `trust domain "prod-eu.local" is granted to clusters eu, prod-eu`)
+	refusedNow("prod-eu.local")
+	// Shared on both: the gate opens, eu's mesh gets an intermediate for
+	// prod-eu.local (the administrator's explicit, warned choice).
+	grant("prod-eu", `[{"name":"prod-eu.local","shared":true}]`)
+	vmState("eu-us", "Accepted", `uses trust domain "prod-eu.local", which clusters prod-eu hold too`)
+	kcSays("eu", "prod-eu.local", multiclusterv1alpha1.TrustDomainAuthorized, "shared with clusters prod-eu")
+	Eventually(t, 60*time.Second, "eu's and us's intermediates of VirtualMesh eu-us", func() (bool, string) {
+		euSecret, err1 := cacerts("eu", "istio-system-prod")
+		usSecret, err2 := cacerts("us", "istio-system")
+		if err1 != nil || err2 != nil {
+			return false, fmt.Sprint(err1, err2)
+		}
+		return slicesEqual(constrainedTo(euSecret), []string{"prod-eu.local"}) && slicesEqual(constrainedTo(usSecret), []string{"us.local"}), ""
+	})
+	// Back to exclusive grants for what follows.
+	require.NoError(t, vms.Delete(ctx, "eu-us", metav1.DeleteOptions{}))
+	grant("prod-eu", `[]`)
+	grant("eu", `[{"name":"eu.local"}]`)
+	kcSays("prod-eu", "prod-eu.local", multiclusterv1alpha1.TrustDomainAuthorized, "")
+
 	// 4. eu gets a trust domain of its own and joins: both meshes have
 	// intermediates from one root, each constrained to its trust domain.
-	cm, err := clients["eu"].CoreV1().ConfigMaps("istio-system-prod").Get(ctx, "istio", metav1.GetOptions{})
-	require.NoError(t, err)
-	cm.Data["mesh"] = strings.ReplaceAll(cm.Data["mesh"], "prod-eu.local", "eu.local")
-	_, err = clients["eu"].CoreV1().ConfigMaps("istio-system-prod").Update(ctx, cm, metav1.UpdateOptions{})
-	require.NoError(t, err)
+	setTrustDomain("eu", "istio-system-prod", "prod-eu.local", "eu.local")
 	applyVM("[{clusterName: prod-eu, namespace: istio-system, name: istiod}, {clusterName: eu, namespace: istio-system-prod, name: istiod}]")
 	var prodCA, euCA *corev1.Secret
 	Eventually(t, 60*time.Second, "both intermediates", func() (bool, string) {
@@ -222,6 +340,45 @@ spec:
 	require.NoError(t, err)
 	_, err = verifyWorkload(own, roots)
 	require.NoError(t, err, "eu's own identity verifies against the shared root")
+
+	// 6. Issue 27: eu, a member with an intermediate for eu.local, starts
+	// reporting prod-eu.local; nobody edits the VirtualMesh. It turns
+	// Invalid naming the grant, eu's intermediate is neither renewed nor
+	// reissued (the server refuses to sign), and eu's status says why.
+	euSerial := func() string {
+		s, err := cacerts("eu", "istio-system-prod")
+		require.NoError(t, err)
+		c, err := pemutil.ParseCertificate(s.Data[trust.KeyCACert])
+		require.NoError(t, err)
+		return c.SerialNumber.String()
+	}
+	before := euSerial()
+	setTrustDomain("eu", "istio-system-prod", "eu.local", "prod-eu.local")
+	vmState("shared", "Invalid", `cluster eu is not granted trust domain "prod-eu.local" (its grant: eu.local)`)
+	kcSays("eu", "prod-eu.local", multiclusterv1alpha1.TrustDomainNotGranted, "they get no intermediate")
+	refusedNow("prod-eu.local")
+	refusedNow("eu.local")
+	time.Sleep(2 * time.Second) // a reissue would have happened by now
+	assert.Equal(t, before, euSerial(), "eu's intermediate was not reissued")
+	euCA, err = cacerts("eu", "istio-system-prod")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"eu.local"}, constrainedTo(euCA), "and it still signs eu.local only")
+
+	// A new trust domain of eu's own is refused until an administrator
+	// grants it; then eu gets an intermediate for it.
+	setTrustDomain("eu", "istio-system-prod", "prod-eu.local", "eu-west.local")
+	vmState("shared", "Invalid", `cluster eu is not granted trust domain "eu-west.local" (its grant: eu.local)`)
+	refusedNow("eu-west.local")
+	grant("eu", `[{"name":"eu.local"},{"name":"eu-west.local"}]`)
+	vmState("shared", "Accepted", "")
+	Eventually(t, 60*time.Second, "eu's intermediate for eu-west.local", func() (bool, string) {
+		s, err := cacerts("eu", "istio-system-prod")
+		if err != nil {
+			return false, err.Error()
+		}
+		got := constrainedTo(s)
+		return slicesEqual(got, []string{"eu-west.local"}), fmt.Sprint(got)
+	})
 
 	// The refusals are on the record.
 	log, err := os.ReadFile(dir + "/audit.log")

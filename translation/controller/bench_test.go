@@ -9,6 +9,7 @@ import (
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/controller"
@@ -37,6 +38,9 @@ func world(clusters, services, policies int, federate bool) *translation.Input {
 			}},
 		})
 		meshRefs = append(meshRefs, common.ClusterObjectRef{ClusterName: cl, Namespace: "istio-system", Name: "istiod"})
+		// Registered with the default grant, <cluster>.local.
+		in.Clusters = append(in.Clusters, multiclusterv1alpha1.KubernetesCluster{ObjectMeta: metav1.ObjectMeta{Name: cl, Namespace: "relaymesh"},
+			Spec: multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeRelay}})
 	}
 	for s := range services {
 		cl := fmt.Sprintf("cluster-%d", s%clusters)
@@ -200,6 +204,9 @@ func withUIDs(in *translation.Input) *translation.Input {
 	}
 	for i := range in.VirtualMeshes {
 		meta(&in.VirtualMeshes[i].ObjectMeta)
+	}
+	for i := range in.Clusters {
+		meta(&in.Clusters[i].ObjectMeta)
 	}
 	return in
 }

@@ -20,6 +20,7 @@ import (
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/federation"
 	"github.com/relaymesh/relaymesh/policy"
@@ -68,6 +69,9 @@ var (
 	gvrTraffic     = networkingv1alpha1.GroupVersion.WithResource("trafficpolicies")
 	gvrAccess      = networkingv1alpha1.GroupVersion.WithResource("accesspolicies")
 	gvrVirtualDest = networkingv1alpha1.GroupVersion.WithResource("virtualdestinations")
+	// gvrCluster: the registry, whose grants say which trust domains each
+	// cluster's meshes may use.
+	gvrCluster = multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")
 )
 
 // userKinds maps the user kinds translation reports on to their resources.
@@ -168,9 +172,9 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		}
 		kick()
 	}, DeleteFunc: func(any) { kick() }}
-	discoveredKinds := []schema.GroupVersionResource{gvrMesh, gvrWorkload, gvrDestination}
+	discoveredKinds := []schema.GroupVersionResource{gvrMesh, gvrWorkload, gvrDestination, gvrCluster}
 	if c.workloads != nil {
-		discoveredKinds = []schema.GroupVersionResource{gvrMesh, gvrDestination}
+		discoveredKinds = []schema.GroupVersionResource{gvrMesh, gvrDestination, gvrCluster}
 		c.workloads.OnChange(kick)
 	}
 	for _, gvr := range discoveredKinds {
@@ -322,6 +326,7 @@ func (c *Controller) Input() (*translation.Input, error) {
 		TrafficPolicies:     list[networkingv1alpha1.TrafficPolicy](c, gvrTraffic, &errs),
 		AccessPolicies:      list[networkingv1alpha1.AccessPolicy](c, gvrAccess, &errs),
 		VirtualDestinations: list[networkingv1alpha1.VirtualDestination](c, gvrVirtualDest, &errs),
+		Clusters:            list[multiclusterv1alpha1.KubernetesCluster](c, gvrCluster, &errs),
 	}
 	return in, errors.Join(errs...)
 }

@@ -14,6 +14,7 @@ import (
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/federation"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
@@ -207,6 +208,7 @@ type cycle struct {
 	changed map[string]bool // keys whose version differs from the last cycle (or are new)
 	removed []string
 	meshes  string // hash of every Mesh
+	grants  string // hash of every KubernetesCluster (their trust domain grants)
 }
 
 func objectKey(kind, ns, name string) string { return kind + "/" + ns + "/" + name }
@@ -223,6 +225,9 @@ func (e *Engine) newCycle(in *translation.Input) *cycle {
 	versions(in.AccessPolicies, "AccessPolicy", func(p *networkingv1alpha1.AccessPolicy) (*metav1.ObjectMeta, any) { return &p.ObjectMeta, p.Spec }, c.aps, c.vers)
 	versions(in.VirtualMeshes, "VirtualMesh", func(v *networkingv1alpha1.VirtualMesh) (*metav1.ObjectMeta, any) { return &v.ObjectMeta, v.Spec }, nil, c.vers)
 	versions(in.VirtualDestinations, "VirtualDestination", func(v *networkingv1alpha1.VirtualDestination) (*metav1.ObjectMeta, any) { return &v.ObjectMeta, v.Spec }, nil, c.vers)
+	versions(in.Clusters, "KubernetesCluster", func(k *multiclusterv1alpha1.KubernetesCluster) (*metav1.ObjectMeta, any) {
+		return &k.ObjectMeta, k.Spec
+	}, nil, c.vers)
 	for k, v := range c.vers {
 		if e.vers[k] != v {
 			c.changed[k] = true
@@ -235,6 +240,9 @@ func (e *Engine) newCycle(in *translation.Input) *cycle {
 	}
 	writeVersions(h, c.vers, "Mesh/")
 	c.meshes = hex.EncodeToString(h.Sum(nil))
+	h.Reset()
+	writeVersions(h, c.vers, "KubernetesCluster/")
+	c.grants = hex.EncodeToString(h.Sum(nil))
 	return c
 }
 
@@ -323,7 +331,7 @@ func (e *Engine) Translate(in *translation.Input) *translation.Report {
 	}
 	h := sha256.New()
 	writeVersions(h, c.vers, "VirtualMesh/")
-	fmt.Fprintf(h, "%s\x00", c.meshes)
+	fmt.Fprintf(h, "%s\x00%s\x00", c.meshes, c.grants)
 	for _, n := range notes {
 		fmt.Fprintf(h, "%s\x00%s\x00%t\x00%s\x00", n.VirtualMesh, n.Mesh, n.Exported, n.Error)
 	}

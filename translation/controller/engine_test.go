@@ -6,11 +6,13 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/controller"
@@ -175,6 +177,22 @@ var edits = []func(in *translation.Input, rng *rand.Rand) string{
 		vm.Generation++
 		return "change the VirtualMesh's access and mTLS"
 	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		// The registry changes a grant, its mesh's trust domain still in
+		// it (a refused one turns the VirtualMesh Invalid, where the
+		// engine keeps the last good outputs on purpose:
+		// TestGrantChangeReachesTheVirtualMesh).
+		c := &in.Clusters[rng.IntN(len(in.Clusters))]
+		what := "restore the default grant of " + c.Name
+		if rng.IntN(2) == 0 {
+			c.Spec.TrustDomains = []multiclusterv1alpha1.TrustDomainGrant{{Name: c.Name + ".local"}, {Name: fmt.Sprintf("%s-%d.example", c.Name, rng.IntN(1000))}}
+			what = "grant " + c.Name + " one more trust domain"
+		} else {
+			c.Spec.TrustDomains = nil
+		}
+		c.Generation++
+		return what
+	},
 }
 
 // Random sequences of edits: after every one the engine agrees with a full
@@ -233,6 +251,47 @@ func TestOneEditRecomputesOneUnit(t *testing.T) {
 	requireSameAsFull(t, e, r, in, "after the port change")
 	assert.LessOrEqual(t, e.Stats().Recomputed, 3, "fed/ for the Destination, and its traffic and access units")
 	assert.Len(t, e.Dirty(), 10, "a federated Destination's change reaches every mesh")
+}
+
+// A grant the registry changes reaches the VirtualMesh at once: it turns
+// Invalid naming the grant (keeping its last good outputs, as any Invalid
+// VirtualMesh does), and valid again, equal to a full translation, when the
+// grant is restored; a grant held twice does the same.
+func TestGrantChangeReachesTheVirtualMesh(t *testing.T) {
+	in := world(3, 6, 6, true)
+	e := controller.NewEngine("relaymesh")
+	requireSameAsFull(t, e, e.Translate(in), in, "start")
+	vk := translation.ObjectKey{Kind: "VirtualMesh", Namespace: "relaymesh", Name: "all"}
+	for _, tc := range []struct {
+		name   string
+		grants []multiclusterv1alpha1.TrustDomainGrant
+		on     int // index of the cluster whose grant changes
+		want   string
+	}{
+		{"a grant without the mesh's trust domain", []multiclusterv1alpha1.TrustDomainGrant{{Name: "elsewhere.example"}}, 1,
+			`cluster cluster-1 is not granted trust domain "cluster-1.local" (its grant: elsewhere.example)`},
+		{"another cluster's trust domain granted too", []multiclusterv1alpha1.TrustDomainGrant{{Name: "cluster-2.local"}, {Name: "cluster-0.local"}}, 2,
+			`trust domain "cluster-0.local" is granted to clusters cluster-0, cluster-2`},
+	} {
+		c := &in.Clusters[tc.on]
+		c.Spec.TrustDomains = tc.grants
+		c.Generation++
+		r := e.Translate(in)
+		st, _, _ := r.Status(vk)
+		assert.Equal(t, common.StateInvalid, st.State, tc.name)
+		assert.Contains(t, strings.Join(st.Errors, "\n"), tc.want, tc.name)
+		assert.Contains(t, st.Warnings, "its meshes keep the outputs of generation 1, the last valid one, until the VirtualMesh is valid again or deleted", tc.name)
+		full, _ := controller.Translate(in, "relaymesh")
+		for _, o := range full.Objects() {
+			assert.NotContains(t, o.Object.GetAnnotations()[translation.ParentsAnnotation], "VirtualMesh/", "%s: a full translation federates nothing", tc.name)
+		}
+
+		c.Spec.TrustDomains = nil
+		c.Generation++
+		requireSameAsFull(t, e, e.Translate(in), in, tc.name+", restored")
+		st, _, _ = e.Translate(in).Status(vk)
+		assert.Equal(t, common.StateAccepted, st.State, tc.name)
+	}
 }
 
 // A VirtualMesh that turns Invalid keeps its last good outputs, says so in

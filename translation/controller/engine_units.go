@@ -218,6 +218,7 @@ func (e *Engine) trafficUnits(c *cycle, invalid map[string]bool, run runFunc) {
 	fh := sha256.New()
 	writeVersions(fh, c.vers, "VirtualMesh/")
 	io.WriteString(fh, c.meshes)
+	io.WriteString(fh, c.grants)
 	federationDeps := hex.EncodeToString(fh.Sum(nil))
 	type group struct{ policies, dests, works []string }
 	groups := map[string]*group{}
@@ -256,7 +257,7 @@ func (e *Engine) trafficUnits(c *cycle, invalid map[string]bool, run runFunc) {
 			h.Write([]byte{1})
 		}
 		run("traffic/"+g.policies[0], hex.EncodeToString(h.Sum(nil)), func() *unit {
-			sub := &translation.Input{VirtualMeshes: c.in.VirtualMeshes, Meshes: c.in.Meshes}
+			sub := &translation.Input{VirtualMeshes: c.in.VirtualMeshes, Meshes: c.in.Meshes, Clusters: c.in.Clusters}
 			for _, k := range g.policies {
 				sub.TrafficPolicies = append(sub.TrafficPolicies, *c.tps[k])
 			}

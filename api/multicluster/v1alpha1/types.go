@@ -66,6 +66,51 @@ type KubernetesClusterSpec struct {
 	// (key `kubeconfig`), in kubeconfig mode only.
 	// +optional
 	KubeconfigSecretRef *common.ObjectRef `json:"kubeconfigSecretRef,omitempty"`
+	// TrustDomains are the trust domains this cluster's meshes may use
+	// (the grant). A mesh reporting any other gets no intermediate and
+	// makes every VirtualMesh naming it Invalid. Empty: the default grant,
+	// `<cluster name>.local` (DefaultTrustDomain). A trust domain granted
+	// to two clusters is usable by neither unless both mark it shared.
+	// Only whoever may write KubernetesClusters in the management cluster
+	// (an administrator) changes it; what an agent reports never does.
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	TrustDomains []TrustDomainGrant `json:"trustDomains,omitempty"`
+}
+
+// TrustDomainGrant is one trust domain a cluster's meshes may use.
+type TrustDomainGrant struct {
+	// Name is the trust domain: what a mesh may report, 1 to 255
+	// lower-case letters, digits, '.', '-' and '_' (relay.CheckTrustDomain).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[-._a-z0-9]+$`
+	Name string `json:"name"`
+	// Shared lets other clusters hold this trust domain too, each of which
+	// must mark it shared as well. WEAKER: the meshes of every cluster
+	// holding it can sign each other's identities. Meant for fleets that
+	// kept Istio's default cluster.local everywhere.
+	// +optional
+	Shared bool `json:"shared,omitempty"`
+}
+
+// DefaultTrustDomainSuffix ends the trust domain a cluster is granted when
+// its KubernetesCluster names none.
+const DefaultTrustDomainSuffix = ".local"
+
+// DefaultTrustDomain is the trust domain cluster is granted when its
+// KubernetesCluster names none: `<cluster>.local`.
+func DefaultTrustDomain(cluster string) string { return cluster + DefaultTrustDomainSuffix }
+
+// Grant is the trust domains the cluster's meshes may use: spec.trustDomains,
+// or the default grant when it is empty.
+func (kc *KubernetesCluster) Grant() []TrustDomainGrant {
+	if len(kc.Spec.TrustDomains) > 0 {
+		return kc.Spec.TrustDomains
+	}
+	return []TrustDomainGrant{{Name: DefaultTrustDomain(kc.Name)}}
 }
 
 // KubernetesClusterStatus is what the server knows of a cluster.
@@ -109,6 +154,50 @@ type KubernetesClusterStatus struct {
 	// the replica that accepted it).
 	// +optional
 	Discovered *DiscoverySummary `json:"discovered,omitempty"`
+	// TrustDomains says, for every trust domain the cluster is granted or
+	// its meshes report, whether its meshes may use it (written by the
+	// server replica holding the Lease).
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	TrustDomains []TrustDomainStatus `json:"trustDomains,omitempty"`
+}
+
+// TrustDomainState is the verdict on one trust domain of a cluster.
+// +kubebuilder:validation:Enum=Authorized;Conflict;NotGranted
+type TrustDomainState string
+
+// Trust domain verdicts.
+const (
+	// TrustDomainAuthorized: granted, and held by no other cluster (or
+	// marked shared by every cluster holding it). Its meshes get
+	// intermediates.
+	TrustDomainAuthorized TrustDomainState = "Authorized"
+	// TrustDomainConflict: granted, but another cluster holds it too and
+	// not every holder marks it shared. No mesh of any holder may use it.
+	TrustDomainConflict TrustDomainState = "Conflict"
+	// TrustDomainNotGranted: a mesh of the cluster reports it, outside the
+	// cluster's grant. That mesh gets no intermediate.
+	TrustDomainNotGranted TrustDomainState = "NotGranted"
+)
+
+// TrustDomainStatus is the server's verdict on one trust domain of a
+// cluster.
+type TrustDomainStatus struct {
+	// +kubebuilder:validation:MaxLength=255
+	Name  string           `json:"name"`
+	State TrustDomainState `json:"state"`
+	// Meshes are the cluster's meshes reporting this trust domain, as
+	// namespace/name of their control plane, at most 16.
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=507
+	// +optional
+	Meshes []string `json:"meshes,omitempty"`
+	// Message says why, and what an administrator can do.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // DiscoverySummary counts what a cluster's last accepted discovery snapshot
