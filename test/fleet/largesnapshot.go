@@ -174,7 +174,7 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 	}
 	r.ReservedAfter = m.Sum(server.MetricSnapshotAssembly)
 	r.Refused = map[string]float64{}
-	for _, reason := range []string{"invalid", "rate_limited", "framing", "too_large", "deadline", "memory", "cluster_busy"} {
+	for _, reason := range []string{"invalid", "rate_limited", "framing", "too_large", "deadline", "idle", "slow", "memory", "preempted", "cluster_busy"} {
 		if v := m.Sum(server.MetricSnapshotsRefused, `reason="`+reason+`"`); v > 0 {
 			r.Refused[reason] = v
 		}
