@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/relaymesh/relaymesh/internal/text"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"google.golang.org/grpc/codes"
@@ -48,88 +47,6 @@ func framing(format string, args ...any) *ChunkError {
 	return &ChunkError{Code: codes.InvalidArgument, Reason: "framing", Msg: fmt.Sprintf(format, args...)}
 }
 
-// SnapshotBudget is the server-wide memory for snapshots in transit: the
-// buffered parts of every PushChunked stream, and then the memory their
-// decoding takes, until the snapshot is accepted or refused. A cluster
-// holds at most one reservation at a time.
-type SnapshotBudget struct {
-	limit int64
-	gauge prometheus.Gauge
-
-	mu      sync.Mutex
-	used    int64
-	holders map[string]int64
-}
-
-// NewSnapshotBudget holds limit bytes for snapshots in transit and shows
-// what it holds in gauge.
-func NewSnapshotBudget(limit int64, gauge prometheus.Gauge) *SnapshotBudget {
-	return &SnapshotBudget{limit: limit, gauge: gauge, holders: map[string]int64{}}
-}
-
-// reserve takes n bytes for cluster's one snapshot in transit.
-func (b *SnapshotBudget) reserve(cluster string, n int64) *ChunkError {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, busy := b.holders[cluster]; busy {
-		return &ChunkError{Code: codes.ResourceExhausted, Reason: "cluster_busy", Msg: "another stream of this cluster is sending a snapshot; one at a time"}
-	}
-	if b.used+n > b.limit {
-		return &ChunkError{Code: codes.ResourceExhausted, Reason: "memory", Msg: fmt.Sprintf("the server's memory for snapshots in transit is in use (%d MiB); retry later", b.limit>>20)}
-	}
-	b.holders[cluster] = n
-	b.used += n
-	b.gauge.Set(float64(b.used))
-	return nil
-}
-
-// grow adds n bytes to cluster's reservation.
-func (b *SnapshotBudget) grow(cluster string, n int64) *ChunkError {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.used+n > b.limit {
-		return &ChunkError{Code: codes.ResourceExhausted, Reason: "memory", Msg: fmt.Sprintf("the server's memory for snapshots in transit is in use (%d MiB); retry later", b.limit>>20)}
-	}
-	b.holders[cluster] += n
-	b.used += n
-	b.gauge.Set(float64(b.used))
-	return nil
-}
-
-// held is cluster's reservation.
-func (b *SnapshotBudget) held(cluster string) int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.holders[cluster]
-}
-
-// shrink cuts cluster's reservation down to n, if it holds more.
-func (b *SnapshotBudget) shrink(cluster string, n int64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if have, ok := b.holders[cluster]; ok && have > n {
-		b.used -= have - n
-		b.holders[cluster] = n
-		b.gauge.Set(float64(b.used))
-	}
-}
-
-// release returns cluster's reservation, if it holds one.
-func (b *SnapshotBudget) release(cluster string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.used -= b.holders[cluster]
-	delete(b.holders, cluster)
-	b.gauge.Set(float64(b.used))
-}
-
-// InUse is the memory reserved now.
-func (b *SnapshotBudget) InUse() int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.used
-}
-
 // AssemblerConfig configures the Assembler of one PushChunked stream.
 type AssemblerConfig struct {
 	// Cluster is the stream's, from its certificate.
@@ -138,21 +55,37 @@ type AssemblerConfig struct {
 	Budget  *SnapshotBudget
 	// Deadline from a header to its end.
 	Deadline time.Duration
-	Now      func() time.Time
+	// Idle is how long a snapshot in transit may go without a part (after
+	// its header, or its last part); default DefaultSnapshotIdle.
+	Idle time.Duration
+	// MinRate is the least average rate, in bytes per second from the
+	// header, at which a snapshot's parts must come once its first Idle
+	// has passed; default DefaultSnapshotMinRate.
+	MinRate int64
+	Now     func() time.Time
 	// MaxPart and MinPart bound the parts; default MaxSnapshotPartBytes
 	// and MinSnapshotPartBytes (tests use small ones).
 	MaxPart, MinPart uint64
 }
 
+// Defaults of AssemblerConfig: a snapshot in transit goes no more than
+// 10 s without a part and, after its first 10 s, averages at least
+// 64 KiB/s (a 64 MiB snapshot at the 60 s deadline's pace averages 1 MiB/s).
+const (
+	DefaultSnapshotIdle    = 10 * time.Second
+	DefaultSnapshotMinRate = 64 << 10
+)
+
 // Assembler puts the snapshots of one PushChunked stream together, one at
-// a time. It never holds more than the header announced, within the
-// budget; any refusal drops what it buffered. Not safe for concurrent use.
+// a time. It reserves memory in the budget for what arrived, as it
+// arrives; any refusal drops what it buffered. Not safe for concurrent
+// use.
 type Assembler struct {
 	cfg AssemblerConfig
 	cur *assembly
-	// held: the budget still holds the reservation of a snapshot add
-	// returned; release gives it back.
-	held bool
+	// held: the reservation of the snapshot Add returned last, which
+	// release gives back.
+	held *reservation
 }
 
 // assembly is one snapshot in transit. Parts are decoded as they come,
@@ -161,12 +94,15 @@ type Assembler struct {
 // agent's encoding and only an incomplete field waits in pending.
 type assembly struct {
 	header   *relaypb.SnapshotHeader
+	res      *reservation
 	received uint64
 	next     uint32
-	deadline time.Time
-	sum      hash.Hash // SHA-256 of the parts so far
-	pending  []byte
-	snapshot *relaypb.Snapshot
+	// started is when the header came, last when the last part did.
+	started, last time.Time
+	deadline      time.Time
+	sum           hash.Hash // SHA-256 of the parts so far
+	pending       []byte
+	snapshot      *relaypb.Snapshot
 	// err is why the content is refused, found before the end; decoding
 	// stopped there, the framing is still checked, and the end is
 	// answered with it.
@@ -189,6 +125,12 @@ func NewAssembler(cfg AssemblerConfig) *Assembler {
 	if cfg.MaxPart == 0 {
 		cfg.MaxPart, cfg.MinPart = MaxSnapshotPartBytes, MinSnapshotPartBytes
 	}
+	if cfg.Idle <= 0 {
+		cfg.Idle = DefaultSnapshotIdle
+	}
+	if cfg.MinRate <= 0 {
+		cfg.MinRate = DefaultSnapshotMinRate
+	}
 	return &Assembler{cfg: cfg}
 }
 
@@ -207,8 +149,10 @@ func (a *Assembler) Add(c *relaypb.SnapshotChunk) (*Assembled, error) {
 }
 
 func (a *Assembler) step(c *relaypb.SnapshotChunk) (*Assembled, error) {
-	if cur := a.cur; cur != nil && a.cfg.Now().After(cur.deadline) {
-		return nil, a.expired()
+	if cur := a.cur; cur != nil {
+		if err := a.overdue(cur, a.cfg.Now()); err != nil {
+			return nil, err
+		}
 	}
 	switch {
 	case c.GetHeader() != nil:
@@ -239,12 +183,14 @@ func (a *Assembler) start(h *relaypb.SnapshotHeader) error {
 		return framing("%d parts for %d bytes; between %d and %d (parts of at most %d bytes, all but the last at least %d)",
 			parts, size, least, most, a.cfg.MaxPart, a.cfg.MinPart)
 	}
-	// Twice the size: the strings and unknown fields decoded from the
-	// parts are copies of them, and pending holds at most the rest.
-	if err := a.cfg.Budget.reserve(a.cfg.Cluster, 2*int64(size)); err != nil {
+	// Nothing is reserved for what the header announces: only for what
+	// arrives.
+	res, err := a.cfg.Budget.open(a.cfg.Cluster)
+	if err != nil {
 		return err
 	}
-	a.cur = &assembly{header: h, deadline: a.cfg.Now().Add(a.cfg.Deadline), sum: sha256.New(), snapshot: &relaypb.Snapshot{}}
+	now := a.cfg.Now()
+	a.cur = &assembly{header: h, res: res, started: now, last: now, deadline: now.Add(a.cfg.Deadline), sum: sha256.New(), snapshot: &relaypb.Snapshot{}}
 	return nil
 }
 
@@ -269,28 +215,41 @@ func (a *Assembler) part(p *relaypb.SnapshotPart) error {
 	cur.sum.Write(p.GetData())
 	cur.received += n
 	cur.next++
+	cur.last = a.cfg.Now()
 	if cur.err != nil {
-		return nil
+		return nil // refused content: nothing more is buffered
 	}
+	// The part itself: the strings and unknown fields decoded from it are
+	// copies of it. And every buffer pending takes (old ones are garbage,
+	// not yet collected), within the announced size.
+	reserve, grown := int64(n), 0
 	if need := len(cur.pending) + int(n); need > cap(cur.pending) {
-		// Grow within the announced size, which the budget holds.
-		grown := make([]byte, len(cur.pending), min(max(2*cap(cur.pending), need), int(h.GetSize())))
-		copy(grown, cur.pending)
-		cur.pending = grown
+		grown = min(max(2*cap(cur.pending), need), int(h.GetSize()))
+		reserve += int64(grown)
+	}
+	if err := a.cfg.Budget.grow(cur.res, reserve); err != nil {
+		return err
+	}
+	if grown > 0 {
+		b := make([]byte, len(cur.pending), grown)
+		copy(b, cur.pending)
+		cur.pending = b
 	}
 	cur.pending = append(cur.pending, p.GetData()...)
 	return a.decodeFields(cur)
 }
 
 // decodeFields decodes every complete top-level field in pending into the
-// snapshot, after reserving what decoding it takes. A malformed field
+// snapshot, after reserving what decoding them takes. A malformed field
 // makes the content refused (cur.err); no room for decoding ends the
 // stream.
 func (a *Assembler) decodeFields(cur *assembly) error {
 	b := cur.pending
 	md := cur.snapshot.ProtoReflect().Descriptor()
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+	complete, cost := 0, int64(0)
+	for complete < len(b) {
+		rest := b[complete:]
+		num, typ, n := protowire.ConsumeTag(rest)
 		if n >= 0 && typ == protowire.StartGroupType {
 			// Never in a snapshot; and finding where a group ends takes a
 			// scan, which every part would repeat.
@@ -298,7 +257,7 @@ func (a *Assembler) decodeFields(cur *assembly) error {
 		}
 		m := 0
 		if n >= 0 {
-			m = protowire.ConsumeFieldValue(num, typ, b[n:])
+			m = protowire.ConsumeFieldValue(num, typ, rest[n:])
 		}
 		if n < 0 || m < 0 {
 			err := protowire.ParseError(min(n, m))
@@ -307,33 +266,37 @@ func (a *Assembler) decodeFields(cur *assembly) error {
 			}
 			return a.refuseContent(cur, refused("the parts are not a snapshot's encoding: %v", err))
 		}
-		field := b[:n+m]
-		b = b[n+m:]
-		cost, err := messageCost(field, md, structCosts(), 0)
+		c, err := messageCost(rest[:n+m], md, structCosts(), 0)
 		if err != nil {
 			return a.refuseContent(cur, refused("the parts are not a snapshot's encoding: %v", err))
 		}
-		held := a.cfg.Budget.held(a.cfg.Cluster)
-		if held+cost > a.cfg.Budget.limit {
-			return a.refuseContent(cur, refused("decoding would take more than the server's memory for snapshots in transit (%d MiB)", a.cfg.Budget.limit>>20))
-		}
-		if err := a.cfg.Budget.grow(a.cfg.Cluster, cost); err != nil {
-			return err
-		}
-		if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(field, cur.snapshot); err != nil {
-			return a.refuseContent(cur, refused("the parts are not a snapshot's encoding: %v", err))
-		}
+		cost += c
+		complete += n + m
 	}
-	cur.pending = append(cur.pending[:0], b...)
+	if complete == 0 {
+		return nil
+	}
+	if a.cfg.Budget.held(cur.res)+cost > a.cfg.Budget.Limit() {
+		return a.refuseContent(cur, refused("decoding would take more than the server's memory for snapshots in transit (%d MiB)", a.cfg.Budget.Limit()>>20))
+	}
+	if err := a.cfg.Budget.grow(cur.res, cost); err != nil {
+		return err
+	}
+	// The complete fields at once: decoding a concatenation merges its
+	// fields in order.
+	if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(b[:complete], cur.snapshot); err != nil {
+		return a.refuseContent(cur, refused("the parts are not a snapshot's encoding: %v", err))
+	}
+	cur.pending = append(cur.pending[:0], b[complete:]...)
 	return nil
 }
 
 // refuseContent stops decoding cur: its end will be answered with err.
-// What it decoded is dropped and its reservation shrinks back to the
-// parts'.
+// What it decoded is dropped, and so is its reservation: the parts still
+// to come are only hashed.
 func (a *Assembler) refuseContent(cur *assembly, err error) error {
 	cur.err, cur.pending, cur.snapshot = err, nil, nil
-	a.cfg.Budget.shrink(a.cfg.Cluster, 2*int64(cur.header.GetSize()))
+	a.cfg.Budget.shrink(cur.res, 0)
 	return nil
 }
 
@@ -368,45 +331,109 @@ func (a *Assembler) end(e *relaypb.SnapshotEnd) (*Assembled, error) {
 	}
 	out.Snapshot = cur.snapshot
 	out.Snapshot.Hash = h.GetHash()
-	a.cur, a.held = nil, true
+	a.cfg.Budget.complete(cur.res)
+	a.cur, a.held = nil, cur.res
 	return out, nil
 }
 
-// Deadline is when the snapshot in transit must be complete.
+// Deadline is when the snapshot in transit is refused unless a part comes
+// first (its deadline, its idle limit, or its minimum rate); false when
+// none is in transit.
 func (a *Assembler) Deadline() (time.Time, bool) {
 	if a.cur == nil {
 		return time.Time{}, false
 	}
-	return a.cur.deadline, true
+	at, _ := a.due(a.cur)
+	return at, true
 }
 
-// Expire refuses the snapshot in transit: its deadline passed.
+// Preempted is closed when the budget took back the memory of the
+// snapshot in transit (nil when none is in transit): Expire then refuses
+// it.
+func (a *Assembler) Preempted() <-chan struct{} {
+	if a.cur == nil {
+		return nil
+	}
+	return a.cur.res.preempted
+}
+
+// Expire refuses the snapshot in transit: it was preempted, or its
+// Deadline passed.
 func (a *Assembler) Expire() error {
-	err := a.expired()
+	cur := a.cur
+	if cur == nil {
+		return &ChunkError{Code: codes.DeadlineExceeded, Reason: "deadline", Msg: "no snapshot in transit"}
+	}
+	var err *ChunkError
+	select {
+	case <-cur.res.preempted:
+		err = a.cfg.Budget.preemptedError(cur.res)
+	default:
+		_, why := a.due(cur)
+		err = a.refusal(cur, why, a.cfg.Now())
+	}
 	a.drop()
 	return err
 }
 
-func (a *Assembler) expired() *ChunkError {
-	h := a.cur.header
-	return &ChunkError{Code: codes.DeadlineExceeded, Reason: "deadline",
-		Msg: fmt.Sprintf("snapshot %s not complete within %s (%d of %d parts)", h.GetHash(), a.cfg.Deadline, a.cur.next, h.GetParts())}
+// due is when cur is refused unless a part comes, and which limit that is:
+// its deadline, Idle after its last part (or its header), or when the
+// bytes so far fall under MinRate since the header (not before its first
+// Idle).
+func (a *Assembler) due(cur *assembly) (time.Time, string) {
+	at, why := cur.deadline, "deadline"
+	if idle := cur.last.Add(a.cfg.Idle); idle.Before(at) {
+		at, why = idle, "idle"
+	}
+	paid := time.Duration(float64(cur.received) / float64(a.cfg.MinRate) * float64(time.Second))
+	if slow := cur.started.Add(max(a.cfg.Idle, paid)); slow.Before(at) {
+		at, why = slow, "slow"
+	}
+	return at, why
+}
+
+// overdue refuses cur if a limit passed before now.
+func (a *Assembler) overdue(cur *assembly, now time.Time) *ChunkError {
+	select {
+	case <-cur.res.preempted:
+		return a.cfg.Budget.preemptedError(cur.res)
+	default:
+	}
+	if at, why := a.due(cur); now.After(at) {
+		return a.refusal(cur, why, now)
+	}
+	return nil
+}
+
+// refusal is the error of a snapshot in transit refused for the limit why
+// at now.
+func (a *Assembler) refusal(cur *assembly, why string, now time.Time) *ChunkError {
+	h := cur.header
+	msg := fmt.Sprintf("snapshot %s not complete within %s (%d of %d parts)", h.GetHash(), a.cfg.Deadline, cur.next, h.GetParts())
+	switch why {
+	case "idle":
+		msg = fmt.Sprintf("snapshot %s: no part for %s (%d of %d parts); a snapshot in transit must keep coming", h.GetHash(), a.cfg.Idle, cur.next, h.GetParts())
+	case "slow":
+		msg = fmt.Sprintf("snapshot %s: %d bytes in %s, under the minimum rate of %d KiB/s", h.GetHash(), cur.received, now.Sub(cur.started).Round(time.Millisecond), a.cfg.MinRate>>10)
+	}
+	return &ChunkError{Code: codes.DeadlineExceeded, Reason: why, Msg: msg}
 }
 
 // Release returns the reservation of the snapshot Add returned last.
 func (a *Assembler) Release() {
-	if a.held {
-		a.held = false
-		a.cfg.Budget.release(a.cfg.Cluster)
+	if a.held != nil {
+		a.cfg.Budget.release(a.held)
+		a.held = nil
 	}
 }
 
 // drop forgets the snapshot in transit and returns its reservation.
 func (a *Assembler) drop() {
-	if a.cur != nil || a.held {
-		a.cur, a.held = nil, false
-		a.cfg.Budget.release(a.cfg.Cluster)
+	if a.cur != nil {
+		a.cfg.Budget.release(a.cur.res)
+		a.cur = nil
 	}
+	a.Release()
 }
 
 // Close drops everything; the stream ended.

@@ -173,24 +173,14 @@ func TestAssemblerBudget(t *testing.T) {
 	msgs := relaytest.Chunked("cluster-1", hash, data, 256)
 	clock := &fakeClock{t: time.Unix(1000, 0)}
 	size := int64(len(data))
-
-	// No room for the parts.
-	budget := newTestBudget(2*size - 1)
-	_, err := testAssembler(budget, clock).Add(msgs[0])
 	var ce *ChunkError
-	require.ErrorAs(t, err, &ce)
-	assert.Equal(t, codes.ResourceExhausted, ce.Code)
-	assert.Equal(t, "memory", ce.Reason)
-	assert.Contains(t, err.Error(), "the server's memory for snapshots in transit is in use")
-	assert.Zero(t, budget.InUse())
 
-	// Room for the parts, not for decoding them while another cluster
-	// holds the rest.
-	budget = newTestBudget(40 * size)
-	require.Nil(t, budget.reserve("cluster-2", 37*size))
+	// No room for a part: refused when it comes, not at the header.
+	budget := newTestBudget(256)
 	a := testAssembler(budget, clock)
-	_, err = a.Add(msgs[0])
-	require.NoError(t, err)
+	_, err := a.Add(msgs[0])
+	require.NoError(t, err, "a header reserves nothing")
+	assert.Zero(t, budget.InUse())
 	for _, m := range msgs[1:] {
 		if _, err = a.Add(m); err != nil {
 			break
@@ -198,10 +188,31 @@ func TestAssemblerBudget(t *testing.T) {
 	}
 	require.ErrorAs(t, err, &ce)
 	assert.Equal(t, codes.ResourceExhausted, ce.Code)
-	assert.Equal(t, 37*size, budget.InUse(), "only the other cluster's reservation is left")
-	budget.release("cluster-2")
+	assert.Equal(t, "memory", ce.Reason)
+	assert.Contains(t, err.Error(), "the server's memory for snapshots in transit is in use")
+	assert.Zero(t, budget.InUse())
+
+	// Room for the parts, not for decoding them while other clusters'
+	// snapshots are being checked (which are never preempted): refused.
+	budget = newTestBudget(40 * size)
+	other := holding(t, budget, "cluster-2", 20*size)
+	third := holding(t, budget, "cluster-3", 19*size)
+	budget.complete(other)
+	budget.complete(third)
+	a = testAssembler(budget, clock)
+	for _, m := range msgs {
+		if _, err = a.Add(m); err != nil {
+			break
+		}
+	}
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, codes.ResourceExhausted, ce.Code)
+	assert.Equal(t, 39*size, budget.InUse(), "only the other clusters' reservations are left")
+	budget.release(other)
+	budget.release(third)
 
 	// One snapshot of a cluster at a time, whatever the stream.
+	budget = newTestBudget(40 * size)
 	a, b := testAssembler(budget, clock), testAssembler(budget, clock)
 	_, err = a.Add(msgs[0])
 	require.NoError(t, err)
@@ -228,6 +239,280 @@ func TestAssemblerBudget(t *testing.T) {
 	require.NotNil(t, out)
 	require.ErrorIs(t, out.Err, ErrSnapshotRefused)
 	assert.Contains(t, out.Err.Error(), "decoding would take more than the server's memory for snapshots in transit")
+	assert.Zero(t, budget.InUse())
+}
+
+// holding opens cluster's reservation in budget with n bytes.
+func holding(t *testing.T, budget *SnapshotBudget, cluster string, n int64) *reservation {
+	t.Helper()
+	r, err := budget.open(cluster)
+	require.Nil(t, err)
+	if n > 0 {
+		require.Nil(t, budget.grow(r, n))
+	}
+	return r
+}
+
+// A cluster within its share gets room from the snapshots in transit
+// furthest over theirs, however many hold the budget; one over its share
+// gets only free room; a snapshot being checked keeps its memory.
+func TestSnapshotBudgetShares(t *testing.T) {
+	const limit = 1000
+	budget := newTestBudget(limit)
+	// Four hostile clusters hold everything, one of them twice the others.
+	h1 := holding(t, budget, "h1", 400)
+	h2 := holding(t, budget, "h2", 200)
+	h3 := holding(t, budget, "h3", 200)
+	h4 := holding(t, budget, "h4", 200)
+	require.EqualValues(t, limit, budget.InUse())
+
+	// A fifth cluster's share is 200: asking for 10 preempts h1, the one
+	// furthest over it; the others keep theirs.
+	legit := holding(t, budget, "legit", 0)
+	require.Nil(t, budget.grow(legit, 10))
+	assert.EqualValues(t, 610, budget.InUse())
+	assert.True(t, isClosed(h1.preempted), "h1 was preempted")
+	for _, h := range []*reservation{h2, h3, h4} {
+		assert.False(t, isClosed(h.preempted))
+	}
+	// h1's stream learns of it: whatever it asks for next is refused, and
+	// its release changes nothing.
+	err := budget.grow(h1, 1)
+	require.NotNil(t, err)
+	assert.Equal(t, "preempted", err.Reason)
+	assert.Equal(t, codes.ResourceExhausted, err.Code)
+	assert.Contains(t, err.Error(), "went to clusters within their share")
+	budget.release(h1)
+	assert.EqualValues(t, 610, budget.InUse())
+	// h1 may open a new reservation (its old stream is going).
+	h1 = holding(t, budget, "h1", 0)
+
+	// Over its share (1000/5 = 200), a cluster gets only free room: 390
+	// are free, h1 asks for 395.
+	err = budget.grow(h1, 395)
+	require.NotNil(t, err)
+	assert.Equal(t, "memory", err.Reason)
+	require.Nil(t, budget.grow(h1, 390))
+	// Now full; legit may grow to its share of 200, taking from h1 (390):
+	// the furthest over.
+	require.Nil(t, budget.grow(legit, 190))
+	assert.True(t, isClosed(h1.preempted))
+	assert.EqualValues(t, 200, budget.held(legit))
+	// Beyond its share, legit gets no more than what is free.
+	free := limit - budget.InUse()
+	assert.NotNil(t, budget.grow(legit, free+1))
+	require.Nil(t, budget.grow(legit, free))
+
+	// A complete snapshot (being checked) is never preempted: with nothing
+	// else over the share, a newcomer is refused.
+	budget = newTestBudget(limit)
+	big := holding(t, budget, "big", limit)
+	budget.complete(big)
+	newcomer := holding(t, budget, "newcomer", 0)
+	err = budget.grow(newcomer, 1)
+	require.NotNil(t, err)
+	assert.Equal(t, "memory", err.Reason)
+	assert.False(t, isClosed(big.preempted))
+	budget.release(big)
+	require.Nil(t, budget.grow(newcomer, limit))
+	budget.release(newcomer)
+	assert.Zero(t, budget.InUse())
+}
+
+// Many hostile clusters, each holding what it can: every legitimate small
+// snapshot still gets room, and the budget is never exceeded.
+func TestSnapshotBudgetManyHostileClusters(t *testing.T) {
+	const limit = 1 << 20
+	budget := newTestBudget(limit)
+	var hostile []*reservation
+	for i := range 64 {
+		r := holding(t, budget, fmt.Sprintf("hostile-%d", i), 0)
+		// Each asks for as much as it can get, in steps.
+		for budget.grow(r, 4<<10) == nil {
+		}
+		hostile = append(hostile, r)
+		require.LessOrEqual(t, budget.InUse(), int64(limit))
+	}
+	for i := range 32 {
+		legit := holding(t, budget, fmt.Sprintf("legit-%d", i), 0)
+		require.Nil(t, budget.grow(legit, 4<<10), "legit-%d gets room", i)
+		require.LessOrEqual(t, budget.InUse(), int64(limit))
+		budget.release(legit)
+	}
+	for _, r := range hostile {
+		budget.release(r)
+	}
+	assert.Zero(t, budget.InUse())
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// A header alone holds nothing, and is dropped once Idle passes without a
+// part; a stream that stops sending parts is dropped Idle after the last
+// one; one that drips parts under the minimum rate is dropped once its
+// first Idle has passed.
+func TestAssemblerDropsIdleAndSlowStreams(t *testing.T) {
+	data, hash := relaytest.Encode(t, relaytest.Snapshot(200))
+	msgs := relaytest.Chunked("cluster-1", hash, data, 256)
+	require.Greater(t, len(msgs), 40)
+	newAsm := func(clock *fakeClock, budget *SnapshotBudget) *Assembler {
+		return NewAssembler(AssemblerConfig{Cluster: "cluster-1", Budget: budget, Deadline: time.Minute, Idle: 5 * time.Second, MinRate: 1 << 10,
+			Now: clock.now, Limits: SnapshotLimits{MaxChunkedBytes: 64 << 10}, MaxPart: 256, MinPart: 64})
+	}
+	var ce *ChunkError
+
+	// A header only.
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	budget := newTestBudget(1 << 20)
+	a := newAsm(clock, budget)
+	_, err := a.Add(msgs[0])
+	require.NoError(t, err)
+	assert.Zero(t, budget.InUse(), "a header holds nothing")
+	due, ok := a.Deadline()
+	require.True(t, ok)
+	assert.Equal(t, clock.t.Add(5*time.Second), due, "due Idle after the header, not at the 1-minute deadline")
+	clock.t = due.Add(time.Millisecond)
+	_, err = a.Add(msgs[1])
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, codes.DeadlineExceeded, ce.Code)
+	assert.Equal(t, "idle", ce.Reason)
+	assert.Contains(t, err.Error(), "no part for 5s (0 of")
+	assert.Zero(t, budget.InUse())
+	// Or the stream's timer fires.
+	_, err = a.Add(msgs[0])
+	require.NoError(t, err)
+	err = a.Expire()
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, "idle", ce.Reason)
+
+	// What the whole snapshot holds once assembled.
+	a = newAsm(clock, budget)
+	var out *Assembled
+	for _, m := range msgs {
+		out, err = a.Add(m)
+		require.NoError(t, err)
+	}
+	require.NotNil(t, out)
+	require.NoError(t, out.Err)
+	whole := budget.InUse()
+	a.Close()
+
+	// Parts that stop (after 10 KiB, 10 s at the minimum rate): due Idle
+	// after the last one, holding only what came.
+	a = newAsm(clock, budget)
+	for _, m := range msgs[:41] {
+		_, err = a.Add(m)
+		require.NoError(t, err)
+		clock.t = clock.t.Add(10 * time.Millisecond)
+	}
+	assert.Positive(t, budget.InUse())
+	assert.Less(t, budget.InUse(), whole*2/3, "what came of %d parts, not what the header announced", len(msgs)-2)
+	due, _ = a.Deadline()
+	assert.Equal(t, clock.t.Add(-10*time.Millisecond).Add(5*time.Second), due)
+	clock.t = due.Add(time.Millisecond)
+	err = a.Expire()
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, "idle", ce.Reason)
+	assert.Zero(t, budget.InUse())
+
+	// A drip: a part of 256 bytes every 4 s (64 B/s), under Idle each
+	// time, under the minimum rate of 1 KiB/s: refused once the first 5 s
+	// have passed.
+	a = newAsm(clock, budget)
+	start := clock.t
+	_, err = a.Add(msgs[0])
+	require.NoError(t, err)
+	for _, m := range msgs[1:] {
+		clock.t = clock.t.Add(4 * time.Second)
+		if _, err = a.Add(m); err != nil {
+			break
+		}
+	}
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, codes.DeadlineExceeded, ce.Code)
+	assert.Equal(t, "slow", ce.Reason)
+	assert.Contains(t, err.Error(), "under the minimum rate of 1 KiB/s")
+	assert.Equal(t, start.Add(8*time.Second), clock.t, "refused at the first part after the grace")
+	assert.Zero(t, budget.InUse())
+
+	// The same parts at the rate: accepted.
+	a = newAsm(clock, budget)
+	for _, m := range msgs {
+		out, err = a.Add(m)
+		require.NoError(t, err)
+		clock.t = clock.t.Add(100 * time.Millisecond) // 2.5 KiB/s
+	}
+	require.NotNil(t, out)
+	require.NoError(t, out.Err)
+	a.Close()
+	assert.Zero(t, budget.InUse())
+}
+
+// A snapshot in transit whose memory the budget took back is refused at
+// its next message, or by the stream's Expire on Preempted.
+func TestAssemblerPreempted(t *testing.T) {
+	data, hash := relaytest.Encode(t, relaytest.Snapshot(20))
+	msgs := relaytest.Chunked("cluster-1", hash, data, 256)
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	// What three messages hold, measured on a budget of their own.
+	dry := newTestBudget(1 << 20)
+	a := testAssembler(dry, clock)
+	for _, m := range msgs[:3] {
+		_, err := a.Add(m)
+		require.NoError(t, err)
+	}
+	held := dry.InUse()
+	require.Positive(t, held)
+	a.Close()
+
+	// A budget in which they are over their share of two.
+	budget := newTestBudget(held + held/2)
+	a = testAssembler(budget, clock)
+	assert.Nil(t, a.Preempted(), "nothing in transit")
+	for _, m := range msgs[:3] {
+		_, err := a.Add(m)
+		require.NoError(t, err)
+	}
+	require.Equal(t, held, budget.InUse())
+	// Another cluster takes what is free, then asks for more within its
+	// share.
+	other := holding(t, budget, "cluster-2", held/2)
+	select {
+	case <-a.Preempted():
+		t.Fatal("preempted while there was room")
+	default:
+	}
+	require.Nil(t, budget.grow(other, 10))
+	<-a.Preempted()
+	assert.Equal(t, held/2+10, budget.InUse(), "cluster-1's memory went back at once")
+	err := a.Expire()
+	var ce *ChunkError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, codes.ResourceExhausted, ce.Code)
+	assert.Equal(t, "preempted", ce.Reason)
+	_, inTransit := a.Deadline()
+	assert.False(t, inTransit)
+	budget.release(other)
+	assert.Zero(t, budget.InUse())
+
+	// Preempted between two messages: the next one is refused.
+	a = testAssembler(budget, clock)
+	for _, m := range msgs[:3] {
+		_, err := a.Add(m)
+		require.NoError(t, err)
+	}
+	other = holding(t, budget, "cluster-2", held/2+10)
+	_, err = a.Add(msgs[3])
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, "preempted", ce.Reason)
+	budget.release(other)
 	assert.Zero(t, budget.InUse())
 }
 

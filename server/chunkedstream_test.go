@@ -53,8 +53,9 @@ func newChunkHarness(t testing.TB) *chunkHarness {
 func (h *chunkHarness) stream() *chunkedStream {
 	c := h.d.newChunkedStream(h.agent, h.clock.now)
 	// The assembler of newChunkedStream, with small parts.
-	c.asm = relay.NewAssembler(relay.AssemblerConfig{Cluster: h.agent.cluster, Limits: h.d.cfg.Limits, Budget: h.d.snapshotBudget(),
-		Deadline: h.d.cfg.SnapshotDeadline, Now: h.clock.now, MaxPart: 256, MinPart: 64})
+	cfg := h.d.assemblerConfig(h.agent.cluster, h.clock.now)
+	cfg.MaxPart, cfg.MinPart = 256, 64
+	c.asm = relay.NewAssembler(cfg)
 	return c
 }
 

@@ -31,9 +31,20 @@ type DataPathConfig struct {
 	// SnapshotDeadline bounds the time from a chunked snapshot's header to
 	// its end (PushChunked); default 60 s, room for 64 MiB at 10 Mbit/s.
 	SnapshotDeadline time.Duration
+	// SnapshotIdle is how long a chunked snapshot in transit may go
+	// without a part, and SnapshotMinRate (bytes per second) the least
+	// average rate of its parts after its first SnapshotIdle; defaults
+	// relay.DefaultSnapshotIdle (10 s) and relay.DefaultSnapshotMinRate
+	// (64 KiB/s). A snapshot that stalls is refused (DeadlineExceeded).
+	SnapshotIdle    time.Duration
+	SnapshotMinRate int64
 	// SnapshotMemory is the server-wide memory for snapshots in transit:
 	// the buffered parts of every chunked push, then the memory decoding
-	// them takes, until each is accepted or refused; default 512 MiB. A
+	// them takes, until each is accepted or refused; default 512 MiB. It
+	// is reserved as parts arrive, never for what a header announces, and
+	// shared fairly: a cluster whose snapshot fits its share (the memory
+	// divided by the clusters holding some) gets room, from the snapshots
+	// furthest over their share if need be (relay.SnapshotBudget). A
 	// snapshot that finds no room is refused (ResourceExhausted) and the
 	// agent sends it again later. A 100,000-pod snapshot takes about
 	// 200 MiB of it for the moment it is decoded and checked.
@@ -175,8 +186,9 @@ func (d *discoveryService) ingest(a *agent, snap *relaypb.Snapshot, hash string,
 
 // PushChunked implements relaypb.DiscoveryServer: snapshots of up to
 // Limits.MaxChunkedBytes in parts (see relay.proto and chunks.go). A
-// broken framing, a missed deadline, or no room or rate for a snapshot
-// ends the stream (the agent opens a new one after a pause); a complete
+// broken framing, a missed deadline, a stall, no room or rate for a
+// snapshot, or its memory preempted for a cluster within its share ends
+// the stream (the agent opens a new one after a pause); a complete
 // snapshot is checked like one pushed whole and answered with an ack.
 func (d *discoveryService) PushChunked(stream relaypb.Discovery_PushChunkedServer) error {
 	m := d.s.cfg.Metrics
@@ -199,6 +211,8 @@ func (d *discoveryService) PushChunked(stream relaypb.Discovery_PushChunkedServe
 		case err := <-recvErr:
 			return ignoreEOF(err)
 		case <-timer.C:
+			return c.expire()
+		case <-c.asm.Preempted():
 			return c.expire()
 		case chunk = <-msgs:
 		}
@@ -232,12 +246,18 @@ type chunkedStream struct {
 // newChunkedStream starts a stream of the authenticated agent a; now is
 // the clock of its deadline.
 func (d *discoveryService) newChunkedStream(a *agent, now func() time.Time) *chunkedStream {
+	return &chunkedStream{d: d, a: a, lim: d.limiter(a.cluster), asm: relay.NewAssembler(d.assemblerConfig(a.cluster, now))}
+}
+
+// assemblerConfig is how the chunked snapshots of cluster are put
+// together.
+func (d *discoveryService) assemblerConfig(cluster string, now func() time.Time) relay.AssemblerConfig {
 	deadline := d.cfg.SnapshotDeadline
 	if deadline <= 0 {
 		deadline = defaultSnapshotDeadline
 	}
-	return &chunkedStream{d: d, a: a, lim: d.limiter(a.cluster),
-		asm: relay.NewAssembler(relay.AssemblerConfig{Cluster: a.cluster, Limits: d.cfg.Limits, Budget: d.snapshotBudget(), Deadline: deadline, Now: now})}
+	return relay.AssemblerConfig{Cluster: cluster, Limits: d.cfg.Limits, Budget: d.snapshotBudget(), Deadline: deadline,
+		Idle: d.cfg.SnapshotIdle, MinRate: d.cfg.SnapshotMinRate, Now: now}
 }
 
 // take handles the stream's next message. It returns the ack of the
@@ -264,7 +284,8 @@ func (c *chunkedStream) take(chunk *relaypb.SnapshotChunk) (*relaypb.PushAck, er
 	return d.ingest(a, out.Snapshot, out.Hash, out.Size, problem, "invalid")
 }
 
-// expire refuses the snapshot in transit: its deadline passed.
+// expire refuses the snapshot in transit: a limit of its time passed, or
+// its memory was preempted.
 func (c *chunkedStream) expire() error { return c.d.refuseStream(c.a, c.asm.Expire()) }
 
 // close returns what the stream held; it ended.

@@ -38,12 +38,18 @@ type SnapshotStore interface {
 //     accepts (a keyed work queue: the latest wins, failures are retried,
 //     and every Resync, or when the store comes back, a record that is not
 //     the one it wrote is written again — an emptied store is refilled by
-//     the replicas that hold the sessions);
+//     the replicas that hold the sessions). It writes it again at once when
+//     a replica of its own refuses the stored one (forged, or an older one
+//     written back) or the record is announced deleted while the cluster
+//     is registered;
 //   - every replica watches the store and keeps every cluster's Workloads,
 //     which translation and the dashboard read instead of Workload objects
 //     (Workloads, OnChange). While the store is unreachable it keeps the
 //     last ones it read: translation goes on with them rather than with a
-//     view that has holes;
+//     view that has holes. It drops a cluster's Workloads only when its
+//     registry says the cluster is gone: a record deleted from the store,
+//     or a forged delete announcement, changes nothing of a registered
+//     cluster;
 //   - the Lease holder deletes the records of clusters no longer registered
 //     (Collect).
 //
@@ -56,7 +62,7 @@ type SharedSnapshots struct {
 
 	mu        sync.RWMutex
 	clusters  map[string]*sharedCluster
-	written   map[string]string // cluster → store time of this replica's last write
+	written   map[string]string // cluster → mark of this replica's last write (snapshots.Store.Put)
 	listeners []func()
 	version   atomic.Uint64
 	synced    chan struct{}
@@ -171,25 +177,26 @@ func (s *SharedSnapshots) write(ctx context.Context, cluster string) error {
 		// to another replica (which writes it).
 		return nil
 	}
-	at, err := s.cfg.Store.Put(ctx, snapshots.Record{Cluster: cluster, Snapshot: cv.Snapshot, Replica: s.cfg.Replica, AcceptedAt: cv.AcceptedAt})
+	written, err := s.cfg.Store.Put(ctx, snapshots.Record{Cluster: cluster, Snapshot: cv.Snapshot, Replica: s.cfg.Replica, AcceptedAt: cv.AcceptedAt})
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
-	s.written[cluster] = at
+	s.written[cluster] = written
 	s.mu.Unlock()
 	return nil
 }
 
 // resync queues every cluster this replica holds whose record in the
-// store is not the one it wrote (the store was emptied, or another
-// replica's late write replaced it).
+// store is not the one it wrote (the store was emptied, another replica's
+// late write replaced it, or someone wrote an older record back): the
+// marks differ.
 func (s *SharedSnapshots) resync(ctx context.Context) {
 	for cluster, cv := range s.cfg.View.Clusters() {
 		if cv.Snapshot == nil || (s.cfg.Owns != nil && !s.cfg.Owns(cluster)) {
 			continue
 		}
-		at, err := s.cfg.Store.Stamp(ctx, cluster)
+		stored, err := s.cfg.Store.Stamp(ctx, cluster)
 		if err != nil {
 			s.log.Warn("could not compare with the snapshot store", "error", err)
 			return
@@ -197,7 +204,7 @@ func (s *SharedSnapshots) resync(ctx context.Context) {
 		s.mu.RLock()
 		mine := s.written[cluster]
 		s.mu.RUnlock()
-		if at == "" || at != mine {
+		if stored == "" || stored != mine {
 			s.queue.Add(cluster)
 		}
 	}
@@ -226,6 +233,14 @@ func (s *SharedSnapshots) Collect(ctx context.Context) error {
 // Changed implements snapshots.Handler.
 func (s *SharedSnapshots) Changed(e snapshots.Event) {
 	if e.Record == nil {
+		if s.cfg.Registered(e.Cluster) {
+			// Deleted, though the cluster is registered: not Collect's
+			// doing. Keep its last verified Workloads; the replica holding
+			// its session writes the record again.
+			s.log.Warn("the stored snapshot of a registered cluster was deleted; keeping its last verified one", "cluster", e.Cluster)
+			s.rewrite(e.Cluster)
+			return
+		}
 		s.mu.Lock()
 		_, had := s.clusters[e.Cluster]
 		delete(s.clusters, e.Cluster)
@@ -258,6 +273,23 @@ func (s *SharedSnapshots) Changed(e snapshots.Event) {
 	s.clusters[e.Cluster] = &sharedCluster{at: e.At, hash: snap.GetHash(), workloads: ws}
 	s.mu.Unlock()
 	s.changed()
+}
+
+// Refused implements snapshots.RefusedHandler: the store holds a record
+// of cluster that does not verify or is older than one read before. The
+// Workloads stay as they were; if this replica holds the cluster's
+// session, it writes the record again now.
+func (s *SharedSnapshots) Refused(cluster string, err error) {
+	s.rewrite(cluster)
+}
+
+// rewrite queues cluster's snapshot for writing if this replica holds it.
+func (s *SharedSnapshots) rewrite(cluster string) {
+	if s.cfg.Owns != nil && !s.cfg.Owns(cluster) || !s.cfg.View.Has(cluster) {
+		return
+	}
+	s.log.Info("writing this replica's snapshot of the cluster to the store again", "cluster", cluster)
+	s.queue.Add(cluster)
 }
 
 // Synced implements snapshots.Handler.

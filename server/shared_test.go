@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/snapshots"
@@ -251,4 +252,131 @@ func TestGuardTellsACutFromAStoreThatIsDown(t *testing.T) {
 	}
 	ok, _ = r.shared.Reachable()
 	assert.True(t, ok)
+}
+
+// storeOf is a store client of the replicas' Redis, as a replica opens one
+// (a fresh one has seen nothing).
+func storeOf(t *testing.T, redis *localcluster.Redis) *snapshots.Store {
+	t.Helper()
+	store, err := snapshots.New(snapshots.Config{Address: redis.Address(), Password: redis.Password(), TLS: redis.TLS(), Key: bytes.Repeat([]byte{1}, 32), Timeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	return store
+}
+
+// rawRedis is someone with write access to Redis, without the replicas'
+// key.
+func rawRedis(t *testing.T, redis *localcluster.Redis) *goredis.Client {
+	c := goredis.NewClient(&goredis.Options{Addr: redis.Address(), Password: redis.Password(), TLSConfig: redis.TLS(), Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// syncAll makes every replica handle what was published before: a new
+// snapshot of west on a, which each delivers after what came before it.
+func syncAll(t *testing.T, a *replica, n int, all ...*replica) {
+	t.Helper()
+	west := fleet.SnapshotSpec{Services: n}.Snapshot("west")
+	a.view.Accept("west", west, time.Now())
+	for _, r := range all {
+		require.Eventually(t, func() bool { return len(names(r)["west"]) == len(west.GetWorkloads()) }, 10*time.Second, 10*time.Millisecond)
+	}
+}
+
+// A bare PUBLISH of a delete announcement for a registered cluster (no
+// record touched, no key) removes none of its Workloads on any replica;
+// nor does deleting its record as well (someone with write access to
+// Redis): the replicas keep its last verified Workloads, and the replica
+// holding its session writes the record again at once.
+func TestAForgedAnnouncementRemovesNoWorkload(t *testing.T) {
+	redis, err := localcluster.StartRedis(t.Context(), localcluster.RedisConfig{Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = redis.Stop() })
+	regs := &registrations{names: map[string]bool{"east": true, "west": true}}
+	a := startReplica(t, redis, "a", regs)
+	b := startReplica(t, redis, "b", regs)
+	east := fleet.SnapshotSpec{Services: 4}.Snapshot("east")
+	a.view.Accept("east", east, time.Now())
+	for _, r := range []*replica{a, b} {
+		require.Eventually(t, func() bool { return len(names(r)["east"]) == len(east.GetWorkloads()) }, 10*time.Second, 10*time.Millisecond)
+	}
+	want := names(b)["east"]
+	c := rawRedis(t, redis)
+	ctx := t.Context()
+
+	require.NoError(t, c.Publish(ctx, "relaymesh:snapshots", "del east").Err())
+	syncAll(t, a, 1, a, b)
+	for _, r := range []*replica{a, b} {
+		assert.Equal(t, want, names(r)["east"], "a forged delete announcement removes nothing")
+	}
+
+	require.NoError(t, c.Del(ctx, "relaymesh:snapshot:east").Err())
+	require.NoError(t, c.Publish(ctx, "relaymesh:snapshots", "del east").Err())
+	syncAll(t, a, 2, a, b)
+	for _, r := range []*replica{a, b} {
+		assert.Equal(t, want, names(r)["east"], "nor does deleting the record of a registered cluster")
+	}
+	store := storeOf(t, redis)
+	require.Eventually(t, func() bool {
+		rec, _, err := store.Get(ctx, "east")
+		return err == nil && rec.Snapshot.GetHash() == east.GetHash()
+	}, 10*time.Second, 20*time.Millisecond, "the replica holding east's session wrote it again")
+}
+
+// An older, genuine record of a cluster written back to Redis does not
+// bring back a workload the cluster no longer has, on any replica that
+// had read the newer one; the replica holding the session writes the
+// newer record again at once. A replica started after a replay that was
+// not announced has seen nothing, and takes the replayed record (the
+// residual): until the session's replica compares the store with what it
+// wrote (every Resync, 1 s here) and writes it again.
+func TestAReplayedRecordBringsNoWorkloadBack(t *testing.T) {
+	redis, err := localcluster.StartRedis(t.Context(), localcluster.RedisConfig{Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = redis.Stop() })
+	regs := &registrations{names: map[string]bool{"east": true, "west": true}}
+	a := startReplica(t, redis, "a", regs)
+	b := startReplica(t, redis, "b", regs)
+	ctx := t.Context()
+	c := rawRedis(t, redis)
+
+	before := fleet.SnapshotSpec{Services: 4}.Snapshot("east")
+	a.view.Accept("east", before, time.Now())
+	require.Eventually(t, func() bool { return len(names(b)["east"]) == len(before.GetWorkloads()) }, 10*time.Second, 10*time.Millisecond)
+	old, err := c.HGet(ctx, "relaymesh:snapshot:east", "rec").Result()
+	require.NoError(t, err)
+	// A workload is removed from east.
+	after := fleet.SnapshotSpec{Services: 3}.Snapshot("east")
+	a.view.Accept("east", after, time.Now())
+	for _, r := range []*replica{a, b} {
+		require.Eventually(t, func() bool { return len(names(r)["east"]) == len(after.GetWorkloads()) }, 10*time.Second, 10*time.Millisecond)
+	}
+	want := names(b)["east"]
+
+	// Written back, and announced as a replica would.
+	require.NoError(t, c.HSet(ctx, "relaymesh:snapshot:east", "rec", old, "at", "9999999999999999", "hash", before.GetHash()).Err())
+	require.NoError(t, c.Publish(ctx, "relaymesh:snapshots", "put 9999999999999999 x east").Err())
+	syncAll(t, a, 1, a, b)
+	for _, r := range []*replica{a, b} {
+		assert.Equal(t, want, names(r)["east"], "the removed workload did not come back")
+	}
+	store := storeOf(t, redis)
+	require.Eventually(t, func() bool {
+		rec, _, err := store.Get(ctx, "east")
+		return err == nil && rec.Snapshot.GetHash() == after.GetHash()
+	}, 10*time.Second, 20*time.Millisecond, "the replica holding east's session wrote the newer record again")
+
+	// Written back without an announcement: no replica reads it; one
+	// started now does, until a's next comparison rewrites it.
+	require.NoError(t, c.HSet(ctx, "relaymesh:snapshot:east", "rec", old).Err())
+	start := time.Now()
+	fresh := startReplica(t, redis, "c", regs)
+	tookReplay := len(names(fresh)["east"]) == len(before.GetWorkloads())
+	require.Eventually(t, func() bool { return assert.ObjectsAreEqual(want, names(fresh)["east"]) }, 20*time.Second, 20*time.Millisecond,
+		"the replica started after the replay converges once the record is written again")
+	t.Logf("a replica started after an unannounced replay: took the replayed record at start: %v; had the current one %s after it started",
+		tookReplay, time.Since(start).Round(time.Millisecond))
+	for _, r := range []*replica{a, b} {
+		assert.Equal(t, want, names(r)["east"], "the replicas that had read the newer record never took the replay")
+	}
 }

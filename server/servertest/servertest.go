@@ -108,9 +108,11 @@ type Options struct {
 	GlobalFailureBurst      int
 	GlobalFailuresPerMinute float64
 
-	// SnapshotDeadline and SnapshotMemory bound chunked pushes (default:
-	// the server's).
+	// SnapshotDeadline, SnapshotIdle, SnapshotMinRate and SnapshotMemory
+	// bound chunked pushes (default: the server's).
 	SnapshotDeadline time.Duration
+	SnapshotIdle     time.Duration
+	SnapshotMinRate  int64
 	SnapshotMemory   int64
 }
 
@@ -163,7 +165,7 @@ func New(t testing.TB, o Options) *Server {
 	var dp *server.DataPathConfig
 	if o.DataPath {
 		dp = &server.DataPathConfig{View: server.NewView(), Outputs: server.NewOutputs(time.Now()), Limits: o.Limits, SnapshotBurst: o.SnapshotBurst,
-			SnapshotDeadline: o.SnapshotDeadline, SnapshotMemory: o.SnapshotMemory}
+			SnapshotDeadline: o.SnapshotDeadline, SnapshotIdle: o.SnapshotIdle, SnapshotMinRate: o.SnapshotMinRate, SnapshotMemory: o.SnapshotMemory}
 		dp.Outputs.MarkReady()
 	}
 	srv, err := server.NewServer(server.ServerConfig{

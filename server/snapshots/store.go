@@ -8,20 +8,28 @@
 //
 // The store is trusted for availability, not for content. Every record is
 // authenticated with a key only the replicas hold (HMAC-SHA256 over the
-// cluster's name and the snapshot's bytes): a store that is compromised, or
-// anyone else who can write to it, can withhold or delete records and
-// replay an older record of the same cluster, but cannot forge a workload,
-// change one, or move a record to another cluster. A record that does not
-// verify is refused, logged and counted, and the last good one stays.
+// record's sequence, the cluster's name and the snapshot's bytes): a store
+// that is compromised, or anyone else who can write to it, can withhold or
+// delete records, but cannot forge a workload, change one, or move a
+// record to another cluster; and a replica refuses a record older than
+// one of its cluster it has seen (a replay). A record that does not verify
+// is refused, logged and counted, and the last good one stays.
+// Announcements are not authenticated, and carry nothing a replica acts on
+// without reading and verifying the record or confirming its absence (see
+// announcement). What remains open to someone with write access to the
+// store: a replica that restarted has seen nothing yet, and takes the
+// newest record it finds, replayed or not, until the replica holding the
+// cluster's session writes it again (docs/design/2026-12-01-snapshot-
+// record-sequence.md).
 //
 // The connection is TLS with a password by default; plaintext is a named
 // opt-in (Config.AllowPlaintext).
 //
 // Layout, under Config.Prefix (default "relaymesh:"):
 //
-//	snapshot:<cluster>  hash: rec = the record, at = when Redis stored it
-//	                    (its own clock, microseconds: one order for all
-//	                    replicas), hash = the snapshot's hash
+//	snapshot:<cluster>  hash: rec = the record (record.go), at = when Redis
+//	                    stored it (its own clock, microseconds), hash = the
+//	                    snapshot's hash; at and hash are not authenticated
 //	snapshots           channel: "put <at> <hash> <cluster>" after every
 //	                    write, "del <cluster>" after a delete
 package snapshots
@@ -34,6 +42,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -68,6 +77,9 @@ type Config struct {
 	// Timeout of one command (default 5s); a dial gets half of it, and a
 	// quiet subscription is pinged after half of it.
 	Timeout time.Duration
+	// Now is the clock whose nanoseconds the sequences of the records this
+	// replica writes start from (default time.Now); see Put.
+	Now func() time.Time
 	// Logger (default: discard) and Registerer (optional) for
 	// relaymesh_snapshot_store_requests_total and
 	// relaymesh_snapshot_store_subscribed.
@@ -106,6 +118,9 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	c.Limits = c.Limits.WithDefaults()
 	return c
 }
@@ -122,6 +137,11 @@ type Store struct {
 	log        *slog.Logger
 	requests   *prometheus.CounterVec
 	subscribed prometheus.Gauge
+
+	mu sync.Mutex
+	// newest is, per cluster, the greatest sequence this Store has read
+	// (and verified) or written: an older record is a replay.
+	newest map[string]uint64
 }
 
 // New returns a store for cfg; it connects lazily (Ping to check now).
@@ -130,9 +150,9 @@ func New(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Store{cfg: cfg, log: cfg.Logger.With("component", "snapshot-store"),
+	s := &Store{cfg: cfg, log: cfg.Logger.With("component", "snapshot-store"), newest: map[string]uint64{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRequests,
-			Help: "Requests of the replicas' snapshot store (Redis), by operation (put, get, delete, list, watch) and result (ok, error, refused)."}, []string{"operation", "result"}),
+			Help: "Requests of the replicas' snapshot store (Redis), by operation (put, get, delete, list, watch) and result (ok, error, refused, replayed)."}, []string{"operation", "result"}),
 		subscribed: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricSubscribed,
 			Help: "1 while this replica is subscribed to the snapshot store's changes, else 0 (it then serves the last snapshots it read)."}),
 	}
@@ -182,7 +202,7 @@ func (s *Store) key(cluster string) string { return s.cfg.Prefix + "snapshot:" +
 func (s *Store) channel() string           { return s.cfg.Prefix + "snapshots" }
 
 // putScript stores a record and announces it, atomically; "at" is Redis's
-// own clock, so every replica's writes have one order.
+// own clock.
 // The record's snapshot hash is stored and announced beside it, so a
 // replica that holds that content already need not read the record again
 // (after Redis restarted empty, every replica rewrites what it holds). The
@@ -202,13 +222,25 @@ redis.call('PUBLISH', KEYS[2], 'del ' .. ARGV[1])
 return n
 `)
 
+// markScript returns the mark of a stored record (its first bytes: magic
+// and MAC), or "" if there is none, without sending the record.
+var markScript = redis.NewScript(fmt.Sprintf(`
+local r = redis.call('HGET', KEYS[1], 'rec')
+if not r then return '' end
+return string.sub(r, 1, %d)
+`, markBytes))
+
 // Put stores r as its cluster's latest snapshot and announces it to every
-// replica. It returns the store's time of the write, which Stamp reads
-// back.
+// replica. It gives the record its sequence: this replica's clock in
+// nanoseconds, or one more than the newest it has seen of the cluster if
+// that is greater (so a record is newer than every one its writer read,
+// whatever the clocks of the replicas that wrote them). It returns the
+// record's mark, which Stamp reads back while the store holds it.
 func (s *Store) Put(ctx context.Context, r Record) (string, error) {
 	if err := checkCluster(r.Cluster); err != nil {
 		return "", err
 	}
+	r.Sequence = s.nextSequence(r.Cluster)
 	rec, err := seal(s.cfg.Key, r)
 	if err != nil {
 		return "", err
@@ -218,32 +250,58 @@ func (s *Store) Put(ctx context.Context, r Record) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout+time.Duration(len(rec)>>20)*time.Second)
 	defer cancel()
-	at, err := putScript.Run(ctx, s.rdb, []string{s.key(r.Cluster), s.channel()}, rec, r.Cluster, r.Snapshot.GetHash()).Text()
+	err = putScript.Run(ctx, s.rdb, []string{s.key(r.Cluster), s.channel()}, rec, r.Cluster, r.Snapshot.GetHash()).Err()
 	s.count("put", err)
 	if err != nil {
 		return "", fmt.Errorf("store the snapshot of cluster %s: %w", r.Cluster, s.wrap(err))
 	}
-	return at, nil
+	return mark(rec), nil
 }
 
-// Stamp returns the store's time of cluster's record ("" if none): a
-// cheap way to tell whether the record is still the one a replica wrote.
+// nextSequence is the sequence of cluster's next record, now the newest.
+func (s *Store) nextSequence(cluster string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seq := max(uint64(max(s.cfg.Now().UnixNano(), 0)), s.newest[cluster]+1)
+	s.newest[cluster] = seq
+	return seq
+}
+
+// admit reports whether a verified record of cluster with seq is not older
+// than the newest this Store has seen of it, which it then is.
+func (s *Store) admit(cluster string, seq uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seq < s.newest[cluster] {
+		return false
+	}
+	s.newest[cluster] = seq
+	return true
+}
+
+// Stamp returns the mark of cluster's stored record ("" if none): its
+// magic and MAC, which only the record this replica sealed for that
+// snapshot and sequence carries, read without sending the record. The
+// replica holding a cluster's session compares it with what Put returned,
+// to write again a record that was replaced, deleted or written back.
 func (s *Store) Stamp(ctx context.Context, cluster string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	at, err := s.rdb.HGet(ctx, s.key(cluster), "at").Result()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
-	}
+	m, err := markScript.Run(ctx, s.rdb, []string{s.key(cluster)}).Text()
 	s.count("get", err)
 	if err != nil {
 		return "", s.wrap(err)
 	}
-	return at, nil
+	if m == "" {
+		return "", nil
+	}
+	return mark([]byte(m)), nil
 }
 
 // Get reads and verifies cluster's record and the store's time of it. A
-// record that does not verify is ErrRecord; none stored, ErrNotFound.
+// record that does not verify is ErrRecord; one older than a record of the
+// cluster this Store has read or written, ErrReplayed (which wraps
+// ErrRecord); none stored, ErrNotFound.
 func (s *Store) Get(ctx context.Context, cluster string) (*Record, string, error) {
 	if err := checkCluster(cluster); err != nil {
 		return nil, "", err
@@ -266,8 +324,24 @@ func (s *Store) Get(ctx context.Context, cluster string) (*Record, string, error
 		s.requests.WithLabelValues("get", "refused").Inc()
 		return nil, at, err
 	}
+	if !s.admit(cluster, r.Sequence) {
+		s.requests.WithLabelValues("get", "replayed").Inc()
+		return nil, at, ErrReplayed
+	}
 	s.count("get", nil)
 	return r, at, nil
+}
+
+// exists tells whether cluster has a record.
+func (s *Store) exists(ctx context.Context, cluster string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	n, err := s.rdb.Exists(ctx, s.key(cluster)).Result()
+	s.count("get", err)
+	if err != nil {
+		return false, s.wrap(err)
+	}
+	return n > 0, nil
 }
 
 // Delete removes cluster's record (it was deregistered) and announces it.

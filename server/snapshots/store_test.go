@@ -89,26 +89,33 @@ func TestPutGetDelete(t *testing.T) {
 
 	snap := snapshot(t, "east", 3)
 	accepted := time.Unix(1_800_000_000, 5)
-	at, err := s.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: snap, Replica: "replica-0", AcceptedAt: accepted})
+	before := time.Now()
+	mark, err := s.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: snap, Replica: "replica-0", AcceptedAt: accepted})
 	require.NoError(t, err)
-	assert.Regexp(t, `^[0-9]{16,}$`, at)
+	assert.Regexp(t, `^[0-9a-f]{72}$`, mark, "magic and MAC")
 
-	got, gotAt, err := s.Get(ctx, "east")
+	got, at, err := s.Get(ctx, "east")
 	require.NoError(t, err)
-	assert.Equal(t, at, gotAt)
+	assert.Regexp(t, `^[0-9]{16,}$`, at, "the store's own time")
 	assert.Equal(t, "east", got.Cluster)
 	assert.Equal(t, "replica-0", got.Replica)
 	assert.True(t, accepted.Equal(got.AcceptedAt))
 	assert.Equal(t, snap.GetHash(), got.Snapshot.GetHash())
 	assert.Len(t, got.Snapshot.GetWorkloads(), 3)
+	assert.GreaterOrEqual(t, got.Sequence, uint64(before.UnixNano()), "the writer's clock in nanoseconds")
 
 	stamp, err := s.Stamp(ctx, "east")
 	require.NoError(t, err)
-	assert.Equal(t, at, stamp)
+	assert.Equal(t, mark, stamp, "Stamp reads back the mark of the record Put wrote")
 
-	// A later write has a later store time, whichever replica made it.
-	at2, err := s.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: snapshot(t, "east", 4), Replica: "replica-1", AcceptedAt: accepted.Add(-time.Hour)})
+	// A later write has a later sequence and another mark, whatever the
+	// time it says it was accepted.
+	mark2, err := s.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: snapshot(t, "east", 4), Replica: "replica-1", AcceptedAt: accepted.Add(-time.Hour)})
 	require.NoError(t, err)
+	assert.NotEqual(t, mark, mark2)
+	got2, at2, err := s.Get(ctx, "east")
+	require.NoError(t, err)
+	assert.Greater(t, got2.Sequence, got.Sequence)
 	assert.Greater(t, at2, at)
 
 	_, err = s.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: snapshot(t, "west", 1)})
@@ -220,12 +227,20 @@ func (r *recorder) counts() (synced, lost, clusters int) {
 
 func watch(t *testing.T, s *snapshots.Store) *recorder {
 	rec := newRecorder()
+	watchWith(t, s, rec)
+	return rec
+}
+
+// watchWith runs s.Watch with h, which holds rec, until the test ends.
+func watchWith(t *testing.T, s *snapshots.Store, h interface {
+	snapshots.Handler
+	counts() (int, int, int)
+}) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { _ = s.Watch(ctx, rec); close(done) }()
+	go func() { _ = s.Watch(ctx, h); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	require.Eventually(t, func() bool { synced, _, _ := rec.counts(); return synced > 0 }, 10*time.Second, 20*time.Millisecond)
-	return rec
+	require.Eventually(t, func() bool { synced, _, _ := h.counts(); return synced > 0 }, 10*time.Second, 20*time.Millisecond)
 }
 
 func TestWatch(t *testing.T) {

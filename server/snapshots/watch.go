@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,8 +22,12 @@ type Event struct {
 // Handler receives a Watch's events on the Watch's goroutine, one at a
 // time.
 type Handler interface {
-	// Changed is called with a cluster's new record, or nil Record when it
-	// was deleted.
+	// Changed is called with a cluster's new record, verified and not
+	// older than one the Watch delivered, or nil Record once a delete was
+	// announced and the store holds no record of the cluster. A delete
+	// announcement is not authenticated (anyone who can write to the store
+	// can DEL a record and announce it): the handler MUST NOT drop what it
+	// holds of a cluster its own registry still lists.
 	Changed(Event)
 	// Synced is called after the watch (re)subscribed and compared every
 	// stored record with what it had delivered: the handler holds the
@@ -36,6 +39,14 @@ type Handler interface {
 	// Lost is called when the subscription ended (the connection dropped
 	// or stopped answering); the handler keeps what it has until Synced.
 	Lost(error)
+}
+
+// RefusedHandler is a Handler that is also told of every record the Watch
+// refused (ErrRecord: it does not verify, or it is a replay, ErrReplayed):
+// the store no longer holds a good record of that cluster, and the
+// replica holding its session should write it again.
+type RefusedHandler interface {
+	Refused(cluster string, err error)
 }
 
 // Watch delivers every change of every cluster's record to h until ctx
@@ -135,28 +146,33 @@ func (s *Store) changed(ctx context.Context, h Handler, seen map[string]stamp, c
 	}
 }
 
-// announced handles one announcement.
+// announced handles one announcement; none is authenticated, so none is
+// acted on alone (see announcement): a put is a reason to read the record
+// and verify it, a delete is delivered only if the store confirms that
+// the record is gone.
 func (s *Store) announced(ctx context.Context, h Handler, seen map[string]stamp, payload string) {
-	op, rest, _ := strings.Cut(payload, " ")
-	switch op {
-	case "put":
-		fields := strings.Fields(rest)
-		if len(fields) != 3 || checkCluster(fields[2]) != nil {
-			s.log.Warn("ignored a malformed announcement in the snapshot store", "length", len(payload))
-			return
-		}
-		s.changed(ctx, h, seen, fields[2], stamp{at: fields[0], hash: fields[1]})
-	case "del":
-		if checkCluster(rest) != nil {
-			s.log.Warn("ignored a malformed announcement in the snapshot store", "length", len(payload))
-			return
-		}
-		if _, ok := seen[rest]; ok {
-			delete(seen, rest)
-			h.Changed(Event{Cluster: rest})
-		}
-	default:
+	a, err := parseAnnouncement(payload)
+	if err != nil {
 		s.log.Warn("ignored a malformed announcement in the snapshot store", "length", len(payload))
+		return
+	}
+	switch a.op {
+	case "put":
+		s.changed(ctx, h, seen, a.cluster, stamp{at: a.at, hash: a.hash})
+	case "del":
+		if _, ok := seen[a.cluster]; !ok {
+			return
+		}
+		present, err := s.exists(ctx, a.cluster)
+		switch {
+		case err != nil:
+			s.log.Warn("could not check a delete announced in the snapshot store; keeping the cluster's last record", "cluster", a.cluster, "error", err)
+		case present:
+			s.log.Warn("ignored a delete announced in the snapshot store: the record is still there (a forged announcement)", "cluster", a.cluster)
+		default:
+			delete(seen, a.cluster)
+			h.Changed(Event{Cluster: a.cluster})
+		}
 	}
 }
 
@@ -171,6 +187,9 @@ func (s *Store) deliver(ctx context.Context, h Handler, seen map[string]stamp, c
 	case errors.Is(err, ErrRecord):
 		seen[cluster] = stamp{at: at}
 		s.log.Error("refused a snapshot record from the store; keeping the last good one of this cluster", "cluster", cluster, "error", err)
+		if rh, ok := h.(RefusedHandler); ok {
+			rh.Refused(cluster, err)
+		}
 		return
 	case err != nil:
 		s.log.Warn("could not read a snapshot from the store; it is read again at the next change or reconnection", "cluster", cluster, "error", err)

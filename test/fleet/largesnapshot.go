@@ -86,7 +86,7 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 	}
 	host, _, _ := net.SplitHostPort(srv.Addr)
 	serverOnly := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: host}
-	cert, err := bootstrapOnce(ctx, srv.Addr, serverOnly, roots, members[0])
+	cert, err := Bootstrap(ctx, srv.Addr, serverOnly, roots, members[0])
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +174,7 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 	}
 	r.ReservedAfter = m.Sum(server.MetricSnapshotAssembly)
 	r.Refused = map[string]float64{}
-	for _, reason := range []string{"invalid", "rate_limited", "framing", "too_large", "deadline", "memory", "cluster_busy"} {
+	for _, reason := range []string{"invalid", "rate_limited", "framing", "too_large", "deadline", "idle", "slow", "memory", "preempted", "cluster_busy"} {
 		if v := m.Sum(server.MetricSnapshotsRefused, `reason="`+reason+`"`); v > 0 {
 			r.Refused[reason] = v
 		}
@@ -195,8 +195,9 @@ func changed(s *relaypb.Snapshot, i int) *relaypb.Snapshot {
 	return c
 }
 
-// bootstrapOnce obtains an agent certificate for member with its token.
-func bootstrapOnce(ctx context.Context, addr string, serverOnly *tls.Config, roots *x509.CertPool, member Member) (tls.Certificate, error) {
+// Bootstrap obtains an agent certificate for member with its token from
+// the server at addr, once.
+func Bootstrap(ctx context.Context, addr string, serverOnly *tls.Config, roots *x509.CertPool, member Member) (tls.Certificate, error) {
 	key, csr, err := NewCSR()
 	if err != nil {
 		return tls.Certificate{}, err
