@@ -112,7 +112,9 @@ for m in . proto istio pki helm; do
     (
       cd "$moddir"
       [ ${#envs[@]} -eq 0 ] || export "${envs[@]}"
-      quiet_go tools build -trimpath -o "$tmp/" "${pkgs[@]}"
+      # No symbol table or DWARF: nobody debugs these, and the linker of a
+      # kube-apiserver spends a good part of its time writing them.
+      quiet_go tools build -trimpath -ldflags="-s -w" -o "$tmp/" "${pkgs[@]}"
     )
     for n in "${missing[@]}"; do
       mv "$tmp/$(exec_name "${pkg[$n]}")" "$dir/$n"
