@@ -19,8 +19,6 @@ import (
 type ending struct {
 	relaymesh   string   // absolute path of the relaymesh binary
 	kubeconfigs []string // absolute paths; the management cluster's first
-	workload    string   // a workload cluster, for the kubectl example
-	kubectl     string   // the kubectl the demo runs
 	metrics     string   // the server's metrics and health address
 	dashboard   string   // the dashboard's URL
 	tokenCmd    []string // mints a sign-in token for the dashboard
@@ -111,10 +109,10 @@ func (e ending) print(out io.Writer) {
 	fmt.Fprintf(out, "    %s\n", strings.Join(e.tokenCmd, " "))
 
 	step(out, "Try it yourself, in another terminal: relaymesh is %s", e.relaymesh)
-	fmt.Fprintln(out, "  One context per cluster, named after it (mgmt is the current one):")
+	fmt.Fprintln(out, "  One context per cluster, named after it, for relaymesh and kubectl (mgmt is the current one):")
 	fmt.Fprintf(out, "    export KUBECONFIG=%s\n", e.kubeconfig())
 	fmt.Fprintf(out, "    %s %s\n", e.relaymesh, strings.Join(e.checkArgs(), " "))
 	fmt.Fprintf(out, "    %s cluster list\n", e.relaymesh)
 	fmt.Fprintf(out, "    %s policy audit\n", e.relaymesh)
-	fmt.Fprintf(out, "    %s --context %s get authorizationpolicies,serviceentries -A\n", e.kubectl, e.workload)
+	fmt.Fprintf(out, "    %s describe policy accesspolicy/relaymesh/productpage-to-reviews\n", e.relaymesh)
 }

@@ -11,8 +11,6 @@ func testEnding(exit bool) ending {
 	return ending{
 		relaymesh:   "/repo/bin/relaymesh",
 		kubeconfigs: []string{"/repo/_demo/clusters/mgmt.kubeconfig", "/repo/_demo/clusters/cluster-1.kubeconfig"},
-		workload:    "cluster-1",
-		kubectl:     "/repo/.cache/bin/kubectl",
 		metrics:     "127.0.0.1:40001",
 		dashboard:   "http://127.0.0.1:40002/",
 		tokenCmd:    []string{"/repo/.cache/bin/kubectl", "--kubeconfig", "/repo/_demo/clusters/mgmt.kubeconfig", "-n", "relaymesh", "create", "token", "dashboard-viewer"},
@@ -35,7 +33,7 @@ func TestClosingLinesPointAtTheClusters(t *testing.T) {
 		"    /repo/bin/relaymesh check --server-metrics-address 127.0.0.1:40001\n",
 		"    /repo/bin/relaymesh cluster list\n",
 		"    /repo/bin/relaymesh policy audit\n",
-		"    /repo/.cache/bin/kubectl --context cluster-1 get authorizationpolicies,serviceentries -A\n",
+		"    /repo/bin/relaymesh describe policy accesspolicy/relaymesh/productpage-to-reviews\n",
 	} {
 		assert.Contains(t, s, want)
 	}

@@ -429,8 +429,7 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 	for _, name := range cfg.workloads {
 		kubeconfigs = append(kubeconfigs, env.Cluster(name).Kubeconfig)
 	}
-	*end = ending{relaymesh: bin, kubeconfigs: kubeconfigs, kubectl: tokenCmd[0], metrics: opsAddr,
-		workload: cfg.workloads[len(cfg.workloads)-1], dashboard: dashURL, tokenCmd: tokenCmd, exit: cfg.exit}
+	*end = ending{relaymesh: bin, kubeconfigs: kubeconfigs, metrics: opsAddr, dashboard: dashURL, tokenCmd: tokenCmd, exit: cfg.exit}
 	return stop, nil
 }
 

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,18 +19,50 @@ func meshName(cluster string) string {
 	return discoveryv1alpha1.Name(discoveryv1alpha1.OriginMesh, cluster, "istio-system", "istiod")
 }
 
-// ctrlC is the demo's output: it cancels the demo's context, as Ctrl-C
-// does, once the demo says the clusters are up.
+// ctrlC is the demo's output. Once the demo says the clusters are up, it
+// runs the commands the demo told the user to try, as a user would paste
+// them, then cancels the demo's context, as Ctrl-C does.
 type ctrlC struct {
 	bytes.Buffer
 	cancel context.CancelFunc
+	tried  []string // each command tried and its outcome
 }
 
 func (w *ctrlC) Write(p []byte) (int, error) {
+	n, err := w.Buffer.Write(p)
 	if strings.Contains(string(p), "press Ctrl-C to stop them") {
-		defer w.cancel()
+		w.tried = tryPrinted(w.String())
+		w.cancel()
 	}
-	return w.Buffer.Write(p)
+	return n, err
+}
+
+// tryPrinted runs the commands under the demo's "Try it yourself" heading
+// in a shell, after its export line; `relaymesh check` is left out (it exits
+// 2 for the istiod no demo runs, and the demo ran it already).
+func tryPrinted(out string) []string {
+	_, block, ok := strings.Cut(out, "==> Try it yourself")
+	if !ok {
+		return []string{"no \"Try it yourself\" heading"}
+	}
+	var export string
+	var tried []string
+	for _, line := range strings.Split(block, "\n")[2:] {
+		cmd, ok := strings.CutPrefix(line, "    ")
+		if !ok {
+			break
+		}
+		if strings.HasPrefix(cmd, "export ") {
+			export = cmd
+			continue
+		}
+		if strings.Contains(cmd, " check ") {
+			continue
+		}
+		b, err := exec.Command("bash", "-ec", export+"\n"+cmd).CombinedOutput()
+		tried = append(tried, fmt.Sprintf("%s: err=%v\n%s", cmd, err, b))
+	}
+	return tried
 }
 
 // TestDemoRunsToCompletion is `make demo` inside the test suite, Ctrl-C
@@ -95,4 +129,11 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		assert.Contains(t, s, want)
 	}
 	assert.Less(t, strings.Index(s, "press Ctrl-C"), strings.Index(s, "Stopping local clusters"), "the clusters stop after Ctrl-C, not before")
+	require.Len(t, out.tried, 3, "cluster list, policy audit, describe")
+	for _, tried := range out.tried {
+		assert.Contains(t, tried, ": err=<nil>\n")
+	}
+	assert.Contains(t, out.tried[0], "cluster-2")
+	assert.Contains(t, out.tried[1], "ACCESS MATRIX: 2 allowed pairs")
+	assert.Contains(t, out.tried[2], "productpage-to-reviews")
 }
