@@ -1,7 +1,8 @@
 # Relaymesh. The two commands for a fresh machine are `make demo` and
 # `make test`; both install the Debian packages they need when missing
-# (hack/deps.sh) and build the pinned third-party binaries first (`make tools`,
-# cached per pin under ~/.cache/relaymesh/bin).
+# (hack/deps.sh) and build the pinned third-party binaries they run first
+# (hack/tools.sh, cached per pin under ~/.cache/relaymesh/bin): `make demo`
+# only kube-apiserver, etcd and kubectl, `make test` all of them (`make tools`).
 SHELL := /bin/bash
 BIN := .cache/bin
 GO_TEST_FLAGS ?= -race -count=1 -timeout 45m
@@ -17,8 +18,8 @@ IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
-demo: deps-demo tools ## run the main job end to end on local clusters (DEMO_EXIT=1: exit after the summary)
-	go run ./test/cmd/demo
+demo: ## run the main job end to end on local clusters; builds only what it runs (DEMO_EXIT=1: exit after the summary)
+	hack/demo.sh
 
 test: deps-test tools ## run every test, with -race, including integration tests on real kube-apiservers
 	go test $(GO_TEST_FLAGS) ./...
@@ -82,5 +83,5 @@ screenshots: deps-test tools ## regenerate the dashboard's screenshots in docs/i
 fuzz: ## run every native fuzz target for FUZZTIME each
 	hack/fuzz.sh $(FUZZTIME)
 
-clean: ## remove local state (not the cached third-party binaries)
-	rm -rf _demo _out .cache/bin
+clean: ## remove local state and bin/ (not the cached third-party binaries)
+	rm -rf _demo _out bin .cache/bin .cache/demo

@@ -20,7 +20,7 @@ deps=(
   "gcc                test               cmd:gcc"                                 # go test -race, cgo (miekg/pkcs11)
   "softhsm2           test               cmd:softhsm2-util"                       # ca/hsm, trust: a real PKCS#11 token
   "protobuf-compiler  gen                cmd:protoc"                              # relay/proto
-  "ca-certificates    test,image         file:/etc/ssl/certs/ca-certificates.crt" # the image's CA bundle
+  "ca-certificates    test,demo,image    file:/etc/ssl/certs/ca-certificates.crt" # go's module downloads (HTTPS), the image's CA bundle
   "chromium           test               cmd:chromium"                            # dashboard: browser tests, make screenshots
   "redis-server       test               cmd:redis-server"                        # the replicas' snapshot store (server/snapshots, test/ha)
 )

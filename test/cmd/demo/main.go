@@ -7,12 +7,21 @@
 // workloads and destinations they discovered, and one output applied through
 // the relay, and keeps everything up until Ctrl-C. With DEMO_EXIT=1 it stops and exits after the
 // summary, for scripts.
+//
+// It ends by saying where the relaymesh binary is and how to point
+// `relaymesh check`, the CLI and the dashboard at the demo's clusters; the
+// demo runs those commands itself first, so what it prints works.
+//
+// `make demo` (hack/demo.sh) builds it and relaymesh beforehand and runs
+// `bin/demo -relaymesh bin/relaymesh -started UNIX-SECONDS`, so the step
+// headings keep the clock of the whole `make demo`.
 package main
 
 import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -44,10 +53,24 @@ type config struct {
 	dir       string   // where clusters keep their files
 	workloads []string // workload cluster names
 	exit      bool     // stop after the summary instead of waiting for a signal
+	relaymesh string   // a relaymesh binary built beforehand; "": build one into dir
 }
+
+// began is when the demo started: step headings show the time since.
+var began = time.Now()
 
 func main() {
 	cfg := config{dir: "_demo", workloads: []string{"cluster-1", "cluster-2"}}
+	flag.StringVar(&cfg.relaymesh, "relaymesh", "", "a relaymesh binary built beforehand (default: build ./cmd/relaymesh into DEMO_DIR)")
+	started := flag.Int64("started", 0, "when `make demo` started (Unix seconds), for the step headings' clock (default: now)")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "demo: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
+	if *started > 0 {
+		began = time.Unix(*started, 0)
+	}
 	if d := os.Getenv("DEMO_DIR"); d != "" {
 		cfg.dir = d
 	}
@@ -117,12 +140,16 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 		return err
 	}
 
-	stopAgents, err := agentTrust(ctx, env, cfg, out)
+	var end ending
+	stopAgents, err := agentTrust(ctx, env, cfg, out, &end)
 	defer stopAgents()
 	if err != nil {
 		return err
 	}
-
+	if err := end.tryCheck(ctx, out); err != nil {
+		return err
+	}
+	end.print(out)
 	if cfg.exit {
 		return nil
 	}
@@ -131,8 +158,15 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 	return nil
 }
 
+// step prints a heading with the time since the demo began.
 func step(out io.Writer, format string, args ...any) {
-	fmt.Fprintf(out, "\n==> "+format+"\n", args...)
+	fmt.Fprintf(out, "\n%s ==> "+format+"\n", append([]any{clock(time.Since(began))}, args...)...)
+}
+
+// clock formats d as M:SS.
+func clock(d time.Duration) string {
+	s := int(d.Round(time.Second) / time.Second)
+	return fmt.Sprintf("%d:%02d", s/60, s%60)
 }
 
 var (
@@ -226,9 +260,9 @@ func names(ctx context.Context, ri dynamic.ResourceInterface) (string, error) {
 }
 
 // agentTrust runs the server, registers the workload clusters and starts
-// their agents, then prints the identities the agents hold. The returned
-// function stops the processes.
-func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.Writer) (func(), error) {
+// their agents, then prints the identities the agents hold, and fills end
+// with how to reach them. The returned function stops the processes.
+func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.Writer, end *ending) (func(), error) {
 	var procs []*localcluster.Process
 	stop := func() {
 		for i := len(procs) - 1; i >= 0; i-- {
@@ -239,8 +273,18 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 	if err := os.MkdirAll(logs, 0o700); err != nil {
 		return stop, err
 	}
-	step(out, "Building relaymesh and starting the management server")
-	bin, err := localcluster.BuildRelaymesh(cfg.dir)
+	bin := cfg.relaymesh
+	if bin == "" {
+		step(out, "Building relaymesh and starting the management server")
+		b, err := localcluster.BuildRelaymesh(cfg.dir)
+		if err != nil {
+			return stop, err
+		}
+		bin = b
+	} else {
+		step(out, "Starting the management server")
+	}
+	bin, err := filepath.Abs(bin)
 	if err != nil {
 		return stop, err
 	}
@@ -385,9 +429,11 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 	}
 	fmt.Fprintf(out, "%s", b)
 
-	step(out, "The dashboard: %s", dashURL)
-	fmt.Fprintf(out, "  Sign in with a token of the ServiceAccount relaymesh/%s (bound to the dashboard's viewer ClusterRole):\n", dashboardViewerName)
-	fmt.Fprintf(out, "    %s\n", strings.Join(tokenCmd, " "))
+	kubeconfigs := []string{mgmt.Kubeconfig}
+	for _, name := range cfg.workloads {
+		kubeconfigs = append(kubeconfigs, env.Cluster(name).Kubeconfig)
+	}
+	*end = ending{relaymesh: bin, kubeconfigs: kubeconfigs, metrics: opsAddr, dashboard: dashURL, tokenCmd: tokenCmd, exit: cfg.exit}
 	return stop, nil
 }
 
