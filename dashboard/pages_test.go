@@ -268,6 +268,7 @@ func TestWhatIf(t *testing.T) {
 		assert.Contains(t, body, `role="alert"`)
 	}
 	code, body = whatIf(url.Values{"with": {"apiVersion: networking.relaymesh.io/v1alpha1\nkind: VirtualMesh\nmetadata: {name: x, namespace: relaymesh}\nspec: {meshes: [{clusterName: c, namespace: n, name: m}], globalAccessPolicy: Maybe}"}})
+	assert.Equal(t, http.StatusBadRequest, code)
 	assert.Contains(t, html.UnescapeString(body), `the API server would refuse it: document 1: VirtualMesh relaymesh/x: spec.globalAccessPolicy: Unsupported value: "Maybe"`)
 	code, _ = whatIf(url.Values{"with": {strings.Repeat("x", maxWhatIf+1)}})
 	assert.Equal(t, http.StatusRequestEntityTooLarge, code)

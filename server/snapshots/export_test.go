@@ -27,4 +27,6 @@ func SealV1(key []byte, r Record) ([]byte, error) {
 }
 
 // sequenceOf reads the sequence of a sealed record of the current format.
-func sequenceOf(rec []byte) uint64 { return binary.BigEndian.Uint64(rec[len(recordMagic)+sha256.Size:]) }
+func sequenceOf(rec []byte) uint64 {
+	return binary.BigEndian.Uint64(rec[len(recordMagic)+sha256.Size:])
+}
