@@ -65,7 +65,7 @@ func TestChartShipsTheDashboard(t *testing.T) {
 		"- name: dashboard-tls\n              mountPath: /etc/relaymesh/dashboard-tls\n              readOnly: true", "secretName: dashboard-tls", "- --dashboard-audience=dash.example"} {
 		assert.Contains(t, provided, want)
 	}
-	assert.NotContains(t, provided, "subPath", "a subPath mount would never see the Secret's updates")
+	assert.NotContains(t, provided, "subPath:", "a subPath mount would never see the Secret's updates")
 	assert.Contains(t, out, "- name: dashboard\n              containerPort: 9092")
 	assert.Contains(t, out, "- name: dashboard\n      port: 9092\n      targetPort: dashboard")
 

@@ -26,7 +26,7 @@ import (
 // The dashboard flags are checked before anything starts: plain HTTP only
 // on a loopback address, a certificate with its key, one audience.
 func TestDashboardFlags(t *testing.T) {
-	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", webhookFailurePolicy: "Fail", dnsNames: "localhost", debugEndpoints: "authenticated",
+	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", logLevel: "info", trustDomain: "relaymesh.local", webhookFailurePolicy: "Fail", dnsNames: "localhost", debugEndpoints: "authenticated",
 		conns: relay.ConnectionLimits{MaxConnections: 1, MaxConnectionsPerAddress: 1, MaxPreAuth: 1, MaxPreAuthPerAddress: 1, StreamsPerSecond: 50}, clusters: relay.ClusterLimits{RenewsPerMinute: 1, MaxSessions: 1}, kubeQPS: 200,
 		dash: dashboardServeFlags{audience: "relaymesh-dashboard", idleTimeout: time.Minute, maxLifetime: time.Hour}}
 	for _, tc := range []struct {

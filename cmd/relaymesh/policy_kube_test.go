@@ -192,7 +192,7 @@ func (w *liveWorld) refusedPolicy(t *testing.T, ctx context.Context, old []byte)
 	root, err := localcluster.RepoRoot()
 	require.NoError(t, err)
 	list, err := exec.CommandContext(ctx, filepath.Join(root, ".cache", "bin", "kubectl"), "--kubeconfig", kc, "get",
-		"meshes,workloads,destinations,virtualmeshes,trafficpolicies,accesspolicies,virtualdestinations", "-A", "-o", "yaml").Output()
+		"kubernetesclusters,meshes,workloads,destinations,virtualmeshes,trafficpolicies,accesspolicies,virtualdestinations", "-A", "-o", "yaml").Output()
 	require.NoError(t, err)
 	require.Contains(t, string(list), "kind: List")
 	_, kubectlJSON := audit(2, string(list), "-f", "-")

@@ -72,7 +72,7 @@ func TestPolicyAudit(t *testing.T) {
 		out, err []string
 	}{
 		{"table", []string{"audit", "-f", dir}, 1, []string{
-			"INPUT: 1 file, 23 documents, 23 Relaymesh objects read; 0 problems (refused as the API server would, left out), 0 notes",
+			"INPUT: 1 file, 26 documents, 26 Relaymesh objects read; 0 problems (refused as the API server would, left out), 0 notes",
 			"ACCESS MATRIX: 9 allowed pairs (1 open) between 7 source identities and 6 destinations",
 			"cluster-2/tools/sleep                    cluster-1/bookinfo/reviews  9080  federated via relaymesh/prod  relaymesh/reviews-from-tools",
 			"cluster-1/bookinfo/bookinfo-productpage  cluster-1/bookinfo/reviews  9080  local                         relaymesh/reviews-from-productpage [methods GET]",

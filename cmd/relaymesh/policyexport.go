@@ -12,6 +12,7 @@ import (
 	"slices"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/policy/admission"
@@ -27,6 +28,8 @@ import (
 const policyExportSynopsis = `Write the view an access audit needs, read from a live installation, as
 one multi-document YAML file that 'relaymesh policy audit -f' and
 'relaymesh describe -f' read back to the same result:
+  - the KubernetesClusters of --namespace (spec only: the trust-domain
+    grants that decide which meshes a VirtualMesh may federate);
   - the discovered Meshes, Workloads and Destinations of --namespace
     (Workloads from Redis with --redis-address when the installation keeps
     them there, as policy audit reads them);
@@ -128,6 +131,9 @@ func writeExport(ctx context.Context, w io.Writer, stderr io.Writer, kube *kubec
 		}
 	}
 	d, n := discoveryv1alpha1.GroupVersion, networkingv1alpha1.GroupVersion
+	// The registry (their trust-domain grants): without it no mesh is
+	// federated, offline as on the server.
+	exportAll(e, multiclusterv1alpha1.GroupVersion.WithKind("KubernetesCluster"), in.Clusters)
 	exportAll(e, d.WithKind("Mesh"), in.Meshes)
 	exportAll(e, d.WithKind("Workload"), in.Workloads)
 	exportAll(e, d.WithKind("Destination"), in.Destinations)

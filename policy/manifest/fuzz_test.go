@@ -54,6 +54,6 @@ func FuzzSplit(f *testing.F) {
 		}
 		require.LessOrEqual(t, w.Objects, len(docs))
 		require.Equal(t, w.Objects, len(w.Input.Meshes)+len(w.Input.Workloads)+len(w.Input.Destinations)+len(w.Input.VirtualMeshes)+
-			len(w.Input.TrafficPolicies)+len(w.Input.AccessPolicies)+len(w.Input.VirtualDestinations))
+			len(w.Input.TrafficPolicies)+len(w.Input.AccessPolicies)+len(w.Input.VirtualDestinations)+len(w.Input.Clusters))
 	})
 }

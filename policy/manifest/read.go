@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/translation"
@@ -505,14 +506,17 @@ func (r *reader) keep(u *unstructured.Unstructured) error {
 		in.AccessPolicies, err = appendAs[networkingv1alpha1.AccessPolicy](in.AccessPolicies, u)
 	case translation.KindVirtualDestination:
 		in.VirtualDestinations, err = appendAs[networkingv1alpha1.VirtualDestination](in.VirtualDestinations, u)
+	case "KubernetesCluster":
+		// The registry: which trust domains each cluster's meshes may use
+		// (issue 27). Without it no mesh is federated, as on the server.
+		in.Clusters, err = appendAs[multiclusterv1alpha1.KubernetesCluster](in.Clusters, u)
 	default:
 		return errNotRead
 	}
 	return err
 }
 
-// errNotRead marks a valid Relaymesh object that no view reads
-// (KubernetesCluster).
+// errNotRead marks a valid Relaymesh object that no view reads.
 var errNotRead = errors.New("not read")
 
 func appendAs[T any](xs []T, u *unstructured.Unstructured) ([]T, error) {
