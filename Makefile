@@ -48,11 +48,13 @@ gen: deps-gen ## regenerate deepcopy functions, CRD manifests (api/, copied to t
 	rm -f charts/relaymesh-server/crds/*.yaml
 	cp api/crds/*.yaml charts/relaymesh-server/crds/
 
-verify: gen ## gofmt, go vet, staticcheck, go.mod tidy, generated code up to date
+verify: gen ## gofmt, go vet, staticcheck, the layering rules, go.mod tidy, generated code up to date
 	hack/tools.sh staticcheck
 	go run ./cmd/relaymesh docs --check docs/cli.md
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	@# Which package may import which (internal/layering; docs/architecture.md).
+	go test -count=1 ./internal/layering/
 	$(BIN)/staticcheck ./...
 	go mod tidy -diff
 	cd tools && go mod tidy -diff

@@ -1,27 +1,19 @@
 package agent
 
 import (
-	"bytes"
-	"cmp"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	"github.com/relaymesh/relaymesh/internal/dialer"
@@ -323,8 +315,8 @@ func (s *Session) once(ctx context.Context) (string, error) {
 // push keeps the server's view of the cluster current: it sends the
 // current snapshot at once (every connection starts the server's view
 // afresh) and then each time its hash changes, in parts (PushChunked), or
-// whole (Push, up to MaxSnapshotBytes) to a server that does not know
-// PushChunked. A stream the server refused (framing, deadline, no room or
+// whole (Push, up to relay.DefaultMaxSnapshotBytes) to a server that does
+// not know PushChunked. A stream the server refused (framing, deadline, no room or
 // rate: InvalidArgument, DeadlineExceeded, ResourceExhausted) is opened
 // again after a backoff pause, and the rest of the session goes on; other
 // errors end the session.
@@ -345,7 +337,7 @@ func (s *Session) push(ctx context.Context, c relaypb.DiscoveryClient) error {
 				return fmt.Errorf("push stream: %w", err)
 			}
 			chunked = false
-			s.log.Info("the server does not know chunked pushes; sending snapshots whole", "limit", MaxSnapshotBytes)
+			s.log.Info("the server does not know chunked pushes; sending snapshots whole", "limit", relay.DefaultMaxSnapshotBytes)
 			continue
 		case codes.InvalidArgument, codes.DeadlineExceeded, codes.ResourceExhausted:
 		default:
@@ -384,8 +376,8 @@ func (s *Session) pushStream(ctx context.Context, c relaypb.DiscoveryClient, chu
 			return false, err
 		}
 		send = func(snap *relaypb.Snapshot) (string, error) {
-			if n := proto.Size(snap); n > MaxSnapshotBytes {
-				return "", fmt.Errorf("%w: snapshot of %d bytes exceeds the %d-byte limit of servers without chunked pushes; the server keeps the last accepted one", errTooLarge, n, MaxSnapshotBytes)
+			if n := proto.Size(snap); n > relay.DefaultMaxSnapshotBytes {
+				return "", fmt.Errorf("%w: snapshot of %d bytes exceeds the %d-byte limit of servers without chunked pushes; the server keeps the last accepted one", relay.ErrSnapshotTooLarge, n, relay.DefaultMaxSnapshotBytes)
 			}
 			return snap.GetHash(), stream.Send(snap)
 		}
@@ -441,7 +433,7 @@ func (s *Session) pushStream(ctx context.Context, c relaypb.DiscoveryClient, chu
 			return nil
 		}
 		h, err := send(snap)
-		if errors.Is(err, errTooLarge) {
+		if errors.Is(err, relay.ErrSnapshotTooLarge) {
 			// Sending it would only end the stream; say so and keep the
 			// rest of the session (Pull, Connect) working.
 			s.mu.Lock()
@@ -498,148 +490,23 @@ func (s *Session) pushStream(ctx context.Context, c relaypb.DiscoveryClient, chu
 	}
 }
 
-// errTooLarge: the agent does not send a snapshot over the limit.
-var errTooLarge = errors.New("snapshot too large")
-
-// chunkSender is the sending side of a PushChunked stream.
-type chunkSender interface {
-	Send(*relaypb.SnapshotChunk) error
-}
-
-// sendChunked sends snap as a header, parts of MaxSnapshotPartBytes and an
-// end. The parts carry the deterministic encoding of snap without its hash
-// — what discovery.Hash hashes, so the header names snap's own hash — and
-// are encoded object by object while the first ones travel, so the server
-// decodes while the agent encodes. It returns the hash the server's ack
-// will carry.
-func (s *Session) sendChunked(stream chunkSender, snap *relaypb.Snapshot) (string, error) {
-	c := relay.WithoutHash(snap)
-	hash := snap.GetHash()
-	if !relay.IsHexSHA256(hash) {
-		// Not a snapshot of discovery.Build: hash it first.
-		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
-		if err != nil {
-			return "", fmt.Errorf("encode snapshot: %w", err)
-		}
-		sum := sha256.Sum256(b)
-		hash = hex.EncodeToString(sum[:])
-	}
-	// Size caches the size of every message, which the encoding below
-	// reuses instead of computing it again.
-	size := proto.Size(c)
-	if size > MaxChunkedSnapshotBytes {
-		return "", fmt.Errorf("%w: snapshot of %d bytes exceeds the %d-byte limit; the server keeps the last accepted one", errTooLarge, size, MaxChunkedSnapshotBytes)
-	}
-	parts := (size + relay.MaxSnapshotPartBytes - 1) / relay.MaxSnapshotPartBytes
-	if err := stream.Send(&relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_Header{Header: &relaypb.SnapshotHeader{
-		Cluster: snap.GetCluster(), Hash: hash, Size: uint64(size), Parts: uint32(parts)}}}); err != nil {
-		return "", err
-	}
-	w := &partWriter{stream: stream, sum: sha256.New(), buf: make([]byte, 0, 2*relay.MaxSnapshotPartBytes)}
-	if err := encodeFields(c, w); err != nil {
-		return "", err
-	}
-	if err := w.flush(true); err != nil {
-		return "", err
-	}
-	if w.sent != size || w.next != parts {
-		return "", fmt.Errorf("encode snapshot: %d bytes in %d parts, but its size is %d bytes", w.sent, w.next, size)
-	}
-	if got := hex.EncodeToString(w.sum.Sum(nil)); got != hash {
+// sendChunked sends snap in parts (relay.SendChunked) and returns the hash
+// the server's ack will carry.
+func (s *Session) sendChunked(stream relay.ChunkSender, snap *relaypb.Snapshot) (string, error) {
+	sent, err := relay.SendChunked(stream, snap, relay.DefaultMaxChunkedSnapshotBytes)
+	if sent.Sum != "" && sent.Sum != sent.Hash {
 		// The server will refuse it (the hash does not match); a
-		// snapshot source MUST set the hash discovery.Hash computes.
-		s.log.Error("snapshot hash is not the SHA-256 of its encoding; the server will refuse it", "hash", hash, "sha256", got)
+		// snapshot source MUST set the hash snapshothash.Of computes.
+		s.log.Error("snapshot hash is not the SHA-256 of its encoding; the server will refuse it", "hash", sent.Hash, "sha256", sent.Sum)
 	}
-	return hash, stream.Send(&relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_End{End: &relaypb.SnapshotEnd{Hash: hash}}})
+	return sent.Hash, err
 }
 
-// encodeFields appends the deterministic encoding of s, whose sizes
-// proto.Size cached, to w one top-level field at a time: field-number
-// order, repeated elements in order, unknown fields last — the order the
-// deterministic encoding of the whole message has.
-func encodeFields(s *relaypb.Snapshot, w *partWriter) error {
-	opts := proto.MarshalOptions{Deterministic: true, UseCachedSize: true}
-	m := s.ProtoReflect()
-	fields := m.Descriptor().Fields()
-	// In field-number order, which need not be the order of declaration.
-	ordered := make([]protoreflect.FieldDescriptor, fields.Len())
-	for i := range ordered {
-		ordered[i] = fields.Get(i)
-	}
-	slices.SortFunc(ordered, func(a, b protoreflect.FieldDescriptor) int { return cmp.Compare(a.Number(), b.Number()) })
-	for _, fd := range ordered {
-		if !m.Has(fd) {
-			continue
-		}
-		if fd.Kind() != protoreflect.MessageKind || !fd.IsList() {
-			// Another field: encode a message holding only it (no size of
-			// its own is cached).
-			one := &relaypb.Snapshot{}
-			one.ProtoReflect().Set(fd, m.Get(fd))
-			b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(w.buf, one)
-			if err != nil {
-				return fmt.Errorf("encode snapshot: %w", err)
-			}
-			w.buf = b
-		} else {
-			list := m.Get(fd).List()
-			for j := range list.Len() {
-				msg := list.Get(j).Message().Interface()
-				w.buf = protowire.AppendTag(w.buf, fd.Number(), protowire.BytesType)
-				w.buf = protowire.AppendVarint(w.buf, uint64(opts.Size(msg)))
-				b, err := opts.MarshalAppend(w.buf, msg)
-				if err != nil {
-					return fmt.Errorf("encode snapshot: %w", err)
-				}
-				w.buf = b
-				if err := w.flush(false); err != nil {
-					return err
-				}
-			}
-		}
-		if err := w.flush(false); err != nil {
-			return err
-		}
-	}
-	w.buf = append(w.buf, m.GetUnknown()...)
-	return nil
-}
-
-// partWriter sends what is appended to buf in parts of
-// MaxSnapshotPartBytes, hashing it on the way.
-type partWriter struct {
-	stream chunkSender
-	sum    hash.Hash
-	buf    []byte
-	sent   int
-	next   int
-}
-
-// flush sends every full part of buf, and with last also the rest.
-func (w *partWriter) flush(last bool) error {
-	for len(w.buf) >= relay.MaxSnapshotPartBytes || last && len(w.buf) > 0 {
-		n := min(len(w.buf), relay.MaxSnapshotPartBytes)
-		// A message MUST NOT change once sent: each part has its own bytes.
-		data := bytes.Clone(w.buf[:n])
-		w.sum.Write(data)
-		if err := w.stream.Send(&relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_Part{Part: &relaypb.SnapshotPart{Index: uint32(w.next), Data: data}}}); err != nil {
-			return err
-		}
-		w.sent += n
-		w.next++
-		w.buf = append(w.buf[:0], w.buf[n:]...)
-	}
-	return nil
-}
-
-// Data path limits on the agent's side.
+// Data path limits on the agent's side. The largest snapshot it sends
+// whole (Push, to a server without chunked pushes) or in parts is the
+// server's default limit: relay.DefaultMaxSnapshotBytes and
+// relay.DefaultMaxChunkedSnapshotBytes.
 const (
-	// MaxSnapshotBytes is the largest snapshot the agent sends whole
-	// (Push), to a server without chunked pushes (its default limit).
-	MaxSnapshotBytes = 4 << 20
-	// MaxChunkedSnapshotBytes is the largest snapshot the agent sends in
-	// parts (the server's default limit).
-	MaxChunkedSnapshotBytes = 64 << 20
 	// MaxOutputBytes is the largest output set the agent accepts.
 	MaxOutputBytes = 64 << 20
 	snapshotRetry  = time.Second

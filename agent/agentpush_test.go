@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -142,7 +142,7 @@ func TestPushFallsBackToWholeSnapshots(t *testing.T) {
 
 	// A snapshot over the old limit is not sent whole; the agent says why.
 	big := relaytest.Snapshot(40000)
-	require.Greater(t, proto.Size(big), MaxSnapshotBytes)
+	require.Greater(t, proto.Size(big), relay.DefaultMaxSnapshotBytes)
 	sess = testSession(t, big)
 	fake = &fakeDiscovery{chunkedErrs: []error{status.Error(codes.Unimplemented, "unknown method PushChunked")}}
 	ctx, cancel = context.WithCancel(context.Background())
@@ -162,7 +162,7 @@ func TestPushSendsPartsAndRetries(t *testing.T) {
 	// Every field of a snapshot, so the parts' order is checked for all.
 	snap.Workloads = []*relaypb.Workload{{Name: "app-0", Namespace: "bookinfo", Cluster: "cluster-1", Kind: "Deployment",
 		PodLabels: map[string]string{"app": "app-0", "version": "v1"}, MeshName: "istiod", MeshNamespace: "istio-system"}}
-	snap.Hash = discovery.Hash(snap)
+	snap.Hash = snapshothash.Of(snap)
 	data, hash := relaytest.Encode(t, snap)
 	require.Equal(t, snap.GetHash(), hash)
 	sess := testSession(t, snap)
@@ -270,7 +270,7 @@ func TestPushAgainstEarlierServer(t *testing.T) {
 	assert.ErrorIs(t, <-done, context.Canceled)
 
 	big := relaytest.Snapshot(40000)
-	require.Greater(t, proto.Size(big), MaxSnapshotBytes)
+	require.Greater(t, proto.Size(big), relay.DefaultMaxSnapshotBytes)
 	sess = testSession(t, big)
 	ctx, cancel = context.WithCancel(context.Background())
 	defer cancel()

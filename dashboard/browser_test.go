@@ -101,7 +101,7 @@ func startWorld(t *testing.T) *world {
 
 	relayAddr, opsAddr, dashAddr := e2e.Addr(t), e2e.Addr(t), e2e.Addr(t)
 	e2e.Start(t, bin, dir, "server", "server", "--kubeconfig", w.mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--dashboard-listen", dashAddr, "--audit-log", w.auditPath, "--server-dns-names", "localhost", "--server-ips", "127.0.0.1")
+		"--dashboard-listen", dashAddr, "--audit-log", w.auditPath, "--server-dns-names", "localhost", "--server-ips", e2e.Host(relayAddr)+","+e2e.Host(dashAddr))
 	w.url, w.opsAddr = "https://"+dashAddr, opsAddr
 	e2e.Eventually(t, time.Minute, "the server's health", func() (bool, string) {
 		code, err := e2e.GetJSON("http://"+opsAddr+"/healthz", nil)
@@ -236,7 +236,7 @@ func (w *world) mint(t *testing.T, sa string, audiences ...string) string {
 
 // trustRelayRoots reads the relay roots the server published, and makes
 // w.client trust them only; the dashboard's certificate must verify
-// against them for 127.0.0.1.
+// against them for its address.
 func (w *world) trustRelayRoots(t *testing.T, dashAddr string) {
 	sec, err := w.kube.CoreV1().Secrets("relaymesh").Get(context.Background(), "relay-root-tls-secret", metav1.GetOptions{})
 	require.NoError(t, err)
@@ -247,7 +247,7 @@ func (w *world) trustRelayRoots(t *testing.T, dashAddr string) {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	var leaf *x509.Certificate
 	e2e.Eventually(t, 30*time.Second, "the dashboard's TLS", func() (bool, string) {
-		conn, err := tls.Dial("tcp", dashAddr, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12})
+		conn, err := tls.Dial("tcp", dashAddr, &tls.Config{RootCAs: roots, ServerName: e2e.Host(dashAddr), MinVersion: tls.VersionTLS12})
 		if err != nil {
 			return false, err.Error()
 		}

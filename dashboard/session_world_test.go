@@ -229,9 +229,9 @@ func (w *world) secondReplica(t *testing.T) {
 		require.NoError(t, os.Rename(keyPath+".new", keyPath))
 		require.NoError(t, os.Rename(certPath+".new", certPath))
 	}
-	chain, key, leaf := pki.issue()
-	write(chain, key)
 	opsAddr, dashAddr := e2e.Addr(t), e2e.Addr(t)
+	chain, key, leaf := pki.issue(e2e.Host(dashAddr))
+	write(chain, key)
 	e2e.Start(t, w.bin, w.dir, "server-2", "server", "--kubeconfig", w.mgmt.Kubeconfig, "--listen", e2e.Addr(t), "--metrics-listen", opsAddr,
 		"--dashboard-listen", dashAddr, "--dashboard-tls-cert", certPath, "--dashboard-tls-key", keyPath, "--dashboard-session-idle-timeout", "10s",
 		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost", "--server-ips", "127.0.0.1")
@@ -242,7 +242,7 @@ func (w *world) secondReplica(t *testing.T) {
 	roots := x509.NewCertPool()
 	roots.AddCert(pki.root.Cert)
 	servedSerial := func() (string, error) {
-		conn, err := tls.Dial("tcp", dashAddr, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12})
+		conn, err := tls.Dial("tcp", dashAddr, &tls.Config{RootCAs: roots, ServerName: e2e.Host(dashAddr), MinVersion: tls.VersionTLS12})
 		if err != nil {
 			return "", err
 		}
@@ -281,7 +281,7 @@ func (w *world) secondReplica(t *testing.T) {
 	assert.Equal(t, float64(0), metric(t, opsAddr, dashboard.MetricSessions, ""))
 
 	// Renewed files are served without a restart.
-	chain, key, leaf = pki.issue()
+	chain, key, leaf = pki.issue(e2e.Host(dashAddr))
 	write(chain, key)
 	e2e.Eventually(t, 30*time.Second, "the renewed certificate served", func() (bool, string) {
 		s, err := servedSerial()

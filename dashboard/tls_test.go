@@ -39,11 +39,16 @@ func newServingPKI(t *testing.T) *servingPKI {
 	return &servingPKI{t: t, root: root, auth: auth}
 }
 
-// issue returns the PEM chain and key of a certificate for 127.0.0.1 and
-// localhost.
-func (p *servingPKI) issue() (chainPEM, keyPEM []byte, leaf *x509.Certificate) {
+// issue returns the PEM chain and key of a certificate for 127.0.0.1,
+// localhost and the extra IP addresses (a server's private loopback
+// address).
+func (p *servingPKI) issue(extraIPs ...string) (chainPEM, keyPEM []byte, leaf *x509.Certificate) {
 	key := catest.NewKey(p.t, catest.ECDSAP256)
-	issued, err := p.auth.IssueServer(context.Background(), key.Public(), []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
+	ips := []net.IP{net.ParseIP("127.0.0.1")}
+	for _, ip := range extraIPs {
+		ips = append(ips, net.ParseIP(ip))
+	}
+	issued, err := p.auth.IssueServer(context.Background(), key.Public(), []string{"localhost"}, ips)
 	require.NoError(p.t, err)
 	return issued.ChainPEM(), catest.KeyPEM(p.t, key), issued.Certificate
 }

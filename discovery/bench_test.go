@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/relaymesh/relaymesh/discovery"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"google.golang.org/protobuf/proto"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -74,6 +75,6 @@ func BenchmarkHash(b *testing.B) {
 	b.SetBytes(int64(proto.Size(s)))
 	b.ReportAllocs()
 	for b.Loop() {
-		discovery.Hash(s)
+		snapshothash.Of(s)
 	}
 }

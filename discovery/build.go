@@ -2,16 +2,13 @@ package discovery
 
 import (
 	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -87,35 +84,8 @@ func Build(cluster string, in Inputs) *relaypb.Snapshot {
 	b.gateways(services)
 	s.Workloads = b.workloads(deployments, sortedObjects(in.StatefulSets), sortedObjects(in.DaemonSets))
 	s.Destinations = b.destinations(services, sortedObjects(in.Pods))
-	s.Hash = Hash(s)
+	s.Hash = snapshothash.Of(s)
 	return s
-}
-
-// Hash is the hex SHA-256 over the deterministic protobuf encoding of s with
-// its hash field cleared. It does not modify s. A nil snapshot hashes like
-// an empty one. It returns "" when s does not encode (a string field that is
-// not valid UTF-8), which Build never produces.
-func Hash(s *relaypb.Snapshot) string {
-	// A shallow copy without the hash field: cheap, and it covers every
-	// other field, including ones added to Snapshot later.
-	c := &relaypb.Snapshot{}
-	if s != nil {
-		src := s.ProtoReflect()
-		dst := c.ProtoReflect()
-		src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-			if fd.Name() != "hash" {
-				dst.Set(fd, v)
-			}
-			return true
-		})
-		dst.SetUnknown(src.GetUnknown())
-	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
-	if err != nil {
-		return ""
-	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
 }
 
 type nsName struct{ namespace, name string }

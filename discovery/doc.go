@@ -14,9 +14,10 @@
 // Build sorts every list (meshes, gateways, workloads, destinations by
 // namespace then name; workloads of equal name by kind; endpoints by IP) and
 // never depends on map or input order, so the same objects in any order give
-// the same snapshot and the same Hash. Hash is the hex SHA-256 of the
-// deterministic protobuf encoding (proto.MarshalOptions{Deterministic: true})
-// of the snapshot with its hash field cleared. Every Mesh, Workload and
+// the same snapshot and the same Hash. Hash is snapshothash.Of (package
+// relay/snapshothash, the wire's one definition): the hex SHA-256 of the
+// deterministic protobuf encoding of the snapshot with its hash field
+// cleared. Every Mesh, Workload and
 // Destination carries the configured cluster name, as does the Snapshot.
 //
 // # Meshes

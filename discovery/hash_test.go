@@ -10,6 +10,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/discovery"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
@@ -67,7 +68,7 @@ func TestBuildDeterministic(t *testing.T) {
 	require.Len(t, want.Workloads, 6)
 	require.Len(t, want.Destinations, 3)
 	assert.Regexp(t, regexp.MustCompile(`^[0-9a-f]{64}$`), want.Hash)
-	assert.Equal(t, discovery.Hash(want), want.Hash)
+	assert.Equal(t, snapshothash.Of(want), want.Hash)
 	wantBytes, err := proto.MarshalOptions{Deterministic: true}.Marshal(want)
 	require.NoError(t, err)
 
@@ -153,9 +154,9 @@ func TestHash(t *testing.T) {
 	s := discovery.Build(cluster, richInputs())
 	h := s.Hash
 	s.Hash = "something else"
-	assert.Equal(t, h, discovery.Hash(s), "the hash field is not hashed")
+	assert.Equal(t, h, snapshothash.Of(s), "the hash field is not hashed")
 	assert.Equal(t, "something else", s.Hash, "Hash does not modify its argument")
-	assert.Equal(t, discovery.Hash(&relaypb.Snapshot{}), discovery.Hash(nil))
+	assert.Equal(t, snapshothash.Of(&relaypb.Snapshot{}), snapshothash.Of(nil))
 
 	mutations := map[string]func(*relaypb.Snapshot){
 		"cluster":            func(s *relaypb.Snapshot) { s.Cluster = "x" },
@@ -177,7 +178,7 @@ func TestHash(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c := proto.Clone(s).(*relaypb.Snapshot)
 			mutate(c)
-			assert.NotEqual(t, h, discovery.Hash(c))
+			assert.NotEqual(t, h, snapshothash.Of(c))
 		})
 	}
 }
@@ -268,5 +269,5 @@ func TestBuildInvalidUTF8(t *testing.T) {
 	assert.Equal(t, "10.0.0.1bad\uFFFD", s.Destinations[0].Endpoints[0].Ip)
 	assert.Equal(t, l("app", "reviews"), s.Destinations[0].Endpoints[0].Labels)
 
-	assert.Empty(t, discovery.Hash(&relaypb.Snapshot{Cluster: bad}))
+	assert.Empty(t, snapshothash.Of(&relaypb.Snapshot{Cluster: bad}))
 }

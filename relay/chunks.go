@@ -1,11 +1,8 @@
 package relay
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"math/bits"
 	"reflect"
@@ -14,6 +11,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/internal/text"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -24,11 +22,8 @@ import (
 // Framing of Discovery.PushChunked (see relay.proto): a header, parts in
 // order, an end. Every part carries at most MaxSnapshotPartBytes and, but
 // the last, at least MinSnapshotPartBytes, so a snapshot costs a bounded
-// number of messages.
-const (
-	MaxSnapshotPartBytes = 1 << 20
-	MinSnapshotPartBytes = 64 << 10
-)
+// number of messages. SendChunked (sendchunked.go) encodes it; the
+// Assembler decodes it.
 
 // ChunkError refuses a PushChunked stream: the snapshot broke the framing,
 // took too long, or the server has no room or rate for it. The stream ends
@@ -100,7 +95,7 @@ type assembly struct {
 	// started is when the header came, last when the last part did.
 	started, last time.Time
 	deadline      time.Time
-	sum           hash.Hash // SHA-256 of the parts so far
+	sum           *snapshothash.Hasher // of the parts so far
 	pending       []byte
 	snapshot      *relaypb.Snapshot
 	// err is why the content is refused, found before the end; decoding
@@ -172,7 +167,7 @@ func (a *Assembler) start(h *relaypb.SnapshotHeader) error {
 	if h.GetCluster() != a.cfg.Cluster {
 		return framing("header for cluster %q, but the agent's certificate names %q", text.Truncate(h.GetCluster(), 80), a.cfg.Cluster)
 	}
-	if !IsHexSHA256(h.GetHash()) {
+	if !snapshothash.Valid(h.GetHash()) {
 		return framing("header hash %q is not 64 lower-case hex digits", text.Truncate(h.GetHash(), 80))
 	}
 	size, parts := h.GetSize(), uint64(h.GetParts())
@@ -190,7 +185,7 @@ func (a *Assembler) start(h *relaypb.SnapshotHeader) error {
 		return err
 	}
 	now := a.cfg.Now()
-	a.cur = &assembly{header: h, res: res, started: now, last: now, deadline: now.Add(a.cfg.Deadline), sum: sha256.New(), snapshot: &relaypb.Snapshot{}}
+	a.cur = &assembly{header: h, res: res, started: now, last: now, deadline: now.Add(a.cfg.Deadline), sum: snapshothash.New(), snapshot: &relaypb.Snapshot{}}
 	return nil
 }
 
@@ -316,7 +311,7 @@ func (a *Assembler) end(e *relaypb.SnapshotEnd) (*Assembled, error) {
 	// ack, and the stream goes on.
 	out := &Assembled{Hash: h.GetHash(), Size: int(cur.received)}
 	switch {
-	case hex.EncodeToString(cur.sum.Sum(nil)) != h.GetHash():
+	case cur.sum.Sum() != h.GetHash():
 		out.Err = refused("the parts' SHA-256 is not the header's hash %s", h.GetHash())
 	case cur.err != nil:
 		out.Err = cur.err
@@ -438,35 +433,6 @@ func (a *Assembler) drop() {
 
 // Close drops everything; the stream ended.
 func (a *Assembler) Close() { a.drop() }
-
-// WithoutHash is a shallow copy of s with every field but the hash: its
-// deterministic encoding is what a snapshot's hash covers, and what the
-// parts of a chunked push carry.
-func WithoutHash(s *relaypb.Snapshot) *relaypb.Snapshot {
-	c := &relaypb.Snapshot{}
-	src, dst := s.ProtoReflect(), c.ProtoReflect()
-	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		if fd.Name() != "hash" {
-			dst.Set(fd, v)
-		}
-		return true
-	})
-	dst.SetUnknown(src.GetUnknown())
-	return c
-}
-
-// IsHexSHA256 reports whether s is a snapshot hash: 64 lower-case hex digits.
-func IsHexSHA256(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
-}
 
 // Costs of decoded elements beyond their bytes, measured upper bounds
 // (TestDecodeCostBoundsAllocation): a message is its Go struct, rounded up

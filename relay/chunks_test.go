@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/relaymesh/relaymesh/discovery"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -37,7 +37,7 @@ func newTestBudget(limit int64) *SnapshotBudget {
 func TestAssemblerAssemblesInOrder(t *testing.T) {
 	s := relaytest.Snapshot(20)
 	data, hash := relaytest.Encode(t, s)
-	require.Equal(t, s.GetHash(), hash, "the agent's hash is discovery.Hash")
+	require.Equal(t, s.GetHash(), hash, "the agent's hash is snapshothash.Of")
 	budget := newTestBudget(1 << 20)
 	a := testAssembler(budget, &fakeClock{t: time.Unix(1000, 0)})
 	msgs := relaytest.Chunked("cluster-1", hash, data, 256)
@@ -53,7 +53,7 @@ func TestAssemblerAssemblesInOrder(t *testing.T) {
 		require.NoError(t, out.Err)
 		assert.True(t, proto.Equal(s, out.Snapshot), "the Assembled snapshot is the one sent")
 		assert.Equal(t, len(data), out.Size)
-		assert.NoError(t, validateSnapshot("cluster-1", out.Snapshot, SnapshotLimits{}.WithDefaults(), discovery.Hash), "and passes ValidateSnapshot's checks, its hash included")
+		assert.NoError(t, validateSnapshot("cluster-1", out.Snapshot, SnapshotLimits{}.WithDefaults(), snapshothash.Of), "and passes ValidateSnapshot's checks, its hash included")
 	}
 	assert.Positive(t, budget.InUse(), "reserved until released")
 	a.Release()

@@ -12,10 +12,27 @@ import (
 	"unicode/utf8"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
-	"github.com/relaymesh/relaymesh/discovery"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Snapshot sizes, the one place they are set: the defaults of
+// SnapshotLimits (what a server accepts unless configured otherwise, and
+// so the most an agent sends), and the bounds of the parts of a chunked
+// push (see relay.proto).
+const (
+	// DefaultMaxSnapshotBytes: a snapshot pushed whole (Push), one gRPC
+	// message.
+	DefaultMaxSnapshotBytes = 4 << 20
+	// DefaultMaxChunkedSnapshotBytes: a snapshot pushed in parts
+	// (PushChunked), all parts together.
+	DefaultMaxChunkedSnapshotBytes = 64 << 20
+	// MaxSnapshotPartBytes and, but for the last part,
+	// MinSnapshotPartBytes bound every part of a chunked push.
+	MaxSnapshotPartBytes = 1 << 20
+	MinSnapshotPartBytes = 64 << 10
 )
 
 // SnapshotLimits bound what one agent may push.
@@ -48,8 +65,8 @@ func (l SnapshotLimits) WithDefaults() SnapshotLimits {
 			*v = d
 		}
 	}
-	def(&l.MaxBytes, 4<<20)
-	def(&l.MaxChunkedBytes, 64<<20)
+	def(&l.MaxBytes, DefaultMaxSnapshotBytes)
+	def(&l.MaxChunkedBytes, DefaultMaxChunkedSnapshotBytes)
 	def(&l.MaxObjects, 50000)
 	def(&l.MaxEndpoints, 10000)
 	def(&l.MaxLabels, 64)
@@ -90,7 +107,7 @@ func ValidateSnapshot(cluster string, s *relaypb.Snapshot, limits SnapshotLimits
 	if n := proto.Size(s); n > l.MaxBytes {
 		return refused("%d bytes, at most %d", n, l.MaxBytes)
 	}
-	return validateSnapshot(cluster, s, l, discovery.Hash)
+	return validateSnapshot(cluster, s, l, snapshothash.Of)
 }
 
 // ValidateAssembled runs ValidateSnapshot's checks but for the encoded size
@@ -104,7 +121,7 @@ func ValidateAssembled(cluster string, s *relaypb.Snapshot, limits SnapshotLimit
 // caller checked; contentHash is the hash s must carry. A snapshot
 // assembled from parts (PushChunked) carries the SHA-256 of the bytes it
 // was decoded from, which the assembler computed: the same commitment to
-// the content that discovery.Hash is for the agent's deterministic
+// the content that snapshothash.Of is for the agent's deterministic
 // encoding, without encoding it again.
 func validateSnapshot(cluster string, s *relaypb.Snapshot, l SnapshotLimits, contentHash func(*relaypb.Snapshot) string) error {
 	if s.GetCluster() != cluster {

@@ -11,6 +11,7 @@ import (
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"github.com/relaymesh/relaymesh/server"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
@@ -113,7 +114,7 @@ func largeSnapshot(cluster string, namespaces int) *relaypb.Snapshot {
 			}
 		}
 	}
-	s.Hash = discovery.Hash(s)
+	s.Hash = snapshothash.Of(s)
 	return s
 }
 

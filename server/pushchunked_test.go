@@ -20,6 +20,7 @@ import (
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
@@ -159,7 +160,7 @@ func TestPushChunkedLargeCluster(t *testing.T) {
 	f := servertest.New(t, servertest.Options{DataPath: true})
 	s := large100k()
 	size := proto.Size(s)
-	require.Greater(t, size, 4*agent.MaxSnapshotBytes, "more than four times the old limit")
+	require.Greater(t, size, 4*relay.DefaultMaxSnapshotBytes, "more than four times the old limit")
 	accepted := acceptedAt(f.View, "cluster-1")
 	src := newSource(s)
 	sess := startSession(t, f, f.Bootstrap("cluster-1"), src)
@@ -378,7 +379,7 @@ func benchmarkPush(b *testing.B, a *relaypb.Snapshot, chunked bool) {
 	variant := func(s *relaypb.Snapshot, n int) *relaypb.Snapshot {
 		c := proto.Clone(s).(*relaypb.Snapshot)
 		c.Destinations[0].Labels["bench"] = fmt.Sprint(n)
-		c.Hash = discovery.Hash(c)
+		c.Hash = snapshothash.Of(c)
 		return c
 	}
 	accepted := acceptedAt(f.View, "cluster-1")
@@ -403,7 +404,7 @@ func benchmarkPush(b *testing.B, a *relaypb.Snapshot, chunked bool) {
 			return at.Sub(src.askedAt(s.GetHash()))
 		}
 	} else {
-		require.LessOrEqual(b, proto.Size(a), agent.MaxSnapshotBytes)
+		require.LessOrEqual(b, proto.Size(a), relay.DefaultMaxSnapshotBytes)
 		stream, err := relaypb.NewDiscoveryClient(f.Dial(f.MTLS(cred.TLS))).Push(context.Background())
 		require.NoError(b, err)
 		push = func(s *relaypb.Snapshot) time.Duration {

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/cmd/relaymesh/internal/registration"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	"github.com/relaymesh/relaymesh/internal/registration"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"

@@ -12,8 +12,8 @@ import (
 
 	"github.com/relaymesh/relaymesh/agent/apply"
 	"github.com/relaymesh/relaymesh/check"
+	"github.com/relaymesh/relaymesh/cmd/relaymesh/internal/registration"
 	"github.com/relaymesh/relaymesh/identity"
-	"github.com/relaymesh/relaymesh/internal/registration"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
-	"github.com/relaymesh/relaymesh/discovery"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/snapshots"
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -52,7 +52,7 @@ func TestLiveViewFromRedis(t *testing.T) {
 	w := &relaypb.Workload{Name: "productpage-v1", Namespace: "shop", Cluster: "east", Kind: "Deployment",
 		PodLabels: map[string]string{"app": "productpage"}, ServiceAccount: "productpage", MeshName: "istiod", MeshNamespace: "istio-system"}
 	snap := &relaypb.Snapshot{Cluster: "east", Meshes: []*relaypb.Mesh{{Name: "istiod", Namespace: "istio-system", Cluster: "east", TrustDomain: "east.local"}}, Workloads: []*relaypb.Workload{w}}
-	snap.Hash = discovery.Hash(snap)
+	snap.Hash = snapshothash.Of(snap)
 	put := func(key []byte) {
 		store, err := snapshots.New(snapshots.Config{Address: r.Address(), Password: r.Password(), TLS: r.TLS(), Key: key})
 		require.NoError(t, err)

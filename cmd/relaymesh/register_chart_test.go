@@ -60,7 +60,7 @@ func (w *world) startChartAgent(cluster, namespace, release string) {
 	path := filepath.Join(w.dir, cluster+"-chart-sa.kubeconfig")
 	require.NoError(w.t, clientcmd.WriteToFile(*cfg, path))
 
-	metrics, health := freeAddr(w.t, "127.0.0.1"), freeAddr(w.t, "127.0.0.1")
+	metrics, health := freeAddr(w.t, ""), freeAddr(w.t, "")
 	w.agentAddrs[cluster] = [2]string{metrics, health}
 	args := []string{"--kubeconfig", path}
 	for _, a := range pod.Containers[0].Args {

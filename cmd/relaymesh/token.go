@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/relaymesh/relaymesh/cmd/relaymesh/internal/registration"
 	"github.com/relaymesh/relaymesh/identity"
-	"github.com/relaymesh/relaymesh/internal/registration"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"

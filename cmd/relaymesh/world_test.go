@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -106,11 +107,21 @@ func hostIP() string {
 	return ""
 }
 
+// freeAddr is a listen address no other process takes first: a port the
+// kernel found free on host, or with host "" on a private loopback address
+// (localcluster.ListenAddr), which a server's certificate must then name.
 func freeAddr(t testing.TB, host string) string {
 	t.Helper()
-	p, err := localcluster.FreePort()
+	if host == "" {
+		a, err := localcluster.ListenAddr()
+		require.NoError(t, err)
+		return a
+	}
+	ip, err := netip.ParseAddr(host)
 	require.NoError(t, err)
-	return net.JoinHostPort(host, strconv.Itoa(p))
+	a, err := localcluster.ListenAddrOn(ip)
+	require.NoError(t, err)
+	return a
 }
 
 // relaymesh runs a command to completion in this process.
@@ -234,13 +245,14 @@ func baseWorld(t *testing.T, workloads []string, agentTTL time.Duration, before 
 	if ip == "" {
 		ip = "127.0.0.1"
 	}
-	w.relayAddr, w.opsAddr = freeAddr(t, "127.0.0.1"), freeAddr(t, ip)
+	w.relayAddr, w.opsAddr = freeAddr(t, ""), freeAddr(t, ip)
 	if ip != "127.0.0.1" {
 		w.exposeMetrics(ip)
 	}
-	hookAddr := freeAddr(t, "127.0.0.1")
+	hookAddr := freeAddr(t, "")
+	relayHost, _, _ := net.SplitHostPort(w.relayAddr)
 	w.serverArgs = []string{"server", "--context", "mgmt", "--listen", w.relayAddr, "--metrics-listen", w.opsAddr, "--audit-log", filepath.Join(w.dir, "audit.log"),
-		"--server-dns-names", "localhost", "--server-ips", "127.0.0.1", "--agent-cert-ttl", agentTTL.String(),
+		"--server-dns-names", "localhost", "--server-ips", relayHost, "--agent-cert-ttl", agentTTL.String(),
 		"--webhook-listen", hookAddr, "--webhook-url", "https://" + hookAddr + "/validate", "--webhook-client-ca", mgmt.WebhookClientCA}
 	for _, f := range before {
 		f(w)
@@ -290,7 +302,7 @@ func (w *world) startServer() {
 }
 
 func (w *world) startAgent(name string, clock func() time.Time) {
-	metrics, health := freeAddr(w.t, "127.0.0.1"), freeAddr(w.t, "127.0.0.1")
+	metrics, health := freeAddr(w.t, ""), freeAddr(w.t, "")
 	w.agentAddrs[name] = [2]string{metrics, health}
 	w.agents[name] = w.start("agent-"+name, clock, "agent", "--context", name, "--health-listen", health, "--metrics-listen", metrics)
 }

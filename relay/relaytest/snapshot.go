@@ -5,15 +5,13 @@
 package relaytest
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"testing"
 
-	"github.com/relaymesh/relaymesh/discovery"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // Snapshot is a valid snapshot of cluster-1 with n destinations.
@@ -25,7 +23,7 @@ func Snapshot(n int) *relaypb.Snapshot {
 			MeshName: "istiod", MeshNamespace: "istio-system",
 			Endpoints: []*relaypb.Endpoint{{Ip: fmt.Sprintf("10.0.%d.%d", i>>8&255, i&255), Labels: map[string]string{"app": fmt.Sprintf("app-%d", i)}}}})
 	}
-	s.Hash = discovery.Hash(s)
+	s.Hash = snapshothash.Of(s)
 	return s
 }
 
@@ -33,12 +31,11 @@ func Snapshot(n int) *relaypb.Snapshot {
 // the hash, and its SHA-256.
 func Encode(t testing.TB, s *relaypb.Snapshot) ([]byte, string) {
 	t.Helper()
-	c := proto.CloneOf(s)
-	c.Hash = ""
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+	b, err := snapshothash.Encode(s)
 	require.NoError(t, err)
-	sum := sha256.Sum256(b)
-	return b, hex.EncodeToString(sum[:])
+	h := snapshothash.New()
+	h.Write(b)
+	return b, h.Sum()
 }
 
 // Chunked frames data as a header, parts of partSize and an end.
@@ -64,4 +61,55 @@ func Part(i int, data []byte) *relaypb.SnapshotChunk {
 // End ends the snapshot of hash.
 func End(hash string) *relaypb.SnapshotChunk {
 	return &relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_End{End: &relaypb.SnapshotEnd{Hash: hash}}}
+}
+
+// Golden is a fixed snapshot that uses every field of the wire
+// type, maps with several entries (their encoding order is the
+// deterministic one), repeated fields and unknown fields; with
+// destinations > 0 it grows by that many destinations (enough of them
+// make a chunked push of several parts). Its hash field is set to
+// something that is not its hash: the hash field is not hashed. Tests
+// compare its hash and its chunked framing with values recorded before
+// the code that computes them moved (TestSnapshotHashIsUnchanged,
+// TestSendChunkedFramingIsUnchanged): a change there is a change of the
+// wire.
+func Golden(destinations int) *relaypb.Snapshot {
+	s := &relaypb.Snapshot{
+		Cluster: "cluster-golden",
+		Meshes: []*relaypb.Mesh{{
+			Name: "istiod", Namespace: "istio-system", Cluster: "cluster-golden", Revision: "default", Version: "1.31.1",
+			TrustDomain: "golden.local", IstiodServiceAccount: "istiod", SmartDnsProxying: true,
+			PodLabels: map[string]string{"app": "istiod", "istio": "pilot", "istio.io/rev": "default"},
+			Gateways: []*relaypb.Gateway{{Name: "istio-eastwestgateway", Namespace: "istio-system", Kind: "EastWest",
+				WorkloadLabels: map[string]string{"istio": "eastwestgateway", "app": "istio-eastwestgateway"}, ExternalAddress: "203.0.113.10", TlsPort: 15443}},
+		}},
+		Workloads: []*relaypb.Workload{
+			{Name: "reviews-v1", Namespace: "bookinfo", Cluster: "cluster-golden", Kind: "Deployment", ServiceAccount: "reviews",
+				PodLabels: map[string]string{"app": "reviews", "version": "v1"}, MeshName: "istiod", MeshNamespace: "istio-system"},
+			{Name: "mysql", Namespace: "db", Cluster: "cluster-golden", Kind: "StatefulSet",
+				PodLabels: map[string]string{"app": "mysql"}, MeshName: "istiod", MeshNamespace: "istio-system"},
+		},
+		Destinations: []*relaypb.Destination{{
+			Name: "reviews", Namespace: "bookinfo", Cluster: "cluster-golden",
+			Selector: map[string]string{"app": "reviews"}, Labels: map[string]string{"app": "reviews", "team": "books"},
+			Ports:       []*relaypb.ServicePort{{Port: 9080, Name: "http", Protocol: "TCP", AppProtocol: "http", TargetPort: "9080"}, {Port: 9090, Name: "grpc", TargetPort: "grpc"}},
+			Subsets:     map[string]*relaypb.LabelValues{"version": {Values: []string{"v1", "v2"}}, "zone": {Values: []string{"a"}}},
+			ServiceType: "LoadBalancer", ExternalAddresses: []string{"198.51.100.7", "reviews.example.com"},
+			MeshName: "istiod", MeshNamespace: "istio-system",
+			Endpoints: []*relaypb.Endpoint{{Ip: "10.1.0.1", Labels: map[string]string{"app": "reviews", "version": "v1"}}, {Ip: "10.1.0.2", Labels: map[string]string{"app": "reviews", "version": "v2"}}},
+		}},
+		Hash: "ignored: the hash field is not hashed",
+	}
+	for i := range destinations {
+		d := &relaypb.Destination{Name: fmt.Sprintf("app-%05d", i), Namespace: "load", Cluster: "cluster-golden",
+			Selector: map[string]string{"app": fmt.Sprintf("app-%05d", i)}, Ports: []*relaypb.ServicePort{{Port: 8080, Name: "http"}},
+			MeshName: "istiod", MeshNamespace: "istio-system"}
+		for j := range 8 {
+			d.Endpoints = append(d.Endpoints, &relaypb.Endpoint{Ip: fmt.Sprintf("10.%d.%d.%d", 2+i>>8, i&255, j), Labels: map[string]string{"app": d.Name, "pod-template-hash": fmt.Sprintf("%08x", i*8+j)}})
+		}
+		s.Destinations = append(s.Destinations, d)
+	}
+	// An unknown field (a newer agent's): 99, length-delimited.
+	s.ProtoReflect().SetUnknown(protowire.AppendBytes(protowire.AppendTag(nil, 99, protowire.BytesType), []byte("from a newer agent")))
+	return s
 }

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -20,7 +20,7 @@ import (
 func FuzzOpen(f *testing.F) {
 	key := bytes.Repeat([]byte{3}, 32)
 	snap := &relaypb.Snapshot{Cluster: "east", Workloads: []*relaypb.Workload{{Name: "a", Namespace: "b", Cluster: "east", Kind: "Deployment", MeshName: "istiod", MeshNamespace: "istio-system"}}}
-	snap.Hash = discovery.Hash(snap)
+	snap.Hash = snapshothash.Of(snap)
 	good, err := seal(key, Record{Cluster: "east", Sequence: 42, Snapshot: snap, Replica: "r", AcceptedAt: time.Unix(1, 0)})
 	if err != nil {
 		f.Fatal(err)

@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
-	"github.com/relaymesh/relaymesh/discovery"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"github.com/relaymesh/relaymesh/server/snapshots"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
@@ -66,7 +66,7 @@ func snapshot(t *testing.T, cluster string, n int) *relaypb.Snapshot {
 		s.Workloads = append(s.Workloads, &relaypb.Workload{Name: "app-" + string(rune('a'+i%26)) + strings.Repeat("x", i/26), Namespace: "shop", Cluster: cluster, Kind: "Deployment",
 			PodLabels: map[string]string{"app": "shop"}, ServiceAccount: "shop", MeshName: "istiod", MeshNamespace: "istio-system"})
 	}
-	s.Hash = discovery.Hash(s)
+	s.Hash = snapshothash.Of(s)
 	return s
 }
 

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -187,7 +185,7 @@ func startRelaymesh(f *fixture) (_ *relaymesh, err error) {
 	}
 	relayAddr, opsAddr := freeAddr(), freeAddr()
 	if err := r.start("server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost"); err != nil {
+		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost", "--server-ips", e2e.Host(relayAddr)); err != nil {
 		return nil, err
 	}
 	if err := poll(ctx, "the server is healthy", func() (bool, string) {
@@ -260,12 +258,14 @@ func (r *relaymesh) destination(ctx context.Context, cluster string) (*unstructu
 	return nil, fmt.Errorf("no Destination for echo in %s among %d", cluster, len(l.Items))
 }
 
+// freeAddr is a listen address no other process takes first, on a
+// private loopback address (localcluster.ListenAddr).
 func freeAddr() string {
-	p, err := localcluster.FreePort()
+	a, err := localcluster.ListenAddr()
 	if err != nil {
-		panic(err) // only in tests; FreePort fails only without a loopback interface
+		panic(err) // only in tests; ListenAddr fails only without a loopback interface
 	}
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+	return a
 }
 
 // poll checks cond every 100ms until it holds, or ctx ends.

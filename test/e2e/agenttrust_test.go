@@ -40,7 +40,7 @@ func TestAgentTrust(t *testing.T) {
 	relayAddr, opsAddr := Addr(t), Addr(t)
 	auditLog := filepath.Join(dir, "audit.log")
 	server := Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--audit-log", auditLog, "--server-dns-names", "localhost", "--server-ips", "127.0.0.1")
+		"--audit-log", auditLog, "--server-dns-names", "localhost", "--server-ips", Host(relayAddr))
 	Eventually(t, 30*time.Second, "server ready", func() (bool, string) {
 		code, err := GetJSON("http://"+opsAddr+"/healthz", nil)
 		return err == nil && code == 200, fmt.Sprint(code, err)
@@ -139,7 +139,7 @@ func TestAgentTrust(t *testing.T) {
 	roots := x509.NewCertPool()
 	require.True(t, roots.AppendCertsFromPEM(sec2.Data["ca.crt"]))
 	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
-		MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: "127.0.0.1", Certificates: []tls.Certificate{pair},
+		MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: Host(relayAddr), Certificates: []tls.Certificate{pair},
 	})))
 	require.NoError(t, err)
 	defer conn.Close()
@@ -194,7 +194,7 @@ func TestProvidedCAAndReregistration(t *testing.T) {
 
 	relayAddr, opsAddr, health := Addr(t), Addr(t), Addr(t)
 	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost", "--ca-secret", "enterprise-ca")
+		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost", "--server-ips", Host(relayAddr), "--ca-secret", "enterprise-ca")
 	Eventually(t, 30*time.Second, "server ready", func() (bool, string) {
 		code, err := GetJSON("http://"+opsAddr+"/healthz", nil)
 		return err == nil && code == 200, fmt.Sprint(code, err)

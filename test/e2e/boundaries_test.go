@@ -89,7 +89,7 @@ func TestTrustBoundaries(t *testing.T) {
 
 	relayAddr, opsAddr := Addr(t), Addr(t)
 	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost")
+		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost", "--server-ips", Host(relayAddr))
 	waitHealthy(t, opsAddr)
 	for _, name := range []string{"prod-eu", "eu", "us"} {
 		args := []string{"cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig, "--server-address", relayAddr}

@@ -41,7 +41,7 @@ func TestDataPath(t *testing.T) {
 
 	relayAddr, opsAddr := Addr(t), Addr(t)
 	serverArgs := []string{"server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost"}
+		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost", "--server-ips", Host(relayAddr)}
 	server := Start(t, bin, dir, "server", serverArgs...)
 	waitHealthy(t, opsAddr)
 	leaderFlags := []string{"--leader-lease-duration", "4s", "--leader-renew-deadline", "3s", "--leader-retry-period", "500ms"}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -43,12 +44,24 @@ func serviceName(cluster, namespace, name string) string {
 	return discoveryv1alpha1.Name(discoveryv1alpha1.OriginService, cluster, namespace, name)
 }
 
-// Addr is a free loopback address.
+// Addr is a listen address for a process the test starts, that no other
+// process takes first: a port on a private loopback address
+// (localcluster.ListenAddr). A server whose agents dial it names its IP in
+// its certificate: --server-ips Host(addr).
 func Addr(t testing.TB) string {
 	t.Helper()
-	p, err := localcluster.FreePort()
+	a, err := localcluster.ListenAddr()
 	require.NoError(t, err)
-	return "127.0.0.1:" + strconv.Itoa(p)
+	return a
+}
+
+// Host is the host of a host:port address.
+func Host(addr string) string {
+	h, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return h
 }
 
 // Start runs the relaymesh binary with args as a long-lived process whose

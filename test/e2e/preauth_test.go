@@ -30,7 +30,7 @@ func TestPreAuthAgainstTheServerProcess(t *testing.T) {
 	mgmt := env.Cluster("mgmt")
 	relayAddr, opsAddr := Addr(t), Addr(t)
 	server := Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost")
+		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost", "--server-ips", Host(relayAddr))
 	waitHealthy(t, opsAddr)
 	cs, err := mgmt.Clientset()
 	require.NoError(t, err)

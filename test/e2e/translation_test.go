@@ -32,7 +32,7 @@ func TestTranslation(t *testing.T) {
 	}
 	relayAddr, opsAddr := Addr(t), Addr(t)
 	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost")
+		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost", "--server-ips", Host(relayAddr))
 	waitHealthy(t, opsAddr)
 	clients := map[string]dynamic.Interface{}
 	for _, name := range []string{"cluster-1", "cluster-2"} {

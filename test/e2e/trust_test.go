@@ -42,7 +42,7 @@ func TestSharedTrust(t *testing.T) {
 	}
 	relayAddr, opsAddr := Addr(t), Addr(t)
 	serverArgs := []string{"server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--audit-log", dir + "/audit.log", "--server-dns-names", "localhost"}
+		"--audit-log", dir + "/audit.log", "--server-dns-names", "localhost", "--server-ips", Host(relayAddr)}
 	server := Start(t, bin, dir, "server", serverArgs...)
 	waitHealthy(t, opsAddr)
 	for _, name := range []string{"cluster-1", "cluster-2"} {

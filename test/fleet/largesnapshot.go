@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/agent"
-	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"github.com/relaymesh/relaymesh/server"
 	"go.step.sm/crypto/pemutil"
 	"google.golang.org/grpc"
@@ -191,7 +191,7 @@ func changed(s *relaypb.Snapshot, i int) *relaypb.Snapshot {
 		d.Labels = map[string]string{}
 	}
 	d.Labels["fleet.relaymesh.io/change"] = fmt.Sprint(i)
-	c.Hash = discovery.Hash(c)
+	c.Hash = snapshothash.Of(c)
 	return c
 }
 

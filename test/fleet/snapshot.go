@@ -46,7 +46,7 @@ func (s SnapshotSpec) Objects() int {
 
 // Snapshot builds cluster's snapshot with discovery.Build, the agent's own
 // code, from generated Kubernetes objects: a valid snapshot whose hash is
-// discovery.Hash.
+// snapshothash.Of.
 func (s SnapshotSpec) Snapshot(cluster string) *relaypb.Snapshot {
 	return discovery.Build(cluster, s.Inputs(cluster))
 }

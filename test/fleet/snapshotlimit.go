@@ -7,7 +7,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/relaymesh/relaymesh/agent"
+	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
@@ -110,7 +110,7 @@ func SnapshotLimit(ctx context.Context, cfg SnapshotLimitConfig) (*SnapshotLimit
 	if p, err := probe.push(SnapshotSpec{}.Snapshot(cluster)); err != nil || !p.Accepted {
 		return nil, fmt.Errorf("first snapshot: %v %s", err, p.Error)
 	}
-	r := &SnapshotLimitResult{Limit: agent.MaxSnapshotBytes}
+	r := &SnapshotLimitResult{Limit: relay.DefaultMaxSnapshotBytes}
 	var over *relaypb.Snapshot
 	for i, sh := range shapes {
 		size := func(n int) int { return proto.Size(sh.snapshot(cluster, n)) }

@@ -133,7 +133,7 @@ func TestRaiseFileLimit(t *testing.T) {
 }
 
 // Generated snapshots pass the server's own validation, with the hash
-// discovery.Hash gives.
+// snapshothash.Of gives.
 func TestSnapshotsAreValid(t *testing.T) {
 	for name, s := range map[string]interface {
 		Snapshot(string) *relaypb.Snapshot

@@ -339,9 +339,10 @@ func (j *job) exited() error {
 
 // serverCommand is the server's command line from the installed release's
 // Deployment, with what only a pod has replaced by local equivalents:
-// loopback listeners, a file for the audit log, the webhook called by URL
-// (no Service routes here), and a kubeconfig holding a TokenRequest token
-// of the chart's ServiceAccount.
+// loopback listeners (each on a private loopback address, which the
+// certificate names instead of the chart's serverIPs), a file for the
+// audit log, the webhook called by URL (no Service routes here), and a
+// kubeconfig holding a TokenRequest token of the chart's ServiceAccount.
 func (j *job) serverCommand() []string {
 	t := j.t
 	objs, err := j.h.manifest(j.mgmt.Kubeconfig, "relaymesh-server", namespace)
@@ -350,6 +351,7 @@ func (j *job) serverCommand() []string {
 	serviceAccountKubeconfig(t, j.mgmt, namespace, serverAccount, kubeconfig)
 	args := replaceArgs(t, containerArgs(t, objs), map[string]string{
 		"--listen=":            "--listen=" + j.relayAddr,
+		"--server-ips=":        "--server-ips=" + e2e.Host(j.relayAddr),
 		"--metrics-listen=":    "--metrics-listen=" + j.opsAddr,
 		"--audit-log=":         "--audit-log=" + filepath.Join(j.dir, "relaymesh-audit.log"),
 		"--webhook-listen=":    "--webhook-listen=" + j.webhookAddr,

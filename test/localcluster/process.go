@@ -114,6 +114,7 @@ func Alive(pid int) bool {
 
 // FreePort asks the kernel for an unused loopback port. Another process can
 // take it before we bind it; Start retries a cluster whose port was lost.
+// A port for a process that is not retried so comes from ListenAddr.
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -44,7 +44,7 @@ func TestRequestValidate(t *testing.T) {
 	}
 }
 
-func chartPath(name string) string { return filepath.Join("..", "..", "charts", name) }
+func chartPath(name string) string { return filepath.Join("..", "..", "..", "..", "charts", name) }
 
 func bundle() *Bundle {
 	return &Bundle{Cluster: "cluster-1", Namespace: "relaymesh",

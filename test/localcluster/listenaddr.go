@@ -1,0 +1,51 @@
+package localcluster
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"syscall"
+)
+
+// PrivateLoopback is a loopback address of the caller's own: 127.x.y.z
+// with x, y and z random, x never 0 (127.0.0.1 is where the machine's
+// loopback listeners are and where connections to loopback leave from,
+// and tests dial from 127.0.y.z source addresses) and z neither 0 nor
+// 255. Two picks are the same address about once in sixteen million.
+func PrivateLoopback() netip.Addr {
+	return netip.AddrFrom4([4]byte{127, byte(1 + rand.IntN(254)), byte(rand.IntN(256)), byte(1 + rand.IntN(254))})
+}
+
+// ListenAddr is host:port for a process a test starts to listen on,
+// which no other process takes before it binds: a port the kernel found
+// free on a private loopback address (PrivateLoopback). Nothing else
+// listens there, and connections to loopback leave from 127.0.0.1, so
+// unlike a port of 127.0.0.1 (FreePort) it is not lost to another test's
+// outgoing connection between the pick and the bind. A server whose
+// certificate names its IP (relaymesh server --server-ips) must name this
+// one. On a system whose loopback interface has only 127.0.0.1 it is a
+// port of 127.0.0.1.
+func ListenAddr() (string, error) {
+	addr, err := ListenAddrOn(PrivateLoopback())
+	if errors.Is(err, syscall.EADDRNOTAVAIL) {
+		return ListenAddrOn(netip.AddrFrom4([4]byte{127, 0, 0, 1}))
+	}
+	return addr, err
+}
+
+// ListenAddrOn is host:port with a port the kernel found free on ip
+// (bound, then released).
+func ListenAddrOn(ip netip.Addr) (string, error) {
+	l, err := net.Listen("tcp", netip.AddrPortFrom(ip, 0).String())
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	addr, ok := l.Addr().(*net.TCPAddr)
+	if !ok {
+		return "", fmt.Errorf("unexpected listener address %v", l.Addr())
+	}
+	return netip.AddrPortFrom(ip, uint16(addr.Port)).String(), nil
+}
