@@ -102,8 +102,7 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.chart+"/"+c.values, func(t *testing.T) {
-			f := filepath.Join(t.TempDir(), "values.yaml")
-			require.NoError(t, os.WriteFile(f, []byte(c.values+"\n"), 0o600))
+			f := valuesFile(t, c.values+"\n")
 			_, err := h.template(chartDir(t, c.chart), "r", namespace, "-f", f)
 			require.Error(t, err)
 			require.Contains(t, err.Error(), "values don't meet the specifications of the schema")
@@ -125,8 +124,7 @@ func TestTemplatesRefuseWithAMessage(t *testing.T) {
 		{"webhook: {enabled: true, clientCAConfigMap: ca, allowUnauthenticated: true}", "set either webhook.clientCAConfigMap"},
 	} {
 		t.Run(c.values, func(t *testing.T) {
-			f := filepath.Join(t.TempDir(), "values.yaml")
-			require.NoError(t, os.WriteFile(f, []byte(c.values+"\n"), 0o600))
+			f := valuesFile(t, c.values+"\n")
 			_, err := h.template(chartDir(t, serverChart), "r", namespace, "-f", f)
 			require.Error(t, err)
 			require.Contains(t, err.Error(), c.want)
@@ -419,4 +417,17 @@ func serviceMonitorCRD(t testing.TB) []byte {
 	b, err := os.ReadFile(filepath.Join(m.Dir, "example", "prometheus-operator-crd", "monitoring.coreos.com_servicemonitors.yaml"))
 	require.NoError(t, err)
 	return b
+}
+
+// valuesFile writes values into a file whose path holds no comma: helm
+// splits -f at commas, and t.TempDir's name is the subtest's (values like
+// "{enabled: true, …}").
+func valuesFile(t *testing.T, values string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "relaymesh-values-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	f := filepath.Join(dir, "values.yaml")
+	require.NoError(t, os.WriteFile(f, []byte(values), 0o600))
+	return f
 }
