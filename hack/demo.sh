@@ -39,7 +39,7 @@ build=$!
 trap 'kill -- -"$build" 2>/dev/null || true' EXIT
 trap 'exit 130' INT TERM
 
-heading "kube-apiserver, etcd and kubectl (hack/tools.sh demo): the first build takes about 10 minutes on 2 cores, later ones none"
+heading "kube-apiserver, etcd and kubectl (hack/tools.sh demo): the first build takes about 16 minutes on 2 cores, later ones none"
 hack/tools.sh demo
 
 heading "Waiting for relaymesh and the demo"
