@@ -56,13 +56,13 @@ func TestWebhookFlags(t *testing.T) {
 	f := base
 	f.webhookListen, f.webhookService = ":9443", "relaymesh/relaymesh-webhook:443"
 	require.NoError(t, f.validate())
-	target, err := f.webhookTarget()
+	target, err := f.config().Webhook.Target()
 	require.NoError(t, err)
-	assert.Equal(t, []string{"relaymesh-webhook.relaymesh.svc", "relaymesh-webhook.relaymesh.svc.cluster.local"}, target.dnsNames)
-	assert.Equal(t, int32(443), target.reg.ServicePort)
+	assert.Equal(t, []string{"relaymesh-webhook.relaymesh.svc", "relaymesh-webhook.relaymesh.svc.cluster.local"}, target.DNSNames)
+	assert.Equal(t, int32(443), target.Registration.ServicePort)
 	f.webhookListen, f.webhookService, f.webhookURL = ":9443", "", "https://127.0.0.1:9443/validate"
-	target, err = f.webhookTarget()
+	target, err = f.config().Webhook.Target()
 	require.NoError(t, err)
-	require.Len(t, target.ips, 1)
-	assert.Equal(t, "127.0.0.1", target.ips[0].String())
+	require.Len(t, target.IPs, 1)
+	assert.Equal(t, "127.0.0.1", target.IPs[0].String())
 }

@@ -1,0 +1,328 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/audit"
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/internal/kubeutil"
+	"github.com/relaymesh/relaymesh/policy/admission"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/heads"
+	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/relaymesh/relaymesh/trust"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Deps are what Run is handed rather than builds.
+type Deps struct {
+	// Kube reaches the management cluster. Required.
+	Kube *kubeclient.Clients
+	// Logger receives the server's log (a component attribute is added).
+	// Required.
+	Logger *slog.Logger
+	// Registry receives every metric of the process; nil: a new one.
+	Registry *prometheus.Registry
+	// Dashboard, if set, serves the dashboard from the server's parts; the
+	// function it returns stops it.
+	Dashboard func(context.Context, DashboardParts) (stop func(), err error)
+	// Listening, if set, hears the addresses the server bound, once it
+	// serves.
+	Listening func(Addresses)
+}
+
+// DashboardParts are the server's own state the dashboard shows, and what
+// it is served with.
+type DashboardParts struct {
+	View      *server.View
+	Signer    ca.Signer
+	Serving   *server.ServingCert
+	AuditLog  *audit.Log
+	Shared    *server.SharedSnapshots // nil unless the store is Redis
+	Authority *ca.Authority
+	Registry  prometheus.Registerer
+}
+
+// Addresses are the addresses the server bound (a port 0 in the Config
+// becomes the kernel's pick).
+type Addresses struct {
+	Relay, Metrics string
+	// Webhook is empty without a webhook.
+	Webhook string
+}
+
+// process is the server's component graph, built by Run's steps in order.
+type process struct {
+	cfg  Config
+	kube *kubeclient.Clients
+	log  *slog.Logger
+	reg  *prometheus.Registry
+	deps Deps
+
+	td                           spiffeid.TrustDomain
+	audit                        *audit.Log
+	signer                       ca.Signer
+	authority                    *ca.Authority
+	serving                      *server.ServingCert
+	tokens                       *identity.Tokens
+	sharedToken                  *identity.SharedToken
+	registry, kubeconfigClusters *server.Registry
+	reps                         *replicas
+	status                       *server.KubeStatus
+	view                         *server.View
+	mirror                       *server.Mirror
+	sharedSnaps                  *server.SharedSnapshots
+	outputs                      *server.Outputs
+	heads                        *heads.Writer
+	admitter                     *admission.Engine
+	loader                       *admission.Loader
+	ctl                          *controller.Controller
+	trust                        *trust.Controller
+	inProcess                    *server.InProcessAgents
+	srv                          *server.Server
+	webhook                      *admission.Registration
+	relayLis, metricsLis         net.Listener
+	addrs                        Addresses
+
+	// closers run when Run returns, last first.
+	closers []func()
+}
+
+// waitFor makes Run, as it returns, wait for done, at most limit; late, if
+// set, is logged when the limit passes first.
+func (p *process) waitFor(done <-chan struct{}, limit time.Duration, late string) {
+	p.closers = append(p.closers, func() {
+		select {
+		case <-done:
+		case <-time.After(limit):
+			if late != "" {
+				p.log.Warn(late)
+			}
+		}
+	})
+}
+
+// Run validates cfg, builds the management server and serves until ctx
+// ends (nil) or serving fails.
+func Run(ctx context.Context, cfg Config, deps Deps) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if deps.Kube == nil || deps.Logger == nil {
+		return errors.New("server: Deps.Kube and Deps.Logger are required")
+	}
+	p := &process{cfg: cfg, kube: deps.Kube, log: deps.Logger.With("component", "server"), reg: deps.Registry, deps: deps}
+	if p.reg == nil {
+		p.reg = prometheus.NewRegistry()
+	}
+	defer p.close()
+	for _, step := range []func(context.Context) error{
+		p.newIdentity, p.newClusters, p.newStatus, p.newDataPath, p.newSharedSnapshots,
+		p.newOutputs, p.newTranslation, p.newRelayServer, p.newListeners, p.newWebhook, p.newOps,
+	} {
+		if err := step(ctx); err != nil {
+			return err
+		}
+	}
+	p.addOnceOnlyWork()
+	p.runOnceOnlyWork(ctx)
+	return p.serve(ctx)
+}
+
+// close stops what Run started and waits for what must end, last first.
+func (p *process) close() {
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		p.closers[i]()
+	}
+}
+
+// newIdentity builds what agents prove themselves with and get their
+// certificates from: the audit log, the relay CA, the serving certificate,
+// the bootstrap tokens.
+func (p *process) newIdentity(ctx context.Context) error {
+	p.td = spiffeid.RequireTrustDomainFromString(p.cfg.TrustDomain) // Validate checked it
+	if _, err := p.kube.Typed.CoreV1().Namespaces().Get(ctx, p.cfg.Namespace, metav1.GetOptions{}); err != nil {
+		return fmt.Errorf("namespace %s: %w", p.cfg.Namespace, err)
+	}
+	auditLog, err := audit.Open(audit.Config{Path: p.cfg.AuditLog, Sync: true})
+	if err != nil {
+		return fmt.Errorf("audit log: %w", err)
+	}
+	p.audit = auditLog
+	p.closers = append(p.closers, func() { _ = auditLog.Close() })
+	if err := p.newSigner(ctx); err != nil {
+		return err
+	}
+	if p.authority, err = ca.New(ca.Config{Signer: p.signer, AgentTTL: p.cfg.AgentCertTTL}); err != nil {
+		return err
+	}
+	if err := p.newReplicas(); err != nil {
+		return err
+	}
+	if err := p.newServing(ctx); err != nil {
+		return err
+	}
+	return p.newTokens(ctx)
+}
+
+// newServing issues the relay port's certificate. relay-server-tls-secret
+// has one writer: the only replica, at once, or with several the Lease
+// holder (the once-only task serving-secret).
+func (p *process) newServing(ctx context.Context) error {
+	ips, err := parseIPs("--server-ips", p.cfg.ServerIPs)
+	if err != nil {
+		return err
+	}
+	var store func(context.Context, []byte, []byte) error
+	if !p.reps.several {
+		store = p.storeServingSecret
+	}
+	if p.serving, err = server.NewServingCert(ctx, p.authority, p.cfg.ServerDNSNames, ips, store, p.log); err != nil {
+		return err
+	}
+	if p.reps.several {
+		p.serving.SetStore(p.storeServingSecret, p.reps.leading)
+	}
+	go p.serving.Run(ctx)
+	return nil
+}
+
+// storeServingSecret writes relay-server-tls-secret for operators and tools
+// that expect it; every replica serves its own certificate from memory.
+func (p *process) storeServingSecret(ctx context.Context, certPEM, keyPEM []byte) error {
+	return kubeutil.UpsertSecret(ctx, p.kube.Typed, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "relay-server-tls-secret", Namespace: p.cfg.Namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}},
+		Type:       corev1.SecretTypeTLS,
+		Data:       map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM},
+	})
+}
+
+// newTokens builds the bootstrap tokens (records from a watch: a
+// bootstrap is one API call) and, WEAKER, the shared token.
+func (p *process) newTokens(ctx context.Context) error {
+	store, err := identity.NewKubeTokenStore(p.kube.Typed, p.cfg.Namespace)
+	if err != nil {
+		return err
+	}
+	if err := store.WatchCache(ctx); err != nil {
+		return err
+	}
+	if p.tokens, err = identity.NewTokens(identity.TokensConfig{Store: store}); err != nil {
+		return err
+	}
+	if !p.cfg.AllowSharedToken {
+		return nil
+	}
+	sec, err := p.kube.Typed.CoreV1().Secrets(p.cfg.Namespace).Get(ctx, identity.TokenSecret, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("--allow-shared-token: secret %s/%s: %w", p.cfg.Namespace, identity.TokenSecret, err)
+	}
+	if p.sharedToken, err = identity.NewSharedToken(string(sec.Data[identity.KeyToken])); err != nil {
+		return fmt.Errorf("--allow-shared-token: %w", err)
+	}
+	return nil
+}
+
+// newClusters watches the registered clusters (relay mode and, if
+// allowed, kubeconfig mode).
+func (p *process) newClusters(ctx context.Context) error {
+	p.registry = server.NewRegistry()
+	if p.cfg.AllowKubeconfigClusters {
+		p.kubeconfigClusters = server.NewRegistry()
+		p.log.Warn("kubeconfig-mode clusters are allowed: the server will hold credentials for every cluster registered that way; relay mode is the secure choice")
+	}
+	return server.WatchClusters(ctx, p.kube.Dynamic, p.cfg.Namespace, p.registry, p.kubeconfigClusters, p.log)
+}
+
+// place is what this replica knows of cluster c now.
+func (p *process) place(c string) clusterPlace {
+	_, relayMode := p.registry.Lookup(c)
+	_, kubeconfigMode := p.kubeconfigClusters.Lookup(c)
+	return clusterPlace{session: p.view.Has(c), relay: relayMode, kubeconfig: kubeconfigMode, leading: p.reps.leading()}
+}
+
+// registered says whether cluster c is registered in either mode.
+func (p *process) registered(c string) bool {
+	_, relayMode := p.registry.Lookup(c)
+	_, kubeconfigMode := p.kubeconfigClusters.Lookup(c)
+	return isRegistered(clusterPlace{relay: relayMode, kubeconfig: kubeconfigMode})
+}
+
+// clusterNames are the registered clusters of both modes.
+func (p *process) clusterNames() []string {
+	return append(p.registry.Names(), p.kubeconfigClusters.Names()...)
+}
+
+// newStatus builds the clusters' status writer (with several replicas,
+// state they share goes through the apiserver).
+func (p *process) newStatus(ctx context.Context) error {
+	p.status = server.NewKubeStatus(p.kube.Dynamic, p.cfg.Namespace, p.log, server.StatusConfig{Replica: p.reps.name})
+	p.registry.OnRevoke(p.status.Forget)
+	go p.status.Run(ctx)
+	return nil
+}
+
+// newDataPath builds the view of the clusters' snapshots and the mirror
+// that turns them into discovered objects.
+func (p *process) newDataPath(ctx context.Context) error {
+	p.view = server.NewView()
+	// Acks go to the cluster's status, where the replica holding the Lease
+	// reads every cluster's, whichever replica the agent talks to.
+	p.view.OnAck(func(c string) { p.status.Acked(c, p.view.Ack(c)) })
+	workloadsIn := multiclusterv1alpha1.WorkloadsInAPIServer
+	if p.cfg.SnapshotStore.Kind == StoreRedis {
+		workloadsIn = multiclusterv1alpha1.WorkloadsInRedis
+	}
+	p.view.OnSnapshot(func(c string) {
+		if snap := p.view.Snapshot(c); snap != nil {
+			p.status.Discovered(c, server.Summarize(snap, workloadsIn))
+		}
+	})
+	mirrorCfg := server.MirrorConfig{Registerer: p.reg, WorkloadsElsewhere: p.cfg.SnapshotStore.Kind == StoreRedis}
+	if p.reps.several {
+		mirrorCfg.Owns = func(c string) bool { return ownsDiscovered(p.place(c)) }
+	}
+	p.mirror = server.NewMirrorWithConfig(p.kube.Dynamic, p.cfg.Namespace, p.view, p.log, mirrorCfg)
+	p.registry.OnRevoke(p.mirror.Kick)
+	go p.mirror.Run(ctx)
+	return nil
+}
+
+// newOutputs builds the per-cluster outputs, with several replicas in the
+// order of the leader's heads, and the pass-through objects.
+func (p *process) newOutputs(ctx context.Context) error {
+	p.outputs = server.NewOutputs(time.Now())
+	if p.reps.several {
+		store := heads.New(p.reps.coord, p.cfg.Namespace, p.log)
+		store.OnChange(p.outputs.HeadChanged)
+		if err := store.Start(ctx); err != nil {
+			return err
+		}
+		p.outputs.UseHeads(store.Head)
+		p.heads = heads.NewWriter(store, p.outputs, p.log)
+		// A term's leader adopted the heads: statuses and rotations start.
+		p.heads.Adopted = func() { p.ctl.Kick(); p.trust.Kick() }
+		p.outputs.OnPublish(p.heads.Dirty)
+	}
+	_, err := server.RunPassthrough(ctx, p.kube.Dynamic, p.cfg.Namespace, p.outputs, p.log, p.sources()...)
+	return err
+}
+
+// sources are the registries of both modes.
+func (p *process) sources() []*server.Registry {
+	if p.kubeconfigClusters != nil {
+		return []*server.Registry{p.registry, p.kubeconfigClusters}
+	}
+	return []*server.Registry{p.registry}
+}

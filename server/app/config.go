@@ -1,0 +1,270 @@
+// Package app assembles the management server process: a typed Config with
+// Default and Validate, and Run, which builds the component graph top-down
+// (one newX per component, in the order they depend on each other) and
+// serves until its context ends.
+//
+// cmd/relaymesh only maps flags to a Config and calls Run; tests build the
+// same assembly in-process (server/servertest). The work that must happen
+// once across the replicas is one table (onceOnlyWork, once.go); which
+// replica owns what is a set of named rules (rules.go).
+package app
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/relaymesh/relaymesh/internal/logging"
+	"github.com/relaymesh/relaymesh/internal/text"
+	"github.com/relaymesh/relaymesh/relay"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Config is the management server's configuration. Every field has the
+// flag of `relaymesh server` it comes from; Validate names that flag.
+type Config struct {
+	// Namespace of the server's Secrets, Leases and user config (--namespace).
+	Namespace string
+	// Listen is the relay gRPC address (--listen); MetricsListen serves
+	// /metrics, /healthz, /readyz and /debug (--metrics-listen).
+	Listen, MetricsListen string
+	// TrustDomain of agent identities (--trust-domain).
+	TrustDomain string
+	// ServerDNSNames and ServerIPs name the server in its certificate
+	// (--server-dns-names, --server-ips).
+	ServerDNSNames, ServerIPs []string
+	// AuditLog is the hash-chained audit log's path (--audit-log). Required.
+	AuditLog string
+	// LogLevel is debug, info, warn or error (--log-level).
+	LogLevel string
+	// CA is the relay CA: generated, or provided.
+	CA CAConfig
+	// AgentCertTTL is the lifetime of agent client certificates
+	// (--agent-cert-ttl).
+	AgentCertTTL time.Duration
+	// AllowSharedToken (WEAKER, --allow-shared-token) also accepts the
+	// shared token of relay-identity-token-secret.
+	AllowSharedToken bool
+	// AllowKubeconfigClusters (WEAKER, --allow-kubeconfig-clusters)
+	// manages clusters registered in kubeconfig mode.
+	AllowKubeconfigClusters bool
+	// Webhook is the admission webhook (off without Listen).
+	Webhook WebhookConfig
+	// DebugEndpoints is "authenticated" or "off" (--debug-endpoints).
+	DebugEndpoints string
+	// PKCS11Modules a VirtualMesh's PKCS#11 root may name (--pkcs11-module).
+	PKCS11Modules []string
+	// KubeQPS the server's Kubernetes client may send (--kube-qps); the
+	// caller builds the clients with it.
+	KubeQPS float64
+	// ReplicaName names this replica in Leases and statuses
+	// (--replica-name; empty: $POD_NAME, else host name and process ID).
+	ReplicaName string
+	// LeaderElect: one of several replicas, the once-only work under the
+	// Lease relaymesh-server (--leader-elect); false: the only replica.
+	LeaderElect bool
+	// LeaseDuration, RenewDeadline and RetryPeriod of the Lease
+	// (--leader-lease-duration, --leader-renew-deadline,
+	// --leader-retry-period).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Connections and Clusters are the relay's limits (--max-connections…,
+	// --cluster-…).
+	Connections relay.ConnectionLimits
+	Clusters    relay.ClusterLimits
+	// SnapshotStore is where the replicas keep full snapshots.
+	SnapshotStore SnapshotStoreConfig
+}
+
+// CAConfig selects the relay CA: generated (all empty), three PEM files,
+// or a Secret in the namespace.
+type CAConfig struct {
+	// CertFile, KeyFile and RootsFile (--ca-cert, --ca-key, --ca-roots).
+	CertFile, KeyFile, RootsFile string
+	// Secret in Namespace with tls.crt, tls.key and ca.crt (--ca-secret).
+	Secret string
+}
+
+// WebhookConfig configures the admission webhook.
+type WebhookConfig struct {
+	// Listen serves the webhook (--webhook-listen); empty: no webhook.
+	Listen string
+	// URL or Service (NAMESPACE/NAME[:PORT]) the kube-apiserver calls
+	// (--webhook-url, --webhook-service): exactly one with Listen.
+	URL, Service string
+	// DNSNames and IPs of its certificate (--webhook-dns-names,
+	// --webhook-ips); empty: derived from URL or Service.
+	DNSNames, IPs []string
+	// FailurePolicy is Fail or (WEAKER) Ignore (--webhook-failure-policy).
+	FailurePolicy string
+	// ClientCAFile authenticates the apiserver (--webhook-client-ca);
+	// AllowUnauthenticated (WEAKER) is the alternative.
+	ClientCAFile         string
+	AllowUnauthenticated bool
+}
+
+// Default is the configuration of `relaymesh server` without flags (no
+// audit log yet: Validate requires one).
+func Default() Config {
+	return Config{
+		Namespace:      "relaymesh",
+		Listen:         ":9900",
+		MetricsListen:  ":9091",
+		TrustDomain:    "relaymesh.local",
+		ServerDNSNames: []string{"localhost", "relaymesh-server", "relaymesh-server.relaymesh.svc"},
+		ServerIPs:      []string{"127.0.0.1"},
+		LogLevel:       "info",
+		AgentCertTTL:   24 * time.Hour,
+		Webhook:        WebhookConfig{FailurePolicy: "Fail"},
+		DebugEndpoints: DebugAuthenticated,
+		KubeQPS:        200,
+		LeaderElect:    true,
+		LeaseDuration:  8 * time.Second,
+		RenewDeadline:  5 * time.Second,
+		RetryPeriod:    time.Second,
+		Connections: relay.ConnectionLimits{MaxConnections: 32768, MaxConnectionsPerAddress: 256, MaxPreAuth: 1024,
+			MaxPreAuthPerAddress: 16, StreamsPerSecond: 50},
+		Clusters:      relay.ClusterLimits{RenewsPerMinute: 6, MaxSessions: 32},
+		SnapshotStore: SnapshotStoreConfig{Kind: StoreAPIServer},
+	}
+}
+
+// Values of Config.DebugEndpoints.
+const (
+	DebugAuthenticated = "authenticated"
+	DebugOff           = "off"
+)
+
+// Validate reports every problem of c, each naming its flag. It reads no
+// file and makes no request.
+func (c Config) Validate() error {
+	var errs []error
+	if _, err := logging.ParseLevel(c.LogLevel); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", text.Truncate(c.LogLevel, 40)))
+	}
+	if _, err := spiffeid.TrustDomainFromString(c.TrustDomain); err != nil {
+		errs = append(errs, fmt.Errorf("--trust-domain: %w", err))
+	}
+	if c.LeaderElect && !(c.RetryPeriod > 0 && c.RetryPeriod < c.RenewDeadline && c.RenewDeadline < c.LeaseDuration) {
+		errs = append(errs, errors.New("leader election needs 0 < --leader-retry-period < --leader-renew-deadline < --leader-lease-duration"))
+	}
+	if c.ReplicaName != "" && len(validation.IsDNS1123Subdomain(c.ReplicaName)) > 0 {
+		errs = append(errs, fmt.Errorf("--replica-name %q: must be a DNS subdomain (lowercase letters, digits, '-' and '.')", text.Truncate(c.ReplicaName, 80)))
+	}
+	if c.AuditLog == "" {
+		errs = append(errs, errors.New("--audit-log is required: every issuance and denial must be recorded"))
+	}
+	if c.Namespace == "" {
+		errs = append(errs, errors.New("--namespace must not be empty"))
+	}
+	errs = append(errs, c.Webhook.validate()...)
+	errs = append(errs, c.validateLimits()...)
+	switch c.DebugEndpoints {
+	case DebugAuthenticated, DebugOff:
+	default:
+		errs = append(errs, fmt.Errorf("--debug-endpoints %q: use authenticated or off", c.DebugEndpoints))
+	}
+	errs = append(errs, c.CA.validate()...)
+	if len(c.ServerDNSNames) == 0 && len(c.ServerIPs) == 0 {
+		errs = append(errs, errors.New("--server-dns-names or --server-ips must name the server"))
+	}
+	if _, err := parseIPs("--server-ips", c.ServerIPs); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, c.SnapshotStore.Check("--snapshot-store=redis")...)
+	return errors.Join(errs...)
+}
+
+// validateLimits checks the relay's limits and the client's rate.
+func (c Config) validateLimits() []error {
+	var errs []error
+	for _, l := range []struct {
+		flag string
+		v    int
+	}{
+		{"--max-connections", c.Connections.MaxConnections}, {"--max-connections-per-address", c.Connections.MaxConnectionsPerAddress},
+		{"--max-preauth-connections", c.Connections.MaxPreAuth}, {"--max-preauth-connections-per-address", c.Connections.MaxPreAuthPerAddress},
+		{"--cluster-max-streams", c.Clusters.MaxSessions},
+	} {
+		if l.v < 1 {
+			errs = append(errs, fmt.Errorf("%s must be at least 1", l.flag))
+		}
+	}
+	for _, l := range []struct {
+		flag string
+		v    float64
+	}{
+		{"--kube-qps", c.KubeQPS}, {"--connection-streams-per-second", c.Connections.StreamsPerSecond},
+		{"--cluster-renewals-per-minute", c.Clusters.RenewsPerMinute},
+	} {
+		if l.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive", l.flag))
+		}
+	}
+	return errs
+}
+
+func (c CAConfig) validate() []error {
+	var errs []error
+	provided := 0
+	for _, v := range []string{c.CertFile, c.KeyFile, c.RootsFile} {
+		if v != "" {
+			provided++
+		}
+	}
+	if provided != 0 && provided != 3 {
+		errs = append(errs, errors.New("--ca-cert, --ca-key and --ca-roots go together"))
+	}
+	if provided != 0 && c.Secret != "" {
+		errs = append(errs, errors.New("--ca-secret and --ca-cert/--ca-key/--ca-roots are alternatives"))
+	}
+	return errs
+}
+
+func (w WebhookConfig) validate() []error {
+	var errs []error
+	if w.Listen == "" && (w.URL != "" || w.Service != "") {
+		errs = append(errs, errors.New("--webhook-url and --webhook-service need --webhook-listen"))
+	}
+	if w.Listen != "" {
+		if _, err := w.Target(); err != nil {
+			errs = append(errs, err)
+		}
+		if (w.ClientCAFile == "") == !w.AllowUnauthenticated {
+			errs = append(errs, errors.New("--webhook-listen needs --webhook-client-ca (the apiserver authenticates with its client certificate) or, WEAKER, --webhook-allow-unauthenticated, not both"))
+		}
+	}
+	return errs
+}
+
+// parseIPs parses the IP addresses of flag.
+func parseIPs(flag string, list []string) ([]net.IP, error) {
+	var ips []net.IP
+	for _, s := range list {
+		ip := net.ParseIP(s)
+		if ip == nil {
+			return nil, fmt.Errorf("%s: %q is not an IP address", flag, text.Truncate(s, 80))
+		}
+		ips = append(ips, ip)
+	}
+	return ips, nil
+}
+
+// streamLimits are the relay's connection limits, with the stream burst
+// that goes with --connection-streams-per-second.
+func (c Config) streamLimits() relay.ConnectionLimits {
+	l := c.Connections
+	l.StreamBurst = int(min(4*l.StreamsPerSecond, 1<<20))
+	return l
+}
+
+// reservedSecrets are the Secrets of the namespace no VirtualMesh may use
+// as a root: a provided relay CA's (the generated relay CA's are always
+// reserved).
+func (c Config) reservedSecrets() []string {
+	if c.CA.Secret == "" {
+		return nil
+	}
+	return []string{c.CA.Secret}
+}

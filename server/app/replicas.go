@@ -1,0 +1,123 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/relaymesh/relaymesh/internal/text"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/leader"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// ReplicaHeartbeat is how often a replica renews its own Lease, and how
+// often the leader looks for clusters of replicas that are gone (their
+// Lease lasts 3 heartbeats).
+const ReplicaHeartbeat = 5 * time.Second
+
+// replicas is how this process works beside other replicas of the server.
+type replicas struct {
+	// several: one of several replicas under the Lease (--leader-elect);
+	// false: the only one.
+	several bool
+	// name of this replica ("" when it is the only one).
+	name string
+	// add registers work that must run on one replica at a time; run runs
+	// it (under the Lease, or unconditionally when this is the only
+	// replica) until ctx ends.
+	add func(leader.Task)
+	run func(context.Context)
+	// coord is the client of the Leases and heads (nil for the only
+	// replica).
+	coord kubernetes.Interface
+	// leading reports whether this replica runs the once-only work now.
+	leading func() bool
+	// abstain gives up the Lease and stops campaigning while true (nil for
+	// the only replica).
+	abstain func(bool)
+}
+
+// ReplicaName is name if set, else podName, else the host name and the
+// process ID (two processes on one host must not share an identity: both
+// would think they hold the Lease), made a DNS subdomain.
+func ReplicaName(name, podName, host string, pid int) string {
+	if name == "" {
+		name = podName
+	}
+	if name == "" {
+		name = fmt.Sprintf("%s-%d", host, pid)
+	}
+	name = strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '.':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, name)
+	return strings.Trim(text.Truncate(name, 200), "-.")
+}
+
+// newReplicas sets up the replicas: the Lease relaymesh-server
+// (LeaderElect, the default), or this process alone.
+func (p *process) newReplicas() error {
+	if !p.cfg.LeaderElect {
+		p.log.Warn("leader election is off (--leader-elect=false): this process runs the once-only work; run exactly one server replica")
+		var tasks []leader.Task
+		p.reps = &replicas{add: func(t leader.Task) { tasks = append(tasks, t) }, run: func(ctx context.Context) {
+			for _, t := range tasks {
+				go t.Run(ctx)
+			}
+		}, leading: func() bool { return true }}
+		return nil
+	}
+	// Coordination (the Leases, the heads) has a client of its own: behind
+	// a storm's thousands of status and mirror writes in the shared
+	// client's rate limiter, a Lease renewal would miss its deadline and
+	// a head would reach the agents seconds late.
+	cfg := rest.CopyConfig(p.kube.Config)
+	cfg.QPS, cfg.Burst = 50, 100
+	coord, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	host, _ := os.Hostname()
+	name := ReplicaName(p.cfg.ReplicaName, os.Getenv("POD_NAME"), host, os.Getpid())
+	e, err := leader.New(leader.Config{Client: coord, Namespace: p.cfg.Namespace, Name: leader.ServerLease, Identity: name,
+		LeaseDuration: p.cfg.LeaseDuration, RenewDeadline: p.cfg.RenewDeadline, RetryPeriod: p.cfg.RetryPeriod, Logger: p.log, Registerer: p.reg})
+	if err != nil {
+		return err
+	}
+	p.log.Info("leader election on: once-only work runs while this replica holds the Lease", "lease", p.cfg.Namespace+"/"+leader.ServerLease, "replica", name)
+	p.reps = &replicas{several: true, name: name, add: e.Add, run: e.Run, leading: e.Leading, abstain: e.Abstain, coord: coord}
+	return nil
+}
+
+// heartbeat renews this replica's own Lease (several replicas only). A
+// replica cut off from the apiserver cannot learn of deregistrations: it
+// fails closed and its agents move on. As it stops, it deletes its Lease:
+// waiting for that lets the leader sweep its sessions at once.
+func (p *process) heartbeat(ctx context.Context) {
+	if !p.reps.several {
+		return
+	}
+	hb := leader.HeartbeatConfig{Client: p.reps.coord, Namespace: p.cfg.Namespace, Replica: p.reps.name, Period: ReplicaHeartbeat, Logger: p.log, Isolated: p.srv.SetIsolated}
+	if p.sharedSnaps != nil {
+		hb.Store = func() string { return storeState(p.sharedSnaps) }
+		go p.sharedSnaps.Guard(ctx, storeCutGrace, storeDetect, p.othersReachStore, func(cut bool) {
+			p.srv.SetCutOff(server.CutOffSnapshotStore, cut)
+			p.reps.abstain(cut)
+		})
+	}
+	done := make(chan struct{})
+	go func() {
+		leader.Heartbeat(ctx, hb)
+		close(done)
+	}()
+	p.waitFor(done, 3*time.Second, "")
+}
