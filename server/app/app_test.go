@@ -1,0 +1,212 @@
+package app
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/ca/backend"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// names are the names of tasks.
+func names(tasks []onceOnlyTask) []string {
+	var out []string
+	for _, t := range tasks {
+		out = append(out, t.name)
+	}
+	return out
+}
+
+// The once-only table is the whole difference between one replica and
+// several: the only replica runs the work every setup needs (and writes
+// its serving secret at once, outside the table); several replicas add the
+// session sweep, the replica Leases' collection, the serving secret and
+// the output heads; Redis, kubeconfig-mode clusters and the webhook add
+// their own rows.
+func TestOnceOnlyWorkDependsOnlyOnTheSetup(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup setup
+		want  []string
+	}{
+		{"the only replica", setup{}, []string{"token-mint-audit", "orphan-collection", "status-and-rotation"}},
+		{"several replicas", setup{several: true}, []string{"token-mint-audit", "session-sweep", "replica-lease-collection",
+			"serving-secret", "orphan-collection", "output-heads", "status-and-rotation"}},
+		{"the only replica with everything", setup{redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
+			"snapshot-store-collection", "orphan-collection", "status-and-rotation", "kubeconfig-clusters", "webhook-configuration"}},
+		{"several replicas with everything", setup{several: true, redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
+			"session-sweep", "replica-lease-collection", "serving-secret", "snapshot-store-collection", "orphan-collection",
+			"output-heads", "status-and-rotation", "kubeconfig-clusters", "webhook-configuration"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, names(tasksFor(tc.setup)))
+		})
+	}
+	seen := map[string]bool{}
+	for _, task := range onceOnlyWork {
+		assert.False(t, seen[task.name], "task %s is in the table twice", task.name)
+		seen[task.name] = true
+		require.NotNil(t, task.when, task.name)
+		require.NotNil(t, task.run, task.name)
+	}
+}
+
+// With several replicas, the replica holding a cluster's session writes its
+// discovered objects; the leader deletes those of a cluster registered in
+// neither mode; no one else touches them.
+func TestOnlyTheSessionHolderOrTheLeaderOwnsDiscoveredObjects(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		place clusterPlace
+		owns  bool
+	}{
+		{"session here", clusterPlace{session: true, relay: true}, true},
+		{"session here while leading", clusterPlace{session: true, relay: true, leading: true}, true},
+		{"registered, session elsewhere", clusterPlace{relay: true}, false},
+		{"registered, session elsewhere, leading", clusterPlace{relay: true, leading: true}, false},
+		{"kubeconfig mode, run by another leader", clusterPlace{kubeconfig: true}, false},
+		{"kubeconfig mode while leading but not yet discovered", clusterPlace{kubeconfig: true, leading: true}, false},
+		{"deregistered, following", clusterPlace{}, false},
+		{"deregistered, leading: the leader deletes", clusterPlace{leading: true}, true},
+		{"deregistered, last snapshot still here", clusterPlace{session: true}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.owns, ownsDiscovered(tc.place))
+		})
+	}
+	assert.True(t, isRegistered(clusterPlace{relay: true}))
+	assert.True(t, isRegistered(clusterPlace{kubeconfig: true}))
+	assert.False(t, isRegistered(clusterPlace{session: true, leading: true}), "a session alone does not register a cluster")
+}
+
+// Several replicas read acknowledgements from the clusters' status (the
+// leader sees every agent's) and forget a snapshot when its session moves
+// on; the only replica reads its own view and keeps nothing to release.
+func TestSeveralReplicasShareAcksThroughStatusAndReleaseMovedSessions(t *testing.T) {
+	view := server.NewView()
+	status := server.NewKubeStatus(nil, "relaymesh", slog.New(slog.DiscardHandler), server.StatusConfig{Replica: "r1"})
+	assert.Same(t, status, acksFrom(true, view, status))
+	assert.Same(t, view, acksFrom(false, view, status))
+	_, releases := sessionSink(true, status, view, nil).(releasingSink)
+	assert.True(t, releases)
+	assert.Same(t, status, sessionSink(false, status, view, nil))
+}
+
+// A replica's name is the flag, else $POD_NAME, else host and process ID,
+// made a DNS subdomain; two processes on one host get two names.
+func TestReplicaNameIsUniquePerProcessAndADNSSubdomain(t *testing.T) {
+	for _, tc := range []struct {
+		flag, pod, host string
+		pid             int
+		want            string
+	}{
+		{"server-0", "pod-1", "host", 7, "server-0"},
+		{"", "relaymesh-server-5d8f", "host", 7, "relaymesh-server-5d8f"},
+		{"", "", "Build_Host.local", 42, "build-host.local-42"},
+		{"", "", "", 9, "9"},
+		{"", "", "-.x.-", 1, "x.--1"},
+	} {
+		assert.Equal(t, tc.want, ReplicaName(tc.flag, tc.pod, tc.host, tc.pid), "%+v", tc)
+	}
+	long := ReplicaName(strings.Repeat("a", 500), "", "", 0)
+	assert.LessOrEqual(t, len(long), 200)
+}
+
+// The default Config validates once an audit log is named, and every bad
+// field is reported with the flag it comes from.
+func TestConfigErrorsNameTheirFlag(t *testing.T) {
+	ok := Default()
+	ok.AuditLog = "audit.log"
+	require.NoError(t, ok.Validate())
+	require.ErrorContains(t, Default().Validate(), "--audit-log is required")
+	for _, tc := range []struct {
+		edit func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.LogLevel = "loud" }, "--log-level"},
+		{func(c *Config) { c.TrustDomain = "Not A Domain" }, "--trust-domain"},
+		{func(c *Config) { c.RenewDeadline = c.LeaseDuration }, "--leader-renew-deadline < --leader-lease-duration"},
+		{func(c *Config) { c.ReplicaName = "Replica_0" }, "--replica-name"},
+		{func(c *Config) { c.Namespace = "" }, "--namespace"},
+		{func(c *Config) { c.Webhook.URL = "https://x/validate" }, "--webhook-url and --webhook-service need --webhook-listen"},
+		{func(c *Config) { c.Webhook.Listen, c.Webhook.Service = ":9443", "x/y:0" }, "--webhook-service"},
+		{func(c *Config) { c.DebugEndpoints = "public" }, "--debug-endpoints"},
+		{func(c *Config) { c.CA.CertFile = "c.pem" }, "--ca-cert, --ca-key and --ca-roots go together"},
+		{func(c *Config) { c.CA = CAConfig{CertFile: "c", KeyFile: "k", RootsFile: "r", Secret: "s"} }, "--ca-secret"},
+		{func(c *Config) { c.ServerDNSNames, c.ServerIPs = nil, nil }, "--server-dns-names or --server-ips"},
+		{func(c *Config) { c.ServerIPs = []string{"10.0.0.300"} }, "--server-ips"},
+		{func(c *Config) { c.Connections.MaxPreAuthPerAddress = 0 }, "--max-preauth-connections-per-address"},
+		{func(c *Config) { c.KubeQPS = 0 }, "--kube-qps"},
+		{func(c *Config) { c.Clusters.MaxSessions = -1 }, "--cluster-max-streams"},
+		{func(c *Config) { c.SnapshotStore.Kind = "etcd2" }, "--snapshot-store"},
+		{func(c *Config) { c.SnapshotStore.Address = "redis:6379" }, "--redis-address needs --snapshot-store=redis"},
+	} {
+		c := ok
+		tc.edit(&c)
+		err := c.Validate()
+		require.Error(t, err, tc.want)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+	noElection := ok
+	noElection.LeaderElect, noElection.LeaseDuration, noElection.RenewDeadline, noElection.RetryPeriod = false, 0, 0, 0
+	assert.NoError(t, noElection.Validate(), "the only replica needs no Lease timing")
+}
+
+// The webhook's target comes from exactly one of URL and Service, and its
+// certificate names default to theirs.
+func TestWebhookTargetNamesWhatTheAPIServerDials(t *testing.T) {
+	w := WebhookConfig{Listen: ":9443", FailurePolicy: "Fail", Service: "relaymesh/relaymesh-webhook:443"}
+	target, err := w.Target()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"relaymesh-webhook.relaymesh.svc", "relaymesh-webhook.relaymesh.svc.cluster.local"}, target.DNSNames)
+	assert.Equal(t, int32(443), target.Registration.ServicePort)
+	w.Service, w.URL = "", "https://127.0.0.1:9443/validate"
+	target, err = w.Target()
+	require.NoError(t, err)
+	require.Len(t, target.IPs, 1)
+	assert.Equal(t, "127.0.0.1", target.IPs[0].String())
+	w.DNSNames, w.IPs = []string{"hook.example"}, []string{"10.0.0.1"}
+	target, err = w.Target()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"hook.example"}, target.DNSNames)
+	assert.Equal(t, "10.0.0.1", target.IPs[0].String())
+	w.IPs = []string{strings.Repeat("x", 10000)}
+	_, err = w.Target()
+	require.ErrorContains(t, err, "--webhook-ips")
+	assert.Less(t, len(err.Error()), 200, "a hostile value is truncated in the error")
+}
+
+// The relay CA's signer comes from the one back-end list: the generated
+// CA by default, the secret back end for provided files or a Secret; each
+// selection is a valid ca/backend configuration.
+func TestRelayCASignerComesFromTheBackendList(t *testing.T) {
+	client := fake.NewClientset()
+	for _, tc := range []struct {
+		name string
+		ca   CAConfig
+		want backend.Type
+	}{
+		{"generated", CAConfig{}, backend.Generated},
+		{"files", CAConfig{CertFile: "c.pem", KeyFile: "k.pem", RootsFile: "r.pem"}, backend.Secret},
+		{"secret", CAConfig{Secret: "corp-ca"}, backend.Secret},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			c.CA = tc.ca
+			b := c.signerBackend(client, time.Now)
+			assert.Equal(t, tc.want, b.Type)
+			assert.NoError(t, b.Default().Validate())
+		})
+	}
+	c := Default()
+	c.CA.Secret = "corp-ca"
+	b := c.signerBackend(client, time.Now)
+	assert.Equal(t, "corp-ca", b.Secret.Name)
+	assert.Equal(t, c.Namespace, b.Secret.Namespace)
+	assert.Equal(t, []string{"corp-ca"}, c.reservedSecrets(), "a provided CA's Secret can never become a mesh root")
+}
