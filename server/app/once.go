@@ -76,20 +76,29 @@ func tasksFor(s setup) []onceOnlyTask {
 	return out
 }
 
-// MetricOnceOnlyRunning is 1 for each once-only task while it runs on this
-// replica.
-const MetricOnceOnlyRunning = "relaymesh_server_once_only_running"
+// Metrics of the once-only work, by task label: every task this process
+// has is listed from the start (0).
+const (
+	// MetricOnceOnlyRunning is 1 while the task runs on this replica.
+	MetricOnceOnlyRunning = "relaymesh_server_once_only_running"
+	// MetricOnceOnlyStarts counts the times this replica started the task.
+	MetricOnceOnlyStarts = "relaymesh_server_once_only_starts_total"
+)
 
 // addOnceOnlyWork registers this process's once-only work with its
-// replicas, each task reported by relaymesh_server_once_only_running.
+// replicas, each task reported by relaymesh_server_once_only_running and
+// relaymesh_server_once_only_starts_total.
 func (p *process) addOnceOnlyWork() {
 	running := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricOnceOnlyRunning,
 		Help: "1 while this replica runs the once-only task (task label); with several replicas only the Lease holder runs them."}, []string{"task"})
-	p.reg.MustRegister(running)
+	starts := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricOnceOnlyStarts,
+		Help: "Times this replica started the once-only task (task label): at each term it leads, or once on the only replica."}, []string{"task"})
+	p.reg.MustRegister(running, starts)
 	for _, t := range tasksFor(p.setup()) {
-		g := running.WithLabelValues(t.name)
+		g, c := running.WithLabelValues(t.name), starts.WithLabelValues(t.name)
 		g.Set(0)
 		p.reps.add(leader.Task{Name: t.name, Run: func(ctx context.Context) {
+			c.Inc()
 			g.Set(1)
 			defer g.Set(0)
 			t.run(p, ctx)
