@@ -57,6 +57,9 @@ func Rules() []Rule {
 			From: []string{"policy/...", "federation/..."}, Not: []string{"translation/controller/..."}},
 		{Name: "shared helpers (internal/...) import no role package; CLI-only helpers live under cmd/relaymesh/internal/",
 			From: []string{"internal/..."}, Not: slices.Clone(roles)},
+		{Name: "only commands (cmd/...) and server/app's own test harness (server/app/apptest) import the server's composition root (server/app)",
+			From: []string{"agent/...", "discovery/...", "translation/...", "trust/...", "federation/...", "policy/...", "dashboard/...",
+				"check/...", "ca/...", "identity/..."}, Not: []string{"server/app/..."}},
 	}
 }
 

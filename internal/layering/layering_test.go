@@ -111,6 +111,9 @@ func TestCheckFindsPlantedBadImports(t *testing.T) {
 		{name: "an internal helper imports trust",
 			plant: func(g *layering.Graph) { g.Imports["internal/registration"] = []string{"internal/text", "trust"} },
 			from:  "internal/registration", to: "trust", path: []string{"internal/registration", "trust"}},
+		{name: "the dashboard imports the server's composition root",
+			plant: func(g *layering.Graph) { g.Imports["dashboard"] = []string{"server/app"} },
+			from:  "dashboard", to: "server/app", path: []string{"dashboard", "server/app"}},
 		{name: "an internal helper reaches the dashboard through another",
 			plant: func(g *layering.Graph) {
 				g.Imports["internal/a"] = []string{"internal/b"}

@@ -14,8 +14,8 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/server/app"
+	"github.com/relaymesh/relaymesh/server/app/apptest"
 	"github.com/relaymesh/relaymesh/server/leader"
-	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -38,7 +38,7 @@ var (
 // when it dies, every replica keeps its own heartbeat Lease, and the relay
 // CA is generated once and shared.
 func TestTheWholeServerRunsEachOnceOnlyTaskOnOneReplicaAtATime(t *testing.T) {
-	kube := servertest.Management(t, "single")
+	kube := apptest.Management(t, "single")
 	t.Run("the only replica runs its once-only work itself, without Leases", func(t *testing.T) {
 		testOnlyReplica(t, kube, "single")
 	})
@@ -51,9 +51,9 @@ func TestTheWholeServerRunsEachOnceOnlyTaskOnOneReplicaAtATime(t *testing.T) {
 
 func testOnlyReplica(t *testing.T, kube *kubeclient.Clients, ns string) {
 	ctx := context.Background()
-	cfg := servertest.AppConfig(t, ns, "")
+	cfg := apptest.AppConfig(t, ns, "")
 	cfg.LeaderElect = false
-	a := servertest.StartApp(t, kube, cfg)
+	a := apptest.StartApp(t, kube, cfg)
 	require.Eventually(t, func() bool {
 		starts := a.Series(t, app.MetricOnceOnlyStarts, "task")
 		return slices.Equal(sortedKeys(starts), singleTasks) && allEqual(starts, 1)
@@ -76,10 +76,10 @@ func testOnlyReplica(t *testing.T, kube *kubeclient.Clients, ns string) {
 
 func testThreeReplicas(t *testing.T, kube *kubeclient.Clients, ns string) {
 	ctx := context.Background()
-	apps := map[string]*servertest.App{}
+	apps := map[string]*apptest.App{}
 	for i := range 3 {
 		name := fmt.Sprintf("replica-%d", i)
-		apps[name] = servertest.LaunchApp(t, kube, servertest.AppConfig(t, ns, name))
+		apps[name] = apptest.LaunchApp(t, kube, apptest.AppConfig(t, ns, name))
 	}
 	for _, a := range apps {
 		a.WaitServing(t)
@@ -99,7 +99,9 @@ func testThreeReplicas(t *testing.T, kube *kubeclient.Clients, ns string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	// Every replica has its own heartbeat Lease.
-	require.Eventually(t, func() bool { return slices.Equal(replicaLeases(t, kube, ns), []string{"replica-0", "replica-1", "replica-2"}) },
+	require.Eventually(t, func() bool {
+		return slices.Equal(replicaLeases(t, kube, ns), []string{"replica-0", "replica-1", "replica-2"})
+	},
 		30*time.Second, 200*time.Millisecond, "one heartbeat Lease per replica")
 	// The relay CA was generated once: every replica serves a certificate
 	// from the one root in relay-root-tls-secret.
@@ -128,7 +130,7 @@ func testThreeReplicas(t *testing.T, kube *kubeclient.Clients, ns string) {
 
 // waitForOneLeader waits until the Lease's holder is one of apps and runs
 // every task of a term, and the others run none; it returns the holder.
-func waitForOneLeader(t *testing.T, kube *kubeclient.Clients, ns string, apps map[string]*servertest.App) string {
+func waitForOneLeader(t *testing.T, kube *kubeclient.Clients, ns string, apps map[string]*apptest.App) string {
 	t.Helper()
 	var holder string
 	require.Eventually(t, func() bool {
@@ -142,14 +144,14 @@ func waitForOneLeader(t *testing.T, kube *kubeclient.Clients, ns string, apps ma
 	return holder
 }
 
-func assertOnlyHolderRuns(t *testing.T, apps map[string]*servertest.App, holder string) {
+func assertOnlyHolderRuns(t *testing.T, apps map[string]*apptest.App, holder string) {
 	t.Helper()
 	assert.Empty(t, onlyHolderRuns(t, apps, holder))
 }
 
 // onlyHolderRuns says what breaks "the holder runs every term task, no
 // other replica runs any" ("" if nothing).
-func onlyHolderRuns(t *testing.T, apps map[string]*servertest.App, holder string) string {
+func onlyHolderRuns(t *testing.T, apps map[string]*apptest.App, holder string) string {
 	for name, a := range apps {
 		running := a.Series(t, app.MetricOnceOnlyRunning, "task")
 		for _, task := range haTermTasks {

@@ -1,4 +1,10 @@
-package servertest
+// Package apptest builds the management server's real assembly (app.Run)
+// in-process for tests, on a local apiserver of test/localcluster: the
+// whole server, its once-only table and its replicas, the way `relaymesh
+// server` runs them. It is imported only from _test.go files; it lives
+// apart from server/servertest so that the server's and identity's tests
+// do not link the whole process (translation, trust, admission).
+package apptest
 
 import (
 	"context"
@@ -11,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/server/app"
+	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/dynamic"
@@ -57,7 +64,7 @@ type App struct {
 	Addrs app.Addresses
 	// Metrics is its registry.
 	Metrics   *prometheus.Registry
-	Logs      *SyncBuffer
+	Logs      *servertest.SyncBuffer
 	stop      context.CancelFunc
 	done      chan error
 	listening chan app.Addresses
@@ -77,7 +84,7 @@ func StartApp(t testing.TB, kube *kubeclient.Clients, cfg app.Config) *App {
 // together, as a Deployment's do.
 func LaunchApp(t testing.TB, kube *kubeclient.Clients, cfg app.Config) *App {
 	ctx, cancel := context.WithCancel(context.Background())
-	a := &App{Config: cfg, Metrics: prometheus.NewRegistry(), Logs: &SyncBuffer{}, stop: cancel, done: make(chan error, 1),
+	a := &App{Config: cfg, Metrics: prometheus.NewRegistry(), Logs: &servertest.SyncBuffer{}, stop: cancel, done: make(chan error, 1),
 		listening: make(chan app.Addresses, 1)}
 	deps := app.Deps{Kube: kube, Registry: a.Metrics,
 		Logger:    slog.New(slog.NewJSONHandler(a.Logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", cfg.ReplicaName),
