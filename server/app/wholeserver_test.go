@@ -132,15 +132,18 @@ func testThreeReplicas(t *testing.T, kube *kubeclient.Clients, ns string) {
 // every task of a term, and the others run none; it returns the holder.
 func waitForOneLeader(t *testing.T, kube *kubeclient.Clients, ns string, apps map[string]*apptest.App) string {
 	t.Helper()
-	var holder string
-	require.Eventually(t, func() bool {
+	var holder, why string
+	ok := assert.Eventually(t, func() bool {
 		l, err := kube.Typed.CoordinationV1().Leases(ns).Get(context.Background(), leader.ServerLease, metav1.GetOptions{})
 		if err != nil || l.Spec.HolderIdentity == nil || apps[*l.Spec.HolderIdentity] == nil {
+			why = fmt.Sprintf("no live replica holds the Lease (%v)", err)
 			return false
 		}
 		holder = *l.Spec.HolderIdentity
-		return onlyHolderRuns(t, apps, holder) == ""
+		why = onlyHolderRuns(t, apps, holder)
+		return why == ""
 	}, 2*time.Minute, 200*time.Millisecond, "one replica holds the Lease and runs the once-only work")
+	require.True(t, ok, "last seen: %s", why)
 	return holder
 }
 
