@@ -122,14 +122,15 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	if deps.Kube == nil || deps.Logger == nil {
 		return errors.New("server: Deps.Kube and Deps.Logger are required")
 	}
-	p := &process{cfg: cfg, kube: deps.Kube, log: deps.Logger.With("component", "server"), reg: deps.Registry, deps: deps}
+	p := &process{cfg: cfg, kube: deps.Kube, log: deps.Logger.With("component", "server"), reg: deps.Registry, deps: deps,
+		td: spiffeid.RequireTrustDomainFromString(cfg.TrustDomain)} // Validate checked it
 	if p.reg == nil {
 		p.reg = prometheus.NewRegistry()
 	}
 	defer p.close()
 	for _, step := range []func(context.Context) error{
-		p.newIdentity, p.newClusters, p.newStatus, p.newDataPath, p.newSharedSnapshots,
-		p.newOutputs, p.newTranslation, p.newRelayServer, p.newListeners, p.newWebhook, p.newOps,
+		p.newAudit, p.newSigner, p.newReplicas, p.newServing, p.newTokens, p.newClusters, p.newStatus, p.newDataPath,
+		p.newSharedSnapshots, p.newOutputs, p.newTranslation, p.newRelayServer, p.newListeners, p.newWebhook, p.newOps,
 	} {
 		if err := step(ctx); err != nil {
 			return err
@@ -147,11 +148,9 @@ func (p *process) close() {
 	}
 }
 
-// newIdentity builds what agents prove themselves with and get their
-// certificates from: the audit log, the relay CA, the serving certificate,
-// the bootstrap tokens.
-func (p *process) newIdentity(ctx context.Context) error {
-	p.td = spiffeid.RequireTrustDomainFromString(p.cfg.TrustDomain) // Validate checked it
+// newAudit opens the audit log in the server's namespace, which must
+// exist.
+func (p *process) newAudit(ctx context.Context) error {
 	if _, err := p.kube.Typed.CoreV1().Namespaces().Get(ctx, p.cfg.Namespace, metav1.GetOptions{}); err != nil {
 		return fmt.Errorf("namespace %s: %w", p.cfg.Namespace, err)
 	}
@@ -161,19 +160,7 @@ func (p *process) newIdentity(ctx context.Context) error {
 	}
 	p.audit = auditLog
 	p.closers = append(p.closers, func() { _ = auditLog.Close() })
-	if err := p.newSigner(ctx); err != nil {
-		return err
-	}
-	if p.authority, err = ca.New(ca.Config{Signer: p.signer, AgentTTL: p.cfg.AgentCertTTL}); err != nil {
-		return err
-	}
-	if err := p.newReplicas(); err != nil {
-		return err
-	}
-	if err := p.newServing(ctx); err != nil {
-		return err
-	}
-	return p.newTokens(ctx)
+	return nil
 }
 
 // newServing issues the relay port's certificate. relay-server-tls-secret

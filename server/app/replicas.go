@@ -65,7 +65,7 @@ func ReplicaName(name, podName, host string, pid int) string {
 
 // newReplicas sets up the replicas: the Lease relaymesh-server
 // (LeaderElect, the default), or this process alone.
-func (p *process) newReplicas() error {
+func (p *process) newReplicas(context.Context) error {
 	if !p.cfg.LeaderElect {
 		p.log.Warn("leader election is off (--leader-elect=false): this process runs the once-only work; run exactly one server replica")
 		var tasks []leader.Task

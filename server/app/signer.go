@@ -35,21 +35,25 @@ func (c Config) caFlag() string {
 	return "--ca-cert"
 }
 
-// newSigner builds the relay CA's signer. A provided CA's roots are
-// published in relay-root-tls-secret (ca.crt only) for registration to
-// copy to workload clusters.
+// newSigner builds the relay CA's signer and the authority that issues
+// with it. A provided CA's roots are published in relay-root-tls-secret
+// (ca.crt only) for registration to copy to workload clusters.
 func (p *process) newSigner(ctx context.Context) error {
 	b := p.cfg.signerBackend(p.kube.Typed, time.Now)
 	signer, err := backend.New(ctx, b)
-	if b.Type == backend.Generated {
-		p.signer = signer
+	switch {
+	case err != nil && b.Type == backend.Generated:
 		return err
-	}
-	if err != nil {
+	case err != nil:
 		return fmt.Errorf("%s: provided relay CA: %w", p.cfg.caFlag(), err)
+	case b.Type != backend.Generated:
+		if err := publishRoots(ctx, p.kube.Typed, p.cfg.Namespace, signer.Roots()); err != nil {
+			return err
+		}
 	}
 	p.signer = signer
-	return publishRoots(ctx, p.kube.Typed, p.cfg.Namespace, signer.Roots())
+	p.authority, err = ca.New(ca.Config{Signer: signer, AgentTTL: p.cfg.AgentCertTTL})
+	return err
 }
 
 // publishRoots writes the provided CA's roots into relay-root-tls-secret. It
