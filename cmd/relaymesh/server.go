@@ -24,6 +24,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeauth"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
+	"github.com/relaymesh/relaymesh/internal/lease"
 	"github.com/relaymesh/relaymesh/internal/logging"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/policy/admission"
@@ -251,7 +252,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	}
 	onceOnly := reps.add
 	// One audit record per minted token, not one per replica.
-	onceOnly(leader.Task{Name: "token-mint-audit", Run: func(ctx context.Context) {
+	onceOnly(lease.Task{Name: "token-mint-audit", Run: func(ctx context.Context) {
 		if err := identity.AuditTokenMints(ctx, kube.Typed, f.namespace, auditLog, log); err != nil && ctx.Err() == nil {
 			log.Error("cannot watch bootstrap tokens: their minting is not audited", "error", err)
 		}
@@ -262,12 +263,12 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	ha := reps.name != ""
 	status := server.NewKubeStatus(kube.Dynamic, f.namespace, log, server.StatusConfig{Replica: reps.name})
 	if ha {
-		onceOnly(leader.Task{Name: "session-sweep", Run: func(ctx context.Context) {
+		onceOnly(lease.Task{Name: "session-sweep", Run: func(ctx context.Context) {
 			status.Sweep(ctx, replicaHeartbeat, func(ctx context.Context) (map[string]bool, error) { return leader.Alive(ctx, reps.coord, f.namespace) })
 		}})
 		// Pods get new names on every rollout: the Leases of replicas gone
 		// for long are deleted, so they do not pile up.
-		onceOnly(leader.Task{Name: "replica-lease-collection", Run: func(ctx context.Context) {
+		onceOnly(lease.Task{Name: "replica-lease-collection", Run: func(ctx context.Context) {
 			for {
 				if gone, err := leader.CollectGone(ctx, reps.coord, f.namespace, time.Now()); err != nil && ctx.Err() == nil {
 					log.Warn("could not delete the Leases of gone replicas", "error", err)
@@ -284,7 +285,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	}
 	if ha {
 		serving.SetStore(storeServingSecret(kube, f.namespace), reps.leading)
-		onceOnly(leader.Task{Name: "serving-secret", Run: func(ctx context.Context) {
+		onceOnly(lease.Task{Name: "serving-secret", Run: func(ctx context.Context) {
 			if err := serving.Publish(ctx); err != nil && ctx.Err() == nil {
 				log.Warn("could not store the serving certificate's secret", "error", err)
 			}
@@ -351,9 +352,9 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		return err
 	}
 	if sharedSnaps != nil {
-		onceOnly(leader.Task{Name: "snapshot-store-collection", Run: func(ctx context.Context) { collectSharedSnapshots(ctx, sharedSnaps, registry, log) }})
+		onceOnly(lease.Task{Name: "snapshot-store-collection", Run: func(ctx context.Context) { collectSharedSnapshots(ctx, sharedSnaps, registry, log) }})
 	}
-	onceOnly(leader.Task{Name: "orphan-collection", Run: func(ctx context.Context) {
+	onceOnly(lease.Task{Name: "orphan-collection", Run: func(ctx context.Context) {
 		if err := mirror.CollectOrphans(ctx, registered); err != nil {
 			log.Warn("could not delete discovered objects of unregistered clusters", "error", err)
 		}
@@ -375,7 +376,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 			}
 		}
 		outputs.OnPublish(writer.Dirty)
-		onceOnly(leader.Task{Name: "output-heads", Run: writer.Lead})
+		onceOnly(lease.Task{Name: "output-heads", Run: writer.Lead})
 	}
 	sources := []*server.Registry{registry}
 	if kubeconfigClusters != nil {
@@ -413,7 +414,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		return err
 	}
 	afterAdopt = append(afterAdopt, ctl.Kick, trustCtl.Kick)
-	onceOnly(leader.Task{Name: "status-and-rotation", Run: func(ctx context.Context) {
+	onceOnly(lease.Task{Name: "status-and-rotation", Run: func(ctx context.Context) {
 		// Without heads (--leader-elect=false) nothing else starts a term's
 		// statuses; at a term's end, a follower re-reads what it follows.
 		ctl.Kick()
@@ -432,7 +433,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 		// cluster; at the end of its term the next leader's mirror takes
 		// the clusters' discovered objects over.
 		inProcess := server.NewInProcessAgents(kube.Typed, f.namespace, kubeconfigClusters, view, outputs, log)
-		onceOnly(leader.Task{Name: "kubeconfig-clusters", Run: func(ctx context.Context) {
+		onceOnly(lease.Task{Name: "kubeconfig-clusters", Run: func(ctx context.Context) {
 			for _, cluster := range inProcess.Run(ctx) {
 				mirror.Kick(cluster)
 			}
@@ -753,7 +754,7 @@ type replicas struct {
 	name string
 	// add registers work that must run on one replica at a time; run runs
 	// it (under the Lease, or unconditionally with --leader-elect=false).
-	add func(leader.Task)
+	add func(lease.Task)
 	run func(context.Context)
 	// coord is the client of the Leases and heads (nil without leader
 	// election).
@@ -794,8 +795,8 @@ func (f serverFlags) replica() string {
 func (f serverFlags) onceOnlyWork(kube *kubeclient.Clients, reg prometheus.Registerer, log *slog.Logger) (*replicas, error) {
 	if !f.leaderElect {
 		log.Warn("leader election is off (--leader-elect=false): this process runs the once-only work; run exactly one server replica")
-		var tasks []leader.Task
-		return &replicas{add: func(t leader.Task) { tasks = append(tasks, t) }, run: func(ctx context.Context) {
+		var tasks []lease.Task
+		return &replicas{add: func(t lease.Task) { tasks = append(tasks, t) }, run: func(ctx context.Context) {
 			for _, t := range tasks {
 				go t.Run(ctx)
 			}
@@ -812,8 +813,8 @@ func (f serverFlags) onceOnlyWork(kube *kubeclient.Clients, reg prometheus.Regis
 	if err != nil {
 		return nil, err
 	}
-	e, err := leader.New(leader.Config{Client: coord, Namespace: f.namespace, Name: serverLease, Identity: name,
-		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod, Logger: log, Registerer: reg})
+	e, err := lease.New(lease.Config{Client: coord, Namespace: f.namespace, Name: serverLease, Identity: name,
+		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod, Logger: log, Registerer: reg, Metrics: leader.Metrics()})
 	if err != nil {
 		return nil, err
 	}

@@ -18,9 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/internal/lease"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/server"
-	"github.com/relaymesh/relaymesh/server/leader"
 	"golang.org/x/time/rate"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -101,7 +101,7 @@ func (f serverFlags) webhookTarget() (webhookTarget, error) {
 // serveWebhook serves the admission webhook with a certificate from the
 // relay CA and registers it (caBundle: the relay roots). It returns a
 // function that stops serving.
-func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeclient.Clients, authority *ca.Authority, engine *admission.Engine, log *slog.Logger, onceOnly func(leader.Task)) (func(), error) {
+func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeclient.Clients, authority *ca.Authority, engine *admission.Engine, log *slog.Logger, onceOnly func(lease.Task)) (func(), error) {
 	t, err := f.webhookTarget()
 	if err != nil {
 		return nil, err
@@ -155,7 +155,7 @@ func (f serverFlags) serveWebhook(ctx context.Context, kube *kubeclient.Clients,
 		TLSConfig: admission.ServerTLS(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Certificate() }, clientCAs)}
 	go func() { _ = srv.ServeTLS(lis, "", "") }()
 	// Every replica serves the webhook; one writes its configuration.
-	onceOnly(leader.Task{Name: "webhook-configuration", Run: func(ctx context.Context) {
+	onceOnly(lease.Task{Name: "webhook-configuration", Run: func(ctx context.Context) {
 		for attempt := 0; ; attempt++ {
 			err := admission.Register(ctx, kube.Typed, t.reg)
 			if err == nil || ctx.Err() != nil {

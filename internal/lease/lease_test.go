@@ -1,4 +1,4 @@
-package leader_test
+package lease_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relaymesh/relaymesh/server/leader"
+	"github.com/relaymesh/relaymesh/internal/lease"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,7 +33,7 @@ func (c cutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 type replica struct {
 	name    string
-	e       *leader.Elector
+	e       *lease.Elector
 	cut     atomic.Bool
 	running atomic.Int32 // tasks running now
 	terms   atomic.Int32
@@ -49,10 +49,10 @@ func startReplica(t *testing.T, cfg *rest.Config, name string, overlap *atomic.I
 	cfg.Timeout = 2 * time.Second
 	cs, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)
-	r.e, err = leader.New(leader.Config{Client: cs, Namespace: "relaymesh", Name: "relaymesh-server", Identity: name,
+	r.e, err = lease.New(lease.Config{Client: cs, Namespace: "relaymesh", Name: "relaymesh-server", Identity: name,
 		LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond})
 	require.NoError(t, err)
-	r.e.Add(leader.Task{Name: "once", Run: func(ctx context.Context) {
+	r.e.Add(lease.Task{Name: "once", Run: func(ctx context.Context) {
 		r.terms.Add(1)
 		r.running.Add(1)
 		if overlap.Add(1) > 1 {
@@ -150,17 +150,17 @@ func TestOneLeaderAndFailover(t *testing.T) {
 
 func TestConfigRefusesBadTimings(t *testing.T) {
 	cs := kubernetes.NewForConfigOrDie(&rest.Config{Host: "https://127.0.0.1:1"})
-	for name, cfg := range map[string]leader.Config{
+	for name, cfg := range map[string]lease.Config{
 		"no identity":           {Client: cs, Namespace: "n", Name: "l"},
 		"no lease name":         {Client: cs, Namespace: "n", Identity: "a"},
 		"renew over lease":      {Client: cs, Namespace: "n", Name: "l", Identity: "a", LeaseDuration: time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 100 * time.Millisecond},
 		"retry over renew":      {Client: cs, Namespace: "n", Name: "l", Identity: "a", LeaseDuration: 10 * time.Second, RenewDeadline: time.Second, RetryPeriod: 2 * time.Second},
 		"negative retry period": {Client: cs, Namespace: "n", Name: "l", Identity: "a", RetryPeriod: -time.Second},
 	} {
-		_, err := leader.New(cfg)
+		_, err := lease.New(cfg)
 		assert.Error(t, err, name)
 	}
-	_, err := leader.New(leader.Config{Client: cs, Namespace: "n", Name: "l", Identity: "a"})
+	_, err := lease.New(lease.Config{Client: cs, Namespace: "n", Name: "l", Identity: "a"})
 	assert.NoError(t, err)
 }
 
