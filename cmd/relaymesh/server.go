@@ -16,7 +16,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
@@ -26,6 +25,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
 	"github.com/relaymesh/relaymesh/internal/lease"
 	"github.com/relaymesh/relaymesh/internal/logging"
+	"github.com/relaymesh/relaymesh/internal/opshttp"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/relay"
@@ -504,7 +504,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 	} else {
 		log.Warn("no admission webhook (--webhook-listen): objects the rules refuse can be created, and are marked Invalid and not translated")
 	}
-	mux := opsMux(reg, func() error {
+	mux := opshttp.Mux(reg, func() error {
 		if srv.Isolated() {
 			return fmt.Errorf("cut off from %s: not serving agents", strings.Join(srv.CutOff(), " and "))
 		}
@@ -691,21 +691,6 @@ func storeServingSecret(kube *kubeclient.Clients, namespace string) func(ctx con
 		}
 		return kubeutil.UpsertSecret(ctx, kube.Typed, want)
 	}
-}
-
-// opsMux serves /metrics, /healthz (process up) and /readyz.
-func opsMux(reg *prometheus.Registry, ready func() error) *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	return mux
 }
 
 // debugAttributes is what a request for /debug/<name> must be allowed:
