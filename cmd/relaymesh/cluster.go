@@ -143,30 +143,9 @@ func newClusterRegisterCommand(d deps, g *globals) *cobra.Command {
 }
 
 func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name string) error {
-	if err := identity.ValidateClusterName(name); err != nil {
-		return usageError{err}
-	}
-	format, err := printer.Parse(f.output, []printer.Format{printer.YAML, printer.JSON})
-	if err != nil {
-		return usageError{err}
-	}
-	grants, err := f.grants()
+	req, format, err := f.request(g, name)
 	if err != nil {
 		return err
-	}
-	req := registration.Request{Cluster: name, Namespace: g.namespace, RemoteNamespace: f.remoteNamespace, ServerAddress: f.serverAddr, ClusterDomain: f.domain, TokenTTL: f.ttl,
-		TrustDomains: grants}
-	switch f.mode {
-	case "relay":
-		if err := req.Validate(); err != nil {
-			return usageError{err}
-		}
-	case "kubeconfig":
-		if f.dryRun || f.chart.Ref != "" {
-			return usagef("--mode kubeconfig registers no agent: --dry-run and --chart do not apply")
-		}
-	default:
-		return usagef("--mode %q: want relay or kubeconfig", text.Truncate(f.mode, 40))
 	}
 	var remoteSrc kubeclient.Source
 	if !f.dryRun {
@@ -204,18 +183,65 @@ func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name
 		return fmt.Errorf("workload cluster unreachable: %w", err)
 	}
 	if f.mode == "kubeconfig" {
-		raw, err := registration.StandaloneKubeconfig(remoteSrc)
-		if err != nil {
-			return err
-		}
-		secret, err := registration.RegisterKubeconfig(ctx, mgmt, remote, raw, name, g.namespace, f.domain, grants)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(d.stdout, "registered cluster %s in kubeconfig mode (WEAKER: the server holds its credentials in %s/%s), granted trust domain(s) %s; the server manages it only with --allow-kubeconfig-clusters\n",
-			name, g.namespace, secret, grantNames(name, grants))
-		return nil
+		return registerKubeconfig(ctx, d, g, f, name, mgmt, remote, remoteSrc, req.TrustDomains)
 	}
+	return registerRelay(ctx, d, g, f, req, mgmt, remote, remoteSrc, chart)
+}
+
+// request is the registration the flags ask for, checked before anything
+// is read or written.
+func (f *registerFlags) request(g *globals, name string) (registration.Request, printer.Format, error) {
+	var req registration.Request
+	if err := identity.ValidateClusterName(name); err != nil {
+		return req, "", usageError{err}
+	}
+	format, err := printer.Parse(f.output, []printer.Format{printer.YAML, printer.JSON})
+	if err != nil {
+		return req, "", usageError{err}
+	}
+	grants, err := f.grants()
+	if err != nil {
+		return req, "", err
+	}
+	req = registration.Request{Cluster: name, Namespace: g.namespace, RemoteNamespace: f.remoteNamespace, ServerAddress: f.serverAddr, ClusterDomain: f.domain, TokenTTL: f.ttl,
+		TrustDomains: grants}
+	switch f.mode {
+	case "relay":
+		if err := req.Validate(); err != nil {
+			return req, "", usageError{err}
+		}
+	case "kubeconfig":
+		if f.dryRun || f.chart.Ref != "" {
+			return req, "", usagef("--mode kubeconfig registers no agent: --dry-run and --chart do not apply")
+		}
+	default:
+		return req, "", usagef("--mode %q: want relay or kubeconfig", text.Truncate(f.mode, 40))
+	}
+	return req, format, nil
+}
+
+// registerKubeconfig registers the cluster in kubeconfig mode: the server
+// gets a standalone kubeconfig of it (WEAKER), no agent runs.
+func registerKubeconfig(ctx context.Context, d deps, g *globals, f *registerFlags, name string, mgmt, remote *kubeclient.Clients, remoteSrc kubeclient.Source, grants []multiclusterv1alpha1.TrustDomainGrant) error {
+	raw, err := registration.StandaloneKubeconfig(remoteSrc)
+	if err != nil {
+		return err
+	}
+	secret, err := registration.RegisterKubeconfig(ctx, mgmt, remote, raw, name, g.namespace, f.domain, grants)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(d.stdout, "registered cluster %s in kubeconfig mode (WEAKER: the server holds its credentials in %s/%s), granted trust domain(s) %s; the server manages it only with --allow-kubeconfig-clusters\n",
+		name, g.namespace, secret, grantNames(name, grants))
+	return nil
+}
+
+// registerRelay registers the cluster for a relay agent: the
+// KubernetesCluster and its token in the management cluster, the agent's
+// Secrets in the workload cluster (rolled back if they cannot be
+// written), and the agent chart if --chart names one.
+func registerRelay(ctx context.Context, d deps, g *globals, f *registerFlags, req registration.Request, mgmt, remote *kubeclient.Clients, remoteSrc kubeclient.Source, chart *registration.Loaded) error {
+	name, grants := req.Cluster, req.TrustDomains
 	bundle, rollback, err := registration.Register(ctx, mgmt, req)
 	if err != nil {
 		return err

@@ -161,30 +161,9 @@ func runDebugReport(ctx context.Context, d deps, g *globals, f *debugFlags) erro
 	}
 	server := f.ops.client(cfg.Mgmt, g.namespace)
 	redactor := &debugreport.Redactor{}
-	tokenNote := ""
-	switch {
-	case f.tokenSA != "":
-		token, err := mintDebugToken(ctx, cfg.Mgmt, g.namespace, f.tokenSA)
-		if err != nil {
-			return err
-		}
-		redactor.Add([]byte(token))
-		server.Token, server.TokenShortLived = token, true
-		tokenNote = "a 10-minute token of service account " + g.namespace + "/" + f.tokenSA
-	case cfg.Mgmt.Config.BearerToken != "" || cfg.Mgmt.Config.BearerTokenFile != "":
-		token := cfg.Mgmt.Config.BearerToken
-		if token == "" {
-			b, err := os.ReadFile(cfg.Mgmt.Config.BearerTokenFile)
-			if err != nil {
-				return fmt.Errorf("your kubeconfig's token file: %w", err)
-			}
-			token = strings.TrimSpace(string(b))
-		}
-		redactor.Add([]byte(token))
-		server.Token = token
-		tokenNote = "your kubeconfig user's token (loopback addresses only)"
-	default:
-		tokenNote = "none: /debug is not collected (give --token-service-account)"
+	tokenNote, err := debugToken(ctx, cfg.Mgmt, g.namespace, f.tokenSA, server, redactor)
+	if err != nil {
+		return err
 	}
 
 	report, _ := check.Run(ctx, cfg, now)
@@ -193,19 +172,8 @@ func runDebugReport(ctx context.Context, d deps, g *globals, f *debugFlags) erro
 	v := versions{Client: componentVersion{Component: "client", Version: version(), Source: "this binary"}}
 	_ = collectVersions(ctx, g, &f.ops, &v)
 
-	clusters := []debugreport.Cluster{{Name: "mgmt", Clients: cfg.Mgmt, Namespaces: []string{g.namespace}, Resources: mgmtResources, PodSelector: "app.kubernetes.io/name=relaymesh-server"}}
-	for _, w := range cfg.Workloads {
-		c := debugreport.Cluster{Name: w.Context, Clients: w.Clients, Err: w.Err, Namespaces: []string{f.remoteNamespace, "istio-system"}, PodSelector: "app.kubernetes.io/name=relaymesh-agent"}
-		clusters = append(clusters, c)
-	}
-	for _, cluster := range sortedKeys(agentMetrics) {
-		clusters = append(clusters, debugreport.Cluster{Name: "agent-" + cluster + "-metrics", Ops: &opsclient.Client{Address: agentMetrics[cluster]}, OpsPaths: []string{"/metrics", "/readyz"}})
-	}
-	for _, cluster := range sortedKeys(agentHealth) {
-		clusters = append(clusters, debugreport.Cluster{Name: "agent-" + cluster + "-health", Ops: &opsclient.Client{Address: agentHealth[cluster]}, OpsPaths: []string{"/readyz"}})
-	}
 	manifest, err := debugreport.Write(ctx, file, debugreport.Config{
-		Clusters:   clusters,
+		Clusters:   debugClusters(cfg, g.namespace, f.remoteNamespace, agentMetrics, agentHealth),
 		Server:     server,
 		DebugPaths: debugPaths,
 		LogFiles:   logFiles,
@@ -225,6 +193,60 @@ func runDebugReport(ctx context.Context, d deps, g *globals, f *debugFlags) erro
 		return fmt.Errorf("write %s: %w", out, err)
 	}
 	written = true
+	return printManifest(d, format, out, manifest)
+}
+
+// debugToken picks the token /debug is read with: a short-lived one of
+// --token-service-account, else the kubeconfig user's (loopback addresses
+// only), else none. It sets it on server, adds it to redactor, and
+// returns the note README.txt gives about it.
+func debugToken(ctx context.Context, mgmt *kubeclient.Clients, namespace, tokenSA string, server *opsclient.Client, redactor *debugreport.Redactor) (string, error) {
+	switch {
+	case tokenSA != "":
+		token, err := mintDebugToken(ctx, mgmt, namespace, tokenSA)
+		if err != nil {
+			return "", err
+		}
+		redactor.Add([]byte(token))
+		server.Token, server.TokenShortLived = token, true
+		return "a 10-minute token of service account " + namespace + "/" + tokenSA, nil
+	case mgmt.Config.BearerToken != "" || mgmt.Config.BearerTokenFile != "":
+		token := mgmt.Config.BearerToken
+		if token == "" {
+			b, err := os.ReadFile(mgmt.Config.BearerTokenFile)
+			if err != nil {
+				return "", fmt.Errorf("your kubeconfig's token file: %w", err)
+			}
+			token = strings.TrimSpace(string(b))
+		}
+		redactor.Add([]byte(token))
+		server.Token = token
+		return "your kubeconfig user's token (loopback addresses only)", nil
+	default:
+		return "none: /debug is not collected (give --token-service-account)", nil
+	}
+}
+
+// debugClusters are what the report collects: the management cluster, the
+// workload clusters, and the agents' operations addresses given.
+func debugClusters(cfg check.Config, namespace, remoteNamespace string, agentMetrics, agentHealth map[string]string) []debugreport.Cluster {
+	clusters := []debugreport.Cluster{{Name: "mgmt", Clients: cfg.Mgmt, Namespaces: []string{namespace}, Resources: mgmtResources, PodSelector: "app.kubernetes.io/name=relaymesh-server"}}
+	for _, w := range cfg.Workloads {
+		c := debugreport.Cluster{Name: w.Context, Clients: w.Clients, Err: w.Err, Namespaces: []string{remoteNamespace, "istio-system"}, PodSelector: "app.kubernetes.io/name=relaymesh-agent"}
+		clusters = append(clusters, c)
+	}
+	for _, cluster := range sortedKeys(agentMetrics) {
+		clusters = append(clusters, debugreport.Cluster{Name: "agent-" + cluster + "-metrics", Ops: &opsclient.Client{Address: agentMetrics[cluster]}, OpsPaths: []string{"/metrics", "/readyz"}})
+	}
+	for _, cluster := range sortedKeys(agentHealth) {
+		clusters = append(clusters, debugreport.Cluster{Name: "agent-" + cluster + "-health", Ops: &opsclient.Client{Address: agentHealth[cluster]}, OpsPaths: []string{"/readyz"}})
+	}
+	return clusters
+}
+
+// printManifest prints the report's manifest, and on stderr how many
+// parts could not be collected.
+func printManifest(d deps, format printer.Format, out string, manifest *debugreport.Manifest) error {
 	if err := printer.Print(d.stdout, format, manifestView{Archive: out, Manifest: *manifest}); err != nil {
 		return err
 	}

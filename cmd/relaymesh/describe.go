@@ -272,103 +272,126 @@ func listAs[T any](ctx context.Context, client dynamic.Interface, gvr schema.Gro
 
 // writeDescription prints a description as aligned text.
 func writeDescription(w io.Writer, desc any) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
-	policies := func(title string, ps []translation.AppliedPolicy) {
-		row("")
-		if len(ps) == 0 {
-			row(title + ":\t<none>")
-			return
-		}
-		row(title + ":")
-		row("  #", "POLICY", "STATE", "DETAIL")
-		for i, p := range ps {
-			row(fmt.Sprintf("  %d", i+1), p.Kind+"/"+p.Namespace+"/"+p.Name, p.State, policyDetail(p))
-		}
-	}
-	outputs := func(os []translation.OutputRef) {
-		row("")
-		if len(os) == 0 {
-			row("Outputs:\t<none>")
-			return
-		}
-		row("Outputs:")
-		row("  CLUSTER", "KIND", "NAMESPACE/NAME", "PARENTS")
-		for _, o := range os {
-			row("  "+o.Cluster, o.Kind, o.Namespace+"/"+o.Name, strings.Join(o.Parents, ","))
-		}
-	}
+	dw := descWriter{tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)}
 	switch d := desc.(type) {
 	case *translation.DestinationDescription:
-		row("Destination:", d.Name)
-		row("Service:", d.Service.Namespace+"/"+d.Service.Name)
-		row("Cluster:", d.Service.ClusterName)
-		row("Mesh:", d.Mesh)
-		row("Hostnames:", strings.Join(d.Hostnames, ", "))
-		policies("TrafficPolicies (translation order)", d.Traffic)
-		policies("AccessPolicies", d.Access)
-		row("")
-		if len(d.Federated) == 0 {
-			row("Federated by:\t<none>")
-		} else {
-			row("Federated by:")
-			row("  VIRTUALMESH", "STATE", "HOSTNAME", "TO MESHES")
-			for _, f := range d.Federated {
-				row("  "+f.Namespace+"/"+f.Name, f.State, f.Hostname, strings.Join(f.ToMeshes, ","))
-			}
-		}
-		outputs(d.Outputs)
+		dw.destination(d)
 	case *translation.WorkloadDescription:
-		row("Workload:", d.Name)
-		row("Controller:", d.ControllerKind+" "+d.Controller.Namespace+"/"+d.Controller.Name)
-		row("Cluster:", d.Controller.ClusterName)
-		row("Service account:", d.ServiceAccount)
-		row("Mesh:", d.Mesh)
-		policies("TrafficPolicies selecting it as a source (translation order)", d.Traffic)
-		policies("AccessPolicies allowing its identity", d.Access)
+		dw.workload(d)
 	case *translation.PolicyDescription:
-		row("Policy:", d.Kind+"/"+d.Namespace+"/"+d.Name)
-		row("State:", d.State)
-		if d.InForce {
-			row("In force:", "yes")
-		} else {
-			row("In force:", "no — the server does not translate it: it allows, restricts and produces nothing")
-		}
-		if d.ObservedGeneration != 0 {
-			row("Observed generation:", fmt.Sprint(d.ObservedGeneration))
-		}
-		for _, e := range d.Errors {
-			row("Error:", e)
-		}
-		if len(d.Meshes) > 0 {
-			row("Meshes:", strings.Join(d.Meshes, ", "))
-		}
-		row("Destinations:", orNone(d.Destinations))
-		if d.Workloads != nil {
-			row("Source workloads:", orNone(d.Workloads))
-		}
-		if len(d.Targets) > 0 {
-			row("")
-			row("Targets:")
-			row("  TARGET", "STATE", "ERRORS")
-			for _, t := range d.Targets {
-				row("  "+t.Target, string(t.State), strings.Join(t.Errors, "; "))
-			}
-		}
-		row("")
-		if len(d.Outputs) == 0 {
-			row("Outputs:\t<none>")
-		}
-		for _, c := range d.Outputs {
-			row("Outputs in " + c.Cluster + ":")
-			for _, o := range c.Objects {
-				row("  "+o.Kind, o.Namespace+"/"+o.Name, o.APIVersion)
-			}
-		}
+		dw.policy(d)
 	default:
 		return fmt.Errorf("cannot print %T", desc)
 	}
-	return tw.Flush()
+	return dw.tw.Flush()
+}
+
+// descWriter writes a description's rows, tab-separated cells aligned.
+type descWriter struct{ tw *tabwriter.Writer }
+
+func (dw descWriter) row(cells ...string) { fmt.Fprintln(dw.tw, strings.Join(cells, "\t")) }
+
+func (dw descWriter) policies(title string, ps []translation.AppliedPolicy) {
+	row := dw.row
+	row("")
+	if len(ps) == 0 {
+		row(title + ":\t<none>")
+		return
+	}
+	row(title + ":")
+	row("  #", "POLICY", "STATE", "DETAIL")
+	for i, p := range ps {
+		row(fmt.Sprintf("  %d", i+1), p.Kind+"/"+p.Namespace+"/"+p.Name, p.State, policyDetail(p))
+	}
+}
+
+func (dw descWriter) outputs(os []translation.OutputRef) {
+	row := dw.row
+	row("")
+	if len(os) == 0 {
+		row("Outputs:\t<none>")
+		return
+	}
+	row("Outputs:")
+	row("  CLUSTER", "KIND", "NAMESPACE/NAME", "PARENTS")
+	for _, o := range os {
+		row("  "+o.Cluster, o.Kind, o.Namespace+"/"+o.Name, strings.Join(o.Parents, ","))
+	}
+}
+
+func (dw descWriter) destination(d *translation.DestinationDescription) {
+	row := dw.row
+	row("Destination:", d.Name)
+	row("Service:", d.Service.Namespace+"/"+d.Service.Name)
+	row("Cluster:", d.Service.ClusterName)
+	row("Mesh:", d.Mesh)
+	row("Hostnames:", strings.Join(d.Hostnames, ", "))
+	dw.policies("TrafficPolicies (translation order)", d.Traffic)
+	dw.policies("AccessPolicies", d.Access)
+	row("")
+	if len(d.Federated) == 0 {
+		row("Federated by:\t<none>")
+	} else {
+		row("Federated by:")
+		row("  VIRTUALMESH", "STATE", "HOSTNAME", "TO MESHES")
+		for _, f := range d.Federated {
+			row("  "+f.Namespace+"/"+f.Name, f.State, f.Hostname, strings.Join(f.ToMeshes, ","))
+		}
+	}
+	dw.outputs(d.Outputs)
+}
+
+func (dw descWriter) workload(d *translation.WorkloadDescription) {
+	row := dw.row
+	row("Workload:", d.Name)
+	row("Controller:", d.ControllerKind+" "+d.Controller.Namespace+"/"+d.Controller.Name)
+	row("Cluster:", d.Controller.ClusterName)
+	row("Service account:", d.ServiceAccount)
+	row("Mesh:", d.Mesh)
+	dw.policies("TrafficPolicies selecting it as a source (translation order)", d.Traffic)
+	dw.policies("AccessPolicies allowing its identity", d.Access)
+}
+
+func (dw descWriter) policy(d *translation.PolicyDescription) {
+	row := dw.row
+	row("Policy:", d.Kind+"/"+d.Namespace+"/"+d.Name)
+	row("State:", d.State)
+	if d.InForce {
+		row("In force:", "yes")
+	} else {
+		row("In force:", "no — the server does not translate it: it allows, restricts and produces nothing")
+	}
+	if d.ObservedGeneration != 0 {
+		row("Observed generation:", fmt.Sprint(d.ObservedGeneration))
+	}
+	for _, e := range d.Errors {
+		row("Error:", e)
+	}
+	if len(d.Meshes) > 0 {
+		row("Meshes:", strings.Join(d.Meshes, ", "))
+	}
+	row("Destinations:", orNone(d.Destinations))
+	if d.Workloads != nil {
+		row("Source workloads:", orNone(d.Workloads))
+	}
+	if len(d.Targets) > 0 {
+		row("")
+		row("Targets:")
+		row("  TARGET", "STATE", "ERRORS")
+		for _, t := range d.Targets {
+			row("  "+t.Target, string(t.State), strings.Join(t.Errors, "; "))
+		}
+	}
+	row("")
+	if len(d.Outputs) == 0 {
+		row("Outputs:\t<none>")
+	}
+	for _, c := range d.Outputs {
+		row("Outputs in " + c.Cluster + ":")
+		for _, o := range c.Objects {
+			row("  "+o.Kind, o.Namespace+"/"+o.Name, o.APIVersion)
+		}
+	}
 }
 
 // policyDetail is a policy's verdict for the described object, or its errors.

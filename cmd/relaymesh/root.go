@@ -119,7 +119,14 @@ namespace (default relaymesh), not the context's namespace.`,
 		newCompletionCommand(d),
 		newDocsCommand(d),
 	)
-	root.SetHelpCommand(&cobra.Command{
+	root.SetHelpCommand(newHelpCommand())
+	return root
+}
+
+// newHelpCommand is `relaymesh help [COMMAND]`, which completes command
+// names.
+func newHelpCommand() *cobra.Command {
+	return &cobra.Command{
 		Use:   "help [COMMAND]",
 		Short: "Help about any command",
 		Example: `  relaymesh help cluster register
@@ -145,8 +152,7 @@ namespace (default relaymesh), not the context's namespace.`,
 			cmd.SetOut(c.OutOrStdout())
 			return cmd.Help()
 		},
-	})
-	return root
+	}
 }
 
 // completeContexts completes kubeconfig context names.

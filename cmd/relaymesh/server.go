@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -170,8 +169,3 @@ func (f serverFlags) validate() error {
 
 // replicaHeartbeat is how often a replica renews its own Lease.
 const replicaHeartbeat = app.ReplicaHeartbeat
-
-// opsMux serves /metrics, /healthz (process up) and /readyz.
-func opsMux(reg *prometheus.Registry, ready func() error) *http.ServeMux {
-	return app.OpsMux(reg, ready)
-}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"runtime"
 	"runtime/debug"
 	"sort"
 
@@ -10,6 +9,7 @@ import (
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/opsclient"
+	"github.com/relaymesh/relaymesh/internal/opshttp"
 	"github.com/relaymesh/relaymesh/internal/printer"
 	relayserver "github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
@@ -17,12 +17,7 @@ import (
 )
 
 // buildInfo is the relaymesh_build_info gauge of the server and the agent.
-func buildInfo() prometheus.Collector {
-	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: opsclient.BuildInfoMetric,
-		Help: "Always 1; the labels say which relaymesh build this is (relaymesh version reads it)."}, []string{"version", "go_version"})
-	g.WithLabelValues(version(), runtime.Version()).Set(1)
-	return g
-}
+func buildInfo() prometheus.Collector { return opshttp.BuildInfo(version()) }
 
 // serverOps are the flags that say how to reach the server's operations
 // port (/metrics, /debug/*).

@@ -53,6 +53,8 @@ func Rules() []Rule {
 	return []Rule{
 		{Name: "the wire (relay/...) imports no role package", From: []string{"relay/..."}, Not: slices.Clone(roles)},
 		{Name: "the agent never imports the server", From: []string{"agent/..."}, Not: []string{"server/..."}},
+		{Name: "only cmd/ composes the agent: no other role package imports its composition root (agent/app)",
+			From: slices.DeleteFunc(slices.Clone(roles), func(r string) bool { return r == "cmd/..." }), Not: []string{"agent/app"}},
 		{Name: "translators (policy/..., federation/...) do not import the informer-driven translation/controller",
 			From: []string{"policy/...", "federation/..."}, Not: []string{"translation/controller/..."}},
 		{Name: "shared helpers (internal/...) import no role package; CLI-only helpers live under cmd/relaymesh/internal/",

@@ -98,6 +98,15 @@ func TestCheckFindsPlantedBadImports(t *testing.T) {
 		{name: "the agent's applier imports the server",
 			plant: func(g *layering.Graph) { g.Imports["agent/apply"] = append(g.Imports["agent/apply"], "server") },
 			from:  "agent/apply", to: "server", path: []string{"agent/apply", "server"}},
+		{name: "the agent's composition root imports the server's leader package",
+			plant: func(g *layering.Graph) { g.Imports["agent/app"] = []string{"agent", "server/leader"} },
+			from:  "agent/app", to: "server/leader", path: []string{"agent/app", "server/leader"}},
+		{name: "the server imports the agent's composition root",
+			plant: func(g *layering.Graph) {
+				g.Imports["agent/app"] = []string{"agent"}
+				g.Imports["server"] = append(g.Imports["server"], "agent/app")
+			},
+			from: "server", to: "agent/app", path: []string{"server", "agent/app"}},
 		{name: "the agent's tests start a server", plant: func(g *layering.Graph) { g.TestImports["agent"] = append(g.TestImports["agent"], "server") },
 			from: "agent", to: "server", path: []string{"agent", "server"}, onlyTests: true},
 		{name: "a policy translator imports the controller",

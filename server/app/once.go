@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/internal/lease"
 	"github.com/relaymesh/relaymesh/server/leader"
 )
 
@@ -97,7 +98,7 @@ func (p *process) addOnceOnlyWork() {
 	for _, t := range tasksFor(p.setup()) {
 		g, c := running.WithLabelValues(t.name), starts.WithLabelValues(t.name)
 		g.Set(0)
-		p.reps.add(leader.Task{Name: t.name, Run: func(ctx context.Context) {
+		p.reps.add(lease.Task{Name: t.name, Run: func(ctx context.Context) {
 			c.Inc()
 			g.Set(1)
 			defer g.Set(0)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/relaymesh/relaymesh/internal/lease"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/leader"
@@ -29,7 +30,7 @@ type replicas struct {
 	// add registers work that must run on one replica at a time; run runs
 	// it (under the Lease, or unconditionally when this is the only
 	// replica) until ctx ends.
-	add func(leader.Task)
+	add func(lease.Task)
 	run func(context.Context)
 	// coord is the client of the Leases and heads (nil for the only
 	// replica).
@@ -68,8 +69,8 @@ func ReplicaName(name, podName, host string, pid int) string {
 func (p *process) newReplicas(context.Context) error {
 	if !p.cfg.LeaderElect {
 		p.log.Warn("leader election is off (--leader-elect=false): this process runs the once-only work; run exactly one server replica")
-		var tasks []leader.Task
-		p.reps = &replicas{add: func(t leader.Task) { tasks = append(tasks, t) }, run: func(ctx context.Context) {
+		var tasks []lease.Task
+		p.reps = &replicas{add: func(t lease.Task) { tasks = append(tasks, t) }, run: func(ctx context.Context) {
 			for _, t := range tasks {
 				go t.Run(ctx)
 			}
@@ -88,8 +89,8 @@ func (p *process) newReplicas(context.Context) error {
 	}
 	host, _ := os.Hostname()
 	name := ReplicaName(p.cfg.ReplicaName, os.Getenv("POD_NAME"), host, os.Getpid())
-	e, err := leader.New(leader.Config{Client: coord, Namespace: p.cfg.Namespace, Name: leader.ServerLease, Identity: name,
-		LeaseDuration: p.cfg.LeaseDuration, RenewDeadline: p.cfg.RenewDeadline, RetryPeriod: p.cfg.RetryPeriod, Logger: p.log, Registerer: p.reg})
+	e, err := lease.New(lease.Config{Client: coord, Namespace: p.cfg.Namespace, Name: leader.ServerLease, Identity: name,
+		LeaseDuration: p.cfg.LeaseDuration, RenewDeadline: p.cfg.RenewDeadline, RetryPeriod: p.cfg.RetryPeriod, Logger: p.log, Registerer: p.reg, Metrics: leader.Metrics()})
 	if err != nil {
 		return err
 	}

@@ -9,9 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/relaymesh/relaymesh/internal/kubeauth"
+	"github.com/relaymesh/relaymesh/internal/opshttp"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/translation/controller"
@@ -107,7 +106,7 @@ func (p *process) newListeners(context.Context) error {
 // newOps serves /metrics, /healthz, /readyz and /debug on the metrics
 // port, and the dashboard if asked.
 func (p *process) newOps(ctx context.Context) error {
-	mux := OpsMux(p.reg, func() error {
+	mux := opshttp.Mux(p.reg, func() error {
 		if p.srv.Isolated() {
 			return fmt.Errorf("cut off from %s: not serving agents", strings.Join(p.srv.CutOff(), " and "))
 		}
@@ -168,21 +167,6 @@ func (p *process) serve(ctx context.Context) error {
 	case err := <-errc:
 		return err
 	}
-}
-
-// OpsMux serves /metrics, /healthz (process up) and /readyz.
-func OpsMux(reg *prometheus.Registry, ready func() error) *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	return mux
 }
 
 // debugAttributes is what a request for /debug/<name> must be allowed:

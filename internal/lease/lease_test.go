@@ -1,4 +1,4 @@
-package leader_test
+package lease_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relaymesh/relaymesh/server/leader"
+	"github.com/relaymesh/relaymesh/internal/lease"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,7 +33,7 @@ func (c cutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 type replica struct {
 	name    string
-	e       *leader.Elector
+	e       *lease.Elector
 	cut     atomic.Bool
 	running atomic.Int32 // tasks running now
 	terms   atomic.Int32
@@ -49,10 +49,10 @@ func startReplica(t *testing.T, cfg *rest.Config, name string, overlap *atomic.I
 	cfg.Timeout = 2 * time.Second
 	cs, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)
-	r.e, err = leader.New(leader.Config{Client: cs, Namespace: "relaymesh", Name: "relaymesh-server", Identity: name,
+	r.e, err = lease.New(lease.Config{Client: cs, Namespace: "relaymesh", Name: "relaymesh-server", Identity: name,
 		LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond})
 	require.NoError(t, err)
-	r.e.Add(leader.Task{Name: "once", Run: func(ctx context.Context) {
+	r.e.Add(lease.Task{Name: "once", Run: func(ctx context.Context) {
 		r.terms.Add(1)
 		r.running.Add(1)
 		if overlap.Add(1) > 1 {
@@ -150,17 +150,17 @@ func TestOneLeaderAndFailover(t *testing.T) {
 
 func TestConfigRefusesBadTimings(t *testing.T) {
 	cs := kubernetes.NewForConfigOrDie(&rest.Config{Host: "https://127.0.0.1:1"})
-	for name, cfg := range map[string]leader.Config{
+	for name, cfg := range map[string]lease.Config{
 		"no identity":           {Client: cs, Namespace: "n", Name: "l"},
 		"no lease name":         {Client: cs, Namespace: "n", Identity: "a"},
 		"renew over lease":      {Client: cs, Namespace: "n", Name: "l", Identity: "a", LeaseDuration: time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 100 * time.Millisecond},
 		"retry over renew":      {Client: cs, Namespace: "n", Name: "l", Identity: "a", LeaseDuration: 10 * time.Second, RenewDeadline: time.Second, RetryPeriod: 2 * time.Second},
 		"negative retry period": {Client: cs, Namespace: "n", Name: "l", Identity: "a", RetryPeriod: -time.Second},
 	} {
-		_, err := leader.New(cfg)
+		_, err := lease.New(cfg)
 		assert.Error(t, err, name)
 	}
-	_, err := leader.New(leader.Config{Client: cs, Namespace: "n", Name: "l", Identity: "a"})
+	_, err := lease.New(lease.Config{Client: cs, Namespace: "n", Name: "l", Identity: "a"})
 	assert.NoError(t, err)
 }
 
@@ -198,4 +198,96 @@ func TestAbstainingLeaderStepsDown(t *testing.T) {
 	first.e.Abstain(false)
 	require.Eventually(t, func() bool { return first.running.Load() == 1 }, 10*time.Second, 20*time.Millisecond, "it campaigns again")
 	assert.Equal(t, int32(2), first.terms.Load())
+}
+
+// oneTermReplica runs RunOneTerm the way the agent does: its task counts
+// the replicas working at once, and it records when RunOneTerm returned
+// and whether its task was still running then.
+type oneTermReplica struct {
+	*replica
+	result       chan error
+	runningAtEnd atomic.Int32
+}
+
+func startOneTermReplica(t *testing.T, cfg *rest.Config, name string, overlap *atomic.Int32) *oneTermReplica {
+	t.Helper()
+	r := &oneTermReplica{replica: &replica{name: name, done: make(chan struct{})}, result: make(chan error, 1)}
+	cfg = rest.CopyConfig(cfg)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return cutTransport{next: rt, cut: &r.cut} }
+	cfg.Timeout = 2 * time.Second
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	r.e, err = lease.New(lease.Config{Client: cs, Namespace: "relaymesh", Name: "relaymesh-agent", Identity: name,
+		LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond, StopWait: 10 * time.Second})
+	require.NoError(t, err)
+	r.e.Add(lease.Task{Name: "apply", Run: func(ctx context.Context) {
+		r.terms.Add(1)
+		r.running.Add(1)
+		if overlap.Add(1) > 1 {
+			t.Errorf("%s: two replicas applied at the same time", name)
+		}
+		<-ctx.Done()
+		time.Sleep(300 * time.Millisecond) // stopping takes a while
+		overlap.Add(-1)
+		r.running.Add(-1)
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() {
+		err := r.e.RunOneTerm(ctx)
+		r.runningAtEnd.Store(r.running.Load())
+		r.result <- err
+		close(r.done)
+	}()
+	return r
+}
+
+// RunOneTerm (the agent's election) leads for one term only: a leader cut
+// off from the apiserver stops its work and only then returns ErrLost (the
+// agent exits, and its supervisor restarts it as a standby); it never
+// campaigns again in-process. A leader that shuts down stops its work
+// before it releases the Lease, returns nil, and the standby takes over at
+// once. Two replicas never work at the same time.
+func TestOneTermEndsWhenTheLeaseIsLostAndNeverOverlaps(t *testing.T) {
+	mgmt, _, _ := localcluster.Management(t, "relaymesh")
+	var overlap atomic.Int32
+	a, b := startOneTermReplica(t, mgmt.RESTConfig(), "a", &overlap), startOneTermReplica(t, mgmt.RESTConfig(), "b", &overlap)
+	t.Cleanup(func() { a.stop(); b.stop() })
+	working := func() []string { return leaders([]*replica{a.replica, b.replica}) }
+	var got []string
+	require.Eventually(t, func() bool { got = working(); return len(got) == 1 }, 15*time.Second, 50*time.Millisecond)
+	first, standby := a, b
+	if got[0] == "b" {
+		first, standby = b, a
+	}
+
+	// Cut off: the term ends, the work stops, then RunOneTerm returns
+	// ErrLost; the standby leads after the lease duration.
+	first.cut.Store(true)
+	var err error
+	select {
+	case err = <-first.result:
+	case <-time.After(20 * time.Second):
+		t.Fatal("RunOneTerm did not return after the Lease was lost")
+	}
+	require.ErrorIs(t, err, lease.ErrLost)
+	assert.Equal(t, int32(0), first.runningAtEnd.Load(), "the work stopped before RunOneTerm returned")
+	require.Eventually(t, func() bool { return standby.running.Load() == 1 }, 15*time.Second, 50*time.Millisecond, "the standby leads")
+	first.cut.Store(false)
+	time.Sleep(2 * time.Second)
+	assert.Equal(t, int32(1), first.terms.Load(), "a replica that lost its term never campaigns again in-process")
+	assert.Equal(t, []string{standby.name}, working())
+
+	// Shutdown: the work stops before the Lease is released.
+	start := time.Now()
+	standby.cancel()
+	select {
+	case err = <-standby.result:
+	case <-time.After(20 * time.Second):
+		t.Fatal("RunOneTerm did not return after ctx was done")
+	}
+	require.NoError(t, err, "a shutdown is no lost Lease")
+	assert.Equal(t, int32(0), standby.runningAtEnd.Load(), "the work stopped before RunOneTerm returned")
+	t.Logf("shutdown returned after %s", time.Since(start).Round(time.Millisecond))
+	assert.Equal(t, int32(0), overlap.Load())
 }
