@@ -65,7 +65,7 @@ type Metrics struct {
 }
 
 // ErrLost: a term ended because this replica could not renew the Lease.
-var ErrLost = errors.New("lost the Lease")
+var ErrLost = errors.New("lost leadership: could not renew the Lease")
 
 func (c *Config) defaults() {
 	if c.LeaseDuration == 0 {
