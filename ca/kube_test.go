@@ -24,6 +24,7 @@ import (
 // kube-apiserver. Subtests share one environment, each in its own
 // namespace.
 func TestRelayCAInKubernetes(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
 	require.NoError(t, err)

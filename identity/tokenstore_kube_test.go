@@ -21,6 +21,7 @@ import (
 // TestKubeTokenStore runs the token rules against a real kube-apiserver,
 // where atomic consumption rests on delete preconditions.
 func TestKubeTokenStore(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
 	require.NoError(t, err)
@@ -117,6 +118,7 @@ func TestKubeTokenStore(t *testing.T) {
 // a reused token is refused while a cache still shows it, and a token minted
 // after the cache synced is read from the API.
 func TestKubeTokenStoreCached(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})

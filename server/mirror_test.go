@@ -31,6 +31,7 @@ import (
 // rest), objects deleted by hand come back at the resync, and every object
 // of a cluster that leaves — or was never registered — is deleted.
 func TestMirrorAtFleetRate(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})

@@ -23,6 +23,7 @@ import (
 // agents are not refused as unregistered; a name the apiserver does not
 // have, or has in kubeconfig mode, stays unregistered.
 func TestLookupFreshReadsWhatTheWatchMissed(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})

@@ -33,6 +33,7 @@ import (
 // in far fewer writes than events; an apiserver frozen for 10 seconds in the
 // middle loses nothing either: the writes are retried, not dropped.
 func TestClusterStatusIsNeverLost(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})

@@ -103,6 +103,7 @@ func TestNew(t *testing.T) {
 // TestNewInKubernetes: the generated CA and a provided CA in a Secret, on
 // a real kube-apiserver.
 func TestNewInKubernetes(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
 	require.NoError(t, err)

@@ -26,6 +26,7 @@ import (
 // with Relaymesh's CRDs, the audit world applied to it) and gets what the
 // same objects give offline with -f, including a what-if.
 func TestPolicyAuditLive(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})

@@ -37,6 +37,7 @@ func TestRotateRefusesBadArguments(t *testing.T) {
 // exactly the annotation the server reads (naming the phase and root they
 // mean).
 func TestRotateAgainstAPIServer(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})

@@ -35,6 +35,7 @@ func debugAttrs(r *http.Request) *authorizationv1.ResourceAttributes {
 // all refused; a token whose service account is granted `get` on
 // relaymesh.io/debug passes, for the names it is granted only.
 func TestHandlerWithRealAPIServer(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
 	require.NoError(t, err)

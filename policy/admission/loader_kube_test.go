@@ -17,6 +17,7 @@ import (
 // rules in labelled ConfigMaps take effect without a restart, and broken
 // ones are refused while the rules before them keep working.
 func TestLoaderConfigMaps(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})

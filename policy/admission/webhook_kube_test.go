@@ -59,6 +59,7 @@ func servingCert(t *testing.T) (tls.Certificate, []byte) {
 // namespace's labels reach the rules, and every decision is audited with the
 // user who asked.
 func TestWebhookWithRealAPIServer(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
 	require.NoError(t, err)

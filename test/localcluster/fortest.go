@@ -17,6 +17,7 @@ import (
 // and a dynamic client of its admin.
 func Management(t testing.TB, ns string) (*Cluster, kubernetes.Interface, dynamic.Interface) {
 	t.Helper()
+	SkipIfShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	env, err := Start(ctx, Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
