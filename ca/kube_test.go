@@ -24,13 +24,8 @@ import (
 // kube-apiserver. Subtests share one environment, each in its own
 // namespace.
 func TestRelayCAInKubernetes(t *testing.T) {
-	localcluster.SkipIfShort(t)
 	ctx := context.Background()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cs, err := env.Cluster("mgmt").Clientset()
-	require.NoError(t, err)
+	_, cs, _ := localcluster.Management(t, "")
 	var nsCount atomic.Int32
 	newNamespace := func(t *testing.T) string {
 		t.Helper()

@@ -103,15 +103,8 @@ func TestNew(t *testing.T) {
 // TestNewInKubernetes: the generated CA and a provided CA in a Secret, on
 // a real kube-apiserver.
 func TestNewInKubernetes(t *testing.T) {
-	localcluster.SkipIfShort(t)
 	ctx := context.Background()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cs, err := env.Cluster("mgmt").Clientset()
-	require.NoError(t, err)
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	_, cs, _ := localcluster.Management(t, "relaymesh")
 
 	generated, err := backend.New(ctx, backend.Config{Type: backend.Generated, Generated: backend.GeneratedConfig{Client: cs, Namespace: "relaymesh"}})
 	require.NoError(t, err)

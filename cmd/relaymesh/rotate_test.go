@@ -37,14 +37,10 @@ func TestRotateRefusesBadArguments(t *testing.T) {
 // exactly the annotation the server reads (naming the phase and root they
 // mean).
 func TestRotateAgainstAPIServer(t *testing.T) {
-	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	mgmt := env.Cluster("mgmt")
-	_, err = mgmt.Apply(ctx, "test", []byte(`
+	mgmt, _, _ := localcluster.Management(t, "")
+	_, err := mgmt.Apply(ctx, "test", []byte(`
 apiVersion: v1
 kind: Namespace
 metadata: {name: relaymesh}
