@@ -202,11 +202,7 @@ func TestEngineAgreesAfterRandomEdits(t *testing.T) {
 	t.Cleanup(func() {      // after the parallel subtests
 		assert.Positive(t, merged.Load(), "the edits never made federation and a TrafficPolicy share a DestinationRule")
 	})
-	seeds := uint64(8)
-	if testing.Short() {
-		seeds = 2 // make test-unit: the same checks on fewer random walks; make test runs all eight
-	}
-	for seed := range seeds {
+	for seed := range uint64(8) {
 		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 42))
