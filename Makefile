@@ -3,6 +3,10 @@
 # (hack/deps.sh) and build the pinned third-party binaries they run first
 # (hack/tools.sh, cached per pin under ~/.cache/relaymesh/bin): `make demo`
 # only kube-apiserver, etcd and kubectl, `make test` all of them (`make tools`).
+# `make test-unit` is the fast tier beside `make test`: the pure tests only
+# (-short skips every test that starts a local cluster or another process,
+# where the helper that would start it calls localcluster.SkipIfShort), in
+# a few minutes, with nothing to build or install but Go and gcc.
 SHELL := /bin/bash
 BIN := .cache/bin
 GO_TEST_FLAGS ?= -race -count=1 -timeout 45m
@@ -13,7 +17,7 @@ VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' cha
 IMAGE_REPOSITORY ?= ghcr.io/relaymesh/relaymesh
 IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
 
-.PHONY: demo test test-rotation deps tools gen verify image charts-lint bench fuzz clean help
+.PHONY: demo test test-unit test-rotation deps tools gen verify image charts-lint bench fuzz clean help
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -26,6 +30,9 @@ test: deps-test tools ## run every test, with -race, including integration tests
 	@# -race needs cgo: the cgo-less build (the image's) is tested without it.
 	CGO_ENABLED=0 go test -count=1 -run NoCgo ./ca/hsm/
 	cd tools/image && go test $(GO_TEST_FLAGS) ./...
+
+test-unit: ## the fast tier: every pure test, with -race and -short (skips what starts a local cluster or another process); needs only Go and gcc
+	go test -race -count=1 -short -timeout 15m ./...
 
 test-rotation: deps-test tools ## the data plane's root rotation under load, rolled back from every phase (docs/dataplane.md)
 	go test $(GO_TEST_FLAGS) -run 'TestFederation/root_rotation' -v ./test/dataplane/ -args -dataplane.rollbacks=all

@@ -25,11 +25,7 @@ import (
 // namespace.
 func TestRelayCAInKubernetes(t *testing.T) {
 	ctx := context.Background()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cs, err := env.Cluster("mgmt").Clientset()
-	require.NoError(t, err)
+	_, cs, _ := localcluster.Management(t, "")
 	var nsCount atomic.Int32
 	newNamespace := func(t *testing.T) string {
 		t.Helper()

@@ -23,6 +23,7 @@ import (
 // renewals reach the server); with dashboard.enabled=false there is none
 // of it.
 func TestChartShipsTheDashboard(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	root, err := localcluster.RepoRoot()
 	require.NoError(t, err)
 	helm := filepath.Join(root, ".cache", "bin", "helm")

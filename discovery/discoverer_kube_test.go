@@ -23,6 +23,7 @@ import (
 // deletion; and the snapshot from the informer caches equals Build over the
 // objects listed straight from the API server.
 func TestDiscovererKube(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{cluster}})

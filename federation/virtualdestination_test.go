@@ -64,8 +64,6 @@ func vdGolden(t *testing.T, dir string, out *translation.Output, r *translation.
 // runs every output through istioctl and a server-side dry run on one real
 // kube-apiserver with Istio's CRDs.
 func TestVirtualDestinationGolden(t *testing.T) {
-	apiserver := translationtest.Cluster(t)
-
 	for _, name := range vdCases(t) {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join("testdata", name)
@@ -74,8 +72,7 @@ func TestVirtualDestinationGolden(t *testing.T) {
 			if len(out.Objects()) == 0 {
 				return
 			}
-			translationtest.CheckWithIstioctl(t, out)
-			translationtest.DryRun(t, apiserver, out)
+			translationtest.Admitted(t, out)
 		})
 	}
 }

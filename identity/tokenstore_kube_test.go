@@ -22,13 +22,7 @@ import (
 // where atomic consumption rests on delete preconditions.
 func TestKubeTokenStore(t *testing.T) {
 	ctx := context.Background()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cs, err := env.Cluster("mgmt").Clientset()
-	require.NoError(t, err)
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	_, cs, _ := localcluster.Management(t, "relaymesh")
 	store, err := identity.NewKubeTokenStore(cs, "relaymesh")
 	require.NoError(t, err)
 	tokens, c := newTokens(t, store)
@@ -119,13 +113,7 @@ func TestKubeTokenStore(t *testing.T) {
 func TestKubeTokenStoreCached(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	admin, err := env.Cluster("mgmt").Clientset()
-	require.NoError(t, err)
-	_, err = admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	mgmt, admin, _ := localcluster.Management(t, "relaymesh")
 	minter, err := identity.NewKubeTokenStore(admin, "relaymesh")
 	require.NoError(t, err)
 	mint, err := identity.NewTokens(identity.TokensConfig{Store: minter})
@@ -133,7 +121,7 @@ func TestKubeTokenStoreCached(t *testing.T) {
 
 	var gets, deletes atomic.Int32
 	replica := func() *identity.Tokens {
-		cfg := env.Cluster("mgmt").RESTConfig()
+		cfg := mgmt.RESTConfig()
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 			return rtFunc(func(r *http.Request) (*http.Response, error) {
 				if strings.Contains(r.URL.Path, "/secrets/relaymesh-bootstrap-token-") {

@@ -85,6 +85,7 @@ func names(r *replica) map[string][]string {
 // everything; a deregistered cluster's Workloads disappear at once and the
 // Lease holder deletes its record.
 func TestSharedSnapshotsAcrossReplicas(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	redis, err := localcluster.StartRedis(t.Context(), localcluster.RedisConfig{Dir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = redis.Stop() })
@@ -177,6 +178,7 @@ func startReplicaEventually(t *testing.T, redis *localcluster.Redis, name string
 // failed again since; when none does, the store is down and it keeps
 // serving; back in touch, it is no longer cut off.
 func TestGuardTellsACutFromAStoreThatIsDown(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	redis, err := localcluster.StartRedis(t.Context(), localcluster.RedisConfig{Dir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = redis.Stop() })
@@ -289,6 +291,7 @@ func syncAll(t *testing.T, a *replica, n int, all ...*replica) {
 // Redis): the replicas keep its last verified Workloads, and the replica
 // holding its session writes the record again at once.
 func TestAForgedAnnouncementRemovesNoWorkload(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	redis, err := localcluster.StartRedis(t.Context(), localcluster.RedisConfig{Dir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = redis.Stop() })
@@ -331,6 +334,7 @@ func TestAForgedAnnouncementRemovesNoWorkload(t *testing.T) {
 // residual): until the session's replica compares the store with what it
 // wrote (every Resync, 1 s here) and writes it again.
 func TestAReplayedRecordBringsNoWorkloadBack(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	redis, err := localcluster.StartRedis(t.Context(), localcluster.RedisConfig{Dir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = redis.Stop() })

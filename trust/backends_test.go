@@ -25,6 +25,7 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/relaymesh/relaymesh/ca/stepca"
+	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -49,6 +50,7 @@ const (
 // SoftHSM2 fails the test, as in package ca/hsm.
 func hsmModule(t *testing.T) string {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	return catest.SoftHSM(t, filepath.Join(env.Dir(), "softhsm"), hsmToken, hsmPIN, hsmSOPIN)
 }
 

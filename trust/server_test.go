@@ -23,6 +23,7 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/federation"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/stretchr/testify/assert"
@@ -73,6 +74,7 @@ func csrPEM(t *testing.T) []byte {
 func TestControllerPublishesAndAuthorizes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	localcluster.SkipIfShort(t)
 	cl := env.Cluster("cluster-1")
 	kube := client(t)
 	ns := namespace(t, kube)
@@ -209,6 +211,7 @@ spec:
 func TestRootSecretMustBeInTheServersNamespace(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	localcluster.SkipIfShort(t)
 	cl := env.Cluster("cluster-1")
 	kube := client(t)
 	server, other := namespace(t, kube), "default"
@@ -263,6 +266,7 @@ spec:
 func TestIntermediatesOnlyForAGrantedTrustDomain(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	localcluster.SkipIfShort(t)
 	cl := env.Cluster("cluster-1")
 	kube := client(t)
 	ns := namespace(t, kube)
@@ -448,6 +452,7 @@ func (s *syncBuffer) String() string {
 func TestEveryVirtualMeshIsJudgedByItsOwnMembers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	localcluster.SkipIfShort(t)
 	cl := env.Cluster("cluster-1")
 	kube := client(t)
 	ns := namespace(t, kube)

@@ -45,6 +45,7 @@ type fixture struct {
 
 func newFixture(tb testing.TB) *fixture {
 	tb.Helper()
+	localcluster.SkipIfShort(tb)
 	ctx := context.Background()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: tb.TempDir(), Clusters: []string{"cluster-1"}})
 	require.NoError(tb, err)

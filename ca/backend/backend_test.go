@@ -104,13 +104,7 @@ func TestNew(t *testing.T) {
 // a real kube-apiserver.
 func TestNewInKubernetes(t *testing.T) {
 	ctx := context.Background()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cs, err := env.Cluster("mgmt").Clientset()
-	require.NoError(t, err)
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	_, cs, _ := localcluster.Management(t, "relaymesh")
 
 	generated, err := backend.New(ctx, backend.Config{Type: backend.Generated, Generated: backend.GeneratedConfig{Client: cs, Namespace: "relaymesh"}})
 	require.NoError(t, err)

@@ -21,6 +21,7 @@ import (
 // exercising the real component.
 func Binary(t testing.TB, name string) string {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	root, err := localcluster.RepoRoot()
 	if err != nil {
 		t.Fatalf("catest: %v", err)
@@ -61,6 +62,7 @@ type Process struct {
 // paths: it runs in the test's working directory.
 func StartProcess(t testing.TB, name, bin string, args []string, dir string) *Process {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	logPath := filepath.Join(dir, name+".log")
 	p, err := localcluster.StartProcess(name, bin, args, logPath, false)
 	if err != nil {
@@ -107,6 +109,7 @@ type Server struct {
 // base URL, scheme://host:port.
 func StartServer(t testing.TB, srv Server) (*Process, string) {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	if srv.Timeout == 0 {
 		srv.Timeout = 30 * time.Second
 	}

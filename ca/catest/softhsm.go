@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/relaymesh/relaymesh/test/localcluster"
 )
 
 // softHSMModulePaths are where Debian's softhsm2 package installs the
@@ -37,6 +39,7 @@ var softHSM struct {
 // CI must never pass without exercising a real token.
 func SoftHSM(t testing.TB, dir, label, pin, soPIN string) string {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	softHSM.once.Do(func() {
 		softHSM.label = label
 		softHSM.module, softHSM.err = initSoftHSM(dir, label, pin, soPIN)

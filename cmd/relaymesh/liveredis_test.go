@@ -28,6 +28,7 @@ import (
 // without them they refuse and say why; a record the key does not verify
 // and a missing key are clear errors; no flag leaks the password.
 func TestLiveViewFromRedis(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	mgmt, cs, dyn := localcluster.Management(t, "relaymesh")
 	r, err := localcluster.StartRedis(ctx, localcluster.RedisConfig{Dir: t.TempDir()})

@@ -16,7 +16,6 @@ import (
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -28,14 +27,7 @@ import (
 func TestPolicyAuditLive(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	mgmt := env.Cluster("mgmt")
-	cs, err := mgmt.Clientset()
-	require.NoError(t, err)
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "relaymesh"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	mgmt, _, _ := localcluster.Management(t, "relaymesh")
 	world, err := os.ReadFile(auditWorld)
 	require.NoError(t, err)
 	_, err = mgmt.Apply(ctx, "policy-audit-test", world)

@@ -39,11 +39,8 @@ func TestRotateRefusesBadArguments(t *testing.T) {
 func TestRotateAgainstAPIServer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	mgmt := env.Cluster("mgmt")
-	_, err = mgmt.Apply(ctx, "test", []byte(`
+	mgmt, _, _ := localcluster.Management(t, "")
+	_, err := mgmt.Apply(ctx, "test", []byte(`
 apiVersion: v1
 kind: Namespace
 metadata: {name: relaymesh}

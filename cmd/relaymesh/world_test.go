@@ -214,6 +214,7 @@ func newWorld(t *testing.T, agentTTL time.Duration) *world {
 // puts a merged kubeconfig into $KUBECONFIG, runs each of before (with the
 // namespace relaymesh in place) and starts the server.
 func baseWorld(t *testing.T, workloads []string, agentTTL time.Duration, before ...func(*world)) *world {
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	w := &world{root: t, t: t, ctx: ctx, dir: t.TempDir(), agents: map[string]*proc{}, agentAddrs: map[string][2]string{}, istiods: map[string]*istiod.Istiod{}, clients: map[string]kubernetes.Interface{}}

@@ -36,10 +36,8 @@ func debugAttrs(r *http.Request) *authorizationv1.ResourceAttributes {
 // relaymesh.io/debug passes, for the names it is granted only.
 func TestHandlerWithRealAPIServer(t *testing.T) {
 	ctx := context.Background()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cfg := env.Cluster("mgmt").RESTConfig()
+	mgmt, _, _ := localcluster.Management(t, "")
+	cfg := mgmt.RESTConfig()
 	var calls atomic.Int32
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripper(func(r *http.Request) (*http.Response, error) {

@@ -19,13 +19,9 @@ import (
 func TestLoaderConfigMaps(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cs, err := env.Cluster("mgmt").Clientset()
-	require.NoError(t, err)
+	_, cs, _ := localcluster.Management(t, "")
 	for _, ns := range []string{"relaymesh", "elsewhere"} {
-		_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 		require.NoError(t, err)
 	}
 	cms := cs.CoreV1().ConfigMaps("relaymesh")
@@ -43,7 +39,7 @@ func TestLoaderConfigMaps(t *testing.T) {
 
 	// Present before the loader starts: one labelled, one not, one labelled
 	// in another namespace.
-	_, err = cms.Create(ctx, configMap("team-a", ruleSet("", "team_a", "a"), true), metav1.CreateOptions{})
+	_, err := cms.Create(ctx, configMap("team-a", ruleSet("", "team_a", "a"), true), metav1.CreateOptions{})
 	require.NoError(t, err)
 	_, err = cms.Create(ctx, configMap("unlabelled", ruleSet("", "unlabelled", "u"), false), metav1.CreateOptions{})
 	require.NoError(t, err)

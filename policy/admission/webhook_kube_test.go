@@ -60,12 +60,7 @@ func servingCert(t *testing.T) (tls.Certificate, []byte) {
 // user who asked.
 func TestWebhookWithRealAPIServer(t *testing.T) {
 	ctx := context.Background()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cl := env.Cluster("mgmt")
-	cs, err := cl.Clientset()
-	require.NoError(t, err)
+	cl, cs, _ := localcluster.Management(t, "")
 	for name, labels := range map[string]map[string]string{"team-a": nil, "prod": {"relaymesh.io/environment": "production"}} {
 		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{})
 		require.NoError(t, err)

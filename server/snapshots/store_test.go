@@ -27,6 +27,7 @@ var key = bytes.Repeat([]byte{7}, 32)
 
 func startRedis(t *testing.T) *localcluster.Redis {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	r, err := localcluster.StartRedis(t.Context(), localcluster.RedisConfig{Dir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Stop() })

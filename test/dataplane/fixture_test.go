@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/relaymesh/relaymesh/test/dataplane"
+	"github.com/relaymesh/relaymesh/test/localcluster"
 )
 
 // Numbers of the traffic checks.
@@ -85,6 +86,7 @@ func TestMain(m *testing.M) {
 // istiod's log when it fails.
 func sharedFixture(t *testing.T) *fixture {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	shared.once.Do(func() { shared.f, shared.err = startFixture() })
 	require.NoError(t, shared.err)
 	f := shared.f

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/relaymesh/relaymesh/test/localcluster"
 )
 
 // overlayScript runs in a new mount namespace: $1 is a scratch directory,
@@ -51,6 +53,7 @@ step again 'hack/deps.sh test gen'
 // without root or apt-get, installs all three with apt-get, and has nothing
 // to do afterwards.
 func TestDepsInstallsWhatIsMissing(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	if runtime.GOOS != "linux" {
 		t.Fatalf("hack/deps.sh is for Debian; this is %s", runtime.GOOS)
 	}

@@ -68,6 +68,7 @@ func Host(addr string) string {
 // output goes to dir/name.log; the test stops it at the end.
 func Start(t testing.TB, bin, dir, name string, args ...string) *localcluster.Process {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	p, err := localcluster.StartProcess(name, bin, args, filepath.Join(dir, name+".log"), false)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -91,6 +92,7 @@ func tail(s string, n int) string {
 // Run runs the relaymesh binary to completion and returns its stdout.
 func Run(t testing.TB, bin string, args ...string) (string, error) {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
@@ -182,6 +184,7 @@ func Metric(url, name string) (float64, error) { return MetricWith(url, name, ""
 // the environment and a directory for logs; everything stops with the test.
 func Setup(t *testing.T, clusters ...string) (bin string, env *localcluster.Env, dir string) {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	dir = t.TempDir()
 	bin, err := localcluster.BuildRelaymesh(dir)

@@ -63,6 +63,7 @@ type snapshotWorld struct {
 // build (docs/benchmarks.md: the same command against the previous
 // release).
 func TestSnapshotBoundariesAgainstTheServerProcess(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	dir := t.TempDir()
 	env, err := fleet.StartEnv(ctx, fleet.EnvConfig{Dir: filepath.Join(dir, "fleet")})

@@ -38,6 +38,7 @@ func TestMain(m *testing.M) {
 // binary is the relaymesh binary under test.
 func binary(t testing.TB) string {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	if *binFlag != "" || os.Getenv(fleet.BinaryEnv) != "" {
 		bin, err := fleet.ResolveBinary(*binFlag, "")
 		require.NoError(t, err)
@@ -56,6 +57,7 @@ func binary(t testing.TB) string {
 // startEnv starts a management cluster that stops with the test.
 func startEnv(t testing.TB) *fleet.Env {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	dir := t.TempDir()
 	if *keepDir != "" {
 		dir = filepath.Join(*keepDir, filepath.Base(t.Name()))

@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/relaymesh/relaymesh/ca"
@@ -79,7 +78,7 @@ type cfsslProfile struct {
 }
 
 // StartCfssl runs `cfssl serve` (bin) with the profiles ca/cfsslca needs,
-// a fresh CA and an HMAC auth key, on a free loopback port, and returns it
+// a fresh CA and an HMAC auth key, on a private loopback address, and returns it
 // with a connected client.
 func StartCfssl(ctx context.Context, bin, dir string) (*ExternalCA, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -135,7 +134,7 @@ func StartCfssl(ctx context.Context, bin, dir string) (*ExternalCA, error) {
 }
 
 // StartStepCA runs step-ca (bin) with a JWK provisioner using
-// stepca.ProvisionerTemplate and a fresh CA on a free loopback port. db is
+// stepca.ProvisionerTemplate and a fresh CA on a private loopback address. db is
 // "" for no database (used token ids kept in memory) or a nosql type such as
 // "badgerv2" (what `step ca init` configures), kept in dir.
 func StartStepCA(ctx context.Context, bin, dir, db string) (*ExternalCA, error) {
@@ -202,25 +201,29 @@ func asExternal(name string, s ca.Signer, proc *localcluster.Process) (*External
 	return &ExternalCA{Name: name, Signer: rs, proc: proc}, nil
 }
 
-// startHealthy starts a server on a free loopback port (command gives its
-// command line for host and port) and waits until path answers 200 OK;
-// a server that does not come up (its port was taken) is tried again on a
-// fresh port, three times in all.
+// startHealthy starts a server on a port of a private loopback address
+// (localcluster.ListenAddr: command gives its command line for host and
+// port) and waits until path answers 200 OK; a server that does not come
+// up is tried again on a fresh address, three times in all.
 func startHealthy(name, dir string, command func(host, port string) []string, scheme, path string, roots *x509.CertPool) (*localcluster.Process, string, error) {
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
 	defer hc.CloseIdleConnections()
 	var last error
 	for attempt := 1; attempt <= 3; attempt++ {
-		p, err := localcluster.FreePort()
+		addr, err := localcluster.ListenAddr()
 		if err != nil {
 			return nil, "", err
 		}
-		cmd := command("127.0.0.1", strconv.Itoa(p))
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, "", err
+		}
+		cmd := command(host, port)
 		proc, err := localcluster.StartProcess(name, cmd[0], cmd[1:], filepath.Join(dir, name+".log"), false)
 		if err != nil {
 			return nil, "", err
 		}
-		url := scheme + "://127.0.0.1:" + strconv.Itoa(p)
+		url := scheme + "://" + addr
 		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 			if done, err := proc.Exited(); done {
 				last = fmt.Errorf("%s exited: %v (see %s)", name, err, proc.LogPath())

@@ -80,6 +80,7 @@ type Env struct {
 // removed when the test ends, passed or failed.
 func Setup(t *testing.T, bin string, cfg Config) *Env {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	if cfg.Replicas == 0 {
 		cfg.Replicas = 3

@@ -1,6 +1,7 @@
 package ha_test
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -12,6 +13,11 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		// -short (make test-unit): Setup skips every test that needs bin.
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "relaymesh-ha-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -190,6 +190,7 @@ func TestNoChartOwnedSecrets(t *testing.T) {
 // that breaks it is refused, so the check is on); a helm install with bad
 // values changes nothing.
 func TestChartsOnARealAPIServer(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	start := time.Now()
 	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"charts"}})

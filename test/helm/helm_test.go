@@ -55,6 +55,7 @@ type helm struct {
 
 func newHelm(t testing.TB) helm {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	bin := filepath.Join(repoRoot(t), ".cache", "bin", "helm")
 	_, err := os.Stat(bin)
 	require.NoError(t, err, "helm is built by `make tools`")
@@ -179,6 +180,7 @@ var (
 // relaymesh builds cmd/relaymesh once per test binary.
 func relaymesh(t testing.TB) string {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	buildOnce.Do(func() {
 		buildDir, buildErr = os.MkdirTemp("", "relaymesh-helm-test-")
 		if buildErr == nil {

@@ -125,6 +125,7 @@ type stepWindow struct {
 // ServiceAccounts' kubeconfigs.
 func newJob(t testing.TB, cfg jobConfig) *job {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	dir := t.TempDir()
 	policy := filepath.Join(dir, "audit-policy.yaml")

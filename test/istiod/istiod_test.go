@@ -126,6 +126,7 @@ func verify(chain []*x509.Certificate, roots ...*x509.Certificate) ([][]*x509.Ce
 // certificates that chain to the test root, for the identity of the
 // caller's token and nothing else.
 func TestIstiodIssuesWorkloadCertificates(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	dir := t.TempDir()

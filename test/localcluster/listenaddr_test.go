@@ -1,8 +1,11 @@
 package localcluster
 
 import (
+	"crypto/tls"
+	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -66,4 +69,76 @@ func TestListenAddrOnReportsTheKernelsPort(t *testing.T) {
 	assert.NotZero(t, ap.Port())
 	_, err = ListenAddrOn(netip.MustParseAddr("192.0.2.1")) // TEST-NET-1: on no interface
 	assert.Error(t, err)
+}
+
+// TestListenAddrIsDistinctAcrossConcurrentCallers: addresses picked at the
+// same time (by parallel tests, or by test binaries of other packages,
+// which pick the same way) are all different and can all be bound at once:
+// no two processes are handed one address.
+func TestListenAddrIsDistinctAcrossConcurrentCallers(t *testing.T) {
+	const callers, picks = 8, 16
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	var listeners []net.Listener
+	t.Cleanup(func() {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+	})
+	var wg sync.WaitGroup
+	errs := make(chan error, callers*picks)
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range picks {
+				s, err := ListenAddr()
+				if err != nil {
+					errs <- err
+					return
+				}
+				l, err := net.Listen("tcp", s)
+				if err != nil {
+					errs <- fmt.Errorf("bind %s while the other picks are held: %w", s, err)
+					return
+				}
+				mu.Lock()
+				if seen[s] {
+					errs <- fmt.Errorf("%s was handed out twice", s)
+				}
+				seen[s] = true
+				listeners = append(listeners, l)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
+	}
+	assert.Len(t, seen, callers*picks)
+}
+
+// TestStartRedisListensOnAPrivateLoopbackAddress: a redis-server started
+// without an address gets one of its own (nothing retries its start, so a
+// port of 127.0.0.1 could be lost), its certificate names it, and a
+// netns'd one without a port is refused before anything starts.
+func TestStartRedisListensOnAPrivateLoopbackAddress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts redis-server (-short: pure tests only)")
+	}
+	r, err := StartRedis(t.Context(), RedisConfig{Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Stop() })
+	ap, err := netip.ParseAddrPort(r.Address())
+	require.NoError(t, err)
+	assert.True(t, ap.Addr().IsLoopback(), "%s", r.Address())
+	assert.NotEqual(t, "127.0.0.1", ap.Addr().String(), "the first choice is a private loopback address")
+	conn, err := tls.Dial("tcp", r.Address(), r.TLS())
+	require.NoError(t, err, "its certificate names %s", ap.Addr())
+	require.NoError(t, conn.Close())
+
+	_, err = StartRedis(t.Context(), RedisConfig{Dir: t.TempDir(), Netns: "nowhere"})
+	assert.ErrorContains(t, err, "Port is required with Netns")
 }

@@ -123,6 +123,7 @@ func TestDownRejectsCorruptState(t *testing.T) {
 // the test if any process survives.
 func startEnv(t *testing.T, detach bool, names ...string) *Env {
 	t.Helper()
+	SkipIfShort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env, err := Start(ctx, Config{Dir: t.TempDir(), Clusters: names, Detach: detach})
@@ -404,6 +405,7 @@ spec:
 }
 
 func TestDetachedUpDown(t *testing.T) {
+	SkipIfShort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	dir := filepath.Join(t.TempDir(), "env")

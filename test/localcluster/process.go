@@ -112,9 +112,12 @@ func Alive(pid int) bool {
 	return err == nil || errors.Is(err, syscall.EPERM)
 }
 
-// FreePort asks the kernel for an unused loopback port. Another process can
-// take it before we bind it; Start retries a cluster whose port was lost.
-// A port for a process that is not retried so comes from ListenAddr.
+// FreePort asks the kernel for an unused port of 127.0.0.1. Another process
+// can take it before the process it is for binds it, so it is only for a
+// start that is retried when that happens (etcd and kube-apiserver here,
+// istiod in test/istiod, relaymesh servers whose certificate names
+// 127.0.0.1 in test/fleet). Every other process a test starts listens on
+// ListenAddr.
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

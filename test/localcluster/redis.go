@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,10 +33,12 @@ type Redis struct {
 type RedisConfig struct {
 	// Dir holds its certificates, password file and log. Required.
 	Dir string
-	// Bind are the addresses it listens on (default 127.0.0.1); its
-	// certificate names each of them.
+	// Bind are the addresses it listens on; its certificate names each of
+	// them. Default: a private loopback address (ListenAddr) when Port is
+	// 0, else 127.0.0.1.
 	Bind []net.IP
-	// Port to listen on; 0 picks a free one.
+	// Port to listen on; 0 picks one the kernel found free on Bind[0]
+	// (required with Netns, whose ports this process cannot probe).
 	Port int
 	// Plaintext serves without TLS (for the tests of a plaintext opt-in).
 	Plaintext bool
@@ -49,17 +52,12 @@ func StartRedis(ctx context.Context, cfg RedisConfig) (*Redis, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("localcluster: RedisConfig.Dir is required")
 	}
-	if len(cfg.Bind) == 0 {
-		cfg.Bind = []net.IP{net.IPv4(127, 0, 0, 1)}
-	}
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not found (Debian package redis-server; `make deps` installs it): %w", err)
 	}
-	if cfg.Port == 0 {
-		if cfg.Port, err = FreePort(); err != nil {
-			return nil, err
-		}
+	if err := cfg.listen(); err != nil {
+		return nil, err
 	}
 	pw := make([]byte, 24)
 	if _, err := rand.Read(pw); err != nil {
@@ -90,6 +88,44 @@ func StartRedis(ctx context.Context, cfg RedisConfig) (*Redis, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// listen fills in Bind and Port: a port picked on 127.0.0.1 can be taken
+// by another test's connection before redis-server binds it, and nothing
+// retries this start, so a picked port is on an address of its own.
+func (cfg *RedisConfig) listen() error {
+	if cfg.Port != 0 {
+		if len(cfg.Bind) == 0 {
+			cfg.Bind = []net.IP{net.IPv4(127, 0, 0, 1)}
+		}
+		return nil
+	}
+	if cfg.Netns != "" {
+		return errors.New("localcluster: RedisConfig.Port is required with Netns")
+	}
+	var addr string
+	var err error
+	if len(cfg.Bind) == 0 {
+		addr, err = ListenAddr()
+	} else {
+		ip, ok := netip.AddrFromSlice(cfg.Bind[0])
+		if !ok {
+			return fmt.Errorf("localcluster: RedisConfig.Bind[0] %v is not an IP address", cfg.Bind[0])
+		}
+		addr, err = ListenAddrOn(ip.Unmap())
+	}
+	if err != nil {
+		return fmt.Errorf("localcluster: redis listen address: %w", err)
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return err
+	}
+	if len(cfg.Bind) == 0 {
+		cfg.Bind = []net.IP{ap.Addr().AsSlice()}
+	}
+	cfg.Port = int(ap.Port())
+	return nil
 }
 
 func (r *Redis) args() []string {

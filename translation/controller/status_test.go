@@ -20,7 +20,6 @@ import (
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -39,15 +38,8 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 func TestPolicyStatusAtFleetScale(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{"mgmt"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	mgmt := env.Cluster("mgmt")
-	cs, err := mgmt.Clientset()
-	require.NoError(t, err)
 	const ns = "relaymesh"
-	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	mgmt, _, _ := localcluster.Management(t, ns)
 	cfg := mgmt.RESTConfig()
 	cfg.QPS, cfg.Burst = 1000, 1000
 	admin, err := dynamic.NewForConfig(cfg)

@@ -24,6 +24,7 @@ var shared struct {
 // The package's TestMain must end with RunMain so it is stopped.
 func Cluster(t testing.TB) *localcluster.Cluster {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	shared.once.Do(func() {
 		shared.dir, shared.err = os.MkdirTemp("", "translationtest-")
 		if shared.err != nil {

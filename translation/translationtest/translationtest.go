@@ -106,6 +106,7 @@ func Golden(t testing.TB, dir string, out *translation.Output, r *translation.Re
 // `istioctl validate` and `istioctl analyze --use-kube=false` on it.
 func CheckWithIstioctl(t testing.TB, out *translation.Output) {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	dir := t.TempDir()
 	byCluster := map[string]*translation.Output{}
 	for _, o := range out.Objects() {
@@ -127,6 +128,7 @@ func CheckWithIstioctl(t testing.TB, out *translation.Output) {
 // them. Namespaces the objects need are created for real.
 func DryRun(t testing.TB, c *localcluster.Cluster, out *translation.Output) {
 	t.Helper()
+	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	cs, err := c.Clientset()
 	require.NoError(t, err)
@@ -146,6 +148,19 @@ func DryRun(t testing.TB, c *localcluster.Cluster, out *translation.Output) {
 			metav1.PatchOptions{FieldManager: "translation-test", DryRun: []string{metav1.DryRunAll}, Force: new(true), FieldValidation: metav1.FieldValidationStrict})
 		require.NoError(t, err, "dry run of %s %s/%s for %s", gvk.Kind, ns, o.Object.GetName(), o.Cluster)
 	}
+}
+
+// Admitted checks out the way a cluster admits it, in a subtest of its
+// own: istioctl validate, then a server-side dry run on the package's
+// shared kube-apiserver (Cluster). Under -short (make test-unit) only that
+// subtest is skipped, so a golden comparison before it still runs.
+func Admitted(t *testing.T, out *translation.Output) {
+	t.Helper()
+	t.Run("istioctl and apiserver dry run", func(t *testing.T) {
+		localcluster.SkipIfShort(t)
+		CheckWithIstioctl(t, out)
+		DryRun(t, Cluster(t), out)
+	})
 }
 
 // Resource is the plural resource of an Istio kind.

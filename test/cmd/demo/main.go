@@ -24,7 +24,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -300,7 +302,8 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 	if err != nil {
 		return stop, err
 	}
-	opsAddr, err := loopbackAddr()
+	// The agents dial relayAddr: the server's certificate names its IP.
+	relayHost, _, err := net.SplitHostPort(relayAddr)
 	if err != nil {
 		return stop, err
 	}
@@ -311,20 +314,37 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 		}
 		return err
 	}
-	dashAddr, err := loopbackAddr()
-	if err != nil {
-		return stop, err
-	}
 	auditLog := filepath.Join(cfg.dir, "audit.log")
-	// The demo's dashboard is on loopback, for a browser on this machine:
-	// plain HTTP (the named, WEAKER opt-in the server allows there only)
-	// spares it a certificate warning.
-	if err := start("server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
-		"--dashboard-listen", dashAddr, "--dashboard-plain-http", "--audit-log", auditLog, "--server-dns-names", "localhost", "--server-ips", "127.0.0.1"); err != nil {
-		return stop, err
-	}
-	if err := waitHTTP(ctx, "http://"+opsAddr+"/healthz", 30*time.Second); err != nil {
-		return stop, fmt.Errorf("server did not come up (see %s): %w", filepath.Join(logs, "server.log"), err)
+	// The metrics and dashboard addresses are the ones a reader types, on
+	// 127.0.0.1, where another process can take a port before the server
+	// binds it: a server that lost one starts again on fresh ports.
+	var opsAddr, dashAddr string
+	for attempt := 1; ; attempt++ {
+		if opsAddr, err = localcluster.ListenAddrOn(netip.AddrFrom4([4]byte{127, 0, 0, 1})); err != nil {
+			return stop, err
+		}
+		if dashAddr, err = localcluster.ListenAddrOn(netip.AddrFrom4([4]byte{127, 0, 0, 1})); err != nil {
+			return stop, err
+		}
+		serverLog := filepath.Join(logs, "server.log")
+		logStart := fileSize(serverLog)
+		// The demo's dashboard is on loopback, for a browser on this machine:
+		// plain HTTP (the named, WEAKER opt-in the server allows there only)
+		// spares it a certificate warning.
+		if err := start("server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+			"--dashboard-listen", dashAddr, "--dashboard-plain-http", "--audit-log", auditLog, "--server-dns-names", "localhost", "--server-ips", relayHost); err != nil {
+			return stop, err
+		}
+		server := procs[len(procs)-1]
+		err := waitUp(ctx, server, "http://"+opsAddr+"/healthz", 30*time.Second)
+		if err == nil {
+			break
+		}
+		if attempt == 3 || !portTaken(serverLog, logStart) {
+			return stop, fmt.Errorf("server did not come up (see %s): %w", serverLog, err)
+		}
+		_ = server.Stop(10 * time.Second)
+		procs = procs[:len(procs)-1]
 	}
 	fmt.Fprintf(out, "  relay gRPC %s, metrics http://%s/metrics, audit log %s, logs in %s\n", relayAddr, opsAddr, auditLog, logs)
 	if err := dashboardViewer(ctx, cs); err != nil {
@@ -439,12 +459,47 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 
 var gvrClusters = schema.GroupVersionResource{Group: "multicluster.relaymesh.io", Version: "v1alpha1", Resource: "kubernetesclusters"}
 
+// loopbackAddr is a listen address for one of the demo's processes that no
+// other process takes before it binds: a port on a private loopback
+// address (localcluster.ListenAddr). Nothing retries these starts.
 func loopbackAddr() (string, error) {
-	p, err := localcluster.FreePort()
-	if err != nil {
-		return "", err
+	return localcluster.ListenAddr()
+}
+
+// waitUp is waitHTTP for a process that may exit first.
+func waitUp(ctx context.Context, p *localcluster.Process, url string, timeout time.Duration) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for ctx.Err() == nil {
+			if done, _ := p.Exited(); done {
+				cancel()
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	err := waitHTTP(ctx, url, timeout)
+	if done, exitErr := p.Exited(); done && err != nil {
+		return fmt.Errorf("%s exited: %v", p.LogPath(), exitErr)
 	}
-	return fmt.Sprintf("127.0.0.1:%d", p), nil
+	return err
+}
+
+// fileSize is the size of the file at path, 0 if there is none.
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// portTaken reports whether the log, from offset on, says a listener's
+// port was taken between its pick and the bind.
+func portTaken(path string, offset int64) bool {
+	b, err := os.ReadFile(path)
+	return err == nil && int64(len(b)) >= offset && strings.Contains(string(b[offset:]), "address already in use")
 }
 
 // waitHTTP polls url until it answers 200.

@@ -13,6 +13,8 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/relaymesh/relaymesh/test/localcluster"
 )
 
 func meshName(cluster string) string {
@@ -71,6 +73,7 @@ func tryPrinted(out string) []string {
 // must pass against the clusters (the demo runs it), and the closing lines
 // must say where relaymesh is and how to point it at the clusters.
 func TestDemoRunsToCompletion(t *testing.T) {
+	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	ctx, interrupt := context.WithCancel(ctx)
