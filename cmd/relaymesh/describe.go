@@ -17,7 +17,7 @@ import (
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/snapshots"
 	"github.com/relaymesh/relaymesh/translation"
-	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -125,7 +125,7 @@ func runDescribe(ctx context.Context, d deps, g *globals, files []string, format
 	// Objects the API server would refuse are left out; say which.
 	printInput(d.stderr, v.input)
 	in := v.in
-	_, out, report, err := controller.TranslateInForce(ctx, in, v.inForce)
+	_, out, report, err := all.TranslateInForce(ctx, in, v.inForce)
 	if err != nil {
 		return err
 	}
@@ -136,11 +136,11 @@ func runDescribe(ctx context.Context, d deps, g *globals, files []string, format
 		if name, err = destinationNamed(in, name); err != nil {
 			return err
 		}
-		desc, err = translation.DescribeDestination(in, out, report, name)
+		desc, err = all.DescribeDestination(in, out, report, name)
 	case "workload":
-		desc, err = translation.DescribeWorkload(in, report, name)
+		desc, err = all.DescribeWorkload(in, report, name)
 	default:
-		desc, err = translation.DescribePolicy(in, out, report, policyKind, policyNS, policyName)
+		desc, err = all.DescribePolicy(in, out, report, policyKind, policyNS, policyName)
 	}
 	if err != nil {
 		return err
@@ -274,7 +274,7 @@ func listAs[T any](ctx context.Context, client dynamic.Interface, gvr schema.Gro
 func writeDescription(w io.Writer, desc any) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
-	policies := func(title string, ps []translation.AppliedPolicy) {
+	policies := func(title string, ps []all.AppliedPolicy) {
 		row("")
 		if len(ps) == 0 {
 			row(title + ":\t<none>")
@@ -286,7 +286,7 @@ func writeDescription(w io.Writer, desc any) error {
 			row(fmt.Sprintf("  %d", i+1), p.Kind+"/"+p.Namespace+"/"+p.Name, p.State, policyDetail(p))
 		}
 	}
-	outputs := func(os []translation.OutputRef) {
+	outputs := func(os []all.OutputRef) {
 		row("")
 		if len(os) == 0 {
 			row("Outputs:\t<none>")
@@ -299,7 +299,7 @@ func writeDescription(w io.Writer, desc any) error {
 		}
 	}
 	switch d := desc.(type) {
-	case *translation.DestinationDescription:
+	case *all.DestinationDescription:
 		row("Destination:", d.Name)
 		row("Service:", d.Service.Namespace+"/"+d.Service.Name)
 		row("Cluster:", d.Service.ClusterName)
@@ -318,7 +318,7 @@ func writeDescription(w io.Writer, desc any) error {
 			}
 		}
 		outputs(d.Outputs)
-	case *translation.WorkloadDescription:
+	case *all.WorkloadDescription:
 		row("Workload:", d.Name)
 		row("Controller:", d.ControllerKind+" "+d.Controller.Namespace+"/"+d.Controller.Name)
 		row("Cluster:", d.Controller.ClusterName)
@@ -326,7 +326,7 @@ func writeDescription(w io.Writer, desc any) error {
 		row("Mesh:", d.Mesh)
 		policies("TrafficPolicies selecting it as a source (translation order)", d.Traffic)
 		policies("AccessPolicies allowing its identity", d.Access)
-	case *translation.PolicyDescription:
+	case *all.PolicyDescription:
 		row("Policy:", d.Kind+"/"+d.Namespace+"/"+d.Name)
 		row("State:", d.State)
 		if d.InForce {
@@ -372,7 +372,7 @@ func writeDescription(w io.Writer, desc any) error {
 }
 
 // policyDetail is a policy's verdict for the described object, or its errors.
-func policyDetail(p translation.AppliedPolicy) string {
+func policyDetail(p all.AppliedPolicy) string {
 	var parts []string
 	if t := p.Target; t != nil && (t.State != "" && string(t.State) != p.State || len(t.Errors) > 0) {
 		parts = append(parts, "target "+string(t.State))

@@ -19,6 +19,7 @@ import (
 	"github.com/relaymesh/relaymesh/federation"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/all"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
@@ -391,7 +392,7 @@ func compareKeys(a, b translation.ObjectKey) int {
 // full translates everything (Translate) and replaces the engine's state
 // with the result.
 func (e *Engine) full(in *translation.Input, why string) *translation.Report {
-	out, report := Translate(in, e.admin)
+	out, report := all.Translate(in, e.admin)
 	for c := range e.clusters {
 		e.dirty[c] = true
 	}

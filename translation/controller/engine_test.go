@@ -15,6 +15,7 @@ import (
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/assert"
@@ -26,7 +27,7 @@ import (
 // what a full translation of in gives.
 func requireSameAsFull(t *testing.T, e *controller.Engine, r *translation.Report, in *translation.Input, step string) {
 	t.Helper()
-	out, want := controller.Translate(in, "relaymesh")
+	out, want := all.Translate(in, "relaymesh")
 	render := func(objs []*translation.Object) []string {
 		var s []string
 		for _, o := range objs {
@@ -281,7 +282,7 @@ func TestGrantChangeReachesTheVirtualMesh(t *testing.T) {
 		assert.Equal(t, common.StateInvalid, st.State, tc.name)
 		assert.Contains(t, strings.Join(st.Errors, "\n"), tc.want, tc.name)
 		assert.Contains(t, st.Warnings, "its meshes keep the outputs of generation 1, the last valid one, until the VirtualMesh is valid again or deleted", tc.name)
-		full, _ := controller.Translate(in, "relaymesh")
+		full, _ := all.Translate(in, "relaymesh")
 		for _, o := range full.Objects() {
 			assert.NotContains(t, o.Object.GetAnnotations()[translation.ParentsAnnotation], "VirtualMesh/", "%s: a full translation federates nothing", tc.name)
 		}
@@ -316,7 +317,7 @@ func TestInvalidVirtualMeshKeepsLastGoodOutputs(t *testing.T) {
 	assert.Empty(t, e.Dirty(), "nothing is republished")
 
 	// A full translation would remove them: the engine remembers.
-	out, _ := controller.Translate(in, "relaymesh")
+	out, _ := all.Translate(in, "relaymesh")
 	assert.Empty(t, out.Objects())
 
 	in.VirtualMeshes = nil
