@@ -59,16 +59,16 @@ type WorkloadSource interface {
 const Source = "translation"
 
 var (
-	gvrMesh        = discoveryv1alpha1.GroupVersion.WithResource("meshes")
-	gvrWorkload    = discoveryv1alpha1.GroupVersion.WithResource("workloads")
-	gvrDestination = discoveryv1alpha1.GroupVersion.WithResource("destinations")
-	gvrVirtualMesh = networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")
-	gvrTraffic     = networkingv1alpha1.GroupVersion.WithResource("trafficpolicies")
-	gvrAccess      = networkingv1alpha1.GroupVersion.WithResource("accesspolicies")
-	gvrVirtualDest = networkingv1alpha1.GroupVersion.WithResource("virtualdestinations")
+	gvrMesh        = discoveryv1alpha1.Meshes
+	gvrWorkload    = discoveryv1alpha1.Workloads
+	gvrDestination = discoveryv1alpha1.Destinations
+	gvrVirtualMesh = networkingv1alpha1.VirtualMeshes
+	gvrTraffic     = networkingv1alpha1.TrafficPolicies
+	gvrAccess      = networkingv1alpha1.AccessPolicies
+	gvrVirtualDest = networkingv1alpha1.VirtualDestinations
 	// gvrCluster: the registry, whose grants say which trust domains each
 	// cluster's meshes may use.
-	gvrCluster = multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")
+	gvrCluster = multiclusterv1alpha1.KubernetesClusters
 )
 
 // userKinds maps the user kinds translation reports on to their resources.

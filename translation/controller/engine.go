@@ -16,6 +16,7 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/federation"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/translation"
@@ -589,7 +590,7 @@ func mergePublished(ps []*published) (*published, error) {
 	for i, p := range parents {
 		names[i] = p.String()
 	}
-	obj.SetAnnotations(map[string]string{translation.ParentsAnnotation: strings.Join(names, ",")})
+	obj.SetAnnotations(map[string]string{outputs.ParentsAnnotation: strings.Join(names, ",")})
 	b, err := json.Marshal(obj.Object)
 	if err != nil {
 		return nil, err

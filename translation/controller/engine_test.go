@@ -14,6 +14,7 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/relaymesh/relaymesh/translation/controller"
@@ -284,7 +285,7 @@ func TestGrantChangeReachesTheVirtualMesh(t *testing.T) {
 		assert.Contains(t, st.Warnings, "its meshes keep the outputs of generation 1, the last valid one, until the VirtualMesh is valid again or deleted", tc.name)
 		full, _ := all.Translate(in, "relaymesh")
 		for _, o := range full.Objects() {
-			assert.NotContains(t, o.Object.GetAnnotations()[translation.ParentsAnnotation], "VirtualMesh/", "%s: a full translation federates nothing", tc.name)
+			assert.NotContains(t, o.Object.GetAnnotations()[outputs.ParentsAnnotation], "VirtualMesh/", "%s: a full translation federates nothing", tc.name)
 		}
 
 		c.Spec.TrustDomains = nil
