@@ -16,12 +16,12 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/opsclient"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/relaymesh/relaymesh/trust"
 	"go.step.sm/crypto/pemutil"
@@ -52,14 +52,16 @@ const (
 	istioRootCertKey = "root-cert.pem"
 )
 
-// IstioCRDs are the Istio CRDs the agent applies outputs of.
-var IstioCRDs = []string{
-	"virtualservices.networking.istio.io",
-	"destinationrules.networking.istio.io",
-	"serviceentries.networking.istio.io",
-	"gateways.networking.istio.io",
-	"authorizationpolicies.security.istio.io",
-	"peerauthentications.security.istio.io",
+// IstioCRDs are the Istio CRDs the agent applies outputs of
+// (outputs.IstioKinds), as CRD names.
+var IstioCRDs = istioCRDs()
+
+func istioCRDs() []string {
+	var names []string
+	for _, r := range outputs.IstioResources() {
+		names = append(names, r.GroupResource().String())
+	}
+	return names
 }
 
 // Config says what Gather reads.
@@ -132,10 +134,10 @@ func Gather(ctx context.Context, cfg Config) *Observations {
 		o.MetricsFrom, o.MetricsErr = "nowhere", opsclient.ErrNoAddress
 	}
 	o.Dashboard = gatherDashboard(o.Metrics)
-	o.Clusters, o.ClustersErr = listAs[multiclusterv1alpha1.KubernetesCluster](ctx, cfg.Mgmt.Dynamic, server.KubernetesClusters, cfg.Namespace)
-	o.VirtualMeshes, o.VirtualMeshesErr = listAs[networkingv1alpha1.VirtualMesh](ctx, cfg.Mgmt.Dynamic, networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), "")
+	o.Clusters, o.ClustersErr = listAs[multiclusterv1alpha1.KubernetesCluster](ctx, cfg.Mgmt.Dynamic, multiclusterv1alpha1.KubernetesClusters, cfg.Namespace)
+	o.VirtualMeshes, o.VirtualMeshesErr = listAs[networkingv1alpha1.VirtualMesh](ctx, cfg.Mgmt.Dynamic, networkingv1alpha1.VirtualMeshes, "")
 	o.Meshes = gatherMeshes(ctx, cfg, o)
-	o.Discovered, o.DiscoveredErr = listAs[discoveryv1alpha1.Mesh](ctx, cfg.Mgmt.Dynamic, discoveryv1alpha1.GroupVersion.WithResource("meshes"), cfg.Namespace)
+	o.Discovered, o.DiscoveredErr = listAs[discoveryv1alpha1.Mesh](ctx, cfg.Mgmt.Dynamic, discoveryv1alpha1.Meshes, cfg.Namespace)
 	o.Webhook = gatherWebhook(ctx, cfg)
 	leases := cfg.Mgmt.Typed.CoordinationV1().Leases(cfg.Namespace)
 	if o.ServerLease, o.ServerLeaseErr = leases.Get(ctx, leader.ServerLease, metav1.GetOptions{}); o.ServerLeaseErr != nil {
@@ -459,7 +461,7 @@ func gatherWebhook(ctx context.Context, cfg Config) Webhook {
 	}}
 	dctx, cancel := context.WithTimeout(ctx, cfg.Timeout+35*time.Second)
 	defer cancel()
-	_, err = cfg.Mgmt.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("accesspolicies")).Namespace(cfg.Namespace).
+	_, err = cfg.Mgmt.Dynamic.Resource(networkingv1alpha1.AccessPolicies).Namespace(cfg.Namespace).
 		Create(dctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: "relaymesh-check"})
 	w.DryRunRan, w.DryRunErr = true, err
 	if apierrors.IsAlreadyExists(err) {

@@ -25,7 +25,7 @@ import (
 // and a graph, its findings, and the what-if of a pasted change
 // (accessaudit.WhatIf and Compare, as --with and --without). What is in
 // force is decided as the server and the CLI decide it
-// (controller.InForce): the server's admission rules, and the statuses the
+// (all.InForce): the server's admission rules, and the statuses the
 // server wrote (which also carry the verdicts of user rule sets), so an
 // object the server refuses is neither in the matrix nor in the graph.
 

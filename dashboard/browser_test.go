@@ -23,6 +23,8 @@ import (
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/dashboard"
 	"github.com/relaymesh/relaymesh/examples"
 	"github.com/relaymesh/relaymesh/test/e2e"
@@ -34,7 +36,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 )
@@ -48,9 +49,9 @@ var screenshots = flag.String("screenshots", "", "write a PNG of every page to t
 var hostile = `<script>window.pwned=1</script>"><img src=x onerror=window.pwned=1>`
 
 var (
-	gvrVirtualMesh = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualmeshes"}
-	gvrAccess      = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"}
-	gvrClusters    = schema.GroupVersionResource{Group: "multicluster.relaymesh.io", Version: "v1alpha1", Resource: "kubernetesclusters"}
+	gvrVirtualMesh = networkingv1alpha1.VirtualMeshes
+	gvrAccess      = networkingv1alpha1.AccessPolicies
+	gvrClusters    = multiclusterv1alpha1.KubernetesClusters
 )
 
 // world is the demo's world (examples/demo: three local clusters, the

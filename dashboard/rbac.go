@@ -60,11 +60,11 @@ type need struct {
 }
 
 var (
-	listClusters     = need{"list", multiclusterv1alpha1.GroupVersion.Group, "kubernetesclusters", true}
-	listVirtualMesh  = need{"list", networkingv1alpha1.GroupVersion.Group, "virtualmeshes", false}
-	listTraffic      = need{"list", networkingv1alpha1.GroupVersion.Group, "trafficpolicies", false}
-	listAccess       = need{"list", networkingv1alpha1.GroupVersion.Group, "accesspolicies", false}
-	listVirtualDests = need{"list", networkingv1alpha1.GroupVersion.Group, "virtualdestinations", false}
+	listClusters     = need{"list", multiclusterv1alpha1.GroupVersion.Group, multiclusterv1alpha1.KubernetesClusters.Resource, true}
+	listVirtualMesh  = need{"list", networkingv1alpha1.GroupVersion.Group, networkingv1alpha1.VirtualMeshes.Resource, false}
+	listTraffic      = need{"list", networkingv1alpha1.GroupVersion.Group, networkingv1alpha1.TrafficPolicies.Resource, false}
+	listAccess       = need{"list", networkingv1alpha1.GroupVersion.Group, networkingv1alpha1.AccessPolicies.Resource, false}
+	listVirtualDests = need{"list", networkingv1alpha1.GroupVersion.Group, networkingv1alpha1.VirtualDestinations.Resource, false}
 	listMeshes       = need{"list", discoveryv1alpha1.GroupVersion.Group, "meshes", true}
 	listWorkloads    = need{"list", discoveryv1alpha1.GroupVersion.Group, "workloads", true}
 	listDestinations = need{"list", discoveryv1alpha1.GroupVersion.Group, "destinations", true}
@@ -104,8 +104,8 @@ func Attributes(v View, namespace string) []authorizationv1.ResourceAttributes {
 // grants Fleet and the Audit log only (the other views span namespaces).
 func ViewerRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
-		{APIGroups: []string{multiclusterv1alpha1.GroupVersion.Group}, Resources: []string{"kubernetesclusters"}, Verbs: []string{"list"}},
-		{APIGroups: []string{networkingv1alpha1.GroupVersion.Group}, Resources: []string{"virtualmeshes", "trafficpolicies", "accesspolicies", "virtualdestinations"}, Verbs: []string{"list"}},
+		{APIGroups: []string{multiclusterv1alpha1.GroupVersion.Group}, Resources: []string{multiclusterv1alpha1.KubernetesClusters.Resource}, Verbs: []string{"list"}},
+		{APIGroups: []string{networkingv1alpha1.GroupVersion.Group}, Resources: networkingv1alpha1.Resources(), Verbs: []string{"list"}},
 		{APIGroups: []string{discoveryv1alpha1.GroupVersion.Group}, Resources: []string{"meshes", "workloads", "destinations"}, Verbs: []string{"list"}},
 		{APIGroups: []string{AuditLogGroup}, Resources: []string{AuditLogResource}, Verbs: []string{"get"}},
 	}

@@ -35,14 +35,14 @@ type Source interface {
 }
 
 var (
-	gvrClusters     = multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")
-	gvrMeshes       = discoveryv1alpha1.GroupVersion.WithResource("meshes")
-	gvrWorkloads    = discoveryv1alpha1.GroupVersion.WithResource("workloads")
-	gvrDestinations = discoveryv1alpha1.GroupVersion.WithResource("destinations")
-	gvrVirtualMesh  = networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")
-	gvrTraffic      = networkingv1alpha1.GroupVersion.WithResource("trafficpolicies")
-	gvrAccess       = networkingv1alpha1.GroupVersion.WithResource("accesspolicies")
-	gvrVirtualDests = networkingv1alpha1.GroupVersion.WithResource("virtualdestinations")
+	gvrClusters     = multiclusterv1alpha1.KubernetesClusters
+	gvrMeshes       = discoveryv1alpha1.Meshes
+	gvrWorkloads    = discoveryv1alpha1.Workloads
+	gvrDestinations = discoveryv1alpha1.Destinations
+	gvrVirtualMesh  = networkingv1alpha1.VirtualMeshes
+	gvrTraffic      = networkingv1alpha1.TrafficPolicies
+	gvrAccess       = networkingv1alpha1.AccessPolicies
+	gvrVirtualDests = networkingv1alpha1.VirtualDestinations
 )
 
 // KubeSource reads the management cluster through informers: the

@@ -184,12 +184,8 @@ func (p *Plan) HostnameSuffix(d *discoveryv1alpha1.Destination) string {
 // Other translators put their settings for that host into an object of the
 // same name, so Output merges them into the one DestinationRule Istio reads.
 func (p *Plan) RemoteDestinationRule(d *discoveryv1alpha1.Destination, cluster string) (namespace, name string, ok bool) {
-	s := p.byMesh[destinationMeshKey(d)]
-	if s == nil || s.vm.Spec.Federation == nil || len(s.vm.Spec.Federation.Selectors) == 0 {
-		return "", "", false
-	}
-	from := s.byKey[destinationMeshKey(d)]
-	for _, m := range s.targets(s.vm.Spec.Federation, d, from) {
+	_, _, to := p.reach(d)
+	for _, m := range to {
 		if m.cluster == cluster {
 			ref := d.Spec.KubeService.Ref
 			return m.root, objectName(ref.Name, ref.Namespace, ref.ClusterName), true
@@ -239,19 +235,11 @@ func (p *Plan) ExportDeps(d *discoveryv1alpha1.Destination) string {
 // VirtualMesh whose selectors federate d) and returns what the VirtualMesh's
 // status must say about it.
 func (p *Plan) Export(d *discoveryv1alpha1.Destination, out *translation.Output) []Note {
-	s := p.byMesh[destinationMeshKey(d)]
-	if s == nil {
-		return nil
-	}
-	f := s.vm.Spec.Federation
-	if f == nil || len(f.Selectors) == 0 {
-		return nil
-	}
-	from := s.byKey[destinationMeshKey(d)]
-	to := s.targets(f, d, from)
+	s, from, to := p.reach(d)
 	if len(to) == 0 {
 		return nil
 	}
+	f := s.vm.Spec.Federation
 	suffix := cmp.Or(f.HostnameSuffix, DefaultHostnameSuffix)
 	if f.FlatNetwork {
 		return s.exportFlat(out, p.alloc, p.ids, d, from, to, suffix)

@@ -12,6 +12,7 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/federation"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
@@ -251,7 +252,7 @@ func TestPartialData(t *testing.T) {
 			for _, o := range out.Objects() {
 				names = append(names, o.Object.GetName())
 				assert.LessOrEqual(t, len(o.Object.GetName()), 63)
-				assert.Equal(t, "VirtualMesh/relaymesh/vm", o.Object.GetAnnotations()[translation.ParentsAnnotation])
+				assert.Equal(t, "VirtualMesh/relaymesh/vm", o.Object.GetAnnotations()[outputs.ParentsAnnotation])
 			}
 			for _, want := range tc.wantNames {
 				found := false
@@ -436,7 +437,7 @@ func TestTrustDomainOutsideTheGrantIsRefused(t *testing.T) {
 			for _, o := range out.Objects() {
 				for name, want := range tc.want {
 					if want == common.StateInvalid {
-						assert.NotContains(t, o.Object.GetAnnotations()[translation.ParentsAnnotation], "VirtualMesh/relaymesh/"+name, "an Invalid VirtualMesh produces nothing")
+						assert.NotContains(t, o.Object.GetAnnotations()[outputs.ParentsAnnotation], "VirtualMesh/relaymesh/"+name, "an Invalid VirtualMesh produces nothing")
 					}
 				}
 			}

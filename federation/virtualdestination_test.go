@@ -11,6 +11,7 @@ import (
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/federation"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
@@ -188,7 +189,7 @@ func TestVirtualDestinationInvalid(t *testing.T) {
 				assert.Equal(t, common.StateInvalid, ts.State, "target %s", ts.Target)
 			}
 			for _, o := range out.Objects() {
-				assert.NotContains(t, o.Object.GetAnnotations()[translation.ParentsAnnotation], "/"+cmp.Or(tc.vd, "vd"), "an Invalid VirtualDestination produces nothing")
+				assert.NotContains(t, o.Object.GetAnnotations()[outputs.ParentsAnnotation], "/"+cmp.Or(tc.vd, "vd"), "an Invalid VirtualDestination produces nothing")
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/agent/apply"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
@@ -23,13 +24,15 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// KubeconfigKey is the key of the kubeconfig in a kubeconfig-mode cluster's
-// Secret.
-const KubeconfigKey = "kubeconfig"
+// KubeconfigKey is multiclusterv1alpha1.KubeconfigKey, for callers not
+// moved to it yet (issue 29: the lead moves cmd/relaymesh's).
+const KubeconfigKey = multiclusterv1alpha1.KubeconfigKey
 
-// KubeconfigSecretName is the Secret `relaymesh cluster register --mode
-// kubeconfig` writes for a cluster.
-func KubeconfigSecretName(cluster string) string { return "relaymesh-kubeconfig-" + cluster }
+// KubeconfigSecretName is multiclusterv1alpha1.KubeconfigSecretName, for
+// callers not moved to it yet.
+func KubeconfigSecretName(cluster string) string {
+	return multiclusterv1alpha1.KubeconfigSecretName(cluster)
+}
 
 // ParseKubeconfig turns a kubeconfig from a Secret into a client config,
 // refusing anything that would make the server run a program or read its
@@ -194,9 +197,9 @@ func (a *InProcessAgents) run(ctx context.Context, r Registration) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig secret %s/%s: %w", a.namespace, r.KubeconfigSecret, err)
 	}
-	raw := sec.Data[KubeconfigKey]
+	raw := sec.Data[multiclusterv1alpha1.KubeconfigKey]
 	if len(raw) == 0 {
-		return fmt.Errorf("kubeconfig secret %s/%s has no key %q", a.namespace, r.KubeconfigSecret, KubeconfigKey)
+		return fmt.Errorf("kubeconfig secret %s/%s has no key %q", a.namespace, r.KubeconfigSecret, multiclusterv1alpha1.KubeconfigKey)
 	}
 	cfg, err := ParseKubeconfig(raw)
 	if err != nil {

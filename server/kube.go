@@ -16,8 +16,9 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// KubernetesClusters is the resource of KubernetesCluster objects.
-var KubernetesClusters = multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")
+// KubernetesClusters is multiclusterv1alpha1.KubernetesClusters, for
+// callers not moved to it yet (issue 29: the lead moves cmd/relaymesh's).
+var KubernetesClusters = multiclusterv1alpha1.KubernetesClusters
 
 // WatchClusters feeds reg from the KubernetesCluster objects of namespace
 // until ctx ends. Relay-mode clusters go to reg: only they may bootstrap an
@@ -26,7 +27,7 @@ var KubernetesClusters = multiclusterv1alpha1.GroupVersion.WithResource("kuberne
 // warning otherwise. It returns once the first list is in the registries.
 func WatchClusters(ctx context.Context, client dynamic.Interface, namespace string, reg, kubeconfig *Registry, log *slog.Logger) error {
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 10*time.Minute, namespace, nil)
-	inf := factory.ForResource(KubernetesClusters).Informer()
+	inf := factory.ForResource(multiclusterv1alpha1.KubernetesClusters).Informer()
 	apply := func(obj any) {
 		kc, err := toCluster(obj)
 		if err != nil {
@@ -85,7 +86,7 @@ func WatchClusters(ctx context.Context, client dynamic.Interface, namespace stri
 	fetch := func(ctx context.Context, name string) (Registration, bool, error) {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		u, err := client.Resource(KubernetesClusters).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+		u, err := client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return Registration{}, false, nil
 		}

@@ -41,9 +41,9 @@ const (
 
 // Discovered kinds.
 var (
-	MeshesResource       = discoveryv1alpha1.GroupVersion.WithResource("meshes")
-	WorkloadsResource    = discoveryv1alpha1.GroupVersion.WithResource("workloads")
-	DestinationsResource = discoveryv1alpha1.GroupVersion.WithResource("destinations")
+	MeshesResource       = discoveryv1alpha1.Meshes
+	WorkloadsResource    = discoveryv1alpha1.Workloads
+	DestinationsResource = discoveryv1alpha1.Destinations
 )
 
 // Mirror writes each cluster's accepted snapshot as Mesh, Workload and
@@ -191,7 +191,7 @@ func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View,
 	return m
 }
 
-var discoveredResources = []schema.GroupVersionResource{MeshesResource, WorkloadsResource, DestinationsResource}
+var discoveredResources = []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations}
 
 // Run syncs clusters until ctx ends: each one whose snapshot changed or
 // that left the view, failed ones again after a backoff, and every cluster
@@ -298,7 +298,7 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 			return err
 		}
 		for _, o := range objs {
-			if o.Resource == WorkloadsResource && m.cfg.WorkloadsElsewhere {
+			if o.Resource == discoveryv1alpha1.Workloads && m.cfg.WorkloadsElsewhere {
 				continue
 			}
 			desired[o.Resource][o.Object.GetName()] = o.Object
@@ -570,12 +570,12 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredOb
 			spec.Istio.Gateways = append(spec.Istio.Gateways, discoveryv1alpha1.GatewayInfo{Name: g.GetName(), Namespace: g.GetNamespace(), Kind: g.GetKind(),
 				WorkloadLabels: g.GetWorkloadLabels(), ExternalAddress: g.GetExternalAddress(), TLSPort: g.GetTlsPort()})
 		}
-		if err := add(MeshesResource, "Mesh", discoveredMeta(discoveryv1alpha1.OriginMesh, cluster, m.GetNamespace(), m.GetName(), namespace), spec); err != nil {
+		if err := add(discoveryv1alpha1.Meshes, "Mesh", discoveredMeta(discoveryv1alpha1.OriginMesh, cluster, m.GetNamespace(), m.GetName(), namespace), spec); err != nil {
 			return nil, err
 		}
 	}
 	for _, w := range snap.GetWorkloads() {
-		if err := add(WorkloadsResource, "Workload", discoveredMeta(w.GetKind(), cluster, w.GetNamespace(), w.GetName(), namespace), workloadSpec(cluster, namespace, w)); err != nil {
+		if err := add(discoveryv1alpha1.Workloads, "Workload", discoveredMeta(w.GetKind(), cluster, w.GetNamespace(), w.GetName(), namespace), workloadSpec(cluster, namespace, w)); err != nil {
 			return nil, err
 		}
 	}
@@ -595,7 +595,7 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredOb
 			}
 		}
 		spec := discoveryv1alpha1.DestinationSpec{KubeService: ks, Mesh: meshRef(cluster, namespace, d.GetMeshName(), d.GetMeshNamespace())}
-		if err := add(DestinationsResource, "Destination", discoveredMeta(discoveryv1alpha1.OriginService, cluster, d.GetNamespace(), d.GetName(), namespace), spec); err != nil {
+		if err := add(discoveryv1alpha1.Destinations, "Destination", discoveredMeta(discoveryv1alpha1.OriginService, cluster, d.GetNamespace(), d.GetName(), namespace), spec); err != nil {
 			return nil, err
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/fleet"
@@ -97,8 +98,8 @@ func BenchmarkMirrorStoreBudget(b *testing.B) {
 	}
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
-		w, _ := count(server.WorkloadsResource)
-		d, _ := count(server.DestinationsResource)
+		w, _ := count(discoveryv1alpha1.Workloads)
+		d, _ := count(discoveryv1alpha1.Destinations)
 		if w == clusters*1000 && d == clusters*100 {
 			break
 		}
@@ -109,8 +110,8 @@ func BenchmarkMirrorStoreBudget(b *testing.B) {
 	after := etcdBytes(b, cs)
 	var wBytes, dBytes float64
 	for b.Loop() {
-		w, wb := count(server.WorkloadsResource)
-		d, db := count(server.DestinationsResource)
+		w, wb := count(discoveryv1alpha1.Workloads)
+		d, db := count(discoveryv1alpha1.Destinations)
 		wBytes, dBytes = float64(wb)/float64(w), float64(db)/float64(d)
 	}
 	b.ReportMetric(wBytes, "B/workload")

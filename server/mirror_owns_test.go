@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/fleet"
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -26,7 +27,7 @@ func TestMirrorWritesOnlyOwnedClusters(t *testing.T) {
 	_, _, client := localcluster.Management(t, ns)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	count := func() int {
-		l, err := client.Resource(server.DestinationsResource).Namespace(ns).List(ctx, metav1.ListOptions{})
+		l, err := client.Resource(discoveryv1alpha1.Destinations).Namespace(ns).List(ctx, metav1.ListOptions{})
 		require.NoError(t, err)
 		return len(l.Items)
 	}

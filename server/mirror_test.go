@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/fleet"
@@ -54,7 +55,7 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	require.NoError(t, err)
 	var squatted string
 	for _, o := range c7 {
-		if o.Resource == server.DestinationsResource {
+		if o.Resource == discoveryv1alpha1.Destinations {
 			squatted = o.Object.GetName()
 			hand := o.Object.DeepCopy()
 			hand.SetLabels(map[string]string{"made-by": "hand"})
@@ -99,7 +100,7 @@ func TestMirrorAtFleetRate(t *testing.T) {
 
 	objectsOf := func(cluster string) map[string]*unstructured.Unstructured {
 		out := map[string]*unstructured.Unstructured{}
-		for _, gvr := range []schema.GroupVersionResource{server.MeshesResource, server.WorkloadsResource, server.DestinationsResource} {
+		for _, gvr := range []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations} {
 			sel := server.LabelCluster
 			if cluster != "" {
 				sel += "=" + cluster
@@ -132,7 +133,7 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	t.Logf("%d clusters' objects written in %s: %d applies, %d lists", clusters, time.Since(start), applies.Load(), lists.Load())
 	assert.EqualValues(t, 3*clusters-1, applies.Load(), "one apply per object, the squatted one never")
 	assert.LessOrEqual(t, lists.Load(), int64(3), "the informers' lists only, never one per write")
-	hand, err := admin.Resource(server.DestinationsResource).Namespace(ns).Get(ctx, squatted, metav1.GetOptions{})
+	hand, err := admin.Resource(discoveryv1alpha1.Destinations).Namespace(ns).Get(ctx, squatted, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, map[string]string{"made-by": "hand"}, hand.GetLabels(), "the hand-made object is not taken over")
 
@@ -147,7 +148,7 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	// someone else added stays.
 	var dest *unstructured.Unstructured
 	for key, o := range objectsOf(name(9)) {
-		if strings.HasPrefix(key, server.DestinationsResource.Resource+"/") {
+		if strings.HasPrefix(key, discoveryv1alpha1.Destinations.Resource+"/") {
 			dest = o
 		}
 	}
@@ -155,7 +156,7 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	labels := dest.GetLabels()
 	labels["team"] = "payments"
 	dest.SetLabels(labels)
-	_, err = admin.Resource(server.DestinationsResource).Namespace(ns).Update(ctx, dest, metav1.UpdateOptions{})
+	_, err = admin.Resource(discoveryv1alpha1.Destinations).Namespace(ns).Update(ctx, dest, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	changed := snap(9, 1)
 	changed.Destinations[0].Ports[0].Port = 9090
@@ -163,7 +164,7 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	before = applies.Load()
 	view.Accept(name(9), changed, time.Now())
 	waitFor("c009's Destination is updated", func() bool {
-		got, err := admin.Resource(server.DestinationsResource).Namespace(ns).Get(ctx, dest.GetName(), metav1.GetOptions{})
+		got, err := admin.Resource(discoveryv1alpha1.Destinations).Namespace(ns).Get(ctx, dest.GetName(), metav1.GetOptions{})
 		require.NoError(t, err)
 		ports, _, _ := unstructured.NestedSlice(got.Object, "spec", "kubeService", "ports")
 		return len(ports) == 1 && ports[0].(map[string]any)["port"] == int64(9090) && got.GetLabels()["team"] == "payments"
@@ -173,8 +174,8 @@ func TestMirrorAtFleetRate(t *testing.T) {
 
 	// Deleted by hand: back at the resync.
 	for key := range objectsOf(name(5)) {
-		if strings.HasPrefix(key, server.WorkloadsResource.Resource+"/") {
-			require.NoError(t, admin.Resource(server.WorkloadsResource).Namespace(ns).Delete(ctx, strings.TrimPrefix(key, server.WorkloadsResource.Resource+"/"), metav1.DeleteOptions{}))
+		if strings.HasPrefix(key, discoveryv1alpha1.Workloads.Resource+"/") {
+			require.NoError(t, admin.Resource(discoveryv1alpha1.Workloads).Namespace(ns).Delete(ctx, strings.TrimPrefix(key, discoveryv1alpha1.Workloads.Resource+"/"), metav1.DeleteOptions{}))
 		}
 	}
 	waitFor("the deleted Workload is written again", func() bool { return len(objectsOf(name(5))) == 3 })
@@ -189,6 +190,6 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	waitFor("every cluster's objects are deleted", func() bool { return len(objectsOf("")) == 0 })
 	t.Logf("%d clusters' objects deleted in %s: %d deletes", clusters, time.Since(start), deletes.Load()-beforeDeletes)
 	assert.EqualValues(t, 3*clusters-1+2, deletes.Load()-beforeDeletes)
-	_, err = admin.Resource(server.DestinationsResource).Namespace(ns).Get(ctx, squatted, metav1.GetOptions{})
+	_, err = admin.Resource(discoveryv1alpha1.Destinations).Namespace(ns).Get(ctx, squatted, metav1.GetOptions{})
 	require.NoError(t, err, "the hand-made object stays")
 }

@@ -9,9 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/relaymesh/relaymesh/api/outputs"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
@@ -29,17 +29,10 @@ const (
 )
 
 // PassthroughKinds are the resources the pass-through source watches: the
-// resources of apply.DefaultKinds, the kinds an agent may apply (kept in
-// step by TestPassthroughKindsMatchApply; guessing plurals gets "gateways"
-// wrong).
-var PassthroughKinds = []schema.GroupVersionResource{
-	{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"},
-	{Group: "networking.istio.io", Version: "v1", Resource: "destinationrules"},
-	{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"},
-	{Group: "networking.istio.io", Version: "v1", Resource: "gateways"},
-	{Group: "security.istio.io", Version: "v1", Resource: "authorizationpolicies"},
-	{Group: "security.istio.io", Version: "v1", Resource: "peerauthentications"},
-}
+// resources of the Istio kinds an agent applies by default (outputs.IstioKinds,
+// the list apply.DefaultKinds comes from; TestPassthroughKindsMatchApply
+// checks they agree).
+var PassthroughKinds = outputs.IstioResources()
 
 // Passthrough publishes labelled Istio objects of the management cluster as
 // outputs.

@@ -29,7 +29,7 @@ func TestLookupFreshReadsWhatTheWatchMissed(t *testing.T) {
 		if mode == "kubeconfig" {
 			spec["kubeconfigSecretRef"] = map[string]any{"name": name + "-kubeconfig"}
 		}
-		u, err := client.Resource(server.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		u, err := client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": multiclusterv1alpha1.GroupVersion.String(), "kind": "KubernetesCluster",
 			"metadata": map[string]any{"name": name}, "spec": spec}}, metav1.CreateOptions{})
 		require.NoError(t, err)
@@ -57,7 +57,7 @@ func TestLookupFreshReadsWhatTheWatchMissed(t *testing.T) {
 	}
 
 	// Deleted: the watch removes it, and a fresh lookup finds nothing.
-	require.NoError(t, client.Resource(server.KubernetesClusters).Namespace("relaymesh").Delete(ctx, "c1", metav1.DeleteOptions{}))
+	require.NoError(t, client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Delete(ctx, "c1", metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool { _, ok := reg.Lookup("c1"); return !ok }, 10*time.Second, 20*time.Millisecond)
 	_, ok = reg.LookupFresh(ctx, "c1")
 	assert.False(t, ok)

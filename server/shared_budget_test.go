@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/snapshots"
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -81,7 +82,7 @@ func BenchmarkSnapshotStoreBudget(b *testing.B) {
 	}
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
-		d, err := client.Resource(server.DestinationsResource).Namespace(ns).List(ctx, metav1.ListOptions{})
+		d, err := client.Resource(discoveryv1alpha1.Destinations).Namespace(ns).List(ctx, metav1.ListOptions{})
 		require.NoError(b, err)
 		w := len(shared.Workloads())
 		if len(d.Items) == clusters*100 && w == clusters*1000 {
@@ -92,7 +93,7 @@ func BenchmarkSnapshotStoreBudget(b *testing.B) {
 	}
 	time.Sleep(2 * time.Second) // let etcd account for the last writes
 	etcdAfter, redisAfter := etcdBytes(b, cs), redisUsedMemory(b, raw)
-	w, err := client.Resource(server.WorkloadsResource).Namespace(ns).List(ctx, metav1.ListOptions{})
+	w, err := client.Resource(discoveryv1alpha1.Workloads).Namespace(ns).List(ctx, metav1.ListOptions{})
 	require.NoError(b, err)
 	require.Empty(b, w.Items, "no Workload object in the apiserver")
 

@@ -117,7 +117,7 @@ func TestSharedSnapshotsAcrossReplicas(t *testing.T) {
 	require.NoError(t, err)
 	mirrored := map[string]discoveryv1alpha1.Workload{}
 	for _, o := range objs {
-		if o.Resource != server.WorkloadsResource {
+		if o.Resource != discoveryv1alpha1.Workloads {
 			continue
 		}
 		var w discoveryv1alpha1.Workload

@@ -126,7 +126,7 @@ func NewKubeStatus(client dynamic.Interface, namespace string, log *slog.Logger,
 	return &KubeStatus{client: client, namespace: namespace, log: log.With("component", "cluster-status"), cfg: cfg,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "cluster-status"}),
-		informer: factory.ForResource(KubernetesClusters).Informer(),
+		informer: factory.ForResource(multiclusterv1alpha1.KubernetesClusters).Informer(),
 		state:    map[string]*agentState{}, written: map[string]writtenStatus{}, acks: map[string]*relaypb.PullAck{}}
 }
 
@@ -337,7 +337,7 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	got, err := k.client.Resource(KubernetesClusters).Namespace(k.namespace).Patch(wctx, cluster, types.MergePatchType, body,
+	got, err := k.client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(k.namespace).Patch(wctx, cluster, types.MergePatchType, body,
 		metav1.PatchOptions{FieldManager: "relaymesh-server"}, "status")
 	if apierrors.IsNotFound(err) {
 		return 0, nil // deregistered meanwhile
@@ -493,7 +493,7 @@ func (k *KubeStatus) Sweep(ctx context.Context, interval time.Duration, alive fu
 			}
 			body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": kc.ResourceVersion},
 				"status": map[string]any{"connected": false}})
-			_, err = k.client.Resource(KubernetesClusters).Namespace(k.namespace).Patch(ctx, kc.Name, types.MergePatchType, body,
+			_, err = k.client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(k.namespace).Patch(ctx, kc.Name, types.MergePatchType, body,
 				metav1.PatchOptions{FieldManager: "relaymesh-server"}, "status")
 			switch {
 			case err == nil:

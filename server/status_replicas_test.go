@@ -30,7 +30,7 @@ func TestClusterStatusAcrossReplicas(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, _, client := localcluster.Management(t, "relaymesh")
-	_, err := client.Resource(server.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+	_, err := client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": multiclusterv1alpha1.GroupVersion.String(), "kind": "KubernetesCluster",
 		"metadata": map[string]any{"name": "c1"}, "spec": map[string]any{"mode": "relay"}}}, metav1.CreateOptions{})
 	require.NoError(t, err)
@@ -46,7 +46,7 @@ func TestClusterStatusAcrossReplicas(t *testing.T) {
 	go a.Run(ctx)
 	go b.Run(ctx)
 	status := func() multiclusterv1alpha1.KubernetesClusterStatus {
-		u, err := client.Resource(server.KubernetesClusters).Namespace("relaymesh").Get(ctx, "c1", metav1.GetOptions{})
+		u, err := client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Get(ctx, "c1", metav1.GetOptions{})
 		require.NoError(t, err)
 		var kc multiclusterv1alpha1.KubernetesCluster
 		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &kc))

@@ -37,7 +37,7 @@ func TestClusterStatusIsNeverLost(t *testing.T) {
 	mgmt, _, admin := localcluster.Management(t, "relaymesh")
 	const clusters = 300
 	for i := range clusters {
-		_, err := admin.Resource(server.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		_, err := admin.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": multiclusterv1alpha1.GroupVersion.String(), "kind": "KubernetesCluster",
 			"metadata": map[string]any{"name": fmt.Sprintf("c%d", i)}, "spec": map[string]any{"mode": "relay"}}}, metav1.CreateOptions{})
 		require.NoError(t, err)
@@ -79,7 +79,7 @@ func TestClusterStatusIsNeverLost(t *testing.T) {
 	}
 	check := func(gen int) func() (bool, string) {
 		return func() (bool, string) {
-			l, err := admin.Resource(server.KubernetesClusters).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
+			l, err := admin.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
@@ -121,7 +121,7 @@ func TestClusterStatusIsNeverLost(t *testing.T) {
 
 	// Drift is repaired: someone else rewrites a status, the resync puts it
 	// back.
-	_, err = admin.Resource(server.KubernetesClusters).Namespace("relaymesh").Patch(ctx, "c7", "application/merge-patch+json",
+	_, err = admin.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Patch(ctx, "c7", "application/merge-patch+json",
 		[]byte(`{"status":{"connected":true,"agentVersion":"forged"}}`), metav1.PatchOptions{}, "status")
 	require.NoError(t, err)
 	waitFor(t, 20*time.Second, "the resync repairs a changed status", check(11))

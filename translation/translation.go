@@ -20,17 +20,10 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-)
-
-// Labels and annotations on every output object.
-const (
-	// OwnerLabel marks objects Relaymesh manages (the agent sets its value).
-	OwnerLabel = "relaymesh.io/owner"
-	// ParentsAnnotation names the user objects that produced an output.
-	ParentsAnnotation = "relaymesh.io/parents"
 )
 
 // Input is everything translation reads.
@@ -210,7 +203,7 @@ func (o *Output) Objects() []*Object {
 		for _, p := range obj.Parents {
 			ps = append(ps, p.String())
 		}
-		obj.Object.SetAnnotations(map[string]string{ParentsAnnotation: strings.Join(ps, ",")})
+		obj.Object.SetAnnotations(map[string]string{outputs.ParentsAnnotation: strings.Join(ps, ",")})
 		out = append(out, obj)
 	}
 	return out

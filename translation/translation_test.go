@@ -3,6 +3,7 @@ package translation_test
 import (
 	"testing"
 
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/assert"
@@ -30,7 +31,7 @@ func TestOutput(t *testing.T) {
 	objs := out.Objects()
 	require.Len(t, objs, 2)
 	assert.Equal(t, "cluster-1", objs[0].Cluster, "sorted by cluster")
-	assert.Equal(t, "TrafficPolicy/relaymesh/a,TrafficPolicy/relaymesh/b", objs[1].Object.GetAnnotations()[translation.ParentsAnnotation], "parents merged and sorted")
+	assert.Equal(t, "TrafficPolicy/relaymesh/a,TrafficPolicy/relaymesh/b", objs[1].Object.GetAnnotations()[outputs.ParentsAnnotation], "parents merged and sorted")
 	assert.Equal(t, []string{"cluster-1", "cluster-2"}, out.Clusters())
 	spec := objs[0].Object.Object["spec"].(map[string]any)
 	assert.Equal(t, []any{"reviews"}, spec["hosts"], "protobuf JSON, as Istio's CRDs expect")

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/ca"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"go.step.sm/crypto/keyutil"
@@ -34,9 +35,6 @@ const (
 	KeyChain    = "cert-chain.pem"
 	KeyRootCert = "root-cert.pem"
 
-	// OwnerLabel marks a cacerts Secret the agent manages; a cacerts it
-	// did not create is never changed or deleted.
-	OwnerLabel = "relaymesh.io/owner"
 	// IssuerAnnotation records the root the intermediate chains to.
 	IssuerAnnotation = "relaymesh.io/issuer"
 
@@ -56,7 +54,7 @@ type SignFunc func(ctx context.Context, req *relaypb.IntermediateRequest) (*rela
 // manages that are no longer asked for.
 type Agent struct {
 	Client kubernetes.Interface
-	// Owner is the value of OwnerLabel on the Secrets it writes.
+	// Owner is the value of outputs.OwnerLabel on the Secrets it writes.
 	Owner  string
 	Logger *slog.Logger
 	Clock  func() time.Time
@@ -130,7 +128,7 @@ func (a *Agent) keep(ctx context.Context, req *relaypb.TrustRequest, sign SignFu
 		cur = nil
 	case err != nil:
 		return "error", time.Time{}, fmt.Errorf("read %s/%s: %w", req.GetNamespace(), SecretName, err)
-	case cur.Labels[OwnerLabel] != a.Owner:
+	case cur.Labels[outputs.OwnerLabel] != a.Owner:
 		return "conflict", time.Time{}, fmt.Errorf("%s/%s exists and is not managed by Relaymesh (a CA someone plugged in by hand): left as it is", req.GetNamespace(), SecretName)
 	}
 	if req.GetHold() {
@@ -169,7 +167,7 @@ func (a *Agent) keep(ctx context.Context, req *relaypb.TrustRequest, sign SignFu
 	}
 	if cur == nil {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: SecretName, Namespace: req.GetNamespace(),
-			Labels: map[string]string{OwnerLabel: a.Owner}, Annotations: map[string]string{IssuerAnnotation: req.GetIssuer()}},
+			Labels: map[string]string{outputs.OwnerLabel: a.Owner}, Annotations: map[string]string{IssuerAnnotation: req.GetIssuer()}},
 			Type: corev1.SecretTypeOpaque, Data: data}
 		if _, err := secrets.Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			return "error", time.Time{}, fmt.Errorf("create %s/%s: %w", req.GetNamespace(), SecretName, err)
@@ -360,7 +358,7 @@ func newKey(alg, td string) (crypto.Signer, []byte, error) {
 // longer asked for.
 func (a *Agent) prune(ctx context.Context, wanted map[string]bool) []*relaypb.ObjectResult {
 	list, err := a.Client.CoreV1().Secrets("").List(ctx, metav1.ListOptions{
-		LabelSelector: OwnerLabel + "=" + a.Owner, FieldSelector: "metadata.name=" + SecretName})
+		LabelSelector: outputs.OwnerLabel + "=" + a.Owner, FieldSelector: "metadata.name=" + SecretName})
 	if err != nil {
 		return []*relaypb.ObjectResult{{ApiVersion: "v1", Kind: "Secret", Name: SecretName, Outcome: "error", Error: "list managed cacerts: " + err.Error()}}
 	}

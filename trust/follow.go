@@ -94,7 +94,7 @@ func (c *Controller) follow(ctx context.Context, key string, vm *networkingv1alp
 
 // read gets a VirtualMesh from the apiserver, not the watch.
 func (c *Controller) read(ctx context.Context, namespace, name string) (*networkingv1alpha1.VirtualMesh, error) {
-	u, err := c.cfg.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(namespace).
+	u, err := c.cfg.Dynamic.Resource(networkingv1alpha1.VirtualMeshes).Namespace(namespace).
 		Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err

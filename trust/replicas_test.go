@@ -425,7 +425,7 @@ func TestStaleWriteIsRefused(t *testing.T) {
 	})
 
 	// Another leader's write: step 2.
-	u, err := w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Get(w.ctx, "shared", metav1.GetOptions{})
+	u, err := w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Get(w.ctx, "shared", metav1.GetOptions{})
 	require.NoError(t, err)
 	st := u.Object["status"].(map[string]any)
 	rot := st["rotation"].(map[string]any)
@@ -433,7 +433,7 @@ func TestStaleWriteIsRefused(t *testing.T) {
 	body, err := json.Marshal(map[string]any{"apiVersion": networkingv1alpha1.GroupVersion.String(), "kind": "VirtualMesh",
 		"metadata": map[string]any{"name": "shared", "namespace": w.ns}, "status": map[string]any{"sharedTrust": st["sharedTrust"], "rotation": rot}})
 	require.NoError(t, err)
-	_, err = w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).
+	_, err = w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).
 		Patch(w.ctx, "shared", types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "relaymesh-trust", Force: new(true)}, "status")
 	require.NoError(t, err)
 

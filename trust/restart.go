@@ -13,6 +13,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/relaymesh/relaymesh/api/outputs"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"go.step.sm/crypto/pemutil"
 	appsv1 "k8s.io/api/apps/v1"
@@ -101,7 +102,7 @@ func (a *Agent) restartPods(ctx context.Context, req *relaypb.TrustRequest, now 
 		return time.Time{}, nil
 	case err != nil:
 		return time.Time{}, fmt.Errorf("read %s/%s: %w", req.GetNamespace(), SecretName, err)
-	case cur.Labels[OwnerLabel] != a.Owner:
+	case cur.Labels[outputs.OwnerLabel] != a.Owner:
 		return time.Time{}, nil
 	}
 	state := caState(cur)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relaymesh/relaymesh/api/outputs"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/stretchr/testify/assert"
@@ -318,7 +319,7 @@ func TestRestartPodsLeavesForeignCACerts(t *testing.T) {
 		labels map[string]string
 	}{
 		{"unlabelled", nil},
-		{"another owner", map[string]string{trust.OwnerLabel: "someone-else"}},
+		{"another owner", map[string]string{outputs.OwnerLabel: "someone-else"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			istio := namespace(t, c)

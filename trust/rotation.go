@@ -6,10 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/relaymesh/relaymesh/internal/text"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/relaymesh/relaymesh/internal/text"
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
@@ -347,7 +348,7 @@ func (c *Controller) clearSteering(ctx context.Context, vm *networkingv1alpha1.V
 	if err != nil {
 		return err
 	}
-	res, err := c.cfg.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(vm.Namespace).
+	res, err := c.cfg.Dynamic.Resource(networkingv1alpha1.VirtualMeshes).Namespace(vm.Namespace).
 		Patch(ctx, vm.Name, types.MergePatchType, body, metav1.PatchOptions{})
 	if err != nil {
 		return err

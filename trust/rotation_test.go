@@ -138,7 +138,7 @@ spec:
 	w.applyVM(rootCA)
 	// Other tests' controllers watch VirtualMeshes everywhere.
 	t.Cleanup(func() {
-		_ = w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Delete(w.ctx, "shared", metav1.DeleteOptions{})
+		_ = w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Delete(w.ctx, "shared", metav1.DeleteOptions{})
 	})
 	return w
 }
@@ -171,7 +171,7 @@ func (w *rotationWorld) sync() {
 }
 
 func (w *rotationWorld) vm() *networkingv1alpha1.VirtualMesh {
-	u, err := w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Get(w.ctx, "shared", metav1.GetOptions{})
+	u, err := w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Get(w.ctx, "shared", metav1.GetOptions{})
 	require.NoError(w.t, err)
 	var vm networkingv1alpha1.VirtualMesh
 	require.NoError(w.t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &vm))
@@ -181,7 +181,7 @@ func (w *rotationWorld) vm() *networkingv1alpha1.VirtualMesh {
 func (w *rotationWorld) annotate(key, value string) {
 	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
 	require.NoError(w.t, err)
-	_, err = w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Patch(w.ctx, "shared", types.MergePatchType, body, metav1.PatchOptions{})
+	_, err = w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Patch(w.ctx, "shared", types.MergePatchType, body, metav1.PatchOptions{})
 	require.NoError(w.t, err)
 }
 
@@ -446,7 +446,7 @@ func TestRotationRollbackFromDeletingOldRoot(t *testing.T) {
 
 	// The spec names the old root again (no generation annotation).
 	body := []byte(`{"metadata":{"annotations":{"` + networkingv1alpha1.AnnotationRootGeneration + `":null}}}`)
-	_, err := w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Patch(w.ctx, "shared", types.MergePatchType, body, metav1.PatchOptions{})
+	_, err := w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Patch(w.ctx, "shared", types.MergePatchType, body, metav1.PatchOptions{})
 	require.NoError(t, err)
 	want := map[int32]struct {
 		bundle []string
@@ -674,7 +674,7 @@ func TestRotationFailsClosed(t *testing.T) {
 		w := newRotationWorld(t, "{generated: {}}", false)
 		w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
 		w.stop()
-		_, err := w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(w.ns).Patch(w.ctx, "shared",
+		_, err := w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Patch(w.ctx, "shared",
 			types.MergePatchType, []byte(`{"status":{"rotation":{"phase":"AddingNewRoot","step":1}}}`), metav1.PatchOptions{}, "status")
 		require.NoError(t, err)
 		w.start()

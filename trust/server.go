@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/relaymesh/relaymesh/internal/text"
 	"log/slog"
 	"maps"
 	"slices"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/relaymesh/relaymesh/internal/text"
 
 	"github.com/prometheus/client_golang/prometheus"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
@@ -144,9 +145,9 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		rv: map[string]string{}, stale: map[string]bool{}, replaced: map[string]map[string]bool{}, grantWritten: map[string]string{}}
 	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute)
 	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute, cfg.Namespace, nil)
-	c.vms = users.ForResource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Informer()
-	c.mesh = discovered.ForResource(discoveryv1alpha1.GroupVersion.WithResource("meshes")).Informer()
-	c.kcs = discovered.ForResource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Informer()
+	c.vms = users.ForResource(networkingv1alpha1.VirtualMeshes).Informer()
+	c.mesh = discovered.ForResource(discoveryv1alpha1.Meshes).Informer()
+	c.kcs = discovered.ForResource(multiclusterv1alpha1.KubernetesClusters).Informer()
 	h := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.Kick() }, UpdateFunc: func(any, any) { c.Kick() }, DeleteFunc: func(any) { c.Kick() }}
 	for _, inf := range []cache.SharedIndexInformer{c.vms, c.mesh} {
 		if _, err := inf.AddEventHandler(h); err != nil {
@@ -525,7 +526,7 @@ func (c *Controller) patchStatus(ctx context.Context, key string, body []byte) e
 	ns, name, _ := strings.Cut(key, "/")
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	res, err := c.cfg.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).
+	res, err := c.cfg.Dynamic.Resource(networkingv1alpha1.VirtualMeshes).Namespace(ns).
 		Patch(wctx, name, types.ApplyPatchType, req, metav1.PatchOptions{FieldManager: fieldManager, Force: new(true)}, "status")
 	if apierrors.IsConflict(err) {
 		c.mu.Lock()
@@ -672,7 +673,7 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, sts map[string][]mu
 			continue
 		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err = c.cfg.Dynamic.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace(c.cfg.Namespace).
+		_, err = c.cfg.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(c.cfg.Namespace).
 			Patch(wctx, name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: fieldManager, Force: new(true)}, "status")
 		cancel()
 		switch {

@@ -149,7 +149,7 @@ spec:
 	assert.Equal(t, []string{"c1.local"}, chain[0].PermittedURIDomains, "the intermediate signs identities of its mesh's trust domain only")
 	assert.Equal(t, []string{".c1.local"}, chain[0].ExcludedURIDomains)
 	require.Eventually(t, func() bool {
-		u, err := dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).Get(ctx, "shared", metav1.GetOptions{})
+		u, err := dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(ns).Get(ctx, "shared", metav1.GetOptions{})
 		require.NoError(t, err)
 		var vm networkingv1alpha1.VirtualMesh
 		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &vm))
@@ -313,7 +313,7 @@ spec:
   mtls: {shared: {rootCA: {generated: {}}}}
 `)
 	t.Cleanup(func() {
-		_ = dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).Delete(context.Background(), "shared", metav1.DeleteOptions{})
+		_ = dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(ns).Delete(context.Background(), "shared", metav1.DeleteOptions{})
 	})
 	pub := &published{sets: map[string][]*relaypb.TrustRequest{}}
 	var logs syncBuffer
@@ -331,8 +331,8 @@ spec:
 		for _, r := range []struct {
 			gvr schema.GroupVersionResource
 			ns  string
-		}{{networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), ""}, {discoveryv1alpha1.GroupVersion.WithResource("meshes"), ns},
-			{multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters"), ns}} {
+		}{{networkingv1alpha1.VirtualMeshes, ""}, {discoveryv1alpha1.Meshes, ns},
+			{multiclusterv1alpha1.KubernetesClusters, ns}} {
 			l, err := dyn.Resource(r.gvr).Namespace(r.ns).List(context.Background(), metav1.ListOptions{})
 			require.NoError(t, err)
 			for _, u := range l.Items {
@@ -387,7 +387,7 @@ spec:
 		t.Helper()
 		var last string
 		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			u, err := dyn.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace(ns).Get(ctx, cluster, metav1.GetOptions{})
+			u, err := dyn.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(ns).Get(ctx, cluster, metav1.GetOptions{})
 			require.NoError(t, err)
 			var kc multiclusterv1alpha1.KubernetesCluster
 			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &kc))
@@ -492,7 +492,7 @@ spec:
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		for _, c := range clusters {
-			_ = dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns).Delete(context.Background(), "vm-"+c, metav1.DeleteOptions{})
+			_ = dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(ns).Delete(context.Background(), "vm-"+c, metav1.DeleteOptions{})
 		}
 	})
 	pub := &published{sets: map[string][]*relaypb.TrustRequest{}}

@@ -10,20 +10,13 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"github.com/relaymesh/relaymesh/api/outputs"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 )
-
-// OwnerLabel marks every object the agent applies; its value is
-// Config.Owner. It is the agent's ownership claim.
-const OwnerLabel = "relaymesh.io/owner"
-
-// ParentsAnnotation names the user objects an applied object came from:
-// comma-separated, sorted "<Kind>/<namespace>/<name>" references.
-const ParentsAnnotation = "relaymesh.io/parents"
 
 // FieldManager is the agent's server-side apply field manager.
 const FieldManager = "relaymesh-agent"
@@ -58,14 +51,7 @@ var ErrSetRefused = errors.New("output set refused")
 
 // DefaultKinds are the kinds the agent manages unless configured otherwise:
 // the Istio kinds Relaymesh's translators produce. All are namespaced.
-var DefaultKinds = []schema.GroupVersionKind{
-	{Group: "networking.istio.io", Version: "v1", Kind: "VirtualService"},
-	{Group: "networking.istio.io", Version: "v1", Kind: "DestinationRule"},
-	{Group: "networking.istio.io", Version: "v1", Kind: "ServiceEntry"},
-	{Group: "networking.istio.io", Version: "v1", Kind: "Gateway"},
-	{Group: "security.istio.io", Version: "v1", Kind: "AuthorizationPolicy"},
-	{Group: "security.istio.io", Version: "v1", Kind: "PeerAuthentication"},
-}
+var DefaultKinds = outputs.IstioGroupVersionKinds()
 
 // Config configures an Applier.
 type Config struct {
@@ -76,7 +62,7 @@ type Config struct {
 	// If it is a meta.ResettableRESTMapper it is reset after a kind was not
 	// found, so a CRD installed later is seen by the next set. Required.
 	Mapper meta.RESTMapper
-	// Owner is the value of OwnerLabel on everything this agent applies; a
+	// Owner is the value of outputs.OwnerLabel on everything this agent applies; a
 	// non-empty label value. Required.
 	Owner string
 	// Kinds is the allowlist of kinds the agent may create, change and

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/relaymesh/relaymesh/agent/apply"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -51,8 +52,8 @@ func TestApplyLifecycle(t *testing.T) {
 			{f.get(t, serviceEntries, "app-b", "api"), "VirtualDestination/app-b/api"},
 		} {
 			require.NotNil(t, c.obj)
-			assert.Equal(t, owner, c.obj.GetLabels()[apply.OwnerLabel])
-			assert.Equal(t, c.parents, c.obj.GetAnnotations()[apply.ParentsAnnotation], "sorted and de-duplicated")
+			assert.Equal(t, owner, c.obj.GetLabels()[outputs.OwnerLabel])
+			assert.Equal(t, c.parents, c.obj.GetAnnotations()[outputs.ParentsAnnotation], "sorted and de-duplicated")
 			// Created with a plain create, then owned exactly as a
 			// server-side apply would own it.
 			mf := c.obj.GetManagedFields()

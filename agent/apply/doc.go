@@ -7,7 +7,8 @@
 // objects of the kinds in the agent's allowlist (Istio networking and
 // security kinds by default), in a namespace, with no ownership or lifecycle
 // metadata of its own. Every object the agent writes carries the label
-// OwnerLabel with the agent's owner value; that label is the ownership claim.
+// outputs.OwnerLabel (relaymesh.io/owner) with the agent's owner value;
+// that label is the ownership claim.
 //
 // Contract of Applier.Apply:
 //   - It MUST validate every manifest before the first write, and MUST refuse

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/relaymesh/relaymesh/agent/apply"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/require"
@@ -29,9 +30,9 @@ import (
 const owner = "relaymesh-agent"
 
 var (
-	virtualServices  = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
-	destinationRules = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "destinationrules"}
-	serviceEntries   = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"}
+	virtualServices  = outputs.VirtualServices
+	destinationRules = outputs.DestinationRules
+	serviceEntries   = outputs.ServiceEntries
 )
 
 // fixture is one real kube-apiserver with Istio's CRDs and the namespaces

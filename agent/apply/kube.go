@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/relaymesh/relaymesh/api/outputs"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -89,7 +90,7 @@ func (a *Applier) kinds(ctx context.Context) []*kindState {
 // listOwned lists, in every namespace, the objects of k that carry the
 // agent's owner label. It returns all of them or an error.
 func (a *Applier) listOwned(ctx context.Context, k *kindState) (map[objectKey]*unstructured.Unstructured, error) {
-	sel := labels.SelectorFromSet(labels.Set{OwnerLabel: a.cfg.Owner}).String()
+	sel := labels.SelectorFromSet(labels.Set{outputs.OwnerLabel: a.cfg.Owner}).String()
 	owned := map[objectKey]*unstructured.Unstructured{}
 	opts := metav1.ListOptions{LabelSelector: sel, Limit: listPageSize}
 	for {
@@ -99,7 +100,7 @@ func (a *Applier) listOwned(ctx context.Context, k *kindState) (map[objectKey]*u
 		}
 		for i := range list.Items {
 			o := &list.Items[i]
-			if o.GetLabels()[OwnerLabel] != a.cfg.Owner {
+			if o.GetLabels()[outputs.OwnerLabel] != a.cfg.Owner {
 				continue // never trust a selector for a delete
 			}
 			owned[objectKey{group: k.gvk.Group, kind: k.gvk.Kind, namespace: o.GetNamespace(), name: o.GetName()}] = o
@@ -138,7 +139,7 @@ func (a *Applier) applyObject(ctx context.Context, k *kindState, it *item) (outc
 			}
 			return outcome, errText
 		}
-		if live.GetLabels()[OwnerLabel] != a.cfg.Owner {
+		if live.GetLabels()[outputs.OwnerLabel] != a.cfg.Owner {
 			return OutcomeConflict, "exists and is not managed by relaymesh; left untouched"
 		}
 		if live.GetDeletionTimestamp() != nil {
@@ -280,7 +281,7 @@ func (a *Applier) pruneObject(ctx context.Context, k *kindState, obj *unstructur
 				r.Outcome, r.Error = OutcomeError, fmt.Sprintf("prune: read: %v", err)
 				return r
 			}
-			if got.GetUID() != uid || got.GetLabels()[OwnerLabel] != a.cfg.Owner || got.GetDeletionTimestamp() != nil {
+			if got.GetUID() != uid || got.GetLabels()[outputs.OwnerLabel] != a.cfg.Owner || got.GetDeletionTimestamp() != nil {
 				a.log.Info("not pruned: no longer the agent's object", "kind", k.gvk.Kind, "namespace", r.Namespace, "name", r.Name)
 				return nil
 			}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
@@ -95,8 +96,8 @@ func checkManifest(r rules, raw []byte, parents []string) *manifest {
 	if len(m.problems) > 0 {
 		return m
 	}
-	labels[OwnerLabel] = r.owner
-	annotations[ParentsAnnotation] = parentsValue
+	labels[outputs.OwnerLabel] = r.owner
+	annotations[outputs.ParentsAnnotation] = parentsValue
 	md := map[string]any{
 		"name":        m.name,
 		"namespace":   m.namespace,

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -74,7 +75,7 @@ func TestCheckManifest(t *testing.T) {
 				return
 			}
 			require.NotNil(t, m.obj)
-			assert.Equal(t, map[string]string{OwnerLabel: "me"}, m.obj.GetLabels())
+			assert.Equal(t, map[string]string{outputs.OwnerLabel: "me"}, m.obj.GetLabels())
 			assert.Equal(t, objectKey{group: "networking.istio.io", kind: "VirtualService", namespace: "ns", name: "a"}, m.key)
 		})
 	}
@@ -163,7 +164,7 @@ func FuzzCheckManifest(f *testing.F) {
 		if !r.kinds[gvk] || m.obj.GetNamespace() == "" || m.obj.GetName() == "" {
 			t.Fatalf("accepted %v %s/%s", gvk, m.obj.GetNamespace(), m.obj.GetName())
 		}
-		if m.obj.GetLabels()[OwnerLabel] != r.owner || m.obj.GetAnnotations()[ParentsAnnotation] != parent {
+		if m.obj.GetLabels()[outputs.OwnerLabel] != r.owner || m.obj.GetAnnotations()[outputs.ParentsAnnotation] != parent {
 			t.Fatal("owner label or parents annotation not set")
 		}
 		md := m.obj.Object["metadata"].(map[string]any)

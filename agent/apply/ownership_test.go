@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/relaymesh/relaymesh/agent/apply"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -23,7 +24,7 @@ func TestOwnership(t *testing.T) {
 	hooked := &hookedDynamic{Interface: f.dyn}
 	a := f.applier(t, func(c *apply.Config) { c.Dynamic = hooked })
 	labelled := func(obj map[string]any, value string) map[string]any {
-		return withMeta(obj, "labels", map[string]any{apply.OwnerLabel: value})
+		return withMeta(obj, "labels", map[string]any{outputs.OwnerLabel: value})
 	}
 	// unchangedSince asserts that obj is byte-for-byte as the user left it.
 	unchangedSince := func(t *testing.T, before *unstructured.Unstructured) {
@@ -104,7 +105,7 @@ func TestOwnership(t *testing.T) {
 		adopted, err := f.dyn.Resource(virtualServices).Namespace("app-a").Patch(context.Background(), "racy", types.ApplyPatchType, body,
 			metav1.PatchOptions{FieldManager: apply.FieldManager, DryRun: []string{metav1.DryRunAll}})
 		require.NoError(t, err)
-		assert.Equal(t, owner, adopted.GetLabels()[apply.OwnerLabel])
+		assert.Equal(t, owner, adopted.GetLabels()[outputs.OwnerLabel])
 	})
 
 	t.Run("an object disowned between list and write is neither changed nor pruned", func(t *testing.T) {

@@ -12,7 +12,6 @@ import (
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -153,7 +152,7 @@ func verifySources(ctx context.Context, g *globals, tc *twoClusters, remotes []s
 		if err != nil {
 			return nil, fmt.Errorf("management cluster (to find the registered clusters): %w", err)
 		}
-		kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, server.KubernetesClusters, g.namespace)
+		kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, multiclusterv1alpha1.KubernetesClusters, g.namespace)
 		if err != nil {
 			return nil, err
 		}
@@ -286,7 +285,7 @@ issued to each mesh (serial, expiry).`,
 }
 
 func caStatus(ctx context.Context, stdout io.Writer, kube *kubeclient.Clients, pos []string, format printer.Format) error {
-	vms, err := listAs[networkingv1alpha1.VirtualMesh](ctx, kube.Dynamic, networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"), "")
+	vms, err := listAs[networkingv1alpha1.VirtualMesh](ctx, kube.Dynamic, networkingv1alpha1.VirtualMeshes, "")
 	if err != nil {
 		return err
 	}

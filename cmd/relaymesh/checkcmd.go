@@ -8,7 +8,6 @@ import (
 	"github.com/relaymesh/relaymesh/check"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
 )
 
@@ -138,7 +137,7 @@ func workloadSources(ctx context.Context, g *globals, mgmt *kubeclient.Clients, 
 	}
 	names := remotes
 	if len(names) == 0 {
-		kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, server.KubernetesClusters, g.namespace)
+		kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, multiclusterv1alpha1.KubernetesClusters, g.namespace)
 		if err != nil {
 			// check reports the listing; no workload cluster is read.
 			return nil, nil

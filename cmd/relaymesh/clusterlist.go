@@ -8,7 +8,6 @@ import (
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/dashboard"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/duration"
 )
@@ -116,7 +115,7 @@ off, it is the last recorded event.`,
 			if err != nil {
 				return err
 			}
-			kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](c.Context(), kube.Dynamic, server.KubernetesClusters, g.namespace)
+			kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](c.Context(), kube.Dynamic, multiclusterv1alpha1.KubernetesClusters, g.namespace)
 			if err != nil {
 				return err
 			}

@@ -17,7 +17,7 @@ import (
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/snapshots"
 	"github.com/relaymesh/relaymesh/translation"
-	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -125,7 +125,7 @@ func runDescribe(ctx context.Context, d deps, g *globals, files []string, format
 	// Objects the API server would refuse are left out; say which.
 	printInput(d.stderr, v.input)
 	in := v.in
-	_, out, report, err := controller.TranslateInForce(ctx, in, v.inForce)
+	_, out, report, err := all.TranslateInForce(ctx, in, v.inForce)
 	if err != nil {
 		return err
 	}
@@ -136,11 +136,11 @@ func runDescribe(ctx context.Context, d deps, g *globals, files []string, format
 		if name, err = destinationNamed(in, name); err != nil {
 			return err
 		}
-		desc, err = translation.DescribeDestination(in, out, report, name)
+		desc, err = all.DescribeDestination(in, out, report, name)
 	case "workload":
-		desc, err = translation.DescribeWorkload(in, report, name)
+		desc, err = all.DescribeWorkload(in, report, name)
 	default:
-		desc, err = translation.DescribePolicy(in, out, report, policyKind, policyNS, policyName)
+		desc, err = all.DescribePolicy(in, out, report, policyKind, policyNS, policyName)
 	}
 	if err != nil {
 		return err
@@ -274,11 +274,11 @@ func listAs[T any](ctx context.Context, client dynamic.Interface, gvr schema.Gro
 func writeDescription(w io.Writer, desc any) error {
 	dw := descWriter{tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)}
 	switch d := desc.(type) {
-	case *translation.DestinationDescription:
+	case *all.DestinationDescription:
 		dw.destination(d)
-	case *translation.WorkloadDescription:
+	case *all.WorkloadDescription:
 		dw.workload(d)
-	case *translation.PolicyDescription:
+	case *all.PolicyDescription:
 		dw.policy(d)
 	default:
 		return fmt.Errorf("cannot print %T", desc)
@@ -291,7 +291,7 @@ type descWriter struct{ tw *tabwriter.Writer }
 
 func (dw descWriter) row(cells ...string) { fmt.Fprintln(dw.tw, strings.Join(cells, "\t")) }
 
-func (dw descWriter) policies(title string, ps []translation.AppliedPolicy) {
+func (dw descWriter) policies(title string, ps []all.AppliedPolicy) {
 	row := dw.row
 	row("")
 	if len(ps) == 0 {
@@ -305,7 +305,7 @@ func (dw descWriter) policies(title string, ps []translation.AppliedPolicy) {
 	}
 }
 
-func (dw descWriter) outputs(os []translation.OutputRef) {
+func (dw descWriter) outputs(os []all.OutputRef) {
 	row := dw.row
 	row("")
 	if len(os) == 0 {
@@ -319,7 +319,7 @@ func (dw descWriter) outputs(os []translation.OutputRef) {
 	}
 }
 
-func (dw descWriter) destination(d *translation.DestinationDescription) {
+func (dw descWriter) destination(d *all.DestinationDescription) {
 	row := dw.row
 	row("Destination:", d.Name)
 	row("Service:", d.Service.Namespace+"/"+d.Service.Name)
@@ -341,7 +341,7 @@ func (dw descWriter) destination(d *translation.DestinationDescription) {
 	dw.outputs(d.Outputs)
 }
 
-func (dw descWriter) workload(d *translation.WorkloadDescription) {
+func (dw descWriter) workload(d *all.WorkloadDescription) {
 	row := dw.row
 	row("Workload:", d.Name)
 	row("Controller:", d.ControllerKind+" "+d.Controller.Namespace+"/"+d.Controller.Name)
@@ -352,7 +352,7 @@ func (dw descWriter) workload(d *translation.WorkloadDescription) {
 	dw.policies("AccessPolicies allowing its identity", d.Access)
 }
 
-func (dw descWriter) policy(d *translation.PolicyDescription) {
+func (dw descWriter) policy(d *all.PolicyDescription) {
 	row := dw.row
 	row("Policy:", d.Kind+"/"+d.Namespace+"/"+d.Name)
 	row("State:", d.State)
@@ -395,7 +395,7 @@ func (dw descWriter) policy(d *translation.PolicyDescription) {
 }
 
 // policyDetail is a policy's verdict for the described object, or its errors.
-func policyDetail(p translation.AppliedPolicy) string {
+func policyDetail(p all.AppliedPolicy) string {
 	var parts []string
 	if t := p.Target; t != nil && (t.State != "" && string(t.State) != p.State || len(t.Errors) > 0) {
 		parts = append(parts, "target "+string(t.State))

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -116,7 +116,7 @@ func TestDescribeJSON(t *testing.T) {
 		require.NoError(t, dec.Decode(v))
 	}
 
-	var d translation.DestinationDescription
+	var d all.DestinationDescription
 	runJSON(t, &d, "destination", "reviews-bookinfo-cluster-1")
 	assert.Equal(t, "reviews-bookinfo-cluster-1", d.Name)
 	require.Len(t, d.Traffic, 2)
@@ -126,13 +126,13 @@ func TestDescribeJSON(t *testing.T) {
 	assert.Equal(t, "cluster-1/bookinfo/reviews", d.Traffic[1].Target.Target)
 	assert.Len(t, d.Outputs, 4)
 
-	var w translation.WorkloadDescription
+	var w all.WorkloadDescription
 	runJSON(t, &w, "workload", "sleep-tools-cluster-2-deployment")
 	assert.Equal(t, "sleep", w.ServiceAccount)
 	assert.Len(t, w.Traffic, 2)
 	assert.Empty(t, w.Access)
 
-	var p translation.PolicyDescription
+	var p all.PolicyDescription
 	runJSON(t, &p, "policy", "ap/bookinfo/reviews-from-productpage")
 	assert.Equal(t, "Accepted", p.State)
 	assert.Equal(t, []string{"productpage-v1-bookinfo-cluster-1-deployment"}, p.Workloads)

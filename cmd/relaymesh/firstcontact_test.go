@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/agent/apply"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/check"
 	"github.com/relaymesh/relaymesh/cmd/relaymesh/internal/registration"
 	"github.com/relaymesh/relaymesh/identity"
@@ -172,7 +173,7 @@ func (w *world) deregisterCleansTheWorkloadCluster(t *testing.T) {
 	owned := func() int {
 		n := 0
 		for _, gvr := range kinds {
-			l, err := dyn.Resource(gvr).Namespace("").List(w.ctx, metav1.ListOptions{LabelSelector: apply.OwnerLabel + "=" + agentOwner})
+			l, err := dyn.Resource(gvr).Namespace("").List(w.ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel + "=" + agentOwner})
 			require.NoError(t, err)
 			n += len(l.Items)
 		}
@@ -182,7 +183,7 @@ func (w *world) deregisterCleansTheWorkloadCluster(t *testing.T) {
 	require.Positive(t, before, "the agent applied Istio objects")
 	ca, err := cs.CoreV1().Secrets("istio-system").Get(w.ctx, trust.SecretName, metav1.GetOptions{})
 	require.NoError(t, err)
-	require.Equal(t, agentOwner, ca.Labels[trust.OwnerLabel])
+	require.Equal(t, agentOwner, ca.Labels[outputs.OwnerLabel])
 
 	// A user's own objects: a ServiceEntry without the label, one with the
 	// label naming another owner, and a cacerts Secret of their own.
@@ -193,7 +194,7 @@ func (w *world) deregisterCleansTheWorkloadCluster(t *testing.T) {
 	require.NoError(t, err)
 	other := se.DeepCopy()
 	other.SetName("another-owner")
-	other.SetLabels(map[string]string{apply.OwnerLabel: "someone-else"})
+	other.SetLabels(map[string]string{outputs.OwnerLabel: "someone-else"})
 	_, err = dyn.Resource(kinds["ServiceEntry"]).Namespace("default").Create(w.ctx, other, metav1.CreateOptions{})
 	require.NoError(t, err)
 	_, err = cs.CoreV1().Namespaces().Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-users"}}, metav1.CreateOptions{})

@@ -36,7 +36,7 @@ func TestLiveViewFromRedis(t *testing.T) {
 	t.Cleanup(func() { _ = r.Stop() })
 
 	// A registered cluster whose status says its Workloads are in Redis.
-	clusters := dyn.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace("relaymesh")
+	clusters := dyn.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh")
 	created, err := clusters.Create(ctx, &unstructured.Unstructured{Object: map[string]any{"apiVersion": "multicluster.relaymesh.io/v1alpha1", "kind": "KubernetesCluster",
 		"metadata": map[string]any{"name": "east", "namespace": "relaymesh"}, "spec": map[string]any{}}}, metav1.CreateOptions{})
 	require.NoError(t, err)

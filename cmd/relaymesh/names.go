@@ -11,7 +11,6 @@ import (
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -63,7 +62,7 @@ func completeFrom(source func() (kubeclient.Source, error), g *globals, all bool
 
 // clusterNames are the registered clusters of namespace.
 func clusterNames(ctx context.Context, kube *kubeclient.Clients, namespace string) ([]string, error) {
-	kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, kube.Dynamic, server.KubernetesClusters, namespace)
+	kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, kube.Dynamic, multiclusterv1alpha1.KubernetesClusters, namespace)
 	if err != nil {
 		return nil, err
 	}

@@ -49,7 +49,7 @@ func TestPolicyAuditLive(t *testing.T) {
 	// would miss every source workload, so it refuses and says why.
 	kc := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "multicluster.relaymesh.io/v1alpha1", "kind": "KubernetesCluster",
 		"metadata": map[string]any{"name": "redis-mode", "namespace": "relaymesh"}, "spec": map[string]any{}}}
-	clusters := dynamic.NewForConfigOrDie(mgmt.RESTConfig()).Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace("relaymesh")
+	clusters := dynamic.NewForConfigOrDie(mgmt.RESTConfig()).Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh")
 	created, err := clusters.Create(ctx, kc, metav1.CreateOptions{})
 	require.NoError(t, err)
 	created.Object["status"] = map[string]any{"discovered": map[string]any{"meshes": 1, "workloads": 10, "destinations": 2, "serviceAccounts": 3, "workloadsIn": "redis"}}
@@ -201,7 +201,7 @@ spec:
   destinationSelector: [{kubeServiceMatcher: {labels: {app: productpage}}}]
 `))
 	require.NoError(t, err)
-	aps := w.dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("accesspolicies")).Namespace("relaymesh")
+	aps := w.dyn.Resource(networkingv1alpha1.AccessPolicies).Namespace("relaymesh")
 	ap, err := aps.Get(ctx, "reviews-to-productpage", metav1.GetOptions{})
 	require.NoError(t, err)
 	ap.Object["status"] = map[string]any{"state": "Invalid", "observedGeneration": ap.GetGeneration(), "errors": []any{"refused by admission, so it is not translated: team rule (relaymesh.admission.team)"}}

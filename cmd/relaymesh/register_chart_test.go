@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -119,7 +120,7 @@ func TestRegisterThroughChart(t *testing.T) {
 			"--server-address", w.relayAddr, "--chart", filepath.Join(filepath.Dir(chart), "relaymesh-server"))
 		assert.Equal(t, 1, code)
 		assert.Contains(t, errOut, "is not the relaymesh-agent chart")
-		_, err = w.mgmtDyn.Resource(server.KubernetesClusters).Namespace("relaymesh").Get(w.ctx, "chart-2", metav1.GetOptions{})
+		_, err = w.mgmtDyn.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Get(w.ctx, "chart-2", metav1.GetOptions{})
 		assert.True(t, notFound(err), "a refused chart registers nothing: %v", err)
 		_, errOut, code = w.relaymesh("cluster", "register", "chart-2", "--mgmt-context", "mgmt", "--remote-context", "chart-1", "--server-address", w.relayAddr, "--chart", chart, "--values", filepath.Join(t.TempDir(), "missing.yaml"))
 		assert.Equal(t, 1, code)

@@ -68,7 +68,7 @@ spec:
 	require.NoError(t, err)
 	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
-	vms := dyn.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace("relaymesh")
+	vms := dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace("relaymesh")
 	rotate := func(verb, vm string) (string, error) {
 		var out, errOut bytes.Buffer
 		code := run(ctx, []string{"ca", "rotate", verb, vm, "--kubeconfig", mgmt.Kubeconfig}, &out, &errOut)

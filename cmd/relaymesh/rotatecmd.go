@@ -110,7 +110,7 @@ func rotate(ctx context.Context, d deps, g *globals, verb, key string, wait time
 	if err != nil {
 		return err
 	}
-	vms := kube.Dynamic.Resource(networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")).Namespace(ns)
+	vms := kube.Dynamic.Resource(networkingv1alpha1.VirtualMeshes).Namespace(ns)
 	vm, rv, err := getVirtualMesh(ctx, vms, name)
 	if err != nil {
 		return err

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/cmd/relaymesh/internal/registration"
 	"github.com/relaymesh/relaymesh/identity"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,7 +54,7 @@ func runTokenCreate(ctx context.Context, d deps, g *globals, cluster string, ttl
 	if err != nil {
 		return err
 	}
-	if _, err := mgmt.Dynamic.Resource(server.KubernetesClusters).Namespace(namespace).Get(ctx, cluster, metav1.GetOptions{}); err != nil {
+	if _, err := mgmt.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(namespace).Get(ctx, cluster, metav1.GetOptions{}); err != nil {
 		if apierrors.IsNotFound(err) {
 			return fmt.Errorf("cluster %s is not registered; run 'relaymesh cluster register %s' first", cluster, cluster)
 		}

@@ -11,7 +11,6 @@ import (
 	"github.com/relaymesh/relaymesh/internal/opsclient"
 	"github.com/relaymesh/relaymesh/internal/opshttp"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	relayserver "github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -180,7 +179,7 @@ func collectVersions(ctx context.Context, g *globals, ops *serverOps, v *version
 	if kubeErr != nil {
 		return serverErr
 	}
-	kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, relayserver.KubernetesClusters, g.namespace)
+	kcs, err := listAs[multiclusterv1alpha1.KubernetesCluster](ctx, mgmt.Dynamic, multiclusterv1alpha1.KubernetesClusters, g.namespace)
 	if err != nil {
 		v.Agents = append(v.Agents, componentVersion{Component: "agents", Error: err.Error()})
 		return serverErr

@@ -16,7 +16,7 @@ import (
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/policy/manifest"
 	"github.com/relaymesh/relaymesh/translation"
-	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/relaymesh/relaymesh/translation/all"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -25,11 +25,11 @@ import (
 // a live installation or of files, and what decides which of its user
 // objects are in force — the server's admission engine with the rule sets
 // the view can read, the namespaces' labels, and, live, the statuses the
-// server wrote (controller.InForceConfig). Both commands, and the
-// dashboard, decide "in force" with controller.InForce.
+// server wrote (all.InForceConfig). Both commands, and the
+// dashboard, decide "in force" with all.InForce.
 type view struct {
 	in      *translation.Input
-	inForce controller.InForceConfig
+	inForce all.InForceConfig
 	// engine is inForce's Admission (to judge a what-if file the same way).
 	engine *admission.Engine
 	// input is what reading the files found (nil for a live view).
@@ -77,7 +77,7 @@ func loadView(ctx context.Context, d deps, g *globals, paths []string, namespace
 	if err != nil {
 		return nil, err
 	}
-	v := &view{in: in, engine: engine, inForce: controller.InForceConfig{AdminNamespace: namespace, Admission: engine, ServerStatus: true}}
+	v := &view{in: in, engine: engine, inForce: all.InForceConfig{AdminNamespace: namespace, Admission: engine, ServerStatus: true}}
 	v.inForce.NamespaceLabels = liveNamespaceLabels(ctx, d.stderr, kube)
 	liveRuleSets(ctx, d.stderr, kube, namespace, engine)
 	return v, nil
@@ -111,7 +111,7 @@ func offlineView(ctx context.Context, d deps, engine *admission.Engine, namespac
 		}
 	}
 	return &view{in: w.Input, engine: engine, input: report,
-		inForce: controller.InForceConfig{AdminNamespace: namespace, Admission: engine, NamespaceLabels: w.NamespaceLabels}}, nil
+		inForce: all.InForceConfig{AdminNamespace: namespace, Admission: engine, NamespaceLabels: w.NamespaceLabels}}, nil
 }
 
 func inputReport(w *manifest.World) *accessaudit.InputReport {

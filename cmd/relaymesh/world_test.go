@@ -18,7 +18,6 @@ import (
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/relaymesh/relaymesh/examples"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/e2e"
 	"github.com/relaymesh/relaymesh/test/istiod"
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -309,7 +308,7 @@ func (w *world) startAgent(name string, clock func() time.Time) {
 }
 
 func (w *world) cluster(name string) *multiclusterv1alpha1.KubernetesCluster {
-	u, err := w.mgmtDyn.Resource(server.KubernetesClusters).Namespace("relaymesh").Get(w.ctx, name, metav1.GetOptions{})
+	u, err := w.mgmtDyn.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Get(w.ctx, name, metav1.GetOptions{})
 	require.NoError(w.t, err)
 	var kc multiclusterv1alpha1.KubernetesCluster
 	require.NoError(w.t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &kc))

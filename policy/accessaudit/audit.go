@@ -16,7 +16,7 @@ import (
 	"github.com/relaymesh/relaymesh/federation"
 	"github.com/relaymesh/relaymesh/policy"
 	"github.com/relaymesh/relaymesh/translation"
-	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/relaymesh/relaymesh/translation/all"
 )
 
 // Schema names the JSON form of a Result and of a Diff. It changes when the
@@ -66,13 +66,13 @@ type Config struct {
 	// translates (policy/admission.Engine, with the rule sets the caller
 	// can read). Required: an object the server refuses is not in force
 	// and must not be in the matrix.
-	Admission controller.Decider
+	Admission all.Decider
 	// NamespaceLabels are the labels of the user objects' namespaces, which
 	// admission rules may read.
 	NamespaceLabels map[string]map[string]string
 	// ServerStatus: an object the server reports Invalid for its current
 	// generation is not in force either (live views; see
-	// controller.InForceConfig).
+	// all.InForceConfig).
 	ServerStatus bool
 	// MaxObjects refuses larger inputs (all seven kinds counted); 0 means
 	// DefaultMaxObjects.
@@ -81,8 +81,8 @@ type Config struct {
 
 // InForce is how the audit decides what is in force: the view's part of
 // cfg.
-func (cfg Config) InForce() controller.InForceConfig {
-	return controller.InForceConfig{AdminNamespace: cfg.AdminNamespace, Admission: cfg.Admission, NamespaceLabels: cfg.NamespaceLabels, ServerStatus: cfg.ServerStatus}
+func (cfg Config) InForce() all.InForceConfig {
+	return all.InForceConfig{AdminNamespace: cfg.AdminNamespace, Admission: cfg.Admission, NamespaceLabels: cfg.NamespaceLabels, ServerStatus: cfg.ServerStatus}
 }
 
 // Result is an audit: the access matrix and the findings.
@@ -191,7 +191,7 @@ func Count(in *translation.Input) int {
 }
 
 // Audit computes the access matrix and the findings of in. Only what is in
-// force counts (controller.TranslateInForce): an object admission refuses,
+// force counts (all.TranslateInForce): an object admission refuses,
 // or that translation reports Invalid, allows nothing and restricts
 // nothing, and is a not-in-force finding.
 func Audit(ctx context.Context, in *translation.Input, cfg Config) (*Result, error) {
@@ -220,7 +220,7 @@ func Audit(ctx context.Context, in *translation.Input, cfg Config) (*Result, err
 // newAuditor translates what is in force of in and computes the matrix; it
 // also returns the translation's output.
 func newAuditor(ctx context.Context, in *translation.Input, cfg Config) (*auditor, *translation.Output, error) {
-	admitted, out, report, err := controller.TranslateInForce(ctx, in, cfg.InForce())
+	admitted, out, report, err := all.TranslateInForce(ctx, in, cfg.InForce())
 	if err != nil {
 		return nil, nil, err
 	}

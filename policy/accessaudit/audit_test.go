@@ -12,7 +12,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/policy/accessaudit"
 	"github.com/relaymesh/relaymesh/translation"
-	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -155,7 +155,7 @@ func TestEmptyInput(t *testing.T) {
 }
 
 // TestNamespaceTenancy: a team's AccessPolicy that reaches into another
-// namespace is not in force (controller.ScopePolicies), while the same
+// namespace is not in force (all.ScopePolicies), while the same
 // policy in the admin namespace is.
 func TestNamespaceTenancy(t *testing.T) {
 	in := load(t, "testdata/findings/input.yaml")
@@ -241,5 +241,5 @@ func TestARefusedAllowAllIsNotInTheMatrix(t *testing.T) {
 
 	// Without an admission check the audit refuses to run.
 	_, err = accessaudit.Audit(t.Context(), in, accessaudit.Config{AdminNamespace: admin})
-	require.ErrorIs(t, err, controller.ErrNoAdmission)
+	require.ErrorIs(t, err, all.ErrNoAdmission)
 }

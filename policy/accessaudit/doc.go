@@ -10,7 +10,7 @@
 // policies say on their own. It is computed from the same input the server
 // translates, with the same selectors (translation.MatchDestination,
 // policy.MatchAccessSource) and the same decision of what is in force
-// (controller.TranslateInForce: the server's admission engine and rules,
+// (all.TranslateInForce: the server's admission engine and rules,
 // namespace tenancy, for live views the Invalid statuses the server wrote,
 // and anything else translation refuses). An object that is not in force
 // allows nothing and restricts nothing, and is a finding (refused-by-admission

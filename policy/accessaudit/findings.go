@@ -10,7 +10,7 @@ import (
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
-	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/relaymesh/relaymesh/translation/all"
 )
 
 // Finding kinds.
@@ -133,7 +133,7 @@ func (a *auditor) policyFindings(add func(kind, severity, msg string, objects ..
 		subject := apObject(ap.id)
 		if !ap.inForce {
 			kind, sev := KindNotInForce, SeverityMedium
-			if slices.ContainsFunc(ap.errors, controller.RefusedByAdmission) {
+			if slices.ContainsFunc(ap.errors, all.RefusedByAdmission) {
 				kind, sev = KindRefused, SeverityHigh
 			}
 			add(kind, sev, fmt.Sprintf("AccessPolicy %s is Invalid and not enforced: %s; the Destinations it would select keep their default access",
@@ -313,9 +313,9 @@ func (a *auditor) otherFindings(add func(kind, severity, msg string, objects ...
 		if k.Kind == translation.KindTrafficPolicy || k.Kind == translation.KindVirtualDestination {
 			// Left out before translation (admission, or the server's own
 			// verdict): what it asks for does not happen.
-			if i := slices.IndexFunc(st.Errors, controller.LeftOut); i >= 0 {
+			if i := slices.IndexFunc(st.Errors, all.LeftOut); i >= 0 {
 				kind, sev := KindNotInForce, SeverityMedium
-				if controller.RefusedByAdmission(st.Errors[i]) {
+				if all.RefusedByAdmission(st.Errors[i]) {
 					kind, sev = KindRefused, SeverityHigh
 				}
 				add(kind, sev, fmt.Sprintf("%s %s/%s is not in force: %s", k.Kind, k.Namespace, k.Name, st.Errors[i]), subject)
@@ -348,7 +348,7 @@ func (a *auditor) otherFindings(add func(kind, severity, msg string, objects ...
 			if vm := a.virtualMesh(k); vm != nil && vm.Spec.GlobalAccessPolicy == networkingv1alpha1.GlobalAccessEnabled {
 				sev, consequence = SeverityHigh, "its globalAccessPolicy Enabled (deny by default) is not in force in a fresh translation"
 			}
-			if slices.ContainsFunc(st.Errors, controller.RefusedByAdmission) {
+			if slices.ContainsFunc(st.Errors, all.RefusedByAdmission) {
 				kind, sev = KindRefused, SeverityHigh
 			}
 			add(kind, sev, fmt.Sprintf("VirtualMesh %s/%s is Invalid: %s; %s", k.Namespace, k.Name, strings.Join(st.Errors, "; "), consequence), subject)

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"golang.org/x/time/rate"
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -248,8 +249,8 @@ func Register(ctx context.Context, client kubernetes.Interface, r Registration) 
 			ClientConfig: cc,
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-				Rule: admissionregistrationv1.Rule{APIGroups: []string{"networking.relaymesh.io"}, APIVersions: []string{"v1alpha1"},
-					Resources: []string{"virtualmeshes", "trafficpolicies", "accesspolicies", "virtualdestinations"}, Scope: &scope},
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{networkingv1alpha1.GroupVersion.Group}, APIVersions: []string{networkingv1alpha1.GroupVersion.Version},
+					Resources: networkingv1alpha1.Resources(), Scope: &scope},
 			}},
 			FailurePolicy:           &r.FailurePolicy,
 			MatchPolicy:             &equivalent,

@@ -31,5 +31,5 @@
 //     with a Note.
 //
 // Admission itself is not run here: the caller judges the Input as the
-// server does (translation/controller.InForce), with the rule sets read.
+// server does (translation/all.InForce), with the rule sets read.
 package manifest

@@ -8,18 +8,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relaymesh/relaymesh/api/outputs"
+	"github.com/relaymesh/relaymesh/test/dataplane"
+	"github.com/relaymesh/relaymesh/trust"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.step.sm/crypto/pemutil"
 	"google.golang.org/grpc/codes"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-
-	"github.com/relaymesh/relaymesh/test/dataplane"
-	"github.com/relaymesh/relaymesh/trust"
 )
 
 // The VirtualMesh of the cross-cluster tests: both clusters' meshes, one
@@ -55,8 +54,8 @@ spec:
 )
 
 var (
-	serviceEntries   = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"}
-	authzPolicies    = schema.GroupVersionResource{Group: "security.istio.io", Version: "v1", Resource: "authorizationpolicies"}
+	serviceEntries   = outputs.ServiceEntries
+	authzPolicies    = outputs.AuthorizationPolicies
 	virtualMeshesGVR = policyResources["VirtualMesh"]
 )
 
@@ -127,7 +126,7 @@ func federate(t *testing.T, f *fixture, r *relaymesh) *federation {
 		fed.waitFor(t, "the VirtualMesh's PeerAuthentications pruned", func() (bool, string) {
 			n := 0
 			for _, c := range []dynamic.Interface{r.c1, r.c2} {
-				l, err := c.Resource(explainedKinds[1]).Namespace("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/owner"})
+				l, err := c.Resource(explainedKinds[1]).Namespace("istio-system").List(ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel})
 				if err != nil {
 					return false, err.Error()
 				}
@@ -242,7 +241,7 @@ func (fed *federation) waitFor(t *testing.T, what string, cond func() (bool, str
 
 // serviceEntryFor finds the Relaymesh ServiceEntry for host in a cluster.
 func serviceEntryFor(ctx context.Context, c dynamic.Interface, host string) (*unstructured.Unstructured, error) {
-	l, err := c.Resource(serviceEntries).List(ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/owner"})
+	l, err := c.Resource(serviceEntries).List(ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel})
 	if err != nil {
 		return nil, err
 	}
@@ -386,7 +385,7 @@ func (fed *federation) checkAccessAcrossClusters(t *testing.T) {
 		fed.waitFor(t, "the deny-all policies pruned", func() (bool, string) {
 			n := 0
 			for _, c := range []dynamic.Interface{r.c1, r.c2} {
-				l, err := c.Resource(authzPolicies).Namespace("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/owner"})
+				l, err := c.Resource(authzPolicies).Namespace("istio-system").List(ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel})
 				if err != nil {
 					return false, err.Error()
 				}

@@ -13,16 +13,18 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
+	"github.com/relaymesh/relaymesh/test/dataplane"
+	"github.com/relaymesh/relaymesh/test/e2e"
+	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-
-	"github.com/relaymesh/relaymesh/test/dataplane"
-	"github.com/relaymesh/relaymesh/test/e2e"
-	"github.com/relaymesh/relaymesh/test/localcluster"
 )
 
 // relaymesh is the real management plane over the fixture's clusters: the
@@ -72,20 +74,20 @@ spec:
 
 var (
 	ownedKinds = []schema.GroupVersionResource{
-		{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"},
-		{Group: "networking.istio.io", Version: "v1", Resource: "destinationrules"},
-		{Group: "security.istio.io", Version: "v1", Resource: "authorizationpolicies"},
+		outputs.VirtualServices,
+		outputs.DestinationRules,
+		outputs.AuthorizationPolicies,
 	}
 	explainedKinds = append([]schema.GroupVersionResource{
-		{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"},
-		{Group: "security.istio.io", Version: "v1", Resource: "peerauthentications"},
+		outputs.ServiceEntries,
+		outputs.PeerAuthentications,
 	}, ownedKinds...)
-	destinations    = schema.GroupVersionResource{Group: "discovery.relaymesh.io", Version: "v1alpha1", Resource: "destinations"}
+	destinations    = discoveryv1alpha1.Destinations
 	policyResources = map[string]schema.GroupVersionResource{
-		"TrafficPolicy":      {Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"},
-		"AccessPolicy":       {Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"},
-		"VirtualMesh":        {Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualmeshes"},
-		"VirtualDestination": {Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualdestinations"},
+		"TrafficPolicy":      networkingv1alpha1.TrafficPolicies,
+		"AccessPolicy":       networkingv1alpha1.AccessPolicies,
+		"VirtualMesh":        networkingv1alpha1.VirtualMeshes,
+		"VirtualDestination": networkingv1alpha1.VirtualDestinations,
 	}
 )
 
@@ -331,12 +333,12 @@ func (r *relaymesh) subtest(t *testing.T) {
 func (r *relaymesh) outputs(ctx context.Context, parent string) (int, error) {
 	n := 0
 	for _, gvr := range ownedKinds {
-		l, err := r.c1.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/owner"})
+		l, err := r.c1.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel})
 		if err != nil {
 			return 0, err
 		}
 		for _, o := range l.Items {
-			if slices.Contains(strings.Split(o.GetAnnotations()["relaymesh.io/parents"], ","), parent) {
+			if slices.Contains(strings.Split(o.GetAnnotations()[outputs.ParentsAnnotation], ","), parent) {
 				n++
 			}
 		}
@@ -356,7 +358,7 @@ func (r *relaymesh) explain(t *testing.T) {
 	}
 	for name, c := range map[string]dynamic.Interface{"cluster-1": r.c1, "cluster-2": r.c2} {
 		for _, gvr := range explainedKinds {
-			l, err := c.Resource(gvr).List(ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/owner"})
+			l, err := c.Resource(gvr).List(ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel})
 			if err == nil {
 				for _, o := range l.Items {
 					t.Logf("%s %s %s/%s: %v", name, o.GetKind(), o.GetNamespace(), o.GetName(), o.Object["spec"])

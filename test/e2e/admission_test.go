@@ -15,14 +15,15 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/examples"
-	relayserver "github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 )
 
@@ -57,13 +58,13 @@ func TestAdmission(t *testing.T) {
 	mgmtDyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
 	Eventually(t, 60*time.Second, "cluster-1 discovered", func() (bool, string) {
-		l, err := mgmtDyn.Resource(relayserver.DestinationsResource).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
+		l, err := mgmtDyn.Resource(discoveryv1alpha1.Destinations).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
 		return err == nil && len(l.Items) == 2, fmt.Sprint(err)
 	})
 
 	_, err = mgmt.Apply(ctx, "test", []byte(fmt.Sprintf(allowAll, "sneaked-in")))
 	require.NoError(t, err, "no webhook: the API server stores it")
-	apGVR := schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"}
+	apGVR := networkingv1alpha1.AccessPolicies
 	Eventually(t, 10*time.Second, "the stored allow-all AccessPolicy is Invalid with the rule's message", func() (bool, string) {
 		o, err := mgmtDyn.Resource(apGVR).Namespace("relaymesh").Get(ctx, "sneaked-in", metav1.GetOptions{})
 		if err != nil {
@@ -77,11 +78,11 @@ func TestAdmission(t *testing.T) {
 	c1, err := dynamic.NewForConfig(env.Cluster("cluster-1").RESTConfig())
 	require.NoError(t, err)
 	time.Sleep(time.Second) // what translation would have published has had time to arrive
-	aps, err := c1.Resource(schema.GroupVersionResource{Group: "security.istio.io", Version: "v1", Resource: "authorizationpolicies"}).
+	aps, err := c1.Resource(outputs.AuthorizationPolicies).
 		Namespace("").List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
 	for _, ap := range aps.Items {
-		require.NotContains(t, ap.GetAnnotations()["relaymesh.io/parents"], "sneaked-in", "an Invalid policy was translated")
+		require.NotContains(t, ap.GetAnnotations()[outputs.ParentsAnnotation], "sneaked-in", "an Invalid policy was translated")
 	}
 
 	// Now with the webhook: the kube-apiserver calls it, kubectl is refused.

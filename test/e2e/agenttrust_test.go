@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca/catest"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	relayserver "github.com/relaymesh/relaymesh/server"
@@ -64,7 +65,7 @@ func TestAgentTrust(t *testing.T) {
 
 	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
-	clusters := dyn.Resource(relayserver.KubernetesClusters).Namespace("relaymesh")
+	clusters := dyn.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh")
 	for _, name := range []string{"cluster-1", "cluster-2"} {
 		want := "spiffe://relaymesh.local/cluster/" + name + "/agent"
 		Eventually(t, 30*time.Second, name+" connected", func() (bool, string) {

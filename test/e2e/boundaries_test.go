@@ -106,7 +106,7 @@ func TestTrustBoundaries(t *testing.T) {
 	require.ErrorContains(t, err, `trust domain "prod-eu.local" is already granted to cluster prod-eu`)
 	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
-	meshes := dyn.Resource(discoveryv1alpha1.GroupVersion.WithResource("meshes")).Namespace("relaymesh")
+	meshes := dyn.Resource(discoveryv1alpha1.Meshes).Namespace("relaymesh")
 	victim := discoveryv1alpha1.Name(discoveryv1alpha1.OriginMesh, "prod-eu", "istio-system", "istiod")
 	squatter := discoveryv1alpha1.Name(discoveryv1alpha1.OriginMesh, "eu", "istio-system-prod", "istiod")
 	Eventually(t, 60*time.Second, "every mesh discovered, each under its own name", func() (bool, string) {
@@ -153,7 +153,7 @@ spec:
 			return st == state && strings.Contains(all, msg), st + fmt.Sprint(all)
 		})
 	}
-	kcs := dyn.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace("relaymesh")
+	kcs := dyn.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh")
 	grant := func(cluster, grants string) {
 		t.Helper()
 		_, err := kcs.Patch(ctx, cluster, types.MergePatchType, []byte(`{"spec":{"trustDomains":`+grants+`}}`), metav1.PatchOptions{})
@@ -388,7 +388,7 @@ spec:
 	require.NoError(t, err, string(out))
 }
 
-var schemaVirtualMeshes = networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")
+var schemaVirtualMeshes = networkingv1alpha1.VirtualMeshes
 
 func slicesEqual(a, b []string) bool {
 	return strings.Join(a, "\x00") == strings.Join(b, "\x00")

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/examples"
 	relayserver "github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -21,7 +23,7 @@ import (
 	"k8s.io/client-go/dynamic"
 )
 
-var virtualServices = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
+var virtualServices = outputs.VirtualServices
 
 // TestDataPath runs the relay data path with real processes: two agents
 // discover Istio-shaped workloads, the management cluster shows them, a
@@ -68,17 +70,17 @@ func TestDataPath(t *testing.T) {
 	}
 	for _, c := range []string{"cluster-1", "cluster-2"} {
 		Eventually(t, 60*time.Second, "discovered objects of "+c, func() (bool, string) {
-			ok := exists(relayserver.MeshesResource, meshName(c)) &&
-				exists(relayserver.WorkloadsResource, deploymentName(c, "bookinfo", "reviews-v1")) && exists(relayserver.WorkloadsResource, deploymentName(c, "bookinfo", "reviews-v2")) &&
-				exists(relayserver.WorkloadsResource, deploymentName(c, "bookinfo", "productpage-v1")) &&
-				exists(relayserver.DestinationsResource, serviceName(c, "bookinfo", "reviews")) && exists(relayserver.DestinationsResource, serviceName(c, "bookinfo", "productpage"))
-			return ok, fmt.Sprint(count(relayserver.MeshesResource, c), count(relayserver.WorkloadsResource, c), count(relayserver.DestinationsResource, c))
+			ok := exists(discoveryv1alpha1.Meshes, meshName(c)) &&
+				exists(discoveryv1alpha1.Workloads, deploymentName(c, "bookinfo", "reviews-v1")) && exists(discoveryv1alpha1.Workloads, deploymentName(c, "bookinfo", "reviews-v2")) &&
+				exists(discoveryv1alpha1.Workloads, deploymentName(c, "bookinfo", "productpage-v1")) &&
+				exists(discoveryv1alpha1.Destinations, serviceName(c, "bookinfo", "reviews")) && exists(discoveryv1alpha1.Destinations, serviceName(c, "bookinfo", "productpage"))
+			return ok, fmt.Sprint(count(discoveryv1alpha1.Meshes, c), count(discoveryv1alpha1.Workloads, c), count(discoveryv1alpha1.Destinations, c))
 		})
 	}
-	dest, err := dyn.Resource(relayserver.DestinationsResource).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "reviews"), metav1.GetOptions{})
+	dest, err := dyn.Resource(discoveryv1alpha1.Destinations).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "reviews"), metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, []any{"v1", "v2"}, dest.Object["spec"].(map[string]any)["kubeService"].(map[string]any)["subsets"].(map[string]any)["version"])
-	mesh, err := dyn.Resource(relayserver.MeshesResource).Namespace("relaymesh").Get(ctx, meshName("cluster-2"), metav1.GetOptions{})
+	mesh, err := dyn.Resource(discoveryv1alpha1.Meshes).Namespace("relaymesh").Get(ctx, meshName("cluster-2"), metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, "cluster-2.local", mesh.Object["spec"].(map[string]any)["istio"].(map[string]any)["trustDomain"])
 
@@ -93,13 +95,13 @@ func TestDataPath(t *testing.T) {
 	require.NoError(t, err)
 	start := time.Now()
 	Eventually(t, 2*time.Second, "the new Service's Destination within 2s", func() (bool, string) {
-		return exists(relayserver.DestinationsResource, serviceName("cluster-1", "bookinfo", "reviews-canary")), ""
+		return exists(discoveryv1alpha1.Destinations, serviceName("cluster-1", "bookinfo", "reviews-canary")), ""
 	})
 	t.Logf("a Service created in cluster-1 appeared in mgmt after %s", time.Since(start).Round(time.Millisecond))
 	require.NoError(t, c1CS.CoreV1().Services("bookinfo").Delete(ctx, "reviews-canary", metav1.DeleteOptions{}))
 	start = time.Now()
 	Eventually(t, 2*time.Second, "the deleted Service's Destination gone within 2s", func() (bool, string) {
-		return !exists(relayserver.DestinationsResource, serviceName("cluster-1", "bookinfo", "reviews-canary")), ""
+		return !exists(discoveryv1alpha1.Destinations, serviceName("cluster-1", "bookinfo", "reviews-canary")), ""
 	})
 	t.Logf("a Service deleted in cluster-1 disappeared from mgmt after %s", time.Since(start).Round(time.Millisecond))
 
@@ -139,7 +141,7 @@ spec: {hosts: [ratings], http: [{route: [{destination: {host: ratings}}]}]}
 	require.NoError(t, err)
 	Eventually(t, 10*time.Second, "the output applied in cluster-1", func() (bool, string) {
 		vs, err := c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "reviews-route", metav1.GetOptions{})
-		return err == nil && vs.GetLabels()["relaymesh.io/owner"] == "relaymesh-agent" && vs.GetAnnotations()["relaymesh.io/parents"] == "VirtualService/relaymesh/reviews-route", fmt.Sprint(err)
+		return err == nil && vs.GetLabels()[outputs.OwnerLabel] == "relaymesh-agent" && vs.GetAnnotations()[outputs.ParentsAnnotation] == "VirtualService/relaymesh/reviews-route", fmt.Sprint(err)
 	})
 	Eventually(t, 10*time.Second, "the conflict reported", func() (bool, string) {
 		n, err := MetricWith("http://"+opsAddr+"/metrics", relayserver.MetricApplyResults, `outcome="conflict"`)
@@ -148,7 +150,7 @@ spec: {hosts: [ratings], http: [{route: [{destination: {host: ratings}}]}]}
 	after, err := c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "user-owned", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, userVS.GetResourceVersion(), after.GetResourceVersion(), "the user's object is untouched")
-	assert.Empty(t, after.GetLabels()["relaymesh.io/owner"])
+	assert.Empty(t, after.GetLabels()[outputs.OwnerLabel])
 	_, err = c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "reviews-route", metav1.GetOptions{})
 	require.NoError(t, err)
 	// cluster-2 got nothing.
@@ -193,7 +195,7 @@ spec: {hosts: [productpage], http: [{route: [{destination: {host: productpage}}]
 	})
 	uids := func() map[string]string {
 		out := map[string]string{}
-		for _, gvr := range []schema.GroupVersionResource{relayserver.MeshesResource, relayserver.WorkloadsResource, relayserver.DestinationsResource} {
+		for _, gvr := range []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations} {
 			l, err := dyn.Resource(gvr).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
 			require.NoError(t, err)
 			for _, o := range l.Items {
@@ -213,7 +215,7 @@ spec: {hosts: [productpage], http: [{route: [{destination: {host: productpage}}]
 	waitHealthy(t, opsAddr)
 	start = time.Now()
 	Eventually(t, 45*time.Second, "the view rebuilt after the restart", func() (bool, string) {
-		return exists(relayserver.DestinationsResource, serviceName("cluster-1", "bookinfo", "while-down")), ""
+		return exists(discoveryv1alpha1.Destinations, serviceName("cluster-1", "bookinfo", "while-down")), ""
 	})
 	t.Logf("after a server restart, a change made while it was down arrived %s after it came back", time.Since(start).Round(time.Millisecond))
 	restarted := uids()
@@ -258,7 +260,7 @@ spec: {hosts: [productpage], http: [{route: [{destination: {host: productpage}}]
 	t.Logf("standby took over %s after the leader was killed (lease 4s)", time.Since(start).Round(time.Millisecond))
 	require.NoError(t, c1CS.CoreV1().Services("bookinfo").Delete(ctx, "while-down", metav1.DeleteOptions{}))
 	Eventually(t, 5*time.Second, "changes flow through the new leader", func() (bool, string) {
-		return !exists(relayserver.DestinationsResource, serviceName("cluster-1", "bookinfo", "while-down")), ""
+		return !exists(discoveryv1alpha1.Destinations, serviceName("cluster-1", "bookinfo", "while-down")), ""
 	})
 }
 

@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/examples"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -41,7 +43,7 @@ func TestKubeconfigMode(t *testing.T) {
 	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
 	destination := func() bool {
-		_, err := dyn.Resource(server.DestinationsResource).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "reviews"), metav1.GetOptions{})
+		_, err := dyn.Resource(discoveryv1alpha1.Destinations).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "reviews"), metav1.GetOptions{})
 		return err == nil
 	}
 
@@ -100,7 +102,7 @@ spec: {ports: [{name: http, port: 9080}], selector: {app: reviews}}
 `))
 	require.NoError(t, err)
 	Eventually(t, 30*time.Second, "a Service made after the handover is discovered", func() (bool, string) {
-		_, err := dyn.Resource(server.DestinationsResource).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "late"), metav1.GetOptions{})
+		_, err := dyn.Resource(discoveryv1alpha1.Destinations).Namespace("relaymesh").Get(ctx, serviceName("cluster-1", "bookinfo", "late"), metav1.GetOptions{})
 		return err == nil, fmt.Sprint(err)
 	})
 
@@ -119,7 +121,7 @@ spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews}}]}]}
 	require.NoError(t, err)
 	Eventually(t, 20*time.Second, "the output applied by the in-process agent", func() (bool, string) {
 		vs, err := c1Dyn.Resource(virtualServices).Namespace("bookinfo").Get(ctx, "reviews-route", metav1.GetOptions{})
-		return err == nil && vs.GetLabels()["relaymesh.io/owner"] == "relaymesh-agent", fmt.Sprint(err)
+		return err == nil && vs.GetLabels()[outputs.OwnerLabel] == "relaymesh-agent", fmt.Sprint(err)
 	})
 
 	// Shared trust is refused here, visibly: the intermediate key would be
@@ -149,6 +151,6 @@ spec:
 	_, err = Run(t, bin, "cluster", "deregister", "cluster-1", "--mgmt-kubeconfig", mgmt.Kubeconfig)
 	require.NoError(t, err)
 	Eventually(t, 20*time.Second, "discovered objects removed after deregistration", func() (bool, string) { return !destination(), "" })
-	_, err = mgmtCS.CoreV1().Secrets("relaymesh").Get(ctx, server.KubeconfigSecretName("cluster-1"), metav1.GetOptions{})
+	_, err = mgmtCS.CoreV1().Secrets("relaymesh").Get(ctx, multiclusterv1alpha1.KubeconfigSecretName("cluster-1"), metav1.GetOptions{})
 	assert.Error(t, err, "the held kubeconfig is deleted on deregistration")
 }

@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/examples"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -45,7 +47,7 @@ func TestTranslation(t *testing.T) {
 	mgmtDyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
 	Eventually(t, 60*time.Second, "both clusters discovered", func() (bool, string) {
-		l, err := mgmtDyn.Resource(server.DestinationsResource).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
+		l, err := mgmtDyn.Resource(discoveryv1alpha1.Destinations).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
 		return err == nil && len(l.Items) == 4, fmt.Sprint(err)
 	})
 
@@ -62,9 +64,9 @@ func TestTranslation(t *testing.T) {
 	get := func(cluster string, gvr schema.GroupVersionResource, ns, name string) (*unstructured.Unstructured, error) {
 		return clients[cluster].Resource(gvr).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 	}
-	vsGVR := schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
-	seGVR := schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"}
-	apGVR := schema.GroupVersionResource{Group: "security.istio.io", Version: "v1", Resource: "authorizationpolicies"}
+	vsGVR := outputs.VirtualServices
+	seGVR := outputs.ServiceEntries
+	apGVR := outputs.AuthorizationPolicies
 	Eventually(t, 10*time.Second, "the 80/20 VirtualService in cluster-1", func() (bool, string) {
 		vs, err := get("cluster-1", vsGVR, "bookinfo", "relaymesh-reviews")
 		if err != nil {
@@ -90,9 +92,9 @@ func TestTranslation(t *testing.T) {
 	Eventually(t, 10*time.Second, "statuses Accepted", func() (bool, string) {
 		var states []string
 		for _, gvr := range []schema.GroupVersionResource{
-			{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"},
-			{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"},
-			{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualmeshes"},
+			networkingv1alpha1.TrafficPolicies,
+			networkingv1alpha1.AccessPolicies,
+			networkingv1alpha1.VirtualMeshes,
 		} {
 			l, err := mgmtDyn.Resource(gvr).Namespace("relaymesh").List(ctx, metav1.ListOptions{})
 			if err != nil {
@@ -108,9 +110,9 @@ func TestTranslation(t *testing.T) {
 
 	// Every object's status says where its outputs are and that the agents
 	// applied them (status.clusters, from the agents' acks).
-	tpGVR := schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"}
-	apolGVR := schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"}
-	vmGVR := schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualmeshes"}
+	tpGVR := networkingv1alpha1.TrafficPolicies
+	apolGVR := networkingv1alpha1.AccessPolicies
+	vmGVR := networkingv1alpha1.VirtualMeshes
 	applied := func(gvr schema.GroupVersionResource, name string) (string, []any) {
 		o, err := mgmtDyn.Resource(gvr).Namespace("relaymesh").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -169,7 +171,7 @@ func TestTranslation(t *testing.T) {
 		require.Contains(t, out, want)
 	}
 
-	require.NoError(t, mgmtDyn.Resource(schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"}).
+	require.NoError(t, mgmtDyn.Resource(networkingv1alpha1.TrafficPolicies).
 		Namespace("relaymesh").Delete(ctx, "reviews-shift", metav1.DeleteOptions{}))
 	start = time.Now()
 	Eventually(t, 10*time.Second, "the VirtualService gone after the policy was deleted", func() (bool, string) {

@@ -9,7 +9,9 @@ import (
 	"sync"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/server"
@@ -90,7 +92,7 @@ func (m *Management) Register(ctx context.Context, names []string, tokenTTL time
 	if err != nil {
 		return nil, err
 	}
-	clusters := m.Dynamic.Resource(server.KubernetesClusters).Namespace(m.Namespace)
+	clusters := m.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(m.Namespace)
 	members := make([]Member, len(names))
 	err = parallelDo(ctx, len(names), parallel, func(ctx context.Context, i int) error {
 		name := names[i]
@@ -145,7 +147,7 @@ func (m *Management) Deregister(ctx context.Context, names []string, parallel in
 	if err != nil {
 		return err
 	}
-	clusters := m.Dynamic.Resource(server.KubernetesClusters).Namespace(m.Namespace)
+	clusters := m.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(m.Namespace)
 	return parallelDo(ctx, len(names), parallel, func(ctx context.Context, i int) error {
 		if err := clusters.Delete(ctx, names[i], metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete KubernetesCluster %s: %w", names[i], err)
@@ -198,7 +200,7 @@ type ClusterStatus struct {
 // ClusterStatuses reads the status of every KubernetesCluster of the
 // namespace, by name.
 func (m *Management) ClusterStatuses(ctx context.Context) (map[string]ClusterStatus, error) {
-	list, err := m.Dynamic.Resource(server.KubernetesClusters).Namespace(m.Namespace).List(ctx, metav1.ListOptions{})
+	list, err := m.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(m.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -222,7 +224,7 @@ func (m *Management) ClusterStatuses(ctx context.Context) (map[string]ClusterSta
 }
 
 // DiscoveredKinds are the kinds the server mirrors from snapshots.
-var DiscoveredKinds = []schema.GroupVersionResource{server.MeshesResource, server.WorkloadsResource, server.DestinationsResource}
+var DiscoveredKinds = []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations}
 
 // DiscoveredObjects counts the Mesh, Workload and Destination objects of the
 // namespace whose cluster label is one of clusters (nil: any).
@@ -320,7 +322,7 @@ func parallelDo(ctx context.Context, n, parallel int, f func(ctx context.Context
 }
 
 // TrafficPolicies is the resource of TrafficPolicy objects.
-var TrafficPolicies = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"}
+var TrafficPolicies = networkingv1alpha1.TrafficPolicies
 
 // SetRequestTimeout creates the TrafficPolicy name in the server's namespace
 // with no selectors (every Destination, every source) and the given

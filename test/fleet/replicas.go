@@ -10,7 +10,6 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/heads"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -112,7 +111,7 @@ type ReplicaStatus struct {
 
 // ReplicaStatuses reads every KubernetesCluster of the namespace.
 func (m *Management) ReplicaStatuses(ctx context.Context) (map[string]ReplicaStatus, error) {
-	list, err := m.Dynamic.Resource(server.KubernetesClusters).Namespace(m.Namespace).List(ctx, metav1.ListOptions{})
+	list, err := m.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(m.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/test/e2e"
 	"github.com/relaymesh/relaymesh/test/ha"
 	"github.com/relaymesh/relaymesh/trust"
@@ -19,7 +20,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // Issue 22's goals for a replica's death.
@@ -43,8 +43,8 @@ const (
 var realClusters = []string{"cluster-1", "cluster-2"}
 
 var (
-	kubernetesClusters = multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")
-	virtualServices    = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
+	kubernetesClusters = multiclusterv1alpha1.KubernetesClusters
+	virtualServices    = outputs.VirtualServices
 	timeoutField       = regexp.MustCompile(`"timeout":"([^"]+)"`)
 )
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/server/snapshots"
 	"github.com/relaymesh/relaymesh/test/e2e"
@@ -19,7 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // canaryPolicy is a TrafficPolicy whose sources are the workloads labelled
@@ -52,7 +52,7 @@ func TestFailoverWithRedis(t *testing.T) {
 // holder's translation finds a workload pushed to another replica.
 func (w *world) workloadsInRedis(t *testing.T) {
 	ctx := w.ctx
-	list, err := w.dyn.Resource(discoveryv1alpha1.GroupVersion.WithResource("workloads")).Namespace(w.env.Namespace).List(ctx, metav1.ListOptions{})
+	list, err := w.dyn.Resource(discoveryv1alpha1.Workloads).Namespace(w.env.Namespace).List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
 	assert.Empty(t, list.Items, "no Workload object in the apiserver with --snapshot-store=redis")
 
@@ -325,7 +325,7 @@ func (w *world) waitSources(t *testing.T, timeout time.Duration, want ...string)
 	}
 	slices.Sort(names)
 	e2e.Eventually(t, timeout, fmt.Sprintf("the source workloads %v in %s's status", want, canaryPolicy), func() (bool, string) {
-		tp, err := w.dyn.Resource(schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"}).
+		tp, err := w.dyn.Resource(networkingv1alpha1.TrafficPolicies).
 			Namespace(w.env.Namespace).Get(w.ctx, canaryPolicy, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()

@@ -73,7 +73,7 @@ func TestRevocationOnEveryReplica(t *testing.T) {
 	// Watch for the deletion, and poll every observer of a session.
 	dyn, err := dynamic.NewForConfig(env.Mgmt.RESTConfig())
 	require.NoError(t, err)
-	w, err := dyn.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace(env.Namespace).
+	w, err := dyn.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(env.Namespace).
 		Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=cluster-1"})
 	require.NoError(t, err)
 	defer w.Stop()

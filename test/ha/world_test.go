@@ -13,6 +13,7 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/examples"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/test/e2e"
@@ -554,7 +555,7 @@ func (w *world) syncState(a *tracked, head uint64, o syncOpts) (ok bool, detail 
 // realTimeouts are the distinct request timeouts of the VirtualServices the
 // agent applied in its cluster ("none" without any).
 func (w *world) realTimeouts(a *tracked) string {
-	l, err := a.workload.Resource(virtualServices).Namespace("").List(w.ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/owner"})
+	l, err := a.workload.Resource(virtualServices).Namespace("").List(w.ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel})
 	if err != nil {
 		return err.Error()
 	}

@@ -15,6 +15,14 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/examples"
+	"github.com/relaymesh/relaymesh/test/e2e"
+	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.step.sm/crypto/pemutil"
@@ -26,12 +34,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/relaymesh/relaymesh/ca"
-	"github.com/relaymesh/relaymesh/examples"
-	"github.com/relaymesh/relaymesh/server"
-	"github.com/relaymesh/relaymesh/test/e2e"
-	"github.com/relaymesh/relaymesh/test/localcluster"
 )
 
 // The VirtualMesh of the job is the demo's (examples/demo/virtualmesh.yaml,
@@ -40,16 +42,16 @@ import (
 const virtualMesh = "bookinfo-federation"
 
 var (
-	gvrVirtualMesh  = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualmeshes"}
-	gvrTraffic      = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"}
-	gvrAccess       = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"}
-	gvrVirtualDest  = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualdestinations"}
-	gvrClusters     = server.KubernetesClusters
-	gvrMeshes       = server.MeshesResource
-	gvrWorkloads    = server.WorkloadsResource
-	gvrDestinations = server.DestinationsResource
+	gvrVirtualMesh  = networkingv1alpha1.VirtualMeshes
+	gvrTraffic      = networkingv1alpha1.TrafficPolicies
+	gvrAccess       = networkingv1alpha1.AccessPolicies
+	gvrVirtualDest  = networkingv1alpha1.VirtualDestinations
+	gvrClusters     = multiclusterv1alpha1.KubernetesClusters
+	gvrMeshes       = discoveryv1alpha1.Meshes
+	gvrWorkloads    = discoveryv1alpha1.Workloads
+	gvrDestinations = discoveryv1alpha1.Destinations
 	// istioKinds are what the agents apply (apply.DefaultKinds, as resources).
-	istioKinds = server.PassthroughKinds
+	istioKinds = outputs.IstioResources()
 )
 
 // Values the job installs the charts with: the server's certificate names
@@ -624,7 +626,7 @@ func (j *job) translation() error {
 		for _, gvr := range istioKinds {
 			n := 0
 			for _, name := range j.cfg.workload {
-				c, err := j.count(j.dyn[name], gvr, "", "relaymesh.io/owner=relaymesh-agent")
+				c, err := j.count(j.dyn[name], gvr, "", outputs.OwnerLabel+"=relaymesh-agent")
 				if err != nil {
 					return false, err.Error()
 				}
@@ -838,7 +840,7 @@ func (j *job) prune() error {
 		var left []string
 		for _, name := range j.cfg.workload {
 			for _, gvr := range istioKinds {
-				n, err := j.count(j.dyn[name], gvr, "", "relaymesh.io/owner=relaymesh-agent")
+				n, err := j.count(j.dyn[name], gvr, "", outputs.OwnerLabel+"=relaymesh-agent")
 				if err != nil {
 					return false, err.Error()
 				}

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -139,8 +142,8 @@ func startEnv(t *testing.T, detach bool, names ...string) *Env {
 }
 
 var (
-	virtualMeshGVR    = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualmeshes"}
-	virtualServiceGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
+	virtualMeshGVR    = networkingv1alpha1.VirtualMeshes
+	virtualServiceGVR = outputs.VirtualServices
 )
 
 func object(t *testing.T, y string) *unstructured.Unstructured {
@@ -226,7 +229,7 @@ func TestThreeClusters(t *testing.T) {
 	}
 
 	t.Run("other kinds: defaults and rejections", func(t *testing.T) {
-		clusters := dyn.Resource(schema.GroupVersionResource{Group: "multicluster.relaymesh.io", Version: "v1alpha1", Resource: "kubernetesclusters"}).Namespace("default")
+		clusters := dyn.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("default")
 		got, err := clusters.Create(ctx, object(t, `
 apiVersion: multicluster.relaymesh.io/v1alpha1
 kind: KubernetesCluster
@@ -237,8 +240,8 @@ spec: {}
 		mode, _, _ := unstructured.NestedString(got.Object, "spec", "mode")
 		assert.Equal(t, "relay", mode, "relay mode is the default")
 
-		tps := dyn.Resource(schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "trafficpolicies"}).Namespace("default")
-		aps := dyn.Resource(schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "accesspolicies"}).Namespace("default")
+		tps := dyn.Resource(networkingv1alpha1.TrafficPolicies).Namespace("default")
+		aps := dyn.Resource(networkingv1alpha1.AccessPolicies).Namespace("default")
 		_, err = tps.Create(ctx, object(t, `
 apiVersion: networking.relaymesh.io/v1alpha1
 kind: TrafficPolicy
@@ -325,7 +328,7 @@ spec:
 	})
 
 	t.Run("kubectl shows a readable certificate expiry", func(t *testing.T) {
-		clusters := dyn.Resource(schema.GroupVersionResource{Group: "multicluster.relaymesh.io", Version: "v1alpha1", Resource: "kubernetesclusters"}).Namespace("default")
+		clusters := dyn.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("default")
 		expiry := time.Now().Add(23 * time.Hour).UTC().Truncate(time.Second)
 		patch := fmt.Sprintf(`{"status": {"connected": true, "replica": "server-0", "lastSeen": %q, "agentCertificate": {"serial": "0a", "spiffeID": "spiffe://relaymesh.local/cluster/cluster-1/agent", "notAfter": %q}}}`,
 			time.Now().UTC().Format(time.RFC3339), expiry.Format(time.RFC3339))

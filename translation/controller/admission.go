@@ -10,6 +10,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/all"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -22,10 +23,6 @@ type Admitter interface {
 	Version() string
 	Changed() <-chan struct{}
 }
-
-// InProcessUser is the user an in-process admission check is made for: the
-// object is already stored, and who wrote it is not known.
-const InProcessUser = "system:relaymesh:in-process-check"
 
 var gvrNamespace = schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
 
@@ -48,7 +45,7 @@ func (c *Controller) admit(ctx context.Context, in *translation.Input) (*transla
 		return in, r
 	}
 	seen := map[string]bool{}
-	out := judged(in, r, func(kind string, o metav1.Object, _ runtime.Object) string {
+	out := all.Judge(in, r, func(kind string, o metav1.Object, _ runtime.Object) string {
 		namespace, name := o.GetNamespace(), o.GetName()
 		key := kind + "/" + namespace + "/" + name
 		seen[key] = true
@@ -63,8 +60,8 @@ func (c *Controller) admit(ctx context.Context, in *translation.Input) (*transla
 		a, cached := c.admitted[key]
 		if !cached || a.fingerprint != fp {
 			d, err := c.admission.Decide(ctx, admission.Request{Operation: admission.OperationCreate, Kind: kind, Namespace: namespace, Name: name,
-				Object: obj.Object, User: admission.User{Username: InProcessUser}, NamespaceLabels: labels})
-			a = admitted{fingerprint: fp, refusal: refusal(d, err)}
+				Object: obj.Object, User: admission.User{Username: all.InProcessUser}, NamespaceLabels: labels})
+			a = admitted{fingerprint: fp, refusal: all.Refusal(d, err)}
 			c.admitted[key] = a
 		}
 		return a.refusal
@@ -75,16 +72,6 @@ func (c *Controller) admit(ctx context.Context, in *translation.Input) (*transla
 		}
 	}
 	return out, r
-}
-
-func filter[T any](xs []T, keep func(i int) bool) []T {
-	var out []T
-	for i := range xs {
-		if keep(i) {
-			out = append(out, xs[i])
-		}
-	}
-	return out
 }
 
 func (c *Controller) object(gvr schema.GroupVersionResource, namespace, name string) (*unstructured.Unstructured, bool) {

@@ -12,6 +12,7 @@ import (
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -97,7 +98,7 @@ func world(clusters, services, policies int, federate bool) *translation.Input {
 func benchTranslate(b *testing.B, in *translation.Input) {
 	var objects int
 	for b.Loop() {
-		out, _ := controller.Translate(in, "relaymesh")
+		out, _ := all.Translate(in, "relaymesh")
 		objects = len(out.Objects())
 	}
 	b.ReportMetric(float64(objects), "outputs")

@@ -18,12 +18,9 @@ import (
 	"sort"
 	"time"
 
-	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
-	"github.com/relaymesh/relaymesh/federation"
-	"github.com/relaymesh/relaymesh/policy"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/translation"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -62,16 +59,16 @@ type WorkloadSource interface {
 const Source = "translation"
 
 var (
-	gvrMesh        = discoveryv1alpha1.GroupVersion.WithResource("meshes")
-	gvrWorkload    = discoveryv1alpha1.GroupVersion.WithResource("workloads")
-	gvrDestination = discoveryv1alpha1.GroupVersion.WithResource("destinations")
-	gvrVirtualMesh = networkingv1alpha1.GroupVersion.WithResource("virtualmeshes")
-	gvrTraffic     = networkingv1alpha1.GroupVersion.WithResource("trafficpolicies")
-	gvrAccess      = networkingv1alpha1.GroupVersion.WithResource("accesspolicies")
-	gvrVirtualDest = networkingv1alpha1.GroupVersion.WithResource("virtualdestinations")
+	gvrMesh        = discoveryv1alpha1.Meshes
+	gvrWorkload    = discoveryv1alpha1.Workloads
+	gvrDestination = discoveryv1alpha1.Destinations
+	gvrVirtualMesh = networkingv1alpha1.VirtualMeshes
+	gvrTraffic     = networkingv1alpha1.TrafficPolicies
+	gvrAccess      = networkingv1alpha1.AccessPolicies
+	gvrVirtualDest = networkingv1alpha1.VirtualDestinations
 	// gvrCluster: the registry, whose grants say which trust domains each
 	// cluster's meshes may use.
-	gvrCluster = multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")
+	gvrCluster = multiclusterv1alpha1.KubernetesClusters
 )
 
 // userKinds maps the user kinds translation reports on to their resources.
@@ -331,19 +328,6 @@ func (c *Controller) Input() (*translation.Input, error) {
 	return in, errors.Join(errs...)
 }
 
-// Translate runs every translator over in. Policies outside adminNamespace
-// are scoped to their own namespace first (ScopePolicies).
-func Translate(in *translation.Input, adminNamespace string) (*translation.Output, *translation.Report) {
-	out, r := translation.NewOutput(), translation.NewReport()
-	in = ScopePolicies(in, adminNamespace, r)
-	federation.Translate(in, out, r)
-	federation.TranslateVirtualDestinations(in, out, r)
-	policy.TranslateAccess(in, out, r)
-	policy.TranslateTraffic(in, out, r)
-	r.WarnUntargeted("TrafficPolicy", "AccessPolicy")
-	return out, r
-}
-
 func (c *Controller) translate(ctx context.Context) error {
 	start := time.Now()
 	in, err := c.Input()
@@ -379,61 +363,4 @@ func (c *Controller) translate(ctx context.Context) error {
 	c.log.Info("translated", "units", stats.Units, "recomputed", stats.Recomputed, "clusters_published", len(dirty),
 		"took", time.Since(start).Round(time.Microsecond))
 	return nil
-}
-
-// ScopePolicies enforces namespace tenancy: a TrafficPolicy or AccessPolicy
-// in the admin namespace (the server's) may select anything; one in any other
-// namespace may only select, shift to and mirror to Services of its own
-// namespace. A policy that reaches further is Invalid, naming what it may not
-// target, and is left out of translation. It returns the input translation
-// should use (in itself when nothing was removed).
-func ScopePolicies(in *translation.Input, adminNamespace string, r *translation.Report) *translation.Input {
-	var dests []*discoveryv1alpha1.Destination // sorted on first use: the first foreign one is named
-	foreign := func(policyNS string, sels []common.DestinationSelector) string {
-		if dests == nil {
-			dests = translation.SortedDestinations(in.Destinations)
-		}
-		for _, d := range dests {
-			if ns := d.Spec.KubeService.Ref.Namespace; ns != policyNS && translation.MatchDestination(sels, d) {
-				return fmt.Sprintf("Service %s/%s in cluster %s", ns, d.Spec.KubeService.Ref.Name, d.Spec.KubeService.Ref.ClusterName)
-			}
-		}
-		return ""
-	}
-	scoped := *in
-	scoped.TrafficPolicies, scoped.AccessPolicies = nil, nil
-	for _, p := range in.TrafficPolicies {
-		bad := ""
-		if p.Namespace != adminNamespace {
-			bad = foreign(p.Namespace, p.Spec.DestinationSelector)
-			if ts := p.Spec.Policy.TrafficShift; bad == "" && ts != nil {
-				for _, d := range ts.Destinations {
-					if d.KubeService != nil && d.KubeService.Namespace != p.Namespace {
-						bad = fmt.Sprintf("traffic shift target %s/%s", d.KubeService.Namespace, d.KubeService.Name)
-						break
-					}
-				}
-			}
-			if m := p.Spec.Policy.Mirror; bad == "" && m != nil && m.KubeService.Namespace != p.Namespace {
-				bad = fmt.Sprintf("mirror target %s/%s", m.KubeService.Namespace, m.KubeService.Name)
-			}
-		}
-		if bad != "" {
-			r.Invalid(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: p.Namespace, Name: p.Name}, p.Generation,
-				"a policy in namespace %s may only target Services in %s (or be created in %s): it reaches %s", p.Namespace, p.Namespace, adminNamespace, bad)
-			continue
-		}
-		scoped.TrafficPolicies = append(scoped.TrafficPolicies, p)
-	}
-	for _, p := range in.AccessPolicies {
-		if p.Namespace != adminNamespace {
-			if bad := foreign(p.Namespace, p.Spec.DestinationSelector); bad != "" {
-				r.Invalid(translation.ObjectKey{Kind: "AccessPolicy", Namespace: p.Namespace, Name: p.Name}, p.Generation,
-					"a policy in namespace %s may only target Services in %s (or be created in %s): it reaches %s", p.Namespace, p.Namespace, adminNamespace, bad)
-				continue
-			}
-		}
-		scoped.AccessPolicies = append(scoped.AccessPolicies, p)
-	}
-	return &scoped
 }

@@ -6,7 +6,7 @@ import (
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
-	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,7 +22,7 @@ func TestSelectorMatchingNothingIsReported(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "nothing", Namespace: "relaymesh", Generation: 3},
 		Spec:       networkingv1alpha1.AccessPolicySpec{DestinationSelector: nothing},
 	})
-	_, r := controller.Translate(in, "relaymesh")
+	_, r := all.Translate(in, "relaymesh")
 
 	st, _, ok := r.Status(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: "relaymesh", Name: in.TrafficPolicies[0].Name})
 	require.True(t, ok)
@@ -52,7 +52,7 @@ func TestPoliciesAreScopedToTheirNamespace(t *testing.T) {
 	in.TrafficPolicies = append(in.TrafficPolicies, tenant, own)
 	in.AccessPolicies = append(in.AccessPolicies, access)
 
-	out, r := controller.Translate(in, "relaymesh")
+	out, r := all.Translate(in, "relaymesh")
 	for _, k := range []translation.ObjectKey{{Kind: "TrafficPolicy", Namespace: "team-a", Name: "reaches-apps"}, {Kind: "AccessPolicy", Namespace: "team-a", Name: "access-apps"}} {
 		st, _, ok := r.Status(k)
 		require.True(t, ok, "%v", k)

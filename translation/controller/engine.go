@@ -16,9 +16,11 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/federation"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/all"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
@@ -391,7 +393,7 @@ func compareKeys(a, b translation.ObjectKey) int {
 // full translates everything (Translate) and replaces the engine's state
 // with the result.
 func (e *Engine) full(in *translation.Input, why string) *translation.Report {
-	out, report := Translate(in, e.admin)
+	out, report := all.Translate(in, e.admin)
 	for c := range e.clusters {
 		e.dirty[c] = true
 	}
@@ -588,7 +590,7 @@ func mergePublished(ps []*published) (*published, error) {
 	for i, p := range parents {
 		names[i] = p.String()
 	}
-	obj.SetAnnotations(map[string]string{translation.ParentsAnnotation: strings.Join(names, ",")})
+	obj.SetAnnotations(map[string]string{outputs.ParentsAnnotation: strings.Join(names, ",")})
 	b, err := json.Marshal(obj.Object)
 	if err != nil {
 		return nil, err

@@ -14,7 +14,9 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/assert"
@@ -26,7 +28,7 @@ import (
 // what a full translation of in gives.
 func requireSameAsFull(t *testing.T, e *controller.Engine, r *translation.Report, in *translation.Input, step string) {
 	t.Helper()
-	out, want := controller.Translate(in, "relaymesh")
+	out, want := all.Translate(in, "relaymesh")
 	render := func(objs []*translation.Object) []string {
 		var s []string
 		for _, o := range objs {
@@ -281,9 +283,9 @@ func TestGrantChangeReachesTheVirtualMesh(t *testing.T) {
 		assert.Equal(t, common.StateInvalid, st.State, tc.name)
 		assert.Contains(t, strings.Join(st.Errors, "\n"), tc.want, tc.name)
 		assert.Contains(t, st.Warnings, "its meshes keep the outputs of generation 1, the last valid one, until the VirtualMesh is valid again or deleted", tc.name)
-		full, _ := controller.Translate(in, "relaymesh")
+		full, _ := all.Translate(in, "relaymesh")
 		for _, o := range full.Objects() {
-			assert.NotContains(t, o.Object.GetAnnotations()[translation.ParentsAnnotation], "VirtualMesh/", "%s: a full translation federates nothing", tc.name)
+			assert.NotContains(t, o.Object.GetAnnotations()[outputs.ParentsAnnotation], "VirtualMesh/", "%s: a full translation federates nothing", tc.name)
 		}
 
 		c.Spec.TrustDomains = nil
@@ -316,7 +318,7 @@ func TestInvalidVirtualMeshKeepsLastGoodOutputs(t *testing.T) {
 	assert.Empty(t, e.Dirty(), "nothing is republished")
 
 	// A full translation would remove them: the engine remembers.
-	out, _ := controller.Translate(in, "relaymesh")
+	out, _ := all.Translate(in, "relaymesh")
 	assert.Empty(t, out.Objects())
 
 	in.VirtualMeshes = nil

@@ -14,6 +14,7 @@ import (
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/policy"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/all"
 )
 
 // index relates policies to the objects (Destinations, Workloads) their
@@ -134,7 +135,7 @@ func (e *Engine) scope(c *cycle, r *translation.Report) map[string]bool {
 	for _, dk := range slices.Sorted(maps.Keys(dests)) {
 		sub.Destinations = append(sub.Destinations, *c.dests[dk])
 	}
-	scoped := ScopePolicies(sub, e.admin, r)
+	scoped := all.ScopePolicies(sub, e.admin, r)
 	kept := map[string]bool{}
 	for _, p := range scoped.TrafficPolicies {
 		kept[objectKey("TrafficPolicy", p.Namespace, p.Name)] = true

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/require"
@@ -23,7 +24,7 @@ func TestGolden(t *testing.T) {
 	for _, dir := range dirs {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			in := translationtest.LoadInput(t, dir)
-			out, r := controller.Translate(in, "relaymesh")
+			out, r := all.Translate(in, "relaymesh")
 			translationtest.Golden(t, dir, out, r)
 			translationtest.Admitted(t, out)
 

@@ -10,7 +10,7 @@ import (
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/translation"
-	"github.com/relaymesh/relaymesh/translation/controller"
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,9 +35,9 @@ func defaultAdmission(t *testing.T) *admission.Engine {
 func TestARefusedPolicyIsNotInForce(t *testing.T) {
 	in := world(2, 4, 2, false)
 	in.AccessPolicies = append(in.AccessPolicies, allowAll("everyone"))
-	cfg := controller.InForceConfig{AdminNamespace: "relaymesh", Admission: defaultAdmission(t)}
+	cfg := all.InForceConfig{AdminNamespace: "relaymesh", Admission: defaultAdmission(t)}
 
-	admitted, out, r, err := controller.TranslateInForce(context.Background(), in, cfg)
+	admitted, out, r, err := all.TranslateInForce(context.Background(), in, cfg)
 	require.NoError(t, err)
 	assert.Len(t, admitted.AccessPolicies, len(in.AccessPolicies)-1)
 	key := translation.ObjectKey{Kind: translation.KindAccessPolicy, Namespace: "relaymesh", Name: "everyone"}
@@ -46,14 +46,14 @@ func TestARefusedPolicyIsNotInForce(t *testing.T) {
 	assert.Equal(t, common.StateInvalid, st.State)
 	require.Len(t, st.Errors, 1)
 	assert.Contains(t, st.Errors[0], "refused by admission, so it is not translated: AccessPolicy relaymesh/everyone lets every source reach every destination")
-	assert.True(t, controller.RefusedByAdmission(st.Errors[0]))
+	assert.True(t, all.RefusedByAdmission(st.Errors[0]))
 	for _, o := range out.Objects() {
 		for _, p := range o.Parents {
 			assert.NotEqual(t, "AccessPolicy/relaymesh/everyone", p.String(), "%s %s/%s", o.Object.GetKind(), o.Object.GetNamespace(), o.Object.GetName())
 		}
 	}
 	// The other objects keep the statuses a plain translation gives them.
-	_, plain := controller.Translate(in, "relaymesh")
+	_, plain := all.Translate(in, "relaymesh")
 	for _, k := range plain.Keys() {
 		if k == key {
 			continue
@@ -66,7 +66,7 @@ func TestARefusedPolicyIsNotInForce(t *testing.T) {
 	opted := allowAll("everyone")
 	opted.Annotations = map[string]string{"relaymesh.io/allow-all": "true"}
 	in.AccessPolicies[len(in.AccessPolicies)-1] = opted
-	admitted, _, r, err = controller.TranslateInForce(context.Background(), in, cfg)
+	admitted, _, r, err = all.TranslateInForce(context.Background(), in, cfg)
 	require.NoError(t, err)
 	assert.Len(t, admitted.AccessPolicies, len(in.AccessPolicies))
 	st, _, _ = r.Status(key)
@@ -83,32 +83,32 @@ func TestServerStatusCountsForItsGeneration(t *testing.T) {
 	ap.Generation = 4
 	ap.Status.State, ap.Status.ObservedGeneration, ap.Status.Errors = common.StateInvalid, 4, []string{"refused by admission, so it is not translated: team rule"}
 	key := translation.ObjectKey{Kind: translation.KindAccessPolicy, Namespace: ap.Namespace, Name: ap.Name}
-	cfg := controller.InForceConfig{AdminNamespace: "relaymesh", Admission: defaultAdmission(t), ServerStatus: true}
+	cfg := all.InForceConfig{AdminNamespace: "relaymesh", Admission: defaultAdmission(t), ServerStatus: true}
 
-	admitted, r, err := controller.InForce(context.Background(), in, cfg)
+	admitted, r, err := all.InForce(context.Background(), in, cfg)
 	require.NoError(t, err)
 	assert.Len(t, admitted.AccessPolicies, len(in.AccessPolicies)-1)
 	st, _, _ := r.Status(key)
 	assert.Equal(t, []string{"the server reports it Invalid, so it is not translated: refused by admission, so it is not translated: team rule"}, st.Errors)
-	assert.True(t, controller.LeftOut(st.Errors[0]))
-	assert.True(t, controller.RefusedByAdmission(st.Errors[0]), "the server's refusal by its own rules")
+	assert.True(t, all.LeftOut(st.Errors[0]))
+	assert.True(t, all.RefusedByAdmission(st.Errors[0]), "the server's refusal by its own rules")
 
 	// An Invalid status for another reason is left out, not a refusal.
 	ap.Status.Errors = []string{"spec.destinationSelector: something translation refused"}
-	_, r, err = controller.InForce(context.Background(), in, cfg)
+	_, r, err = all.InForce(context.Background(), in, cfg)
 	require.NoError(t, err)
 	st, _, _ = r.Status(key)
-	assert.True(t, controller.LeftOut(st.Errors[0]))
-	assert.False(t, controller.RefusedByAdmission(st.Errors[0]))
+	assert.True(t, all.LeftOut(st.Errors[0]))
+	assert.False(t, all.RefusedByAdmission(st.Errors[0]))
 
 	ap.Generation = 5 // changed since the server judged it
-	admitted, _, err = controller.InForce(context.Background(), in, cfg)
+	admitted, _, err = all.InForce(context.Background(), in, cfg)
 	require.NoError(t, err)
 	assert.Len(t, admitted.AccessPolicies, len(in.AccessPolicies))
 
 	ap.Generation = 4
 	cfg.ServerStatus = false
-	admitted, _, err = controller.InForce(context.Background(), in, cfg)
+	admitted, _, err = all.InForce(context.Background(), in, cfg)
 	require.NoError(t, err)
 	assert.Len(t, admitted.AccessPolicies, len(in.AccessPolicies))
 }
@@ -127,13 +127,13 @@ func (d denyAll) Decide(context.Context, admission.Request) (admission.Decision,
 // that fails leaves every user object out — never in.
 func TestInForceFailsClosed(t *testing.T) {
 	in := world(2, 4, 2, true)
-	_, _, err := controller.InForce(context.Background(), in, controller.InForceConfig{AdminNamespace: "relaymesh"})
-	require.ErrorIs(t, err, controller.ErrNoAdmission)
-	_, _, _, err = controller.TranslateInForce(context.Background(), in, controller.InForceConfig{AdminNamespace: "relaymesh"})
-	require.ErrorIs(t, err, controller.ErrNoAdmission)
+	_, _, err := all.InForce(context.Background(), in, all.InForceConfig{AdminNamespace: "relaymesh"})
+	require.ErrorIs(t, err, all.ErrNoAdmission)
+	_, _, _, err = all.TranslateInForce(context.Background(), in, all.InForceConfig{AdminNamespace: "relaymesh"})
+	require.ErrorIs(t, err, all.ErrNoAdmission)
 
 	for _, d := range []denyAll{{}, {err: errors.New("evaluation timed out")}} {
-		admitted, r, err := controller.InForce(context.Background(), in, controller.InForceConfig{AdminNamespace: "relaymesh", Admission: d})
+		admitted, r, err := all.InForce(context.Background(), in, all.InForceConfig{AdminNamespace: "relaymesh", Admission: d})
 		require.NoError(t, err)
 		assert.Empty(t, admitted.VirtualMeshes)
 		assert.Empty(t, admitted.TrafficPolicies)
@@ -143,7 +143,7 @@ func TestInForceFailsClosed(t *testing.T) {
 		for _, k := range r.Keys() {
 			st, _, _ := r.Status(k)
 			assert.Equal(t, common.StateInvalid, st.State, "%v", k)
-			assert.True(t, controller.RefusedByAdmission(st.Errors[0]), "%v: %v", k, st.Errors)
+			assert.True(t, all.RefusedByAdmission(st.Errors[0]), "%v: %v", k, st.Errors)
 		}
 		assert.Len(t, r.Keys(), len(in.VirtualMeshes)+len(in.TrafficPolicies)+len(in.AccessPolicies)+len(in.VirtualDestinations))
 	}
@@ -155,9 +155,9 @@ func TestInForceFailsClosed(t *testing.T) {
 func TestDescribeSaysARefusedPolicyIsNotInForce(t *testing.T) {
 	in := world(2, 4, 2, false)
 	in.AccessPolicies = append(in.AccessPolicies, allowAll("everyone"))
-	_, out, r, err := controller.TranslateInForce(context.Background(), in, controller.InForceConfig{AdminNamespace: "relaymesh", Admission: defaultAdmission(t)})
+	_, out, r, err := all.TranslateInForce(context.Background(), in, all.InForceConfig{AdminNamespace: "relaymesh", Admission: defaultAdmission(t)})
 	require.NoError(t, err)
-	d, err := translation.DescribePolicy(in, out, r, translation.KindAccessPolicy, "relaymesh", "everyone")
+	d, err := all.DescribePolicy(in, out, r, translation.KindAccessPolicy, "relaymesh", "everyone")
 	require.NoError(t, err)
 	assert.Equal(t, string(common.StateInvalid), d.State)
 	assert.False(t, d.InForce)
@@ -165,7 +165,7 @@ func TestDescribeSaysARefusedPolicyIsNotInForce(t *testing.T) {
 	assert.NotEmpty(t, d.Destinations, "what it would select is still shown")
 
 	first := in.AccessPolicies[0]
-	d, err = translation.DescribePolicy(in, out, r, translation.KindAccessPolicy, first.Namespace, first.Name)
+	d, err = all.DescribePolicy(in, out, r, translation.KindAccessPolicy, first.Namespace, first.Name)
 	require.NoError(t, err)
 	assert.True(t, d.InForce)
 	assert.NotEmpty(t, d.Outputs)

@@ -33,7 +33,7 @@ func TestOnlyTheLeaderWritesStatus(t *testing.T) {
 	defer cancel()
 	const ns = "relaymesh"
 	mgmt, _, admin := localcluster.Management(t, ns)
-	tpGVR := networkingv1alpha1.GroupVersion.WithResource("trafficpolicies")
+	tpGVR := networkingv1alpha1.TrafficPolicies
 	_, err := admin.Resource(tpGVR).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": networkingv1alpha1.GroupVersion.String(), "kind": "TrafficPolicy",
 		"metadata": map[string]any{"name": "timeouts"}, "spec": map[string]any{"policy": map[string]any{"requestTimeout": "5s"}}}}, metav1.CreateOptions{})
@@ -107,7 +107,7 @@ func TestStatusWriteIsConditional(t *testing.T) {
 	defer cancel()
 	const ns = "relaymesh"
 	mgmt, _, admin := localcluster.Management(t, ns)
-	tpGVR := networkingv1alpha1.GroupVersion.WithResource("trafficpolicies")
+	tpGVR := networkingv1alpha1.TrafficPolicies
 	_, err := admin.Resource(tpGVR).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": networkingv1alpha1.GroupVersion.String(), "kind": "TrafficPolicy",
 		"metadata": map[string]any{"name": "timeouts"}, "spec": map[string]any{"policy": map[string]any{"requestTimeout": "5s"}}}}, metav1.CreateOptions{})

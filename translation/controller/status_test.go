@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/server"
@@ -68,7 +69,7 @@ func TestPolicyStatusAtFleetScale(t *testing.T) {
 		objs, err := server.DiscoveredObjects(fleet.SnapshotSpec{}.Snapshot(name), ns)
 		require.NoError(t, err)
 		for _, o := range objs {
-			if o.Resource != server.MeshesResource {
+			if o.Resource != discoveryv1alpha1.Meshes {
 				work <- o
 			}
 		}
@@ -77,7 +78,7 @@ func TestPolicyStatusAtFleetScale(t *testing.T) {
 	wg.Wait()
 	t.Logf("%d clusters' Workloads and Destinations created in %s", clusters, time.Since(start).Round(time.Millisecond))
 	start = time.Now()
-	tpGVR := networkingv1alpha1.GroupVersion.WithResource("trafficpolicies")
+	tpGVR := networkingv1alpha1.TrafficPolicies
 	_, err = admin.Resource(tpGVR).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": networkingv1alpha1.GroupVersion.String(), "kind": "TrafficPolicy",
 		"metadata": map[string]any{"name": "timeouts"}, "spec": map[string]any{"policy": map[string]any{"requestTimeout": "5s"}}}}, metav1.CreateOptions{})

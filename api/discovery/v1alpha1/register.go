@@ -9,6 +9,13 @@ import (
 // GroupVersion is the API group and version of this package.
 var GroupVersion = schema.GroupVersion{Group: "discovery.relaymesh.io", Version: "v1alpha1"}
 
+// The resources of this package's kinds.
+var (
+	Meshes       = GroupVersion.WithResource("meshes")
+	Workloads    = GroupVersion.WithResource("workloads")
+	Destinations = GroupVersion.WithResource("destinations")
+)
+
 var (
 	schemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 	// AddToScheme registers this package's kinds with a scheme.

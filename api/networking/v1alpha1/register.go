@@ -9,6 +9,21 @@ import (
 // GroupVersion is the API group and version of this package.
 var GroupVersion = schema.GroupVersion{Group: "networking.relaymesh.io", Version: "v1alpha1"}
 
+// The resources of this package's kinds: the one spelling of each plural
+// every client, informer, RBAC rule and test uses.
+var (
+	VirtualMeshes       = GroupVersion.WithResource("virtualmeshes")
+	TrafficPolicies     = GroupVersion.WithResource("trafficpolicies")
+	AccessPolicies      = GroupVersion.WithResource("accesspolicies")
+	VirtualDestinations = GroupVersion.WithResource("virtualdestinations")
+)
+
+// Resources are the resources of the user kinds, in the order above (the
+// admission webhook and RBAC rules list them).
+func Resources() []string {
+	return []string{VirtualMeshes.Resource, TrafficPolicies.Resource, AccessPolicies.Resource, VirtualDestinations.Resource}
+}
+
 var (
 	schemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 	// AddToScheme registers this package's kinds with a scheme.

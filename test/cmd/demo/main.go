@@ -37,6 +37,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/examples"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/trust"
@@ -175,7 +179,7 @@ var (
 	gvrNamespaces   = schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
 	gvrDeployments  = schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
 	gvrServices     = schema.GroupVersionResource{Version: "v1", Resource: "services"}
-	gvrVirtualMeshs = schema.GroupVersionResource{Group: "networking.relaymesh.io", Version: "v1alpha1", Resource: "virtualmeshes"}
+	gvrVirtualMeshs = networkingv1alpha1.VirtualMeshes
 )
 
 // summarize prints, per workload cluster, the mesh namespaces and their
@@ -457,7 +461,7 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 	return stop, nil
 }
 
-var gvrClusters = schema.GroupVersionResource{Group: "multicluster.relaymesh.io", Version: "v1alpha1", Resource: "kubernetesclusters"}
+var gvrClusters = multiclusterv1alpha1.KubernetesClusters
 
 // loopbackAddr is a listen address for one of the demo's processes that no
 // other process takes before it binds: a port on a private loopback
@@ -526,10 +530,10 @@ func waitHTTP(ctx context.Context, url string, timeout time.Duration) error {
 }
 
 var (
-	gvrMeshes       = schema.GroupVersionResource{Group: "discovery.relaymesh.io", Version: "v1alpha1", Resource: "meshes"}
-	gvrWorkloads    = schema.GroupVersionResource{Group: "discovery.relaymesh.io", Version: "v1alpha1", Resource: "workloads"}
-	gvrDestinations = schema.GroupVersionResource{Group: "discovery.relaymesh.io", Version: "v1alpha1", Resource: "destinations"}
-	gvrVirtualSvcs  = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
+	gvrMeshes       = discoveryv1alpha1.Meshes
+	gvrWorkloads    = discoveryv1alpha1.Workloads
+	gvrDestinations = discoveryv1alpha1.Destinations
+	gvrVirtualSvcs  = outputs.VirtualServices
 )
 
 // showDiscovery waits until the agents' snapshots are in the management
@@ -625,7 +629,7 @@ spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v
 		vs, err := dyn.Resource(gvrVirtualSvcs).Namespace("bookinfo").Get(ctx, "reviews-v2", metav1.GetOptions{})
 		if err == nil {
 			fmt.Fprintf(out, "  %s: VirtualService bookinfo/reviews-v2 applied by the agent, owner=%s, parents=%s\n",
-				cluster, vs.GetLabels()["relaymesh.io/owner"], vs.GetAnnotations()["relaymesh.io/parents"])
+				cluster, vs.GetLabels()[outputs.OwnerLabel], vs.GetAnnotations()[outputs.ParentsAnnotation])
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -636,14 +640,7 @@ spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v
 }
 
 // istioKinds are the Istio resources the agents apply.
-var istioKinds = []schema.GroupVersionResource{
-	{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"},
-	{Group: "networking.istio.io", Version: "v1", Resource: "destinationrules"},
-	{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"},
-	{Group: "networking.istio.io", Version: "v1", Resource: "gateways"},
-	{Group: "security.istio.io", Version: "v1", Resource: "authorizationpolicies"},
-	{Group: "security.istio.io", Version: "v1", Resource: "peerauthentications"},
-}
+var istioKinds = outputs.IstioResources()
 
 // showTranslation applies the sample TrafficPolicy and AccessPolicy, waits
 // for their Istio objects, and prints every object the agents applied, per
@@ -681,7 +678,7 @@ func showTranslation(ctx context.Context, env *localcluster.Env, workloads []str
 			return err
 		}
 		for _, gvr := range istioKinds {
-			l, err := d.Resource(gvr).Namespace("").List(ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/owner=relaymesh-agent"})
+			l, err := d.Resource(gvr).Namespace("").List(ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel + "=relaymesh-agent"})
 			if err != nil {
 				return err
 			}
@@ -689,7 +686,7 @@ func showTranslation(ctx context.Context, env *localcluster.Env, workloads []str
 				return l.Items[i].GetNamespace()+l.Items[i].GetName() < l.Items[j].GetNamespace()+l.Items[j].GetName()
 			})
 			for _, o := range l.Items {
-				fmt.Fprintf(tw, "%s\t%s\t%s/%s\t%s\n", c, o.GetKind(), o.GetNamespace(), o.GetName(), o.GetAnnotations()["relaymesh.io/parents"])
+				fmt.Fprintf(tw, "%s\t%s\t%s/%s\t%s\n", c, o.GetKind(), o.GetNamespace(), o.GetName(), o.GetAnnotations()[outputs.ParentsAnnotation])
 			}
 		}
 	}

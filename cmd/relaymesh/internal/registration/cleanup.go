@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/relaymesh/relaymesh/agent/apply"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/trust"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,8 +38,8 @@ type Applied struct {
 
 // RemoveApplied deletes, in the workload cluster, exactly what an agent
 // whose owner label value is owner applied: the objects of the agent's
-// kinds (apply.DefaultKinds) carrying apply.OwnerLabel=owner, and the
-// cacerts Secrets carrying trust.OwnerLabel=owner. Nothing without the label
+// kinds (apply.DefaultKinds) carrying outputs.OwnerLabel=owner, and the
+// cacerts Secrets carrying outputs.OwnerLabel=owner. Nothing without the label
 // is touched (a user's objects, a cacerts the user made); each delete is
 // conditional on the UID that was listed. With dryRun it only lists.
 // It returns what it removed; on an error, what it removed so far.
@@ -47,7 +48,7 @@ func RemoveApplied(ctx context.Context, remote *kubeclient.Clients, owner string
 	if owner == "" {
 		return out, fmt.Errorf("owner label value required")
 	}
-	sel := labels.SelectorFromSet(labels.Set{apply.OwnerLabel: owner}).String()
+	sel := labels.SelectorFromSet(labels.Set{outputs.OwnerLabel: owner}).String()
 	dc, err := discovery.NewDiscoveryClientForConfig(remote.Config)
 	if err != nil {
 		return out, err
@@ -72,12 +73,12 @@ func RemoveApplied(ctx context.Context, remote *kubeclient.Clients, owner string
 		}
 	}
 	secrets := remote.Typed.CoreV1().Secrets(metav1.NamespaceAll)
-	list, err := secrets.List(ctx, metav1.ListOptions{LabelSelector: trust.OwnerLabel + "=" + owner, FieldSelector: "metadata.name=" + trust.SecretName})
+	list, err := secrets.List(ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel + "=" + owner, FieldSelector: "metadata.name=" + trust.SecretName})
 	if err != nil {
 		return out, fmt.Errorf("list the cacerts Secrets the agent wrote: %w", err)
 	}
 	for _, s := range list.Items {
-		if s.Name != trust.SecretName || s.Labels[trust.OwnerLabel] != owner {
+		if s.Name != trust.SecretName || s.Labels[outputs.OwnerLabel] != owner {
 			continue // never trust a selector for a delete
 		}
 		if !dryRun {
@@ -104,7 +105,7 @@ func removeOwned(ctx context.Context, remote *kubeclient.Clients, gvr schema.Gro
 		}
 		for i := range list.Items {
 			o := &list.Items[i]
-			if o.GetLabels()[apply.OwnerLabel] != owner {
+			if o.GetLabels()[outputs.OwnerLabel] != owner {
 				continue // never trust a selector for a delete
 			}
 			if !dryRun {
@@ -132,8 +133,8 @@ func CleanupCommands(owner string) []string {
 		kinds = append(kinds, Resource(gvk).Resource+"."+gvk.Group)
 	}
 	return []string{
-		fmt.Sprintf("kubectl delete %s --all-namespaces -l %s=%s", strings.Join(kinds, ","), apply.OwnerLabel, owner),
-		fmt.Sprintf("kubectl delete secrets --all-namespaces -l %s=%s --field-selector metadata.name=%s", trust.OwnerLabel, owner, trust.SecretName),
+		fmt.Sprintf("kubectl delete %s --all-namespaces -l %s=%s", strings.Join(kinds, ","), outputs.OwnerLabel, owner),
+		fmt.Sprintf("kubectl delete secrets --all-namespaces -l %s=%s --field-selector metadata.name=%s", outputs.OwnerLabel, owner, trust.SecretName),
 	}
 }
 

@@ -49,13 +49,13 @@ func RegisterKubeconfig(ctx context.Context, mgmt, remote *kubeclient.Clients, r
 	if _, err := remote.Typed.Discovery().ServerVersion(); err != nil {
 		return "", fmt.Errorf("workload cluster unreachable with that kubeconfig: %w", err)
 	}
-	clusters := mgmt.Dynamic.Resource(server.KubernetesClusters).Namespace(ns)
+	clusters := mgmt.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(ns)
 	if _, err := clusters.Get(ctx, name, metav1.GetOptions{}); err == nil {
 		return "", fmt.Errorf("cluster %s is already registered; deregister it first", name)
 	} else if !apierrors.IsNotFound(err) {
 		return "", err
 	}
-	secretName := server.KubeconfigSecretName(name)
+	secretName := multiclusterv1alpha1.KubeconfigSecretName(name)
 	kc, err := newCluster(ctx, mgmt, ns, name, multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeKubeconfig, ClusterDomain: domain,
 		KubeconfigSecretRef: &common.ObjectRef{Name: secretName, Namespace: ns}, TrustDomains: grants})
 	if err != nil {
@@ -64,7 +64,7 @@ func RegisterKubeconfig(ctx context.Context, mgmt, remote *kubeclient.Clients, r
 	if err := kubeutil.UpsertSecret(ctx, mgmt.Typed, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: secretName, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh", server.LabelCluster: name}},
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{server.KubeconfigKey: raw},
+		Data:       map[string][]byte{multiclusterv1alpha1.KubeconfigKey: raw},
 	}); err != nil {
 		return "", fmt.Errorf("write %s/%s: %w", ns, secretName, err)
 	}

@@ -28,7 +28,6 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/relay"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/translation"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -151,7 +150,7 @@ func CheckExclusive(registered []multiclusterv1alpha1.KubernetesCluster, cluster
 // newCluster is the KubernetesCluster of a registration, with its grant
 // written out, after checking the grant against the registered clusters.
 func newCluster(ctx context.Context, mgmt *kubeclient.Clients, namespace, name string, spec multiclusterv1alpha1.KubernetesClusterSpec) (*unstructured.Unstructured, error) {
-	clusters := mgmt.Dynamic.Resource(server.KubernetesClusters).Namespace(namespace)
+	clusters := mgmt.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(namespace)
 	list, err := clusters.List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list the registered clusters: %w", err)
@@ -211,7 +210,7 @@ func Register(ctx context.Context, mgmt *kubeclient.Clients, req Request) (b *Bu
 	if err != nil {
 		return nil, nil, fmt.Errorf("relay CA not found in %s (start 'relaymesh server' once first): %w", req.Namespace, err)
 	}
-	clusters := mgmt.Dynamic.Resource(server.KubernetesClusters).Namespace(req.Namespace)
+	clusters := mgmt.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(req.Namespace)
 	if _, err := clusters.Get(ctx, req.Cluster, metav1.GetOptions{}); err == nil {
 		return nil, nil, fmt.Errorf("cluster %s is already registered; deregister it first, or mint a new token with 'relaymesh token create --cluster %s'", req.Cluster, req.Cluster)
 	} else if !apierrors.IsNotFound(err) {
@@ -314,7 +313,7 @@ func (b *Bundle) WriteTo(ctx context.Context, remote kubernetes.Interface) error
 // Deregister deletes the KubernetesCluster, its unused tokens and (for
 // kubeconfig mode) its kubeconfig Secret in the management cluster.
 func Deregister(ctx context.Context, mgmt *kubeclient.Clients, namespace, cluster string) error {
-	err := mgmt.Dynamic.Resource(server.KubernetesClusters).Namespace(namespace).Delete(ctx, cluster, metav1.DeleteOptions{})
+	err := mgmt.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(namespace).Delete(ctx, cluster, metav1.DeleteOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("cluster %s is not registered in %s", cluster, namespace)
 	}
@@ -328,7 +327,7 @@ func Deregister(ctx context.Context, mgmt *kubeclient.Clients, namespace, cluste
 	if err := store.DeleteCluster(ctx, cluster); err != nil {
 		return fmt.Errorf("delete bootstrap tokens of %s: %w", cluster, err)
 	}
-	if err := mgmt.Typed.CoreV1().Secrets(namespace).Delete(ctx, server.KubeconfigSecretName(cluster), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if err := mgmt.Typed.CoreV1().Secrets(namespace).Delete(ctx, multiclusterv1alpha1.KubeconfigSecretName(cluster), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete the kubeconfig secret of %s: %w", cluster, err)
 	}
 	return nil

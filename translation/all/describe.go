@@ -1,4 +1,4 @@
-package translation
+package all
 
 import (
 	"cmp"
@@ -11,26 +11,16 @@ import (
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/federation"
+	"github.com/relaymesh/relaymesh/translation"
 )
 
-// Kinds of the user objects translation reads.
-const (
-	KindVirtualMesh        = "VirtualMesh"
-	KindTrafficPolicy      = "TrafficPolicy"
-	KindAccessPolicy       = "AccessPolicy"
-	KindVirtualDestination = "VirtualDestination"
-)
+// Describing the whole world: which user objects apply to a discovered
+// object, and what they produce for it. Federation is described from the
+// federation plan (federation.Plan.FederatedTo), the rule that exports.
 
-// defaultFederatedSuffix ends federated hostnames when a VirtualMesh names
-// none; TrafficPolicy targets in other clusters always use it.
-const defaultFederatedSuffix = "global"
-
-var (
-	// ErrNotFound: the object to describe is not in the input.
-	ErrNotFound = errors.New("not found")
-	// ErrUnknownKind: the kind to describe is not a user kind translation reads.
-	ErrUnknownKind = errors.New("unknown kind")
-)
+// ErrNotFound: the object to describe is not in the input.
+var ErrNotFound = errors.New("not found")
 
 // NotFoundError names an object that is not in the input and the objects
 // whose names share its prefix.
@@ -51,7 +41,7 @@ func (e *NotFoundError) Error() string {
 func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 
 // AppliedPolicy is a user object that applies to the described object, with
-// its verdict from the Report.
+// its verdict from the translation.Report.
 type AppliedPolicy struct {
 	Kind      string `json:"kind"`
 	Namespace string `json:"namespace"`
@@ -129,24 +119,8 @@ type ClusterOutputs struct {
 	Objects []OutputRef `json:"objects"`
 }
 
-// PolicyKind returns the user kind a command-line kind names (trafficpolicy,
-// TrafficPolicy, trafficpolicies, tp...), or ErrUnknownKind.
-func PolicyKind(s string) (string, error) {
-	switch strings.ToLower(s) {
-	case "trafficpolicy", "trafficpolicies", "tp":
-		return KindTrafficPolicy, nil
-	case "accesspolicy", "accesspolicies", "ap":
-		return KindAccessPolicy, nil
-	case "virtualmesh", "virtualmeshes", "vm":
-		return KindVirtualMesh, nil
-	case "virtualdestination", "virtualdestinations", "vd":
-		return KindVirtualDestination, nil
-	}
-	return "", fmt.Errorf("%w %q: want trafficpolicy, accesspolicy, virtualmesh or virtualdestination", ErrUnknownKind, s)
-}
-
 // DescribeDestination describes the Destination object named name.
-func DescribeDestination(in *Input, out *Output, r *Report, name string) (*DestinationDescription, error) {
+func DescribeDestination(in *translation.Input, out *translation.Output, r *translation.Report, name string) (*DestinationDescription, error) {
 	var d *discoveryv1alpha1.Destination
 	names := make([]string, 0, len(in.Destinations))
 	for i := range in.Destinations {
@@ -160,33 +134,31 @@ func DescribeDestination(in *Input, out *Output, r *Report, name string) (*Desti
 	}
 	ks := d.Spec.KubeService
 	desc := &DestinationDescription{Name: d.Name, Service: ks.Ref, Mesh: d.Spec.Mesh.Name,
-		Hostnames: []string{LocalHostname(d, ""), FederatedHostname(d, defaultFederatedSuffix)},
+		Hostnames: []string{translation.LocalHostname(d, ""), translation.FederatedHostname(d, federation.DefaultHostnameSuffix)},
 		Traffic:   []AppliedPolicy{}, Access: []AppliedPolicy{}, Federated: []Federation{}, Outputs: []OutputRef{}}
-	target := DestinationTarget(d)
+	target := translation.DestinationTarget(d)
 	parents := map[string]bool{}
-	for _, p := range SortedTrafficPolicies(in.TrafficPolicies) {
-		if MatchDestination(p.Spec.DestinationSelector, d) {
-			desc.Traffic = append(desc.Traffic, applied(r, KindTrafficPolicy, p.Namespace, p.Name, target))
-			parents[KindTrafficPolicy+"/"+p.Namespace+"/"+p.Name] = true
+	for _, p := range translation.SortedTrafficPolicies(in.TrafficPolicies) {
+		if translation.MatchDestination(p.Spec.DestinationSelector, d) {
+			desc.Traffic = append(desc.Traffic, applied(r, translation.KindTrafficPolicy, p.Namespace, p.Name, target))
+			parents[translation.KindTrafficPolicy+"/"+p.Namespace+"/"+p.Name] = true
 		}
 	}
 	for _, p := range sortedBy(in.AccessPolicies, func(p *networkingv1alpha1.AccessPolicy) string { return p.Namespace + "/" + p.Name }) {
-		if MatchDestination(p.Spec.DestinationSelector, d) {
-			desc.Access = append(desc.Access, applied(r, KindAccessPolicy, p.Namespace, p.Name, target))
-			parents[KindAccessPolicy+"/"+p.Namespace+"/"+p.Name] = true
+		if translation.MatchDestination(p.Spec.DestinationSelector, d) {
+			desc.Access = append(desc.Access, applied(r, translation.KindAccessPolicy, p.Namespace, p.Name, target))
+			parents[translation.KindAccessPolicy+"/"+p.Namespace+"/"+p.Name] = true
 		}
 	}
 	hosts := slices.Clone(desc.Hostnames)
-	for _, vm := range sortedBy(in.VirtualMeshes, func(v *networkingv1alpha1.VirtualMesh) string { return v.Namespace + "/" + v.Name }) {
-		to := in.federatedTo(vm, d)
-		if len(to) == 0 {
-			continue
-		}
-		suffix := cmp.Or(vm.Spec.Federation.HostnameSuffix, defaultFederatedSuffix)
-		f := Federation{AppliedPolicy: applied(r, KindVirtualMesh, vm.Namespace, vm.Name, ""),
-			Hostname: FederatedHostname(d, suffix), ToMeshes: to}
+	// Federation as the plan exports it: only the valid VirtualMesh that
+	// owns d's mesh, and only to the members its selectors name.
+	if vm, to := federation.NewPlan(in).FederatedTo(d); vm != nil {
+		suffix := cmp.Or(vm.Spec.Federation.HostnameSuffix, federation.DefaultHostnameSuffix)
+		f := Federation{AppliedPolicy: applied(r, translation.KindVirtualMesh, vm.Namespace, vm.Name, ""),
+			Hostname: translation.FederatedHostname(d, suffix), ToMeshes: meshNames(to)}
 		desc.Federated = append(desc.Federated, f)
-		parents[KindVirtualMesh+"/"+vm.Namespace+"/"+vm.Name] = true
+		parents[translation.KindVirtualMesh+"/"+vm.Namespace+"/"+vm.Name] = true
 		desc.Hostnames = append(desc.Hostnames, f.Hostname)
 		hosts = append(hosts, f.Hostname, "*."+suffix)
 	}
@@ -207,7 +179,7 @@ func DescribeDestination(in *Input, out *Output, r *Report, name string) (*Desti
 // d's cluster and either selects
 // d's workloads in d's namespace or selects no workload and names no host
 // (a mesh-wide object such as a PeerAuthentication).
-func relates(o *Object, d *discoveryv1alpha1.Destination, hosts []string) bool {
+func relates(o *translation.Object, d *discoveryv1alpha1.Destination, hosts []string) bool {
 	spec, _ := o.Object.Object["spec"].(map[string]any)
 	b, _ := json.Marshal(spec)
 	ks := d.Spec.KubeService
@@ -246,7 +218,7 @@ func relates(o *Object, d *discoveryv1alpha1.Destination, hosts []string) bool {
 }
 
 // DescribeWorkload describes the Workload object named name.
-func DescribeWorkload(in *Input, r *Report, name string) (*WorkloadDescription, error) {
+func DescribeWorkload(in *translation.Input, r *translation.Report, name string) (*WorkloadDescription, error) {
 	var w *discoveryv1alpha1.Workload
 	names := make([]string, 0, len(in.Workloads))
 	for i := range in.Workloads {
@@ -262,14 +234,14 @@ func DescribeWorkload(in *Input, r *Report, name string) (*WorkloadDescription, 
 	sa := cmp.Or(k.ServiceAccountName, "default")
 	desc := &WorkloadDescription{Name: w.Name, Controller: k.Controller, ControllerKind: k.Kind, ServiceAccount: sa, Mesh: w.Spec.Mesh.Name,
 		Traffic: []AppliedPolicy{}, Access: []AppliedPolicy{}}
-	for _, p := range SortedTrafficPolicies(in.TrafficPolicies) {
-		if MatchWorkload(p.Spec.SourceSelector, w) {
-			desc.Traffic = append(desc.Traffic, applied(r, KindTrafficPolicy, p.Namespace, p.Name, ""))
+	for _, p := range translation.SortedTrafficPolicies(in.TrafficPolicies) {
+		if translation.MatchWorkload(p.Spec.SourceSelector, w) {
+			desc.Traffic = append(desc.Traffic, applied(r, translation.KindTrafficPolicy, p.Namespace, p.Name, ""))
 		}
 	}
 	for _, p := range sortedBy(in.AccessPolicies, func(p *networkingv1alpha1.AccessPolicy) string { return p.Namespace + "/" + p.Name }) {
-		if MatchIdentity(p.Spec.SourceSelector, k.Controller.ClusterName, k.Controller.Namespace, sa) {
-			desc.Access = append(desc.Access, applied(r, KindAccessPolicy, p.Namespace, p.Name, ""))
+		if translation.MatchIdentity(p.Spec.SourceSelector, k.Controller.ClusterName, k.Controller.Namespace, sa) {
+			desc.Access = append(desc.Access, applied(r, translation.KindAccessPolicy, p.Namespace, p.Name, ""))
 		}
 	}
 	return desc, nil
@@ -277,7 +249,7 @@ func DescribeWorkload(in *Input, r *Report, name string) (*WorkloadDescription, 
 
 // DescribePolicy describes the user object kind/namespace/name (kind as
 // returned by PolicyKind).
-func DescribePolicy(in *Input, out *Output, r *Report, kind, namespace, name string) (*PolicyDescription, error) {
+func DescribePolicy(in *translation.Input, out *translation.Output, r *translation.Report, kind, namespace, name string) (*PolicyDescription, error) {
 	var (
 		found     bool
 		names     []string
@@ -286,42 +258,50 @@ func DescribePolicy(in *Input, out *Output, r *Report, kind, namespace, name str
 		meshes    []string
 	)
 	switch kind {
-	case KindTrafficPolicy:
+	case translation.KindTrafficPolicy:
 		for i := range in.TrafficPolicies {
 			p := &in.TrafficPolicies[i]
 			names = append(names, p.Namespace+"/"+p.Name)
 			if p.Namespace == namespace && p.Name == name {
 				found = true
-				destSel = func(d *discoveryv1alpha1.Destination) bool { return MatchDestination(p.Spec.DestinationSelector, d) }
-				sourceSel = func(w *discoveryv1alpha1.Workload) bool { return MatchWorkload(p.Spec.SourceSelector, w) }
+				destSel = func(d *discoveryv1alpha1.Destination) bool {
+					return translation.MatchDestination(p.Spec.DestinationSelector, d)
+				}
+				sourceSel = func(w *discoveryv1alpha1.Workload) bool { return translation.MatchWorkload(p.Spec.SourceSelector, w) }
 			}
 		}
-	case KindAccessPolicy:
+	case translation.KindAccessPolicy:
 		for i := range in.AccessPolicies {
 			p := &in.AccessPolicies[i]
 			names = append(names, p.Namespace+"/"+p.Name)
 			if p.Namespace == namespace && p.Name == name {
 				found = true
-				destSel = func(d *discoveryv1alpha1.Destination) bool { return MatchDestination(p.Spec.DestinationSelector, d) }
+				destSel = func(d *discoveryv1alpha1.Destination) bool {
+					return translation.MatchDestination(p.Spec.DestinationSelector, d)
+				}
 				sourceSel = func(w *discoveryv1alpha1.Workload) bool {
 					k := w.Spec.Kubernetes
-					return MatchIdentity(p.Spec.SourceSelector, k.Controller.ClusterName, k.Controller.Namespace, cmp.Or(k.ServiceAccountName, "default"))
+					return translation.MatchIdentity(p.Spec.SourceSelector, k.Controller.ClusterName, k.Controller.Namespace, cmp.Or(k.ServiceAccountName, "default"))
 				}
 			}
 		}
-	case KindVirtualMesh:
+	case translation.KindVirtualMesh:
 		for i := range in.VirtualMeshes {
 			vm := &in.VirtualMeshes[i]
 			names = append(names, vm.Namespace+"/"+vm.Name)
 			if vm.Namespace == namespace && vm.Name == name {
 				found = true
-				destSel = func(d *discoveryv1alpha1.Destination) bool { return len(in.federatedTo(vm, d)) > 0 }
+				plan := federation.NewPlan(in)
+				destSel = func(d *discoveryv1alpha1.Destination) bool {
+					owner, to := plan.FederatedTo(d)
+					return owner != nil && owner.Namespace == vm.Namespace && owner.Name == vm.Name && len(to) > 0
+				}
 				for _, m := range vm.Spec.Meshes {
-					meshes = append(meshes, MeshRefString(m))
+					meshes = append(meshes, translation.MeshRefString(m))
 				}
 			}
 		}
-	case KindVirtualDestination:
+	case translation.KindVirtualDestination:
 		for i := range in.VirtualDestinations {
 			vd := &in.VirtualDestinations[i]
 			names = append(names, vd.Namespace+"/"+vd.Name)
@@ -331,13 +311,13 @@ func DescribePolicy(in *Input, out *Output, r *Report, kind, namespace, name str
 			}
 		}
 	default:
-		return nil, fmt.Errorf("%w %q", ErrUnknownKind, kind)
+		return nil, fmt.Errorf("%w %q", translation.ErrUnknownKind, kind)
 	}
 	if !found {
 		return nil, notFound(strings.ToLower(kind), namespace+"/"+name, names)
 	}
 	desc := &PolicyDescription{AppliedPolicy: applied(r, kind, namespace, name, ""), Meshes: meshes, Destinations: []string{}}
-	if st, targets, ok := r.Status(ObjectKey{Kind: kind, Namespace: namespace, Name: name}); ok {
+	if st, targets, ok := r.Status(translation.ObjectKey{Kind: kind, Namespace: namespace, Name: name}); ok {
 		desc.ObservedGeneration, desc.Targets = st.ObservedGeneration, targets
 	}
 	for i := range in.Destinations {
@@ -370,51 +350,12 @@ func DescribePolicy(in *Input, out *Output, r *Report, kind, namespace, name str
 	return desc, nil
 }
 
-// federatedTo returns the meshes (other than its own) a VirtualMesh
-// federates d to, as federation decides: d's mesh must be a member, and a
-// federation selector must select d.
-func (in *Input) federatedTo(vm *networkingv1alpha1.VirtualMesh, d *discoveryv1alpha1.Destination) []string {
-	f := vm.Spec.Federation
-	if f == nil {
-		return nil
-	}
-	// Members by Mesh object key (namespace/name), named by their control
-	// plane.
-	members := map[string]string{}
-	key := func(ref common.ClusterObjectRef) string {
-		if m, err := in.MeshFor(ref); err == nil {
-			return m.Namespace + "/" + m.Name
-		}
-		return ""
-	}
-	for _, m := range vm.Spec.Meshes {
-		if k := key(m); k != "" {
-			members[k] = MeshRefString(m)
-		}
-	}
-	own := cmp.Or(d.Spec.Mesh.Namespace, d.Namespace) + "/" + d.Spec.Mesh.Name
-	if _, ok := members[own]; !ok {
-		return nil
-	}
-	set := map[string]bool{}
-	for _, sel := range f.Selectors {
-		if !MatchDestination(sel.DestinationSelectors, d) {
-			continue
-		}
-		if len(sel.Meshes) == 0 {
-			for k := range members {
-				set[k] = true
-			}
-		}
-		for _, m := range sel.Meshes {
-			set[key(m)] = true
-		}
-	}
-	var out []string
-	for k := range set {
-		if name, ok := members[k]; ok && k != own {
-			out = append(out, name)
-		}
+// meshNames names meshes by their control plane, `<cluster>/<namespace>/<name>`, sorted.
+func meshNames(meshes []*discoveryv1alpha1.Mesh) []string {
+	out := make([]string, 0, len(meshes))
+	for _, m := range meshes {
+		inst := m.Spec.Istio.Installation
+		out = append(out, translation.MeshRefString(common.ClusterObjectRef{ClusterName: inst.Cluster, Namespace: inst.Namespace, Name: inst.Name}))
 	}
 	slices.Sort(out)
 	return out
@@ -426,14 +367,14 @@ func backs(vd *networkingv1alpha1.VirtualDestination, d *discoveryv1alpha1.Desti
 		return slices.Contains(s.Destinations, d.Spec.KubeService.Ref)
 	}
 	if l := vd.Spec.Localized; l != nil {
-		return MatchDestination(l.DestinationSelectors, d)
+		return translation.MatchDestination(l.DestinationSelectors, d)
 	}
 	return false
 }
 
-func applied(r *Report, kind, namespace, name, target string) AppliedPolicy {
+func applied(r *translation.Report, kind, namespace, name, target string) AppliedPolicy {
 	a := AppliedPolicy{Kind: kind, Namespace: namespace, Name: name, State: "NotTranslated"}
-	st, targets, ok := r.Status(ObjectKey{Kind: kind, Namespace: namespace, Name: name})
+	st, targets, ok := r.Status(translation.ObjectKey{Kind: kind, Namespace: namespace, Name: name})
 	if !ok {
 		return a
 	}
@@ -447,7 +388,7 @@ func applied(r *Report, kind, namespace, name, target string) AppliedPolicy {
 	return a
 }
 
-func hasParent(o *Object, set map[string]bool) bool {
+func hasParent(o *translation.Object, set map[string]bool) bool {
 	for _, p := range o.Parents {
 		if set[p.String()] {
 			return true
@@ -456,7 +397,7 @@ func hasParent(o *Object, set map[string]bool) bool {
 	return false
 }
 
-func ref(o *Object) OutputRef {
+func ref(o *translation.Object) OutputRef {
 	r := OutputRef{Cluster: o.Cluster, APIVersion: o.Object.GetAPIVersion(), Kind: o.Object.GetKind(),
 		Namespace: o.Object.GetNamespace(), Name: o.Object.GetName(), Parents: []string{}}
 	for _, p := range o.Parents {
@@ -484,7 +425,10 @@ func notFound(what, name string, names []string) error {
 }
 
 func sortedBy[T any](xs []T, key func(*T) string) []*T {
-	out := pointers(xs)
+	out := make([]*T, len(xs))
+	for i := range xs {
+		out[i] = &xs[i]
+	}
 	slices.SortFunc(out, func(a, b *T) int { return cmp.Compare(key(a), key(b)) })
 	return out
 }

@@ -1,7 +1,9 @@
-package translation_test
+package all_test
 
 import (
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,10 +12,12 @@ import (
 	"github.com/relaymesh/relaymesh/federation"
 	"github.com/relaymesh/relaymesh/policy"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // translateAll runs every translator, as the server's controller does.
@@ -28,7 +32,7 @@ func translateAll(in *translation.Input) (*translation.Output, *translation.Repo
 // policyInput is the traffic-shift golden case plus an older timeout policy
 // on reviews, a policy on ratings, and an AccessPolicy on reviews.
 func policyInput(t *testing.T) *translation.Input {
-	in := translationtest.LoadInput(t, "../policy/testdata/traffic/shift-subsets-and-remote")
+	in := translationtest.LoadInput(t, "../../policy/testdata/traffic/shift-subsets-and-remote")
 	reviews := []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{{Name: "reviews", Namespace: "bookinfo", ClusterName: "cluster-1"}}}}}
 	ratings := []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{{Name: "ratings", Namespace: "bookinfo", ClusterName: "cluster-1"}}}}}
 	meta := func(name string, day int) metav1.ObjectMeta {
@@ -46,7 +50,7 @@ func policyInput(t *testing.T) *translation.Input {
 	return in
 }
 
-func names(ps []translation.AppliedPolicy) []string {
+func names(ps []all.AppliedPolicy) []string {
 	var out []string
 	for _, p := range ps {
 		out = append(out, p.Kind+"/"+p.Namespace+"/"+p.Name+" "+p.State)
@@ -54,7 +58,7 @@ func names(ps []translation.AppliedPolicy) []string {
 	return out
 }
 
-func refs(os []translation.OutputRef) []string {
+func refs(os []all.OutputRef) []string {
 	var out []string
 	for _, o := range os {
 		out = append(out, o.Cluster+" "+o.Kind+" "+o.Namespace+"/"+o.Name)
@@ -65,7 +69,7 @@ func refs(os []translation.OutputRef) []string {
 func TestDescribeDestination(t *testing.T) {
 	in := policyInput(t)
 	out, r := translateAll(in)
-	d, err := translation.DescribeDestination(in, out, r, "reviews-bookinfo-cluster-1")
+	d, err := all.DescribeDestination(in, out, r, "reviews-bookinfo-cluster-1")
 	require.NoError(t, err)
 	assert.Equal(t, common.ClusterObjectRef{Name: "reviews", Namespace: "bookinfo", ClusterName: "cluster-1"}, d.Service)
 	assert.Equal(t, "istiod-istio-system-cluster-1", d.Mesh)
@@ -90,7 +94,7 @@ func TestDescribeDestination(t *testing.T) {
 	}, refs(d.Outputs))
 
 	// A Destination nothing selects has no policies and no outputs.
-	d, err = translation.DescribeDestination(in, out, r, "details-bookinfo-cluster-1")
+	d, err = all.DescribeDestination(in, out, r, "details-bookinfo-cluster-1")
 	require.NoError(t, err)
 	assert.Empty(t, d.Traffic)
 	assert.Empty(t, d.Access)
@@ -98,9 +102,9 @@ func TestDescribeDestination(t *testing.T) {
 }
 
 func TestDescribeDestinationFederated(t *testing.T) {
-	in := translationtest.LoadInput(t, "../federation/testdata/basic")
+	in := translationtest.LoadInput(t, "../../federation/testdata/basic")
 	out, r := translateAll(in)
-	d, err := translation.DescribeDestination(in, out, r, "reviews-bookinfo-cluster-1")
+	d, err := all.DescribeDestination(in, out, r, "reviews-bookinfo-cluster-1")
 	require.NoError(t, err)
 	require.Len(t, d.Federated, 1)
 	f := d.Federated[0]
@@ -131,13 +135,13 @@ func TestDescribeWorkload(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w, err := translation.DescribeWorkload(in, r, tt.name)
+			w, err := all.DescribeWorkload(in, r, tt.name)
 			require.NoError(t, err)
 			assert.Equal(t, tt.traffic, names(w.Traffic))
 			assert.Equal(t, tt.access, names(w.Access))
 		})
 	}
-	w, err := translation.DescribeWorkload(in, r, "sleep-tools-cluster-2-deployment")
+	w, err := all.DescribeWorkload(in, r, "sleep-tools-cluster-2-deployment")
 	require.NoError(t, err)
 	assert.Equal(t, "sleep", w.ServiceAccount)
 	assert.Equal(t, "cluster-2", w.Controller.ClusterName)
@@ -147,7 +151,7 @@ func TestDescribeWorkload(t *testing.T) {
 func TestDescribePolicy(t *testing.T) {
 	in := policyInput(t)
 	out, r := translateAll(in)
-	p, err := translation.DescribePolicy(in, out, r, translation.KindTrafficPolicy, "bookinfo", "reviews-canary")
+	p, err := all.DescribePolicy(in, out, r, translation.KindTrafficPolicy, "bookinfo", "reviews-canary")
 	require.NoError(t, err)
 	assert.Equal(t, "Accepted", p.State)
 	assert.Equal(t, int64(1), p.ObservedGeneration)
@@ -157,9 +161,9 @@ func TestDescribePolicy(t *testing.T) {
 	assert.Equal(t, "cluster-1", p.Outputs[0].Cluster)
 	assert.Equal(t, []string{"cluster-1 DestinationRule bookinfo/relaymesh-reviews", "cluster-1 VirtualService bookinfo/relaymesh-reviews"}, refs(p.Outputs[0].Objects))
 
-	fin := translationtest.LoadInput(t, "../federation/testdata/basic")
+	fin := translationtest.LoadInput(t, "../../federation/testdata/basic")
 	fout, fr := translateAll(fin)
-	p, err = translation.DescribePolicy(fin, fout, fr, translation.KindVirtualMesh, "relaymesh", "bookinfo")
+	p, err = all.DescribePolicy(fin, fout, fr, translation.KindVirtualMesh, "relaymesh", "bookinfo")
 	require.NoError(t, err)
 	assert.Equal(t, []string{"cluster-1/istio-system/istiod", "cluster-2/istio-system/istiod"}, p.Meshes)
 	assert.Len(t, p.Destinations, 5)
@@ -172,23 +176,23 @@ func TestDescribeErrors(t *testing.T) {
 	in := policyInput(t)
 	out, r := translateAll(in)
 
-	_, err := translation.DescribeDestination(in, out, r, "reviews-bookinfo-cluster-3")
-	require.ErrorIs(t, err, translation.ErrNotFound)
-	var nf *translation.NotFoundError
+	_, err := all.DescribeDestination(in, out, r, "reviews-bookinfo-cluster-3")
+	require.ErrorIs(t, err, all.ErrNotFound)
+	var nf *all.NotFoundError
 	require.True(t, errors.As(err, &nf))
 	assert.Equal(t, []string{"reviews-bookinfo-cluster-1", "reviews-bookinfo-cluster-2"}, nf.Similar)
 	assert.Contains(t, err.Error(), `destination "reviews-bookinfo-cluster-3" not found; did you mean reviews-bookinfo-cluster-1, reviews-bookinfo-cluster-2?`)
 
-	_, err = translation.DescribeDestination(in, out, r, "zzz")
+	_, err = all.DescribeDestination(in, out, r, "zzz")
 	assert.EqualError(t, err, `destination "zzz" not found`)
 
-	_, err = translation.DescribeWorkload(in, r, "sleep")
+	_, err = all.DescribeWorkload(in, r, "sleep")
 	assert.ErrorContains(t, err, "did you mean sleep-tools-cluster-2-deployment?")
 
-	_, err = translation.DescribePolicy(in, out, r, translation.KindTrafficPolicy, "bookinfo", "reviews")
+	_, err = all.DescribePolicy(in, out, r, translation.KindTrafficPolicy, "bookinfo", "reviews")
 	assert.ErrorContains(t, err, "bookinfo/reviews-canary, bookinfo/reviews-timeout")
-	_, err = translation.DescribePolicy(in, out, r, translation.KindAccessPolicy, "default", "reviews-from-productpage")
-	require.ErrorIs(t, err, translation.ErrNotFound)
+	_, err = all.DescribePolicy(in, out, r, translation.KindAccessPolicy, "default", "reviews-from-productpage")
+	require.ErrorIs(t, err, all.ErrNotFound)
 
 	for _, k := range []string{"trafficpolicy", "TrafficPolicies", "ap", "VirtualMesh", "virtualdestination"} {
 		_, err := translation.PolicyKind(k)
@@ -196,6 +200,95 @@ func TestDescribeErrors(t *testing.T) {
 	}
 	_, err = translation.PolicyKind("service")
 	assert.ErrorIs(t, err, translation.ErrUnknownKind)
-	_, err = translation.DescribePolicy(in, out, r, "Service", "a", "b")
+	_, err = all.DescribePolicy(in, out, r, "Service", "a", "b")
 	assert.ErrorIs(t, err, translation.ErrUnknownKind)
+}
+
+// federatedClusters are the clusters, other than d's own, where the
+// translation's output defines d's federated hostname: where federation
+// really exported d, read from the outputs, not from the plan.
+func federatedClusters(out *translation.Output, d *all.DestinationDescription) []string {
+	var clusters []string
+	for _, o := range out.Objects() {
+		if o.Cluster == d.Service.ClusterName || o.Object.GetKind() != "ServiceEntry" {
+			continue
+		}
+		hosts, _, _ := unstructured.NestedStringSlice(o.Object.Object, "spec", "hosts")
+		for _, f := range d.Federated {
+			if slices.Contains(hosts, f.Hostname) {
+				clusters = append(clusters, o.Cluster)
+			}
+		}
+	}
+	slices.Sort(clusters)
+	return slices.Compact(clusters)
+}
+
+// describedClusters are the clusters, other than d's own, of the meshes
+// describe says d is federated to.
+func describedClusters(d *all.DestinationDescription) []string {
+	var clusters []string
+	for _, f := range d.Federated {
+		for _, m := range f.ToMeshes {
+			if c, _, _ := strings.Cut(m, "/"); c != d.Service.ClusterName {
+				clusters = append(clusters, c)
+			}
+		}
+	}
+	slices.Sort(clusters)
+	return slices.Compact(clusters)
+}
+
+// TestDescribeAgreesWithFederation: describe says a Destination is
+// federated exactly where the translation exports it. The cases are where
+// describe's own reading of a VirtualMesh used to differ from the
+// federation plan's: a selector naming a mesh that is not a member
+// (describe matched the other references and ignored that one; federation
+// refuses the VirtualMesh), and a mesh two VirtualMeshes list (describe
+// listed both; the earlier one owns the mesh, the later is Invalid).
+func TestDescribeAgreesWithFederation(t *testing.T) {
+	ref := func(cluster string) common.ClusterObjectRef {
+		return common.ClusterObjectRef{ClusterName: cluster, Namespace: "istio-system", Name: "istiod"}
+	}
+	tests := []struct {
+		name, dir string
+		edit      func(in *translation.Input)
+		// federated: the Destination is federated at all.
+		federated bool
+	}{
+		{name: "basic", dir: "basic", edit: func(*translation.Input) {}, federated: true},
+		{name: "a selector names a mesh that is not a member", dir: "basic", edit: func(in *translation.Input) {
+			in.VirtualMeshes[0].Spec.Federation.Selectors = []networkingv1alpha1.FederationSelector{{Meshes: []common.ClusterObjectRef{ref("cluster-2"), ref("cluster-3")}}}
+		}},
+		{name: "a mesh in two VirtualMeshes, the later one federating", dir: "mesh-in-two-virtualmeshes", edit: func(in *translation.Input) {
+			for i := range in.VirtualMeshes {
+				if vm := &in.VirtualMeshes[i]; vm.Name == "a-second" {
+					vm.Spec.Federation = &networkingv1alpha1.Federation{Selectors: []networkingv1alpha1.FederationSelector{{}}}
+				} else {
+					vm.Spec.Federation = nil // only the later one would federate
+				}
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := translationtest.LoadInput(t, "../../federation/testdata/"+tt.dir)
+			tt.edit(in)
+			out, r := all.Translate(in, "relaymesh")
+			federated := false
+			for _, dst := range in.Destinations {
+				if dst.Spec.KubeService.Ref.ClusterName != "cluster-2" && tt.dir != "basic" {
+					continue
+				}
+				d, err := all.DescribeDestination(in, out, r, dst.Name)
+				require.NoError(t, err)
+				assert.Equal(t, federatedClusters(out, d), describedClusters(d), "%s: describe and the outputs disagree on where it is federated", dst.Name)
+				if len(d.Federated) > 0 {
+					federated = true
+					assert.True(t, d.Federated[0].InForce, "%s: described as federated by a VirtualMesh that is not in force", dst.Name)
+				}
+			}
+			assert.Equal(t, tt.federated, federated)
+		})
+	}
 }

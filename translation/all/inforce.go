@@ -1,4 +1,4 @@
-package controller
+package all
 
 import (
 	"context"
@@ -16,7 +16,8 @@ import (
 
 // What is in force.
 //
-// The server translates a user object only if admission allows it (admit),
+// The server translates a user object only if admission allows it (its
+// translation controller's in-process check, through Judge and Refusal),
 // and only within its namespace's reach (ScopePolicies); what it leaves out
 // is Invalid in its status and produces nothing. Every view that shows what
 // is enforced — `relaymesh describe`, `relaymesh policy audit` (live and
@@ -60,8 +61,14 @@ const (
 	serverInvalid = "the server reports it Invalid, so it is not translated: "
 )
 
-// refusal is the status message of an admission decision; "" when allowed.
-func refusal(d admission.Decision, err error) string {
+// InProcessUser is the user an in-process admission check is made for: the
+// object is already stored, and who wrote it is not known.
+const InProcessUser = "system:relaymesh:in-process-check"
+
+// Refusal is the status message of an admission decision; "" when allowed.
+// The server's in-process check and InForce word refusals alike, so
+// RefusedByAdmission recognises both.
+func Refusal(d admission.Decision, err error) string {
 	switch {
 	case err != nil:
 		return checkFailed + err.Error()
@@ -82,7 +89,7 @@ func InForce(ctx context.Context, in *translation.Input, cfg InForceConfig) (*tr
 	}
 	r := translation.NewReport()
 	var errs []error
-	out := judged(in, r, func(kind string, o metav1.Object, typed runtime.Object) string {
+	out := Judge(in, r, func(kind string, o metav1.Object, typed runtime.Object) string {
 		obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(typed)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s %s/%s: %w", kind, o.GetNamespace(), o.GetName(), err))
@@ -91,7 +98,7 @@ func InForce(ctx context.Context, in *translation.Input, cfg InForceConfig) (*tr
 		obj["apiVersion"], obj["kind"] = networkingv1alpha1.GroupVersion.String(), kind
 		d, err := cfg.Admission.Decide(ctx, admission.Request{Operation: admission.OperationCreate, Kind: kind, Namespace: o.GetNamespace(), Name: o.GetName(),
 			Object: obj, User: admission.User{Username: InProcessUser}, NamespaceLabels: cfg.NamespaceLabels[o.GetNamespace()]})
-		if msg := refusal(d, err); msg != "" {
+		if msg := Refusal(d, err); msg != "" {
 			return msg
 		}
 		// Admitted here; the server may still have refused it (rule sets
@@ -134,10 +141,10 @@ func LeftOut(msg string) bool {
 	return RefusedByAdmission(msg) || strings.HasPrefix(msg, serverInvalid)
 }
 
-// judged returns in without the user objects refuse refuses (a non-empty
+// Judge returns in without the user objects refuse refuses (a non-empty
 // message), each reported Invalid with its message: the one list of the
 // kinds admission judges, for the server and for every view.
-func judged(in *translation.Input, r *translation.Report, refuse func(kind string, o metav1.Object, typed runtime.Object) string) *translation.Input {
+func Judge(in *translation.Input, r *translation.Report, refuse func(kind string, o metav1.Object, typed runtime.Object) string) *translation.Input {
 	keep := func(kind string, o interface {
 		metav1.Object
 		runtime.Object
@@ -155,6 +162,16 @@ func judged(in *translation.Input, r *translation.Report, refuse func(kind strin
 	out.AccessPolicies = filter(in.AccessPolicies, func(i int) bool { return keep(translation.KindAccessPolicy, &in.AccessPolicies[i]) })
 	out.VirtualDestinations = filter(in.VirtualDestinations, func(i int) bool { return keep(translation.KindVirtualDestination, &in.VirtualDestinations[i]) })
 	return &out
+}
+
+func filter[T any](xs []T, keep func(i int) bool) []T {
+	var out []T
+	for i := range xs {
+		if keep(i) {
+			out = append(out, xs[i])
+		}
+	}
+	return out
 }
 
 // storedStatus is the status the server wrote on a user object.
