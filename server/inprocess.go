@@ -24,16 +24,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// KubeconfigKey is multiclusterv1alpha1.KubeconfigKey, for callers not
-// moved to it yet (issue 29: the lead moves cmd/relaymesh's).
-const KubeconfigKey = multiclusterv1alpha1.KubeconfigKey
-
-// KubeconfigSecretName is multiclusterv1alpha1.KubeconfigSecretName, for
-// callers not moved to it yet.
-func KubeconfigSecretName(cluster string) string {
-	return multiclusterv1alpha1.KubeconfigSecretName(cluster)
-}
-
 // ParseKubeconfig turns a kubeconfig from a Secret into a client config,
 // refusing anything that would make the server run a program or read its
 // own files: exec credential plugins, auth providers, and file references

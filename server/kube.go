@@ -16,10 +16,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// KubernetesClusters is multiclusterv1alpha1.KubernetesClusters, for
-// callers not moved to it yet (issue 29: the lead moves cmd/relaymesh's).
-var KubernetesClusters = multiclusterv1alpha1.KubernetesClusters
-
 // WatchClusters feeds reg from the KubernetesCluster objects of namespace
 // until ctx ends. Relay-mode clusters go to reg: only they may bootstrap an
 // agent. Kubeconfig-mode clusters go to kubeconfig if it is not nil (the

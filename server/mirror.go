@@ -39,13 +39,6 @@ const (
 	mirrorManager     = "relaymesh-server"
 )
 
-// Discovered kinds.
-var (
-	MeshesResource       = discoveryv1alpha1.Meshes
-	WorkloadsResource    = discoveryv1alpha1.Workloads
-	DestinationsResource = discoveryv1alpha1.Destinations
-)
-
 // Mirror writes each cluster's accepted snapshot as Mesh, Workload and
 // Destination objects in the management cluster, in one namespace, labelled
 // with the cluster: it applies what changed (by a hash of the spec kept in

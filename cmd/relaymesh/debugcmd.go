@@ -10,13 +10,13 @@ import (
 	"strings"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/check"
 	"github.com/relaymesh/relaymesh/internal/debugreport"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/opsclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	"github.com/relaymesh/relaymesh/server"
 	"github.com/spf13/cobra"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -262,14 +262,14 @@ func printManifest(d deps, format printer.Format, out string, manifest *debugrep
 
 // mgmtResources are the Relaymesh resources of the management cluster.
 var mgmtResources = []schema.GroupVersionResource{
-	server.KubernetesClusters,
-	networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"),
-	networkingv1alpha1.GroupVersion.WithResource("trafficpolicies"),
-	networkingv1alpha1.GroupVersion.WithResource("accesspolicies"),
-	networkingv1alpha1.GroupVersion.WithResource("virtualdestinations"),
-	discoveryv1alpha1.GroupVersion.WithResource("meshes"),
-	discoveryv1alpha1.GroupVersion.WithResource("workloads"),
-	discoveryv1alpha1.GroupVersion.WithResource("destinations"),
+	multiclusterv1alpha1.KubernetesClusters,
+	networkingv1alpha1.VirtualMeshes,
+	networkingv1alpha1.TrafficPolicies,
+	networkingv1alpha1.AccessPolicies,
+	networkingv1alpha1.VirtualDestinations,
+	discoveryv1alpha1.Meshes,
+	discoveryv1alpha1.Workloads,
+	discoveryv1alpha1.Destinations,
 	{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingwebhookconfigurations"},
 }
 

@@ -51,13 +51,13 @@ var describeResources = struct {
 	meshes, workloads, destinations                     schema.GroupVersionResource
 	virtualMeshes, traffic, access, virtualDestinations schema.GroupVersionResource
 }{
-	meshes:              discoveryv1alpha1.GroupVersion.WithResource("meshes"),
-	workloads:           discoveryv1alpha1.GroupVersion.WithResource("workloads"),
-	destinations:        discoveryv1alpha1.GroupVersion.WithResource("destinations"),
-	virtualMeshes:       networkingv1alpha1.GroupVersion.WithResource("virtualmeshes"),
-	traffic:             networkingv1alpha1.GroupVersion.WithResource("trafficpolicies"),
-	access:              networkingv1alpha1.GroupVersion.WithResource("accesspolicies"),
-	virtualDestinations: networkingv1alpha1.GroupVersion.WithResource("virtualdestinations"),
+	meshes:              discoveryv1alpha1.Meshes,
+	workloads:           discoveryv1alpha1.Workloads,
+	destinations:        discoveryv1alpha1.Destinations,
+	virtualMeshes:       networkingv1alpha1.VirtualMeshes,
+	traffic:             networkingv1alpha1.TrafficPolicies,
+	access:              networkingv1alpha1.AccessPolicies,
+	virtualDestinations: networkingv1alpha1.VirtualDestinations,
 }
 
 func newDescribeCommand(d deps, g *globals) *cobra.Command {
@@ -163,7 +163,7 @@ func listInput(ctx context.Context, d deps, kube *kubeclient.Clients, namespace 
 		return nil, err
 	}
 	// The registry: which trust domains each cluster's meshes may use.
-	if in.Clusters, err = listAs[multiclusterv1alpha1.KubernetesCluster](ctx, client, multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters"), namespace); err != nil {
+	if in.Clusters, err = listAs[multiclusterv1alpha1.KubernetesCluster](ctx, client, multiclusterv1alpha1.KubernetesClusters, namespace); err != nil {
 		return nil, err
 	}
 	if inRedis {
@@ -201,7 +201,7 @@ func listInput(ctx context.Context, d deps, kube *kubeclient.Clients, namespace 
 // (--snapshot-store=redis). What cannot be read (no permission to list the
 // clusters) counts as none.
 func registeredClusters(ctx context.Context, client dynamic.Interface, namespace string) (names []string, inRedis bool) {
-	list, err := client.Resource(multiclusterv1alpha1.GroupVersion.WithResource("kubernetesclusters")).Namespace(namespace).List(ctx, metav1.ListOptions{})
+	list, err := client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, false
 	}
