@@ -261,13 +261,13 @@ func TestWhatIf(t *testing.T) {
 		{url.Values{"without": {"nonsense"}}},
 		{url.Values{"with": {"kind: Pod\napiVersion: v1\nmetadata: {name: x}"}}},
 		{url.Values{"with": {": : :"}}},
-		{url.Values{"with": {"apiVersion: networking.relaymesh.io/v1alpha1\nkind: VirtualMesh\nmetadata: {name: x, namespace: relaymesh}\nspec: {meshes: [{clusterName: c, namespace: n, name: m}], globalAccessPolicy: Maybe}"}}},
+		{url.Values{"with": {"apiVersion: networking.relaymesh.io/v1alpha1\nkind: VirtualMesh\nmetadata: {name: x, namespace: relaymesh}\nspec: {meshes: [{clusterName: c, namespace: istio-system, name: istiod}], globalAccessPolicy: Maybe}"}}},
 	} {
 		code, body := whatIf(tc.form)
 		assert.Equal(t, http.StatusBadRequest, code, "%v: %s", tc.form, body)
 		assert.Contains(t, body, `role="alert"`)
 	}
-	code, body = whatIf(url.Values{"with": {"apiVersion: networking.relaymesh.io/v1alpha1\nkind: VirtualMesh\nmetadata: {name: x, namespace: relaymesh}\nspec: {meshes: [{clusterName: c, namespace: n, name: m}], globalAccessPolicy: Maybe}"}})
+	code, body = whatIf(url.Values{"with": {"apiVersion: networking.relaymesh.io/v1alpha1\nkind: VirtualMesh\nmetadata: {name: x, namespace: relaymesh}\nspec: {meshes: [{clusterName: c, namespace: istio-system, name: istiod}], globalAccessPolicy: Maybe}"}})
 	assert.Equal(t, http.StatusBadRequest, code)
 	assert.Contains(t, html.UnescapeString(body), `the API server would refuse it: document 1: VirtualMesh relaymesh/x: spec.globalAccessPolicy: Unsupported value: "Maybe"`)
 	code, _ = whatIf(url.Values{"with": {strings.Repeat("x", maxWhatIf+1)}})
