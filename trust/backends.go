@@ -12,6 +12,7 @@ import (
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/ca/backend"
 	"github.com/relaymesh/relaymesh/ca/cfsslca"
 	"github.com/relaymesh/relaymesh/ca/hsm"
 	"github.com/relaymesh/relaymesh/ca/stepca"
@@ -35,8 +36,8 @@ const (
 
 // External CA providers (rootCA.external.provider).
 const (
-	providerCFSSL  = "cfssl"
-	providerStepCA = "stepca"
+	providerCFSSL  = string(backend.CFSSL)
+	providerStepCA = string(backend.StepCA)
 )
 
 // Keys of the Secret a rootCA.external.configRef names; externalSigner
@@ -95,7 +96,7 @@ func (c *Controller) pkcs11Signer(ctx context.Context, vm string, p *networkingv
 		}
 		roots = chain
 	}
-	s, err := hsm.New(ctx, hsm.Config{
+	s, err := backend.New(ctx, backend.Config{Type: backend.PKCS11, PKCS11: hsm.Config{
 		ModulePath: module,
 		TokenLabel: p.TokenLabel,
 		KeyLabel:   p.KeyLabel,
@@ -104,7 +105,7 @@ func (c *Controller) pkcs11Signer(ctx context.Context, vm string, p *networkingv
 		RootsPEM:   roots,
 		Clock:      c.cfg.Clock,
 		Logger:     c.cfg.Logger,
-	})
+	}})
 	if err != nil {
 		return nil, "", fmt.Errorf("%s (PIN from secret %s/%s, certificates from secret %s/%s): %w",
 			pkcs11Field, pinSecret.Namespace, pinSecret.Name, certSecret.Namespace, certSecret.Name, err)
@@ -193,10 +194,12 @@ func (c *Controller) externalSigner(ctx context.Context, vm string, e *networkin
 		return nil, "", err
 	}
 	d := sec.Data
-	var s ca.Signer
-	switch e.Provider {
-	case providerCFSSL:
-		s, err = cfsslca.New(ctx, cfsslca.Config{
+	// The provider names are ca/backend's types; the one back-end list
+	// builds the signer.
+	cfg := backend.Config{Type: backend.Type(e.Provider)}
+	switch cfg.Type {
+	case backend.CFSSL:
+		cfg.CFSSL = cfsslca.Config{
 			URL:         e.URL,
 			AuthKey:     d[keyAuthKey],
 			Profiles:    cfsslca.Profiles{Intermediate: cmp.Or(strings.TrimSpace(string(d[keyProfile])), defaultCFSSLProfile)},
@@ -205,9 +208,9 @@ func (c *Controller) externalSigner(ctx context.Context, vm string, e *networkin
 			TLSRootsPEM: d[keyTLSRoots],
 			Clock:       c.cfg.Clock,
 			Logger:      c.cfg.Logger,
-		})
-	case providerStepCA:
-		s, err = stepca.New(ctx, stepca.Config{
+		}
+	case backend.StepCA:
+		cfg.StepCA = stepca.Config{
 			URL:                 e.URL,
 			Provisioner:         strings.TrimSpace(string(d[keyProvisioner])),
 			ProvisionerKey:      d[keyProvisionerKey],
@@ -217,8 +220,9 @@ func (c *Controller) externalSigner(ctx context.Context, vm string, e *networkin
 			TLSRootsPEM:         d[keyTLSRoots],
 			Clock:               c.cfg.Clock,
 			Logger:              c.cfg.Logger,
-		})
+		}
 	}
+	s, err := backend.New(ctx, cfg)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s (%s at %s, configuration from secret %s/%s): %w", externalField, e.Provider, e.URL, sec.Namespace, sec.Name, err)
 	}

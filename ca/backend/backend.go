@@ -1,7 +1,9 @@
-// Package backend builds the relay CA's ca.Signer from configuration: one
-// Config with a Type and a section per back end, validated in one place,
-// and one constructor that switches over an explicit list of back ends
-// (no registry, no init-time registration).
+// Package backend builds a ca.Signer from configuration — the relay CA's
+// (server/app, from the server's flags) and a VirtualMesh root's (trust,
+// from the VirtualMesh's rootCA.pkcs11 or rootCA.external): one Config
+// with a Type and a section per back end, validated in one place, and one
+// constructor that switches over an explicit list of back ends (no
+// registry, no init-time registration). It is the one list of back ends.
 //
 //   - generated: a root and an issuing CA that Relaymesh creates and keeps
 //     in management-cluster Secrets (ca.LoadOrCreateRelayCA).
