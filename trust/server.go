@@ -84,7 +84,7 @@ type Config struct {
 	// rootCA.pkcs11.modulePath may name; none: pkcs11 roots are refused.
 	PKCS11Modules []string
 	// Leading reports whether this replica holds the server's Lease
-	// (leader.Elector.Leading); nil: always (one replica). While it returns
+	// (lease.Elector.Leading); nil: always (one replica). While it returns
 	// false the Controller writes no VirtualMesh status, creates no
 	// generated root and never moves a rotation: it publishes and signs
 	// from the state the leader recorded in each VirtualMesh's status. Call

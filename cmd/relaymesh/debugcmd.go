@@ -59,7 +59,7 @@ type debugFlags struct {
 	output          string
 }
 
-// debugPaths are the server's /debug endpoints (cmd/relaymesh/server.go).
+// debugPaths are the server's /debug endpoints (server/app/serve.go).
 var debugPaths = []string{"/debug/snapshots/input", "/debug/snapshots/output", "/debug/admission"}
 
 func newDebugCommand(d deps, g *globals) *cobra.Command {

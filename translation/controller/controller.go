@@ -130,7 +130,7 @@ type Config struct {
 	Admission Admitter
 	Logger    *slog.Logger
 	// Leading reports whether this replica holds the server's Lease
-	// (leader.Elector.Leading); nil: always (one replica). Every replica
+	// (lease.Elector.Leading); nil: always (one replica). Every replica
 	// translates and publishes; only the leader writes statuses. Call Kick
 	// when it changes: a new leader writes every status that differs from
 	// what it wants, including changes made while it followed.
