@@ -6,10 +6,13 @@
 # `make test-unit` is the fast tier beside `make test`: the pure tests only
 # (-short skips every test that starts a local cluster or another process,
 # where the helper that would start it calls localcluster.SkipIfShort), in
-# a few minutes, with nothing to build or install but Go and gcc.
+# a few minutes, with nothing to build or install but Go and gcc. It keeps Go's
+# test cache: after an edit it re-runs the packages the edit reaches
+# (TEST_UNIT_FLAGS=-count=1: every package, cold).
 SHELL := /bin/bash
 BIN := .cache/bin
 GO_TEST_FLAGS ?= -race -count=1 -timeout 45m
+TEST_UNIT_FLAGS ?=
 FUZZTIME ?= 10s
 # The image `make image` builds is the charts' default: appVersion and
 # image.repository of charts/relaymesh-*/ (test/helm and tools/image check).
@@ -32,7 +35,7 @@ test: deps-test tools ## run every test, with -race, including integration tests
 	cd tools/image && go test $(GO_TEST_FLAGS) ./...
 
 test-unit: ## the fast tier: every pure test, with -race and -short (skips what starts a local cluster or another process); needs only Go and gcc
-	go test -race -count=1 -short -timeout 15m ./...
+	go test -race -short -timeout 15m $(TEST_UNIT_FLAGS) ./...
 
 test-rotation: deps-test tools ## the data plane's root rotation under load, rolled back from every phase (docs/dataplane.md)
 	go test $(GO_TEST_FLAGS) -run 'TestFederation/root_rotation' -v ./test/dataplane/ -args -dataplane.rollbacks=all
