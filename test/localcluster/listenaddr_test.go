@@ -125,9 +125,7 @@ func TestListenAddrIsDistinctAcrossConcurrentCallers(t *testing.T) {
 // port of 127.0.0.1 could be lost), its certificate names it, and a
 // netns'd one without a port is refused before anything starts.
 func TestStartRedisListensOnAPrivateLoopbackAddress(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts redis-server (-short: pure tests only)")
-	}
+	SkipIfShort(t) // starts redis-server
 	r, err := StartRedis(t.Context(), RedisConfig{Dir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Stop() })
