@@ -1,7 +1,6 @@
 package trust_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -22,6 +21,7 @@ import (
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/federation"
+	"github.com/relaymesh/relaymesh/internal/syncbuf"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation"
@@ -316,7 +316,7 @@ spec:
 		_ = dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(ns).Delete(context.Background(), "shared", metav1.DeleteOptions{})
 	})
 	pub := &published{sets: map[string][]*relaypb.TrustRequest{}}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	ctl, err := trust.Start(ctx, trust.Config{Dynamic: dyn, Kube: kube, Namespace: ns, Outputs: pub,
 		Clusters: func() []string { return []string{"g1", "g2"} }, Audit: audit.Discard,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
@@ -426,24 +426,6 @@ spec:
 	grant("g1", "[{name: g1-new.local, shared: true}]")
 	signs("shared by both holders", "g1-new.local")
 	kcStatus("g2", "g1-new.local", multiclusterv1alpha1.TrustDomainAuthorized, "shared with clusters g1")
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Each VirtualMesh is judged by its own members, whatever order the watch

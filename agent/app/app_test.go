@@ -1,14 +1,13 @@
 package app
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/internal/syncbuf"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,19 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
-
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // One apiserver for the package's tests that need one.
 func workloadCluster(t *testing.T) (*kubeclient.Clients, kubernetes.Interface) {
@@ -49,7 +35,7 @@ func TestAgentAppResolvesItsConfigAndHandsTheLeaseOver(t *testing.T) {
 
 	cfg := Default()
 	cfg.HealthListen, cfg.MetricsListen = "127.0.0.1:0", "127.0.0.1:0"
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	err := Run(ctx, cfg, Env{Kube: kube, Stderr: &logs, Version: "test"})
 	require.ErrorIs(t, err, ErrUnconfigured, "no flag and no ConfigMap")
 

@@ -1,7 +1,6 @@
 package apply_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/agent/apply"
 	"github.com/relaymesh/relaymesh/api/outputs"
+	"github.com/relaymesh/relaymesh/internal/syncbuf"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/require"
@@ -41,7 +41,7 @@ type fixture struct {
 	dyn    dynamic.Interface
 	mapper *restmapper.DeferredDiscoveryRESTMapper
 	cs     kubernetes.Interface
-	logs   *syncBuffer
+	logs   *syncbuf.Buffer
 }
 
 func newFixture(tb testing.TB) *fixture {
@@ -66,7 +66,7 @@ func newFixture(tb testing.TB) *fixture {
 		dyn:    dyn,
 		mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)),
 		cs:     cs,
-		logs:   &syncBuffer{},
+		logs:   &syncbuf.Buffer{},
 	}
 }
 
@@ -194,24 +194,6 @@ func output(tb testing.TB, obj map[string]any, parents ...string) *relaypb.Outpu
 }
 
 func key(kind, ns, name string) string { return fmt.Sprintf("%s/%s/%s", kind, ns, name) }
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // hookedDynamic wraps a dynamic client so a test can act, as a user would,
 // between the agent's read and its write.

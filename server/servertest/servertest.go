@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/identity/identitytest"
+	"github.com/relaymesh/relaymesh/internal/syncbuf"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/server"
@@ -35,24 +35,6 @@ import (
 
 // TrustDomain of the test relay.
 var TrustDomain = spiffeid.RequireTrustDomainFromString("relaymesh.test")
-
-// SyncBuffer collects logs from many goroutines.
-type SyncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *SyncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *SyncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // Server is a relay server on loopback with real TLS, a generated relay CA,
 // an in-memory token store and clusters cluster-1 and cluster-2 registered.
@@ -72,7 +54,7 @@ type Server struct {
 	Tokens    *identity.Tokens
 	Store     *identitytest.MemTokenStore
 	AuditPath string
-	Logs      *SyncBuffer
+	Logs      *syncbuf.Buffer
 	Metrics   *prometheus.Registry
 	minted    []string // every token minted, to check none leaks
 }
@@ -140,7 +122,7 @@ func New(t testing.TB, o Options) *Server {
 	require.NoError(t, err)
 	authority, err := ca.New(ca.Config{Signer: signer, AgentTTL: o.AgentTTL, Backdate: o.Backdate})
 	require.NoError(t, err)
-	logs := &SyncBuffer{}
+	logs := &syncbuf.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	serving, err := server.NewServingCert(ctx, authority, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, nil, log)
 	require.NoError(t, err)

@@ -16,8 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/internal/syncbuf"
 	"github.com/relaymesh/relaymesh/server/app"
-	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/dynamic"
@@ -64,7 +64,7 @@ type App struct {
 	Addrs app.Addresses
 	// Metrics is its registry.
 	Metrics   *prometheus.Registry
-	Logs      *servertest.SyncBuffer
+	Logs      *syncbuf.Buffer
 	stop      context.CancelFunc
 	done      chan error
 	listening chan app.Addresses
@@ -84,7 +84,7 @@ func StartApp(t testing.TB, kube *kubeclient.Clients, cfg app.Config) *App {
 // together, as a Deployment's do.
 func LaunchApp(t testing.TB, kube *kubeclient.Clients, cfg app.Config) *App {
 	ctx, cancel := context.WithCancel(context.Background())
-	a := &App{Config: cfg, Metrics: prometheus.NewRegistry(), Logs: &servertest.SyncBuffer{}, stop: cancel, done: make(chan error, 1),
+	a := &App{Config: cfg, Metrics: prometheus.NewRegistry(), Logs: &syncbuf.Buffer{}, stop: cancel, done: make(chan error, 1),
 		listening: make(chan app.Addresses, 1)}
 	deps := app.Deps{Kube: kube, Registry: a.Metrics,
 		Logger:    slog.New(slog.NewJSONHandler(a.Logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", cfg.ReplicaName),
