@@ -11,6 +11,7 @@ import (
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/policy/accessaudit"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/worldtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -79,7 +80,7 @@ func TestHTMLEscapesNames(t *testing.T) {
 // TestHTMLBoundsThePicture: a matrix larger than MaxGrid rows or columns is
 // drawn in part, and the page says so.
 func TestHTMLBoundsThePicture(t *testing.T) {
-	r, err := accessaudit.Audit(t.Context(), world(4, accessaudit.MaxGrid+20, 40), auditConfig(t, admin))
+	r, err := accessaudit.Audit(t.Context(), worldtest.New(t, worldtest.Access(4, accessaudit.MaxGrid+20, 40)), auditConfig(t, admin))
 	require.NoError(t, err)
 	require.Greater(t, len(r.Matrix.Sources), accessaudit.MaxGrid)
 	var page bytes.Buffer

@@ -7,6 +7,7 @@ import (
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/all"
+	"github.com/relaymesh/relaymesh/translation/worldtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,7 +16,7 @@ import (
 // A policy whose destination selector matches nothing is Accepted (it is
 // not wrong) but its status says it has no effect.
 func TestSelectorMatchingNothingIsReported(t *testing.T) {
-	in := world(2, 4, 2, false)
+	in := worldtest.New(t, worldtest.Translation(2, 4, 2, false))
 	nothing := []common.DestinationSelector{{KubeServiceMatcher: &common.KubeServiceMatcher{Labels: map[string]string{"app": "does-not-exist"}}}}
 	in.TrafficPolicies[0].Spec.DestinationSelector = nothing
 	in.AccessPolicies = append(in.AccessPolicies, networkingv1alpha1.AccessPolicy{
@@ -42,11 +43,12 @@ func TestSelectorMatchingNothingIsReported(t *testing.T) {
 // namespace: selecting, shifting to or mirroring to another namespace makes
 // it Invalid and it produces nothing.
 func TestPoliciesAreScopedToTheirNamespace(t *testing.T) {
-	in := world(2, 4, 4, false) // Services live in namespace "apps"
+	in := worldtest.New(t, worldtest.Translation(2, 4, 4, false))
 	tenant := in.TrafficPolicies[0]
 	tenant.Namespace, tenant.Name = "team-a", "reaches-apps"
 	own := in.TrafficPolicies[1]
-	own.Namespace, own.Name = "apps", "own-namespace"
+	apps := own.Spec.DestinationSelector[0].KubeServiceRefs.Services[0].Namespace // the namespace of the Service it shifts
+	own.Namespace, own.Name = apps, "own-namespace"
 	access := in.AccessPolicies[0]
 	access.Namespace, access.Name = "team-a", "access-apps"
 	in.TrafficPolicies = append(in.TrafficPolicies, tenant, own)
@@ -60,7 +62,7 @@ func TestPoliciesAreScopedToTheirNamespace(t *testing.T) {
 		require.NotEmpty(t, st.Errors)
 		assert.Contains(t, st.Errors[0], "a policy in namespace team-a may only target Services in team-a")
 	}
-	st, _, _ := r.Status(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: "apps", Name: "own-namespace"})
+	st, _, _ := r.Status(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: apps, Name: "own-namespace"})
 	assert.Equal(t, common.StateAccepted, st.State, "a policy in the Services' own namespace is fine: %v", st.Errors)
 	st, _, _ = r.Status(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: "relaymesh", Name: in.TrafficPolicies[0].Name})
 	assert.Equal(t, common.StateAccepted, st.State, "the admin namespace may target anything")

@@ -19,6 +19,7 @@ import (
 	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
+	"github.com/relaymesh/relaymesh/translation/worldtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -119,7 +120,8 @@ var edits = []func(in *translation.Input, rng *rand.Rand) string{
 	},
 	func(in *translation.Input, rng *rand.Rand) string {
 		p := &in.AccessPolicies[rng.IntN(len(in.AccessPolicies))]
-		p.Spec.SourceSelector = []common.IdentitySelector{{KubeIdentityMatcher: &common.KubeIdentityMatcher{Namespaces: []string{"apps"}, Clusters: []string{fmt.Sprintf("cluster-%d", rng.IntN(4))}}}}
+		ns := in.Workloads[rng.IntN(len(in.Workloads))].Spec.Kubernetes.Controller.Namespace
+		p.Spec.SourceSelector = []common.IdentitySelector{{KubeIdentityMatcher: &common.KubeIdentityMatcher{Namespaces: []string{ns}, Clusters: []string{fmt.Sprintf("cluster-%d", rng.IntN(4))}}}}
 		p.Generation++
 		return "edit AccessPolicy sources " + p.Name
 	},
@@ -208,7 +210,7 @@ func TestEngineAgreesAfterRandomEdits(t *testing.T) {
 		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 42))
-			in := world(4, 24, 24, seed%2 == 0)
+			in := worldtest.New(t, worldtest.Translation(4, 24, 24, seed%2 == 0))
 			e := controller.NewEngine("relaymesh")
 			requireSameAsFull(t, e, e.Translate(in), in, "start")
 			for step := range 60 {
@@ -230,7 +232,7 @@ func TestEngineAgreesAfterRandomEdits(t *testing.T) {
 // One policy edit recomputes that policy's unit only and republishes only
 // the clusters whose objects changed.
 func TestOneEditRecomputesOneUnit(t *testing.T) {
-	in := world(10, 100, 100, true)
+	in := worldtest.New(t, worldtest.Translation(10, 100, 100, true))
 	e := controller.NewEngine("relaymesh")
 	e.Translate(in)
 	all := e.Dirty()
@@ -260,7 +262,7 @@ func TestOneEditRecomputesOneUnit(t *testing.T) {
 // VirtualMesh does), and valid again, equal to a full translation, when the
 // grant is restored; a grant held twice does the same.
 func TestGrantChangeReachesTheVirtualMesh(t *testing.T) {
-	in := world(3, 6, 6, true)
+	in := worldtest.New(t, worldtest.Translation(3, 6, 6, true))
 	e := controller.NewEngine("relaymesh")
 	requireSameAsFull(t, e, e.Translate(in), in, "start")
 	vk := translation.ObjectKey{Kind: "VirtualMesh", Namespace: "relaymesh", Name: "all"}
@@ -299,7 +301,7 @@ func TestGrantChangeReachesTheVirtualMesh(t *testing.T) {
 // A VirtualMesh that turns Invalid keeps its last good outputs, says so in
 // its status, and loses them when it is deleted.
 func TestInvalidVirtualMeshKeepsLastGoodOutputs(t *testing.T) {
-	in := world(3, 6, 0, true)
+	in := worldtest.New(t, worldtest.Translation(3, 6, 0, true))
 	e := controller.NewEngine("relaymesh")
 	e.Translate(in)
 	before := e.Objects()

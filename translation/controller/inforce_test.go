@@ -11,6 +11,7 @@ import (
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/all"
+	"github.com/relaymesh/relaymesh/translation/worldtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,7 +34,7 @@ func defaultAdmission(t *testing.T) *admission.Engine {
 // is left out of what is translated — no output names it — and is Invalid
 // with the rule's message; with the opt-in annotation it is in force.
 func TestARefusedPolicyIsNotInForce(t *testing.T) {
-	in := world(2, 4, 2, false)
+	in := worldtest.New(t, worldtest.Translation(2, 4, 2, false))
 	in.AccessPolicies = append(in.AccessPolicies, allowAll("everyone"))
 	cfg := all.InForceConfig{AdminNamespace: "relaymesh", Admission: defaultAdmission(t)}
 
@@ -78,7 +79,7 @@ func TestARefusedPolicyIsNotInForce(t *testing.T) {
 // may judge with rule sets the view cannot read); a status of an older
 // generation does not count, nor does any status without ServerStatus.
 func TestServerStatusCountsForItsGeneration(t *testing.T) {
-	in := world(2, 4, 2, false)
+	in := worldtest.New(t, worldtest.Translation(2, 4, 2, false))
 	ap := &in.AccessPolicies[0]
 	ap.Generation = 4
 	ap.Status.State, ap.Status.ObservedGeneration, ap.Status.Errors = common.StateInvalid, 4, []string{"refused by admission, so it is not translated: team rule"}
@@ -126,7 +127,7 @@ func (d denyAll) Decide(context.Context, admission.Request) (admission.Decision,
 // TestInForceFailsClosed: no admission is an error, and an admission check
 // that fails leaves every user object out — never in.
 func TestInForceFailsClosed(t *testing.T) {
-	in := world(2, 4, 2, true)
+	in := worldtest.New(t, worldtest.Translation(2, 4, 2, true))
 	_, _, err := all.InForce(context.Background(), in, all.InForceConfig{AdminNamespace: "relaymesh"})
 	require.ErrorIs(t, err, all.ErrNoAdmission)
 	_, _, _, err = all.TranslateInForce(context.Background(), in, all.InForceConfig{AdminNamespace: "relaymesh"})
@@ -153,7 +154,7 @@ func TestInForceFailsClosed(t *testing.T) {
 // TranslateInForce reports, the refused policy is Invalid, not in force,
 // and has no outputs, while an accepted one is in force.
 func TestDescribeSaysARefusedPolicyIsNotInForce(t *testing.T) {
-	in := world(2, 4, 2, false)
+	in := worldtest.New(t, worldtest.Translation(2, 4, 2, false))
 	in.AccessPolicies = append(in.AccessPolicies, allowAll("everyone"))
 	_, out, r, err := all.TranslateInForce(context.Background(), in, all.InForceConfig{AdminNamespace: "relaymesh", Admission: defaultAdmission(t)})
 	require.NoError(t, err)
