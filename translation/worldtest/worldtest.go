@@ -259,32 +259,34 @@ func meshOf(cluster string) common.ObjectRef {
 // objects read from an apiserver have (the translation engine versions
 // objects by them), and returns in.
 func WithUIDs(in *translation.Input) *translation.Input {
-	n := 0
-	meta := func(m *metav1.ObjectMeta) {
-		n++
-		m.UID = types.UID(fmt.Sprintf("uid-%d", n))
-		m.Generation = max(m.Generation, 1)
-	}
-	for i := range in.Meshes {
-		meta(&in.Meshes[i].ObjectMeta)
-	}
-	for i := range in.Workloads {
-		meta(&in.Workloads[i].ObjectMeta)
-	}
-	for i := range in.Destinations {
-		meta(&in.Destinations[i].ObjectMeta)
-	}
-	for i := range in.TrafficPolicies {
-		meta(&in.TrafficPolicies[i].ObjectMeta)
-	}
-	for i := range in.AccessPolicies {
-		meta(&in.AccessPolicies[i].ObjectMeta)
-	}
-	for i := range in.VirtualMeshes {
-		meta(&in.VirtualMeshes[i].ObjectMeta)
-	}
-	for i := range in.Clusters {
-		meta(&in.Clusters[i].ObjectMeta)
+	for n, o := range Objects(in) {
+		o.SetUID(types.UID(fmt.Sprintf("uid-%d", n+1)))
+		o.SetGeneration(max(o.GetGeneration(), 1))
 	}
 	return in
+}
+
+// Objects are every object of in, to read or change in place: meshes,
+// workloads, destinations, TrafficPolicies, AccessPolicies, VirtualMeshes,
+// VirtualDestinations and clusters, each kind in its order in in.
+func Objects(in *translation.Input) []metav1.Object {
+	var o []metav1.Object
+	o = appendObjects(o, in.Meshes)
+	o = appendObjects(o, in.Workloads)
+	o = appendObjects(o, in.Destinations)
+	o = appendObjects(o, in.TrafficPolicies)
+	o = appendObjects(o, in.AccessPolicies)
+	o = appendObjects(o, in.VirtualMeshes)
+	o = appendObjects(o, in.VirtualDestinations)
+	return appendObjects(o, in.Clusters)
+}
+
+func appendObjects[T any, P interface {
+	*T
+	metav1.Object
+}](o []metav1.Object, objs []T) []metav1.Object {
+	for i := range objs {
+		o = append(o, P(&objs[i]))
+	}
+	return o
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/relaymesh/relaymesh/translation/worldtest"
@@ -85,36 +86,17 @@ func TestWorldsAreDeterministic(t *testing.T) {
 
 // WithUIDs gives every object its own UID and a generation.
 func TestWithUIDsGivesEveryObjectAUID(t *testing.T) {
-	in := worldtest.WithUIDs(worldtest.New(t, worldtest.Translation(3, 6, 6, true)))
-	var objs []*metav1.ObjectMeta
-	for i := range in.Meshes {
-		objs = append(objs, &in.Meshes[i].ObjectMeta)
-	}
-	for i := range in.Workloads {
-		objs = append(objs, &in.Workloads[i].ObjectMeta)
-	}
-	for i := range in.Destinations {
-		objs = append(objs, &in.Destinations[i].ObjectMeta)
-	}
-	for i := range in.TrafficPolicies {
-		objs = append(objs, &in.TrafficPolicies[i].ObjectMeta)
-	}
-	for i := range in.AccessPolicies {
-		objs = append(objs, &in.AccessPolicies[i].ObjectMeta)
-	}
-	for i := range in.VirtualMeshes {
-		objs = append(objs, &in.VirtualMeshes[i].ObjectMeta)
-	}
-	for i := range in.Clusters {
-		objs = append(objs, &in.Clusters[i].ObjectMeta)
-	}
-	require.Len(t, objs, 3+3+12+6+3+3+1, "meshes, clusters, workloads, destinations, policies, the VirtualMesh")
+	in := worldtest.New(t, worldtest.Translation(3, 6, 6, true))
+	in.VirtualDestinations = []networkingv1alpha1.VirtualDestination{{ObjectMeta: metav1.ObjectMeta{Name: "vd"}}}
+	objs := worldtest.Objects(worldtest.WithUIDs(in))
+	require.Len(t, objs, 3+3+12+6+3+3+1+1, "meshes, clusters, workloads, destinations, policies, the VirtualMesh and VirtualDestination")
+	assert.Equal(t, "vd", objs[len(objs)-4].GetName(), "Objects includes VirtualDestinations")
 	uids := map[types.UID]bool{}
-	for _, m := range objs {
-		assert.NotEmpty(t, m.UID, m.Name)
-		assert.False(t, uids[m.UID], "UID %s twice", m.UID)
-		uids[m.UID] = true
-		assert.GreaterOrEqual(t, m.Generation, int64(1), m.Name)
+	for _, o := range objs {
+		assert.NotEmpty(t, o.GetUID(), o.GetName())
+		assert.False(t, uids[o.GetUID()], "UID %s twice", o.GetUID())
+		uids[o.GetUID()] = true
+		assert.GreaterOrEqual(t, o.GetGeneration(), int64(1), o.GetName())
 	}
 }
 
