@@ -13,6 +13,10 @@ SHELL := /bin/bash
 BIN := .cache/bin
 GO_TEST_FLAGS ?= -race -count=1 -timeout 45m
 TEST_UNIT_FLAGS ?=
+# Packages whose every test starts a local cluster or another process: under
+# -short they would only link a race test binary to skip everything, so the
+# fast tier leaves them out (make test runs them).
+TEST_UNIT_EXCLUDE := test/e2e test/ha test/deps server/heads server/leader
 FUZZTIME ?= 10s
 # The image `make image` builds is the charts' default: appVersion and
 # image.repository of charts/relaymesh-*/ (test/helm and tools/image check).
@@ -35,7 +39,7 @@ test: deps-test tools ## run every test, with -race, including integration tests
 	cd tools/image && go test $(GO_TEST_FLAGS) ./...
 
 test-unit: ## the fast tier: every pure test, with -race and -short (skips what starts a local cluster or another process); needs only Go and gcc
-	go test -race -short -timeout 15m $(TEST_UNIT_FLAGS) ./...
+	go test -race -short -timeout 15m $(TEST_UNIT_FLAGS) $$(go list ./... | grep -v -E '/($(subst $(eval) ,|,$(TEST_UNIT_EXCLUDE)))$$')
 
 test-rotation: deps-test tools ## the data plane's root rotation under load, rolled back from every phase (docs/dataplane.md)
 	go test $(GO_TEST_FLAGS) -run 'TestFederation/root_rotation' -v ./test/dataplane/ -args -dataplane.rollbacks=all
