@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/agent"
-	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
@@ -345,7 +344,7 @@ func BenchmarkPushChunked100k(b *testing.B) {
 // one message (20,000 pods, 2,000 Services), pushed whole (Push) as agents
 // of earlier releases do — the largest push that worked before.
 func BenchmarkPushWhole20k(b *testing.B) {
-	benchmarkPush(b, discovery.Build("cluster-1", largeCluster("cluster-1", 100)), false)
+	benchmarkPush(b, relaytest.Rich{Namespaces: 100}.Snapshot("cluster-1"), false)
 }
 
 func benchmarkPush(b *testing.B, a *relaypb.Snapshot, chunked bool) {

@@ -1,5 +1,6 @@
 // Package relaytest has test fixtures of the wire: the one builder of
-// synthetic snapshots (Spec, and Rehash after a change), the fixed Golden snapshot, and their chunked
+// synthetic snapshots (Spec for small ones, Rich for a realistic cluster,
+// Rehash after a change), the fixed Golden snapshot, and their chunked
 // framing (Discovery.PushChunked). It is imported only by tests and the
 // test harnesses under test/; the in-process server the tests run is
 // server/servertest.

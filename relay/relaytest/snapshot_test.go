@@ -21,6 +21,7 @@ func TestBuiltSnapshotsAreValid(t *testing.T) {
 		"both":         relaytest.Spec{Cluster: "east", Workloads: 300, Destinations: 300}.Snapshot(),
 		"endpoints":    relaytest.Spec{Cluster: "east", Destinations: 300, Endpoints: true}.Snapshot(),
 		"Snapshot(n)":  relaytest.Snapshot(5),
+		"rich":         relaytest.Rich{Namespaces: 2}.Snapshot("east"),
 	} {
 		t.Run(name, func(t *testing.T) {
 			cluster := s.GetCluster()
@@ -52,6 +53,28 @@ func TestSpecHasWhatItAsksFor(t *testing.T) {
 	}
 	assert.Len(t, ips, 300, "one address per endpoint")
 	assert.True(t, proto.Equal(relaytest.Snapshot(7), relaytest.Spec{Destinations: 7, Endpoints: true}.Snapshot()))
+}
+
+// Rich has 200 pods, 20 Workloads and 20 Destinations per namespace, and
+// every pod is an endpoint of two Destinations: 500 namespaces are the
+// 100,000-pod cluster of the large-snapshot tests and benchmarks.
+func TestRichHasTheShapeItSays(t *testing.T) {
+	r := relaytest.Rich{Namespaces: 5}
+	s := r.Snapshot("cluster-1")
+	endpoints := map[string]int{}
+	for _, d := range s.GetDestinations() {
+		for _, e := range d.GetEndpoints() {
+			endpoints[e.GetIp()]++
+		}
+	}
+	assert.Equal(t, 1000, r.Pods())
+	assert.Equal(t, 100000, relaytest.Rich{Namespaces: 500}.Pods())
+	assert.Len(t, s.GetDestinations(), 100)
+	assert.Len(t, s.GetWorkloads(), 100)
+	assert.Len(t, endpoints, r.Pods(), "one endpoint address per pod")
+	for ip, n := range endpoints {
+		require.Equal(t, 2, n, "%s is an endpoint of two Destinations", ip)
+	}
 }
 
 // Rehash makes a changed snapshot valid again.
