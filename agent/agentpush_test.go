@@ -14,7 +14,6 @@ import (
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/relay/relaytest"
-	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -162,7 +161,7 @@ func TestPushSendsPartsAndRetries(t *testing.T) {
 	// Every field of a snapshot, so the parts' order is checked for all.
 	snap.Workloads = []*relaypb.Workload{{Name: "app-0", Namespace: "bookinfo", Cluster: "cluster-1", Kind: "Deployment",
 		PodLabels: map[string]string{"app": "app-0", "version": "v1"}, MeshName: "istiod", MeshNamespace: "istio-system"}}
-	snap.Hash = snapshothash.Of(snap)
+	relaytest.Rehash(snap)
 	data, hash := relaytest.Encode(t, snap)
 	require.Equal(t, snap.GetHash(), hash)
 	sess := testSession(t, snap)

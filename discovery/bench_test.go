@@ -5,17 +5,22 @@ import (
 	"testing"
 
 	"github.com/relaymesh/relaymesh/discovery"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/relay/snapshothash"
+	"github.com/stretchr/testify/assert"
 	"google.golang.org/protobuf/proto"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 )
 
-// syntheticCluster has one mesh and, in each of 50 injected namespaces, 20
-// Deployments (apps 0-9, versions v1 and v2) of 10 ready pods each and 20
-// Services (two per app): 1,000 Deployments, 1,000 Services, 10,000 pods.
-func syntheticCluster() (discovery.Inputs, int) {
-	const namespaces, appsPerNs, podsPerDeployment = 50, 10, 10
+// syntheticCluster has one mesh and, in each of namespaces injected
+// namespaces, 20 Deployments (apps 0-9, versions v1 and v2) of 10 ready
+// pods each and 20 Services (two per app); 50 namespaces are 1,000
+// Deployments, 1,000 Services, 10,000 pods. relaytest.Rich builds its
+// snapshot directly (TestRichIsWhatBuildMakes).
+func syntheticCluster(namespaces int) (discovery.Inputs, int) {
+	const appsPerNs, podsPerDeployment = 10, 10
 	in := discovery.Inputs{
 		Namespaces:  []*corev1.Namespace{namespace("istio-system", nil)},
 		Deployments: []*appsv1.Deployment{istiod("istio-system", "istiod", nil)},
@@ -50,7 +55,7 @@ func syntheticCluster() (discovery.Inputs, int) {
 // BenchmarkBuild10kPods: Build for a cluster of 10,000 pods, 1,000
 // Deployments and 1,000 Services in 50 namespaces with one mesh.
 func BenchmarkBuild10kPods(b *testing.B) {
-	in, objects := syntheticCluster()
+	in, objects := syntheticCluster(50)
 	s := discovery.Build(cluster, in)
 	if len(in.Pods) != 10000 || len(s.Workloads) != 1000 || len(s.Destinations) != 1000 {
 		b.Fatalf("unexpected shape: %d pods, %d workloads, %d destinations", len(in.Pods), len(s.Workloads), len(s.Destinations))
@@ -70,11 +75,50 @@ func BenchmarkBuild10kPods(b *testing.B) {
 
 // BenchmarkHash: Hash of the snapshot of BenchmarkBuild10kPods's cluster.
 func BenchmarkHash(b *testing.B) {
-	in, _ := syntheticCluster()
+	in, _ := syntheticCluster(50)
 	s := discovery.Build(cluster, in)
 	b.SetBytes(int64(proto.Size(s)))
 	b.ReportAllocs()
 	for b.Loop() {
 		snapshothash.Of(s)
 	}
+}
+
+// TestRichIsWhatBuildMakes: the realistic snapshot tests and benchmarks
+// build directly (relaytest.Rich) is the one the agent's discovery builds
+// from the cluster's objects, also past 100 namespaces (ns-100 sorts
+// before ns-11). Equal hashes are equal deterministic encodings; the
+// messages are compared (with a diff) only when the hashes differ.
+func TestRichIsWhatBuildMakes(t *testing.T) {
+	for _, namespaces := range []int{1, 3, 101} {
+		in, _ := syntheticCluster(namespaces)
+		want := discovery.Build(cluster, in)
+		got := relaytest.Rich{Namespaces: namespaces}.Snapshot(cluster)
+		if want.GetHash() != got.GetHash() {
+			t.Errorf("%d namespaces: relaytest.Rich differs from discovery.Build", namespaces)
+			assertFirstDifference(t, want, got)
+			return
+		}
+		assert.Len(t, in.Pods, relaytest.Rich{Namespaces: namespaces}.Pods())
+	}
+}
+
+// assertFirstDifference shows the first mesh, workload or destination in
+// which two large snapshots differ, rather than a diff of them whole.
+func assertFirstDifference(t *testing.T, want, got *relaypb.Snapshot) {
+	t.Helper()
+	assert.Equal(t, want.GetCluster(), got.GetCluster())
+	assertProtos(t, want.GetMeshes(), got.GetMeshes())
+	for i := range min(len(want.GetWorkloads()), len(got.GetWorkloads())) {
+		if !assertProto(t, want.GetWorkloads()[i], got.GetWorkloads()[i], "workloads[%d]", i) {
+			return
+		}
+	}
+	for i := range min(len(want.GetDestinations()), len(got.GetDestinations())) {
+		if !assertProto(t, want.GetDestinations()[i], got.GetDestinations()[i], "destinations[%d]", i) {
+			return
+		}
+	}
+	assert.Len(t, got.GetWorkloads(), len(want.GetWorkloads()))
+	assert.Len(t, got.GetDestinations(), len(want.GetDestinations()))
 }

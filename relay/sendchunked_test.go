@@ -41,8 +41,7 @@ func sha(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:
 // relay (recorded at 7305c91): header, each part's size and SHA-256, end.
 func TestSendChunkedFramingIsUnchanged(t *testing.T) {
 	const hash = "31d2495827e53c64989528d0b73e77e42ea52032aa699ecc94a268412f8a17ae"
-	s := relaytest.Golden(4000)
-	s.Hash = snapshothash.Of(s)
+	s := relaytest.Rehash(relaytest.Golden(4000))
 	require.Equal(t, hash, s.Hash)
 	c := &capture{}
 	sent, err := relay.SendChunked(c, s, relay.DefaultMaxChunkedSnapshotBytes)

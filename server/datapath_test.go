@@ -10,7 +10,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/relay/snapshothash"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
@@ -20,23 +20,10 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// snapshot builds a hashed snapshot of cluster with n destinations.
+// snapshot is a hashed snapshot of cluster with n apps, each a Workload
+// and a Destination (without endpoints).
 func snapshot(cluster string, n int) *relaypb.Snapshot {
-	s := &relaypb.Snapshot{Cluster: cluster, Meshes: []*relaypb.Mesh{{Name: "istiod", Namespace: "istio-system", Cluster: cluster, TrustDomain: cluster + ".local"}}}
-	for i := range n {
-		s.Workloads = append(s.Workloads, &relaypb.Workload{Name: fmt.Sprintf("app-%d", i), Namespace: "bookinfo", Cluster: cluster, Kind: "Deployment",
-			PodLabels: map[string]string{"app": fmt.Sprintf("app-%d", i)}, MeshName: "istiod", MeshNamespace: "istio-system"})
-		s.Destinations = append(s.Destinations, &relaypb.Destination{Name: fmt.Sprintf("app-%d", i), Namespace: "bookinfo", Cluster: cluster,
-			Selector: map[string]string{"app": fmt.Sprintf("app-%d", i)}, Ports: []*relaypb.ServicePort{{Port: 9080, Name: "http"}},
-			MeshName: "istiod", MeshNamespace: "istio-system"})
-	}
-	s.Hash = snapshothash.Of(s)
-	return s
-}
-
-func rehash(s *relaypb.Snapshot) *relaypb.Snapshot {
-	s.Hash = snapshothash.Of(s)
-	return s
+	return relaytest.Spec{Cluster: cluster, Workloads: n, Destinations: n}.Snapshot()
 }
 
 func pushStream(t *testing.T, f *servertest.Server, cred servertest.AgentCred) relaypb.Discovery_PushClient {
@@ -71,7 +58,7 @@ func TestPushValidation(t *testing.T) {
 		{"an object of another cluster", func() *relaypb.Snapshot {
 			s := snapshot("cluster-1", 2)
 			s.Destinations[1].Cluster = "cluster-2"
-			return rehash(s)
+			return relaytest.Rehash(s)
 		}, `destinations[1].cluster: "cluster-2" is not the agent's cluster`},
 		{"hash does not match", func() *relaypb.Snapshot {
 			s := snapshot("cluster-1", 2)
@@ -81,28 +68,28 @@ func TestPushValidation(t *testing.T) {
 		{"invalid name", func() *relaypb.Snapshot {
 			s := snapshot("cluster-1", 1)
 			s.Destinations[0].Name = "../../etc"
-			return rehash(s)
+			return relaytest.Rehash(s)
 		}, `destinations[0].name: "../../etc"`},
 		{"invalid label", func() *relaypb.Snapshot {
 			s := snapshot("cluster-1", 1)
 			s.Workloads[0].PodLabels["bad key!"] = "x"
-			return rehash(s)
+			return relaytest.Rehash(s)
 		}, "label key"},
 		{"duplicate", func() *relaypb.Snapshot {
 			s := snapshot("cluster-1", 1)
 			s.Destinations = append(s.Destinations, proto.Clone(s.Destinations[0]).(*relaypb.Destination))
-			return rehash(s)
+			return relaytest.Rehash(s)
 		}, "appears twice"},
 		{"unknown workload kind", func() *relaypb.Snapshot {
 			s := snapshot("cluster-1", 1)
 			s.Workloads[0].Kind = "Pod"
-			return rehash(s)
+			return relaytest.Rehash(s)
 		}, `workloads[0].kind: "Pod"`},
 		{"too many objects", func() *relaypb.Snapshot { return snapshot("cluster-1", 60) }, "objects, at most 100"},
 		{"service name too long", func() *relaypb.Snapshot {
 			s := snapshot("cluster-1", 1)
 			s.Destinations[0].Name = strings.Repeat("a", 250)
-			return rehash(s)
+			return relaytest.Rehash(s)
 		}, "destinations[0].name"},
 	}
 	// What a compromised agent sent to the server of the previous release
@@ -177,7 +164,7 @@ func TestPushValidation(t *testing.T) {
 		}{h.name, func() *relaypb.Snapshot {
 			s := snapshot("cluster-1", 1)
 			h.mutate(s)
-			return rehash(s)
+			return relaytest.Rehash(s)
 		}, h.want})
 	}
 	for _, tt := range tests {
@@ -195,7 +182,7 @@ func TestPushValidation(t *testing.T) {
 func TestValidateSnapshotSize(t *testing.T) {
 	s := snapshot("cluster-1", 1)
 	s.Meshes[0].Version = strings.Repeat("v", 2000)
-	err := relay.ValidateSnapshot("cluster-1", rehash(s), relay.SnapshotLimits{MaxBytes: 1024})
+	err := relay.ValidateSnapshot("cluster-1", relaytest.Rehash(s), relay.SnapshotLimits{MaxBytes: 1024})
 	require.ErrorIs(t, err, relay.ErrSnapshotRefused)
 	assert.Contains(t, err.Error(), "bytes, at most 1024")
 	assert.ErrorIs(t, relay.ValidateSnapshot("cluster-1", nil, relay.SnapshotLimits{}), relay.ErrSnapshotRefused)
@@ -211,7 +198,7 @@ func TestPushOversizedMessage(t *testing.T) {
 	stream := pushStream(t, f, cred)
 	s := snapshot("cluster-1", 1)
 	s.Meshes[0].Version = strings.Repeat("v", 5<<20)
-	require.NoError(t, stream.Send(rehash(s)))
+	require.NoError(t, stream.Send(relaytest.Rehash(s)))
 	_, err := stream.Recv()
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
 	assert.Contains(t, err.Error(), "larger than max")
@@ -226,7 +213,7 @@ func TestPushFlood(t *testing.T) {
 	for i := range 30 {
 		s := snapshot("cluster-1", 1)
 		s.Meshes[0].Version = fmt.Sprint(i)
-		ack := push(t, stream, rehash(s))
+		ack := push(t, stream, relaytest.Rehash(s))
 		if ack.GetAccepted() {
 			accepted++
 			lastGood = s.GetHash()
@@ -344,7 +331,7 @@ func FuzzValidateSnapshot(f *testing.F) {
 		}
 		// The fuzzer rarely gets a hash right: fix it, so that what
 		// follows the hash check is explored.
-		s.Hash = snapshothash.Of(s)
+		relaytest.Rehash(s)
 		if relay.ValidateSnapshot("cluster-1", s, relay.SnapshotLimits{}) != nil {
 			return
 		}
@@ -373,7 +360,7 @@ func richSnapshot() *relaypb.Snapshot {
 	d.Subsets = map[string]*relaypb.LabelValues{"version": {Values: []string{"v1", "v2"}}, "topology.kubernetes.io/zone": {Values: []string{"eu-west-1a"}}}
 	d.Endpoints = []*relaypb.Endpoint{{Ip: "10.0.0.7", Labels: map[string]string{"version": "v1"}}, {Ip: "fd00::7"}}
 	s.Workloads[0].Kind, s.Workloads[0].ServiceAccount = "StatefulSet", "reviews.v1"
-	return rehash(s)
+	return relaytest.Rehash(s)
 }
 
 // The snapshot at the edge of the rules is accepted, and becomes objects the
@@ -382,7 +369,7 @@ func TestAcceptedSnapshotsBecomeStorableObjects(t *testing.T) {
 	s := richSnapshot()
 	s.Workloads[0].Name = strings.Repeat("w", 253)
 	s.Workloads[0].PodLabels = map[string]string{"example.com/" + strings.Repeat("k", 63): strings.Repeat("v", 63)}
-	rehash(s)
+	relaytest.Rehash(s)
 	require.NoError(t, relay.ValidateSnapshot("cluster-1", s, relay.SnapshotLimits{}))
 	objs, err := server.DiscoveredObjects(s, "relaymesh")
 	require.NoError(t, err)

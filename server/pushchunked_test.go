@@ -15,12 +15,10 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/agent"
-	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/relay/relaytest"
-	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
@@ -29,30 +27,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
-
-// encode is what an agent sends of s in parts: the deterministic encoding
-// without the hash, and its SHA-256.
-func encode(t testing.TB, s *relaypb.Snapshot) ([]byte, string) {
-	t.Helper()
-	c := proto.Clone(s).(*relaypb.Snapshot)
-	c.Hash = ""
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
-	require.NoError(t, err)
-	sum := sha256.Sum256(b)
-	return b, hex.EncodeToString(sum[:])
-}
-
-// frames is data as a header, parts of partSize and an end.
-func frames(cluster, hash string, data []byte, partSize int) []*relaypb.SnapshotChunk {
-	parts := (len(data) + partSize - 1) / partSize
-	out := []*relaypb.SnapshotChunk{{Chunk: &relaypb.SnapshotChunk_Header{Header: &relaypb.SnapshotHeader{
-		Cluster: cluster, Hash: hash, Size: uint64(len(data)), Parts: uint32(parts)}}}}
-	for i := range parts {
-		out = append(out, &relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_Part{Part: &relaypb.SnapshotPart{
-			Index: uint32(i), Data: data[i*partSize : min(len(data), (i+1)*partSize)]}}})
-	}
-	return append(out, &relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_End{End: &relaypb.SnapshotEnd{Hash: hash}}})
-}
 
 func chunkedStream(t testing.TB, f *servertest.Server, cred servertest.AgentCred) relaypb.Discovery_PushChunkedClient {
 	t.Helper()
@@ -182,10 +156,10 @@ func TestPushChunkedRefusesHostileStreams(t *testing.T) {
 	f := servertest.New(t, servertest.Options{DataPath: true, SnapshotBurst: 1000})
 	cred := f.Bootstrap("cluster-1")
 	good := snapshot("cluster-1", 3)
-	data, hash := encode(t, good)
+	data, hash := relaytest.Encode(t, good)
 	require.Equal(t, good.GetHash(), hash)
 	stream := chunkedStream(t, f, cred)
-	sendAll(t, stream, frames("cluster-1", hash, data, relay.MaxSnapshotPartBytes))
+	sendAll(t, stream, relaytest.Chunked("cluster-1", hash, data, relay.MaxSnapshotPartBytes))
 	ack, err := stream.Recv()
 	require.NoError(t, err)
 	require.True(t, ack.GetAccepted(), ack.GetError())
@@ -195,15 +169,15 @@ func TestPushChunkedRefusesHostileStreams(t *testing.T) {
 
 	// A snapshot of 3 MiB in 3 parts of 1 MiB, to break up.
 	big := snapshot("cluster-1", 15000)
-	bigData, bigHash := encode(t, big)
+	bigData, bigHash := relaytest.Encode(t, big)
 	require.Greater(t, len(bigData), 2*relay.MaxSnapshotPartBytes)
-	bigFrames := frames("cluster-1", bigHash, bigData, relay.MaxSnapshotPartBytes)
+	bigFrames := relaytest.Chunked("cluster-1", bigHash, bigData, relay.MaxSnapshotPartBytes)
 	require.Len(t, bigFrames, 5)
 	hdr, p0, p1, p2, fin := bigFrames[0], bigFrames[1], bigFrames[2], bigFrames[3], bigFrames[4]
 	other := snapshot("cluster-2", 3)
-	otherData, otherHash := encode(t, other)
+	otherData, otherHash := relaytest.Encode(t, other)
 	// Another cluster's content under this cluster's header.
-	mixed := frames("cluster-1", otherHash, otherData, relay.MaxSnapshotPartBytes)
+	mixed := relaytest.Chunked("cluster-1", otherHash, otherData, relay.MaxSnapshotPartBytes)
 	withHash, err := proto.Marshal(good)
 	require.NoError(t, err)
 	sum := sha256.Sum256(withHash)
@@ -222,7 +196,7 @@ func TestPushChunkedRefusesHostileStreams(t *testing.T) {
 		{"parts out of order", []*relaypb.SnapshotChunk{hdr, p0, p2}, codes.InvalidArgument, "framing", "part 2, but part 1 comes next"},
 		{"a part too large", []*relaypb.SnapshotChunk{hdr, tooLarge}, codes.InvalidArgument, "too_large", "part 0 of 2097152 bytes, at most 1048576"},
 		{"a total over the limit", []*relaypb.SnapshotChunk{header(&relaypb.SnapshotHeader{Cluster: "cluster-1", Hash: bigHash, Size: 65 << 20, Parts: 65})}, codes.InvalidArgument, "too_large", "snapshot of 68157440 bytes; at least 1, at most 67108864"},
-		{"a header naming another cluster", frames("cluster-2", otherHash, otherData, relay.MaxSnapshotPartBytes), codes.InvalidArgument, "framing", `header for cluster "cluster-2", but the agent's certificate names "cluster-1"`},
+		{"a header naming another cluster", relaytest.Chunked("cluster-2", otherHash, otherData, relay.MaxSnapshotPartBytes), codes.InvalidArgument, "framing", `header for cluster "cluster-2", but the agent's certificate names "cluster-1"`},
 		{"a second header mid-snapshot", []*relaypb.SnapshotChunk{hdr, p0, hdr}, codes.InvalidArgument, "framing", "a second header before the end of snapshot " + bigHash},
 		{"an end before the last part", []*relaypb.SnapshotChunk{hdr, p0, p1, fin}, codes.InvalidArgument, "framing", "end after 2 of 3 parts"},
 		{"a part before any header", []*relaypb.SnapshotChunk{p0}, codes.InvalidArgument, "framing", "part 0 without a header"},
@@ -260,10 +234,10 @@ func TestPushChunkedRefusesHostileStreams(t *testing.T) {
 		msgs []*relaypb.SnapshotChunk
 		want string
 	}{
-		{"a hash mismatch", frames("cluster-1", hash, bigData[:len(bigData)-1], relay.MaxSnapshotPartBytes), "the parts' SHA-256 is not the header's hash"},
-		{"garbage", frames("cluster-1", hexSum([]byte("garbage")), []byte("garbage"), relay.MaxSnapshotPartBytes), "the parts are not a snapshot's encoding"},
+		{"a hash mismatch", relaytest.Chunked("cluster-1", hash, bigData[:len(bigData)-1], relay.MaxSnapshotPartBytes), "the parts' SHA-256 is not the header's hash"},
+		{"garbage", relaytest.Chunked("cluster-1", hexSum([]byte("garbage")), []byte("garbage"), relay.MaxSnapshotPartBytes), "the parts are not a snapshot's encoding"},
 		{"another cluster's content", mixed, `cluster "cluster-2", but the agent's certificate names "cluster-1"`},
-		{"an encoding that carries its hash", frames("cluster-1", hex.EncodeToString(sum[:]), withHash, relay.MaxSnapshotPartBytes), "the encoding carries a hash field"},
+		{"an encoding that carries its hash", relaytest.Chunked("cluster-1", hex.EncodeToString(sum[:]), withHash, relay.MaxSnapshotPartBytes), "the encoding carries a hash field"},
 	}
 	stream = chunkedStream(t, f, cred)
 	for _, tc := range ackRefusals {
@@ -297,8 +271,8 @@ func TestPushChunkedDeadline(t *testing.T) {
 	require.Equal(t, "", pushChunked(t, f, cred, good).GetError())
 	last := f.View.Snapshot("cluster-1")
 	big := snapshot("cluster-1", 15000)
-	data, hash := encode(t, big)
-	msgs := frames("cluster-1", hash, data, relay.MaxSnapshotPartBytes)
+	data, hash := relaytest.Encode(t, big)
+	msgs := relaytest.Chunked("cluster-1", hash, data, relay.MaxSnapshotPartBytes)
 	stream := chunkedStream(t, f, cred)
 	sendAll(t, stream, msgs[:2])
 	require.Eventually(t, func() bool { return f.Metric(server.MetricSnapshotAssembly) > 0 }, 30*time.Second, 5*time.Millisecond, "the part that came is held")
@@ -315,9 +289,9 @@ func TestPushChunkedDeadline(t *testing.T) {
 // pushChunked sends s on a new stream and returns the ack.
 func pushChunked(t testing.TB, f *servertest.Server, cred servertest.AgentCred, s *relaypb.Snapshot) *relaypb.PushAck {
 	t.Helper()
-	data, hash := encode(t, s)
+	data, hash := relaytest.Encode(t, s)
 	stream := chunkedStream(t, f, cred)
-	sendAll(t, stream, frames(s.GetCluster(), hash, data, relay.MaxSnapshotPartBytes))
+	sendAll(t, stream, relaytest.Chunked(s.GetCluster(), hash, data, relay.MaxSnapshotPartBytes))
 	ack, err := stream.Recv()
 	require.NoError(t, err)
 	return ack
@@ -370,7 +344,7 @@ func BenchmarkPushChunked100k(b *testing.B) {
 // one message (20,000 pods, 2,000 Services), pushed whole (Push) as agents
 // of earlier releases do — the largest push that worked before.
 func BenchmarkPushWhole20k(b *testing.B) {
-	benchmarkPush(b, discovery.Build("cluster-1", largeCluster("cluster-1", 100)), false)
+	benchmarkPush(b, relaytest.Rich{Namespaces: 100}.Snapshot("cluster-1"), false)
 }
 
 func benchmarkPush(b *testing.B, a *relaypb.Snapshot, chunked bool) {
@@ -379,8 +353,7 @@ func benchmarkPush(b *testing.B, a *relaypb.Snapshot, chunked bool) {
 	variant := func(s *relaypb.Snapshot, n int) *relaypb.Snapshot {
 		c := proto.Clone(s).(*relaypb.Snapshot)
 		c.Destinations[0].Labels["bench"] = fmt.Sprint(n)
-		c.Hash = snapshothash.Of(c)
-		return c
+		return relaytest.Rehash(c)
 	}
 	accepted := acceptedAt(f.View, "cluster-1")
 	wait := func(hash string) time.Time {

@@ -11,7 +11,7 @@ import (
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/relay/snapshothash"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/server/snapshots"
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -52,8 +52,9 @@ func TestLiveViewFromRedis(t *testing.T) {
 	require.NoError(t, err)
 	w := &relaypb.Workload{Name: "productpage-v1", Namespace: "shop", Cluster: "east", Kind: "Deployment",
 		PodLabels: map[string]string{"app": "productpage"}, ServiceAccount: "productpage", MeshName: "istiod", MeshNamespace: "istio-system"}
-	snap := &relaypb.Snapshot{Cluster: "east", Meshes: []*relaypb.Mesh{{Name: "istiod", Namespace: "istio-system", Cluster: "east", TrustDomain: "east.local"}}, Workloads: []*relaypb.Workload{w}}
-	snap.Hash = snapshothash.Of(snap)
+	snap := relaytest.Spec{Cluster: "east"}.Snapshot()
+	snap.Workloads = []*relaypb.Workload{w}
+	relaytest.Rehash(snap)
 	put := func(key []byte) {
 		store, err := snapshots.New(snapshots.Config{Address: r.Address(), Password: r.Password(), TLS: r.TLS(), Key: key})
 		require.NoError(t, err)

@@ -1,10 +1,13 @@
-// Package relaytest has test fixtures of the wire: valid snapshots and
-// their chunked framing (Discovery.PushChunked). It is imported only from
-// _test.go files; the in-process server the tests run is
+// Package relaytest has test fixtures of the wire: the one builder of
+// synthetic snapshots (Spec for small ones, Rich for a realistic cluster,
+// Rehash after a change), the fixed Golden snapshot, and their chunked
+// framing (Discovery.PushChunked). It is imported only by tests and the
+// test harnesses under test/; the in-process server the tests run is
 // server/servertest.
 package relaytest
 
 import (
+	"cmp"
 	"fmt"
 	"testing"
 
@@ -14,15 +17,58 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// Snapshot is a valid snapshot of cluster-1 with n destinations.
-func Snapshot(n int) *relaypb.Snapshot {
-	s := &relaypb.Snapshot{Cluster: "cluster-1", Meshes: []*relaypb.Mesh{{Name: "istiod", Namespace: "istio-system", Cluster: "cluster-1", TrustDomain: "cluster-1.local"}}}
-	for i := range n {
-		s.Destinations = append(s.Destinations, &relaypb.Destination{Name: fmt.Sprintf("app-%d", i), Namespace: "bookinfo", Cluster: "cluster-1",
-			Selector: map[string]string{"app": fmt.Sprintf("app-%d", i)}, Ports: []*relaypb.ServicePort{{Port: 9080, Name: "http"}},
-			MeshName: "istiod", MeshNamespace: "istio-system",
-			Endpoints: []*relaypb.Endpoint{{Ip: fmt.Sprintf("10.0.%d.%d", i>>8&255, i&255), Labels: map[string]string{"app": fmt.Sprintf("app-%d", i)}}}})
+// Spec is the shape of a small valid snapshot, the one builder of the
+// synthetic snapshots tests push, store and check: cluster's one mesh
+// (istiod in istio-system, trust domain <cluster>.local) and apps app-0,
+// app-1, … in namespace bookinfo, each app a Deployment (Workloads), a
+// Service selecting it (Destinations) or both. What is not given is left
+// out, so a test's limits and sizes follow from what it asks for.
+type Spec struct {
+	// Cluster the snapshot and every object in it belong to; default
+	// cluster-1.
+	Cluster string
+	// Workloads: Deployments app-0, app-1, … with pod labels app=<name>.
+	Workloads int
+	// Destinations: Services app-0, app-1, … selecting app=<name>, one
+	// port (9080, http).
+	Destinations int
+	// Endpoints gives each Destination one endpoint (10.0.x.y, labels
+	// app=<name>); without it a Destination has none.
+	Endpoints bool
+}
+
+// Snapshot is the snapshot of s, with its hash (snapshothash.Of).
+func (s Spec) Snapshot() *relaypb.Snapshot {
+	cluster := cmp.Or(s.Cluster, "cluster-1")
+	snap := &relaypb.Snapshot{Cluster: cluster, Meshes: []*relaypb.Mesh{{Name: "istiod", Namespace: "istio-system", Cluster: cluster, TrustDomain: cluster + ".local"}}}
+	for i := range s.Workloads {
+		app := fmt.Sprintf("app-%d", i)
+		snap.Workloads = append(snap.Workloads, &relaypb.Workload{Name: app, Namespace: "bookinfo", Cluster: cluster, Kind: "Deployment",
+			PodLabels: map[string]string{"app": app}, MeshName: "istiod", MeshNamespace: "istio-system"})
 	}
+	for i := range s.Destinations {
+		app := fmt.Sprintf("app-%d", i)
+		d := &relaypb.Destination{Name: app, Namespace: "bookinfo", Cluster: cluster,
+			Selector: map[string]string{"app": app}, Ports: []*relaypb.ServicePort{{Port: 9080, Name: "http"}},
+			MeshName: "istiod", MeshNamespace: "istio-system"}
+		if s.Endpoints {
+			d.Endpoints = []*relaypb.Endpoint{{Ip: fmt.Sprintf("10.0.%d.%d", i>>8&255, i&255), Labels: map[string]string{"app": app}}}
+		}
+		snap.Destinations = append(snap.Destinations, d)
+	}
+	return Rehash(snap)
+}
+
+// Snapshot is a valid snapshot of cluster-1 with n destinations, each
+// with one endpoint: Spec{Destinations: n, Endpoints: true}.
+func Snapshot(n int) *relaypb.Snapshot {
+	return Spec{Destinations: n, Endpoints: true}.Snapshot()
+}
+
+// Rehash sets s's hash to the hash of its content (snapshothash.Of), for
+// a test that changed a valid snapshot and wants it valid again, and
+// returns s.
+func Rehash(s *relaypb.Snapshot) *relaypb.Snapshot {
 	s.Hash = snapshothash.Of(s)
 	return s
 }

@@ -15,8 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
+	"github.com/relaymesh/relaymesh/internal/syncbuf"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/relay/snapshothash"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/server/snapshots"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
@@ -34,41 +35,23 @@ func startRedis(t *testing.T) *localcluster.Redis {
 	return r
 }
 
-func open(t *testing.T, r *localcluster.Redis, mod func(*snapshots.Config)) (*snapshots.Store, *bytes.Buffer) {
+func open(t *testing.T, r *localcluster.Redis, mod func(*snapshots.Config)) (*snapshots.Store, *syncbuf.Buffer) {
 	t.Helper()
-	var logs syncBuffer
+	logs := &syncbuf.Buffer{}
 	cfg := snapshots.Config{Address: r.Address(), Password: r.Password(), TLS: r.TLS(), Key: key, Timeout: time.Second,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registerer: prometheus.NewRegistry()}
+		Logger: slog.New(slog.NewTextHandler(logs, nil)), Registerer: prometheus.NewRegistry()}
 	if mod != nil {
 		mod(&cfg)
 	}
 	s, err := snapshots.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	return s, &logs.Buffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.Buffer.Write(p)
+	return s, logs
 }
 
 // snapshot is a valid snapshot of cluster with n workloads.
-func snapshot(t *testing.T, cluster string, n int) *relaypb.Snapshot {
-	t.Helper()
-	s := &relaypb.Snapshot{Cluster: cluster, Meshes: []*relaypb.Mesh{{Name: "istiod", Namespace: "istio-system", Cluster: cluster, TrustDomain: cluster + ".local"}}}
-	for i := range n {
-		s.Workloads = append(s.Workloads, &relaypb.Workload{Name: "app-" + string(rune('a'+i%26)) + strings.Repeat("x", i/26), Namespace: "shop", Cluster: cluster, Kind: "Deployment",
-			PodLabels: map[string]string{"app": "shop"}, ServiceAccount: "shop", MeshName: "istiod", MeshNamespace: "istio-system"})
-	}
-	s.Hash = snapshothash.Of(s)
-	return s
+func snapshot(cluster string, n int) *relaypb.Snapshot {
+	return relaytest.Spec{Cluster: cluster, Workloads: n}.Snapshot()
 }
 
 // raw is a plain client of the same server, as someone who can write to
@@ -88,7 +71,7 @@ func TestPutGetDelete(t *testing.T) {
 	_, _, err := s.Get(ctx, "east")
 	assert.ErrorIs(t, err, snapshots.ErrNotFound)
 
-	snap := snapshot(t, "east", 3)
+	snap := snapshot("east", 3)
 	accepted := time.Unix(1_800_000_000, 5)
 	before := time.Now()
 	mark, err := s.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: snap, Replica: "replica-0", AcceptedAt: accepted})
@@ -111,7 +94,7 @@ func TestPutGetDelete(t *testing.T) {
 
 	// A later write has a later sequence and another mark, whatever the
 	// time it says it was accepted.
-	mark2, err := s.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: snapshot(t, "east", 4), Replica: "replica-1", AcceptedAt: accepted.Add(-time.Hour)})
+	mark2, err := s.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: snapshot("east", 4), Replica: "replica-1", AcceptedAt: accepted.Add(-time.Hour)})
 	require.NoError(t, err)
 	assert.NotEqual(t, mark, mark2)
 	got2, at2, err := s.Get(ctx, "east")
@@ -119,7 +102,7 @@ func TestPutGetDelete(t *testing.T) {
 	assert.Greater(t, got2.Sequence, got.Sequence)
 	assert.Greater(t, at2, at)
 
-	_, err = s.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: snapshot(t, "west", 1)})
+	_, err = s.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: snapshot("west", 1)})
 	require.NoError(t, err)
 	list, err := s.Clusters(ctx)
 	require.NoError(t, err)
@@ -248,7 +231,7 @@ func TestWatch(t *testing.T) {
 	r := startRedis(t)
 	writer, _ := open(t, r, nil)
 	ctx := t.Context()
-	before := snapshot(t, "east", 2)
+	before := snapshot("east", 2)
 	_, err := writer.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: before})
 	require.NoError(t, err)
 
@@ -256,10 +239,10 @@ func TestWatch(t *testing.T) {
 	rec := watch(t, reader)
 	assert.Equal(t, before.GetHash(), rec.hash("east"), "what was stored before the watch is read at its start")
 
-	after := snapshot(t, "east", 5)
+	after := snapshot("east", 5)
 	_, err = writer.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: after})
 	require.NoError(t, err)
-	west := snapshot(t, "west", 1)
+	west := snapshot("west", 1)
 	_, err = writer.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: west})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return rec.hash("east") == after.GetHash() && rec.hash("west") == west.GetHash() }, 5*time.Second, 10*time.Millisecond)
@@ -277,10 +260,10 @@ func TestHostileStore(t *testing.T) {
 	r := startRedis(t)
 	writer, _ := open(t, r, nil)
 	ctx := t.Context()
-	good := snapshot(t, "east", 2)
+	good := snapshot("east", 2)
 	_, err := writer.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: good})
 	require.NoError(t, err)
-	_, err = writer.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: snapshot(t, "west", 1)})
+	_, err = writer.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: snapshot("west", 1)})
 	require.NoError(t, err)
 
 	reader, logs := open(t, r, func(c *snapshots.Config) { c.Limits.MaxChunkedBytes = 1 << 20 })
@@ -295,7 +278,7 @@ func TestHostileStore(t *testing.T) {
 
 	// The same record signed with another key.
 	forger, _ := open(t, r, func(c *snapshots.Config) { c.Key = bytes.Repeat([]byte{8}, 32) })
-	evil := snapshot(t, "east", 9)
+	evil := snapshot("east", 9)
 	for i, tamper := range []func(){
 		func() {
 			_, err := forger.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: evil})
@@ -315,7 +298,7 @@ func TestHostileStore(t *testing.T) {
 		tamper()
 		// A good write of west after each: once the reader has it, it has
 		// handled the tampering before it.
-		w := snapshot(t, "west", i+2)
+		w := snapshot("west", i+2)
 		_, err := writer.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: w})
 		require.NoError(t, err)
 		require.Eventually(t, func() bool { return rec.hash("west") == w.GetHash() }, 5*time.Second, 10*time.Millisecond, "step %d", i)
@@ -351,7 +334,7 @@ func TestWatchSurvivesRestartAndHang(t *testing.T) {
 	writer, _ := open(t, r, nil)
 	reader, _ := open(t, r, nil)
 	ctx := t.Context()
-	east := snapshot(t, "east", 2)
+	east := snapshot("east", 2)
 	_, err := writer.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: east})
 	require.NoError(t, err)
 	rec := watch(t, reader)
@@ -360,7 +343,7 @@ func TestWatchSurvivesRestartAndHang(t *testing.T) {
 	require.NoError(t, r.Restart(ctx))
 	require.Eventually(t, func() bool { synced, lost, _ := rec.counts(); return lost >= 1 && synced >= 2 }, 20*time.Second, 50*time.Millisecond)
 	assert.Equal(t, east.GetHash(), rec.hash("east"), "an emptied store does not erase what the replica read")
-	west := snapshot(t, "west", 3)
+	west := snapshot("west", 3)
 	require.Eventually(t, func() bool {
 		_, err := writer.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: west})
 		return err == nil
@@ -372,7 +355,7 @@ func TestWatchSurvivesRestartAndHang(t *testing.T) {
 	require.NoError(t, syscall.Kill(r.Pid(), syscall.SIGSTOP))
 	require.Eventually(t, func() bool { _, lost, _ := rec.counts(); return lost > lostBefore }, 20*time.Second, 50*time.Millisecond, "a hung store is noticed")
 	start := time.Now()
-	_, err = writer.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: snapshot(t, "west", 4)})
+	_, err = writer.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: snapshot("west", 4)})
 	assert.Error(t, err, "a write to a hung store fails within its timeout")
 	assert.Less(t, time.Since(start), 5*time.Second)
 	require.NoError(t, syscall.Kill(r.Pid(), syscall.SIGCONT))
@@ -392,7 +375,7 @@ func TestRewriteOfHeldContentIsNotReadAgain(t *testing.T) {
 	r := startRedis(t)
 	writer, _ := open(t, r, nil)
 	ctx := t.Context()
-	east := snapshot(t, "east", 3)
+	east := snapshot("east", 3)
 	_, err := writer.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: east})
 	require.NoError(t, err)
 	reader, _ := open(t, r, nil)
@@ -405,7 +388,7 @@ func TestRewriteOfHeldContentIsNotReadAgain(t *testing.T) {
 
 	_, err = writer.Put(ctx, snapshots.Record{Cluster: "east", Snapshot: east})
 	require.NoError(t, err)
-	west := snapshot(t, "west", 1)
+	west := snapshot("west", 1)
 	_, err = writer.Put(ctx, snapshots.Record{Cluster: "west", Snapshot: west})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return rec.hash("west") == west.GetHash() }, 5*time.Second, 10*time.Millisecond)

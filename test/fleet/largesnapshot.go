@@ -14,7 +14,7 @@ import (
 	"github.com/relaymesh/relaymesh/agent"
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/relay/snapshothash"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/server"
 	"go.step.sm/crypto/pemutil"
 	"google.golang.org/grpc"
@@ -27,7 +27,7 @@ import (
 // of a chunked push).
 type LargeSnapshotConfig struct {
 	Options
-	// Namespaces of the cluster (RichSpec: 200 pods, 20 Deployments and
+	// Namespaces of the cluster (relaytest.Rich: 200 pods, 20 Deployments and
 	// 20 Services each); default 500, i.e. 100,000 pods and 10,000
 	// Services.
 	Namespaces int
@@ -92,11 +92,11 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 	}
 
 	cfg.Logf("building the snapshot of %d namespaces", cfg.Namespaces)
-	snaps := []*relaypb.Snapshot{RichSpec{Namespaces: cfg.Namespaces}.Snapshot(cluster)}
+	snaps := []*relaypb.Snapshot{relaytest.Rich{Namespaces: cfg.Namespaces}.Snapshot(cluster)}
 	for i := range cfg.Pushes {
 		snaps = append(snaps, changed(snaps[0], i))
 	}
-	r := &LargeSnapshotResult{Pods: RichSpec{Namespaces: cfg.Namespaces}.Pods(), Services: len(snaps[0].GetDestinations()),
+	r := &LargeSnapshotResult{Pods: relaytest.Rich{Namespaces: cfg.Namespaces}.Pods(), Services: len(snaps[0].GetDestinations()),
 		Workloads: len(snaps[0].GetWorkloads()), Bytes: proto.Size(snaps[0])}
 	before, err := srv.Usage()
 	if err != nil {
@@ -191,8 +191,7 @@ func changed(s *relaypb.Snapshot, i int) *relaypb.Snapshot {
 		d.Labels = map[string]string{}
 	}
 	d.Labels["fleet.relaymesh.io/change"] = fmt.Sprint(i)
-	c.Hash = snapshothash.Of(c)
-	return c
+	return relaytest.Rehash(c)
 }
 
 // Bootstrap obtains an agent certificate for member with its token from

@@ -101,62 +101,6 @@ func deployment(ns, name string, labels map[string]string, sa, image string) *ap
 	}
 }
 
-// RichSpec is the cluster of discovery's BenchmarkBuild10kPods, by
-// namespace: one mesh with an east-west gateway, and in each of Namespaces
-// injected namespaces 10 apps of two versions (v1, v2) with 10 ready pods
-// each and two Services per app (http and grpc, selecting the same pods);
-// pods carry app, version, team and pod-template-hash labels. That is 200
-// pods, 20 Deployments and 20 Services per namespace.
-type RichSpec struct {
-	Namespaces int
-}
-
-// Pods in the cluster.
-func (s RichSpec) Pods() int { return s.Namespaces * 200 }
-
-// Snapshot builds cluster's snapshot with discovery.Build.
-func (s RichSpec) Snapshot(cluster string) *relaypb.Snapshot {
-	in := discovery.Inputs{
-		Namespaces:  []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}},
-		ConfigMaps:  []*corev1.ConfigMap{{ObjectMeta: metav1.ObjectMeta{Name: "istio", Namespace: "istio-system"}, Data: map[string]string{"mesh": "trustDomain: " + cluster + ".local\n"}}},
-		Deployments: []*appsv1.Deployment{deployment("istio-system", "istiod", map[string]string{"app": "istiod"}, "istiod", "docker.io/istio/pilot:1.31.1")},
-		Services: []*corev1.Service{{
-			ObjectMeta: metav1.ObjectMeta{Name: "istio-eastwestgateway", Namespace: "istio-system", Labels: map[string]string{"istio": "eastwestgateway"}},
-			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", Selector: map[string]string{"istio": "eastwestgateway"},
-				Ports: []corev1.ServicePort{{Name: "tls", Port: 15443, Protocol: corev1.ProtocolTCP}}},
-		}},
-	}
-	ip := 0
-	svc := func(ns, name string, sel map[string]string, port corev1.ServicePort, labels map[string]string) *corev1.Service {
-		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
-			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", Selector: sel, Ports: []corev1.ServicePort{port}}}
-	}
-	for n := range s.Namespaces {
-		ns := fmt.Sprintf("ns-%02d", n)
-		in.Namespaces = append(in.Namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"istio-injection": "enabled"}}})
-		for a := range 10 {
-			app := fmt.Sprintf("app-%d", a)
-			for _, v := range []string{"v1", "v2"} {
-				labels := map[string]string{"app": app, "version": v, "team": "t" + ns}
-				in.Deployments = append(in.Deployments, deployment(ns, app+"-"+v, labels, app, "example.com/app:v1"))
-				for p := range 10 {
-					in.Pods = append(in.Pods, &corev1.Pod{
-						ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", app, v, p), Namespace: ns,
-							Labels: map[string]string{"app": app, "version": v, "team": "t" + ns, "pod-template-hash": "h" + v}},
-						Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: fmt.Sprintf("10.%d.%d.%d", ip>>16&255, ip>>8&255, ip&255),
-							Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
-					})
-					ip++
-				}
-			}
-			in.Services = append(in.Services,
-				svc(ns, app, map[string]string{"app": app}, corev1.ServicePort{Name: "http", Port: 9080, Protocol: corev1.ProtocolTCP}, map[string]string{"app": app}),
-				svc(ns, app+"-grpc", map[string]string{"app": app}, corev1.ServicePort{Name: "grpc-api", Port: 9090, Protocol: corev1.ProtocolTCP}, nil))
-		}
-	}
-	return discovery.Build(cluster, in)
-}
-
 // DiscoveredObjectsOf lists the Mesh, Workload and Destination objects a
 // snapshot becomes in the management cluster, by kind and name.
 func DiscoveredObjectsOf(s *relaypb.Snapshot) []string {

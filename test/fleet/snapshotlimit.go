@@ -9,6 +9,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -37,7 +38,7 @@ type SnapshotLimitResult struct {
 // ShapeLimit is the largest snapshot of one shape under the limit.
 type ShapeLimit struct {
 	// Shape names the cluster's shape: "services-of-N-pods" (SnapshotSpec)
-	// or "discovery-bench" (RichSpec, 200 pods per namespace).
+	// or "discovery-bench" (relaytest.Rich, 200 pods per namespace).
 	Shape string
 	// Services, Pods and Bytes of the largest snapshot under Limit;
 	// Accepted says whether the server accepted it, AckAfter how long
@@ -68,7 +69,7 @@ func SnapshotLimit(ctx context.Context, cfg SnapshotLimitConfig) (*SnapshotLimit
 		{fmt.Sprintf("services-of-%d-pods", cfg.PodsPerService), func(c string, n int) *relaypb.Snapshot {
 			return SnapshotSpec{Services: n, PodsPerService: cfg.PodsPerService}.Snapshot(c)
 		}},
-		{"discovery-bench", func(c string, n int) *relaypb.Snapshot { return RichSpec{Namespaces: n}.Snapshot(c) }},
+		{"discovery-bench", func(c string, n int) *relaypb.Snapshot { return relaytest.Rich{Namespaces: n}.Snapshot(c) }},
 	}
 	srv, err := cfg.startServer(ctx, "snapshot-server")
 	if err != nil {
@@ -133,7 +134,7 @@ func SnapshotLimit(ctx context.Context, cfg SnapshotLimitConfig) (*SnapshotLimit
 		}
 		sl := ShapeLimit{Shape: sh.name, Services: len(snap.GetDestinations()), Pods: pods, Bytes: proto.Size(snap)}
 		if sh.name == "discovery-bench" {
-			sl.Pods = RichSpec{Namespaces: lo}.Pods() // two Services select each pod
+			sl.Pods = relaytest.Rich{Namespaces: lo}.Pods() // two Services select each pod
 		}
 		cfg.Logf("snapshot: %s: %d Services, %d pods: %d bytes (limit %d)", sh.name, sl.Services, sl.Pods, sl.Bytes, r.Limit)
 		if i == 0 {

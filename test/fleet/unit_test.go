@@ -9,6 +9,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/test/fleet"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -140,7 +141,7 @@ func TestSnapshotsAreValid(t *testing.T) {
 	}{
 		"default":         fleet.SnapshotSpec{},
 		"services":        fleet.SnapshotSpec{Services: 30, PodsPerService: 4, ServicesPerNamespace: 7},
-		"discovery-bench": fleet.RichSpec{Namespaces: 2},
+		"discovery-bench": relaytest.Rich{Namespaces: 2},
 	} {
 		t.Run(name, func(t *testing.T) {
 			snap := s.Snapshot("cluster-7")
@@ -157,10 +158,10 @@ func TestSnapshotsAreValid(t *testing.T) {
 	for _, d := range snap.GetDestinations() {
 		assert.Len(t, d.GetEndpoints(), 4)
 	}
-	rich := fleet.RichSpec{Namespaces: 2}.Snapshot("c")
+	rich := relaytest.Rich{Namespaces: 2}.Snapshot("c")
 	assert.Len(t, rich.GetDestinations(), 40)
 	assert.Len(t, rich.GetWorkloads(), 40)
-	assert.Equal(t, 400, fleet.RichSpec{Namespaces: 2}.Pods())
+	assert.Equal(t, 400, relaytest.Rich{Namespaces: 2}.Pods())
 }
 
 // FindSecretsIn finds a token's secret wherever it sits in a line (alone,
