@@ -129,19 +129,28 @@ func acceptedAt(view *server.View, cluster string) func(hash string) (time.Time,
 
 // A 100,000-pod, 10,000-Service snapshot — five times what fits in one
 // message — goes from the agent's session to the server's view, checked
-// as a snapshot pushed whole is.
+// as a snapshot pushed whole is. Under -short (the fast tier) the cluster
+// is 30,000 pods, still more than one message holds; make test runs the
+// 100,000.
 func TestPushChunkedLargeCluster(t *testing.T) {
 	f := servertest.New(t, servertest.Options{DataPath: true})
-	s := large100k()
+	var s *relaypb.Snapshot
+	pods, over := relaytest.Rich{Namespaces: 500}.Pods(), 4
+	if testing.Short() {
+		small := relaytest.Rich{Namespaces: 150}
+		s, pods, over = small.Snapshot("cluster-1"), small.Pods(), 1
+	} else {
+		s = large100k()
+	}
 	size := proto.Size(s)
-	require.Greater(t, size, 4*relay.DefaultMaxSnapshotBytes, "more than four times the old limit")
+	require.Greater(t, size, over*relay.DefaultMaxSnapshotBytes, "more than %d times the old limit", over)
 	accepted := acceptedAt(f.View, "cluster-1")
 	src := newSource(s)
 	sess := startSession(t, f, f.Bootstrap("cluster-1"), src)
 	require.Eventually(t, func() bool { _, ok := accepted(s.GetHash()); return ok }, 3*time.Minute, 5*time.Millisecond, "accepted into the view")
 	at, _ := accepted(s.GetHash())
 	t.Logf("%d pods, %d Services, %d bytes: from the agent's first look at the snapshot to the server's view in %s (under -race)",
-		100000, len(s.GetDestinations()), size, at.Sub(src.askedAt(s.GetHash())).Round(time.Millisecond))
+		pods, len(s.GetDestinations()), size, at.Sub(src.askedAt(s.GetHash())).Round(time.Millisecond))
 	got := f.View.Snapshot("cluster-1")
 	assert.True(t, proto.Equal(s, got), "the view holds exactly the agent's snapshot")
 	require.NoError(t, relay.ValidateSnapshot("cluster-1", got, relay.SnapshotLimits{MaxBytes: 64 << 20}), "and it passes the checks of a snapshot pushed whole")
