@@ -11,7 +11,11 @@
 # (TEST_UNIT_FLAGS=-count=1: every package, cold).
 SHELL := /bin/bash
 BIN := .cache/bin
-GO_TEST_FLAGS ?= -race -count=1 -timeout 45m
+# -ldflags=-w: test binaries without DWARF link in about 60 % of the CPU
+# time (measured on dashboard's race test binary: 14–20 s user → 9 s); race
+# reports, panics and stack traces come from the symbol table, which stays.
+TEST_LDFLAGS := -ldflags=-w
+GO_TEST_FLAGS ?= -race -count=1 -timeout 45m $(TEST_LDFLAGS)
 TEST_UNIT_FLAGS ?=
 # Packages whose every test starts a local cluster or another process: under
 # -short they would only link a race test binary to skip everything, so the
@@ -39,7 +43,7 @@ test: deps-test tools ## run every test, with -race, including integration tests
 	cd tools/image && go test $(GO_TEST_FLAGS) ./...
 
 test-unit: ## the fast tier: every pure test, with -race and -short (skips what starts a local cluster or another process); needs only Go and gcc
-	go test -race -short -timeout 15m $(TEST_UNIT_FLAGS) $$(go list ./... | grep -v -E '/($(subst $(eval) ,|,$(TEST_UNIT_EXCLUDE)))$$')
+	go test -race -short -timeout 15m $(TEST_LDFLAGS) $(TEST_UNIT_FLAGS) $$(go list ./... | grep -v -E '/($(subst $(eval) ,|,$(TEST_UNIT_EXCLUDE)))$$')
 
 test-rotation: deps-test tools ## the data plane's root rotation under load, rolled back from every phase (docs/dataplane.md)
 	go test $(GO_TEST_FLAGS) -run 'TestFederation/root_rotation' -v ./test/dataplane/ -args -dataplane.rollbacks=all
