@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/fleet"
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -38,7 +39,7 @@ func budgetSnapshot(cluster string) *relaypb.Snapshot {
 			s.Workloads = append(s.Workloads, c)
 		}
 	}
-	return s
+	return relaytest.Rehash(s)
 }
 
 // etcdBytes reads the apiserver's apiserver_storage_size_bytes: the size
