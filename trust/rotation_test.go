@@ -658,6 +658,10 @@ func TestRotationFailsClosed(t *testing.T) {
 		w.stop()
 		w.start()
 		w.annotate(networkingv1alpha1.AnnotationRotationRollback, nu)
+		// Manual verification holds the step back to intermediates of the
+		// old root (which needs no new root's key) until its continue.
+		w.waitFor("step 1 back held", phaseIs(networkingv1alpha1.PhaseRollingBack, true))
+		w.annotate(networkingv1alpha1.AnnotationRotationContinue, "RollingBack/1/"+nu)
 		w.waitFor("RolledBack", phaseIs(networkingv1alpha1.PhaseRolledBack, false))
 		holds(t, w.meshCAs(), []string{old}, old)
 
