@@ -14,6 +14,7 @@ import (
 // there are, whether the VirtualMesh verifies manually and the continue
 // annotation it carries.
 type advanceInput struct {
+	key     string   // namespace/name, for the commands the message names
 	pending []string // sorted
 	members int
 	manual  bool
@@ -47,9 +48,9 @@ func nextRotation(rot *networkingv1alpha1.RotationStatus, in advanceInput) (*net
 	if in.manual && !(rollingBack && r.Step == 0) && in.cont != ContinueValue(rot) {
 		r.PendingMeshes, r.AwaitingContinue = nil, true
 		if rollingBack {
-			r.Message = phaseMessage(r.Phase, r.Step) + "; every mesh acked it. Verify that every istiod and workload runs on it, then run `relaymesh ca rotate continue` to take the next step back"
+			r.Message = phaseMessage(r.Phase, r.Step) + "; every mesh acked it. Verify that every istiod and workload runs on it, then run `relaymesh ca rotate continue " + in.key + "` to take the next step back"
 		} else {
-			r.Message = phaseMessage(r.Phase, r.Step) + "; every mesh acked it. Verify, then run `relaymesh ca rotate continue` (or `rollback`)"
+			r.Message = phaseMessage(r.Phase, r.Step) + "; every mesh acked it. Verify, then run `relaymesh ca rotate continue " + in.key + "` (or `rollback`)"
 		}
 		return r, false
 	}

@@ -49,7 +49,7 @@ func TestEveryStepBackWaitsForAcksAndItsOwnContinue(t *testing.T) {
 		{name: "acked AddingNewRoot moves on without verification", rot: rot(adding, 1, false),
 			wantPhase: propagating, wantStep: 2, moved: true},
 		{name: "acked AddingNewRoot waits for a continue", rot: rot(adding, 1, false), manual: true,
-			wantPhase: adding, wantStep: 1, awaiting: true, message: "`relaymesh ca rotate continue` (or `rollback`)"},
+			wantPhase: adding, wantStep: 1, awaiting: true, message: "`relaymesh ca rotate continue ns/vm` (or `rollback`)"},
 		{name: "a continue for another phase does nothing", rot: rot(propagating, 2, true), manual: true, cont: "AddingNewRoot/" + fp,
 			wantPhase: propagating, wantStep: 2, awaiting: true},
 		{name: "a continue for another root does nothing", rot: rot(propagating, 2, true), manual: true, cont: "PropagatingNewIntermediate/beef",
@@ -66,7 +66,7 @@ func TestEveryStepBackWaitsForAcksAndItsOwnContinue(t *testing.T) {
 		{name: "step 2 back waits for every ack", rot: rot(back, 2, false), pending: []string{"m1", "m2"}, manual: true,
 			wantPhase: back, wantStep: 2, message: "waiting for 2 of 2 meshes to ack it: m1, m2"},
 		{name: "acked step 2 back holds for a continue", rot: rot(back, 2, false), manual: true,
-			wantPhase: back, wantStep: 2, awaiting: true, message: "Verify that every istiod and workload runs on it"},
+			wantPhase: back, wantStep: 2, awaiting: true, message: "Verify that every istiod and workload runs on it, then run `relaymesh ca rotate continue ns/vm`"},
 		{name: "step 2 back still holds however often agents ack", rot: rot(back, 2, true), manual: true,
 			wantPhase: back, wantStep: 2, awaiting: true},
 		{name: "a forward continue does not take a step back", rot: rot(back, 2, true), manual: true, cont: "DeletingOldRoot/" + fp,
@@ -88,7 +88,7 @@ func TestEveryStepBackWaitsForAcksAndItsOwnContinue(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := tc.rot.DeepCopy()
-			got, moved := nextRotation(tc.rot, advanceInput{pending: tc.pending, members: 2, manual: tc.manual, cont: tc.cont, now: now})
+			got, moved := nextRotation(tc.rot, advanceInput{key: "ns/vm", pending: tc.pending, members: 2, manual: tc.manual, cont: tc.cont, now: now})
 			assert.Equal(t, before, tc.rot, "the recorded rotation is not changed")
 			require.NotNil(t, got)
 			assert.Equal(t, tc.moved, moved, "moved")

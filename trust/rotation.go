@@ -396,7 +396,7 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 		}
 	}
 	slices.Sort(pending)
-	in := advanceInput{pending: pending, members: len(members), now: c.cfg.Clock(),
+	in := advanceInput{key: p.key, pending: pending, members: len(members), now: c.cfg.Clock(),
 		manual: p.vm.Spec.MTLS.RotationVerification == networkingv1alpha1.VerificationManual,
 		cont:   p.vm.Annotations[networkingv1alpha1.AnnotationRotationContinue]}
 	moved := false
