@@ -29,9 +29,15 @@ import (
 //
 // Neighbouring steps trust each other's certificates, so no handshake
 // between meshes fails while agents apply a step at different times. A
-// rollback walks the steps back down. The state lives in the VirtualMesh's
-// status (written before the next step is published), so a restarted
-// server resumes it.
+// rollback walks the steps back down, a rotation in reverse: from step 3
+// the old root comes back into every bundle first (step 2), then
+// intermediates from the old root (step 1), and the new root leaves the
+// bundles last (step 0). Like the forward steps, each step back is left
+// only once every mesh acked it and, with Manual verification, once
+// `relaymesh ca rotate continue` confirmed that every istiod and workload
+// runs on it (nextRotation decides; advance observes and records). The
+// state lives in the VirtualMesh's status (written before the next step is
+// published), so a restarted server resumes it, holds included.
 
 // vmState is what the controller holds of one VirtualMesh's trust; the
 // status mirrors it.
@@ -370,9 +376,10 @@ func (c *Controller) rollbackAsked(vm *networkingv1alpha1.VirtualMesh, rot *netw
 	return vm.Annotations[networkingv1alpha1.AnnotationRotationRollback] == rot.NewRootFingerprint || sameSource(specSource(vm), *rot.From)
 }
 
-// advance moves an active rotation on once every member mesh's agent acked
-// the current step (and, with Manual verification, once continue was
-// asked). It reports whether the rotation moved.
+// advance observes an active rotation's acks and records what nextRotation
+// decides of them: on once every member mesh's agent acked the current
+// step (and, with Manual verification, once continue was asked for that
+// step, forward or back). It reports whether the rotation moved.
 func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrust) bool {
 	st := c.stateOf(p.key, p.vm)
 	rot := st.rotation
@@ -389,44 +396,20 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 		}
 	}
 	slices.Sort(pending)
-	if len(pending) > 0 {
-		c.persist(ctx, p.key, func(n *vmState) {
-			n.rotation.PendingMeshes = pending[:min(len(pending), 256)]
-			n.rotation.AwaitingContinue = false
-			n.rotation.Message = phaseMessage(rot.Phase, rot.Step) + fmt.Sprintf("; waiting for %d of %d meshes to ack it: %s", len(pending), len(members), strings.Join(pending[:min(len(pending), 5)], ", "))
-		})
-		return false
-	}
-	manual := p.vm.Spec.MTLS.RotationVerification == networkingv1alpha1.VerificationManual
-	continued := p.vm.Annotations[networkingv1alpha1.AnnotationRotationContinue] == string(rot.Phase)+"/"+rot.NewRootFingerprint
-	if rot.Phase != networkingv1alpha1.PhaseRollingBack && manual && !continued {
-		c.persist(ctx, p.key, func(n *vmState) {
-			n.rotation.PendingMeshes, n.rotation.AwaitingContinue = nil, true
-			n.rotation.Message = phaseMessage(rot.Phase, rot.Step) + "; every mesh acked it. Verify, then run `relaymesh ca rotate continue " + p.key + "` (or `rollback`)"
-		})
-		return false
-	}
-	now := metav1.NewTime(c.cfg.Clock())
-	moved := c.persist(ctx, p.key, func(n *vmState) {
-		r := n.rotation
-		r.PendingMeshes, r.AwaitingContinue, r.LastTransitionTime = nil, false, &now
-		switch {
-		case r.Phase == networkingv1alpha1.PhaseRollingBack && r.Step == 0:
-			r.Phase = networkingv1alpha1.PhaseRolledBack
-			r.Message = "rolled back: every mesh holds the old root only again. spec.mtls.shared.rootCA still names the new root; it is rotated to again after `relaymesh ca rotate start`, or when the spec names another root"
-		case r.Phase == networkingv1alpha1.PhaseRollingBack:
-			r.Step--
-			r.Message = phaseMessage(r.Phase, r.Step)
-		case r.Step >= 3:
-			r.Phase = networkingv1alpha1.PhaseFinished
-			r.Message = "finished: every mesh holds the new root only, and intermediates from it"
-			n.setInForceRecorded(*r.To, r.NewRootFingerprint, p.signer)
-		default:
-			r.Step++
-			r.Phase = phaseOf(r.Step)
-			r.Message = phaseMessage(r.Phase, r.Step)
+	in := advanceInput{key: p.key, pending: pending, members: len(members), now: c.cfg.Clock(),
+		manual: p.vm.Spec.MTLS.RotationVerification == networkingv1alpha1.VerificationManual,
+		cont:   p.vm.Annotations[networkingv1alpha1.AnnotationRotationContinue]}
+	moved := false
+	recorded := c.persist(ctx, p.key, func(n *vmState) {
+		if !active(n.rotation) || n.rotation.Phase != rot.Phase || n.rotation.Step != rot.Step {
+			return // moved meanwhile: decided on what was observed of another step
+		}
+		n.rotation, moved = nextRotation(n.rotation, in)
+		if moved && n.rotation.Phase == networkingv1alpha1.PhaseFinished {
+			n.setInForceRecorded(*n.rotation.To, n.rotation.NewRootFingerprint, p.signer)
 		}
 	})
+	moved = moved && recorded
 	if moved {
 		after := c.stateOf(p.key, p.vm).rotation
 		c.log.Info("root rotation moved on", "virtual_mesh", p.key, "phase", after.Phase, "step", after.Step)

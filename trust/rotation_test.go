@@ -430,6 +430,8 @@ func TestRotationToAnHSMRoot(t *testing.T) {
 // From DeletingOldRoot (the old root already gone from every bundle), a
 // rollback asked by naming the old root in the spec again walks back
 // through every step, each trusted by its neighbours, to the old root only.
+// With Manual verification each step back holds, however often agents ack,
+// until a continue names it — also across a restart of the server.
 func TestRotationRollbackFromDeletingOldRoot(t *testing.T) {
 	w := newRotationWorld(t, "{generated: {}}", true)
 	vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
@@ -470,6 +472,28 @@ func TestRotationRollbackFromDeletingOldRoot(t *testing.T) {
 		holds(t, cur, want[step].bundle, want[step].issuer)
 		trustEachOther(t, prev, cur)
 		prev = cur
+		if step == 0 {
+			break // nothing more changes in the meshes: RolledBack needs no continue
+		}
+		atStep := func(r *networkingv1alpha1.RotationStatus) bool {
+			return r != nil && r.Phase == networkingv1alpha1.PhaseRollingBack && r.Step == step && r.AwaitingContinue
+		}
+		vm = w.waitFor(fmt.Sprintf("step %d back held", step), atStep)
+		for range 5 {
+			w.sync()
+			time.Sleep(50 * time.Millisecond)
+		}
+		require.True(t, atStep(w.vm().Status.Rotation), "step %d back still held after the agents acked it again: %+v", step, w.vm().Status.Rotation)
+		holds(t, w.meshCAs(), want[step].bundle, want[step].issuer)
+		if step == 2 {
+			// A restarted server (empty outputs and acks) resumes the
+			// hold from the status: it republishes step 2 and waits.
+			w.stop()
+			w.start()
+			vm = w.waitFor("step 2 back held after a restart", atStep)
+			holds(t, w.meshCAs(), want[step].bundle, want[step].issuer)
+		}
+		w.annotate(networkingv1alpha1.AnnotationRotationContinue, trust.ContinueValue(vm.Status.Rotation))
 	}
 	vm = w.waitFor("RolledBack", phaseIs(networkingv1alpha1.PhaseRolledBack, false))
 	assert.Equal(t, old, vm.Status.SharedTrust.RootFingerprint)
@@ -634,6 +658,10 @@ func TestRotationFailsClosed(t *testing.T) {
 		w.stop()
 		w.start()
 		w.annotate(networkingv1alpha1.AnnotationRotationRollback, nu)
+		// Manual verification holds the step back to intermediates of the
+		// old root (which needs no new root's key) until its continue.
+		w.waitFor("step 1 back held", phaseIs(networkingv1alpha1.PhaseRollingBack, true))
+		w.annotate(networkingv1alpha1.AnnotationRotationContinue, "RollingBack/1/"+nu)
 		w.waitFor("RolledBack", phaseIs(networkingv1alpha1.PhaseRolledBack, false))
 		holds(t, w.meshCAs(), []string{old}, old)
 

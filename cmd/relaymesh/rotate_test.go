@@ -119,6 +119,14 @@ spec:
 
 	setRotation(`{"phase":"RollingBack","step":0,"newRootFingerprint":"abcd"}`)
 	failsWith("rollback", "relaymesh/gen", "no rotation to roll back (RollingBack)")
+	// A rollback held at a step (Manual verification) continues that step
+	// back only: the annotation names it.
+	setRotation(`{"phase":"RollingBack","step":2,"newRootFingerprint":"abcd","awaitingContinue":false}`)
+	failsWith("continue", "relaymesh/gen", "not waiting for a continue")
+	setRotation(`{"phase":"RollingBack","step":2,"newRootFingerprint":"abcd","awaitingContinue":true}`)
+	_, err = rotate("continue", "relaymesh/gen")
+	require.NoError(t, err)
+	assert.Equal(t, "RollingBack/2/abcd", annotations("gen")[networkingv1alpha1.AnnotationRotationContinue])
 	// A provided root rolled back from is tried again by start.
 	setRotationOf("provided", `{"phase":"RolledBack","step":0,"newRootFingerprint":"ef01"}`)
 	_, err = rotate("start", "relaymesh/provided")

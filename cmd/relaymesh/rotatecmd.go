@@ -28,9 +28,11 @@ const rotateSynopsis = `start VIRTUALMESH: rotate a generated root: the server m
   spec.mtls.shared.rootCA at the new one; after a rollback, start tries that
   root again.
 continue VIRTUALMESH: with spec.mtls.rotationVerification Manual, let the
-  rotation leave the phase it waits in (after you verified traffic).
+  rotation leave the phase it waits in (after you verified traffic), forward
+  or, while it rolls back, to the next step back.
 rollback VIRTUALMESH: walk the rotation back to the old root, one acked step
-  at a time, from any phase.
+  at a time, from any phase (with Manual verification each step back waits
+  for a continue, as the forward phases do).
 
 VIRTUALMESH is NAMESPACE/NAME. With --wait the command prints each phase the
 rotation passes through until it finishes, is rolled back, waits for a
@@ -53,9 +55,10 @@ phase until the rotation finishes, rolls back, waits for a continue, or the
 time is up (then it fails).`,
 	"continue": `Let the rotation of VIRTUALMESH (NAMESPACE/NAME) leave the phase it waits in.
 
-With spec.mtls.rotationVerification Manual the server stops after each phase
-until you verified traffic and run this; the command names the phase and the
-new root it continues, so a continue meant for an earlier phase is ignored.
+With spec.mtls.rotationVerification Manual the server stops after each phase,
+and after each step of a rollback, until you verified traffic and run this;
+the command names the phase (and a rollback's step) and the new root it
+continues, so a continue meant for an earlier phase or step is ignored.
 It refuses a VirtualMesh that is not waiting for a continue. With --wait it
 prints each phase until the rotation finishes, rolls back, waits for the
 next continue, or the time is up (then it fails).`,
@@ -63,7 +66,10 @@ next continue, or the time is up (then it fails).`,
 
 From any phase, one step at a time, each once every mesh's agent
 acknowledged the one before, so no handshake between meshes fails on the way
-back. It refuses a VirtualMesh that is not rotating (or already rolling
+back: the old root returns to every bundle first, then intermediates of the
+old root, and the new root leaves the bundles last. With Manual verification
+each step back waits for ` + "`relaymesh ca rotate continue`" + ` (verify that every
+istiod and workload runs on it first), as the forward phases do. It refuses a VirtualMesh that is not rotating (or already rolling
 back). With --wait it prints each phase until the rollback ends or the time
 is up (then it fails).`,
 }
@@ -136,13 +142,13 @@ func rotate(ctx context.Context, d deps, g *globals, verb, key string, wait time
 			return fmt.Errorf("the root of %s is not generated: point spec.mtls.shared.rootCA at the new root (a new Secret, HSM key or CA service) and the server rotates to it", key)
 		}
 	case "continue":
-		if !rotating || rot.Phase == networkingv1alpha1.PhaseRollingBack {
+		if !rotating {
 			return fmt.Errorf("%s has no rotation that can continue (%s)", key, phaseOrNone(rot))
 		}
 		if !rot.AwaitingContinue {
 			return fmt.Errorf("%s is in %s and not waiting for a continue: %s", key, rot.Phase, rot.Message)
 		}
-		annotation, value = networkingv1alpha1.AnnotationRotationContinue, string(rot.Phase)+"/"+rot.NewRootFingerprint
+		annotation, value = networkingv1alpha1.AnnotationRotationContinue, trust.ContinueValue(rot)
 	case "rollback":
 		if !rotating || rot.Phase == networkingv1alpha1.PhaseRollingBack {
 			return fmt.Errorf("%s has no rotation to roll back (%s)", key, phaseOrNone(rot))

@@ -21,13 +21,14 @@ import (
 )
 
 // rollbacks says from which phases the rotation test rolls a rotation
-// back. `make test` rolls back from AddingNewRoot: two steps, and no
-// certificate changes issuer, so it must never fail an RPC. `make
-// test-rotation` passes -dataplane.rollbacks=all: rolling back from a later
-// phase replaces intermediates and then shrinks bundles, and RollingBack
-// does not wait for `ca rotate continue` between steps (docs/dataplane.md
-// says what that does to traffic).
-var rollbacks = flag.String("dataplane.rollbacks", "AddingNewRoot",
+// back. `make test` rolls back from DeletingOldRoot, the hardest: the old
+// root comes back into the bundles, intermediates are switched back to it
+// and the new root leaves the bundles last, each step held (Manual
+// verification) until both clusters adopted it and every connection
+// renewed. It passes through every step the other rollbacks take, so it
+// replaces the one from AddingNewRoot. `make test-rotation` passes
+// -dataplane.rollbacks=all.
+var rollbacks = flag.String("dataplane.rollbacks", "DeletingOldRoot",
 	`phases to roll a rotation back from: comma-separated of AddingNewRoot, PropagatingNewIntermediate, DeletingOldRoot, or "all"`)
 
 // Load of the rotation test: each direction at rotationRate RPCs a second
@@ -397,7 +398,10 @@ func (rot *rotation) verify(name string) {
 
 // rollbackFrom starts a rotation, takes it to phase from (waiting at each
 // phase as forward), rolls it back and waits until every mesh is on the
-// old root again and the traffic settled.
+// old root again and the traffic settled. Manual verification holds each
+// step back as it holds the forward phases: at each, the test lets both
+// clusters adopt it and every connection renew, checks the traffic, and
+// runs `ca rotate continue`.
 func (rot *rotation) rollbackFrom(from string) {
 	t, r := rot.t, rot.fed.r
 	steps := []struct{ name, verb, want string }{
@@ -413,21 +417,43 @@ func (rot *rotation) rollbackFrom(from string) {
 			break
 		}
 	}
-	start := time.Now()
-	rot.load.Mark(label + ": rolling back")
-	out, err := r.run(context.Background(), "ca", "rotate", "rollback", vmKey, "--kubeconfig", r.mgmt.Kubeconfig, "--wait", "60s")
-	require.NoError(t, err, out)
-	require.Contains(t, out, "RolledBack", "ca rotate rollback:\n%s", out)
-	command := time.Since(start)
-	meshes := rot.fl.caughtUp(t)
-	adopt := time.Since(start) - command
-	for c, m := range meshes {
-		assert.Len(t, m.roots, 1, "%s: after the rollback %s holds the old root only", label, c)
+	// The first step back is one below the phase's step.
+	firstBack := map[string]int{"AddingNewRoot": 0, "PropagatingNewIntermediate": 1, "DeletingOldRoot": 2}
+	verb := "rollback"
+	for step := firstBack[from]; ; step-- {
+		require.GreaterOrEqual(t, step, 0, "%s: more steps back than there are", label)
+		name := fmt.Sprintf("%s / RollingBack step %d", label, step)
+		start := time.Now()
+		rot.load.Mark(name + ": control plane")
+		out, err := r.run(context.Background(), "ca", "rotate", verb, vmKey, "--kubeconfig", r.mgmt.Kubeconfig, "--wait", "60s")
+		require.NoError(t, err, out)
+		command := time.Since(start)
+		if strings.Contains(lastLine(out), "RolledBack") {
+			meshes := rot.fl.caughtUp(t)
+			adopt := time.Since(start) - command
+			for c, m := range meshes {
+				assert.Len(t, m.roots, 1, "%s: after the rollback %s holds the old root only", label, c)
+			}
+			rot.load.Mark(label + " → RolledBack: connections renewing")
+			time.Sleep(afterRenew)
+			rot.verify(label + " → RolledBack")
+			rot.phases = append(rot.phases, phaseTiming{name: label + " → RolledBack", command: command, adopt: adopt, total: time.Since(start), step: lastLine(out)})
+			return
+		}
+		// Held at a step back: both roots in every bundle (steps 2 and 1).
+		require.Contains(t, lastLine(out), fmt.Sprintf("RollingBack step %d (awaiting continue)", step), "ca rotate %s:\n%s", verb, out)
+		rot.load.Mark(name + ": istiods and certificates")
+		meshes := rot.fl.caughtUp(t)
+		adopt := time.Since(start) - command
+		for c, m := range meshes {
+			assert.Len(t, m.roots, 2, "%s: %s's root-cert.pem", name, c)
+		}
+		rot.load.Mark(name + ": connections renewing")
+		time.Sleep(afterRenew)
+		rot.verify(name)
+		rot.phases = append(rot.phases, phaseTiming{name: name, command: command, adopt: adopt, total: time.Since(start), step: lastLine(out)})
+		verb = "continue"
 	}
-	rot.load.Mark(label + ": connections renewing")
-	time.Sleep(afterRenew)
-	rot.verify(label + ": RolledBack")
-	rot.phases = append(rot.phases, phaseTiming{name: label + " → RolledBack", command: command, adopt: adopt, total: time.Since(start), step: lastLine(out)})
 }
 
 // broken pushes cluster-2 an intermediate of a root cluster-1 does not
