@@ -263,6 +263,19 @@ func NextRelayIssuer(cfg GenerateConfig, r *RelayCA) (*RelayCA, error) {
 	return next, nil
 }
 
+// IssuerRenewalTime is when the generated issuing CA c is replaced: at
+// renewAt of its life counted from when it was made. A generated CA's
+// NotBefore is backdated (by 10 minutes, so that leaves issued at once can
+// be backdated fully), which is not part of its life: counted from
+// NotBefore, a CA of a few minutes would be due as soon as it is made.
+func IssuerRenewalTime(c *x509.Certificate, renewAt float64) time.Time {
+	made := c.NotBefore.Add(caBackdate)
+	if !made.Before(c.NotAfter) {
+		made = c.NotBefore
+	}
+	return RenewalTime(made, c.NotAfter, renewAt)
+}
+
 // Renewal is what RenewRelayIssuer did.
 type Renewal struct {
 	// Renewed: a new issuing CA is current; Dropped: previous issuing CAs
@@ -276,7 +289,7 @@ type Renewal struct {
 
 // RenewRelayIssuer is one renewal step of the generated relay CA in
 // namespace, run by one replica at a time (the Lease holder). Past
-// RenewAt of its life, it signs a new issuing CA with the root and makes
+// RenewAt of its life (IssuerRenewalTime), it signs a new issuing CA with the root and makes
 // it current, keeping the old one in previous.crt; it drops previous
 // issuing CAs Keep after the switch or at their NotAfter, whichever is
 // first. The signing secret is updated with its resourceVersion as a
@@ -319,7 +332,12 @@ func RenewRelayIssuer(ctx context.Context, client kubernetes.Interface, namespac
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
-	if !now.Before(RenewalTime(cur.NotBefore, cur.NotAfter, cfg.RenewAt)) {
+	if !now.Before(IssuerRenewalTime(cur, cfg.RenewAt)) {
+		if len(kept) >= maxPreviousIssuers {
+			// Dropping one early could strand its agents: wait.
+			return Renewal{}, fmt.Errorf("%w: renewal postponed: %d previous issuing CAs are still accepted, at most %d; renew less often (a larger renew-at or issuing CA lifetime)",
+				ErrIssuance, len(kept), maxPreviousIssuers)
+		}
 		fresh, err := NextRelayIssuer(cfg.CA, rc)
 		if err != nil {
 			return Renewal{}, err
@@ -330,10 +348,6 @@ func RenewRelayIssuer(ctx context.Context, client kubernetes.Interface, namespac
 			return Renewal{}, err
 		}
 		kept = append([]*x509.Certificate{cur}, kept...)
-		if len(kept) > maxPreviousIssuers {
-			next.Dropped = append(next.Dropped, kept[maxPreviousIssuers:]...)
-			kept = kept[:maxPreviousIssuers]
-		}
 		out.Data = s.Data
 		next.Renewed, next.Current, next.Generation = true, issuer, st.generation+1
 		out.Annotations[annotationSwitchedAt] = now.UTC().Format(time.RFC3339)

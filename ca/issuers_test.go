@@ -44,7 +44,7 @@ func TestRelayIssuerRenewsTwiceAndDropsEachPreviousOnlyAfterItsCertificatesExpir
 	assert.Equal(t, 1, replica.Generation())
 
 	// Before 2/3 of its life: nothing is written.
-	clk.Set(first.NotBefore.Add(30 * time.Minute))
+	clk.Set(ca.IssuerRenewalTime(first, ca.DefaultIssuerRenewAt).Add(-time.Second))
 	before := signingVersion(t, cs, ns)
 	res, err := ca.RenewRelayIssuer(ctx, cs, ns, renew)
 	require.NoError(t, err)
@@ -52,7 +52,7 @@ func TestRelayIssuerRenewsTwiceAndDropsEachPreviousOnlyAfterItsCertificatesExpir
 	assert.Equal(t, before, signingVersion(t, cs, ns), "no renewal due: the secret is unchanged")
 
 	// An agent certificate of the first issuing CA, issued just before the switch.
-	clk.Set(ca.RenewalTime(first.NotBefore, first.NotAfter, ca.DefaultIssuerRenewAt))
+	clk.Set(ca.IssuerRenewalTime(first, ca.DefaultIssuerRenewAt))
 	oldAgent := issueAgent(t, auth)
 	require.Equal(t, first.Raw, oldAgent.Chain[0].Raw)
 
@@ -99,7 +99,7 @@ func TestRelayIssuerRenewsTwiceAndDropsEachPreviousOnlyAfterItsCertificatesExpir
 	assert.Equal(t, []*x509.Certificate{second}, replica.AcceptedIssuers())
 
 	// The second renewal.
-	clk.Set(ca.RenewalTime(second.NotBefore, second.NotAfter, ca.DefaultIssuerRenewAt))
+	clk.Set(ca.IssuerRenewalTime(second, ca.DefaultIssuerRenewAt))
 	res, err = ca.RenewRelayIssuer(ctx, cs, ns, renew)
 	require.NoError(t, err)
 	require.True(t, res.Renewed)

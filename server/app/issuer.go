@@ -99,6 +99,9 @@ func (p *process) reloadRelayIssuer(ctx context.Context, r *ca.RelayIssuers) {
 // renewal point at now.
 func (p *process) issuerRenewalDue(now time.Time) bool {
 	c := p.authority.Chain()[0]
+	if _, generated := p.signer.(*ca.RelayIssuers); generated {
+		return !now.Before(ca.IssuerRenewalTime(c, p.cfg.CA.IssuerRenewAt))
+	}
 	return !now.Before(ca.RenewalTime(c.NotBefore, c.NotAfter, p.cfg.CA.IssuerRenewAt))
 }
 
