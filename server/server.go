@@ -36,7 +36,9 @@ type Issuer interface {
 	// IssueAgentFor issues a client certificate for id, bound to one
 	// registration of the cluster (subject OU).
 	IssueAgentFor(ctx context.Context, csr *x509.CertificateRequest, id spiffeid.ID, registration string) (*ca.Issued, error)
-	// Chain is the issuing CA first: client certificates must be issued by it.
+	// Chain is the issuing CA first: client certificates must be issued by
+	// it, or, when the Issuer also has AcceptedIssuers() (ca.Authority),
+	// by one of those (the previous issuing CAs a renewal keeps).
 	Chain() []*x509.Certificate
 	Roots() []*x509.Certificate
 }
