@@ -171,6 +171,16 @@ func (a *Authority) Roots() []*x509.Certificate { return a.cfg.Signer.Roots() }
 // relay server accepts only client certificates whose issuer is Chain()[0].
 func (a *Authority) Chain() []*x509.Certificate { return a.cfg.Signer.Chain() }
 
+// AcceptedIssuers are the issuing CAs whose agent certificates a relay
+// server accepts: Chain()[0], then, for a signer that keeps previous
+// issuing CAs (IssuerSet), those it still accepts.
+func (a *Authority) AcceptedIssuers() []*x509.Certificate {
+	if set, ok := a.cfg.Signer.(IssuerSet); ok {
+		return set.AcceptedIssuers()
+	}
+	return a.cfg.Signer.Chain()[:1]
+}
+
 // AgentTTL is the lifetime of agent certificates (before clamping to the
 // issuing CA's NotAfter).
 func (a *Authority) AgentTTL() time.Duration { return a.cfg.AgentTTL }

@@ -45,7 +45,9 @@ const (
 )
 
 // LoadOrCreateRelayCA returns a Signer for the generated relay CA kept in
-// namespace (RootSecretName and SigningSecretName).
+// namespace (RootSecretName and SigningSecretName): a *RelayIssuers, which
+// also accepts the previous issuing CAs a renewal keeps (RenewRelayIssuer)
+// and reloads them (Reload).
 //
 //   - Both secrets exist: it loads them, and fails with ErrInvalidSigner
 //     if their data is malformed, a key does not match its certificate,
@@ -81,9 +83,22 @@ func LoadOrCreateRelayCA(ctx context.Context, client kubernetes.Interface, names
 		}
 	}
 	if root == nil && signing == nil {
-		return createRelayCA(ctx, secrets, namespace, cfg)
+		_, err = createRelayCA(ctx, secrets, namespace, cfg)
+	} else {
+		_, err = loadOrCompleteRelayCA(ctx, secrets, namespace, root, signing, cfg)
 	}
-	return loadOrCompleteRelayCA(ctx, secrets, namespace, root, signing, cfg)
+	if err != nil {
+		return nil, err
+	}
+	// Both secrets exist now: load them with the previous issuing CAs a
+	// renewal keeps (RelayIssuers).
+	if root, signing, err = getRelaySecrets(ctx, secrets); err != nil {
+		return nil, err
+	}
+	if root == nil || signing == nil {
+		return nil, halfPresent(namespace, root, signing)
+	}
+	return newRelayIssuers(client, namespace, root, signing, cfg.Clock)
 }
 
 // loadOrCompleteRelayCA loads a CA whose secrets both exist, completes one

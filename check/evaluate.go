@@ -34,6 +34,8 @@ const (
 const (
 	metricConnectedAgents = "relaymesh_relay_connected_agents"
 	metricWebhookInfo     = "relaymesh_admission_webhook_info"
+	metricIssuerDue       = "relaymesh_relay_issuer_renewal_due"
+	metricIssuerGen       = "relaymesh_relay_issuer_generation"
 )
 
 // agentRenewAt is when agents renew their certificates (identity.RenewalTime).
@@ -108,7 +110,27 @@ func evalRelayCA(o *Observations, now time.Time) []Result {
 			}
 		}
 	}
-	return rs
+	return append(rs, evalIssuerRenewal(o)...)
+}
+
+// evalIssuerRenewal reads the server's issuing CA metrics: past its
+// renewal point and not renewed is a warning (a provided CA, which the
+// server cannot renew, or a generated one whose renewal fails).
+func evalIssuerRenewal(o *Observations) []Result {
+	if o.Metrics == nil {
+		return nil
+	}
+	due, ok := o.Metrics.Value(metricIssuerDue, nil)
+	if !ok {
+		return nil
+	}
+	gen, _ := o.Metrics.Value(metricIssuerGen, nil)
+	subject := o.Namespace + "/relay-tls-signing-secret"
+	if due == 1 {
+		return []Result{result(AreaRelayCA, subject, Warning,
+			"the relay issuing CA (generation %.0f) is past its renewal point and not renewed: a provided CA (--ca-cert, --ca-secret) must be replaced before it expires; a generated one is renewed by the Lease holder within --relay-issuer-check-interval, so if this stays, read the server's log (%s)", gen, o.MetricsFrom)}
+	}
+	return []Result{result(AreaRelayCA, subject, OK, "the relay issuing CA (generation %.0f) is not due for renewal (%s)", gen, o.MetricsFrom)}
 }
 
 func evalServer(o *Observations, now time.Time) []Result {

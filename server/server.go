@@ -36,7 +36,9 @@ type Issuer interface {
 	// IssueAgentFor issues a client certificate for id, bound to one
 	// registration of the cluster (subject OU).
 	IssueAgentFor(ctx context.Context, csr *x509.CertificateRequest, id spiffeid.ID, registration string) (*ca.Issued, error)
-	// Chain is the issuing CA first: client certificates must be issued by it.
+	// Chain is the issuing CA first: client certificates must be issued by
+	// it, or, when the Issuer also has AcceptedIssuers() (ca.Authority),
+	// by one of those (the previous issuing CAs a renewal keeps).
 	Chain() []*x509.Certificate
 	Roots() []*x509.Certificate
 }
@@ -700,8 +702,24 @@ func budgetKey(ctx context.Context, ip string) string {
 	return ip
 }
 
-// verifyPeer checks the TLS-verified chain: issued by the relay's issuing
-// CA (not merely under the same root), exactly one agent SPIFFE ID, a
+// acceptedIssuers are the issuing CAs agent certificates may come from:
+// the issuer's current one, and, from an issuer that keeps them
+// (AcceptedIssuers), the previous ones a renewal keeps until the agent
+// certificates they signed have expired.
+func (s *Server) acceptedIssuers() []*x509.Certificate {
+	if set, ok := s.cfg.Issuer.(interface{ AcceptedIssuers() []*x509.Certificate }); ok {
+		if a := set.AcceptedIssuers(); len(a) > 0 {
+			return a
+		}
+	}
+	if chain := s.cfg.Issuer.Chain(); len(chain) > 0 {
+		return chain[:1]
+	}
+	return []*x509.Certificate{s.issuingCA}
+}
+
+// verifyPeer checks the TLS-verified chain: issued by one of the relay's
+// accepted issuing CAs (not merely under the same root), exactly one agent SPIFFE ID, a
 // registered cluster, and the certificate's registration (subject OU)
 // equal to the cluster's current one. On refusal it returns the reason and,
 // when the certificate was a genuine relay agent certificate, the agent it
@@ -715,9 +733,10 @@ func (s *Server) verifyPeer(ctx context.Context) (*agent, string, error) {
 	if !ok || len(info.State.VerifiedChains) == 0 {
 		return nil, "no_certificate", errUnauthenticated
 	}
+	accepted := s.acceptedIssuers()
 	var leaf *x509.Certificate
 	for _, chain := range info.State.VerifiedChains {
-		if len(chain) >= 2 && bytes.Equal(chain[1].Raw, s.issuingCA.Raw) {
+		if len(chain) >= 2 && slices.ContainsFunc(accepted, func(c *x509.Certificate) bool { return bytes.Equal(chain[1].Raw, c.Raw) }) {
 			leaf = chain[0]
 			break
 		}

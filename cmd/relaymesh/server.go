@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"github.com/relaymesh/relaymesh/ca"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,8 @@ type serverFlags struct {
 	dnsNames, ips, auditLog, logLevel                 string
 	caCert, caKey, caRoots, caSecret                  string
 	agentTTL                                          time.Duration
+	issuerTTL, issuerCheck                            time.Duration
+	issuerRenewAt                                     float64
 	allowSharedToken, allowKubeconfig                 bool
 	webhookListen, webhookURL, webhookService         string
 	webhookDNSNames, webhookIPs, webhookFailurePolicy string
@@ -93,6 +96,9 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.StringVar(&f.caRoots, "ca-roots", "", "provided relay CA: PEM of the root(s) it chains to")
 	fs.StringVar(&f.caSecret, "ca-secret", "", "provided relay CA from a Secret in --namespace (keys tls.crt, tls.key, ca.crt)")
 	fs.DurationVar(&f.agentTTL, "agent-cert-ttl", 24*time.Hour, "lifetime of agent client certificates (renewed at about 2/3)")
+	fs.DurationVar(&f.issuerTTL, "relay-issuer-ttl", 365*24*time.Hour, "lifetime of a generated relay issuing CA (at least 1m); the Lease holder replaces it at --relay-issuer-renew-at of its life, under the same root, and agents notice nothing")
+	fs.Float64Var(&f.issuerRenewAt, "relay-issuer-renew-at", ca.DefaultIssuerRenewAt, "fraction of its life, in [0.1, 0.9], at which the generated relay issuing CA is renewed; the rest must cover --agent-cert-ttl, during which the replaced one stays accepted. A provided CA (--ca-cert, --ca-secret) is not renewed: past this point the server warns and relaymesh_relay_issuer_renewal_due is 1")
+	fs.DurationVar(&f.issuerCheck, "relay-issuer-check-interval", time.Minute, "how often replicas reload the relay issuing CA and the Lease holder checks whether its renewal is due, in [1s, 1h]")
 	fs.BoolVar(&f.allowSharedToken, "allow-shared-token", false, "WEAKER: also accept the shared token of relay-identity-token-secret (seed-product compatibility)")
 	fs.StringVar(&f.webhookListen, "webhook-listen", "", "serve the admission webhook (HTTPS) on this address, e.g. :9443; empty: no webhook, only the in-process check before translation")
 	fs.StringVar(&f.webhookURL, "webhook-url", "", "URL the kube-apiserver calls the webhook at (https://…/validate); or --webhook-service")
@@ -150,7 +156,8 @@ func (f serverFlags) config() app.Config {
 	return app.Config{
 		Namespace: f.namespace, Listen: f.listen, MetricsListen: f.metricsListen, TrustDomain: f.trustDomain,
 		ServerDNSNames: splitList(f.dnsNames), ServerIPs: splitList(f.ips), AuditLog: f.auditLog, LogLevel: f.logLevel,
-		CA:           app.CAConfig{CertFile: f.caCert, KeyFile: f.caKey, RootsFile: f.caRoots, Secret: f.caSecret},
+		CA: app.CAConfig{CertFile: f.caCert, KeyFile: f.caKey, RootsFile: f.caRoots, Secret: f.caSecret,
+			IssuerTTL: f.issuerTTL, IssuerRenewAt: f.issuerRenewAt, IssuerCheck: f.issuerCheck},
 		AgentCertTTL: f.agentTTL, AllowSharedToken: f.allowSharedToken, AllowKubeconfigClusters: f.allowKubeconfig,
 		Webhook: app.WebhookConfig{Listen: f.webhookListen, URL: f.webhookURL, Service: f.webhookService,
 			DNSNames: splitList(f.webhookDNSNames), IPs: splitList(f.webhookIPs), FailurePolicy: f.webhookFailurePolicy,

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/relaymesh/relaymesh/server/app"
 	"github.com/stretchr/testify/assert"
@@ -24,6 +25,9 @@ func TestServerFlagDefaultsAreTheAppDefaults(t *testing.T) {
 		"server-ips":                          strings.Join(d.ServerIPs, ","),
 		"log-level":                           d.LogLevel,
 		"agent-cert-ttl":                      d.AgentCertTTL.String(),
+		"relay-issuer-ttl":                    d.CA.IssuerTTL.String(),
+		"relay-issuer-renew-at":               fmt.Sprint(d.CA.IssuerRenewAt),
+		"relay-issuer-check-interval":         d.CA.IssuerCheck.String(),
 		"webhook-failure-policy":              d.Webhook.FailurePolicy,
 		"debug-endpoints":                     d.DebugEndpoints,
 		"kube-qps":                            fmt.Sprint(d.KubeQPS),
@@ -59,6 +63,8 @@ func TestServerFlagsMapOntoTheConfig(t *testing.T) {
 	f.clusters = app.Default().Clusters
 	f.leaseDuration, f.renewDeadline, f.retryPeriod = app.Default().LeaseDuration, app.Default().RenewDeadline, app.Default().RetryPeriod
 	f.store.kind = snapshotStoreAPIServer
+	f.issuerTTL, f.issuerRenewAt, f.issuerCheck = time.Hour, 0.5, 5*time.Second
+	f.agentTTL = 10 * time.Minute
 	require.NoError(t, f.validate())
 	cfg := f.config()
 	assert.Equal(t, []string{"a", "b"}, cfg.ServerDNSNames)
@@ -68,6 +74,7 @@ func TestServerFlagsMapOntoTheConfig(t *testing.T) {
 	assert.Equal(t, "Ignore", cfg.Webhook.FailurePolicy)
 	assert.True(t, cfg.Webhook.AllowUnauthenticated)
 	assert.Equal(t, "server-1", cfg.ReplicaName)
+	assert.Equal(t, app.CAConfig{Secret: "corp-ca", IssuerTTL: time.Hour, IssuerRenewAt: 0.5, IssuerCheck: 5 * time.Second}, cfg.CA)
 	f.ips = "10.0.0.1,not-an-ip"
 	require.ErrorContains(t, f.validate(), "--server-ips")
 }

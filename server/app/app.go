@@ -74,6 +74,7 @@ type process struct {
 	audit                        *audit.Log
 	signer                       ca.Signer
 	authority                    *ca.Authority
+	issuer                       *issuerWatch
 	serving                      *server.ServingCert
 	tokens                       *identity.Tokens
 	sharedToken                  *identity.SharedToken

@@ -34,13 +34,13 @@ func TestOnceOnlyWorkDependsOnlyOnTheSetup(t *testing.T) {
 		setup setup
 		want  []string
 	}{
-		{"the only replica", setup{}, []string{"token-mint-audit", "orphan-collection", "status-and-rotation"}},
+		{"the only replica", setup{}, []string{"token-mint-audit", "relay-issuer-renewal", "orphan-collection", "status-and-rotation"}},
 		{"several replicas", setup{several: true}, []string{"token-mint-audit", "session-sweep", "replica-lease-collection",
-			"serving-secret", "orphan-collection", "output-heads", "status-and-rotation"}},
+			"serving-secret", "relay-issuer-renewal", "orphan-collection", "output-heads", "status-and-rotation"}},
 		{"the only replica with everything", setup{redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
-			"snapshot-store-collection", "orphan-collection", "status-and-rotation", "kubeconfig-clusters", "webhook-configuration"}},
+			"relay-issuer-renewal", "snapshot-store-collection", "orphan-collection", "status-and-rotation", "kubeconfig-clusters", "webhook-configuration"}},
 		{"several replicas with everything", setup{several: true, redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
-			"session-sweep", "replica-lease-collection", "serving-secret", "snapshot-store-collection", "orphan-collection",
+			"session-sweep", "replica-lease-collection", "serving-secret", "relay-issuer-renewal", "snapshot-store-collection", "orphan-collection",
 			"output-heads", "status-and-rotation", "kubeconfig-clusters", "webhook-configuration"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,6 +145,11 @@ func TestConfigErrorsNameTheirFlag(t *testing.T) {
 		{func(c *Config) { c.Clusters.MaxSessions = -1 }, "--cluster-max-streams"},
 		{func(c *Config) { c.SnapshotStore.Kind = "etcd2" }, "--snapshot-store"},
 		{func(c *Config) { c.SnapshotStore.Address = "redis:6379" }, "--redis-address needs --snapshot-store=redis"},
+		{func(c *Config) { c.CA.IssuerTTL = 30 * time.Second }, "--relay-issuer-ttl 30s: must be at least 1m"},
+		{func(c *Config) { c.CA.IssuerRenewAt = 0.95 }, "--relay-issuer-renew-at"},
+		{func(c *Config) { c.CA.IssuerRenewAt = 0 }, "--relay-issuer-renew-at"},
+		{func(c *Config) { c.CA.IssuerCheck = 0 }, "--relay-issuer-check-interval"},
+		{func(c *Config) { c.CA.IssuerTTL = 48 * time.Hour }, "less than --agent-cert-ttl 24h0m0s plus two --relay-issuer-check-interval"},
 	} {
 		c := ok
 		tc.edit(&c)

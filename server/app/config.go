@@ -12,6 +12,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"github.com/relaymesh/relaymesh/ca"
 	"net"
 	"time"
 
@@ -84,6 +85,15 @@ type CAConfig struct {
 	CertFile, KeyFile, RootsFile string
 	// Secret in Namespace with tls.crt, tls.key and ca.crt (--ca-secret).
 	Secret string
+	// IssuerTTL is the lifetime of a generated issuing CA
+	// (--relay-issuer-ttl), at least 1m.
+	IssuerTTL time.Duration
+	// IssuerRenewAt is the fraction of its life at which the Lease holder
+	// replaces the issuing CA (--relay-issuer-renew-at), in [0.1, 0.9].
+	IssuerRenewAt float64
+	// IssuerCheck is how often replicas look for a new issuing CA and the
+	// Lease holder for a due renewal (--relay-issuer-check-interval).
+	IssuerCheck time.Duration
 }
 
 // WebhookConfig configures the admission webhook.
@@ -116,6 +126,7 @@ func Default() Config {
 		ServerIPs:      []string{"127.0.0.1"},
 		LogLevel:       "info",
 		AgentCertTTL:   24 * time.Hour,
+		CA:             CAConfig{IssuerTTL: 365 * 24 * time.Hour, IssuerRenewAt: ca.DefaultIssuerRenewAt, IssuerCheck: time.Minute},
 		Webhook:        WebhookConfig{FailurePolicy: "Fail"},
 		DebugEndpoints: DebugAuthenticated,
 		KubeQPS:        200,
@@ -166,6 +177,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--debug-endpoints %q: use authenticated or off", c.DebugEndpoints))
 	}
 	errs = append(errs, c.CA.validate()...)
+	errs = append(errs, c.CA.validateIssuer(c.AgentCertTTL)...)
 	if len(c.ServerDNSNames) == 0 && len(c.ServerIPs) == 0 {
 		errs = append(errs, errors.New("--server-dns-names or --server-ips must name the server"))
 	}
@@ -220,6 +232,36 @@ func (c CAConfig) validate() []error {
 		errs = append(errs, errors.New("--ca-secret and --ca-cert/--ca-key/--ca-roots are alternatives"))
 	}
 	return errs
+}
+
+// validateIssuer checks the renewal of a generated issuing CA: a replaced
+// issuing CA must stay valid (and accepted) for an agent certificate
+// lifetime and two checks after the switch.
+func (c CAConfig) validateIssuer(agentTTL time.Duration) []error {
+	var errs []error
+	if c.IssuerTTL < time.Minute {
+		errs = append(errs, fmt.Errorf("--relay-issuer-ttl %v: must be at least 1m", c.IssuerTTL))
+	}
+	if !(c.IssuerRenewAt >= 0.1 && c.IssuerRenewAt <= 0.9) {
+		errs = append(errs, fmt.Errorf("--relay-issuer-renew-at %v: must be in [0.1, 0.9]", c.IssuerRenewAt))
+	}
+	if c.IssuerCheck < time.Second || c.IssuerCheck > time.Hour {
+		errs = append(errs, fmt.Errorf("--relay-issuer-check-interval %v: must be in [1s, 1h]", c.IssuerCheck))
+	}
+	if len(errs) == 0 {
+		if rest := time.Duration(float64(c.IssuerTTL) * (1 - c.IssuerRenewAt)); rest < c.issuerKeep(agentTTL) {
+			errs = append(errs, fmt.Errorf("--relay-issuer-ttl %v renewed at %v leaves %v: less than --agent-cert-ttl %v plus two --relay-issuer-check-interval for the old issuing CA's certificates to expire",
+				c.IssuerTTL, c.IssuerRenewAt, rest, agentTTL))
+		}
+	}
+	return errs
+}
+
+// issuerKeep is how long a replaced issuing CA stays accepted: every
+// agent certificate it signed has expired by then, including those a
+// replica issued before it noticed the switch.
+func (c CAConfig) issuerKeep(agentTTL time.Duration) time.Duration {
+	return agentTTL + 2*c.IssuerCheck
 }
 
 func (w WebhookConfig) validate() []error {

@@ -53,6 +53,9 @@ var onceOnlyWork = []onceOnlyTask{
 	// relay-server-tls-secret has one writer: the only replica writes it at
 	// once (newServing), with several the Lease holder.
 	{name: "serving-secret", when: severalReplicas, run: (*process).publishServingSecret},
+	// The relay issuing CA has one renewer: it signs the next issuing CA
+	// with the root, or warns that a provided one must be replaced.
+	{name: "relay-issuer-renewal", when: always, run: (*process).renewRelayIssuer},
 	{name: "snapshot-store-collection", when: redisStore, run: (*process).collectSharedSnapshots},
 	// Discovered objects of clusters that are no longer registered.
 	{name: "orphan-collection", when: always, run: (*process).collectOrphans},

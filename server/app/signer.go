@@ -24,7 +24,8 @@ func (c Config) signerBackend(client kubernetes.Interface, clock func() time.Tim
 	case c.CA.Secret != "":
 		return backend.Config{Type: backend.Secret, Secret: backend.SecretConfig{Name: c.CA.Secret, Namespace: c.Namespace, Client: client, Clock: clock}}
 	}
-	return backend.Config{Type: backend.Generated, Generated: backend.GeneratedConfig{Client: client, Namespace: c.Namespace}}
+	return backend.Config{Type: backend.Generated, Generated: backend.GeneratedConfig{Client: client, Namespace: c.Namespace,
+		CA: ca.GenerateConfig{IssuerTTL: c.CA.IssuerTTL, Clock: clock}}}
 }
 
 // caFlag names the flag of a provided CA in errors.
@@ -52,8 +53,10 @@ func (p *process) newSigner(ctx context.Context) error {
 		}
 	}
 	p.signer = signer
-	p.authority, err = ca.New(ca.Config{Signer: signer, AgentTTL: p.cfg.AgentCertTTL})
-	return err
+	if p.authority, err = ca.New(ca.Config{Signer: signer, AgentTTL: p.cfg.AgentCertTTL}); err != nil {
+		return err
+	}
+	return p.watchRelayIssuer(ctx)
 }
 
 // publishRoots writes the provided CA's roots into relay-root-tls-secret. It
