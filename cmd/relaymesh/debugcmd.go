@@ -203,6 +203,13 @@ func runDebugReport(ctx context.Context, d deps, g *globals, f *debugFlags) erro
 // only), else none. It sets it on server, adds it to redactor, and
 // returns the note README.txt gives about it.
 func debugToken(ctx context.Context, mgmt *kubeclient.Clients, namespace, tokenSA string, server *opsclient.Client, redactor *debugreport.Redactor) (string, error) {
+	// A token that could only travel in cleartext to another machine is
+	// refused before it is minted or read.
+	if tokenSA != "" || (mgmt != nil && (mgmt.Config.BearerToken != "" || mgmt.Config.BearerTokenFile != "")) {
+		if err := server.TokenAllowed(); err != nil {
+			return "", fmt.Errorf("/debug: %w", err)
+		}
+	}
 	switch {
 	case tokenSA != "":
 		token, err := mintDebugToken(ctx, mgmt, namespace, tokenSA)

@@ -105,6 +105,16 @@ func (c *Client) scheme() string {
 	return "http"
 }
 
+// TokenAllowed says whether Token may be sent to the direct address as
+// the client reaches it (SendToken); nil without an address (the service
+// proxy carries no token).
+func (c *Client) TokenAllowed() error {
+	if c.Address == "" {
+		return nil
+	}
+	return SendToken(c.scheme(), c.Address)
+}
+
 // SendToken decides whether a bearer token may go to address over
 // scheme ("http" or "https"): over HTTPS always (the server is
 // verified), over plain HTTP to a loopback address only (a port-forward,

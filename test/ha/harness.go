@@ -218,7 +218,7 @@ type Replica struct {
 func (r *Replica) Args() []string {
 	e := r.env
 	return append([]string{"server", "--kubeconfig", e.replicaKubeconfig, "--namespace", e.Namespace,
-		"--listen", r.RelayAddr, "--metrics-listen", r.OpsAddr, "--audit-log", r.AuditLog,
+		"--listen", r.RelayAddr, "--metrics-listen", r.OpsAddr, "--metrics-plain-http", "--audit-log", r.AuditLog,
 		"--server-dns-names", e.ServiceName(), "--server-ips", r.IP.String(), "--replica-name", r.Name}, e.serverArgs...)
 }
 
