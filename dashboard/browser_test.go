@@ -101,7 +101,7 @@ func startWorld(t *testing.T) *world {
 	require.NoError(t, err)
 
 	relayAddr, opsAddr, dashAddr := e2e.Addr(t), e2e.Addr(t), e2e.Addr(t)
-	e2e.Start(t, bin, dir, "server", "server", "--kubeconfig", w.mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+	e2e.Start(t, bin, dir, "server", "server", "--kubeconfig", w.mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
 		"--dashboard-listen", dashAddr, "--audit-log", w.auditPath, "--server-dns-names", "localhost", "--server-ips", e2e.Host(relayAddr)+","+e2e.Host(dashAddr))
 	w.url, w.opsAddr = "https://"+dashAddr, opsAddr
 	e2e.Eventually(t, time.Minute, "the server's health", func() (bool, string) {

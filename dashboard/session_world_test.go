@@ -187,7 +187,7 @@ func (w *world) sessions(t *testing.T) {
 func (w *world) plainHTTPOffLoopback(t *testing.T) {
 	for _, addr := range []string{":0", "0.0.0.0:0", "[::]:0"} {
 		_, err := e2e.Run(t, w.bin, "server", "--kubeconfig", w.mgmt.Kubeconfig, "--audit-log", filepath.Join(t.TempDir(), "audit.log"),
-			"--listen", e2e.Addr(t), "--metrics-listen", e2e.Addr(t), "--dashboard-listen", addr, "--dashboard-plain-http")
+			"--listen", e2e.Addr(t), "--metrics-listen", e2e.Addr(t), "--metrics-plain-http", "--dashboard-listen", addr, "--dashboard-plain-http")
 		require.Error(t, err, addr)
 		assert.Contains(t, err.Error(), "--dashboard-plain-http is allowed only on a loopback --dashboard-listen", addr)
 	}
@@ -197,7 +197,7 @@ func (w *world) plainHTTPOffLoopback(t *testing.T) {
 // returns its dashboard result.
 func (w *world) checkDashboard(t *testing.T, opsAddr string) check.Result {
 	t.Helper()
-	out, _ := e2e.Run(t, w.bin, "check", "--kubeconfig", w.mgmt.Kubeconfig, "--server-metrics-address", opsAddr, "-o", "json")
+	out, _ := e2e.Run(t, w.bin, "check", "--kubeconfig", w.mgmt.Kubeconfig, "--server-metrics-address", opsAddr, "--server-metrics-plain-http", "-o", "json")
 	var r check.Report
 	require.NoError(t, json.Unmarshal([]byte(out), &r), out)
 	var found []check.Result
@@ -232,7 +232,7 @@ func (w *world) secondReplica(t *testing.T) {
 	opsAddr, dashAddr := e2e.Addr(t), e2e.Addr(t)
 	chain, key, leaf := pki.issue(e2e.Host(dashAddr))
 	write(chain, key)
-	e2e.Start(t, w.bin, w.dir, "server-2", "server", "--kubeconfig", w.mgmt.Kubeconfig, "--listen", e2e.Addr(t), "--metrics-listen", opsAddr,
+	e2e.Start(t, w.bin, w.dir, "server-2", "server", "--kubeconfig", w.mgmt.Kubeconfig, "--listen", e2e.Addr(t), "--metrics-listen", opsAddr, "--metrics-plain-http",
 		"--dashboard-listen", dashAddr, "--dashboard-tls-cert", certPath, "--dashboard-tls-key", keyPath, "--dashboard-session-idle-timeout", "10s",
 		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost", "--server-ips", "127.0.0.1")
 	e2e.Eventually(t, 2*time.Minute, "the second replica's health", func() (bool, string) {

@@ -42,9 +42,11 @@ resources [debug], verbs [get]). With --token-service-account NAME the
 command mints a 10-minute token for that service account of --namespace
 (TokenRequest; you need create on serviceaccounts/token) and keeps it in
 memory only. Otherwise it uses your kubeconfig user's bearer token, if it
-has one — and only over a loopback address (a port-forward), since the
-metrics port is plain HTTP. The apiserver's service proxy strips bearer
-tokens, so /debug needs --server-metrics-address.`
+has one. A token goes only over HTTPS (the metrics port's default,
+verified against the relay root or --server-metrics-ca-file), or over
+plain HTTP (--server-metrics-plain-http) to a loopback address: a token
+for a non-loopback plain-HTTP address is refused. The apiserver's service
+proxy strips bearer tokens, so /debug needs --server-metrics-address.`
 
 type debugFlags struct {
 	clusters        twoClusters
@@ -201,6 +203,13 @@ func runDebugReport(ctx context.Context, d deps, g *globals, f *debugFlags) erro
 // only), else none. It sets it on server, adds it to redactor, and
 // returns the note README.txt gives about it.
 func debugToken(ctx context.Context, mgmt *kubeclient.Clients, namespace, tokenSA string, server *opsclient.Client, redactor *debugreport.Redactor) (string, error) {
+	// A token that could only travel in cleartext to another machine is
+	// refused before it is minted or read.
+	if tokenSA != "" || (mgmt != nil && (mgmt.Config.BearerToken != "" || mgmt.Config.BearerTokenFile != "")) {
+		if err := server.TokenAllowed(); err != nil {
+			return "", fmt.Errorf("/debug: %w", err)
+		}
+	}
 	switch {
 	case tokenSA != "":
 		token, err := mintDebugToken(ctx, mgmt, namespace, tokenSA)
@@ -208,7 +217,7 @@ func debugToken(ctx context.Context, mgmt *kubeclient.Clients, namespace, tokenS
 			return "", err
 		}
 		redactor.Add([]byte(token))
-		server.Token, server.TokenShortLived = token, true
+		server.Token = token
 		return "a 10-minute token of service account " + namespace + "/" + tokenSA, nil
 	case mgmt.Config.BearerToken != "" || mgmt.Config.BearerTokenFile != "":
 		token := mgmt.Config.BearerToken
@@ -221,7 +230,7 @@ func debugToken(ctx context.Context, mgmt *kubeclient.Clients, namespace, tokenS
 		}
 		redactor.Add([]byte(token))
 		server.Token = token
-		return "your kubeconfig user's token (loopback addresses only)", nil
+		return "your kubeconfig user's token", nil
 	default:
 		return "none: /debug is not collected (give --token-service-account)", nil
 	}

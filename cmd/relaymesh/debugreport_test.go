@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"io"
@@ -15,11 +17,15 @@ import (
 	"testing"
 
 	"github.com/relaymesh/relaymesh/check"
+	"github.com/relaymesh/relaymesh/internal/debugreport"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/internal/opsclient"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 )
 
 // readArchive returns the files of a tar.gz by path below its top directory.
@@ -168,4 +174,34 @@ func (w *world) debugReport(t *testing.T) {
 	assert.Empty(t, files["server/debug/admission.json"])
 	assert.Contains(t, string(files["manifest.json"]), "401")
 	assert.Contains(t, string(files["README.txt"]), "give --token-service-account")
+
+	// A token is never sent over plain HTTP to another machine: refused
+	// before it is minted, nothing written (192.0.2.1 is never dialed).
+	out3 := filepath.Join(t.TempDir(), "report.tar.gz")
+	_, errOut, code = w.relaymesh("debug", "report", "--context", "mgmt", "--server-metrics-address", "192.0.2.1:9091", "--server-metrics-plain-http",
+		"--token-service-account", "relaymesh-debug", "--out", out3)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "refusing to send a bearer token over plain HTTP to a non-loopback address")
+	assert.Contains(t, errOut, "serve the metrics port over TLS")
+	assert.NoFileExists(t, out3)
+}
+
+// The refusal comes first: debugToken neither mints nor reads a token for
+// a plain-HTTP, non-loopback address (a nil management client would
+// panic if it tried), and the error quotes no token; over HTTPS, or to
+// loopback, the same address is fine.
+func TestDebugTokenRefusesCleartextOffLoopbackBeforeMinting(t *testing.T) {
+	for _, addr := range []string{"192.0.2.1:9091", "[2001:db8::1]:9091", "relaymesh-server.relaymesh.svc:9091"} {
+		_, err := debugToken(t.Context(), nil, "relaymesh", "relaymesh-debug", &opsclient.Client{Address: addr}, &debugreport.Redactor{})
+		require.ErrorIs(t, err, opsclient.ErrCleartextToken, addr)
+		assert.Contains(t, err.Error(), addr)
+	}
+	https := &opsclient.Client{Address: "192.0.2.1:9091", RootCAs: func(context.Context) (*x509.CertPool, error) { return x509.NewCertPool(), nil }}
+	require.NoError(t, https.TokenAllowed())
+	require.NoError(t, (&opsclient.Client{Address: "127.0.0.1:9091"}).TokenAllowed())
+	// The kubeconfig user's token is refused the same way.
+	mgmt := &kubeclient.Clients{Config: &rest.Config{BearerToken: "s3cret-kube-token"}}
+	_, err := debugToken(t.Context(), mgmt, "relaymesh", "", &opsclient.Client{Address: "192.0.2.1:9091"}, &debugreport.Redactor{})
+	require.ErrorIs(t, err, opsclient.ErrCleartextToken)
+	assert.NotContains(t, err.Error(), "s3cret-kube-token")
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -196,7 +195,7 @@ func TestRegisterThroughChart(t *testing.T) {
 		}
 		connected := regexp.MustCompile(`(?m)^` + server.MetricConnectedAgents + ` (\S+)$`)
 		w.eventually(30*time.Second, "one agent session left (gitops-1's)", func() (bool, string) {
-			resp, err := http.Get("http://" + w.opsAddr + "/metrics")
+			resp, err := w.opsGet("/metrics")
 			if err != nil {
 				return false, err.Error()
 			}

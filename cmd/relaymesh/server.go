@@ -51,6 +51,8 @@ type serverFlags struct {
 	conns                                             relay.ConnectionLimits
 	clusters                                          relay.ClusterLimits
 	store                                             snapshotStoreFlags
+	metricsTLS                                        app.MetricsTLSConfig
+	metricsDNSNames, metricsIPs                       string
 }
 
 func newServerCommand(d deps, g *globals) *cobra.Command {
@@ -85,7 +87,12 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	}
 	fs := c.Flags()
 	fs.StringVar(&f.listen, "listen", ":9900", "relay gRPC address")
-	fs.StringVar(&f.metricsListen, "metrics-listen", ":9091", "metrics and health address (/metrics, /healthz, /readyz)")
+	fs.StringVar(&f.metricsListen, "metrics-listen", ":9091", "metrics, health and debug address (/metrics, /healthz, /readyz, /debug/*), served over TLS (see --metrics-tls-cert)")
+	fs.StringVar(&f.metricsTLS.CertFile, "metrics-tls-cert", "", "PEM file of the metrics port's serving certificate (then its intermediates), reloaded when it changes; default: a certificate from the relay CA for --metrics-dns-names and --metrics-ips, renewed like the relay port's (Prometheus and relaymesh verify it against the relay root, relay-root-tls-secret ca.crt)")
+	fs.StringVar(&f.metricsTLS.KeyFile, "metrics-tls-key", "", "PEM file of the private key of --metrics-tls-cert")
+	fs.StringVar(&f.metricsDNSNames, "metrics-dns-names", "", "comma-separated DNS names of the metrics port's relay-CA certificate (default: --server-dns-names and localhost)")
+	fs.StringVar(&f.metricsIPs, "metrics-ips", "", "comma-separated IPs of the metrics port's relay-CA certificate (default: --server-ips, 127.0.0.1 and ::1)")
+	fs.BoolVar(&f.metricsTLS.PlainHTTP, "metrics-plain-http", false, "WEAKER: serve the metrics port over plain HTTP, without TLS; allowed only on a loopback --metrics-listen (e.g. 127.0.0.1:9091); relaymesh then sends a /debug token only to a loopback address")
 	fs.StringVar(&f.trustDomain, "trust-domain", "relaymesh.local", "SPIFFE trust domain of agent identities")
 	fs.StringVar(&f.dnsNames, "server-dns-names", "localhost,relaymesh-server,relaymesh-server.relaymesh.svc", "comma-separated DNS names in the server certificate (agents verify one of them)")
 	fs.StringVar(&f.ips, "server-ips", "127.0.0.1", "comma-separated IP addresses in the server certificate")
@@ -154,7 +161,7 @@ func runServer(ctx context.Context, f serverFlags, kube *kubeclient.Clients, d d
 // config maps the flags to the server's Config.
 func (f serverFlags) config() app.Config {
 	return app.Config{
-		Namespace: f.namespace, Listen: f.listen, MetricsListen: f.metricsListen, TrustDomain: f.trustDomain,
+		Namespace: f.namespace, Listen: f.listen, MetricsListen: f.metricsListen, MetricsTLS: f.metricsTLSConfig(), TrustDomain: f.trustDomain,
 		ServerDNSNames: splitList(f.dnsNames), ServerIPs: splitList(f.ips), AuditLog: f.auditLog, LogLevel: f.logLevel,
 		CA: app.CAConfig{CertFile: f.caCert, KeyFile: f.caKey, RootsFile: f.caRoots, Secret: f.caSecret,
 			IssuerTTL: f.issuerTTL, IssuerRenewAt: f.issuerRenewAt, IssuerCheck: f.issuerCheck},
@@ -167,6 +174,13 @@ func (f serverFlags) config() app.Config {
 		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod,
 		Connections: f.conns, Clusters: f.clusters, SnapshotStore: f.store.store(),
 	}
+}
+
+// metricsTLSConfig is the metrics port's transport from the flags.
+func (f serverFlags) metricsTLSConfig() app.MetricsTLSConfig {
+	m := f.metricsTLS
+	m.DNSNames, m.IPs = splitList(f.metricsDNSNames), splitList(f.metricsIPs)
+	return m
 }
 
 // validate checks every flag (app.Config.Validate, and the dashboard's).

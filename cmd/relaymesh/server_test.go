@@ -45,6 +45,7 @@ func TestServerFlagDefaultsAreTheAppDefaults(t *testing.T) {
 		"snapshot-store":                      d.SnapshotStore.Kind,
 		"allow-shared-token":                  fmt.Sprint(d.AllowSharedToken),
 		"allow-kubeconfig-clusters":           fmt.Sprint(d.AllowKubeconfigClusters),
+		"metrics-plain-http":                  fmt.Sprint(d.MetricsTLS.PlainHTTP),
 	} {
 		f := c.Flags().Lookup(flag)
 		require.NotNil(t, f, flag)

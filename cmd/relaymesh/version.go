@@ -2,17 +2,24 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"os"
 	"runtime/debug"
 	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/opsclient"
 	"github.com/relaymesh/relaymesh/internal/opshttp"
 	"github.com/relaymesh/relaymesh/internal/printer"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
 )
 
 // buildInfo is the relaymesh_build_info gauge of the server and the agent.
@@ -21,24 +28,61 @@ func buildInfo() prometheus.Collector { return opshttp.BuildInfo(version()) }
 // serverOps are the flags that say how to reach the server's operations
 // port (/metrics, /debug/*).
 type serverOps struct {
-	address, service, port string
+	address, service, port, caFile string
+	plainHTTP                      bool
 }
 
 func (s *serverOps) addFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&s.address, "server-metrics-address", "", "host:port of the server's metrics port, e.g. 127.0.0.1:9091 after 'kubectl -n relaymesh port-forward svc/relaymesh-server 9091' (default: through the management apiserver's service proxy)")
+	fs.StringVar(&s.address, "server-metrics-address", "", "host:port of the server's metrics port (HTTPS), e.g. 127.0.0.1:9091 after 'kubectl -n relaymesh port-forward svc/relaymesh-server 9091' (default: through the management apiserver's service proxy)")
 	fs.StringVar(&s.service, "server-service", "relaymesh-server", "the server's Service in --namespace, for the service proxy")
 	fs.StringVar(&s.port, "server-metrics-port", "metrics", "the Service port (name or number) of the metrics port, for the service proxy")
+	fs.StringVar(&s.caFile, "server-metrics-ca-file", "", "PEM file of the CA the metrics port's certificate is verified against (default: the relay root, relay-root-tls-secret ca.crt in --namespace; give this for a server run with --metrics-tls-cert)")
+	fs.BoolVar(&s.plainHTTP, "server-metrics-plain-http", false, "WEAKER: reach the metrics port over plain HTTP (a server run with --metrics-plain-http); a /debug token is then sent to a loopback address only")
 }
 
 // client reaches the server's operations port of the management cluster
-// mgmt (nil: only a direct address works).
+// mgmt (nil: only a direct address works), over HTTPS verified against
+// --server-metrics-ca-file or the relay root unless --server-metrics-plain-http.
 func (s *serverOps) client(mgmt *kubeclient.Clients, namespace string) *opsclient.Client {
 	c := &opsclient.Client{Address: s.address, Namespace: namespace, Service: s.service, Port: s.port,
 		DirectHint: "pass the metrics port's address with --server-metrics-address HOST:PORT (e.g. 127.0.0.1:9091 for a server on this machine, or after 'kubectl -n " + namespace + " port-forward svc/" + s.service + " 9091'), or the Service's name with --server-service"}
 	if mgmt != nil {
 		c.Kube = mgmt.Typed
 	}
+	if !s.plainHTTP {
+		c.RootCAs = s.rootCAs(c.Kube, namespace)
+	}
 	return c
+}
+
+// rootCAs reads the CA the metrics port is verified against: the file of
+// --server-metrics-ca-file, else the relay root of the management
+// cluster.
+func (s *serverOps) rootCAs(kube kubernetes.Interface, namespace string) func(context.Context) (*x509.CertPool, error) {
+	return func(ctx context.Context) (*x509.CertPool, error) {
+		var pemBytes []byte
+		switch {
+		case s.caFile != "":
+			b, err := readFileBounded(s.caFile, 1<<20)
+			if err != nil {
+				return nil, fmt.Errorf("--server-metrics-ca-file: %w", err)
+			}
+			pemBytes = b
+		case kube == nil:
+			return nil, errors.New("no management cluster to read the relay root from: give --server-metrics-ca-file")
+		default:
+			b, err := ca.RelayRootsPEM(ctx, kube, namespace)
+			if err != nil {
+				return nil, fmt.Errorf("the relay root (or give --server-metrics-ca-file): %w", err)
+			}
+			pemBytes = b
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pemBytes) {
+			return nil, errors.New("no PEM certificate in the CA to verify the metrics port with")
+		}
+		return pool, nil
+	}
 }
 
 // componentVersion is one line of relaymesh version.
@@ -193,4 +237,21 @@ func collectVersions(ctx context.Context, g *globals, ops *serverOps, v *version
 		v.Agents = append(v.Agents, a)
 	}
 	return serverErr
+}
+
+// readFileBounded reads path, refusing one larger than limit bytes.
+func readFileBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return b, nil
 }

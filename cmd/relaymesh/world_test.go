@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/relaymesh/relaymesh/examples"
 	"github.com/relaymesh/relaymesh/test/e2e"
@@ -251,7 +254,10 @@ func baseWorld(t *testing.T, workloads []string, agentTTL time.Duration, before 
 	}
 	hookAddr := freeAddr(t, "")
 	relayHost, _, _ := net.SplitHostPort(w.relayAddr)
-	w.serverArgs = []string{"server", "--context", "mgmt", "--listen", w.relayAddr, "--metrics-listen", w.opsAddr, "--audit-log", filepath.Join(w.dir, "audit.log"),
+	// The metrics port serves TLS (the default) with a relay-CA
+	// certificate for the address it is reached at.
+	w.serverArgs = []string{"server", "--context", "mgmt", "--listen", w.relayAddr, "--metrics-listen", w.opsAddr, "--metrics-ips", ip, "--metrics-dns-names", "localhost",
+		"--audit-log", filepath.Join(w.dir, "audit.log"),
 		"--server-dns-names", "localhost", "--server-ips", relayHost, "--agent-cert-ttl", agentTTL.String(),
 		"--webhook-listen", hookAddr, "--webhook-url", "https://" + hookAddr + "/validate", "--webhook-client-ca", mgmt.WebhookClientCA}
 	for _, f := range before {
@@ -289,10 +295,24 @@ func (w *world) exposeMetrics(ip string) {
 	require.NoError(w.t, err)
 }
 
+// opsGet fetches path from the server's metrics port over HTTPS,
+// verified against the relay root of the management cluster (as
+// relaymesh's commands do).
+func (w *world) opsGet(path string) (*http.Response, error) {
+	roots, err := ca.RelayRootsPEM(w.ctx, w.clients["mgmt"], "relaymesh")
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(roots)
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}}}
+	return c.Get("https://" + w.opsAddr + path)
+}
+
 func (w *world) startServer() {
 	w.server = w.start("server", time.Now, w.serverArgs...)
 	w.eventually(60*time.Second, "the server's /healthz", func() (bool, string) {
-		resp, err := http.Get("http://" + w.opsAddr + "/healthz")
+		resp, err := w.opsGet("/healthz")
 		if err != nil {
 			return false, err.Error()
 		}

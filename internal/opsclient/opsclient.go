@@ -10,13 +10,19 @@
 // backend (the apiserver removes the Authorization header once it has
 // authenticated the caller), so /debug/* is read directly only.
 //
+// The server's port speaks TLS (RootCAs: the relay root, or the CA of a
+// provided certificate); an agent's ports, and a server run with the
+// WEAKER --metrics-plain-http, speak plain HTTP.
+//
 // Bodies are bounded (MaxBody); a bearer token is only ever sent in the
-// Authorization header, and never to a non-loopback address over plain
-// HTTP unless the caller says the token is one it minted for this purpose.
+// Authorization header, and never over plain HTTP to a non-loopback
+// address, whatever the token (SendToken decides).
 package opsclient
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -49,7 +55,7 @@ var (
 	ErrNoAddress = errors.New("no address of the operations port given")
 	// ErrCleartextToken: the bearer token would travel in cleartext to
 	// another machine.
-	ErrCleartextToken = errors.New("refusing to send a long-lived bearer token over plain HTTP to a non-loopback address")
+	ErrCleartextToken = errors.New("refusing to send a bearer token over plain HTTP to a non-loopback address")
 	// ErrNoService: the service proxy found no Service of that name.
 	ErrNoService = errors.New("no such Service")
 	// ErrNoEndpoints: the Service exists, but no ready endpoint backs it.
@@ -67,13 +73,16 @@ type Client struct {
 	Namespace string
 	Service   string
 	Port      string
-	// Token, when set, is sent as a bearer token on /debug/* requests.
+	// RootCAs, when set, makes direct requests HTTPS, the server verified
+	// against the pool it returns (called once per request; the relay root
+	// from relay-root-tls-secret, or a CA file); nil: plain HTTP.
+	RootCAs func(context.Context) (*x509.CertPool, error)
+	// Token, when set, is sent as a bearer token on /debug/* requests:
+	// over HTTPS, or over plain HTTP to a loopback address only.
 	Token string
-	// TokenShortLived says Token was minted for this (a short-lived token
-	// of an account that may only read /debug), so it may travel to a
-	// non-loopback address; a long-lived token may only go to loopback.
-	TokenShortLived bool
-	// HTTP is the client for direct requests; default one with a timeout.
+	// HTTP is the client for direct requests; default one with a timeout
+	// (its transport is replaced by one verifying RootCAs when they are
+	// set).
 	HTTP *http.Client
 	// DirectHint says how the caller gives a direct address (e.g. "pass
 	// --server-metrics-address HOST:PORT"); it ends the message of a
@@ -84,9 +93,38 @@ type Client struct {
 // Where describes how the process is reached, for messages.
 func (c *Client) Where() string {
 	if c.Address != "" {
-		return "http://" + c.Address
+		return c.scheme() + "://" + c.Address
 	}
-	return fmt.Sprintf("service proxy %s/%s:%s", c.Namespace, c.Service, c.Port)
+	return fmt.Sprintf("service proxy %s/%s", c.Namespace, c.proxiedName())
+}
+
+func (c *Client) scheme() string {
+	if c.RootCAs != nil {
+		return "https"
+	}
+	return "http"
+}
+
+// TokenAllowed says whether Token may be sent to the direct address as
+// the client reaches it (SendToken); nil without an address (the service
+// proxy carries no token).
+func (c *Client) TokenAllowed() error {
+	if c.Address == "" {
+		return nil
+	}
+	return SendToken(c.scheme(), c.Address)
+}
+
+// SendToken decides whether a bearer token may go to address over
+// scheme ("http" or "https"): over HTTPS always (the server is
+// verified), over plain HTTP to a loopback address only (a port-forward,
+// a process on this machine); otherwise ErrCleartextToken, naming the
+// fix. The error never quotes the token.
+func SendToken(scheme, address string) error {
+	if scheme == "https" || loopback(address) {
+		return nil
+	}
+	return fmt.Errorf("%w (%s): serve the metrics port over TLS (the server's default) and reach it with HTTPS, or reach a plain-HTTP port through a port-forward to 127.0.0.1", ErrCleartextToken, address)
 }
 
 // Get fetches path ("/metrics", "/debug/snapshots/input", …).
@@ -106,19 +144,19 @@ func (c *Client) Get(ctx context.Context, path string) ([]byte, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.Address+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.scheme()+"://"+c.Address+path, nil)
 	if err != nil {
 		return nil, err
 	}
 	if debug && c.Token != "" {
-		if !c.TokenShortLived && !loopback(c.Address) {
-			return nil, fmt.Errorf("%s: %w (%s); use a port-forward to 127.0.0.1 or a short-lived token of a debug service account", path, ErrCleartextToken, c.Address)
+		if err := SendToken(c.scheme(), c.Address); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = &http.Client{Timeout: requestTimeout}
+	hc, err := c.httpClient(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", path, err)
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
@@ -135,13 +173,50 @@ func (c *Client) Get(ctx context.Context, path string) ([]byte, error) {
 	return body, nil
 }
 
-func (c *Client) viaProxy(ctx context.Context, path string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
+// httpClient is the client of a direct request: c.HTTP (or one with a
+// timeout), over TLS verifying RootCAs when they are set. It never
+// follows a redirect, which could carry the token elsewhere.
+func (c *Client) httpClient(ctx context.Context) (*http.Client, error) {
+	hc := &http.Client{Timeout: requestTimeout}
+	if c.HTTP != nil {
+		copied := *c.HTTP
+		hc = &copied
+	}
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	if c.RootCAs == nil {
+		return hc, nil
+	}
+	roots, err := c.RootCAs(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("the CA to verify the metrics port with: %w", err)
+	}
+	if roots == nil {
+		return nil, errors.New("the CA to verify the metrics port with: empty")
+	}
+	hc.Transport = &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots},
+		TLSHandshakeTimeout: requestTimeout, ForceAttemptHTTP2: true}
+	return hc, nil
+}
+
+// proxiedName is the Service and port as the service proxy names them,
+// "https:" first when the port speaks TLS (the apiserver then dials it
+// with TLS; it does not verify the certificate, so only the
+// unauthenticated endpoints go this way).
+func (c *Client) proxiedName() string {
 	name := c.Service
 	if c.Port != "" {
 		name += ":" + c.Port
 	}
+	if c.RootCAs != nil {
+		name = "https:" + name
+	}
+	return name
+}
+
+func (c *Client) viaProxy(ctx context.Context, path string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	name := c.proxiedName()
 	rc, err := c.Kube.CoreV1().RESTClient().Get().Namespace(c.Namespace).Resource("services").Name(name).SubResource("proxy").Suffix(path).Stream(ctx)
 	if err != nil {
 		if why := c.whyUnproxied(ctx, err); why != nil {

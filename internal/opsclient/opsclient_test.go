@@ -2,11 +2,14 @@ package opsclient
 
 import (
 	"context"
+	"crypto/x509"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -64,12 +67,14 @@ func TestGet(t *testing.T) {
 	_, err = c.Get(ctx, "metrics")
 	assert.Error(t, err)
 
-	// A long-lived token never goes over plain HTTP to another machine; a
-	// short-lived one minted for this may.
+	// No token goes over plain HTTP to another machine (192.0.2.1 is
+	// TEST-NET-1: the refusal comes before any dial).
 	auth = nil
 	far := &Client{Address: "192.0.2.1:9091", Token: "t0ken-value"}
 	_, err = far.Get(ctx, "/debug/admission")
 	assert.ErrorIs(t, err, ErrCleartextToken)
+	assert.NotContains(t, err.Error(), "t0ken-value")
+	assert.Contains(t, err.Error(), "TLS")
 	assert.Empty(t, auth)
 	// The service proxy cannot carry a token: /debug needs an address.
 	_, err = (&Client{Service: "relaymesh-server", Namespace: "relaymesh"}).Get(ctx, "/debug/admission")
@@ -145,4 +150,112 @@ func TestServiceProxyNotFoundIsExplained(t *testing.T) {
 			assert.NotContains(t, got.Error(), "not found")
 		})
 	}
+}
+
+// The decision: a token goes over HTTPS anywhere, over plain HTTP to
+// loopback only; a name that is not an IP literal is not loopback (except
+// localhost), whatever it resolves to.
+func TestSendTokenOnlyOverTLSOrToLoopback(t *testing.T) {
+	for _, tt := range []struct {
+		scheme, addr string
+		ok           bool
+	}{
+		{"https", "192.0.2.1:9091", true},
+		{"https", "relaymesh-server.relaymesh.svc:9091", true},
+		{"http", "127.0.0.1:9091", true},
+		{"http", "127.3.4.5:9091", true},
+		{"http", "[::1]:9091", true},
+		{"http", "localhost:9091", true},
+		{"http", "192.0.2.1:9091", false},
+		{"http", "[2001:db8::1]:9091", false},
+		{"http", "relaymesh-server:9091", false},
+		{"http", "localhost.example.com:9091", false},
+		{"http", "127.0.0.1", false}, // no port: not parsed, refused
+		{"http", "", false},
+		{"HTTP", "192.0.2.1:9091", false},
+		{"", "192.0.2.1:9091", false},
+	} {
+		err := SendToken(tt.scheme, tt.addr)
+		if tt.ok {
+			assert.NoError(t, err, "%s://%s", tt.scheme, tt.addr)
+		} else {
+			assert.ErrorIs(t, err, ErrCleartextToken, "%s://%s", tt.scheme, tt.addr)
+		}
+	}
+}
+
+// Over TLS the server is verified against RootCAs: the right CA reads
+// /metrics and /debug (with the token), a wrong CA reads nothing and
+// sends no token, and a CA that cannot be loaded says so.
+func TestGetOverTLSVerifiesTheServer(t *testing.T) {
+	var auth []string
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth = append(auth, r.URL.Path+"="+r.Header.Get("Authorization"))
+		switch r.URL.Path {
+		case "/metrics":
+			_, _ = w.Write([]byte("relaymesh_build_info{version=\"v1\"} 1\n"))
+		case "/debug/admission":
+			_, _ = w.Write([]byte(`{}`))
+		case "/debug/redirect":
+			http.Redirect(w, r, "http://192.0.2.1:9091/debug/admission", http.StatusFound)
+		}
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "https://")
+	ctx := context.Background()
+	right := func(context.Context) (*x509.CertPool, error) {
+		pool := x509.NewCertPool()
+		pool.AddCert(srv.Certificate())
+		return pool, nil
+	}
+	c := &Client{Address: addr, Token: "t0ken-value", RootCAs: right}
+	assert.Equal(t, "https://"+addr, c.Where())
+	body, err := c.Get(ctx, "/metrics")
+	require.NoError(t, err)
+	assert.Contains(t, string(body), "relaymesh_build_info")
+	_, err = c.Get(ctx, "/debug/admission")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"/metrics=", "/debug/admission=Bearer t0ken-value"}, auth)
+
+	// A redirect is not followed: it could carry the token elsewhere.
+	auth = nil
+	_, err = c.Get(ctx, "/debug/redirect")
+	assert.ErrorContains(t, err, "302")
+	assert.Len(t, auth, 1)
+
+	// (httptest's TLS servers all share one certificate: the wrong CA is
+	// one of its own.)
+	otherCA := catest.NewRoot(t, catest.CAOptions{})
+	wrong := func(context.Context) (*x509.CertPool, error) {
+		pool := x509.NewCertPool()
+		pool.AddCert(otherCA.Cert)
+		return pool, nil
+	}
+	auth = nil
+	for name, roots := range map[string]func(context.Context) (*x509.CertPool, error){
+		"wrong CA":   wrong,
+		"system CAs": func(context.Context) (*x509.CertPool, error) { return x509.NewCertPool(), nil },
+	} {
+		_, err = (&Client{Address: addr, Token: "t0ken-value", RootCAs: roots}).Get(ctx, "/debug/admission")
+		var unknown x509.UnknownAuthorityError
+		require.True(t, errors.As(err, &unknown), "%s: %v", name, err)
+		assert.NotContains(t, err.Error(), "t0ken-value")
+	}
+	assert.Empty(t, auth, "a server that is not verified hears no request at all")
+
+	_, err = (&Client{Address: addr, RootCAs: func(context.Context) (*x509.CertPool, error) { return nil, errors.New("no secret") }}).Get(ctx, "/metrics")
+	assert.ErrorContains(t, err, "the CA to verify the metrics port with: no secret")
+
+	// A plain-HTTP client does not speak to a TLS port.
+	_, err = (&Client{Address: addr}).Get(ctx, "/metrics")
+	assert.Error(t, err)
+}
+
+// Through the service proxy a TLS port is named https:SERVICE:PORT, so
+// the apiserver dials it with TLS.
+func TestServiceProxyNamesTheTLSPort(t *testing.T) {
+	c := &Client{Namespace: "relaymesh", Service: "relaymesh-server", Port: "metrics"}
+	assert.Equal(t, "service proxy relaymesh/relaymesh-server:metrics", c.Where())
+	c.RootCAs = func(context.Context) (*x509.CertPool, error) { return x509.NewCertPool(), nil }
+	assert.Equal(t, "service proxy relaymesh/https:relaymesh-server:metrics", c.Where())
 }

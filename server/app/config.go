@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"github.com/relaymesh/relaymesh/ca"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/relaymesh/relaymesh/internal/logging"
@@ -29,8 +30,11 @@ type Config struct {
 	// Namespace of the server's Secrets, Leases and user config (--namespace).
 	Namespace string
 	// Listen is the relay gRPC address (--listen); MetricsListen serves
-	// /metrics, /healthz, /readyz and /debug (--metrics-listen).
+	// /metrics, /healthz, /readyz and /debug (--metrics-listen), over
+	// TLS as MetricsTLS says.
 	Listen, MetricsListen string
+	// MetricsTLS is the metrics port's transport.
+	MetricsTLS MetricsTLSConfig
 	// TrustDomain of agent identities (--trust-domain).
 	TrustDomain string
 	// ServerDNSNames and ServerIPs name the server in its certificate
@@ -94,6 +98,22 @@ type CAConfig struct {
 	// IssuerCheck is how often replicas look for a new issuing CA and the
 	// Lease holder for a due renewal (--relay-issuer-check-interval).
 	IssuerCheck time.Duration
+}
+
+// MetricsTLSConfig is how the metrics port is served: over TLS with a
+// certificate from the relay CA (the default), or with provided files, or
+// (WEAKER, loopback only) over plain HTTP.
+type MetricsTLSConfig struct {
+	// CertFile and KeyFile are a provided certificate and key, reloaded
+	// when they change (--metrics-tls-cert, --metrics-tls-key).
+	CertFile, KeyFile string
+	// DNSNames and IPs of the relay-CA certificate (--metrics-dns-names,
+	// --metrics-ips); empty: the server's names and IPs, and localhost,
+	// 127.0.0.1 and ::1 (a port-forward's address).
+	DNSNames, IPs []string
+	// PlainHTTP (WEAKER, --metrics-plain-http) serves without TLS; allowed
+	// on a loopback MetricsListen only.
+	PlainHTTP bool
 }
 
 // WebhookConfig configures the admission webhook.
@@ -178,6 +198,7 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.CA.validate()...)
 	errs = append(errs, c.CA.validateIssuer(c.AgentCertTTL)...)
+	errs = append(errs, c.MetricsTLS.validate(c.MetricsListen)...)
 	if len(c.ServerDNSNames) == 0 && len(c.ServerIPs) == 0 {
 		errs = append(errs, errors.New("--server-dns-names or --server-ips must name the server"))
 	}
@@ -309,4 +330,58 @@ func (c Config) reservedSecrets() []string {
 		return nil
 	}
 	return []string{c.CA.Secret}
+}
+
+func (m MetricsTLSConfig) validate(listen string) []error {
+	var errs []error
+	if (m.CertFile == "") != (m.KeyFile == "") {
+		errs = append(errs, errors.New("--metrics-tls-cert and --metrics-tls-key go together"))
+	}
+	if m.PlainHTTP {
+		if m.CertFile != "" {
+			errs = append(errs, errors.New("--metrics-plain-http and --metrics-tls-cert are alternatives"))
+		}
+		if !loopbackAddress(listen) {
+			errs = append(errs, fmt.Errorf("--metrics-plain-http is allowed only on a loopback --metrics-listen (e.g. 127.0.0.1:9091), not %q: off loopback the metrics port needs TLS (the default: a certificate from the relay CA; or --metrics-tls-cert and --metrics-tls-key)", text.Truncate(listen, 80)))
+		}
+	}
+	if _, err := parseIPs("--metrics-ips", m.IPs); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// metricsNames are the names of the metrics port's relay-CA certificate:
+// --metrics-dns-names and --metrics-ips, or else the server's names and
+// loopback's (a port-forward's address), each once.
+func (c Config) metricsNames() ([]string, []net.IP, error) {
+	names, ipList := c.MetricsTLS.DNSNames, c.MetricsTLS.IPs
+	if len(names) == 0 && len(ipList) == 0 {
+		names = append(slices.Clone(c.ServerDNSNames), "localhost")
+		ipList = append(slices.Clone(c.ServerIPs), "127.0.0.1", "::1")
+	}
+	ips, err := parseIPs("--metrics-ips", ipList)
+	if err != nil {
+		return nil, nil, err
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	var unique []net.IP
+	for _, ip := range ips {
+		if !slices.ContainsFunc(unique, ip.Equal) {
+			unique = append(unique, ip)
+		}
+	}
+	return names, unique, nil
+}
+
+// loopbackAddress reports whether host:port names a loopback address
+// (an empty host, every interface, is not one).
+func loopbackAddress(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/relaymesh/relaymesh/dashboard"
 	"github.com/relaymesh/relaymesh/internal/kubeauth"
 	"github.com/relaymesh/relaymesh/internal/opshttp"
 	"github.com/relaymesh/relaymesh/policy/admission"
@@ -123,10 +125,54 @@ func (p *process) newOps(ctx context.Context) error {
 		}
 		p.closers = append(p.closers, stop)
 	}
-	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = httpSrv.Serve(p.metricsLis) }()
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+	certificate, err := p.metricsCertificate(ctx)
+	if err != nil {
+		return err
+	}
+	if certificate == nil {
+		go func() { _ = httpSrv.Serve(p.metricsLis) }()
+	} else {
+		httpSrv.TLSConfig = dashboard.ServerTLS(certificate)
+		go func() { _ = httpSrv.ServeTLS(p.metricsLis, "", "") }()
+	}
 	p.closers = append(p.closers, func() { _ = httpSrv.Close() })
 	return nil
+}
+
+// metricsCertificate is what the metrics port is served with: provided
+// files (reloaded when they change), a certificate from the relay CA
+// (renewed until ctx ends), or nil: plain HTTP (WEAKER, loopback only,
+// the bound address checked too).
+func (p *process) metricsCertificate(ctx context.Context) (func() (*tls.Certificate, error), error) {
+	m := p.cfg.MetricsTLS
+	switch {
+	case m.PlainHTTP:
+		bound, _ := p.metricsLis.Addr().(*net.TCPAddr)
+		if bound == nil || !bound.IP.IsLoopback() {
+			return nil, fmt.Errorf("--metrics-plain-http: %s is not a loopback address; off loopback the metrics port needs TLS", p.metricsLis.Addr())
+		}
+		p.log.Warn("metrics port served over plain HTTP (--metrics-plain-http, WEAKER): loopback only; /debug bearer tokens and metrics travel unencrypted on this host", "address", p.addrs.Metrics)
+		return nil, nil
+	case m.CertFile != "":
+		files, err := dashboard.LoadCertificateFiles(m.CertFile, m.KeyFile, time.Now, p.log.With("for", "metrics-port"))
+		if err != nil {
+			return nil, fmt.Errorf("--metrics-tls-cert: %w", err)
+		}
+		p.log.Info("metrics port listening over TLS", "address", p.addrs.Metrics, "certificate", "files")
+		return files.Certificate, nil
+	}
+	names, ips, err := p.cfg.metricsNames()
+	if err != nil {
+		return nil, err
+	}
+	cert, err := server.NewServingCert(ctx, p.authority, names, ips, nil, p.log.With("for", "metrics-port"))
+	if err != nil {
+		return nil, fmt.Errorf("the metrics port's certificate: %w", err)
+	}
+	go cert.Run(ctx)
+	p.log.Info("metrics port listening over TLS", "address", p.addrs.Metrics, "certificate", "relay-ca")
+	return cert.Certificate, nil
 }
 
 // debugEndpoints adds /debug/* to mux: authenticated by TokenReview and

@@ -71,6 +71,7 @@ func testOnlyReplica(t *testing.T, kube *kubeclient.Clients, ns string) {
 	assert.Empty(t, leases.Items, "the only replica neither elects nor heartbeats")
 	roots := relayRoots(t, kube, ns)
 	assertServesFrom(t, a.Addrs.Relay, roots)
+	assertOpsServeTLS(t, a.Addrs.Metrics, roots)
 	require.NoError(t, a.Stop())
 }
 

@@ -186,7 +186,7 @@ func startRelaymesh(f *fixture) (_ *relaymesh, err error) {
 		return nil, err
 	}
 	relayAddr, opsAddr := freeAddr(), freeAddr()
-	if err := r.start("server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+	if err := r.start("server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
 		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost", "--server-ips", e2e.Host(relayAddr)); err != nil {
 		return nil, err
 	}

@@ -40,7 +40,7 @@ func TestAgentTrust(t *testing.T) {
 
 	relayAddr, opsAddr := Addr(t), Addr(t)
 	auditLog := filepath.Join(dir, "audit.log")
-	server := Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+	server := Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
 		"--audit-log", auditLog, "--server-dns-names", "localhost", "--server-ips", Host(relayAddr))
 	Eventually(t, 30*time.Second, "server ready", func() (bool, string) {
 		code, err := GetJSON("http://"+opsAddr+"/healthz", nil)
@@ -194,7 +194,7 @@ func TestProvidedCAAndReregistration(t *testing.T) {
 	require.NoError(t, err)
 
 	relayAddr, opsAddr, health := Addr(t), Addr(t), Addr(t)
-	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
 		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost", "--server-ips", Host(relayAddr), "--ca-secret", "enterprise-ca")
 	Eventually(t, 30*time.Second, "server ready", func() (bool, string) {
 		code, err := GetJSON("http://"+opsAddr+"/healthz", nil)

@@ -88,7 +88,7 @@ func TestTrustBoundaries(t *testing.T) {
 	}
 
 	relayAddr, opsAddr := Addr(t), Addr(t)
-	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
 		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost", "--server-ips", Host(relayAddr))
 	waitHealthy(t, opsAddr)
 	for _, name := range []string{"prod-eu", "eu", "us"} {

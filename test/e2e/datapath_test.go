@@ -42,7 +42,7 @@ func TestDataPath(t *testing.T) {
 	}
 
 	relayAddr, opsAddr := Addr(t), Addr(t)
-	serverArgs := []string{"server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+	serverArgs := []string{"server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
 		"--audit-log", filepath.Join(dir, "audit.log"), "--server-dns-names", "localhost", "--server-ips", Host(relayAddr)}
 	server := Start(t, bin, dir, "server", serverArgs...)
 	waitHealthy(t, opsAddr)

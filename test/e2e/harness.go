@@ -5,6 +5,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -121,10 +124,18 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (b
 	t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, last)
 }
 
-// GetBody fetches url; it returns the status and (up to 1 MiB of) the body.
+// probeClient reads health and metrics the way a kubelet probes an HTTPS
+// port: over TLS without verifying the certificate (the request carries no
+// secret). A request with a token goes through DebugReader, which
+// verifies.
+func probeClient(timeout time.Duration) *http.Client {
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a probe, as the kubelet's
+}
+
+// GetBody fetches url (http or, probe-like, https); it returns the status
+// and (up to 1 MiB of) the body.
 func GetBody(url string) (int, string, error) {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get(url)
+	resp, err := probeClient(2 * time.Second).Get(url)
 	if err != nil {
 		return 0, "", err
 	}
@@ -151,8 +162,7 @@ func GetJSON(url string, v any) (int, error) {
 // MetricWith sums the samples of name whose labels contain match (e.g.
 // `outcome="conflict"`).
 func MetricWith(url, name, match string) (float64, error) {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get(url)
+	resp, err := probeClient(2 * time.Second).Get(url)
 	if err != nil {
 		return 0, err
 	}
@@ -203,7 +213,9 @@ func Setup(t *testing.T, clusters ...string) (bin string, env *localcluster.Env,
 // bearer token of a service account "debug-reader" in the relaymesh
 // namespace of mgmt, bound to a Role that grants get on relaymesh.io/debug
 // (what the server checks with SubjectAccessReview). The returned function
-// fetches path from opsAddr and returns the status and body.
+// fetches path from opsAddr and returns the status and body: over plain
+// HTTP, or, when opsAddr starts with https://, over TLS verified against
+// the relay root of mgmt (relay-root-tls-secret ca.crt).
 func DebugReader(t testing.TB, mgmt *localcluster.Cluster, opsAddr string) func(path string) (int, []byte, error) {
 	t.Helper()
 	ctx := context.Background()
@@ -221,13 +233,22 @@ func DebugReader(t testing.TB, mgmt *localcluster.Cluster, opsAddr string) func(
 	tr, err := cs.CoreV1().ServiceAccounts("relaymesh").CreateToken(ctx, "debug-reader", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	token := tr.Status.Token
+	c := http.Client{Timeout: 5 * time.Second}
+	url := "http://" + opsAddr
+	if addr, ok := strings.CutPrefix(opsAddr, "https://"); ok {
+		roots, err := ca.RelayRootsPEM(ctx, cs, "relaymesh")
+		require.NoError(t, err)
+		pool := x509.NewCertPool()
+		require.True(t, pool.AppendCertsFromPEM(roots))
+		c.Transport = &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}}
+		url = "https://" + addr
+	}
 	return func(path string) (int, []byte, error) {
-		req, err := http.NewRequest(http.MethodGet, "http://"+opsAddr+path, nil)
+		req, err := http.NewRequest(http.MethodGet, url+path, nil)
 		if err != nil {
 			return 0, nil, err
 		}
 		req.Header.Set("Authorization", "Bearer "+token)
-		c := http.Client{Timeout: 5 * time.Second}
 		resp, err := c.Do(req)
 		if err != nil {
 			return 0, nil, err

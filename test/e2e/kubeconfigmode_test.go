@@ -49,7 +49,7 @@ func TestKubeconfigMode(t *testing.T) {
 
 	// Without the opt-in the server leaves the cluster alone.
 	opsAddr := Addr(t)
-	off := Start(t, bin, dir, "server-default", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", Addr(t), "--metrics-listen", opsAddr,
+	off := Start(t, bin, dir, "server-default", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", Addr(t), "--metrics-listen", opsAddr, "--metrics-plain-http",
 		"--audit-log", filepath.Join(dir, "audit-1.log"))
 	waitHealthy(t, opsAddr)
 	time.Sleep(2 * time.Second)
@@ -65,7 +65,7 @@ func TestKubeconfigMode(t *testing.T) {
 	var replicas []replica
 	for i := range 2 {
 		ops := Addr(t)
-		p := Start(t, bin, dir, fmt.Sprintf("server-kubeconfig-%d", i), "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", Addr(t), "--metrics-listen", ops,
+		p := Start(t, bin, dir, fmt.Sprintf("server-kubeconfig-%d", i), "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", Addr(t), "--metrics-listen", ops, "--metrics-plain-http",
 			"--audit-log", filepath.Join(dir, fmt.Sprintf("audit-kubeconfig-%d.log", i)), "--allow-kubeconfig-clusters")
 		waitHealthy(t, ops)
 		replicas = append(replicas, replica{p, ops})

@@ -29,7 +29,7 @@ func TestPreAuthAgainstTheServerProcess(t *testing.T) {
 	bin, env, dir := Setup(t, "mgmt")
 	mgmt := env.Cluster("mgmt")
 	relayAddr, opsAddr := Addr(t), Addr(t)
-	server := Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+	server := Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
 		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost", "--server-ips", Host(relayAddr))
 	waitHealthy(t, opsAddr)
 	cs, err := mgmt.Clientset()

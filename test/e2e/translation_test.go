@@ -33,7 +33,7 @@ func TestTranslation(t *testing.T) {
 		require.NoError(t, err)
 	}
 	relayAddr, opsAddr := Addr(t), Addr(t)
-	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
 		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost", "--server-ips", Host(relayAddr))
 	waitHealthy(t, opsAddr)
 	clients := map[string]dynamic.Interface{}

@@ -113,7 +113,7 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 			audit: filepath.Join(cfg.Dir, cfg.Name+"-audit.log"),
 		}
 		args := append([]string{"server", "--kubeconfig", cfg.Kubeconfig, "--namespace", cfg.Namespace,
-			"--listen", s.Addr, "--metrics-listen", s.OpsAddr, "--audit-log", s.audit, "--log-level", cfg.LogLevel}, cfg.Args...)
+			"--listen", s.Addr, "--metrics-listen", s.OpsAddr, "--metrics-plain-http", "--audit-log", s.audit, "--log-level", cfg.LogLevel}, cfg.Args...)
 		s.proc, err = startProcess(cfg.Name, cfg.Binary, args, filepath.Join(cfg.Dir, cfg.Name+".log"), cfg.Env)
 		if err != nil {
 			return nil, err

@@ -33,13 +33,13 @@ func TestCutOffFromAPIServer(t *testing.T) {
 	assert.True(t, env.Net.IsCut(0))
 	require.Error(t, env.Net.Probe(0, store, time.Second), "the cut replica opened a connection to the apiserver")
 	require.NoError(t, env.Net.Probe(1, store, 2*time.Second), "the other replica is not cut")
-	code, err := e2e.GetJSON("http://"+env.Replicas[0].OpsAddr+"/healthz", nil)
+	code, err := e2e.GetJSON("https://"+env.Replicas[0].OpsAddr+"/healthz", nil)
 	require.NoError(t, err, "the cut replica is still reachable by agents")
 	assert.Equal(t, 200, code)
 	// What a Service would see: readiness fails once the replica has been
 	// cut off for a lease duration (TestFailover's CutFromAPIServer checks
 	// the 503); a moment after the cut it may still answer 200.
-	code, err = e2e.GetJSON("http://"+env.Replicas[0].OpsAddr+"/readyz", nil)
+	code, err = e2e.GetJSON("https://"+env.Replicas[0].OpsAddr+"/readyz", nil)
 	require.NoError(t, err)
 	t.Logf("the cut replica's /readyz answers %d a moment after the cut", code)
 

@@ -290,7 +290,7 @@ func (w *world) cutFromAPIServer(t *testing.T) {
 		c := w.renew(cut, w.probe)
 		return c == codes.Unavailable, c.String()
 	})
-	code, err := e2e.GetJSON("http://"+cut.OpsAddr+"/readyz", nil)
+	code, err := e2e.GetJSON("https://"+cut.OpsAddr+"/readyz", nil)
 	require.NoError(t, err)
 	assert.Equal(t, 503, code, "the cut replica's /readyz")
 	n, err := cut.Metric(ha.MetricConnectedAgents)
@@ -310,7 +310,7 @@ func (w *world) cutFromAPIServer(t *testing.T) {
 	require.NoError(t, w.env.Net.RestoreAPIServer(cut.Index))
 	e2e.Eventually(t, 60*time.Second, "the restored replica to serve", func() (bool, string) {
 		c := w.renew(cut, w.probe)
-		code, err := e2e.GetJSON("http://"+cut.OpsAddr+"/readyz", nil)
+		code, err := e2e.GetJSON("https://"+cut.OpsAddr+"/readyz", nil)
 		return c == codes.OK && err == nil && code == 200, fmt.Sprint(c, " ", code, err)
 	})
 	t.Logf("restore → %s answers calls and is ready again after %s (cut for %s)", cut.Name, time.Since(restoreAt).Round(time.Millisecond), restoreAt.Sub(cutAt).Round(time.Millisecond))

@@ -218,7 +218,7 @@ type Replica struct {
 func (r *Replica) Args() []string {
 	e := r.env
 	return append([]string{"server", "--kubeconfig", e.replicaKubeconfig, "--namespace", e.Namespace,
-		"--listen", r.RelayAddr, "--metrics-listen", r.OpsAddr, "--audit-log", r.AuditLog,
+		"--listen", r.RelayAddr, "--metrics-listen", r.OpsAddr, "--metrics-ips", e2e.Host(r.OpsAddr), "--audit-log", r.AuditLog,
 		"--server-dns-names", e.ServiceName(), "--server-ips", r.IP.String(), "--replica-name", r.Name}, e.serverArgs...)
 }
 
@@ -263,7 +263,7 @@ func (r *Replica) WaitReady(timeout time.Duration) error {
 			b, _ := os.ReadFile(r.LogPath)
 			return fmt.Errorf("%s exited (%v); log:\n%s", r.Name, err, tail(string(b), 20))
 		}
-		if code, err := e2e.GetJSON("http://"+r.OpsAddr+"/healthz", nil); err == nil && code == 200 {
+		if code, err := e2e.GetJSON("https://"+r.OpsAddr+"/healthz", nil); err == nil && code == 200 {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -308,7 +308,7 @@ func (r *Replica) Kill() error {
 
 // Metric sums a metric of the replica's /metrics.
 func (r *Replica) Metric(name string) (float64, error) {
-	return e2e.Metric("http://"+r.OpsAddr+"/metrics", name)
+	return e2e.Metric("https://"+r.OpsAddr+"/metrics", name)
 }
 
 // Run runs the relaymesh binary (in the root namespace) and returns its

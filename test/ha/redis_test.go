@@ -126,7 +126,7 @@ func (w *world) restartRedis(t *testing.T) {
 			case <-time.After(200 * time.Millisecond):
 			}
 			for _, rep := range w.env.Replicas {
-				if code, body, err := e2e.GetBody("http://" + rep.OpsAddr + "/readyz"); err == nil && code != 200 {
+				if code, body, err := e2e.GetBody("https://" + rep.OpsAddr + "/readyz"); err == nil && code != 200 {
 					select {
 					case notReady <- rep.Name + ": " + strings.TrimSpace(body):
 					default:
@@ -222,7 +222,7 @@ func (w *world) cutFromRedis(t *testing.T) {
 		c := w.renew(cut, w.probe)
 		return c == codes.Unavailable, c.String()
 	})
-	code, body, err := e2e.GetBody("http://" + cut.OpsAddr + "/readyz")
+	code, body, err := e2e.GetBody("https://" + cut.OpsAddr + "/readyz")
 	require.NoError(t, err)
 	assert.Equal(t, 503, code)
 	assert.Contains(t, body, "snapshot store")
@@ -243,7 +243,7 @@ func (w *world) cutFromRedis(t *testing.T) {
 	require.NoError(t, w.env.Net.RestoreRedis(cut.Index))
 	e2e.Eventually(t, 60*time.Second, "the restored replica to serve", func() (bool, string) {
 		c := w.renew(cut, w.probe)
-		code, err := e2e.GetJSON("http://"+cut.OpsAddr+"/readyz", nil)
+		code, err := e2e.GetJSON("https://"+cut.OpsAddr+"/readyz", nil)
 		return c == codes.OK && err == nil && code == 200, fmt.Sprint(c, " ", code, err)
 	})
 	t.Logf("restore → %s serves again after %s (cut for %s)", cut.Name, time.Since(restoreAt).Round(time.Millisecond), restoreAt.Sub(cutAt).Round(time.Millisecond))

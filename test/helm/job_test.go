@@ -362,7 +362,9 @@ func (j *job) serverCommand() []string {
 		"--webhook-client-ca=": "--webhook-client-ca=" + j.mgmt.WebhookClientCA,
 		"--dashboard-listen=":  "--dashboard-listen=127.0.0.1:0",
 	})
-	return append(args, "--kubeconfig="+kubeconfig)
+	// The metrics port serves TLS (the chart's default) with a relay-CA
+	// certificate that must name the address it is reached at here.
+	return append(args, "--kubeconfig="+kubeconfig, "--metrics-ips="+e2e.Host(j.opsAddr))
 }
 
 // agentCommand is an agent replica's command line, from the installed
@@ -398,7 +400,7 @@ func (j *job) startServer() error {
 	// The server restarted by the job lists the way older API servers need.
 	j.server = j.start(fmt.Sprintf("server-%d", len(j.steps)), len(j.steps) > 0, j.serverArgs...)
 	return j.wait("the server healthy", 60*time.Second, func() (bool, string) {
-		code, err := e2e.GetJSON("http://"+j.opsAddr+"/healthz", nil)
+		code, err := e2e.GetJSON("https://"+j.opsAddr+"/healthz", nil)
 		return err == nil && code == 200, fmt.Sprint(code, err)
 	})
 }
@@ -580,7 +582,7 @@ func (j *job) discovery() error {
 // debug reads /debug/snapshots/input with the token of a user allowed to
 // (the server asks the API server: TokenReview, SubjectAccessReview).
 func (j *job) debug() error {
-	get := e2e.DebugReader(j.t, j.mgmt, j.opsAddr)
+	get := e2e.DebugReader(j.t, j.mgmt, "https://"+j.opsAddr)
 	return j.wait("/debug/snapshots/input for an authorized reader", 30*time.Second, func() (bool, string) {
 		code, body, err := get("/debug/snapshots/input")
 		return err == nil && code == 200 && strings.Contains(string(body), j.cfg.workload[0]), fmt.Sprint(code, " ", err)

@@ -35,7 +35,7 @@ func (e ending) kubeconfig() string {
 // is no Service in front of the server (it runs as a local process), so its
 // metrics are read at their address rather than through the apiserver.
 func (e ending) checkArgs() []string {
-	return []string{"check", "--server-metrics-address", e.metrics}
+	return []string{"check", "--server-metrics-address", e.metrics, "--server-metrics-plain-http"}
 }
 
 // tryCheck runs the `relaymesh check` the closing lines print, the way they

@@ -30,7 +30,7 @@ func TestClosingLinesPointAtTheClusters(t *testing.T) {
 		"    /repo/.cache/bin/kubectl --kubeconfig /repo/_demo/clusters/mgmt.kubeconfig -n relaymesh create token dashboard-viewer\n",
 		"==> Try it yourself, in another terminal: relaymesh is /repo/bin/relaymesh\n",
 		"    export KUBECONFIG=/repo/_demo/clusters/mgmt.kubeconfig:/repo/_demo/clusters/cluster-1.kubeconfig\n",
-		"    /repo/bin/relaymesh check --server-metrics-address 127.0.0.1:40001\n",
+		"    /repo/bin/relaymesh check --server-metrics-address 127.0.0.1:40001 --server-metrics-plain-http\n",
 		"    /repo/bin/relaymesh cluster list\n",
 		"    /repo/bin/relaymesh policy audit\n",
 		"    /repo/bin/relaymesh describe policy accesspolicy/relaymesh/productpage-to-reviews\n",

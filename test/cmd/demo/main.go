@@ -335,7 +335,7 @@ func agentTrust(ctx context.Context, env *localcluster.Env, cfg config, out io.W
 		// The demo's dashboard is on loopback, for a browser on this machine:
 		// plain HTTP (the named, WEAKER opt-in the server allows there only)
 		// spares it a certificate warning.
-		if err := start("server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr,
+		if err := start("server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
 			"--dashboard-listen", dashAddr, "--dashboard-plain-http", "--audit-log", auditLog, "--server-dns-names", "localhost", "--server-ips", relayHost); err != nil {
 			return stop, err
 		}
