@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/relay"
 	"github.com/stretchr/testify/assert"
@@ -26,7 +27,7 @@ import (
 // The dashboard flags are checked before anything starts: plain HTTP only
 // on a loopback address, a certificate with its key, one audience.
 func TestDashboardFlags(t *testing.T) {
-	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", logLevel: "info", trustDomain: "relaymesh.local", webhookFailurePolicy: "Fail", dnsNames: "localhost", debugEndpoints: "authenticated",
+	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", logLevel: "info", trustDomain: "relaymesh.local", issuerTTL: 365 * 24 * time.Hour, issuerRenewAt: ca.DefaultIssuerRenewAt, issuerCheck: time.Minute, webhookFailurePolicy: "Fail", dnsNames: "localhost", debugEndpoints: "authenticated",
 		conns: relay.ConnectionLimits{MaxConnections: 1, MaxConnectionsPerAddress: 1, MaxPreAuth: 1, MaxPreAuthPerAddress: 1, StreamsPerSecond: 50}, clusters: relay.ClusterLimits{RenewsPerMinute: 1, MaxSessions: 1}, kubeQPS: 200,
 		dash: dashboardServeFlags{audience: "relaymesh-dashboard", idleTimeout: time.Minute, maxLifetime: time.Hour}}
 	for _, tc := range []struct {

@@ -2,7 +2,9 @@ package main
 
 import (
 	"testing"
+	"time"
 
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/relay"
 
 	"github.com/stretchr/testify/assert"
@@ -12,7 +14,7 @@ import (
 // The webhook flags are checked before anything starts, each problem with
 // a message naming the flag.
 func TestWebhookFlags(t *testing.T) {
-	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", logLevel: "info", trustDomain: "relaymesh.local", webhookFailurePolicy: "Fail", dnsNames: "localhost", webhookClientCA: "apiserver-client-ca.pem", debugEndpoints: "authenticated",
+	base := serverFlags{auditLog: "a.log", namespace: "relaymesh", logLevel: "info", trustDomain: "relaymesh.local", issuerTTL: 365 * 24 * time.Hour, issuerRenewAt: ca.DefaultIssuerRenewAt, issuerCheck: time.Minute, webhookFailurePolicy: "Fail", dnsNames: "localhost", webhookClientCA: "apiserver-client-ca.pem", debugEndpoints: "authenticated",
 		conns: relay.ConnectionLimits{MaxConnections: 1, MaxConnectionsPerAddress: 1, MaxPreAuth: 1, MaxPreAuthPerAddress: 1, StreamsPerSecond: 50}, clusters: relay.ClusterLimits{RenewsPerMinute: 1, MaxSessions: 1}, kubeQPS: 200}
 	for _, tc := range []struct {
 		name string
