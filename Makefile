@@ -43,7 +43,7 @@ test: deps-test tools ## run every test, with -race, including integration tests
 	cd tools/image && go test $(GO_TEST_FLAGS) ./...
 
 test-unit: ## the fast tier: every pure test, with -race and -short (skips what starts a local cluster or another process); needs only Go and gcc
-	go test -race -short -timeout 15m $(TEST_LDFLAGS) $(TEST_UNIT_FLAGS) $$(go list ./... | grep -v -E '/($(subst $(eval) ,|,$(TEST_UNIT_EXCLUDE)))$$')
+	go test -race -short -timeout 15m $(TEST_LDFLAGS) $(TEST_UNIT_FLAGS) $$(go list ./... | grep -v $(foreach p,$(TEST_UNIT_EXCLUDE),-e '/$(p)$$'))
 
 test-rotation: deps-test tools ## the data plane's root rotation under load, rolled back from every phase (docs/dataplane.md)
 	go test $(GO_TEST_FLAGS) -run 'TestFederation/root_rotation' -v ./test/dataplane/ -args -dataplane.rollbacks=all

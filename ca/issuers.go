@@ -81,7 +81,8 @@ func (r *RelayIssuers) Roots() []*x509.Certificate { return r.cur.Load().signer.
 func (r *RelayIssuers) AcceptedIssuers() []*x509.Certificate {
 	st := r.cur.Load()
 	now := r.clock()
-	out := st.signer.Chain()[:1]
+	out := make([]*x509.Certificate, 1, 1+len(st.previous))
+	out[0] = st.signer.Chain()[0]
 	for _, p := range st.previous {
 		if now.Before(p.NotAfter) {
 			out = append(out, p)
@@ -119,37 +120,45 @@ func (r *RelayIssuers) Reload(ctx context.Context) (bool, error) {
 // annotations included: everything must verify to the root, or nothing
 // is used.
 func loadIssuerState(root, signing *corev1.Secret, now time.Time) (*issuerState, error) {
+	st, _, err := loadRelayCAState(root, signing, now)
+	return st, err
+}
+
+// loadRelayCAState is loadIssuerState that also returns the parsed relay
+// CA, root key included, for a renewal to sign with; the state a replica
+// keeps never holds the root key.
+func loadRelayCAState(root, signing *corev1.Secret, now time.Time) (*issuerState, *RelayCA, error) {
 	r, err := relayCAFromSecrets(root, signing)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := r.check(now); err != nil {
-		return nil, fmt.Errorf("relay CA in secrets %s/%s and %s: %w", root.Namespace, RootSecretName, SigningSecretName, err)
+		return nil, nil, fmt.Errorf("relay CA in secrets %s/%s and %s: %w", root.Namespace, RootSecretName, SigningSecretName, err)
 	}
 	signer, err := r.Signer(now)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	st := &issuerState{signer: signer, generation: 1}
 	bad := func(what string, err error) error {
 		return fmt.Errorf("%w: secret %s/%s %s: %w", ErrInvalidSigner, signing.Namespace, signing.Name, what, err)
 	}
 	if st.previous, err = ParsePreviousIssuers(signing.Data[keyPreviousCerts], r.Root, r.Issuer); err != nil {
-		return nil, bad(keyPreviousCerts, err)
+		return nil, nil, bad(keyPreviousCerts, err)
 	}
 	if v, ok := signing.Annotations[annotationGeneration]; ok {
 		g, err := strconv.Atoi(v)
 		if err != nil || g < 1 || g > 1<<20 {
-			return nil, bad("annotation "+annotationGeneration, errors.New("not a generation number"))
+			return nil, nil, bad("annotation "+annotationGeneration, errors.New("not a generation number"))
 		}
 		st.generation = g
 	}
 	if v, ok := signing.Annotations[annotationSwitchedAt]; ok {
 		if st.switchedAt, err = time.Parse(time.RFC3339, v); err != nil {
-			return nil, bad("annotation "+annotationSwitchedAt, errors.New("not an RFC 3339 time"))
+			return nil, nil, bad("annotation "+annotationSwitchedAt, errors.New("not an RFC 3339 time"))
 		}
 	}
-	return st, nil
+	return st, r, nil
 }
 
 // ParsePreviousIssuers parses the previous issuing CAs of a relay CA
@@ -309,11 +318,7 @@ func RenewRelayIssuer(ctx context.Context, client kubernetes.Interface, namespac
 		return Renewal{}, halfPresent(namespace, root, signing)
 	}
 	now := cfg.CA.Clock()
-	st, err := loadIssuerState(root, signing, now)
-	if err != nil {
-		return Renewal{}, err
-	}
-	rc, err := relayCAFromSecrets(root, signing)
+	st, rc, err := loadRelayCAState(root, signing, now)
 	if err != nil {
 		return Renewal{}, err
 	}

@@ -707,7 +707,7 @@ func budgetKey(ctx context.Context, ip string) string {
 // (AcceptedIssuers), the previous ones a renewal keeps until the agent
 // certificates they signed have expired.
 func (s *Server) acceptedIssuers() []*x509.Certificate {
-	if set, ok := s.cfg.Issuer.(interface{ AcceptedIssuers() []*x509.Certificate }); ok {
+	if set, ok := s.cfg.Issuer.(ca.IssuerSet); ok {
 		if a := set.AcceptedIssuers(); len(a) > 0 {
 			return a
 		}
