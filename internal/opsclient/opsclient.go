@@ -88,6 +88,10 @@ type Client struct {
 	// --server-metrics-address HOST:PORT"); it ends the message of a
 	// service-proxy request that found no Service or no endpoint.
 	DirectHint string
+
+	// maxBody bounds a response body; 0: MaxBody. Tests lower it: reading
+	// MaxBody+1 bytes under -race on a loaded machine nears requestTimeout.
+	maxBody int
 }
 
 // Where describes how the process is reached, for messages.
@@ -163,7 +167,7 @@ func (c *Client) Get(ctx context.Context, path string) ([]byte, error) {
 		return nil, fmt.Errorf("GET %s: %w", path, err)
 	}
 	defer resp.Body.Close()
-	body, err := readBounded(resp.Body)
+	body, err := readBounded(resp.Body, c.bodyLimit())
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", path, err)
 	}
@@ -225,7 +229,7 @@ func (c *Client) viaProxy(ctx context.Context, path string) ([]byte, error) {
 		return nil, fmt.Errorf("GET %s through the service proxy of %s/%s: %w", path, c.Namespace, name, err)
 	}
 	defer rc.Close()
-	return readBounded(rc)
+	return readBounded(rc, c.bodyLimit())
 }
 
 // whyUnproxied explains a service-proxy request the apiserver answered with
@@ -285,14 +289,21 @@ func readyEndpoints(ctx context.Context, kube kubernetes.Interface, ns, name str
 	return ready, true
 }
 
-// readBounded reads at most MaxBody bytes, failing on more.
-func readBounded(r io.Reader) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, MaxBody+1))
+func (c *Client) bodyLimit() int {
+	if c.maxBody > 0 {
+		return c.maxBody
+	}
+	return MaxBody
+}
+
+// readBounded reads at most limit bytes, failing on more.
+func readBounded(r io.Reader, limit int) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
 	if err != nil {
 		return nil, err
 	}
-	if len(b) > MaxBody {
-		return nil, fmt.Errorf("response larger than %d bytes", MaxBody)
+	if len(b) > limit {
+		return nil, fmt.Errorf("response larger than %d bytes", limit)
 	}
 	return b, nil
 }

@@ -34,7 +34,7 @@ func TestGet(t *testing.T) {
 			}
 			_, _ = w.Write([]byte(`{"ok":true}`))
 		case "/big":
-			_, _ = w.Write([]byte(strings.Repeat("x", MaxBody+1)))
+			_, _ = w.Write([]byte(strings.Repeat("x", 64<<10+1)))
 		}
 	}))
 	defer srv.Close()
@@ -62,8 +62,11 @@ func TestGet(t *testing.T) {
 
 	_, err = (&Client{Address: addr}).Get(ctx, "/debug/admission")
 	assert.ErrorContains(t, err, "401")
-	_, err = c.Get(ctx, "/big")
-	assert.ErrorContains(t, err, "larger than")
+	_, err = (&Client{Address: addr, maxBody: 64 << 10}).Get(ctx, "/big")
+	assert.ErrorContains(t, err, "larger than 65536 bytes")
+	big, err := c.Get(ctx, "/big")
+	require.NoError(t, err, "the default bound (MaxBody) is larger")
+	assert.Len(t, big, 64<<10+1)
 	_, err = c.Get(ctx, "metrics")
 	assert.Error(t, err)
 

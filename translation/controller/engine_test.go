@@ -206,14 +206,18 @@ func TestEngineAgreesAfterRandomEdits(t *testing.T) {
 	t.Cleanup(func() {      // after the parallel subtests
 		assert.Positive(t, merged.Load(), "the edits never made federation and a TrafficPolicy share a DestinationRule")
 	})
-	for seed := range uint64(8) {
+	seeds, steps := uint64(8), 60
+	if testing.Short() {
+		seeds, steps = 8, 12
+	}
+	for seed := range seeds {
 		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 42))
 			in := worldtest.New(t, worldtest.Translation(4, 24, 24, seed%2 == 0))
 			e := controller.NewEngine("relaymesh")
 			requireSameAsFull(t, e, e.Translate(in), in, "start")
-			for step := range 60 {
+			for step := range steps {
 				what := edits[rng.IntN(len(edits))](in, rng)
 				r := e.Translate(in)
 				requireSameAsFull(t, e, r, in, fmt.Sprintf("step %d (%s)", step, what))
