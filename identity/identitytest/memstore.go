@@ -181,3 +181,11 @@ func (m *MemAgentSecrets) SetToken(tok string) {
 	defer m.mu.Unlock()
 	m.token = tok
 }
+
+// SaveRoots implements identity.RootsSaver.
+func (m *MemAgentSecrets) SaveRoots(_ context.Context, roots []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.roots = append([]byte(nil), roots...)
+	return nil
+}
