@@ -93,6 +93,9 @@ type ServerConfig struct {
 	// Trust, when set, serves Trust.SignIntermediate: intermediates of the
 	// meshes of the caller's cluster (shared trust of VirtualMeshes).
 	Trust IntermediateSigner
+	// TrustBundles, when set, is the relay trust bundle each session
+	// delivers during a relay root rotation (server/trustbundle.go).
+	TrustBundles TrustBundleSource
 	// Connections bound connections before and after authentication.
 	Connections relay.ConnectionLimits
 	// Clusters bound what one registered cluster may ask for.
@@ -1074,6 +1077,7 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		return ctx.Err()
 	}
 
+	var hello *relaypb.Hello
 	select {
 	case <-ctx.Done():
 		return ended()
@@ -1085,6 +1089,7 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		if first.GetHello() == nil {
 			return status.Error(codes.InvalidArgument, "the first message of a session must be Hello")
 		}
+		hello = first.GetHello()
 		if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_Welcome{Welcome: &relaypb.Welcome{
 			Cluster: a.cluster, SpiffeId: a.id.String(), CertificateNotAfterUnix: a.cert.NotAfter.Unix(),
 		}}}); err != nil {
@@ -1092,6 +1097,10 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		}
 		s.log.Info("agent session opened", "cluster", a.cluster, "peer", a.peer, "agent_version", first.GetHello().GetAgentVersion())
 		s.agentClock(a.cluster, first.GetHello())
+	}
+	bundles := s.newBundleDelivery(a.cluster, hello.GetTrustBundles())
+	if err := bundles.offer(stream); err != nil {
+		return err
 	}
 	for {
 		select {
@@ -1103,6 +1112,15 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		case msg := <-msgs:
 			if ping := msg.GetPing(); ping != nil {
 				if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_Pong{Pong: &relaypb.Pong{Nonce: ping.GetNonce()}}}); err != nil {
+					return err
+				}
+				// A changed bundle goes out at the next ping.
+				if err := bundles.offer(stream); err != nil {
+					return err
+				}
+			}
+			if ack := msg.GetTrustBundleAck(); ack != nil {
+				if err := bundles.acknowledged(ack); err != nil {
 					return err
 				}
 			}
