@@ -442,21 +442,42 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 
 // tlsConfig serves the relay certificate and verifies client certificates
 // when given: Bootstrap has none, everything else must (checked per call).
+// The client CAs follow Issuer.Roots() at every handshake, so a relay CA
+// reloaded with another or a second root (a root rotation) reaches the TLS
+// layer without a restart.
 func (s *Server) tlsConfig() *tls.Config {
-	pool := x509.NewCertPool()
-	for _, r := range s.cfg.Issuer.Roots() {
-		pool.AddCert(r)
-	}
-	return &tls.Config{
+	base := &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return s.cfg.ServerCertificate()
 		},
 		ClientAuth: tls.VerifyClientCertIfGiven,
-		ClientCAs:  pool,
 		// gRPC over TLS negotiates HTTP/2 by ALPN.
 		NextProtos: []string{"h2"},
 	}
+	var cached atomic.Pointer[clientCAConfig]
+	current := func() *tls.Config {
+		roots := s.cfg.Issuer.Roots()
+		if c := cached.Load(); c != nil && slices.EqualFunc(c.roots, roots, (*x509.Certificate).Equal) {
+			return c.cfg
+		}
+		cfg := base.Clone()
+		cfg.ClientCAs = x509.NewCertPool()
+		for _, r := range roots {
+			cfg.ClientCAs.AddCert(r)
+		}
+		cached.Store(&clientCAConfig{roots: slices.Clone(roots), cfg: cfg})
+		return cfg
+	}
+	out := current().Clone()
+	out.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) { return current(), nil }
+	return out
+}
+
+// clientCAConfig is the TLS configuration for one set of relay roots.
+type clientCAConfig struct {
+	roots []*x509.Certificate
+	cfg   *tls.Config
 }
 
 // Serve accepts connections on lis until Stop: it runs the TLS handshake
