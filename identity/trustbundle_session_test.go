@@ -9,6 +9,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/agent"
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/identity/identitytest"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/server/servertest"
@@ -61,28 +62,42 @@ func (b *bundleSource) cannotAck(cluster string) bool {
 	return b.cannot[cluster]
 }
 
-// Through a real relay server and a real agent session: a bundle with a
-// new root beside the current one is stored and acknowledged over the
-// session; one that would no longer verify the server is refused, said so
-// in the acknowledgement, and the agent keeps its roots and its session.
-func TestAnAgentPinsANewRootDeliveredOverItsSessionAndRefusesOneThatDropsItsServer(t *testing.T) {
+// bundleWorld is a real relay server with a bundle source, an agent's
+// credential manager bootstrapped against it, and the server's root.
+func bundleWorld(t *testing.T) (*bundleSource, *servertest.Server, *identitytest.MemAgentSecrets, *identity.Manager, *x509.Certificate) {
+	t.Helper()
 	src := &bundleSource{acks: map[string]*relaypb.TrustBundleAck{}, cannot: map[string]bool{}}
 	srv := servertest.New(t, servertest.Options{TrustBundles: src})
 	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
 	m, _ := startManager(t, srv, secrets, "cluster-1")
 	<-m.Ready()
-	oldRoots, err := ca.ParseTrustBundle(srv.RootsPEM)
+	roots, err := ca.ParseTrustBundle(srv.RootsPEM)
 	require.NoError(t, err)
-	next, err := ca.GenerateRelayCA(ca.GenerateConfig{})
-	require.NoError(t, err)
-	both := src.set(oldRoots[0], next.Root)
+	return src, srv, secrets, m, roots[0]
+}
 
-	sess, err := agent.NewSession(agent.SessionConfig{ServerAddress: srv.Addr, TLS: m.ClientTLS, TrustBundles: m, PingInterval: 200 * time.Millisecond})
+// runSession runs an agent session with cfg until the test ends.
+func runSession(t *testing.T, cfg agent.SessionConfig) *agent.Session {
+	t.Helper()
+	sess, err := agent.NewSession(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = sess.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
+	return sess
+}
+
+// Through a real relay server and a real agent session: a bundle with a
+// new root beside the current one is stored and acknowledged over the
+// session; one that would no longer verify the server is refused, said so
+// in the acknowledgement, and the agent keeps its roots and its session.
+func TestAnAgentPinsANewRootDeliveredOverItsSessionAndRefusesOneThatDropsItsServer(t *testing.T) {
+	src, srv, secrets, m, oldRoot := bundleWorld(t)
+	next, err := ca.GenerateRelayCA(ca.GenerateConfig{})
+	require.NoError(t, err)
+	both := src.set(oldRoot, next.Root)
+	sess := runSession(t, agent.SessionConfig{ServerAddress: srv.Addr, TLS: m.ClientTLS, TrustBundles: m, PingInterval: 200 * time.Millisecond})
 
 	waitFor(t, 10*time.Second, "the acknowledgement of both roots", func() bool { _, ok := src.ack(both); return ok })
 	a, _ := src.ack(both)
@@ -108,20 +123,9 @@ func TestAnAgentPinsANewRootDeliveredOverItsSessionAndRefusesOneThatDropsItsServ
 // as unable to acknowledge: the server sends it nothing and never counts
 // it as having acknowledged.
 func TestAnAgentWithoutBundleSupportIsReportedNeverCountedAsAcknowledged(t *testing.T) {
-	src := &bundleSource{acks: map[string]*relaypb.TrustBundleAck{}, cannot: map[string]bool{}}
-	srv := servertest.New(t, servertest.Options{TrustBundles: src})
-	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
-	m, _ := startManager(t, srv, secrets, "cluster-1")
-	<-m.Ready()
-	oldRoots, err := ca.ParseTrustBundle(srv.RootsPEM)
-	require.NoError(t, err)
-	src.set(oldRoots[0])
-	sess, err := agent.NewSession(agent.SessionConfig{ServerAddress: srv.Addr, TLS: m.ClientTLS, PingInterval: 200 * time.Millisecond})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = sess.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	src, srv, _, m, oldRoot := bundleWorld(t)
+	src.set(oldRoot)
+	runSession(t, agent.SessionConfig{ServerAddress: srv.Addr, TLS: m.ClientTLS, PingInterval: 200 * time.Millisecond})
 	waitFor(t, 10*time.Second, "the report", func() bool { return src.cannotAck("cluster-1") })
 	time.Sleep(time.Second) // several pings: still nothing acknowledged
 	src.mu.Lock()
