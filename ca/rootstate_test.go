@@ -2,6 +2,10 @@ package ca_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
 	"errors"
 	"sync"
 	"testing"
@@ -73,6 +77,32 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		require.NoError(t, err)
 		return d
 	}
+	// loaded is what a replica starting now loads: its roots, the root of
+	// the issuing CA it signs with, and the roots of the issuing CAs it
+	// accepts agent certificates from.
+	loaded := func(t *testing.T, ns string) (roots []string, issueUnder string, acceptedUnder []string) {
+		t.Helper()
+		s, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		for _, r := range s.Roots() {
+			roots = append(roots, ca.RootFingerprint(r))
+		}
+		under := func(c *x509.Certificate) string {
+			for _, r := range s.Roots() {
+				if c.CheckSignatureFrom(r) == nil {
+					return ca.RootFingerprint(r)
+				}
+			}
+			return "none"
+		}
+		issueUnder = under(s.Chain()[0])
+		set, ok := s.(ca.IssuerSet)
+		require.True(t, ok)
+		for _, c := range set.AcceptedIssuers() {
+			acceptedUnder = append(acceptedUnder, under(c))
+		}
+		return roots, issueUnder, acceptedUnder
+	}
 	phaseOf := func(t *testing.T, ns string) ca.RootRotationState {
 		s, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
 		require.NoError(t, err)
@@ -103,6 +133,10 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		next := d.State.New
 		assert.NotEqual(t, old, next)
 		assert.Equal(t, old, rootFP(t, cs, ns, ca.SigningSecretName), "issuance stays on the old root while it is added")
+		roots, issue, accepted := loaded(t, ns)
+		assert.ElementsMatch(t, []string{old, next}, roots, "AddingNewRoot: a replica trusts both roots")
+		assert.Equal(t, old, issue, "AddingNewRoot: and issues under the old one")
+		assert.ElementsMatch(t, []string{old, next}, accepted, "AddingNewRoot: and accepts an issuing CA under each")
 
 		w.behind = true
 		d = step(t, ns, w)
@@ -111,8 +145,30 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		w.behind = false
 		require.Equal(t, ca.RootSwitching, step(t, ns, w).State.Phase)
 		assert.Equal(t, ca.RootSwitching, step(t, ns, w).State.Phase, "both roots stay for the grace window")
+		roots, issue, accepted = loaded(t, ns)
+		assert.ElementsMatch(t, []string{old, next}, roots)
+		assert.Equal(t, next, issue, "Switching: a replica issues under the new root")
+		assert.ElementsMatch(t, []string{old, next}, accepted)
+		signer, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		authority, err := ca.New(ca.Config{Signer: signer})
+		require.NoError(t, err)
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		served, err := authority.IssueServer(ctx, key.Public(), []string{"relay.test"}, nil)
+		require.NoError(t, err, "Switching: the authority issues (template → sign → validate) under the new root")
+		require.NoError(t, served.Certificate.CheckSignatureFrom(served.Chain[0]))
+		underNext := false
+		for _, r := range served.Roots {
+			underNext = underNext || (ca.RootFingerprint(r) == next && served.Chain[0].CheckSignatureFrom(r) == nil)
+		}
+		assert.True(t, underNext, "the serving certificate's issuing CA is under the new root")
 		now = now.Add(2 * time.Minute)
 		require.Equal(t, ca.RootRemovingOld, step(t, ns, w).State.Phase)
+		roots, issue, accepted = loaded(t, ns)
+		assert.Equal(t, []string{next}, roots, "RemovingOldRoot: only the new root is trusted")
+		assert.Equal(t, next, issue)
+		assert.Equal(t, []string{next}, accepted)
 		d = step(t, ns, w)
 		require.Equal(t, ca.RootIdle, d.State.Phase)
 		assert.Equal(t, []ca.RootAction{ca.RootActDeleteOld}, d.Actions)
@@ -142,6 +198,9 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		require.Equal(t, ca.RootSwitching, d.State.Phase)
 		assert.True(t, d.State.RolledBack)
 		assert.Equal(t, old, d.State.Effective().IssueFrom, "issuance goes back to the old root at once")
+		_, issue, accepted := loaded(t, ns)
+		assert.Equal(t, old, issue, "a replica issues under the old root again")
+		assert.Len(t, accepted, 2, "and still accepts the new root's issuing CA for the grace window")
 		now = now.Add(2 * time.Minute)
 		require.Equal(t, ca.RootRemovingOld, step(t, ns, w).State.Phase)
 		require.Equal(t, ca.RootIdle, step(t, ns, w).State.Phase)
@@ -175,5 +234,22 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, s.ResourceVersion, after.ResourceVersion, "nothing was written")
 		}
+		// A replica loads its CA despite a mistyped request, and refuses a
+		// rotation phase whose staged root is missing.
+		set := func(ann map[string]string) {
+			s, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+			require.NoError(t, err)
+			s.Annotations = ann
+			_, err = cs.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{})
+			require.NoError(t, err)
+		}
+		set(map[string]string{ca.AnnotationRootRequest: "destroy"})
+		_, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		cur := rootFP(t, cs, ns, ca.RootSecretName)
+		set(map[string]string{"relaymesh.io/root-rotation-phase": "AddingNewRoot", "relaymesh.io/root-rotation-old": cur,
+			"relaymesh.io/root-rotation-new": "0123", "relaymesh.io/root-rotation-revision": "2"})
+		_, err = ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.ErrorIs(t, err, ca.ErrRootRotationState)
 	})
 }
