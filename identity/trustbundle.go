@@ -66,9 +66,12 @@ func (m *Manager) ApplyTrustBundle(ctx context.Context, rootsPEM []byte, fingerp
 	if !ok {
 		return fmt.Errorf("%w: this agent's secrets cannot store relay roots", ErrBundleRefused)
 	}
-	pemRoots := ca.CertsPEM(roots...)
-	if err := saver.SaveRoots(ctx, pemRoots); err != nil {
-		return fmt.Errorf("store the relay roots: %w", err)
+	// A bundle the agent pins already is not written again: a server may
+	// send it at every session.
+	if stored, err := m.cfg.Secrets.Roots(ctx); err != nil || !samePinned(stored, fingerprint) {
+		if err := saver.SaveRoots(ctx, ca.CertsPEM(roots...)); err != nil {
+			return fmt.Errorf("store the relay roots: %w", err)
+		}
 	}
 	pool := x509.NewCertPool()
 	for _, r := range roots {
@@ -79,4 +82,11 @@ func (m *Manager) ApplyTrustBundle(ctx context.Context, rootsPEM []byte, fingerp
 	m.mu.Unlock()
 	m.log.Info("pinning a new relay trust bundle", "fingerprint", fingerprint, "roots", len(roots))
 	return nil
+}
+
+// samePinned reports whether stored holds exactly the roots of the bundle
+// with fingerprint.
+func samePinned(stored []byte, fingerprint string) bool {
+	roots, err := ca.ParseTrustBundle(stored)
+	return err == nil && ca.TrustBundleFingerprint(roots) == fingerprint
 }

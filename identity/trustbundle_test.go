@@ -49,6 +49,8 @@ func TestATrustBundleWithTheNewRootBesideTheOldIsStoredAndPinned(t *testing.T) {
 	bundle := ca.CertsPEM(old.Root, next.Root)
 	fp := ca.TrustBundleFingerprint([]*x509.Certificate{old.Root, next.Root})
 	require.NoError(t, m.ApplyTrustBundle(context.Background(), bundle, fp, chain))
+	require.NoError(t, m.ApplyTrustBundle(context.Background(), bundle, fp, chain))
+	assert.Equal(t, 1, secrets.RootSaves(), "a bundle pinned already is not written again")
 	stored, err := secrets.Roots(context.Background())
 	require.NoError(t, err)
 	got, err := ca.ParseTrustBundle(stored)

@@ -95,6 +95,7 @@ type MemAgentSecrets struct {
 	roots, cert, key, savedCA      []byte
 	token                          string
 	saves, tokenDeletes, failSaves int
+	rootSaves                      int
 }
 
 // NewMemAgentSecrets holds roots and, if not empty, a bootstrap token.
@@ -187,5 +188,13 @@ func (m *MemAgentSecrets) SaveRoots(_ context.Context, roots []byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.roots = append([]byte(nil), roots...)
+	m.rootSaves++
 	return nil
+}
+
+// RootSaves counts SaveRoots calls.
+func (m *MemAgentSecrets) RootSaves() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rootSaves
 }
