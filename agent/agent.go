@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +23,8 @@ import (
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -48,6 +51,11 @@ type SessionConfig struct {
 	// Trust, when set, keeps the mesh CAs output sets ask for, signing
 	// through this session's connection.
 	Trust TrustApplier
+	// TrustBundles, when set, stores the relay trust bundles the server
+	// sends during a relay root rotation; the session then says so in
+	// Hello and acknowledges each bundle. Unset, the agent is listed as
+	// unable to acknowledge and the rotation waits for it.
+	TrustBundles TrustBundleStore
 	// OnRefused is called when the server refuses the agent's certificate
 	// (PermissionDenied or Unauthenticated), so the credential manager can
 	// drop it; optional.
@@ -67,6 +75,15 @@ type SessionConfig struct {
 	FirstReplica func(n int) int
 	// Hooks observe the session; optional.
 	Hooks SessionHooks
+}
+
+// TrustBundleStore stores a relay trust bundle that came over a session.
+// ApplyTrustBundle MUST refuse (and change nothing) a bundle that does
+// not verify serverChain, the certificate chain of the server the session
+// is with (leaf first), and MUST have stored the roots and pinned them for
+// new connections when it returns nil (identity.Manager does).
+type TrustBundleStore interface {
+	ApplyTrustBundle(ctx context.Context, rootsPEM []byte, fingerprint string, serverChain []*x509.Certificate) error
 }
 
 // SessionHooks observe a session: for the in-process fleet agents of the
@@ -246,7 +263,8 @@ func (s *Session) once(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: s.cfg.Version, AgentTimeUnixNano: s.now().UnixNano()}}}); err != nil {
+	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: s.cfg.Version, AgentTimeUnixNano: s.now().UnixNano(),
+		TrustBundles: s.cfg.TrustBundles != nil}}}); err != nil {
 		if errors.Is(err, io.EOF) {
 			_, err = stream.Recv() // the server ended the stream; its status says why
 		}
@@ -271,11 +289,21 @@ func (s *Session) once(ctx context.Context) (string, error) {
 	}
 
 	errc := make(chan error, 3)
+	// Acknowledgements go out through the loop below: one sender.
+	acks := make(chan *relaypb.TrustBundleAck, 1)
 	go func() {
 		for {
-			if _, err := stream.Recv(); err != nil {
+			msg, err := stream.Recv()
+			if err != nil {
 				errc <- err
 				return
+			}
+			if b := msg.GetTrustBundle(); b != nil {
+				select {
+				case acks <- s.applyTrustBundle(ctx, stream.Context(), b):
+				case <-ctx.Done():
+					return
+				}
 			}
 		}
 	}()
@@ -295,6 +323,10 @@ func (s *Session) once(ctx context.Context) (string, error) {
 			return server, err
 		case <-ctx.Done():
 			return server, ctx.Err()
+		case ack := <-acks:
+			if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_TrustBundleAck{TrustBundleAck: ack}}); err != nil {
+				return server, err
+			}
 		case <-tick.C:
 			nonce++
 			if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Ping{Ping: &relaypb.Ping{Nonce: nonce}}}); err != nil {
@@ -310,6 +342,37 @@ func (s *Session) once(ctx context.Context) (string, error) {
 			}
 		}
 	}
+}
+
+// maxAckError bounds the reason a refused trust bundle's acknowledgement
+// carries.
+const maxAckError = 512
+
+// applyTrustBundle stores a trust bundle the server sent, if it verifies
+// the server of this session (streamCtx carries its TLS state), and says
+// so in the acknowledgement; a refused bundle changed nothing.
+func (s *Session) applyTrustBundle(ctx, streamCtx context.Context, b *relaypb.TrustBundle) *relaypb.TrustBundleAck {
+	ack := &relaypb.TrustBundleAck{Fingerprint: b.GetFingerprint(), Revision: b.GetRevision()}
+	var err error
+	switch {
+	case s.cfg.TrustBundles == nil:
+		err = errors.New("this agent does not store trust bundles")
+	default:
+		var chain []*x509.Certificate
+		if p, ok := peer.FromContext(streamCtx); ok {
+			if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+				chain = info.State.PeerCertificates
+			}
+		}
+		err = s.cfg.TrustBundles.ApplyTrustBundle(ctx, b.GetRootsPem(), b.GetFingerprint(), chain)
+	}
+	if err != nil {
+		ack.Error = text.Truncate(err.Error(), maxAckError)
+		s.log.Warn("refused the relay trust bundle the server sent; still pinning the roots before", "error", err, "revision", b.GetRevision())
+		return ack
+	}
+	s.log.Info("pinned the relay trust bundle the server sent", "fingerprint", b.GetFingerprint(), "revision", b.GetRevision())
+	return ack
 }
 
 // push keeps the server's view of the cluster current: it sends the

@@ -63,26 +63,42 @@ type issuerState struct {
 	previous   []*x509.Certificate
 	generation int
 	switchedAt time.Time
+	// rotation is what a relay root rotation in progress changes (nil:
+	// none; see rootload.go).
+	rotation *rotationView
 }
 
 // Sign signs with the current issuing CA.
 func (r *RelayIssuers) Sign(ctx context.Context, tmpl *x509.Certificate, pub crypto.PublicKey) (*x509.Certificate, error) {
-	return r.cur.Load().signer.Sign(ctx, tmpl, pub)
+	return r.cur.Load().issuing().Sign(ctx, tmpl, pub)
 }
 
 // Chain is the current issuing CA.
-func (r *RelayIssuers) Chain() []*x509.Certificate { return r.cur.Load().signer.Chain() }
+func (r *RelayIssuers) Chain() []*x509.Certificate { return r.cur.Load().issuing().Chain() }
 
-// Roots is the relay root.
-func (r *RelayIssuers) Roots() []*x509.Certificate { return r.cur.Load().signer.Roots() }
+// Roots is the relay root, or during a root rotation the roots agent
+// certificates may chain to.
+func (r *RelayIssuers) Roots() []*x509.Certificate {
+	st := r.cur.Load()
+	if st.rotation != nil {
+		return st.rotation.roots
+	}
+	return st.signer.Roots()
+}
 
 // AcceptedIssuers is the current issuing CA, then the previous ones still
 // valid now.
 func (r *RelayIssuers) AcceptedIssuers() []*x509.Certificate {
 	st := r.cur.Load()
 	now := r.clock()
-	out := make([]*x509.Certificate, 1, 1+len(st.previous))
-	out[0] = st.signer.Chain()[0]
+	out := make([]*x509.Certificate, 1, 2+len(st.previous))
+	out[0] = st.issuing().Chain()[0]
+	if st.rotation != nil {
+		out = append(out, st.rotation.otherIssuers...)
+		if !st.rotation.currentRootAccepted {
+			return out
+		}
+	}
 	for _, p := range st.previous {
 		if now.Before(p.NotAfter) {
 			out = append(out, p)
@@ -113,7 +129,7 @@ func (r *RelayIssuers) Reload(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	old := r.cur.Swap(st)
-	return !old.signer.Chain()[0].Equal(st.signer.Chain()[0]), nil
+	return !old.issuing().Chain()[0].Equal(st.issuing().Chain()[0]), nil
 }
 
 // loadIssuerState parses and checks both secrets, previous issuers and
@@ -140,6 +156,9 @@ func loadRelayCAState(root, signing *corev1.Secret, now time.Time) (*issuerState
 		return nil, nil, err
 	}
 	st := &issuerState{signer: signer, generation: 1}
+	if st.rotation, err = loadRotationView(root, r, signer, now); err != nil {
+		return nil, nil, err
+	}
 	bad := func(what string, err error) error {
 		return fmt.Errorf("%w: secret %s/%s %s: %w", ErrInvalidSigner, signing.Namespace, signing.Name, what, err)
 	}

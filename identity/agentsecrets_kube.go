@@ -124,3 +124,26 @@ func (k *KubeAgentSecrets) SaveCredential(ctx context.Context, certPEM, keyPEM, 
 	}
 	return kubeutil.UpsertSecret(ctx, k.client, want)
 }
+
+// SaveRoots implements RootsSaver: it replaces ca.crt of RootSecret,
+// keeping the Secret's other keys, labels and annotations.
+func (k *KubeAgentSecrets) SaveRoots(ctx context.Context, rootsPEM []byte) error {
+	secrets := k.client.CoreV1().Secrets(k.namespace)
+	s, err := secrets.Get(ctx, RootSecret, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = secrets.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: RootSecret, Namespace: k.namespace, Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}},
+			Data:       map[string][]byte{KeyCACert: rootsPEM},
+		}, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if s.Data == nil {
+		s.Data = map[string][]byte{}
+	}
+	s.Data[KeyCACert] = rootsPEM
+	_, err = secrets.Update(ctx, s, metav1.UpdateOptions{})
+	return err
+}

@@ -93,6 +93,9 @@ type ServerConfig struct {
 	// Trust, when set, serves Trust.SignIntermediate: intermediates of the
 	// meshes of the caller's cluster (shared trust of VirtualMeshes).
 	Trust IntermediateSigner
+	// TrustBundles, when set, is the relay trust bundle each session
+	// delivers during a relay root rotation (server/trustbundle.go).
+	TrustBundles TrustBundleSource
 	// Connections bound connections before and after authentication.
 	Connections relay.ConnectionLimits
 	// Clusters bound what one registered cluster may ask for.
@@ -439,21 +442,42 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 
 // tlsConfig serves the relay certificate and verifies client certificates
 // when given: Bootstrap has none, everything else must (checked per call).
+// The client CAs follow Issuer.Roots() at every handshake, so a relay CA
+// reloaded with another or a second root (a root rotation) reaches the TLS
+// layer without a restart.
 func (s *Server) tlsConfig() *tls.Config {
-	pool := x509.NewCertPool()
-	for _, r := range s.cfg.Issuer.Roots() {
-		pool.AddCert(r)
-	}
-	return &tls.Config{
+	base := &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return s.cfg.ServerCertificate()
 		},
 		ClientAuth: tls.VerifyClientCertIfGiven,
-		ClientCAs:  pool,
 		// gRPC over TLS negotiates HTTP/2 by ALPN.
 		NextProtos: []string{"h2"},
 	}
+	var cached atomic.Pointer[clientCAConfig]
+	current := func() *tls.Config {
+		roots := s.cfg.Issuer.Roots()
+		if c := cached.Load(); c != nil && slices.EqualFunc(c.roots, roots, (*x509.Certificate).Equal) {
+			return c.cfg
+		}
+		cfg := base.Clone()
+		cfg.ClientCAs = x509.NewCertPool()
+		for _, r := range roots {
+			cfg.ClientCAs.AddCert(r)
+		}
+		cached.Store(&clientCAConfig{roots: slices.Clone(roots), cfg: cfg})
+		return cfg
+	}
+	out := current().Clone()
+	out.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) { return current(), nil }
+	return out
+}
+
+// clientCAConfig is the TLS configuration for one set of relay roots.
+type clientCAConfig struct {
+	roots []*x509.Certificate
+	cfg   *tls.Config
 }
 
 // Serve accepts connections on lis until Stop: it runs the TLS handshake
@@ -1074,6 +1098,7 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		return ctx.Err()
 	}
 
+	var hello *relaypb.Hello
 	select {
 	case <-ctx.Done():
 		return ended()
@@ -1085,6 +1110,7 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		if first.GetHello() == nil {
 			return status.Error(codes.InvalidArgument, "the first message of a session must be Hello")
 		}
+		hello = first.GetHello()
 		if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_Welcome{Welcome: &relaypb.Welcome{
 			Cluster: a.cluster, SpiffeId: a.id.String(), CertificateNotAfterUnix: a.cert.NotAfter.Unix(),
 		}}}); err != nil {
@@ -1092,6 +1118,10 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		}
 		s.log.Info("agent session opened", "cluster", a.cluster, "peer", a.peer, "agent_version", first.GetHello().GetAgentVersion())
 		s.agentClock(a.cluster, first.GetHello())
+	}
+	bundles := s.newBundleDelivery(a.cluster, hello.GetTrustBundles())
+	if err := bundles.offer(stream); err != nil {
+		return err
 	}
 	for {
 		select {
@@ -1103,6 +1133,15 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		case msg := <-msgs:
 			if ping := msg.GetPing(); ping != nil {
 				if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_Pong{Pong: &relaypb.Pong{Nonce: ping.GetNonce()}}}); err != nil {
+					return err
+				}
+				// A changed bundle goes out at the next ping.
+				if err := bundles.offer(stream); err != nil {
+					return err
+				}
+			}
+			if ack := msg.GetTrustBundleAck(); ack != nil {
+				if err := bundles.acknowledged(ack); err != nil {
 					return err
 				}
 			}

@@ -95,6 +95,7 @@ type MemAgentSecrets struct {
 	roots, cert, key, savedCA      []byte
 	token                          string
 	saves, tokenDeletes, failSaves int
+	rootSaves                      int
 }
 
 // NewMemAgentSecrets holds roots and, if not empty, a bootstrap token.
@@ -180,4 +181,20 @@ func (m *MemAgentSecrets) SetToken(tok string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.token = tok
+}
+
+// SaveRoots implements identity.RootsSaver.
+func (m *MemAgentSecrets) SaveRoots(_ context.Context, roots []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.roots = append([]byte(nil), roots...)
+	m.rootSaves++
+	return nil
+}
+
+// RootSaves counts SaveRoots calls.
+func (m *MemAgentSecrets) RootSaves() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rootSaves
 }

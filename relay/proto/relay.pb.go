@@ -225,6 +225,7 @@ type AgentMessage struct {
 	//
 	//	*AgentMessage_Hello
 	//	*AgentMessage_Ping
+	//	*AgentMessage_TrustBundleAck
 	Msg           isAgentMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -285,6 +286,15 @@ func (x *AgentMessage) GetPing() *Ping {
 	return nil
 }
 
+func (x *AgentMessage) GetTrustBundleAck() *TrustBundleAck {
+	if x != nil {
+		if x, ok := x.Msg.(*AgentMessage_TrustBundleAck); ok {
+			return x.TrustBundleAck
+		}
+	}
+	return nil
+}
+
 type isAgentMessage_Msg interface {
 	isAgentMessage_Msg()
 }
@@ -297,9 +307,16 @@ type AgentMessage_Ping struct {
 	Ping *Ping `protobuf:"bytes,2,opt,name=ping,proto3,oneof"`
 }
 
+type AgentMessage_TrustBundleAck struct {
+	// Answers a ServerMessage.trust_bundle (relay root rotation).
+	TrustBundleAck *TrustBundleAck `protobuf:"bytes,3,opt,name=trust_bundle_ack,json=trustBundleAck,proto3,oneof"`
+}
+
 func (*AgentMessage_Hello) isAgentMessage_Msg() {}
 
 func (*AgentMessage_Ping) isAgentMessage_Msg() {}
+
+func (*AgentMessage_TrustBundleAck) isAgentMessage_Msg() {}
 
 type Hello struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -308,8 +325,12 @@ type Hello struct {
 	// that do not report it. The server records the difference from its own
 	// clock (KubernetesCluster status.agentClockOffset) for relaymesh check.
 	AgentTimeUnixNano int64 `protobuf:"varint,2,opt,name=agent_time_unix_nano,json=agentTimeUnixNano,proto3" json:"agent_time_unix_nano,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The agent handles ServerMessage.trust_bundle and acknowledges it. An
+	// agent that does not say so is listed as unable to acknowledge, never
+	// counted as having acknowledged a new relay root.
+	TrustBundles  bool `protobuf:"varint,3,opt,name=trust_bundles,json=trustBundles,proto3" json:"trust_bundles,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -354,6 +375,13 @@ func (x *Hello) GetAgentTimeUnixNano() int64 {
 		return x.AgentTimeUnixNano
 	}
 	return 0
+}
+
+func (x *Hello) GetTrustBundles() bool {
+	if x != nil {
+		return x.TrustBundles
+	}
+	return false
 }
 
 type Ping struct {
@@ -406,6 +434,7 @@ type ServerMessage struct {
 	//
 	//	*ServerMessage_Welcome
 	//	*ServerMessage_Pong
+	//	*ServerMessage_TrustBundle
 	Msg           isServerMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -466,6 +495,15 @@ func (x *ServerMessage) GetPong() *Pong {
 	return nil
 }
 
+func (x *ServerMessage) GetTrustBundle() *TrustBundle {
+	if x != nil {
+		if x, ok := x.Msg.(*ServerMessage_TrustBundle); ok {
+			return x.TrustBundle
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Msg interface {
 	isServerMessage_Msg()
 }
@@ -478,9 +516,16 @@ type ServerMessage_Pong struct {
 	Pong *Pong `protobuf:"bytes,2,opt,name=pong,proto3,oneof"`
 }
 
+type ServerMessage_TrustBundle struct {
+	// The relay roots the agent must pin (relay root rotation).
+	TrustBundle *TrustBundle `protobuf:"bytes,3,opt,name=trust_bundle,json=trustBundle,proto3,oneof"`
+}
+
 func (*ServerMessage_Welcome) isServerMessage_Msg() {}
 
 func (*ServerMessage_Pong) isServerMessage_Msg() {}
+
+func (*ServerMessage_TrustBundle) isServerMessage_Msg() {}
 
 type Welcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -589,6 +634,139 @@ func (x *Pong) GetNonce() int64 {
 	return 0
 }
 
+// TrustBundle is the set of relay roots an agent must pin during a relay
+// root rotation (docs/design/2026-12-02-relay-root-rotation.md). The agent
+// stores it only if the server certificate of the session it came over
+// verifies to one of its roots; at most 64 KiB, at most 4 self-signed CA
+// certificates.
+type TrustBundle struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// PEM: the relay roots, each a self-signed CA certificate.
+	RootsPem []byte `protobuf:"bytes,1,opt,name=roots_pem,json=rootsPem,proto3" json:"roots_pem,omitempty"`
+	// ca.BundleFingerprint of the roots: hex SHA-256 over their sorted
+	// fingerprints (hex SHA-256 of each DER certificate).
+	Fingerprint string `protobuf:"bytes,2,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	// The rotation state's revision that decided this bundle.
+	Revision      int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrustBundle) Reset() {
+	*x = TrustBundle{}
+	mi := &file_relay_proto_relay_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrustBundle) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrustBundle) ProtoMessage() {}
+
+func (x *TrustBundle) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrustBundle.ProtoReflect.Descriptor instead.
+func (*TrustBundle) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *TrustBundle) GetRootsPem() []byte {
+	if x != nil {
+		return x.RootsPem
+	}
+	return nil
+}
+
+func (x *TrustBundle) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+func (x *TrustBundle) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// TrustBundleAck answers a TrustBundle: stored and in use, or refused.
+type TrustBundleAck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The fingerprint of the bundle answered.
+	Fingerprint string `protobuf:"bytes,1,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	Revision    int64  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Empty when the bundle is stored and pinned; else why the agent refused
+	// it (it changed nothing).
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrustBundleAck) Reset() {
+	*x = TrustBundleAck{}
+	mi := &file_relay_proto_relay_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrustBundleAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrustBundleAck) ProtoMessage() {}
+
+func (x *TrustBundleAck) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrustBundleAck.ProtoReflect.Descriptor instead.
+func (*TrustBundleAck) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *TrustBundleAck) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+func (x *TrustBundleAck) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *TrustBundleAck) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // Snapshot is everything an agent discovered in its cluster.
 type Snapshot struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -605,7 +783,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_relay_proto_relay_proto_msgTypes[9]
+	mi := &file_relay_proto_relay_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -617,7 +795,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[9]
+	mi := &file_relay_proto_relay_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -630,7 +808,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{9}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Snapshot) GetCluster() string {
@@ -688,7 +866,7 @@ type Mesh struct {
 
 func (x *Mesh) Reset() {
 	*x = Mesh{}
-	mi := &file_relay_proto_relay_proto_msgTypes[10]
+	mi := &file_relay_proto_relay_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +878,7 @@ func (x *Mesh) String() string {
 func (*Mesh) ProtoMessage() {}
 
 func (x *Mesh) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[10]
+	mi := &file_relay_proto_relay_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +891,7 @@ func (x *Mesh) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mesh.ProtoReflect.Descriptor instead.
 func (*Mesh) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{10}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Mesh) GetName() string {
@@ -802,7 +980,7 @@ type Gateway struct {
 
 func (x *Gateway) Reset() {
 	*x = Gateway{}
-	mi := &file_relay_proto_relay_proto_msgTypes[11]
+	mi := &file_relay_proto_relay_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +992,7 @@ func (x *Gateway) String() string {
 func (*Gateway) ProtoMessage() {}
 
 func (x *Gateway) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[11]
+	mi := &file_relay_proto_relay_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +1005,7 @@ func (x *Gateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gateway.ProtoReflect.Descriptor instead.
 func (*Gateway) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{11}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Gateway) GetName() string {
@@ -891,7 +1069,7 @@ type Workload struct {
 
 func (x *Workload) Reset() {
 	*x = Workload{}
-	mi := &file_relay_proto_relay_proto_msgTypes[12]
+	mi := &file_relay_proto_relay_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +1081,7 @@ func (x *Workload) String() string {
 func (*Workload) ProtoMessage() {}
 
 func (x *Workload) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[12]
+	mi := &file_relay_proto_relay_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1094,7 @@ func (x *Workload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workload.ProtoReflect.Descriptor instead.
 func (*Workload) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{12}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Workload) GetName() string {
@@ -998,7 +1176,7 @@ type Destination struct {
 
 func (x *Destination) Reset() {
 	*x = Destination{}
-	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	mi := &file_relay_proto_relay_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1010,7 +1188,7 @@ func (x *Destination) String() string {
 func (*Destination) ProtoMessage() {}
 
 func (x *Destination) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	mi := &file_relay_proto_relay_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1023,7 +1201,7 @@ func (x *Destination) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Destination.ProtoReflect.Descriptor instead.
 func (*Destination) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{13}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Destination) GetName() string {
@@ -1120,7 +1298,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	mi := &file_relay_proto_relay_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1310,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	mi := &file_relay_proto_relay_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1323,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{14}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Endpoint) GetIp() string {
@@ -1175,7 +1353,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_relay_proto_relay_proto_msgTypes[15]
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1365,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[15]
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1378,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{15}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ServicePort) GetPort() int32 {
@@ -1247,7 +1425,7 @@ type LabelValues struct {
 
 func (x *LabelValues) Reset() {
 	*x = LabelValues{}
-	mi := &file_relay_proto_relay_proto_msgTypes[16]
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1437,7 @@ func (x *LabelValues) String() string {
 func (*LabelValues) ProtoMessage() {}
 
 func (x *LabelValues) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[16]
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1450,7 @@ func (x *LabelValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LabelValues.ProtoReflect.Descriptor instead.
 func (*LabelValues) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{16}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LabelValues) GetValues() []string {
@@ -1297,7 +1475,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1487,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1500,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{17}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SnapshotChunk) GetChunk() isSnapshotChunk_Chunk {
@@ -1402,7 +1580,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1592,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1605,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{18}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SnapshotHeader) GetCluster() string {
@@ -1470,7 +1648,7 @@ type SnapshotPart struct {
 
 func (x *SnapshotPart) Reset() {
 	*x = SnapshotPart{}
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1660,7 @@ func (x *SnapshotPart) String() string {
 func (*SnapshotPart) ProtoMessage() {}
 
 func (x *SnapshotPart) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1673,7 @@ func (x *SnapshotPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotPart.ProtoReflect.Descriptor instead.
 func (*SnapshotPart) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SnapshotPart) GetIndex() uint32 {
@@ -1523,7 +1701,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1713,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1726,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotEnd) GetHash() string {
@@ -1571,7 +1749,7 @@ type PushAck struct {
 
 func (x *PushAck) Reset() {
 	*x = PushAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1761,7 @@ func (x *PushAck) String() string {
 func (*PushAck) ProtoMessage() {}
 
 func (x *PushAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1774,7 @@ func (x *PushAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushAck.ProtoReflect.Descriptor instead.
 func (*PushAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PushAck) GetHash() string {
@@ -1636,7 +1814,7 @@ type OutputSet struct {
 
 func (x *OutputSet) Reset() {
 	*x = OutputSet{}
-	mi := &file_relay_proto_relay_proto_msgTypes[22]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +1826,7 @@ func (x *OutputSet) String() string {
 func (*OutputSet) ProtoMessage() {}
 
 func (x *OutputSet) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[22]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,7 +1839,7 @@ func (x *OutputSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputSet.ProtoReflect.Descriptor instead.
 func (*OutputSet) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{22}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *OutputSet) GetVersion() uint64 {
@@ -1724,7 +1902,7 @@ type TrustRequest struct {
 
 func (x *TrustRequest) Reset() {
 	*x = TrustRequest{}
-	mi := &file_relay_proto_relay_proto_msgTypes[23]
+	mi := &file_relay_proto_relay_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1914,7 @@ func (x *TrustRequest) String() string {
 func (*TrustRequest) ProtoMessage() {}
 
 func (x *TrustRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[23]
+	mi := &file_relay_proto_relay_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1927,7 @@ func (x *TrustRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrustRequest.ProtoReflect.Descriptor instead.
 func (*TrustRequest) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{23}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TrustRequest) GetMesh() string {
@@ -1834,7 +2012,7 @@ type IntermediateRequest struct {
 
 func (x *IntermediateRequest) Reset() {
 	*x = IntermediateRequest{}
-	mi := &file_relay_proto_relay_proto_msgTypes[24]
+	mi := &file_relay_proto_relay_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1846,7 +2024,7 @@ func (x *IntermediateRequest) String() string {
 func (*IntermediateRequest) ProtoMessage() {}
 
 func (x *IntermediateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[24]
+	mi := &file_relay_proto_relay_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1859,7 +2037,7 @@ func (x *IntermediateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IntermediateRequest.ProtoReflect.Descriptor instead.
 func (*IntermediateRequest) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{24}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *IntermediateRequest) GetMesh() string {
@@ -1891,7 +2069,7 @@ type IntermediateResponse struct {
 
 func (x *IntermediateResponse) Reset() {
 	*x = IntermediateResponse{}
-	mi := &file_relay_proto_relay_proto_msgTypes[25]
+	mi := &file_relay_proto_relay_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2081,7 @@ func (x *IntermediateResponse) String() string {
 func (*IntermediateResponse) ProtoMessage() {}
 
 func (x *IntermediateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[25]
+	mi := &file_relay_proto_relay_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2094,7 @@ func (x *IntermediateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IntermediateResponse.ProtoReflect.Descriptor instead.
 func (*IntermediateResponse) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{25}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *IntermediateResponse) GetCertificateChain() []byte {
@@ -1953,7 +2131,7 @@ type OutputObject struct {
 
 func (x *OutputObject) Reset() {
 	*x = OutputObject{}
-	mi := &file_relay_proto_relay_proto_msgTypes[26]
+	mi := &file_relay_proto_relay_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1965,7 +2143,7 @@ func (x *OutputObject) String() string {
 func (*OutputObject) ProtoMessage() {}
 
 func (x *OutputObject) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[26]
+	mi := &file_relay_proto_relay_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1978,7 +2156,7 @@ func (x *OutputObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputObject.ProtoReflect.Descriptor instead.
 func (*OutputObject) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{26}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *OutputObject) GetManifest() []byte {
@@ -2010,7 +2188,7 @@ type PullAck struct {
 
 func (x *PullAck) Reset() {
 	*x = PullAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[27]
+	mi := &file_relay_proto_relay_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2200,7 @@ func (x *PullAck) String() string {
 func (*PullAck) ProtoMessage() {}
 
 func (x *PullAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[27]
+	mi := &file_relay_proto_relay_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2213,7 @@ func (x *PullAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullAck.ProtoReflect.Descriptor instead.
 func (*PullAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{27}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PullAck) GetVersion() uint64 {
@@ -2075,7 +2253,7 @@ type ObjectResult struct {
 
 func (x *ObjectResult) Reset() {
 	*x = ObjectResult{}
-	mi := &file_relay_proto_relay_proto_msgTypes[28]
+	mi := &file_relay_proto_relay_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2087,7 +2265,7 @@ func (x *ObjectResult) String() string {
 func (*ObjectResult) ProtoMessage() {}
 
 func (x *ObjectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[28]
+	mi := &file_relay_proto_relay_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2100,7 +2278,7 @@ func (x *ObjectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectResult.ProtoReflect.Descriptor instead.
 func (*ObjectResult) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{28}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ObjectResult) GetApiVersion() string {
@@ -2161,26 +2339,37 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\x11certificate_chain\x18\x01 \x01(\fR\x10certificateChain\x12!\n" +
 	"\ftrust_bundle\x18\x02 \x01(\fR\vtrustBundle\x12\x1b\n" +
 	"\tspiffe_id\x18\x03 \x01(\tR\bspiffeId\x12$\n" +
-	"\x0enot_after_unix\x18\x04 \x01(\x03R\fnotAfterUnix\"x\n" +
+	"\x0enot_after_unix\x18\x04 \x01(\x03R\fnotAfterUnix\"\xc8\x01\n" +
 	"\fAgentMessage\x121\n" +
 	"\x05hello\x18\x01 \x01(\v2\x19.relaymesh.relay.v1.HelloH\x00R\x05hello\x12.\n" +
-	"\x04ping\x18\x02 \x01(\v2\x18.relaymesh.relay.v1.PingH\x00R\x04pingB\x05\n" +
-	"\x03msg\"]\n" +
+	"\x04ping\x18\x02 \x01(\v2\x18.relaymesh.relay.v1.PingH\x00R\x04ping\x12N\n" +
+	"\x10trust_bundle_ack\x18\x03 \x01(\v2\".relaymesh.relay.v1.TrustBundleAckH\x00R\x0etrustBundleAckB\x05\n" +
+	"\x03msg\"\x82\x01\n" +
 	"\x05Hello\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12/\n" +
-	"\x14agent_time_unix_nano\x18\x02 \x01(\x03R\x11agentTimeUnixNano\"\x1c\n" +
+	"\x14agent_time_unix_nano\x18\x02 \x01(\x03R\x11agentTimeUnixNano\x12#\n" +
+	"\rtrust_bundles\x18\x03 \x01(\bR\ftrustBundles\"\x1c\n" +
 	"\x04Ping\x12\x14\n" +
-	"\x05nonce\x18\x01 \x01(\x03R\x05nonce\"\x7f\n" +
+	"\x05nonce\x18\x01 \x01(\x03R\x05nonce\"\xc5\x01\n" +
 	"\rServerMessage\x127\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1b.relaymesh.relay.v1.WelcomeH\x00R\awelcome\x12.\n" +
-	"\x04pong\x18\x02 \x01(\v2\x18.relaymesh.relay.v1.PongH\x00R\x04pongB\x05\n" +
+	"\x04pong\x18\x02 \x01(\v2\x18.relaymesh.relay.v1.PongH\x00R\x04pong\x12D\n" +
+	"\ftrust_bundle\x18\x03 \x01(\v2\x1f.relaymesh.relay.v1.TrustBundleH\x00R\vtrustBundleB\x05\n" +
 	"\x03msg\"}\n" +
 	"\aWelcome\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x1b\n" +
 	"\tspiffe_id\x18\x02 \x01(\tR\bspiffeId\x12;\n" +
 	"\x1acertificate_not_after_unix\x18\x03 \x01(\x03R\x17certificateNotAfterUnix\"\x1c\n" +
 	"\x04Pong\x12\x14\n" +
-	"\x05nonce\x18\x01 \x01(\x03R\x05nonce\"\xeb\x01\n" +
+	"\x05nonce\x18\x01 \x01(\x03R\x05nonce\"h\n" +
+	"\vTrustBundle\x12\x1b\n" +
+	"\troots_pem\x18\x01 \x01(\fR\brootsPem\x12 \n" +
+	"\vfingerprint\x18\x02 \x01(\tR\vfingerprint\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\"d\n" +
+	"\x0eTrustBundleAck\x12 \n" +
+	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xeb\x01\n" +
 	"\bSnapshot\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x120\n" +
 	"\x06meshes\x18\x02 \x03(\v2\x18.relaymesh.relay.v1.MeshR\x06meshes\x12:\n" +
@@ -2347,7 +2536,7 @@ func file_relay_proto_relay_proto_rawDescGZIP() []byte {
 	return file_relay_proto_relay_proto_rawDescData
 }
 
-var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_relay_proto_relay_proto_goTypes = []any{
 	(*BootstrapRequest)(nil),     // 0: relaymesh.relay.v1.BootstrapRequest
 	(*RenewRequest)(nil),         // 1: relaymesh.relay.v1.RenewRequest
@@ -2358,78 +2547,82 @@ var file_relay_proto_relay_proto_goTypes = []any{
 	(*ServerMessage)(nil),        // 6: relaymesh.relay.v1.ServerMessage
 	(*Welcome)(nil),              // 7: relaymesh.relay.v1.Welcome
 	(*Pong)(nil),                 // 8: relaymesh.relay.v1.Pong
-	(*Snapshot)(nil),             // 9: relaymesh.relay.v1.Snapshot
-	(*Mesh)(nil),                 // 10: relaymesh.relay.v1.Mesh
-	(*Gateway)(nil),              // 11: relaymesh.relay.v1.Gateway
-	(*Workload)(nil),             // 12: relaymesh.relay.v1.Workload
-	(*Destination)(nil),          // 13: relaymesh.relay.v1.Destination
-	(*Endpoint)(nil),             // 14: relaymesh.relay.v1.Endpoint
-	(*ServicePort)(nil),          // 15: relaymesh.relay.v1.ServicePort
-	(*LabelValues)(nil),          // 16: relaymesh.relay.v1.LabelValues
-	(*SnapshotChunk)(nil),        // 17: relaymesh.relay.v1.SnapshotChunk
-	(*SnapshotHeader)(nil),       // 18: relaymesh.relay.v1.SnapshotHeader
-	(*SnapshotPart)(nil),         // 19: relaymesh.relay.v1.SnapshotPart
-	(*SnapshotEnd)(nil),          // 20: relaymesh.relay.v1.SnapshotEnd
-	(*PushAck)(nil),              // 21: relaymesh.relay.v1.PushAck
-	(*OutputSet)(nil),            // 22: relaymesh.relay.v1.OutputSet
-	(*TrustRequest)(nil),         // 23: relaymesh.relay.v1.TrustRequest
-	(*IntermediateRequest)(nil),  // 24: relaymesh.relay.v1.IntermediateRequest
-	(*IntermediateResponse)(nil), // 25: relaymesh.relay.v1.IntermediateResponse
-	(*OutputObject)(nil),         // 26: relaymesh.relay.v1.OutputObject
-	(*PullAck)(nil),              // 27: relaymesh.relay.v1.PullAck
-	(*ObjectResult)(nil),         // 28: relaymesh.relay.v1.ObjectResult
-	nil,                          // 29: relaymesh.relay.v1.Mesh.PodLabelsEntry
-	nil,                          // 30: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	nil,                          // 31: relaymesh.relay.v1.Workload.PodLabelsEntry
-	nil,                          // 32: relaymesh.relay.v1.Destination.SelectorEntry
-	nil,                          // 33: relaymesh.relay.v1.Destination.LabelsEntry
-	nil,                          // 34: relaymesh.relay.v1.Destination.SubsetsEntry
-	nil,                          // 35: relaymesh.relay.v1.Endpoint.LabelsEntry
+	(*TrustBundle)(nil),          // 9: relaymesh.relay.v1.TrustBundle
+	(*TrustBundleAck)(nil),       // 10: relaymesh.relay.v1.TrustBundleAck
+	(*Snapshot)(nil),             // 11: relaymesh.relay.v1.Snapshot
+	(*Mesh)(nil),                 // 12: relaymesh.relay.v1.Mesh
+	(*Gateway)(nil),              // 13: relaymesh.relay.v1.Gateway
+	(*Workload)(nil),             // 14: relaymesh.relay.v1.Workload
+	(*Destination)(nil),          // 15: relaymesh.relay.v1.Destination
+	(*Endpoint)(nil),             // 16: relaymesh.relay.v1.Endpoint
+	(*ServicePort)(nil),          // 17: relaymesh.relay.v1.ServicePort
+	(*LabelValues)(nil),          // 18: relaymesh.relay.v1.LabelValues
+	(*SnapshotChunk)(nil),        // 19: relaymesh.relay.v1.SnapshotChunk
+	(*SnapshotHeader)(nil),       // 20: relaymesh.relay.v1.SnapshotHeader
+	(*SnapshotPart)(nil),         // 21: relaymesh.relay.v1.SnapshotPart
+	(*SnapshotEnd)(nil),          // 22: relaymesh.relay.v1.SnapshotEnd
+	(*PushAck)(nil),              // 23: relaymesh.relay.v1.PushAck
+	(*OutputSet)(nil),            // 24: relaymesh.relay.v1.OutputSet
+	(*TrustRequest)(nil),         // 25: relaymesh.relay.v1.TrustRequest
+	(*IntermediateRequest)(nil),  // 26: relaymesh.relay.v1.IntermediateRequest
+	(*IntermediateResponse)(nil), // 27: relaymesh.relay.v1.IntermediateResponse
+	(*OutputObject)(nil),         // 28: relaymesh.relay.v1.OutputObject
+	(*PullAck)(nil),              // 29: relaymesh.relay.v1.PullAck
+	(*ObjectResult)(nil),         // 30: relaymesh.relay.v1.ObjectResult
+	nil,                          // 31: relaymesh.relay.v1.Mesh.PodLabelsEntry
+	nil,                          // 32: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	nil,                          // 33: relaymesh.relay.v1.Workload.PodLabelsEntry
+	nil,                          // 34: relaymesh.relay.v1.Destination.SelectorEntry
+	nil,                          // 35: relaymesh.relay.v1.Destination.LabelsEntry
+	nil,                          // 36: relaymesh.relay.v1.Destination.SubsetsEntry
+	nil,                          // 37: relaymesh.relay.v1.Endpoint.LabelsEntry
 }
 var file_relay_proto_relay_proto_depIdxs = []int32{
 	4,  // 0: relaymesh.relay.v1.AgentMessage.hello:type_name -> relaymesh.relay.v1.Hello
 	5,  // 1: relaymesh.relay.v1.AgentMessage.ping:type_name -> relaymesh.relay.v1.Ping
-	7,  // 2: relaymesh.relay.v1.ServerMessage.welcome:type_name -> relaymesh.relay.v1.Welcome
-	8,  // 3: relaymesh.relay.v1.ServerMessage.pong:type_name -> relaymesh.relay.v1.Pong
-	10, // 4: relaymesh.relay.v1.Snapshot.meshes:type_name -> relaymesh.relay.v1.Mesh
-	12, // 5: relaymesh.relay.v1.Snapshot.workloads:type_name -> relaymesh.relay.v1.Workload
-	13, // 6: relaymesh.relay.v1.Snapshot.destinations:type_name -> relaymesh.relay.v1.Destination
-	29, // 7: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
-	11, // 8: relaymesh.relay.v1.Mesh.gateways:type_name -> relaymesh.relay.v1.Gateway
-	30, // 9: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	31, // 10: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
-	32, // 11: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
-	33, // 12: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
-	15, // 13: relaymesh.relay.v1.Destination.ports:type_name -> relaymesh.relay.v1.ServicePort
-	34, // 14: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
-	14, // 15: relaymesh.relay.v1.Destination.endpoints:type_name -> relaymesh.relay.v1.Endpoint
-	35, // 16: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
-	18, // 17: relaymesh.relay.v1.SnapshotChunk.header:type_name -> relaymesh.relay.v1.SnapshotHeader
-	19, // 18: relaymesh.relay.v1.SnapshotChunk.part:type_name -> relaymesh.relay.v1.SnapshotPart
-	20, // 19: relaymesh.relay.v1.SnapshotChunk.end:type_name -> relaymesh.relay.v1.SnapshotEnd
-	26, // 20: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
-	23, // 21: relaymesh.relay.v1.OutputSet.trust:type_name -> relaymesh.relay.v1.TrustRequest
-	28, // 22: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
-	16, // 23: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
-	0,  // 24: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
-	1,  // 25: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
-	3,  // 26: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
-	9,  // 27: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
-	17, // 28: relaymesh.relay.v1.Discovery.PushChunked:input_type -> relaymesh.relay.v1.SnapshotChunk
-	27, // 29: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
-	24, // 30: relaymesh.relay.v1.Trust.SignIntermediate:input_type -> relaymesh.relay.v1.IntermediateRequest
-	2,  // 31: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
-	2,  // 32: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
-	6,  // 33: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
-	21, // 34: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
-	21, // 35: relaymesh.relay.v1.Discovery.PushChunked:output_type -> relaymesh.relay.v1.PushAck
-	22, // 36: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
-	25, // 37: relaymesh.relay.v1.Trust.SignIntermediate:output_type -> relaymesh.relay.v1.IntermediateResponse
-	31, // [31:38] is the sub-list for method output_type
-	24, // [24:31] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	10, // 2: relaymesh.relay.v1.AgentMessage.trust_bundle_ack:type_name -> relaymesh.relay.v1.TrustBundleAck
+	7,  // 3: relaymesh.relay.v1.ServerMessage.welcome:type_name -> relaymesh.relay.v1.Welcome
+	8,  // 4: relaymesh.relay.v1.ServerMessage.pong:type_name -> relaymesh.relay.v1.Pong
+	9,  // 5: relaymesh.relay.v1.ServerMessage.trust_bundle:type_name -> relaymesh.relay.v1.TrustBundle
+	12, // 6: relaymesh.relay.v1.Snapshot.meshes:type_name -> relaymesh.relay.v1.Mesh
+	14, // 7: relaymesh.relay.v1.Snapshot.workloads:type_name -> relaymesh.relay.v1.Workload
+	15, // 8: relaymesh.relay.v1.Snapshot.destinations:type_name -> relaymesh.relay.v1.Destination
+	31, // 9: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
+	13, // 10: relaymesh.relay.v1.Mesh.gateways:type_name -> relaymesh.relay.v1.Gateway
+	32, // 11: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	33, // 12: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
+	34, // 13: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
+	35, // 14: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
+	17, // 15: relaymesh.relay.v1.Destination.ports:type_name -> relaymesh.relay.v1.ServicePort
+	36, // 16: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
+	16, // 17: relaymesh.relay.v1.Destination.endpoints:type_name -> relaymesh.relay.v1.Endpoint
+	37, // 18: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
+	20, // 19: relaymesh.relay.v1.SnapshotChunk.header:type_name -> relaymesh.relay.v1.SnapshotHeader
+	21, // 20: relaymesh.relay.v1.SnapshotChunk.part:type_name -> relaymesh.relay.v1.SnapshotPart
+	22, // 21: relaymesh.relay.v1.SnapshotChunk.end:type_name -> relaymesh.relay.v1.SnapshotEnd
+	28, // 22: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
+	25, // 23: relaymesh.relay.v1.OutputSet.trust:type_name -> relaymesh.relay.v1.TrustRequest
+	30, // 24: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
+	18, // 25: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
+	0,  // 26: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
+	1,  // 27: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
+	3,  // 28: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
+	11, // 29: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
+	19, // 30: relaymesh.relay.v1.Discovery.PushChunked:input_type -> relaymesh.relay.v1.SnapshotChunk
+	29, // 31: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
+	26, // 32: relaymesh.relay.v1.Trust.SignIntermediate:input_type -> relaymesh.relay.v1.IntermediateRequest
+	2,  // 33: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
+	2,  // 34: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
+	6,  // 35: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
+	23, // 36: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
+	23, // 37: relaymesh.relay.v1.Discovery.PushChunked:output_type -> relaymesh.relay.v1.PushAck
+	24, // 38: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
+	27, // 39: relaymesh.relay.v1.Trust.SignIntermediate:output_type -> relaymesh.relay.v1.IntermediateResponse
+	33, // [33:40] is the sub-list for method output_type
+	26, // [26:33] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_relay_proto_relay_proto_init() }
@@ -2440,12 +2633,14 @@ func file_relay_proto_relay_proto_init() {
 	file_relay_proto_relay_proto_msgTypes[3].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Ping)(nil),
+		(*AgentMessage_TrustBundleAck)(nil),
 	}
 	file_relay_proto_relay_proto_msgTypes[6].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_Pong)(nil),
+		(*ServerMessage_TrustBundle)(nil),
 	}
-	file_relay_proto_relay_proto_msgTypes[17].OneofWrappers = []any{
+	file_relay_proto_relay_proto_msgTypes[19].OneofWrappers = []any{
 		(*SnapshotChunk_Header)(nil),
 		(*SnapshotChunk_Part)(nil),
 		(*SnapshotChunk_End)(nil),
@@ -2456,7 +2651,7 @@ func file_relay_proto_relay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_relay_proto_relay_proto_rawDesc), len(file_relay_proto_relay_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

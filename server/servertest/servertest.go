@@ -78,6 +78,8 @@ type Options struct {
 	MaxRecv       int
 	// Trust serves Trust.SignIntermediate when set.
 	Trust server.IntermediateSigner
+	// TrustBundles: the relay trust bundle sessions deliver, when set.
+	TrustBundles server.TrustBundleSource
 	// Connections: limits of connections; tests that are not about them get
 	// per-address limits far above the defaults, since every peer is
 	// 127.0.0.1.
@@ -154,7 +156,7 @@ func New(t testing.TB, o Options) *Server {
 		DataPath:    dp,
 		TrustDomain: TrustDomain, Issuer: authority, Tokens: tokens, SharedToken: shared, Registry: registry,
 		ServerCertificate: serving.Certificate, Audit: auditLog, Logger: log, Metrics: metrics, MaxRecvBytes: o.MaxRecv,
-		BootstrapFailureBurst: o.FailureBurst, Trust: o.Trust, Connections: o.Connections, Clusters: o.Clusters,
+		BootstrapFailureBurst: o.FailureBurst, Trust: o.Trust, TrustBundles: o.TrustBundles, Connections: o.Connections, Clusters: o.Clusters,
 		GlobalBootstrapFailureBurst: o.GlobalFailureBurst, GlobalBootstrapFailuresPerMinute: o.GlobalFailuresPerMinute,
 	})
 	require.NoError(t, err)

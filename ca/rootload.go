@@ -1,0 +1,85 @@
+package ca
+
+import (
+	"crypto/x509"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// rotationView is what a relay root rotation in progress means for a
+// replica (RootRotationState.Effective): the roots agent certificates may
+// chain to, the issuing CA to sign with, and the other accepted issuing CA.
+type rotationView struct {
+	roots []*x509.Certificate
+	// issue signs agent and serving certificates.
+	issue Signer
+	// otherIssuers are the accepted issuing CAs under the other root.
+	otherIssuers []*x509.Certificate
+	// currentRootAccepted: the root in ca.crt is still accepted (then so
+	// are the previous issuing CAs under it).
+	currentRootAccepted bool
+}
+
+// issuing is the signer that issues now.
+func (st *issuerState) issuing() Signer {
+	if st.rotation != nil {
+		return st.rotation.issue
+	}
+	return st.signer
+}
+
+// loadRotationView reads the rotation state of the relay root Secret:
+// nil outside a rotation. A state that does not decode, or whose staged
+// root does not load or is not the rotation's other root, is an error, and
+// the caller loads nothing. The operator's request annotation is not read
+// here: a typo in it never stops a replica from loading its CA.
+func loadRotationView(root *corev1.Secret, rc *RelayCA, current Signer, now time.Time) (*rotationView, error) {
+	if _, ok := root.Annotations[annotationRootPhase]; !ok {
+		return nil, nil
+	}
+	withoutRequest := root.DeepCopy()
+	delete(withoutRequest.Annotations, AnnotationRootRequest)
+	st, _, err := DecodeRootRotation(withoutRequest)
+	if err != nil || st.Phase == RootIdle {
+		return nil, err
+	}
+	staged, err := stagedRoot(root, now)
+	if err != nil {
+		return nil, err
+	}
+	curFP := RootFingerprint(rc.Root)
+	other := st.New
+	if other == curFP {
+		other = st.Old
+	}
+	if staged == nil || RootFingerprint(staged.Root) != other {
+		return nil, fmt.Errorf("%w: secret %s/%s: phase %s without its staged root", ErrRootRotationState, root.Namespace, root.Name, st.Phase)
+	}
+	stagedSigner, err := staged.Signer(now)
+	if err != nil {
+		return nil, err
+	}
+	eff := st.Effective()
+	v := &rotationView{issue: current, currentRootAccepted: slices.Contains(eff.Accepted, curFP)}
+	if eff.IssueFrom == other {
+		v.issue = stagedSigner
+	}
+	for _, fp := range eff.Accepted {
+		switch fp {
+		case curFP:
+			v.roots = append(v.roots, rc.Root)
+		case other:
+			v.roots = append(v.roots, staged.Root)
+		}
+	}
+	for _, s := range []Signer{current, stagedSigner} {
+		issuer := s.Chain()[0]
+		if s != v.issue && slices.ContainsFunc(v.roots, func(r *x509.Certificate) bool { return issuer.CheckSignatureFrom(r) == nil }) {
+			v.otherIssuers = append(v.otherIssuers, issuer)
+		}
+	}
+	return v, nil
+}

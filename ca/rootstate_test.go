@@ -1,0 +1,255 @@
+package ca_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+)
+
+// world is one agent that acknowledges what it is told and renews under
+// the root issued from, and replicas that loaded every revision: what the
+// Lease holder would observe when every step went through.
+type world struct {
+	mu     sync.Mutex
+	acked  string
+	onRoot string
+	behind bool
+}
+
+func (w *world) observe(_ context.Context, st ca.RootRotationState) ([]ca.AgentRootObservation, int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	a := ca.AgentRootObservation{Cluster: "c1", Connected: true, CanAcknowledge: true, Acked: w.acked, OnRoot: w.onRoot}
+	if !w.behind {
+		// The agent catches up at once.
+		eff := st.Effective()
+		w.acked, w.onRoot = ca.BundleFingerprint(eff.Bundle), eff.IssueFrom
+		a.Acked, a.OnRoot = w.acked, w.onRoot
+	}
+	return []ca.AgentRootObservation{a}, st.Revision, nil
+}
+
+func rootFP(t *testing.T, cs kubernetes.Interface, ns, name string) string {
+	t.Helper()
+	s, err := cs.CoreV1().Secrets(ns).Get(context.Background(), name, metav1.GetOptions{})
+	require.NoError(t, err)
+	roots, err := ca.ParseTrustBundle(s.Data["ca.crt"])
+	require.NoError(t, err)
+	return ca.RootFingerprint(roots[0])
+}
+
+// TestRelayRootRotationInKubernetes drives the rotation's Secrets on a
+// real kube-apiserver: a whole rotation ends with both relay CA secrets on
+// the new root (and a relay CA that loads), a rollback from Switching
+// ends on the old root with nothing of the new one left, and a state that
+// does not decode changes nothing.
+func TestRelayRootRotationInKubernetes(t *testing.T) {
+	ctx := context.Background()
+	_, cs, _ := localcluster.Management(t, "")
+	newNS := func(t *testing.T, name string) string {
+		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		_, err = ca.LoadOrCreateRelayCA(ctx, cs, name, ca.GenerateConfig{})
+		require.NoError(t, err)
+		return name
+	}
+	now := time.Now()
+	clock := func() time.Time { return now }
+	cfg := ca.RootStepConfig{CA: ca.GenerateConfig{Clock: clock}, Rotation: ca.RootRotationConfig{Grace: time.Minute}}
+	step := func(t *testing.T, ns string, w *world) ca.RootDecision {
+		t.Helper()
+		d, err := ca.StepRootRotation(ctx, cs, ns, cfg, w.observe)
+		require.NoError(t, err)
+		return d
+	}
+	// loaded is what a replica starting now loads: its roots, the root of
+	// the issuing CA it signs with, and the roots of the issuing CAs it
+	// accepts agent certificates from.
+	loaded := func(t *testing.T, ns string) (roots []string, issueUnder string, acceptedUnder []string) {
+		t.Helper()
+		s, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		for _, r := range s.Roots() {
+			roots = append(roots, ca.RootFingerprint(r))
+		}
+		under := func(c *x509.Certificate) string {
+			for _, r := range s.Roots() {
+				if c.CheckSignatureFrom(r) == nil {
+					return ca.RootFingerprint(r)
+				}
+			}
+			return "none"
+		}
+		issueUnder = under(s.Chain()[0])
+		set, ok := s.(ca.IssuerSet)
+		require.True(t, ok)
+		for _, c := range set.AcceptedIssuers() {
+			acceptedUnder = append(acceptedUnder, under(c))
+		}
+		return roots, issueUnder, acceptedUnder
+	}
+	phaseOf := func(t *testing.T, ns string) ca.RootRotationState {
+		s, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		st, _, err := ca.DecodeRootRotation(s)
+		require.NoError(t, err)
+		return st
+	}
+
+	t.Run("a whole rotation ends on the new root in both secrets", func(t *testing.T) {
+		ns := newNS(t, "rootrot-whole")
+		old := rootFP(t, cs, ns, ca.RootSecretName)
+		w := &world{}
+		before, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		d := step(t, ns, w)
+		assert.Equal(t, ca.RootIdle, d.State.Phase)
+		after, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, before.ResourceVersion, after.ResourceVersion, "nothing to do writes nothing")
+
+		require.NoError(t, ca.RequestRootRotation(ctx, cs, ns, ca.RootRequestStart))
+		assert.ErrorContains(t, ca.RequestRootRotation(ctx, cs, ns, ca.RootRequestRollback), "already pending")
+		assert.Equal(t, []ca.RootAction{ca.RootActStage}, step(t, ns, w).Actions)
+		// Every later decision is made afresh from the Secret, as a new
+		// Lease holder after a replica kill would.
+		d = step(t, ns, w)
+		require.Equal(t, ca.RootAddingNew, d.State.Phase)
+		next := d.State.New
+		assert.NotEqual(t, old, next)
+		assert.Equal(t, old, rootFP(t, cs, ns, ca.SigningSecretName), "issuance stays on the old root while it is added")
+		roots, issue, accepted := loaded(t, ns)
+		assert.ElementsMatch(t, []string{old, next}, roots, "AddingNewRoot: a replica trusts both roots")
+		assert.Equal(t, old, issue, "AddingNewRoot: and issues under the old one")
+		assert.ElementsMatch(t, []string{old, next}, accepted, "AddingNewRoot: and accepts an issuing CA under each")
+
+		w.behind = true
+		d = step(t, ns, w)
+		assert.Equal(t, ca.RootAddingNew, d.State.Phase)
+		assert.Equal(t, []string{"c1: has not acknowledged yet"}, d.Blocking)
+		w.behind = false
+		require.Equal(t, ca.RootSwitching, step(t, ns, w).State.Phase)
+		assert.Equal(t, ca.RootSwitching, step(t, ns, w).State.Phase, "both roots stay for the grace window")
+		roots, issue, accepted = loaded(t, ns)
+		assert.ElementsMatch(t, []string{old, next}, roots)
+		assert.Equal(t, next, issue, "Switching: a replica issues under the new root")
+		assert.ElementsMatch(t, []string{old, next}, accepted)
+		signer, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		authority, err := ca.New(ca.Config{Signer: signer})
+		require.NoError(t, err)
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		served, err := authority.IssueServer(ctx, key.Public(), []string{"relay.test"}, nil)
+		require.NoError(t, err, "Switching: the authority issues (template → sign → validate) under the new root")
+		require.NoError(t, served.Certificate.CheckSignatureFrom(served.Chain[0]))
+		underNext := false
+		for _, r := range served.Roots {
+			underNext = underNext || (ca.RootFingerprint(r) == next && served.Chain[0].CheckSignatureFrom(r) == nil)
+		}
+		assert.True(t, underNext, "the serving certificate's issuing CA is under the new root")
+		now = now.Add(2 * time.Minute)
+		require.Equal(t, ca.RootRemovingOld, step(t, ns, w).State.Phase)
+		roots, issue, accepted = loaded(t, ns)
+		assert.Equal(t, []string{next}, roots, "RemovingOldRoot: only the new root is trusted")
+		assert.Equal(t, next, issue)
+		assert.Equal(t, []string{next}, accepted)
+		d = step(t, ns, w)
+		require.Equal(t, ca.RootIdle, d.State.Phase)
+		assert.Equal(t, []ca.RootAction{ca.RootActDeleteOld}, d.Actions)
+
+		assert.Equal(t, next, rootFP(t, cs, ns, ca.RootSecretName))
+		assert.Equal(t, next, rootFP(t, cs, ns, ca.SigningSecretName))
+		root, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.ElementsMatch(t, []string{"ca.crt", "tls.key"}, keys(root.Data), "no staged material is left")
+		loaded, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, ca.GenerateConfig{})
+		require.NoError(t, err, "the rotated relay CA loads")
+		assert.Equal(t, next, ca.RootFingerprint(loaded.Roots()[0]))
+		issuer := loaded.Chain()[0]
+		require.NoError(t, issuer.CheckSignatureFrom(loaded.Roots()[0]))
+	})
+
+	t.Run("rollback from Switching ends on the old root with nothing of the new one", func(t *testing.T) {
+		ns := newNS(t, "rootrot-rollback")
+		old := rootFP(t, cs, ns, ca.RootSecretName)
+		w := &world{}
+		require.NoError(t, ca.RequestRootRotation(ctx, cs, ns, ca.RootRequestStart))
+		step(t, ns, w)
+		step(t, ns, w)
+		require.Equal(t, ca.RootSwitching, step(t, ns, w).State.Phase)
+		require.NoError(t, ca.RequestRootRotation(ctx, cs, ns, ca.RootRequestRollback))
+		d := step(t, ns, w)
+		require.Equal(t, ca.RootSwitching, d.State.Phase)
+		assert.True(t, d.State.RolledBack)
+		assert.Equal(t, old, d.State.Effective().IssueFrom, "issuance goes back to the old root at once")
+		_, issue, accepted := loaded(t, ns)
+		assert.Equal(t, old, issue, "a replica issues under the old root again")
+		assert.Len(t, accepted, 2, "and still accepts the new root's issuing CA for the grace window")
+		now = now.Add(2 * time.Minute)
+		require.Equal(t, ca.RootRemovingOld, step(t, ns, w).State.Phase)
+		require.Equal(t, ca.RootIdle, step(t, ns, w).State.Phase)
+		assert.Equal(t, old, phaseOf(t, ns).Old)
+		assert.Equal(t, old, rootFP(t, cs, ns, ca.RootSecretName))
+		assert.Equal(t, old, rootFP(t, cs, ns, ca.SigningSecretName))
+		root, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.ElementsMatch(t, []string{"ca.crt", "tls.key"}, keys(root.Data))
+		_, err = ca.LoadOrCreateRelayCA(ctx, cs, ns, ca.GenerateConfig{})
+		require.NoError(t, err)
+	})
+
+	t.Run("a state that does not decode changes nothing", func(t *testing.T) {
+		ns := newNS(t, "rootrot-bad")
+		for _, ann := range []map[string]string{
+			{"relaymesh.io/root-rotation-phase": "Sideways", "relaymesh.io/root-rotation-old": "x", "relaymesh.io/root-rotation-new": "y", "relaymesh.io/root-rotation-revision": "1"},
+			{"relaymesh.io/root-rotation-phase": "Idle", "relaymesh.io/root-rotation-old": "not-this-root", "relaymesh.io/root-rotation-revision": "1"},
+			{"relaymesh.io/root-rotation-phase": "Idle", "relaymesh.io/root-rotation-revision": "many"},
+			{ca.AnnotationRootRequest: "destroy"},
+		} {
+			s, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+			require.NoError(t, err)
+			s.Annotations = ann
+			s, err = cs.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{})
+			require.NoError(t, err)
+			_, err = ca.StepRootRotation(ctx, cs, ns, cfg, (&world{}).observe)
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, ca.ErrRootRotationState), "%v", err)
+			after, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, s.ResourceVersion, after.ResourceVersion, "nothing was written")
+		}
+		// A replica loads its CA despite a mistyped request, and refuses a
+		// rotation phase whose staged root is missing.
+		set := func(ann map[string]string) {
+			s, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+			require.NoError(t, err)
+			s.Annotations = ann
+			_, err = cs.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{})
+			require.NoError(t, err)
+		}
+		set(map[string]string{ca.AnnotationRootRequest: "destroy"})
+		_, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		cur := rootFP(t, cs, ns, ca.RootSecretName)
+		set(map[string]string{"relaymesh.io/root-rotation-phase": "AddingNewRoot", "relaymesh.io/root-rotation-old": cur,
+			"relaymesh.io/root-rotation-new": "0123", "relaymesh.io/root-rotation-revision": "2"})
+		_, err = ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.ErrorIs(t, err, ca.ErrRootRotationState)
+	})
+}

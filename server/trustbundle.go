@@ -1,0 +1,78 @@
+package server
+
+import (
+	"encoding/hex"
+
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// TrustBundleSource is the relay trust bundle sessions deliver during a
+// relay root rotation (docs/design/2026-12-02-relay-root-rotation.md),
+// and where their acknowledgements go.
+type TrustBundleSource interface {
+	// Current is the bundle every agent must pin now, or nil outside a
+	// rotation. It MUST be cheap: every session asks at every ping. The
+	// returned message MUST NOT be changed afterwards.
+	Current() *relaypb.TrustBundle
+	// Acknowledged records what cluster's agent answered: canAcknowledge
+	// false (an agent whose Hello did not say trust_bundles, reported once
+	// per session with ack nil) is never an acknowledgement; ack.Error
+	// set is a refusal. It MUST NOT block.
+	Acknowledged(cluster string, canAcknowledge bool, ack *relaypb.TrustBundleAck)
+}
+
+// Bounds of an acknowledgement: a fingerprint is hex SHA-256, the reason
+// of a refusal at most 512 bytes (the agent truncates it).
+const (
+	fingerprintLen = 64
+	maxAckErrorLen = 512
+)
+
+// bundleDelivery is one session's side of trust bundle delivery.
+type bundleDelivery struct {
+	src     TrustBundleSource
+	cluster string
+	can     bool
+	sent    string // fingerprint last sent
+}
+
+func (s *Server) newBundleDelivery(cluster string, canAcknowledge bool) *bundleDelivery {
+	d := &bundleDelivery{src: s.cfg.TrustBundles, cluster: cluster, can: canAcknowledge}
+	if d.src != nil && !canAcknowledge {
+		d.src.Acknowledged(cluster, false, nil)
+	}
+	return d
+}
+
+// offer sends the current bundle if it changed since the last one this
+// session sent; an agent that cannot acknowledge gets none.
+func (d *bundleDelivery) offer(stream relaypb.Relay_ConnectServer) error {
+	if d.src == nil || !d.can {
+		return nil
+	}
+	b := d.src.Current()
+	if b == nil || b.GetFingerprint() == d.sent {
+		return nil
+	}
+	if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_TrustBundle{TrustBundle: proto.CloneOf(b)}}); err != nil {
+		return err
+	}
+	d.sent = b.GetFingerprint()
+	return nil
+}
+
+// acknowledged checks an acknowledgement's shape and hands it on; a
+// malformed one ends the session.
+func (d *bundleDelivery) acknowledged(ack *relaypb.TrustBundleAck) error {
+	fp := ack.GetFingerprint()
+	if _, err := hex.DecodeString(fp); err != nil || len(fp) != fingerprintLen || len(ack.GetError()) > maxAckErrorLen {
+		return status.Error(codes.InvalidArgument, "malformed trust bundle acknowledgement")
+	}
+	if d.src != nil {
+		d.src.Acknowledged(d.cluster, d.can, ack)
+	}
+	return nil
+}
