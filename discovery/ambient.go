@@ -185,6 +185,26 @@ func (b *builder) workloadMode(meta *metav1.ObjectMeta, tmpl *corev1.PodTemplate
 	return nil, "", false
 }
 
+// destinationMode is the data-plane mode of a Service's workloads: "" when
+// all have sidecars, "ambient" when none has, "mixed" otherwise.
+func destinationMode(selected []*relaypb.Workload) string {
+	var sidecar, ambient bool
+	for _, w := range selected {
+		if w.DataPlaneMode == discoveryv1alpha1.DataPlaneAmbient {
+			ambient = true
+		} else {
+			sidecar = true
+		}
+	}
+	switch {
+	case ambient && sidecar:
+		return discoveryv1alpha1.DataPlaneMixed
+	case ambient:
+		return discoveryv1alpha1.DataPlaneAmbient
+	}
+	return ""
+}
+
 func podRedirected(p *corev1.Pod) bool {
 	return p.Annotations[annotationRedirection] == valueRedirected
 }

@@ -138,6 +138,8 @@ func TestBuildAmbientDestinations(t *testing.T) {
 	assertProto(t, &relaypb.WaypointRef{Name: "other-wp", Namespace: "infra"}, byName["shop/ratings"].Waypoint)
 	assert.Nil(t, byName["shop/productpage"].Waypoint)
 	assert.Nil(t, byName["legacy/details"].Waypoint)
+	assert.Equal(t, "ambient", byName["shop/reviews"].DataPlaneMode)
+	assert.Empty(t, byName["legacy/details"].DataPlaneMode, "sidecar")
 	eps := byName["shop/reviews"].Endpoints
 	require.Len(t, eps, 2)
 	assert.True(t, eps[0].Ambient, "10.0.0.2 carries ambient.istio.io/redirection: enabled")

@@ -329,6 +329,7 @@ func (b *builder) destinations(services []*corev1.Service, pods []*corev1.Pod) [
 			MeshName:          selected[0].MeshName,
 			MeshNamespace:     selected[0].MeshNamespace,
 			Waypoint:          waypointRef(svc.Labels, b.nsLabels[svc.Namespace], valid(svc.Namespace)),
+			DataPlaneMode:     destinationMode(selected),
 		}
 		nsPods := podsByNs[svc.Namespace]
 		if len(nsPods) > 0 {

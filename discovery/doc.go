@@ -115,6 +115,8 @@
 //     istio.io/use-waypoint-namespace on the same object, else the object's
 //     own. "none", or a name that is not a DNS subdomain (or a namespace
 //     that is not a DNS label), binds to nothing.
+//   - A Destination's DataPlaneMode is "ambient" when every workload it
+//     selects is ambient, "mixed" when some are, else empty (sidecar).
 //   - An endpoint is Ambient when its pod has the annotation
 //     ambient.istio.io/redirection=enabled (written by istio-cni).
 //

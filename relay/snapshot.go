@@ -317,6 +317,7 @@ func (v *snapshotValidator) mesh(path string, m *relaypb.Mesh) {
 var (
 	waypointTrafficTypes = []string{"service", "workload", "all", "none"}
 	dataPlaneModes       = []string{"", "ambient"}
+	destinationModes     = []string{"", "ambient", "mixed"}
 )
 
 func (v *snapshotValidator) waypoints(path string, m *relaypb.Mesh) {
@@ -389,6 +390,9 @@ func (v *snapshotValidator) destination(path string, d *relaypb.Destination) {
 	v.labels(path+".labels", d.GetLabels())
 	v.meshRef(path+".mesh", d.GetMeshName(), d.GetMeshNamespace())
 	v.waypointRef(path+".waypoint", d.GetWaypoint())
+	if !slices.Contains(destinationModes, d.GetDataPlaneMode()) {
+		v.fail(path+".dataPlaneMode", "%q is not empty (sidecar), ambient or mixed", text.Truncate(d.GetDataPlaneMode(), 40))
+	}
 	if !slices.Contains(serviceTypes, d.GetServiceType()) {
 		v.fail(path+".serviceType", "%q is not ClusterIP, NodePort, LoadBalancer or ExternalName", text.Truncate(d.GetServiceType(), 40))
 	}

@@ -22,6 +22,7 @@ func ambientSnapshot() *relaypb.Snapshot {
 	s.Workloads[0].Waypoint = &relaypb.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}
 	s.Destinations[0].Waypoint = &relaypb.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}
 	s.Destinations[0].Endpoints[0].Ambient = true
+	s.Destinations[0].DataPlaneMode = "mixed"
 	return relaytest.Rehash(s)
 }
 
@@ -36,6 +37,7 @@ func TestHostileAmbientSnapshotsAreRefused(t *testing.T) {
 		name, want string
 		edit       func(*relaypb.Snapshot)
 	}{
+		{"unknown destination mode", "destinations[0].dataPlaneMode", func(s *relaypb.Snapshot) { s.Destinations[0].DataPlaneMode = "sidecar" }},
 		{"unknown mode", "workloads[0].dataPlaneMode", func(s *relaypb.Snapshot) { s.Workloads[0].DataPlaneMode = "sidecarless" }},
 		{"explicit sidecar mode", "workloads[1].dataPlaneMode", func(s *relaypb.Snapshot) { s.Workloads[1].DataPlaneMode = "sidecar" }},
 		{"sidecar bound to a waypoint", "workloads[1].waypoint", func(s *relaypb.Snapshot) {

@@ -586,6 +586,7 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredOb
 			ks.Endpoints = append(ks.Endpoints, discoveryv1alpha1.Endpoint{IP: e.GetIp(), Labels: e.GetLabels(), Ambient: e.GetAmbient()})
 		}
 		ks.Waypoint = waypointRef(d.GetWaypoint())
+		ks.DataPlaneMode = cmp.Or(d.GetDataPlaneMode(), discoveryv1alpha1.DataPlaneSidecar)
 		if len(d.GetSubsets()) > 0 {
 			ks.Subsets = map[string][]string{}
 			for k, v := range d.GetSubsets() {

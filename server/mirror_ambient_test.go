@@ -26,6 +26,7 @@ func TestAmbientSnapshotBecomesTheAPIView(t *testing.T) {
 	s.Workloads[0].Waypoint = &relaypb.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}
 	s.Destinations[0].Waypoint = &relaypb.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}
 	s.Destinations[0].Endpoints[0].Ambient = true
+	s.Destinations[0].DataPlaneMode = "mixed"
 
 	objs, err := server.DiscoveredObjects(relaytest.Rehash(s), "relaymesh")
 	require.NoError(t, err)
@@ -56,6 +57,7 @@ func TestAmbientSnapshotBecomesTheAPIView(t *testing.T) {
 	assert.Nil(t, workloads["app-1"].Spec.Kubernetes.Waypoint)
 	assert.Equal(t, &discoveryv1alpha1.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}, dest.Spec.KubeService.Waypoint)
 	assert.True(t, dest.Spec.KubeService.Endpoints[0].Ambient)
+	assert.Equal(t, "mixed", dest.Spec.KubeService.DataPlaneMode)
 
 	// A sidecar-only mesh has no ambient block, and its one mode.
 	objs, err = server.DiscoveredObjects(relaytest.Spec{Workloads: 1}.Snapshot(), "relaymesh")

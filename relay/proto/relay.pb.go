@@ -1175,7 +1175,10 @@ type Destination struct {
 	// The ready pod IPs behind the Service, for flat-network federation.
 	Endpoints []*Endpoint `protobuf:"bytes,12,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
 	// The waypoint the Service is bound to, if any.
-	Waypoint      *WaypointRef `protobuf:"bytes,13,opt,name=waypoint,proto3" json:"waypoint,omitempty"`
+	Waypoint *WaypointRef `protobuf:"bytes,13,opt,name=waypoint,proto3" json:"waypoint,omitempty"`
+	// The data-plane mode of the workloads it selects: "" (sidecar),
+	// "ambient", or "mixed" (both: a migration in progress).
+	DataPlaneMode string `protobuf:"bytes,14,opt,name=data_plane_mode,json=dataPlaneMode,proto3" json:"data_plane_mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1299,6 +1302,13 @@ func (x *Destination) GetWaypoint() *WaypointRef {
 		return x.Waypoint
 	}
 	return nil
+}
+
+func (x *Destination) GetDataPlaneMode() string {
+	if x != nil {
+		return x.DataPlaneMode
+	}
+	return ""
 }
 
 type Endpoint struct {
@@ -2440,7 +2450,7 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	" \x01(\v2\x1f.relaymesh.relay.v1.WaypointRefR\bwaypoint\x1a<\n" +
 	"\x0ePodLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcc\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf4\x06\n" +
 	"\vDestination\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x18\n" +
@@ -2455,7 +2465,8 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	" \x01(\tR\bmeshName\x12%\n" +
 	"\x0emesh_namespace\x18\v \x01(\tR\rmeshNamespace\x12:\n" +
 	"\tendpoints\x18\f \x03(\v2\x1c.relaymesh.relay.v1.EndpointR\tendpoints\x12;\n" +
-	"\bwaypoint\x18\r \x01(\v2\x1f.relaymesh.relay.v1.WaypointRefR\bwaypoint\x1a;\n" +
+	"\bwaypoint\x18\r \x01(\v2\x1f.relaymesh.relay.v1.WaypointRefR\bwaypoint\x12&\n" +
+	"\x0fdata_plane_mode\x18\x0e \x01(\tR\rdataPlaneMode\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

@@ -105,6 +105,8 @@ type WaypointRef struct {
 const (
 	DataPlaneSidecar = "sidecar"
 	DataPlaneAmbient = "ambient"
+	// DataPlaneMixed is a Destination whose workloads run in both modes.
+	DataPlaneMixed = "mixed"
 )
 
 // MeshInstallation locates a control plane: the istiod Deployment Name in
@@ -267,6 +269,11 @@ type KubeService struct {
 	// Waypoint the Service is bound to, if any.
 	// +optional
 	Waypoint *WaypointRef `json:"waypoint,omitempty"`
+	// DataPlaneMode of the workloads it selects: sidecar, ambient, or mixed
+	// (both, during a migration); empty means sidecar.
+	// +kubebuilder:validation:Enum=sidecar;ambient;mixed
+	// +optional
+	DataPlaneMode string `json:"dataPlaneMode,omitempty"`
 }
 
 // Endpoint is a ready pod behind a Service.
