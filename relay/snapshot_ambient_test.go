@@ -11,23 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// ambientSnapshot is a valid snapshot of an ambient mesh with a waypoint,
-// one ambient workload bound to it and one sidecar workload.
-func ambientSnapshot() *relaypb.Snapshot {
-	s := relaytest.Spec{Workloads: 2, Destinations: 1, Endpoints: true}.Snapshot()
-	m := s.Meshes[0]
-	m.Ambient, m.Ztunnel = true, true
-	m.Waypoints = []*relaypb.Waypoint{{Name: "waypoint", Namespace: "bookinfo", TrafficType: "service", ServiceAccount: "waypoint", Ready: true}}
-	s.Workloads[0].DataPlaneMode = "ambient"
-	s.Workloads[0].Waypoint = &relaypb.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}
-	s.Destinations[0].Waypoint = &relaypb.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}
-	s.Destinations[0].Endpoints[0].Ambient = true
-	s.Destinations[0].DataPlaneMode = "mixed"
-	return relaytest.Rehash(s)
-}
-
 func TestAmbientSnapshotIsValid(t *testing.T) {
-	require.NoError(t, relay.ValidateSnapshot("cluster-1", ambientSnapshot(), relay.SnapshotLimits{}))
+	require.NoError(t, relay.ValidateSnapshot("cluster-1", relaytest.Ambient(), relay.SnapshotLimits{}))
 }
 
 // TestHostileAmbientSnapshotsAreRefused: every malformed, hostile or
@@ -62,7 +47,7 @@ func TestHostileAmbientSnapshotsAreRefused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := ambientSnapshot()
+			s := relaytest.Ambient()
 			tt.edit(s)
 			err := relay.ValidateSnapshot("cluster-1", relaytest.Rehash(s), relay.SnapshotLimits{})
 			require.ErrorIs(t, err, relay.ErrSnapshotRefused)

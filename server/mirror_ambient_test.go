@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
-	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/stretchr/testify/assert"
@@ -18,17 +17,7 @@ import (
 // captured endpoints reach the Workload and Destination; and every object
 // passes the CRD schema the apiserver enforces.
 func TestAmbientSnapshotBecomesTheAPIView(t *testing.T) {
-	s := relaytest.Spec{Workloads: 2, Destinations: 1, Endpoints: true}.Snapshot()
-	m := s.Meshes[0]
-	m.Ambient, m.Ztunnel = true, true
-	m.Waypoints = []*relaypb.Waypoint{{Name: "waypoint", Namespace: "bookinfo", TrafficType: "service", ServiceAccount: "waypoint", Ready: true}}
-	s.Workloads[0].DataPlaneMode = "ambient"
-	s.Workloads[0].Waypoint = &relaypb.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}
-	s.Destinations[0].Waypoint = &relaypb.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}
-	s.Destinations[0].Endpoints[0].Ambient = true
-	s.Destinations[0].DataPlaneMode = "mixed"
-
-	objs, err := server.DiscoveredObjects(relaytest.Rehash(s), "relaymesh")
+	objs, err := server.DiscoveredObjects(relaytest.Ambient(), "relaymesh")
 	require.NoError(t, err)
 	var (
 		mesh      discoveryv1alpha1.Mesh
