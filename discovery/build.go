@@ -7,11 +7,13 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/relay/snapshothash"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -54,6 +56,8 @@ type Inputs struct {
 	Services     []*corev1.Service
 	ConfigMaps   []*corev1.ConfigMap
 	Pods         []*corev1.Pod
+	// Gateways are gateway.networking.k8s.io/v1 Gateways (waypoints).
+	Gateways []*unstructured.Unstructured
 }
 
 // Build is the pure heart of discovery: cluster objects in, snapshot out.
@@ -80,9 +84,13 @@ func Build(cluster string, in Inputs) *relaypb.Snapshot {
 	services := sortedObjects(in.Services)
 
 	s := &relaypb.Snapshot{Cluster: b.cluster}
+	daemonSets := sortedObjects(in.DaemonSets)
 	s.Meshes = b.meshes(deployments)
 	b.gateways(services)
-	s.Workloads = b.workloads(deployments, sortedObjects(in.StatefulSets), sortedObjects(in.DaemonSets))
+	b.ztunnels(daemonSets)
+	b.waypoints(sortedObjects(in.Gateways), deployments)
+	s.Workloads = b.workloads(deployments, sortedObjects(in.StatefulSets), daemonSets)
+	b.sortWaypoints()
 	s.Destinations = b.destinations(services, sortedObjects(in.Pods))
 	s.Hash = snapshothash.Of(s)
 	return s
@@ -136,6 +144,7 @@ func (b *builder) meshes(deployments []*appsv1.Deployment) []*relaypb.Mesh {
 			IstiodServiceAccount: serviceAccount(&d.Spec.Template),
 			PodLabels:            copyMap(d.Spec.Template.Labels),
 			SmartDnsProxying:     mc.DNSCapture,
+			Ambient:              ambientEnabled(d),
 		}
 		b.meshList = append(b.meshList, m)
 		b.meshByNs[m.Namespace] = append(b.meshByNs[m.Namespace], m)
@@ -215,15 +224,11 @@ func (b *builder) workloads(deployments []*appsv1.Deployment, statefulSets []*ap
 		if isGateway(meta.Labels) || isGateway(tmpl.Labels) {
 			return
 		}
-		rev, injected := injection(b.nsLabels[meta.Namespace], tmpl)
-		if !injected {
+		m, mode, ok := b.workloadMode(meta, tmpl)
+		if !ok {
 			return
 		}
-		m := b.meshByRev[rev]
-		if m == nil {
-			return
-		}
-		out = append(out, &relaypb.Workload{
+		w := &relaypb.Workload{
 			Name:           valid(meta.Name),
 			Namespace:      valid(meta.Namespace),
 			Cluster:        b.cluster,
@@ -232,7 +237,12 @@ func (b *builder) workloads(deployments []*appsv1.Deployment, statefulSets []*ap
 			ServiceAccount: serviceAccount(tmpl),
 			MeshName:       m.Name,
 			MeshNamespace:  m.Namespace,
-		})
+			DataPlaneMode:  mode,
+		}
+		if mode == discoveryv1alpha1.DataPlaneAmbient {
+			w.Waypoint = waypointRef(tmpl.Labels, b.nsLabels[meta.Namespace], w.Namespace)
+		}
+		out = append(out, w)
 	}
 	for _, d := range deployments {
 		if !isIstiod(d) {
@@ -318,6 +328,8 @@ func (b *builder) destinations(services []*corev1.Service, pods []*corev1.Pod) [
 			ExternalAddresses: externalAddresses(svc),
 			MeshName:          selected[0].MeshName,
 			MeshNamespace:     selected[0].MeshNamespace,
+			Waypoint:          waypointRef(svc.Labels, b.nsLabels[svc.Namespace], valid(svc.Namespace)),
+			DataPlaneMode:     destinationMode(selected),
 		}
 		nsPods := podsByNs[svc.Namespace]
 		if len(nsPods) > 0 {
@@ -332,7 +344,7 @@ func (b *builder) destinations(services []*corev1.Service, pods []*corev1.Pod) [
 			}
 			for _, k := range idx.match(sel) {
 				p := nsPods[k]
-				d.Endpoints = append(d.Endpoints, &relaypb.Endpoint{Ip: valid(p.Status.PodIP), Labels: copyMap(p.Labels)})
+				d.Endpoints = append(d.Endpoints, &relaypb.Endpoint{Ip: valid(p.Status.PodIP), Labels: copyMap(p.Labels), Ambient: podRedirected(p)})
 			}
 			// nsPods is sorted by name, and the sort is stable: equal IPs
 			// stay in name order.

@@ -14,8 +14,11 @@ import (
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	appslisters "k8s.io/client-go/listers/apps/v1"
@@ -51,6 +54,11 @@ type Config struct {
 	Debounce time.Duration
 	// Logger for operational logs; default: discard.
 	Logger *slog.Logger
+	// Dynamic reads Gateway API Gateways (waypoints). Optional: without it,
+	// or when the cluster serves no gateway.networking.k8s.io/v1 Gateways
+	// when Run starts, no waypoint is discovered (and translation treats
+	// every ambient Destination as served by none: fail closed).
+	Dynamic dynamic.Interface
 }
 
 // Validate reports every problem with c, each prefixed with its field path.
@@ -89,6 +97,10 @@ type Discoverer struct {
 	configMaps   corelisters.ConfigMapLister
 	pods         corelisters.PodLister
 
+	client   kubernetes.Interface
+	dynamic  dynamicinformer.DynamicSharedInformerFactory // nil without Config.Dynamic
+	gateways atomic.Pointer[cache.GenericLister]          // set by Run when Gateways are served
+
 	started atomic.Bool
 	synced  chan struct{}
 	kick    chan struct{} // an event since the last Changes value; capacity 1
@@ -114,6 +126,10 @@ func New(cfg Config) (*Discoverer, error) {
 		synced:   make(chan struct{}),
 		kick:     make(chan struct{}, 1),
 		changes:  make(chan struct{}, 1),
+		client:   cfg.Client,
+	}
+	if cfg.Dynamic != nil {
+		d.dynamic = dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, cfg.Resync)
 	}
 	core, apps := d.factory.Core().V1(), d.factory.Apps().V1()
 	d.namespaces = core.Namespaces().Lister()
@@ -159,12 +175,37 @@ func (d *Discoverer) Run(ctx context.Context) error {
 		return ErrAlreadyRunning
 	}
 	start := time.Now()
+	if d.dynamic != nil {
+		if d.servesGateways() {
+			inf := d.dynamic.ForResource(GatewayResource)
+			if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+				AddFunc:    func(any) { d.notify() },
+				UpdateFunc: d.onUpdate,
+				DeleteFunc: func(any) { d.notify() },
+			}); err != nil {
+				return fmt.Errorf("discovery: gateway informer: %w", err)
+			}
+			lister := inf.Lister()
+			d.gateways.Store(&lister)
+			d.dynamic.Start(ctx.Done())
+			defer d.dynamic.Shutdown()
+		} else {
+			d.log.Warn("the cluster serves no gateway.networking.k8s.io/v1 Gateways: no waypoints are discovered until the agent restarts")
+		}
+	}
 	d.factory.Start(ctx.Done())
 	defer d.factory.Shutdown()
 	var failed []string
 	for typ, ok := range d.factory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			failed = append(failed, typ.String())
+		}
+	}
+	if d.gateways.Load() != nil {
+		for res, ok := range d.dynamic.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				failed = append(failed, res.String())
+			}
 		}
 	}
 	if len(failed) > 0 {
@@ -233,10 +274,33 @@ func (d *Discoverer) Snapshot() (*relaypb.Snapshot, error) {
 	list("configmaps", err)
 	in.Pods, err = d.pods.List(everything)
 	list("pods", err)
+	if gl := d.gateways.Load(); gl != nil {
+		objs, err := (*gl).List(everything)
+		list("gateways", err)
+		for _, o := range objs {
+			if u, ok := o.(*unstructured.Unstructured); ok {
+				in.Gateways = append(in.Gateways, u)
+			}
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("discovery: %w", err)
 	}
 	return Build(d.cluster, in), nil
+}
+
+// servesGateways asks the apiserver whether it serves Gateway API Gateways.
+func (d *Discoverer) servesGateways() bool {
+	res, err := d.client.Discovery().ServerResourcesForGroupVersion(GatewayResource.GroupVersion().String())
+	if err != nil {
+		return false
+	}
+	for _, r := range res.APIResources {
+		if r.Name == GatewayResource.Resource {
+			return true
+		}
+	}
+	return false
 }
 
 // notify records an event for the debounce loop in Run.
@@ -281,6 +345,9 @@ func trim(obj any) (any, error) {
 	case *corev1.Pod:
 		p := &corev1.Pod{TypeMeta: o.TypeMeta, ObjectMeta: o.ObjectMeta}
 		p.Annotations = nil
+		if v, ok := o.Annotations[annotationRedirection]; ok {
+			p.Annotations = map[string]string{annotationRedirection: v}
+		}
 		p.Status = corev1.PodStatus{
 			Phase:      o.Status.Phase,
 			Conditions: o.Status.Conditions,

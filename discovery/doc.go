@@ -1,7 +1,8 @@
 // Package discovery runs in the agent: it watches its workload cluster with
 // client-go shared informers (no polling) and builds discovery snapshots
-// (relaypb.Snapshot) of the Istio meshes, the sidecar-injected workloads and
-// the Services that select them.
+// (relaypb.Snapshot) of the Istio meshes, the sidecar-injected and
+// ambient-enrolled workloads, the waypoints, and the Services that select
+// those workloads.
 //
 // The package has two halves. Build is a pure function from cluster objects
 // (Inputs) to a snapshot; it makes no client calls, so every rule below is a
@@ -78,6 +79,46 @@
 // revision (of several, the first by namespace/name); MeshName and
 // MeshNamespace name that istiod. PodLabels are the pod template labels;
 // ServiceAccount is the template's serviceAccountName, default "default".
+// A workload that is not injected is an ambient one (see Ambient) when its
+// pods are enrolled; otherwise it is not reported.
+//
+// # Ambient
+//
+// (docs/design/2026-12-02-ambient-translation.md says what translation
+// makes of it.)
+//
+//   - A mesh is ambient when a container of its istiod Deployment has the
+//     env var PILOT_ENABLE_AMBIENT set to a true value (strconv.ParseBool);
+//     Ztunnel when, besides, a DaemonSet labelled (on the object or its pod
+//     template) app=ztunnel runs in the istiod's namespace.
+//   - Waypoints: Gateways (gateway.networking.k8s.io/v1) of class
+//     istio-waypoint, attached to the ambient mesh of their istio.io/rev
+//     (else the default revision); none for a mesh that is not ambient.
+//     TrafficType is the label istio.io/waypoint-for, default "service";
+//     a value istiod does not know (not service, workload, all, none) is
+//     not a waypoint. ServiceAccount is that of the first Deployment (by
+//     name) in the Gateway's namespace whose pod template has
+//     gateway.networking.k8s.io/gateway-name=<gateway>, else empty. Ready
+//     when status.addresses is not empty.
+//   - Enrolment, after istio-cni's default selectors: a workload that is
+//     not injected is ambient when its pod template has
+//     istio.io/dataplane-mode=ambient, or its namespace has it and the pod
+//     template does not say "none"; a sidecar always wins. Its mesh is the
+//     one of the template's istio.io/rev, else the namespace's, else the
+//     default revision, and must be ambient; otherwise it is not reported.
+//     Pod templates of ztunnel (app=ztunnel) and of Gateways (with
+//     gateway.networking.k8s.io/gateway-name) are never workloads.
+//     DataPlaneMode is "ambient"; sidecar workloads leave it empty.
+//   - Waypoint bindings (istio.io/use-waypoint): for an ambient workload, on
+//     its pod template, else its namespace; for a Destination, on the
+//     Service, else its namespace. The namespace of the waypoint is
+//     istio.io/use-waypoint-namespace on the same object, else the object's
+//     own. "none", or a name that is not a DNS subdomain (or a namespace
+//     that is not a DNS label), binds to nothing.
+//   - A Destination's DataPlaneMode is "ambient" when every workload it
+//     selects is ambient, "mixed" when some are, else empty (sidecar).
+//   - An endpoint is Ambient when its pod has the annotation
+//     ambient.istio.io/redirection=enabled (written by istio-cni).
 //
 // # Destinations
 //
@@ -119,9 +160,11 @@
 // # Discoverer
 //
 // Discoverer runs shared informers on Namespaces, Deployments, StatefulSets,
-// DaemonSets, Services, ConfigMaps and Pods. Its caches keep only what Build
-// reads: managed fields are dropped from every object, Pods keep their
-// metadata (without annotations) and the status fields readiness needs, and
+// DaemonSets, Services, ConfigMaps and Pods, and, with Config.Dynamic and
+// when the apiserver serves them as Run starts, on Gateway API Gateways. Its
+// caches keep only what Build reads: managed fields are dropped from every
+// object, Pods keep their metadata (of annotations, only
+// ambient.istio.io/redirection) and the status fields readiness needs, and
 // ConfigMaps other than "istio" and "istio-*" keep no data. Events on those
 // other ConfigMaps, and resync updates that change no resource version, do
 // not count as changes. Any other event arms a timer of Config.Debounce

@@ -50,6 +50,11 @@ const (
 //   - A Workload whose Mesh is not discovered, or has no trust domain,
 //     cannot be named as a principal; it is skipped and the policy's
 //     per-Destination status lists it.
+//   - A Destination whose workloads run in ambient mode (or mixed, during a
+//     migration) also gets the ambient objects of access_ambient.go: L4
+//     rules at ztunnel, every rule at its waypoint, never an HTTP rule in
+//     a selector policy (docs/design/2026-12-02-ambient-translation.md).
+//     An ambient-only Destination gets no sidecar-era object.
 func TranslateAccess(in *translation.Input, out *translation.Output, r *translation.Report) {
 	policies := sortedAccessPolicies(in.AccessPolicies)
 	for _, p := range policies {
@@ -68,7 +73,12 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 		var (
 			rules   []*securityv1.Rule
 			parents []translation.Parent
+			amb     *ambientAccess
 		)
+		sidecar, ambient := destinationModes(d)
+		if ambient {
+			amb = newAmbientAccess(in, d)
+		}
 		for i, p := range policies {
 			if !translation.MatchDestination(p.Spec.DestinationSelector, d) {
 				continue
@@ -80,10 +90,23 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 				ts.Errors = append(ts.Errors, "sourceSelector matches no workload: this policy allows no one")
 			} else {
 				rules = append(rules, accessRule(p, sources[i].principals))
+				if amb != nil {
+					if msg := amb.add(p, sources[i].principals); msg != "" {
+						failAmbient(&ts, msg)
+					}
+				}
 			}
 			r.Target(key, ts)
 		}
 		if len(parents) == 0 {
+			continue
+		}
+		if amb != nil {
+			if err := amb.emit(out, parents); err != nil {
+				failParents(r, d, parents, err)
+			}
+		}
+		if !sidecar {
 			continue
 		}
 		spec := &securityv1.AuthorizationPolicy{
@@ -92,13 +115,18 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 			Rules:    rules,
 		}
 		if err := out.Add(ks.Ref.ClusterName, securityAPIVersion, "AuthorizationPolicy", ks.Ref.Namespace, namePrefix+ks.Ref.Name, spec, parents...); err != nil {
-			// Two Destinations with the same cluster, namespace and name:
-			// discovery's bug, but say so on every policy involved.
-			for _, pa := range parents {
-				r.Target(translation.ObjectKey(pa),
-					common.TargetStatus{Target: translation.DestinationTarget(d), State: common.StateFailed, Errors: []string{err.Error()}})
-			}
+			failParents(r, d, parents, err)
 		}
+	}
+}
+
+// failParents reports err on every policy of a Destination whose output
+// could not be added: two Destinations with the same cluster, namespace and
+// name are discovery's bug, but every policy involved says so.
+func failParents(r *translation.Report, d *discoveryv1alpha1.Destination, parents []translation.Parent, err error) {
+	for _, pa := range parents {
+		r.Target(translation.ObjectKey(pa),
+			common.TargetStatus{Target: translation.DestinationTarget(d), State: common.StateFailed, Errors: []string{err.Error()}})
 	}
 }
 

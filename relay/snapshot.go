@@ -56,6 +56,8 @@ type SnapshotLimits struct {
 	MaxSubsets, MaxSubsetValues int
 	// MaxExternalAddresses per destination; default 16.
 	MaxExternalAddresses int
+	// MaxWaypoints per mesh; default 1024 (the Mesh CRD's bound).
+	MaxWaypoints int
 }
 
 // WithDefaults fills the zero fields of l with their defaults.
@@ -74,6 +76,7 @@ func (l SnapshotLimits) WithDefaults() SnapshotLimits {
 	def(&l.MaxSubsets, 16)
 	def(&l.MaxSubsetValues, 64)
 	def(&l.MaxExternalAddresses, 16)
+	def(&l.MaxWaypoints, 1024)
 	return l
 }
 
@@ -307,6 +310,52 @@ func (v *snapshotValidator) mesh(path string, m *relaypb.Mesh) {
 		v.optional(gp+".externalAddress", g.GetExternalAddress(), v.address)
 		v.port(gp+".tlsPort", g.GetTlsPort(), true)
 	}
+	v.waypoints(path, m)
+}
+
+// Enums of the ambient data plane.
+var (
+	waypointTrafficTypes = []string{"service", "workload", "all", "none"}
+	dataPlaneModes       = []string{"", "ambient"}
+	destinationModes     = []string{"", "ambient", "mixed"}
+)
+
+func (v *snapshotValidator) waypoints(path string, m *relaypb.Mesh) {
+	wps := m.GetWaypoints()
+	if len(wps) > 0 && !m.GetAmbient() {
+		v.fail(path+".waypoints", "a mesh without ambient has no waypoints")
+	}
+	if len(wps) > v.l.MaxWaypoints {
+		v.fail(path+".waypoints", "%d waypoints, at most %d", len(wps), v.l.MaxWaypoints)
+		return
+	}
+	seen := map[string]bool{}
+	for j, w := range wps {
+		wp := fmt.Sprintf("%s.waypoints[%d]", path, j)
+		v.subdomain(wp+".name", w.GetName())
+		v.label(wp+".namespace", w.GetNamespace())
+		if key := w.GetNamespace() + "/" + w.GetName(); seen[key] {
+			v.fail(wp, "%s appears twice", text.Truncate(key, 160))
+		} else {
+			seen[key] = true
+		}
+		if !slices.Contains(waypointTrafficTypes, w.GetTrafficType()) {
+			v.fail(wp+".trafficType", "%q is not service, workload, all or none", text.Truncate(w.GetTrafficType(), 40))
+		}
+		v.optional(wp+".serviceAccount", w.GetServiceAccount(), v.subdomain)
+	}
+	if m.GetZtunnel() && !m.GetAmbient() {
+		v.fail(path+".ztunnel", "a mesh without ambient has no ztunnel")
+	}
+}
+
+// waypointRef checks a binding to a waypoint: nil, or a name and namespace.
+func (v *snapshotValidator) waypointRef(path string, r *relaypb.WaypointRef) {
+	if r == nil {
+		return
+	}
+	v.subdomain(path+".name", r.GetName())
+	v.label(path+".namespace", r.GetNamespace())
 }
 
 func (v *snapshotValidator) workload(path string, w *relaypb.Workload) {
@@ -318,6 +367,13 @@ func (v *snapshotValidator) workload(path string, w *relaypb.Workload) {
 	v.labels(path+".podLabels", w.GetPodLabels())
 	v.optional(path+".serviceAccount", w.GetServiceAccount(), v.subdomain)
 	v.meshRef(path+".mesh", w.GetMeshName(), w.GetMeshNamespace())
+	if !slices.Contains(dataPlaneModes, w.GetDataPlaneMode()) {
+		v.fail(path+".dataPlaneMode", "%q is not empty (sidecar) or ambient", text.Truncate(w.GetDataPlaneMode(), 40))
+	}
+	if w.GetWaypoint() != nil && w.GetDataPlaneMode() != "ambient" {
+		v.fail(path+".waypoint", "only an ambient workload is bound to a waypoint")
+	}
+	v.waypointRef(path+".waypoint", w.GetWaypoint())
 }
 
 // Enums of a Kubernetes Service.
@@ -333,6 +389,10 @@ func (v *snapshotValidator) destination(path string, d *relaypb.Destination) {
 	v.labels(path+".selector", d.GetSelector())
 	v.labels(path+".labels", d.GetLabels())
 	v.meshRef(path+".mesh", d.GetMeshName(), d.GetMeshNamespace())
+	v.waypointRef(path+".waypoint", d.GetWaypoint())
+	if !slices.Contains(destinationModes, d.GetDataPlaneMode()) {
+		v.fail(path+".dataPlaneMode", "%q is not empty (sidecar), ambient or mixed", text.Truncate(d.GetDataPlaneMode(), 40))
+	}
 	if !slices.Contains(serviceTypes, d.GetServiceType()) {
 		v.fail(path+".serviceType", "%q is not ClusterIP, NodePort, LoadBalancer or ExternalName", text.Truncate(d.GetServiceType(), 40))
 	}

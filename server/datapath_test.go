@@ -322,6 +322,8 @@ func FuzzValidateSnapshot(f *testing.F) {
 	f.Add(good)
 	plain, _ := proto.Marshal(snapshot("cluster-1", 2))
 	f.Add(plain)
+	ambient, _ := proto.Marshal(relaytest.Ambient())
+	f.Add(ambient)
 	f.Add([]byte{})
 	f.Add(good[:len(good)/2])
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -554,10 +556,12 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredOb
 		out = append(out, DiscoveredObject{Resource: gvr, Object: u})
 		return nil
 	}
+	modes := meshDataPlaneModes(snap)
 	for _, m := range snap.GetMeshes() {
 		spec := discoveryv1alpha1.MeshSpec{Istio: &discoveryv1alpha1.IstioMesh{
 			Installation: discoveryv1alpha1.MeshInstallation{Name: m.GetName(), Namespace: m.GetNamespace(), Cluster: cluster, Revision: m.GetRevision(), Version: m.GetVersion(), PodLabels: m.GetPodLabels()},
 			TrustDomain:  m.GetTrustDomain(), IstiodServiceAccount: m.GetIstiodServiceAccount(), SmartDNSProxying: m.GetSmartDnsProxying(),
+			Ambient: ambientMesh(m), DataPlaneModes: modes[m.GetNamespace()+"/"+m.GetName()],
 		}}
 		for _, g := range m.GetGateways() {
 			spec.Istio.Gateways = append(spec.Istio.Gateways, discoveryv1alpha1.GatewayInfo{Name: g.GetName(), Namespace: g.GetNamespace(), Kind: g.GetKind(),
@@ -579,8 +583,10 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredOb
 			ks.Ports = append(ks.Ports, discoveryv1alpha1.ServicePort{Port: p.GetPort(), Name: p.GetName(), Protocol: p.GetProtocol(), AppProtocol: p.GetAppProtocol(), TargetPort: p.GetTargetPort()})
 		}
 		for _, e := range d.GetEndpoints() {
-			ks.Endpoints = append(ks.Endpoints, discoveryv1alpha1.Endpoint{IP: e.GetIp(), Labels: e.GetLabels()})
+			ks.Endpoints = append(ks.Endpoints, discoveryv1alpha1.Endpoint{IP: e.GetIp(), Labels: e.GetLabels(), Ambient: e.GetAmbient()})
 		}
+		ks.Waypoint = waypointRef(d.GetWaypoint())
+		ks.DataPlaneMode = cmp.Or(d.GetDataPlaneMode(), discoveryv1alpha1.DataPlaneSidecar)
 		if len(d.GetSubsets()) > 0 {
 			ks.Subsets = map[string][]string{}
 			for k, v := range d.GetSubsets() {
@@ -610,9 +616,49 @@ func discoveredMeta(origin, cluster, objNamespace, objName, namespace string) me
 func workloadSpec(cluster, namespace string, w *relaypb.Workload) discoveryv1alpha1.WorkloadSpec {
 	return discoveryv1alpha1.WorkloadSpec{
 		Kubernetes: discoveryv1alpha1.KubernetesWorkload{Controller: common.ClusterObjectRef{Name: w.GetName(), Namespace: w.GetNamespace(), ClusterName: cluster},
-			Kind: w.GetKind(), PodLabels: w.GetPodLabels(), ServiceAccountName: w.GetServiceAccount()},
+			Kind: w.GetKind(), PodLabels: w.GetPodLabels(), ServiceAccountName: w.GetServiceAccount(),
+			DataPlaneMode: workloadMode(w), Waypoint: waypointRef(w.GetWaypoint())},
 		Mesh: meshRef(cluster, namespace, w.GetMeshName(), w.GetMeshNamespace()),
 	}
+}
+
+// workloadMode is a workload's data-plane mode in the API: the wire's
+// empty mode (what agents before ambient send) is a sidecar.
+func workloadMode(w *relaypb.Workload) string {
+	return cmp.Or(w.GetDataPlaneMode(), discoveryv1alpha1.DataPlaneSidecar)
+}
+
+// meshDataPlaneModes is, per mesh (namespace/name), the sorted modes its
+// workloads run in: both during a migration.
+func meshDataPlaneModes(snap *relaypb.Snapshot) map[string][]string {
+	out := map[string][]string{}
+	for _, w := range snap.GetWorkloads() {
+		key, mode := w.GetMeshNamespace()+"/"+w.GetMeshName(), workloadMode(w)
+		if !slices.Contains(out[key], mode) {
+			out[key] = append(out[key], mode)
+			slices.Sort(out[key])
+		}
+	}
+	return out
+}
+
+func ambientMesh(m *relaypb.Mesh) *discoveryv1alpha1.AmbientMesh {
+	if !m.GetAmbient() {
+		return nil
+	}
+	a := &discoveryv1alpha1.AmbientMesh{Ztunnel: m.GetZtunnel()}
+	for _, w := range m.GetWaypoints() {
+		a.Waypoints = append(a.Waypoints, discoveryv1alpha1.WaypointInfo{Name: w.GetName(), Namespace: w.GetNamespace(),
+			TrafficType: w.GetTrafficType(), ServiceAccount: w.GetServiceAccount(), Ready: w.GetReady()})
+	}
+	return a
+}
+
+func waypointRef(r *relaypb.WaypointRef) *discoveryv1alpha1.WaypointRef {
+	if r == nil {
+		return nil
+	}
+	return &discoveryv1alpha1.WaypointRef{Name: r.GetName(), Namespace: r.GetNamespace()}
 }
 
 // meshRef names the Mesh object of the istiod name in meshNamespace of

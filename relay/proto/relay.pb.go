@@ -860,8 +860,14 @@ type Mesh struct {
 	PodLabels            map[string]string `protobuf:"bytes,8,rep,name=pod_labels,json=podLabels,proto3" json:"pod_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Gateways             []*Gateway        `protobuf:"bytes,9,rep,name=gateways,proto3" json:"gateways,omitempty"`
 	SmartDnsProxying     bool              `protobuf:"varint,10,opt,name=smart_dns_proxying,json=smartDnsProxying,proto3" json:"smart_dns_proxying,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Ambient data plane: istiod runs with PILOT_ENABLE_AMBIENT=true.
+	Ambient bool `protobuf:"varint,11,opt,name=ambient,proto3" json:"ambient,omitempty"`
+	// A ztunnel DaemonSet (app=ztunnel) runs in the istiod's namespace.
+	Ztunnel bool `protobuf:"varint,12,opt,name=ztunnel,proto3" json:"ztunnel,omitempty"`
+	// Waypoints: Gateways of class istio-waypoint in the cluster.
+	Waypoints     []*Waypoint `protobuf:"bytes,13,rep,name=waypoints,proto3" json:"waypoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Mesh) Reset() {
@@ -964,6 +970,162 @@ func (x *Mesh) GetSmartDnsProxying() bool {
 	return false
 }
 
+func (x *Mesh) GetAmbient() bool {
+	if x != nil {
+		return x.Ambient
+	}
+	return false
+}
+
+func (x *Mesh) GetZtunnel() bool {
+	if x != nil {
+		return x.Ztunnel
+	}
+	return false
+}
+
+func (x *Mesh) GetWaypoints() []*Waypoint {
+	if x != nil {
+		return x.Waypoints
+	}
+	return nil
+}
+
+// Waypoint is an ambient L7 proxy: a Gateway of class istio-waypoint.
+type Waypoint struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// What it serves (istio.io/waypoint-for): "service" (the default),
+	// "workload", "all" or "none".
+	TrafficType string `protobuf:"bytes,3,opt,name=traffic_type,json=trafficType,proto3" json:"traffic_type,omitempty"`
+	// The service account of its pods; empty when no Deployment is found.
+	ServiceAccount string `protobuf:"bytes,4,opt,name=service_account,json=serviceAccount,proto3" json:"service_account,omitempty"`
+	// istiod uses a waypoint only once its Gateway has status.addresses.
+	Ready         bool `protobuf:"varint,5,opt,name=ready,proto3" json:"ready,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Waypoint) Reset() {
+	*x = Waypoint{}
+	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Waypoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Waypoint) ProtoMessage() {}
+
+func (x *Waypoint) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Waypoint.ProtoReflect.Descriptor instead.
+func (*Waypoint) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Waypoint) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Waypoint) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Waypoint) GetTrafficType() string {
+	if x != nil {
+		return x.TrafficType
+	}
+	return ""
+}
+
+func (x *Waypoint) GetServiceAccount() string {
+	if x != nil {
+		return x.ServiceAccount
+	}
+	return ""
+}
+
+func (x *Waypoint) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+// WaypointRef names the waypoint a Service or workload is bound to
+// (istio.io/use-waypoint).
+type WaypointRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Namespace     string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaypointRef) Reset() {
+	*x = WaypointRef{}
+	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaypointRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaypointRef) ProtoMessage() {}
+
+func (x *WaypointRef) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaypointRef.ProtoReflect.Descriptor instead.
+func (*WaypointRef) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *WaypointRef) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WaypointRef) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
 // Gateway is an ingress or east-west gateway of a mesh.
 type Gateway struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -980,7 +1142,7 @@ type Gateway struct {
 
 func (x *Gateway) Reset() {
 	*x = Gateway{}
-	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	mi := &file_relay_proto_relay_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1154,7 @@ func (x *Gateway) String() string {
 func (*Gateway) ProtoMessage() {}
 
 func (x *Gateway) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	mi := &file_relay_proto_relay_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1167,7 @@ func (x *Gateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gateway.ProtoReflect.Descriptor instead.
 func (*Gateway) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{13}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Gateway) GetName() string {
@@ -1050,7 +1212,8 @@ func (x *Gateway) GetTlsPort() int32 {
 	return 0
 }
 
-// Workload is a sidecar-injected Deployment, StatefulSet or DaemonSet.
+// Workload is a sidecar-injected or ambient-enrolled Deployment, StatefulSet
+// or DaemonSet.
 type Workload struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1063,13 +1226,18 @@ type Workload struct {
 	// The mesh whose sidecars it runs: the istiod Deployment's name and namespace.
 	MeshName      string `protobuf:"bytes,7,opt,name=mesh_name,json=meshName,proto3" json:"mesh_name,omitempty"`
 	MeshNamespace string `protobuf:"bytes,8,opt,name=mesh_namespace,json=meshNamespace,proto3" json:"mesh_namespace,omitempty"`
+	// "ambient" when ztunnel captures its pods; empty for a sidecar (the
+	// only mode agents that predate the field report).
+	DataPlaneMode string `protobuf:"bytes,9,opt,name=data_plane_mode,json=dataPlaneMode,proto3" json:"data_plane_mode,omitempty"`
+	// The waypoint its pods are bound to, if any.
+	Waypoint      *WaypointRef `protobuf:"bytes,10,opt,name=waypoint,proto3" json:"waypoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Workload) Reset() {
 	*x = Workload{}
-	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	mi := &file_relay_proto_relay_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1081,7 +1249,7 @@ func (x *Workload) String() string {
 func (*Workload) ProtoMessage() {}
 
 func (x *Workload) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	mi := &file_relay_proto_relay_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1094,7 +1262,7 @@ func (x *Workload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workload.ProtoReflect.Descriptor instead.
 func (*Workload) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{14}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Workload) GetName() string {
@@ -1153,6 +1321,20 @@ func (x *Workload) GetMeshNamespace() string {
 	return ""
 }
 
+func (x *Workload) GetDataPlaneMode() string {
+	if x != nil {
+		return x.DataPlaneMode
+	}
+	return ""
+}
+
+func (x *Workload) GetWaypoint() *WaypointRef {
+	if x != nil {
+		return x.Waypoint
+	}
+	return nil
+}
+
 // Destination is a Service that selects mesh workloads.
 type Destination struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1169,14 +1351,19 @@ type Destination struct {
 	MeshName          string                  `protobuf:"bytes,10,opt,name=mesh_name,json=meshName,proto3" json:"mesh_name,omitempty"`
 	MeshNamespace     string                  `protobuf:"bytes,11,opt,name=mesh_namespace,json=meshNamespace,proto3" json:"mesh_namespace,omitempty"`
 	// The ready pod IPs behind the Service, for flat-network federation.
-	Endpoints     []*Endpoint `protobuf:"bytes,12,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	Endpoints []*Endpoint `protobuf:"bytes,12,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	// The waypoint the Service is bound to, if any.
+	Waypoint *WaypointRef `protobuf:"bytes,13,opt,name=waypoint,proto3" json:"waypoint,omitempty"`
+	// The data-plane mode of the workloads it selects: "" (sidecar),
+	// "ambient", or "mixed" (both: a migration in progress).
+	DataPlaneMode string `protobuf:"bytes,14,opt,name=data_plane_mode,json=dataPlaneMode,proto3" json:"data_plane_mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Destination) Reset() {
 	*x = Destination{}
-	mi := &file_relay_proto_relay_proto_msgTypes[15]
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1375,7 @@ func (x *Destination) String() string {
 func (*Destination) ProtoMessage() {}
 
 func (x *Destination) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[15]
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1388,7 @@ func (x *Destination) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Destination.ProtoReflect.Descriptor instead.
 func (*Destination) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{15}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Destination) GetName() string {
@@ -1288,17 +1475,33 @@ func (x *Destination) GetEndpoints() []*Endpoint {
 	return nil
 }
 
+func (x *Destination) GetWaypoint() *WaypointRef {
+	if x != nil {
+		return x.Waypoint
+	}
+	return nil
+}
+
+func (x *Destination) GetDataPlaneMode() string {
+	if x != nil {
+		return x.DataPlaneMode
+	}
+	return ""
+}
+
 type Endpoint struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ip            string                 `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
-	Labels        map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Ip     string                 `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
+	Labels map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// istio-cni captured the pod (annotation ambient.istio.io/redirection: enabled).
+	Ambient       bool `protobuf:"varint,3,opt,name=ambient,proto3" json:"ambient,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_relay_proto_relay_proto_msgTypes[16]
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1310,7 +1513,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[16]
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1323,7 +1526,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{16}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Endpoint) GetIp() string {
@@ -1340,6 +1543,13 @@ func (x *Endpoint) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *Endpoint) GetAmbient() bool {
+	if x != nil {
+		return x.Ambient
+	}
+	return false
+}
+
 type ServicePort struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Port          int32                  `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
@@ -1353,7 +1563,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1575,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1588,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{17}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ServicePort) GetPort() int32 {
@@ -1425,7 +1635,7 @@ type LabelValues struct {
 
 func (x *LabelValues) Reset() {
 	*x = LabelValues{}
-	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1437,7 +1647,7 @@ func (x *LabelValues) String() string {
 func (*LabelValues) ProtoMessage() {}
 
 func (x *LabelValues) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1450,7 +1660,7 @@ func (x *LabelValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LabelValues.ProtoReflect.Descriptor instead.
 func (*LabelValues) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{18}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LabelValues) GetValues() []string {
@@ -1475,7 +1685,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1697,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1710,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SnapshotChunk) GetChunk() isSnapshotChunk_Chunk {
@@ -1580,7 +1790,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +1802,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1605,7 +1815,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotHeader) GetCluster() string {
@@ -1648,7 +1858,7 @@ type SnapshotPart struct {
 
 func (x *SnapshotPart) Reset() {
 	*x = SnapshotPart{}
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1660,7 +1870,7 @@ func (x *SnapshotPart) String() string {
 func (*SnapshotPart) ProtoMessage() {}
 
 func (x *SnapshotPart) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1673,7 +1883,7 @@ func (x *SnapshotPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotPart.ProtoReflect.Descriptor instead.
 func (*SnapshotPart) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotPart) GetIndex() uint32 {
@@ -1701,7 +1911,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_relay_proto_relay_proto_msgTypes[22]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +1923,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[22]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +1936,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{22}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotEnd) GetHash() string {
@@ -1749,7 +1959,7 @@ type PushAck struct {
 
 func (x *PushAck) Reset() {
 	*x = PushAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[23]
+	mi := &file_relay_proto_relay_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1761,7 +1971,7 @@ func (x *PushAck) String() string {
 func (*PushAck) ProtoMessage() {}
 
 func (x *PushAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[23]
+	mi := &file_relay_proto_relay_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1774,7 +1984,7 @@ func (x *PushAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushAck.ProtoReflect.Descriptor instead.
 func (*PushAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{23}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PushAck) GetHash() string {
@@ -1814,7 +2024,7 @@ type OutputSet struct {
 
 func (x *OutputSet) Reset() {
 	*x = OutputSet{}
-	mi := &file_relay_proto_relay_proto_msgTypes[24]
+	mi := &file_relay_proto_relay_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1826,7 +2036,7 @@ func (x *OutputSet) String() string {
 func (*OutputSet) ProtoMessage() {}
 
 func (x *OutputSet) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[24]
+	mi := &file_relay_proto_relay_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1839,7 +2049,7 @@ func (x *OutputSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputSet.ProtoReflect.Descriptor instead.
 func (*OutputSet) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{24}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *OutputSet) GetVersion() uint64 {
@@ -1902,7 +2112,7 @@ type TrustRequest struct {
 
 func (x *TrustRequest) Reset() {
 	*x = TrustRequest{}
-	mi := &file_relay_proto_relay_proto_msgTypes[25]
+	mi := &file_relay_proto_relay_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1914,7 +2124,7 @@ func (x *TrustRequest) String() string {
 func (*TrustRequest) ProtoMessage() {}
 
 func (x *TrustRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[25]
+	mi := &file_relay_proto_relay_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1927,7 +2137,7 @@ func (x *TrustRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrustRequest.ProtoReflect.Descriptor instead.
 func (*TrustRequest) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{25}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TrustRequest) GetMesh() string {
@@ -2012,7 +2222,7 @@ type IntermediateRequest struct {
 
 func (x *IntermediateRequest) Reset() {
 	*x = IntermediateRequest{}
-	mi := &file_relay_proto_relay_proto_msgTypes[26]
+	mi := &file_relay_proto_relay_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2234,7 @@ func (x *IntermediateRequest) String() string {
 func (*IntermediateRequest) ProtoMessage() {}
 
 func (x *IntermediateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[26]
+	mi := &file_relay_proto_relay_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2247,7 @@ func (x *IntermediateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IntermediateRequest.ProtoReflect.Descriptor instead.
 func (*IntermediateRequest) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{26}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *IntermediateRequest) GetMesh() string {
@@ -2069,7 +2279,7 @@ type IntermediateResponse struct {
 
 func (x *IntermediateResponse) Reset() {
 	*x = IntermediateResponse{}
-	mi := &file_relay_proto_relay_proto_msgTypes[27]
+	mi := &file_relay_proto_relay_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2081,7 +2291,7 @@ func (x *IntermediateResponse) String() string {
 func (*IntermediateResponse) ProtoMessage() {}
 
 func (x *IntermediateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[27]
+	mi := &file_relay_proto_relay_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2094,7 +2304,7 @@ func (x *IntermediateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IntermediateResponse.ProtoReflect.Descriptor instead.
 func (*IntermediateResponse) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{27}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *IntermediateResponse) GetCertificateChain() []byte {
@@ -2131,7 +2341,7 @@ type OutputObject struct {
 
 func (x *OutputObject) Reset() {
 	*x = OutputObject{}
-	mi := &file_relay_proto_relay_proto_msgTypes[28]
+	mi := &file_relay_proto_relay_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2353,7 @@ func (x *OutputObject) String() string {
 func (*OutputObject) ProtoMessage() {}
 
 func (x *OutputObject) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[28]
+	mi := &file_relay_proto_relay_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2366,7 @@ func (x *OutputObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputObject.ProtoReflect.Descriptor instead.
 func (*OutputObject) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{28}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *OutputObject) GetManifest() []byte {
@@ -2188,7 +2398,7 @@ type PullAck struct {
 
 func (x *PullAck) Reset() {
 	*x = PullAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[29]
+	mi := &file_relay_proto_relay_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2410,7 @@ func (x *PullAck) String() string {
 func (*PullAck) ProtoMessage() {}
 
 func (x *PullAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[29]
+	mi := &file_relay_proto_relay_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2423,7 @@ func (x *PullAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullAck.ProtoReflect.Descriptor instead.
 func (*PullAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{29}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PullAck) GetVersion() uint64 {
@@ -2253,7 +2463,7 @@ type ObjectResult struct {
 
 func (x *ObjectResult) Reset() {
 	*x = ObjectResult{}
-	mi := &file_relay_proto_relay_proto_msgTypes[30]
+	mi := &file_relay_proto_relay_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2475,7 @@ func (x *ObjectResult) String() string {
 func (*ObjectResult) ProtoMessage() {}
 
 func (x *ObjectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[30]
+	mi := &file_relay_proto_relay_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2488,7 @@ func (x *ObjectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectResult.ProtoReflect.Descriptor instead.
 func (*ObjectResult) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{30}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ObjectResult) GetApiVersion() string {
@@ -2375,7 +2585,7 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\x06meshes\x18\x02 \x03(\v2\x18.relaymesh.relay.v1.MeshR\x06meshes\x12:\n" +
 	"\tworkloads\x18\x03 \x03(\v2\x1c.relaymesh.relay.v1.WorkloadR\tworkloads\x12C\n" +
 	"\fdestinations\x18\x04 \x03(\v2\x1f.relaymesh.relay.v1.DestinationR\fdestinations\x12\x12\n" +
-	"\x04hash\x18\x05 \x01(\tR\x04hash\"\xce\x03\n" +
+	"\x04hash\x18\x05 \x01(\tR\x04hash\"\xbe\x04\n" +
 	"\x04Mesh\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x18\n" +
@@ -2388,10 +2598,22 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"pod_labels\x18\b \x03(\v2'.relaymesh.relay.v1.Mesh.PodLabelsEntryR\tpodLabels\x127\n" +
 	"\bgateways\x18\t \x03(\v2\x1b.relaymesh.relay.v1.GatewayR\bgateways\x12,\n" +
 	"\x12smart_dns_proxying\x18\n" +
-	" \x01(\bR\x10smartDnsProxying\x1a<\n" +
+	" \x01(\bR\x10smartDnsProxying\x12\x18\n" +
+	"\aambient\x18\v \x01(\bR\aambient\x12\x18\n" +
+	"\aztunnel\x18\f \x01(\bR\aztunnel\x12:\n" +
+	"\twaypoints\x18\r \x03(\v2\x1c.relaymesh.relay.v1.WaypointR\twaypoints\x1a<\n" +
 	"\x0ePodLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb2\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9e\x01\n" +
+	"\bWaypoint\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12!\n" +
+	"\ftraffic_type\x18\x03 \x01(\tR\vtrafficType\x12'\n" +
+	"\x0fservice_account\x18\x04 \x01(\tR\x0eserviceAccount\x12\x14\n" +
+	"\x05ready\x18\x05 \x01(\bR\x05ready\"?\n" +
+	"\vWaypointRef\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\"\xb2\x02\n" +
 	"\aGateway\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -2401,7 +2623,7 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\btls_port\x18\x06 \x01(\x05R\atlsPort\x1aA\n" +
 	"\x13WorkloadLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe1\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc6\x03\n" +
 	"\bWorkload\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x18\n" +
@@ -2411,10 +2633,13 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"pod_labels\x18\x05 \x03(\v2+.relaymesh.relay.v1.Workload.PodLabelsEntryR\tpodLabels\x12'\n" +
 	"\x0fservice_account\x18\x06 \x01(\tR\x0eserviceAccount\x12\x1b\n" +
 	"\tmesh_name\x18\a \x01(\tR\bmeshName\x12%\n" +
-	"\x0emesh_namespace\x18\b \x01(\tR\rmeshNamespace\x1a<\n" +
+	"\x0emesh_namespace\x18\b \x01(\tR\rmeshNamespace\x12&\n" +
+	"\x0fdata_plane_mode\x18\t \x01(\tR\rdataPlaneMode\x12;\n" +
+	"\bwaypoint\x18\n" +
+	" \x01(\v2\x1f.relaymesh.relay.v1.WaypointRefR\bwaypoint\x1a<\n" +
 	"\x0ePodLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8f\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf4\x06\n" +
 	"\vDestination\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x18\n" +
@@ -2428,7 +2653,9 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\tmesh_name\x18\n" +
 	" \x01(\tR\bmeshName\x12%\n" +
 	"\x0emesh_namespace\x18\v \x01(\tR\rmeshNamespace\x12:\n" +
-	"\tendpoints\x18\f \x03(\v2\x1c.relaymesh.relay.v1.EndpointR\tendpoints\x1a;\n" +
+	"\tendpoints\x18\f \x03(\v2\x1c.relaymesh.relay.v1.EndpointR\tendpoints\x12;\n" +
+	"\bwaypoint\x18\r \x01(\v2\x1f.relaymesh.relay.v1.WaypointRefR\bwaypoint\x12&\n" +
+	"\x0fdata_plane_mode\x18\x0e \x01(\tR\rdataPlaneMode\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -2437,10 +2664,11 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a[\n" +
 	"\fSubsetsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
-	"\x05value\x18\x02 \x01(\v2\x1f.relaymesh.relay.v1.LabelValuesR\x05value:\x028\x01\"\x97\x01\n" +
+	"\x05value\x18\x02 \x01(\v2\x1f.relaymesh.relay.v1.LabelValuesR\x05value:\x028\x01\"\xb1\x01\n" +
 	"\bEndpoint\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x12@\n" +
-	"\x06labels\x18\x02 \x03(\v2(.relaymesh.relay.v1.Endpoint.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x02 \x03(\v2(.relaymesh.relay.v1.Endpoint.LabelsEntryR\x06labels\x12\x18\n" +
+	"\aambient\x18\x03 \x01(\bR\aambient\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x95\x01\n" +
@@ -2536,7 +2764,7 @@ func file_relay_proto_relay_proto_rawDescGZIP() []byte {
 	return file_relay_proto_relay_proto_rawDescData
 }
 
-var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_relay_proto_relay_proto_goTypes = []any{
 	(*BootstrapRequest)(nil),     // 0: relaymesh.relay.v1.BootstrapRequest
 	(*RenewRequest)(nil),         // 1: relaymesh.relay.v1.RenewRequest
@@ -2551,31 +2779,33 @@ var file_relay_proto_relay_proto_goTypes = []any{
 	(*TrustBundleAck)(nil),       // 10: relaymesh.relay.v1.TrustBundleAck
 	(*Snapshot)(nil),             // 11: relaymesh.relay.v1.Snapshot
 	(*Mesh)(nil),                 // 12: relaymesh.relay.v1.Mesh
-	(*Gateway)(nil),              // 13: relaymesh.relay.v1.Gateway
-	(*Workload)(nil),             // 14: relaymesh.relay.v1.Workload
-	(*Destination)(nil),          // 15: relaymesh.relay.v1.Destination
-	(*Endpoint)(nil),             // 16: relaymesh.relay.v1.Endpoint
-	(*ServicePort)(nil),          // 17: relaymesh.relay.v1.ServicePort
-	(*LabelValues)(nil),          // 18: relaymesh.relay.v1.LabelValues
-	(*SnapshotChunk)(nil),        // 19: relaymesh.relay.v1.SnapshotChunk
-	(*SnapshotHeader)(nil),       // 20: relaymesh.relay.v1.SnapshotHeader
-	(*SnapshotPart)(nil),         // 21: relaymesh.relay.v1.SnapshotPart
-	(*SnapshotEnd)(nil),          // 22: relaymesh.relay.v1.SnapshotEnd
-	(*PushAck)(nil),              // 23: relaymesh.relay.v1.PushAck
-	(*OutputSet)(nil),            // 24: relaymesh.relay.v1.OutputSet
-	(*TrustRequest)(nil),         // 25: relaymesh.relay.v1.TrustRequest
-	(*IntermediateRequest)(nil),  // 26: relaymesh.relay.v1.IntermediateRequest
-	(*IntermediateResponse)(nil), // 27: relaymesh.relay.v1.IntermediateResponse
-	(*OutputObject)(nil),         // 28: relaymesh.relay.v1.OutputObject
-	(*PullAck)(nil),              // 29: relaymesh.relay.v1.PullAck
-	(*ObjectResult)(nil),         // 30: relaymesh.relay.v1.ObjectResult
-	nil,                          // 31: relaymesh.relay.v1.Mesh.PodLabelsEntry
-	nil,                          // 32: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	nil,                          // 33: relaymesh.relay.v1.Workload.PodLabelsEntry
-	nil,                          // 34: relaymesh.relay.v1.Destination.SelectorEntry
-	nil,                          // 35: relaymesh.relay.v1.Destination.LabelsEntry
-	nil,                          // 36: relaymesh.relay.v1.Destination.SubsetsEntry
-	nil,                          // 37: relaymesh.relay.v1.Endpoint.LabelsEntry
+	(*Waypoint)(nil),             // 13: relaymesh.relay.v1.Waypoint
+	(*WaypointRef)(nil),          // 14: relaymesh.relay.v1.WaypointRef
+	(*Gateway)(nil),              // 15: relaymesh.relay.v1.Gateway
+	(*Workload)(nil),             // 16: relaymesh.relay.v1.Workload
+	(*Destination)(nil),          // 17: relaymesh.relay.v1.Destination
+	(*Endpoint)(nil),             // 18: relaymesh.relay.v1.Endpoint
+	(*ServicePort)(nil),          // 19: relaymesh.relay.v1.ServicePort
+	(*LabelValues)(nil),          // 20: relaymesh.relay.v1.LabelValues
+	(*SnapshotChunk)(nil),        // 21: relaymesh.relay.v1.SnapshotChunk
+	(*SnapshotHeader)(nil),       // 22: relaymesh.relay.v1.SnapshotHeader
+	(*SnapshotPart)(nil),         // 23: relaymesh.relay.v1.SnapshotPart
+	(*SnapshotEnd)(nil),          // 24: relaymesh.relay.v1.SnapshotEnd
+	(*PushAck)(nil),              // 25: relaymesh.relay.v1.PushAck
+	(*OutputSet)(nil),            // 26: relaymesh.relay.v1.OutputSet
+	(*TrustRequest)(nil),         // 27: relaymesh.relay.v1.TrustRequest
+	(*IntermediateRequest)(nil),  // 28: relaymesh.relay.v1.IntermediateRequest
+	(*IntermediateResponse)(nil), // 29: relaymesh.relay.v1.IntermediateResponse
+	(*OutputObject)(nil),         // 30: relaymesh.relay.v1.OutputObject
+	(*PullAck)(nil),              // 31: relaymesh.relay.v1.PullAck
+	(*ObjectResult)(nil),         // 32: relaymesh.relay.v1.ObjectResult
+	nil,                          // 33: relaymesh.relay.v1.Mesh.PodLabelsEntry
+	nil,                          // 34: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	nil,                          // 35: relaymesh.relay.v1.Workload.PodLabelsEntry
+	nil,                          // 36: relaymesh.relay.v1.Destination.SelectorEntry
+	nil,                          // 37: relaymesh.relay.v1.Destination.LabelsEntry
+	nil,                          // 38: relaymesh.relay.v1.Destination.SubsetsEntry
+	nil,                          // 39: relaymesh.relay.v1.Endpoint.LabelsEntry
 }
 var file_relay_proto_relay_proto_depIdxs = []int32{
 	4,  // 0: relaymesh.relay.v1.AgentMessage.hello:type_name -> relaymesh.relay.v1.Hello
@@ -2585,44 +2815,47 @@ var file_relay_proto_relay_proto_depIdxs = []int32{
 	8,  // 4: relaymesh.relay.v1.ServerMessage.pong:type_name -> relaymesh.relay.v1.Pong
 	9,  // 5: relaymesh.relay.v1.ServerMessage.trust_bundle:type_name -> relaymesh.relay.v1.TrustBundle
 	12, // 6: relaymesh.relay.v1.Snapshot.meshes:type_name -> relaymesh.relay.v1.Mesh
-	14, // 7: relaymesh.relay.v1.Snapshot.workloads:type_name -> relaymesh.relay.v1.Workload
-	15, // 8: relaymesh.relay.v1.Snapshot.destinations:type_name -> relaymesh.relay.v1.Destination
-	31, // 9: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
-	13, // 10: relaymesh.relay.v1.Mesh.gateways:type_name -> relaymesh.relay.v1.Gateway
-	32, // 11: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	33, // 12: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
-	34, // 13: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
-	35, // 14: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
-	17, // 15: relaymesh.relay.v1.Destination.ports:type_name -> relaymesh.relay.v1.ServicePort
-	36, // 16: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
-	16, // 17: relaymesh.relay.v1.Destination.endpoints:type_name -> relaymesh.relay.v1.Endpoint
-	37, // 18: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
-	20, // 19: relaymesh.relay.v1.SnapshotChunk.header:type_name -> relaymesh.relay.v1.SnapshotHeader
-	21, // 20: relaymesh.relay.v1.SnapshotChunk.part:type_name -> relaymesh.relay.v1.SnapshotPart
-	22, // 21: relaymesh.relay.v1.SnapshotChunk.end:type_name -> relaymesh.relay.v1.SnapshotEnd
-	28, // 22: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
-	25, // 23: relaymesh.relay.v1.OutputSet.trust:type_name -> relaymesh.relay.v1.TrustRequest
-	30, // 24: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
-	18, // 25: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
-	0,  // 26: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
-	1,  // 27: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
-	3,  // 28: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
-	11, // 29: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
-	19, // 30: relaymesh.relay.v1.Discovery.PushChunked:input_type -> relaymesh.relay.v1.SnapshotChunk
-	29, // 31: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
-	26, // 32: relaymesh.relay.v1.Trust.SignIntermediate:input_type -> relaymesh.relay.v1.IntermediateRequest
-	2,  // 33: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
-	2,  // 34: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
-	6,  // 35: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
-	23, // 36: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
-	23, // 37: relaymesh.relay.v1.Discovery.PushChunked:output_type -> relaymesh.relay.v1.PushAck
-	24, // 38: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
-	27, // 39: relaymesh.relay.v1.Trust.SignIntermediate:output_type -> relaymesh.relay.v1.IntermediateResponse
-	33, // [33:40] is the sub-list for method output_type
-	26, // [26:33] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	16, // 7: relaymesh.relay.v1.Snapshot.workloads:type_name -> relaymesh.relay.v1.Workload
+	17, // 8: relaymesh.relay.v1.Snapshot.destinations:type_name -> relaymesh.relay.v1.Destination
+	33, // 9: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
+	15, // 10: relaymesh.relay.v1.Mesh.gateways:type_name -> relaymesh.relay.v1.Gateway
+	13, // 11: relaymesh.relay.v1.Mesh.waypoints:type_name -> relaymesh.relay.v1.Waypoint
+	34, // 12: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	35, // 13: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
+	14, // 14: relaymesh.relay.v1.Workload.waypoint:type_name -> relaymesh.relay.v1.WaypointRef
+	36, // 15: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
+	37, // 16: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
+	19, // 17: relaymesh.relay.v1.Destination.ports:type_name -> relaymesh.relay.v1.ServicePort
+	38, // 18: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
+	18, // 19: relaymesh.relay.v1.Destination.endpoints:type_name -> relaymesh.relay.v1.Endpoint
+	14, // 20: relaymesh.relay.v1.Destination.waypoint:type_name -> relaymesh.relay.v1.WaypointRef
+	39, // 21: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
+	22, // 22: relaymesh.relay.v1.SnapshotChunk.header:type_name -> relaymesh.relay.v1.SnapshotHeader
+	23, // 23: relaymesh.relay.v1.SnapshotChunk.part:type_name -> relaymesh.relay.v1.SnapshotPart
+	24, // 24: relaymesh.relay.v1.SnapshotChunk.end:type_name -> relaymesh.relay.v1.SnapshotEnd
+	30, // 25: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
+	27, // 26: relaymesh.relay.v1.OutputSet.trust:type_name -> relaymesh.relay.v1.TrustRequest
+	32, // 27: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
+	20, // 28: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
+	0,  // 29: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
+	1,  // 30: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
+	3,  // 31: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
+	11, // 32: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
+	21, // 33: relaymesh.relay.v1.Discovery.PushChunked:input_type -> relaymesh.relay.v1.SnapshotChunk
+	31, // 34: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
+	28, // 35: relaymesh.relay.v1.Trust.SignIntermediate:input_type -> relaymesh.relay.v1.IntermediateRequest
+	2,  // 36: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
+	2,  // 37: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
+	6,  // 38: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
+	25, // 39: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
+	25, // 40: relaymesh.relay.v1.Discovery.PushChunked:output_type -> relaymesh.relay.v1.PushAck
+	26, // 41: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
+	29, // 42: relaymesh.relay.v1.Trust.SignIntermediate:output_type -> relaymesh.relay.v1.IntermediateResponse
+	36, // [36:43] is the sub-list for method output_type
+	29, // [29:36] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_relay_proto_relay_proto_init() }
@@ -2640,7 +2873,7 @@ func file_relay_proto_relay_proto_init() {
 		(*ServerMessage_Pong)(nil),
 		(*ServerMessage_TrustBundle)(nil),
 	}
-	file_relay_proto_relay_proto_msgTypes[19].OneofWrappers = []any{
+	file_relay_proto_relay_proto_msgTypes[21].OneofWrappers = []any{
 		(*SnapshotChunk_Header)(nil),
 		(*SnapshotChunk_Part)(nil),
 		(*SnapshotChunk_End)(nil),
@@ -2651,7 +2884,7 @@ func file_relay_proto_relay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_relay_proto_relay_proto_rawDesc), len(file_relay_proto_relay_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -65,6 +65,25 @@ func Snapshot(n int) *relaypb.Snapshot {
 	return Spec{Destinations: n, Endpoints: true}.Snapshot()
 }
 
+// Ambient is a valid snapshot of a mesh in the middle of a migration to
+// ambient: Spec{Workloads: 2, Destinations: 1, Endpoints: true} with the
+// mesh ambient (ztunnel, a ready waypoint "waypoint" in bookinfo), app-0
+// ambient and bound to the waypoint, app-1 a sidecar, and Destination
+// app-0 mixed, bound to the waypoint, its endpoint captured.
+func Ambient() *relaypb.Snapshot {
+	s := Spec{Workloads: 2, Destinations: 1, Endpoints: true}.Snapshot()
+	m := s.Meshes[0]
+	m.Ambient, m.Ztunnel = true, true
+	m.Waypoints = []*relaypb.Waypoint{{Name: "waypoint", Namespace: "bookinfo", TrafficType: "service", ServiceAccount: "waypoint", Ready: true}}
+	s.Workloads[0].DataPlaneMode = "ambient"
+	s.Workloads[0].Waypoint = &relaypb.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}
+	d := s.Destinations[0]
+	d.Waypoint = &relaypb.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}
+	d.Endpoints[0].Ambient = true
+	d.DataPlaneMode = "mixed"
+	return Rehash(s)
+}
+
 // Rehash sets s's hash to the hash of its content (snapshothash.Of), for
 // a test that changed a valid snapshot and wants it valid again, and
 // returns s.

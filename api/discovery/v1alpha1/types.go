@@ -54,7 +54,60 @@ type IstioMesh struct {
 	// SmartDNSProxying is true when the mesh config enables DNS capture.
 	// +optional
 	SmartDNSProxying bool `json:"smartDNSProxying,omitempty"`
+	// Ambient describes the mesh's ambient data plane; nil when istiod
+	// runs without PILOT_ENABLE_AMBIENT.
+	// +optional
+	Ambient *AmbientMesh `json:"ambient,omitempty"`
+	// DataPlaneModes are the modes its workloads run in, sorted: sidecar,
+	// ambient, or both during a migration.
+	// +kubebuilder:validation:MaxItems=2
+	// +kubebuilder:validation:items:Enum=ambient;sidecar
+	// +optional
+	DataPlaneModes []string `json:"dataPlaneModes,omitempty"`
 }
+
+// AmbientMesh is what discovery knows of an ambient data plane.
+type AmbientMesh struct {
+	// Ztunnel is true when a ztunnel DaemonSet runs in the istiod's
+	// namespace.
+	// +optional
+	Ztunnel bool `json:"ztunnel,omitempty"`
+	// Waypoints are the Gateways of class istio-waypoint in the cluster.
+	// +kubebuilder:validation:MaxItems=1024
+	// +optional
+	Waypoints []WaypointInfo `json:"waypoints,omitempty"`
+}
+
+// WaypointInfo is an ambient L7 proxy.
+type WaypointInfo struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	// TrafficType is what it serves (istio.io/waypoint-for).
+	// +kubebuilder:validation:Enum=service;workload;all;none
+	TrafficType string `json:"trafficType"`
+	// ServiceAccount of its pods; empty when unknown.
+	// +optional
+	ServiceAccount string `json:"serviceAccount,omitempty"`
+	// Ready is true once its Gateway has status.addresses (istiod ignores
+	// it until then).
+	// +optional
+	Ready bool `json:"ready,omitempty"`
+}
+
+// WaypointRef names the waypoint a Service or workload is bound to
+// (istio.io/use-waypoint), in the same cluster.
+type WaypointRef struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+}
+
+// Data-plane modes of a workload.
+const (
+	DataPlaneSidecar = "sidecar"
+	DataPlaneAmbient = "ambient"
+	// DataPlaneMixed is a Destination whose workloads run in both modes.
+	DataPlaneMixed = "mixed"
+)
 
 // MeshInstallation locates a control plane: the istiod Deployment Name in
 // Namespace of Cluster. VirtualMeshes and VirtualDestinations name meshes by
@@ -143,6 +196,14 @@ type KubernetesWorkload struct {
 	PodLabels map[string]string `json:"podLabels,omitempty"`
 	// +optional
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+	// DataPlaneMode is sidecar (injected) or ambient (captured by
+	// ztunnel); empty means sidecar.
+	// +kubebuilder:validation:Enum=sidecar;ambient
+	// +optional
+	DataPlaneMode string `json:"dataPlaneMode,omitempty"`
+	// Waypoint its pods are bound to, if any.
+	// +optional
+	Waypoint *WaypointRef `json:"waypoint,omitempty"`
 }
 
 // WorkloadStatus is what the server applied to a Workload.
@@ -205,6 +266,14 @@ type KubeService struct {
 	// +kubebuilder:validation:MaxItems=10000
 	// +optional
 	Endpoints []Endpoint `json:"endpoints,omitempty"`
+	// Waypoint the Service is bound to, if any.
+	// +optional
+	Waypoint *WaypointRef `json:"waypoint,omitempty"`
+	// DataPlaneMode of the workloads it selects: sidecar, ambient, or mixed
+	// (both, during a migration); empty means sidecar.
+	// +kubebuilder:validation:Enum=sidecar;ambient;mixed
+	// +optional
+	DataPlaneMode string `json:"dataPlaneMode,omitempty"`
 }
 
 // Endpoint is a ready pod behind a Service.
@@ -214,6 +283,9 @@ type Endpoint struct {
 	// Labels are the pod's labels, which subsets select endpoints by.
 	// +optional
 	Labels map[string]string `json:"labels,omitempty"`
+	// Ambient is true when istio-cni captured the pod.
+	// +optional
+	Ambient bool `json:"ambient,omitempty"`
 }
 
 // ServicePort is a port of a Service.

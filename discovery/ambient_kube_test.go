@@ -1,0 +1,152 @@
+package discovery_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/discovery"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+)
+
+// gatewayAPICRDs reads the standard-channel Gateway and GatewayClass CRDs
+// of the gateway-api module that tools/istio (and so pilot-discovery) pins.
+func gatewayAPICRDs(t *testing.T) []byte {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api")
+	cmd.Dir = filepath.Join("..", "tools", "istio")
+	out, err := cmd.Output()
+	require.NoError(t, err, "go list sigs.k8s.io/gateway-api in tools/istio")
+	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "standard")
+	var all []byte
+	for _, f := range []string{"gateway.networking.k8s.io_gatewayclasses.yaml", "gateway.networking.k8s.io_gateways.yaml"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		require.NoError(t, err)
+		all = append(append(all, b...), []byte("\n---\n")...)
+	}
+	return all
+}
+
+// runDiscoverer runs a Discoverer until the test ends and waits for its
+// caches.
+func runDiscoverer(ctx context.Context, t *testing.T, cfg discovery.Config) (*discovery.Discoverer, func()) {
+	t.Helper()
+	d, err := discovery.New(cfg)
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(runCtx) }()
+	select {
+	case <-d.Synced():
+	case err := <-done:
+		t.Fatalf("Run ended before its caches synced: %v", err)
+	case <-ctx.Done():
+		t.Fatal("caches did not sync")
+	}
+	return d, func() { stop(); assert.NoError(t, <-done) }
+}
+
+// TestDiscovererAmbientKube runs ambient discovery against a real
+// kube-apiserver with the real Gateway API CRDs: before the CRDs exist the
+// Discoverer still syncs and reports the ambient mesh and workload with no
+// waypoint; once they exist, a waypoint Gateway is discovered, becomes ready
+// when its status has an address, and the istio-cni annotation on a pod
+// survives the informer's trimming.
+func TestDiscovererAmbientKube(t *testing.T) {
+	localcluster.SkipIfShort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: t.TempDir(), Clusters: []string{cluster}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	c := env.Cluster(cluster)
+	cs, err := c.Clientset()
+	require.NoError(t, err)
+	dyn, err := dynamic.NewForConfig(c.RESTConfig())
+	require.NoError(t, err)
+	cfg := discovery.Config{Client: cs, Dynamic: dyn, Cluster: cluster, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
+
+	createAmbientShop(ctx, t, cs)
+	ambientReady := func(s *relaypb.Snapshot) bool {
+		return len(s.Meshes) == 1 && s.Meshes[0].Ambient && s.Meshes[0].Ztunnel && len(s.Workloads) == 1 && len(s.Destinations) == 1 &&
+			len(s.Destinations[0].Endpoints) == 1
+	}
+
+	before, stopBefore := runDiscoverer(ctx, t, cfg)
+	s := waitSnapshot(t, before, 10*time.Second, ambientReady)
+	stopBefore()
+	assert.Empty(t, s.Meshes[0].Waypoints, "no Gateway API: no waypoints")
+	assert.Equal(t, "ambient", s.Workloads[0].DataPlaneMode)
+	assertProto(t, &relaypb.WaypointRef{Name: "waypoint", Namespace: "shop"}, s.Workloads[0].Waypoint)
+	assert.True(t, s.Destinations[0].Endpoints[0].Ambient, "the pod's ambient.istio.io/redirection annotation is kept")
+
+	_, err = c.Apply(ctx, "discovery-test", gatewayAPICRDs(t))
+	require.NoError(t, err)
+	gateways := dyn.Resource(discovery.GatewayResource).Namespace("shop")
+	require.Eventually(t, func() bool {
+		_, err := gateways.List(ctx, metav1.ListOptions{})
+		return err == nil
+	}, 30*time.Second, 100*time.Millisecond, "Gateways served")
+	_, err = c.Apply(ctx, "discovery-test", []byte(`apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: waypoint, namespace: shop, labels: {istio.io/waypoint-for: service}}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+`))
+	require.NoError(t, err)
+
+	after, stopAfter := runDiscoverer(ctx, t, cfg)
+	defer stopAfter()
+	s = waitSnapshot(t, after, 10*time.Second, func(s *relaypb.Snapshot) bool { return ambientReady(s) && len(s.Meshes[0].Waypoints) == 1 })
+	assertProto(t, &relaypb.Waypoint{Name: "waypoint", Namespace: "shop", TrafficType: "service", ServiceAccount: "waypoint"}, s.Meshes[0].Waypoints[0])
+
+	gw, err := gateways.Get(ctx, "waypoint", metav1.GetOptions{})
+	require.NoError(t, err)
+	gw.Object["status"] = map[string]any{"addresses": []any{map[string]any{"type": "Hostname", "value": "waypoint.shop.svc.cluster.local"}}}
+	_, err = gateways.UpdateStatus(ctx, gw, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	waitSnapshot(t, after, 10*time.Second, func(s *relaypb.Snapshot) bool {
+		return len(s.Meshes) == 1 && len(s.Meshes[0].Waypoints) == 1 && s.Meshes[0].Waypoints[0].Ready
+	})
+}
+
+// createAmbientShop creates an ambient istiod with its ztunnel, namespace
+// shop enrolled in ambient and bound to waypoint "waypoint" (whose
+// Deployment runs as service account waypoint), and one captured pod.
+func createAmbientShop(ctx context.Context, t *testing.T, cs kubernetes.Interface) {
+	t.Helper()
+	must := func(_ any, err error) { t.Helper(); require.NoError(t, err) }
+	opts := metav1.CreateOptions{}
+	must(cs.CoreV1().Namespaces().Create(ctx, namespace("istio-system", nil), opts))
+	must(cs.CoreV1().Namespaces().Create(ctx, namespace("shop", l("istio.io/dataplane-mode", "ambient", "istio.io/use-waypoint", "waypoint")), opts))
+	must(cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "reviews"}}, opts))
+	must(cs.AppsV1().Deployments("istio-system").Create(ctx, istiod("istio-system", "istiod", nil, withEnv("PILOT_ENABLE_AMBIENT", "true")), opts))
+	must(cs.AppsV1().DaemonSets("istio-system").Create(ctx, daemonSet("istio-system", "ztunnel", l("app", "ztunnel", "istio.io/dataplane-mode", "none")), opts))
+	must(cs.AppsV1().Deployments("shop").Create(ctx, deployment("shop", "reviews", l("app", "reviews"), withSA("reviews")), opts))
+	must(cs.AppsV1().Deployments("shop").Create(ctx, deployment("shop", "waypoint", l("gateway.networking.k8s.io/gateway-name", "waypoint"), withSA("waypoint")), opts))
+	must(cs.CoreV1().Services("shop").Create(ctx, kubeService(service("shop", "reviews", l("app", "reviews"))), opts))
+	created, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "reviews-0", Labels: l("app", "reviews"),
+			Annotations: l("ambient.istio.io/redirection", "enabled", "unrelated", "dropped")},
+		Spec: corev1.PodSpec{ServiceAccountName: "reviews", Containers: []corev1.Container{{Name: "reviews", Image: "reviews:1"}}},
+	}, opts)
+	require.NoError(t, err)
+	created.Status = corev1.PodStatus{
+		Phase: corev1.PodRunning, PodIP: "10.244.1.5", PodIPs: []corev1.PodIP{{IP: "10.244.1.5"}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}},
+	}
+	must(cs.CoreV1().Pods("shop").UpdateStatus(ctx, created, metav1.UpdateOptions{}))
+}

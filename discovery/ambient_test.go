@@ -1,0 +1,213 @@
+package discovery_test
+
+import (
+	"testing"
+
+	"github.com/relaymesh/relaymesh/discovery"
+	"github.com/relaymesh/relaymesh/relay"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+func withEnv(name, value string) func(*appsv1.Deployment) {
+	return func(d *appsv1.Deployment) {
+		c := &d.Spec.Template.Spec.Containers[0]
+		c.Env = append(c.Env, corev1.EnvVar{Name: name, Value: value})
+	}
+}
+
+// waypointGateway is a Gateway API Gateway as the dynamic client returns it.
+func waypointGateway(ns, name, class string, labels map[string]string, addresses ...string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "gateway.networking.k8s.io/v1",
+		"kind":       "Gateway",
+		"metadata":   map[string]any{"namespace": ns, "name": name},
+		"spec": map[string]any{
+			"gatewayClassName": class,
+			"listeners":        []any{map[string]any{"name": "mesh", "port": int64(15008), "protocol": "HBONE"}},
+		},
+	}}
+	u.SetLabels(labels)
+	if len(addresses) > 0 {
+		var as []any
+		for _, a := range addresses {
+			as = append(as, map[string]any{"type": "Hostname", "value": a})
+		}
+		u.Object["status"] = map[string]any{"addresses": as}
+	}
+	return u
+}
+
+// ambientShop is one mesh in the middle of a migration: namespace shop is
+// ambient (with a waypoint for its Services), namespace legacy still has
+// sidecars, and one shop Deployment keeps its sidecar.
+func ambientShop() discovery.Inputs {
+	return discovery.Inputs{
+		Namespaces: []*corev1.Namespace{
+			namespace("istio-system", nil),
+			namespace("shop", l("istio.io/dataplane-mode", "ambient", "istio.io/use-waypoint", "waypoint")),
+			namespace("legacy", l("istio-injection", "enabled")),
+			namespace("plain", nil),
+		},
+		Deployments: []*appsv1.Deployment{
+			istiod("istio-system", "istiod", nil, withEnv("PILOT_ENABLE_AMBIENT", "true")),
+			deployment("shop", "productpage", l("app", "productpage"), withSA("productpage")),
+			deployment("shop", "reviews-v1", l("app", "reviews", "version", "v1"), withSA("reviews")),
+			deployment("shop", "ratings", l("app", "ratings", "istio.io/use-waypoint", "none"), withSA("ratings")),
+			deployment("shop", "opted-out", l("app", "opted-out", "istio.io/dataplane-mode", "none")),
+			deployment("shop", "still-sidecar", l("app", "still-sidecar", "sidecar.istio.io/inject", "true")),
+			deployment("shop", "waypoint", l("gateway.networking.k8s.io/gateway-name", "waypoint"), withSA("waypoint")),
+			deployment("legacy", "details", l("app", "details")),
+			deployment("plain", "own-pod", l("app", "own", "istio.io/dataplane-mode", "ambient")),
+		},
+		DaemonSets: []*appsv1.DaemonSet{
+			daemonSet("istio-system", "ztunnel", l("app", "ztunnel", "istio.io/dataplane-mode", "none")),
+		},
+		Services: []*corev1.Service{
+			service("shop", "reviews", l("app", "reviews")),
+			service("shop", "ratings", l("app", "ratings"), withLabels(l("istio.io/use-waypoint", "other-wp", "istio.io/use-waypoint-namespace", "infra"))),
+			service("shop", "productpage", l("app", "productpage"), withLabels(l("istio.io/use-waypoint", "none"))),
+			service("legacy", "details", l("app", "details")),
+		},
+		Pods: []*corev1.Pod{
+			pod("shop", "reviews-v1-a", "10.0.0.2", l("app", "reviews", "version", "v1"), func(p *corev1.Pod) {
+				p.Annotations = l("ambient.istio.io/redirection", "enabled")
+			}),
+			pod("shop", "reviews-v1-b", "10.0.0.3", l("app", "reviews", "version", "v1")),
+		},
+		Gateways: []*unstructured.Unstructured{
+			waypointGateway("shop", "waypoint", "istio-waypoint", nil, "waypoint.shop.svc.cluster.local"),
+			waypointGateway("infra", "other-wp", "istio-waypoint", l("istio.io/waypoint-for", "all")),
+			waypointGateway("infra", "bogus-for", "istio-waypoint", l("istio.io/waypoint-for", "everything")),
+			waypointGateway("shop", "ingress", "istio", nil, "203.0.113.1"),
+		},
+	}
+}
+
+// TestBuildAmbientMesh: an istiod with PILOT_ENABLE_AMBIENT, its ztunnel
+// DaemonSet and the istio-waypoint Gateways make an ambient mesh; ingress
+// Gateways and waypoint-for values istiod does not know are not waypoints.
+func TestBuildAmbientMesh(t *testing.T) {
+	s := discovery.Build(cluster, ambientShop())
+	require.Len(t, s.Meshes, 1)
+	m := s.Meshes[0]
+	assert.True(t, m.Ambient)
+	assert.True(t, m.Ztunnel)
+	assertProtos(t, []*relaypb.Waypoint{
+		{Name: "other-wp", Namespace: "infra", TrafficType: "all"},
+		{Name: "waypoint", Namespace: "shop", TrafficType: "service", ServiceAccount: "waypoint", Ready: true},
+	}, m.Waypoints)
+}
+
+// TestBuildAmbientWorkloads: sidecar wins over ambient, the pod template's
+// dataplane-mode beats its namespace's, waypoint and ztunnel pods are not
+// workloads, and each ambient workload says which waypoint it is bound to.
+func TestBuildAmbientWorkloads(t *testing.T) {
+	s := discovery.Build(cluster, ambientShop())
+	wp := &relaypb.WaypointRef{Name: "waypoint", Namespace: "shop"}
+	w := func(ns, name string, labels map[string]string, sa, mode string, ref *relaypb.WaypointRef) *relaypb.Workload {
+		return &relaypb.Workload{Name: name, Namespace: ns, Cluster: cluster, Kind: "Deployment", PodLabels: labels, ServiceAccount: sa,
+			MeshName: "istiod", MeshNamespace: "istio-system", DataPlaneMode: mode, Waypoint: ref}
+	}
+	assertProtos(t, []*relaypb.Workload{
+		w("legacy", "details", l("app", "details"), "default", "", nil),
+		w("plain", "own-pod", l("app", "own", "istio.io/dataplane-mode", "ambient"), "default", "ambient", nil),
+		w("shop", "productpage", l("app", "productpage"), "productpage", "ambient", wp),
+		w("shop", "ratings", l("app", "ratings", "istio.io/use-waypoint", "none"), "ratings", "ambient", nil),
+		w("shop", "reviews-v1", l("app", "reviews", "version", "v1"), "reviews", "ambient", wp),
+		w("shop", "still-sidecar", l("app", "still-sidecar", "sidecar.istio.io/inject", "true"), "default", "", nil),
+	}, s.Workloads)
+}
+
+// TestBuildAmbientDestinations: a Service's waypoint comes from its own
+// labels (with use-waypoint-namespace), else its namespace's, and "none"
+// opts out; endpoints say whether istio-cni captured the pod.
+func TestBuildAmbientDestinations(t *testing.T) {
+	s := discovery.Build(cluster, ambientShop())
+	byName := map[string]*relaypb.Destination{}
+	for _, d := range s.Destinations {
+		byName[d.Namespace+"/"+d.Name] = d
+	}
+	require.Len(t, byName, 4)
+	assertProto(t, &relaypb.WaypointRef{Name: "waypoint", Namespace: "shop"}, byName["shop/reviews"].Waypoint)
+	assertProto(t, &relaypb.WaypointRef{Name: "other-wp", Namespace: "infra"}, byName["shop/ratings"].Waypoint)
+	assert.Nil(t, byName["shop/productpage"].Waypoint)
+	assert.Nil(t, byName["legacy/details"].Waypoint)
+	assert.Equal(t, "ambient", byName["shop/reviews"].DataPlaneMode)
+	assert.Empty(t, byName["legacy/details"].DataPlaneMode, "sidecar")
+	eps := byName["shop/reviews"].Endpoints
+	require.Len(t, eps, 2)
+	assert.True(t, eps[0].Ambient, "10.0.0.2 carries ambient.istio.io/redirection: enabled")
+	assert.False(t, eps[1].Ambient)
+}
+
+// TestBuildAmbientNeedsAmbientIstiod: without PILOT_ENABLE_AMBIENT (or with
+// it false) nothing is captured: ambient-labelled workloads are not
+// reported, and Gateways of class istio-waypoint are not waypoints.
+func TestBuildAmbientNeedsAmbientIstiod(t *testing.T) {
+	for _, env := range []string{"", "false", "yes-please"} {
+		in := ambientShop()
+		in.Deployments[0] = istiod("istio-system", "istiod", nil)
+		if env != "" {
+			in.Deployments[0] = istiod("istio-system", "istiod", nil, withEnv("PILOT_ENABLE_AMBIENT", env))
+		}
+		s := discovery.Build(cluster, in)
+		require.Len(t, s.Meshes, 1)
+		assert.False(t, s.Meshes[0].Ambient, env)
+		assert.False(t, s.Meshes[0].Ztunnel, env)
+		assert.Empty(t, s.Meshes[0].Waypoints, env)
+		var names []string
+		for _, w := range s.Workloads {
+			names = append(names, w.Namespace+"/"+w.Name)
+			assert.Empty(t, w.DataPlaneMode, env)
+		}
+		assert.Equal(t, []string{"legacy/details", "shop/still-sidecar"}, names, env)
+	}
+}
+
+// TestBuildAmbientIsDeterministic: the same objects in reverse order give
+// the same snapshot.
+func TestBuildAmbientIsDeterministic(t *testing.T) {
+	in := ambientShop()
+	want := discovery.Build(cluster, in)
+	reverse := func(n int, swap func(i, j int)) {
+		for i, j := 0, n-1; i < j; i, j = i+1, j-1 {
+			swap(i, j)
+		}
+	}
+	reverse(len(in.Gateways), func(i, j int) { in.Gateways[i], in.Gateways[j] = in.Gateways[j], in.Gateways[i] })
+	reverse(len(in.Deployments), func(i, j int) { in.Deployments[i], in.Deployments[j] = in.Deployments[j], in.Deployments[i] })
+	assert.Equal(t, want.Hash, discovery.Build(cluster, in).Hash)
+}
+
+// FuzzBuildAmbientLabels: whatever a workload cluster's users put in the
+// ambient labels of namespaces, pod templates, Services and Gateways, Build
+// does not panic and its snapshot passes the server's validation (a
+// hostile label must not get the cluster's whole discovery refused).
+func FuzzBuildAmbientLabels(f *testing.F) {
+	f.Add("ambient", "waypoint", "shop", "service", "waypoint", "istio-waypoint")
+	f.Add("none", "none", "", "all", "Way Point", "istio-waypoint")
+	f.Add("ambient", "a/b", "../x", "everything", "w", "istio")
+	f.Fuzz(func(t *testing.T, mode, useWaypoint, useNs, waypointFor, gwName, class string) {
+		for _, v := range []string{mode, useWaypoint, useNs, waypointFor} {
+			if len(validation.IsValidLabelValue(v)) > 0 {
+				return // the apiserver stores no such label
+			}
+		}
+		in := ambientShop()
+		in.Namespaces[1].Labels = l("istio.io/dataplane-mode", mode, "istio.io/use-waypoint", useWaypoint, "istio.io/use-waypoint-namespace", useNs)
+		in.Deployments[1].Spec.Template.Labels = l("app", "productpage", "istio.io/dataplane-mode", mode, "istio.io/use-waypoint", useWaypoint)
+		in.Services[0].Labels = l("istio.io/use-waypoint", useWaypoint, "istio.io/use-waypoint-namespace", useNs)
+		in.Gateways = append(in.Gateways, waypointGateway("shop", gwName, class, l("istio.io/waypoint-for", waypointFor), gwName))
+		if len(validation.IsDNS1123Subdomain(gwName)) > 0 {
+			return // the apiserver stores no Gateway of that name
+		}
+		s := discovery.Build(cluster, in)
+		require.NoError(t, relay.ValidateSnapshot(cluster, s, relay.SnapshotLimits{}))
+	})
+}

@@ -1,0 +1,57 @@
+package server_test
+
+import (
+	"testing"
+
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// TestAmbientSnapshotBecomesTheAPIView: a mesh in the middle of a migration
+// says ambient (ztunnel, waypoints) and both data-plane modes; a workload
+// from an agent that sends no mode is a sidecar; waypoint bindings and
+// captured endpoints reach the Workload and Destination; and every object
+// passes the CRD schema the apiserver enforces.
+func TestAmbientSnapshotBecomesTheAPIView(t *testing.T) {
+	objs, err := server.DiscoveredObjects(relaytest.Ambient(), "relaymesh")
+	require.NoError(t, err)
+	var (
+		mesh      discoveryv1alpha1.Mesh
+		workloads = map[string]discoveryv1alpha1.Workload{}
+		dest      discoveryv1alpha1.Destination
+	)
+	for _, o := range objs {
+		require.Empty(t, schemaErrors(t, o.Object), "%s %s", o.Object.GetKind(), o.Object.GetName())
+		switch o.Object.GetKind() {
+		case "Mesh":
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object.Object, &mesh))
+		case "Workload":
+			var w discoveryv1alpha1.Workload
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object.Object, &w))
+			workloads[w.Spec.Kubernetes.Controller.Name] = w
+		case "Destination":
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object.Object, &dest))
+		}
+	}
+	assert.Equal(t, []string{"ambient", "sidecar"}, mesh.Spec.Istio.DataPlaneModes)
+	assert.Equal(t, &discoveryv1alpha1.AmbientMesh{Ztunnel: true, Waypoints: []discoveryv1alpha1.WaypointInfo{
+		{Name: "waypoint", Namespace: "bookinfo", TrafficType: "service", ServiceAccount: "waypoint", Ready: true}}}, mesh.Spec.Istio.Ambient)
+	assert.Equal(t, "ambient", workloads["app-0"].Spec.Kubernetes.DataPlaneMode)
+	assert.Equal(t, &discoveryv1alpha1.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}, workloads["app-0"].Spec.Kubernetes.Waypoint)
+	assert.Equal(t, "sidecar", workloads["app-1"].Spec.Kubernetes.DataPlaneMode)
+	assert.Nil(t, workloads["app-1"].Spec.Kubernetes.Waypoint)
+	assert.Equal(t, &discoveryv1alpha1.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}, dest.Spec.KubeService.Waypoint)
+	assert.True(t, dest.Spec.KubeService.Endpoints[0].Ambient)
+	assert.Equal(t, "mixed", dest.Spec.KubeService.DataPlaneMode)
+
+	// A sidecar-only mesh has no ambient block, and its one mode.
+	objs, err = server.DiscoveredObjects(relaytest.Spec{Workloads: 1}.Snapshot(), "relaymesh")
+	require.NoError(t, err)
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(objs[0].Object.Object, &mesh))
+	assert.Nil(t, mesh.Spec.Istio.Ambient)
+	assert.Equal(t, []string{"sidecar"}, mesh.Spec.Istio.DataPlaneModes)
+}
