@@ -8,6 +8,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
@@ -23,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/ca/backend"
 	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/relaymesh/relaymesh/ca/cfsslca"
 )
@@ -56,6 +58,9 @@ type serverOptions struct {
 	// issuingPathLenZero gives the signing CA pathLen 0 (it may then sign
 	// no CA; cfssl does not check that itself).
 	issuingPathLenZero bool
+	// root signs the signing CA instead of a fresh root (a renewal under
+	// the same root).
+	root *catest.CA
 }
 
 // profile is a cfssl signing profile as its config file spells it.
@@ -87,7 +92,10 @@ func startServer(t testing.TB, o serverOptions) *server {
 	// Two years: cfssl does not clamp to its CA, so the CA must outlive a
 	// one-year intermediate. pathLen 1 leaves room for one.
 	twoYears := time.Now().Add(2 * 365 * 24 * time.Hour)
-	root := catest.NewRoot(t, catest.CAOptions{Name: "cfssl test root", NotAfter: twoYears})
+	root := o.root
+	if root == nil {
+		root = catest.NewRoot(t, catest.CAOptions{Name: "cfssl test root", NotAfter: twoYears})
+	}
 	caOpts := catest.CAOptions{Name: "cfssl test signing CA", MaxPathLen: 1, NotAfter: twoYears}
 	if o.issuingPathLenZero {
 		caOpts.MaxPathLen, caOpts.PathLenZero = 0, true
@@ -585,4 +593,30 @@ func assertNoSecret(t testing.TB, text, secret, where string) {
 	if secret != "" && strings.Contains(text, secret) {
 		t.Errorf("a secret leaked into %s", where)
 	}
+}
+
+// TestRelayIssuerRenewalOnCFSSL: the relay CA on cfssl, as --ca-config
+// gives it (backend.FileSigner). The remote's signing CA is replaced by a
+// new one under the same root (here a second cfssl, the file pointing at
+// it); the reload issues from the new one, an agent certificate of the
+// old one stays accepted until it has expired, and then the old one is
+// dropped.
+func TestRelayIssuerRenewalOnCFSSL(t *testing.T) {
+	first := startServer(t, serverOptions{})
+	second := startServer(t, serverOptions{root: first.issuing.Root()})
+	file := filepath.Join(t.TempDir(), "ca.yaml")
+	write := func(s *server) {
+		y := fmt.Sprintf("type: cfssl\ncfssl:\n  url: %s\n  authKeyFile: %s\n  chainFile: %s\n  rootsFile: %s\n", s.url, s.authKeyFile, s.chainFile, s.rootsFile)
+		require.NoError(t, os.WriteFile(file, []byte(y), 0o600))
+	}
+	write(first)
+	clock := catest.NewClock(time.Now())
+	keep := 24*time.Hour + 2*time.Minute
+	s, err := backend.NewFileSigner(context.Background(), backend.FileSignerConfig{Path: file, Keep: keep, Clock: clock.Now})
+	require.NoError(t, err)
+	r, ok := s.(catest.Renewable)
+	require.True(t, ok, "a FileSigner is renewable")
+	_, isRequest := s.(ca.RequestSigner)
+	assert.True(t, isRequest, "cfssl signs requests, through the FileSigner too")
+	catest.RunIssuerRenewal(t, catest.IssuerRenewal{Signer: r, Clock: clock, Keep: keep, Renew: func(t *testing.T) { write(second) }})
 }
