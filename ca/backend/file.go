@@ -3,6 +3,7 @@ package backend
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -91,7 +92,7 @@ type Duration time.Duration
 // UnmarshalJSON parses a Go duration string.
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
-	if err := yaml.Unmarshal(b, &s); err != nil {
+	if err := json.Unmarshal(b, &s); err != nil {
 		return fmt.Errorf("not a duration string: %w", err)
 	}
 	v, err := time.ParseDuration(s)
