@@ -619,4 +619,76 @@ func TestRelayIssuerRenewalOnCFSSL(t *testing.T) {
 	_, isRequest := s.(ca.RequestSigner)
 	assert.True(t, isRequest, "cfssl signs requests, through the FileSigner too")
 	catest.RunIssuerRenewal(t, catest.IssuerRenewal{Signer: r, Clock: clock, Keep: keep, Renew: func(t *testing.T) { write(second) }})
+
+	// A reload that fails changes nothing: the signer keeps issuing from
+	// and accepting what it had.
+	current, accepted := r.Chain()[0], r.AcceptedIssuers()
+	foreign := startServer(t, serverOptions{})
+	good, err := os.ReadFile(file)
+	require.NoError(t, err)
+	for _, tc := range []struct{ name, file, want string }{
+		{"not YAML", "{{{", "invalid CA back-end file"},
+		{"another type", "type: stepca\nstepca:\n  url: https://x\n", "type changed from cfssl to stepca"},
+		{"an inline auth key", string(good) + "  authKey: " + second.authKeyHex + "\n", "cfssl.authKey: a secret is never written"},
+		{"a chain the server does not sign with", strings.Replace(string(good), second.chainFile, first.chainFile, 1), "not with the first certificate of chainFile"},
+		{"a new root", fmt.Sprintf("type: cfssl\ncfssl:\n  url: %s\n  authKeyFile: %s\n  chainFile: %s\n  rootsFile: %s\n", foreign.url, foreign.authKeyFile, foreign.chainFile, foreign.rootsFile), "the roots changed"},
+		{"a previous issuer of a foreign root", string(good) + "previousIssuersFile: " + foreign.chainFile + "\n", "not signed by the relay CA's roots"},
+	} {
+		t.Run("refused: "+tc.name, func(t *testing.T) {
+			require.NoError(t, os.WriteFile(file, []byte(tc.file), 0o600))
+			changed, err := r.Reload(context.Background())
+			require.Error(t, err)
+			assert.False(t, changed)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.NotContains(t, err.Error(), second.authKeyHex, "the auth key is not echoed")
+			assert.True(t, r.Chain()[0].Equal(current), "still the same issuing CA")
+			assert.Equal(t, accepted, r.AcceptedIssuers(), "still the same accepted issuing CAs")
+		})
+	}
+	require.NoError(t, os.WriteFile(file, good, 0o600))
+	changed, err := r.Reload(context.Background())
+	require.NoError(t, err)
+	assert.False(t, changed, "the file as it was: no change")
+
+	// A replica that starts after the renewal knows the replaced issuing
+	// CA only from previousIssuersFile: the operator lists it there.
+	prev := filepath.Join(t.TempDir(), "previous.pem")
+	require.NoError(t, os.WriteFile(prev, catest.CertsPEM(first.issuing.Cert), 0o600))
+	require.NoError(t, os.WriteFile(file, append(good, []byte("previousIssuersFile: "+prev+"\n")...), 0o600))
+	restarted, err := backend.NewFileSigner(context.Background(), backend.FileSignerConfig{Path: file, Keep: keep, Clock: clock.Now})
+	require.NoError(t, err)
+	got := restarted.(catest.Renewable).AcceptedIssuers()
+	require.Len(t, got, 2)
+	assert.True(t, got[0].Equal(current) && got[1].Equal(first.issuing.Cert), "the current issuing CA, then the listed previous one")
+	for _, tc := range []struct {
+		name string
+		pem  []byte
+		want string
+	}{
+		{"the current issuing CA", catest.CertsPEM(second.issuing.Cert), "is the current issuing CA"},
+		{"a leaf", catest.CertsPEM(issueLeaf(t, second)), "is not a CA"},
+		{"five", catest.CertsPEM(first.issuing.Cert, first.issuing.Cert, first.issuing.Cert, first.issuing.Cert, first.issuing.Cert), "more than 4"},
+		{"twice", catest.CertsPEM(first.issuing.Cert, first.issuing.Cert), "listed twice"},
+		{"not PEM", []byte("garbage"), "previousIssuersFile"},
+	} {
+		t.Run("refused previous issuers: "+tc.name, func(t *testing.T) {
+			require.NoError(t, os.WriteFile(prev, tc.pem, 0o600))
+			_, err := backend.NewFileSigner(context.Background(), backend.FileSignerConfig{Path: file, Keep: keep, Clock: clock.Now})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// issueLeaf is an agent certificate of s.
+func issueLeaf(t *testing.T, s *server) *x509.Certificate {
+	t.Helper()
+	a, err := ca.New(ca.Config{Signer: newSigner(t, s.config())})
+	require.NoError(t, err)
+	key := catest.NewKey(t, catest.ECDSAP256)
+	csr, err := x509.ParseCertificateRequest(catest.NewCSR(t, key, nil))
+	require.NoError(t, err)
+	iss, err := a.IssueAgent(context.Background(), csr, catest.AgentID)
+	require.NoError(t, err)
+	return iss.Certificate
 }
