@@ -45,7 +45,7 @@ func (p *process) watchRelayIssuer(ctx context.Context) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: MetricRelayIssuerNotAfter,
 			Help: "NotAfter of the relay issuing CA this replica issues agent certificates from, in Unix seconds."}, current),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: MetricRelayIssuerGeneration,
-			Help: "Generation of the relay issuing CA this replica issues from: 1, then one more at each renewal (a provided CA is always 1)."},
+			Help: "Generation of the relay issuing CA this replica issues from: 1, then one more at each renewal, or at each new issuing CA of a --ca-config back end reloaded (a --ca-cert or --ca-secret CA is always 1)."},
 			func() float64 {
 				switch r := p.signer.(type) {
 				case *ca.RelayIssuers:
@@ -112,7 +112,6 @@ func (p *process) reloadFileSigner(ctx context.Context, f reloadingSigner) {
 		p.log.Warn("could not reload the relay CA back end; still using the issuing CA loaded before", "flag", "--ca-config", "backend", f.Type(), "error", err)
 	case changed:
 		cur := f.Chain()[0]
-		p.issuer.renewals.Inc()
 		p.log.Info("issuing agent certificates from a new relay issuing CA of the back end; the replaced one stays accepted until its agent certificates have expired",
 			"backend", f.Type(), "generation", f.Generation(), "issuer", cur.Subject.String(), "not_after", cur.NotAfter, "accepted_issuers", len(f.AcceptedIssuers()))
 	}
