@@ -3,6 +3,8 @@ package catest
 import (
 	"context"
 	"crypto/x509"
+	"io"
+	"log/slog"
 	"slices"
 	"sync"
 	"testing"
@@ -12,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/ca/backend"
+	"github.com/relaymesh/relaymesh/internal/syncbuf"
 )
 
 // Renewable is a relay CA signer whose back end's issuing CA can change
@@ -127,4 +131,31 @@ func RunIssuerRenewal(t *testing.T, r IssuerRenewal) {
 	assert.False(t, accepts(before.Certificate), "the old agent certificate's issuer is no longer accepted")
 	assert.False(t, before.Certificate.NotAfter.After(r.Clock.Now()), "it has expired when its issuer is dropped: no agent is stranded")
 	assert.True(t, accepts(after.Certificate))
+}
+
+// FileRenewalKeep is the Keep of RunFileRenewal: an agent certificate
+// lifetime of 24h plus two check intervals of a minute.
+const FileRenewalKeep = 24*time.Hour + 2*time.Minute
+
+// RunFileRenewal builds a backend.FileSigner, as --ca-config does, from
+// the CA back-end file at path (already written), on a Clock at the real
+// time, and runs RunIssuerRenewal on it with renew rewriting the file. It
+// returns the signer (closed when the test ends), its clock and what it
+// logged.
+func RunFileRenewal(t *testing.T, path string, renew func(t *testing.T)) (Renewable, *Clock, string) {
+	t.Helper()
+	clock := NewClock(time.Now())
+	var logs syncbuf.Buffer
+	s, err := backend.NewFileSigner(context.Background(), backend.FileSignerConfig{Path: path, Keep: FileRenewalKeep, Clock: clock.Now,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if c, ok := s.(io.Closer); ok {
+			assert.NoError(t, c.Close())
+		}
+	})
+	r, ok := s.(Renewable)
+	require.True(t, ok, "a FileSigner is renewable")
+	RunIssuerRenewal(t, IssuerRenewal{Signer: r, Clock: clock, Keep: FileRenewalKeep, Renew: renew})
+	return r, clock, logs.String()
 }

@@ -445,15 +445,10 @@ func TestRelayIssuerRenewalOnCFSSL(t *testing.T) {
 		require.NoError(t, os.WriteFile(file, []byte(y), 0o600))
 	}
 	write(first)
-	clock := catest.NewClock(time.Now())
-	keep := 24*time.Hour + 2*time.Minute
-	s, err := backend.NewFileSigner(context.Background(), backend.FileSignerConfig{Path: file, Keep: keep, Clock: clock.Now})
-	require.NoError(t, err)
-	r, ok := s.(catest.Renewable)
-	require.True(t, ok, "a FileSigner is renewable")
-	_, isRequest := s.(ca.RequestSigner)
+	r, clock, _ := catest.RunFileRenewal(t, file, func(t *testing.T) { write(second) })
+	_, isRequest := r.(ca.RequestSigner)
 	assert.True(t, isRequest, "cfssl signs requests, through the FileSigner too")
-	catest.RunIssuerRenewal(t, catest.IssuerRenewal{Signer: r, Clock: clock, Keep: keep, Renew: func(t *testing.T) { write(second) }})
+	keep := catest.FileRenewalKeep
 
 	// A reload that fails changes nothing: the signer keeps issuing from
 	// and accepting what it had.

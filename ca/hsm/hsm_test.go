@@ -25,7 +25,6 @@ import (
 	kmspkcs11 "go.step.sm/crypto/kms/pkcs11"
 
 	"github.com/relaymesh/relaymesh/ca"
-	"github.com/relaymesh/relaymesh/ca/backend"
 	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/relaymesh/relaymesh/ca/hsm"
 )
@@ -393,15 +392,6 @@ func TestRelayIssuerRenewalOnPKCS11(t *testing.T) {
 		require.NoError(t, os.WriteFile(file, []byte(y), 0o600))
 	}
 	write(first)
-	clock := catest.NewClock(time.Now())
-	keep := 24*time.Hour + 2*time.Minute
-	var logs bytes.Buffer
-	s, err := backend.NewFileSigner(context.Background(), backend.FileSignerConfig{Path: file, Keep: keep, Clock: clock.Now,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, s.(io.Closer).Close()) })
-	r, ok := s.(catest.Renewable)
-	require.True(t, ok, "a FileSigner is renewable")
-	catest.RunIssuerRenewal(t, catest.IssuerRenewal{Signer: r, Clock: clock, Keep: keep, Renew: func(t *testing.T) { write(second) }})
-	assert.NotContains(t, logs.String(), userPIN, "the FileSigner's log")
+	_, _, logs := catest.RunFileRenewal(t, file, func(t *testing.T) { write(second) })
+	assert.NotContains(t, logs, userPIN, "the FileSigner's log")
 }
