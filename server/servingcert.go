@@ -3,7 +3,9 @@ package server
 import (
 	"context"
 	"crypto"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -18,9 +20,11 @@ import (
 	"go.step.sm/crypto/pemutil"
 )
 
-// ServerIssuer issues the relay server's own certificate.
+// ServerIssuer issues the relay server's own certificate, from a
+// certificate request so that every relay CA back end can sign it (cfssl
+// and step-ca need proof of possession).
 type ServerIssuer interface {
-	IssueServer(ctx context.Context, pub crypto.PublicKey, dnsNames []string, ips []net.IP) (*ca.Issued, error)
+	IssueServerRequest(ctx context.Context, csr *x509.CertificateRequest, dnsNames []string, ips []net.IP) (*ca.Issued, error)
 }
 
 // ServingCert keeps the relay server's TLS certificate fresh: a new key and
@@ -93,7 +97,15 @@ func (s *ServingCert) renew(ctx context.Context) error {
 	if !ok {
 		return errors.New("generated key is not a signer")
 	}
-	issued, err := s.issuer.IssueServer(ctx, key.Public(), s.dnsNames, s.ips)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	if err != nil {
+		return err
+	}
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return err
+	}
+	issued, err := s.issuer.IssueServerRequest(ctx, csr, s.dnsNames, s.ips)
 	if err != nil {
 		return fmt.Errorf("issue serving certificate: %w", err)
 	}

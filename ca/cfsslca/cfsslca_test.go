@@ -3,15 +3,12 @@ package cfsslca_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,182 +20,28 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/ca/backend"
 	"github.com/relaymesh/relaymesh/ca/catest"
 	"github.com/relaymesh/relaymesh/ca/cfsslca"
 )
 
-// server is a running `cfssl serve` and what a Config needs to use it.
-type server struct {
-	url                              string
-	chainFile, rootsFile, authKeyHex string
-	authKeyFile                      string
-	tlsRootsFile                     string
-	issuing                          *catest.CA
-	proc                             *catest.Process
-}
+// server is a running `cfssl serve` (catest.StartCFSSL).
+type server = catest.CFSSL
 
 // serverOptions shape a test cfssl.
-type serverOptions struct {
-	// caTTL is the signing CA's remaining lifetime; default a year.
-	caTTL time.Duration
-	// https serves TLS with a certificate from a root of its own.
-	https bool
-	// clientUsages overrides the usages of the relaymesh-client profile.
-	clientUsages []string
-	// intermediateUsages overrides the usages of the
-	// relaymesh-intermediate profile.
-	intermediateUsages []string
-	// noNameConstraints leaves the name constraints extension out of the
-	// intermediate profile's allowed_extensions.
-	noNameConstraints bool
-	// noCAConstraint leaves ca_constraint out of the intermediate profile.
-	noCAConstraint bool
-	// issuingPathLenZero gives the signing CA pathLen 0 (it may then sign
-	// no CA; cfssl does not check that itself).
-	issuingPathLenZero bool
-}
+type serverOptions = catest.CFSSLOptions
 
-// profile is a cfssl signing profile as its config file spells it.
-type profile struct {
-	Usages       []string        `json:"usages"`
-	Expiry       string          `json:"expiry"`
-	Backdate     string          `json:"backdate"`
-	AuthKey      string          `json:"auth_key"`
-	CSRWhitelist map[string]bool `json:"CSRWhitelist,omitempty"`
-	CAConstraint *caConstraint   `json:"ca_constraint,omitempty"`
-	// CopyExtensions copies the extensions of the certificate request: the
-	// intermediates' name constraints.
-	CopyExtensions bool `json:"copy_extensions,omitempty"`
-}
-
-// caConstraint is a profile's ca_constraint.
-type caConstraint struct {
-	IsCA           bool `json:"is_ca"`
-	MaxPathLen     int  `json:"max_path_len"`
-	MaxPathLenZero bool `json:"max_path_len_zero"`
-}
-
-// startServer starts `cfssl serve` on a free loopback port with a fresh
-// CA and an auth key, and waits until it answers.
-func startServer(t testing.TB, o serverOptions) *server {
-	t.Helper()
-	bin := catest.Binary(t, "cfssl")
-	dir := t.TempDir()
-	// Two years: cfssl does not clamp to its CA, so the CA must outlive a
-	// one-year intermediate. pathLen 1 leaves room for one.
-	twoYears := time.Now().Add(2 * 365 * 24 * time.Hour)
-	root := catest.NewRoot(t, catest.CAOptions{Name: "cfssl test root", NotAfter: twoYears})
-	caOpts := catest.CAOptions{Name: "cfssl test signing CA", MaxPathLen: 1, NotAfter: twoYears}
-	if o.issuingPathLenZero {
-		caOpts.MaxPathLen, caOpts.PathLenZero = 0, true
-	}
-	if o.caTTL != 0 {
-		caOpts.NotAfter = time.Now().Add(o.caTTL)
-	}
-	issuing := root.NewIntermediate(t, caOpts)
-	s := &server{issuing: issuing}
-	write := func(name string, data []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, data, 0o600))
-		return p
-	}
-	key := make([]byte, 32)
-	_, err := rand.Read(key)
-	require.NoError(t, err)
-	s.authKeyHex = hex.EncodeToString(key)
-	s.authKeyFile = write("auth.key", []byte(s.authKeyHex+"\n"))
-	s.chainFile = write("chain.pem", issuing.ChainPEM())
-	s.rootsFile = write("roots.pem", issuing.RootsPEM())
-	caFile := write("ca.pem", catest.CertsPEM(issuing.Cert))
-	caKeyFile := write("ca-key.pem", issuing.KeyPEM(t))
-
-	// Only the public key may come from the CSR; the request carries
-	// subject and hosts. Expiries are the Authority's default TTLs.
-	whitelist := map[string]bool{"PublicKey": true, "PublicKeyAlgorithm": true}
-	prof := func(expiry string, usages ...string) profile {
-		return profile{Usages: usages, Expiry: expiry, Backdate: "1m", AuthKey: "relaymesh", CSRWhitelist: whitelist}
-	}
-	clientUsages := []string{"digital signature", "client auth"}
-	if o.clientUsages != nil {
-		clientUsages = o.clientUsages
-	}
-	intermediateUsages := []string{"cert sign", "crl sign"}
-	if o.intermediateUsages != nil {
-		intermediateUsages = o.intermediateUsages
-	}
-	// The Authority's default intermediate TTL: a year.
-	intermediate := prof("8760h", intermediateUsages...)
-	if !o.noCAConstraint {
-		intermediate.CAConstraint = &caConstraint{IsCA: true, MaxPathLen: 0, MaxPathLenZero: true}
-	}
-	if !o.noNameConstraints {
-		// cfssl's sign API takes no extensions, and a CSRWhitelist drops
-		// those it copies from the request: the intermediate's name
-		// constraints come from the agent's request. The Authority still
-		// requires the result to be exactly its template.
-		intermediate.CopyExtensions, intermediate.CSRWhitelist = true, nil
-	}
-	cfg := map[string]any{
-		"signing": map[string]any{
-			"default": prof("1h", "digital signature", "client auth"),
-			"profiles": map[string]profile{
-				"relaymesh-client":       prof("24h", clientUsages...),
-				"relaymesh-server":       prof("720h", "digital signature", "server auth"),
-				"relaymesh-server-rsa":   prof("720h", "digital signature", "key encipherment", "server auth"),
-				"relaymesh-intermediate": intermediate,
-			},
-		},
-		// cfssl reads the key from the file: it is in no command line.
-		"auth_keys": map[string]any{"relaymesh": map[string]string{"type": "standard", "key": "file:" + s.authKeyFile}},
-	}
-	cfgJSON, err := json.MarshalIndent(cfg, "", "  ")
-	require.NoError(t, err)
-	cfgFile := write("config.json", cfgJSON)
-
-	scheme := "http"
-	var tlsArgs []string
-	var tlsPool *x509.CertPool
-	if o.https {
-		scheme = "https"
-		tlsRoot := catest.NewRoot(t, catest.CAOptions{Name: "cfssl TLS root"})
-		tlsKey := catest.NewKey(t, catest.ECDSAP256)
-		now := time.Now()
-		der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-			SerialNumber: big.NewInt(now.UnixNano()),
-			Subject:      pkix.Name{CommonName: "cfssl test server"},
-			NotBefore:    now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-			KeyUsage:    x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		}, tlsRoot.Cert, tlsKey.Public(), tlsRoot.Key)
-		require.NoError(t, err)
-		c, err := x509.ParseCertificate(der)
-		require.NoError(t, err)
-		tlsArgs = []string{"-tls-cert", write("tls.pem", catest.CertsPEM(c)), "-tls-key", write("tls-key.pem", catest.KeyPEM(t, tlsKey))}
-		s.tlsRootsFile = write("tls-roots.pem", catest.CertsPEM(tlsRoot.Cert))
-		tlsPool = x509.NewCertPool()
-		tlsPool.AddCert(tlsRoot.Cert)
-	}
-	s.proc, s.url = catest.StartServer(t, catest.Server{
-		Name: "cfssl", Bin: bin, Dir: dir, Scheme: scheme, Health: "/api/v1/cfssl/health", Roots: tlsPool, Timeout: 20 * time.Second,
-		Args: func(addr string) []string {
-			host, port, err := net.SplitHostPort(addr)
-			require.NoError(t, err)
-			return append([]string{"serve", "-address", host, "-port", port, "-ca", caFile, "-ca-key", caKeyFile, "-config", cfgFile, "-loglevel", "1"}, tlsArgs...)
-		},
-	})
-	return s
-}
+func startServer(t testing.TB, o serverOptions) *server { return catest.StartCFSSL(t, o) }
 
 // config is a working Config for s.
-func (s *server) config() cfsslca.Config {
+func config(s *server) cfsslca.Config {
 	return cfsslca.Config{
-		URL:          s.url,
-		AuthKeyFile:  s.authKeyFile,
+		URL:          s.URL,
+		AuthKeyFile:  s.AuthKeyFile,
 		Profiles:     cfsslca.Profiles{Intermediate: "relaymesh-intermediate"},
-		ChainFile:    s.chainFile,
-		RootsFile:    s.rootsFile,
-		TLSRootsFile: s.tlsRootsFile,
+		ChainFile:    s.ChainFile,
+		RootsFile:    s.RootsFile,
+		TLSRootsFile: s.TLSRootsFile,
 	}
 }
 
@@ -212,17 +55,17 @@ func newSigner(t testing.TB, cfg cfsslca.Config) ca.Signer {
 func TestSignerConformance(t *testing.T) {
 	srv := startServer(t, serverOptions{})
 	catest.RunSignerConformance(t, func(t *testing.T) ca.Signer {
-		return newSigner(t, srv.config())
+		return newSigner(t, config(srv))
 	})
-	log := srv.proc.Log(t)
-	assertNoSecret(t, log, srv.authKeyHex, "cfssl's log")
+	log := srv.Proc.Log(t)
+	assertNoSecret(t, log, srv.AuthKeyHex, "cfssl's log")
 	// What TestIntermediates looks for to see that nothing was signed.
 	assert.Contains(t, log, "signed certificate with serial number")
 }
 
 func TestHTTPSWithPinnedRoot(t *testing.T) {
-	srv := startServer(t, serverOptions{https: true})
-	s := newSigner(t, srv.config())
+	srv := startServer(t, serverOptions{HTTPS: true})
+	s := newSigner(t, config(srv))
 	a, err := ca.New(ca.Config{Signer: s})
 	require.NoError(t, err)
 	key := catest.NewKey(t, catest.ECDSAP256)
@@ -232,7 +75,7 @@ func TestHTTPSWithPinnedRoot(t *testing.T) {
 
 	// The relay roots do not vouch for cfssl's TLS certificate, and
 	// nothing else is trusted.
-	cfg := srv.config()
+	cfg := config(srv)
 	cfg.TLSRootsFile = ""
 	_, err = cfsslca.New(context.Background(), cfg)
 	require.ErrorIs(t, err, ca.ErrInvalidSigner)
@@ -244,8 +87,8 @@ func TestHTTPSWithPinnedRoot(t *testing.T) {
 func TestNewRejects(t *testing.T) {
 	srv := startServer(t, serverOptions{})
 	other := startServer(t, serverOptions{})
-	badUsages := startServer(t, serverOptions{clientUsages: []string{"digital signature", "key encipherment", "client auth"}})
-	badIntermediate := startServer(t, serverOptions{intermediateUsages: []string{"digital signature", "cert sign", "crl sign"}})
+	badUsages := startServer(t, serverOptions{ClientUsages: []string{"digital signature", "key encipherment", "client auth"}})
+	badIntermediate := startServer(t, serverOptions{IntermediateUsages: []string{"digital signature", "cert sign", "crl sign"}})
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)
@@ -253,7 +96,7 @@ func TestNewRejects(t *testing.T) {
 		return p
 	}
 	wrongKey := write("wrong.key", strings.Repeat("ab", 32))
-	notHex := write("nothex.key", "zz"+srv.authKeyHex[2:])
+	notHex := write("nothex.key", "zz"+srv.AuthKeyHex[2:])
 	short := write("short.key", "abcdef")
 	closed := catest.FreeAddr(t)
 
@@ -264,30 +107,30 @@ func TestNewRejects(t *testing.T) {
 		want   []string
 	}{
 		{"wrong auth key", func(c *cfsslca.Config) { c.AuthKeyFile = wrongKey }, cfsslca.ErrAuth, []string{"refused the authentication key"}},
-		{"auth key of another server", func(c *cfsslca.Config) { c.AuthKeyFile = other.authKeyFile }, cfsslca.ErrAuth, []string{"refused the authentication key"}},
+		{"auth key of another server", func(c *cfsslca.Config) { c.AuthKeyFile = other.AuthKeyFile }, cfsslca.ErrAuth, []string{"refused the authentication key"}},
 		{"auth key not hex", func(c *cfsslca.Config) { c.AuthKeyFile = notHex }, ca.ErrInvalidSigner, []string{"is not hex", notHex}},
 		{"auth key too short", func(c *cfsslca.Config) { c.AuthKeyFile = short }, ca.ErrInvalidSigner, []string{"3 bytes, want at least 16"}},
 		{"auth key variable unset", func(c *cfsslca.Config) { c.AuthKeyFile, c.AuthKeyEnv = "", "RELAYMESH_TEST_UNSET_KEY" }, ca.ErrInvalidSigner, []string{"RELAYMESH_TEST_UNSET_KEY is not set"}},
-		{"server signs with another CA", func(c *cfsslca.Config) { c.ChainFile, c.RootsFile = other.chainFile, other.rootsFile }, ca.ErrInvalidSigner, []string{"the server signs with certificate", "not with the first certificate of chainFile"}},
+		{"server signs with another CA", func(c *cfsslca.Config) { c.ChainFile, c.RootsFile = other.ChainFile, other.RootsFile }, ca.ErrInvalidSigner, []string{"the server signs with certificate", "not with the first certificate of chainFile"}},
 		{"unknown profile", func(c *cfsslca.Config) { c.Profiles.Server = "nope" }, ca.ErrInvalidSigner, []string{`profile "nope" (profiles.server)`}},
-		{"profile with other usages", func(c *cfsslca.Config) { *c = badUsages.config(); c.AuthKeyFile = srv.authKeyFile }, ca.ErrInvalidSigner, []string{`profile "relaymesh-client" (profiles.client) has usages`}},
+		{"profile with other usages", func(c *cfsslca.Config) { *c = config(badUsages); c.AuthKeyFile = srv.AuthKeyFile }, ca.ErrInvalidSigner, []string{`profile "relaymesh-client" (profiles.client) has usages`}},
 		{"unknown intermediate profile", func(c *cfsslca.Config) { c.Profiles.Intermediate = "nope" }, ca.ErrInvalidSigner, []string{`profile "nope" (profiles.intermediate)`}},
-		{"intermediate profile with other usages", func(c *cfsslca.Config) { *c = badIntermediate.config(); c.AuthKeyFile = srv.authKeyFile }, ca.ErrInvalidSigner, []string{`profile "relaymesh-intermediate" (profiles.intermediate) has usages`, `want exactly ["cert sign" "crl sign"]`}},
+		{"intermediate profile with other usages", func(c *cfsslca.Config) { *c = config(badIntermediate); c.AuthKeyFile = srv.AuthKeyFile }, ca.ErrInvalidSigner, []string{`profile "relaymesh-intermediate" (profiles.intermediate) has usages`, `want exactly ["cert sign" "crl sign"]`}},
 		{"nobody listening", func(c *cfsslca.Config) { c.URL = "http://" + closed }, ca.ErrInvalidSigner, []string{"connection refused"}},
 		{"https to a plain http server", func(c *cfsslca.Config) { c.URL = strings.Replace(c.URL, "http:", "https:", 1) }, ca.ErrInvalidSigner, []string{"HTTP response to HTTPS client"}},
 		{"plain http off loopback", func(c *cfsslca.Config) { c.URL = "http://cfssl.example.test:8888" }, ca.ErrInvalidSigner, []string{"plain http is only allowed to a loopback host"}},
 		{"wrong auth key in memory", func(c *cfsslca.Config) { c.AuthKeyFile, c.AuthKey = "", []byte(strings.Repeat("ab", 32)) }, cfsslca.ErrAuth, []string{"refused the authentication key"}},
-		{"auth key in memory not hex", func(c *cfsslca.Config) { c.AuthKeyFile, c.AuthKey = "", []byte("zz"+srv.authKeyHex[2:]) }, ca.ErrInvalidSigner, []string{"is not hex", "field authKey"}},
-		{"auth key in memory and in a file", func(c *cfsslca.Config) { c.AuthKey = []byte(srv.authKeyHex) }, ca.ErrInvalidSigner, []string{"authKeyFile, authKey: only one may be set"}},
+		{"auth key in memory not hex", func(c *cfsslca.Config) { c.AuthKeyFile, c.AuthKey = "", []byte("zz"+srv.AuthKeyHex[2:]) }, ca.ErrInvalidSigner, []string{"is not hex", "field authKey"}},
+		{"auth key in memory and in a file", func(c *cfsslca.Config) { c.AuthKey = []byte(srv.AuthKeyHex) }, ca.ErrInvalidSigner, []string{"authKeyFile, authKey: only one may be set"}},
 		{"chain and roots in memory of another CA", func(c *cfsslca.Config) {
-			o := inMemory(t, other.config())
+			o := inMemory(t, config(other))
 			c.ChainFile, c.RootsFile, c.ChainPEM, c.RootsPEM = "", "", o.ChainPEM, o.RootsPEM
 		}, ca.ErrInvalidSigner, []string{"the server signs with certificate", "not with the first certificate of chainPEM"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var logs bytes.Buffer
-			cfg := srv.config()
+			cfg := config(srv)
 			cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			tt.modify(&cfg)
 			s, err := cfsslca.New(context.Background(), cfg)
@@ -299,14 +142,14 @@ func TestNewRejects(t *testing.T) {
 			for _, w := range tt.want {
 				assert.Contains(t, err.Error(), w)
 			}
-			for _, k := range []string{srv.authKeyHex, other.authKeyHex, strings.Repeat("ab", 32), srv.authKeyHex[2:]} {
+			for _, k := range []string{srv.AuthKeyHex, other.AuthKeyHex, strings.Repeat("ab", 32), srv.AuthKeyHex[2:]} {
 				assertNoSecret(t, err.Error(), k, "the error")
 				assertNoSecret(t, logs.String(), k, "the log")
 			}
 		})
 	}
 	for _, s := range []*server{srv, other, badUsages, badIntermediate} {
-		assertNoSecret(t, s.proc.Log(t), s.authKeyHex, "cfssl's log")
+		assertNoSecret(t, s.Proc.Log(t), s.AuthKeyHex, "cfssl's log")
 	}
 }
 
@@ -332,8 +175,8 @@ func inMemory(t testing.TB, cfg cfsslca.Config) cfsslca.Config {
 // memory as from files; without TLS roots of their own, the roots in
 // memory are the only ones trusted for HTTPS.
 func TestInMemoryConfig(t *testing.T) {
-	srv := startServer(t, serverOptions{https: true})
-	cfg := inMemory(t, srv.config())
+	srv := startServer(t, serverOptions{HTTPS: true})
+	cfg := inMemory(t, config(srv))
 	require.NotEmpty(t, cfg.TLSRootsPEM)
 	catest.IssueIntermediate(t, newSigner(t, cfg))
 
@@ -341,7 +184,7 @@ func TestInMemoryConfig(t *testing.T) {
 	_, err := cfsslca.New(context.Background(), cfg)
 	require.ErrorIs(t, err, ca.ErrInvalidSigner)
 	assert.ErrorContains(t, err, "certificate signed by unknown authority")
-	assertNoSecret(t, err.Error(), srv.authKeyHex, "the error")
+	assertNoSecret(t, err.Error(), srv.AuthKeyHex, "the error")
 }
 
 // TestConfigValidateAlternatives: the auth key, chain, roots and TLS roots
@@ -412,7 +255,7 @@ func TestConfigValidate(t *testing.T) {
 // Authority would refuse them anyway.
 func TestRequestedNamesAreIgnored(t *testing.T) {
 	srv := startServer(t, serverOptions{})
-	a, err := ca.New(ca.Config{Signer: newSigner(t, srv.config())})
+	a, err := ca.New(ca.Config{Signer: newSigner(t, config(srv))})
 	require.NoError(t, err)
 	key := catest.NewKey(t, catest.ECDSAP256)
 	csr := parseCSR(t, catest.NewCSR(t, key, &x509.CertificateRequest{
@@ -429,8 +272,8 @@ func TestRequestedNamesAreIgnored(t *testing.T) {
 // TestCertificateOutlivingTheCAIsRefused: cfssl does not clamp to its
 // CA's lifetime; the Authority refuses what it issues instead.
 func TestCertificateOutlivingTheCAIsRefused(t *testing.T) {
-	srv := startServer(t, serverOptions{caTTL: 3 * time.Hour})
-	a, err := ca.New(ca.Config{Signer: newSigner(t, srv.config())})
+	srv := startServer(t, serverOptions{CATTL: 3 * time.Hour})
+	a, err := ca.New(ca.Config{Signer: newSigner(t, config(srv))})
 	require.NoError(t, err)
 	iss, err := a.IssueAgent(context.Background(), parseCSR(t, catest.NewCSR(t, catest.NewKey(t, catest.ECDSAP256), nil)), catest.AgentID)
 	require.ErrorIs(t, err, ca.ErrIssuance)
@@ -446,7 +289,7 @@ func TestProfilesRequireAuthentication(t *testing.T) {
 	for _, p := range []string{"", "relaymesh-client", "relaymesh-server"} {
 		body, err := json.Marshal(map[string]any{"certificate_request": string(csrPEM), "profile": p, "hosts": []string{"x.example.test"}})
 		require.NoError(t, err)
-		resp, err := http.Post(srv.url+"/api/v1/cfssl/sign", "application/json", bytes.NewReader(body))
+		resp, err := http.Post(srv.URL+"/api/v1/cfssl/sign", "application/json", bytes.NewReader(body))
 		require.NoError(t, err)
 		raw, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
@@ -463,7 +306,7 @@ func TestProfilesRequireAuthentication(t *testing.T) {
 
 func TestSignHonoursContext(t *testing.T) {
 	srv := startServer(t, serverOptions{})
-	s := newSigner(t, srv.config())
+	s := newSigner(t, config(srv))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
 	defer cancel()
 	<-ctx.Done()
@@ -473,7 +316,7 @@ func TestSignHonoursContext(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Nil(t, c)
 
-	_, err = cfsslca.New(ctx, srv.config())
+	_, err = cfsslca.New(ctx, config(srv))
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
@@ -497,14 +340,14 @@ func TestIntermediates(t *testing.T) {
 		srv := startServer(t, serverOptions{})
 		bare, err := ca.ParseIntermediateCSR(catest.NewCSR(t, key, nil))
 		require.NoError(t, err)
-		iss, err := issueFor(t, srv.config(), bare)
+		iss, err := issueFor(t, config(srv), bare)
 		require.ErrorIs(t, err, ca.ErrIssuance)
 		assert.ErrorContains(t, err, "does not ask for the intermediate's name constraints")
 		assert.Nil(t, iss)
 	})
 	t.Run("a profile that does not copy the request's extensions is refused", func(t *testing.T) {
-		srv := startServer(t, serverOptions{noNameConstraints: true})
-		iss, err := issue(t, srv.config())
+		srv := startServer(t, serverOptions{NoNameConstraints: true})
+		iss, err := issue(t, config(srv))
 		require.ErrorIs(t, err, ca.ErrIssuance)
 		assert.ErrorContains(t, err, `set "copy_extensions": true`)
 		assert.Nil(t, iss)
@@ -512,7 +355,7 @@ func TestIntermediates(t *testing.T) {
 
 	t.Run("no intermediate profile configured", func(t *testing.T) {
 		srv := startServer(t, serverOptions{})
-		cfg := srv.config()
+		cfg := config(srv)
 		cfg.Profiles.Intermediate = ""
 		iss, err := issue(t, cfg)
 		require.ErrorIs(t, err, ca.ErrIssuance)
@@ -520,8 +363,8 @@ func TestIntermediates(t *testing.T) {
 		assert.Nil(t, iss)
 	})
 	t.Run("a profile without ca_constraint issues a leaf, which is refused", func(t *testing.T) {
-		srv := startServer(t, serverOptions{noCAConstraint: true})
-		iss, err := issue(t, srv.config())
+		srv := startServer(t, serverOptions{NoCAConstraint: true})
+		iss, err := issue(t, config(srv))
 		require.ErrorIs(t, err, ca.ErrIssuance)
 		assert.ErrorContains(t, err, "is not a CA")
 		assert.Nil(t, iss)
@@ -529,12 +372,12 @@ func TestIntermediates(t *testing.T) {
 	t.Run("a signing CA with pathLen 0 is refused before cfssl is asked", func(t *testing.T) {
 		// cfssl checks its CA's path length only against what the request
 		// asks for, not against its profile's ca_constraint: it would sign.
-		srv := startServer(t, serverOptions{issuingPathLenZero: true})
-		iss, err := issue(t, srv.config())
+		srv := startServer(t, serverOptions{IssuingPathLenZero: true})
+		iss, err := issue(t, config(srv))
 		require.ErrorIs(t, err, ca.ErrInvalidSigner)
 		assert.ErrorContains(t, err, "cannot issue intermediates")
 		assert.Nil(t, iss)
-		assert.NotContains(t, srv.proc.Log(t), "signed certificate with serial number", "nothing was signed")
+		assert.NotContains(t, srv.Proc.Log(t), "signed certificate with serial number", "nothing was signed")
 	})
 }
 
@@ -542,7 +385,7 @@ func TestIntermediates(t *testing.T) {
 // signed by cfssl serve over loopback HTTP, through a ca.Authority.
 func BenchmarkIssueIntermediate(b *testing.B) {
 	srv := startServer(b, serverOptions{})
-	a, err := ca.New(ca.Config{Signer: newSigner(b, srv.config())})
+	a, err := ca.New(ca.Config{Signer: newSigner(b, config(srv))})
 	require.NoError(b, err)
 	csr, err := ca.ParseIntermediateCSR(catest.NewCSR(b, catest.NewKey(b, catest.ECDSAP256), nil))
 	require.NoError(b, err)
@@ -558,7 +401,7 @@ func BenchmarkIssueIntermediate(b *testing.B) {
 // over loopback HTTP, through a ca.Authority, from parallel callers.
 func BenchmarkSign(b *testing.B) {
 	srv := startServer(b, serverOptions{})
-	a, err := ca.New(ca.Config{Signer: newSigner(b, srv.config())})
+	a, err := ca.New(ca.Config{Signer: newSigner(b, config(srv))})
 	require.NoError(b, err)
 	csr := parseCSR(b, catest.NewCSR(b, catest.NewKey(b, catest.ECDSAP256), nil))
 	b.ResetTimer()
@@ -585,4 +428,97 @@ func assertNoSecret(t testing.TB, text, secret, where string) {
 	if secret != "" && strings.Contains(text, secret) {
 		t.Errorf("a secret leaked into %s", where)
 	}
+}
+
+// TestRelayIssuerRenewalOnCFSSL: the relay CA on cfssl, as --ca-config
+// gives it (backend.FileSigner). The remote's signing CA is replaced by a
+// new one under the same root (here a second cfssl, the file pointing at
+// it); the reload issues from the new one, an agent certificate of the
+// old one stays accepted until it has expired, and then the old one is
+// dropped.
+func TestRelayIssuerRenewalOnCFSSL(t *testing.T) {
+	first := startServer(t, serverOptions{})
+	second := startServer(t, serverOptions{Root: first.Issuing.Root()})
+	file := filepath.Join(t.TempDir(), "ca.yaml")
+	write := func(s *server) {
+		y := fmt.Sprintf("type: cfssl\ncfssl:\n  url: %s\n  authKeyFile: %s\n  chainFile: %s\n  rootsFile: %s\n", s.URL, s.AuthKeyFile, s.ChainFile, s.RootsFile)
+		require.NoError(t, os.WriteFile(file, []byte(y), 0o600))
+	}
+	write(first)
+	r, clock, _ := catest.RunFileRenewal(t, file, func(t *testing.T) { write(second) })
+	_, isRequest := r.(ca.RequestSigner)
+	assert.True(t, isRequest, "cfssl signs requests, through the FileSigner too")
+	keep := catest.FileRenewalKeep
+
+	// A reload that fails changes nothing: the signer keeps issuing from
+	// and accepting what it had.
+	current, accepted := r.Chain()[0], r.AcceptedIssuers()
+	foreign := startServer(t, serverOptions{})
+	good, err := os.ReadFile(file)
+	require.NoError(t, err)
+	for _, tc := range []struct{ name, file, want string }{
+		{"not YAML", "{{{", "invalid CA back-end file"},
+		{"another type", "type: stepca\nstepca:\n  url: https://x\n", "type changed from cfssl to stepca"},
+		{"an inline auth key", string(good) + "  authKey: " + second.AuthKeyHex + "\n", "cfssl.authKey: a secret is never written"},
+		{"a chain the server does not sign with", strings.Replace(string(good), second.ChainFile, first.ChainFile, 1), "not with the first certificate of chainFile"},
+		{"a new root", fmt.Sprintf("type: cfssl\ncfssl:\n  url: %s\n  authKeyFile: %s\n  chainFile: %s\n  rootsFile: %s\n", foreign.URL, foreign.AuthKeyFile, foreign.ChainFile, foreign.RootsFile), "the roots changed"},
+		{"a previous issuer of a foreign root", string(good) + "previousIssuersFile: " + foreign.ChainFile + "\n", "not signed by the relay CA's roots"},
+	} {
+		t.Run("refused: "+tc.name, func(t *testing.T) {
+			require.NoError(t, os.WriteFile(file, []byte(tc.file), 0o600))
+			changed, err := r.Reload(context.Background())
+			require.Error(t, err)
+			assert.False(t, changed)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.NotContains(t, err.Error(), second.AuthKeyHex, "the auth key is not echoed")
+			assert.True(t, r.Chain()[0].Equal(current), "still the same issuing CA")
+			assert.Equal(t, accepted, r.AcceptedIssuers(), "still the same accepted issuing CAs")
+		})
+	}
+	require.NoError(t, os.WriteFile(file, good, 0o600))
+	changed, err := r.Reload(context.Background())
+	require.NoError(t, err)
+	assert.False(t, changed, "the file as it was: no change")
+
+	// A replica that starts after the renewal knows the replaced issuing
+	// CA only from previousIssuersFile: the operator lists it there.
+	prev := filepath.Join(t.TempDir(), "previous.pem")
+	require.NoError(t, os.WriteFile(prev, catest.CertsPEM(first.Issuing.Cert), 0o600))
+	require.NoError(t, os.WriteFile(file, append(good, []byte("previousIssuersFile: "+prev+"\n")...), 0o600))
+	restarted, err := backend.NewFileSigner(context.Background(), backend.FileSignerConfig{Path: file, Keep: keep, Clock: clock.Now})
+	require.NoError(t, err)
+	got := restarted.(catest.Renewable).AcceptedIssuers()
+	require.Len(t, got, 2)
+	assert.True(t, got[0].Equal(current) && got[1].Equal(first.Issuing.Cert), "the current issuing CA, then the listed previous one")
+	for _, tc := range []struct {
+		name string
+		pem  []byte
+		want string
+	}{
+		{"the current issuing CA", catest.CertsPEM(second.Issuing.Cert), "is the current issuing CA"},
+		{"a leaf", catest.CertsPEM(issueLeaf(t, second)), "is not a CA"},
+		{"five", catest.CertsPEM(first.Issuing.Cert, first.Issuing.Cert, first.Issuing.Cert, first.Issuing.Cert, first.Issuing.Cert), "more than 4"},
+		{"twice", catest.CertsPEM(first.Issuing.Cert, first.Issuing.Cert), "listed twice"},
+		{"not PEM", []byte("garbage"), "previousIssuersFile"},
+	} {
+		t.Run("refused previous issuers: "+tc.name, func(t *testing.T) {
+			require.NoError(t, os.WriteFile(prev, tc.pem, 0o600))
+			_, err := backend.NewFileSigner(context.Background(), backend.FileSignerConfig{Path: file, Keep: keep, Clock: clock.Now})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// issueLeaf is an agent certificate of s.
+func issueLeaf(t *testing.T, s *server) *x509.Certificate {
+	t.Helper()
+	a, err := ca.New(ca.Config{Signer: newSigner(t, config(s))})
+	require.NoError(t, err)
+	key := catest.NewKey(t, catest.ECDSAP256)
+	csr, err := x509.ParseCertificateRequest(catest.NewCSR(t, key, nil))
+	require.NoError(t, err)
+	iss, err := a.IssueAgent(context.Background(), csr, catest.AgentID)
+	require.NoError(t, err)
+	return iss.Certificate
 }

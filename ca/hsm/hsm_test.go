@@ -75,6 +75,17 @@ type tokenCA struct {
 // when a test opens the token.
 func newCA(t testing.TB, selfSigned bool) tokenCA {
 	t.Helper()
+	var root *catest.CA
+	if !selfSigned {
+		root = catest.NewRoot(t, catest.CAOptions{})
+	}
+	return newCAUnder(t, root)
+}
+
+// newCAUnder is newCA signed by root, or self-signed if root is nil.
+func newCAUnder(t testing.TB, root *catest.CA) tokenCA {
+	t.Helper()
+	selfSigned := root == nil
 	module := token(t)
 	k, err := kmspkcs11.New(context.Background(), apiv1.Options{
 		Type: apiv1.PKCS11,
@@ -113,7 +124,6 @@ func newCA(t testing.TB, selfSigned bool) tokenCA {
 		chain, roots = []*x509.Certificate{c}, []*x509.Certificate{c}
 	} else {
 		// pathLen 1: room for one level of mesh intermediates.
-		root := catest.NewRoot(t, catest.CAOptions{})
 		tmpl.MaxPathLen = 1
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, root.Cert, resp.PublicKey, root.Key)
 		require.NoError(t, err)
@@ -361,4 +371,27 @@ func BenchmarkSign(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "certs/s")
+}
+
+// TestRelayIssuerRenewalOnPKCS11: the relay CA on a PKCS#11 token
+// (SoftHSM2), as --ca-config gives it (backend.FileSigner), the PIN in a
+// file. The issuing CA is replaced the way an HSM operator does it: a new
+// key pair generated on the token, certified by the same root, and the
+// file's keyLabel and chainFile pointed at it. The reload issues from the
+// new key, an agent certificate of the old one stays accepted until it has
+// expired, and then the old one is dropped; the PIN is in no log line.
+func TestRelayIssuerRenewalOnPKCS11(t *testing.T) {
+	root := catest.NewRoot(t, catest.CAOptions{})
+	first, second := newCAUnder(t, root), newCAUnder(t, root)
+	pinFile := filepath.Join(t.TempDir(), "pin")
+	require.NoError(t, os.WriteFile(pinFile, []byte(userPIN+"\n"), 0o600))
+	file := filepath.Join(t.TempDir(), "ca.yaml")
+	write := func(c tokenCA) {
+		y := fmt.Sprintf("type: pkcs11\npkcs11:\n  modulePath: %s\n  tokenLabel: %s\n  keyLabel: %s\n  pinFile: %s\n  chainFile: %s\n  rootsFile: %s\n",
+			token(t), tokenLabel, c.label, pinFile, c.chainFile, c.rootsFile)
+		require.NoError(t, os.WriteFile(file, []byte(y), 0o600))
+	}
+	write(first)
+	_, _, logs := catest.RunFileRenewal(t, file, func(t *testing.T) { write(second) })
+	assert.NotContains(t, logs, userPIN, "the FileSigner's log")
 }

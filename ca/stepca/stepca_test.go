@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -41,6 +42,8 @@ type server struct {
 	key                               *jose.JSONWebKey
 	proc                              *catest.Process
 	dir                               string
+	// issuing is step-ca's intermediate.
+	issuing *catest.CA
 }
 
 // serverOptions shape a test step-ca.
@@ -53,6 +56,9 @@ type serverOptions struct {
 	maxCertDuration string
 	// intermediatePathLenZero gives step-ca's intermediate pathLen 0.
 	intermediatePathLenZero bool
+	// root signs the intermediate instead of a fresh root (a renewal
+	// under the same root).
+	root *catest.CA
 }
 
 // startServer starts step-ca on a free loopback port with a fresh root,
@@ -62,14 +68,17 @@ func startServer(t testing.TB, o serverOptions) *server {
 	t.Helper()
 	bin := catest.Binary(t, "step-ca")
 	dir := t.TempDir()
-	root := catest.NewRoot(t, catest.CAOptions{Name: "step-ca test root"})
+	root := o.root
+	if root == nil {
+		root = catest.NewRoot(t, catest.CAOptions{Name: "step-ca test root"})
+	}
 	// pathLen 1 leaves room for mesh intermediates.
 	interOpts := catest.CAOptions{Name: "step-ca test intermediate", MaxPathLen: 1}
 	if o.intermediatePathLenZero {
 		interOpts.MaxPathLen, interOpts.PathLenZero = 0, true
 	}
 	inter := root.NewIntermediate(t, interOpts)
-	s := &server{dir: dir}
+	s := &server{dir: dir, issuing: inter}
 	write := func(name string, data []byte) string {
 		p := filepath.Join(dir, name)
 		require.NoError(t, os.WriteFile(p, data, 0o600))
@@ -535,4 +544,24 @@ func parseCSR(t testing.TB, der []byte) *x509.CertificateRequest {
 	csr, err := ca.ParseCSR(der)
 	require.NoError(t, err)
 	return csr
+}
+
+// TestRelayIssuerRenewalOnStepCA: the relay CA on step-ca, as --ca-config
+// gives it (backend.FileSigner), with the encrypted provisioner key and
+// its password in files. step-ca's intermediate is replaced by a new one
+// under the same root (here a second step-ca, the file pointing at it);
+// the reload issues from the new one, an agent certificate of the old one
+// stays accepted until it has expired, and then the old one is dropped.
+func TestRelayIssuerRenewalOnStepCA(t *testing.T) {
+	first := startServer(t, serverOptions{})
+	second := startServer(t, serverOptions{root: first.issuing.Root()})
+	file := filepath.Join(t.TempDir(), "ca.yaml")
+	write := func(s *server) {
+		y := fmt.Sprintf("type: stepca\nstepca:\n  url: %s\n  provisioner: %s\n  provisionerKeyFile: %s\n  provisionerPasswordFile: %s\n  chainFile: %s\n  rootsFile: %s\n",
+			s.url, provisionerName, s.encKeyFile, s.passwordFile, s.chainFile, s.rootsFile)
+		require.NoError(t, os.WriteFile(file, []byte(y), 0o600))
+	}
+	write(first)
+	_, _, logs := catest.RunFileRenewal(t, file, func(t *testing.T) { write(second) })
+	assert.NotContains(t, logs, keyPassword, "the FileSigner's log")
 }

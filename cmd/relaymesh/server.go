@@ -33,7 +33,7 @@ translated.`
 type serverFlags struct {
 	namespace, listen, metricsListen, trustDomain     string
 	dnsNames, ips, auditLog, logLevel                 string
-	caCert, caKey, caRoots, caSecret                  string
+	caCert, caKey, caRoots, caSecret, caConfig        string
 	agentTTL                                          time.Duration
 	issuerTTL, issuerCheck                            time.Duration
 	issuerRenewAt                                     float64
@@ -102,6 +102,7 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.StringVar(&f.caKey, "ca-key", "", "provided relay CA: PEM of its private key")
 	fs.StringVar(&f.caRoots, "ca-roots", "", "provided relay CA: PEM of the root(s) it chains to")
 	fs.StringVar(&f.caSecret, "ca-secret", "", "provided relay CA from a Secret in --namespace (keys tls.crt, tls.key, ca.crt)")
+	fs.StringVar(&f.caConfig, "ca-config", "", "relay CA on an enterprise back end: a YAML file with type pkcs11 (key on an HSM), cfssl or stepca and its section (docs/install.md); secrets (PIN, auth key, provisioner key and password) only by file or environment variable, never in the file. Re-read every --relay-issuer-check-interval: a new issuing CA there becomes current and the replaced one stays accepted until its agent certificates have expired")
 	fs.DurationVar(&f.agentTTL, "agent-cert-ttl", 24*time.Hour, "lifetime of agent client certificates (renewed at about 2/3)")
 	fs.DurationVar(&f.issuerTTL, "relay-issuer-ttl", 365*24*time.Hour, "lifetime of a generated relay issuing CA (at least 1m); the Lease holder replaces it at --relay-issuer-renew-at of its life, under the same root, and agents notice nothing")
 	fs.Float64Var(&f.issuerRenewAt, "relay-issuer-renew-at", ca.DefaultIssuerRenewAt, "fraction of its life, in [0.1, 0.9], at which the generated relay issuing CA is renewed; the rest must cover --agent-cert-ttl, during which the replaced one stays accepted. A provided CA (--ca-cert, --ca-secret) is not renewed: past this point the server warns and relaymesh_relay_issuer_renewal_due is 1")
@@ -163,7 +164,7 @@ func (f serverFlags) config() app.Config {
 	return app.Config{
 		Namespace: f.namespace, Listen: f.listen, MetricsListen: f.metricsListen, MetricsTLS: f.metricsTLSConfig(), TrustDomain: f.trustDomain,
 		ServerDNSNames: splitList(f.dnsNames), ServerIPs: splitList(f.ips), AuditLog: f.auditLog, LogLevel: f.logLevel,
-		CA: app.CAConfig{CertFile: f.caCert, KeyFile: f.caKey, RootsFile: f.caRoots, Secret: f.caSecret,
+		CA: app.CAConfig{CertFile: f.caCert, KeyFile: f.caKey, RootsFile: f.caRoots, Secret: f.caSecret, ConfigFile: f.caConfig,
 			IssuerTTL: f.issuerTTL, IssuerRenewAt: f.issuerRenewAt, IssuerCheck: f.issuerCheck},
 		AgentCertTTL: f.agentTTL, AllowSharedToken: f.allowSharedToken, AllowKubeconfigClusters: f.allowKubeconfig,
 		Webhook: app.WebhookConfig{Listen: f.webhookListen, URL: f.webhookURL, Service: f.webhookService,

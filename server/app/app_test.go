@@ -1,7 +1,10 @@
 package app
 
 import (
+	"context"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -138,6 +141,11 @@ func TestConfigErrorsNameTheirFlag(t *testing.T) {
 		{func(c *Config) { c.DebugEndpoints = "public" }, "--debug-endpoints"},
 		{func(c *Config) { c.CA.CertFile = "c.pem" }, "--ca-cert, --ca-key and --ca-roots go together"},
 		{func(c *Config) { c.CA = CAConfig{CertFile: "c", KeyFile: "k", RootsFile: "r", Secret: "s"} }, "--ca-secret"},
+		{func(c *Config) { c.CA.Secret, c.CA.ConfigFile = "s", "ca.yaml" }, "--ca-cert/--ca-key/--ca-roots, --ca-secret and --ca-config are alternatives"},
+		{func(c *Config) {
+			c.CA.CertFile, c.CA.KeyFile, c.CA.RootsFile, c.CA.ConfigFile = "c", "k", "r", "ca.yaml"
+		}, "--ca-config are alternatives"},
+		{func(c *Config) { c.CA.ConfigFile = " ca.yaml" }, "--ca-config"},
 		{func(c *Config) { c.ServerDNSNames, c.ServerIPs = nil, nil }, "--server-dns-names or --server-ips"},
 		{func(c *Config) { c.ServerIPs = []string{"10.0.0.300"} }, "--server-ips"},
 		{func(c *Config) { c.Connections.MaxPreAuthPerAddress = 0 }, "--max-preauth-connections-per-address"},
@@ -214,4 +222,39 @@ func TestRelayCASignerComesFromTheBackendList(t *testing.T) {
 	assert.Equal(t, "corp-ca", b.Secret.Name)
 	assert.Equal(t, c.Namespace, b.Secret.Namespace)
 	assert.Equal(t, []string{"corp-ca"}, c.reservedSecrets(), "a provided CA's Secret can never become a mesh root")
+}
+
+// A --ca-config that does not build fails the start with the flag, the
+// file and the field named, a secret written into it never echoed, and
+// nothing published.
+func TestBadCAConfigFailsTheStartNamingTheFlag(t *testing.T) {
+	dir := t.TempDir()
+	const secret = "5ecret-0f9e8d7c6b5a"
+	for _, tc := range []struct{ name, file, want string }{
+		{"missing", "", "no such file"},
+		{"inline PIN", "type: pkcs11\npkcs11:\n  pin: " + secret + "\n", "pkcs11.pin: a secret is never written in the file"},
+		{"generated", "type: generated\n", "has its own flags"},
+		{"no PIN source", "type: pkcs11\npkcs11:\n  modulePath: /m.so\n  tokenLabel: t\n  keyLabel: k\n  chainFile: c\n  rootsFile: r\n", "pkcs11.pinFile, pinEnv: one is required"},
+		{"cfssl over plain http off-host", "type: cfssl\ncfssl:\n  url: http://cfssl.example\n  authKeyEnv: K\n  chainFile: c\n  rootsFile: r\n", "cfssl.url"},
+		{"a chain file that is not there", "type: stepca\nstepca:\n  url: https://127.0.0.1:1\n  provisioner: p\n  provisionerKeyFile: k\n  chainFile: /nonexistent/chain.pem\n  rootsFile: r\n", "chainFile"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".yaml")
+			if tc.file != "" {
+				require.NoError(t, os.WriteFile(path, []byte(tc.file), 0o600))
+			}
+			c := Default()
+			c.AuditLog = "audit.log"
+			c.CA.ConfigFile = path
+			require.NoError(t, c.Validate(), "the flags are valid; the file is read at start")
+			p := &process{cfg: c, log: slog.New(slog.DiscardHandler)}
+			err := p.newSigner(context.Background())
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "--ca-config")
+			assert.Contains(t, err.Error(), path)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.NotContains(t, err.Error(), secret)
+			assert.Nil(t, p.signer, "nothing is used")
+		})
+	}
 }

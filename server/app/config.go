@@ -15,6 +15,7 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/relaymesh/relaymesh/internal/logging"
@@ -83,12 +84,16 @@ type Config struct {
 }
 
 // CAConfig selects the relay CA: generated (all empty), three PEM files,
-// or a Secret in the namespace.
+// a Secret in the namespace, or an enterprise back end (pkcs11, cfssl,
+// stepca) described by a file.
 type CAConfig struct {
 	// CertFile, KeyFile and RootsFile (--ca-cert, --ca-key, --ca-roots).
 	CertFile, KeyFile, RootsFile string
 	// Secret in Namespace with tls.crt, tls.key and ca.crt (--ca-secret).
 	Secret string
+	// ConfigFile is a CA back-end file (--ca-config, backend.File): the
+	// relay CA on pkcs11, cfssl or stepca, re-read every IssuerCheck.
+	ConfigFile string
 	// IssuerTTL is the lifetime of a generated issuing CA
 	// (--relay-issuer-ttl), at least 1m.
 	IssuerTTL time.Duration
@@ -249,8 +254,17 @@ func (c CAConfig) validate() []error {
 	if provided != 0 && provided != 3 {
 		errs = append(errs, errors.New("--ca-cert, --ca-key and --ca-roots go together"))
 	}
-	if provided != 0 && c.Secret != "" {
-		errs = append(errs, errors.New("--ca-secret and --ca-cert/--ca-key/--ca-roots are alternatives"))
+	sources := 0
+	for _, set := range []bool{provided != 0, c.Secret != "", c.ConfigFile != ""} {
+		if set {
+			sources++
+		}
+	}
+	if sources > 1 {
+		errs = append(errs, errors.New("--ca-cert/--ca-key/--ca-roots, --ca-secret and --ca-config are alternatives: give at most one relay CA source"))
+	}
+	if c.ConfigFile != "" && strings.TrimSpace(c.ConfigFile) != c.ConfigFile {
+		errs = append(errs, fmt.Errorf("--ca-config %q: leading or trailing white space", c.ConfigFile))
 	}
 	return errs
 }

@@ -45,9 +45,12 @@ func (p *process) watchRelayIssuer(ctx context.Context) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: MetricRelayIssuerNotAfter,
 			Help: "NotAfter of the relay issuing CA this replica issues agent certificates from, in Unix seconds."}, current),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: MetricRelayIssuerGeneration,
-			Help: "Generation of the relay issuing CA this replica issues from: 1, then one more at each renewal (a provided CA is always 1)."},
+			Help: "Generation of the relay issuing CA this replica issues from: 1, then one more at each renewal, or at each new issuing CA of a --ca-config back end reloaded (a --ca-cert or --ca-secret CA is always 1)."},
 			func() float64 {
-				if r, ok := p.signer.(*ca.RelayIssuers); ok {
+				switch r := p.signer.(type) {
+				case *ca.RelayIssuers:
+					return float64(r.Generation())
+				case reloadingSigner:
 					return float64(r.Generation())
 				}
 				return 1
@@ -64,6 +67,10 @@ func (p *process) watchRelayIssuer(ctx context.Context) error {
 				return 0
 			}),
 	)
+	if f, ok := p.signer.(reloadingSigner); ok {
+		go p.reloadEvery(ctx, func() { p.reloadFileSigner(ctx, f) })
+		return nil
+	}
 	r, ok := p.signer.(*ca.RelayIssuers)
 	if !ok {
 		return nil
@@ -79,6 +86,35 @@ func (p *process) watchRelayIssuer(ctx context.Context) error {
 		}
 	}()
 	return nil
+}
+
+// reloadEvery calls reload every --relay-issuer-check-interval until ctx
+// ends.
+func (p *process) reloadEvery(ctx context.Context, reload func()) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(p.cfg.CA.IssuerCheck):
+		}
+		reload()
+	}
+}
+
+// reloadFileSigner re-reads --ca-config and the files it names on this
+// replica: a new issuing CA of the back end becomes current, the replaced
+// one stays accepted until its agent certificates have expired. A file
+// that does not build changes nothing.
+func (p *process) reloadFileSigner(ctx context.Context, f reloadingSigner) {
+	changed, err := f.Reload(ctx)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		p.log.Warn("could not reload the relay CA back end; still using the issuing CA loaded before", "flag", "--ca-config", "backend", f.Type(), "error", err)
+	case changed:
+		cur := f.Chain()[0]
+		p.log.Info("issuing agent certificates from a new relay issuing CA of the back end; the replaced one stays accepted until its agent certificates have expired",
+			"backend", f.Type(), "generation", f.Generation(), "issuer", cur.Subject.String(), "not_after", cur.NotAfter, "accepted_issuers", len(f.AcceptedIssuers()))
+	}
 }
 
 // reloadRelayIssuer re-reads the generated relay CA; a bad one changes
@@ -117,13 +153,7 @@ func (p *process) renewRelayIssuer(ctx context.Context) {
 		if generated {
 			p.renewGenerated(ctx, r)
 		} else if now := time.Now(); p.issuerRenewalDue(now) {
-			p.issuer.mu.Lock()
-			if now.Sub(p.issuer.warned) >= time.Hour {
-				p.issuer.warned = now
-				p.log.Warn("the provided relay issuing CA is past its renewal point and the server cannot renew it: replace it (--ca-cert/--ca-key or --ca-secret) before it expires, or every agent is refused",
-					"not_after", p.authority.Chain()[0].NotAfter, "flag", p.cfg.caFlag())
-			}
-			p.issuer.mu.Unlock()
+			p.warnRenewalDue(now)
 		}
 		select {
 		case <-ctx.Done():
@@ -131,6 +161,25 @@ func (p *process) renewRelayIssuer(ctx context.Context) {
 		case <-time.After(p.cfg.CA.IssuerCheck):
 		}
 	}
+}
+
+// warnRenewalDue warns, at most hourly, that a CA the server cannot renew
+// itself is past its renewal point, and what the operator does.
+func (p *process) warnRenewalDue(now time.Time) {
+	p.issuer.mu.Lock()
+	defer p.issuer.mu.Unlock()
+	if now.Sub(p.issuer.warned) < time.Hour {
+		return
+	}
+	p.issuer.warned = now
+	notAfter := p.authority.Chain()[0].NotAfter
+	if f, ok := p.signer.(reloadingSigner); ok {
+		p.log.Warn("the relay issuing CA of the back end is past its renewal point: give the back end a new issuing CA under the same root and update its chain (and key) in --ca-config; every replica picks it up within --relay-issuer-check-interval and keeps accepting the old one until its agent certificates have expired",
+			"backend", f.Type(), "not_after", notAfter, "flag", "--ca-config")
+		return
+	}
+	p.log.Warn("the provided relay issuing CA is past its renewal point and the server cannot renew it: replace it (--ca-cert/--ca-key or --ca-secret) before it expires, or every agent is refused",
+		"not_after", notAfter, "flag", p.cfg.caFlag())
 }
 
 func (p *process) renewGenerated(ctx context.Context, r *ca.RelayIssuers) {

@@ -30,24 +30,37 @@ func (c Config) signerBackend(client kubernetes.Interface, clock func() time.Tim
 
 // caFlag names the flag of a provided CA in errors.
 func (c Config) caFlag() string {
-	if c.CA.Secret != "" {
+	switch {
+	case c.CA.Secret != "":
 		return "--ca-secret"
+	case c.CA.ConfigFile != "":
+		return "--ca-config"
 	}
 	return "--ca-cert"
+}
+
+// reloadingSigner is a relay CA on an enterprise back end
+// (backend.FileSigner): every replica re-reads its --ca-config and picks
+// up a new issuing CA, keeping the replaced one accepted.
+type reloadingSigner interface {
+	Reload(ctx context.Context) (bool, error)
+	Generation() int
+	AcceptedIssuers() []*x509.Certificate
+	Chain() []*x509.Certificate
+	Type() backend.Type
 }
 
 // newSigner builds the relay CA's signer and the authority that issues
 // with it. A provided CA's roots are published in relay-root-tls-secret
 // (ca.crt only) for registration to copy to workload clusters.
 func (p *process) newSigner(ctx context.Context) error {
-	b := p.cfg.signerBackend(p.kube.Typed, time.Now)
-	signer, err := backend.New(ctx, b)
+	signer, generated, err := p.buildSigner(ctx)
 	switch {
-	case err != nil && b.Type == backend.Generated:
+	case err != nil && generated:
 		return err
 	case err != nil:
 		return fmt.Errorf("%s: provided relay CA: %w", p.cfg.caFlag(), err)
-	case b.Type != backend.Generated:
+	case !generated:
 		if err := publishRoots(ctx, p.kube.Typed, p.cfg.Namespace, signer.Roots()); err != nil {
 			return err
 		}
@@ -57,6 +70,27 @@ func (p *process) newSigner(ctx context.Context) error {
 		return err
 	}
 	return p.watchRelayIssuer(ctx)
+}
+
+// buildSigner builds the relay CA's signer through the one back-end list:
+// an enterprise back end from --ca-config (backend.NewFileSigner, which
+// calls backend.New), else signerBackend.
+func (p *process) buildSigner(ctx context.Context) (ca.Signer, bool, error) {
+	if p.cfg.CA.ConfigFile != "" {
+		s, err := backend.NewFileSigner(ctx, backend.FileSignerConfig{
+			Path:   p.cfg.CA.ConfigFile,
+			Keep:   p.cfg.CA.issuerKeep(p.cfg.AgentCertTTL),
+			Logger: p.log,
+		})
+		if err == nil {
+			p.log.Info("relay CA on an enterprise back end", "backend", s.(reloadingSigner).Type(), "config", p.cfg.CA.ConfigFile,
+				"issuer", s.Chain()[0].Subject.String(), "not_after", s.Chain()[0].NotAfter)
+		}
+		return s, false, err
+	}
+	b := p.cfg.signerBackend(p.kube.Typed, time.Now)
+	s, err := backend.New(ctx, b)
+	return s, b.Type == backend.Generated, err
 }
 
 // publishRoots writes the provided CA's roots into relay-root-tls-secret. It
