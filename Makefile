@@ -32,7 +32,7 @@ VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' cha
 IMAGE_REPOSITORY ?= ghcr.io/relaymesh/relaymesh
 IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
 
-.PHONY: demo test test-unit test-rotation deps tools gen verify image charts-lint bench fuzz clean help
+.PHONY: demo test test-unit test-rotation test-rbac deps tools gen verify image charts-lint bench fuzz clean help
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ test-unit: ## the fast tier: every pure test, with -race and -short (skips what 
 
 test-rotation: deps-test tools ## the data plane's root rotation under load, rolled back from every phase (docs/dataplane.md)
 	go test $(GO_TEST_FLAGS) -run 'TestFederation/root_rotation' -v ./test/dataplane/ -args -dataplane.rollbacks=all
+
+test-rbac: deps-test tools ## the charts' least-privilege RBAC with each of their rules removed in turn (make test removes one first used in each step of the job)
+	go test $(GO_TEST_FLAGS) -run 'TestRBACByRealProcesses' -v ./test/helm/ -args -helm.rules=all
 
 deps: ## install the Debian packages every target needs, when missing (gcc, softhsm2, protoc, ca-certificates)
 	hack/deps.sh all

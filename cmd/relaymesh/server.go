@@ -3,15 +3,16 @@ package main
 import (
 	"context"
 	"errors"
-	"github.com/relaymesh/relaymesh/ca"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/relay"
 	"github.com/relaymesh/relaymesh/server/app"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 const serverSynopsis = `Runs the management server in the management cluster: the relay CA, the
@@ -98,15 +99,7 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.StringVar(&f.ips, "server-ips", "127.0.0.1", "comma-separated IP addresses in the server certificate")
 	fs.StringVar(&f.auditLog, "audit-log", "", "path of the hash-chained audit log (required)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&f.caCert, "ca-cert", "", "provided relay CA: PEM of the issuing CA certificate (then intermediates)")
-	fs.StringVar(&f.caKey, "ca-key", "", "provided relay CA: PEM of its private key")
-	fs.StringVar(&f.caRoots, "ca-roots", "", "provided relay CA: PEM of the root(s) it chains to")
-	fs.StringVar(&f.caSecret, "ca-secret", "", "provided relay CA from a Secret in --namespace (keys tls.crt, tls.key, ca.crt)")
-	fs.StringVar(&f.caConfig, "ca-config", "", "relay CA on an enterprise back end: a YAML file with type pkcs11 (key on an HSM), cfssl or stepca and its section (docs/install.md); secrets (PIN, auth key, provisioner key and password) only by file or environment variable, never in the file. Re-read every --relay-issuer-check-interval: a new issuing CA there becomes current and the replaced one stays accepted until its agent certificates have expired")
-	fs.DurationVar(&f.agentTTL, "agent-cert-ttl", 24*time.Hour, "lifetime of agent client certificates (renewed at about 2/3)")
-	fs.DurationVar(&f.issuerTTL, "relay-issuer-ttl", 365*24*time.Hour, "lifetime of a generated relay issuing CA (at least 1m); the Lease holder replaces it at --relay-issuer-renew-at of its life, under the same root, and agents notice nothing")
-	fs.Float64Var(&f.issuerRenewAt, "relay-issuer-renew-at", ca.DefaultIssuerRenewAt, "fraction of its life, in [0.1, 0.9], at which the generated relay issuing CA is renewed; the rest must cover --agent-cert-ttl, during which the replaced one stays accepted. A provided CA (--ca-cert, --ca-secret) is not renewed: past this point the server warns and relaymesh_relay_issuer_renewal_due is 1")
-	fs.DurationVar(&f.issuerCheck, "relay-issuer-check-interval", time.Minute, "how often replicas reload the relay issuing CA and the Lease holder checks whether its renewal is due, in [1s, 1h]")
+	f.registerCA(fs)
 	fs.BoolVar(&f.allowSharedToken, "allow-shared-token", false, "WEAKER: also accept the shared token of relay-identity-token-secret (seed-product compatibility)")
 	fs.StringVar(&f.webhookListen, "webhook-listen", "", "serve the admission webhook (HTTPS) on this address, e.g. :9443; empty: no webhook, only the in-process check before translation")
 	fs.StringVar(&f.webhookURL, "webhook-url", "", "URL the kube-apiserver calls the webhook at (https://…/validate); or --webhook-service")
@@ -139,6 +132,20 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 		_ = c.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
 	}
 	return c
+}
+
+// registerCA registers the relay CA's flags: its source (generated, or
+// --ca-cert/--ca-key/--ca-roots, --ca-secret, --ca-config) and lifetimes.
+func (f *serverFlags) registerCA(fs *pflag.FlagSet) {
+	fs.StringVar(&f.caCert, "ca-cert", "", "provided relay CA: PEM of the issuing CA certificate (then intermediates)")
+	fs.StringVar(&f.caKey, "ca-key", "", "provided relay CA: PEM of its private key")
+	fs.StringVar(&f.caRoots, "ca-roots", "", "provided relay CA: PEM of the root(s) it chains to")
+	fs.StringVar(&f.caSecret, "ca-secret", "", "provided relay CA from a Secret in --namespace (keys tls.crt, tls.key, ca.crt)")
+	fs.StringVar(&f.caConfig, "ca-config", "", "relay CA on an enterprise back end: a YAML file with type pkcs11 (key on an HSM), cfssl or stepca and its section (docs/install.md); secrets (PIN, auth key, provisioner key and password) only by file or environment variable, never in the file. Re-read every --relay-issuer-check-interval: a new issuing CA there becomes current and the replaced one stays accepted until its agent certificates have expired")
+	fs.DurationVar(&f.agentTTL, "agent-cert-ttl", 24*time.Hour, "lifetime of agent client certificates (renewed at about 2/3)")
+	fs.DurationVar(&f.issuerTTL, "relay-issuer-ttl", 365*24*time.Hour, "lifetime of a generated relay issuing CA (at least 1m); the Lease holder replaces it at --relay-issuer-renew-at of its life, under the same root, and agents notice nothing")
+	fs.Float64Var(&f.issuerRenewAt, "relay-issuer-renew-at", ca.DefaultIssuerRenewAt, "fraction of its life, in [0.1, 0.9], at which the generated relay issuing CA is renewed; the rest must cover --agent-cert-ttl, during which the replaced one stays accepted. A provided CA (--ca-cert, --ca-secret) is not renewed: past this point the server warns and relaymesh_relay_issuer_renewal_due is 1")
+	fs.DurationVar(&f.issuerCheck, "relay-issuer-check-interval", time.Minute, "how often replicas reload the relay issuing CA and the Lease holder checks whether its renewal is due, in [1s, 1h]")
 }
 
 // runServer runs the management server assembled by server/app.

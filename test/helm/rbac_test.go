@@ -2,6 +2,7 @@ package helm
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -34,6 +35,36 @@ import (
 // would have allowed. The agent's account is also shown unable to read
 // other Secrets or write anything but the Istio kinds and cacerts, and the
 // server's unable to leave its namespace's Secrets.
+//
+// Which rules are removed in turn is -helm.rules: "first-use" (the default,
+// what make test runs) removes, of each chart, one rule first used in each
+// step of the job — every step's first use of a permission is shown to
+// break the job, while the full run's audit shows every verb of every rule
+// used; "all" (make test-rbac) removes each of them.
+var rbacRules = flag.String("helm.rules", "first-use",
+	`which of the charts' rules TestRBACByRealProcesses removes in turn: "first-use" (of each chart, the first rule first used in each step of the job) or "all"`)
+
+// removedInTurn picks the rules -helm.rules names, by index into gs.
+func removedInTurn(t *testing.T, gs []grant, firstStep map[int]string) []int {
+	var picked []int
+	seen := map[string]bool{}
+	for i, g := range gs {
+		switch *rbacRules {
+		case "all":
+			picked = append(picked, i)
+		case "first-use":
+			if k := g.chart + "/" + firstStep[i]; !seen[k] {
+				seen[k] = true
+				picked = append(picked, i)
+			}
+		default:
+			t.Fatalf("-helm.rules=%q: want first-use or all", *rbacRules)
+		}
+	}
+	t.Logf("-helm.rules=%s: removing %d of the %d rules in turn", *rbacRules, len(picked), len(gs))
+	return picked
+}
+
 func TestRBACByRealProcesses(t *testing.T) {
 	h := newHelm(t)
 	var gs []grant
@@ -63,7 +94,8 @@ func TestRBACByRealProcesses(t *testing.T) {
 		return
 	}
 	t.Run("without each rule", func(t *testing.T) {
-		for i, g := range gs {
+		for _, i := range removedInTurn(t, gs, firstStep) {
+			g := gs[i]
 			t.Run(fmt.Sprintf("%s-%s-%d", strings.TrimPrefix(g.chart, "relaymesh-"), g.kind, g.index), func(t *testing.T) {
 				t.Parallel()
 				withoutRule(t, g, firstStep[i])
