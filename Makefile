@@ -52,7 +52,7 @@ test-unit: ## the fast tier: every pure test, with -race and -short (skips what 
 test-rotation: deps-test tools ## the data plane's root rotation under load, rolled back from every phase (docs/dataplane.md)
 	go test $(GO_TEST_FLAGS) -run 'TestFederation/root_rotation' -v ./test/dataplane/ -args -dataplane.rollbacks=all
 
-test-rbac: deps-test tools ## the charts' least-privilege RBAC with each of their rules removed in turn (make test removes one first used in each step of the job)
+test-rbac: deps-test tools ## the charts' least-privilege RBAC with each of their rules removed in turn (make test removes those first used at the server's start and, per chart, one first used in each later step)
 	go test $(GO_TEST_FLAGS) -run 'TestRBACByRealProcesses' -v ./test/helm/ -args -helm.rules=all
 
 deps: ## install the Debian packages every target needs, when missing (gcc, softhsm2, protoc, ca-certificates)
