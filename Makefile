@@ -61,9 +61,10 @@ deps-%:
 tools: ## build pinned kube-apiserver, etcd, kubectl, istioctl, pilot-discovery, controller-gen, staticcheck, cfssl, step-ca, helm
 	hack/tools.sh
 
-gen: deps-gen ## regenerate deepcopy functions, CRD manifests (api/, copied to the server chart's crds/) and protobuf code (relay/proto)
+gen: deps-gen ## regenerate deepcopy functions, CRD manifests (api/, copied to the server chart's crds/) and protobuf code (relay/proto, test/internal/workloadapi)
 	hack/tools.sh controller-gen protoc-gen-go protoc-gen-go-grpc
 	PATH="$(CURDIR)/$(BIN):$$PATH" protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative relay/proto/relay.proto
+	PATH="$(CURDIR)/$(BIN):$$PATH" hack/gen-workloadapi.sh
 	rm -f api/crds/*.yaml
 	$(BIN)/controller-gen object:headerFile=/dev/null paths=./api/...
 	$(BIN)/controller-gen crd:allowDangerousTypes=true,crdVersions=v1 paths=./api/... output:crd:artifacts:config=api/crds
