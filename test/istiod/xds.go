@@ -159,4 +159,3 @@ func (w *DeltaWatch) Close() error {
 	<-w.done
 	return w.conn.Close()
 }
-
