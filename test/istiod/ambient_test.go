@@ -16,8 +16,10 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/relaymesh/relaymesh/policy"
+	"github.com/relaymesh/relaymesh/test/internal/workloadapi"
 	"github.com/relaymesh/relaymesh/test/internal/workloadapi/security"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation"
@@ -109,6 +111,21 @@ func TestZtunnelGetsOnlyTheL4RulesOfAmbientAccessPolicies(t *testing.T) {
 		"what istiod told the ztunnel: %s", describeAuthorizations(t, w))
 	t.Logf("ztunnel was told: %s", describeAuthorizations(t, w))
 
+	// Per workload: each captured pod carries exactly its Destination's
+	// ztunnel policy, and the waypoint's policy binds to none.
+	for _, app := range []string{"reviews", "ratings", "details"} {
+		ambientPod(ctx, t, cs, app)
+	}
+	addrs, err := d.WatchDelta(ctx, d.ZtunnelNode("10.0.0.1"), AddressTypeURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = addrs.Close() })
+	wantPolicies := map[string][]string{
+		"reviews-1": {"shop/relaymesh-reviews.ztunnel"},
+		"ratings-1": {"shop/relaymesh-ratings.ztunnel"},
+		"details-1": {"shop/relaymesh-details.ztunnel"},
+	}
+	require.NoError(t, addrs.Await(wait, func(res map[string]*anypb.Any) error { return checkWorkloadPolicies(res, wantPolicies) }))
+
 	// The same test can fail: ratings-l4 now asks for port 9090 and
 	// ratings as its source; ztunnel is told so, and the old
 	// expectation no longer holds.
@@ -129,6 +146,90 @@ func TestZtunnelGetsOnlyTheL4RulesOfAmbientAccessPolicies(t *testing.T) {
 	res, _, err := w.Snapshot()
 	require.NoError(t, err)
 	assert.ErrorContains(t, checkAuthorizations(res, want), "shop/relaymesh-ratings.ztunnel", "the expectation before the change still holds: the check cannot fail")
+
+	// The pitfall the ambient translation avoids: the sidecar-era object
+	// for reviews (one selector policy, reviews-get's GET /reviews/* in
+	// its rule) on ambient pods. istiod drops the HTTP rule for ztunnel,
+	// so productpage's allow silently vanishes: the test tells the wrong
+	// output apart.
+	sidecar := *in
+	sidecar.Destinations = slices.Clone(in.Destinations)
+	for i := range sidecar.Destinations {
+		if sidecar.Destinations[i].Name == "reviews-shop-cluster-1" {
+			sidecar.Destinations[i].Spec.KubeService.DataPlaneMode = "sidecar"
+		}
+	}
+	applyAccess(ctx, t, cluster, &sidecar)
+	require.NoError(t, w.Await(wait, func(res map[string]*anypb.Any) error {
+		a, err := decodeAuthorization(res["shop/relaymesh-reviews"])
+		if err != nil {
+			return fmt.Errorf("shop/relaymesh-reviews: %w", err)
+		}
+		if got := renderGroups(a); !slices.Equal(got, []string{ratings}) {
+			return fmt.Errorf("shop/relaymesh-reviews: got %q, want only %q (the L7 rule dropped)", got, ratings)
+		}
+		return nil
+	}), "what istiod told the ztunnel about the sidecar-era object: %s", describeAuthorizations(t, w))
+}
+
+// ambientPod creates a running pod <app>-1 in shop, labelled app=<app>,
+// running as service account <app>, captured by istio-cni (the
+// redirection annotation), as a kubelet and istio-cni would leave it.
+func ambientPod(ctx context.Context, t *testing.T, cs kubernetes.Interface, app string) {
+	t.Helper()
+	_, err := cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: app}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	pod, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        app + "-1",
+			Labels:      map[string]string{"app": app},
+			Annotations: map[string]string{"ambient.istio.io/redirection": "enabled"},
+		},
+		Spec: corev1.PodSpec{
+			ServiceAccountName: app,
+			NodeName:           "node-test",
+			Containers:         []corev1.Container{{Name: app, Image: "example.invalid/" + app}},
+		},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	ip := map[string]string{"reviews": "10.1.0.11", "ratings": "10.1.0.12", "details": "10.1.0.13"}[app]
+	pod.Status = corev1.PodStatus{
+		Phase:      corev1.PodRunning,
+		PodIP:      ip,
+		PodIPs:     []corev1.PodIP{{IP: ip}},
+		HostIP:     "10.0.0.1",
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+	}
+	_, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	require.NoError(t, err)
+}
+
+// checkWorkloadPolicies says how the Authorizations bound to each named
+// pod workload differ from want.
+func checkWorkloadPolicies(res map[string]*anypb.Any, want map[string][]string) error {
+	got := map[string][]string{}
+	for _, r := range res {
+		addr := &workloadapi.Address{}
+		if err := r.UnmarshalTo(addr); err != nil {
+			return fmt.Errorf("decode Address: %w", err)
+		}
+		if wl := addr.GetWorkload(); wl != nil && wl.GetNamespace() == "shop" {
+			got[wl.GetName()] = slices.Sorted(slices.Values(wl.GetAuthorizationPolicies()))
+		}
+	}
+	var problems []string
+	for _, name := range sortedKeys(want) {
+		g, ok := got[name]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("workload %s not sent", name))
+		} else if !slices.Equal(g, want[name]) {
+			problems = append(problems, fmt.Sprintf("workload %s: policies %q, want %q", name, g, want[name]))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "; "))
+	}
+	return nil
 }
 
 // applyAccess translates in with the real translator and applies what it
