@@ -48,41 +48,7 @@ func TestZtunnelGetsOnlyTheL4RulesOfAmbientAccessPolicies(t *testing.T) {
 	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"cluster-1"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cluster := env.Cluster("cluster-1")
-	cs, err := cluster.Clientset()
-	require.NoError(t, err)
-	for _, ns := range []*corev1.Namespace{
-		{ObjectMeta: metav1.ObjectMeta{Name: DefaultNamespace}},
-		{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"istio.io/dataplane-mode": "ambient"}}},
-	} {
-		_, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
-		require.NoError(t, err)
-	}
-
-	// The golden's mesh: cluster-1, trust domain cluster-1.local.
-	d, err := Start(ctx, Config{
-		Kubeconfig:  cluster.Kubeconfig,
-		ClusterID:   "cluster-1",
-		Dir:         filepath.Join(dir, "istiod"),
-		CACerts:     newTestPKI(t, "mesh-1").cacerts(),
-		TrustDomain: "cluster-1.local",
-		Ambient:     true,
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, d.Stop()) })
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("istiod log (last lines):\n%s", d.LogTail(60))
-		}
-	})
-
-	in := translationtest.LoadInput(t, filepath.Join("..", "..", "policy", "testdata", "access", "ambient-waypoint"))
-	applyAccess(ctx, t, cluster, in)
+	cluster, cs, d, in := ambientWorld(ctx, t, false)
 
 	w, err := d.WatchDelta(ctx, d.ZtunnelNode("10.0.0.1"), AuthorizationTypeURL)
 	require.NoError(t, err)
@@ -230,6 +196,53 @@ func checkWorkloadPolicies(res map[string]*anypb.Any, want map[string][]string) 
 		return fmt.Errorf("%s", strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// ambientWorld starts one cluster with namespace shop enrolled in ambient,
+// (with gatewayAPI) Gateway API's standard CRDs, a real pilot-discovery in
+// ambient mode for the golden's mesh (cluster-1, trust domain
+// cluster-1.local), and applies the real translator's output for the
+// ambient-waypoint golden's input, which it returns.
+func ambientWorld(ctx context.Context, t *testing.T, gatewayAPI bool) (*localcluster.Cluster, kubernetes.Interface, *Istiod, *translation.Input) {
+	t.Helper()
+	dir := t.TempDir()
+
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"cluster-1"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	cluster := env.Cluster("cluster-1")
+	cs, err := cluster.Clientset()
+	require.NoError(t, err)
+	for _, ns := range []*corev1.Namespace{
+		{ObjectMeta: metav1.ObjectMeta{Name: DefaultNamespace}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"istio.io/dataplane-mode": "ambient"}}},
+	} {
+		_, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+
+	if gatewayAPI {
+		installGatewayAPI(ctx, t, cluster)
+	}
+	d, err := Start(ctx, Config{
+		Kubeconfig:  cluster.Kubeconfig,
+		ClusterID:   "cluster-1",
+		Dir:         filepath.Join(dir, "istiod"),
+		CACerts:     newTestPKI(t, "mesh-1").cacerts(),
+		TrustDomain: "cluster-1.local",
+		Ambient:     true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, d.Stop()) })
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("istiod log (last lines):\n%s", d.LogTail(60))
+		}
+	})
+
+	in := translationtest.LoadInput(t, filepath.Join("..", "..", "policy", "testdata", "access", "ambient-waypoint"))
+	applyAccess(ctx, t, cluster, in)
+	return cluster, cs, d, in
 }
 
 // applyAccess translates in with the real translator and applies what it

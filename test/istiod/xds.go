@@ -159,3 +159,26 @@ func (w *DeltaWatch) Close() error {
 	<-w.done
 	return w.conn.Close()
 }
+
+// ListenerTypeURL is Envoy's listener type, which a waypoint pulls.
+const ListenerTypeURL = "type.googleapis.com/envoy.config.listener.v3.Listener"
+
+// WaypointNode is the xDS node of a waypoint proxy pod (an Envoy started by
+// istio-agent): istiod reads the node type "waypoint" from the ID, and
+// finds the Services it serves through the pod at ip, its namespace and its
+// gateway-name label.
+func (d *Istiod) WaypointNode(ip, pod, namespace, gateway, serviceAccount string) *corev3.Node {
+	meta, _ := structpb.NewStruct(map[string]any{
+		"NAME":            pod,
+		"NAMESPACE":       namespace,
+		"INSTANCE_IPS":    ip,
+		"CLUSTER_ID":      d.cfg.ClusterID,
+		"ISTIO_VERSION":   istioVersion,
+		"SERVICE_ACCOUNT": serviceAccount,
+		"LABELS":          map[string]any{"gateway.networking.k8s.io/gateway-name": gateway},
+	})
+	return &corev3.Node{
+		Id:       fmt.Sprintf("waypoint~%s~%s.%s~%s.svc.cluster.local", ip, pod, namespace, namespace),
+		Metadata: meta,
+	}
+}
