@@ -207,20 +207,10 @@ func ambientWorld(ctx context.Context, t *testing.T, gatewayAPI bool) (*localclu
 	t.Helper()
 	dir := t.TempDir()
 
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"cluster-1"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cluster := env.Cluster("cluster-1")
-	cs, err := cluster.Clientset()
-	require.NoError(t, err)
-	for _, ns := range []*corev1.Namespace{
-		{ObjectMeta: metav1.ObjectMeta{Name: DefaultNamespace}},
-		{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"istio.io/dataplane-mode": "ambient"}}},
-	} {
-		_, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
-		require.NoError(t, err)
-	}
-
+	cluster, cs := startCluster(ctx, t, dir,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: DefaultNamespace}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"istio.io/dataplane-mode": "ambient"}}},
+	)
 	if gatewayAPI {
 		installGatewayAPI(ctx, t, cluster)
 	}

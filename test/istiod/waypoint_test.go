@@ -157,9 +157,7 @@ func installGatewayAPI(ctx context.Context, t *testing.T, cluster *localcluster.
 	}
 }
 
-var (
-	gatewayGVR = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"}
-)
+var gatewayGVR = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"}
 
 // waypointWorld makes what a waypoint install leaves: service account,
 // Service and running pod of the waypoint, its Gateway with an address in
@@ -215,13 +213,11 @@ func waypointWorld(ctx context.Context, t *testing.T, cs kubernetes.Interface, d
 			"listeners":        []any{map[string]any{"name": "mesh", "port": int64(15008), "protocol": "HBONE"}},
 		},
 	}}
-	var created *unstructured.Unstructured
 	// The CRD was just installed: retry until the API serves it.
 	require.Eventually(t, func() bool {
-		created, err = dyn.Resource(gatewayGVR).Namespace("shop").Create(ctx, gw, metav1.CreateOptions{})
+		_, err = dyn.Resource(gatewayGVR).Namespace("shop").Create(ctx, gw, metav1.CreateOptions{})
 		return err == nil
 	}, 30*time.Second, 200*time.Millisecond, "create Gateway: %v", err)
-	_ = created
 	// istiod writes the Gateway's status too: set the address the
 	// deployment controller's Service would give it, unless istiod already
 	// did, retrying on conflicts with istiod's writes.
@@ -235,7 +231,8 @@ func waypointWorld(ctx context.Context, t *testing.T, cs kubernetes.Interface, d
 			return true
 		}
 		_ = unstructured.SetNestedSlice(cur.Object, []any{map[string]any{"type": "Hostname", "value": "waypoint.shop.svc.cluster.local"}}, "status", "addresses")
-		_, err = dyn.Resource(gatewayGVR).Namespace("shop").UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		// A conflict with istiod's own status write is retried.
+		_, _ = dyn.Resource(gatewayGVR).Namespace("shop").UpdateStatus(ctx, cur, metav1.UpdateOptions{})
 		return false
 	}, 30*time.Second, 200*time.Millisecond, "waypoint Gateway gets status.addresses")
 }
