@@ -86,7 +86,7 @@ verify: gen ## gofmt, go vet, staticcheck, the layering rules, go.mod tidy, gene
 	cd tools/pki && go mod tidy -diff
 	cd tools/helm && go mod tidy -diff
 	cd tools/image && go mod tidy -diff
-	@if [ -n "$$(git status --porcelain -- api relay/proto charts/relaymesh-server/crds)" ]; then echo "generated code is stale; run make gen and commit:"; git status --porcelain -- api relay/proto charts/relaymesh-server/crds; exit 1; fi
+	@if [ -n "$$(git status --porcelain -- api relay/proto charts/relaymesh-server/crds test/internal/workloadapi)" ]; then echo "generated code is stale; run make gen and commit:"; git status --porcelain -- api relay/proto charts/relaymesh-server/crds test/internal/workloadapi; exit 1; fi
 
 image: deps-image ## build the OCI image (static relaymesh, non-root, no shell; IMAGE_PLATFORMS) into _out/image and _out/relaymesh-VERSION.oci.tar, without a daemon
 	cd tools/image && go run . --repo ../.. --out ../../_out/image --tar ../../_out/relaymesh-$(VERSION).oci.tar \
