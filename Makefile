@@ -64,9 +64,10 @@ deps-%:
 tools: ## build pinned kube-apiserver, etcd, kubectl, istioctl, pilot-discovery, controller-gen, staticcheck, cfssl, step-ca, helm
 	hack/tools.sh
 
-gen: deps-gen ## regenerate deepcopy functions, CRD manifests (api/, copied to the server chart's crds/) and protobuf code (relay/proto)
+gen: deps-gen ## regenerate deepcopy functions, CRD manifests (api/, copied to the server chart's crds/) and protobuf code (relay/proto, test/internal/workloadapi)
 	hack/tools.sh controller-gen protoc-gen-go protoc-gen-go-grpc
 	PATH="$(CURDIR)/$(BIN):$$PATH" protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative relay/proto/relay.proto
+	PATH="$(CURDIR)/$(BIN):$$PATH" hack/gen-workloadapi.sh
 	rm -f api/crds/*.yaml
 	$(BIN)/controller-gen object:headerFile=/dev/null paths=./api/...
 	$(BIN)/controller-gen crd:allowDangerousTypes=true,crdVersions=v1 paths=./api/... output:crd:artifacts:config=api/crds
@@ -88,7 +89,7 @@ verify: gen ## gofmt, go vet, staticcheck, the layering rules, go.mod tidy, gene
 	cd tools/pki && go mod tidy -diff
 	cd tools/helm && go mod tidy -diff
 	cd tools/image && go mod tidy -diff
-	@if [ -n "$$(git status --porcelain -- api relay/proto charts/relaymesh-server/crds)" ]; then echo "generated code is stale; run make gen and commit:"; git status --porcelain -- api relay/proto charts/relaymesh-server/crds; exit 1; fi
+	@if [ -n "$$(git status --porcelain -- api relay/proto charts/relaymesh-server/crds test/internal/workloadapi)" ]; then echo "generated code is stale; run make gen and commit:"; git status --porcelain -- api relay/proto charts/relaymesh-server/crds test/internal/workloadapi; exit 1; fi
 
 image: deps-image ## build the OCI image (static relaymesh, non-root, no shell; IMAGE_PLATFORMS) into _out/image and _out/relaymesh-VERSION.oci.tar, without a daemon
 	cd tools/image && go run . --repo ../.. --out ../../_out/image --tar ../../_out/relaymesh-$(VERSION).oci.tar \

@@ -92,6 +92,11 @@ type Config struct {
 	TrustDomain string
 	// ReadyTimeout bounds the wait for istiod; default DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+	// Ambient starts istiod in ambient mode (PILOT_ENABLE_AMBIENT=true, as
+	// the Helm `ambient` profile does), so it serves ztunnels and
+	// waypoints. Its Gateway deployment controller stays off: no waypoint
+	// Deployment is wanted (nothing would run it here).
+	Ambient bool
 }
 
 // Default returns the config with defaults filled in. It does not read
@@ -278,6 +283,10 @@ func envArgs(cfg Config) []string {
 		// shared cluster they would belong to someone else.
 		"INJECTION_WEBHOOK_CONFIG_NAME":  "",
 		"VALIDATION_WEBHOOK_CONFIG_NAME": "",
+	}
+	if cfg.Ambient {
+		vars["PILOT_ENABLE_AMBIENT"] = "true"
+		vars["PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER"] = "false"
 	}
 	args := []string{"-i", "-C", cfg.Dir}
 	for _, k := range sortedKeys(vars) {

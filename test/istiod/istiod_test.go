@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/relaymesh/relaymesh/test/localcluster"
 )
@@ -131,16 +132,10 @@ func TestIstiodIssuesWorkloadCertificates(t *testing.T) {
 	defer cancel()
 	dir := t.TempDir()
 
-	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"cluster-1"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
-	cluster := env.Cluster("cluster-1")
-	cs, err := cluster.Clientset()
-	require.NoError(t, err)
-	for _, ns := range []string{DefaultNamespace, "apps"} {
-		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-		require.NoError(t, err)
-	}
+	cluster, cs := startCluster(ctx, t, dir,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: DefaultNamespace}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps"}},
+	)
 
 	const trustDomain = "mesh-1.relaymesh.test"
 	pki := newTestPKI(t, "mesh-1")
@@ -323,4 +318,30 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestAmbientIsOffUnlessAsked(t *testing.T) {
+	cfg := Config{ClusterID: "cluster-1", Dir: "/tmp/x"}.Default()
+	assert.NotContains(t, strings.Join(envArgs(cfg), " "), "PILOT_ENABLE_AMBIENT")
+	cfg.Ambient = true
+	env := envArgs(cfg)
+	assert.Contains(t, env, "PILOT_ENABLE_AMBIENT=true")
+	assert.Contains(t, env, "PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER=false")
+}
+
+// startCluster starts one local cluster, cluster-1, under dir (stopped when
+// the test ends) and creates the namespaces in it.
+func startCluster(ctx context.Context, t *testing.T, dir string, namespaces ...*corev1.Namespace) (*localcluster.Cluster, kubernetes.Interface) {
+	t.Helper()
+	env, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"cluster-1"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, env.Stop()) })
+	cluster := env.Cluster("cluster-1")
+	cs, err := cluster.Clientset()
+	require.NoError(t, err)
+	for _, ns := range namespaces {
+		_, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	return cluster, cs
 }

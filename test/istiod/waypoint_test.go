@@ -1,0 +1,238 @@
+package istiod
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	rbacconfigv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
+	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/relaymesh/relaymesh/test/localcluster"
+)
+
+// TestWaypointGetsTheL7RulesOfAmbientAccessPolicies: in the same world as
+// the ztunnel proof, plus the golden's waypoint (a Gateway of class
+// istio-waypoint with its Service and pod) and reviews bound to it, a Go
+// delta-xDS client posing as the waypoint pulls its listeners from the real
+// istiod, and the RBAC filter of the reviews chain holds exactly the two
+// rules of relaymesh-reviews.waypoint: productpage for GET /reviews/*, and
+// ratings with no HTTP condition.
+func TestWaypointGetsTheL7RulesOfAmbientAccessPolicies(t *testing.T) {
+	localcluster.SkipIfShort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cluster, cs, d, _ := ambientWorld(ctx, t, true)
+	dyn, err := dynamic.NewForConfig(cluster.RESTConfig())
+	require.NoError(t, err)
+	waypointWorld(ctx, t, cs, dyn)
+
+	w, err := d.WatchDelta(ctx, d.WaypointNode("10.1.0.20", "waypoint-1", "shop", "waypoint", "waypoint"), ListenerTypeURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Close() })
+
+	wait, waitCancel := context.WithTimeout(ctx, 90*time.Second)
+	defer waitCancel()
+	var policies map[string]string
+	err = w.Await(wait, func(res map[string]*anypb.Any) error {
+		var err error
+		policies, err = waypointRBAC(res, "reviews.shop.svc.cluster.local")
+		if err != nil {
+			return err
+		}
+		return checkWaypointPolicies(policies)
+	})
+	require.NoError(t, err, "listeners: %q; RBAC policies: %v", w.Names(), policies)
+	for _, name := range sortedKeys(policies) {
+		t.Logf("waypoint RBAC %s: %s", name, policies[name])
+	}
+}
+
+// checkWaypointPolicies wants exactly the two rules of
+// relaymesh-reviews.waypoint.
+func checkWaypointPolicies(policies map[string]string) error {
+	const prefix = "ns[shop]-policy[relaymesh-reviews.waypoint]-rule["
+	want := []string{prefix + "0]", prefix + "1]"}
+	if got := sortedKeys(policies); !slices.Equal(got, want) {
+		return fmt.Errorf("RBAC policies %q, want %q", got, want)
+	}
+	get, l4 := policies[want[0]], policies[want[1]]
+	for _, s := range []string{"cluster-1.local/ns/shop/sa/productpage", `"GET"`, "/reviews/"} {
+		if !strings.Contains(get, s) {
+			return fmt.Errorf("%s lacks %s: %s", want[0], s, get)
+		}
+	}
+	if !strings.Contains(l4, "cluster-1.local/ns/shop/sa/ratings") || strings.Contains(l4, "productpage") {
+		return fmt.Errorf("%s is not ratings alone: %s", want[1], l4)
+	}
+	if strings.Contains(l4, ":method") || strings.Contains(l4, "urlPath") {
+		return fmt.Errorf("%s has an HTTP condition: %s", want[1], l4)
+	}
+	return nil
+}
+
+// waypointRBAC finds, in the waypoint's listeners, the filter chain for
+// host and returns its RBAC filter's policies as JSON by name.
+func waypointRBAC(res map[string]*anypb.Any, host string) (map[string]string, error) {
+	var chains []string
+	for _, name := range sortedKeys(res) {
+		l := &listenerv3.Listener{}
+		if err := res[name].UnmarshalTo(l); err != nil {
+			return nil, fmt.Errorf("listener %s: %w", name, err)
+		}
+		for _, fc := range l.GetFilterChains() {
+			chains = append(chains, fc.GetName())
+			if !strings.Contains(fc.GetName(), host) {
+				continue
+			}
+			for _, f := range fc.GetFilters() {
+				hcm := &hcmv3.HttpConnectionManager{}
+				if f.GetTypedConfig().UnmarshalTo(hcm) != nil {
+					continue
+				}
+				out := map[string]string{}
+				for _, hf := range hcm.GetHttpFilters() {
+					rb := &rbacv3.RBAC{}
+					if hf.GetTypedConfig().UnmarshalTo(rb) != nil {
+						continue
+					}
+					// ALLOW policies by name; any other action's
+					// policies are prefixed with it, so an
+					// exact name check fails on them.
+					prefix := ""
+					if a := rb.GetRules().GetAction(); a != rbacconfigv3.RBAC_ALLOW {
+						prefix = a.String() + ":"
+					}
+					for pname, p := range rb.GetRules().GetPolicies() {
+						out[prefix+pname] = protojson.Format(p)
+					}
+				}
+				return out, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("no filter chain for %s with an HTTP connection manager among %q", host, chains)
+}
+
+// installGatewayAPI installs Gateway API's standard CRDs, from the module
+// the pinned Istio builds with (tools/istio).
+func installGatewayAPI(ctx context.Context, t *testing.T, cluster *localcluster.Cluster) {
+	t.Helper()
+	root, err := localcluster.RepoRoot()
+	require.NoError(t, err)
+	cmd := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api")
+	cmd.Dir = filepath.Join(root, "tools", "istio")
+	mod, err := cmd.Output()
+	require.NoError(t, err, "locate sigs.k8s.io/gateway-api from tools/istio")
+	dir := filepath.Join(strings.TrimSpace(string(mod)), "config", "crd", "standard")
+	files, err := filepath.Glob(filepath.Join(dir, "gateway.networking.k8s.io_*.yaml"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files, "gateway-api CRDs in %s", dir)
+	for _, f := range files {
+		if strings.Contains(f, "_vap_") {
+			continue // a ValidatingAdmissionPolicy, not a CRD
+		}
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		_, err = cluster.Apply(ctx, "relaymesh-test", b)
+		require.NoError(t, err, f)
+	}
+}
+
+var gatewayGVR = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"}
+
+// waypointWorld makes what a waypoint install leaves: service account,
+// Service and running pod of the waypoint, its Gateway with an address in
+// status, and the Service reviews bound to it.
+func waypointWorld(ctx context.Context, t *testing.T, cs kubernetes.Interface, dyn dynamic.Interface) {
+	t.Helper()
+	_, err := cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "waypoint"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	gwLabel := map[string]string{"gateway.networking.k8s.io/gateway-name": "waypoint"}
+	for _, svc := range []*corev1.Service{
+		{
+			ObjectMeta: metav1.ObjectMeta{Name: "waypoint", Labels: gwLabel},
+			Spec: corev1.ServiceSpec{Selector: gwLabel, Ports: []corev1.ServicePort{
+				{Name: "mesh", Port: 15008, TargetPort: intstr.FromInt32(15008), AppProtocol: new("all")},
+			}},
+		},
+		{
+			ObjectMeta: metav1.ObjectMeta{Name: "reviews", Labels: map[string]string{"istio.io/use-waypoint": "waypoint"}},
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "reviews"}, Ports: []corev1.ServicePort{
+				{Name: "http", Port: 9080, TargetPort: intstr.FromInt32(9080)},
+			}},
+		},
+	} {
+		_, err := cs.CoreV1().Services("shop").Create(ctx, svc, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	pod, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "waypoint-1", Labels: gwLabel},
+		Spec: corev1.PodSpec{
+			ServiceAccountName: "waypoint",
+			NodeName:           "node-test",
+			Containers:         []corev1.Container{{Name: "istio-proxy", Image: "example.invalid/proxyv2"}},
+		},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	pod.Status = corev1.PodStatus{
+		Phase: corev1.PodRunning, PodIP: "10.1.0.20", PodIPs: []corev1.PodIP{{IP: "10.1.0.20"}}, HostIP: "10.0.0.1",
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+	}
+	_, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	ambientPod(ctx, t, cs, "reviews")
+
+	gw := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "gateway.networking.k8s.io/v1",
+		"kind":       "Gateway",
+		"metadata": map[string]any{
+			"name": "waypoint", "namespace": "shop",
+			"labels": map[string]any{"istio.io/waypoint-for": "service"},
+		},
+		"spec": map[string]any{
+			"gatewayClassName": "istio-waypoint",
+			"listeners":        []any{map[string]any{"name": "mesh", "port": int64(15008), "protocol": "HBONE"}},
+		},
+	}}
+	// The CRD was just installed: retry until the API serves it.
+	require.Eventually(t, func() bool {
+		_, err = dyn.Resource(gatewayGVR).Namespace("shop").Create(ctx, gw, metav1.CreateOptions{})
+		return err == nil
+	}, 30*time.Second, 200*time.Millisecond, "create Gateway: %v", err)
+	// istiod writes the Gateway's status too: set the address the
+	// deployment controller's Service would give it, unless istiod already
+	// did, retrying on conflicts with istiod's writes.
+	require.Eventually(t, func() bool {
+		cur, err := dyn.Resource(gatewayGVR).Namespace("shop").Get(ctx, "waypoint", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		if addrs, _, _ := unstructured.NestedSlice(cur.Object, "status", "addresses"); len(addrs) > 0 {
+			t.Logf("waypoint Gateway status.addresses: %v", addrs)
+			return true
+		}
+		_ = unstructured.SetNestedSlice(cur.Object, []any{map[string]any{"type": "Hostname", "value": "waypoint.shop.svc.cluster.local"}}, "status", "addresses")
+		// A conflict with istiod's own status write is retried.
+		_, _ = dyn.Resource(gatewayGVR).Namespace("shop").UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return false
+	}, 30*time.Second, 200*time.Millisecond, "waypoint Gateway gets status.addresses")
+}
