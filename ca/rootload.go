@@ -21,6 +21,18 @@ type rotationView struct {
 	// currentRootAccepted: the root in ca.crt is still accepted (then so
 	// are the previous issuing CAs under it).
 	currentRootAccepted bool
+	// state is the rotation state loaded.
+	state RootRotationState
+}
+
+// LoadedRootRotation is the relay root rotation state this replica loaded
+// last, and false outside a rotation (Idle, or no rotation state).
+func (r *RelayIssuers) LoadedRootRotation() (RootRotationState, bool) {
+	v := r.cur.Load().rotation
+	if v == nil {
+		return RootRotationState{}, false
+	}
+	return v.state, true
 }
 
 // issuing is the signer that issues now.
@@ -63,7 +75,7 @@ func loadRotationView(root *corev1.Secret, rc *RelayCA, current Signer, now time
 		return nil, err
 	}
 	eff := st.Effective()
-	v := &rotationView{issue: current, currentRootAccepted: slices.Contains(eff.Accepted, curFP)}
+	v := &rotationView{issue: current, currentRootAccepted: slices.Contains(eff.Accepted, curFP), state: st}
 	if eff.IssueFrom == other {
 		v.issue = stagedSigner
 	}

@@ -137,6 +137,11 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		assert.ElementsMatch(t, []string{old, next}, roots, "AddingNewRoot: a replica trusts both roots")
 		assert.Equal(t, old, issue, "AddingNewRoot: and issues under the old one")
 		assert.ElementsMatch(t, []string{old, next}, accepted, "AddingNewRoot: and accepts an issuing CA under each")
+		adding, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		st, rotating := adding.(*ca.RelayIssuers).LoadedRootRotation()
+		assert.True(t, rotating, "AddingNewRoot: a replica reports the rotation it loaded")
+		assert.Equal(t, []any{d.State.Phase, d.State.Old, d.State.New, d.State.Revision}, []any{st.Phase, st.Old, st.New, st.Revision})
 
 		w.behind = true
 		d = step(t, ns, w)
@@ -181,6 +186,8 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		loaded, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, ca.GenerateConfig{})
 		require.NoError(t, err, "the rotated relay CA loads")
 		assert.Equal(t, next, ca.RootFingerprint(loaded.Roots()[0]))
+		_, rotating = loaded.(*ca.RelayIssuers).LoadedRootRotation()
+		assert.False(t, rotating, "Idle: no rotation is loaded")
 		issuer := loaded.Chain()[0]
 		require.NoError(t, issuer.CheckSignatureFrom(loaded.Roots()[0]))
 	})

@@ -88,6 +88,11 @@ func (s *ServingCert) Run(ctx context.Context) {
 	}
 }
 
+// Renew issues a new certificate now: when the issuing CA changed (a
+// relay root rotation switching issuance), so that the served chain
+// follows it at once instead of at the next scheduled renewal.
+func (s *ServingCert) Renew(ctx context.Context) error { return s.renew(ctx) }
+
 func (s *ServingCert) renew(ctx context.Context) error {
 	k, err := keyutil.GenerateKey("EC", "P-256", 0)
 	if err != nil {

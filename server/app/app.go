@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -183,7 +184,29 @@ func (p *process) newServing(ctx context.Context) error {
 		p.serving.SetStore(p.storeServingSecret, p.reps.leading)
 	}
 	go p.serving.Run(ctx)
+	go p.reloadEvery(ctx, func() { p.followIssuingCA(ctx) })
 	return nil
+}
+
+// followIssuingCA renews the serving certificate if the issuing CA
+// changed since it was issued: a renewal of the issuing CA, and above all
+// a relay root rotation switching issuance to the new root, after which
+// the old root leaves the agents' bundle and a certificate still under it
+// would be refused by every agent. It runs every
+// --relay-issuer-check-interval.
+func (p *process) followIssuingCA(ctx context.Context) {
+	cert, _ := p.serving.Certificate()
+	issuing := p.authority.Chain()[0]
+	if len(cert.Certificate) > 1 && bytes.Equal(cert.Certificate[1], issuing.Raw) {
+		return
+	}
+	if err := p.serving.Renew(ctx); err != nil {
+		if ctx.Err() == nil {
+			p.log.Error("could not renew the serving certificate from the new relay issuing CA; retrying", "error", err, "retry_in", p.cfg.CA.IssuerCheck)
+		}
+		return
+	}
+	p.log.Info("renewed the serving certificate from the new relay issuing CA", "issuer", issuing.Subject.String())
 }
 
 // storeServingSecret writes relay-server-tls-secret for operators and tools

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"github.com/relaymesh/relaymesh/ca"
 	"net"
 	"net/http"
 	"strings"
@@ -68,6 +69,13 @@ func (p *process) newRelayServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Only the generated relay CA has a root the server rotates.
+	var bundles server.TrustBundleSource
+	if r, ok := p.signer.(*ca.RelayIssuers); ok {
+		tb := newTrustBundles(r, p.kube.Dynamic, p.cfg.Namespace, p.log)
+		go tb.run(ctx)
+		bundles = tb
+	}
 	p.srv, err = server.NewServer(server.ServerConfig{
 		TrustDomain:       p.td,
 		Issuer:            p.authority,
@@ -83,6 +91,7 @@ func (p *process) newRelayServer(ctx context.Context) error {
 		Trust:             p.trust,
 		Connections:       p.cfg.streamLimits(),
 		Clusters:          p.cfg.Clusters,
+		TrustBundles:      bundles,
 	})
 	if err != nil {
 		return err
