@@ -71,8 +71,12 @@ func (d *bundleDelivery) acknowledged(ack *relaypb.TrustBundleAck) error {
 	if _, err := hex.DecodeString(fp); err != nil || len(fp) != fingerprintLen || len(ack.GetError()) > maxAckErrorLen {
 		return status.Error(codes.InvalidArgument, "malformed trust bundle acknowledgement")
 	}
-	if d.src != nil {
-		d.src.Acknowledged(d.cluster, d.can, ack)
+	if d.src == nil || fp != d.sent {
+		// Not an answer to the bundle this session sent (none, or an
+		// older one): recording it would let an agent make its replica
+		// write its KubernetesCluster at will.
+		return nil
 	}
+	d.src.Acknowledged(d.cluster, d.can, ack)
 	return nil
 }

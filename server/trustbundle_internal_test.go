@@ -37,8 +37,27 @@ func TestAMalformedTrustBundleAcknowledgementIsRefusedAndRecordsNothing(t *testi
 		})
 	}
 	src := &recordingSource{}
-	d := &bundleDelivery{src: src, cluster: "c1", can: true}
+	d := &bundleDelivery{src: src, cluster: "c1", can: true, sent: good}
 	if err := d.acknowledged(&relaypb.TrustBundleAck{Fingerprint: good, Error: "refused"}); err != nil || len(src.acks) != 1 {
 		t.Fatalf("a well-formed refusal: err %v, %d recorded", err, len(src.acks))
+	}
+}
+
+// An agent answering a bundle its session was never sent (or an older one)
+// records nothing: otherwise it could make its replica write its
+// KubernetesCluster at will.
+func TestAnUnsolicitedTrustBundleAcknowledgementRecordsNothing(t *testing.T) {
+	good, other := strings.Repeat("ab", 32), strings.Repeat("cd", 32)
+	for name, sent := range map[string]string{"nothing sent": "", "another bundle sent": other} {
+		t.Run(name, func(t *testing.T) {
+			src := &recordingSource{}
+			d := &bundleDelivery{src: src, cluster: "c1", can: true, sent: sent}
+			if err := d.acknowledged(&relaypb.TrustBundleAck{Fingerprint: good}); err != nil {
+				t.Fatalf("a well-formed acknowledgement ends the session: %v", err)
+			}
+			if len(src.acks) != 0 {
+				t.Fatal("an acknowledgement of a bundle this session did not send was recorded")
+			}
+		})
 	}
 }
