@@ -62,6 +62,8 @@ func Rules() []Rule {
 		{Name: "only commands (cmd/...) and server/app's own test harness (server/app/apptest) import the server's composition root (server/app)",
 			From: []string{"agent/...", "discovery/...", "translation/...", "trust/...", "federation/...", "policy/...", "dashboard/...",
 				"check/...", "ca/...", "identity/..."}, Not: []string{"server/app/..."}},
+		{Name: "the SPIFFE bundle endpoint (trust/spiffefed) is pure: no role package, so no trust controller, server or client of the apiserver reaches it",
+			From: []string{"trust/spiffefed"}, Not: slices.Clone(roles)},
 	}
 }
 
