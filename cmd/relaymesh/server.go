@@ -54,6 +54,7 @@ type serverFlags struct {
 	store                                             snapshotStoreFlags
 	metricsTLS                                        app.MetricsTLSConfig
 	metricsDNSNames, metricsIPs                       string
+	bundle                                            spiffeBundleFlags
 }
 
 func newServerCommand(d deps, g *globals) *cobra.Command {
@@ -127,6 +128,7 @@ func newServerCommand(d deps, g *globals) *cobra.Command {
 	fs.DurationVar(&f.renewDeadline, "leader-renew-deadline", 5*time.Second, "how long the leading replica retries renewing before it stops its once-only work")
 	fs.DurationVar(&f.retryPeriod, "leader-retry-period", time.Second, "how often replicas try to acquire or renew the Lease")
 	f.store.register(fs)
+	f.bundle.register(fs)
 	for name, values := range map[string][]string{"log-level": {"debug", "info", "warn", "error"}, "webhook-failure-policy": {"Fail", "Ignore"}, "debug-endpoints": {"authenticated", "off"},
 		"snapshot-store": {snapshotStoreAPIServer, snapshotStoreRedis}} {
 		_ = c.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
@@ -180,7 +182,7 @@ func (f serverFlags) config() app.Config {
 		DebugEndpoints: f.debugEndpoints, PKCS11Modules: f.pkcs11Modules, KubeQPS: f.kubeQPS,
 		ReplicaName: f.replicaName, LeaderElect: f.leaderElect,
 		LeaseDuration: f.leaseDuration, RenewDeadline: f.renewDeadline, RetryPeriod: f.retryPeriod,
-		Connections: f.conns, Clusters: f.clusters, SnapshotStore: f.store.store(),
+		Connections: f.conns, Clusters: f.clusters, SnapshotStore: f.store.store(), SPIFFEBundle: f.bundle.config(),
 	}
 }
 

@@ -61,6 +61,8 @@ type Addresses struct {
 	Relay, Metrics string
 	// Webhook is empty without a webhook.
 	Webhook string
+	// SPIFFEBundle is empty without the SPIFFE bundle endpoint.
+	SPIFFEBundle string
 }
 
 // process is the server's component graph, built by Run's steps in order.
@@ -133,6 +135,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	for _, step := range []func(context.Context) error{
 		p.newAudit, p.newSigner, p.newReplicas, p.newServing, p.newTokens, p.newClusters, p.newStatus, p.newDataPath,
 		p.newSharedSnapshots, p.newOutputs, p.newTranslation, p.newRelayServer, p.newListeners, p.newWebhook, p.newOps,
+		p.newBundleEndpoint,
 	} {
 		if err := step(ctx); err != nil {
 			return err

@@ -21,6 +21,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/logging"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/relay"
+	"github.com/relaymesh/relaymesh/trust/spiffefed"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -81,6 +82,8 @@ type Config struct {
 	Clusters    relay.ClusterLimits
 	// SnapshotStore is where the replicas keep full snapshots.
 	SnapshotStore SnapshotStoreConfig
+	// SPIFFEBundle is the SPIFFE bundle endpoint (bundleendpoint.go).
+	SPIFFEBundle BundleEndpointConfig
 }
 
 // CAConfig selects the relay CA: generated (all empty), three PEM files,
@@ -163,6 +166,7 @@ func Default() Config {
 			MaxPreAuthPerAddress: 16, StreamsPerSecond: 50},
 		Clusters:      relay.ClusterLimits{RenewsPerMinute: 6, MaxSessions: 32},
 		SnapshotStore: SnapshotStoreConfig{Kind: StoreAPIServer},
+		SPIFFEBundle:  BundleEndpointConfig{RefreshHint: spiffefed.DefaultRefreshHint},
 	}
 }
 
@@ -211,6 +215,7 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.SnapshotStore.Check("--snapshot-store=redis")...)
+	errs = append(errs, c.SPIFFEBundle.validate()...)
 	return errors.Join(errs...)
 }
 

@@ -1,0 +1,30 @@
+package main
+
+import (
+	"github.com/relaymesh/relaymesh/server/app"
+	"github.com/relaymesh/relaymesh/trust/spiffefed"
+	"github.com/spf13/pflag"
+)
+
+// spiffeBundleFlags are the SPIFFE bundle endpoint's flags of `relaymesh
+// server` (docs/spiffe-federation.md).
+type spiffeBundleFlags struct {
+	cfg           app.BundleEndpointConfig
+	dnsNames, ips string
+}
+
+func (s *spiffeBundleFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&s.cfg.Listen, "spiffe-bundle-listen", "", "serve every VirtualMesh trust domain's SPIFFE bundle (SPIFFE Federation, profile https_web) on this address, e.g. :8443, at GET /bundles/<trust domain>; unauthenticated and public by design; empty: off")
+	fs.StringVar(&s.cfg.CertFile, "spiffe-bundle-tls-cert", "", "PEM file of the bundle endpoint's serving certificate (then its intermediates), e.g. from a public CA, reloaded when it changes; default: a certificate from the relay CA for --spiffe-bundle-dns-names and --spiffe-bundle-ips (clients then trust the relay root, relay-root-tls-secret ca.crt)")
+	fs.StringVar(&s.cfg.KeyFile, "spiffe-bundle-tls-key", "", "PEM file of the private key of --spiffe-bundle-tls-cert")
+	fs.StringVar(&s.dnsNames, "spiffe-bundle-dns-names", "", "comma-separated DNS names of the bundle endpoint's relay-CA certificate (default: --server-dns-names)")
+	fs.StringVar(&s.ips, "spiffe-bundle-ips", "", "comma-separated IPs of the bundle endpoint's relay-CA certificate (default: --server-ips)")
+	fs.DurationVar(&s.cfg.RefreshHint, "spiffe-bundle-refresh-hint", spiffefed.DefaultRefreshHint, "spiffe_refresh_hint of every bundle served: how often federated peers should fetch it again, in [10s, 24h]")
+}
+
+// config is the endpoint's Config from the flags.
+func (s spiffeBundleFlags) config() app.BundleEndpointConfig {
+	c := s.cfg
+	c.DNSNames, c.IPs = splitList(s.dnsNames), splitList(s.ips)
+	return c
+}

@@ -1,0 +1,335 @@
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/relaymesh/relaymesh/dashboard"
+	"github.com/relaymesh/relaymesh/internal/text"
+	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/trust/spiffefed"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// The SPIFFE bundle endpoint (docs/spiffe-federation.md,
+// docs/design/2026-12-02-spiffe-bundle-endpoint.md): every replica serves
+// the bundles stored in one ConfigMap; only the Lease holder (or the only
+// replica) writes it, from the trust requests its trust controller
+// published, so every replica serves one sequence per trust domain.
+const (
+	// BundleConfigMap holds the published bundles (spiffefed.State) under
+	// bundleStateKey.
+	BundleConfigMap = "relaymesh-spiffe-bundles"
+	bundleStateKey  = "state.json"
+	// bundleResync is how often the Lease holder checks the published
+	// bundles against the trust requests besides every publish.
+	bundleResync = 10 * time.Second
+)
+
+// BundleEndpointConfig is the SPIFFE bundle endpoint: off without Listen.
+type BundleEndpointConfig struct {
+	// Listen serves GET /bundles/<trust domain> (--spiffe-bundle-listen);
+	// empty: off.
+	Listen string
+	// CertFile and KeyFile are the https_web serving certificate and key,
+	// reloaded when they change (--spiffe-bundle-tls-cert,
+	// --spiffe-bundle-tls-key); empty: a certificate from the relay CA for
+	// DNSNames and IPs.
+	CertFile, KeyFile string
+	// DNSNames and IPs of the relay-CA certificate
+	// (--spiffe-bundle-dns-names, --spiffe-bundle-ips); empty: the
+	// server's.
+	DNSNames, IPs []string
+	// RefreshHint is every bundle's spiffe_refresh_hint
+	// (--spiffe-bundle-refresh-hint).
+	RefreshHint time.Duration
+}
+
+func (b BundleEndpointConfig) validate() []error {
+	var errs []error
+	if (b.CertFile == "") != (b.KeyFile == "") {
+		errs = append(errs, errors.New("--spiffe-bundle-tls-cert and --spiffe-bundle-tls-key go together"))
+	}
+	if b.Listen == "" && (b.CertFile != "" || len(b.DNSNames) > 0 || len(b.IPs) > 0) {
+		errs = append(errs, errors.New("--spiffe-bundle-tls-cert, --spiffe-bundle-dns-names and --spiffe-bundle-ips need --spiffe-bundle-listen"))
+	}
+	if b.RefreshHint < spiffefed.MinRefreshHint || b.RefreshHint > spiffefed.MaxRefreshHint {
+		errs = append(errs, fmt.Errorf("--spiffe-bundle-refresh-hint %v: must be in [%v, %v]", b.RefreshHint, spiffefed.MinRefreshHint, spiffefed.MaxRefreshHint))
+	}
+	if _, err := parseIPs("--spiffe-bundle-ips", b.IPs); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// bundleEndpoint publishes and serves the VirtualMeshes' SPIFFE bundles.
+type bundleEndpoint struct {
+	kube      kubernetes.Interface
+	namespace string
+	hint      time.Duration
+	log       *slog.Logger
+	clock     func() time.Time
+	// members are the trust requests this replica's trust controller
+	// published; leading whether it may write.
+	members func() []spiffefed.Member
+	leading func() bool
+	lister  cache.Indexer
+	served  atomic.Pointer[spiffefed.Snapshot]
+	wake    chan struct{}
+	refused string // the refusals last logged
+}
+
+// newBundleEndpoint serves the SPIFFE bundle endpoint if
+// --spiffe-bundle-listen is set.
+func (p *process) newBundleEndpoint(ctx context.Context) error {
+	c := p.cfg.SPIFFEBundle
+	if c.Listen == "" {
+		return nil
+	}
+	b := &bundleEndpoint{kube: p.kube.Typed, namespace: p.cfg.Namespace, hint: c.RefreshHint, log: p.log.With("part", "spiffe-bundle-endpoint"),
+		clock: time.Now, members: func() []spiffefed.Member { return trustMembers(p.outputs, p.log) }, leading: p.reps.leading, wake: make(chan struct{}, 1)}
+	if err := b.start(ctx); err != nil {
+		return err
+	}
+	p.outputs.OnPublish(func(string) { b.kick() })
+	get, err := p.bundleCertificate(ctx)
+	if err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("--spiffe-bundle-listen: %w", err)
+	}
+	p.addrs.SPIFFEBundle = lis.Addr().String()
+	srv := spiffefed.Server(spiffefed.Handler(b.served.Load), spiffefed.WebTLS(get))
+	srv.ErrorLog = log.New(slogWriter{b.log}, "", 0)
+	go func() { _ = srv.ServeTLS(lis, "", "") }()
+	p.closers = append(p.closers, func() { _ = srv.Close() })
+	b.log.Info("SPIFFE bundle endpoint listening (https_web; unauthenticated and public by design)", "address", p.addrs.SPIFFEBundle,
+		"path", spiffefed.PathPrefix+"<trust domain>", "refresh_hint", c.RefreshHint)
+	return nil
+}
+
+// bundleCertificate is the https_web certificate: provided files, or one
+// from the relay CA (renewed until ctx ends).
+func (p *process) bundleCertificate(ctx context.Context) (func() (*tls.Certificate, error), error) {
+	c := p.cfg.SPIFFEBundle
+	if c.CertFile != "" {
+		files, err := dashboard.LoadCertificateFiles(c.CertFile, c.KeyFile, time.Now, p.log.With("for", "spiffe-bundle-endpoint"))
+		if err != nil {
+			return nil, fmt.Errorf("--spiffe-bundle-tls-cert: %w", err)
+		}
+		return files.Certificate, nil
+	}
+	names, ipList := c.DNSNames, c.IPs
+	if len(names) == 0 && len(ipList) == 0 {
+		names, ipList = p.cfg.ServerDNSNames, p.cfg.ServerIPs
+	}
+	ips, err := parseIPs("--spiffe-bundle-ips", ipList)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := server.NewServingCert(ctx, p.authority, names, ips, nil, p.log.With("for", "spiffe-bundle-endpoint"))
+	if err != nil {
+		return nil, fmt.Errorf("the SPIFFE bundle endpoint's certificate: %w", err)
+	}
+	go cert.Run(ctx)
+	return cert.Certificate, nil
+}
+
+// start watches the stored bundles (every replica serves them) and runs
+// the writer (which writes only while leading).
+func (b *bundleEndpoint) start(ctx context.Context) error {
+	b.served.Store(&spiffefed.Snapshot{})
+	f := informers.NewSharedInformerFactoryWithOptions(b.kube, 10*time.Minute, informers.WithNamespace(b.namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + BundleConfigMap }))
+	inf := f.Core().V1().ConfigMaps().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { b.load(o) },
+		UpdateFunc: func(_, o any) { b.load(o) },
+		// Deleted: the last bundles stay served; the writer stores them
+		// again, with sequences above the clock.
+		DeleteFunc: func(any) { b.kick() },
+	}); err != nil {
+		return err
+	}
+	b.lister = inf.GetIndexer()
+	f.Start(ctx.Done())
+	syncCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if !cache.WaitForCacheSync(syncCtx.Done(), inf.HasSynced) {
+		return fmt.Errorf("the SPIFFE bundle endpoint: ConfigMap %s/%s did not sync within a minute", b.namespace, BundleConfigMap)
+	}
+	go b.run(ctx)
+	return nil
+}
+
+func (b *bundleEndpoint) kick() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// load serves the bundles a stored ConfigMap holds; one that does not
+// decode is refused and the bundles served before stay.
+func (b *bundleEndpoint) load(o any) {
+	cm, ok := o.(*corev1.ConfigMap)
+	if !ok {
+		return
+	}
+	st, err := spiffefed.Decode([]byte(cm.Data[bundleStateKey]))
+	if err == nil {
+		var snap *spiffefed.Snapshot
+		if snap, err = spiffefed.NewSnapshot(st, b.hint); err == nil {
+			b.served.Store(snap)
+			return
+		}
+	}
+	b.log.Error("the stored SPIFFE bundles are refused; the bundles served before stay", "configmap", BundleConfigMap, "error", err)
+	b.kick()
+}
+
+// run writes the bundles while this replica leads, after every publish
+// and every bundleResync.
+func (b *bundleEndpoint) run(ctx context.Context) {
+	tick := time.NewTicker(bundleResync)
+	defer tick.Stop()
+	for {
+		if b.leading() {
+			if err := b.write(ctx); err != nil && ctx.Err() == nil {
+				b.log.Warn("could not store the SPIFFE bundles; trying again", "error", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-b.wake:
+		case <-tick.C:
+		}
+	}
+}
+
+// write stores the bundles of the trust requests published now, if they
+// changed, on condition that the stored ConfigMap is the one read (a
+// conflict is tried again at the next wake).
+func (b *bundleEndpoint) write(ctx context.Context) error {
+	var prev spiffefed.State
+	var cur *corev1.ConfigMap
+	if o, ok, err := b.lister.GetByKey(b.namespace + "/" + BundleConfigMap); err == nil && ok {
+		cur, _ = o.(*corev1.ConfigMap)
+	}
+	if cur != nil {
+		st, err := spiffefed.Decode([]byte(cur.Data[bundleStateKey]))
+		if err != nil {
+			// Starts again: sequences above the clock are still above
+			// every sequence given before.
+			b.log.Error("the stored SPIFFE bundles are refused; storing them anew", "error", err)
+		} else {
+			prev = st
+		}
+	}
+	// A lost or refused store starts above every sequence this replica
+	// serves, as well as above the clock.
+	for _, seq := range b.served.Load().Sequences() {
+		prev.Counter = max(prev.Counter, seq)
+	}
+	next, rep := spiffefed.Next(prev, b.members(), b.clock())
+	b.logRefusals(rep.Refused)
+	if rep.Empty() && cur != nil && prev.Bundles != nil {
+		return nil
+	}
+	if rep.Empty() && cur == nil && len(next.Bundles) == 0 {
+		return nil
+	}
+	data, err := spiffefed.Encode(next)
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cms := b.kube.CoreV1().ConfigMaps(b.namespace)
+	if cur == nil {
+		_, err = cms.Create(wctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: BundleConfigMap, Namespace: b.namespace,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}}, Data: map[string]string{bundleStateKey: string(data)}}, metav1.CreateOptions{})
+	} else {
+		upd := cur.DeepCopy()
+		upd.Data = map[string]string{bundleStateKey: string(data)}
+		_, err = cms.Update(wctx, upd, metav1.UpdateOptions{}) // conditional on cur's resourceVersion
+	}
+	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+		b.kick()
+		return nil // read afresh at the next wake
+	}
+	if err != nil {
+		return err
+	}
+	b.log.Info("SPIFFE bundles published", "changed", rep.Changed, "removed", rep.Removed)
+	return nil
+}
+
+func (b *bundleEndpoint) logRefusals(refused []spiffefed.Refusal) {
+	var parts []string
+	for _, r := range refused {
+		parts = append(parts, r.TrustDomain+": "+r.Reason)
+	}
+	s := strings.Join(parts, "; ")
+	if s == b.refused {
+		return
+	}
+	b.refused = s
+	if s != "" {
+		b.log.Error("trust domains not published at the SPIFFE bundle endpoint", "refused", text.Truncate(s, 2048))
+	}
+}
+
+// trustMembers are the trust requests this replica published, every
+// cluster's.
+func trustMembers(outputs *server.Outputs, log *slog.Logger) []spiffefed.Member {
+	all := outputs.All()
+	clusters := make([]string, 0, len(all))
+	for c := range all {
+		clusters = append(clusters, c)
+	}
+	slices.Sort(clusters)
+	var out []spiffefed.Member
+	for _, c := range clusters {
+		for _, req := range all[c].GetTrust() {
+			m := spiffefed.Member{VirtualMesh: req.GetVirtualMesh(), TrustDomain: req.GetTrustDomain()}
+			if !req.GetHold() && len(req.GetRootBundle()) > 0 {
+				roots, err := spiffefed.ParseRoots(req.GetRootBundle())
+				if err != nil {
+					// Treated as held: what is published stays.
+					log.Error("a published root bundle does not parse; its trust domain's SPIFFE bundle stays as it is", "virtual_mesh", req.GetVirtualMesh(), "error", err)
+				}
+				m.Roots = roots
+			}
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// slogWriter sends the http.Server's own log (TLS handshake errors of
+// clients) to the debug log: the endpoint is public, its clients' errors
+// are theirs.
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.log.Debug(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
