@@ -12,6 +12,7 @@ import (
 	"time"
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/server/app"
 	"github.com/relaymesh/relaymesh/server/app/apptest"
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -64,36 +65,7 @@ func TestTheWholeServerServesEachTrustDomainsBundleThroughARotation(t *testing.T
 	const ns = "spiffe"
 	mgmt, _, _ := localcluster.Management(t, ns)
 	kube := apptest.Clients(t, mgmt)
-	manifest := ""
-	for _, cl := range []string{"c1", "c2"} {
-		manifest += fmt.Sprintf(`
-apiVersion: multicluster.relaymesh.io/v1alpha1
-kind: KubernetesCluster
-metadata: {name: %[1]s, namespace: %[2]s}
-spec: {}
----
-apiVersion: discovery.relaymesh.io/v1alpha1
-kind: Mesh
-metadata: {name: istiod-%[1]s, namespace: %[2]s}
-spec:
-  istio:
-    installation: {name: istiod, namespace: istio-system, cluster: %[1]s}
-    trustDomain: %[1]s.local
----
-`, cl, ns)
-	}
-	manifest += `
-apiVersion: networking.relaymesh.io/v1alpha1
-kind: VirtualMesh
-metadata: {name: shared, namespace: spiffe}
-spec:
-  meshes: [{clusterName: c1, namespace: istio-system, name: istiod}, {clusterName: c2, namespace: istio-system, name: istiod}]
-  mtls:
-    shared:
-      rootCA: {generated: {}}
-`
-	_, err := mgmt.Apply(ctx, "test", []byte(manifest))
-	require.NoError(t, err)
+	applyTwoTrustDomains(t, mgmt, ns)
 
 	cfg := apptest.AppConfig(t, ns, "")
 	cfg.LeaderElect = false
@@ -161,9 +133,7 @@ spec:
 	}
 
 	// A rotation: AddingNewRoot publishes old + new, with a higher sequence.
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"2"}}}`, networkingv1alpha1.AnnotationRootGeneration)
-	_, err = kube.Dynamic.Resource(networkingv1alpha1.VirtualMeshes).Namespace(ns).Patch(ctx, "shared", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-	require.NoError(t, err)
+	rotate(t, kube, ns)
 	var newFP string
 	require.Eventually(t, func() bool {
 		rot := vm().Status.Rotation
@@ -234,4 +204,111 @@ func fromUnstructured(obj map[string]any, into any) error {
 
 func tlsTo(roots *x509.CertPool) *tls.Config {
 	return &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+}
+
+// applyTwoTrustDomains creates, in ns, two registered clusters with one
+// discovered mesh each (trust domains c1.local and c2.local) and the
+// VirtualMesh shared of both, with a generated root.
+func applyTwoTrustDomains(t *testing.T, mgmt *localcluster.Cluster, ns string) {
+	t.Helper()
+	manifest := ""
+	for _, cl := range []string{"c1", "c2"} {
+		manifest += fmt.Sprintf(`
+apiVersion: multicluster.relaymesh.io/v1alpha1
+kind: KubernetesCluster
+metadata: {name: %[1]s, namespace: %[2]s}
+spec: {}
+---
+apiVersion: discovery.relaymesh.io/v1alpha1
+kind: Mesh
+metadata: {name: istiod-%[1]s, namespace: %[2]s}
+spec:
+  istio:
+    installation: {name: istiod, namespace: istio-system, cluster: %[1]s}
+    trustDomain: %[1]s.local
+---
+`, cl, ns)
+	}
+	manifest += `
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shared, namespace: ` + ns + `}
+spec:
+  meshes: [{clusterName: c1, namespace: istio-system, name: istiod}, {clusterName: c2, namespace: istio-system, name: istiod}]
+  mtls:
+    shared:
+      rootCA: {generated: {}}
+`
+	_, err := mgmt.Apply(context.Background(), "test", []byte(manifest))
+	require.NoError(t, err)
+}
+
+// rotate starts a rotation of the VirtualMesh shared to a new generated
+// root.
+func rotate(t *testing.T, kube *kubeclient.Clients, ns string) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"2"}}}`, networkingv1alpha1.AnnotationRootGeneration)
+	_, err := kube.Dynamic.Resource(networkingv1alpha1.VirtualMeshes).Namespace(ns).Patch(context.Background(), "shared", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	require.NoError(t, err)
+}
+
+// Three replicas serve one sequence per trust domain, before and after a
+// rotation, and after the Lease holder dies.
+func TestEveryReplicaServesOneSequencePerTrustDomain(t *testing.T) {
+	const ns = "spiffe-ha"
+	mgmt, _, _ := localcluster.Management(t, ns)
+	kube := apptest.Clients(t, mgmt)
+	applyTwoTrustDomains(t, mgmt, ns)
+	apps := map[string]*apptest.App{}
+	for i := range 3 {
+		name := fmt.Sprintf("replica-%d", i)
+		cfg := apptest.AppConfig(t, ns, name)
+		cfg.SPIFFEBundle.Listen = "127.0.0.1:0"
+		apps[name] = apptest.LaunchApp(t, kube, cfg)
+	}
+	for _, a := range apps {
+		a.WaitServing(t)
+	}
+	roots := relayRoots(t, kube, ns)
+	// served is what every live replica serves: trust domain → "sequence
+	// roots"; ok only if all agree and each bundle has want roots.
+	served := func(want int) (map[string]uint64, bool) {
+		var first map[string]uint64
+		for _, a := range apps {
+			if a == nil {
+				continue
+			}
+			got := map[string]uint64{}
+			for _, td := range []string{"c1.local", "c2.local"} {
+				fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				b, err := federation.FetchBundle(fctx, spiffeid.RequireTrustDomainFromString(td), "https://"+a.Addrs.SPIFFEBundle+"/bundles/"+td, federation.WithWebPKIRoots(roots))
+				cancel()
+				if err != nil || len(b.X509Authorities()) != want {
+					return nil, false
+				}
+				got[td], _ = b.SequenceNumber()
+			}
+			if first != nil && (first["c1.local"] != got["c1.local"] || first["c2.local"] != got["c2.local"]) {
+				return nil, false
+			}
+			first = got
+		}
+		return first, true
+	}
+	var before map[string]uint64
+	require.Eventually(t, func() (ok bool) { before, ok = served(1); return ok }, 60*time.Second, 250*time.Millisecond, "every replica serves one root, one sequence")
+	holder := waitForOneLeader(t, kube, ns, apps)
+	rotate(t, kube, ns)
+	var after map[string]uint64
+	require.Eventually(t, func() (ok bool) { after, ok = served(2); return ok }, 60*time.Second, 250*time.Millisecond, "every replica serves old + new, one sequence")
+	for td, n := range after {
+		assert.Greater(t, n, before[td], td)
+	}
+	require.NoError(t, apps[holder].Stop())
+	apps[holder] = nil
+	time.Sleep(3 * time.Second)
+	require.Eventually(t, func() bool {
+		now, ok := served(2)
+		return ok && now["c1.local"] == after["c1.local"] && now["c2.local"] == after["c2.local"]
+	}, 30*time.Second, 250*time.Millisecond, "the holder gone, the others serve the same sequences")
 }
