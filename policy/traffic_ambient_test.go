@@ -86,11 +86,19 @@ func TestNoIstioRoutingForAnAmbientHost(t *testing.T) {
 func TestEveryUnsayableFieldFailsByName(t *testing.T) {
 	d := metav1.Duration{Duration: 1500}
 	bad := map[string]func(*networkingv1alpha1.TrafficPolicySpec){
-		"policy.retries":          func(s *networkingv1alpha1.TrafficPolicySpec) { s.Policy.Retries = &networkingv1alpha1.RetryPolicy{Attempts: 2} },
-		"policy.faultInjection":   func(s *networkingv1alpha1.TrafficPolicySpec) { s.Policy.FaultInjection = &networkingv1alpha1.FaultInjection{Percentage: 1, Abort: &networkingv1alpha1.Abort{HTTPStatus: 500}} },
-		"policy.outlierDetection": func(s *networkingv1alpha1.TrafficPolicySpec) { s.Policy.OutlierDetection = &networkingv1alpha1.OutlierDetection{} },
-		"policy.mtls":             func(s *networkingv1alpha1.TrafficPolicySpec) { s.Policy.MTLS = &networkingv1alpha1.MTLSPolicy{TLSMode: "ISTIO_MUTUAL"} },
-		"policy.requestTimeout":   func(s *networkingv1alpha1.TrafficPolicySpec) { s.Policy.RequestTimeout = &d },
+		"policy.retries": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.Retries = &networkingv1alpha1.RetryPolicy{Attempts: 2}
+		},
+		"policy.faultInjection": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.FaultInjection = &networkingv1alpha1.FaultInjection{Percentage: 1, Abort: &networkingv1alpha1.Abort{HTTPStatus: 500}}
+		},
+		"policy.outlierDetection": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.OutlierDetection = &networkingv1alpha1.OutlierDetection{}
+		},
+		"policy.mtls": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.MTLS = &networkingv1alpha1.MTLSPolicy{TLSMode: "ISTIO_MUTUAL"}
+		},
+		"policy.requestTimeout": func(s *networkingv1alpha1.TrafficPolicySpec) { s.Policy.RequestTimeout = &d },
 		"spec.sourceSelector": func(s *networkingv1alpha1.TrafficPolicySpec) {
 			s.SourceSelector = []common.WorkloadSelector{{Namespaces: []string{"legacy"}}}
 		},
