@@ -53,7 +53,9 @@ func TestOptionalKindsAreQuietUntilUsed(t *testing.T) {
 	crds := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 	crd := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-		"metadata": map[string]any{"name": "httproutes.gateway.networking.k8s.io"},
+		"metadata": map[string]any{"name": "httproutes.gateway.networking.k8s.io",
+			// A *.k8s.io group needs it, as the real CRD has it.
+			"annotations": map[string]any{"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api/pull/4530"}},
 		"spec": map[string]any{
 			"group": "gateway.networking.k8s.io", "scope": "Namespaced",
 			"names": map[string]any{"kind": "HTTPRoute", "listKind": "HTTPRouteList", "plural": "httproutes", "singular": "httproute"},
