@@ -119,7 +119,9 @@ func build(cfg Config, env Env, log *slog.Logger) (*parts, error) {
 	if err != nil {
 		return nil, err
 	}
-	disc, err := discovery.New(discovery.Config{Client: kube.Typed, Cluster: cfg.Cluster, Logger: log})
+	// Dynamic: discovery reads the waypoints (Gateway API Gateways of
+	// class istio-waypoint) where the cluster serves Gateways.
+	disc, err := discovery.New(discovery.Config{Client: kube.Typed, Dynamic: kube.Dynamic, Cluster: cfg.Cluster, Logger: log})
 	if err != nil {
 		return nil, err
 	}
