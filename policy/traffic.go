@@ -122,6 +122,17 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 			if len(tp.clusters) == 0 {
 				ts.Errors = []string{"sourceSelector matches no workload: the policy applies in no cluster"}
 			}
+			// A field the Destination's data plane cannot carry fails the
+			// policy there, and only there (traffic_ambient.go).
+			problems := b.sidecarIntoAmbient(tp)
+			if gatewayRoutes(d) {
+				problems = b.ambientProblems(in, tp, d)
+			}
+			if len(problems) > 0 {
+				ts.State = common.StateFailed
+				ts.Errors = append(ts.Errors, problems...)
+				delete(tp.selects, d)
+			}
 			r.Target(key, ts)
 		}
 		accepted = append(accepted, tp)
@@ -135,6 +146,10 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 			}
 		}
 		if len(applied) == 0 {
+			continue
+		}
+		if gatewayRoutes(d) {
+			b.gatewayRoute(out, r, d, applied)
 			continue
 		}
 		// Config only where it can take effect: a remote Destination's
@@ -152,6 +167,9 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 		}
 	}
 	for _, d := range dests {
+		if gatewayRoutes(d) {
+			continue // no DestinationRule for an ambient host
+		}
 		for _, c := range b.drClusters(d, accepted) {
 			b.destinationRule(out, r, c, d, accepted)
 		}

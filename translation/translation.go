@@ -75,6 +75,21 @@ func (o *Output) Add(cluster, apiVersion, kind, namespace, name string, spec pro
 	if err != nil {
 		return fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
 	}
+	return o.add(cluster, apiVersion, kind, namespace, name, specJSON, parents)
+}
+
+// AddObject records an object whose spec is not an Istio API message (the
+// Gateway API routes): spec is a Go value encoded with encoding/json, and
+// is otherwise recorded as Add records a spec.
+func (o *Output) AddObject(cluster, apiVersion, kind, namespace, name string, spec any, parents ...Parent) error {
+	specJSON, err := json.Marshal(spec)
+	if err != nil {
+		return fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
+	}
+	return o.add(cluster, apiVersion, kind, namespace, name, specJSON, parents)
+}
+
+func (o *Output) add(cluster, apiVersion, kind, namespace, name string, specJSON []byte, parents []Parent) error {
 	var specMap map[string]any
 	if err := json.Unmarshal(specJSON, &specMap); err != nil {
 		return err

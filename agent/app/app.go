@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/lease"
 	"github.com/relaymesh/relaymesh/internal/logging"
 	"github.com/relaymesh/relaymesh/trust"
+	"k8s.io/apimachinery/pkg/api/meta"
 	discoveryclient "k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/kubernetes"
@@ -117,7 +119,9 @@ func build(cfg Config, env Env, log *slog.Logger) (*parts, error) {
 	if err != nil {
 		return nil, err
 	}
-	disc, err := discovery.New(discovery.Config{Client: kube.Typed, Cluster: cfg.Cluster, Logger: log})
+	// Dynamic: discovery reads the waypoints (Gateway API Gateways of
+	// class istio-waypoint) where the cluster serves Gateways.
+	disc, err := discovery.New(discovery.Config{Client: kube.Typed, Dynamic: kube.Dynamic, Cluster: cfg.Cluster, Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +145,19 @@ func newApplier(kube *kubeclient.Clients, log *slog.Logger) (*apply.Applier, err
 	if err != nil {
 		return nil, err
 	}
-	return apply.New(apply.Config{Dynamic: kube.Dynamic, Mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), Owner: Owner, Logger: log})
+	return apply.New(applierConfig(kube, restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), log))
+}
+
+// applierConfig is what the agent applies: the Istio kinds, and the
+// Gateway API routes of ambient Destinations where the cluster serves
+// them (optional kinds: a cluster without Gateway API's CRDs is not an
+// error until a set holds a route).
+func applierConfig(kube *kubeclient.Clients, mapper meta.RESTMapper, log *slog.Logger) apply.Config {
+	return apply.Config{
+		Dynamic: kube.Dynamic, Mapper: mapper, Owner: Owner, Logger: log,
+		Kinds:         append(slices.Clone(apply.DefaultKinds), apply.GatewayRouteKinds...),
+		OptionalKinds: slices.Clone(apply.GatewayRouteKinds),
+	}
 }
 
 // work is the leader's: renew the credential, discover, and once both are

@@ -53,6 +53,19 @@ var ErrSetRefused = errors.New("output set refused")
 // the Istio kinds Relaymesh's translators produce. All are namespaced.
 var DefaultKinds = outputs.IstioGroupVersionKinds()
 
+// GatewayRouteKinds are the Gateway API routes Relaymesh writes for ambient
+// Destinations (HTTPRoute, GRPCRoute). An agent adds them to its Kinds and
+// its OptionalKinds: a cluster without Gateway API's CRDs serves neither.
+var GatewayRouteKinds = gatewayRouteKinds()
+
+func gatewayRouteKinds() []schema.GroupVersionKind {
+	var out []schema.GroupVersionKind
+	for _, k := range outputs.GatewayRouteKinds() {
+		out = append(out, k.Kind)
+	}
+	return out
+}
+
 // Config configures an Applier.
 type Config struct {
 	// Dynamic is the client for the workload cluster. Required.
@@ -69,6 +82,12 @@ type Config struct {
 	// prune; default DefaultKinds. One version per kind; every kind must be
 	// namespaced in the cluster (checked when applying).
 	Kinds []schema.GroupVersionKind
+	// OptionalKinds are kinds of Kinds the cluster may not serve (their
+	// CRDs are not installed): such a kind is then not reported once per
+	// set, as a required kind is; there is nothing of it to prune. An
+	// object of it that the set names still fails, saying the kind is not
+	// served. Any other failure to map or list it is reported.
+	OptionalKinds []schema.GroupVersionKind
 	// MaxObjectBytes bounds one manifest; default 256 KiB, at most 1.5 MiB.
 	MaxObjectBytes int
 	// MaxObjects bounds one set; default 20,000, at most 100,000. A larger
@@ -123,6 +142,11 @@ func (c Config) Validate() error {
 		}
 		seen[k.GroupKind()] = i + 1
 	}
+	for i, k := range c.OptionalKinds {
+		if seen[k.GroupKind()] == 0 || c.Kinds[seen[k.GroupKind()]-1] != k {
+			errs = append(errs, fmt.Errorf("optionalKinds[%d]: %s is not one of kinds", i, k))
+		}
+	}
 	if c.MaxObjectBytes < 1 || c.MaxObjectBytes > maxMaxObjectBytes {
 		errs = append(errs, fmt.Errorf("maxObjectBytes: %d is outside [1, %d]", c.MaxObjectBytes, maxMaxObjectBytes))
 	}
@@ -138,9 +162,10 @@ func (c Config) Validate() error {
 // Applier makes a cluster match output sets. It is safe for concurrent use;
 // Apply calls run one at a time.
 type Applier struct {
-	cfg   Config
-	rules rules
-	log   *slog.Logger
+	cfg      Config
+	rules    rules
+	optional map[schema.GroupVersionKind]bool // cfg.OptionalKinds
+	log      *slog.Logger
 
 	mu sync.Mutex // serializes Apply
 	// kindMissing records that the last Apply could not map a kind, so the
@@ -165,7 +190,11 @@ func New(cfg Config) (*Applier, error) {
 		r.kinds[k] = true
 		r.groupKinds[k.GroupKind()] = true
 	}
-	return &Applier{cfg: cfg, rules: r, log: cfg.Logger.With("component", "apply")}, nil
+	optional := map[schema.GroupVersionKind]bool{}
+	for _, k := range cfg.OptionalKinds {
+		optional[k] = true
+	}
+	return &Applier{cfg: cfg, rules: r, optional: optional, log: cfg.Logger.With("component", "apply")}, nil
 }
 
 // item is one object of the set on its way through Apply.
@@ -201,7 +230,7 @@ func (a *Applier) Apply(ctx context.Context, set *relaypb.OutputSet) ([]*relaypb
 	kinds := a.kinds(ctx)
 	var results []*relaypb.ObjectResult
 	for _, k := range kinds {
-		if k.err != nil {
+		if k.err != nil && !k.optionalUnserved {
 			results = append(results, kindResult(k.gvk, k.err))
 			log.Warn("kind skipped", "apiVersion", k.gvk.GroupVersion().String(), "kind", k.gvk.Kind, "error", k.err)
 		}

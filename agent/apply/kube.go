@@ -38,6 +38,9 @@ type kindState struct {
 	// cluster-scoped); err when it cannot be pruned (mapErr or a failed
 	// list).
 	mapErr, err error
+	// optionalUnserved: an optional kind the cluster does not serve; no
+	// object of it exists, so err is not reported for the set.
+	optionalUnserved bool
 }
 
 // resetMapperIfStale forgets cached discovery after a kind was not found,
@@ -63,6 +66,7 @@ func (a *Applier) kinds(ctx context.Context) []*kindState {
 		case err != nil:
 			a.kindMissing = true
 			k.mapErr = fmt.Errorf("kind %s is not served by the cluster (is its CRD installed?): %w", kindString(gvk), err)
+			k.optionalUnserved = a.optional[gvk] && meta.IsNoMatchError(err)
 		case m.Scope.Name() != meta.RESTScopeNameNamespace:
 			k.mapErr = fmt.Errorf("kind %s is cluster-scoped; the agent manages namespaced kinds only", kindString(gvk))
 		default:

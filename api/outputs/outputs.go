@@ -31,6 +31,23 @@ var (
 	PeerAuthentications   = schema.GroupVersionResource{Group: "security.istio.io", Version: "v1", Resource: "peerauthentications"}
 )
 
+// The resources of the Gateway API routes Relaymesh writes for ambient
+// Destinations (gateway.networking.k8s.io, standard channel).
+var (
+	HTTPRoutes = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "httproutes"}
+	GRPCRoutes = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "grpcroutes"}
+)
+
+// GatewayRouteKinds returns the Gateway API kinds Relaymesh writes, with
+// their resources (a fresh slice). A cluster without Gateway API's CRDs
+// serves none of them; an agent treats them as optional kinds.
+func GatewayRouteKinds() []IstioKind {
+	return []IstioKind{
+		{Kind: HTTPRoutes.GroupVersion().WithKind("HTTPRoute"), Resource: HTTPRoutes},
+		{Kind: GRPCRoutes.GroupVersion().WithKind("GRPCRoute"), Resource: GRPCRoutes},
+	}
+}
+
 // IstioKind is one Istio kind Relaymesh writes, with its resource.
 type IstioKind struct {
 	Kind     schema.GroupVersionKind

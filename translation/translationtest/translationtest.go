@@ -135,6 +135,9 @@ func DryRun(t testing.TB, c *localcluster.Cluster, out *translation.Output) {
 	dyn, err := dynamic.NewForConfig(c.RESTConfig())
 	require.NoError(t, err)
 	for _, o := range out.Objects() {
+		if o.Object.GroupVersionKind().Group == GatewayAPIGroup {
+			ensureGatewayAPI(t, c)
+		}
 		ns := o.Object.GetNamespace()
 		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 		if err != nil && !apierrors.IsAlreadyExists(err) {

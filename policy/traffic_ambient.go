@@ -1,0 +1,635 @@
+package policy
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/translation"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Gateway API kinds the traffic translator writes for ambient Destinations
+// (docs/design/2026-12-02-ambient-translation.md, "TrafficPolicy").
+const (
+	gatewayAPIVersion = "gateway.networking.k8s.io/v1"
+	kindHTTPRoute     = "HTTPRoute"
+	kindGRPCRoute     = "GRPCRoute"
+)
+
+// Bounds of Gateway API v1.6's standard CRDs that a translation can reach.
+const (
+	maxRouteRules      = 16 // spec.rules
+	maxHeaderModifiers = 16 // add and remove of a header modifier filter
+	maxDurationUnit    = 99999
+)
+
+// gatewayMethods are the HTTP methods an HTTPRouteMatch (and a CORS
+// filter) may name.
+var gatewayMethods = []string{"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
+
+// gatewayRoutes says whether d's routing is written as Gateway API routes:
+// its workloads run in ambient mode, or in both modes during a migration.
+// Sidecars read an HTTPRoute with a Service parentRef too, and Istio does
+// not support a VirtualService and an HTTPRoute for one host, so a mixed
+// Destination gets only the route.
+func gatewayRoutes(d *discoveryv1alpha1.Destination) bool {
+	_, ambient := destinationModes(d)
+	return ambient
+}
+
+// The parts of gateway.networking.k8s.io/v1 HTTPRoute and GRPCRoute that
+// the translator writes (field names and shapes as the CRDs define them).
+type (
+	gwParentRef struct {
+		Group string `json:"group"` // "" is core; the default would be gateway.networking.k8s.io
+		Kind  string `json:"kind"`
+		Name  string `json:"name"`
+		Port  int32  `json:"port,omitempty"`
+	}
+	gwBackendRef struct {
+		Name   string `json:"name"`
+		Port   int32  `json:"port"`
+		Weight *int32 `json:"weight,omitempty"`
+	}
+	gwMatch struct {
+		Type  string `json:"type"`
+		Value string `json:"value"`
+	}
+	gwNamedMatch struct {
+		Type  string `json:"type"`
+		Name  string `json:"name"`
+		Value string `json:"value"`
+	}
+	gwHTTPMatch struct {
+		Path        *gwMatch       `json:"path,omitempty"`
+		Method      string         `json:"method,omitempty"`
+		Headers     []gwNamedMatch `json:"headers,omitempty"`
+		QueryParams []gwNamedMatch `json:"queryParams,omitempty"`
+	}
+	gwGRPCMethod struct {
+		Type    string `json:"type"`
+		Service string `json:"service,omitempty"`
+		Method  string `json:"method,omitempty"`
+	}
+	gwGRPCMatch struct {
+		Method  *gwGRPCMethod  `json:"method,omitempty"`
+		Headers []gwNamedMatch `json:"headers,omitempty"`
+	}
+	gwHeader struct {
+		Name  string `json:"name"`
+		Value string `json:"value"`
+	}
+	gwHeaderModifier struct {
+		Add    []gwHeader `json:"add,omitempty"`
+		Remove []string   `json:"remove,omitempty"`
+	}
+	gwFraction struct {
+		Numerator   int32 `json:"numerator"`
+		Denominator int32 `json:"denominator"`
+	}
+	gwMirror struct {
+		BackendRef gwBackendRef `json:"backendRef"`
+		Percent    *int32       `json:"percent,omitempty"`
+		Fraction   *gwFraction  `json:"fraction,omitempty"`
+	}
+	gwCORS struct {
+		AllowOrigins     []string `json:"allowOrigins,omitempty"`
+		AllowMethods     []string `json:"allowMethods,omitempty"`
+		AllowHeaders     []string `json:"allowHeaders,omitempty"`
+		ExposeHeaders    []string `json:"exposeHeaders,omitempty"`
+		MaxAge           int32    `json:"maxAge,omitempty"`
+		AllowCredentials *bool    `json:"allowCredentials,omitempty"`
+	}
+	gwFilter struct {
+		Type                   string            `json:"type"`
+		RequestHeaderModifier  *gwHeaderModifier `json:"requestHeaderModifier,omitempty"`
+		ResponseHeaderModifier *gwHeaderModifier `json:"responseHeaderModifier,omitempty"`
+		RequestMirror          *gwMirror         `json:"requestMirror,omitempty"`
+		CORS                   *gwCORS           `json:"cors,omitempty"`
+	}
+	gwTimeouts struct {
+		Request string `json:"request"`
+	}
+	gwHTTPRule struct {
+		Matches     []gwHTTPMatch  `json:"matches,omitempty"`
+		Filters     []gwFilter     `json:"filters,omitempty"`
+		BackendRefs []gwBackendRef `json:"backendRefs"`
+		Timeouts    *gwTimeouts    `json:"timeouts,omitempty"`
+	}
+	gwGRPCRule struct {
+		Matches     []gwGRPCMatch  `json:"matches,omitempty"`
+		Filters     []gwFilter     `json:"filters,omitempty"`
+		BackendRefs []gwBackendRef `json:"backendRefs"`
+	}
+	gwHTTPRouteSpec struct {
+		ParentRefs []gwParentRef `json:"parentRefs"`
+		Rules      []gwHTTPRule  `json:"rules"`
+	}
+	gwGRPCRouteSpec struct {
+		ParentRefs []gwParentRef `json:"parentRefs"`
+		Rules      []gwGRPCRule  `json:"rules"`
+	}
+)
+
+// routePort is the one Service port an ambient Destination's route is
+// written for, and whether it carries gRPC (Istio's protocol selection:
+// appProtocol, else the port name's prefix).
+func routePort(d *discoveryv1alpha1.Destination) (port discoveryv1alpha1.ServicePort, grpc bool, problem string) {
+	ps := d.Spec.KubeService.Ports
+	if len(ps) != 1 {
+		var nums []string
+		for _, p := range ps {
+			nums = append(nums, fmt.Sprint(p.Port))
+		}
+		return port, false, fmt.Sprintf("the Service has %d ports (%s): a Gateway API route is written for single-port ambient Services only (one route per port is not built yet)", len(ps), strings.Join(nums, ", "))
+	}
+	port = ps[0]
+	proto := strings.ToLower(port.AppProtocol)
+	if proto == "" {
+		proto, _, _ = strings.Cut(strings.ToLower(port.Name), "-")
+	}
+	return port, proto == "grpc", ""
+}
+
+// targetPort is the port a backendRef to t uses: the one the policy names,
+// else t's only port.
+func targetPort(t *discoveryv1alpha1.Destination, named int32) (int32, string) {
+	if named != 0 {
+		return named, ""
+	}
+	if ps := t.Spec.KubeService.Ports; len(ps) == 1 {
+		return ps[0].Port, ""
+	}
+	return 0, fmt.Sprintf("names no port and Service %s/%s has %d ports (a Gateway API backendRef to a Service needs one)", t.Spec.KubeService.Ref.Namespace, t.Spec.KubeService.Ref.Name, len(t.Spec.KubeService.Ports))
+}
+
+// ambientProblems lists why tp cannot be written as a Gateway API route
+// for the ambient Destination d, each naming the field; nil: it can.
+func (b *trafficBuilder) ambientProblems(in *translation.Input, tp *trafficPolicy, d *discoveryv1alpha1.Destination) []string {
+	var errs []string
+	prefix := func(format string, args ...any) {
+		errs = append(errs, "ambient Destination (Gateway API route): "+fmt.Sprintf(format, args...))
+	}
+	if _, _, why := servingWaypoint(in, d); why != "" {
+		prefix("needs a waypoint: routes of ambient workloads are enforced by the waypoint of their Service, and %s; no route is written for this Destination", why)
+	}
+	_, grpc, problem := routePort(d)
+	if problem != "" {
+		prefix("%s", problem)
+	}
+	p := &tp.p.Spec.Policy
+	if len(tp.p.Spec.SourceSelector) > 0 {
+		prefix("spec.sourceSelector: a route with a Service parentRef applies to every client of the Service; routing only some sources cannot be expressed")
+	}
+	if p.Retries != nil {
+		prefix("policy.retries: Gateway API's standard channel (v1.6) has no retry field (HTTPRoute retry is experimental, GEP-1731)")
+	}
+	if p.FaultInjection != nil {
+		prefix("policy.faultInjection: Gateway API has no fault injection")
+	}
+	if p.OutlierDetection != nil {
+		prefix("policy.outlierDetection: Gateway API has no outlier detection, and Relaymesh writes no DestinationRule for an ambient host")
+	}
+	if p.MTLS != nil {
+		prefix("policy.mtls: ambient traffic between workloads is always mutual TLS (HBONE); a route cannot set a TLS mode")
+	}
+	if p.RequestTimeout != nil {
+		if grpc {
+			prefix("policy.requestTimeout: GRPCRoute has no timeouts in Gateway API's standard channel (v1.6)")
+		} else if _, err := gatewayDuration(p.RequestTimeout.Duration); err != "" {
+			prefix("policy.requestTimeout: %s", err)
+		}
+	}
+	if c := p.CORSPolicy; c != nil {
+		if grpc {
+			prefix("policy.corsPolicy: GRPCRoute has no CORS filter")
+		}
+		for i, o := range c.AllowOrigins {
+			if o.Exact == nil {
+				prefix("policy.corsPolicy.allowOrigins[%d]: a Gateway API CORS filter matches origins exactly (or by '*' wildcards), not by prefix or regex", i)
+			}
+		}
+		for i, m := range c.AllowMethods {
+			if !slices.Contains(gatewayMethods, m) && m != "*" {
+				prefix("policy.corsPolicy.allowMethods[%d]: %q is not a method a Gateway API CORS filter may name", i, m)
+			}
+		}
+		if c.MaxAge != nil && (c.MaxAge.Duration%time.Second != 0 || c.MaxAge.Duration < time.Second || c.MaxAge.Duration > math.MaxInt32*time.Second) {
+			prefix("policy.corsPolicy.maxAge: %s is not a whole number of seconds of at least 1", c.MaxAge.Duration)
+		}
+	}
+	if hm := p.HeaderManipulation; hm != nil {
+		for _, f := range []struct {
+			name string
+			n    int
+		}{
+			{"appendRequestHeaders", len(hm.AppendRequestHeaders)}, {"removeRequestHeaders", len(hm.RemoveRequestHeaders)},
+			{"appendResponseHeaders", len(hm.AppendResponseHeaders)}, {"removeResponseHeaders", len(hm.RemoveResponseHeaders)},
+		} {
+			if f.n > maxHeaderModifiers {
+				prefix("policy.headerManipulation.%s: %d headers, a Gateway API header modifier holds at most %d", f.name, f.n, maxHeaderModifiers)
+			}
+		}
+	}
+	errs = append(errs, b.ambientTargetProblems(tp, d)...)
+	for i, m := range tp.p.Spec.HTTPRequestMatchers {
+		for _, e := range matcherProblems(&m, grpc) {
+			prefix("spec.httpRequestMatchers[%d]%s", i, e)
+		}
+	}
+	return errs
+}
+
+// ambientTargetProblems checks the Services a route of d sends or mirrors
+// to: same cluster and namespace (a backendRef to another namespace needs
+// a ReferenceGrant, which Relaymesh does not write), no subset, a port.
+func (b *trafficBuilder) ambientTargetProblems(tp *trafficPolicy, d *discoveryv1alpha1.Destination) []string {
+	var errs []string
+	self := d.Spec.KubeService.Ref
+	check := func(path string, t *discoveryv1alpha1.Destination, port int32) {
+		if t == nil {
+			return // validateTraffic reported it
+		}
+		ref := t.Spec.KubeService.Ref
+		switch {
+		case ref.ClusterName != self.ClusterName:
+			errs = append(errs, fmt.Sprintf("ambient Destination (Gateway API route): %s: Service %s/%s is in cluster %s; a route's backends are Services of its own cluster", path, ref.Namespace, ref.Name, ref.ClusterName))
+		case ref.Namespace != self.Namespace:
+			errs = append(errs, fmt.Sprintf("ambient Destination (Gateway API route): %s: Service %s/%s is in another namespace than %s/%s; that needs a ReferenceGrant, which Relaymesh does not write", path, ref.Namespace, ref.Name, self.Namespace, self.Name))
+		}
+		if _, why := targetPort(t, port); why != "" {
+			errs = append(errs, fmt.Sprintf("ambient Destination (Gateway API route): %s %s", path, why))
+		}
+	}
+	p := &tp.p.Spec.Policy
+	if ts := p.TrafficShift; ts != nil {
+		for i, wd := range ts.Destinations {
+			if wd.KubeService == nil {
+				continue
+			}
+			path := fmt.Sprintf("policy.trafficShift.destinations[%d]", i)
+			if len(wd.KubeService.Subset) > 0 {
+				errs = append(errs, fmt.Sprintf("ambient Destination (Gateway API route): %s.subset: Gateway API routes to Services, not subsets; make one Service per version (say %s-%s) and name it in kubeService", path, wd.KubeService.Name, strings.Join(sortedValues(wd.KubeService.Subset), "-")))
+			}
+			check(path, b.byRef[wd.KubeService.ClusterObjectRef], wd.KubeService.Port)
+		}
+	}
+	if m := p.Mirror; m != nil {
+		check("policy.mirror", b.byRef[m.KubeService], m.Port)
+	}
+	return errs
+}
+
+// sidecarIntoAmbient lists why tp cannot be written as the VirtualService
+// of the sidecar Destination d: a subset of an ambient Destination is
+// defined nowhere (no DestinationRule is written for an ambient host).
+func (b *trafficBuilder) sidecarIntoAmbient(tp *trafficPolicy) []string {
+	var errs []string
+	if ts := tp.p.Spec.Policy.TrafficShift; ts != nil {
+		for i, wd := range ts.Destinations {
+			if wd.KubeService == nil || len(wd.KubeService.Subset) == 0 {
+				continue
+			}
+			if t := b.byRef[wd.KubeService.ClusterObjectRef]; t != nil && gatewayRoutes(t) {
+				errs = append(errs, fmt.Sprintf("policy.trafficShift.destinations[%d].subset: %s/%s runs in ambient mode, where Relaymesh defines no subsets (no DestinationRule for an ambient host); make one Service per version and name it in kubeService",
+					i, wd.KubeService.Namespace, wd.KubeService.Name))
+			}
+		}
+	}
+	return errs
+}
+
+// matcherProblems lists what of m a Gateway API route match cannot say.
+func matcherProblems(m *networkingv1alpha1.HTTPMatcher, grpc bool) []string {
+	var errs []string
+	for j, h := range m.Headers {
+		if h.InvertMatch {
+			errs = append(errs, fmt.Sprintf(".headers[%d].invertMatch: Gateway API header matches cannot be inverted", j))
+		}
+		if msgs := validation.IsHTTPHeaderName(h.Name); len(msgs) > 0 {
+			errs = append(errs, fmt.Sprintf(".headers[%d].name: %s", j, msgs[0]))
+		}
+	}
+	if grpc {
+		if len(m.QueryParameters) > 0 {
+			errs = append(errs, ".queryParameters: a GRPCRoute has no query parameter matches")
+		}
+		if m.Method != "" {
+			errs = append(errs, ".method: a GRPCRoute matches gRPC methods by uri, not HTTP methods")
+		}
+		if m.URI != nil {
+			if _, ok := grpcMethod(m.URI); !ok {
+				errs = append(errs, ".uri: a GRPCRoute matches exactly /<service>/<method> or a prefix /<service>/, not a regex or another path")
+			}
+		}
+		return errs
+	}
+	if m.Method != "" && !slices.Contains(gatewayMethods, m.Method) {
+		errs = append(errs, fmt.Sprintf(".method: %q is not a method an HTTPRoute may match", m.Method))
+	}
+	if u := m.URI; u != nil && (u.Exact != nil && !strings.HasPrefix(*u.Exact, "/") || u.Exact != nil && strings.Contains(*u.Exact, "//")) {
+		errs = append(errs, ".uri.exact: an HTTPRoute path starts with '/' and holds no '//'")
+	}
+	for j, q := range m.QueryParameters {
+		if q.Name == "" {
+			errs = append(errs, fmt.Sprintf(".queryParameters[%d].name: required", j))
+		}
+	}
+	return errs
+}
+
+// grpcMethod turns a uri match into a GRPCRoute method match: exact
+// /<service>/<method>, or prefix /<service>/ (every method of a service).
+func grpcMethod(u *networkingv1alpha1.StringMatch) (*gwGRPCMethod, bool) {
+	switch {
+	case u.Exact != nil:
+		svc, method, ok := strings.Cut(strings.TrimPrefix(*u.Exact, "/"), "/")
+		if !strings.HasPrefix(*u.Exact, "/") || !ok || svc == "" || method == "" || strings.Contains(method, "/") {
+			return nil, false
+		}
+		return &gwGRPCMethod{Type: "Exact", Service: svc, Method: method}, true
+	case u.Prefix != nil:
+		svc, ok := strings.CutSuffix(strings.TrimPrefix(*u.Prefix, "/"), "/")
+		if !strings.HasPrefix(*u.Prefix, "/") || !ok || svc == "" || strings.Contains(svc, "/") {
+			return nil, false
+		}
+		return &gwGRPCMethod{Type: "Exact", Service: svc}, true
+	}
+	return nil, false
+}
+
+// gatewayDuration renders d in Gateway API's duration format
+// (^([0-9]{1,5}(h|m|s|ms)){1,4}$), or says why it cannot.
+func gatewayDuration(d time.Duration) (string, string) {
+	switch {
+	case d < 0:
+		return "", fmt.Sprintf("%s is negative", d)
+	case d%time.Millisecond != 0:
+		return "", fmt.Sprintf("%s is not a whole number of milliseconds (Gateway API durations have millisecond precision)", d)
+	}
+	h, rest := d/time.Hour, d%time.Hour
+	m, rest := rest/time.Minute, rest%time.Minute
+	s, ms := rest/time.Second, (rest%time.Second)/time.Millisecond
+	if h > maxDurationUnit {
+		return "", fmt.Sprintf("%s is longer than %d hours", d, maxDurationUnit)
+	}
+	var out strings.Builder
+	for _, u := range []struct {
+		n    time.Duration
+		unit string
+	}{{h, "h"}, {m, "m"}, {s, "s"}, {ms, "ms"}} {
+		if u.n > 0 {
+			fmt.Fprintf(&out, "%d%s", u.n, u.unit)
+		}
+	}
+	if out.Len() == 0 {
+		return "0s", ""
+	}
+	return out.String(), ""
+}
+
+// ambientRule is one route of an ambient Destination, built from the
+// policies that share its matcher.
+type ambientRule struct {
+	backends []gwBackendRef
+	filters  []gwFilter
+	timeout  string
+}
+
+// gatewayRoute writes d's HTTPRoute (or GRPCRoute): one rule per route of
+// the applied policies, most specific first as in the VirtualService, and
+// a last rule without matches sending the rest to d.
+func (b *trafficBuilder) gatewayRoute(out *translation.Output, r *translation.Report, d *discoveryv1alpha1.Destination, applied []*trafficPolicy) {
+	port, grpc, problem := routePort(d)
+	if problem != "" || len(applied) == 0 {
+		return // reported by ambientProblems; no policy applies
+	}
+	ks := d.Spec.KubeService
+	byKey := map[string]*route{}
+	rules := map[*route]*ambientRule{}
+	var routes []*route
+	var parents []translation.Parent
+	for i, tp := range applied {
+		parent := translation.Parent{Kind: trafficPolicyKind, Namespace: tp.p.Namespace, Name: tp.p.Name}
+		parents = append(parents, parent)
+		for _, rk := range tp.routes {
+			rt := byKey[rk.key]
+			if rt == nil {
+				rt = &route{key: rk.key, order: i, matcher: rk.matcher}
+				byKey[rk.key] = rt
+				rules[rt] = &ambientRule{}
+				routes = append(routes, rt)
+			}
+			rt.parents = append(rt.parents, parent)
+			b.decorateAmbient(rules[rt], &tp.p.Spec.Policy)
+		}
+	}
+	self := []gwBackendRef{{Name: ks.Ref.Name, Port: port.Port}}
+	var ordered []*route
+	catchAll := false
+	for _, rt := range sortRoutes(routes) {
+		if rt.matcher == nil || isEmptyMatcher(rt.matcher) {
+			if catchAll {
+				continue
+			}
+			catchAll = true
+		}
+		ordered = append(ordered, rt)
+	}
+	n := len(ordered)
+	if !catchAll {
+		n++
+	}
+	if n > maxRouteRules {
+		failed(r, parents, d, fmt.Errorf("ambient Destination (Gateway API route): the policies make %d routes for this Service, and a Gateway API route holds at most %d rules", n, maxRouteRules))
+		return
+	}
+	parentRefs := []gwParentRef{{Group: "", Kind: "Service", Name: ks.Ref.Name, Port: port.Port}}
+	var (
+		kind string
+		spec any
+	)
+	if grpc {
+		s := gwGRPCRouteSpec{ParentRefs: parentRefs}
+		for _, rt := range ordered {
+			ar := rules[rt]
+			rule := gwGRPCRule{Filters: ar.filters, BackendRefs: cmpBackends(ar.backends, self)}
+			if m := grpcMatch(rt.matcher); m != nil {
+				rule.Matches = []gwGRPCMatch{*m}
+			}
+			s.Rules = append(s.Rules, rule)
+		}
+		if !catchAll {
+			s.Rules = append(s.Rules, gwGRPCRule{BackendRefs: self})
+		}
+		kind, spec = kindGRPCRoute, s
+	} else {
+		s := gwHTTPRouteSpec{ParentRefs: parentRefs}
+		for _, rt := range ordered {
+			ar := rules[rt]
+			rule := gwHTTPRule{Filters: ar.filters, BackendRefs: cmpBackends(ar.backends, self)}
+			if m := httpMatch(rt.matcher); m != nil {
+				rule.Matches = []gwHTTPMatch{*m}
+			}
+			if ar.timeout != "" {
+				rule.Timeouts = &gwTimeouts{Request: ar.timeout}
+			}
+			s.Rules = append(s.Rules, rule)
+		}
+		if !catchAll {
+			s.Rules = append(s.Rules, gwHTTPRule{BackendRefs: self})
+		}
+		kind, spec = kindHTTPRoute, s
+	}
+	if err := out.AddObject(ks.Ref.ClusterName, gatewayAPIVersion, kind, ks.Ref.Namespace, namePrefix+ks.Ref.Name, spec, parents...); err != nil {
+		failed(r, parents, d, err)
+	}
+}
+
+func cmpBackends(set, def []gwBackendRef) []gwBackendRef {
+	if len(set) > 0 {
+		return set
+	}
+	return def
+}
+
+func isEmptyMatcher(m *networkingv1alpha1.HTTPMatcher) bool {
+	return m.URI == nil && m.Method == "" && len(m.Headers)+len(m.QueryParameters) == 0
+}
+
+// decorateAmbient applies one policy's route fields to a rule (claim
+// ensured no two policies set one field of a route; ambientProblems that
+// every field set here can be said).
+func (b *trafficBuilder) decorateAmbient(ar *ambientRule, p *networkingv1alpha1.Policy) {
+	if ts := p.TrafficShift; ts != nil {
+		for _, wd := range ts.Destinations {
+			t := b.byRef[wd.KubeService.ClusterObjectRef]
+			port, _ := targetPort(t, wd.KubeService.Port)
+			ar.backends = append(ar.backends, gwBackendRef{Name: wd.KubeService.Name, Port: port, Weight: new(wd.Weight)})
+		}
+	}
+	if p.RequestTimeout != nil {
+		ar.timeout, _ = gatewayDuration(p.RequestTimeout.Duration)
+	}
+	if hm := p.HeaderManipulation; hm != nil {
+		if len(hm.AppendRequestHeaders)+len(hm.RemoveRequestHeaders) > 0 {
+			ar.filters = append(ar.filters, gwFilter{Type: "RequestHeaderModifier", RequestHeaderModifier: headerModifier(hm.AppendRequestHeaders, hm.RemoveRequestHeaders)})
+		}
+		if len(hm.AppendResponseHeaders)+len(hm.RemoveResponseHeaders) > 0 {
+			ar.filters = append(ar.filters, gwFilter{Type: "ResponseHeaderModifier", ResponseHeaderModifier: headerModifier(hm.AppendResponseHeaders, hm.RemoveResponseHeaders)})
+		}
+	}
+	if m := p.Mirror; m != nil {
+		t := b.byRef[m.KubeService]
+		port, _ := targetPort(t, m.Port)
+		mirror := &gwMirror{BackendRef: gwBackendRef{Name: m.KubeService.Name, Port: port}}
+		if pct := m.Percentage; pct == math.Trunc(pct) {
+			mirror.Percent = new(int32(pct))
+		} else {
+			// A millionth: the precision of Istio's mirrorPercentage
+			// to four decimals of a percent.
+			mirror.Fraction = &gwFraction{Numerator: int32(math.Round(pct * 10000)), Denominator: 1000000}
+		}
+		ar.filters = append(ar.filters, gwFilter{Type: "RequestMirror", RequestMirror: mirror})
+	}
+	if c := p.CORSPolicy; c != nil {
+		cors := &gwCORS{AllowMethods: c.AllowMethods, AllowHeaders: c.AllowHeaders, ExposeHeaders: c.ExposeHeaders, AllowCredentials: c.AllowCredentials}
+		for _, o := range c.AllowOrigins {
+			if o.Exact != nil {
+				cors.AllowOrigins = append(cors.AllowOrigins, *o.Exact)
+			}
+		}
+		if c.MaxAge != nil {
+			cors.MaxAge = int32(c.MaxAge.Duration / time.Second)
+		}
+		ar.filters = append(ar.filters, gwFilter{Type: "CORS", CORS: cors})
+	}
+	// Filters in one fixed order, whichever policy set them.
+	order := map[string]int{"CORS": 0, "RequestHeaderModifier": 1, "ResponseHeaderModifier": 2, "RequestMirror": 3}
+	slices.SortStableFunc(ar.filters, func(x, y gwFilter) int { return order[x.Type] - order[y.Type] })
+}
+
+func headerModifier(add map[string]string, remove []string) *gwHeaderModifier {
+	hm := &gwHeaderModifier{Remove: slices.Clone(remove)}
+	for _, k := range slices.Sorted(maps.Keys(add)) {
+		hm.Add = append(hm.Add, gwHeader{Name: k, Value: add[k]})
+	}
+	return hm
+}
+
+// httpMatch is m as an HTTPRouteMatch; nil matches every request. A uri
+// prefix other than "/" becomes a regular expression: Gateway API's
+// PathPrefix matches whole path segments ("/api" does not match "/apis"),
+// Istio's prefix matches characters.
+func httpMatch(m *networkingv1alpha1.HTTPMatcher) *gwHTTPMatch {
+	if m == nil || isEmptyMatcher(m) {
+		return nil
+	}
+	out := &gwHTTPMatch{Method: m.Method}
+	if u := m.URI; u != nil {
+		switch {
+		case u.Exact != nil:
+			out.Path = &gwMatch{Type: "Exact", Value: *u.Exact}
+		case u.Prefix != nil && *u.Prefix == "/":
+			out.Path = &gwMatch{Type: "PathPrefix", Value: "/"}
+		case u.Prefix != nil:
+			out.Path = &gwMatch{Type: "RegularExpression", Value: regexp.QuoteMeta(*u.Prefix) + ".*"}
+		case u.Regex != nil:
+			out.Path = &gwMatch{Type: "RegularExpression", Value: *u.Regex}
+		}
+	}
+	out.Headers = headerMatches(m.Headers)
+	for _, q := range m.QueryParameters {
+		out.QueryParams = append(out.QueryParams, namedMatch(q.Name, q.Value, q.Regex))
+	}
+	slices.SortFunc(out.QueryParams, func(a, b gwNamedMatch) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+func grpcMatch(m *networkingv1alpha1.HTTPMatcher) *gwGRPCMatch {
+	if m == nil || isEmptyMatcher(m) {
+		return nil
+	}
+	out := &gwGRPCMatch{Headers: headerMatches(m.Headers)}
+	if m.URI != nil {
+		out.Method, _ = grpcMethod(m.URI)
+	}
+	return out
+}
+
+func headerMatches(hs []networkingv1alpha1.HeaderMatcher) []gwNamedMatch {
+	var out []gwNamedMatch
+	for _, h := range hs {
+		out = append(out, namedMatch(strings.ToLower(h.Name), h.Value, h.Regex))
+	}
+	slices.SortFunc(out, func(a, b gwNamedMatch) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// namedMatch matches a header or query value as valueMatch does: an empty
+// value matches any.
+func namedMatch(name, value string, regex bool) gwNamedMatch {
+	switch {
+	case regex:
+		return gwNamedMatch{Type: "RegularExpression", Name: name, Value: value}
+	case value == "":
+		return gwNamedMatch{Type: "RegularExpression", Name: name, Value: ".*"}
+	}
+	return gwNamedMatch{Type: "Exact", Name: name, Value: value}
+}
+
+// sortedValues are m's values in the order of their keys.
+func sortedValues(m map[string]string) []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, m[k])
+	}
+	return out
+}

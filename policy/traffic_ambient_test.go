@@ -1,0 +1,145 @@
+package policy_test
+
+import (
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/policy"
+	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/translationtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// TestNoIstioRoutingForAnAmbientHost: every traffic golden input, with
+// each of its Destinations turned ambient (with and without a ready
+// waypoint), yields no VirtualService and no DestinationRule; every route
+// is a Gateway API route attached to its own Service (group "", kind
+// Service, its namespace) with at most 16 rules and a port on every
+// backend; every Accepted target has its route, and without a waypoint
+// every target fails saying it needs one.
+func TestNoIstioRoutingForAnAmbientHost(t *testing.T) {
+	dirs, err := filepath.Glob(filepath.Join("testdata", "traffic", "*"))
+	require.NoError(t, err)
+	for _, dir := range dirs {
+		for _, withWaypoint := range []bool{false, true} {
+			in := translationtest.LoadInput(t, dir)
+			ambientEverywhere(in, withWaypoint)
+			out, r := translation.NewOutput(), translation.NewReport()
+			policy.TranslateTraffic(in, out, r)
+			routed := map[string][]string{} // target → parents of its route
+			for _, o := range out.Objects() {
+				u := o.Object
+				require.Contains(t, []string{"HTTPRoute", "GRPCRoute"}, u.GetKind(), "%s: %s %s/%s in an ambient world", dir, u.GetKind(), u.GetNamespace(), u.GetName())
+				assert.Equal(t, "gateway.networking.k8s.io/v1", u.GetAPIVersion())
+				refs, _, _ := unstructured.NestedSlice(u.Object, "spec", "parentRefs")
+				require.Len(t, refs, 1, "%s: %s", dir, u.GetName())
+				ref := refs[0].(map[string]any)
+				assert.Equal(t, "", ref["group"], "a Service parentRef names the core group")
+				assert.Equal(t, "Service", ref["kind"])
+				assert.Equal(t, "relaymesh-"+ref["name"].(string), u.GetName())
+				rules, _, _ := unstructured.NestedSlice(u.Object, "spec", "rules")
+				assert.LessOrEqual(t, len(rules), 16)
+				for _, rule := range rules {
+					backends, _, _ := unstructured.NestedSlice(rule.(map[string]any), "backendRefs")
+					require.NotEmpty(t, backends)
+					for _, b := range backends {
+						assert.Positive(t, b.(map[string]any)["port"], "%s: %s", dir, u.GetName())
+					}
+				}
+				target := o.Cluster + "/" + u.GetNamespace() + "/" + ref["name"].(string)
+				routed[target] = append(routed[target], strings.Split(u.GetAnnotations()["relaymesh.io/parents"], ",")...)
+			}
+			for _, p := range in.TrafficPolicies {
+				st, targets, _ := r.Status(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: p.Namespace, Name: p.Name})
+				if st.State != common.StateAccepted {
+					continue
+				}
+				for _, ts := range targets {
+					msg := strings.Join(ts.Errors, " ")
+					if !withWaypoint {
+						assert.Equal(t, common.StateFailed, ts.State, "%s: %s/%s on %s", dir, p.Namespace, p.Name, ts.Target)
+						assert.Contains(t, msg, "needs a waypoint", "%s: %s/%s on %s", dir, p.Namespace, p.Name, ts.Target)
+						continue
+					}
+					assert.NotContains(t, msg, "needs a waypoint")
+					if ts.State == common.StateAccepted {
+						assert.Contains(t, routed[ts.Target], "TrafficPolicy/"+p.Namespace+"/"+p.Name, "%s: accepted on %s, so its route is there", dir, ts.Target)
+					} else {
+						assert.Contains(t, msg, "ambient Destination (Gateway API route)", "%s: %s/%s on %s", dir, p.Namespace, p.Name, ts.Target)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestEveryUnsayableFieldFailsByName: each TrafficPolicy field Gateway API
+// cannot carry fails the policy on the ambient Destination with a message
+// naming the field, and the route is not written with the field dropped.
+func TestEveryUnsayableFieldFailsByName(t *testing.T) {
+	d := metav1.Duration{Duration: 1500}
+	bad := map[string]func(*networkingv1alpha1.TrafficPolicySpec){
+		"policy.retries": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.Retries = &networkingv1alpha1.RetryPolicy{Attempts: 2}
+		},
+		"policy.faultInjection": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.FaultInjection = &networkingv1alpha1.FaultInjection{Percentage: 1, Abort: &networkingv1alpha1.Abort{HTTPStatus: 500}}
+		},
+		"policy.outlierDetection": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.OutlierDetection = &networkingv1alpha1.OutlierDetection{}
+		},
+		"policy.mtls": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.MTLS = &networkingv1alpha1.MTLSPolicy{TLSMode: "ISTIO_MUTUAL"}
+		},
+		"policy.requestTimeout": func(s *networkingv1alpha1.TrafficPolicySpec) { s.Policy.RequestTimeout = &d },
+		"spec.sourceSelector": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.SourceSelector = []common.WorkloadSelector{{Namespaces: []string{"legacy"}}}
+		},
+		".headers[0].invertMatch": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.HTTPRequestMatchers = []networkingv1alpha1.HTTPMatcher{{Headers: []networkingv1alpha1.HeaderMatcher{{Name: "x-a", Value: "b", InvertMatch: true}}}}
+		},
+		".headers[0].name": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.HTTPRequestMatchers = []networkingv1alpha1.HTTPMatcher{{Headers: []networkingv1alpha1.HeaderMatcher{{Name: "x a\n", Value: "b"}}}}
+		},
+		".method": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.HTTPRequestMatchers = []networkingv1alpha1.HTTPMatcher{{Method: "BREW"}}
+		},
+		"policy.corsPolicy.allowOrigins[0]": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.CORSPolicy = &networkingv1alpha1.CORSPolicy{AllowOrigins: []networkingv1alpha1.StringMatch{{Regex: new("https://.*")}}}
+		},
+		"policy.headerManipulation.removeRequestHeaders": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.HeaderManipulation = &networkingv1alpha1.HeaderManipulation{RemoveRequestHeaders: slices.Repeat([]string{"x-a"}, 17)}
+		},
+		"policy.trafficShift.destinations[0].subset": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.TrafficShift = &networkingv1alpha1.TrafficShift{Destinations: []networkingv1alpha1.WeightedDestination{{Weight: 100,
+				KubeService: &networkingv1alpha1.KubeServiceTarget{ClusterObjectRef: common.ClusterObjectRef{Name: "reviews", Namespace: "shop", ClusterName: "cluster-1"}, Subset: map[string]string{"version": "v2"}}}}}
+		},
+		"is in another namespace": func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.Mirror = &networkingv1alpha1.Mirror{KubeService: common.ClusterObjectRef{Name: "frontend", Namespace: "legacy", ClusterName: "cluster-1"}, Percentage: 5}
+		},
+	}
+	for field, set := range bad {
+		t.Run(field, func(t *testing.T) {
+			in := translationtest.LoadInput(t, filepath.Join("testdata", "traffic", "ambient-routes"))
+			p := networkingv1alpha1.TrafficPolicy{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: "shop", CreationTimestamp: metav1.Unix(1, 0)}}
+			p.Spec.DestinationSelector = []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{{Name: "reviews-v2", Namespace: "shop", ClusterName: "cluster-1"}}}}}
+			set(&p.Spec)
+			in.TrafficPolicies = []networkingv1alpha1.TrafficPolicy{p}
+			out, r := translation.NewOutput(), translation.NewReport()
+			policy.TranslateTraffic(in, out, r)
+			st, targets, _ := r.Status(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: "shop", Name: "probe"})
+			require.Equal(t, common.StateAccepted, st.State, "%v", st.Errors)
+			require.Len(t, targets, 1)
+			assert.Equal(t, common.StateFailed, targets[0].State)
+			assert.Contains(t, strings.Join(targets[0].Errors, " "), field)
+			assert.Empty(t, out.Objects(), "nothing is written with the field dropped")
+		})
+	}
+}
