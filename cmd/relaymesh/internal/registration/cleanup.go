@@ -3,6 +3,7 @@ package registration
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -38,7 +39,8 @@ type Applied struct {
 
 // RemoveApplied deletes, in the workload cluster, exactly what an agent
 // whose owner label value is owner applied: the objects of the agent's
-// kinds (apply.DefaultKinds) carrying outputs.OwnerLabel=owner, and the
+// kinds (apply.DefaultKinds and apply.GatewayRouteKinds) carrying
+// outputs.OwnerLabel=owner, and the
 // cacerts Secrets carrying outputs.OwnerLabel=owner. Nothing without the label
 // is touched (a user's objects, a cacerts the user made); each delete is
 // conditional on the UID that was listed. With dryRun it only lists.
@@ -54,7 +56,7 @@ func RemoveApplied(ctx context.Context, remote *kubeclient.Clients, owner string
 		return out, err
 	}
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
-	for _, gvk := range apply.DefaultKinds {
+	for _, gvk := range slices.Concat(apply.DefaultKinds, apply.GatewayRouteKinds) {
 		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		if meta.IsNoMatchError(err) {
 			out.Unserved = append(out.Unserved, gvk.Kind+"."+gvk.Group)
@@ -132,9 +134,17 @@ func CleanupCommands(owner string) []string {
 	for _, gvk := range apply.DefaultKinds {
 		kinds = append(kinds, Resource(gvk).Resource+"."+gvk.Group)
 	}
+	// The Gateway API routes (ambient meshes) get a command of their own:
+	// kubectl refuses a whole command that names a resource the cluster does
+	// not serve, and most clusters without ambient have no Gateway API CRDs.
+	routes := make([]string, 0, len(apply.GatewayRouteKinds))
+	for _, gvk := range apply.GatewayRouteKinds {
+		routes = append(routes, Resource(gvk).Resource+"."+gvk.Group)
+	}
 	return []string{
 		fmt.Sprintf("kubectl delete %s --all-namespaces -l %s=%s", strings.Join(kinds, ","), outputs.OwnerLabel, owner),
 		fmt.Sprintf("kubectl delete secrets --all-namespaces -l %s=%s --field-selector metadata.name=%s", outputs.OwnerLabel, owner, trust.SecretName),
+		fmt.Sprintf("kubectl delete %s --all-namespaces -l %s=%s # only where the Gateway API CRDs are installed", strings.Join(routes, ","), outputs.OwnerLabel, owner),
 	}
 }
 
