@@ -259,10 +259,16 @@ func coverage(t *testing.T, gs []grant, reqs []request) map[int]request {
 	require.Empty(t, uniq(unmatched), "requests authorized by something other than the charts' rules")
 
 	first := map[int]request{}
-	var unused []string
+	var unused, exemptUsed []string
 	for i, g := range gs {
 		for _, a := range g.atoms() {
 			j := slices.IndexFunc(reqs, func(r request) bool { return g.uses(a, r) })
+			if _, exempt := notInTheJob[a.group]; exempt {
+				if j >= 0 {
+					exemptUsed = append(exemptUsed, g.String()+": "+a.String())
+				}
+				continue
+			}
 			if j < 0 {
 				unused = append(unused, g.String()+": "+a.String())
 				continue
@@ -273,7 +279,17 @@ func coverage(t *testing.T, gs []grant, reqs []request) map[int]request {
 		}
 	}
 	require.Empty(t, unused, "permissions the charts grant that the main job never used")
+	require.Empty(t, exemptUsed, "permissions notInTheJob exempts that the main job now uses: remove their exemption")
 	return first
+}
+
+// notInTheJob are the API groups whose permissions the main job cannot use
+// yet, each with why and what proves them instead. coverage fails when the
+// job does use one, so an exemption does not outlive its reason.
+var notInTheJob = map[string]string{
+	"gateway.networking.k8s.io": "the job's workload clusters run sidecar Istio without Gateway API's CRDs; the agent's waypoint " +
+		"discovery and HTTPRoute/GRPCRoute writes (ambient meshes, issue 32) are proven on a real apiserver by agent/apply and " +
+		"test/istiod, not yet under the chart's RBAC",
 }
 
 func uniq(s []string) []string {
