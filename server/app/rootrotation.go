@@ -259,17 +259,25 @@ func (p *process) stepRelayRoot(ctx context.Context, r *ca.RelayIssuers, last *r
 	switch {
 	case last == nil && st.Phase != ca.RootIdle:
 		p.log.Info("relay root rotation in progress", rootAttrs(st)...)
-	case last != nil && last.state != st:
+	case last != nil && !sameRootState(last.state, st):
 		rr.steps.Inc()
 		p.log.Info("relay root rotation moved to phase "+string(st.Phase), append(rootAttrs(st), "from", last.state.Phase)...)
 		// This replica loads the new state at once; the others within
 		// --relay-issuer-check-interval.
 		p.reloadRelayIssuer(ctx, r)
 	}
-	if d.Waiting != "" && (last == nil || last.waiting != d.Waiting || last.state != st) {
+	if d.Waiting != "" && (last == nil || last.waiting != d.Waiting || !sameRootState(last.state, st)) {
 		p.log.Info("relay root rotation waiting: "+d.Waiting, "phase", st.Phase, "revision", st.Revision, "blocking", d.Blocking)
 	}
 	return &rootStepLog{state: st, waiting: d.Waiting}
+}
+
+// sameRootState compares states as written: Since is stored to the
+// second, so the state a step decided and the same state read back differ
+// in it.
+func sameRootState(a, b ca.RootRotationState) bool {
+	a.Since, b.Since = time.Time{}, time.Time{}
+	return a == b
 }
 
 func rootAttrs(st ca.RootRotationState) []any {

@@ -130,3 +130,18 @@ func TestRelayRootRotationIsOnceOnlyWork(t *testing.T) {
 		assert.Contains(t, names, "relay-root-rotation")
 	}
 }
+
+// A state read back from the Secret (Since to the second) is the state
+// the step decided: no second "moved" log, no second count.
+func TestSameRootStateIgnoresSincesPrecision(t *testing.T) {
+	st := ca.RootRotationState{Phase: ca.RootAddingNew, Old: "o", New: "n", Revision: 1, Since: time.Date(2026, 12, 2, 10, 0, 0, 123, time.UTC)}
+	back := st
+	back.Since = st.Since.Truncate(time.Second)
+	assert.True(t, sameRootState(st, back))
+	moved := back
+	moved.Phase, moved.Revision = ca.RootSwitching, 2
+	assert.False(t, sameRootState(st, moved))
+	swapped := back
+	swapped.Old, swapped.New, swapped.RolledBack = "n", "o", true
+	assert.False(t, sameRootState(st, swapped))
+}

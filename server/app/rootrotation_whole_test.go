@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"crypto/x509"
 	"log/slog"
 	"strings"
 	"testing"
@@ -35,6 +36,9 @@ type rotationWorld struct {
 	secrets *identitytest.MemAgentSecrets
 	sess    *agent.Session
 	logs    *syncbuf.Buffer
+	runCtx  context.Context
+	// endSession ends the current agent session and waits for it.
+	endSession func()
 }
 
 func newRotationWorld(t *testing.T, ns string) *rotationWorld {
@@ -59,15 +63,12 @@ func newRotationWorld(t *testing.T, ns string) *rotationWorld {
 		Secrets: w.secrets, Logger: log, Jitter: func() float64 { return 0 }, Retry: backoff.Policy{Min: 100 * time.Millisecond, Max: time.Second}})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
-	mDone, sDone := make(chan struct{}), make(chan struct{})
+	mDone := make(chan struct{})
 	go func() { _ = w.m.Run(runCtx); close(mDone) }()
 	<-w.m.Ready()
-	w.sess, err = agent.NewSession(agent.SessionConfig{ServerAddress: a.Addrs.Relay, TLS: w.m.ClientTLS, TrustBundles: w.m,
-		PingInterval: 200 * time.Millisecond, Logger: log, Retry: backoff.Policy{Min: 100 * time.Millisecond, Max: time.Second}})
-	require.NoError(t, err)
-	go func() { _ = w.sess.Run(runCtx); close(sDone) }()
-	t.Cleanup(func() { cancel(); <-mDone; <-sDone })
-	require.Eventually(t, func() bool { return w.sess.State().Connected }, 30*time.Second, 100*time.Millisecond)
+	w.runCtx = runCtx
+	w.startSession(log)
+	t.Cleanup(func() { cancel(); w.endSession(); <-mDone })
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("agent logs:\n%s", w.logs.String())
@@ -79,6 +80,20 @@ func newRotationWorld(t *testing.T, ns string) *rotationWorld {
 		}
 	})
 	return w
+}
+
+// startSession starts an agent session that stores and acknowledges
+// bundles, and waits until it is connected.
+func (w *rotationWorld) startSession(log *slog.Logger) {
+	var err error
+	w.sess, err = agent.NewSession(agent.SessionConfig{ServerAddress: w.app.Addrs.Relay, TLS: w.m.ClientTLS, TrustBundles: w.m,
+		PingInterval: 200 * time.Millisecond, Logger: log, Retry: backoff.Policy{Min: 100 * time.Millisecond, Max: time.Second}})
+	require.NoError(w.t, err)
+	ctx, cancel := context.WithCancel(w.runCtx)
+	done := make(chan struct{})
+	go func() { _ = w.sess.Run(ctx); close(done) }()
+	w.endSession = func() { cancel(); <-done }
+	require.Eventually(w.t, func() bool { return w.sess.State().Connected }, 30*time.Second, 100*time.Millisecond)
 }
 
 // state is the rotation state in the relay root Secret.
@@ -111,48 +126,81 @@ func (w *rotationWorld) phases(timeout time.Duration, done func(ca.RootRotationS
 
 // The relay root rotation runs by itself from `start`: the task stages a
 // new root, the agent stores both roots and acknowledges, the replica
-// switches, the old root leaves after the grace window and the rotation
-// is Idle on the new root. The agent keeps its session throughout and
-// renews under the new root after the switch; the agent pins only the new
-// root at the end; the metrics show the phases and the transitions.
+// switches, the old root leaves after the grace window. The agent keeps
+// its session from start through Switching into RemovingOldRoot and
+// renews under the new root after the switch. Then, as the design note
+// records, the agent refuses the bundle without the old root over that
+// same session (its server chain, from before the switch, is under the old
+// root) and the rotation waits for it, naming it; a new session (which
+// verifies the server under the new root) acknowledges, and the rotation
+// ends Idle on the new root, the agent pinning only that one and renewing.
 func TestRelayRootRotationRunsFromStartToIdleWithAnAcknowledgingAgent(t *testing.T) {
 	w := newRotationWorld(t, "root-rotation")
 	ctx := context.Background()
 	before := w.state()
 	require.Equal(t, ca.RootIdle, before.Phase)
 	require.NoError(t, ca.RequestRootRotation(ctx, w.kube.Typed, w.ns, ca.RootRequestStart))
-	adding := w.phases(20*time.Second, func(st ca.RootRotationState) bool { return st.Phase != ca.RootIdle })
+	seen := w.phases(2*time.Minute, func(st ca.RootRotationState) bool { return st.Phase == ca.RootRemovingOld })
+	assert.Subset(t, seen, []ca.RootPhase{ca.RootAddingNew, ca.RootSwitching, ca.RootRemovingOld})
 	st := w.state()
 	newRoot := st.New
-	require.NotEmpty(t, newRoot)
-	require.Eventually(t, func() bool { return w.app.Series(t, app.MetricRelayRootRotationPhase, "phase")[string(ca.RootAddingNew)] == 1 ||
-		w.state().Phase != ca.RootAddingNew }, 10*time.Second, 100*time.Millisecond)
+	renewals := w.m.Status().Renewals
+	require.Eventually(t, func() bool { return w.m.Status().Renewals > renewals }, 30*time.Second, 200*time.Millisecond)
+	ss := w.sess.State()
+	assert.True(t, ss.Connected)
+	assert.Zero(t, ss.Reconnects, "the session was never lost through AddingNewRoot and Switching")
+	assert.Empty(t, w.m.Status().LastError, "every Renew was accepted")
+	leaf := w.leaf()
+	assert.Equal(t, newRoot, ca.RootFingerprint(leaf), "renewed under the new root")
 
-	seen := w.phases(2*time.Minute, func(st ca.RootRotationState) bool { return st.Phase == ca.RootIdle })
-	all := append(adding, seen...)
-	assert.Subset(t, all, []ca.RootPhase{ca.RootAddingNew, ca.RootSwitching, ca.RootRemovingOld, ca.RootIdle})
+	require.Eventually(t, func() bool { return strings.Contains(w.app.Logs.String(), `"blocking":["rot-0: has not acknowledged yet"]`) }, 30*time.Second, 200*time.Millisecond,
+		"RemovingOldRoot waits for the agent whose session predates the switch, and says so")
+	assert.Equal(t, ca.RootRemovingOld, w.state().Phase)
+	assert.Equal(t, 1.0, w.app.Series(t, app.MetricRelayRootRotationPendingAgents, "")[""])
+
+	w.endSession()
+	w.startSession(slog.New(slog.NewTextHandler(w.logs, nil)))
+	w.phases(30*time.Second, func(st ca.RootRotationState) bool { return st.Phase == ca.RootIdle })
 	end := w.state()
 	assert.Equal(t, newRoot, end.Old, "the new root is the relay root")
 	assert.Equal(t, before.Revision+4, end.Revision)
-
 	stored, err := w.secrets.Roots(ctx)
 	require.NoError(t, err)
 	roots, err := ca.ParseTrustBundle(stored)
 	require.NoError(t, err)
 	require.Len(t, roots, 1)
 	assert.Equal(t, newRoot, ca.RootFingerprint(roots[0]), "the agent pins only the new root")
-
-	renewals := w.m.Status().Renewals
+	renewals = w.m.Status().Renewals
 	require.Eventually(t, func() bool { return w.m.Status().Renewals > renewals }, 30*time.Second, 200*time.Millisecond, "the agent renews after the old root left")
-	ms := w.m.Status()
-	assert.Empty(t, ms.LastError)
+	assert.Empty(t, w.m.Status().LastError)
 	assert.False(t, w.secrets.HasToken(), "bootstrapped once, never again")
-	ss := w.sess.State()
-	assert.True(t, ss.Connected)
-	assert.Zero(t, ss.Reconnects, "the session was never lost")
-	assert.GreaterOrEqual(t, w.app.Series(t, app.MetricRelayRootRotationSteps, "")[""], 4.0)
+	assert.True(t, w.sess.State().Connected)
+	assert.Equal(t, 4.0, w.app.Series(t, app.MetricRelayRootRotationSteps, "")[""], "one count per transition")
 	assert.Zero(t, w.app.Series(t, app.MetricRelayRootRotationErrors, "")[""])
+	assert.Equal(t, 1.0, w.app.Series(t, app.MetricRelayRootRotationPhase, "phase")[string(ca.RootIdle)])
 	assert.NotContains(t, w.app.Logs.String(), "PRIVATE KEY")
+}
+
+// leaf is the root (of the relay root Secret's two) the agent's current
+// certificate's issuing CA is signed by.
+func (w *rotationWorld) leaf() *x509.Certificate {
+	cfg, err := w.m.ClientTLS()
+	require.NoError(w.t, err)
+	cert, err := cfg.GetClientCertificate(nil)
+	require.NoError(w.t, err)
+	s, err := w.kube.Typed.CoreV1().Secrets(w.ns).Get(context.Background(), ca.RootSecretName, metav1.GetOptions{})
+	require.NoError(w.t, err)
+	current, staged, err := ca.RootRotationRoots(s)
+	require.NoError(w.t, err)
+	issuer, err := x509.ParseCertificate(cert.Certificate[1])
+	require.NoError(w.t, err)
+	for _, r := range []*x509.Certificate{current, staged} {
+		if r != nil && issuer.CheckSignatureFrom(r) == nil {
+			return r
+		}
+	}
+	w.t.Fatal("the agent's certificate chains to neither root")
+	return nil
 }
 
 // A rollback from AddingNewRoot returns to Idle on the old root at once,
