@@ -150,10 +150,12 @@ func TestRelayRootRotationRunsFromStartToIdleWithAnAcknowledgingAgent(t *testing
 	assert.True(t, ss.Connected)
 	assert.Zero(t, ss.Reconnects, "the session was never lost through AddingNewRoot and Switching")
 	assert.Empty(t, w.m.Status().LastError, "every Renew was accepted")
-	leaf := w.leaf()
-	assert.Equal(t, newRoot, ca.RootFingerprint(leaf), "renewed under the new root")
+	root := w.certRoot()
+	assert.Equal(t, newRoot, ca.RootFingerprint(root), "renewed under the new root")
 
-	require.Eventually(t, func() bool { return strings.Contains(w.app.Logs.String(), `"blocking":["rot-0: has not acknowledged yet"]`) }, 30*time.Second, 200*time.Millisecond,
+	require.Eventually(t, func() bool {
+		return strings.Contains(w.app.Logs.String(), `"blocking":["rot-0: has not acknowledged yet"]`)
+	}, 30*time.Second, 200*time.Millisecond,
 		"RemovingOldRoot waits for the agent whose session predates the switch, and says so")
 	assert.Equal(t, ca.RootRemovingOld, w.state().Phase)
 	assert.Equal(t, 1.0, w.app.Series(t, app.MetricRelayRootRotationPendingAgents, "")[""])
@@ -181,9 +183,9 @@ func TestRelayRootRotationRunsFromStartToIdleWithAnAcknowledgingAgent(t *testing
 	assert.NotContains(t, w.app.Logs.String(), "PRIVATE KEY")
 }
 
-// leaf is the root (of the relay root Secret's two) the agent's current
+// certRoot is the root (of the relay root Secret's two) the agent's current
 // certificate's issuing CA is signed by.
-func (w *rotationWorld) leaf() *x509.Certificate {
+func (w *rotationWorld) certRoot() *x509.Certificate {
 	cfg, err := w.m.ClientTLS()
 	require.NoError(w.t, err)
 	cert, err := cfg.GetClientCertificate(nil)
