@@ -9,6 +9,7 @@ import (
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/server/app"
+	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -119,4 +120,55 @@ func TestRelayRootNextNamesTheNextPhase(t *testing.T) {
 		ca.RootSwitching: "(RemovingOldRoot)", ca.RootRemovingOld: "(Idle)"} {
 		assert.Contains(t, relayRootNext(ca.RootRotationState{Phase: phase}, ca.RootRequestNone, 0), want, phase)
 	}
+}
+
+// Against a real apiserver: without a relay root Secret every verb says
+// so; with one, start records the request once (a second start and a
+// rollback are refused while it is pending, and change nothing), status
+// shows it, and rollback when idle is refused.
+func TestRelayRotateAgainstAPIServer(t *testing.T) {
+	ctx := context.Background()
+	mgmt, kube, _ := localcluster.Management(t, "relaymesh")
+	cli := func(args ...string) (string, string, int) {
+		var out, errOut bytes.Buffer
+		code := run(ctx, append(append([]string{"ca", "relay", "rotate"}, args...), "--kubeconfig", mgmt.Kubeconfig), &out, &errOut)
+		return out.String(), errOut.String(), code
+	}
+	for _, verb := range []string{"start", "status", "rollback"} {
+		_, errOut, code := cli(verb)
+		assert.NotEqual(t, 0, code, verb)
+		assert.Contains(t, errOut, "no relay root Secret relaymesh/relay-root-tls-secret", verb)
+	}
+	_, err := ca.LoadOrCreateRelayCA(ctx, kube, "relaymesh", ca.GenerateConfig{})
+	require.NoError(t, err)
+	secret := func() map[string]string {
+		s, err := kube.CoreV1().Secrets("relaymesh").Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		return s.Annotations
+	}
+
+	_, errOut, code := cli("rollback")
+	assert.NotEqual(t, 0, code)
+	assert.Contains(t, errOut, "nothing to roll back")
+	assert.NotContains(t, secret(), ca.AnnotationRootRequest)
+
+	out, errOut, code := cli("start")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "requested: relay root rotation start")
+	assert.Equal(t, "start", secret()[ca.AnnotationRootRequest])
+	for _, verb := range []string{"start", "rollback"} {
+		_, errOut, code = cli(verb)
+		assert.NotEqual(t, 0, code, verb)
+		assert.Contains(t, errOut, "(start) is already pending", verb)
+	}
+	assert.Equal(t, "start", secret()[ca.AnnotationRootRequest])
+
+	out, errOut, code = cli("status")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "PHASE Idle  REVISION 0")
+	assert.Contains(t, out, "OLD ROOT  ")
+	assert.Contains(t, out, "PENDING REQUEST  start")
+	out, _, code = cli("status", "-o", "json")
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, `"pendingRequest": "start"`)
 }
