@@ -3,6 +3,7 @@ package ca
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"strconv"
@@ -348,4 +349,20 @@ func RequestRootRotation(ctx context.Context, client kubernetes.Interface, names
 	out.Annotations[AnnotationRootRequest] = string(req)
 	_, err = secrets.Update(ctx, out, metav1.UpdateOptions{})
 	return err
+}
+
+// RootRotationRoots are the relay root Secret's roots: the one in ca.crt
+// and the staged one (nil when none). Only certificates are read, never a
+// key, so status tools need nothing else of the Secret.
+func RootRotationRoots(root *corev1.Secret) (current, staged *x509.Certificate, err error) {
+	if current, err = singleCertPEM(root.Data[keyCACert]); err != nil {
+		return nil, nil, fmt.Errorf("%w: secret %s/%s %s: %w", ErrInvalidSigner, root.Namespace, root.Name, keyCACert, err)
+	}
+	if len(root.Data[keyNextRoot]) == 0 {
+		return current, nil, nil
+	}
+	if staged, err = singleCertPEM(root.Data[keyNextRoot]); err != nil {
+		return nil, nil, fmt.Errorf("%w: secret %s/%s %s: %w", ErrInvalidSigner, root.Namespace, root.Name, keyNextRoot, err)
+	}
+	return current, staged, nil
 }

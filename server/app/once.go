@@ -56,6 +56,9 @@ var onceOnlyWork = []onceOnlyTask{
 	// The relay issuing CA has one renewer: it signs the next issuing CA
 	// with the root, or warns that a provided one must be replaced.
 	{name: "relay-issuer-renewal", when: always, run: (*process).renewRelayIssuer},
+	// The relay root has one rotator: it steps the rotation once every
+	// connected agent stored the bundle and every replica loaded it.
+	{name: "relay-root-rotation", when: always, run: (*process).rotateRelayRoot},
 	{name: "snapshot-store-collection", when: redisStore, run: (*process).collectSharedSnapshots},
 	// Discovered objects of clusters that are no longer registered.
 	{name: "orphan-collection", when: always, run: (*process).collectOrphans},

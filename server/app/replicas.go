@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/lease"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/server"
@@ -40,6 +41,9 @@ type replicas struct {
 	// abstain gives up the Lease and stops campaigning while true (nil for
 	// the only replica).
 	abstain func(bool)
+	// root is this replica's part in a relay root rotation: the revision
+	// it loaded, published on its Lease, and the task's metrics.
+	root *rootRotation
 }
 
 // ReplicaName is name if set, else podName, else the host name and the
@@ -66,7 +70,20 @@ func ReplicaName(name, podName, host string, pid int) string {
 
 // newReplicas sets up the replicas: the Lease relaymesh-server
 // (LeaderElect, the default), or this process alone.
-func (p *process) newReplicas(context.Context) error {
+func (p *process) newReplicas(ctx context.Context) error {
+	if err := p.newElection(ctx); err != nil {
+		return err
+	}
+	var loaded func() (ca.RootRotationState, bool)
+	if r, ok := p.signer.(*ca.RelayIssuers); ok {
+		loaded = r.LoadedRootRotation
+	}
+	p.reps.root = newRootRotation(p.reg, loaded)
+	return nil
+}
+
+// newElection sets up the Lease relaymesh-server, or this process alone.
+func (p *process) newElection(context.Context) error {
 	if !p.cfg.LeaderElect {
 		p.log.Warn("leader election is off (--leader-elect=false): this process runs the once-only work; run exactly one server replica")
 		var tasks []lease.Task
@@ -107,7 +124,8 @@ func (p *process) heartbeat(ctx context.Context) {
 	if !p.reps.several {
 		return
 	}
-	hb := leader.HeartbeatConfig{Client: p.reps.coord, Namespace: p.cfg.Namespace, Replica: p.reps.name, Period: ReplicaHeartbeat, Logger: p.log, Isolated: p.srv.SetIsolated}
+	hb := leader.HeartbeatConfig{Client: p.reps.coord, Namespace: p.cfg.Namespace, Replica: p.reps.name, Period: ReplicaHeartbeat, Logger: p.log, Isolated: p.srv.SetIsolated,
+		Annotations: p.reps.root.load.annotations}
 	if p.sharedSnaps != nil {
 		hb.Store = func() string { return storeState(p.sharedSnaps) }
 		go p.sharedSnaps.Guard(ctx, storeCutGrace, storeDetect, p.othersReachStore, func(cut bool) {

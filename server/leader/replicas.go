@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -52,6 +53,10 @@ type HeartbeatConfig struct {
 	// snapshot store (StoreAnnotation): the other replicas read it to tell
 	// a replica cut off from the store from a store that is down.
 	Store func() string
+	// Annotations, if set, are written on this replica's Lease at each
+	// renewal beside StoreAnnotation (the relay root rotation revision
+	// the replica loaded); the other replicas read them in Replica.
+	Annotations func() map[string]string
 }
 
 // Heartbeat renews this replica's Lease every period until ctx ends, so the
@@ -64,13 +69,18 @@ func Heartbeat(ctx context.Context, cfg HeartbeatConfig) {
 	secs := int32(3 * cfg.Period / time.Second)
 	lastOK, cut := time.Now(), false
 	for {
-		store := ""
+		annotations := map[string]string{}
+		if cfg.Annotations != nil {
+			maps.Copy(annotations, cfg.Annotations())
+		}
 		if cfg.Store != nil {
-			store = cfg.Store()
+			if store := cfg.Store(); store != "" {
+				annotations[StoreAnnotation] = store
+			}
 		}
 		// A renewal that hangs counts as failed once the Lease is over.
 		rctx, cancel := context.WithTimeout(ctx, cfg.Period)
-		err := renew(rctx, leases, cfg.Namespace, name, cfg.Replica, secs, store)
+		err := renew(rctx, leases, cfg.Namespace, name, cfg.Replica, secs, annotations)
 		cancel()
 		switch {
 		case err == nil:
@@ -131,12 +141,8 @@ type leaseClient interface {
 	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
 }
 
-func renew(ctx context.Context, leases leaseClient, namespace, name, replica string, secs int32, store string) error {
+func renew(ctx context.Context, leases leaseClient, namespace, name, replica string, secs int32, annotations map[string]string) error {
 	now := metav1.NewMicroTime(time.Now())
-	var annotations map[string]string
-	if store != "" {
-		annotations = map[string]string{StoreAnnotation: store}
-	}
 	l, err := leases.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -145,11 +151,11 @@ func renew(ctx context.Context, leases leaseClient, namespace, name, replica str
 			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &replica, LeaseDurationSeconds: &secs, RenewTime: &now}}, metav1.CreateOptions{})
 	case err == nil:
 		l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &replica, &secs, &now
-		if store != "" {
+		if len(annotations) > 0 {
 			if l.Annotations == nil {
 				l.Annotations = map[string]string{}
 			}
-			l.Annotations[StoreAnnotation] = store
+			maps.Copy(l.Annotations, annotations)
 		}
 		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
 	}
@@ -179,6 +185,9 @@ type Replica struct {
 	Store string
 	// Renewed is when it last renewed its Lease.
 	Renewed time.Time
+	// Annotations are its Lease's (HeartbeatConfig.Annotations), as of
+	// Renewed.
+	Annotations map[string]string
 }
 
 // Replicas reads every replica's Lease, by replica name, at now.
@@ -194,7 +203,7 @@ func Replicas(ctx context.Context, client kubernetes.Interface, namespace string
 			continue
 		}
 		out[*s.HolderIdentity] = Replica{Alive: s.RenewTime.Add(time.Duration(*s.LeaseDurationSeconds) * time.Second).After(now),
-			Store: l.Annotations[StoreAnnotation], Renewed: s.RenewTime.Time}
+			Store: l.Annotations[StoreAnnotation], Renewed: s.RenewTime.Time, Annotations: l.Annotations}
 	}
 	return out, nil
 }
