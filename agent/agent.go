@@ -154,6 +154,10 @@ type Session struct {
 	// next is the index of the address the next session tries first
 	// (Run's goroutine only).
 	next int
+	// reconnectedFor is the fingerprint of the last trust bundle the agent
+	// reconnected for (errSessionPredatesBundle), so it does so once per
+	// bundle: refused again on the new session, it is refused and says why.
+	reconnectedFor atomic.Pointer[string]
 }
 
 // NewSession validates cfg.
@@ -299,8 +303,13 @@ func (s *Session) once(ctx context.Context) (string, error) {
 				return
 			}
 			if b := msg.GetTrustBundle(); b != nil {
+				ack, err := s.applyTrustBundle(ctx, stream.Context(), b)
+				if err != nil {
+					errc <- err
+					return
+				}
 				select {
-				case acks <- s.applyTrustBundle(ctx, stream.Context(), b):
+				case acks <- ack:
 				case <-ctx.Done():
 					return
 				}
@@ -348,10 +357,21 @@ func (s *Session) once(ctx context.Context) (string, error) {
 // carries.
 const maxAckError = 512
 
+// errSessionPredatesBundle ends a session whose server certificate the
+// bundle it carried does not verify, when the store says a new session may
+// (NeedsNewSession): the last step of a relay root rotation reaches
+// sessions opened under the old root, and the agent reconnects — verified
+// by the roots it pins now, which hold the new one — instead of refusing
+// the bundle that ends the rotation.
+var errSessionPredatesBundle = errors.New("the relay trust bundle the server sent does not verify this session's server certificate, which predates it: reconnecting")
+
 // applyTrustBundle stores a trust bundle the server sent, if it verifies
 // the server of this session (streamCtx carries its TLS state), and says
-// so in the acknowledgement; a refused bundle changed nothing.
-func (s *Session) applyTrustBundle(ctx, streamCtx context.Context, b *relaypb.TrustBundle) *relaypb.TrustBundleAck {
+// so in the acknowledgement; a refused bundle changed nothing. A bundle
+// refused only because the session predates it returns
+// errSessionPredatesBundle and no acknowledgement, once per bundle: the
+// next session gets the bundle again.
+func (s *Session) applyTrustBundle(ctx, streamCtx context.Context, b *relaypb.TrustBundle) (*relaypb.TrustBundleAck, error) {
 	ack := &relaypb.TrustBundleAck{Fingerprint: b.GetFingerprint(), Revision: b.GetRevision()}
 	var err error
 	switch {
@@ -366,13 +386,28 @@ func (s *Session) applyTrustBundle(ctx, streamCtx context.Context, b *relaypb.Tr
 		}
 		err = s.cfg.TrustBundles.ApplyTrustBundle(ctx, b.GetRootsPem(), b.GetFingerprint(), chain)
 	}
+	var stale interface{ NeedsNewSession() bool }
+	if fp := b.GetFingerprint(); errors.As(err, &stale) && stale.NeedsNewSession() && s.reconnectFor(fp) {
+		s.log.Info("the relay trust bundle the server sent predates this session's server certificate; reconnecting to verify it", "revision", b.GetRevision())
+		return nil, errSessionPredatesBundle
+	}
 	if err != nil {
 		ack.Error = text.Truncate(err.Error(), maxAckError)
 		s.log.Warn("refused the relay trust bundle the server sent; still pinning the roots before", "error", err, "revision", b.GetRevision())
-		return ack
+		return ack, nil
 	}
 	s.log.Info("pinned the relay trust bundle the server sent", "fingerprint", b.GetFingerprint(), "revision", b.GetRevision())
-	return ack
+	return ack, nil
+}
+
+// reconnectFor reports whether the agent has not yet reconnected for the
+// bundle with fingerprint fp, and records that it now does.
+func (s *Session) reconnectFor(fp string) bool {
+	if last := s.reconnectedFor.Load(); last != nil && *last == fp {
+		return false
+	}
+	s.reconnectedFor.Store(&fp)
+	return true
 }
 
 // push keeps the server's view of the cluster current: it sends the

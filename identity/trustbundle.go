@@ -22,6 +22,19 @@ type RootsSaver interface {
 // nothing.
 var ErrBundleRefused = errors.New("trust bundle refused")
 
+// staleSessionError is a bundle refused because it does not verify the
+// server certificate of the session it came over. In a relay root rotation
+// that is the last bundle (the new root alone) reaching a session opened
+// before the servers switched to the new root: a new session, verified by
+// the roots pinned now, may verify it. NeedsNewSession tells the agent so
+// (agent.Session asks for it without importing this package).
+type staleSessionError struct{ error }
+
+func (e staleSessionError) Unwrap() error { return e.error }
+
+// NeedsNewSession reports that the refused bundle may verify a new session.
+func (staleSessionError) NeedsNewSession() bool { return true }
+
 // VerifyTrustBundle checks a trust bundle that came over a session with a
 // server whose certificate chain (leaf first, as the TLS handshake saw it)
 // is serverChain: it must parse (ca.ParseTrustBundle), carry fingerprint,
@@ -48,7 +61,7 @@ func VerifyTrustBundle(rootsPEM []byte, fingerprint string, serverChain []*x509.
 	}
 	if _, err := serverChain[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, DNSName: serverName, CurrentTime: now,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-		return nil, fmt.Errorf("%w: it does not verify the server this session is with (%w)", ErrBundleRefused, err)
+		return nil, staleSessionError{fmt.Errorf("%w: it does not verify the server this session is with (%w)", ErrBundleRefused, err)}
 	}
 	return roots, nil
 }

@@ -90,8 +90,10 @@ func runSession(t *testing.T, cfg agent.SessionConfig) *agent.Session {
 
 // Through a real relay server and a real agent session: a bundle with a
 // new root beside the current one is stored and acknowledged over the
-// session; one that would no longer verify the server is refused, said so
-// in the acknowledgement, and the agent keeps its roots and its session.
+// session; one that would no longer verify the server is, after one
+// reconnect (a new session's server might be under the new root, as at the
+// end of a relay root rotation), refused, said so in the acknowledgement,
+// and the agent keeps its roots and its session.
 func TestAnAgentPinsANewRootDeliveredOverItsSessionAndRefusesOneThatDropsItsServer(t *testing.T) {
 	src, srv, secrets, m, oldRoot := bundleWorld(t)
 	next, err := ca.GenerateRelayCA(ca.GenerateConfig{})
@@ -116,6 +118,7 @@ func TestAnAgentPinsANewRootDeliveredOverItsSessionAndRefusesOneThatDropsItsServ
 	require.NoError(t, err)
 	assert.Equal(t, stored, after, "a refused bundle changed nothing")
 	assert.True(t, sess.State().Connected, "the session goes on")
+	assert.Equal(t, int64(1), sess.State().Reconnects, "one reconnect for the bundle, not one per offer")
 	assert.False(t, src.cannotAck("cluster-1"))
 }
 

@@ -89,6 +89,9 @@ func TestATrustBundleThatWouldNotVerifyTheCurrentServerReplacesNothing(t *testin
 			require.Error(t, err)
 			assert.True(t, errors.Is(err, identity.ErrBundleRefused), "%v", err)
 			assert.Contains(t, err.Error(), tc.want)
+			var stale interface{ NeedsNewSession() bool }
+			assert.Equal(t, tc.want == "does not verify the server", errors.As(err, &stale) && stale.NeedsNewSession(),
+				"only a bundle that does not verify this session's server may verify a new one")
 			stored, err := secrets.Roots(context.Background())
 			require.NoError(t, err)
 			assert.Equal(t, oldPEM, stored, "the pinned roots are unchanged")

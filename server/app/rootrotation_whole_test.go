@@ -128,12 +128,12 @@ func (w *rotationWorld) phases(timeout time.Duration, done func(ca.RootRotationS
 // new root, the agent stores both roots and acknowledges, the replica
 // switches, the old root leaves after the grace window. The agent keeps
 // its session from start through Switching into RemovingOldRoot and
-// renews under the new root after the switch. Then, as the design note
-// records, the agent refuses the bundle without the old root over that
-// same session (its server chain, from before the switch, is under the old
-// root) and the rotation waits for it, naming it; a new session (which
-// verifies the server under the new root) acknowledges, and the rotation
-// ends Idle on the new root, the agent pinning only that one and renewing.
+// renews under the new root after the switch. The bundle without the old
+// root then reaches that same session, whose server chain (from before the
+// switch) is under the old root: the agent reconnects once by itself —
+// the new session verifies the server under the new root — acknowledges,
+// and the rotation ends Idle on the new root, the agent pinning only that
+// one and renewing.
 func TestRelayRootRotationRunsFromStartToIdleWithAnAcknowledgingAgent(t *testing.T) {
 	w := newRotationWorld(t, "root-rotation")
 	ctx := context.Background()
@@ -148,20 +148,14 @@ func TestRelayRootRotationRunsFromStartToIdleWithAnAcknowledgingAgent(t *testing
 	require.Eventually(t, func() bool { return w.m.Status().Renewals > renewals }, 30*time.Second, 200*time.Millisecond)
 	ss := w.sess.State()
 	assert.True(t, ss.Connected)
-	assert.Zero(t, ss.Reconnects, "the session was never lost through AddingNewRoot and Switching")
+	// At most the one reconnect RemovingOldRoot's bundle asks for (counted
+	// exactly below): the session was never lost through AddingNewRoot and
+	// Switching.
+	assert.LessOrEqual(t, ss.Reconnects, int64(1))
 	assert.Empty(t, w.m.Status().LastError, "every Renew was accepted")
 	root := w.certRoot()
 	assert.Equal(t, newRoot, ca.RootFingerprint(root), "renewed under the new root")
 
-	require.Eventually(t, func() bool {
-		return strings.Contains(w.app.Logs.String(), `"blocking":["rot-0: has not acknowledged yet"]`)
-	}, 30*time.Second, 200*time.Millisecond,
-		"RemovingOldRoot waits for the agent whose session predates the switch, and says so")
-	assert.Equal(t, ca.RootRemovingOld, w.state().Phase)
-	assert.Equal(t, 1.0, w.app.Series(t, app.MetricRelayRootRotationPendingAgents, "")[""])
-
-	w.endSession()
-	w.startSession(slog.New(slog.NewTextHandler(w.logs, nil)))
 	w.phases(30*time.Second, func(st ca.RootRotationState) bool { return st.Phase == ca.RootIdle })
 	end := w.state()
 	assert.Equal(t, newRoot, end.Old, "the new root is the relay root")
@@ -177,6 +171,8 @@ func TestRelayRootRotationRunsFromStartToIdleWithAnAcknowledgingAgent(t *testing
 	assert.Empty(t, w.m.Status().LastError)
 	assert.False(t, w.secrets.HasToken(), "bootstrapped once, never again")
 	assert.True(t, w.sess.State().Connected)
+	assert.Equal(t, int64(1), w.sess.State().Reconnects, "one reconnect: the session that predated the last bundle")
+	assert.Contains(t, w.logs.String(), "reconnecting to verify it")
 	assert.Equal(t, 4.0, w.app.Series(t, app.MetricRelayRootRotationSteps, "")[""], "one count per transition")
 	assert.Zero(t, w.app.Series(t, app.MetricRelayRootRotationErrors, "")[""])
 	assert.Equal(t, 1.0, w.app.Series(t, app.MetricRelayRootRotationPhase, "phase")[string(ca.RootIdle)])
