@@ -212,7 +212,7 @@ func ambientWorld(ctx context.Context, t *testing.T, gatewayAPI bool) (*localclu
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"istio.io/dataplane-mode": "ambient"}}},
 	)
 	if gatewayAPI {
-		installGatewayAPI(ctx, t, cluster)
+		translationtest.InstallGatewayAPI(ctx, t, cluster)
 	}
 	d, err := Start(ctx, Config{
 		Kubeconfig:  cluster.Kubeconfig,

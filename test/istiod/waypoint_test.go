@@ -3,9 +3,6 @@ package istiod
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -130,31 +127,6 @@ func waypointRBAC(res map[string]*anypb.Any, host string) (map[string]string, er
 		}
 	}
 	return nil, fmt.Errorf("no filter chain for %s with an HTTP connection manager among %q", host, chains)
-}
-
-// installGatewayAPI installs Gateway API's standard CRDs, from the module
-// the pinned Istio builds with (tools/istio).
-func installGatewayAPI(ctx context.Context, t *testing.T, cluster *localcluster.Cluster) {
-	t.Helper()
-	root, err := localcluster.RepoRoot()
-	require.NoError(t, err)
-	cmd := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api")
-	cmd.Dir = filepath.Join(root, "tools", "istio")
-	mod, err := cmd.Output()
-	require.NoError(t, err, "locate sigs.k8s.io/gateway-api from tools/istio")
-	dir := filepath.Join(strings.TrimSpace(string(mod)), "config", "crd", "standard")
-	files, err := filepath.Glob(filepath.Join(dir, "gateway.networking.k8s.io_*.yaml"))
-	require.NoError(t, err)
-	require.NotEmpty(t, files, "gateway-api CRDs in %s", dir)
-	for _, f := range files {
-		if strings.Contains(f, "_vap_") {
-			continue // a ValidatingAdmissionPolicy, not a CRD
-		}
-		b, err := os.ReadFile(f)
-		require.NoError(t, err)
-		_, err = cluster.Apply(ctx, "relaymesh-test", b)
-		require.NoError(t, err, f)
-	}
 }
 
 var gatewayGVR = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"}
