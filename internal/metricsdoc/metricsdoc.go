@@ -254,6 +254,29 @@ func (m *source) metrics(p *pkg, f *ast.File) ([]Metric, error) {
 			if key == nil {
 				continue
 			}
+			if key.Name == "ConstLabels" {
+				// A metric made once per value of a label (one collector
+				// each) documents that label like a Vec's.
+				labels, ok := kv.Value.(*ast.CompositeLit)
+				if !ok {
+					fail(kv, "ConstLabels not a prometheus.Labels literal; metricsdoc cannot read them")
+					return true
+				}
+				for _, e := range labels.Elts {
+					pair, ok := e.(*ast.KeyValueExpr)
+					if !ok {
+						continue
+					}
+					v, err := m.eval(p, names, pair.Key)
+					if err != nil {
+						fail(pair, "ConstLabels: %v", err)
+						return true
+					}
+					metric.Labels = append(metric.Labels, v)
+				}
+				slices.Sort(metric.Labels)
+				continue
+			}
 			i := slices.Index([]string{"Namespace", "Subsystem", "Name"}, key.Name)
 			if i < 0 {
 				continue

@@ -134,6 +134,7 @@ func metrics() []prom.Collector {
 		prom.NewHistogram(prom.HistogramOpts{Namespace: "relaymesh", Subsystem: "io", Name: "seconds"}),
 		prom.NewGaugeFunc(prom.GaugeOpts{Name: "relaymesh_func"}, func() float64 { return 1 }),
 		prom.NewSummaryVec(prom.SummaryOpts{Name: "relaymesh_sizes"}, []string{"kind"}),
+		prom.NewGaugeFunc(prom.GaugeOpts{Name: "relaymesh_phase", ConstLabels: prom.Labels{names.Label: "a"}}, func() float64 { return 1 }),
 	}
 }
 `,
@@ -152,6 +153,7 @@ func metrics() []prom.Collector {
 		{Name: "relaymesh_io_seconds", Type: "histogram", Where: "srv/metrics.go:14"},
 		{Name: "relaymesh_func", Type: "gauge", Where: "srv/metrics.go:15"},
 		{Name: "relaymesh_sizes", Type: "summary", Labels: []string{"kind"}, Where: "srv/metrics.go:16"},
+		{Name: "relaymesh_phase", Type: "gauge", Labels: []string{"code"}, Where: "srv/metrics.go:17"},
 	}, got)
 }
 
@@ -168,6 +170,7 @@ func TestDefinedFailsClosed(t *testing.T) {
 		"no name":                        "var _ = prometheus.NewGauge(prometheus.GaugeOpts{Help: \"x\"})\n",
 		"a name that is not a string":    "var _ = prometheus.NewGauge(prometheus.GaugeOpts{Name: 7})\n",
 		"a name made by a function call": "var _ = prometheus.NewGauge(prometheus.GaugeOpts{Name: prometheus.BuildFQName(\"a\", \"b\", \"c\")})\n",
+		"const labels from a variable":   "var l = prometheus.Labels{\"a\": \"b\"}\n\nvar _ = prometheus.NewGauge(prometheus.GaugeOpts{Name: \"x\", ConstLabels: l})\n",
 	}
 	for name, body := range tests {
 		t.Run(name, func(t *testing.T) {
