@@ -67,7 +67,8 @@ func (b BundleEndpointConfig) validate() []error {
 	if b.Listen == "" && (b.CertFile != "" || len(b.DNSNames) > 0 || len(b.IPs) > 0) {
 		errs = append(errs, errors.New("--spiffe-bundle-tls-cert, --spiffe-bundle-dns-names and --spiffe-bundle-ips need --spiffe-bundle-listen"))
 	}
-	if b.RefreshHint < spiffefed.MinRefreshHint || b.RefreshHint > spiffefed.MaxRefreshHint {
+	// A zero hint is no hint: wrong only when the endpoint is served.
+	if (b.Listen != "" || b.RefreshHint != 0) && (b.RefreshHint < spiffefed.MinRefreshHint || b.RefreshHint > spiffefed.MaxRefreshHint) {
 		errs = append(errs, fmt.Errorf("--spiffe-bundle-refresh-hint %v: must be in [%v, %v]", b.RefreshHint, spiffefed.MinRefreshHint, spiffefed.MaxRefreshHint))
 	}
 	if _, err := parseIPs("--spiffe-bundle-ips", b.IPs); err != nil {

@@ -40,6 +40,7 @@ func TestBundleEndpointConfigIsValidated(t *testing.T) {
 		"a cert without listen": {func(b *app.BundleEndpointConfig) { b.CertFile, b.KeyFile = "c.pem", "k.pem" }, "need --spiffe-bundle-listen"},
 		"a hint too short":      {func(b *app.BundleEndpointConfig) { b.RefreshHint = time.Second }, "--spiffe-bundle-refresh-hint 1s"},
 		"a hint too long":       {func(b *app.BundleEndpointConfig) { b.RefreshHint = 48 * time.Hour }, "--spiffe-bundle-refresh-hint 48h"},
+		"served with no hint":   {func(b *app.BundleEndpointConfig) { b.Listen, b.RefreshHint = ":8443", 0 }, "--spiffe-bundle-refresh-hint 0s"},
 		"a bad IP":              {func(b *app.BundleEndpointConfig) { b.Listen, b.IPs = ":8443", []string{"not-an-ip"} }, "--spiffe-bundle-ips"},
 	} {
 		t.Run(name, func(t *testing.T) {
