@@ -37,13 +37,13 @@ func TestOnceOnlyWorkDependsOnlyOnTheSetup(t *testing.T) {
 		setup setup
 		want  []string
 	}{
-		{"the only replica", setup{}, []string{"token-mint-audit", "relay-issuer-renewal", "orphan-collection", "status-and-rotation"}},
+		{"the only replica", setup{}, []string{"token-mint-audit", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "status-and-rotation"}},
 		{"several replicas", setup{several: true}, []string{"token-mint-audit", "session-sweep", "replica-lease-collection",
-			"serving-secret", "relay-issuer-renewal", "orphan-collection", "output-heads", "status-and-rotation"}},
+			"serving-secret", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "output-heads", "status-and-rotation"}},
 		{"the only replica with everything", setup{redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
-			"relay-issuer-renewal", "snapshot-store-collection", "orphan-collection", "status-and-rotation", "kubeconfig-clusters", "webhook-configuration"}},
+			"relay-issuer-renewal", "relay-root-rotation", "snapshot-store-collection", "orphan-collection", "status-and-rotation", "kubeconfig-clusters", "webhook-configuration"}},
 		{"several replicas with everything", setup{several: true, redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
-			"session-sweep", "replica-lease-collection", "serving-secret", "relay-issuer-renewal", "snapshot-store-collection", "orphan-collection",
+			"session-sweep", "replica-lease-collection", "serving-secret", "relay-issuer-renewal", "relay-root-rotation", "snapshot-store-collection", "orphan-collection",
 			"output-heads", "status-and-rotation", "kubeconfig-clusters", "webhook-configuration"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
