@@ -7,9 +7,7 @@ import (
 	"testing"
 	"time"
 
-	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/anypb"
 	corev1 "k8s.io/api/core/v1"
@@ -162,30 +160,14 @@ func applyCanary(ctx context.Context, t *testing.T, cluster *localcluster.Cluste
 // host and returns its HTTP connection manager's inline route config
 // (waypoints get no RDS for inbound traffic).
 func waypointRoutes(res map[string]*anypb.Any, host string) (*routev3.RouteConfiguration, error) {
-	var chains []string
-	for _, name := range sortedKeys(res) {
-		l := &listenerv3.Listener{}
-		if err := res[name].UnmarshalTo(l); err != nil {
-			return nil, fmt.Errorf("listener %s: %w", name, err)
-		}
-		for _, fc := range l.GetFilterChains() {
-			chains = append(chains, fc.GetName())
-			if !strings.Contains(fc.GetName(), host) {
-				continue
-			}
-			for _, f := range fc.GetFilters() {
-				hcm := &hcmv3.HttpConnectionManager{}
-				if f.GetTypedConfig().UnmarshalTo(hcm) != nil {
-					continue
-				}
-				if rc := hcm.GetRouteConfig(); rc != nil {
-					return rc, nil
-				}
-				return nil, fmt.Errorf("chain %s: the HTTP connection manager has no inline route config (rds %q)", fc.GetName(), hcm.GetRds().GetRouteConfigName())
-			}
-		}
+	chain, hcm, err := waypointHCM(res, host)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("no filter chain for %s with an HTTP connection manager among %q", host, chains)
+	if rc := hcm.GetRouteConfig(); rc != nil {
+		return rc, nil
+	}
+	return nil, fmt.Errorf("chain %s: the HTTP connection manager has no inline route config (rds %q)", chain, hcm.GetRds().GetRouteConfigName())
 }
 
 // checkCanary wants, in the route config, first a route that matches

@@ -86,14 +86,15 @@ func checkWaypointPolicies(policies map[string]string) error {
 	return nil
 }
 
-// waypointRBAC finds, in the waypoint's listeners, the filter chain for
-// host and returns its RBAC filter's policies as JSON by name.
-func waypointRBAC(res map[string]*anypb.Any, host string) (map[string]string, error) {
+// waypointHCM finds, in the waypoint's listeners, the first filter chain
+// for host with an HTTP connection manager, and returns the chain's name
+// and that manager.
+func waypointHCM(res map[string]*anypb.Any, host string) (string, *hcmv3.HttpConnectionManager, error) {
 	var chains []string
 	for _, name := range sortedKeys(res) {
 		l := &listenerv3.Listener{}
 		if err := res[name].UnmarshalTo(l); err != nil {
-			return nil, fmt.Errorf("listener %s: %w", name, err)
+			return "", nil, fmt.Errorf("listener %s: %w", name, err)
 		}
 		for _, fc := range l.GetFilterChains() {
 			chains = append(chains, fc.GetName())
@@ -102,31 +103,39 @@ func waypointRBAC(res map[string]*anypb.Any, host string) (map[string]string, er
 			}
 			for _, f := range fc.GetFilters() {
 				hcm := &hcmv3.HttpConnectionManager{}
-				if f.GetTypedConfig().UnmarshalTo(hcm) != nil {
-					continue
+				if f.GetTypedConfig().UnmarshalTo(hcm) == nil {
+					return fc.GetName(), hcm, nil
 				}
-				out := map[string]string{}
-				for _, hf := range hcm.GetHttpFilters() {
-					rb := &rbacv3.RBAC{}
-					if hf.GetTypedConfig().UnmarshalTo(rb) != nil {
-						continue
-					}
-					// ALLOW policies by name; any other action's
-					// policies are prefixed with it, so an
-					// exact name check fails on them.
-					prefix := ""
-					if a := rb.GetRules().GetAction(); a != rbacconfigv3.RBAC_ALLOW {
-						prefix = a.String() + ":"
-					}
-					for pname, p := range rb.GetRules().GetPolicies() {
-						out[prefix+pname] = protojson.Format(p)
-					}
-				}
-				return out, nil
 			}
 		}
 	}
-	return nil, fmt.Errorf("no filter chain for %s with an HTTP connection manager among %q", host, chains)
+	return "", nil, fmt.Errorf("no filter chain for %s with an HTTP connection manager among %q", host, chains)
+}
+
+// waypointRBAC finds, in the waypoint's listeners, the filter chain for
+// host and returns its RBAC filter's policies as JSON by name.
+func waypointRBAC(res map[string]*anypb.Any, host string) (map[string]string, error) {
+	_, hcm, err := waypointHCM(res, host)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, hf := range hcm.GetHttpFilters() {
+		rb := &rbacv3.RBAC{}
+		if hf.GetTypedConfig().UnmarshalTo(rb) != nil {
+			continue
+		}
+		// ALLOW policies by name; any other action's policies are
+		// prefixed with it, so an exact name check fails on them.
+		prefix := ""
+		if a := rb.GetRules().GetAction(); a != rbacconfigv3.RBAC_ALLOW {
+			prefix = a.String() + ":"
+		}
+		for pname, p := range rb.GetRules().GetPolicies() {
+			out[prefix+pname] = protojson.Format(p)
+		}
+	}
+	return out, nil
 }
 
 var gatewayGVR = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"}
