@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/relaymesh/relaymesh/api/outputs"
@@ -168,10 +169,20 @@ type Applier struct {
 	log      *slog.Logger
 
 	mu sync.Mutex // serializes Apply
-	// kindMissing records that the last Apply could not map a kind, so the
-	// next one resets a resettable mapper first.
+	// kindMissing records that the last Apply could not map a required
+	// kind, so the next one resets a resettable mapper first.
 	kindMissing bool
+	// optionalMissing records that it could not map an optional kind (a
+	// cluster without Gateway API's CRDs: most of them). That resets the
+	// mapper — a full discovery of the cluster's API groups — at most once
+	// per optionalRediscovery since lastReset, not before every Apply.
+	optionalMissing bool
+	lastReset       time.Time
 }
+
+// optionalRediscovery is how soon an Apply notices an optional kind's CRD
+// installed since the last one, at the latest.
+const optionalRediscovery = time.Minute
 
 // New returns an Applier. It applies cfg.Default and validates the config.
 func New(cfg Config) (*Applier, error) {
@@ -240,6 +251,13 @@ func (a *Applier) Apply(ctx context.Context, set *relaypb.OutputSet) ([]*relaypb
 	byGVK := map[schema.GroupVersionKind]*kindState{}
 	for _, k := range kinds {
 		byGVK[k.gvk] = k
+	}
+	for _, it := range items {
+		// A set that names an object of an unserved optional kind makes
+		// the next Apply look again at once: its CRD may be on its way.
+		if k := byGVK[it.gvk]; it.obj != nil && k != nil && k.optionalUnserved {
+			a.kindMissing = true
+		}
 	}
 	parallel(len(items), func(i int) {
 		it := items[i]

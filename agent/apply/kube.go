@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/relaymesh/relaymesh/api/outputs"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
@@ -46,13 +47,14 @@ type kindState struct {
 // resetMapperIfStale forgets cached discovery after a kind was not found,
 // so a CRD installed since is seen.
 func (a *Applier) resetMapperIfStale() {
-	if !a.kindMissing {
+	now := time.Now()
+	if !a.kindMissing && (!a.optionalMissing || now.Sub(a.lastReset) < optionalRediscovery) {
 		return
 	}
 	if r, ok := a.cfg.Mapper.(meta.ResettableRESTMapper); ok {
 		r.Reset()
 	}
-	a.kindMissing = false
+	a.kindMissing, a.optionalMissing, a.lastReset = false, false, now
 }
 
 // kinds maps every allowed kind and lists the objects the agent owns of it.
@@ -64,9 +66,13 @@ func (a *Applier) kinds(ctx context.Context) []*kindState {
 		m, err := a.cfg.Mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		switch {
 		case err != nil:
-			a.kindMissing = true
 			k.mapErr = fmt.Errorf("kind %s is not served by the cluster (is its CRD installed?): %w", kindString(gvk), err)
 			k.optionalUnserved = a.optional[gvk] && meta.IsNoMatchError(err)
+			if k.optionalUnserved {
+				a.optionalMissing = true
+			} else {
+				a.kindMissing = true
+			}
 		case m.Scope.Name() != meta.RESTScopeNameNamespace:
 			k.mapErr = fmt.Errorf("kind %s is cluster-scoped; the agent manages namespaced kinds only", kindString(gvk))
 		default:
