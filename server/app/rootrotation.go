@@ -188,6 +188,11 @@ func (p *process) observeRelayRoot(ctx context.Context, st ca.RootRotationState)
 		}
 		loaded, switchedAt = lowestLoaded(reps)
 	}
+	if st.Phase == ca.RootIdle {
+		// Idle decides from the root's age and a request alone: no list of
+		// every KubernetesCluster each check while nothing rotates.
+		return nil, loaded, nil
+	}
 	list, err := p.kube.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(p.cfg.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, 0, fmt.Errorf("list KubernetesClusters: %w", err)
