@@ -23,6 +23,22 @@ type rotationView struct {
 	currentRootAccepted bool
 	// state is the rotation state loaded.
 	state RootRotationState
+	// crossIssued is the issuing CA cross-issued by the other root, served
+	// after the issuing CA (crossissue.go); nil when the phase needs none
+	// or the Secret holds none.
+	crossIssued *x509.Certificate
+}
+
+// CrossIssued is what the serving chain carries after the issuing CA
+// during a relay root rotation: the issuing CA cross-issued by the other
+// root, so that an agent pinning only that root verifies the server.
+// Empty outside the phases that need it.
+func (r *RelayIssuers) CrossIssued() []*x509.Certificate {
+	v := r.cur.Load().rotation
+	if v == nil || v.crossIssued == nil {
+		return nil
+	}
+	return []*x509.Certificate{v.crossIssued}
 }
 
 // LoadedRootRotation is the relay root rotation state this replica loaded
@@ -86,6 +102,20 @@ func loadRotationView(root *corev1.Secret, rc *RelayCA, current Signer, now time
 		case other:
 			v.roots = append(v.roots, staged.Root)
 		}
+	}
+	if eff.CrossSign && len(root.Data[keyCrossIssuer]) > 0 {
+		parent := staged.Root
+		if eff.IssueFrom == other {
+			parent = rc.Root
+		}
+		c, err := singleCertPEM(root.Data[keyCrossIssuer])
+		if err == nil {
+			err = checkCrossIssued(c, v.issue.Chain()[0], parent, now)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: secret %s/%s %s: %w", ErrRootRotationState, root.Namespace, root.Name, keyCrossIssuer, err)
+		}
+		v.crossIssued = c
 	}
 	for _, s := range []Signer{current, stagedSigner} {
 		issuer := s.Chain()[0]

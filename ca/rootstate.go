@@ -206,6 +206,9 @@ func StepRootRotation(ctx context.Context, client kubernetes.Interface, namespac
 			return RootDecision{}, err
 		}
 	}
+	if err := followCrossIssuer(ctx, secrets, out, d.State, cfg.CA, now); err != nil {
+		return RootDecision{}, err
+	}
 	encodeRootRotation(d.State, out)
 	// What is written must decode: checked before the write.
 	if _, _, err := DecodeRootRotation(out); err != nil {

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -142,6 +143,7 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		st, rotating := adding.(*ca.RelayIssuers).LoadedRootRotation()
 		assert.True(t, rotating, "AddingNewRoot: a replica reports the rotation it loaded")
 		assert.Equal(t, []any{d.State.Phase, d.State.Old, d.State.New, d.State.Revision}, []any{st.Phase, st.Old, st.New, st.Revision})
+		assert.Empty(t, adding.(*ca.RelayIssuers).CrossIssued(), "AddingNewRoot: issuance is on the old root, nothing is cross-issued")
 
 		w.behind = true
 		d = step(t, ns, w)
@@ -168,12 +170,25 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 			underNext = underNext || (ca.RootFingerprint(r) == next && served.Chain[0].CheckSignatureFrom(r) == nil)
 		}
 		assert.True(t, underNext, "the serving certificate's issuing CA is under the new root")
+		cross := signer.(*ca.RelayIssuers).CrossIssued()
+		require.Len(t, cross, 1, "Switching: the issuing CA is cross-issued by the old root")
+		oldRoot := rootCert(t, served.Roots, old)
+		assert.Error(t, verifies(served.Certificate, served.Chain, oldRoot), "without the cross-issued CA an agent pinning only the old root refuses the server")
+		assert.NoError(t, verifies(served.Certificate, append(slices.Clone(served.Chain), cross...), oldRoot), "with it, it verifies the server")
+		assert.NoError(t, verifies(served.Certificate, append(slices.Clone(served.Chain), cross...), rootCert(t, served.Roots, next)), "and an agent with the new root still does")
+		tamper(t, cs, ns, "cross-issuer.crt", ca.CertsPEM(served.Chain[0]), func() {
+			_, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+			assert.ErrorIs(t, err, ca.ErrRootRotationState, "a cross-issued CA the old root did not sign: nothing is loaded")
+		})
 		now = now.Add(2 * time.Minute)
 		require.Equal(t, ca.RootRemovingOld, step(t, ns, w).State.Phase)
 		roots, issue, accepted = loaded(t, ns)
 		assert.Equal(t, []string{next}, roots, "RemovingOldRoot: only the new root is trusted")
 		assert.Equal(t, next, issue)
 		assert.Equal(t, []string{next}, accepted)
+		removing, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		assert.Empty(t, removing.(*ca.RelayIssuers).CrossIssued(), "RemovingOldRoot: the old root leaves the bundle, so does the cross-issued CA")
 		d = step(t, ns, w)
 		require.Equal(t, ca.RootIdle, d.State.Phase)
 		assert.Equal(t, []ca.RootAction{ca.RootActDeleteOld}, d.Actions)
@@ -208,6 +223,18 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		_, issue, accepted := loaded(t, ns)
 		assert.Equal(t, old, issue, "a replica issues under the old root again")
 		assert.Len(t, accepted, 2, "and still accepts the new root's issuing CA for the grace window")
+		back, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		authority, err := ca.New(ca.Config{Signer: back})
+		require.NoError(t, err)
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		served, err := authority.IssueServer(ctx, key.Public(), []string{"relay.test"}, nil)
+		require.NoError(t, err)
+		cross := back.(*ca.RelayIssuers).CrossIssued()
+		require.Len(t, cross, 1, "rolled back in Switching: the old root's issuing CA is cross-issued by the new root")
+		newRoot := rootCert(t, back.Roots(), d.State.Old)
+		assert.NoError(t, verifies(served.Certificate, append(slices.Clone(served.Chain), cross...), newRoot), "an agent that pins only the new root verifies the server")
 		now = now.Add(2 * time.Minute)
 		require.Equal(t, ca.RootRemovingOld, step(t, ns, w).State.Phase)
 		require.Equal(t, ca.RootIdle, step(t, ns, w).State.Phase)
@@ -259,4 +286,45 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		_, err = ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
 		require.ErrorIs(t, err, ca.ErrRootRotationState)
 	})
+}
+
+// rootCert is the certificate among roots with fingerprint fp.
+func rootCert(t *testing.T, roots []*x509.Certificate, fp string) *x509.Certificate {
+	t.Helper()
+	for _, r := range roots {
+		if ca.RootFingerprint(r) == fp {
+			return r
+		}
+	}
+	require.FailNow(t, "no root with fingerprint "+fp)
+	return nil
+}
+
+// verifies is what an agent pinning only root does with the chain a
+// server presents: leaf, then intermediates.
+func verifies(leaf *x509.Certificate, intermediates []*x509.Certificate, root *x509.Certificate) error {
+	roots, inter := x509.NewCertPool(), x509.NewCertPool()
+	roots.AddCert(root)
+	for _, c := range intermediates {
+		inter.AddCert(c)
+	}
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	return err
+}
+
+// tamper sets key of the relay root Secret in ns to value while check
+// runs, then restores it.
+func tamper(t *testing.T, cs kubernetes.Interface, ns, key string, value []byte, check func()) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+	require.NoError(t, err)
+	was := s.Data[key]
+	s.Data[key] = value
+	s, err = cs.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	check()
+	s.Data[key] = was
+	_, err = cs.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{})
+	require.NoError(t, err)
 }

@@ -3,10 +3,12 @@ package app
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -180,7 +182,7 @@ func (p *process) newServing(ctx context.Context) error {
 	if !p.reps.several {
 		store = p.storeServingSecret
 	}
-	if p.serving, err = server.NewServingCert(ctx, p.authority, p.cfg.ServerDNSNames, ips, store, p.log); err != nil {
+	if p.serving, err = server.NewServingCert(ctx, servingIssuer{p.authority, p.crossIssued}, p.cfg.ServerDNSNames, ips, store, p.log); err != nil {
 		return err
 	}
 	if p.reps.several {
@@ -191,25 +193,56 @@ func (p *process) newServing(ctx context.Context) error {
 	return nil
 }
 
-// followIssuingCA renews the serving certificate if the issuing CA
-// changed since it was issued: a renewal of the issuing CA, and above all
-// a relay root rotation switching issuance to the new root, after which
-// the old root leaves the agents' bundle and a certificate still under it
-// would be refused by every agent. It runs every
-// --relay-issuer-check-interval.
+// servingIssuer issues the serving certificate with the chain a relay
+// root rotation needs: the issuing CA, then (in Switching) the issuing CA
+// cross-issued by the other root, so that an agent still pinning only
+// that root verifies the server (ca/crossissue.go).
+type servingIssuer struct {
+	*ca.Authority
+	cross func() []*x509.Certificate
+}
+
+// IssueServerRequest issues as the authority does and appends the
+// cross-issued CAs to the chain.
+func (s servingIssuer) IssueServerRequest(ctx context.Context, csr *x509.CertificateRequest, dnsNames []string, ips []net.IP) (*ca.Issued, error) {
+	issued, err := s.Authority.IssueServerRequest(ctx, csr, dnsNames, ips)
+	if err != nil {
+		return nil, err
+	}
+	issued.Chain = append(slices.Clip(issued.Chain), s.cross()...)
+	return issued, nil
+}
+
+// crossIssued is what the serving chain carries after the issuing CA: the
+// relay CA's cross-issued CA during a root rotation, nothing otherwise
+// (and never with a back-end signer, which does not rotate roots).
+func (p *process) crossIssued() []*x509.Certificate {
+	if r, ok := p.signer.(*ca.RelayIssuers); ok {
+		return r.CrossIssued()
+	}
+	return nil
+}
+
+// followIssuingCA renews the serving certificate if the chain it would be
+// issued with changed since it was: a renewal of the issuing CA, and above
+// all a relay root rotation switching issuance to the new root (after
+// which the old root leaves the agents' bundle and a certificate still
+// under it would be refused by every agent) or adding or dropping the
+// cross-issued CA. It runs every --relay-issuer-check-interval.
 func (p *process) followIssuingCA(ctx context.Context) {
 	cert, _ := p.serving.Certificate()
-	issuing := p.authority.Chain()[0]
-	if len(cert.Certificate) > 1 && bytes.Equal(cert.Certificate[1], issuing.Raw) {
+	chain, cross := p.authority.Chain(), p.crossIssued()
+	want := append(slices.Clone(chain), cross...)
+	if slices.EqualFunc(cert.Certificate[1:], want, func(der []byte, c *x509.Certificate) bool { return bytes.Equal(der, c.Raw) }) {
 		return
 	}
 	if err := p.serving.Renew(ctx); err != nil {
 		if ctx.Err() == nil {
-			p.log.Error("could not renew the serving certificate from the new relay issuing CA; retrying", "error", err, "retry_in", p.cfg.CA.IssuerCheck)
+			p.log.Error("could not renew the serving certificate for the relay CA's new chain; retrying", "error", err, "retry_in", p.cfg.CA.IssuerCheck)
 		}
 		return
 	}
-	p.log.Info("renewed the serving certificate from the new relay issuing CA", "issuer", issuing.Subject.String())
+	p.log.Info("renewed the serving certificate for the relay CA's new chain", "issuer", chain[0].Subject.String(), "cross_issued", len(cross))
 }
 
 // storeServingSecret writes relay-server-tls-secret for operators and tools

@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
 	"strings"
@@ -32,6 +33,7 @@ type rotationWorld struct {
 	ns      string
 	app     *apptest.App
 	kube    *kubeclient.Clients
+	mgmt    *fleet.Management
 	m       *identity.Manager
 	secrets *identitytest.MemAgentSecrets
 	sess    *agent.Session
@@ -56,7 +58,7 @@ func newRotationWorld(t *testing.T, ns string) *rotationWorld {
 	require.NoError(t, err)
 	members, err := mgmt.Register(ctx, fleet.ClusterNames("rot", 1), time.Hour, 1)
 	require.NoError(t, err)
-	w := &rotationWorld{t: t, ns: ns, app: a, kube: kube, logs: &syncbuf.Buffer{}}
+	w := &rotationWorld{t: t, ns: ns, app: a, kube: kube, mgmt: mgmt, logs: &syncbuf.Buffer{}}
 	w.secrets = identitytest.NewMemAgentSecrets(rootsPEM, members[0].Token)
 	log := slog.New(slog.NewTextHandler(w.logs, nil))
 	w.m, err = identity.NewManager(identity.ManagerConfig{Cluster: members[0].Cluster, ServerAddress: a.Addrs.Relay, ServerName: "localhost",
@@ -134,16 +136,46 @@ func (w *rotationWorld) phases(timeout time.Duration, done func(ca.RootRotationS
 // the new session verifies the server under the new root — acknowledges,
 // and the rotation ends Idle on the new root, the agent pinning only that
 // one and renewing.
+//
+// A second agent, offline through AddingNewRoot, comes back in Switching
+// pinning only the old root, while issuance (the serving certificate
+// included) has moved to the new one. The server's chain carries the new
+// issuing CA cross-issued by the old root, so it verifies the server with
+// the bundle it has, keeps its certificate (no token, no re-bootstrap),
+// acknowledges the bundle with both roots, renews under the new root, and
+// the rotation ends Idle with it connected, pinning only the new root.
 func TestRelayRootRotationRunsFromStartToIdleWithAnAcknowledgingAgent(t *testing.T) {
 	w := newRotationWorld(t, "root-rotation")
 	ctx := context.Background()
+	late := w.lateAgent("rot-late")
+	require.False(t, late.secrets.HasToken(), "the late agent bootstrapped before the rotation")
 	before := w.state()
 	require.Equal(t, ca.RootIdle, before.Phase)
 	require.NoError(t, ca.RequestRootRotation(ctx, w.kube.Typed, w.ns, ca.RootRequestStart))
-	seen := w.phases(2*time.Minute, func(st ca.RootRotationState) bool { return st.Phase == ca.RootRemovingOld })
+	seen := w.phases(2*time.Minute, func(st ca.RootRotationState) bool { return st.Phase == ca.RootSwitching })
+	newRoot := w.state().New
+	stored, err := late.secrets.Roots(ctx)
+	require.NoError(t, err)
+	pinned, err := ca.ParseTrustBundle(stored)
+	require.NoError(t, err)
+	require.Len(t, pinned, 1, "offline through AddingNewRoot: the late agent pins only the old root")
+	require.NotEqual(t, newRoot, ca.RootFingerprint(pinned[0]))
+	// The replica renews its serving certificate within a check of the
+	// switch: wait for it (through the first agent, which pins both), so
+	// that the late agent meets the new root's chain.
+	require.Eventually(t, func() bool {
+		chain := w.serverChain(w.m)
+		return len(chain) > 1 && ca.RootFingerprint(w.rootOf(chain[1])) == newRoot
+	}, 30*time.Second, 200*time.Millisecond, "the server serves under the new root")
+	late.start(w, "rot-late")
+	chain := w.serverChain(late.m)
+	require.Len(t, chain, 3, "leaf, issuing CA, cross-issued CA")
+	assert.Equal(t, chain[1].RawSubjectPublicKeyInfo, chain[2].RawSubjectPublicKeyInfo, "the cross-issued CA is the same CA")
+	assert.Equal(t, ca.RootFingerprint(pinned[0]), ca.RootFingerprint(w.rootOf(chain[2])), "under the old root")
+
+	seen = append(seen, w.phases(2*time.Minute, func(st ca.RootRotationState) bool { return st.Phase == ca.RootRemovingOld })...)
 	assert.Subset(t, seen, []ca.RootPhase{ca.RootAddingNew, ca.RootSwitching, ca.RootRemovingOld})
-	st := w.state()
-	newRoot := st.New
+	assert.Equal(t, newRoot, ca.RootFingerprint(w.certRootOf(late.m)), "the late agent renewed under the new root before the old one left")
 	renewals := w.m.Status().Renewals
 	require.Eventually(t, func() bool { return w.m.Status().Renewals > renewals }, 30*time.Second, 200*time.Millisecond)
 	ss := w.sess.State()
@@ -160,7 +192,7 @@ func TestRelayRootRotationRunsFromStartToIdleWithAnAcknowledgingAgent(t *testing
 	end := w.state()
 	assert.Equal(t, newRoot, end.Old, "the new root is the relay root")
 	assert.Equal(t, before.Revision+4, end.Revision)
-	stored, err := w.secrets.Roots(ctx)
+	stored, err = w.secrets.Roots(ctx)
 	require.NoError(t, err)
 	roots, err := ca.ParseTrustBundle(stored)
 	require.NoError(t, err)
@@ -177,12 +209,99 @@ func TestRelayRootRotationRunsFromStartToIdleWithAnAcknowledgingAgent(t *testing
 	assert.Zero(t, w.app.Series(t, app.MetricRelayRootRotationErrors, "")[""])
 	assert.Equal(t, 1.0, w.app.Series(t, app.MetricRelayRootRotationPhase, "phase")[string(ca.RootIdle)])
 	assert.NotContains(t, w.app.Logs.String(), "PRIVATE KEY")
+
+	stored, err = late.secrets.Roots(ctx)
+	require.NoError(t, err)
+	pinned, err = ca.ParseTrustBundle(stored)
+	require.NoError(t, err)
+	require.Len(t, pinned, 1)
+	assert.Equal(t, newRoot, ca.RootFingerprint(pinned[0]), "the late agent ends pinning only the new root")
+	assert.False(t, late.secrets.HasToken(), "no token was needed: no re-bootstrap")
+	assert.Empty(t, late.m.Status().LastError, "every Renew of the late agent was accepted")
+	assert.True(t, late.sess.State().Connected)
+}
+
+// lateAgent is a second registered cluster's agent that bootstraps on the
+// relay root of now and then goes offline; start brings it back with the
+// secrets it kept (a certificate and the bundle of then) and a session
+// that stores and acknowledges bundles.
+type lateAgent struct {
+	secrets *identitytest.MemAgentSecrets
+	m       *identity.Manager
+	sess    *agent.Session
+	logs    *syncbuf.Buffer
+	stop    func()
+}
+
+func (w *rotationWorld) lateAgent(name string) *lateAgent {
+	ctx := context.Background()
+	rootsPEM, err := ca.RelayRootsPEM(ctx, w.kube.Typed, w.ns)
+	require.NoError(w.t, err)
+	members, err := w.mgmt.Register(ctx, []string{name}, time.Hour, 1)
+	require.NoError(w.t, err)
+	l := &lateAgent{secrets: identitytest.NewMemAgentSecrets(rootsPEM, members[0].Token), logs: &syncbuf.Buffer{}}
+	l.start(w, name)
+	l.stop()
+	return l
+}
+
+func (l *lateAgent) start(w *rotationWorld, name string) {
+	log := slog.New(slog.NewTextHandler(l.logs, nil))
+	var err error
+	l.m, err = identity.NewManager(identity.ManagerConfig{Cluster: name, ServerAddress: w.app.Addrs.Relay, ServerName: "localhost",
+		Secrets: l.secrets, Logger: log, Jitter: func() float64 { return 0 }, Retry: backoff.Policy{Min: 100 * time.Millisecond, Max: time.Second}})
+	require.NoError(w.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	mDone, sDone := make(chan struct{}), make(chan struct{})
+	go func() { _ = l.m.Run(ctx); close(mDone) }()
+	<-l.m.Ready()
+	l.sess, err = agent.NewSession(agent.SessionConfig{ServerAddress: w.app.Addrs.Relay, TLS: l.m.ClientTLS, TrustBundles: l.m,
+		PingInterval: 200 * time.Millisecond, Logger: log, Retry: backoff.Policy{Min: 100 * time.Millisecond, Max: time.Second}})
+	require.NoError(w.t, err)
+	go func() { _ = l.sess.Run(ctx); close(sDone) }()
+	l.stop = func() { cancel(); <-sDone; <-mDone }
+	w.t.Cleanup(l.stop)
+	w.t.Cleanup(func() {
+		if w.t.Failed() {
+			w.t.Logf("%s agent logs:\n%s", name, l.logs.String())
+		}
+	})
+	require.Eventually(w.t, func() bool { return l.sess.State().Connected }, 30*time.Second, 100*time.Millisecond, "%s connects", name)
+}
+
+// serverChain is the chain the server presents to an agent dialling with
+// m's TLS configuration (its pinned roots), verified as the agent does.
+func (w *rotationWorld) serverChain(m *identity.Manager) []*x509.Certificate {
+	cfg, err := m.ClientTLS()
+	require.NoError(w.t, err)
+	conn, err := tls.Dial("tcp", w.app.Addrs.Relay, cfg)
+	require.NoError(w.t, err)
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates
+}
+
+// rootOf is the root (of the relay root Secret's two) that signed c.
+func (w *rotationWorld) rootOf(c *x509.Certificate) *x509.Certificate {
+	s, err := w.kube.Typed.CoreV1().Secrets(w.ns).Get(context.Background(), ca.RootSecretName, metav1.GetOptions{})
+	require.NoError(w.t, err)
+	current, staged, err := ca.RootRotationRoots(s)
+	require.NoError(w.t, err)
+	for _, r := range []*x509.Certificate{current, staged} {
+		if r != nil && c.CheckSignatureFrom(r) == nil {
+			return r
+		}
+	}
+	w.t.Fatal("signed by neither root")
+	return nil
 }
 
 // certRoot is the root (of the relay root Secret's two) the agent's current
 // certificate's issuing CA is signed by.
-func (w *rotationWorld) certRoot() *x509.Certificate {
-	cfg, err := w.m.ClientTLS()
+func (w *rotationWorld) certRoot() *x509.Certificate { return w.certRootOf(w.m) }
+
+// certRootOf is certRoot for the agent of m.
+func (w *rotationWorld) certRootOf(m *identity.Manager) *x509.Certificate {
+	cfg, err := m.ClientTLS()
 	require.NoError(w.t, err)
 	cert, err := cfg.GetClientCertificate(nil)
 	require.NoError(w.t, err)

@@ -15,10 +15,11 @@ import (
 )
 
 // A relay root rotation stepped to Switching makes the replica serve a
-// certificate under the new root within its issuer check interval, and
-// only a pool of the new root verifies it once the old root leaves: an
-// agent that stored the bundle keeps verifying the server through the
-// switch and after it.
+// certificate under the new root within its issuer check interval, with
+// the new issuing CA also cross-issued by the old root (an agent that
+// missed the new root still verifies it), and only a pool of the new root
+// verifies it once the old root leaves: an agent that stored the bundle
+// keeps verifying the server through the switch and after it.
 func TestServingCertificateFollowsTheRootRotationsSwitch(t *testing.T) {
 	ctx := context.Background()
 	ns := "root-serving"
@@ -76,12 +77,18 @@ func TestServingCertificateFollowsTheRootRotationsSwitch(t *testing.T) {
 	require.Equal(t, ca.RootSwitching, step().State.Phase)
 	require.Eventually(t, func() bool { return verifiesWith(served(), newRoot) }, time.Minute, 200*time.Millisecond,
 		"Switching: the replica serves under the new root")
-	assert.False(t, verifiesWith(served(), oldRoot), "no cross-signed chain yet: an agent pinning only the old root does not verify it")
+	chain := served()
+	assert.Len(t, chain, 3, "Switching: leaf, the new issuing CA, and the same CA cross-issued by the old root")
+	assert.True(t, verifiesWith(chain, oldRoot), "an agent pinning only the old root verifies it through the cross-issued CA")
+	assert.False(t, verifiesWith(chain[:2], oldRoot), "and would not without it")
 
 	now = now.Add(2 * time.Minute)
 	require.Equal(t, ca.RootRemovingOld, step().State.Phase)
+	require.Eventually(t, func() bool { return len(served()) == 2 }, time.Minute, 200*time.Millisecond,
+		"RemovingOldRoot: the cross-issued CA leaves the chain with the old root")
+	assert.False(t, verifiesWith(served(), oldRoot))
 	require.Equal(t, ca.RootIdle, step().State.Phase)
 	time.Sleep(3 * cfg.CA.IssuerCheck)
 	assert.True(t, verifiesWith(served(), newRoot), "Idle: served under the new root, the relay root now")
-	assert.Contains(t, a.Logs.String(), "renewed the serving certificate from the new relay issuing CA")
+	assert.Contains(t, a.Logs.String(), "renewed the serving certificate for the relay CA's new chain")
 }
