@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	"github.com/relaymesh/relaymesh/internal/dialer"
 	"github.com/relaymesh/relaymesh/internal/text"
@@ -56,6 +57,9 @@ type SessionConfig struct {
 	// Hello and acknowledges each bundle. Unset, the agent is listed as
 	// unable to acknowledge and the rotation waits for it.
 	TrustBundles TrustBundleStore
+	// Cluster is the agent's cluster, named in the recovery a broken relay
+	// trust calls for (identity.RelayTrustReason).
+	Cluster string
 	// OnRefused is called when the server refuses the agent's certificate
 	// (PermissionDenied or Unauthenticated), so the credential manager can
 	// drop it; optional.
@@ -205,10 +209,16 @@ func (s *Session) Run(ctx context.Context) error {
 	for {
 		start := time.Now()
 		server, err := s.once(ctx)
+		// A broken relay trust is said first, with its recovery: retrying
+		// does not end it.
+		reason := identity.RelayTrustReason(s.cfg.Cluster, err)
 		s.mu.Lock()
 		s.state.Connected = false
 		if err != nil {
 			s.state.LastError = err.Error()
+			if reason != "" {
+				s.state.LastError = reason + " (" + err.Error() + ")"
+			}
 		}
 		s.mu.Unlock()
 		// The next session starts at the next replica.
@@ -228,7 +238,11 @@ func (s *Session) Run(ctx context.Context) error {
 		delay := s.cfg.Retry.Delay(attempt)
 		attempt++
 		s.reconnects.Add(1)
-		s.log.Warn("relay session ended; reconnecting", "error", err, "retry_in", delay.Round(time.Millisecond))
+		if reason != "" {
+			s.log.Error("relay session refused: relay trust broken; reconnecting cannot fix it", "reason", reason, "error", err, "retry_in", delay.Round(time.Millisecond))
+		} else {
+			s.log.Warn("relay session ended; reconnecting", "error", err, "retry_in", delay.Round(time.Millisecond))
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
