@@ -137,6 +137,11 @@ type SessionState struct {
 	Since      time.Time `json:"since,omitzero"`
 	Reconnects int64     `json:"reconnects"`
 	LastError  string    `json:"lastError,omitempty"`
+	// RelayTrust is why the last session failed when the relay trust is
+	// broken (identity.RelayTrustReason: the server not under the pinned
+	// root, or this agent's certificate refused as from an untrusted
+	// issuer), with the recovery; empty otherwise.
+	RelayTrust string `json:"relayTrust,omitempty"`
 	// PushedHash is the hash of the last snapshot the server accepted;
 	// PushError why the last one was refused.
 	PushedHash string `json:"pushedHash,omitempty"`
@@ -214,6 +219,7 @@ func (s *Session) Run(ctx context.Context) error {
 		reason := identity.RelayTrustReason(s.cfg.Cluster, err)
 		s.mu.Lock()
 		s.state.Connected = false
+		s.state.RelayTrust = reason
 		if err != nil {
 			s.state.LastError = err.Error()
 			if reason != "" {

@@ -186,7 +186,7 @@ func TestAgentReportsBrokenRelayTrust(t *testing.T) {
 		t.Cleanup(func() { cancel(); <-done })
 		waitFor(t, 10*time.Second, "the reason in the session state", func() bool {
 			st := s.State()
-			return !st.Connected && len(st.LastError) > len(serverReason) && st.LastError[:len(serverReason)] == serverReason
+			return !st.Connected && st.RelayTrust == serverReason && len(st.LastError) > len(serverReason) && st.LastError[:len(serverReason)] == serverReason
 		})
 	})
 
@@ -205,7 +205,7 @@ func TestAgentReportsBrokenRelayTrust(t *testing.T) {
 		t.Cleanup(func() { cancel(); <-done })
 		waitFor(t, 10*time.Second, "the reason in the session state", func() bool {
 			st := s.State()
-			return !st.Connected && len(st.LastError) > len(clientReason) && st.LastError[:len(clientReason)] == clientReason
+			return !st.Connected && st.RelayTrust == clientReason && len(st.LastError) > len(clientReason) && st.LastError[:len(clientReason)] == clientReason
 		})
 	})
 }
