@@ -165,6 +165,18 @@ func TestRebootstrapRecoversAnAgentThatPinsARetiredRelayRoot(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut, "no KubernetesCluster cluster-9 in relaymesh; register it with 'relaymesh cluster register cluster-9'")
 
+	// A cluster without an agent (kubeconfig mode) is refused before a
+	// token is minted.
+	w.mustRelaymesh("cluster", "register", "kc-1", "--mode", "kubeconfig", "--mgmt-context", "mgmt", "--remote-context", name)
+	_, errOut, code = w.relaymesh("cluster", "re-bootstrap", "kc-1", "--mgmt-context", "mgmt", "--dry-run")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "cluster kc-1 is registered in kubeconfig mode: no agent runs there")
+	tokens, err := w.clients["mgmt"].CoreV1().Secrets("relaymesh").List(w.ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	for _, s := range tokens.Items {
+		assert.NotEqual(t, "kc-1", string(s.Data["cluster"]), "a token minted for kc-1: %s", s.Name)
+	}
+
 	// --dry-run prints the Secrets with every current root and a token.
 	out := w.mustRelaymesh("cluster", "re-bootstrap", name, "--mgmt-context", "mgmt", "--dry-run", "-o", "yaml")
 	for _, s := range []string{"name: " + identity.RootSecret, "name: " + identity.TokenSecret, "kind: Namespace"} {
