@@ -173,6 +173,17 @@ func TestAgentReportsBrokenRelayTrust(t *testing.T) {
 		assert.True(t, secrets.HasToken(), "a server the agent cannot verify never sees the token")
 	})
 
+	// Offline past its certificate's life, the agent has no certificate and
+	// its token was spent: it names the recovery of both cases.
+	t.Run("expired and no token", func(t *testing.T) {
+		m, _ := startManager(t, srv, identitytest.NewMemAgentSecrets(srv.RootsPEM, ""), "cluster-1")
+		waitFor(t, 10*time.Second, "an error in the credential status", func() bool { return m.Status().LastError != "" })
+		st := m.Status()
+		assert.Contains(t, st.Message, "no bootstrap token")
+		assert.Contains(t, st.Message, "re-register the cluster (relaymesh cluster register)")
+		assert.Contains(t, st.Message, "`relaymesh cluster re-bootstrap cluster-1`")
+	})
+
 	t.Run("session", func(t *testing.T) {
 		s, err := agent.NewSession(agent.SessionConfig{ServerAddress: srv.Addr, Cluster: "cluster-1",
 			TLS: func() (*tls.Config, error) {
