@@ -18,6 +18,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	"github.com/relaymesh/relaymesh/internal/dialer"
+	"github.com/relaymesh/relaymesh/internal/relaytrust"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
@@ -56,6 +57,9 @@ type SessionConfig struct {
 	// Hello and acknowledges each bundle. Unset, the agent is listed as
 	// unable to acknowledge and the rotation waits for it.
 	TrustBundles TrustBundleStore
+	// Cluster is the agent's cluster, named in the recovery a broken relay
+	// trust calls for (relaytrust.Reason).
+	Cluster string
 	// OnRefused is called when the server refuses the agent's certificate
 	// (PermissionDenied or Unauthenticated), so the credential manager can
 	// drop it; optional.
@@ -133,6 +137,11 @@ type SessionState struct {
 	Since      time.Time `json:"since,omitzero"`
 	Reconnects int64     `json:"reconnects"`
 	LastError  string    `json:"lastError,omitempty"`
+	// RelayTrust is why the last session failed when the relay trust is
+	// broken (relaytrust.Reason: the server not under the pinned
+	// root, or this agent's certificate refused as from an untrusted
+	// issuer), with the recovery; empty otherwise.
+	RelayTrust string `json:"relayTrust,omitempty"`
 	// PushedHash is the hash of the last snapshot the server accepted;
 	// PushError why the last one was refused.
 	PushedHash string `json:"pushedHash,omitempty"`
@@ -205,10 +214,17 @@ func (s *Session) Run(ctx context.Context) error {
 	for {
 		start := time.Now()
 		server, err := s.once(ctx)
+		// A broken relay trust is said first, with its recovery: retrying
+		// does not end it.
+		reason := relaytrust.Reason(s.cfg.Cluster, err)
 		s.mu.Lock()
 		s.state.Connected = false
+		s.state.RelayTrust = reason
 		if err != nil {
 			s.state.LastError = err.Error()
+			if reason != "" {
+				s.state.LastError = reason + " (" + err.Error() + ")"
+			}
 		}
 		s.mu.Unlock()
 		// The next session starts at the next replica.
@@ -228,7 +244,11 @@ func (s *Session) Run(ctx context.Context) error {
 		delay := s.cfg.Retry.Delay(attempt)
 		attempt++
 		s.reconnects.Add(1)
-		s.log.Warn("relay session ended; reconnecting", "error", err, "retry_in", delay.Round(time.Millisecond))
+		if reason != "" {
+			s.log.Error("relay session refused: relay trust broken; reconnecting cannot fix it", "reason", reason, "error", err, "retry_in", delay.Round(time.Millisecond))
+		} else {
+			s.log.Warn("relay session ended; reconnecting", "error", err, "retry_in", delay.Round(time.Millisecond))
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

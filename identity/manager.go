@@ -16,6 +16,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	"github.com/relaymesh/relaymesh/internal/dialer"
+	"github.com/relaymesh/relaymesh/internal/relaytrust"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.step.sm/crypto/keyutil"
@@ -203,7 +204,11 @@ func (m *Manager) Run(ctx context.Context) error {
 		m.setError(err)
 		delay := m.cfg.Retry.Delay(attempt)
 		attempt++
-		m.log.Warn("credential step failed; retrying", "error", err, "retry_in", delay.Round(time.Millisecond))
+		if reason := relaytrust.Reason(m.cfg.Cluster, err); reason != "" {
+			m.log.Error("relay trust broken; retrying cannot fix it", "reason", reason, "error", err, "retry_in", delay.Round(time.Millisecond))
+		} else {
+			m.log.Warn("credential step failed; retrying", "error", err, "retry_in", delay.Round(time.Millisecond))
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -311,7 +316,7 @@ func (m *Manager) bootstrap(ctx context.Context, roots *x509.CertPool, rootsPEM 
 	token, err := m.cfg.Secrets.Token(ctx)
 	if err != nil {
 		if errors.Is(err, ErrNoToken) {
-			return fmt.Errorf("no valid client certificate and %w; re-register the cluster (relaymesh cluster register) to get a new token", err)
+			return fmt.Errorf("no valid client certificate and %w; if the cluster was deregistered, re-register the cluster (relaymesh cluster register), else write a new token and the current relay roots with `%s`", err, relaytrust.RebootstrapCommand(m.cfg.Cluster))
 		}
 		return err
 	}
@@ -466,13 +471,19 @@ func (m *Manager) install(cert *tls.Certificate, how string, renewal bool) {
 	m.log.Info("client certificate "+how, "spiffe_id", leaf.URIs[0].String(), "serial", fmt.Sprintf("%x", leaf.SerialNumber), "not_after", leaf.NotAfter, "renew_at", renewAt)
 }
 
+// setError records why the last step failed; a broken relay trust
+// (relaytrust.Reason) leads with its reason and recovery.
 func (m *Manager) setError(err error) {
+	msg := err.Error()
+	if reason := relaytrust.Reason(m.cfg.Cluster, err); reason != "" {
+		msg = reason + " (" + msg + ")"
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.status.LastError = err.Error()
+	m.status.LastError = msg
 	if m.cert == nil {
 		m.status.Ready = false
-		m.status.Message = "no usable client certificate: " + err.Error()
+		m.status.Message = "no usable client certificate: " + msg
 	}
 }
 

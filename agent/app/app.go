@@ -129,7 +129,7 @@ func build(cfg Config, env Env, log *slog.Logger) (*parts, error) {
 	if err != nil {
 		return nil, err
 	}
-	session, err := agent.NewSession(agent.SessionConfig{ServerAddress: cfg.ServerAddress, TLS: creds.ClientTLS, Version: env.Version, Logger: log,
+	session, err := agent.NewSession(agent.SessionConfig{ServerAddress: cfg.ServerAddress, Cluster: cfg.Cluster, TLS: creds.ClientTLS, Version: env.Version, Logger: log,
 		OnRefused: creds.Refused, TrustBundles: creds, Snapshots: disc, Applier: applier, Clock: env.Clock,
 		Trust: &trust.Agent{Client: kube.Typed, Owner: Owner, Logger: log}})
 	if err != nil {

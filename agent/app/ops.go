@@ -57,6 +57,8 @@ func (p *parts) status() (any, error) {
 		return st, nil // a healthy standby
 	case !st.Credential.Ready:
 		return st, errors.New(st.Credential.Message)
+	case !st.Session.Connected && st.Session.RelayTrust != "":
+		return st, errors.New("not connected to the relay server: " + st.Session.RelayTrust)
 	case !st.Session.Connected:
 		return st, errors.New("not connected to the relay server")
 	}

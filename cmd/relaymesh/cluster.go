@@ -90,10 +90,11 @@ type registerFlags struct {
 }
 
 func newClusterCommand(d deps, g *globals) *cobra.Command {
-	return groupCommand("cluster", "Register, deregister and list workload clusters", clusterSynopsis, `  relaymesh cluster list
+	return groupCommand("cluster", "Register, re-bootstrap, deregister and list workload clusters", clusterSynopsis, `  relaymesh cluster list
   relaymesh cluster register cluster-1 --remote-context cluster-1 --server-address relay.example.com:9900
+  relaymesh cluster re-bootstrap cluster-1 --remote-context cluster-1
   relaymesh cluster deregister cluster-1 --remote-context cluster-1`,
-		newClusterRegisterCommand(d, g), newClusterDeregisterCommand(d, g), newClusterListCommand(d, g))
+		newClusterRegisterCommand(d, g), newClusterRebootstrapCommand(d, g), newClusterDeregisterCommand(d, g), newClusterListCommand(d, g))
 }
 
 func newClusterRegisterCommand(d deps, g *globals) *cobra.Command {
@@ -349,13 +350,18 @@ func writeBundle(w io.Writer, format printer.Format, b *registration.Bundle, ren
 		}
 		return printer.WriteJSON(w, map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
 	}
-	values, err := yaml.Marshal(b.Values)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "# Workload cluster %s: apply to its namespace %s. Values of the relaymesh-agent chart:\n", b.Cluster, b.Namespace)
-	for _, line := range strings.Split(strings.TrimSpace(string(values)), "\n") {
-		fmt.Fprintf(w, "#   %s\n", line)
+	if b.Values == nil {
+		// A re-bootstrap: the Secrets only, the chart's values stand.
+		fmt.Fprintf(w, "# Workload cluster %s: apply to its namespace %s, delete its %s, restart the agent.\n", b.Cluster, b.Namespace, identity.ClientSecret)
+	} else {
+		values, err := yaml.Marshal(b.Values)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "# Workload cluster %s: apply to its namespace %s. Values of the relaymesh-agent chart:\n", b.Cluster, b.Namespace)
+		for _, line := range strings.Split(strings.TrimSpace(string(values)), "\n") {
+			fmt.Fprintf(w, "#   %s\n", line)
+		}
 	}
 	for _, o := range objs {
 		y, err := yaml.Marshal(o)

@@ -42,7 +42,7 @@ func TestRunFlags(t *testing.T) {
 		{"agent without cluster", []string{"agent", "--kubeconfig", missing}, 1, "", "kubeconfig"},
 		{"agent bad leader timing", []string{"agent", "--leader-retry-period", "20s"}, 2, "", "0 < --leader-retry-period < --leader-renew-deadline"},
 		{"two kubeconfigs", []string{"agent", "--kubeconfig", "a", "--kubeconfig", "b"}, 2, "", "--kubeconfig given 2 times"},
-		{"cluster no verb", []string{"cluster"}, 2, "", "want a subcommand: deregister, list, register"},
+		{"cluster no verb", []string{"cluster"}, 2, "", "want a subcommand: deregister, list, re-bootstrap, register"},
 		{"cluster unknown verb", []string{"cluster", "join"}, 2, "", `unknown subcommand "join"`},
 		{"cluster bad name", []string{"cluster", "register", "Bad_Name", "--mgmt-kubeconfig", "x"}, 2, "", "not a DNS label"},
 		{"cluster two names", []string{"cluster", "register", "a", "b"}, 2, "", "exactly one cluster NAME"},
@@ -86,6 +86,23 @@ func TestRunFlags(t *testing.T) {
 		{"agent bad log level", []string{"agent", "--kubeconfig", missing, "--log-level", "loud"}, 2, "", `--log-level "loud"`},
 		{"deregister bad name", []string{"cluster", "deregister", "Bad_Name"}, 2, "", "not a DNS label"},
 		{"token bad cluster", []string{"token", "create", "--cluster", "Bad_Name"}, 2, "", "not a DNS label"},
+		// cluster re-bootstrap: each refusal comes before any cluster is
+		// reached (the kubeconfig named does not exist), so nothing is minted.
+		{"re-bootstrap no name", []string{"cluster", "re-bootstrap", "--kubeconfig", missing}, 2, "", "exactly one cluster NAME"},
+		{"re-bootstrap two names", []string{"cluster", "re-bootstrap", "a", "b", "--kubeconfig", missing}, 2, "", "exactly one cluster NAME"},
+		{"re-bootstrap bad name", []string{"cluster", "re-bootstrap", "Bad_Name", "--kubeconfig", missing}, 2, "", "not a DNS label"},
+		{"re-bootstrap path name", []string{"cluster", "re-bootstrap", "../kube-system", "--kubeconfig", missing}, 2, "", "not a DNS label"},
+		{"re-bootstrap oversized name", []string{"cluster", "re-bootstrap", strings.Repeat("a", 4096), "--kubeconfig", missing}, 2, "", "not a DNS label"},
+		{"re-bootstrap empty name", []string{"cluster", "re-bootstrap", "", "--kubeconfig", missing}, 2, "", "not a DNS label"},
+		{"re-bootstrap no workload cluster", []string{"cluster", "re-bootstrap", "c1", "--kubeconfig", missing}, 2, "", "no workload cluster: give --remote-context"},
+		{"re-bootstrap ttl too long", []string{"cluster", "re-bootstrap", "c1", "--kubeconfig", missing, "--dry-run", "--token-ttl", "200h"}, 2, "", "--token-ttl 200h0m0s out of range"},
+		{"re-bootstrap ttl zero", []string{"cluster", "re-bootstrap", "c1", "--kubeconfig", missing, "--dry-run", "--token-ttl", "0s"}, 2, "", "out of range"},
+		{"re-bootstrap ttl not a duration", []string{"cluster", "re-bootstrap", "c1", "--kubeconfig", missing, "--token-ttl", "soon"}, 2, "", "invalid argument"},
+		{"re-bootstrap empty remote namespace", []string{"cluster", "re-bootstrap", "c1", "--kubeconfig", missing, "--dry-run", "--remote-namespace", ""}, 2, "", "namespaces must not be empty"},
+		{"re-bootstrap output without dry run", []string{"cluster", "re-bootstrap", "c1", "--kubeconfig", missing, "-o", "json"}, 2, "", "-o prints the Secrets of --dry-run"},
+		{"re-bootstrap bad output", []string{"cluster", "re-bootstrap", "c1", "--kubeconfig", missing, "--dry-run", "-o", "table"}, 2, "", `-o "table": want yaml, json`},
+		{"re-bootstrap takes no server address", []string{"cluster", "re-bootstrap", "c1", "--server-address", "h:1"}, 2, "", "unknown flag: --server-address"},
+		{"re-bootstrap management cluster unreachable", []string{"cluster", "re-bootstrap", "c1", "--kubeconfig", missing, "--dry-run"}, 1, "", "management cluster"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -111,8 +128,8 @@ func TestEveryCommandHasAnExample(t *testing.T) {
 		if f := c.Flags().Lookup("output"); f != nil {
 			assert.Equal(t, "o", f.Shorthand, c.CommandPath())
 			formats := []string{"table", "wide", "json", "yaml"}
-			if c.CommandPath() == "relaymesh cluster register" {
-				formats = []string{"json", "yaml"} // it prints manifests to apply (--dry-run), not a listing
+			if c.CommandPath() == "relaymesh cluster register" || c.CommandPath() == "relaymesh cluster re-bootstrap" {
+				formats = []string{"json", "yaml"} // they print manifests to apply (--dry-run), not a listing
 			}
 			for _, format := range formats {
 				assert.Contains(t, f.Usage, format, "%s -o", c.CommandPath())
@@ -145,7 +162,7 @@ func TestCompletion(t *testing.T) {
 	}
 	// The hidden __complete command is what the scripts call.
 	for args, want := range map[string][]string{
-		"__complete cluster ":               {"register", "deregister", "list"},
+		"__complete cluster ":               {"register", "re-bootstrap", "deregister", "list"},
 		"__complete cluster list -o ":       {"table", "wide", "json", "yaml"},
 		"__complete describe ":              {"destination", "workload", "policy"},
 		"__complete server --log-level ":    {"debug", "info"},

@@ -238,19 +238,93 @@ func Register(ctx context.Context, mgmt *kubeclient.Clients, req Request) (b *Bu
 	}
 	ns := req.RemoteNamespace
 	b = &Bundle{Cluster: req.Cluster, Namespace: ns, TokenID: rec.ID, ExpiresAt: rec.ExpiresAt,
-		Secrets: []*corev1.Secret{
-			{ObjectMeta: metav1.ObjectMeta{Name: identity.RootSecret, Namespace: ns, Labels: managedBy}, Type: corev1.SecretTypeOpaque, Data: map[string][]byte{identity.KeyCACert: roots}},
-			{ObjectMeta: metav1.ObjectMeta{Name: identity.TokenSecret, Namespace: ns, Labels: managedBy}, Type: corev1.SecretTypeOpaque, Data: map[string][]byte{identity.KeyToken: []byte(token)}},
-		},
-		ConfigMap: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: AgentConfigMap, Namespace: ns, Labels: managedBy},
+		Secrets: agentSecrets(ns, roots, token),
+		ConfigMap: &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"}, ObjectMeta: metav1.ObjectMeta{Name: AgentConfigMap, Namespace: ns, Labels: managedBy},
 			Data: map[string]string{"cluster": req.Cluster, "serverAddress": req.ServerAddress}},
 		Values: map[string]any{"cluster": req.Cluster, "serverAddress": req.ServerAddress},
 	}
-	for _, s := range b.Secrets {
-		s.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}
-	}
-	b.ConfigMap.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"}
 	return b, rollback, nil
+}
+
+// agentSecrets are the agent's bootstrap Secrets in its namespace ns:
+// relay-root-tls-secret with the relay roots the server trusts now,
+// relay-identity-token-secret with a bootstrap token.
+func agentSecrets(ns string, roots []byte, token string) []*corev1.Secret {
+	secret := func(name, key string, value []byte) *corev1.Secret {
+		return &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}, ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: managedBy},
+			Type: corev1.SecretTypeOpaque, Data: map[string][]byte{key: value}}
+	}
+	return []*corev1.Secret{secret(identity.RootSecret, identity.KeyCACert, roots), secret(identity.TokenSecret, identity.KeyToken, []byte(token))}
+}
+
+// RebootstrapRequest is a new bootstrap of a registered relay-mode
+// cluster's agent.
+type RebootstrapRequest struct {
+	// Cluster is the cluster's name, a DNS label.
+	Cluster string
+	// Namespace is the server's namespace in the management cluster.
+	Namespace string
+	// RemoteNamespace is the agent's namespace in the workload cluster.
+	RemoteNamespace string
+	// TokenTTL is how long the bootstrap token is valid.
+	TokenTTL time.Duration
+}
+
+// Validate reports every problem with the request.
+func (r RebootstrapRequest) Validate() error {
+	var errs []error
+	if err := identity.ValidateClusterName(r.Cluster); err != nil {
+		errs = append(errs, err)
+	}
+	if r.Namespace == "" || r.RemoteNamespace == "" {
+		errs = append(errs, errors.New("the server's and the agent's namespaces must not be empty"))
+	}
+	if r.TokenTTL <= 0 || r.TokenTTL > identity.MaxTokenTTL {
+		errs = append(errs, fmt.Errorf("--token-ttl %s out of range (0, %s]", r.TokenTTL, identity.MaxTokenTTL))
+	}
+	return errors.Join(errs...)
+}
+
+// ErrNotRegistered: the cluster has no KubernetesCluster.
+var ErrNotRegistered = errors.New("cluster is not registered")
+
+// Rebootstrap prepares a new bootstrap of a registered relay-mode
+// cluster's agent — the recovery of an agent that pins a relay root the
+// server no longer chains to (offline through a root rotation) or whose
+// certificate expired: it mints a single-use bootstrap token (MintToken,
+// audited as 'token create' is) and returns the bundle of the agent's two
+// Secrets with it and the relay roots the server trusts now (every root of
+// relay-root-tls-secret: during a rotation, both). The bundle has no
+// ConfigMap or chart values: the registration's stand. Nothing else in the
+// management cluster is read or changed — the KubernetesCluster (spec,
+// grants, status, annotations) stays as it is. A cluster that is not
+// registered, or registered in kubeconfig mode (it has no agent), is
+// refused before anything is minted.
+func Rebootstrap(ctx context.Context, mgmt *kubeclient.Clients, req RebootstrapRequest) (*Bundle, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	u, err := mgmt.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(req.Namespace).Get(ctx, req.Cluster, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: no KubernetesCluster %s in %s; register it with 'relaymesh cluster register %s' (re-bootstrap only renews the agent's trust of a registered cluster)",
+			ErrNotRegistered, req.Cluster, req.Namespace, req.Cluster)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get KubernetesCluster %s: %w", req.Cluster, err)
+	}
+	if mode, _, _ := unstructured.NestedString(u.Object, "spec", "mode"); mode == string(multiclusterv1alpha1.ModeKubeconfig) {
+		return nil, fmt.Errorf("cluster %s is registered in kubeconfig mode: no agent runs there, so there is nothing to re-bootstrap", req.Cluster)
+	}
+	roots, err := ca.RelayRootsPEM(ctx, mgmt.Typed, req.Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("relay CA not found in %s: %w", req.Namespace, err)
+	}
+	token, rec, err := MintToken(ctx, mgmt.Typed, req.Namespace, req.Cluster, req.TokenTTL)
+	if err != nil {
+		return nil, err
+	}
+	return &Bundle{Cluster: req.Cluster, Namespace: req.RemoteNamespace, TokenID: rec.ID, ExpiresAt: rec.ExpiresAt,
+		Secrets: agentSecrets(req.RemoteNamespace, roots, token)}, nil
 }
 
 // MintToken mints a single-use bootstrap token for cluster.
@@ -274,19 +348,22 @@ func MintToken(ctx context.Context, mgmt kubernetes.Interface, namespace, cluste
 }
 
 // Objects are the bundle as objects to apply: the namespace, the two
-// Secrets and the ConfigMap.
+// Secrets and the ConfigMap (if the bundle has one).
 func (b *Bundle) Objects() []runtime.Object {
 	objs := []runtime.Object{&corev1.Namespace{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Namespace"}, ObjectMeta: metav1.ObjectMeta{Name: b.Namespace}}}
 	for _, s := range b.Secrets {
 		objs = append(objs, s)
 	}
-	return append(objs, b.ConfigMap)
+	if b.ConfigMap != nil {
+		objs = append(objs, b.ConfigMap)
+	}
+	return objs
 }
 
 // WriteTo writes the bundle into the workload cluster. A client
-// certificate of an earlier registration is removed first: the server
-// binds certificates to one registration, so the agent must bootstrap
-// with the new token.
+// certificate of an earlier registration (or, for Rebootstrap, the stale
+// one under a root the server no longer trusts) is removed first: the
+// agent must bootstrap with the new token.
 func (b *Bundle) WriteTo(ctx context.Context, remote kubernetes.Interface) error {
 	if _, err := remote.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.Namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create namespace %s: %w", b.Namespace, err)
@@ -298,6 +375,9 @@ func (b *Bundle) WriteTo(ctx context.Context, remote kubernetes.Interface) error
 		if err := kubeutil.UpsertSecret(ctx, remote, s.DeepCopy()); err != nil {
 			return fmt.Errorf("write %s/%s in the workload cluster: %w", b.Namespace, s.Name, err)
 		}
+	}
+	if b.ConfigMap == nil {
+		return nil
 	}
 	cm := b.ConfigMap.DeepCopy()
 	_, err := remote.CoreV1().ConfigMaps(b.Namespace).Create(ctx, cm, metav1.CreateOptions{})
