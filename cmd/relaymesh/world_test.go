@@ -59,7 +59,8 @@ func (p *proc) stop(t testing.TB) {
 	t.Helper()
 	p.cancel()
 	select {
-	case <-p.done:
+	case code := <-p.done:
+		p.done <- code // for the cleanup, which waits on it too
 	case <-time.After(60 * time.Second):
 		t.Fatalf("%s did not stop within 60s", p.name)
 	}
