@@ -52,3 +52,22 @@ func TestIssuerGenerationRefusesMalformedAnnotations(t *testing.T) {
 		assert.NotContains(t, err.Error(), "<script>")
 	}
 }
+
+// IssuerGeneration never panics, accepts only [1, 2^20], and never echoes
+// what it refused.
+func FuzzIssuerGeneration(f *testing.F) {
+	for _, v := range []string{"1", "7", "0", "-1", "1048576", "1048577", "", "x", "+3", "0x10"} {
+		f.Add(v)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		g, err := ca.IssuerGeneration(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: ca.SigningSecretName,
+			Annotations: map[string]string{"relaymesh.io/issuer-generation": v}}})
+		if err != nil {
+			require.ErrorIs(t, err, ca.ErrInvalidSigner)
+			assert.True(t, strings.HasSuffix(err.Error(), "secret ns/relay-tls-signing-secret annotation relaymesh.io/issuer-generation is not a generation number"), "the value is not echoed: %s", err)
+			return
+		}
+		assert.GreaterOrEqual(t, g, 1)
+		assert.LessOrEqual(t, g, 1<<20)
+	})
+}
