@@ -13,6 +13,8 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/trust"
@@ -110,7 +112,118 @@ func evalRelayCA(o *Observations, now time.Time) []Result {
 			}
 		}
 	}
-	return append(rs, evalIssuerRenewal(o)...)
+	rs = append(rs, evalIssuerRenewal(o)...)
+	return append(rs, evalRelayRotation(o, now)...)
+}
+
+// maxListedAgents bounds the agents a relay root rotation result names;
+// relaymesh ca relay rotate status lists them all.
+const maxListedAgents = 10
+
+// evalRelayRotation says where the relay root rotation is: Idle, the
+// relay CA's roots and issuing CA generation; in progress, the phase, how
+// long it has run and the agents it has not heard from (those that refused
+// the bundle each an error); stuck, what to run.
+func evalRelayRotation(o *Observations, now time.Time) []Result {
+	subject := o.Namespace + "/relay-root-tls-secret"
+	statusCmd := "relaymesh ca relay rotate status -n " + o.Namespace
+	if o.RelayRotationErr != nil {
+		return []Result{result(AreaRelayCA, subject, Error, "cannot read the relay root rotation: %v (see %s)", o.RelayRotationErr, statusCmd)}
+	}
+	r := o.RelayRotation
+	if r == nil {
+		return nil
+	}
+	var rs []Result
+	gen := "issuing CA generation unknown"
+	switch {
+	case o.IssuerGenerationErr != nil:
+		rs = append(rs, result(AreaRelayCA, o.Namespace+"/relay-tls-signing-secret", Error, "%v", o.IssuerGenerationErr))
+	case o.IssuerGeneration > 0:
+		gen = fmt.Sprintf("issuing CA generation %d", o.IssuerGeneration)
+	}
+	var agents []ca.RootAgentRecord
+	if o.ClustersErr == nil {
+		agents = ca.RootAgentRecords(o.Clusters)
+	}
+	st := ca.RootRotationStatusOf(r.State, r.Request, r.Current, r.Staged, agents)
+	root := func(c *ca.RootStatusCert) string {
+		if c == nil {
+			return "(not in the Secret)"
+		}
+		return fmt.Sprintf("%s (%s, expires %s)", trust.ShortFingerprint(c.Fingerprint), c.Subject, c.NotAfter.Format(time.DateOnly))
+	}
+	pending := ""
+	if r.Request != ca.RootRequestNone {
+		pending = fmt.Sprintf("; a %s request is pending: %s", r.Request, st.Next)
+	}
+	if st.Phase == ca.RootIdle {
+		return append(rs, result(AreaRelayCA, subject, OK, "relay CA: root %s, %s; no root rotation in progress (%d transitions so far)%s",
+			root(st.OldRoot), gen, st.Revision, pending))
+	}
+	if r.Staged != nil && (st.Phase == ca.RootAddingNew || st.Phase == ca.RootSwitching) {
+		// The root every agent pins next: its expiry, as evalRelayCA says
+		// of the current one.
+		sev, msg := Expiry(Lifetime{What: "staged relay root " + r.Staged.Subject.CommonName, NotBefore: r.Staged.NotBefore, NotAfter: r.Staged.NotAfter}, now)
+		rs = append(rs, result(AreaRelayCA, subject, sev, "%s", msg))
+	}
+	ran := "for an unknown time"
+	if st.Since != nil {
+		ran = "for " + duration.HumanDuration(now.Sub(*st.Since))
+	}
+	rolled := ""
+	if st.RolledBack {
+		rolled = ", rolled back: the new root is the one it had"
+	}
+	var names []string
+	connected := 0
+	for _, a := range st.Agents {
+		if a.Connected {
+			connected++
+			if a.Refused != "" {
+				rs = append(rs, result(AreaRelayCA, a.Cluster, Error, "the agent refused the relay trust bundle of the root rotation (phase %s): %q; the rotation waits for it: fix what the agent's log says (an agent that does not handle trust bundles needs an upgrade), or %s",
+					st.Phase, text.Truncate(a.Refused, 512), "relaymesh ca relay rotate rollback -n "+o.Namespace))
+			}
+		}
+		if len(names) < maxListedAgents {
+			state := "offline"
+			switch {
+			case a.Connected && a.Refused != "":
+				state = "refused"
+			case a.Connected:
+				state = "connected"
+			}
+			names = append(names, a.Cluster+" ("+state+")")
+		}
+	}
+	who := "every relay-mode agent acknowledged the bundle of this phase"
+	if o.ClustersErr != nil {
+		who = "the agents are unknown (the KubernetesClusters cannot be listed)"
+	} else if len(st.Agents) > 0 {
+		more := ""
+		if n := len(st.Agents) - len(names); n > 0 {
+			more = fmt.Sprintf(" and %d more (%s lists them)", n, statusCmd)
+		}
+		who = fmt.Sprintf("%d agent(s) have not acknowledged the bundle of this phase, %d of them connected: %s%s", len(st.Agents), connected, strings.Join(names, ", "), more)
+	}
+	msg := fmt.Sprintf("relay root rotation in phase %s %s (revision %d%s): root %s → %s; %s; %s",
+		st.Phase, ran, st.Revision, rolled, root(st.OldRoot), root(st.NewRoot), gen, who)
+	if st.Since != nil && r.Grace > 0 {
+		limit := r.Grace
+		if st.Phase == ca.RootSwitching {
+			// Switching lasts the grace by design.
+			limit = 2 * r.Grace
+		}
+		if now.Sub(*st.Since) > limit {
+			assumed := ""
+			if r.Grace == DefaultRelayRootGrace {
+				assumed = " (from the grace of a server with the default --agent-cert-ttl and --relay-issuer-check-interval)"
+			}
+			return append(rs, result(AreaRelayCA, subject, Error, "stuck for longer than %s%s: %s; see what it waits for with %s, or roll it back with relaymesh ca relay rotate rollback -n %s",
+				duration.HumanDuration(limit), assumed, msg, statusCmd, o.Namespace))
+		}
+	}
+	return append(rs, result(AreaRelayCA, subject, Warning, "%s; next: %s", msg, st.Next))
 }
 
 // evalIssuerRenewal reads the server's issuing CA metrics: past its

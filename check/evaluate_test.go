@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"fmt"
 	"math/big"
 	"net/url"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/opsclient"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -521,3 +523,125 @@ func TestEvaluateDashboard(t *testing.T) {
 	// agents' row reports them).
 	assert.Empty(t, find(Evaluate(&Observations{MetricsErr: errors.New("refused")}, now), AreaDashboard, ""))
 }
+
+// The relay root rotation in every phase: Idle names the relay CA's
+// generation, a rotation in progress is a warning naming its phase, age and
+// the agents it has not heard from, a refusal is an error on the agent's
+// cluster, and a rotation that outlasts its grace is an error with the
+// commands to run.
+func TestEvaluateRelayRootRotation(t *testing.T) {
+	oldRoot, _ := newCA(t, "relay root 1", nil, nil, now.Add(3*365*24*time.Hour), nil)
+	newRoot, _ := newCA(t, "relay root 2", nil, nil, now.Add(10*365*24*time.Hour), nil)
+	oldFP, newFP := ca.RootFingerprint(oldRoot), ca.RootFingerprint(newRoot)
+	state := func(phase ca.RootPhase, ago time.Duration, rolledBack bool) ca.RootRotationState {
+		st := ca.RootRotationState{Phase: phase, Old: oldFP, New: newFP, Revision: 1, Since: now.Add(-ago), RolledBack: rolledBack}
+		if phase == ca.RootIdle {
+			st = ca.RootRotationState{Phase: ca.RootIdle, Old: oldFP, Revision: 4}
+		}
+		return st
+	}
+	bundle := func(st ca.RootRotationState) string { return ca.BundleFingerprint(st.Effective().Bundle) }
+	kc := func(name string, mode multiclusterv1alpha1.RegistrationMode, connected bool, ann map[string]string) multiclusterv1alpha1.KubernetesCluster {
+		c := multiclusterv1alpha1.KubernetesCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: ann}}
+		c.Spec.Mode, c.Status.Connected = mode, connected
+		return c
+	}
+	fleet := func(st ca.RootRotationState, refused string) []multiclusterv1alpha1.KubernetesCluster {
+		cs := []multiclusterv1alpha1.KubernetesCluster{
+			kc("acked", multiclusterv1alpha1.ModeRelay, true, map[string]string{ca.AnnotationRelayBundleAck: bundle(st)}),
+			kc("b-slow", multiclusterv1alpha1.ModeRelay, true, map[string]string{ca.AnnotationRelayBundleAck: "an-older-bundle"}),
+			kc("kubeconfig", multiclusterv1alpha1.ModeKubeconfig, true, nil),
+			kc("z-offline", multiclusterv1alpha1.ModeRelay, false, nil),
+		}
+		if refused != "" {
+			cs = append(cs, kc("old-agent", multiclusterv1alpha1.ModeRelay, true, map[string]string{ca.AnnotationRelayBundleRefused: refused}))
+		}
+		return cs
+	}
+	obs := func(st ca.RootRotationState, req ca.RootRequest, clusters []multiclusterv1alpha1.KubernetesCluster) Observations {
+		r := &RelayRotation{State: st, Request: req, Current: oldRoot, Grace: DefaultRelayRootGrace}
+		if st.Phase != ca.RootIdle {
+			r.Staged = newRoot
+		}
+		return Observations{Namespace: "ns", RelayRoots: []*x509.Certificate{oldRoot}, IssuerGeneration: 3, RelayRotation: r, Clusters: clusters}
+	}
+	adding := state(ca.RootAddingNew, 10*time.Minute, false)
+	switching := state(ca.RootSwitching, 25*time.Hour, false)
+	removing := state(ca.RootRemovingOld, 5*time.Minute, false)
+	many := []multiclusterv1alpha1.KubernetesCluster{}
+	for i := range 25 {
+		many = append(many, kc(fmt.Sprintf("c-%02d", i), multiclusterv1alpha1.ModeRelay, i%2 == 0, nil))
+	}
+	for _, tc := range []struct {
+		name    string
+		o       Observations
+		subject string
+		want    Severity
+		msgs    []string
+		not     []string
+	}{
+		{"idle names the generation", obs(state(ca.RootIdle, 0, false), "", fleet(adding, "")), "ns/relay-root-tls-secret", OK,
+			[]string{"relay CA: root " + oldFP[:16], "relay root 1", "issuing CA generation 3", "no root rotation in progress (4 transitions so far)"}, []string{"b-slow", "pending"}},
+		{"idle with a start pending", obs(state(ca.RootIdle, 0, false), ca.RootRequestStart, nil), "ns/relay-root-tls-secret", OK,
+			[]string{"a start request is pending", "acts on the pending start request"}, nil},
+		{"adding: who has not acknowledged", obs(adding, "", fleet(adding, "")), "ns/relay-root-tls-secret", Warning,
+			[]string{"phase AddingNewRoot for 10m", "root " + oldFP[:16], "→ " + newFP[:16], "relay root 2", "issuing CA generation 3",
+				"2 agent(s) have not acknowledged the bundle of this phase, 1 of them connected: b-slow (connected), z-offline (offline)", "next: every connected agent"},
+			[]string{"acked (", "kubeconfig", "stuck"}},
+		{"adding: a refusal is the agent's error", obs(adding, "", fleet(adding, bundle(adding)[:8]+": the agent does not handle trust bundles (upgrade it)")), "old-agent", Error,
+			[]string{"refused the relay trust bundle", "phase AddingNewRoot", "does not handle trust bundles", "relaymesh ca relay rotate rollback -n ns"}, nil},
+		{"adding: the refusal is named in the rotation", obs(adding, "", fleet(adding, "x: no")), "ns/relay-root-tls-secret", Warning,
+			[]string{"3 agent(s)", "2 of them connected", "old-agent (refused)"}, nil},
+		{"adding: stuck past the grace", obs(state(ca.RootAddingNew, 25*time.Hour, false), "", fleet(adding, "")), "ns/relay-root-tls-secret", Error,
+			[]string{"stuck for longer than 24h (from the grace of a server with the default --agent-cert-ttl", ": relay root rotation in phase AddingNewRoot for 25h", "relaymesh ca relay rotate status -n ns", "relaymesh ca relay rotate rollback -n ns", "b-slow (connected)"}, nil},
+		{"switching within twice the grace", obs(switching, "", fleet(switching, "")), "ns/relay-root-tls-secret", Warning,
+			[]string{"phase Switching for 25h", "next: both roots stay accepted for the grace window"}, []string{"stuck"}},
+		{"switching stuck", obs(state(ca.RootSwitching, 49*time.Hour, false), "", fleet(switching, "")), "ns/relay-root-tls-secret", Error,
+			[]string{"stuck", "phase Switching", "longer than 2d", "rollback"}, nil},
+		{"switching rolled back", obs(state(ca.RootSwitching, time.Hour, true), ca.RootRequestNone, nil), "ns/relay-root-tls-secret", Warning,
+			[]string{"rolled back", "every relay-mode agent acknowledged"}, nil},
+		{"removing, everyone acknowledged", obs(removing, "", []multiclusterv1alpha1.KubernetesCluster{kc("acked", multiclusterv1alpha1.ModeRelay, true, map[string]string{ca.AnnotationRelayBundleAck: bundle(removing)})}),
+			"ns/relay-root-tls-secret", Warning, []string{"phase RemovingOldRoot for 5m", "every relay-mode agent acknowledged the bundle of this phase", "the new root is the relay root (Idle)"}, nil},
+		{"removing stuck", obs(state(ca.RootRemovingOld, 30*time.Hour, false), "", fleet(removing, "")), "ns/relay-root-tls-secret", Error,
+			[]string{"stuck", "RemovingOldRoot", "longer than 24h"}, nil},
+		{"a pending rollback while adding", obs(adding, ca.RootRequestRollback, nil), "ns/relay-root-tls-secret", Warning,
+			[]string{"next: the server's Lease holder acts on the pending rollback request"}, nil},
+		{"a long list is cut", obs(adding, "", many), "ns/relay-root-tls-secret", Warning,
+			[]string{"25 agent(s)", "13 of them connected", "c-00 (connected)", "c-18 (connected)", "and 15 more (relaymesh ca relay rotate status -n ns lists them)"}, []string{"c-20", "c-01 "}},
+		{"clusters unreadable", func() Observations { o := obs(adding, "", nil); o.ClustersErr = errors.New("forbidden"); return o }(), "ns/relay-root-tls-secret", Warning,
+			[]string{"the agents are unknown"}, nil},
+		{"state unreadable", Observations{Namespace: "ns", RelayRoots: []*x509.Certificate{oldRoot}, RelayRotationErr: errors.New("annotation is not a revision")}, "ns/relay-root-tls-secret", Error,
+			[]string{"cannot read the relay root rotation: annotation is not a revision", "relaymesh ca relay rotate status -n ns"}, nil},
+		{"generation unreadable", func() Observations {
+			o := obs(state(ca.RootIdle, 0, false), "", nil)
+			o.IssuerGeneration, o.IssuerGenerationErr = 0, errors.New("not a generation number")
+			return o
+		}(), "", Error, []string{"not a generation number", "issuing CA generation unknown"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, msg := worst(find(Evaluate(&tc.o, now), AreaRelayCA, tc.subject))
+			assert.Equal(t, tc.want, s, msg)
+			for _, m := range tc.msgs {
+				assert.Contains(t, msg, m)
+			}
+			for _, m := range tc.not {
+				assert.NotContains(t, msg, m)
+			}
+		})
+	}
+
+	// No relay root Secret: nothing about a rotation (evalRelayCA already
+	// says the roots cannot be read).
+	for _, r := range Evaluate(&Observations{Namespace: "ns", RelayRootsErr: errors.New("not found")}, now) {
+		assert.NotContains(t, r.Message, "rotation")
+	}
+	// A hostile refusal is quoted, cut, and never breaks the line.
+	hostile := "x: \n\x1b[31m<script>alert(1)</script>" + strings.Repeat("A", 4096)
+	rs := find(Evaluate(ptr(obs(adding, "", fleet(adding, hostile))), now), AreaRelayCA, "old-agent")
+	require.Len(t, rs, 1)
+	assert.NotContains(t, rs[0].Message, "\n")
+	assert.NotContains(t, rs[0].Message, "\x1b")
+	assert.Less(t, len(rs[0].Message), 1200)
+}
+
+func ptr[T any](v T) *T { return &v }

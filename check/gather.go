@@ -84,7 +84,17 @@ type Config struct {
 	Ops *opsclient.Client
 	// Timeout bounds each network step; default 10s.
 	Timeout time.Duration
+	// RelayRootGrace is the server's relay root rotation grace (agent
+	// certificate lifetime + 2 x --relay-issuer-check-interval): a phase
+	// that waits on agents (AddingNewRoot, RemovingOldRoot) and lasts
+	// longer, or a Switching that lasts twice as long, is stuck. Default
+	// DefaultRelayRootGrace.
+	RelayRootGrace time.Duration
 }
+
+// DefaultRelayRootGrace is the server's grace with its default flags:
+// --agent-cert-ttl 24h + 2 x --relay-issuer-check-interval 1m.
+const DefaultRelayRootGrace = 24*time.Hour + 2*time.Minute
 
 // WorkloadSource is a workload cluster's clients, or why there are none.
 type WorkloadSource struct {
@@ -111,14 +121,14 @@ func Gather(ctx context.Context, cfg Config) *Observations {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 10 * time.Second
 	}
+	if cfg.RelayRootGrace <= 0 {
+		cfg.RelayRootGrace = DefaultRelayRootGrace
+	}
 	o := &Observations{Namespace: cfg.Namespace}
 	o.CRDs = gatherCRDs(ctx, cfg)
 	o.RelayRoots, o.RelayRootsErr = secretCerts(ctx, cfg.Mgmt, cfg.Namespace, ca.RootSecretName, "ca.crt")
-	if certs, err := secretCerts(ctx, cfg.Mgmt, cfg.Namespace, ca.SigningSecretName, corev1.TLSCertKey); err == nil && len(certs) > 0 {
-		o.SigningCA = certs[0]
-	} else if err != nil && !apierrors.IsNotFound(err) {
-		o.SigningCAErr = err
-	}
+	gatherSigningCA(ctx, cfg, o)
+	o.RelayRotation, o.RelayRotationErr = gatherRelayRotation(ctx, cfg)
 	for _, w := range cfg.Workloads {
 		o.Workloads = append(o.Workloads, gatherWorkload(ctx, cfg, w))
 	}
@@ -260,14 +270,62 @@ func secretCerts(ctx context.Context, k *kubeclient.Clients, ns, name, key strin
 	if err != nil {
 		return nil, err
 	}
+	return certsOf(s, key)
+}
+
+// certsOf parses the certificates under key of s.
+func certsOf(s *corev1.Secret, key string) ([]*x509.Certificate, error) {
 	if len(s.Data[key]) == 0 {
-		return nil, fmt.Errorf("secret %s/%s has no %s", ns, name, key)
+		return nil, fmt.Errorf("secret %s/%s has no %s", s.Namespace, s.Name, key)
 	}
 	certs, err := pemutil.ParseCertificateBundle(s.Data[key])
 	if err != nil {
-		return nil, fmt.Errorf("secret %s/%s %s: %w", ns, name, key, err)
+		return nil, fmt.Errorf("secret %s/%s %s: %w", s.Namespace, s.Name, key, err)
 	}
 	return certs, nil
+}
+
+// gatherSigningCA reads the relay issuing CA and its generation from
+// relay-tls-signing-secret (absent for a provided relay CA). Its key is
+// never parsed or kept.
+func gatherSigningCA(ctx context.Context, cfg Config, o *Observations) {
+	s, err := cfg.Mgmt.Typed.CoreV1().Secrets(cfg.Namespace).Get(ctx, ca.SigningSecretName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return
+	}
+	if err != nil {
+		o.SigningCAErr = err
+		return
+	}
+	if certs, err := certsOf(s, corev1.TLSCertKey); err != nil {
+		o.SigningCAErr = err
+	} else if len(certs) > 0 {
+		o.SigningCA = certs[0]
+	}
+	o.IssuerGeneration, o.IssuerGenerationErr = ca.IssuerGeneration(s)
+}
+
+// gatherRelayRotation reads the relay root rotation from
+// relay-root-tls-secret with the parsing relaymesh ca relay rotate status
+// uses; nil, nil without the Secret. Only certificates are parsed, never
+// a key.
+func gatherRelayRotation(ctx context.Context, cfg Config) (*RelayRotation, error) {
+	s, err := cfg.Mgmt.Typed.CoreV1().Secrets(cfg.Namespace).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	st, req, err := ca.DecodeRootRotation(s)
+	if err != nil {
+		return nil, err
+	}
+	r := &RelayRotation{State: st, Request: req, Grace: cfg.RelayRootGrace}
+	if r.Current, r.Staged, err = ca.RootRotationRoots(s); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 func gatherWorkload(ctx context.Context, cfg Config, src WorkloadSource) Workload {

@@ -2,10 +2,12 @@ package check
 
 import (
 	"crypto/x509"
+	"time"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/opsclient"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -25,6 +27,17 @@ type Observations struct {
 	RelayRootsErr error
 	SigningCA     *x509.Certificate
 	SigningCAErr  error
+	// IssuerGeneration is the issuing CA's generation as
+	// relay-tls-signing-secret records it (ca.IssuerGeneration); 0 when
+	// unknown (no such Secret, or IssuerGenerationErr).
+	IssuerGeneration    int
+	IssuerGenerationErr error
+	// RelayRotation is the relay root rotation relay-root-tls-secret
+	// records; nil with RelayRotationErr when it does not decode, nil
+	// without an error when there is no such Secret (RelayRootsErr says
+	// so). Its agents are the relay-mode Clusters'.
+	RelayRotation    *RelayRotation
+	RelayRotationErr error
 	// Server is the relay port as dialled.
 	Server Server
 	// Metrics are the server's metrics (nil with MetricsErr when they
@@ -58,6 +71,18 @@ type Observations struct {
 	// Dashboard is how the server says it serves its dashboard (read from
 	// Metrics; zero when they could not be read).
 	Dashboard Dashboard
+}
+
+// RelayRotation is the relay root rotation as relay-root-tls-secret
+// records it (ca.DecodeRootRotation, ca.RootRotationRoots).
+type RelayRotation struct {
+	State   ca.RootRotationState
+	Request ca.RootRequest
+	// Current is the root in ca.crt, Staged the staged one (nil: none).
+	Current, Staged *x509.Certificate
+	// Grace is how long the rotation's phases may take before check calls
+	// it stuck (Config.RelayRootGrace).
+	Grace time.Duration
 }
 
 // Dashboard is the server's web dashboard, as its metric

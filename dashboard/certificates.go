@@ -135,7 +135,9 @@ func certificates(in certificateInput) []Certificate {
 			add(fromX509(kind, "relay", c), false)
 		}
 		for _, c := range in.relay.Roots() {
-			add(fromX509(KindRelayRoot, "relay", c), false)
+			r := fromX509(KindRelayRoot, "relay", c)
+			r.Note = relayRootNote(in.relay, c)
+			add(r, false)
 		}
 	}
 	if in.serving != nil {

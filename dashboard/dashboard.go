@@ -476,7 +476,15 @@ func (d *Dashboard) data(v View, r *http.Request) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return trustMeshes(in.VirtualMeshes, now), nil
+		page := &TrustPage{VirtualMeshes: trustMeshes(in.VirtualMeshes, now)}
+		if d.cfg.Relay != nil {
+			clusters, err := d.cfg.Source.Clusters()
+			if err != nil {
+				return nil, err
+			}
+			page.Relay = relayTrust(d.cfg.Relay, clusters, now)
+		}
+		return page, nil
 	case ViewPolicies:
 		in, err := d.cfg.Source.Input()
 		if err != nil {

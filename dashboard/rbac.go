@@ -77,7 +77,7 @@ var (
 var needs = map[View][]need{
 	ViewFleet:        {listClusters},
 	ViewCertificates: {listClusters, listVirtualMesh},
-	ViewTrust:        {listVirtualMesh},
+	ViewTrust:        {listClusters, listVirtualMesh},
 	ViewPolicies:     {listVirtualMesh, listTraffic, listAccess, listVirtualDests},
 	ViewAccess:       {listVirtualMesh, listTraffic, listAccess, listVirtualDests, listMeshes, listWorkloads, listDestinations},
 	ViewAudit:        {getAuditLog},

@@ -6,15 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
-	"strings"
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
-	"github.com/relaymesh/relaymesh/server/app"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -149,33 +146,9 @@ func requestRefusal(st ca.RootRotationState, pending, req ca.RootRequest) error 
 	return nil
 }
 
-// relayRootCert is one root in the status.
-type relayRootCert struct {
-	Fingerprint string    `json:"fingerprint"`
-	Subject     string    `json:"subject"`
-	NotAfter    time.Time `json:"notAfter"`
-}
-
-// relayRootAgent is a cluster the rotation waits for, or will.
-type relayRootAgent struct {
-	Cluster   string `json:"cluster"`
-	Connected bool   `json:"connected"`
-	Reason    string `json:"reason"`
-}
-
-// relayRootStatus is what relaymesh ca relay rotate status prints.
-type relayRootStatus struct {
-	Phase      ca.RootPhase     `json:"phase"`
-	Revision   int              `json:"revision"`
-	Since      *time.Time       `json:"since,omitempty"`
-	RolledBack bool             `json:"rolledBack"`
-	Request    ca.RootRequest   `json:"pendingRequest,omitempty"`
-	OldRoot    *relayRootCert   `json:"oldRoot"`
-	NewRoot    *relayRootCert   `json:"newRoot,omitempty"`
-	Bundle     string           `json:"bundleFingerprint,omitempty"`
-	Agents     []relayRootAgent `json:"agentsNotAcknowledged"`
-	Next       string           `json:"next"`
-}
+// relayRootStatus is what relaymesh ca relay rotate status prints; the
+// read-only views share it (relaymesh check, the dashboard).
+type relayRootStatus = ca.RootRotationStatus
 
 func relayRotateStatus(ctx context.Context, stdout io.Writer, kube *kubeclient.Clients, namespace string, format printer.Format) error {
 	s, st, req, err := readRelayRoot(ctx, kube, namespace)
@@ -200,77 +173,7 @@ func relayRotateStatus(ctx context.Context, stdout io.Writer, kube *kubeclient.C
 // relayRootStatusOf is the status of st with the Secret's roots and the
 // registered clusters. It is pure.
 func relayRootStatusOf(st ca.RootRotationState, req ca.RootRequest, current, staged *x509.Certificate, clusters []multiclusterv1alpha1.KubernetesCluster) relayRootStatus {
-	out := relayRootStatus{Phase: st.Phase, Revision: st.Revision, RolledBack: st.RolledBack, Request: req, Agents: []relayRootAgent{}}
-	if !st.Since.IsZero() {
-		since := st.Since.UTC()
-		out.Since = &since
-	}
-	for _, c := range []*x509.Certificate{current, staged} {
-		if c == nil {
-			continue
-		}
-		r := &relayRootCert{Fingerprint: ca.RootFingerprint(c), Subject: c.Subject.String(), NotAfter: c.NotAfter.UTC()}
-		switch r.Fingerprint {
-		case st.Old:
-			out.OldRoot = r
-		case st.New:
-			out.NewRoot = r
-		}
-	}
-	if st.Phase != ca.RootIdle {
-		out.Bundle = ca.BundleFingerprint(st.Effective().Bundle)
-		out.Agents = pendingAgents(clusters, out.Bundle)
-	}
-	out.Next = relayRootNext(st, req, len(out.Agents))
-	return out
-}
-
-// pendingAgents are the relay-mode clusters whose agent has not
-// acknowledged bundle, each with why, connected ones first.
-func pendingAgents(clusters []multiclusterv1alpha1.KubernetesCluster, bundle string) []relayRootAgent {
-	out := []relayRootAgent{}
-	for _, kc := range clusters {
-		if kc.Spec.Mode == multiclusterv1alpha1.ModeKubeconfig || kc.Annotations[app.AnnotationBundleAck] == bundle {
-			continue
-		}
-		a := relayRootAgent{Cluster: kc.Name, Connected: kc.Status.Connected}
-		refused := kc.Annotations[app.AnnotationBundleRefused]
-		switch {
-		case !kc.Status.Connected:
-			a.Reason = "offline: gets the bundle when it reconnects (while the old root is still accepted; after that it needs a new bootstrap token, relaymesh token create)"
-		case refused != "":
-			a.Reason = "refused: " + refused
-		default:
-			a.Reason = "has not acknowledged yet"
-		}
-		out = append(out, a)
-	}
-	slices.SortStableFunc(out, func(a, b relayRootAgent) int {
-		if a.Connected != b.Connected {
-			if a.Connected {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a.Cluster, b.Cluster)
-	})
-	return out
-}
-
-// relayRootNext says what happens next in st. It is pure.
-func relayRootNext(st ca.RootRotationState, req ca.RootRequest, pending int) string {
-	if req != ca.RootRequestNone {
-		return fmt.Sprintf("the server's Lease holder acts on the pending %s request within seconds (nothing happens while no server runs)", req)
-	}
-	switch st.Phase {
-	case ca.RootAddingNew:
-		return fmt.Sprintf("every connected agent stores the bundle with both roots and acknowledges it (%d clusters have not); then, once every replica loaded revision %d, issuance and serving switch to the new root (Switching)", pending, st.Revision)
-	case ca.RootSwitching:
-		return "both roots stay accepted for the grace window (agent certificate lifetime + 2 x --relay-issuer-check-interval) from the switch; then, once no connected agent still uses a certificate under the old root, the old root leaves the bundle (RemovingOldRoot)"
-	case ca.RootRemovingOld:
-		return fmt.Sprintf("every connected agent stores the bundle with only the new root (%d clusters have not); then the old root's keys are deleted and the new root is the relay root (Idle)", pending)
-	}
-	return "no rotation in progress: relaymesh ca relay rotate start begins one (the server also starts one by itself past 2/3 of the root's life)"
+	return ca.RootRotationStatusOf(st, req, current, staged, ca.RootAgentRecords(clusters))
 }
 
 // writeRelayRootStatus prints s as text.
@@ -285,7 +188,7 @@ func writeRelayRootStatus(w io.Writer, s relayRootStatus) error {
 	fmt.Fprintln(w)
 	for _, r := range []struct {
 		name string
-		cert *relayRootCert
+		cert *ca.RootStatusCert
 	}{{"OLD ROOT", s.OldRoot}, {"NEW ROOT", s.NewRoot}} {
 		if r.cert != nil {
 			fmt.Fprintf(w, "%s  %s  %s  EXPIRES %s\n", r.name, r.cert.Fingerprint, r.cert.Subject, r.cert.NotAfter.Format(time.RFC3339))

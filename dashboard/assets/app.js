@@ -61,7 +61,17 @@ function followTrust(section) {
       }
       if (!res.ok) throw new Error("HTTP " + res.status);
       const body = await res.json();
-      for (const vm of body.data || []) {
+      const vms = (body.data && body.data.virtualMeshes) || [];
+      const relay = body.data && body.data.relay;
+      if (relay) {
+        const r = {};
+        for (const el of document.querySelectorAll("[data-relay]")) (r[el.dataset.relay] = r[el.dataset.relay] || []).push(el);
+        setText(r.phase, relay.phase);
+        setText(r.phaseText, relay.phase);
+        setText(r.since, relay.sinceAgo || "");
+        setText(r.acked, String(relay.acked));
+      }
+      for (const vm of vms) {
         const f = elementsOf(vm.virtualMesh);
         setText(f.state, vm.state);
         setText(f.phase, vm.phase);
@@ -82,7 +92,7 @@ function followTrust(section) {
           for (const el of g.progress || []) el.className = m.pending ? "warn" : "okay";
         }
       }
-      section.dataset.phases = (body.data || []).map((vm) => vm.phase).join(" ");
+      section.dataset.phases = vms.map((vm) => vm.phase).join(" ");
       failures = 0;
       if (stamp) stamp.textContent = "updated " + new Date().toLocaleTimeString();
     } catch (e) {
