@@ -85,12 +85,15 @@ type Manager struct {
 	addrs []string // the parsed ServerAddress
 	log   *slog.Logger
 
-	mu      sync.RWMutex
-	cert    *tls.Certificate
-	roots   *x509.CertPool
-	status  Status
-	ready   chan struct{}
-	readyMu sync.Once
+	mu    sync.RWMutex
+	cert  *tls.Certificate
+	roots *x509.CertPool
+	// rootsPEM are roots as pinned (relay-root-tls-secret): what a stored
+	// credential records beside the certificate, never the server's word.
+	rootsPEM []byte
+	status   Status
+	ready    chan struct{}
+	readyMu  sync.Once
 	// refused is the serial of a certificate the server refused; it is not
 	// loaded again from the store.
 	refused string
@@ -285,7 +288,7 @@ func (m *Manager) obtain(ctx context.Context) error {
 		return fmt.Errorf("relay root CA: %w", err)
 	}
 	m.mu.Lock()
-	m.roots = roots
+	m.roots, m.rootsPEM = roots, rootsPEM
 	m.mu.Unlock()
 
 	certPEM, keyPEM, err := m.cfg.Secrets.LoadCredential(ctx)
@@ -369,9 +372,11 @@ func (m *Manager) renew(ctx context.Context) error {
 		return fmt.Errorf("renew: %w", err)
 	}
 	m.mu.RLock()
-	roots := m.roots
+	roots, rootsPEM := m.roots, m.rootsPEM
 	m.mu.RUnlock()
-	cert, err := m.accept(ctx, resp, key, roots, resp.GetTrustBundle())
+	// The answer's trust_bundle is not stored: roots change only through
+	// a bundle verified against the session's server (ApplyTrustBundle).
+	cert, err := m.accept(ctx, resp, key, roots, rootsPEM)
 	if err != nil {
 		return err
 	}
@@ -391,7 +396,7 @@ func (m *Manager) call(ctx context.Context, tlsCfg *tls.Config, f func(context.C
 }
 
 // accept checks the server's answer against the key we hold and the roots
-// we pin, then stores it.
+// we pin, then stores it with those roots (rootsPEM).
 func (m *Manager) accept(ctx context.Context, resp *relaypb.CertificateResponse, key crypto.Signer, roots *x509.CertPool, rootsPEM []byte) (*tls.Certificate, error) {
 	keyBlock, err := pemutil.Serialize(key)
 	if err != nil {
@@ -401,9 +406,6 @@ func (m *Manager) accept(ctx context.Context, resp *relaypb.CertificateResponse,
 	cert, err := m.verify(resp.GetCertificateChain(), keyPEM, roots)
 	if err != nil {
 		return nil, fmt.Errorf("server answered with an unusable certificate: %w", err)
-	}
-	if len(rootsPEM) == 0 {
-		rootsPEM = resp.GetTrustBundle()
 	}
 	if err := m.cfg.Secrets.SaveCredential(ctx, resp.GetCertificateChain(), keyPEM, rootsPEM); err != nil {
 		// The certificate is good and its token is spent: use it now and

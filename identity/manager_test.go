@@ -122,10 +122,14 @@ func TestManagerCannotBootstrap(t *testing.T) {
 }
 
 // TestRenewalKeepsTheSession renews a 12-second certificate while a relay
-// session made with the first certificate stays open.
+// session made with the first certificate stays open. The agent pins a
+// second root besides the server's (as in a relay root rotation): the
+// renewed credential is stored with the roots the agent pins, never with
+// the trust_bundle of the server's answer.
 func TestRenewalKeepsTheSession(t *testing.T) {
 	srv := servertest.New(t, servertest.Options{AgentTTL: 12 * time.Second, Backdate: time.Second})
-	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
+	pinned := append(append([]byte{}, srv.RootsPEM...), catest.NewRoot(t, catest.CAOptions{Name: "another relay root"}).RootsPEM()...)
+	secrets := identitytest.NewMemAgentSecrets(pinned, srv.Mint("cluster-1", time.Hour))
 	m, _ := startManager(t, srv, secrets, "cluster-1")
 	<-m.Ready()
 	first := m.Status()
@@ -161,6 +165,7 @@ func TestRenewalKeepsTheSession(t *testing.T) {
 	leaf, err := x509.ParseCertificate(cert.Certificate[0])
 	require.NoError(t, err)
 	assert.Equal(t, renewed.Serial, strings.TrimLeft(leaf.SerialNumber.Text(16), "0"))
+	assert.Equal(t, string(pinned), string(secrets.SavedRoots()), "stored with the pinned roots, not the server's answer")
 	assert.Equal(t, float64(1), srv.Metric(server.MetricIssued, "operation", "renew", "result", "success"))
 }
 

@@ -91,7 +91,7 @@ func (m *Manager) ApplyTrustBundle(ctx context.Context, rootsPEM []byte, fingerp
 		pool.AddCert(r)
 	}
 	m.mu.Lock()
-	m.roots = pool
+	m.roots, m.rootsPEM = pool, ca.CertsPEM(roots...)
 	m.mu.Unlock()
 	m.log.Info("pinning a new relay trust bundle", "fingerprint", fingerprint, "roots", len(roots))
 	return nil

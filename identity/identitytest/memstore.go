@@ -162,6 +162,14 @@ func (m *MemAgentSecrets) SaveCredential(_ context.Context, cert, key, roots []b
 	return nil
 }
 
+// SavedRoots are the roots stored with the last credential (the client
+// Secret's ca.crt).
+func (m *MemAgentSecrets) SavedRoots() []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.savedCA
+}
+
 // Saves is how often a credential was stored; HasToken whether a token remains.
 func (m *MemAgentSecrets) Saves() int {
 	m.mu.Lock()
