@@ -15,11 +15,10 @@ import (
 
 // How a relay-mode cluster's agent answered the relay trust bundle, as the
 // replica holding its session records it on the cluster's
-// KubernetesCluster. The values are the server's (server/app
-// AnnotationBundleAck, AnnotationBundleRefused; a test in cmd/relaymesh
-// keeps them equal); here so that the read-only views (relaymesh ca relay
-// rotate status, relaymesh check, the dashboard) read them without the
-// server.
+// KubernetesCluster: the server writes them (server/app
+// AnnotationBundleAck and AnnotationBundleRefused are these), the
+// read-only views (relaymesh ca relay rotate status, relaymesh check, the
+// dashboard) read them without the server.
 const (
 	AnnotationRelayBundleAck     = "relaymesh.io/relay-bundle-ack"
 	AnnotationRelayBundleRefused = "relaymesh.io/relay-bundle-refused"

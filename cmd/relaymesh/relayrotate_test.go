@@ -114,13 +114,6 @@ func TestRelayRootStatusListsWhoHasNotAcknowledged(t *testing.T) {
 	assert.Contains(t, idle.Next, "pending start request")
 }
 
-// The read-only views (relaymesh check, the dashboard, this status) read
-// the agents' answers under the names the server writes them with.
-func TestRelayBundleAnnotationsAreTheServers(t *testing.T) {
-	assert.Equal(t, app.AnnotationBundleAck, ca.AnnotationRelayBundleAck)
-	assert.Equal(t, app.AnnotationBundleRefused, ca.AnnotationRelayBundleRefused)
-}
-
 // Every phase says what comes next.
 func TestRelayRootNextNamesTheNextPhase(t *testing.T) {
 	for phase, want := range map[ca.RootPhase]string{ca.RootIdle: "relaymesh ca relay rotate start", ca.RootAddingNew: "(Switching)",

@@ -27,11 +27,11 @@ import (
 const (
 	// AnnotationBundleAck is the fingerprint of the bundle the cluster's
 	// agent stored and acknowledged last.
-	AnnotationBundleAck = "relaymesh.io/relay-bundle-ack"
+	AnnotationBundleAck = ca.AnnotationRelayBundleAck
 	// AnnotationBundleRefused is why the agent did not store the current
 	// bundle ("<fingerprint>: <reason>"), or that it cannot
 	// (BundleCannotAck); removed when it acknowledges.
-	AnnotationBundleRefused = "relaymesh.io/relay-bundle-refused"
+	AnnotationBundleRefused = ca.AnnotationRelayBundleRefused
 )
 
 // BundleCannotAck is the refusal recorded for an agent whose Hello did not
