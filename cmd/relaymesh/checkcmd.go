@@ -21,7 +21,10 @@ version's schema; the Istio CRDs in each workload cluster); the relay server
 relay root and is not near expiry); the server's replicas (one holds the
 Lease relaymesh-server and renews it; every replica renews its own Lease;
 with --snapshot-store=redis, every replica reaches Redis);
-the relay CA, agent certificates,
+the relay CA (its roots, the issuing CA's generation, and a relay root
+rotation in progress: its phase, how long it has run, the agents that have
+not acknowledged the new root, those that refused it and why, and a
+rotation stuck past the server's default grace), agent certificates,
 per-mesh intermediates and VirtualMesh roots with days to expiry (warning
 under 30 days, error under 7; certificates the software renews are judged
 against their lifetime); every registered cluster's agent connected, no
