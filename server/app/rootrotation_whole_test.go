@@ -167,6 +167,8 @@ func TestRelayRootRotationRunsFromStartToIdleWithAnAcknowledgingAgent(t *testing
 		chain := w.serverChain(w.m)
 		return len(chain) > 1 && ca.RootFingerprint(w.rootOf(chain[1])) == newRoot
 	}, 30*time.Second, 200*time.Millisecond, "the server serves under the new root")
+	require.True(t, time.Now().Before(late.m.Status().NotAfter),
+		"the late agent's certificate (45s) expired before Switching: AddingNewRoot took too long for this test (%v)", seen)
 	late.start(w, "rot-late")
 	chain := w.serverChain(late.m)
 	require.Len(t, chain, 3, "leaf, issuing CA, cross-issued CA")
