@@ -148,14 +148,9 @@ func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name
 	if err != nil {
 		return err
 	}
-	var remoteSrc kubeclient.Source
-	if !f.dryRun {
-		var ok bool
-		if remoteSrc, ok, err = f.clusters.remote(g, name); err != nil {
-			return err
-		} else if !ok {
-			return usagef("no workload cluster: give --remote-context (a context of your kubeconfig; default: a context named %s) or --remote-kubeconfig", name)
-		}
+	remoteSrc, err := f.clusters.workload(g, name, f.dryRun, "")
+	if err != nil {
+		return err
 	}
 	// The chart and its values are checked before anything is written.
 	var chart *registration.Loaded

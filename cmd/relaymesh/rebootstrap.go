@@ -99,14 +99,9 @@ func runRebootstrap(ctx context.Context, d deps, g *globals, f *rebootstrapFlags
 	if err := req.Validate(); err != nil {
 		return usageError{err}
 	}
-	var remoteSrc kubeclient.Source
-	if !f.dryRun {
-		var ok bool
-		if remoteSrc, ok, err = f.clusters.remote(g, name); err != nil {
-			return err
-		} else if !ok {
-			return usagef("no workload cluster: give --remote-context (a context of your kubeconfig; default: a context named %s) or --remote-kubeconfig, or --dry-run to print the Secrets", name)
-		}
+	remoteSrc, err := f.clusters.workload(g, name, f.dryRun, ", or --dry-run to print the Secrets")
+	if err != nil {
+		return err
 	}
 	mgmtSrc, err := f.clusters.mgmt(g)
 	if err != nil {

@@ -240,3 +240,21 @@ func (t *twoClusters) remote(g *globals, fallback string) (src kubeclient.Source
 	}
 	return src, false, nil
 }
+
+// workload is the workload cluster of a command that writes into cluster
+// name unless dryRun: remote's source, or a usage error naming the flags
+// (and orDryRun, how --dry-run would do without one). With dryRun it is
+// the zero Source.
+func (t *twoClusters) workload(g *globals, name string, dryRun bool, orDryRun string) (kubeclient.Source, error) {
+	if dryRun {
+		return kubeclient.Source{}, nil
+	}
+	src, ok, err := t.remote(g, name)
+	if err != nil {
+		return src, err
+	}
+	if !ok {
+		return src, usagef("no workload cluster: give --remote-context (a context of your kubeconfig; default: a context named %s) or --remote-kubeconfig%s", name, orDryRun)
+	}
+	return src, nil
+}
