@@ -219,6 +219,9 @@ func (p *process) rotateRelayRoot(ctx context.Context) {
 	if !ok {
 		return
 	}
+	if _, automatic := p.cfg.CA.rootRotation(p.cfg.AgentCertTTL); !automatic {
+		p.log.Info("relay root rotation starts only on request: --relay-root-renew-at is 0; rotate before the relay root expires (relaymesh ca relay rotate start)")
+	}
 	kick := make(chan struct{}, 1)
 	go p.watchRootRequests(ctx, kick)
 	defer p.reps.root.pending.Set(0)
