@@ -197,7 +197,7 @@ func TestRelayRootRotationConfigFromTheFlags(t *testing.T) {
 		automatic bool
 	}{
 		{"defaults", func(*Config) {}, ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: 24*time.Hour + 2*time.Minute}, true},
-		{"grace follows the agent lifetime and the check", func(c *Config) { c.AgentCertTTL, c.CA.IssuerCheck = time.Hour, 10 * time.Second },
+		{"grace follows the agent lifetime and the check", func(c *Config) { c.AgentCertTTL, c.CA.IssuerCheck = time.Hour, 10*time.Second },
 			ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: time.Hour + 20*time.Second}, true},
 		{"the least grace given", func(c *Config) { c.CA.RootGrace = 24*time.Hour + 2*time.Minute },
 			ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: 24*time.Hour + 2*time.Minute}, true},
