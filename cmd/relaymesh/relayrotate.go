@@ -33,8 +33,9 @@ runs the rotation, one phase at a time:
   Switching        once every connected agent acknowledged and every
                    replica loaded it: certificates are issued and served
                    under the new root; both roots stay accepted for the
-                   grace window (agent certificate lifetime + 2 x
-                   --relay-issuer-check-interval).
+                   grace window (the server's --relay-root-grace: by
+                   default and at least the agent certificate lifetime
+                   + 2 x --relay-issuer-check-interval).
   RemovingOldRoot  after the grace, once no connected agent still uses a
                    certificate under the old root: the old root leaves the
                    bundle; once every connected agent acknowledged that, the
@@ -43,8 +44,9 @@ runs the rotation, one phase at a time:
 start and rollback only record a request on relay-root-tls-secret in the
 server's namespace; the server acts on it within seconds. Only the relay CA
 the server generated is rotated this way (not --ca-cert, --ca-secret or
---ca-config). The server also starts a rotation by itself past 2/3 of the
-root's life.`
+--ca-config). The server also starts a rotation by itself past
+--relay-root-renew-at (default 2/3) of the root's life, unless that flag
+is 0.`
 
 var relayRotateLong = map[string]string{
 	"start": `Ask the server to rotate the relay root: it makes a new root, delivers it

@@ -36,8 +36,8 @@ type serverFlags struct {
 	dnsNames, ips, auditLog, logLevel                 string
 	caCert, caKey, caRoots, caSecret, caConfig        string
 	agentTTL                                          time.Duration
-	issuerTTL, issuerCheck                            time.Duration
-	issuerRenewAt                                     float64
+	issuerTTL, issuerCheck, rootGrace                 time.Duration
+	issuerRenewAt, rootRenewAt                        float64
 	allowSharedToken, allowKubeconfig                 bool
 	webhookListen, webhookURL, webhookService         string
 	webhookDNSNames, webhookIPs, webhookFailurePolicy string
@@ -148,6 +148,8 @@ func (f *serverFlags) registerCA(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.issuerTTL, "relay-issuer-ttl", 365*24*time.Hour, "lifetime of a generated relay issuing CA (at least 1m); the Lease holder replaces it at --relay-issuer-renew-at of its life, under the same root, and agents notice nothing")
 	fs.Float64Var(&f.issuerRenewAt, "relay-issuer-renew-at", ca.DefaultIssuerRenewAt, "fraction of its life, in [0.1, 0.9], at which the generated relay issuing CA is renewed; the rest must cover --agent-cert-ttl, during which the replaced one stays accepted. A provided CA (--ca-cert, --ca-secret) is not renewed: past this point the server warns and relaymesh_relay_issuer_renewal_due is 1")
 	fs.DurationVar(&f.issuerCheck, "relay-issuer-check-interval", time.Minute, "how often replicas reload the relay issuing CA and the Lease holder checks whether its renewal is due, in [1s, 1h]")
+	fs.Float64Var(&f.rootRenewAt, "relay-root-renew-at", ca.DefaultIssuerRenewAt, "fraction of its life, in [0.1, 0.9], after which the generated relay root's rotation starts by itself (docs/design/2026-12-02-relay-root-rotation.md); 0: never by itself, only by relaymesh ca relay rotate start")
+	fs.DurationVar(&f.rootGrace, "relay-root-grace", 0, "how long both relay roots stay accepted after a root rotation's switch, so that an agent offline through it reconnects without a new token; at least --agent-cert-ttl plus two --relay-issuer-check-interval (a shorter grace is refused), which 0 means")
 }
 
 // runServer runs the management server assembled by server/app.
@@ -174,7 +176,7 @@ func (f serverFlags) config() app.Config {
 		Namespace: f.namespace, Listen: f.listen, MetricsListen: f.metricsListen, MetricsTLS: f.metricsTLSConfig(), TrustDomain: f.trustDomain,
 		ServerDNSNames: splitList(f.dnsNames), ServerIPs: splitList(f.ips), AuditLog: f.auditLog, LogLevel: f.logLevel,
 		CA: app.CAConfig{CertFile: f.caCert, KeyFile: f.caKey, RootsFile: f.caRoots, Secret: f.caSecret, ConfigFile: f.caConfig,
-			IssuerTTL: f.issuerTTL, IssuerRenewAt: f.issuerRenewAt, IssuerCheck: f.issuerCheck},
+			IssuerTTL: f.issuerTTL, IssuerRenewAt: f.issuerRenewAt, IssuerCheck: f.issuerCheck, RootRenewAt: f.rootRenewAt, RootGrace: f.rootGrace},
 		AgentCertTTL: f.agentTTL, AllowSharedToken: f.allowSharedToken, AllowKubeconfigClusters: f.allowKubeconfig,
 		Webhook: app.WebhookConfig{Listen: f.webhookListen, URL: f.webhookURL, Service: f.webhookService,
 			DNSNames: splitList(f.webhookDNSNames), IPs: splitList(f.webhookIPs), FailurePolicy: f.webhookFailurePolicy,

@@ -28,6 +28,8 @@ func TestServerFlagDefaultsAreTheAppDefaults(t *testing.T) {
 		"relay-issuer-ttl":                    d.CA.IssuerTTL.String(),
 		"relay-issuer-renew-at":               fmt.Sprint(d.CA.IssuerRenewAt),
 		"relay-issuer-check-interval":         d.CA.IssuerCheck.String(),
+		"relay-root-renew-at":                 fmt.Sprint(d.CA.RootRenewAt),
+		"relay-root-grace":                    d.CA.RootGrace.String(),
 		"webhook-failure-policy":              d.Webhook.FailurePolicy,
 		"debug-endpoints":                     d.DebugEndpoints,
 		"kube-qps":                            fmt.Sprint(d.KubeQPS),
@@ -65,6 +67,7 @@ func TestServerFlagsMapOntoTheConfig(t *testing.T) {
 	f.leaseDuration, f.renewDeadline, f.retryPeriod = app.Default().LeaseDuration, app.Default().RenewDeadline, app.Default().RetryPeriod
 	f.store.kind = snapshotStoreAPIServer
 	f.issuerTTL, f.issuerRenewAt, f.issuerCheck = time.Hour, 0.5, 5*time.Second
+	f.rootRenewAt, f.rootGrace = 0.75, time.Hour
 	f.agentTTL = 10 * time.Minute
 	require.NoError(t, f.validate())
 	cfg := f.config()
@@ -75,7 +78,8 @@ func TestServerFlagsMapOntoTheConfig(t *testing.T) {
 	assert.Equal(t, "Ignore", cfg.Webhook.FailurePolicy)
 	assert.True(t, cfg.Webhook.AllowUnauthenticated)
 	assert.Equal(t, "server-1", cfg.ReplicaName)
-	assert.Equal(t, app.CAConfig{Secret: "corp-ca", IssuerTTL: time.Hour, IssuerRenewAt: 0.5, IssuerCheck: 5 * time.Second}, cfg.CA)
+	assert.Equal(t, app.CAConfig{Secret: "corp-ca", IssuerTTL: time.Hour, IssuerRenewAt: 0.5, IssuerCheck: 5 * time.Second,
+		RootRenewAt: 0.75, RootGrace: time.Hour}, cfg.CA)
 	f.ips = "10.0.0.1,not-an-ip"
 	require.ErrorContains(t, f.validate(), "--server-ips")
 }

@@ -3,12 +3,14 @@ package app
 import (
 	"context"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/ca/backend"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/stretchr/testify/assert"
@@ -158,6 +160,18 @@ func TestConfigErrorsNameTheirFlag(t *testing.T) {
 		{func(c *Config) { c.CA.IssuerRenewAt = 0 }, "--relay-issuer-renew-at"},
 		{func(c *Config) { c.CA.IssuerCheck = 0 }, "--relay-issuer-check-interval"},
 		{func(c *Config) { c.CA.IssuerTTL = 48 * time.Hour }, "less than --agent-cert-ttl 24h0m0s plus two --relay-issuer-check-interval"},
+		{func(c *Config) { c.CA.RootRenewAt = 0.95 }, "--relay-root-renew-at 0.95: must be 0 (no automatic start) or in [0.1, 0.9]"},
+		{func(c *Config) { c.CA.RootRenewAt = 0.05 }, "--relay-root-renew-at 0.05"},
+		{func(c *Config) { c.CA.RootRenewAt = -0.5 }, "--relay-root-renew-at -0.5"},
+		{func(c *Config) { c.CA.RootRenewAt = math.NaN() }, "--relay-root-renew-at NaN"},
+		{func(c *Config) { c.CA.RootRenewAt = math.Inf(1) }, "--relay-root-renew-at +Inf"},
+		{func(c *Config) { c.CA.RootGrace = -time.Hour }, "--relay-root-grace -1h0m0s: must not be negative"},
+		{func(c *Config) { c.CA.RootGrace = time.Nanosecond }, "--relay-root-grace 1ns: shorter than --agent-cert-ttl 24h0m0s plus two --relay-issuer-check-interval 1m0s (24h2m0s)"},
+		// One second short of the least grace strands the agents that
+		// renewed just before a replica noticed the switch.
+		{func(c *Config) { c.CA.RootGrace = 24*time.Hour + 2*time.Minute - time.Second }, "--relay-root-grace 24h1m59s: shorter than --agent-cert-ttl"},
+		{func(c *Config) { c.CA.RootGrace, c.AgentCertTTL = 48*time.Hour, 72*time.Hour }, "--relay-root-grace 48h0m0s: shorter than --agent-cert-ttl 72h0m0s"},
+		{func(c *Config) { c.CA.RootGrace, c.CA.IssuerCheck = 24*time.Hour+time.Hour, time.Hour }, "plus two --relay-issuer-check-interval 1h0m0s (26h0m0s)"},
 	} {
 		c := ok
 		tc.edit(&c)
@@ -168,6 +182,78 @@ func TestConfigErrorsNameTheirFlag(t *testing.T) {
 	noElection := ok
 	noElection.LeaderElect, noElection.LeaseDuration, noElection.RenewDeadline, noElection.RetryPeriod = false, 0, 0, 0
 	assert.NoError(t, noElection.Validate(), "the only replica needs no Lease timing")
+}
+
+// The relay root rotation's knobs: 0 turns the automatic start off, an
+// unset grace is the least one that strands no agent, and the once-only
+// task gets exactly what was configured.
+func TestRelayRootRotationConfigFromTheFlags(t *testing.T) {
+	base := Default()
+	base.AuditLog = "audit.log"
+	for _, tc := range []struct {
+		name      string
+		edit      func(*Config)
+		want      ca.RootRotationConfig
+		automatic bool
+	}{
+		{"defaults", func(*Config) {}, ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: 24*time.Hour + 2*time.Minute}, true},
+		{"grace follows the agent lifetime and the check", func(c *Config) { c.AgentCertTTL, c.CA.IssuerCheck = time.Hour, 10*time.Second },
+			ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: time.Hour + 20*time.Second}, true},
+		{"the least grace given", func(c *Config) { c.CA.RootGrace = 24*time.Hour + 2*time.Minute },
+			ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: 24*time.Hour + 2*time.Minute}, true},
+		{"a longer grace and renew-at", func(c *Config) { c.CA.RootGrace, c.CA.RootRenewAt = 72*time.Hour, 0.5 },
+			ca.RootRotationConfig{RenewAt: 0.5, Grace: 72 * time.Hour}, true},
+		{"bounds", func(c *Config) { c.CA.RootRenewAt = 0.9 }, ca.RootRotationConfig{RenewAt: 0.9, Grace: 24*time.Hour + 2*time.Minute}, true},
+		{"no automatic start", func(c *Config) { c.CA.RootRenewAt = 0 },
+			ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: 24*time.Hour + 2*time.Minute}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			tc.edit(&c)
+			require.NoError(t, c.Validate())
+			got, automatic := c.CA.rootRotation(c.AgentCertTTL)
+			assert.Equal(t, tc.want, got)
+			assert.Equal(t, tc.automatic, automatic)
+			require.NoError(t, got.Default().Validate(), "what the task hands ca.StepRootRotation is valid there")
+		})
+	}
+}
+
+// Without the automatic start the task steps only for a rotation in
+// progress or an operator's request: never from the root's age alone.
+func TestManualRootStepOnlyForARotationOrARequest(t *testing.T) {
+	for _, tc := range []struct {
+		phase ca.RootPhase
+		req   ca.RootRequest
+		want  bool
+	}{
+		{ca.RootIdle, ca.RootRequestNone, false},
+		{ca.RootIdle, ca.RootRequestStart, true},
+		{ca.RootIdle, ca.RootRequestRollback, true},
+		{ca.RootAddingNew, ca.RootRequestNone, true},
+		{ca.RootSwitching, ca.RootRequestNone, true},
+		{ca.RootRemovingOld, ca.RootRequestRollback, true},
+	} {
+		assert.Equal(t, tc.want, manualRootStepWanted(ca.RootRotationState{Phase: tc.phase}, tc.req), "%s %q", tc.phase, tc.req)
+	}
+}
+
+// Without the automatic start the task reads the relay root Secret: no
+// step while it is Idle without a request, one once a request lands, and
+// an error (no step) when the Secret is missing.
+func TestRootStepWantedReadsTheRelayRootSecret(t *testing.T) {
+	ctx, client, ns := context.Background(), fake.NewSimpleClientset(), "relaymesh"
+	_, err := rootStepWanted(ctx, client, ns)
+	require.Error(t, err)
+	_, err = ca.LoadOrCreateRelayCA(ctx, client, ns, ca.GenerateConfig{})
+	require.NoError(t, err)
+	want, err := rootStepWanted(ctx, client, ns)
+	require.NoError(t, err)
+	assert.False(t, want, "Idle without a request")
+	require.NoError(t, ca.RequestRootRotation(ctx, client, ns, ca.RootRequestStart))
+	want, err = rootStepWanted(ctx, client, ns)
+	require.NoError(t, err)
+	assert.True(t, want, "an operator's request")
 }
 
 // The webhook's target comes from exactly one of URL and Service, and its

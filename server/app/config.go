@@ -106,6 +106,15 @@ type CAConfig struct {
 	// IssuerCheck is how often replicas look for a new issuing CA and the
 	// Lease holder for a due renewal (--relay-issuer-check-interval).
 	IssuerCheck time.Duration
+	// RootRenewAt is the fraction of the generated relay root's life after
+	// which the Lease holder starts its rotation by itself
+	// (--relay-root-renew-at), in [0.1, 0.9]; 0 turns the automatic start
+	// off: only `relaymesh ca relay rotate start` starts one.
+	RootRenewAt float64
+	// RootGrace is how long both relay roots stay accepted after the
+	// rotation's switch (--relay-root-grace): at least AgentCertTTL plus
+	// two IssuerCheck (issuerKeep), which 0 means.
+	RootGrace time.Duration
 }
 
 // MetricsTLSConfig is how the metrics port is served: over TLS with a
@@ -154,7 +163,8 @@ func Default() Config {
 		ServerIPs:      []string{"127.0.0.1"},
 		LogLevel:       "info",
 		AgentCertTTL:   24 * time.Hour,
-		CA:             CAConfig{IssuerTTL: 365 * 24 * time.Hour, IssuerRenewAt: ca.DefaultIssuerRenewAt, IssuerCheck: time.Minute},
+		CA: CAConfig{IssuerTTL: 365 * 24 * time.Hour, IssuerRenewAt: ca.DefaultIssuerRenewAt, IssuerCheck: time.Minute,
+			RootRenewAt: ca.DefaultIssuerRenewAt},
 		Webhook:        WebhookConfig{FailurePolicy: "Fail"},
 		DebugEndpoints: DebugAuthenticated,
 		KubeQPS:        200,
@@ -207,6 +217,7 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.CA.validate()...)
 	errs = append(errs, c.CA.validateIssuer(c.AgentCertTTL)...)
+	errs = append(errs, c.CA.validateRoot(c.AgentCertTTL)...)
 	errs = append(errs, c.MetricsTLS.validate(c.MetricsListen)...)
 	if len(c.ServerDNSNames) == 0 && len(c.ServerIPs) == 0 {
 		errs = append(errs, errors.New("--server-dns-names or --server-ips must name the server"))
@@ -295,6 +306,37 @@ func (c CAConfig) validateIssuer(agentTTL time.Duration) []error {
 		}
 	}
 	return errs
+}
+
+// validateRoot checks the relay root rotation's knobs: a grace shorter
+// than an agent certificate lifetime and two checks strands the agents
+// that were offline through the switch.
+func (c CAConfig) validateRoot(agentTTL time.Duration) []error {
+	var errs []error
+	if c.RootRenewAt != 0 && !(c.RootRenewAt >= 0.1 && c.RootRenewAt <= 0.9) {
+		errs = append(errs, fmt.Errorf("--relay-root-renew-at %v: must be 0 (no automatic start) or in [0.1, 0.9]", c.RootRenewAt))
+	}
+	if c.RootGrace < 0 {
+		errs = append(errs, fmt.Errorf("--relay-root-grace %v: must not be negative (0: --agent-cert-ttl plus two --relay-issuer-check-interval)", c.RootGrace))
+	} else if least := c.issuerKeep(agentTTL); c.RootGrace != 0 && c.RootGrace < least {
+		errs = append(errs, fmt.Errorf("--relay-root-grace %v: shorter than --agent-cert-ttl %v plus two --relay-issuer-check-interval %v (%v); an agent offline through the switch would be stranded",
+			c.RootGrace, agentTTL, c.IssuerCheck, least))
+	}
+	return errs
+}
+
+// rootRotation is the relay root rotation's configuration and whether a
+// rotation starts by itself. Without the automatic start RenewAt is the
+// default, which the task never lets decide (rootStepWanted).
+func (c CAConfig) rootRotation(agentTTL time.Duration) (cfg ca.RootRotationConfig, automatic bool) {
+	cfg = ca.RootRotationConfig{RenewAt: c.RootRenewAt, Grace: c.RootGrace}
+	if cfg.Grace == 0 {
+		cfg.Grace = c.issuerKeep(agentTTL)
+	}
+	if automatic = c.RootRenewAt != 0; !automatic {
+		cfg.RenewAt = ca.DefaultIssuerRenewAt
+	}
+	return cfg, automatic
 }
 
 // issuerKeep is how long a replaced issuing CA stays accepted: every

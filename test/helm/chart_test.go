@@ -73,6 +73,13 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{serverChart, "debug: {enabled: authenticated}", "/debug/enabled"},
 		{serverChart, "agentCertTTL: 1 day", "/agentCertTTL"},
 		{serverChart, "image: {repository: r, digest: 'sha256:abc'}", "/image/digest"},
+		{serverChart, "relayRootRotation: {renewAt: 0.95}", "/relayRootRotation/renewAt"},
+		{serverChart, "relayRootRotation: {renewAt: 0.05}", "/relayRootRotation/renewAt"},
+		{serverChart, "relayRootRotation: {renewAt: '0.9.1'}", "/relayRootRotation/renewAt"},
+		{serverChart, "relayRootRotation: {renewAt: true}", "/relayRootRotation/renewAt"},
+		{serverChart, "relayRootRotation: {grace: 1 day}", "/relayRootRotation/grace"},
+		{serverChart, "relayRootRotation: {grace: '-1h'}", "/relayRootRotation/grace"},
+		{serverChart, "relayRootRotation: {start: 0.5}", "additional properties 'start' not allowed"},
 		{serverChart, "serverDNSNames: ['Not A Name']", "/serverDNSNames/0"},
 		{serverChart, "serverIPs: [relay.example.com]", "/serverIPs/0"},
 		{serverChart, "logLevel: verbose", "/logLevel"},
@@ -111,6 +118,34 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 			require.Error(t, err, out)
 			require.Contains(t, out+err.Error(), c.want)
 		})
+	}
+}
+
+// TestRelayRootRotationValuesBecomeServerFlags: the relay root rotation's
+// knobs reach the server as flags only when set (unset: the server's
+// defaults, 2/3 and the least grace), 0 included (no automatic start),
+// from a values file or --set (which passes a fraction as a string).
+func TestRelayRootRotationValuesBecomeServerFlags(t *testing.T) {
+	h := newHelm(t)
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{nil, nil},
+		{[]string{"--set", "relayRootRotation.renewAt=0"}, []string{"--relay-root-renew-at=0"}},
+		{[]string{"--set", "relayRootRotation.renewAt=0.5,relayRootRotation.grace=48h"}, []string{"--relay-root-renew-at=0.5", "--relay-root-grace=48h"}},
+		{[]string{"-f", valuesFile(t, "relayRootRotation: {renewAt: 0.75, grace: 30h}\n")}, []string{"--relay-root-renew-at=0.75", "--relay-root-grace=30h"}},
+		{[]string{"-f", valuesFile(t, "relayRootRotation: {grace: ''}\n")}, nil},
+	} {
+		objs, err := h.template(chartDir(t, serverChart), "r", namespace, c.args...)
+		require.NoError(t, err, "%v", c.args)
+		var got []string
+		for _, a := range containerArgs(t, objs) {
+			if strings.HasPrefix(a, "--relay-root-") {
+				got = append(got, a)
+			}
+		}
+		assert.Equal(t, c.want, got, "%v", c.args)
 	}
 }
 
