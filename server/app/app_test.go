@@ -13,6 +13,7 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/ca/backend"
 	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/kubernetes/fake"
@@ -238,11 +239,13 @@ func TestManualRootStepOnlyForARotationOrARequest(t *testing.T) {
 	}
 }
 
-// Without the automatic start the task reads the relay root Secret: no
-// step while it is Idle without a request, one once a request lands, and
-// an error (no step) when the Secret is missing.
+// Without the automatic start the task reads the relay root Secret (a
+// real apiserver's): no step while it is Idle without a request, one once
+// a request lands, and an error (no step) when the Secret is missing.
 func TestRootStepWantedReadsTheRelayRootSecret(t *testing.T) {
-	ctx, client, ns := context.Background(), fake.NewSimpleClientset(), "relaymesh"
+	ns := "relaymesh"
+	_, client, _ := localcluster.Management(t, ns)
+	ctx := context.Background()
 	_, err := rootStepWanted(ctx, client, ns)
 	require.Error(t, err)
 	_, err = ca.LoadOrCreateRelayCA(ctx, client, ns, ca.GenerateConfig{})
