@@ -106,8 +106,8 @@ func checkCrossIssued(c, issuing, parent *x509.Certificate, now time.Time) error
 // Secret about to be written with st) what st needs: the issuing CA of
 // st's IssueFrom root cross-issued by the other root in a phase with
 // CrossSign, nothing otherwise. An existing one that already fits is kept.
-// signing reads the signing Secret, whose issuing CA is the current
-// root's.
+// When issuance is on the current root (Switching after a rollback), its
+// issuing CA is read from the signing Secret.
 func followCrossIssuer(ctx context.Context, secrets typedcorev1.SecretInterface, root *corev1.Secret, st RootRotationState, cfg GenerateConfig, now time.Time) error {
 	eff := st.Effective()
 	if !eff.CrossSign {

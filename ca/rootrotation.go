@@ -177,6 +177,9 @@ type RootRotationConfig struct {
 	// RenewAt is the fraction of the root's life after which a rotation
 	// starts by itself; default 2/3, in [0.1, 0.9].
 	RenewAt float64
+	// Manual: no rotation starts by itself, whatever the root's age; only
+	// an operator's request starts one (RenewAt is then not used).
+	Manual bool
 	// Grace is how long both roots stay accepted after the switch: at
 	// least the agent certificate lifetime plus the time replicas take to
 	// load a new state. Required.
@@ -249,7 +252,7 @@ func NextRootRotation(cfg RootRotationConfig, st RootRotationState, obs RootObse
 			d.Refused = "no relay root rotation is in progress: nothing to roll back"
 			return d, nil
 		}
-		due := !obs.RootNotAfter.IsZero() && !now.Before(RenewalTime(obs.RootNotBefore, obs.RootNotAfter, cfg.RenewAt))
+		due := !cfg.Manual && !obs.RootNotAfter.IsZero() && !now.Before(RenewalTime(obs.RootNotBefore, obs.RootNotAfter, cfg.RenewAt))
 		start := obs.Request == RootRequestStart || due
 		switch {
 		case start && (obs.Staged == "" || obs.Staged == st.Old):

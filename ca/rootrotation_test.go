@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestRootRotationDecidesEveryPhaseRollbackAndResume(t *testing.T) {
@@ -228,4 +231,31 @@ func TestRootRotationEffectKeepsOneRootInCommonAcrossEveryStep(t *testing.T) {
 	if BundleFingerprint([]string{"a", "b"}) != BundleFingerprint([]string{"b", "a", "a"}) || BundleFingerprint([]string{"a"}) == BundleFingerprint([]string{"a", "b"}) {
 		t.Error("a bundle's fingerprint depends on order or duplicates, or two sets share one")
 	}
+}
+
+// Manual (--relay-root-renew-at 0): a root past due starts nothing by
+// itself; an operator's request starts a rotation, and one in progress
+// goes on as it would otherwise.
+func TestManualRootRotationStartsOnlyOnRequest(t *testing.T) {
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	cfg := RootRotationConfig{Grace: 25 * time.Hour, Manual: true}
+	idle := RootRotationState{Phase: RootIdle, Old: "old", Revision: 3}
+	due := RootObservations{RootNotBefore: t0.AddDate(-9, 0, 0), RootNotAfter: t0.AddDate(1, 0, 0)}
+
+	d, err := NextRootRotation(cfg, idle, due, t0)
+	require.NoError(t, err)
+	assert.Equal(t, idle, d.State, "a root past due starts nothing")
+	assert.Empty(t, d.Actions)
+
+	due.Request = RootRequestStart
+	d, err = NextRootRotation(cfg, idle, due, t0)
+	require.NoError(t, err)
+	assert.Equal(t, []RootAction{RootActStage}, d.Actions, "a request does")
+
+	adding := RootRotationState{Phase: RootAddingNew, Old: "old", New: "new", Since: t0, Revision: 4}
+	acked := RootObservations{LoadedRevision: 4, Agents: []AgentRootObservation{{Cluster: "a", Connected: true, CanAcknowledge: true,
+		Acked: BundleFingerprint([]string{"old", "new"})}}}
+	d, err = NextRootRotation(cfg, adding, acked, t0)
+	require.NoError(t, err)
+	assert.Equal(t, RootSwitching, d.State.Phase, "a rotation in progress goes on")
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/ca/backend"
 	"github.com/relaymesh/relaymesh/server"
-	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/kubernetes/fake"
@@ -192,71 +191,30 @@ func TestRelayRootRotationConfigFromTheFlags(t *testing.T) {
 	base := Default()
 	base.AuditLog = "audit.log"
 	for _, tc := range []struct {
-		name      string
-		edit      func(*Config)
-		want      ca.RootRotationConfig
-		automatic bool
+		name string
+		edit func(*Config)
+		want ca.RootRotationConfig
 	}{
-		{"defaults", func(*Config) {}, ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: 24*time.Hour + 2*time.Minute}, true},
+		{"defaults", func(*Config) {}, ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: 24*time.Hour + 2*time.Minute}},
 		{"grace follows the agent lifetime and the check", func(c *Config) { c.AgentCertTTL, c.CA.IssuerCheck = time.Hour, 10*time.Second },
-			ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: time.Hour + 20*time.Second}, true},
+			ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: time.Hour + 20*time.Second}},
 		{"the least grace given", func(c *Config) { c.CA.RootGrace = 24*time.Hour + 2*time.Minute },
-			ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: 24*time.Hour + 2*time.Minute}, true},
+			ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: 24*time.Hour + 2*time.Minute}},
 		{"a longer grace and renew-at", func(c *Config) { c.CA.RootGrace, c.CA.RootRenewAt = 72*time.Hour, 0.5 },
-			ca.RootRotationConfig{RenewAt: 0.5, Grace: 72 * time.Hour}, true},
-		{"bounds", func(c *Config) { c.CA.RootRenewAt = 0.9 }, ca.RootRotationConfig{RenewAt: 0.9, Grace: 24*time.Hour + 2*time.Minute}, true},
+			ca.RootRotationConfig{RenewAt: 0.5, Grace: 72 * time.Hour}},
+		{"bounds", func(c *Config) { c.CA.RootRenewAt = 0.9 }, ca.RootRotationConfig{RenewAt: 0.9, Grace: 24*time.Hour + 2*time.Minute}},
 		{"no automatic start", func(c *Config) { c.CA.RootRenewAt = 0 },
-			ca.RootRotationConfig{RenewAt: ca.DefaultIssuerRenewAt, Grace: 24*time.Hour + 2*time.Minute}, false},
+			ca.RootRotationConfig{Manual: true, Grace: 24*time.Hour + 2*time.Minute}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base
 			tc.edit(&c)
 			require.NoError(t, c.Validate())
-			got, automatic := c.CA.rootRotation(c.AgentCertTTL)
+			got := c.CA.rootRotation(c.AgentCertTTL)
 			assert.Equal(t, tc.want, got)
-			assert.Equal(t, tc.automatic, automatic)
 			require.NoError(t, got.Default().Validate(), "what the task hands ca.StepRootRotation is valid there")
 		})
 	}
-}
-
-// Without the automatic start the task steps only for a rotation in
-// progress or an operator's request: never from the root's age alone.
-func TestManualRootStepOnlyForARotationOrARequest(t *testing.T) {
-	for _, tc := range []struct {
-		phase ca.RootPhase
-		req   ca.RootRequest
-		want  bool
-	}{
-		{ca.RootIdle, ca.RootRequestNone, false},
-		{ca.RootIdle, ca.RootRequestStart, true},
-		{ca.RootIdle, ca.RootRequestRollback, true},
-		{ca.RootAddingNew, ca.RootRequestNone, true},
-		{ca.RootSwitching, ca.RootRequestNone, true},
-		{ca.RootRemovingOld, ca.RootRequestRollback, true},
-	} {
-		assert.Equal(t, tc.want, manualRootStepWanted(ca.RootRotationState{Phase: tc.phase}, tc.req), "%s %q", tc.phase, tc.req)
-	}
-}
-
-// Without the automatic start the task reads the relay root Secret (a
-// real apiserver's): no step while it is Idle without a request, one once
-// a request lands, and an error (no step) when the Secret is missing.
-func TestRootStepWantedReadsTheRelayRootSecret(t *testing.T) {
-	ns := "relaymesh"
-	_, client, _ := localcluster.Management(t, ns)
-	ctx := context.Background()
-	_, err := rootStepWanted(ctx, client, ns)
-	require.Error(t, err)
-	_, err = ca.LoadOrCreateRelayCA(ctx, client, ns, ca.GenerateConfig{})
-	require.NoError(t, err)
-	want, err := rootStepWanted(ctx, client, ns)
-	require.NoError(t, err)
-	assert.False(t, want, "Idle without a request")
-	require.NoError(t, ca.RequestRootRotation(ctx, client, ns, ca.RootRequestStart))
-	want, err = rootStepWanted(ctx, client, ns)
-	require.NoError(t, err)
-	assert.True(t, want, "an operator's request")
 }
 
 // The webhook's target comes from exactly one of URL and Service, and its

@@ -325,18 +325,15 @@ func (c CAConfig) validateRoot(agentTTL time.Duration) []error {
 	return errs
 }
 
-// rootRotation is the relay root rotation's configuration and whether a
-// rotation starts by itself. Without the automatic start RenewAt is the
-// default, which the task never lets decide (rootStepWanted).
-func (c CAConfig) rootRotation(agentTTL time.Duration) (cfg ca.RootRotationConfig, automatic bool) {
-	cfg = ca.RootRotationConfig{RenewAt: c.RootRenewAt, Grace: c.RootGrace}
+// rootRotation is the relay root rotation's configuration: the grace
+// (default: issuerKeep), and the automatic start at RootRenewAt of the
+// root's life, or none (Manual) when it is 0.
+func (c CAConfig) rootRotation(agentTTL time.Duration) ca.RootRotationConfig {
+	cfg := ca.RootRotationConfig{RenewAt: c.RootRenewAt, Grace: c.RootGrace, Manual: c.RootRenewAt == 0}
 	if cfg.Grace == 0 {
 		cfg.Grace = c.issuerKeep(agentTTL)
 	}
-	if automatic = c.RootRenewAt != 0; !automatic {
-		cfg.RenewAt = ca.DefaultIssuerRenewAt
-	}
-	return cfg, automatic
+	return cfg
 }
 
 // issuerKeep is how long a replaced issuing CA stays accepted: every

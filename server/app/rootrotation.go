@@ -17,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
 )
 
 // The relay root rotation's once-only task (relay-root-rotation): the
@@ -219,7 +218,7 @@ func (p *process) rotateRelayRoot(ctx context.Context) {
 	if !ok {
 		return
 	}
-	if _, automatic := p.cfg.CA.rootRotation(p.cfg.AgentCertTTL); !automatic {
+	if p.cfg.CA.rootRotation(p.cfg.AgentCertTTL).Manual {
 		p.log.Info("relay root rotation starts only on request: --relay-root-renew-at is 0; rotate before the relay root expires (relaymesh ca relay rotate start)")
 	}
 	kick := make(chan struct{}, 1)
@@ -237,29 +236,6 @@ func (p *process) rotateRelayRoot(ctx context.Context) {
 	}
 }
 
-// rootStepWanted reads the relay root Secret when the automatic start is
-// off (--relay-root-renew-at 0): a step is wanted only while a rotation
-// is in progress or an operator's request waits, so that the root's age
-// never starts one. (A staged root left by an unfinished step is then
-// discarded at the next request rather than at the next check.)
-func rootStepWanted(ctx context.Context, client kubernetes.Interface, namespace string) (bool, error) {
-	root, err := client.CoreV1().Secrets(namespace).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
-	if err != nil {
-		return false, fmt.Errorf("read the relay root Secret: %w", err)
-	}
-	st, req, err := ca.DecodeRootRotation(root)
-	if err != nil {
-		return false, err
-	}
-	return manualRootStepWanted(st, req), nil
-}
-
-// manualRootStepWanted is whether a step runs without the automatic
-// start: not while Idle with no request. It is pure.
-func manualRootStepWanted(st ca.RootRotationState, req ca.RootRequest) bool {
-	return st.Phase != ca.RootIdle || req != ca.RootRequestNone
-}
-
 // rootStepLog is what the last step logged, so that a step logs only what
 // changed.
 type rootStepLog struct {
@@ -272,20 +248,9 @@ type rootStepLog struct {
 // root fingerprints and clusters only.
 func (p *process) stepRelayRoot(ctx context.Context, r *ca.RelayIssuers, last *rootStepLog) *rootStepLog {
 	rr := p.reps.root
-	cfg, automatic := p.cfg.CA.rootRotation(p.cfg.AgentCertTTL)
-	if !automatic {
-		want, err := rootStepWanted(ctx, p.kube.Typed, p.cfg.Namespace)
-		if err != nil || !want {
-			if err != nil && ctx.Err() == nil {
-				rr.errors.Inc()
-				p.log.Error("relay root rotation step failed; retrying", "error", err, "retry_in", p.cfg.CA.IssuerCheck)
-			}
-			return last
-		}
-	}
 	d, err := ca.StepRootRotation(ctx, p.kube.Typed, p.cfg.Namespace, ca.RootStepConfig{
 		CA:       ca.GenerateConfig{IssuerTTL: p.cfg.CA.IssuerTTL},
-		Rotation: cfg,
+		Rotation: p.cfg.CA.rootRotation(p.cfg.AgentCertTTL),
 	}, p.observeRelayRoot)
 	if err != nil {
 		if ctx.Err() == nil {
