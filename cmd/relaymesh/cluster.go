@@ -159,13 +159,9 @@ func runRegister(ctx context.Context, d deps, g *globals, f *registerFlags, name
 			return err
 		}
 	}
-	mgmtSrc, err := f.clusters.mgmt(g)
+	mgmt, err := f.clusters.mgmtClients(g)
 	if err != nil {
 		return err
-	}
-	mgmt, err := mgmtSrc.Load()
-	if err != nil {
-		return fmt.Errorf("management cluster: %w", err)
 	}
 	if f.dryRun {
 		return registerDryRun(ctx, d, mgmt, req, f.chart, chart, format)
@@ -402,13 +398,9 @@ func newClusterDeregisterCommand(d deps, g *globals) *cobra.Command {
 			if err := identity.ValidateClusterName(name); err != nil {
 				return usageError{err}
 			}
-			mgmtSrc, err := tc.mgmt(g)
+			mgmt, err := tc.mgmtClients(g)
 			if err != nil {
 				return err
-			}
-			mgmt, err := mgmtSrc.Load()
-			if err != nil {
-				return fmt.Errorf("management cluster: %w", err)
 			}
 			var remote *kubeclient.Clients
 			// Only an explicitly named workload cluster is cleaned up.

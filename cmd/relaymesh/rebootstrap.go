@@ -103,13 +103,9 @@ func runRebootstrap(ctx context.Context, d deps, g *globals, f *rebootstrapFlags
 	if err != nil {
 		return err
 	}
-	mgmtSrc, err := f.clusters.mgmt(g)
+	mgmt, err := f.clusters.mgmtClients(g)
 	if err != nil {
 		return err
-	}
-	mgmt, err := mgmtSrc.Load()
-	if err != nil {
-		return fmt.Errorf("management cluster: %w", err)
 	}
 	restart := fmt.Sprintf("kubectl -n %s rollout restart deployment/%s", f.remoteNamespace, registration.AgentChartName)
 	if f.dryRun {

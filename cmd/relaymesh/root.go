@@ -218,6 +218,19 @@ func (t *twoClusters) mgmt(g *globals) (kubeclient.Source, error) {
 	return src, nil
 }
 
+// mgmtClients loads the clients of the management cluster (mgmt).
+func (t *twoClusters) mgmtClients(g *globals) (*kubeclient.Clients, error) {
+	src, err := t.mgmt(g)
+	if err != nil {
+		return nil, err
+	}
+	c, err := src.Load()
+	if err != nil {
+		return nil, fmt.Errorf("management cluster: %w", err)
+	}
+	return c, nil
+}
+
 // remote is the workload cluster: --remote-kubeconfig or --kubeconfig,
 // --remote-context, else a context named fallback (the cluster's name)
 // when the kubeconfig has one. ok is false when neither names one.
