@@ -90,6 +90,23 @@ type TrustBundleStore interface {
 	ApplyTrustBundle(ctx context.Context, rootsPEM []byte, fingerprint string, serverChain []*x509.Certificate) error
 }
 
+// PinnedRootsReporter is a TrustBundleStore that can say which relay roots
+// it pins (ca.TrustBundleFingerprint, "" if none yet): Hello reports it, so
+// that a server outside a root rotation sends its roots to an agent that
+// was away when the rotation's last bundle went out (identity.Manager is
+// one).
+type PinnedRootsReporter interface {
+	PinnedRootsFingerprint() string
+}
+
+// pinnedRoots is what Hello reports of the roots store pins.
+func pinnedRoots(store TrustBundleStore) string {
+	if r, ok := store.(PinnedRootsReporter); ok {
+		return r.PinnedRootsFingerprint()
+	}
+	return ""
+}
+
 // SessionHooks observe a session: for the in-process fleet agents of the
 // tests, which run this same loop. Each is optional, runs on one of the
 // session's goroutines and must not block.
@@ -288,7 +305,7 @@ func (s *Session) once(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: s.cfg.Version, AgentTimeUnixNano: s.now().UnixNano(),
-		TrustBundles: s.cfg.TrustBundles != nil}}}); err != nil {
+		TrustBundles: s.cfg.TrustBundles != nil, PinnedRootsFingerprint: pinnedRoots(s.cfg.TrustBundles)}}}); err != nil {
 		if errors.Is(err, io.EOF) {
 			_, err = stream.Recv() // the server ended the stream; its status says why
 		}

@@ -103,3 +103,18 @@ func samePinned(stored []byte, fingerprint string) bool {
 	roots, err := ca.ParseTrustBundle(stored)
 	return err == nil && ca.TrustBundleFingerprint(roots) == fingerprint
 }
+
+// PinnedRootsFingerprint is ca.TrustBundleFingerprint of the relay roots
+// the manager pins now ("" before it has loaded any), which the agent's
+// Hello reports: a server outside a rotation sends its roots to an agent
+// that pins others.
+func (m *Manager) PinnedRootsFingerprint() string {
+	m.mu.RLock()
+	pem := m.rootsPEM
+	m.mu.RUnlock()
+	roots, err := ca.ParseTrustBundle(pem)
+	if err != nil || len(roots) == 0 {
+		return ""
+	}
+	return ca.TrustBundleFingerprint(roots)
+}

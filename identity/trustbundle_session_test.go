@@ -39,6 +39,9 @@ func (b *bundleSource) Current() *relaypb.TrustBundle {
 	return b.current
 }
 
+// Serving: the tests here deliver only during a rotation (Current).
+func (b *bundleSource) Serving() *relaypb.TrustBundle { return nil }
+
 func (b *bundleSource) Acknowledged(cluster string, can bool, ack *relaypb.TrustBundleAck) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

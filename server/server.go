@@ -94,7 +94,8 @@ type ServerConfig struct {
 	// meshes of the caller's cluster (shared trust of VirtualMeshes).
 	Trust IntermediateSigner
 	// TrustBundles, when set, is the relay trust bundle each session
-	// delivers during a relay root rotation (server/trustbundle.go).
+	// delivers during a relay root rotation, and after one to an agent that
+	// pins other roots (server/trustbundle.go).
 	TrustBundles TrustBundleSource
 	// Connections bound connections before and after authentication.
 	Connections relay.ConnectionLimits
@@ -1119,7 +1120,10 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		s.log.Info("agent session opened", "cluster", a.cluster, "peer", a.peer, "agent_version", first.GetHello().GetAgentVersion())
 		s.agentClock(a.cluster, first.GetHello())
 	}
-	bundles := s.newBundleDelivery(a.cluster, hello.GetTrustBundles())
+	bundles, err := s.newBundleDelivery(a.cluster, hello)
+	if err != nil {
+		return err
+	}
 	if err := bundles.offer(stream); err != nil {
 		return err
 	}

@@ -17,6 +17,10 @@ type TrustBundleSource interface {
 	// rotation. It MUST be cheap: every session asks at every ping. The
 	// returned message MUST NOT be changed afterwards.
 	Current() *relaypb.TrustBundle
+	// Serving is the bundle of the roots the replica serves under outside
+	// a rotation (revision 0), sent to an agent whose Hello reported other
+	// pinned roots; nil when there is none to send. It MUST be cheap.
+	Serving() *relaypb.TrustBundle
 	// Acknowledged records what cluster's agent answered: canAcknowledge
 	// false (an agent whose Hello did not say trust_bundles, reported once
 	// per session with ack nil) is never an acknowledgement; ack.Error
@@ -36,24 +40,44 @@ type bundleDelivery struct {
 	src     TrustBundleSource
 	cluster string
 	can     bool
+	pinned  string // fingerprint of the roots the agent pinned at Hello ("" unknown)
 	sent    string // fingerprint last sent
 }
 
-func (s *Server) newBundleDelivery(cluster string, canAcknowledge bool) *bundleDelivery {
-	d := &bundleDelivery{src: s.cfg.TrustBundles, cluster: cluster, can: canAcknowledge}
-	if d.src != nil && !canAcknowledge {
+// newBundleDelivery starts a session's delivery from its Hello; a malformed
+// pinned-roots fingerprint ends the session.
+func (s *Server) newBundleDelivery(cluster string, hello *relaypb.Hello) (*bundleDelivery, error) {
+	pinned := hello.GetPinnedRootsFingerprint()
+	if pinned != "" && !isFingerprint(pinned) {
+		return nil, status.Error(codes.InvalidArgument, "malformed pinned_roots_fingerprint in Hello: want 64 hex digits")
+	}
+	d := &bundleDelivery{src: s.cfg.TrustBundles, cluster: cluster, can: hello.GetTrustBundles(), pinned: pinned}
+	if d.src != nil && !d.can {
 		d.src.Acknowledged(cluster, false, nil)
 	}
-	return d
+	return d, nil
+}
+
+func isFingerprint(fp string) bool {
+	_, err := hex.DecodeString(fp)
+	return err == nil && len(fp) == fingerprintLen
 }
 
 // offer sends the current bundle if it changed since the last one this
-// session sent; an agent that cannot acknowledge gets none.
+// session sent; an agent that cannot acknowledge gets none. Outside a
+// rotation an agent whose Hello reported other roots than the replica
+// serves under gets those: it was away when the rotation delivered its
+// last bundle, and would pin the retired root until the next rotation.
 func (d *bundleDelivery) offer(stream relaypb.Relay_ConnectServer) error {
 	if d.src == nil || !d.can {
 		return nil
 	}
 	b := d.src.Current()
+	if b == nil && d.pinned != "" {
+		if sv := d.src.Serving(); sv != nil && sv.GetFingerprint() != d.pinned {
+			b = sv
+		}
+	}
 	if b == nil || b.GetFingerprint() == d.sent {
 		return nil
 	}
@@ -68,7 +92,7 @@ func (d *bundleDelivery) offer(stream relaypb.Relay_ConnectServer) error {
 // malformed one ends the session.
 func (d *bundleDelivery) acknowledged(ack *relaypb.TrustBundleAck) error {
 	fp := ack.GetFingerprint()
-	if _, err := hex.DecodeString(fp); err != nil || len(fp) != fingerprintLen || len(ack.GetError()) > maxAckErrorLen {
+	if !isFingerprint(fp) || len(ack.GetError()) > maxAckErrorLen {
 		return status.Error(codes.InvalidArgument, "malformed trust bundle acknowledgement")
 	}
 	if d.src == nil || fp != d.sent {

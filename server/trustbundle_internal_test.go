@@ -9,9 +9,13 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-type recordingSource struct{ acks []*relaypb.TrustBundleAck }
+type recordingSource struct {
+	current, serving *relaypb.TrustBundle
+	acks             []*relaypb.TrustBundleAck
+}
 
-func (r *recordingSource) Current() *relaypb.TrustBundle { return nil }
+func (r *recordingSource) Current() *relaypb.TrustBundle { return r.current }
+func (r *recordingSource) Serving() *relaypb.TrustBundle { return r.serving }
 func (r *recordingSource) Acknowledged(_ string, _ bool, a *relaypb.TrustBundleAck) {
 	r.acks = append(r.acks, a)
 }
@@ -57,6 +61,74 @@ func TestAnUnsolicitedTrustBundleAcknowledgementRecordsNothing(t *testing.T) {
 			}
 			if len(src.acks) != 0 {
 				t.Fatal("an acknowledgement of a bundle this session did not send was recorded")
+			}
+		})
+	}
+}
+
+// sentStream is a Connect stream that records what the server sends.
+type sentStream struct {
+	relaypb.Relay_ConnectServer
+	sent []*relaypb.ServerMessage
+}
+
+func (s *sentStream) Send(m *relaypb.ServerMessage) error {
+	s.sent = append(s.sent, m)
+	return nil
+}
+
+// Outside a rotation only an agent that reported other pinned roots gets
+// the roots the replica serves under; during one, every agent gets the
+// rotation's bundle; an agent that cannot acknowledge gets nothing.
+func TestBundleOfferedToAnAgentPinningOtherRootsOutsideARotation(t *testing.T) {
+	serving := &relaypb.TrustBundle{Fingerprint: strings.Repeat("ab", 32), RootsPem: []byte("new")}
+	rotation := &relaypb.TrustBundle{Fingerprint: strings.Repeat("cd", 32), RootsPem: []byte("old+new"), Revision: 3}
+	old := strings.Repeat("ef", 32)
+	for _, tc := range []struct {
+		name    string
+		current *relaypb.TrustBundle
+		hello   *relaypb.Hello
+		want    *relaypb.TrustBundle
+	}{
+		{"pins the retired root", nil, &relaypb.Hello{TrustBundles: true, PinnedRootsFingerprint: old}, serving},
+		{"pins the serving roots", nil, &relaypb.Hello{TrustBundles: true, PinnedRootsFingerprint: serving.GetFingerprint()}, nil},
+		{"reports no pinned roots", nil, &relaypb.Hello{TrustBundles: true}, nil},
+		{"cannot acknowledge", nil, &relaypb.Hello{PinnedRootsFingerprint: old}, nil},
+		{"during a rotation", rotation, &relaypb.Hello{TrustBundles: true, PinnedRootsFingerprint: serving.GetFingerprint()}, rotation},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Server{cfg: ServerConfig{TrustBundles: &recordingSource{current: tc.current, serving: serving}}}
+			d, err := s.newBundleDelivery("c1", tc.hello)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := &sentStream{}
+			for range 3 { // at Hello and at two pings: sent at most once
+				if err := d.offer(st); err != nil {
+					t.Fatal(err)
+				}
+			}
+			switch {
+			case tc.want == nil && len(st.sent) != 0:
+				t.Fatalf("sent %v, want nothing", st.sent)
+			case tc.want != nil && (len(st.sent) != 1 || st.sent[0].GetTrustBundle().GetFingerprint() != tc.want.GetFingerprint()):
+				t.Fatalf("sent %v, want the bundle %s once", st.sent, tc.want.GetFingerprint())
+			}
+		})
+	}
+}
+
+func TestAMalformedPinnedRootsFingerprintEndsTheSession(t *testing.T) {
+	s := &Server{cfg: ServerConfig{TrustBundles: &recordingSource{}}}
+	for name, fp := range map[string]string{
+		"not hex":   strings.Repeat("zz", 32),
+		"too short": strings.Repeat("ab", 31),
+		"too long":  strings.Repeat("ab", 33),
+		"oversized": strings.Repeat("ab", 1<<15),
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := s.newBundleDelivery("c1", &relaypb.Hello{TrustBundles: true, PinnedRootsFingerprint: fp}); status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("err = %v, want InvalidArgument", err)
 			}
 		})
 	}

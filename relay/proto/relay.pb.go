@@ -328,9 +328,16 @@ type Hello struct {
 	// The agent handles ServerMessage.trust_bundle and acknowledges it. An
 	// agent that does not say so is listed as unable to acknowledge, never
 	// counted as having acknowledged a new relay root.
-	TrustBundles  bool `protobuf:"varint,3,opt,name=trust_bundles,json=trustBundles,proto3" json:"trust_bundles,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TrustBundles bool `protobuf:"varint,3,opt,name=trust_bundles,json=trustBundles,proto3" json:"trust_bundles,omitempty"`
+	// ca.TrustBundleFingerprint of the relay roots the agent pins as it
+	// sends Hello; empty from agents that do not report it. Outside a relay
+	// root rotation the server sends its own roots as a TrustBundle to an
+	// agent whose pinned roots differ: one that was offline when a
+	// rotation's last bundle (the new root alone) was delivered still pins
+	// the retired root until it is told.
+	PinnedRootsFingerprint string `protobuf:"bytes,4,opt,name=pinned_roots_fingerprint,json=pinnedRootsFingerprint,proto3" json:"pinned_roots_fingerprint,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -382,6 +389,13 @@ func (x *Hello) GetTrustBundles() bool {
 		return x.TrustBundles
 	}
 	return false
+}
+
+func (x *Hello) GetPinnedRootsFingerprint() string {
+	if x != nil {
+		return x.PinnedRootsFingerprint
+	}
+	return ""
 }
 
 type Ping struct {
@@ -2554,11 +2568,12 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\x05hello\x18\x01 \x01(\v2\x19.relaymesh.relay.v1.HelloH\x00R\x05hello\x12.\n" +
 	"\x04ping\x18\x02 \x01(\v2\x18.relaymesh.relay.v1.PingH\x00R\x04ping\x12N\n" +
 	"\x10trust_bundle_ack\x18\x03 \x01(\v2\".relaymesh.relay.v1.TrustBundleAckH\x00R\x0etrustBundleAckB\x05\n" +
-	"\x03msg\"\x82\x01\n" +
+	"\x03msg\"\xbc\x01\n" +
 	"\x05Hello\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12/\n" +
 	"\x14agent_time_unix_nano\x18\x02 \x01(\x03R\x11agentTimeUnixNano\x12#\n" +
-	"\rtrust_bundles\x18\x03 \x01(\bR\ftrustBundles\"\x1c\n" +
+	"\rtrust_bundles\x18\x03 \x01(\bR\ftrustBundles\x128\n" +
+	"\x18pinned_roots_fingerprint\x18\x04 \x01(\tR\x16pinnedRootsFingerprint\"\x1c\n" +
 	"\x04Ping\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\x03R\x05nonce\"\xc5\x01\n" +
 	"\rServerMessage\x127\n" +

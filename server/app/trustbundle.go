@@ -53,10 +53,11 @@ type ackRecord struct {
 	refused string // "<fingerprint>: <reason>" ("" when acknowledged)
 }
 
-// trustBundles is the server.TrustBundleSource of a replica: outside a
-// relay root rotation there is no bundle; during one the bundle is the
-// roots the replica loaded (in every phase they are the roots agents must
-// pin). Acknowledgements are written on the clusters' KubernetesClusters
+// trustBundles is the server.TrustBundleSource of a replica: during a
+// relay root rotation the bundle is the roots the replica loaded (in every
+// phase they are the roots agents must pin); outside one, only an agent
+// whose Hello reported other pinned roots gets the roots the replica
+// serves under (it was away when the rotation's last bundle went out). Acknowledgements are written on the clusters' KubernetesClusters
 // by one goroutine, at most once per cluster and answer.
 type trustBundles struct {
 	roots     rotationRoots
@@ -84,14 +85,33 @@ func (b *trustBundles) Current() *relaypb.TrustBundle {
 	if !rotating {
 		return nil
 	}
+	return b.bundleOf(b.roots.Roots(), int64(st.Revision))
+}
+
+// Serving is the bundle of the roots the replica serves under outside a
+// rotation (revision 0), for an agent that pins others; nil during one
+// (Current is the bundle then).
+func (b *trustBundles) Serving() *relaypb.TrustBundle {
+	if _, rotating := b.roots.LoadedRootRotation(); rotating {
+		return nil
+	}
 	roots := b.roots.Roots()
+	if len(roots) == 0 {
+		return nil
+	}
+	return b.bundleOf(roots, 0)
+}
+
+// bundleOf is the bundle of roots at revision, rebuilt only when either
+// changes.
+func (b *trustBundles) bundleOf(roots []*x509.Certificate, revision int64) *relaypb.TrustBundle {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.bundle != nil && sameCerts(b.from, roots) && b.bundle.GetRevision() == int64(st.Revision) {
+	if b.bundle != nil && sameCerts(b.from, roots) && b.bundle.GetRevision() == revision {
 		return b.bundle
 	}
 	b.from = roots
-	b.bundle = &relaypb.TrustBundle{RootsPem: ca.CertsPEM(roots...), Fingerprint: ca.TrustBundleFingerprint(roots), Revision: int64(st.Revision)}
+	b.bundle = &relaypb.TrustBundle{RootsPem: ca.CertsPEM(roots...), Fingerprint: ca.TrustBundleFingerprint(roots), Revision: revision}
 	return b.bundle
 }
 
