@@ -211,8 +211,9 @@ func logSize(t *testing.T, path string) int64 {
 // not connected at that moment — C always; A when the one reconnect it
 // makes for the bundle without the old root (errSessionPredatesBundle,
 // about a second with the agent's default backoff) overlaps the Lease
-// holder's check, about every other run — comes back at Idle and keeps
-// pinning the retired root beside the new one until the next rotation.
+// holder's check, 1 of 5 runs here — comes back at Idle and keeps pinning
+// the retired root beside the new one until the next rotation. (A replica
+// offering its roots at Idle too makes both pass: tried, not committed.)
 func TestAgentsOfflineThroughARelayRootRotation(t *testing.T) {
 	const a, b, c = "cluster-1", "cluster-2", "cluster-3"
 	all := []string{a, b, c}
@@ -441,7 +442,18 @@ func TestAgentsOfflineThroughARelayRootRotation(t *testing.T) {
 		})
 		assert.Equal(t, applied[name], w.ownedObjects(name), "%s: every object its agent applied is the same object, not rewritten", name)
 	}
-	assert.Equal(t, before[b].Annotations, w.cluster(b).Annotations, "B's annotations kept")
+	// B's annotations are kept, but for the trust bundle bookkeeping,
+	// which a server may write when B answers a bundle.
+	bundleNotes := func(m map[string]string) map[string]string {
+		out := map[string]string{}
+		for k, v := range m {
+			if k != ca.AnnotationRelayBundleAck && k != ca.AnnotationRelayBundleRefused {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	assert.Equal(t, bundleNotes(before[b].Annotations), bundleNotes(w.cluster(b).Annotations), "B's annotations kept")
 
 	// The end state every agent must reach: the retired root pinned
 	// nowhere. Open (see above): an agent not connected when the old root
