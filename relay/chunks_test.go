@@ -593,24 +593,11 @@ func TestAssemblerRefusesContent(t *testing.T) {
 // decodeCost bounds what decoding allocates, for honest snapshots and for
 // encodings made to decode into as much memory per byte as they can.
 func TestDecodeCostBoundsAllocation(t *testing.T) {
-	const n = 20000
-	shapes := map[string]*relaypb.Snapshot{
-		"realistic":          relaytest.Snapshot(n / 4),
-		"empty destinations": {Destinations: repeat(n, func() *relaypb.Destination { return &relaypb.Destination{} })},
-		"empty endpoints":    {Destinations: []*relaypb.Destination{{Endpoints: repeat(n, func() *relaypb.Endpoint { return &relaypb.Endpoint{} })}}},
-		"one label each":     {Destinations: []*relaypb.Destination{{Endpoints: repeat(n, func() *relaypb.Endpoint { return &relaypb.Endpoint{Labels: map[string]string{"": ""}} })}}},
-		"four labels each":   {Destinations: []*relaypb.Destination{{Endpoints: repeat(n, func() *relaypb.Endpoint { return &relaypb.Endpoint{Labels: labelsOf(4)} })}}},
-		"nine labels each":   {Destinations: []*relaypb.Destination{{Endpoints: repeat(n/4, func() *relaypb.Endpoint { return &relaypb.Endpoint{Labels: labelsOf(9)} })}}},
-		"one large map":      {Destinations: []*relaypb.Destination{{Labels: labelsOf(n)}}},
-		"empty strings":      {Destinations: []*relaypb.Destination{{ExternalAddresses: make([]string, n)}}},
-		"subsets": {Destinations: repeat(n/10, func() *relaypb.Destination {
-			return &relaypb.Destination{Subsets: map[string]*relaypb.LabelValues{"": {Values: []string{""}}}}
-		})},
-		"empty gateways":       {Meshes: []*relaypb.Mesh{{Gateways: repeat(n, func() *relaypb.Gateway { return &relaypb.Gateway{} })}}},
-		"empty ports":          {Destinations: []*relaypb.Destination{{Ports: repeat(n, func() *relaypb.ServicePort { return &relaypb.ServicePort{} })}}},
-		"empty workloads":      {Workloads: repeat(n, func() *relaypb.Workload { return &relaypb.Workload{} })},
-		"workloads with label": {Workloads: repeat(n, func() *relaypb.Workload { return &relaypb.Workload{PodLabels: map[string]string{"": ""}} })},
+	n := 20000
+	if testing.Short() {
+		n = 4000 // the same shapes at a fifth of the size; make test runs 20,000
 	}
+	shapes := hostileShapes(n)
 	for name, s := range shapes {
 		b, err := proto.Marshal(s)
 		require.NoError(t, err)
@@ -629,6 +616,50 @@ func TestDecodeCostBoundsAllocation(t *testing.T) {
 	for _, bad := range [][]byte{{0x0a}, {0x0a, 0x05, 0x01}, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, protowire.AppendTag(nil, 1, 7)} {
 		_, err := decodeCost(bad)
 		assert.Error(t, err, "%x", bad)
+	}
+}
+
+// A map's decoding allocates most per entry just after its table doubled;
+// decodeCost bounds it at every size, not only at the size of
+// TestDecodeCostBoundsAllocation.
+func TestDecodeCostBoundsMapsOfEverySize(t *testing.T) {
+	step, largest := 11, 40000 // sizes grow by a tenth
+	if testing.Short() {
+		step, largest = 13, 20000
+	}
+	for n := smallMapEntries + 1; n <= largest; n = n*step/10 + 1 {
+		b, err := proto.Marshal(&relaypb.Snapshot{Destinations: []*relaypb.Destination{{Labels: labelsOf(n)}}})
+		require.NoError(t, err)
+		cost, err := decodeCost(b)
+		require.NoError(t, err)
+		allocated := allocatedBy(func() {
+			d := &relaypb.Snapshot{}
+			require.NoError(t, proto.Unmarshal(b, d))
+			runtime.KeepAlive(d)
+		})
+		assert.GreaterOrEqual(t, cost, int64(allocated), "a map of %d entries: decoding allocates %d, estimated %d", n, allocated, cost)
+	}
+}
+
+// hostileShapes are snapshots of about n elements each: an honest one, and
+// encodings made to decode into as much memory per byte as they can.
+func hostileShapes(n int) map[string]*relaypb.Snapshot {
+	return map[string]*relaypb.Snapshot{
+		"realistic":          relaytest.Snapshot(n / 4),
+		"empty destinations": {Destinations: repeat(n, func() *relaypb.Destination { return &relaypb.Destination{} })},
+		"empty endpoints":    {Destinations: []*relaypb.Destination{{Endpoints: repeat(n, func() *relaypb.Endpoint { return &relaypb.Endpoint{} })}}},
+		"one label each":     {Destinations: []*relaypb.Destination{{Endpoints: repeat(n, func() *relaypb.Endpoint { return &relaypb.Endpoint{Labels: map[string]string{"": ""}} })}}},
+		"four labels each":   {Destinations: []*relaypb.Destination{{Endpoints: repeat(n, func() *relaypb.Endpoint { return &relaypb.Endpoint{Labels: labelsOf(4)} })}}},
+		"nine labels each":   {Destinations: []*relaypb.Destination{{Endpoints: repeat(n/4, func() *relaypb.Endpoint { return &relaypb.Endpoint{Labels: labelsOf(9)} })}}},
+		"one large map":      {Destinations: []*relaypb.Destination{{Labels: labelsOf(n)}}},
+		"empty strings":      {Destinations: []*relaypb.Destination{{ExternalAddresses: make([]string, n)}}},
+		"subsets": {Destinations: repeat(n/10, func() *relaypb.Destination {
+			return &relaypb.Destination{Subsets: map[string]*relaypb.LabelValues{"": {Values: []string{""}}}}
+		})},
+		"empty gateways":       {Meshes: []*relaypb.Mesh{{Gateways: repeat(n, func() *relaypb.Gateway { return &relaypb.Gateway{} })}}},
+		"empty ports":          {Destinations: []*relaypb.Destination{{Ports: repeat(n, func() *relaypb.ServicePort { return &relaypb.ServicePort{} })}}},
+		"empty workloads":      {Workloads: repeat(n, func() *relaypb.Workload { return &relaypb.Workload{} })},
+		"workloads with label": {Workloads: repeat(n, func() *relaypb.Workload { return &relaypb.Workload{PodLabels: map[string]string{"": ""}} })},
 	}
 }
 
