@@ -128,9 +128,10 @@ func TestSendChunkedRefuses(t *testing.T) {
 	require.Error(t, err)
 	assert.Empty(t, c.msgs)
 
+	big := relaytest.Golden(4000)
 	for _, after := range []int{1, 2, 3} {
 		c := &capture{failAfter: after}
-		_, err := relay.SendChunked(c, relaytest.Golden(4000), relay.DefaultMaxChunkedSnapshotBytes)
+		_, err := relay.SendChunked(c, big, relay.DefaultMaxChunkedSnapshotBytes)
 		assert.ErrorIs(t, err, errSend, "failing after %d messages", after)
 	}
 }
