@@ -78,6 +78,11 @@ type RootRotationState struct {
 	Revision int
 	// RolledBack: the roles of Old and New were swapped by a rollback.
 	RolledBack bool
+	// Grace is the grace of the server that decided the last transition
+	// (RootRotationConfig.Grace), for `relaymesh check` and `rotate
+	// status`; 0 when unknown (a state written by an older server). The
+	// decision itself always uses its own config's.
+	Grace time.Duration
 }
 
 // Validate reports whether s is a state NextRootRotation can decide from.
@@ -237,7 +242,7 @@ func NextRootRotation(cfg RootRotationConfig, st RootRotationState, obs RootObse
 	}
 	d := RootDecision{State: st}
 	next := func(phase RootPhase) {
-		d.State.Phase, d.State.Since, d.State.Revision = phase, now, st.Revision+1
+		d.State.Phase, d.State.Since, d.State.Revision, d.State.Grace = phase, now, st.Revision+1, cfg.Grace
 	}
 	swap := func(phase RootPhase) {
 		next(phase)

@@ -109,6 +109,7 @@ func TestRootRotationDecidesEveryPhaseRollbackAndResume(t *testing.T) {
 			want := tt.st
 			if tt.wantState {
 				want = tt.want
+				want.Grace = cfg.Grace // every transition records the deciding server's grace
 			}
 			if d.State != want {
 				t.Errorf("state = %+v, want %+v", d.State, want)

@@ -25,6 +25,7 @@ const (
 	annotationRootSince      = "relaymesh.io/root-rotation-since"
 	annotationRootRevision   = "relaymesh.io/root-rotation-revision"
 	annotationRootRolledBack = "relaymesh.io/root-rotation-rolled-back"
+	annotationRootGrace      = "relaymesh.io/root-rotation-grace"
 	// AnnotationRootRequest is the operator's request (RootRequest) that
 	// relaymesh ca relay rotate writes and the rotation consumes.
 	AnnotationRootRequest = "relaymesh.io/root-rotation-request"
@@ -70,6 +71,12 @@ func DecodeRootRotation(root *corev1.Secret) (RootRotationState, RootRequest, er
 		}
 	}
 	st.RolledBack = ann[annotationRootRolledBack] == "true"
+	// The grace only informs check and status: one that does not parse,
+	// or is not in (0, maxRecordedGrace], is unknown rather than an error
+	// that would stop replicas loading the rotation.
+	if g, err := time.ParseDuration(ann[annotationRootGrace]); err == nil && g > 0 && g <= maxRecordedGrace {
+		st.Grace = g
+	}
 	if err := st.Validate(); err != nil {
 		return RootRotationState{}, "", fmt.Errorf("secret %s/%s: %w", root.Namespace, root.Name, err)
 	}
@@ -95,7 +102,16 @@ func encodeRootRotation(st RootRotationState, s *corev1.Secret) {
 	s.Annotations[annotationRootSince] = st.Since.UTC().Format(time.RFC3339)
 	s.Annotations[annotationRootRevision] = strconv.Itoa(st.Revision)
 	s.Annotations[annotationRootRolledBack] = strconv.FormatBool(st.RolledBack)
+	if st.Grace > 0 {
+		s.Annotations[annotationRootGrace] = st.Grace.String()
+	} else {
+		delete(s.Annotations, annotationRootGrace)
+	}
 }
+
+// maxRecordedGrace bounds the grace a rotation state may record: ten
+// years, past any root's life.
+const maxRecordedGrace = 10 * 365 * 24 * time.Hour
 
 // stagedRoot is the staged new root of s, or nil. A staged root that does
 // not load (malformed, key not matching, not a root, its issuing CA not

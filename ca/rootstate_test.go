@@ -131,6 +131,7 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		// Lease holder after a replica kill would.
 		d = step(t, ns, w)
 		require.Equal(t, ca.RootAddingNew, d.State.Phase)
+		assert.Equal(t, time.Minute, phaseOf(t, ns).Grace, "the Secret records the deciding server's grace")
 		next := d.State.New
 		assert.NotEqual(t, old, next)
 		assert.Equal(t, old, rootFP(t, cs, ns, ca.SigningSecretName), "issuance stays on the old root while it is added")

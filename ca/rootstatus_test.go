@@ -3,6 +3,7 @@ package ca_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
@@ -70,4 +71,33 @@ func FuzzIssuerGeneration(f *testing.F) {
 		assert.GreaterOrEqual(t, g, 1)
 		assert.LessOrEqual(t, g, 1<<20)
 	})
+}
+
+// The grace a transition records is read back; one that does not parse or
+// is out of bounds is unknown (0), never an error that would stop replicas
+// loading the rotation.
+func TestDecodeRootRotationReadsTheRecordedGrace(t *testing.T) {
+	rc := newRelayCA(t, ca.GenerateConfig{})
+	old := ca.RootFingerprint(rc.Root)
+	for value, want := range map[string]time.Duration{
+		"24h2m0s":                       24*time.Hour + 2*time.Minute,
+		"47s":                           47 * time.Second,
+		"":                              0,
+		"soon":                          0,
+		"-1h":                           0,
+		"0s":                            0,
+		"87601h":                        0, // over ten years
+		"1e400h":                        0,
+		strings.Repeat("9", 4096) + "h": 0,
+	} {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "relay-root-tls-secret", Annotations: map[string]string{
+			"relaymesh.io/root-rotation-phase": "Switching", "relaymesh.io/root-rotation-old": old, "relaymesh.io/root-rotation-new": strings.Repeat("ab", 32),
+			"relaymesh.io/root-rotation-since": "2030-01-01T00:00:00Z", "relaymesh.io/root-rotation-revision": "5",
+			"relaymesh.io/root-rotation-grace": value,
+		}}, Data: map[string][]byte{"ca.crt": ca.CertsPEM(rc.Root)}}
+		st, _, err := ca.DecodeRootRotation(s)
+		require.NoError(t, err, "grace %.20q", value)
+		assert.Equal(t, want, st.Grace, "grace %.20q", value)
+		assert.Equal(t, ca.RootSwitching, st.Phase)
+	}
 }

@@ -208,17 +208,21 @@ func evalRelayRotation(o *Observations, now time.Time) []Result {
 	}
 	msg := fmt.Sprintf("relay root rotation in phase %s %s (revision %d%s): root %s → %s; %s; %s",
 		st.Phase, ran, st.Revision, rolled, root(st.OldRoot), root(st.NewRoot), gen, who)
-	if st.Since != nil && r.Grace > 0 {
-		limit := r.Grace
+	grace, assumed := r.Grace, ""
+	switch {
+	case r.State.Grace > 0:
+		// The grace of the server that decided the phase, recorded with it.
+		grace = r.State.Grace
+	case grace == DefaultRelayRootGrace:
+		assumed = " (from the grace of a server with the default --agent-cert-ttl and --relay-issuer-check-interval)"
+	}
+	if st.Since != nil && grace > 0 {
+		limit := grace
 		if st.Phase == ca.RootSwitching {
 			// Switching lasts the grace by design.
-			limit = 2 * r.Grace
+			limit = 2 * grace
 		}
 		if now.Sub(*st.Since) > limit {
-			assumed := ""
-			if r.Grace == DefaultRelayRootGrace {
-				assumed = " (from the grace of a server with the default --agent-cert-ttl and --relay-issuer-check-interval)"
-			}
 			return append(rs, result(AreaRelayCA, subject, Error, "stuck for longer than %s%s: %s; see what it waits for with %s, or roll it back with relaymesh ca relay rotate rollback -n %s",
 				duration.HumanDuration(limit), assumed, msg, statusCmd, o.Namespace))
 		}

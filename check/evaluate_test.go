@@ -565,6 +565,7 @@ func TestEvaluateRelayRootRotation(t *testing.T) {
 		}
 		return Observations{Namespace: "ns", RelayRoots: []*x509.Certificate{oldRoot}, IssuerGeneration: 3, RelayRotation: r, Clusters: clusters}
 	}
+	withGrace := func(st ca.RootRotationState, grace time.Duration) ca.RootRotationState { st.Grace = grace; return st }
 	adding := state(ca.RootAddingNew, 10*time.Minute, false)
 	switching := state(ca.RootSwitching, 25*time.Hour, false)
 	removing := state(ca.RootRemovingOld, 5*time.Minute, false)
@@ -594,6 +595,10 @@ func TestEvaluateRelayRootRotation(t *testing.T) {
 			[]string{"3 agent(s)", "2 of them connected", "old-agent (refused)"}, nil},
 		{"adding: stuck past the grace", obs(state(ca.RootAddingNew, 25*time.Hour, false), "", fleet(adding, "")), "ns/relay-root-tls-secret", Error,
 			[]string{"stuck for longer than 24h (from the grace of a server with the default --agent-cert-ttl", ": relay root rotation in phase AddingNewRoot for 25h", "relaymesh ca relay rotate status -n ns", "relaymesh ca relay rotate rollback -n ns", "b-slow (connected)"}, nil},
+		{"adding: stuck past the grace the server recorded", obs(withGrace(state(ca.RootAddingNew, 2*time.Hour, false), time.Hour), "", fleet(adding, "")), "ns/relay-root-tls-secret", Error,
+			[]string{"stuck for longer than 60m: relay root rotation in phase AddingNewRoot for 120m"}, []string{"default --agent-cert-ttl"}},
+		{"adding: within the grace the server recorded", obs(withGrace(state(ca.RootAddingNew, 25*time.Hour, false), 48*time.Hour), "", fleet(adding, "")), "ns/relay-root-tls-secret", Warning,
+			[]string{"phase AddingNewRoot for 25h"}, []string{"stuck"}},
 		{"switching within twice the grace", obs(switching, "", fleet(switching, "")), "ns/relay-root-tls-secret", Warning,
 			[]string{"phase Switching for 25h", "next: both roots stay accepted for the grace window"}, []string{"stuck"}},
 		{"switching stuck", obs(state(ca.RootSwitching, 49*time.Hour, false), "", fleet(switching, "")), "ns/relay-root-tls-secret", Error,

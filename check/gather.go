@@ -87,7 +87,9 @@ type Config struct {
 	// RelayRootGrace is the server's relay root rotation grace (agent
 	// certificate lifetime + 2 x --relay-issuer-check-interval): a phase
 	// that waits on agents (AddingNewRoot, RemovingOldRoot) and lasts
-	// longer, or a Switching that lasts twice as long, is stuck. Default
+	// longer, or a Switching that lasts twice as long, is stuck. Used only
+	// when the rotation state does not record the grace of the server
+	// that decided it (a server older than that record); default
 	// DefaultRelayRootGrace.
 	RelayRootGrace time.Duration
 }

@@ -24,7 +24,7 @@ with --snapshot-store=redis, every replica reaches Redis);
 the relay CA (its roots, the issuing CA's generation, and a relay root
 rotation in progress: its phase, how long it has run, the agents that have
 not acknowledged the new root, those that refused it and why, and a
-rotation stuck past the server's default grace), agent certificates,
+rotation stuck past the grace the server recorded), agent certificates,
 per-mesh intermediates and VirtualMesh roots with days to expiry (warning
 under 30 days, error under 7; certificates the software renews are judged
 against their lifetime); every registered cluster's agent connected, no
