@@ -599,16 +599,8 @@ func TestDecodeCostBoundsAllocation(t *testing.T) {
 	}
 	shapes := hostileShapes(n)
 	for name, s := range shapes {
-		b, err := proto.Marshal(s)
-		require.NoError(t, err)
-		cost, err := decodeCost(b)
-		require.NoError(t, err)
-		allocated := allocatedBy(func() {
-			d := &relaypb.Snapshot{}
-			require.NoError(t, proto.Unmarshal(b, d))
-			runtime.KeepAlive(d)
-		})
-		t.Logf("%-20s %8d bytes: decoding allocates %9d, estimated %9d (%.2fx)", name, len(b), allocated, cost, float64(cost)/float64(allocated))
+		size, cost, allocated := decodeCostAndAllocation(t, s)
+		t.Logf("%-20s %8d bytes: decoding allocates %9d, estimated %9d (%.2fx)", name, size, allocated, cost, float64(cost)/float64(allocated))
 		assert.GreaterOrEqual(t, cost, int64(allocated), name)
 	}
 
@@ -628,17 +620,25 @@ func TestDecodeCostBoundsMapsOfEverySize(t *testing.T) {
 		step, largest = 13, 20000
 	}
 	for n := smallMapEntries + 1; n <= largest; n = n*step/10 + 1 {
-		b, err := proto.Marshal(&relaypb.Snapshot{Destinations: []*relaypb.Destination{{Labels: labelsOf(n)}}})
-		require.NoError(t, err)
-		cost, err := decodeCost(b)
-		require.NoError(t, err)
-		allocated := allocatedBy(func() {
-			d := &relaypb.Snapshot{}
-			require.NoError(t, proto.Unmarshal(b, d))
-			runtime.KeepAlive(d)
-		})
+		_, cost, allocated := decodeCostAndAllocation(t, &relaypb.Snapshot{Destinations: []*relaypb.Destination{{Labels: labelsOf(n)}}})
 		assert.GreaterOrEqual(t, cost, int64(allocated), "a map of %d entries: decoding allocates %d, estimated %d", n, allocated, cost)
 	}
+}
+
+// decodeCostAndAllocation encodes s and returns its size, decodeCost's
+// estimate and what decoding it allocates.
+func decodeCostAndAllocation(t *testing.T, s *relaypb.Snapshot) (size int, cost int64, allocated uint64) {
+	t.Helper()
+	b, err := proto.Marshal(s)
+	require.NoError(t, err)
+	cost, err = decodeCost(b)
+	require.NoError(t, err)
+	allocated = allocatedBy(func() {
+		d := &relaypb.Snapshot{}
+		require.NoError(t, proto.Unmarshal(b, d))
+		runtime.KeepAlive(d)
+	})
+	return len(b), cost, allocated
 }
 
 // hostileShapes are snapshots of about n elements each: an honest one, and

@@ -81,6 +81,23 @@ func halt(t *testing.T, p *proc) {
 	}
 }
 
+// restartAgentReady stops name's agent, starts it again (the restart
+// re-bootstrap prints) and waits until it is connected and ready with no
+// relay trust reason.
+func (w *world) restartAgentReady(name string) {
+	w.t.Helper()
+	halt(w.t, w.agents[name])
+	w.startAgent(name, time.Now)
+	w.waitConnected(name, true)
+	w.eventually(30*time.Second, name+" ready", func() (bool, string) {
+		errText, reason, err := w.agentReadyz(name)
+		if err != nil {
+			return false, err.Error()
+		}
+		return errText == "" && reason == "", errText
+	})
+}
+
 // TestRebootstrapRecoversAnAgentThatPinsARetiredRelayRoot runs a real
 // management server, a real agent and real local apiservers. The agent is
 // stopped; while it is, the server's relay root is replaced: its relay CA
@@ -218,17 +235,7 @@ func TestRebootstrapRecoversAnAgentThatPinsARetiredRelayRoot(t *testing.T) {
 	assert.Equal(t, before.Spec, after.Spec)
 
 	step("re-bootstrapped")
-	// The restart the command printed.
-	halt(t, w.agents[name])
-	w.startAgent(name, time.Now)
-	w.waitConnected(name, true)
-	w.eventually(30*time.Second, "the agent ready", func() (bool, string) {
-		errText, reason, err := w.agentReadyz(name)
-		if err != nil {
-			return false, err.Error()
-		}
-		return errText == "" && reason == "", errText
-	})
+	w.restartAgentReady(name) // the restart the command printed
 	step("reconnected")
 	now := w.cluster(name)
 	assert.Equal(t, before.Spec, now.Spec, "spec and grants kept")

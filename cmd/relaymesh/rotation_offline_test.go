@@ -409,16 +409,7 @@ func TestAgentsOfflineThroughARelayRootRotation(t *testing.T) {
 	assert.Equal(t, pre.ResourceVersion, w.cluster(b).ResourceVersion, "re-bootstrap does not write the KubernetesCluster")
 	assert.Equal(t, []string{newFP}, w.pinnedRoots(b), "re-bootstrap wrote the current root")
 	assert.Equal(t, mints[b]+1, w.tokenMints(b), "one token minted, for B")
-	halt(t, w.agents[b])
-	w.startAgent(b, time.Now)
-	w.waitConnected(b, true)
-	w.eventually(30*time.Second, "B ready", func() (bool, string) {
-		errText, reason, err := w.agentReadyz(b)
-		if err != nil {
-			return false, err.Error()
-		}
-		return errText == "" && reason == "", errText
-	})
+	w.restartAgentReady(b)
 	step("B re-bootstrapped and reconnected")
 	_, issuer = w.storedCert(b)
 	assert.NoError(t, issuer.CheckSignatureFrom(now[0]), "B's certificate is under the new root")
