@@ -63,6 +63,10 @@ func NewKubeTokenStore(client kubernetes.Interface, namespace string) (*KubeToke
 
 func secretName(id string) string { return tokenSecretPrefix + id }
 
+// TokenSecretName is the Secret that holds the record of token id in the
+// management cluster.
+func TokenSecretName(id string) string { return secretName(id) }
+
 // Create implements TokenStore.
 func (s *KubeTokenStore) Create(ctx context.Context, rec TokenRecord) error {
 	sec := &corev1.Secret{

@@ -137,7 +137,11 @@ func runRebootstrap(ctx context.Context, d deps, g *globals, f *rebootstrapFlags
 		return err
 	}
 	if err := bundle.WriteTo(ctx, remote.Typed); err != nil {
-		return fmt.Errorf("%w (the bootstrap token %s was minted but not delivered: it stays unused and expires %s; run the command again)", err, bundle.TokenID, bundle.ExpiresAt.Format(time.RFC3339))
+		if rerr := registration.RevokeToken(ctx, mgmt.Typed, g.namespace, bundle.TokenID); rerr != nil {
+			return fmt.Errorf("%w (the bootstrap token %s was minted but not delivered, and could not be revoked: %v; it expires %s — delete it with kubectl -n %s delete secret %s; then run the command again)",
+				err, bundle.TokenID, rerr, bundle.ExpiresAt.Format(time.RFC3339), g.namespace, identity.TokenSecretName(bundle.TokenID))
+		}
+		return fmt.Errorf("%w (the bootstrap token %s was minted but not delivered, and is revoked; run the command again)", err, bundle.TokenID)
 	}
 	fmt.Fprintf(d.stdout, "re-bootstrapped cluster %s: bootstrap token %s (single use, expires %s) and the current relay roots written to %s/%s and %s/%s in the workload cluster, the stale %s/%s removed; the KubernetesCluster is unchanged\n",
 		name, bundle.TokenID, bundle.ExpiresAt.Format(time.RFC3339), f.remoteNamespace, identity.TokenSecret, f.remoteNamespace, identity.RootSecret, f.remoteNamespace, identity.ClientSecret)

@@ -1,14 +1,18 @@
 package registration
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func TestRebootstrapRequestValidate(t *testing.T) {
@@ -58,4 +62,29 @@ func TestRebootstrapBundleHasOnlyTheSecrets(t *testing.T) {
 		assert.Equal(t, "Secret", s.Kind)
 		assert.Equal(t, "relaymesh", s.Labels["app.kubernetes.io/managed-by"])
 	}
+}
+
+// A token minted but not delivered is revoked: it no longer redeems, and
+// revoking one that is gone (redeemed, or revoked before) is no error.
+// Other tokens of the cluster stay.
+func TestRevokeTokenRemovesOnlyThatToken(t *testing.T) {
+	ctx := context.Background()
+	_, cs, _ := localcluster.Management(t, "relaymesh")
+	token, rec, err := MintToken(ctx, cs, "relaymesh", "cluster-1", time.Hour)
+	require.NoError(t, err)
+	other, _, err := MintToken(ctx, cs, "relaymesh", "cluster-1", time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, RevokeToken(ctx, cs, "relaymesh", rec.ID))
+	_, err = cs.CoreV1().Secrets("relaymesh").Get(ctx, identity.TokenSecretName(rec.ID), metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "the token's record is gone: %v", err)
+	store, err := identity.NewKubeTokenStore(cs, "relaymesh")
+	require.NoError(t, err)
+	tokens, err := identity.NewTokens(identity.TokensConfig{Store: store})
+	require.NoError(t, err)
+	_, err = tokens.Redeem(ctx, "cluster-1", token)
+	assert.Error(t, err, "a revoked token does not redeem")
+	require.NoError(t, RevokeToken(ctx, cs, "relaymesh", rec.ID), "revoked twice")
+	require.NoError(t, RevokeToken(ctx, cs, "relaymesh", strings.Repeat("a", len(rec.ID))), "never minted")
+	_, err = tokens.Redeem(ctx, "cluster-1", other)
+	assert.NoError(t, err, "the cluster's other token still redeems")
 }

@@ -347,6 +347,27 @@ func MintToken(ctx context.Context, mgmt kubernetes.Interface, namespace, cluste
 	return tokens.Mint(ctx, cluster, ttl)
 }
 
+// RevokeToken removes the unredeemed bootstrap token id of namespace (one
+// minted but not delivered), so that it cannot be redeemed later from
+// wherever part of it went; one already redeemed or gone is no error.
+func RevokeToken(ctx context.Context, mgmt kubernetes.Interface, namespace, id string) error {
+	store, err := identity.NewKubeTokenStore(mgmt, namespace)
+	if err != nil {
+		return err
+	}
+	rec, err := store.Get(ctx, id)
+	if errors.Is(err, identity.ErrTokenNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := store.Consume(ctx, rec); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("revoke bootstrap token %s: %w", id, err)
+	}
+	return nil
+}
+
 // Objects are the bundle as objects to apply: the namespace, the two
 // Secrets and the ConfigMap (if the bundle has one).
 func (b *Bundle) Objects() []runtime.Object {
