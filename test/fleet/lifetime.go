@@ -482,26 +482,19 @@ func Lifetime(ctx context.Context, cfg LifetimeConfig) (*LifetimeResult, error) 
 	r.MinRenewals = -1
 	for _, a := range f.agents {
 		st := a.State()
-		var why []string
 		if st.Refused != nil {
 			r.RefusedSessions++
-			why = append(why, fmt.Sprintf("session refused (%s)", status.Code(st.Refused)))
 		}
 		if st.TokenAsks > 0 {
 			r.ReBootstraps++
-			why = append(why, fmt.Sprintf("asked for a bootstrap token %d times (%s)", st.TokenAsks, st.LastCredentialError))
-		}
-		if !st.Connected {
-			since, _ := gl.openSince(st.Cluster)
-			why = append(why, fmt.Sprintf("no session at the end (since %s; last error %v)", time.Since(since).Round(time.Millisecond), st.LastError))
 		}
 		gl.mu.Lock()
 		gap := gl.maxGap[st.Cluster]
-		gl.mu.Unlock()
-		if gap > cfg.Reopen {
-			why = append(why, fmt.Sprintf("%s without a session", gap.Round(time.Millisecond)))
+		if since, ok := gl.ended[st.Cluster]; ok && !st.Connected {
+			gap = max(gap, time.Since(since))
 		}
-		if len(why) > 0 {
+		gl.mu.Unlock()
+		if why := lostReasons(st, gap, cfg.Reopen); len(why) > 0 {
 			r.Lost++
 			if len(r.LostExamples) < 5 {
 				r.LostExamples = append(r.LostExamples, st.Cluster+": "+strings.Join(why, "; "))
@@ -540,6 +533,27 @@ func Lifetime(ctx context.Context, cfg LifetimeConfig) (*LifetimeResult, error) 
 	r.LoadEnd = LoadAverage()
 	event("done: %d lost, %d refused Renews, %d re-bootstraps, %d agents pin the new root, %d agent renewals (fewest %d)", r.Lost, r.RefusedRenews, r.ReBootstraps, r.PinnedNewRoot, r.Renewals, r.MinRenewals)
 	return r, nil
+}
+
+// lostReasons says why an agent is lost (none: it is not), from its state
+// at the end and the longest it went without a session between two (or
+// since its last one ended): its session refused, its credential manager
+// asking for a token, no session now, or a gap longer than reopen.
+func lostReasons(st AgentState, gap, reopen time.Duration) []string {
+	var why []string
+	if st.Refused != nil {
+		why = append(why, fmt.Sprintf("session refused (%s)", status.Code(st.Refused)))
+	}
+	if st.TokenAsks > 0 {
+		why = append(why, fmt.Sprintf("asked for a bootstrap token %d times (%s)", st.TokenAsks, st.LastCredentialError))
+	}
+	if !st.Connected {
+		why = append(why, fmt.Sprintf("no session at the end (last error %v)", st.LastError))
+	}
+	if gap > reopen {
+		why = append(why, fmt.Sprintf("%s without a session", gap.Round(time.Millisecond)))
+	}
+	return why
 }
 
 func (cfg *LifetimeConfig) defaults() {

@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -55,4 +56,55 @@ func TestFleetLifetimeLosesNoAgentThroughRenewalsARootRotationAndAKill(t *testin
 	for _, rep := range r.Replica {
 		assert.Empty(t, rep.AuditError, "audit chain of %s", rep.Name)
 	}
+}
+
+// TestFleetAgentCredentialsRenewByThemselvesAndShowARefusal: agents whose
+// certificate the real credential manager keeps (what Lifetime counts on)
+// renew by themselves at identity.RenewalTime, over a new connection, and
+// keep their session; the server's refusal of a deregistered one shows in
+// its state, as Lifetime counts it.
+func TestFleetAgentCredentialsRenewByThemselvesAndShowARefusal(t *testing.T) {
+	ctx := context.Background()
+	env := startEnv(t)
+	srv, err := env.StartServer(ctx, "server", func(c *fleet.ServerConfig) { c.Args = []string{"--agent-cert-ttl", "1m"} })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.Stop() })
+	members, err := env.Mgmt.Register(ctx, fleet.ClusterNames("cred", 2), time.Hour, 2)
+	require.NoError(t, err)
+	roots, err := env.Mgmt.RelayRoots(ctx)
+	require.NoError(t, err)
+	rootsPEM, err := ca.RelayRootsPEM(ctx, env.Mgmt.Kube, env.Mgmt.Namespace)
+	require.NoError(t, err)
+	f, err := fleet.NewFleet(fleet.FleetConfig{Servers: []string{srv.Addr}, Roots: roots, Members: members,
+		Agent: fleet.AgentConfig{Credentials: &fleet.CredentialsConfig{RootsPEM: rootsPEM}}})
+	require.NoError(t, err)
+	f.Start(ctx)
+	t.Cleanup(f.Stop)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.NoError(t, f.Wait(wctx, "connected", fleet.Connected))
+	first := map[string]string{}
+	for _, st := range f.States() {
+		first[st.Cluster] = st.Serial
+		assert.NotEmpty(t, st.Pinned, "the pinned roots are known")
+	}
+	// A minute's certificate, backdated a minute, is renewed 8-20 s after
+	// it was issued.
+	rctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
+	require.NoError(t, f.Wait(rctx, "renewed", func(st fleet.AgentState) bool {
+		return st.Renewals >= 1 && st.Serial != first[st.Cluster] && st.Connected
+	}))
+	for _, st := range f.States() {
+		assert.Zero(t, st.TokenAsks, "%s: a renewing agent needs no token", st.Cluster)
+		assert.Equal(t, 1, st.Sessions, "%s: renewal does not touch the session", st.Cluster)
+	}
+
+	require.NoError(t, env.Mgmt.Deregister(ctx, []string{members[1].Cluster}, 1))
+	gone := f.Agent(members[1].Cluster)
+	eventually(t, 15*time.Second, "the deregistered agent refused", func() (bool, string) {
+		st := gone.State()
+		return st.Refused != nil && st.Done, fmt.Sprint(st.Refused)
+	})
+	assert.Nil(t, f.Agent(members[0].Cluster).State().Refused)
 }
