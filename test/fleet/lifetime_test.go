@@ -38,13 +38,26 @@ func TestFleetLifetimeLosesNoAgentThroughRenewalsARootRotationAndAKill(t *testin
 	assert.Zero(t, r.RefusedRenews, "Renew calls refused by a replica")
 	assert.Zero(t, r.ReBootstraps, "agents that needed a new token")
 	assert.GreaterOrEqual(t, r.IssuerRenewals, 2, "issuing CA renewals: %+v", r.Issuers)
+	var underOld, underNew bool
+	for i := 1; i < len(r.Issuers); i++ {
+		if r.Issuers[i].Root == r.Issuers[i-1].Root {
+			underOld = underOld || r.Issuers[i].Root == r.OldRoot
+			underNew = underNew || r.Issuers[i].Root == r.NewRoot
+		}
+	}
+	assert.True(t, underOld && underNew, "an issuing CA renewed under each root: %+v", r.Issuers)
 	assert.True(t, r.RotationDone, "rotation back at Idle under a new root: %v", r.Phases)
 	assert.NotEqual(t, r.OldRoot, r.NewRoot)
 	assert.Equal(t, []ca.RootPhase{ca.RootIdle, ca.RootAddingNew, ca.RootSwitching, ca.RootRemovingOld, ca.RootIdle}, r.Phases)
 	assert.Equal(t, ca.RootSwitching, r.KilledIn)
 	assert.True(t, r.KilledLeader)
 	assert.Positive(t, r.KilledSessions, "the killed Lease holder held sessions")
-	assert.Equal(t, r.Agents, r.PinnedNewRoot, "agents pinning the new root alone")
+	// Fails when an agent reconnecting for the New-only bundle (its
+	// session predates the switch) is disconnected at the moment the Lease
+	// holder decides RemovingOldRoot → Idle: it is then not waited for, and
+	// Idle offers no bundle, so it pins the old root beside the new one
+	// for good (seen in 1 of 2 runs; docs/design/2026-12-02-relay-root-rotation.md).
+	assert.Equal(t, r.Agents, r.PinnedNewRoot, "agents pinning the new root alone: %v", r.NotPinned)
 	// Each agent renewed by itself, under both roots: more than the two
 	// renewals a 60 s certificate needs across the rotation's grace.
 	assert.GreaterOrEqual(t, r.MinRenewals, 3, "the fewest renewals of one agent")
