@@ -198,8 +198,8 @@ type AgentState struct {
 	// now; BundlesPinned and BundlesRefused count the trust bundles stored
 	// and refused (BundlesStale those refused because the session predates
 	// them, after which the session reconnects); CredentialLog counts the
-	// manager's WARN and ERROR log lines by message, LastCredentialError
-	// is its latest error.
+	// manager's WARN and ERROR log lines by message and error;
+	// LastCredentialError is its latest error (a success clears it).
 	Renewals                                    int
 	TokenAsks                                   int
 	Pinned                                      string
@@ -947,7 +947,8 @@ func (t trustBundles) ApplyTrustBundle(ctx context.Context, rootsPEM []byte, fin
 }
 
 // countingHandler is the credential manager's slog.Handler: it counts WARN
-// and ERROR records by message and drops the rest.
+// and ERROR records by message and error (cut to 160 bytes; the manager
+// never logs a secret) and drops the rest.
 type countingHandler struct{ c *logCounts }
 
 type logCounts struct {
@@ -961,10 +962,26 @@ func (c *logCounts) snapshot() map[string]int {
 	return maps.Clone(c.byMsg)
 }
 
+// maxLogKeys bounds the distinct keys countingHandler keeps; the rest
+// are counted under their message alone.
+const maxLogKeys = 32
+
 func (h *countingHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
 func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	key := r.Level.String() + " " + r.Message
+	withErr := key
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "error" {
+			withErr = key + ": " + truncate(a.Value.String(), 160)
+			return false
+		}
+		return true
+	})
 	h.c.mu.Lock()
-	h.c.byMsg[r.Level.String()+" "+r.Message]++
+	if _, ok := h.c.byMsg[withErr]; ok || len(h.c.byMsg) < maxLogKeys {
+		key = withErr
+	}
+	h.c.byMsg[key]++
 	h.c.mu.Unlock()
 	return nil
 }

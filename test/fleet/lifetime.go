@@ -479,12 +479,11 @@ func Lifetime(ctx context.Context, cfg LifetimeConfig) (*LifetimeResult, error) 
 	}
 
 	// Judge every agent.
-	want := ca.TrustBundleFingerprint(nil)
-	if v, err := m.readCA(ctx); err == nil {
-		want = ca.TrustBundleFingerprint([]*x509.Certificate{v.current})
-	} else {
+	end, err := m.readCA(ctx)
+	if err != nil {
 		return r, err
 	}
+	want := ca.TrustBundleFingerprint([]*x509.Certificate{end.current})
 	r.MinRenewals = -1
 	for _, a := range f.agents {
 		st := a.State()

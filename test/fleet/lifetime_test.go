@@ -56,7 +56,7 @@ func TestFleetLifetimeLosesNoAgentThroughRenewalsARootRotationAndAKill(t *testin
 	// session predates the switch) is disconnected at the moment the Lease
 	// holder decides RemovingOldRoot → Idle: it is then not waited for, and
 	// Idle offers no bundle, so it pins the old root beside the new one
-	// for good (seen in 1 of 2 runs; docs/design/2026-12-02-relay-root-rotation.md).
+	// for good (seen in 2 of 3 runs; docs/design/2026-12-02-relay-root-rotation.md).
 	assert.Equal(t, r.Agents, r.PinnedNewRoot, "agents pinning the new root alone: %v", r.NotPinned)
 	// Each agent renewed by itself, under both roots: more than the two
 	// renewals a 60 s certificate needs across the rotation's grace.
