@@ -924,8 +924,21 @@ func (s *agentSecrets) Token(ctx context.Context) (string, error) {
 }
 
 // trustBundles is the session's agent.TrustBundleStore: the credential
-// manager's ApplyTrustBundle, counted.
+// manager's ApplyTrustBundle, counted, and its PinnedRootsFingerprint
+// (agent.PinnedRootsReporter, which Hello reports).
 type trustBundles struct{ a *Agent }
+
+var _ agent.PinnedRootsReporter = trustBundles{}
+
+func (t trustBundles) PinnedRootsFingerprint() string {
+	t.a.mu.Lock()
+	m := t.a.mgr
+	t.a.mu.Unlock()
+	if m == nil {
+		return ""
+	}
+	return m.PinnedRootsFingerprint()
+}
 
 func (t trustBundles) ApplyTrustBundle(ctx context.Context, rootsPEM []byte, fingerprint string, serverChain []*x509.Certificate) error {
 	t.a.mu.Lock()

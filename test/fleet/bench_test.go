@@ -33,7 +33,7 @@ var (
 	steadyFlag      = flag.Duration("fleet.steady", 20*time.Second, "steady window of BenchmarkFleetFailover")
 	lifetimeFlag    = flag.Int("fleet.lifetime-agents", 40, "agents in BenchmarkFleetLifetime")
 	lifetimeTTLFlag = flag.Duration("fleet.lifetime-agent-ttl", time.Minute, "--agent-cert-ttl in BenchmarkFleetLifetime")
-	lifetimeCAFlag  = flag.Duration("fleet.lifetime-issuer-ttl", 160*time.Second, "--relay-issuer-ttl in BenchmarkFleetLifetime (renewed at half its life)")
+	lifetimeCAFlag  = flag.Duration("fleet.lifetime-issuer-ttl", 240*time.Second, "--relay-issuer-ttl in BenchmarkFleetLifetime (renewed at 0.35 of its life)")
 	reportFlag      = flag.String("fleet.report", "", "write each benchmark's full result as JSON to this file prefix (<prefix>-<benchmark>.json)")
 )
 
@@ -218,7 +218,7 @@ func BenchmarkFleetFailover(b *testing.B) {
 // few minutes, e.g.
 //
 //	go test ./test/fleet -run '^$' -bench Lifetime -benchtime 1x -timeout 1h \
-//	  -fleet.lifetime-agents 1000 -fleet.lifetime-agent-ttl 5m -fleet.lifetime-issuer-ttl 12m
+//	  -fleet.lifetime-agents 1000 -fleet.lifetime-agent-ttl 5m -fleet.lifetime-issuer-ttl 20m
 func BenchmarkFleetLifetime(b *testing.B) {
 	env := startEnv(b)
 	var r *fleet.LifetimeResult
@@ -234,6 +234,7 @@ func BenchmarkFleetLifetime(b *testing.B) {
 	b.ReportMetric(float64(r.Agents), "agents")
 	b.ReportMetric(float64(r.Lost), "lost")
 	b.ReportMetric(float64(r.RefusedRenews), "refused-renews")
+	b.ReportMetric(float64(r.ThrottledRenews), "throttled-renews")
 	b.ReportMetric(float64(r.ReBootstraps), "re-bootstraps")
 	b.ReportMetric(float64(r.IssuerRenewals), "issuer-renewals")
 	b.ReportMetric(float64(r.Renewals), "agent-renewals")
@@ -243,6 +244,7 @@ func BenchmarkFleetLifetime(b *testing.B) {
 	// Reported first, then asserted: a failing run still leaves its numbers.
 	require.Zero(b, r.Lost, "agents lost: %v", r.LostExamples)
 	require.Zero(b, r.RefusedRenews)
+	require.Zero(b, r.ThrottledRenews, "%v", r.CredentialLog)
 	require.Zero(b, r.ReBootstraps)
 	require.True(b, r.RotationDone)
 	require.Equal(b, r.Agents, r.PinnedNewRoot)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/ca"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -43,10 +44,15 @@ type LifetimeConfig struct {
 	// backdated a minute, and the agent renews at 2/3 of the whole
 	// validity (identity.RenewalTime).
 	AgentCertTTL time.Duration
-	// IssuerTTL is --relay-issuer-ttl (default 160s) and IssuerRenewAt
-	// --relay-issuer-renew-at (default 0.5): the server refuses settings
-	// whose rest of life after the renewal point is shorter than
-	// AgentCertTTL + 2 × CheckInterval.
+	// IssuerTTL is --relay-issuer-ttl (default 240s) and IssuerRenewAt
+	// --relay-issuer-renew-at (default 0.35, a renewal every 84 s): the
+	// server refuses settings whose rest of life after the renewal point
+	// is shorter than AgentCertTTL + 2 × CheckInterval. The issuing CA
+	// staged under the new root at the rotation's start is not renewed
+	// before Idle, so IssuerTTL should leave it well over AgentCertTTL at
+	// the end of the rotation (which takes the grace and more); else agent
+	// certificates from it are clamped to its NotAfter, and each clamped
+	// one is due for renewal at once.
 	IssuerTTL     time.Duration
 	IssuerRenewAt float64
 	// CheckInterval is --relay-issuer-check-interval; default 2s.
@@ -128,8 +134,10 @@ type LifetimeResult struct {
 	// ReBootstraps the agents whose credential manager needed a new token
 	// (AgentState.TokenAsks > 0); RefusedRenews the Renew calls the
 	// replicas refused (their logs: "relay call refused" on Renew, or
-	// issuance failed on renew).
-	RefusedSessions, ReBootstraps, RefusedRenews int
+	// issuance failed on renew); ThrottledRenews the renewals the agents'
+	// credential managers saw refused for rate (ResourceExhausted: the
+	// server's per-cluster renewal limit), which they retry.
+	RefusedSessions, ReBootstraps, RefusedRenews, ThrottledRenews int
 	// Renewals counts the agents' certificate renewals, fleet-wide;
 	// MinRenewals is the fewest of one agent.
 	Renewals, MinRenewals int
@@ -521,6 +529,9 @@ func Lifetime(ctx context.Context, cfg LifetimeConfig) (*LifetimeResult, error) 
 		r.Regressions += st.Regressions
 		for k, n := range st.CredentialLog {
 			r.CredentialLog[k] += n
+			if strings.Contains(k, "code = "+codes.ResourceExhausted.String()) {
+				r.ThrottledRenews += n
+			}
 		}
 	}
 	gl.mu.Lock()
@@ -539,8 +550,8 @@ func Lifetime(ctx context.Context, cfg LifetimeConfig) (*LifetimeResult, error) 
 	}
 	r.Wall = time.Since(t0)
 	r.LoadEnd = LoadAverage()
-	event("done: %d lost, %d refused Renews, %d re-bootstraps, %d of %d agents pin the new root alone %v, %d agent renewals (fewest %d)",
-		r.Lost, r.RefusedRenews, r.ReBootstraps, r.PinnedNewRoot, r.Agents, r.NotPinned, r.Renewals, r.MinRenewals)
+	event("done: %d lost, %d refused Renews (%d throttled), %d re-bootstraps, %d of %d agents pin the new root alone %v, %d agent renewals (fewest %d)",
+		r.Lost, r.RefusedRenews, r.ThrottledRenews, r.ReBootstraps, r.PinnedNewRoot, r.Agents, r.NotPinned, r.Renewals, r.MinRenewals)
 	return r, nil
 }
 
@@ -576,10 +587,10 @@ func (cfg *LifetimeConfig) defaults() {
 		cfg.AgentCertTTL = 60 * time.Second
 	}
 	if cfg.IssuerTTL == 0 {
-		cfg.IssuerTTL = 160 * time.Second
+		cfg.IssuerTTL = 240 * time.Second
 	}
 	if cfg.IssuerRenewAt == 0 {
-		cfg.IssuerRenewAt = 0.5
+		cfg.IssuerRenewAt = 0.35
 	}
 	if cfg.CheckInterval == 0 {
 		cfg.CheckInterval = 2 * time.Second

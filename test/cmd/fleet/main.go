@@ -7,7 +7,7 @@
 //	go run ./test/cmd/fleet config -clusters 100 -edits 5
 //	go run ./test/cmd/fleet snapshot
 //	go run ./test/cmd/fleet failover -agents 1000 -replicas 3
-//	go run ./test/cmd/fleet lifetime -agents 1000 -agent-cert-ttl 5m -issuer-ttl 12m
+//	go run ./test/cmd/fleet lifetime -agents 1000 -agent-cert-ttl 5m -issuer-ttl 20m
 //
 // Each run starts its own management cluster (etcd and a kube-apiserver
 // from `make tools`) and server, and stops them at the end; -dir keeps
@@ -200,8 +200,8 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 		replicas := fs.Int("replicas", 3, "server replicas (at least 2)")
 		perSecond := fs.Float64("per-second", 20, "agents started a second")
 		agentTTL := fs.Duration("agent-cert-ttl", time.Minute, "the replicas' --agent-cert-ttl")
-		issuerTTL := fs.Duration("issuer-ttl", 160*time.Second, "the replicas' --relay-issuer-ttl")
-		renewAt := fs.Float64("issuer-renew-at", 0.5, "the replicas' --relay-issuer-renew-at")
+		issuerTTL := fs.Duration("issuer-ttl", 240*time.Second, "the replicas' --relay-issuer-ttl")
+		renewAt := fs.Float64("issuer-renew-at", 0.35, "the replicas' --relay-issuer-renew-at")
 		check := fs.Duration("check-interval", 2*time.Second, "the replicas' --relay-issuer-check-interval")
 		grace := fs.Duration("root-grace", 0, "the replicas' --relay-root-grace (0: the server's default, the agent certificate lifetime + 2 checks)")
 		renewals := fs.Int("renewals", 2, "issuing-CA renewals to see")
