@@ -10,14 +10,19 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/relaymesh/relaymesh/agent"
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/identity/identitytest"
 	"github.com/relaymesh/relaymesh/internal/backoff"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -78,6 +83,29 @@ type AgentConfig struct {
 	KeepOutputs int
 	// Hooks are called on the agent's goroutines; they must not block.
 	Hooks Hooks
+	// Credentials, when set, hands the certificate Bootstrap gave to the
+	// real agent's credential manager (identity.Manager over an in-memory
+	// identity.AgentSecrets holding the pinned roots and that certificate,
+	// no token), as the agent process finds it after a restart: the
+	// manager renews it at identity.RenewalTime over a new connection, the
+	// session presents its newest certificate (Manager.ClientTLS), relay
+	// trust bundles go through Manager.ApplyTrustBundle (stored beside the
+	// roots pinned before, pinned for new connections) and the session
+	// acknowledges them, and a refused certificate goes to
+	// Manager.Refused, after which it needs a token (counted in
+	// AgentState.TokenAsks). Unset, the agent keeps its certificate itself
+	// and renews only when told (Renew).
+	Credentials *CredentialsConfig
+}
+
+// CredentialsConfig configures an agent's credential manager.
+type CredentialsConfig struct {
+	// RootsPEM are the pinned relay roots as relay-root-tls-secret ca.crt
+	// holds them (the same roots as AgentConfig.Roots). Required.
+	RootsPEM []byte
+	// Retry is the manager's backoff after a failed step; default its own
+	// (1s..1m).
+	Retry backoff.Policy
 }
 
 // Hooks observe an agent. Every field is optional.
@@ -162,6 +190,22 @@ type AgentState struct {
 	LastError error
 	// Done: Run returned.
 	Done bool
+
+	// With Credentials only. Renewals counts the manager's renewals;
+	// TokenAsks how often it asked for a bootstrap token (it does only
+	// when it holds no usable certificate: one refused or expired); Pinned
+	// is the fingerprint (ca.TrustBundleFingerprint) of the roots it pins
+	// now; BundlesPinned and BundlesRefused count the trust bundles stored
+	// and refused (BundlesStale those refused because the session predates
+	// them, after which the session reconnects); CredentialLog counts the
+	// manager's WARN and ERROR log lines by message and error;
+	// LastCredentialError is its latest error (a success clears it).
+	Renewals                                    int
+	TokenAsks                                   int
+	Pinned                                      string
+	BundlesPinned, BundlesRefused, BundlesStale int
+	CredentialLog                               map[string]int
+	LastCredentialError                         string
 }
 
 // ErrNoSession is returned by Renew while no session is open.
@@ -191,6 +235,11 @@ type Agent struct {
 	raw     map[*trackedConn]struct{}
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// mgr keeps the credential after Bootstrap when Credentials is set;
+	// secrets is its store, mgrLog what it logged.
+	mgr     *identity.Manager
+	secrets *agentSecrets
+	mgrLog  *countingHandler
 }
 
 // NewAgent checks cfg and returns an agent; call Start.
@@ -213,6 +262,11 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	if cfg.Roots == nil {
 		errs = append(errs, errors.New("roots: required"))
 	}
+	if cfg.Credentials != nil {
+		if _, err := ca.ParseTrustBundle(cfg.Credentials.RootsPEM); err != nil {
+			errs = append(errs, fmt.Errorf("credentials.rootsPEM: %w", err))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("fleet agent config: %w", err)
 	}
@@ -234,12 +288,17 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	if cfg.Version == "" {
 		cfg.Version = "fleet"
 	}
-	return &Agent{
+	a := &Agent{
 		cfg: cfg, snap: make(chan struct{}, 1), snapshot: cfg.Snapshot,
 		state:   AgentState{Cluster: cfg.Cluster},
 		server:  cfg.FirstServer % len(cfg.Servers),
 		applied: map[string]appliedObject{}, raw: map[*trackedConn]struct{}{}, sentAt: map[string]time.Time{},
-	}, nil
+	}
+	if cfg.Credentials != nil {
+		a.secrets = &agentSecrets{MemAgentSecrets: identitytest.NewMemAgentSecrets(cfg.Credentials.RootsPEM, "")}
+		a.mgrLog = &countingHandler{c: &logCounts{byMsg: map[string]int{}}}
+	}
+	return a, nil
 }
 
 // Cluster is the agent's cluster.
@@ -324,6 +383,19 @@ func (a *Agent) State() AgentState {
 	if a.session != nil {
 		st.PushError = a.session.State().PushError
 	}
+	if a.mgr != nil {
+		ms := a.mgr.Status()
+		st.Serial, st.Renewals, st.LastCredentialError = ms.Serial, ms.Renewals, ms.LastError
+	}
+	if a.secrets != nil {
+		st.TokenAsks = int(a.secrets.tokenAsks.Load())
+		if roots, err := a.secrets.Roots(context.Background()); err == nil {
+			if certs, err := ca.ParseTrustBundle(roots); err == nil {
+				st.Pinned = ca.TrustBundleFingerprint(certs)
+			}
+		}
+		st.CredentialLog = a.mgrLog.c.snapshot()
+	}
 	return st
 }
 
@@ -385,10 +457,20 @@ func (a *Agent) run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	tlsConfig := a.clientTLS
+	var bundles agent.TrustBundleStore
+	if a.cfg.Credentials != nil {
+		m, done, err := a.startManager(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { cancel(); <-done }()
+		tlsConfig, bundles = m.ClientTLS, trustBundles{a}
+	}
 	cfg := agent.SessionConfig{
 		ServerAddress: strings.Join(a.cfg.Servers, ","), Version: a.cfg.Version,
 		PingInterval: a.cfg.PingInterval, Retry: a.cfg.SessionRetry,
-		TLS:          a.clientTLS,
+		TLS: tlsConfig, TrustBundles: bundles, Cluster: a.cfg.Cluster,
 		Dialer:       a.dialTCP,
 		FirstReplica: func(n int) int { return a.cfg.FirstServer % n },
 		Applier:      applier{a},
@@ -398,7 +480,11 @@ func (a *Agent) run(ctx context.Context) error {
 			a.mu.Lock()
 			a.state.Refused = err
 			a.cert = nil
+			m := a.mgr
 			a.mu.Unlock()
+			if m != nil {
+				m.Refused(err)
+			}
 			cancel()
 		},
 		Hooks: agent.SessionHooks{Opened: a.opened, Ended: a.ended, Sent: a.sent, PushAnswered: a.pushAnswered, Received: a.received, Acked: a.acked},
@@ -571,6 +657,16 @@ func (a *Agent) bootstrapOnce(ctx context.Context) error {
 		return err
 	}
 	a.bootKey, a.bootCSR = nil, nil
+	if a.secrets != nil {
+		// What the agent process stores after Bootstrap, for its manager.
+		block, err := pemutil.Serialize(key)
+		if err != nil {
+			return err
+		}
+		if err := a.secrets.SaveCredential(ctx, resp.GetCertificateChain(), pem.EncodeToMemory(block), a.cfg.Credentials.RootsPEM); err != nil {
+			return err
+		}
+	}
 	now := time.Now()
 	a.mu.Lock()
 	a.cert = cert
@@ -788,3 +884,119 @@ func (a *Agent) apply(set *relaypb.OutputSet) []*relaypb.ObjectResult {
 	a.mu.Unlock()
 	return results
 }
+
+// startManager starts the agent's credential manager on the certificate
+// Bootstrap stored and waits until it loaded it; done is closed when the
+// manager stopped (with ctx).
+func (a *Agent) startManager(ctx context.Context) (*identity.Manager, <-chan struct{}, error) {
+	m, err := identity.NewManager(identity.ManagerConfig{
+		Cluster: a.cfg.Cluster, ServerAddress: strings.Join(a.cfg.Servers, ","), ServerName: a.serverName(),
+		Secrets: a.secrets, Version: a.cfg.Version, Logger: slog.New(a.mgrLog), Retry: a.cfg.Credentials.Retry, CallTimeout: a.cfg.CallTimeout,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = m.Run(ctx) }()
+	select {
+	case <-m.Ready():
+	case <-ctx.Done():
+		<-done
+		return nil, nil, ctx.Err()
+	}
+	a.mu.Lock()
+	a.mgr = m
+	a.mu.Unlock()
+	return m, done, nil
+}
+
+// agentSecrets is the credential manager's store: in memory, with no
+// token after Bootstrap, counting how often the manager asks for one (it
+// does only when it holds no usable certificate).
+type agentSecrets struct {
+	*identitytest.MemAgentSecrets
+	tokenAsks atomic.Int64
+}
+
+func (s *agentSecrets) Token(ctx context.Context) (string, error) {
+	s.tokenAsks.Add(1)
+	return s.MemAgentSecrets.Token(ctx)
+}
+
+// trustBundles is the session's agent.TrustBundleStore: the credential
+// manager's ApplyTrustBundle, counted, and its PinnedRootsFingerprint
+// (agent.PinnedRootsReporter, which Hello reports).
+type trustBundles struct{ a *Agent }
+
+var _ agent.PinnedRootsReporter = trustBundles{}
+
+func (t trustBundles) PinnedRootsFingerprint() string {
+	t.a.mu.Lock()
+	m := t.a.mgr
+	t.a.mu.Unlock()
+	if m == nil {
+		return ""
+	}
+	return m.PinnedRootsFingerprint()
+}
+
+func (t trustBundles) ApplyTrustBundle(ctx context.Context, rootsPEM []byte, fingerprint string, serverChain []*x509.Certificate) error {
+	t.a.mu.Lock()
+	m := t.a.mgr
+	t.a.mu.Unlock()
+	err := m.ApplyTrustBundle(ctx, rootsPEM, fingerprint, serverChain)
+	var stale interface{ NeedsNewSession() bool }
+	t.a.mu.Lock()
+	switch {
+	case err == nil:
+		t.a.state.BundlesPinned++
+	case errors.As(err, &stale) && stale.NeedsNewSession():
+		t.a.state.BundlesStale++
+	default:
+		t.a.state.BundlesRefused++
+	}
+	t.a.mu.Unlock()
+	return err
+}
+
+// countingHandler is the credential manager's slog.Handler: it counts WARN
+// and ERROR records by message and error (cut to 160 bytes; the manager
+// never logs a secret) and drops the rest.
+type countingHandler struct{ c *logCounts }
+
+type logCounts struct {
+	mu    sync.Mutex
+	byMsg map[string]int
+}
+
+func (c *logCounts) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.byMsg)
+}
+
+// maxLogKeys bounds the distinct keys countingHandler keeps; the rest
+// are counted under their message alone.
+const maxLogKeys = 32
+
+func (h *countingHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	key := r.Level.String() + " " + r.Message
+	withErr := key
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "error" {
+			withErr = key + ": " + truncate(a.Value.String(), 160)
+			return false
+		}
+		return true
+	})
+	h.c.mu.Lock()
+	if _, ok := h.c.byMsg[withErr]; ok || len(h.c.byMsg) < maxLogKeys {
+		key = withErr
+	}
+	h.c.byMsg[key]++
+	h.c.mu.Unlock()
+	return nil
+}
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler      { return h }

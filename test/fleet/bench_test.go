@@ -31,6 +31,9 @@ var (
 	backendsFlag    = flag.String("fleet.backends", "relaymesh,cfssl,step-ca,step-ca-badgerv2,x509", "issuance back ends")
 	failoverFlag    = flag.Int("fleet.failover-agents", 100, "agents in BenchmarkFleetFailover")
 	steadyFlag      = flag.Duration("fleet.steady", 20*time.Second, "steady window of BenchmarkFleetFailover")
+	lifetimeFlag    = flag.Int("fleet.lifetime-agents", 40, "agents in BenchmarkFleetLifetime")
+	lifetimeTTLFlag = flag.Duration("fleet.lifetime-agent-ttl", time.Minute, "--agent-cert-ttl in BenchmarkFleetLifetime")
+	lifetimeCAFlag  = flag.Duration("fleet.lifetime-issuer-ttl", 240*time.Second, "--relay-issuer-ttl in BenchmarkFleetLifetime (renewed at 0.35 of its life)")
 	reportFlag      = flag.String("fleet.report", "", "write each benchmark's full result as JSON to this file prefix (<prefix>-<benchmark>.json)")
 )
 
@@ -205,4 +208,46 @@ func BenchmarkFleetFailover(b *testing.B) {
 	for _, rep := range r.Replica {
 		require.Empty(b, rep.AuditError, "audit chain of %s", rep.Name)
 	}
+}
+
+// BenchmarkFleetLifetime: -fleet.lifetime-agents agents with the real
+// credential manager on 3 replicas whose agent certificates live
+// -fleet.lifetime-agent-ttl and issuing CA -fleet.lifetime-issuer-ttl,
+// through two issuing-CA renewals and a relay root rotation with the Lease
+// holder SIGKILLed in Switching. At 1,000 agents give the certificates a
+// few minutes, e.g.
+//
+//	go test ./test/fleet -run '^$' -bench Lifetime -benchtime 1x -timeout 1h \
+//	  -fleet.lifetime-agents 1000 -fleet.lifetime-agent-ttl 5m -fleet.lifetime-issuer-ttl 20m
+func BenchmarkFleetLifetime(b *testing.B) {
+	env := startEnv(b)
+	var r *fleet.LifetimeResult
+	for b.Loop() {
+		var err error
+		r, err = fleet.Lifetime(context.Background(), fleet.LifetimeConfig{Options: options(b, env), Agents: *lifetimeFlag,
+			AgentCertTTL: *lifetimeTTLFlag, IssuerTTL: *lifetimeCAFlag, Timeout: time.Hour})
+		if r != nil {
+			report(b, r)
+		}
+		require.NoError(b, err)
+	}
+	b.ReportMetric(float64(r.Agents), "agents")
+	b.ReportMetric(float64(r.Lost), "lost")
+	b.ReportMetric(float64(r.RefusedRenews), "refused-renews")
+	b.ReportMetric(float64(r.ThrottledRenews), "throttled-renews")
+	b.ReportMetric(float64(r.ReBootstraps), "re-bootstraps")
+	b.ReportMetric(float64(r.IssuerRenewals), "issuer-renewals")
+	b.ReportMetric(float64(r.Renewals), "agent-renewals")
+	b.ReportMetric(float64(r.KilledSessions), "sessions-on-killed")
+	b.ReportMetric(ms(r.MaxGap), "ms-max-gap")
+	b.ReportMetric(r.Wall.Seconds(), "s-wall")
+	// Reported first, then asserted: a failing run still leaves its numbers.
+	require.Zero(b, r.Lost, "agents lost: %v", r.LostExamples)
+	require.Zero(b, r.RefusedRenews)
+	require.Zero(b, r.ThrottledRenews, "%v", r.CredentialLog)
+	require.Zero(b, r.ReBootstraps)
+	require.True(b, r.RotationDone)
+	require.Equal(b, r.Agents, r.PinnedNewRoot)
+	require.GreaterOrEqual(b, r.IssuerRenewals, 2)
+	require.Empty(b, r.Leaks)
 }

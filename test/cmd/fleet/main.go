@@ -7,6 +7,7 @@
 //	go run ./test/cmd/fleet config -clusters 100 -edits 5
 //	go run ./test/cmd/fleet snapshot
 //	go run ./test/cmd/fleet failover -agents 1000 -replicas 3
+//	go run ./test/cmd/fleet lifetime -agents 1000 -agent-cert-ttl 5m -issuer-ttl 20m
 //
 // Each run starts its own management cluster (etcd and a kube-apiserver
 // from `make tools`) and server, and stops them at the end; -dir keeps
@@ -33,6 +34,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/test/fleet"
 )
 
@@ -45,6 +47,7 @@ Scenarios:
   config    issue 21: mirror, policy edit reaching every agent, deregistration
   snapshot  the largest snapshot an agent can send
   failover  issue 22: SIGKILL the busiest replica, then the Lease holder; time until their agents resync
+  lifetime  issue 30: issuing-CA renewals and a relay root rotation in minutes, the Lease holder killed mid-rotation
 
 Flags:
 `
@@ -192,8 +195,27 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 			return fleet.Failover(ctx, fleet.FailoverConfig{Options: o, Agents: *agents, Replicas: *replicas, PerSecond: *perSecond,
 				Steady: *steady, Window: *window, Timeout: *timeout})
 		}
+	case "lifetime":
+		agents := fs.Int("agents", 40, "fleet size")
+		replicas := fs.Int("replicas", 3, "server replicas (at least 2)")
+		perSecond := fs.Float64("per-second", 20, "agents started a second")
+		agentTTL := fs.Duration("agent-cert-ttl", time.Minute, "the replicas' --agent-cert-ttl")
+		issuerTTL := fs.Duration("issuer-ttl", 240*time.Second, "the replicas' --relay-issuer-ttl")
+		renewAt := fs.Float64("issuer-renew-at", 0.35, "the replicas' --relay-issuer-renew-at")
+		check := fs.Duration("check-interval", 2*time.Second, "the replicas' --relay-issuer-check-interval")
+		grace := fs.Duration("root-grace", 0, "the replicas' --relay-root-grace (0: the server's default, the agent certificate lifetime + 2 checks)")
+		renewals := fs.Int("renewals", 2, "issuing-CA renewals to see")
+		killIn := fs.String("kill-in", "Switching", "rotation phase in which the Lease holder is killed (AddingNewRoot, Switching or RemovingOldRoot)")
+		killAfter := fs.Duration("kill-after", 5*time.Second, "how long into that phase")
+		reopen := fs.Duration("reopen", time.Minute, "an agent longer than this without a session counts as lost")
+		timeout := fs.Duration("timeout", 30*time.Minute, "bound on the run from the fleet's start")
+		f = func(ctx context.Context, o fleet.Options) (any, error) {
+			return fleet.Lifetime(ctx, fleet.LifetimeConfig{Options: o, Agents: *agents, Replicas: *replicas, PerSecond: *perSecond,
+				AgentCertTTL: *agentTTL, IssuerTTL: *issuerTTL, IssuerRenewAt: *renewAt, CheckInterval: *check, RootGrace: *grace,
+				Renewals: *renewals, KillIn: ca.RootPhase(*killIn), KillAfter: *killAfter, Reopen: *reopen, Timeout: *timeout})
+		}
 	default:
-		return nil, fmt.Errorf("unknown scenario %q: want storm, issuance, idle, config, snapshot or failover", name)
+		return nil, fmt.Errorf("unknown scenario %q: want storm, issuance, idle, config, snapshot, failover or lifetime", name)
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
