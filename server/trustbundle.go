@@ -40,7 +40,7 @@ type bundleDelivery struct {
 	src     TrustBundleSource
 	cluster string
 	can     bool
-	pinned  string // fingerprint of the roots the agent pinned at Hello ("" unknown)
+	pinned  string // fingerprint of the roots the agent pinned at Hello; "" once compared, or unknown
 	sent    string // fingerprint last sent
 }
 
@@ -68,6 +68,9 @@ func isFingerprint(fp string) bool {
 // rotation an agent whose Hello reported other roots than the replica
 // serves under gets those: it was away when the rotation delivered its
 // last bundle, and would pin the retired root until the next rotation.
+// That comparison is made once per session, at its first offer outside a
+// rotation, not at every ping: a later rotation reaches the session
+// through Current.
 func (d *bundleDelivery) offer(stream relaypb.Relay_ConnectServer) error {
 	if d.src == nil || !d.can {
 		return nil
@@ -77,6 +80,7 @@ func (d *bundleDelivery) offer(stream relaypb.Relay_ConnectServer) error {
 		if sv := d.src.Serving(); sv != nil && sv.GetFingerprint() != d.pinned {
 			b = sv
 		}
+		d.pinned = ""
 	}
 	if b == nil || b.GetFingerprint() == d.sent {
 		return nil

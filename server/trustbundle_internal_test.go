@@ -11,11 +11,15 @@ import (
 
 type recordingSource struct {
 	current, serving *relaypb.TrustBundle
+	servingAsked     int
 	acks             []*relaypb.TrustBundleAck
 }
 
 func (r *recordingSource) Current() *relaypb.TrustBundle { return r.current }
-func (r *recordingSource) Serving() *relaypb.TrustBundle { return r.serving }
+func (r *recordingSource) Serving() *relaypb.TrustBundle {
+	r.servingAsked++
+	return r.serving
+}
 func (r *recordingSource) Acknowledged(_ string, _ bool, a *relaypb.TrustBundleAck) {
 	r.acks = append(r.acks, a)
 }
@@ -97,7 +101,8 @@ func TestBundleOfferedToAnAgentPinningOtherRootsOutsideARotation(t *testing.T) {
 		{"during a rotation", rotation, &relaypb.Hello{TrustBundles: true, PinnedRootsFingerprint: serving.GetFingerprint()}, rotation},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &Server{cfg: ServerConfig{TrustBundles: &recordingSource{current: tc.current, serving: serving}}}
+			src := &recordingSource{current: tc.current, serving: serving}
+			s := &Server{cfg: ServerConfig{TrustBundles: src}}
 			d, err := s.newBundleDelivery("c1", tc.hello)
 			if err != nil {
 				t.Fatal(err)
@@ -113,6 +118,9 @@ func TestBundleOfferedToAnAgentPinningOtherRootsOutsideARotation(t *testing.T) {
 				t.Fatalf("sent %v, want nothing", st.sent)
 			case tc.want != nil && (len(st.sent) != 1 || st.sent[0].GetTrustBundle().GetFingerprint() != tc.want.GetFingerprint()):
 				t.Fatalf("sent %v, want the bundle %s once", st.sent, tc.want.GetFingerprint())
+			}
+			if src.servingAsked > 1 {
+				t.Fatalf("the serving roots were compared %d times in one session: once is enough, not at every ping", src.servingAsked)
 			}
 		})
 	}

@@ -24,21 +24,23 @@ import (
 	"k8s.io/client-go/dynamic"
 )
 
-// strandedVirtualMesh federates the one mesh of cluster-1 with a global
-// deny, so the agent applies a cacerts Secret and an AuthorizationPolicy.
-const strandedVirtualMesh = `apiVersion: networking.relaymesh.io/v1alpha1
+// federatingVirtualMesh federates the one mesh of a cluster with a global
+// deny, so its agent applies a cacerts Secret and AuthorizationPolicies.
+func federatingVirtualMesh(cluster string) string {
+	return fmt.Sprintf(`apiVersion: networking.relaymesh.io/v1alpha1
 kind: VirtualMesh
-metadata: {name: stranded, namespace: relaymesh}
+metadata: {name: vm-%[1]s, namespace: relaymesh}
 spec:
   meshes:
-  - {clusterName: cluster-1, namespace: istio-system, name: istiod}
+  - {clusterName: %[1]s, namespace: istio-system, name: istiod}
   mtls:
     shared:
       rootCA:
         generated: {ttl: 87600h}
       intermediateOptions: {ttl: 8760h}
   globalAccessPolicy: Enabled
-`
+`, cluster)
+}
 
 // agentReadyz is the agent's /readyz: its error and its session's relay
 // trust reason.
@@ -129,7 +131,7 @@ func TestRebootstrapRecoversAnAgentThatPinsARetiredRelayRoot(t *testing.T) {
 	w.mustRelaymesh("cluster", "register", name, "--mgmt-context", "mgmt", "--remote-context", name, "--server-address", w.relayAddr)
 	w.startAgent(name, time.Now)
 	w.waitConnected(name, true)
-	_, err = w.env.Cluster("mgmt").Apply(w.ctx, "test", []byte(strandedVirtualMesh))
+	_, err = w.env.Cluster("mgmt").Apply(w.ctx, "test", []byte(federatingVirtualMesh(name)))
 	require.NoError(t, err)
 	step("registered, connected, VirtualMesh applied")
 	cacerts := w.cacerts(name)

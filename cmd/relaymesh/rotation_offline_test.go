@@ -35,24 +35,6 @@ const (
 	offlineGrace    = offlineAgentTTL + 2*offlineCheck
 )
 
-// rotationVirtualMesh federates the one mesh of a cluster with a global
-// deny, so its agent applies a cacerts Secret and AuthorizationPolicies.
-func rotationVirtualMesh(cluster string) string {
-	return fmt.Sprintf(`apiVersion: networking.relaymesh.io/v1alpha1
-kind: VirtualMesh
-metadata: {name: vm-%[1]s, namespace: relaymesh}
-spec:
-  meshes:
-  - {clusterName: %[1]s, namespace: istio-system, name: istiod}
-  mtls:
-    shared:
-      rootCA:
-        generated: {ttl: 87600h}
-      intermediateOptions: {ttl: 8760h}
-  globalAccessPolicy: Enabled
-`, cluster)
-}
-
 // relayRotation is `relaymesh ca relay rotate status -o json`.
 func (w *world) relayRotation() ca.RootRotationStatus {
 	w.t.Helper()
@@ -237,7 +219,7 @@ func TestAgentsOfflineThroughARelayRootRotation(t *testing.T) {
 	}
 	for _, name := range all {
 		w.waitConnected(name, true)
-		_, err = w.env.Cluster("mgmt").Apply(w.ctx, "test", []byte(rotationVirtualMesh(name)))
+		_, err = w.env.Cluster("mgmt").Apply(w.ctx, "test", []byte(federatingVirtualMesh(name)))
 		require.NoError(t, err)
 	}
 	cacerts := map[string]map[string][]byte{}

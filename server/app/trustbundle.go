@@ -57,8 +57,9 @@ type ackRecord struct {
 // relay root rotation the bundle is the roots the replica loaded (in every
 // phase they are the roots agents must pin); outside one, only an agent
 // whose Hello reported other pinned roots gets the roots the replica
-// serves under (it was away when the rotation's last bundle went out). Acknowledgements are written on the clusters' KubernetesClusters
-// by one goroutine, at most once per cluster and answer.
+// serves under (it was away when the rotation's last bundle went out).
+// Acknowledgements are written on the clusters' KubernetesClusters by one
+// goroutine, at most once per cluster and answer.
 type trustBundles struct {
 	roots     rotationRoots
 	client    dynamic.Interface
