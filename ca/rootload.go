@@ -117,10 +117,23 @@ func loadRotationView(root *corev1.Secret, rc *RelayCA, current Signer, now time
 		}
 		v.crossIssued = c
 	}
+	accepted := func(c *x509.Certificate) bool {
+		return slices.ContainsFunc(v.roots, func(r *x509.Certificate) bool { return c.CheckSignatureFrom(r) == nil })
+	}
 	for _, s := range []Signer{current, stagedSigner} {
-		issuer := s.Chain()[0]
-		if s != v.issue && slices.ContainsFunc(v.roots, func(r *x509.Certificate) bool { return issuer.CheckSignatureFrom(r) == nil }) {
+		if issuer := s.Chain()[0]; s != v.issue && accepted(issuer) {
 			v.otherIssuers = append(v.otherIssuers, issuer)
+		}
+	}
+	// The staged root's issuing CAs that a renewal replaced, while the
+	// staged root is accepted and they are valid.
+	prev, err := stagedPrevious(root, staged)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range prev {
+		if now.Before(c.NotAfter) && accepted(c) {
+			v.otherIssuers = append(v.otherIssuers, c)
 		}
 	}
 	return v, nil

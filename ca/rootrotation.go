@@ -58,6 +58,12 @@ const (
 	// RootActClearRequest removes the operator's request: it was acted on
 	// or refused (the decision's Refused says why).
 	RootActClearRequest RootAction = "ClearRequest"
+	// RootActRenewStagedIssuer signs a new issuing CA under the staged
+	// root, like the issuing-CA renewal does under the current one. Once
+	// the staged root issues (Switching on), the issuing CA it replaces
+	// stays accepted until its NotAfter, and moves to the previous issuing
+	// CAs when the staged root becomes the root.
+	RootActRenewStagedIssuer RootAction = "RenewStagedIssuer"
 )
 
 // ErrRootRotationState marks a persisted rotation state that makes no
@@ -171,6 +177,11 @@ type RootObservations struct {
 	RootNotBefore, RootNotAfter time.Time
 	// Staged is the fingerprint of a staged new root, if there is one.
 	Staged string
+	// StagedIssuerDue: the staged root's issuing CA is past its renewal
+	// time (IssuerRenewalTime). StagedIssuersKept is how many issuing CAs
+	// it replaced are still kept (unexpired).
+	StagedIssuerDue   bool
+	StagedIssuersKept int
 	// LoadedRevision is the lowest revision a live replica loaded.
 	LoadedRevision int
 	// Agents are the registered clusters' agents.
@@ -222,6 +233,8 @@ type RootDecision struct {
 	Blocking []string
 	// Refused says why an operator's request was refused.
 	Refused string
+	// Postponed says why a due renewal of the staged issuing CA waits.
+	Postponed string
 }
 
 // Moved reports whether the decision changed the state.
@@ -296,6 +309,19 @@ func NextRootRotation(cfg RootRotationConfig, st RootRotationState, obs RootObse
 			swap(RootAddingNew)
 		}
 		return d, nil
+	}
+	// The staged root's issuing CA ages while the rotation runs: it is
+	// renewed like the current one, or a rotation held past its renewal
+	// time would clamp every certificate to its end and, held longer,
+	// issue from an expired CA. Only the root that issues or will issue
+	// (New) needs it; after a rollback the staged root only leaves.
+	if obs.StagedIssuerDue && obs.Staged == st.New {
+		if obs.StagedIssuersKept >= maxPreviousIssuers {
+			d.Postponed = fmt.Sprintf("the staged root's issuing CA is due for renewal, but %d issuing CAs it replaced are still accepted, at most %d; renew less often (a larger renew-at or issuing CA lifetime)",
+				obs.StagedIssuersKept, maxPreviousIssuers)
+		} else {
+			d.Actions = append(d.Actions, RootActRenewStagedIssuer)
+		}
 	}
 	if obs.LoadedRevision < st.Revision {
 		d.Waiting = fmt.Sprintf("a live replica has loaded revision %d, not yet %d", obs.LoadedRevision, st.Revision)

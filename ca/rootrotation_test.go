@@ -36,7 +36,8 @@ func TestRootRotationDecidesEveryPhaseRollbackAndResume(t *testing.T) {
 		waiting   string // substring of Waiting; "" means none
 		blocking  []string
 		refused   string
-		wantState bool // want is checked (else: unchanged)
+		postponed string // substring of Postponed; "" means none
+		wantState bool   // want is checked (else: unchanged)
 	}{
 		{name: "idle with a young root does nothing", st: idle, obs: young, now: t0},
 		{name: "a start request stages a new root first", st: idle, obs: with(young, func(o *RootObservations) { o.Request = RootRequestStart }), now: t0,
@@ -99,6 +100,28 @@ func TestRootRotationDecidesEveryPhaseRollbackAndResume(t *testing.T) {
 			st: removing, obs: RootObservations{Request: RootRequestRollback}, now: t0.Add(time.Hour),
 			want: RootRotationState{Phase: RootAddingNew, Old: "new", New: "old", Since: t0.Add(time.Hour), Revision: 7, RolledBack: true}, wantState: true,
 			actions: []RootAction{RootActClearRequest}},
+
+		// The staged root's issuing CA ages with the rotation.
+		{name: "a due staged issuing CA is renewed in AddingNewRoot while agents are waited for",
+			st: adding, obs: RootObservations{Staged: "new", StagedIssuerDue: true, LoadedRevision: 4, Agents: []AgentRootObservation{agent("b", "", "old")}}, now: t0,
+			actions: []RootAction{RootActRenewStagedIssuer}, waiting: "1 connected agents", blocking: []string{"b: has not acknowledged yet"}},
+		{name: "a due staged issuing CA is renewed in Switching, even while replicas load, and the phase still moves",
+			st: switching, obs: RootObservations{Staged: "new", StagedIssuerDue: true, StagedIssuersKept: 3, LoadedRevision: 5, Agents: []AgentRootObservation{agent("a", both, "new")}}, now: t0.Add(26 * time.Hour),
+			want: RootRotationState{Phase: RootRemovingOld, Old: "old", New: "new", Since: t0.Add(26 * time.Hour), Revision: 6}, wantState: true,
+			actions: []RootAction{RootActRenewStagedIssuer}},
+		{name: "a due staged issuing CA is renewed in RemovingOldRoot",
+			st: removing, obs: RootObservations{Staged: "new", StagedIssuerDue: true, LoadedRevision: 5}, now: t0,
+			actions: []RootAction{RootActRenewStagedIssuer}, waiting: "revision 5, not yet 6"},
+		{name: "a staged issuing CA with four replaced ones still accepted is not renewed: postponed, said why",
+			st: switching, obs: RootObservations{Staged: "new", StagedIssuerDue: true, StagedIssuersKept: 4, LoadedRevision: 5}, now: t0,
+			waiting: "both roots stay accepted", postponed: "4 issuing CAs it replaced are still accepted, at most 4"},
+		{name: "after a rollback the staged root only leaves: its issuing CA is not renewed",
+			st: RootRotationState{Phase: RootSwitching, Old: "new", New: "old", Since: t0, Revision: 6, RolledBack: true},
+			obs: RootObservations{Staged: "new", StagedIssuerDue: true, LoadedRevision: 6}, now: t0, waiting: "both roots stay accepted"},
+		{name: "a rollback is never held up by a due staged issuing CA",
+			st: switching, obs: RootObservations{Request: RootRequestRollback, Staged: "new", StagedIssuerDue: true}, now: t0,
+			want: RootRotationState{Phase: RootSwitching, Old: "new", New: "old", Since: t0, Revision: 6, RolledBack: true}, wantState: true,
+			actions: []RootAction{RootActClearRequest}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -125,6 +148,9 @@ func TestRootRotationDecidesEveryPhaseRollbackAndResume(t *testing.T) {
 			}
 			if (tt.refused == "") != (d.Refused == "") || !strings.Contains(d.Refused, tt.refused) {
 				t.Errorf("refused = %q, want it to contain %q", d.Refused, tt.refused)
+			}
+			if (tt.postponed == "") != (d.Postponed == "") || !strings.Contains(d.Postponed, tt.postponed) {
+				t.Errorf("postponed = %q, want it to contain %q", d.Postponed, tt.postponed)
 			}
 			if err := d.State.Validate(); err != nil {
 				t.Errorf("decided an invalid state: %v", err)

@@ -34,7 +34,14 @@ const (
 	keyNextRootKey   = "next.key"
 	keyNextIssuer    = "next-issuer.crt"
 	keyNextIssuerKey = "next-issuer.key"
+	// keyNextPrevious holds the staged root's issuing CAs that a renewal
+	// replaced while they may have issued (RootActRenewStagedIssuer): at
+	// most maxPreviousIssuers, accepted while the staged root is.
+	keyNextPrevious = "next-previous.crt"
 )
+
+// stagedKeys is every key of the staged root's material.
+var stagedKeys = []string{keyNextRoot, keyNextRootKey, keyNextIssuer, keyNextIssuerKey, keyNextPrevious}
 
 // DecodeRootRotation reads the rotation state and the pending request of
 // the relay root Secret. A Secret without rotation annotations is Idle on
@@ -150,6 +157,10 @@ type RootStepConfig struct {
 	CA GenerateConfig
 	// Rotation decides.
 	Rotation RootRotationConfig
+	// IssuerRenewAt is the fraction of the staged issuing CA's life after
+	// which it is renewed (IssuerRenewalTime); default
+	// DefaultIssuerRenewAt, in [0.1, 0.9] like the current one's.
+	IssuerRenewAt float64
 }
 
 // RootObserver gathers what the Lease holder knows beyond the Secret: the
@@ -172,6 +183,12 @@ func StepRootRotation(ctx context.Context, client kubernetes.Interface, namespac
 	cfg.CA = cfg.CA.Default()
 	if err := cfg.CA.Validate(); err != nil {
 		return RootDecision{}, fmt.Errorf("ca: invalid generate config: %w", err)
+	}
+	if cfg.IssuerRenewAt == 0 {
+		cfg.IssuerRenewAt = DefaultIssuerRenewAt
+	}
+	if cfg.IssuerRenewAt < 0.1 || cfg.IssuerRenewAt > 0.9 {
+		return RootDecision{}, fmt.Errorf("ca: invalid root step config: issuerRenewAt: %v is outside [0.1, 0.9]", cfg.IssuerRenewAt)
 	}
 	secrets := client.CoreV1().Secrets(namespace)
 	root, err := getSecret(ctx, secrets, RootSecretName)
@@ -200,6 +217,16 @@ func StepRootRotation(ctx context.Context, client kubernetes.Interface, namespac
 	}
 	if staged != nil {
 		obs.Staged = RootFingerprint(staged.Root)
+		obs.StagedIssuerDue = !now.Before(IssuerRenewalTime(staged.Issuer, cfg.IssuerRenewAt))
+		kept, err := stagedPrevious(root, staged)
+		if err != nil {
+			return RootDecision{}, err
+		}
+		for _, c := range kept {
+			if now.Before(c.NotAfter) {
+				obs.StagedIssuersKept++
+			}
+		}
 	}
 	if st.Phase != RootIdle && (obs.Staged == "" || (obs.Staged != st.Old && obs.Staged != st.New)) {
 		return RootDecision{}, fmt.Errorf("%w: phase %s but the staged root is missing or not one of the rotation's roots", ErrRootRotationState, st.Phase)
@@ -230,7 +257,9 @@ func StepRootRotation(ctx context.Context, client kubernetes.Interface, namespac
 	if _, _, err := DecodeRootRotation(out); err != nil {
 		return RootDecision{}, err
 	}
-	if _, err := stagedRoot(out, now); err != nil {
+	if staged, err := stagedRoot(out, now); err != nil {
+		return RootDecision{}, err
+	} else if _, err := stagedPrevious(out, staged); err != nil {
 		return RootDecision{}, err
 	}
 	written, err := secrets.Update(ctx, out, metav1.UpdateOptions{})
@@ -268,6 +297,11 @@ func finishPromotion(ctx context.Context, client kubernetes.Interface, namespace
 			gen = st + 1
 		}
 		out.Data = map[string][]byte{keyTLSCert: root.Data[keyNextIssuer], keyTLSKey: root.Data[keyNextIssuerKey], keyCACert: root.Data[keyCACert]}
+		// The staged issuing CAs a renewal replaced are under the new
+		// root too: previous issuing CAs from now on.
+		if prev := root.Data[keyNextPrevious]; len(prev) > 0 {
+			out.Data[keyPreviousCerts] = prev
+		}
 		if out.Annotations == nil {
 			out.Annotations = map[string]string{}
 		}
@@ -283,6 +317,7 @@ func finishPromotion(ctx context.Context, client kubernetes.Interface, namespace
 	out := root.DeepCopy()
 	delete(out.Data, keyNextIssuer)
 	delete(out.Data, keyNextIssuerKey)
+	delete(out.Data, keyNextPrevious)
 	updated, err := secrets.Update(ctx, out, metav1.UpdateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("update secret %s/%s: %w", namespace, RootSecretName, err)
@@ -310,10 +345,13 @@ func applyRootAction(a RootAction, cfg GenerateConfig, s *corev1.Secret, st *Roo
 		}
 		s.Data[keyNextRoot], s.Data[keyNextRootKey] = CertsPEM(fresh.Root), rootKey
 		s.Data[keyNextIssuer], s.Data[keyNextIssuerKey] = CertsPEM(fresh.Issuer), issuerKey
+		delete(s.Data, keyNextPrevious)
 	case RootActDiscard:
-		for _, k := range []string{keyNextRoot, keyNextRootKey, keyNextIssuer, keyNextIssuerKey} {
+		for _, k := range stagedKeys {
 			delete(s.Data, k)
 		}
+	case RootActRenewStagedIssuer:
+		return renewStagedIssuer(cfg, s, *st)
 	case RootActDeleteOld:
 		// st.Old is the root kept: ca.crt (after a rollback) or the staged
 		// one, which then becomes the root; its issuing CA stays staged
@@ -325,7 +363,7 @@ func applyRootAction(a RootAction, cfg GenerateConfig, s *corev1.Secret, st *Roo
 		next, err := singleCertPEM(s.Data[keyNextRoot])
 		switch {
 		case RootFingerprint(cur) == st.Old:
-			for _, k := range []string{keyNextRoot, keyNextRootKey, keyNextIssuer, keyNextIssuerKey} {
+			for _, k := range stagedKeys {
 				delete(s.Data, k)
 			}
 		case err == nil && RootFingerprint(next) == st.Old:
@@ -339,6 +377,67 @@ func applyRootAction(a RootAction, cfg GenerateConfig, s *corev1.Secret, st *Roo
 		return fmt.Errorf("%w: unknown action %q", ErrRootRotationState, a)
 	}
 	return nil
+}
+
+// renewStagedIssuer signs a new issuing CA under the staged root of s. The
+// one it replaces is kept (accepted) unless the staged root has not issued
+// yet (st, the decided state, is AddingNewRoot); kept ones past their
+// NotAfter are dropped.
+func renewStagedIssuer(cfg GenerateConfig, s *corev1.Secret, st RootRotationState) error {
+	now := cfg.Clock()
+	staged, err := stagedRoot(s, now)
+	if err != nil {
+		return err
+	}
+	if staged == nil {
+		return fmt.Errorf("%w: no staged root to renew the issuing CA of", ErrRootRotationState)
+	}
+	prev, err := stagedPrevious(s, staged)
+	if err != nil {
+		return err
+	}
+	fresh, err := NextRelayIssuer(cfg, staged)
+	if err != nil {
+		return err
+	}
+	key, err := encodeKeyPEM(fresh.IssuerKey)
+	if err != nil {
+		return err
+	}
+	var kept []*x509.Certificate
+	if st.Phase != RootAddingNew {
+		kept = append(kept, staged.Issuer)
+	}
+	for _, c := range prev {
+		if now.Before(c.NotAfter) {
+			kept = append(kept, c)
+		}
+	}
+	s.Data[keyNextIssuer], s.Data[keyNextIssuerKey] = CertsPEM(fresh.Issuer), key
+	delete(s.Data, keyNextPrevious)
+	if len(kept) > 0 {
+		s.Data[keyNextPrevious] = CertsPEM(kept...)
+	}
+	return nil
+}
+
+// stagedPrevious parses the staged root's replaced issuing CAs
+// (keyNextPrevious) of s, checked like previous issuing CAs; none when
+// nothing is staged. Between RootActDeleteOld and finishPromotion they
+// wait beside the staged issuing CA for the signing secret, which checks
+// them when they get there.
+func stagedPrevious(s *corev1.Secret, staged *RelayCA) ([]*x509.Certificate, error) {
+	if staged == nil {
+		if len(s.Data[keyNextPrevious]) > 0 && len(s.Data[keyNextIssuer]) == 0 {
+			return nil, fmt.Errorf("%w: secret %s/%s %s without a staged root", ErrInvalidSigner, s.Namespace, s.Name, keyNextPrevious)
+		}
+		return nil, nil
+	}
+	prev, err := ParsePreviousIssuers(s.Data[keyNextPrevious], staged.Root, staged.Issuer)
+	if err != nil {
+		return nil, fmt.Errorf("%w: secret %s/%s %s: %w", ErrInvalidSigner, s.Namespace, s.Name, keyNextPrevious, err)
+	}
+	return prev, nil
 }
 
 // RequestRootRotation records an operator's request (start or rollback)

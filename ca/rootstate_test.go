@@ -1,11 +1,13 @@
 package ca_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"slices"
 	"sync"
@@ -208,6 +210,92 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		require.NoError(t, issuer.CheckSignatureFrom(loaded.Roots()[0]))
 	})
 
+	t.Run("a rotation held past the staged issuing CA's renewal renews it and keeps what it issued accepted", func(t *testing.T) {
+		ns := newNS(t, "rootrot-staged-renewal")
+		defer func(was time.Time) { now = was }(now) // the next subtests verify at the wall clock
+		short := cfg
+		short.CA.IssuerTTL = time.Hour // renewed 40 minutes after it is made (2/3)
+		stepShort := func(t *testing.T, w *world) ca.RootDecision {
+			t.Helper()
+			d, err := ca.StepRootRotation(ctx, cs, ns, short, w.observe)
+			require.NoError(t, err)
+			return d
+		}
+		rootSecret := func(t *testing.T) *corev1.Secret {
+			t.Helper()
+			s, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+			require.NoError(t, err)
+			return s
+		}
+		stagedIssuer := func(t *testing.T) *x509.Certificate {
+			t.Helper()
+			return pemCerts(t, rootSecret(t).Data["next-issuer.crt"])[0]
+		}
+		accepts := func(t *testing.T, c *x509.Certificate) bool {
+			t.Helper()
+			s, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+			require.NoError(t, err)
+			return slices.ContainsFunc(s.(ca.IssuerSet).AcceptedIssuers(), c.Equal)
+		}
+		old := rootFP(t, cs, ns, ca.RootSecretName)
+		w := &world{behind: true}
+		require.NoError(t, ca.RequestRootRotation(ctx, cs, ns, ca.RootRequestStart))
+		stepShort(t, w)
+		require.Equal(t, ca.RootAddingNew, stepShort(t, w).State.Phase)
+		first := stagedIssuer(t)
+
+		// Held in AddingNewRoot (the agent has not acknowledged) past the
+		// staged issuing CA's renewal: renewed, and the replaced one, which
+		// issued nothing, is not kept.
+		now = now.Add(41 * time.Minute)
+		d := stepShort(t, w)
+		assert.Equal(t, ca.RootAddingNew, d.State.Phase)
+		assert.Equal(t, []ca.RootAction{ca.RootActRenewStagedIssuer}, d.Actions)
+		second := stagedIssuer(t)
+		assert.False(t, second.Equal(first), "a new staged issuing CA")
+		assert.NotContains(t, keys(rootSecret(t).Data), "next-previous.crt", "the replaced staged issuing CA issued nothing: not kept")
+		assert.False(t, accepts(t, first))
+		assert.Empty(t, stepShort(t, w).Actions, "renewed once, not at every step")
+
+		// Switching issues from it; held there (the agent is still under
+		// the old root) past its renewal: renewed, and the replaced one,
+		// which issued, stays accepted.
+		w.behind = false
+		require.Equal(t, ca.RootSwitching, stepShort(t, w).State.Phase)
+		signer, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		require.True(t, signer.Chain()[0].Equal(second), "Switching issues from the renewed staged issuing CA")
+		w.behind, w.onRoot = true, old
+		now = now.Add(41 * time.Minute)
+		d = stepShort(t, w)
+		assert.Equal(t, ca.RootSwitching, d.State.Phase)
+		assert.Equal(t, []ca.RootAction{ca.RootActRenewStagedIssuer}, d.Actions)
+		third := stagedIssuer(t)
+		signer, err = ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		assert.True(t, signer.Chain()[0].Equal(third), "issuance moves to the renewed one")
+		assert.True(t, accepts(t, second), "the one it replaced issued: still accepted")
+		assert.Len(t, signer.(*ca.RelayIssuers).CrossIssued(), 1, "and the renewed one is cross-issued by the old root")
+		assert.NoError(t, third.CheckSignatureFrom(rootCert(t, signer.Roots(), d.State.New)))
+		cross := signer.(*ca.RelayIssuers).CrossIssued()[0]
+		assert.True(t, bytes.Equal(cross.RawSubjectPublicKeyInfo, third.RawSubjectPublicKeyInfo), "the cross-issued CA is the renewed one's key")
+
+		// The rotation ends: what the staged root's replaced issuing CA
+		// signed stays accepted under the new root.
+		w.behind = false
+		require.Equal(t, ca.RootRemovingOld, stepShort(t, w).State.Phase)
+		require.Equal(t, ca.RootIdle, stepShort(t, w).State.Phase)
+		assert.NotContains(t, keys(rootSecret(t).Data), "next-previous.crt")
+		signing, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.SigningSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		prev := pemCerts(t, signing.Data["previous.crt"])
+		assert.True(t, slices.ContainsFunc(prev, second.Equal), "previous issuing CAs of the new root")
+		assert.True(t, accepts(t, second))
+		signer, err = ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err)
+		assert.True(t, signer.Chain()[0].Equal(third))
+	})
+
 	t.Run("rollback from Switching ends on the old root with nothing of the new one", func(t *testing.T) {
 		ns := newNS(t, "rootrot-rollback")
 		old := rootFP(t, cs, ns, ca.RootSecretName)
@@ -287,6 +375,19 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		_, err = ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
 		require.ErrorIs(t, err, ca.ErrRootRotationState)
 	})
+}
+
+// pemCerts parses every certificate of b.
+func pemCerts(t *testing.T, b []byte) []*x509.Certificate {
+	t.Helper()
+	var out []*x509.Certificate
+	for block, rest := pem.Decode(b); block != nil; block, rest = pem.Decode(rest) {
+		c, err := x509.ParseCertificate(block.Bytes)
+		require.NoError(t, err)
+		out = append(out, c)
+	}
+	require.NotEmpty(t, out, "no certificate")
+	return out
 }
 
 // rootCert is the certificate among roots with fingerprint fp.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -239,8 +240,9 @@ func (p *process) rotateRelayRoot(ctx context.Context) {
 // rootStepLog is what the last step logged, so that a step logs only what
 // changed.
 type rootStepLog struct {
-	state   ca.RootRotationState
-	waiting string
+	state     ca.RootRotationState
+	waiting   string
+	postponed string
 }
 
 // stepRelayRoot runs one step and logs what changed since last (nil: the
@@ -249,8 +251,9 @@ type rootStepLog struct {
 func (p *process) stepRelayRoot(ctx context.Context, r *ca.RelayIssuers, last *rootStepLog) *rootStepLog {
 	rr := p.reps.root
 	d, err := ca.StepRootRotation(ctx, p.kube.Typed, p.cfg.Namespace, ca.RootStepConfig{
-		CA:       ca.GenerateConfig{IssuerTTL: p.cfg.CA.IssuerTTL},
-		Rotation: p.cfg.CA.rootRotation(p.cfg.AgentCertTTL),
+		CA:            ca.GenerateConfig{IssuerTTL: p.cfg.CA.IssuerTTL},
+		Rotation:      p.cfg.CA.rootRotation(p.cfg.AgentCertTTL),
+		IssuerRenewAt: p.cfg.CA.IssuerRenewAt,
 	}, p.observeRelayRoot)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -264,6 +267,13 @@ func (p *process) stepRelayRoot(ctx context.Context, r *ca.RelayIssuers, last *r
 		p.log.Warn("refused a relay root rotation request", "reason", d.Refused, "phase", d.State.Phase)
 	}
 	st := d.State
+	if slices.Contains(d.Actions, ca.RootActRenewStagedIssuer) {
+		p.log.Info("renewed the issuing CA of the new relay root; the replaced one stays accepted while it may have issued", rootAttrs(st)...)
+		p.reloadRelayIssuer(ctx, r)
+	}
+	if d.Postponed != "" && (last == nil || last.postponed != d.Postponed) {
+		p.log.Warn("relay root rotation: "+d.Postponed, rootAttrs(st)...)
+	}
 	switch {
 	case last == nil && st.Phase != ca.RootIdle:
 		p.log.Info("relay root rotation in progress", rootAttrs(st)...)
@@ -277,7 +287,7 @@ func (p *process) stepRelayRoot(ctx context.Context, r *ca.RelayIssuers, last *r
 	if d.Waiting != "" && (last == nil || last.waiting != d.Waiting || !sameRootState(last.state, st)) {
 		p.log.Info("relay root rotation waiting: "+d.Waiting, "phase", st.Phase, "revision", st.Revision, "blocking", d.Blocking)
 	}
-	return &rootStepLog{state: st, waiting: d.Waiting}
+	return &rootStepLog{state: st, waiting: d.Waiting, postponed: d.Postponed}
 }
 
 // sameRootState compares states as written: Since is stored to the
