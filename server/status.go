@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math/big"
 	"reflect"
 	"slices"
 	"strconv"
@@ -288,13 +289,16 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	}
 	if !st.connected && !mine {
 		// Another replica holds (or last held) the session: its facts are
-		// its to write.
-		st = agentState{}
+		// its to write. A certificate this replica issued is the
+		// cluster's, not the session's: agents renew at any replica, and a
+		// renewal not written kept the relay root rotation waiting for an
+		// agent that had long renewed under the new root.
+		st = agentState{cert: st.cert}
 	}
 	if st.ack != nil && newerAck(st.ack, have.AppliedOutputs) {
 		patch["appliedOutputs"] = st.ack
 	}
-	if st.cert != nil && (have.AgentCertificate == nil || *have.AgentCertificate != *st.cert) {
+	if st.cert != nil && newerCert(st.cert, have.AgentCertificate) {
 		patch["agentCertificate"] = st.cert
 	}
 	if st.discovered != nil && (have.Discovered == nil || *have.Discovered != *st.discovered) {
@@ -389,6 +393,27 @@ func (k *KubeStatus) Acked(cluster string, ack *relaypb.PullAck) {
 }
 
 // newerAck: want differs from have and is not older.
+// newerCert reports whether want is a later certificate than have: one
+// that ends later (every replica issues with the same lifetime, so the
+// later end is the later issue), so replicas that issued to one agent in
+// turn never write an older certificate over a newer one. Two that end in
+// the same second are ordered by serial number, so two replicas never
+// take turns writing theirs.
+func newerCert(want, have *multiclusterv1alpha1.AgentCertificate) bool {
+	switch {
+	case have == nil:
+		return true
+	case !want.NotAfter.Equal(&have.NotAfter):
+		return want.NotAfter.After(have.NotAfter.Time)
+	}
+	w, wok := new(big.Int).SetString(want.Serial, 16)
+	h, hok := new(big.Int).SetString(have.Serial, 16)
+	if !wok || !hok {
+		return want.Serial != have.Serial && (!hok || want.Serial > have.Serial)
+	}
+	return w.Cmp(h) > 0
+}
+
 func newerAck(want, have *multiclusterv1alpha1.AppliedOutputs) bool {
 	if have == nil {
 		return true

@@ -2,8 +2,11 @@ package server_test
 
 import (
 	"context"
+	"crypto/x509"
 	"io"
 	"log/slog"
+	"math/big"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -98,6 +101,30 @@ func TestClusterStatusAcrossReplicas(t *testing.T) {
 		assert.LessOrEqual(t, len(r.Kind), 253)
 		assert.LessOrEqual(t, len(r.Error), 256)
 	}
+
+	// The agent (its session on b) renews at whichever replica it reaches:
+	// a certificate a issued is written although b holds the session, and
+	// neither replica writes an older certificate over a newer one.
+	cert := func(serial int64, notAfter time.Time) *x509.Certificate {
+		return &x509.Certificate{SerialNumber: big.NewInt(serial), NotAfter: notAfter,
+			URIs: []*url.URL{{Scheme: "spiffe", Host: "relaymesh.local", Path: "/cluster/c1"}}}
+	}
+	t0 := time.Now().Truncate(time.Second)
+	b.CertificateIssued("c1", cert(1, t0.Add(time.Hour)), "")
+	eventually("b's certificate", func(s multiclusterv1alpha1.KubernetesClusterStatus) bool {
+		return s.AgentCertificate != nil && s.AgentCertificate.Serial == "1"
+	})
+	a.CertificateIssued("c1", cert(2, t0.Add(2*time.Hour)), "")
+	eventually("a renewal served by the replica without the session is written", func(s multiclusterv1alpha1.KubernetesClusterStatus) bool {
+		return s.AgentCertificate != nil && s.AgentCertificate.Serial == "2"
+	})
+	b.SessionChanged("c1", true) // b writes its facts again
+	a.CertificateIssued("c1", cert(3, t0.Add(90*time.Minute)), "")
+	time.Sleep(500 * time.Millisecond)
+	st = status()
+	assert.Equal(t, "2", st.AgentCertificate.Serial, "never an older certificate over a newer one, from either replica")
+	assert.Equal(t, "b", st.Replica, "and the session stays b's")
+	assert.True(t, st.Connected)
 
 	// b is gone (its Lease expired): the leader's sweep marks c1
 	// disconnected; a cluster of a live replica stays.
