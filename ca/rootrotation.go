@@ -313,9 +313,10 @@ func NextRootRotation(cfg RootRotationConfig, st RootRotationState, obs RootObse
 	// The staged root's issuing CA ages while the rotation runs: it is
 	// renewed like the current one, or a rotation held past its renewal
 	// time would clamp every certificate to its end and, held longer,
-	// issue from an expired CA. Only the root that issues or will issue
-	// (New) needs it; after a rollback the staged root only leaves.
-	if obs.StagedIssuerDue && obs.Staged == st.New {
+	// issue from an expired CA. After a rollback the staged root only
+	// leaves, but until then replicas load it, and an expired issuing CA
+	// would stop them loading the rotation at all: renewed too.
+	if obs.StagedIssuerDue {
 		if obs.StagedIssuersKept >= maxPreviousIssuers {
 			d.Postponed = fmt.Sprintf("the staged root's issuing CA is due for renewal, but %d issuing CAs it replaced are still accepted, at most %d; renew less often (a larger renew-at or issuing CA lifetime)",
 				obs.StagedIssuersKept, maxPreviousIssuers)

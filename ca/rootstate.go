@@ -122,8 +122,20 @@ const maxRecordedGrace = 10 * 365 * 24 * time.Hour
 
 // stagedRoot is the staged new root of s, or nil. A staged root that does
 // not load (malformed, key not matching, not a root, its issuing CA not
-// under it) is an error.
+// under it or not valid now) is an error.
 func stagedRoot(s *corev1.Secret, now time.Time) (*RelayCA, error) {
+	return loadStagedRoot(s, now, false)
+}
+
+// stagedRootToStep is stagedRoot for the rotation step, which also loads a
+// staged root whose issuing CA has expired (it is then past due, and
+// renewed): replicas refuse to load such a state, and a step that refused
+// it too could never repair it.
+func stagedRootToStep(s *corev1.Secret, now time.Time) (*RelayCA, error) {
+	return loadStagedRoot(s, now, true)
+}
+
+func loadStagedRoot(s *corev1.Secret, now time.Time, expiredIssuer bool) (*RelayCA, error) {
 	if len(s.Data[keyNextRoot]) == 0 {
 		return nil, nil
 	}
@@ -144,7 +156,11 @@ func stagedRoot(s *corev1.Secret, now time.Time) (*RelayCA, error) {
 	if r.IssuerKey, err = parseKeyPEM(s.Data[keyNextIssuerKey]); err != nil {
 		return nil, bad(keyNextIssuerKey, err)
 	}
-	if err := r.check(now); err != nil {
+	at := now
+	if expiredIssuer && !now.Before(r.Issuer.NotAfter) {
+		at = r.Issuer.NotAfter.Add(-time.Second)
+	}
+	if err := r.check(at); err != nil {
 		return nil, bad(keyNextRoot, err)
 	}
 	return &r, nil
@@ -211,7 +227,7 @@ func StepRootRotation(ctx context.Context, client kubernetes.Interface, namespac
 		return RootDecision{}, err
 	}
 	obs := RootObservations{Request: req, RootNotBefore: cur.NotBefore, RootNotAfter: cur.NotAfter}
-	staged, err := stagedRoot(root, now)
+	staged, err := stagedRootToStep(root, now)
 	if err != nil {
 		return RootDecision{}, err
 	}
@@ -380,12 +396,12 @@ func applyRootAction(a RootAction, cfg GenerateConfig, s *corev1.Secret, st *Roo
 }
 
 // renewStagedIssuer signs a new issuing CA under the staged root of s. The
-// one it replaces is kept (accepted) unless the staged root has not issued
-// yet (st, the decided state, is AddingNewRoot); kept ones past their
-// NotAfter are dropped.
+// one it replaces is kept (accepted) unless it cannot have issued yet (st,
+// the decided state, is AddingNewRoot towards the staged root); kept ones
+// past their NotAfter are dropped.
 func renewStagedIssuer(cfg GenerateConfig, s *corev1.Secret, st RootRotationState) error {
 	now := cfg.Clock()
-	staged, err := stagedRoot(s, now)
+	staged, err := stagedRootToStep(s, now)
 	if err != nil {
 		return err
 	}
@@ -405,7 +421,7 @@ func renewStagedIssuer(cfg GenerateConfig, s *corev1.Secret, st RootRotationStat
 		return err
 	}
 	var kept []*x509.Certificate
-	if st.Phase != RootAddingNew {
+	if st.Phase != RootAddingNew || st.New != RootFingerprint(staged.Root) {
 		kept = append(kept, staged.Issuer)
 	}
 	for _, c := range prev {

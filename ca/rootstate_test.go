@@ -296,6 +296,48 @@ func TestRelayRootRotationInKubernetes(t *testing.T) {
 		assert.True(t, signer.Chain()[0].Equal(third))
 	})
 
+	t.Run("a staged issuing CA that expired while no step ran is renewed, or discarded, by the next step", func(t *testing.T) {
+		defer func(was time.Time) { now = was }(now)
+		short := cfg
+		short.CA.IssuerTTL = time.Hour
+		stepShort := func(t *testing.T, ns string, w *world) ca.RootDecision {
+			t.Helper()
+			d, err := ca.StepRootRotation(ctx, cs, ns, short, w.observe)
+			require.NoError(t, err)
+			return d
+		}
+		ns := newNS(t, "rootrot-staged-expired")
+		w := &world{behind: true}
+		require.NoError(t, ca.RequestRootRotation(ctx, cs, ns, ca.RootRequestStart))
+		stepShort(t, ns, w)
+		require.Equal(t, ca.RootAddingNew, stepShort(t, ns, w).State.Phase)
+		now = now.Add(2 * time.Hour) // every replica down past the staged issuing CA's end
+		_, err := ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.Error(t, err, "a replica does not load a rotation whose staged issuing CA expired")
+		d := stepShort(t, ns, w)
+		assert.Equal(t, []ca.RootAction{ca.RootActRenewStagedIssuer}, d.Actions)
+		_, err = ca.LoadOrCreateRelayCA(ctx, cs, ns, cfg.CA)
+		require.NoError(t, err, "renewed: replicas load the rotation again")
+		w.behind = false
+		require.Equal(t, ca.RootSwitching, stepShort(t, ns, w).State.Phase)
+
+		// A staged root left in Idle by an unfinished step, its issuing CA
+		// since expired: discarded, not a step that fails forever.
+		ns = newNS(t, "rootrot-staged-left")
+		require.NoError(t, ca.RequestRootRotation(ctx, cs, ns, ca.RootRequestStart))
+		stepShort(t, ns, &world{})
+		s, err := cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		delete(s.Annotations, ca.AnnotationRootRequest)
+		_, err = cs.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{})
+		require.NoError(t, err)
+		now = now.Add(2 * time.Hour)
+		assert.Equal(t, []ca.RootAction{ca.RootActDiscard}, stepShort(t, ns, &world{}).Actions)
+		s, err = cs.CoreV1().Secrets(ns).Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.ElementsMatch(t, []string{"ca.crt", "tls.key"}, keys(s.Data))
+	})
+
 	t.Run("rollback from Switching ends on the old root with nothing of the new one", func(t *testing.T) {
 		ns := newNS(t, "rootrot-rollback")
 		old := rootFP(t, cs, ns, ca.RootSecretName)
