@@ -4,6 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,3 +89,54 @@ func TestReplicaLeasesDoNotPileUp(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotContains(t, gone, leader.ReplicaLeaseName("came-back"), "a renewed Lease is kept")
 }
+
+// A renewal that hangs (an apiserver too loaded to answer) does not let
+// the Lease lapse: the failed attempt is tried again at once rather than a
+// period later, so the leader never counts a live replica gone, and with
+// it sweeps the sessions it holds.
+func TestAHungRenewalDoesNotLetTheLeaseLapse(t *testing.T) {
+	const ns = "relaymesh"
+	mgmt, _, _ := localcluster.Management(t, ns)
+	cfg := mgmt.RESTConfig()
+	var gets atomic.Int32
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/leases/"+leader.ReplicaLeaseName("slow")) && gets.Add(1) == 3 {
+				<-r.Context().Done() // the second renewal hangs until it times out
+				return nil, r.Context().Err()
+			}
+			return rt.RoundTrip(r)
+		})
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	const period = time.Second
+	go leader.Heartbeat(t.Context(), leader.HeartbeatConfig{Client: cs, Namespace: ns, Replica: "slow", Period: period,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+
+	// Every renewal the Lease records, until the one after the hang.
+	admin, err := kubernetes.NewForConfig(mgmt.RESTConfig())
+	require.NoError(t, err)
+	var renewed []time.Time
+	var duration time.Duration
+	require.Eventually(t, func() bool {
+		l, err := admin.CoordinationV1().Leases(ns).Get(t.Context(), leader.ReplicaLeaseName("slow"), metav1.GetOptions{})
+		if err != nil || l.Spec.RenewTime == nil {
+			return false
+		}
+		duration = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+		if n := len(renewed); n == 0 || !renewed[n-1].Equal(l.Spec.RenewTime.Time) {
+			renewed = append(renewed, l.Spec.RenewTime.Time)
+		}
+		return gets.Load() > 4
+	}, 20*time.Second, 10*time.Millisecond, "renewals go on after the hung one")
+	require.GreaterOrEqual(t, len(renewed), 3)
+	for i := 1; i < len(renewed); i++ {
+		gap := renewed[i].Sub(renewed[i-1])
+		assert.Less(t, gap, duration-period/2, "renewal %d came %s after the one before; the Lease lasts %s", i, gap, duration)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
