@@ -24,6 +24,7 @@ var (
 	idleFlag        = flag.Int("fleet.idle-agents", 20, "agents in BenchmarkFleetIdle")
 	clustersFlag    = flag.Int("fleet.clusters", 10, "clusters in BenchmarkFleetConfigPlane")
 	editsFlag       = flag.Int("fleet.edits", 3, "policy edits in BenchmarkFleetConfigPlane")
+	configReplicas  = flag.Int("fleet.config-replicas", 1, "server replicas in BenchmarkFleetConfigPlane")
 	statusAfterFlag = flag.Duration("fleet.status-after", 5*time.Second, "wait after a storm before KubernetesCluster statuses are read")
 	settleFlag      = flag.Duration("fleet.settle", 5*time.Second, "idle time before and during the idle measurement")
 	durationFlag    = flag.Duration("fleet.duration", 2*time.Second, "measured window of each issuance level")
@@ -141,7 +142,7 @@ func BenchmarkFleetConfigPlane(b *testing.B) {
 	var r *fleet.ConfigPlaneResult
 	for b.Loop() {
 		var err error
-		r, err = fleet.ConfigPlane(context.Background(), fleet.ConfigPlaneConfig{Options: options(b, env), Clusters: *clustersFlag, Edits: *editsFlag})
+		r, err = fleet.ConfigPlane(context.Background(), fleet.ConfigPlaneConfig{Options: options(b, env), Clusters: *clustersFlag, Edits: *editsFlag, Replicas: *configReplicas})
 		require.NoError(b, err)
 	}
 	report(b, r)

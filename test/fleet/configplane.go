@@ -26,6 +26,9 @@ type ConfigPlaneConfig struct {
 	Snapshot SnapshotSpec
 	// Timeout bounds each wait; default 5 minutes.
 	Timeout time.Duration
+	// Replicas is how many servers run (replica-0 …, agents spread over
+	// them as in the failover scenario); default 1, a single server.
+	Replicas int
 }
 
 // EditResult is one policy edit reaching the fleet.
@@ -51,6 +54,9 @@ type EditResult struct {
 
 // Translation is one "translated" line of the server's log.
 type Translation struct {
+	// After is the line's time after the edit (when the translation had
+	// published); Took how long it ran.
+	After             time.Duration
 	Took              time.Duration
 	Recomputed        int
 	ClustersPublished int
@@ -59,6 +65,10 @@ type Translation struct {
 // ConfigPlaneResult is what the config-plane run measured.
 type ConfigPlaneResult struct {
 	Clusters int
+	// Replicas is how many servers ran; Leader the one holding the Lease
+	// at the first edit, whose log the Translations are read from.
+	Replicas int
+	Leader   string
 	Hygiene
 	// Pushed is agent start → its snapshot accepted.
 	Pushed Summary
@@ -165,11 +175,23 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Minute
 	}
-	srv, err := cfg.startServer(ctx, "config-server")
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 1
+	}
+	servers, err := cfg.startConfigServers(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer srv.Stop()
+	defer func() {
+		for _, s := range servers {
+			_ = s.Stop()
+		}
+	}()
+	srv := servers[0].Server // During's server; the Lease holder once known
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr
+	}
 	runStart := time.Now()
 	members, _, _, err := cfg.registerFleet(ctx, "cfg", cfg.Clusters)
 	if err != nil {
@@ -180,7 +202,7 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		return nil, err
 	}
 	arr := &arrivals{}
-	f, err := NewFleet(FleetConfig{Servers: []string{srv.Addr}, Roots: roots, Members: members,
+	f, err := NewFleet(FleetConfig{Servers: addrs, Roots: roots, Members: members,
 		Snapshot: func(c string) *relaypb.Snapshot { return cfg.Snapshot.Snapshot(c) },
 		Agent:    AgentConfig{Hooks: Hooks{Output: arr.observe}}})
 	if err != nil {
@@ -192,7 +214,7 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		clusters[m.Cluster] = true
 	}
 	wantObjects := cfg.Clusters * len(DiscoveredObjectsOf(cfg.Snapshot.Snapshot("x")))
-	r := &ConfigPlaneResult{Clusters: cfg.Clusters}
+	r := &ConfigPlaneResult{Clusters: cfg.Clusters, Replicas: cfg.Replicas, Leader: servers[0].Name}
 
 	// 1. Clusters connect: their snapshots become discovered objects.
 	stop := cfg.during(ctx, srv)
@@ -235,6 +257,17 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 	}
 	if _, err := pollUntil(wctx, 50*time.Millisecond, func() (bool, error) { return arr.count() == cfg.Clusters, nil }); err != nil {
 		return nil, fmt.Errorf("policy reached %d of %d agents: %w", arr.count(), cfg.Clusters, err)
+	}
+	if len(servers) > 1 {
+		holder, err := cfg.Env.Mgmt.LeaseHolder(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range servers {
+			if s.Name == holder {
+				srv, r.Leader = s.Server, s.Name
+			}
+		}
 	}
 	var all []time.Duration
 	for e := range cfg.Edits {
@@ -315,16 +348,37 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 	if err := cfg.Env.Mgmt.DeleteTrafficPolicy(ctx, policyName); err != nil {
 		return nil, err
 	}
-	lines, err := linesBetween(srv, runStart, time.Now())
-	if err != nil {
-		return nil, err
+	var lines []LogLine
+	for _, s := range servers {
+		l, err := linesBetween(s.Server, runStart, time.Now())
+		if err != nil {
+			return nil, err
+		}
+		lines = append(lines, l...)
 	}
 	r.Logs, r.Throttled = LogCounts(lines), ThrottledOf(lines)
 	f.Stop()
-	if r.Hygiene, err = srv.CheckHygiene(members); err != nil {
-		return nil, err
+	for _, s := range servers {
+		h, err := s.CheckHygiene(members)
+		if err != nil {
+			return nil, err
+		}
+		r.AuditRecords += h.AuditRecords
+		r.Leaks = append(r.Leaks, h.Leaks...)
 	}
 	return r, nil
+}
+
+// startConfigServers starts the scenario's one server, or its replicas.
+func (cfg *ConfigPlaneConfig) startConfigServers(ctx context.Context) ([]*Replica, error) {
+	if cfg.Replicas == 1 {
+		srv, err := cfg.startServer(ctx, "config-server")
+		if err != nil {
+			return nil, err
+		}
+		return []*Replica{{Name: "config-server", Server: srv}}, nil
+	}
+	return cfg.startReplicas(ctx, "config", cfg.Replicas)
 }
 
 // pollUntil calls cond every interval until it holds (returning when) or
@@ -357,6 +411,12 @@ func addTranslations(srv *Server, edits []EditResult) error {
 		return err
 	}
 	num := func(l LogLine, k string) int { f, _ := l.Attrs[k].(float64); return int(f) }
+	// The server logs durations as strings ("138.3ms").
+	dur := func(l LogLine, k string) time.Duration {
+		s, _ := l.Attrs[k].(string)
+		d, _ := time.ParseDuration(s)
+		return d
+	}
 	for _, l := range lines {
 		if num(l, "clusters_published") == 0 {
 			continue
@@ -364,7 +424,7 @@ func addTranslations(srv *Server, edits []EditResult) error {
 		for i := len(edits) - 1; i >= 0; i-- {
 			if !l.Time.Before(edits[i].at) {
 				if l.Time.Sub(edits[i].at) < 5*time.Second {
-					edits[i].Translations = append(edits[i].Translations, Translation{Took: time.Duration(num(l, "took")),
+					edits[i].Translations = append(edits[i].Translations, Translation{After: l.Time.Sub(edits[i].at), Took: dur(l, "took"),
 						Recomputed: num(l, "recomputed"), ClustersPublished: num(l, "clusters_published")})
 				}
 				break

@@ -168,8 +168,9 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 	case "config":
 		clusters := fs.Int("clusters", 100, "fleet size")
 		edits := fs.Int("edits", 5, "policy edits")
+		replicas := fs.Int("replicas", 1, "server replicas (agents spread over them; translations read from the Lease holder's log)")
 		f = func(ctx context.Context, o fleet.Options) (any, error) {
-			return fleet.ConfigPlane(ctx, fleet.ConfigPlaneConfig{Options: o, Clusters: *clusters, Edits: *edits})
+			return fleet.ConfigPlane(ctx, fleet.ConfigPlaneConfig{Options: o, Clusters: *clusters, Edits: *edits, Replicas: *replicas})
 		}
 	case "snapshot":
 		pods := fs.Int("pods-per-service", 10, "ready pods behind each Service")
