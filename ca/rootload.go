@@ -127,12 +127,12 @@ func loadRotationView(root *corev1.Secret, rc *RelayCA, current Signer, now time
 	}
 	// The staged root's issuing CAs that a renewal replaced, while the
 	// staged root is accepted and they are valid.
-	prev, err := stagedPrevious(root, staged)
+	prev, err := stagedPrevious(root, staged, now)
 	if err != nil {
 		return nil, err
 	}
 	for _, c := range prev {
-		if now.Before(c.NotAfter) && accepted(c) {
+		if accepted(c) {
 			v.otherIssuers = append(v.otherIssuers, c)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -234,15 +235,11 @@ func StepRootRotation(ctx context.Context, client kubernetes.Interface, namespac
 	if staged != nil {
 		obs.Staged = RootFingerprint(staged.Root)
 		obs.StagedIssuerDue = !now.Before(IssuerRenewalTime(staged.Issuer, cfg.IssuerRenewAt))
-		kept, err := stagedPrevious(root, staged)
+		kept, err := stagedPrevious(root, staged, now)
 		if err != nil {
 			return RootDecision{}, err
 		}
-		for _, c := range kept {
-			if now.Before(c.NotAfter) {
-				obs.StagedIssuersKept++
-			}
-		}
+		obs.StagedIssuersKept = len(kept)
 	}
 	if st.Phase != RootIdle && (obs.Staged == "" || (obs.Staged != st.Old && obs.Staged != st.New)) {
 		return RootDecision{}, fmt.Errorf("%w: phase %s but the staged root is missing or not one of the rotation's roots", ErrRootRotationState, st.Phase)
@@ -275,7 +272,7 @@ func StepRootRotation(ctx context.Context, client kubernetes.Interface, namespac
 	}
 	if staged, err := stagedRoot(out, now); err != nil {
 		return RootDecision{}, err
-	} else if _, err := stagedPrevious(out, staged); err != nil {
+	} else if _, err := stagedPrevious(out, staged, now); err != nil {
 		return RootDecision{}, err
 	}
 	written, err := secrets.Update(ctx, out, metav1.UpdateOptions{})
@@ -408,7 +405,7 @@ func renewStagedIssuer(cfg GenerateConfig, s *corev1.Secret, st RootRotationStat
 	if staged == nil {
 		return fmt.Errorf("%w: no staged root to renew the issuing CA of", ErrRootRotationState)
 	}
-	prev, err := stagedPrevious(s, staged)
+	prev, err := stagedPrevious(s, staged, now)
 	if err != nil {
 		return err
 	}
@@ -424,11 +421,7 @@ func renewStagedIssuer(cfg GenerateConfig, s *corev1.Secret, st RootRotationStat
 	if st.Phase != RootAddingNew || st.New != RootFingerprint(staged.Root) {
 		kept = append(kept, staged.Issuer)
 	}
-	for _, c := range prev {
-		if now.Before(c.NotAfter) {
-			kept = append(kept, c)
-		}
-	}
+	kept = append(kept, prev...)
 	s.Data[keyNextIssuer], s.Data[keyNextIssuerKey] = CertsPEM(fresh.Issuer), key
 	delete(s.Data, keyNextPrevious)
 	if len(kept) > 0 {
@@ -438,11 +431,12 @@ func renewStagedIssuer(cfg GenerateConfig, s *corev1.Secret, st RootRotationStat
 }
 
 // stagedPrevious parses the staged root's replaced issuing CAs
-// (keyNextPrevious) of s, checked like previous issuing CAs; none when
-// nothing is staged. Between RootActDeleteOld and finishPromotion they
+// (keyNextPrevious) of s, checked like previous issuing CAs (expired ones
+// too), and returns those still valid at now; none when nothing is
+// staged. Between RootActDeleteOld and finishPromotion they
 // wait beside the staged issuing CA for the signing secret, which checks
 // them when they get there.
-func stagedPrevious(s *corev1.Secret, staged *RelayCA) ([]*x509.Certificate, error) {
+func stagedPrevious(s *corev1.Secret, staged *RelayCA, now time.Time) ([]*x509.Certificate, error) {
 	if staged == nil {
 		if len(s.Data[keyNextPrevious]) > 0 && len(s.Data[keyNextIssuer]) == 0 {
 			return nil, fmt.Errorf("%w: secret %s/%s %s without a staged root", ErrInvalidSigner, s.Namespace, s.Name, keyNextPrevious)
@@ -453,7 +447,7 @@ func stagedPrevious(s *corev1.Secret, staged *RelayCA) ([]*x509.Certificate, err
 	if err != nil {
 		return nil, fmt.Errorf("%w: secret %s/%s %s: %w", ErrInvalidSigner, s.Namespace, s.Name, keyNextPrevious, err)
 	}
-	return prev, nil
+	return slices.DeleteFunc(prev, func(c *x509.Certificate) bool { return !now.Before(c.NotAfter) }), nil
 }
 
 // RequestRootRotation records an operator's request (start or rollback)

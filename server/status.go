@@ -392,7 +392,6 @@ func (k *KubeStatus) Acked(cluster string, ack *relaypb.PullAck) {
 	k.mark(cluster, func(st *agentState) { st.ack = out })
 }
 
-// newerAck: want differs from have and is not older.
 // newerCert reports whether want is a later certificate than have: one
 // that ends later (every replica issues with the same lifetime, so the
 // later end is the later issue), so replicas that issued to one agent in
@@ -406,14 +405,14 @@ func newerCert(want, have *multiclusterv1alpha1.AgentCertificate) bool {
 	case !want.NotAfter.Equal(&have.NotAfter):
 		return want.NotAfter.After(have.NotAfter.Time)
 	}
-	w, wok := new(big.Int).SetString(want.Serial, 16)
-	h, hok := new(big.Int).SetString(have.Serial, 16)
-	if !wok || !hok {
-		return want.Serial != have.Serial && (!hok || want.Serial > have.Serial)
-	}
-	return w.Cmp(h) > 0
+	// want is ours (CertificateIssued formats it); a serial in the status
+	// that does not parse was not written by a replica: replaced.
+	w, _ := new(big.Int).SetString(want.Serial, 16)
+	h, ok := new(big.Int).SetString(have.Serial, 16)
+	return !ok || (w != nil && w.Cmp(h) > 0)
 }
 
+// newerAck: want differs from have and is not older.
 func newerAck(want, have *multiclusterv1alpha1.AppliedOutputs) bool {
 	if have == nil {
 		return true

@@ -267,8 +267,14 @@ func (p *process) stepRelayRoot(ctx context.Context, r *ca.RelayIssuers, last *r
 		p.log.Warn("refused a relay root rotation request", "reason", d.Refused, "phase", d.State.Phase)
 	}
 	st := d.State
-	if slices.Contains(d.Actions, ca.RootActRenewStagedIssuer) {
+	moved := last != nil && !sameRootState(last.state, st)
+	renewed := slices.Contains(d.Actions, ca.RootActRenewStagedIssuer)
+	if renewed {
 		p.log.Info("renewed the issuing CA of the new relay root; the replaced one stays accepted while it may have issued", rootAttrs(st)...)
+	}
+	if moved || renewed {
+		// This replica loads what it wrote at once; the others within
+		// --relay-issuer-check-interval.
 		p.reloadRelayIssuer(ctx, r)
 	}
 	if d.Postponed != "" && (last == nil || last.postponed != d.Postponed) {
@@ -277,14 +283,11 @@ func (p *process) stepRelayRoot(ctx context.Context, r *ca.RelayIssuers, last *r
 	switch {
 	case last == nil && st.Phase != ca.RootIdle:
 		p.log.Info("relay root rotation in progress", rootAttrs(st)...)
-	case last != nil && !sameRootState(last.state, st):
+	case moved:
 		rr.steps.Inc()
 		p.log.Info("relay root rotation moved to phase "+string(st.Phase), append(rootAttrs(st), "from", last.state.Phase)...)
-		// This replica loads the new state at once; the others within
-		// --relay-issuer-check-interval.
-		p.reloadRelayIssuer(ctx, r)
 	}
-	if d.Waiting != "" && (last == nil || last.waiting != d.Waiting || !sameRootState(last.state, st)) {
+	if d.Waiting != "" && (last == nil || last.waiting != d.Waiting || moved) {
 		p.log.Info("relay root rotation waiting: "+d.Waiting, "phase", st.Phase, "revision", st.Revision, "blocking", d.Blocking)
 	}
 	return &rootStepLog{state: st, waiting: d.Waiting, postponed: d.Postponed}
