@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -16,6 +18,7 @@ import (
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server/acks"
 	"google.golang.org/protobuf/proto"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,8 +50,10 @@ type KubeStatus struct {
 	mu           sync.Mutex
 	state        map[string]*agentState
 	ackListeners []func(cluster string)
-	// acks is the ack each cluster's status shows, kept from the watch.
-	acks map[string]*relaypb.PullAck
+	// acks is the ack each cluster's status shows, kept from the watch,
+	// and ackDigests the digests of their results (ResultsDigest).
+	acks       map[string]*relaypb.PullAck
+	ackDigests map[string]string
 	// written is the status each cluster's last write left, and the
 	// resourceVersions before and after it: while the watch still shows
 	// the object as it was before that write (a watch lags, most of all in
@@ -85,6 +90,20 @@ type StatusConfig struct {
 	// "disconnected" only for sessions it held, so a replica that lost an
 	// agent to another does not overwrite the other's "connected".
 	Replica string
+	// Ledger, when set (several replicas), records every ack in batches
+	// (acks.Ledger), and Ack reads the version from it: an ack whose
+	// results did not change is then no status write at all until the
+	// heartbeat, yet every replica knows of it within the ledger's
+	// interval.
+	Ledger AckLedger
+}
+
+// AckLedger is where the replicas record which output version each
+// cluster's agent applied (acks.Ledger).
+type AckLedger interface {
+	Record(cluster string, e acks.Entry)
+	Entry(cluster string) (acks.Entry, bool)
+	OnChange(func(cluster string))
 }
 
 func (c StatusConfig) withDefaults() StatusConfig {
@@ -120,15 +139,21 @@ type agentState struct {
 	discovered *multiclusterv1alpha1.DiscoverySummary
 }
 
-// NewKubeStatus returns a sink for namespace's KubernetesClusters; call Run.
+// NewKubeStatus returns a sink for namespace's KubernetesClusters; call Run
+// (and start cfg.Ledger).
 func NewKubeStatus(client dynamic.Interface, namespace string, log *slog.Logger, cfg StatusConfig) *KubeStatus {
 	cfg = cfg.withDefaults()
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 0, namespace, nil)
-	return &KubeStatus{client: client, namespace: namespace, log: log.With("component", "cluster-status"), cfg: cfg,
+	k := &KubeStatus{client: client, namespace: namespace, log: log.With("component", "cluster-status"), cfg: cfg,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "cluster-status"}),
 		informer: factory.ForResource(multiclusterv1alpha1.KubernetesClusters).Informer(),
-		state:    map[string]*agentState{}, written: map[string]writtenStatus{}, acks: map[string]*relaypb.PullAck{}}
+		state:    map[string]*agentState{}, written: map[string]writtenStatus{}, acks: map[string]*relaypb.PullAck{}, ackDigests: map[string]string{}}
+	if cfg.Ledger != nil {
+		// A record moves a cluster's ack on as much as a status does.
+		cfg.Ledger.OnChange(k.tellAck)
+	}
+	return k
 }
 
 // Run watches the KubernetesClusters and writes their statuses until ctx
@@ -295,8 +320,18 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 		// agent that had long renewed under the new root.
 		st = agentState{cert: st.cert}
 	}
+	// An ack whose results are what the status shows only moved the
+	// version on: that is written with the heartbeat (or the next change),
+	// not once per ack — a policy edit reaching 1,000 agents would be
+	// 1,000 writes. Who needs the version sooner reads it from the ledger
+	// (several replicas) or the view (one).
+	ackDue := false
 	if st.ack != nil && newerAck(st.ack, have.AppliedOutputs) {
-		patch["appliedOutputs"] = st.ack
+		if have.AppliedOutputs == nil || !sameResults(st.ack.Results, have.AppliedOutputs.Results) {
+			patch["appliedOutputs"] = appliedPatch(st.ack)
+		} else {
+			ackDue = true
+		}
 	}
 	if st.cert != nil && newerCert(st.cert, have.AgentCertificate) {
 		patch["agentCertificate"] = st.cert
@@ -311,6 +346,17 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 		patch["agentClockOffset"] = metav1.Duration{Duration: *st.clockOffset}
 	}
 	var retryIn time.Duration
+	// A version-only ack waits for the heartbeat: at most one such write
+	// per cluster per Heartbeat (lastSeen is the status's last write).
+	ackWait := time.Duration(0)
+	if ackDue {
+		if since := k.cfg.Now().Sub(timeOf(have.LastSeen)); since >= k.cfg.Heartbeat {
+			patch["appliedOutputs"] = appliedPatch(st.ack)
+			ackDue = false
+		} else {
+			ackWait = k.cfg.Heartbeat - since
+		}
+	}
 	if !st.lastSeen.IsZero() {
 		seen := st.lastSeen.UTC().Truncate(time.Second)
 		switch behind := seen.Sub(timeOf(have.LastSeen)); {
@@ -321,6 +367,13 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 			// Only lastSeen is behind, by less than a heartbeat: write it
 			// with the next change, or when the heartbeat is due.
 			retryIn = k.cfg.Heartbeat - behind
+		}
+	}
+	if ackDue {
+		if len(patch) > 0 {
+			patch["appliedOutputs"] = appliedPatch(st.ack)
+		} else if retryIn == 0 || ackWait < retryIn {
+			retryIn = ackWait
 		}
 	}
 	if len(patch) == 0 {
@@ -389,7 +442,41 @@ func (k *KubeStatus) Acked(cluster string, ack *relaypb.PullAck) {
 				Namespace: r.GetNamespace(), Name: r.GetName(), Outcome: r.GetOutcome(), Error: r.GetError()})
 		}
 	}
+	if k.cfg.Ledger != nil {
+		k.cfg.Ledger.Record(cluster, acks.Entry{Version: ack.GetVersion(), Digest: ResultsDigest(out.Results)})
+	}
 	k.mark(cluster, func(st *agentState) { st.ack = out })
+}
+
+// appliedPatch is a's merge patch: results null when there are none, so
+// failures that were resolved leave the status (a merge patch leaves what
+// it omits).
+func appliedPatch(a *multiclusterv1alpha1.AppliedOutputs) map[string]any {
+	p := map[string]any{"version": a.Version, "results": nil}
+	if len(a.Results) > 0 {
+		p["results"] = a.Results
+	}
+	return p
+}
+
+// ResultsDigest is the hex SHA-256 of an ack's results as the status keeps
+// them; the ledger's record carries it, so a reader pairs the record's
+// version only with the results it was made of.
+func ResultsDigest(results []multiclusterv1alpha1.AppliedResult) string {
+	h := sha256.New()
+	for _, r := range results {
+		for _, f := range []string{r.APIVersion, r.Kind, r.Namespace, r.Name, r.Outcome, r.Error} {
+			h.Write([]byte(strconv.Itoa(len(f))))
+			h.Write([]byte{':'})
+			h.Write([]byte(f))
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// sameResults: a and b hold the same results (nil and empty alike).
+func sameResults(a, b []multiclusterv1alpha1.AppliedResult) bool {
+	return len(a) == len(b) && (len(a) == 0 || reflect.DeepEqual(a, b))
 }
 
 // newerCert reports whether want is a later certificate than have: one
@@ -430,13 +517,41 @@ func (k *KubeStatus) OnAck(f func(cluster string)) {
 	k.ackListeners = append(k.ackListeners, f)
 }
 
-// Ack returns the ack cluster's status shows, or nil: what the agent
-// applied, whichever replica it talks to. It is kept from the watch, so a
-// caller asking for every cluster on every ack costs no decoding.
+// Ack returns what cluster's agent applied last, whichever replica it
+// talks to, or nil: the ack its status shows, or — with a ledger — the
+// later version the ledger records when the record was made of the same
+// results (its digest matches theirs). A record of other results is not
+// used until the status with them is seen: a new version is never paired
+// with an older ack's failures. It is kept from the watches, so a caller
+// asking for every cluster on every ack costs no decoding.
 func (k *KubeStatus) Ack(cluster string) *relaypb.PullAck {
 	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.acks[cluster]
+	have, digest := k.acks[cluster], k.ackDigests[cluster]
+	k.mu.Unlock()
+	if k.cfg.Ledger == nil {
+		return have
+	}
+	e, ok := k.cfg.Ledger.Entry(cluster)
+	if !ok || (have != nil && e.Version <= have.GetVersion()) {
+		return have
+	}
+	if have == nil {
+		digest = ResultsDigest(nil)
+	}
+	if e.Digest != digest {
+		return have
+	}
+	return &relaypb.PullAck{Version: e.Version, Results: have.GetResults()}
+}
+
+// tellAck tells the listeners that cluster's ack may have moved on.
+func (k *KubeStatus) tellAck(cluster string) {
+	k.mu.Lock()
+	listeners := k.ackListeners
+	k.mu.Unlock()
+	for _, f := range listeners {
+		f(cluster)
+	}
 }
 
 // recordAck keeps the ack a watched KubernetesCluster's status shows and,
@@ -454,8 +569,10 @@ func (k *KubeStatus) recordAck(obj any) {
 	changed := !proto.Equal(k.acks[kc.Name], ack)
 	if ack == nil {
 		delete(k.acks, kc.Name)
+		delete(k.ackDigests, kc.Name)
 	} else {
 		k.acks[kc.Name] = ack
+		k.ackDigests[kc.Name] = ResultsDigest(kc.Status.AppliedOutputs.Results)
 	}
 	listeners := k.ackListeners
 	k.mu.Unlock()
@@ -475,6 +592,7 @@ func (k *KubeStatus) forgetAck(obj any) {
 		_, name, _ := cache.SplitMetaNamespaceKey(key)
 		k.mu.Lock()
 		delete(k.acks, name)
+		delete(k.ackDigests, name)
 		k.mu.Unlock()
 	}
 }

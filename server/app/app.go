@@ -20,6 +20,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/server/acks"
 	"github.com/relaymesh/relaymesh/server/heads"
 	"github.com/relaymesh/relaymesh/translation/controller"
 	"github.com/relaymesh/relaymesh/trust"
@@ -313,8 +314,22 @@ func (p *process) clusterNames() []string {
 
 // newStatus builds the clusters' status writer (with several replicas,
 // state they share goes through the apiserver).
-func (p *process) newStatus(ctx context.Context) error {
-	p.status = server.NewKubeStatus(p.kube.Dynamic, p.cfg.Namespace, p.log, server.StatusConfig{Replica: p.reps.name})
+func (p *process) newStatus(ctx context.Context) (err error) {
+	cfg := server.StatusConfig{Replica: p.reps.name}
+	if p.reps.several {
+		// Acks are recorded in batches in the ack ledger, where the
+		// Lease holder reads every cluster's whichever replica its agent
+		// talks to; the status keeps what was applied.
+		ledger := acks.New(p.reps.coord, p.cfg.Namespace, p.log, 0)
+		cfg.Ledger = ledger
+		defer func() {
+			if err == nil {
+				err = ledger.Start(ctx)
+			}
+		}()
+		p.registry.OnRevoke(ledger.Forget)
+	}
+	p.status = server.NewKubeStatus(p.kube.Dynamic, p.cfg.Namespace, p.log, cfg)
 	p.registry.OnRevoke(p.status.Forget)
 	go p.status.Run(ctx)
 	return nil

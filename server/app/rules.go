@@ -33,18 +33,18 @@ func ownsDiscovered(c clusterPlace) bool {
 // isRegistered says whether a cluster is registered in either mode.
 func isRegistered(c clusterPlace) bool { return c.relay || c.kubeconfig }
 
-// acks is where the output controllers read what each cluster's agent
+// ackSource is where the output controllers read what each cluster's agent
 // acknowledged.
-type acks interface {
+type ackSource interface {
 	Ack(cluster string) *relaypb.PullAck
 	OnAck(func(cluster string))
 }
 
 // acksFrom says where acknowledgements are read: with several replicas
-// from the clusters' status, where the leader sees every cluster's
-// whichever replica its agent talks to; the only replica reads its own
-// view.
-func acksFrom(several bool, view *server.View, status *server.KubeStatus) acks {
+// from the ack ledger and the clusters' status (KubeStatus.Ack), where the
+// leader sees every cluster's whichever replica its agent talks to; the
+// only replica reads its own view.
+func acksFrom(several bool, view *server.View, status *server.KubeStatus) ackSource {
 	if several {
 		return status
 	}

@@ -36,8 +36,8 @@ func (p *process) newTranslation(ctx context.Context) error {
 	if err := p.loader.Start(ctx); err != nil {
 		return err
 	}
-	acks := acksFrom(p.reps.several, p.view, p.status)
-	ctlCfg := controller.Config{Client: p.kube.Dynamic, Namespace: p.cfg.Namespace, Outputs: p.outputs, Logger: p.log, Acks: acks,
+	acked := acksFrom(p.reps.several, p.view, p.status)
+	ctlCfg := controller.Config{Client: p.kube.Dynamic, Namespace: p.cfg.Namespace, Outputs: p.outputs, Logger: p.log, Acks: acked,
 		Leading: p.reps.leading, Admission: p.admitter, Clusters: p.clusterNames}
 	if p.sharedSnaps != nil {
 		ctlCfg.Workloads = p.sharedSnaps
@@ -46,7 +46,7 @@ func (p *process) newTranslation(ctx context.Context) error {
 		return err
 	}
 	p.trust, err = trust.Start(ctx, trust.Config{Dynamic: p.kube.Dynamic, Kube: p.kube.Typed, Namespace: p.cfg.Namespace, Outputs: p.outputs,
-		Acks: acks, Leading: p.reps.leading, Clusters: p.clusterNames, Audit: p.audit, Logger: p.log,
+		Acks: acked, Leading: p.reps.leading, Clusters: p.clusterNames, Audit: p.audit, Logger: p.log,
 		PKCS11Modules: p.cfg.PKCS11Modules, Registerer: p.reg, ReservedSecrets: p.cfg.reservedSecrets()})
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/server/acks"
 	"github.com/relaymesh/relaymesh/server/heads"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -105,7 +106,10 @@ func (m *Management) OutputHeads(ctx context.Context) (map[string]uint64, error)
 type ReplicaStatus struct {
 	Connected bool
 	Replica   string
-	// Applied is status.appliedOutputs.version (0: none).
+	// Applied is the latest version the agent acked as the servers record
+	// it: the ack ledger's (acks.Ledger, several replicas), or
+	// status.appliedOutputs.version when later — the status moves on with
+	// the heartbeat when only the version changed (0: none).
 	Applied uint64
 }
 
@@ -114,6 +118,10 @@ func (m *Management) ReplicaStatuses(ctx context.Context) (map[string]ReplicaSta
 	list, err := m.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(m.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, err
+	}
+	recorded, err := acks.Read(ctx, m.Kube, m.Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("ack ledger: %w", err)
 	}
 	out := make(map[string]ReplicaStatus, len(list.Items))
 	for _, u := range list.Items {
@@ -127,6 +135,7 @@ func (m *Management) ReplicaStatuses(ctx context.Context) (map[string]ReplicaSta
 				return nil, fmt.Errorf("KubernetesCluster %s: appliedOutputs.version %q: %w", kc.Name, truncate(a.Version, 40), err)
 			}
 		}
+		st.Applied = max(st.Applied, recorded[kc.Name].Version)
 		out[kc.Name] = st
 	}
 	return out, nil

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/api/outputs"
+	"github.com/relaymesh/relaymesh/server/acks"
 	"github.com/relaymesh/relaymesh/test/e2e"
 	"github.com/relaymesh/relaymesh/test/ha"
 	"github.com/relaymesh/relaymesh/trust"
@@ -226,17 +228,25 @@ func (w *world) checkStatuses(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
+		recorded, err := acks.Read(w.ctx, w.env.Kube, w.env.Namespace)
+		if err != nil {
+			return false, err.Error()
+		}
 		for _, a := range w.agents {
 			kc, err := w.cluster(a.cluster)
 			if err != nil {
 				return false, err.Error()
 			}
 			st := kc.Status
-			acked := ""
+			// What the agent acked last: the ack ledger's record, or the
+			// status's when later (the status takes a version-only ack
+			// with the heartbeat).
+			var acked uint64
 			if st.AppliedOutputs != nil {
-				acked = st.AppliedOutputs.Version
+				acked, _ = strconv.ParseUint(st.AppliedOutputs.Version, 10, 64)
 			}
-			ok := st.Connected && st.Replica != "" && acked == fmt.Sprint(heads[a.cluster])
+			acked = max(acked, recorded[a.cluster].Version)
+			ok := st.Connected && st.Replica != "" && acked == heads[a.cluster]
 			if ok && a.fleet != nil {
 				ok = st.Replica == w.replicaOf(a)
 			}
@@ -245,7 +255,7 @@ func (w *world) checkStatuses(t *testing.T) {
 				if a.fleet != nil {
 					hist = "; its sessions: " + w.log.history(a.fleet, time.Now().Add(-2*time.Minute))
 				}
-				return false, fmt.Sprintf("%s: connected %v, replica %q (agent on %q), acked %s, head %d%s", a.cluster, st.Connected, st.Replica, w.replicaOf(a), acked, heads[a.cluster], hist)
+				return false, fmt.Sprintf("%s: connected %v, replica %q (agent on %q), acked %d, head %d%s", a.cluster, st.Connected, st.Replica, w.replicaOf(a), acked, heads[a.cluster], hist)
 			}
 		}
 		return true, ""

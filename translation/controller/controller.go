@@ -13,9 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"time"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
@@ -274,8 +276,14 @@ func (c *Controller) run(ctx context.Context) {
 	}
 }
 
+// specOnly are the kinds translation reads without their status: they are
+// converted again only when their spec changes (their generation), and
+// handed over without a status.
+var specOnly = map[schema.GroupVersionResource]bool{gvrCluster: true}
+
 // list converts an informer's cache to typed objects, converting only what
-// changed since the last call (by resourceVersion). An object it cannot
+// changed since the last call (by resourceVersion; by generation for the
+// specOnly kinds). An object it cannot
 // read is an error, not a skip: dropping, say, a VirtualMesh with
 // globalAccessPolicy Enabled would remove its deny-all policy (fail open).
 func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) []T {
@@ -288,17 +296,26 @@ func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) 
 			continue
 		}
 		key := u.GetNamespace() + "/" + u.GetName()
-		if t, ok := prev[key]; ok && t.resourceVersion != "" && t.resourceVersion == u.GetResourceVersion() {
+		rv := u.GetResourceVersion()
+		fields := u.Object
+		if specOnly[gvr] && u.GetGeneration() > 0 {
+			// Translation reads the spec alone: a status write (an agent's
+			// heartbeat, its certificate) is no reason to convert again.
+			rv = "spec:" + string(u.GetUID()) + "/" + strconv.FormatInt(u.GetGeneration(), 10)
+			fields = maps.Clone(u.Object)
+			delete(fields, "status")
+		}
+		if t, ok := prev[key]; ok && t.resourceVersion != "" && t.resourceVersion == rv {
 			next[key] = t
 			out = append(out, t.obj.(T))
 			continue
 		}
 		var t T
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &t); err != nil {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(fields, &t); err != nil {
 			*errs = append(*errs, fmt.Errorf("%s %s/%s: %w", u.GetKind(), u.GetNamespace(), u.GetName(), err))
 			continue
 		}
-		next[key] = typedObject{resourceVersion: u.GetResourceVersion(), obj: t}
+		next[key] = typedObject{resourceVersion: rv, obj: t}
 		out = append(out, t)
 	}
 	c.typed[gvr] = next

@@ -145,9 +145,13 @@ type KubernetesClusterStatus struct {
 	Replica string `json:"replica,omitempty"`
 	// AppliedOutputs is what the agent acked last: the output version it
 	// applied, the objects it could not apply and its mesh CA Secrets. The
-	// replica holding the session writes it; the replica holding the Lease
-	// reads every cluster's (a rotation step ends when every mesh's agent
-	// applied it).
+	// replica holding the session writes it at once when the results
+	// change; an ack that only moves the version on is written with the
+	// next heartbeat (lastSeen), so the version here may lag by up to 30 s.
+	// The replicas record every ack's version within a quarter second in
+	// the ack ledger (ConfigMaps relaymesh-acks-NN, several replicas),
+	// where the replica holding the Lease reads every cluster's (a
+	// rotation step ends when every mesh's agent applied it).
 	// +optional
 	AppliedOutputs *AppliedOutputs `json:"appliedOutputs,omitempty"`
 	// Discovered summarizes the agent's last accepted snapshot (written by
