@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"hash/fnv"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -73,7 +74,9 @@ type StatusConfig struct {
 	// round trip to the apiserver; with fewer, a storm's statuses queue
 	// behind the mirror's many parallel writes of discovered objects).
 	Workers int
-	// Heartbeat bounds how often lastSeen alone is written per cluster;
+	// Heartbeat bounds how often lastSeen alone (and an ack that only
+	// moved the version on) is written per cluster — each cluster's is
+	// between Heartbeat and 1.5 × Heartbeat, spread by its name;
 	// default 30s.
 	Heartbeat time.Duration
 	// Resync compares every cluster again this often; default 1m.
@@ -349,24 +352,25 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	// A version-only ack waits for the heartbeat: at most one such write
 	// per cluster per Heartbeat (lastSeen is the status's last write).
 	ackWait := time.Duration(0)
+	heartbeat := k.heartbeat(cluster)
 	if ackDue {
-		if since := k.cfg.Now().Sub(timeOf(have.LastSeen)); since >= k.cfg.Heartbeat {
+		if since := k.cfg.Now().Sub(timeOf(have.LastSeen)); since >= heartbeat {
 			patch["appliedOutputs"] = appliedPatch(st.ack)
 			ackDue = false
 		} else {
-			ackWait = k.cfg.Heartbeat - since
+			ackWait = heartbeat - since
 		}
 	}
 	if !st.lastSeen.IsZero() {
 		seen := st.lastSeen.UTC().Truncate(time.Second)
 		switch behind := seen.Sub(timeOf(have.LastSeen)); {
 		case behind <= 0:
-		case len(patch) > 0 || behind >= k.cfg.Heartbeat:
+		case len(patch) > 0 || behind >= heartbeat:
 			patch["lastSeen"] = metav1.NewTime(seen)
 		default:
 			// Only lastSeen is behind, by less than a heartbeat: write it
 			// with the next change, or when the heartbeat is due.
-			retryIn = k.cfg.Heartbeat - behind
+			retryIn = heartbeat - behind
 		}
 	}
 	if ackDue {
@@ -411,6 +415,17 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 		k.mu.Unlock()
 	}
 	return 0, nil
+}
+
+// heartbeat is cluster's own heartbeat: between Heartbeat and 1.5 ×
+// Heartbeat, a fixed share per cluster. A fleet that connected in one storm
+// then writes its heartbeats spread over half a period, not all in the
+// same second (at 1,000 clusters that second was 1,000 status writes,
+// landing on whatever policy edit was being delivered then).
+func (k *KubeStatus) heartbeat(cluster string) time.Duration {
+	h := fnv.New32a()
+	h.Write([]byte(cluster))
+	return k.cfg.Heartbeat + time.Duration(h.Sum32()%1000)*(k.cfg.Heartbeat/2000)
 }
 
 func timeOf(t *metav1.Time) time.Time {

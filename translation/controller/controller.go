@@ -238,7 +238,18 @@ func (c *Controller) Kick() {
 	}
 }
 
+// A burst of changes (a fleet's snapshots, a thousand acks) is debounced
+// into one translation (or status refresh), the next no sooner than
+// debounce after the last ended. A change after a quiet spell waits only
+// gather (for the other objects of one kubectl apply), not a whole
+// debounce: an isolated policy edit reaches the fleet that much sooner.
+const (
+	debounce = 100 * time.Millisecond
+	gather   = 20 * time.Millisecond
+)
+
 func (c *Controller) run(ctx context.Context) {
+	var last time.Time // when the last translation or status refresh ended
 	for {
 		translate := false
 		select {
@@ -248,12 +259,10 @@ func (c *Controller) run(ctx context.Context) {
 			translate = true
 		case <-c.acked:
 		}
-		// Debounce a burst of changes (or acks) into one translation (or
-		// status refresh).
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(max(gather, debounce-time.Since(last))):
 		}
 		select {
 		case <-c.wake:
@@ -268,11 +277,13 @@ func (c *Controller) run(ctx context.Context) {
 			if c.report != nil {
 				c.writeStatus(ctx, c.report)
 			}
+			last = time.Now()
 			continue
 		}
 		if err := c.translate(ctx); err != nil {
 			c.log.Error("translation failed", "error", err)
 		}
+		last = time.Now()
 	}
 }
 
@@ -283,9 +294,9 @@ var specOnly = map[schema.GroupVersionResource]bool{gvrCluster: true}
 
 // list converts an informer's cache to typed objects, converting only what
 // changed since the last call (by resourceVersion; by generation for the
-// specOnly kinds). An object it cannot
-// read is an error, not a skip: dropping, say, a VirtualMesh with
-// globalAccessPolicy Enabled would remove its deny-all policy (fail open).
+// specOnly kinds). An object it cannot read is an error, not a skip:
+// dropping, say, a VirtualMesh with globalAccessPolicy Enabled would remove
+// its deny-all policy (fail open).
 func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) []T {
 	var out []T
 	prev := c.typed[gvr]
