@@ -585,7 +585,9 @@ func (k *KubeStatus) recordAck(obj any) {
 	if ack == nil {
 		delete(k.acks, kc.Name)
 		delete(k.ackDigests, kc.Name)
-	} else {
+	} else if changed {
+		// Only when it changed: most updates are heartbeats and
+		// certificates, not acks.
 		k.acks[kc.Name] = ack
 		k.ackDigests[kc.Name] = ResultsDigest(kc.Status.AppliedOutputs.Results)
 	}

@@ -18,44 +18,32 @@ package acks
 import (
 	"context"
 	"errors"
-	"fmt"
-	"hash/fnv"
 	"log/slog"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/server/heads"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
+	"github.com/relaymesh/relaymesh/server/shardedcm"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 )
 
 // Shards is the number of ConfigMaps the records are spread over: about
 // 95 bytes per cluster, so 10,000 clusters are about 60 KB per shard.
-const Shards = 16
+const Shards = shardedcm.Shards
 
 // Label marks the records' ConfigMaps.
 const Label = "relaymesh.io/acks"
 
-// namePrefix starts every shard's name.
-const namePrefix = "relaymesh-acks-"
+// kind is the ledger's map.
+var kind = shardedcm.Kind{Prefix: "relaymesh-acks-", Label: Label, What: "ack record"}
+
+// ShardName is the ConfigMap holding cluster's record.
+func ShardName(cluster string) string { return kind.ShardName(cluster) }
 
 // DefaultInterval is the least time between two writes of the records.
 const DefaultInterval = 250 * time.Millisecond
-
-// ShardName is the ConfigMap holding cluster's record.
-func ShardName(cluster string) string {
-	h := fnv.New32a()
-	h.Write([]byte(cluster))
-	return fmt.Sprintf("%s%02d", namePrefix, h.Sum32()%Shards)
-}
 
 // Entry is one cluster's record: the output version its agent acked and
 // the hex SHA-256 of the results kept of that ack.
@@ -98,18 +86,14 @@ func (e Entry) supersedes(stored Entry, ok bool) bool {
 
 // Ledger records acks and reads everyone's.
 type Ledger struct {
-	client    kubernetes.Interface
-	namespace string
-	log       *slog.Logger
-	interval  time.Duration
-	informer  cache.SharedIndexInformer
+	m        *shardedcm.Map[Entry]
+	log      *slog.Logger
+	interval time.Duration
 
-	mu        sync.RWMutex
-	entries   map[string]Entry // as the watch shows them
-	pending   map[string]Entry // recorded, not yet written; a zero Entry deletes
-	listeners []func(cluster string)
-	wake      chan struct{}
-	flushes   int
+	mu      sync.Mutex
+	pending map[string]Entry // recorded, not yet written; a zero Entry deletes
+	wake    chan struct{}
+	flushes int
 }
 
 // New returns a Ledger writing at most every interval (DefaultInterval if
@@ -121,91 +105,28 @@ func New(client kubernetes.Interface, namespace string, log *slog.Logger, interv
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute, informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = Label + "=true" }))
-	return &Ledger{client: client, namespace: namespace, log: log.With("component", "acks"), interval: interval,
-		informer: f.Core().V1().ConfigMaps().Informer(), entries: map[string]Entry{}, pending: map[string]Entry{},
-		wake: make(chan struct{}, 1)}
+	log = log.With("component", "acks")
+	codec := shardedcm.Codec[Entry]{Parse: Parse, Encode: Entry.encode, Replaces: Entry.supersedes}
+	return &Ledger{m: shardedcm.New(client, namespace, kind, codec, log), log: log, interval: interval,
+		pending: map[string]Entry{}, wake: make(chan struct{}, 1)}
 }
 
 // OnChange registers f, called with each cluster whose record changed (on
 // the watch's goroutine). Register before Start.
-func (l *Ledger) OnChange(f func(cluster string)) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.listeners = append(l.listeners, f)
-}
+func (l *Ledger) OnChange(f func(cluster string)) { l.m.OnChange(f) }
 
 // Start watches the records, returns once the first list is in, and writes
 // what is recorded until ctx ends.
 func (l *Ledger) Start(ctx context.Context) error {
-	h := func(any) { l.reload() }
-	if _, err := l.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: h, UpdateFunc: func(_, o any) { h(o) }, DeleteFunc: h}); err != nil {
+	if err := l.m.Start(ctx); err != nil {
 		return err
 	}
-	go l.informer.Run(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), l.informer.HasSynced) {
-		return fmt.Errorf("acks: watch of ConfigMaps labelled %s=true did not sync: %w", Label, ctx.Err())
-	}
-	l.reload()
 	go l.run(ctx)
 	return nil
 }
 
-// reload rebuilds the records from the cache and tells listeners what
-// changed. An entry that does not parse, or sits in another cluster's
-// shard, is skipped and logged: only replicas write records, and no
-// record means "not known to be applied".
-func (l *Ledger) reload() {
-	next := map[string]Entry{}
-	malformed := 0
-	for _, o := range l.informer.GetStore().List() {
-		cm, ok := o.(*corev1.ConfigMap)
-		if !ok || !strings.HasPrefix(cm.Name, namePrefix) {
-			continue
-		}
-		for cluster, v := range cm.Data {
-			e, err := Parse(v)
-			if err != nil || ShardName(cluster) != cm.Name {
-				if malformed == 0 {
-					l.log.Warn("ignoring a malformed ack record", "configmap", cm.Name, "cluster", text.Truncate(cluster, 80))
-				}
-				malformed++
-				continue
-			}
-			next[cluster] = e
-		}
-	}
-	l.mu.Lock()
-	var changed []string
-	for c, e := range next {
-		if l.entries[c] != e {
-			changed = append(changed, c)
-		}
-	}
-	for c := range l.entries {
-		if _, ok := next[c]; !ok {
-			changed = append(changed, c)
-		}
-	}
-	l.entries = next
-	listeners := l.listeners
-	l.mu.Unlock()
-	sort.Strings(changed)
-	for _, c := range changed {
-		for _, f := range listeners {
-			f(c)
-		}
-	}
-}
-
 // Entry returns cluster's record as the watch last showed it.
-func (l *Ledger) Entry(cluster string) (Entry, bool) {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	e, ok := l.entries[cluster]
-	return e, ok
-}
+func (l *Ledger) Entry(cluster string) (Entry, bool) { return l.m.Get(cluster) }
 
 // Record queues cluster's ack for the next write.
 func (l *Ledger) Record(cluster string, e Entry) {
@@ -223,8 +144,8 @@ func (l *Ledger) Forget(cluster string) { l.Record(cluster, Entry{}) }
 
 // Flushes is how many batches were written (for tests and benchmarks).
 func (l *Ledger) Flushes() int {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	return l.flushes
 }
 
@@ -255,7 +176,7 @@ func (l *Ledger) run(ctx context.Context) {
 			continue
 		}
 		last = time.Now()
-		err := l.write(ctx, batch)
+		err := l.m.Write(ctx, batch)
 		if err == nil {
 			retry = 0
 			l.mu.Lock()
@@ -287,113 +208,9 @@ func (l *Ledger) run(ctx context.Context) {
 	}
 }
 
-// write stores entries, each changed shard in one write, shards in
-// parallel, each with the shard's resourceVersion as precondition
-// (conflicts are read again and retried).
-func (l *Ledger) write(ctx context.Context, entries map[string]Entry) error {
-	byShard := map[string]map[string]Entry{}
-	for c, e := range entries {
-		n := ShardName(c)
-		if byShard[n] == nil {
-			byShard[n] = map[string]Entry{}
-		}
-		byShard[n][c] = e
-	}
-	var mu sync.Mutex
-	var errs []error
-	var wg sync.WaitGroup
-	for name, es := range byShard {
-		wg.Go(func() {
-			if err := l.writeShard(ctx, name, es); err != nil {
-				mu.Lock()
-				errs = append(errs, fmt.Errorf("%s: %w", name, err))
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-func (l *Ledger) writeShard(ctx context.Context, name string, es map[string]Entry) error {
-	cms := l.client.CoreV1().ConfigMaps(l.namespace)
-	// The watch's copy first: usually current, it saves a read per write.
-	var cm *corev1.ConfigMap
-	if o, ok, _ := l.informer.GetStore().GetByKey(l.namespace + "/" + name); ok {
-		if c, ok := o.(*corev1.ConfigMap); ok {
-			cm = c.DeepCopy()
-		}
-	}
-	for attempt := 0; ; attempt++ {
-		create := false
-		if cm == nil {
-			got, err := cms.Get(ctx, name, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-				create = true
-				got = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: l.namespace,
-					Labels: map[string]string{Label: "true", "app.kubernetes.io/managed-by": "relaymesh"}}}
-			case err != nil:
-				return err
-			}
-			cm = got
-		}
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		dirty := false
-		for c, e := range es {
-			if e == (Entry{}) {
-				if _, ok := cm.Data[c]; ok {
-					delete(cm.Data, c)
-					dirty = true
-				}
-				continue
-			}
-			old, err := Parse(cm.Data[c])
-			if !e.supersedes(old, err == nil) {
-				continue
-			}
-			cm.Data[c] = e.encode()
-			dirty = true
-		}
-		if !dirty {
-			return nil
-		}
-		var err error
-		if create {
-			_, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "relaymesh-server"})
-		} else {
-			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "relaymesh-server"})
-		}
-		if err == nil {
-			return nil
-		}
-		if (!apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err)) || attempt >= 5 {
-			return err
-		}
-		cm = nil // read it again
-	}
-}
-
 // Read returns every record stored in namespace, as a reader outside the
 // server (a test, an operator's tool) sees them; malformed ones are left
 // out.
 func Read(ctx context.Context, client kubernetes.Interface, namespace string) (map[string]Entry, error) {
-	list, err := client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{LabelSelector: Label + "=true"})
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]Entry{}
-	for _, cm := range list.Items {
-		if !strings.HasPrefix(cm.Name, namePrefix) {
-			continue
-		}
-		for c, v := range cm.Data {
-			if e, err := Parse(v); err == nil && ShardName(c) == cm.Name {
-				out[c] = e
-			}
-		}
-	}
-	return out, nil
+	return shardedcm.Read(ctx, client, namespace, kind, Parse)
 }

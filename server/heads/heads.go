@@ -12,41 +12,28 @@ package heads
 import (
 	"context"
 	"errors"
-	"fmt"
-	"hash/fnv"
 	"log/slog"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/relaymesh/relaymesh/internal/text"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
+	"github.com/relaymesh/relaymesh/server/shardedcm"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 )
 
 // Shards is the number of ConfigMaps the heads are spread over; a write
 // touches only the shards of the clusters it changes.
-const Shards = 16
+const Shards = shardedcm.Shards
 
 // Label marks the heads' ConfigMaps.
 const Label = "relaymesh.io/output-heads"
 
-// ShardName is the ConfigMap holding cluster's head.
-func ShardName(cluster string) string {
-	return fmt.Sprintf("relaymesh-output-heads-%02d", shardOf(cluster))
-}
+// kind is the heads' map.
+var kind = shardedcm.Kind{Prefix: "relaymesh-output-heads-", Label: Label, What: "output head"}
 
-func shardOf(cluster string) int {
-	h := fnv.New32a()
-	h.Write([]byte(cluster))
-	return int(h.Sum32() % Shards)
-}
+// ShardName is the ConfigMap holding cluster's head.
+func ShardName(cluster string) string { return kind.ShardName(cluster) }
 
 // Head is what the leader decided for one cluster.
 type Head struct {
@@ -85,13 +72,7 @@ func Plausible(v uint64, now time.Time) bool { return v <= uint64(now.UnixNano()
 // Store reads the heads from a watch and writes them with the shard's
 // resourceVersion as precondition.
 type Store struct {
-	client    kubernetes.Interface
-	namespace string
-	log       *slog.Logger
-	informer  cache.SharedIndexInformer
-	mu        sync.RWMutex
-	heads     map[string]Head
-	listeners []func(cluster string)
+	m *shardedcm.Map[Head]
 }
 
 // New returns a Store; call Start.
@@ -99,186 +80,35 @@ func New(client kubernetes.Interface, namespace string, log *slog.Logger) *Store
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute, informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = Label + "=true" }))
-	return &Store{client: client, namespace: namespace, log: log.With("component", "output-heads"),
-		informer: f.Core().V1().ConfigMaps().Informer(), heads: map[string]Head{}}
+	codec := shardedcm.Codec[Head]{Parse: parse, Encode: Head.encode,
+		// A head whose version is not above the stored one is not written:
+		// versions never go back, even if a deposed leader writes late.
+		Replaces: func(h, stored Head, ok bool) bool { return !ok || h.Version > stored.Version }}
+	return &Store{m: shardedcm.New(client, namespace, kind, codec, log.With("component", "output-heads"))}
 }
 
 // OnChange registers f, called with each cluster whose head changed (on the
 // watch's goroutine). Register before Start.
-func (s *Store) OnChange(f func(cluster string)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.listeners = append(s.listeners, f)
-}
+func (s *Store) OnChange(f func(cluster string)) { s.m.OnChange(f) }
 
 // Start watches the heads and returns once the first list is in.
-func (s *Store) Start(ctx context.Context) error {
-	h := func(any) { s.reload() }
-	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: h, UpdateFunc: func(_, o any) { h(o) }, DeleteFunc: h}); err != nil {
-		return err
-	}
-	go s.informer.Run(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced) {
-		return fmt.Errorf("output heads: watch of ConfigMaps labelled %s=true did not sync: %w", Label, ctx.Err())
-	}
-	s.reload()
-	return nil
-}
-
-// reload rebuilds the map from the cache and tells listeners what changed.
-// An entry that does not parse is skipped (and logged): a head is only
-// ever written by a replica, and no head means "serve nothing new".
-func (s *Store) reload() {
-	next := map[string]Head{}
-	for _, o := range s.informer.GetStore().List() {
-		cm, ok := o.(*corev1.ConfigMap)
-		if !ok || !strings.HasPrefix(cm.Name, "relaymesh-output-heads-") {
-			continue
-		}
-		for cluster, v := range cm.Data {
-			h, err := parse(v)
-			if err != nil || ShardName(cluster) != cm.Name {
-				s.log.Warn("ignoring a malformed output head", "configmap", cm.Name, "cluster", text.Truncate(cluster, 80))
-				continue
-			}
-			next[cluster] = h
-		}
-	}
-	s.mu.Lock()
-	var changed []string
-	for c, h := range next {
-		if s.heads[c] != h {
-			changed = append(changed, c)
-		}
-	}
-	for c := range s.heads {
-		if _, ok := next[c]; !ok {
-			changed = append(changed, c)
-		}
-	}
-	s.heads = next
-	listeners := s.listeners
-	s.mu.Unlock()
-	sort.Strings(changed)
-	for _, c := range changed {
-		for _, f := range listeners {
-			f(c)
-		}
-	}
-}
+func (s *Store) Start(ctx context.Context) error { return s.m.Start(ctx) }
 
 // Head returns cluster's head as last seen.
-func (s *Store) Head(cluster string) (Head, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	h, ok := s.heads[cluster]
-	return h, ok
-}
+func (s *Store) Head(cluster string) (Head, bool) { return s.m.Get(cluster) }
 
 // All returns a copy of every head.
-func (s *Store) All() map[string]Head {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	out := make(map[string]Head, len(s.heads))
-	for k, v := range s.heads {
-		out[k] = v
-	}
-	return out
-}
+func (s *Store) All() map[string]Head { return s.m.All() }
 
-// Write stores heads (a zero Head deletes the cluster's). It reads each
-// shard it touches from the apiserver and writes it with that
-// resourceVersion as precondition, retrying conflicts; a head whose version
-// is not above the stored one is not written (versions never go back, even
-// if a deposed leader writes late). It returns the heads it could not
-// write.
-func (s *Store) Write(ctx context.Context, heads map[string]Head) error {
-	byShard := map[string]map[string]Head{}
-	for c, h := range heads {
-		n := ShardName(c)
-		if byShard[n] == nil {
-			byShard[n] = map[string]Head{}
-		}
-		byShard[n][c] = h
-	}
-	// Shards are written in parallel: a new leader's first heads (every
-	// cluster whose content changed during the election) reach the agents
-	// in one round trip, not sixteen.
-	var mu sync.Mutex
-	var errs []error
-	var wg sync.WaitGroup
-	for name, hs := range byShard {
-		wg.Go(func() {
-			if err := s.writeShard(ctx, name, hs); err != nil {
-				mu.Lock()
-				errs = append(errs, fmt.Errorf("%s: %w", name, err))
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-func (s *Store) writeShard(ctx context.Context, name string, hs map[string]Head) error {
-	cms := s.client.CoreV1().ConfigMaps(s.namespace)
-	for attempt := 0; ; attempt++ {
-		cm, err := cms.Get(ctx, name, metav1.GetOptions{})
-		create := apierrors.IsNotFound(err)
-		if create {
-			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.namespace,
-				Labels: map[string]string{Label: "true", "app.kubernetes.io/managed-by": "relaymesh"}}}
-		} else if err != nil {
-			return err
-		}
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		dirty := false
-		for c, h := range hs {
-			if h == (Head{}) {
-				if _, ok := cm.Data[c]; ok {
-					delete(cm.Data, c)
-					dirty = true
-				}
-				continue
-			}
-			if old, err := parse(cm.Data[c]); err == nil && old.Version >= h.Version {
-				continue // a newer head is stored: never go back
-			}
-			cm.Data[c] = h.encode()
-			dirty = true
-		}
-		if !dirty {
-			return nil
-		}
-		if create {
-			_, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "relaymesh-server"})
-		} else {
-			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "relaymesh-server"})
-		}
-		if err == nil {
-			return nil
-		}
-		if (!apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err)) || attempt >= 5 {
-			return err
-		}
-	}
-}
+// Write stores heads (a zero Head deletes the cluster's), each shard with
+// its resourceVersion as precondition, retrying conflicts; a head whose
+// version is not above the stored one is not written (versions never go
+// back, even if a deposed leader writes late). It returns the heads it
+// could not write.
+func (s *Store) Write(ctx context.Context, heads map[string]Head) error { return s.m.Write(ctx, heads) }
 
 // Clusters returns the clusters that have heads, sorted.
-func (s *Store) Clusters() []string {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	out := make([]string, 0, len(s.heads))
-	for c := range s.heads {
-		out = append(out, c)
-	}
-	sort.Strings(out)
-	return out
-}
+func (s *Store) Clusters() []string { return s.m.Clusters() }
 
 // Source is the leader's own outputs (relay's Outputs).
 type Source interface {

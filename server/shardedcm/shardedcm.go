@@ -1,0 +1,300 @@
+// Package shardedcm keeps a map of per-cluster records that the server's
+// replicas share through the management cluster's apiserver: a few
+// ConfigMaps (shards) of the server namespace, each record under its
+// cluster's name in the shard the name hashes to. Every replica reads the
+// map from a watch; writes touch only the shards of the records they
+// change, each in one update with the shard's resourceVersion as
+// precondition (a conflict is read again and retried), shards in
+// parallel. The output heads (server/heads) and the ack ledger
+// (server/acks) are two such maps.
+package shardedcm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/relaymesh/relaymesh/internal/text"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Shards is the number of ConfigMaps a map is spread over.
+const Shards = 16
+
+// Kind names one map: its ConfigMaps are Prefix + "NN", labelled Label=true.
+type Kind struct {
+	Prefix, Label string
+	// What a record is, for logs ("output head").
+	What string
+}
+
+// ShardName is the ConfigMap holding cluster's record.
+func (k Kind) ShardName(cluster string) string {
+	h := fnv.New32a()
+	h.Write([]byte(cluster))
+	return fmt.Sprintf("%s%02d", k.Prefix, h.Sum32()%Shards)
+}
+
+// Codec reads and writes records of type V; the zero V is "no record".
+type Codec[V comparable] struct {
+	Parse  func(string) (V, error)
+	Encode func(V) string
+	// Replaces reports whether v is to be written over the stored record
+	// (ok: one is stored and parses). Records that only move forward say
+	// no to an older v, so a writer that is late never undoes a newer one.
+	Replaces func(v, stored V, ok bool) bool
+}
+
+// Map is one shared map, as this replica sees and writes it.
+type Map[V comparable] struct {
+	kind      Kind
+	codec     Codec[V]
+	client    kubernetes.Interface
+	namespace string
+	log       *slog.Logger
+	informer  cache.SharedIndexInformer
+
+	mu        sync.RWMutex
+	shards    map[string]map[string]V // shard → cluster → record, as the watch shows them
+	all       map[string]V
+	listeners []func(cluster string)
+}
+
+// New returns kind's map in namespace; call Start.
+func New[V comparable](client kubernetes.Interface, namespace string, kind Kind, codec Codec[V], log *slog.Logger) *Map[V] {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = kind.Label + "=true" }))
+	return &Map[V]{kind: kind, codec: codec, client: client, namespace: namespace, log: log,
+		informer: f.Core().V1().ConfigMaps().Informer(), shards: map[string]map[string]V{}, all: map[string]V{}}
+}
+
+// OnChange registers f, called with each cluster whose record changed (on
+// the watch's goroutine). Register before Start.
+func (m *Map[V]) OnChange(f func(cluster string)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.listeners = append(m.listeners, f)
+}
+
+// Start watches the map and returns once the first list is in.
+func (m *Map[V]) Start(ctx context.Context) error {
+	h := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			m.reload(cm.Name)
+		}
+	}
+	if _, err := m.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: h, UpdateFunc: func(_, o any) { h(o) }, DeleteFunc: h}); err != nil {
+		return err
+	}
+	go m.informer.Run(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), m.informer.HasSynced) {
+		return fmt.Errorf("%ss: watch of ConfigMaps labelled %s=true did not sync: %w", m.kind.What, m.kind.Label, ctx.Err())
+	}
+	return nil
+}
+
+// reload reads one shard again from the cache (only the shard that
+// changed: a write of one shard costs its records, not the whole map's)
+// and tells listeners which records changed. A record that does not parse,
+// or sits in another cluster's shard, is skipped and logged: only replicas
+// write these maps, and no record is the safe reading of one.
+func (m *Map[V]) reload(shard string) {
+	if !strings.HasPrefix(shard, m.kind.Prefix) {
+		return
+	}
+	next := map[string]V{}
+	if o, ok, _ := m.informer.GetStore().GetByKey(m.namespace + "/" + shard); ok {
+		if cm, ok := o.(*corev1.ConfigMap); ok {
+			malformed := 0
+			for cluster, v := range cm.Data {
+				r, err := m.codec.Parse(v)
+				if err != nil || m.kind.ShardName(cluster) != shard {
+					if malformed == 0 {
+						m.log.Warn("ignoring a malformed "+m.kind.What, "configmap", shard, "cluster", text.Truncate(cluster, 80))
+					}
+					malformed++
+					continue
+				}
+				next[cluster] = r
+			}
+		}
+	}
+	m.mu.Lock()
+	prev := m.shards[shard]
+	var changed []string
+	for c, r := range next {
+		if old, ok := prev[c]; !ok || old != r {
+			changed = append(changed, c)
+		}
+		m.all[c] = r
+	}
+	for c := range prev {
+		if _, ok := next[c]; !ok {
+			changed = append(changed, c)
+			delete(m.all, c)
+		}
+	}
+	m.shards[shard] = next
+	listeners := m.listeners
+	m.mu.Unlock()
+	slices.Sort(changed)
+	for _, c := range changed {
+		for _, f := range listeners {
+			f(c)
+		}
+	}
+}
+
+// Get returns cluster's record as the watch last showed it.
+func (m *Map[V]) Get(cluster string) (V, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	r, ok := m.all[cluster]
+	return r, ok
+}
+
+// All returns a copy of every record.
+func (m *Map[V]) All() map[string]V {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return maps.Clone(m.all)
+}
+
+// Clusters returns the clusters that have a record, sorted.
+func (m *Map[V]) Clusters() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Sorted(maps.Keys(m.all))
+}
+
+// Write stores records (a zero V deletes the cluster's), each touched
+// shard in one update, shards in parallel. A record the codec says does
+// not replace the stored one is not written. It returns what it could not
+// write.
+func (m *Map[V]) Write(ctx context.Context, records map[string]V) error {
+	byShard := map[string]map[string]V{}
+	for c, r := range records {
+		n := m.kind.ShardName(c)
+		if byShard[n] == nil {
+			byShard[n] = map[string]V{}
+		}
+		byShard[n][c] = r
+	}
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for name, rs := range byShard {
+		wg.Go(func() {
+			if err := m.writeShard(ctx, name, rs); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (m *Map[V]) writeShard(ctx context.Context, name string, rs map[string]V) error {
+	cms := m.client.CoreV1().ConfigMaps(m.namespace)
+	var zero V
+	// The watch's copy first: usually current, it saves a read per write;
+	// a stale one fails the precondition and is read again.
+	var cm *corev1.ConfigMap
+	if o, ok, _ := m.informer.GetStore().GetByKey(m.namespace + "/" + name); ok {
+		if c, ok := o.(*corev1.ConfigMap); ok {
+			cm = c.DeepCopy()
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		create := false
+		if cm == nil {
+			got, err := cms.Get(ctx, name, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+				create = true
+				got = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: m.namespace,
+					Labels: map[string]string{m.kind.Label: "true", "app.kubernetes.io/managed-by": "relaymesh"}}}
+			case err != nil:
+				return err
+			}
+			cm = got
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		dirty := false
+		for c, r := range rs {
+			if r == zero {
+				if _, ok := cm.Data[c]; ok {
+					delete(cm.Data, c)
+					dirty = true
+				}
+				continue
+			}
+			stored, err := m.codec.Parse(cm.Data[c])
+			if !m.codec.Replaces(r, stored, err == nil) {
+				continue
+			}
+			cm.Data[c] = m.codec.Encode(r)
+			dirty = true
+		}
+		if !dirty {
+			return nil
+		}
+		var err error
+		if create {
+			_, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "relaymesh-server"})
+		} else {
+			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "relaymesh-server"})
+		}
+		if err == nil {
+			return nil
+		}
+		if (!apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err)) || attempt >= 5 {
+			return err
+		}
+		cm = nil // read it again
+	}
+}
+
+// Read returns every record of kind stored in namespace, as a reader
+// outside the server (a test, an operator's tool) sees them; malformed
+// ones are left out.
+func Read[V comparable](ctx context.Context, client kubernetes.Interface, namespace string, kind Kind, parse func(string) (V, error)) (map[string]V, error) {
+	list, err := client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{LabelSelector: kind.Label + "=true"})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]V{}
+	for _, cm := range list.Items {
+		if !strings.HasPrefix(cm.Name, kind.Prefix) {
+			continue
+		}
+		for c, v := range cm.Data {
+			if r, err := parse(v); err == nil && kind.ShardName(c) == cm.Name {
+				out[c] = r
+			}
+		}
+	}
+	return out, nil
+}
