@@ -39,6 +39,8 @@ var (
 	labelWaypointFor          = label.IoIstioWaypointFor.Name
 	labelGatewayName          = label.IoK8sNetworkingGatewayGatewayName.Name
 	annotationRedirection     = annotation.AmbientRedirection.Name
+	annotationSidecarStatus   = annotation.SidecarStatus.Name
+	containerSidecar          = "istio-proxy"
 )
 
 // GatewayResource is the Gateway API resource discovery reads waypoints from.
@@ -207,4 +209,49 @@ func destinationMode(selected []*relaypb.Workload) string {
 
 func podRedirected(p *corev1.Pod) bool {
 	return p.Annotations[annotationRedirection] == valueRedirected
+}
+
+// podHasSidecar reports whether a running pod was injected: the injector's
+// status annotation, or an istio-proxy container (a native sidecar is an
+// init container).
+func podHasSidecar(p *corev1.Pod) bool {
+	if _, ok := p.Annotations[annotationSidecarStatus]; ok {
+		return true
+	}
+	for _, cs := range [][]corev1.Container{p.Spec.Containers, p.Spec.InitContainers} {
+		for _, c := range cs {
+			if c.Name == containerSidecar {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// runningMode is a Destination's mode once its ready pods are counted too:
+// the pod templates say where the workloads are going, the pods where they
+// are. Relabelling a namespace from sidecar injection to ambient changes the
+// templates' mode at once, while the old pods keep their sidecars until they
+// restart (and a rollback leaves captured pods behind). Until every ready pod
+// agrees with the templates the Destination is mixed, so the sidecar-era
+// policy stays for the pods that still read it and the ztunnel and waypoint
+// policies are in place before the first ambient pod serves.
+func runningMode(templates string, pods []*corev1.Pod) string {
+	var sidecar, ambient bool
+	for _, p := range pods {
+		switch {
+		case podHasSidecar(p):
+			sidecar = true
+		case podRedirected(p):
+			ambient = true
+		}
+	}
+	switch {
+	case templates == discoveryv1alpha1.DataPlaneMixed:
+		return templates
+	case templates == discoveryv1alpha1.DataPlaneAmbient && sidecar,
+		templates == "" && ambient:
+		return discoveryv1alpha1.DataPlaneMixed
+	}
+	return templates
 }

@@ -1,6 +1,7 @@
 package discovery_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/relaymesh/relaymesh/discovery"
@@ -144,6 +145,50 @@ func TestBuildAmbientDestinations(t *testing.T) {
 	require.Len(t, eps, 2)
 	assert.True(t, eps[0].Ambient, "10.0.0.2 carries ambient.istio.io/redirection: enabled")
 	assert.False(t, eps[1].Ambient)
+}
+
+// TestBuildAmbientCountsRunningPods: the pod templates say where a
+// Destination's workloads are going, its ready pods where they are. A
+// namespace relabelled for ambient while its pods still run sidecars is
+// mixed until the last sidecar pod is gone (so the sidecar-era policy stays
+// for them), and so is a rollback that leaves captured pods behind.
+func TestBuildAmbientCountsRunningPods(t *testing.T) {
+	sidecarStatus := func(p *corev1.Pod) { p.Annotations = l("sidecar.istio.io/status", `{"containers":["istio-proxy"]}`) }
+	nativeSidecar := func(p *corev1.Pod) {
+		p.Spec.InitContainers = []corev1.Container{{Name: "istio-proxy", Image: "proxyv2"}}
+	}
+	captured := func(p *corev1.Pod) { p.Annotations = l("ambient.istio.io/redirection", "enabled") }
+	for _, tc := range []struct {
+		name string
+		ns   map[string]string
+		pods []func(*corev1.Pod)
+		want string
+	}{
+		{"relabelled, both pods still have sidecars", l("istio.io/dataplane-mode", "ambient"), []func(*corev1.Pod){sidecarStatus, sidecarStatus}, "mixed"},
+		{"relabelled, one restarted", l("istio.io/dataplane-mode", "ambient"), []func(*corev1.Pod){captured, sidecarStatus}, "mixed"},
+		{"relabelled, a native sidecar left", l("istio.io/dataplane-mode", "ambient"), []func(*corev1.Pod){captured, nativeSidecar}, "mixed"},
+		{"relabelled, all restarted", l("istio.io/dataplane-mode", "ambient"), []func(*corev1.Pod){captured, captured}, "ambient"},
+		{"relabelled, no pod ready yet", l("istio.io/dataplane-mode", "ambient"), nil, "ambient"},
+		{"sidecars, all injected", l("istio-injection", "enabled"), []func(*corev1.Pod){sidecarStatus, sidecarStatus}, ""},
+		{"rolled back, one still captured", l("istio-injection", "enabled"), []func(*corev1.Pod){captured, sidecarStatus}, "mixed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := discovery.Inputs{
+				Namespaces: []*corev1.Namespace{namespace("istio-system", nil), namespace("shop", tc.ns)},
+				Deployments: []*appsv1.Deployment{
+					istiod("istio-system", "istiod", nil, withEnv("PILOT_ENABLE_AMBIENT", "true")),
+					deployment("shop", "reviews", l("app", "reviews"), withSA("reviews")),
+				},
+				Services: []*corev1.Service{service("shop", "reviews", l("app", "reviews"))},
+			}
+			for i, opt := range tc.pods {
+				in.Pods = append(in.Pods, pod("shop", fmt.Sprintf("reviews-%d", i), fmt.Sprintf("10.0.0.%d", i+2), l("app", "reviews"), opt))
+			}
+			s := discovery.Build(cluster, in)
+			require.Len(t, s.Destinations, 1)
+			assert.Equal(t, tc.want, s.Destinations[0].DataPlaneMode)
+		})
+	}
 }
 
 // TestBuildAmbientNeedsAmbientIstiod: without PILOT_ENABLE_AMBIENT (or with

@@ -342,10 +342,13 @@ func (b *builder) destinations(services []*corev1.Service, pods []*corev1.Pod) [
 				idx = newLabelIndex(sets)
 				podIdx[svc.Namespace] = idx
 			}
+			var running []*corev1.Pod
 			for _, k := range idx.match(sel) {
 				p := nsPods[k]
+				running = append(running, p)
 				d.Endpoints = append(d.Endpoints, &relaypb.Endpoint{Ip: valid(p.Status.PodIP), Labels: copyMap(p.Labels), Ambient: podRedirected(p)})
 			}
+			d.DataPlaneMode = runningMode(d.DataPlaneMode, running)
 			// nsPods is sorted by name, and the sort is stable: equal IPs
 			// stay in name order.
 			slices.SortStableFunc(d.Endpoints, func(a, b *relaypb.Endpoint) int { return strings.Compare(a.Ip, b.Ip) })

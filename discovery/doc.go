@@ -116,7 +116,12 @@
 //     own. "none", or a name that is not a DNS subdomain (or a namespace
 //     that is not a DNS label), binds to nothing.
 //   - A Destination's DataPlaneMode is "ambient" when every workload it
-//     selects is ambient, "mixed" when some are, else empty (sidecar).
+//     selects is ambient, "mixed" when some are, else empty (sidecar). Its
+//     ready pods count too: while one still runs with a sidecar (the
+//     injector's sidecar.istio.io/status annotation, or an istio-proxy
+//     container) behind ambient workloads, or one captured by istio-cni runs
+//     behind sidecar workloads, it is "mixed" (a namespace relabelled for
+//     ambient before its pods restart, or a rollback).
 //   - An endpoint is Ambient when its pod has the annotation
 //     ambient.istio.io/redirection=enabled (written by istio-cni).
 //

@@ -270,7 +270,9 @@ type KubeService struct {
 	// +optional
 	Waypoint *WaypointRef `json:"waypoint,omitempty"`
 	// DataPlaneMode of the workloads it selects: sidecar, ambient, or mixed
-	// (both, during a migration); empty means sidecar.
+	// (both, during a migration); empty means sidecar. Its ready pods count
+	// too: a pod that still runs with a sidecar behind ambient workloads (or
+	// one captured by ztunnel behind sidecar workloads) makes it mixed.
 	// +kubebuilder:validation:Enum=sidecar;ambient;mixed
 	// +optional
 	DataPlaneMode string `json:"dataPlaneMode,omitempty"`
