@@ -172,13 +172,15 @@ func (b *builder) sortWaypoints() {
 // "") or in ambient mode, and the mesh that serves them; ok is false when
 // they are in no discovered mesh.
 func (b *builder) workloadMode(meta *metav1.ObjectMeta, tmpl *corev1.PodTemplateSpec) (m *relaypb.Mesh, mode string, ok bool) {
+	// ztunnel and waypoint pods are the data plane, not workloads, even in
+	// a namespace that injects sidecars.
+	if isZtunnel(tmpl.Labels) || isWaypointPod(tmpl.Labels) {
+		return nil, "", false
+	}
 	ns := b.nsLabels[meta.Namespace]
 	if rev, injected := injection(ns, tmpl); injected {
 		m = b.meshByRev[rev]
 		return m, "", m != nil
-	}
-	if isZtunnel(tmpl.Labels) || isWaypointPod(tmpl.Labels) {
-		return nil, "", false
 	}
 	if rev, enrolled := ambientEnrolled(ns, tmpl); enrolled {
 		m = b.meshByRev[rev]

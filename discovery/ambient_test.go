@@ -191,6 +191,30 @@ func TestBuildAmbientCountsRunningPods(t *testing.T) {
 	}
 }
 
+// TestBuildWaypointPodsAreNeverWorkloads: a waypoint deployed into a
+// namespace that still injects sidecars (the first step of a migration) is
+// not a workload, so its Service is no Destination a namespace-wide policy
+// would select.
+func TestBuildWaypointPodsAreNeverWorkloads(t *testing.T) {
+	in := discovery.Inputs{
+		Namespaces: []*corev1.Namespace{namespace("istio-system", nil), namespace("shop", l("istio-injection", "enabled"))},
+		Deployments: []*appsv1.Deployment{
+			istiod("istio-system", "istiod", nil, withEnv("PILOT_ENABLE_AMBIENT", "true")),
+			deployment("shop", "reviews", l("app", "reviews")),
+			deployment("shop", "waypoint", l("gateway.networking.k8s.io/gateway-name", "waypoint"), withSA("waypoint")),
+		},
+		Services: []*corev1.Service{
+			service("shop", "reviews", l("app", "reviews")),
+			service("shop", "waypoint", l("gateway.networking.k8s.io/gateway-name", "waypoint")),
+		},
+	}
+	s := discovery.Build(cluster, in)
+	require.Len(t, s.Workloads, 1)
+	assert.Equal(t, "reviews", s.Workloads[0].Name)
+	require.Len(t, s.Destinations, 1)
+	assert.Equal(t, "reviews", s.Destinations[0].Name)
+}
+
 // TestBuildAmbientNeedsAmbientIstiod: without PILOT_ENABLE_AMBIENT (or with
 // it false) nothing is captured: ambient-labelled workloads are not
 // reported, and Gateways of class istio-waypoint are not waypoints.

@@ -174,14 +174,8 @@ func ambientPod(ctx context.Context, t *testing.T, cs kubernetes.Interface, app 
 // pod workload differ from want.
 func checkWorkloadPolicies(res map[string]*anypb.Any, want map[string][]string) error {
 	got := map[string][]string{}
-	for _, r := range res {
-		addr := &workloadapi.Address{}
-		if err := r.UnmarshalTo(addr); err != nil {
-			return fmt.Errorf("decode Address: %w", err)
-		}
-		if wl := addr.GetWorkload(); wl != nil && wl.GetNamespace() == "shop" {
-			got[wl.GetName()] = slices.Sorted(slices.Values(wl.GetAuthorizationPolicies()))
-		}
+	if err := workloadPolicies(res, got); err != nil {
+		return err
 	}
 	var problems []string
 	for _, name := range sortedKeys(want) {
@@ -194,6 +188,21 @@ func checkWorkloadPolicies(res map[string]*anypb.Any, want map[string][]string) 
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// workloadPolicies records, for every pod workload of namespace shop in
+// res, the Authorizations bound to it, sorted.
+func workloadPolicies(res map[string]*anypb.Any, got map[string][]string) error {
+	for _, r := range res {
+		addr := &workloadapi.Address{}
+		if err := r.UnmarshalTo(addr); err != nil {
+			return fmt.Errorf("decode Address: %w", err)
+		}
+		if wl := addr.GetWorkload(); wl != nil && wl.GetNamespace() == "shop" {
+			got[wl.GetName()] = slices.Sorted(slices.Values(wl.GetAuthorizationPolicies()))
+		}
 	}
 	return nil
 }

@@ -119,6 +119,11 @@ func waypointRBAC(res map[string]*anypb.Any, host string) (map[string]string, er
 	if err != nil {
 		return nil, err
 	}
+	return rbacPolicies(hcm), nil
+}
+
+// rbacPolicies returns the policies of hcm's RBAC filters as JSON by name.
+func rbacPolicies(hcm *hcmv3.HttpConnectionManager) map[string]string {
 	out := map[string]string{}
 	for _, hf := range hcm.GetHttpFilters() {
 		rb := &rbacv3.RBAC{}
@@ -135,36 +140,42 @@ func waypointRBAC(res map[string]*anypb.Any, host string) (map[string]string, er
 			out[prefix+pname] = protojson.Format(p)
 		}
 	}
-	return out, nil
+	return out
 }
 
 var gatewayGVR = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"}
 
-// waypointWorld makes what a waypoint install leaves: service account,
-// Service and running pod of the waypoint, its Gateway with an address in
-// status, and the Service reviews bound to it.
+// waypointWorld makes what a waypoint install leaves (installWaypoint),
+// and the Service reviews bound to it with one captured pod.
 func waypointWorld(ctx context.Context, t *testing.T, cs kubernetes.Interface, dyn dynamic.Interface) {
+	t.Helper()
+	_, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "reviews", Labels: map[string]string{"istio.io/use-waypoint": "waypoint"}},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "reviews"}, Ports: []corev1.ServicePort{
+			{Name: "http", Port: 9080, TargetPort: intstr.FromInt32(9080)},
+		}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	ambientPod(ctx, t, cs, "reviews")
+	installWaypoint(ctx, t, cs, dyn)
+}
+
+// installWaypoint makes what `istioctl waypoint apply` and Istio's
+// deployment controller leave in namespace shop: the waypoint's service
+// account, Service and running pod (10.1.0.20), and its Gateway of class
+// istio-waypoint with an address in status.
+func installWaypoint(ctx context.Context, t *testing.T, cs kubernetes.Interface, dyn dynamic.Interface) {
 	t.Helper()
 	_, err := cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "waypoint"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	gwLabel := map[string]string{"gateway.networking.k8s.io/gateway-name": "waypoint"}
-	for _, svc := range []*corev1.Service{
-		{
-			ObjectMeta: metav1.ObjectMeta{Name: "waypoint", Labels: gwLabel},
-			Spec: corev1.ServiceSpec{Selector: gwLabel, Ports: []corev1.ServicePort{
-				{Name: "mesh", Port: 15008, TargetPort: intstr.FromInt32(15008), AppProtocol: new("all")},
-			}},
-		},
-		{
-			ObjectMeta: metav1.ObjectMeta{Name: "reviews", Labels: map[string]string{"istio.io/use-waypoint": "waypoint"}},
-			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "reviews"}, Ports: []corev1.ServicePort{
-				{Name: "http", Port: 9080, TargetPort: intstr.FromInt32(9080)},
-			}},
-		},
-	} {
-		_, err := cs.CoreV1().Services("shop").Create(ctx, svc, metav1.CreateOptions{})
-		require.NoError(t, err)
-	}
+	_, err = cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "waypoint", Labels: gwLabel},
+		Spec: corev1.ServiceSpec{Selector: gwLabel, Ports: []corev1.ServicePort{
+			{Name: "mesh", Port: 15008, TargetPort: intstr.FromInt32(15008), AppProtocol: new("all")},
+		}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
 	pod, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "waypoint-1", Labels: gwLabel},
 		Spec: corev1.PodSpec{
@@ -180,7 +191,6 @@ func waypointWorld(ctx context.Context, t *testing.T, cs kubernetes.Interface, d
 	}
 	_, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 	require.NoError(t, err)
-	ambientPod(ctx, t, cs, "reviews")
 
 	gw := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "gateway.networking.k8s.io/v1",

@@ -182,3 +182,27 @@ func (d *Istiod) WaypointNode(ip, pod, namespace, gateway, serviceAccount string
 		Metadata: meta,
 	}
 }
+
+// SidecarNode is the xDS node of an injected pod's istio-proxy (an Envoy
+// started by istio-agent): istiod reads the node type "sidecar" from the
+// ID, finds the pod at ip, and builds its inbound listeners from the
+// Services that select the pod's labels.
+func (d *Istiod) SidecarNode(ip, pod, namespace, serviceAccount string, labels map[string]string) *corev3.Node {
+	l := map[string]any{}
+	for k, v := range labels {
+		l[k] = v
+	}
+	meta, _ := structpb.NewStruct(map[string]any{
+		"NAME":            pod,
+		"NAMESPACE":       namespace,
+		"INSTANCE_IPS":    ip,
+		"CLUSTER_ID":      d.cfg.ClusterID,
+		"ISTIO_VERSION":   istioVersion,
+		"SERVICE_ACCOUNT": serviceAccount,
+		"LABELS":          l,
+	})
+	return &corev3.Node{
+		Id:       fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", ip, pod, namespace, namespace),
+		Metadata: meta,
+	}
+}
