@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -401,11 +402,18 @@ func (m *migration) requireCovered(ctx context.Context, when string) {
 			w = m.watch(ctx, m.d.SidecarNode(p.ip, p.name, "shop", "reviews", map[string]string{"app": "reviews", "version": versionOf(p.deployment)}), ListenerTypeURL)
 			m.sidecars[p.name] = w
 		}
+		labels := map[string]string{"app": "reviews", "version": versionOf(p.deployment)}
+		want := m.sidecarRBACNames(labels)
 		var got map[string]string
 		err := w.Await(wait, func(res map[string]*anypb.Any) error {
 			var err error
 			if got, err = inboundRBAC(res, 9080); err != nil {
 				return err
+			}
+			// istiod has caught up with what is applied: else the
+			// previous set, still in the proxy, could pass for it.
+			if names := sortedKeys(got); !slices.Equal(names, want) {
+				return fmt.Errorf("RBAC policies %q, want those of the applied set %q", names, want)
 			}
 			return checkL7Grant(got, "ns[shop]-policy[relaymesh-reviews]-rule[0]")
 		})
@@ -419,15 +427,102 @@ func (m *migration) requireCovered(ctx context.Context, when string) {
 		return m.checkZtunnel(res, authz)
 	})
 	require.NoError(t, err, "%s: the ztunnel: %s", when, describeAuthorizations(t, m.ztunnelAuthz))
+	want := m.waypointRBACNames("reviews")
 	var got map[string]string
 	err = m.waypoint.Await(wait, func(res map[string]*anypb.Any) error {
 		var err error
 		if got, err = waypointRBAC(res, "reviews.shop.svc.cluster.local"); err != nil {
 			return err
 		}
+		if names := sortedKeys(got); !slices.Equal(names, want) {
+			return fmt.Errorf("RBAC policies %q, want those of the applied set %q", names, want)
+		}
 		return checkL7Grant(got, "ns[shop]-policy[relaymesh-reviews.waypoint]-rule[0]")
 	})
 	require.NoError(t, err, "%s: the waypoint: RBAC %v", when, got)
+}
+
+// appliedPolicies are the AuthorizationPolicies of the applied set.
+func (m *migration) appliedPolicies() []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, o := range m.applied.Objects() {
+		if o.Object.GetKind() == "AuthorizationPolicy" {
+			out = append(out, o.Object)
+		}
+	}
+	return out
+}
+
+// selects reports whether the selector policy ap applies to pods with
+// labels in namespace shop (a policy without selector in the root namespace
+// applies to every pod too, when root is set).
+func selects(ap *unstructured.Unstructured, labels map[string]string, root bool) bool {
+	if _, refs, _ := unstructured.NestedSlice(ap.Object, "spec", "targetRefs"); refs {
+		return false
+	}
+	sel, hasSel, _ := unstructured.NestedStringMap(ap.Object, "spec", "selector", "matchLabels")
+	switch ap.GetNamespace() {
+	case DefaultNamespace:
+		return root && !hasSel
+	case "shop":
+		for k, v := range sel {
+			if labels[k] != v {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// rbacNames are the names istiod gives the RBAC policies of an
+// AuthorizationPolicy's rules: ns[<ns>]-policy[<name>]-rule[<i>].
+func rbacNames(ap *unstructured.Unstructured) []string {
+	rules, _, _ := unstructured.NestedSlice(ap.Object, "spec", "rules")
+	var out []string
+	for i := range rules {
+		out = append(out, fmt.Sprintf("ns[%s]-policy[%s]-rule[%d]", ap.GetNamespace(), ap.GetName(), i))
+	}
+	return out
+}
+
+// sidecarRBACNames are the RBAC policies the applied set gives the sidecar
+// of a pod with labels, sorted.
+func (m *migration) sidecarRBACNames(labels map[string]string) []string {
+	var out []string
+	for _, ap := range m.appliedPolicies() {
+		if selects(ap, labels, true) {
+			out = append(out, rbacNames(ap)...)
+		}
+	}
+	return slices.Sorted(slices.Values(out))
+}
+
+// boundAtZtunnel are the selector policies (namespace/name) istiod binds
+// to a captured pod with labels, sorted.
+func (m *migration) boundAtZtunnel(labels map[string]string) []string {
+	var out []string
+	for _, ap := range m.appliedPolicies() {
+		if selects(ap, labels, false) {
+			out = append(out, ap.GetNamespace()+"/"+ap.GetName())
+		}
+	}
+	return slices.Sorted(slices.Values(out))
+}
+
+// waypointRBACNames are the RBAC policies the applied set gives the
+// waypoint for Service svc: those targeting it, sorted.
+func (m *migration) waypointRBACNames(svc string) []string {
+	var out []string
+	for _, ap := range m.appliedPolicies() {
+		refs, _, _ := unstructured.NestedSlice(ap.Object, "spec", "targetRefs")
+		for _, r := range refs {
+			if ref, ok := r.(map[string]any); ok && ref["kind"] == "Service" && ref["name"] == svc {
+				out = append(out, rbacNames(ap)...)
+			}
+		}
+	}
+	return slices.Sorted(slices.Values(out))
 }
 
 // checkL7Grant wants the named RBAC policy to grant productpage GET
@@ -465,6 +560,9 @@ func (m *migration) checkZtunnel(addrs, authz map[string]*anypb.Any) error {
 		names, ok := bound[p.name]
 		if !ok {
 			return fmt.Errorf("workload %s not sent", p.name)
+		}
+		if want := m.boundAtZtunnel(map[string]string{"app": "reviews", "version": versionOf(p.deployment)}); !slices.Equal(names, want) {
+			return fmt.Errorf("workload %s: policies %q, want those of the applied set %q", p.name, names, want)
 		}
 		admitsWaypoint := false
 		for _, name := range names {
