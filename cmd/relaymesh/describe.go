@@ -325,6 +325,11 @@ func (dw descWriter) destination(d *all.DestinationDescription) {
 	row("Service:", d.Service.Namespace+"/"+d.Service.Name)
 	row("Cluster:", d.Service.ClusterName)
 	row("Mesh:", d.Mesh)
+	if d.Waypoint != "" {
+		row("Data plane:", d.DataPlane+" (waypoint "+d.Waypoint+")")
+	} else {
+		row("Data plane:", d.DataPlane)
+	}
 	row("Hostnames:", strings.Join(d.Hostnames, ", "))
 	dw.policies("TrafficPolicies (translation order)", d.Traffic)
 	dw.policies("AccessPolicies", d.Access)

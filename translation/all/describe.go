@@ -78,14 +78,20 @@ type OutputRef struct {
 // DestinationDescription says which policies apply to a Destination, in
 // translation order, and what they produce for it.
 type DestinationDescription struct {
-	Name      string                  `json:"name"`
-	Service   common.ClusterObjectRef `json:"service"`
-	Mesh      string                  `json:"mesh"`
-	Hostnames []string                `json:"hostnames"`
-	Traffic   []AppliedPolicy         `json:"trafficPolicies"`
-	Access    []AppliedPolicy         `json:"accessPolicies"`
-	Federated []Federation            `json:"virtualMeshes"`
-	Outputs   []OutputRef             `json:"outputs"`
+	Name    string                  `json:"name"`
+	Service common.ClusterObjectRef `json:"service"`
+	Mesh    string                  `json:"mesh"`
+	// DataPlane is sidecar, ambient or mixed (a migration in progress:
+	// both kinds of policy are written).
+	DataPlane string `json:"dataPlane"`
+	// Waypoint is the namespace/name of the waypoint the Service is bound
+	// to, if any.
+	Waypoint  string          `json:"waypoint,omitempty"`
+	Hostnames []string        `json:"hostnames"`
+	Traffic   []AppliedPolicy `json:"trafficPolicies"`
+	Access    []AppliedPolicy `json:"accessPolicies"`
+	Federated []Federation    `json:"virtualMeshes"`
+	Outputs   []OutputRef     `json:"outputs"`
 }
 
 // WorkloadDescription says which policies apply to a Workload as a source.
@@ -135,7 +141,11 @@ func DescribeDestination(in *translation.Input, out *translation.Output, r *tran
 	ks := d.Spec.KubeService
 	desc := &DestinationDescription{Name: d.Name, Service: ks.Ref, Mesh: d.Spec.Mesh.Name,
 		Hostnames: []string{translation.LocalHostname(d, ""), translation.FederatedHostname(d, federation.DefaultHostnameSuffix)},
-		Traffic:   []AppliedPolicy{}, Access: []AppliedPolicy{}, Federated: []Federation{}, Outputs: []OutputRef{}}
+		Traffic:   []AppliedPolicy{}, Access: []AppliedPolicy{}, Federated: []Federation{}, Outputs: []OutputRef{},
+		DataPlane: cmp.Or(ks.DataPlaneMode, discoveryv1alpha1.DataPlaneSidecar)}
+	if ks.Waypoint != nil {
+		desc.Waypoint = ks.Waypoint.Namespace + "/" + ks.Waypoint.Name
+	}
 	target := translation.DestinationTarget(d)
 	parents := map[string]bool{}
 	for _, p := range translation.SortedTrafficPolicies(in.TrafficPolicies) {

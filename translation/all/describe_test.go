@@ -2,6 +2,7 @@ package all_test
 
 import (
 	"errors"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -73,6 +74,8 @@ func TestDescribeDestination(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, common.ClusterObjectRef{Name: "reviews", Namespace: "bookinfo", ClusterName: "cluster-1"}, d.Service)
 	assert.Equal(t, "istiod-istio-system-cluster-1", d.Mesh)
+	assert.Equal(t, "sidecar", d.DataPlane, "no mode from discovery is a sidecar")
+	assert.Empty(t, d.Waypoint)
 	assert.Equal(t, []string{"reviews.bookinfo.svc.cluster.local", "reviews.bookinfo.svc.cluster-1.global"}, d.Hostnames)
 	// Translation order: oldest first.
 	assert.Equal(t, []string{"TrafficPolicy/bookinfo/reviews-timeout Accepted", "TrafficPolicy/bookinfo/reviews-canary Accepted"}, names(d.Traffic))
@@ -99,6 +102,23 @@ func TestDescribeDestination(t *testing.T) {
 	assert.Empty(t, d.Traffic)
 	assert.Empty(t, d.Access)
 	assert.Empty(t, d.Outputs)
+}
+
+// TestDescribeDestinationInMigration: a Destination in the middle of a
+// move to ambient says so, names its waypoint, and lists the three
+// policies of both modes.
+func TestDescribeDestinationInMigration(t *testing.T) {
+	in := translationtest.LoadInput(t, filepath.Join("..", "..", "policy", "testdata", "access", "ambient-mixed-migration"))
+	out, r := translateAll(in)
+	d, err := all.DescribeDestination(in, out, r, "reviews-shop-cluster-1")
+	require.NoError(t, err)
+	assert.Equal(t, "mixed", d.DataPlane)
+	assert.Equal(t, "shop/waypoint", d.Waypoint)
+	assert.Equal(t, []string{
+		"cluster-1 AuthorizationPolicy shop/relaymesh-reviews",
+		"cluster-1 AuthorizationPolicy shop/relaymesh-reviews.waypoint",
+		"cluster-1 AuthorizationPolicy shop/relaymesh-reviews.ztunnel",
+	}, refs(d.Outputs))
 }
 
 func TestDescribeDestinationFederated(t *testing.T) {
