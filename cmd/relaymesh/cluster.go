@@ -41,6 +41,13 @@ with the Helm SDK (helm upgrade --install semantics: release --release-name
 in --remote-namespace), with the cluster's name and server address as
 values over any --values/--set; --wait waits for the agent to be ready.
 
+The management cluster can be its own workload cluster (the single-cluster
+layout) with the agent in a namespace of its own: --remote-namespace
+relaymesh-agent here, and the agent run with --namespace relaymesh-agent.
+Registration (and re-bootstrap, and deregister's cleanup) refuses the
+server's namespace before writing anything: the agent's Secrets would
+overwrite the server's relay root.
+
 --dry-run is for GitOps: the workload cluster is not touched (and need not
 be reachable). The management side is registered for real — the
 KubernetesCluster, and the bootstrap token the printed Secret holds (only
@@ -234,6 +241,9 @@ func registerKubeconfig(ctx context.Context, d deps, g *globals, f *registerFlag
 // written), and the agent chart if --chart names one.
 func registerRelay(ctx context.Context, d deps, g *globals, f *registerFlags, req registration.Request, mgmt, remote *kubeclient.Clients, remoteSrc kubeclient.Source, chart *registration.Loaded) error {
 	name, grants := req.Cluster, req.TrustDomains
+	if err := registration.CheckAgentNamespace(ctx, mgmt, remote, g.namespace, f.remoteNamespace); err != nil {
+		return err
+	}
 	bundle, rollback, err := registration.Register(ctx, mgmt, req)
 	if err != nil {
 		return err
@@ -411,6 +421,13 @@ func newClusterDeregisterCommand(d deps, g *globals) *cobra.Command {
 				}
 				if remote, err = src.Load(); err != nil {
 					return fmt.Errorf("workload cluster: %w", err)
+				}
+			}
+			if remote != nil {
+				// Checked first: the cleanup would remove the server's
+				// own Secrets.
+				if err := registration.CheckAgentNamespace(c.Context(), mgmt, remote, g.namespace, remoteNamespace); err != nil {
+					return err
 				}
 			}
 			if err := registration.Deregister(c.Context(), mgmt, g.namespace, name); err != nil {

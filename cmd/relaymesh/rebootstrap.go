@@ -132,6 +132,9 @@ func runRebootstrap(ctx context.Context, d deps, g *globals, f *rebootstrapFlags
 	if _, err := remote.Typed.Discovery().ServerVersion(); err != nil {
 		return fmt.Errorf("workload cluster unreachable: %w", err)
 	}
+	if err := registration.CheckAgentNamespace(ctx, mgmt, remote, g.namespace, f.remoteNamespace); err != nil {
+		return err
+	}
 	bundle, err := registration.Rebootstrap(ctx, mgmt, req)
 	if err != nil {
 		return err

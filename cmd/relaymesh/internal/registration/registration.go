@@ -447,3 +447,52 @@ func RemoveAgentSecrets(ctx context.Context, remote kubernetes.Interface, namesp
 	}
 	return nil
 }
+
+// ErrServerNamespace means the agent's namespace in the workload cluster is
+// the relay server's own: the management cluster registered as its own
+// workload cluster with the agent beside the server.
+var ErrServerNamespace = errors.New("the agent's namespace is the relay server's")
+
+// CheckAgentNamespace refuses a workload-cluster namespace that is the relay
+// server's own, before anything is written there: the agent's Secrets would
+// overwrite the server's relay-root-tls-secret (its root key with it), and
+// deregistering would delete it. It is the server's when it holds the
+// server's relay CA Secrets (the generated CA: relay-tls-signing-secret, or
+// a root Secret with a key), or when it has the server's namespace name in
+// the same cluster (kube-system's UID, else the API server's address, is
+// the same: a provided CA keeps no key in the cluster).
+func CheckAgentNamespace(ctx context.Context, mgmt, remote *kubeclient.Clients, namespace, remoteNamespace string) error {
+	refuse := func(why string) error {
+		return fmt.Errorf("%w: %s; the agent's Secrets would overwrite the server's %s and deregistering would delete it. "+
+			"To register the management cluster as its own workload cluster, give the agent a namespace of its own (--remote-namespace relaymesh-agent, and the agent's --namespace)",
+			ErrServerNamespace, why, ca.RootSecretName)
+	}
+	secrets := remote.Typed.CoreV1().Secrets(remoteNamespace)
+	if _, err := secrets.Get(ctx, ca.SigningSecretName, metav1.GetOptions{}); err == nil {
+		return refuse(fmt.Sprintf("namespace %s of the workload cluster holds the relay issuing CA (%s)", remoteNamespace, ca.SigningSecretName))
+	} else if !apierrors.IsNotFound(err) {
+		return fmt.Errorf("check namespace %s of the workload cluster: %w", remoteNamespace, err)
+	}
+	if root, err := secrets.Get(ctx, ca.RootSecretName, metav1.GetOptions{}); err == nil {
+		if _, ok := root.Data[corev1.TLSPrivateKeyKey]; ok {
+			return refuse(fmt.Sprintf("namespace %s of the workload cluster holds the relay root key (%s)", remoteNamespace, ca.RootSecretName))
+		}
+	} else if !apierrors.IsNotFound(err) {
+		return fmt.Errorf("check namespace %s of the workload cluster: %w", remoteNamespace, err)
+	}
+	if namespace == remoteNamespace && sameCluster(ctx, mgmt, remote) {
+		return refuse(fmt.Sprintf("the workload cluster is the management cluster and namespace %s is the server's --namespace", namespace))
+	}
+	return nil
+}
+
+// sameCluster reports whether two clients reach one cluster: the UID of
+// kube-system on both, else (one cannot read it) the same API server URL.
+func sameCluster(ctx context.Context, a, b *kubeclient.Clients) bool {
+	na, errA := a.Typed.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
+	nb, errB := b.Typed.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
+	if errA == nil && errB == nil {
+		return na.UID == nb.UID
+	}
+	return a.Config != nil && b.Config != nil && strings.TrimSuffix(a.Config.Host, "/") == strings.TrimSuffix(b.Config.Host, "/")
+}
