@@ -93,6 +93,7 @@ const (
 	AreaIstiod        = "istiod"
 	AreaWebhook       = "webhook"
 	AreaDashboard     = "dashboard"
+	AreaAmbient       = "ambient"
 )
 
 // Result is one finding.
@@ -120,7 +121,7 @@ type Report struct {
 // NewReport sorts results (by area order, then subject) and counts them.
 func NewReport(now time.Time, results []Result) *Report {
 	order := map[string]int{}
-	for i, a := range []string{AreaCRDs, AreaServer, AreaRelayCA, AreaAgents, AreaClock, AreaVirtualMeshes, AreaTrustDomains, AreaIstiod, AreaWebhook, AreaDashboard} {
+	for i, a := range []string{AreaCRDs, AreaServer, AreaRelayCA, AreaAgents, AreaClock, AreaVirtualMeshes, AreaTrustDomains, AreaIstiod, AreaWebhook, AreaDashboard, AreaAmbient} {
 		order[a] = i
 	}
 	sort.SliceStable(results, func(i, j int) bool {
