@@ -229,6 +229,8 @@ func TestEvaluateAmbientRouteMixing(t *testing.T) {
 			routes: []string{rt("HTTPRoute", svcParent, true)}, want: Error},
 		{name: "a route whose parent is a Gateway is not on the Service", vs: []string{vs("mine", "[reviews]", "", false)},
 			routes: []string{rt("HTTPRoute", "{kind: Gateway, name: reviews}", false)}, want: OK},
+		{name: "a Service parent without group '' is defaulted to the Gateway API group: no Service", vs: []string{vs("mine", "[reviews]", "", false)},
+			routes: []string{rt("HTTPRoute", "{kind: Service, name: reviews}", false)}, want: OK},
 		{name: "another Service's host", vs: []string{vs("mine", "[ratings, '*.shop.svc.cluster.local', reviews.other]", "", false)},
 			routes: []string{rt("HTTPRoute", svcParent, true)}, want: OK},
 	} {
