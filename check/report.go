@@ -34,6 +34,16 @@
 //   - Admission webhook: registered, reachable by the apiserver (a
 //     server-side dry run), its failure policy, and whether it answers only
 //     the apiserver's client certificate.
+//   - Ambient pitfalls, from each workload cluster's own objects (namespaces,
+//     pods, Services, AuthorizationPolicies, waypoint Gateways,
+//     VirtualServices, HTTPRoutes and GRPCRoutes; a kind the cluster does
+//     not serve is nothing to check): an AuthorizationPolicy ztunnel
+//     enforces on ambient pods that holds HTTP attributes (ALLOW: an error,
+//     the rules are dropped and what they allow is denied; DENY: a warning,
+//     widened to L4); a headless Service bound to a waypoint for Service
+//     traffic (clients bypass it); a Service routed by both a VirtualService
+//     and an HTTPRoute or GRPCRoute. Each names whose the objects are:
+//     Relaymesh's (label relaymesh.io/owner) or the user's.
 package check
 
 import (
