@@ -158,7 +158,12 @@ func evalZtunnelPolicies(cluster string, a *Ambient, pods map[string][]Pod) []Re
 			continue // enforced by a waypoint or gateway, not ztunnel
 		}
 		zp := &ztunnelPolicy{u: u}
-		switch action, _ := spec["action"].(string); action {
+		action, ok := spec["action"].(string)
+		if !ok && spec["action"] != nil {
+			rs = append(rs, result(AreaAmbient, subject, Warning, "cannot read it (spec.action is a %T, not a string): not checked for ambient pitfalls", spec["action"]))
+			continue
+		}
+		switch action {
 		case "", "ALLOW":
 			zp.allow = true
 		case "DENY":
@@ -539,8 +544,10 @@ func routesOf(a *Ambient) []route {
 
 // serviceOfHost maps a VirtualService host to the Service it names in the
 // cluster (namespace/name), "" for a host that names none (wildcards,
-// external names). A short name is relative to the VirtualService's
-// namespace.
+// external names). As istiod resolves it (ResolveShortnameToFQDN): a
+// name without a dot is in the VirtualService's namespace; any other is
+// taken as is, so it names a Service only as
+// <name>.<namespace>.svc.<cluster domain>.
 func serviceOfHost(host, ns string) string {
 	if host == "" || strings.Contains(host, "*") {
 		return ""
@@ -549,9 +556,7 @@ func serviceOfHost(host, ns string) string {
 	switch {
 	case len(parts) == 1:
 		return ns + "/" + parts[0]
-	case len(parts) == 2:
-		return parts[1] + "/" + parts[0]
-	case parts[2] == "svc":
+	case len(parts) >= 4 && parts[2] == "svc" && parts[0] != "" && parts[1] != "":
 		return parts[1] + "/" + parts[0]
 	}
 	return ""

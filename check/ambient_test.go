@@ -221,7 +221,7 @@ func TestEvaluateAmbientRouteMixing(t *testing.T) {
 		{name: "FQDN host and a user's GRPCRoute beside Relaymesh's VirtualService", vs: []string{vs("relaymesh-reviews", "[reviews.shop.svc.cluster.local]", "", true)},
 			routes: []string{rt("GRPCRoute", svcParent, false)}, grpc: true,
 			want: Error, msg: []string{"GRPCRoute shop/relaymesh-reviews (the user's)", "delete the user's route"}},
-		{name: "namespace-qualified host, both the user's", vs: []string{vs("mine", "[reviews.shop]", "", false)}, routes: []string{rt("HTTPRoute", svcParent, false)},
+		{name: "FQDN host with another cluster domain, both the user's", vs: []string{vs("mine", "[reviews.shop.svc.corp.example]", "", false)}, routes: []string{rt("HTTPRoute", svcParent, false)},
 			want: Error, msg: []string{"keep one API"}},
 		{name: "a VirtualService for gateways only is not mesh routing", vs: []string{vs("mine", "[reviews]", ", gateways: [shop/ingress]", false)},
 			routes: []string{rt("HTTPRoute", svcParent, true)}, want: OK},
@@ -231,7 +231,7 @@ func TestEvaluateAmbientRouteMixing(t *testing.T) {
 			routes: []string{rt("HTTPRoute", "{kind: Gateway, name: reviews}", false)}, want: OK},
 		{name: "a Service parent without group '' is defaulted to the Gateway API group: no Service", vs: []string{vs("mine", "[reviews]", "", false)},
 			routes: []string{rt("HTTPRoute", "{kind: Service, name: reviews}", false)}, want: OK},
-		{name: "another Service's host", vs: []string{vs("mine", "[ratings, '*.shop.svc.cluster.local', reviews.other]", "", false)},
+		{name: "another Service's host", vs: []string{vs("mine", "[ratings, '*.shop.svc.cluster.local', reviews.other.svc.cluster.local, reviews.shop, reviews.shop.svc]", "", false)},
 			routes: []string{rt("HTTPRoute", svcParent, true)}, want: OK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -285,7 +285,7 @@ func TestEvaluateAmbientMalformedObjectsDoNotCrash(t *testing.T) {
 	var rs []Result
 	require.NotPanics(t, func() { rs = evalAmbientCluster("c1", a) })
 	assert.NotEmpty(t, find(rs, AreaAmbient, "c1 AuthorizationPolicy shop/a"), "a selector that is not an object is a warning")
-	for _, name := range []string{"b", "c", "d", "e"} {
+	for _, name := range []string{"b", "c", "d", "e", "f"} {
 		got := find(rs, AreaAmbient, "c1 AuthorizationPolicy shop/"+name)
 		require.Len(t, got, 1, name)
 		assert.Equal(t, Warning, got[0].Severity, got[0].Message)
