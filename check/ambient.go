@@ -22,10 +22,6 @@ import (
 // selector to the matching workloads of every namespace.
 const istioRootNamespace = "istio-system"
 
-// labelGatewayName marks a Gateway's own pods (a waypoint's): proxies,
-// never captured by ztunnel.
-const labelGatewayName = "gateway.networking.k8s.io/gateway-name"
-
 // l4WhenKeys are the `when` keys ztunnel enforces (istiod's
 // l4WhenAttributes); any other key is an HTTP attribute to it.
 var l4WhenKeys = []string{"source.ip", "source.namespace", "source.principal", "destination.ip", "destination.port"}
@@ -101,7 +97,7 @@ func ambientPods(a *Ambient) map[string][]Pod {
 		if p.Sidecar {
 			continue
 		}
-		if _, proxy := p.Labels[labelGatewayName]; proxy {
+		if _, proxy := p.Labels[labelGatewayName]; proxy { // a waypoint's own pod
 			continue
 		}
 		mode := p.Labels[labelDataplaneMode]

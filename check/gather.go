@@ -25,6 +25,8 @@ import (
 	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/relaymesh/relaymesh/trust"
 	"go.step.sm/crypto/pemutil"
+	"istio.io/api/annotation"
+	"istio.io/api/label"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
@@ -385,16 +387,21 @@ func gatherWorkload(ctx context.Context, cfg Config, src WorkloadSource) Workloa
 	return w
 }
 
-// Names the ambient check reads (Istio's labels and annotations).
+// Names the ambient check reads: Istio's labels and annotations, as
+// istio.io/api names them.
+var (
+	labelDataplaneMode        = label.IoIstioDataplaneMode.Name
+	labelUseWaypoint          = label.IoIstioUseWaypoint.Name
+	labelUseWaypointNamespace = label.IoIstioUseWaypointNamespace.Name
+	labelWaypointFor          = label.IoIstioWaypointFor.Name
+	labelGatewayName          = label.IoK8sNetworkingGatewayGatewayName.Name
+	annotationRedirection     = annotation.AmbientRedirection.Name
+	annotationSidecarStatus   = annotation.SidecarStatus.Name
+)
+
 const (
-	labelDataplaneMode        = "istio.io/dataplane-mode"
-	labelUseWaypoint          = "istio.io/use-waypoint"
-	labelUseWaypointNamespace = "istio.io/use-waypoint-namespace"
-	labelWaypointFor          = "istio.io/waypoint-for"
-	annotationRedirection     = "ambient.istio.io/redirection"
-	annotationSidecarStatus   = "sidecar.istio.io/status"
-	sidecarContainer          = "istio-proxy"
-	waypointClass             = "istio-waypoint"
+	sidecarContainer = "istio-proxy"
+	waypointClass    = "istio-waypoint"
 )
 
 // gatherAmbient lists what the ambient pitfalls are judged from. A kind
