@@ -61,6 +61,7 @@ func evalAmbientCluster(cluster string, a *Ambient) []Result {
 	pods := ambientPods(a)
 	rs = append(rs, evalZtunnelPolicies(cluster, a, pods)...)
 	rs = append(rs, evalHeadlessWaypoints(cluster, a)...)
+	rs = append(rs, evalUnservedTargets(cluster, a)...)
 	rs = append(rs, evalRouteMixing(cluster, a)...)
 	if found > 0 {
 		return rs // incomplete: never all clear
@@ -439,16 +440,10 @@ func evalHeadlessWaypoints(cluster string, a *Ambient) []Result {
 		if !s.Headless {
 			continue
 		}
-		labels := s.Labels
-		name, ok := labels[labelUseWaypoint]
-		if !ok {
-			labels = a.Namespaces[s.Namespace]
-			name = labels[labelUseWaypoint]
-		}
-		if name == "" || name == "none" {
+		key := boundWaypoint(a, s)
+		if key == "" {
 			continue
 		}
-		key := cmp.Or(labels[labelUseWaypointNamespace], s.Namespace) + "/" + name
 		gw := waypoints[key]
 		if gw == nil || waypointFor(gw) != "service" {
 			continue
@@ -465,6 +460,86 @@ func evalHeadlessWaypoints(cluster string, a *Ambient) []Result {
 	return rs
 }
 
+// boundWaypoint is namespace/name of the waypoint Service s is bound to
+// (istio.io/use-waypoint on it, else on its namespace; none opts out), ""
+// when none.
+func boundWaypoint(a *Ambient, s Service) string {
+	labels := s.Labels
+	name, ok := labels[labelUseWaypoint]
+	if !ok {
+		labels = a.Namespaces[s.Namespace]
+		name = labels[labelUseWaypoint]
+	}
+	if name == "" || name == "none" {
+		return ""
+	}
+	return cmp.Or(labels[labelUseWaypointNamespace], s.Namespace) + "/" + name
+}
+
+// evalUnservedTargets finds AuthorizationPolicies that target a Service
+// no waypoint serves: only a waypoint enforces a policy with a Service
+// target (sidecars and ztunnel ignore it), so it is enforced nowhere — an
+// ALLOW restricts nothing, a DENY denies nothing (fail open).
+func evalUnservedTargets(cluster string, a *Ambient) []Result {
+	services := map[string]Service{}
+	for _, s := range a.Services {
+		services[s.Namespace+"/"+s.Name] = s
+	}
+	waypoints := map[string]*unstructured.Unstructured{}
+	for i := range a.Waypoints {
+		waypoints[a.Waypoints[i].GetNamespace()+"/"+a.Waypoints[i].GetName()] = &a.Waypoints[i]
+	}
+	var rs []Result
+	for i := range a.AuthorizationPolicies {
+		u := &a.AuthorizationPolicies[i]
+		spec, _ := u.Object["spec"].(map[string]any)
+		for _, name := range serviceTargets(spec) {
+			s, ok := services[u.GetNamespace()+"/"+name]
+			if !ok {
+				continue // not (yet) there: nothing it could apply to
+			}
+			why := ""
+			switch key := boundWaypoint(a, s); {
+			case key == "":
+				why = "is bound to no waypoint (label istio.io/use-waypoint)"
+			case waypoints[key] != nil && waypointFor(waypoints[key]) != "service" && waypointFor(waypoints[key]) != "all":
+				why = fmt.Sprintf("is bound to waypoint %s, which does not serve Service traffic (istio.io/waypoint-for: %s)", key, waypointFor(waypoints[key]))
+			default:
+				continue
+			}
+			action, _ := spec["action"].(string)
+			effect := "it restricts nothing: the Service's pods accept what it would not allow, unless another policy restricts them"
+			if action == "DENY" {
+				effect = "it denies nothing"
+			}
+			rs = append(rs, result(AreaAmbient, cluster+" AuthorizationPolicy "+u.GetNamespace()+"/"+u.GetName(), Error,
+				"%s policy (%s) targets Service %s/%s, which %s: only a waypoint enforces a policy whose target is a Service (sidecars and ztunnel ignore it), so it is enforced nowhere and %s; bind the Service to a waypoint for service traffic",
+				cmp.Or(action, "ALLOW"), owner(u), u.GetNamespace(), name, why, effect))
+		}
+	}
+	return rs
+}
+
+// serviceTargets are the names of the Services (group "", kind Service)
+// a policy's targetRef and targetRefs name, in its own namespace.
+func serviceTargets(spec map[string]any) []string {
+	refs, _ := spec["targetRefs"].([]any)
+	if ref, ok := spec["targetRef"]; ok && ref != nil {
+		refs = append(refs, ref)
+	}
+	var out []string
+	for _, r := range refs {
+		m, _ := r.(map[string]any)
+		kind, _ := m["kind"].(string)
+		name, _ := m["name"].(string)
+		group, _ := m["group"].(string)
+		if kind == "Service" && group == "" && name != "" && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // attachedL7 names the policies and routes that bind to Service s at its
 // waypoint: AuthorizationPolicies targeting it, routes with it as parent.
 func attachedL7(a *Ambient, s Service) []string {
@@ -475,19 +550,8 @@ func attachedL7(a *Ambient, s Service) []string {
 			continue
 		}
 		spec, _ := u.Object["spec"].(map[string]any)
-		refs, _ := spec["targetRefs"].([]any)
-		if ref, ok := spec["targetRef"]; ok && ref != nil {
-			refs = append(refs, ref)
-		}
-		for _, r := range refs {
-			m, _ := r.(map[string]any)
-			kind, _ := m["kind"].(string)
-			name, _ := m["name"].(string)
-			group, _ := m["group"].(string)
-			if kind == "Service" && name == s.Name && group == "" {
-				out = append(out, fmt.Sprintf("AuthorizationPolicy %s (%s)", u.GetName(), owner(u)))
-				break
-			}
+		if slices.Contains(serviceTargets(spec), s.Name) {
+			out = append(out, fmt.Sprintf("AuthorizationPolicy %s/%s (%s)", u.GetNamespace(), u.GetName(), owner(u)))
 		}
 	}
 	for _, r := range routesOf(a) {

@@ -307,3 +307,48 @@ func TestEvaluateAmbientListErrorsAreWarnings(t *testing.T) {
 	assert.Equal(t, Warning, rs[0].Severity)
 	assert.Contains(t, rs[0].Message, "list pods: forbidden")
 }
+
+// A policy whose target is a Service no waypoint serves is enforced
+// nowhere (fail open): an error for ALLOW and DENY alike; bound to a
+// waypoint for Service traffic, or targeting a Gateway, it is fine.
+func TestEvaluateAmbientPolicyOnAServiceNoWaypointServes(t *testing.T) {
+	target := "  targetRefs: [{group: '', kind: Service, name: reviews}]\n  rules:\n  - to: [{operation: {methods: [GET]}}]\n"
+	for _, tc := range []struct {
+		name     string
+		policy   string
+		svc      Service
+		nsLabels map[string]string
+		gwLabels string
+		want     Severity
+		msg      []string
+	}{
+		{name: "ALLOW on an unbound Service restricts nothing", policy: policy("shop", "reviews-get", target),
+			svc: Service{Namespace: "shop", Name: "reviews"}, want: Error,
+			msg: []string{"ALLOW policy (the user's) targets Service shop/reviews", "bound to no waypoint", "enforced nowhere", "restricts nothing"}},
+		{name: "DENY on an unbound Service denies nothing", policy: policy("shop", "reviews-deny", "  action: DENY\n"+target, "agent"),
+			svc: Service{Namespace: "shop", Name: "reviews"}, want: Error,
+			msg: []string{"DENY policy (written by Relaymesh)", "denies nothing"}},
+		{name: "bound to a waypoint for workload traffic", policy: policy("shop", "reviews-get", target),
+			svc: Service{Namespace: "shop", Name: "reviews", Labels: map[string]string{labelUseWaypoint: "waypoint"}}, gwLabels: labelWaypointFor + ": workload", want: Error,
+			msg: []string{"does not serve Service traffic (istio.io/waypoint-for: workload)"}},
+		{name: "bound through its namespace to a waypoint for Service traffic", policy: policy("shop", "reviews-get", target),
+			svc: Service{Namespace: "shop", Name: "reviews"}, nsLabels: map[string]string{labelUseWaypoint: "waypoint"}, want: OK},
+		{name: "no such Service", policy: policy("shop", "reviews-get", target), svc: Service{Namespace: "shop", Name: "ratings"}, want: OK},
+		{name: "a Gateway target", policy: policy("shop", "gw", "  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: reviews}]\n"),
+			svc: Service{Namespace: "shop", Name: "reviews"}, want: OK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &Ambient{Namespaces: map[string]map[string]string{"shop": tc.nsLabels}, Services: []Service{tc.svc},
+				Waypoints: objs(t, fmt.Sprintf(waypointYAML, tc.gwLabels)), AuthorizationPolicies: objs(t, tc.policy)}
+			rs := evalAmbientCluster("c1", a)
+			sev, msgs := worst(rs)
+			assert.Equal(t, tc.want, sev, msgs)
+			if tc.want != OK {
+				require.Len(t, rs, 1, msgs)
+				for _, m := range tc.msg {
+					assert.Contains(t, rs[0].Message, m)
+				}
+			}
+		})
+	}
+}

@@ -42,7 +42,8 @@
 //     the rules are dropped and what they allow is denied; DENY: a warning,
 //     widened to L4); a headless Service bound to a waypoint for Service
 //     traffic (clients bypass it); a Service routed by both a VirtualService
-//     and an HTTPRoute or GRPCRoute. Each names whose the objects are:
+//     and an HTTPRoute or GRPCRoute; an AuthorizationPolicy whose target is
+//     a Service no waypoint serves (enforced nowhere: fail open). Each names whose the objects are:
 //     Relaymesh's (label relaymesh.io/owner) or the user's.
 package check
 
