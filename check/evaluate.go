@@ -60,6 +60,7 @@ func Evaluate(o *Observations, now time.Time) []Result {
 	rs = append(rs, evalIstiod(o)...)
 	rs = append(rs, evalWebhook(o)...)
 	rs = append(rs, evalDashboard(o)...)
+	rs = append(rs, evalAmbient(o)...)
 	return rs
 }
 

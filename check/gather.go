@@ -25,6 +25,8 @@ import (
 	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/relaymesh/relaymesh/trust"
 	"go.step.sm/crypto/pemutil"
+	"istio.io/api/annotation"
+	"istio.io/api/label"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
@@ -132,7 +134,11 @@ func Gather(ctx context.Context, cfg Config) *Observations {
 	gatherSigningCA(ctx, cfg, o)
 	o.RelayRotation, o.RelayRotationErr = gatherRelayRotation(ctx, cfg)
 	for _, w := range cfg.Workloads {
-		o.Workloads = append(o.Workloads, gatherWorkload(ctx, cfg, w))
+		ow := gatherWorkload(ctx, cfg, w)
+		if ow.Err == nil && w.Clients != nil {
+			ow.Ambient = gatherAmbient(ctx, w.Clients)
+		}
+		o.Workloads = append(o.Workloads, ow)
 	}
 	o.Server = gatherServer(ctx, cfg, o)
 	if cfg.Ops != nil {
@@ -379,6 +385,101 @@ func gatherWorkload(ctx context.Context, cfg Config, src WorkloadSource) Workloa
 		}
 	}
 	return w
+}
+
+// Names the ambient check reads: Istio's labels and annotations, as
+// istio.io/api names them.
+var (
+	labelDataplaneMode        = label.IoIstioDataplaneMode.Name
+	labelUseWaypoint          = label.IoIstioUseWaypoint.Name
+	labelUseWaypointNamespace = label.IoIstioUseWaypointNamespace.Name
+	labelWaypointFor          = label.IoIstioWaypointFor.Name
+	labelGatewayName          = label.IoK8sNetworkingGatewayGatewayName.Name
+	annotationRedirection     = annotation.AmbientRedirection.Name
+	annotationSidecarStatus   = annotation.SidecarStatus.Name
+)
+
+const (
+	sidecarContainer = "istio-proxy"
+	waypointClass    = "istio-waypoint"
+)
+
+// gatherAmbient lists what the ambient pitfalls are judged from. A kind
+// that is not served is nothing to check; any other failure is kept in
+// Errs. Pods and Services are cut down to what the check reads as they
+// are read.
+func gatherAmbient(ctx context.Context, k *kubeclient.Clients) *Ambient {
+	a := &Ambient{Namespaces: map[string]map[string]string{}}
+	fail := func(what string, err error) {
+		if !apierrors.IsNotFound(err) {
+			a.Errs = append(a.Errs, fmt.Errorf("list %s: %w", what, err))
+		}
+	}
+	if list, err := k.Typed.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
+		fail("namespaces", err)
+	} else {
+		for _, ns := range list.Items {
+			a.Namespaces[ns.Name] = ns.Labels
+		}
+	}
+	if list, err := k.Typed.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); err != nil {
+		fail("pods", err)
+	} else {
+		for i := range list.Items {
+			p := &list.Items[i]
+			a.Pods = append(a.Pods, Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels,
+				Sidecar: hasSidecar(p), Redirected: p.Annotations[annotationRedirection] == "enabled"})
+		}
+	}
+	if list, err := k.Typed.CoreV1().Services("").List(ctx, metav1.ListOptions{}); err != nil {
+		fail("services", err)
+	} else {
+		for _, s := range list.Items {
+			a.Services = append(a.Services, Service{Namespace: s.Namespace, Name: s.Name, Labels: s.Labels, Headless: s.Spec.ClusterIP == corev1.ClusterIPNone})
+		}
+	}
+	for _, l := range []struct {
+		gvr schema.GroupVersionResource
+		to  *[]unstructured.Unstructured
+	}{
+		{outputs.AuthorizationPolicies, &a.AuthorizationPolicies},
+		{outputs.VirtualServices, &a.VirtualServices},
+		{discovery.GatewayResource, &a.Waypoints},
+		{outputs.HTTPRoutes, &a.HTTPRoutes},
+		{outputs.GRPCRoutes, &a.GRPCRoutes},
+	} {
+		list, err := k.Dynamic.Resource(l.gvr).Namespace("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			fail(l.gvr.GroupResource().String(), err)
+			continue
+		}
+		for _, u := range list.Items {
+			if l.gvr == discovery.GatewayResource {
+				if class, _, _ := unstructured.NestedString(u.Object, "spec", "gatewayClassName"); class != waypointClass {
+					continue
+				}
+			}
+			*l.to = append(*l.to, u)
+		}
+	}
+	return a
+}
+
+// hasSidecar says whether a pod runs Istio's sidecar: injected (the
+// injector's status annotation) or an istio-proxy container, native
+// sidecar included.
+func hasSidecar(p *corev1.Pod) bool {
+	if _, ok := p.Annotations[annotationSidecarStatus]; ok {
+		return true
+	}
+	for _, cs := range [][]corev1.Container{p.Spec.Containers, p.Spec.InitContainers} {
+		for _, c := range cs {
+			if c.Name == sidecarContainer {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // gatherServer dials the relay port and keeps what it presented.

@@ -11,6 +11,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/opsclient"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // Observations are what Gather saw. Each part carries the error that kept
@@ -147,6 +148,9 @@ type Workload struct {
 	// IstioCRDsErr when they could not be listed.
 	MissingIstioCRDs []string
 	IstioCRDsErr     error
+	// Ambient is what the ambient pitfalls are judged from; nil when the
+	// cluster could not be reached.
+	Ambient *Ambient
 	// Err is set when the cluster could not be reached at all.
 	Err error
 }
@@ -185,4 +189,47 @@ type Webhook struct {
 	// failure to call it.
 	DryRunErr error
 	DryRunRan bool
+}
+
+// Ambient is what a workload cluster holds that the ambient pitfalls are
+// judged from (evalAmbient): the cluster's own objects, not what discovery
+// reported. A kind the cluster does not serve (Gateway API not installed;
+// an Istio CRD missing, which evalWorkload reports) is left empty: nothing
+// of it to check.
+type Ambient struct {
+	// Namespaces are the namespaces' labels, by name.
+	Namespaces map[string]map[string]string
+	Pods       []Pod
+	Services   []Service
+	// The Istio and Gateway API objects as read: evalAmbient reads them
+	// field by field and never trusts their shape. Gateways are only those
+	// of class istio-waypoint.
+	AuthorizationPolicies []unstructured.Unstructured
+	VirtualServices       []unstructured.Unstructured
+	Waypoints             []unstructured.Unstructured
+	HTTPRoutes            []unstructured.Unstructured
+	GRPCRoutes            []unstructured.Unstructured
+	// Errs are the lists that failed for another reason than the kind not
+	// being served, each naming its resource.
+	Errs []error
+}
+
+// Pod is what the ambient check needs of a pod.
+type Pod struct {
+	Namespace, Name string
+	Labels          map[string]string
+	// Sidecar: the pod has an istio-proxy sidecar (injected), so ztunnel
+	// never captures it.
+	Sidecar bool
+	// Redirected: istio-cni says it captured the pod
+	// (ambient.istio.io/redirection: enabled).
+	Redirected bool
+}
+
+// Service is what the ambient check needs of a Service.
+type Service struct {
+	Namespace, Name string
+	Labels          map[string]string
+	// Headless: spec.clusterIP is None.
+	Headless bool
 }

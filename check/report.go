@@ -34,6 +34,17 @@
 //   - Admission webhook: registered, reachable by the apiserver (a
 //     server-side dry run), its failure policy, and whether it answers only
 //     the apiserver's client certificate.
+//   - Ambient pitfalls, from each workload cluster's own objects (namespaces,
+//     pods, Services, AuthorizationPolicies, waypoint Gateways,
+//     VirtualServices, HTTPRoutes and GRPCRoutes; a kind the cluster does
+//     not serve is nothing to check): an AuthorizationPolicy ztunnel
+//     enforces on ambient pods that holds HTTP attributes (ALLOW: an error,
+//     the rules are dropped and what they allow is denied; DENY: a warning,
+//     widened to L4); a headless Service bound to a waypoint for Service
+//     traffic (clients bypass it); a Service routed by both a VirtualService
+//     and an HTTPRoute or GRPCRoute; an AuthorizationPolicy whose target is
+//     a Service no waypoint serves (enforced nowhere: fail open). Each names whose the objects are:
+//     Relaymesh's (label relaymesh.io/owner) or the user's.
 package check
 
 import (
@@ -93,6 +104,7 @@ const (
 	AreaIstiod        = "istiod"
 	AreaWebhook       = "webhook"
 	AreaDashboard     = "dashboard"
+	AreaAmbient       = "ambient"
 )
 
 // Result is one finding.
@@ -120,7 +132,7 @@ type Report struct {
 // NewReport sorts results (by area order, then subject) and counts them.
 func NewReport(now time.Time, results []Result) *Report {
 	order := map[string]int{}
-	for i, a := range []string{AreaCRDs, AreaServer, AreaRelayCA, AreaAgents, AreaClock, AreaVirtualMeshes, AreaTrustDomains, AreaIstiod, AreaWebhook, AreaDashboard} {
+	for i, a := range []string{AreaCRDs, AreaServer, AreaRelayCA, AreaAgents, AreaClock, AreaVirtualMeshes, AreaTrustDomains, AreaIstiod, AreaWebhook, AreaDashboard, AreaAmbient} {
 		order[a] = i
 	}
 	sort.SliceStable(results, func(i, j int) bool {

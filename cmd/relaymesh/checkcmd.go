@@ -35,7 +35,21 @@ each mesh actually using the cacerts Relaymesh wrote (its
 istio-ca-root-cert holds exactly the cacerts roots: istiod restarted after
 joining) and each intermediate constrained to its mesh's trust domain; the
 admission webhook (registered, reachable by the apiserver, its failure
-policy, and whether it answers only the apiserver's client certificate).
+policy, and whether it answers only the apiserver's client certificate);
+the ambient pitfalls in each workload cluster, from its own objects: an
+AuthorizationPolicy enforced by ztunnel (a selector or no target, on pods
+in ambient mode) that holds HTTP attributes (methods, paths, hosts,
+requestPrincipals, remoteIpBlocks, request.* conditions) is an error for
+ALLOW (istiod drops those rules: what they allow is denied, and an ALLOW
+left with no rule denies everyone) and a warning for DENY (widened to L4);
+a headless Service bound to a waypoint for Service traffic only is a
+warning (clients reach the pods directly, bypassing its L7 policies and
+routes); a VirtualService and an HTTPRoute or GRPCRoute on one Service is
+an error (Istio does not support mixing them); so is an
+AuthorizationPolicy whose target is a Service no waypoint serves (only a
+waypoint enforces it: it is enforced nowhere). Each names whose objects
+they are: Relaymesh's (label relaymesh.io/owner) or the user's. A
+Gateway API kind the cluster does not serve is nothing to check.
 
 The workload clusters are the --remote-context list, or by default every
 context named after a registered cluster. The relay address is
@@ -61,7 +75,7 @@ func newCheckCommand(d deps, g *globals) *cobra.Command {
 	var f checkFlags
 	c := &cobra.Command{
 		Use:   "check",
-		Short: "Check the installation: CRDs, server and its replicas, CA expiry, agents, clocks, VirtualMeshes, istiod, webhook",
+		Short: "Check the installation: CRDs, server and its replicas, CA expiry, agents, clocks, VirtualMeshes, istiod, webhook, ambient pitfalls",
 		Long:  checkSynopsis,
 		Example: `  # Everything, from one merged kubeconfig with a context per cluster
   KUBECONFIG=mgmt.yaml:cluster-1.yaml:cluster-2.yaml relaymesh check --context mgmt

@@ -25,7 +25,9 @@ with the AccessPolicies that allow it and their path/method conditions) and
 the findings: policies that allow everyone, are shadowed by broader ones,
 match nothing, are refused by admission or otherwise not in force;
 destinations reachable from outside their VirtualMesh; identities Istio
-cannot tell apart; TrafficPolicy conflicts.
+cannot tell apart; TrafficPolicy conflicts; AccessPolicies with paths or
+methods at ambient Destinations no usable waypoint serves (they allow no
+one there, and the matrix leaves those pairs out).
 
 Only what is in force counts, decided as the server decides it: every user
 object passes the server's admission rules (the built-in ones, and the rule

@@ -53,6 +53,11 @@ const (
 	ProtocolAuto = "auto"
 )
 
+// needsWaypointPrefix starts the error policy.TranslateAccess gives an
+// AccessPolicy with allowedPaths or allowedMethods at an ambient
+// Destination no usable waypoint serves.
+const needsWaypointPrefix = "needs a waypoint"
+
 // allowAllAnnotation is the opt-in the default admission rules ask of an
 // AccessPolicy that allows every source (policy/admission).
 const allowAllAnnotation = "relaymesh.io/allow-all"
@@ -129,6 +134,11 @@ type Destination struct {
 	Namespace string `json:"namespace"`
 	Cluster   string `json:"cluster"`
 	Mesh      string `json:"mesh"`
+	// DataPlaneMode is how its workloads run when not (only) with
+	// sidecars: ambient, or mixed (both, during a migration); empty for
+	// sidecars. At ambient workloads a grant with paths or methods needs
+	// the Destination's waypoint.
+	DataPlaneMode string `json:"dataPlaneMode,omitempty"`
 	// VirtualMesh is `<namespace>/<name>` of the valid VirtualMesh its mesh
 	// belongs to.
 	VirtualMesh string `json:"virtualMesh,omitempty"`
@@ -277,11 +287,16 @@ type accessPolicy struct {
 	dests     []int
 	ports     map[int32]bool
 	l7        bool
+	// needsWaypoint[d] is why translation could not enforce ap at
+	// Destination d's ambient workloads (its target Failed: "needs a
+	// waypoint"): there it allows no one.
+	needsWaypoint map[int]string
 
 	// What the matrix made of it.
 	granted     int
 	unreachable map[column]map[int]bool // (dest, port) → sources that have no route
 	tcpDropped  int                     // (dest, port) where L7 conditions made it allow nothing
+	noWaypoint  int                     // (dest, port) of an ambient Destination where it needs a waypoint
 	portMisses  int                     // (dest, port) its allowedPorts exclude
 	uncovered   int                     // granted pairs no other policy covers
 	common      map[int]bool            // policies covering every granted pair (nil: none seen yet)
@@ -348,7 +363,7 @@ func (a *auditor) destinations() {
 			continue // translation cannot place it either
 		}
 		x := &dest{d: d, Destination: Destination{ID: translation.DestinationTarget(d), Service: ref.Name, Namespace: ref.Namespace,
-			Cluster: ref.ClusterName, Mesh: meshKey(d.Spec.Mesh, d.Namespace), Policies: []string{}, Ports: ports(d)}}
+			Cluster: ref.ClusterName, Mesh: meshKey(d.Spec.Mesh, d.Namespace), DataPlaneMode: dataPlaneMode(d), Policies: []string{}, Ports: ports(d)}}
 		if m := a.in.MeshOf(d.Spec.Mesh); m != nil {
 			x.Mesh = m.Namespace + "/" + m.Name
 		}
@@ -367,6 +382,16 @@ func (a *auditor) destinations() {
 		}
 		a.dests = append(a.dests, x)
 	}
+}
+
+// dataPlaneMode is d's mode as translation reads it (policy's
+// destinationModes): ambient, mixed, or empty for sidecars.
+func dataPlaneMode(d *discoveryv1alpha1.Destination) string {
+	switch m := d.Spec.KubeService.DataPlaneMode; m {
+	case discoveryv1alpha1.DataPlaneAmbient, discoveryv1alpha1.DataPlaneMixed:
+		return m
+	}
+	return ""
 }
 
 // ports returns the proxied ports of d, sorted; one port 0 when it lists none.
@@ -571,10 +596,29 @@ func (a *auditor) policies() {
 			}
 		}
 	}
+	byID := map[string]int{}
+	for j, d := range a.dests {
+		byID[d.ID] = j
+	}
 	for _, ap := range a.aps {
 		for j, d := range a.dests {
 			if translation.MatchDestination(ap.p.Spec.DestinationSelector, d.d) {
 				ap.dests = append(ap.dests, j)
+			}
+		}
+		// The Destinations whose ambient workloads translation could not
+		// give this policy's HTTP conditions (policy/access_ambient.go).
+		_, targets, _ := a.report.Status(translation.ObjectKey{Kind: translation.KindAccessPolicy, Namespace: ap.p.Namespace, Name: ap.p.Name})
+		for _, t := range targets {
+			j, ok := byID[t.Target]
+			if !ok || t.State != common.StateFailed {
+				continue
+			}
+			if i := slices.IndexFunc(t.Errors, func(e string) bool { return strings.HasPrefix(e, needsWaypointPrefix) }); i >= 0 {
+				if ap.needsWaypoint == nil {
+					ap.needsWaypoint = map[int]string{}
+				}
+				ap.needsWaypoint[j] = t.Errors[i]
 			}
 		}
 	}
@@ -628,6 +672,13 @@ func (a *auditor) matrix() {
 				}
 				if ap.l7 && port.Protocol == ProtocolTCP {
 					ap.tcpDropped++
+					continue
+				}
+				if _, ok := ap.needsWaypoint[j]; ok && d.DataPlaneMode == discoveryv1alpha1.DataPlaneAmbient {
+					// Nothing of it is written for this Destination: its
+					// sources are not admitted (a mixed Destination's
+					// sidecar pods still admit them).
+					ap.noWaypoint++
 					continue
 				}
 				for pr := range ap.principal {

@@ -102,7 +102,7 @@ func TestEveryFindingKindIsGolden(t *testing.T) {
 		}
 	}
 	for _, k := range []string{accessaudit.KindAllowsEveryone, accessaudit.KindShadowed, accessaudit.KindMatchesNothing, accessaudit.KindNotInForce, accessaudit.KindRefused,
-		accessaudit.KindReachableOutside, accessaudit.KindTrafficConflict, accessaudit.KindSharedPrincipal, accessaudit.KindUnreachableGrant} {
+		accessaudit.KindReachableOutside, accessaudit.KindTrafficConflict, accessaudit.KindSharedPrincipal, accessaudit.KindUnreachableGrant, accessaudit.KindNeedsWaypoint} {
 		assert.True(t, seen[k], "no golden case has a %s finding", k)
 	}
 }
@@ -242,4 +242,49 @@ func TestARefusedAllowAllIsNotInTheMatrix(t *testing.T) {
 	// Without an admission check the audit refuses to run.
 	_, err = accessaudit.Audit(t.Context(), in, accessaudit.Config{AdminNamespace: admin})
 	require.ErrorIs(t, err, all.ErrNoAdmission)
+}
+
+// TestAnL7GrantAtAnAmbientDestinationWithoutAWaypointIsNotInTheMatrix: an
+// AccessPolicy with paths or methods allows no one at an ambient
+// Destination no usable waypoint serves (translation writes nothing of it
+// there: the target is Failed, "needs a waypoint"), so the matrix holds no
+// pair of it there and a needs-waypoint finding names it; at a mixed
+// Destination the sidecar pods still admit its sources, and the pair stays
+// with a finding. Served by its waypoint, the same kind of grant is in the
+// matrix.
+func TestAnL7GrantAtAnAmbientDestinationWithoutAWaypointIsNotInTheMatrix(t *testing.T) {
+	r, err := accessaudit.Audit(t.Context(), load(t, "testdata/ambient/input.yaml"), auditConfig(t, admin))
+	require.NoError(t, err)
+	pairs := map[string][]string{}
+	for _, p := range r.Matrix.Pairs {
+		var gs []string
+		for _, g := range p.Grants {
+			gs = append(gs, g.Policy)
+		}
+		pairs[p.Source+" → "+p.Destination] = gs
+	}
+	assert.Equal(t, map[string][]string{
+		"cluster-1/shop/productpage → cluster-1/shop/reviews": {"shop/reviews-get"}, // through the waypoint
+		"cluster-1/shop/ratings → cluster-1/shop/reviews":     {"shop/reviews-l4"},
+		"cluster-1/shop/reviews → cluster-1/shop/ratings":     {"shop/ratings-l4"},
+		"cluster-1/shop/productpage → cluster-1/shop/catalog": {"shop/catalog-get"}, // the sidecar pods of a mixed Destination
+	}, pairs, "no productpage → ratings (ratings-paths) nor productpage → details (details-paths)")
+	assert.Equal(t, "ambient", destination(t, r, "cluster-1/shop/ratings").DataPlaneMode)
+	assert.Equal(t, "mixed", destination(t, r, "cluster-1/shop/catalog").DataPlaneMode)
+	assert.Equal(t, []string{"shop/details-paths"}, destination(t, r, "cluster-1/shop/details").Policies, "still restricted by the policy: not open")
+
+	needs := map[string]accessaudit.Finding{}
+	for _, f := range r.Findings {
+		if f.Kind == accessaudit.KindNeedsWaypoint {
+			needs[f.Objects[0]] = f
+		}
+	}
+	require.Len(t, needs, 3)
+	for _, ap := range []string{"ratings-paths", "details-paths", "catalog-get"} {
+		f := needs["AccessPolicy/shop/"+ap]
+		assert.Equal(t, accessaudit.SeverityHigh, f.Severity, ap)
+		assert.Contains(t, f.Message, "needs a waypoint", ap)
+	}
+	assert.Contains(t, needs["AccessPolicy/shop/details-paths"].Message, "is not ready")
+	assert.Contains(t, needs["AccessPolicy/shop/catalog-get"].Message, "its pods that still have a sidecar admit them")
 }

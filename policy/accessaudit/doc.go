@@ -37,6 +37,13 @@
 //     plain TCP, so such a policy allows nothing on TCP ports (ports whose
 //     protocol is unknown are sniffed by Istio and keep the conditions).
 //     UDP and SCTP ports are left out: Istio does not proxy them.
+//   - At a Destination whose workloads run in ambient mode, paths and
+//     methods are checked by the waypoint that serves its Service; where no
+//     usable waypoint serves it, translation writes nothing of such a
+//     policy there (its target is Failed, "needs a waypoint"), so the
+//     policy allows no one there and is a needs-waypoint finding. At a
+//     mixed Destination (a migration) the pods that still have a sidecar
+//     admit its sources, so the pair stays, with the finding.
 //   - A route must exist: a source reaches a Destination of its own cluster
 //     directly; one in another cluster only where translation publishes the
 //     Destination's federated host (a VirtualMesh's federation selectors) or

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/all"
@@ -48,6 +49,13 @@ const (
 	// KindUnreachableGrant: an AccessPolicy allows identities that have no
 	// route to some of its Destinations (they are not in the matrix).
 	KindUnreachableGrant = "unreachable-grant"
+	// KindNeedsWaypoint: an AccessPolicy with allowedPaths or
+	// allowedMethods selects a Destination whose workloads run in ambient
+	// mode and that no usable waypoint serves: ztunnel cannot check HTTP,
+	// so translation writes nothing of the policy there and it allows no
+	// one at those workloads (a mixed Destination's sidecar pods still
+	// admit its sources). The matrix leaves those pairs out.
+	KindNeedsWaypoint = "needs-waypoint"
 )
 
 // Severities, most severe first.
@@ -179,12 +187,17 @@ func (a *auditor) policyFindings(add func(kind, severity, msg string, objects ..
 			if ap.tcpDropped > 0 {
 				why = append(why, "allowedPaths/allowedMethods on ports Istio treats as plain TCP, where such a rule is ignored")
 			}
+			if ap.noWaypoint > 0 {
+				why = append(why, "its Destinations run in ambient mode without a waypoint to check allowedPaths/allowedMethods (see the needs-waypoint finding)")
+			}
 			if len(ap.unreachable) > 0 {
 				why = append(why, "its sources have no route to its Destinations")
 			}
 			add(KindMatchesNothing, SeverityLow, fmt.Sprintf("AccessPolicy %s allows nothing that can happen: %s", ap.id, strings.Join(why, "; ")),
 				append([]string{subject}, prefixed("Destination/", dests)...)...)
 		}
+		// needs-waypoint
+		a.needsWaypointFinding(ap, add)
 		// unreachable-grant
 		if ap.granted > 0 && len(ap.unreachable) > 0 {
 			cols := slices.SortedFunc(maps.Keys(ap.unreachable), func(x, y column) int {
@@ -229,6 +242,27 @@ func (a *auditor) policyFindings(add func(kind, severity, msg string, objects ..
 				append([]string{subject}, prefixed("AccessPolicy/", ids)...)...)
 		}
 	}
+}
+
+// needsWaypointFinding reports the Destinations where ap's HTTP
+// conditions need a waypoint that does not serve them: at their ambient
+// workloads it allows no one.
+func (a *auditor) needsWaypointFinding(ap *accessPolicy, add func(kind, severity, msg string, objects ...string)) {
+	if len(ap.needsWaypoint) == 0 {
+		return
+	}
+	idx := slices.Sorted(maps.Keys(ap.needsWaypoint))
+	var parts []string
+	for _, j := range idx {
+		d := a.dests[j]
+		part := fmt.Sprintf("at Destination %s (%s): %s", d.ID, cmp.Or(d.DataPlaneMode, "sidecar"), ap.needsWaypoint[j])
+		if d.DataPlaneMode == discoveryv1alpha1.DataPlaneMixed {
+			part += " (its pods that still have a sidecar admit them: the matrix keeps that pair)"
+		}
+		parts = append(parts, part)
+	}
+	add(KindNeedsWaypoint, SeverityHigh, fmt.Sprintf("AccessPolicy %s has allowedPaths/allowedMethods, which ztunnel cannot check; %s; its sources lose that access at the ambient workloads until a ready waypoint for service traffic serves the Service (label istio.io/use-waypoint)",
+		ap.id, strings.Join(parts, "; ")), append([]string{apObject(ap.id)}, prefixed("Destination/", a.destIDs(idx))...)...)
 }
 
 // staysRestricted says whether every Destination policy pi selects would

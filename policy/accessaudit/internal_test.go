@@ -57,8 +57,33 @@ func TestAgreesWithTranslation(t *testing.T) {
 					}
 				}
 			}
-			for _, d := range a.dests {
+			for j, d := range a.dests {
 				key := d.Cluster + "/" + d.Namespace + "/relaymesh-" + d.Service
+				if d.DataPlaneMode != "" {
+					// Ambient workloads read .ztunnel (which also admits
+					// the waypoint) and .waypoint; a policy that needs a
+					// waypoint is in neither.
+					var got []string
+					ztunnel, restricted := authz[key+".ztunnel"]
+					assert.Equal(t, len(d.policies) > 0, restricted, "%s: restricted by a policy at ztunnel", d.ID)
+					wp := waypointPrincipal(in, d)
+					for _, p := range append(ztunnel, authz[key+".waypoint"]...) {
+						if p != wp {
+							got = append(got, p)
+						}
+					}
+					want := []string{}
+					for _, pi := range d.policies {
+						if _, no := a.aps[pi].needsWaypoint[j]; !no {
+							want = append(want, slices.Collect(maps.Keys(a.aps[pi].principal))...)
+						}
+					}
+					assert.Equal(t, sortedSet(want), sortedSet(got), "%s: principals at the ambient workloads", d.ID)
+					if d.DataPlaneMode == "ambient" {
+						assert.NotContains(t, authz, key, "%s: no sidecar object", d.ID)
+						continue
+					}
+				}
 				got, restricted := authz[key]
 				if got == nil {
 					got = []string{}
@@ -80,6 +105,29 @@ func TestAgreesWithTranslation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sortedSet is xs sorted without repeats, never nil.
+func sortedSet(xs []string) []string {
+	out := append([]string{}, xs...)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// waypointPrincipal is the identity of the waypoint d is bound to, as its
+// mesh reports it ("" when there is none).
+func waypointPrincipal(in *translation.Input, d *dest) string {
+	ref := d.d.Spec.KubeService.Waypoint
+	m := in.MeshOf(d.d.Spec.Mesh)
+	if ref == nil || m == nil || m.Spec.Istio == nil || m.Spec.Istio.Ambient == nil {
+		return ""
+	}
+	for _, w := range m.Spec.Istio.Ambient.Waypoints {
+		if w.Name == ref.Name && w.Namespace == ref.Namespace {
+			return m.Spec.Istio.TrustDomain + "/ns/" + w.Namespace + "/sa/" + w.ServiceAccount
+		}
+	}
+	return ""
 }
 
 func TestPathCovers(t *testing.T) {
