@@ -286,11 +286,7 @@ func coverage(t *testing.T, gs []grant, reqs []request) map[int]request {
 // notInTheJob are the API groups whose permissions the main job cannot use
 // yet, each with why and what proves them instead. coverage fails when the
 // job does use one, so an exemption does not outlive its reason.
-var notInTheJob = map[string]string{
-	"gateway.networking.k8s.io": "the job's workload clusters run sidecar Istio without Gateway API's CRDs; the agent's waypoint " +
-		"discovery and HTTPRoute/GRPCRoute writes (ambient meshes, issue 32) are proven on a real apiserver by agent/apply and " +
-		"test/istiod, not yet under the chart's RBAC",
-}
+var notInTheJob = map[string]string{}
 
 func uniq(s []string) []string {
 	sort.Strings(s)

@@ -23,6 +23,7 @@ import (
 	"github.com/relaymesh/relaymesh/examples"
 	"github.com/relaymesh/relaymesh/test/e2e"
 	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.step.sm/crypto/pemutil"
@@ -50,6 +51,10 @@ var (
 	gvrMeshes       = discoveryv1alpha1.Meshes
 	gvrWorkloads    = discoveryv1alpha1.Workloads
 	gvrDestinations = discoveryv1alpha1.Destinations
+	gvrGateways     = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"}
+	// routeKinds are the Gateway API routes the agents write for ambient
+	// Destinations (the ambient part of the job).
+	routeKinds = []schema.GroupVersionResource{outputs.HTTPRoutes, outputs.GRPCRoutes}
 	// istioKinds are what the agents apply (apply.DefaultKinds, as resources).
 	istioKinds = outputs.IstioResources()
 )
@@ -164,11 +169,43 @@ func newJob(t testing.TB, cfg jobConfig) *job {
 		j.kube[name], err = c.Clientset()
 		require.NoError(t, err)
 	}
+	if len(cfg.workload) > 0 {
+		j.ambient(j.ambientCluster())
+	}
 	j.relayAddr, j.opsAddr, j.webhookAddr = e2e.Addr(t), e2e.Addr(t), e2e.Addr(t)
 	if cfg.before != nil {
 		cfg.before(t, j)
 	}
 	return j
+}
+
+// ambientCluster is the workload cluster with the ambient part: the last,
+// whose agents list the way older API servers need (with a watch-list
+// client the Gateways' list permission would go unused).
+func (j *job) ambientCluster() string { return j.cfg.workload[len(j.cfg.workload)-1] }
+
+// ambient turns the mesh of cluster ambient (its istiod gets
+// PILOT_ENABLE_AMBIENT, as the Helm ambient profile sets it), installs
+// Gateway API's CRDs there and adds namespace shop behind a ready waypoint
+// (testdata/ambient.yaml), before any agent starts: the agent's discovery
+// reads Gateways only where the cluster serves them at its start.
+func (j *job) ambient(cluster string) {
+	t := j.t
+	c := j.env.Cluster(cluster)
+	env := []byte(`{"spec":{"template":{"spec":{"containers":[{"name":"discovery","env":[{"name":"PILOT_ENABLE_AMBIENT","value":"true"}]}]}}}}`)
+	_, err := j.kube[cluster].AppsV1().Deployments("istio-system").Patch(j.ctx, "istiod", types.StrategicMergePatchType, env, metav1.PatchOptions{})
+	require.NoError(t, err)
+	translationtest.InstallGatewayAPI(j.ctx, t, c)
+	world, err := os.ReadFile("testdata/ambient.yaml")
+	require.NoError(t, err)
+	_, err = c.Apply(j.ctx, "test", world)
+	require.NoError(t, err)
+	gateways := j.dyn[cluster].Resource(gvrGateways).Namespace("shop")
+	gw, err := gateways.Get(j.ctx, "waypoint", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NoError(t, unstructured.SetNestedSlice(gw.Object, []any{map[string]any{"type": "Hostname", "value": "waypoint.shop.svc.cluster.local"}}, "status", "addresses"))
+	_, err = gateways.UpdateStatus(j.ctx, gw, metav1.UpdateOptions{})
+	require.NoError(t, err)
 }
 
 // install runs helm install (or upgrade) of both charts, as the admin.
@@ -638,6 +675,15 @@ func (j *job) translation() error {
 				missing = append(missing, gvr.Resource)
 			}
 		}
+		for _, gvr := range routeKinds {
+			n, err := j.count(j.dyn[j.ambientCluster()], gvr, "shop", outputs.OwnerLabel+"=relaymesh-agent")
+			if err != nil {
+				return false, err.Error()
+			}
+			if n == 0 {
+				missing = append(missing, gvr.Resource)
+			}
+		}
 		_, err := j.dyn[j.cfg.workload[0]].Resource(istioKinds[0]).Namespace("bookinfo").Get(j.ctx, "relaymesh-reviews", metav1.GetOptions{})
 		return len(missing) == 0 && err == nil, fmt.Sprint("missing ", missing, " ", err)
 	})
@@ -660,7 +706,8 @@ func (j *job) translation() error {
 				states = append(states, fmt.Sprintf("%s=%s/applied:%v", o.GetKind(), state, applied))
 			}
 		}
-		return ok && len(states) == 4, strings.Join(states, ",")
+		// The demo's four objects and the ambient part's three.
+		return ok && len(states) == 7, strings.Join(states, ",")
 	})
 }
 
@@ -833,7 +880,8 @@ func (j *job) prune() error {
 	for _, o := range []struct {
 		gvr  schema.GroupVersionResource
 		name string
-	}{{gvrTraffic, "reviews-shift"}, {gvrAccess, "productpage-to-reviews"}, {gvrVirtualDest, "reviews"}, {gvrVirtualMesh, virtualMesh}} {
+	}{{gvrTraffic, "reviews-shift"}, {gvrAccess, "productpage-to-reviews"}, {gvrVirtualDest, "reviews"}, {gvrVirtualMesh, virtualMesh},
+		{gvrAccess, "shop-reads"}, {gvrTraffic, "shop-reviews-timeout"}, {gvrTraffic, "shop-ratings-header"}} {
 		if err := j.mgmtDyn.Resource(o.gvr).Namespace(namespace).Delete(j.ctx, o.name, metav1.DeleteOptions{}); err != nil {
 			return err
 		}
@@ -841,7 +889,10 @@ func (j *job) prune() error {
 	return j.wait("no Istio object and no cacerts left", 30*time.Second, func() (bool, string) {
 		var left []string
 		for _, name := range j.cfg.workload {
-			for _, gvr := range istioKinds {
+			for _, gvr := range append(slices.Clone(istioKinds), routeKinds...) {
+				if name != j.ambientCluster() && slices.Contains(routeKinds, gvr) {
+					continue // Gateway API is served in the ambient cluster only
+				}
 				n, err := j.count(j.dyn[name], gvr, "", outputs.OwnerLabel+"=relaymesh-agent")
 				if err != nil {
 					return false, err.Error()
