@@ -72,7 +72,25 @@ func (k *KubeAgentSecrets) Roots(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := k.notTheServers(s); err != nil {
+		return nil, err
+	}
 	return s.Data[KeyCACert], nil
+}
+
+// ErrServerNamespace means the agent runs in the relay server's namespace.
+var ErrServerNamespace = errors.New("the agent's namespace is the relay server's")
+
+// notTheServers refuses the relay server's own root Secret (it holds the
+// root key): an agent run in the server's namespace (the management cluster
+// as its own workload cluster, with --namespace set to the server's) would
+// rewrite its ca.crt under the server's key. Nothing is written then.
+func (k *KubeAgentSecrets) notTheServers(s *corev1.Secret) error {
+	if _, ok := s.Data[corev1.TLSPrivateKeyKey]; ok {
+		return fmt.Errorf("%w: secret %s/%s holds the relay root key; run the agent in a namespace of its own (--namespace relaymesh-agent, registered with --remote-namespace relaymesh-agent)",
+			ErrServerNamespace, k.namespace, RootSecret)
+	}
+	return nil
 }
 
 // Token implements AgentSecrets.
@@ -138,6 +156,9 @@ func (k *KubeAgentSecrets) SaveRoots(ctx context.Context, rootsPEM []byte) error
 		return err
 	}
 	if err != nil {
+		return err
+	}
+	if err := k.notTheServers(s); err != nil {
 		return err
 	}
 	if s.Data == nil {
