@@ -25,7 +25,6 @@ import (
 	"github.com/relaymesh/relaymesh/server/leader"
 	"github.com/relaymesh/relaymesh/trust"
 	"go.step.sm/crypto/pemutil"
-	"istio.io/api/annotation"
 	"istio.io/api/label"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -395,13 +394,10 @@ var (
 	labelUseWaypointNamespace = label.IoIstioUseWaypointNamespace.Name
 	labelWaypointFor          = label.IoIstioWaypointFor.Name
 	labelGatewayName          = label.IoK8sNetworkingGatewayGatewayName.Name
-	annotationRedirection     = annotation.AmbientRedirection.Name
-	annotationSidecarStatus   = annotation.SidecarStatus.Name
 )
 
 const (
-	sidecarContainer = "istio-proxy"
-	waypointClass    = "istio-waypoint"
+	waypointClass = "istio-waypoint"
 )
 
 // gatherAmbient lists what the ambient pitfalls are judged from. A kind
@@ -428,7 +424,7 @@ func gatherAmbient(ctx context.Context, k *kubeclient.Clients) *Ambient {
 		for i := range list.Items {
 			p := &list.Items[i]
 			a.Pods = append(a.Pods, Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels,
-				Sidecar: hasSidecar(p), Redirected: p.Annotations[annotationRedirection] == "enabled"})
+				Sidecar: discovery.PodHasSidecar(p), Redirected: discovery.PodRedirected(p)})
 		}
 	}
 	if list, err := k.Typed.CoreV1().Services("").List(ctx, metav1.ListOptions{}); err != nil {
@@ -463,23 +459,6 @@ func gatherAmbient(ctx context.Context, k *kubeclient.Clients) *Ambient {
 		}
 	}
 	return a
-}
-
-// hasSidecar says whether a pod runs Istio's sidecar: injected (the
-// injector's status annotation) or an istio-proxy container, native
-// sidecar included.
-func hasSidecar(p *corev1.Pod) bool {
-	if _, ok := p.Annotations[annotationSidecarStatus]; ok {
-		return true
-	}
-	for _, cs := range [][]corev1.Container{p.Spec.Containers, p.Spec.InitContainers} {
-		for _, c := range cs {
-			if c.Name == sidecarContainer {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // gatherServer dials the relay port and keeps what it presented.

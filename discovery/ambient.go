@@ -209,14 +209,16 @@ func destinationMode(selected []*relaypb.Workload) string {
 	return ""
 }
 
-func podRedirected(p *corev1.Pod) bool {
+// PodRedirected reports whether istio-cni captured a pod for ztunnel (its
+// annotation ambient.istio.io/redirection: enabled).
+func PodRedirected(p *corev1.Pod) bool {
 	return p.Annotations[annotationRedirection] == valueRedirected
 }
 
-// podHasSidecar reports whether a running pod was injected: the injector's
+// PodHasSidecar reports whether a running pod was injected: the injector's
 // status annotation, or an istio-proxy container (a native sidecar is an
 // init container).
-func podHasSidecar(p *corev1.Pod) bool {
+func PodHasSidecar(p *corev1.Pod) bool {
 	if _, ok := p.Annotations[annotationSidecarStatus]; ok {
 		return true
 	}
@@ -242,9 +244,9 @@ func runningMode(templates string, pods []*corev1.Pod) string {
 	var sidecar, ambient bool
 	for _, p := range pods {
 		switch {
-		case podHasSidecar(p):
+		case PodHasSidecar(p):
 			sidecar = true
-		case podRedirected(p):
+		case PodRedirected(p):
 			ambient = true
 		}
 	}

@@ -346,7 +346,7 @@ func (b *builder) destinations(services []*corev1.Service, pods []*corev1.Pod) [
 			for _, k := range idx.match(sel) {
 				p := nsPods[k]
 				running = append(running, p)
-				d.Endpoints = append(d.Endpoints, &relaypb.Endpoint{Ip: valid(p.Status.PodIP), Labels: copyMap(p.Labels), Ambient: podRedirected(p)})
+				d.Endpoints = append(d.Endpoints, &relaypb.Endpoint{Ip: valid(p.Status.PodIP), Labels: copyMap(p.Labels), Ambient: PodRedirected(p)})
 			}
 			d.DataPlaneMode = runningMode(d.DataPlaneMode, running)
 			// nsPods is sorted by name, and the sort is stable: equal IPs
