@@ -59,7 +59,11 @@
 //     gives proxyless gRPC servers no RBAC filter for a policy without
 //     rules, so they would allow everything) and,
 //     for each east-west gateway with workload labels, an ALLOW policy with
-//     one empty rule selecting it, so cross-cluster traffic can enter.
+//     one empty rule selecting it, so cross-cluster traffic can enter. An
+//     ambient member also gets "relaymesh-global-deny-waypoints", the same
+//     rule with targetRefs GatewayClass istio-waypoint: waypoints read only
+//     targetRefs policies, so without it a waypoint would pass everything
+//     and the deny would hold only at the destination's ztunnel.
 //     Disabled and MeshDefault produce nothing.
 //
 // Port protocols use Istio's names (HTTP, HTTP2, GRPC, HTTPS, TLS, TCP),

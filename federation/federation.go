@@ -22,6 +22,10 @@ const (
 	DefaultHostnameSuffix = "global"
 	// GlobalDenyName is the deny-all AuthorizationPolicy of globalAccessPolicy Enabled.
 	GlobalDenyName = "relaymesh-global-deny"
+	// GlobalDenyWaypointsName is its twin for the waypoints of an ambient
+	// member: waypoints read no selector or namespace policy, only
+	// targetRefs ones.
+	GlobalDenyWaypointsName = "relaymesh-global-deny-waypoints"
 	// PeerAuthenticationName is the mesh-wide PeerAuthentication of strictMTLS.
 	PeerAuthenticationName = "default"
 
@@ -399,6 +403,9 @@ func (s *vmState) finish(notes []Note, out *translation.Output) {
 		}
 		if spec.GlobalAccessPolicy == networkingv1alpha1.GlobalAccessEnabled {
 			s.add(out, m, m.cluster, apiSecurity, "AuthorizationPolicy", m.root, GlobalDenyName, denyAll())
+			if m.istio() != nil && m.istio().Ambient != nil {
+				s.add(out, m, m.cluster, apiSecurity, "AuthorizationPolicy", m.root, GlobalDenyWaypointsName, denyAllAtWaypoints())
+			}
 			for _, gw := range eastWestGateways(m.istio()) {
 				if len(gw.WorkloadLabels) == 0 {
 					m.errs = append(m.errs, fmt.Sprintf("east-west gateway %s/%s has no workload labels: no AuthorizationPolicy can let cross-cluster traffic through it", gw.Namespace, gw.Name))

@@ -207,6 +207,17 @@ func denyAll() *securityv1.AuthorizationPolicy {
 	}
 }
 
+// denyAllAtWaypoints is denyAll for every waypoint of a mesh: in the root
+// namespace, targetRefs GatewayClass istio-waypoint is the one target istiod
+// binds to every waypoint. A Destination behind a waypoint is then refused
+// at the waypoint unless its own AccessPolicies (relaymesh-<svc>.waypoint)
+// admit the source, not only at the destination's ztunnel.
+func denyAllAtWaypoints() *securityv1.AuthorizationPolicy {
+	p := denyAll()
+	p.TargetRefs = []*typev1beta1.PolicyTargetReference{{Group: "gateway.networking.k8s.io", Kind: "GatewayClass", Name: "istio-waypoint"}}
+	return p
+}
+
 // allowGateway lets everything through an east-west gateway.
 func allowGateway(gw discoveryv1alpha1.GatewayInfo) *securityv1.AuthorizationPolicy {
 	return &securityv1.AuthorizationPolicy{

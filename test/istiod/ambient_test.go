@@ -223,6 +223,18 @@ func ambientWorld(ctx context.Context, t *testing.T, gatewayAPI bool) (*localclu
 	if gatewayAPI {
 		translationtest.InstallGatewayAPI(ctx, t, cluster)
 	}
+	d := startAmbientIstiod(ctx, t, cluster, dir)
+
+	in := translationtest.LoadInput(t, filepath.Join("..", "..", "policy", "testdata", "access", "ambient-waypoint"))
+	applyAccess(ctx, t, cluster, in)
+	return cluster, cs, d, in
+}
+
+// startAmbientIstiod starts a real pilot-discovery in ambient mode for
+// cluster (ID cluster-1, trust domain cluster-1.local), stopped with the
+// test, its log shown when the test failed.
+func startAmbientIstiod(ctx context.Context, t *testing.T, cluster *localcluster.Cluster, dir string) *Istiod {
+	t.Helper()
 	d, err := Start(ctx, Config{
 		Kubeconfig:  cluster.Kubeconfig,
 		ClusterID:   "cluster-1",
@@ -238,10 +250,7 @@ func ambientWorld(ctx context.Context, t *testing.T, gatewayAPI bool) (*localclu
 			t.Logf("istiod log (last lines):\n%s", d.LogTail(60))
 		}
 	})
-
-	in := translationtest.LoadInput(t, filepath.Join("..", "..", "policy", "testdata", "access", "ambient-waypoint"))
-	applyAccess(ctx, t, cluster, in)
-	return cluster, cs, d, in
+	return d
 }
 
 // applyAccess translates in with the real translator and applies what it

@@ -15,7 +15,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/anypb"
 	appsv1 "k8s.io/api/apps/v1"
@@ -78,21 +77,7 @@ func TestMigrationToAmbientKeepsEveryL7Rule(t *testing.T) {
 	translationtest.InstallGatewayAPI(ctx, t, cluster)
 	dyn, err := dynamic.NewForConfig(cluster.RESTConfig())
 	require.NoError(t, err)
-	d, err := Start(ctx, Config{
-		Kubeconfig:  cluster.Kubeconfig,
-		ClusterID:   "cluster-1",
-		Dir:         filepath.Join(dir, "istiod"),
-		CACerts:     newTestPKI(t, "mesh-1").cacerts(),
-		TrustDomain: "cluster-1.local",
-		Ambient:     true,
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, d.Stop()) })
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("istiod log (last lines):\n%s", d.LogTail(60))
-		}
-	})
+	d := startAmbientIstiod(ctx, t, cluster, dir)
 
 	m := &migration{t: t, cluster: cluster, cs: cs, dyn: dyn, d: d, sidecars: map[string]*DeltaWatch{}}
 	m.installShop(ctx)
@@ -511,13 +496,18 @@ func (m *migration) boundAtZtunnel(labels map[string]string) []string {
 }
 
 // waypointRBACNames are the RBAC policies the applied set gives the
-// waypoint for Service svc: those targeting it, sorted.
+// waypoint for Service svc, sorted: those targeting the Service, and those
+// of the root namespace targeting every waypoint (GatewayClass
+// istio-waypoint: the VirtualMesh's deny by default).
 func (m *migration) waypointRBACNames(svc string) []string {
 	var out []string
 	for _, ap := range m.appliedPolicies() {
 		refs, _, _ := unstructured.NestedSlice(ap.Object, "spec", "targetRefs")
 		for _, r := range refs {
-			if ref, ok := r.(map[string]any); ok && ref["kind"] == "Service" && ref["name"] == svc {
+			ref, _ := r.(map[string]any)
+			service := ref["kind"] == "Service" && ref["name"] == svc && ap.GetNamespace() == "shop"
+			everyWaypoint := ref["kind"] == "GatewayClass" && ref["name"] == "istio-waypoint" && ap.GetNamespace() == DefaultNamespace
+			if service || everyWaypoint {
 				out = append(out, rbacNames(ap)...)
 			}
 		}

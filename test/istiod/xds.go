@@ -168,19 +168,7 @@ const ListenerTypeURL = "type.googleapis.com/envoy.config.listener.v3.Listener"
 // finds the Services it serves through the pod at ip, its namespace and its
 // gateway-name label.
 func (d *Istiod) WaypointNode(ip, pod, namespace, gateway, serviceAccount string) *corev3.Node {
-	meta, _ := structpb.NewStruct(map[string]any{
-		"NAME":            pod,
-		"NAMESPACE":       namespace,
-		"INSTANCE_IPS":    ip,
-		"CLUSTER_ID":      d.cfg.ClusterID,
-		"ISTIO_VERSION":   istioVersion,
-		"SERVICE_ACCOUNT": serviceAccount,
-		"LABELS":          map[string]any{"gateway.networking.k8s.io/gateway-name": gateway},
-	})
-	return &corev3.Node{
-		Id:       fmt.Sprintf("waypoint~%s~%s.%s~%s.svc.cluster.local", ip, pod, namespace, namespace),
-		Metadata: meta,
-	}
+	return d.proxyNode("waypoint", ip, pod, namespace, serviceAccount, map[string]string{"gateway.networking.k8s.io/gateway-name": gateway})
 }
 
 // SidecarNode is the xDS node of an injected pod's istio-proxy (an Envoy
@@ -188,6 +176,12 @@ func (d *Istiod) WaypointNode(ip, pod, namespace, gateway, serviceAccount string
 // ID, finds the pod at ip, and builds its inbound listeners from the
 // Services that select the pod's labels.
 func (d *Istiod) SidecarNode(ip, pod, namespace, serviceAccount string, labels map[string]string) *corev3.Node {
+	return d.proxyNode("sidecar", ip, pod, namespace, serviceAccount, labels)
+}
+
+// proxyNode is the node an istio-agent sends for an Envoy of type kind in
+// pod at ip.
+func (d *Istiod) proxyNode(kind, ip, pod, namespace, serviceAccount string, labels map[string]string) *corev3.Node {
 	l := map[string]any{}
 	for k, v := range labels {
 		l[k] = v
@@ -202,7 +196,7 @@ func (d *Istiod) SidecarNode(ip, pod, namespace, serviceAccount string, labels m
 		"LABELS":          l,
 	})
 	return &corev3.Node{
-		Id:       fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", ip, pod, namespace, namespace),
+		Id:       fmt.Sprintf("%s~%s~%s.%s~%s.svc.cluster.local", kind, ip, pod, namespace, namespace),
 		Metadata: meta,
 	}
 }
