@@ -232,29 +232,28 @@ func PodHasSidecar(p *corev1.Pod) bool {
 	return false
 }
 
-// runningMode is a Destination's mode once its ready pods are counted too:
-// the pod templates say where the workloads are going, the pods where they
-// are. Relabelling a namespace from sidecar injection to ambient changes the
+// podModes records which data planes a Destination's ready pods run in.
+type podModes struct{ sidecar, ambient bool }
+
+func (m *podModes) add(p *corev1.Pod) {
+	switch {
+	case PodHasSidecar(p):
+		m.sidecar = true
+	case PodRedirected(p):
+		m.ambient = true
+	}
+}
+
+// mode is a Destination's mode once its ready pods are counted too: the
+// pod templates say where the workloads are going, the pods where they are.
+// Relabelling a namespace from sidecar injection to ambient changes the
 // templates' mode at once, while the old pods keep their sidecars until they
 // restart (and a rollback leaves captured pods behind). Until every ready pod
 // agrees with the templates the Destination is mixed, so the sidecar-era
 // policy stays for the pods that still read it and the ztunnel and waypoint
 // policies are in place before the first ambient pod serves.
-func runningMode(templates string, pods []*corev1.Pod) string {
-	var sidecar, ambient bool
-	for _, p := range pods {
-		switch {
-		case PodHasSidecar(p):
-			sidecar = true
-		case PodRedirected(p):
-			ambient = true
-		}
-	}
-	switch {
-	case templates == discoveryv1alpha1.DataPlaneMixed:
-		return templates
-	case templates == discoveryv1alpha1.DataPlaneAmbient && sidecar,
-		templates == "" && ambient:
+func (m podModes) mode(templates string) string {
+	if templates == discoveryv1alpha1.DataPlaneAmbient && m.sidecar || templates == "" && m.ambient {
 		return discoveryv1alpha1.DataPlaneMixed
 	}
 	return templates

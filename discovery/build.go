@@ -342,13 +342,13 @@ func (b *builder) destinations(services []*corev1.Service, pods []*corev1.Pod) [
 				idx = newLabelIndex(sets)
 				podIdx[svc.Namespace] = idx
 			}
-			var running []*corev1.Pod
+			var running podModes
 			for _, k := range idx.match(sel) {
 				p := nsPods[k]
-				running = append(running, p)
+				running.add(p)
 				d.Endpoints = append(d.Endpoints, &relaypb.Endpoint{Ip: valid(p.Status.PodIP), Labels: copyMap(p.Labels), Ambient: PodRedirected(p)})
 			}
-			d.DataPlaneMode = runningMode(d.DataPlaneMode, running)
+			d.DataPlaneMode = running.mode(d.DataPlaneMode)
 			// nsPods is sorted by name, and the sort is stable: equal IPs
 			// stay in name order.
 			slices.SortStableFunc(d.Endpoints, func(a, b *relaypb.Endpoint) int { return strings.Compare(a.Ip, b.Ip) })
