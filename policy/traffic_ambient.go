@@ -138,36 +138,74 @@ type (
 	}
 )
 
-// routePort is the one Service port an ambient Destination's route is
-// written for, and whether it carries gRPC (Istio's protocol selection:
-// appProtocol, else the port name's prefix).
-func routePort(d *discoveryv1alpha1.Destination) (port discoveryv1alpha1.ServicePort, grpc bool, problem string) {
-	ps := d.Spec.KubeService.Ports
-	if len(ps) != 1 {
-		var nums []string
-		for _, p := range ps {
-			nums = append(nums, fmt.Sprint(p.Port))
-		}
-		return port, false, fmt.Sprintf("the Service has %d ports (%s): a Gateway API route is written for single-port ambient Services only (one route per port is not built yet)", len(ps), strings.Join(nums, ", "))
-	}
-	port = ps[0]
-	proto := strings.ToLower(port.AppProtocol)
-	if proto == "" {
-		proto, _, _ = strings.Cut(strings.ToLower(port.Name), "-")
-	}
-	return port, proto == "grpc", ""
+// routePort is one Service port an ambient Destination's routes are
+// written for, and whether it carries gRPC.
+type routePort struct {
+	port discoveryv1alpha1.ServicePort
+	grpc bool
 }
 
-// targetPort is the port a backendRef to t uses: the one the policy names,
-// else t's only port.
-func targetPort(t *discoveryv1alpha1.Destination, named int32) (int32, string) {
+// routePorts are the Service ports of an ambient Destination that get a
+// route, one each: those Istio treats as HTTP or gRPC, or whose protocol
+// it detects (Istio's protocol selection: appProtocol, else the port
+// name's prefix). A port it treats as another protocol (tcp, tls, mongo…)
+// carries no HTTP and gets none. A Service with no such port has a
+// problem.
+func routePorts(d *discoveryv1alpha1.Destination) ([]routePort, string) {
+	var out []routePort
+	var skipped []string
+	for _, p := range d.Spec.KubeService.Ports {
+		proto := strings.ToLower(p.AppProtocol)
+		if proto == "" {
+			proto, _, _ = strings.Cut(strings.ToLower(p.Name), "-")
+		}
+		switch {
+		case p.Protocol == "UDP" || p.Protocol == "SCTP":
+			skipped = append(skipped, fmt.Sprintf("%d/%s", p.Port, p.Protocol))
+		case proto == "grpc":
+			out = append(out, routePort{p, true})
+		case slices.Contains(knownNonHTTP, proto):
+			skipped = append(skipped, fmt.Sprintf("%d (%s)", p.Port, proto))
+		default: // http, http2, h2c, or detected by Istio
+			out = append(out, routePort{p, false})
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Sprintf("the Service has no HTTP or gRPC port (ports %s): a Gateway API route has nothing to route", strings.Join(skipped, ", "))
+	}
+	return out, ""
+}
+
+// knownNonHTTP are the protocols Istio selects by port name or appProtocol
+// that carry no HTTP.
+var knownNonHTTP = []string{"tcp", "tls", "https", "mongo", "mysql", "redis"}
+
+// routeName is the name of d's route for port: relaymesh-<svc> when the
+// Service has one port, else relaymesh-<svc>.<port> (a Service name is a
+// DNS label, so the dot keeps it from any other Service's route name).
+func routeName(d *discoveryv1alpha1.Destination, port int32) string {
+	ks := d.Spec.KubeService
+	if len(ks.Ports) == 1 {
+		return namePrefix + ks.Ref.Name
+	}
+	return fmt.Sprintf("%s%s.%d", namePrefix, ks.Ref.Name, port)
+}
+
+// targetPort is the port a backendRef to t uses from the route of port
+// from: the one the policy names, else t's only port, else t's port of
+// from's number.
+func targetPort(t *discoveryv1alpha1.Destination, named, from int32) (int32, string) {
 	if named != 0 {
 		return named, ""
 	}
-	if ps := t.Spec.KubeService.Ports; len(ps) == 1 {
+	ps := t.Spec.KubeService.Ports
+	if len(ps) == 1 {
 		return ps[0].Port, ""
 	}
-	return 0, fmt.Sprintf("names no port and Service %s/%s has %d ports (a Gateway API backendRef to a Service needs one)", t.Spec.KubeService.Ref.Namespace, t.Spec.KubeService.Ref.Name, len(t.Spec.KubeService.Ports))
+	if slices.ContainsFunc(ps, func(p discoveryv1alpha1.ServicePort) bool { return p.Port == from }) {
+		return from, ""
+	}
+	return 0, fmt.Sprintf("names no port and Service %s/%s has %d ports, none of them %d (a Gateway API backendRef to a Service needs one)", t.Spec.KubeService.Ref.Namespace, t.Spec.KubeService.Ref.Name, len(ps), from)
 }
 
 // ambientProblems lists why tp cannot be written as a Gateway API route
@@ -180,9 +218,14 @@ func (b *trafficBuilder) ambientProblems(in *translation.Input, tp *trafficPolic
 	if _, _, why := servingWaypoint(in, d); why != "" {
 		prefix("needs a waypoint: routes of ambient workloads are enforced by the waypoint of their Service, and %s; no route is written for this Destination", why)
 	}
-	_, grpc, problem := routePort(d)
+	ports, problem := routePorts(d)
 	if problem != "" {
 		prefix("%s", problem)
+	}
+	// Which route kinds d gets: a field must be sayable in each.
+	var grpc, http bool
+	for _, rp := range ports {
+		grpc, http = grpc || rp.grpc, http || !rp.grpc
 	}
 	p := &tp.p.Spec.Policy
 	if len(tp.p.Spec.SourceSelector) > 0 {
@@ -203,7 +246,8 @@ func (b *trafficBuilder) ambientProblems(in *translation.Input, tp *trafficPolic
 	if p.RequestTimeout != nil {
 		if grpc {
 			prefix("policy.requestTimeout: GRPCRoute has no timeouts in Gateway API's standard channel (v1.6)")
-		} else if _, err := gatewayDuration(p.RequestTimeout.Duration); err != "" {
+		}
+		if _, err := gatewayDuration(p.RequestTimeout.Duration); http && err != "" {
 			prefix("policy.requestTimeout: %s", err)
 		}
 	}
@@ -238,19 +282,37 @@ func (b *trafficBuilder) ambientProblems(in *translation.Input, tp *trafficPolic
 			}
 		}
 	}
-	errs = append(errs, b.ambientTargetProblems(tp, d)...)
+	errs = append(errs, b.ambientTargetProblems(tp, d, ports)...)
 	for i, m := range tp.p.Spec.HTTPRequestMatchers {
-		for _, e := range matcherProblems(&m, grpc) {
+		var es []string
+		if http {
+			es = matcherProblems(&m, false)
+		}
+		if grpc {
+			es = append(es, matcherProblems(&m, true)...)
+		}
+		for _, e := range uniqueStrings(es) {
 			prefix("spec.httpRequestMatchers[%d]%s", i, e)
 		}
 	}
 	return errs
 }
 
+// uniqueStrings is ss without repeats, in first-seen order.
+func uniqueStrings(ss []string) []string {
+	var out []string
+	for _, s := range ss {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // ambientTargetProblems checks the Services a route of d sends or mirrors
 // to: same cluster and namespace (a backendRef to another namespace needs
 // a ReferenceGrant, which Relaymesh does not write), no subset, a port.
-func (b *trafficBuilder) ambientTargetProblems(tp *trafficPolicy, d *discoveryv1alpha1.Destination) []string {
+func (b *trafficBuilder) ambientTargetProblems(tp *trafficPolicy, d *discoveryv1alpha1.Destination, ports []routePort) []string {
 	var errs []string
 	self := d.Spec.KubeService.Ref
 	check := func(path string, t *discoveryv1alpha1.Destination, port int32) {
@@ -264,8 +326,11 @@ func (b *trafficBuilder) ambientTargetProblems(tp *trafficPolicy, d *discoveryv1
 		case ref.Namespace != self.Namespace:
 			errs = append(errs, fmt.Sprintf("ambient Destination (Gateway API route): %s: Service %s/%s is in another namespace than %s/%s; that needs a ReferenceGrant, which Relaymesh does not write", path, ref.Namespace, ref.Name, self.Namespace, self.Name))
 		}
-		if _, why := targetPort(t, port); why != "" {
-			errs = append(errs, fmt.Sprintf("ambient Destination (Gateway API route): %s %s", path, why))
+		for _, rp := range ports {
+			if _, why := targetPort(t, port, rp.port.Port); why != "" {
+				errs = append(errs, fmt.Sprintf("ambient Destination (Gateway API route): %s %s", path, why))
+				break
+			}
 		}
 	}
 	p := &tp.p.Spec.Policy
@@ -407,10 +472,23 @@ type ambientRule struct {
 // the applied policies, most specific first as in the VirtualService, and
 // a last rule without matches sending the rest to d.
 func (b *trafficBuilder) gatewayRoute(out *translation.Output, r *translation.Report, d *discoveryv1alpha1.Destination, applied []*trafficPolicy) {
-	port, grpc, problem := routePort(d)
+	ports, problem := routePorts(d)
 	if problem != "" || len(applied) == 0 {
 		return // reported by ambientProblems; no policy applies
 	}
+	// One route per port (a route's parentRef names one port, and its
+	// kind follows the port's protocol); the same rules in each.
+	for _, rp := range ports {
+		if !b.gatewayRouteFor(out, r, d, applied, rp) {
+			return
+		}
+	}
+}
+
+// gatewayRouteFor writes d's route for one port; false when it failed the
+// policies (the same failure would repeat for every port).
+func (b *trafficBuilder) gatewayRouteFor(out *translation.Output, r *translation.Report, d *discoveryv1alpha1.Destination, applied []*trafficPolicy, rp routePort) bool {
+	port, grpc := rp.port, rp.grpc
 	ks := d.Spec.KubeService
 	byKey := map[string]*route{}
 	rules := map[*route]*ambientRule{}
@@ -428,7 +506,7 @@ func (b *trafficBuilder) gatewayRoute(out *translation.Output, r *translation.Re
 				routes = append(routes, rt)
 			}
 			rt.parents = append(rt.parents, parent)
-			b.decorateAmbient(rules[rt], &tp.p.Spec.Policy)
+			b.decorateAmbient(rules[rt], &tp.p.Spec.Policy, port.Port)
 		}
 	}
 	self := []gwBackendRef{{Name: ks.Ref.Name, Port: port.Port}}
@@ -449,7 +527,7 @@ func (b *trafficBuilder) gatewayRoute(out *translation.Output, r *translation.Re
 	}
 	if n > maxRouteRules {
 		failed(r, parents, d, fmt.Errorf("ambient Destination (Gateway API route): the policies make %d routes for this Service, and a Gateway API route holds at most %d rules", n, maxRouteRules))
-		return
+		return false
 	}
 	parentRefs := []gwParentRef{{Group: "", Kind: "Service", Name: ks.Ref.Name, Port: port.Port}}
 	var (
@@ -488,9 +566,11 @@ func (b *trafficBuilder) gatewayRoute(out *translation.Output, r *translation.Re
 		}
 		kind, spec = kindHTTPRoute, s
 	}
-	if err := out.AddObject(ks.Ref.ClusterName, gatewayAPIVersion, kind, ks.Ref.Namespace, namePrefix+ks.Ref.Name, spec, parents...); err != nil {
+	if err := out.AddObject(ks.Ref.ClusterName, gatewayAPIVersion, kind, ks.Ref.Namespace, routeName(d, port.Port), spec, parents...); err != nil {
 		failed(r, parents, d, err)
+		return false
 	}
+	return true
 }
 
 func cmpBackends(set, def []gwBackendRef) []gwBackendRef {
@@ -507,11 +587,11 @@ func isEmptyMatcher(m *networkingv1alpha1.HTTPMatcher) bool {
 // decorateAmbient applies one policy's route fields to a rule (claim
 // ensured no two policies set one field of a route; ambientProblems that
 // every field set here can be said).
-func (b *trafficBuilder) decorateAmbient(ar *ambientRule, p *networkingv1alpha1.Policy) {
+func (b *trafficBuilder) decorateAmbient(ar *ambientRule, p *networkingv1alpha1.Policy, from int32) {
 	if ts := p.TrafficShift; ts != nil {
 		for _, wd := range ts.Destinations {
 			t := b.byRef[wd.KubeService.ClusterObjectRef]
-			port, _ := targetPort(t, wd.KubeService.Port)
+			port, _ := targetPort(t, wd.KubeService.Port, from)
 			ar.backends = append(ar.backends, gwBackendRef{Name: wd.KubeService.Name, Port: port, Weight: new(wd.Weight)})
 		}
 	}
@@ -528,7 +608,7 @@ func (b *trafficBuilder) decorateAmbient(ar *ambientRule, p *networkingv1alpha1.
 	}
 	if m := p.Mirror; m != nil {
 		t := b.byRef[m.KubeService]
-		port, _ := targetPort(t, m.Port)
+		port, _ := targetPort(t, m.Port, from)
 		mirror := &gwMirror{BackendRef: gwBackendRef{Name: m.KubeService.Name, Port: port}}
 		if pct := m.Percentage; pct == math.Trunc(pct) {
 			mirror.Percent = new(int32(pct))

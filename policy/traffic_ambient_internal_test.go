@@ -1,13 +1,16 @@
 package policy
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // gatewayDurationFormat is the pattern of Gateway API's Duration.
@@ -149,4 +152,64 @@ func FuzzAmbientMatcher(f *testing.F) {
 			t.Fatalf("method %q", h.Method)
 		}
 	})
+}
+
+// TestRoutePorts: one route per port that can carry HTTP or gRPC, chosen by
+// Istio's protocol selection (appProtocol, else the name's prefix; a name
+// Istio does not know is sniffed, so it may carry HTTP); UDP, SCTP and the
+// TCP protocols that are not HTTP get none; a Service with no such port is
+// a problem naming its ports. Names: relaymesh-<svc> for one port, else
+// relaymesh-<svc>.<port>.
+func TestRoutePorts(t *testing.T) {
+	dest := func(ports ...discoveryv1alpha1.ServicePort) *discoveryv1alpha1.Destination {
+		d := &discoveryv1alpha1.Destination{}
+		d.Spec.KubeService.Ref.Name = "svc"
+		d.Spec.KubeService.Ports = ports
+		return d
+	}
+	type want struct {
+		port int32
+		grpc bool
+	}
+	for _, tc := range []struct {
+		name    string
+		ports   []discoveryv1alpha1.ServicePort
+		want    []want
+		problem string
+	}{
+		{"http by name", []discoveryv1alpha1.ServicePort{{Port: 80, Name: "http-web", Protocol: "TCP"}}, []want{{80, false}}, ""},
+		{"grpc by name", []discoveryv1alpha1.ServicePort{{Port: 9090, Name: "grpc", Protocol: "TCP"}}, []want{{9090, true}}, ""},
+		{"appProtocol wins over the name", []discoveryv1alpha1.ServicePort{{Port: 9090, Name: "http", AppProtocol: "GRPC", Protocol: "TCP"}}, []want{{9090, true}}, ""},
+		{"unnamed: sniffed", []discoveryv1alpha1.ServicePort{{Port: 8080, Protocol: "TCP"}}, []want{{8080, false}}, ""},
+		{"unknown name: sniffed", []discoveryv1alpha1.ServicePort{{Port: 8080, Name: "metrics", Protocol: "TCP"}}, []want{{8080, false}}, ""},
+		{"http and https", []discoveryv1alpha1.ServicePort{{Port: 8080, Name: "http"}, {Port: 8443, Name: "https"}}, []want{{8080, false}}, ""},
+		{"http and grpc", []discoveryv1alpha1.ServicePort{{Port: 8080, Name: "http"}, {Port: 9090, Name: "grpc-api"}}, []want{{8080, false}, {9090, true}}, ""},
+		{"udp and sctp never", []discoveryv1alpha1.ServicePort{{Port: 53, Name: "http", Protocol: "UDP"}, {Port: 38412, Protocol: "SCTP"}, {Port: 80, Name: "http"}}, []want{{80, false}}, ""},
+		{"only tcp protocols", []discoveryv1alpha1.ServicePort{{Port: 6379, Name: "tcp-redis"}, {Port: 27017, AppProtocol: "mongo"}, {Port: 443, Name: "tls"}}, nil, "ports 6379 (tcp), 27017 (mongo), 443 (tls)"},
+		{"no ports", nil, nil, "no HTTP or gRPC port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := dest(tc.ports...)
+			got, problem := routePorts(d)
+			if tc.problem != "" {
+				assert.Contains(t, problem, tc.problem)
+				assert.Empty(t, got)
+				return
+			}
+			require.Empty(t, problem)
+			var ports []want
+			for _, rp := range got {
+				ports = append(ports, want{rp.port.Port, rp.grpc})
+			}
+			assert.Equal(t, tc.want, ports)
+			for _, rp := range got {
+				name := routeName(d, rp.port.Port)
+				if len(tc.ports) == 1 {
+					assert.Equal(t, "relaymesh-svc", name)
+				} else {
+					assert.Equal(t, fmt.Sprintf("relaymesh-svc.%d", rp.port.Port), name)
+				}
+			}
+		})
+	}
 }
