@@ -22,6 +22,11 @@ const (
 	waypointSuffix = ".waypoint"
 )
 
+// NeedsWaypoint starts the error an AccessPolicy's target gets where it asks
+// for HTTP conditions at ambient workloads no usable waypoint serves (it
+// allows no one there); policy/accessaudit reads it from the report.
+const NeedsWaypoint = "needs a waypoint"
+
 // ambientAccess collects one ambient Destination's AuthorizationPolicies
 // (see docs/design/2026-12-02-ambient-translation.md): L4 rules for
 // ztunnel, full rules for the waypoint that serves the Destination, and
@@ -103,7 +108,7 @@ func (a *ambientAccess) add(p *networkingv1alpha1.AccessPolicy, principals []str
 		if len(p.Spec.AllowedPaths) > 0 {
 			fields = append(fields, "allowedPaths")
 		}
-		return fmt.Sprintf("needs a waypoint: ztunnel cannot enforce %s (HTTP) for the ambient workloads of this Destination, and %s; this policy allows no one there", strings.Join(fields, " and "), a.noWaypoint)
+		return fmt.Sprintf(NeedsWaypoint+": ztunnel cannot enforce %s (HTTP) for the ambient workloads of this Destination, and %s; this policy allows no one there", strings.Join(fields, " and "), a.noWaypoint)
 	}
 	return ""
 }

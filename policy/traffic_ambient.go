@@ -216,7 +216,7 @@ func (b *trafficBuilder) ambientProblems(in *translation.Input, tp *trafficPolic
 		errs = append(errs, "ambient Destination (Gateway API route): "+fmt.Sprintf(format, args...))
 	}
 	if _, _, why := servingWaypoint(in, d); why != "" {
-		prefix("needs a waypoint: routes of ambient workloads are enforced by the waypoint of their Service, and %s; no route is written for this Destination", why)
+		prefix(NeedsWaypoint+": routes of ambient workloads are enforced by the waypoint of their Service, and %s; no route is written for this Destination", why)
 	}
 	ports, problem := routePorts(d)
 	if problem != "" {

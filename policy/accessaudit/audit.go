@@ -53,11 +53,6 @@ const (
 	ProtocolAuto = "auto"
 )
 
-// needsWaypointPrefix starts the error policy.TranslateAccess gives an
-// AccessPolicy with allowedPaths or allowedMethods at an ambient
-// Destination no usable waypoint serves.
-const needsWaypointPrefix = "needs a waypoint"
-
 // allowAllAnnotation is the opt-in the default admission rules ask of an
 // AccessPolicy that allows every source (policy/admission).
 const allowAllAnnotation = "relaymesh.io/allow-all"
@@ -614,7 +609,7 @@ func (a *auditor) policies() {
 			if !ok || t.State != common.StateFailed {
 				continue
 			}
-			if i := slices.IndexFunc(t.Errors, func(e string) bool { return strings.HasPrefix(e, needsWaypointPrefix) }); i >= 0 {
+			if i := slices.IndexFunc(t.Errors, func(e string) bool { return strings.HasPrefix(e, policy.NeedsWaypoint) }); i >= 0 {
 				if ap.needsWaypoint == nil {
 					ap.needsWaypoint = map[int]string{}
 				}
