@@ -122,6 +122,9 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 			if len(tp.clusters) == 0 {
 				ts.Errors = []string{"sourceSelector matches no workload: the policy applies in no cluster"}
 			}
+			if note := routeAPINote(d); note != "" {
+				ts.Errors = append(ts.Errors, note)
+			}
 			// A field the Destination's data plane cannot carry fails the
 			// policy there, and only there (traffic_ambient.go).
 			problems := b.sidecarIntoAmbient(tp)
@@ -148,9 +151,15 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 		if len(applied) == 0 {
 			continue
 		}
-		if gatewayRoutes(d) {
+		// Gateway API routes in d's own cluster. A sidecar Destination that
+		// opted into them keeps its VirtualServices in the other clusters
+		// that reach it: they route its federated host, not the Service.
+		routed := gatewayRoutes(d)
+		if routed {
 			b.gatewayRoute(out, r, d, applied)
-			continue
+			if ambientOnly(d) {
+				continue
+			}
 		}
 		// Config only where it can take effect: a remote Destination's
 		// host exists in a cluster only where a VirtualMesh federates it;
@@ -158,6 +167,9 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 		// nothing defines. Walking d's clusters (not the policies') keeps
 		// this linear in the fleet.
 		for _, c := range b.reachableFrom(d) {
+			if routed && c == d.Spec.KubeService.Ref.ClusterName {
+				continue
+			}
 			for _, tp := range applied {
 				if tp.clusters[c] {
 					b.virtualService(out, r, c, d, applied)
@@ -167,7 +179,7 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 		}
 	}
 	for _, d := range dests {
-		if gatewayRoutes(d) {
+		if ambientOnly(d) {
 			continue // no DestinationRule for an ambient host
 		}
 		for _, c := range b.drClusters(d, accepted) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
@@ -35,13 +36,64 @@ const (
 var gatewayMethods = []string{"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
 
 // gatewayRoutes says whether d's routing is written as Gateway API routes:
-// its workloads run in ambient mode, or in both modes during a migration.
-// Sidecars read an HTTPRoute with a Service parentRef too, and Istio does
-// not support a VirtualService and an HTTPRoute for one host, so a mixed
+// its workloads run in ambient mode, or in both modes during a migration,
+// or its Service opts in (relaymesh.io/route-api=gateway-api). Sidecars
+// read an HTTPRoute with a Service parentRef too, and Istio does not
+// support a VirtualService and an HTTPRoute for one host, so a mixed
 // Destination gets only the route.
 func gatewayRoutes(d *discoveryv1alpha1.Destination) bool {
 	_, ambient := destinationModes(d)
+	return ambient || d.Spec.KubeService.Labels[discoveryv1alpha1.LabelRouteAPI] == discoveryv1alpha1.RouteAPIGatewayAPI
+}
+
+// RoutingAPI says in which API d's TrafficPolicies are written in its own
+// cluster, and why: "Gateway API (ambient data plane)", "Gateway API
+// (relaymesh.io/route-api=gateway-api)"
+// or "Istio (VirtualService)".
+func RoutingAPI(d *discoveryv1alpha1.Destination) string {
+	switch {
+	case ambientOnly(d):
+		return "Gateway API (" + d.Spec.KubeService.DataPlaneMode + " data plane)"
+	case gatewayRoutes(d):
+		return "Gateway API (" + discoveryv1alpha1.LabelRouteAPI + "=" + discoveryv1alpha1.RouteAPIGatewayAPI + ")"
+	}
+	return "Istio (VirtualService)"
+}
+
+// ambientOnly says whether d's workloads run in ambient mode (or both): a
+// Destination no sidecar-era object may route, in any cluster.
+func ambientOnly(d *discoveryv1alpha1.Destination) bool {
+	_, ambient := destinationModes(d)
 	return ambient
+}
+
+// routeContext starts every message about d's Gateway API routes: why d
+// gets them.
+func routeContext(d *discoveryv1alpha1.Destination) string {
+	if ambientOnly(d) {
+		return "ambient Destination (Gateway API route): "
+	}
+	return "Gateway API route (" + discoveryv1alpha1.LabelRouteAPI + "=" + discoveryv1alpha1.RouteAPIGatewayAPI + " on the Service): "
+}
+
+// routeAPINote is a warning for d's target status when its Service's
+// relaymesh.io/route-api label is not honoured as written; "" otherwise.
+func routeAPINote(d *discoveryv1alpha1.Destination) string {
+	v, ok := d.Spec.KubeService.Labels[discoveryv1alpha1.LabelRouteAPI]
+	switch {
+	case !ok || v == discoveryv1alpha1.RouteAPIGatewayAPI:
+		return ""
+	case v != discoveryv1alpha1.RouteAPIIstio:
+		written := "an Istio VirtualService is written"
+		if ambientOnly(d) {
+			written = "Gateway API routes are written (the workloads run in ambient mode)"
+		}
+		return fmt.Sprintf("label %s=%q on the Service is neither %q nor %q and is ignored: %s", discoveryv1alpha1.LabelRouteAPI, v,
+			discoveryv1alpha1.RouteAPIGatewayAPI, discoveryv1alpha1.RouteAPIIstio, written)
+	case ambientOnly(d):
+		return fmt.Sprintf("label %s=%s on the Service is ignored: its workloads run in ambient mode (or both modes), where Istio supports routing only by Gateway API routes", discoveryv1alpha1.LabelRouteAPI, v)
+	}
+	return ""
 }
 
 // The parts of gateway.networking.k8s.io/v1 HTTPRoute and GRPCRoute that
@@ -209,13 +261,16 @@ func targetPort(t *discoveryv1alpha1.Destination, named, from int32) (int32, str
 }
 
 // ambientProblems lists why tp cannot be written as a Gateway API route
-// for the ambient Destination d, each naming the field; nil: it can.
+// for d (ambient, mixed, or a sidecar Destination opted in), each naming
+// the field; nil: it can. A sidecar Destination keeps its DestinationRule
+// (outlierDetection, mtls), and its sidecars route without a waypoint.
 func (b *trafficBuilder) ambientProblems(in *translation.Input, tp *trafficPolicy, d *discoveryv1alpha1.Destination) []string {
 	var errs []string
+	lead, ambient := routeContext(d), ambientOnly(d)
 	prefix := func(format string, args ...any) {
-		errs = append(errs, "ambient Destination (Gateway API route): "+fmt.Sprintf(format, args...))
+		errs = append(errs, lead+fmt.Sprintf(format, args...))
 	}
-	if _, _, why := servingWaypoint(in, d); why != "" {
+	if _, _, why := servingWaypoint(in, d); ambient && why != "" {
 		prefix(NeedsWaypoint+": routes of ambient workloads are enforced by the waypoint of their Service, and %s; no route is written for this Destination", why)
 	}
 	ports, problem := routePorts(d)
@@ -228,8 +283,8 @@ func (b *trafficBuilder) ambientProblems(in *translation.Input, tp *trafficPolic
 		grpc, http = grpc || rp.grpc, http || !rp.grpc
 	}
 	p := &tp.p.Spec.Policy
-	if len(tp.p.Spec.SourceSelector) > 0 {
-		prefix("spec.sourceSelector: a route with a Service parentRef applies to every client of the Service; routing only some sources cannot be expressed")
+	if len(tp.p.Spec.SourceSelector) > 0 && !wholeClusters(tp.p.Spec.SourceSelector) {
+		prefix("spec.sourceSelector: a route with a Service parentRef applies to every client of the Service in its cluster; only a selector of whole clusters (clusters, without labels or namespaces) can be expressed")
 	}
 	if p.Retries != nil {
 		prefix("policy.retries: Gateway API's standard channel (v1.6) has no retry field (HTTPRoute retry is experimental, GEP-1731)")
@@ -237,10 +292,10 @@ func (b *trafficBuilder) ambientProblems(in *translation.Input, tp *trafficPolic
 	if p.FaultInjection != nil {
 		prefix("policy.faultInjection: Gateway API has no fault injection")
 	}
-	if p.OutlierDetection != nil {
+	if p.OutlierDetection != nil && ambient {
 		prefix("policy.outlierDetection: Gateway API has no outlier detection, and Relaymesh writes no DestinationRule for an ambient host")
 	}
-	if p.MTLS != nil {
+	if p.MTLS != nil && ambient {
 		prefix("policy.mtls: ambient traffic between workloads is always mutual TLS (HBONE); a route cannot set a TLS mode")
 	}
 	if p.RequestTimeout != nil {
@@ -298,6 +353,19 @@ func (b *trafficBuilder) ambientProblems(in *translation.Input, tp *trafficPolic
 	return errs
 }
 
+// wholeClusters says whether every selector of sels picks whole clusters:
+// clusters and nothing else. A route written in d's cluster serves every
+// client there, so such a policy applies there exactly when it names d's
+// cluster (gatewayRoute).
+func wholeClusters(sels []common.WorkloadSelector) bool {
+	for _, s := range sels {
+		if len(s.Clusters) == 0 || len(s.Labels)+len(s.Namespaces) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // uniqueStrings is ss without repeats, in first-seen order.
 func uniqueStrings(ss []string) []string {
 	var out []string
@@ -314,7 +382,7 @@ func uniqueStrings(ss []string) []string {
 // a ReferenceGrant, which Relaymesh does not write), no subset, a port.
 func (b *trafficBuilder) ambientTargetProblems(tp *trafficPolicy, d *discoveryv1alpha1.Destination, ports []routePort) []string {
 	var errs []string
-	self := d.Spec.KubeService.Ref
+	self, lead := d.Spec.KubeService.Ref, routeContext(d)
 	check := func(path string, t *discoveryv1alpha1.Destination, port int32) {
 		if t == nil {
 			return // validateTraffic reported it
@@ -322,13 +390,13 @@ func (b *trafficBuilder) ambientTargetProblems(tp *trafficPolicy, d *discoveryv1
 		ref := t.Spec.KubeService.Ref
 		switch {
 		case ref.ClusterName != self.ClusterName:
-			errs = append(errs, fmt.Sprintf("ambient Destination (Gateway API route): %s: Service %s/%s is in cluster %s; a route's backends are Services of its own cluster", path, ref.Namespace, ref.Name, ref.ClusterName))
+			errs = append(errs, lead+fmt.Sprintf("%s: Service %s/%s is in cluster %s; a route's backends are Services of its own cluster", path, ref.Namespace, ref.Name, ref.ClusterName))
 		case ref.Namespace != self.Namespace:
-			errs = append(errs, fmt.Sprintf("ambient Destination (Gateway API route): %s: Service %s/%s is in another namespace than %s/%s; that needs a ReferenceGrant, which Relaymesh does not write", path, ref.Namespace, ref.Name, self.Namespace, self.Name))
+			errs = append(errs, lead+fmt.Sprintf("%s: Service %s/%s is in another namespace than %s/%s; that needs a ReferenceGrant, which Relaymesh does not write", path, ref.Namespace, ref.Name, self.Namespace, self.Name))
 		}
 		for _, rp := range ports {
 			if _, why := targetPort(t, port, rp.port.Port); why != "" {
-				errs = append(errs, fmt.Sprintf("ambient Destination (Gateway API route): %s %s", path, why))
+				errs = append(errs, lead+fmt.Sprintf("%s %s", path, why))
 				break
 			}
 		}
@@ -341,7 +409,7 @@ func (b *trafficBuilder) ambientTargetProblems(tp *trafficPolicy, d *discoveryv1
 			}
 			path := fmt.Sprintf("policy.trafficShift.destinations[%d]", i)
 			if len(wd.KubeService.Subset) > 0 {
-				errs = append(errs, fmt.Sprintf("ambient Destination (Gateway API route): %s.subset: Gateway API routes to Services, not subsets; make one Service per version (say %s-%s) and name it in kubeService", path, wd.KubeService.Name, strings.Join(sortedValues(wd.KubeService.Subset), "-")))
+				errs = append(errs, lead+fmt.Sprintf("%s.subset: Gateway API routes to Services, not subsets; make one Service per version (say %s-%s) and name it in kubeService", path, wd.KubeService.Name, strings.Join(sortedValues(wd.KubeService.Subset), "-")))
 			}
 			check(path, b.byRef[wd.KubeService.ClusterObjectRef], wd.KubeService.Port)
 		}
@@ -363,8 +431,12 @@ func (b *trafficBuilder) sidecarIntoAmbient(tp *trafficPolicy) []string {
 				continue
 			}
 			if t := b.byRef[wd.KubeService.ClusterObjectRef]; t != nil && gatewayRoutes(t) {
-				errs = append(errs, fmt.Sprintf("policy.trafficShift.destinations[%d].subset: %s/%s runs in ambient mode, where Relaymesh defines no subsets (no DestinationRule for an ambient host); make one Service per version and name it in kubeService",
-					i, wd.KubeService.Namespace, wd.KubeService.Name))
+				why := "runs in ambient mode, where Relaymesh defines no subsets (no DestinationRule for an ambient host)"
+				if !ambientOnly(t) {
+					why = "is routed by Gateway API (" + discoveryv1alpha1.LabelRouteAPI + "=" + discoveryv1alpha1.RouteAPIGatewayAPI + " on the Service), which routes to Services, not subsets"
+				}
+				errs = append(errs, fmt.Sprintf("policy.trafficShift.destinations[%d].subset: %s/%s %s; make one Service per version and name it in kubeService",
+					i, wd.KubeService.Namespace, wd.KubeService.Name, why))
 			}
 		}
 	}
@@ -472,6 +544,10 @@ type ambientRule struct {
 // the applied policies, most specific first as in the VirtualService, and
 // a last rule without matches sending the rest to d.
 func (b *trafficBuilder) gatewayRoute(out *translation.Output, r *translation.Report, d *discoveryv1alpha1.Destination, applied []*trafficPolicy) {
+	// A policy for the clients of other clusters only is not routed here.
+	applied = slices.DeleteFunc(slices.Clone(applied), func(tp *trafficPolicy) bool {
+		return len(tp.p.Spec.SourceSelector) > 0 && !tp.clusters[d.Spec.KubeService.Ref.ClusterName]
+	})
 	ports, problem := routePorts(d)
 	if problem != "" || len(applied) == 0 {
 		return // reported by ambientProblems; no policy applies

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/policy"
 	"github.com/relaymesh/relaymesh/translation"
@@ -147,4 +148,106 @@ func TestEveryUnsayableFieldFailsByName(t *testing.T) {
 			assert.Empty(t, out.Objects(), "nothing is written with the field dropped")
 		})
 	}
+}
+
+// TestOptedInSidecarDestinationsGetNoLocalVirtualService: every traffic
+// golden input, with every sidecar Destination's Service labelled
+// relaymesh.io/route-api=gateway-api, yields no VirtualService for a
+// Destination's own host in its own cluster (Istio does not support a
+// VirtualService and a route on one host); a VirtualService for its
+// federated host in another cluster stays; a target that fails says why,
+// naming the label, and never that it needs a waypoint (sidecars route
+// without one).
+func TestOptedInSidecarDestinationsGetNoLocalVirtualService(t *testing.T) {
+	dirs, err := filepath.Glob(filepath.Join("testdata", "traffic", "*"))
+	require.NoError(t, err)
+	for _, dir := range dirs {
+		in := translationtest.LoadInput(t, dir)
+		local := map[string]bool{}   // cluster/host of an opted-in Destination
+		optedIn := map[string]bool{} // its target
+		for i := range in.Destinations {
+			ks := &in.Destinations[i].Spec.KubeService
+			if ks.DataPlaneMode != "" && ks.DataPlaneMode != discoveryv1alpha1.DataPlaneSidecar {
+				continue
+			}
+			ks.Labels = map[string]string{discoveryv1alpha1.LabelRouteAPI: discoveryv1alpha1.RouteAPIGatewayAPI}
+			local[ks.Ref.ClusterName+"/"+ks.Ref.Name+"."+ks.Ref.Namespace+".svc.cluster.local"] = true
+			optedIn[translation.DestinationTarget(&in.Destinations[i])] = true
+		}
+		out, r := translation.NewOutput(), translation.NewReport()
+		policy.TranslateTraffic(in, out, r)
+		for _, o := range out.Objects() {
+			if o.Object.GetKind() != "VirtualService" {
+				continue
+			}
+			hosts, _, _ := unstructured.NestedStringSlice(o.Object.Object, "spec", "hosts")
+			for _, h := range hosts {
+				assert.False(t, local[o.Cluster+"/"+h], "%s: VirtualService %s/%s routes %s in %s, whose Service opted into Gateway API routes", dir, o.Object.GetNamespace(), o.Object.GetName(), h, o.Cluster)
+			}
+		}
+		for _, p := range in.TrafficPolicies {
+			_, targets, _ := r.Status(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: p.Namespace, Name: p.Name})
+			for _, ts := range targets {
+				if !optedIn[ts.Target] {
+					continue // ambient in the golden: its own test
+				}
+				msg := strings.Join(ts.Errors, " ")
+				assert.NotContains(t, msg, "needs a waypoint", "%s: %s/%s on %s", dir, p.Namespace, p.Name, ts.Target)
+				if ts.State == common.StateFailed && strings.Contains(msg, "Gateway API") {
+					assert.Contains(t, msg, "relaymesh.io/route-api=gateway-api", "%s: %s/%s on %s", dir, p.Namespace, p.Name, ts.Target)
+				}
+			}
+		}
+	}
+}
+
+// TestOptInKeepsWhatASidecarCanStillCarry: on an opted-in sidecar
+// Destination, outlierDetection and mtls are a DestinationRule beside the
+// route (a sidecar reads both), and a selector of whole clusters is routed
+// in the Destination's cluster; any other source selector fails by name.
+func TestOptInKeepsWhatASidecarCanStillCarry(t *testing.T) {
+	translate := func(t *testing.T, set func(*networkingv1alpha1.TrafficPolicySpec)) ([]string, common.TargetStatus) {
+		in := translationtest.LoadInput(t, filepath.Join("testdata", "traffic", "gateway-api-opt-in"))
+		p := networkingv1alpha1.TrafficPolicy{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: "shop", CreationTimestamp: metav1.Unix(1, 0)}}
+		p.Spec.DestinationSelector = []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{{Name: "web", Namespace: "shop", ClusterName: "cluster-1"}}}}}
+		set(&p.Spec)
+		in.TrafficPolicies = []networkingv1alpha1.TrafficPolicy{p}
+		out, r := translation.NewOutput(), translation.NewReport()
+		policy.TranslateTraffic(in, out, r)
+		_, targets, _ := r.Status(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: "shop", Name: "probe"})
+		require.Len(t, targets, 1)
+		var objs []string
+		for _, o := range out.Objects() {
+			objs = append(objs, o.Cluster+" "+o.Object.GetKind()+" "+o.Object.GetName())
+		}
+		return objs, targets[0]
+	}
+	t.Run("outlierDetection and mtls", func(t *testing.T) {
+		objs, ts := translate(t, func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.Policy.OutlierDetection = &networkingv1alpha1.OutlierDetection{ConsecutiveErrors: 2}
+			s.Policy.MTLS = &networkingv1alpha1.MTLSPolicy{TLSMode: "ISTIO_MUTUAL"}
+		})
+		assert.Equal(t, common.StateAccepted, ts.State, "%v", ts.Errors)
+		assert.Contains(t, objs, "cluster-1 DestinationRule relaymesh-web")
+		assert.Contains(t, objs, "cluster-1 HTTPRoute relaymesh-web")
+		assert.NotContains(t, objs, "cluster-1 VirtualService relaymesh-web")
+	})
+	t.Run("a selector of whole clusters", func(t *testing.T) {
+		timeout := metav1.Duration{Duration: 3e9}
+		objs, ts := translate(t, func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.SourceSelector = []common.WorkloadSelector{{Clusters: []string{"cluster-2"}}}
+			s.Policy.RequestTimeout = &timeout
+		})
+		assert.Equal(t, common.StateAccepted, ts.State, "%v", ts.Errors)
+		assert.Equal(t, []string{"cluster-2 VirtualService relaymesh-web-cluster-1"}, objs, "cluster-2's clients only: no route in cluster-1")
+	})
+	t.Run("a selector of namespaces", func(t *testing.T) {
+		objs, ts := translate(t, func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.SourceSelector = []common.WorkloadSelector{{Clusters: []string{"cluster-1"}, Namespaces: []string{"shop"}}}
+			s.Policy.RequestTimeout = &metav1.Duration{Duration: 3e9}
+		})
+		assert.Equal(t, common.StateFailed, ts.State)
+		assert.Contains(t, strings.Join(ts.Errors, " "), "spec.sourceSelector")
+		assert.Empty(t, objs)
+	})
 }

@@ -330,6 +330,7 @@ func (dw descWriter) destination(d *all.DestinationDescription) {
 	} else {
 		row("Data plane:", d.DataPlane)
 	}
+	row("Routing:", d.Routing)
 	row("Hostnames:", strings.Join(d.Hostnames, ", "))
 	dw.policies("TrafficPolicies (translation order)", d.Traffic)
 	dw.policies("AccessPolicies", d.Access)

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -22,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -224,6 +227,12 @@ type ServiceConfig struct {
 	// resolves to in each Pod); 0: the container port named PortName,
 	// which may differ from Pod to Pod.
 	TargetPort int32
+	// AppProtocol of the port, which is how Istio tells its protocol;
+	// empty: grpc. (http2 makes a Gateway API HTTPRoute, not a GRPCRoute,
+	// Relaymesh's route for it.)
+	AppProtocol string
+	// Labels of the Service besides app: <Name>.
+	Labels map[string]string
 }
 
 // Service creates (or updates) the Service and writes its EndpointSlices
@@ -240,6 +249,10 @@ func (c *Cluster) Service(ctx context.Context, cfg ServiceConfig) error {
 		errs = append(errs, errors.New("selector: required"))
 	}
 	errs = append(errs, validateLabels("selector", cfg.Selector)...)
+	errs = append(errs, validateLabels("labels", cfg.Labels)...)
+	if cfg.AppProtocol != "" && len(validation.IsQualifiedName(cfg.AppProtocol)) > 0 {
+		errs = append(errs, fmt.Errorf("appProtocol: %q is not a protocol name", cfg.AppProtocol))
+	}
 	if cfg.Port < 1 || cfg.Port > 65535 {
 		errs = append(errs, fmt.Errorf("port: %d is not a port", cfg.Port))
 	}
@@ -253,13 +266,18 @@ func (c *Cluster) Service(ctx context.Context, cfg ServiceConfig) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("service: %w", err)
 	}
+	svcLabels := maps.Clone(cfg.Labels)
+	if svcLabels == nil {
+		svcLabels = map[string]string{}
+	}
+	svcLabels["app"] = cfg.Name
 	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: cfg.Name, Namespace: cfg.Namespace, Labels: map[string]string{"app": cfg.Name}},
+		ObjectMeta: metav1.ObjectMeta{Name: cfg.Name, Namespace: cfg.Namespace, Labels: svcLabels},
 		Spec: corev1.ServiceSpec{
 			Selector: cfg.Selector,
 			Ports: []corev1.ServicePort{{
 				Name: PortName, Port: cfg.Port, TargetPort: target,
-				Protocol: corev1.ProtocolTCP, AppProtocol: new("grpc"),
+				Protocol: corev1.ProtocolTCP, AppProtocol: new(cmp.Or(cfg.AppProtocol, "grpc")),
 			}},
 		},
 	}
@@ -269,7 +287,7 @@ func (c *Cluster) Service(ctx context.Context, cfg ServiceConfig) error {
 	case apierrors.IsNotFound(err):
 		_, err = svcs.Create(ctx, svc, metav1.CreateOptions{})
 	case err == nil:
-		cur.Spec.Selector, cur.Spec.Ports = svc.Spec.Selector, svc.Spec.Ports
+		cur.Spec.Selector, cur.Spec.Ports, cur.Labels = svc.Spec.Selector, svc.Spec.Ports, svc.Labels
 		_, err = svcs.Update(ctx, cur, metav1.UpdateOptions{})
 	}
 	if err != nil {

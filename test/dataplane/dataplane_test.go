@@ -308,6 +308,13 @@ func TestConfigsRefuseBadInput(t *testing.T) {
 	for _, w := range []string{"name:", "namespace:", "serviceAccount:", "labels:"} {
 		assert.Contains(t, err.Error(), w)
 	}
+	// A Service is checked before anything is written (no cluster needed).
+	err = (&Cluster{}).Service(context.Background(), ServiceConfig{Name: "echo-h2", Namespace: "apps", Selector: map[string]string{"app": "echo"}, Port: 7070,
+		AppProtocol: "http 2", Labels: map[string]string{"relaymesh.io/route-api": "gateway api"}})
+	require.Error(t, err)
+	for _, w := range []string{"appProtocol:", "labels[relaymesh.io/route-api]:"} {
+		assert.Contains(t, err.Error(), w)
+	}
 	ok := WorkloadConfig{Name: "ping-1", Namespace: "apps", ServiceAccount: "ping", Serve: true, Port: 7070, MaxConnectionAge: time.Second}
 	require.NoError(t, ok.Validate())
 	for name, modify := range map[string]func(*WorkloadConfig){

@@ -12,6 +12,7 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/federation"
+	"github.com/relaymesh/relaymesh/policy"
 	"github.com/relaymesh/relaymesh/translation"
 )
 
@@ -86,7 +87,10 @@ type DestinationDescription struct {
 	DataPlane string `json:"dataPlane"`
 	// Waypoint is the namespace/name of the waypoint the Service is bound
 	// to, if any.
-	Waypoint  string          `json:"waypoint,omitempty"`
+	Waypoint string `json:"waypoint,omitempty"`
+	// Routing is the API its TrafficPolicies are written in, in its own
+	// cluster, and why (policy.RoutingAPI).
+	Routing   string          `json:"routing"`
 	Hostnames []string        `json:"hostnames"`
 	Traffic   []AppliedPolicy `json:"trafficPolicies"`
 	Access    []AppliedPolicy `json:"accessPolicies"`
@@ -142,7 +146,7 @@ func DescribeDestination(in *translation.Input, out *translation.Output, r *tran
 	desc := &DestinationDescription{Name: d.Name, Service: ks.Ref, Mesh: d.Spec.Mesh.Name,
 		Hostnames: []string{translation.LocalHostname(d, ""), translation.FederatedHostname(d, federation.DefaultHostnameSuffix)},
 		Traffic:   []AppliedPolicy{}, Access: []AppliedPolicy{}, Federated: []Federation{}, Outputs: []OutputRef{},
-		DataPlane: cmp.Or(ks.DataPlaneMode, discoveryv1alpha1.DataPlaneSidecar)}
+		DataPlane: cmp.Or(ks.DataPlaneMode, discoveryv1alpha1.DataPlaneSidecar), Routing: policy.RoutingAPI(d)}
 	if ks.Waypoint != nil {
 		desc.Waypoint = ks.Waypoint.Namespace + "/" + ks.Waypoint.Name
 	}

@@ -114,6 +114,7 @@ func TestDescribeDestinationInMigration(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "mixed", d.DataPlane)
 	assert.Equal(t, "shop/waypoint", d.Waypoint)
+	assert.Equal(t, "Gateway API (mixed data plane)", d.Routing)
 	assert.Equal(t, []string{
 		"cluster-1 AuthorizationPolicy shop/relaymesh-reviews",
 		"cluster-1 AuthorizationPolicy shop/relaymesh-reviews.waypoint",
@@ -311,4 +312,20 @@ func TestDescribeAgreesWithFederation(t *testing.T) {
 			assert.Equal(t, tt.federated, federated)
 		})
 	}
+}
+
+// TestDescribeDestinationOptedIntoGatewayAPI: a sidecar Destination whose
+// Service says relaymesh.io/route-api=gateway-api is routed by Gateway API
+// and says why; its neighbour with an unknown value keeps Istio's API.
+func TestDescribeDestinationOptedIntoGatewayAPI(t *testing.T) {
+	in := translationtest.LoadInput(t, filepath.Join("..", "..", "policy", "testdata", "traffic", "gateway-api-opt-in"))
+	out, r := translateAll(in)
+	d, err := all.DescribeDestination(in, out, r, "web-shop-cluster-1")
+	require.NoError(t, err)
+	assert.Equal(t, "sidecar", d.DataPlane)
+	assert.Equal(t, "Gateway API (relaymesh.io/route-api=gateway-api)", d.Routing)
+	assert.Contains(t, refs(d.Outputs), "cluster-1 HTTPRoute shop/relaymesh-web")
+	d, err = all.DescribeDestination(in, out, r, "legacy-shop-cluster-1")
+	require.NoError(t, err)
+	assert.Equal(t, "Istio (VirtualService)", d.Routing)
 }

@@ -109,6 +109,18 @@ const (
 	DataPlaneMixed = "mixed"
 )
 
+// LabelRouteAPI, on a Kubernetes Service in a workload cluster, chooses the
+// API its TrafficPolicies are written in (docs/design/2026-12-02-ambient-translation.md):
+// RouteAPIGatewayAPI opts a sidecar Destination into Gateway API routes
+// (HTTPRoute/GRPCRoute with the Service as parent) instead of Istio's
+// VirtualService; RouteAPIIstio, or no label, keeps the VirtualService.
+// An ambient or mixed Destination is always routed by Gateway API.
+const (
+	LabelRouteAPI      = "relaymesh.io/route-api"
+	RouteAPIGatewayAPI = "gateway-api"
+	RouteAPIIstio      = "istio"
+)
+
 // MeshInstallation locates a control plane: the istiod Deployment Name in
 // Namespace of Cluster. VirtualMeshes and VirtualDestinations name meshes by
 // these three values.
