@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,9 +17,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // gatewayAPICRDs reads the standard-channel Gateway and GatewayClass CRDs
@@ -121,6 +124,70 @@ spec:
 	waitSnapshot(t, after, 10*time.Second, func(s *relaypb.Snapshot) bool {
 		return len(s.Meshes) == 1 && len(s.Meshes[0].Waypoints) == 1 && s.Meshes[0].Waypoints[0].Ready
 	})
+	assert.Empty(t, after.WaypointsUnavailable())
+
+	// An agent whose ClusterRole lacks the gateways rule (an older chart)
+	// still discovers everything else, reports no waypoint (fail closed),
+	// and says why; an informer it may not list would never sync.
+	checkGatewayRBAC(ctx, t, c, ambientReady)
+}
+
+// checkGatewayRBAC runs discovery as a service account that may read
+// everything discovery reads but Gateways, then may list but not watch
+// them, then both.
+func checkGatewayRBAC(ctx context.Context, t *testing.T, c *localcluster.Cluster, ambientReady func(*relaypb.Snapshot) bool) {
+	t.Helper()
+	admin, err := c.Clientset()
+	require.NoError(t, err)
+	const user = "system:serviceaccount:relaymesh-agent:agent"
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"namespaces", "services", "configmaps", "pods"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments", "statefulsets", "daemonsets"}, Verbs: []string{"list", "watch"}},
+	}
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "discovery-test"}, Rules: rules}
+	_, err = admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "discovery-test"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "discovery-test"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	rc := rest.CopyConfig(c.RESTConfig())
+	rc.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
+	cs, err := kubernetes.NewForConfig(rc)
+	require.NoError(t, err)
+	dyn, err := dynamic.NewForConfig(rc)
+	require.NoError(t, err)
+	cfg := discovery.Config{Client: cs, Dynamic: dyn, Cluster: cluster, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
+	for _, step := range []struct {
+		verbs     []string
+		why       string
+		waypoints int
+	}{
+		{nil, "may not list or watch gateways.gateway.networking.k8s.io", 0},
+		{[]string{"list"}, "may not watch gateways.gateway.networking.k8s.io", 0},
+		{[]string{"list", "watch"}, "", 1},
+	} {
+		role.Rules = rules
+		if step.verbs != nil {
+			role.Rules = append(slices.Clone(rules), rbacv1.PolicyRule{APIGroups: []string{"gateway.networking.k8s.io"}, Resources: []string{"gateways"}, Verbs: step.verbs})
+		}
+		cur, err := admin.RbacV1().ClusterRoles().Get(ctx, role.Name, metav1.GetOptions{})
+		require.NoError(t, err)
+		cur.Rules = role.Rules
+		_, err = admin.RbacV1().ClusterRoles().Update(ctx, cur, metav1.UpdateOptions{})
+		require.NoError(t, err)
+		d, stop := runDiscoverer(ctx, t, cfg)
+		s := waitSnapshot(t, d, 10*time.Second, func(s *relaypb.Snapshot) bool {
+			return ambientReady(s) && len(s.Meshes[0].Waypoints) == step.waypoints
+		})
+		stop()
+		if step.why == "" {
+			assert.Empty(t, d.WaypointsUnavailable(), "%v", step.verbs)
+		} else {
+			assert.Contains(t, d.WaypointsUnavailable(), step.why, "%v", step.verbs)
+		}
+		assert.Len(t, s.Meshes[0].Waypoints, step.waypoints)
+	}
 }
 
 // createAmbientShop creates an ambient istiod with its ztunnel, namespace

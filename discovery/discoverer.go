@@ -12,8 +12,11 @@ import (
 	"time"
 
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -55,9 +58,11 @@ type Config struct {
 	// Logger for operational logs; default: discard.
 	Logger *slog.Logger
 	// Dynamic reads Gateway API Gateways (waypoints). Optional: without it,
-	// or when the cluster serves no gateway.networking.k8s.io/v1 Gateways
-	// when Run starts, no waypoint is discovered (and translation treats
-	// every ambient Destination as served by none: fail closed).
+	// when the cluster serves no gateway.networking.k8s.io/v1 Gateways when
+	// Run starts, or when Client's identity may not list and watch them in
+	// every namespace, no waypoint is discovered (and translation treats
+	// every ambient Destination as served by none: fail closed); the rest
+	// of discovery runs, and WaypointsUnavailable says why.
 	Dynamic dynamic.Interface
 }
 
@@ -100,6 +105,10 @@ type Discoverer struct {
 	client   kubernetes.Interface
 	dynamic  dynamicinformer.DynamicSharedInformerFactory // nil without Config.Dynamic
 	gateways atomic.Pointer[cache.GenericLister]          // set by Run when Gateways are served
+	// noWaypoints says why Run discovers no waypoint; set before Synced
+	// closes, nil when it does.
+	noWaypoints atomic.Pointer[string]
+	dynClient   dynamic.Interface
 
 	started atomic.Bool
 	synced  chan struct{}
@@ -128,6 +137,7 @@ func New(cfg Config) (*Discoverer, error) {
 		changes:  make(chan struct{}, 1),
 		client:   cfg.Client,
 	}
+	d.dynClient = cfg.Dynamic
 	if cfg.Dynamic != nil {
 		d.dynamic = dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, cfg.Resync)
 	}
@@ -175,8 +185,10 @@ func (d *Discoverer) Run(ctx context.Context) error {
 		return ErrAlreadyRunning
 	}
 	start := time.Now()
-	if d.dynamic != nil {
-		if d.servesGateways() {
+	if d.dynamic == nil {
+		d.noWaypoints.Store(new("discovery has no dynamic client"))
+	} else {
+		if why := d.gatewaysReadable(ctx); why == "" {
 			inf := d.dynamic.ForResource(GatewayResource)
 			if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 				AddFunc:    func(any) { d.notify() },
@@ -190,7 +202,8 @@ func (d *Discoverer) Run(ctx context.Context) error {
 			d.dynamic.Start(ctx.Done())
 			defer d.dynamic.Shutdown()
 		} else {
-			d.log.Warn("the cluster serves no gateway.networking.k8s.io/v1 Gateways: no waypoints are discovered until the agent restarts")
+			d.noWaypoints.Store(&why)
+			d.log.Warn("no waypoints are discovered until the agent restarts: L7 AccessPolicies and routes of ambient Destinations fail closed (needs a waypoint)", "reason", why)
 		}
 	}
 	d.factory.Start(ctx.Done())
@@ -287,6 +300,51 @@ func (d *Discoverer) Snapshot() (*relaypb.Snapshot, error) {
 		return nil, fmt.Errorf("discovery: %w", err)
 	}
 	return Build(d.cluster, in), nil
+}
+
+// WaypointsUnavailable says why discovery reports no waypoint (the cluster
+// serves no Gateways, or the agent may not list and watch them), or "" when
+// it discovers them. Meaningful once Synced is closed.
+func (d *Discoverer) WaypointsUnavailable() string {
+	if why := d.noWaypoints.Load(); why != nil {
+		return *why
+	}
+	return ""
+}
+
+// gatewaysReadable says why Gateways cannot be watched ("" when they can):
+// the cluster does not serve them, or the agent may not list or watch them
+// in every namespace. An informer on a kind its client may not list never
+// syncs, and discovery would never report a snapshot (an agent of a
+// ClusterRole without the rule would never connect), so Run asks first.
+func (d *Discoverer) gatewaysReadable(ctx context.Context) string {
+	if !d.servesGateways() {
+		return "the cluster serves no gateway.networking.k8s.io/v1 Gateways"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var denied []string
+	for _, verb := range []string{"list", "watch"} {
+		review, err := d.client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Verb: verb, Group: GatewayResource.Group, Version: GatewayResource.Version, Resource: GatewayResource.Resource}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			// Cannot ask: try. A list refused means the informer would be too.
+			_, err := d.dynClient.Resource(GatewayResource).List(ctx, metav1.ListOptions{Limit: 1})
+			if apierrors.IsForbidden(err) {
+				return "the agent may not list gateways.gateway.networking.k8s.io in every namespace (its ClusterRole lacks the rule that this release's agent chart grants)"
+			}
+			return ""
+		}
+		if !review.Status.Allowed {
+			denied = append(denied, verb)
+		}
+	}
+	if len(denied) > 0 {
+		return fmt.Sprintf("the agent may not %s gateways.gateway.networking.k8s.io in every namespace (its ClusterRole lacks the rule that this release's agent chart grants)", strings.Join(denied, " or "))
+	}
+	return ""
 }
 
 // servesGateways asks the apiserver whether it serves Gateway API Gateways.

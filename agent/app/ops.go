@@ -51,7 +51,15 @@ func (p *parts) status() (any, error) {
 		Leader     bool               `json:"leader"`
 		Credential identity.Status    `json:"credential"`
 		Session    agent.SessionState `json:"session"`
-	}{p.leading.Load() || !p.leaderElect, p.creds.Status(), p.session.State()}
+		// NoWaypoints says why discovery reports no waypoint (degraded,
+		// not unready: the rest of discovery runs).
+		NoWaypoints string `json:"noWaypoints,omitempty"`
+	}{Leader: p.leading.Load() || !p.leaderElect, Credential: p.creds.Status(), Session: p.session.State()}
+	select {
+	case <-p.disc.Synced():
+		st.NoWaypoints = p.disc.WaypointsUnavailable()
+	default:
+	}
 	switch {
 	case !st.Leader:
 		return st, nil // a healthy standby

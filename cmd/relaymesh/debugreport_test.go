@@ -126,6 +126,8 @@ func (w *world) debugReport(t *testing.T) {
 	assert.Contains(t, string(files["server/metrics.txt"]), "relaymesh_relay_connected_agents 2")
 	assert.Contains(t, string(files["clusters/agent-cluster-1-metrics/metrics.txt"]), "relaymesh_agent_relay_connected 1")
 	assert.Contains(t, string(files["clusters/agent-cluster-1-health/readyz.txt"]), `"connected":true`)
+	// Degraded, not unready: this cluster serves no Gateway API, so no waypoint.
+	assert.Contains(t, string(files["clusters/agent-cluster-1-health/readyz.txt"]), `"noWaypoints":"the cluster serves no gateway.networking.k8s.io/v1 Gateways"`)
 	assert.Contains(t, string(files["clusters/mgmt/resources/kubernetesclusters.multicluster.relaymesh.io.yaml"]), "connected: true")
 	assert.Contains(t, string(files["clusters/mgmt/resources/virtualmeshes.networking.relaymesh.io.yaml"]), "sharedTrust:")
 	assert.Contains(t, string(files["logs/server.log"]), "relay server listening")
