@@ -636,6 +636,7 @@ func (s *vdState) translate(alloc *allocator, out *translation.Output) {
 			s.errs = append(s.errs, err.Error())
 		}
 	}
+	s.warnAmbientClients(gwHost)
 	if s.flat() {
 		se := s.flatServiceEntry(addr)
 		for _, m := range s.meshes {
@@ -660,6 +661,26 @@ func (s *vdState) translate(alloc *allocator, out *translation.Output) {
 		for _, gw := range b.gateways {
 			add(b.cluster, "Gateway", b.root, passthroughGatewayName(gw), passthroughGateway(gw, b.suffix))
 		}
+	}
+}
+
+// warnAmbientClients warns about every client mesh that runs workloads in
+// ambient mode: ztunnel reads no DestinationRule, so it neither originates
+// the mutual TLS the backends' east-west gateways (or, on a flat network,
+// their pods) require nor applies outlier detection and failover priority.
+// The mesh's sidecars use the hostname as designed. (VirtualDestinations
+// for ambient clients, through waypoints, are issue 33's.)
+func (s *vdState) warnAmbientClients(gwHost string) {
+	reach := "the east-west gateways of its remote backends (" + gwHost + ")"
+	if s.flat() {
+		reach = "the remote backends' pods"
+	}
+	for _, m := range s.meshes {
+		if m.mesh.Spec.Istio == nil || !slices.Contains(m.mesh.Spec.Istio.DataPlaneModes, discoveryv1alpha1.DataPlaneAmbient) {
+			continue
+		}
+		s.warns = append(s.warns, fmt.Sprintf("mesh %s runs workloads in ambient mode, for which %s does not work as designed: ztunnel reads no DestinationRule, so it applies neither the mutual TLS %s require nor outlier detection and failover priority; only the mesh's sidecar workloads get failover",
+			m.key, s.vd.Spec.Hostname, reach))
 	}
 }
 
