@@ -70,7 +70,10 @@ func ambientOnly(d *discoveryv1alpha1.Destination) bool {
 // routeContext starts every message about d's Gateway API routes: why d
 // gets them.
 func routeContext(d *discoveryv1alpha1.Destination) string {
-	if ambientOnly(d) {
+	switch {
+	case d.Spec.KubeService.DataPlaneMode == discoveryv1alpha1.DataPlaneMixed:
+		return "mixed Destination, sidecar and ambient (Gateway API route): "
+	case ambientOnly(d):
 		return "ambient Destination (Gateway API route): "
 	}
 	return "Gateway API route (" + discoveryv1alpha1.LabelRouteAPI + "=" + discoveryv1alpha1.RouteAPIGatewayAPI + " on the Service): "
@@ -602,7 +605,7 @@ func (b *trafficBuilder) gatewayRouteFor(out *translation.Output, r *translation
 		n++
 	}
 	if n > maxRouteRules {
-		failed(r, parents, d, fmt.Errorf("ambient Destination (Gateway API route): the policies make %d routes for this Service, and a Gateway API route holds at most %d rules", n, maxRouteRules))
+		failed(r, parents, d, fmt.Errorf(routeContext(d)+"the policies make %d routes for this Service, and a Gateway API route holds at most %d rules", n, maxRouteRules))
 		return false
 	}
 	parentRefs := []gwParentRef{{Group: "", Kind: "Service", Name: ks.Ref.Name, Port: port.Port}}

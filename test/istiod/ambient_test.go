@@ -58,15 +58,18 @@ func TestZtunnelGetsOnlyTheL4RulesOfAmbientAccessPolicies(t *testing.T) {
 		waypoint = "principal=cluster-1.local/ns/shop/sa/waypoint"
 		ratings  = "principal=cluster-1.local/ns/shop/sa/ratings"
 		reviews  = "principal=cluster-1.local/ns/shop/sa/reviews"
+		// ratings-from-frontend names namespace frontend: its known
+		// identities, here web's.
+		frontend = "port=9080 & principal=cluster-1.local/ns/frontend/sa/web"
 	)
 	want := map[string]wantAuthz{
 		// reviews-get (GET /reviews/*) is enforced at the waypoint, so
 		// ztunnel admits the waypoint's identity, on any port, and not
 		// productpage; reviews-l4 (ratings, any port) stays L4.
 		"shop/relaymesh-reviews.ztunnel": {security.Scope_WORKLOAD_SELECTOR, security.Action_ALLOW, []string{ratings, waypoint}},
-		// ratings-l4: reviews on 9080. ratings-paths (L7, no waypoint)
-		// adds nothing.
-		"shop/relaymesh-ratings.ztunnel": {security.Scope_WORKLOAD_SELECTOR, security.Action_ALLOW, []string{"port=9080 & " + reviews}},
+		// ratings-l4: reviews on 9080; ratings-from-frontend: namespace
+		// frontend on 9080. ratings-paths (L7, no waypoint) adds nothing.
+		"shop/relaymesh-ratings.ztunnel": {security.Scope_WORKLOAD_SELECTOR, security.Action_ALLOW, []string{frontend, "port=9080 & " + reviews}},
 		// details-paths (L7, its waypoint not ready): an ALLOW with no
 		// rule, so ztunnel denies everyone (fail closed).
 		"shop/relaymesh-details.ztunnel": {security.Scope_WORKLOAD_SELECTOR, security.Action_ALLOW, nil},
@@ -106,7 +109,7 @@ func TestZtunnelGetsOnlyTheL4RulesOfAmbientAccessPolicies(t *testing.T) {
 	for k, v := range want {
 		changed[k] = v
 	}
-	changed["shop/relaymesh-ratings.ztunnel"] = wantAuthz{security.Scope_WORKLOAD_SELECTOR, security.Action_ALLOW, []string{"port=9090 & " + ratings}}
+	changed["shop/relaymesh-ratings.ztunnel"] = wantAuthz{security.Scope_WORKLOAD_SELECTOR, security.Action_ALLOW, []string{frontend, "port=9090 & " + ratings}}
 	require.NoError(t, w.Await(wait, func(res map[string]*anypb.Any) error { return checkAuthorizations(res, changed) }),
 		"what istiod told the ztunnel after the change: %s", describeAuthorizations(t, w))
 	res, _, err := w.Snapshot()
