@@ -191,6 +191,28 @@ func TestBuildAmbientCountsRunningPods(t *testing.T) {
 	}
 }
 
+// TestBuildReportsHeadlessServices: a Service with clusterIP None is
+// reported headless (translation then knows a waypoint bound to it is not
+// in its clients' path); one with a cluster IP is not.
+func TestBuildReportsHeadlessServices(t *testing.T) {
+	headless := func(s *corev1.Service) { s.Spec.ClusterIP = corev1.ClusterIPNone }
+	in := discovery.Inputs{
+		Namespaces: []*corev1.Namespace{namespace("istio-system", nil), namespace("shop", l("istio.io/dataplane-mode", "ambient"))},
+		Deployments: []*appsv1.Deployment{
+			istiod("istio-system", "istiod", nil, withEnv("PILOT_ENABLE_AMBIENT", "true")),
+			deployment("shop", "reviews", l("app", "reviews"), withSA("reviews")),
+		},
+		Services: []*corev1.Service{service("shop", "reviews", l("app", "reviews"), headless), service("shop", "reviews-vip", l("app", "reviews"))},
+	}
+	s := discovery.Build(cluster, in)
+	require.Len(t, s.Destinations, 2)
+	got := map[string]bool{}
+	for _, d := range s.Destinations {
+		got[d.Name] = d.Headless
+	}
+	assert.Equal(t, map[string]bool{"reviews": true, "reviews-vip": false}, got)
+}
+
 // TestBuildWaypointPodsAreNeverWorkloads: a waypoint deployed into a
 // namespace that still injects sidecars (the first step of a migration) is
 // not a workload, so its Service is no Destination a namespace-wide policy

@@ -330,6 +330,7 @@ func (b *builder) destinations(services []*corev1.Service, pods []*corev1.Pod) [
 			MeshNamespace:     selected[0].MeshNamespace,
 			Waypoint:          waypointRef(svc.Labels, b.nsLabels[svc.Namespace], valid(svc.Namespace)),
 			DataPlaneMode:     destinationMode(selected),
+			Headless:          svc.Spec.ClusterIP == corev1.ClusterIPNone,
 		}
 		nsPods := podsByNs[svc.Namespace]
 		if len(nsPods) > 0 {

@@ -59,6 +59,13 @@ func servingWaypoint(in *translation.Input, d *discoveryv1alpha1.Destination) (w
 	if ref == nil {
 		return nil, "", fmt.Sprintf("Service %s/%s is bound to no waypoint (label istio.io/use-waypoint)", ks.Ref.Namespace, ks.Ref.Name)
 	}
+	if ks.Headless {
+		// Its clients resolve the pod IPs and send there: ztunnel routes
+		// them by the pods' own binding, past the Service's waypoint. A
+		// .waypoint policy would be enforced by no one, and the .ztunnel
+		// one admitting only the waypoint would deny the L7 clients.
+		return nil, "", fmt.Sprintf("Service %s/%s is headless (clusterIP: None): its clients connect to the pod IPs and bypass the waypoint bound to the Service", ks.Ref.Namespace, ks.Ref.Name)
+	}
 	mesh := in.MeshOf(d.Spec.Mesh)
 	if mesh == nil || mesh.Spec.Istio == nil || mesh.Spec.Istio.Ambient == nil || mesh.Spec.Istio.TrustDomain == "" {
 		return nil, "", fmt.Sprintf("the Service's mesh %q is not a discovered ambient mesh with a trust domain", d.Spec.Mesh.Name)

@@ -135,3 +135,42 @@ func TestWaypointIsAdmittedOnlyWhereItSits(t *testing.T) {
 	assert.NotContains(t, byName, "relaymesh-ratings.waypoint")
 	assert.NotContains(t, byName, "relaymesh-reviews", "an ambient-only Destination gets no sidecar-era policy")
 }
+
+// TestAHeadlessServiceIsNotServedByItsWaypoint: reviews made headless, its
+// waypoint bound and ready: clients reach the pod IPs past the waypoint, so
+// the L7 policy fails "needs a waypoint" naming the headless Service (no
+// .waypoint object enforced by no one, no ztunnel rule admitting only the
+// waypoint, which would deny the L7 client), and the L4 policy admits its
+// source at ztunnel itself.
+func TestAHeadlessServiceIsNotServedByItsWaypoint(t *testing.T) {
+	in := translationtest.LoadInput(t, filepath.Join("testdata", "access", "ambient-waypoint"))
+	for i := range in.Destinations {
+		if in.Destinations[i].Spec.KubeService.Ref.Name == "reviews" {
+			in.Destinations[i].Spec.KubeService.Headless = true
+		}
+	}
+	out, r := translation.NewOutput(), translation.NewReport()
+	policy.TranslateAccess(in, out, r)
+	byName := map[string]*unstructured.Unstructured{}
+	for _, o := range out.Objects() {
+		byName[o.Object.GetName()] = o.Object
+	}
+	assert.NotContains(t, byName, "relaymesh-reviews.waypoint")
+	require.Contains(t, byName, "relaymesh-reviews.ztunnel")
+	rules, _, _ := unstructured.NestedSlice(byName["relaymesh-reviews.ztunnel"].Object, "spec", "rules")
+	var principals []string
+	for _, rule := range rules {
+		froms, _, _ := unstructured.NestedSlice(rule.(map[string]any), "from")
+		for _, f := range froms {
+			ps, _, _ := unstructured.NestedStringSlice(f.(map[string]any), "source", "principals")
+			principals = append(principals, ps...)
+		}
+	}
+	assert.Equal(t, []string{"cluster-1.local/ns/shop/sa/ratings"}, principals, "reviews-l4's source, at ztunnel; not the waypoint")
+	_, targets, _ := r.Status(translation.ObjectKey{Kind: "AccessPolicy", Namespace: "shop", Name: "reviews-get"})
+	require.Len(t, targets, 1)
+	assert.Equal(t, common.StateFailed, targets[0].State)
+	msg := strings.Join(targets[0].Errors, " ")
+	assert.Contains(t, msg, policy.NeedsWaypoint)
+	assert.Contains(t, msg, "headless")
+}

@@ -587,6 +587,7 @@ func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredOb
 		}
 		ks.Waypoint = waypointRef(d.GetWaypoint())
 		ks.DataPlaneMode = cmp.Or(d.GetDataPlaneMode(), discoveryv1alpha1.DataPlaneSidecar)
+		ks.Headless = d.GetHeadless()
 		if len(d.GetSubsets()) > 0 {
 			ks.Subsets = map[string][]string{}
 			for k, v := range d.GetSubsets() {

@@ -47,6 +47,21 @@ func TestAmbientSnapshotBecomesTheAPIView(t *testing.T) {
 	assert.Equal(t, &discoveryv1alpha1.WaypointRef{Name: "waypoint", Namespace: "bookinfo"}, dest.Spec.KubeService.Waypoint)
 	assert.True(t, dest.Spec.KubeService.Endpoints[0].Ambient)
 	assert.Equal(t, "mixed", dest.Spec.KubeService.DataPlaneMode)
+	assert.False(t, dest.Spec.KubeService.Headless)
+
+	// A headless Service says so (translation then knows its waypoint is
+	// not in its clients' path).
+	headless := relaytest.Ambient()
+	headless.Destinations[0].Headless = true
+	objs, err = server.DiscoveredObjects(relaytest.Rehash(headless), "relaymesh")
+	require.NoError(t, err)
+	for _, o := range objs {
+		if o.Object.GetKind() == "Destination" {
+			require.Empty(t, schemaErrors(t, o.Object))
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object.Object, &dest))
+		}
+	}
+	assert.True(t, dest.Spec.KubeService.Headless)
 
 	// A sidecar-only mesh has no ambient block, and its one mode.
 	objs, err = server.DiscoveredObjects(relaytest.Spec{Workloads: 1}.Snapshot(), "relaymesh")

@@ -288,3 +288,33 @@ func TestAnL7GrantAtAnAmbientDestinationWithoutAWaypointIsNotInTheMatrix(t *test
 	assert.Contains(t, needs["AccessPolicy/shop/details-paths"].Message, "is not ready")
 	assert.Contains(t, needs["AccessPolicy/shop/catalog-get"].Message, "its pods that still have a sidecar admit them")
 }
+
+// TestAnL7GrantAtAHeadlessServiceBehindAWaypointIsNotInTheMatrix: reviews
+// made headless (its waypoint still bound and ready): productpage's L7
+// grant would be checked by no one and refused at ztunnel, so it leaves the
+// matrix with a needs-waypoint finding naming the headless Service; the L4
+// grant from ratings stays.
+func TestAnL7GrantAtAHeadlessServiceBehindAWaypointIsNotInTheMatrix(t *testing.T) {
+	in := load(t, "testdata/ambient/input.yaml")
+	for i := range in.Destinations {
+		if in.Destinations[i].Spec.KubeService.Ref.Name == "reviews" {
+			in.Destinations[i].Spec.KubeService.Headless = true
+		}
+	}
+	r, err := accessaudit.Audit(t.Context(), in, auditConfig(t, admin))
+	require.NoError(t, err)
+	pairs := map[string]bool{}
+	for _, p := range r.Matrix.Pairs {
+		pairs[p.Source+" → "+p.Destination] = true
+	}
+	assert.False(t, pairs["cluster-1/shop/productpage → cluster-1/shop/reviews"], "the L7 grant is not in force at a headless Service")
+	assert.True(t, pairs["cluster-1/shop/ratings → cluster-1/shop/reviews"], "the L4 grant is, at ztunnel")
+	var found bool
+	for _, f := range r.Findings {
+		if f.Kind == accessaudit.KindNeedsWaypoint && f.Objects[0] == "AccessPolicy/shop/reviews-get" {
+			found = true
+			assert.Contains(t, f.Message, "headless")
+		}
+	}
+	assert.True(t, found, "a needs-waypoint finding for reviews-get")
+}

@@ -1371,6 +1371,9 @@ type Destination struct {
 	// The data-plane mode of the workloads it selects: "" (sidecar),
 	// "ambient", or "mixed" (both: a migration in progress).
 	DataPlaneMode string `protobuf:"bytes,14,opt,name=data_plane_mode,json=dataPlaneMode,proto3" json:"data_plane_mode,omitempty"`
+	// The Service is headless (clusterIP: None): its clients reach the pod
+	// IPs directly, past a waypoint bound to the Service.
+	Headless      bool `protobuf:"varint,15,opt,name=headless,proto3" json:"headless,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1501,6 +1504,13 @@ func (x *Destination) GetDataPlaneMode() string {
 		return x.DataPlaneMode
 	}
 	return ""
+}
+
+func (x *Destination) GetHeadless() bool {
+	if x != nil {
+		return x.Headless
+	}
+	return false
 }
 
 type Endpoint struct {
@@ -2654,7 +2664,7 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	" \x01(\v2\x1f.relaymesh.relay.v1.WaypointRefR\bwaypoint\x1a<\n" +
 	"\x0ePodLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf4\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\a\n" +
 	"\vDestination\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x18\n" +
@@ -2670,7 +2680,8 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\x0emesh_namespace\x18\v \x01(\tR\rmeshNamespace\x12:\n" +
 	"\tendpoints\x18\f \x03(\v2\x1c.relaymesh.relay.v1.EndpointR\tendpoints\x12;\n" +
 	"\bwaypoint\x18\r \x01(\v2\x1f.relaymesh.relay.v1.WaypointRefR\bwaypoint\x12&\n" +
-	"\x0fdata_plane_mode\x18\x0e \x01(\tR\rdataPlaneMode\x1a;\n" +
+	"\x0fdata_plane_mode\x18\x0e \x01(\tR\rdataPlaneMode\x12\x1a\n" +
+	"\bheadless\x18\x0f \x01(\bR\bheadless\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

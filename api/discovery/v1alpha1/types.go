@@ -288,6 +288,11 @@ type KubeService struct {
 	// +kubebuilder:validation:Enum=sidecar;ambient;mixed
 	// +optional
 	DataPlaneMode string `json:"dataPlaneMode,omitempty"`
+	// Headless is true for a Service without a cluster IP (clusterIP:
+	// None): its clients connect to the pod IPs, so a waypoint bound to
+	// the Service (for service traffic) is not in their path.
+	// +optional
+	Headless bool `json:"headless,omitempty"`
 }
 
 // Endpoint is a ready pod behind a Service.
