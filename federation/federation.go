@@ -340,6 +340,30 @@ func (s *vmState) validate(in *translation.Input, grants *translation.Grants) {
 				}
 			}
 		}
+		if len(f.Selectors) > 0 {
+			s.warnAmbientClients(f.FlatNetwork)
+		}
+	}
+}
+
+// warnAmbientClients warns about every member that runs workloads in
+// ambient mode: federation reaches other meshes' Destinations through a
+// ServiceEntry and an ISTIO_MUTUAL DestinationRule (to their east-west
+// gateways, or on a flat network to their pods), and ztunnel reads no
+// DestinationRule, so those workloads do not get the mutual TLS the other
+// side requires. The mesh's sidecars do. (Ambient federation, over HBONE
+// through east-west gateways, is issue 33.)
+func (s *vmState) warnAmbientClients(flat bool) {
+	reach := "their east-west gateways (port 15443, mutual TLS with SNI)"
+	if flat {
+		reach = "their pods"
+	}
+	for _, m := range s.members {
+		if m.istio() == nil || !slices.Contains(m.istio().DataPlaneModes, discoveryv1alpha1.DataPlaneAmbient) {
+			continue
+		}
+		s.warns = append(s.warns, fmt.Sprintf("mesh %s runs workloads in ambient mode, for which the federated hosts of the other meshes do not work as designed: ztunnel reads no DestinationRule, so it does not originate the mutual TLS %s require; only the mesh's sidecar workloads reach them (ambient federation is not supported yet)",
+			meshName(m.mesh), reach))
 	}
 }
 
