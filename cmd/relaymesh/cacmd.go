@@ -26,8 +26,9 @@ func newCACommand(d deps, g *globals) *cobra.Command {
 	return groupCommand("ca", "Shared trust: status, root rotation, verification", caSynopsis, `  relaymesh ca status
   relaymesh ca rotate start relaymesh/bookinfo-federation --wait 2m
   relaymesh ca verify
-  relaymesh ca relay rotate status`,
-		newCAStatusCommand(d, g), newCARotateCommand(d, g), newCAVerifyCommand(d, g), newCARelayCommand(d, g))
+  relaymesh ca relay rotate status
+  relaymesh ca federation status`,
+		newCAStatusCommand(d, g), newCARotateCommand(d, g), newCAVerifyCommand(d, g), newCARelayCommand(d, g), newCAFederationCommand(d, g))
 }
 
 // meshVerdict is one mesh's trust-domain check in ca verify.

@@ -32,9 +32,9 @@ import (
 // published, so every replica serves one sequence per trust domain.
 const (
 	// BundleConfigMap holds the published bundles (spiffefed.State) under
-	// bundleStateKey.
+	// BundleStateKey.
 	BundleConfigMap = "relaymesh-spiffe-bundles"
-	bundleStateKey  = "state.json"
+	BundleStateKey  = "state.json"
 	// bundleResync is how often the Lease holder checks the published
 	// bundles against the trust requests besides every publish.
 	bundleResync = 10 * time.Second
@@ -193,7 +193,7 @@ func (b *bundleEndpoint) load(o any) {
 	if !ok {
 		return
 	}
-	st, err := spiffefed.Decode([]byte(cm.Data[bundleStateKey]))
+	st, err := spiffefed.Decode([]byte(cm.Data[BundleStateKey]))
 	if err == nil {
 		var snap *spiffefed.Snapshot
 		if snap, err = spiffefed.NewSnapshot(st, b.hint); err == nil {
@@ -235,7 +235,7 @@ func (b *bundleEndpoint) write(ctx context.Context) error {
 		cur, _ = o.(*corev1.ConfigMap)
 	}
 	if cur != nil {
-		st, err := spiffefed.Decode([]byte(cur.Data[bundleStateKey]))
+		st, err := spiffefed.Decode([]byte(cur.Data[BundleStateKey]))
 		if err != nil {
 			// Starts again: sequences above the clock are still above
 			// every sequence given before.
@@ -266,10 +266,10 @@ func (b *bundleEndpoint) write(ctx context.Context) error {
 	cms := b.kube.CoreV1().ConfigMaps(b.namespace)
 	if cur == nil {
 		_, err = cms.Create(wctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: BundleConfigMap, Namespace: b.namespace,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}}, Data: map[string]string{bundleStateKey: string(data)}}, metav1.CreateOptions{})
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}}, Data: map[string]string{BundleStateKey: string(data)}}, metav1.CreateOptions{})
 	} else {
 		upd := cur.DeepCopy()
-		upd.Data = map[string]string{bundleStateKey: string(data)}
+		upd.Data = map[string]string{BundleStateKey: string(data)}
 		_, err = cms.Update(wctx, upd, metav1.UpdateOptions{}) // conditional on cur's resourceVersion
 	}
 	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
