@@ -70,7 +70,7 @@ func TestRunFlags(t *testing.T) {
 		{"audit no file", []string{"audit", "verify"}, 2, "", "want at least one audit log FILE, got 0"},
 		{"audit missing file", []string{"audit", "verify", filepath.Join(dir, "nope")}, 1, "", "no such file"},
 		{"audit empty file", []string{"audit", "verify", good}, 0, "0 records verified", ""},
-		{"ca no verb", []string{"ca"}, 2, "", "want a subcommand: relay, rotate, status, verify"},
+		{"ca no verb", []string{"ca"}, 2, "", "want a subcommand: federation, relay, rotate, status, verify"},
 		{"ca status two names", []string{"ca", "status", "a/b", "c/d"}, 2, "", "want at most one NAMESPACE/VIRTUALMESH"},
 		{"ca one cluster", []string{"ca", "verify", "--remote-context", "a"}, 2, "", "found 1 workload cluster(s); ca verify needs at least two"},
 		{"ca missing kubeconfig", []string{"ca", "verify", "--kubeconfig", filepath.Join(dir, "a"), "--kubeconfig", filepath.Join(dir, "b")}, 1, "", "no such file"},
