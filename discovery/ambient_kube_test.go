@@ -16,6 +16,7 @@ import (
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -176,6 +177,19 @@ func checkGatewayRBAC(ctx context.Context, t *testing.T, c *localcluster.Cluster
 		cur.Rules = role.Rules
 		_, err = admin.RbacV1().ClusterRoles().Update(ctx, cur, metav1.UpdateOptions{})
 		require.NoError(t, err)
+		// The authorizer learns the change through its informers: wait
+		// until it answers as the role now says, then start discovery.
+		require.Eventually(t, func() bool {
+			for _, verb := range []string{"list", "watch"} {
+				review, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+					Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+						Verb: verb, Group: "gateway.networking.k8s.io", Resource: "gateways"}}}, metav1.CreateOptions{})
+				if err != nil || review.Status.Allowed != slices.Contains(step.verbs, verb) {
+					return false
+				}
+			}
+			return true
+		}, 10*time.Second, 50*time.Millisecond, "the authorizer follows the role: %v", step.verbs)
 		d, stop := runDiscoverer(ctx, t, cfg)
 		s := waitSnapshot(t, d, 10*time.Second, func(s *relaypb.Snapshot) bool {
 			return ambientReady(s) && len(s.Meshes[0].Waypoints) == step.waypoints

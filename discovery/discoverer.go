@@ -323,26 +323,30 @@ func (d *Discoverer) gatewaysReadable(ctx context.Context) string {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	const lacks = "in every namespace (its ClusterRole lacks the rule that this release's agent chart grants)"
 	var denied []string
+	unknown := false
 	for _, verb := range []string{"list", "watch"} {
 		review, err := d.client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
 			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
 				Verb: verb, Group: GatewayResource.Group, Version: GatewayResource.Version, Resource: GatewayResource.Resource}},
 		}, metav1.CreateOptions{})
-		if err != nil {
-			// Cannot ask: try. A list refused means the informer would be too.
-			_, err := d.dynClient.Resource(GatewayResource).List(ctx, metav1.ListOptions{Limit: 1})
-			if apierrors.IsForbidden(err) {
-				return "the agent may not list gateways.gateway.networking.k8s.io in every namespace (its ClusterRole lacks the rule that this release's agent chart grants)"
-			}
-			return ""
-		}
-		if !review.Status.Allowed {
+		switch {
+		case err != nil:
+			unknown = true
+		case !review.Status.Allowed:
 			denied = append(denied, verb)
 		}
 	}
 	if len(denied) > 0 {
-		return fmt.Sprintf("the agent may not %s gateways.gateway.networking.k8s.io in every namespace (its ClusterRole lacks the rule that this release's agent chart grants)", strings.Join(denied, " or "))
+		return fmt.Sprintf("the agent may not %s gateways.gateway.networking.k8s.io %s", strings.Join(denied, " or "), lacks)
+	}
+	if unknown {
+		// Could not ask: try. A list refused means the informer would be
+		// too; another error is likely passing, and the informer retries.
+		if _, err := d.dynClient.Resource(GatewayResource).List(ctx, metav1.ListOptions{Limit: 1}); apierrors.IsForbidden(err) {
+			return "the agent may not list gateways.gateway.networking.k8s.io " + lacks
+		}
 	}
 	return ""
 }

@@ -128,8 +128,14 @@ func TranslateTraffic(in *translation.Input, out *translation.Output, r *transla
 			// A field the Destination's data plane cannot carry fails the
 			// policy there, and only there (traffic_ambient.go).
 			problems := b.sidecarIntoAmbient(tp)
-			if gatewayRoutes(d) {
+			switch {
+			case ambientOnly(d):
 				problems = b.ambientProblems(in, tp, d)
+			case gatewayRoutes(d) && routedHere(tp, d):
+				// An opted-in sidecar Destination: the policy is in its
+				// route. One only for other clusters' clients is only in
+				// their VirtualServices, checked as before.
+				problems = append(problems, b.ambientProblems(in, tp, d)...)
 			}
 			if len(problems) > 0 {
 				ts.State = common.StateFailed
@@ -552,8 +558,7 @@ func (b *trafficBuilder) virtualService(out *translation.Output, r *translation.
 
 func failed(r *translation.Report, parents []translation.Parent, d *discoveryv1alpha1.Destination, err error) {
 	for _, p := range parents {
-		r.Target(translation.ObjectKey(p),
-			common.TargetStatus{Target: translation.DestinationTarget(d), State: common.StateFailed, Errors: []string{err.Error()}})
+		r.FailTarget(translation.ObjectKey(p), translation.DestinationTarget(d), err.Error())
 	}
 }
 

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
@@ -286,8 +287,11 @@ func (b *trafficBuilder) ambientProblems(in *translation.Input, tp *trafficPolic
 		grpc, http = grpc || rp.grpc, http || !rp.grpc
 	}
 	p := &tp.p.Spec.Policy
-	if len(tp.p.Spec.SourceSelector) > 0 && !wholeClusters(tp.p.Spec.SourceSelector) {
+	switch {
+	case len(tp.p.Spec.SourceSelector) > 0 && !wholeClusters(tp.p.Spec.SourceSelector):
 		prefix("spec.sourceSelector: a route with a Service parentRef applies to every client of the Service in its cluster; only a selector of whole clusters (clusters, without labels or namespaces) can be expressed")
+	case ambient && !routedHere(tp, d):
+		prefix("spec.sourceSelector: selects no client in cluster %s, where the route is written; routes for clients in other clusters of an ambient Destination are not built", d.Spec.KubeService.Ref.ClusterName)
 	}
 	if p.Retries != nil {
 		prefix("policy.retries: Gateway API's standard channel (v1.6) has no retry field (HTTPRoute retry is experimental, GEP-1731)")
@@ -369,6 +373,12 @@ func wholeClusters(sels []common.WorkloadSelector) bool {
 	return true
 }
 
+// routedHere says whether tp's route in d's own cluster carries it: it
+// names no sources, or its sources run there.
+func routedHere(tp *trafficPolicy, d *discoveryv1alpha1.Destination) bool {
+	return len(tp.p.Spec.SourceSelector) == 0 || tp.clusters[d.Spec.KubeService.Ref.ClusterName]
+}
+
 // uniqueStrings is ss without repeats, in first-seen order.
 func uniqueStrings(ss []string) []string {
 	var out []string
@@ -433,13 +443,9 @@ func (b *trafficBuilder) sidecarIntoAmbient(tp *trafficPolicy) []string {
 			if wd.KubeService == nil || len(wd.KubeService.Subset) == 0 {
 				continue
 			}
-			if t := b.byRef[wd.KubeService.ClusterObjectRef]; t != nil && gatewayRoutes(t) {
-				why := "runs in ambient mode, where Relaymesh defines no subsets (no DestinationRule for an ambient host)"
-				if !ambientOnly(t) {
-					why = "is routed by Gateway API (" + discoveryv1alpha1.LabelRouteAPI + "=" + discoveryv1alpha1.RouteAPIGatewayAPI + " on the Service), which routes to Services, not subsets"
-				}
-				errs = append(errs, fmt.Sprintf("policy.trafficShift.destinations[%d].subset: %s/%s %s; make one Service per version and name it in kubeService",
-					i, wd.KubeService.Namespace, wd.KubeService.Name, why))
+			if t := b.byRef[wd.KubeService.ClusterObjectRef]; t != nil && ambientOnly(t) {
+				errs = append(errs, fmt.Sprintf("policy.trafficShift.destinations[%d].subset: %s/%s runs in ambient mode, where Relaymesh defines no subsets (no DestinationRule for an ambient host); make one Service per version and name it in kubeService",
+					i, wd.KubeService.Namespace, wd.KubeService.Name))
 			}
 		}
 	}
@@ -548,9 +554,7 @@ type ambientRule struct {
 // a last rule without matches sending the rest to d.
 func (b *trafficBuilder) gatewayRoute(out *translation.Output, r *translation.Report, d *discoveryv1alpha1.Destination, applied []*trafficPolicy) {
 	// A policy for the clients of other clusters only is not routed here.
-	applied = slices.DeleteFunc(slices.Clone(applied), func(tp *trafficPolicy) bool {
-		return len(tp.p.Spec.SourceSelector) > 0 && !tp.clusters[d.Spec.KubeService.Ref.ClusterName]
-	})
+	applied = slices.DeleteFunc(slices.Clone(applied), func(tp *trafficPolicy) bool { return !routedHere(tp, d) })
 	ports, problem := routePorts(d)
 	if problem != "" || len(applied) == 0 {
 		return // reported by ambientProblems; no policy applies
@@ -571,22 +575,39 @@ func (b *trafficBuilder) gatewayRouteFor(out *translation.Output, r *translation
 	ks := d.Spec.KubeService
 	byKey := map[string]*route{}
 	rules := map[*route]*ambientRule{}
+	owners := map[*route]map[string]translation.Parent{} // field → the policy that set it
 	var routes []*route
 	var parents []translation.Parent
 	for i, tp := range applied {
 		parent := translation.Parent{Kind: trafficPolicyKind, Namespace: tp.p.Namespace, Name: tp.p.Name}
+		// A route serves every client of its cluster, so policies whose
+		// sources differ only by whole clusters share a rule when their
+		// request matchers are equal (claim kept them apart): two setting
+		// one field there conflict, and the later fails here.
+		if conflict := claimRule(byKey, owners, tp, parent); conflict != "" {
+			failed(r, []translation.Parent{parent}, d, fmt.Errorf("%s%s", routeContext(d), conflict))
+			continue
+		}
 		parents = append(parents, parent)
 		for _, rk := range tp.routes {
-			rt := byKey[rk.key]
+			key := matcherKey(rk)
+			rt := byKey[key]
 			if rt == nil {
-				rt = &route{key: rk.key, order: i, matcher: rk.matcher}
-				byKey[rk.key] = rt
+				rt = &route{key: key, order: i, matcher: rk.matcher}
+				byKey[key] = rt
 				rules[rt] = &ambientRule{}
+				owners[rt] = map[string]translation.Parent{}
 				routes = append(routes, rt)
+			}
+			for _, f := range routeFields(&tp.p.Spec.Policy) {
+				owners[rt][f] = parent
 			}
 			rt.parents = append(rt.parents, parent)
 			b.decorateAmbient(rules[rt], &tp.p.Spec.Policy, port.Port)
 		}
+	}
+	if len(parents) == 0 {
+		return true
 	}
 	self := []gwBackendRef{{Name: ks.Ref.Name, Port: port.Port}}
 	var ordered []*route
@@ -650,6 +671,30 @@ func (b *trafficBuilder) gatewayRouteFor(out *translation.Output, r *translation
 		return false
 	}
 	return true
+}
+
+// matcherKey is rk's request matcher alone: the key of its rule in a
+// route, which serves every client of its cluster.
+func matcherKey(rk routeKey) string {
+	mj, _ := json.Marshal(rk.matcher)
+	return string(mj)
+}
+
+// claimRule names the first field tp sets on a rule that an earlier policy
+// of this route already set, or "".
+func claimRule(byKey map[string]*route, owners map[*route]map[string]translation.Parent, tp *trafficPolicy, parent translation.Parent) string {
+	for _, rk := range tp.routes {
+		rt := byKey[matcherKey(rk)]
+		if rt == nil {
+			continue
+		}
+		for _, f := range routeFields(&tp.p.Spec.Policy) {
+			if o, ok := owners[rt][f]; ok && o != parent {
+				return fmt.Sprintf("policy.%s: TrafficPolicy %s/%s, older, sets it on the same request match, and a route holds one rule per match for every client of the cluster", f, o.Namespace, o.Name)
+			}
+		}
+	}
+	return ""
 }
 
 func cmpBackends(set, def []gwBackendRef) []gwBackendRef {

@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -170,7 +171,11 @@ func TestOptedInSidecarDestinationsGetNoLocalVirtualService(t *testing.T) {
 			if ks.DataPlaneMode != "" && ks.DataPlaneMode != discoveryv1alpha1.DataPlaneSidecar {
 				continue
 			}
-			ks.Labels = map[string]string{discoveryv1alpha1.LabelRouteAPI: discoveryv1alpha1.RouteAPIGatewayAPI}
+			ks.Labels = maps.Clone(ks.Labels)
+			if ks.Labels == nil {
+				ks.Labels = map[string]string{}
+			}
+			ks.Labels[discoveryv1alpha1.LabelRouteAPI] = discoveryv1alpha1.RouteAPIGatewayAPI
 			local[ks.Ref.ClusterName+"/"+ks.Ref.Name+"."+ks.Ref.Namespace+".svc.cluster.local"] = true
 			optedIn[translation.DestinationTarget(&in.Destinations[i])] = true
 		}
@@ -193,8 +198,8 @@ func TestOptedInSidecarDestinationsGetNoLocalVirtualService(t *testing.T) {
 				}
 				msg := strings.Join(ts.Errors, " ")
 				assert.NotContains(t, msg, "needs a waypoint", "%s: %s/%s on %s", dir, p.Namespace, p.Name, ts.Target)
-				if ts.State == common.StateFailed && strings.Contains(msg, "Gateway API") {
-					assert.Contains(t, msg, "relaymesh.io/route-api=gateway-api", "%s: %s/%s on %s", dir, p.Namespace, p.Name, ts.Target)
+				if ts.State == common.StateFailed && strings.Contains(msg, "Gateway API route") {
+					assert.Contains(t, msg, "Gateway API route (relaymesh.io/route-api=gateway-api on the Service)", "%s: %s/%s on %s", dir, p.Namespace, p.Name, ts.Target)
 				}
 			}
 		}
@@ -206,8 +211,7 @@ func TestOptedInSidecarDestinationsGetNoLocalVirtualService(t *testing.T) {
 // route (a sidecar reads both), and a selector of whole clusters is routed
 // in the Destination's cluster; any other source selector fails by name.
 func TestOptInKeepsWhatASidecarCanStillCarry(t *testing.T) {
-	translate := func(t *testing.T, set func(*networkingv1alpha1.TrafficPolicySpec)) ([]string, common.TargetStatus) {
-		in := translationtest.LoadInput(t, filepath.Join("testdata", "traffic", "gateway-api-opt-in"))
+	translateIn := func(t *testing.T, in *translation.Input, set func(*networkingv1alpha1.TrafficPolicySpec)) ([]string, common.TargetStatus, *translation.Output) {
 		p := networkingv1alpha1.TrafficPolicy{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: "shop", CreationTimestamp: metav1.Unix(1, 0)}}
 		p.Spec.DestinationSelector = []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{{Name: "web", Namespace: "shop", ClusterName: "cluster-1"}}}}}
 		set(&p.Spec)
@@ -220,7 +224,14 @@ func TestOptInKeepsWhatASidecarCanStillCarry(t *testing.T) {
 		for _, o := range out.Objects() {
 			objs = append(objs, o.Cluster+" "+o.Object.GetKind()+" "+o.Object.GetName())
 		}
-		return objs, targets[0]
+		return objs, targets[0], out
+	}
+	load := func(t *testing.T) *translation.Input {
+		return translationtest.LoadInput(t, filepath.Join("testdata", "traffic", "gateway-api-opt-in"))
+	}
+	translate := func(t *testing.T, set func(*networkingv1alpha1.TrafficPolicySpec)) ([]string, common.TargetStatus) {
+		objs, ts, _ := translateIn(t, load(t), set)
+		return objs, ts
 	}
 	t.Run("outlierDetection and mtls", func(t *testing.T) {
 		objs, ts := translate(t, func(s *networkingv1alpha1.TrafficPolicySpec) {
@@ -241,6 +252,37 @@ func TestOptInKeepsWhatASidecarCanStillCarry(t *testing.T) {
 		assert.Equal(t, common.StateAccepted, ts.State, "%v", ts.Errors)
 		assert.Equal(t, []string{"cluster-2 VirtualService relaymesh-web-cluster-1"}, objs, "cluster-2's clients only: no route in cluster-1")
 	})
+	t.Run("a field no route carries, for other clusters' clients only", func(t *testing.T) {
+		objs, ts, out := translateIn(t, load(t), func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.SourceSelector = []common.WorkloadSelector{{Clusters: []string{"cluster-2"}}}
+			s.Policy.Retries = &networkingv1alpha1.RetryPolicy{Attempts: 2}
+		})
+		assert.Equal(t, common.StateAccepted, ts.State, "not in the route, so not held to it: %v", ts.Errors)
+		assert.Equal(t, []string{"cluster-2 VirtualService relaymesh-web-cluster-1"}, objs)
+		assert.Contains(t, string(translationtest.RenderOutput(t, out)), "attempts: 2")
+	})
+	t.Run("an ambient Destination and a selector of other clusters only", func(t *testing.T) {
+		in := load(t)
+		for i := range in.Destinations {
+			if ks := &in.Destinations[i].Spec.KubeService; ks.Ref.Name == "web" && ks.Ref.ClusterName == "cluster-1" {
+				ks.DataPlaneMode = discoveryv1alpha1.DataPlaneAmbient
+				ks.Waypoint = &discoveryv1alpha1.WaypointRef{Name: "waypoint", Namespace: "shop"}
+			}
+		}
+		for i := range in.Meshes {
+			if ist := in.Meshes[i].Spec.Istio; ist.Installation.Cluster == "cluster-1" {
+				ist.Ambient = &discoveryv1alpha1.AmbientMesh{Ztunnel: true, Waypoints: []discoveryv1alpha1.WaypointInfo{{Name: "waypoint", Namespace: "shop", TrafficType: "service", ServiceAccount: "waypoint", Ready: true}}}
+			}
+		}
+		timeout := metav1.Duration{Duration: 3e9}
+		objs, ts, _ := translateIn(t, in, func(s *networkingv1alpha1.TrafficPolicySpec) {
+			s.SourceSelector = []common.WorkloadSelector{{Clusters: []string{"cluster-2"}}}
+			s.Policy.RequestTimeout = &timeout
+		})
+		assert.Equal(t, common.StateFailed, ts.State, "never Accepted and written nowhere")
+		assert.Contains(t, strings.Join(ts.Errors, " "), "selects no client in cluster cluster-1")
+		assert.Empty(t, objs)
+	})
 	t.Run("a selector of namespaces", func(t *testing.T) {
 		objs, ts := translate(t, func(s *networkingv1alpha1.TrafficPolicySpec) {
 			s.SourceSelector = []common.WorkloadSelector{{Clusters: []string{"cluster-1"}, Namespaces: []string{"shop"}}}
@@ -250,4 +292,86 @@ func TestOptInKeepsWhatASidecarCanStillCarry(t *testing.T) {
 		assert.Contains(t, strings.Join(ts.Errors, " "), "spec.sourceSelector")
 		assert.Empty(t, objs)
 	})
+}
+
+// TestPoliciesOfOneMatchShareOneRule: two policies whose sources differ only
+// by whole clusters and whose request matchers are equal meet in one rule
+// of the route (it serves every client of its cluster): different fields
+// merge; the same field set twice fails the later policy there, naming the
+// older, instead of a second rule no request ever reaches.
+func TestPoliciesOfOneMatchShareOneRule(t *testing.T) {
+	timeout := metav1.Duration{Duration: 3e9}
+	policyOf := func(name string, created int64, clusters []string, set func(*networkingv1alpha1.Policy)) networkingv1alpha1.TrafficPolicy {
+		p := networkingv1alpha1.TrafficPolicy{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop", CreationTimestamp: metav1.Unix(created, 0)}}
+		p.Spec.DestinationSelector = []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{{Name: "web", Namespace: "shop", ClusterName: "cluster-1"}}}}}
+		if clusters != nil {
+			p.Spec.SourceSelector = []common.WorkloadSelector{{Clusters: clusters}}
+		}
+		set(&p.Spec.Policy)
+		return p
+	}
+	for _, tc := range []struct {
+		name     string
+		second   func(*networkingv1alpha1.Policy)
+		conflict bool
+	}{
+		{"different fields merge", func(p *networkingv1alpha1.Policy) {
+			p.HeaderManipulation = &networkingv1alpha1.HeaderManipulation{AppendRequestHeaders: map[string]string{"x-from": "cluster-1"}}
+		}, false},
+		{"one field twice conflicts", func(p *networkingv1alpha1.Policy) { p.RequestTimeout = &metav1.Duration{Duration: 5e9} }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := translationtest.LoadInput(t, filepath.Join("testdata", "traffic", "gateway-api-opt-in"))
+			in.TrafficPolicies = []networkingv1alpha1.TrafficPolicy{
+				policyOf("everyone", 1, nil, func(p *networkingv1alpha1.Policy) { p.RequestTimeout = &timeout }),
+				policyOf("cluster-1", 2, []string{"cluster-1"}, tc.second),
+			}
+			out, r := translation.NewOutput(), translation.NewReport()
+			policy.TranslateTraffic(in, out, r)
+			var route *unstructured.Unstructured
+			for _, o := range out.Objects() {
+				if o.Object.GetKind() == "HTTPRoute" && o.Object.GetName() == "relaymesh-web" {
+					route = o.Object
+				}
+			}
+			require.NotNil(t, route)
+			rules, _, _ := unstructured.NestedSlice(route.Object, "spec", "rules")
+			require.Len(t, rules, 1, "one rule for the one match")
+			rule := rules[0].(map[string]any)
+			got, _, _ := unstructured.NestedString(rule, "timeouts", "request")
+			assert.Equal(t, "3s", got, "the older policy's timeout")
+			_, targets, _ := r.Status(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: "shop", Name: "cluster-1"})
+			require.Len(t, targets, 1, "one result per target")
+			if tc.conflict {
+				assert.Equal(t, common.StateFailed, targets[0].State)
+				assert.Contains(t, strings.Join(targets[0].Errors, " "), "policy.requestTimeout: TrafficPolicy shop/everyone, older, sets it on the same request match")
+				return
+			}
+			assert.Equal(t, common.StateAccepted, targets[0].State, "%v", targets[0].Errors)
+			filters, _, _ := unstructured.NestedSlice(rule, "filters")
+			assert.Len(t, filters, 1, "the header filter in the same rule")
+		})
+	}
+}
+
+// TestASubsetOfAnOptedInServiceStaysAVirtualServiceTarget: a sidecar
+// Destination's VirtualService may still shift to a subset of a Service
+// that opted into Gateway API routes: its DestinationRule defines the
+// subset (only ambient hosts get none).
+func TestASubsetOfAnOptedInServiceStaysAVirtualServiceTarget(t *testing.T) {
+	in := translationtest.LoadInput(t, filepath.Join("testdata", "traffic", "gateway-api-opt-in"))
+	p := networkingv1alpha1.TrafficPolicy{ObjectMeta: metav1.ObjectMeta{Name: "legacy-to-web-v2", Namespace: "shop", CreationTimestamp: metav1.Unix(1, 0)}}
+	p.Spec.SourceSelector = []common.WorkloadSelector{{Clusters: []string{"cluster-1"}}}
+	p.Spec.DestinationSelector = []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{{Name: "legacy", Namespace: "shop", ClusterName: "cluster-1"}}}}}
+	p.Spec.Policy.TrafficShift = &networkingv1alpha1.TrafficShift{Destinations: []networkingv1alpha1.WeightedDestination{{Weight: 100,
+		KubeService: &networkingv1alpha1.KubeServiceTarget{ClusterObjectRef: common.ClusterObjectRef{Name: "web", Namespace: "shop", ClusterName: "cluster-1"}, Subset: map[string]string{"version": "v2"}}}}}
+	in.TrafficPolicies = []networkingv1alpha1.TrafficPolicy{p}
+	out, r := translation.NewOutput(), translation.NewReport()
+	policy.TranslateTraffic(in, out, r)
+	_, targets, _ := r.Status(translation.ObjectKey{Kind: "TrafficPolicy", Namespace: "shop", Name: "legacy-to-web-v2"})
+	require.Len(t, targets, 1)
+	assert.Equal(t, common.StateAccepted, targets[0].State, "%v", targets[0].Errors)
+	rendered := string(translationtest.RenderOutput(t, out))
+	assert.Contains(t, rendered, "name: version-v2", "web's DestinationRule defines the subset")
+	assert.Contains(t, rendered, "subset: version-v2")
 }

@@ -317,6 +317,22 @@ func (r *Report) Target(k ObjectKey, t common.TargetStatus) {
 	r.targets[k] = append(r.targets[k], t)
 }
 
+// FailTarget marks k's result on target Failed with msg: the result
+// recorded before for target (say Accepted, before its outputs could not be
+// written) becomes Failed with msg added, or a new Failed result is added.
+func (r *Report) FailTarget(k ObjectKey, target, msg string) {
+	for i := range r.targets[k] {
+		if t := &r.targets[k][i]; t.Target == target {
+			t.State = common.StateFailed
+			if !slices.Contains(t.Errors, msg) {
+				t.Errors = append(t.Errors, msg)
+			}
+			return
+		}
+	}
+	r.targets[k] = append(r.targets[k], common.TargetStatus{Target: target, State: common.StateFailed, Errors: []string{msg}})
+}
+
 func (r *Report) status(k ObjectKey, generation int64) *common.Status {
 	st := r.statuses[k]
 	if st == nil {

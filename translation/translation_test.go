@@ -3,6 +3,7 @@ package translation_test
 import (
 	"testing"
 
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
@@ -96,4 +97,22 @@ func TestMergeSpecs(t *testing.T) {
 	same, err := translation.MergeSpecs("ServiceEntry", fed, fed)
 	require.NoError(t, err)
 	assert.Equal(t, fed, same)
+}
+
+// TestFailTargetTurnsTheTargetsResultFailed: a result recorded Accepted
+// becomes Failed with the error (one result per target, the error once);
+// a target without a result gets a Failed one.
+func TestFailTargetTurnsTheTargetsResultFailed(t *testing.T) {
+	r := translation.NewReport()
+	k := translation.ObjectKey{Kind: "TrafficPolicy", Namespace: "shop", Name: "p"}
+	r.Accept(k, 1)
+	r.Target(k, common.TargetStatus{Target: "cluster-1/shop/web", State: common.StateAccepted, Errors: []string{"a note"}})
+	r.FailTarget(k, "cluster-1/shop/web", "cannot write")
+	r.FailTarget(k, "cluster-1/shop/web", "cannot write")
+	r.FailTarget(k, "cluster-1/shop/db", "cannot write either")
+	_, targets, _ := r.Status(k)
+	assert.Equal(t, []common.TargetStatus{
+		{Target: "cluster-1/shop/db", State: common.StateFailed, Errors: []string{"cannot write either"}},
+		{Target: "cluster-1/shop/web", State: common.StateFailed, Errors: []string{"a note", "cannot write"}},
+	}, targets)
 }

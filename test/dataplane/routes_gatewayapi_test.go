@@ -102,8 +102,19 @@ func TestGatewayAPIRoutesFromRelaymeshPolicies(t *testing.T) {
 		n, err := r.outputs(context.Background(), "TrafficPolicy/relaymesh/echo")
 		require.NoError(t, err)
 		assert.Zero(t, n, "nothing of the policy is written with the field dropped")
+		// A later policy that can be carried (the same timeout on the
+		// http2 port) reaching the clients means the translation, the
+		// agent and istiod have all moved past the refused one: had a
+		// route with its timeout been written, it would be in force now.
+		h2, err := f.sleep.Dial("echo-h2", ns, echoPort)
+		require.NoError(t, err)
+		defer h2.Close()
+		r.apply(t, trafficPolicyFor("echo-h2", "echo-h2", "", "    requestTimeout: 250ms\n"))
+		f.settle(t, h2, "the later policy's timeout", dataplane.CallOptions{Request: dataplane.Request{Delay: time.Second}, Concurrency: 50}, func(o *dataplane.Outcomes) bool {
+			return o.Code(codes.DeadlineExceeded) == o.Total()
+		})
 		o := run(t, f.toEcho, 20, dataplane.CallOptions{Request: dataplane.Request{Delay: time.Second}, Concurrency: 20})
-		assert.Equal(t, 20, o.Code(codes.OK), "no timeout is in force: every 1s call succeeds")
+		assert.Equal(t, 20, o.Code(codes.OK), "no timeout is in force on the gRPC port: every 1s call succeeds")
 	})
 }
 
