@@ -271,11 +271,7 @@ issued to each mesh (serial, expiry).`,
 		},
 		ValidArgsFunction: completeVirtualMeshes(g),
 		RunE: func(c *cobra.Command, args []string) error {
-			format, err := printer.Parse(output, printer.Formats)
-			if err != nil {
-				return usageError{err}
-			}
-			kube, err := g.clients()
+			format, kube, err := formatAndClients(g, output)
 			if err != nil {
 				return err
 			}

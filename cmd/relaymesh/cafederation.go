@@ -60,11 +60,7 @@ func newCAFederationCommand(d deps, g *globals) *cobra.Command {
 		Example: "  relaymesh ca federation status --context mgmt\n  relaymesh ca federation status -o json",
 		Args:    noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			format, err := printer.Parse(output, printer.Formats)
-			if err != nil {
-				return usageError{err}
-			}
-			kube, err := g.clients()
+			format, kube, err := formatAndClients(g, output)
 			if err != nil {
 				return err
 			}

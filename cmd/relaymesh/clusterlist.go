@@ -107,11 +107,7 @@ off, it is the last recorded event.`,
 		Aliases: []string{"ls"},
 		Args:    noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			format, err := printer.Parse(output, printer.Formats)
-			if err != nil {
-				return usageError{err}
-			}
-			kube, err := g.clients()
+			format, kube, err := formatAndClients(g, output)
 			if err != nil {
 				return err
 			}

@@ -172,6 +172,21 @@ func completeContexts(g *globals) func(*cobra.Command, []string, string) ([]stri
 
 // outputFlag adds -o/--output with the given formats (the first is the
 // default) and completion for them.
+// formatAndClients is the preamble of a read-only command with -o: the
+// output format (a bad one is a usage error) and the management cluster's
+// clients.
+func formatAndClients(g *globals, output string) (printer.Format, *kubeclient.Clients, error) {
+	format, err := printer.Parse(output, printer.Formats)
+	if err != nil {
+		return "", nil, usageError{err}
+	}
+	kube, err := g.clients()
+	if err != nil {
+		return "", nil, err
+	}
+	return format, kube, nil
+}
+
 func outputFlag(c *cobra.Command, out *string, formats []printer.Format, extra ...string) {
 	names := append(printer.Names(formats), extra...)
 	c.Flags().StringVarP(out, "output", "o", names[0], "output format: "+strings.Join(names, ", "))
