@@ -55,6 +55,11 @@ type RootStatusCert struct {
 	NotAfter    time.Time `json:"notAfter"`
 }
 
+// RootStatusCertOf is c as the read-only views show a root.
+func RootStatusCertOf(c *x509.Certificate) RootStatusCert {
+	return RootStatusCert{Fingerprint: RootFingerprint(c), Subject: c.Subject.String(), NotAfter: c.NotAfter.UTC()}
+}
+
 // RootPendingAgent is a cluster whose agent has not acknowledged the
 // bundle of the rotation's phase.
 type RootPendingAgent struct {
@@ -94,7 +99,7 @@ func RootRotationStatusOf(st RootRotationState, req RootRequest, current, staged
 		if c == nil {
 			continue
 		}
-		r := &RootStatusCert{Fingerprint: RootFingerprint(c), Subject: c.Subject.String(), NotAfter: c.NotAfter.UTC()}
+		r := new(RootStatusCertOf(c))
 		switch r.Fingerprint {
 		case st.Old:
 			out.OldRoot = r

@@ -346,6 +346,11 @@ func (s *vmState) validate(in *translation.Input, grants *translation.Grants) {
 	}
 }
 
+// runsAmbient says whether m reports workloads in ambient mode.
+func runsAmbient(m *discoveryv1alpha1.Mesh) bool {
+	return m.Spec.Istio != nil && slices.Contains(m.Spec.Istio.DataPlaneModes, discoveryv1alpha1.DataPlaneAmbient)
+}
+
 // warnAmbientClients warns about every member that runs workloads in
 // ambient mode: federation reaches other meshes' Destinations through a
 // ServiceEntry and an ISTIO_MUTUAL DestinationRule (to their east-west
@@ -359,7 +364,7 @@ func (s *vmState) warnAmbientClients(flat bool) {
 		reach = "their pods"
 	}
 	for _, m := range s.members {
-		if m.istio() == nil || !slices.Contains(m.istio().DataPlaneModes, discoveryv1alpha1.DataPlaneAmbient) {
+		if !runsAmbient(m.mesh) {
 			continue
 		}
 		s.warns = append(s.warns, fmt.Sprintf("mesh %s runs workloads in ambient mode, for which the federated hosts of the other meshes do not work as designed: ztunnel reads no DestinationRule, so it does not originate the mutual TLS %s require; only the mesh's sidecar workloads reach them (ambient federation is not supported yet)",

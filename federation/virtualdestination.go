@@ -676,7 +676,7 @@ func (s *vdState) warnAmbientClients(gwHost string) {
 		reach = "the remote backends' pods"
 	}
 	for _, m := range s.meshes {
-		if m.mesh.Spec.Istio == nil || !slices.Contains(m.mesh.Spec.Istio.DataPlaneModes, discoveryv1alpha1.DataPlaneAmbient) {
+		if !runsAmbient(m.mesh) {
 			continue
 		}
 		s.warns = append(s.warns, fmt.Sprintf("mesh %s runs workloads in ambient mode, for which %s does not work as designed: ztunnel reads no DestinationRule, so it applies neither the mutual TLS %s require nor outlier detection and failover priority; only the mesh's sidecar workloads get failover",

@@ -103,7 +103,7 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 		}
 		if amb != nil {
 			if err := amb.emit(out, parents); err != nil {
-				failParents(r, d, parents, err)
+				failed(r, parents, d, err)
 			}
 		}
 		if !sidecar {
@@ -115,7 +115,7 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 			Rules:    rules,
 		}
 		if err := out.Add(ks.Ref.ClusterName, securityAPIVersion, "AuthorizationPolicy", ks.Ref.Namespace, namePrefix+ks.Ref.Name, spec, parents...); err != nil {
-			failParents(r, d, parents, err)
+			failed(r, parents, d, err)
 		}
 	}
 }
@@ -123,13 +123,6 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 // failParents reports err on every policy of a Destination whose output
 // could not be added: two Destinations with the same cluster, namespace and
 // name are discovery's bug, but every policy involved says so.
-func failParents(r *translation.Report, d *discoveryv1alpha1.Destination, parents []translation.Parent, err error) {
-	for _, pa := range parents {
-		r.Target(translation.ObjectKey(pa),
-			common.TargetStatus{Target: translation.DestinationTarget(d), State: common.StateFailed, Errors: []string{err.Error()}})
-	}
-}
-
 // accessSources are the principals an IdentitySelector list resolves to.
 type accessSources struct {
 	principals []string // sorted, unique

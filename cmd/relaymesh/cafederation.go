@@ -108,7 +108,7 @@ func federationStatusOf(namespace string, data []byte) (federationStatus, error)
 		e := st.Bundles[td]
 		b := publishedBundle{TrustDomain: td, VirtualMesh: e.VirtualMesh, Sequence: e.Sequence, Path: spiffefed.PathPrefix + td, Roots: []publishedRoot{}}
 		for _, r := range e.Roots {
-			b.Roots = append(b.Roots, publishedRoot{Fingerprint: ca.RootFingerprint(r), Subject: r.Subject.String(), NotAfter: r.NotAfter.UTC()})
+			b.Roots = append(b.Roots, ca.RootStatusCertOf(r))
 		}
 		out.Published = append(out.Published, b)
 	}
