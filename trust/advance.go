@@ -20,6 +20,9 @@ type advanceInput struct {
 	manual  bool
 	cont    string // the relaymesh.io/rotation-continue annotation
 	now     time.Time
+	// federation: why AddingNewRoot waits for SPIFFE federation peers
+	// (Controller.federationWait); empty: it does not.
+	federation string
 }
 
 // nextRotation decides, from the recorded rotation and what advance
@@ -27,7 +30,10 @@ type advanceInput struct {
 // step or phase. It is pure: rot is not changed, and nothing is read or
 // written.
 //
-// A step is left only once every mesh acked it. With Manual verification
+// A step is left only once every mesh acked it. AddingNewRoot is left
+// only once its new root was published at the SPIFFE bundle endpoint long
+// enough for federated peers to trust it (in.federation says why not yet).
+// With Manual verification
 // it is left only after `relaymesh ca rotate continue` for exactly that
 // step, forward and back alike: a rollback from PropagatingNewIntermediate
 // or DeletingOldRoot is a rotation in reverse (both roots in every bundle,
@@ -45,6 +51,11 @@ func nextRotation(rot *networkingv1alpha1.RotationStatus, in advanceInput) (*net
 		return r, false
 	}
 	rollingBack := r.Phase == networkingv1alpha1.PhaseRollingBack
+	if in.federation != "" && r.Phase == networkingv1alpha1.PhaseAddingNewRoot {
+		r.PendingMeshes, r.AwaitingContinue = nil, false
+		r.Message = phaseMessage(r.Phase, r.Step) + "; " + in.federation
+		return r, false
+	}
 	if in.manual && !(rollingBack && r.Step == 0) && in.cont != ContinueValue(rot) {
 		r.PendingMeshes, r.AwaitingContinue = nil, true
 		if rollingBack {

@@ -37,6 +37,7 @@ func TestEveryStepBackWaitsForAcksAndItsOwnContinue(t *testing.T) {
 		pending   []string
 		manual    bool
 		cont      string
+		fed       string // why SPIFFE federation peers are waited for
 		wantPhase networkingv1alpha1.RotationPhase
 		wantStep  int32
 		awaiting  bool
@@ -50,6 +51,16 @@ func TestEveryStepBackWaitsForAcksAndItsOwnContinue(t *testing.T) {
 			wantPhase: propagating, wantStep: 2, moved: true},
 		{name: "acked AddingNewRoot waits for a continue", rot: rot(adding, 1, false), manual: true,
 			wantPhase: adding, wantStep: 1, awaiting: true, message: "`relaymesh ca rotate continue ns/vm` (or `rollback`)"},
+		{name: "acked AddingNewRoot waits for federation peers", rot: rot(adding, 1, false), fed: "peers fetch it",
+			wantPhase: adding, wantStep: 1, message: "AddingNewRoot (step 1): every mesh's root-cert.pem carries the old and the new root, intermediates still from the old; peers fetch it"},
+		{name: "the federation wait comes before a continue", rot: rot(adding, 1, true), manual: true, cont: "AddingNewRoot/" + fp, fed: "peers fetch it",
+			wantPhase: adding, wantStep: 1, message: "peers fetch it"},
+		{name: "an ack still missing is said before the federation wait", rot: rot(adding, 1, false), pending: []string{"m2"}, fed: "peers fetch it",
+			wantPhase: adding, wantStep: 1, message: "waiting for 1 of 2 meshes to ack it: m2"},
+		{name: "the federation wait holds only AddingNewRoot", rot: rot(propagating, 2, false), fed: "peers fetch it",
+			wantPhase: deleting, wantStep: 3, moved: true},
+		{name: "a rollback never waits for federation peers", rot: rot(back, 1, false), fed: "peers fetch it",
+			wantPhase: back, wantStep: 0, moved: true},
 		{name: "a continue for another phase does nothing", rot: rot(propagating, 2, true), manual: true, cont: "AddingNewRoot/" + fp,
 			wantPhase: propagating, wantStep: 2, awaiting: true},
 		{name: "a continue for another root does nothing", rot: rot(propagating, 2, true), manual: true, cont: "PropagatingNewIntermediate/beef",
@@ -88,7 +99,7 @@ func TestEveryStepBackWaitsForAcksAndItsOwnContinue(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := tc.rot.DeepCopy()
-			got, moved := nextRotation(tc.rot, advanceInput{key: "ns/vm", pending: tc.pending, members: 2, manual: tc.manual, cont: tc.cont, now: now})
+			got, moved := nextRotation(tc.rot, advanceInput{key: "ns/vm", pending: tc.pending, members: 2, manual: tc.manual, cont: tc.cont, now: now, federation: tc.fed})
 			assert.Equal(t, before, tc.rot, "the recorded rotation is not changed")
 			require.NotNil(t, got)
 			assert.Equal(t, tc.moved, moved, "moved")

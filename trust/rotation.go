@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"slices"
@@ -399,6 +400,9 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 	in := advanceInput{key: p.key, pending: pending, members: len(members), now: c.cfg.Clock(),
 		manual: p.vm.Spec.MTLS.RotationVerification == networkingv1alpha1.VerificationManual,
 		cont:   p.vm.Annotations[networkingv1alpha1.AnnotationRotationContinue]}
+	if len(pending) == 0 && rot.Phase == networkingv1alpha1.PhaseAddingNewRoot {
+		in.federation = c.federationWait(p, rot, in.now)
+	}
 	moved := false
 	recorded := c.persist(ctx, p.key, func(n *vmState) {
 		if !active(n.rotation) || n.rotation.Phase != rot.Phase || n.rotation.Step != rot.Step {
@@ -418,6 +422,62 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 		}
 	}
 	return moved
+}
+
+// federationWait is why the rotation of p may not leave AddingNewRoot yet
+// for SPIFFE federation (empty: it may): its new root has not been
+// published at the bundle endpoint for every trust domain of the
+// VirtualMesh for FederationWait. It asks for a reconcile when the wait
+// ends.
+func (c *Controller) federationWait(p *vmPlan, rot *networkingv1alpha1.RotationStatus, now time.Time) string {
+	wait := c.cfg.FederationWait
+	if wait <= 0 || c.cfg.RootPublished == nil {
+		return ""
+	}
+	var newRoot *x509.Certificate
+	for rest := p.bundle; ; {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			break
+		}
+		if cert, err := x509.ParseCertificate(block.Bytes); err == nil && Fingerprint(cert) == rot.NewRootFingerprint {
+			newRoot = cert
+		}
+	}
+	if newRoot == nil {
+		return "the new root is not in the bundle the meshes hold" // cannot happen in step 1; never move on it
+	}
+	since, ok := c.cfg.RootPublished(p.key, newRoot)
+	if !ok {
+		return "every mesh acked it; waiting for the SPIFFE bundle endpoint to publish the new root for every trust domain of the VirtualMesh"
+	}
+	until := since.Add(wait)
+	if !now.Before(until) {
+		return ""
+	}
+	c.kickAt(until, until.Sub(now))
+	return fmt.Sprintf("every mesh acked it; the new root has been published at the SPIFFE bundle endpoint since %s; "+
+		"nothing is issued from it before %s (%v: three refresh hints and the federated peers' poll period) so that every peer trusts it first",
+		since.UTC().Format(time.RFC3339), until.UTC().Format(time.RFC3339), wait)
+}
+
+// kickAt asks for a reconcile at t, in d (one timer per instant).
+func (c *Controller) kickAt(t time.Time, d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.kickTimers == nil {
+		c.kickTimers = map[time.Time]bool{}
+	}
+	if c.kickTimers[t] {
+		return
+	}
+	c.kickTimers[t] = true
+	time.AfterFunc(d+10*time.Millisecond, func() {
+		c.mu.Lock()
+		delete(c.kickTimers, t)
+		c.mu.Unlock()
+		c.Kick()
+	})
 }
 
 // acked reports whether cluster's agent acked the cluster's current trust

@@ -145,14 +145,18 @@ spec:
 
 // start starts a controller with empty outputs and acks, as a restarted
 // server has.
-func (w *rotationWorld) start() {
+func (w *rotationWorld) start(options ...func(*trust.Config)) {
 	ctx, cancel := context.WithCancel(w.ctx)
 	w.stop = cancel
 	w.t.Cleanup(cancel)
 	w.outputs, w.view = server.NewOutputs(time.Now()), server.NewView()
+	cfg := trust.Config{Dynamic: w.dyn, Kube: w.kube, Namespace: w.ns, Outputs: w.outputs, Acks: w.view,
+		Clusters: func() []string { return w.clusters }, Audit: audit.Discard, PKCS11Modules: w.modules}
+	for _, o := range options {
+		o(&cfg)
+	}
 	var err error
-	w.ctl, err = trust.Start(ctx, trust.Config{Dynamic: w.dyn, Kube: w.kube, Namespace: w.ns, Outputs: w.outputs, Acks: w.view,
-		Clusters: func() []string { return w.clusters }, Audit: audit.Discard, PKCS11Modules: w.modules})
+	w.ctl, err = trust.Start(ctx, cfg)
 	require.NoError(w.t, err)
 }
 

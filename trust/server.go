@@ -83,6 +83,16 @@ type Config struct {
 	// PKCS11Modules are the PKCS#11 modules (absolute paths) a VirtualMesh's
 	// rootCA.pkcs11.modulePath may name; none: pkcs11 roots are refused.
 	PKCS11Modules []string
+	// FederationWait is how long a rotation's new root must have been
+	// published at the SPIFFE bundle endpoint before anything is issued
+	// from it (AddingNewRoot → PropagatingNewIntermediate): federated
+	// peers fetch it within three refresh hints and their own poll
+	// period. Zero: the endpoint is off, nothing waits.
+	FederationWait time.Duration
+	// RootPublished reports since when every trust domain the bundle
+	// endpoint publishes for VirtualMesh vm (namespace/name) carries root;
+	// false: not all of them yet. Needed with FederationWait.
+	RootPublished func(vm string, root *x509.Certificate) (since time.Time, ok bool)
 	// Leading reports whether this replica holds the server's Lease
 	// (lease.Elector.Leading); nil: always (one replica). While it returns
 	// false the Controller writes no VirtualMesh status, creates no
@@ -119,6 +129,8 @@ type Controller struct {
 	rv       map[string]string          // resourceVersion vmst[key] was read from or written as
 	stale    map[string]bool            // read afresh before the next write
 	replaced map[string]map[string]bool // resourceVersions this replica's own writes replaced
+	// kickTimers are the instants a reconcile is asked for (kickAt).
+	kickTimers map[time.Time]bool
 }
 
 // meshTrust is what the server knows about one mesh with shared trust.

@@ -35,8 +35,15 @@ rollback VIRTUALMESH: walk the rotation back to the old root, one acked step
   for a continue, as the forward phases do).
 
 VIRTUALMESH is NAMESPACE/NAME. With --wait the command prints each phase the
-rotation passes through until it finishes, is rolled back, waits for a
-continue, or the time is up (then it fails).`
+rotation passes through, and what each waits for (acks, SPIFFE federation
+peers, a continue), until it finishes, is rolled back, waits for a continue,
+or the time is up (then it fails).
+
+With the SPIFFE bundle endpoint served (relaymesh server
+--spiffe-bundle-listen), AddingNewRoot lasts at least three refresh hints plus
+--spiffe-bundle-peer-poll after the new root is published (45m with the
+defaults), so that every federated peer trusts the new root before anything
+is issued from it.`
 
 // rotateLong are the leaf commands' own descriptions.
 var rotateLong = map[string]string{
@@ -187,9 +194,11 @@ func watchRotation(ctx context.Context, vms dynamic.ResourceInterface, name stri
 		if rot.AwaitingContinue {
 			line += " (awaiting continue)"
 		}
-		if line != last {
+		// A step's message says what it waits for (acks, federated
+		// peers, a continue): each new one is shown.
+		if line+rot.Message != last {
 			fmt.Fprintf(out, "%s  %-45s %s\n", time.Now().UTC().Format(time.TimeOnly), line, rot.Message)
-			last = line
+			last = line + rot.Message
 		}
 		switch {
 		case rot.Phase == networkingv1alpha1.PhaseFailed:

@@ -20,6 +20,7 @@ func (s *spiffeBundleFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&s.dnsNames, "spiffe-bundle-dns-names", "", "comma-separated DNS names of the bundle endpoint's relay-CA certificate (default: --server-dns-names)")
 	fs.StringVar(&s.ips, "spiffe-bundle-ips", "", "comma-separated IPs of the bundle endpoint's relay-CA certificate (default: --server-ips)")
 	fs.DurationVar(&s.cfg.RefreshHint, "spiffe-bundle-refresh-hint", spiffefed.DefaultRefreshHint, "spiffe_refresh_hint of every bundle served: how often federated peers should fetch it again, in [10s, 24h]")
+	fs.DurationVar(&s.cfg.PeerPoll, "spiffe-bundle-peer-poll", app.DefaultPeerPoll, "the longest a federated peer takes to fetch a bundle again whatever its refresh hint (Istio's caCertificates spiffeBundleUrl: 30m), in [0s, 24h]; a root rotation keeps AddingNewRoot until the new root has been published for 3 refresh hints plus this, so every peer trusts it before anything is issued from it")
 }
 
 // config is the endpoint's Config from the flags.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,6 +76,9 @@ type process struct {
 	log  *slog.Logger
 	reg  *prometheus.Registry
 	deps Deps
+	// bundles is the SPIFFE bundle endpoint once it serves (the trust
+	// controller, started before it, reads what it publishes).
+	bundles atomic.Pointer[bundleEndpoint]
 
 	td                           spiffeid.TrustDomain
 	audit                        *audit.Log

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log"
@@ -57,6 +58,25 @@ type BundleEndpointConfig struct {
 	// RefreshHint is every bundle's spiffe_refresh_hint
 	// (--spiffe-bundle-refresh-hint).
 	RefreshHint time.Duration
+	// PeerPoll is the longest a federated peer may take to fetch a bundle
+	// again regardless of the refresh hint (--spiffe-bundle-peer-poll;
+	// Istio's spiffeBundleUrl: every 30 minutes). A root rotation waits
+	// three refresh hints plus PeerPoll after publishing the new root
+	// before anything is issued from it.
+	PeerPoll time.Duration
+}
+
+// DefaultPeerPoll is Istio's poll period of a caCertificates
+// spiffeBundleUrl (RemoteDefaultPollPeriod in pilot/pkg/trustbundle).
+const DefaultPeerPoll = 30 * time.Minute
+
+// FederationWait is how long a rotation's new root is published before
+// anything is issued from it: zero while the endpoint is off.
+func (b BundleEndpointConfig) FederationWait() time.Duration {
+	if b.Listen == "" {
+		return 0
+	}
+	return 3*b.RefreshHint + b.PeerPoll
 }
 
 func (b BundleEndpointConfig) validate() []error {
@@ -70,6 +90,9 @@ func (b BundleEndpointConfig) validate() []error {
 	// A zero hint is no hint: wrong only when the endpoint is served.
 	if (b.Listen != "" || b.RefreshHint != 0) && (b.RefreshHint < spiffefed.MinRefreshHint || b.RefreshHint > spiffefed.MaxRefreshHint) {
 		errs = append(errs, fmt.Errorf("--spiffe-bundle-refresh-hint %v: must be in [%v, %v]", b.RefreshHint, spiffefed.MinRefreshHint, spiffefed.MaxRefreshHint))
+	}
+	if b.PeerPoll < 0 || b.PeerPoll > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("--spiffe-bundle-peer-poll %v: must be in [0s, 24h]", b.PeerPoll))
 	}
 	if _, err := parseIPs("--spiffe-bundle-ips", b.IPs); err != nil {
 		errs = append(errs, err)
@@ -90,6 +113,9 @@ type bundleEndpoint struct {
 	leading func() bool
 	lister  cache.Indexer
 	served  atomic.Pointer[spiffefed.Snapshot]
+	// loaded is called after a new stored state is served (the trust
+	// controller's rotation waits on what is published).
+	loaded  func()
 	wake    chan struct{}
 	refused string // the refusals last logged
 }
@@ -102,10 +128,13 @@ func (p *process) newBundleEndpoint(ctx context.Context) error {
 		return nil
 	}
 	b := &bundleEndpoint{kube: p.kube.Typed, namespace: p.cfg.Namespace, hint: c.RefreshHint, log: p.log.With("part", "spiffe-bundle-endpoint"),
-		clock: time.Now, members: func() []spiffefed.Member { return trustMembers(p.outputs, p.log) }, leading: p.reps.leading, wake: make(chan struct{}, 1)}
+		clock: time.Now, members: func() []spiffefed.Member { return trustMembers(p.outputs, p.log) }, leading: p.reps.leading, wake: make(chan struct{}, 1),
+		loaded: p.trust.Kick}
 	if err := b.start(ctx); err != nil {
 		return err
 	}
+	p.bundles.Store(b)
+	p.trust.Kick()
 	p.outputs.OnPublish(func(string) { b.kick() })
 	get, err := p.bundleCertificate(ctx)
 	if err != nil {
@@ -121,8 +150,18 @@ func (p *process) newBundleEndpoint(ctx context.Context) error {
 	go func() { _ = srv.ServeTLS(lis, "", "") }()
 	p.closers = append(p.closers, func() { _ = srv.Close() })
 	b.log.Info("SPIFFE bundle endpoint listening (https_web; unauthenticated and public by design)", "address", p.addrs.SPIFFEBundle,
-		"path", spiffefed.PathPrefix+"<trust domain>", "refresh_hint", c.RefreshHint)
+		"path", spiffefed.PathPrefix+"<trust domain>", "refresh_hint", c.RefreshHint, "rotation_wait", c.FederationWait())
 	return nil
+}
+
+// rootPublished is trust.Config.RootPublished: what the endpoint serves;
+// before it serves anything, not published.
+func (p *process) rootPublished(vm string, root *x509.Certificate) (time.Time, bool) {
+	b := p.bundles.Load()
+	if b == nil {
+		return time.Time{}, false
+	}
+	return b.served.Load().RootPublished(vm, root)
 }
 
 // bundleCertificate is the https_web certificate: provided files, or one
@@ -198,6 +237,9 @@ func (b *bundleEndpoint) load(o any) {
 		var snap *spiffefed.Snapshot
 		if snap, err = spiffefed.NewSnapshot(st, b.hint); err == nil {
 			b.served.Store(snap)
+			if b.loaded != nil {
+				b.loaded()
+			}
 			return
 		}
 	}

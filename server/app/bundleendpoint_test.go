@@ -32,6 +32,10 @@ func TestBundleEndpointConfigIsValidated(t *testing.T) {
 	cfg.AuditLog = "audit.log"
 	require.NoError(t, cfg.Validate(), "off by default, with a valid refresh hint")
 	assert.Empty(t, cfg.SPIFFEBundle.Listen)
+	assert.Zero(t, cfg.SPIFFEBundle.FederationWait(), "off: rotations do not wait")
+	on := cfg.SPIFFEBundle
+	on.Listen = ":8443"
+	assert.Equal(t, 45*time.Minute, on.FederationWait(), "3 × 5m hints + Istio's 30m poll")
 	for name, tc := range map[string]struct {
 		change func(*app.BundleEndpointConfig)
 		want   string
@@ -42,6 +46,8 @@ func TestBundleEndpointConfigIsValidated(t *testing.T) {
 		"a hint too long":       {func(b *app.BundleEndpointConfig) { b.RefreshHint = 48 * time.Hour }, "--spiffe-bundle-refresh-hint 48h"},
 		"served with no hint":   {func(b *app.BundleEndpointConfig) { b.Listen, b.RefreshHint = ":8443", 0 }, "--spiffe-bundle-refresh-hint 0s"},
 		"a bad IP":              {func(b *app.BundleEndpointConfig) { b.Listen, b.IPs = ":8443", []string{"not-an-ip"} }, "--spiffe-bundle-ips"},
+		"a negative peer poll":  {func(b *app.BundleEndpointConfig) { b.PeerPoll = -time.Second }, "--spiffe-bundle-peer-poll -1s"},
+		"a peer poll too long":  {func(b *app.BundleEndpointConfig) { b.PeerPoll = 25 * time.Hour }, "--spiffe-bundle-peer-poll 25h0m0s"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := cfg

@@ -176,7 +176,7 @@ func Default() Config {
 			MaxPreAuthPerAddress: 16, StreamsPerSecond: 50},
 		Clusters:      relay.ClusterLimits{RenewsPerMinute: 6, MaxSessions: 32},
 		SnapshotStore: SnapshotStoreConfig{Kind: StoreAPIServer},
-		SPIFFEBundle:  BundleEndpointConfig{RefreshHint: spiffefed.DefaultRefreshHint},
+		SPIFFEBundle:  BundleEndpointConfig{RefreshHint: spiffefed.DefaultRefreshHint, PeerPoll: DefaultPeerPoll},
 	}
 }
 

@@ -2,6 +2,7 @@ package spiffefed
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -51,21 +52,45 @@ func ParsePath(path string) (string, error) {
 // Snapshot is the rendered documents of one State: what every request is
 // served from until the next.
 type Snapshot struct {
-	docs map[string][]byte
-	seqs map[string]uint64
+	docs    map[string][]byte
+	seqs    map[string]uint64
+	entries map[string]Entry
 }
 
 // NewSnapshot renders s's bundles with refresh hint hint.
 func NewSnapshot(s State, hint time.Duration) (*Snapshot, error) {
-	snap := &Snapshot{docs: map[string][]byte{}, seqs: map[string]uint64{}}
+	snap := &Snapshot{docs: map[string][]byte{}, seqs: map[string]uint64{}, entries: map[string]Entry{}}
 	for td, e := range s.Bundles {
 		doc, err := Document(td, e, hint)
 		if err != nil {
 			return nil, err
 		}
-		snap.docs[td], snap.seqs[td] = doc, e.Sequence
+		snap.docs[td], snap.seqs[td], snap.entries[td] = doc, e.Sequence, e
 	}
 	return snap, nil
+}
+
+// RootPublished reports since when every trust domain published for
+// VirtualMesh vm (namespace/name) carries root: the latest of their
+// publish times. ok is false while one of them does not carry it yet, or
+// carries no publish time. A VirtualMesh with no published trust domain
+// has no peer that could have fetched one: ok, since zero.
+func (s *Snapshot) RootPublished(vm string, root *x509.Certificate) (since time.Time, ok bool) {
+	if s == nil {
+		return time.Time{}, true
+	}
+	for _, e := range s.entries {
+		if e.VirtualMesh != vm {
+			continue
+		}
+		if !e.Holds(root) || e.Published.IsZero() {
+			return time.Time{}, false
+		}
+		if e.Published.After(since) {
+			since = e.Published
+		}
+	}
+	return since, true
 }
 
 // Bundle returns the document published for trust domain td.

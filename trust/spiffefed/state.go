@@ -45,6 +45,17 @@ type Entry struct {
 	Sequence uint64
 	// Roots are the X.509 authorities, in a stable order (by DER).
 	Roots []*x509.Certificate
+	// Published is when these roots were first stored for the trust
+	// domain (the Lease holder's clock, whole seconds): a rotation waits
+	// from then for federated peers to fetch a new root
+	// (docs/design/2026-12-03-federation-wait.md). Zero only in a state
+	// stored before it was recorded; Next records it then.
+	Published time.Time
+}
+
+// Holds reports whether root is one of e's roots.
+func (e Entry) Holds(root *x509.Certificate) bool {
+	return slices.ContainsFunc(e.Roots, root.Equal)
 }
 
 // Digest identifies the roots of e: their DER, sorted.
@@ -80,13 +91,16 @@ type Refusal struct {
 // Report is what Next changed.
 type Report struct {
 	// Changed are trust domains with a new sequence; Removed those no
-	// longer published. Sorted.
-	Changed, Removed []string
-	Refused          []Refusal
+	// longer published; Stamped those whose unchanged bundle got the
+	// publish time a state stored before it was recorded lacked. Sorted.
+	Changed, Removed, Stamped []string
+	Refused                   []Refusal
 }
 
-// Empty reports whether Next changed nothing.
-func (r Report) Empty() bool { return len(r.Changed) == 0 && len(r.Removed) == 0 }
+// Empty reports whether Next changed nothing that must be stored.
+func (r Report) Empty() bool {
+	return len(r.Changed) == 0 && len(r.Removed) == 0 && len(r.Stamped) == 0
+}
 
 // Next is the State to publish for members, from prev: a trust domain
 // whose roots changed gets a new sequence; one whose meshes are all held
@@ -131,6 +145,7 @@ func Next(prev State, members []Member, now time.Time) (State, Report) {
 	}
 	next := State{Counter: prev.Counter, Bundles: map[string]Entry{}}
 	var rep Report
+	stamp := now.UTC().Truncate(time.Second)
 	for _, td := range slices.Sorted(maps.Keys(wants)) {
 		w := wants[td]
 		old, had := prev.Bundles[td]
@@ -163,11 +178,17 @@ func Next(prev State, members []Member, now time.Time) (State, Report) {
 		}
 		if had && old.Digest() == digest(roots) {
 			old.VirtualMesh = vm
+			if old.Published.IsZero() {
+				// Counted from now, never from before: a peer may have
+				// fetched the roots no earlier than this.
+				old.Published = stamp
+				rep.Stamped = append(rep.Stamped, td)
+			}
 			next.Bundles[td] = old
 			continue
 		}
 		next.Counter = max(next.Counter+1, uint64(max(now.Unix(), 0)))
-		next.Bundles[td] = Entry{VirtualMesh: vm, Sequence: next.Counter, Roots: roots}
+		next.Bundles[td] = Entry{VirtualMesh: vm, Sequence: next.Counter, Roots: roots, Published: stamp}
 		rep.Changed = append(rep.Changed, td)
 	}
 	for _, td := range slices.Sorted(maps.Keys(prev.Bundles)) {
@@ -211,6 +232,9 @@ type storedEntry struct {
 	Sequence    uint64 `json:"sequence"`
 	// Roots are PEM certificates.
 	Roots string `json:"roots"`
+	// Published is RFC 3339 (UTC, seconds); absent in a state stored
+	// before it was recorded.
+	Published string `json:"published,omitempty"`
 }
 
 // Encode is s's stored form (JSON).
@@ -221,7 +245,11 @@ func Encode(s State) ([]byte, error) {
 		for _, r := range e.Roots {
 			_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: r.Raw})
 		}
-		out.Bundles[td] = storedEntry{VirtualMesh: e.VirtualMesh, Sequence: e.Sequence, Roots: b.String()}
+		se := storedEntry{VirtualMesh: e.VirtualMesh, Sequence: e.Sequence, Roots: b.String()}
+		if !e.Published.IsZero() {
+			se.Published = e.Published.UTC().Format(time.RFC3339)
+		}
+		out.Bundles[td] = se
 	}
 	data, err := json.Marshal(out)
 	if err != nil {
@@ -236,7 +264,7 @@ func Encode(s State) ([]byte, error) {
 // Decode parses a stored State, refusing (ErrInvalidState) anything that
 // Encode would not have made of a State Next made: oversized, an unknown
 // version, an invalid trust domain, roots that are not CA certificates, a
-// sequence above the counter.
+// sequence above the counter, a publish time that is not RFC 3339 UTC.
 func Decode(data []byte) (State, error) {
 	bad := func(format string, args ...any) (State, error) {
 		return State{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidState}, args...)...)
@@ -271,7 +299,13 @@ func Decode(data []byte) (State, error) {
 		if err != nil {
 			return bad("trust domain %s: %v", td, err)
 		}
-		out.Bundles[td] = Entry{VirtualMesh: e.VirtualMesh, Sequence: e.Sequence, Roots: roots}
+		var published time.Time
+		if e.Published != "" {
+			if published, err = time.Parse(time.RFC3339, e.Published); err != nil || len(e.Published) > len("2006-01-02T15:04:05Z") {
+				return bad("trust domain %s: published is not an RFC 3339 time in UTC", td)
+			}
+		}
+		out.Bundles[td] = Entry{VirtualMesh: e.VirtualMesh, Sequence: e.Sequence, Roots: roots, Published: published}
 	}
 	return out, nil
 }

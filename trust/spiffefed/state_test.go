@@ -211,19 +211,21 @@ func TestDecodeRefusesWhatEncodeWouldNotMake(t *testing.T) {
 	rootPEM := pemOf(r.cert)
 	seq := st.Bundles["a.example"].Sequence
 	for name, data := range map[string]string{
-		"empty":                   "",
-		"not JSON":                "{",
-		"trailing data":           string(good) + "{}",
-		"unknown field":           `{"version":1,"counter":5,"bundles":{},"extra":1}`,
-		"another version":         `{"version":2,"counter":5,"bundles":{}}`,
-		"a bad trust domain":      `{"version":1,"counter":5,"bundles":{"A.example":{"sequence":1,"roots":` + jsonString(rootPEM) + `}}}`,
-		"a sequence of 0":         `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":0,"roots":` + jsonString(rootPEM) + `}}}`,
-		"a sequence over counter": `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":6,"roots":` + jsonString(rootPEM) + `}}}`,
-		"no roots":                `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":""}}}`,
-		"a leaf, not a CA":        `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":` + jsonString(leafPEM) + `}}}`,
-		"a key":                   `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"}}}`,
-		"garbage after the PEM":   `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":` + jsonString(rootPEM+"junk") + `}}}`,
-		"oversized":               `{"version":1,"counter":5,"bundles":{},"pad":"` + strings.Repeat("x", spiffefed.MaxStateBytes) + `"}`,
+		"empty":                               "",
+		"not JSON":                            "{",
+		"trailing data":                       string(good) + "{}",
+		"unknown field":                       `{"version":1,"counter":5,"bundles":{},"extra":1}`,
+		"another version":                     `{"version":2,"counter":5,"bundles":{}}`,
+		"a bad trust domain":                  `{"version":1,"counter":5,"bundles":{"A.example":{"sequence":1,"roots":` + jsonString(rootPEM) + `}}}`,
+		"a sequence of 0":                     `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":0,"roots":` + jsonString(rootPEM) + `}}}`,
+		"a sequence over counter":             `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":6,"roots":` + jsonString(rootPEM) + `}}}`,
+		"no roots":                            `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":""}}}`,
+		"a leaf, not a CA":                    `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":` + jsonString(leafPEM) + `}}}`,
+		"a key":                               `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"}}}`,
+		"garbage after the PEM":               `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":` + jsonString(rootPEM+"junk") + `}}}`,
+		"oversized":                           `{"version":1,"counter":5,"bundles":{},"pad":"` + strings.Repeat("x", spiffefed.MaxStateBytes) + `"}`,
+		"a publish time that is not RFC 3339": `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":` + jsonString(rootPEM) + `,"published":"yesterday"}}}`,
+		"a publish time with a zone":          `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":` + jsonString(rootPEM) + `,"published":"2026-12-03T10:00:00+01:00"}}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := spiffefed.Decode([]byte(data))
@@ -238,4 +240,83 @@ func TestDecodeRefusesWhatEncodeWouldNotMake(t *testing.T) {
 func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// A bundle's publish time is when its roots were first stored: it moves
+// with the roots, never with a step that keeps them, survives the stored
+// form, and a state stored before it was recorded gets "now" (never a time
+// before a peer could have fetched the roots). RootPublished, what a
+// rotation waits on, is the latest over the VirtualMesh's trust domains,
+// and not published while one of them lacks the root.
+func TestAPublishTimeMovesWithTheRootsAndARotationWaitsOnTheLatest(t *testing.T) {
+	oldRoot, newRoot, other := makeRoot(t, "old"), makeRoot(t, "new"), makeRoot(t, "other")
+	roundTrip := func(st spiffefed.State) spiffefed.State {
+		t.Helper()
+		data, err := spiffefed.Encode(st)
+		require.NoError(t, err)
+		back, err := spiffefed.Decode(data)
+		require.NoError(t, err)
+		return back
+	}
+	ms := append(members("ns/vm", certs(oldRoot), "a.example", "b.example"), members("ns/other", certs(other), "c.example")...)
+	st, _ := spiffefed.Next(spiffefed.State{}, ms, t0.Add(500*time.Millisecond))
+	st = roundTrip(st)
+	for _, td := range []string{"a.example", "b.example", "c.example"} {
+		assert.True(t, st.Bundles[td].Published.Equal(t0), "%s: stored in whole seconds", td)
+	}
+	// A reconcile with the same roots keeps the time.
+	st, rep := spiffefed.Next(st, ms, t0.Add(time.Minute))
+	assert.True(t, rep.Empty())
+	assert.True(t, st.Bundles["a.example"].Published.Equal(t0))
+
+	// AddingNewRoot reaches a.example first, b.example a minute later.
+	snap := func(st spiffefed.State) *spiffefed.Snapshot {
+		s, err := spiffefed.NewSnapshot(st, time.Minute)
+		require.NoError(t, err)
+		return s
+	}
+	_, ok := snap(st).RootPublished("ns/vm", newRoot.cert)
+	assert.False(t, ok, "the new root is not published yet")
+	half := append(members("ns/vm", certs(oldRoot, newRoot), "a.example"), members("ns/vm", certs(oldRoot), "b.example")...)
+	st, _ = spiffefed.Next(st, append(half, members("ns/other", certs(other), "c.example")...), t0.Add(time.Hour))
+	_, ok = snap(roundTrip(st)).RootPublished("ns/vm", newRoot.cert)
+	assert.False(t, ok, "b.example does not carry the new root yet")
+	both := members("ns/vm", certs(oldRoot, newRoot), "a.example", "b.example")
+	st, _ = spiffefed.Next(st, append(both, members("ns/other", certs(other), "c.example")...), t0.Add(time.Hour+time.Minute))
+	since, ok := snap(roundTrip(st)).RootPublished("ns/vm", newRoot.cert)
+	require.True(t, ok)
+	assert.True(t, since.Equal(t0.Add(time.Hour+time.Minute)), "the latest trust domain's time: %v", since)
+	since, ok = snap(st).RootPublished("ns/vm", oldRoot.cert)
+	require.True(t, ok)
+	assert.True(t, since.Equal(t0.Add(time.Hour+time.Minute)), "the old root too is in bundles published since then")
+	assert.True(t, st.Bundles["c.example"].Published.Equal(t0), "another VirtualMesh's trust domain keeps its time")
+	_, ok = snap(st).RootPublished("ns/other", newRoot.cert)
+	assert.False(t, ok, "another VirtualMesh's bundles do not carry the root")
+	since, ok = snap(st).RootPublished("ns/unpublished", newRoot.cert)
+	assert.True(t, ok && since.IsZero(), "a VirtualMesh with nothing published has no peer to wait for")
+
+	// A state stored before publish times were recorded: they are set to
+	// now, the sequence stays, and the change is stored.
+	data, err := spiffefed.Encode(st)
+	require.NoError(t, err)
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal(data, &raw))
+	for _, e := range raw["bundles"].(map[string]any) {
+		delete(e.(map[string]any), "published")
+	}
+	data, err = json.Marshal(raw)
+	require.NoError(t, err)
+	old, err := spiffefed.Decode(data)
+	require.NoError(t, err)
+	_, ok = snap(old).RootPublished("ns/vm", newRoot.cert)
+	assert.False(t, ok, "no publish time: not known to be published long enough")
+	later := t0.Add(2 * time.Hour)
+	next, rep := spiffefed.Next(old, append(both, members("ns/other", certs(other), "c.example")...), later)
+	assert.False(t, rep.Empty(), "stamped bundles are stored")
+	assert.Equal(t, []string{"a.example", "b.example", "c.example"}, rep.Stamped)
+	assert.Empty(t, rep.Changed)
+	for td, e := range next.Bundles {
+		assert.True(t, e.Published.Equal(later), td)
+		assert.Equal(t, st.Bundles[td].Sequence, e.Sequence, "%s: the sequence stays", td)
+	}
 }
