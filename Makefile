@@ -73,7 +73,7 @@ deps: ## install the Debian packages every target needs, when missing (gcc, soft
 deps-%:
 	hack/deps.sh $*
 
-tools: ## build pinned kube-apiserver, etcd, kubectl, istioctl, pilot-discovery, controller-gen, staticcheck, cfssl, step-ca, helm
+tools: ## build pinned kube-apiserver, etcd, kubectl, istioctl, pilot-discovery, controller-gen, staticcheck, cfssl, step-ca, helm, spire-server, spire-agent
 	hack/tools.sh
 
 gen: deps-gen ## regenerate deepcopy functions, CRD manifests (api/, copied to the server chart's crds/) and protobuf code (relay/proto, test/internal/workloadapi)
@@ -99,6 +99,7 @@ verify: gen ## gofmt, go vet, staticcheck, the layering rules, go.mod tidy, gene
 	cd tools/istio && go mod tidy -diff
 	cd tools/proto && go mod tidy -diff
 	cd tools/pki && go mod tidy -diff
+	cd tools/spire && go mod tidy -diff
 	cd tools/helm && go mod tidy -diff
 	cd tools/image && go mod tidy -diff
 	@if [ -n "$$(git status --porcelain -- api relay/proto charts/relaymesh-server/crds test/internal/workloadapi)" ]; then echo "generated code is stale; run make gen and commit:"; git status --porcelain -- api relay/proto charts/relaymesh-server/crds test/internal/workloadapi; exit 1; fi

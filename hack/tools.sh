@@ -6,6 +6,7 @@
 #   SET  all   every tool (`make tools`, CI)
 #        demo  what `make demo` runs: kube-apiserver, etcd, kubectl
 #        pki   cfssl, step-ca
+#        spire spire-server, spire-agent (cgo: SQLite; make deps installs gcc)
 #
 # A set is rebuilt only when its go.mod/go.sum change, so a fresh clone on a
 # machine that built them once costs nothing. The missing tools of one module
@@ -36,13 +37,16 @@ tools=(
   "cfssl               pki      github.com/cloudflare/cfssl/cmd/cfssl             CGO_ENABLED=0"
   "step-ca             pki      github.com/smallstep/certificates/cmd/step-ca     CGO_ENABLED=0"
   "helm                helm     helm.sh/helm/v3/cmd/helm                          CGO_ENABLED=0"
+  "spire-server        spire    github.com/spiffe/spire/cmd/spire-server          CGO_ENABLED=1"
+  "spire-agent         spire    github.com/spiffe/spire/cmd/spire-agent           CGO_ENABLED=1"
 )
 declare -A sets=(
   [demo]="kube-apiserver etcd kubectl"
   [pki]="cfssl step-ca"
+  [spire]="spire-server spire-agent"
 )
 # The cache directory of each module: its name and a short hash of its pins.
-declare -A prefix=([.]=k8s [proto]=proto [istio]=istio [pki]=pki [helm]=helm)
+declare -A prefix=([.]=k8s [proto]=proto [istio]=istio [pki]=pki [helm]=helm [spire]=spire)
 
 names=()
 declare -A mod pkg buildenv
@@ -87,7 +91,7 @@ key() { cat "$1/go.mod" "$1/go.sum" | sha256sum | cut -c1-12; }
 tmp=""
 trap '[ -z "$tmp" ] || rm -rf "$tmp"' EXIT
 
-for m in . proto istio pki helm; do
+for m in . proto istio pki helm spire; do
   moddir=$root/tools/$m
   moddir=${moddir%/.}
   dir="$cache/${prefix[$m]}-$(key "$moddir")"
