@@ -3,7 +3,11 @@ package e2e
 import (
 	"context"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,10 +16,12 @@ import (
 	"github.com/relaymesh/relaymesh/examples"
 	"github.com/relaymesh/relaymesh/test/istiod"
 	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/relaymesh/relaymesh/test/spire"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.step.sm/crypto/pemutil"
+	"google.golang.org/protobuf/types/known/anypb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -27,6 +33,13 @@ import (
 // intermediate key ever reaches the management cluster. Then a real istiod
 // per cluster, with the cacerts its agent wrote, signs workload
 // certificates, and each verifies against the other cluster's root bundle.
+//
+// A real spire-server federates (https_web) with the server's SPIFFE
+// bundle endpoint for both meshes' trust domains and follows the root
+// rotation phase by phase through its own CLI: it holds the new root
+// before anything is issued from it (the rotation keeps AddingNewRoot for
+// three refresh hints after publishing it), and the old root is gone
+// from it once the rotation finished.
 func TestSharedTrust(t *testing.T) {
 	ctx := context.Background()
 	bin, env, dir := Setup(t, "mgmt", "cluster-1", "cluster-2")
@@ -40,18 +53,21 @@ func TestSharedTrust(t *testing.T) {
 		clients[name], err = env.Cluster(name).Clientset()
 		require.NoError(t, err)
 	}
-	relayAddr, opsAddr := Addr(t), Addr(t)
+	relayAddr, opsAddr, bundleAddr := Addr(t), Addr(t), Addr(t)
+	const refreshHint = 10 * time.Second
 	serverArgs := []string{"server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
-		"--audit-log", dir + "/audit.log", "--server-dns-names", "localhost", "--server-ips", Host(relayAddr)}
+		"--audit-log", dir + "/audit.log", "--server-dns-names", "localhost", "--server-ips", Host(relayAddr),
+		"--spiffe-bundle-listen", bundleAddr, "--spiffe-bundle-ips", Host(bundleAddr), "--spiffe-bundle-refresh-hint", refreshHint.String(),
+		"--spiffe-bundle-peer-poll", "0s"}
 	server := Start(t, bin, dir, "server", serverArgs...)
 	waitHealthy(t, opsAddr)
+	mgmtClient, err := mgmt.Clientset()
+	require.NoError(t, err)
 	for _, name := range []string{"cluster-1", "cluster-2"} {
 		_, err := Run(t, bin, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig, "--server-address", relayAddr)
 		require.NoError(t, err)
 		Start(t, bin, dir, "agent-"+name, "agent", "--kubeconfig", env.Cluster(name).Kubeconfig, "--health-listen", Addr(t), "--metrics-listen", Addr(t))
 	}
-	mgmtClient, err := mgmt.Clientset()
-	require.NoError(t, err)
 	Eventually(t, 60*time.Second, "both meshes discovered", func() (bool, string) {
 		l, err := mgmtClient.CoreV1().RESTClient().Get().AbsPath("/apis/discovery.relaymesh.io/v1alpha1/namespaces/relaymesh/meshes").DoRaw(ctx)
 		return err == nil && strings.Count(string(l), `"kind":"Mesh"`) == 2, fmt.Sprint(err)
@@ -173,12 +189,102 @@ func TestSharedTrust(t *testing.T) {
 		Body([]byte(`{"spec":{"mtls":{"rotationVerification":"Manual"}}}`)).DoRaw(ctx)
 	require.NoError(t, err)
 	oldRoot := roots[0]
+	// The peer, configured once the meshes' bundles are published: a real
+	// spire-server that trusts the relay root for https_web (the
+	// endpoint's certificate is the relay CA's).
+	relayRoot, err := mgmtClient.CoreV1().Secrets("relaymesh").Get(ctx, ca.RootSecretName, metav1.GetOptions{})
+	require.NoError(t, err)
+	webRoots := filepath.Join(dir, "relay-root.pem")
+	require.NoError(t, os.WriteFile(webRoots, relayRoot.Data["ca.crt"], 0o600))
+	var feds []spire.Federation
+	for _, td := range []string{"cluster-1.local", "cluster-2.local"} {
+		feds = append(feds, spire.Federation{TrustDomain: td, URL: "https://" + bundleAddr + "/bundles/" + td})
+	}
+	peer, err := spire.Start(ctx, spire.Config{TrustDomain: "spire.example", WebRoots: webRoots, FederatesWith: feds})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("spire-server's log:\n%s", peer.LogTail(40))
+		}
+		_ = peer.Stop()
+	})
+	// SPIRE keeps a federated bundle's roots, not its sequence (it shows
+	// 0): the sequence is proven at the endpoint (server/app).
+	spireHolds := func(what string, want ...*x509.Certificate) {
+		t.Helper()
+		Eventually(t, 45*time.Second, "spire-server holds the "+what+" for both trust domains", func() (bool, string) {
+			for _, f := range feds {
+				b, err := peer.FederatedBundle(ctx, f.TrustDomain)
+				if err != nil {
+					return false, err.Error()
+				}
+				if got := b.X509Authorities(); len(got) != len(want) || !b.HasX509Authority(want[0]) || !b.HasX509Authority(want[len(want)-1]) {
+					return false, fmt.Sprintf("%s: %d roots", f.TrustDomain, len(got))
+				}
+			}
+			return true, ""
+		})
+	}
+	spireHolds("old root", oldRoot)
 
-	out, err = Run(t, bin, "ca", "rotate", "start", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "60s")
+	// The other peer: a real istiod of another mesh (trust domain
+	// peer.example, its own CA) whose meshConfig.caCertificates names the
+	// bundle of cluster-1.local by spiffeBundleUrl; with
+	// ISTIO_MULTIROOT_MESH it pushes what it fetched to its proxies
+	// (PCDS). It polls every 30 minutes, or when the URL changes: each
+	// check below changes a query parameter the endpoint ignores, as a
+	// mesh config edit would.
+	peerIstiod, peerTrust := startPeerIstiod(t, ctx, env.Cluster("cluster-2"), clients["cluster-2"], webRoots, "https://"+bundleAddr+"/bundles/cluster-1.local")
+	fetches := 0
+	istiodHolds := func(what string, want ...*x509.Certificate) {
+		t.Helper()
+		fetches++
+		require.NoError(t, peerIstiod.SetMeshConfig(bundleURLMeshConfig(fmt.Sprintf("https://%s/bundles/cluster-1.local?fetch=%d", bundleAddr, fetches))))
+		actx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		err := peerTrust.Await(actx, func(res map[string]*anypb.Any) error {
+			roots, err := istiod.TrustBundle(res)
+			if err != nil {
+				return err
+			}
+			extra := 0
+			for _, r := range roots {
+				if !slices.ContainsFunc(want, r.Equal) {
+					extra++
+				}
+			}
+			for _, w := range want {
+				if !slices.ContainsFunc(roots, w.Equal) {
+					return fmt.Errorf("%d roots, not the %s", len(roots), what)
+				}
+			}
+			if extra != 1 {
+				return fmt.Errorf("%d roots besides the %s, want 1 (its own)", extra, what)
+			}
+			return nil
+		})
+		require.NoError(t, err, "the peer istiod distributes the %s\n%s", what, peerIstiod.LogTail(20))
+	}
+	istiodHolds("old root", oldRoot)
+
+	out, err = Run(t, bin, "ca", "rotate", "start", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "120s")
 	require.NoError(t, err, out)
 	t.Logf("ca rotate start:\n%s", out)
 	require.Contains(t, out, "AddingNewRoot step 1 (awaiting continue)")
+	require.Contains(t, out, "the new root has been published at the SPIFFE bundle endpoint since", "AddingNewRoot waited for federated peers")
 	r.phase("AddingNewRoot", 2)
+	// Nothing is issued from the new root yet, and spire-server, polling
+	// on its own (no refresh asked for), already holds it: the wait was
+	// three refresh hints, and SPIRE fetches every hint/4 (at least 15s).
+	newRoot := r.last["cluster-1"].bundle[0]
+	if newRoot.Equal(oldRoot) {
+		newRoot = r.last["cluster-1"].bundle[1]
+	}
+	for _, f := range feds {
+		b, err := peer.FederatedBundle(ctx, f.TrustDomain)
+		require.NoError(t, err)
+		assert.True(t, b.HasX509Authority(oldRoot) && b.HasX509Authority(newRoot), "%s: spire-server holds old and new before anything is issued from the new root", f.TrustDomain)
+	}
 
 	out, err = Run(t, bin, "ca", "rotate", "continue", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "60s")
 	require.NoError(t, err, out)
@@ -197,15 +303,22 @@ func TestSharedTrust(t *testing.T) {
 		return err == nil && strings.Contains(out, "awaiting `relaymesh ca rotate continue`"), out
 	})
 
+	spireHolds("old and the new root", oldRoot, newRoot)
+	istiodHolds("old and the new root", oldRoot, newRoot)
+
 	out, err = Run(t, bin, "ca", "rotate", "continue", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "60s")
 	require.NoError(t, err, out)
 	require.Contains(t, out, "DeletingOldRoot step 3 (awaiting continue)")
 	r.phase("DeletingOldRoot", 1)
+	spireHolds("new root only", newRoot)
+	istiodHolds("new root only", newRoot)
 
 	out, err = Run(t, bin, "ca", "rotate", "continue", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "60s")
 	require.NoError(t, err, out)
 	require.Contains(t, out, "Finished step 3")
 	r.phase("Finished", 1)
+	spireHolds("new root only", newRoot)
+	istiodHolds("new root only", newRoot)
 	t.Logf("rotation: %d cross-cluster verifications of istiod-issued workload certificates, 0 failed", r.checks)
 
 	// After Finished the old root is trusted nowhere: neither a bundle
@@ -333,4 +446,36 @@ func verifyWorkload(chain, roots []*x509.Certificate) ([][]*x509.Certificate, er
 		inter.AddCert(c)
 	}
 	return chain[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+}
+
+// bundleURLMeshConfig is mesh config that trusts the roots at a SPIFFE
+// bundle endpoint.
+func bundleURLMeshConfig(url string) string {
+	return "caCertificates:\n- spiffeBundleUrl: " + url + "\n  trustDomains: [cluster-1.local]\n"
+}
+
+// startPeerIstiod starts, in cluster's apiserver (namespace istio-peer),
+// an istiod of another mesh with its own self-signed CA that trusts the
+// bundle at bundleURL (https_web, webRoots its only roots), and watches
+// the trust bundle it pushes its proxies.
+func startPeerIstiod(t *testing.T, ctx context.Context, cluster *localcluster.Cluster, client kubernetes.Interface, webRoots, bundleURL string) (*istiod.Istiod, *istiod.DeltaWatch) {
+	t.Helper()
+	_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-peer"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	root, err := ca.GenerateMeshRoot(ca.MeshRootConfig{VirtualMesh: "peer"})
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalPKCS8PrivateKey(root.Key)
+	require.NoError(t, err)
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: root.Cert.Raw})
+	d, err := istiod.Start(ctx, istiod.Config{Kubeconfig: cluster.Kubeconfig, ClusterID: "peer", Namespace: "istio-peer", Dir: t.TempDir(),
+		TrustDomain: "peer.example", MeshConfig: bundleURLMeshConfig(bundleURL),
+		Env: map[string]string{"ISTIO_MULTIROOT_MESH": "true", "SSL_CERT_FILE": webRoots},
+		CACerts: map[string][]byte{istiod.CACertFile: certPEM, istiod.CAKeyFile: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+			istiod.CertChainFile: certPEM, istiod.RootCertFile: certPEM}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Stop() })
+	w, err := d.WatchDelta(ctx, d.SidecarNode("10.9.0.1", "client-0", "default", "default", nil), istiod.ProxyConfigTypeURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Close() })
+	return d, w
 }

@@ -97,6 +97,13 @@ type Config struct {
 	// waypoints. Its Gateway deployment controller stays off: no waypoint
 	// Deployment is wanted (nothing would run it here).
 	Ambient bool
+	// MeshConfig is more mesh config (YAML), after trustDomain; e.g.
+	// caCertificates. SetMeshConfig replaces it while istiod runs.
+	MeshConfig string
+	// Env is more of istiod's environment, e.g. ISTIO_MULTIROOT_MESH, or
+	// SSL_CERT_FILE for the roots it fetches spiffeBundleUrl with (it
+	// has no other).
+	Env map[string]string
 }
 
 // Default returns the config with defaults filled in. It does not read
@@ -284,6 +291,9 @@ func envArgs(cfg Config) []string {
 		"INJECTION_WEBHOOK_CONFIG_NAME":  "",
 		"VALIDATION_WEBHOOK_CONFIG_NAME": "",
 	}
+	for k, v := range cfg.Env {
+		vars[k] = v
+	}
 	if cfg.Ambient {
 		vars["PILOT_ENABLE_AMBIENT"] = "true"
 		vars["PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER"] = "false"
@@ -335,11 +345,28 @@ func writeFiles(cfg Config) error {
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, filepath.Dir(meshConfigFile)), 0o700); err != nil {
 		return err
 	}
-	mesh := "trustDomain: " + cfg.TrustDomain + "\n"
-	if err := os.WriteFile(filepath.Join(cfg.Dir, meshConfigFile), []byte(mesh), 0o600); err != nil {
+	if err := writeMeshConfig(cfg); err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(cfg.Dir, meshNetworksFile), []byte("networks: {}\n"), 0o600)
+}
+
+// writeMeshConfig writes the mesh config file istiod watches: written
+// whole to a temporary file and renamed, so istiod never reads half of it.
+func writeMeshConfig(cfg Config) error {
+	mesh := "trustDomain: " + cfg.TrustDomain + "\n" + cfg.MeshConfig
+	path := filepath.Join(cfg.Dir, meshConfigFile)
+	if err := os.WriteFile(path+".new", []byte(mesh), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(path+".new", path)
+}
+
+// SetMeshConfig replaces Config.MeshConfig in the running istiod's mesh
+// config file; istiod reloads it as it would a changed ConfigMap.
+func (d *Istiod) SetMeshConfig(extra string) error {
+	d.cfg.MeshConfig = extra
+	return writeMeshConfig(d.cfg)
 }
 
 func freeAddresses() (Addresses, error) {

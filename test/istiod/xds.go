@@ -2,6 +2,7 @@ package istiod
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 )
 
 // Type URLs istiod serves a ztunnel (pkg/model/xds.go).
@@ -21,6 +23,35 @@ const (
 	AddressTypeURL       = "type.googleapis.com/istio.workload.Address"
 	AuthorizationTypeURL = "type.googleapis.com/istio.security.Authorization"
 )
+
+// ProxyConfigTypeURL is PCDS: with ISTIO_MULTIROOT_MESH istiod pushes
+// every proxy the workload trust bundle it holds
+// (ProxyConfig.caCertificatesPem): its own root, meshConfig
+// caCertificates, and what it fetched from their spiffeBundleUrl.
+const ProxyConfigTypeURL = "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig"
+
+// TrustBundle parses the roots of the ProxyConfig among res, a PCDS
+// watch's resources.
+func TrustBundle(res map[string]*anypb.Any) ([]*x509.Certificate, error) {
+	if len(res) != 1 {
+		return nil, fmt.Errorf("PCDS: %d ProxyConfigs, want 1", len(res))
+	}
+	var pc meshv1alpha1.ProxyConfig
+	for _, a := range res {
+		if err := a.UnmarshalTo(&pc); err != nil {
+			return nil, fmt.Errorf("PCDS: %w", err)
+		}
+	}
+	var out []*x509.Certificate
+	for _, p := range pc.GetCaCertificatesPem() {
+		certs, err := parseCerts([]byte(p))
+		if err != nil {
+			return nil, fmt.Errorf("PCDS caCertificatesPem: %w", err)
+		}
+		out = append(out, certs...)
+	}
+	return out, nil
+}
 
 // istioVersion is the proxy version a posing client announces: the
 // pinned Istio's, so istiod does not fall back to older behaviour.
