@@ -1,6 +1,7 @@
 package trust_test
 
 import (
+	"context"
 	"crypto/x509"
 	"strings"
 	"sync"
@@ -10,6 +11,9 @@ import (
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/relaymesh/relaymesh/trust/spiffefed"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -98,4 +102,54 @@ func TestRotationWaitsForFederationPeers(t *testing.T) {
 	assert.False(t, moved.LastTransitionTime.Time.Before(published.Truncate(time.Second).Add(wait)),
 		"nothing issued from the new root before %v after it was published: moved at %v, published %v", wait, moved.LastTransitionTime.Time, published)
 	w.waitFor("Finished", phaseIs(networkingv1alpha1.PhaseFinished, false))
+}
+
+// The bundle endpoint's https_spiffe X509-SVID is issued from the root
+// its trust domain's VirtualMesh issues from now, through an intermediate
+// name-constrained to that trust domain, and EndpointIssuer follows the
+// rotation: the old root until PropagatingNewIntermediate, the new one
+// from then on. A trust domain no VirtualMesh issues for gets none.
+func TestTheBundleEndpointsSVIDFollowsTheIssuingRoot(t *testing.T) {
+	w := newRotationWorldOf(t, 2, "{generated: {}}", true)
+	vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+	old := vm.Status.SharedTrust.RootFingerprint
+	id := spiffeid.RequireFromString("spiffe://c1.local/relaymesh/bundle-endpoint")
+	check := func(wantIssuer string) {
+		t.Helper()
+		fp, err := w.ctl.EndpointIssuer("c1.local")
+		require.NoError(t, err)
+		assert.Equal(t, wantIssuer, fp)
+		svid, issuer, err := w.ctl.EndpointSVID(context.Background(), id, time.Hour)
+		require.NoError(t, err)
+		assert.Equal(t, wantIssuer, issuer)
+		require.Len(t, svid.Certificates, 2, "leaf and intermediate (a generated root signs directly)")
+		leaf, inter := svid.Certificates[0], svid.Certificates[1]
+		assert.Equal(t, id, svid.ID)
+		assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, leaf.ExtKeyUsage)
+		assert.LessOrEqual(t, leaf.NotAfter.Sub(leaf.NotBefore), time.Hour+time.Minute)
+		assert.True(t, inter.IsCA && inter.MaxPathLenZero)
+		assert.Equal(t, []string{"c1.local"}, inter.PermittedURIDomains, "name-constrained to its trust domain")
+		var root *x509.Certificate
+		for _, ca := range w.meshCAs()["c1"].Roots {
+			if trust.Fingerprint(ca) == wantIssuer {
+				root = ca
+			}
+		}
+		require.NotNil(t, root, "the issuer is a root the meshes hold")
+		_, _, err = x509svid.Verify(svid.Certificates, x509bundle.FromX509Authorities(id.TrustDomain(), []*x509.Certificate{root}))
+		require.NoError(t, err, "verifies against the issuing root")
+	}
+	check(old)
+
+	w.annotate(networkingv1alpha1.AnnotationRootGeneration, "2")
+	vm = w.waitFor("AddingNewRoot acked", phaseIs(networkingv1alpha1.PhaseAddingNewRoot, true))
+	check(old)
+	w.annotate(networkingv1alpha1.AnnotationRotationContinue, trust.ContinueValue(vm.Status.Rotation))
+	vm = w.waitFor("PropagatingNewIntermediate acked", phaseIs(networkingv1alpha1.PhasePropagatingNewIntermediate, true))
+	check(vm.Status.Rotation.NewRootFingerprint)
+
+	_, err := w.ctl.EndpointIssuer("nowhere.local")
+	require.ErrorIs(t, err, trust.ErrNoIssuer)
+	_, _, err = w.ctl.EndpointSVID(context.Background(), spiffeid.RequireFromString("spiffe://nowhere.local/x"), time.Hour)
+	require.ErrorIs(t, err, trust.ErrNoIssuer)
 }

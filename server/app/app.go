@@ -67,6 +67,8 @@ type Addresses struct {
 	Webhook string
 	// SPIFFEBundle is empty without the SPIFFE bundle endpoint.
 	SPIFFEBundle string
+	// SPIFFEBundleSPIFFE is the https_spiffe listener's, if served.
+	SPIFFEBundleSPIFFE string
 }
 
 // process is the server's component graph, built by Run's steps in order.

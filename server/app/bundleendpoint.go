@@ -17,7 +17,10 @@ import (
 	"github.com/relaymesh/relaymesh/dashboard"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/server"
+	"github.com/relaymesh/relaymesh/trust"
 	"github.com/relaymesh/relaymesh/trust/spiffefed"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,6 +49,12 @@ type BundleEndpointConfig struct {
 	// Listen serves GET /bundles/<trust domain> (--spiffe-bundle-listen);
 	// empty: off.
 	Listen string
+	// SPIFFEListen serves the same bundles with the https_spiffe profile
+	// (--spiffe-bundle-spiffe-listen): with an X509-SVID for EndpointID
+	// (--spiffe-bundle-endpoint-id) from the root of the VirtualMesh of
+	// its trust domain. Needs Listen; empty: off.
+	SPIFFEListen string
+	EndpointID   string
 	// CertFile and KeyFile are the https_web serving certificate and key,
 	// reloaded when they change (--spiffe-bundle-tls-cert,
 	// --spiffe-bundle-tls-key); empty: a certificate from the relay CA for
@@ -90,6 +99,20 @@ func (b BundleEndpointConfig) validate() []error {
 	// A zero hint is no hint: wrong only when the endpoint is served.
 	if (b.Listen != "" || b.RefreshHint != 0) && (b.RefreshHint < spiffefed.MinRefreshHint || b.RefreshHint > spiffefed.MaxRefreshHint) {
 		errs = append(errs, fmt.Errorf("--spiffe-bundle-refresh-hint %v: must be in [%v, %v]", b.RefreshHint, spiffefed.MinRefreshHint, spiffefed.MaxRefreshHint))
+	}
+	switch {
+	case b.SPIFFEListen != "" && b.Listen == "":
+		errs = append(errs, errors.New("--spiffe-bundle-spiffe-listen needs --spiffe-bundle-listen (the https_web endpoint, which publishes the bundles)"))
+	case b.SPIFFEListen != "" && b.EndpointID == "":
+		errs = append(errs, errors.New("--spiffe-bundle-spiffe-listen needs --spiffe-bundle-endpoint-id, e.g. spiffe://cluster-1.local/relaymesh/bundle-endpoint"))
+	case b.SPIFFEListen == "" && b.EndpointID != "":
+		errs = append(errs, errors.New("--spiffe-bundle-endpoint-id needs --spiffe-bundle-spiffe-listen"))
+	case b.EndpointID != "":
+		if id, err := spiffeid.FromString(b.EndpointID); err != nil {
+			errs = append(errs, fmt.Errorf("--spiffe-bundle-endpoint-id %q: %w", text.Truncate(b.EndpointID, 80), err))
+		} else if _, err := spiffefed.ParseTrustDomain(id.TrustDomain().Name()); err != nil || id.Path() == "" {
+			errs = append(errs, fmt.Errorf("--spiffe-bundle-endpoint-id %q: a SPIFFE ID with a path in a trust domain a VirtualMesh can publish", text.Truncate(b.EndpointID, 80)))
+		}
 	}
 	if b.PeerPoll < 0 || b.PeerPoll > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("--spiffe-bundle-peer-poll %v: must be in [0s, 24h]", b.PeerPoll))
@@ -151,7 +174,94 @@ func (p *process) newBundleEndpoint(ctx context.Context) error {
 	p.closers = append(p.closers, func() { _ = srv.Close() })
 	b.log.Info("SPIFFE bundle endpoint listening (https_web; unauthenticated and public by design)", "address", p.addrs.SPIFFEBundle,
 		"path", spiffefed.PathPrefix+"<trust domain>", "refresh_hint", c.RefreshHint, "rotation_wait", c.FederationWait())
+	if c.SPIFFEListen == "" {
+		return nil
+	}
+	id := spiffeid.RequireFromString(c.EndpointID) // validated
+	svid := &endpointSVID{id: id, trust: p.trust, log: b.log.With("profile", "https_spiffe", "spiffe_id", id.String())}
+	slis, err := net.Listen("tcp", c.SPIFFEListen)
+	if err != nil {
+		return fmt.Errorf("--spiffe-bundle-spiffe-listen: %w", err)
+	}
+	p.addrs.SPIFFEBundleSPIFFE = slis.Addr().String()
+	ssrv := spiffefed.Server(spiffefed.Handler(b.served.Load), spiffefed.SPIFFETLS(svid))
+	ssrv.ErrorLog = log.New(slogWriter{b.log}, "", 0)
+	svid.refresh(ctx)
+	go svid.run(ctx)
+	go func() { _ = ssrv.ServeTLS(slis, "", "") }()
+	p.closers = append(p.closers, func() { _ = ssrv.Close() })
+	b.log.Info("SPIFFE bundle endpoint listening (https_spiffe; unauthenticated and public by design)", "address", p.addrs.SPIFFEBundleSPIFFE,
+		"spiffe_id", id.String())
 	return nil
+}
+
+// endpointSVIDTTL is the https_spiffe SVID's lifetime; it is issued anew
+// at two thirds of it, and at once when the rotation moves the issuing
+// root.
+const endpointSVIDTTL = 24 * time.Hour
+
+// endpointSVID keeps the https_spiffe endpoint's X509-SVID issued from
+// the root its trust domain's VirtualMesh issues from now.
+type endpointSVID struct {
+	id    spiffeid.ID
+	trust *trust.Controller
+	log   *slog.Logger
+	cur   atomic.Pointer[x509svid.SVID]
+	// Written by refresh only (run's goroutine, or before it starts).
+	issuer  string
+	renewAt time.Time
+	lastErr string
+}
+
+// GetX509SVID is the SVID served; none yet: handshakes fail.
+func (e *endpointSVID) GetX509SVID() (*x509svid.SVID, error) {
+	if s := e.cur.Load(); s != nil {
+		return s, nil
+	}
+	return nil, errors.New("no X509-SVID for the bundle endpoint yet")
+}
+
+func (e *endpointSVID) run(ctx context.Context) {
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			e.refresh(ctx)
+		}
+	}
+}
+
+// refresh issues the SVID anew when there is none, the issuing root
+// changed or two thirds of its life passed. Without an issuer the SVID
+// served stays until it expires.
+func (e *endpointSVID) refresh(ctx context.Context) {
+	fail := func(err error) {
+		if msg := err.Error(); msg != e.lastErr {
+			e.lastErr = msg
+			e.log.Error("cannot issue the https_spiffe bundle endpoint's X509-SVID; the one served stays until it expires", "error", msg)
+		}
+	}
+	fp, err := e.trust.EndpointIssuer(e.id.TrustDomain().Name())
+	if err != nil {
+		fail(err)
+		return
+	}
+	if e.cur.Load() != nil && fp == e.issuer && time.Now().Before(e.renewAt) {
+		return
+	}
+	svid, fp, err := e.trust.EndpointSVID(ctx, e.id, endpointSVIDTTL)
+	if err != nil {
+		fail(err)
+		return
+	}
+	leaf := svid.Certificates[0]
+	e.cur.Store(svid)
+	e.issuer, e.lastErr = fp, ""
+	e.renewAt = leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) * 2 / 3)
+	e.log.Info("issued the https_spiffe bundle endpoint's X509-SVID", "issuing_root", fp[:min(16, len(fp))], "not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
 }
 
 // rootPublished is trust.Config.RootPublished: what the endpoint serves;

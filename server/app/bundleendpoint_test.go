@@ -40,14 +40,23 @@ func TestBundleEndpointConfigIsValidated(t *testing.T) {
 		change func(*app.BundleEndpointConfig)
 		want   string
 	}{
-		"a cert without a key":  {func(b *app.BundleEndpointConfig) { b.Listen, b.CertFile = ":8443", "c.pem" }, "go together"},
-		"a cert without listen": {func(b *app.BundleEndpointConfig) { b.CertFile, b.KeyFile = "c.pem", "k.pem" }, "need --spiffe-bundle-listen"},
-		"a hint too short":      {func(b *app.BundleEndpointConfig) { b.RefreshHint = time.Second }, "--spiffe-bundle-refresh-hint 1s"},
-		"a hint too long":       {func(b *app.BundleEndpointConfig) { b.RefreshHint = 48 * time.Hour }, "--spiffe-bundle-refresh-hint 48h"},
-		"served with no hint":   {func(b *app.BundleEndpointConfig) { b.Listen, b.RefreshHint = ":8443", 0 }, "--spiffe-bundle-refresh-hint 0s"},
-		"a bad IP":              {func(b *app.BundleEndpointConfig) { b.Listen, b.IPs = ":8443", []string{"not-an-ip"} }, "--spiffe-bundle-ips"},
-		"a negative peer poll":  {func(b *app.BundleEndpointConfig) { b.PeerPoll = -time.Second }, "--spiffe-bundle-peer-poll -1s"},
-		"a peer poll too long":  {func(b *app.BundleEndpointConfig) { b.PeerPoll = 25 * time.Hour }, "--spiffe-bundle-peer-poll 25h0m0s"},
+		"a cert without a key":           {func(b *app.BundleEndpointConfig) { b.Listen, b.CertFile = ":8443", "c.pem" }, "go together"},
+		"a cert without listen":          {func(b *app.BundleEndpointConfig) { b.CertFile, b.KeyFile = "c.pem", "k.pem" }, "need --spiffe-bundle-listen"},
+		"a hint too short":               {func(b *app.BundleEndpointConfig) { b.RefreshHint = time.Second }, "--spiffe-bundle-refresh-hint 1s"},
+		"a hint too long":                {func(b *app.BundleEndpointConfig) { b.RefreshHint = 48 * time.Hour }, "--spiffe-bundle-refresh-hint 48h"},
+		"served with no hint":            {func(b *app.BundleEndpointConfig) { b.Listen, b.RefreshHint = ":8443", 0 }, "--spiffe-bundle-refresh-hint 0s"},
+		"a bad IP":                       {func(b *app.BundleEndpointConfig) { b.Listen, b.IPs = ":8443", []string{"not-an-ip"} }, "--spiffe-bundle-ips"},
+		"a negative peer poll":           {func(b *app.BundleEndpointConfig) { b.PeerPoll = -time.Second }, "--spiffe-bundle-peer-poll -1s"},
+		"https_spiffe without https_web": {func(b *app.BundleEndpointConfig) { b.SPIFFEListen, b.EndpointID = ":8444", "spiffe://a.local/e" }, "needs --spiffe-bundle-listen"},
+		"https_spiffe without an ID":     {func(b *app.BundleEndpointConfig) { b.Listen, b.SPIFFEListen = ":8443", ":8444" }, "needs --spiffe-bundle-endpoint-id"},
+		"an ID without https_spiffe":     {func(b *app.BundleEndpointConfig) { b.EndpointID = "spiffe://a.local/e" }, "needs --spiffe-bundle-spiffe-listen"},
+		"an ID that is not SPIFFE": {func(b *app.BundleEndpointConfig) {
+			b.Listen, b.SPIFFEListen, b.EndpointID = ":8443", ":8444", "https://a.local/e"
+		}, "--spiffe-bundle-endpoint-id \"https://a.local/e\""},
+		"an ID without a path": {func(b *app.BundleEndpointConfig) {
+			b.Listen, b.SPIFFEListen, b.EndpointID = ":8443", ":8444", "spiffe://a.local"
+		}, "a SPIFFE ID with a path"},
+		"a peer poll too long": {func(b *app.BundleEndpointConfig) { b.PeerPoll = 25 * time.Hour }, "--spiffe-bundle-peer-poll 25h0m0s"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := cfg

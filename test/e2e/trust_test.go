@@ -53,12 +53,13 @@ func TestSharedTrust(t *testing.T) {
 		clients[name], err = env.Cluster(name).Clientset()
 		require.NoError(t, err)
 	}
-	relayAddr, opsAddr, bundleAddr := Addr(t), Addr(t), Addr(t)
+	relayAddr, opsAddr, bundleAddr, spiffeBundleAddr := Addr(t), Addr(t), Addr(t), Addr(t)
+	const endpointID = "spiffe://cluster-2.local/relaymesh/bundle-endpoint"
 	const refreshHint = 10 * time.Second
 	serverArgs := []string{"server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
 		"--audit-log", dir + "/audit.log", "--server-dns-names", "localhost", "--server-ips", Host(relayAddr),
 		"--spiffe-bundle-listen", bundleAddr, "--spiffe-bundle-ips", Host(bundleAddr), "--spiffe-bundle-refresh-hint", refreshHint.String(),
-		"--spiffe-bundle-peer-poll", "0s"}
+		"--spiffe-bundle-peer-poll", "0s", "--spiffe-bundle-spiffe-listen", spiffeBundleAddr, "--spiffe-bundle-endpoint-id", endpointID}
 	server := Start(t, bin, dir, "server", serverArgs...)
 	waitHealthy(t, opsAddr)
 	mgmtClient, err := mgmt.Clientset()
@@ -196,12 +197,18 @@ func TestSharedTrust(t *testing.T) {
 	require.NoError(t, err)
 	webRoots := filepath.Join(dir, "relay-root.pem")
 	require.NoError(t, os.WriteFile(webRoots, relayRoot.Data["ca.crt"], 0o600))
-	var feds []spire.Federation
-	for _, td := range []string{"cluster-1.local", "cluster-2.local"} {
-		feds = append(feds, spire.Federation{TrustDomain: td, URL: "https://" + bundleAddr + "/bundles/" + td})
+	// cluster-1.local over https_web; cluster-2.local over https_spiffe:
+	// the endpoint serves an X509-SVID for endpointID from the VirtualMesh
+	// root, and SPIRE, bootstrapped with the root the meshes hold,
+	// authenticates it with the latest bundle it fetched.
+	feds := []spire.Federation{
+		{TrustDomain: "cluster-1.local", URL: "https://" + bundleAddr + "/bundles/cluster-1.local"},
+		{TrustDomain: "cluster-2.local", URL: "https://" + spiffeBundleAddr + "/bundles/cluster-2.local", EndpointSPIFFEID: endpointID},
 	}
-	peer, err := spire.Start(ctx, spire.Config{TrustDomain: "spire.example", WebRoots: webRoots, FederatesWith: feds})
+	peer, err := spire.Start(ctx, spire.Config{TrustDomain: "spire.example", WebRoots: webRoots, FederatesWith: feds[:1]})
 	require.NoError(t, err)
+	require.NoError(t, peer.Federate(ctx, feds[1], cacerts["cluster-2"].Data[trust.KeyRootCert]),
+		"https_spiffe: the endpoint's SVID verifies with the bootstrap bundle\n%s", peer.LogTail(20))
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("spire-server's log:\n%s", peer.LogTail(40))
@@ -318,6 +325,9 @@ func TestSharedTrust(t *testing.T) {
 	require.Contains(t, out, "Finished step 3")
 	r.phase("Finished", 1)
 	spireHolds("new root only", newRoot)
+	// SPIRE, now holding the new root only, still authenticates the
+	// https_spiffe endpoint: its SVID moved to the new root.
+	require.NoError(t, peer.Refresh(ctx, "cluster-2.local"), "the https_spiffe endpoint's SVID is from the new root\n%s", peer.LogTail(20))
 	istiodHolds("new root only", newRoot)
 	t.Logf("rotation: %d cross-cluster verifications of istiod-issued workload certificates, 0 failed", r.checks)
 

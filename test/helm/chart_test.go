@@ -94,6 +94,10 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{serverChart, "dashboard: {tls: {secretName: Dashboard_TLS}}", "/dashboard/tls/secretName"},
 		{serverChart, "dashboard: {tls: {cert: x}}", "additional properties 'cert' not allowed"},
 		{serverChart, "dashboard: {session: {idleTimeout: 30}}", "/dashboard/session/idleTimeout"},
+		{serverChart, "spiffeBundle: {peerPoll: 30 min}", "/spiffeBundle/peerPoll"},
+		{serverChart, "spiffeBundle: {endpointID: 'https://c1.local/relaymesh/bundle-endpoint'}", "/spiffeBundle/endpointID"},
+		{serverChart, "spiffeBundle: {endpointID: 'spiffe://c1.local'}", "/spiffeBundle/endpointID"},
+		{serverChart, "spiffeBundle: {spiffePort: 70000}", "/spiffeBundle/spiffePort"},
 		{agentChart, "replicas: 0", "/replicas"},
 		{agentChart, "replicaCount: 11", "/replicaCount"},
 		{serverChart, "replicaCount: 0", "/replicaCount"},
@@ -146,6 +150,47 @@ func TestRelayRootRotationValuesBecomeServerFlags(t *testing.T) {
 			}
 		}
 		assert.Equal(t, c.want, got, "%v", c.args)
+	}
+}
+
+// TestSPIFFEBundleValuesBecomeServerFlagsAndPorts: the bundle endpoint's
+// knobs reach the server as flags, and https_spiffe (endpointID) adds its
+// flags, container port and Service port only when set.
+func TestSPIFFEBundleValuesBecomeServerFlagsAndPorts(t *testing.T) {
+	h := newHelm(t)
+	for _, c := range []struct {
+		args  []string
+		want  []string
+		ports int // Service ports named spiffe-bundle*
+	}{
+		{nil, nil, 0},
+		{[]string{"--set", "spiffeBundle.enabled=true"}, []string{"--spiffe-bundle-listen=:8443", "--spiffe-bundle-refresh-hint=5m", "--spiffe-bundle-peer-poll=30m"}, 1},
+		{[]string{"--set", "spiffeBundle.enabled=true,spiffeBundle.peerPoll=0s,spiffeBundle.endpointID=spiffe://c1.local/relaymesh/bundle-endpoint"},
+			[]string{"--spiffe-bundle-listen=:8443", "--spiffe-bundle-refresh-hint=5m", "--spiffe-bundle-peer-poll=0s",
+				"--spiffe-bundle-spiffe-listen=:8444", "--spiffe-bundle-endpoint-id=spiffe://c1.local/relaymesh/bundle-endpoint"}, 2},
+	} {
+		objs, err := h.template(chartDir(t, serverChart), "r", namespace, c.args...)
+		require.NoError(t, err, "%v", c.args)
+		var got []string
+		for _, a := range containerArgs(t, objs) {
+			if strings.HasPrefix(a, "--spiffe-bundle-") {
+				got = append(got, a)
+			}
+		}
+		assert.Equal(t, c.want, got, "%v", c.args)
+		ports := 0
+		for _, o := range objs {
+			if o.GetKind() != "Service" {
+				continue
+			}
+			list, _, _ := unstructured.NestedSlice(o.Object, "spec", "ports")
+			for _, p := range list {
+				if name, _ := p.(map[string]any)["name"].(string); strings.HasPrefix(name, "spiffe-bundle") {
+					ports++
+				}
+			}
+		}
+		assert.Equal(t, c.ports, ports, "%v: Service ports", c.args)
 	}
 }
 

@@ -203,6 +203,39 @@ func (s *Server) FederatedBundle(ctx context.Context, td string) (*spiffebundle.
 	return b, nil
 }
 
+// Federate creates a federation relationship at run time (`spire-server
+// federation create`), with bootstrap as the bundle it holds for the
+// trust domain first (PEM roots; required for https_spiffe: SPIRE
+// authenticates the endpoint with the bundle it holds for the endpoint
+// ID's trust domain). Its first fetch runs at once, and the next ones by
+// the fetched bundle's refresh hint — unlike a relationship of the
+// configuration file whose first fetch failed for want of a bundle, which
+// SPIRE tries again only a minute later.
+func (s *Server) Federate(ctx context.Context, f Federation, bootstrap []byte) error {
+	id, err := spiffeid.TrustDomainFromString(f.TrustDomain)
+	if err != nil {
+		return err
+	}
+	args := []string{"federation", "create", "-trustDomain", id.Name(), "-bundleEndpointURL", f.URL}
+	if f.EndpointSPIFFEID != "" {
+		args = append(args, "-bundleEndpointProfile", "https_spiffe", "-endpointSpiffeID", f.EndpointSPIFFEID)
+	} else {
+		args = append(args, "-bundleEndpointProfile", "https_web")
+	}
+	if len(bootstrap) > 0 {
+		path := filepath.Join(s.dir, "bundle-"+id.Name()+".pem")
+		if err := os.WriteFile(path, bootstrap, 0o600); err != nil {
+			return err
+		}
+		args = append(args, "-trustDomainBundlePath", path, "-trustDomainBundleFormat", "pem")
+	}
+	if _, err := s.cli(ctx, args...); err != nil {
+		return err
+	}
+	// Loads the relationship now (its updater's first fetch runs at once).
+	return s.Refresh(ctx, id.Name())
+}
+
 // Refresh asks the server to fetch trust domain td's bundle now
 // (`spire-server federation refresh`) instead of at its next refresh.
 func (s *Server) Refresh(ctx context.Context, td string) error {
