@@ -29,8 +29,9 @@ SPIFFE peers to federate with.`
 const caFederationStatusLong = `Show what the bundle endpoint publishes, read from the server's namespace
 (the ConfigMap relaymesh-spiffe-bundles every replica serves): per trust
 domain its VirtualMesh, its spiffe_sequence (higher on every change of its
-roots) and its roots (fingerprint, subject, expiry), and the path peers
-fetch. Nothing published: the endpoint is off, or no VirtualMesh with shared
+roots), when those roots were published (a rotation issues from a new root
+only three refresh hints plus --spiffe-bundle-peer-poll after that), its
+roots (fingerprint, subject, expiry), and the path peers fetch. Nothing published: the endpoint is off, or no VirtualMesh with shared
 trust has a member yet. Importing foreign trust domains is not built yet,
 so there are no peers to show.`
 
@@ -39,11 +40,15 @@ type publishedRoot = ca.RootStatusCert
 
 // publishedBundle is one trust domain's bundle as the endpoint serves it.
 type publishedBundle struct {
-	TrustDomain string          `json:"trustDomain"`
-	VirtualMesh string          `json:"virtualMesh"`
-	Sequence    uint64          `json:"sequence"`
-	Path        string          `json:"path"`
-	Roots       []publishedRoot `json:"roots"`
+	TrustDomain string `json:"trustDomain"`
+	VirtualMesh string `json:"virtualMesh"`
+	Sequence    uint64 `json:"sequence"`
+	// Published is when these roots were first published (a rotation
+	// issues from a new root only 3 refresh hints + the peers' poll
+	// period after it); absent in a state stored before it was recorded.
+	Published *time.Time      `json:"published,omitempty"`
+	Path      string          `json:"path"`
+	Roots     []publishedRoot `json:"roots"`
 }
 
 // federationStatus is what relaymesh ca federation status prints.
@@ -107,6 +112,10 @@ func federationStatusOf(namespace string, data []byte) (federationStatus, error)
 	for _, td := range slices.Sorted(maps.Keys(st.Bundles)) {
 		e := st.Bundles[td]
 		b := publishedBundle{TrustDomain: td, VirtualMesh: e.VirtualMesh, Sequence: e.Sequence, Path: spiffefed.PathPrefix + td, Roots: []publishedRoot{}}
+		if !e.Published.IsZero() {
+			at := e.Published.UTC()
+			b.Published = &at
+		}
 		for _, r := range e.Roots {
 			b.Roots = append(b.Roots, ca.RootStatusCertOf(r))
 		}
@@ -122,14 +131,18 @@ func writeFederationStatus(w io.Writer, s federationStatus) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TRUST DOMAIN\tVIRTUALMESH\tSEQUENCE\tPATH\tROOT\tSUBJECT\tEXPIRES")
+	fmt.Fprintln(tw, "TRUST DOMAIN\tVIRTUALMESH\tSEQUENCE\tPUBLISHED\tPATH\tROOT\tSUBJECT\tEXPIRES")
 	for _, b := range s.Published {
+		published := "unknown"
+		if b.Published != nil {
+			published = b.Published.Format(time.RFC3339)
+		}
 		for i, r := range b.Roots {
-			td, vm, seq, path := b.TrustDomain, b.VirtualMesh, fmt.Sprint(b.Sequence), b.Path
+			td, vm, seq, at, path := b.TrustDomain, b.VirtualMesh, fmt.Sprint(b.Sequence), published, b.Path
 			if i > 0 {
-				td, vm, seq, path = "", "", "", ""
+				td, vm, seq, at, path = "", "", "", "", ""
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", td, vm, seq, path, r.Fingerprint[:16], r.Subject, r.NotAfter.Format(time.RFC3339))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", td, vm, seq, at, path, r.Fingerprint[:16], r.Subject, r.NotAfter.Format(time.RFC3339))
 		}
 	}
 	return errors.Join(tw.Flush())

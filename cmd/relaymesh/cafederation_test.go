@@ -57,6 +57,8 @@ func TestFederationStatusOf(t *testing.T) {
 		tds = append(tds, b.TrustDomain)
 		assert.Equal(t, spiffefed.PathPrefix+b.TrustDomain, b.Path)
 		assert.Positive(t, b.Sequence)
+		require.NotNil(t, b.Published, "%s: its publish time", b.TrustDomain)
+		assert.WithinDuration(t, time.Now(), *b.Published, time.Minute)
 	}
 	assert.Equal(t, []string{"cluster-1.local", "cluster-2.local", "payments.example"}, tds, "sorted by trust domain")
 	assert.Equal(t, "relaymesh/bookinfo", s.Published[0].VirtualMesh)
@@ -70,6 +72,8 @@ func TestFederationStatusOf(t *testing.T) {
 	assert.Contains(t, out.String(), "TRUST DOMAIN")
 	assert.Contains(t, out.String(), ca.RootFingerprint(newRoot.Cert)[:16])
 	assert.Contains(t, out.String(), "/bundles/payments.example")
+	assert.Contains(t, out.String(), "PUBLISHED")
+	assert.Contains(t, out.String(), s.Published[0].Published.Format(time.RFC3339))
 
 	// What the server refuses is refused here, naming the ConfigMap; no
 	// half of it is shown.
