@@ -30,9 +30,10 @@ type advanceInput struct {
 // step or phase. It is pure: rot is not changed, and nothing is read or
 // written.
 //
-// A step is left only once every mesh acked it. AddingNewRoot is left
-// only once its new root was published at the SPIFFE bundle endpoint long
-// enough for federated peers to trust it (in.federation says why not yet).
+// A step is left only once every mesh acked it. A step whose next issues
+// from a root peers may not hold (waitsForFederation) is left only once
+// that root was published at the SPIFFE bundle endpoint long enough for
+// federated peers to trust it (in.federation says why not yet).
 // With Manual verification
 // it is left only after `relaymesh ca rotate continue` for exactly that
 // step, forward and back alike: a rollback from PropagatingNewIntermediate
@@ -51,7 +52,7 @@ func nextRotation(rot *networkingv1alpha1.RotationStatus, in advanceInput) (*net
 		return r, false
 	}
 	rollingBack := r.Phase == networkingv1alpha1.PhaseRollingBack
-	if in.federation != "" && r.Phase == networkingv1alpha1.PhaseAddingNewRoot {
+	if in.federation != "" && waitsForFederation(r) {
 		r.PendingMeshes, r.AwaitingContinue = nil, false
 		r.Message = phaseMessage(r.Phase, r.Step) + "; " + in.federation
 		return r, false
@@ -83,6 +84,15 @@ func nextRotation(rot *networkingv1alpha1.RotationStatus, in advanceInput) (*net
 		r.Message = phaseMessage(r.Phase, r.Step)
 	}
 	return r, true
+}
+
+// waitsForFederation reports whether leaving rot's step issues from a
+// root federated peers may not hold yet: AddingNewRoot → the new root;
+// RollingBack step 2 (a rollback from DeletingOldRoot, where peers dropped
+// the old root) → the old root. Every other step issues from a root the
+// bundles carried all along, or removes one.
+func waitsForFederation(rot *networkingv1alpha1.RotationStatus) bool {
+	return rot.Phase == networkingv1alpha1.PhaseAddingNewRoot || rot.Phase == networkingv1alpha1.PhaseRollingBack && rot.Step == 2
 }
 
 // ContinueValue is the relaymesh.io/rotation-continue annotation that lets

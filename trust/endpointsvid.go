@@ -112,7 +112,7 @@ func (c *Controller) EndpointSVID(ctx context.Context, id spiffeid.ID, ttl time.
 	if err := c.cfg.Audit.Record(audit.Event{Type: audit.CertIssue, Result: audit.ResultSuccess, Serial: inter.SerialNumber.Text(16),
 		Details: map[string]string{"kind": "intermediate", "mesh": EndpointMesh, "virtualMesh": mt.vm, "spiffeId": id.String(),
 			"notAfter": inter.NotAfter.UTC().Format(time.RFC3339)}}); err != nil {
-		return nil, "", errors.New("the issuance could not be audited; not used")
+		return nil, "", fmt.Errorf("the bundle endpoint's SVID is not used: its issuance could not be audited: %w", err)
 	}
 	return svid, mt.root.fingerprint, nil
 }

@@ -16,6 +16,9 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.step.sm/crypto/pemutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // bundlePublisher is what the server's SPIFFE bundle endpoint does with
@@ -30,13 +33,21 @@ type bundlePublisher struct {
 
 func (b *bundlePublisher) publish(t *testing.T, w *rotationWorld, now time.Time) spiffefed.Report {
 	t.Helper()
+	rep, err := b.tryPublish(w, now)
+	require.NoError(t, err)
+	return rep
+}
+
+func (b *bundlePublisher) tryPublish(w *rotationWorld, now time.Time) (spiffefed.Report, error) {
 	var members []spiffefed.Member
 	for _, set := range w.outputs.All() {
 		for _, req := range set.GetTrust() {
 			m := spiffefed.Member{VirtualMesh: req.GetVirtualMesh(), TrustDomain: req.GetTrustDomain()}
 			if !req.GetHold() {
 				roots, err := spiffefed.ParseRoots(req.GetRootBundle())
-				require.NoError(t, err)
+				if err != nil {
+					return spiffefed.Report{}, err
+				}
 				m.Roots = roots
 			}
 			members = append(members, m)
@@ -46,15 +57,34 @@ func (b *bundlePublisher) publish(t *testing.T, w *rotationWorld, now time.Time)
 	defer b.mu.Unlock()
 	next, rep := spiffefed.Next(b.state, members, now)
 	snap, err := spiffefed.NewSnapshot(next, time.Minute)
-	require.NoError(t, err)
+	if err != nil {
+		return rep, err
+	}
 	b.state, b.snap = next, snap
-	return rep
+	return rep, nil
 }
 
-func (b *bundlePublisher) rootPublished(vm string, root *x509.Certificate) (time.Time, bool) {
+// run publishes every 50ms until ctx ends and kicks the controller after
+// a change, as the server's writer and informer do.
+func (b *bundlePublisher) run(ctx context.Context, w *rotationWorld) {
+	for ctx.Err() == nil {
+		if rep, err := b.tryPublish(w, time.Now()); err == nil && !rep.Empty() {
+			w.ctl.Kick()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (b *bundlePublisher) published(td string) time.Time {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.snap.RootPublished(vm, root)
+	return b.state.Bundles[td].Published
+}
+
+func (b *bundlePublisher) rootPublished(trustDomains []string, root *x509.Certificate) (time.Time, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.snap.RootPublished(trustDomains, root)
 }
 
 // With the SPIFFE bundle endpoint served, a rotation whose every mesh
@@ -65,7 +95,7 @@ func (b *bundlePublisher) rootPublished(vm string, root *x509.Certificate) (time
 // end. Federated peers thus trust the new root before any SVID chains to
 // it (SPIFFE Federation spec: 3–5 refresh hints).
 func TestRotationWaitsForFederationPeers(t *testing.T) {
-	const wait = 3 * time.Second
+	const wait = 5 * time.Second
 	w := setupRotationWorld(t, 2, "{generated: {}}", false)
 	pub := &bundlePublisher{}
 	w.start(func(c *trust.Config) { c.FederationWait, c.RootPublished = wait, pub.rootPublished })
@@ -78,7 +108,7 @@ func TestRotationWaitsForFederationPeers(t *testing.T) {
 		return r != nil && r.Phase == networkingv1alpha1.PhaseAddingNewRoot && len(r.PendingMeshes) == 0
 	}
 	unpublished := func(r *networkingv1alpha1.RotationStatus) bool {
-		return adding(r) && strings.Contains(r.Message, "every mesh acked it; waiting for the SPIFFE bundle endpoint to publish the new root for every trust domain")
+		return adding(r) && strings.Contains(r.Message, "every mesh acked it; waiting for the SPIFFE bundle endpoint to publish the new root: 2 of 2 trust domains lack it: c1.local (not yet), c2.local (not yet)")
 	}
 	w.waitFor("AddingNewRoot acked", unpublished)
 	// Every agent acks, again and again: not published, so no move.
@@ -88,9 +118,10 @@ func TestRotationWaitsForFederationPeers(t *testing.T) {
 	rep := pub.publish(t, w, published)
 	require.ElementsMatch(t, []string{"c1.local", "c2.local"}, rep.Changed, "old + new published")
 	w.ctl.Kick()
-	vm := w.stillThere("published, within the wait", w.clusters, adding)
-	assert.Contains(t, vm.Status.Rotation.Message, "the new root has been published at the SPIFFE bundle endpoint since")
-	assert.Contains(t, vm.Status.Rotation.Message, "(3s: three refresh hints and the federated peers' poll period)")
+	w.waitFor("published, within the wait", func(r *networkingv1alpha1.RotationStatus) bool {
+		return adding(r) && strings.Contains(r.Message, "the new root has been published at the SPIFFE bundle endpoint since") &&
+			strings.Contains(r.Message, "(5s: three refresh hints and the federated peers' poll period)")
+	})
 
 	// The wait's end alone moves it: nothing syncs, publishes or kicks.
 	var moved *networkingv1alpha1.RotationStatus
@@ -99,9 +130,72 @@ func TestRotationWaitsForFederationPeers(t *testing.T) {
 		return moved != nil && moved.Phase == networkingv1alpha1.PhasePropagatingNewIntermediate
 	}, 15*time.Second, 50*time.Millisecond, "PropagatingNewIntermediate once the wait ended")
 	require.NotNil(t, moved.LastTransitionTime)
-	assert.False(t, moved.LastTransitionTime.Time.Before(published.Truncate(time.Second).Add(wait)),
+	assert.False(t, moved.LastTransitionTime.Time.Before(published.Add(wait).Truncate(time.Second)),
 		"nothing issued from the new root before %v after it was published: moved at %v, published %v", wait, moved.LastTransitionTime.Time, published)
 	w.waitFor("Finished", phaseIs(networkingv1alpha1.PhaseFinished, false))
+}
+
+// A rollback from DeletingOldRoot, where peers fetched bundles of the new
+// root only, puts the old root back (RollingBack step 2) and must not
+// issue from it (step 1) before peers fetched it again: even with the
+// continue for step 2 given at once, step 1 comes no sooner than
+// FederationWait after the old root was published again. (A rollback from
+// an earlier step issues from a root the bundles carried all along: no
+// wait.)
+func TestRollbackWaitsForPeersAgain(t *testing.T) {
+	const wait = 4 * time.Second
+	w := setupRotationWorld(t, 2, "{generated: {}}", true)
+	pub := &bundlePublisher{}
+	w.start(func(c *trust.Config) { c.FederationWait, c.RootPublished = wait, pub.rootPublished })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go pub.run(ctx, w)
+	w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+	w.annotate(networkingv1alpha1.AnnotationRootGeneration, "2")
+	vm := w.waitFor("AddingNewRoot, after the wait", phaseIs(networkingv1alpha1.PhaseAddingNewRoot, true))
+	nu := vm.Status.Rotation.NewRootFingerprint
+	w.annotate(networkingv1alpha1.AnnotationRotationContinue, "AddingNewRoot/"+nu)
+	w.waitFor("PropagatingNewIntermediate", phaseIs(networkingv1alpha1.PhasePropagatingNewIntermediate, true))
+	w.annotate(networkingv1alpha1.AnnotationRotationContinue, "PropagatingNewIntermediate/"+nu)
+	w.waitFor("DeletingOldRoot", phaseIs(networkingv1alpha1.PhaseDeletingOldRoot, true))
+	require.Eventually(t, func() bool {
+		_, err := pub.rootPublished([]string{"c1.local", "c2.local"}, recordedRoot(t, w.vm().Status.Rotation, true))
+		return err != nil
+	}, 10*time.Second, 20*time.Millisecond, "peers are served the new root only")
+
+	// Back: the spec names the old root again; step 2's continue at once.
+	w.annotate(networkingv1alpha1.AnnotationRotationContinue, "RollingBack/2/"+nu)
+	body := []byte(`{"metadata":{"annotations":{"` + networkingv1alpha1.AnnotationRootGeneration + `":null}}}`)
+	_, err := w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Patch(w.ctx, "shared", types.MergePatchType, body, metav1.PatchOptions{})
+	require.NoError(t, err)
+	vm = w.waitFor("RollingBack step 2 waits for the old root's peers", func(r *networkingv1alpha1.RotationStatus) bool {
+		return r != nil && r.Phase == networkingv1alpha1.PhaseRollingBack && r.Step == 2 && strings.Contains(r.Message, "the old root has been published at the SPIFFE bundle endpoint since")
+	})
+	republished := pub.published("c1.local")
+	require.False(t, republished.IsZero())
+	vm = w.waitFor("RollingBack step 1", func(r *networkingv1alpha1.RotationStatus) bool {
+		return r != nil && r.Phase == networkingv1alpha1.PhaseRollingBack && r.Step == 1
+	})
+	assert.False(t, vm.Status.Rotation.LastTransitionTime.Time.Before(republished.Add(wait).Truncate(time.Second)),
+		"nothing issued from the old root again before %v after it was published again (%v): moved at %v", wait, republished, vm.Status.Rotation.LastTransitionTime.Time)
+}
+
+// recordedRoot is the old or the new root a rotation status records.
+func recordedRoot(t *testing.T, rot *networkingv1alpha1.RotationStatus, old bool) *x509.Certificate {
+	t.Helper()
+	bundle, fp := rot.NewRoots, rot.NewRootFingerprint
+	if old {
+		bundle, fp = rot.OldRoots, rot.OldRootFingerprint
+	}
+	roots, err := pemutil.ParseCertificateBundle([]byte(bundle))
+	require.NoError(t, err)
+	for _, r := range roots {
+		if trust.Fingerprint(r) == fp {
+			return r
+		}
+	}
+	t.Fatalf("no root %s in the status", fp)
+	return nil
 }
 
 // The bundle endpoint's https_spiffe X509-SVID is issued from the root

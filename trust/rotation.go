@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"slices"
@@ -400,8 +399,8 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 	in := advanceInput{key: p.key, pending: pending, members: len(members), now: c.cfg.Clock(),
 		manual: p.vm.Spec.MTLS.RotationVerification == networkingv1alpha1.VerificationManual,
 		cont:   p.vm.Annotations[networkingv1alpha1.AnnotationRotationContinue]}
-	if len(pending) == 0 && rot.Phase == networkingv1alpha1.PhaseAddingNewRoot {
-		in.federation = c.federationWait(p, rot, in.now)
+	if len(pending) == 0 && waitsForFederation(rot) {
+		in.federation = c.federationWait(rot, members, in.now)
 	}
 	moved := false
 	recorded := c.persist(ctx, p.key, func(n *vmState) {
@@ -424,41 +423,51 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 	return moved
 }
 
-// federationWait is why the rotation of p may not leave AddingNewRoot yet
-// for SPIFFE federation (empty: it may): its new root has not been
-// published at the bundle endpoint for every trust domain of the
-// VirtualMesh for FederationWait. It asks for a reconcile when the wait
-// ends.
-func (c *Controller) federationWait(p *vmPlan, rot *networkingv1alpha1.RotationStatus, now time.Time) string {
+// federationWait is why the rotation of p may not leave its step yet for
+// SPIFFE federation (empty: it may). It asks only of a step whose next one
+// issues from a root peers may not hold: AddingNewRoot (the new root) and
+// RollingBack step 2, a rollback from DeletingOldRoot (the old root, which
+// peers dropped at step 3). That root must have been published for every
+// trust domain of the VirtualMesh's meshes, since the step began, for
+// FederationWait. It asks for a reconcile when the wait ends.
+func (c *Controller) federationWait(rot *networkingv1alpha1.RotationStatus, members []*meshTrust, now time.Time) string {
 	wait := c.cfg.FederationWait
 	if wait <= 0 || c.cfg.RootPublished == nil {
 		return ""
 	}
-	var newRoot *x509.Certificate
-	for rest := p.bundle; ; {
-		var block *pem.Block
-		if block, rest = pem.Decode(rest); block == nil {
-			break
-		}
-		if cert, err := x509.ParseCertificate(block.Bytes); err == nil && Fingerprint(cert) == rot.NewRootFingerprint {
-			newRoot = cert
+	which, bundle, fp := "new", rot.NewRoots, rot.NewRootFingerprint
+	if rot.Phase == networkingv1alpha1.PhaseRollingBack {
+		which, bundle, fp = "old", rot.OldRoots, rot.OldRootFingerprint
+	}
+	roots, err := recordedRoots(bundle, fp)
+	if err != nil {
+		return fmt.Sprintf("every mesh acked it; not moving on: the %s root of status.rotation %v", which, err) // never move on what cannot be checked
+	}
+	root := roots[slices.IndexFunc(roots, func(r *x509.Certificate) bool { return Fingerprint(r) == fp })]
+	var tds []string
+	for _, mt := range members {
+		if td := mt.req.GetTrustDomain(); td != "" && !slices.Contains(tds, td) {
+			tds = append(tds, td)
 		}
 	}
-	if newRoot == nil {
-		return "the new root is not in the bundle the meshes hold" // cannot happen in step 1; never move on it
+	slices.Sort(tds)
+	since, err := c.cfg.RootPublished(tds, root)
+	if err != nil {
+		return fmt.Sprintf("every mesh acked it; waiting for the SPIFFE bundle endpoint to publish the %s root: %v", which, err)
 	}
-	since, ok := c.cfg.RootPublished(p.key, newRoot)
-	if !ok {
-		return "every mesh acked it; waiting for the SPIFFE bundle endpoint to publish the new root for every trust domain of the VirtualMesh"
+	// Never from before the step began: the root (re)appears in the
+	// bundles with it, whatever a stored time says.
+	if rot.LastTransitionTime != nil && since.Before(rot.LastTransitionTime.Time) {
+		since = rot.LastTransitionTime.Time
 	}
 	until := since.Add(wait)
 	if !now.Before(until) {
 		return ""
 	}
 	c.kickAt(until, until.Sub(now))
-	return fmt.Sprintf("every mesh acked it; the new root has been published at the SPIFFE bundle endpoint since %s; "+
+	return fmt.Sprintf("every mesh acked it; the %s root has been published at the SPIFFE bundle endpoint since %s; "+
 		"nothing is issued from it before %s (%v: three refresh hints and the federated peers' poll period) so that every peer trusts it first",
-		since.UTC().Format(time.RFC3339), until.UTC().Format(time.RFC3339), wait)
+		which, since.UTC().Format(time.RFC3339), until.UTC().Format(time.RFC3339), wait)
 }
 
 // kickAt asks for a reconcile at t, in d (one timer per instant).

@@ -89,10 +89,10 @@ type Config struct {
 	// peers fetch it within three refresh hints and their own poll
 	// period. Zero: the endpoint is off, nothing waits.
 	FederationWait time.Duration
-	// RootPublished reports since when every trust domain the bundle
-	// endpoint publishes for VirtualMesh vm (namespace/name) carries root;
-	// false: not all of them yet. Needed with FederationWait.
-	RootPublished func(vm string, root *x509.Certificate) (since time.Time, ok bool)
+	// RootPublished reports since when the bundle endpoint has published
+	// root in the bundle of every one of trustDomains, or why not yet.
+	// Needed with FederationWait.
+	RootPublished func(trustDomains []string, root *x509.Certificate) (since time.Time, err error)
 	// Leading reports whether this replica holds the server's Lease
 	// (lease.Elector.Leading); nil: always (one replica). While it returns
 	// false the Controller writes no VirtualMesh status, creates no

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/relaymesh/relaymesh/dashboard"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/server"
@@ -123,6 +124,18 @@ func (b BundleEndpointConfig) validate() []error {
 	return errs
 }
 
+// Metrics of the SPIFFE bundle endpoint: what this replica serves.
+const (
+	// MetricSPIFFEBundleSequence is each served bundle's spiffe_sequence.
+	MetricSPIFFEBundleSequence = "relaymesh_spiffe_bundle_sequence"
+	// MetricSPIFFEBundlePublished is when each served bundle's roots were
+	// first published.
+	MetricSPIFFEBundlePublished = "relaymesh_spiffe_bundle_published_timestamp_seconds"
+	// MetricSPIFFEBundleSVIDExpiry is the https_spiffe X509-SVID's
+	// NotAfter.
+	MetricSPIFFEBundleSVIDExpiry = "relaymesh_spiffe_bundle_endpoint_svid_expiry_timestamp_seconds"
+)
+
 // bundleEndpoint publishes and serves the VirtualMeshes' SPIFFE bundles.
 type bundleEndpoint struct {
 	kube      kubernetes.Interface
@@ -138,9 +151,11 @@ type bundleEndpoint struct {
 	served  atomic.Pointer[spiffefed.Snapshot]
 	// loaded is called after a new stored state is served (the trust
 	// controller's rotation waits on what is published).
-	loaded  func()
-	wake    chan struct{}
-	refused string // the refusals last logged
+	loaded func()
+	// sequence and published are the served bundles' metrics.
+	sequence, published *prometheus.GaugeVec
+	wake                chan struct{}
+	refused             string // the refusals last logged
 }
 
 // newBundleEndpoint serves the SPIFFE bundle endpoint if
@@ -152,7 +167,17 @@ func (p *process) newBundleEndpoint(ctx context.Context) error {
 	}
 	b := &bundleEndpoint{kube: p.kube.Typed, namespace: p.cfg.Namespace, hint: c.RefreshHint, log: p.log.With("part", "spiffe-bundle-endpoint"),
 		clock: time.Now, members: func() []spiffefed.Member { return trustMembers(p.outputs, p.log) }, leading: p.reps.leading, wake: make(chan struct{}, 1),
-		loaded: p.trust.Kick}
+		loaded: p.trust.Kick,
+		sequence: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSPIFFEBundleSequence,
+			Help: "spiffe_sequence of each trust domain's bundle this replica serves at the SPIFFE bundle endpoint."}, []string{"trust_domain"}),
+		published: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSPIFFEBundlePublished,
+			Help: "When the roots of each trust domain's bundle this replica serves were first published, in Unix seconds (0: not recorded); a rotation issues from a new root 3 refresh hints + --spiffe-bundle-peer-poll after it."}, []string{"trust_domain"})}
+	if err := p.reg.Register(b.sequence); err != nil {
+		return err
+	}
+	if err := p.reg.Register(b.published); err != nil {
+		return err
+	}
 	if err := b.start(ctx); err != nil {
 		return err
 	}
@@ -179,6 +204,11 @@ func (p *process) newBundleEndpoint(ctx context.Context) error {
 	}
 	id := spiffeid.RequireFromString(c.EndpointID) // validated
 	svid := &endpointSVID{id: id, trust: p.trust, log: b.log.With("profile", "https_spiffe", "spiffe_id", id.String())}
+	if err := p.reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: MetricSPIFFEBundleSVIDExpiry,
+		Help: "NotAfter of the X509-SVID the https_spiffe bundle endpoint serves, in Unix seconds (0: none yet); it is issued anew at 2/3 of its 24h life."},
+		svid.expiry)); err != nil {
+		return err
+	}
 	slis, err := net.Listen("tcp", c.SPIFFEListen)
 	if err != nil {
 		return fmt.Errorf("--spiffe-bundle-spiffe-listen: %w", err)
@@ -211,6 +241,14 @@ type endpointSVID struct {
 	issuer  string
 	renewAt time.Time
 	lastErr string
+}
+
+// expiry is the served SVID's NotAfter in Unix seconds; 0: none.
+func (e *endpointSVID) expiry() float64 {
+	if s := e.cur.Load(); s != nil {
+		return float64(s.Certificates[0].NotAfter.Unix())
+	}
+	return 0
 }
 
 // GetX509SVID is the SVID served; none yet: handshakes fail.
@@ -265,13 +303,13 @@ func (e *endpointSVID) refresh(ctx context.Context) {
 }
 
 // rootPublished is trust.Config.RootPublished: what the endpoint serves;
-// before it serves anything, not published.
-func (p *process) rootPublished(vm string, root *x509.Certificate) (time.Time, bool) {
+// before it serves a loaded state, not published.
+func (p *process) rootPublished(trustDomains []string, root *x509.Certificate) (time.Time, error) {
 	b := p.bundles.Load()
 	if b == nil {
-		return time.Time{}, false
+		return time.Time{}, errors.New("the bundle endpoint is not serving yet")
 	}
-	return b.served.Load().RootPublished(vm, root)
+	return b.served.Load().RootPublished(trustDomains, root)
 }
 
 // bundleCertificate is the https_web certificate: provided files, or one
@@ -347,6 +385,7 @@ func (b *bundleEndpoint) load(o any) {
 		var snap *spiffefed.Snapshot
 		if snap, err = spiffefed.NewSnapshot(st, b.hint); err == nil {
 			b.served.Store(snap)
+			b.observe(snap)
 			if b.loaded != nil {
 				b.loaded()
 			}
@@ -355,6 +394,25 @@ func (b *bundleEndpoint) load(o any) {
 	}
 	b.log.Error("the stored SPIFFE bundles are refused; the bundles served before stay", "configmap", BundleConfigMap, "error", err)
 	b.kick()
+}
+
+// observe sets the served bundles' metrics to snap's.
+func (b *bundleEndpoint) observe(snap *spiffefed.Snapshot) {
+	if b.sequence == nil {
+		return
+	}
+	b.sequence.Reset()
+	b.published.Reset()
+	for td, seq := range snap.Sequences() {
+		b.sequence.WithLabelValues(td).Set(float64(seq))
+	}
+	for td, at := range snap.PublishedAt() {
+		v := 0.0
+		if !at.IsZero() {
+			v = float64(at.Unix())
+		}
+		b.published.WithLabelValues(td).Set(v)
+	}
 }
 
 // run writes the bundles while this replica leads, after every publish
@@ -431,7 +489,7 @@ func (b *bundleEndpoint) write(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b.log.Info("SPIFFE bundles published", "changed", rep.Changed, "removed", rep.Removed)
+	b.log.Info("SPIFFE bundles published", "changed", rep.Changed, "removed", rep.Removed, "stamped", rep.Stamped)
 	return nil
 }
 

@@ -360,6 +360,17 @@ func TestSharedTrust(t *testing.T) {
 	v, err = MetricWith(metrics, "relaymesh_trust_held", `virtual_mesh="relaymesh/bookinfo-federation"`)
 	require.NoError(t, err)
 	assert.Equal(t, 0.0, v)
+	for _, td := range []string{"cluster-1.local", "cluster-2.local"} {
+		v, err = MetricWith(metrics, "relaymesh_spiffe_bundle_sequence", `trust_domain="`+td+`"`)
+		require.NoError(t, err)
+		assert.Greater(t, v, float64(start.Unix()), "%s: the sequence of the new root's bundle, above the clock at the start", td)
+		v, err = MetricWith(metrics, "relaymesh_spiffe_bundle_published_timestamp_seconds", `trust_domain="`+td+`"`)
+		require.NoError(t, err)
+		assert.Greater(t, v, float64(start.Unix()), "%s: published during the rotation", td)
+	}
+	v, err = MetricWith(metrics, "relaymesh_spiffe_bundle_endpoint_svid_expiry_timestamp_seconds", "")
+	require.NoError(t, err)
+	assert.Greater(t, v, float64(time.Now().Add(20*time.Hour).Unix()), "the https_spiffe SVID, issued at the last step, lasts 24h")
 }
 
 // rotation follows a root rotation with a real istiod per cluster: at each

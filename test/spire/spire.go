@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,6 +89,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	started := false
+	defer func() {
+		if !started {
+			_ = os.RemoveAll(dir)
+		}
+	}()
 	addr, err := localcluster.ListenAddr()
 	if err != nil {
 		return nil, err
@@ -109,6 +116,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	started = true // Stop removes the directory from here on
 	wctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	for {
@@ -132,7 +140,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 // config is the server's HCL configuration, listening on addr.
 func (s *Server) config(addr string) string {
-	host, port, _ := strings.Cut(addr, ":")
+	host, port, _ := net.SplitHostPort(addr)
 	var fed strings.Builder
 	for _, f := range s.cfg.FederatesWith {
 		profile := `bundle_endpoint_profile "https_web" {}`

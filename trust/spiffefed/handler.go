@@ -55,11 +55,14 @@ type Snapshot struct {
 	docs    map[string][]byte
 	seqs    map[string]uint64
 	entries map[string]Entry
+	// loaded: made by NewSnapshot of a State (the zero Snapshot a server
+	// serves before it loaded the stored one is not).
+	loaded bool
 }
 
 // NewSnapshot renders s's bundles with refresh hint hint.
 func NewSnapshot(s State, hint time.Duration) (*Snapshot, error) {
-	snap := &Snapshot{docs: map[string][]byte{}, seqs: map[string]uint64{}, entries: map[string]Entry{}}
+	snap := &Snapshot{docs: map[string][]byte{}, seqs: map[string]uint64{}, entries: map[string]Entry{}, loaded: true}
 	for td, e := range s.Bundles {
 		doc, err := Document(td, e, hint)
 		if err != nil {
@@ -70,27 +73,37 @@ func NewSnapshot(s State, hint time.Duration) (*Snapshot, error) {
 	return snap, nil
 }
 
-// RootPublished reports since when every trust domain published for
-// VirtualMesh vm (namespace/name) carries root: the latest of their
-// publish times. ok is false while one of them does not carry it yet, or
-// carries no publish time. A VirtualMesh with no published trust domain
-// has no peer that could have fetched one: ok, since zero.
-func (s *Snapshot) RootPublished(vm string, root *x509.Certificate) (since time.Time, ok bool) {
-	if s == nil {
-		return time.Time{}, true
+// RootPublished reports since when root has been published in the bundle
+// of every one of trustDomains: the latest of their publish times. An
+// error says why not: the snapshot is not a loaded state, or a trust
+// domain is not published, does not carry root yet, or has no publish
+// time yet.
+func (s *Snapshot) RootPublished(trustDomains []string, root *x509.Certificate) (time.Time, error) {
+	if s == nil || !s.loaded {
+		return time.Time{}, errors.New("the bundle endpoint has not loaded the published bundles yet")
 	}
-	for _, e := range s.entries {
-		if e.VirtualMesh != vm {
-			continue
-		}
-		if !e.Holds(root) || e.Published.IsZero() {
-			return time.Time{}, false
-		}
-		if e.Published.After(since) {
+	if len(trustDomains) == 0 {
+		return time.Time{}, errors.New("no trust domain to publish")
+	}
+	var since time.Time
+	var missing []string
+	for _, td := range trustDomains {
+		e, ok := s.entries[td]
+		switch {
+		case !ok:
+			missing = append(missing, td+" (not published: see the server's log)")
+		case !e.Holds(root):
+			missing = append(missing, td+" (not yet)")
+		case e.Published.IsZero():
+			missing = append(missing, td+" (no publish time yet)")
+		case e.Published.After(since):
 			since = e.Published
 		}
 	}
-	return since, true
+	if len(missing) > 0 {
+		return time.Time{}, fmt.Errorf("%d of %d trust domains lack it: %s", len(missing), len(trustDomains), strings.Join(missing[:min(len(missing), 5)], ", "))
+	}
+	return since, nil
 }
 
 // Bundle returns the document published for trust domain td.
@@ -100,6 +113,18 @@ func (s *Snapshot) Bundle(td string) ([]byte, bool) {
 	}
 	doc, ok := s.docs[td]
 	return doc, ok
+}
+
+// PublishedAt returns when each published trust domain's roots were first
+// published (zero: not recorded).
+func (s *Snapshot) PublishedAt() map[string]time.Time {
+	out := map[string]time.Time{}
+	if s != nil {
+		for td, e := range s.entries {
+			out[td] = e.Published
+		}
+	}
+	return out
 }
 
 // Sequences returns each published trust domain's sequence.

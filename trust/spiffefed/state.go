@@ -145,7 +145,11 @@ func Next(prev State, members []Member, now time.Time) (State, Report) {
 	}
 	next := State{Counter: prev.Counter, Bundles: map[string]Entry{}}
 	var rep Report
+	// Whole seconds, rounded up: never before now.
 	stamp := now.UTC().Truncate(time.Second)
+	if stamp.Before(now) {
+		stamp = stamp.Add(time.Second)
+	}
 	for _, td := range slices.Sorted(maps.Keys(wants)) {
 		w := wants[td]
 		old, had := prev.Bundles[td]
@@ -301,7 +305,7 @@ func Decode(data []byte) (State, error) {
 		}
 		var published time.Time
 		if e.Published != "" {
-			if published, err = time.Parse(time.RFC3339, e.Published); err != nil || len(e.Published) > len("2006-01-02T15:04:05Z") {
+			if published, err = time.Parse(time.RFC3339, e.Published); err != nil || published.UTC().Format(time.RFC3339) != e.Published {
 				return bad("trust domain %s: published is not an RFC 3339 time in UTC", td)
 			}
 		}

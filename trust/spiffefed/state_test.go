@@ -225,6 +225,7 @@ func TestDecodeRefusesWhatEncodeWouldNotMake(t *testing.T) {
 		"garbage after the PEM":               `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":` + jsonString(rootPEM+"junk") + `}}}`,
 		"oversized":                           `{"version":1,"counter":5,"bundles":{},"pad":"` + strings.Repeat("x", spiffefed.MaxStateBytes) + `"}`,
 		"a publish time that is not RFC 3339": `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":` + jsonString(rootPEM) + `,"published":"yesterday"}}}`,
+		"a publish time with fractions":       `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":` + jsonString(rootPEM) + `,"published":"2026-12-03T10:00:00.5Z"}}}`,
 		"a publish time with a zone":          `{"version":1,"counter":5,"bundles":{"a.example":{"sequence":1,"roots":` + jsonString(rootPEM) + `,"published":"2026-12-03T10:00:00+01:00"}}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -245,9 +246,11 @@ func jsonString(s string) string {
 // A bundle's publish time is when its roots were first stored: it moves
 // with the roots, never with a step that keeps them, survives the stored
 // form, and a state stored before it was recorded gets "now" (never a time
-// before a peer could have fetched the roots). RootPublished, what a
-// rotation waits on, is the latest over the VirtualMesh's trust domains,
-// and not published while one of them lacks the root.
+// before a peer could have fetched the roots; rounded up to the second).
+// RootPublished, what a rotation waits on, is the latest over the trust
+// domains asked for, and an error naming each one that lacks the root, is
+// not published, or has no time — and for a snapshot not loaded from a
+// state.
 func TestAPublishTimeMovesWithTheRootsAndARotationWaitsOnTheLatest(t *testing.T) {
 	oldRoot, newRoot, other := makeRoot(t, "old"), makeRoot(t, "new"), makeRoot(t, "other")
 	roundTrip := func(st spiffefed.State) spiffefed.State {
@@ -259,10 +262,10 @@ func TestAPublishTimeMovesWithTheRootsAndARotationWaitsOnTheLatest(t *testing.T)
 		return back
 	}
 	ms := append(members("ns/vm", certs(oldRoot), "a.example", "b.example"), members("ns/other", certs(other), "c.example")...)
-	st, _ := spiffefed.Next(spiffefed.State{}, ms, t0.Add(500*time.Millisecond))
+	st, _ := spiffefed.Next(spiffefed.State{}, ms, t0.Add(-500*time.Millisecond))
 	st = roundTrip(st)
 	for _, td := range []string{"a.example", "b.example", "c.example"} {
-		assert.True(t, st.Bundles[td].Published.Equal(t0), "%s: stored in whole seconds", td)
+		assert.True(t, st.Bundles[td].Published.Equal(t0), "%s: stored in whole seconds, rounded up", td)
 	}
 	// A reconcile with the same roots keeps the time.
 	st, rep := spiffefed.Next(st, ms, t0.Add(time.Minute))
@@ -275,25 +278,30 @@ func TestAPublishTimeMovesWithTheRootsAndARotationWaitsOnTheLatest(t *testing.T)
 		require.NoError(t, err)
 		return s
 	}
-	_, ok := snap(st).RootPublished("ns/vm", newRoot.cert)
-	assert.False(t, ok, "the new root is not published yet")
+	vmTDs := []string{"a.example", "b.example"}
+	_, err := snap(st).RootPublished(vmTDs, newRoot.cert)
+	assert.ErrorContains(t, err, "2 of 2 trust domains lack it: a.example (not yet), b.example (not yet)")
 	half := append(members("ns/vm", certs(oldRoot, newRoot), "a.example"), members("ns/vm", certs(oldRoot), "b.example")...)
 	st, _ = spiffefed.Next(st, append(half, members("ns/other", certs(other), "c.example")...), t0.Add(time.Hour))
-	_, ok = snap(roundTrip(st)).RootPublished("ns/vm", newRoot.cert)
-	assert.False(t, ok, "b.example does not carry the new root yet")
+	_, err = snap(roundTrip(st)).RootPublished(vmTDs, newRoot.cert)
+	assert.ErrorContains(t, err, "1 of 2 trust domains lack it: b.example (not yet)")
 	both := members("ns/vm", certs(oldRoot, newRoot), "a.example", "b.example")
 	st, _ = spiffefed.Next(st, append(both, members("ns/other", certs(other), "c.example")...), t0.Add(time.Hour+time.Minute))
-	since, ok := snap(roundTrip(st)).RootPublished("ns/vm", newRoot.cert)
-	require.True(t, ok)
+	since, err := snap(roundTrip(st)).RootPublished(vmTDs, newRoot.cert)
+	require.NoError(t, err)
 	assert.True(t, since.Equal(t0.Add(time.Hour+time.Minute)), "the latest trust domain's time: %v", since)
-	since, ok = snap(st).RootPublished("ns/vm", oldRoot.cert)
-	require.True(t, ok)
+	since, err = snap(st).RootPublished(vmTDs, oldRoot.cert)
+	require.NoError(t, err)
 	assert.True(t, since.Equal(t0.Add(time.Hour+time.Minute)), "the old root too is in bundles published since then")
 	assert.True(t, st.Bundles["c.example"].Published.Equal(t0), "another VirtualMesh's trust domain keeps its time")
-	_, ok = snap(st).RootPublished("ns/other", newRoot.cert)
-	assert.False(t, ok, "another VirtualMesh's bundles do not carry the root")
-	since, ok = snap(st).RootPublished("ns/unpublished", newRoot.cert)
-	assert.True(t, ok && since.IsZero(), "a VirtualMesh with nothing published has no peer to wait for")
+	_, err = snap(st).RootPublished([]string{"c.example"}, newRoot.cert)
+	assert.ErrorContains(t, err, "c.example (not yet)", "another VirtualMesh's bundle does not carry the root")
+	_, err = snap(st).RootPublished([]string{"a.example", "gone.example"}, newRoot.cert)
+	assert.ErrorContains(t, err, "gone.example (not published", "a trust domain refused or removed: peers may hold what they fetched before")
+	_, err = (&spiffefed.Snapshot{}).RootPublished(vmTDs, newRoot.cert)
+	assert.ErrorContains(t, err, "not loaded", "the placeholder served before the stored state is loaded")
+	_, err = (*spiffefed.Snapshot)(nil).RootPublished(vmTDs, newRoot.cert)
+	assert.Error(t, err)
 
 	// A state stored before publish times were recorded: they are set to
 	// now, the sequence stays, and the change is stored.
@@ -308,8 +316,8 @@ func TestAPublishTimeMovesWithTheRootsAndARotationWaitsOnTheLatest(t *testing.T)
 	require.NoError(t, err)
 	old, err := spiffefed.Decode(data)
 	require.NoError(t, err)
-	_, ok = snap(old).RootPublished("ns/vm", newRoot.cert)
-	assert.False(t, ok, "no publish time: not known to be published long enough")
+	_, err = snap(old).RootPublished(vmTDs, newRoot.cert)
+	assert.ErrorContains(t, err, "(no publish time yet)", "not known to be published long enough")
 	later := t0.Add(2 * time.Hour)
 	next, rep := spiffefed.Next(old, append(both, members("ns/other", certs(other), "c.example")...), later)
 	assert.False(t, rep.Empty(), "stamped bundles are stored")
