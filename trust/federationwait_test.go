@@ -168,7 +168,7 @@ func TestRollbackWaitsForPeersAgain(t *testing.T) {
 	body := []byte(`{"metadata":{"annotations":{"` + networkingv1alpha1.AnnotationRootGeneration + `":null}}}`)
 	_, err := w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Patch(w.ctx, "shared", types.MergePatchType, body, metav1.PatchOptions{})
 	require.NoError(t, err)
-	vm = w.waitFor("RollingBack step 2 waits for the old root's peers", func(r *networkingv1alpha1.RotationStatus) bool {
+	w.waitFor("RollingBack step 2 waits for the old root's peers", func(r *networkingv1alpha1.RotationStatus) bool {
 		return r != nil && r.Phase == networkingv1alpha1.PhaseRollingBack && r.Step == 2 && strings.Contains(r.Message, "the old root has been published at the SPIFFE bundle endpoint since")
 	})
 	republished := pub.published("c1.local")
