@@ -84,22 +84,8 @@ func TestFederationClientsFetchEachTrustDomainsBundleOverBothProfiles(t *testing
 	e.publish(t, append(members("ns/vm", certs(oldRoot), "east.example", "west.example"), members("ns/other", certs(web), "other.example")...))
 	east := spiffeid.RequireTrustDomainFromString("east.example")
 
-	servingChain, servingKey := web.serving(t)
-	webURL := serveTLS(t, e.handler(), spiffefed.WebTLS(func() (*tls.Certificate, error) { return tlsCert(servingChain, servingKey), nil }))
-	pool := x509.NewCertPool()
-	pool.AddCert(web.cert)
-
-	// https_spiffe: the endpoint's SVID is issued by the VirtualMesh's
-	// root through an intermediate name-constrained to east.example.
-	endpointID := spiffeid.RequireFromString("spiffe://east.example/relaymesh/bundle-endpoint")
-	var svid atomic.Pointer[x509svid.SVID]
-	setSVID := func(root *testCA) {
-		inter := root.intermediate(t, "east.example")
-		chain, key := inter.svid(t, endpointID.String())
-		svid.Store(&x509svid.SVID{ID: endpointID, Certificates: append(chain, inter.cert), PrivateKey: key})
-	}
-	setSVID(oldRoot)
-	spiffeURL := serveTLS(t, e.handler(), spiffefed.SPIFFETLS(svidSource{&svid}))
+	ep := serveBothProfiles(t, e, web, oldRoot)
+	webURL, pool, spiffeURL, endpointID, setSVID := ep.webURL, ep.pool, ep.spiffeURL, ep.id, ep.setSVID
 
 	fetchWeb := func(td spiffeid.TrustDomain) (*x509bundle.Bundle, uint64) {
 		t.Helper()
@@ -166,6 +152,33 @@ func TestFederationClientsFetchEachTrustDomainsBundleOverBothProfiles(t *testing
 	// An unknown trust domain is not a bundle.
 	_, err = federation.FetchBundle(ctx, east, webURL+spiffefed.PathPrefix+"nowhere.example", federation.WithWebPKIRoots(pool))
 	require.Error(t, err)
+}
+
+// bothProfiles is e served twice: https_web with a serving certificate
+// of web, and https_spiffe with an X509-SVID for id, issued by a root
+// (setSVID) through an intermediate name-constrained to east.example.
+type bothProfiles struct {
+	webURL, spiffeURL string
+	pool              *x509.CertPool // trusts web
+	id                spiffeid.ID
+	setSVID           func(root *testCA)
+}
+
+func serveBothProfiles(t *testing.T, e *endpoint, web, svidRoot *testCA) bothProfiles {
+	t.Helper()
+	servingChain, servingKey := web.serving(t)
+	b := bothProfiles{pool: x509.NewCertPool(), id: spiffeid.RequireFromString("spiffe://east.example/relaymesh/bundle-endpoint")}
+	b.webURL = serveTLS(t, e.handler(), spiffefed.WebTLS(func() (*tls.Certificate, error) { return tlsCert(servingChain, servingKey), nil }))
+	b.pool.AddCert(web.cert)
+	var svid atomic.Pointer[x509svid.SVID]
+	b.setSVID = func(root *testCA) {
+		inter := root.intermediate(t, "east.example")
+		chain, key := inter.svid(t, b.id.String())
+		svid.Store(&x509svid.SVID{ID: b.id, Certificates: append(chain, inter.cert), PrivateKey: key})
+	}
+	b.setSVID(svidRoot)
+	b.spiffeURL = serveTLS(t, e.handler(), spiffefed.SPIFFETLS(svidSource{&svid}))
+	return b
 }
 
 type svidSource struct {

@@ -2,11 +2,9 @@ package spiffefed_test
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,7 +12,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/federation"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -76,19 +73,8 @@ func TestGoSPIFFEWatchersFollowARotationOverBothProfiles(t *testing.T) {
 	e.publish(t, members("ns/vm", certs(oldRoot), "east.example"))
 	east := spiffeid.RequireTrustDomainFromString("east.example")
 
-	servingChain, servingKey := web.serving(t)
-	webURL := serveTLS(t, e.handler(), spiffefed.WebTLS(func() (*tls.Certificate, error) { return tlsCert(servingChain, servingKey), nil }))
-	pool := x509.NewCertPool()
-	pool.AddCert(web.cert)
-	endpointID := spiffeid.RequireFromString("spiffe://east.example/relaymesh/bundle-endpoint")
-	var svid atomic.Pointer[x509svid.SVID]
-	setSVID := func(root *testCA) {
-		inter := root.intermediate(t, "east.example")
-		chain, key := inter.svid(t, endpointID.String())
-		svid.Store(&x509svid.SVID{ID: endpointID, Certificates: append(chain, inter.cert), PrivateKey: key})
-	}
-	setSVID(oldRoot)
-	spiffeURL := serveTLS(t, e.handler(), spiffefed.SPIFFETLS(svidSource{&svid}))
+	ep := serveBothProfiles(t, e, web, oldRoot)
+	webURL, pool, spiffeURL, endpointID, setSVID := ep.webURL, ep.pool, ep.spiffeURL, ep.id, ep.setSVID
 
 	webW := &recorder{td: east}
 	spiffeW := &recorder{td: east}
