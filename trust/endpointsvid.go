@@ -92,7 +92,11 @@ func (c *Controller) EndpointSVID(ctx context.Context, id spiffeid.ID, ttl time.
 		return nil, "", err
 	}
 	now := c.cfg.Clock()
-	tmpl := &x509.Certificate{SerialNumber: serial, NotBefore: now.Add(-time.Minute), NotAfter: minTime(now.Add(ttl), inter.NotAfter),
+	notAfter := now.Add(ttl)
+	if inter.NotAfter.Before(notAfter) {
+		notAfter = inter.NotAfter
+	}
+	tmpl := &x509.Certificate{SerialNumber: serial, NotBefore: now.Add(-time.Minute), NotAfter: notAfter,
 		URIs: []*url.URL{id.URL()}, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, inter, leafKey.Public(), interKey)
@@ -115,11 +119,4 @@ func (c *Controller) EndpointSVID(ctx context.Context, id spiffeid.ID, ttl time.
 		return nil, "", fmt.Errorf("the bundle endpoint's SVID is not used: its issuance could not be audited: %w", err)
 	}
 	return svid, mt.root.fingerprint, nil
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }

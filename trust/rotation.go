@@ -470,21 +470,22 @@ func (c *Controller) federationWait(rot *networkingv1alpha1.RotationStatus, memb
 		which, since.UTC().Format(time.RFC3339), until.UTC().Format(time.RFC3339), wait)
 }
 
-// kickAt asks for a reconcile at t, in d (one timer per instant).
+// kickAt asks for a reconcile at t, in d. One timer, for the earliest
+// instant asked: the reconcile it causes asks again for any later one.
 func (c *Controller) kickAt(t time.Time, d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.kickTimers == nil {
-		c.kickTimers = map[time.Time]bool{}
-	}
-	if c.kickTimers[t] {
+	c.kickMu.Lock()
+	defer c.kickMu.Unlock()
+	if c.kickTimer != nil && !t.Before(c.kickWhen) {
 		return
 	}
-	c.kickTimers[t] = true
-	time.AfterFunc(d+10*time.Millisecond, func() {
-		c.mu.Lock()
-		delete(c.kickTimers, t)
-		c.mu.Unlock()
+	if c.kickTimer != nil {
+		c.kickTimer.Stop()
+	}
+	c.kickWhen = t
+	c.kickTimer = time.AfterFunc(d+10*time.Millisecond, func() {
+		c.kickMu.Lock()
+		c.kickTimer = nil
+		c.kickMu.Unlock()
 		c.Kick()
 	})
 }

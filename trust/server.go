@@ -129,8 +129,11 @@ type Controller struct {
 	rv       map[string]string          // resourceVersion vmst[key] was read from or written as
 	stale    map[string]bool            // read afresh before the next write
 	replaced map[string]map[string]bool // resourceVersions this replica's own writes replaced
-	// kickTimers are the instants a reconcile is asked for (kickAt).
-	kickTimers map[time.Time]bool
+	// kickTimer fires at kickWhen, the earliest reconcile kickAt was
+	// asked for; nil: none pending.
+	kickMu    sync.Mutex
+	kickTimer *time.Timer
+	kickWhen  time.Time
 }
 
 // meshTrust is what the server knows about one mesh with shared trust.

@@ -188,15 +188,9 @@ func (p *process) newBundleEndpoint(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	lis, err := net.Listen("tcp", c.Listen)
-	if err != nil {
-		return fmt.Errorf("--spiffe-bundle-listen: %w", err)
+	if p.addrs.SPIFFEBundle, err = b.serve(p, "--spiffe-bundle-listen", c.Listen, spiffefed.WebTLS(get)); err != nil {
+		return err
 	}
-	p.addrs.SPIFFEBundle = lis.Addr().String()
-	srv := spiffefed.Server(spiffefed.Handler(b.served.Load), spiffefed.WebTLS(get))
-	srv.ErrorLog = log.New(slogWriter{b.log}, "", 0)
-	go func() { _ = srv.ServeTLS(lis, "", "") }()
-	p.closers = append(p.closers, func() { _ = srv.Close() })
 	b.log.Info("SPIFFE bundle endpoint listening (https_web; unauthenticated and public by design)", "address", p.addrs.SPIFFEBundle,
 		"path", spiffefed.PathPrefix+"<trust domain>", "refresh_hint", c.RefreshHint, "rotation_wait", c.FederationWait())
 	if c.SPIFFEListen == "" {
@@ -209,20 +203,28 @@ func (p *process) newBundleEndpoint(ctx context.Context) error {
 		svid.expiry)); err != nil {
 		return err
 	}
-	slis, err := net.Listen("tcp", c.SPIFFEListen)
-	if err != nil {
-		return fmt.Errorf("--spiffe-bundle-spiffe-listen: %w", err)
-	}
-	p.addrs.SPIFFEBundleSPIFFE = slis.Addr().String()
-	ssrv := spiffefed.Server(spiffefed.Handler(b.served.Load), spiffefed.SPIFFETLS(svid))
-	ssrv.ErrorLog = log.New(slogWriter{b.log}, "", 0)
 	svid.refresh(ctx)
 	go svid.run(ctx)
-	go func() { _ = ssrv.ServeTLS(slis, "", "") }()
-	p.closers = append(p.closers, func() { _ = ssrv.Close() })
+	if p.addrs.SPIFFEBundleSPIFFE, err = b.serve(p, "--spiffe-bundle-spiffe-listen", c.SPIFFEListen, spiffefed.SPIFFETLS(svid)); err != nil {
+		return err
+	}
 	b.log.Info("SPIFFE bundle endpoint listening (https_spiffe; unauthenticated and public by design)", "address", p.addrs.SPIFFEBundleSPIFFE,
 		"spiffe_id", id.String())
 	return nil
+}
+
+// serve serves the bundles on addr (the value of flag) with tlsConfig,
+// until the process closes, and returns the address listened on.
+func (b *bundleEndpoint) serve(p *process, flag, addr string, tlsConfig *tls.Config) (string, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	srv := spiffefed.Server(spiffefed.Handler(b.served.Load), tlsConfig)
+	srv.ErrorLog = log.New(slogWriter{b.log}, "", 0)
+	go func() { _ = srv.ServeTLS(lis, "", "") }()
+	p.closers = append(p.closers, func() { _ = srv.Close() })
+	return lis.Addr().String(), nil
 }
 
 // endpointSVIDTTL is the https_spiffe SVID's lifetime; it is issued anew

@@ -143,14 +143,21 @@ func TestRelayRootRotationValuesBecomeServerFlags(t *testing.T) {
 	} {
 		objs, err := h.template(chartDir(t, serverChart), "r", namespace, c.args...)
 		require.NoError(t, err, "%v", c.args)
-		var got []string
-		for _, a := range containerArgs(t, objs) {
-			if strings.HasPrefix(a, "--relay-root-") {
-				got = append(got, a)
-			}
-		}
-		assert.Equal(t, c.want, got, "%v", c.args)
+		assert.Equal(t, c.want, argsWithPrefix(t, objs, "--relay-root-"), "%v", c.args)
 	}
+}
+
+// argsWithPrefix are the server container's arguments that start with
+// prefix, in order.
+func argsWithPrefix(t *testing.T, objs []*unstructured.Unstructured, prefix string) []string {
+	t.Helper()
+	var got []string
+	for _, a := range containerArgs(t, objs) {
+		if strings.HasPrefix(a, prefix) {
+			got = append(got, a)
+		}
+	}
+	return got
 }
 
 // TestSPIFFEBundleValuesBecomeServerFlagsAndPorts: the bundle endpoint's
@@ -171,13 +178,7 @@ func TestSPIFFEBundleValuesBecomeServerFlagsAndPorts(t *testing.T) {
 	} {
 		objs, err := h.template(chartDir(t, serverChart), "r", namespace, c.args...)
 		require.NoError(t, err, "%v", c.args)
-		var got []string
-		for _, a := range containerArgs(t, objs) {
-			if strings.HasPrefix(a, "--spiffe-bundle-") {
-				got = append(got, a)
-			}
-		}
-		assert.Equal(t, c.want, got, "%v", c.args)
+		assert.Equal(t, c.want, argsWithPrefix(t, objs, "--spiffe-bundle-"), "%v", c.args)
 		ports := 0
 		for _, o := range objs {
 			if o.GetKind() != "Service" {

@@ -261,12 +261,6 @@ func (s *Server) LogTail(n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-// Log is the server's whole log.
-func (s *Server) Log() string {
-	b, _ := os.ReadFile(s.log)
-	return string(b)
-}
-
 // Stop ends the server and removes its directory.
 func (s *Server) Stop() error {
 	var err error
