@@ -38,6 +38,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 )
 
 var screenshots = flag.String("screenshots", "", "write a PNG of every page to this directory (make screenshots)")
@@ -177,11 +178,22 @@ metadata: {name: cluster-3, namespace: relaymesh}
 spec: {mode: relay}
 `))
 	require.NoError(t, err)
-	kc, err := w.dyn.Resource(gvrClusters).Namespace("relaymesh").Get(ctx, "cluster-3", metav1.GetOptions{})
-	require.NoError(t, err)
-	require.NoError(t, unstructured.SetNestedField(kc.Object, hostile, "status", "agentVersion"))
-	require.NoError(t, unstructured.SetNestedStringSlice(kc.Object, []string{hostile}, "status", "errors"))
-	_, err = w.dyn.Resource(gvrClusters).Namespace("relaymesh").UpdateStatus(ctx, kc, metav1.UpdateOptions{})
+	// The server writes cluster-3's status too (it is registered, not
+	// connected), so a read-modify-write may meet a newer resourceVersion.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		kc, err := w.dyn.Resource(gvrClusters).Namespace("relaymesh").Get(ctx, "cluster-3", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if err := unstructured.SetNestedField(kc.Object, hostile, "status", "agentVersion"); err != nil {
+			return err
+		}
+		if err := unstructured.SetNestedStringSlice(kc.Object, []string{hostile}, "status", "errors"); err != nil {
+			return err
+		}
+		_, err = w.dyn.Resource(gvrClusters).Namespace("relaymesh").UpdateStatus(ctx, kc, metav1.UpdateOptions{})
+		return err
+	})
 	require.NoError(t, err)
 }
 
