@@ -296,7 +296,11 @@ func Accept(td spiffeid.TrustDomain, last *spiffebundle.Bundle, body []byte) (*s
 		} `json:"keys"`
 	}
 	if err := json.Unmarshal(body, &doc); err != nil {
-		return nil, refuse(td, RefuseMalformed, "not a JWK Set (%s), starting %q", clip(err.Error()), printable(body))
+		var syntax *json.SyntaxError
+		if errors.As(err, &syntax) {
+			return nil, refuse(td, RefuseMalformed, "not JSON (at byte %d), starting %q", syntax.Offset, printable(body))
+		}
+		return nil, refuse(td, RefuseMalformed, "not a JWK Set, starting %q", printable(body))
 	}
 	x509Keys := 0
 	for _, k := range doc.Keys {
