@@ -153,10 +153,19 @@ type Refused struct {
 	Err         error
 }
 
-// Error names the trust domain, the reason and the detail.
+// Error names the trust domain, the reason and the detail, the detail cut
+// to maxDetail printable ASCII bytes: a transport error may quote what
+// the peer sent (a TLS error, the names of its certificate).
 func (r *Refused) Error() string {
-	return fmt.Sprintf("spiffefed: the bundle of trust domain %q was refused (%s): %v", r.TrustDomain.Name(), r.Reason, r.Err)
+	detail := "<nil>"
+	if r.Err != nil {
+		detail = sanitize([]byte(r.Err.Error()), maxDetail)
+	}
+	return fmt.Sprintf("spiffefed: the bundle of trust domain %q was refused (%s): %s", r.TrustDomain.Name(), r.Reason, detail)
 }
+
+// maxDetail bounds the detail of Refused.Error.
+const maxDetail = 320
 
 // Unwrap is the detail.
 func (r *Refused) Unwrap() error { return r.Err }

@@ -394,6 +394,11 @@ func TestRefusalsQuoteOnlyAShortPrintablePrefixOfTheBody(t *testing.T) {
 	b, err := spiffefed.Accept(peerTD, nil, []byte(`{"keys":[{"use":"x509-svid","kty":"`+strings.Repeat("Z", 1000)+`"}]}`))
 	requireRefused(t, b, err, spiffefed.RefuseMalformed)
 	require.Less(t, len(err.Error()), 400)
+
+	// Whatever the detail, Error bounds it.
+	long := &spiffefed.Refused{TrustDomain: peerTD, Reason: spiffefed.RefuseFetch, Err: errors.New("x509: valid for " + strings.Repeat("\x7fpeer.example ", 200))}
+	require.Less(t, len(long.Error()), 450)
+	require.NotContains(t, long.Error(), "\x7f")
 }
 
 func TestNextRefreshIsTheHintClamped(t *testing.T) {
