@@ -37,6 +37,12 @@ const (
 	AdmissionDecision EventType = "admission.decision"
 	// RotationStep: the CA rotation state machine took a step.
 	RotationStep EventType = "rotation.step"
+	// TrustBundleAccept: a foreign SPIFFE trust bundle was fetched and
+	// accepted (Subject: the trust domain; Details: sequence, roots).
+	TrustBundleAccept EventType = "trust.bundle.accept"
+	// TrustBundleRefuse: a fetched foreign trust bundle, or the answer of
+	// its endpoint, was refused; the last accepted one is kept.
+	TrustBundleRefuse EventType = "trust.bundle.refuse"
 	// Throttled: calls refused by a rate limit over a window, summarised in
 	// one record (how many, from how many peers, for what) instead of one
 	// record per call, so a flood cannot fill the log.

@@ -7,17 +7,22 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/server/app"
 	"github.com/relaymesh/relaymesh/trust/spiffefed"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 )
 
 const caFederationSynopsis = `SPIFFE federation (docs/spiffe-federation.md): the trust bundles the
@@ -31,9 +36,17 @@ const caFederationStatusLong = `Show what the bundle endpoint publishes, read fr
 domain its VirtualMesh, its spiffe_sequence (higher on every change of its
 roots), when those roots were published (a rotation issues from a new root
 only three refresh hints plus --spiffe-bundle-peer-poll after that), its
-roots (fingerprint, subject, expiry), and the path peers fetch. Nothing published: the endpoint is off, or no VirtualMesh with shared
-trust has a member yet. Importing foreign trust domains is not built yet,
-so there are no peers to show.`
+roots (fingerprint, subject, expiry), and the path peers fetch. Nothing
+published: the endpoint is off, or no VirtualMesh with shared trust has a
+member yet.
+
+Then the foreign trust domains imported (FederatedTrustDomains in the
+namespace, fetched by the server's Lease holder): per peer its state
+(Pending: nothing accepted yet; Current: the last fetch was accepted;
+Stale: the last fetch was refused and the last accepted bundle is kept;
+Invalid: the spec cannot be used, e.g. it names a trust domain of this
+Relaymesh), sequence, last fetch, last acceptance, roots and the last
+refusal.`
 
 // publishedRoot is one root of a published bundle.
 type publishedRoot = ca.RootStatusCert
@@ -51,11 +64,27 @@ type publishedBundle struct {
 	Roots     []publishedRoot `json:"roots"`
 }
 
+// importedBundle is one foreign trust domain (FederatedTrustDomain) as
+// the server's Lease holder last fetched it.
+type importedBundle struct {
+	Name         string          `json:"name"`
+	TrustDomain  string          `json:"trustDomain"`
+	Profile      string          `json:"profile"`
+	URL          string          `json:"url"`
+	State        string          `json:"state"`
+	Sequence     uint64          `json:"sequence"`
+	LastFetch    *time.Time      `json:"lastFetch,omitempty"`
+	LastAccepted *time.Time      `json:"lastAccepted,omitempty"`
+	Roots        []publishedRoot `json:"roots"`
+	Error        string          `json:"error,omitempty"`
+}
+
 // federationStatus is what relaymesh ca federation status prints.
 type federationStatus struct {
 	// Source is the ConfigMap read, namespace/name.
 	Source    string            `json:"source"`
 	Published []publishedBundle `json:"published"`
+	Imported  []importedBundle  `json:"imported"`
 }
 
 func newCAFederationCommand(d deps, g *globals) *cobra.Command {
@@ -91,6 +120,9 @@ func caFederationStatus(ctx context.Context, stdout io.Writer, kube *kubeclient.
 	if err != nil {
 		return err
 	}
+	if st.Imported, err = importedBundles(ctx, kube, namespace); err != nil {
+		return err
+	}
 	if format == printer.JSON || format == printer.YAML {
 		return printer.Print(stdout, format, st)
 	}
@@ -101,7 +133,7 @@ func caFederationStatus(ctx context.Context, stdout io.Writer, kube *kubeclient.
 // stored state that does not decode is an error naming the ConfigMap: the
 // server refuses it too and keeps serving what it served before.
 func federationStatusOf(namespace string, data []byte) (federationStatus, error) {
-	out := federationStatus{Source: namespace + "/" + app.BundleConfigMap, Published: []publishedBundle{}}
+	out := federationStatus{Source: namespace + "/" + app.BundleConfigMap, Published: []publishedBundle{}, Imported: []importedBundle{}}
 	if len(data) == 0 {
 		return out, nil
 	}
@@ -124,8 +156,79 @@ func federationStatusOf(namespace string, data []byte) (federationStatus, error)
 	return out, nil
 }
 
-// writeFederationStatus prints s as a table, one line per root.
+// importedBundles reads the namespace's FederatedTrustDomains.
+func importedBundles(ctx context.Context, kube *kubeclient.Clients, namespace string) ([]importedBundle, error) {
+	list, err := kube.Dynamic.Resource(networkingv1alpha1.FederatedTrustDomains).Namespace(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list FederatedTrustDomains in %s: %w", namespace, err)
+	}
+	out := []importedBundle{}
+	for _, item := range list.Items {
+		var f networkingv1alpha1.FederatedTrustDomain
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(item.Object, &f); err != nil {
+			return nil, fmt.Errorf("FederatedTrustDomain %s/%s: %w", namespace, item.GetName(), err)
+		}
+		b := importedBundle{Name: f.Name, TrustDomain: f.Spec.TrustDomain, Profile: f.Spec.Profile, URL: f.Spec.BundleEndpointURL,
+			State: string(f.Status.State), Sequence: f.Status.Sequence, Error: f.Status.Error, Roots: []publishedRoot{}}
+		if b.State == "" {
+			b.State = "Pending"
+		}
+		if t := f.Status.LastFetch; t != nil {
+			at := t.UTC()
+			b.LastFetch = &at
+		}
+		if t := f.Status.LastAccepted; t != nil {
+			at := t.UTC()
+			b.LastAccepted = &at
+		}
+		if roots, err := spiffefed.ParseRoots([]byte(f.Status.BundlePEM)); err == nil {
+			for _, r := range roots {
+				b.Roots = append(b.Roots, ca.RootStatusCertOf(r))
+			}
+		}
+		out = append(out, b)
+	}
+	slices.SortFunc(out, func(a, b importedBundle) int {
+		return strings.Compare(a.TrustDomain+"/"+a.Name, b.TrustDomain+"/"+b.Name)
+	})
+	return out, nil
+}
+
+// writeFederationStatus prints s as two tables, one line per root: what is
+// published, then what is imported.
 func writeFederationStatus(w io.Writer, s federationStatus) error {
+	if err := writePublished(w, s); err != nil {
+		return err
+	}
+	if len(s.Imported) == 0 {
+		_, err := fmt.Fprintln(w, "\nno foreign trust domain is imported (no FederatedTrustDomain in the namespace)")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nIMPORTED\tNAME\tPROFILE\tSTATE\tSEQUENCE\tLAST FETCH\tLAST ACCEPTED\tROOT\tEXPIRES\tERROR")
+	stamp := func(t *time.Time) string {
+		if t == nil {
+			return "never"
+		}
+		return t.Format(time.RFC3339)
+	}
+	for _, b := range s.Imported {
+		cols := []string{b.TrustDomain, b.Name, b.Profile, b.State, fmt.Sprint(b.Sequence), stamp(b.LastFetch), stamp(b.LastAccepted), "-", "-", text.Truncate(oneLine(b.Error), 120)}
+		if len(b.Roots) == 0 {
+			fmt.Fprintln(tw, strings.Join(cols, "\t"))
+		}
+		for i, r := range b.Roots {
+			if i > 0 {
+				cols = []string{"", "", "", "", "", "", "", "", "", ""}
+			}
+			cols[7], cols[8] = r.Fingerprint[:16], r.NotAfter.Format(time.RFC3339)
+			fmt.Fprintln(tw, strings.Join(cols, "\t"))
+		}
+	}
+	return errors.Join(tw.Flush())
+}
+
+func writePublished(w io.Writer, s federationStatus) error {
 	if len(s.Published) == 0 {
 		_, err := fmt.Fprintf(w, "no trust bundle is published (%s holds none): the bundle endpoint is off (relaymesh server --spiffe-bundle-listen) or no VirtualMesh with shared trust has a member yet\n", s.Source)
 		return err
@@ -146,4 +249,15 @@ func writeFederationStatus(w io.Writer, s federationStatus) error {
 		}
 	}
 	return errors.Join(tw.Flush())
+}
+
+// oneLine makes s one table cell: control characters (line breaks, tabs,
+// terminal escapes) become spaces.
+func oneLine(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
 }

@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"strings"
 	"testing"
 	"time"
 
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/server/app"
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -17,6 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 )
 
 // publishedState is what the Lease holder stores for two trust domains of
@@ -104,6 +108,7 @@ func TestCAFederationStatusAgainstAPIServer(t *testing.T) {
 	out, errOut, code := cli()
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, out, "no trust bundle is published")
+	assert.Contains(t, out, "no foreign trust domain is imported")
 
 	data, _, newRoot := publishedState(t)
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: app.BundleConfigMap, Namespace: "relaymesh"}, Data: map[string]string{app.BundleStateKey: string(data)}}
@@ -118,6 +123,34 @@ func TestCAFederationStatusAgainstAPIServer(t *testing.T) {
 	var st federationStatus
 	require.NoError(t, json.Unmarshal([]byte(out), &st))
 	assert.Len(t, st.Published, 3)
+
+	// Imported peers: one FederatedTrustDomain, Stale with a hostile error.
+	assert.Empty(t, st.Imported)
+	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
+	require.NoError(t, err)
+	ftds := dyn.Resource(networkingv1alpha1.FederatedTrustDomains).Namespace("relaymesh")
+	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "networking.relaymesh.io/v1alpha1", "kind": "FederatedTrustDomain",
+		"metadata": map[string]any{"name": "spire", "namespace": "relaymesh"},
+		"spec":     map[string]any{"trustDomain": "spire.example", "bundleEndpointURL": "https://spire.example:8443/", "profile": "https_web"}}}
+	u, err = ftds.Create(ctx, u, metav1.CreateOptions{})
+	require.NoError(t, err)
+	rootPEM := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: newRoot.Cert.Raw}))
+	require.NoError(t, unstructured.SetNestedMap(u.Object, map[string]any{"state": "Stale", "sequence": int64(7), "bundlePEM": rootPEM,
+		"lastFetch": "2026-12-03T12:00:00Z", "error": "refused\n\x1b[31mred\ttab"}, "status"))
+	_, err = ftds.UpdateStatus(ctx, u, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	out, errOut, code = cli()
+	require.Equal(t, 0, code, errOut)
+	assert.Regexp(t, `spire\.example +spire +https_web +Stale +7 +2026-12-03T12:00:00Z +never +`+ca.RootFingerprint(newRoot.Cert)[:16], out)
+	assert.NotContains(t, out, "\x1b", "a hostile error cannot drive the terminal")
+	assert.Contains(t, out, "refused  [31mred tab")
+	out, errOut, code = cli("-o", "json")
+	require.Equal(t, 0, code, errOut)
+	st = federationStatus{}
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.Len(t, st.Imported, 1)
+	assert.Equal(t, "Stale", st.Imported[0].State)
+	require.Len(t, st.Imported[0].Roots, 1)
 
 	cm.Data[app.BundleStateKey] = strings.Replace(string(data), `"version":1`, `"version":2`, 1)
 	_, err = kube.CoreV1().ConfigMaps("relaymesh").Update(ctx, cm, metav1.UpdateOptions{})

@@ -102,6 +102,7 @@ type process struct {
 	loader                       *admission.Loader
 	ctl                          *controller.Controller
 	trust                        *trust.Controller
+	importer                     *trust.Importer
 	inProcess                    *server.InProcessAgents
 	srv                          *server.Server
 	webhook                      *admission.Registration

@@ -39,14 +39,14 @@ func TestOnceOnlyWorkDependsOnlyOnTheSetup(t *testing.T) {
 		setup setup
 		want  []string
 	}{
-		{"the only replica", setup{}, []string{"token-mint-audit", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "status-and-rotation"}},
+		{"the only replica", setup{}, []string{"token-mint-audit", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "status-and-rotation", "spiffe-import"}},
 		{"several replicas", setup{several: true}, []string{"token-mint-audit", "session-sweep", "replica-lease-collection",
-			"serving-secret", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "output-heads", "status-and-rotation"}},
+			"serving-secret", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "output-heads", "status-and-rotation", "spiffe-import"}},
 		{"the only replica with everything", setup{redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
-			"relay-issuer-renewal", "relay-root-rotation", "snapshot-store-collection", "orphan-collection", "status-and-rotation", "kubeconfig-clusters", "webhook-configuration"}},
+			"relay-issuer-renewal", "relay-root-rotation", "snapshot-store-collection", "orphan-collection", "status-and-rotation", "spiffe-import", "kubeconfig-clusters", "webhook-configuration"}},
 		{"several replicas with everything", setup{several: true, redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
 			"session-sweep", "replica-lease-collection", "serving-secret", "relay-issuer-renewal", "relay-root-rotation", "snapshot-store-collection", "orphan-collection",
-			"output-heads", "status-and-rotation", "kubeconfig-clusters", "webhook-configuration"}},
+			"output-heads", "status-and-rotation", "spiffe-import", "kubeconfig-clusters", "webhook-configuration"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, names(tasksFor(tc.setup)))

@@ -65,6 +65,9 @@ var onceOnlyWork = []onceOnlyTask{
 	// Replicas serve one order of output versions: the leader's heads.
 	{name: "output-heads", when: severalReplicas, run: (*process).leadHeads},
 	{name: "status-and-rotation", when: always, run: (*process).driveStatusAndRotation},
+	// Foreign SPIFFE bundles (FederatedTrustDomains) have one fetcher and
+	// one status writer.
+	{name: "spiffe-import", when: always, run: (*process).importForeignBundles},
 	// One replica at a time discovers and applies to a kubeconfig-mode
 	// cluster.
 	{name: "kubeconfig-clusters", when: kubeconfigClusters, run: (*process).runInProcessAgents},
@@ -192,3 +195,5 @@ func (p *process) runInProcessAgents(ctx context.Context) {
 		p.mirror.Kick(cluster)
 	}
 }
+
+func (p *process) importForeignBundles(ctx context.Context) { p.importer.Run(ctx) }

@@ -52,6 +52,11 @@ func (p *process) newTranslation(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Foreign SPIFFE bundles: fetched by the Lease holder (spiffe-import).
+	if p.importer, err = trust.NewImporter(trust.ImporterConfig{Dynamic: p.kube.Dynamic, Namespace: p.cfg.Namespace,
+		Audit: p.audit, Log: p.log, Registerer: p.reg, Reserved: []string{p.td.Name()}}); err != nil {
+		return err
+	}
 	for _, r := range p.sources() {
 		r.OnRegister(func(string) { p.ctl.Kick(); p.trust.Kick() })
 		r.OnRevoke(func(string) { p.ctl.Kick(); p.trust.Kick() })

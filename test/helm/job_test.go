@@ -7,6 +7,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +26,8 @@ import (
 	"github.com/relaymesh/relaymesh/test/e2e"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.step.sm/crypto/pemutil"
@@ -254,6 +258,7 @@ var mainJob = []step{
 	{"debug", (*job).debug},
 	{"translation", (*job).translation},
 	{"trust", (*job).trust},
+	{"federation", (*job).federation},
 	{"rotation", (*job).rotation},
 	{"renewal", (*job).renewal},
 	{"restart", (*job).restart},
@@ -735,6 +740,40 @@ func (j *job) trust() error {
 			j.roots[name] = root
 		}
 		return true, ""
+	})
+}
+
+// federation imports a foreign SPIFFE trust domain: the Lease holder
+// fetches the bundle a FederatedTrustDomain names (an https_web endpoint
+// in this process) and writes the accepted roots into its status.
+func (j *job) federation() error {
+	root, err := ca.GenerateMeshRoot(ca.MeshRootConfig{VirtualMesh: "foreign"})
+	require.NoError(j.t, err)
+	b := spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("foreign.example"), []*x509.Certificate{root.Cert})
+	b.SetSequenceNumber(1)
+	doc, err := b.Marshal()
+	require.NoError(j.t, err)
+	peer := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(doc) }))
+	j.t.Cleanup(peer.Close)
+	peerRoots := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: peer.Certificate().Raw})
+	if _, err := j.mgmt.Apply(j.ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: FederatedTrustDomain
+metadata: {name: foreign, namespace: %s}
+spec: {trustDomain: foreign.example, bundleEndpointURL: %q, profile: https_web, webRootsPEM: %q}
+`, namespace, peer.URL+"/bundle", peerRoots))); err != nil {
+		return fmt.Errorf("apply a FederatedTrustDomain: %w", err)
+	}
+	want := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: root.Cert.Raw}))
+	return j.wait("the foreign bundle accepted into the FederatedTrustDomain's status", 30*time.Second, func() (bool, string) {
+		u, err := j.mgmtDyn.Resource(networkingv1alpha1.FederatedTrustDomains).Namespace(namespace).Get(j.ctx, "foreign", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		state, _, _ := unstructured.NestedString(u.Object, "status", "state")
+		got, _, _ := unstructured.NestedString(u.Object, "status", "bundlePEM")
+		msg, _, _ := unstructured.NestedString(u.Object, "status", "error")
+		return state == "Current" && got == want, state + " " + msg
 	})
 }
 

@@ -253,12 +253,33 @@ spec:
 `), metav1.CreateOptions{})
 		require.NoError(t, err)
 
+		ftds := dyn.Resource(networkingv1alpha1.FederatedTrustDomains).Namespace("default")
+		_, err = ftds.Create(ctx, object(t, `
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: FederatedTrustDomain
+metadata: {name: spire, namespace: default}
+spec:
+  trustDomain: spire.example
+  bundleEndpointURL: https://spire.example:8443/
+  profile: https_spiffe
+  endpointSPIFFEID: spiffe://spire.example/spire/server
+  bootstrapBundle: "-----BEGIN CERTIFICATE-----"
+`), metav1.CreateOptions{})
+		require.NoError(t, err)
+		const ftd = "apiVersion: networking.relaymesh.io/v1alpha1\nkind: FederatedTrustDomain\nmetadata: {name: f, namespace: default}\n"
+
 		for _, tt := range []struct {
 			name string
 			ri   dynamic.ResourceInterface
 			y    string
 			want string
 		}{
+			{"foreign trust domain over plain http", ftds, ftd + "spec: {trustDomain: a.example, bundleEndpointURL: 'http://a.example/', profile: https_web}", "must be an https:// URL"},
+			{"foreign trust domain with capitals", ftds, ftd + "spec: {trustDomain: A.example, bundleEndpointURL: 'https://a.example/', profile: https_web}", "must be a SPIFFE trust domain name"},
+			{"unknown bundle profile", ftds, ftd + "spec: {trustDomain: a.example, bundleEndpointURL: 'https://a.example/', profile: http}", "Unsupported value"},
+			{"https_spiffe without a bootstrap bundle", ftds, ftd + "spec: {trustDomain: a.example, bundleEndpointURL: 'https://a.example/', profile: https_spiffe, endpointSPIFFEID: 'spiffe://a.example/s'}", "needs endpointSPIFFEID and bootstrapBundle"},
+			{"endpoint ID in another trust domain", ftds, ftd + "spec: {trustDomain: a.example, bundleEndpointURL: 'https://a.example/', profile: https_spiffe, endpointSPIFFEID: 'spiffe://b.example/s', bootstrapBundle: x}", "must be a SPIFFE ID with a path in trustDomain"},
+			{"https_web with an endpoint ID", ftds, ftd + "spec: {trustDomain: a.example, bundleEndpointURL: 'https://a.example/', profile: https_web, endpointSPIFFEID: 'spiffe://a.example/s'}", "for the https_spiffe profile only"},
 			{"cluster name not a DNS label", clusters, "apiVersion: multicluster.relaymesh.io/v1alpha1\nkind: KubernetesCluster\nmetadata: {name: cluster.one, namespace: default}\nspec: {}", "must be a DNS label"},
 			{"kubeconfig mode without secret", clusters, "apiVersion: multicluster.relaymesh.io/v1alpha1\nkind: KubernetesCluster\nmetadata: {name: c2, namespace: default}\nspec: {mode: kubeconfig}", "kubeconfigSecretRef is required"},
 			{"weight over 100", tps, "apiVersion: networking.relaymesh.io/v1alpha1\nkind: TrafficPolicy\nmetadata: {name: w, namespace: default}\nspec: {policy: {trafficShift: {destinations: [{weight: 120, kubeService: {name: r, namespace: b, clusterName: c}}]}}}", "should be less than or equal to 100"},
@@ -309,7 +330,7 @@ spec:
 			}
 		}
 		require.NotEmpty(t, owners["ap"], "Istio's CRDs are served (AuthorizationPolicy is ap)")
-		require.Len(t, ours, 5, "every user-facing Relaymesh kind has a short name: %v", ours)
+		require.Len(t, ours, 6, "every user-facing Relaymesh kind has a short name: %v", ours)
 		for sn, byName := range owners {
 			assert.Len(t, byName, 1, "short name %q names %v", sn, byName)
 		}

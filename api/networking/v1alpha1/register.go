@@ -16,6 +16,10 @@ var (
 	TrafficPolicies     = GroupVersion.WithResource("trafficpolicies")
 	AccessPolicies      = GroupVersion.WithResource("accesspolicies")
 	VirtualDestinations = GroupVersion.WithResource("virtualdestinations")
+	// FederatedTrustDomains are foreign SPIFFE trust domains: operator
+	// configuration in the server's namespace, not user intent, so not
+	// among Resources (no admission, no translation).
+	FederatedTrustDomains = GroupVersion.WithResource("federatedtrustdomains")
 )
 
 // Resources are the resources of the user kinds, in the order above (the
@@ -36,6 +40,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&TrafficPolicy{}, &TrafficPolicyList{},
 		&AccessPolicy{}, &AccessPolicyList{},
 		&VirtualDestination{}, &VirtualDestinationList{},
+		&FederatedTrustDomain{}, &FederatedTrustDomainList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
