@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"os"
@@ -12,12 +13,16 @@ import (
 	"testing"
 	"time"
 
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/examples"
 	"github.com/relaymesh/relaymesh/test/istiod"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/test/spire"
 	"github.com/relaymesh/relaymesh/trust"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.step.sm/crypto/pemutil"
@@ -205,7 +210,7 @@ func TestSharedTrust(t *testing.T) {
 		{TrustDomain: "cluster-1.local", URL: "https://" + bundleAddr + "/bundles/cluster-1.local"},
 		{TrustDomain: "cluster-2.local", URL: "https://" + spiffeBundleAddr + "/bundles/cluster-2.local", EndpointSPIFFEID: endpointID},
 	}
-	peer, err := spire.Start(ctx, spire.Config{TrustDomain: "spire.example", WebRoots: webRoots, FederatesWith: feds[:1]})
+	peer, err := spire.Start(ctx, spire.Config{TrustDomain: "spire.example", WebRoots: webRoots, FederatesWith: feds[:1], BundleEndpoint: true})
 	require.NoError(t, err)
 	require.NoError(t, peer.Federate(ctx, feds[1], cacerts["cluster-2"].Data[trust.KeyRootCert]),
 		"https_spiffe: the endpoint's SVID verifies with the bootstrap bundle\n%s", peer.LogTail(20))
@@ -233,6 +238,48 @@ func TestSharedTrust(t *testing.T) {
 		})
 	}
 	spireHolds("old root", oldRoot)
+
+	// And the other way: Relaymesh imports SPIRE's bundle endpoint
+	// (https_spiffe, bootstrapped with `spire-server bundle show`). Then an
+	// X509-SVID SPIRE mints verifies against Relaymesh's view, and the
+	// workload certificate cluster-1's istiod signed against SPIRE's.
+	spireRoots, err := peer.BundlePEM(ctx)
+	require.NoError(t, err)
+	_, err = mgmt.Apply(ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: FederatedTrustDomain
+metadata: {name: spire, namespace: relaymesh}
+spec: {trustDomain: spire.example, bundleEndpointURL: %q, profile: https_spiffe, endpointSPIFFEID: %q, bootstrapBundle: %q}
+`, peer.BundleEndpointURL(), peer.EndpointID(), spireRoots)))
+	require.NoError(t, err)
+	var imported []*x509.Certificate
+	Eventually(t, 30*time.Second, "the server's Lease holder imports SPIRE's bundle", func() (bool, string) {
+		raw, err := mgmtClient.CoreV1().RESTClient().Get().AbsPath("/apis/networking.relaymesh.io/v1alpha1/namespaces/relaymesh/federatedtrustdomains/spire").DoRaw(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		var ftd networkingv1alpha1.FederatedTrustDomain
+		if err := json.Unmarshal(raw, &ftd); err != nil {
+			return false, err.Error()
+		}
+		if ftd.Status.State != networkingv1alpha1.FederatedCurrent {
+			return false, fmt.Sprintf("%s: %s", ftd.Status.State, ftd.Status.Error)
+		}
+		imported, err = pemutil.ParseCertificateBundle([]byte(ftd.Status.BundlePEM))
+		return err == nil, fmt.Sprint(err)
+	})
+	wantRoots, err := pemutil.ParseCertificateBundle(spireRoots)
+	require.NoError(t, err)
+	require.ElementsMatch(t, wantRoots, imported, "the imported bundle is SPIRE's")
+	svid, err := peer.Mint(ctx, "spiffe://spire.example/ns/default/sa/client")
+	require.NoError(t, err)
+	id, _, err := x509svid.Verify(svid, x509bundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("spire.example"), imported))
+	require.NoError(t, err, "SPIRE's X509-SVID verifies against the bundle Relaymesh imported")
+	assert.Equal(t, "spiffe://spire.example/ns/default/sa/client", id.String())
+	held, err := peer.FederatedBundle(ctx, "cluster-1.local")
+	require.NoError(t, err)
+	_, err = verifyWorkload(issued["cluster-1"], held.X509Authorities())
+	require.NoError(t, err, "the mesh workload's certificate verifies against the bundle SPIRE holds for cluster-1.local")
 
 	// The other peer: a real istiod of another mesh (trust domain
 	// peer.example, its own CA) whose meshConfig.caCertificates names the

@@ -14,6 +14,8 @@ package spire
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -54,6 +56,9 @@ type Config struct {
 	// WebRoots is a PEM file of the roots https_web relationships trust
 	// (the process's SSL_CERT_FILE); empty: none.
 	WebRoots string
+	// BundleEndpoint serves the server's own bundle (https_spiffe, with
+	// the X509-SVID EndpointID), refreshed every 10 seconds.
+	BundleEndpoint bool
 }
 
 // Server is a running spire-server.
@@ -63,6 +68,8 @@ type Server struct {
 	dir    string
 	socket string
 	log    string
+	// bundleAddr is the bundle endpoint's host:port, if served.
+	bundleAddr string
 }
 
 // Start runs spire-server with cfg until it is healthy. Stop it.
@@ -100,6 +107,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, dir: dir, socket: filepath.Join(dir, "api.sock"), log: filepath.Join(dir, "spire-server.log")}
+	if cfg.BundleEndpoint {
+		if s.bundleAddr, err = localcluster.ListenAddr(); err != nil {
+			return nil, err
+		}
+	}
 	conf := filepath.Join(dir, "server.conf")
 	if err := os.WriteFile(conf, []byte(s.config(addr)), 0o600); err != nil {
 		return nil, err
@@ -148,6 +160,10 @@ func (s *Server) config(addr string) string {
 			profile = fmt.Sprintf("bundle_endpoint_profile \"https_spiffe\" {\n        endpoint_spiffe_id = %q\n      }", f.EndpointSPIFFEID)
 		}
 		fmt.Fprintf(&fed, "    federates_with %q {\n      bundle_endpoint_url = %q\n      %s\n    }\n", f.TrustDomain, f.URL, profile)
+	}
+	if s.bundleAddr != "" {
+		bhost, bport, _ := net.SplitHostPort(s.bundleAddr)
+		fmt.Fprintf(&fed, "    bundle_endpoint {\n      address = %q\n      port = %s\n      refresh_hint = \"10s\"\n      profile \"https_spiffe\" {}\n    }\n", bhost, bport)
 	}
 	return fmt.Sprintf(`server {
   bind_address = %q
@@ -249,6 +265,48 @@ func (s *Server) Federate(ctx context.Context, f Federation, bootstrap []byte) e
 func (s *Server) Refresh(ctx context.Context, td string) error {
 	_, err := s.cli(ctx, "federation", "refresh", "-id", td)
 	return err
+}
+
+// BundleEndpointURL is the URL of the server's own bundle endpoint
+// (Config.BundleEndpoint).
+func (s *Server) BundleEndpointURL() string { return "https://" + s.bundleAddr }
+
+// EndpointID is the SPIFFE ID of the X509-SVID the bundle endpoint
+// serves (SPIRE's own: spiffe://<trust domain>/spire/server).
+func (s *Server) EndpointID() string { return "spiffe://" + s.cfg.TrustDomain + "/spire/server" }
+
+// BundlePEM is the server's own bundle, PEM (`spire-server bundle show
+// -format pem`): what a peer is bootstrapped with.
+func (s *Server) BundlePEM(ctx context.Context) ([]byte, error) {
+	return s.cli(ctx, "bundle", "show", "-format", "pem")
+}
+
+// Mint is an X509-SVID for id that the server signs (`spire-server x509
+// mint`): its chain, leaf first.
+func (s *Server) Mint(ctx context.Context, id string) ([]*x509.Certificate, error) {
+	out, err := os.MkdirTemp(s.dir, "mint-")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.cli(ctx, "x509", "mint", "-spiffeID", id, "-ttl", "1h", "-write", out); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(filepath.Join(out, "svid.pem"))
+	if err != nil {
+		return nil, err
+	}
+	var chain []*x509.Certificate
+	for block, rest := pem.Decode(b); block != nil; block, rest = pem.Decode(rest) {
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, c)
+	}
+	if len(chain) == 0 {
+		return nil, fmt.Errorf("spire-server x509 mint wrote no certificate")
+	}
+	return chain, nil
 }
 
 // LogTail is the last n lines of the server's log.

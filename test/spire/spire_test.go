@@ -23,8 +23,10 @@ import (
 
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/test/spire"
+	"github.com/relaymesh/relaymesh/trust/spiffefed"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -129,4 +131,49 @@ func (ca *testCA) leaf(t *testing.T, ip net.IP) tls.Certificate {
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, k.Public(), ca.key)
 	require.NoError(t, err)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+}
+
+// Relaymesh's importer against SPIRE's own bundle endpoint (https_spiffe,
+// SPIRE's X509-SVID): bootstrapped with `bundle show`, it accepts SPIRE's
+// bundle, and an X509-SVID `x509 mint` signs verifies against what it
+// accepted; bootstrapped with another root, it refuses the endpoint.
+func TestTheImporterFetchesASPIREServersBundleEndpoint(t *testing.T) {
+	localcluster.SkipIfShort(t)
+	ctx := context.Background()
+	s, err := spire.Start(ctx, spire.Config{TrustDomain: "spire.example", BundleEndpoint: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Stop() })
+	td := spiffeid.RequireTrustDomainFromString("spire.example")
+	bootstrap, err := s.BundlePEM(ctx)
+	require.NoError(t, err)
+	roots, err := spiffefed.ParseRoots(bootstrap)
+	require.NoError(t, err)
+	peer := spiffefed.Peer{TrustDomain: td, URL: s.BundleEndpointURL(), Profile: spiffefed.ProfileSPIFFE,
+		EndpointID: spiffeid.RequireFromString(s.EndpointID())}
+	f := spiffefed.NewFetcher(spiffefed.FetcherOptions{})
+
+	var got *spiffebundle.Bundle
+	require.Eventually(t, func() bool { // the endpoint starts with the server
+		got, err = f.Fetch(ctx, peer, spiffebundle.FromX509Authorities(td, roots))
+		return err == nil
+	}, 30*time.Second, 200*time.Millisecond, "fetch: %v\n%s", err, s.LogTail(20))
+	require.Len(t, got.X509Authorities(), len(roots))
+	for _, r := range roots {
+		assert.True(t, got.HasX509Authority(r), "the bundle SPIRE serves holds what bundle show prints")
+	}
+	hint, ok := got.RefreshHint()
+	assert.True(t, ok)
+	assert.Equal(t, 10*time.Second, hint)
+
+	chain, err := s.Mint(ctx, "spiffe://spire.example/client")
+	require.NoError(t, err)
+	id, _, err := x509svid.Verify(chain, got.X509Bundle())
+	require.NoError(t, err, "SPIRE's X509-SVID verifies against the imported bundle")
+	assert.Equal(t, "spiffe://spire.example/client", id.String())
+
+	other := newCA(t, "not SPIRE's")
+	_, err = f.Fetch(ctx, peer, spiffebundle.FromX509Authorities(td, []*x509.Certificate{other.cert}))
+	var refused *spiffefed.Refused
+	require.ErrorAs(t, err, &refused)
+	assert.Equal(t, spiffefed.RefuseFetch, refused.Reason, "an endpoint whose SVID the bootstrap bundle does not verify: %v", err)
 }
