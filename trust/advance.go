@@ -23,6 +23,9 @@ type advanceInput struct {
 	// federation: why AddingNewRoot waits for SPIFFE federation peers
 	// (Controller.federationWait); empty: it does not.
 	federation string
+	// ambient: why AddingNewRoot may not issue from the new root
+	// (AmbientRefusal); empty: no member runs ambient.
+	ambient string
 }
 
 // nextRotation decides, from the recorded rotation and what advance
@@ -55,6 +58,13 @@ func nextRotation(rot *networkingv1alpha1.RotationStatus, in advanceInput) (*net
 	if in.federation != "" && waitsForFederation(r) {
 		r.PendingMeshes, r.AwaitingContinue = nil, false
 		r.Message = phaseMessage(r.Phase, r.Step) + "; " + in.federation
+		return r, false
+	}
+	if in.ambient != "" && r.Phase == networkingv1alpha1.PhaseAddingNewRoot {
+		// Never forward onto the new root while a member runs ambient; a
+		// rollback stays possible.
+		r.PendingMeshes, r.AwaitingContinue = nil, false
+		r.Message = phaseMessage(r.Phase, r.Step) + "; held: " + in.ambient + "; or `relaymesh ca rotate rollback " + in.key + "`"
 		return r, false
 	}
 	if in.manual && !(rollingBack && r.Step == 0) && in.cont != ContinueValue(rot) {

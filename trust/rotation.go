@@ -12,6 +12,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/internal/text"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	"go.step.sm/crypto/pemutil"
@@ -80,6 +81,40 @@ type vmPlan struct {
 	bundle []byte // root-cert.pem
 	issuer string
 	hold   bool // keep the meshes' CAs as they are
+	// ambient are the member meshes with an ambient data plane: a
+	// MultiRoot rotation never starts, nor issues from its new root, while
+	// there are any (AmbientRefusal).
+	ambient []string
+}
+
+// AmbientMembers are the names of the meshes whose data plane is ambient,
+// wholly or partly (a ztunnel runs, or workloads run in ambient mode).
+func AmbientMembers(members []*discoveryv1alpha1.Mesh) []string {
+	var out []string
+	for _, m := range members {
+		ist := m.Spec.Istio
+		if ist == nil {
+			continue
+		}
+		if (ist.Ambient != nil && ist.Ambient.Ztunnel) || slices.Contains(ist.DataPlaneModes, discoveryv1alpha1.DataPlaneAmbient) {
+			out = append(out, m.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// AmbientRefusal says why a MultiRoot rotation may not issue from a new
+// root while meshes run ambient. ztunnel trusts exactly one root, the last
+// certificate of the chain istiod's CA returns (Istio issues 47427 and
+// 61719): once one mesh's intermediate is under the new root, its
+// workloads and the ztunnels still under the old root fail each other's
+// handshakes (BadSignature) until every certificate is re-issued.
+func AmbientRefusal(meshes []string) string {
+	return fmt.Sprintf("MultiRoot is refused while meshes run ambient (%s): ztunnel trusts only the root at the end of its own chain, so "+
+		"intermediates under two roots break traffic between them until every certificate is re-issued; "+
+		"rotate once no member runs ambient, or with rotationStrategy None in a maintenance window (every mesh switches at once)",
+		strings.Join(meshes, ", "))
 }
 
 // stateOf returns the state of vm, from memory, else from its status (a
@@ -96,10 +131,10 @@ func (c *Controller) stateOf(key string, vm *networkingv1alpha1.VirtualMesh) *vm
 // plan decides what vm's meshes must hold now, starting a rotation when the
 // spec names another root than the one in force. A replica that does not
 // lead decides nothing new: it plans what the status records.
-func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMesh, leading bool) *vmPlan {
+func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMesh, leading bool, ambient []string) *vmPlan {
 	key := vm.Namespace + "/" + vm.Name
 	vm = c.follow(ctx, key, vm, leading)
-	p := &vmPlan{key: key, vm: vm}
+	p := &vmPlan{key: key, vm: vm, ambient: ambient}
 	st := c.stateOf(key, vm)
 	if active(st.rotation) {
 		c.planRotation(ctx, p, st)
@@ -176,6 +211,18 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 		} else {
 			p.steady(in)
 		}
+	case len(ambient) > 0:
+		// Not started: the root in force stays, the status says why, and
+		// the rotation starts once no member runs ambient.
+		msg := "not rotating: " + AmbientRefusal(ambient) + "; the root in force stays"
+		if c.persist(ctx, key, func(n *vmState) {
+			n.message = ""
+			n.rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseFailed, OldRootFingerprint: n.fp,
+				NewRootFingerprint: next.fingerprint, Message: text.Truncate(msg, 1024)}
+		}) {
+			c.log.Warn("root rotation refused: meshes run ambient", "virtual_mesh", key, "meshes", ambient)
+		}
+		p.steady(in)
 	default:
 		// Steering annotations left from an earlier rotation to the same
 		// root would continue or roll back this one at once.
@@ -401,6 +448,9 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 		cont:   p.vm.Annotations[networkingv1alpha1.AnnotationRotationContinue]}
 	if len(pending) == 0 && waitsForFederation(rot) {
 		in.federation = c.federationWait(rot, members, in.now)
+	}
+	if len(p.ambient) > 0 {
+		in.ambient = AmbientRefusal(p.ambient)
 	}
 	moved := false
 	recorded := c.persist(ctx, p.key, func(n *vmState) {

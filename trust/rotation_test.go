@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
@@ -766,4 +767,50 @@ func BenchmarkRotation(b *testing.B) {
 			}
 		})
 	}
+}
+
+// A MultiRoot rotation never issues from a new root while a member mesh
+// runs ambient (ztunnel trusts one root): it is refused at the start with
+// the reason and the root in force kept, starts once no member runs
+// ambient, is held in AddingNewRoot (however it is continued) when one
+// turns ambient again, and can still be rolled back from there.
+func TestAmbientMeshesRefuseMultiRoot(t *testing.T) {
+	w := newRotationWorld(t, "{generated: {}}", true)
+	vm := w.waitFor("steady", func(r *networkingv1alpha1.RotationStatus) bool { return r == nil })
+	old := vm.Status.SharedTrust.RootFingerprint
+	ambient := func(on bool) {
+		patch := `{"spec":{"istio":{"ambient":null,"dataPlaneModes":null}}}`
+		if on {
+			patch = `{"spec":{"istio":{"ambient":{"ztunnel":true},"dataPlaneModes":["ambient"]}}}`
+		}
+		_, err := w.dyn.Resource(discoveryv1alpha1.Meshes).Namespace(w.ns).Patch(w.ctx, "istiod-c2", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		require.NoError(t, err)
+	}
+	ambient(true)
+	w.annotate(networkingv1alpha1.AnnotationRootGeneration, "2")
+	vm = w.waitFor("refused", phaseIs(networkingv1alpha1.PhaseFailed, false))
+	assert.Contains(t, vm.Status.Rotation.Message, "MultiRoot is refused while meshes run ambient (istiod-c2)")
+	assert.Equal(t, old, vm.Status.SharedTrust.RootFingerprint, "the root in force stays")
+	w.sync()
+	holds(t, w.meshCAs(), []string{old}, old)
+
+	ambient(false)
+	vm = w.waitFor("AddingNewRoot acked", phaseIs(networkingv1alpha1.PhaseAddingNewRoot, true))
+	nu := vm.Status.Rotation.NewRootFingerprint
+
+	ambient(true)
+	w.annotate(networkingv1alpha1.AnnotationRotationContinue, "AddingNewRoot/"+nu)
+	vm = w.waitFor("held", func(r *networkingv1alpha1.RotationStatus) bool {
+		return r != nil && strings.Contains(r.Message, "held: MultiRoot is refused while meshes run ambient")
+	})
+	for range 3 {
+		w.sync()
+	}
+	time.Sleep(300 * time.Millisecond)
+	assert.Equal(t, networkingv1alpha1.PhaseAddingNewRoot, w.vm().Status.Rotation.Phase, "never onto the new root while a member runs ambient")
+	holds(t, w.meshCAs(), []string{old, nu}, old)
+
+	w.annotate(networkingv1alpha1.AnnotationRotationRollback, nu)
+	w.waitFor("RolledBack", phaseIs(networkingv1alpha1.PhaseRolledBack, false))
+	holds(t, w.meshCAs(), []string{old}, old)
 }

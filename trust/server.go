@@ -354,7 +354,7 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input, leading 
 			c.mu.Unlock()
 			continue
 		}
-		p := c.plan(ctx, vm, leading)
+		p := c.plan(ctx, vm, leading, AmbientMembers(members))
 		if p.bundle == nil && !p.hold {
 			continue
 		}

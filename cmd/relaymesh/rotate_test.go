@@ -137,4 +137,27 @@ spec:
 	_, err = rotate("start", "relaymesh/gen")
 	require.NoError(t, err)
 	assert.Equal(t, "3", annotations("gen")[networkingv1alpha1.AnnotationRootGeneration])
+
+	// A member mesh that runs ambient: MultiRoot is refused with the
+	// reason, and nothing is annotated; rotationStrategy None is the
+	// operator's explicit choice and goes on.
+	_, err = mgmt.Apply(ctx, "test", []byte(`
+apiVersion: discovery.relaymesh.io/v1alpha1
+kind: Mesh
+metadata: {name: istiod-istio-system-c1, namespace: relaymesh}
+spec:
+  istio:
+    installation: {name: istiod, namespace: istio-system, cluster: c1}
+    trustDomain: c1.local
+    ambient: {ztunnel: true}
+    dataPlaneModes: [ambient]
+`))
+	require.NoError(t, err)
+	failsWith("start", "relaymesh/gen", "MultiRoot is refused while meshes run ambient (istiod-istio-system-c1)")
+	assert.Equal(t, "3", annotations("gen")[networkingv1alpha1.AnnotationRootGeneration], "a refused start changes nothing")
+	_, err = vms.Patch(ctx, "gen", types.MergePatchType, []byte(`{"spec":{"mtls":{"rotationStrategy":"None"}}}`), metav1.PatchOptions{})
+	require.NoError(t, err)
+	_, err = rotate("start", "relaymesh/gen")
+	require.NoError(t, err)
+	assert.Equal(t, "4", annotations("gen")[networkingv1alpha1.AnnotationRootGeneration])
 }

@@ -7,11 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,9 +61,11 @@ fails. A root in a Secret, an HSM or an external CA is rotated by pointing
 spec.mtls.shared.rootCA at the new root (the server then rotates to it); after
 such a rotation was rolled back, start tries that root again.
 
-It refuses a VirtualMesh that is already rotating. With --wait it prints each
-phase until the rotation finishes, rolls back, waits for a continue, or the
-time is up (then it fails).`,
+It refuses a VirtualMesh that is already rotating, and a MultiRoot rotation
+of one whose meshes run ambient (ztunnel trusts a single root; the server
+refuses it too, and holds a rotation in AddingNewRoot while any member runs
+ambient). With --wait it prints each phase until the rotation finishes,
+rolls back, waits for a continue, or the time is up (then it fails).`,
 	"continue": `Let the rotation of VIRTUALMESH (NAMESPACE/NAME) leave the phase it waits in.
 
 With spec.mtls.rotationVerification Manual the server stops after each phase,
@@ -136,9 +142,15 @@ func rotate(ctx context.Context, d deps, g *globals, verb, key string, wait time
 	var annotation, value string
 	switch verb {
 	case "start":
+		var ambient []string
+		if !rotating && vm.Spec.MTLS.RotationStrategy != networkingv1alpha1.RotationNone {
+			ambient = ambientMeshes(ctx, kube, g.namespace, vm)
+		}
 		switch {
 		case rotating:
 			return fmt.Errorf("%s is already rotating (%s): continue or roll it back first", key, rot.Phase)
+		case len(ambient) > 0:
+			return fmt.Errorf("%s: %s", key, trust.AmbientRefusal(ambient))
 		case vm.Spec.MTLS.Shared.RootCA.Generated != nil:
 			gen, _ := strconv.Atoi(vm.Annotations[networkingv1alpha1.AnnotationRootGeneration])
 			annotation, value = networkingv1alpha1.AnnotationRootGeneration, strconv.Itoa(max(gen, 1)+1)
@@ -176,6 +188,30 @@ func rotate(ctx context.Context, d deps, g *globals, verb, key string, wait time
 		return nil
 	}
 	return watchRotation(ctx, vms, name, rot, wait, stdout)
+}
+
+// ambientMeshes are the members of vm that run ambient, as discovered in
+// namespace (the server's). Meshes that cannot be read are not counted:
+// the server refuses the rotation anyway (its status says why).
+func ambientMeshes(ctx context.Context, kube *kubeclient.Clients, namespace string, vm *networkingv1alpha1.VirtualMesh) []string {
+	list, err := kube.Dynamic.Resource(discoveryv1alpha1.Meshes).Namespace(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil
+	}
+	var members []*discoveryv1alpha1.Mesh
+	for _, u := range list.Items {
+		var m discoveryv1alpha1.Mesh
+		if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &m) != nil || m.Spec.Istio == nil {
+			continue
+		}
+		in := m.Spec.Istio.Installation
+		if slices.ContainsFunc(vm.Spec.Meshes, func(r common.ClusterObjectRef) bool {
+			return r.ClusterName == in.Cluster && r.Namespace == in.Namespace && r.Name == in.Name
+		}) {
+			members = append(members, &m)
+		}
+	}
+	return trust.AmbientMembers(members)
 }
 
 // watchRotation prints the rotation's phases until it settles: finished,
