@@ -32,6 +32,11 @@ type Source interface {
 	Input() (*translation.Input, error)
 	// Version changes whenever what Input returns may have changed.
 	Version() string
+	// FederatedTrustDomains are the federation peers: the
+	// FederatedTrustDomains of the server's namespace only (those of other
+	// namespaces are never fetched). An error MUST leave the caller's other
+	// reads working: the peers are one section of one page.
+	FederatedTrustDomains() ([]networkingv1alpha1.FederatedTrustDomain, error)
 }
 
 var (
@@ -43,11 +48,12 @@ var (
 	gvrTraffic      = networkingv1alpha1.TrafficPolicies
 	gvrAccess       = networkingv1alpha1.AccessPolicies
 	gvrVirtualDests = networkingv1alpha1.VirtualDestinations
+	gvrPeers        = networkingv1alpha1.FederatedTrustDomains
 )
 
 // KubeSource reads the management cluster through informers: the
-// KubernetesClusters and discovered objects of the server's namespace, the
-// user objects of every namespace. Typed conversions are cached by
+// KubernetesClusters, discovered objects and FederatedTrustDomains of the
+// server's namespace, the user objects of every namespace. Typed conversions are cached by
 // resourceVersion, so a page load converts only what changed.
 type KubeSource struct {
 	informers map[schema.GroupVersionResource]cache.SharedIndexInformer
@@ -62,12 +68,15 @@ type typedObject struct {
 }
 
 // StartKubeSource starts the informers and waits (at most timeout) until
-// they synced. They stop with ctx.
+// they synced, all but the FederatedTrustDomains': a chart upgrade does not
+// install a new CRD, and a server without it must still serve every other
+// view (FederatedTrustDomains says the watch has not synced). They stop
+// with ctx.
 func StartKubeSource(ctx context.Context, client dynamic.Interface, namespace string, timeout time.Duration) (*KubeSource, error) {
 	s := &KubeSource{informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{}, typed: map[schema.GroupVersionResource]map[string]typedObject{}}
 	local := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 10*time.Minute, namespace, nil)
 	all := dynamicinformer.NewDynamicSharedInformerFactory(client, 10*time.Minute)
-	for _, gvr := range []schema.GroupVersionResource{gvrClusters, gvrMeshes, gvrWorkloads, gvrDestinations} {
+	for _, gvr := range []schema.GroupVersionResource{gvrClusters, gvrMeshes, gvrWorkloads, gvrDestinations, gvrPeers} {
 		s.informers[gvr] = local.ForResource(gvr).Informer()
 	}
 	for _, gvr := range []schema.GroupVersionResource{gvrVirtualMesh, gvrTraffic, gvrAccess, gvrVirtualDests} {
@@ -78,6 +87,9 @@ func StartKubeSource(ctx context.Context, client dynamic.Interface, namespace st
 	syncCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for gvr, inf := range s.informers {
+		if gvr == gvrPeers {
+			continue
+		}
 		if !cache.WaitForCacheSync(syncCtx.Done(), inf.HasSynced) {
 			return nil, fmt.Errorf("dashboard: the watch of %s did not sync within %s", gvr.Resource, timeout)
 		}
@@ -108,6 +120,20 @@ func (s *KubeSource) Input() (*translation.Input, error) {
 		Clusters:            listTyped[multiclusterv1alpha1.KubernetesCluster](s, gvrClusters, &errs),
 	}
 	return in, errors.Join(errs...)
+}
+
+// errPeersNotSynced is FederatedTrustDomains' answer before its watch
+// synced.
+var errPeersNotSynced = errors.New("the watch of federatedtrustdomains has not synced (is the FederatedTrustDomain CRD installed?)")
+
+// FederatedTrustDomains implements Source.
+func (s *KubeSource) FederatedTrustDomains() ([]networkingv1alpha1.FederatedTrustDomain, error) {
+	if !s.informers[gvrPeers].HasSynced() {
+		return nil, errPeersNotSynced
+	}
+	var errs []error
+	out := listTyped[networkingv1alpha1.FederatedTrustDomain](s, gvrPeers, &errs)
+	return out, errors.Join(errs...)
 }
 
 // Version implements Source: a hash of every watched object's key and
@@ -167,6 +193,8 @@ func listTyped[T any](s *KubeSource, gvr schema.GroupVersionResource, errs *[]er
 type StaticSource struct {
 	KubernetesClusters []multiclusterv1alpha1.KubernetesCluster
 	In                 *translation.Input
+	// Peers are what FederatedTrustDomains returns.
+	Peers []networkingv1alpha1.FederatedTrustDomain
 	// Rev is what Version returns.
 	Rev string
 }
@@ -186,6 +214,11 @@ func (s *StaticSource) Input() (*translation.Input, error) {
 
 // Version implements Source.
 func (s *StaticSource) Version() string { return s.Rev }
+
+// FederatedTrustDomains implements Source.
+func (s *StaticSource) FederatedTrustDomains() ([]networkingv1alpha1.FederatedTrustDomain, error) {
+	return s.Peers, nil
+}
 
 // Workloads lists discovered Workloads kept outside the apiserver
 // (server.SharedSnapshots); Version changes whenever the list may have.
