@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/relaymesh/relaymesh/internal/kubeauth"
+	"github.com/relaymesh/relaymesh/internal/text"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 )
@@ -341,6 +342,22 @@ func (d *Dashboard) authorize(ctx context.Context, user *authenticationv1.UserIn
 	return nil
 }
 
+// sectionsFor checks the sections of view v for user: nil for each it may
+// see, else why not (wrapping kubeauth.ErrForbidden or ErrUnavailable).
+func (d *Dashboard) sectionsFor(ctx context.Context, user *authenticationv1.UserInfo, v View) map[Section]error {
+	out := map[Section]error{}
+	for _, s := range sections[v] {
+		out[s] = nil
+		for _, a := range SectionAttributes(s, d.cfg.Namespace) {
+			if err := d.cfg.Auth.Authorize(ctx, user, a); err != nil {
+				out[s] = err
+				break
+			}
+		}
+	}
+	return out
+}
+
 // refuse answers a page request that did not authenticate or authorize,
 // with no data: the login form (401), a page that names the permissions
 // the view needs (403), or 503.
@@ -378,13 +395,19 @@ type forbidden struct {
 func forbiddenData(v View, namespace string) forbidden {
 	f := forbidden{View: v.Title()}
 	for _, a := range Attributes(v, namespace) {
-		where := "in every namespace"
-		if a.Namespace != "" {
-			where = "in namespace " + a.Namespace
-		}
-		f.Needs = append(f.Needs, fmt.Sprintf("%s %s.%s %s", a.Verb, a.Resource, a.Group, where))
+		f.Needs = append(f.Needs, needText(a))
 	}
 	return f
+}
+
+// needText says a permission: "list kubernetesclusters.multicluster.relaymesh.io
+// in namespace relaymesh".
+func needText(a authorizationv1.ResourceAttributes) string {
+	where := "in every namespace"
+	if a.Namespace != "" {
+		where = "in namespace " + a.Namespace
+	}
+	return fmt.Sprintf("%s %s.%s %s", a.Verb, a.Resource, a.Group, where)
 }
 
 // page serves view v as HTML.
@@ -398,7 +421,7 @@ func (d *Dashboard) page(v View) http.HandlerFunc {
 			d.refuse(w, r, v, err)
 			return
 		}
-		data, err := d.data(v, r)
+		data, err := d.data(v, r, d.sectionsFor(r.Context(), user, v))
 		p := &pageData{Title: v.Title(), View: v, Nav: d.nav(v), User: user.Username, CSRF: csrf, Now: d.cfg.Clock().UTC(), Data: data}
 		if err != nil {
 			d.log.Warn("dashboard data unavailable", "view", string(v), "error", err)
@@ -419,7 +442,7 @@ func (d *Dashboard) api(v View) http.HandlerFunc {
 			kubeauth.WriteError(w, err)
 			return
 		}
-		data, err := d.data(v, r)
+		data, err := d.data(v, r, d.sectionsFor(r.Context(), user, v))
 		if err != nil {
 			d.log.Warn("dashboard data unavailable", "view", string(v), "error", err)
 			http.Error(w, "data unavailable", http.StatusServiceUnavailable)
@@ -435,8 +458,8 @@ func (d *Dashboard) api(v View) http.HandlerFunc {
 	}
 }
 
-// data builds view v.
-func (d *Dashboard) data(v View, r *http.Request) (any, error) {
+// data builds view v, with its sections as sectionsFor checked them.
+func (d *Dashboard) data(v View, r *http.Request, allowed map[Section]error) (any, error) {
 	now := d.cfg.Clock().UTC()
 	switch v {
 	case ViewFleet:
@@ -476,7 +499,7 @@ func (d *Dashboard) data(v View, r *http.Request) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		page := &TrustPage{VirtualMeshes: trustMeshes(in.VirtualMeshes, now)}
+		page := &TrustPage{VirtualMeshes: trustMeshes(in.VirtualMeshes, now), Peers: d.peers(allowed[SectionFederationPeers], now)}
 		if d.cfg.Relay != nil {
 			clusters, err := d.cfg.Source.Clusters()
 			if err != nil {
@@ -497,6 +520,28 @@ func (d *Dashboard) data(v View, r *http.Request) (any, error) {
 		return d.audit.read(), nil
 	}
 	return nil, fmt.Errorf("no view %q", v)
+}
+
+// peers builds the Trust page's federation peers for a caller whose
+// permission to see them sectionsFor checked (allowed).
+func (d *Dashboard) peers(allowed error, now time.Time) TrustPeers {
+	switch {
+	case errors.Is(allowed, kubeauth.ErrForbidden):
+		var needs []string
+		for _, a := range SectionAttributes(SectionFederationPeers, d.cfg.Namespace) {
+			needs = append(needs, needText(a))
+		}
+		return TrustPeers{Hidden: strings.Join(needs, ", "), Peers: []TrustPeer{}}
+	case allowed != nil:
+		return TrustPeers{Unavailable: "the management cluster's apiserver could not check your permission to see them; reload to try again", Peers: []TrustPeer{}}
+	}
+	ftds, err := d.cfg.Source.FederatedTrustDomains()
+	p := trustPeers(ftds, now)
+	if err != nil {
+		d.log.Warn("cannot read the FederatedTrustDomains", "error", err)
+		p.Unavailable = "not read: " + text.Truncate(err.Error(), maxPeerError)
+	}
+	return p
 }
 
 // funcs are the template helpers.

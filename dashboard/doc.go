@@ -27,7 +27,9 @@
 //   - Authorization is a SubjectAccessReview per request for each
 //     Relaymesh resource the view shows (Views lists them; ViewerRules is
 //     the ClusterRole that grants them all). A caller refused any of them
-//     gets 401 or 403 and no data.
+//     gets 401 or 403 and no data. A Section that needs more (the Trust
+//     page's federation peers) is checked the same way; refused, the view
+//     is served with the section naming what it needs, without its data.
 //   - CSRF: every view is a GET that changes nothing. The two POSTs (login,
 //     logout) and the what-if (a POST because a policy does not fit a URL,
 //     and it changes nothing either) need a same-origin request

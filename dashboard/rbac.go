@@ -69,6 +69,7 @@ var (
 	listWorkloads    = need{"list", discoveryv1alpha1.GroupVersion.Group, "workloads", true}
 	listDestinations = need{"list", discoveryv1alpha1.GroupVersion.Group, "destinations", true}
 	getAuditLog      = need{"get", AuditLogGroup, AuditLogResource, true}
+	listPeers        = need{"list", networkingv1alpha1.GroupVersion.Group, networkingv1alpha1.FederatedTrustDomains.Resource, true}
 )
 
 // needs are what each view shows, as permissions: a caller must be allowed
@@ -83,11 +84,39 @@ var needs = map[View][]need{
 	ViewAudit:        {getAuditLog},
 }
 
+// Section names a part of a view that needs more than the view: a caller
+// allowed the view but not the section gets the view with the section
+// saying what it needs, and none of its data.
+type Section string
+
+// The sections.
+const (
+	// SectionFederationPeers is the Trust page's FederatedTrustDomains.
+	SectionFederationPeers Section = "federation-peers"
+)
+
+// sectionNeeds are what each section shows, as permissions, beyond its
+// view's; sections are each view's.
+var (
+	sectionNeeds = map[Section][]need{SectionFederationPeers: {listPeers}}
+	sections     = map[View][]Section{ViewTrust: {SectionFederationPeers}}
+)
+
 // Attributes are the SubjectAccessReview attributes a caller must be
 // allowed for view v, with namespace the server's.
 func Attributes(v View, namespace string) []authorizationv1.ResourceAttributes {
+	return attributes(needs[v], namespace)
+}
+
+// SectionAttributes are the SubjectAccessReview attributes a caller must
+// be allowed, beyond its view's, to see section s.
+func SectionAttributes(s Section, namespace string) []authorizationv1.ResourceAttributes {
+	return attributes(sectionNeeds[s], namespace)
+}
+
+func attributes(ns []need, namespace string) []authorizationv1.ResourceAttributes {
 	var out []authorizationv1.ResourceAttributes
-	for _, n := range needs[v] {
+	for _, n := range ns {
 		a := authorizationv1.ResourceAttributes{Verb: n.verb, Group: n.group, Resource: n.resource}
 		if n.namespaced {
 			a.Namespace = namespace
@@ -99,13 +128,15 @@ func Attributes(v View, namespace string) []authorizationv1.ResourceAttributes {
 
 // ViewerRules are the rules of a ClusterRole that lets its subjects see
 // every view (the server chart's <release>-dashboard-viewer, which test
-// compares with these): list on the Relaymesh kinds and get on the audit
-// log. Bound with a RoleBinding in the server's namespace instead, it
-// grants Fleet and the Audit log only (the other views span namespaces).
+// compares with these): list on the Relaymesh kinds (the
+// FederatedTrustDomains too, for the Trust page's federation peers) and get
+// on the audit log. Bound with a RoleBinding in the server's namespace
+// instead, it grants Fleet and the Audit log only (the other views span
+// namespaces).
 func ViewerRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{multiclusterv1alpha1.GroupVersion.Group}, Resources: []string{multiclusterv1alpha1.KubernetesClusters.Resource}, Verbs: []string{"list"}},
-		{APIGroups: []string{networkingv1alpha1.GroupVersion.Group}, Resources: networkingv1alpha1.Resources(), Verbs: []string{"list"}},
+		{APIGroups: []string{networkingv1alpha1.GroupVersion.Group}, Resources: append(networkingv1alpha1.Resources(), networkingv1alpha1.FederatedTrustDomains.Resource), Verbs: []string{"list"}},
 		{APIGroups: []string{discoveryv1alpha1.GroupVersion.Group}, Resources: []string{"meshes", "workloads", "destinations"}, Verbs: []string{"list"}},
 		{APIGroups: []string{AuditLogGroup}, Resources: []string{AuditLogResource}, Verbs: []string{"get"}},
 	}

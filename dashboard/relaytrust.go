@@ -16,12 +16,13 @@ type RelayRotation interface {
 	LoadedRootRotation() (ca.RootRotationState, bool)
 }
 
-// TrustPage is the Trust page: the relay CA, then each VirtualMesh's
-// shared trust.
+// TrustPage is the Trust page: the relay CA, each VirtualMesh's shared
+// trust, then the federation peers.
 type TrustPage struct {
 	// Relay is nil when the dashboard has no relay PKI (Config.Relay).
 	Relay         *RelayTrust `json:"relay,omitempty"`
 	VirtualMeshes []TrustMesh `json:"virtualMeshes"`
+	Peers         TrustPeers  `json:"federationPeers"`
 }
 
 // RelayTrust is the relay CA agents pin: its roots, its issuing CA and

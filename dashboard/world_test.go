@@ -40,7 +40,8 @@ func (a tokenAuth) Authorize(_ context.Context, u *authenticationv1.UserInfo, at
 }
 
 // demoWorld is a small world: two clusters of one VirtualMesh with shared
-// trust in the middle of a rotation, a policy, and the given string in
+// trust in the middle of a rotation, a policy, two federation peers (one
+// Current, one Stale), and the given string in
 // every free-text field (and in names, which the apiserver would refuse,
 // but a page must not trust that).
 func demoWorld(s string, now time.Time) *StaticSource {
@@ -111,5 +112,29 @@ func demoWorld(s string, now time.Time) *StaticSource {
 	ap.Status.State, ap.Status.ObservedGeneration, ap.Status.Errors = common.StateAccepted, 1, []string{s}
 	ap.Status.Clusters = []common.ClusterApplyStatus{{Cluster: "cluster-1", State: common.ApplyApplied}, {Cluster: "cluster-2", State: common.ApplyFailed, Errors: []string{s}}}
 	in.AccessPolicies = []networkingv1alpha1.AccessPolicy{ap}
-	return &StaticSource{KubernetesClusters: clusters, In: in, Rev: "1"}
+	return &StaticSource{KubernetesClusters: clusters, In: in, Peers: demoPeers(s, now), Rev: "1"}
+}
+
+// demoPeers are two FederatedTrustDomains of the server's namespace: a
+// Current SPIRE peer, and a Stale one whose last fetch was refused; s is
+// in every free-text field (and in trust domains and URLs, which the
+// apiserver would refuse, but a page must not trust that).
+func demoPeers(s string, now time.Time) []networkingv1alpha1.FederatedTrustDomain {
+	t := func(d time.Duration) *metav1.Time {
+		at := metav1.NewTime(now.Add(d).UTC().Truncate(time.Second))
+		return &at
+	}
+	root := func(fp string) networkingv1alpha1.FederatedRoot {
+		return networkingv1alpha1.FederatedRoot{Fingerprint: fp + s, Subject: "O=SPIRE,CN=root" + s, NotAfter: *t(8760 * time.Hour)}
+	}
+	return []networkingv1alpha1.FederatedTrustDomain{
+		{ObjectMeta: metav1.ObjectMeta{Name: "spire-peer", Namespace: "relaymesh"},
+			Spec: networkingv1alpha1.FederatedTrustDomainSpec{TrustDomain: "spire.example" + s, BundleEndpointURL: "https://spire.example:8443/" + s, Profile: "https_web"},
+			Status: networkingv1alpha1.FederatedTrustDomainStatus{State: networkingv1alpha1.FederatedCurrent, LastFetch: t(-time.Minute), LastAccepted: t(-2 * time.Hour),
+				Sequence: 7, RefreshHint: 300, Roots: []networkingv1alpha1.FederatedRoot{root("c0ffee00c0ffee00c0ffee00c0ffee00")}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "stale-peer", Namespace: "relaymesh"},
+			Spec: networkingv1alpha1.FederatedTrustDomainSpec{TrustDomain: "stale.example", BundleEndpointURL: "https://stale.example/bundle", Profile: "https_web"},
+			Status: networkingv1alpha1.FederatedTrustDomainStatus{State: networkingv1alpha1.FederatedStale, Error: "refused: " + s, LastFetch: t(-30 * time.Second),
+				LastAccepted: t(-26 * time.Hour), Sequence: 3, Roots: []networkingv1alpha1.FederatedRoot{root("deadbeefdeadbeefdeadbeefdeadbeef")}}},
+	}
 }
