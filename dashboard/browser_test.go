@@ -53,6 +53,7 @@ var (
 	gvrVirtualMesh = networkingv1alpha1.VirtualMeshes
 	gvrAccess      = networkingv1alpha1.AccessPolicies
 	gvrClusters    = multiclusterv1alpha1.KubernetesClusters
+	gvrPeers       = networkingv1alpha1.FederatedTrustDomains
 )
 
 // world is the demo's world (examples/demo: three local clusters, the
@@ -145,8 +146,12 @@ func startWorld(t *testing.T) *world {
 }
 
 // hostileObjects adds what a careless or hostile party can put into free
-// text the apiserver accepts: a policy's allowed path, and the status of
-// a registered cluster whose agent never came (its version, its errors).
+// text the apiserver accepts: a policy's allowed path, the status of a
+// registered cluster whose agent never came (its version, its errors), a
+// federation peer's bundle endpoint URL (the server fetches it and writes
+// why it failed), and a FederatedTrustDomain outside the server's
+// namespace whose status says anything (no page may show it: only the
+// server's namespace counts).
 func (w *world) hostileObjects(t *testing.T) {
 	ctx := context.Background()
 	_, err := w.mgmt.Apply(ctx, "dashboard-test", []byte(`
@@ -176,7 +181,28 @@ apiVersion: multicluster.relaymesh.io/v1alpha1
 kind: KubernetesCluster
 metadata: {name: cluster-3, namespace: relaymesh}
 spec: {mode: relay}
+---
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: FederatedTrustDomain
+metadata: {name: foreign-peer, namespace: relaymesh}
+spec:
+  trustDomain: foreign.example
+  bundleEndpointURL: `+strconvQuote("https://peer.invalid/"+hostile)+`
+  profile: https_web
+---
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: FederatedTrustDomain
+metadata: {name: elsewhere-peer, namespace: default}
+spec:
+  trustDomain: elsewhere.example
+  bundleEndpointURL: https://elsewhere.invalid/bundle
+  profile: https_web
 `))
+	require.NoError(t, err)
+	elsewhere, err := w.dyn.Resource(gvrPeers).Namespace("default").Get(ctx, "elsewhere-peer", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NoError(t, unstructured.SetNestedMap(elsewhere.Object, map[string]any{"state": "Stale", "error": "elsewhere-error " + hostile, "sequence": int64(9)}, "status"))
+	_, err = w.dyn.Resource(gvrPeers).Namespace("default").UpdateStatus(ctx, elsewhere, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	// The server writes cluster-3's status too (it is registered, not
 	// connected), so a read-modify-write may meet a newer resourceVersion.
@@ -584,6 +610,14 @@ func (w *world) rotation(t *testing.T, p page) {
 	p.do("trust", chromedp.Navigate(w.url+"/trust"), chromedp.WaitVisible(chromedp.ID("trust")))
 	_ = eval[string](p, `document.body.dataset.probe = "same-page"`)
 	assert.Equal(t, "NotRotating", strings.TrimSpace(p.text(`.phase[data-field="phase"]`)))
+	// The federation peers: the server's namespace's only, the hostile
+	// endpoint URL shown as text.
+	peers := p.text("#federation-peers")
+	for _, want := range []string{"foreign-peer", "foreign.example", "https://peer.invalid/" + hostile, "https_web"} {
+		assert.Contains(t, peers, want)
+	}
+	assert.NotContains(t, p.text("main"), "elsewhere", "a FederatedTrustDomain of another namespace is no peer")
+	p.noScriptRan("trust")
 	p.shot("trust")
 
 	_, err := e2e.Run(t, w.bin, "ca", "rotate", "start", vm, "--kubeconfig", w.mgmt.Kubeconfig)
