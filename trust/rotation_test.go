@@ -800,7 +800,7 @@ func TestAmbientMeshesRefuseMultiRoot(t *testing.T) {
 
 	ambient(true)
 	w.annotate(networkingv1alpha1.AnnotationRotationContinue, "AddingNewRoot/"+nu)
-	vm = w.waitFor("held", func(r *networkingv1alpha1.RotationStatus) bool {
+	w.waitFor("held", func(r *networkingv1alpha1.RotationStatus) bool {
 		return r != nil && strings.Contains(r.Message, "held: MultiRoot is refused while meshes run ambient")
 	})
 	for range 3 {
