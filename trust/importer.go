@@ -1,11 +1,8 @@
 package trust
 
 import (
-	"bytes"
 	"context"
 	"crypto/x509"
-	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,10 +21,10 @@ import (
 	"github.com/relaymesh/relaymesh/trust/spiffefed"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
@@ -96,26 +93,35 @@ type Importer struct {
 
 	mu      sync.Mutex
 	workers map[string]*importWorker
+	wg      sync.WaitGroup
 }
 
 type importWorker struct {
 	cancel context.CancelFunc
 	kick   chan struct{}
-	td     string
+	td     string // the trust domain its metrics are labelled with
 }
+
+// errCannotCheck: whether a trust domain is one of ours could not be
+// decided now (the apiserver did not answer). Nothing is changed: the
+// stored bundle and its sequence stay, and the check runs again.
+var errCannotCheck = errors.New("cannot check the trust domain against the registered clusters")
 
 // NewImporter builds an Importer and registers its metrics.
 func NewImporter(cfg ImporterConfig) (*Importer, error) {
+	if cfg.Audit == nil {
+		return nil, errors.New("spiffe import: no audit recorder")
+	}
 	im := &Importer{cfg: cfg, log: cfg.Log, fetcher: cfg.Fetcher, workers: map[string]*importWorker{},
 		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricImportFetches,
 			Help: "Fetches of foreign SPIFFE bundles (FederatedTrustDomains) by trust domain and result: accepted, or why the answer was refused."}, []string{"trust_domain", "result"}),
 		accepted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricImportAccepted,
-			Help: "When the foreign trust domain's bundle was last accepted (Unix seconds): its age is time() minus this."}, []string{"trust_domain"}),
+			Help: "When a fetch of the foreign trust domain's bundle was last accepted (Unix seconds; only on the Lease holder): its age is time() minus this."}, []string{"trust_domain"}),
 		sequence: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricImportSequence,
-			Help: "spiffe_sequence of the foreign trust domain's accepted bundle."}, []string{"trust_domain"}),
+			Help: "spiffe_sequence of the foreign trust domain's accepted bundle (only on the Lease holder)."}, []string{"trust_domain"}),
 	}
 	if im.log == nil {
-		im.log = slog.Default()
+		im.log = slog.New(slog.DiscardHandler)
 	}
 	im.log = im.log.With("component", "spiffe-import")
 	if im.cfg.Refresh == nil {
@@ -127,9 +133,6 @@ func NewImporter(cfg ImporterConfig) (*Importer, error) {
 	if im.fetcher == nil {
 		im.fetcher = spiffefed.NewFetcher(spiffefed.FetcherOptions{})
 	}
-	if cfg.Audit == nil {
-		return nil, errors.New("spiffe import: no audit recorder")
-	}
 	if cfg.Registerer != nil {
 		for _, c := range []prometheus.Collector{im.fetches, im.accepted, im.sequence} {
 			if err := cfg.Registerer.Register(c); err != nil {
@@ -140,9 +143,24 @@ func NewImporter(cfg ImporterConfig) (*Importer, error) {
 	return im, nil
 }
 
-// Run fetches every FederatedTrustDomain of the namespace until ctx ends.
+// Run fetches every FederatedTrustDomain of the namespace until ctx ends,
+// then waits for its workers and drops its metrics (another replica
+// fetches from then on).
 func (im *Importer) Run(ctx context.Context) {
+	defer func() {
+		im.mu.Lock()
+		for name, w := range im.workers {
+			w.cancel()
+			delete(im.workers, name)
+		}
+		im.mu.Unlock()
+		im.wg.Wait()
+		im.fetches.Reset()
+		im.accepted.Reset()
+		im.sequence.Reset()
+	}()
 	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(im.cfg.Dynamic, 10*time.Minute, im.cfg.Namespace, nil)
+	defer f.Shutdown()
 	inf := f.ForResource(networkingv1alpha1.FederatedTrustDomains).Informer()
 	changed := func(obj any) {
 		if u, ok := obj.(*unstructured.Unstructured); ok {
@@ -151,7 +169,7 @@ func (im *Importer) Run(ctx context.Context) {
 	}
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    changed,
-		UpdateFunc: func(old, obj any) { changed(obj) },
+		UpdateFunc: func(_, obj any) { changed(obj) },
 		DeleteFunc: func(obj any) {
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
@@ -167,19 +185,16 @@ func (im *Importer) Run(ctx context.Context) {
 	}
 	f.Start(ctx.Done())
 	<-ctx.Done()
-	f.Shutdown()
-	im.mu.Lock()
-	for name, w := range im.workers {
-		w.cancel()
-		delete(im.workers, name)
-	}
-	im.mu.Unlock()
 }
 
-// follow starts the worker of name, or wakes it for a change of its spec.
+// follow starts the worker of name, or wakes it for a change of its
+// object.
 func (im *Importer) follow(ctx context.Context, store cache.Store, name string) {
 	im.mu.Lock()
 	defer im.mu.Unlock()
+	if ctx.Err() != nil {
+		return
+	}
 	if w, ok := im.workers[name]; ok {
 		select {
 		case w.kick <- struct{}{}:
@@ -190,9 +205,15 @@ func (im *Importer) follow(ctx context.Context, store cache.Store, name string) 
 	wctx, cancel := context.WithCancel(ctx)
 	w := &importWorker{cancel: cancel, kick: make(chan struct{}, 1)}
 	im.workers[name] = w
-	go im.work(wctx, store, name, w)
+	im.wg.Add(1)
+	go func() {
+		defer im.wg.Done()
+		im.work(wctx, store, name, w)
+	}()
 }
 
+// stop ends the worker of a deleted FederatedTrustDomain and drops its
+// metrics.
 func (im *Importer) stop(name string) {
 	im.mu.Lock()
 	defer im.mu.Unlock()
@@ -205,17 +226,41 @@ func (im *Importer) stop(name string) {
 	}
 }
 
+// forget drops the metrics of td; im.mu is held.
 func (im *Importer) forget(td string) {
 	im.accepted.DeleteLabelValues(td)
 	im.sequence.DeleteLabelValues(td)
 	im.fetches.DeletePartialMatch(prometheus.Labels{"trust_domain": td})
 }
 
+// observe runs record on the metrics of w's trust domain td, unless w was
+// stopped meanwhile (its FederatedTrustDomain deleted, the term over).
+func (im *Importer) observe(name string, w *importWorker, td string, record func()) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	if im.workers[name] != w {
+		return
+	}
+	if w.td != td && w.td != "" {
+		im.forget(w.td)
+	}
+	w.td = td
+	record()
+}
+
 // work fetches one FederatedTrustDomain's bundle at its refresh hint (or
-// the retry after a refusal), and again at once when its spec changes.
+// the retry after a refusal), and again at once when its object is made
+// anew or its spec changes.
 func (im *Importer) work(ctx context.Context, store cache.Store, name string, w *importWorker) {
+	defer func() {
+		im.mu.Lock()
+		if im.workers[name] == w {
+			delete(im.workers, name)
+		}
+		im.mu.Unlock()
+	}()
 	retry := im.cfg.RetryFirst
-	fetched := int64(-1) // the generation last fetched for
+	fetched := "" // uid/generation last fetched for
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -229,26 +274,34 @@ func (im *Importer) work(ctx context.Context, store cache.Store, name string, w 
 		}
 		obj, ok, _ := store.GetByKey(im.cfg.Namespace + "/" + name)
 		if !ok {
-			return
+			return // deleted: stop dropped its metrics
 		}
-		u := obj.(*unstructured.Unstructured)
-		// Every status write wakes the worker too: only a new spec is
-		// fetched for before the wait ends.
-		if kicked && u.GetGeneration() == fetched {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		// Every status write wakes the worker too: only a new object or a
+		// new spec is fetched for before the wait ends.
+		key := string(u.GetUID()) + "/" + strconv.FormatInt(u.GetGeneration(), 10)
+		if kicked && key == fetched {
 			continue
 		}
 		var ftd networkingv1alpha1.FederatedTrustDomain
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &ftd); err != nil {
-			im.log.Error("cannot read a FederatedTrustDomain", "name", name, "error", err)
-			return
+			im.log.Error("cannot read a FederatedTrustDomain; waiting for a change of it", "name", name, "error", err)
+			fetched = key
+			continue
 		}
-		fetched = ftd.Generation
-		wait, accepted := im.fetchOnce(ctx, &ftd, w)
-		if accepted {
+		fetched = key
+		wait, next := im.fetchOnce(ctx, &ftd, w)
+		switch next {
+		case nextRefresh:
 			retry = im.cfg.RetryFirst
-		} else {
+		case nextRetry:
 			wait = min(wait, retry)
 			retry = min(2*retry, importRetryMax)
+		case nextSoon:
+			wait = im.cfg.RetryFirst
 		}
 		if !timer.Stop() {
 			select {
@@ -260,35 +313,50 @@ func (im *Importer) work(ctx context.Context, store cache.Store, name string, w 
 	}
 }
 
+// What fetchOnce asks of the worker.
+type nextFetch int
+
+const (
+	// nextRefresh: a bundle was accepted; the wait is its refresh.
+	nextRefresh nextFetch = iota
+	// nextRetry: refused; the retry backs off, never later than the wait.
+	nextRetry
+	// nextAfter: exactly the wait (an Invalid spec is checked again then).
+	nextAfter
+	// nextSoon: nothing could be decided or stored; try again soon.
+	nextSoon
+)
+
 // fetchOnce fetches ftd's bundle once and writes the verdict into its
-// status. It returns when to fetch again and whether a bundle was
-// accepted.
-func (im *Importer) fetchOnce(ctx context.Context, ftd *networkingv1alpha1.FederatedTrustDomain, w *importWorker) (time.Duration, bool) {
+// status. It returns when to fetch again.
+func (im *Importer) fetchOnce(ctx context.Context, ftd *networkingv1alpha1.FederatedTrustDomain, w *importWorker) (time.Duration, nextFetch) {
 	td := ftd.Spec.TrustDomain
-	im.mu.Lock()
-	if w.td != td && w.td != "" {
-		im.forget(w.td)
-	}
-	w.td = td
-	im.mu.Unlock()
 	now := metav1.NewTime(time.Now().UTC().Truncate(time.Second))
 
 	peer, bootstrap, err := peerOf(ftd)
 	if err == nil {
 		err = im.notOwn(ctx, td)
 	}
+	if ctx.Err() != nil {
+		return 0, nextSoon // the term ended: nothing to record
+	}
+	if errors.Is(err, errCannotCheck) {
+		im.observe(ftd.Name, w, td, func() { im.fetches.WithLabelValues(td, "check").Inc() })
+		im.log.Warn("not fetching a foreign bundle now: its trust domain cannot be checked; the stored bundle stays", "name", ftd.Name, "trust_domain", td, "error", err)
+		return 0, nextSoon
+	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return 0, false
-		}
-		im.fetches.WithLabelValues(td, "invalid").Inc()
-		im.accepted.DeleteLabelValues(td)
-		im.sequence.DeleteLabelValues(td)
 		im.log.Warn("a FederatedTrustDomain is not fetched", "name", ftd.Name, "trust_domain", td, "error", err)
 		// Checked again later: a grant that made it Invalid may go.
-		im.write(ctx, ftd, networkingv1alpha1.FederatedTrustDomainStatus{State: networkingv1alpha1.FederatedInvalid,
-			Error: text.Truncate(err.Error(), 1024), LastFetch: &now})
-		return importRetryMax, false
+		if im.write(ctx, ftd, networkingv1alpha1.FederatedTrustDomainStatus{State: networkingv1alpha1.FederatedInvalid,
+			Error: text.Truncate(err.Error(), 1024)}) == nil {
+			im.observe(ftd.Name, w, td, func() {
+				im.fetches.WithLabelValues(td, "invalid").Inc()
+				im.accepted.DeleteLabelValues(td)
+				im.sequence.DeleteLabelValues(td)
+			})
+		}
+		return importRetryMax, nextAfter
 	}
 
 	last := storedBundle(ftd)
@@ -298,77 +366,123 @@ func (im *Importer) fetchOnce(ctx context.Context, ftd *networkingv1alpha1.Feder
 	}
 	b, err := im.fetcher.Fetch(ctx, peer, from)
 	if ctx.Err() != nil {
-		return 0, false // the term ended: nothing to record
+		return 0, nextSoon
 	}
-	if err == nil && (last == nil || !sameBundle(last, b)) {
+	changed := err == nil && (last == nil || !sameBundle(last, b))
+	if changed {
 		if aerr := im.cfg.Audit.Record(acceptEvent(ftd, b)); aerr != nil {
 			err = fmt.Errorf("the bundle was not accepted: its acceptance could not be audited: %w", aerr)
 		}
 	}
 	if err != nil {
 		reason := refuseReason(err)
-		im.fetches.WithLabelValues(td, reason).Inc()
-		msg := text.Truncate(err.Error(), 1024)
 		if aerr := im.cfg.Audit.Record(audit.Event{Type: audit.TrustBundleRefuse, Result: audit.ResultFailure, Subject: td,
-			Reason: text.Truncate(msg, 900), Details: map[string]string{"reason": reason, "federatedTrustDomain": ftd.Name}}); aerr != nil {
+			Reason: text.Truncate(err.Error(), 900), Details: map[string]string{"reason": reason, "federatedTrustDomain": ftd.Name}}); aerr != nil {
 			im.log.Error("a refused foreign bundle could not be audited", "trust_domain", td, "error", aerr)
 		}
-		im.log.Warn("refused the answer of a foreign bundle endpoint; the last accepted bundle is kept", "trust_domain", td, "reason", reason, "error", msg)
-		st := networkingv1alpha1.FederatedTrustDomainStatus{State: networkingv1alpha1.FederatedPending, Error: msg, LastFetch: &now}
+		im.log.Warn("refused the answer of a foreign bundle endpoint; the last accepted bundle is kept", "trust_domain", td, "reason", reason, "error", err)
+		st := networkingv1alpha1.FederatedTrustDomainStatus{State: networkingv1alpha1.FederatedPending, Error: statusError(err), LastFetch: &now}
 		wait := importRetryMax
 		if last != nil {
 			st = *ftd.Status.DeepCopy()
-			st.State, st.Error, st.LastFetch = networkingv1alpha1.FederatedStale, msg, &now
+			st.State, st.Error, st.LastFetch = networkingv1alpha1.FederatedStale, statusError(err), &now
 			wait = im.cfg.Refresh(last)
 		}
-		im.write(ctx, ftd, st)
-		return wait, false
+		if im.write(ctx, ftd, st) == nil {
+			im.observe(ftd.Name, w, td, func() { im.fetches.WithLabelValues(td, reason).Inc() })
+		}
+		return wait, nextRetry
 	}
 
-	st := networkingv1alpha1.FederatedTrustDomainStatus{State: networkingv1alpha1.FederatedCurrent, LastFetch: &now, LastAccepted: &now}
-	if last != nil && sameBundle(last, b) && ftd.Status.LastAccepted != nil {
-		st.LastAccepted = ftd.Status.LastAccepted // nothing new was accepted
+	st := networkingv1alpha1.FederatedTrustDomainStatus{State: networkingv1alpha1.FederatedCurrent, TrustDomain: td,
+		LastFetch: &now, LastAccepted: &now, LastChanged: &now}
+	if !changed && ftd.Status.LastChanged != nil {
+		st.LastChanged = ftd.Status.LastChanged
 	}
-	if seq, ok := b.SequenceNumber(); ok {
+	seq, hasSeq := b.SequenceNumber()
+	if hasSeq {
 		st.Sequence = seq
-		im.sequence.WithLabelValues(td).Set(float64(seq))
 	}
 	if hint, ok := b.RefreshHint(); ok {
 		st.RefreshHint = int64(hint / time.Second)
 	}
-	var pemOut bytes.Buffer
-	for _, c := range sortedRoots(b.X509Authorities()) {
+	roots := spiffefed.SortedRoots(b.X509Authorities())
+	for _, c := range roots {
 		st.Roots = append(st.Roots, networkingv1alpha1.FederatedRoot{Fingerprint: Fingerprint(c),
 			Subject: text.Truncate(c.Subject.String(), 1024), NotAfter: metav1.NewTime(c.NotAfter.UTC())})
-		_ = pem.Encode(&pemOut, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 	}
-	st.BundlePEM = pemOut.String()
-	im.fetches.WithLabelValues(td, "accepted").Inc()
-	im.accepted.WithLabelValues(td).Set(float64(st.LastAccepted.Unix()))
-	im.write(ctx, ftd, st)
-	return im.cfg.Refresh(b), true
+	st.BundlePEM = string(spiffefed.PEM(roots))
+	if err := im.write(ctx, ftd, st); err != nil {
+		// Not stored, so not accepted: counted and tried again soon (the
+		// audit record says it was accepted; the next one will too).
+		im.observe(ftd.Name, w, td, func() { im.fetches.WithLabelValues(td, "store").Inc() })
+		return 0, nextSoon
+	}
+	im.observe(ftd.Name, w, td, func() {
+		im.fetches.WithLabelValues(td, "accepted").Inc()
+		im.accepted.WithLabelValues(td).Set(float64(now.Unix()))
+		if hasSeq {
+			im.sequence.WithLabelValues(td).Set(float64(seq))
+		} else {
+			im.sequence.DeleteLabelValues(td)
+		}
+	})
+	return im.cfg.Refresh(b), nextRefresh
 }
 
-// write applies st as ftd's status (server-side apply: the fields st
-// leaves empty are removed).
-func (im *Importer) write(ctx context.Context, ftd *networkingv1alpha1.FederatedTrustDomain, st networkingv1alpha1.FederatedTrustDomainStatus) {
+// statusError is what status.error says of a refusal: the reason, and the
+// detail only where it cannot quote what an arbitrary HTTPS service
+// answered (a FederatedTrustDomain may name any URL; its status is read
+// by more people than the server's log and audit record are).
+func statusError(err error) string {
+	var r *spiffefed.Refused
+	if !errors.As(err, &r) {
+		return text.Truncate(err.Error(), 1024)
+	}
+	switch r.Reason {
+	case spiffefed.RefuseFetch, spiffefed.RefuseStatus, spiffefed.RefuseMalformed:
+		return fmt.Sprintf("the endpoint's answer was refused (%s: %s); the detail is in the server's log and the audit record trust.bundle.refuse",
+			r.Reason, refuseMeaning[r.Reason])
+	}
+	return text.Truncate(r.Error(), 1024)
+}
+
+var refuseMeaning = map[spiffefed.RefuseReason]string{
+	spiffefed.RefuseFetch:     "no answer: connection, TLS, redirect or timeout",
+	spiffefed.RefuseStatus:    "a status other than 200",
+	spiffefed.RefuseMalformed: "not a SPIFFE bundle",
+}
+
+// write replaces ftd's status with st, on the object as ftd was read (a
+// conflict means it changed: the worker reads it again). Replacing, not
+// applying, so no field another writer put there survives.
+func (im *Importer) write(ctx context.Context, ftd *networkingv1alpha1.FederatedTrustDomain, st networkingv1alpha1.FederatedTrustDomainStatus) error {
 	st.ObservedGeneration = ftd.Generation
-	body, err := json.Marshal(map[string]any{
-		"apiVersion": networkingv1alpha1.GroupVersion.String(), "kind": "FederatedTrustDomain",
-		"metadata": map[string]any{"name": ftd.Name, "namespace": ftd.Namespace},
-		"status":   st,
-	})
+	obj := ftd.DeepCopy()
+	obj.Status = st
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
 	if err != nil {
 		im.log.Error("cannot encode a FederatedTrustDomain's status", "name", ftd.Name, "error", err)
-		return
+		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err = im.cfg.Dynamic.Resource(networkingv1alpha1.FederatedTrustDomains).Namespace(ftd.Namespace).
-		Patch(wctx, ftd.Name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: importFieldManager, Force: new(true)}, "status")
+	ri := im.cfg.Dynamic.Resource(networkingv1alpha1.FederatedTrustDomains).Namespace(ftd.Namespace)
+	_, err = ri.UpdateStatus(wctx, &unstructured.Unstructured{Object: u}, metav1.UpdateOptions{FieldManager: importFieldManager})
+	if apierrors.IsConflict(err) {
+		// The informer's copy is behind (often our own last write): once
+		// more on the object as it is now, if its spec is still the one
+		// decided on.
+		cur, gerr := ri.Get(wctx, ftd.Name, metav1.GetOptions{})
+		if gerr == nil && cur.GetUID() == ftd.UID && cur.GetGeneration() == ftd.Generation {
+			u["metadata"] = cur.Object["metadata"]
+			_, err = ri.UpdateStatus(wctx, &unstructured.Unstructured{Object: u}, metav1.UpdateOptions{FieldManager: importFieldManager})
+		}
+	}
 	if err != nil && ctx.Err() == nil {
 		im.log.Warn("could not write a FederatedTrustDomain's status", "name", ftd.Name, "error", err)
 	}
+	return err
 }
 
 // peerOf is the endpoint ftd names, and for https_spiffe the bootstrap
@@ -431,12 +545,12 @@ func (im *Importer) notOwn(ctx context.Context, td string) error {
 	defer cancel()
 	list, err := im.cfg.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(im.cfg.Namespace).List(lctx, metav1.ListOptions{})
 	if err != nil {
-		return fmt.Errorf("cannot list the registered clusters to check that trust domain %s is not one of theirs: %w", td, err)
+		return fmt.Errorf("%w: %w", errCannotCheck, err)
 	}
 	for _, item := range list.Items {
 		var kc multiclusterv1alpha1.KubernetesCluster
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(item.Object, &kc); err != nil {
-			continue
+			return fmt.Errorf("%w: KubernetesCluster %s: %w", errCannotCheck, item.GetName(), err)
 		}
 		for _, g := range kc.Grant() {
 			if g.Name == td {
@@ -451,7 +565,7 @@ func (im *Importer) notOwn(ctx context.Context, td string) error {
 // nil.
 func storedBundle(ftd *networkingv1alpha1.FederatedTrustDomain) *spiffebundle.Bundle {
 	st := ftd.Status
-	if st.ObservedGeneration != ftd.Generation || st.BundlePEM == "" ||
+	if st.TrustDomain != ftd.Spec.TrustDomain || st.BundlePEM == "" ||
 		(st.State != networkingv1alpha1.FederatedCurrent && st.State != networkingv1alpha1.FederatedStale) {
 		return nil
 	}
@@ -477,21 +591,12 @@ func storedBundle(ftd *networkingv1alpha1.FederatedTrustDomain) *spiffebundle.Bu
 func sameBundle(a, b *spiffebundle.Bundle) bool {
 	sa, oka := a.SequenceNumber()
 	sb, okb := b.SequenceNumber()
-	if oka != okb || sa != sb {
-		return false
-	}
-	return slices.EqualFunc(sortedRoots(a.X509Authorities()), sortedRoots(b.X509Authorities()), (*x509.Certificate).Equal)
-}
-
-func sortedRoots(roots []*x509.Certificate) []*x509.Certificate {
-	out := slices.Clone(roots)
-	slices.SortFunc(out, func(a, b *x509.Certificate) int { return bytes.Compare(a.Raw, b.Raw) })
-	return out
+	return oka == okb && sa == sb && spiffefed.SameRoots(a.X509Authorities(), b.X509Authorities())
 }
 
 func acceptEvent(ftd *networkingv1alpha1.FederatedTrustDomain, b *spiffebundle.Bundle) audit.Event {
 	var fps []string
-	for _, c := range sortedRoots(b.X509Authorities()) {
+	for _, c := range spiffefed.SortedRoots(b.X509Authorities()) {
 		fps = append(fps, Fingerprint(c))
 	}
 	d := map[string]string{"federatedTrustDomain": ftd.Name, "profile": ftd.Spec.Profile, "roots": strings.Join(fps, ",")}

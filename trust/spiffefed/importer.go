@@ -14,9 +14,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -174,6 +176,21 @@ func refuse(td spiffeid.TrustDomain, reason RefuseReason, format string, args ..
 	return &Refused{TrustDomain: td, Reason: reason, Err: fmt.Errorf(format, args...)}
 }
 
+// MaxBundlePEM bounds an accepted bundle's roots encoded as PEM: what the
+// FederatedTrustDomain's status.bundlePEM can hold.
+const MaxBundlePEM = 64 << 10
+
+// PEM is roots, sorted and without duplicates, as PEM certificates.
+func PEM(roots []*x509.Certificate) []byte {
+	var out []byte
+	for _, r := range SortedRoots(roots) {
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Raw})...)
+	}
+	return out
+}
+
+func pemLen(roots []*x509.Certificate) int { return len(PEM(roots)) }
+
 // errRedirect is what CheckRedirect returns: a bundle endpoint answers at
 // its URL or not at all.
 var errRedirect = errors.New("redirect refused")
@@ -239,6 +256,11 @@ func (f *Fetcher) Fetch(ctx context.Context, p Peer, last *spiffebundle.Bundle) 
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
 	if err != nil {
 		return nil, &Refused{TrustDomain: td, Reason: RefuseFetch, Err: fmt.Errorf("reading the body: %w", err)}
+	}
+	if ctx.Err() != nil {
+		// The deadline may end a body as if it were complete: refused
+		// whole, never read as the document.
+		return nil, refuse(td, RefuseFetch, "the body was cut by the %v timeout", timeout)
 	}
 	if int64(len(body)) > maxBody {
 		return nil, refuse(td, RefuseTooLarge, "a body of more than %d bytes", maxBody)
@@ -339,6 +361,14 @@ func Accept(td spiffeid.TrustDomain, last *spiffebundle.Bundle, body []byte) (*s
 			return nil, refuse(td, RefuseNotRoot, "authority %q: %v", clip(r.Subject.String()), err)
 		}
 	}
+	if seq, ok := b.SequenceNumber(); ok && seq > math.MaxInt64 {
+		// Kubernetes stores integers as int64: a sequence above it could
+		// never be recorded, so never compared against.
+		return nil, refuse(td, RefuseSequence, "sequence %d is above %d", seq, int64(math.MaxInt64))
+	}
+	if n := pemLen(roots); n > MaxBundlePEM {
+		return nil, refuse(td, RefuseTooLarge, "%d bytes of roots as PEM, more than %d", n, MaxBundlePEM)
+	}
 	if err := followsSequence(b, last); err != nil {
 		return nil, &Refused{TrustDomain: td, Reason: RefuseSequence, Err: err}
 	}
@@ -394,7 +424,7 @@ func followsSequence(b, last *spiffebundle.Bundle) error {
 		return fmt.Errorf("no spiffe_sequence, the last accepted had %d", lastSeq)
 	case seq < lastSeq:
 		return fmt.Errorf("sequence %d is lower than %d, the last accepted", seq, lastSeq)
-	case seq == lastSeq && digest(b.X509Authorities()) != digest(last.X509Authorities()):
+	case seq == lastSeq && !SameRoots(b.X509Authorities(), last.X509Authorities()):
 		return fmt.Errorf("sequence %d is the last accepted's, with other roots", seq)
 	}
 	return nil

@@ -139,7 +139,7 @@ func Next(prev State, members []Member, now time.Time) (State, Report) {
 			continue
 		}
 		if len(m.Roots) > 0 {
-			roots := sortedRoots(m.Roots)
+			roots := SortedRoots(m.Roots)
 			w.digests[digest(roots)] = roots
 		}
 	}
@@ -208,16 +208,21 @@ func Next(prev State, members []Member, now time.Time) (State, Report) {
 	return next, rep
 }
 
-// sortedRoots is roots without duplicates, sorted by DER.
-func sortedRoots(roots []*x509.Certificate) []*x509.Certificate {
+// SortedRoots is roots without duplicates, sorted by DER: the one order
+// bundles are compared, encoded and shown in.
+func SortedRoots(roots []*x509.Certificate) []*x509.Certificate {
 	out := slices.Clone(roots)
 	slices.SortFunc(out, func(a, b *x509.Certificate) int { return bytes.Compare(a.Raw, b.Raw) })
 	return slices.CompactFunc(out, func(a, b *x509.Certificate) bool { return a.Equal(b) })
 }
 
+// SameRoots reports whether a and b hold the same roots, whatever their
+// order and duplicates.
+func SameRoots(a, b []*x509.Certificate) bool { return digest(a) == digest(b) }
+
 func digest(roots []*x509.Certificate) string {
 	h := sha256.New()
-	for _, r := range sortedRoots(roots) {
+	for _, r := range SortedRoots(roots) {
 		sum := sha256.Sum256(r.Raw)
 		h.Write(sum[:])
 	}
@@ -345,7 +350,7 @@ func parseRoots(data []byte) ([]*x509.Certificate, error) {
 	if len(roots) == 0 {
 		return nil, errors.New("roots: none")
 	}
-	return sortedRoots(roots), nil
+	return SortedRoots(roots), nil
 }
 
 // ParseRoots parses a root bundle (PEM CA certificates) as Member.Roots.

@@ -53,6 +53,7 @@ type FederatedTrustDomainSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('https://')",message="must be an https:// URL"
+	// +kubebuilder:validation:XValidation:rule="!self.substring(8).split('/')[0].contains('@')",message="must not carry user information: a bundle endpoint takes no client authentication"
 	BundleEndpointURL string `json:"bundleEndpointURL"`
 	// Profile is how the endpoint authenticates itself: https_web (a
 	// certificate from webRootsPEM, or the system roots) or https_spiffe
@@ -103,17 +104,29 @@ type FederatedTrustDomainStatus struct {
 	// State is the verdict.
 	// +optional
 	State FederatedTrustDomainState `json:"state,omitempty"`
+	// TrustDomain is the trust domain the bundle below belongs to: a spec
+	// edit that keeps it (a new URL, new web roots) keeps the bundle and
+	// its sequence; one that changes it starts afresh.
+	// +kubebuilder:validation:MaxLength=255
+	// +optional
+	TrustDomain string `json:"trustDomain,omitempty"`
 	// Error is why the last fetch was refused (Stale) or the spec is
-	// unusable (Invalid).
+	// unusable (Invalid). It never quotes what the endpoint answered (the
+	// server's log and audit record do).
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional
 	Error string `json:"error,omitempty"`
 	// LastFetch is when the endpoint was last asked.
 	// +optional
 	LastFetch *metav1.Time `json:"lastFetch,omitempty"`
-	// LastAccepted is when a bundle was last accepted.
+	// LastAccepted is when a fetch was last accepted (the same bundle
+	// again included): how current the bundle is.
 	// +optional
 	LastAccepted *metav1.Time `json:"lastAccepted,omitempty"`
+	// LastChanged is when the accepted bundle last changed (new roots or
+	// a new sequence).
+	// +optional
+	LastChanged *metav1.Time `json:"lastChanged,omitempty"`
 	// Sequence is the accepted bundle's spiffe_sequence.
 	// +optional
 	Sequence uint64 `json:"sequence,omitempty"`
@@ -135,6 +148,7 @@ type FederatedTrustDomainStatus struct {
 // FederatedRoot describes one root of an accepted foreign bundle.
 type FederatedRoot struct {
 	// Fingerprint is the SHA-256 of the root's DER, hex.
+	// +kubebuilder:validation:MaxLength=64
 	Fingerprint string `json:"fingerprint"`
 	// Subject is the root's subject.
 	// +kubebuilder:validation:MaxLength=1024

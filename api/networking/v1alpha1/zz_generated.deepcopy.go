@@ -358,6 +358,10 @@ func (in *FederatedTrustDomainStatus) DeepCopyInto(out *FederatedTrustDomainStat
 		in, out := &in.LastAccepted, &out.LastAccepted
 		*out = (*in).DeepCopy()
 	}
+	if in.LastChanged != nil {
+		in, out := &in.LastChanged, &out.LastChanged
+		*out = (*in).DeepCopy()
+	}
 	if in.Roots != nil {
 		in, out := &in.Roots, &out.Roots
 		*out = make([]FederatedRoot, len(*in))
