@@ -10,7 +10,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
@@ -213,7 +212,7 @@ func writeFederationStatus(w io.Writer, s federationStatus) error {
 		return t.Format(time.RFC3339)
 	}
 	for _, b := range s.Imported {
-		cols := []string{b.TrustDomain, b.Name, b.Profile, b.State, fmt.Sprint(b.Sequence), stamp(b.LastFetch), stamp(b.LastAccepted), "-", "-", text.Truncate(oneLine(b.Error), 120)}
+		cols := []string{b.TrustDomain, b.Name, b.Profile, b.State, fmt.Sprint(b.Sequence), stamp(b.LastFetch), stamp(b.LastAccepted), "-", "-", text.OneLine(b.Error, 120)}
 		if len(b.Roots) == 0 {
 			fmt.Fprintln(tw, strings.Join(cols, "\t"))
 		}
@@ -249,15 +248,4 @@ func writePublished(w io.Writer, s federationStatus) error {
 		}
 	}
 	return errors.Join(tw.Flush())
-}
-
-// oneLine makes s one table cell: control characters (line breaks, tabs,
-// terminal escapes) become spaces.
-func oneLine(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
 }

@@ -4,6 +4,7 @@ package text
 
 import (
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -30,4 +31,17 @@ func Truncate(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + ellipsis
+}
+
+// OneLine bounds untrusted s for one line of a terminal or a table cell:
+// every rune that is not printable (line breaks, tabs, terminal escapes,
+// bidirectional overrides, invalid UTF-8) becomes a space, then s is cut
+// to n bytes as Truncate cuts it.
+func OneLine(s string, n int) string {
+	return Truncate(strings.Map(func(r rune) rune {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return ' '
+		}
+		return r
+	}, s), n)
 }

@@ -38,3 +38,16 @@ func FuzzTruncate(f *testing.F) {
 		}
 	})
 }
+
+func TestOneLineLeavesNothingATerminalObeys(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain text, é":                "plain text, é",
+		"two\nlines\r\ttab":            "two lines  tab",
+		"\x1b[31mred\x1b[0m":           " [31mred [0m",
+		"bidi \u202eevil\u2028sep":     "bidi  evil sep",
+		"bad \xff utf-8":               "bad   utf-8",
+		strings.Repeat("x", 40) + "\n": strings.Repeat("x", 29) + "…",
+	} {
+		assert.Equal(t, want, text.OneLine(in, 32), "%q", in)
+	}
+}
