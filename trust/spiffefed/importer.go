@@ -440,6 +440,12 @@ func NextRefresh(b *spiffebundle.Bundle) time.Duration {
 	if !ok {
 		return DefaultRefresh
 	}
+	return ClampRefresh(hint)
+}
+
+// ClampRefresh is a refresh hint clamped to [MinRefresh, MaxRefresh]: how
+// long the importer waits after accepting a bundle with that hint.
+func ClampRefresh(hint time.Duration) time.Duration {
 	return min(max(hint, MinRefresh), MaxRefresh)
 }
 
