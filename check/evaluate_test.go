@@ -55,6 +55,9 @@ func TestExpiry(t *testing.T) {
 		{"year intermediate with 5 days", Lifetime{What: "i", NotBefore: now.Add(-360 * day), NotAfter: now.Add(5 * day), RenewAt: 0.66}, Error, ""},
 		{"renewed, lifetime unknown", Lifetime{What: "agent", NotAfter: now.Add(time.Hour), RenewAt: 2.0 / 3}, OK, "expires in 60m"},
 		{"renewed, lifetime unknown, expired", Lifetime{What: "agent", NotAfter: now.Add(-time.Hour), RenewAt: 2.0 / 3}, Error, "expired"},
+		{"foreign root with 20 days", Lifetime{What: "peer root", NotAfter: now.Add(20 * day), Foreign: true}, OK, "expires in 20d"},
+		{"foreign root with 6 days", Lifetime{What: "peer root", NotAfter: now.Add(6 * day), Foreign: true}, Warning, "peer root expires in 6d"},
+		{"foreign root expired", Lifetime{What: "peer root", NotAfter: now.Add(-time.Hour), Foreign: true}, Error, "peer root expired 60m ago"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sev, msg := Expiry(tc.l, now)

@@ -26,6 +26,11 @@ type Lifetime struct {
 	// certificate (2/3 for agent certificates); zero for certificates a
 	// person rotates.
 	RenewAt float64
+	// Foreign is true for a certificate another party rotates (a foreign
+	// trust domain's root): nothing here can replace it, so it is only a
+	// warning under ErrorBefore, for its owner to hear of, and an error
+	// once expired.
+	Foreign bool
 }
 
 // Expiry judges how close a certificate is to expiry at now.
@@ -36,7 +41,8 @@ type Lifetime struct {
 // fewer than 30 days left: with q the fraction of the lifetime left at the
 // renewal point, a warning under min(WarnBefore, 3/4·q·lifetime) — the
 // renewal is overdue — and an error under min(ErrorBefore, 3/10·q·lifetime).
-// An expired certificate is always an error, one not yet valid a warning.
+// Foreign certificates: a warning under ErrorBefore. An expired
+// certificate is always an error, one not yet valid a warning.
 func Expiry(l Lifetime, now time.Time) (Severity, string) {
 	left := l.NotAfter.Sub(now)
 	if left <= 0 {
@@ -46,6 +52,9 @@ func Expiry(l Lifetime, now time.Time) (Severity, string) {
 		return Warning, fmt.Sprintf("%s is not valid until %s (in %s): is a clock wrong?", l.What, l.NotBefore.UTC().Format(time.RFC3339), duration.HumanDuration(l.NotBefore.Sub(now)))
 	}
 	warn, fail := WarnBefore, ErrorBefore
+	if l.Foreign {
+		warn, fail = ErrorBefore, 0
+	}
 	if l.RenewAt > 0 && l.NotBefore.IsZero() {
 		// The lifetime is unknown: only expiry can be judged.
 		return OK, fmt.Sprintf("%s expires in %s (%s)", l.What, duration.HumanDuration(left), l.NotAfter.UTC().Format(time.RFC3339))

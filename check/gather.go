@@ -155,6 +155,7 @@ func Gather(ctx context.Context, cfg Config) *Observations {
 	o.VirtualMeshes, o.VirtualMeshesErr = listAs[networkingv1alpha1.VirtualMesh](ctx, cfg.Mgmt.Dynamic, networkingv1alpha1.VirtualMeshes, "")
 	o.Meshes = gatherMeshes(ctx, cfg, o)
 	o.Discovered, o.DiscoveredErr = listAs[discoveryv1alpha1.Mesh](ctx, cfg.Mgmt.Dynamic, discoveryv1alpha1.Meshes, cfg.Namespace)
+	o.FederatedTrustDomains, o.FederatedTrustDomainsErr = listAs[networkingv1alpha1.FederatedTrustDomain](ctx, cfg.Mgmt.Dynamic, networkingv1alpha1.FederatedTrustDomains, cfg.Namespace)
 	o.Webhook = gatherWebhook(ctx, cfg)
 	leases := cfg.Mgmt.Typed.CoordinationV1().Leases(cfg.Namespace)
 	if o.ServerLease, o.ServerLeaseErr = leases.Get(ctx, leader.ServerLease, metav1.GetOptions{}); o.ServerLeaseErr != nil {

@@ -61,6 +61,12 @@ type Observations struct {
 	// Namespace): each with the trust domain its agent reports.
 	Discovered    []discoveryv1alpha1.Mesh
 	DiscoveredErr error
+	// FederatedTrustDomains are the FederatedTrustDomains of Namespace:
+	// the foreign trust domains the server's Lease holder imports. Nil
+	// with FederatedTrustDomainsErr when they could not be listed (NotFound:
+	// the CRD is not installed; Forbidden: this run may not list them).
+	FederatedTrustDomains    []networkingv1alpha1.FederatedTrustDomain
+	FederatedTrustDomainsErr error
 	// Webhook is the admission webhook.
 	Webhook Webhook
 	// ServerLease is the server replicas' leader Lease (leader.ServerLease);

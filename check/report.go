@@ -31,6 +31,11 @@
 //     istiod actually uses the cacerts Relaymesh wrote (its
 //     istio-ca-root-cert ConfigMap holds exactly the cacerts roots) and the
 //     intermediate is name-constrained to the mesh's trust domain.
+//   - Federation: each FederatedTrustDomain of the server's namespace (a
+//     foreign trust domain the Lease holder imports): Invalid an error;
+//     Stale, Pending, or a last fetch older than twice its clamped refresh
+//     hint plus FetchSlack a warning; each accepted root under 7 days to
+//     expiry a warning, expired an error (Lifetime.Foreign).
 //   - Admission webhook: registered, reachable by the apiserver (a
 //     server-side dry run), its failure policy, and whether it answers only
 //     the apiserver's client certificate.
@@ -101,6 +106,7 @@ const (
 	AreaClock         = "clock"
 	AreaVirtualMeshes = "virtualmeshes"
 	AreaTrustDomains  = "trust-domains"
+	AreaFederation    = "federation"
 	AreaIstiod        = "istiod"
 	AreaWebhook       = "webhook"
 	AreaDashboard     = "dashboard"
@@ -132,7 +138,7 @@ type Report struct {
 // NewReport sorts results (by area order, then subject) and counts them.
 func NewReport(now time.Time, results []Result) *Report {
 	order := map[string]int{}
-	for i, a := range []string{AreaCRDs, AreaServer, AreaRelayCA, AreaAgents, AreaClock, AreaVirtualMeshes, AreaTrustDomains, AreaIstiod, AreaWebhook, AreaDashboard, AreaAmbient} {
+	for i, a := range []string{AreaCRDs, AreaServer, AreaRelayCA, AreaAgents, AreaClock, AreaVirtualMeshes, AreaTrustDomains, AreaFederation, AreaIstiod, AreaWebhook, AreaDashboard, AreaAmbient} {
 		order[a] = i
 	}
 	sort.SliceStable(results, func(i, j int) bool {

@@ -33,7 +33,13 @@ renewed and its clock within 5s of the server's (error from 1m); each
 VirtualMesh's state, rotation phase and the meshes it waits for; istiod in
 each mesh actually using the cacerts Relaymesh wrote (its
 istio-ca-root-cert holds exactly the cacerts roots: istiod restarted after
-joining) and each intermediate constrained to its mesh's trust domain; the
+joining) and each intermediate constrained to its mesh's trust domain;
+the foreign trust domains imported (the FederatedTrustDomains of the
+server's namespace): Invalid is an error, Stale or no bundle accepted yet a
+warning, and so is a last fetch older than twice the bundle's refresh hint
+(clamped to [30s, 1h], 5m without one) plus a minute (is the server's
+Lease holder running?); each accepted foreign root is a warning under 7
+days to expiry and an error once expired; the
 admission webhook (registered, reachable by the apiserver, its failure
 policy, and whether it answers only the apiserver's client certificate);
 the ambient pitfalls in each workload cluster, from its own objects: an
@@ -75,7 +81,7 @@ func newCheckCommand(d deps, g *globals) *cobra.Command {
 	var f checkFlags
 	c := &cobra.Command{
 		Use:   "check",
-		Short: "Check the installation: CRDs, server and its replicas, CA expiry, agents, clocks, VirtualMeshes, istiod, webhook, ambient pitfalls",
+		Short: "Check the installation: CRDs, server and its replicas, CA expiry, agents, clocks, VirtualMeshes, federation, istiod, webhook, ambient pitfalls",
 		Long:  checkSynopsis,
 		Example: `  # Everything, from one merged kubeconfig with a context per cluster
   KUBECONFIG=mgmt.yaml:cluster-1.yaml:cluster-2.yaml relaymesh check --context mgmt
