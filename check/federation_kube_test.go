@@ -8,7 +8,6 @@ import (
 
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
-	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -27,11 +26,8 @@ import (
 func TestGatherFederatedTrustDomainsFromAPIServer(t *testing.T) {
 	ctx := context.Background()
 	const ns = "relaymesh"
-	mgmt, kube, dyn := localcluster.Management(t, ns)
-	clients, err := kubeclient.NewClients(mgmt.RESTConfig(), "mgmt")
-	require.NoError(t, err)
-	cfg := Config{Mgmt: clients, Namespace: ns, Timeout: 5 * time.Second}
-	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere"}}, metav1.CreateOptions{})
+	cfg, mgmt, kube, dyn := gatherFromManagement(t, ns)
+	_, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 
 	start := time.Now()

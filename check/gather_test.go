@@ -15,7 +15,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 )
+
+// gatherFromManagement starts a management cluster with namespace ns
+// (localcluster.Management) and returns a Config that gathers from it as
+// its admin, the cluster, and its admin's typed and dynamic clients.
+func gatherFromManagement(t *testing.T, ns string) (Config, *localcluster.Cluster, kubernetes.Interface, dynamic.Interface) {
+	t.Helper()
+	mgmt, kube, dyn := localcluster.Management(t, ns)
+	clients, err := kubeclient.NewClients(mgmt.RESTConfig(), "mgmt")
+	require.NoError(t, err)
+	return Config{Mgmt: clients, Namespace: ns, Timeout: 5 * time.Second}, mgmt, kube, dyn
+}
 
 // Gather reads the relay root rotation the server wrote on a real
 // apiserver — state, staged root, issuing CA generation and the agents'
@@ -25,10 +38,7 @@ import (
 func TestGatherRelayRootRotationFromAPIServer(t *testing.T) {
 	ctx := context.Background()
 	const ns = "relaymesh"
-	mgmt, kube, dyn := localcluster.Management(t, ns)
-	clients, err := kubeclient.NewClients(mgmt.RESTConfig(), "mgmt")
-	require.NoError(t, err)
-	cfg := Config{Mgmt: clients, Namespace: ns, Timeout: 5 * time.Second}
+	cfg, _, kube, dyn := gatherFromManagement(t, ns)
 	rotation := func(o *Observations) Result {
 		t.Helper()
 		for _, r := range find(Evaluate(o, time.Now()), AreaRelayCA, ns+"/relay-root-tls-secret") {
