@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/trust"
@@ -26,8 +27,12 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 )
 
@@ -140,8 +145,10 @@ spec:
 
 	rec := &events{}
 	reg := prometheus.NewRegistry()
+	hiccup := &atomic.Bool{}
 	start := func(reg prometheus.Registerer) context.CancelFunc {
-		im, err := trust.NewImporter(trust.ImporterConfig{Dynamic: dyn, Namespace: ns, Audit: rec, Registerer: reg,
+		im, err := trust.NewImporter(trust.ImporterConfig{Dynamic: flakyClusters{dyn, hiccup}, Namespace: ns, Audit: rec, Registerer: reg,
+			Reserved:   []string{"relay.example"},
 			Fetcher:    spiffefed.NewFetcher(spiffefed.FetcherOptions{Timeout: time.Second, MaxBody: 16 << 10}),
 			Refresh:    func(*spiffebundle.Bundle) time.Duration { return 200 * time.Millisecond },
 			RetryFirst: 200 * time.Millisecond})
@@ -213,22 +220,28 @@ spec:
 		peer.serve(h.serve)
 		require.Eventually(t, func() bool { return rec.count(audit.TrustBundleRefuse, h.reason) > before },
 			20*time.Second, 50*time.Millisecond, "a %s answer is refused", h.reason)
-		f := getFTD(t, dyn, ns, "spire")
-		assert.Equal(t, networkingv1alpha1.FederatedStale, f.Status.State, h.reason)
-		assert.Equal(t, good.Sequence, f.Status.Sequence, h.reason)
-		assert.Equal(t, good.BundlePEM, f.Status.BundlePEM, "%s: the accepted bundle is kept", h.reason)
-		assert.NotEmpty(t, f.Status.Error, h.reason)
+		// (The refusal is audited before its status is written.)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			f := getFTD(t, dyn, ns, "spire")
+			assert.Equal(c, networkingv1alpha1.FederatedStale, f.Status.State, h.reason)
+			assert.Contains(c, f.Status.Error, "("+h.reason, h.reason)
+			assert.Equal(c, good.Sequence, f.Status.Sequence, h.reason)
+			assert.Equal(c, good.BundlePEM, f.Status.BundlePEM, "%s: the accepted bundle is kept", h.reason)
+			assert.NotContains(c, f.Status.Error, "<html>", "the status never quotes what the endpoint answered")
+			assert.NotContains(c, f.Status.Error, "keys", "the status never quotes what the endpoint answered")
+		}, 20*time.Second, 50*time.Millisecond)
 	}
 	assert.Equal(t, 2, rec.count(audit.TrustBundleAccept, ""))
-	assert.GreaterOrEqual(t, counterValue(t, reg, trust.MetricImportFetches, "spire.example", "accepted"), 2.0)
-	assert.GreaterOrEqual(t, counterValue(t, reg, trust.MetricImportFetches, "spire.example", "status"), 1.0)
+	assert.GreaterOrEqual(t, seriesValue(reg, trust.MetricImportFetches, "spire.example", "accepted"), 2.0)
+	assert.GreaterOrEqual(t, seriesValue(reg, trust.MetricImportFetches, "spire.example", "status"), 1.0)
 
 	// A new Lease holder continues from the stored status: a lower
 	// sequence is still refused.
 	stop()
 	before := rec.count(audit.TrustBundleRefuse, "sequence")
 	peer.serveBytes(bundleDoc(t, "spire.example", 1, other.cert))
-	stop = start(prometheus.NewRegistry())
+	reg = prometheus.NewRegistry()
+	stop = start(reg)
 	defer stop()
 	require.Eventually(t, func() bool { return rec.count(audit.TrustBundleRefuse, "sequence") > before }, 20*time.Second, 50*time.Millisecond)
 	assert.Equal(t, good.BundlePEM, getFTD(t, dyn, ns, "spire").Status.BundlePEM)
@@ -240,6 +253,52 @@ spec:
 		assert.Equal(c, networkingv1alpha1.FederatedCurrent, f.Status.State)
 		assert.EqualValues(c, 5, f.Status.Sequence)
 		assert.Empty(c, f.Status.Error)
+	}, 20*time.Second, 100*time.Millisecond)
+
+	// An apiserver that cannot tell whether the trust domain is one of
+	// ours changes nothing: no fetch is accepted, the bundle stays.
+	hiccup.Store(true)
+	peer.serveBytes(bundleDoc(t, "spire.example", 6, r1.cert))
+	require.Eventually(t, func() bool { return seriesValue(reg, trust.MetricImportFetches, "spire.example", "check") >= 2 }, 20*time.Second, 50*time.Millisecond)
+	f = getFTD(t, dyn, ns, "spire")
+	assert.Equal(t, networkingv1alpha1.FederatedCurrent, f.Status.State)
+	assert.EqualValues(t, 5, f.Status.Sequence, "not fetched while it cannot be checked")
+	hiccup.Store(false)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.EqualValues(c, 6, getFTD(t, dyn, ns, "spire").Status.Sequence)
+	}, 20*time.Second, 100*time.Millisecond)
+
+	// A spec edit that keeps the trust domain (the endpoint moved) keeps
+	// the bundle and its sequence: a lower one is still refused.
+	before = rec.count(audit.TrustBundleRefuse, "sequence")
+	peer.serveBytes(bundleDoc(t, "spire.example", 3, other.cert))
+	_, err = dyn.Resource(networkingv1alpha1.FederatedTrustDomains).Namespace(ns).Patch(ctx, "spire", types.MergePatchType,
+		[]byte(fmt.Sprintf(`{"spec":{"bundleEndpointURL":%q}}`, peer.srv.URL+"/moved")), metav1.PatchOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return rec.count(audit.TrustBundleRefuse, "sequence") > before }, 20*time.Second, 50*time.Millisecond)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		f := getFTD(t, dyn, ns, "spire")
+		assert.Equal(c, f.Generation, f.Status.ObservedGeneration)
+		assert.Equal(c, networkingv1alpha1.FederatedStale, f.Status.State)
+		assert.EqualValues(c, 6, f.Status.Sequence)
+	}, 20*time.Second, 100*time.Millisecond)
+
+	// Deleted: its worker stops and its metrics go.
+	require.NoError(t, dyn.Resource(networkingv1alpha1.FederatedTrustDomains).Namespace(ns).Delete(ctx, "spire", metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { return seriesValue(reg, trust.MetricImportFetches, "spire.example", "accepted") < 0 }, 20*time.Second, 50*time.Millisecond)
+
+	// The relay's trust domain is never imported.
+	_, err = cl.Apply(ctx, "test", []byte(fmt.Sprintf(`
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: FederatedTrustDomain
+metadata: {name: relay, namespace: %[1]s}
+spec: {trustDomain: relay.example, bundleEndpointURL: %[2]q, profile: https_web, webRootsPEM: %[3]q}
+`, ns, peer.srv.URL+"/bundle", peer.rootsPEM())))
+	require.NoError(t, err)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		f := getFTD(t, dyn, ns, "relay")
+		assert.Equal(c, networkingv1alpha1.FederatedInvalid, f.Status.State)
+		assert.Contains(c, f.Status.Error, "trust domain relay.example is this Relaymesh's own")
 	}, 20*time.Second, 100*time.Millisecond)
 
 	// A trust domain of this Relaymesh's own (c1's default grant) is never
@@ -268,11 +327,13 @@ func bytesAnswer(body []byte) func(http.ResponseWriter, *http.Request) {
 	return func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(body) }
 }
 
-// counterValue is the value of counter name{trust_domain=td,result=result}.
-func counterValue(t *testing.T, reg *prometheus.Registry, name, td, result string) float64 {
-	t.Helper()
+// seriesValue is the value of counter name{trust_domain=td,result=result},
+// -1 if there is no such series.
+func seriesValue(reg *prometheus.Registry, name, td, result string) float64 {
 	mfs, err := reg.Gather()
-	require.NoError(t, err)
+	if err != nil {
+		return -1
+	}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
 			got := map[string]string{}
@@ -284,8 +345,43 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, td, result strin
 			}
 		}
 	}
-	t.Fatalf("no %s{trust_domain=%q,result=%q}", name, td, result)
-	return 0
+	return -1
+}
+
+// flakyClusters is a dynamic client whose List of KubernetesClusters
+// fails while fail is set, as an apiserver hiccup would.
+type flakyClusters struct {
+	dynamic.Interface
+	fail *atomic.Bool
+}
+
+func (f flakyClusters) Resource(gvr schema.GroupVersionResource) dynamic.NamespaceableResourceInterface {
+	r := f.Interface.Resource(gvr)
+	if gvr != multiclusterv1alpha1.KubernetesClusters {
+		return r
+	}
+	return flakyResource{r, f.fail}
+}
+
+type flakyResource struct {
+	dynamic.NamespaceableResourceInterface
+	fail *atomic.Bool
+}
+
+func (r flakyResource) Namespace(ns string) dynamic.ResourceInterface {
+	return flakyList{r.NamespaceableResourceInterface.Namespace(ns), r.fail}
+}
+
+type flakyList struct {
+	dynamic.ResourceInterface
+	fail *atomic.Bool
+}
+
+func (l flakyList) List(ctx context.Context, opts metav1.ListOptions) (*unstructured.UnstructuredList, error) {
+	if l.fail.Load() {
+		return nil, apierrors.NewServiceUnavailable("an apiserver hiccup")
+	}
+	return l.ResourceInterface.List(ctx, opts)
 }
 
 // newIntermediate is a CA signed by parent: not a root.

@@ -214,11 +214,15 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 	case len(ambient) > 0:
 		// Not started: the root in force stays, the status says why, and
 		// the rotation starts once no member runs ambient.
-		msg := "not rotating: " + AmbientRefusal(ambient) + "; the root in force stays"
+		msg := text.Truncate("not rotating: "+AmbientRefusal(ambient)+"; the root in force stays", 1024)
+		if rot := st.rotation; rot != nil && rot.Phase == networkingv1alpha1.PhaseFailed && rot.Message == msg && rot.NewRootFingerprint == next.fingerprint {
+			p.steady(in) // refused already, for the same reason
+			return p
+		}
 		if c.persist(ctx, key, func(n *vmState) {
 			n.message = ""
 			n.rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseFailed, OldRootFingerprint: n.fp,
-				NewRootFingerprint: next.fingerprint, Message: text.Truncate(msg, 1024)}
+				NewRootFingerprint: next.fingerprint, Message: msg}
 		}) {
 			c.log.Warn("root rotation refused: meshes run ambient", "virtual_mesh", key, "meshes", ambient)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/relaymesh/relaymesh/trust/spiffefed"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -84,6 +85,9 @@ type federationStatus struct {
 	Source    string            `json:"source"`
 	Published []publishedBundle `json:"published"`
 	Imported  []importedBundle  `json:"imported"`
+	// ImportedError says why the imported trust domains could not be
+	// read (the CRD is not installed, or the caller may not list it).
+	ImportedError string `json:"importedError,omitempty"`
 }
 
 func newCAFederationCommand(d deps, g *globals) *cobra.Command {
@@ -119,8 +123,15 @@ func caFederationStatus(ctx context.Context, stdout io.Writer, kube *kubeclient.
 	if err != nil {
 		return err
 	}
-	if st.Imported, err = importedBundles(ctx, kube, namespace); err != nil {
+	switch imported, err := importedBundles(ctx, kube, namespace); {
+	case apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || meta.IsNoMatchError(err):
+		// What is published is still shown: an upgrade that did not
+		// install the CRD, or a caller without list on it.
+		st.ImportedError = err.Error()
+	case err != nil:
 		return err
+	default:
+		st.Imported = imported
 	}
 	if format == printer.JSON || format == printer.YAML {
 		return printer.Print(stdout, format, st)
@@ -197,6 +208,10 @@ func importedBundles(ctx context.Context, kube *kubeclient.Clients, namespace st
 // published, then what is imported.
 func writeFederationStatus(w io.Writer, s federationStatus) error {
 	if err := writePublished(w, s); err != nil {
+		return err
+	}
+	if s.ImportedError != "" {
+		_, err := fmt.Fprintf(w, "\nforeign trust domains not shown: %s\n", text.OneLine(s.ImportedError, 300))
 		return err
 	}
 	if len(s.Imported) == 0 {

@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 )
 
@@ -151,6 +152,16 @@ func TestCAFederationStatusAgainstAPIServer(t *testing.T) {
 	require.Len(t, st.Imported, 1)
 	assert.Equal(t, "Stale", st.Imported[0].State)
 	require.Len(t, st.Imported[0].Roots, 1)
+
+	// Without the CRD (an upgrade that did not install it), what is
+	// published is still shown.
+	crds := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	require.NoError(t, dyn.Resource(crds).Delete(ctx, "federatedtrustdomains.networking.relaymesh.io", metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool {
+		out, _, code = cli()
+		return code == 0 && strings.Contains(out, "foreign trust domains not shown")
+	}, 30*time.Second, 200*time.Millisecond, "%s", out)
+	assert.Contains(t, out, "cluster-2.local", "the published bundles are still shown")
 
 	cm.Data[app.BundleStateKey] = strings.Replace(string(data), `"version":1`, `"version":2`, 1)
 	_, err = kube.CoreV1().ConfigMaps("relaymesh").Update(ctx, cm, metav1.UpdateOptions{})

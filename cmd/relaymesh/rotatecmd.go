@@ -7,15 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -198,17 +197,17 @@ func ambientMeshes(ctx context.Context, kube *kubeclient.Clients, namespace stri
 	if err != nil {
 		return nil
 	}
-	var members []*discoveryv1alpha1.Mesh
+	in := &translation.Input{}
 	for _, u := range list.Items {
 		var m discoveryv1alpha1.Mesh
-		if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &m) != nil || m.Spec.Istio == nil {
-			continue
+		if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &m) == nil {
+			in.Meshes = append(in.Meshes, m)
 		}
-		in := m.Spec.Istio.Installation
-		if slices.ContainsFunc(vm.Spec.Meshes, func(r common.ClusterObjectRef) bool {
-			return r.ClusterName == in.Cluster && r.Namespace == in.Namespace && r.Name == in.Name
-		}) {
-			members = append(members, &m)
+	}
+	var members []*discoveryv1alpha1.Mesh
+	for _, ref := range vm.Spec.Meshes {
+		if m, err := in.MeshFor(ref); err == nil {
+			members = append(members, m)
 		}
 	}
 	return trust.AmbientMembers(members)

@@ -133,11 +133,11 @@ func (ca *testCA) leaf(t *testing.T, ip net.IP) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
 }
 
-// Relaymesh's importer against SPIRE's own bundle endpoint (https_spiffe,
+// Relaymesh's fetcher against SPIRE's own bundle endpoint (https_spiffe,
 // SPIRE's X509-SVID): bootstrapped with `bundle show`, it accepts SPIRE's
 // bundle, and an X509-SVID `x509 mint` signs verifies against what it
 // accepted; bootstrapped with another root, it refuses the endpoint.
-func TestTheImporterFetchesASPIREServersBundleEndpoint(t *testing.T) {
+func TestTheFetcherFetchesASPIREServersBundleEndpoint(t *testing.T) {
 	localcluster.SkipIfShort(t)
 	ctx := context.Background()
 	s, err := spire.Start(ctx, spire.Config{TrustDomain: "spire.example", BundleEndpoint: true})

@@ -37,6 +37,16 @@ func FuzzAcceptForeignBundle(f *testing.F) {
 			if b != nil {
 				t.Fatalf("a refusal with a bundle: %v", err)
 			}
+			// What a refusal says is bounded and printable, whatever came.
+			msg := err.Error()
+			if len(msg) > 600 {
+				t.Fatalf("a refusal of %d bytes", len(msg))
+			}
+			for _, c := range []byte(msg) {
+				if c < 0x20 || c > 0x7e {
+					t.Fatalf("a refusal with byte %#x: %q", c, msg)
+				}
+			}
 			return
 		}
 		if b == nil {
@@ -52,6 +62,11 @@ func FuzzAcceptForeignBundle(f *testing.F) {
 		for _, r := range roots {
 			if !r.IsCA || !r.BasicConstraintsValid || !bytes.Equal(r.RawIssuer, r.RawSubject) || r.CheckSignatureFrom(r) != nil {
 				t.Fatalf("an authority that is not a self-signed CA: %s", r.Subject)
+			}
+			for _, u := range r.URIs {
+				if u.Scheme == "spiffe" && u.Host != peerTD.Name() {
+					t.Fatalf("a root naming trust domain %q accepted for %s", u.Host, peerTD.Name())
+				}
 			}
 		}
 		if l == nil {
