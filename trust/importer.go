@@ -100,6 +100,9 @@ type importWorker struct {
 	cancel context.CancelFunc
 	kick   chan struct{}
 	td     string // the trust domain its metrics are labelled with
+	// audited is the bundle (bundleKey) whose acceptance was last
+	// audited: a write that failed does not audit it again.
+	audited string
 }
 
 // errCannotCheck: whether a trust domain is one of ours could not be
@@ -369,9 +372,11 @@ func (im *Importer) fetchOnce(ctx context.Context, ftd *networkingv1alpha1.Feder
 		return 0, nextSoon
 	}
 	changed := err == nil && (last == nil || !sameBundle(last, b))
-	if changed {
+	if changed && w.audited != bundleKey(td, b) {
 		if aerr := im.cfg.Audit.Record(acceptEvent(ftd, b)); aerr != nil {
 			err = fmt.Errorf("the bundle was not accepted: its acceptance could not be audited: %w", aerr)
+		} else {
+			w.audited = bundleKey(td, b)
 		}
 	}
 	if err != nil {
@@ -467,17 +472,13 @@ func (im *Importer) write(ctx context.Context, ftd *networkingv1alpha1.Federated
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ri := im.cfg.Dynamic.Resource(networkingv1alpha1.FederatedTrustDomains).Namespace(ftd.Namespace)
-	_, err = ri.UpdateStatus(wctx, &unstructured.Unstructured{Object: u}, metav1.UpdateOptions{FieldManager: importFieldManager})
+	_, err = im.cfg.Dynamic.Resource(networkingv1alpha1.FederatedTrustDomains).Namespace(ftd.Namespace).
+		UpdateStatus(wctx, &unstructured.Unstructured{Object: u}, metav1.UpdateOptions{FieldManager: importFieldManager})
 	if apierrors.IsConflict(err) {
-		// The informer's copy is behind (often our own last write): once
-		// more on the object as it is now, if its spec is still the one
-		// decided on.
-		cur, gerr := ri.Get(wctx, ftd.Name, metav1.GetOptions{})
-		if gerr == nil && cur.GetUID() == ftd.UID && cur.GetGeneration() == ftd.Generation {
-			u["metadata"] = cur.Object["metadata"]
-			_, err = ri.UpdateStatus(wctx, &unstructured.Unstructured{Object: u}, metav1.UpdateOptions{FieldManager: importFieldManager})
-		}
+		// The informer's copy was behind (often our own last write): the
+		// worker decides again soon, on the object as it is then.
+		im.log.Debug("a FederatedTrustDomain changed since it was read; deciding again", "name", ftd.Name)
+		return err
 	}
 	if err != nil && ctx.Err() == nil {
 		im.log.Warn("could not write a FederatedTrustDomain's status", "name", ftd.Name, "error", err)
@@ -585,6 +586,12 @@ func storedBundle(ftd *networkingv1alpha1.FederatedTrustDomain) *spiffebundle.Bu
 		b.SetRefreshHint(time.Duration(st.RefreshHint) * time.Second)
 	}
 	return b
+}
+
+// bundleKey names b's contents for td: its sequence and its roots.
+func bundleKey(td string, b *spiffebundle.Bundle) string {
+	seq, ok := b.SequenceNumber()
+	return fmt.Sprintf("%s/%d/%t/%s", td, seq, ok, spiffefed.PEM(b.X509Authorities()))
 }
 
 // sameBundle: the same sequence (or none in both) and the same roots.
