@@ -795,6 +795,32 @@ func (j *job) rotationState() (phase string, step int64, awaiting bool, err erro
 // `ca rotate start`, and continued after each phase until Finished; then
 // every cacerts carries only the new root.
 func (j *job) rotation() error {
+	// The ambient part first: MultiRoot is refused while a member mesh
+	// runs ambient (ztunnel trusts one root), so shop leaves ambient mode,
+	// as an operator would before rotating.
+	if out, err := e2e.Run(j.t, j.bin, "ca", "rotate", "start", namespace+"/"+virtualMesh, "--kubeconfig", j.mgmt.Kubeconfig); err == nil ||
+		!strings.Contains(err.Error(), "MultiRoot is refused while meshes run ambient") {
+		return fmt.Errorf("ca rotate start with an ambient member: want it refused, got %v: %s", err, out)
+	}
+	if _, err := j.kube[j.ambientCluster()].CoreV1().Namespaces().Patch(j.ctx, "shop", types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"istio.io/dataplane-mode":null}}}`), metav1.PatchOptions{}); err != nil {
+		return err
+	}
+	if err := j.wait("no member mesh running ambient", 30*time.Second, func() (bool, string) {
+		list, err := j.mgmtDyn.Resource(gvrMeshes).Namespace(namespace).List(j.ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, m := range list.Items {
+			modes, _, _ := unstructured.NestedStringSlice(m.Object, "spec", "istio", "dataPlaneModes")
+			if slices.Contains(modes, "ambient") {
+				return false, m.GetName() + " runs ambient"
+			}
+		}
+		return true, ""
+	}); err != nil {
+		return err
+	}
 	root, err := ca.GenerateMeshRoot(ca.MeshRootConfig{VirtualMesh: virtualMesh})
 	require.NoError(j.t, err)
 	key, err := pemutil.Serialize(root.Key)
