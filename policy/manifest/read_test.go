@@ -103,7 +103,7 @@ func TestSchemaProblems(t *testing.T) {
 		{"wrong group", strings.Replace(accessPolicy, "networking.relaymesh.io", "relaymesh.io", 1), "apiVersion", "AccessPolicy relaymesh/reviews",
 			`Unsupported value: "relaymesh.io/v1alpha1": AccessPolicy is served as apiVersion networking.relaymesh.io/v1alpha1`},
 		{"unknown kind", strings.Replace(accessPolicy, "kind: AccessPolicy", "kind: AccessRule", 1), "apiVersion", "AccessRule relaymesh/reviews",
-			"the group networking.relaymesh.io has no kind AccessRule (it has AccessPolicy, TrafficPolicy, VirtualDestination, VirtualMesh)"},
+			"the group networking.relaymesh.io has no kind AccessRule (it has AccessPolicy, FederatedTrustDomain, TrafficPolicy, VirtualDestination, VirtualMesh)"},
 		{"no name", strings.Replace(accessPolicy, "name: reviews, ", "", 1), "metadata.name", "AccessPolicy relaymesh/", "Required value: name or generateName is required"},
 		{"bad name", strings.Replace(accessPolicy, "name: reviews", "name: Reviews_1", 1), "metadata.name", "AccessPolicy relaymesh/Reviews_1", "Invalid value: \"Reviews_1\""},
 		{"minItems", strings.Replace(virtualMesh, "  meshes: [{clusterName: cluster-1, namespace: istio-system, name: istiod}]\n", "  meshes: []\n", 1), "spec.meshes", "VirtualMesh relaymesh/prod", "should have at least 1 items"},
