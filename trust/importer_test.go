@@ -129,19 +129,23 @@ func TestImportKeepsTheLastGoodBundle(t *testing.T) {
 	_, err = cl.Apply(ctx, "test", []byte(fmt.Sprintf(`
 apiVersion: multicluster.relaymesh.io/v1alpha1
 kind: KubernetesCluster
-metadata: {name: c1, namespace: %[1]s}
+metadata: {name: c1, namespace: %s}
 spec: {}
----
+`, ns)))
+	require.NoError(t, err)
+	// importFrom makes FederatedTrustDomain name import trust domain td
+	// from peer (https_web).
+	importFrom := func(name, td string) {
+		t.Helper()
+		_, err := cl.Apply(ctx, "test", []byte(fmt.Sprintf(`
 apiVersion: networking.relaymesh.io/v1alpha1
 kind: FederatedTrustDomain
-metadata: {name: spire, namespace: %[1]s}
-spec:
-  trustDomain: spire.example
-  bundleEndpointURL: %[2]s/bundle
-  profile: https_web
-  webRootsPEM: %[3]q
-`, ns, peer.srv.URL, peer.rootsPEM())))
-	require.NoError(t, err)
+metadata: {name: %s, namespace: %s}
+spec: {trustDomain: %s, bundleEndpointURL: %q, profile: https_web, webRootsPEM: %q}
+`, name, ns, td, peer.srv.URL+"/bundle", peer.rootsPEM())))
+		require.NoError(t, err)
+	}
+	importFrom("spire", "spire.example")
 
 	rec := &events{}
 	reg := prometheus.NewRegistry()
@@ -288,13 +292,7 @@ spec:
 	require.Eventually(t, func() bool { return seriesValue(reg, trust.MetricImportFetches, "spire.example", "accepted") < 0 }, 20*time.Second, 50*time.Millisecond)
 
 	// The relay's trust domain is never imported.
-	_, err = cl.Apply(ctx, "test", []byte(fmt.Sprintf(`
-apiVersion: networking.relaymesh.io/v1alpha1
-kind: FederatedTrustDomain
-metadata: {name: relay, namespace: %[1]s}
-spec: {trustDomain: relay.example, bundleEndpointURL: %[2]q, profile: https_web, webRootsPEM: %[3]q}
-`, ns, peer.srv.URL+"/bundle", peer.rootsPEM())))
-	require.NoError(t, err)
+	importFrom("relay", "relay.example")
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		f := getFTD(t, dyn, ns, "relay")
 		assert.Equal(c, networkingv1alpha1.FederatedInvalid, f.Status.State)
@@ -303,17 +301,7 @@ spec: {trustDomain: relay.example, bundleEndpointURL: %[2]q, profile: https_web,
 
 	// A trust domain of this Relaymesh's own (c1's default grant) is never
 	// imported.
-	_, err = cl.Apply(ctx, "test", []byte(fmt.Sprintf(`
-apiVersion: networking.relaymesh.io/v1alpha1
-kind: FederatedTrustDomain
-metadata: {name: own, namespace: %[1]s}
-spec:
-  trustDomain: c1.local
-  bundleEndpointURL: %[2]s/bundle
-  profile: https_web
-  webRootsPEM: %[3]q
-`, ns, peer.srv.URL, peer.rootsPEM())))
-	require.NoError(t, err)
+	importFrom("own", "c1.local")
 	peer.serveBytes(bundleDoc(t, "c1.local", 9, other.cert))
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		f := getFTD(t, dyn, ns, "own")
