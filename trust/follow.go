@@ -148,6 +148,9 @@ func recordedState(vm *networkingv1alpha1.VirtualMesh) *vmState {
 		st.notAfter = t.RootNotAfter.Time
 	}
 	st.rotation = vm.Status.Rotation.DeepCopy()
+	for _, e := range t.Federation {
+		st.federation = append(st.federation, *e.DeepCopy())
+	}
 	return st
 }
 
@@ -194,7 +197,7 @@ func (c *Controller) resumeAfter(key string, obj *unstructured.Unstructured) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st, rec := c.vmst[key], recordedState(&vm)
-	if err == nil && st != nil && st.fp == rec.fp && sameJSON(st.inForce, rec.inForce) && sameJSON(st.rotation, rec.rotation) {
+	if err == nil && st != nil && st.fp == rec.fp && sameJSON(st.inForce, rec.inForce) && sameJSON(st.rotation, rec.rotation) && sameJSON(st.federation, rec.federation) {
 		c.rv[key] = vm.ResourceVersion
 		return
 	}

@@ -49,12 +49,18 @@ type vmState struct {
 	notAfter time.Time
 	message  string // why the meshes' CAs are held
 	rotation *networkingv1alpha1.RotationStatus
+	// federation: the cross-certificates of foreign roots (foreign.go).
+	federation []networkingv1alpha1.FederatedTrustStatus
 }
 
 func (s *vmState) clone() *vmState {
 	n := *s
 	n.inForce = s.inForce.DeepCopy()
 	n.rotation = s.rotation.DeepCopy()
+	n.federation = nil
+	for _, e := range s.federation {
+		n.federation = append(n.federation, *e.DeepCopy())
+	}
 	return &n
 }
 

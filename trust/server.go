@@ -110,6 +110,7 @@ type Controller struct {
 	vms     cache.SharedIndexInformer
 	mesh    cache.SharedIndexInformer
 	kcs     cache.SharedIndexInformer // the registry: KubernetesClusters and their grants
+	ftds    cache.SharedIndexInformer // FederatedTrustDomains: foreign roots to deliver
 	wake    chan struct{}
 	writeMu sync.Mutex // serializes status writes
 	mu      sync.Mutex
@@ -163,6 +164,10 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	c.vms = users.ForResource(networkingv1alpha1.VirtualMeshes).Informer()
 	c.mesh = discovered.ForResource(discoveryv1alpha1.Meshes).Informer()
 	c.kcs = discovered.ForResource(multiclusterv1alpha1.KubernetesClusters).Informer()
+	// Not waited for below: without the CRD (an upgrade that did not
+	// apply it) shared trust works on, and what status.sharedTrust.federation
+	// records stays delivered (foreignRoots).
+	c.ftds = discovered.ForResource(networkingv1alpha1.FederatedTrustDomains).Informer()
 	h := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.Kick() }, UpdateFunc: func(any, any) { c.Kick() }, DeleteFunc: func(any) { c.Kick() }}
 	for _, inf := range []cache.SharedIndexInformer{c.vms, c.mesh} {
 		if _, err := inf.AddEventHandler(h); err != nil {
@@ -179,6 +184,16 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 				}
 			}
 			c.Kick()
+		}}); err != nil {
+		return nil, err
+	}
+	// A FederatedTrustDomain's status changes with every fetch; only its
+	// accepted bundle matters here.
+	if _, err := c.ftds.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.Kick() }, DeleteFunc: func(any) { c.Kick() },
+		UpdateFunc: func(o, n any) {
+			if !sameAcceptedBundle(o, n) {
+				c.Kick()
+			}
 		}}); err != nil {
 		return nil, err
 	}
@@ -358,6 +373,7 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input, leading 
 		if p.bundle == nil && !p.hold {
 			continue
 		}
+		c.federate(ctx, p, leading)
 		seen[p.key] = true
 		plans = append(plans, p)
 		ttl := defaultIntermediateTTL
@@ -472,6 +488,7 @@ func (c *Controller) statusBody(key string, st *vmState) ([]byte, error) {
 		}
 	}
 	shared.Message = st.message
+	shared.Federation = st.federation
 	ns, name, _ := strings.Cut(key, "/")
 	status := map[string]any{"sharedTrust": shared}
 	if st.rotation != nil {

@@ -524,7 +524,7 @@ func trustMembers(outputs *server.Outputs, log *slog.Logger) []spiffefed.Member 
 		for _, req := range all[c].GetTrust() {
 			m := spiffefed.Member{VirtualMesh: req.GetVirtualMesh(), TrustDomain: req.GetTrustDomain()}
 			if !req.GetHold() && len(req.GetRootBundle()) > 0 {
-				roots, err := spiffefed.ParseRoots(req.GetRootBundle())
+				roots, err := spiffefed.ParseMeshRoots(req.GetRootBundle())
 				if err != nil {
 					// Treated as held: what is published stays.
 					log.Error("a published root bundle does not parse; its trust domain's SPIFFE bundle stays as it is", "virtual_mesh", req.GetVirtualMesh(), "error", err)

@@ -281,6 +281,63 @@ spec: {trustDomain: spire.example, bundleEndpointURL: %q, profile: https_spiffe,
 	_, err = verifyWorkload(issued["cluster-1"], held.X509Authorities())
 	require.NoError(t, err, "the mesh workload's certificate verifies against the bundle SPIRE holds for cluster-1.local")
 
+	// The meshes trust SPIRE's workloads, as spire.example only: once the
+	// VirtualMesh names the imported trust domain, every mesh's
+	// root-cert.pem carries SPIRE's root cross-certified by the
+	// VirtualMesh root, name-constrained to spire.example. A real istiod
+	// runs on it and hands it to its workloads; SPIRE's SVID verifies
+	// against what istiod hands out (as proxyless gRPC verifies a peer),
+	// and the bundle endpoint still publishes the meshes' own root only
+	// (spireHolds and istiodHolds below count exactly).
+	_, err = mgmtClient.CoreV1().RESTClient().Patch("application/merge-patch+json").
+		AbsPath("/apis/networking.relaymesh.io/v1alpha1/namespaces/relaymesh/virtualmeshes/bookinfo-federation").
+		Body([]byte(`{"spec":{"mtls":{"federatedTrustDomains":["spire.example"]}}}`)).DoRaw(ctx)
+	require.NoError(t, err)
+	federated := map[string]*corev1.Secret{}
+	Eventually(t, 60*time.Second, "both meshes' root-cert.pem carry SPIRE's root, cross-certified", func() (bool, string) {
+		for name, c := range clients {
+			s, err := c.CoreV1().Secrets("istio-system").Get(ctx, trust.SecretName, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			certs, err := pemutil.ParseCertificateBundle(s.Data[trust.KeyRootCert])
+			if err != nil || len(certs) != 2 {
+				return false, fmt.Sprintf("%s: %d certificates in root-cert.pem (%v)", name, len(certs), err)
+			}
+			federated[name] = s
+		}
+		return true, ""
+	})
+	for name, s := range federated {
+		d, err := istiod.Start(ctx, istiod.Config{Kubeconfig: env.Cluster(name).Kubeconfig, ClusterID: name, Dir: t.TempDir(), CACerts: s.Data, TrustDomain: name + ".local"})
+		require.NoError(t, err, name)
+		token, err := istiod.ServiceAccountToken(ctx, clients[name], "bookinfo", "bookinfo-reviews", istiod.TokenAudience)
+		require.NoError(t, err)
+		_, csr, err := istiod.WorkloadCSR("spiffe://" + name + ".local/ns/bookinfo/sa/bookinfo-reviews")
+		require.NoError(t, err)
+		files, err := d.IssueFiles(ctx, istiod.CertificateRequest{Token: token, CSR: csr, TTL: time.Hour})
+		require.NoError(t, err, "%s: istiod runs on root-cert.pem with a cross-certificate\n%s", name, d.LogTail(20))
+		require.NoError(t, d.Stop())
+		handed, err := pemutil.ParseCertificateBundle(files.Roots)
+		require.NoError(t, err)
+		require.Len(t, handed, 2, "%s: istiod hands its workloads the root and the cross-certificate", name)
+		chains, err := verifyWorkload(svid, handed)
+		require.NoError(t, err, "%s: SPIRE's SVID verifies against the roots istiod hands out", name)
+		require.Len(t, chains[0], 2, "leaf, then the cross-certificate as anchor")
+		cross := chains[0][1]
+		assert.Equal(t, []string{"spire.example"}, cross.PermittedURIDomains, "%s: the cross-certificate permits spire.example only", name)
+		assert.True(t, slices.ContainsFunc(wantRoots, func(r *x509.Certificate) bool {
+			return string(r.RawSubjectPublicKeyInfo) == string(cross.RawSubjectPublicKeyInfo)
+		}),
+			"%s: the cross-certificate carries SPIRE's root key", name)
+		mine, err := pemutil.ParseCertificateBundle(files.CertChain)
+		require.NoError(t, err)
+		_, err = verifyWorkload(mine, handed)
+		require.NoError(t, err, "%s: the mesh's own workload certificate still verifies", name)
+	}
+	// From here on every rotation phase checks SPIRE's SVID too.
+	r.foreign = svid
+
 	// The other peer: a real istiod of another mesh (trust domain
 	// peer.example, its own CA) whose meshConfig.caCertificates names the
 	// bundle of cluster-1.local by spiffeBundleUrl; with
@@ -326,7 +383,7 @@ spec: {trustDomain: spire.example, bundleEndpointURL: %q, profile: https_spiffe,
 	t.Logf("ca rotate start:\n%s", out)
 	require.Contains(t, out, "AddingNewRoot step 1 (awaiting continue)")
 	require.Contains(t, out, "the new root has been published at the SPIFFE bundle endpoint since", "AddingNewRoot waited for federated peers")
-	r.phase("AddingNewRoot", 2)
+	r.phase("AddingNewRoot", 3)
 	// Nothing is issued from the new root yet, and spire-server, polling
 	// on its own (no refresh asked for), already holds it: the wait was
 	// three refresh hints, and SPIRE fetches every hint/4 (at least 15s).
@@ -343,7 +400,7 @@ spec: {trustDomain: spire.example, bundleEndpointURL: %q, profile: https_spiffe,
 	out, err = Run(t, bin, "ca", "rotate", "continue", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "60s")
 	require.NoError(t, err, out)
 	require.Contains(t, out, "PropagatingNewIntermediate step 2 (awaiting continue)")
-	r.phase("PropagatingNewIntermediate", 2)
+	r.phase("PropagatingNewIntermediate", 3)
 
 	// The server dies (SIGKILL) and a new one resumes from the status.
 	require.NoError(t, server.Kill())
@@ -363,14 +420,14 @@ spec: {trustDomain: spire.example, bundleEndpointURL: %q, profile: https_spiffe,
 	out, err = Run(t, bin, "ca", "rotate", "continue", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "60s")
 	require.NoError(t, err, out)
 	require.Contains(t, out, "DeletingOldRoot step 3 (awaiting continue)")
-	r.phase("DeletingOldRoot", 1)
+	r.phase("DeletingOldRoot", 2)
 	spireHolds("new root only", newRoot)
 	istiodHolds("new root only", newRoot)
 
 	out, err = Run(t, bin, "ca", "rotate", "continue", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig, "--wait", "60s")
 	require.NoError(t, err, out)
 	require.Contains(t, out, "Finished step 3")
-	r.phase("Finished", 1)
+	r.phase("Finished", 2)
 	spireHolds("new root only", newRoot)
 	// SPIRE, now holding the new root only, still authenticates the
 	// https_spiffe endpoint: its SVID moved to the new root.
@@ -437,6 +494,9 @@ type rotation struct {
 	seen    []phaseState
 	last    map[string]meshState
 	checks  int
+	// foreign: an SVID of a federated trust domain every mesh's bundle
+	// must accept at every phase (nil: none yet).
+	foreign []*x509.Certificate
 }
 
 type phaseState struct {
@@ -485,6 +545,10 @@ func (r *rotation) phase(name string, wantRoots int) {
 	r.observe(name, certs, cacerts)
 	for cl, roots := range r.seen[len(r.seen)-1].roots {
 		assert.Len(t, roots, wantRoots, "%s: %s's root-cert.pem", name, cl)
+		if r.foreign != nil {
+			_, err := verifyWorkload(r.foreign, roots)
+			assert.NoError(t, err, "%s: the federated SVID verifies against %s's bundle", name, cl)
+		}
 	}
 	prev, cur := r.seen[len(r.seen)-2], r.seen[len(r.seen)-1]
 	for _, certsOf := range []phaseState{prev, cur} {

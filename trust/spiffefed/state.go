@@ -356,6 +356,30 @@ func parseRoots(data []byte) ([]*x509.Certificate, error) {
 // ParseRoots parses a root bundle (PEM CA certificates) as Member.Roots.
 func ParseRoots(pemData []byte) ([]*x509.Certificate, error) { return parseRoots(pemData) }
 
+// ParseMeshRoots parses a mesh's root bundle (a TrustRequest's, what
+// root-cert.pem carries) as Member.Roots: its self-issued certificates
+// only. The cross-certificates of foreign roots it may carry after them
+// (spec.mtls.federatedTrustDomains) are the foreign trust domains', never
+// published as the mesh's own.
+func ParseMeshRoots(pemData []byte) ([]*x509.Certificate, error) {
+	var own []byte
+	for rest := pemData; ; {
+		block, next := pem.Decode(rest)
+		if block == nil {
+			own = append(own, rest...) // parseRoots refuses what is not PEM
+			break
+		}
+		rest = next
+		if block.Type == "CERTIFICATE" {
+			if c, err := x509.ParseCertificate(block.Bytes); err == nil && !bytes.Equal(c.RawIssuer, c.RawSubject) {
+				continue
+			}
+		}
+		own = append(own, pem.EncodeToMemory(block)...)
+	}
+	return parseRoots(own)
+}
+
 // ParseTrustDomain parses a bare trust domain name (no spiffe:// form):
 // 1 to 255 bytes of lowercase letters, digits, '.', '-' and '_'.
 func ParseTrustDomain(name string) (spiffeid.TrustDomain, error) {

@@ -108,6 +108,24 @@ type MTLSConfig struct {
 	// +kubebuilder:default=Distinct
 	// +optional
 	TrustDomains TrustDomainPolicy `json:"trustDomains,omitempty"`
+
+	// FederatedTrustDomains are foreign SPIFFE trust domains whose
+	// workloads the member meshes accept as peers: each must be imported
+	// by a FederatedTrustDomain in the server's namespace (state Current
+	// or Stale). Each foreign root reaches the meshes' root bundle as a
+	// cross-certificate the VirtualMesh root signs, name-constrained to
+	// that trust domain, so a foreign root can never vouch for the meshes'
+	// own identities; status.sharedTrust.federation says what was
+	// delivered. Needs shared trust, a root Relaymesh signs with itself
+	// (generated, a Secret or PKCS#11; cfssl and step-ca sign only
+	// certificate requests) and no ambient member (ztunnel trusts one
+	// root only).
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=255
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$`
+	// +listType=set
+	// +optional
+	FederatedTrustDomains []string `json:"federatedTrustDomains,omitempty"`
 }
 
 // TrustDomainPolicy says whether member meshes may share a trust domain.
@@ -335,6 +353,43 @@ type SharedTrustStatus struct {
 	// +kubebuilder:validation:MaxItems=256
 	// +optional
 	Meshes []MeshCAStatus `json:"meshes,omitempty"`
+	// Federation is what the meshes' root bundle carries of each foreign
+	// trust domain spec.mtls.federatedTrustDomains names: a
+	// cross-certificate per foreign root, or why there is none.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Federation []FederatedTrustStatus `json:"federation,omitempty"`
+}
+
+// FederatedTrustStatus is one foreign root delivered to the meshes, or a
+// foreign trust domain that could not be (Message says why).
+type FederatedTrustStatus struct {
+	// TrustDomain is the foreign trust domain.
+	// +kubebuilder:validation:MaxLength=255
+	TrustDomain string `json:"trustDomain"`
+	// ForeignRootFingerprint is the SHA-256 of the foreign root's DER, hex.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	ForeignRootFingerprint string `json:"foreignRootFingerprint,omitempty"`
+	// IssuerFingerprint is the VirtualMesh root that signed the
+	// cross-certificate.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	IssuerFingerprint string `json:"issuerFingerprint,omitempty"`
+	// NotAfter is when the cross-certificate expires (never after the
+	// foreign root, nor the VirtualMesh root).
+	// +optional
+	NotAfter *metav1.Time `json:"notAfter,omitempty"`
+	// CertificatePEM is the cross-certificate: the foreign root's subject
+	// and key, permitted URIs of TrustDomain only.
+	// +kubebuilder:validation:MaxLength=16384
+	// +optional
+	CertificatePEM string `json:"certificatePEM,omitempty"`
+	// Message says why nothing of this trust domain is delivered.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // MeshCAStatus is the intermediate CA last issued to one mesh.
