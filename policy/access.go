@@ -2,14 +2,19 @@ package policy
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/federation"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	securityv1 "istio.io/api/security/v1"
 	typev1beta1 "istio.io/api/type/v1beta1"
 )
@@ -50,6 +55,13 @@ const (
 //   - A Workload whose Mesh is not discovered, or has no trust domain,
 //     cannot be named as a principal; it is skipped and the policy's
 //     per-Destination status lists it.
+//   - spiffeIDs name identities of foreign SPIFFE trust domains (Istio's
+//     principal is the ID without "spiffe://"). A Destination admits one
+//     only when its valid VirtualMesh names the trust domain in
+//     spec.mtls.federatedTrustDomains (so its meshes hold the foreign
+//     roots, cross-certified) and no discovered mesh has it; its status says
+//     why another is not admitted. Ambient workloads admit none (ztunnel
+//     trusts one root).
 //   - A Destination whose workloads run in ambient mode (or mixed, during a
 //     migration) also gets the ambient objects of access_ambient.go: L4
 //     rules at ztunnel, every rule at its waypoint, never an HTTP rule in
@@ -61,9 +73,13 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 		r.Accept(accessKey(p), p.Generation)
 	}
 	sources := make([]accessSources, len(policies))
+	var plan *federation.Plan // built once, if a policy names a foreign identity
 	for i, p := range policies {
 		sources[i] = resolveSources(in, p.Spec.SourceSelector)
 		r.Workloads(accessKey(p), sources[i].workloads...)
+		if len(sources[i].foreign) > 0 && plan == nil {
+			plan = federation.NewPlan(in)
+		}
 	}
 	for _, d := range translation.SortedDestinations(in.Destinations) {
 		ks := d.Spec.KubeService
@@ -86,14 +102,27 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 			key := accessKey(p)
 			parents = append(parents, translation.Parent{Kind: accessPolicyKind, Namespace: p.Namespace, Name: p.Name})
 			ts := common.TargetStatus{Target: translation.DestinationTarget(d), State: common.StateAccepted, Errors: slices.Clone(sources[i].skipped)}
-			if len(sources[i].principals) == 0 {
-				ts.Errors = append(ts.Errors, "sourceSelector matches no workload: this policy allows no one")
+			workloads, foreign := sources[i].principals, []string(nil)
+			if len(sources[i].foreign) > 0 {
+				var errs []string
+				foreign, errs = admitForeign(plan, in, d, sources[i].foreign)
+				ts.Errors = append(ts.Errors, errs...)
+			}
+			if len(workloads)+len(foreign) == 0 {
+				msg := "sourceSelector matches no workload: this policy allows no one"
+				if len(sources[i].foreign) > 0 {
+					msg = "sourceSelector matches no workload and admits no foreign identity here: this policy allows no one"
+				}
+				ts.Errors = append(ts.Errors, msg)
 			} else {
-				rules = append(rules, accessRule(p, sources[i].principals))
-				if amb != nil {
-					if msg := amb.add(p, sources[i].principals); msg != "" {
+				rules = append(rules, accessRule(p, sortedUnion(workloads, foreign)))
+				if amb != nil && len(workloads) > 0 {
+					if msg := amb.add(p, workloads); msg != "" {
 						failAmbient(&ts, msg)
 					}
+				}
+				if amb != nil && len(foreign) > 0 {
+					ts.Errors = append(ts.Errors, "spiffeIDs reach no ambient workload of this Destination (ztunnel trusts one root only, so no foreign trust domain is delivered to it)")
 				}
 			}
 			r.Target(key, ts)
@@ -126,8 +155,88 @@ func TranslateAccess(in *translation.Input, out *translation.Output, r *translat
 // accessSources are the principals an IdentitySelector list resolves to.
 type accessSources struct {
 	principals []string // sorted, unique
-	skipped    []string // workloads that could not be named, sorted
+	skipped    []string // workloads (and spiffeIDs) that could not be named, sorted
 	workloads  []string // the Workloads selected
+	// foreign are the spiffeIDs named, sorted, unique: admitted per
+	// Destination (admitForeign).
+	foreign []foreignID
+}
+
+// ForeignPrincipal parses an AccessPolicy's spiffeIDs entry as
+// TranslateAccess does: its trust domain and Istio's principal for it
+// (the ID without "spiffe://"), or why it names no workload.
+func ForeignPrincipal(id string) (trustDomain, principal string, err error) {
+	f, err := parseForeignID(id)
+	return f.trustDomain, f.principal, err
+}
+
+// AdmitsForeign reports whether Destination d admits identities of
+// trustDomain, as TranslateAccess decides (ambient workloads aside): d's
+// VirtualMesh names it in spec.mtls.federatedTrustDomains and no
+// discovered mesh has it.
+func AdmitsForeign(plan *federation.Plan, in *translation.Input, d *discoveryv1alpha1.Destination, trustDomain string) bool {
+	vm := plan.VirtualMeshOf(d)
+	return vm != nil && !FleetTrustDomain(in, trustDomain) && vm.Spec.MTLS != nil && slices.Contains(vm.Spec.MTLS.FederatedTrustDomains, trustDomain)
+}
+
+// foreignID is a SPIFFE ID of a foreign trust domain an AccessPolicy names.
+type foreignID struct {
+	id          string // spiffe://td/path
+	trustDomain string
+	principal   string // Istio's form: td/path
+}
+
+// parseForeignID accepts a SPIFFE ID with a path and no wildcard (Istio
+// reads a leading or trailing '*' in a principal as one).
+func parseForeignID(s string) (foreignID, error) {
+	id, err := spiffeid.FromString(s)
+	switch {
+	case err != nil:
+		return foreignID{}, err
+	case id.Path() == "":
+		return foreignID{}, errors.New("names a whole trust domain, not a workload")
+	case strings.Contains(s, "*"):
+		return foreignID{}, errors.New("has a '*', which Istio would read as a wildcard")
+	}
+	td := id.TrustDomain().Name()
+	return foreignID{id: id.String(), trustDomain: td, principal: td + id.Path()}, nil
+}
+
+// admitForeign returns the principals of the foreign identities d admits
+// (sorted), and why each other one is not admitted: its trust domain must
+// be one d's VirtualMesh names in spec.mtls.federatedTrustDomains, and no
+// discovered mesh's own.
+func admitForeign(plan *federation.Plan, in *translation.Input, d *discoveryv1alpha1.Destination, ids []foreignID) (principals, errs []string) {
+	vm := plan.VirtualMeshOf(d)
+	for _, f := range ids {
+		switch {
+		case vm == nil:
+			errs = append(errs, fmt.Sprintf("spiffeID %q: the Destination is in no valid VirtualMesh, so it trusts no foreign trust domain; not allowed", f.id))
+		case FleetTrustDomain(in, f.trustDomain):
+			errs = append(errs, fmt.Sprintf("spiffeID %q: %s is the trust domain of a discovered mesh, not a foreign one (select its workloads with kubeServiceAccountRefs); not allowed", f.id, f.trustDomain))
+		case vm.Spec.MTLS == nil || !slices.Contains(vm.Spec.MTLS.FederatedTrustDomains, f.trustDomain):
+			errs = append(errs, fmt.Sprintf("spiffeID %q: trust domain %s is not in spec.mtls.federatedTrustDomains of VirtualMesh %s/%s; not allowed", f.id, f.trustDomain, vm.Namespace, vm.Name))
+		default:
+			principals = append(principals, f.principal)
+		}
+	}
+	return principals, errs
+}
+
+// FleetTrustDomain reports whether td is the trust domain of a discovered
+// mesh: never a foreign one (the importer refuses those too).
+func FleetTrustDomain(in *translation.Input, td string) bool {
+	return slices.ContainsFunc(in.Meshes, func(m discoveryv1alpha1.Mesh) bool { return m.Spec.Istio != nil && m.Spec.Istio.TrustDomain == td })
+}
+
+// sortedUnion is the sorted union of two sorted lists without duplicates.
+func sortedUnion(a, b []string) []string {
+	if len(b) == 0 {
+		return a
+	}
+	out := slices.Concat(a, b)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // MatchAccessSource reports whether an AccessPolicy's sourceSelector sels
@@ -161,8 +270,21 @@ func resolveSources(in *translation.Input, sels []common.IdentitySelector) acces
 		principals = append(principals, p)
 	}
 	slices.Sort(principals)
+	var foreign []foreignID
+	for _, sel := range sels {
+		for _, s := range sel.SpiffeIDs {
+			f, err := parseForeignID(s)
+			if err != nil {
+				skipped = append(skipped, fmt.Sprintf("spiffeID %q: %v; not allowed", text.Truncate(s, 256), err))
+				continue
+			}
+			foreign = append(foreign, f)
+		}
+	}
+	slices.SortFunc(foreign, func(a, b foreignID) int { return strings.Compare(a.id, b.id) })
+	foreign = slices.CompactFunc(foreign, func(a, b foreignID) bool { return a.id == b.id })
 	slices.Sort(skipped)
-	return accessSources{principals: principals, skipped: slices.Compact(skipped), workloads: workloads}
+	return accessSources{principals: principals, skipped: slices.Compact(skipped), workloads: workloads, foreign: foreign}
 }
 
 func accessRule(p *networkingv1alpha1.AccessPolicy, principals []string) *securityv1.Rule {

@@ -2,6 +2,7 @@ package accessaudit
 
 import (
 	"cmp"
+	"iter"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,10 @@ const (
 	// RouteVirtualDestination: through a VirtualDestination's hostname
 	// published in the source's cluster, which the destination backs.
 	RouteVirtualDestination = "virtualDestination"
+	// RouteForeign: an identity of a foreign SPIFFE trust domain the
+	// destination's VirtualMesh trusts (spec.mtls.federatedTrustDomains),
+	// calling the destination's sidecar pods directly.
+	RouteForeign = "foreignTrustDomain"
 )
 
 // Port protocols as the server's sidecar treats them.
@@ -104,7 +109,10 @@ type Matrix struct {
 	Pairs []Pair `json:"pairs"`
 }
 
-// Source is a workload identity.
+// Source is a workload identity, or an identity of a foreign SPIFFE trust
+// domain an AccessPolicy names (spiffeIDs): then ID is the SPIFFE ID,
+// TrustDomain is set, and Cluster, Namespace, ServiceAccount, Mesh and
+// Workloads are empty.
 type Source struct {
 	// ID is `<cluster>/<namespace>/<service account>` (followed by
 	// `@<mesh namespace>/<mesh name>` when that is not unique).
@@ -119,6 +127,8 @@ type Source struct {
 	Principal string `json:"principal,omitempty"`
 	// Workloads are the discovered Workloads running as it.
 	Workloads []string `json:"workloads"`
+	// TrustDomain is the foreign trust domain of a foreign identity.
+	TrustDomain string `json:"trustDomain,omitempty"`
 }
 
 // Destination is a discovered Destination (a Service).
@@ -279,6 +289,9 @@ type accessPolicy struct {
 	errors    []string
 	workloads int             // selected workloads
 	principal map[string]bool // principals of the selected workloads
+	// foreign are the principals of the foreign identities (spiffeIDs) it
+	// names, each admitted only where route says so.
+	foreign map[string]bool
 	dests     []int
 	ports     map[int32]bool
 	l7        bool
@@ -340,9 +353,23 @@ func (a *auditor) sources() {
 		slices.Sort(s.Workloads)
 		s.Workloads = slices.Compact(s.Workloads)
 	}
+	// Foreign identities any AccessPolicy names, after the workloads.
+	foreign := map[string]*Source{}
+	for i := range a.in.AccessPolicies {
+		for _, sel := range a.in.AccessPolicies[i].Spec.SourceSelector {
+			for _, id := range sel.SpiffeIDs {
+				if td, pr, err := policy.ForeignPrincipal(id); err == nil && foreign[id] == nil && !policy.FleetTrustDomain(a.in, td) {
+					foreign[id] = &Source{ID: id, TrustDomain: td, Principal: pr, Workloads: []string{}}
+				}
+			}
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(foreign)) {
+		a.srcs = append(a.srcs, foreign[id])
+	}
 	a.byPrincipal = map[string][]int{}
 	for i, s := range a.srcs {
-		if ids[s.ID] > 1 {
+		if ids[s.ID] > 1 && s.TrustDomain == "" {
 			s.ID += "@" + s.Mesh
 		}
 		if s.Principal != "" {
@@ -540,6 +567,13 @@ func specStrings(obj map[string]any, field string) []string {
 
 // route says whether source s reaches d on port, and how.
 func (a *auditor) route(s *Source, d *dest, port int32) (route, via string, ok bool) {
+	if s.TrustDomain != "" {
+		// Only sidecar pods hold the foreign roots (ztunnel trusts one).
+		if d.DataPlaneMode != discoveryv1alpha1.DataPlaneAmbient && policy.AdmitsForeign(a.plan, a.in, d.d, s.TrustDomain) {
+			return RouteForeign, d.VirtualMesh, true
+		}
+		return "", "", false
+	}
 	if s.Cluster == d.Cluster {
 		return RouteLocal, "", true
 	}
@@ -591,6 +625,18 @@ func (a *auditor) policies() {
 			}
 		}
 	}
+	for _, ap := range a.aps {
+		for _, sel := range ap.p.Spec.SourceSelector {
+			for _, id := range sel.SpiffeIDs {
+				if td, pr, err := policy.ForeignPrincipal(id); err == nil && !policy.FleetTrustDomain(a.in, td) {
+					if ap.foreign == nil {
+						ap.foreign = map[string]bool{}
+					}
+					ap.foreign[pr] = true
+				}
+			}
+		}
+	}
 	byID := map[string]int{}
 	for j, d := range a.dests {
 		byID[d.ID] = j
@@ -625,6 +671,20 @@ func (a *auditor) policies() {
 			d := a.dests[j]
 			d.policies = append(d.policies, pi)
 			d.Policies = append(d.Policies, ap.id)
+		}
+	}
+}
+
+// sources are the principals ap names: its workloads' and its foreign
+// identities'.
+func (ap *accessPolicy) sources() iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for _, set := range []map[string]bool{ap.principal, ap.foreign} {
+			for pr := range set {
+				if !yield(pr) {
+					return
+				}
+			}
 		}
 	}
 }
@@ -676,7 +736,7 @@ func (a *auditor) matrix() {
 					ap.noWaypoint++
 					continue
 				}
-				for pr := range ap.principal {
+				for pr := range ap.sources() {
 					for _, i := range a.byPrincipal[pr] {
 						if _, _, ok := a.route(a.srcs[i], d, port.Number); !ok {
 							c := column{j, port.Number}
@@ -708,7 +768,7 @@ func (a *auditor) matrix() {
 				}
 				pair.Grants = gs
 				a.shadows(grants[i], gs)
-				if d.members != nil && !d.members[s.Mesh] {
+				if d.members != nil && !d.members[s.Mesh] && s.TrustDomain == "" {
 					a.outside[j] = append(a.outside[j], len(a.pairs))
 				}
 				a.pairs = append(a.pairs, pair)

@@ -173,10 +173,10 @@ func (a *auditor) policyFindings(add func(kind, severity, msg string, objects ..
 		switch {
 		case len(ap.dests) == 0:
 			add(KindMatchesNothing, SeverityLow, fmt.Sprintf("AccessPolicy %s selects no Destination: it applies nowhere", ap.id), subject)
-		case ap.workloads == 0:
+		case ap.workloads == 0 && len(ap.foreign) == 0:
 			add(KindMatchesNothing, SeverityMedium, fmt.Sprintf("AccessPolicy %s: sourceSelector matches no workload, so it allows no one, yet the %s it selects %s only what other policies allow",
 				ap.id, selected, acceptVerb(len(dests))), append([]string{subject}, prefixed("Destination/", dests)...)...)
-		case len(ap.principal) == 0:
+		case len(ap.principal) == 0 && len(ap.foreign) == 0:
 			add(KindMatchesNothing, SeverityMedium, fmt.Sprintf("AccessPolicy %s: the mesh of its %s has no known trust domain, so Istio cannot name them and it allows no one on %s",
 				ap.id, plural(ap.workloads, "source workload", "source workloads"), selected), append([]string{subject}, prefixed("Destination/", dests)...)...)
 		case ap.granted == 0:

@@ -5,10 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	"github.com/relaymesh/relaymesh/federation"
+	"github.com/relaymesh/relaymesh/policy"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -92,6 +94,14 @@ func TestAgreesWithTranslation(t *testing.T) {
 				want := []string{}
 				for _, pi := range d.policies {
 					want = append(want, slices.Collect(maps.Keys(a.aps[pi].principal))...)
+					// Foreign identities only where d's VirtualMesh trusts
+					// their trust domain (ambient pods hold no foreign root).
+					for pr := range a.aps[pi].foreign {
+						td, _, _ := strings.Cut(pr, "/")
+						if policy.AdmitsForeign(a.plan, in, d.d, td) {
+							want = append(want, pr)
+						}
+					}
 				}
 				slices.Sort(want)
 				slices.Sort(got)

@@ -267,6 +267,11 @@ spec:
 `), metav1.CreateOptions{})
 		require.NoError(t, err)
 		const ftd = "apiVersion: networking.relaymesh.io/v1alpha1\nkind: FederatedTrustDomain\nmetadata: {name: f, namespace: default}\n"
+		const ap = "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: src, namespace: default}\n"
+		vms := dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace("default")
+		_, err = aps.Create(ctx, object(t, ap+"spec: {sourceSelector: [{spiffeIDs: ['spiffe://spire.example/ns/default/sa/client']}]}"), metav1.CreateOptions{})
+		require.NoError(t, err, "an AccessPolicy naming a foreign identity")
+		require.NoError(t, aps.Delete(ctx, "src", metav1.DeleteOptions{}))
 
 		for _, tt := range []struct {
 			name string
@@ -286,6 +291,13 @@ spec:
 			{"percentage over 100", tps, "apiVersion: networking.relaymesh.io/v1alpha1\nkind: TrafficPolicy\nmetadata: {name: p, namespace: default}\nspec: {policy: {faultInjection: {abort: {httpStatus: 503}, percentage: 100.5}}}", "should be less than or equal to 100"},
 			{"delay and abort", tps, "apiVersion: networking.relaymesh.io/v1alpha1\nkind: TrafficPolicy\nmetadata: {name: da, namespace: default}\nspec: {policy: {faultInjection: {fixedDelay: 1s, abort: {httpStatus: 503}, percentage: 1}}}", "exactly one of fixedDelay or abort"},
 			{"port out of range", aps, "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: port, namespace: default}\nspec: {allowedPorts: [70000]}", "should be less than or equal to 65535"},
+			{"spiffeIDs and service accounts in one entry", aps, ap + "spec: {sourceSelector: [{spiffeIDs: ['spiffe://spire.example/a'], kubeServiceAccountRefs: {serviceAccounts: [{name: a, namespace: b, clusterName: c}]}}]}", "exactly one of kubeIdentityMatcher, kubeServiceAccountRefs or spiffeIDs"},
+			{"an empty source entry", aps, ap + "spec: {sourceSelector: [{}]}", "exactly one of kubeIdentityMatcher, kubeServiceAccountRefs or spiffeIDs"},
+			{"a spiffeID with a wildcard", aps, ap + "spec: {sourceSelector: [{spiffeIDs: ['spiffe://spire.example/ns/*']}]}", "should match"},
+			{"a spiffeID of a whole trust domain", aps, ap + "spec: {sourceSelector: [{spiffeIDs: ['spiffe://spire.example']}]}", "should match"},
+			{"a spiffeID that is no SPIFFE ID", aps, ap + "spec: {sourceSelector: [{spiffeIDs: ['https://spire.example/a']}]}", "should match"},
+			{"no spiffeIDs", aps, ap + "spec: {sourceSelector: [{spiffeIDs: []}]}", "should have at least 1 items"},
+			{"a foreign trust domain with capitals in a VirtualMesh", vms, "apiVersion: networking.relaymesh.io/v1alpha1\nkind: VirtualMesh\nmetadata: {name: v, namespace: default}\nspec: {meshes: [{clusterName: c, namespace: istio-system, name: istiod}], mtls: {federatedTrustDomains: [Spire.Example]}}", "should match"},
 			{"unknown method", aps, "apiVersion: networking.relaymesh.io/v1alpha1\nkind: AccessPolicy\nmetadata: {name: m, namespace: default}\nspec: {allowedMethods: [STEAL]}", "Unsupported value"},
 		} {
 			t.Run(tt.name, func(t *testing.T) {

@@ -197,6 +197,34 @@ var edits = []func(in *translation.Input, rng *rand.Rand) string{
 		c.Generation++
 		return what
 	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		// A foreign identity: admitted only where the Destination's
+		// VirtualMesh trusts its trust domain.
+		p := &in.AccessPolicies[rng.IntN(len(in.AccessPolicies))]
+		p.Spec.SourceSelector = append(slices.Clone(p.Spec.SourceSelector),
+			common.IdentitySelector{SpiffeIDs: []string{fmt.Sprintf("spiffe://spire.example/ns/default/sa/client-%d", rng.IntN(3))}})
+		p.Generation++
+		return "AccessPolicy " + p.Name + " names a foreign identity"
+	},
+	func(in *translation.Input, rng *rand.Rand) string {
+		if len(in.VirtualMeshes) == 0 {
+			return "no VirtualMesh"
+		}
+		vm := &in.VirtualMeshes[0]
+		mtls := vm.Spec.MTLS.DeepCopy()
+		if mtls == nil {
+			mtls = &networkingv1alpha1.MTLSConfig{}
+		}
+		what := "the VirtualMesh no longer trusts spire.example"
+		mtls.FederatedTrustDomains = nil
+		if rng.IntN(2) == 0 {
+			mtls.FederatedTrustDomains = []string{"spire.example"}
+			what = "the VirtualMesh trusts spire.example"
+		}
+		vm.Spec.MTLS = mtls
+		vm.Generation++
+		return what
+	},
 }
 
 // Random sequences of edits: after every one the engine agrees with a full

@@ -311,11 +311,25 @@ func (e *Engine) accessUnits(c *cycle, invalid map[string]bool, run runFunc) {
 		slices.Sort(aps)
 		h := sha256.New()
 		writeKV(h, dk, c.vers[dk])
+		foreign := false
 		for _, pk := range aps {
 			writeKV(h, pk, c.vers[pk]+"/"+sourceDeps(pk))
+			foreign = foreign || namesForeignIdentities(c.aps[pk])
+		}
+		if foreign {
+			// Whether the Destination admits a foreign identity depends on
+			// its VirtualMesh (spec.mtls.federatedTrustDomains, members).
+			fh := sha256.New()
+			writeVersions(fh, c.vers, "VirtualMesh/")
+			io.WriteString(fh, c.meshes)
+			io.WriteString(fh, c.grants)
+			h.Write(fh.Sum(nil))
 		}
 		run("access/"+dk, hex.EncodeToString(h.Sum(nil)), func() *unit {
 			sub := &translation.Input{Meshes: c.in.Meshes, Destinations: []discoveryv1alpha1.Destination{*c.dests[dk]}}
+			if foreign {
+				sub.VirtualMeshes, sub.Clusters = c.in.VirtualMeshes, c.in.Clusters
+			}
 			works := map[string]bool{}
 			for _, pk := range aps {
 				sub.AccessPolicies = append(sub.AccessPolicies, *c.aps[pk])
@@ -351,4 +365,10 @@ func (e *Engine) accessUnits(c *cycle, invalid map[string]bool, run runFunc) {
 			return &unit{objects: objectsOf(out), report: r}
 		})
 	}
+}
+
+// namesForeignIdentities reports whether an AccessPolicy names SPIFFE IDs
+// of foreign trust domains.
+func namesForeignIdentities(p *networkingv1alpha1.AccessPolicy) bool {
+	return slices.ContainsFunc(p.Spec.SourceSelector, func(s common.IdentitySelector) bool { return len(s.SpiffeIDs) > 0 })
 }

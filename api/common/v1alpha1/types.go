@@ -108,13 +108,27 @@ type KubeServiceAccountRefs struct {
 }
 
 // IdentitySelector selects the identities (service accounts) of source
-// workloads; exactly one field must be set.
-// +kubebuilder:validation:XValidation:rule="has(self.kubeIdentityMatcher) != has(self.kubeServiceAccountRefs)",message="exactly one of kubeIdentityMatcher or kubeServiceAccountRefs must be set"
+// workloads, or identities of foreign SPIFFE trust domains; exactly one
+// field must be set.
+// +kubebuilder:validation:XValidation:rule="[has(self.kubeIdentityMatcher), has(self.kubeServiceAccountRefs), has(self.spiffeIDs)].filter(x, x).size() == 1",message="exactly one of kubeIdentityMatcher, kubeServiceAccountRefs or spiffeIDs must be set"
 type IdentitySelector struct {
 	// +optional
 	KubeIdentityMatcher *KubeIdentityMatcher `json:"kubeIdentityMatcher,omitempty"`
 	// +optional
 	KubeServiceAccountRefs *KubeServiceAccountRefs `json:"kubeServiceAccountRefs,omitempty"`
+	// SpiffeIDs are identities of foreign SPIFFE trust domains (a SPIRE
+	// server's workloads, another Relaymesh's): whole SPIFFE IDs with a
+	// path, no wildcard. A Destination admits one only when its
+	// VirtualMesh names the trust domain in
+	// spec.mtls.federatedTrustDomains (its status says why not otherwise),
+	// and never on ambient workloads.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=2048
+	// +kubebuilder:validation:items:Pattern=`^spiffe://[a-z0-9._-]+/[^*]+$`
+	// +listType=set
+	// +optional
+	SpiffeIDs []string `json:"spiffeIDs,omitempty"`
 }
 
 // ApprovalState says whether Relaymesh accepted an object.

@@ -3,7 +3,7 @@
 #
 # A side selects everything when its selector list is missing or empty, or
 # when one of its selectors restricts nothing: a matcher with no namespaces,
-# clusters or labels, or an entry with neither a matcher nor references.
+# clusters or labels, or an entry with no matcher, references or SPIFFE IDs.
 package relaymesh.admission.access_allow_all
 
 deny contains msg if {
@@ -52,6 +52,7 @@ open_identity_selector(sel) if {
 open_identity_selector(sel) if {
 	not restricts(get(sel, "kubeIdentityMatcher"), identity_fields)
 	not has_entries(get(sel, "kubeServiceAccountRefs"), "serviceAccounts")
+	not has_entries(sel, "spiffeIDs")
 }
 
 open_destination_selector(sel) if {
@@ -148,6 +149,20 @@ test_restricted_destinations_allowed if {
 test_service_account_refs_allowed if {
 	spec := {"sourceSelector": [{"kubeServiceAccountRefs": {"serviceAccounts": [{"name": "a", "namespace": "b", "clusterName": "c"}]}}]}
 	count(deny) == 0 with input as policy(spec, {})
+}
+
+test_spiffe_ids_allowed if {
+	spec := {"sourceSelector": [{"spiffeIDs": ["spiffe://spire.example/ns/default/sa/client"]}]}
+	count(deny) == 0 with input as policy(spec, {})
+}
+
+test_empty_spiffe_ids_denied if {
+	count(deny) == 1 with input as policy({"sourceSelector": [{"spiffeIDs": []}]}, {})
+}
+
+test_spiffe_ids_do_not_close_an_open_matcher if {
+	spec := {"sourceSelector": [{"spiffeIDs": ["spiffe://spire.example/x"], "kubeIdentityMatcher": {}}]}
+	count(deny) == 1 with input as policy(spec, {})
 }
 
 test_delete_allowed if {
