@@ -168,7 +168,9 @@ func buildAccessPage(res *accessaudit.Result, f accessFilter, max int) *accessPa
 		clusters[res.Matrix.Destinations[i].Cluster] = true
 	}
 	for _, s := range res.Matrix.Sources {
-		clusters[s.Cluster] = true
+		if s.Cluster != "" { // a foreign identity (spiffeIDs) has none
+			clusters[s.Cluster] = true
+		}
 	}
 	p := &accessPage{Result: res, Filter: f, Total: len(res.Matrix.Pairs), Findings: res.Findings,
 		Sources: len(res.Matrix.Sources), Destinations: len(res.Matrix.Destinations)}

@@ -12,6 +12,7 @@ import (
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/printer"
+	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -338,6 +339,27 @@ func caStatus(ctx context.Context, stdout io.Writer, kube *kubeclient.Clients, p
 		fmt.Fprintln(tw, "  MESH\tCLUSTER\tINTERMEDIATE SERIAL\tEXPIRES\tFROM ROOT")
 		for _, m := range st.Meshes {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s…\n", m.Mesh, m.Cluster, m.Serial, m.NotAfter.UTC().Format(time.DateOnly), trust.ShortFingerprint(m.Issuer))
+		}
+		if len(st.Federation) > 0 {
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			// What the meshes' root-cert.pem carries of each foreign trust
+			// domain (spec.mtls.federatedTrustDomains).
+			fmt.Fprintln(tw, "  FOREIGN TRUST DOMAIN\tFOREIGN ROOT\tCROSS-CERTIFIED BY\tEXPIRES\tNOT DELIVERED")
+			for _, e := range st.Federation {
+				root, by, expires := "-", "-", "-"
+				if e.ForeignRootFingerprint != "" {
+					root = trust.ShortFingerprint(e.ForeignRootFingerprint) + "…"
+				}
+				if e.IssuerFingerprint != "" {
+					by = trust.ShortFingerprint(e.IssuerFingerprint) + "…"
+				}
+				if e.NotAfter != nil {
+					expires = e.NotAfter.UTC().Format(time.DateOnly)
+				}
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", text.OneLine(e.TrustDomain, 255), root, by, expires, text.OneLine(e.Message, 300))
+			}
 		}
 	}
 	return tw.Flush()

@@ -2,10 +2,10 @@ package accessaudit
 
 import (
 	"cmp"
-	"iter"
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"strconv"
@@ -292,9 +292,9 @@ type accessPolicy struct {
 	// foreign are the principals of the foreign identities (spiffeIDs) it
 	// names, each admitted only where route says so.
 	foreign map[string]bool
-	dests     []int
-	ports     map[int32]bool
-	l7        bool
+	dests   []int
+	ports   map[int32]bool
+	l7      bool
 	// needsWaypoint[d] is why translation could not enforce ap at
 	// Destination d's ambient workloads (its target Failed: "needs a
 	// waypoint"): there it allows no one.

@@ -84,8 +84,9 @@ type federation struct {
 // agents write cacerts, the clusters' istiods are restarted on them, and
 // every workload gets a new certificate), STRICT mTLS and flat-network
 // federation; then a federated host, a traffic shift between clusters,
-// AccessPolicies across clusters, VirtualDestination failover, and a root
-// rotation under load, each counted in RPCs.
+// AccessPolicies across clusters, VirtualDestination failover, a root
+// rotation under load, and a real SPIRE server's workload let in by an
+// AccessPolicy naming its SPIFFE ID, each counted in RPCs.
 func TestFederation(t *testing.T) {
 	f := sharedFixture(t)
 	r := sharedRelaymesh(t)
@@ -101,6 +102,7 @@ func TestFederation(t *testing.T) {
 		{"AccessPolicy across clusters with globalAccessPolicy Enabled", (*federation).checkAccessAcrossClusters},
 		{"VirtualDestination fails over to the other cluster when the local endpoints go", (*federation).checkFailover},
 		{"root rotation under load", (*federation).checkRotationUnderLoad},
+		{"a SPIRE workload reaches cluster-2's echo once the VirtualMesh trusts spire.example and an AccessPolicy names it", (*federation).checkSPIREWorkload},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			fed.subtest(t)

@@ -94,6 +94,9 @@ var (
 		"AccessPolicy":       networkingv1alpha1.AccessPolicies,
 		"VirtualMesh":        networkingv1alpha1.VirtualMeshes,
 		"VirtualDestination": networkingv1alpha1.VirtualDestinations,
+		// No outputs of its own: what it imports reaches the meshes
+		// through the VirtualMesh's trust.
+		"FederatedTrustDomain": networkingv1alpha1.FederatedTrustDomains,
 	}
 )
 

@@ -231,6 +231,26 @@ func (w *Workload) RenewCertificate(ctx context.Context) error {
 	return nil
 }
 
+// WriteCertificate replaces the workload's key, certificate chain and root
+// bundle with ones issued elsewhere (a SPIRE server's X509-SVID), in the
+// order RenewCertificate writes them. gRPC picks them up within
+// DefaultRefresh.
+func (w *Workload) WriteCertificate(chain, key, roots []byte) error {
+	dir := w.CertDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{KeyFile, key}, {CertChainFile, chain}, {RootCertFile, roots}} {
+		if err := writeAtomic(filepath.Join(dir, f.name), f.data); err != nil {
+			return fmt.Errorf("workload %s: %w", w.cfg.Name, err)
+		}
+	}
+	return nil
+}
+
 // WriteRoots replaces the workload's root bundle file with roots, as a
 // rotation that distributes a new bundle would.
 func (w *Workload) WriteRoots(roots []byte) error {

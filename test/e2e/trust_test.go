@@ -337,6 +337,9 @@ spec: {trustDomain: spire.example, bundleEndpointURL: %q, profile: https_spiffe,
 	}
 	// From here on every rotation phase checks SPIRE's SVID too.
 	r.foreign = svid
+	out, err = Run(t, bin, "ca", "status", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig)
+	require.NoError(t, err, out)
+	require.Regexp(t, `(?m)^  FOREIGN TRUST DOMAIN .*\n  spire\.example +[0-9a-f]{16}… +[0-9a-f]{16}… +\d{4}-\d\d-\d\d`, out, "ca status shows the cross-certified SPIRE root")
 
 	// The other peer: a real istiod of another mesh (trust domain
 	// peer.example, its own CA) whose meshConfig.caCertificates names the

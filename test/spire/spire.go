@@ -309,6 +309,26 @@ func (s *Server) Mint(ctx context.Context, id string) ([]*x509.Certificate, erro
 	return chain, nil
 }
 
+// MintPEM is Mint for a workload that needs its key too: the X509-SVID
+// chain and its private key (PKCS#8), PEM, as `spire-server x509 mint
+// -write` stores them.
+func (s *Server) MintPEM(ctx context.Context, id string) (chain, key []byte, err error) {
+	out, err := os.MkdirTemp(s.dir, "mint-")
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := s.cli(ctx, "x509", "mint", "-spiffeID", id, "-ttl", "1h", "-write", out); err != nil {
+		return nil, nil, err
+	}
+	if chain, err = os.ReadFile(filepath.Join(out, "svid.pem")); err != nil {
+		return nil, nil, err
+	}
+	if key, err = os.ReadFile(filepath.Join(out, "key.pem")); err != nil {
+		return nil, nil, err
+	}
+	return chain, key, nil
+}
+
 // LogTail is the last n lines of the server's log.
 func (s *Server) LogTail(n int) string {
 	b, err := os.ReadFile(s.log)
