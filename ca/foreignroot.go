@@ -66,6 +66,9 @@ func CrossCertifyForeignRoot(ctx context.Context, s Signer, foreign *x509.Certif
 	if notBefore.Before(foreign.NotBefore) {
 		notBefore = foreign.NotBefore
 	}
+	if now.Before(foreign.NotBefore) {
+		return nil, fmt.Errorf("the foreign root is not valid before %s", foreign.NotBefore.UTC().Format(time.RFC3339))
+	}
 	if !notAfter.After(now) {
 		return nil, fmt.Errorf("the foreign root (valid until %s) or the VirtualMesh root (until %s) has expired", foreign.NotAfter.UTC().Format(time.RFC3339), issuer.NotAfter.UTC().Format(time.RFC3339))
 	}

@@ -150,6 +150,7 @@ func TestCrossCertifyForeignRootRefuses(t *testing.T) {
 	s, _ := meshRootSigner(t, now)
 	spire := newForeignCA(t, "spire.example", now.Add(-time.Hour), now.Add(48*time.Hour))
 	expired := newForeignCA(t, "spire.example", now.Add(-48*time.Hour), now.Add(-time.Hour))
+	future := newForeignCA(t, "spire.example", now.Add(time.Hour), now.Add(48*time.Hour))
 	// An intermediate of the foreign root: a CA, not self-signed.
 	sub := spire.svid(t, "spiffe://spire.example/x", now)
 	rootKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -172,6 +173,7 @@ func TestCrossCertifyForeignRootRefuses(t *testing.T) {
 		"a leaf":                  {s, sub, "spire.example", "not a CA"},
 		"an intermediate":         {s, inter, "spire.example", "not a self-signed root"},
 		"an expired root":         {s, expired.cert, "spire.example", "expired"},
+		"a root not valid yet":    {s, future.cert, "spire.example", "not valid before"},
 		"a bad trust domain":      {s, spire.cert, "Spire.Example/x", "trust domain"},
 		"a CA that wants CSRs":    {requestOnly{s}, spire.cert, "spire.example", "certificate requests"},
 		"no foreign certificate":  {s, nil, "spire.example", "not a CA"},

@@ -10,6 +10,7 @@ import (
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/federation"
 	"github.com/relaymesh/relaymesh/internal/text"
@@ -176,7 +177,7 @@ func ForeignPrincipal(id string) (trustDomain, principal string, err error) {
 // discovered mesh has it.
 func AdmitsForeign(plan *federation.Plan, in *translation.Input, d *discoveryv1alpha1.Destination, trustDomain string) bool {
 	vm := plan.VirtualMeshOf(d)
-	return vm != nil && !FleetTrustDomain(in, trustDomain) && vm.Spec.MTLS != nil && slices.Contains(vm.Spec.MTLS.FederatedTrustDomains, trustDomain)
+	return vm != nil && vm.Spec.MTLS != nil && vm.Spec.MTLS.Shared != nil && !FleetTrustDomain(in, trustDomain) && slices.Contains(vm.Spec.MTLS.FederatedTrustDomains, trustDomain)
 }
 
 // foreignID is a SPIFFE ID of a foreign trust domain an AccessPolicy names.
@@ -212,8 +213,10 @@ func admitForeign(plan *federation.Plan, in *translation.Input, d *discoveryv1al
 		switch {
 		case vm == nil:
 			errs = append(errs, fmt.Sprintf("spiffeID %q: the Destination is in no valid VirtualMesh, so it trusts no foreign trust domain; not allowed", f.id))
+		case vm.Spec.MTLS == nil || vm.Spec.MTLS.Shared == nil:
+			errs = append(errs, fmt.Sprintf("spiffeID %q: VirtualMesh %s/%s has no shared trust (spec.mtls.shared), so no foreign root reaches its meshes; not allowed", f.id, vm.Namespace, vm.Name))
 		case FleetTrustDomain(in, f.trustDomain):
-			errs = append(errs, fmt.Sprintf("spiffeID %q: %s is the trust domain of a discovered mesh, not a foreign one (select its workloads with kubeServiceAccountRefs); not allowed", f.id, f.trustDomain))
+			errs = append(errs, fmt.Sprintf("spiffeID %q: %s is this Relaymesh's own trust domain (a discovered mesh's, or granted to a registered cluster), not a foreign one (select its workloads with kubeServiceAccountRefs); not allowed", f.id, f.trustDomain))
 		case vm.Spec.MTLS == nil || !slices.Contains(vm.Spec.MTLS.FederatedTrustDomains, f.trustDomain):
 			errs = append(errs, fmt.Sprintf("spiffeID %q: trust domain %s is not in spec.mtls.federatedTrustDomains of VirtualMesh %s/%s; not allowed", f.id, f.trustDomain, vm.Namespace, vm.Name))
 		default:
@@ -223,10 +226,22 @@ func admitForeign(plan *federation.Plan, in *translation.Input, d *discoveryv1al
 	return principals, errs
 }
 
-// FleetTrustDomain reports whether td is the trust domain of a discovered
-// mesh: never a foreign one (the importer refuses those too).
+// FleetTrustDomain reports whether td is this Relaymesh's: a discovered
+// mesh's, or granted to a registered cluster (compared without case, as
+// name constraints are). Never a foreign one: the importer and the trust
+// controller refuse those too.
 func FleetTrustDomain(in *translation.Input, td string) bool {
-	return slices.ContainsFunc(in.Meshes, func(m discoveryv1alpha1.Mesh) bool { return m.Spec.Istio != nil && m.Spec.Istio.TrustDomain == td })
+	if slices.ContainsFunc(in.Meshes, func(m discoveryv1alpha1.Mesh) bool {
+		return m.Spec.Istio != nil && strings.EqualFold(m.Spec.Istio.TrustDomain, td)
+	}) {
+		return true
+	}
+	for i := range in.Clusters {
+		if slices.ContainsFunc(in.Clusters[i].Grant(), func(g multiclusterv1alpha1.TrustDomainGrant) bool { return strings.EqualFold(g.Name, td) }) {
+			return true
+		}
+	}
+	return false
 }
 
 // sortedUnion is the sorted union of two sorted lists without duplicates.

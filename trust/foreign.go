@@ -1,6 +1,7 @@
 package trust
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
@@ -14,6 +15,7 @@ import (
 	"github.com/relaymesh/relaymesh/audit"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/internal/text"
+	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/trust/spiffefed"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -64,13 +66,44 @@ func (c *Controller) foreignRoots() (roots map[string][]*x509.Certificate, known
 			}
 		}
 	}
+	// One order on every replica and every reconcile, whatever the
+	// informer's; at most MaxRoots per trust domain (two objects of one
+	// trust domain could hold more), so the status stays within its
+	// bounds.
+	for td, rs := range roots {
+		slices.SortFunc(rs, func(a, b *x509.Certificate) int { return strings.Compare(Fingerprint(a), Fingerprint(b)) })
+		roots[td] = rs[:min(len(rs), spiffefed.MaxRoots)]
+	}
 	return roots, true
+}
+
+// ownTrustDomains are the trust domains of this Relaymesh, lower-cased
+// (name constraints match without case): every discovered mesh's, every
+// one granted to a registered cluster, and the reserved ones. None is ever
+// delivered as a foreign one, whatever a FederatedTrustDomain's status
+// says: a grant made after its bundle was accepted included.
+func (c *Controller) ownTrustDomains(in *translation.Input) map[string]bool {
+	own := map[string]bool{}
+	for _, td := range c.cfg.ReservedTrustDomains {
+		own[strings.ToLower(td)] = true
+	}
+	for _, m := range in.Meshes {
+		if m.Spec.Istio != nil && m.Spec.Istio.TrustDomain != "" {
+			own[strings.ToLower(m.Spec.Istio.TrustDomain)] = true
+		}
+	}
+	for i := range in.Clusters {
+		for _, g := range in.Clusters[i].Grant() {
+			own[strings.ToLower(g.Name)] = true
+		}
+	}
+	return own
 }
 
 // federate appends to p's bundle the cross-certificates of the foreign
 // trust domains p's VirtualMesh names, signing (on the leader) those the
 // status does not record yet.
-func (c *Controller) federate(ctx context.Context, p *vmPlan, leading bool) {
+func (c *Controller) federate(ctx context.Context, p *vmPlan, leading bool, own map[string]bool) {
 	if p.hold || p.bundle == nil {
 		return
 	}
@@ -92,14 +125,14 @@ func (c *Controller) federate(ctx context.Context, p *vmPlan, leading bool) {
 	}
 	foreign, known := c.foreignRoots()
 	if leading && known {
-		next := c.crossCertify(ctx, p, want, stored, foreign, bundleRoots)
+		next := c.crossCertify(ctx, p, want, stored, foreign, bundleRoots, own)
 		if !sameJSON(next, stored) && c.persist(ctx, p.key, func(n *vmState) { n.federation = next }) {
 			stored = next
 			c.log.Info("foreign trust domains delivered to the meshes changed", "virtual_mesh", p.key, "federation", describeFederation(next))
 		}
 	}
 	for _, e := range stored {
-		if e.CertificatePEM == "" || !slices.Contains(want, e.TrustDomain) {
+		if e.CertificatePEM == "" || !slices.Contains(want, e.TrustDomain) || own[strings.ToLower(e.TrustDomain)] {
 			continue
 		}
 		cross, issuer, ok := c.parseCross(e, bundleRoots)
@@ -145,7 +178,7 @@ func (c *Controller) parseCross(e networkingv1alpha1.FederatedTrustStatus, bundl
 // cross-certificate from the issuing root, else a new one, else one from
 // another root still in the bundle (a rotation's old root, while signing
 // with the new one fails); for a trust domain with nothing, why.
-func (c *Controller) crossCertify(ctx context.Context, p *vmPlan, want []string, stored []networkingv1alpha1.FederatedTrustStatus, foreign map[string][]*x509.Certificate, bundleRoots []*x509.Certificate) []networkingv1alpha1.FederatedTrustStatus {
+func (c *Controller) crossCertify(ctx context.Context, p *vmPlan, want []string, stored []networkingv1alpha1.FederatedTrustStatus, foreign map[string][]*x509.Certificate, bundleRoots []*x509.Certificate, own map[string]bool) []networkingv1alpha1.FederatedTrustStatus {
 	now := c.cfg.Clock()
 	var out []networkingv1alpha1.FederatedTrustStatus
 	none := func(td, why string) {
@@ -156,12 +189,26 @@ func (c *Controller) crossCertify(ctx context.Context, p *vmPlan, want []string,
 		case len(p.ambient) > 0:
 			none(td, fmt.Sprintf("not delivered: member meshes run ambient (%s), and ztunnel trusts one root only", strings.Join(p.ambient, ", ")))
 			continue
+		case own[strings.ToLower(td)]:
+			none(td, fmt.Sprintf("not delivered: %s is this Relaymesh's own trust domain (a discovered mesh's, granted to a registered cluster, or the relay's); a foreign root must never vouch for its identities", td))
+			continue
 		case len(foreign[td]) == 0:
 			none(td, fmt.Sprintf("not delivered: no FederatedTrustDomain in namespace %s has an accepted bundle (Current or Stale) of trust domain %s", c.cfg.Namespace, td))
 			continue
 		}
 		for _, r := range foreign[td] {
 			fp := Fingerprint(r)
+			if i := slices.IndexFunc(bundleRoots, func(b *x509.Certificate) bool {
+				return bytes.Equal(b.RawSubject, r.RawSubject) || bytes.Equal(b.RawSubjectPublicKeyInfo, r.RawSubjectPublicKeyInfo)
+			}); i >= 0 {
+				// A copy of our root's subject (or key) among the roots would
+				// let verifiers that pick an issuer by name and never
+				// backtrack (OpenSSL's, BoringSSL's) take it as the issuer
+				// of the meshes' own intermediates.
+				out = append(out, networkingv1alpha1.FederatedTrustStatus{TrustDomain: td, ForeignRootFingerprint: fp,
+					Message: fmt.Sprintf("not delivered: the foreign root has the subject or key of the VirtualMesh root %s… (two Relaymeshes' VirtualMeshes of one name share a root subject: rename one)", ShortFingerprint(Fingerprint(bundleRoots[i])))})
+				continue
+			}
 			recorded := func(issuer func(string) bool) (networkingv1alpha1.FederatedTrustStatus, bool) {
 				for _, e := range stored {
 					if e.TrustDomain == td && e.ForeignRootFingerprint == fp && e.CertificatePEM != "" && issuer(e.IssuerFingerprint) {

@@ -39,6 +39,21 @@ func svidFrom(t *testing.T, root *testRoot, id string) *x509.Certificate {
 	return c
 }
 
+// twinOf is a self-signed CA with root's subject and another key.
+func twinOf(t *testing.T, root *x509.Certificate) *x509.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(12), RawSubject: root.RawSubject, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	require.NoError(t, err)
+	c, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	require.Equal(t, root.RawSubject, c.RawSubject)
+	return c
+}
+
 // setImported makes FederatedTrustDomain name of td hold state and roots,
 // as the importer writes them.
 func (w *rotationWorld) setImported(name, td string, state networkingv1alpha1.FederatedTrustDomainState, roots ...*x509.Certificate) {
@@ -133,7 +148,12 @@ func TestForeignTrustDomainsReachTheMeshesConstrained(t *testing.T) {
 	before := w.meshCAs()
 	spire, spire2 := newRoot(t, "spire root"), newRoot(t, "spire root 2")
 	w.setImported("spire", "spire.example", networkingv1alpha1.FederatedCurrent, spire.cert, spire2.cert)
-	w.federateVM("spire.example", "absent.example")
+	// Hostile imports: a mesh's own trust domain (its status as if a grant
+	// came after the bundle was accepted), and a root with the subject of
+	// the VirtualMesh root.
+	w.setImported("own", "c1.local", networkingv1alpha1.FederatedCurrent, newRoot(t, "c1 impostor").cert)
+	w.setImported("twin", "twin.example", networkingv1alpha1.FederatedCurrent, twinOf(t, before["c1"].Roots[0]))
+	w.federateVM("spire.example", "absent.example", "c1.local", "twin.example")
 
 	fed := w.federation("both SPIRE roots cross-certified, the absent trust domain explained", func(es []networkingv1alpha1.FederatedTrustStatus) bool {
 		n := 0
@@ -142,9 +162,13 @@ func TestForeignTrustDomainsReachTheMeshesConstrained(t *testing.T) {
 				n++
 			}
 		}
-		return n == 2 && slices.ContainsFunc(es, func(e networkingv1alpha1.FederatedTrustStatus) bool {
-			return e.TrustDomain == "absent.example" && strings.Contains(e.Message, "no FederatedTrustDomain")
-		})
+		says := func(td, msg string) bool {
+			return slices.ContainsFunc(es, func(e networkingv1alpha1.FederatedTrustStatus) bool {
+				return e.TrustDomain == td && e.CertificatePEM == "" && strings.Contains(e.Message, msg)
+			})
+		}
+		return n == 2 && says("absent.example", "no FederatedTrustDomain") && says("c1.local", "this Relaymesh's own trust domain") &&
+			says("twin.example", "has the subject or key of the VirtualMesh root")
 	})
 	for _, e := range fed {
 		if e.CertificatePEM != "" {

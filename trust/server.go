@@ -93,6 +93,9 @@ type Config struct {
 	// root in the bundle of every one of trustDomains, or why not yet.
 	// Needed with FederationWait.
 	RootPublished func(trustDomains []string, root *x509.Certificate) (since time.Time, err error)
+	// ReservedTrustDomains are this Relaymesh's own trust domains besides
+	// the meshes' (the relay's): never delivered as a foreign one.
+	ReservedTrustDomains []string
 	// Leading reports whether this replica holds the server's Lease
 	// (lease.Elector.Leading); nil: always (one replica). While it returns
 	// false the Controller writes no VirtualMesh status, creates no
@@ -373,7 +376,7 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input, leading 
 		if p.bundle == nil && !p.hold {
 			continue
 		}
-		c.federate(ctx, p, leading)
+		c.federate(ctx, p, leading, c.ownTrustDomains(in))
 		seen[p.key] = true
 		plans = append(plans, p)
 		ttl := defaultIntermediateTTL

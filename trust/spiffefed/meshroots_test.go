@@ -2,6 +2,7 @@ package spiffefed_test
 
 import (
 	"bytes"
+	"crypto/x509"
 	"encoding/pem"
 	"testing"
 
@@ -29,6 +30,13 @@ func TestParseMeshRootsKeepsTheMeshsOwnRoots(t *testing.T) {
 	for range 12 { // more than MaxRoots cross-certificates
 		bundle = append(bundle, bundlePEM(t, old.intermediate(t, "spire.example"))...)
 	}
+	// A cross-certificate of a foreign root with our root's subject: self-
+	// issued, not self-signed.
+	signer := newKey(t)
+	twin := &testCA{cert: sign(t, &x509.Certificate{RawSubject: old.cert.RawSubject, IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign},
+		&testCA{cert: &x509.Certificate{RawSubject: old.cert.RawSubject, PublicKey: signer.Public()}, key: signer}, newKey(t).Public(), nil)}
+	require.Equal(t, twin.cert.RawIssuer, twin.cert.RawSubject)
+	bundle = append(bundle, bundlePEM(t, twin)...)
 	roots, err := spiffefed.ParseMeshRoots(bundle)
 	require.NoError(t, err)
 	require.Len(t, roots, 2)

@@ -357,7 +357,7 @@ func parseRoots(data []byte) ([]*x509.Certificate, error) {
 func ParseRoots(pemData []byte) ([]*x509.Certificate, error) { return parseRoots(pemData) }
 
 // ParseMeshRoots parses a mesh's root bundle (a TrustRequest's, what
-// root-cert.pem carries) as Member.Roots: its self-issued certificates
+// root-cert.pem carries) as Member.Roots: its self-signed certificates
 // only. The cross-certificates of foreign roots it may carry after them
 // (spec.mtls.federatedTrustDomains) are the foreign trust domains', never
 // published as the mesh's own.
@@ -371,7 +371,9 @@ func ParseMeshRoots(pemData []byte) ([]*x509.Certificate, error) {
 		}
 		rest = next
 		if block.Type == "CERTIFICATE" {
-			if c, err := x509.ParseCertificate(block.Bytes); err == nil && !bytes.Equal(c.RawIssuer, c.RawSubject) {
+			// Self-signed, not only self-issued: a cross-certificate of a
+			// foreign root with the subject of ours is not ours.
+			if c, err := x509.ParseCertificate(block.Bytes); err == nil && (!bytes.Equal(c.RawIssuer, c.RawSubject) || c.CheckSignatureFrom(c) != nil) {
 				continue
 			}
 		}

@@ -117,8 +117,7 @@ type IdentitySelector struct {
 	// +optional
 	KubeServiceAccountRefs *KubeServiceAccountRefs `json:"kubeServiceAccountRefs,omitempty"`
 	// SpiffeIDs are identities of foreign SPIFFE trust domains (a SPIRE
-	// server's workloads, another Relaymesh's): whole SPIFFE IDs with a
-	// path, no wildcard. A Destination admits one only when its
+	// server's workloads): whole SPIFFE IDs with a path, no wildcard. A Destination admits one only when its
 	// VirtualMesh names the trust domain in
 	// spec.mtls.federatedTrustDomains (its status says why not otherwise),
 	// and never on ambient workloads.

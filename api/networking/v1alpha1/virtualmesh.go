@@ -119,7 +119,11 @@ type MTLSConfig struct {
 	// delivered. Needs shared trust, a root Relaymesh signs with itself
 	// (generated, a Secret or PKCS#11; cfssl and step-ca sign only
 	// certificate requests) and no ambient member (ztunnel trusts one
-	// root only).
+	// root only). The cross-certificate is one CA level below the
+	// VirtualMesh root: a foreign CA that signs its SVIDs directly (SPIRE's
+	// default) verifies everywhere; a foreign chain with intermediates of
+	// its own (another Relaymesh's meshes) only where the cross-certificate
+	// is taken as an anchor (Go, proxyless gRPC), not in Envoy.
 	// +kubebuilder:validation:MaxItems=8
 	// +kubebuilder:validation:items:MaxLength=255
 	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$`
