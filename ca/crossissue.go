@@ -43,14 +43,7 @@ func crossIssue(rnd io.Reader, issuing, parent *x509.Certificate, parentKey cryp
 	if err != nil {
 		return nil, fmt.Errorf("cross-issued CA serial number: %w", err)
 	}
-	notAfter := issuing.NotAfter
-	if parent.NotAfter.Before(notAfter) {
-		notAfter = parent.NotAfter
-	}
-	notBefore := now.Add(-caBackdate).Truncate(time.Second).UTC()
-	if notBefore.Before(issuing.NotBefore) {
-		notBefore = issuing.NotBefore
-	}
+	notBefore, notAfter := crossValidity(issuing, parent, now)
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		Subject:               issuing.Subject,
@@ -71,6 +64,21 @@ func crossIssue(rnd io.Reader, issuing, parent *x509.Certificate, parentKey cryp
 		return nil, fmt.Errorf("cross-issued CA: %w", err)
 	}
 	return c, nil
+}
+
+// crossValidity is the validity of a certificate of subject's key that
+// parent signs at now: backdated like every CA certificate, never before
+// subject's, never after either's.
+func crossValidity(subject, parent *x509.Certificate, now time.Time) (notBefore, notAfter time.Time) {
+	notAfter = subject.NotAfter
+	if parent.NotAfter.Before(notAfter) {
+		notAfter = parent.NotAfter
+	}
+	notBefore = now.Add(-caBackdate).Truncate(time.Second).UTC()
+	if notBefore.Before(subject.NotBefore) {
+		notBefore = subject.NotBefore
+	}
+	return notBefore, notAfter
 }
 
 // hasNameConstraints reports whether c constrains names. Relay issuing

@@ -58,14 +58,7 @@ func CrossCertifyForeignRoot(ctx context.Context, s Signer, foreign *x509.Certif
 	if !slices.ContainsFunc(s.Roots(), issuer.Equal) {
 		return nil, errors.New("the VirtualMesh root signs through an intermediate CA; a cross-certificate must be issued by the root itself, which the meshes hold")
 	}
-	notAfter := foreign.NotAfter
-	if issuer.NotAfter.Before(notAfter) {
-		notAfter = issuer.NotAfter
-	}
-	notBefore := now.Add(-caBackdate).Truncate(time.Second).UTC()
-	if notBefore.Before(foreign.NotBefore) {
-		notBefore = foreign.NotBefore
-	}
+	notBefore, notAfter := crossValidity(foreign, issuer, now)
 	if now.Before(foreign.NotBefore) {
 		return nil, fmt.Errorf("the foreign root is not valid before %s", foreign.NotBefore.UTC().Format(time.RFC3339))
 	}

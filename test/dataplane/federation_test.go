@@ -356,11 +356,6 @@ spec:
 // service account has the same name in another trust domain.
 func (fed *federation) checkAccessAcrossClusters(t *testing.T) {
 	f, r, ctx := fed.f, fed.r, context.Background()
-	setGlobalAccess := func(v string) {
-		_, err := r.dyn.Resource(virtualMeshesGVR).Namespace("relaymesh").Patch(ctx, vmName, types.MergePatchType,
-			[]byte(`{"spec":{"globalAccessPolicy":"`+v+`"}}`), metav1.PatchOptions{})
-		require.NoError(t, err)
-	}
 	dial := func(w *dataplane.Workload) *dataplane.Client {
 		c, err := w.DialHost(echoOfCluster2, echoPort)
 		require.NoError(t, err)
@@ -381,22 +376,11 @@ func (fed *federation) checkAccessAcrossClusters(t *testing.T) {
 		f.settle(t, c, "OK before "+c.Target(), dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool { return o.Code(codes.OK) == o.Total() })
 	}
 
-	setGlobalAccess("Enabled")
+	// Cleanups run last first: other is checked once the deny-all is gone.
 	t.Cleanup(func() {
-		setGlobalAccess("MeshDefault")
-		fed.waitFor(t, "the deny-all policies pruned", func() (bool, string) {
-			n := 0
-			for _, c := range []dynamic.Interface{r.c1, r.c2} {
-				l, err := c.Resource(authzPolicies).Namespace("istio-system").List(ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel})
-				if err != nil {
-					return false, err.Error()
-				}
-				n += len(l.Items)
-			}
-			return n == 0, fmt.Sprint(n)
-		})
 		f.settle(t, other, "other gets through again", dataplane.CallOptions{}, func(o *dataplane.Outcomes) bool { return o.Code(codes.OK) == o.Total() })
 	})
+	fed.denyByDefault(t)
 	for _, c := range []*dataplane.Client{sleep, other, local} {
 		f.settle(t, c, "deny by default for "+c.Target(), dataplane.CallOptions{}, denied)
 	}
@@ -423,6 +407,33 @@ spec:
 	assert.Equal(t, batch/2, o.Code(codes.PermissionDenied), "another service account of cluster-1 is denied")
 	o = run(t, local, batch/4, dataplane.CallOptions{})
 	assert.Equal(t, batch/4, o.Code(codes.PermissionDenied), "cluster-2's sleep: same account name, another trust domain, denied")
+}
+
+// denyByDefault sets the VirtualMesh's globalAccessPolicy to Enabled and,
+// when t ends, back to MeshDefault, waiting until the agents pruned the
+// deny-all policies.
+func (fed *federation) denyByDefault(t *testing.T) {
+	r, ctx := fed.r, context.Background()
+	setGlobalAccess := func(v string) {
+		_, err := r.dyn.Resource(virtualMeshesGVR).Namespace("relaymesh").Patch(ctx, vmName, types.MergePatchType,
+			[]byte(`{"spec":{"globalAccessPolicy":"`+v+`"}}`), metav1.PatchOptions{})
+		require.NoError(t, err)
+	}
+	setGlobalAccess("Enabled")
+	t.Cleanup(func() {
+		setGlobalAccess("MeshDefault")
+		fed.waitFor(t, "the deny-all policies pruned", func() (bool, string) {
+			n := 0
+			for _, c := range []dynamic.Interface{r.c1, r.c2} {
+				l, err := c.Resource(authzPolicies).Namespace("istio-system").List(ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel})
+				if err != nil {
+					return false, err.Error()
+				}
+				n += len(l.Items)
+			}
+			return n == 0, fmt.Sprint(n)
+		})
+	})
 }
 
 // checkFailover: a VirtualDestination over both clusters' echo, cluster-1

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/test/dataplane"
 	"github.com/relaymesh/relaymesh/test/spire"
 	"github.com/relaymesh/relaymesh/trust"
@@ -18,7 +17,6 @@ import (
 	"google.golang.org/grpc/codes"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/dynamic"
 )
 
 // spireClientID is the identity a real spire-server mints for the client.
@@ -47,32 +45,13 @@ func (fed *federation) checkSPIREWorkload(t *testing.T) {
 	chain, key, err := peer.MintPEM(ctx, spireClientID)
 	require.NoError(t, err)
 
-	setGlobalAccess := func(v string) {
-		_, err := r.dyn.Resource(virtualMeshesGVR).Namespace("relaymesh").Patch(ctx, vmName, types.MergePatchType,
-			[]byte(`{"spec":{"globalAccessPolicy":"`+v+`"}}`), metav1.PatchOptions{})
-		require.NoError(t, err)
-	}
 	setFederated := func(tds string) {
 		_, err := r.dyn.Resource(virtualMeshesGVR).Namespace("relaymesh").Patch(ctx, vmName, types.MergePatchType,
 			[]byte(`{"spec":{"mtls":{"federatedTrustDomains":`+tds+`}}}`), metav1.PatchOptions{})
 		require.NoError(t, err)
 	}
-	setGlobalAccess("Enabled")
-	t.Cleanup(func() {
-		setGlobalAccess("MeshDefault")
-		setFederated("null")
-		fed.waitFor(t, "the deny-all policies pruned", func() (bool, string) {
-			n := 0
-			for _, c := range []dynamic.Interface{r.c1, r.c2} {
-				l, err := c.Resource(authzPolicies).Namespace("istio-system").List(ctx, metav1.ListOptions{LabelSelector: outputs.OwnerLabel})
-				if err != nil {
-					return false, err.Error()
-				}
-				n += len(l.Items)
-			}
-			return n == 0, fmt.Sprint(n)
-		})
-	})
+	t.Cleanup(func() { setFederated("null") })
+	fed.denyByDefault(t)
 	policy := func(id string) string {
 		return `
 apiVersion: networking.relaymesh.io/v1alpha1

@@ -213,27 +213,14 @@ func (w *Workload) RenewCertificate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dir := w.CertDir()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	// The key first: a reader that sees the new chain finds its key.
-	// (pemfile rejects a chain and key that do not match and keeps what it
-	// had, so the order only shortens the window.)
-	for _, f := range []struct {
-		name string
-		data []byte
-	}{{KeyFile, keyPEM}, {CertChainFile, files.CertChain}, {RootCertFile, files.Roots}} {
-		if err := writeAtomic(filepath.Join(dir, f.name), f.data); err != nil {
-			return fmt.Errorf("workload %s: %w", w.cfg.Name, err)
-		}
-	}
-	return nil
+	return w.WriteCertificate(files.CertChain, keyPEM, files.Roots)
 }
 
 // WriteCertificate replaces the workload's key, certificate chain and root
-// bundle with ones issued elsewhere (a SPIRE server's X509-SVID), in the
-// order RenewCertificate writes them. gRPC picks them up within
+// bundle (istiod's, or ones issued elsewhere: a SPIRE server's X509-SVID).
+// The key first: a reader that sees the new chain finds its key. (pemfile
+// rejects a chain and key that do not match and keeps what it had, so the
+// order only shortens the window.) gRPC picks them up within
 // DefaultRefresh.
 func (w *Workload) WriteCertificate(chain, key, roots []byte) error {
 	dir := w.CertDir()
