@@ -1,6 +1,7 @@
 package check
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -38,18 +39,65 @@ const (
 // (Lifetime.Foreign); a Current, fresh one is OK.
 func evalFederation(o *Observations, now time.Time) []Result {
 	subject := o.Namespace + "/federatedtrustdomains"
+	var rs []Result
 	switch err := o.FederatedTrustDomainsErr; {
 	case err == nil:
+		for i := range o.FederatedTrustDomains {
+			rs = append(rs, evalFederatedTrustDomain(o.Namespace, &o.FederatedTrustDomains[i], now)...)
+		}
 	case apierrors.IsNotFound(err):
-		return []Result{result(AreaFederation, subject, Warning, "the FederatedTrustDomain CRD is not installed (see crds): imported foreign trust domains not checked")}
+		rs = append(rs, result(AreaFederation, subject, Warning, "the FederatedTrustDomain CRD is not installed (see crds): imported foreign trust domains not checked"))
 	case apierrors.IsForbidden(err):
-		return []Result{result(AreaFederation, subject, Warning, "this run may not list FederatedTrustDomains in %s: imported foreign trust domains not checked (grant list on federatedtrustdomains.networking.relaymesh.io)", o.Namespace)}
+		rs = append(rs, result(AreaFederation, subject, Warning, "this run may not list FederatedTrustDomains in %s: imported foreign trust domains not checked (grant list on federatedtrustdomains.networking.relaymesh.io)", o.Namespace))
 	default:
-		return []Result{result(AreaFederation, subject, Warning, "cannot list the FederatedTrustDomains of %s: %s; imported foreign trust domains not checked", o.Namespace, text.OneLine(err.Error(), maxPeerError))}
+		rs = append(rs, result(AreaFederation, subject, Warning, "cannot list the FederatedTrustDomains of %s: %s; imported foreign trust domains not checked", o.Namespace, text.OneLine(err.Error(), maxPeerError)))
+	}
+	for i := range o.VirtualMeshes {
+		rs = append(rs, evalDelivery(&o.VirtualMeshes[i], now)...)
+	}
+	return rs
+}
+
+// evalDelivery judges what a VirtualMesh's meshes hold of each foreign
+// trust domain its spec.mtls.federatedTrustDomains names, from
+// status.sharedTrust.federation: nothing recorded, or a reason it was not
+// delivered, is a warning; a cross-certificate is judged like a foreign
+// certificate (it never outlives the foreign root).
+func evalDelivery(vm *networkingv1alpha1.VirtualMesh, now time.Time) []Result {
+	if vm.Spec.MTLS == nil || len(vm.Spec.MTLS.FederatedTrustDomains) == 0 {
+		return nil
+	}
+	subject := text.OneLine(vm.Namespace+"/"+vm.Name, 253)
+	var recorded []networkingv1alpha1.FederatedTrustStatus
+	if st := vm.Status.SharedTrust; st != nil {
+		recorded = st.Federation
 	}
 	var rs []Result
-	for i := range o.FederatedTrustDomains {
-		rs = append(rs, evalFederatedTrustDomain(o.Namespace, &o.FederatedTrustDomains[i], now)...)
+	for _, want := range vm.Spec.MTLS.FederatedTrustDomains {
+		td := text.OneLine(want, maxTrustDomain)
+		delivered := 0
+		said := false
+		for _, e := range recorded {
+			if e.TrustDomain != want {
+				continue
+			}
+			if e.CertificatePEM == "" || e.NotAfter == nil {
+				said = true
+				rs = append(rs, result(AreaFederation, subject, Warning, "foreign trust domain %s: %s", td, text.OneLine(cmp.Or(e.Message, "not delivered, no reason recorded"), maxPeerError)))
+				continue
+			}
+			delivered++
+			what := fmt.Sprintf("the cross-certificate of foreign root %s… of trust domain %s in the meshes' root-cert.pem", text.OneLine(e.ForeignRootFingerprint, 16), td)
+			if sev, msg := Expiry(Lifetime{What: what, NotAfter: e.NotAfter.Time, Foreign: true}, now); sev != OK {
+				rs = append(rs, result(AreaFederation, subject, sev, "%s: it expires with the foreign root (or the VirtualMesh root); the peer's next root is cross-certified once the import accepts it", msg))
+			}
+		}
+		switch {
+		case delivered > 0:
+			rs = append(rs, result(AreaFederation, subject, OK, "foreign trust domain %s: %d root(s) cross-certified into the meshes' root-cert.pem", td, delivered))
+		case !said:
+			rs = append(rs, result(AreaFederation, subject, Warning, "foreign trust domain %s: nothing recorded in status.sharedTrust.federation yet (is the server's Lease holder running, and the VirtualMesh's root in force?)", td))
+		}
 	}
 	return rs
 }

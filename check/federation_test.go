@@ -160,3 +160,44 @@ func TestEvaluateFederationUnlistableIsAWarningThatSaysUnchecked(t *testing.T) {
 	}
 	assert.Empty(t, find(Evaluate(&Observations{Namespace: "relaymesh"}, now), AreaFederation, ""), "nothing imported: nothing to say")
 }
+
+// What a VirtualMesh's meshes hold of each foreign trust domain it names:
+// delivered roots are OK (their cross-certificates judged like foreign
+// certificates), a reason not to deliver or nothing recorded is a warning,
+// and every quoted string stays on one bounded line.
+func TestEvaluateFederationJudgesWhatReachedTheMeshes(t *testing.T) {
+	day := 24 * time.Hour
+	vm := networkingv1alpha1.VirtualMesh{ObjectMeta: metav1.ObjectMeta{Name: "shared", Namespace: "relaymesh"},
+		Spec: networkingv1alpha1.VirtualMeshSpec{MTLS: &networkingv1alpha1.MTLSConfig{
+			FederatedTrustDomains: []string{"spire.example", "soon.example", "gone.example", "refused.example", "quiet.example"}}},
+		Status: networkingv1alpha1.VirtualMeshStatus{SharedTrust: &networkingv1alpha1.SharedTrustStatus{Federation: []networkingv1alpha1.FederatedTrustStatus{
+			{TrustDomain: "spire.example", ForeignRootFingerprint: strings.Repeat("ab", 32), CertificatePEM: "x", NotAfter: at(365 * day)},
+			{TrustDomain: "spire.example", ForeignRootFingerprint: strings.Repeat("cd", 32), CertificatePEM: "x", NotAfter: at(300 * day)},
+			{TrustDomain: "soon.example", ForeignRootFingerprint: strings.Repeat("ef", 32), CertificatePEM: "x", NotAfter: at(2 * day)},
+			{TrustDomain: "gone.example", ForeignRootFingerprint: strings.Repeat("01", 32), CertificatePEM: "x", NotAfter: at(-day)},
+			{TrustDomain: "refused.example", Message: "not delivered: the root is cfssl's\n\x1b[31m" + strings.Repeat("x", 2000)},
+		}}},
+	}
+	rs := find(Evaluate(&Observations{Namespace: "relaymesh", VirtualMeshes: []networkingv1alpha1.VirtualMesh{vm}}, now), AreaFederation, "relaymesh/shared")
+	got := map[string]Result{}
+	for _, r := range rs {
+		for _, td := range vm.Spec.MTLS.FederatedTrustDomains {
+			if strings.Contains(r.Message, "trust domain "+td) && got[td].Message == "" || (strings.Contains(r.Message, "trust domain "+td) && r.Severity > got[td].Severity) {
+				got[td] = r
+			}
+		}
+		assert.LessOrEqual(t, len(r.Message), 800, r.Message)
+		assert.False(t, strings.ContainsFunc(r.Message, unicode.IsControl), "%q", r.Message)
+	}
+	assert.Equal(t, OK, got["spire.example"].Severity, got["spire.example"].Message)
+	assert.Contains(t, got["spire.example"].Message, "2 root(s) cross-certified")
+	assert.Equal(t, Warning, got["soon.example"].Severity, got["soon.example"].Message)
+	assert.Equal(t, Error, got["gone.example"].Severity, got["gone.example"].Message)
+	assert.Equal(t, Warning, got["refused.example"].Severity)
+	assert.Contains(t, got["refused.example"].Message, "the root is cfssl's")
+	assert.Equal(t, Warning, got["quiet.example"].Severity)
+	assert.Contains(t, got["quiet.example"].Message, "nothing recorded")
+
+	vm.Spec.MTLS.FederatedTrustDomains = nil
+	assert.Empty(t, find(Evaluate(&Observations{Namespace: "relaymesh", VirtualMeshes: []networkingv1alpha1.VirtualMesh{vm}}, now), AreaFederation, "relaymesh/shared"), "a VirtualMesh that names none: nothing to say")
+}
