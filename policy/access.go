@@ -176,8 +176,23 @@ func ForeignPrincipal(id string) (trustDomain, principal string, err error) {
 // VirtualMesh names it in spec.mtls.federatedTrustDomains and no
 // discovered mesh has it.
 func AdmitsForeign(plan *federation.Plan, in *translation.Input, d *discoveryv1alpha1.Destination, trustDomain string) bool {
+	return foreignRefusal(plan, in, d, trustDomain) == ""
+}
+
+// foreignRefusal is why d admits no identity of trustDomain, or "".
+func foreignRefusal(plan *federation.Plan, in *translation.Input, d *discoveryv1alpha1.Destination, trustDomain string) string {
 	vm := plan.VirtualMeshOf(d)
-	return vm != nil && vm.Spec.MTLS != nil && vm.Spec.MTLS.Shared != nil && !FleetTrustDomain(in, trustDomain) && slices.Contains(vm.Spec.MTLS.FederatedTrustDomains, trustDomain)
+	switch {
+	case vm == nil:
+		return "the Destination is in no valid VirtualMesh, so it trusts no foreign trust domain"
+	case vm.Spec.MTLS == nil || vm.Spec.MTLS.Shared == nil:
+		return fmt.Sprintf("VirtualMesh %s/%s has no shared trust (spec.mtls.shared), so no foreign root reaches its meshes", vm.Namespace, vm.Name)
+	case FleetTrustDomain(in, trustDomain):
+		return fmt.Sprintf("%s is this Relaymesh's own trust domain (a discovered mesh's, or granted to a registered cluster), not a foreign one (select its workloads with kubeServiceAccountRefs)", trustDomain)
+	case !slices.Contains(vm.Spec.MTLS.FederatedTrustDomains, trustDomain):
+		return fmt.Sprintf("trust domain %s is not in spec.mtls.federatedTrustDomains of VirtualMesh %s/%s", trustDomain, vm.Namespace, vm.Name)
+	}
+	return ""
 }
 
 // foreignID is a SPIFFE ID of a foreign trust domain an AccessPolicy names.
@@ -208,20 +223,12 @@ func parseForeignID(s string) (foreignID, error) {
 // be one d's VirtualMesh names in spec.mtls.federatedTrustDomains, and no
 // discovered mesh's own.
 func admitForeign(plan *federation.Plan, in *translation.Input, d *discoveryv1alpha1.Destination, ids []foreignID) (principals, errs []string) {
-	vm := plan.VirtualMeshOf(d)
 	for _, f := range ids {
-		switch {
-		case vm == nil:
-			errs = append(errs, fmt.Sprintf("spiffeID %q: the Destination is in no valid VirtualMesh, so it trusts no foreign trust domain; not allowed", f.id))
-		case vm.Spec.MTLS == nil || vm.Spec.MTLS.Shared == nil:
-			errs = append(errs, fmt.Sprintf("spiffeID %q: VirtualMesh %s/%s has no shared trust (spec.mtls.shared), so no foreign root reaches its meshes; not allowed", f.id, vm.Namespace, vm.Name))
-		case FleetTrustDomain(in, f.trustDomain):
-			errs = append(errs, fmt.Sprintf("spiffeID %q: %s is this Relaymesh's own trust domain (a discovered mesh's, or granted to a registered cluster), not a foreign one (select its workloads with kubeServiceAccountRefs); not allowed", f.id, f.trustDomain))
-		case vm.Spec.MTLS == nil || !slices.Contains(vm.Spec.MTLS.FederatedTrustDomains, f.trustDomain):
-			errs = append(errs, fmt.Sprintf("spiffeID %q: trust domain %s is not in spec.mtls.federatedTrustDomains of VirtualMesh %s/%s; not allowed", f.id, f.trustDomain, vm.Namespace, vm.Name))
-		default:
-			principals = append(principals, f.principal)
+		if why := foreignRefusal(plan, in, d, f.trustDomain); why != "" {
+			errs = append(errs, fmt.Sprintf("spiffeID %q: %s; not allowed", f.id, why))
+			continue
 		}
+		principals = append(principals, f.principal)
 	}
 	return principals, errs
 }

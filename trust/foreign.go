@@ -100,10 +100,29 @@ func (c *Controller) ownTrustDomains(in *translation.Input) map[string]bool {
 	return own
 }
 
+// foreignInputs are what the federation of every VirtualMesh reads in one
+// reconcile: gathered once, for the first VirtualMesh that names or
+// records a foreign trust domain, and not at all when none does.
+type foreignInputs struct {
+	in    *translation.Input
+	ready bool
+	own   map[string]bool                // ownTrustDomains
+	roots map[string][]*x509.Certificate // foreignRoots
+	known bool
+}
+
+func (c *Controller) gather(f *foreignInputs) {
+	if !f.ready {
+		f.own = c.ownTrustDomains(f.in)
+		f.roots, f.known = c.foreignRoots()
+		f.ready = true
+	}
+}
+
 // federate appends to p's bundle the cross-certificates of the foreign
 // trust domains p's VirtualMesh names, signing (on the leader) those the
 // status does not record yet.
-func (c *Controller) federate(ctx context.Context, p *vmPlan, leading bool, own map[string]bool) {
+func (c *Controller) federate(ctx context.Context, p *vmPlan, leading bool, fi *foreignInputs) {
 	if p.hold || p.bundle == nil {
 		return
 	}
@@ -123,7 +142,8 @@ func (c *Controller) federate(ctx context.Context, p *vmPlan, leading bool, own 
 		c.log.Error("the root bundle does not parse; no foreign trust domain is delivered", "virtual_mesh", p.key, "error", err)
 		return
 	}
-	foreign, known := c.foreignRoots()
+	c.gather(fi)
+	own, foreign, known := fi.own, fi.roots, fi.known
 	if leading && known {
 		next := c.crossCertify(ctx, p, want, stored, foreign, bundleRoots, own)
 		if !sameJSON(next, stored) && c.persist(ctx, p.key, func(n *vmState) { n.federation = next }) {

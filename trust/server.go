@@ -346,6 +346,7 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input, leading 
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
 	plan := federation.NewPlan(in)
+	fi := &foreignInputs{in: in}
 	state := map[string]*meshTrust{}
 	var plans []*vmPlan
 	seen := map[string]bool{}
@@ -376,7 +377,7 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input, leading 
 		if p.bundle == nil && !p.hold {
 			continue
 		}
-		c.federate(ctx, p, leading, c.ownTrustDomains(in))
+		c.federate(ctx, p, leading, fi)
 		seen[p.key] = true
 		plans = append(plans, p)
 		ttl := defaultIntermediateTTL

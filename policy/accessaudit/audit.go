@@ -268,8 +268,11 @@ type auditor struct {
 
 type dest struct {
 	Destination
-	d        *discoveryv1alpha1.Destination
-	members  map[string]bool             // mesh keys of its VirtualMesh
+	d       *discoveryv1alpha1.Destination
+	members map[string]bool // mesh keys of its VirtualMesh
+	// foreign are the foreign trust domains whose identities its sidecar
+	// pods admit (policy.AdmitsForeign), decided once.
+	foreign  map[string]bool
 	policies []int                       // indexes into aps, in force, selecting it
 	fedVia   map[string]string           // cluster → VirtualMesh
 	vdVia    map[int32]map[string]string // port → cluster → VirtualDestination
@@ -396,6 +399,16 @@ func (a *auditor) destinations() {
 			for _, r := range vm.Spec.Meshes {
 				if m, err := a.in.MeshFor(r); err == nil {
 					x.members[m.Namespace+"/"+m.Name] = true
+				}
+			}
+			if vm.Spec.MTLS != nil {
+				for _, td := range vm.Spec.MTLS.FederatedTrustDomains {
+					if policy.AdmitsForeign(a.plan, a.in, d, td) {
+						if x.foreign == nil {
+							x.foreign = map[string]bool{}
+						}
+						x.foreign[td] = true
+					}
 				}
 			}
 		}
@@ -569,7 +582,7 @@ func specStrings(obj map[string]any, field string) []string {
 func (a *auditor) route(s *Source, d *dest, port int32) (route, via string, ok bool) {
 	if s.TrustDomain != "" {
 		// Only sidecar pods hold the foreign roots (ztunnel trusts one).
-		if d.DataPlaneMode != discoveryv1alpha1.DataPlaneAmbient && policy.AdmitsForeign(a.plan, a.in, d.d, s.TrustDomain) {
+		if d.DataPlaneMode != discoveryv1alpha1.DataPlaneAmbient && d.foreign[s.TrustDomain] {
 			return RouteForeign, d.VirtualMesh, true
 		}
 		return "", "", false
