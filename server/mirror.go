@@ -23,7 +23,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
@@ -66,6 +68,17 @@ type Mirror struct {
 	// sync before the watch catches up does not write them again.
 	expMu    sync.Mutex
 	expected map[string]expectation
+
+	// Clusters that left, whose objects go in a few DeleteCollections
+	// for many clusters at once: pending waits for the collector,
+	// collected were sent (by when), until the cache shows them gone.
+	colMu      sync.Mutex
+	pending    map[string]bool
+	collected  map[string]time.Time
+	collectNow chan struct{}
+	// perObject: DeleteCollection was refused (an older chart's Role);
+	// objects are deleted one by one, with delete.
+	perObject atomic.Bool
 }
 
 // expectation is a write the cache has not shown yet: an apply of spec sum
@@ -137,6 +150,7 @@ func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View,
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "discovery-mirror"}),
 		started:  make(chan struct{}),
 		expected: map[string]expectation{},
+		pending:  map[string]bool{}, collected: map[string]time.Time{}, collectNow: make(chan struct{}, 1),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relaymesh_mirror_writes_total",
 			Help: "Writes of discovered objects to the management cluster, by operation (apply, delete) and result (ok, error)."}, []string{"operation", "result"}),
 	}
@@ -177,6 +191,12 @@ func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View,
 				delete(m.expected, expectKey(gvr, name))
 				m.expMu.Unlock()
 			}
+			// The object of a cluster still in the view went: deleted by
+			// hand, or by a collection that raced the cluster's return.
+			// Its cluster is compared again now, not at the resync.
+			if c := clusterOf(obj); c != "" && m.view.Snapshot(c) != nil {
+				m.queue.Add(c)
+			}
 		}}); err != nil {
 			panic(err)
 		}
@@ -202,6 +222,7 @@ func (m *Mirror) Run(ctx context.Context) {
 		return
 	}
 	close(m.started)
+	go m.collect(ctx)
 	for range m.cfg.Workers {
 		go func() {
 			for m.processNext(ctx) {
@@ -274,6 +295,8 @@ type mirrorWrite struct {
 	obj  *unstructured.Unstructured
 	uid  types.UID                  // of the object to delete
 	cur  *unstructured.Unstructured // the cached object an apply replaces, nil if none
+	// cluster is the label of the object to delete.
+	cluster string
 }
 
 // sync makes the discovered objects of cluster match its snapshot (none if
@@ -287,7 +310,14 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 	for _, gvr := range discoveredResources {
 		desired[gvr] = map[string]*unstructured.Unstructured{}
 	}
-	if snap := m.view.Snapshot(cluster); snap != nil {
+	snap := m.view.Snapshot(cluster)
+	if snap == nil && !m.perObject.Load() {
+		return m.departed(cluster)
+	}
+	m.colMu.Lock()
+	delete(m.collected, cluster) // back (or never gone): its objects are compared one by one
+	m.colMu.Unlock()
+	if snap != nil {
 		objs, err := DiscoveredObjects(snap, m.namespace)
 		if err != nil {
 			return err
@@ -341,7 +371,7 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 		}
 		for name, cur := range have {
 			if _, ok := want[name]; !ok && !m.awaiting(gvr, name, expectation{uid: cur.GetUID()}) {
-				writes = append(writes, mirrorWrite{gvr: gvr, name: name, uid: cur.GetUID()})
+				writes = append(writes, mirrorWrite{gvr: gvr, name: name, uid: cur.GetUID(), cluster: cluster})
 			}
 		}
 	}
@@ -385,6 +415,187 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 		"failed", len(errs), "took", time.Since(start).Round(time.Millisecond))
 	// One bad object does not hold up the others; the failures are retried.
 	return errors.Join(errs...)
+}
+
+// collectBatch bounds the clusters of one DeleteCollection (the label
+// selector names each); collectParallel is how many batches are deleted
+// at once (the API server deletes a collection's objects one after the
+// other, so a departing fleet's objects go as fast as several collections
+// in flight let it); collectLinger is how long the collector waits for
+// more departures after the first.
+const (
+	collectBatch    = 50
+	collectParallel = 8
+	collectLinger   = 50 * time.Millisecond
+)
+
+// departed queues the objects of cluster, which left the view, for the
+// collector: a deregistration of many clusters is a few DeleteCollections
+// of all their objects, not a delete per object. A cluster collected within
+// expectationTTL whose objects the cache still shows is not sent again.
+func (m *Mirror) departed(cluster string) error {
+	has := false
+	for _, gvr := range discoveredResources {
+		objs, err := m.informers[gvr].GetIndexer().ByIndex(indexCluster, cluster)
+		if err != nil {
+			return err
+		}
+		has = has || len(objs) > 0
+	}
+	m.colMu.Lock()
+	defer m.colMu.Unlock()
+	if at, ok := m.collected[cluster]; !has || (ok && time.Since(at) < expectationTTL) {
+		if !has {
+			delete(m.collected, cluster)
+		}
+		return nil
+	}
+	m.pending[cluster] = true
+	select {
+	case m.collectNow <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// collect deletes the objects of departed clusters until ctx ends, up to
+// collectBatch clusters per DeleteCollection of each kind, collectParallel
+// batches at once.
+func (m *Mirror) collect(ctx context.Context) {
+	sem := make(chan struct{}, collectParallel)
+	var inFlight sync.WaitGroup
+	defer inFlight.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.collectNow:
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(collectLinger):
+		}
+		for {
+			batch := m.takePending()
+			if len(batch) == 0 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				m.requeue(batch, false)
+				return
+			case sem <- struct{}{}:
+			}
+			inFlight.Add(1)
+			go func() {
+				defer inFlight.Done()
+				defer func() { <-sem }()
+				m.collectBatch(ctx, batch)
+			}()
+		}
+	}
+}
+
+// takePending takes up to collectBatch pending clusters that are still
+// departed and this replica's to delete.
+func (m *Mirror) takePending() []string {
+	m.colMu.Lock()
+	defer m.colMu.Unlock()
+	var batch []string
+	now := time.Now()
+	for c := range m.pending {
+		if len(batch) == collectBatch {
+			break
+		}
+		delete(m.pending, c)
+		if m.view.Snapshot(c) == nil && (m.cfg.Owns == nil || m.cfg.Owns(c)) {
+			// Sent from now on: a sync meanwhile does not queue it again.
+			m.collected[c] = now
+			batch = append(batch, c)
+		}
+	}
+	sort.Strings(batch)
+	return batch
+}
+
+// collectBatch deletes every discovered object labelled with one of
+// clusters, one DeleteCollection per kind. Refused as forbidden (a Role
+// without deletecollection), the mirror deletes object by object from then
+// on; any other failure queues the clusters again with backoff.
+func (m *Mirror) collectBatch(ctx context.Context, clusters []string) {
+	req, err := labels.NewRequirement(LabelCluster, selection.In, clusters)
+	if err != nil {
+		// Not reached: a cluster with objects is a value of their label,
+		// and the registry's names are label values.
+		m.log.Error("departed clusters' names do not make a label selector; their objects are not deleted", "error", err)
+		return
+	}
+	sel := labels.NewSelector().Add(*req).String()
+	start := time.Now()
+	var g errgroup.Group
+	errs := make([]error, len(discoveredResources))
+	for i, gvr := range discoveredResources {
+		g.Go(func() error {
+			errs[i] = m.client.Resource(gvr).Namespace(m.namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel})
+			result := "ok"
+			if errs[i] != nil {
+				result = "error"
+			}
+			m.writes.WithLabelValues("delete-collection", result).Inc()
+			return nil
+		})
+	}
+	_ = g.Wait()
+	err = errors.Join(errs...)
+	switch {
+	case err == nil:
+		m.log.Debug("departed clusters' discovered objects deleted", "clusters", len(clusters), "took", time.Since(start).Round(time.Millisecond))
+	case apierrors.IsForbidden(err) || apierrors.IsMethodNotSupported(err):
+		m.byObjectFrom(err)
+		m.requeue(clusters, false)
+	case ctx.Err() == nil:
+		m.log.Warn("could not delete departed clusters' discovered objects; will retry", "clusters", len(clusters), "error", err)
+		m.requeue(clusters, true)
+	}
+}
+
+// byObjectFrom switches the mirror to deleting object by object, with
+// delete, after err refused a DeleteCollection (a Role of a release before
+// this one grants delete only).
+func (m *Mirror) byObjectFrom(err error) {
+	if !m.perObject.Swap(true) {
+		m.log.Warn("cannot delete discovered objects by collection (the Role lacks deletecollection on meshes, workloads and destinations); deleting them one by one with delete", "error", err)
+	}
+}
+
+// requeue hands clusters back to the work queue (with its backoff when
+// limited), as not collected.
+func (m *Mirror) requeue(clusters []string, limited bool) {
+	m.colMu.Lock()
+	for _, c := range clusters {
+		delete(m.collected, c)
+	}
+	m.colMu.Unlock()
+	for _, c := range clusters {
+		if limited {
+			m.queue.AddRateLimited(c)
+		} else {
+			m.queue.Add(c)
+		}
+	}
+}
+
+// clusterOf is the cluster label of an object the informer handed over,
+// deleted or not.
+func clusterOf(obj any) string {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if o, ok := obj.(metav1.Object); ok {
+		return o.GetLabels()[LabelCluster]
+	}
+	return ""
 }
 
 func expectKey(gvr schema.GroupVersionResource, name string) string {
@@ -435,6 +646,19 @@ func (m *Mirror) write(ctx context.Context, w mirrorWrite) error {
 func (m *Mirror) writeOne(ctx context.Context, w mirrorWrite) error {
 	ri := m.client.Resource(w.gvr).Namespace(m.namespace)
 	switch {
+	case w.obj == nil && !m.perObject.Load():
+		// One object, by its name and its cluster's label, through the
+		// verb departed clusters' objects are deleted with: the server's
+		// Role grants deletecollection, not delete.
+		err := ri.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{
+			LabelSelector: LabelCluster + "=" + w.cluster, FieldSelector: "metadata.name=" + w.name})
+		if apierrors.IsForbidden(err) || apierrors.IsMethodNotSupported(err) {
+			m.byObjectFrom(err)
+			return m.writeOne(ctx, w)
+		}
+		if err != nil {
+			return fmt.Errorf("delete %s %s: %w", w.gvr.Resource, w.name, err)
+		}
 	case w.obj == nil:
 		uid := w.uid
 		err := ri.Delete(ctx, w.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})

@@ -18,10 +18,12 @@ import (
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 )
 
 // The mirror writes a fleet's discovered objects from an informer cache:
@@ -29,7 +31,8 @@ import (
 // cluster's changed object, nothing is listed per write, a hand-made object
 // under a discovered name is never taken over (and does not hold up the
 // rest), objects deleted by hand come back at the resync, and every object
-// of a cluster that leaves — or was never registered — is deleted.
+// of a cluster that leaves — or was never registered — is deleted, a few
+// DeleteCollections for all departed clusters at once.
 func TestMirrorAtFleetRate(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -189,7 +192,57 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	}
 	waitFor("every cluster's objects are deleted", func() bool { return len(objectsOf("")) == 0 })
 	t.Logf("%d clusters' objects deleted in %s: %d deletes", clusters, time.Since(start), deletes.Load()-beforeDeletes)
-	assert.EqualValues(t, 3*clusters-1+2, deletes.Load()-beforeDeletes)
+	// A DeleteCollection of each kind per batch of departed clusters, not
+	// one delete per object (there are 3*clusters-1+2 = 901).
+	assert.LessOrEqual(t, deletes.Load()-beforeDeletes, int64(30), "a few collections, not a delete per object")
+	assert.Positive(t, deletes.Load()-beforeDeletes)
 	_, err = admin.Resource(discoveryv1alpha1.Destinations).Namespace(ns).Get(ctx, squatted, metav1.GetOptions{})
 	require.NoError(t, err, "the hand-made object stays")
+
+	// A cluster back after its objects were collected gets them again.
+	view.Accept(name(3), snap(3, 1), time.Now())
+	waitFor("the returning cluster's objects are written again", func() bool { return len(objectsOf(name(3))) == 3 })
+}
+
+// A Role from before DeleteCollection (list, watch, create, update, delete
+// only): the mirror's collection is refused, and it deletes the departed
+// clusters' objects one by one instead.
+func TestMirrorDeletesOneByOneWithoutDeleteCollection(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const ns = "relaymesh"
+	mgmt, kube, admin := localcluster.Management(t, ns)
+	const user = "mirror-without-deletecollection"
+	_, err := kube.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: user},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{discoveryv1alpha1.GroupVersion.Group}, Resources: []string{"meshes", "workloads", "destinations"},
+			Verbs: []string{"list", "watch", "create", "update", "delete"}}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = kube.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: user},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	cfg := mgmt.RESTConfig()
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+	client, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+
+	view := server.NewView()
+	mirror := server.NewMirrorWithConfig(client, ns, view, slog.New(slog.NewTextHandler(io.Discard, nil)), server.MirrorConfig{Resync: time.Hour})
+	go mirror.Run(ctx)
+	count := func(cluster string) int {
+		n := 0
+		for _, gvr := range []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations} {
+			l, err := admin.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=" + cluster})
+			require.NoError(t, err)
+			n += len(l.Items)
+		}
+		return n
+	}
+	for _, c := range []string{"a", "b"} {
+		view.Accept(c, fleet.SnapshotSpec{Services: 2}.Snapshot(c), time.Now())
+	}
+	require.Eventually(t, func() bool { return count("a") == 5 && count("b") == 5 }, 30*time.Second, 100*time.Millisecond)
+	view.Remove("a")
+	require.Eventually(t, func() bool { return count("a") == 0 }, 30*time.Second, 100*time.Millisecond, "deleted one by one after the collection was refused")
+	assert.Equal(t, 5, count("b"), "another cluster's objects stay")
 }

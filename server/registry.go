@@ -25,6 +25,7 @@ type Registry struct {
 	clusters  map[string]Registration
 	listeners []func(name string)
 	onSet     []func(name string)
+	ended     []func(Registration)
 	// fetch reads one registration from the source of truth when the
 	// watch has not shown it (yet); fetched are the names it added that
 	// the watch has not confirmed, with when.
@@ -112,7 +113,7 @@ func (r *Registry) Set(reg Registration) {
 	r.mu.Lock()
 	old, had := r.clusters[reg.Name]
 	r.clusters[reg.Name] = reg
-	listeners, onSet := r.listeners, r.onSet
+	listeners, onSet, ended := r.listeners, r.onSet, r.ended
 	r.mu.Unlock()
 	if had && old == reg {
 		return
@@ -120,6 +121,11 @@ func (r *Registry) Set(reg Registration) {
 	if had {
 		for _, f := range listeners {
 			f(reg.Name)
+		}
+		if old.UID != reg.UID {
+			for _, f := range ended {
+				f(old)
+			}
 		}
 	}
 	for _, f := range onSet {
@@ -138,16 +144,27 @@ func (r *Registry) OnRegister(f func(name string)) {
 // Remove deregisters a cluster and notifies listeners.
 func (r *Registry) Remove(name string) {
 	r.mu.Lock()
-	_, had := r.clusters[name]
+	old, had := r.clusters[name]
 	delete(r.clusters, name)
 	delete(r.fetched, name)
-	listeners := r.listeners
+	listeners, ended := r.listeners, r.ended
 	r.mu.Unlock()
 	if had {
 		for _, f := range listeners {
 			f(name)
 		}
+		for _, f := range ended {
+			f(old)
+		}
 	}
+}
+
+// OnEnded registers f to be called (synchronously) with every registration
+// that ended: its cluster was removed, or registered again under a new UID.
+func (r *Registry) OnEnded(f func(Registration)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ended = append(r.ended, f)
 }
 
 // Names returns the registered cluster names.

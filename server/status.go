@@ -61,6 +61,12 @@ type KubeStatus struct {
 	// a storm), the write's result is what the cluster has, not a
 	// difference to write again.
 	written map[string]writtenStatus
+	// gone is the UID of each ended registration (Ended) until the watch
+	// shows its KubernetesCluster deleted: the end of its sessions is not
+	// written to an object being deleted (a request that fails or is
+	// wasted, a thousand of them when a fleet is deregistered), and a new
+	// registration of the name, another UID, is written as ever.
+	gone map[string]types.UID
 }
 
 type writtenStatus struct {
@@ -151,7 +157,7 @@ func NewKubeStatus(client dynamic.Interface, namespace string, log *slog.Logger,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "cluster-status"}),
 		informer: factory.ForResource(multiclusterv1alpha1.KubernetesClusters).Informer(),
-		state:    map[string]*agentState{}, written: map[string]writtenStatus{}, acks: map[string]*relaypb.PullAck{}, ackDigests: map[string]string{}}
+		state:    map[string]*agentState{}, written: map[string]writtenStatus{}, gone: map[string]types.UID{}, acks: map[string]*relaypb.PullAck{}, ackDigests: map[string]string{}}
 	if cfg.Ledger != nil {
 		// A record moves a cluster's ack on as much as a status does.
 		cfg.Ledger.OnChange(k.tellAck)
@@ -259,6 +265,17 @@ func (k *KubeStatus) Forget(cluster string) {
 	k.mu.Unlock()
 }
 
+// Ended records a registration that ended (Registry.OnEnded): nothing more
+// is written to its KubernetesCluster, which the watch may still show.
+func (k *KubeStatus) Ended(reg Registration) {
+	if reg.UID == "" {
+		return
+	}
+	k.mu.Lock()
+	k.gone[reg.Name] = types.UID(reg.UID)
+	k.mu.Unlock()
+}
+
 func (k *KubeStatus) processNext(ctx context.Context) bool {
 	cluster, shutdown := k.queue.Get()
 	if shutdown {
@@ -295,6 +312,10 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 		return 0, err
 	}
 	k.mu.Lock()
+	if uid, ok := k.gone[cluster]; ok && uid == kc.UID {
+		k.mu.Unlock()
+		return 0, nil // deregistered; the watch has not caught up
+	}
 	st := agentState{}
 	if cur := k.state[cluster]; cur != nil {
 		st = *cur
@@ -610,6 +631,7 @@ func (k *KubeStatus) forgetAck(obj any) {
 		k.mu.Lock()
 		delete(k.acks, name)
 		delete(k.ackDigests, name)
+		delete(k.gone, name)
 		k.mu.Unlock()
 	}
 }

@@ -317,7 +317,7 @@ func (c *Controller) reconcile(ctx context.Context) {
 		for _, p := range plans {
 			c.writeStatus(ctx, p.key)
 		}
-		c.writeGrantStatuses(ctx, grantStatuses(clusters, meshes))
+		c.writeGrantStatuses(ctx, clusters, grantStatuses(clusters, meshes))
 	}
 	c.dropUnused()
 	c.mu.Lock()
@@ -683,8 +683,14 @@ func (c *Controller) authorizeNow(cluster, mesh, td string) error {
 
 // writeGrantStatuses applies status.trustDomains of every cluster whose
 // verdict changed since this replica last wrote it; only the leader does.
-// A failed write is tried again at the next reconcile.
-func (c *Controller) writeGrantStatuses(ctx context.Context, sts map[string][]multiclusterv1alpha1.TrustDomainStatus) {
+// A failed write is tried again at the next reconcile. A cluster without
+// grants whose status shows none is not written: a fleet registered at
+// once would otherwise cost a status write per cluster, for nothing.
+func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclusterv1alpha1.KubernetesCluster, sts map[string][]multiclusterv1alpha1.TrustDomainStatus) {
+	shown := make(map[string]bool, len(clusters))
+	for _, kc := range clusters {
+		shown[kc.Name] = len(kc.Status.TrustDomains) > 0
+	}
 	c.mu.Lock()
 	for name := range c.grantWritten {
 		if _, ok := sts[name]; !ok {
@@ -703,7 +709,7 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, sts map[string][]mu
 			continue
 		}
 		c.mu.Lock()
-		same := c.grantWritten[name] == string(body)
+		same := c.grantWritten[name] == string(body) || (len(sts[name]) == 0 && !shown[name])
 		c.mu.Unlock()
 		if same || !c.leading() {
 			continue

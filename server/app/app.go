@@ -338,6 +338,7 @@ func (p *process) newStatus(ctx context.Context) (err error) {
 	}
 	p.status = server.NewKubeStatus(p.kube.Dynamic, p.cfg.Namespace, p.log, cfg)
 	p.registry.OnRevoke(p.status.Forget)
+	p.registry.OnEnded(p.status.Ended)
 	go p.status.Run(ctx)
 	return nil
 }

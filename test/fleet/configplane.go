@@ -1,10 +1,12 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -81,7 +83,17 @@ type ConfigPlaneResult struct {
 	// Removed: deregistration of every cluster → none of their discovered
 	// objects left. Refused agents were told their certificate is refused.
 	Removed time.Duration
-	Refused int
+	// RemovedAfterLast is from the end of the harness's deregistration
+	// (every KubernetesCluster and its tokens deleted, 32 at once) to none
+	// left: the server's own part of Removed.
+	RemovedAfterLast time.Duration
+	Refused          int
+	// ConnectRequests and RemoveRequests are the management API server's
+	// requests (verb and resource) from the agents' start until every
+	// discovered object is there, and from deregistration until none is
+	// left: the server's, and the harness's own polls (LIST) and
+	// deregistration (DELETE).
+	ConnectRequests, RemoveRequests map[string]float64
 	// Logs counts the server's log lines of the whole run; Throttled the
 	// client-side throttling client-go reported in them.
 	Logs      map[string]int
@@ -217,6 +229,10 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 	r := &ConfigPlaneResult{Clusters: cfg.Clusters, Replicas: cfg.Replicas, Leader: servers[0].Name}
 
 	// 1. Clusters connect: their snapshots become discovered objects.
+	apiBefore, err := cfg.Env.Mgmt.APIRequests(ctx)
+	if err != nil {
+		return nil, err
+	}
 	stop := cfg.during(ctx, srv)
 	f.Start(ctx)
 	wctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
@@ -247,6 +263,9 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		return nil, fmt.Errorf("waiting for %d discovered objects: %w", wantObjects, err)
 	}
 	r.MirroredAfterFirst, r.MirroredAfterLast = mirrored.Sub(first), mirrored.Sub(last)
+	if r.ConnectRequests, err = apiSince(ctx, cfg.Env.Mgmt, apiBefore); err != nil {
+		return nil, err
+	}
 	cfg.Logf("config: %d clusters' objects mirrored %s after the first snapshot was accepted (%s after the last)", cfg.Clusters, r.MirroredAfterFirst.Round(time.Millisecond), r.MirroredAfterLast.Round(time.Millisecond))
 
 	// 2. The policy, then edits of its timeout.
@@ -320,6 +339,9 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 	}
 
 	// 3. Deregistration removes every cluster's discovered objects.
+	if apiBefore, err = cfg.Env.Mgmt.APIRequests(ctx); err != nil {
+		return nil, err
+	}
 	stop = cfg.during(ctx, srv)
 	dereg := time.Now()
 	names := make([]string, len(members))
@@ -330,6 +352,7 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		stop()
 		return nil, err
 	}
+	deregistered := time.Now()
 	gone, err := pollUntil(wctx, 100*time.Millisecond, func() (bool, error) {
 		n, err := cfg.Env.Mgmt.DiscoveredObjects(ctx, clusters)
 		return n == 0, err
@@ -338,8 +361,12 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 	if err != nil {
 		return nil, fmt.Errorf("waiting for the discovered objects to go: %w", err)
 	}
-	r.Removed = gone.Sub(dereg)
-	cfg.Logf("config: %d clusters' objects removed %s after deregistration", cfg.Clusters, r.Removed.Round(time.Millisecond))
+	r.Removed, r.RemovedAfterLast = gone.Sub(dereg), max(0, gone.Sub(deregistered))
+	if r.RemoveRequests, err = apiSince(ctx, cfg.Env.Mgmt, apiBefore); err != nil {
+		return nil, err
+	}
+	cfg.Logf("config: %d clusters' objects removed %s after deregistration began (%s after it ended)", cfg.Clusters, r.Removed.Round(time.Millisecond), r.RemovedAfterLast.Round(time.Millisecond))
+	cfg.Logf("config: API requests while connecting: %s; while removing: %s", topRequests(r.ConnectRequests, 8), topRequests(r.RemoveRequests, 8))
 	for _, st := range f.States() {
 		if st.Refused != nil {
 			r.Refused++
@@ -379,6 +406,37 @@ func (cfg *ConfigPlaneConfig) startConfigServers(ctx context.Context) ([]*Replic
 		return []*Replica{{Name: "config-server", Server: srv}}, nil
 	}
 	return cfg.startReplicas(ctx, "config", cfg.Replicas)
+}
+
+// apiSince is the management API server's requests since the reading
+// before.
+func apiSince(ctx context.Context, m *Management, before map[string]float64) (map[string]float64, error) {
+	after, err := m.APIRequests(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return subAPI(after, before), nil
+}
+
+// topRequests prints the n most frequent entries of a request count and
+// the total, "total 5,012: 3,000 POST destinations, …".
+func topRequests(reqs map[string]float64, n int) string {
+	keys := make([]string, 0, len(reqs))
+	total := 0.0
+	for k, v := range reqs {
+		keys = append(keys, k)
+		total += v
+	}
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(cmp.Compare(reqs[b], reqs[a]), strings.Compare(a, b)) })
+	var b strings.Builder
+	fmt.Fprintf(&b, "total %.0f", total)
+	for i, k := range keys {
+		if i == n {
+			break
+		}
+		fmt.Fprintf(&b, "; %.0f %s", reqs[k], k)
+	}
+	return b.String()
 }
 
 // pollUntil calls cond every interval until it holds (returning when) or
