@@ -152,7 +152,7 @@ func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View,
 		expected: map[string]expectation{},
 		pending:  map[string]bool{}, collected: map[string]time.Time{}, collectNow: make(chan struct{}, 1),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "relaymesh_mirror_writes_total",
-			Help: "Writes of discovered objects to the management cluster, by operation (apply, delete) and result (ok, error)."}, []string{"operation", "result"}),
+			Help: "Writes of discovered objects to the management cluster, by operation (apply, delete, delete-collection) and result (ok, error)."}, []string{"operation", "result"}),
 	}
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(m.writes)
@@ -236,6 +236,7 @@ func (m *Mirror) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			m.pruneCollected()
 			for _, c := range m.clustersWithObjects() {
 				m.queue.Add(c)
 			}
@@ -582,6 +583,19 @@ func (m *Mirror) requeue(clusters []string, limited bool) {
 			m.queue.AddRateLimited(c)
 		} else {
 			m.queue.Add(c)
+		}
+	}
+}
+
+// pruneCollected forgets collections sent longer than expectationTTL ago:
+// a cluster whose objects are still there is then collected again at its
+// next sync (the resync queues every cluster with objects).
+func (m *Mirror) pruneCollected() {
+	m.colMu.Lock()
+	defer m.colMu.Unlock()
+	for c, at := range m.collected {
+		if time.Since(at) >= expectationTTL {
+			delete(m.collected, c)
 		}
 	}
 }

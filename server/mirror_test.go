@@ -147,6 +147,15 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	time.Sleep(time.Second)
 	assert.EqualValues(t, 2, applies.Load()-before, "a Workload and a Destination written, nothing else")
 
+	// Back to one Service: the second Service's Workload and Destination
+	// go, each by a DeleteCollection narrowed to its name and cluster.
+	beforeDeletes := deletes.Load()
+	view.Accept(name(42), snap(42, 1), time.Now())
+	waitFor("c042's second Service is deleted", func() bool { return len(objectsOf(name(42))) == 3 })
+	time.Sleep(time.Second)
+	assert.EqualValues(t, 2, deletes.Load()-beforeDeletes, "two objects deleted, nothing else")
+	assert.Len(t, objectsOf(""), 3*clusters-1, "no other cluster's objects touched")
+
 	// A changed Service: its Destination is updated in place; a label
 	// someone else added stays.
 	var dest *unstructured.Unstructured
@@ -186,7 +195,7 @@ func TestMirrorAtFleetRate(t *testing.T) {
 	// Every cluster leaves: everything of theirs is deleted; the hand-made
 	// object stays.
 	start = time.Now()
-	beforeDeletes := deletes.Load()
+	beforeDeletes = deletes.Load()
 	for i := range clusters {
 		view.Remove(name(i))
 	}

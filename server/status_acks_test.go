@@ -22,12 +22,13 @@ import (
 	"k8s.io/client-go/dynamic"
 )
 
-func registerCluster(t *testing.T, client dynamic.Interface, name string) {
+func registerCluster(t *testing.T, client dynamic.Interface, name string) server.Registration {
 	t.Helper()
-	_, err := client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Create(context.Background(), &unstructured.Unstructured{Object: map[string]any{
+	o, err := client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Create(context.Background(), &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": multiclusterv1alpha1.GroupVersion.String(), "kind": "KubernetesCluster",
 		"metadata": map[string]any{"name": name}, "spec": map[string]any{"mode": "relay"}}}, metav1.CreateOptions{})
 	require.NoError(t, err)
+	return server.Registration{Name: name, UID: string(o.GetUID())}
 }
 
 func clusterStatus(t *testing.T, client dynamic.Interface, name string) (multiclusterv1alpha1.KubernetesClusterStatus, string) {

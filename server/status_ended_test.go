@@ -30,14 +30,7 @@ func TestEndedRegistrationIsNotWritten(t *testing.T) {
 	const ns = "relaymesh"
 	mgmt, _, admin := localcluster.Management(t, ns)
 	kcs := admin.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(ns)
-	register := func(name string) server.Registration {
-		o, err := kcs.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": multiclusterv1alpha1.GroupVersion.String(), "kind": "KubernetesCluster",
-			"metadata": map[string]any{"name": name}, "spec": map[string]any{"mode": "relay"}}}, metav1.CreateOptions{})
-		require.NoError(t, err)
-		return server.Registration{Name: name, UID: string(o.GetUID())}
-	}
-	gone, back := register("gone"), register("back")
+	gone, back := registerCluster(t, admin, "gone"), registerCluster(t, admin, "back")
 
 	cfg := mgmt.RESTConfig()
 	var mu sync.Mutex
@@ -94,7 +87,7 @@ func TestEndedRegistrationIsNotWritten(t *testing.T) {
 	status.Ended(back)
 	status.Forget("back")
 	status.SessionChanged("back", false)
-	again := register("back")
+	again := registerCluster(t, admin, "back")
 	require.NotEqual(t, back.UID, again.UID)
 	status.SessionChanged("back", true)
 	waitFor(t, 10*time.Second, "the new registration's session is written", connected("back"))

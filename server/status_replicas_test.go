@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
@@ -33,10 +32,7 @@ func TestClusterStatusAcrossReplicas(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, _, client := localcluster.Management(t, "relaymesh")
-	_, err := client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": multiclusterv1alpha1.GroupVersion.String(), "kind": "KubernetesCluster",
-		"metadata": map[string]any{"name": "c1"}, "spec": map[string]any{"mode": "relay"}}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	registerCluster(t, client, "c1")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	a := server.NewKubeStatus(client, "relaymesh", log, server.StatusConfig{Replica: "a", Coalesce: 10 * time.Millisecond})
 	b := server.NewKubeStatus(client, "relaymesh", log, server.StatusConfig{Replica: "b", Coalesce: 10 * time.Millisecond})

@@ -22,7 +22,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 )
@@ -37,10 +36,7 @@ func TestClusterStatusIsNeverLost(t *testing.T) {
 	mgmt, _, admin := localcluster.Management(t, "relaymesh")
 	const clusters = 300
 	for i := range clusters {
-		_, err := admin.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": multiclusterv1alpha1.GroupVersion.String(), "kind": "KubernetesCluster",
-			"metadata": map[string]any{"name": fmt.Sprintf("c%d", i)}, "spec": map[string]any{"mode": "relay"}}}, metav1.CreateOptions{})
-		require.NoError(t, err)
+		registerCluster(t, admin, fmt.Sprintf("c%d", i))
 	}
 	// The server's client, counting its status writes.
 	cfg := mgmt.RESTConfig()
