@@ -58,6 +58,7 @@ func Evaluate(o *Observations, now time.Time) []Result {
 	rs = append(rs, evalVirtualMeshes(o, now)...)
 	rs = append(rs, evalTrustDomains(o)...)
 	rs = append(rs, evalFederation(o, now)...)
+	rs = append(rs, evalMulticluster(o)...)
 	rs = append(rs, evalIstiod(o)...)
 	rs = append(rs, evalWebhook(o)...)
 	rs = append(rs, evalDashboard(o)...)

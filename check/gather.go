@@ -36,6 +36,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/metadata"
 	"sigs.k8s.io/yaml"
 )
 
@@ -384,7 +385,36 @@ func gatherWorkload(ctx context.Context, cfg Config, src WorkloadSource) Workloa
 			}
 		}
 	}
+	w.RemoteSecrets, w.RemoteSecretsErr = gatherRemoteSecrets(ctx, k)
 	return w
+}
+
+// Istio's names for a remote secret (pkg/kube/multicluster and istioctl
+// create-remote-secret): the label istiod selects them by in its system
+// namespace, and the annotation naming the cluster the kubeconfig is for.
+const (
+	labelRemoteSecret       = "istio/multiCluster"
+	annotationRemoteCluster = "networking.istio.io/cluster"
+)
+
+// gatherRemoteSecrets lists the cluster's Istio remote secrets in every
+// namespace, as metadata only: the check never fetches another cluster's
+// credentials to say they are there.
+func gatherRemoteSecrets(ctx context.Context, k *kubeclient.Clients) ([]RemoteSecret, error) {
+	client, err := metadata.NewForConfig(k.Config)
+	if err != nil {
+		return nil, err
+	}
+	list, err := client.Resource(corev1.SchemeGroupVersion.WithResource("secrets")).Namespace("").
+		List(ctx, metav1.ListOptions{LabelSelector: labelRemoteSecret + "=true"})
+	if err != nil {
+		return nil, fmt.Errorf("list Secrets labelled %s=true: %w", labelRemoteSecret, err)
+	}
+	out := make([]RemoteSecret, 0, len(list.Items))
+	for _, s := range list.Items {
+		out = append(out, RemoteSecret{Namespace: s.Namespace, Name: s.Name, Cluster: s.Annotations[annotationRemoteCluster]})
+	}
+	return out, nil
 }
 
 // Names the ambient check reads: Istio's labels and annotations, as

@@ -157,6 +157,12 @@ type Workload struct {
 	// Ambient is what the ambient pitfalls are judged from; nil when the
 	// cluster could not be reached.
 	Ambient *Ambient
+	// RemoteSecrets are the cluster's Istio remote secrets (Secrets
+	// labelled istio/multiCluster=true), read as metadata only: their
+	// kubeconfigs are never fetched. RemoteSecretsErr when they could not
+	// be listed (nil RemoteSecrets then means unknown, not none).
+	RemoteSecrets    []RemoteSecret
+	RemoteSecretsErr error
 	// Err is set when the cluster could not be reached at all.
 	Err error
 }
@@ -230,6 +236,17 @@ type Pod struct {
 	// Redirected: istio-cni says it captured the pod
 	// (ambient.istio.io/redirection: enabled).
 	Redirected bool
+}
+
+// RemoteSecret is an Istio remote secret as its metadata says: istiod in
+// the secret's namespace (its system namespace) reads the kubeconfig it
+// holds and watches that cluster's API server with it.
+type RemoteSecret struct {
+	Namespace, Name string
+	// Cluster is the cluster the kubeconfig is for
+	// (networking.istio.io/cluster, as istioctl create-remote-secret
+	// writes it); empty when the secret does not say.
+	Cluster string
 }
 
 // Service is what the ambient check needs of a Service.

@@ -56,6 +56,13 @@ AuthorizationPolicy whose target is a Service no waypoint serves (only a
 waypoint enforces it: it is enforced nowhere). Each names whose objects
 they are: Relaymesh's (label relaymesh.io/owner) or the user's. A
 Gateway API kind the cluster does not serve is nothing to check.
+Across the clusters of each VirtualMesh: an Istio remote secret (a Secret
+labelled istio/multiCluster=true, listed as metadata only) in a member
+cluster is an error (its istiod holds another cluster's credentials,
+which Relaymesh's federation does without); a Service held by several
+member clusters and served by different waypoints there (bound in one
+and not another, differently named, absent, or serving other traffic) is
+a warning (Istio's ambient multicluster requires identical waypoints).
 
 The workload clusters are the --remote-context list, or by default every
 context named after a registered cluster. The relay address is
@@ -81,7 +88,7 @@ func newCheckCommand(d deps, g *globals) *cobra.Command {
 	var f checkFlags
 	c := &cobra.Command{
 		Use:   "check",
-		Short: "Check the installation: CRDs, server and its replicas, CA expiry, agents, clocks, VirtualMeshes, federation, istiod, webhook, ambient pitfalls",
+		Short: "Check the installation: CRDs, server and its replicas, CA expiry, agents, clocks, VirtualMeshes, federation, remote secrets, istiod, webhook, ambient pitfalls and waypoints",
 		Long:  checkSynopsis,
 		Example: `  # Everything, from one merged kubeconfig with a context per cluster
   KUBECONFIG=mgmt.yaml:cluster-1.yaml:cluster-2.yaml relaymesh check --context mgmt
