@@ -27,6 +27,8 @@ const (
 	valueNone           = "none"
 	valueRedirected     = "enabled"
 	waypointClass       = "istio-waypoint"
+	eastWestClass       = "istio-east-west"
+	protocolHBONE       = "HBONE"
 	waypointForService  = "service"
 	waypointForWorkload = "workload"
 	waypointForAll      = "all"
@@ -38,6 +40,8 @@ var (
 	labelUseWaypointNamespace = label.IoIstioUseWaypointNamespace.Name
 	labelWaypointFor          = label.IoIstioWaypointFor.Name
 	labelGatewayName          = label.IoK8sNetworkingGatewayGatewayName.Name
+	labelNetwork              = label.TopologyNetwork.Name
+	annotationGatewaySA       = annotation.GatewayServiceAccount.Name
 	annotationRedirection     = annotation.AmbientRedirection.Name
 	annotationSidecarStatus   = annotation.SidecarStatus.Name
 	containerSidecar          = "istio-proxy"
@@ -121,6 +125,86 @@ func (b *builder) waypoints(gateways []*unstructured.Unstructured, deployments [
 			Ready:          len(addrs) > 0,
 		})
 	}
+}
+
+// eastWestGateways sets each ambient mesh's network (the
+// topology.istio.io/network label of its namespace, as ambient istiod
+// reads it) and attaches the Gateways of class istio-east-west of its
+// revision that carry a network label and an HBONE listener: where other
+// networks reach the mesh's global services over double HBONE. A Gateway
+// without either is not one istiod uses, and is left out.
+func (b *builder) eastWestGateways(gateways []*unstructured.Unstructured) {
+	for _, m := range b.meshList {
+		if m.Ambient {
+			m.Network = validLabelValue(b.nsLabels[m.Namespace][labelNetwork])
+		}
+	}
+	for _, gw := range gateways {
+		class, _, _ := unstructured.NestedString(gw.Object, "spec", "gatewayClassName")
+		network := validLabelValue(gw.GetLabels()[labelNetwork])
+		if class != eastWestClass || network == "" {
+			continue
+		}
+		m := b.meshByRev[normalizeRevision(gw.GetLabels()[labelRevision])]
+		if m == nil || !m.Ambient {
+			continue
+		}
+		port := hbonePort(gw)
+		if port == 0 {
+			continue
+		}
+		g := &relaypb.EastWestGateway{
+			Name:           valid(gw.GetName()),
+			Namespace:      valid(gw.GetNamespace()),
+			Network:        network,
+			HbonePort:      port,
+			ServiceAccount: valid(cmp.Or(gw.GetAnnotations()[annotationGatewaySA], gw.GetName())),
+		}
+		addrs, _, _ := unstructured.NestedSlice(gw.Object, "status", "addresses")
+		for _, a := range addrs {
+			am, _ := a.(map[string]any)
+			value, _ := am["value"].(string)
+			if t, _ := am["type"].(string); (t == "" || t == "IPAddress" || t == "Hostname") && value != "" && len(g.Addresses) < maxGatewayAddresses {
+				g.Addresses = append(g.Addresses, valid(value))
+			}
+		}
+		m.EastWestGateways = append(m.EastWestGateways, g)
+	}
+}
+
+// maxGatewayAddresses is how many status addresses of an east-west
+// gateway are reported.
+const maxGatewayAddresses = 16
+
+// hbonePort is the port of a Gateway's first HBONE listener, 0 without
+// one (or with a port out of range).
+func hbonePort(gw *unstructured.Unstructured) int32 {
+	listeners, _, _ := unstructured.NestedSlice(gw.Object, "spec", "listeners")
+	for _, l := range listeners {
+		lm, _ := l.(map[string]any)
+		if p, _ := lm["protocol"].(string); p != protocolHBONE {
+			continue
+		}
+		switch port := lm["port"].(type) {
+		case int64:
+			if port >= 1 && port <= 65535 {
+				return int32(port)
+			}
+		case float64:
+			if port >= 1 && port <= 65535 && port == float64(int32(port)) {
+				return int32(port)
+			}
+		}
+	}
+	return 0
+}
+
+// validLabelValue is s when it is a valid label value, else "".
+func validLabelValue(s string) string {
+	if len(validation.IsValidLabelValue(s)) > 0 {
+		return ""
+	}
+	return s
 }
 
 // ambientEnrolled reports whether pods of tmpl in a namespace with nsLabels

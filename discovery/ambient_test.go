@@ -302,3 +302,61 @@ func FuzzBuildAmbientLabels(f *testing.F) {
 		require.NoError(t, relay.ValidateSnapshot(cluster, s, relay.SnapshotLimits{}))
 	})
 }
+
+// eastWestGateway is an ambient east-west Gateway on network, listening
+// for HBONE on port (no listener when 0), with status addresses.
+func eastWestGateway(ns, name, network string, port int64, annotations map[string]string, addresses ...string) *unstructured.Unstructured {
+	u := waypointGateway(ns, name, "istio-east-west", nil)
+	if network != "" {
+		u.SetLabels(l("topology.istio.io/network", network))
+	}
+	u.SetAnnotations(annotations)
+	listeners := []any{map[string]any{"name": "tls", "port": int64(15443), "protocol": "TLS"}}
+	if port != 0 {
+		listeners = append(listeners, map[string]any{"name": "mesh", "port": port, "protocol": "HBONE", "tls": map[string]any{"mode": "Terminate"}})
+	}
+	u.Object["spec"].(map[string]any)["listeners"] = listeners
+	var as []any
+	for _, a := range addresses {
+		as = append(as, map[string]any{"type": "IPAddress", "value": a})
+	}
+	as = append(as, map[string]any{"type": "NamedAddress", "value": "not-an-address"})
+	u.Object["status"] = map[string]any{"addresses": as}
+	return u
+}
+
+// TestBuildAmbientEastWestGateways: an ambient mesh's network is its
+// namespace's topology.istio.io/network label, and its east-west gateways
+// are the istio-east-west Gateways with a network and an HBONE listener
+// (the port of that listener; the service account the annotation's, else
+// the Gateway's name; IP and hostname addresses only). A Gateway of
+// another class, or without a network or an HBONE listener, is not one;
+// a sidecar mesh has neither.
+func TestBuildAmbientEastWestGateways(t *testing.T) {
+	in := ambientShop()
+	in.Namespaces[0] = namespace("istio-system", l("topology.istio.io/network", "net-1"))
+	in.Gateways = append(in.Gateways,
+		eastWestGateway("istio-system", "istio-eastwest", "net-1", 15008, nil, "192.0.2.10", "192.0.2.11"),
+		eastWestGateway("istio-system", "custom-sa", "net-1", 16008, l("gateway.istio.io/service-account", "ew-pods")),
+		eastWestGateway("istio-system", "no-network", "", 15008, nil, "192.0.2.12"),
+		eastWestGateway("istio-system", "no-hbone", "net-1", 0, nil, "192.0.2.13"),
+		eastWestGateway("istio-system", "bad-network", "not a label value!", 15008, nil, "192.0.2.14"),
+		waypointGateway("istio-system", "remote", "istio-remote", l("topology.istio.io/network", "net-2"), "192.0.2.15"),
+	)
+	s := discovery.Build(cluster, in)
+	require.Len(t, s.Meshes, 1)
+	m := s.Meshes[0]
+	assert.Equal(t, "net-1", m.Network)
+	assertProtos(t, []*relaypb.EastWestGateway{
+		{Name: "custom-sa", Namespace: "istio-system", Network: "net-1", HbonePort: 16008, ServiceAccount: "ew-pods"},
+		{Name: "istio-eastwest", Namespace: "istio-system", Network: "net-1", HbonePort: 15008, ServiceAccount: "istio-eastwest", Addresses: []string{"192.0.2.10", "192.0.2.11"}},
+	}, m.EastWestGateways)
+	require.NoError(t, relay.ValidateSnapshot(cluster, s, relay.SnapshotLimits{}), "what discovery reports passes the server's checks")
+
+	// The same objects beside a sidecar istiod: no network, no gateway.
+	in.Deployments[0] = istiod("istio-system", "istiod", nil)
+	s = discovery.Build(cluster, in)
+	require.Len(t, s.Meshes, 1)
+	assert.Empty(t, s.Meshes[0].Network)
+	assert.Empty(t, s.Meshes[0].EastWestGateways)
+}

@@ -89,6 +89,7 @@ func Build(cluster string, in Inputs) *relaypb.Snapshot {
 	b.gateways(services)
 	b.ztunnels(daemonSets)
 	b.waypoints(sortedObjects(in.Gateways), deployments)
+	b.eastWestGateways(sortedObjects(in.Gateways))
 	s.Workloads = b.workloads(deployments, sortedObjects(in.StatefulSets), daemonSets)
 	b.sortWaypoints()
 	s.Destinations = b.destinations(services, sortedObjects(in.Pods))

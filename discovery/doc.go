@@ -100,6 +100,16 @@
 //     name) in the Gateway's namespace whose pod template has
 //     gateway.networking.k8s.io/gateway-name=<gateway>, else empty. Ready
 //     when status.addresses is not empty.
+//   - Network and east-west gateways (ambient meshes only): Network is the
+//     topology.istio.io/network label of istiod's namespace (what ambient
+//     istiod reads), empty when absent or not a label value.
+//     EastWestGateways are the Gateways of class istio-east-west of the
+//     mesh's revision with a topology.istio.io/network label and an HBONE
+//     listener (HbonePort: the first such listener's port); Addresses are
+//     their status.addresses of type IPAddress or Hostname (at most 16);
+//     ServiceAccount is the gateway.istio.io/service-account annotation,
+//     else the Gateway's name. A Gateway without a network or an HBONE
+//     listener is not one istiod uses and is not reported.
 //   - Enrolment, after istio-cni's default selectors: a workload that is
 //     not injected is ambient when its pod template has
 //     istio.io/dataplane-mode=ambient, or its namespace has it and the pod

@@ -347,6 +347,53 @@ func (v *snapshotValidator) waypoints(path string, m *relaypb.Mesh) {
 	if m.GetZtunnel() && !m.GetAmbient() {
 		v.fail(path+".ztunnel", "a mesh without ambient has no ztunnel")
 	}
+	v.eastWestGateways(path, m)
+}
+
+// Bounds of a mesh's ambient east-west gateways (the Mesh CRD's).
+const (
+	maxEastWestGateways         = 64
+	maxEastWestGatewayAddresses = 16
+)
+
+// eastWestGateways checks the mesh's network and its ambient east-west
+// gateways: label-valued networks, each gateway once, an HBONE port, at
+// most 16 addresses, each an IP or a DNS name.
+func (v *snapshotValidator) eastWestGateways(path string, m *relaypb.Mesh) {
+	if errs := validation.IsValidLabelValue(m.GetNetwork()); len(errs) > 0 {
+		v.fail(path+".network", "%q: %s", text.Truncate(m.GetNetwork(), 80), errs[0])
+	}
+	gws := m.GetEastWestGateways()
+	if len(gws) > 0 && !m.GetAmbient() {
+		v.fail(path+".eastWestGateways", "a mesh without ambient has no ambient east-west gateways")
+	}
+	if len(gws) > maxEastWestGateways {
+		v.fail(path+".eastWestGateways", "%d east-west gateways, at most %d", len(gws), maxEastWestGateways)
+		return
+	}
+	seen := map[string]bool{}
+	for j, g := range gws {
+		gp := fmt.Sprintf("%s.eastWestGateways[%d]", path, j)
+		v.subdomain(gp+".name", g.GetName())
+		v.label(gp+".namespace", g.GetNamespace())
+		if key := g.GetNamespace() + "/" + g.GetName(); seen[key] {
+			v.fail(gp, "%s appears twice", text.Truncate(key, 160))
+		} else {
+			seen[key] = true
+		}
+		if errs := validation.IsValidLabelValue(g.GetNetwork()); g.GetNetwork() == "" || len(errs) > 0 {
+			v.fail(gp+".network", "%q is not a network name (a label value, not empty)", text.Truncate(g.GetNetwork(), 80))
+		}
+		if len(g.GetAddresses()) > maxEastWestGatewayAddresses {
+			v.fail(gp+".addresses", "%d addresses, at most %d", len(g.GetAddresses()), maxEastWestGatewayAddresses)
+		} else {
+			for k, a := range g.GetAddresses() {
+				v.address(fmt.Sprintf("%s.addresses[%d]", gp, k), a)
+			}
+		}
+		v.port(gp+".hbonePort", g.GetHbonePort(), false)
+		v.optional(gp+".serviceAccount", g.GetServiceAccount(), v.subdomain)
+	}
 }
 
 // waypointRef checks a binding to a waypoint: nil, or a name and namespace.

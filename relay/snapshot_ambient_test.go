@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -44,6 +45,35 @@ func TestHostileAmbientSnapshotsAreRefused(t *testing.T) {
 				s.Meshes[0].Waypoints = append(s.Meshes[0].Waypoints, &relaypb.Waypoint{Name: "w" + strings.Repeat("x", i%7) + string(rune('a'+i%26)), Namespace: "n", TrafficType: "all"})
 			}
 		}},
+		{"network not a label value", "meshes[0].network", func(s *relaypb.Snapshot) { s.Meshes[0].Network = "net 1" }},
+		{"east-west gateway without network", "meshes[0].eastWestGateways[0].network", func(s *relaypb.Snapshot) { withEastWest(s).Network = "" }},
+		{"east-west gateway hostile network", "meshes[0].eastWestGateways[0].network", func(s *relaypb.Snapshot) { withEastWest(s).Network = "net\x00" + strings.Repeat("n", 100) }},
+		{"east-west gateway without HBONE port", "meshes[0].eastWestGateways[0].hbonePort", func(s *relaypb.Snapshot) { withEastWest(s).HbonePort = 0 }},
+		{"east-west gateway port out of range", "meshes[0].eastWestGateways[0].hbonePort", func(s *relaypb.Snapshot) { withEastWest(s).HbonePort = 70000 }},
+		{"east-west gateway bad address", "meshes[0].eastWestGateways[0].addresses[1]", func(s *relaypb.Snapshot) {
+			g := withEastWest(s)
+			g.Addresses = append(g.Addresses, "not an address")
+		}},
+		{"east-west gateway too many addresses", "addresses, at most 16", func(s *relaypb.Snapshot) {
+			g := withEastWest(s)
+			for range 16 {
+				g.Addresses = append(g.Addresses, "192.0.2.1")
+			}
+		}},
+		{"east-west gateway bad service account", "meshes[0].eastWestGateways[0].serviceAccount", func(s *relaypb.Snapshot) { withEastWest(s).ServiceAccount = "../x" }},
+		{"east-west gateway bad namespace", "meshes[0].eastWestGateways[0].namespace", func(s *relaypb.Snapshot) { withEastWest(s).Namespace = "Istio System" }},
+		{"east-west gateway twice", "appears twice", func(s *relaypb.Snapshot) {
+			s.Meshes[0].EastWestGateways = append(s.Meshes[0].EastWestGateways, withEastWest(s))
+		}},
+		{"east-west gateways of a sidecar mesh", "meshes[0].eastWestGateways", func(s *relaypb.Snapshot) {
+			withEastWest(s)
+			s.Meshes[0].Ambient, s.Meshes[0].Ztunnel, s.Meshes[0].Waypoints = false, false, nil
+		}},
+		{"too many east-west gateways", "east-west gateways, at most 64", func(s *relaypb.Snapshot) {
+			for i := range 65 {
+				s.Meshes[0].EastWestGateways = append(s.Meshes[0].EastWestGateways, &relaypb.EastWestGateway{Name: fmt.Sprintf("ew-%d", i), Namespace: "istio-system", Network: "net-1", HbonePort: 15008})
+			}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -54,4 +84,19 @@ func TestHostileAmbientSnapshotsAreRefused(t *testing.T) {
 			assert.Contains(t, err.Error(), tt.want)
 		})
 	}
+}
+
+// withEastWest gives the ambient snapshot's mesh a network and one valid
+// east-west gateway, and returns the gateway.
+func withEastWest(s *relaypb.Snapshot) *relaypb.EastWestGateway {
+	g := &relaypb.EastWestGateway{Name: "istio-eastwest", Namespace: "istio-system", Network: "net-1", HbonePort: 15008, ServiceAccount: "istio-eastwest", Addresses: []string{"192.0.2.10"}}
+	s.Meshes[0].Network = "net-1"
+	s.Meshes[0].EastWestGateways = []*relaypb.EastWestGateway{g}
+	return g
+}
+
+func TestAmbientSnapshotWithEastWestGatewayIsValid(t *testing.T) {
+	s := relaytest.Ambient()
+	withEastWest(s)
+	require.NoError(t, relay.ValidateSnapshot("cluster-1", relaytest.Rehash(s), relay.SnapshotLimits{}))
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/stretchr/testify/assert"
@@ -62,6 +63,20 @@ func TestAmbientSnapshotBecomesTheAPIView(t *testing.T) {
 		}
 	}
 	assert.True(t, dest.Spec.KubeService.Headless)
+
+	// The mesh's network and east-west gateways reach its Mesh, within
+	// the schema.
+	ew := relaytest.Ambient()
+	ew.Meshes[0].Network = "net-1"
+	ew.Meshes[0].EastWestGateways = []*relaypb.EastWestGateway{{Name: "istio-eastwest", Namespace: "istio-system", Network: "net-1",
+		Addresses: []string{"192.0.2.10", "ew.example.com"}, HbonePort: 15008, ServiceAccount: "istio-eastwest"}}
+	objs, err = server.DiscoveredObjects(relaytest.Rehash(ew), "relaymesh")
+	require.NoError(t, err)
+	require.Empty(t, schemaErrors(t, objs[0].Object))
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(objs[0].Object.Object, &mesh))
+	assert.Equal(t, "net-1", mesh.Spec.Istio.Ambient.Network)
+	assert.Equal(t, []discoveryv1alpha1.EastWestGatewayInfo{{Name: "istio-eastwest", Namespace: "istio-system", Network: "net-1",
+		Addresses: []string{"192.0.2.10", "ew.example.com"}, HBONEPort: 15008, ServiceAccount: "istio-eastwest"}}, mesh.Spec.Istio.Ambient.EastWestGateways)
 
 	// A sidecar-only mesh has no ambient block, and its one mode.
 	objs, err = server.DiscoveredObjects(relaytest.Spec{Workloads: 1}.Snapshot(), "relaymesh")

@@ -879,9 +879,15 @@ type Mesh struct {
 	// A ztunnel DaemonSet (app=ztunnel) runs in the istiod's namespace.
 	Ztunnel bool `protobuf:"varint,12,opt,name=ztunnel,proto3" json:"ztunnel,omitempty"`
 	// Waypoints: Gateways of class istio-waypoint in the cluster.
-	Waypoints     []*Waypoint `protobuf:"bytes,13,rep,name=waypoints,proto3" json:"waypoints,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Waypoints []*Waypoint `protobuf:"bytes,13,rep,name=waypoints,proto3" json:"waypoints,omitempty"`
+	// The mesh's network: the topology.istio.io/network label of istiod's
+	// namespace (what ambient istiod reads); empty when unlabelled.
+	Network string `protobuf:"bytes,14,opt,name=network,proto3" json:"network,omitempty"`
+	// Ambient east-west gateways: Gateways of class istio-east-west of the
+	// mesh's revision, labelled with a network, with an HBONE listener.
+	EastWestGateways []*EastWestGateway `protobuf:"bytes,15,rep,name=east_west_gateways,json=eastWestGateways,proto3" json:"east_west_gateways,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Mesh) Reset() {
@@ -1005,6 +1011,111 @@ func (x *Mesh) GetWaypoints() []*Waypoint {
 	return nil
 }
 
+func (x *Mesh) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
+func (x *Mesh) GetEastWestGateways() []*EastWestGateway {
+	if x != nil {
+		return x.EastWestGateways
+	}
+	return nil
+}
+
+// EastWestGateway is an ambient mesh's east-west gateway: where other
+// networks reach the mesh's global services over double HBONE.
+type EastWestGateway struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Its network (topology.istio.io/network).
+	Network string `protobuf:"bytes,3,opt,name=network,proto3" json:"network,omitempty"`
+	// Its status.addresses (IPs or hostnames); empty until it has one.
+	Addresses []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	// The port of its HBONE listener (15008 by default).
+	HbonePort int32 `protobuf:"varint,5,opt,name=hbone_port,json=hbonePort,proto3" json:"hbone_port,omitempty"`
+	// The service account its pods run as: the gateway.istio.io/service-account
+	// annotation, else the Gateway's name (istio-east-west has no suffix).
+	ServiceAccount string `protobuf:"bytes,6,opt,name=service_account,json=serviceAccount,proto3" json:"service_account,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *EastWestGateway) Reset() {
+	*x = EastWestGateway{}
+	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EastWestGateway) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EastWestGateway) ProtoMessage() {}
+
+func (x *EastWestGateway) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EastWestGateway.ProtoReflect.Descriptor instead.
+func (*EastWestGateway) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *EastWestGateway) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EastWestGateway) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *EastWestGateway) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
+func (x *EastWestGateway) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+func (x *EastWestGateway) GetHbonePort() int32 {
+	if x != nil {
+		return x.HbonePort
+	}
+	return 0
+}
+
+func (x *EastWestGateway) GetServiceAccount() string {
+	if x != nil {
+		return x.ServiceAccount
+	}
+	return ""
+}
+
 // Waypoint is an ambient L7 proxy: a Gateway of class istio-waypoint.
 type Waypoint struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1023,7 +1134,7 @@ type Waypoint struct {
 
 func (x *Waypoint) Reset() {
 	*x = Waypoint{}
-	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	mi := &file_relay_proto_relay_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1035,7 +1146,7 @@ func (x *Waypoint) String() string {
 func (*Waypoint) ProtoMessage() {}
 
 func (x *Waypoint) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	mi := &file_relay_proto_relay_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1048,7 +1159,7 @@ func (x *Waypoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waypoint.ProtoReflect.Descriptor instead.
 func (*Waypoint) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{13}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Waypoint) GetName() string {
@@ -1098,7 +1209,7 @@ type WaypointRef struct {
 
 func (x *WaypointRef) Reset() {
 	*x = WaypointRef{}
-	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	mi := &file_relay_proto_relay_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1110,7 +1221,7 @@ func (x *WaypointRef) String() string {
 func (*WaypointRef) ProtoMessage() {}
 
 func (x *WaypointRef) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	mi := &file_relay_proto_relay_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1123,7 +1234,7 @@ func (x *WaypointRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaypointRef.ProtoReflect.Descriptor instead.
 func (*WaypointRef) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{14}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WaypointRef) GetName() string {
@@ -1156,7 +1267,7 @@ type Gateway struct {
 
 func (x *Gateway) Reset() {
 	*x = Gateway{}
-	mi := &file_relay_proto_relay_proto_msgTypes[15]
+	mi := &file_relay_proto_relay_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1168,7 +1279,7 @@ func (x *Gateway) String() string {
 func (*Gateway) ProtoMessage() {}
 
 func (x *Gateway) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[15]
+	mi := &file_relay_proto_relay_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1181,7 +1292,7 @@ func (x *Gateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gateway.ProtoReflect.Descriptor instead.
 func (*Gateway) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{15}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Gateway) GetName() string {
@@ -1251,7 +1362,7 @@ type Workload struct {
 
 func (x *Workload) Reset() {
 	*x = Workload{}
-	mi := &file_relay_proto_relay_proto_msgTypes[16]
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1374,7 @@ func (x *Workload) String() string {
 func (*Workload) ProtoMessage() {}
 
 func (x *Workload) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[16]
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1387,7 @@ func (x *Workload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workload.ProtoReflect.Descriptor instead.
 func (*Workload) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{16}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Workload) GetName() string {
@@ -1380,7 +1491,7 @@ type Destination struct {
 
 func (x *Destination) Reset() {
 	*x = Destination{}
-	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1392,7 +1503,7 @@ func (x *Destination) String() string {
 func (*Destination) ProtoMessage() {}
 
 func (x *Destination) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1405,7 +1516,7 @@ func (x *Destination) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Destination.ProtoReflect.Descriptor instead.
 func (*Destination) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{17}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Destination) GetName() string {
@@ -1525,7 +1636,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1648,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1661,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{18}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Endpoint) GetIp() string {
@@ -1587,7 +1698,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1710,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1723,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ServicePort) GetPort() int32 {
@@ -1659,7 +1770,7 @@ type LabelValues struct {
 
 func (x *LabelValues) Reset() {
 	*x = LabelValues{}
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1671,7 +1782,7 @@ func (x *LabelValues) String() string {
 func (*LabelValues) ProtoMessage() {}
 
 func (x *LabelValues) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1684,7 +1795,7 @@ func (x *LabelValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LabelValues.ProtoReflect.Descriptor instead.
 func (*LabelValues) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LabelValues) GetValues() []string {
@@ -1709,7 +1820,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1721,7 +1832,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1734,7 +1845,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotChunk) GetChunk() isSnapshotChunk_Chunk {
@@ -1814,7 +1925,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_relay_proto_relay_proto_msgTypes[22]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1826,7 +1937,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[22]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1839,7 +1950,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{22}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotHeader) GetCluster() string {
@@ -1882,7 +1993,7 @@ type SnapshotPart struct {
 
 func (x *SnapshotPart) Reset() {
 	*x = SnapshotPart{}
-	mi := &file_relay_proto_relay_proto_msgTypes[23]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +2005,7 @@ func (x *SnapshotPart) String() string {
 func (*SnapshotPart) ProtoMessage() {}
 
 func (x *SnapshotPart) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[23]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +2018,7 @@ func (x *SnapshotPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotPart.ProtoReflect.Descriptor instead.
 func (*SnapshotPart) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{23}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotPart) GetIndex() uint32 {
@@ -1935,7 +2046,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_relay_proto_relay_proto_msgTypes[24]
+	mi := &file_relay_proto_relay_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2058,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[24]
+	mi := &file_relay_proto_relay_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2071,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{24}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SnapshotEnd) GetHash() string {
@@ -1983,7 +2094,7 @@ type PushAck struct {
 
 func (x *PushAck) Reset() {
 	*x = PushAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[25]
+	mi := &file_relay_proto_relay_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1995,7 +2106,7 @@ func (x *PushAck) String() string {
 func (*PushAck) ProtoMessage() {}
 
 func (x *PushAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[25]
+	mi := &file_relay_proto_relay_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2008,7 +2119,7 @@ func (x *PushAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushAck.ProtoReflect.Descriptor instead.
 func (*PushAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{25}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PushAck) GetHash() string {
@@ -2048,7 +2159,7 @@ type OutputSet struct {
 
 func (x *OutputSet) Reset() {
 	*x = OutputSet{}
-	mi := &file_relay_proto_relay_proto_msgTypes[26]
+	mi := &file_relay_proto_relay_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2171,7 @@ func (x *OutputSet) String() string {
 func (*OutputSet) ProtoMessage() {}
 
 func (x *OutputSet) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[26]
+	mi := &file_relay_proto_relay_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2184,7 @@ func (x *OutputSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputSet.ProtoReflect.Descriptor instead.
 func (*OutputSet) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{26}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *OutputSet) GetVersion() uint64 {
@@ -2136,7 +2247,7 @@ type TrustRequest struct {
 
 func (x *TrustRequest) Reset() {
 	*x = TrustRequest{}
-	mi := &file_relay_proto_relay_proto_msgTypes[27]
+	mi := &file_relay_proto_relay_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +2259,7 @@ func (x *TrustRequest) String() string {
 func (*TrustRequest) ProtoMessage() {}
 
 func (x *TrustRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[27]
+	mi := &file_relay_proto_relay_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2272,7 @@ func (x *TrustRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrustRequest.ProtoReflect.Descriptor instead.
 func (*TrustRequest) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{27}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TrustRequest) GetMesh() string {
@@ -2246,7 +2357,7 @@ type IntermediateRequest struct {
 
 func (x *IntermediateRequest) Reset() {
 	*x = IntermediateRequest{}
-	mi := &file_relay_proto_relay_proto_msgTypes[28]
+	mi := &file_relay_proto_relay_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2258,7 +2369,7 @@ func (x *IntermediateRequest) String() string {
 func (*IntermediateRequest) ProtoMessage() {}
 
 func (x *IntermediateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[28]
+	mi := &file_relay_proto_relay_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2271,7 +2382,7 @@ func (x *IntermediateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IntermediateRequest.ProtoReflect.Descriptor instead.
 func (*IntermediateRequest) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{28}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *IntermediateRequest) GetMesh() string {
@@ -2303,7 +2414,7 @@ type IntermediateResponse struct {
 
 func (x *IntermediateResponse) Reset() {
 	*x = IntermediateResponse{}
-	mi := &file_relay_proto_relay_proto_msgTypes[29]
+	mi := &file_relay_proto_relay_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2315,7 +2426,7 @@ func (x *IntermediateResponse) String() string {
 func (*IntermediateResponse) ProtoMessage() {}
 
 func (x *IntermediateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[29]
+	mi := &file_relay_proto_relay_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2328,7 +2439,7 @@ func (x *IntermediateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IntermediateResponse.ProtoReflect.Descriptor instead.
 func (*IntermediateResponse) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{29}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *IntermediateResponse) GetCertificateChain() []byte {
@@ -2365,7 +2476,7 @@ type OutputObject struct {
 
 func (x *OutputObject) Reset() {
 	*x = OutputObject{}
-	mi := &file_relay_proto_relay_proto_msgTypes[30]
+	mi := &file_relay_proto_relay_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2377,7 +2488,7 @@ func (x *OutputObject) String() string {
 func (*OutputObject) ProtoMessage() {}
 
 func (x *OutputObject) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[30]
+	mi := &file_relay_proto_relay_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2390,7 +2501,7 @@ func (x *OutputObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputObject.ProtoReflect.Descriptor instead.
 func (*OutputObject) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{30}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *OutputObject) GetManifest() []byte {
@@ -2422,7 +2533,7 @@ type PullAck struct {
 
 func (x *PullAck) Reset() {
 	*x = PullAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[31]
+	mi := &file_relay_proto_relay_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2434,7 +2545,7 @@ func (x *PullAck) String() string {
 func (*PullAck) ProtoMessage() {}
 
 func (x *PullAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[31]
+	mi := &file_relay_proto_relay_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2447,7 +2558,7 @@ func (x *PullAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullAck.ProtoReflect.Descriptor instead.
 func (*PullAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{31}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PullAck) GetVersion() uint64 {
@@ -2487,7 +2598,7 @@ type ObjectResult struct {
 
 func (x *ObjectResult) Reset() {
 	*x = ObjectResult{}
-	mi := &file_relay_proto_relay_proto_msgTypes[32]
+	mi := &file_relay_proto_relay_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2499,7 +2610,7 @@ func (x *ObjectResult) String() string {
 func (*ObjectResult) ProtoMessage() {}
 
 func (x *ObjectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[32]
+	mi := &file_relay_proto_relay_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2512,7 +2623,7 @@ func (x *ObjectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectResult.ProtoReflect.Descriptor instead.
 func (*ObjectResult) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{32}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ObjectResult) GetApiVersion() string {
@@ -2610,7 +2721,7 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\x06meshes\x18\x02 \x03(\v2\x18.relaymesh.relay.v1.MeshR\x06meshes\x12:\n" +
 	"\tworkloads\x18\x03 \x03(\v2\x1c.relaymesh.relay.v1.WorkloadR\tworkloads\x12C\n" +
 	"\fdestinations\x18\x04 \x03(\v2\x1f.relaymesh.relay.v1.DestinationR\fdestinations\x12\x12\n" +
-	"\x04hash\x18\x05 \x01(\tR\x04hash\"\xbe\x04\n" +
+	"\x04hash\x18\x05 \x01(\tR\x04hash\"\xab\x05\n" +
 	"\x04Mesh\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x18\n" +
@@ -2626,10 +2737,20 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	" \x01(\bR\x10smartDnsProxying\x12\x18\n" +
 	"\aambient\x18\v \x01(\bR\aambient\x12\x18\n" +
 	"\aztunnel\x18\f \x01(\bR\aztunnel\x12:\n" +
-	"\twaypoints\x18\r \x03(\v2\x1c.relaymesh.relay.v1.WaypointR\twaypoints\x1a<\n" +
+	"\twaypoints\x18\r \x03(\v2\x1c.relaymesh.relay.v1.WaypointR\twaypoints\x12\x18\n" +
+	"\anetwork\x18\x0e \x01(\tR\anetwork\x12Q\n" +
+	"\x12east_west_gateways\x18\x0f \x03(\v2#.relaymesh.relay.v1.EastWestGatewayR\x10eastWestGateways\x1a<\n" +
 	"\x0ePodLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9e\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc3\x01\n" +
+	"\x0fEastWestGateway\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x18\n" +
+	"\anetwork\x18\x03 \x01(\tR\anetwork\x12\x1c\n" +
+	"\taddresses\x18\x04 \x03(\tR\taddresses\x12\x1d\n" +
+	"\n" +
+	"hbone_port\x18\x05 \x01(\x05R\thbonePort\x12'\n" +
+	"\x0fservice_account\x18\x06 \x01(\tR\x0eserviceAccount\"\x9e\x01\n" +
 	"\bWaypoint\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12!\n" +
@@ -2790,7 +2911,7 @@ func file_relay_proto_relay_proto_rawDescGZIP() []byte {
 	return file_relay_proto_relay_proto_rawDescData
 }
 
-var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_relay_proto_relay_proto_goTypes = []any{
 	(*BootstrapRequest)(nil),     // 0: relaymesh.relay.v1.BootstrapRequest
 	(*RenewRequest)(nil),         // 1: relaymesh.relay.v1.RenewRequest
@@ -2805,33 +2926,34 @@ var file_relay_proto_relay_proto_goTypes = []any{
 	(*TrustBundleAck)(nil),       // 10: relaymesh.relay.v1.TrustBundleAck
 	(*Snapshot)(nil),             // 11: relaymesh.relay.v1.Snapshot
 	(*Mesh)(nil),                 // 12: relaymesh.relay.v1.Mesh
-	(*Waypoint)(nil),             // 13: relaymesh.relay.v1.Waypoint
-	(*WaypointRef)(nil),          // 14: relaymesh.relay.v1.WaypointRef
-	(*Gateway)(nil),              // 15: relaymesh.relay.v1.Gateway
-	(*Workload)(nil),             // 16: relaymesh.relay.v1.Workload
-	(*Destination)(nil),          // 17: relaymesh.relay.v1.Destination
-	(*Endpoint)(nil),             // 18: relaymesh.relay.v1.Endpoint
-	(*ServicePort)(nil),          // 19: relaymesh.relay.v1.ServicePort
-	(*LabelValues)(nil),          // 20: relaymesh.relay.v1.LabelValues
-	(*SnapshotChunk)(nil),        // 21: relaymesh.relay.v1.SnapshotChunk
-	(*SnapshotHeader)(nil),       // 22: relaymesh.relay.v1.SnapshotHeader
-	(*SnapshotPart)(nil),         // 23: relaymesh.relay.v1.SnapshotPart
-	(*SnapshotEnd)(nil),          // 24: relaymesh.relay.v1.SnapshotEnd
-	(*PushAck)(nil),              // 25: relaymesh.relay.v1.PushAck
-	(*OutputSet)(nil),            // 26: relaymesh.relay.v1.OutputSet
-	(*TrustRequest)(nil),         // 27: relaymesh.relay.v1.TrustRequest
-	(*IntermediateRequest)(nil),  // 28: relaymesh.relay.v1.IntermediateRequest
-	(*IntermediateResponse)(nil), // 29: relaymesh.relay.v1.IntermediateResponse
-	(*OutputObject)(nil),         // 30: relaymesh.relay.v1.OutputObject
-	(*PullAck)(nil),              // 31: relaymesh.relay.v1.PullAck
-	(*ObjectResult)(nil),         // 32: relaymesh.relay.v1.ObjectResult
-	nil,                          // 33: relaymesh.relay.v1.Mesh.PodLabelsEntry
-	nil,                          // 34: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	nil,                          // 35: relaymesh.relay.v1.Workload.PodLabelsEntry
-	nil,                          // 36: relaymesh.relay.v1.Destination.SelectorEntry
-	nil,                          // 37: relaymesh.relay.v1.Destination.LabelsEntry
-	nil,                          // 38: relaymesh.relay.v1.Destination.SubsetsEntry
-	nil,                          // 39: relaymesh.relay.v1.Endpoint.LabelsEntry
+	(*EastWestGateway)(nil),      // 13: relaymesh.relay.v1.EastWestGateway
+	(*Waypoint)(nil),             // 14: relaymesh.relay.v1.Waypoint
+	(*WaypointRef)(nil),          // 15: relaymesh.relay.v1.WaypointRef
+	(*Gateway)(nil),              // 16: relaymesh.relay.v1.Gateway
+	(*Workload)(nil),             // 17: relaymesh.relay.v1.Workload
+	(*Destination)(nil),          // 18: relaymesh.relay.v1.Destination
+	(*Endpoint)(nil),             // 19: relaymesh.relay.v1.Endpoint
+	(*ServicePort)(nil),          // 20: relaymesh.relay.v1.ServicePort
+	(*LabelValues)(nil),          // 21: relaymesh.relay.v1.LabelValues
+	(*SnapshotChunk)(nil),        // 22: relaymesh.relay.v1.SnapshotChunk
+	(*SnapshotHeader)(nil),       // 23: relaymesh.relay.v1.SnapshotHeader
+	(*SnapshotPart)(nil),         // 24: relaymesh.relay.v1.SnapshotPart
+	(*SnapshotEnd)(nil),          // 25: relaymesh.relay.v1.SnapshotEnd
+	(*PushAck)(nil),              // 26: relaymesh.relay.v1.PushAck
+	(*OutputSet)(nil),            // 27: relaymesh.relay.v1.OutputSet
+	(*TrustRequest)(nil),         // 28: relaymesh.relay.v1.TrustRequest
+	(*IntermediateRequest)(nil),  // 29: relaymesh.relay.v1.IntermediateRequest
+	(*IntermediateResponse)(nil), // 30: relaymesh.relay.v1.IntermediateResponse
+	(*OutputObject)(nil),         // 31: relaymesh.relay.v1.OutputObject
+	(*PullAck)(nil),              // 32: relaymesh.relay.v1.PullAck
+	(*ObjectResult)(nil),         // 33: relaymesh.relay.v1.ObjectResult
+	nil,                          // 34: relaymesh.relay.v1.Mesh.PodLabelsEntry
+	nil,                          // 35: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	nil,                          // 36: relaymesh.relay.v1.Workload.PodLabelsEntry
+	nil,                          // 37: relaymesh.relay.v1.Destination.SelectorEntry
+	nil,                          // 38: relaymesh.relay.v1.Destination.LabelsEntry
+	nil,                          // 39: relaymesh.relay.v1.Destination.SubsetsEntry
+	nil,                          // 40: relaymesh.relay.v1.Endpoint.LabelsEntry
 }
 var file_relay_proto_relay_proto_depIdxs = []int32{
 	4,  // 0: relaymesh.relay.v1.AgentMessage.hello:type_name -> relaymesh.relay.v1.Hello
@@ -2841,47 +2963,48 @@ var file_relay_proto_relay_proto_depIdxs = []int32{
 	8,  // 4: relaymesh.relay.v1.ServerMessage.pong:type_name -> relaymesh.relay.v1.Pong
 	9,  // 5: relaymesh.relay.v1.ServerMessage.trust_bundle:type_name -> relaymesh.relay.v1.TrustBundle
 	12, // 6: relaymesh.relay.v1.Snapshot.meshes:type_name -> relaymesh.relay.v1.Mesh
-	16, // 7: relaymesh.relay.v1.Snapshot.workloads:type_name -> relaymesh.relay.v1.Workload
-	17, // 8: relaymesh.relay.v1.Snapshot.destinations:type_name -> relaymesh.relay.v1.Destination
-	33, // 9: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
-	15, // 10: relaymesh.relay.v1.Mesh.gateways:type_name -> relaymesh.relay.v1.Gateway
-	13, // 11: relaymesh.relay.v1.Mesh.waypoints:type_name -> relaymesh.relay.v1.Waypoint
-	34, // 12: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	35, // 13: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
-	14, // 14: relaymesh.relay.v1.Workload.waypoint:type_name -> relaymesh.relay.v1.WaypointRef
-	36, // 15: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
-	37, // 16: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
-	19, // 17: relaymesh.relay.v1.Destination.ports:type_name -> relaymesh.relay.v1.ServicePort
-	38, // 18: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
-	18, // 19: relaymesh.relay.v1.Destination.endpoints:type_name -> relaymesh.relay.v1.Endpoint
-	14, // 20: relaymesh.relay.v1.Destination.waypoint:type_name -> relaymesh.relay.v1.WaypointRef
-	39, // 21: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
-	22, // 22: relaymesh.relay.v1.SnapshotChunk.header:type_name -> relaymesh.relay.v1.SnapshotHeader
-	23, // 23: relaymesh.relay.v1.SnapshotChunk.part:type_name -> relaymesh.relay.v1.SnapshotPart
-	24, // 24: relaymesh.relay.v1.SnapshotChunk.end:type_name -> relaymesh.relay.v1.SnapshotEnd
-	30, // 25: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
-	27, // 26: relaymesh.relay.v1.OutputSet.trust:type_name -> relaymesh.relay.v1.TrustRequest
-	32, // 27: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
-	20, // 28: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
-	0,  // 29: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
-	1,  // 30: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
-	3,  // 31: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
-	11, // 32: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
-	21, // 33: relaymesh.relay.v1.Discovery.PushChunked:input_type -> relaymesh.relay.v1.SnapshotChunk
-	31, // 34: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
-	28, // 35: relaymesh.relay.v1.Trust.SignIntermediate:input_type -> relaymesh.relay.v1.IntermediateRequest
-	2,  // 36: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
-	2,  // 37: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
-	6,  // 38: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
-	25, // 39: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
-	25, // 40: relaymesh.relay.v1.Discovery.PushChunked:output_type -> relaymesh.relay.v1.PushAck
-	26, // 41: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
-	29, // 42: relaymesh.relay.v1.Trust.SignIntermediate:output_type -> relaymesh.relay.v1.IntermediateResponse
-	36, // [36:43] is the sub-list for method output_type
-	29, // [29:36] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	17, // 7: relaymesh.relay.v1.Snapshot.workloads:type_name -> relaymesh.relay.v1.Workload
+	18, // 8: relaymesh.relay.v1.Snapshot.destinations:type_name -> relaymesh.relay.v1.Destination
+	34, // 9: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
+	16, // 10: relaymesh.relay.v1.Mesh.gateways:type_name -> relaymesh.relay.v1.Gateway
+	14, // 11: relaymesh.relay.v1.Mesh.waypoints:type_name -> relaymesh.relay.v1.Waypoint
+	13, // 12: relaymesh.relay.v1.Mesh.east_west_gateways:type_name -> relaymesh.relay.v1.EastWestGateway
+	35, // 13: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	36, // 14: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
+	15, // 15: relaymesh.relay.v1.Workload.waypoint:type_name -> relaymesh.relay.v1.WaypointRef
+	37, // 16: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
+	38, // 17: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
+	20, // 18: relaymesh.relay.v1.Destination.ports:type_name -> relaymesh.relay.v1.ServicePort
+	39, // 19: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
+	19, // 20: relaymesh.relay.v1.Destination.endpoints:type_name -> relaymesh.relay.v1.Endpoint
+	15, // 21: relaymesh.relay.v1.Destination.waypoint:type_name -> relaymesh.relay.v1.WaypointRef
+	40, // 22: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
+	23, // 23: relaymesh.relay.v1.SnapshotChunk.header:type_name -> relaymesh.relay.v1.SnapshotHeader
+	24, // 24: relaymesh.relay.v1.SnapshotChunk.part:type_name -> relaymesh.relay.v1.SnapshotPart
+	25, // 25: relaymesh.relay.v1.SnapshotChunk.end:type_name -> relaymesh.relay.v1.SnapshotEnd
+	31, // 26: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
+	28, // 27: relaymesh.relay.v1.OutputSet.trust:type_name -> relaymesh.relay.v1.TrustRequest
+	33, // 28: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
+	21, // 29: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
+	0,  // 30: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
+	1,  // 31: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
+	3,  // 32: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
+	11, // 33: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
+	22, // 34: relaymesh.relay.v1.Discovery.PushChunked:input_type -> relaymesh.relay.v1.SnapshotChunk
+	32, // 35: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
+	29, // 36: relaymesh.relay.v1.Trust.SignIntermediate:input_type -> relaymesh.relay.v1.IntermediateRequest
+	2,  // 37: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
+	2,  // 38: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
+	6,  // 39: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
+	26, // 40: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
+	26, // 41: relaymesh.relay.v1.Discovery.PushChunked:output_type -> relaymesh.relay.v1.PushAck
+	27, // 42: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
+	30, // 43: relaymesh.relay.v1.Trust.SignIntermediate:output_type -> relaymesh.relay.v1.IntermediateResponse
+	37, // [37:44] is the sub-list for method output_type
+	30, // [30:37] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_relay_proto_relay_proto_init() }
@@ -2899,7 +3022,7 @@ func file_relay_proto_relay_proto_init() {
 		(*ServerMessage_Pong)(nil),
 		(*ServerMessage_TrustBundle)(nil),
 	}
-	file_relay_proto_relay_proto_msgTypes[21].OneofWrappers = []any{
+	file_relay_proto_relay_proto_msgTypes[22].OneofWrappers = []any{
 		(*SnapshotChunk_Header)(nil),
 		(*SnapshotChunk_Part)(nil),
 		(*SnapshotChunk_End)(nil),
@@ -2910,7 +3033,7 @@ func file_relay_proto_relay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_relay_proto_relay_proto_rawDesc), len(file_relay_proto_relay_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -76,6 +76,34 @@ type AmbientMesh struct {
 	// +kubebuilder:validation:MaxItems=1024
 	// +optional
 	Waypoints []WaypointInfo `json:"waypoints,omitempty"`
+	// Network is the mesh's network: the topology.istio.io/network label
+	// of istiod's namespace; empty when it has none.
+	// +optional
+	Network string `json:"network,omitempty"`
+	// EastWestGateways are the Gateways of class istio-east-west of the
+	// mesh's revision that carry a network and an HBONE listener: where
+	// other networks reach its global services.
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	EastWestGateways []EastWestGatewayInfo `json:"eastWestGateways,omitempty"`
+}
+
+// EastWestGatewayInfo is an ambient east-west gateway.
+type EastWestGatewayInfo struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	// Network is its topology.istio.io/network label.
+	Network string `json:"network"`
+	// Addresses are its status.addresses (IPs or hostnames); empty until
+	// it is programmed.
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	Addresses []string `json:"addresses,omitempty"`
+	// HBONEPort is its HBONE listener's port.
+	HBONEPort int32 `json:"hbonePort"`
+	// ServiceAccount its pods run as.
+	// +optional
+	ServiceAccount string `json:"serviceAccount,omitempty"`
 }
 
 // WaypointInfo is an ambient L7 proxy.
