@@ -81,8 +81,11 @@ type Plan struct {
 	vms    []*vmState          // sorted by namespace/name
 	byMesh map[string]*vmState // valid VirtualMeshes by member mesh key
 	alloc  *allocator
-	ids    *identityIndex      // identities of Destinations' pods (flatNetwork)
-	deps   map[*vmState]string // memoized ExportDeps prefixes
+	ids    *identityIndex // identities of Destinations' pods (flatNetwork, ambient)
+	// services are the Kubernetes Services discovered, by
+	// cluster/namespace/name: ambient federation writes none over them.
+	services map[string]bool
+	deps     map[*vmState]string // memoized ExportDeps prefixes
 }
 
 // Note is what exporting one Destination tells its VirtualMesh's status:
@@ -93,6 +96,10 @@ type Note struct {
 	Mesh        string // namespace/name of the exporting member
 	Exported    bool
 	Error       string
+	// AmbientPeer is a member (namespace/name of its Mesh) the exporting
+	// member's Destination reached over ambient federation: that member
+	// needs the exporting network's gateway.
+	AmbientPeer string
 }
 
 // NewPlan validates every VirtualMesh of in, decides which VirtualMesh owns
@@ -143,7 +150,7 @@ func NewPlan(in *translation.Input) *Plan {
 	// The VirtualDestination translator reserves addresses the same way, so
 	// a federated host has one address in both.
 	return &Plan{vms: vms, byMesh: claimed, alloc: reservedAllocator(in, sortedVirtualMeshes(in), translation.SortedDestinations(in.Destinations)),
-		ids: newIdentityIndex(in), deps: map[*vmState]string{}}
+		ids: newIdentityIndex(in), deps: map[*vmState]string{}, services: discoveredServices(in)}
 }
 
 // VirtualMeshOf returns the valid VirtualMesh that owns d's mesh, or nil.
@@ -248,7 +255,13 @@ func (p *Plan) Export(d *discoveryv1alpha1.Destination, out *translation.Output)
 	if f.FlatNetwork {
 		return s.exportFlat(out, p.alloc, p.ids, d, from, to, suffix)
 	}
-	return s.export(out, p.alloc, d, from, to, suffix)
+	// Sidecar-era federated hosts for members with sidecars; ambient
+	// federation for members with ambient workloads (both, mid-migration).
+	var notes []Note
+	if classic := slices.DeleteFunc(slices.Clone(to), ambientOnly); len(classic) > 0 {
+		notes = s.export(out, p.alloc, d, from, classic, suffix)
+	}
+	return append(notes, p.exportAmbient(s, out, d, from, to)...)
 }
 
 // Finish adds every valid VirtualMesh's per-mesh objects (PeerAuthentication,
@@ -346,6 +359,17 @@ func (s *vmState) validate(in *translation.Input, grants *translation.Grants) {
 	}
 }
 
+// discoveredServices are the Kubernetes Services of in's Destinations, by
+// cluster/namespace/name.
+func discoveredServices(in *translation.Input) map[string]bool {
+	out := map[string]bool{}
+	for i := range in.Destinations {
+		ref := in.Destinations[i].Spec.KubeService.Ref
+		out[ref.ClusterName+"/"+ref.Namespace+"/"+ref.Name] = true
+	}
+	return out
+}
+
 // runsAmbient says whether m reports workloads in ambient mode.
 func runsAmbient(m *discoveryv1alpha1.Mesh) bool {
 	return m.Spec.Istio != nil && slices.Contains(m.Spec.Istio.DataPlaneModes, discoveryv1alpha1.DataPlaneAmbient)
@@ -360,15 +384,16 @@ func runsAmbient(m *discoveryv1alpha1.Mesh) bool {
 // through east-west gateways, is issue 33.)
 func (s *vmState) warnAmbientClients(flat bool) {
 	reach := "their east-west gateways (port 15443, mutual TLS with SNI)"
+	ambient := "ambient workloads reach the ambient Destinations of ambient meshes on other networks, over HBONE through their east-west gateways, where the meshes' networks and trust domain allow it: see each target's errors"
 	if flat {
-		reach = "their pods"
+		reach, ambient = "their pods", "ambient federation is not supported with flatNetwork"
 	}
 	for _, m := range s.members {
 		if !runsAmbient(m.mesh) {
 			continue
 		}
-		s.warns = append(s.warns, fmt.Sprintf("mesh %s runs workloads in ambient mode, for which the federated hosts of the other meshes do not work as designed: ztunnel reads no DestinationRule, so it does not originate the mutual TLS %s require; only the mesh's sidecar workloads reach them (ambient federation is not supported yet)",
-			meshName(m.mesh), reach))
+		s.warns = append(s.warns, fmt.Sprintf("mesh %s runs workloads in ambient mode, for which the federated hosts of the other meshes do not work as designed: ztunnel reads no DestinationRule, so it does not originate the mutual TLS %s require; only the mesh's sidecar workloads reach them (%s)",
+			meshName(m.mesh), reach, ambient))
 	}
 }
 
@@ -444,16 +469,21 @@ func (s *vmState) finish(notes []Note, out *translation.Output) {
 			}
 		}
 	}
+	ambientPeers := map[string][]string{}
 	for _, n := range notes {
 		m := s.byKey[n.Mesh]
 		if m == nil {
 			continue
 		}
-		if n.Error != "" {
+		if n.Error != "" && !slices.Contains(m.errs, n.Error) {
 			m.errs = append(m.errs, n.Error)
 		}
 		m.exported = m.exported || n.Exported
+		if n.AmbientPeer != "" && !slices.Contains(ambientPeers[n.Mesh], n.AmbientPeer) {
+			ambientPeers[n.Mesh] = append(ambientPeers[n.Mesh], n.AmbientPeer)
+		}
 	}
+	s.finishAmbient(out, ambientPeers)
 	f := spec.Federation
 	if f == nil || len(f.Selectors) == 0 || f.FlatNetwork {
 		return

@@ -89,7 +89,23 @@ func (o *Output) AddObject(cluster, apiVersion, kind, namespace, name string, sp
 	return o.add(cluster, apiVersion, kind, namespace, name, specJSON, parents)
 }
 
+// AddObjectMeta is AddObject for an object Istio reads labels or
+// annotations of (a global Service's istio.io/global, a network gateway's
+// topology.istio.io/network): they are recorded with it, and two parents
+// producing the object must agree on them as on its spec.
+func (o *Output) AddObjectMeta(cluster, apiVersion, kind, namespace, name string, labels, annotations map[string]string, spec any, parents ...Parent) error {
+	specJSON, err := json.Marshal(spec)
+	if err != nil {
+		return fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
+	}
+	return o.addMeta(cluster, apiVersion, kind, namespace, name, labels, annotations, specJSON, parents)
+}
+
 func (o *Output) add(cluster, apiVersion, kind, namespace, name string, specJSON []byte, parents []Parent) error {
+	return o.addMeta(cluster, apiVersion, kind, namespace, name, nil, nil, specJSON, parents)
+}
+
+func (o *Output) addMeta(cluster, apiVersion, kind, namespace, name string, labels, annotations map[string]string, specJSON []byte, parents []Parent) error {
 	var specMap map[string]any
 	if err := json.Unmarshal(specJSON, &specMap); err != nil {
 		return err
@@ -99,8 +115,17 @@ func (o *Output) add(cluster, apiVersion, kind, namespace, name string, specJSON
 	u.SetKind(kind)
 	u.SetNamespace(namespace)
 	u.SetName(name)
+	if len(labels) > 0 {
+		u.SetLabels(maps.Clone(labels))
+	}
+	if len(annotations) > 0 {
+		u.SetAnnotations(maps.Clone(annotations))
+	}
 	key := strings.Join([]string{cluster, apiVersion, kind, namespace, name}, "/")
 	if cur, ok := o.objects[key]; ok {
+		if !SameMetadata(cur.Object, u) {
+			return fmt.Errorf("%s %s/%s in cluster %s: produced twice with different labels or annotations", kind, namespace, name, cluster)
+		}
 		curSpec, _ := cur.Object.Object["spec"].(map[string]any)
 		merged, err := MergeSpecs(kind, curSpec, specMap)
 		if err != nil {
@@ -218,10 +243,27 @@ func (o *Output) Objects() []*Object {
 		for _, p := range obj.Parents {
 			ps = append(ps, p.String())
 		}
-		obj.Object.SetAnnotations(map[string]string{outputs.ParentsAnnotation: strings.Join(ps, ",")})
+		annotations := obj.Object.GetAnnotations()
+		if annotations == nil {
+			annotations = map[string]string{}
+		}
+		annotations[outputs.ParentsAnnotation] = strings.Join(ps, ",")
+		obj.Object.SetAnnotations(annotations)
 		out = append(out, obj)
 	}
 	return out
+}
+
+// SameMetadata says whether two versions of one output object carry the
+// same labels and annotations, the parents annotation aside (each
+// producer names its own parents).
+func SameMetadata(a, b *unstructured.Unstructured) bool {
+	strip := func(m map[string]string) map[string]string {
+		m = maps.Clone(m)
+		delete(m, outputs.ParentsAnnotation)
+		return m
+	}
+	return maps.Equal(a.GetLabels(), b.GetLabels()) && maps.Equal(strip(a.GetAnnotations()), strip(b.GetAnnotations()))
 }
 
 // Clusters returns the clusters that have output.

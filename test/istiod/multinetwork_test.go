@@ -19,59 +19,57 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/relaymesh/relaymesh/federation"
 	"github.com/relaymesh/relaymesh/test/internal/workloadapi"
+	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 )
 
-// The remote network's service as cluster-1 holds it, with no remote
-// secret: the objects the ambient federation design
-// (docs/design/2026-12-04-ambient-federation.md) has an agent write.
+// What the ambient-multinetwork federation golden has cluster-1 hold of
+// cluster-2 (docs/design/2026-12-04-ambient-federation.md): networks,
+// cluster-2's east-west gateway, and ratings, which runs only there.
 const (
-	localNetwork  = "net-1"
-	remoteNetwork = "net-2"
-	// remoteGatewayIP is cluster-2's east-west gateway, as cluster-2's
-	// agent reports it; remoteGatewaySA the account its workload runs as.
+	localNetwork    = "net-1"
+	remoteNetwork   = "net-2"
 	remoteGatewayIP = "192.0.2.20"
-	remoteGatewaySA = "istio-eastwest"
-	remoteGateway   = "relaymesh-net-2"
+	remoteHBONEPort = 15009
+	remoteGatewaySA = "ew-pods"
+	remoteGateway   = "relaymesh-cluster-2-istio-eastwest"
 	ratingsHost     = "ratings.shop.svc.cluster.local"
+	sharedDomain    = "mesh.local"
 )
 
-// remoteNetworkManifest: the remote network's east-west gateway (class
-// istio-remote: istiod reads a Gateway of its own cluster as a network
-// gateway only in that class), and ratings, which runs only in cluster-2:
-// a global Service with its ports and selector, and one WorkloadEntry per
-// remote pod on net-2 with the pod's service account.
-const remoteGatewayManifest = `
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata:
-  name: ` + remoteGateway + `
-  namespace: istio-system
-  labels: {topology.istio.io/network: ` + remoteNetwork + `}
-  annotations: {gateway.istio.io/service-account: ` + remoteGatewaySA + `}
-spec:
-  gatewayClassName: istio-remote
-  addresses: [{type: IPAddress, value: ` + remoteGatewayIP + `}]
-  listeners: [{name: cross-network, port: 15008, protocol: HBONE, tls: {mode: Passthrough}}]
-`
-
-const remoteServiceManifest = `
-apiVersion: v1
-kind: Service
-metadata: {name: ratings, namespace: shop, labels: {istio.io/global: "true"}}
-spec: {selector: {app: ratings}, ports: [{name: http, port: 9080}]}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: ratings-cluster-2-a, namespace: shop, labels: {app: ratings}}
-spec: {address: 10.2.0.21, network: ` + remoteNetwork + `, serviceAccount: ratings, labels: {app: ratings}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: ratings-cluster-2-b, namespace: shop, labels: {app: ratings}}
-spec: {address: 10.2.0.22, network: ` + remoteNetwork + `, serviceAccount: ratings, labels: {app: ratings}}
-`
+// ambientFederation is the real translator's output for cluster-1 from the
+// ambient-multinetwork golden input, split into the network gateway and
+// the rest. The gateway keeps only its IP address: istiod picks one
+// network gateway per network, and the test names which.
+func ambientFederation(t *testing.T) (gateway []byte, rest []byte) {
+	t.Helper()
+	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", "ambient-multinetwork"))
+	for i := range in.Meshes {
+		if a := in.Meshes[i].Spec.Istio.Ambient; a != nil {
+			for j := range a.EastWestGateways {
+				a.EastWestGateways[j].Addresses = a.EastWestGateways[j].Addresses[:min(1, len(a.EastWestGateways[j].Addresses))]
+			}
+		}
+	}
+	out, r := translation.NewOutput(), translation.NewReport()
+	federation.Translate(in, out, r)
+	gw, others := translation.NewOutput(), translation.NewOutput()
+	for _, o := range out.Objects() {
+		if o.Cluster != "cluster-1" {
+			continue
+		}
+		if o.Object.GetKind() == "Gateway" {
+			gw.Put(o)
+		} else {
+			others.Put(o)
+		}
+	}
+	require.Len(t, gw.Objects(), 1)
+	require.Len(t, others.Objects(), 3, "the global Service and one WorkloadEntry per known pod")
+	return translationtest.RenderOutput(t, gw), translationtest.RenderOutput(t, others)
+}
 
 // globalScope makes the Services labelled istio.io/global=true global,
 // as Istio's ambient profile does.
@@ -81,16 +79,16 @@ const globalScope = `serviceScopeConfigs:
   scope: GLOBAL
 `
 
-// TestARemoteNetworksServiceFromLocalObjectsOnly is the mechanism ambient
-// federation rests on, proved by a real pilot-discovery in ambient
-// multi-network mode with no remote secret: from objects in its own
-// cluster only, it tells a posing ztunnel of cluster-1 that ratings lives
-// on net-2 behind net-2's east-west gateway — one synthetic workload
-// (double HBONE: the gateway's address, HBONE port 15008, the remote
-// pods' count as capacity) and never the remote pods themselves — and the
-// service's SANs name the remote pods' account. Without the gateway
-// nothing is reachable; when the WorkloadEntries go (the remote cluster
-// deregistered), so does the workload.
+// TestARemoteNetworksServiceFromLocalObjectsOnly proves ambient
+// federation's output with a real pilot-discovery in ambient multi-network
+// mode and no remote secret: from what the translator writes into cluster-1
+// only, istiod tells a posing ztunnel of cluster-1 that ratings lives on
+// net-2 behind net-2's east-west gateway — one synthetic workload (double
+// HBONE: the gateway's address and HBONE port, the remote pods' count as
+// capacity) and never the remote pods themselves — and the service's SANs
+// name the remote pods' account in the shared trust domain. Without the
+// gateway nothing is reachable; when the WorkloadEntries go (the remote
+// cluster deregistered), so does the workload.
 func TestARemoteNetworksServiceFromLocalObjectsOnly(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -102,7 +100,7 @@ func TestARemoteNetworksServiceFromLocalObjectsOnly(t *testing.T) {
 	translationtest.InstallGatewayAPI(ctx, t, cluster)
 	d, err := Start(ctx, Config{
 		Kubeconfig: cluster.Kubeconfig, ClusterID: "cluster-1", Dir: filepath.Join(dir, "istiod"),
-		CACerts: newTestPKI(t, "mesh-1").cacerts(), TrustDomain: "cluster-1.local", Ambient: true,
+		CACerts: newTestPKI(t, "mesh-1").cacerts(), TrustDomain: sharedDomain, Ambient: true,
 		MeshConfig: globalScope,
 		Env:        map[string]string{"AMBIENT_ENABLE_MULTI_NETWORK": "true"},
 	})
@@ -115,7 +113,8 @@ func TestARemoteNetworksServiceFromLocalObjectsOnly(t *testing.T) {
 	})
 	ambientPod(ctx, t, cs, "reviews") // a local workload, for contrast
 
-	objs, err := cluster.Apply(ctx, "relaymesh-test", []byte(remoteServiceManifest))
+	gatewayManifest, serviceManifest := ambientFederation(t)
+	objs, err := cluster.Apply(ctx, "relaymesh-test", serviceManifest)
 	require.NoError(t, err)
 	require.Len(t, objs, 3)
 	addrs, err := d.WatchDelta(ctx, d.ZtunnelNode("10.0.0.1"), AddressTypeURL)
@@ -146,7 +145,7 @@ func TestARemoteNetworksServiceFromLocalObjectsOnly(t *testing.T) {
 	// The remote network's gateway: istiod (the Gateway controller's
 	// leader) copies its address into the status, which is what the
 	// network gateway is read from.
-	_, err = cluster.Apply(ctx, "relaymesh-test", []byte(remoteGatewayManifest))
+	_, err = cluster.Apply(ctx, "relaymesh-test", gatewayManifest)
 	require.NoError(t, err)
 	client, err := dynamic.NewForConfig(cluster.RESTConfig())
 	require.NoError(t, err)
@@ -164,21 +163,21 @@ func TestARemoteNetworksServiceFromLocalObjectsOnly(t *testing.T) {
 	require.NoError(t, err)
 	status, _, _ := unstructured.NestedSlice(gwObj.Object, "status", "addresses")
 	assert.Equal(t, []any{map[string]any{"type": "IPAddress", "value": remoteGatewayIP}}, status, "istiod wrote the gateway's status")
-	gw := v.workloads["NetworkGateway/"+remoteNetwork+"/"+remoteGatewayIP+"/15008"]
+	gw := v.workloads[fmt.Sprintf("NetworkGateway/%s/%s/%d", remoteNetwork, remoteGatewayIP, remoteHBONEPort)]
 	require.NotNil(t, gw, "the network gateway itself: %s", v.describe())
 	assert.Equal(t, remoteGatewaySA, gw.GetServiceAccount(), "the gateway's identity is the remote east-west gateway's account")
 	assert.Equal(t, remoteNetwork, gw.GetNetwork())
-	assert.Equal(t, "cluster-1.local", gw.GetTrustDomain(), "istiod stamps its own trust domain on every workload")
+	assert.Equal(t, sharedDomain, gw.GetTrustDomain(), "istiod stamps its own trust domain on every workload")
 	// The service's SANs name the remote pods' account in istiod's own
-	// trust domain: ztunnel verifies the remote pods as cluster-1.local
-	// identities (why ambient members share a trust domain).
-	assert.Contains(t, v.services[ratingsHost].GetSubjectAltNames(), "spiffe://cluster-1.local/ns/shop/sa/ratings")
+	// trust domain: ztunnel verifies the remote pods as identities of its
+	// own trust domain (why ambient members share one).
+	assert.Contains(t, v.services[ratingsHost].GetSubjectAltNames(), "spiffe://"+sharedDomain+"/ns/shop/sa/ratings")
 	assert.Empty(t, v.onNetwork(remoteNetwork), "remote pods are never sent as themselves")
 	require.NoError(t, v.checkRemoteService(wantUID, 2))
 
 	// One remote pod gone: capacity follows; every pod gone (the remote
 	// cluster deregistered): the workload goes, measured.
-	require.NoError(t, client.Resource(workloadEntries).Namespace("shop").Delete(ctx, "ratings-cluster-2-b", metav1.DeleteOptions{}))
+	require.NoError(t, client.Resource(workloadEntries).Namespace("shop").Delete(ctx, "ratings-cluster-2-10-2-0-22", metav1.DeleteOptions{}))
 	require.NoError(t, addrs.Await(wait, func(res map[string]*anypb.Any) error {
 		v, err := viewOf(res)
 		if err != nil {
@@ -187,7 +186,7 @@ func TestARemoteNetworksServiceFromLocalObjectsOnly(t *testing.T) {
 		return v.checkRemoteService(wantUID, 1)
 	}))
 	start := time.Now()
-	require.NoError(t, client.Resource(workloadEntries).Namespace("shop").Delete(ctx, "ratings-cluster-2-a", metav1.DeleteOptions{}))
+	require.NoError(t, client.Resource(workloadEntries).Namespace("shop").Delete(ctx, "ratings-cluster-2-10-2-0-21", metav1.DeleteOptions{}))
 	require.NoError(t, addrs.Await(wait, func(res map[string]*anypb.Any) error {
 		v, err := viewOf(res)
 		if err != nil {
@@ -279,8 +278,8 @@ func (v *addressView) checkRemoteService(uid string, capacity uint32) error {
 	var problems []string
 	gw := wl.GetNetworkGateway()
 	gwAddr, _ := netip.AddrFromSlice(gw.GetAddress().GetAddress())
-	if gw.GetAddress().GetNetwork() != remoteNetwork || gwAddr.String() != remoteGatewayIP || gw.GetHboneMtlsPort() != 15008 {
-		problems = append(problems, fmt.Sprintf("network gateway %s/%s:%d, want %s/%s:15008", gw.GetAddress().GetNetwork(), gwAddr, gw.GetHboneMtlsPort(), remoteNetwork, remoteGatewayIP))
+	if gw.GetAddress().GetNetwork() != remoteNetwork || gwAddr.String() != remoteGatewayIP || gw.GetHboneMtlsPort() != remoteHBONEPort {
+		problems = append(problems, fmt.Sprintf("network gateway %s/%s:%d, want %s/%s:%d", gw.GetAddress().GetNetwork(), gwAddr, gw.GetHboneMtlsPort(), remoteNetwork, remoteGatewayIP, remoteHBONEPort))
 	}
 	if wl.GetNetwork() != remoteNetwork {
 		problems = append(problems, "network "+wl.GetNetwork())

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -576,6 +577,9 @@ func mergePublished(ps []*published) (*published, error) {
 			obj = u
 			continue
 		}
+		if !translation.SameMetadata(obj, u) {
+			return nil, errors.New("produced twice with different labels or annotations")
+		}
 		a, _ := obj.Object["spec"].(map[string]any)
 		b, _ := u.Object["spec"].(map[string]any)
 		spec, err := translation.MergeSpecs(obj.GetKind(), a, b)
@@ -590,7 +594,12 @@ func mergePublished(ps []*published) (*published, error) {
 	for i, p := range parents {
 		names[i] = p.String()
 	}
-	obj.SetAnnotations(map[string]string{outputs.ParentsAnnotation: strings.Join(names, ",")})
+	annotations := obj.GetAnnotations()
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[outputs.ParentsAnnotation] = strings.Join(names, ",")
+	obj.SetAnnotations(annotations)
 	b, err := json.Marshal(obj.Object)
 	if err != nil {
 		return nil, err

@@ -174,6 +174,8 @@ func Resource(kind string) string {
 		return "serviceentries"
 	case "authorizationpolicy":
 		return "authorizationpolicies"
+	case "workloadentry":
+		return "workloadentries"
 	}
 	return l + "s"
 }

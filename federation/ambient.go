@@ -1,0 +1,311 @@
+package federation
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/text"
+	"github.com/relaymesh/relaymesh/translation"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	networkingv1 "istio.io/api/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Ambient federation (docs/design/2026-12-04-ambient-federation.md): an
+// ambient Destination of one member reaches the ambient workloads of
+// another member on another network through its east-west gateway, over
+// double HBONE, with no remote secret. In the consuming member's cluster
+// it writes what that cluster's istiod turns into exactly what remote
+// secrets would have given its ztunnels: the exporting network's gateway
+// (a Gateway of class istio-remote), the service as a global Service of
+// the same name and namespace, and one WorkloadEntry on the exporting
+// network per ready pod, with the pod's service account. istiod then sends
+// ztunnel one workload per (network, service) behind the gateway, never
+// the remote pods themselves.
+
+// Names Istio reads.
+const (
+	apiGateway          = "gateway.networking.k8s.io/v1"
+	remoteGatewayClass  = "istio-remote"
+	labelNetwork        = "topology.istio.io/network"
+	labelGlobal         = "istio.io/global"
+	annotationGatewaySA = "gateway.istio.io/service-account"
+	hboneProtocol       = "HBONE"
+	// LabelGlobalService selects a federated Service's WorkloadEntries:
+	// its value is the Service's name (one namespace holds one).
+	LabelGlobalService = "relaymesh.io/global-service"
+)
+
+// ambientPeer says why mesh to cannot consume from's Destinations over
+// ambient federation ("" when it can): both ambient, each on a network of
+// its own, from with an east-west gateway with an address on its network,
+// and one trust domain (istiod names the remote pods' identities in its
+// own trust domain).
+func ambientPeer(from, to *member) string {
+	fa, ta := from.istio().Ambient, to.istio().Ambient
+	switch {
+	case fa == nil || ta == nil:
+		return "both meshes must be ambient"
+	case fa.Network == "" || ta.Network == "":
+		return fmt.Sprintf("ambient federation needs each mesh's network (label topology.istio.io/network on istiod's namespace); %s has %q, %s has %q",
+			meshName(from.mesh), fa.Network, meshName(to.mesh), ta.Network)
+	case fa.Network == ta.Network:
+		return fmt.Sprintf("both meshes are on network %q: ambient federation goes through east-west gateways between networks (single-network ambient multicluster needs remote secrets, which Relaymesh does not write)", fa.Network)
+	case len(ambientGateways(fa)) == 0:
+		return fmt.Sprintf("mesh %s has no east-west gateway on network %q with an address (a Gateway of class istio-east-west with an HBONE listener, programmed)", meshName(from.mesh), fa.Network)
+	case from.istio().TrustDomain != to.istio().TrustDomain:
+		return fmt.Sprintf("istiod in %s names the remote pods by its own trust domain %q (in the service's SANs its ztunnels verify), while they carry %q: every connection would be refused; ambient meshes federate only with one trust domain (spec.mtls.trustDomains: Shared, and the grant shared on both KubernetesClusters)",
+			to.cluster, to.istio().TrustDomain, from.istio().TrustDomain)
+	}
+	return ""
+}
+
+// ambientGateways are an ambient mesh's east-west gateways on its own
+// network that have an address, sorted by namespace/name.
+func ambientGateways(a *discoveryv1alpha1.AmbientMesh) []discoveryv1alpha1.EastWestGatewayInfo {
+	var out []discoveryv1alpha1.EastWestGatewayInfo
+	for _, g := range a.EastWestGateways {
+		if g.Network == a.Network && len(g.Addresses) > 0 && g.HBONEPort > 0 {
+			out = append(out, g)
+		}
+	}
+	slices.SortFunc(out, func(x, y discoveryv1alpha1.EastWestGatewayInfo) int {
+		return cmp.Or(strings.Compare(x.Namespace, y.Namespace), strings.Compare(x.Name, y.Name))
+	})
+	return out
+}
+
+// ambientOnly says whether m runs only ambient workloads: the sidecar-era
+// federated hosts are of no use to it.
+func ambientOnly(m *member) bool {
+	modes := m.istio().DataPlaneModes
+	return m.istio().Ambient != nil && len(modes) == 1 && modes[0] == discoveryv1alpha1.DataPlaneAmbient
+}
+
+// exportAmbient federates the ambient Destination d of from to each
+// ambient member of to on another network, and returns the notes: an error
+// for each member it cannot reach and why, and the members it reached (so
+// Finish writes the network gateway there).
+func (p *Plan) exportAmbient(s *vmState, out *translation.Output, d *discoveryv1alpha1.Destination, from *member, to []*member) []Note {
+	ks := d.Spec.KubeService
+	switch {
+	case from.istio().Ambient == nil:
+		return nil // the sidecar-era export, and the VirtualMesh's warning about ambient clients
+	case ks.DataPlaneMode != discoveryv1alpha1.DataPlaneAmbient && ks.DataPlaneMode != discoveryv1alpha1.DataPlaneMixed:
+		return nil // its pods run sidecars: likewise
+	}
+	var notes []Note
+	fail := func(m *member, format string, args ...any) {
+		notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key,
+			Error: fmt.Sprintf("destination %s not federated to ambient mesh %s: %s", d.Name, m.mesh.Name, fmt.Sprintf(format, args...))})
+	}
+	var peers []*member
+	for _, m := range to {
+		if m.istio().Ambient == nil || !runsAmbient(m.mesh) {
+			continue // a sidecar member: the sidecar-era export serves it
+		}
+		if why := ambientPeer(from, m); why != "" {
+			// The same for every Destination of from: said once.
+			notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key,
+				Error: fmt.Sprintf("ambient Destinations not federated to ambient mesh %s: %s", m.mesh.Name, why)})
+			continue
+		}
+		peers = append(peers, m)
+	}
+	if len(peers) == 0 {
+		return notes
+	}
+	failAll := func(format string, args ...any) []Note {
+		for _, m := range peers {
+			fail(m, format, args...)
+		}
+		return notes
+	}
+	ports := servicePorts(d)
+	if len(ports) == 0 {
+		return failAll("it has no TCP port")
+	}
+	if len(ks.WorkloadSelectorLabels) == 0 {
+		return failAll("it has no pod selector, so its pods' identities are unknown")
+	}
+	entries, problems := p.ambientEntries(d, from)
+	for _, pr := range problems {
+		notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key, Error: fmt.Sprintf("destination %s: %s", d.Name, pr)})
+	}
+	for _, m := range peers {
+		if p.services[m.cluster+"/"+ks.Ref.Namespace+"/"+ks.Ref.Name] {
+			fail(m, "cluster %s has a Service %s/%s of its own; Relaymesh writes the global Service only where there is none (merging with a local one is not supported yet)",
+				m.cluster, ks.Ref.Namespace, ks.Ref.Name)
+			continue
+		}
+		add := func(apiVersion, kind, name string, labels, annotations map[string]string, spec any) {
+			if err := out.AddObjectMeta(m.cluster, apiVersion, kind, ks.Ref.Namespace, name, labels, annotations, spec, s.parent); err != nil {
+				fail(m, "%v", err)
+			}
+		}
+		add("v1", "Service", ks.Ref.Name, map[string]string{labelGlobal: "true"}, nil, globalService(ks.Ref.Name, ports))
+		for _, e := range entries {
+			add(apiNetworking, "WorkloadEntry", e.name, map[string]string{LabelGlobalService: ks.Ref.Name}, nil, protoSpec(e.spec))
+		}
+		notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key, AmbientPeer: m.key})
+	}
+	return notes
+}
+
+// ambientEntry is one of d's ready pods as the consuming cluster holds it.
+type ambientEntry struct {
+	name string
+	spec *networkingv1.WorkloadEntry
+}
+
+// ambientEntries are d's ready pods as WorkloadEntries on from's network,
+// each with its pod's service account (the account of the discovered
+// Workload whose pod labels the pod carries), sorted by name. A pod whose
+// IP does not parse, or whose Workload is not discovered, is left out and
+// reported: its identity is unknown.
+func (p *Plan) ambientEntries(d *discoveryv1alpha1.Destination, from *member) ([]ambientEntry, []string) {
+	ks := d.Spec.KubeService
+	var (
+		out      []ambientEntry
+		problems []string
+		seen     = map[string]bool{}
+	)
+	workloads := p.ids.workloads[ks.Ref.ClusterName+"/"+ks.Ref.Namespace]
+	for _, e := range ks.Endpoints {
+		addr, err := netip.ParseAddr(e.IP)
+		if err != nil || addr.Zone() != "" {
+			problems = append(problems, fmt.Sprintf("endpoint %q is not an IP address", text.Truncate(e.IP, 64)))
+			continue
+		}
+		ip := addr.String()
+		if seen[ip] {
+			continue
+		}
+		seen[ip] = true
+		sa := ""
+		for _, w := range workloads { // in input order: sorted by the caller's view
+			k := w.Spec.Kubernetes
+			if labelsMatch(ks.WorkloadSelectorLabels, k.PodLabels) && labelsMatch(k.PodLabels, e.Labels) {
+				sa = cmp.Or(k.ServiceAccountName, defaultServiceAccount)
+				break
+			}
+		}
+		if sa == "" {
+			problems = append(problems, fmt.Sprintf("no discovered workload runs the pod at %s: its service account, and so its identity, is unknown; it is not federated", ip))
+			continue
+		}
+		labels := map[string]string{LabelGlobalService: ks.Ref.Name}
+		out = append(out, ambientEntry{
+			name: objectName(ks.Ref.Name, ks.Ref.ClusterName, strings.NewReplacer(".", "-", ":", "-").Replace(ip)),
+			spec: &networkingv1.WorkloadEntry{Address: ip, Network: from.istio().Ambient.Network, ServiceAccount: sa, Labels: labels},
+		})
+	}
+	slices.SortFunc(out, func(a, b ambientEntry) int { return strings.Compare(a.name, b.name) })
+	slices.Sort(problems)
+	return out, slices.Compact(problems)
+}
+
+// globalService is the federated service in a consuming cluster: its
+// ports, selecting the service's WorkloadEntries only. istiod makes it
+// global by its label istio.io/global (the ambient profile's
+// serviceScopeConfigs).
+func globalService(name string, ports []servicePort) corev1.ServiceSpec {
+	spec := corev1.ServiceSpec{Selector: map[string]string{LabelGlobalService: name}}
+	for _, pt := range ports {
+		sp := corev1.ServicePort{Name: pt.name, Port: int32(pt.number), Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(int32(cmp.Or(pt.target, pt.number)))}
+		if pt.targetName != "" {
+			sp.TargetPort = intstr.FromString(pt.targetName)
+		}
+		if app := appProtocol(pt.protocol); app != "" {
+			sp.AppProtocol = &app
+		}
+		spec.Ports = append(spec.Ports, sp)
+	}
+	return spec
+}
+
+// appProtocol is the Service appProtocol of an Istio protocol name, "" for
+// TCP (Kubernetes' default).
+func appProtocol(istio string) string {
+	switch istio {
+	case "TCP":
+		return ""
+	case "GRPC":
+		return "grpc"
+	case "HTTP2":
+		return "http2"
+	}
+	return strings.ToLower(istio)
+}
+
+// remoteNetworkGateway is the exporting network's east-west gateway as the
+// consuming cluster's istiod reads it: class istio-remote (a Gateway of
+// the local cluster counts as a network gateway only in that class), the
+// network label, the gateway's pods' account, its addresses, and its
+// HBONE port.
+func remoteNetworkGateway(gw discoveryv1alpha1.EastWestGatewayInfo) map[string]any {
+	var addrs []any
+	for _, a := range gw.Addresses {
+		t := "Hostname"
+		if _, err := netip.ParseAddr(a); err == nil {
+			t = "IPAddress"
+		}
+		addrs = append(addrs, map[string]any{"type": t, "value": a})
+	}
+	return map[string]any{
+		"gatewayClassName": remoteGatewayClass,
+		"addresses":        addrs,
+		"listeners": []any{map[string]any{
+			"name": "cross-network", "port": gw.HBONEPort, "protocol": hboneProtocol,
+			"tls": map[string]any{"mode": "Passthrough"},
+		}},
+	}
+}
+
+// remoteNetworkGatewayName names from's gateway gw in a consuming cluster.
+func remoteNetworkGatewayName(from *member, gw discoveryv1alpha1.EastWestGatewayInfo) string {
+	return objectName("relaymesh", from.cluster, gw.Name)
+}
+
+// finishAmbient writes, in each consuming member reached over ambient
+// federation, the network gateways of every member it consumes from.
+func (s *vmState) finishAmbient(out *translation.Output, peers map[string][]string) {
+	for _, from := range s.members {
+		for _, key := range peers[from.key] {
+			m := s.byKey[key]
+			if m == nil {
+				continue
+			}
+			for _, gw := range ambientGateways(from.istio().Ambient) {
+				annotations := map[string]string{}
+				if gw.ServiceAccount != "" {
+					annotations[annotationGatewaySA] = gw.ServiceAccount
+				}
+				err := out.AddObjectMeta(m.cluster, apiGateway, "Gateway", m.root, remoteNetworkGatewayName(from, gw),
+					map[string]string{labelNetwork: gw.Network}, annotations, remoteNetworkGateway(gw), s.parent)
+				if err != nil {
+					m.errs = append(m.errs, err.Error())
+				}
+			}
+		}
+	}
+}
+
+// protoSpec is an Istio message as the generic JSON value Istio's CRDs
+// expect (protobuf JSON, lowerCamelCase).
+func protoSpec(msg proto.Message) any {
+	b, err := protojson.Marshal(msg)
+	if err != nil {
+		return map[string]any{}
+	}
+	var v map[string]any
+	_ = json.Unmarshal(b, &v)
+	return v
+}
