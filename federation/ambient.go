@@ -140,6 +140,10 @@ func (p *Plan) exportAmbient(s *vmState, out *translation.Output, d *discoveryv1
 		notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key, Error: fmt.Sprintf("destination %s: %s", d.Name, pr)})
 	}
 	for _, m := range peers {
+		if systemNamespace(ks.Ref.Namespace) || ks.Ref.Namespace == m.root {
+			fail(m, "namespace %s is the cluster's or the mesh's own: Relaymesh writes no global Service there", ks.Ref.Namespace)
+			continue
+		}
 		if p.services[m.cluster+"/"+ks.Ref.Namespace+"/"+ks.Ref.Name] {
 			fail(m, "cluster %s has a Service %s/%s of its own; Relaymesh writes the global Service only where there is none (merging with a local one is not supported yet)",
 				m.cluster, ks.Ref.Namespace, ks.Ref.Name)
@@ -157,6 +161,12 @@ func (p *Plan) exportAmbient(s *vmState, out *translation.Output, d *discoveryv1
 		notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key, AmbientPeer: m.key})
 	}
 	return notes
+}
+
+// systemNamespace says whether ns belongs to Kubernetes itself: a remote
+// cluster's Service there must not become one here.
+func systemNamespace(ns string) bool {
+	return ns == "kube-system" || ns == "kube-public" || ns == "kube-node-lease" || ns == "default"
 }
 
 // ambientEntry is one of d's ready pods as the consuming cluster holds it.

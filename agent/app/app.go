@@ -22,6 +22,7 @@ import (
 
 	"github.com/relaymesh/relaymesh/agent"
 	"github.com/relaymesh/relaymesh/agent/apply"
+	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/discovery"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
@@ -125,7 +126,10 @@ func build(cfg Config, env Env, log *slog.Logger) (*parts, error) {
 	if err != nil {
 		return nil, err
 	}
-	applier, err := newApplier(kube, log)
+	if cfg.AmbientFederation {
+		log.Info("ambient federation on: applying global Services, WorkloadEntries and istio-remote Gateways (only objects labelled " + outputs.OwnerLabel + " are changed)")
+	}
+	applier, err := newApplier(kube, log, cfg.AmbientFederation)
 	if err != nil {
 		return nil, err
 	}
@@ -140,24 +144,30 @@ func build(cfg Config, env Env, log *slog.Logger) (*parts, error) {
 
 // newApplier applies with server-side apply through a cached discovery
 // REST mapper, as Owner.
-func newApplier(kube *kubeclient.Clients, log *slog.Logger) (*apply.Applier, error) {
+func newApplier(kube *kubeclient.Clients, log *slog.Logger, ambientFederation bool) (*apply.Applier, error) {
 	dc, err := discoveryclient.NewDiscoveryClientForConfig(kube.Config)
 	if err != nil {
 		return nil, err
 	}
-	return apply.New(applierConfig(kube, restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), log))
+	return apply.New(applierConfig(kube, restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), log, ambientFederation))
 }
 
 // applierConfig is what the agent applies: the Istio kinds, and the
 // Gateway API routes of ambient Destinations where the cluster serves
 // them (optional kinds: a cluster without Gateway API's CRDs is not an
-// error until a set holds a route).
-func applierConfig(kube *kubeclient.Clients, mapper meta.RESTMapper, log *slog.Logger) apply.Config {
-	return apply.Config{
+// error until a set holds a route); with ambientFederation, also what
+// ambient federation writes (apply.AmbientFederationKinds).
+func applierConfig(kube *kubeclient.Clients, mapper meta.RESTMapper, log *slog.Logger, ambientFederation bool) apply.Config {
+	cfg := apply.Config{
 		Dynamic: kube.Dynamic, Mapper: mapper, Owner: Owner, Logger: log,
 		Kinds:         append(slices.Clone(apply.DefaultKinds), apply.GatewayRouteKinds...),
 		OptionalKinds: slices.Clone(apply.GatewayRouteKinds),
 	}
+	if ambientFederation {
+		cfg.Kinds = append(cfg.Kinds, apply.AmbientFederationKinds...)
+		cfg.OptionalKinds = append(cfg.OptionalKinds, apply.AmbientFederationGateway)
+	}
+	return cfg
 }
 
 // work is the leader's: renew the credential, discover, and once both are

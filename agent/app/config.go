@@ -38,6 +38,12 @@ type Config struct {
 	// (--lease-name) talks to the server and applies.
 	LeaderElect bool
 	LeaseName   string
+	// AmbientFederation (--ambient-federation) lets the agent apply what
+	// ambient federation writes into this cluster: global Services,
+	// WorkloadEntries and istio-remote Gateways (apply.AmbientFederationKinds).
+	// Off by default: writing Services is a privilege the agent otherwise
+	// does without (the chart grants it with ambientFederation.enabled).
+	AmbientFederation bool
 	// Identity is this replica's leader-election identity (--identity);
 	// empty: the host name and a random suffix.
 	Identity string

@@ -67,6 +67,22 @@ func gatewayRouteKinds() []schema.GroupVersionKind {
 	return out
 }
 
+// AmbientFederationKinds are what ambient federation writes into a
+// consuming cluster (docs/design/2026-12-04-ambient-federation.md): the
+// global Service, its WorkloadEntries, and the remote network's gateway (a
+// Gateway API Gateway of class istio-remote). An agent adds them to its
+// Kinds only when told to (relaymesh agent --ambient-federation): writing
+// Services is a privilege the agent otherwise does without. The Gateway is
+// optional (a cluster without Gateway API's CRDs serves none).
+var AmbientFederationKinds = []schema.GroupVersionKind{
+	{Version: "v1", Kind: "Service"},
+	{Group: "networking.istio.io", Version: "v1", Kind: "WorkloadEntry"},
+	AmbientFederationGateway,
+}
+
+// AmbientFederationGateway is the optional kind of AmbientFederationKinds.
+var AmbientFederationGateway = schema.GroupVersionKind{Group: "gateway.networking.k8s.io", Version: "v1", Kind: "Gateway"}
+
 // Config configures an Applier.
 type Config struct {
 	// Dynamic is the client for the workload cluster. Required.

@@ -42,6 +42,8 @@ type fixture struct {
 	mapper *restmapper.DeferredDiscoveryRESTMapper
 	cs     kubernetes.Interface
 	logs   *syncbuf.Buffer
+	// cluster is the apiserver, for what a test installs (Gateway API).
+	cluster *localcluster.Cluster
 }
 
 func newFixture(tb testing.TB) *fixture {
@@ -63,10 +65,11 @@ func newFixture(tb testing.TB) *fixture {
 		require.NoError(tb, err)
 	}
 	return &fixture{
-		dyn:    dyn,
-		mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)),
-		cs:     cs,
-		logs:   &syncbuf.Buffer{},
+		dyn:     dyn,
+		mapper:  restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)),
+		cs:      cs,
+		logs:    &syncbuf.Buffer{},
+		cluster: env.Cluster("cluster-1"),
 	}
 }
 

@@ -68,6 +68,7 @@ func addAgentFlags(c *cobra.Command, cfg *agentapp.Config) {
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.BoolVar(&cfg.LeaderElect, "leader-elect", cfg.LeaderElect, "run as one of several replicas: only the holder of the Lease --lease-name talks to the server and applies")
 	fs.StringVar(&cfg.LeaseName, "lease-name", cfg.LeaseName, "name of the leader-election Lease in --namespace")
+	fs.BoolVar(&cfg.AmbientFederation, "ambient-federation", cfg.AmbientFederation, "apply what ambient federation writes into this cluster: global Services (istio.io/global), WorkloadEntries on other networks and istio-remote Gateways; only objects labelled relaymesh.io/owner are changed. Needs write access to Services, WorkloadEntries and Gateway API Gateways (chart: ambientFederation.enabled). Off: those objects are reported as not managed by the agent")
 	fs.StringVar(&cfg.Identity, "identity", cfg.Identity, "this replica's leader-election identity (default: hostname and a random suffix)")
 	fs.DurationVar(&cfg.LeaseDuration, "leader-lease-duration", cfg.LeaseDuration, "how long a lease lasts without renewal (a standby takes over after it)")
 	fs.DurationVar(&cfg.RenewDeadline, "leader-renew-deadline", cfg.RenewDeadline, "how long the leader retries renewing before it gives up")

@@ -39,8 +39,15 @@ func variants(t testing.TB, chart string) map[string][]string {
 	if chart == serverChart {
 		v["redis"] = redisValues
 	}
+	if chart == agentChart {
+		v["ambient-federation"] = ambientFederationValues
+	}
 	return v
 }
+
+// ambientFederationValues let the agent apply ambient federation's
+// objects (and grant it the kinds).
+var ambientFederationValues = []string{"--set", "ambientFederation.enabled=true"}
 
 // redisValues keep the server's snapshots in the chart's own Redis.
 var redisValues = []string{"--set", "snapshotStore.type=redis,snapshotStore.redis.passwordSecret=redis-password,snapshotStore.redis.caConfigMap=redis-ca," +
@@ -109,6 +116,8 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{agentChart, "cluster: Cluster_1", "/cluster"},
 		{agentChart, "leaderElection: {leaseName: l, leaseDuration: 15, renewDeadline: 10s, retryPeriod: 2s}", "/leaderElection/leaseDuration"},
 		{agentChart, "autoRestartPods: 1", "/autoRestartPods"},
+		{agentChart, "ambientFederation: {enabled: yes-please}", "/ambientFederation/enabled"},
+		{agentChart, "ambientFederation: {enable: true}", "additional properties 'enable' not allowed"},
 		{agentChart, "networkPolicy: {enabled: true, from: []}", "additional properties 'from' not allowed"},
 	}
 	for _, c := range cases {
@@ -240,7 +249,7 @@ func TestNoChartOwnedSecrets(t *testing.T) {
 	prod := func(chart string) []string { return variants(t, chart)["production"] }
 	for chart, argSets := range map[string][][]string{
 		serverChart: {nil, prod(serverChart), redisValues, {"--set", "caSecret=provided"}, {"--set", "allowSharedToken=true,allowKubeconfigClusters=true"}, {"--set", "debug.enabled=false"}, {"--set", "webhook.enabled=true,webhook.allowUnauthenticated=true"}},
-		agentChart:  {nil, prod(agentChart), {"--set", "autoRestartPods=true"}, {"--set", "cluster=c1,serverAddress=relay.example.com:9900"}},
+		agentChart:  {nil, prod(agentChart), {"--set", "autoRestartPods=true"}, ambientFederationValues, {"--set", "cluster=c1,serverAddress=relay.example.com:9900"}},
 	} {
 		for _, args := range argSets {
 			objs, err := h.template(chartDir(t, chart), chart, namespace, args...)
@@ -352,6 +361,9 @@ func TestChartsOnARealAPIServer(t *testing.T) {
 		}
 	}
 
+	t.Run("ambient federation's rules apply its objects, and only with the value", func(t *testing.T) {
+		ambientFederationRBAC(ctx, t, c)
+	})
 	t.Run("bad values change nothing", func(t *testing.T) {
 		f := filepath.Join(t.TempDir(), "bad.yaml")
 		require.NoError(t, os.WriteFile(f, []byte("webhook: {failurePolicy: Maybe}\n"), 0o600))
