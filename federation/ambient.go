@@ -108,8 +108,8 @@ func (p *Plan) exportAmbient(s *vmState, out *translation.Output, d *discoveryv1
 	}
 	var peers []*member
 	for _, m := range to {
-		if m.istio().Ambient == nil || !runsAmbient(m.mesh) {
-			continue // a sidecar member: the sidecar-era export serves it
+		if m.istio().Ambient == nil {
+			continue // a sidecar mesh: the sidecar-era export serves it
 		}
 		if why := ambientPeer(from, m); why != "" {
 			// The same for every Destination of from: said once.

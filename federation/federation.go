@@ -42,8 +42,11 @@ type vmState struct {
 	members []*member // sorted by mesh key
 	byKey   map[string]*member
 	missing []string // references to meshes that do not exist
-	errs    []string
-	warns   []string
+	// unregistered are references to meshes of clusters that are not
+	// registered: no part of the VirtualMesh, and no error.
+	unregistered []string
+	errs         []string
+	warns        []string
 }
 
 // member is a Mesh of a VirtualMesh.
@@ -308,6 +311,9 @@ func (s *vmState) reportTargets(r *translation.Report, idle string) {
 	for _, name := range s.missing {
 		r.Target(s.key, common.TargetStatus{Target: name, State: common.StateInvalid, Errors: []string{"mesh not found"}})
 	}
+	for _, name := range s.unregistered {
+		r.Target(s.key, common.TargetStatus{Target: name, State: common.StateInvalid, Errors: []string{"its cluster is not registered: not federated"}})
+	}
 }
 
 // validate resolves the member meshes and records every error in s.errs.
@@ -318,6 +324,15 @@ func (s *vmState) validate(in *translation.Input, grants *translation.Grants) {
 	}
 	for i, ref := range vm.Spec.Meshes {
 		mesh, err := in.MeshFor(ref)
+		if err != nil && !grants.Registered(ref.ClusterName) {
+			// Its cluster is not registered (deregistered, or not yet): the
+			// mesh takes no part and the others federate without it. An
+			// Invalid VirtualMesh would keep its last valid outputs, and
+			// with them whatever a revoked cluster exported.
+			s.warns = append(s.warns, fmt.Sprintf("spec.meshes[%d]: cluster %s is not registered: mesh %s takes no part until it is", i, ref.ClusterName, translation.MeshRefString(ref)))
+			s.unregistered = append(s.unregistered, translation.MeshRefString(ref))
+			continue
+		}
 		if err != nil {
 			s.errs = append(s.errs, fmt.Sprintf("spec.meshes[%d]: %v", i, err))
 			s.missing = append(s.missing, translation.MeshRefString(ref))
@@ -347,6 +362,9 @@ func (s *vmState) validate(in *translation.Input, grants *translation.Grants) {
 		}
 		for i, sel := range f.Selectors {
 			for j, ref := range sel.Meshes {
+				if slices.Contains(s.unregistered, translation.MeshRefString(ref)) {
+					continue // a member whose cluster is not registered: warned about above
+				}
 				mesh, err := in.MeshFor(ref)
 				if err != nil || s.byKey[mesh.Namespace+"/"+mesh.Name] == nil {
 					s.errs = append(s.errs, fmt.Sprintf("spec.federation.selectors[%d].meshes[%d]: mesh %s is not a member of this VirtualMesh", i, j, translation.MeshRefString(ref)))

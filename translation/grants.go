@@ -131,6 +131,9 @@ func (g *Grants) Authorize(cluster, td string) error {
 	return &GrantError{Cluster: cluster, TrustDomain: td, Reason: RefusedConflict, Granted: g.Granted(cluster), Holders: holders, Unshared: unshared}
 }
 
+// Registered says whether cluster has a KubernetesCluster.
+func (g *Grants) Registered(cluster string) bool { return g != nil && g.registered[cluster] }
+
 // Granted returns the trust domains cluster holds, in its spec's order.
 func (g *Grants) Granted(cluster string) []string {
 	if g == nil {

@@ -332,6 +332,39 @@ func TestGrantChangeReachesTheVirtualMesh(t *testing.T) {
 
 // A VirtualMesh that turns Invalid keeps its last good outputs, says so in
 // its status, and loses them when it is deleted.
+// A member's cluster deregistered (its KubernetesCluster and what its
+// agent discovered gone) takes no part: the VirtualMesh stays Accepted with
+// a warning, and nothing the cluster exported is kept anywhere — unlike a
+// VirtualMesh made Invalid by an edit, which keeps its last good outputs.
+func TestADeregisteredMemberKeepsNothing(t *testing.T) {
+	in := worldtest.New(t, worldtest.Translation(3, 6, 0, true))
+	e := controller.NewEngine("relaymesh")
+	e.Translate(in)
+	gone := in.VirtualMeshes[0].Spec.Meshes[2].ClusterName
+	exported := func() []string {
+		var out []string
+		for _, o := range e.Objects() {
+			b, err := json.Marshal(o.Object.Object)
+			require.NoError(t, err)
+			if o.Cluster != gone && strings.Contains(string(b), "svc."+gone+".") {
+				out = append(out, o.Cluster+"/"+o.Object.GetKind()+"/"+o.Object.GetName())
+			}
+		}
+		return out
+	}
+	require.NotEmpty(t, exported(), "the cluster's Destinations are federated to the others")
+
+	in.Clusters = slices.DeleteFunc(in.Clusters, func(kc multiclusterv1alpha1.KubernetesCluster) bool { return kc.Name == gone })
+	in.Meshes = slices.DeleteFunc(in.Meshes, func(m discoveryv1alpha1.Mesh) bool { return m.Spec.Istio.Installation.Cluster == gone })
+	in.Destinations = slices.DeleteFunc(in.Destinations, func(d discoveryv1alpha1.Destination) bool { return d.Spec.KubeService.Ref.ClusterName == gone })
+	in.Workloads = slices.DeleteFunc(in.Workloads, func(w discoveryv1alpha1.Workload) bool { return w.Spec.Kubernetes.Controller.ClusterName == gone })
+	r := e.Translate(in)
+	st, _, _ := r.Status(translation.ObjectKey{Kind: "VirtualMesh", Namespace: "relaymesh", Name: "all"})
+	assert.Equal(t, common.StateAccepted, st.State, "%v", st.Errors)
+	assert.Contains(t, strings.Join(st.Warnings, "\n"), "cluster "+gone+" is not registered")
+	assert.Empty(t, exported(), "nothing the deregistered cluster exported is kept")
+}
+
 func TestInvalidVirtualMeshKeepsLastGoodOutputs(t *testing.T) {
 	in := worldtest.New(t, worldtest.Translation(3, 6, 0, true))
 	e := controller.NewEngine("relaymesh")
@@ -341,7 +374,7 @@ func TestInvalidVirtualMeshKeepsLastGoodOutputs(t *testing.T) {
 	e.Dirty()
 
 	vm := &in.VirtualMeshes[0]
-	vm.Spec.Meshes = append(slices.Clone(vm.Spec.Meshes), common.ClusterObjectRef{ClusterName: "cluster-9", Namespace: "istio-system", Name: "no-such-mesh"})
+	vm.Spec.Meshes = append(slices.Clone(vm.Spec.Meshes), common.ClusterObjectRef{ClusterName: vm.Spec.Meshes[0].ClusterName, Namespace: "istio-system", Name: "no-such-mesh"})
 	vm.Generation = 2
 	r := e.Translate(in)
 	st, _, _ := r.Status(translation.ObjectKey{Kind: "VirtualMesh", Namespace: "relaymesh", Name: "all"})

@@ -1,0 +1,355 @@
+package e2e
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/anypb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/test/internal/workloadapi"
+	"github.com/relaymesh/relaymesh/test/istiod"
+	"github.com/relaymesh/relaymesh/translation/translationtest"
+)
+
+// ambientCluster is one workload cluster's ambient installation as API
+// objects (no pods run here: the test sets pods' and the east-west
+// gateway's status as kubelets and Istio's controllers would): istiod on
+// network net-<n> in trust domain mesh.local, a ztunnel DaemonSet, an
+// east-west gateway of class istio-east-west, and namespace shop in
+// ambient mode.
+func ambientClusterManifest(n int) string {
+	return fmt.Sprintf(`
+apiVersion: v1
+kind: Namespace
+metadata: {name: istio-system, labels: {topology.istio.io/network: net-%[1]d}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: istio, namespace: istio-system, labels: {istio.io/rev: default}}
+data:
+  mesh: |
+    trustDomain: mesh.local
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: istiod, namespace: istio-system, labels: {app: istiod, istio: pilot, istio.io/rev: default}}
+spec:
+  selector: {matchLabels: {app: istiod}}
+  template:
+    metadata: {labels: {app: istiod, istio: pilot, istio.io/rev: default}}
+    spec:
+      containers:
+      - name: discovery
+        image: docker.io/istio/pilot:1.31.1
+        env:
+        - {name: PILOT_ENABLE_AMBIENT, value: "true"}
+        - {name: AMBIENT_ENABLE_MULTI_NETWORK, value: "true"}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: ztunnel, namespace: istio-system}
+spec:
+  selector: {matchLabels: {app: ztunnel}}
+  template:
+    metadata: {labels: {app: ztunnel}}
+    spec:
+      containers:
+      - {name: istio-proxy, image: docker.io/istio/ztunnel:1.31.1}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: istio-eastwest, namespace: istio-system, labels: {topology.istio.io/network: net-%[1]d}}
+spec:
+  gatewayClassName: istio-east-west
+  listeners:
+  - {name: mesh, port: 15008, protocol: HBONE, tls: {mode: Terminate, options: {gateway.istio.io/tls-terminate-mode: ISTIO_MUTUAL}}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {istio.io/dataplane-mode: ambient}}
+`, n)
+}
+
+// ratingsManifest is ratings, which runs only in cluster-2.
+const ratingsManifest = `
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: ratings, namespace: shop}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: ratings, namespace: shop}
+spec:
+  selector: {matchLabels: {app: ratings}}
+  template:
+    metadata: {labels: {app: ratings}}
+    spec:
+      serviceAccountName: ratings
+      containers:
+      - {name: ratings, image: example.invalid/ratings}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ratings, namespace: shop}
+spec:
+  selector: {app: ratings}
+  ports:
+  - {name: http, port: 9080}
+`
+
+// ambientVirtualMesh federates every Destination of the two ambient
+// meshes, which share trust domain mesh.local.
+const ambientVirtualMesh = `
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualMesh
+metadata: {name: shop, namespace: relaymesh}
+spec:
+  meshes:
+  - {clusterName: cluster-1, namespace: istio-system, name: istiod}
+  - {clusterName: cluster-2, namespace: istio-system, name: istiod}
+  mtls: {trustDomains: Shared}
+  federation:
+    selectors: [{}]
+`
+
+// globalScopeMeshConfig is the ambient profile's service scope: Services
+// labelled istio.io/global=true are global.
+const globalScopeMeshConfig = `serviceScopeConfigs:
+- servicesSelector:
+    matchExpressions: [{key: istio.io/global, operator: In, values: ["true"]}]
+  scope: GLOBAL
+`
+
+// TestAmbientFederationAcrossNetworks: two workload clusters, each an
+// ambient mesh on a network of its own, no remote secret anywhere; the
+// relay server and both agents (--ambient-federation) as processes, and a
+// real pilot-discovery in ambient multi-network mode for cluster-1. A Go
+// client posing as cluster-1's ztunnel is told that ratings, which runs
+// only in cluster-2, lives on net-2 behind cluster-2's east-west gateway
+// (its address, its HBONE port, its account), with one workload for the
+// two remote pods and the remote pods' identity in the service's SANs; and
+// after `relaymesh cluster deregister cluster-2` it is told ratings has no
+// endpoint any more (measured).
+func TestAmbientFederationAcrossNetworks(t *testing.T) {
+	ctx := context.Background()
+	bin, env, dir := Setup(t, "mgmt", "cluster-1", "cluster-2")
+	mgmt := env.Cluster("mgmt")
+	clients := map[string]kubernetes.Interface{}
+	for i, name := range []string{"cluster-1", "cluster-2"} {
+		c := env.Cluster(name)
+		translationtest.InstallGatewayAPI(ctx, t, c)
+		_, err := c.Apply(ctx, "test", []byte(ambientClusterManifest(i+1)))
+		require.NoError(t, err)
+		cs, err := c.Clientset()
+		require.NoError(t, err)
+		clients[name] = cs
+		dyn, err := dynamic.NewForConfig(c.RESTConfig())
+		require.NoError(t, err)
+		// The address a LoadBalancer would give the east-west gateway.
+		Eventually(t, 30*time.Second, name+"'s east-west gateway address", func() (bool, string) {
+			gw, err := dyn.Resource(gatewaysGVR).Namespace("istio-system").Get(ctx, "istio-eastwest", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			_ = unstructured.SetNestedSlice(gw.Object, []any{map[string]any{"type": "IPAddress", "value": fmt.Sprintf("192.0.2.%d0", i+1)}}, "status", "addresses")
+			_, err = dyn.Resource(gatewaysGVR).Namespace("istio-system").UpdateStatus(ctx, gw, metav1.UpdateOptions{})
+			return err == nil, fmt.Sprint(err)
+		})
+	}
+	c2 := env.Cluster("cluster-2")
+	_, err := c2.Apply(ctx, "test", []byte(ratingsManifest))
+	require.NoError(t, err)
+	for i, ip := range []string{"10.2.0.21", "10.2.0.22"} {
+		readyPod(ctx, t, clients["cluster-2"], "shop", fmt.Sprintf("ratings-%d", i), ip, map[string]string{"app": "ratings"}, "ratings")
+	}
+
+	relayAddr, opsAddr := Addr(t), Addr(t)
+	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
+		"--audit-log", dir+"/audit.log", "--server-dns-names", "localhost", "--server-ips", Host(relayAddr))
+	waitHealthy(t, opsAddr)
+	for _, name := range []string{"cluster-1", "cluster-2"} {
+		out, err := Run(t, bin, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig,
+			"--server-address", relayAddr, "--shared-trust-domain", "mesh.local")
+		require.NoError(t, err, out)
+		Start(t, bin, dir, "agent-"+name, "agent", "--kubeconfig", env.Cluster(name).Kubeconfig, "--ambient-federation",
+			"--health-listen", Addr(t), "--metrics-listen", Addr(t))
+	}
+	_, err = mgmt.Apply(ctx, "test", []byte(ambientVirtualMesh))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
+		if err != nil {
+			return
+		}
+		if vm, err := dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace("relaymesh").Get(ctx, "shop", metav1.GetOptions{}); err == nil {
+			t.Logf("VirtualMesh status: %v", vm.Object["status"])
+		}
+	})
+
+	// cluster-1's istiod, in ambient multi-network mode: it reads only
+	// cluster-1's apiserver (no remote secret exists).
+	root, err := ca.GenerateMeshRoot(ca.MeshRootConfig{VirtualMesh: "e2e"})
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalPKCS8PrivateKey(root.Key)
+	require.NoError(t, err)
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: root.Cert.Raw})
+	d, err := istiod.Start(ctx, istiod.Config{Kubeconfig: env.Cluster("cluster-1").Kubeconfig, ClusterID: "cluster-1", Dir: t.TempDir(), TrustDomain: "mesh.local",
+		Ambient: true, MeshConfig: globalScopeMeshConfig, Env: map[string]string{"AMBIENT_ENABLE_MULTI_NETWORK": "true"},
+		CACerts: map[string][]byte{istiod.CACertFile: certPEM, istiod.CAKeyFile: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+			istiod.CertChainFile: certPEM, istiod.RootCertFile: certPEM}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Stop() })
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("istiod log (last lines):\n%s", d.LogTail(40))
+		}
+	})
+	w, err := d.WatchDelta(ctx, d.ZtunnelNode("10.1.0.1"), istiod.AddressTypeURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Close() })
+
+	const uid = "net-2/SplitHorizonWorkload/istio-system/relaymesh-cluster-2-istio-eastwest/192.0.2.20/shop/ratings.shop.svc.cluster.local"
+	wait, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	require.NoError(t, w.Await(wait, func(res map[string]*anypb.Any) error {
+		return remoteRatings(res, uid, 2)
+	}), "what cluster-1's ztunnel was told")
+	res, _, err := w.Snapshot()
+	require.NoError(t, err)
+	for _, a := range addresses(t, res) {
+		if wl := a.GetWorkload(); wl != nil {
+			remotePod := wl.GetNetwork() == "net-2" && len(wl.GetAddresses()) > 0 && !strings.HasPrefix(wl.GetUid(), "NetworkGateway/")
+			assert.False(t, remotePod, "a remote pod is never sent as itself: %s", wl.GetUid())
+			if strings.HasPrefix(wl.GetUid(), "NetworkGateway/net-2/") {
+				assert.Equal(t, "istio-eastwest", wl.GetServiceAccount(), "the gateway runs as cluster-2's east-west gateway")
+			}
+		}
+		if s := a.GetService(); s != nil && s.GetHostname() == "ratings.shop.svc.cluster.local" {
+			assert.Contains(t, s.GetSubjectAltNames(), "spiffe://mesh.local/ns/shop/sa/ratings", "ztunnel verifies the remote pods' identity")
+		}
+	}
+	// No remote secret anywhere.
+	for name, cs := range clients {
+		l, err := cs.CoreV1().Secrets("").List(ctx, metav1.ListOptions{LabelSelector: "istio/multiCluster=true"})
+		require.NoError(t, err)
+		assert.Empty(t, l.Items, "remote secrets in %s", name)
+	}
+
+	// cluster-2 leaves: ratings leaves cluster-1's ztunnel view.
+	start := time.Now()
+	out, err := Run(t, bin, "cluster", "deregister", "cluster-2", "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", c2.Kubeconfig)
+	require.NoError(t, err, out)
+	require.NoError(t, w.Await(wait, func(res map[string]*anypb.Any) error {
+		for _, a := range addressesOf(res) {
+			if wl := a.GetWorkload(); wl != nil && wl.GetUid() == uid {
+				return fmt.Errorf("%s still sent", uid)
+			}
+		}
+		return nil
+	}))
+	t.Logf("ratings left cluster-1's ztunnel view %v after `relaymesh cluster deregister cluster-2` started", time.Since(start).Round(time.Millisecond))
+	dyn1, err := dynamic.NewForConfig(env.Cluster("cluster-1").RESTConfig())
+	require.NoError(t, err)
+	Eventually(t, 30*time.Second, "ambient federation's objects pruned from cluster-1", func() (bool, string) {
+		var left []string
+		for _, r := range []struct {
+			gvr schema.GroupVersionResource
+			ns  string
+		}{{workloadEntriesGVR, "shop"}, {gatewaysGVR, "istio-system"}, {schema.GroupVersionResource{Version: "v1", Resource: "services"}, "shop"}} {
+			l, err := dyn1.Resource(r.gvr).Namespace(r.ns).List(ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/owner"})
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, o := range l.Items {
+				left = append(left, o.GetKind()+"/"+o.GetName())
+			}
+		}
+		slices.Sort(left)
+		return len(left) == 0, fmt.Sprint(left)
+	})
+}
+
+var workloadEntriesGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "workloadentries"}
+
+// readyPod creates a pod and gives it the status a kubelet would: running,
+// ready, with ip.
+func readyPod(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns, name, ip string, labels map[string]string, sa string) {
+	t.Helper()
+	pod, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: map[string]string{"ambient.istio.io/redirection": "enabled"}},
+		Spec:       corev1.PodSpec{ServiceAccountName: sa, NodeName: "node-1", Containers: []corev1.Container{{Name: "app", Image: "example.invalid/app"}}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	_, err = cs.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	require.NoError(t, err)
+}
+
+func addressesOf(res map[string]*anypb.Any) []*workloadapi.Address {
+	var out []*workloadapi.Address
+	for _, r := range res {
+		a := &workloadapi.Address{}
+		if r.UnmarshalTo(a) == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func addresses(t *testing.T, res map[string]*anypb.Any) []*workloadapi.Address {
+	t.Helper()
+	out := addressesOf(res)
+	require.Len(t, out, len(res), "every Address decodes")
+	return out
+}
+
+// remoteRatings says how the remote ratings workload of res differs from
+// one reaching capacity pods on net-2 through 192.0.2.20:15008.
+func remoteRatings(res map[string]*anypb.Any, uid string, capacity uint32) error {
+	var uids []string
+	for _, a := range addressesOf(res) {
+		wl := a.GetWorkload()
+		if wl == nil {
+			continue
+		}
+		uids = append(uids, wl.GetUid())
+		if wl.GetUid() != uid {
+			continue
+		}
+		gw := wl.GetNetworkGateway()
+		addr, _ := netip.AddrFromSlice(gw.GetAddress().GetAddress())
+		switch {
+		case gw.GetAddress().GetNetwork() != "net-2" || addr.String() != "192.0.2.20" || gw.GetHboneMtlsPort() != 15008:
+			return fmt.Errorf("network gateway %s/%s:%d", gw.GetAddress().GetNetwork(), addr, gw.GetHboneMtlsPort())
+		case wl.GetNetwork() != "net-2" || len(wl.GetAddresses()) > 0:
+			return fmt.Errorf("network %q, %d addresses", wl.GetNetwork(), len(wl.GetAddresses()))
+		case wl.GetCapacity().GetValue() != capacity:
+			return fmt.Errorf("capacity %d, want %d", wl.GetCapacity().GetValue(), capacity)
+		}
+		return nil
+	}
+	slices.Sort(uids)
+	return fmt.Errorf("no workload %s among %v", uid, uids)
+}
+
