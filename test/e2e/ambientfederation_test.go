@@ -352,4 +352,3 @@ func remoteRatings(res map[string]*anypb.Any, uid string, capacity uint32) error
 	slices.Sort(uids)
 	return fmt.Errorf("no workload %s among %v", uid, uids)
 }
-
