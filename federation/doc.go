@@ -66,6 +66,28 @@
 //     and the deny would hold only at the destination's ztunnel.
 //     Disabled and MeshDefault produce nothing.
 //
+//   - Ambient federation (docs/design/2026-12-04-ambient-federation.md):
+//     an ambient Destination D (mode ambient or mixed) of an ambient mesh B
+//     federated to an ambient mesh A on another network, with one trust
+//     domain and B's east-west gateway (class istio-east-west, HBONE,
+//     programmed) known: in A's cluster a Gateway
+//     `relaymesh-<clusterB>-<gateway>` in A's root namespace (class
+//     istio-remote, label topology.istio.io/network, annotation
+//     gateway.istio.io/service-account, B's addresses, an HBONE listener on
+//     B's port), a Service `<svc>` in D's namespace (label
+//     istio.io/global=true, D's ports, selector
+//     relaymesh.io/global-service=<svc>) and a WorkloadEntry per ready pod
+//     (network B's, the pod's IP and the account of the Workload that runs
+//     it). A pair that cannot — no network, one network, no programmed
+//     gateway, different trust domains — is an error on B's target, once;
+//     a Service A holds itself, a system or root namespace, and a pod with
+//     no known account are errors naming the Destination. A member that
+//     runs only ambient workloads gets no sidecar-era federated hosts.
+//   - A member whose cluster is not registered takes no part: a warning
+//     and an Invalid target, while the others federate (an Invalid
+//     VirtualMesh would keep its last valid outputs, a deregistered
+//     cluster's exports with them).
+//
 // Port protocols use Istio's names (HTTP, HTTP2, GRPC, HTTPS, TLS, TCP),
 // taken from the port's appProtocol, else from its name's prefix (Istio's
 // `<protocol>[-<suffix>]` convention); anything else is TCP, which carries
