@@ -28,6 +28,7 @@
 //     in D's namespace for the federated host that selects D's pods
 //     (workloadSelector, resolution STATIC), exported only to the gateways'
 //     namespaces, so the gateway knows the Envoy cluster the SNI names.
+//
 //   - flatNetwork: no gateway is involved; clients in B connect to D's pods
 //     directly, over Istio mTLS with the identities of A's mesh. In B's
 //     cluster, in B's root namespace, under the same names and host: a
@@ -50,8 +51,10 @@
 //     ServiceEntry, with no endpoints. No Gateway and no local ServiceEntry
 //     are made. The servers need mTLS STRICT (mtls.strictMTLS) for
 //     proxyless gRPC, which serves PERMISSIVE as plaintext.
+//
 //   - mtls.strictMTLS: a PeerAuthentication "default" (STRICT) in each
 //     member's root namespace.
+//
 //   - globalAccessPolicy Enabled: an AuthorizationPolicy
 //     "relaymesh-global-deny" in each member's root namespace that allows
 //     nothing (ALLOW with one rule no request matches: principals ["*"] and
@@ -83,6 +86,7 @@
 //     a Service A holds itself, a system or root namespace, and a pod with
 //     no known account are errors naming the Destination. A member that
 //     runs only ambient workloads gets no sidecar-era federated hosts.
+//
 //   - A member whose cluster is not registered takes no part: a warning
 //     and an Invalid target, while the others federate (an Invalid
 //     VirtualMesh would keep its last valid outputs, a deregistered
