@@ -398,8 +398,9 @@ const (
 )
 
 // gatherRemoteSecrets lists the cluster's Istio remote secrets in every
-// namespace, as metadata only: the check never fetches another cluster's
-// credentials to say they are there.
+// namespace, as metadata only: the check never requests a Secret's data
+// to say it is there, and keeps only the cluster annotation (a
+// kubectl last-applied annotation may repeat the data; it is dropped).
 func gatherRemoteSecrets(ctx context.Context, k *kubeclient.Clients) ([]RemoteSecret, error) {
 	client, err := metadata.NewForConfig(k.Config)
 	if err != nil {

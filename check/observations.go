@@ -159,7 +159,7 @@ type Workload struct {
 	Ambient *Ambient
 	// RemoteSecrets are the cluster's Istio remote secrets (Secrets
 	// labelled istio/multiCluster=true), read as metadata only: their
-	// kubeconfigs are never fetched. RemoteSecretsErr when they could not
+	// data is never requested (only the cluster annotation is kept). RemoteSecretsErr when they could not
 	// be listed (nil RemoteSecrets then means unknown, not none).
 	RemoteSecrets    []RemoteSecret
 	RemoteSecretsErr error

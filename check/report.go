@@ -51,8 +51,8 @@
 //     a Service no waypoint serves (enforced nowhere: fail open). Each names whose the objects are:
 //     Relaymesh's (label relaymesh.io/owner) or the user's.
 //   - Across each VirtualMesh's member clusters that were read: an Istio
-//     remote secret (label istio/multiCluster=true; listed as metadata, so
-//     no kubeconfig is fetched) is an error: another control plane's
+//     remote secret (label istio/multiCluster=true; listed as metadata:
+//     its data is never requested) is an error: another control plane's
 //     credentials in a federated cluster, which Relaymesh's relay exists to
 //     avoid; a Service that several member clusters hold (namespace
 //     sameness) and that their waypoints serve differently (bound in one

@@ -2,8 +2,11 @@ package federation
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -58,8 +61,11 @@ func ambientPeer(from, to *member) string {
 			meshName(from.mesh), fa.Network, meshName(to.mesh), ta.Network)
 	case fa.Network == ta.Network:
 		return fmt.Sprintf("both meshes are on network %q: ambient federation goes through east-west gateways between networks (single-network ambient multicluster needs remote secrets, which Relaymesh does not write)", fa.Network)
-	case len(ambientGateways(fa)) == 0:
+	case len(ambientGateways(fa, "")) == 0:
 		return fmt.Sprintf("mesh %s has no east-west gateway on network %q with an address (a Gateway of class istio-east-west with an HBONE listener, programmed)", meshName(from.mesh), fa.Network)
+	case len(ambientGateways(fa, to.root)) == 0:
+		return fmt.Sprintf("mesh %s's east-west gateways on network %q are not in namespace %s: istiod in %s names a network gateway's identity by the namespace of the Gateway it reads, which Relaymesh writes into %s",
+			meshName(from.mesh), fa.Network, to.root, to.cluster, to.root)
 	case from.istio().TrustDomain != to.istio().TrustDomain:
 		return fmt.Sprintf("istiod in %s names the remote pods by its own trust domain %q (in the service's SANs its ztunnels verify), while they carry %q: every connection would be refused; ambient meshes federate only with one trust domain (spec.mtls.trustDomains: Shared, and the grant shared on both KubernetesClusters)",
 			to.cluster, to.istio().TrustDomain, from.istio().TrustDomain)
@@ -68,11 +74,12 @@ func ambientPeer(from, to *member) string {
 }
 
 // ambientGateways are an ambient mesh's east-west gateways on its own
-// network that have an address, sorted by namespace/name.
-func ambientGateways(a *discoveryv1alpha1.AmbientMesh) []discoveryv1alpha1.EastWestGatewayInfo {
+// network that have an address (in namespace ns, unless ns is ""), sorted
+// by namespace/name.
+func ambientGateways(a *discoveryv1alpha1.AmbientMesh, ns string) []discoveryv1alpha1.EastWestGatewayInfo {
 	var out []discoveryv1alpha1.EastWestGatewayInfo
 	for _, g := range a.EastWestGateways {
-		if g.Network == a.Network && len(g.Addresses) > 0 && g.HBONEPort > 0 {
+		if g.Network == a.Network && len(g.Addresses) > 0 && g.HBONEPort > 0 && (ns == "" || g.Namespace == ns) {
 			out = append(out, g)
 		}
 	}
@@ -107,11 +114,16 @@ func (p *Plan) exportAmbient(s *vmState, out *translation.Output, d *discoveryv1
 			Error: fmt.Sprintf("destination %s not federated to ambient mesh %s: %s", d.Name, m.mesh.Name, fmt.Sprintf(format, args...))})
 	}
 	var peers []*member
+	shared := s.networkClaimedTwice(from)
 	for _, m := range to {
 		if m.istio().Ambient == nil {
 			continue // a sidecar mesh: the sidecar-era export serves it
 		}
-		if why := ambientPeer(from, m); why != "" {
+		why := ambientPeer(from, m)
+		if why == "" && shared != "" {
+			why = shared
+		}
+		if why != "" {
 			// The same for every Destination of from: said once.
 			notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key,
 				Error: fmt.Sprintf("ambient Destinations not federated to ambient mesh %s: %s", m.mesh.Name, why)})
@@ -144,23 +156,54 @@ func (p *Plan) exportAmbient(s *vmState, out *translation.Output, d *discoveryv1
 			fail(m, "namespace %s is the cluster's or the mesh's own: Relaymesh writes no global Service there", ks.Ref.Namespace)
 			continue
 		}
+		if !p.namespaces[m.cluster+"/"+ks.Ref.Namespace] {
+			fail(m, "cluster %s's mesh has no discovered workload or Service in namespace %s: Relaymesh writes global Services only into namespaces the consuming mesh uses", m.cluster, ks.Ref.Namespace)
+			continue
+		}
 		if p.services[m.cluster+"/"+ks.Ref.Namespace+"/"+ks.Ref.Name] {
 			fail(m, "cluster %s has a Service %s/%s of its own; Relaymesh writes the global Service only where there is none (merging with a local one is not supported yet)",
 				m.cluster, ks.Ref.Namespace, ks.Ref.Name)
 			continue
 		}
-		add := func(apiVersion, kind, name string, labels, annotations map[string]string, spec any) {
+		add := func(apiVersion, kind, name string, labels, annotations map[string]string, spec any) bool {
 			if err := out.AddObjectMeta(m.cluster, apiVersion, kind, ks.Ref.Namespace, name, labels, annotations, spec, s.parent); err != nil {
 				fail(m, "%v", err)
+				return false
 			}
+			return true
 		}
-		add("v1", "Service", ks.Ref.Name, map[string]string{labelGlobal: "true"}, nil, globalService(ks.Ref.Name, ports))
+		// Another member's Service of this name with other ports: its
+		// selector would take these entries with the wrong ports.
+		if !add("v1", "Service", ks.Ref.Name, map[string]string{labelGlobal: "true"}, nil, globalService(ks.Ref.Name, ports)) {
+			continue
+		}
 		for _, e := range entries {
 			add(apiNetworking, "WorkloadEntry", e.name, map[string]string{LabelGlobalService: ks.Ref.Name}, nil, protoSpec(e.spec))
 		}
 		notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key, AmbientPeer: m.key})
 	}
 	return notes
+}
+
+// networkClaimedTwice says why from's network cannot be trusted to be
+// from's ("" when it can): another member reports it too, so a consuming
+// istiod would hold two gateways for one network and could send one
+// member's traffic to the other's gateway.
+func (s *vmState) networkClaimedTwice(from *member) string {
+	fa := from.istio().Ambient
+	if fa == nil || fa.Network == "" {
+		return ""
+	}
+	var others []string
+	for _, m := range s.members {
+		if m != from && m.istio().Ambient != nil && m.istio().Ambient.Network == fa.Network {
+			others = append(others, meshName(m.mesh))
+		}
+	}
+	if len(others) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("network %q is reported by %s too: a consuming istiod would hold two gateways for one network, so neither is federated until each mesh reports a network of its own", fa.Network, strings.Join(others, ", "))
 }
 
 // systemNamespace says whether ns belongs to Kubernetes itself: a remote
@@ -199,21 +242,28 @@ func (p *Plan) ambientEntries(d *discoveryv1alpha1.Destination, from *member) ([
 			continue
 		}
 		seen[ip] = true
-		sa := ""
-		for _, w := range workloads { // in input order: sorted by the caller's view
+		accounts := map[string]bool{}
+		for _, w := range workloads {
 			k := w.Spec.Kubernetes
 			if labelsMatch(ks.WorkloadSelectorLabels, k.PodLabels) && labelsMatch(k.PodLabels, e.Labels) {
-				sa = cmp.Or(k.ServiceAccountName, defaultServiceAccount)
-				break
+				accounts[cmp.Or(k.ServiceAccountName, defaultServiceAccount)] = true
 			}
 		}
-		if sa == "" {
-			problems = append(problems, fmt.Sprintf("no discovered workload runs the pod at %s: its service account, and so its identity, is unknown; it is not federated", ip))
+		if len(accounts) != 1 {
+			why := "no discovered workload runs the pod"
+			if len(accounts) > 1 {
+				why = fmt.Sprintf("workloads of different service accounts (%s) match the pod", strings.Join(slices.Sorted(maps.Keys(accounts)), ", "))
+			}
+			problems = append(problems, fmt.Sprintf("%s at %s: its identity is unknown; it is not federated", why, ip))
 			continue
 		}
+		sa := slices.Collect(maps.Keys(accounts))[0]
 		labels := map[string]string{LabelGlobalService: ks.Ref.Name}
+		sum := sha256.Sum256([]byte(ks.Ref.ClusterName + "\x00" + ks.Ref.Namespace + "\x00" + ks.Ref.Name + "\x00" + ip))
 		out = append(out, ambientEntry{
-			name: objectName(ks.Ref.Name, ks.Ref.ClusterName, strings.NewReplacer(".", "-", ":", "-").Replace(ip)),
+			// Readable, and unique: the parts alone could repeat across
+			// clusters ("a"+"b-c" and "a-b"+"c") or address families.
+			name: objectName(ks.Ref.Name, ks.Ref.ClusterName, strings.NewReplacer(".", "-", ":", "-").Replace(ip), hex.EncodeToString(sum[:4])),
 			spec: &networkingv1.WorkloadEntry{Address: ip, Network: from.istio().Ambient.Network, ServiceAccount: sa, Labels: labels},
 		})
 	}
@@ -293,7 +343,7 @@ func (s *vmState) finishAmbient(out *translation.Output, peers map[string][]stri
 			if m == nil {
 				continue
 			}
-			for _, gw := range ambientGateways(from.istio().Ambient) {
+			for _, gw := range ambientGateways(from.istio().Ambient, m.root) {
 				annotations := map[string]string{}
 				if gw.ServiceAccount != "" {
 					annotations[annotationGatewaySA] = gw.ServiceAccount

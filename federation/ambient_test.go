@@ -1,6 +1,7 @@
 package federation_test
 
 import (
+	"cmp"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -54,42 +55,77 @@ func TestAmbientFederationRefusals(t *testing.T) {
 		name string
 		edit func(*translation.Input)
 		want string
+		// absent: what must not be in cluster-1; default: nothing of ratings.
+		absent string
 	}{
 		{"same network", func(in *translation.Input) { meshOf(in, "cluster-1").Spec.Istio.Ambient.Network = "net-2" },
-			`both meshes are on network "net-2"`},
+			`both meshes are on network "net-2"`, ""},
 		{"no network", func(in *translation.Input) { meshOf(in, "cluster-1").Spec.Istio.Ambient.Network = "" },
-			"needs each mesh's network"},
+			"needs each mesh's network", ""},
 		{"gateway not programmed", func(in *translation.Input) {
 			meshOf(in, "cluster-2").Spec.Istio.Ambient.EastWestGateways[0].Addresses = nil
-		}, `has no east-west gateway on network "net-2" with an address`},
+		}, `has no east-west gateway on network "net-2" with an address`, ""},
 		{"gateway on another network", func(in *translation.Input) {
 			meshOf(in, "cluster-2").Spec.Istio.Ambient.EastWestGateways[0].Network = "net-9"
-		}, `has no east-west gateway on network "net-2"`},
+		}, `has no east-west gateway on network "net-2"`, ""},
 		{"trust domains differ", func(in *translation.Input) {
 			in.Clusters[1].Spec.TrustDomains[0].Name = "cluster-2.local"
 			meshOf(in, "cluster-2").Spec.Istio.TrustDomain = "cluster-2.local"
-		}, `names the remote pods by its own trust domain "mesh.local"`},
+		}, `names the remote pods by its own trust domain "mesh.local"`, ""},
 		{"system namespace", func(in *translation.Input) {
 			for i := range in.Destinations {
 				if in.Destinations[i].Spec.KubeService.Ref.Name == "ratings" {
 					in.Destinations[i].Spec.KubeService.Ref.Namespace = "kube-system"
 				}
 			}
-		}, "namespace kube-system is the cluster's or the mesh's own"},
+		}, "namespace kube-system is the cluster's or the mesh's own", ""},
 		{"the consuming mesh's root namespace", func(in *translation.Input) {
 			for i := range in.Destinations {
 				if in.Destinations[i].Spec.KubeService.Ref.Name == "ratings" {
 					in.Destinations[i].Spec.KubeService.Ref.Namespace = "istio-system"
 				}
 			}
-		}, "namespace istio-system is the cluster's or the mesh's own"},
+		}, "namespace istio-system is the cluster's or the mesh's own", ""},
+		{"gateway outside the consumer's root namespace", func(in *translation.Input) {
+			meshOf(in, "cluster-2").Spec.Istio.Ambient.EastWestGateways[0].Namespace = "istio-gateways"
+		}, "are not in namespace istio-system", ""},
+		{"a namespace the consumer does not use", func(in *translation.Input) {
+			for i := range in.Destinations {
+				if in.Destinations[i].Spec.KubeService.Ref.Name == "ratings" {
+					in.Destinations[i].Spec.KubeService.Ref.Namespace = "cert-manager"
+				}
+			}
+			for i := range in.Workloads {
+				if in.Workloads[i].Spec.Kubernetes.Controller.Name == "ratings-v1" {
+					in.Workloads[i].Spec.Kubernetes.Controller.Namespace = "cert-manager"
+				}
+			}
+		}, "has no discovered workload or Service in namespace cert-manager", ""},
+		{"pods of two accounts", func(in *translation.Input) {
+			w := in.Workloads[0]
+			w.Name, w.Spec.Kubernetes.Controller.Name, w.Spec.Kubernetes.PodLabels, w.Spec.Kubernetes.ServiceAccountName = "ratings-any", "ratings-any", map[string]string{"app": "ratings"}, "other"
+			in.Workloads = append(in.Workloads, w)
+		}, "workloads of different service accounts (other, ratings) match the pod at 10.2.0.21", "ratings-cluster-2-10-2-0-2[12]"},
+		{"a network another member reports too", func(in *translation.Input) {
+			m3 := *meshOf(in, "cluster-2")
+			m3.Name = "istiod-istio-system-cluster-3"
+			m3.Spec.Istio = m3.Spec.Istio.DeepCopy()
+			m3.Spec.Istio.Installation.Cluster = "cluster-3"
+			in.Meshes = append(in.Meshes, m3)
+			kc := *in.Clusters[1].DeepCopy()
+			kc.Name = "cluster-3"
+			in.Clusters = append(in.Clusters, kc)
+			in.VirtualMeshes[0].Spec.Meshes = append(in.VirtualMeshes[0].Spec.Meshes, in.VirtualMeshes[0].Spec.Meshes[1])
+			in.VirtualMeshes[0].Spec.Meshes[2].ClusterName = "cluster-3"
+		}, `network "net-2" is reported by cluster-3/istio-system/istiod too`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := ambientInput(t)
 			tc.edit(in)
 			objs, errs := ambientObjects(t, in, "cluster-1")
+			absent := cmp.Or(tc.absent, "ratings")
 			for _, o := range objs {
-				assert.False(t, strings.Contains(o, "ratings"), "nothing of ratings in cluster-1: %s", o)
+				assert.NotRegexp(t, absent, o, "not in cluster-1")
 			}
 			assert.Contains(t, strings.Join(errs, "\n"), tc.want)
 		})
@@ -97,8 +133,8 @@ func TestAmbientFederationRefusals(t *testing.T) {
 
 	// Unedited: ratings reaches cluster-1, network gateway included.
 	objs, _ := ambientObjects(t, ambientInput(t), "cluster-1")
-	assert.Equal(t, []string{"Gateway/istio-system/relaymesh-cluster-2-istio-eastwest", "WorkloadEntry/shop/ratings-cluster-2-10-2-0-21",
-		"WorkloadEntry/shop/ratings-cluster-2-10-2-0-22", "Service/shop/ratings"}, objs)
+	assert.Equal(t, []string{"Gateway/istio-system/relaymesh-cluster-2-istio-eastwest", "WorkloadEntry/shop/ratings-cluster-2-10-2-0-21-5ee8b31b",
+		"WorkloadEntry/shop/ratings-cluster-2-10-2-0-22-ebd6ec0f", "Service/shop/ratings"}, objs)
 }
 
 // A hostile or malformed pod address never becomes a WorkloadEntry, and

@@ -88,7 +88,10 @@ type Plan struct {
 	// services are the Kubernetes Services discovered, by
 	// cluster/namespace/name: ambient federation writes none over them.
 	services map[string]bool
-	deps     map[*vmState]string // memoized ExportDeps prefixes
+	// namespaces are the namespaces of discovered Workloads and Services,
+	// by cluster/namespace: where ambient federation may write.
+	namespaces map[string]bool
+	deps       map[*vmState]string // memoized ExportDeps prefixes
 }
 
 // Note is what exporting one Destination tells its VirtualMesh's status:
@@ -153,7 +156,7 @@ func NewPlan(in *translation.Input) *Plan {
 	// The VirtualDestination translator reserves addresses the same way, so
 	// a federated host has one address in both.
 	return &Plan{vms: vms, byMesh: claimed, alloc: reservedAllocator(in, sortedVirtualMeshes(in), translation.SortedDestinations(in.Destinations)),
-		ids: newIdentityIndex(in), deps: map[*vmState]string{}, services: discoveredServices(in)}
+		ids: newIdentityIndex(in), deps: map[*vmState]string{}, services: discoveredServices(in), namespaces: discoveredNamespaces(in)}
 }
 
 // VirtualMeshOf returns the valid VirtualMesh that owns d's mesh, or nil.
@@ -241,8 +244,36 @@ func (p *Plan) ExportDeps(d *discoveryv1alpha1.Destination) string {
 			fmt.Fprintf(h, "%s\x00", id)
 		}
 		deps += "/" + hex.EncodeToString(h.Sum(nil)[:8])
+	} else if from.istio().Ambient != nil {
+		deps += "/" + p.ambientDeps(s, d)
 	}
 	return deps
+}
+
+// ambientDeps names what exportAmbient reads of d's VirtualMesh besides
+// d and its mesh: every member's ambient data (network, gateways), trust
+// domain, modes and root; whether each member's cluster holds a Service of
+// d's name and uses d's namespace; and the Workloads of d's cluster and
+// namespace (their labels and accounts name its pods' identities).
+func (p *Plan) ambientDeps(s *vmState, d *discoveryv1alpha1.Destination) string {
+	ref := d.Spec.KubeService.Ref
+	h := sha256.New()
+	for _, m := range s.members {
+		a, _ := json.Marshal(m.istio().Ambient)
+		fmt.Fprintf(h, "%s\x00%s\x00%s\x00%q\x00%s\x00%t\x00%t\x00", m.key, a, m.istio().TrustDomain, m.istio().DataPlaneModes, m.root,
+			p.services[m.cluster+"/"+ref.Namespace+"/"+ref.Name], p.namespaces[m.cluster+"/"+ref.Namespace])
+	}
+	var ws []string
+	for _, w := range p.ids.workloads[ref.ClusterName+"/"+ref.Namespace] {
+		k := w.Spec.Kubernetes
+		labels, _ := json.Marshal(k.PodLabels)
+		ws = append(ws, fmt.Sprintf("%s\x00%s\x00%s", k.Controller.Name, labels, k.ServiceAccountName))
+	}
+	slices.Sort(ws)
+	for _, w := range ws {
+		fmt.Fprintf(h, "%s\x00", w)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // Export adds d's federation outputs (none unless d's mesh belongs to a valid
@@ -384,6 +415,21 @@ func discoveredServices(in *translation.Input) map[string]bool {
 	for i := range in.Destinations {
 		ref := in.Destinations[i].Spec.KubeService.Ref
 		out[ref.ClusterName+"/"+ref.Namespace+"/"+ref.Name] = true
+	}
+	return out
+}
+
+// discoveredNamespaces are the namespaces of in's Workloads and
+// Destinations, by cluster/namespace.
+func discoveredNamespaces(in *translation.Input) map[string]bool {
+	out := map[string]bool{}
+	for i := range in.Destinations {
+		ref := in.Destinations[i].Spec.KubeService.Ref
+		out[ref.ClusterName+"/"+ref.Namespace] = true
+	}
+	for i := range in.Workloads {
+		c := in.Workloads[i].Spec.Kubernetes.Controller
+		out[c.ClusterName+"/"+c.Namespace] = true
 	}
 	return out
 }

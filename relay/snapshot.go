@@ -388,7 +388,13 @@ func (v *snapshotValidator) eastWestGateways(path string, m *relaypb.Mesh) {
 			v.fail(gp+".addresses", "%d addresses, at most %d", len(g.GetAddresses()), maxEastWestGatewayAddresses)
 		} else {
 			for k, a := range g.GetAddresses() {
-				v.address(fmt.Sprintf("%s.addresses[%d]", gp, k), a)
+				ap := fmt.Sprintf("%s.addresses[%d]", gp, k)
+				v.address(ap, a)
+				// Written into other clusters as where their traffic goes:
+				// never this host, a link-local or unspecified address.
+				if ip, err := netip.ParseAddr(a); err == nil && (ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsMulticast() || ip.IsUnspecified() || ip.Zone() != "") {
+					v.fail(ap, "%s is not an address other clusters can reach (loopback, link-local, multicast or unspecified)", ip)
+				}
 			}
 		}
 		v.port(gp+".hbonePort", g.GetHbonePort(), false)

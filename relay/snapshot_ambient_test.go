@@ -54,6 +54,12 @@ func TestHostileAmbientSnapshotsAreRefused(t *testing.T) {
 			g := withEastWest(s)
 			g.Addresses = append(g.Addresses, "not an address")
 		}},
+		{"east-west gateway on loopback", "meshes[0].eastWestGateways[0].addresses[1]", func(s *relaypb.Snapshot) {
+			g := withEastWest(s)
+			g.Addresses = append(g.Addresses, "127.0.0.1")
+		}},
+		{"east-west gateway link-local", "meshes[0].eastWestGateways[0].addresses[0]", func(s *relaypb.Snapshot) { withEastWest(s).Addresses = []string{"169.254.169.254"} }},
+		{"east-west gateway unspecified", "meshes[0].eastWestGateways[0].addresses[0]", func(s *relaypb.Snapshot) { withEastWest(s).Addresses = []string{"::"} }},
 		{"east-west gateway too many addresses", "addresses, at most 16", func(s *relaypb.Snapshot) {
 			g := withEastWest(s)
 			for range 16 {

@@ -65,7 +65,10 @@ func (w *rotationWorld) applyVM(rootCA string, extra ...string) {
 		names = append(names, "{clusterName: "+cl+", namespace: "+w.meshNS[cl]+", name: istiod}")
 	}
 	for _, m := range extra {
-		names = append(names, "{clusterName: c9, namespace: istio-system, name: "+m+"}")
+		// A registered cluster's mesh not discovered (yet): the VirtualMesh
+		// is Invalid (a member of an unregistered cluster would only be
+		// left out).
+		names = append(names, "{clusterName: "+w.clusters[0]+", namespace: istio-system, name: "+m+"}")
 	}
 	meshes := strings.Join(names, ", ")
 	_, err := env.Cluster("cluster-1").Apply(w.ctx, "test", []byte(fmt.Sprintf(`

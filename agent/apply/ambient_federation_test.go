@@ -67,8 +67,8 @@ func TestAmbientFederationObjectsApplyAndPrune(t *testing.T) {
 	want := []string{
 		key("Gateway", "istio-system", "relaymesh-cluster-2-istio-eastwest"),
 		key("Service", "shop", "ratings"),
-		key("WorkloadEntry", "shop", "ratings-cluster-2-10-2-0-21"),
-		key("WorkloadEntry", "shop", "ratings-cluster-2-10-2-0-22"),
+		key("WorkloadEntry", "shop", "ratings-cluster-2-10-2-0-21-5ee8b31b"),
+		key("WorkloadEntry", "shop", "ratings-cluster-2-10-2-0-22-ebd6ec0f"),
 	}
 
 	// Off (the default): not the agent's kinds, nothing written.
@@ -99,7 +99,7 @@ func TestAmbientFederationObjectsApplyAndPrune(t *testing.T) {
 	require.NotNil(t, gw)
 	assert.Equal(t, "ew-pods", gw.GetAnnotations()["gateway.istio.io/service-account"], "annotations other than the parents survive")
 	assert.Equal(t, "net-2", gw.GetLabels()["topology.istio.io/network"])
-	we := f.get(t, workloadEntries, "shop", "ratings-cluster-2-10-2-0-21")
+	we := f.get(t, workloadEntries, "shop", "ratings-cluster-2-10-2-0-21-5ee8b31b")
 	require.NotNil(t, we)
 	network, _, _ := unstructured.NestedString(we.Object, "spec", "network")
 	assert.Equal(t, "net-2", network)

@@ -91,6 +91,7 @@ func checkManifest(r rules, raw []byte, parents []string) *manifest {
 	}
 	m.identify(r, top)
 	m.checkFields(top)
+	m.checkFederated(top)
 	labels, annotations := m.checkMetadata(top)
 	parentsValue := m.checkParents(parents)
 	if len(m.problems) > 0 {

@@ -2,6 +2,7 @@ package apply
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -177,4 +178,45 @@ func FuzzCheckManifest(f *testing.F) {
 			t.Fatalf("accepted object does not encode: %v", err)
 		}
 	})
+}
+
+// With ambient federation's kinds allowed, the agent still writes only
+// what ambient federation writes: a hostile server cannot make it create a
+// LoadBalancer, NodePort, externalIPs or ExternalName Service, one that
+// selects other pods, nor a Gateway that deploys a proxy.
+func TestCheckManifestLimitsFederatedKinds(t *testing.T) {
+	r := testRules()
+	for _, k := range AmbientFederationKinds {
+		r.kinds[k], r.groupKinds[k.GroupKind()] = true, true
+	}
+	const svc = `{"apiVersion":"v1","kind":"Service","metadata":{"name":"ratings","namespace":"shop","labels":{"istio.io/global":"true"}},"spec":%s}`
+	const gw = `{"apiVersion":"gateway.networking.k8s.io/v1","kind":"Gateway","metadata":{"name":"relaymesh-c2-ew","namespace":"istio-system"},"spec":%s}`
+	good := `{"selector":{"relaymesh.io/global-service":"ratings"},"ports":[{"name":"http","port":9080,"protocol":"TCP","targetPort":9080,"appProtocol":"http"}]}`
+	for _, tc := range []struct {
+		name, manifest, problem string
+	}{
+		{"the global Service", fmt.Sprintf(svc, good), ""},
+		{"ClusterIP said", fmt.Sprintf(svc, `{"type":"ClusterIP","selector":{"relaymesh.io/global-service":"ratings"},"ports":[]}`), ""},
+		{"LoadBalancer", fmt.Sprintf(svc, `{"type":"LoadBalancer","selector":{"relaymesh.io/global-service":"ratings"}}`), "spec.type LoadBalancer is not allowed"},
+		{"externalIPs", fmt.Sprintf(svc, `{"externalIPs":["10.0.0.1"],"selector":{"relaymesh.io/global-service":"ratings"}}`), "spec.externalIPs is not allowed"},
+		{"ExternalName", fmt.Sprintf(svc, `{"type":"ExternalName","externalName":"evil.example","selector":{"relaymesh.io/global-service":"ratings"}}`), "spec.externalName is not allowed"},
+		{"nodePort", fmt.Sprintf(svc, `{"selector":{"relaymesh.io/global-service":"ratings"},"ports":[{"port":80,"nodePort":30080}]}`), "spec.ports[0].nodePort is not allowed"},
+		{"selects other pods", fmt.Sprintf(svc, `{"selector":{"app":"ratings"}}`), "spec.selector must be exactly relaymesh.io/global-service: ratings"},
+		{"selects another Service's entries", fmt.Sprintf(svc, `{"selector":{"relaymesh.io/global-service":"reviews"}}`), "spec.selector must be exactly"},
+		{"no selector", fmt.Sprintf(svc, `{}`), "spec.selector must be exactly"},
+		{"a remote network's gateway", fmt.Sprintf(gw, `{"gatewayClassName":"istio-remote","listeners":[]}`), ""},
+		{"a gateway that deploys a proxy", fmt.Sprintf(gw, `{"gatewayClassName":"istio","listeners":[]}`), `spec.gatewayClassName "istio" is not allowed`},
+		{"an east-west gateway", fmt.Sprintf(gw, `{"gatewayClassName":"istio-east-west"}`), "is not allowed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := checkManifest(r, []byte(tc.manifest), nil)
+			if tc.problem == "" {
+				assert.Empty(t, m.problems)
+				require.NotNil(t, m.obj)
+				return
+			}
+			assert.Contains(t, strings.Join(m.problems, "\n"), tc.problem)
+			assert.Nil(t, m.obj)
+		})
+	}
 }

@@ -73,7 +73,7 @@ func ambientFederationRBAC(ctx context.Context, t *testing.T, c *localcluster.Cl
 		return out
 	}
 	want := []string{"Gateway/istio-system/relaymesh-cluster-2-istio-eastwest", "Service/shop/ratings",
-		"WorkloadEntry/shop/ratings-cluster-2-10-2-0-21", "WorkloadEntry/shop/ratings-cluster-2-10-2-0-22"}
+		"WorkloadEntry/shop/ratings-cluster-2-10-2-0-21-5ee8b31b", "WorkloadEntry/shop/ratings-cluster-2-10-2-0-22-ebd6ec0f"}
 
 	// The defaults' rules: every object refused by RBAC, nothing written.
 	results, err := applierAs("agent-defaults").Apply(ctx, &relaypb.OutputSet{Version: 1, Objects: set})

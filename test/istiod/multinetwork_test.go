@@ -177,7 +177,7 @@ func TestARemoteNetworksServiceFromLocalObjectsOnly(t *testing.T) {
 
 	// One remote pod gone: capacity follows; every pod gone (the remote
 	// cluster deregistered): the workload goes, measured.
-	require.NoError(t, client.Resource(workloadEntries).Namespace("shop").Delete(ctx, "ratings-cluster-2-10-2-0-22", metav1.DeleteOptions{}))
+	require.NoError(t, client.Resource(workloadEntries).Namespace("shop").Delete(ctx, "ratings-cluster-2-10-2-0-22-ebd6ec0f", metav1.DeleteOptions{}))
 	require.NoError(t, addrs.Await(wait, func(res map[string]*anypb.Any) error {
 		v, err := viewOf(res)
 		if err != nil {
@@ -186,7 +186,7 @@ func TestARemoteNetworksServiceFromLocalObjectsOnly(t *testing.T) {
 		return v.checkRemoteService(wantUID, 1)
 	}))
 	start := time.Now()
-	require.NoError(t, client.Resource(workloadEntries).Namespace("shop").Delete(ctx, "ratings-cluster-2-10-2-0-21", metav1.DeleteOptions{}))
+	require.NoError(t, client.Resource(workloadEntries).Namespace("shop").Delete(ctx, "ratings-cluster-2-10-2-0-21-5ee8b31b", metav1.DeleteOptions{}))
 	require.NoError(t, addrs.Await(wait, func(res map[string]*anypb.Any) error {
 		v, err := viewOf(res)
 		if err != nil {

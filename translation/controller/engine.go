@@ -336,7 +336,7 @@ func (e *Engine) Translate(in *translation.Input) *translation.Report {
 	writeVersions(h, c.vers, "VirtualMesh/")
 	fmt.Fprintf(h, "%s\x00%s\x00", c.meshes, c.grants)
 	for _, n := range notes {
-		fmt.Fprintf(h, "%s\x00%s\x00%t\x00%s\x00", n.VirtualMesh, n.Mesh, n.Exported, n.Error)
+		fmt.Fprintf(h, "%s\x00%s\x00%t\x00%s\x00%s\x00", n.VirtualMesh, n.Mesh, n.Exported, n.Error, n.AmbientPeer)
 	}
 	finish := run("fed-finish", hex.EncodeToString(h.Sum(nil)), func() *unit {
 		out, r := translation.NewOutput(), translation.NewReport()

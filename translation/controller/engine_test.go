@@ -393,3 +393,73 @@ func TestInvalidVirtualMeshKeepsLastGoodOutputs(t *testing.T) {
 	assert.Empty(t, e.Objects(), "a deleted VirtualMesh keeps nothing")
 	assert.Len(t, e.Dirty(), 3)
 }
+
+// The engine follows everything ambient federation reads besides the
+// exported Destination (review finding: the consuming member's network and
+// trust domain, a Service of that name in the consuming cluster, the pods'
+// Workloads): after each edit it publishes exactly what a full translation
+// gives — in particular nothing for a pair the edit refuses.
+func TestEngineFollowsAmbientFederationInputs(t *testing.T) {
+	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", "ambient-multinetwork"))
+	e := controller.NewEngine("relaymesh")
+	requireSameAsFull(t, e, e.Translate(in), in, "start")
+	meshOf := func(cluster string) *discoveryv1alpha1.Mesh {
+		for i := range in.Meshes {
+			if in.Meshes[i].Spec.Istio.Installation.Cluster == cluster {
+				return &in.Meshes[i]
+			}
+		}
+		t.Fatalf("no mesh of %s", cluster)
+		return nil
+	}
+	for _, step := range []struct {
+		name string
+		edit func()
+	}{
+		{"a pod's account changes", func() {
+			for i := range in.Workloads {
+				if in.Workloads[i].Spec.Kubernetes.Controller.Name == "ratings-v1" {
+					in.Workloads[i].Spec.Kubernetes.ServiceAccountName = "ratings-v2"
+					in.Workloads[i].Generation++
+				}
+			}
+		}},
+		{"the consumer moves to the exporter's network", func() {
+			m := meshOf("cluster-1")
+			m.Spec.Istio.Ambient.Network = "net-2"
+			m.Generation++
+		}},
+		{"the consumer's network back", func() {
+			m := meshOf("cluster-1")
+			m.Spec.Istio.Ambient.Network = "net-1"
+			m.Generation++
+		}},
+		{"the consumer gets a ratings Service of its own", func() {
+			d := in.Destinations[0].DeepCopy()
+			for i := range in.Destinations {
+				if in.Destinations[i].Spec.KubeService.Ref.Name == "ratings" {
+					d = in.Destinations[i].DeepCopy()
+				}
+			}
+			d.Name = "ratings-shop-cluster-1"
+			d.Spec.KubeService.Ref.ClusterName = "cluster-1"
+			d.Spec.Mesh.Name = meshOf("cluster-1").Name
+			d.Spec.KubeService.Endpoints = nil
+			in.Destinations = append(in.Destinations, *d)
+		}},
+		{"the consumer's trust domain differs", func() {
+			m := meshOf("cluster-1")
+			m.Spec.Istio.TrustDomain = "cluster-1.local"
+			m.Generation++
+			for i := range in.Clusters {
+				if in.Clusters[i].Name == "cluster-1" {
+					in.Clusters[i].Spec.TrustDomains = nil
+					in.Clusters[i].Generation++
+				}
+			}
+		}},
+	} {
+		step.edit()
+		requireSameAsFull(t, e, e.Translate(in), in, step.name)
+	}
+}
