@@ -415,8 +415,14 @@ func (s *vdState) resolveMeshes(in *translation.Input, vms []*networkingv1alpha1
 		return nil
 	}
 	seen := map[string]bool{}
+	registered := translation.NewGrants(in.Clusters)
 	for i, ref := range refs {
 		mesh, err := in.MeshFor(ref)
+		if err != nil && !registered.Registered(ref.ClusterName) {
+			// As in a VirtualMesh: a deregistered cluster takes no part.
+			s.warns = append(s.warns, fmt.Sprintf("%s[%d]: cluster %s is not registered: mesh %s gets nothing until it is", field, i, ref.ClusterName, translation.MeshRefString(ref)))
+			continue
+		}
 		if err != nil {
 			s.fail("%s[%d]: %v", field, i, err)
 			continue

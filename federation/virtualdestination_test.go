@@ -200,3 +200,21 @@ func inNamespace(d discoveryv1alpha1.Destination, ns string) discoveryv1alpha1.D
 	d.Name = d.Spec.KubeService.Ref.Name + "-" + ns + "-" + d.Spec.KubeService.Ref.ClusterName
 	return d
 }
+
+// A VirtualDestination that names a mesh of a cluster that is not
+// registered (deregistered) serves the others and warns, as a VirtualMesh
+// does, instead of turning Invalid.
+func TestVirtualDestinationLeavesAnUnregisteredClusterOut(t *testing.T) {
+	in := translationtest.LoadInput(t, filepath.Join("testdata", "vd-static"))
+	require.NotEmpty(t, in.VirtualDestinations)
+	vd := &in.VirtualDestinations[0]
+	require.NotNil(t, vd.Spec.VirtualMesh, "the VirtualDestination reaches the VirtualMesh's meshes")
+	vm := &in.VirtualMeshes[0]
+	vm.Spec.Meshes = append(vm.Spec.Meshes, common.ClusterObjectRef{ClusterName: "cluster-9", Namespace: "istio-system", Name: "istiod"})
+	out, r := translation.NewOutput(), translation.NewReport()
+	federation.TranslateVirtualDestinations(in, out, r)
+	st, _, _ := r.Status(translation.ObjectKey{Kind: "VirtualDestination", Namespace: vd.Namespace, Name: vd.Name})
+	assert.NotEqual(t, common.StateInvalid, st.State, "%v", st.Errors)
+	assert.Contains(t, strings.Join(st.Warnings, "\n"), "cluster cluster-9 is not registered")
+	assert.NotEmpty(t, out.Objects())
+}

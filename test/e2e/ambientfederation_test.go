@@ -114,6 +114,21 @@ spec:
   - {name: http, port: 9080}
 `
 
+// productpageManifest is ratings' client in cluster-1: the consuming
+// mesh uses namespace shop, so ambient federation may write there.
+const productpageManifest = `
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: productpage, namespace: shop}
+spec:
+  selector: {matchLabels: {app: productpage}}
+  template:
+    metadata: {labels: {app: productpage}}
+    spec:
+      containers:
+      - {name: productpage, image: example.invalid/productpage}
+`
+
 // ambientVirtualMesh federates every Destination of the two ambient
 // meshes, which share trust domain mesh.local.
 const ambientVirtualMesh = `
@@ -175,6 +190,8 @@ func TestAmbientFederationAcrossNetworks(t *testing.T) {
 	}
 	c2 := env.Cluster("cluster-2")
 	_, err := c2.Apply(ctx, "test", []byte(ratingsManifest))
+	require.NoError(t, err)
+	_, err = env.Cluster("cluster-1").Apply(ctx, "test", []byte(productpageManifest))
 	require.NoError(t, err)
 	for i, ip := range []string{"10.2.0.21", "10.2.0.22"} {
 		readyPod(ctx, t, clients["cluster-2"], "shop", fmt.Sprintf("ratings-%d", i), ip, map[string]string{"app": "ratings"}, "ratings")
