@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
-	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/translation"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -225,27 +224,15 @@ type ambientEntry struct {
 // reported: its identity is unknown.
 func (p *Plan) ambientEntries(d *discoveryv1alpha1.Destination, from *member) ([]ambientEntry, []string) {
 	ks := d.Spec.KubeService
-	var (
-		out      []ambientEntry
-		problems []string
-		seen     = map[string]bool{}
-	)
+	var out []ambientEntry
+	ips, problems := readyIPs(d)
 	workloads := p.ids.workloads[ks.Ref.ClusterName+"/"+ks.Ref.Namespace]
-	for _, e := range ks.Endpoints {
-		addr, err := netip.ParseAddr(e.IP)
-		if err != nil || addr.Zone() != "" {
-			problems = append(problems, fmt.Sprintf("endpoint %q is not an IP address", text.Truncate(e.IP, 64)))
-			continue
-		}
-		ip := addr.String()
-		if seen[ip] {
-			continue
-		}
-		seen[ip] = true
+	for _, e := range ips {
+		ip := e.ip
 		accounts := map[string]bool{}
 		for _, w := range workloads {
 			k := w.Spec.Kubernetes
-			if labelsMatch(ks.WorkloadSelectorLabels, k.PodLabels) && labelsMatch(k.PodLabels, e.Labels) {
+			if labelsMatch(ks.WorkloadSelectorLabels, k.PodLabels) && labelsMatch(k.PodLabels, e.labels) {
 				accounts[cmp.Or(k.ServiceAccountName, defaultServiceAccount)] = true
 			}
 		}

@@ -98,6 +98,29 @@ func flatPorts(d *discoveryv1alpha1.Destination) (ports []servicePort, problems 
 // by address: the pod's IP and labels (which subsets select), and locality
 // when set. An IP that does not parse is left out, with a problem saying so.
 func flatEndpoints(d *discoveryv1alpha1.Destination, locality string) (eps []*networkingv1.WorkloadEntry, problems []string) {
+	ips, problems := readyIPs(d)
+	for _, e := range ips {
+		we := &networkingv1.WorkloadEntry{Address: e.ip, Locality: locality}
+		if len(e.labels) > 0 {
+			we.Labels = maps.Clone(e.labels)
+		}
+		eps = append(eps, we)
+	}
+	slices.SortFunc(eps, func(a, b *networkingv1.WorkloadEntry) int { return strings.Compare(a.Address, b.Address) })
+	return eps, problems
+}
+
+// readyIP is one of a Destination's ready pods: its IP in canonical form
+// and its labels.
+type readyIP struct {
+	ip     string
+	labels map[string]string
+}
+
+// readyIPs are d's endpoints with an IP address, each address once, in
+// d's order; an address that does not parse (or has a zone) is left out
+// with a problem saying so.
+func readyIPs(d *discoveryv1alpha1.Destination) (out []readyIP, problems []string) {
 	seen := map[string]bool{}
 	for _, e := range d.Spec.KubeService.Endpoints {
 		addr, err := netip.ParseAddr(e.IP)
@@ -105,19 +128,12 @@ func flatEndpoints(d *discoveryv1alpha1.Destination, locality string) (eps []*ne
 			problems = append(problems, fmt.Sprintf("endpoint %q is not an IP address", text.Truncate(e.IP, 64)))
 			continue
 		}
-		ip := addr.String()
-		if seen[ip] {
-			continue
+		if ip := addr.String(); !seen[ip] {
+			seen[ip] = true
+			out = append(out, readyIP{ip: ip, labels: e.Labels})
 		}
-		seen[ip] = true
-		we := &networkingv1.WorkloadEntry{Address: ip, Locality: locality}
-		if len(e.Labels) > 0 {
-			we.Labels = maps.Clone(e.Labels)
-		}
-		eps = append(eps, we)
 	}
-	slices.SortFunc(eps, func(a, b *networkingv1.WorkloadEntry) int { return strings.Compare(a.Address, b.Address) })
-	return eps, problems
+	return out, problems
 }
 
 // flatServiceEntry is a federated host reached at the exporting mesh's pod

@@ -2,7 +2,6 @@ package apply_test
 
 import (
 	"context"
-	"encoding/json"
 	"path/filepath"
 	"testing"
 
@@ -33,19 +32,7 @@ func ambientFederationSet(t *testing.T) []*relaypb.OutputObject {
 	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", "ambient-multinetwork"))
 	out, r := translation.NewOutput(), translation.NewReport()
 	federation.Translate(in, out, r)
-	var set []*relaypb.OutputObject
-	for _, o := range out.Objects() {
-		if o.Cluster != "cluster-1" {
-			continue
-		}
-		b, err := json.Marshal(o.Object.Object)
-		require.NoError(t, err)
-		var parents []string
-		for _, p := range o.Parents {
-			parents = append(parents, p.String())
-		}
-		set = append(set, &relaypb.OutputObject{Manifest: b, Parents: parents})
-	}
+	set := translationtest.OutputSet(t, out, "cluster-1")
 	require.Len(t, set, 4, "a Gateway, a Service and two WorkloadEntries")
 	return set
 }

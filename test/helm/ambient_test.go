@@ -2,7 +2,6 @@ package helm
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -110,15 +109,7 @@ func ambientFederationSet(t *testing.T) []*relaypb.OutputObject {
 	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", "ambient-multinetwork"))
 	out, r := translation.NewOutput(), translation.NewReport()
 	federation.Translate(in, out, r)
-	var set []*relaypb.OutputObject
-	for _, o := range out.Objects() {
-		if o.Cluster != "cluster-1" {
-			continue
-		}
-		b, err := json.Marshal(o.Object.Object)
-		require.NoError(t, err)
-		set = append(set, &relaypb.OutputObject{Manifest: b, Parents: []string{"VirtualMesh/relaymesh/shop"}})
-	}
+	set := translationtest.OutputSet(t, out, "cluster-1")
 	require.Len(t, set, 4)
 	return set
 }

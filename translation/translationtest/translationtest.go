@@ -10,6 +10,7 @@ package translationtest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"strings"
 	"testing"
 
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/test/istioctl"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation"
@@ -59,6 +61,26 @@ func RenderOutput(t testing.TB, out *translation.Output) []byte {
 		fmt.Fprintf(&b, "# cluster: %s\n%s", o.Cluster, y)
 	}
 	return b.Bytes()
+}
+
+// OutputSet is cluster's part of out as the server sends it to that
+// cluster's agent: each object's manifest and parents.
+func OutputSet(t testing.TB, out *translation.Output, cluster string) []*relaypb.OutputObject {
+	t.Helper()
+	var set []*relaypb.OutputObject
+	for _, o := range out.Objects() {
+		if o.Cluster != cluster {
+			continue
+		}
+		b, err := json.Marshal(o.Object.Object)
+		require.NoError(t, err)
+		var parents []string
+		for _, p := range o.Parents {
+			parents = append(parents, p.String())
+		}
+		set = append(set, &relaypb.OutputObject{Manifest: b, Parents: parents})
+	}
+	return set
 }
 
 // RenderReport is the golden form of a report.
