@@ -22,6 +22,7 @@ import (
 // "Ambient").
 const (
 	envAmbient          = "PILOT_ENABLE_AMBIENT"
+	envMultiNetwork     = "AMBIENT_ENABLE_MULTI_NETWORK"
 	valueZtunnel        = "ztunnel"
 	valueAmbient        = "ambient"
 	valueNone           = "none"
@@ -52,10 +53,13 @@ var GatewayResource = schema.GroupVersionResource{Group: "gateway.networking.k8s
 
 // ambientEnabled reports whether an istiod Deployment runs with
 // PILOT_ENABLE_AMBIENT set to a true value in any container.
-func ambientEnabled(d *appsv1.Deployment) bool {
+func ambientEnabled(d *appsv1.Deployment) bool { return envTrue(d, envAmbient) }
+
+// envTrue reports whether a container of d sets name to a true value.
+func envTrue(d *appsv1.Deployment, name string) bool {
 	for _, c := range d.Spec.Template.Spec.Containers {
 		for _, e := range c.Env {
-			if e.Name == envAmbient {
+			if e.Name == name {
 				if on, err := strconv.ParseBool(e.Value); err == nil && on {
 					return true
 				}

@@ -345,7 +345,16 @@ func TestBuildAmbientEastWestGateways(t *testing.T) {
 	)
 	s := discovery.Build(cluster, in)
 	require.Len(t, s.Meshes, 1)
+	assert.False(t, s.Meshes[0].MultiNetwork)
+	assert.False(t, s.Meshes[0].GlobalServiceScope)
+	in.Deployments[0] = istiod("istio-system", "istiod", nil, withEnv("PILOT_ENABLE_AMBIENT", "true"), withEnv("AMBIENT_ENABLE_MULTI_NETWORK", "true"))
+	in.ConfigMaps = []*corev1.ConfigMap{configMap("istio-system", "istio",
+		"serviceScopeConfigs:\n- servicesSelector:\n    matchExpressions: [{key: istio.io/global, operator: In, values: [\"true\"]}]\n  scope: GLOBAL\n")}
+	s = discovery.Build(cluster, in)
+	require.Len(t, s.Meshes, 1)
 	m := s.Meshes[0]
+	assert.True(t, m.MultiNetwork, "AMBIENT_ENABLE_MULTI_NETWORK on istiod")
+	assert.True(t, m.GlobalServiceScope, "the ambient profile's serviceScopeConfigs")
 	assert.Equal(t, "net-1", m.Network)
 	assertProtos(t, []*relaypb.EastWestGateway{
 		{Name: "custom-sa", Namespace: "istio-system", Network: "net-1", HbonePort: 16008, ServiceAccount: "ew-pods"},
@@ -354,9 +363,11 @@ func TestBuildAmbientEastWestGateways(t *testing.T) {
 	require.NoError(t, relay.ValidateSnapshot(cluster, s, relay.SnapshotLimits{}), "what discovery reports passes the server's checks")
 
 	// The same objects beside a sidecar istiod: no network, no gateway.
-	in.Deployments[0] = istiod("istio-system", "istiod", nil)
+	in.Deployments[0] = istiod("istio-system", "istiod", nil, withEnv("AMBIENT_ENABLE_MULTI_NETWORK", "true"))
 	s = discovery.Build(cluster, in)
 	require.Len(t, s.Meshes, 1)
 	assert.Empty(t, s.Meshes[0].Network)
+	assert.False(t, s.Meshes[0].MultiNetwork)
+	assert.False(t, s.Meshes[0].GlobalServiceScope)
 	assert.Empty(t, s.Meshes[0].EastWestGateways)
 }

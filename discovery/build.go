@@ -147,6 +147,9 @@ func (b *builder) meshes(deployments []*appsv1.Deployment) []*relaypb.Mesh {
 			SmartDnsProxying:     mc.DNSCapture,
 			Ambient:              ambientEnabled(d),
 		}
+		if m.Ambient {
+			m.MultiNetwork, m.GlobalServiceScope = envTrue(d, envMultiNetwork), mc.GlobalScope
+		}
 		b.meshList = append(b.meshList, m)
 		b.meshByNs[m.Namespace] = append(b.meshByNs[m.Namespace], m)
 		if _, ok := b.meshByRev[rev]; !ok {

@@ -109,7 +109,12 @@
 //     their status.addresses of type IPAddress or Hostname (at most 16);
 //     ServiceAccount is the gateway.istio.io/service-account annotation,
 //     else the Gateway's name. A Gateway without a network or an HBONE
-//     listener is not one istiod uses and is not reported.
+//     listener is not one istiod uses and is not reported. MultiNetwork:
+//     istiod's container env has AMBIENT_ENABLE_MULTI_NETWORK true.
+//     GlobalServiceScope: the mesh config's serviceScopeConfigs hold a
+//     GLOBAL entry with no namespaceSelector whose servicesSelector is
+//     empty or exactly istio.io/global=true (matchLabels, or In ["true"]).
+//     Both only for ambient meshes.
 //   - Enrolment, after istio-cni's default selectors: a workload that is
 //     not injected is ambient when its pod template has
 //     istio.io/dataplane-mode=ambient, or its namespace has it and the pod

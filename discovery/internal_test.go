@@ -166,3 +166,26 @@ func FuzzInferProtocol(f *testing.F) {
 		}
 	})
 }
+
+// The global service scope ambient federation relies on: the ambient
+// profile's entry, an empty selector, and what is not it.
+func TestParseMeshConfigGlobalScope(t *testing.T) {
+	for _, tc := range []struct {
+		doc  string
+		want bool
+	}{
+		{"serviceScopeConfigs:\n- servicesSelector:\n    matchExpressions: [{key: istio.io/global, operator: In, values: [\"true\"]}]\n  scope: GLOBAL\n", true},
+		{"serviceScopeConfigs:\n- servicesSelector: {matchLabels: {istio.io/global: \"true\"}}\n  scope: GLOBAL\n", true},
+		{"serviceScopeConfigs:\n- scope: GLOBAL\n", true},
+		{"serviceScopeConfigs:\n- servicesSelector: {matchLabels: {istio.io/global: \"true\"}}\n  scope: LOCAL\n", false},
+		{"serviceScopeConfigs:\n- servicesSelector: {matchLabels: {team: a}}\n  scope: GLOBAL\n", false},
+		{"serviceScopeConfigs:\n- namespaceSelector: {matchLabels: {x: y}}\n  scope: GLOBAL\n", false},
+		{"serviceScopeConfigs:\n- servicesSelector:\n    matchExpressions: [{key: istio.io/global, operator: NotIn, values: [\"true\"]}]\n  scope: GLOBAL\n", false},
+		{"serviceScopeConfigs: 7\n", false},
+		{"serviceScopeConfigs: [7, {scope: [GLOBAL]}]\n", false},
+		{"trustDomain: a.b\n", false},
+		{"{not yaml", false},
+	} {
+		assert.Equal(t, tc.want, parseMeshConfig(tc.doc).GlobalScope, "%q", tc.doc)
+	}
+}

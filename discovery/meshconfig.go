@@ -16,6 +16,10 @@ const (
 type meshConfig struct {
 	TrustDomain string
 	DNSCapture  bool
+	// GlobalScope: serviceScopeConfigs make a Service labelled
+	// istio.io/global=true global (the ambient profile's entry, or one
+	// broader), which ambient federation relies on.
+	GlobalScope bool
 }
 
 // parseMeshConfig reads the trust domain and DNS capture setting from a
@@ -40,7 +44,48 @@ func parseMeshConfig(doc string) meshConfig {
 	case bool:
 		mc.DNSCapture = v
 	}
+	scopes, _ := raw["serviceScopeConfigs"].([]any)
+	for _, sc := range scopes {
+		if globalLabelScope(sc) {
+			mc.GlobalScope = true
+		}
+	}
 	return mc
+}
+
+// labelGlobal is the label the ambient profile's serviceScopeConfigs make
+// global.
+const labelGlobal = "istio.io/global"
+
+// globalLabelScope says whether one serviceScopeConfigs entry makes every
+// Service labelled istio.io/global=true global, in any namespace: scope
+// GLOBAL, no namespaceSelector, and a servicesSelector that is empty or
+// asks exactly for that label (matchLabels, or an In expression with
+// "true"). Broader or narrower selectors istiod may also honour are not
+// judged: Relaymesh then says the scope is not known.
+func globalLabelScope(v any) bool {
+	sc, _ := v.(map[string]any)
+	if scope, _ := sc["scope"].(string); scope != "GLOBAL" {
+		return false
+	}
+	if ns, ok := sc["namespaceSelector"].(map[string]any); ok && len(ns) > 0 {
+		return false
+	}
+	sel, _ := sc["servicesSelector"].(map[string]any)
+	if len(sel) == 0 {
+		return true
+	}
+	labels, _ := sel["matchLabels"].(map[string]any)
+	exprs, _ := sel["matchExpressions"].([]any)
+	switch {
+	case len(labels) == 1 && len(exprs) == 0:
+		return labels[labelGlobal] == "true"
+	case len(labels) == 0 && len(exprs) == 1:
+		e, _ := exprs[0].(map[string]any)
+		values, _ := e["values"].([]any)
+		return e["key"] == labelGlobal && e["operator"] == "In" && len(values) == 1 && values[0] == "true"
+	}
+	return false
 }
 
 // MeshTrustDomain is the trust domain a YAML mesh config (the `mesh` key of

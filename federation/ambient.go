@@ -60,6 +60,18 @@ func ambientPeer(from, to *member) string {
 			meshName(from.mesh), fa.Network, meshName(to.mesh), ta.Network)
 	case fa.Network == ta.Network:
 		return fmt.Sprintf("both meshes are on network %q: ambient federation goes through east-west gateways between networks (single-network ambient multicluster needs remote secrets, which Relaymesh does not write)", fa.Network)
+	case !fa.MultiNetwork || !ta.MultiNetwork:
+		m := from
+		if fa.MultiNetwork {
+			m = to
+		}
+		return fmt.Sprintf("istiod of %s does not run with AMBIENT_ENABLE_MULTI_NETWORK=true: it neither sends other networks' services to its ztunnels nor lets its east-west gateway serve them", meshName(m.mesh))
+	case !fa.GlobalServiceScope || !ta.GlobalServiceScope:
+		m := from
+		if fa.GlobalServiceScope {
+			m = to
+		}
+		return fmt.Sprintf("the mesh config of %s has no serviceScopeConfigs entry making Services labelled istio.io/global=true global (the ambient profile's: scope GLOBAL, servicesSelector istio.io/global In [true]): neither the Service Relaymesh writes nor the one it federates would be global there", meshName(m.mesh))
 	case len(ambientGateways(fa, "")) == 0:
 		return fmt.Sprintf("mesh %s has no east-west gateway on network %q with an address (a Gateway of class istio-east-west with an HBONE listener, programmed)", meshName(from.mesh), fa.Network)
 	case len(ambientGateways(fa, to.root)) == 0:
@@ -138,6 +150,10 @@ func (p *Plan) exportAmbient(s *vmState, out *translation.Output, d *discoveryv1
 			fail(m, format, args...)
 		}
 		return notes
+	}
+	if ks.Labels[labelGlobal] != "true" {
+		return failAll("its Service %s/%s in %s is not labelled istio.io/global=true: that cluster's east-west gateway forwards only global services (label it there)",
+			ks.Ref.Namespace, ks.Ref.Name, ks.Ref.ClusterName)
 	}
 	ports := servicePorts(d)
 	if len(ports) == 0 {

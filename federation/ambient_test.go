@@ -106,6 +106,19 @@ func TestAmbientFederationRefusals(t *testing.T) {
 			w.Name, w.Spec.Kubernetes.Controller.Name, w.Spec.Kubernetes.PodLabels, w.Spec.Kubernetes.ServiceAccountName = "ratings-any", "ratings-any", map[string]string{"app": "ratings"}, "other"
 			in.Workloads = append(in.Workloads, w)
 		}, "workloads of different service accounts (other, ratings) match the pod at 10.2.0.21", "ratings-cluster-2-10-2-0-2[12]"},
+		{"consumer's istiod not multi-network", func(in *translation.Input) {
+			meshOf(in, "cluster-1").Spec.Istio.Ambient.MultiNetwork = false
+		}, "istiod of cluster-1/istio-system/istiod does not run with AMBIENT_ENABLE_MULTI_NETWORK=true", ""},
+		{"exporter's mesh config without the global scope", func(in *translation.Input) {
+			meshOf(in, "cluster-2").Spec.Istio.Ambient.GlobalServiceScope = false
+		}, "the mesh config of cluster-2/istio-system/istiod has no serviceScopeConfigs entry", ""},
+		{"the exported Service not global", func(in *translation.Input) {
+			for i := range in.Destinations {
+				if in.Destinations[i].Spec.KubeService.Ref.Name == "ratings" {
+					delete(in.Destinations[i].Spec.KubeService.Labels, "istio.io/global")
+				}
+			}
+		}, "its Service shop/ratings in cluster-2 is not labelled istio.io/global=true", ""},
 		{"a network another member reports too", func(in *translation.Input) {
 			m3 := *meshOf(in, "cluster-2")
 			m3.Name = "istiod-istio-system-cluster-3"

@@ -363,6 +363,9 @@ func (v *snapshotValidator) eastWestGateways(path string, m *relaypb.Mesh) {
 	if errs := validation.IsValidLabelValue(m.GetNetwork()); len(errs) > 0 {
 		v.fail(path+".network", "%q: %s", text.Truncate(m.GetNetwork(), 80), errs[0])
 	}
+	if (m.GetMultiNetwork() || m.GetGlobalServiceScope()) && !m.GetAmbient() {
+		v.fail(path+".multiNetwork", "a mesh without ambient has no ambient multi-network settings")
+	}
 	gws := m.GetEastWestGateways()
 	if len(gws) > 0 && !m.GetAmbient() {
 		v.fail(path+".eastWestGateways", "a mesh without ambient has no ambient east-west gateways")

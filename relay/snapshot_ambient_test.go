@@ -45,6 +45,9 @@ func TestHostileAmbientSnapshotsAreRefused(t *testing.T) {
 				s.Meshes[0].Waypoints = append(s.Meshes[0].Waypoints, &relaypb.Waypoint{Name: "w" + strings.Repeat("x", i%7) + string(rune('a'+i%26)), Namespace: "n", TrafficType: "all"})
 			}
 		}},
+		{"multi-network settings of a sidecar mesh", "meshes[0].multiNetwork", func(s *relaypb.Snapshot) {
+			s.Meshes[0].Ambient, s.Meshes[0].Ztunnel, s.Meshes[0].Waypoints, s.Meshes[0].GlobalServiceScope = false, false, nil, true
+		}},
 		{"network not a label value", "meshes[0].network", func(s *relaypb.Snapshot) { s.Meshes[0].Network = "net 1" }},
 		{"east-west gateway without network", "meshes[0].eastWestGateways[0].network", func(s *relaypb.Snapshot) { withEastWest(s).Network = "" }},
 		{"east-west gateway hostile network", "meshes[0].eastWestGateways[0].network", func(s *relaypb.Snapshot) { withEastWest(s).Network = "net\x00" + strings.Repeat("n", 100) }},

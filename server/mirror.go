@@ -890,7 +890,7 @@ func ambientMesh(m *relaypb.Mesh) *discoveryv1alpha1.AmbientMesh {
 		a.Waypoints = append(a.Waypoints, discoveryv1alpha1.WaypointInfo{Name: w.GetName(), Namespace: w.GetNamespace(),
 			TrafficType: w.GetTrafficType(), ServiceAccount: w.GetServiceAccount(), Ready: w.GetReady()})
 	}
-	a.Network = m.GetNetwork()
+	a.Network, a.MultiNetwork, a.GlobalServiceScope = m.GetNetwork(), m.GetMultiNetwork(), m.GetGlobalServiceScope()
 	for _, g := range m.GetEastWestGateways() {
 		a.EastWestGateways = append(a.EastWestGateways, discoveryv1alpha1.EastWestGatewayInfo{Name: g.GetName(), Namespace: g.GetNamespace(),
 			Network: g.GetNetwork(), Addresses: g.GetAddresses(), HBONEPort: g.GetHbonePort(), ServiceAccount: g.GetServiceAccount()})

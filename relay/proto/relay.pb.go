@@ -886,8 +886,13 @@ type Mesh struct {
 	// Ambient east-west gateways: Gateways of class istio-east-west of the
 	// mesh's revision, labelled with a network, with an HBONE listener.
 	EastWestGateways []*EastWestGateway `protobuf:"bytes,15,rep,name=east_west_gateways,json=eastWestGateways,proto3" json:"east_west_gateways,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// istiod runs with AMBIENT_ENABLE_MULTI_NETWORK=true (ambient only).
+	MultiNetwork bool `protobuf:"varint,16,opt,name=multi_network,json=multiNetwork,proto3" json:"multi_network,omitempty"`
+	// The mesh config's serviceScopeConfigs make Services labelled
+	// istio.io/global=true global (ambient only).
+	GlobalServiceScope bool `protobuf:"varint,17,opt,name=global_service_scope,json=globalServiceScope,proto3" json:"global_service_scope,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Mesh) Reset() {
@@ -1023,6 +1028,20 @@ func (x *Mesh) GetEastWestGateways() []*EastWestGateway {
 		return x.EastWestGateways
 	}
 	return nil
+}
+
+func (x *Mesh) GetMultiNetwork() bool {
+	if x != nil {
+		return x.MultiNetwork
+	}
+	return false
+}
+
+func (x *Mesh) GetGlobalServiceScope() bool {
+	if x != nil {
+		return x.GlobalServiceScope
+	}
+	return false
 }
 
 // EastWestGateway is an ambient mesh's east-west gateway: where other
@@ -2721,7 +2740,7 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\x06meshes\x18\x02 \x03(\v2\x18.relaymesh.relay.v1.MeshR\x06meshes\x12:\n" +
 	"\tworkloads\x18\x03 \x03(\v2\x1c.relaymesh.relay.v1.WorkloadR\tworkloads\x12C\n" +
 	"\fdestinations\x18\x04 \x03(\v2\x1f.relaymesh.relay.v1.DestinationR\fdestinations\x12\x12\n" +
-	"\x04hash\x18\x05 \x01(\tR\x04hash\"\xab\x05\n" +
+	"\x04hash\x18\x05 \x01(\tR\x04hash\"\x82\x06\n" +
 	"\x04Mesh\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x18\n" +
@@ -2739,7 +2758,9 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\aztunnel\x18\f \x01(\bR\aztunnel\x12:\n" +
 	"\twaypoints\x18\r \x03(\v2\x1c.relaymesh.relay.v1.WaypointR\twaypoints\x12\x18\n" +
 	"\anetwork\x18\x0e \x01(\tR\anetwork\x12Q\n" +
-	"\x12east_west_gateways\x18\x0f \x03(\v2#.relaymesh.relay.v1.EastWestGatewayR\x10eastWestGateways\x1a<\n" +
+	"\x12east_west_gateways\x18\x0f \x03(\v2#.relaymesh.relay.v1.EastWestGatewayR\x10eastWestGateways\x12#\n" +
+	"\rmulti_network\x18\x10 \x01(\bR\fmultiNetwork\x120\n" +
+	"\x14global_service_scope\x18\x11 \x01(\bR\x12globalServiceScope\x1a<\n" +
 	"\x0ePodLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc3\x01\n" +

@@ -46,6 +46,10 @@ metadata: {name: istio, namespace: istio-system, labels: {istio.io/rev: default}
 data:
   mesh: |
     trustDomain: mesh.local
+    serviceScopeConfigs:
+    - servicesSelector:
+        matchExpressions: [{key: istio.io/global, operator: In, values: ["true"]}]
+      scope: GLOBAL
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -87,7 +91,8 @@ metadata: {name: shop, labels: {istio.io/dataplane-mode: ambient}}
 `, n)
 }
 
-// ratingsManifest is ratings, which runs only in cluster-2.
+// ratingsManifest is ratings, which runs only in cluster-2, global there
+// (its east-west gateway forwards only global services).
 const ratingsManifest = `
 apiVersion: v1
 kind: ServiceAccount
@@ -107,7 +112,7 @@ spec:
 ---
 apiVersion: v1
 kind: Service
-metadata: {name: ratings, namespace: shop}
+metadata: {name: ratings, namespace: shop, labels: {istio.io/global: "true"}}
 spec:
   selector: {app: ratings}
   ports:

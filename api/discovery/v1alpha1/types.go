@@ -86,6 +86,15 @@ type AmbientMesh struct {
 	// +kubebuilder:validation:MaxItems=64
 	// +optional
 	EastWestGateways []EastWestGatewayInfo `json:"eastWestGateways,omitempty"`
+	// MultiNetwork is true when istiod runs with
+	// AMBIENT_ENABLE_MULTI_NETWORK=true.
+	// +optional
+	MultiNetwork bool `json:"multiNetwork,omitempty"`
+	// GlobalServiceScope is true when the mesh config's
+	// serviceScopeConfigs make Services labelled istio.io/global=true
+	// global (the ambient profile's entry).
+	// +optional
+	GlobalServiceScope bool `json:"globalServiceScope,omitempty"`
 }
 
 // EastWestGatewayInfo is an ambient east-west gateway.
