@@ -90,7 +90,8 @@
 //   - A member whose cluster is not registered takes no part: a warning
 //     and an Invalid target, while the others federate (an Invalid
 //     VirtualMesh would keep its last valid outputs, a deregistered
-//     cluster's exports with them).
+//     cluster's exports with them). With no member in a registered
+//     cluster the VirtualMesh is Invalid: it is in force nowhere.
 //
 // Port protocols use Istio's names (HTTP, HTTP2, GRPC, HTTPS, TLS, TCP),
 // taken from the port's appProtocol, else from its name's prefix (Istio's

@@ -386,6 +386,12 @@ func (s *vmState) validate(in *translation.Input, grants *translation.Grants) {
 		s.errs = append(s.errs, m.errs...)
 	}
 	slices.SortFunc(s.members, func(a, b *member) int { return strings.Compare(a.key, b.key) })
+	if len(s.members) == 0 && len(s.unregistered) > 0 && len(s.errs) == 0 {
+		// Nothing left to federate: say so, rather than accept a
+		// VirtualMesh whose policies are in force nowhere (an audit of
+		// files without the registry, or every member deregistered).
+		s.errs = append(s.errs, fmt.Sprintf("no member mesh is in a registered cluster (%s)", strings.Join(s.unregistered, ", ")))
+	}
 	s.checkTrustDomains(grants)
 	if f := vm.Spec.Federation; f != nil {
 		if len(f.EastWestGatewaySelectors) > 0 {
