@@ -15,6 +15,8 @@ import (
 	"github.com/relaymesh/relaymesh/translation"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"istio.io/api/annotation"
+	"istio.io/api/label"
 	networkingv1 "istio.io/api/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -32,17 +34,22 @@ import (
 // ztunnel one workload per (network, service) behind the gateway, never
 // the remote pods themselves.
 
-// Names Istio reads.
+// Names Istio reads (those istio.io/api names, from there).
 const (
-	apiGateway          = "gateway.networking.k8s.io/v1"
-	remoteGatewayClass  = "istio-remote"
-	labelNetwork        = "topology.istio.io/network"
-	labelGlobal         = "istio.io/global"
-	annotationGatewaySA = "gateway.istio.io/service-account"
-	hboneProtocol       = "HBONE"
+	apiGateway         = "gateway.networking.k8s.io/v1"
+	remoteGatewayClass = "istio-remote"
+	// labelGlobal is the label the ambient profile's serviceScopeConfigs
+	// make global (a convention, not an istio.io/api name).
+	labelGlobal   = "istio.io/global"
+	hboneProtocol = "HBONE"
 	// LabelGlobalService selects a federated Service's WorkloadEntries:
 	// its value is the Service's name (one namespace holds one).
 	LabelGlobalService = "relaymesh.io/global-service"
+)
+
+var (
+	labelNetwork        = label.TopologyNetwork.Name
+	annotationGatewaySA = annotation.GatewayServiceAccount.Name
 )
 
 // ambientPeer says why mesh to cannot consume from's Destinations over

@@ -82,11 +82,7 @@ func (o *Output) Add(cluster, apiVersion, kind, namespace, name string, spec pro
 // Gateway API routes): spec is a Go value encoded with encoding/json, and
 // is otherwise recorded as Add records a spec.
 func (o *Output) AddObject(cluster, apiVersion, kind, namespace, name string, spec any, parents ...Parent) error {
-	specJSON, err := json.Marshal(spec)
-	if err != nil {
-		return fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
-	}
-	return o.add(cluster, apiVersion, kind, namespace, name, specJSON, parents)
+	return o.AddObjectMeta(cluster, apiVersion, kind, namespace, name, nil, nil, spec, parents...)
 }
 
 // AddObjectMeta is AddObject for an object Istio reads labels or

@@ -21,10 +21,11 @@ var (
 	servicePortFields = []string{"appProtocol", "name", "port", "protocol", "targetPort"}
 )
 
-// checkFederated refuses a core Service or a Gateway API Gateway that is
-// not what ambient federation writes: a ClusterIP Service selecting only
-// its own WorkloadEntries (relaymesh.io/global-service: <its name>), with
-// plain ports; a Gateway of class istio-remote.
+// checkFederated refuses a core Service, a WorkloadEntry or a Gateway API
+// Gateway that is not what ambient federation writes: a ClusterIP Service
+// selecting only its own WorkloadEntries (relaymesh.io/global-service:
+// <its name>), with plain ports; a WorkloadEntry labelled only that way;
+// a Gateway of class istio-remote.
 func (m *manifest) checkFederated(top map[string]any) {
 	spec, _ := top["spec"].(map[string]any)
 	switch {
@@ -48,6 +49,20 @@ func (m *manifest) checkFederated(top map[string]any) {
 				if !slices.Contains(servicePortFields, k) {
 					m.problems = append(m.problems, fmt.Sprintf("spec.ports[%d].%s is not allowed in a Service the agent writes", i, k))
 				}
+			}
+		}
+	case m.gvk.Group == "networking.istio.io" && m.gvk.Kind == "WorkloadEntry":
+		// Selected only by the global Service of its name: an entry
+		// carrying other labels could join a user's Service (Services
+		// select WorkloadEntries) and take its traffic.
+		md, _ := top["metadata"].(map[string]any)
+		for _, f := range []struct {
+			field  string
+			labels any
+		}{{"metadata.labels", md["labels"]}, {"spec.labels", spec["labels"]}} {
+			labels, _ := f.labels.(map[string]any)
+			if s, _ := labels[globalServiceLabel].(string); len(labels) != 1 || s == "" {
+				m.problems = append(m.problems, fmt.Sprintf("%s must be exactly %s: <service> in a WorkloadEntry the agent writes", f.field, globalServiceLabel))
 			}
 		}
 	case m.gvk.Group == "gateway.networking.k8s.io" && m.gvk.Kind == "Gateway":
