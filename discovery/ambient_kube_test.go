@@ -3,17 +3,14 @@ package discovery_test
 import (
 	"context"
 	"log/slog"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/relaymesh/relaymesh/discovery"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -24,24 +21,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
-
-// gatewayAPICRDs reads the standard-channel Gateway and GatewayClass CRDs
-// of the gateway-api module that tools/istio (and so pilot-discovery) pins.
-func gatewayAPICRDs(t *testing.T) []byte {
-	t.Helper()
-	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api")
-	cmd.Dir = filepath.Join("..", "tools", "istio")
-	out, err := cmd.Output()
-	require.NoError(t, err, "go list sigs.k8s.io/gateway-api in tools/istio")
-	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "standard")
-	var all []byte
-	for _, f := range []string{"gateway.networking.k8s.io_gatewayclasses.yaml", "gateway.networking.k8s.io_gateways.yaml"} {
-		b, err := os.ReadFile(filepath.Join(dir, f))
-		require.NoError(t, err)
-		all = append(append(all, b...), []byte("\n---\n")...)
-	}
-	return all
-}
 
 // runDiscoverer runs a Discoverer until the test ends and waits for its
 // caches.
@@ -96,13 +75,10 @@ func TestDiscovererAmbientKube(t *testing.T) {
 	assertProto(t, &relaypb.WaypointRef{Name: "waypoint", Namespace: "shop"}, s.Workloads[0].Waypoint)
 	assert.True(t, s.Destinations[0].Endpoints[0].Ambient, "the pod's ambient.istio.io/redirection annotation is kept")
 
-	_, err = c.Apply(ctx, "discovery-test", gatewayAPICRDs(t))
-	require.NoError(t, err)
+	// Installed as every test installs them: established and listed by
+	// discovery, which Apply maps kinds through.
+	translationtest.InstallGatewayAPI(ctx, t, c)
 	gateways := dyn.Resource(discovery.GatewayResource).Namespace("shop")
-	require.Eventually(t, func() bool {
-		_, err := gateways.List(ctx, metav1.ListOptions{})
-		return err == nil
-	}, 30*time.Second, 100*time.Millisecond, "Gateways served")
 	_, err = c.Apply(ctx, "discovery-test", []byte(`apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {name: waypoint, namespace: shop, labels: {istio.io/waypoint-for: service}}

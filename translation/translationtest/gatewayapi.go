@@ -15,6 +15,8 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
 )
 
 // GatewayAPIGroup is the API group of the Gateway API kinds.
@@ -50,12 +52,20 @@ func InstallGatewayAPI(ctx context.Context, t testing.TB, c *localcluster.Cluste
 	t.Helper()
 	ext, err := apiextensionsclient.NewForConfig(c.RESTConfig())
 	require.NoError(t, err)
+	var v1Kinds []string // served at v1: what discovery must list
 	for _, f := range GatewayAPICRDs(ctx, t) {
 		b, err := os.ReadFile(f)
 		require.NoError(t, err)
 		objs, err := c.Apply(ctx, "relaymesh-test", b)
 		require.NoError(t, err, f)
 		for _, o := range objs {
+			kind, _, _ := unstructured.NestedString(o.Object, "spec", "names", "kind")
+			versions, _, _ := unstructured.NestedSlice(o.Object, "spec", "versions")
+			for _, v := range versions {
+				if m, ok := v.(map[string]any); ok && m["name"] == "v1" && m["served"] == true {
+					v1Kinds = append(v1Kinds, kind)
+				}
+			}
 			require.Eventually(t, func() bool {
 				crd, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, o.GetName(), metav1.GetOptions{})
 				if err != nil {
@@ -70,6 +80,29 @@ func InstallGatewayAPI(ctx context.Context, t testing.TB, c *localcluster.Cluste
 			}, 30*time.Second, 100*time.Millisecond, "CRD %s established", o.GetName())
 		}
 	}
+	// Established is not yet listed: the apiserver's discovery document
+	// names a new group a moment later, and clients that map kinds through
+	// discovery (localcluster's Apply) fail with "no matches for kind"
+	// until it does (seen in a clean-clone run).
+	dc, err := discovery.NewDiscoveryClientForConfig(c.RESTConfig())
+	require.NoError(t, err)
+	require.NotEmpty(t, v1Kinds, "the Gateway API CRDs serve v1")
+	require.Eventually(t, func() bool {
+		l, err := dc.ServerResourcesForGroupVersion(GatewayAPIGroup + "/v1")
+		if err != nil {
+			return false
+		}
+		listed := map[string]bool{}
+		for _, r := range l.APIResources {
+			listed[r.Kind] = true
+		}
+		for _, k := range v1Kinds {
+			if !listed[k] {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 100*time.Millisecond, "Gateway API v1 kinds %v listed by discovery", v1Kinds)
 }
 
 // gatewayAPIInstalled records the API servers a dry run installed the
