@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 )
 
 // svidFrom is a leaf root's key signs for the SPIFFE ID id.
@@ -88,14 +89,23 @@ spec: {trustDomain: %s, bundleEndpointURL: "https://127.0.0.1:1/", profile: http
 // federateVM names the foreign trust domains in the VirtualMesh's spec.
 func (w *rotationWorld) federateVM(tds ...string) {
 	w.t.Helper()
-	u, err := w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Get(w.ctx, "shared", metav1.GetOptions{})
-	require.NoError(w.t, err)
 	list := make([]any, 0, len(tds))
 	for _, td := range tds {
 		list = append(list, td)
 	}
-	require.NoError(w.t, unstructured.SetNestedSlice(u.Object, list, "spec", "mtls", "federatedTrustDomains"))
-	_, err = w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Update(w.ctx, u, metav1.UpdateOptions{})
+	// The controller writes the VirtualMesh's status meanwhile: an update
+	// of a stale read conflicts (seen in a clean-clone run), so read again.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		u, err := w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Get(w.ctx, "shared", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if err := unstructured.SetNestedSlice(u.Object, list, "spec", "mtls", "federatedTrustDomains"); err != nil {
+			return err
+		}
+		_, err = w.dyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace(w.ns).Update(w.ctx, u, metav1.UpdateOptions{})
+		return err
+	})
 	require.NoError(w.t, err)
 }
 
