@@ -475,7 +475,7 @@ func (k *KubeStatus) Acked(cluster string, ack *relaypb.PullAck) {
 			}
 			r = boundedResult(r)
 			out.Results = append(out.Results, multiclusterv1alpha1.AppliedResult{APIVersion: r.GetApiVersion(), Kind: r.GetKind(),
-				Namespace: r.GetNamespace(), Name: r.GetName(), Outcome: r.GetOutcome(), Error: r.GetError()})
+				Namespace: r.GetNamespace(), Name: r.GetName(), Outcome: r.GetOutcome(), Error: r.GetError(), CrossIssuer: r.GetCrossIssuer()})
 		}
 	}
 	if k.cfg.Ledger != nil {
@@ -501,7 +501,13 @@ func appliedPatch(a *multiclusterv1alpha1.AppliedOutputs) map[string]any {
 func ResultsDigest(results []multiclusterv1alpha1.AppliedResult) string {
 	h := sha256.New()
 	for _, r := range results {
-		for _, f := range []string{r.APIVersion, r.Kind, r.Namespace, r.Name, r.Outcome, r.Error} {
+		fields := []string{r.APIVersion, r.Kind, r.Namespace, r.Name, r.Outcome, r.Error}
+		if r.CrossIssuer != "" {
+			// Only when set: results without it keep the digests replicas
+			// of the previous release compute.
+			fields = append(fields, "crossIssuer", r.CrossIssuer)
+		}
+		for _, f := range fields {
 			h.Write([]byte(strconv.Itoa(len(f))))
 			h.Write([]byte{':'})
 			h.Write([]byte(f))
@@ -643,7 +649,8 @@ func ackOf(a *multiclusterv1alpha1.AppliedOutputs) *relaypb.PullAck {
 	}
 	out := &relaypb.PullAck{Version: v}
 	for _, r := range a.Results {
-		out.Results = append(out.Results, &relaypb.ObjectResult{ApiVersion: r.APIVersion, Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Outcome: r.Outcome, Error: r.Error})
+		out.Results = append(out.Results, &relaypb.ObjectResult{ApiVersion: r.APIVersion, Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Outcome: r.Outcome, Error: r.Error,
+			CrossIssuer: r.CrossIssuer})
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"github.com/relaymesh/relaymesh/internal/text"
+	"strings"
 	"sync"
 	"time"
 
@@ -126,7 +127,17 @@ func (v *View) Acked(cluster string, ack *relaypb.PullAck, at time.Time) {
 func boundedResult(r *relaypb.ObjectResult) *relaypb.ObjectResult {
 	return &relaypb.ObjectResult{ApiVersion: text.Truncate(r.GetApiVersion(), maxResultField), Kind: text.Truncate(r.GetKind(), maxResultField),
 		Namespace: text.Truncate(r.GetNamespace(), maxResultField), Name: text.Truncate(r.GetName(), maxResultField),
-		Outcome: text.Truncate(r.GetOutcome(), 16), Error: text.Truncate(r.GetError(), maxResultError)}
+		Outcome: text.Truncate(r.GetOutcome(), 16), Error: text.Truncate(r.GetError(), maxResultError), CrossIssuer: boundedFingerprint(r.GetCrossIssuer())}
+}
+
+// boundedFingerprint is fp when it is a hex SHA-256 fingerprint, else
+// empty: an agent chooses its acks, and a root it names that way can only
+// be one the server asked for.
+func boundedFingerprint(fp string) string {
+	if len(fp) != 64 || strings.Trim(fp, "0123456789abcdef") != "" {
+		return ""
+	}
+	return fp
 }
 
 // Ack returns what the view kept of the last ack of cluster's agent (the

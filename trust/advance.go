@@ -50,29 +50,29 @@ func nextRotation(rot *networkingv1alpha1.RotationStatus, in advanceInput) (*net
 	if len(in.pending) > 0 {
 		r.PendingMeshes = in.pending[:min(len(in.pending), 256)]
 		r.AwaitingContinue = false
-		r.Message = phaseMessage(rot.Phase, rot.Step) + fmt.Sprintf("; waiting for %d of %d meshes to ack it: %s",
+		r.Message = phaseMessage(StrategyOf(rot), rot.Phase, rot.Step) + fmt.Sprintf("; waiting for %d of %d meshes to ack it: %s",
 			len(in.pending), in.members, strings.Join(in.pending[:min(len(in.pending), 5)], ", "))
 		return r, false
 	}
 	rollingBack := r.Phase == networkingv1alpha1.PhaseRollingBack
 	if in.federation != "" && waitsForFederation(r) {
 		r.PendingMeshes, r.AwaitingContinue = nil, false
-		r.Message = phaseMessage(r.Phase, r.Step) + "; " + in.federation
+		r.Message = phaseMessage(StrategyOf(rot), r.Phase, r.Step) + "; " + in.federation
 		return r, false
 	}
 	if in.ambient != "" && r.Phase == networkingv1alpha1.PhaseAddingNewRoot {
 		// Never forward onto the new root while a member runs ambient; a
 		// rollback stays possible.
 		r.PendingMeshes, r.AwaitingContinue = nil, false
-		r.Message = phaseMessage(r.Phase, r.Step) + "; held: " + in.ambient + "; or `relaymesh ca rotate rollback " + in.key + "`"
+		r.Message = phaseMessage(StrategyOf(rot), r.Phase, r.Step) + "; held: " + in.ambient + "; or `relaymesh ca rotate rollback " + in.key + "`"
 		return r, false
 	}
 	if in.manual && !(rollingBack && r.Step == 0) && in.cont != ContinueValue(rot) {
 		r.PendingMeshes, r.AwaitingContinue = nil, true
 		if rollingBack {
-			r.Message = phaseMessage(r.Phase, r.Step) + "; every mesh acked it. Verify that every istiod and workload runs on it, then run `relaymesh ca rotate continue " + in.key + "` to take the next step back"
+			r.Message = phaseMessage(StrategyOf(rot), r.Phase, r.Step) + "; every mesh acked it. Verify that every istiod and workload runs on it, then run `relaymesh ca rotate continue " + in.key + "` to take the next step back"
 		} else {
-			r.Message = phaseMessage(r.Phase, r.Step) + "; every mesh acked it. Verify, then run `relaymesh ca rotate continue " + in.key + "` (or `rollback`)"
+			r.Message = phaseMessage(StrategyOf(rot), r.Phase, r.Step) + "; every mesh acked it. Verify, then run `relaymesh ca rotate continue " + in.key + "` (or `rollback`)"
 		}
 		return r, false
 	}
@@ -84,14 +84,14 @@ func nextRotation(rot *networkingv1alpha1.RotationStatus, in advanceInput) (*net
 		r.Message = "rolled back: every mesh holds the old root only again. spec.mtls.shared.rootCA still names the new root; it is rotated to again after `relaymesh ca rotate start`, or when the spec names another root"
 	case rollingBack:
 		r.Step--
-		r.Message = phaseMessage(r.Phase, r.Step)
+		r.Message = phaseMessage(StrategyOf(rot), r.Phase, r.Step)
 	case r.Step >= 3:
 		r.Phase = networkingv1alpha1.PhaseFinished
 		r.Message = "finished: every mesh holds the new root only, and intermediates from it"
 	default:
 		r.Step++
 		r.Phase = phaseOf(r.Step)
-		r.Message = phaseMessage(r.Phase, r.Step)
+		r.Message = phaseMessage(StrategyOf(rot), r.Phase, r.Step)
 	}
 	return r, true
 }

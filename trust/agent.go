@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -37,6 +38,9 @@ const (
 
 	// IssuerAnnotation records the root the intermediate chains to.
 	IssuerAnnotation = "relaymesh.io/issuer"
+	// CrossIssuerAnnotation records the root that signs the intermediate
+	// too, in a CrossSigned rotation's steps 1 and 2.
+	CrossIssuerAnnotation = "relaymesh.io/cross-issuer"
 
 	defaultRenewAtPercent = 66
 	// maxSecretBytes bounds what the agent accepts from the server for one
@@ -74,6 +78,10 @@ func (a *Agent) Apply(ctx context.Context, set *relaypb.OutputSet, sign func(con
 		wanted[req.GetNamespace()] = true
 		outcome, renewAt, err := a.keep(ctx, req, sign, now)
 		r := &relaypb.ObjectResult{ApiVersion: "v1", Kind: "Secret", Namespace: req.GetNamespace(), Name: SecretName, Outcome: outcome}
+		if err == nil && !req.GetHold() {
+			// What the server counts a CrossSigned step's ack by.
+			r.CrossIssuer = req.GetCrossIssuer()
+		}
 		if err != nil {
 			r.Error = err.Error()
 			a.log().Error("mesh CA not written", "namespace", req.GetNamespace(), "mesh", req.GetMesh(), "error", err)
@@ -155,19 +163,32 @@ func (a *Agent) keep(ctx context.Context, req *relaypb.TrustRequest, sign SignFu
 	if err != nil {
 		return "error", time.Time{}, fmt.Errorf("the server's intermediate was refused: %w", err)
 	}
+	cross, err := checkCross(resp, req, chain[0], now)
+	if err != nil {
+		return "error", time.Time{}, fmt.Errorf("the server's intermediate was refused: %w", err)
+	}
 	keyPEM, err := pemutil.Serialize(key)
 	if err != nil {
 		return "error", time.Time{}, errors.New("encode the intermediate key")
 	}
+	// cert-chain.pem: the intermediate and its issuing chain, then (a
+	// CrossSigned rotation) the same intermediate from the other root and
+	// its issuing chain, then the issuing root. istiod sends it all with
+	// every certificate it issues.
+	full := slices.Concat(chain[:len(chain)-1], cross, chain[len(chain)-1:])
 	data := map[string][]byte{
 		KeyCACert:   ca.CertsPEM(chain[0]),
 		KeyCAKey:    pem.EncodeToMemory(keyPEM),
-		KeyChain:    ca.CertsPEM(chain...),
+		KeyChain:    ca.CertsPEM(full...),
 		KeyRootCert: resp.GetRootBundle(),
+	}
+	annotations := map[string]string{IssuerAnnotation: req.GetIssuer()}
+	if req.GetCrossIssuer() != "" {
+		annotations[CrossIssuerAnnotation] = req.GetCrossIssuer()
 	}
 	if cur == nil {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: SecretName, Namespace: req.GetNamespace(),
-			Labels: map[string]string{outputs.OwnerLabel: a.Owner}, Annotations: map[string]string{IssuerAnnotation: req.GetIssuer()}},
+			Labels: map[string]string{outputs.OwnerLabel: a.Owner}, Annotations: annotations},
 			Type: corev1.SecretTypeOpaque, Data: data}
 		if _, err := secrets.Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			return "error", time.Time{}, fmt.Errorf("create %s/%s: %w", req.GetNamespace(), SecretName, err)
@@ -178,7 +199,8 @@ func (a *Agent) keep(ctx context.Context, req *relaypb.TrustRequest, sign SignFu
 		if next.Annotations == nil {
 			next.Annotations = map[string]string{}
 		}
-		next.Annotations[IssuerAnnotation] = req.GetIssuer()
+		delete(next.Annotations, CrossIssuerAnnotation)
+		maps.Copy(next.Annotations, annotations)
 		// resourceVersion makes this fail rather than overwrite a change
 		// made since it was read.
 		if _, err := secrets.Update(ctx, next, metav1.UpdateOptions{}); err != nil {
@@ -186,7 +208,7 @@ func (a *Agent) keep(ctx context.Context, req *relaypb.TrustRequest, sign SignFu
 		}
 	}
 	a.log().Info("mesh CA written", "namespace", req.GetNamespace(), "mesh", req.GetMesh(), "issuer", req.GetIssuer(),
-		"serial", chain[0].SerialNumber.Text(16), "not_after", chain[0].NotAfter)
+		"cross_issuer", req.GetCrossIssuer(), "serial", chain[0].SerialNumber.Text(16), "not_after", chain[0].NotAfter)
 	return "applied", renewalTime(chain[0], req), nil
 }
 
@@ -215,6 +237,19 @@ func current(cur *corev1.Secret, req *relaypb.TrustRequest, now time.Time) (time
 	if checkConstraints(certs[0], req) != nil {
 		return time.Time{}, false
 	}
+	// As is one without the second signature a CrossSigned step asks
+	// for, or with one it no longer asks for.
+	if cur.Annotations[CrossIssuerAnnotation] != req.GetCrossIssuer() {
+		return time.Time{}, false
+	}
+	if req.GetCrossIssuer() != "" {
+		root, err := crossRoot(req)
+		if err != nil || !slices.ContainsFunc(certs[1:], func(c *x509.Certificate) bool {
+			return keyutil.Equal(c.PublicKey, certs[0].PublicKey) && verifies(c, certs, []*x509.Certificate{root}, now) == nil
+		}) {
+			return time.Time{}, false
+		}
+	}
 	renewAt := renewalTime(certs[0], req)
 	if !now.Before(renewAt) {
 		return time.Time{}, false
@@ -226,7 +261,7 @@ func current(cur *corev1.Secret, req *relaypb.TrustRequest, now time.Time) (time
 // for our key, chaining to the root req names, within the bundle req asked
 // for.
 func checkResponse(resp *relaypb.IntermediateResponse, req *relaypb.TrustRequest, pub crypto.PublicKey, now time.Time) ([]*x509.Certificate, error) {
-	if len(resp.GetCertificateChain())+len(resp.GetRootBundle()) > maxSecretBytes {
+	if len(resp.GetCertificateChain())+len(resp.GetCrossCertificateChain())+len(resp.GetRootBundle()) > maxSecretBytes {
 		return nil, fmt.Errorf("answer larger than %d bytes", maxSecretBytes)
 	}
 	if !bytes.Equal(resp.GetRootBundle(), req.GetRootBundle()) || resp.GetIssuer() != req.GetIssuer() {
@@ -246,6 +281,64 @@ func checkResponse(resp *relaypb.IntermediateResponse, req *relaypb.TrustRequest
 		return nil, err
 	}
 	return verifyChain(certs, req, now)
+}
+
+// checkCross checks the second signature a CrossSigned rotation's step
+// asks for: the intermediate primary (the same subject, key identifier,
+// key and constraints) signed by the root req.cross_root, which
+// req.cross_issuer names. It returns that certificate and its issuing
+// chain, nil when the request asks for none (and then the answer must
+// carry none).
+func checkCross(resp *relaypb.IntermediateResponse, req *relaypb.TrustRequest, primary *x509.Certificate, now time.Time) ([]*x509.Certificate, error) {
+	raw := resp.GetCrossCertificateChain()
+	if req.GetCrossIssuer() == "" {
+		if len(raw) > 0 {
+			return nil, errors.New("the answer carries a second signature the request did not ask for")
+		}
+		return nil, nil
+	}
+	if len(raw) == 0 {
+		return nil, errors.New("the request asks for a second signature (a CrossSigned root rotation) and the answer carries none")
+	}
+	root, err := crossRoot(req)
+	if err != nil {
+		return nil, err
+	}
+	certs, err := pemutil.ParseCertificateBundle(raw)
+	if err != nil || len(certs) == 0 {
+		return nil, errors.New("the cross-signed intermediate is not PEM certificates")
+	}
+	c := certs[0]
+	switch {
+	case !keyutil.Equal(primary.PublicKey, c.PublicKey):
+		return nil, errors.New("the cross-signed intermediate is not for the key we generated")
+	case !bytes.Equal(c.RawSubject, primary.RawSubject) || !bytes.Equal(c.SubjectKeyId, primary.SubjectKeyId):
+		return nil, errors.New("the cross-signed intermediate names another subject or key identifier than the intermediate: leaves would name only one of them")
+	case !c.IsCA || !c.BasicConstraintsValid || c.MaxPathLen != 0 || !c.MaxPathLenZero:
+		return nil, errors.New("the cross-signed intermediate is not a CA limited to path length 0")
+	}
+	if err := checkConstraints(c, req); err != nil {
+		return nil, fmt.Errorf("the cross-signed intermediate: %w", err)
+	}
+	if err := verifies(c, certs[1:], []*x509.Certificate{root}, now); err != nil {
+		return nil, fmt.Errorf("the cross-signed intermediate does not chain to the root the request names: %w", err)
+	}
+	return certs, nil
+}
+
+// crossRoot is the root req.cross_root carries, checked against
+// req.cross_issuer.
+func crossRoot(req *relaypb.TrustRequest) (*x509.Certificate, error) {
+	roots, err := pemutil.ParseCertificateBundle(req.GetCrossRoot())
+	switch {
+	case err != nil || len(roots) != 1:
+		return nil, errors.New("the request's cross root is not one PEM certificate")
+	case Fingerprint(roots[0]) != req.GetCrossIssuer():
+		return nil, errors.New("the request's cross root is not the root its cross issuer names")
+	case req.GetCrossIssuer() == req.GetIssuer():
+		return nil, errors.New("the request names its issuer as its cross issuer")
+	}
+	return roots[0], nil
 }
 
 // checkConstraints requires the intermediate to be constrained to the

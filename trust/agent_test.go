@@ -344,3 +344,106 @@ func TestAgentRequiresTheTrustDomainsConstraints(t *testing.T) {
 		assert.Equal(t, "unchanged", results[0].GetOutcome(), results[0].GetError())
 	})
 }
+
+// A CrossSigned step asks for the intermediate signed by a second root:
+// the agent writes both into cert-chain.pem (root-cert.pem keeps the one
+// root), and refuses an answer without the second signature, with one it
+// did not ask for, or with one for another key, subject, root or path
+// length, writing nothing.
+func TestAgentChecksTheSecondSignature(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	root, second, other := newRoot(t, "root"), newRoot(t, "second"), newRoot(t, "other")
+	crossReq := func(ns string) *relaypb.TrustRequest {
+		req := request(ns, root)
+		req.CrossIssuer, req.CrossRoot = trust.Fingerprint(second.cert), second.pem
+		return req
+	}
+	answer := func(t *testing.T, csr []byte, cross []byte) *relaypb.IntermediateResponse {
+		return &relaypb.IntermediateResponse{CertificateChain: root.sign(t, csr, time.Hour, nil), RootBundle: root.pem,
+			Issuer: trust.Fingerprint(root.cert), CrossCertificateChain: cross}
+	}
+	t.Run("accepted", func(t *testing.T) {
+		ns := namespace(t, c)
+		a := &trust.Agent{Client: c, Owner: "cross-" + ns[len(ns)-min(len(ns), 40):]}
+		set := &relaypb.OutputSet{Trust: []*relaypb.TrustRequest{crossReq(ns)}}
+		sign := func(_ context.Context, r *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
+			return answer(t, r.GetCsr(), second.sign(t, r.GetCsr(), time.Hour, nil)), nil
+		}
+		results, _ := a.Apply(ctx, set, sign)
+		require.Equal(t, "applied", results[0].GetOutcome(), results[0].GetError())
+		s, err := c.CoreV1().Secrets(ns).Get(ctx, trust.SecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, trust.Fingerprint(second.cert), s.Annotations[trust.CrossIssuerAnnotation])
+		assert.Equal(t, root.pem, s.Data[trust.KeyRootCert], "root-cert.pem holds the one root")
+		chain, err := pemutil.ParseCertificateBundle(s.Data[trust.KeyChain])
+		require.NoError(t, err)
+		require.Len(t, chain, 3, "the intermediate, the same from the second root, the issuing root")
+		assert.Equal(t, root.cert.Subject.String(), chain[0].Issuer.String())
+		assert.Equal(t, second.cert.Subject.String(), chain[1].Issuer.String())
+		assert.True(t, chain[2].Equal(root.cert))
+		results, _ = a.Apply(ctx, set, sign)
+		assert.Equal(t, "unchanged", results[0].GetOutcome(), "the next pass changes nothing")
+
+		// The step without a second signature replaces it.
+		results, _ = a.Apply(ctx, &relaypb.OutputSet{Trust: []*relaypb.TrustRequest{request(ns, root)}},
+			func(_ context.Context, r *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
+				return answer(t, r.GetCsr(), nil), nil
+			})
+		require.Equal(t, "applied", results[0].GetOutcome(), results[0].GetError())
+		s, err = c.CoreV1().Secrets(ns).Get(ctx, trust.SecretName, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.NotContains(t, s.Annotations, trust.CrossIssuerAnnotation)
+		chain, err = pemutil.ParseCertificateBundle(s.Data[trust.KeyChain])
+		require.NoError(t, err)
+		assert.Len(t, chain, 2)
+	})
+	for _, tc := range []struct {
+		name  string
+		req   func(*relaypb.TrustRequest)
+		cross func(t *testing.T, csr []byte) []byte
+		want  string
+	}{
+		{"missing", nil, func(*testing.T, []byte) []byte { return nil }, "the answer carries none"},
+		{"not asked for", func(r *relaypb.TrustRequest) { r.CrossIssuer, r.CrossRoot = "", nil },
+			func(t *testing.T, csr []byte) []byte { return second.sign(t, csr, time.Hour, nil) }, "did not ask for"},
+		{"another key", nil, func(t *testing.T, csr []byte) []byte {
+			k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			return second.sign(t, csr, time.Hour, func(_ *x509.Certificate, p *crypto.PublicKey) { *p = k.Public() })
+		}, "not for the key we generated"},
+		{"another subject", nil, func(t *testing.T, csr []byte) []byte {
+			return second.sign(t, csr, time.Hour, func(c *x509.Certificate, _ *crypto.PublicKey) { c.Subject.CommonName = "someone else" })
+		}, "another subject"},
+		{"a longer path", nil, func(t *testing.T, csr []byte) []byte {
+			return second.sign(t, csr, time.Hour, func(c *x509.Certificate, _ *crypto.PublicKey) { c.MaxPathLen, c.MaxPathLenZero = 1, false })
+		}, "path length 0"},
+		{"from another root", nil, func(t *testing.T, csr []byte) []byte { return other.sign(t, csr, time.Hour, nil) }, "does not chain to the root the request names"},
+		{"cross root not the one named", func(r *relaypb.TrustRequest) { r.CrossRoot = other.pem },
+			func(t *testing.T, csr []byte) []byte { return other.sign(t, csr, time.Hour, nil) }, "not the root its cross issuer names"},
+		{"cross root is the issuer", func(r *relaypb.TrustRequest) { r.CrossIssuer, r.CrossRoot = trust.Fingerprint(root.cert), root.pem },
+			func(t *testing.T, csr []byte) []byte { return root.sign(t, csr, time.Hour, nil) }, "names its issuer as its cross issuer"},
+		{"garbage", nil, func(*testing.T, []byte) []byte {
+			return []byte("-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n")
+		}, "not PEM certificates"},
+		{"oversized", nil, func(*testing.T, []byte) []byte { return make([]byte, 300<<10) }, "larger than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := namespace(t, c)
+			req := crossReq(ns)
+			if tc.req != nil {
+				tc.req(req)
+			}
+			a := &trust.Agent{Client: c, Owner: "cross-" + ns[len(ns)-min(len(ns), 40):]}
+			results, next := a.Apply(ctx, &relaypb.OutputSet{Trust: []*relaypb.TrustRequest{req}},
+				func(_ context.Context, r *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
+					return answer(t, r.GetCsr(), tc.cross(t, r.GetCsr())), nil
+				})
+			require.Len(t, results, 1)
+			assert.Equal(t, "error", results[0].GetOutcome())
+			assert.Contains(t, results[0].GetError(), tc.want)
+			assert.False(t, next.IsZero(), "it tries again")
+			_, err := c.CoreV1().Secrets(ns).Get(ctx, trust.SecretName, metav1.GetOptions{})
+			assert.True(t, apierrors.IsNotFound(err), "nothing written")
+		})
+	}
+}

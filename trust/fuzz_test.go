@@ -53,6 +53,57 @@ func FuzzCheckResponse(f *testing.F) {
 	})
 }
 
+// FuzzCheckCross feeds the agent hostile second signatures of a
+// CrossSigned step: never a panic, and whatever it accepts is the
+// intermediate's subject and key, a path-length-0 CA, verifying to the
+// cross root the request names.
+func FuzzCheckCross(f *testing.F) {
+	now := time.Now()
+	newRoot := func(name string) (*x509.Certificate, *ecdsa.PrivateKey) {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, NotBefore: now.Add(-time.Hour),
+			NotAfter: now.Add(time.Hour), IsCA: true, BasicConstraintsValid: true, MaxPathLen: 1, KeyUsage: x509.KeyUsageCertSign}
+		der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
+		c, _ := x509.ParseCertificate(der)
+		return c, k
+	}
+	root, rootKey := newRoot("root")
+	second, secondKey := newRoot("second")
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	sign := func(parent *x509.Certificate, parentKey *ecdsa.PrivateKey) *x509.Certificate {
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "mesh"}, NotBefore: now.Add(-time.Hour),
+			NotAfter: now.Add(time.Hour), IsCA: true, BasicConstraintsValid: true, MaxPathLen: 0, MaxPathLenZero: true, KeyUsage: x509.KeyUsageCertSign}
+		der, _ := x509.CreateCertificate(rand.Reader, tmpl, parent, key.Public(), parentKey)
+		c, _ := x509.ParseCertificate(der)
+		return c
+	}
+	primary, cross := sign(root, rootKey), sign(second, secondKey)
+	f.Add(ca.CertsPEM(cross), ca.CertsPEM(second), Fingerprint(second))
+	f.Add(ca.CertsPEM(cross, second), ca.CertsPEM(second), Fingerprint(second))
+	f.Add(ca.CertsPEM(primary), ca.CertsPEM(root), Fingerprint(root))
+	f.Add(ca.CertsPEM(second), ca.CertsPEM(second, root), Fingerprint(second))
+	f.Add([]byte{}, []byte{}, "")
+	f.Fuzz(func(t *testing.T, crossPEM, crossRootPEM []byte, crossIssuer string) {
+		req := &relaypb.TrustRequest{Mesh: "m", Namespace: "istio-system", RootBundle: ca.CertsPEM(root), Issuer: Fingerprint(root),
+			CrossIssuer: crossIssuer, CrossRoot: crossRootPEM}
+		got, err := checkCross(&relaypb.IntermediateResponse{CrossCertificateChain: crossPEM}, req, primary, now)
+		if err != nil || got == nil {
+			return
+		}
+		r, err := crossRoot(req)
+		if err != nil {
+			t.Fatalf("accepted a second signature under a cross root that is refused: %v", err)
+		}
+		c := got[0]
+		if !keyutil.Equal(key.Public(), c.PublicKey) || c.Subject.String() != primary.Subject.String() || !c.IsCA || c.MaxPathLen != 0 {
+			t.Fatal("accepted a second signature that is not the intermediate's subject and key as a path-length-0 CA")
+		}
+		if err := verifies(c, got[1:], []*x509.Certificate{r}, now); err != nil {
+			t.Fatalf("accepted a second signature that does not verify to the cross root: %v", err)
+		}
+	})
+}
+
 // FuzzRecordedRoots parses the root bundles a status.rotation carries:
 // never a panic, and an accepted bundle carries the named root.
 func FuzzRecordedRoots(f *testing.F) {

@@ -28,6 +28,22 @@ import (
 //	step 2: root-cert.pem = old + new; intermediates from new  (PropagatingNewIntermediate)
 //	step 3: root-cert.pem = new;       intermediates from new  (DeletingOldRoot, then Finished)
 //
+// A CrossSigned rotation keeps one root in every root-cert.pem, for data
+// planes that trust a single root (ztunnel: the last certificate of the
+// chain istiod's CA returns), and signs each intermediate twice while the
+// roots change places:
+//
+//	step 0: root-cert.pem = old; intermediate from old
+//	step 1: root-cert.pem = old; intermediate from old, and the same intermediate from new
+//	step 2: root-cert.pem = new; intermediate from new, and the same intermediate from old
+//	step 3: root-cert.pem = new; intermediate from new
+//
+// cert-chain.pem carries both signatures in steps 1 and 2, and with it
+// every certificate the mesh's istiod issues: a workload that trusts only
+// the old root verifies it through one, a workload that trusts only the new
+// root through the other (one CA below either root, within its path
+// length). The same key signs leaves in both, so the leaf names one issuer.
+//
 // Neighbouring steps trust each other's certificates, so no handshake
 // between meshes fails while agents apply a step at different times. A
 // rollback walks the steps back down, a rotation in reverse: from step 3
@@ -91,6 +107,30 @@ type vmPlan struct {
 	// MultiRoot rotation never starts, nor issues from its new root, while
 	// there are any (AmbientRefusal).
 	ambient []string
+	// cross signs every intermediate a second time (a CrossSigned
+	// rotation's steps 1 and 2; nil when it cannot be loaded, and then
+	// signer is nil too); crossIssuer is its root's fingerprint and
+	// crossRoot that root's PEM. Empty: one signature.
+	cross       *root
+	crossIssuer string
+	crossRoot   []byte
+}
+
+// StrategyOf is the strategy rot follows: the one it recorded, else
+// MultiRoot (rotations recorded before strategies were).
+func StrategyOf(rot *networkingv1alpha1.RotationStatus) networkingv1alpha1.RotationStrategy {
+	if rot == nil || rot.Strategy == "" {
+		return networkingv1alpha1.RotationMultiRoot
+	}
+	return rot.Strategy
+}
+
+// specStrategy is the strategy vm's spec asks for, MultiRoot by default.
+func specStrategy(vm *networkingv1alpha1.VirtualMesh) networkingv1alpha1.RotationStrategy {
+	if vm.Spec.MTLS == nil || vm.Spec.MTLS.RotationStrategy == "" {
+		return networkingv1alpha1.RotationMultiRoot
+	}
+	return vm.Spec.MTLS.RotationStrategy
 }
 
 // AmbientMembers are the names of the meshes whose data plane is ambient,
@@ -119,7 +159,8 @@ func AmbientMembers(members []*discoveryv1alpha1.Mesh) []string {
 func AmbientRefusal(meshes []string) string {
 	return fmt.Sprintf("MultiRoot is refused while meshes run ambient (%s): ztunnel trusts only the root at the end of its own chain, so "+
 		"intermediates under two roots break traffic between them until every certificate is re-issued; "+
-		"rotate once no member runs ambient, or with rotationStrategy None in a maintenance window (every mesh switches at once)",
+		"set rotationStrategy CrossSigned (one root in every bundle, intermediates signed by both while they change places), "+
+		"or rotate once no member runs ambient, or with rotationStrategy None in a maintenance window (every mesh switches at once)",
 		strings.Join(meshes, ", "))
 }
 
@@ -203,7 +244,7 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 	case rot != nil && rot.Phase == networkingv1alpha1.PhaseRolledBack && rot.NewRootFingerprint == next.fingerprint &&
 		vm.Annotations[networkingv1alpha1.AnnotationRotationRetry] != next.fingerprint:
 		p.steady(in) // stays rolled back until the spec names another root, or a retry is asked
-	case vm.Spec.MTLS.RotationStrategy == networkingv1alpha1.RotationNone:
+	case specStrategy(vm) == networkingv1alpha1.RotationNone:
 		now := metav1.NewTime(c.cfg.Clock())
 		if c.persist(ctx, key, func(n *vmState) {
 			n.rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseFinished, Step: 3, LastTransitionTime: &now,
@@ -217,7 +258,7 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 		} else {
 			p.steady(in)
 		}
-	case len(ambient) > 0:
+	case len(ambient) > 0 && specStrategy(vm) == networkingv1alpha1.RotationMultiRoot:
 		// Not started: the root in force stays, the status says why, and
 		// the rotation starts once no member runs ambient.
 		msg := text.Truncate("not rotating: "+AmbientRefusal(ambient)+"; the root in force stays", 1024)
@@ -245,13 +286,13 @@ func (c *Controller) plan(ctx context.Context, vm *networkingv1alpha1.VirtualMes
 		if !c.persist(ctx, key, func(n *vmState) {
 			n.rotation = &networkingv1alpha1.RotationStatus{Phase: networkingv1alpha1.PhaseAddingNewRoot, Step: 1, LastTransitionTime: &now,
 				OldRootFingerprint: n.fp, NewRootFingerprint: next.fingerprint, From: n.inForce.DeepCopy(), To: spec.DeepCopy(),
-				OldRoots: string(pemRoots(in.roots)), NewRoots: string(pemRoots(next.roots)),
-				Message: phaseMessage(networkingv1alpha1.PhaseAddingNewRoot, 1)}
+				OldRoots: string(pemRoots(in.roots)), NewRoots: string(pemRoots(next.roots)), Strategy: specStrategy(vm),
+				Message: phaseMessage(specStrategy(vm), networkingv1alpha1.PhaseAddingNewRoot, 1)}
 		}) {
 			p.steady(in)
 			return p
 		}
-		c.log.Info("root rotation started", "virtual_mesh", key, "old", ShortFingerprint(st.fp), "new", ShortFingerprint(next.fingerprint))
+		c.log.Info("root rotation started", "virtual_mesh", key, "strategy", specStrategy(vm), "old", ShortFingerprint(st.fp), "new", ShortFingerprint(next.fingerprint))
 		c.planRotation(ctx, p, c.stateOf(key, vm))
 	}
 	return p
@@ -349,7 +390,7 @@ func (c *Controller) planRotation(ctx context.Context, p *vmPlan, st *vmState) {
 		step := max(rot.Step-1, 0)
 		if c.persist(ctx, p.key, func(n *vmState) {
 			n.rotation.Phase, n.rotation.Step, n.rotation.AwaitingContinue, n.rotation.LastTransitionTime = networkingv1alpha1.PhaseRollingBack, step, false, &now
-			n.rotation.Message = phaseMessage(networkingv1alpha1.PhaseRollingBack, step)
+			n.rotation.Message = phaseMessage(StrategyOf(n.rotation), networkingv1alpha1.PhaseRollingBack, step)
 		}) {
 			c.log.Warn("root rotation rolling back", "virtual_mesh", p.key, "to_step", step)
 		}
@@ -370,14 +411,40 @@ func (c *Controller) planRotation(ctx context.Context, p *vmPlan, st *vmState) {
 		message = fmt.Sprintf("the %s root (%s) cannot be used: %v; meshes that already hold this step ack it, no intermediate is issued until it can be used", what, describe(*src), err)
 		c.log.Error("rotation step published without a signer", "virtual_mesh", p.key, "step", rot.Step, "error", err)
 	}
+	crossSigned := StrategyOf(rot) == networkingv1alpha1.RotationCrossSigned
+	if crossSigned && (rot.Step == 1 || rot.Step == 2) {
+		// The other root signs every intermediate too. The request names
+		// it from the status, so a mesh that holds this step acks it even
+		// when that root cannot be loaded; nothing is issued then (one
+		// signature would leave the peers that trust only it).
+		src, fp, what, roots := rot.To, rot.NewRootFingerprint, "new", toRoots
+		if rot.Step == 2 {
+			src, fp, what, roots = rot.From, rot.OldRootFingerprint, "old", fromRoots
+		}
+		p.crossIssuer = fp
+		p.crossRoot = ca.CertsPEM(roots[slices.IndexFunc(roots, func(r *x509.Certificate) bool { return Fingerprint(r) == fp })])
+		cross, err := c.load(ctx, p.vm, *src, false)
+		if err == nil && cross.fingerprint != fp {
+			err = errors.New("it changed in place during the rotation (its fingerprint is not the one the rotation started with)")
+		}
+		switch {
+		case err != nil:
+			signer = nil
+			message = strings.TrimPrefix(message+"; ", "; ") + fmt.Sprintf("the %s root (%s), which signs every intermediate too in this step, cannot be used: %v; "+
+				"meshes that already hold this step ack it, no intermediate is issued until it can be used", what, describe(*src), err)
+			c.log.Error("rotation step published without its second signer", "virtual_mesh", p.key, "step", rot.Step, "error", err)
+		case signer != nil:
+			p.cross = cross
+		}
+	}
 	c.persist(ctx, p.key, func(n *vmState) { n.message = text.Truncate(message, 1024) })
-	switch rot.Step {
-	case 0:
+	switch {
+	case crossSigned && rot.Step <= 1, rot.Step == 0:
 		p.bundle = pemRoots(fromRoots)
-	case 1, 2:
-		p.bundle = pemRoots(fromRoots, toRoots)
-	default:
+	case crossSigned, rot.Step == 3:
 		p.bundle = pemRoots(toRoots)
+	default:
+		p.bundle = pemRoots(fromRoots, toRoots)
 	}
 	p.signer, p.issuer = signer, fp
 }
@@ -448,7 +515,7 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 	}
 	var pending []string
 	for _, mt := range members {
-		if !c.acked(mt.cluster, mt.req.GetNamespace()) {
+		if !c.acked(mt.cluster, mt.req.GetNamespace(), mt.req.GetCrossIssuer()) {
 			pending = append(pending, mt.req.GetMesh())
 		}
 	}
@@ -459,7 +526,7 @@ func (c *Controller) advance(ctx context.Context, p *vmPlan, members []*meshTrus
 	if len(pending) == 0 && waitsForFederation(rot) {
 		in.federation = c.federationWait(rot, members, in.now)
 	}
-	if len(p.ambient) > 0 {
+	if len(p.ambient) > 0 && StrategyOf(rot) == networkingv1alpha1.RotationMultiRoot {
 		in.ambient = AmbientRefusal(p.ambient)
 	}
 	moved := false
@@ -551,8 +618,10 @@ func (c *Controller) kickAt(t time.Time, d time.Duration) {
 }
 
 // acked reports whether cluster's agent acked the cluster's current trust
-// requests and holds the cacerts of namespace as asked.
-func (c *Controller) acked(cluster, namespace string) bool {
+// requests and holds the cacerts of namespace as asked: with the second
+// signature of root cross, when a CrossSigned step asks for one (an agent
+// that does not report one, of an earlier release, holds the step).
+func (c *Controller) acked(cluster, namespace, cross string) bool {
 	if c.cfg.Acks == nil {
 		return false
 	}
@@ -562,7 +631,7 @@ func (c *Controller) acked(cluster, namespace string) bool {
 	}
 	for _, r := range ack.GetResults() {
 		if r.GetKind() == "Secret" && r.GetNamespace() == namespace && r.GetName() == SecretName {
-			return r.GetOutcome() == "applied" || r.GetOutcome() == "unchanged"
+			return (r.GetOutcome() == "applied" || r.GetOutcome() == "unchanged") && r.GetCrossIssuer() == cross
 		}
 	}
 	return false
@@ -579,12 +648,20 @@ func phaseOf(step int32) networkingv1alpha1.RotationPhase {
 	}
 }
 
-func phaseMessage(phase networkingv1alpha1.RotationPhase, step int32) string {
+func phaseMessage(strategy networkingv1alpha1.RotationStrategy, phase networkingv1alpha1.RotationPhase, step int32) string {
 	held := [...]string{
 		"every mesh's root-cert.pem carries the old root only, intermediates from it",
 		"every mesh's root-cert.pem carries the old and the new root, intermediates still from the old",
 		"every mesh's root-cert.pem carries both roots, intermediates from the new",
 		"every mesh's root-cert.pem carries the new root only, intermediates from it",
+	}
+	if strategy == networkingv1alpha1.RotationCrossSigned {
+		held = [...]string{
+			"every mesh's root-cert.pem carries the old root only, intermediates from it",
+			"every mesh's root-cert.pem carries the old root only, intermediates signed by the old root and by the new",
+			"every mesh's root-cert.pem carries the new root only, intermediates signed by the new root and by the old",
+			"every mesh's root-cert.pem carries the new root only, intermediates from it",
+		}
 	}
 	return fmt.Sprintf("%s (step %d): %s", phase, step, held[min(max(step, 0), 3)])
 }

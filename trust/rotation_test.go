@@ -1,6 +1,7 @@
 package trust_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -54,6 +55,11 @@ type rotationWorld struct {
 	modules  []string // PKCS#11 modules a VirtualMesh may name
 	// verification is the VirtualMesh's spec.mtls.rotationVerification.
 	verification string
+	// strategy is its spec.mtls.rotationStrategy (empty: the default).
+	strategy string
+	// earlier are the clusters whose agents ack like an earlier release:
+	// without the second root they hold (ObjectResult.cross_issuer).
+	earlier map[string]bool
 }
 
 // applyVM applies the VirtualMesh "shared" with rootCA (YAML) and the
@@ -79,9 +85,10 @@ spec:
   meshes: [%s]
   mtls:
     rotationVerification: %s
+    rotationStrategy: %s
     shared:
       rootCA: %s
-`, w.ns, meshes, w.verification, rootCA)))
+`, w.ns, meshes, w.verification, cmp.Or(w.strategy, "MultiRoot"), rootCA)))
 	require.NoError(w.t, err)
 }
 
@@ -174,6 +181,11 @@ func (w *rotationWorld) sync() {
 		results, _ := w.agents[cl].Apply(w.ctx, set, func(ctx context.Context, r *relaypb.IntermediateRequest) (*relaypb.IntermediateResponse, error) {
 			return w.ctl.SignIntermediate(ctx, cl, r)
 		})
+		if w.earlier[cl] {
+			for _, r := range results {
+				r.CrossIssuer = ""
+			}
+		}
 		w.view.Acked(cl, &relaypb.PullAck{Version: set.GetVersion(), Results: results}, time.Now())
 	}
 }

@@ -1,6 +1,7 @@
 package trust
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/x509"
@@ -146,6 +147,7 @@ type meshTrust struct {
 	vm      string // namespace/name
 	vmName  string
 	root    *root // nil: held
+	cross   *root // signs the intermediate too (req.cross_issuer); nil: none, or held
 	ttl     time.Duration
 	req     *relaypb.TrustRequest
 }
@@ -393,6 +395,7 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input, leading 
 				req.Hold = true
 			} else {
 				req.RootBundle, req.Issuer, req.RenewAtPercent, req.RestartPods = p.bundle, p.issuer, defaultRenewAtPercent, shared.AutoRestartPods
+				req.CrossIssuer, req.CrossRoot = p.crossIssuer, p.crossRoot
 				if opts != nil {
 					req.RenewAtPercent = cmp.Or(opts.RenewAtPercent, int32(defaultRenewAtPercent))
 					req.KeyAlgorithm = string(opts.KeyAlgorithm)
@@ -401,7 +404,7 @@ func (c *Controller) decide(ctx context.Context, in *translation.Input, leading 
 					}
 				}
 			}
-			state[m.Name] = &meshTrust{cluster: ist.Installation.Cluster, vm: p.key, vmName: vm.Name, root: p.signer, ttl: ttl, req: req}
+			state[m.Name] = &meshTrust{cluster: ist.Installation.Cluster, vm: p.key, vmName: vm.Name, root: p.signer, cross: p.cross, ttl: ttl, req: req}
 		}
 	}
 	c.mu.Lock()
@@ -628,7 +631,7 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	if mt.cluster != cluster {
 		return nil, deny(codes.PermissionDenied, "the mesh is not in the caller's cluster")
 	}
-	if mt.root == nil {
+	if mt.root == nil || (mt.req.GetCrossIssuer() != "" && mt.cross == nil) {
 		return nil, deny(codes.Unavailable, "the VirtualMesh's root cannot be used now; the mesh keeps its CA (see the VirtualMesh's status.sharedTrust.message)")
 	}
 	// The last word before signing: the registry and the mesh as they are
@@ -640,7 +643,17 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	if err != nil {
 		return nil, deny(codes.InvalidArgument, err.Error())
 	}
-	cert, err := mt.root.issue(ctx, csr, ca.IntermediateRequest{VirtualMesh: mt.vmName, Mesh: req.GetMesh(), TrustDomain: mt.req.GetTrustDomain(), TTL: mt.ttl})
+	issueReq := ca.IntermediateRequest{VirtualMesh: mt.vmName, Mesh: req.GetMesh(), TrustDomain: mt.req.GetTrustDomain(), TTL: mt.ttl}
+	cert, err := mt.root.issue(ctx, csr, issueReq)
+	var cross *x509.Certificate
+	if err == nil && mt.req.GetCrossIssuer() != "" {
+		// The same CSR, so the same subject and key: the leaves the
+		// intermediate's key signs verify through either certificate.
+		cross, err = mt.cross.issue(ctx, csr, issueReq)
+		if err == nil && (!bytes.Equal(cross.RawSubject, cert.RawSubject) || !bytes.Equal(cross.SubjectKeyId, cert.SubjectKeyId)) {
+			err = errors.New("the two roots' signers made intermediates of different subjects or key identifiers: a leaf would name only one of them")
+		}
+	}
 	switch {
 	case errors.Is(err, ca.ErrInvalidCSR) || errors.Is(err, ca.ErrKeyPolicy):
 		// The caller's request is at fault (a foreign subject, other name
@@ -649,14 +662,26 @@ func (c *Controller) SignIntermediate(ctx context.Context, cluster string, req *
 	case err != nil:
 		return nil, deny(codes.Internal, "intermediate not issued: "+err.Error())
 	}
-	if err := c.cfg.Audit.Record(audit.Event{Type: audit.CertIssue, Result: audit.ResultSuccess, Cluster: cluster,
-		Serial: cert.SerialNumber.Text(16), Details: map[string]string{"kind": "intermediate", "mesh": req.GetMesh(), "virtualMesh": mt.vm,
-			"notAfter": cert.NotAfter.UTC().Format(time.RFC3339)}}); err != nil {
-		return nil, status.Error(codes.Unavailable, "the issuance could not be audited; not issued")
+	for _, iss := range []*x509.Certificate{cert, cross} {
+		if iss == nil {
+			continue
+		}
+		details := map[string]string{"kind": "intermediate", "mesh": req.GetMesh(), "virtualMesh": mt.vm, "notAfter": iss.NotAfter.UTC().Format(time.RFC3339)}
+		if iss == cross {
+			details["kind"], details["crossIssuer"] = "intermediate-cross", mt.req.GetCrossIssuer()
+		}
+		if err := c.cfg.Audit.Record(audit.Event{Type: audit.CertIssue, Result: audit.ResultSuccess, Cluster: cluster,
+			Serial: iss.SerialNumber.Text(16), Details: details}); err != nil {
+			return nil, status.Error(codes.Unavailable, "the issuance could not be audited; not issued")
+		}
 	}
 	c.recordIssued(mt, req.GetMesh(), cert)
 	chain := append([]*x509.Certificate{cert}, mt.root.chain()...)
-	return &relaypb.IntermediateResponse{CertificateChain: ca.CertsPEM(chain...), RootBundle: mt.req.GetRootBundle(), Issuer: mt.req.GetIssuer()}, nil
+	resp := &relaypb.IntermediateResponse{CertificateChain: ca.CertsPEM(chain...), RootBundle: mt.req.GetRootBundle(), Issuer: mt.req.GetIssuer()}
+	if cross != nil {
+		resp.CrossCertificateChain = ca.CertsPEM(append([]*x509.Certificate{cross}, mt.cross.chain()...)...)
+	}
+	return resp, nil
 }
 
 // authorizeNow is authorizeSigning against the watches' current view of

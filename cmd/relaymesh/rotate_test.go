@@ -160,4 +160,13 @@ spec:
 	_, err = rotate("start", "relaymesh/gen")
 	require.NoError(t, err)
 	assert.Equal(t, "4", annotations("gen")[networkingv1alpha1.AnnotationRootGeneration])
+	// CrossSigned keeps one root in every bundle: what ambient needs.
+	_, err = vms.Patch(ctx, "gen", types.MergePatchType, []byte(`{"spec":{"mtls":{"rotationStrategy":"CrossSigned"}}}`), metav1.PatchOptions{})
+	require.NoError(t, err)
+	_, err = rotate("start", "relaymesh/gen")
+	require.NoError(t, err)
+	assert.Equal(t, "5", annotations("gen")[networkingv1alpha1.AnnotationRootGeneration])
+	_, err = vms.Patch(ctx, "gen", types.MergePatchType, []byte(`{"spec":{"mtls":{"rotationStrategy":"MultiRoot"}}}`), metav1.PatchOptions{})
+	require.NoError(t, err)
+	failsWith("start", "relaymesh/gen", "set rotationStrategy CrossSigned")
 }

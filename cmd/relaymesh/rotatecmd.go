@@ -56,14 +56,18 @@ A generated root (spec.mtls.shared.rootCA.generated): the server makes a new
 root and moves every mesh to it, phase by phase (MultiRoot: AddingNewRoot,
 PropagatingNewIntermediate, DeletingOldRoot, Finished), each phase once every
 mesh's agent acknowledged the one before, so no handshake between meshes
-fails. A root in a Secret, an HSM or an external CA is rotated by pointing
+fails. spec.mtls.rotationStrategy says how: MultiRoot puts both roots in every
+mesh's bundle; CrossSigned keeps one root in each bundle and has both roots
+sign every intermediate while they change places (the phases keep their
+names: step 1 adds the new root's signature, step 2 switches the bundles to
+the new root, step 3 drops the old root's signature). A root in a Secret, an HSM or an external CA is rotated by pointing
 spec.mtls.shared.rootCA at the new root (the server then rotates to it); after
 such a rotation was rolled back, start tries that root again.
 
 It refuses a VirtualMesh that is already rotating, and a MultiRoot rotation
 of one whose meshes run ambient (ztunnel trusts a single root; the server
-refuses it too, and holds a rotation in AddingNewRoot while any member runs
-ambient). With --wait it prints each phase until the rotation finishes,
+refuses it too, and holds a MultiRoot rotation in AddingNewRoot while any
+member runs ambient): use CrossSigned there. With --wait it prints each phase until the rotation finishes,
 rolls back, waits for a continue, or the time is up (then it fails).`,
 	"continue": `Let the rotation of VIRTUALMESH (NAMESPACE/NAME) leave the phase it waits in.
 
@@ -142,7 +146,7 @@ func rotate(ctx context.Context, d deps, g *globals, verb, key string, wait time
 	switch verb {
 	case "start":
 		var ambient []string
-		if !rotating && vm.Spec.MTLS.RotationStrategy != networkingv1alpha1.RotationNone {
+		if !rotating && cmp.Or(vm.Spec.MTLS.RotationStrategy, networkingv1alpha1.RotationMultiRoot) == networkingv1alpha1.RotationMultiRoot {
 			ambient = ambientMeshes(ctx, kube, g.namespace, vm)
 		}
 		switch {
@@ -302,7 +306,7 @@ func phaseOrNone(rot *networkingv1alpha1.RotationStatus) string {
 
 // rotationLine describes a rotation for `ca status`.
 func rotationLine(rot *networkingv1alpha1.RotationStatus) string {
-	s := fmt.Sprintf("  rotation: %s step %d, %s… → %s…", rot.Phase, rot.Step, trust.ShortFingerprint(rot.OldRootFingerprint), trust.ShortFingerprint(rot.NewRootFingerprint))
+	s := fmt.Sprintf("  rotation (%s): %s step %d, %s… → %s…", trust.StrategyOf(rot), rot.Phase, rot.Step, trust.ShortFingerprint(rot.OldRootFingerprint), trust.ShortFingerprint(rot.NewRootFingerprint))
 	if rot.AwaitingContinue {
 		s += ", awaiting `relaymesh ca rotate continue`"
 	}

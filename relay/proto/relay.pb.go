@@ -2259,7 +2259,15 @@ type TrustRequest struct {
 	// host. The agent asks for these constraints in its certificate request
 	// (CAs that copy them from requests need it) and refuses an intermediate
 	// constrained otherwise.
-	TrustDomain   string `protobuf:"bytes,10,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
+	TrustDomain string `protobuf:"bytes,10,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
+	// Hex SHA-256 of the DER of a second root that signs the intermediate
+	// too (a CrossSigned root rotation, steps 1 and 2): the answer carries
+	// the same intermediate (subject, key, constraints) signed by it, and
+	// cert-chain.pem carries both, so peers that trust only this root verify
+	// the mesh's workloads while root_bundle holds the other. Empty: none.
+	CrossIssuer string `protobuf:"bytes,11,opt,name=cross_issuer,json=crossIssuer,proto3" json:"cross_issuer,omitempty"`
+	// PEM: the root cross_issuer names (it is not in root_bundle).
+	CrossRoot     []byte `protobuf:"bytes,12,opt,name=cross_root,json=crossRoot,proto3" json:"cross_root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2364,6 +2372,20 @@ func (x *TrustRequest) GetTrustDomain() string {
 	return ""
 }
 
+func (x *TrustRequest) GetCrossIssuer() string {
+	if x != nil {
+		return x.CrossIssuer
+	}
+	return ""
+}
+
+func (x *TrustRequest) GetCrossRoot() []byte {
+	if x != nil {
+		return x.CrossRoot
+	}
+	return nil
+}
+
 type IntermediateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The Mesh (TrustRequest.mesh).
@@ -2426,9 +2448,12 @@ type IntermediateResponse struct {
 	// PEM: the bundle root-cert.pem must carry.
 	RootBundle []byte `protobuf:"bytes,2,opt,name=root_bundle,json=rootBundle,proto3" json:"root_bundle,omitempty"`
 	// Hex SHA-256 of the DER of the root the intermediate chains to.
-	Issuer        string `protobuf:"bytes,3,opt,name=issuer,proto3" json:"issuer,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Issuer string `protobuf:"bytes,3,opt,name=issuer,proto3" json:"issuer,omitempty"`
+	// PEM: when the request names a cross_issuer, the same intermediate
+	// signed by that root, then its issuing chain up to, not including, it.
+	CrossCertificateChain []byte `protobuf:"bytes,4,opt,name=cross_certificate_chain,json=crossCertificateChain,proto3" json:"cross_certificate_chain,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *IntermediateResponse) Reset() {
@@ -2480,6 +2505,13 @@ func (x *IntermediateResponse) GetIssuer() string {
 		return x.Issuer
 	}
 	return ""
+}
+
+func (x *IntermediateResponse) GetCrossCertificateChain() []byte {
+	if x != nil {
+		return x.CrossCertificateChain
+	}
+	return nil
 }
 
 type OutputObject struct {
@@ -2609,8 +2641,15 @@ type ObjectResult struct {
 	Name       string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
 	// "applied", "unchanged", "pruned", "conflict" (exists and is not ours:
 	// left untouched) or "error".
-	Outcome       string `protobuf:"bytes,5,opt,name=outcome,proto3" json:"outcome,omitempty"`
-	Error         string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	Outcome string `protobuf:"bytes,5,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	Error   string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	// For a cacerts Secret applied or unchanged: the second root whose
+	// signature of the intermediate it holds (TrustRequest.cross_issuer),
+	// empty for none. The server counts a CrossSigned rotation's step as
+	// acked only when it is the one asked for, so an agent that ignores
+	// cross_issuer (an earlier release) holds the rotation instead of
+	// breaking it.
+	CrossIssuer   string `protobuf:"bytes,7,opt,name=cross_issuer,json=crossIssuer,proto3" json:"cross_issuer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2683,6 +2722,13 @@ func (x *ObjectResult) GetOutcome() string {
 func (x *ObjectResult) GetError() string {
 	if x != nil {
 		return x.Error
+	}
+	return ""
+}
+
+func (x *ObjectResult) GetCrossIssuer() string {
+	if x != nil {
+		return x.CrossIssuer
 	}
 	return ""
 }
@@ -2871,7 +2917,7 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\tOutputSet\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12:\n" +
 	"\aobjects\x18\x02 \x03(\v2 .relaymesh.relay.v1.OutputObjectR\aobjects\x126\n" +
-	"\x05trust\x18\x03 \x03(\v2 .relaymesh.relay.v1.TrustRequestR\x05trust\"\xc5\x02\n" +
+	"\x05trust\x18\x03 \x03(\v2 .relaymesh.relay.v1.TrustRequestR\x05trust\"\x87\x03\n" +
 	"\fTrustRequest\x12\x12\n" +
 	"\x04mesh\x18\x01 \x01(\tR\x04mesh\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12!\n" +
@@ -2884,22 +2930,26 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\x04hold\x18\b \x01(\bR\x04hold\x12!\n" +
 	"\frestart_pods\x18\t \x01(\bR\vrestartPods\x12!\n" +
 	"\ftrust_domain\x18\n" +
-	" \x01(\tR\vtrustDomain\";\n" +
+	" \x01(\tR\vtrustDomain\x12!\n" +
+	"\fcross_issuer\x18\v \x01(\tR\vcrossIssuer\x12\x1d\n" +
+	"\n" +
+	"cross_root\x18\f \x01(\fR\tcrossRoot\";\n" +
 	"\x13IntermediateRequest\x12\x12\n" +
 	"\x04mesh\x18\x01 \x01(\tR\x04mesh\x12\x10\n" +
-	"\x03csr\x18\x02 \x01(\fR\x03csr\"|\n" +
+	"\x03csr\x18\x02 \x01(\fR\x03csr\"\xb4\x01\n" +
 	"\x14IntermediateResponse\x12+\n" +
 	"\x11certificate_chain\x18\x01 \x01(\fR\x10certificateChain\x12\x1f\n" +
 	"\vroot_bundle\x18\x02 \x01(\fR\n" +
 	"rootBundle\x12\x16\n" +
-	"\x06issuer\x18\x03 \x01(\tR\x06issuer\"D\n" +
+	"\x06issuer\x18\x03 \x01(\tR\x06issuer\x126\n" +
+	"\x17cross_certificate_chain\x18\x04 \x01(\fR\x15crossCertificateChain\"D\n" +
 	"\fOutputObject\x12\x1a\n" +
 	"\bmanifest\x18\x01 \x01(\fR\bmanifest\x12\x18\n" +
 	"\aparents\x18\x02 \x03(\tR\aparents\"w\n" +
 	"\aPullAck\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12:\n" +
 	"\aresults\x18\x02 \x03(\v2 .relaymesh.relay.v1.ObjectResultR\aresults\x12\x16\n" +
-	"\x06resume\x18\x03 \x01(\bR\x06resume\"\xa5\x01\n" +
+	"\x06resume\x18\x03 \x01(\bR\x06resume\"\xc8\x01\n" +
 	"\fObjectResult\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x12\x12\n" +
@@ -2907,7 +2957,8 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x12\x18\n" +
 	"\aoutcome\x18\x05 \x01(\tR\aoutcome\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error2\xba\x01\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x12!\n" +
+	"\fcross_issuer\x18\a \x01(\tR\vcrossIssuer2\xba\x01\n" +
 	"\bIdentity\x12Z\n" +
 	"\tBootstrap\x12$.relaymesh.relay.v1.BootstrapRequest\x1a'.relaymesh.relay.v1.CertificateResponse\x12R\n" +
 	"\x05Renew\x12 .relaymesh.relay.v1.RenewRequest\x1a'.relaymesh.relay.v1.CertificateResponse2[\n" +

@@ -14,7 +14,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/test/dataplane"
 	"github.com/relaymesh/relaymesh/test/istiod"
 	"github.com/relaymesh/relaymesh/trust"
@@ -61,6 +64,10 @@ type follower struct {
 	adopted map[string]string // cluster → resourceVersion of the cacerts in use
 	events  []adoption
 	err     error
+	// check, when set, runs after every adoption, with both clusters as
+	// they are at that moment; its results are in checks.
+	check  func(ctx context.Context) error
+	checks []error
 }
 
 // adoption is one cluster taking one version of its cacerts.
@@ -124,12 +131,32 @@ func (fl *follower) adopt(ctx context.Context, cluster string, m mesh) error {
 		}
 	}
 	fl.mu.Lock()
-	defer fl.mu.Unlock()
 	fl.adopted[cluster] = m.version
 	fl.fed.meshes[cluster] = m
 	fl.events = append(fl.events, adoption{cluster: cluster, at: start, restart: restarted.Sub(start), renew: time.Since(restarted),
 		roots: len(m.roots), intermediateKey: m.issuer()})
+	check := fl.check
+	fl.mu.Unlock()
+	if check != nil {
+		err := check(ctx)
+		if err != nil {
+			err = fmt.Errorf("after %s adopted its cacerts %s: %w", cluster, m.version, err)
+		}
+		fl.mu.Lock()
+		fl.checks = append(fl.checks, err)
+		fl.mu.Unlock()
+	}
 	return nil
+}
+
+// setCheck sets the check run after every adoption and returns the
+// results of the one it replaces.
+func (fl *follower) setCheck(check func(ctx context.Context) error) []error {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	out := fl.checks
+	fl.check, fl.checks = check, nil
+	return out
 }
 
 // meshes is what both clusters run on now.
@@ -268,6 +295,9 @@ func (fed *federation) checkRotationUnderLoad(t *testing.T) {
 		rot.rollbackFrom(from)
 	}
 
+	// A CrossSigned rotation: one root in every bundle at every step.
+	rot.crossSigned()
+
 	// A broken rotation: cluster-2 gets an intermediate of a root cluster-1
 	// does not trust yet (pushed before the bundle).
 	rot.broken()
@@ -301,7 +331,7 @@ func (fed *federation) checkRotationUnderLoad(t *testing.T) {
 		}
 	}
 	for _, p := range order {
-		if strings.HasPrefix(p, "rollback") {
+		if strings.HasPrefix(p, "rollback") || strings.HasPrefix(p, crossSignedPhase) {
 			o := byName[p]
 			t.Logf("%s: %d RPCs, %d failed", p, o.Total(), o.Failed())
 			assert.Zero(t, o.Failed(), "%s: no RPC fails: %s", p, o)
@@ -454,6 +484,91 @@ func (rot *rotation) rollbackFrom(from string) {
 		rot.phases = append(rot.phases, phaseTiming{name: name, command: command, adopt: adopt, total: time.Since(start), step: lastLine(out)})
 		verb = "continue"
 	}
+}
+
+// crossSignedPhase prefixes the phases of the CrossSigned rotation.
+const crossSignedPhase = "CrossSigned"
+
+// crossSigned rotates the root again with rotationStrategy CrossSigned,
+// under the same load: every mesh's root-cert.pem holds one root at every
+// phase, and after every istiod restart of the follower (so also while one
+// cluster is a step ahead of the other) a ztunnel-style certificate request
+// to each cluster's istiod returns a chain the other cluster's ztunnel,
+// holding the single root of its own answer, accepts; both ways.
+func (rot *rotation) crossSigned() {
+	t, r := rot.t, rot.fed.r
+	ctx := context.Background()
+	setStrategy := func(s networkingv1alpha1.RotationStrategy) {
+		_, err := r.dyn.Resource(virtualMeshesGVR).Namespace("relaymesh").Patch(ctx, vmName, types.MergePatchType,
+			[]byte(`{"spec":{"mtls":{"rotationStrategy":"`+string(s)+`"}}}`), metav1.PatchOptions{})
+		require.NoError(t, err)
+	}
+	setStrategy(networkingv1alpha1.RotationCrossSigned)
+	t.Cleanup(func() { setStrategy(networkingv1alpha1.RotationMultiRoot) })
+	rot.fl.setCheck(rot.ztunnelsAccept)
+	for _, p := range []struct{ name, verb, want string }{
+		{"AddingNewRoot", "start", "AddingNewRoot step 1 (awaiting continue)"},
+		{"PropagatingNewIntermediate", "continue", "PropagatingNewIntermediate step 2 (awaiting continue)"},
+		{"DeletingOldRoot", "continue", "DeletingOldRoot step 3 (awaiting continue)"},
+		{"Finished", "continue", "Finished step 3"},
+	} {
+		rot.phase(crossSignedPhase+" "+p.name, p.verb, p.want, 1)
+		require.NoError(t, rot.ztunnelsAccept(ctx), "%s: both clusters on it", p.name)
+	}
+	checks := rot.fl.setCheck(nil)
+	require.NotEmpty(t, checks, "the follower restarted istiods during the rotation")
+	for _, err := range checks {
+		assert.NoError(t, err)
+	}
+	t.Logf("CrossSigned: %d ztunnel-style checks after istiod restarts, each of both istiods' answers against the other's single root", len(checks))
+	setStrategy(networkingv1alpha1.RotationMultiRoot)
+}
+
+// ztunnelsAccept asks each cluster's istiod for a certificate as ztunnel
+// does (its service account's token, a CSR; the answer read as ztunnel
+// reads it), requires each answer to carry a single root, and checks that
+// each cluster's certificate verifies against the other's root.
+func (rot *rotation) ztunnelsAccept(ctx context.Context) error {
+	f := rot.fed.f
+	got := map[string]istiod.ZtunnelCertificate{}
+	for cluster, w := range map[string]*dataplane.Workload{"cluster-1": f.sleep, "cluster-2": f.sleep2} {
+		c := f.env.Cluster(cluster)
+		rest, _ := strings.CutPrefix(w.SPIFFEID(), "spiffe://")
+		parts := strings.Split(rest, "/") // <td>/ns/<ns>/sa/<sa>
+		if len(parts) != 5 {
+			return fmt.Errorf("%s: unexpected SPIFFE ID %q", w.Name(), w.SPIFFEID())
+		}
+		token, err := istiod.ServiceAccountToken(ctx, c.Kube(), parts[2], parts[4], istiod.TokenAudience)
+		if err != nil {
+			return err
+		}
+		_, csr, err := istiod.WorkloadCSR(w.SPIFFEID())
+		if err != nil {
+			return err
+		}
+		// The istiod may be replaced meanwhile (the follower restarts it):
+		// a request the stopping one drops is asked again of the new one.
+		var z istiod.ZtunnelCertificate
+		for attempt := 0; ; attempt++ {
+			if z, err = c.Istiod().ZtunnelCertificate(ctx, istiod.CertificateRequest{Token: token, CSR: csr}); err == nil || attempt == 4 {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", cluster, err)
+		}
+		if len(z.Roots) != 1 {
+			return fmt.Errorf("%s's istiod answers with %d roots, not one", cluster, len(z.Roots))
+		}
+		got[cluster] = z
+	}
+	for _, pair := range [][2]string{{"cluster-1", "cluster-2"}, {"cluster-2", "cluster-1"}} {
+		if err := got[pair[0]].VerifiedBy(got[pair[1]].Roots); err != nil {
+			return fmt.Errorf("%s's certificate is refused by %s's ztunnel (root %s): %w", pair[0], pair[1], trust.ShortFingerprint(trust.Fingerprint(got[pair[1]].Roots[0])), err)
+		}
+	}
+	return nil
 }
 
 // broken pushes cluster-2 an intermediate of a root cluster-1 does not

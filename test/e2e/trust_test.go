@@ -411,7 +411,7 @@ spec: {trustDomain: spire.example, bundleEndpointURL: %q, profile: https_spiffe,
 	waitHealthy(t, opsAddr)
 	out, err = Run(t, bin, "ca", "status", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig)
 	require.NoError(t, err, out)
-	require.Contains(t, out, "rotation: PropagatingNewIntermediate step 2", "the restarted server resumed the rotation:\n%s", out)
+	require.Contains(t, out, "rotation (MultiRoot): PropagatingNewIntermediate step 2", "the restarted server resumed the rotation:\n%s", out)
 	Eventually(t, 60*time.Second, "the resumed rotation waits for a continue", func() (bool, string) {
 		out, err := Run(t, bin, "ca", "status", "relaymesh/bookinfo-federation", "--kubeconfig", mgmt.Kubeconfig)
 		return err == nil && strings.Contains(out, "awaiting `relaymesh ca rotate continue`"), out

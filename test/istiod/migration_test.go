@@ -556,11 +556,11 @@ func (m *migration) checkZtunnel(addrs, authz map[string]*anypb.Any) error {
 		}
 		admitsWaypoint := false
 		for _, name := range names {
-			a, err := decodeAuthorization(authz[name])
+			a, err := DecodeAuthorization(authz[name])
 			if err != nil {
 				return fmt.Errorf("%s bound to %s: %w", name, p.name, err)
 			}
-			groups := renderGroups(a)
+			groups := RenderGroups(a)
 			if a.GetAction() != security.Action_ALLOW {
 				return fmt.Errorf("%s bound to %s is a %s: %q", name, p.name, a.GetAction(), groups)
 			}

@@ -259,6 +259,12 @@ type AppliedResult struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	Error string `json:"error,omitempty"`
+	// CrossIssuer is, for a cacerts Secret, the fingerprint of the second
+	// root whose signature of the intermediate the agent holds (a
+	// CrossSigned root rotation's steps 1 and 2).
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	CrossIssuer string `json:"crossIssuer,omitempty"`
 }
 
 // AgentCertificate describes an agent's client certificate (never its key).

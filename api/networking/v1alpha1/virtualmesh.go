@@ -76,8 +76,12 @@ type MTLSConfig struct {
 	Shared *SharedTrust `json:"shared,omitempty"`
 
 	// RotationStrategy says how a change of root is rolled out. MultiRoot
-	// distributes old and new roots side by side so no handshake fails; None
-	// replaces the root at once and may break connections.
+	// distributes old and new roots side by side so no handshake fails;
+	// CrossSigned keeps one root in every bundle and has each intermediate
+	// signed by both roots while they change places, so a data plane that
+	// trusts a single root (ambient's ztunnel) never fails a handshake
+	// either; None replaces the root at once and may break connections. A
+	// rotation keeps the strategy it started with.
 	// +kubebuilder:default=MultiRoot
 	// +optional
 	RotationStrategy RotationStrategy `json:"rotationStrategy,omitempty"`
@@ -143,13 +147,14 @@ const (
 )
 
 // RotationStrategy is how a root change is rolled out.
-// +kubebuilder:validation:Enum=MultiRoot;None
+// +kubebuilder:validation:Enum=MultiRoot;CrossSigned;None
 type RotationStrategy string
 
 // Rotation strategies.
 const (
-	RotationMultiRoot RotationStrategy = "MultiRoot"
-	RotationNone      RotationStrategy = "None"
+	RotationMultiRoot   RotationStrategy = "MultiRoot"
+	RotationCrossSigned RotationStrategy = "CrossSigned"
+	RotationNone        RotationStrategy = "None"
 )
 
 // RotationVerification is how each rotation phase is confirmed.
@@ -452,10 +457,14 @@ type RotationStatus struct {
 	// Message explains the current phase.
 	// +optional
 	Message string `json:"message,omitempty"`
-	// Step is what the meshes are asked to hold now: 0 the old root only;
-	// 1 both roots, intermediates from the old; 2 both roots,
-	// intermediates from the new; 3 the new root only. Forward phases
-	// raise it, RollingBack lowers it one acked step at a time.
+	// Step is what the meshes are asked to hold now. MultiRoot: 0 the old
+	// root only; 1 both roots, intermediates from the old; 2 both roots,
+	// intermediates from the new; 3 the new root only. CrossSigned: 0 the
+	// old root, intermediates from it; 1 the old root, intermediates signed
+	// by both (the old root's signature first); 2 the new root,
+	// intermediates signed by both (the new root's first); 3 the new root,
+	// intermediates from it. Forward phases raise it, RollingBack lowers it
+	// one acked step at a time.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=3
 	// +optional
@@ -474,6 +483,11 @@ type RotationStatus struct {
 	// +kubebuilder:validation:MaxLength=65536
 	// +optional
 	NewRoots string `json:"newRoots,omitempty"`
+	// Strategy is the rotationStrategy the rotation started with (empty:
+	// MultiRoot, a rotation recorded before strategies were recorded).
+	// +kubebuilder:validation:Enum=MultiRoot;CrossSigned;None
+	// +optional
+	Strategy RotationStrategy `json:"strategy,omitempty"`
 	// PendingMeshes are the meshes whose agents have not yet acked Step.
 	// +kubebuilder:validation:MaxItems=256
 	// +optional

@@ -110,7 +110,7 @@ func TestDemoRunsToCompletion(t *testing.T) {
 		"PropagatingNewIntermediate step 2",
 		"DeletingOldRoot step 3",
 		"Finished step 3",
-		"rotation: Finished step 3",
+		"rotation (MultiRoot): Finished step 3",
 		"After the rotation: each mesh holds only the new root",
 		"records verified",
 		"ACCESS MATRIX: 2 allowed pairs",
