@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -130,11 +128,11 @@ func TestZtunnelGetsOnlyTheL4RulesOfAmbientAccessPolicies(t *testing.T) {
 	}
 	applyAccess(ctx, t, cluster, &sidecar)
 	require.NoError(t, w.Await(wait, func(res map[string]*anypb.Any) error {
-		a, err := decodeAuthorization(res["shop/relaymesh-reviews"])
+		a, err := DecodeAuthorization(res["shop/relaymesh-reviews"])
 		if err != nil {
 			return fmt.Errorf("shop/relaymesh-reviews: %w", err)
 		}
-		if got := renderGroups(a); !slices.Equal(got, []string{ratings}) {
+		if got := RenderGroups(a); !slices.Equal(got, []string{ratings}) {
 			return fmt.Errorf("shop/relaymesh-reviews: got %q, want only %q (the L7 rule dropped)", got, ratings)
 		}
 		return nil
@@ -280,12 +278,12 @@ func checkAuthorizations(res map[string]*anypb.Any, want map[string]wantAuthz) e
 	}
 	for _, name := range sortedKeys(want) {
 		w := want[name]
-		a, err := decodeAuthorization(res[name])
+		a, err := DecodeAuthorization(res[name])
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("%s: %v", name, err))
 			continue
 		}
-		got := renderGroups(a)
+		got := RenderGroups(a)
 		if a.GetScope() != w.scope || a.GetAction() != w.action || !slices.Equal(got, w.groups) {
 			problems = append(problems, fmt.Sprintf("%s: got %s %s %q, want %s %s %q", name, a.GetScope(), a.GetAction(), got, w.scope, w.action, w.groups))
 		}
@@ -296,88 +294,18 @@ func checkAuthorizations(res map[string]*anypb.Any, want map[string]wantAuthz) e
 	return nil
 }
 
-func decodeAuthorization(r *anypb.Any) (*security.Authorization, error) {
-	if r == nil {
-		return nil, fmt.Errorf("not sent")
-	}
-	a := &security.Authorization{}
-	if err := r.UnmarshalTo(a); err != nil {
-		return nil, fmt.Errorf("decode: %w", err)
-	}
-	return a, nil
-}
-
-// renderGroups writes each group of a as one string, sorted, so that rule
-// order (istiod does not promise one) does not matter: a group is its rules
-// joined by " & " (all must hold), a rule its matches joined by " | " (any
-// may), a match its conditions joined by "," (all must hold).
-func renderGroups(a *security.Authorization) []string {
-	var groups []string
-	for _, g := range a.GetGroups() {
-		var rules []string
-		for _, r := range g.GetRules() {
-			var matches []string
-			for _, m := range r.GetMatches() {
-				matches = append(matches, renderMatch(m))
-			}
-			sort.Strings(matches)
-			rules = append(rules, strings.Join(matches, " | "))
-		}
-		sort.Strings(rules)
-		groups = append(groups, strings.Join(rules, " & "))
-	}
-	sort.Strings(groups)
-	return groups
-}
-
-func renderMatch(m *security.Match) string {
-	var c []string
-	add := func(key string, sms []*security.StringMatch) {
-		for _, s := range sms {
-			switch {
-			case s.GetExact() != "":
-				c = append(c, key+"="+s.GetExact())
-			case s.GetPrefix() != "":
-				c = append(c, key+"="+s.GetPrefix()+"*")
-			case s.GetSuffix() != "":
-				c = append(c, key+"=*"+s.GetSuffix())
-			default:
-				c = append(c, key+"=present")
-			}
-		}
-	}
-	add("principal", m.GetPrincipals())
-	add("notPrincipal", m.GetNotPrincipals())
-	add("namespace", m.GetNamespaces())
-	add("notNamespace", m.GetNotNamespaces())
-	for _, sa := range m.GetServiceAccounts() {
-		c = append(c, "serviceAccount="+sa.GetNamespace()+"/"+sa.GetServiceAccount())
-	}
-	for _, p := range m.GetDestinationPorts() {
-		c = append(c, "port="+strconv.Itoa(int(p)))
-	}
-	for _, p := range m.GetNotDestinationPorts() {
-		c = append(c, "notPort="+strconv.Itoa(int(p)))
-	}
-	if len(m.GetSourceIps())+len(m.GetNotSourceIps())+len(m.GetDestinationIps())+len(m.GetNotDestinationIps())+len(m.GetNotServiceAccounts())+len(m.GetExtensions()) > 0 {
-		c = append(c, "other="+m.String())
-	}
-	sort.Strings(c)
-	return strings.Join(c, ",")
-}
-
 // describeAuthorizations renders everything the watch holds, for messages.
 func describeAuthorizations(t *testing.T, w *DeltaWatch) string {
 	res, n, err := w.Snapshot()
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d responses (stream error: %v)", n, err)
 	for _, name := range sortedKeys(res) {
-		a, err := decodeAuthorization(res[name])
+		a, err := DecodeAuthorization(res[name])
 		if err != nil {
 			fmt.Fprintf(&b, "\n  %s: %v", name, err)
 			continue
 		}
-		fmt.Fprintf(&b, "\n  %s: %s %s %q", name, a.GetScope(), a.GetAction(), renderGroups(a))
+		fmt.Fprintf(&b, "\n  %s: %s %s %q", name, a.GetScope(), a.GetAction(), RenderGroups(a))
 	}
 	return b.String()
 }
