@@ -274,7 +274,7 @@ func (b *trafficBuilder) ambientProblems(in *translation.Input, tp *trafficPolic
 	prefix := func(format string, args ...any) {
 		errs = append(errs, lead+fmt.Sprintf(format, args...))
 	}
-	if _, _, why := servingWaypoint(in, d); ambient && why != "" {
+	if _, _, why := translation.ServingWaypoint(in, d); ambient && why != "" {
 		prefix(NeedsWaypoint+": routes of ambient workloads are enforced by the waypoint of their Service, and %s; no route is written for this Destination", why)
 	}
 	ports, problem := routePorts(d)
