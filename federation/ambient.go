@@ -183,7 +183,7 @@ func (p *Plan) exportAmbient(s *vmState, out *translation.Output, d *discoveryv1
 			continue
 		}
 		if p.services[m.cluster+"/"+ks.Ref.Namespace+"/"+ks.Ref.Name] {
-			fail(m, "cluster %s has a Service %s/%s of its own; Relaymesh writes the global Service only where there is none (merging with a local one is not supported yet)",
+			fail(m, "cluster %s has a Service %s/%s of its own; Relaymesh writes the global Service only where there is none (a VirtualDestination backed by both joins them, with failover: ambient failover)",
 				m.cluster, ks.Ref.Namespace, ks.Ref.Name)
 			continue
 		}
@@ -241,15 +241,22 @@ type ambientEntry struct {
 }
 
 // ambientEntries are d's ready pods as WorkloadEntries on from's network,
-// each with its pod's service account (the account of the discovered
-// Workload whose pod labels the pod carries), sorted by name. A pod whose
-// IP does not parse, or whose Workload is not discovered, is left out and
-// reported: its identity is unknown.
+// each with its pod's service account, labelled for the global Service
+// Relaymesh writes (see entriesOnNetwork).
 func (p *Plan) ambientEntries(d *discoveryv1alpha1.Destination, from *member) ([]ambientEntry, []string) {
+	return entriesOnNetwork(p.ids, d, from.istio().Ambient.Network, map[string]string{LabelGlobalService: d.Spec.KubeService.Ref.Name}, "")
+}
+
+// entriesOnNetwork are d's ready pods as WorkloadEntries on network, each
+// with its pod's service account (the account of the discovered Workload
+// whose pod labels the pod carries), the given labels and locality, sorted
+// by name. A pod whose IP does not parse, or whose Workload is not
+// discovered, is left out and reported: its identity is unknown.
+func entriesOnNetwork(ids *identityIndex, d *discoveryv1alpha1.Destination, network string, labels map[string]string, locality string) ([]ambientEntry, []string) {
 	ks := d.Spec.KubeService
 	var out []ambientEntry
 	ips, problems := readyIPs(d)
-	workloads := p.ids.workloads[ks.Ref.ClusterName+"/"+ks.Ref.Namespace]
+	workloads := ids.workloads[ks.Ref.ClusterName+"/"+ks.Ref.Namespace]
 	for _, e := range ips {
 		ip := e.ip
 		accounts := map[string]bool{}
@@ -268,13 +275,12 @@ func (p *Plan) ambientEntries(d *discoveryv1alpha1.Destination, from *member) ([
 			continue
 		}
 		sa := slices.Collect(maps.Keys(accounts))[0]
-		labels := map[string]string{LabelGlobalService: ks.Ref.Name}
 		sum := sha256.Sum256([]byte(ks.Ref.ClusterName + "\x00" + ks.Ref.Namespace + "\x00" + ks.Ref.Name + "\x00" + ip))
 		out = append(out, ambientEntry{
 			// Readable, and unique: the parts alone could repeat across
 			// clusters ("a"+"b-c" and "a-b"+"c") or address families.
 			name: objectName(ks.Ref.Name, ks.Ref.ClusterName, strings.NewReplacer(".", "-", ":", "-").Replace(ip), hex.EncodeToString(sum[:4])),
-			spec: &networkingv1.WorkloadEntry{Address: ip, Network: from.istio().Ambient.Network, ServiceAccount: sa, Labels: labels},
+			spec: &networkingv1.WorkloadEntry{Address: ip, Network: network, ServiceAccount: sa, Labels: maps.Clone(labels), Locality: locality},
 		})
 	}
 	slices.SortFunc(out, func(a, b ambientEntry) int { return strings.Compare(a.name, b.name) })

@@ -39,6 +39,9 @@ type vdState struct {
 	meshes  []*member  // target meshes, sorted by key
 	backend []*backend // in failover order (static) or Destination order (localized)
 	missing []string   // target names of static destinations that do not exist
+	// ambient: the backends and targets are ambient meshes, and failover
+	// is done by waypoints (vd_ambient.go).
+	ambient bool
 	errs    []string
 	warns   []string
 }
@@ -157,6 +160,11 @@ func (b *backend) target() string {
 // namespace/name) is Invalid and names the earlier. Every backing Destination
 // is a target in the report, named `<svc>-<ns>-<cluster>` of its Service.
 //
+// Ambient meshes. When every backend and every target mesh is ambient,
+// none of the above is written: failover is done by the waypoint of each
+// target cluster's own Service (vd_ambient.go,
+// docs/design/2026-12-04-ambient-failover.md).
+//
 // Reaching a federated endpoint needs its federated hostname to resolve in
 // Envoy's DNS (Envoy's own queries bypass Istio's DNS proxy), and the
 // VirtualMesh to federate the Destination to the target mesh; neither is
@@ -201,7 +209,7 @@ func TranslateVirtualDestinations(in *translation.Input, out *translation.Output
 	for _, s := range vds {
 		gen := s.vd.Generation
 		if len(s.errs) == 0 {
-			s.translate(alloc, out)
+			s.translate(in, ids, alloc, out)
 		}
 		if len(s.errs) > 0 {
 			for _, e := range s.errs {
@@ -304,7 +312,11 @@ func (s *vdState) validate(in *translation.Input, dests []*discoveryv1alpha1.Des
 	for _, b := range s.backend {
 		s.resolveBackend(in, b, vm, vms, ids)
 	}
-	s.checkReachable()
+	if len(s.errs) == 0 && s.isAmbient(in) {
+		s.validateAmbient(in)
+	} else {
+		s.checkReachable()
+	}
 	for _, b := range s.backend {
 		for _, e := range b.errs {
 			if !slices.Contains(s.errs, e) {
@@ -631,7 +643,11 @@ func (s *vdState) reportTargets(r *translation.Report, idle string) {
 }
 
 // translate produces the outputs of a valid VirtualDestination.
-func (s *vdState) translate(alloc *allocator, out *translation.Output) {
+func (s *vdState) translate(in *translation.Input, ids *identityIndex, alloc *allocator, out *translation.Output) {
+	if s.ambient {
+		s.translateAmbient(in, ids, out)
+		return
+	}
 	spec := s.vd.Spec
 	name := objectName(vdNamePrefix, s.vd.Name, s.vd.Namespace)
 	addr := alloc.address(spec.Hostname)
@@ -674,8 +690,9 @@ func (s *vdState) translate(alloc *allocator, out *translation.Output) {
 // ambient mode: ztunnel reads no DestinationRule, so it neither originates
 // the mutual TLS the backends' east-west gateways (or, on a flat network,
 // their pods) require nor applies outlier detection and failover priority.
-// The mesh's sidecars use the hostname as designed. (VirtualDestinations
-// for ambient clients, through waypoints, are issue 33's.)
+// The mesh's sidecars use the hostname as designed. (A VirtualDestination
+// whose backends and targets are all ambient takes the waypoint path
+// instead: vd_ambient.go.)
 func (s *vdState) warnAmbientClients(gwHost string) {
 	reach := "the east-west gateways of its remote backends (" + gwHost + ")"
 	if s.flat() {

@@ -94,6 +94,13 @@ type DeltaWatch struct {
 // WatchDelta opens a delta ADS stream as node and subscribes to every
 // resource of typeURL. Close it when done.
 func (d *Istiod) WatchDelta(ctx context.Context, node *corev3.Node, typeURL string) (*DeltaWatch, error) {
+	return d.WatchDeltaNames(ctx, node, typeURL, nil)
+}
+
+// WatchDeltaNames is WatchDelta subscribed to the named resources only,
+// as Envoy subscribes to the endpoints (EDS) of the clusters it was sent;
+// no names is the wildcard subscription.
+func (d *Istiod) WatchDeltaNames(ctx context.Context, node *corev3.Node, typeURL string, names []string) (*DeltaWatch, error) {
 	conn, err := grpc.NewClient(d.addrs.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, fmt.Errorf("xds dial %s: %w", d.addrs.GRPC, err)
@@ -101,7 +108,7 @@ func (d *Istiod) WatchDelta(ctx context.Context, node *corev3.Node, typeURL stri
 	sctx, cancel := context.WithCancel(ctx)
 	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(sctx)
 	if err == nil {
-		err = stream.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: typeURL})
+		err = stream.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNamesSubscribe: names})
 	}
 	if err != nil {
 		cancel()
@@ -191,8 +198,12 @@ func (w *DeltaWatch) Close() error {
 	return w.conn.Close()
 }
 
-// ListenerTypeURL is Envoy's listener type, which a waypoint pulls.
-const ListenerTypeURL = "type.googleapis.com/envoy.config.listener.v3.Listener"
+// Envoy's listener, cluster and endpoint types, which a waypoint pulls.
+const (
+	ListenerTypeURL = "type.googleapis.com/envoy.config.listener.v3.Listener"
+	ClusterTypeURL  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	EndpointTypeURL = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+)
 
 // WaypointNode is the xDS node of a waypoint proxy pod (an Envoy started by
 // istio-agent): istiod reads the node type "waypoint" from the ID, and

@@ -1,0 +1,200 @@
+package federation
+
+import (
+	"fmt"
+
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	"github.com/relaymesh/relaymesh/translation"
+	networkingv1 "istio.io/api/networking/v1"
+)
+
+// Ambient failover (docs/design/2026-12-04-ambient-failover.md). When every
+// backend of a VirtualDestination is an ambient Destination of an ambient
+// mesh and every target mesh is ambient, the sidecar design does not apply
+// (ztunnel reads no DestinationRule, and an ambient east-west gateway
+// forwards only its own cluster's global Services, by their own hostname).
+// The failover is then done by the waypoint of each target cluster's own
+// Service, which Istio's own ambient failover also relies on:
+//
+//   - every backend is the same Service name and namespace in its cluster
+//     (namespace sameness), labelled istio.io/global=true by its owner;
+//   - in each target cluster A that holds a backend, the ready pods of every
+//     other backend B become WorkloadEntries on B's network with their
+//     account, B's region as locality, and the labels A's Service selects,
+//     so they join A's Service (the agent writes such entries only with
+//     --ambient-failover, only for a global Service and only on another
+//     network); B's network gateway is written as for ambient federation;
+//   - a DestinationRule for A's Service (`<svc>.<ns>.svc.cluster.local`)
+//     with the VirtualDestination's outlier detection and, static, failover
+//     priority on the network label (the first backend's network first: the
+//     endpoints istiod gives a waypoint for another network carry only their
+//     network and cluster labels, so a static order names at most two
+//     backends), localized, the locality failover directives. A's waypoint
+//     applies it.
+//
+// A target cluster without a backend of its own gets nothing from the
+// VirtualDestination (a warning): its ambient clients reach the Service by
+// VirtualMesh federation. spec.hostname is not published for ambient
+// meshes: their clients call the Service's own name.
+
+// ambientFailoverDoc is the design the warnings point to.
+const ambientFailoverDoc = "docs/design/2026-12-04-ambient-failover.md"
+
+// isAmbient says whether s takes the ambient path: every backend is an
+// ambient Destination of an ambient mesh, and every target mesh is ambient
+// with ambient workloads. Anything mixed keeps the sidecar design and its
+// warning about ambient clients.
+func (s *vdState) isAmbient(in *translation.Input) bool {
+	if len(s.backend) == 0 || len(s.meshes) == 0 {
+		return false
+	}
+	for _, b := range s.backend {
+		m := in.MeshOf(b.d.Spec.Mesh)
+		if b.d.Spec.KubeService.DataPlaneMode != discoveryv1alpha1.DataPlaneAmbient || m == nil || m.Spec.Istio == nil || m.Spec.Istio.Ambient == nil {
+			return false
+		}
+	}
+	for _, m := range s.meshes {
+		if !ambientOnly(m) {
+			return false
+		}
+	}
+	return true
+}
+
+// validateAmbient checks what ambient failover needs; every problem makes
+// the VirtualDestination Invalid (nothing is written).
+func (s *vdState) validateAmbient(in *translation.Input) {
+	s.ambient = true
+	first := s.backend[0].d.Spec.KubeService.Ref
+	for _, b := range s.backend {
+		ks := b.d.Spec.KubeService
+		if ks.Ref.Name != first.Name || ks.Ref.Namespace != first.Namespace {
+			b.errs = append(b.errs, fmt.Sprintf("destination %s: ambient failover joins one Service of the same name and namespace in every cluster (an east-west gateway forwards a Service only by its own hostname); this one is %s/%s, the first is %s/%s",
+				b.target(), ks.Ref.Namespace, ks.Ref.Name, first.Namespace, first.Name))
+		}
+		if ks.Labels[labelGlobal] != "true" {
+			b.errs = append(b.errs, fmt.Sprintf("destination %s: its Service is not labelled istio.io/global=true in %s: its east-west gateway forwards only global Services, and the label is the owner's consent to other clusters' endpoints joining it", b.target(), ks.Ref.ClusterName))
+		}
+		if len(ks.WorkloadSelectorLabels) == 0 {
+			b.errs = append(b.errs, fmt.Sprintf("destination %s has no pod selector: its pods' identities are unknown and nothing could join it", b.target()))
+		}
+		if systemNamespace(ks.Ref.Namespace) {
+			b.errs = append(b.errs, fmt.Sprintf("destination %s: namespace %s is the cluster's own: Relaymesh writes no WorkloadEntry there", b.target(), ks.Ref.Namespace))
+		}
+	}
+	if st := s.vd.Spec.Static; st != nil && len(s.backend) > 2 {
+		s.fail("spec.static lists %d destinations: for ambient meshes a static order names at most two (the endpoints istiod gives a waypoint for another network carry only their network label, so a third could not be ordered after the second; it is refused rather than cut down)", len(s.backend))
+	}
+	for _, m := range s.meshes {
+		local := s.localBackend(m)
+		if local == nil {
+			continue
+		}
+		if _, _, why := translation.ServingWaypoint(in, local.d); why != "" {
+			local.errs = append(local.errs, fmt.Sprintf("destination %s: ambient failover is done by the waypoint of the Service in %s, and %s", local.target(), m.cluster, why))
+		}
+		if m.root == local.d.Spec.KubeService.Ref.Namespace {
+			local.errs = append(local.errs, fmt.Sprintf("destination %s: namespace %s is the mesh's root namespace: Relaymesh writes no WorkloadEntry there", local.target(), m.root))
+		}
+		for _, b := range s.backend {
+			if b == local {
+				continue
+			}
+			from := s.backendMember(in, b)
+			if from == nil {
+				b.errs = append(b.errs, fmt.Sprintf("destination %s: its mesh is not a discovered ambient mesh", b.target()))
+				continue
+			}
+			if why := ambientPeer(from, m); why != "" {
+				b.errs = append(b.errs, fmt.Sprintf("destination %s cannot reach mesh %s: %s", b.target(), m.mesh.Name, why))
+			}
+		}
+	}
+}
+
+// localBackend is the backend in m's own cluster and mesh, if any.
+func (s *vdState) localBackend(m *member) *backend {
+	for _, b := range s.backend {
+		if b.cluster == m.cluster && destinationMeshKey(b.d) == m.key {
+			return b
+		}
+	}
+	return nil
+}
+
+// backendMember is b's mesh as a federation member.
+func (s *vdState) backendMember(in *translation.Input, b *backend) *member {
+	mesh := in.MeshOf(b.d.Spec.Mesh)
+	if mesh == nil || mesh.Spec.Istio == nil || mesh.Spec.Istio.Ambient == nil {
+		return nil
+	}
+	inst := mesh.Spec.Istio.Installation
+	return &member{key: mesh.Namespace + "/" + mesh.Name, mesh: mesh, cluster: inst.Cluster, root: inst.Namespace}
+}
+
+// translateAmbient writes, in each target cluster with a backend of its
+// own, the other backends' pods as members of its Service, their networks'
+// gateways, and the DestinationRule its waypoint fails over by.
+func (s *vdState) translateAmbient(in *translation.Input, ids *identityIndex, out *translation.Output) {
+	name := objectName(vdNamePrefix, s.vd.Name, s.vd.Namespace)
+	firstNetwork := ""
+	if m := s.backendMember(in, s.backend[0]); m != nil {
+		firstNetwork = m.istio().Ambient.Network
+	}
+	for _, m := range s.meshes {
+		local := s.localBackend(m)
+		if local == nil {
+			s.warns = append(s.warns, fmt.Sprintf("mesh %s holds no backend of its own: ambient failover happens at the waypoint of a cluster's own Service, so nothing is written there (its ambient clients reach the Service by VirtualMesh federation)", m.key))
+			continue
+		}
+		ks := local.d.Spec.KubeService
+		for _, b := range s.backend {
+			if b == local {
+				continue
+			}
+			from := s.backendMember(in, b)
+			entries, problems := entriesOnNetwork(ids, b.d, from.istio().Ambient.Network, ks.WorkloadSelectorLabels, b.region)
+			for _, pr := range problems {
+				s.warns = append(s.warns, fmt.Sprintf("destination %s: %s", b.target(), pr))
+			}
+			for _, e := range entries {
+				// The labels in metadata too, as the agent requires of an
+				// entry that joins a Service.
+				if err := out.AddObjectMeta(m.cluster, apiNetworking, "WorkloadEntry", ks.Ref.Namespace, e.name, ks.WorkloadSelectorLabels, nil, protoSpec(e.spec), s.parent); err != nil {
+					s.errs = append(s.errs, err.Error())
+				}
+			}
+			for _, gw := range ambientGateways(from.istio().Ambient, m.root) {
+				annotations := map[string]string{}
+				if gw.ServiceAccount != "" {
+					annotations[annotationGatewaySA] = gw.ServiceAccount
+				}
+				if err := out.AddObjectMeta(m.cluster, apiGateway, "Gateway", m.root, remoteNetworkGatewayName(from, gw),
+					map[string]string{labelNetwork: gw.Network}, annotations, remoteNetworkGateway(gw), s.parent); err != nil {
+					s.errs = append(s.errs, err.Error())
+				}
+			}
+		}
+		dr := s.ambientDestinationRule(translation.LocalHostname(local.d, ""), firstNetwork)
+		if err := out.Add(m.cluster, apiNetworking, "DestinationRule", ks.Ref.Namespace, name, dr, s.parent); err != nil {
+			s.errs = append(s.errs, err.Error())
+		}
+	}
+	s.warns = append(s.warns, fmt.Sprintf("the target meshes are ambient: failover is done by the waypoint of each cluster's own Service %s, which clients call by that name; spec.hostname %s is not published there (%s)",
+		translation.LocalHostname(s.backend[0].d, ""), s.vd.Spec.Hostname, ambientFailoverDoc))
+}
+
+// ambientDestinationRule is the sidecar DestinationRule's outlier detection
+// and failover for the Service host, without TLS settings (HBONE carries
+// the mutual TLS) and, for static failover, with the order expressed on the
+// network label: the first backend's network first.
+func (s *vdState) ambientDestinationRule(host, firstNetwork string) *networkingv1.DestinationRule {
+	dr := s.destinationRule("")
+	dr.Host = host
+	dr.TrafficPolicy.Tls = nil
+	if s.vd.Spec.Static != nil {
+		dr.TrafficPolicy.LoadBalancer.LocalityLbSetting.FailoverPriority = []string{labelNetwork + "=" + firstNetwork}
+	}
+	return dr
+}

@@ -1,0 +1,216 @@
+package istiod
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/anypb"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/relaymesh/relaymesh/federation"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/translationtest"
+)
+
+// What the vd-ambient-failover golden has cluster-1 hold: its own reviews
+// pod, and cluster-2's reviews behind net-2's east-west gateway.
+const (
+	failoverHost      = "reviews.shop.svc.cluster.local"
+	localReviewsIP    = "10.1.0.11"
+	failoverGatewayIP = "192.0.2.20"
+)
+
+// ambientFailoverOutput is the real translator's output for cluster-1 from
+// the vd-ambient-failover golden input.
+func ambientFailoverOutput(t *testing.T) []byte {
+	t.Helper()
+	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", "vd-ambient-failover"))
+	out, r := translation.NewOutput(), translation.NewReport()
+	federation.TranslateVirtualDestinations(in, out, r)
+	mine := translation.NewOutput()
+	for _, o := range out.Objects() {
+		if o.Cluster == "cluster-1" {
+			mine.Put(o)
+		}
+	}
+	require.Len(t, mine.Objects(), 4, "net-2's gateway, the DestinationRule and two WorkloadEntries")
+	return translationtest.RenderOutput(t, mine)
+}
+
+// TestAmbientFailoverFromAWaypointsEDS proves VirtualDestination failover
+// for ambient meshes (issue 33 item 2) with a real pilot-discovery in
+// ambient multi-network mode and no remote secret: from what the
+// translator writes into cluster-1 only, istiod tells cluster-1's waypoint
+// (a Go client posing as one) that reviews has its own pod at priority 0
+// and cluster-2's pods behind net-2's east-west gateway at priority 1 (the
+// static order: cluster-1 first); when the local pod is no longer ready,
+// the remote endpoint is the only one, at priority 0 (it takes the
+// traffic); when it is ready again, the remote endpoint goes back to
+// priority 1 (it takes none while the local one is healthy).
+func TestAmbientFailoverFromAWaypointsEDS(t *testing.T) {
+	localcluster.SkipIfShort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	cluster, cs := startCluster(ctx, t, dir,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: DefaultNamespace, Labels: map[string]string{"topology.istio.io/network": localNetwork}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"istio.io/dataplane-mode": "ambient"}}},
+	)
+	translationtest.InstallGatewayAPI(ctx, t, cluster)
+	d, err := Start(ctx, Config{
+		Kubeconfig: cluster.Kubeconfig, ClusterID: "cluster-1", Dir: filepath.Join(dir, "istiod"),
+		CACerts: newTestPKI(t, "mesh-1").cacerts(), TrustDomain: sharedDomain, Ambient: true,
+		MeshConfig: globalScope,
+		Env:        map[string]string{"AMBIENT_ENABLE_MULTI_NETWORK": "true"},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, d.Stop()) })
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("istiod log (last lines):\n%s", d.LogTail(80))
+		}
+	})
+	dyn, err := dynamic.NewForConfig(cluster.RESTConfig())
+	require.NoError(t, err)
+
+	// The owner's reviews: global, bound to the namespace's waypoint, one
+	// ready pod (and the EndpointSlice Kubernetes' controller would write).
+	_, err = cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "reviews", Labels: map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/global": "true"}},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "reviews"}, Ports: []corev1.ServicePort{
+			{Name: "http", Port: 9080, TargetPort: intstr.FromInt32(9080)},
+		}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	ambientPod(ctx, t, cs, "reviews")
+	setReviewsReady(ctx, t, cs, true)
+	installWaypoint(ctx, t, cs, dyn)
+	_, err = cluster.Apply(ctx, "relaymesh-test", ambientFailoverOutput(t))
+	require.NoError(t, err)
+
+	// The waypoint's clusters name the EDS resource of reviews.
+	node := d.WaypointNode("10.1.0.20", "waypoint-1", "shop", "waypoint", "waypoint")
+	cds, err := d.WatchDelta(ctx, node, ClusterTypeURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cds.Close() })
+	wait, waitCancel := context.WithTimeout(ctx, 90*time.Second)
+	defer waitCancel()
+	var edsName string
+	require.NoError(t, cds.Await(wait, func(res map[string]*anypb.Any) error {
+		edsName = ""
+		for name, r := range res {
+			c := &clusterv3.Cluster{}
+			if err := r.UnmarshalTo(c); err != nil {
+				return fmt.Errorf("decode cluster %s: %w", name, err)
+			}
+			if strings.Contains(name, "|9080|") && strings.HasSuffix(name, "|"+failoverHost) && c.GetType() == clusterv3.Cluster_EDS {
+				edsName = cmpOr(c.GetEdsClusterConfig().GetServiceName(), name)
+			}
+		}
+		if edsName == "" {
+			return fmt.Errorf("no EDS cluster for %s:9080 among %v", failoverHost, sortedKeys(res))
+		}
+		return nil
+	}))
+	t.Logf("the waypoint's cluster for %s:9080 takes EDS %q", failoverHost, edsName)
+
+	eds, err := d.WatchDeltaNames(ctx, node, EndpointTypeURL, []string{edsName})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = eds.Close() })
+	// want: the endpoints by priority; load: the share of requests Envoy
+	// gives each priority from their health (PriorityLoad).
+	await := func(what string, want map[uint32][]string, load map[uint32]int) {
+		t.Helper()
+		var got map[uint32][]string
+		err := eds.Await(wait, func(res map[string]*anypb.Any) error {
+			var err error
+			if got, err = EndpointPriorities(res[edsName]); err != nil {
+				return err
+			}
+			if !SamePriorities(got, want) {
+				return fmt.Errorf("priorities %v, want %v", got, want)
+			}
+			return nil
+		})
+		require.NoError(t, err, "%s: %v", what, got)
+		assert.Equal(t, load, PriorityLoad(got), "%s: the share of requests per priority", what)
+		t.Logf("%s: %v, requests per priority (%%): %v", what, got, PriorityLoad(got))
+	}
+	// Both over HBONE: the local pod on its port, cluster-2 through its
+	// east-west gateway's HBONE port with the Service's own name as the
+	// inner authority (what that gateway forwards).
+	local, remote := "pod "+localReviewsIP+":9080", "gateway "+failoverGatewayIP+":15008 for "+failoverHost+":9080"
+	await("local pod ready", map[uint32][]string{0: {local}, 1: {remote}}, map[uint32]int{0: 100, 1: 0})
+
+	start := time.Now()
+	setReviewsReady(ctx, t, cs, false)
+	await("local pod not ready", map[uint32][]string{0: {local + " (UNHEALTHY)"}, 1: {remote}}, map[uint32]int{0: 0, 1: 100})
+	t.Logf("cluster-2's endpoint took every request %v after cluster-1's pod went unready", time.Since(start).Round(time.Millisecond))
+
+	start = time.Now()
+	setReviewsReady(ctx, t, cs, true)
+	await("local pod ready again", map[uint32][]string{0: {local}, 1: {remote}}, map[uint32]int{0: 100, 1: 0})
+	t.Logf("and took none again %v after it was ready again", time.Since(start).Round(time.Millisecond))
+
+	// The order is the DestinationRule's: without it the waypoint holds
+	// both at one priority, and cluster-2 takes its share of requests while
+	// cluster-1's pod is healthy.
+	drs := schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "destinationrules"}
+	require.NoError(t, dyn.Resource(drs).Namespace("shop").Delete(ctx, "relaymesh-vd-reviews-shop", metav1.DeleteOptions{}))
+	await("without the DestinationRule", map[uint32][]string{0: {remote, local}}, map[uint32]int{0: 100})
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// setReviewsReady writes reviews-1's readiness where Kubernetes would:
+// the pod's Ready condition and the EndpointSlice of reviews.
+func setReviewsReady(ctx context.Context, t *testing.T, cs kubernetes.Interface, ready bool) {
+	t.Helper()
+	pod, err := cs.CoreV1().Pods("shop").Get(ctx, "reviews-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	status := corev1.ConditionTrue
+	if !ready {
+		status = corev1.ConditionFalse
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}
+	_, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "reviews-1", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "reviews", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{
+			Addresses:  []string{localReviewsIP},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &ready, Terminating: new(false)},
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "reviews-1"},
+			NodeName:   new("node-test"),
+		}},
+		Ports: []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(9080)), Protocol: new(corev1.ProtocolTCP)}},
+	}
+	cur, err := cs.DiscoveryV1().EndpointSlices("shop").Get(ctx, "reviews-1", metav1.GetOptions{})
+	if err != nil {
+		_, err = cs.DiscoveryV1().EndpointSlices("shop").Create(ctx, slice, metav1.CreateOptions{})
+	} else {
+		slice.ResourceVersion = cur.ResourceVersion
+		_, err = cs.DiscoveryV1().EndpointSlices("shop").Update(ctx, slice, metav1.UpdateOptions{})
+	}
+	require.NoError(t, err)
+}
