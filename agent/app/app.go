@@ -129,7 +129,12 @@ func build(cfg Config, env Env, log *slog.Logger) (*parts, error) {
 	if cfg.AmbientFederation {
 		log.Info("ambient federation on: applying global Services, WorkloadEntries and istio-remote Gateways (only objects labelled " + outputs.OwnerLabel + " are changed)")
 	}
-	applier, err := newApplier(kube, log, cfg.AmbientFederation)
+	var localNetworks func() []string
+	if cfg.AmbientFailover {
+		log.Warn("ambient failover on: WorkloadEntries of other networks may join a Service of this cluster that its owner labelled istio.io/global=true and that selects exactly their labels")
+		localNetworks = func() []string { return snapshotNetworks(disc) }
+	}
+	applier, err := newApplier(kube, log, cfg.AmbientFederation, localNetworks)
 	if err != nil {
 		return nil, err
 	}
@@ -144,12 +149,32 @@ func build(cfg Config, env Env, log *slog.Logger) (*parts, error) {
 
 // newApplier applies with server-side apply through a cached discovery
 // REST mapper, as Owner.
-func newApplier(kube *kubeclient.Clients, log *slog.Logger, ambientFederation bool) (*apply.Applier, error) {
+func newApplier(kube *kubeclient.Clients, log *slog.Logger, ambientFederation bool, localNetworks func() []string) (*apply.Applier, error) {
 	dc, err := discoveryclient.NewDiscoveryClientForConfig(kube.Config)
 	if err != nil {
 		return nil, err
 	}
-	return apply.New(applierConfig(kube, restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), log, ambientFederation))
+	cfg := applierConfig(kube, restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), log, ambientFederation)
+	cfg.LocalNetworks = localNetworks
+	return apply.New(cfg)
+}
+
+// snapshotNetworks are the networks of the meshes discovery reports in
+// this cluster (istiod namespaces' topology.istio.io/network); none while
+// discovery has not synced or fails (an entry that joins a Service is then
+// refused: fail closed).
+func snapshotNetworks(disc *discovery.Discoverer) []string {
+	s, err := disc.Snapshot()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, m := range s.GetMeshes() {
+		if n := m.GetNetwork(); n != "" && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // applierConfig is what the agent applies: the Istio kinds, and the

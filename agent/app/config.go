@@ -44,6 +44,14 @@ type Config struct {
 	// Off by default: writing Services is a privilege the agent otherwise
 	// does without (the chart grants it with ambientFederation.enabled).
 	AmbientFederation bool
+	// AmbientFailover (--ambient-failover, needs --ambient-federation) lets
+	// the agent write WorkloadEntries of other networks that join a Service
+	// of this cluster, for VirtualDestination failover of ambient meshes
+	// (docs/design/2026-12-04-ambient-failover.md): only when the Service's
+	// owner labelled it istio.io/global=true and it selects exactly the
+	// entry's labels, and never on this cluster's own network
+	// (apply.Config.LocalNetworks). Off by default.
+	AmbientFailover bool
 	// Identity is this replica's leader-election identity (--identity);
 	// empty: the host name and a random suffix.
 	Identity string
@@ -99,6 +107,9 @@ func (c Config) Validate() error {
 	}
 	if c.LeaderElect && c.LeaseName == "" {
 		errs = append(errs, errors.New("--lease-name: required with --leader-elect"))
+	}
+	if c.AmbientFailover && !c.AmbientFederation {
+		errs = append(errs, errors.New("--ambient-failover needs --ambient-federation (the entries it allows are ambient federation's WorkloadEntries)"))
 	}
 	return errors.Join(errs...)
 }

@@ -23,14 +23,15 @@ func TestValidateNamesTheFlagOfEveryBadField(t *testing.T) {
 		edit func(*Config)
 		want []string
 	}{
-		"retry over renew":    {func(c *Config) { c.RetryPeriod = 20 * time.Second }, []string{"0 < --leader-retry-period < --leader-renew-deadline < --leader-lease-duration"}},
-		"renew over lease":    {func(c *Config) { c.RenewDeadline = time.Minute }, []string{"--leader-renew-deadline"}},
-		"no retry period":     {func(c *Config) { c.RetryPeriod = 0 }, []string{"--leader-retry-period"}},
-		"bad log level":       {func(c *Config) { c.LogLevel = "loud" }, []string{`--log-level "loud"`}},
-		"huge log level":      {func(c *Config) { c.LogLevel = string(make([]byte, 1<<16)) }, []string{"--log-level"}},
-		"no namespace":        {func(c *Config) { c.Namespace = "" }, []string{"--namespace"}},
-		"no lease name":       {func(c *Config) { c.LeaseName = "" }, []string{"--lease-name"}},
-		"two bad, both named": {func(c *Config) { c.LogLevel, c.LeaseName = "x", "" }, []string{"--log-level", "--lease-name"}},
+		"retry over renew":            {func(c *Config) { c.RetryPeriod = 20 * time.Second }, []string{"0 < --leader-retry-period < --leader-renew-deadline < --leader-lease-duration"}},
+		"renew over lease":            {func(c *Config) { c.RenewDeadline = time.Minute }, []string{"--leader-renew-deadline"}},
+		"no retry period":             {func(c *Config) { c.RetryPeriod = 0 }, []string{"--leader-retry-period"}},
+		"bad log level":               {func(c *Config) { c.LogLevel = "loud" }, []string{`--log-level "loud"`}},
+		"huge log level":              {func(c *Config) { c.LogLevel = string(make([]byte, 1<<16)) }, []string{"--log-level"}},
+		"no namespace":                {func(c *Config) { c.Namespace = "" }, []string{"--namespace"}},
+		"no lease name":               {func(c *Config) { c.LeaseName = "" }, []string{"--lease-name"}},
+		"failover without federation": {func(c *Config) { c.AmbientFailover = true }, []string{"--ambient-failover needs --ambient-federation"}},
+		"two bad, both named":         {func(c *Config) { c.LogLevel, c.LeaseName = "x", "" }, []string{"--log-level", "--lease-name"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := Default()

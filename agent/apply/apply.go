@@ -112,6 +112,17 @@ type Config struct {
 	MaxObjects int
 	// Logger receives one line per change; never a manifest. Default: discard.
 	Logger *slog.Logger
+	// LocalNetworks, when set, lets WorkloadEntries join users' global
+	// Services (relaymesh agent --ambient-failover,
+	// docs/design/2026-12-04-ambient-failover.md). An entry labelled other
+	// than relaymesh.io/global-service: <service> is then applied only
+	// when its network is not one LocalNetworks returns (it is reached
+	// through that network's gateway and cannot pass for a pod of this
+	// cluster) and a Service of its namespace labelled istio.io/global=true,
+	// not the agent's own, selects exactly its labels: the owner's consent
+	// to other clusters' endpoints joining it. nil: such entries are
+	// refused, whatever the server sends.
+	LocalNetworks func() []string
 }
 
 // Default returns c with every zero field set to its default.
@@ -208,10 +219,11 @@ func New(cfg Config) (*Applier, error) {
 	}
 	cfg.Kinds = slices.Clone(cfg.Kinds)
 	r := rules{
-		kinds:      map[schema.GroupVersionKind]bool{},
-		groupKinds: map[schema.GroupKind]bool{},
-		maxBytes:   cfg.MaxObjectBytes,
-		owner:      cfg.Owner,
+		kinds:        map[schema.GroupVersionKind]bool{},
+		groupKinds:   map[schema.GroupKind]bool{},
+		maxBytes:     cfg.MaxObjectBytes,
+		owner:        cfg.Owner,
+		joinServices: cfg.LocalNetworks != nil,
 	}
 	for _, k := range cfg.Kinds {
 		r.kinds[k] = true
@@ -251,6 +263,7 @@ func (a *Applier) Apply(ctx context.Context, set *relaypb.OutputSet) ([]*relaypb
 
 	// 1. Check every manifest before the first write.
 	items, keep, pruneBlocked := a.check(set)
+	a.checkJoins(ctx, items, keep)
 
 	// 2. Map and list every allowed kind.
 	a.resetMapperIfStale()

@@ -55,6 +55,9 @@ type rules struct {
 	groupKinds map[schema.GroupKind]bool
 	maxBytes   int
 	owner      string
+	// joinServices: WorkloadEntries may join users' global Services
+	// (Config.JoinGlobalServices).
+	joinServices bool
 }
 
 // manifest is one checked manifest.
@@ -68,6 +71,11 @@ type manifest struct {
 	// nil when problems is not empty.
 	obj      *unstructured.Unstructured
 	problems []string
+	// joins are the labels of a WorkloadEntry that joins a Service other
+	// than its own global one, on joinNetwork; checked against the
+	// cluster before it is applied (Applier.checkJoins).
+	joins       map[string]string
+	joinNetwork string
 }
 
 // checkManifest decodes and checks one manifest against r. It is a pure
@@ -91,7 +99,7 @@ func checkManifest(r rules, raw []byte, parents []string) *manifest {
 	}
 	m.identify(r, top)
 	m.checkFields(top)
-	m.checkFederated(top)
+	m.checkFederated(top, r.joinServices)
 	labels, annotations := m.checkMetadata(top)
 	parentsValue := m.checkParents(parents)
 	if len(m.problems) > 0 {

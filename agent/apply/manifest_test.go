@@ -223,3 +223,84 @@ func TestCheckManifestLimitsFederatedKinds(t *testing.T) {
 		})
 	}
 }
+
+// With --ambient-failover an entry may carry a user Service's labels, but
+// only as what ambient failover writes: the same labels in metadata and
+// spec, not mixed with the federated label, on a network; it is then
+// marked for the cluster check (checkJoins), never applied on its own word.
+func TestCheckManifestEntriesThatJoinAService(t *testing.T) {
+	r := testRules()
+	for _, k := range AmbientFederationKinds {
+		r.kinds[k], r.groupKinds[k.GroupKind()] = true, true
+	}
+	r.joinServices = true
+	const we = `{"apiVersion":"networking.istio.io/v1","kind":"WorkloadEntry","metadata":{"name":"reviews-c2-1","namespace":"shop","labels":%s},"spec":{"address":"10.2.0.11","network":%q,"labels":%s}}`
+	for _, tc := range []struct {
+		name, manifest, problem string
+		joins                   map[string]string
+	}{
+		{"joins reviews", fmt.Sprintf(we, `{"app":"reviews"}`, "net-2", `{"app":"reviews"}`), "", map[string]string{"app": "reviews"}},
+		{"a federated entry still", fmt.Sprintf(we, `{"relaymesh.io/global-service":"reviews"}`, "net-2", `{"relaymesh.io/global-service":"reviews"}`), "", nil},
+		{"labels differ", fmt.Sprintf(we, `{"app":"reviews"}`, "net-2", `{"app":"ratings"}`), "metadata.labels and spec.labels differ", nil},
+		{"metadata has more", fmt.Sprintf(we, `{"app":"reviews","x":"y"}`, "net-2", `{"app":"reviews"}`), "metadata.labels and spec.labels differ", nil},
+		{"mixed with the federated label", fmt.Sprintf(we, `{"app":"reviews","relaymesh.io/global-service":"reviews"}`, "net-2", `{"app":"reviews","relaymesh.io/global-service":"reviews"}`), "mixes relaymesh.io/global-service", nil},
+		{"no network", fmt.Sprintf(we, `{"app":"reviews"}`, "", `{"app":"reviews"}`), "spec.network is empty", nil},
+		{"no labels", fmt.Sprintf(we, `{}`, "net-2", `{}`), "spec.labels is empty", nil},
+		{"a label that is not a string", fmt.Sprintf(we, `{"app":"reviews"}`, "net-2", `{"app":7}`), "spec.labels.app is not a string", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := checkManifest(r, []byte(tc.manifest), nil)
+			if tc.problem == "" {
+				assert.Empty(t, m.problems)
+				require.NotNil(t, m.obj)
+				assert.Equal(t, tc.joins, m.joins)
+				return
+			}
+			assert.Contains(t, strings.Join(m.problems, "\n"), tc.problem)
+			assert.Nil(t, m.obj)
+		})
+	}
+	// Off, the same entry is refused before anything is read.
+	r.joinServices = false
+	m := checkManifest(r, []byte(fmt.Sprintf(we, `{"app":"reviews"}`, "net-2", `{"app":"reviews"}`)), nil)
+	assert.Contains(t, strings.Join(m.problems, "\n"), "need --ambient-failover")
+}
+
+// FuzzCheckJoiningEntry: with --ambient-failover, an accepted WorkloadEntry
+// is either labelled only for its global Service, or marked for the
+// cluster check with exactly the labels it carries in spec and metadata
+// and a network: never applied on the manifest's word alone.
+func FuzzCheckJoiningEntry(f *testing.F) {
+	f.Add(`{"app":"reviews"}`, `{"app":"reviews"}`, "net-2")
+	f.Add(`{"relaymesh.io/global-service":"r"}`, `{"relaymesh.io/global-service":"r"}`, "")
+	f.Add(`{"app":"a","b":"c"}`, `{"app":"a"}`, "n")
+	f.Add(`{}`, `null`, "n")
+	r := testRules()
+	for _, k := range AmbientFederationKinds {
+		r.kinds[k], r.groupKinds[k.GroupKind()] = true, true
+	}
+	r.joinServices = true
+	f.Fuzz(func(t *testing.T, metaLabels, specLabels, network string) {
+		raw := fmt.Sprintf(`{"apiVersion":"networking.istio.io/v1","kind":"WorkloadEntry","metadata":{"name":"e","namespace":"shop","labels":%s},"spec":{"address":"10.2.0.1","network":%q,"labels":%s}}`, metaLabels, network, specLabels)
+		m := checkManifest(r, []byte(raw), nil)
+		if m.obj == nil {
+			return
+		}
+		spec, _ := m.obj.Object["spec"].(map[string]any)
+		labels, _ := spec["labels"].(map[string]any)
+		if m.joins == nil {
+			if len(labels) != 1 || labels["relaymesh.io/global-service"] == nil {
+				t.Fatalf("accepted spec.labels %v without the cluster check", labels)
+			}
+			return
+		}
+		if network == "" || len(m.joins) == 0 || len(m.joins) != len(labels) {
+			t.Fatalf("joins %v, labels %v, network %q", m.joins, labels, network)
+		}
+		for k, v := range m.joins {
+			if labels[k] != v || m.obj.GetLabels()[k] != v {
+				t.Fatalf("joins %v differ from spec %v or metadata %v", m.joins, labels, m.obj.GetLabels())
+			}
+		}
+	})
+}
