@@ -188,7 +188,9 @@ const globalScopeMeshConfig = `serviceScopeConfigs:
 // two remote pods and the remote pods' identity in the service's SANs; one
 // posing as cluster-2's is told the same of cluster-1's details. Cluster-1's
 // is told to admit exactly the principal an AccessPolicy names (cluster-2's
-// ratings, to details on 9080). After `relaymesh cluster deregister
+// ratings, to details on 9080). A static VirtualDestination over both
+// clusters' reviews (each global, bound to its waypoint) fails over at
+// cluster-1's waypoint (checkAmbientFailover). After `relaymesh cluster deregister
 // cluster-2`, cluster-1's is told ratings has no endpoint any more and the
 // rule admits no one (both measured).
 func TestAmbientFederationAcrossNetworks(t *testing.T) {
@@ -228,6 +230,9 @@ func TestAmbientFederationAcrossNetworks(t *testing.T) {
 	for i, ip := range []string{"10.1.0.31", "10.1.0.32"} {
 		readyPod(ctx, t, clients["cluster-1"], "shop", fmt.Sprintf("details-%d", i), ip, map[string]string{"app": "details"}, "details")
 	}
+	for i, name := range []string{"cluster-1", "cluster-2"} {
+		installFailoverBackend(ctx, t, env.Cluster(name), clients[name], i+1)
+	}
 
 	relayAddr, opsAddr := Addr(t), Addr(t)
 	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",
@@ -237,7 +242,7 @@ func TestAmbientFederationAcrossNetworks(t *testing.T) {
 		out, err := Run(t, bin, "cluster", "register", name, "--mgmt-kubeconfig", mgmt.Kubeconfig, "--remote-kubeconfig", env.Cluster(name).Kubeconfig,
 			"--server-address", relayAddr, "--shared-trust-domain", "mesh.local")
 		require.NoError(t, err, out)
-		Start(t, bin, dir, "agent-"+name, "agent", "--kubeconfig", env.Cluster(name).Kubeconfig, "--ambient-federation",
+		Start(t, bin, dir, "agent-"+name, "agent", "--kubeconfig", env.Cluster(name).Kubeconfig, "--ambient-federation", "--ambient-failover",
 			"--health-listen", Addr(t), "--metrics-listen", Addr(t))
 	}
 	_, err = mgmt.Apply(ctx, "test", []byte(ambientVirtualMesh+"---"+ratingsToDetails))
@@ -261,9 +266,11 @@ func TestAmbientFederationAcrossNetworks(t *testing.T) {
 	root, err := ca.GenerateMeshRoot(ca.MeshRootConfig{VirtualMesh: "e2e"})
 	require.NoError(t, err)
 	ztunnel := map[string]*istiod.DeltaWatch{}
+	istiods := map[string]*istiod.Istiod{}
 	var authz *istiod.DeltaWatch
 	for i, name := range []string{"cluster-1", "cluster-2"} {
 		d := startAmbientIstiod(ctx, t, env.Cluster(name).Kubeconfig, name, root)
+		istiods[name] = d
 		w, err := d.WatchDelta(ctx, d.ZtunnelNode(fmt.Sprintf("10.%d.0.1", i+1)), istiod.AddressTypeURL)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = w.Close() })
@@ -316,6 +323,10 @@ func TestAmbientFederationAcrossNetworks(t *testing.T) {
 	require.NoError(t, authz.Await(wait, func(res map[string]*anypb.Any) error {
 		return ztunnelAllows(res, detailsAuthz, admitsRatings)
 	}), "what cluster-1's ztunnel was told about details")
+
+	// VirtualDestination failover between the two clusters' reviews, at
+	// cluster-1's waypoint (the agents run with --ambient-failover).
+	checkAmbientFailover(ctx, t, mgmt, istiods["cluster-1"], clients["cluster-1"])
 
 	// No remote secret anywhere.
 	for name, cs := range clients {

@@ -1,0 +1,209 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/anypb"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/relaymesh/relaymesh/test/istiod"
+	"github.com/relaymesh/relaymesh/test/localcluster"
+)
+
+// failoverAppManifest is reviews in one cluster, the backend of an ambient
+// VirtualDestination: global and bound to its namespace's waypoint, and
+// the waypoint as `istioctl waypoint apply` and Istio's deployment
+// controller leave it (its Gateway, account and Deployment).
+const failoverAppManifest = `
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: reviews, namespace: shop}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: reviews, namespace: shop}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  template:
+    metadata: {labels: {app: reviews}}
+    spec:
+      serviceAccountName: reviews
+      containers:
+      - {name: reviews, image: example.invalid/reviews}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: reviews, namespace: shop, labels: {istio.io/global: "true", istio.io/use-waypoint: waypoint}}
+spec:
+  selector: {app: reviews}
+  ports:
+  - {name: http, port: 9080}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: waypoint, namespace: shop}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: waypoint, namespace: shop}
+spec:
+  selector: {matchLabels: {gateway.networking.k8s.io/gateway-name: waypoint}}
+  template:
+    metadata: {labels: {gateway.networking.k8s.io/gateway-name: waypoint}}
+    spec:
+      serviceAccountName: waypoint
+      containers:
+      - {name: istio-proxy, image: docker.io/istio/proxyv2:1.31.1}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: waypoint, namespace: shop, labels: {istio.io/waypoint-for: service}}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners:
+  - {name: mesh, port: 15008, protocol: HBONE}
+`
+
+// reviewsFailover is a static VirtualDestination over both clusters'
+// reviews, cluster-1 first.
+const reviewsFailover = `
+apiVersion: networking.relaymesh.io/v1alpha1
+kind: VirtualDestination
+metadata: {name: reviews, namespace: relaymesh}
+spec:
+  hostname: reviews.global
+  port: {number: 9080, protocol: HTTP}
+  virtualMesh: {name: shop}
+  static:
+    destinations:
+    - {name: reviews, namespace: shop, clusterName: cluster-1}
+    - {name: reviews, namespace: shop, clusterName: cluster-2}
+`
+
+// reviewsPodIP is reviews-1's address in cluster n.
+func reviewsPodIP(n int) string { return fmt.Sprintf("10.%d.0.41", n) }
+
+// installFailoverBackend writes reviews and its waypoint into cluster n,
+// with what kubelets and Istio's controllers would add: reviews-1 running
+// and ready (and its EndpointSlice), the waypoint's pod, and the
+// waypoint Gateway's address.
+func installFailoverBackend(ctx context.Context, t *testing.T, c *localcluster.Cluster, cs kubernetes.Interface, n int) {
+	t.Helper()
+	_, err := c.Apply(ctx, "test", []byte(failoverAppManifest))
+	require.NoError(t, err)
+	readyPod(ctx, t, cs, "shop", "reviews-1", reviewsPodIP(n), map[string]string{"app": "reviews"}, "reviews")
+	setReviewsEndpoint(ctx, t, cs, n, true)
+	wp, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "waypoint-1", Labels: map[string]string{"gateway.networking.k8s.io/gateway-name": "waypoint"}},
+		Spec:       corev1.PodSpec{ServiceAccountName: "waypoint", NodeName: "node-1", Containers: []corev1.Container{{Name: "istio-proxy", Image: "example.invalid/proxyv2"}}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	ip := fmt.Sprintf("10.%d.0.20", n)
+	wp.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	_, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, wp, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	dyn, err := dynamic.NewForConfig(c.RESTConfig())
+	require.NoError(t, err)
+	Eventually(t, 30*time.Second, "the waypoint Gateway's address", func() (bool, string) {
+		gw, err := dyn.Resource(gatewaysGVR).Namespace("shop").Get(ctx, "waypoint", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		_ = unstructured.SetNestedSlice(gw.Object, []any{map[string]any{"type": "Hostname", "value": "waypoint.shop.svc.cluster.local"}}, "status", "addresses")
+		_, err = dyn.Resource(gatewaysGVR).Namespace("shop").UpdateStatus(ctx, gw, metav1.UpdateOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
+}
+
+// setReviewsEndpoint sets reviews-1's readiness in cluster n where
+// Kubernetes would: the pod's Ready condition and reviews' EndpointSlice.
+func setReviewsEndpoint(ctx context.Context, t *testing.T, cs kubernetes.Interface, n int, ready bool) {
+	t.Helper()
+	pod, err := cs.CoreV1().Pods("shop").Get(ctx, "reviews-1", metav1.GetOptions{})
+	require.NoError(t, err)
+	status := corev1.ConditionTrue
+	if !ready {
+		status = corev1.ConditionFalse
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}
+	_, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "reviews-1", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "reviews", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{
+			Addresses:  []string{reviewsPodIP(n)},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &ready, Terminating: new(false)},
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "reviews-1"},
+			NodeName:   new("node-1"),
+		}},
+		Ports: []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(9080)), Protocol: new(corev1.ProtocolTCP)}},
+	}
+	cur, err := cs.DiscoveryV1().EndpointSlices("shop").Get(ctx, "reviews-1", metav1.GetOptions{})
+	if err != nil {
+		_, err = cs.DiscoveryV1().EndpointSlices("shop").Create(ctx, slice, metav1.CreateOptions{})
+	} else {
+		slice.ResourceVersion = cur.ResourceVersion
+		_, err = cs.DiscoveryV1().EndpointSlices("shop").Update(ctx, slice, metav1.UpdateOptions{})
+	}
+	require.NoError(t, err)
+}
+
+// checkAmbientFailover applies reviewsFailover and proves it from what
+// cluster-1's real istiod tells a client posing as cluster-1's waypoint:
+// reviews has cluster-1's pod at priority 0 and cluster-2 behind its
+// east-west gateway at priority 1; with cluster-1's pod unready every
+// request goes to cluster-2, and back when it is ready again.
+func checkAmbientFailover(ctx context.Context, t *testing.T, mgmt *localcluster.Cluster, d *istiod.Istiod, cs1 kubernetes.Interface) {
+	t.Helper()
+	start := time.Now()
+	_, err := mgmt.Apply(ctx, "test", []byte(reviewsFailover))
+	require.NoError(t, err)
+	// The waypoint's cluster for reviews:9080 (its name is istiod's:
+	// test/istiod TestAmbientFailoverFromAWaypointsEDS reads it from CDS).
+	const eds = "inbound-vip|9080|http|reviews.shop.svc.cluster.local"
+	w, err := d.WatchDeltaNames(ctx, d.WaypointNode("10.1.0.20", "waypoint-1", "shop", "waypoint", "waypoint"), istiod.EndpointTypeURL, []string{eds})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Close() })
+	wait, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	local, remote := "pod "+reviewsPodIP(1)+":9080", "gateway 192.0.2.20:15008 for reviews.shop.svc.cluster.local:9080"
+	await := func(what string, want map[uint32][]string, load map[uint32]int) {
+		t.Helper()
+		var got map[uint32][]string
+		err := w.Await(wait, func(res map[string]*anypb.Any) error {
+			var err error
+			if got, err = istiod.EndpointPriorities(res[eds]); err != nil {
+				return err
+			}
+			if !istiod.SamePriorities(got, want) {
+				return fmt.Errorf("priorities %v, want %v", got, want)
+			}
+			return nil
+		})
+		require.NoError(t, err, "%s: what cluster-1's waypoint was told of reviews", what)
+		assert.Equal(t, load, istiod.PriorityLoad(got), what)
+	}
+	await("after the VirtualDestination", map[uint32][]string{0: {local}, 1: {remote}}, map[uint32]int{0: 100, 1: 0})
+	t.Logf("cluster-1's waypoint held reviews in failover order %v after the VirtualDestination was applied", time.Since(start).Round(time.Millisecond))
+
+	start = time.Now()
+	setReviewsEndpoint(ctx, t, cs1, 1, false)
+	await("cluster-1's pod unready", map[uint32][]string{0: {local + " (UNHEALTHY)"}, 1: {remote}}, map[uint32]int{0: 0, 1: 100})
+	t.Logf("every request to cluster-2 %v after cluster-1's reviews pod went unready", time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	setReviewsEndpoint(ctx, t, cs1, 1, true)
+	await("cluster-1's pod ready again", map[uint32][]string{0: {local}, 1: {remote}}, map[uint32]int{0: 100, 1: 0})
+	t.Logf("none to cluster-2 %v after it was ready again", time.Since(start).Round(time.Millisecond))
+}
