@@ -2,7 +2,6 @@ package apply_test
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -10,8 +9,6 @@ import (
 	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/federation"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
-	"github.com/relaymesh/relaymesh/translation"
-	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -19,17 +16,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// ambientFailoverSet is what the server sends cluster-1 for the
-// vd-ambient-failover golden: the real translator's output (cluster-2's
-// reviews pods as entries that join cluster-1's reviews).
+// ambientFailoverSet is cluster-1's for the vd-ambient-failover golden:
+// cluster-2's reviews pods as entries that join cluster-1's reviews.
 func ambientFailoverSet(t *testing.T) []*relaypb.OutputObject {
 	t.Helper()
-	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", "vd-ambient-failover"))
-	out, r := translation.NewOutput(), translation.NewReport()
-	federation.TranslateVirtualDestinations(in, out, r)
-	set := translationtest.OutputSet(t, out, "cluster-1")
-	require.Len(t, set, 4, "a Gateway, a DestinationRule and two WorkloadEntries")
-	return set
+	return goldenSet(t, "vd-ambient-failover", federation.TranslateVirtualDestinations, 4, "a Gateway, a DestinationRule and two WorkloadEntries")
 }
 
 // An entry that joins a user's Service is the one privilege ambient
@@ -38,13 +29,7 @@ func ambientFailoverSet(t *testing.T) []*relaypb.OutputObject {
 // exactly the entry's labels, and only on another network than its own:
 // every other case is refused with the reason, and nothing is written.
 func TestAmbientFailoverEntriesJoinOnlyGlobalServices(t *testing.T) {
-	f := newFixture(t)
-	ctx := context.Background()
-	translationtest.InstallGatewayAPI(ctx, t, f.cluster)
-	for _, ns := range []string{"shop", "istio-system"} {
-		_, err := f.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-		require.NoError(t, err)
-	}
+	f, ctx := ambientFixture(t), context.Background()
 	set := ambientFailoverSet(t)
 	entries := []string{
 		key("WorkloadEntry", "shop", "reviews-cluster-2-10-2-0-11-7b1a1837"),

@@ -25,16 +25,36 @@ var (
 	gateways        = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"}
 )
 
-// ambientFederationSet is what the server sends cluster-1 for the
-// ambient-multinetwork federation golden: the real translator's output.
+// goldenSet is what the server sends cluster-1 for a federation golden's
+// input: the real translator's output, of n objects.
+func goldenSet(t *testing.T, golden string, translate func(*translation.Input, *translation.Output, *translation.Report), n int, what string) []*relaypb.OutputObject {
+	t.Helper()
+	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", golden))
+	out, r := translation.NewOutput(), translation.NewReport()
+	translate(in, out, r)
+	set := translationtest.OutputSet(t, out, "cluster-1")
+	require.Len(t, set, n, what)
+	return set
+}
+
+// ambientFixture is a cluster with Gateway API's CRDs and the namespaces
+// ambient federation writes into.
+func ambientFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := newFixture(t)
+	ctx := context.Background()
+	translationtest.InstallGatewayAPI(ctx, t, f.cluster)
+	for _, ns := range []string{"shop", "istio-system"} {
+		_, err := f.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	return f
+}
+
+// ambientFederationSet is cluster-1's for the ambient-multinetwork golden.
 func ambientFederationSet(t *testing.T) []*relaypb.OutputObject {
 	t.Helper()
-	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", "ambient-multinetwork"))
-	out, r := translation.NewOutput(), translation.NewReport()
-	federation.Translate(in, out, r)
-	set := translationtest.OutputSet(t, out, "cluster-1")
-	require.Len(t, set, 4, "a Gateway, a Service and two WorkloadEntries")
-	return set
+	return goldenSet(t, "ambient-multinetwork", federation.Translate, 4, "a Gateway, a Service and two WorkloadEntries")
 }
 
 // An agent with ambient federation on applies the translator's objects to
@@ -43,13 +63,7 @@ func ambientFederationSet(t *testing.T) []*relaypb.OutputObject {
 // user's Service of the same name; off, it refuses them as not its kinds
 // and changes nothing.
 func TestAmbientFederationObjectsApplyAndPrune(t *testing.T) {
-	f := newFixture(t)
-	ctx := context.Background()
-	translationtest.InstallGatewayAPI(ctx, t, f.cluster)
-	for _, ns := range []string{"shop", "istio-system"} {
-		_, err := f.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-		require.NoError(t, err)
-	}
+	f := ambientFixture(t)
 	set := ambientFederationSet(t)
 	want := []string{
 		key("Gateway", "istio-system", "relaymesh-cluster-2-istio-eastwest"),

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/anypb"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -115,49 +114,14 @@ func installFailoverBackend(ctx context.Context, t *testing.T, c *localcluster.C
 	require.NoError(t, err)
 	dyn, err := dynamic.NewForConfig(c.RESTConfig())
 	require.NoError(t, err)
-	Eventually(t, 30*time.Second, "the waypoint Gateway's address", func() (bool, string) {
-		gw, err := dyn.Resource(gatewaysGVR).Namespace("shop").Get(ctx, "waypoint", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		_ = unstructured.SetNestedSlice(gw.Object, []any{map[string]any{"type": "Hostname", "value": "waypoint.shop.svc.cluster.local"}}, "status", "addresses")
-		_, err = dyn.Resource(gatewaysGVR).Namespace("shop").UpdateStatus(ctx, gw, metav1.UpdateOptions{})
-		return err == nil, fmt.Sprint(err)
-	})
+	setGatewayAddress(ctx, t, dyn, "shop", "waypoint", "Hostname", "waypoint.shop.svc.cluster.local")
 }
 
 // setReviewsEndpoint sets reviews-1's readiness in cluster n where
 // Kubernetes would: the pod's Ready condition and reviews' EndpointSlice.
 func setReviewsEndpoint(ctx context.Context, t *testing.T, cs kubernetes.Interface, n int, ready bool) {
 	t.Helper()
-	pod, err := cs.CoreV1().Pods("shop").Get(ctx, "reviews-1", metav1.GetOptions{})
-	require.NoError(t, err)
-	status := corev1.ConditionTrue
-	if !ready {
-		status = corev1.ConditionFalse
-	}
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}
-	_, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
-	require.NoError(t, err)
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "reviews-1", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "reviews", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints: []discoveryv1.Endpoint{{
-			Addresses:  []string{reviewsPodIP(n)},
-			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &ready, Terminating: new(false)},
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "reviews-1"},
-			NodeName:   new("node-1"),
-		}},
-		Ports: []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(9080)), Protocol: new(corev1.ProtocolTCP)}},
-	}
-	cur, err := cs.DiscoveryV1().EndpointSlices("shop").Get(ctx, "reviews-1", metav1.GetOptions{})
-	if err != nil {
-		_, err = cs.DiscoveryV1().EndpointSlices("shop").Create(ctx, slice, metav1.CreateOptions{})
-	} else {
-		slice.ResourceVersion = cur.ResourceVersion
-		_, err = cs.DiscoveryV1().EndpointSlices("shop").Update(ctx, slice, metav1.UpdateOptions{})
-	}
-	require.NoError(t, err)
+	require.NoError(t, istiod.SetEndpointReady(ctx, cs, "shop", "reviews-1", "reviews", reviewsPodIP(n), "http", 9080, ready))
 }
 
 // checkAmbientFailover applies reviewsFailover and proves it from what
@@ -206,4 +170,20 @@ func checkAmbientFailover(ctx context.Context, t *testing.T, mgmt *localcluster.
 	setReviewsEndpoint(ctx, t, cs1, 1, true)
 	await("cluster-1's pod ready again", map[uint32][]string{0: {local}, 1: {remote}}, map[uint32]int{0: 100, 1: 0})
 	t.Logf("none to cluster-2 %v after it was ready again", time.Since(start).Round(time.Millisecond))
+}
+
+// setGatewayAddress gives a Gateway API Gateway the status address a
+// LoadBalancer or Istio's deployment controller would (typ IPAddress or
+// Hostname), retrying until the write is not in conflict with istiod's.
+func setGatewayAddress(ctx context.Context, t *testing.T, dyn dynamic.Interface, ns, name, typ, value string) {
+	t.Helper()
+	Eventually(t, 30*time.Second, "the address of Gateway "+ns+"/"+name, func() (bool, string) {
+		gw, err := dyn.Resource(gatewaysGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		_ = unstructured.SetNestedSlice(gw.Object, []any{map[string]any{"type": typ, "value": value}}, "status", "addresses")
+		_, err = dyn.Resource(gatewaysGVR).Namespace(ns).UpdateStatus(ctx, gw, metav1.UpdateOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
 }

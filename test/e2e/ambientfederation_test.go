@@ -16,7 +16,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -209,15 +208,7 @@ func TestAmbientFederationAcrossNetworks(t *testing.T) {
 		dyn, err := dynamic.NewForConfig(c.RESTConfig())
 		require.NoError(t, err)
 		// The address a LoadBalancer would give the east-west gateway.
-		Eventually(t, 30*time.Second, name+"'s east-west gateway address", func() (bool, string) {
-			gw, err := dyn.Resource(gatewaysGVR).Namespace("istio-system").Get(ctx, "istio-eastwest", metav1.GetOptions{})
-			if err != nil {
-				return false, err.Error()
-			}
-			_ = unstructured.SetNestedSlice(gw.Object, []any{map[string]any{"type": "IPAddress", "value": fmt.Sprintf("192.0.2.%d0", i+1)}}, "status", "addresses")
-			_, err = dyn.Resource(gatewaysGVR).Namespace("istio-system").UpdateStatus(ctx, gw, metav1.UpdateOptions{})
-			return err == nil, fmt.Sprint(err)
-		})
+		setGatewayAddress(ctx, t, dyn, "istio-system", "istio-eastwest", "IPAddress", fmt.Sprintf("192.0.2.%d0", i+1))
 	}
 	c2 := env.Cluster("cluster-2")
 	_, err := c2.Apply(ctx, "test", []byte(globalAppManifest("ratings")))

@@ -84,15 +84,7 @@ func TestSingleClusterAmbient(t *testing.T) {
 	dyn, err := dynamic.NewForConfig(mgmt.RESTConfig())
 	require.NoError(t, err)
 	// The address Istio's deployment controller would give the waypoint.
-	Eventually(t, 30*time.Second, "the waypoint's address", func() (bool, string) {
-		gw, err := dyn.Resource(gatewaysGVR).Namespace("shop").Get(ctx, "waypoint", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		_ = unstructured.SetNestedSlice(gw.Object, []any{map[string]any{"type": "Hostname", "value": "waypoint.shop.svc.cluster.local"}}, "status", "addresses")
-		_, err = dyn.Resource(gatewaysGVR).Namespace("shop").UpdateStatus(ctx, gw, metav1.UpdateOptions{})
-		return err == nil, fmt.Sprint(err)
-	})
+	setGatewayAddress(ctx, t, dyn, "shop", "waypoint", "Hostname", "waypoint.shop.svc.cluster.local")
 
 	relayAddr, opsAddr := Addr(t), Addr(t)
 	Start(t, bin, dir, "server", "server", "--kubeconfig", mgmt.Kubeconfig, "--listen", relayAddr, "--metrics-listen", opsAddr, "--metrics-plain-http",

@@ -13,12 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/anypb"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/relaymesh/relaymesh/federation"
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -65,25 +63,7 @@ func TestAmbientFailoverFromAWaypointsEDS(t *testing.T) {
 	localcluster.SkipIfShort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	cluster, cs := startCluster(ctx, t, dir,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: DefaultNamespace, Labels: map[string]string{"topology.istio.io/network": localNetwork}}},
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"istio.io/dataplane-mode": "ambient"}}},
-	)
-	translationtest.InstallGatewayAPI(ctx, t, cluster)
-	d, err := Start(ctx, Config{
-		Kubeconfig: cluster.Kubeconfig, ClusterID: "cluster-1", Dir: filepath.Join(dir, "istiod"),
-		CACerts: newTestPKI(t, "mesh-1").cacerts(), TrustDomain: sharedDomain, Ambient: true,
-		MeshConfig: globalScope,
-		Env:        map[string]string{"AMBIENT_ENABLE_MULTI_NETWORK": "true"},
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, d.Stop()) })
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("istiod log (last lines):\n%s", d.LogTail(80))
-		}
-	})
+	cluster, cs, d := multiNetworkWorld(ctx, t)
 	dyn, err := dynamic.NewForConfig(cluster.RESTConfig())
 	require.NoError(t, err)
 
@@ -97,7 +77,7 @@ func TestAmbientFailoverFromAWaypointsEDS(t *testing.T) {
 	}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	ambientPod(ctx, t, cs, "reviews")
-	setReviewsReady(ctx, t, cs, true)
+	require.NoError(t, SetEndpointReady(ctx, cs, "shop", "reviews-1", "reviews", localReviewsIP, "http", 9080, true))
 	installWaypoint(ctx, t, cs, dyn)
 	_, err = cluster.Apply(ctx, "relaymesh-test", ambientFailoverOutput(t))
 	require.NoError(t, err)
@@ -157,12 +137,12 @@ func TestAmbientFailoverFromAWaypointsEDS(t *testing.T) {
 	await("local pod ready", map[uint32][]string{0: {local}, 1: {remote}}, map[uint32]int{0: 100, 1: 0})
 
 	start := time.Now()
-	setReviewsReady(ctx, t, cs, false)
+	require.NoError(t, SetEndpointReady(ctx, cs, "shop", "reviews-1", "reviews", localReviewsIP, "http", 9080, false))
 	await("local pod not ready", map[uint32][]string{0: {local + " (UNHEALTHY)"}, 1: {remote}}, map[uint32]int{0: 0, 1: 100})
 	t.Logf("cluster-2's endpoint took every request %v after cluster-1's pod went unready", time.Since(start).Round(time.Millisecond))
 
 	start = time.Now()
-	setReviewsReady(ctx, t, cs, true)
+	require.NoError(t, SetEndpointReady(ctx, cs, "shop", "reviews-1", "reviews", localReviewsIP, "http", 9080, true))
 	await("local pod ready again", map[uint32][]string{0: {local}, 1: {remote}}, map[uint32]int{0: 100, 1: 0})
 	t.Logf("and took none again %v after it was ready again", time.Since(start).Round(time.Millisecond))
 
@@ -179,38 +159,4 @@ func cmpOr(a, b string) string {
 		return a
 	}
 	return b
-}
-
-// setReviewsReady writes reviews-1's readiness where Kubernetes would:
-// the pod's Ready condition and the EndpointSlice of reviews.
-func setReviewsReady(ctx context.Context, t *testing.T, cs kubernetes.Interface, ready bool) {
-	t.Helper()
-	pod, err := cs.CoreV1().Pods("shop").Get(ctx, "reviews-1", metav1.GetOptions{})
-	require.NoError(t, err)
-	status := corev1.ConditionTrue
-	if !ready {
-		status = corev1.ConditionFalse
-	}
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}
-	_, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
-	require.NoError(t, err)
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "reviews-1", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "reviews", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints: []discoveryv1.Endpoint{{
-			Addresses:  []string{localReviewsIP},
-			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &ready, Terminating: new(false)},
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "reviews-1"},
-			NodeName:   new("node-test"),
-		}},
-		Ports: []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(9080)), Protocol: new(corev1.ProtocolTCP)}},
-	}
-	cur, err := cs.DiscoveryV1().EndpointSlices("shop").Get(ctx, "reviews-1", metav1.GetOptions{})
-	if err != nil {
-		_, err = cs.DiscoveryV1().EndpointSlices("shop").Create(ctx, slice, metav1.CreateOptions{})
-	} else {
-		slice.ResourceVersion = cur.ResourceVersion
-		_, err = cs.DiscoveryV1().EndpointSlices("shop").Update(ctx, slice, metav1.UpdateOptions{})
-	}
-	require.NoError(t, err)
 }

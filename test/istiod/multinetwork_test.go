@@ -18,9 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/relaymesh/relaymesh/federation"
 	"github.com/relaymesh/relaymesh/test/internal/workloadapi"
+	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 )
@@ -92,25 +94,7 @@ const globalScope = `serviceScopeConfigs:
 func TestARemoteNetworksServiceFromLocalObjectsOnly(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	cluster, cs := startCluster(ctx, t, dir,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: DefaultNamespace, Labels: map[string]string{"topology.istio.io/network": localNetwork}}},
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"istio.io/dataplane-mode": "ambient"}}},
-	)
-	translationtest.InstallGatewayAPI(ctx, t, cluster)
-	d, err := Start(ctx, Config{
-		Kubeconfig: cluster.Kubeconfig, ClusterID: "cluster-1", Dir: filepath.Join(dir, "istiod"),
-		CACerts: newTestPKI(t, "mesh-1").cacerts(), TrustDomain: sharedDomain, Ambient: true,
-		MeshConfig: globalScope,
-		Env:        map[string]string{"AMBIENT_ENABLE_MULTI_NETWORK": "true"},
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, d.Stop()) })
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("istiod log (last lines):\n%s", d.LogTail(60))
-		}
-	})
+	cluster, cs, d := multiNetworkWorld(ctx, t)
 	ambientPod(ctx, t, cs, "reviews") // a local workload, for contrast
 
 	gatewayManifest, serviceManifest := ambientFederation(t)
@@ -199,6 +183,35 @@ func TestARemoteNetworksServiceFromLocalObjectsOnly(t *testing.T) {
 	}))
 	t.Logf("the remote service's workload left the ztunnel's view %v after its last WorkloadEntry was deleted", time.Since(start).Round(time.Millisecond))
 	assert.NotNil(t, currentView(t, addrs).workloads["reviews-1"], "the local workload is untouched")
+}
+
+// multiNetworkWorld is cluster-1 of an ambient multi-network pair: istiod's
+// namespace on net-1, namespace shop in ambient mode, Gateway API's CRDs,
+// and a real pilot-discovery in ambient multi-network mode in trust domain
+// mesh.local with the ambient profile's global service scope (its log
+// shown when the test failed).
+func multiNetworkWorld(ctx context.Context, t *testing.T) (*localcluster.Cluster, kubernetes.Interface, *Istiod) {
+	t.Helper()
+	dir := t.TempDir()
+	cluster, cs := startCluster(ctx, t, dir,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: DefaultNamespace, Labels: map[string]string{"topology.istio.io/network": localNetwork}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"istio.io/dataplane-mode": "ambient"}}},
+	)
+	translationtest.InstallGatewayAPI(ctx, t, cluster)
+	d, err := Start(ctx, Config{
+		Kubeconfig: cluster.Kubeconfig, ClusterID: "cluster-1", Dir: filepath.Join(dir, "istiod"),
+		CACerts: newTestPKI(t, "mesh-1").cacerts(), TrustDomain: sharedDomain, Ambient: true,
+		MeshConfig: globalScope,
+		Env:        map[string]string{"AMBIENT_ENABLE_MULTI_NETWORK": "true"},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, d.Stop()) })
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("istiod log (last lines):\n%s", d.LogTail(80))
+		}
+	})
+	return cluster, cs, d
 }
 
 var (
