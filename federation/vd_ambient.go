@@ -2,6 +2,8 @@ package federation
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
@@ -83,6 +85,7 @@ func (s *vdState) validateAmbient(in *translation.Input) {
 			b.errs = append(b.errs, fmt.Sprintf("destination %s: namespace %s is the cluster's own: Relaymesh writes no WorkloadEntry there", b.target(), ks.Ref.Namespace))
 		}
 	}
+	s.checkUniformAccess(in)
 	if st := s.vd.Spec.Static; st != nil && len(s.backend) > 2 {
 		s.fail("spec.static lists %d destinations: for ambient meshes a static order names at most two (the endpoints istiod gives a waypoint for another network carry only their network label, so a third could not be ordered after the second; it is refused rather than cut down)", len(s.backend))
 	}
@@ -197,4 +200,41 @@ func (s *vdState) ambientDestinationRule(host, firstNetwork string) *networkingv
 		dr.TrafficPolicy.LoadBalancer.LocalityLbSetting.FailoverPriority = []string{labelNetwork + "=" + firstNetwork}
 	}
 	return dr
+}
+
+// checkUniformAccess requires every backend to be selected by the same
+// AccessPolicies. A request that fails over leaves through the waypoint of
+// the client's cluster, which marks its outer CONNECT x-istio-source:
+// waypoint, and the other cluster's east-west gateway then skips that
+// cluster's waypoint (L7 policy counts as applied: pilot's
+// buildOuterConnectOriginateListener and the east-west filter chains in
+// listener_waypoint.go). So the first waypoint's L7 rules stand for the
+// second's: unless the same policies select both, failover would bypass a
+// backend's own L7 rules. Refused, not widened.
+func (s *vdState) checkUniformAccess(in *translation.Input) {
+	selecting := func(b *backend) []string {
+		var out []string
+		for i := range in.AccessPolicies {
+			p := &in.AccessPolicies[i]
+			if translation.MatchDestination(p.Spec.DestinationSelector, b.d) {
+				out = append(out, p.Namespace+"/"+p.Name)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	first := selecting(s.backend[0])
+	for _, b := range s.backend[1:] {
+		if got := selecting(b); !slices.Equal(got, first) {
+			s.fail("destinations %s and %s are selected by different AccessPolicies (%s; %s): a request that fails over keeps the L7 rules of its own cluster's waypoint, and the other cluster's east-west gateway skips that cluster's waypoint, so its own rules would be bypassed; select every backend with the same AccessPolicies",
+				s.backend[0].target(), b.target(), policiesString(first), policiesString(got))
+		}
+	}
+}
+
+func policiesString(p []string) string {
+	if len(p) == 0 {
+		return "none"
+	}
+	return strings.Join(p, ", ")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // ambientVDInput is the vd-ambient-failover golden's input.
@@ -60,6 +61,15 @@ func TestAmbientFailoverRefusals(t *testing.T) {
 		{"trust domains", func(in *translation.Input) {
 			in.Meshes[1].Spec.Istio.TrustDomain = "other.local"
 		}, "ambient meshes federate only with one trust domain"},
+		{"an AccessPolicy on one backend only", func(in *translation.Input) {
+			in.AccessPolicies = append(in.AccessPolicies, networkingv1alpha1.AccessPolicy{
+				ObjectMeta: metav1.ObjectMeta{Name: "only-cluster-2", Namespace: "relaymesh"},
+				Spec: networkingv1alpha1.AccessPolicySpec{
+					DestinationSelector: []common.DestinationSelector{{KubeServiceRefs: &common.KubeServiceRefs{Services: []common.ClusterObjectRef{{Name: "reviews", Namespace: "shop", ClusterName: "cluster-2"}}}}},
+					AllowedPaths:        []string{"/public"},
+				},
+			})
+		}, "are selected by different AccessPolicies (none; relaymesh/only-cluster-2)"},
 		{"no pod selector", func(in *translation.Input) {
 			destinationIn(t, in, "cluster-2").Spec.KubeService.WorkloadSelectorLabels = nil
 		}, "has no pod selector"},
@@ -121,4 +131,21 @@ func TestAmbientFailoverNeedsAmbientTargets(t *testing.T) {
 	for _, o := range out.Objects() {
 		assert.NotEqual(t, "WorkloadEntry", o.Object.GetKind(), "the sidecar design writes no WorkloadEntry")
 	}
+}
+
+// One AccessPolicy selecting both backends is what failover needs: the
+// client cluster's waypoint then applies the rules the other's would.
+func TestAmbientFailoverWithOneAccessPolicyOnBoth(t *testing.T) {
+	in := ambientVDInput(t)
+	in.AccessPolicies = append(in.AccessPolicies, networkingv1alpha1.AccessPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "reviews-readers", Namespace: "relaymesh"},
+		Spec: networkingv1alpha1.AccessPolicySpec{
+			DestinationSelector: []common.DestinationSelector{{KubeServiceMatcher: &common.KubeServiceMatcher{Labels: map[string]string{"app": "reviews"}}}},
+			AllowedPaths:        []string{"/public"},
+		},
+	})
+	out, r := translateVD(in)
+	report := string(translationtest.RenderReport(t, r))
+	require.NotContains(t, report, "Invalid", report)
+	assert.Len(t, out.Objects(), 7)
 }

@@ -348,8 +348,9 @@ func (e *Engine) Translate(in *translation.Input) *translation.Report {
 	if len(in.VirtualDestinations) > 0 {
 		h := sha256.New()
 		// Workloads: on a flat network a backend's identities are the
-		// service accounts of the Workloads it selects.
-		for _, p := range []string{"VirtualDestination/", "VirtualMesh/", "Mesh/", "Destination/", "Workload/"} {
+		// service accounts of the Workloads it selects. AccessPolicies:
+		// ambient backends must be selected by the same ones.
+		for _, p := range []string{"VirtualDestination/", "VirtualMesh/", "Mesh/", "Destination/", "Workload/", "AccessPolicy/"} {
 			writeVersions(h, c.vers, p)
 		}
 		run("vd", hex.EncodeToString(h.Sum(nil)), func() *unit {

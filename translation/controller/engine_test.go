@@ -463,3 +463,36 @@ func TestEngineFollowsAmbientFederationInputs(t *testing.T) {
 		requireSameAsFull(t, e, e.Translate(in), in, step.name)
 	}
 }
+
+// The engine follows what ambient failover reads besides the
+// VirtualDestination and its backends: an AccessPolicy that selects one
+// backend only makes it Invalid (failover would bypass that backend's L7
+// rules), and one that selects both makes it valid again.
+func TestEngineFollowsAmbientFailoverInputs(t *testing.T) {
+	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", "vd-ambient-failover"))
+	e := controller.NewEngine("relaymesh")
+	requireSameAsFull(t, e, e.Translate(in), in, "start")
+	policy := func(sel common.DestinationSelector) networkingv1alpha1.AccessPolicy {
+		return networkingv1alpha1.AccessPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "reviews-readers", Namespace: "relaymesh", Generation: int64(len(in.AccessPolicies) + 1)},
+			Spec:       networkingv1alpha1.AccessPolicySpec{DestinationSelector: []common.DestinationSelector{sel}, AllowedPaths: []string{"/public"}},
+		}
+	}
+	for _, step := range []struct {
+		name string
+		edit func()
+	}{
+		{"a policy on cluster-2's reviews only", func() {
+			in.AccessPolicies = []networkingv1alpha1.AccessPolicy{policy(common.DestinationSelector{KubeServiceRefs: &common.KubeServiceRefs{
+				Services: []common.ClusterObjectRef{{Name: "reviews", Namespace: "shop", ClusterName: "cluster-2"}}}})}
+		}},
+		{"the policy on both", func() {
+			p := policy(common.DestinationSelector{KubeServiceMatcher: &common.KubeServiceMatcher{Labels: map[string]string{"app": "reviews"}}})
+			p.Generation = 2
+			in.AccessPolicies = []networkingv1alpha1.AccessPolicy{p}
+		}},
+	} {
+		step.edit()
+		requireSameAsFull(t, e, e.Translate(in), in, step.name)
+	}
+}
