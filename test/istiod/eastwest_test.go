@@ -93,8 +93,8 @@ func TestEastWestGatewaySendsToTheWaypointUnlessAWaypointSent(t *testing.T) {
 	wait, waitCancel := context.WithTimeout(ctx, 90*time.Second)
 	defer waitCancel()
 	const (
-		authority = "reviews.shop.svc.cluster.local:9080"
-		toService = "inbound-vip|9080|tcp|reviews.shop.svc.cluster.local"
+		authority  = "reviews.shop.svc.cluster.local:9080"
+		toService  = "inbound-vip|9080|tcp|reviews.shop.svc.cluster.local"
 		toWaypoint = "inbound-vip|15008|tcp|waypoint.shop.svc.cluster.local"
 	)
 	var routes []string
