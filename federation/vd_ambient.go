@@ -7,6 +7,7 @@ import (
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
+	"istio.io/api/label"
 	networkingv1 "istio.io/api/networking/v1"
 )
 
@@ -34,13 +35,23 @@ import (
 //     backends), localized, the locality failover directives. A's waypoint
 //     applies it.
 //
+//   - spec.hostname (HTTP, HTTP2, GRPC ports): a ServiceEntry with the
+//     hostname's address bound to A's Service's waypoint, and an HTTPRoute
+//     attached to it that sends every request to A's Service; other
+//     protocols are not published (a warning): clients call the Service.
+//
 // A target cluster without a backend of its own gets nothing from the
 // VirtualDestination (a warning): its ambient clients reach the Service by
-// VirtualMesh federation. spec.hostname is not published for ambient
-// meshes: their clients call the Service's own name.
+// VirtualMesh federation.
 
 // ambientFailoverDoc is the design the warnings point to.
 const ambientFailoverDoc = "docs/design/2026-12-04-ambient-failover.md"
+
+// The labels that bind a Service or ServiceEntry to a waypoint.
+var (
+	labelUseWaypoint          = label.IoIstioUseWaypoint.Name
+	labelUseWaypointNamespace = label.IoIstioUseWaypointNamespace.Name
+)
 
 // isAmbient says whether s takes the ambient path: every backend is an
 // ambient Destination of an ambient mesh, and every target mesh is ambient
@@ -139,8 +150,13 @@ func (s *vdState) backendMember(in *translation.Input, b *backend) *member {
 // translateAmbient writes, in each target cluster with a backend of its
 // own, the other backends' pods as members of its Service, their networks'
 // gateways, and the DestinationRule its waypoint fails over by.
-func (s *vdState) translateAmbient(in *translation.Input, ids *identityIndex, out *translation.Output) {
+func (s *vdState) translateAmbient(in *translation.Input, ids *identityIndex, alloc *allocator, out *translation.Output) {
 	name := objectName(vdNamePrefix, s.vd.Name, s.vd.Namespace)
+	publish := ambientRoutable(vdProtocol(s.vd.Spec.Port))
+	var addr string
+	if publish {
+		addr = alloc.address(s.vd.Spec.Hostname)
+	}
 	firstNetwork := ""
 	if m := s.backendMember(in, s.backend[0]); m != nil {
 		firstNetwork = m.istio().Ambient.Network
@@ -183,9 +199,45 @@ func (s *vdState) translateAmbient(in *translation.Input, ids *identityIndex, ou
 		if err := out.Add(m.cluster, apiNetworking, "DestinationRule", ks.Ref.Namespace, name, dr, s.parent); err != nil {
 			s.errs = append(s.errs, err.Error())
 		}
+		if publish {
+			s.publishAmbientHostname(in, out, m, local, name, addr)
+		}
 	}
-	s.warns = append(s.warns, fmt.Sprintf("the target meshes are ambient: failover is done by the waypoint of each cluster's own Service %s, which clients call by that name; spec.hostname %s is not published there (%s)",
-		translation.LocalHostname(s.backend[0].d, ""), s.vd.Spec.Hostname, ambientFailoverDoc))
+	if !publish {
+		s.warns = append(s.warns, fmt.Sprintf("the target meshes are ambient and spec.port.protocol is %s: spec.hostname %s is published for HTTP, HTTP2 and GRPC only (a waypoint routes it with an HTTPRoute); clients call each cluster's own Service %s, whose waypoint fails over (%s)",
+			vdProtocol(s.vd.Spec.Port), s.vd.Spec.Hostname, translation.LocalHostname(s.backend[0].d, ""), ambientFailoverDoc))
+	}
+}
+
+// ambientRoutable says whether a waypoint can route the hostname to the
+// Service with an HTTPRoute: HTTP-family ports.
+func ambientRoutable(protocol string) bool {
+	return protocol == "HTTP" || protocol == "HTTP2" || protocol == "GRPC"
+}
+
+// publishAmbientHostname writes spec.hostname in m's cluster, in the
+// namespace of local's Service: a ServiceEntry with the hostname's
+// address, bound to the Service's waypoint (so ztunnel hands its traffic
+// to that waypoint), and an HTTPRoute attached to it that sends every
+// request to the Service, whose cluster at the waypoint fails over.
+func (s *vdState) publishAmbientHostname(in *translation.Input, out *translation.Output, m *member, local *backend, name, addr string) {
+	ks := local.d.Spec.KubeService
+	wp, _, _ := translation.ServingWaypoint(in, local.d) // validated
+	se, _ := s.hostServiceEntry(addr, networkingv1.ServiceEntry_STATIC)
+	labels := map[string]string{labelUseWaypoint: wp.Name}
+	if wp.Namespace != ks.Ref.Namespace {
+		labels[labelUseWaypointNamespace] = wp.Namespace
+	}
+	if err := out.AddObjectMeta(m.cluster, apiNetworking, "ServiceEntry", ks.Ref.Namespace, name, labels, nil, protoSpec(se), s.parent); err != nil {
+		s.errs = append(s.errs, err.Error())
+	}
+	route := map[string]any{
+		"parentRefs": []any{map[string]any{"group": "networking.istio.io", "kind": "ServiceEntry", "name": name, "port": s.vd.Spec.Port.Number}},
+		"rules":      []any{map[string]any{"backendRefs": []any{map[string]any{"name": ks.Ref.Name, "port": local.port}}}},
+	}
+	if err := out.AddObject(m.cluster, apiGateway, "HTTPRoute", ks.Ref.Namespace, name, route, s.parent); err != nil {
+		s.errs = append(s.errs, err.Error())
+	}
 }
 
 // ambientDestinationRule is the sidecar DestinationRule's outlier detection

@@ -147,5 +147,5 @@ func TestAmbientFailoverWithOneAccessPolicyOnBoth(t *testing.T) {
 	out, r := translateVD(in)
 	report := string(translationtest.RenderReport(t, r))
 	require.NotContains(t, report, "Invalid", report)
-	assert.Len(t, out.Objects(), 7)
+	assert.Len(t, out.Objects(), 11, "per cluster: the gateway, the hostname (ServiceEntry, HTTPRoute), the DestinationRule and the entries")
 }

@@ -645,7 +645,7 @@ func (s *vdState) reportTargets(r *translation.Report, idle string) {
 // translate produces the outputs of a valid VirtualDestination.
 func (s *vdState) translate(in *translation.Input, ids *identityIndex, alloc *allocator, out *translation.Output) {
 	if s.ambient {
-		s.translateAmbient(in, ids, out)
+		s.translateAmbient(in, ids, alloc, out)
 		return
 	}
 	spec := s.vd.Spec

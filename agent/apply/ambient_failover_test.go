@@ -20,7 +20,7 @@ import (
 // cluster-2's reviews pods as entries that join cluster-1's reviews.
 func ambientFailoverSet(t *testing.T) []*relaypb.OutputObject {
 	t.Helper()
-	return goldenSet(t, "vd-ambient-failover", federation.TranslateVirtualDestinations, 4, "a Gateway, a DestinationRule and two WorkloadEntries")
+	return goldenSet(t, "vd-ambient-failover", federation.TranslateVirtualDestinations, 6, "a Gateway, the hostname (ServiceEntry, HTTPRoute), a DestinationRule and two WorkloadEntries")
 }
 
 // An entry that joins a user's Service is the one privilege ambient

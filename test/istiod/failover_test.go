@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -30,6 +32,7 @@ const (
 	failoverHost      = "reviews.shop.svc.cluster.local"
 	localReviewsIP    = "10.1.0.11"
 	failoverGatewayIP = "192.0.2.20"
+	vdHostname        = "reviews.global"
 )
 
 // ambientFailoverOutput is the real translator's output for cluster-1 from
@@ -45,7 +48,7 @@ func ambientFailoverOutput(t *testing.T) []byte {
 			mine.Put(o)
 		}
 	}
-	require.Len(t, mine.Objects(), 4, "net-2's gateway, the DestinationRule and two WorkloadEntries")
+	require.Len(t, mine.Objects(), 6, "net-2's gateway, the hostname, the DestinationRule and two WorkloadEntries")
 	return translationtest.RenderOutput(t, mine)
 }
 
@@ -82,8 +85,13 @@ func TestAmbientFailoverFromAWaypointsEDS(t *testing.T) {
 	_, err = cluster.Apply(ctx, "relaymesh-test", ambientFailoverOutput(t))
 	require.NoError(t, err)
 
-	// The waypoint's clusters name the EDS resource of reviews.
+	// spec.hostname: ztunnel hands reviews.global to the waypoint, and the
+	// waypoint routes it to reviews, whose cluster is the one that fails
+	// over (below).
 	node := d.WaypointNode("10.1.0.20", "waypoint-1", "shop", "waypoint", "waypoint")
+	checkHostnameRoutedByTheWaypoint(ctx, t, d, node)
+
+	// The waypoint's clusters name the EDS resource of reviews.
 	cds, err := d.WatchDelta(ctx, node, ClusterTypeURL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cds.Close() })
@@ -159,4 +167,50 @@ func cmpOr(a, b string) string {
 		return a
 	}
 	return b
+}
+
+// checkHostnameRoutedByTheWaypoint proves the VirtualDestination's hostname
+// from istiod's xDS: a posing ztunnel is told of reviews.global with the
+// hostname's address and a waypoint, and the posing waypoint routes every
+// request for it to reviews' cluster.
+func checkHostnameRoutedByTheWaypoint(ctx context.Context, t *testing.T, d *Istiod, node *corev3.Node) {
+	t.Helper()
+	wait, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	addrs, err := d.WatchDelta(ctx, d.ZtunnelNode("10.0.0.1"), AddressTypeURL)
+	require.NoError(t, err)
+	defer addrs.Close()
+	require.NoError(t, addrs.Await(wait, func(res map[string]*anypb.Any) error {
+		v, err := viewOf(res)
+		if err != nil {
+			return err
+		}
+		svc := v.services[vdHostname]
+		if svc == nil || svc.GetWaypoint() == nil {
+			return fmt.Errorf("service %s not sent with a waypoint: %s", vdHostname, v.describe())
+		}
+		return nil
+	}), "what ztunnel was told of %s", vdHostname)
+
+	lds, err := d.WatchDelta(ctx, node, ListenerTypeURL)
+	require.NoError(t, err)
+	defer lds.Close()
+	var clusters []string
+	require.NoError(t, lds.Await(wait, func(res map[string]*anypb.Any) error {
+		_, hcm, err := waypointHCM(res, vdHostname)
+		if err != nil {
+			return err
+		}
+		clusters = nil
+		for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
+			for _, r := range vh.GetRoutes() {
+				clusters = append(clusters, r.GetRoute().GetCluster())
+			}
+		}
+		if !slices.Equal(clusters, []string{"inbound-vip|9080|http|" + failoverHost}) {
+			return fmt.Errorf("%s routed to %q", vdHostname, clusters)
+		}
+		return nil
+	}), "the waypoint's route for %s", vdHostname)
+	t.Logf("ztunnel hands %s to the waypoint, which routes it to %q", vdHostname, clusters)
 }
