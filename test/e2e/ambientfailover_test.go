@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -129,7 +130,7 @@ func setReviewsEndpoint(ctx context.Context, t *testing.T, cs kubernetes.Interfa
 // reviews has cluster-1's pod at priority 0 and cluster-2 behind its
 // east-west gateway at priority 1; with cluster-1's pod unready every
 // request goes to cluster-2, and back when it is ready again.
-func checkAmbientFailover(ctx context.Context, t *testing.T, mgmt *localcluster.Cluster, d *istiod.Istiod, cs1 kubernetes.Interface) {
+func checkAmbientFailover(ctx context.Context, t *testing.T, mgmt, c1 *localcluster.Cluster, d *istiod.Istiod, cs1 kubernetes.Interface) {
 	t.Helper()
 	start := time.Now()
 	_, err := mgmt.Apply(ctx, "test", []byte(reviewsFailover))
@@ -161,6 +162,30 @@ func checkAmbientFailover(ctx context.Context, t *testing.T, mgmt *localcluster.
 	}
 	await("after the VirtualDestination", map[uint32][]string{0: {local}, 1: {remote}}, map[uint32]int{0: 100, 1: 0})
 	t.Logf("cluster-1's waypoint held reviews in failover order %v after the VirtualDestination was applied", time.Since(start).Round(time.Millisecond))
+	// The hostname, as the agent applied it: bound to the waypoint, and
+	// routed to reviews.
+	dyn1, err := dynamic.NewForConfig(c1.RESTConfig())
+	require.NoError(t, err)
+	for _, r := range []struct {
+		gvr   schema.GroupVersionResource
+		check func(*unstructured.Unstructured) bool
+	}{
+		{schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"}, func(u *unstructured.Unstructured) bool {
+			return u.GetLabels()["istio.io/use-waypoint"] == "waypoint"
+		}},
+		{schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "httproutes"}, func(u *unstructured.Unstructured) bool {
+			rules, _, _ := unstructured.NestedSlice(u.Object, "spec", "rules")
+			return len(rules) == 1
+		}},
+	} {
+		Eventually(t, 30*time.Second, "reviews.global's "+r.gvr.Resource+" in cluster-1", func() (bool, string) {
+			u, err := dyn1.Resource(r.gvr).Namespace("shop").Get(ctx, "relaymesh-vd-reviews-relaymesh", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return u.GetLabels()["relaymesh.io/owner"] != "" && r.check(u), fmt.Sprint(u.Object)
+		})
+	}
 
 	start = time.Now()
 	setReviewsEndpoint(ctx, t, cs1, 1, false)

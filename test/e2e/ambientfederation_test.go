@@ -317,7 +317,7 @@ func TestAmbientFederationAcrossNetworks(t *testing.T) {
 
 	// VirtualDestination failover between the two clusters' reviews, at
 	// cluster-1's waypoint (the agents run with --ambient-failover).
-	checkAmbientFailover(ctx, t, mgmt, istiods["cluster-1"], clients["cluster-1"])
+	checkAmbientFailover(ctx, t, mgmt, env.Cluster("cluster-1"), istiods["cluster-1"], clients["cluster-1"])
 
 	// No remote secret anywhere.
 	for name, cs := range clients {
