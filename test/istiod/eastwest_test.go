@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/relaymesh/relaymesh/test/localcluster"
@@ -39,15 +38,7 @@ func TestEastWestGatewaySendsToTheWaypointUnlessAWaypointSent(t *testing.T) {
 	cluster, cs, d := multiNetworkWorld(ctx, t)
 	dyn, err := dynamic.NewForConfig(cluster.RESTConfig())
 	require.NoError(t, err)
-	_, err = cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "reviews", Labels: map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/global": "true"}},
-		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "reviews"}, Ports: []corev1.ServicePort{
-			{Name: "http", Port: 9080, TargetPort: intstr.FromInt32(9080)},
-		}},
-	}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	ambientPod(ctx, t, cs, "reviews")
-	installWaypoint(ctx, t, cs, dyn)
+	globalReviewsBehindWaypoint(ctx, t, cs, dyn)
 
 	// The east-west gateway: its Gateway (class istio-east-west, HBONE
 	// terminated with Istio mTLS) with an address, and its pod.
@@ -59,8 +50,7 @@ func TestEastWestGatewaySendsToTheWaypointUnlessAWaypointSent(t *testing.T) {
 			"tls": map[string]any{"mode": "Terminate", "options": map[string]any{"gateway.istio.io/tls-terminate-mode": "ISTIO_MUTUAL"}},
 		}}},
 	}}
-	_, err = dyn.Resource(gatewayGVR).Namespace(DefaultNamespace).Create(ctx, gw, metav1.CreateOptions{})
-	require.NoError(t, err)
+	createGatewayWithAddress(ctx, t, dyn, gw, "IPAddress", "192.0.2.10")
 	_, err = cs.CoreV1().ServiceAccounts(DefaultNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "istio-eastwest"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	labels := map[string]string{"gateway.networking.k8s.io/gateway-name": "istio-eastwest", "gateway.istio.io/managed": "istio.io-eastwest-controller"}
@@ -73,19 +63,6 @@ func TestEastWestGatewaySendsToTheWaypointUnlessAWaypointSent(t *testing.T) {
 		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
 	_, err = cs.CoreV1().Pods(DefaultNamespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		cur, err := dyn.Resource(gatewayGVR).Namespace(DefaultNamespace).Get(ctx, "istio-eastwest", metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		if addrs, _, _ := unstructured.NestedSlice(cur.Object, "status", "addresses"); len(addrs) > 0 {
-			return true
-		}
-		_ = unstructured.SetNestedSlice(cur.Object, []any{map[string]any{"type": "IPAddress", "value": "192.0.2.10"}}, "status", "addresses")
-		_, _ = dyn.Resource(gatewayGVR).Namespace(DefaultNamespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
-		return false
-	}, 30*time.Second, 200*time.Millisecond, "east-west Gateway gets status.addresses")
-
 	node := d.proxyNode("waypoint", "10.1.0.30", "istio-eastwest-1", DefaultNamespace, "istio-eastwest", labels)
 	w, err := d.WatchDelta(ctx, node, ListenerTypeURL)
 	require.NoError(t, err)

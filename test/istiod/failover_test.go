@@ -14,10 +14,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/anypb"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/relaymesh/relaymesh/federation"
@@ -70,18 +68,7 @@ func TestAmbientFailoverFromAWaypointsEDS(t *testing.T) {
 	dyn, err := dynamic.NewForConfig(cluster.RESTConfig())
 	require.NoError(t, err)
 
-	// The owner's reviews: global, bound to the namespace's waypoint, one
-	// ready pod (and the EndpointSlice Kubernetes' controller would write).
-	_, err = cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "reviews", Labels: map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/global": "true"}},
-		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "reviews"}, Ports: []corev1.ServicePort{
-			{Name: "http", Port: 9080, TargetPort: intstr.FromInt32(9080)},
-		}},
-	}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	ambientPod(ctx, t, cs, "reviews")
-	require.NoError(t, SetEndpointReady(ctx, cs, "shop", "reviews-1", "reviews", localReviewsIP, "http", 9080, true))
-	installWaypoint(ctx, t, cs, dyn)
+	globalReviewsBehindWaypoint(ctx, t, cs, dyn)
 	_, err = cluster.Apply(ctx, "relaymesh-test", ambientFailoverOutput(t))
 	require.NoError(t, err)
 

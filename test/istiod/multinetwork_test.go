@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -212,6 +213,24 @@ func multiNetworkWorld(ctx context.Context, t *testing.T) (*localcluster.Cluster
 		}
 	})
 	return cluster, cs, d
+}
+
+// globalReviewsBehindWaypoint makes the owner's reviews in namespace shop:
+// labelled istio.io/global=true, bound to the namespace's waypoint
+// (installWaypoint), with one ready pod at localReviewsIP and the
+// EndpointSlice Kubernetes' controller would write.
+func globalReviewsBehindWaypoint(ctx context.Context, t *testing.T, cs kubernetes.Interface, dyn dynamic.Interface) {
+	t.Helper()
+	_, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "reviews", Labels: map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/global": "true"}},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "reviews"}, Ports: []corev1.ServicePort{
+			{Name: "http", Port: 9080, TargetPort: intstr.FromInt32(9080)},
+		}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	ambientPod(ctx, t, cs, "reviews")
+	require.NoError(t, SetEndpointReady(ctx, cs, "shop", "reviews-1", "reviews", localReviewsIP, "http", 9080, true))
+	installWaypoint(ctx, t, cs, dyn)
 }
 
 var (

@@ -204,26 +204,33 @@ func installWaypoint(ctx context.Context, t *testing.T, cs kubernetes.Interface,
 			"listeners":        []any{map[string]any{"name": "mesh", "port": int64(15008), "protocol": "HBONE"}},
 		},
 	}}
-	// The CRD was just installed: retry until the API serves it.
+	createGatewayWithAddress(ctx, t, dyn, gw, "Hostname", "waypoint.shop.svc.cluster.local")
+}
+
+// createGatewayWithAddress creates gw (retrying until a just-installed CRD
+// is served) and gives it the status address the deployment controller's
+// Service or a LoadBalancer would (typ IPAddress or Hostname), unless
+// istiod wrote one first; a conflict with istiod's own status write is
+// retried.
+func createGatewayWithAddress(ctx context.Context, t *testing.T, dyn dynamic.Interface, gw *unstructured.Unstructured, typ, value string) {
+	t.Helper()
+	ns, name := gw.GetNamespace(), gw.GetName()
+	var err error
 	require.Eventually(t, func() bool {
-		_, err = dyn.Resource(gatewayGVR).Namespace("shop").Create(ctx, gw, metav1.CreateOptions{})
+		_, err = dyn.Resource(gatewayGVR).Namespace(ns).Create(ctx, gw, metav1.CreateOptions{})
 		return err == nil
-	}, 30*time.Second, 200*time.Millisecond, "create Gateway: %v", err)
-	// istiod writes the Gateway's status too: set the address the
-	// deployment controller's Service would give it, unless istiod already
-	// did, retrying on conflicts with istiod's writes.
+	}, 30*time.Second, 200*time.Millisecond, "create Gateway %s/%s: %v", ns, name, err)
 	require.Eventually(t, func() bool {
-		cur, err := dyn.Resource(gatewayGVR).Namespace("shop").Get(ctx, "waypoint", metav1.GetOptions{})
+		cur, err := dyn.Resource(gatewayGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false
 		}
 		if addrs, _, _ := unstructured.NestedSlice(cur.Object, "status", "addresses"); len(addrs) > 0 {
-			t.Logf("waypoint Gateway status.addresses: %v", addrs)
+			t.Logf("Gateway %s/%s status.addresses: %v", ns, name, addrs)
 			return true
 		}
-		_ = unstructured.SetNestedSlice(cur.Object, []any{map[string]any{"type": "Hostname", "value": "waypoint.shop.svc.cluster.local"}}, "status", "addresses")
-		// A conflict with istiod's own status write is retried.
-		_, _ = dyn.Resource(gatewayGVR).Namespace("shop").UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		_ = unstructured.SetNestedSlice(cur.Object, []any{map[string]any{"type": typ, "value": value}}, "status", "addresses")
+		_, _ = dyn.Resource(gatewayGVR).Namespace(ns).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
 		return false
-	}, 30*time.Second, 200*time.Millisecond, "waypoint Gateway gets status.addresses")
+	}, 30*time.Second, 200*time.Millisecond, "Gateway %s/%s gets status.addresses", ns, name)
 }
