@@ -7,12 +7,12 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/kubeinformers"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -21,9 +21,10 @@ import (
 // agent. Kubeconfig-mode clusters go to kubeconfig if it is not nil (the
 // server opted in to holding cluster credentials), and are ignored with a
 // warning otherwise. It returns once the first list is in the registries.
-func WatchClusters(ctx context.Context, client dynamic.Interface, namespace string, reg, kubeconfig *Registry, log *slog.Logger) error {
-	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 10*time.Minute, namespace, nil)
-	inf := factory.ForResource(multiclusterv1alpha1.KubernetesClusters).Informer()
+// informers are the process's shared informers (nil: its own).
+func WatchClusters(ctx context.Context, client dynamic.Interface, informers *kubeinformers.Shared, namespace string, reg, kubeconfig *Registry, log *slog.Logger) error {
+	informers = informers.OrNew(client, namespace)
+	inf := informers.Local.Informer(multiclusterv1alpha1.KubernetesClusters)
 	apply := func(obj any) {
 		kc, err := toCluster(obj)
 		if err != nil {
@@ -118,7 +119,7 @@ func WatchClusters(ctx context.Context, client dynamic.Interface, namespace stri
 			}
 		}
 	}()
-	factory.Start(ctx.Done())
+	informers.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return fmt.Errorf("KubernetesCluster watch did not sync: %w", ctx.Err())
 	}

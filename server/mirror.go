@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/kubeinformers"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -29,7 +30,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 )
@@ -54,6 +54,7 @@ const (
 // rate the Kubernetes client allows rather than one cluster at a time.
 type Mirror struct {
 	client    dynamic.Interface
+	shared    *kubeinformers.Shared
 	namespace string
 	view      *View
 	log       *slog.Logger
@@ -117,6 +118,9 @@ type MirrorConfig struct {
 	// objects left from before are deleted like those of a cluster that
 	// has none.
 	WorkloadsElsewhere bool
+	// Informers, when set, are the process's shared informers
+	// (kubeinformers.Shared). Nil: the mirror watches on its own.
+	Informers *kubeinformers.Shared
 }
 
 func (c MirrorConfig) withDefaults() MirrorConfig {
@@ -159,9 +163,9 @@ func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View,
 	}
 	// Every object of the namespace, not only labelled ones: a hand-made
 	// object under a discovered name must be seen to be left alone.
-	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 0, namespace, nil)
+	m.shared = cfg.Informers.OrNew(client, namespace)
 	for _, gvr := range discoveredResources {
-		inf := factory.ForResource(gvr).Informer()
+		inf := m.shared.Local.Informer(gvr)
 		if err := inf.AddIndexers(cache.Indexers{indexCluster: func(obj any) ([]string, error) {
 			if o, ok := obj.(metav1.Object); ok {
 				if c := o.GetLabels()[LabelCluster]; c != "" {
@@ -170,7 +174,7 @@ func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View,
 			}
 			return nil, nil
 		}}); err != nil {
-			panic(err) // only fails on a started informer or a duplicate index name
+			panic(err) // only fails on a stopped informer or a duplicate index name
 		}
 		// A delete seen ends any expectation of the object: if it was
 		// deleted by someone else, it is written again.
@@ -184,7 +188,9 @@ func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View,
 				m.expMu.Unlock()
 			}
 		}
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: seen, UpdateFunc: func(_, obj any) { seen(obj) }, DeleteFunc: func(obj any) {
+		// No resync of the shared informer: m.cfg.Resync compares every
+		// cluster itself.
+		if _, err := inf.AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{AddFunc: seen, UpdateFunc: func(_, obj any) { seen(obj) }, DeleteFunc: func(obj any) {
 			if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 				_, name, _ := cache.SplitMetaNamespaceKey(key)
 				m.expMu.Lock()
@@ -197,7 +203,7 @@ func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View,
 			if c := clusterOf(obj); c != "" && m.view.Snapshot(c) != nil {
 				m.queue.Add(c)
 			}
-		}}); err != nil {
+		}}, 0); err != nil {
 			panic(err)
 		}
 		m.informers[gvr] = inf
@@ -214,8 +220,8 @@ var discoveredResources = []schema.GroupVersionResource{discoveryv1alpha1.Meshes
 func (m *Mirror) Run(ctx context.Context) {
 	defer m.queue.ShutDown()
 	synced := make([]cache.InformerSynced, 0, len(m.informers))
+	m.shared.Start(ctx.Done())
 	for _, inf := range m.informers {
-		go inf.Run(ctx.Done())
 		synced = append(synced, inf.HasSynced)
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {

@@ -39,7 +39,7 @@ func TestLookupFreshReadsWhatTheWatchMissed(t *testing.T) {
 	create("kc", "kubeconfig")
 
 	reg := server.NewRegistry()
-	require.NoError(t, server.WatchClusters(ctx, client, "relaymesh", reg, nil, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	require.NoError(t, server.WatchClusters(ctx, client, nil, "relaymesh", reg, nil, slog.New(slog.NewTextHandler(io.Discard, nil))))
 	require.Eventually(t, func() bool { _, ok := reg.Lookup("c1"); return ok }, 10*time.Second, 20*time.Millisecond)
 
 	// The watch "missed" c1: a lookup reads it again, with its UID.

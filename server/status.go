@@ -18,6 +18,7 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/kubeinformers"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/server/acks"
 	"google.golang.org/protobuf/proto"
@@ -25,7 +26,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 )
@@ -47,6 +47,7 @@ type KubeStatus struct {
 	cfg       StatusConfig
 	queue     workqueue.TypedRateLimitingInterface[string]
 	informer  cache.SharedIndexInformer
+	shared    *kubeinformers.Shared
 
 	mu           sync.Mutex
 	state        map[string]*agentState
@@ -105,6 +106,10 @@ type StatusConfig struct {
 	// heartbeat, yet every replica knows of it within the ledger's
 	// interval.
 	Ledger AckLedger
+	// Informers, when set, are the process's shared informers
+	// (kubeinformers.Shared): the KubernetesClusters are watched once for
+	// the whole server. Nil: the status watches them itself.
+	Informers *kubeinformers.Shared
 }
 
 // AckLedger is where the replicas record which output version each
@@ -152,11 +157,11 @@ type agentState struct {
 // (and start cfg.Ledger).
 func NewKubeStatus(client dynamic.Interface, namespace string, log *slog.Logger, cfg StatusConfig) *KubeStatus {
 	cfg = cfg.withDefaults()
-	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 0, namespace, nil)
-	k := &KubeStatus{client: client, namespace: namespace, log: log.With("component", "cluster-status"), cfg: cfg,
+	shared := cfg.Informers.OrNew(client, namespace)
+	k := &KubeStatus{shared: shared, client: client, namespace: namespace, log: log.With("component", "cluster-status"), cfg: cfg,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "cluster-status"}),
-		informer: factory.ForResource(multiclusterv1alpha1.KubernetesClusters).Informer(),
+		informer: shared.Local.Informer(multiclusterv1alpha1.KubernetesClusters),
 		state:    map[string]*agentState{}, written: map[string]writtenStatus{}, gone: map[string]types.UID{}, acks: map[string]*relaypb.PullAck{}, ackDigests: map[string]string{}}
 	if cfg.Ledger != nil {
 		// A record moves a cluster's ack on as much as a status does.
@@ -177,15 +182,17 @@ func (k *KubeStatus) Run(ctx context.Context) {
 	}
 	// A new registration is compared at once (a stale status of an earlier
 	// server is corrected); updates are ours, or drift the resync repairs.
-	if _, err := k.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	// No resync of the shared informer: k.cfg.Resync compares every
+	// cluster itself.
+	if _, err := k.informer.AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { enqueue(obj); k.recordAck(obj) },
 		UpdateFunc: func(_, cur any) { k.recordAck(cur) },
 		DeleteFunc: k.forgetAck,
-	}); err != nil {
+	}, 0); err != nil {
 		k.log.Error("cannot watch KubernetesClusters; statuses are not written", "error", err)
 		return
 	}
-	go k.informer.Run(ctx.Done())
+	k.shared.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), k.informer.HasSynced) {
 		return
 	}

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/relaymesh/relaymesh/internal/kubeinformers"
 	"github.com/relaymesh/relaymesh/internal/text"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,7 +36,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
@@ -61,7 +61,10 @@ type Acks interface {
 // Config configures a Controller.
 type Config struct {
 	Dynamic dynamic.Interface
-	Kube    kubernetes.Interface
+	// Informers, when set, are the process's shared informers
+	// (kubeinformers.Shared). Nil: the controller watches on its own.
+	Informers *kubeinformers.Shared
+	Kube      kubernetes.Interface
 	// Namespace is the server's: discovered Meshes, and the Secrets of
 	// generated roots.
 	Namespace string
@@ -164,8 +167,8 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "trust"), wake: make(chan struct{}, 1),
 		state: map[string]*meshTrust{}, vmst: map[string]*vmState{}, cache: map[string]cachedRoot{}, used: map[string]bool{}, status: map[string]*networkingv1alpha1.SharedTrustStatus{}, written: map[string]string{},
 		rv: map[string]string{}, stale: map[string]bool{}, replaced: map[string]map[string]bool{}, grantWritten: map[string]string{}}
-	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute)
-	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Dynamic, 10*time.Minute, cfg.Namespace, nil)
+	shared := cfg.Informers.OrNew(cfg.Dynamic, cfg.Namespace)
+	users, discovered := shared.All, shared.Local
 	c.vms = users.ForResource(networkingv1alpha1.VirtualMeshes).Informer()
 	c.mesh = discovered.ForResource(discoveryv1alpha1.Meshes).Informer()
 	c.kcs = discovered.ForResource(multiclusterv1alpha1.KubernetesClusters).Informer()
@@ -216,8 +219,7 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 			}
 		})
 	}
-	users.Start(ctx.Done())
-	discovered.Start(ctx.Done())
+	shared.Start(ctx.Done())
 	syncCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if !cache.WaitForCacheSync(syncCtx.Done(), c.vms.HasSynced, c.mesh.HasSynced, c.kcs.HasSynced) {

@@ -18,6 +18,7 @@ import (
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
+	"github.com/relaymesh/relaymesh/internal/kubeinformers"
 	"github.com/relaymesh/relaymesh/internal/kubeutil"
 	"github.com/relaymesh/relaymesh/policy/admission"
 	"github.com/relaymesh/relaymesh/server"
@@ -104,10 +105,13 @@ type process struct {
 	trust                        *trust.Controller
 	importer                     *trust.Importer
 	inProcess                    *server.InProcessAgents
-	srv                          *server.Server
-	webhook                      *admission.Registration
-	relayLis, metricsLis         net.Listener
-	addrs                        Addresses
+	// informers watch each resource once for every component
+	// (issue 31: four watches of every KubernetesCluster before).
+	informers            *kubeinformers.Shared
+	srv                  *server.Server
+	webhook              *admission.Registration
+	relayLis, metricsLis net.Listener
+	addrs                Addresses
 
 	// closers run when Run returns, last first.
 	closers []func()
@@ -138,6 +142,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	}
 	p := &process{cfg: cfg, kube: deps.Kube, log: deps.Logger.With("component", "server"), reg: deps.Registry, deps: deps,
 		td: spiffeid.RequireTrustDomainFromString(cfg.TrustDomain)} // Validate checked it
+	p.informers = kubeinformers.NewShared(p.kube.Dynamic, cfg.Namespace)
 	if p.reg == nil {
 		p.reg = prometheus.NewRegistry()
 	}
@@ -297,7 +302,7 @@ func (p *process) newClusters(ctx context.Context) error {
 		p.kubeconfigClusters = server.NewRegistry()
 		p.log.Warn("kubeconfig-mode clusters are allowed: the server will hold credentials for every cluster registered that way; relay mode is the secure choice")
 	}
-	return server.WatchClusters(ctx, p.kube.Dynamic, p.cfg.Namespace, p.registry, p.kubeconfigClusters, p.log)
+	return server.WatchClusters(ctx, p.kube.Dynamic, p.informers, p.cfg.Namespace, p.registry, p.kubeconfigClusters, p.log)
 }
 
 // place is what this replica knows of cluster c now.
@@ -322,7 +327,7 @@ func (p *process) clusterNames() []string {
 // newStatus builds the clusters' status writer (with several replicas,
 // state they share goes through the apiserver).
 func (p *process) newStatus(ctx context.Context) (err error) {
-	cfg := server.StatusConfig{Replica: p.reps.name}
+	cfg := server.StatusConfig{Replica: p.reps.name, Informers: p.informers}
 	if p.reps.several {
 		// Acks are recorded in batches in the ack ledger, where the
 		// Lease holder reads every cluster's whichever replica its agent
@@ -359,7 +364,7 @@ func (p *process) newDataPath(ctx context.Context) error {
 			p.status.Discovered(c, server.Summarize(snap, workloadsIn))
 		}
 	})
-	mirrorCfg := server.MirrorConfig{Registerer: p.reg, WorkloadsElsewhere: p.cfg.SnapshotStore.Kind == StoreRedis}
+	mirrorCfg := server.MirrorConfig{Registerer: p.reg, WorkloadsElsewhere: p.cfg.SnapshotStore.Kind == StoreRedis, Informers: p.informers}
 	if p.reps.several {
 		mirrorCfg.Owns = func(c string) bool { return ownsDiscovered(p.place(c)) }
 	}

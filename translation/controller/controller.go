@@ -23,13 +23,13 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/kubeinformers"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/translation"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -140,6 +140,10 @@ type Config struct {
 	// Workloads, when set, is where the discovered Workloads are read
 	// instead of Workload objects (which are then not watched).
 	Workloads WorkloadSource
+	// Informers, when set, are the process's shared informers
+	// (kubeinformers.Shared): each resource watched and cached once for
+	// the whole server. Nil: the controller watches on its own.
+	Informers *kubeinformers.Shared
 }
 
 // Start watches, translates once synced, and keeps translating after every
@@ -154,8 +158,8 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	if c.leading == nil {
 		c.leading = func() bool { return true }
 	}
-	discovered := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.Client, 10*time.Minute, cfg.Namespace, nil)
-	users := dynamicinformer.NewDynamicSharedInformerFactory(cfg.Client, 10*time.Minute)
+	shared := cfg.Informers.OrNew(cfg.Client, cfg.Namespace)
+	discovered, users := shared.Local, shared.All
 	kick := func() {
 		select {
 		case c.wake <- struct{}{}:
@@ -211,8 +215,7 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 			}
 		})
 	}
-	discovered.Start(ctx.Done())
-	users.Start(ctx.Done())
+	shared.Start(ctx.Done())
 	syncCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for gvr, inf := range c.informers {
