@@ -71,6 +71,12 @@ type SessionConfig struct {
 	// in-process fleet agents choose their source address); nil leaves it
 	// to gRPC, whose own dialer honours HTTPS_PROXY (a custom one does not).
 	Dialer func(ctx context.Context, address string) (net.Conn, error)
+	// SessionV1Only holds the session on Connect, PushChunked and Pull
+	// (three streams) even against a server that knows relay session v2
+	// (Relay.Session, one stream): an agent of an earlier release, for
+	// tests of mixed versions. Unset, the session tries v2 first and falls
+	// back when the server answers Unimplemented.
+	SessionV1Only bool
 	// FirstReplica is the index of the address the first session tries,
 	// given how many there are; default random, so agents spread over the
 	// replicas. After a session fails the next one starts at the next
@@ -300,24 +306,25 @@ func (s *Session) once(ctx context.Context) (string, error) {
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := relaypb.NewRelayClient(conn).Connect(ctx)
-	if err != nil {
-		return "", err
-	}
-	if err := stream.Send(&relaypb.AgentMessage{Msg: &relaypb.AgentMessage_Hello{Hello: &relaypb.Hello{AgentVersion: s.cfg.Version, AgentTimeUnixNano: s.now().UnixNano(),
-		TrustBundles: s.cfg.TrustBundles != nil, PinnedRootsFingerprint: pinnedRoots(s.cfg.TrustBundles)}}}); err != nil {
-		if errors.Is(err, io.EOF) {
-			_, err = stream.Recv() // the server ended the stream; its status says why
+	hello := &relaypb.Hello{AgentVersion: s.cfg.Version, AgentTimeUnixNano: s.now().UnixNano(),
+		TrustBundles: s.cfg.TrustBundles != nil, PinnedRootsFingerprint: pinnedRoots(s.cfg.TrustBundles), Pull: s.cfg.Applier != nil}
+	var stream sessionStream
+	var data dataPath
+	var w *relaypb.Welcome
+	if !s.cfg.SessionV1Only {
+		stream, data, w, err = openSessionV2(ctx, conn, hello)
+		if status.Code(err) == codes.Unimplemented {
+			s.log.Info("the server does not know relay session v2; holding the session on Connect, PushChunked and Pull", "server", server)
+			stream = nil
+		} else if err != nil {
+			return "", err
 		}
-		return "", err
 	}
-	first, err := stream.Recv()
-	if err != nil {
-		return "", err
-	}
-	w := first.GetWelcome()
-	if w == nil {
-		return "", errors.New("server did not answer Hello with Welcome")
+	if stream == nil {
+		if stream, w, err = openSessionV1(ctx, conn, hello); err != nil {
+			return "", err
+		}
+		data = dataPathV1{relaypb.NewDiscoveryClient(conn)}
 	}
 	s.mu.Lock()
 	prev := s.state
@@ -353,12 +360,11 @@ func (s *Session) once(ctx context.Context) (string, error) {
 			}
 		}
 	}()
-	disc := relaypb.NewDiscoveryClient(conn)
 	if s.cfg.Snapshots != nil {
-		go func() { errc <- s.push(ctx, disc) }()
+		go func() { errc <- s.push(ctx, data) }()
 	}
 	if s.cfg.Applier != nil {
-		go func() { errc <- s.pull(ctx, disc, conn) }()
+		go func() { errc <- s.pull(ctx, data, conn) }()
 	}
 	tick := time.NewTicker(s.cfg.PingInterval)
 	defer tick.Stop()
@@ -455,7 +461,7 @@ func (s *Session) reconnectFor(fp string) bool {
 // rate: InvalidArgument, DeadlineExceeded, ResourceExhausted) is opened
 // again after a backoff pause, and the rest of the session goes on; other
 // errors end the session.
-func (s *Session) push(ctx context.Context, c relaypb.DiscoveryClient) error {
+func (s *Session) push(ctx context.Context, c dataPath) error {
 	chunked := true
 	attempt := 0
 	for {
@@ -494,7 +500,7 @@ func (s *Session) push(ctx context.Context, c relaypb.DiscoveryClient) error {
 
 // pushStream runs one Push or PushChunked stream until it fails; accepted
 // reports whether the server accepted a snapshot on it.
-func (s *Session) pushStream(ctx context.Context, c relaypb.DiscoveryClient, chunked bool) (accepted bool, err error) {
+func (s *Session) pushStream(ctx context.Context, c dataPath, chunked bool) (accepted bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var send func(*relaypb.Snapshot) (string, error)
@@ -653,8 +659,8 @@ func truncateHash(h string) string { return text.Truncate(h, 80) }
 // pull applies every output set the server sends and acks it; a set with
 // failed objects is applied again after a pause until it applies cleanly or
 // a newer one arrives.
-func (s *Session) pull(ctx context.Context, c relaypb.DiscoveryClient, conn grpc.ClientConnInterface) error {
-	stream, err := c.Pull(ctx, grpc.MaxCallRecvMsgSize(MaxOutputBytes))
+func (s *Session) pull(ctx context.Context, c dataPath, conn grpc.ClientConnInterface) error {
+	stream, err := c.Pull(ctx)
 	if err != nil {
 		return err
 	}

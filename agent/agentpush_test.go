@@ -127,7 +127,7 @@ func TestPushFallsBackToWholeSnapshots(t *testing.T) {
 	fake := &fakeDiscovery{chunkedErrs: []error{status.Error(codes.Unimplemented, "unknown method PushChunked")}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- sess.push(ctx, fake) }()
+	go func() { done <- sess.push(ctx, dataPathV1{fake}) }()
 	require.Eventually(t, func() bool {
 		_, whole := fake.streams()
 		return len(whole) == 1 && len(whole[0].messages()) == 1
@@ -146,7 +146,7 @@ func TestPushFallsBackToWholeSnapshots(t *testing.T) {
 	fake = &fakeDiscovery{chunkedErrs: []error{status.Error(codes.Unimplemented, "unknown method PushChunked")}}
 	ctx, cancel = context.WithCancel(context.Background())
 	defer cancel()
-	go func() { done <- sess.push(ctx, fake) }()
+	go func() { done <- sess.push(ctx, dataPathV1{fake}) }()
 	require.Eventually(t, func() bool { return sess.State().PushError != "" }, 30*time.Second, time.Millisecond)
 	assert.Contains(t, sess.State().PushError, "exceeds the 4194304-byte limit of servers without chunked pushes")
 	_, whole = fake.streams()
@@ -169,7 +169,7 @@ func TestPushSendsPartsAndRetries(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- sess.push(ctx, fake) }()
+	go func() { done <- sess.push(ctx, dataPathV1{fake}) }()
 	require.Eventually(t, func() bool {
 		chunked, _ := fake.streams()
 		return len(chunked) == 3 && len(chunked[2].messages()) > 0
@@ -204,7 +204,7 @@ func TestPushSendsPartsAndRetries(t *testing.T) {
 
 	// Losing the server ends push (and with it the session).
 	fake = &fakeDiscovery{chunkedErrs: []error{status.Error(codes.Unavailable, "gone")}}
-	go func() { done <- sess.push(ctx, fake) }()
+	go func() { done <- sess.push(ctx, dataPathV1{fake}) }()
 	assert.Equal(t, codes.Unavailable, status.Code(<-done))
 }
 
@@ -254,7 +254,7 @@ func TestPushAgainstEarlierServer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- sess.push(ctx, client) }()
+	go func() { done <- sess.push(ctx, dataPathV1{client}) }()
 	select {
 	case got := <-earlier.got:
 		assert.True(t, proto.Equal(snap, got), "the snapshot, whole")
@@ -273,7 +273,7 @@ func TestPushAgainstEarlierServer(t *testing.T) {
 	sess = testSession(t, big)
 	ctx, cancel = context.WithCancel(context.Background())
 	defer cancel()
-	go func() { done <- sess.push(ctx, client) }()
+	go func() { done <- sess.push(ctx, dataPathV1{client}) }()
 	require.Eventually(t, func() bool { return sess.State().PushError != "" }, 30*time.Second, time.Millisecond)
 	assert.Contains(t, sess.State().PushError, "exceeds the 4194304-byte limit of servers without chunked pushes")
 	select {

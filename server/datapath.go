@@ -344,31 +344,42 @@ func (d *discoveryService) Pull(stream relaypb.Discovery_PullServer) error {
 				return err
 			}
 		case ack := <-acks:
-			if len(ack.GetResults()) > 100000 {
-				return status.Error(codes.InvalidArgument, "ack has too many results")
-			}
-			if ack.GetResume() {
-				// What the agent held before this stream: not a new apply.
-				if len(ack.GetResults()) > 0 {
-					return status.Error(codes.InvalidArgument, "a resume ack carries no results")
-				}
-				if err := d.cfg.Outputs.Resume(a.cluster, ack.GetVersion(), d.s.cfg.Clock()); err != nil {
-					return status.Error(codes.InvalidArgument, err.Error())
-				}
-				continue
-			}
-			d.cfg.View.Acked(a.cluster, ack, d.s.cfg.Clock())
-			logged := 0
-			for _, r := range ack.GetResults() {
-				m.applyResults.WithLabelValues(a.cluster, outcomeLabel(r.GetOutcome())).Inc()
-				if (r.GetOutcome() == "conflict" || r.GetOutcome() == "error") && logged < maxLoggedResults {
-					logged++
-					d.s.log.Warn("agent could not apply an object", "cluster", a.cluster, "version", ack.GetVersion(),
-						"object", text.Truncate(r.GetKind()+"/"+r.GetNamespace()+"/"+r.GetName(), 300), "outcome", r.GetOutcome(), "error", text.Truncate(r.GetError(), 300))
-				}
+			if err := d.pullAck(a, ack); err != nil {
+				return err
 			}
 		}
 	}
+}
+
+// pullAck records an agent's ack of an output set (or, first, the version
+// it resumes from); a malformed one is the status error that ends the
+// stream.
+func (d *discoveryService) pullAck(a *agent, ack *relaypb.PullAck) error {
+	m := d.s.cfg.Metrics
+	if len(ack.GetResults()) > 100000 {
+		return status.Error(codes.InvalidArgument, "ack has too many results")
+	}
+	if ack.GetResume() {
+		// What the agent held before this stream: not a new apply.
+		if len(ack.GetResults()) > 0 {
+			return status.Error(codes.InvalidArgument, "a resume ack carries no results")
+		}
+		if err := d.cfg.Outputs.Resume(a.cluster, ack.GetVersion(), d.s.cfg.Clock()); err != nil {
+			return status.Error(codes.InvalidArgument, err.Error())
+		}
+		return nil
+	}
+	d.cfg.View.Acked(a.cluster, ack, d.s.cfg.Clock())
+	logged := 0
+	for _, r := range ack.GetResults() {
+		m.applyResults.WithLabelValues(a.cluster, outcomeLabel(r.GetOutcome())).Inc()
+		if (r.GetOutcome() == "conflict" || r.GetOutcome() == "error") && logged < maxLoggedResults {
+			logged++
+			d.s.log.Warn("agent could not apply an object", "cluster", a.cluster, "version", ack.GetVersion(),
+				"object", text.Truncate(r.GetKind()+"/"+r.GetNamespace()+"/"+r.GetName(), 300), "outcome", r.GetOutcome(), "error", text.Truncate(r.GetError(), 300))
+		}
+	}
+	return nil
 }
 
 // maxLoggedResults bounds the log lines one ack can cause; the metric and

@@ -22,6 +22,7 @@ const (
 	MetricApplyResults      = "relaymesh_apply_results_total"
 	MetricConnsRefused      = "relaymesh_relay_connections_refused_total"
 	MetricOpenConns         = "relaymesh_relay_open_connections"
+	MetricSessions          = "relaymesh_relay_sessions"
 )
 
 // Metrics are the relay server's Prometheus metrics, on the server's own
@@ -34,6 +35,7 @@ type Metrics struct {
 	refused           *prometheus.CounterVec
 	pushClients       prometheus.Gauge
 	pullClients       prometheus.Gauge
+	sessions          *prometheus.GaugeVec
 	snapshotBytes     prometheus.Histogram
 	snapshotObjects   *prometheus.GaugeVec
 	snapshotAccepted  *prometheus.GaugeVec
@@ -69,8 +71,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: MetricRefusedCalls,
 			Help: "Authenticated-method calls refused, by reason (no_certificate, foreign_issuer, not_agent_id, unregistered, stale_registration, rate_limited).",
 		}, []string{"reason"}),
-		pushClients:      prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricPushClients, Help: "Open snapshot (Push) streams."}),
-		pullClients:      prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricPullClients, Help: "Open output (Pull) streams."}),
+		pushClients: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricPushClients, Help: "Open snapshot (Push) streams."}),
+		pullClients: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricPullClients, Help: "Open output (Pull) streams."}),
+		sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSessions,
+			Help: "Open agent sessions, by relay protocol (1: Connect, PushChunked and Pull, agents of earlier releases; 2: Session, one stream)."}, []string{"protocol"}),
 		snapshotBytes:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: MetricSnapshotBytes, Help: "Size of accepted snapshots in bytes.", Buckets: prometheus.ExponentialBuckets(1024, 4, 8)}),
 		snapshotObjects:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSnapshotObjects, Help: "Meshes, workloads and destinations in each cluster's last accepted snapshot."}, []string{"cluster"}),
 		snapshotAccepted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricSnapshotAccepted, Help: "When each cluster's last snapshot was accepted (Unix seconds); its age is time() minus this."}, []string{"cluster"}),
@@ -82,7 +86,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		openConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricOpenConns, Help: "Open relay connections, by state (preauth: handshaking or without a client certificate; authenticated)."}, []string{"state"}),
 	}
 	for _, c := range []prometheus.Collector{m.issued, m.bootstrapFailures, m.connected, m.certExpiry, m.refused,
-		m.pushClients, m.pullClients, m.snapshotBytes, m.snapshotObjects, m.snapshotAccepted, m.snapshotsRefused, m.snapshotAssembly, m.applyResults, m.connsRefused, m.openConns} {
+		m.pushClients, m.pullClients, m.sessions, m.snapshotBytes, m.snapshotObjects, m.snapshotAccepted, m.snapshotsRefused, m.snapshotAssembly, m.applyResults, m.connsRefused, m.openConns} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

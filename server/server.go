@@ -90,6 +90,12 @@ type ServerConfig struct {
 	// DataPath enables the Discovery service (snapshots up, outputs down);
 	// nil leaves it off.
 	DataPath *DataPathConfig
+	// SessionV1Only refuses relay session v2 (Relay.Session) with
+	// Unimplemented, as servers of earlier releases do: agents then use
+	// Connect, PushChunked and Pull. For tests of mixed versions, and for
+	// an operator who must keep the earlier protocol while a problem with
+	// v2 is found.
+	SessionV1Only bool
 	// Trust, when set, serves Trust.SignIntermediate: intermediates of the
 	// meshes of the caller's cluster (shared trust of VirtualMeshes).
 	Trust IntermediateSigner
@@ -222,8 +228,10 @@ type Server struct {
 	relaypb.UnimplementedIdentityServer
 	relaypb.UnimplementedRelayServer
 
-	cfg       ServerConfig
-	log       *slog.Logger
+	cfg ServerConfig
+	log *slog.Logger
+	// disc serves the data path (nil without one); Session uses it too.
+	disc      *discoveryService
 	limiter   *relay.FailureLimiter // failed calls per peer address
 	global    *relay.FailureLimiter // failed bootstraps of all peers
 	grpc      *grpc.Server
@@ -434,7 +442,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		relaypb.RegisterTrustServer(s.grpc, &trustService{signer: cfg.Trust, s: s})
 	}
 	if cfg.DataPath != nil {
-		relaypb.RegisterDiscoveryServer(s.grpc, &discoveryService{s: s, cfg: *cfg.DataPath})
+		s.disc = &discoveryService{s: s, cfg: *cfg.DataPath}
+		relaypb.RegisterDiscoveryServer(s.grpc, s.disc)
 		cfg.Registry.OnRevoke(func(cluster string) {
 			if _, ok := cfg.Registry.Lookup(cluster); !ok {
 				cfg.DataPath.View.Remove(cluster)
@@ -1123,12 +1132,17 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		}
 		s.log.Info("agent session opened", "cluster", a.cluster, "peer", a.peer, "agent_version", first.GetHello().GetAgentVersion())
 		s.agentClock(a.cluster, first.GetHello())
+		s.cfg.Metrics.sessions.WithLabelValues("1").Inc()
+		defer s.cfg.Metrics.sessions.WithLabelValues("1").Dec()
 	}
 	bundles, err := s.newBundleDelivery(a.cluster, hello)
 	if err != nil {
 		return err
 	}
-	if err := bundles.offer(stream); err != nil {
+	sendBundle := func(b *relaypb.TrustBundle) error {
+		return stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_TrustBundle{TrustBundle: b}})
+	}
+	if err := bundles.offer(sendBundle); err != nil {
 		return err
 	}
 	for {
@@ -1144,7 +1158,7 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 					return err
 				}
 				// A changed bundle goes out at the next ping.
-				if err := bundles.offer(stream); err != nil {
+				if err := bundles.offer(sendBundle); err != nil {
 					return err
 				}
 			}

@@ -71,7 +71,7 @@ func isFingerprint(fp string) bool {
 // That comparison is made once per session, at its first offer outside a
 // rotation, not at every ping: a later rotation reaches the session
 // through Current.
-func (d *bundleDelivery) offer(stream relaypb.Relay_ConnectServer) error {
+func (d *bundleDelivery) offer(send func(*relaypb.TrustBundle) error) error {
 	if d.src == nil || !d.can {
 		return nil
 	}
@@ -85,7 +85,7 @@ func (d *bundleDelivery) offer(stream relaypb.Relay_ConnectServer) error {
 	if b == nil || b.GetFingerprint() == d.sent {
 		return nil
 	}
-	if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_TrustBundle{TrustBundle: proto.CloneOf(b)}}); err != nil {
+	if err := send(proto.CloneOf(b)); err != nil {
 		return err
 	}
 	d.sent = b.GetFingerprint()

@@ -70,14 +70,13 @@ func TestAnUnsolicitedTrustBundleAcknowledgementRecordsNothing(t *testing.T) {
 	}
 }
 
-// sentStream is a Connect stream that records what the server sends.
+// sentStream records the bundles a session sends.
 type sentStream struct {
-	relaypb.Relay_ConnectServer
 	sent []*relaypb.ServerMessage
 }
 
-func (s *sentStream) Send(m *relaypb.ServerMessage) error {
-	s.sent = append(s.sent, m)
+func (s *sentStream) Send(b *relaypb.TrustBundle) error {
+	s.sent = append(s.sent, &relaypb.ServerMessage{Msg: &relaypb.ServerMessage_TrustBundle{TrustBundle: b}})
 	return nil
 }
 
@@ -109,7 +108,7 @@ func TestBundleOfferedToAnAgentPinningOtherRootsOutsideARotation(t *testing.T) {
 			}
 			st := &sentStream{}
 			for range 3 { // at Hello and at two pings: sent at most once
-				if err := d.offer(st); err != nil {
+				if err := d.offer(st.Send); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -219,6 +219,347 @@ func (x *CertificateResponse) GetNotAfterUnix() int64 {
 	return 0
 }
 
+// AgentFrame is one message of Session from the agent.
+type AgentFrame struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Frame:
+	//
+	//	*AgentFrame_Hello
+	//	*AgentFrame_Ping
+	//	*AgentFrame_TrustBundleAck
+	//	*AgentFrame_Snapshot
+	//	*AgentFrame_PullAck
+	Frame         isAgentFrame_Frame `protobuf_oneof:"frame"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentFrame) Reset() {
+	*x = AgentFrame{}
+	mi := &file_relay_proto_relay_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentFrame) ProtoMessage() {}
+
+func (x *AgentFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentFrame.ProtoReflect.Descriptor instead.
+func (*AgentFrame) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AgentFrame) GetFrame() isAgentFrame_Frame {
+	if x != nil {
+		return x.Frame
+	}
+	return nil
+}
+
+func (x *AgentFrame) GetHello() *Hello {
+	if x != nil {
+		if x, ok := x.Frame.(*AgentFrame_Hello); ok {
+			return x.Hello
+		}
+	}
+	return nil
+}
+
+func (x *AgentFrame) GetPing() *Ping {
+	if x != nil {
+		if x, ok := x.Frame.(*AgentFrame_Ping); ok {
+			return x.Ping
+		}
+	}
+	return nil
+}
+
+func (x *AgentFrame) GetTrustBundleAck() *TrustBundleAck {
+	if x != nil {
+		if x, ok := x.Frame.(*AgentFrame_TrustBundleAck); ok {
+			return x.TrustBundleAck
+		}
+	}
+	return nil
+}
+
+func (x *AgentFrame) GetSnapshot() *SnapshotChunk {
+	if x != nil {
+		if x, ok := x.Frame.(*AgentFrame_Snapshot); ok {
+			return x.Snapshot
+		}
+	}
+	return nil
+}
+
+func (x *AgentFrame) GetPullAck() *PullAck {
+	if x != nil {
+		if x, ok := x.Frame.(*AgentFrame_PullAck); ok {
+			return x.PullAck
+		}
+	}
+	return nil
+}
+
+type isAgentFrame_Frame interface {
+	isAgentFrame_Frame()
+}
+
+type AgentFrame_Hello struct {
+	// First, and only first.
+	Hello *Hello `protobuf:"bytes,1,opt,name=hello,proto3,oneof"`
+}
+
+type AgentFrame_Ping struct {
+	Ping *Ping `protobuf:"bytes,2,opt,name=ping,proto3,oneof"`
+}
+
+type AgentFrame_TrustBundleAck struct {
+	TrustBundleAck *TrustBundleAck `protobuf:"bytes,3,opt,name=trust_bundle_ack,json=trustBundleAck,proto3,oneof"`
+}
+
+type AgentFrame_Snapshot struct {
+	// A snapshot in parts, framed as on PushChunked: one at a time.
+	Snapshot *SnapshotChunk `protobuf:"bytes,4,opt,name=snapshot,proto3,oneof"`
+}
+
+type AgentFrame_PullAck struct {
+	// As on Pull: a resume first if the agent applied a set before, then
+	// an ack of every set applied.
+	PullAck *PullAck `protobuf:"bytes,5,opt,name=pull_ack,json=pullAck,proto3,oneof"`
+}
+
+func (*AgentFrame_Hello) isAgentFrame_Frame() {}
+
+func (*AgentFrame_Ping) isAgentFrame_Frame() {}
+
+func (*AgentFrame_TrustBundleAck) isAgentFrame_Frame() {}
+
+func (*AgentFrame_Snapshot) isAgentFrame_Frame() {}
+
+func (*AgentFrame_PullAck) isAgentFrame_Frame() {}
+
+// ServerFrame is one message of Session from the server.
+type ServerFrame struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Frame:
+	//
+	//	*ServerFrame_Welcome
+	//	*ServerFrame_Pong
+	//	*ServerFrame_TrustBundle
+	//	*ServerFrame_PushAck
+	//	*ServerFrame_PushRefused
+	//	*ServerFrame_OutputSet
+	Frame         isServerFrame_Frame `protobuf_oneof:"frame"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServerFrame) Reset() {
+	*x = ServerFrame{}
+	mi := &file_relay_proto_relay_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServerFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServerFrame) ProtoMessage() {}
+
+func (x *ServerFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServerFrame.ProtoReflect.Descriptor instead.
+func (*ServerFrame) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ServerFrame) GetFrame() isServerFrame_Frame {
+	if x != nil {
+		return x.Frame
+	}
+	return nil
+}
+
+func (x *ServerFrame) GetWelcome() *Welcome {
+	if x != nil {
+		if x, ok := x.Frame.(*ServerFrame_Welcome); ok {
+			return x.Welcome
+		}
+	}
+	return nil
+}
+
+func (x *ServerFrame) GetPong() *Pong {
+	if x != nil {
+		if x, ok := x.Frame.(*ServerFrame_Pong); ok {
+			return x.Pong
+		}
+	}
+	return nil
+}
+
+func (x *ServerFrame) GetTrustBundle() *TrustBundle {
+	if x != nil {
+		if x, ok := x.Frame.(*ServerFrame_TrustBundle); ok {
+			return x.TrustBundle
+		}
+	}
+	return nil
+}
+
+func (x *ServerFrame) GetPushAck() *PushAck {
+	if x != nil {
+		if x, ok := x.Frame.(*ServerFrame_PushAck); ok {
+			return x.PushAck
+		}
+	}
+	return nil
+}
+
+func (x *ServerFrame) GetPushRefused() *PushRefused {
+	if x != nil {
+		if x, ok := x.Frame.(*ServerFrame_PushRefused); ok {
+			return x.PushRefused
+		}
+	}
+	return nil
+}
+
+func (x *ServerFrame) GetOutputSet() *OutputSet {
+	if x != nil {
+		if x, ok := x.Frame.(*ServerFrame_OutputSet); ok {
+			return x.OutputSet
+		}
+	}
+	return nil
+}
+
+type isServerFrame_Frame interface {
+	isServerFrame_Frame()
+}
+
+type ServerFrame_Welcome struct {
+	// First, and only first.
+	Welcome *Welcome `protobuf:"bytes,1,opt,name=welcome,proto3,oneof"`
+}
+
+type ServerFrame_Pong struct {
+	Pong *Pong `protobuf:"bytes,2,opt,name=pong,proto3,oneof"`
+}
+
+type ServerFrame_TrustBundle struct {
+	TrustBundle *TrustBundle `protobuf:"bytes,3,opt,name=trust_bundle,json=trustBundle,proto3,oneof"`
+}
+
+type ServerFrame_PushAck struct {
+	PushAck *PushAck `protobuf:"bytes,4,opt,name=push_ack,json=pushAck,proto3,oneof"`
+}
+
+type ServerFrame_PushRefused struct {
+	PushRefused *PushRefused `protobuf:"bytes,5,opt,name=push_refused,json=pushRefused,proto3,oneof"`
+}
+
+type ServerFrame_OutputSet struct {
+	OutputSet *OutputSet `protobuf:"bytes,6,opt,name=output_set,json=outputSet,proto3,oneof"`
+}
+
+func (*ServerFrame_Welcome) isServerFrame_Frame() {}
+
+func (*ServerFrame_Pong) isServerFrame_Frame() {}
+
+func (*ServerFrame_TrustBundle) isServerFrame_Frame() {}
+
+func (*ServerFrame_PushAck) isServerFrame_Frame() {}
+
+func (*ServerFrame_PushRefused) isServerFrame_Frame() {}
+
+func (*ServerFrame_OutputSet) isServerFrame_Frame() {}
+
+// PushRefused refuses the snapshot in transit (framing, deadline, no room
+// or rate: what ends a PushChunked stream). The server drops its parts,
+// ignores the rest of them until the next SnapshotHeader, and keeps the
+// last accepted snapshot; the agent sends the current snapshot again after
+// a pause.
+type PushRefused struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The gRPC status code PushChunked would have ended with.
+	Code          int32  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushRefused) Reset() {
+	*x = PushRefused{}
+	mi := &file_relay_proto_relay_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushRefused) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushRefused) ProtoMessage() {}
+
+func (x *PushRefused) ProtoReflect() protoreflect.Message {
+	mi := &file_relay_proto_relay_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushRefused.ProtoReflect.Descriptor instead.
+func (*PushRefused) Descriptor() ([]byte, []int) {
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PushRefused) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *PushRefused) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type AgentMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -233,7 +574,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_relay_proto_relay_proto_msgTypes[3]
+	mi := &file_relay_proto_relay_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -245,7 +586,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[3]
+	mi := &file_relay_proto_relay_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -258,7 +599,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{3}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AgentMessage) GetMsg() isAgentMessage_Msg {
@@ -336,13 +677,16 @@ type Hello struct {
 	// rotation's last bundle (the new root alone) was delivered still pins
 	// the retired root until it is told.
 	PinnedRootsFingerprint string `protobuf:"bytes,4,opt,name=pinned_roots_fingerprint,json=pinnedRootsFingerprint,proto3" json:"pinned_roots_fingerprint,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// On Session only: the agent applies output sets, so the server sends
+	// them (as Pull does). False: no set is sent.
+	Pull          bool `protobuf:"varint,5,opt,name=pull,proto3" json:"pull,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_relay_proto_relay_proto_msgTypes[4]
+	mi := &file_relay_proto_relay_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -354,7 +698,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[4]
+	mi := &file_relay_proto_relay_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -367,7 +711,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{4}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Hello) GetAgentVersion() string {
@@ -398,6 +742,13 @@ func (x *Hello) GetPinnedRootsFingerprint() string {
 	return ""
 }
 
+func (x *Hello) GetPull() bool {
+	if x != nil {
+		return x.Pull
+	}
+	return false
+}
+
 type Ping struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Nonce         int64                  `protobuf:"varint,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
@@ -407,7 +758,7 @@ type Ping struct {
 
 func (x *Ping) Reset() {
 	*x = Ping{}
-	mi := &file_relay_proto_relay_proto_msgTypes[5]
+	mi := &file_relay_proto_relay_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +770,7 @@ func (x *Ping) String() string {
 func (*Ping) ProtoMessage() {}
 
 func (x *Ping) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[5]
+	mi := &file_relay_proto_relay_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +783,7 @@ func (x *Ping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ping.ProtoReflect.Descriptor instead.
 func (*Ping) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{5}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Ping) GetNonce() int64 {
@@ -456,7 +807,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_relay_proto_relay_proto_msgTypes[6]
+	mi := &file_relay_proto_relay_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +819,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[6]
+	mi := &file_relay_proto_relay_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +832,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{6}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ServerMessage) GetMsg() isServerMessage_Msg {
@@ -555,7 +906,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_relay_proto_relay_proto_msgTypes[7]
+	mi := &file_relay_proto_relay_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -567,7 +918,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[7]
+	mi := &file_relay_proto_relay_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -580,7 +931,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{7}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Welcome) GetCluster() string {
@@ -613,7 +964,7 @@ type Pong struct {
 
 func (x *Pong) Reset() {
 	*x = Pong{}
-	mi := &file_relay_proto_relay_proto_msgTypes[8]
+	mi := &file_relay_proto_relay_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +976,7 @@ func (x *Pong) String() string {
 func (*Pong) ProtoMessage() {}
 
 func (x *Pong) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[8]
+	mi := &file_relay_proto_relay_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +989,7 @@ func (x *Pong) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pong.ProtoReflect.Descriptor instead.
 func (*Pong) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{8}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Pong) GetNonce() int64 {
@@ -668,7 +1019,7 @@ type TrustBundle struct {
 
 func (x *TrustBundle) Reset() {
 	*x = TrustBundle{}
-	mi := &file_relay_proto_relay_proto_msgTypes[9]
+	mi := &file_relay_proto_relay_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -680,7 +1031,7 @@ func (x *TrustBundle) String() string {
 func (*TrustBundle) ProtoMessage() {}
 
 func (x *TrustBundle) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[9]
+	mi := &file_relay_proto_relay_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -693,7 +1044,7 @@ func (x *TrustBundle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrustBundle.ProtoReflect.Descriptor instead.
 func (*TrustBundle) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{9}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TrustBundle) GetRootsPem() []byte {
@@ -732,7 +1083,7 @@ type TrustBundleAck struct {
 
 func (x *TrustBundleAck) Reset() {
 	*x = TrustBundleAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[10]
+	mi := &file_relay_proto_relay_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +1095,7 @@ func (x *TrustBundleAck) String() string {
 func (*TrustBundleAck) ProtoMessage() {}
 
 func (x *TrustBundleAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[10]
+	mi := &file_relay_proto_relay_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +1108,7 @@ func (x *TrustBundleAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrustBundleAck.ProtoReflect.Descriptor instead.
 func (*TrustBundleAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{10}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TrustBundleAck) GetFingerprint() string {
@@ -797,7 +1148,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_relay_proto_relay_proto_msgTypes[11]
+	mi := &file_relay_proto_relay_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +1160,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[11]
+	mi := &file_relay_proto_relay_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +1173,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{11}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Snapshot) GetCluster() string {
@@ -897,7 +1248,7 @@ type Mesh struct {
 
 func (x *Mesh) Reset() {
 	*x = Mesh{}
-	mi := &file_relay_proto_relay_proto_msgTypes[12]
+	mi := &file_relay_proto_relay_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +1260,7 @@ func (x *Mesh) String() string {
 func (*Mesh) ProtoMessage() {}
 
 func (x *Mesh) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[12]
+	mi := &file_relay_proto_relay_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1273,7 @@ func (x *Mesh) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mesh.ProtoReflect.Descriptor instead.
 func (*Mesh) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{12}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Mesh) GetName() string {
@@ -1065,7 +1416,7 @@ type EastWestGateway struct {
 
 func (x *EastWestGateway) Reset() {
 	*x = EastWestGateway{}
-	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	mi := &file_relay_proto_relay_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1428,7 @@ func (x *EastWestGateway) String() string {
 func (*EastWestGateway) ProtoMessage() {}
 
 func (x *EastWestGateway) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[13]
+	mi := &file_relay_proto_relay_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1441,7 @@ func (x *EastWestGateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EastWestGateway.ProtoReflect.Descriptor instead.
 func (*EastWestGateway) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{13}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EastWestGateway) GetName() string {
@@ -1153,7 +1504,7 @@ type Waypoint struct {
 
 func (x *Waypoint) Reset() {
 	*x = Waypoint{}
-	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1165,7 +1516,7 @@ func (x *Waypoint) String() string {
 func (*Waypoint) ProtoMessage() {}
 
 func (x *Waypoint) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[14]
+	mi := &file_relay_proto_relay_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1178,7 +1529,7 @@ func (x *Waypoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waypoint.ProtoReflect.Descriptor instead.
 func (*Waypoint) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{14}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Waypoint) GetName() string {
@@ -1228,7 +1579,7 @@ type WaypointRef struct {
 
 func (x *WaypointRef) Reset() {
 	*x = WaypointRef{}
-	mi := &file_relay_proto_relay_proto_msgTypes[15]
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1591,7 @@ func (x *WaypointRef) String() string {
 func (*WaypointRef) ProtoMessage() {}
 
 func (x *WaypointRef) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[15]
+	mi := &file_relay_proto_relay_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1604,7 @@ func (x *WaypointRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaypointRef.ProtoReflect.Descriptor instead.
 func (*WaypointRef) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{15}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WaypointRef) GetName() string {
@@ -1286,7 +1637,7 @@ type Gateway struct {
 
 func (x *Gateway) Reset() {
 	*x = Gateway{}
-	mi := &file_relay_proto_relay_proto_msgTypes[16]
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1649,7 @@ func (x *Gateway) String() string {
 func (*Gateway) ProtoMessage() {}
 
 func (x *Gateway) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[16]
+	mi := &file_relay_proto_relay_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1662,7 @@ func (x *Gateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gateway.ProtoReflect.Descriptor instead.
 func (*Gateway) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{16}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Gateway) GetName() string {
@@ -1381,7 +1732,7 @@ type Workload struct {
 
 func (x *Workload) Reset() {
 	*x = Workload{}
-	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1744,7 @@ func (x *Workload) String() string {
 func (*Workload) ProtoMessage() {}
 
 func (x *Workload) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[17]
+	mi := &file_relay_proto_relay_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1757,7 @@ func (x *Workload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workload.ProtoReflect.Descriptor instead.
 func (*Workload) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{17}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Workload) GetName() string {
@@ -1510,7 +1861,7 @@ type Destination struct {
 
 func (x *Destination) Reset() {
 	*x = Destination{}
-	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1873,7 @@ func (x *Destination) String() string {
 func (*Destination) ProtoMessage() {}
 
 func (x *Destination) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[18]
+	mi := &file_relay_proto_relay_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1886,7 @@ func (x *Destination) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Destination.ProtoReflect.Descriptor instead.
 func (*Destination) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{18}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Destination) GetName() string {
@@ -1655,7 +2006,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +2018,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[19]
+	mi := &file_relay_proto_relay_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +2031,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{19}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Endpoint) GetIp() string {
@@ -1717,7 +2068,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1729,7 +2080,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[20]
+	mi := &file_relay_proto_relay_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1742,7 +2093,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{20}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ServicePort) GetPort() int32 {
@@ -1789,7 +2140,7 @@ type LabelValues struct {
 
 func (x *LabelValues) Reset() {
 	*x = LabelValues{}
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +2152,7 @@ func (x *LabelValues) String() string {
 func (*LabelValues) ProtoMessage() {}
 
 func (x *LabelValues) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[21]
+	mi := &file_relay_proto_relay_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +2165,7 @@ func (x *LabelValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LabelValues.ProtoReflect.Descriptor instead.
 func (*LabelValues) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{21}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LabelValues) GetValues() []string {
@@ -1839,7 +2190,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_relay_proto_relay_proto_msgTypes[22]
+	mi := &file_relay_proto_relay_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +2202,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[22]
+	mi := &file_relay_proto_relay_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +2215,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{22}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SnapshotChunk) GetChunk() isSnapshotChunk_Chunk {
@@ -1944,7 +2295,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_relay_proto_relay_proto_msgTypes[23]
+	mi := &file_relay_proto_relay_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1956,7 +2307,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[23]
+	mi := &file_relay_proto_relay_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1969,7 +2320,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{23}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SnapshotHeader) GetCluster() string {
@@ -2012,7 +2363,7 @@ type SnapshotPart struct {
 
 func (x *SnapshotPart) Reset() {
 	*x = SnapshotPart{}
-	mi := &file_relay_proto_relay_proto_msgTypes[24]
+	mi := &file_relay_proto_relay_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2375,7 @@ func (x *SnapshotPart) String() string {
 func (*SnapshotPart) ProtoMessage() {}
 
 func (x *SnapshotPart) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[24]
+	mi := &file_relay_proto_relay_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2388,7 @@ func (x *SnapshotPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotPart.ProtoReflect.Descriptor instead.
 func (*SnapshotPart) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{24}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SnapshotPart) GetIndex() uint32 {
@@ -2065,7 +2416,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_relay_proto_relay_proto_msgTypes[25]
+	mi := &file_relay_proto_relay_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2077,7 +2428,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[25]
+	mi := &file_relay_proto_relay_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2090,7 +2441,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{25}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SnapshotEnd) GetHash() string {
@@ -2113,7 +2464,7 @@ type PushAck struct {
 
 func (x *PushAck) Reset() {
 	*x = PushAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[26]
+	mi := &file_relay_proto_relay_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2125,7 +2476,7 @@ func (x *PushAck) String() string {
 func (*PushAck) ProtoMessage() {}
 
 func (x *PushAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[26]
+	mi := &file_relay_proto_relay_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2138,7 +2489,7 @@ func (x *PushAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushAck.ProtoReflect.Descriptor instead.
 func (*PushAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{26}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PushAck) GetHash() string {
@@ -2178,7 +2529,7 @@ type OutputSet struct {
 
 func (x *OutputSet) Reset() {
 	*x = OutputSet{}
-	mi := &file_relay_proto_relay_proto_msgTypes[27]
+	mi := &file_relay_proto_relay_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2190,7 +2541,7 @@ func (x *OutputSet) String() string {
 func (*OutputSet) ProtoMessage() {}
 
 func (x *OutputSet) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[27]
+	mi := &file_relay_proto_relay_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2203,7 +2554,7 @@ func (x *OutputSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputSet.ProtoReflect.Descriptor instead.
 func (*OutputSet) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{27}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *OutputSet) GetVersion() uint64 {
@@ -2274,7 +2625,7 @@ type TrustRequest struct {
 
 func (x *TrustRequest) Reset() {
 	*x = TrustRequest{}
-	mi := &file_relay_proto_relay_proto_msgTypes[28]
+	mi := &file_relay_proto_relay_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2286,7 +2637,7 @@ func (x *TrustRequest) String() string {
 func (*TrustRequest) ProtoMessage() {}
 
 func (x *TrustRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[28]
+	mi := &file_relay_proto_relay_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2299,7 +2650,7 @@ func (x *TrustRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrustRequest.ProtoReflect.Descriptor instead.
 func (*TrustRequest) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{28}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TrustRequest) GetMesh() string {
@@ -2398,7 +2749,7 @@ type IntermediateRequest struct {
 
 func (x *IntermediateRequest) Reset() {
 	*x = IntermediateRequest{}
-	mi := &file_relay_proto_relay_proto_msgTypes[29]
+	mi := &file_relay_proto_relay_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2410,7 +2761,7 @@ func (x *IntermediateRequest) String() string {
 func (*IntermediateRequest) ProtoMessage() {}
 
 func (x *IntermediateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[29]
+	mi := &file_relay_proto_relay_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2423,7 +2774,7 @@ func (x *IntermediateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IntermediateRequest.ProtoReflect.Descriptor instead.
 func (*IntermediateRequest) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{29}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *IntermediateRequest) GetMesh() string {
@@ -2458,7 +2809,7 @@ type IntermediateResponse struct {
 
 func (x *IntermediateResponse) Reset() {
 	*x = IntermediateResponse{}
-	mi := &file_relay_proto_relay_proto_msgTypes[30]
+	mi := &file_relay_proto_relay_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2821,7 @@ func (x *IntermediateResponse) String() string {
 func (*IntermediateResponse) ProtoMessage() {}
 
 func (x *IntermediateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[30]
+	mi := &file_relay_proto_relay_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2834,7 @@ func (x *IntermediateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IntermediateResponse.ProtoReflect.Descriptor instead.
 func (*IntermediateResponse) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{30}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *IntermediateResponse) GetCertificateChain() []byte {
@@ -2527,7 +2878,7 @@ type OutputObject struct {
 
 func (x *OutputObject) Reset() {
 	*x = OutputObject{}
-	mi := &file_relay_proto_relay_proto_msgTypes[31]
+	mi := &file_relay_proto_relay_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2539,7 +2890,7 @@ func (x *OutputObject) String() string {
 func (*OutputObject) ProtoMessage() {}
 
 func (x *OutputObject) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[31]
+	mi := &file_relay_proto_relay_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2552,7 +2903,7 @@ func (x *OutputObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputObject.ProtoReflect.Descriptor instead.
 func (*OutputObject) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{31}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *OutputObject) GetManifest() []byte {
@@ -2584,7 +2935,7 @@ type PullAck struct {
 
 func (x *PullAck) Reset() {
 	*x = PullAck{}
-	mi := &file_relay_proto_relay_proto_msgTypes[32]
+	mi := &file_relay_proto_relay_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2596,7 +2947,7 @@ func (x *PullAck) String() string {
 func (*PullAck) ProtoMessage() {}
 
 func (x *PullAck) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[32]
+	mi := &file_relay_proto_relay_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2609,7 +2960,7 @@ func (x *PullAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullAck.ProtoReflect.Descriptor instead.
 func (*PullAck) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{32}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PullAck) GetVersion() uint64 {
@@ -2656,7 +3007,7 @@ type ObjectResult struct {
 
 func (x *ObjectResult) Reset() {
 	*x = ObjectResult{}
-	mi := &file_relay_proto_relay_proto_msgTypes[33]
+	mi := &file_relay_proto_relay_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2668,7 +3019,7 @@ func (x *ObjectResult) String() string {
 func (*ObjectResult) ProtoMessage() {}
 
 func (x *ObjectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_relay_proto_relay_proto_msgTypes[33]
+	mi := &file_relay_proto_relay_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2681,7 +3032,7 @@ func (x *ObjectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectResult.ProtoReflect.Descriptor instead.
 func (*ObjectResult) Descriptor() ([]byte, []int) {
-	return file_relay_proto_relay_proto_rawDescGZIP(), []int{33}
+	return file_relay_proto_relay_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ObjectResult) GetApiVersion() string {
@@ -2749,17 +3100,38 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\x11certificate_chain\x18\x01 \x01(\fR\x10certificateChain\x12!\n" +
 	"\ftrust_bundle\x18\x02 \x01(\fR\vtrustBundle\x12\x1b\n" +
 	"\tspiffe_id\x18\x03 \x01(\tR\bspiffeId\x12$\n" +
-	"\x0enot_after_unix\x18\x04 \x01(\x03R\fnotAfterUnix\"\xc8\x01\n" +
+	"\x0enot_after_unix\x18\x04 \x01(\x03R\fnotAfterUnix\"\xc3\x02\n" +
+	"\n" +
+	"AgentFrame\x121\n" +
+	"\x05hello\x18\x01 \x01(\v2\x19.relaymesh.relay.v1.HelloH\x00R\x05hello\x12.\n" +
+	"\x04ping\x18\x02 \x01(\v2\x18.relaymesh.relay.v1.PingH\x00R\x04ping\x12N\n" +
+	"\x10trust_bundle_ack\x18\x03 \x01(\v2\".relaymesh.relay.v1.TrustBundleAckH\x00R\x0etrustBundleAck\x12?\n" +
+	"\bsnapshot\x18\x04 \x01(\v2!.relaymesh.relay.v1.SnapshotChunkH\x00R\bsnapshot\x128\n" +
+	"\bpull_ack\x18\x05 \x01(\v2\x1b.relaymesh.relay.v1.PullAckH\x00R\apullAckB\a\n" +
+	"\x05frame\"\x85\x03\n" +
+	"\vServerFrame\x127\n" +
+	"\awelcome\x18\x01 \x01(\v2\x1b.relaymesh.relay.v1.WelcomeH\x00R\awelcome\x12.\n" +
+	"\x04pong\x18\x02 \x01(\v2\x18.relaymesh.relay.v1.PongH\x00R\x04pong\x12D\n" +
+	"\ftrust_bundle\x18\x03 \x01(\v2\x1f.relaymesh.relay.v1.TrustBundleH\x00R\vtrustBundle\x128\n" +
+	"\bpush_ack\x18\x04 \x01(\v2\x1b.relaymesh.relay.v1.PushAckH\x00R\apushAck\x12D\n" +
+	"\fpush_refused\x18\x05 \x01(\v2\x1f.relaymesh.relay.v1.PushRefusedH\x00R\vpushRefused\x12>\n" +
+	"\n" +
+	"output_set\x18\x06 \x01(\v2\x1d.relaymesh.relay.v1.OutputSetH\x00R\toutputSetB\a\n" +
+	"\x05frame\";\n" +
+	"\vPushRefused\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xc8\x01\n" +
 	"\fAgentMessage\x121\n" +
 	"\x05hello\x18\x01 \x01(\v2\x19.relaymesh.relay.v1.HelloH\x00R\x05hello\x12.\n" +
 	"\x04ping\x18\x02 \x01(\v2\x18.relaymesh.relay.v1.PingH\x00R\x04ping\x12N\n" +
 	"\x10trust_bundle_ack\x18\x03 \x01(\v2\".relaymesh.relay.v1.TrustBundleAckH\x00R\x0etrustBundleAckB\x05\n" +
-	"\x03msg\"\xbc\x01\n" +
+	"\x03msg\"\xd0\x01\n" +
 	"\x05Hello\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12/\n" +
 	"\x14agent_time_unix_nano\x18\x02 \x01(\x03R\x11agentTimeUnixNano\x12#\n" +
 	"\rtrust_bundles\x18\x03 \x01(\bR\ftrustBundles\x128\n" +
-	"\x18pinned_roots_fingerprint\x18\x04 \x01(\tR\x16pinnedRootsFingerprint\"\x1c\n" +
+	"\x18pinned_roots_fingerprint\x18\x04 \x01(\tR\x16pinnedRootsFingerprint\x12\x12\n" +
+	"\x04pull\x18\x05 \x01(\bR\x04pull\"\x1c\n" +
 	"\x04Ping\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\x03R\x05nonce\"\xc5\x01\n" +
 	"\rServerMessage\x127\n" +
@@ -2961,9 +3333,10 @@ const file_relay_proto_relay_proto_rawDesc = "" +
 	"\fcross_issuer\x18\a \x01(\tR\vcrossIssuer2\xba\x01\n" +
 	"\bIdentity\x12Z\n" +
 	"\tBootstrap\x12$.relaymesh.relay.v1.BootstrapRequest\x1a'.relaymesh.relay.v1.CertificateResponse\x12R\n" +
-	"\x05Renew\x12 .relaymesh.relay.v1.RenewRequest\x1a'.relaymesh.relay.v1.CertificateResponse2[\n" +
+	"\x05Renew\x12 .relaymesh.relay.v1.RenewRequest\x1a'.relaymesh.relay.v1.CertificateResponse2\xab\x01\n" +
 	"\x05Relay\x12R\n" +
-	"\aConnect\x12 .relaymesh.relay.v1.AgentMessage\x1a!.relaymesh.relay.v1.ServerMessage(\x010\x012\xed\x01\n" +
+	"\aConnect\x12 .relaymesh.relay.v1.AgentMessage\x1a!.relaymesh.relay.v1.ServerMessage(\x010\x01\x12N\n" +
+	"\aSession\x12\x1e.relaymesh.relay.v1.AgentFrame\x1a\x1f.relaymesh.relay.v1.ServerFrame(\x010\x012\xed\x01\n" +
 	"\tDiscovery\x12E\n" +
 	"\x04Push\x12\x1c.relaymesh.relay.v1.Snapshot\x1a\x1b.relaymesh.relay.v1.PushAck(\x010\x01\x12Q\n" +
 	"\vPushChunked\x12!.relaymesh.relay.v1.SnapshotChunk\x1a\x1b.relaymesh.relay.v1.PushAck(\x010\x01\x12F\n" +
@@ -2983,100 +3356,116 @@ func file_relay_proto_relay_proto_rawDescGZIP() []byte {
 	return file_relay_proto_relay_proto_rawDescData
 }
 
-var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_relay_proto_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_relay_proto_relay_proto_goTypes = []any{
 	(*BootstrapRequest)(nil),     // 0: relaymesh.relay.v1.BootstrapRequest
 	(*RenewRequest)(nil),         // 1: relaymesh.relay.v1.RenewRequest
 	(*CertificateResponse)(nil),  // 2: relaymesh.relay.v1.CertificateResponse
-	(*AgentMessage)(nil),         // 3: relaymesh.relay.v1.AgentMessage
-	(*Hello)(nil),                // 4: relaymesh.relay.v1.Hello
-	(*Ping)(nil),                 // 5: relaymesh.relay.v1.Ping
-	(*ServerMessage)(nil),        // 6: relaymesh.relay.v1.ServerMessage
-	(*Welcome)(nil),              // 7: relaymesh.relay.v1.Welcome
-	(*Pong)(nil),                 // 8: relaymesh.relay.v1.Pong
-	(*TrustBundle)(nil),          // 9: relaymesh.relay.v1.TrustBundle
-	(*TrustBundleAck)(nil),       // 10: relaymesh.relay.v1.TrustBundleAck
-	(*Snapshot)(nil),             // 11: relaymesh.relay.v1.Snapshot
-	(*Mesh)(nil),                 // 12: relaymesh.relay.v1.Mesh
-	(*EastWestGateway)(nil),      // 13: relaymesh.relay.v1.EastWestGateway
-	(*Waypoint)(nil),             // 14: relaymesh.relay.v1.Waypoint
-	(*WaypointRef)(nil),          // 15: relaymesh.relay.v1.WaypointRef
-	(*Gateway)(nil),              // 16: relaymesh.relay.v1.Gateway
-	(*Workload)(nil),             // 17: relaymesh.relay.v1.Workload
-	(*Destination)(nil),          // 18: relaymesh.relay.v1.Destination
-	(*Endpoint)(nil),             // 19: relaymesh.relay.v1.Endpoint
-	(*ServicePort)(nil),          // 20: relaymesh.relay.v1.ServicePort
-	(*LabelValues)(nil),          // 21: relaymesh.relay.v1.LabelValues
-	(*SnapshotChunk)(nil),        // 22: relaymesh.relay.v1.SnapshotChunk
-	(*SnapshotHeader)(nil),       // 23: relaymesh.relay.v1.SnapshotHeader
-	(*SnapshotPart)(nil),         // 24: relaymesh.relay.v1.SnapshotPart
-	(*SnapshotEnd)(nil),          // 25: relaymesh.relay.v1.SnapshotEnd
-	(*PushAck)(nil),              // 26: relaymesh.relay.v1.PushAck
-	(*OutputSet)(nil),            // 27: relaymesh.relay.v1.OutputSet
-	(*TrustRequest)(nil),         // 28: relaymesh.relay.v1.TrustRequest
-	(*IntermediateRequest)(nil),  // 29: relaymesh.relay.v1.IntermediateRequest
-	(*IntermediateResponse)(nil), // 30: relaymesh.relay.v1.IntermediateResponse
-	(*OutputObject)(nil),         // 31: relaymesh.relay.v1.OutputObject
-	(*PullAck)(nil),              // 32: relaymesh.relay.v1.PullAck
-	(*ObjectResult)(nil),         // 33: relaymesh.relay.v1.ObjectResult
-	nil,                          // 34: relaymesh.relay.v1.Mesh.PodLabelsEntry
-	nil,                          // 35: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	nil,                          // 36: relaymesh.relay.v1.Workload.PodLabelsEntry
-	nil,                          // 37: relaymesh.relay.v1.Destination.SelectorEntry
-	nil,                          // 38: relaymesh.relay.v1.Destination.LabelsEntry
-	nil,                          // 39: relaymesh.relay.v1.Destination.SubsetsEntry
-	nil,                          // 40: relaymesh.relay.v1.Endpoint.LabelsEntry
+	(*AgentFrame)(nil),           // 3: relaymesh.relay.v1.AgentFrame
+	(*ServerFrame)(nil),          // 4: relaymesh.relay.v1.ServerFrame
+	(*PushRefused)(nil),          // 5: relaymesh.relay.v1.PushRefused
+	(*AgentMessage)(nil),         // 6: relaymesh.relay.v1.AgentMessage
+	(*Hello)(nil),                // 7: relaymesh.relay.v1.Hello
+	(*Ping)(nil),                 // 8: relaymesh.relay.v1.Ping
+	(*ServerMessage)(nil),        // 9: relaymesh.relay.v1.ServerMessage
+	(*Welcome)(nil),              // 10: relaymesh.relay.v1.Welcome
+	(*Pong)(nil),                 // 11: relaymesh.relay.v1.Pong
+	(*TrustBundle)(nil),          // 12: relaymesh.relay.v1.TrustBundle
+	(*TrustBundleAck)(nil),       // 13: relaymesh.relay.v1.TrustBundleAck
+	(*Snapshot)(nil),             // 14: relaymesh.relay.v1.Snapshot
+	(*Mesh)(nil),                 // 15: relaymesh.relay.v1.Mesh
+	(*EastWestGateway)(nil),      // 16: relaymesh.relay.v1.EastWestGateway
+	(*Waypoint)(nil),             // 17: relaymesh.relay.v1.Waypoint
+	(*WaypointRef)(nil),          // 18: relaymesh.relay.v1.WaypointRef
+	(*Gateway)(nil),              // 19: relaymesh.relay.v1.Gateway
+	(*Workload)(nil),             // 20: relaymesh.relay.v1.Workload
+	(*Destination)(nil),          // 21: relaymesh.relay.v1.Destination
+	(*Endpoint)(nil),             // 22: relaymesh.relay.v1.Endpoint
+	(*ServicePort)(nil),          // 23: relaymesh.relay.v1.ServicePort
+	(*LabelValues)(nil),          // 24: relaymesh.relay.v1.LabelValues
+	(*SnapshotChunk)(nil),        // 25: relaymesh.relay.v1.SnapshotChunk
+	(*SnapshotHeader)(nil),       // 26: relaymesh.relay.v1.SnapshotHeader
+	(*SnapshotPart)(nil),         // 27: relaymesh.relay.v1.SnapshotPart
+	(*SnapshotEnd)(nil),          // 28: relaymesh.relay.v1.SnapshotEnd
+	(*PushAck)(nil),              // 29: relaymesh.relay.v1.PushAck
+	(*OutputSet)(nil),            // 30: relaymesh.relay.v1.OutputSet
+	(*TrustRequest)(nil),         // 31: relaymesh.relay.v1.TrustRequest
+	(*IntermediateRequest)(nil),  // 32: relaymesh.relay.v1.IntermediateRequest
+	(*IntermediateResponse)(nil), // 33: relaymesh.relay.v1.IntermediateResponse
+	(*OutputObject)(nil),         // 34: relaymesh.relay.v1.OutputObject
+	(*PullAck)(nil),              // 35: relaymesh.relay.v1.PullAck
+	(*ObjectResult)(nil),         // 36: relaymesh.relay.v1.ObjectResult
+	nil,                          // 37: relaymesh.relay.v1.Mesh.PodLabelsEntry
+	nil,                          // 38: relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	nil,                          // 39: relaymesh.relay.v1.Workload.PodLabelsEntry
+	nil,                          // 40: relaymesh.relay.v1.Destination.SelectorEntry
+	nil,                          // 41: relaymesh.relay.v1.Destination.LabelsEntry
+	nil,                          // 42: relaymesh.relay.v1.Destination.SubsetsEntry
+	nil,                          // 43: relaymesh.relay.v1.Endpoint.LabelsEntry
 }
 var file_relay_proto_relay_proto_depIdxs = []int32{
-	4,  // 0: relaymesh.relay.v1.AgentMessage.hello:type_name -> relaymesh.relay.v1.Hello
-	5,  // 1: relaymesh.relay.v1.AgentMessage.ping:type_name -> relaymesh.relay.v1.Ping
-	10, // 2: relaymesh.relay.v1.AgentMessage.trust_bundle_ack:type_name -> relaymesh.relay.v1.TrustBundleAck
-	7,  // 3: relaymesh.relay.v1.ServerMessage.welcome:type_name -> relaymesh.relay.v1.Welcome
-	8,  // 4: relaymesh.relay.v1.ServerMessage.pong:type_name -> relaymesh.relay.v1.Pong
-	9,  // 5: relaymesh.relay.v1.ServerMessage.trust_bundle:type_name -> relaymesh.relay.v1.TrustBundle
-	12, // 6: relaymesh.relay.v1.Snapshot.meshes:type_name -> relaymesh.relay.v1.Mesh
-	17, // 7: relaymesh.relay.v1.Snapshot.workloads:type_name -> relaymesh.relay.v1.Workload
-	18, // 8: relaymesh.relay.v1.Snapshot.destinations:type_name -> relaymesh.relay.v1.Destination
-	34, // 9: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
-	16, // 10: relaymesh.relay.v1.Mesh.gateways:type_name -> relaymesh.relay.v1.Gateway
-	14, // 11: relaymesh.relay.v1.Mesh.waypoints:type_name -> relaymesh.relay.v1.Waypoint
-	13, // 12: relaymesh.relay.v1.Mesh.east_west_gateways:type_name -> relaymesh.relay.v1.EastWestGateway
-	35, // 13: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
-	36, // 14: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
-	15, // 15: relaymesh.relay.v1.Workload.waypoint:type_name -> relaymesh.relay.v1.WaypointRef
-	37, // 16: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
-	38, // 17: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
-	20, // 18: relaymesh.relay.v1.Destination.ports:type_name -> relaymesh.relay.v1.ServicePort
-	39, // 19: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
-	19, // 20: relaymesh.relay.v1.Destination.endpoints:type_name -> relaymesh.relay.v1.Endpoint
-	15, // 21: relaymesh.relay.v1.Destination.waypoint:type_name -> relaymesh.relay.v1.WaypointRef
-	40, // 22: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
-	23, // 23: relaymesh.relay.v1.SnapshotChunk.header:type_name -> relaymesh.relay.v1.SnapshotHeader
-	24, // 24: relaymesh.relay.v1.SnapshotChunk.part:type_name -> relaymesh.relay.v1.SnapshotPart
-	25, // 25: relaymesh.relay.v1.SnapshotChunk.end:type_name -> relaymesh.relay.v1.SnapshotEnd
-	31, // 26: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
-	28, // 27: relaymesh.relay.v1.OutputSet.trust:type_name -> relaymesh.relay.v1.TrustRequest
-	33, // 28: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
-	21, // 29: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
-	0,  // 30: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
-	1,  // 31: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
-	3,  // 32: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
-	11, // 33: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
-	22, // 34: relaymesh.relay.v1.Discovery.PushChunked:input_type -> relaymesh.relay.v1.SnapshotChunk
-	32, // 35: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
-	29, // 36: relaymesh.relay.v1.Trust.SignIntermediate:input_type -> relaymesh.relay.v1.IntermediateRequest
-	2,  // 37: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
-	2,  // 38: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
-	6,  // 39: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
-	26, // 40: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
-	26, // 41: relaymesh.relay.v1.Discovery.PushChunked:output_type -> relaymesh.relay.v1.PushAck
-	27, // 42: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
-	30, // 43: relaymesh.relay.v1.Trust.SignIntermediate:output_type -> relaymesh.relay.v1.IntermediateResponse
-	37, // [37:44] is the sub-list for method output_type
-	30, // [30:37] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	7,  // 0: relaymesh.relay.v1.AgentFrame.hello:type_name -> relaymesh.relay.v1.Hello
+	8,  // 1: relaymesh.relay.v1.AgentFrame.ping:type_name -> relaymesh.relay.v1.Ping
+	13, // 2: relaymesh.relay.v1.AgentFrame.trust_bundle_ack:type_name -> relaymesh.relay.v1.TrustBundleAck
+	25, // 3: relaymesh.relay.v1.AgentFrame.snapshot:type_name -> relaymesh.relay.v1.SnapshotChunk
+	35, // 4: relaymesh.relay.v1.AgentFrame.pull_ack:type_name -> relaymesh.relay.v1.PullAck
+	10, // 5: relaymesh.relay.v1.ServerFrame.welcome:type_name -> relaymesh.relay.v1.Welcome
+	11, // 6: relaymesh.relay.v1.ServerFrame.pong:type_name -> relaymesh.relay.v1.Pong
+	12, // 7: relaymesh.relay.v1.ServerFrame.trust_bundle:type_name -> relaymesh.relay.v1.TrustBundle
+	29, // 8: relaymesh.relay.v1.ServerFrame.push_ack:type_name -> relaymesh.relay.v1.PushAck
+	5,  // 9: relaymesh.relay.v1.ServerFrame.push_refused:type_name -> relaymesh.relay.v1.PushRefused
+	30, // 10: relaymesh.relay.v1.ServerFrame.output_set:type_name -> relaymesh.relay.v1.OutputSet
+	7,  // 11: relaymesh.relay.v1.AgentMessage.hello:type_name -> relaymesh.relay.v1.Hello
+	8,  // 12: relaymesh.relay.v1.AgentMessage.ping:type_name -> relaymesh.relay.v1.Ping
+	13, // 13: relaymesh.relay.v1.AgentMessage.trust_bundle_ack:type_name -> relaymesh.relay.v1.TrustBundleAck
+	10, // 14: relaymesh.relay.v1.ServerMessage.welcome:type_name -> relaymesh.relay.v1.Welcome
+	11, // 15: relaymesh.relay.v1.ServerMessage.pong:type_name -> relaymesh.relay.v1.Pong
+	12, // 16: relaymesh.relay.v1.ServerMessage.trust_bundle:type_name -> relaymesh.relay.v1.TrustBundle
+	15, // 17: relaymesh.relay.v1.Snapshot.meshes:type_name -> relaymesh.relay.v1.Mesh
+	20, // 18: relaymesh.relay.v1.Snapshot.workloads:type_name -> relaymesh.relay.v1.Workload
+	21, // 19: relaymesh.relay.v1.Snapshot.destinations:type_name -> relaymesh.relay.v1.Destination
+	37, // 20: relaymesh.relay.v1.Mesh.pod_labels:type_name -> relaymesh.relay.v1.Mesh.PodLabelsEntry
+	19, // 21: relaymesh.relay.v1.Mesh.gateways:type_name -> relaymesh.relay.v1.Gateway
+	17, // 22: relaymesh.relay.v1.Mesh.waypoints:type_name -> relaymesh.relay.v1.Waypoint
+	16, // 23: relaymesh.relay.v1.Mesh.east_west_gateways:type_name -> relaymesh.relay.v1.EastWestGateway
+	38, // 24: relaymesh.relay.v1.Gateway.workload_labels:type_name -> relaymesh.relay.v1.Gateway.WorkloadLabelsEntry
+	39, // 25: relaymesh.relay.v1.Workload.pod_labels:type_name -> relaymesh.relay.v1.Workload.PodLabelsEntry
+	18, // 26: relaymesh.relay.v1.Workload.waypoint:type_name -> relaymesh.relay.v1.WaypointRef
+	40, // 27: relaymesh.relay.v1.Destination.selector:type_name -> relaymesh.relay.v1.Destination.SelectorEntry
+	41, // 28: relaymesh.relay.v1.Destination.labels:type_name -> relaymesh.relay.v1.Destination.LabelsEntry
+	23, // 29: relaymesh.relay.v1.Destination.ports:type_name -> relaymesh.relay.v1.ServicePort
+	42, // 30: relaymesh.relay.v1.Destination.subsets:type_name -> relaymesh.relay.v1.Destination.SubsetsEntry
+	22, // 31: relaymesh.relay.v1.Destination.endpoints:type_name -> relaymesh.relay.v1.Endpoint
+	18, // 32: relaymesh.relay.v1.Destination.waypoint:type_name -> relaymesh.relay.v1.WaypointRef
+	43, // 33: relaymesh.relay.v1.Endpoint.labels:type_name -> relaymesh.relay.v1.Endpoint.LabelsEntry
+	26, // 34: relaymesh.relay.v1.SnapshotChunk.header:type_name -> relaymesh.relay.v1.SnapshotHeader
+	27, // 35: relaymesh.relay.v1.SnapshotChunk.part:type_name -> relaymesh.relay.v1.SnapshotPart
+	28, // 36: relaymesh.relay.v1.SnapshotChunk.end:type_name -> relaymesh.relay.v1.SnapshotEnd
+	34, // 37: relaymesh.relay.v1.OutputSet.objects:type_name -> relaymesh.relay.v1.OutputObject
+	31, // 38: relaymesh.relay.v1.OutputSet.trust:type_name -> relaymesh.relay.v1.TrustRequest
+	36, // 39: relaymesh.relay.v1.PullAck.results:type_name -> relaymesh.relay.v1.ObjectResult
+	24, // 40: relaymesh.relay.v1.Destination.SubsetsEntry.value:type_name -> relaymesh.relay.v1.LabelValues
+	0,  // 41: relaymesh.relay.v1.Identity.Bootstrap:input_type -> relaymesh.relay.v1.BootstrapRequest
+	1,  // 42: relaymesh.relay.v1.Identity.Renew:input_type -> relaymesh.relay.v1.RenewRequest
+	6,  // 43: relaymesh.relay.v1.Relay.Connect:input_type -> relaymesh.relay.v1.AgentMessage
+	3,  // 44: relaymesh.relay.v1.Relay.Session:input_type -> relaymesh.relay.v1.AgentFrame
+	14, // 45: relaymesh.relay.v1.Discovery.Push:input_type -> relaymesh.relay.v1.Snapshot
+	25, // 46: relaymesh.relay.v1.Discovery.PushChunked:input_type -> relaymesh.relay.v1.SnapshotChunk
+	35, // 47: relaymesh.relay.v1.Discovery.Pull:input_type -> relaymesh.relay.v1.PullAck
+	32, // 48: relaymesh.relay.v1.Trust.SignIntermediate:input_type -> relaymesh.relay.v1.IntermediateRequest
+	2,  // 49: relaymesh.relay.v1.Identity.Bootstrap:output_type -> relaymesh.relay.v1.CertificateResponse
+	2,  // 50: relaymesh.relay.v1.Identity.Renew:output_type -> relaymesh.relay.v1.CertificateResponse
+	9,  // 51: relaymesh.relay.v1.Relay.Connect:output_type -> relaymesh.relay.v1.ServerMessage
+	4,  // 52: relaymesh.relay.v1.Relay.Session:output_type -> relaymesh.relay.v1.ServerFrame
+	29, // 53: relaymesh.relay.v1.Discovery.Push:output_type -> relaymesh.relay.v1.PushAck
+	29, // 54: relaymesh.relay.v1.Discovery.PushChunked:output_type -> relaymesh.relay.v1.PushAck
+	30, // 55: relaymesh.relay.v1.Discovery.Pull:output_type -> relaymesh.relay.v1.OutputSet
+	33, // 56: relaymesh.relay.v1.Trust.SignIntermediate:output_type -> relaymesh.relay.v1.IntermediateResponse
+	49, // [49:57] is the sub-list for method output_type
+	41, // [41:49] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_relay_proto_relay_proto_init() }
@@ -3085,16 +3474,31 @@ func file_relay_proto_relay_proto_init() {
 		return
 	}
 	file_relay_proto_relay_proto_msgTypes[3].OneofWrappers = []any{
+		(*AgentFrame_Hello)(nil),
+		(*AgentFrame_Ping)(nil),
+		(*AgentFrame_TrustBundleAck)(nil),
+		(*AgentFrame_Snapshot)(nil),
+		(*AgentFrame_PullAck)(nil),
+	}
+	file_relay_proto_relay_proto_msgTypes[4].OneofWrappers = []any{
+		(*ServerFrame_Welcome)(nil),
+		(*ServerFrame_Pong)(nil),
+		(*ServerFrame_TrustBundle)(nil),
+		(*ServerFrame_PushAck)(nil),
+		(*ServerFrame_PushRefused)(nil),
+		(*ServerFrame_OutputSet)(nil),
+	}
+	file_relay_proto_relay_proto_msgTypes[6].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Ping)(nil),
 		(*AgentMessage_TrustBundleAck)(nil),
 	}
-	file_relay_proto_relay_proto_msgTypes[6].OneofWrappers = []any{
+	file_relay_proto_relay_proto_msgTypes[9].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_Pong)(nil),
 		(*ServerMessage_TrustBundle)(nil),
 	}
-	file_relay_proto_relay_proto_msgTypes[22].OneofWrappers = []any{
+	file_relay_proto_relay_proto_msgTypes[25].OneofWrappers = []any{
 		(*SnapshotChunk_Header)(nil),
 		(*SnapshotChunk_Part)(nil),
 		(*SnapshotChunk_End)(nil),
@@ -3105,7 +3509,7 @@ func file_relay_proto_relay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_relay_proto_relay_proto_rawDesc), len(file_relay_proto_relay_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   41,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

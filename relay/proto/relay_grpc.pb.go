@@ -185,6 +185,7 @@ var Identity_ServiceDesc = grpc.ServiceDesc{
 
 const (
 	Relay_Connect_FullMethodName = "/relaymesh.relay.v1.Relay/Connect"
+	Relay_Session_FullMethodName = "/relaymesh.relay.v1.Relay/Session"
 )
 
 // RelayClient is the client API for Relay service.
@@ -197,6 +198,18 @@ type RelayClient interface {
 	// pings; the server answers Welcome, then pongs. The server ends the
 	// session when the cluster is deregistered.
 	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AgentMessage, ServerMessage], error)
+	// Session carries an agent's whole session on one stream (relay session
+	// v2): what Connect, PushChunked and Pull carry on three. The agent sends
+	// Hello first; the server answers Welcome, then everything else in any
+	// order: pongs, trust bundles, each snapshot's PushAck (or PushRefused,
+	// which discards the snapshot in transit and keeps the session and the
+	// last accepted snapshot), and, if Hello asked for them, output sets.
+	// One stream per agent instead of three: on the server, two goroutines
+	// instead of six and one stream's state instead of three. Servers of
+	// earlier releases answer Unimplemented, and the agent falls back to
+	// Connect, PushChunked and Pull on the same connection; those stay
+	// served for agents of earlier releases.
+	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AgentFrame, ServerFrame], error)
 }
 
 type relayClient struct {
@@ -220,6 +233,19 @@ func (c *relayClient) Connect(ctx context.Context, opts ...grpc.CallOption) (grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Relay_ConnectClient = grpc.BidiStreamingClient[AgentMessage, ServerMessage]
 
+func (c *relayClient) Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AgentFrame, ServerFrame], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Relay_ServiceDesc.Streams[1], Relay_Session_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AgentFrame, ServerFrame]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Relay_SessionClient = grpc.BidiStreamingClient[AgentFrame, ServerFrame]
+
 // RelayServer is the server API for Relay service.
 // All implementations must embed UnimplementedRelayServer
 // for forward compatibility.
@@ -230,6 +256,18 @@ type RelayServer interface {
 	// pings; the server answers Welcome, then pongs. The server ends the
 	// session when the cluster is deregistered.
 	Connect(grpc.BidiStreamingServer[AgentMessage, ServerMessage]) error
+	// Session carries an agent's whole session on one stream (relay session
+	// v2): what Connect, PushChunked and Pull carry on three. The agent sends
+	// Hello first; the server answers Welcome, then everything else in any
+	// order: pongs, trust bundles, each snapshot's PushAck (or PushRefused,
+	// which discards the snapshot in transit and keeps the session and the
+	// last accepted snapshot), and, if Hello asked for them, output sets.
+	// One stream per agent instead of three: on the server, two goroutines
+	// instead of six and one stream's state instead of three. Servers of
+	// earlier releases answer Unimplemented, and the agent falls back to
+	// Connect, PushChunked and Pull on the same connection; those stay
+	// served for agents of earlier releases.
+	Session(grpc.BidiStreamingServer[AgentFrame, ServerFrame]) error
 	mustEmbedUnimplementedRelayServer()
 }
 
@@ -242,6 +280,9 @@ type UnimplementedRelayServer struct{}
 
 func (UnimplementedRelayServer) Connect(grpc.BidiStreamingServer[AgentMessage, ServerMessage]) error {
 	return status.Error(codes.Unimplemented, "method Connect not implemented")
+}
+func (UnimplementedRelayServer) Session(grpc.BidiStreamingServer[AgentFrame, ServerFrame]) error {
+	return status.Error(codes.Unimplemented, "method Session not implemented")
 }
 func (UnimplementedRelayServer) mustEmbedUnimplementedRelayServer() {}
 func (UnimplementedRelayServer) testEmbeddedByValue()               {}
@@ -271,6 +312,13 @@ func _Relay_Connect_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Relay_ConnectServer = grpc.BidiStreamingServer[AgentMessage, ServerMessage]
 
+func _Relay_Session_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(RelayServer).Session(&grpc.GenericServerStream[AgentFrame, ServerFrame]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Relay_SessionServer = grpc.BidiStreamingServer[AgentFrame, ServerFrame]
+
 // Relay_ServiceDesc is the grpc.ServiceDesc for Relay service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -282,6 +330,12 @@ var Relay_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Connect",
 			Handler:       _Relay_Connect_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Session",
+			Handler:       _Relay_Session_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

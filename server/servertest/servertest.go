@@ -98,6 +98,9 @@ type Options struct {
 	SnapshotIdle     time.Duration
 	SnapshotMinRate  int64
 	SnapshotMemory   int64
+	// SessionV1Only serves only the relay protocol of earlier releases
+	// (Session answers Unimplemented).
+	SessionV1Only bool
 }
 
 func New(t testing.TB, o Options) *Server {
@@ -153,7 +156,7 @@ func New(t testing.TB, o Options) *Server {
 		dp.Outputs.MarkReady()
 	}
 	srv, err := server.NewServer(server.ServerConfig{
-		DataPath:    dp,
+		DataPath: dp, SessionV1Only: o.SessionV1Only,
 		TrustDomain: TrustDomain, Issuer: authority, Tokens: tokens, SharedToken: shared, Registry: registry,
 		ServerCertificate: serving.Certificate, Audit: auditLog, Logger: log, Metrics: metrics, MaxRecvBytes: o.MaxRecv,
 		BootstrapFailureBurst: o.FailureBurst, Trust: o.Trust, TrustBundles: o.TrustBundles, Connections: o.Connections, Clusters: o.Clusters,
