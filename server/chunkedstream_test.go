@@ -190,3 +190,125 @@ func FuzzSnapshotChunks(f *testing.F) {
 		require.Zero(t, budget.InUse())
 	})
 }
+
+// FuzzSessionSnapshots feeds the snapshot side of a relay session v2
+// (sessionPush.take, what Session runs for every snapshot frame) the same
+// hostile sequences as FuzzSnapshotChunks, and checks what a session adds:
+// a refusal is a PushRefused frame that changes nothing and leaves nothing
+// reserved; the refused snapshot's remaining parts are dropped until a
+// header; another cluster's snapshot never changes; refusals beyond the
+// session's pace end it with ResourceExhausted; and unless it ended, the
+// same session then gets a good snapshot through.
+func FuzzSessionSnapshots(f *testing.F) {
+	good := relaytest.Snapshot(8)
+	data, hash := relaytest.Encode(f, good)
+	seed := func(msgs ...*relaypb.SnapshotChunk) []byte {
+		var b []byte
+		for _, m := range msgs {
+			mb, err := proto.Marshal(m)
+			require.NoError(f, err)
+			b = protowire.AppendBytes(b, mb)
+		}
+		return b
+	}
+	msgs := relaytest.Chunked("cluster-1", hash, data, 256)
+	f.Add(seed(msgs...))
+	f.Add(seed(msgs[1], msgs[2], msgs[0], msgs[1]))
+	f.Add(seed(msgs[0], msgs[2], msgs[1]))
+	f.Add(seed(msgs[0], msgs[0], msgs[0], msgs[0], msgs[0], msgs[0], msgs[0], msgs[0]))
+	f.Add(seed(relaytest.Header("cluster-2", hash, len(data), len(msgs)-2)))
+	f.Add(seed(append([]*relaypb.SnapshotChunk{msgs[0], relaytest.Part(0, make([]byte, 257)), msgs[1]}, msgs...)...))
+	f.Add([]byte{})
+	other := relaytest.Snapshot(2)
+	other.Cluster = "cluster-2"
+	for _, d := range other.Destinations {
+		d.Cluster = "cluster-2"
+	}
+	next := relaytest.Snapshot(5)
+	nextData, nextHash := relaytest.Encode(f, next)
+	nextMsgs := relaytest.Chunked("cluster-1", nextHash, nextData, 256)
+	f.Fuzz(func(t *testing.T, in []byte) {
+		h := newChunkHarness(t)
+		budget := h.d.snapshotBudget()
+		h.view.Accept("cluster-1", good, h.clock.t)
+		h.view.Accept("cluster-2", other, h.clock.t)
+		otherBefore := h.view.Snapshot("cluster-2")
+		p := newSessionPush(h.agent, h.stream)
+		var frames []*relaypb.ServerFrame
+		send := func(fr *relaypb.ServerFrame) error { frames = append(frames, fr); return nil }
+		ended := false
+		for i := 0; len(in) > 0 && i < 64 && !ended; i++ {
+			mb, n := protowire.ConsumeBytes(in)
+			if n < 0 {
+				break
+			}
+			in = in[n:]
+			m := &relaypb.SnapshotChunk{}
+			if proto.Unmarshal(mb, m) != nil {
+				break
+			}
+			h.clock.t = h.clock.t.Add(time.Second)
+			before := h.view.Snapshot("cluster-1")
+			frames = frames[:0]
+			err := p.take(send, m)
+			if err != nil {
+				require.Equal(t, codes.ResourceExhausted, status.Code(err), err)
+				require.Contains(t, status.Convert(err).Message(), "refused more often than once a second")
+				require.Same(t, before, h.view.Snapshot("cluster-1"))
+				ended = true
+				break
+			}
+			require.LessOrEqual(t, len(frames), 1, "one answer at most per frame")
+			for _, fr := range frames {
+				switch {
+				case fr.GetPushRefused() != nil:
+					require.Contains(t, []int32{int32(codes.InvalidArgument), int32(codes.DeadlineExceeded), int32(codes.ResourceExhausted)}, fr.GetPushRefused().GetCode())
+					require.Same(t, before, h.view.Snapshot("cluster-1"), "a refused snapshot changes nothing")
+					require.Zero(t, budget.InUse(), "a refusal releases what the snapshot held")
+					require.True(t, p.discarding)
+				case fr.GetPushAck() != nil && !fr.GetPushAck().GetAccepted():
+					require.Same(t, before, h.view.Snapshot("cluster-1"))
+				case fr.GetPushAck() != nil:
+					require.Equal(t, fr.GetPushAck().GetHash(), h.view.Snapshot("cluster-1").GetHash())
+				default:
+					t.Fatalf("unexpected frame %v", fr)
+				}
+			}
+			if len(frames) == 0 && p.discarding {
+				require.Same(t, before, h.view.Snapshot("cluster-1"), "a refused snapshot's parts are dropped")
+			}
+			require.Same(t, otherBefore, h.view.Snapshot("cluster-2"), "a session of cluster-1 never touches cluster-2")
+		}
+		if ended {
+			p.c.close()
+			require.Zero(t, budget.InUse(), "the session ended: nothing reserved")
+			return
+		}
+		// The session goes on: a good snapshot gets through on it.
+		for _, m := range nextMsgs {
+			frames = frames[:0]
+			if err := p.take(send, m); err != nil {
+				// The first header may meet a snapshot still in transit
+				// (a second header: refused); the next one goes through.
+				require.Equal(t, codes.ResourceExhausted, status.Code(err), err)
+				return
+			}
+		}
+		if len(frames) == 0 || frames[0].GetPushAck() == nil {
+			// The good snapshot's header met one in transit and was
+			// refused; send it again, as the agent does after a pause.
+			for _, m := range nextMsgs {
+				frames = frames[:0]
+				if err := p.take(send, m); err != nil {
+					require.Equal(t, codes.ResourceExhausted, status.Code(err), err)
+					return
+				}
+			}
+		}
+		require.Len(t, frames, 1)
+		require.True(t, frames[0].GetPushAck().GetAccepted(), frames[0].GetPushAck().GetError())
+		require.True(t, proto.Equal(next, h.view.Snapshot("cluster-1")))
+		p.c.close()
+		require.Zero(t, budget.InUse())
+	})
+}

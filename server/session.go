@@ -70,7 +70,7 @@ func (s *Server) Session(stream relaypb.Relay_SessionServer) error {
 		m := d.s.cfg.Metrics
 		m.pushClients.Inc()
 		defer m.pushClients.Dec()
-		push = &sessionPush{d: d, a: a, c: d.newChunkedStream(a, time.Now), refusals: rate.NewLimiter(rate.Every(time.Second), maxRefusalBurst)}
+		push = newSessionPush(a, func() *chunkedStream { return d.newChunkedStream(a, time.Now) })
 		defer func() { push.c.close() }()
 	}
 	// Output sets go out only once the outputs are complete (see Pull),
@@ -172,9 +172,10 @@ func (s *Server) sessionFrame(a *agent, f *relaypb.AgentFrame, bundles *bundleDe
 // chunkedStream, started afresh after each refusal, and, after one, the
 // refused snapshot's remaining parts dropped until the next header.
 type sessionPush struct {
-	d *discoveryService
 	a *agent
 	c *chunkedStream
+	// open starts the stream of the next snapshot.
+	open func() *chunkedStream
 	// discarding: a snapshot was refused; its parts still in flight are
 	// dropped until a SnapshotHeader starts the next.
 	discarding bool
@@ -184,6 +185,10 @@ type sessionPush struct {
 	// second beyond a burst, so a broken or hostile agent cannot make the
 	// server log and record refusals at line rate.
 	refusals *rate.Limiter
+}
+
+func newSessionPush(a *agent, open func() *chunkedStream) *sessionPush {
+	return &sessionPush{a: a, c: open(), open: open, refusals: rate.NewLimiter(rate.Every(time.Second), maxRefusalBurst)}
 }
 
 // maxRefusalBurst is how many refused snapshots a session may have in a
@@ -228,7 +233,7 @@ func (p *sessionPush) refuse(send func(*relaypb.ServerFrame) error, err error) e
 		return status.Error(codes.ResourceExhausted, "snapshots refused more often than once a second: "+st.Message()+"; the last accepted snapshot stays; reconnect after a pause")
 	}
 	p.c.close()
-	p.c = p.d.newChunkedStream(p.a, time.Now)
+	p.c = p.open()
 	p.discarding = true
 	return send(&relaypb.ServerFrame{Frame: &relaypb.ServerFrame_PushRefused{PushRefused: &relaypb.PushRefused{Code: int32(st.Code()), Message: st.Message()}}})
 }
