@@ -60,3 +60,33 @@ func BenchmarkRecordSync(b *testing.B) {
 		}
 	})
 }
+
+// With Sync the lines recorded between flushes are written together by
+// the flusher: a record is in the file when Record returns, and a write
+// that fails fails every record of its batch and every one after it.
+func TestSyncWritesEachRecordBeforeItReturns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	l, err := Open(Config{Path: path, Sync: true})
+	require.NoError(t, err)
+	for i := range 3 {
+		require.NoError(t, l.Record(Event{Type: CertRenew, Result: ResultSuccess, Cluster: "c1"}))
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		s, err := Verify(bytes.NewReader(b))
+		require.NoError(t, err)
+		assert.Equal(t, uint64(i+1), s.Records, "the record is on file when Record returns")
+	}
+	// The file fails under the log: the next flush's write fails.
+	l.mu.Lock()
+	require.NoError(t, l.f.Close())
+	l.mu.Unlock()
+	err = l.Record(Event{Type: CertRenew, Result: ResultSuccess, Cluster: "c1"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "failed write")
+	assert.Error(t, l.Record(Event{Type: CertRenew, Result: ResultSuccess, Cluster: "c1"}), "the log stays unusable")
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	s, err := Verify(bytes.NewReader(b))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(3), s.Records, "nothing of the failed batch reached the file")
+}

@@ -53,10 +53,14 @@ type Log struct {
 	// Group commit: durable is the last seq known to be on disk; syncing
 	// is set while one caller flushes for everyone; flushed wakes the
 	// waiters. Guarded by mu.
+	// With Sync, pending holds the lines recorded since the last flush:
+	// the flusher writes them in one write, then syncs (a write per
+	// record was 28 % of the audit log's CPU on the Renew path, pprof).
 	durable uint64
 	syncing bool
 	flushed *sync.Cond
 	syncs   uint64 // flushes done, for tests
+	pending []byte
 }
 
 var _ Recorder = (*Log)(nil)
@@ -166,21 +170,23 @@ func (l *Log) Record(e Event) error {
 	if len(line) > maxLineLen {
 		return fmt.Errorf("%w: record would be %d bytes, at most %d", ErrInvalidEvent, len(line), maxLineLen)
 	}
+	if l.sync {
+		l.pending = append(append(l.pending, line...), '\n')
+		l.seq, l.head = r.Seq, hash
+		return l.waitDurable(r.Seq)
+	}
 	if _, err := l.f.Write(append(line, '\n')); err != nil {
 		l.err = fmt.Errorf("log unusable after a failed write: %w", err)
 		return fmt.Errorf("audit: record: %w", err)
 	}
 	l.seq, l.head = r.Seq, hash
-	if l.sync {
-		return l.waitDurable(r.Seq)
-	}
 	return nil
 }
 
 // waitDurable returns once record seq is on disk. Callers hold l.mu. The
-// first caller to find no flush running flushes everything written so far
-// (outside the lock, so others keep appending); the rest wait for a flush
-// that covers them.
+// first caller to find no flush running writes and flushes everything
+// recorded so far (outside the lock, so others keep appending); the rest
+// wait for a flush that covers them.
 func (l *Log) waitDurable(seq uint64) error {
 	for l.durable < seq {
 		if l.err != nil {
@@ -191,14 +197,25 @@ func (l *Log) waitDurable(seq uint64) error {
 			continue
 		}
 		l.syncing = true
-		target, f := l.seq, l.f
+		target, f, buf := l.seq, l.f, l.pending
+		l.pending = nil
 		l.mu.Unlock()
-		err := f.Sync()
+		_, werr := f.Write(buf)
+		var err error
+		if werr == nil {
+			err = f.Sync()
+		}
 		l.mu.Lock()
 		l.syncing = false
 		l.syncs++
-		if err != nil && l.err == nil {
+		switch {
+		case werr != nil && l.err == nil:
+			l.err = fmt.Errorf("log unusable after a failed write: %w", werr)
+		case err != nil && l.err == nil:
 			l.err = fmt.Errorf("log unusable after a failed sync: %w", err)
+		}
+		if werr != nil {
+			err = werr
 		}
 		if err == nil {
 			l.durable = max(l.durable, target)
@@ -232,7 +249,13 @@ func (l *Log) Close() error {
 	l.f = nil
 	l.err = fmt.Errorf("log is closed: %w", os.ErrClosed)
 	l.flushed.Broadcast()
-	if err := errors.Join(f.Sync(), f.Close()); err != nil {
+	var werr error
+	if len(l.pending) > 0 {
+		// Recorded, not yet written: their callers wait (or gave up).
+		_, werr = f.Write(l.pending)
+		l.pending = nil
+	}
+	if err := errors.Join(werr, f.Sync(), f.Close()); err != nil {
 		return fmt.Errorf("audit: close: %w", err)
 	}
 	return nil
