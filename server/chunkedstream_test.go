@@ -77,15 +77,7 @@ func (h *chunkHarness) stream() *chunkedStream {
 func FuzzSnapshotChunks(f *testing.F) {
 	good := relaytest.Snapshot(8)
 	data, hash := relaytest.Encode(f, good)
-	seed := func(msgs ...*relaypb.SnapshotChunk) []byte {
-		var b []byte
-		for _, m := range msgs {
-			mb, err := proto.Marshal(m)
-			require.NoError(f, err)
-			b = protowire.AppendBytes(b, mb)
-		}
-		return b
-	}
+	seed := func(msgs ...*relaypb.SnapshotChunk) []byte { return seedChunks(f, msgs...) }
 	msgs := relaytest.Chunked("cluster-1", hash, data, 256)
 	f.Add(seed(msgs...))
 	f.Add(seed(append(msgs, msgs...)...))
@@ -202,15 +194,7 @@ func FuzzSnapshotChunks(f *testing.F) {
 func FuzzSessionSnapshots(f *testing.F) {
 	good := relaytest.Snapshot(8)
 	data, hash := relaytest.Encode(f, good)
-	seed := func(msgs ...*relaypb.SnapshotChunk) []byte {
-		var b []byte
-		for _, m := range msgs {
-			mb, err := proto.Marshal(m)
-			require.NoError(f, err)
-			b = protowire.AppendBytes(b, mb)
-		}
-		return b
-	}
+	seed := func(msgs ...*relaypb.SnapshotChunk) []byte { return seedChunks(f, msgs...) }
 	msgs := relaytest.Chunked("cluster-1", hash, data, 256)
 	f.Add(seed(msgs...))
 	f.Add(seed(msgs[1], msgs[2], msgs[0], msgs[1]))
@@ -311,4 +295,15 @@ func FuzzSessionSnapshots(f *testing.F) {
 		p.c.close()
 		require.Zero(t, budget.InUse())
 	})
+}
+
+// seedChunks is a fuzz input of msgs: their encodings, length-delimited.
+func seedChunks(f *testing.F, msgs ...*relaypb.SnapshotChunk) []byte {
+	var b []byte
+	for _, m := range msgs {
+		mb, err := proto.Marshal(m)
+		require.NoError(f, err)
+		b = protowire.AppendBytes(b, mb)
+	}
+	return b
 }

@@ -1073,17 +1073,11 @@ const helloTimeout = 10 * time.Second
 // the agent, by Stop, or by deregistration of its cluster. All sends happen
 // on the handler's goroutine; a reader goroutine only forwards messages.
 func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
-	a, ok := agentFrom(stream.Context())
-	if !ok {
-		return errUnauthenticated
-	}
-	ctx, cancel := context.WithCancelCause(stream.Context())
-	defer cancel(nil)
-	sess, err := s.addSession(a, cancel, true)
+	a, ctx, end, err := s.startSession(stream.Context())
 	if err != nil {
 		return err
 	}
-	defer s.removeSession(a.cluster, sess)
+	defer end()
 
 	msgs := make(chan *relaypb.AgentMessage)
 	recvErr := make(chan error, 1)
@@ -1169,6 +1163,23 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 			}
 		}
 	}
+}
+
+// startSession registers the session (Connect's or Session's) of the
+// agent authenticated on a stream, so that deregistration or isolation
+// ends ctx; end undoes it.
+func (s *Server) startSession(streamCtx context.Context) (a *agent, ctx context.Context, end func(), err error) {
+	a, ok := agentFrom(streamCtx)
+	if !ok {
+		return nil, nil, nil, errUnauthenticated
+	}
+	ctx, cancel := context.WithCancelCause(streamCtx)
+	sess, err := s.addSession(a, cancel, true)
+	if err != nil {
+		cancel(nil)
+		return nil, nil, nil, err
+	}
+	return a, ctx, func() { s.removeSession(a.cluster, sess); cancel(nil) }, nil
 }
 
 // addSession records a session of a's cluster, unless its registration

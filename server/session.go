@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"time"
 
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
@@ -19,17 +18,11 @@ func (s *Server) Session(stream relaypb.Relay_SessionServer) error {
 	if s.cfg.SessionV1Only {
 		return status.Error(codes.Unimplemented, "relay session v2 is turned off on this server: use Connect, PushChunked and Pull")
 	}
-	a, ok := agentFrom(stream.Context())
-	if !ok {
-		return errUnauthenticated
-	}
-	ctx, cancel := context.WithCancelCause(stream.Context())
-	defer cancel(nil)
-	sess, err := s.addSession(a, cancel, true)
+	a, ctx, end, err := s.startSession(stream.Context())
 	if err != nil {
 		return err
 	}
-	defer s.removeSession(a.cluster, sess)
+	defer end()
 	frames, recvErr := recvLoop(ctx, stream.Recv)
 
 	var hello *relaypb.Hello

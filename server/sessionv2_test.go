@@ -250,3 +250,19 @@ func TestSessionRefusesBrokenFrames(t *testing.T) {
 	})
 	assert.Nil(t, f.View.Ack("cluster-1"), "no broken ack was recorded")
 }
+
+// Deregistration ends a relay session v2 at once, with the status that
+// tells the agent why (as it ends Connect).
+func TestDeregistrationEndsASession(t *testing.T) {
+	f := servertest.New(t, servertest.Options{DataPath: true})
+	stream := rawSession(t, f, f.Bootstrap("cluster-2"))
+	require.Equal(t, 1.0, f.Metric(server.MetricSessions, "protocol", "2"))
+	f.Registry.Remove("cluster-2")
+	var err error
+	for err == nil {
+		_, err = stream.Recv()
+	}
+	assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "cluster deregistered")
+	require.Eventually(t, func() bool { return f.Metric(server.MetricSessions, "protocol", "2") == 0 }, 10*time.Second, 10*time.Millisecond)
+}
