@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/api/crds"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/check"
 	"github.com/stretchr/testify/assert"
@@ -324,6 +325,13 @@ func TestOperatorCLI(t *testing.T) {
 	// From here on the world is not made healthy again.
 	t.Run("root rotation in progress", func(t *testing.T) {
 		defer w.in(t)()
+		// Held at its first phase until a continue (none comes): agents
+		// ack a phase in about a second, faster than a check of the whole
+		// world runs on a loaded machine, so an unheld rotation could be
+		// over before any check saw it.
+		_, err := w.mgmtDyn.Resource(networkingv1alpha1.VirtualMeshes).Namespace("relaymesh").Patch(w.ctx, "bookinfo-federation", types.MergePatchType,
+			[]byte(`{"spec":{"mtls":{"rotationVerification":"Manual"}}}`), metav1.PatchOptions{})
+		require.NoError(t, err)
 		out := w.mustRelaymesh("ca", "rotate", "start", "relaymesh/bookinfo-federation", "--context", "mgmt")
 		assert.Contains(t, out, "relaymesh.io/root-generation=2")
 		var seen string
