@@ -17,6 +17,7 @@ import (
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -133,58 +134,9 @@ func rotate(ctx context.Context, d deps, g *globals, verb, key string, wait time
 		return err
 	}
 	vms := kube.Dynamic.Resource(networkingv1alpha1.VirtualMeshes).Namespace(ns)
-	vm, rv, err := getVirtualMesh(ctx, vms, name)
+	rot, annotation, value, err := annotateRotation(ctx, kube, g, vms, name, key, verb)
 	if err != nil {
 		return err
-	}
-	if vm.Spec.MTLS == nil || vm.Spec.MTLS.Shared == nil {
-		return fmt.Errorf("VirtualMesh %s has no shared trust (spec.mtls.shared): there is no root to rotate", key)
-	}
-	rot := vm.Status.Rotation
-	rotating := rot != nil && trust.Rotating(rot.Phase)
-	var annotation, value string
-	switch verb {
-	case "start":
-		var ambient []string
-		if !rotating && cmp.Or(vm.Spec.MTLS.RotationStrategy, networkingv1alpha1.RotationMultiRoot) == networkingv1alpha1.RotationMultiRoot {
-			ambient = ambientMeshes(ctx, kube, g.namespace, vm)
-		}
-		switch {
-		case rotating:
-			return fmt.Errorf("%s is already rotating (%s): continue or roll it back first", key, rot.Phase)
-		case len(ambient) > 0:
-			return fmt.Errorf("%s: %s", key, trust.AmbientRefusal(ambient))
-		case vm.Spec.MTLS.Shared.RootCA.Generated != nil:
-			gen, _ := strconv.Atoi(vm.Annotations[networkingv1alpha1.AnnotationRootGeneration])
-			annotation, value = networkingv1alpha1.AnnotationRootGeneration, strconv.Itoa(max(gen, 1)+1)
-		case rot != nil && rot.Phase == networkingv1alpha1.PhaseRolledBack:
-			// Try again the root the last rotation was rolled back from.
-			annotation, value = networkingv1alpha1.AnnotationRotationRetry, rot.NewRootFingerprint
-		default:
-			return fmt.Errorf("the root of %s is not generated: point spec.mtls.shared.rootCA at the new root (a new Secret, HSM key or CA service) and the server rotates to it", key)
-		}
-	case "continue":
-		if !rotating {
-			return fmt.Errorf("%s has no rotation that can continue (%s)", key, phaseOrNone(rot))
-		}
-		if !rot.AwaitingContinue {
-			return fmt.Errorf("%s is in %s and not waiting for a continue: %s", key, rot.Phase, rot.Message)
-		}
-		annotation, value = networkingv1alpha1.AnnotationRotationContinue, trust.ContinueValue(rot)
-	case "rollback":
-		if !rotating || rot.Phase == networkingv1alpha1.PhaseRollingBack {
-			return fmt.Errorf("%s has no rotation to roll back (%s)", key, phaseOrNone(rot))
-		}
-		annotation, value = networkingv1alpha1.AnnotationRotationRollback, rot.NewRootFingerprint
-	}
-	// The resourceVersion makes this fail if the VirtualMesh changed since
-	// it was read (e.g. the phase moved on).
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": rv, "annotations": map[string]string{annotation: value}}})
-	if err != nil {
-		return err
-	}
-	if _, err := vms.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("annotate %s: %w", key, err)
 	}
 	fmt.Fprintf(stdout, "%s: %s=%s\n", key, annotation, value)
 	if wait == 0 {
@@ -314,4 +266,86 @@ func rotationLine(rot *networkingv1alpha1.RotationStatus) string {
 		s += ", waiting for " + strings.Join(rot.PendingMeshes, ", ")
 	}
 	return s + "\n  " + rot.Message
+}
+
+// annotateRotation writes the annotation verb asks for. The decision is
+// made on what was read, and the annotation is written only onto that
+// resourceVersion. A conflict (most often a status write of the server's)
+// decides again on what the VirtualMesh is now, and writes only the same
+// decision: a continue meant for one phase never continues the next.
+func annotateRotation(ctx context.Context, kube *kubeclient.Clients, g *globals, vms dynamic.ResourceInterface, name, key, verb string) (rot *networkingv1alpha1.RotationStatus, annotation, value string, err error) {
+	first := ""
+	for attempt := 1; ; attempt++ {
+		rot, annotation, value, err = requestRotation(ctx, kube, g, vms, name, key, verb, first)
+		if !apierrors.IsConflict(err) || attempt == maxRotationAttempts {
+			return rot, annotation, value, err
+		}
+		first = annotation + "=" + value
+	}
+}
+
+// maxRotationAttempts bounds the attempts of annotateRotation.
+const maxRotationAttempts = 5
+
+// requestRotation reads the VirtualMesh, decides the annotation verb asks
+// for, and writes it onto the resourceVersion it read. decided, if not
+// empty, is the decision of an earlier attempt ("annotation=value"): a
+// different one now is refused, nothing written.
+func requestRotation(ctx context.Context, kube *kubeclient.Clients, g *globals, vms dynamic.ResourceInterface, name, key, verb, decided string) (rot *networkingv1alpha1.RotationStatus, annotation, value string, err error) {
+	vm, rv, err := getVirtualMesh(ctx, vms, name)
+	if err != nil {
+		return nil, "", "", err
+	}
+	if vm.Spec.MTLS == nil || vm.Spec.MTLS.Shared == nil {
+		return nil, "", "", fmt.Errorf("VirtualMesh %s has no shared trust (spec.mtls.shared): there is no root to rotate", key)
+	}
+	rot = vm.Status.Rotation
+	rotating := rot != nil && trust.Rotating(rot.Phase)
+	switch verb {
+	case "start":
+		var ambient []string
+		if !rotating && cmp.Or(vm.Spec.MTLS.RotationStrategy, networkingv1alpha1.RotationMultiRoot) == networkingv1alpha1.RotationMultiRoot {
+			ambient = ambientMeshes(ctx, kube, g.namespace, vm)
+		}
+		switch {
+		case rotating:
+			return nil, "", "", fmt.Errorf("%s is already rotating (%s): continue or roll it back first", key, rot.Phase)
+		case len(ambient) > 0:
+			return nil, "", "", fmt.Errorf("%s: %s", key, trust.AmbientRefusal(ambient))
+		case vm.Spec.MTLS.Shared.RootCA.Generated != nil:
+			gen, _ := strconv.Atoi(vm.Annotations[networkingv1alpha1.AnnotationRootGeneration])
+			annotation, value = networkingv1alpha1.AnnotationRootGeneration, strconv.Itoa(max(gen, 1)+1)
+		case rot != nil && rot.Phase == networkingv1alpha1.PhaseRolledBack:
+			// Try again the root the last rotation was rolled back from.
+			annotation, value = networkingv1alpha1.AnnotationRotationRetry, rot.NewRootFingerprint
+		default:
+			return nil, "", "", fmt.Errorf("the root of %s is not generated: point spec.mtls.shared.rootCA at the new root (a new Secret, HSM key or CA service) and the server rotates to it", key)
+		}
+	case "continue":
+		if !rotating {
+			return nil, "", "", fmt.Errorf("%s has no rotation that can continue (%s)", key, phaseOrNone(rot))
+		}
+		if !rot.AwaitingContinue {
+			return nil, "", "", fmt.Errorf("%s is in %s and not waiting for a continue: %s", key, rot.Phase, rot.Message)
+		}
+		annotation, value = networkingv1alpha1.AnnotationRotationContinue, trust.ContinueValue(rot)
+	case "rollback":
+		if !rotating || rot.Phase == networkingv1alpha1.PhaseRollingBack {
+			return nil, "", "", fmt.Errorf("%s has no rotation to roll back (%s)", key, phaseOrNone(rot))
+		}
+		annotation, value = networkingv1alpha1.AnnotationRotationRollback, rot.NewRootFingerprint
+	}
+	if decided != "" && decided != annotation+"="+value {
+		return nil, "", "", fmt.Errorf("%s changed while the request was written (first %s, now %s): nothing written; check its rotation and run the command again", key, decided, annotation+"="+value)
+	}
+	// The resourceVersion makes this fail if the VirtualMesh changed since
+	// it was read (e.g. the phase moved on).
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": rv, "annotations": map[string]string{annotation: value}}})
+	if err != nil {
+		return nil, "", "", err
+	}
+	if _, err := vms.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return rot, annotation, value, fmt.Errorf("annotate %s: %w", key, err)
+	}
+	return rot, annotation, value, nil
 }
