@@ -64,7 +64,12 @@ func (s *Server) Session(stream relaypb.Relay_SessionServer) error {
 		m.pushClients.Inc()
 		defer m.pushClients.Dec()
 		push = newSessionPush(a, func() *chunkedStream { return d.newChunkedStream(a, time.Now) })
-		defer func() { push.c.close() }()
+		defer func() {
+			push.c.close()
+			if push.timer != nil {
+				push.timer.Stop()
+			}
+		}()
 	}
 	// Output sets go out only once the outputs are complete (see Pull),
 	// and only to an agent that applies them.
@@ -178,6 +183,9 @@ type sessionPush struct {
 	// second beyond a burst, so a broken or hostile agent cannot make the
 	// server log and record refusals at line rate.
 	refusals *rate.Limiter
+	// timer fires at armed, the deadline of the snapshot in transit.
+	timer *time.Timer
+	armed time.Time
 }
 
 func newSessionPush(a *agent, open func() *chunkedStream) *sessionPush {
@@ -190,12 +198,23 @@ const maxRefusalBurst = 5
 
 // deadline fires when the snapshot in transit runs out of time; nil when
 // none is in transit.
+//
+// One timer for the session, moved only when the deadline moves: the loop
+// asks at every frame, and a new timer per frame (every part of a large
+// snapshot, every ping) was garbage on the data path.
 func (p *sessionPush) deadline() <-chan time.Time {
 	dl, ok := p.c.asm.Deadline()
 	if !ok {
 		return nil
 	}
-	return time.After(time.Until(dl))
+	switch {
+	case p.timer == nil:
+		p.timer = time.NewTimer(time.Until(dl))
+	case !dl.Equal(p.armed):
+		p.timer.Reset(time.Until(dl))
+	}
+	p.armed = dl
+	return p.timer.C
 }
 
 // take handles one chunk: an ack when it completes a snapshot, a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -265,4 +266,21 @@ func TestDeregistrationEndsASession(t *testing.T) {
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 	assert.Contains(t, status.Convert(err).Message(), "cluster deregistered")
 	require.Eventually(t, func() bool { return f.Metric(server.MetricSessions, "protocol", "2") == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// A snapshot that never finishes is refused at its deadline on a Session
+// (PushRefused, DeadlineExceeded) and the session goes on.
+func TestSessionRefusesASnapshotAtItsDeadline(t *testing.T) {
+	f := servertest.New(t, servertest.Options{DataPath: true, SnapshotDeadline: 300 * time.Millisecond})
+	stream := rawSession(t, f, f.Bootstrap("cluster-1"))
+	require.NoError(t, stream.Send(&relaypb.AgentFrame{Frame: &relaypb.AgentFrame_Snapshot{Snapshot: &relaypb.SnapshotChunk{Chunk: &relaypb.SnapshotChunk_Header{Header: &relaypb.SnapshotHeader{
+		Cluster: "cluster-1", Hash: strings.Repeat("ab", 32), Size: 100, Parts: 1}}}}}))
+	got, err := stream.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, got.GetPushRefused(), "%v", got)
+	assert.Equal(t, int32(codes.DeadlineExceeded), got.GetPushRefused().GetCode())
+	require.NoError(t, stream.Send(&relaypb.AgentFrame{Frame: &relaypb.AgentFrame_Ping{Ping: &relaypb.Ping{Nonce: 9}}}))
+	got, err = stream.Recv()
+	require.NoError(t, err)
+	assert.Equal(t, int64(9), got.GetPong().GetNonce())
 }
