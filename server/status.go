@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
@@ -68,6 +69,18 @@ type KubeStatus struct {
 	// wasted, a thousand of them when a fleet is deregistered), and a new
 	// registration of the name, another UID, is written as ever.
 	gone map[string]types.UID
+	// seen is the status each cluster's object showed at the
+	// resourceVersion sync last converted. Acks, pings and certificates
+	// each queue a sync, and most find the object as it was: converting it
+	// again every time was a thousand conversions per policy edit at 1,000
+	// clusters, for syncs that wrote nothing.
+	seen map[string]seenStatus
+}
+
+type seenStatus struct {
+	uid    types.UID
+	rv     string
+	status multiclusterv1alpha1.KubernetesClusterStatus
 }
 
 type writtenStatus struct {
@@ -162,7 +175,7 @@ func NewKubeStatus(client dynamic.Interface, namespace string, log *slog.Logger,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "cluster-status"}),
 		informer: shared.Local.Informer(multiclusterv1alpha1.KubernetesClusters),
-		state:    map[string]*agentState{}, written: map[string]writtenStatus{}, gone: map[string]types.UID{}, acks: map[string]*relaypb.PullAck{}, ackDigests: map[string]string{}}
+		state:    map[string]*agentState{}, written: map[string]writtenStatus{}, gone: map[string]types.UID{}, seen: map[string]seenStatus{}, acks: map[string]*relaypb.PullAck{}, ackDigests: map[string]string{}}
 	if cfg.Ledger != nil {
 		// A record moves a cluster's ack on as much as a status does.
 		cfg.Ledger.OnChange(k.tellAck)
@@ -269,6 +282,7 @@ func (k *KubeStatus) Forget(cluster string) {
 	k.mu.Lock()
 	delete(k.state, cluster)
 	delete(k.written, cluster)
+	delete(k.seen, cluster)
 	k.mu.Unlock()
 }
 
@@ -314,12 +328,12 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	if !exists {
 		return 0, nil // not registered (any more): nothing to write
 	}
-	kc, err := toCluster(obj)
+	kc, err := k.statusOf(cluster, obj)
 	if err != nil {
 		return 0, err
 	}
 	k.mu.Lock()
-	if uid, ok := k.gone[cluster]; ok && uid == kc.UID {
+	if uid, ok := k.gone[cluster]; ok && uid == kc.uid {
 		k.mu.Unlock()
 		return 0, nil // deregistered; the watch has not caught up
 	}
@@ -327,8 +341,8 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	if cur := k.state[cluster]; cur != nil {
 		st = *cur
 	}
-	have, rv := kc.Status, kc.ResourceVersion
-	if w, ok := k.written[cluster]; ok && w.before == kc.ResourceVersion && w.after != kc.ResourceVersion {
+	have, rv := kc.status, kc.rv
+	if w, ok := k.written[cluster]; ok && w.before == kc.rv && w.after != kc.rv {
 		have, rv = w.status, w.after
 	}
 	k.mu.Unlock()
@@ -439,10 +453,39 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	}
 	if after, err := toCluster(got); err == nil {
 		k.mu.Lock()
-		k.written[cluster] = writtenStatus{before: kc.ResourceVersion, after: after.ResourceVersion, status: after.Status}
+		k.written[cluster] = writtenStatus{before: kc.rv, after: after.ResourceVersion, status: after.Status}
+		// The watch brings this object next, at this resourceVersion:
+		// already converted.
+		k.seen[cluster] = seenStatus{uid: after.UID, rv: after.ResourceVersion, status: after.Status}
 		k.mu.Unlock()
 	}
 	return 0, nil
+}
+
+// statusOf returns the UID, resourceVersion and status of obj, cluster's
+// object as the watch shows it, converted only when its resourceVersion
+// (or UID) differs from the last one seen. The status returned is shared:
+// callers only read it.
+func (k *KubeStatus) statusOf(cluster string, obj any) (seenStatus, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return seenStatus{}, fmt.Errorf("unexpected object %T", obj)
+	}
+	k.mu.Lock()
+	s, ok := k.seen[cluster]
+	k.mu.Unlock()
+	if ok && s.rv == u.GetResourceVersion() && s.uid == u.GetUID() {
+		return s, nil
+	}
+	kc, err := toCluster(obj)
+	if err != nil {
+		return seenStatus{}, err
+	}
+	s = seenStatus{uid: kc.UID, rv: kc.ResourceVersion, status: kc.Status}
+	k.mu.Lock()
+	k.seen[cluster] = s
+	k.mu.Unlock()
+	return s, nil
 }
 
 // heartbeat is cluster's own heartbeat: between Heartbeat and 1.5 ×
@@ -606,30 +649,36 @@ func (k *KubeStatus) tellAck(cluster string) {
 // recordAck keeps the ack a watched KubernetesCluster's status shows and,
 // when it changed, tells the listeners.
 func (k *KubeStatus) recordAck(obj any) {
-	kc, err := toCluster(obj)
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return
+	}
+	name := u.GetName()
+	// Converted once per resourceVersion for this and the next sync.
+	kc, err := k.statusOf(name, obj)
 	if err != nil {
 		return
 	}
 	var ack *relaypb.PullAck
-	if kc.Status.AppliedOutputs != nil {
-		ack = ackOf(kc.Status.AppliedOutputs)
+	if kc.status.AppliedOutputs != nil {
+		ack = ackOf(kc.status.AppliedOutputs)
 	}
 	k.mu.Lock()
-	changed := !proto.Equal(k.acks[kc.Name], ack)
+	changed := !proto.Equal(k.acks[name], ack)
 	if ack == nil {
-		delete(k.acks, kc.Name)
-		delete(k.ackDigests, kc.Name)
+		delete(k.acks, name)
+		delete(k.ackDigests, name)
 	} else if changed {
 		// Only when it changed: most updates are heartbeats and
 		// certificates, not acks.
-		k.acks[kc.Name] = ack
-		k.ackDigests[kc.Name] = ResultsDigest(kc.Status.AppliedOutputs.Results)
+		k.acks[name] = ack
+		k.ackDigests[name] = ResultsDigest(kc.status.AppliedOutputs.Results)
 	}
 	listeners := k.ackListeners
 	k.mu.Unlock()
 	if changed && ack != nil {
 		for _, f := range listeners {
-			f(kc.Name)
+			f(name)
 		}
 	}
 }
@@ -645,6 +694,7 @@ func (k *KubeStatus) forgetAck(obj any) {
 		delete(k.acks, name)
 		delete(k.ackDigests, name)
 		delete(k.gone, name)
+		delete(k.seen, name)
 		k.mu.Unlock()
 	}
 }
