@@ -725,7 +725,15 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclu
 		}
 	}
 	c.mu.Unlock()
+	if !c.leading() {
+		return
+	}
 	for _, name := range slices.Sorted(maps.Keys(sts)) {
+		if len(sts[name]) == 0 && !shown[name] {
+			// Nothing granted and nothing shown: no body to build. Most
+			// clusters have no grant, and this runs after every ack.
+			continue
+		}
 		status := map[string]any{}
 		if len(sts[name]) > 0 {
 			status["trustDomains"] = sts[name]
@@ -736,7 +744,7 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclu
 			continue
 		}
 		c.mu.Lock()
-		same := c.grantWritten[name] == string(body) || (len(sts[name]) == 0 && !shown[name])
+		same := c.grantWritten[name] == string(body)
 		c.mu.Unlock()
 		if same || !c.leading() {
 			continue
