@@ -17,12 +17,12 @@ import (
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/trust"
 	"github.com/spf13/cobra"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/util/retry"
 )
 
 const rotateSynopsis = `start VIRTUALMESH: rotate a generated root: the server makes a new root and
@@ -271,17 +271,22 @@ func rotationLine(rot *networkingv1alpha1.RotationStatus) string {
 // annotateRotation writes the annotation verb asks for. The decision is
 // made on what was read, and the annotation is written only onto that
 // resourceVersion. A conflict (most often a status write of the server's)
-// decides again on what the VirtualMesh is now, and writes only the same
-// decision: a continue meant for one phase never continues the next.
+// decides again on what the VirtualMesh is now, after client-go's short
+// conflict backoff, and writes only the same decision: a continue meant
+// for one phase never continues the next.
 func annotateRotation(ctx context.Context, kube *kubeclient.Clients, g *globals, vms dynamic.ResourceInterface, name, key, verb string) (rot *networkingv1alpha1.RotationStatus, annotation, value string, err error) {
 	first := ""
-	for attempt := 1; ; attempt++ {
+	backoff := retry.DefaultRetry
+	backoff.Steps = maxRotationAttempts
+	err = retry.RetryOnConflict(backoff, func() error {
+		var err error
 		rot, annotation, value, err = requestRotation(ctx, kube, g, vms, name, key, verb, first)
-		if !apierrors.IsConflict(err) || attempt == maxRotationAttempts {
-			return rot, annotation, value, err
+		if first == "" && annotation != "" {
+			first = annotation + "=" + value
 		}
-		first = annotation + "=" + value
-	}
+		return err
+	})
+	return rot, annotation, value, err
 }
 
 // maxRotationAttempts bounds the attempts of annotateRotation.
