@@ -35,17 +35,15 @@ import (
 //     backends), localized, the locality failover directives. A's waypoint
 //     applies it.
 //
-//   - spec.hostname (HTTP, HTTP2, GRPC ports): a ServiceEntry with the
-//     hostname's address bound to A's Service's waypoint, and an HTTPRoute
-//     attached to it that sends every request to A's Service; other
-//     protocols are not published (a warning): clients call the Service.
+//   - spec.hostname: a ServiceEntry with the hostname's address bound to
+//     A's Service's waypoint, and a route attached to it that sends
+//     everything to A's Service: an HTTPRoute for HTTP, HTTP2 and GRPC
+//     ports, a TCPRoute for TCP, TLS and HTTPS ones (the waypoint proxies
+//     their bytes, TLS included, without terminating them).
 //
 // A target cluster without a backend of its own gets nothing from the
 // VirtualDestination (a warning): its ambient clients reach the Service by
 // VirtualMesh federation.
-
-// ambientFailoverDoc is the design the warnings point to.
-const ambientFailoverDoc = "docs/design/2026-12-04-ambient-failover.md"
 
 // The labels that bind a Service or ServiceEntry to a waypoint.
 var (
@@ -152,11 +150,7 @@ func (s *vdState) backendMember(in *translation.Input, b *backend) *member {
 // gateways, and the DestinationRule its waypoint fails over by.
 func (s *vdState) translateAmbient(in *translation.Input, ids *identityIndex, alloc *allocator, out *translation.Output) {
 	name := objectName(vdNamePrefix, s.vd.Name, s.vd.Namespace)
-	publish := ambientRoutable(vdProtocol(s.vd.Spec.Port))
-	var addr string
-	if publish {
-		addr = alloc.address(s.vd.Spec.Hostname)
-	}
+	addr := alloc.address(s.vd.Spec.Hostname)
 	firstNetwork := ""
 	if m := s.backendMember(in, s.backend[0]); m != nil {
 		firstNetwork = m.istio().Ambient.Network
@@ -199,27 +193,29 @@ func (s *vdState) translateAmbient(in *translation.Input, ids *identityIndex, al
 		if err := out.Add(m.cluster, apiNetworking, "DestinationRule", ks.Ref.Namespace, name, dr, s.parent); err != nil {
 			s.errs = append(s.errs, err.Error())
 		}
-		if publish {
-			s.publishAmbientHostname(in, out, m, local, name, addr)
-		}
-	}
-	if !publish {
-		s.warns = append(s.warns, fmt.Sprintf("the target meshes are ambient and spec.port.protocol is %s: spec.hostname %s is published for HTTP, HTTP2 and GRPC only (a waypoint routes it with an HTTPRoute); clients call each cluster's own Service %s, whose waypoint fails over (%s)",
-			vdProtocol(s.vd.Spec.Port), s.vd.Spec.Hostname, translation.LocalHostname(s.backend[0].d, ""), ambientFailoverDoc))
+		s.publishAmbientHostname(in, out, m, local, name, addr)
 	}
 }
 
-// ambientRoutable says whether a waypoint can route the hostname to the
-// Service with an HTTPRoute: HTTP-family ports.
-func ambientRoutable(protocol string) bool {
-	return protocol == "HTTP" || protocol == "HTTP2" || protocol == "GRPC"
+// ambientRouteKind is the Gateway API route a waypoint takes spec.hostname
+// by: an HTTPRoute for the HTTP family, whose requests it routes; a
+// TCPRoute for TCP, TLS and HTTPS, whose connections it proxies without
+// terminating (for a port that is not HTTP the waypoint builds a TCP
+// filter chain and honours TCP routes, pilot's listener_waypoint.go).
+func ambientRouteKind(protocol string) string {
+	switch protocol {
+	case "HTTP", "HTTP2", "GRPC":
+		return "HTTPRoute"
+	}
+	return "TCPRoute"
 }
 
 // publishAmbientHostname writes spec.hostname in m's cluster, in the
 // namespace of local's Service: a ServiceEntry with the hostname's
 // address, bound to the Service's waypoint (so ztunnel hands its traffic
-// to that waypoint), and an HTTPRoute attached to it that sends every
-// request to the Service, whose cluster at the waypoint fails over.
+// to that waypoint), and a route attached to it (ambientRouteKind) that
+// sends everything to the Service, whose cluster at the waypoint fails
+// over.
 func (s *vdState) publishAmbientHostname(in *translation.Input, out *translation.Output, m *member, local *backend, name, addr string) {
 	ks := local.d.Spec.KubeService
 	wp, _, _ := translation.ServingWaypoint(in, local.d) // validated
@@ -235,7 +231,7 @@ func (s *vdState) publishAmbientHostname(in *translation.Input, out *translation
 		"parentRefs": []any{map[string]any{"group": "networking.istio.io", "kind": "ServiceEntry", "name": name, "port": s.vd.Spec.Port.Number}},
 		"rules":      []any{map[string]any{"backendRefs": []any{map[string]any{"name": ks.Ref.Name, "port": local.port}}}},
 	}
-	if err := out.AddObject(m.cluster, apiGateway, "HTTPRoute", ks.Ref.Namespace, name, route, s.parent); err != nil {
+	if err := out.AddObject(m.cluster, apiGateway, ambientRouteKind(vdProtocol(s.vd.Spec.Port)), ks.Ref.Namespace, name, route, s.parent); err != nil {
 		s.errs = append(s.errs, err.Error())
 	}
 }

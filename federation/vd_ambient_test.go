@@ -149,3 +149,42 @@ func TestAmbientFailoverWithOneAccessPolicyOnBoth(t *testing.T) {
 	require.NotContains(t, report, "Invalid", report)
 	assert.Len(t, out.Objects(), 11, "per cluster: the gateway, the hostname (ServiceEntry, HTTPRoute), the DestinationRule and the entries")
 }
+
+// spec.hostname is published for every protocol a VirtualDestination
+// takes: the waypoint routes the HTTP family's requests with an HTTPRoute
+// and proxies TCP, TLS and HTTPS connections with a TCPRoute, both
+// attached to the hostname's ServiceEntry and sending everything to the
+// cluster's own Service. Nothing warns that the hostname is not published.
+func TestAmbientFailoverPublishesTheHostnameForEveryProtocol(t *testing.T) {
+	for _, tc := range []struct{ protocol, route string }{
+		{"HTTP", "HTTPRoute"}, {"http2", "HTTPRoute"}, {"GRPC", "HTTPRoute"},
+		{"TCP", "TCPRoute"}, {"TLS", "TCPRoute"}, {"HTTPS", "TCPRoute"},
+	} {
+		t.Run(tc.protocol, func(t *testing.T) {
+			in := ambientVDInput(t)
+			in.VirtualDestinations[0].Spec.Port.Protocol = tc.protocol
+			out, r := translateVD(in)
+			report := string(translationtest.RenderReport(t, r))
+			require.NotContains(t, report, "Invalid", report)
+			assert.NotContains(t, report, "published", "no warning about the hostname")
+			routes := map[string]int{}
+			for _, o := range out.Objects() {
+				u := o.Object
+				switch u.GetKind() {
+				case "HTTPRoute", "TCPRoute":
+					routes[u.GetKind()]++
+					assert.Equal(t, "gateway.networking.k8s.io/v1", u.GetAPIVersion())
+					spec := u.Object["spec"].(map[string]any)
+					assert.Equal(t, []any{map[string]any{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "relaymesh-vd-reviews-shop", "port": float64(9080)}}, spec["parentRefs"], o.Cluster)
+					assert.Equal(t, []any{map[string]any{"backendRefs": []any{map[string]any{"name": "reviews", "port": float64(9080)}}}}, spec["rules"], o.Cluster)
+				case "ServiceEntry":
+					ports := u.Object["spec"].(map[string]any)["ports"].([]any)
+					require.Len(t, ports, 1)
+					assert.Equal(t, strings.ToUpper(tc.protocol), ports[0].(map[string]any)["protocol"], o.Cluster)
+					assert.Equal(t, "waypoint", u.GetLabels()["istio.io/use-waypoint"], o.Cluster)
+				}
+			}
+			assert.Equal(t, map[string]int{tc.route: 2}, routes, "one route per cluster, of the protocol's kind")
+		})
+	}
+}

@@ -24,6 +24,7 @@ func TestApplierManagesTheGatewayRoutes(t *testing.T) {
 	routes := []schema.GroupVersionKind{
 		{Group: "gateway.networking.k8s.io", Version: "v1", Kind: "HTTPRoute"},
 		{Group: "gateway.networking.k8s.io", Version: "v1", Kind: "GRPCRoute"},
+		{Group: "gateway.networking.k8s.io", Version: "v1", Kind: "TCPRoute"},
 	}
 	assert.Equal(t, append(append([]schema.GroupVersionKind(nil), apply.DefaultKinds...), routes...), cfg.Kinds)
 	assert.Equal(t, routes, cfg.OptionalKinds)

@@ -9,10 +9,12 @@ import (
 	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/federation"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/translation"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -121,4 +123,38 @@ func TestAmbientFailoverEntriesJoinOnlyGlobalServices(t *testing.T) {
 		require.Contains(t, results, k)
 		assert.Nil(t, f.get(t, workloadEntries, "shop", k[len("WorkloadEntry/shop/"):]), "%s pruned once the consent is gone", k)
 	}
+}
+
+// A VirtualDestination on a TCP port publishes its hostname with a
+// TCPRoute: the agent applies it to a cluster serving Gateway API's
+// standard CRDs (their schema accepts it), and when the port changes from
+// HTTP to TCP the next set applies the TCPRoute and prunes the HTTPRoute.
+func TestAmbientFailoverHostnameRouteFollowsTheProtocol(t *testing.T) {
+	f := ambientFixture(t)
+	a := f.applier(t, func(c *apply.Config) {
+		c.Kinds = append(append(slices.Clone(apply.DefaultKinds), apply.GatewayRouteKinds...), apply.AmbientFederationKinds...)
+		c.OptionalKinds = append(append(c.OptionalKinds, apply.GatewayRouteKinds...), apply.AmbientFederationGateway)
+		c.LocalNetworks = func() []string { return []string{"net-1"} }
+	})
+	tcp := editedGoldenSet(t, "vd-ambient-failover", func(in *translation.Input) {
+		in.VirtualDestinations[0].Spec.Port.Protocol = "TCP"
+	}, federation.TranslateVirtualDestinations, 6, "a Gateway, the hostname (ServiceEntry, TCPRoute), a DestinationRule and two WorkloadEntries")
+	route := func(kind string) string { return key(kind, "shop", "relaymesh-vd-reviews-shop") }
+
+	results := apply1(t, a, ambientFailoverSet(t)...)
+	require.Equal(t, apply.OutcomeApplied, results[route("HTTPRoute")].GetOutcome(), results[route("HTTPRoute")].GetError())
+	require.NotNil(t, f.get(t, outputs.HTTPRoutes, "shop", "relaymesh-vd-reviews-shop"))
+
+	results = apply1(t, a, tcp...)
+	require.Equal(t, apply.OutcomeApplied, results[route("TCPRoute")].GetOutcome(), results[route("TCPRoute")].GetError())
+	live := f.get(t, outputs.TCPRoutes, "shop", "relaymesh-vd-reviews-shop")
+	require.NotNil(t, live)
+	assert.Equal(t, owner, live.GetLabels()[outputs.OwnerLabel])
+	assert.Equal(t, "ServiceEntry", live.Object["spec"].(map[string]any)["parentRefs"].([]any)[0].(map[string]any)["kind"])
+	assert.Nil(t, f.get(t, outputs.HTTPRoutes, "shop", "relaymesh-vd-reviews-shop"), "the HTTPRoute is pruned")
+	se := f.get(t, serviceEntries, "shop", "relaymesh-vd-reviews-shop")
+	require.NotNil(t, se)
+	ports, _, _ := unstructured.NestedSlice(se.Object, "spec", "ports")
+	require.Len(t, ports, 1)
+	assert.Equal(t, "TCP", ports[0].(map[string]any)["protocol"])
 }

@@ -29,7 +29,17 @@ var (
 // input: the real translator's output, of n objects.
 func goldenSet(t *testing.T, golden string, translate func(*translation.Input, *translation.Output, *translation.Report), n int, what string) []*relaypb.OutputObject {
 	t.Helper()
+	return editedGoldenSet(t, golden, nil, translate, n, what)
+}
+
+// editedGoldenSet is goldenSet with the golden's input changed by edit
+// first (nil: unchanged).
+func editedGoldenSet(t *testing.T, golden string, edit func(*translation.Input), translate func(*translation.Input, *translation.Output, *translation.Report), n int, what string) []*relaypb.OutputObject {
+	t.Helper()
 	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", golden))
+	if edit != nil {
+		edit(in)
+	}
 	out, r := translation.NewOutput(), translation.NewReport()
 	translate(in, out, r)
 	set := translationtest.OutputSet(t, out, "cluster-1")

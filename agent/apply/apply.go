@@ -55,8 +55,9 @@ var ErrSetRefused = errors.New("output set refused")
 var DefaultKinds = outputs.IstioGroupVersionKinds()
 
 // GatewayRouteKinds are the Gateway API routes Relaymesh writes for ambient
-// Destinations (HTTPRoute, GRPCRoute). An agent adds them to its Kinds and
-// its OptionalKinds: a cluster without Gateway API's CRDs serves neither.
+// Destinations (HTTPRoute, GRPCRoute, TCPRoute). An agent adds them to its
+// Kinds and its OptionalKinds: a cluster without Gateway API's CRDs serves
+// none of them, and an older Gateway API no TCPRoute at v1.
 var GatewayRouteKinds = gatewayRouteKinds()
 
 func gatewayRouteKinds() []schema.GroupVersionKind {

@@ -36,6 +36,10 @@ var (
 var (
 	HTTPRoutes = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "httproutes"}
 	GRPCRoutes = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "grpcroutes"}
+	// TCPRoutes: an ambient VirtualDestination's hostname on a TCP, TLS or
+	// HTTPS port (standard channel at v1 in the Gateway API Istio builds
+	// with, v1.6; older releases had it only in the experimental channel).
+	TCPRoutes = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "tcproutes"}
 )
 
 // GatewayRouteKinds returns the Gateway API kinds Relaymesh writes, with
@@ -45,6 +49,7 @@ func GatewayRouteKinds() []IstioKind {
 	return []IstioKind{
 		{Kind: HTTPRoutes.GroupVersion().WithKind("HTTPRoute"), Resource: HTTPRoutes},
 		{Kind: GRPCRoutes.GroupVersion().WithKind("GRPCRoute"), Resource: GRPCRoutes},
+		{Kind: TCPRoutes.GroupVersion().WithKind("TCPRoute"), Resource: TCPRoutes},
 	}
 }
 

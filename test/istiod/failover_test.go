@@ -34,10 +34,14 @@ const (
 )
 
 // ambientFailoverOutput is the real translator's output for cluster-1 from
-// the vd-ambient-failover golden input.
-func ambientFailoverOutput(t *testing.T) []byte {
+// the vd-ambient-failover golden input, whose VirtualDestination port is
+// HTTP; protocol, when set, replaces it.
+func ambientFailoverOutput(t *testing.T, protocol string) []byte {
 	t.Helper()
 	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", "vd-ambient-failover"))
+	if protocol != "" {
+		in.VirtualDestinations[0].Spec.Port.Protocol = protocol
+	}
 	out, r := translation.NewOutput(), translation.NewReport()
 	federation.TranslateVirtualDestinations(in, out, r)
 	mine := translation.NewOutput()
@@ -69,7 +73,7 @@ func TestAmbientFailoverFromAWaypointsEDS(t *testing.T) {
 	require.NoError(t, err)
 
 	globalReviewsBehindWaypoint(ctx, t, cs, dyn)
-	_, err = cluster.Apply(ctx, "relaymesh-test", ambientFailoverOutput(t))
+	_, err = cluster.Apply(ctx, "relaymesh-test", ambientFailoverOutput(t, ""))
 	require.NoError(t, err)
 
 	// spec.hostname: ztunnel hands reviews.global to the waypoint, and the
@@ -147,6 +151,46 @@ func TestAmbientFailoverFromAWaypointsEDS(t *testing.T) {
 	drs := schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "destinationrules"}
 	require.NoError(t, dyn.Resource(drs).Namespace("shop").Delete(ctx, "relaymesh-vd-reviews-shop", metav1.DeleteOptions{}))
 	await("without the DestinationRule", map[uint32][]string{0: {remote, local}}, map[uint32]int{0: 100})
+
+	// The same VirtualDestination on a TCP port: what the agent would do
+	// with the new set (the HTTPRoute pruned, the rest applied), and the
+	// waypoint proxies reviews.global's connections to the same cluster.
+	httpRoutes := schema.GroupVersionResource{Group: translationtest.GatewayAPIGroup, Version: "v1", Resource: "httproutes"}
+	require.NoError(t, dyn.Resource(httpRoutes).Namespace("shop").Delete(ctx, "relaymesh-vd-reviews-shop", metav1.DeleteOptions{}))
+	_, err = cluster.Apply(ctx, "relaymesh-test", ambientFailoverOutput(t, "TCP"))
+	require.NoError(t, err)
+	checkTCPHostnameProxiedByTheWaypoint(ctx, t, d, node, "inbound-vip|9080|http|"+failoverHost)
+	// The route is what sends it there: without it the waypoint proxies
+	// the hostname to its own cluster, which has no endpoint.
+	tcpRoutes := schema.GroupVersionResource{Group: translationtest.GatewayAPIGroup, Version: "v1", Resource: "tcproutes"}
+	require.NoError(t, dyn.Resource(tcpRoutes).Namespace("shop").Delete(ctx, "relaymesh-vd-reviews-shop", metav1.DeleteOptions{}))
+	checkTCPHostnameProxiedByTheWaypoint(ctx, t, d, node, "inbound-vip|9080|tcp|"+vdHostname)
+}
+
+// checkTCPHostnameProxiedByTheWaypoint proves a TCP VirtualDestination's
+// hostname from istiod's xDS: the posing waypoint's filter chain for
+// reviews.global proxies every connection (a TCP proxy, no HTTP connection
+// manager) to cluster, the Service's cluster that fails over.
+func checkTCPHostnameProxiedByTheWaypoint(ctx context.Context, t *testing.T, d *Istiod, node *corev3.Node, cluster string) {
+	t.Helper()
+	wait, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	lds, err := d.WatchDelta(ctx, node, ListenerTypeURL)
+	require.NoError(t, err)
+	defer lds.Close()
+	var chain, got string
+	require.NoError(t, lds.Await(wait, func(res map[string]*anypb.Any) error {
+		var err error
+		chain, got, err = waypointTCPProxy(res, vdHostname)
+		if err != nil {
+			return err
+		}
+		if got != cluster {
+			return fmt.Errorf("%s proxied to %q by chain %s", vdHostname, got, chain)
+		}
+		return nil
+	}), "the waypoint's TCP proxy for %s", vdHostname)
+	t.Logf("the waypoint's chain %s proxies %s to %q", chain, vdHostname, got)
 }
 
 func cmpOr(a, b string) string {

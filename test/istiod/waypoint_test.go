@@ -12,6 +12,7 @@ import (
 	rbacconfigv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -110,6 +111,43 @@ func waypointHCM(res map[string]*anypb.Any, host string) (string, *hcmv3.HttpCon
 		}
 	}
 	return "", nil, fmt.Errorf("no filter chain for %s with an HTTP connection manager among %q", host, chains)
+}
+
+// waypointTCPProxy finds, in the waypoint's listeners, the filter chain for
+// host that proxies connections (a TCP proxy and no HTTP connection
+// manager) and returns its name and the one cluster it sends to.
+func waypointTCPProxy(res map[string]*anypb.Any, host string) (chain, cluster string, err error) {
+	var chains []string
+	for _, name := range sortedKeys(res) {
+		l := &listenerv3.Listener{}
+		if err := res[name].UnmarshalTo(l); err != nil {
+			return "", "", fmt.Errorf("listener %s: %w", name, err)
+		}
+		for _, fc := range l.GetFilterChains() {
+			chains = append(chains, fc.GetName())
+			if !strings.Contains(fc.GetName(), host) {
+				continue
+			}
+			var proxy *tcpproxyv3.TcpProxy
+			for _, f := range fc.GetFilters() {
+				if f.GetTypedConfig().UnmarshalTo(&hcmv3.HttpConnectionManager{}) == nil {
+					proxy = nil
+					break
+				}
+				if p := (&tcpproxyv3.TcpProxy{}); f.GetTypedConfig().UnmarshalTo(p) == nil {
+					proxy = p
+				}
+			}
+			if proxy == nil {
+				continue
+			}
+			if proxy.GetCluster() == "" {
+				return fc.GetName(), "", fmt.Errorf("chain %s proxies %s to no single cluster (%v)", fc.GetName(), host, proxy.GetClusterSpecifier())
+			}
+			return fc.GetName(), proxy.GetCluster(), nil
+		}
+	}
+	return "", "", fmt.Errorf("no filter chain for %s with a TCP proxy among %q", host, chains)
 }
 
 // waypointRBAC finds, in the waypoint's listeners, the filter chain for

@@ -134,18 +134,18 @@ func CleanupCommands(owner string) []string {
 	for _, gvk := range apply.DefaultKinds {
 		kinds = append(kinds, Resource(gvk).Resource+"."+gvk.Group)
 	}
-	// The Gateway API routes (ambient meshes) get a command of their own:
-	// kubectl refuses a whole command that names a resource the cluster does
-	// not serve, and most clusters without ambient have no Gateway API CRDs.
-	routes := make([]string, 0, len(apply.GatewayRouteKinds))
-	for _, gvk := range apply.GatewayRouteKinds {
-		routes = append(routes, Resource(gvk).Resource+"."+gvk.Group)
-	}
-	return []string{
+	// The Gateway API routes (ambient meshes) get a command each: kubectl
+	// refuses a whole command that names a resource the cluster does not
+	// serve, most clusters without ambient have no Gateway API CRDs, and an
+	// older Gateway API has no TCPRoute at v1.
+	cmds := []string{
 		fmt.Sprintf("kubectl delete %s --all-namespaces -l %s=%s", strings.Join(kinds, ","), outputs.OwnerLabel, owner),
 		fmt.Sprintf("kubectl delete secrets --all-namespaces -l %s=%s --field-selector metadata.name=%s", outputs.OwnerLabel, owner, trust.SecretName),
-		fmt.Sprintf("kubectl delete %s --all-namespaces -l %s=%s # only where the Gateway API CRDs are installed", strings.Join(routes, ","), outputs.OwnerLabel, owner),
 	}
+	for _, gvk := range apply.GatewayRouteKinds {
+		cmds = append(cmds, fmt.Sprintf("kubectl delete %s --all-namespaces -l %s=%s # only where the cluster serves it", Resource(gvk).Resource+"."+gvk.Group, outputs.OwnerLabel, owner))
+	}
+	return cmds
 }
 
 // Resource is the resource of one of the agent's kinds (apply.DefaultKinds),

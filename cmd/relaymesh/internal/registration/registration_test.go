@@ -102,14 +102,15 @@ func TestBundleObjects(t *testing.T) {
 // resource name, and selects only what carries the agent's owner label.
 func TestCleanupCommandsNameEveryKindTheAgentApplies(t *testing.T) {
 	cmds := CleanupCommands("relaymesh-agent")
-	require.Len(t, cmds, 3)
+	require.Len(t, cmds, 5)
 	for _, want := range []string{"virtualservices.networking.istio.io", "destinationrules.networking.istio.io", "serviceentries.networking.istio.io",
 		"gateways.networking.istio.io", "authorizationpolicies.security.istio.io", "peerauthentications.security.istio.io", "-l relaymesh.io/owner=relaymesh-agent"} {
 		assert.Contains(t, cmds[0], want)
 	}
 	assert.Equal(t, "kubectl delete secrets --all-namespaces -l relaymesh.io/owner=relaymesh-agent --field-selector metadata.name=cacerts", cmds[1])
-	for _, want := range []string{"httproutes.gateway.networking.k8s.io", "grpcroutes.gateway.networking.k8s.io", "-l relaymesh.io/owner=relaymesh-agent"} {
-		assert.Contains(t, cmds[2], want)
+	// A command per Gateway API route: a cluster may serve some of them.
+	for i, route := range []string{"httproutes.gateway.networking.k8s.io", "grpcroutes.gateway.networking.k8s.io", "tcproutes.gateway.networking.k8s.io"} {
+		assert.Contains(t, cmds[2+i], "kubectl delete "+route+" --all-namespaces -l relaymesh.io/owner=relaymesh-agent")
 	}
 }
 
