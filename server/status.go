@@ -156,8 +156,12 @@ func (c StatusConfig) withDefaults() StatusConfig {
 type agentState struct {
 	connected bool
 	cert      *multiclusterv1alpha1.AgentCertificate
-	version   string
-	lastSeen  time.Time
+	// earlier are the serials of the certificates this replica issued to
+	// the agent before cert, the last maxEarlierCerts of them: the status
+	// may name one of them, and cert then replaces it whatever the serials.
+	earlier  []string
+	version  string
+	lastSeen time.Time
 	// clockOffset is the agent's clock minus ours at its last Hello.
 	clockOffset *time.Duration
 	// ack is the agent's last ack, as the status keeps it.
@@ -248,6 +252,12 @@ func (k *KubeStatus) CertificateIssued(cluster string, cert *x509.Certificate, v
 	facts := &multiclusterv1alpha1.AgentCertificate{Serial: fmt.Sprintf("%x", cert.SerialNumber), SPIFFEID: cert.URIs[0].String(),
 		NotAfter: metav1.NewTime(cert.NotAfter.UTC().Truncate(time.Second))}
 	k.mark(cluster, func(st *agentState) {
+		if st.cert != nil && st.cert.Serial != facts.Serial {
+			st.earlier = append(st.earlier, st.cert.Serial)
+			if len(st.earlier) > maxEarlierCerts {
+				st.earlier = st.earlier[len(st.earlier)-maxEarlierCerts:]
+			}
+		}
 		st.cert = facts
 		if version != "" {
 			st.version = version
@@ -363,7 +373,7 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 		// cluster's, not the session's: agents renew at any replica, and a
 		// renewal not written kept the relay root rotation waiting for an
 		// agent that had long renewed under the new root.
-		st = agentState{cert: st.cert}
+		st = agentState{cert: st.cert, earlier: st.earlier}
 	}
 	// An ack whose results are what the status shows only moved the
 	// version on: that is written with the heartbeat (or the next change),
@@ -378,7 +388,7 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 			ackDue = true
 		}
 	}
-	if st.cert != nil && newerCert(st.cert, have.AgentCertificate) {
+	if st.cert != nil && newerCert(st.cert, have.AgentCertificate, st.earlier) {
 		patch["agentCertificate"] = st.cert
 	}
 	if st.discovered != nil && (have.Discovered == nil || *have.Discovered != *st.discovered) {
@@ -571,18 +581,27 @@ func sameResults(a, b []multiclusterv1alpha1.AppliedResult) bool {
 	return len(a) == len(b) && (len(a) == 0 || reflect.DeepEqual(a, b))
 }
 
+// maxEarlierCerts bounds agentState.earlier: more renewals than this
+// within one second of one another are not an agent's.
+const maxEarlierCerts = 8
+
 // newerCert reports whether want is a later certificate than have: one
 // that ends later (every replica issues with the same lifetime, so the
 // later end is the later issue), so replicas that issued to one agent in
-// turn never write an older certificate over a newer one. Two that end in
-// the same second are ordered by serial number, so two replicas never
-// take turns writing theirs.
-func newerCert(want, have *multiclusterv1alpha1.AgentCertificate) bool {
+// turn never write an older certificate over a newer one. Of two that end
+// in the same second, want is the later when this replica issued have
+// before it (earlier); otherwise they are ordered by serial number, so two
+// replicas never take turns writing theirs.
+func newerCert(want, have *multiclusterv1alpha1.AgentCertificate, earlier []string) bool {
 	switch {
 	case have == nil:
 		return true
 	case !want.NotAfter.Equal(&have.NotAfter):
 		return want.NotAfter.After(have.NotAfter.Time)
+	case have.Serial == want.Serial:
+		return false
+	case slices.Contains(earlier, have.Serial):
+		return true
 	}
 	// want is ours (CertificateIssued formats it); a serial in the status
 	// that does not parse was not written by a replica: replaced.

@@ -122,6 +122,22 @@ func TestClusterStatusAcrossReplicas(t *testing.T) {
 	assert.Equal(t, "b", st.Replica, "and the session stays b's")
 	assert.True(t, st.Connected)
 
+	// Two renewals within one second end in the same second: the later
+	// one is written although its serial is the lower (serials are
+	// random), because the replica that issued both knows their order;
+	// another replica's certificate of that second is ordered by serial.
+	a.CertificateIssued("c1", cert(0x90, t0.Add(3*time.Hour)), "")
+	eventually("a's renewal", func(s multiclusterv1alpha1.KubernetesClusterStatus) bool {
+		return s.AgentCertificate != nil && s.AgentCertificate.Serial == "90"
+	})
+	a.CertificateIssued("c1", cert(0x50, t0.Add(3*time.Hour)), "")
+	eventually("a's next renewal in the same second, lower serial", func(s multiclusterv1alpha1.KubernetesClusterStatus) bool {
+		return s.AgentCertificate != nil && s.AgentCertificate.Serial == "50"
+	})
+	b.CertificateIssued("c1", cert(0x40, t0.Add(3*time.Hour)), "")
+	time.Sleep(500 * time.Millisecond)
+	assert.Equal(t, "50", status().AgentCertificate.Serial, "another replica's certificate of that second, lower serial: not written over it")
+
 	// b is gone (its Lease expired): the leader's sweep marks c1
 	// disconnected; a cluster of a live replica stays.
 	sweepCtx, stopSweep := context.WithCancel(ctx)
