@@ -1,6 +1,7 @@
 package helm
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"path/filepath"
@@ -28,7 +29,8 @@ import (
 // ambientFederationRBAC: the agent chart's ServiceAccount, as installed in
 // namespace agent-<variant> by TestChartsOnARealAPIServer, applies and
 // prunes what ambient federation writes (the real translator's objects
-// for cluster-1 of the ambient-multinetwork golden) with the rules of
+// for cluster-1 of the ambient-multinetwork golden, and an ambient
+// VirtualDestination hostname's TCPRoute) with the rules of
 // ambientFederation.enabled, and may not with the defaults'.
 func ambientFederationRBAC(ctx context.Context, t *testing.T, c *localcluster.Cluster) {
 	translationtest.InstallGatewayAPI(ctx, t, c)
@@ -40,7 +42,7 @@ func ambientFederationRBAC(ctx context.Context, t *testing.T, c *localcluster.Cl
 			require.NoError(t, err)
 		}
 	}
-	set := ambientFederationSet(t)
+	set := append(ambientFederationSet(t), tcpHostnameRoute(t))
 	applierAs := func(ns string) *apply.Applier {
 		sas, err := cs.CoreV1().ServiceAccounts(ns).List(ctx, metav1.ListOptions{})
 		require.NoError(t, err)
@@ -72,7 +74,8 @@ func ambientFederationRBAC(ctx context.Context, t *testing.T, c *localcluster.Cl
 		return out
 	}
 	want := []string{"Gateway/istio-system/relaymesh-cluster-2-istio-eastwest", "Service/shop/ratings",
-		"WorkloadEntry/shop/ratings-cluster-2-10-2-0-21-5ee8b31b", "WorkloadEntry/shop/ratings-cluster-2-10-2-0-22-ebd6ec0f"}
+		"WorkloadEntry/shop/ratings-cluster-2-10-2-0-21-5ee8b31b", "WorkloadEntry/shop/ratings-cluster-2-10-2-0-22-ebd6ec0f",
+		"TCPRoute/shop/relaymesh-vd-reviews-shop"}
 
 	// The defaults' rules: every object refused by RBAC, nothing written.
 	results, err := applierAs("agent-defaults").Apply(ctx, &relaypb.OutputSet{Version: 1, Objects: set})
@@ -100,6 +103,24 @@ func ambientFederationRBAC(ctx context.Context, t *testing.T, c *localcluster.Cl
 	}
 	_, err = cs.CoreV1().Services("shop").Get(ctx, "ratings", metav1.GetOptions{})
 	require.True(t, apierrors.IsNotFound(err), "%v", err)
+}
+
+// tcpHostnameRoute is the TCPRoute the real translator writes into
+// cluster-1 for the vd-ambient-failover golden's VirtualDestination on a
+// TCP port: its hostname, routed by the waypoint to the Service.
+func tcpHostnameRoute(t *testing.T) *relaypb.OutputObject {
+	t.Helper()
+	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", "vd-ambient-failover"))
+	in.VirtualDestinations[0].Spec.Port.Protocol = "TCP"
+	out, r := translation.NewOutput(), translation.NewReport()
+	federation.TranslateVirtualDestinations(in, out, r)
+	for _, o := range translationtest.OutputSet(t, out, "cluster-1") {
+		if bytes.Contains(o.GetManifest(), []byte(`"kind":"TCPRoute"`)) {
+			return o
+		}
+	}
+	t.Fatal("no TCPRoute for cluster-1")
+	return nil
 }
 
 // ambientFederationSet is the real translator's output for cluster-1 of
