@@ -197,6 +197,33 @@ func (s *vdState) translateAmbient(in *translation.Input, ids *identityIndex, al
 	}
 }
 
+// Unpublish takes h's ServiceEntry and route out of out: what is left when
+// its access rules cannot be written (fail closed).
+func (h AmbientHostname) Unpublish(out *translation.Output) {
+	out.Remove(h.Cluster, apiNetworking, "ServiceEntry", h.Namespace, h.ServiceEntry)
+	out.Remove(h.Cluster, apiGateway, h.RouteKind, h.Namespace, h.ServiceEntry)
+}
+
+// AmbientHostname is a VirtualDestination's hostname published in one
+// cluster for ambient failover: a ServiceEntry bound to the waypoint of
+// Backend's Service, whose route sends everything to that Service.
+// Istio's waypoint applies to the hostname's filter chain only the
+// AuthorizationPolicies that target the ServiceEntry (or the waypoint's
+// Gateway or GatewayClass), never the Service's: the Service's access rules
+// must be written for the ServiceEntry too (policy.TranslateHostnameAccess),
+// or the hostname would reach the Service past them.
+type AmbientHostname struct {
+	Cluster, Namespace string
+	// ServiceEntry names the hostname's ServiceEntry and its route, of
+	// RouteKind (gateway.networking.k8s.io/v1).
+	ServiceEntry, RouteKind string
+	// Port is the VirtualDestination's port; BackendPort the Service port
+	// the route sends to.
+	Port, BackendPort uint32
+	Backend           *discoveryv1alpha1.Destination
+	Parent            translation.Parent
+}
+
 // ambientRouteKind is the Gateway API route a waypoint takes spec.hostname
 // by: an HTTPRoute for the HTTP family, whose requests it routes; a
 // TCPRoute for TCP, TLS and HTTPS, whose connections it proxies without
@@ -231,9 +258,13 @@ func (s *vdState) publishAmbientHostname(in *translation.Input, out *translation
 		"parentRefs": []any{map[string]any{"group": "networking.istio.io", "kind": "ServiceEntry", "name": name, "port": s.vd.Spec.Port.Number}},
 		"rules":      []any{map[string]any{"backendRefs": []any{map[string]any{"name": ks.Ref.Name, "port": local.port}}}},
 	}
-	if err := out.AddObject(m.cluster, apiGateway, ambientRouteKind(vdProtocol(s.vd.Spec.Port)), ks.Ref.Namespace, name, route, s.parent); err != nil {
+	kind := ambientRouteKind(vdProtocol(s.vd.Spec.Port))
+	if err := out.AddObject(m.cluster, apiGateway, kind, ks.Ref.Namespace, name, route, s.parent); err != nil {
 		s.errs = append(s.errs, err.Error())
+		return
 	}
+	s.hostnames = append(s.hostnames, AmbientHostname{Cluster: m.cluster, Namespace: ks.Ref.Namespace, ServiceEntry: name, RouteKind: kind,
+		Port: uint32(s.vd.Spec.Port.Number), BackendPort: local.port, Backend: local.d, Parent: s.parent})
 }
 
 // ambientDestinationRule is the sidecar DestinationRule's outlier detection

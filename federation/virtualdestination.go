@@ -42,8 +42,11 @@ type vdState struct {
 	// ambient: the backends and targets are ambient meshes, and failover
 	// is done by waypoints (vd_ambient.go).
 	ambient bool
-	errs    []string
-	warns   []string
+	// hostnames are the ambient hostnames this VirtualDestination
+	// published (vd_ambient.go).
+	hostnames []AmbientHostname
+	errs      []string
+	warns     []string
 }
 
 // backend is a Destination backing a VirtualDestination.
@@ -170,6 +173,16 @@ func (b *backend) target() string {
 // VirtualMesh to federate the Destination to the target mesh; neither is
 // checked here.
 func TranslateVirtualDestinations(in *translation.Input, out *translation.Output, r *translation.Report) {
+	TranslateVirtualDestinationsHostnames(in, out, r)
+}
+
+// TranslateVirtualDestinationsHostnames is TranslateVirtualDestinations,
+// and returns the hostnames valid VirtualDestinations published for
+// ambient failover: each needs the access rules of its backend's waypoint
+// (policy.TranslateHostnameAccess), which apply to the Service's waypoint
+// chain, not to the hostname's.
+func TranslateVirtualDestinationsHostnames(in *translation.Input, out *translation.Output, r *translation.Report) []AmbientHostname {
+	var hostnames []AmbientHostname
 	vds := make([]*vdState, 0, len(in.VirtualDestinations))
 	for i := range in.VirtualDestinations {
 		vd := &in.VirtualDestinations[i]
@@ -223,7 +236,9 @@ func TranslateVirtualDestinations(in *translation.Input, out *translation.Output
 			r.Warn(s.key, gen, "%s", w)
 		}
 		s.reportTargets(r, "")
+		hostnames = append(hostnames, s.hostnames...)
 	}
+	return hostnames
 }
 
 // sortedVirtualMeshes orders VirtualMeshes by namespace/name.

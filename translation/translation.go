@@ -217,6 +217,11 @@ func mergeParents(a, b []Parent) []Parent {
 	return out
 }
 
+// Remove takes an object out of the output, if it is there.
+func (o *Output) Remove(cluster, apiVersion, kind, namespace, name string) {
+	delete(o.objects, strings.Join([]string{cluster, apiVersion, kind, namespace, name}, "/"))
+}
+
 // Put adds an already built object (used to split an output by cluster).
 func (o *Output) Put(obj *Object) {
 	u := obj.Object

@@ -18,9 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/relaymesh/relaymesh/federation"
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/relaymesh/relaymesh/translation"
+	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
 )
 
@@ -35,22 +37,41 @@ const (
 
 // ambientFailoverOutput is the real translator's output for cluster-1 from
 // the vd-ambient-failover golden input, whose VirtualDestination port is
-// HTTP; protocol, when set, replaces it.
+// HTTP (protocol, when set, replaces it), with one AccessPolicy on reviews
+// in both clusters: shop/reviews may GET /public (TCP: connect to port
+// 9080). So cluster-1 holds, with
+// the VirtualDestination's objects, reviews' ztunnel and waypoint policies
+// and the hostname's waypoint policy.
 func ambientFailoverOutput(t *testing.T, protocol string) []byte {
 	t.Helper()
 	in := translationtest.LoadInput(t, filepath.Join("..", "..", "federation", "testdata", "vd-ambient-failover"))
 	if protocol != "" {
 		in.VirtualDestinations[0].Spec.Port.Protocol = protocol
 	}
-	out, r := translation.NewOutput(), translation.NewReport()
-	federation.TranslateVirtualDestinations(in, out, r)
+	in.AccessPolicies = []networkingv1alpha1.AccessPolicy{{
+		ObjectMeta: metav1.ObjectMeta{Name: "reviews-public", Namespace: "relaymesh"},
+		Spec: networkingv1alpha1.AccessPolicySpec{
+			SourceSelector: []common.IdentitySelector{{KubeServiceAccountRefs: &common.KubeServiceAccountRefs{ServiceAccounts: []common.ClusterObjectRef{
+				{Name: "reviews", Namespace: "shop", ClusterName: "cluster-2"}}}}},
+			DestinationSelector: []common.DestinationSelector{{KubeServiceMatcher: &common.KubeServiceMatcher{Labels: map[string]string{"app": "reviews"}}}},
+			AllowedMethods:      []string{"GET"},
+			AllowedPaths:        []string{"/public"},
+		},
+	}}
+	if protocol == "TCP" {
+		// What a connection can be held to: its source and port.
+		in.AccessPolicies[0].Spec.AllowedMethods, in.AccessPolicies[0].Spec.AllowedPaths = nil, nil
+		in.AccessPolicies[0].Spec.AllowedPorts = []int32{9080}
+	}
+	out, r := all.Translate(in, "relaymesh")
+	require.NotContains(t, string(translationtest.RenderReport(t, r)), "Invalid")
 	mine := translation.NewOutput()
 	for _, o := range out.Objects() {
-		if o.Cluster == "cluster-1" {
+		if o.Cluster == "cluster-1" && (o.Object.GetKind() != "AuthorizationPolicy" || o.Object.GetNamespace() == "shop") {
 			mine.Put(o)
 		}
 	}
-	require.Len(t, mine.Objects(), 6, "net-2's gateway, the hostname, the DestinationRule and two WorkloadEntries")
+	require.Len(t, mine.Objects(), 9, "net-2's gateway, the hostname, the DestinationRule, two WorkloadEntries; reviews' ztunnel and waypoint policies, the hostname's")
 	return translationtest.RenderOutput(t, mine)
 }
 
@@ -152,7 +173,15 @@ func TestAmbientFailoverFromAWaypointsEDS(t *testing.T) {
 	require.NoError(t, dyn.Resource(drs).Namespace("shop").Delete(ctx, "relaymesh-vd-reviews-shop", metav1.DeleteOptions{}))
 	await("without the DestinationRule", map[uint32][]string{0: {remote, local}}, map[uint32]int{0: 100})
 
-	// The same VirtualDestination on a TCP port: what the agent would do
+	// Without the hostname's policy the waypoint's chain for reviews.global
+	// has no rule at all: reviews' own policy does not reach it.
+	authz := schema.GroupVersionResource{Group: "security.istio.io", Version: "v1", Resource: "authorizationpolicies"}
+	require.NoError(t, dyn.Resource(authz).Namespace("shop").Delete(ctx, "relaymesh-vd-reviews-shop.hostname", metav1.DeleteOptions{}))
+	awaitListeners(ctx, t, d, node, "no rule on "+vdHostname+" without its policy", func(res map[string]*anypb.Any) error {
+		return checkHostnameRBAC(res, false)
+	})
+
+		// The same VirtualDestination on a TCP port: what the agent would do
 	// with the new set (the HTTPRoute pruned, the rest applied), and the
 	// waypoint proxies reviews.global's connections to the same cluster.
 	httpRoutes := schema.GroupVersionResource{Group: translationtest.GatewayAPIGroup, Version: "v1", Resource: "httproutes"}
@@ -173,15 +202,11 @@ func TestAmbientFailoverFromAWaypointsEDS(t *testing.T) {
 // manager) to cluster, the Service's cluster that fails over.
 func checkTCPHostnameProxiedByTheWaypoint(ctx context.Context, t *testing.T, d *Istiod, node *corev3.Node, cluster string) {
 	t.Helper()
-	wait, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
-	lds, err := d.WatchDelta(ctx, node, ListenerTypeURL)
-	require.NoError(t, err)
-	defer lds.Close()
 	var chain, got string
-	require.NoError(t, lds.Await(wait, func(res map[string]*anypb.Any) error {
+	var rbac map[string]string
+	awaitListeners(ctx, t, d, node, "the waypoint's TCP proxy for "+vdHostname, func(res map[string]*anypb.Any) error {
 		var err error
-		chain, got, err = waypointTCPProxy(res, vdHostname)
+		chain, got, rbac, err = waypointTCPProxy(res, vdHostname)
 		if err != nil {
 			return err
 		}
@@ -189,8 +214,24 @@ func checkTCPHostnameProxiedByTheWaypoint(ctx context.Context, t *testing.T, d *
 			return fmt.Errorf("%s proxied to %q by chain %s", vdHostname, got, chain)
 		}
 		return nil
-	}), "the waypoint's TCP proxy for %s", vdHostname)
-	t.Logf("the waypoint's chain %s proxies %s to %q", chain, vdHostname, got)
+	})
+	const want = "ns[shop]-policy[relaymesh-vd-reviews-shop.hostname]-rule[0]"
+	assert.Equal(t, "ALLOW", rbac["action envoy.filters.network.rbac tcp."], "the chain's RBAC filter: %v", rbac)
+	assert.Contains(t, rbac[want], sharedDomain+"/ns/shop/sa/reviews", "the hostname's policy holds the connection to its source: %v", rbac)
+	assert.Contains(t, rbac[want], `"destinationPort": 9080`, "and to its port: %v", rbac)
+	t.Logf("the waypoint's chain %s proxies %s to %q, under %s", chain, vdHostname, got, want)
+}
+
+// awaitListeners waits, at most 90 s, until the listeners istiod sends
+// node satisfy check.
+func awaitListeners(ctx context.Context, t *testing.T, d *Istiod, node *corev3.Node, what string, check func(map[string]*anypb.Any) error) {
+	t.Helper()
+	wait, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	lds, err := d.WatchDelta(ctx, node, ListenerTypeURL)
+	require.NoError(t, err)
+	defer lds.Close()
+	require.NoError(t, lds.Await(wait, check), what)
 }
 
 func cmpOr(a, b string) string {
@@ -241,7 +282,35 @@ func checkHostnameRoutedByTheWaypoint(ctx context.Context, t *testing.T, d *Isti
 		if !slices.Equal(clusters, []string{"inbound-vip|9080|http|" + failoverHost}) {
 			return fmt.Errorf("%s routed to %q", vdHostname, clusters)
 		}
-		return nil
+		return checkHostnameRBAC(res, true)
 	}), "the waypoint's route for %s", vdHostname)
-	t.Logf("ztunnel hands %s to the waypoint, which routes it to %q", vdHostname, clusters)
+	t.Logf("ztunnel hands %s to the waypoint, which routes it to %q under reviews' AccessPolicy", vdHostname, clusters)
+}
+
+// checkHostnameRBAC checks the access rules of the waypoint's chain for
+// reviews.global: with the hostname's policy, exactly its one rule (the
+// AccessPolicy's source, method and path); without it, none, which is why
+// the translator writes it — the waypoint applies no policy of the Service
+// to the hostname's chain.
+func checkHostnameRBAC(res map[string]*anypb.Any, withPolicy bool) error {
+	policies, err := waypointRBAC(res, vdHostname)
+	if err != nil {
+		return err
+	}
+	if !withPolicy {
+		if len(policies) > 0 {
+			return fmt.Errorf("RBAC policies on %s: %q, want none", vdHostname, sortedKeys(policies))
+		}
+		return nil
+	}
+	const want = "ns[shop]-policy[relaymesh-vd-reviews-shop.hostname]-rule[0]"
+	if got := sortedKeys(policies); !slices.Equal(got, []string{want}) {
+		return fmt.Errorf("RBAC policies on %s: %q, want %q", vdHostname, got, want)
+	}
+	for _, s := range []string{sharedDomain + "/ns/shop/sa/reviews", `"GET"`, "/public"} {
+		if !strings.Contains(policies[want], s) {
+			return fmt.Errorf("%s lacks %s: %s", want, s, policies[want])
+		}
+	}
+	return nil
 }

@@ -12,6 +12,7 @@ import (
 	rbacconfigv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	rbacnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -115,13 +116,15 @@ func waypointHCM(res map[string]*anypb.Any, host string) (string, *hcmv3.HttpCon
 
 // waypointTCPProxy finds, in the waypoint's listeners, the filter chain for
 // host that proxies connections (a TCP proxy and no HTTP connection
-// manager) and returns its name and the one cluster it sends to.
-func waypointTCPProxy(res map[string]*anypb.Any, host string) (chain, cluster string, err error) {
+// manager) and returns its name, the one cluster it sends to and the
+// policies of its RBAC filters as JSON by name (nil: no RBAC filter; each
+// filter's action under "action <filter> <stat prefix>").
+func waypointTCPProxy(res map[string]*anypb.Any, host string) (chain, cluster string, rbac map[string]string, err error) {
 	var chains []string
 	for _, name := range sortedKeys(res) {
 		l := &listenerv3.Listener{}
 		if err := res[name].UnmarshalTo(l); err != nil {
-			return "", "", fmt.Errorf("listener %s: %w", name, err)
+			return "", "", nil, fmt.Errorf("listener %s: %w", name, err)
 		}
 		for _, fc := range l.GetFilterChains() {
 			chains = append(chains, fc.GetName())
@@ -129,6 +132,7 @@ func waypointTCPProxy(res map[string]*anypb.Any, host string) (chain, cluster st
 				continue
 			}
 			var proxy *tcpproxyv3.TcpProxy
+			rbac = nil
 			for _, f := range fc.GetFilters() {
 				if f.GetTypedConfig().UnmarshalTo(&hcmv3.HttpConnectionManager{}) == nil {
 					proxy = nil
@@ -137,17 +141,26 @@ func waypointTCPProxy(res map[string]*anypb.Any, host string) (chain, cluster st
 				if p := (&tcpproxyv3.TcpProxy{}); f.GetTypedConfig().UnmarshalTo(p) == nil {
 					proxy = p
 				}
+				if rb := (&rbacnetv3.RBAC{}); f.GetTypedConfig().UnmarshalTo(rb) == nil {
+					if rbac == nil {
+						rbac = map[string]string{}
+					}
+					rbac["action "+f.GetName()+" "+rb.GetStatPrefix()] = rb.GetRules().GetAction().String()
+					for name, p := range rb.GetRules().GetPolicies() {
+						rbac[name] = protojson.Format(p)
+					}
+				}
 			}
 			if proxy == nil {
 				continue
 			}
 			if proxy.GetCluster() == "" {
-				return fc.GetName(), "", fmt.Errorf("chain %s proxies %s to no single cluster (%v)", fc.GetName(), host, proxy.GetClusterSpecifier())
+				return fc.GetName(), "", nil, fmt.Errorf("chain %s proxies %s to no single cluster (%v)", fc.GetName(), host, proxy.GetClusterSpecifier())
 			}
-			return fc.GetName(), proxy.GetCluster(), nil
+			return fc.GetName(), proxy.GetCluster(), rbac, nil
 		}
 	}
-	return "", "", fmt.Errorf("no filter chain for %s with a TCP proxy among %q", host, chains)
+	return "", "", nil, fmt.Errorf("no filter chain for %s with a TCP proxy among %q", host, chains)
 }
 
 // waypointRBAC finds, in the waypoint's listeners, the filter chain for

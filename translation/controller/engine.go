@@ -19,6 +19,7 @@ import (
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/federation"
+	"github.com/relaymesh/relaymesh/policy"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/all"
@@ -354,8 +355,18 @@ func (e *Engine) Translate(in *translation.Input) *translation.Report {
 			writeVersions(h, c.vers, p)
 		}
 		run("vd", hex.EncodeToString(h.Sum(nil)), func() *unit {
+			// The AccessPolicies TranslateAccess is given (scoped): what
+			// ambient backends must share, and the rules a hostname takes.
+			vdIn := *in
+			vdIn.AccessPolicies = nil
+			for _, p := range in.AccessPolicies {
+				if !invalid[objectKey("AccessPolicy", p.Namespace, p.Name)] {
+					vdIn.AccessPolicies = append(vdIn.AccessPolicies, p)
+				}
+			}
 			out, r := translation.NewOutput(), translation.NewReport()
-			federation.TranslateVirtualDestinations(in, out, r)
+			hostnames := federation.TranslateVirtualDestinationsHostnames(&vdIn, out, r)
+			policy.TranslateHostnameAccess(&vdIn, hostnames, out, r)
 			return &unit{objects: objectsOf(out), report: r}
 		})
 	}

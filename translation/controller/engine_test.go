@@ -491,8 +491,29 @@ func TestEngineFollowsAmbientFailoverInputs(t *testing.T) {
 			p.Generation = 2
 			in.AccessPolicies = []networkingv1alpha1.AccessPolicy{p}
 		}},
+		// The hostname's waypoint policy follows the policy's rules.
+		{"the policy's paths change", func() {
+			in.AccessPolicies[0].Generation, in.AccessPolicies[0].Spec.AllowedPaths = 3, []string{"/v2"}
+		}},
+		// A policy Invalid for its namespace reaches neither the Service's
+		// rules nor the hostname's, nor the check that backends share them.
+		{"a policy of another namespace", func() {
+			p := policy(common.DestinationSelector{KubeServiceMatcher: &common.KubeServiceMatcher{Labels: map[string]string{"app": "reviews"}}})
+			p.Namespace, p.Name, p.Spec.AllowedPaths = "team-a", "reach-shop", []string{"/everything"}
+			in.AccessPolicies = append(in.AccessPolicies, p)
+		}},
 	} {
 		step.edit()
 		requireSameAsFull(t, e, e.Translate(in), in, step.name)
 	}
+	var hostname string
+	for _, o := range e.Objects() {
+		if o.Cluster == "cluster-1" && o.Object.GetName() == "relaymesh-vd-reviews-shop.hostname" {
+			b, err := json.Marshal(o.Object.Object["spec"])
+			require.NoError(t, err)
+			hostname = string(b)
+		}
+	}
+	assert.Contains(t, hostname, `"/v2"`, "the hostname takes the Service's waypoint rules")
+	assert.NotContains(t, hostname, "/everything", "and none of the Invalid policy")
 }
