@@ -7,6 +7,8 @@ import (
 
 	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
+	"github.com/relaymesh/relaymesh/federation"
+	"github.com/relaymesh/relaymesh/policy"
 	"github.com/relaymesh/relaymesh/translation"
 	"github.com/relaymesh/relaymesh/translation/all"
 	"github.com/relaymesh/relaymesh/translation/translationtest"
@@ -134,4 +136,28 @@ func renderOne(t *testing.T, u *unstructured.Unstructured) string {
 	out := translation.NewOutput()
 	out.Put(&translation.Object{Cluster: "cluster-1", Object: u})
 	return string(translationtest.RenderOutput(t, out))
+}
+
+// A hostname whose policy cannot be written is not published: its
+// ServiceEntry and route leave the output, and the VirtualDestination's
+// target says why (fail closed; the name is the VirtualDestination's own,
+// so only a hand-made clash gets here).
+func TestHostnameWithoutItsPolicyIsNotPublished(t *testing.T) {
+	in := hostnameWorld(t, reviewsPolicy("relaymesh", "reviews-all", nil))
+	out, r := translation.NewOutput(), translation.NewReport()
+	hostnames := federation.TranslateVirtualDestinationsHostnames(in, out, r)
+	require.Len(t, hostnames, 2, "one per cluster")
+	require.NoError(t, out.AddObjectMeta("cluster-1", "security.istio.io/v1", "AuthorizationPolicy", "shop", "relaymesh-vd-reviews-shop.hostname",
+		map[string]string{"clash": "true"}, nil, map[string]any{}))
+	policy.TranslateHostnameAccess(in, hostnames, out, r)
+	assert.Nil(t, objectIn(out, "ServiceEntry", "relaymesh-vd-reviews-shop"), "cluster-1's hostname is gone")
+	assert.Nil(t, objectIn(out, "HTTPRoute", "relaymesh-vd-reviews-shop"))
+	assert.Contains(t, string(translationtest.RenderReport(t, r)), "the hostname is not published in cluster-1: its access rules could not be written")
+	var cluster2 []string
+	for _, o := range out.Objects() {
+		if o.Cluster == "cluster-2" && strings.HasPrefix(o.Object.GetName(), "relaymesh-vd-reviews-shop") {
+			cluster2 = append(cluster2, o.Object.GetKind())
+		}
+	}
+	assert.ElementsMatch(t, []string{"AuthorizationPolicy", "DestinationRule", "HTTPRoute", "ServiceEntry"}, cluster2, "cluster-2's is published with its policy")
 }
