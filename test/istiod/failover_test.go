@@ -181,7 +181,7 @@ func TestAmbientFailoverFromAWaypointsEDS(t *testing.T) {
 		return checkHostnameRBAC(res, false)
 	})
 
-		// The same VirtualDestination on a TCP port: what the agent would do
+	// The same VirtualDestination on a TCP port: what the agent would do
 	// with the new set (the HTTPRoute pruned, the rest applied), and the
 	// waypoint proxies reviews.global's connections to the same cluster.
 	httpRoutes := schema.GroupVersionResource{Group: translationtest.GatewayAPIGroup, Version: "v1", Resource: "httproutes"}
