@@ -75,8 +75,8 @@ func evalAmbientCluster(cluster string, a *Ambient) []Result {
 	for _, ps := range pods {
 		n += len(ps)
 	}
-	return append(rs, result(AreaAmbient, cluster, OK, "no ambient pitfall among %d ambient pod(s), %d AuthorizationPolicies, %d headless Services, %d VirtualServices and %d HTTP/gRPC routes",
-		n, len(a.AuthorizationPolicies), countHeadless(a.Services), len(a.VirtualServices), len(a.HTTPRoutes)+len(a.GRPCRoutes)))
+	return append(rs, result(AreaAmbient, cluster, OK, "no ambient pitfall among %d ambient pod(s), %d AuthorizationPolicies, %d headless Services, %d VirtualServices and %d Gateway API routes",
+		n, len(a.AuthorizationPolicies), countHeadless(a.Services), len(a.VirtualServices), len(a.HTTPRoutes)+len(a.GRPCRoutes)+len(a.TCPRoutes)))
 }
 
 func countHeadless(ss []Service) int {
@@ -562,7 +562,7 @@ func attachedL7(a *Ambient, s Service) []string {
 	return out
 }
 
-// route is an HTTPRoute or GRPCRoute and the Services it is attached to
+// route is an HTTPRoute, GRPCRoute or TCPRoute and the Services it is attached to
 // (namespace/name of its Service parentRefs).
 type route struct {
 	kind     string
@@ -575,7 +575,7 @@ func routesOf(a *Ambient) []route {
 	for _, l := range []struct {
 		kind string
 		us   []unstructured.Unstructured
-	}{{"HTTPRoute", a.HTTPRoutes}, {"GRPCRoute", a.GRPCRoutes}} {
+	}{{"HTTPRoute", a.HTTPRoutes}, {"GRPCRoute", a.GRPCRoutes}, {"TCPRoute", a.TCPRoutes}} {
 		for i := range l.us {
 			u := &l.us[i]
 			r := route{kind: l.kind, u: u}
@@ -623,7 +623,7 @@ func serviceOfHost(host, ns string) string {
 }
 
 // evalRouteMixing finds Services routed by both a VirtualService (for
-// mesh traffic) and an HTTPRoute or GRPCRoute: Istio does not support
+// mesh traffic) and an HTTPRoute, GRPCRoute or TCPRoute: Istio does not support
 // mixing the two on one host, and which wins is not defined.
 func evalRouteMixing(cluster string, a *Ambient) []Result {
 	byService := map[string][]route{}

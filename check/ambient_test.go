@@ -212,15 +212,18 @@ func TestEvaluateAmbientRouteMixing(t *testing.T) {
 		name   string
 		vs     []string
 		routes []string
-		grpc   bool
+		kind   string // of the routes: HTTPRoute unless set
 		want   Severity
 		msg    []string
 	}{
 		{name: "short host and Relaymesh's HTTPRoute", vs: []string{vs("mine", "[reviews]", "", false)}, routes: []string{rt("HTTPRoute", svcParent, true)},
 			want: Error, msg: []string{"VirtualService shop/mine (the user's)", "HTTPRoute shop/relaymesh-reviews (written by Relaymesh)", "delete the user's VirtualService"}},
 		{name: "FQDN host and a user's GRPCRoute beside Relaymesh's VirtualService", vs: []string{vs("relaymesh-reviews", "[reviews.shop.svc.cluster.local]", "", true)},
-			routes: []string{rt("GRPCRoute", svcParent, false)}, grpc: true,
+			routes: []string{rt("GRPCRoute", svcParent, false)}, kind: "GRPCRoute",
 			want: Error, msg: []string{"GRPCRoute shop/relaymesh-reviews (the user's)", "delete the user's route"}},
+		{name: "a user's TCPRoute on the Service beside a user's VirtualService", vs: []string{vs("mine", "[reviews]", "", false)},
+			routes: []string{rt("TCPRoute", svcParent, false)}, kind: "TCPRoute",
+			want: Error, msg: []string{"VirtualService shop/mine (the user's)", "TCPRoute shop/relaymesh-reviews (the user's)", "keep one API"}},
 		{name: "FQDN host with another cluster domain, both the user's", vs: []string{vs("mine", "[reviews.shop.svc.corp.example]", "", false)}, routes: []string{rt("HTTPRoute", svcParent, false)},
 			want: Error, msg: []string{"keep one API"}},
 		{name: "a VirtualService for gateways only is not mesh routing", vs: []string{vs("mine", "[reviews]", ", gateways: [shop/ingress]", false)},
@@ -236,9 +239,12 @@ func TestEvaluateAmbientRouteMixing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := &Ambient{VirtualServices: objs(t, tc.vs...)}
-			if tc.grpc {
+			switch tc.kind {
+			case "GRPCRoute":
 				a.GRPCRoutes = objs(t, tc.routes...)
-			} else {
+			case "TCPRoute":
+				a.TCPRoutes = objs(t, tc.routes...)
+			default:
 				a.HTTPRoutes = objs(t, tc.routes...)
 			}
 			rs := evalAmbientCluster("c1", a)
@@ -280,7 +286,7 @@ func TestEvaluateAmbientMalformedObjectsDoNotCrash(t *testing.T) {
 	}
 	a := ambientWorld()
 	a.Services = []Service{{Namespace: "shop", Name: "reviews", Headless: true, Labels: map[string]string{labelUseWaypoint: "waypoint"}}}
-	a.AuthorizationPolicies, a.VirtualServices, a.HTTPRoutes, a.GRPCRoutes, a.Waypoints = us, us, us, us, us
+	a.AuthorizationPolicies, a.VirtualServices, a.HTTPRoutes, a.GRPCRoutes, a.TCPRoutes, a.Waypoints = us, us, us, us, us, us
 	a.AuthorizationPolicies = append(a.AuthorizationPolicies, obj(t, policy("shop", "reviews-l7", "  rules:\n  - to: [{operation: {methods: [GET]}}]\n")))
 	var rs []Result
 	require.NotPanics(t, func() { rs = evalAmbientCluster("c1", a) })

@@ -475,6 +475,7 @@ func gatherAmbient(ctx context.Context, k *kubeclient.Clients) *Ambient {
 		{discovery.GatewayResource, &a.Waypoints},
 		{outputs.HTTPRoutes, &a.HTTPRoutes},
 		{outputs.GRPCRoutes, &a.GRPCRoutes},
+		{outputs.TCPRoutes, &a.TCPRoutes},
 	} {
 		list, err := k.Dynamic.Resource(l.gvr).Namespace("").List(ctx, metav1.ListOptions{})
 		if err != nil {

@@ -221,6 +221,7 @@ type Ambient struct {
 	Waypoints             []unstructured.Unstructured
 	HTTPRoutes            []unstructured.Unstructured
 	GRPCRoutes            []unstructured.Unstructured
+	TCPRoutes             []unstructured.Unstructured
 	// Errs are the lists that failed for another reason than the kind not
 	// being served, each naming its resource.
 	Errs []error

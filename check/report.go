@@ -41,13 +41,13 @@
 //     the apiserver's client certificate.
 //   - Ambient pitfalls, from each workload cluster's own objects (namespaces,
 //     pods, Services, AuthorizationPolicies, waypoint Gateways,
-//     VirtualServices, HTTPRoutes and GRPCRoutes; a kind the cluster does
+//     VirtualServices, HTTPRoutes, GRPCRoutes and TCPRoutes; a kind the cluster does
 //     not serve is nothing to check): an AuthorizationPolicy ztunnel
 //     enforces on ambient pods that holds HTTP attributes (ALLOW: an error,
 //     the rules are dropped and what they allow is denied; DENY: a warning,
 //     widened to L4); a headless Service bound to a waypoint for Service
 //     traffic (clients bypass it); a Service routed by both a VirtualService
-//     and an HTTPRoute or GRPCRoute; an AuthorizationPolicy whose target is
+//     and a Gateway API route; an AuthorizationPolicy whose target is
 //     a Service no waypoint serves (enforced nowhere: fail open). Each names whose the objects are:
 //     Relaymesh's (label relaymesh.io/owner) or the user's.
 //   - Across each VirtualMesh's member clusters that were read: an Istio

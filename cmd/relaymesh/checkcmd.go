@@ -50,7 +50,7 @@ ALLOW (istiod drops those rules: what they allow is denied, and an ALLOW
 left with no rule denies everyone) and a warning for DENY (widened to L4);
 a headless Service bound to a waypoint for Service traffic only is a
 warning (clients reach the pods directly, bypassing its L7 policies and
-routes); a VirtualService and an HTTPRoute or GRPCRoute on one Service is
+routes); a VirtualService and an HTTPRoute, GRPCRoute or TCPRoute on one Service is
 an error (Istio does not support mixing them); so is an
 AuthorizationPolicy whose target is a Service no waypoint serves (only a
 waypoint enforces it: it is enforced nowhere). Each names whose objects
