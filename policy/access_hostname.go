@@ -41,7 +41,12 @@ func TranslateHostnameAccess(in *translation.Input, hostnames []federation.Ambie
 	for _, h := range hostnames {
 		amb := newAmbientAccess(in, h.Backend)
 		if amb.waypoint == nil {
-			continue // the VirtualDestination is invalid without one
+			// The VirtualDestination is invalid without one, so this is not
+			// reached; were it, no rule could be placed: not published.
+			h.Unpublish(out)
+			r.FailTarget(translation.ObjectKey{Kind: h.Parent.Kind, Namespace: h.Parent.Namespace, Name: h.Parent.Name}, translation.DestinationTarget(h.Backend),
+				fmt.Sprintf("the hostname is not published in %s: %s", h.Cluster, amb.noWaypoint))
+			continue
 		}
 		parents := []translation.Parent{h.Parent}
 		for i, p := range policies {
