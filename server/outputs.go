@@ -37,6 +37,10 @@ type Outputs struct {
 	// when its digest is the cluster's head's, with the head's version.
 	heads     func(cluster string) (heads.Head, bool)
 	published []func(cluster string)
+	// batching counts the Batch calls running; meanwhile the clusters to
+	// tell the OnPublish listeners of wait in pending.
+	batching int
+	pending  []string
 }
 
 // NewOutputs returns an empty store; call MarkReady once every source has
@@ -145,9 +149,19 @@ func (o *Outputs) publish(cluster string) {
 	o.next++
 	o.sets[cluster] = &relaypb.OutputSet{Version: o.next, Objects: sorted, Trust: trust}
 	o.hashes[cluster] = sum
-	o.wakeLocked(cluster)
-	published := o.published
+	headOf := o.heads
+	published := o.tellLocked(cluster)
 	o.mu.Unlock()
+	// With heads, Get serves the new set only once the head names it: the
+	// streams are woken now only if it already does (a replica that was
+	// behind its leader), otherwise by HeadChanged. Waking a fleet's
+	// streams here would only have each find nothing to send, on CPU the
+	// translation and the head writes need.
+	if headOf == nil {
+		o.wake(cluster)
+	} else if h, ok := headOf(cluster); ok && h.Digest == sum {
+		o.wake(cluster)
+	}
 	for _, f := range published {
 		f(cluster)
 	}
@@ -237,10 +251,49 @@ func (o *Outputs) UseHeads(head func(cluster string) (heads.Head, bool)) {
 }
 
 // HeadChanged wakes cluster's Pull streams: its head moved.
-func (o *Outputs) HeadChanged(cluster string) {
+func (o *Outputs) HeadChanged(cluster string) { o.wake(cluster) }
+
+func (o *Outputs) wake(cluster string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.wakeLocked(cluster)
+}
+
+// tellLocked returns the OnPublish listeners to call now with cluster, or
+// none if a Batch is running (cluster is then told at its end). Callers
+// hold mu.
+func (o *Outputs) tellLocked(cluster string) []func(string) {
+	if o.batching > 0 {
+		o.pending = append(o.pending, cluster)
+		return nil
+	}
+	return o.published
+}
+
+// Batch runs f, which publishes many clusters' sets, and tells the
+// OnPublish listeners about them when f returns, in one burst: the
+// leader's head writer then writes the translation's heads in one round of
+// shard writes instead of in several as the sets come.
+func (o *Outputs) Batch(f func()) {
+	o.mu.Lock()
+	o.batching++
+	o.mu.Unlock()
+	defer func() {
+		o.mu.Lock()
+		o.batching--
+		var pending []string
+		if o.batching == 0 {
+			pending, o.pending = o.pending, nil
+		}
+		published := o.published
+		o.mu.Unlock()
+		for _, c := range pending {
+			for _, f := range published {
+				f(c)
+			}
+		}
+	}()
+	f()
 }
 
 // OnPublish registers f, called (without locks held) with each cluster
@@ -309,7 +362,7 @@ func (o *Outputs) Version(cluster string) uint64 {
 // Remove forgets a cluster.
 func (o *Outputs) Remove(cluster string) {
 	o.mu.Lock()
-	published := o.published
+	published := o.tellLocked(cluster)
 	defer func() {
 		for _, f := range published {
 			f(cluster)

@@ -189,3 +189,69 @@ func TestReplicasServeTheLeadersVersions(t *testing.T) {
 	require.Eventually(t, func() bool { _, ok := a.store.Head("c2"); return !ok }, 5*time.Second, 10*time.Millisecond)
 	b.stop()
 }
+
+// The writer of a head serves it as soon as its write returns, without
+// waiting for its own watch; a set whose head is not written yet wakes
+// no stream (it would find nothing to send), the head's arrival does.
+func TestALeaderServesTheHeadItWroteAtOnce(t *testing.T) {
+	cs := apiserver(t)
+	ctx := context.Background()
+	r := newReplica(t, cs, time.Now())
+	woken, cancel := r.out.Subscribe("c1")
+	defer cancel()
+
+	r.out.Set("c1", manifest("one"))
+	select {
+	case <-woken:
+		t.Fatal("a set without its head woke the cluster's streams")
+	default:
+	}
+	local, ok := r.out.Local("c1")
+	require.True(t, ok)
+	require.NoError(t, r.store.Write(ctx, map[string]heads.Head{"c1": local}))
+	require.Equal(t, local.Version, r.out.Get("c1").GetVersion(), "served right after the write returned")
+	select {
+	case <-woken:
+	default:
+		t.Fatal("the written head did not wake the cluster's streams")
+	}
+
+	// A replica behind its leader: the head names content it computes
+	// only later, and that publication is what wakes its streams.
+	other := newReplica(t, cs, time.Now())
+	wokenOther, cancelOther := other.out.Subscribe("c1")
+	defer cancelOther()
+	require.Eventually(t, func() bool { h, _ := other.store.Head("c1"); return h == local }, 5*time.Second, 10*time.Millisecond)
+	select {
+	case <-wokenOther:
+	default:
+	}
+	other.out.Set("c1", manifest("one"))
+	select {
+	case <-wokenOther:
+	default:
+		t.Fatal("content matching the head did not wake the streams")
+	}
+	assert.Equal(t, local.Version, other.out.Get("c1").GetVersion())
+}
+
+// A translation's sets reach the head writer in one burst: its listeners
+// hear of them when the batch ends, so the writer writes each shard once.
+func TestBatchTellsThePublicationsAtItsEnd(t *testing.T) {
+	out := server.NewOutputs(time.Now())
+	var mu sync.Mutex
+	var told []string
+	out.OnPublish(func(c string) { mu.Lock(); told = append(told, c); mu.Unlock() })
+	out.Batch(func() {
+		out.Set("c1", manifest("one"))
+		out.Set("c2", manifest("two"))
+		out.Set("c1", manifest("one")) // unchanged: not told again
+		out.Remove("c3")
+		mu.Lock()
+		assert.Empty(t, told, "nothing is told while the batch runs")
+		mu.Unlock()
+	})
+	assert.Equal(t, []string{"c1", "c2", "c3"}, told)
+	out.Set("c4", manifest("four"))
+	assert.Equal(t, []string{"c1", "c2", "c3", "c4"}, told)
+}

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -67,9 +68,15 @@ type Map[V comparable] struct {
 	informer  cache.SharedIndexInformer
 
 	mu        sync.RWMutex
-	shards    map[string]map[string]V // shard → cluster → record, as the watch shows them
+	shards    map[string]map[string]V // shard → cluster → record, as last applied
 	all       map[string]V
 	listeners []func(cluster string)
+	// written holds, per shard, what this replica's last write of it
+	// returned, until the watch shows that copy or a later one: the writer
+	// reads its own write at once (the leader serves a head it wrote
+	// without waiting for its watch), and the watch's older copies in
+	// between do not take it back.
+	written map[string]*corev1.ConfigMap
 }
 
 // New returns kind's map in namespace; call Start.
@@ -80,7 +87,8 @@ func New[V comparable](client kubernetes.Interface, namespace string, kind Kind,
 	f := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute, informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = kind.Label + "=true" }))
 	return &Map[V]{kind: kind, codec: codec, client: client, namespace: namespace, log: log,
-		informer: f.Core().V1().ConfigMaps().Informer(), shards: map[string]map[string]V{}, all: map[string]V{}}
+		informer: f.Core().V1().ConfigMaps().Informer(), shards: map[string]map[string]V{}, all: map[string]V{},
+		written: map[string]*corev1.ConfigMap{}}
 }
 
 // OnChange registers f, called with each cluster whose record changed (on
@@ -113,31 +121,73 @@ func (m *Map[V]) Start(ctx context.Context) error {
 
 // reload reads one shard again from the cache (only the shard that
 // changed: a write of one shard costs its records, not the whole map's)
-// and tells listeners which records changed. A record that does not parse,
-// or sits in another cluster's shard, is skipped and logged: only replicas
-// write these maps, and no record is the safe reading of one.
+// and applies it.
 func (m *Map[V]) reload(shard string) {
 	if !strings.HasPrefix(shard, m.kind.Prefix) {
 		return
 	}
-	next := map[string]V{}
+	var cm *corev1.ConfigMap
 	if o, ok, _ := m.informer.GetStore().GetByKey(m.namespace + "/" + shard); ok {
-		if cm, ok := o.(*corev1.ConfigMap); ok {
-			malformed := 0
-			for cluster, v := range cm.Data {
-				r, err := m.codec.Parse(v)
-				if err != nil || m.kind.ShardName(cluster) != shard {
-					if malformed == 0 {
-						m.log.Warn("ignoring a malformed "+m.kind.What, "configmap", shard, "cluster", text.Truncate(cluster, 80))
-					}
-					malformed++
-					continue
+		cm, _ = o.(*corev1.ConfigMap)
+	}
+	m.apply(shard, cm, false)
+}
+
+// olderThan reports whether a's resourceVersion is below b's. The
+// apiserver's resourceVersions are comparable integers (etcd's revision;
+// Kubernetes' comparable-resource-version rule); one that does not parse
+// is never called older, so the watch's copy is then taken as it comes.
+func olderThan(a, b *corev1.ConfigMap) bool {
+	x, errA := strconv.ParseUint(a.ResourceVersion, 10, 64)
+	y, errB := strconv.ParseUint(b.ResourceVersion, 10, 64)
+	return errA == nil && errB == nil && x < y
+}
+
+// apply makes cm (nil: the shard does not exist) the shard's content and
+// tells listeners which records changed. From the watch (ownWrite false),
+// a copy older than this replica's last write of the shard is skipped:
+// the write was applied already and the watch has not caught up. A
+// written copy is applied only if nothing newer was. A record that does
+// not parse, or sits in another cluster's shard, is skipped and logged:
+// only replicas write these maps, and no record is the safe reading of
+// one.
+func (m *Map[V]) apply(shard string, cm *corev1.ConfigMap, ownWrite bool) {
+	next := map[string]V{}
+	if cm != nil {
+		malformed := 0
+		for cluster, v := range cm.Data {
+			r, err := m.codec.Parse(v)
+			if err != nil || m.kind.ShardName(cluster) != shard {
+				if malformed == 0 {
+					m.log.Warn("ignoring a malformed "+m.kind.What, "configmap", shard, "cluster", text.Truncate(cluster, 80))
 				}
-				next[cluster] = r
+				malformed++
+				continue
 			}
+			next[cluster] = r
 		}
 	}
 	m.mu.Lock()
+	w := m.written[shard]
+	switch {
+	case ownWrite:
+		if w != nil && !olderThan(w, cm) {
+			m.mu.Unlock()
+			return // a later write is applied already
+		}
+		if o, ok, _ := m.informer.GetStore().GetByKey(m.namespace + "/" + shard); ok {
+			if seen, ok := o.(*corev1.ConfigMap); ok && !olderThan(seen, cm) {
+				m.mu.Unlock()
+				return // the watch brought it (or a later copy) first
+			}
+		}
+		m.written[shard] = cm
+	case w != nil && cm != nil && olderThan(cm, w):
+		m.mu.Unlock()
+		return
+	default:
+		delete(m.written, shard)
+	}
 	prev := m.shards[shard]
 	var changed []string
 	for c, r := range next {
@@ -217,14 +267,19 @@ func (m *Map[V]) Write(ctx context.Context, records map[string]V) error {
 func (m *Map[V]) writeShard(ctx context.Context, name string, rs map[string]V) error {
 	cms := m.client.CoreV1().ConfigMaps(m.namespace)
 	var zero V
-	// The watch's copy first: usually current, it saves a read per write;
-	// a stale one fails the precondition and is read again.
+	// The newest copy known first, the watch's or this replica's last
+	// write's: usually current, it saves a read per write; a stale one
+	// fails the precondition and is read again.
 	var cm *corev1.ConfigMap
 	if o, ok, _ := m.informer.GetStore().GetByKey(m.namespace + "/" + name); ok {
-		if c, ok := o.(*corev1.ConfigMap); ok {
-			cm = c.DeepCopy()
-		}
+		cm, _ = o.(*corev1.ConfigMap)
 	}
+	m.mu.RLock()
+	if w := m.written[name]; w != nil && (cm == nil || olderThan(cm, w)) {
+		cm = w
+	}
+	m.mu.RUnlock()
+	cm = cm.DeepCopy()
 	for attempt := 0; ; attempt++ {
 		create := false
 		if cm == nil {
@@ -262,12 +317,14 @@ func (m *Map[V]) writeShard(ctx context.Context, name string, rs map[string]V) e
 			return nil
 		}
 		var err error
+		var stored *corev1.ConfigMap
 		if create {
-			_, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "relaymesh-server"})
+			stored, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "relaymesh-server"})
 		} else {
-			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "relaymesh-server"})
+			stored, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "relaymesh-server"})
 		}
 		if err == nil {
+			m.apply(name, stored, true)
 			return nil
 		}
 		if (!apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err)) || attempt >= 5 {

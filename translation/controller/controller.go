@@ -40,6 +40,12 @@ type Publisher interface {
 	Version(cluster string) uint64
 }
 
+// batchPublisher is a Publisher that can tell whoever follows its sets
+// about a translation's sets at once (server.Outputs).
+type batchPublisher interface {
+	Batch(f func())
+}
+
 // Acks tells which output set each cluster's agent applied last, and with
 // what result per object (server.View).
 type Acks interface {
@@ -383,11 +389,18 @@ func (c *Controller) translate(ctx context.Context) error {
 		}
 	}
 	sort.Strings(dirty)
-	for _, n := range dirty {
-		c.out.SetFrom(Source, n, c.engine.ClusterObjects(n))
-		c.published[n] = true
-		c.versions[n] = c.out.Version(n)
-		c.parentsIn[n] = c.engine.ClusterParents(n)
+	publish := func() {
+		for _, n := range dirty {
+			c.out.SetFrom(Source, n, c.engine.ClusterObjects(n))
+			c.published[n] = true
+			c.versions[n] = c.out.Version(n)
+			c.parentsIn[n] = c.engine.ClusterParents(n)
+		}
+	}
+	if b, ok := c.out.(batchPublisher); ok {
+		b.Batch(publish)
+	} else {
+		publish()
 	}
 	c.report = report
 	c.writeStatus(ctx, report)
