@@ -139,8 +139,28 @@ func (l *Ledger) Record(cluster string, e Entry) {
 	}
 }
 
-// Forget queues the removal of a deregistered cluster's record.
+// Clusters returns the clusters with a record, sorted.
+func (l *Ledger) Clusters() []string { return l.m.Clusters() }
+
+// Forget queues the removal of a deregistered cluster's record. One
+// replica (the Lease holder) is enough: every replica forgetting the same
+// records would race on the same shards, one write landing and the others
+// conflicting, read again and found to have nothing left to write.
 func (l *Ledger) Forget(cluster string) { l.Record(cluster, Entry{}) }
+
+// Prune queues the removal of the record of every cluster keep refuses: a
+// new Lease holder's sweep of the records of clusters deregistered while
+// no replica held the Lease. It returns how many it queued.
+func (l *Ledger) Prune(keep func(cluster string) bool) int {
+	n := 0
+	for _, c := range l.Clusters() {
+		if !keep(c) {
+			l.Forget(c)
+			n++
+		}
+	}
+	return n
+}
 
 // Flushes is how many batches were written (for tests and benchmarks).
 func (l *Ledger) Flushes() int {

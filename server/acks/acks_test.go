@@ -222,3 +222,25 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// A new Lease holder sweeps the records of clusters deregistered between
+// two terms (only the Lease holder forgets a deregistered cluster's
+// record): what the registry no longer has is deleted, the rest stays.
+func TestPruneForgetsUnregisteredClusters(t *testing.T) {
+	cs := fake.NewClientset()
+	l := started(t, cs, 10*time.Millisecond)
+	for _, c := range []string{"kept", "gone-1", "gone-2"} {
+		l.Record(c, acks.Entry{Version: version(1), Digest: digest(1)})
+	}
+	require.Eventually(t, func() bool { all, _ := acks.Read(context.Background(), cs, ns); return len(all) == 3 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { _, ok := l.Entry("gone-2"); return ok }, 10*time.Second, 20*time.Millisecond)
+
+	assert.Equal(t, 2, l.Prune(func(c string) bool { return c == "kept" }))
+	require.Eventually(t, func() bool {
+		all, _ := acks.Read(context.Background(), cs, ns)
+		_, kept := all["kept"]
+		return len(all) == 1 && kept
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return len(l.Clusters()) == 1 }, 10*time.Second, 20*time.Millisecond)
+	assert.Zero(t, l.Prune(func(c string) bool { return c == "kept" }), "nothing left to sweep")
+}

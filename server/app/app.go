@@ -99,6 +99,7 @@ type process struct {
 	sharedSnaps                  *server.SharedSnapshots
 	outputs                      *server.Outputs
 	heads                        *heads.Writer
+	ledger                       *acks.Ledger
 	admitter                     *admission.Engine
 	loader                       *admission.Loader
 	ctl                          *controller.Controller
@@ -339,7 +340,14 @@ func (p *process) newStatus(ctx context.Context) (err error) {
 				err = ledger.Start(ctx)
 			}
 		}()
-		p.registry.OnRevoke(ledger.Forget)
+		p.ledger = ledger
+		// The Lease holder forgets a deregistered cluster's record; a new
+		// one sweeps what was deregistered between terms (pruneAckLedger).
+		p.registry.OnRevoke(func(c string) {
+			if p.reps.leading() {
+				ledger.Forget(c)
+			}
+		})
 	}
 	p.status = server.NewKubeStatus(p.kube.Dynamic, p.cfg.Namespace, p.log, cfg)
 	p.registry.OnRevoke(p.status.Forget)

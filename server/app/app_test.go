@@ -41,12 +41,12 @@ func TestOnceOnlyWorkDependsOnlyOnTheSetup(t *testing.T) {
 	}{
 		{"the only replica", setup{}, []string{"token-mint-audit", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "status-and-rotation", "spiffe-import"}},
 		{"several replicas", setup{several: true}, []string{"token-mint-audit", "session-sweep", "replica-lease-collection",
-			"serving-secret", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "output-heads", "status-and-rotation", "spiffe-import"}},
+			"serving-secret", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "ack-ledger-collection", "output-heads", "status-and-rotation", "spiffe-import"}},
 		{"the only replica with everything", setup{redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
 			"relay-issuer-renewal", "relay-root-rotation", "snapshot-store-collection", "orphan-collection", "status-and-rotation", "spiffe-import", "kubeconfig-clusters", "webhook-configuration"}},
 		{"several replicas with everything", setup{several: true, redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
 			"session-sweep", "replica-lease-collection", "serving-secret", "relay-issuer-renewal", "relay-root-rotation", "snapshot-store-collection", "orphan-collection",
-			"output-heads", "status-and-rotation", "spiffe-import", "kubeconfig-clusters", "webhook-configuration"}},
+			"ack-ledger-collection", "output-heads", "status-and-rotation", "spiffe-import", "kubeconfig-clusters", "webhook-configuration"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, names(tasksFor(tc.setup)))

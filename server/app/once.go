@@ -62,6 +62,9 @@ var onceOnlyWork = []onceOnlyTask{
 	{name: "snapshot-store-collection", when: redisStore, run: (*process).collectSharedSnapshots},
 	// Discovered objects of clusters that are no longer registered.
 	{name: "orphan-collection", when: always, run: (*process).collectOrphans},
+	// Ack records of clusters that are no longer registered (only the Lease
+	// holder forgets them, so some may be left from between two terms).
+	{name: "ack-ledger-collection", when: severalReplicas, run: (*process).pruneAckLedger},
 	// Replicas serve one order of output versions: the leader's heads.
 	{name: "output-heads", when: severalReplicas, run: (*process).leadHeads},
 	{name: "status-and-rotation", when: always, run: (*process).driveStatusAndRotation},
@@ -171,6 +174,12 @@ func (p *process) publishServingSecret(ctx context.Context) {
 func (p *process) collectOrphans(ctx context.Context) {
 	if err := p.mirror.CollectOrphans(ctx, p.registered); err != nil {
 		p.log.Warn("could not delete discovered objects of unregistered clusters", "error", err)
+	}
+}
+
+func (p *process) pruneAckLedger(context.Context) {
+	if n := p.ledger.Prune(p.registered); n > 0 {
+		p.log.Info("forgetting the ack records of clusters no longer registered", "clusters", n)
 	}
 }
 

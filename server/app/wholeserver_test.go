@@ -25,10 +25,10 @@ import (
 // The tasks of the once-only table each setup has (server/app once.go).
 var (
 	singleTasks = []string{"orphan-collection", "relay-issuer-renewal", "relay-root-rotation", "spiffe-import", "status-and-rotation", "token-mint-audit"}
-	haTasks     = []string{"orphan-collection", "output-heads", "relay-issuer-renewal", "relay-root-rotation", "replica-lease-collection", "serving-secret", "session-sweep",
+	haTasks     = []string{"ack-ledger-collection", "orphan-collection", "output-heads", "relay-issuer-renewal", "relay-root-rotation", "replica-lease-collection", "serving-secret", "session-sweep",
 		"spiffe-import", "status-and-rotation", "token-mint-audit"}
-	// The tasks that run for the whole term (orphan-collection does one
-	// pass and returns).
+	// The tasks that run for the whole term (orphan-collection and
+	// ack-ledger-collection do one pass and return).
 	haTermTasks = []string{"output-heads", "relay-issuer-renewal", "relay-root-rotation", "replica-lease-collection", "serving-secret", "session-sweep", "spiffe-import", "status-and-rotation", "token-mint-audit"}
 )
 
