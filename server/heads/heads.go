@@ -87,8 +87,9 @@ func New(client kubernetes.Interface, namespace string, log *slog.Logger) *Store
 	return &Store{m: shardedcm.New(client, namespace, kind, codec, log.With("component", "output-heads"))}
 }
 
-// OnChange registers f, called with each cluster whose head changed (on the
-// watch's goroutine). Register before Start.
+// OnChange registers f, called with each cluster whose head changed, on
+// the watch's goroutine or on the goroutines of this replica's own writes
+// (concurrently): f must be safe for that. Register before Start.
 func (s *Store) OnChange(f func(cluster string)) { s.m.OnChange(f) }
 
 // Start watches the heads and returns once the first list is in.
@@ -134,7 +135,6 @@ type Writer struct {
 	log     *slog.Logger
 	mu      sync.Mutex
 	dirty   map[string]bool
-	marks   uint64 // Dirty calls so far, to tell when a burst ended
 	wake    chan struct{}
 }
 
@@ -150,42 +150,10 @@ func NewWriter(store *Store, src Source, log *slog.Logger) *Writer {
 func (w *Writer) Dirty(cluster string) {
 	w.mu.Lock()
 	w.dirty[cluster] = true
-	w.marks++
 	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
 	default:
-	}
-}
-
-// Coalescing of a burst of changes (a policy edit publishes many clusters'
-// sets in one translation): the heads are written once no change came for
-// quiet, or after most, whichever is first.
-const (
-	quiet = 2 * time.Millisecond
-	most  = 20 * time.Millisecond
-)
-
-// gather waits for the end of a burst of Dirty calls; false if ctx ended.
-func (w *Writer) gather(ctx context.Context) bool {
-	deadline := time.Now().Add(most)
-	for {
-		w.mu.Lock()
-		seen := w.marks
-		w.mu.Unlock()
-		t := time.NewTimer(quiet)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		case <-t.C:
-		}
-		w.mu.Lock()
-		calm := w.marks == seen
-		w.mu.Unlock()
-		if calm || !time.Now().Before(deadline) {
-			return true
-		}
 	}
 }
 
@@ -211,8 +179,12 @@ func (w *Writer) Lead(ctx context.Context) {
 			return
 		case <-w.wake:
 		}
-		if !w.gather(ctx) {
+		// Coalesce a burst (a policy edit touches many clusters at once;
+		// Outputs.Batch hands a translation's sets over together).
+		select {
+		case <-ctx.Done():
 			return
+		case <-time.After(20 * time.Millisecond):
 		}
 		w.mu.Lock()
 		batch := w.dirty

@@ -75,9 +75,22 @@ type Map[V comparable] struct {
 	// returned, until the watch shows that copy or a later one: the writer
 	// reads its own write at once (the leader serves a head it wrote
 	// without waiting for its watch), and the watch's older copies in
-	// between do not take it back.
-	written map[string]*corev1.ConfigMap
+	// between do not take it back (for ownWriteLead at most).
+	written map[string]writtenCopy
+	// applied is the resourceVersion of each shard's copy last applied.
+	applied map[string]string
 }
+
+type writtenCopy struct {
+	cm *corev1.ConfigMap
+	at time.Time
+}
+
+// ownWriteLead bounds how long a replica's own write of a shard is
+// preferred to the watch's older copies: a watch that never catches up
+// (resourceVersions gone back after an etcd restore) is believed again
+// after it.
+const ownWriteLead = 10 * time.Second
 
 // New returns kind's map in namespace; call Start.
 func New[V comparable](client kubernetes.Interface, namespace string, kind Kind, codec Codec[V], log *slog.Logger) *Map[V] {
@@ -88,11 +101,13 @@ func New[V comparable](client kubernetes.Interface, namespace string, kind Kind,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = kind.Label + "=true" }))
 	return &Map[V]{kind: kind, codec: codec, client: client, namespace: namespace, log: log,
 		informer: f.Core().V1().ConfigMaps().Informer(), shards: map[string]map[string]V{}, all: map[string]V{},
-		written: map[string]*corev1.ConfigMap{}}
+		written: map[string]writtenCopy{}, applied: map[string]string{}}
 }
 
-// OnChange registers f, called with each cluster whose record changed (on
-// the watch's goroutine). Register before Start.
+// OnChange registers f, called with each cluster whose record changed, on
+// the watch's goroutine or, for this replica's own writes, on the writing
+// goroutine (several at once): f must be safe for concurrent calls.
+// Register before Start.
 func (m *Map[V]) OnChange(f func(cluster string)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -143,14 +158,28 @@ func olderThan(a, b *corev1.ConfigMap) bool {
 	return errA == nil && errB == nil && x < y
 }
 
+// after reports whether resourceVersion rv is past applied (none applied
+// yet: any integer is); false when either does not parse.
+func after(rv, applied string) bool {
+	x, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil {
+		return false
+	}
+	if applied == "" {
+		return true
+	}
+	y, err := strconv.ParseUint(applied, 10, 64)
+	return err == nil && x > y
+}
+
 // apply makes cm (nil: the shard does not exist) the shard's content and
-// tells listeners which records changed. From the watch (ownWrite false),
-// a copy older than this replica's last write of the shard is skipped:
-// the write was applied already and the watch has not caught up. A
-// written copy is applied only if nothing newer was. A record that does
-// not parse, or sits in another cluster's shard, is skipped and logged:
-// only replicas write these maps, and no record is the safe reading of
-// one.
+// tells listeners which records changed. A copy this replica wrote
+// (ownWrite) is applied only if it is past the copy last applied, whatever
+// its source; from the watch, a copy older than this replica's last write
+// of the shard is skipped (the write was applied already and the watch has
+// not caught up). A record that does not parse, or sits in another
+// cluster's shard, is skipped and logged: only replicas write these maps,
+// and no record is the safe reading of one.
 func (m *Map[V]) apply(shard string, cm *corev1.ConfigMap, ownWrite bool) {
 	next := map[string]V{}
 	if cm != nil {
@@ -168,25 +197,23 @@ func (m *Map[V]) apply(shard string, cm *corev1.ConfigMap, ownWrite bool) {
 		}
 	}
 	m.mu.Lock()
-	w := m.written[shard]
-	switch {
-	case ownWrite:
-		if w != nil && !olderThan(w, cm) {
+	if ownWrite {
+		if !after(cm.ResourceVersion, m.applied[shard]) {
 			m.mu.Unlock()
-			return // a later write is applied already
+			return // a later copy is applied already (or versions do not compare)
 		}
-		if o, ok, _ := m.informer.GetStore().GetByKey(m.namespace + "/" + shard); ok {
-			if seen, ok := o.(*corev1.ConfigMap); ok && !olderThan(seen, cm) {
-				m.mu.Unlock()
-				return // the watch brought it (or a later copy) first
-			}
+		m.written[shard] = writtenCopy{cm: cm, at: time.Now()}
+	} else {
+		if w, ok := m.written[shard]; ok && cm != nil && olderThan(cm, w.cm) && time.Since(w.at) < ownWriteLead {
+			m.mu.Unlock()
+			return
 		}
-		m.written[shard] = cm
-	case w != nil && cm != nil && olderThan(cm, w):
-		m.mu.Unlock()
-		return
-	default:
 		delete(m.written, shard)
+	}
+	if cm != nil {
+		m.applied[shard] = cm.ResourceVersion
+	} else {
+		delete(m.applied, shard)
 	}
 	prev := m.shards[shard]
 	var changed []string
@@ -275,8 +302,8 @@ func (m *Map[V]) writeShard(ctx context.Context, name string, rs map[string]V) e
 		cm, _ = o.(*corev1.ConfigMap)
 	}
 	m.mu.RLock()
-	if w := m.written[name]; w != nil && (cm == nil || olderThan(cm, w)) {
-		cm = w
+	if w, ok := m.written[name]; ok && (cm == nil || olderThan(cm, w.cm)) {
+		cm = w.cm
 	}
 	m.mu.RUnlock()
 	cm = cm.DeepCopy()
