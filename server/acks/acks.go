@@ -92,6 +92,8 @@ type Ledger struct {
 
 	mu      sync.Mutex
 	pending map[string]Entry // recorded, not yet written; a zero Entry deletes
+	flying  map[string]Entry // the batch being written
+	dropped map[string]bool  // clusters of flying dropped meanwhile: deleted after it
 	wake    chan struct{}
 	flushes int
 }
@@ -108,11 +110,12 @@ func New(client kubernetes.Interface, namespace string, log *slog.Logger, interv
 	log = log.With("component", "acks")
 	codec := shardedcm.Codec[Entry]{Parse: Parse, Encode: Entry.encode, Replaces: Entry.supersedes}
 	return &Ledger{m: shardedcm.New(client, namespace, kind, codec, log), log: log, interval: interval,
-		pending: map[string]Entry{}, wake: make(chan struct{}, 1)}
+		pending: map[string]Entry{}, dropped: map[string]bool{}, wake: make(chan struct{}, 1)}
 }
 
-// OnChange registers f, called with each cluster whose record changed (on
-// the watch's goroutine). Register before Start.
+// OnChange registers f, called with each cluster whose record changed, on
+// the watch's goroutine or on the goroutines of this replica's own writes
+// (concurrently): f must be safe for that. Register before Start.
 func (l *Ledger) OnChange(f func(cluster string)) { l.m.OnChange(f) }
 
 // Start watches the records, returns once the first list is in, and writes
@@ -147,6 +150,19 @@ func (l *Ledger) Clusters() []string { return l.m.Clusters() }
 // records would race on the same shards, one write landing and the others
 // conflicting, read again and found to have nothing left to write.
 func (l *Ledger) Forget(cluster string) { l.Record(cluster, Entry{}) }
+
+// Drop forgets what this replica queued for a deregistered cluster,
+// without writing: the Lease holder deletes the record (Forget). If a batch
+// holding the cluster's record is being written, the record is deleted
+// after it, so that this replica's late write does not bring it back.
+func (l *Ledger) Drop(cluster string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.pending, cluster)
+	if _, ok := l.flying[cluster]; ok {
+		l.dropped[cluster] = true
+	}
+}
 
 // Prune queues the removal of the record of every cluster keep refuses: a
 // new Lease holder's sweep of the records of clusters deregistered while
@@ -191,17 +207,35 @@ func (l *Ledger) run(ctx context.Context) {
 		l.mu.Lock()
 		batch := l.pending
 		l.pending = map[string]Entry{}
+		l.flying = batch
 		l.mu.Unlock()
 		if len(batch) == 0 {
 			continue
 		}
 		last = time.Now()
 		err := l.m.Write(ctx, batch)
+		l.mu.Lock()
+		// A cluster dropped while its record was being written: what this
+		// write stored (even in part, if it failed) is deleted next.
+		for c := range l.dropped {
+			if _, newer := l.pending[c]; !newer {
+				l.pending[c] = Entry{}
+			}
+		}
+		dropped := l.dropped
+		l.flying, l.dropped = nil, map[string]bool{}
+		if err == nil {
+			l.flushes++
+		}
+		l.mu.Unlock()
 		if err == nil {
 			retry = 0
-			l.mu.Lock()
-			l.flushes++
-			l.mu.Unlock()
+			if len(dropped) > 0 {
+				select {
+				case l.wake <- struct{}{}:
+				default:
+				}
+			}
 			continue
 		}
 		if ctx.Err() != nil {
@@ -211,7 +245,7 @@ func (l *Ledger) run(ctx context.Context) {
 		l.log.Warn("could not write ack records; retrying", "clusters", len(batch), "error", err, "retry_in", retry)
 		l.mu.Lock()
 		for c, e := range batch {
-			if _, newer := l.pending[c]; !newer {
+			if _, newer := l.pending[c]; !newer && !dropped[c] {
 				l.pending[c] = e
 			}
 		}

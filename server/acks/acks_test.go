@@ -244,3 +244,68 @@ func TestPruneForgetsUnregisteredClusters(t *testing.T) {
 	require.Eventually(t, func() bool { return len(l.Clusters()) == 1 }, 10*time.Second, 20*time.Millisecond)
 	assert.Zero(t, l.Prune(func(c string) bool { return c == "kept" }), "nothing left to sweep")
 }
+
+// A replica that is not the Lease holder drops what it queued for a
+// deregistered cluster without writing; if the cluster's record was being
+// written when it was dropped, that write's record is deleted after it, so
+// a late write does not bring a deregistered cluster's record back.
+func TestDropDeletesARecordItWasWriting(t *testing.T) {
+	cs := fake.NewClientset()
+	var mu sync.Mutex
+	writes := 0
+	var hold chan struct{}
+	entered := make(chan struct{}, 1)
+	cs.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetVerb() != "create" && a.GetVerb() != "update" {
+			return false, nil, nil
+		}
+		mu.Lock()
+		writes++
+		h := hold
+		mu.Unlock()
+		if h != nil {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			<-h
+		}
+		return false, nil, nil
+	})
+	l := started(t, cs, 10*time.Millisecond)
+
+	// Queued and dropped before its batch: never written.
+	l.Record("queued", acks.Entry{Version: version(1), Digest: digest(1)})
+	l.Drop("queued")
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	assert.Zero(t, writes, "a dropped record is not written")
+	mu.Unlock()
+
+	// Dropped while its batch is being written: deleted after it.
+	mu.Lock()
+	hold = make(chan struct{})
+	release := hold
+	mu.Unlock()
+	l.Record("flying", acks.Entry{Version: version(2), Digest: digest(2)})
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the batch was not written")
+	}
+	l.Drop("flying")
+	mu.Lock()
+	hold = nil
+	mu.Unlock()
+	close(release)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return writes >= 2
+	}, 10*time.Second, 20*time.Millisecond, "the record written late is deleted")
+	require.Eventually(t, func() bool {
+		all, err := acks.Read(context.Background(), cs, ns)
+		_, ok := all["flying"]
+		return err == nil && !ok
+	}, 10*time.Second, 20*time.Millisecond)
+}

@@ -341,11 +341,14 @@ func (p *process) newStatus(ctx context.Context) (err error) {
 			}
 		}()
 		p.ledger = ledger
-		// The Lease holder forgets a deregistered cluster's record; a new
-		// one sweeps what was deregistered between terms (pruneAckLedger).
+		// The Lease holder deletes a deregistered cluster's record, the
+		// others only drop what they queued for it; a new Lease holder
+		// sweeps what was deregistered between terms (pruneAckLedger).
 		p.registry.OnRevoke(func(c string) {
 			if p.reps.leading() {
 				ledger.Forget(c)
+			} else {
+				ledger.Drop(c)
 			}
 		})
 	}
