@@ -128,9 +128,11 @@ func (p *Passthrough) publishClusters(only ...string) {
 		names = append(names, c)
 	}
 	sort.Strings(names)
-	for _, c := range names {
-		p.outputs.SetFrom("passthrough", c, sets[c])
-	}
+	p.outputs.Batch(func() {
+		for _, c := range names {
+			p.outputs.SetFrom("passthrough", c, sets[c])
+		}
+	})
 }
 
 // passthroughObject strips a management-cluster object to what the agent

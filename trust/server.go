@@ -310,8 +310,17 @@ func (c *Controller) reconcile(ctx context.Context) {
 		members[mt.vm] = append(members[mt.vm], mt)
 	}
 	c.mu.Unlock()
-	for cl, reqs := range byCluster {
-		c.cfg.Outputs.SetTrust(cl, reqs)
+	setAll := func() {
+		for cl, reqs := range byCluster {
+			c.cfg.Outputs.SetTrust(cl, reqs)
+		}
+	}
+	// A rotation step changes every member cluster's set: the head writer
+	// (server.Outputs) hears of them in one burst.
+	if b, ok := c.cfg.Outputs.(interface{ Batch(func()) }); ok {
+		b.Batch(setAll)
+	} else {
+		setAll()
 	}
 	moved := false
 	if leading {
