@@ -18,6 +18,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
@@ -93,7 +94,11 @@ type Controller struct {
 	log       *slog.Logger
 
 	informers map[schema.GroupVersionResource]cache.SharedIndexInformer
-	wake      chan struct{}
+	// changed says, per kind, whether its cache changed since list last
+	// read it (set by the watch's handler before it kicks a translation);
+	// a kind without one is read every time.
+	changed map[schema.GroupVersionResource]*atomic.Bool
+	wake    chan struct{}
 	// acked wakes a status refresh only: an ack changes status.clusters,
 	// never what translation computes.
 	acked chan struct{}
@@ -102,7 +107,8 @@ type Controller struct {
 	report    *translation.Report // the last translation's, with admission's refusals
 	engine    *Engine
 	typed     map[schema.GroupVersionResource]map[string]typedObject
-	published map[string]bool // clusters that have a published set
+	lists     map[schema.GroupVersionResource]any // list's last result per kind, while unchanged
+	published map[string]bool                     // clusters that have a published set
 	status    *statusWriter
 	acks      Acks
 	admission Admitter
@@ -158,6 +164,7 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	c := &Controller{client: cfg.Client, namespace: cfg.Namespace, out: cfg.Outputs, clusters: cfg.Clusters,
 		log: cfg.Logger.With("component", "translation"), informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{},
 		wake: make(chan struct{}, 1), acked: make(chan struct{}, 1), engine: NewEngine(cfg.Namespace), typed: map[schema.GroupVersionResource]map[string]typedObject{},
+		changed: map[schema.GroupVersionResource]*atomic.Bool{}, lists: map[schema.GroupVersionResource]any{},
 		published: map[string]bool{},
 		acks:      cfg.Acks, admission: cfg.Admission, admitted: map[string]admitted{}, versions: map[string]uint64{}, parentsIn: map[string]map[translation.Parent][]string{},
 		leading: cfg.Leading, workloads: cfg.Workloads}
@@ -172,15 +179,6 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		default:
 		}
 	}
-	handler := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { kick() }, UpdateFunc: func(o, n any) {
-		// Status writes by this controller must not retrigger it.
-		if ou, ok := o.(*unstructured.Unstructured); ok {
-			if nu, ok := n.(*unstructured.Unstructured); ok && ou.GetGeneration() == nu.GetGeneration() && ou.GetGeneration() != 0 && reflect.DeepEqual(ou.Object["spec"], nu.Object["spec"]) {
-				return
-			}
-		}
-		kick()
-	}, DeleteFunc: func(any) { kick() }}
 	discoveredKinds := []schema.GroupVersionResource{gvrMesh, gvrWorkload, gvrDestination, gvrCluster}
 	if c.workloads != nil {
 		discoveredKinds = []schema.GroupVersionResource{gvrMesh, gvrDestination, gvrCluster}
@@ -206,8 +204,8 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 			}
 		}()
 	}
-	for _, inf := range c.informers {
-		if _, err := inf.AddEventHandler(handler); err != nil {
+	for gvr, inf := range c.informers {
+		if _, err := inf.AddEventHandler(c.watchHandler(gvr, kick)); err != nil {
 			return nil, err
 		}
 	}
@@ -301,12 +299,56 @@ func (c *Controller) run(ctx context.Context) {
 // handed over without a status.
 var specOnly = map[schema.GroupVersionResource]bool{gvrCluster: true}
 
+// watchHandler is the handler of kind gvr's watch: it notes that the
+// kind's cache changed before it kicks a translation (kick), so the
+// translation it wakes reads the change. Status writes (this controller's
+// own) kick nothing, and for the specOnly kinds they are no change.
+func (c *Controller) watchHandler(gvr schema.GroupVersionResource, kick func()) cache.ResourceEventHandlerFuncs {
+	changed := new(atomic.Bool)
+	changed.Store(true)
+	c.changed[gvr] = changed
+	touch := func(any) { changed.Store(true); kick() }
+	return cache.ResourceEventHandlerFuncs{AddFunc: touch, DeleteFunc: touch, UpdateFunc: func(o, n any) {
+		ou, _ := o.(*unstructured.Unstructured)
+		nu, _ := n.(*unstructured.Unstructured)
+		if ou == nil || nu == nil {
+			touch(n)
+			return
+		}
+		if !specOnly[gvr] || specVersion(ou) != specVersion(nu) {
+			changed.Store(true)
+		}
+		if ou.GetGeneration() == nu.GetGeneration() && ou.GetGeneration() != 0 && reflect.DeepEqual(ou.Object["spec"], nu.Object["spec"]) {
+			return
+		}
+		kick()
+	}}
+}
+
+// specVersion is what a specOnly kind is converted again on: its spec's
+// generation (with its UID), or its resourceVersion if it has none.
+func specVersion(u *unstructured.Unstructured) string {
+	if u.GetGeneration() > 0 {
+		return "spec:" + string(u.GetUID()) + "/" + strconv.FormatInt(u.GetGeneration(), 10)
+	}
+	return u.GetResourceVersion()
+}
+
 // list converts an informer's cache to typed objects, converting only what
 // changed since the last call (by resourceVersion; by generation for the
-// specOnly kinds). An object it cannot read is an error, not a skip:
-// dropping, say, a VirtualMesh with globalAccessPolicy Enabled would remove
-// its deny-all policy (fail open).
+// specOnly kinds), and returns the last call's list again when the kind's
+// cache did not change since (changed). An object it cannot read is an
+// error, not a skip: dropping, say, a VirtualMesh with globalAccessPolicy
+// Enabled would remove its deny-all policy (fail open); and a kind that
+// had one is read again next time.
 func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) []T {
+	changed := c.changed[gvr]
+	if changed != nil && !changed.Swap(false) {
+		if out, ok := c.lists[gvr].([]T); ok {
+			return out
+		}
+	}
+	failed := len(*errs)
 	var out []T
 	prev := c.typed[gvr]
 	next := map[string]typedObject{}
@@ -317,18 +359,20 @@ func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) 
 		}
 		key := u.GetNamespace() + "/" + u.GetName()
 		rv := u.GetResourceVersion()
-		fields := u.Object
-		if specOnly[gvr] && u.GetGeneration() > 0 {
+		if specOnly[gvr] {
 			// Translation reads the spec alone: a status write (an agent's
 			// heartbeat, its certificate) is no reason to convert again.
-			rv = "spec:" + string(u.GetUID()) + "/" + strconv.FormatInt(u.GetGeneration(), 10)
-			fields = maps.Clone(u.Object)
-			delete(fields, "status")
+			rv = specVersion(u)
 		}
 		if t, ok := prev[key]; ok && t.resourceVersion != "" && t.resourceVersion == rv {
 			next[key] = t
 			out = append(out, t.obj.(T))
 			continue
+		}
+		fields := u.Object
+		if specOnly[gvr] && u.GetGeneration() > 0 {
+			fields = maps.Clone(u.Object)
+			delete(fields, "status")
 		}
 		var t T
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(fields, &t); err != nil {
@@ -339,6 +383,14 @@ func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) 
 		out = append(out, t)
 	}
 	c.typed[gvr] = next
+	if changed != nil {
+		if len(*errs) > failed {
+			changed.Store(true)
+			delete(c.lists, gvr)
+		} else {
+			c.lists[gvr] = out
+		}
+	}
 	return out
 }
 

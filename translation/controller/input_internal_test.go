@@ -1,7 +1,9 @@
 package controller
 
 import (
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -65,4 +67,95 @@ func TestClustersAreConvertedOnSpecChangesOnly(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, in.Clusters[0].Spec.TrustDomains, 1)
 	assert.Equal(t, "b.example", in.Clusters[0].Spec.TrustDomains[0].Name, "a spec change is read at once")
+}
+
+// A kind whose cache did not change since the last translation is not
+// read again: its watch's handler says when it changed, before it kicks
+// the translation. A status write of a specOnly kind is no change; of the
+// other kinds it is (their status is handed over); an unreadable object
+// is read again every time until it is fixed.
+func TestUnchangedKindsAreNotReadAgain(t *testing.T) {
+	c := &Controller{informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{}, typed: map[schema.GroupVersionResource]map[string]typedObject{},
+		changed: map[schema.GroupVersionResource]*atomic.Bool{}, lists: map[schema.GroupVersionResource]any{}}
+	kicks := 0
+	handlers := map[schema.GroupVersionResource]cache.ResourceEventHandlerFuncs{}
+	for _, gvr := range []schema.GroupVersionResource{gvrMesh, gvrWorkload, gvrDestination, gvrVirtualMesh, gvrTraffic, gvrAccess, gvrVirtualDest, gvrCluster} {
+		c.informers[gvr] = cache.NewSharedIndexInformer(&cache.ListWatch{}, &unstructured.Unstructured{}, 0, cache.Indexers{})
+		handlers[gvr] = c.watchHandler(gvr, func() { kicks++ })
+	}
+	// update stores o and calls gvr's handler as the watch would (store first).
+	update := func(gvr schema.GroupVersionResource, old, o *unstructured.Unstructured) {
+		store := c.informers[gvr].GetStore()
+		if old == nil {
+			require.NoError(t, store.Add(o))
+			handlers[gvr].OnAdd(o, false)
+			return
+		}
+		require.NoError(t, store.Update(o))
+		handlers[gvr].OnUpdate(old, o)
+	}
+	obj := func(kind, name, rv string, generation int64, spec, status map[string]any) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "x/v1alpha1", "kind": kind,
+			"metadata": map[string]any{"name": name, "namespace": "relaymesh", "uid": "u-" + name, "resourceVersion": rv, "generation": generation},
+			"spec":     spec, "status": status,
+		}}
+	}
+	kc1 := obj("KubernetesCluster", "c1", "1", 1, map[string]any{"mode": "relay"}, map[string]any{"connected": false})
+	tp1 := obj("TrafficPolicy", "tp", "2", 1, map[string]any{"policy": map[string]any{"requestTimeout": "5s"}}, nil)
+	update(gvrCluster, nil, kc1)
+	update(gvrTraffic, nil, tp1)
+	in, err := c.Input()
+	require.NoError(t, err)
+	require.Len(t, in.TrafficPolicies, 1)
+	clusters := in.Clusters
+
+	// Nothing changed: the same lists, not a new reading of the caches.
+	in, err = c.Input()
+	require.NoError(t, err)
+	assert.Same(t, &clusters[0], &in.Clusters[0], "an unchanged kind's list is the last one")
+
+	// A cluster's status write: no change for translation, no kick.
+	k := kicks
+	kc2 := obj("KubernetesCluster", "c1", "3", 1, map[string]any{"mode": "relay"}, map[string]any{"connected": true})
+	update(gvrCluster, kc1, kc2)
+	assert.Equal(t, k, kicks)
+	in, err = c.Input()
+	require.NoError(t, err)
+	assert.Same(t, &clusters[0], &in.Clusters[0])
+
+	// A policy's status write is read (its status is handed over) but
+	// kicks nothing; its edit is read and kicks.
+	tp2 := obj("TrafficPolicy", "tp", "4", 1, map[string]any{"policy": map[string]any{"requestTimeout": "5s"}}, map[string]any{"observedGeneration": int64(1)})
+	update(gvrTraffic, tp1, tp2)
+	assert.Equal(t, k, kicks)
+	in, err = c.Input()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), in.TrafficPolicies[0].Status.ObservedGeneration)
+	tp3 := obj("TrafficPolicy", "tp", "5", 2, map[string]any{"policy": map[string]any{"requestTimeout": "7s"}}, nil)
+	update(gvrTraffic, tp2, tp3)
+	assert.Equal(t, k+1, kicks)
+	in, err = c.Input()
+	require.NoError(t, err)
+	assert.Equal(t, 7*time.Second, in.TrafficPolicies[0].Spec.Policy.RequestTimeout.Duration)
+
+	// A cluster's spec change is read.
+	kc3 := obj("KubernetesCluster", "c1", "6", 2, map[string]any{"mode": "relay", "trustDomains": []any{map[string]any{"name": "b.example"}}}, nil)
+	update(gvrCluster, kc2, kc3)
+	in, err = c.Input()
+	require.NoError(t, err)
+	require.Len(t, in.Clusters[0].Spec.TrustDomains, 1)
+
+	// An unreadable VirtualMesh fails every translation until it is fixed.
+	bad := obj("VirtualMesh", "vm", "7", 1, map[string]any{"meshes": "not-a-list", "globalAccessPolicy": "Enabled"}, nil)
+	update(gvrVirtualMesh, nil, bad)
+	for range 2 {
+		_, err = c.Input()
+		require.Error(t, err)
+	}
+	good := obj("VirtualMesh", "vm", "8", 2, map[string]any{"globalAccessPolicy": "Enabled"}, nil)
+	update(gvrVirtualMesh, bad, good)
+	in, err = c.Input()
+	require.NoError(t, err)
+	require.Len(t, in.VirtualMeshes, 1)
 }
