@@ -148,28 +148,15 @@ func (m *Map[V]) reload(shard string) {
 	m.apply(shard, cm, false)
 }
 
-// olderThan reports whether a's resourceVersion is below b's. The
-// apiserver's resourceVersions are comparable integers (etcd's revision;
-// Kubernetes' comparable-resource-version rule); one that does not parse
-// is never called older, so the watch's copy is then taken as it comes.
-func olderThan(a, b *corev1.ConfigMap) bool {
-	x, errA := strconv.ParseUint(a.ResourceVersion, 10, 64)
-	y, errB := strconv.ParseUint(b.ResourceVersion, 10, 64)
+// before reports whether resourceVersion a is below b. The apiserver's
+// resourceVersions are comparable integers (etcd's revision; Kubernetes'
+// comparable-resource-version rule); a version that does not parse is
+// never before another, so a watch copy with one is taken as it comes and
+// an own write with one is left to the watch.
+func before(a, b string) bool {
+	x, errA := strconv.ParseUint(a, 10, 64)
+	y, errB := strconv.ParseUint(b, 10, 64)
 	return errA == nil && errB == nil && x < y
-}
-
-// after reports whether resourceVersion rv is past applied (none applied
-// yet: any integer is); false when either does not parse.
-func after(rv, applied string) bool {
-	x, err := strconv.ParseUint(rv, 10, 64)
-	if err != nil {
-		return false
-	}
-	if applied == "" {
-		return true
-	}
-	y, err := strconv.ParseUint(applied, 10, 64)
-	return err == nil && x > y
 }
 
 // apply makes cm (nil: the shard does not exist) the shard's content and
@@ -198,13 +185,17 @@ func (m *Map[V]) apply(shard string, cm *corev1.ConfigMap, ownWrite bool) {
 	}
 	m.mu.Lock()
 	if ownWrite {
-		if !after(cm.ResourceVersion, m.applied[shard]) {
+		applied := m.applied[shard]
+		if applied == "" {
+			applied = "0" // none yet: any version is past it
+		}
+		if !before(applied, cm.ResourceVersion) {
 			m.mu.Unlock()
 			return // a later copy is applied already (or versions do not compare)
 		}
 		m.written[shard] = writtenCopy{cm: cm, at: time.Now()}
 	} else {
-		if w, ok := m.written[shard]; ok && cm != nil && olderThan(cm, w.cm) && time.Since(w.at) < ownWriteLead {
+		if w, ok := m.written[shard]; ok && cm != nil && before(cm.ResourceVersion, w.cm.ResourceVersion) && time.Since(w.at) < ownWriteLead {
 			m.mu.Unlock()
 			return
 		}
@@ -302,7 +293,7 @@ func (m *Map[V]) writeShard(ctx context.Context, name string, rs map[string]V) e
 		cm, _ = o.(*corev1.ConfigMap)
 	}
 	m.mu.RLock()
-	if w, ok := m.written[name]; ok && (cm == nil || olderThan(cm, w.cm)) {
+	if w, ok := m.written[name]; ok && (cm == nil || before(cm.ResourceVersion, w.cm.ResourceVersion)) {
 		cm = w.cm
 	}
 	m.mu.RUnlock()
