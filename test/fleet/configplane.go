@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server/heads"
 )
 
 // ConfigPlaneConfig is issue 21's fleet: Clusters agents, each pushing one
@@ -48,10 +50,26 @@ type EditResult struct {
 	Kinds                                                      map[string]int
 	RemoteHosts                                                int
 	// Translations are the server's "translated" log lines that published
-	// to clusters (took, recomputed units,	// clusters_published, between the edit and 5 s later (the controller
-	// debounces changes by 100 ms, then translates and publishes).
+	// to clusters (took, recomputed units, clusters_published), between
+	// the edit and 5 s later (the controller gathers a change for 20 ms,
+	// then translates and publishes).
 	Translations []Translation
-	at           time.Time
+	// CPU is the CPU time each process used from the edit until every
+	// agent had it: this harness (its agents), the servers, the
+	// management apiserver and etcd. On one machine they share its cores,
+	// so this says whose work an edit's reach waits for.
+	CPU map[string]time.Duration
+	// CPUBefore is the CPU time each used in the second before the edit,
+	// once the previous edit's acks had reached the agents: the fleet's
+	// background (status heartbeats, ack records, keepalives).
+	CPUBefore map[string]time.Duration
+	// HeadShards is, per output-head shard (heads.ShardName), the first
+	// and last agent of the shard to receive the edit, after it: with
+	// leader election on (this harness's servers, one replica too) a set
+	// is served once the Lease holder's write of its shard's heads
+	// returned, so the shards' first arrivals show when those writes did.
+	HeadShards map[string][2]time.Duration
+	at         time.Time
 }
 
 // Translation is one "translated" line of the server's log.
@@ -92,8 +110,10 @@ type ConfigPlaneResult struct {
 	// requests (verb and resource) from the agents' start until every
 	// discovered object is there, and from deregistration until none is
 	// left: the server's, and the harness's own polls (LIST) and
-	// deregistration (DELETE).
-	ConnectRequests, RemoveRequests map[string]float64
+	// deregistration (DELETE). EditRequests are those of the edits, from
+	// the first edit's settling to the last edit reaching every agent (the
+	// harness's own: the edits, PATCH trafficpolicies).
+	ConnectRequests, RemoveRequests, EditRequests map[string]float64
 	// Logs counts the server's log lines of the whole run; Throttled the
 	// client-side throttling client-go reported in them.
 	Logs      map[string]int
@@ -289,6 +309,10 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		}
 	}
 	var all []time.Duration
+	editsFrom, err := cfg.Env.Mgmt.APIRequests(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for e := range cfg.Edits {
 		from, to := timeouts[e%2], timeouts[(e+1)%2]
 		// Let the acks of the previous version settle.
@@ -297,7 +321,9 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		}); err != nil {
 			return nil, err
 		}
+		idleFrom := processCPU(cfg.Env, servers)
 		time.Sleep(time.Second)
+		cpuBefore := processCPU(cfg.Env, servers)
 		arr.expect(to)
 		stop := cfg.during(ctx, srv)
 		edit := time.Now()
@@ -305,16 +331,28 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 			stop()
 			return nil, err
 		}
-		_, err := pollUntil(wctx, 10*time.Millisecond, func() (bool, error) { return arr.count() == cfg.Clusters, nil })
+		_, err = pollUntil(wctx, 10*time.Millisecond, func() (bool, error) { return arr.count() == cfg.Clusters, nil })
+		cpuAfter := processCPU(cfg.Env, servers)
 		stop()
 		if err != nil {
 			return nil, fmt.Errorf("edit %d reached %d of %d agents: %w", e, arr.count(), cfg.Clusters, err)
 		}
-		er := EditResult{From: from, To: to}
+		er := EditResult{From: from, To: to, CPU: map[string]time.Duration{}, HeadShards: map[string][2]time.Duration{}}
+		er.CPUBefore = map[string]time.Duration{}
+		for p, after := range cpuAfter {
+			er.CPU[p] = after - cpuBefore[p]
+			er.CPUBefore[p] = cpuBefore[p] - idleFrom[p]
+		}
 		var reach []time.Duration
 		arr.mu.Lock()
 		for c, at := range arr.at {
 			reach = append(reach, at.Sub(edit))
+			shard := heads.ShardName(c)
+			span, seen := er.HeadShards[shard]
+			if !seen {
+				span = [2]time.Duration{at.Sub(edit), at.Sub(edit)}
+			}
+			er.HeadShards[shard] = [2]time.Duration{min(span[0], at.Sub(edit)), max(span[1], at.Sub(edit))}
 			o := arr.objects[c]
 			if er.ObjectsMax == 0 || o[0] < er.ObjectsMin {
 				er.ObjectsMin = o[0]
@@ -331,9 +369,14 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		all = append(all, reach...)
 		er.at = edit
 		cfg.Logf("config: edit %s → %s reached %d agents: %s; %d objects per set, %d from the policy", from, to, cfg.Clusters, er.Reach, er.ObjectsMax, er.PolicyObjectsMax)
+		cfg.Logf("config: CPU while it did: %s (in the second before: %s); first and last agent per head shard: %s", cpuLine(er.CPU), cpuLine(er.CPUBefore), shardLine(er.HeadShards))
 		r.Edits = append(r.Edits, er)
 	}
 	r.Reach = Summarize(all)
+	if r.EditRequests, err = apiSince(ctx, cfg.Env.Mgmt, editsFrom); err != nil {
+		return nil, err
+	}
+	cfg.Logf("config: API requests during the edits: %s", topRequests(r.EditRequests, 8))
 	if err := addTranslations(srv, r.Edits); err != nil {
 		return nil, err
 	}
@@ -490,4 +533,40 @@ func addTranslations(srv *Server, edits []EditResult) error {
 		}
 	}
 	return nil
+}
+
+// processCPU is the CPU time used so far by this process, each server and
+// the management cluster's apiserver and etcd (a process that cannot be
+// read is left out).
+func processCPU(env *Env, servers []*Replica) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	pids := map[string]int{"harness": 0}
+	for role, pid := range env.Pids() {
+		pids[role] = pid
+	}
+	for _, s := range servers {
+		pids["server "+s.Name] = s.Server.Pid()
+	}
+	for role, pid := range pids {
+		if u, err := ReadProc(pid); err == nil {
+			out[role] = u.CPU
+		}
+	}
+	return out
+}
+
+func cpuLine(cpu map[string]time.Duration) string {
+	var parts []string
+	for _, role := range slices.Sorted(maps.Keys(cpu)) {
+		parts = append(parts, fmt.Sprintf("%s %dms", role, cpu[role].Milliseconds()))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func shardLine(spans map[string][2]time.Duration) string {
+	var parts []string
+	for _, shard := range slices.Sorted(maps.Keys(spans)) {
+		parts = append(parts, fmt.Sprintf("%s %d-%dms", shard[strings.LastIndex(shard, "-")+1:], spans[shard][0].Milliseconds(), spans[shard][1].Milliseconds()))
+	}
+	return strings.Join(parts, " ")
 }
