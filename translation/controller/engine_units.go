@@ -258,7 +258,13 @@ func (e *Engine) trafficUnits(c *cycle, invalid map[string]bool, run runFunc) {
 			h.Write([]byte{1})
 		}
 		run("traffic/"+g.policies[0], hex.EncodeToString(h.Sum(nil)), func() *unit {
-			sub := &translation.Input{VirtualMeshes: c.in.VirtualMeshes, Meshes: c.in.Meshes, Clusters: c.in.Clusters}
+			sub := &translation.Input{VirtualMeshes: c.in.VirtualMeshes, Meshes: c.in.Meshes, Clusters: c.in.Clusters,
+				// Sized once: a policy for every Destination copies a
+				// fleet's worth of them, and growing by appending copied
+				// them several times more.
+				TrafficPolicies: make([]networkingv1alpha1.TrafficPolicy, 0, len(g.policies)),
+				Destinations:    make([]discoveryv1alpha1.Destination, 0, len(g.dests)),
+				Workloads:       make([]discoveryv1alpha1.Workload, 0, len(g.works))}
 			for _, k := range g.policies {
 				sub.TrafficPolicies = append(sub.TrafficPolicies, *c.tps[k])
 			}
