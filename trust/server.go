@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -35,6 +36,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -127,8 +129,9 @@ type Controller struct {
 	used    map[string]bool       // cache keys asked for since the last reconcile
 	status  map[string]*networkingv1alpha1.SharedTrustStatus
 	written map[string]string // status last written, JSON
-	// grantWritten is status.trustDomains last written, by cluster.
-	grantWritten map[string]string
+	// grantWritten is status.trustDomains last written, by cluster, with
+	// the resourceVersion the write made.
+	grantWritten map[string]grantWrite
 	metrics      *metrics
 	// rotating: some VirtualMesh is in a rotation (so acks matter).
 	rotating atomic.Bool
@@ -166,7 +169,7 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "trust"), wake: make(chan struct{}, 1),
 		state: map[string]*meshTrust{}, vmst: map[string]*vmState{}, cache: map[string]cachedRoot{}, used: map[string]bool{}, status: map[string]*networkingv1alpha1.SharedTrustStatus{}, written: map[string]string{},
-		rv: map[string]string{}, stale: map[string]bool{}, replaced: map[string]map[string]bool{}, grantWritten: map[string]string{}}
+		rv: map[string]string{}, stale: map[string]bool{}, replaced: map[string]map[string]bool{}, grantWritten: map[string]grantWrite{}}
 	shared := cfg.Informers.OrNew(cfg.Dynamic, cfg.Namespace)
 	users, discovered := shared.All, shared.Local
 	c.vms = users.ForResource(networkingv1alpha1.VirtualMeshes).Informer()
@@ -183,11 +186,14 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		}
 	}
 	// A KubernetesCluster's status changes with every agent heartbeat; only
-	// its spec (the grant) matters here.
+	// its spec (the grant) matters here, and to the leader
+	// status.trustDomains, which writeGrantStatuses compares with what it
+	// would write (a new leader is kicked at its term's start).
 	if _, err := c.kcs.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.Kick() }, DeleteFunc: func(any) { c.Kick() },
 		UpdateFunc: func(o, n any) {
 			if ou, ok := o.(*unstructured.Unstructured); ok {
-				if nu, ok := n.(*unstructured.Unstructured); ok && ou.GetGeneration() == nu.GetGeneration() && ou.GetGeneration() != 0 {
+				if nu, ok := n.(*unstructured.Unstructured); ok && ou.GetGeneration() == nu.GetGeneration() && ou.GetGeneration() != 0 &&
+					(!c.leading() || reflect.DeepEqual(trustDomainsOf(ou), trustDomainsOf(nu))) {
 					return
 				}
 			}
@@ -717,15 +723,32 @@ func (c *Controller) authorizeNow(cluster, mesh, td string) error {
 	return authorizeSigning(clusters, m, cluster, td)
 }
 
+// trustDomainsOf is u's status.trustDomains as the watch decoded it (nil
+// when there is none).
+func trustDomainsOf(u *unstructured.Unstructured) any {
+	v, _, _ := unstructured.NestedFieldNoCopy(u.Object, "status", "trustDomains")
+	return v
+}
+
+// sameTrustDomains: a and b are the same statuses, in order (nil and
+// empty alike).
+func sameTrustDomains(a, b []multiclusterv1alpha1.TrustDomainStatus) bool {
+	return slices.EqualFunc(a, b, func(x, y multiclusterv1alpha1.TrustDomainStatus) bool {
+		return x.Name == y.Name && x.State == y.State && x.Message == y.Message && slices.Equal(x.Meshes, y.Meshes)
+	})
+}
+
 // writeGrantStatuses applies status.trustDomains of every cluster whose
-// verdict changed since this replica last wrote it; only the leader does.
-// A failed write is tried again at the next reconcile. A cluster without
-// grants whose status shows none is not written: a fleet registered at
-// once would otherwise cost a status write per cluster, for nothing.
+// status does not show its verdict; only the leader does. A verdict the
+// status already shows is not written again: a new Lease holder or a
+// restarted server would otherwise apply every cluster's status, a fleet's
+// worth of writes for nothing. A failed write is tried again at the next
+// reconcile.
 func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclusterv1alpha1.KubernetesCluster, sts map[string][]multiclusterv1alpha1.TrustDomainStatus) {
-	shown := make(map[string]bool, len(clusters))
+	shown := make(map[string][]multiclusterv1alpha1.TrustDomainStatus, len(clusters))
+	shownRV := make(map[string]string, len(clusters))
 	for _, kc := range clusters {
-		shown[kc.Name] = len(kc.Status.TrustDomains) > 0
+		shown[kc.Name], shownRV[kc.Name] = kc.Status.TrustDomains, kc.ResourceVersion
 	}
 	c.mu.Lock()
 	for name := range c.grantWritten {
@@ -738,9 +761,7 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclu
 		return
 	}
 	for _, name := range slices.Sorted(maps.Keys(sts)) {
-		if len(sts[name]) == 0 && !shown[name] {
-			// Nothing granted and nothing shown: no body to build. Most
-			// clusters have no grant, and this runs after every ack.
+		if sameTrustDomains(sts[name], shown[name]) {
 			continue
 		}
 		status := map[string]any{}
@@ -753,13 +774,27 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclu
 			continue
 		}
 		c.mu.Lock()
-		same := c.grantWritten[name] == string(body)
+		w, wrote := c.grantWritten[name]
 		c.mu.Unlock()
-		if same || !c.leading() {
+		if wrote && w.body == string(body) {
+			// This body was written, and the watch shows that write (the
+			// same body again would change nothing: fields of other
+			// managers stay) or not yet: looked at again in a while, in
+			// case the watch skips to a later version with the same
+			// trustDomains (no change to kick a reconcile). Shown a later
+			// version, someone wrote since: written again.
+			if later, err := resourceversion.CompareResourceVersion(shownRV[name], w.rv); err != nil || later <= 0 {
+				if later < 0 {
+					c.kickAt(time.Now().Add(staleRetry), staleRetry)
+				}
+				continue
+			}
+		}
+		if !c.leading() {
 			continue
 		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err = c.cfg.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(c.cfg.Namespace).
+		res, err := c.cfg.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(c.cfg.Namespace).
 			Patch(wctx, name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: fieldManager, Force: new(true)}, "status")
 		cancel()
 		switch {
@@ -770,7 +805,11 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclu
 			continue
 		}
 		c.mu.Lock()
-		c.grantWritten[name] = string(body)
+		c.grantWritten[name] = grantWrite{body: string(body), rv: res.GetResourceVersion()}
 		c.mu.Unlock()
 	}
 }
+
+// grantWrite is a status.trustDomains this replica wrote.
+type grantWrite struct{ body, rv string }
+

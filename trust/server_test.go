@@ -10,8 +10,11 @@ import (
 	"encoding/pem"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,7 +39,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 )
 
 // published records what the controller publishes per cluster.
@@ -281,15 +286,7 @@ func TestIntermediatesOnlyForAGrantedTrustDomain(t *testing.T) {
 	}
 	mesh := func(cluster, td string) {
 		t.Helper()
-		apply(fmt.Sprintf(`
-apiVersion: discovery.relaymesh.io/v1alpha1
-kind: Mesh
-metadata: {name: istiod-%[1]s, namespace: NS}
-spec:
-  istio:
-    installation: {name: istiod, namespace: istio-system, cluster: %[1]s}
-    trustDomain: %[2]s
-`, cluster, td))
+		apply(meshManifest(cluster, td))
 	}
 	grant := func(cluster, grants string) {
 		t.Helper()
@@ -499,4 +496,114 @@ spec:
 			assert.Equal(t, c+".local", reqs[0].GetTrustDomain(), "round %d: %s", round, c)
 		}
 	}
+}
+
+// statusWrites counts the PATCH requests to KubernetesClusters' status
+// subresource made through a client.
+type statusWrites struct{ n atomic.Int64 }
+
+func (w *statusWrites) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if req.Method == http.MethodPatch && strings.Contains(req.URL.Path, "/kubernetesclusters/") && strings.HasSuffix(req.URL.Path, "/status") {
+			w.n.Add(1)
+		}
+		return rt.RoundTrip(req)
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// A controller starting over statuses that already show its verdicts (a
+// restarted server, a new Lease holder) writes none of them again: at a
+// fleet's size that was a status write per cluster, for nothing. A
+// verdict that changes is still written.
+func TestShownGrantStatusesAreNotWrittenAgain(t *testing.T) {
+	localcluster.SkipIfShort(t)
+	cl := env.Cluster("cluster-1")
+	kube := client(t)
+	ns := namespace(t, kube)
+	ctx := t.Context()
+	apply := func(manifest string) {
+		t.Helper()
+		_, err := cl.Apply(ctx, "test", []byte(strings.ReplaceAll(manifest, "NS", ns)))
+		require.NoError(t, err)
+	}
+	for _, c := range []string{"s1", "s2"} {
+		apply(fmt.Sprintf(`
+apiVersion: multicluster.relaymesh.io/v1alpha1
+kind: KubernetesCluster
+metadata: {name: %s, namespace: NS}
+spec: {}
+`, c))
+		apply(meshManifest(c, c+".local"))
+	}
+	start := func() (*statusWrites, context.CancelFunc) {
+		t.Helper()
+		writes := &statusWrites{}
+		cfg := rest.CopyConfig(cl.RESTConfig())
+		cfg.Wrap(writes.wrap)
+		dyn, err := dynamic.NewForConfig(cfg)
+		require.NoError(t, err)
+		cctx, cancel := context.WithCancel(ctx)
+		_, err = trust.Start(cctx, trust.Config{Dynamic: dyn, Kube: kube, Namespace: ns, Outputs: &published{sets: map[string][]*relaypb.TrustRequest{}},
+			Clusters: func() []string { return []string{"s1", "s2"} }, Audit: audit.Discard})
+		require.NoError(t, err)
+		return writes, cancel
+	}
+	shown := func(cluster string) []multiclusterv1alpha1.TrustDomainStatus {
+		u, err := dynamic.NewForConfigOrDie(cl.RESTConfig()).Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(ns).Get(ctx, cluster, metav1.GetOptions{})
+		require.NoError(t, err)
+		var kc multiclusterv1alpha1.KubernetesCluster
+		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &kc))
+		return kc.Status.TrustDomains
+	}
+	authorized := func(cluster string, meshes ...string) bool {
+		st := shown(cluster)
+		return len(st) == 1 && st[0].Name == cluster+".local" && st[0].State == multiclusterv1alpha1.TrustDomainAuthorized && slices.Equal(st[0].Meshes, meshes)
+	}
+
+	first, stop := start()
+	require.Eventually(t, func() bool {
+		return authorized("s1", "istio-system/istiod") && authorized("s2", "istio-system/istiod")
+	}, 30*time.Second, 50*time.Millisecond)
+	assert.GreaterOrEqual(t, first.n.Load(), int64(2), "the first controller wrote both verdicts")
+	stop()
+
+	// trust.Start returns after its first reconcile, on a synced cache.
+	again, stop := start()
+	defer stop()
+	assert.Zero(t, again.n.Load(), "the verdicts the statuses show were written again")
+
+	// A verdict that changes is written: s2's mesh goes away.
+	require.NoError(t, dynamic.NewForConfigOrDie(cl.RESTConfig()).Resource(discoveryv1alpha1.Meshes).Namespace(ns).Delete(ctx, "istiod-s2", metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { return authorized("s2") }, 30*time.Second, 50*time.Millisecond)
+	assert.True(t, authorized("s1", "istio-system/istiod"))
+	assert.Equal(t, int64(1), again.n.Load(), "only the changed verdict was written")
+
+	// Someone else's write over the verdict is undone: what the status
+	// shows is the controller's verdict, not what was last written.
+	_, err := dynamic.NewForConfigOrDie(cl.RESTConfig()).Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(ns).Patch(ctx, "s1",
+		types.MergePatchType, []byte(`{"status":{"trustDomains":[{"name":"s1.local","state":"Authorized","meshes":["elsewhere/istiod"]}]}}`), metav1.PatchOptions{}, "status")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return authorized("s1", "istio-system/istiod") }, 30*time.Second, 50*time.Millisecond)
+	written := again.n.Load()
+	assert.Equal(t, int64(2), written, "one write back")
+	time.Sleep(time.Second)
+	assert.Equal(t, written, again.n.Load(), "writes went on after the status showed the verdict")
+}
+
+// meshManifest is a discovered Mesh of cluster (its istiod in
+// istio-system) reporting trust domain td, in namespace NS.
+func meshManifest(cluster, td string) string {
+	return fmt.Sprintf(`
+apiVersion: discovery.relaymesh.io/v1alpha1
+kind: Mesh
+metadata: {name: istiod-%[1]s, namespace: NS}
+spec:
+  istio:
+    installation: {name: istiod, namespace: istio-system, cluster: %[1]s}
+    trustDomain: %[2]s
+`, cluster, td)
 }
