@@ -309,6 +309,17 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		}
 	}
 	var all []time.Duration
+	// Whose CPU each edit waits for: the servers', the apiserver's and
+	// etcd's, and this process's (the agents').
+	pids := cfg.Env.Pids()
+	pids["harness"] = 0
+	for _, s := range servers {
+		if len(servers) == 1 {
+			pids["server"] = s.Server.Pid()
+		} else {
+			pids["server "+s.Name] = s.Server.Pid()
+		}
+	}
 	editsFrom, err := cfg.Env.Mgmt.APIRequests(ctx)
 	if err != nil {
 		return nil, err
@@ -321,38 +332,48 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		}); err != nil {
 			return nil, err
 		}
-		idleFrom := processCPU(cfg.Env, servers)
+		idle, err := StartCPU(pids)
+		if err != nil {
+			return nil, err
+		}
 		time.Sleep(time.Second)
-		cpuBefore := processCPU(cfg.Env, servers)
+		before, err := idle.Stop()
+		if err != nil {
+			return nil, err
+		}
 		arr.expect(to)
 		stop := cfg.during(ctx, srv)
+		meter, err := StartCPU(pids)
+		if err != nil {
+			stop()
+			return nil, err
+		}
 		edit := time.Now()
 		if err := cfg.Env.Mgmt.SetRequestTimeout(ctx, policyName, to); err != nil {
 			stop()
 			return nil, err
 		}
 		_, err = pollUntil(wctx, 10*time.Millisecond, func() (bool, error) { return arr.count() == cfg.Clusters, nil })
-		cpuAfter := processCPU(cfg.Env, servers)
+		cpu, cpuErr := meter.Stop()
 		stop()
 		if err != nil {
 			return nil, fmt.Errorf("edit %d reached %d of %d agents: %w", e, arr.count(), cfg.Clusters, err)
 		}
-		er := EditResult{From: from, To: to, CPU: map[string]time.Duration{}, HeadShards: map[string][2]time.Duration{}}
-		er.CPUBefore = map[string]time.Duration{}
-		for p, after := range cpuAfter {
-			er.CPU[p] = after - cpuBefore[p]
-			er.CPUBefore[p] = cpuBefore[p] - idleFrom[p]
+		if cpuErr != nil {
+			return nil, cpuErr
 		}
+		er := EditResult{From: from, To: to, CPU: cpu.CPU, CPUBefore: before.CPU, HeadShards: map[string][2]time.Duration{}}
 		var reach []time.Duration
 		arr.mu.Lock()
 		for c, at := range arr.at {
-			reach = append(reach, at.Sub(edit))
+			d := at.Sub(edit)
+			reach = append(reach, d)
 			shard := heads.ShardName(c)
 			span, seen := er.HeadShards[shard]
 			if !seen {
-				span = [2]time.Duration{at.Sub(edit), at.Sub(edit)}
+				span = [2]time.Duration{d, d}
 			}
-			er.HeadShards[shard] = [2]time.Duration{min(span[0], at.Sub(edit)), max(span[1], at.Sub(edit))}
+			er.HeadShards[shard] = [2]time.Duration{min(span[0], d), max(span[1], d)}
 			o := arr.objects[c]
 			if er.ObjectsMax == 0 || o[0] < er.ObjectsMin {
 				er.ObjectsMin = o[0]
@@ -533,26 +554,6 @@ func addTranslations(srv *Server, edits []EditResult) error {
 		}
 	}
 	return nil
-}
-
-// processCPU is the CPU time used so far by this process, each server and
-// the management cluster's apiserver and etcd (a process that cannot be
-// read is left out).
-func processCPU(env *Env, servers []*Replica) map[string]time.Duration {
-	out := map[string]time.Duration{}
-	pids := map[string]int{"harness": 0}
-	for role, pid := range env.Pids() {
-		pids[role] = pid
-	}
-	for _, s := range servers {
-		pids["server "+s.Name] = s.Server.Pid()
-	}
-	for role, pid := range pids {
-		if u, err := ReadProc(pid); err == nil {
-			out[role] = u.CPU
-		}
-	}
-	return out
 }
 
 func cpuLine(cpu map[string]time.Duration) string {
