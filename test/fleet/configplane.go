@@ -368,12 +368,7 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		for c, at := range arr.at {
 			d := at.Sub(edit)
 			reach = append(reach, d)
-			shard := heads.ShardName(c)
-			span, seen := er.HeadShards[shard]
-			if !seen {
-				span = [2]time.Duration{d, d}
-			}
-			er.HeadShards[shard] = [2]time.Duration{min(span[0], d), max(span[1], d)}
+			spanByShard(er.HeadShards, c, d)
 			o := arr.objects[c]
 			if er.ObjectsMax == 0 || o[0] < er.ObjectsMin {
 				er.ObjectsMin = o[0]
@@ -554,6 +549,17 @@ func addTranslations(srv *Server, edits []EditResult) error {
 		}
 	}
 	return nil
+}
+
+// spanByShard widens the span (first and last arrival) of cluster's
+// output-head shard in spans to d.
+func spanByShard(spans map[string][2]time.Duration, cluster string, d time.Duration) {
+	shard := heads.ShardName(cluster)
+	cur, ok := spans[shard]
+	if !ok {
+		cur = [2]time.Duration{d, d}
+	}
+	spans[shard] = [2]time.Duration{min(cur[0], d), max(cur[1], d)}
 }
 
 func cpuLine(cpu map[string]time.Duration) string {

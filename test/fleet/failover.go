@@ -7,8 +7,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/relaymesh/relaymesh/server/heads"
 )
 
 // FailoverConfig is issue 22's benchmark: Replicas server replicas on one
@@ -580,12 +578,7 @@ func (cfg *FailoverConfig) failoverPhase(ctx context.Context, f *Fleet, sl *sess
 		for c, at := range arr.at {
 			d := at.Sub(editAt)
 			reach = append(reach, d)
-			sh := heads.ShardName(c)
-			cur, ok := p.EditByShard[sh]
-			if !ok {
-				cur = [2]time.Duration{d, d}
-			}
-			p.EditByShard[sh] = [2]time.Duration{min(cur[0], d), max(cur[1], d)}
+			spanByShard(p.EditByShard, c, d)
 		}
 		arr.mu.Unlock()
 		s := Summarize(reach)
