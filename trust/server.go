@@ -812,4 +812,3 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclu
 
 // grantWrite is a status.trustDomains this replica wrote.
 type grantWrite struct{ body, rv string }
-
