@@ -17,7 +17,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -26,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -148,15 +148,14 @@ func (m *Map[V]) reload(shard string) {
 	m.apply(shard, cm, false)
 }
 
-// before reports whether resourceVersion a is below b. The apiserver's
-// resourceVersions are comparable integers (etcd's revision; Kubernetes'
-// comparable-resource-version rule); a version that does not parse is
-// never before another, so a watch copy with one is taken as it comes and
-// an own write with one is left to the watch.
+// before reports whether resourceVersion a is below b, as the apiserver's
+// comparable resourceVersions order (resourceversion.CompareResourceVersion,
+// the same rule the trust controller compares by); a version that is not
+// well formed is never before another, so a watch copy with one is taken
+// as it comes and an own write with one is left to the watch.
 func before(a, b string) bool {
-	x, errA := strconv.ParseUint(a, 10, 64)
-	y, errB := strconv.ParseUint(b, 10, 64)
-	return errA == nil && errB == nil && x < y
+	c, err := resourceversion.CompareResourceVersion(a, b)
+	return err == nil && c < 0
 }
 
 // apply makes cm (nil: the shard does not exist) the shard's content and
@@ -185,11 +184,9 @@ func (m *Map[V]) apply(shard string, cm *corev1.ConfigMap, ownWrite bool) {
 	}
 	m.mu.Lock()
 	if ownWrite {
-		applied := m.applied[shard]
-		if applied == "" {
-			applied = "0" // none yet: any version is past it
-		}
-		if !before(applied, cm.ResourceVersion) {
+		applied, seen := m.applied[shard]
+		_, malformed := resourceversion.CompareResourceVersion(cm.ResourceVersion, cm.ResourceVersion)
+		if malformed != nil || (seen && !before(applied, cm.ResourceVersion)) {
 			m.mu.Unlock()
 			return // a later copy is applied already (or versions do not compare)
 		}
