@@ -48,18 +48,19 @@ func TestPreAuthAgainstTheServerProcess(t *testing.T) {
 	var mu sync.Mutex
 	statuses := map[string]int{}
 	var wg sync.WaitGroup
+	// The sampler owns peak until it has returned (sampled is closed): the
+	// test reads it only after that.
 	peak := rssBefore
-	stop := make(chan struct{})
+	stop, sampled := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(sampled)
 		for {
 			select {
 			case <-stop:
 				return
 			case <-time.After(20 * time.Millisecond):
-				if r := rssKiB(t, pid); r > peak {
-					mu.Lock()
+				if r, ok := readRSSKiB(pid); ok {
 					peak = max(peak, r)
-					mu.Unlock()
 				}
 			}
 		}
@@ -100,6 +101,7 @@ func TestPreAuthAgainstTheServerProcess(t *testing.T) {
 	}
 	wg.Wait()
 	close(stop)
+	<-sampled
 	refused := statuses[strconv.Itoa(int(codes.ResourceExhausted))]
 	t.Logf("200 concurrent 4 MiB pre-auth Bootstrap calls: %v; server RSS %d MiB before, peak %d MiB", statuses, rssBefore>>10, peak>>10)
 	assert.Equal(t, 200, refused, "every oversized call is refused (ResourceExhausted)")
@@ -160,17 +162,27 @@ func TestPreAuthAgainstTheServerProcess(t *testing.T) {
 
 // rssKiB is a process's resident set, from /proc.
 func rssKiB(t *testing.T, pid int) int64 {
+	n, ok := readRSSKiB(pid)
+	if !ok {
+		t.Fatalf("no VmRSS for pid %d", pid)
+	}
+	return n
+}
+
+// readRSSKiB is rssKiB for goroutines other than the test's, which must not
+// call t.Fatalf: ok is false when /proc has no figure.
+func readRSSKiB(pid int) (int64, bool) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	require.NoError(t, err)
+	if err != nil {
+		return 0, false
+	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
 			n, err := strconv.ParseInt(f[1], 10, 64)
-			require.NoError(t, err)
-			return n
+			return n, err == nil
 		}
 	}
-	t.Fatalf("no VmRSS for pid %d", pid)
-	return 0
+	return 0, false
 }
 
 // cpuSeconds is a process's user and system CPU time, from /proc.
