@@ -302,7 +302,8 @@ var specOnly = map[schema.GroupVersionResource]bool{gvrCluster: true}
 // watchHandler is the handler of kind gvr's watch: it notes that the
 // kind's cache changed before it kicks a translation (kick), so the
 // translation it wakes reads the change. Status writes (this controller's
-// own) kick nothing, and for the specOnly kinds they are no change.
+// own) kick nothing, and for the specOnly kinds they are no change; a
+// change of labels or annotations alone kicks one (admission reads them).
 func (c *Controller) watchHandler(gvr schema.GroupVersionResource, kick func()) cache.ResourceEventHandlerFuncs {
 	changed := new(atomic.Bool)
 	changed.Store(true)
@@ -318,11 +319,21 @@ func (c *Controller) watchHandler(gvr schema.GroupVersionResource, kick func()) 
 		if !specOnly[gvr] || specVersion(ou) != specVersion(nu) {
 			changed.Store(true)
 		}
-		if ou.GetGeneration() == nu.GetGeneration() && ou.GetGeneration() != 0 && reflect.DeepEqual(ou.Object["spec"], nu.Object["spec"]) {
+		if ou.GetGeneration() == nu.GetGeneration() && ou.GetGeneration() != 0 && reflect.DeepEqual(ou.Object["spec"], nu.Object["spec"]) &&
+			(specOnly[gvr] || sameMetadata(ou, nu)) {
 			return
 		}
 		kick()
 	}}
+}
+
+// sameMetadata reports whether two versions of an object have the same
+// labels and annotations. Admission rules read them (the default rules:
+// relaymesh.io/allow-all) and the generation does not cover them, so a
+// change to them alone is judged again at once, not at the next unrelated
+// translation.
+func sameMetadata(a, b *unstructured.Unstructured) bool {
+	return maps.Equal(a.GetLabels(), b.GetLabels()) && maps.Equal(a.GetAnnotations(), b.GetAnnotations())
 }
 
 // specVersion is what a specOnly kind is converted again on: its spec's
