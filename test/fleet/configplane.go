@@ -33,6 +33,13 @@ type ConfigPlaneConfig struct {
 	// Replicas is how many servers run (replica-0 …, agents spread over
 	// them as in the failover scenario); default 1, a single server.
 	Replicas int
+	// Settle is how long the fleet idles after the policy first reached
+	// every agent, before the first edit. Zero (the default) edits at once,
+	// while a just-connected fleet's once-per-cluster status writes (trust
+	// domain grants, the first status heartbeat) still land; longer than
+	// the status heartbeat (45 s at most) measures edits of a settled
+	// fleet.
+	Settle time.Duration
 }
 
 // EditResult is one policy edit reaching the fleet.
@@ -255,7 +262,7 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 	}
 	stop := cfg.during(ctx, srv)
 	f.Start(ctx)
-	wctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	wctx, cancel := context.WithTimeout(ctx, cfg.Timeout+cfg.Settle) // the settling is not a wait
 	defer cancel()
 	if err := f.Wait(wctx, "pushed", func(st AgentState) bool { return !st.Timeline.Pushed.IsZero() }); err != nil {
 		stop()
@@ -306,6 +313,14 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 			if s.Name == holder {
 				srv, r.Leader = s.Server, s.Name
 			}
+		}
+	}
+	if cfg.Settle > 0 {
+		cfg.Logf("config: the fleet settles for %s before the first edit", cfg.Settle)
+		select {
+		case <-wctx.Done():
+			return nil, wctx.Err()
+		case <-time.After(cfg.Settle):
 		}
 	}
 	var all []time.Duration

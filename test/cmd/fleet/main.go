@@ -169,8 +169,9 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 		clusters := fs.Int("clusters", 100, "fleet size")
 		edits := fs.Int("edits", 5, "policy edits")
 		replicas := fs.Int("replicas", 1, "server replicas (agents spread over them; translations read from the Lease holder's log)")
+		settle := fs.Duration("settle", 0, "idle time after the policy first reached every agent, before the first edit (0: edit at once, while the just-connected fleet's status writes land; > 45s: a settled fleet)")
 		f = func(ctx context.Context, o fleet.Options) (any, error) {
-			return fleet.ConfigPlane(ctx, fleet.ConfigPlaneConfig{Options: o, Clusters: *clusters, Edits: *edits, Replicas: *replicas})
+			return fleet.ConfigPlane(ctx, fleet.ConfigPlaneConfig{Options: o, Clusters: *clusters, Edits: *edits, Replicas: *replicas, Settle: *settle})
 		}
 	case "snapshot":
 		pods := fs.Int("pods-per-service", 10, "ready pods behind each Service")
