@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"maps"
 	"math/big"
+	"math/bits"
 	"reflect"
 	"slices"
 	"strconv"
@@ -95,9 +96,10 @@ type StatusConfig struct {
 	// behind the mirror's many parallel writes of discovered objects).
 	Workers int
 	// Heartbeat bounds how often lastSeen alone (and an ack that only
-	// moved the version on) is written per cluster — each cluster's is
-	// between Heartbeat and 1.5 × Heartbeat, spread by its name;
-	// default 30s.
+	// moved the version on) is written per cluster: a Heartbeat or more
+	// after the last write, once the agent's events have settled for
+	// Heartbeat/2 (or MaxLagHeartbeats Heartbeats after the first of
+	// them), in the cluster's slot (heartbeatDue); default 30s.
 	Heartbeat time.Duration
 	// Resync compares every cluster again this often; default 1m.
 	Resync time.Duration
@@ -162,6 +164,10 @@ type agentState struct {
 	earlier  []string
 	version  string
 	lastSeen time.Time
+	// pendingSince is when the first event not yet written happened (zero:
+	// none): the heartbeat slot of a write that waits for the heartbeat is
+	// reckoned from it, so later events do not move that slot on.
+	pendingSince time.Time
 	// clockOffset is the agent's clock minus ours at its last Hello.
 	clockOffset *time.Duration
 	// ack is the agent's last ack, as the status keeps it.
@@ -243,6 +249,9 @@ func (k *KubeStatus) mark(cluster string, update func(*agentState)) {
 	}
 	update(st)
 	st.lastSeen = k.cfg.Now()
+	if st.pendingSince.IsZero() {
+		st.pendingSince = st.lastSeen
+	}
 	k.mu.Unlock()
 	k.queue.AddAfter(cluster, k.cfg.Coalesce)
 }
@@ -402,27 +411,37 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	}
 	var retryIn time.Duration
 	// A version-only ack waits for the heartbeat: at most one such write
-	// per cluster per Heartbeat (lastSeen is the status's last write).
+	// per cluster per Heartbeat (lastSeen is the status's last write), in
+	// the cluster's own slot.
 	ackWait := time.Duration(0)
-	heartbeat := k.heartbeat(cluster)
+	now := k.cfg.Now()
+	due := k.heartbeatDue(cluster, timeOf(have.LastSeen), st.pendingSince, st.lastSeen)
 	if ackDue {
-		if since := k.cfg.Now().Sub(timeOf(have.LastSeen)); since >= heartbeat {
+		if !now.Before(due) {
 			patch["appliedOutputs"] = appliedPatch(st.ack)
 			ackDue = false
 		} else {
-			ackWait = heartbeat - since
+			ackWait = due.Sub(now)
 		}
 	}
 	if !st.lastSeen.IsZero() {
 		seen := st.lastSeen.UTC().Truncate(time.Second)
 		switch behind := seen.Sub(timeOf(have.LastSeen)); {
 		case behind <= 0:
-		case len(patch) > 0 || behind >= heartbeat:
+		case len(patch) > 0:
 			patch["lastSeen"] = metav1.NewTime(seen)
+		case behind >= k.cfg.Heartbeat:
+			// Only lastSeen is behind, by a heartbeat or more: written in
+			// the cluster's slot.
+			if !now.Before(due) {
+				patch["lastSeen"] = metav1.NewTime(seen)
+			} else {
+				retryIn = due.Sub(now)
+			}
 		default:
 			// Only lastSeen is behind, by less than a heartbeat: write it
 			// with the next change, or when the heartbeat is due.
-			retryIn = heartbeat - behind
+			retryIn = k.cfg.Heartbeat - behind
 		}
 	}
 	if ackDue {
@@ -433,6 +452,9 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 		}
 	}
 	if len(patch) == 0 {
+		if retryIn == 0 {
+			k.settled(cluster, st.lastSeen) // nothing waits to be written
+		}
 		return retryIn, nil
 	}
 	doc := map[string]any{"status": patch}
@@ -461,6 +483,7 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	if err != nil {
 		return 0, fmt.Errorf("patch %v: %w", slices.Sorted(maps.Keys(patch)), err)
 	}
+	k.settled(cluster, st.lastSeen)
 	if after, err := toCluster(got); err == nil {
 		k.mu.Lock()
 		k.written[cluster] = writtenStatus{before: kc.rv, after: after.ResourceVersion, status: after.Status}
@@ -498,15 +521,81 @@ func (k *KubeStatus) statusOf(cluster string, obj any) (seenStatus, error) {
 	return s, nil
 }
 
-// heartbeat is cluster's own heartbeat: between Heartbeat and 1.5 ×
-// Heartbeat, a fixed share per cluster. A fleet that connected in one storm
-// then writes its heartbeats spread over half a period, not all in the
-// same second (at 1,000 clusters that second was 1,000 status writes,
-// landing on whatever policy edit was being delivered then).
-func (k *KubeStatus) heartbeat(cluster string) time.Duration {
-	h := fnv.New32a()
-	h.Write([]byte(cluster))
-	return k.cfg.Heartbeat + time.Duration(h.Sum32()%1000)*(k.cfg.Heartbeat/2000)
+// heartbeatDue is when a write that waits for the heartbeat (lastSeen
+// alone, an ack that only moved the version on) may happen, given the
+// status's last write (last), the first event not written since (pending)
+// and the latest (latest): in the first of the cluster's slots — every
+// Heartbeat/2, at an offset fixed by its name — that is
+//   - a Heartbeat or more after last (at most one such write per
+//     Heartbeat), and
+//   - Heartbeat/2 or more after latest (the agent's acks have settled),
+//     or MaxLagHeartbeats Heartbeats after pending, whichever is sooner.
+//
+// So such a write lands between Heartbeat/2 and 1.5 × Heartbeat after the
+// last event of a series, and at least every MaxLagHeartbeats Heartbeats
+// while events keep coming. Policy edits in quick succession were a status
+// write per cluster per Heartbeat (at 1,000 clusters, 22–33 a second for
+// facts no reader waits for: translation and trust read acks from the view
+// or the ack ledger); they are one per cluster after the series, or per
+// five minutes. Fixed slots spread a fleet's writes over half a period
+// whatever brought them into step (a fleet that connected in one storm, a
+// quiet fleet whose agents all ack one edit: at 1,000 clusters each was
+// 1,000 status writes in a second, landing on the next policy edit).
+func (k *KubeStatus) heartbeatDue(cluster string, last, pending, latest time.Time) time.Time {
+	from := last.Add(k.cfg.Heartbeat)
+	settled := latest.Add(k.cfg.Heartbeat / 2)
+	if bound := pending.Add(MaxLagHeartbeats * k.cfg.Heartbeat); !pending.IsZero() && bound.Before(settled) {
+		settled = bound
+	}
+	if settled.After(from) {
+		from = settled
+	}
+	period := k.cfg.Heartbeat / 2
+	if period <= 0 {
+		return from
+	}
+	slot := from.Truncate(period).Add(shareOf(cluster, period))
+	if slot.Before(from) {
+		slot = slot.Add(period)
+	}
+	return slot
+}
+
+// MaxLagHeartbeats bounds, in Heartbeats, how long a write that waits for
+// the heartbeat is put off while its cluster's events keep coming (5
+// minutes at the default Heartbeat).
+const MaxLagHeartbeats = 10
+
+// shareOf is a fixed share of d in [0, d) for name, spread evenly over d
+// however alike the names (FNV-1a alone puts names such as cluster-0001 …
+// cluster-1000 into a few clumps): FNV-1a, then a 64-bit finalizer that
+// mixes every bit into every other (MurmurHash3's fmix64).
+func shareOf(name string, d time.Duration) time.Duration {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	x := h.Sum64()
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	share, _ := bits.Mul64(x, uint64(d))
+	return time.Duration(share)
+}
+
+// settled records that cluster's status shows every event up to lastSeen
+// (written, or found written): what happens next waits for a slot of its
+// own. Events recorded since are pending from the last of them.
+func (k *KubeStatus) settled(cluster string, lastSeen time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if cur := k.state[cluster]; cur != nil {
+		if cur.lastSeen.Equal(lastSeen) {
+			cur.pendingSince = time.Time{}
+		} else {
+			cur.pendingSince = cur.lastSeen
+		}
+	}
 }
 
 func timeOf(t *metav1.Time) time.Time {
