@@ -97,9 +97,10 @@ type StatusConfig struct {
 	Workers int
 	// Heartbeat bounds how often lastSeen alone (and an ack that only
 	// moved the version on) is written per cluster: a Heartbeat or more
-	// after the last write, once the agent's events have settled for
-	// Heartbeat/2 (or MaxLagHeartbeats Heartbeats after the first of
-	// them), in the cluster's slot (heartbeatDue); default 30s.
+	// after the last write, once the acked version (for lastSeen alone,
+	// the session's events) settled for Heartbeat/2 or MaxLagHeartbeats
+	// Heartbeats after the first unwritten event, in the cluster's slot
+	// (heartbeatDue); default 30s.
 	Heartbeat time.Duration
 	// Resync compares every cluster again this often; default 1m.
 	Resync time.Duration
@@ -164,6 +165,8 @@ type agentState struct {
 	earlier  []string
 	version  string
 	lastSeen time.Time
+	// ackMoved is when the acked version last changed.
+	ackMoved time.Time
 	// pendingSince is when the first event not yet written happened (zero:
 	// none): the heartbeat slot of a write that waits for the heartbeat is
 	// reckoned from it, so later events do not move that slot on.
@@ -360,6 +363,9 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	if cur := k.state[cluster]; cur != nil {
 		st = *cur
 	}
+	// What this sync writes (or finds written) covers the events up to
+	// copied; settled is told so after.
+	copied, copiedSeen := k.cfg.Now(), st.lastSeen
 	have, rv := kc.status, kc.rv
 	if w, ok := k.written[cluster]; ok && w.before == kc.rv && w.after != kc.rv {
 		have, rv = w.status, w.after
@@ -413,11 +419,18 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	// A version-only ack waits for the heartbeat: at most one such write
 	// per cluster per Heartbeat (lastSeen is the status's last write), in
 	// the cluster's own slot.
+	// The ack has settled when its version stopped moving (an agent
+	// re-acking a set it failed to apply every few seconds moves lastSeen,
+	// not the version); lastSeen alone when the session's events did.
 	ackWait := time.Duration(0)
 	now := k.cfg.Now()
-	due := k.heartbeatDue(cluster, timeOf(have.LastSeen), st.pendingSince, st.lastSeen)
+	last := timeOf(have.LastSeen)
 	if ackDue {
-		if !now.Before(due) {
+		ackMoved := st.ackMoved
+		if ackMoved.IsZero() {
+			ackMoved = st.lastSeen
+		}
+		if due := k.heartbeatDue(cluster, now, last, st.pendingSince, ackMoved); !now.Before(due) {
 			patch["appliedOutputs"] = appliedPatch(st.ack)
 			ackDue = false
 		} else {
@@ -426,22 +439,18 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	}
 	if !st.lastSeen.IsZero() {
 		seen := st.lastSeen.UTC().Truncate(time.Second)
-		switch behind := seen.Sub(timeOf(have.LastSeen)); {
+		switch behind := seen.Sub(last); {
 		case behind <= 0:
 		case len(patch) > 0:
 			patch["lastSeen"] = metav1.NewTime(seen)
-		case behind >= k.cfg.Heartbeat:
-			// Only lastSeen is behind, by a heartbeat or more: written in
-			// the cluster's slot.
-			if !now.Before(due) {
+		default:
+			// Only lastSeen is behind: written in the cluster's slot once
+			// the events settled, at most once per heartbeat.
+			if due := k.heartbeatDue(cluster, now, last, st.pendingSince, st.lastSeen); !now.Before(due) {
 				patch["lastSeen"] = metav1.NewTime(seen)
 			} else {
 				retryIn = due.Sub(now)
 			}
-		default:
-			// Only lastSeen is behind, by less than a heartbeat: write it
-			// with the next change, or when the heartbeat is due.
-			retryIn = k.cfg.Heartbeat - behind
 		}
 	}
 	if ackDue {
@@ -453,7 +462,7 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	}
 	if len(patch) == 0 {
 		if retryIn == 0 {
-			k.settled(cluster, st.lastSeen) // nothing waits to be written
+			k.settled(cluster, copiedSeen, copied) // nothing waits to be written
 		}
 		return retryIn, nil
 	}
@@ -483,7 +492,7 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	if err != nil {
 		return 0, fmt.Errorf("patch %v: %w", slices.Sorted(maps.Keys(patch)), err)
 	}
-	k.settled(cluster, st.lastSeen)
+	k.settled(cluster, copiedSeen, copied)
 	if after, err := toCluster(got); err == nil {
 		k.mu.Lock()
 		k.written[cluster] = writtenStatus{before: kc.rv, after: after.ResourceVersion, status: after.Status}
@@ -522,18 +531,20 @@ func (k *KubeStatus) statusOf(cluster string, obj any) (seenStatus, error) {
 }
 
 // heartbeatDue is when a write that waits for the heartbeat (lastSeen
-// alone, an ack that only moved the version on) may happen, given the
-// status's last write (last), the first event not written since (pending)
-// and the latest (latest): in the first of the cluster's slots — every
-// Heartbeat/2, at an offset fixed by its name — that is
+// alone, an ack that only moved the version on) may happen at now, given
+// the status's last write (last, at most now), the first event not written
+// since (pending) and the last that matters (latest: when the acked version
+// last moved, for an ack; the session's last event, for lastSeen alone):
+// in the first of the cluster's slots — every Heartbeat/2, at an offset
+// fixed by its name — that is
 //   - a Heartbeat or more after last (at most one such write per
 //     Heartbeat), and
-//   - Heartbeat/2 or more after latest (the agent's acks have settled),
-//     or MaxLagHeartbeats Heartbeats after pending, whichever is sooner.
+//   - Heartbeat/2 or more after latest (it has settled), or
+//     MaxLagHeartbeats Heartbeats after pending, whichever is sooner.
 //
 // So such a write lands between Heartbeat/2 and 1.5 × Heartbeat after the
-// last event of a series, and at least every MaxLagHeartbeats Heartbeats
-// while events keep coming. Policy edits in quick succession were a status
+// last edit of a series, and at least every MaxLagHeartbeats Heartbeats
+// while edits keep coming. Policy edits in quick succession were a status
 // write per cluster per Heartbeat (at 1,000 clusters, 22–33 a second for
 // facts no reader waits for: translation and trust read acks from the view
 // or the ack ledger); they are one per cluster after the series, or per
@@ -541,7 +552,10 @@ func (k *KubeStatus) statusOf(cluster string, obj any) (seenStatus, error) {
 // whatever brought them into step (a fleet that connected in one storm, a
 // quiet fleet whose agents all ack one edit: at 1,000 clusters each was
 // 1,000 status writes in a second, landing on the next policy edit).
-func (k *KubeStatus) heartbeatDue(cluster string, last, pending, latest time.Time) time.Time {
+func (k *KubeStatus) heartbeatDue(cluster string, now, last, pending, latest time.Time) time.Time {
+	if last.After(now) {
+		last = now // a lastSeen ahead of our clock (another replica's, or written by hand)
+	}
 	from := last.Add(k.cfg.Heartbeat)
 	settled := latest.Add(k.cfg.Heartbeat / 2)
 	if bound := pending.Add(MaxLagHeartbeats * k.cfg.Heartbeat); !pending.IsZero() && bound.Before(settled) {
@@ -583,17 +597,18 @@ func shareOf(name string, d time.Duration) time.Duration {
 	return time.Duration(share)
 }
 
-// settled records that cluster's status shows every event up to lastSeen
-// (written, or found written): what happens next waits for a slot of its
-// own. Events recorded since are pending from the last of them.
-func (k *KubeStatus) settled(cluster string, lastSeen time.Time) {
+// settled records that cluster's status shows (or no longer waits for)
+// every event up to lastSeen, the state a sync copied at copied: what
+// happens next waits for a slot of its own. Events recorded since the copy
+// are pending from the copy on.
+func (k *KubeStatus) settled(cluster string, lastSeen, copied time.Time) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if cur := k.state[cluster]; cur != nil {
 		if cur.lastSeen.Equal(lastSeen) {
 			cur.pendingSince = time.Time{}
 		} else {
-			cur.pendingSince = cur.lastSeen
+			cur.pendingSince = copied
 		}
 	}
 }
@@ -630,7 +645,12 @@ func (k *KubeStatus) Acked(cluster string, ack *relaypb.PullAck) {
 	if k.cfg.Ledger != nil {
 		k.cfg.Ledger.Record(cluster, acks.Entry{Version: ack.GetVersion(), Digest: ResultsDigest(out.Results)})
 	}
-	k.mark(cluster, func(st *agentState) { st.ack = out })
+	k.mark(cluster, func(st *agentState) {
+		if st.ack == nil || st.ack.Version != out.Version {
+			st.ackMoved = k.cfg.Now()
+		}
+		st.ack = out
+	})
 }
 
 // appliedPatch is a's merge patch: results null when there are none, so

@@ -96,6 +96,8 @@ type ConfigPlaneResult struct {
 	// at the first edit, whose log the Translations are read from.
 	Replicas int
 	Leader   string
+	// Settle is how long the fleet idled before the first edit.
+	Settle time.Duration
 	Hygiene
 	// Pushed is agent start → its snapshot accepted.
 	Pushed Summary
@@ -205,6 +207,9 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
+	if cfg.Settle < 0 {
+		return nil, fmt.Errorf("settle %s: must not be negative", cfg.Settle)
+	}
 	if cfg.Clusters == 0 {
 		cfg.Clusters = 100
 	}
@@ -253,7 +258,7 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		clusters[m.Cluster] = true
 	}
 	wantObjects := cfg.Clusters * len(DiscoveredObjectsOf(cfg.Snapshot.Snapshot("x")))
-	r := &ConfigPlaneResult{Clusters: cfg.Clusters, Replicas: cfg.Replicas, Leader: servers[0].Name}
+	r := &ConfigPlaneResult{Clusters: cfg.Clusters, Replicas: cfg.Replicas, Leader: servers[0].Name, Settle: cfg.Settle}
 
 	// 1. Clusters connect: their snapshots become discovered objects.
 	apiBefore, err := cfg.Env.Mgmt.APIRequests(ctx)

@@ -147,7 +147,7 @@ type KubernetesClusterStatus struct {
 	// applied, the objects it could not apply and its mesh CA Secrets. The
 	// replica holding the session writes it at once when the results
 	// change; an ack that only moves the version on is written with the
-	// next heartbeat (lastSeen): once the agent's acks have settled for
+	// next heartbeat (lastSeen): once the acked version has not moved for
 	// 15 s, at least 30 s after the last write, in the cluster's slot of
 	// the next 15 s. So the version here may lag by up to 45 s after the
 	// last of a series of edits, and by up to 5 min 15 s while edits keep
