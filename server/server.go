@@ -1119,6 +1119,9 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 			return status.Error(codes.InvalidArgument, "the first message of a session must be Hello")
 		}
 		hello = first.GetHello()
+		// Counted before the Welcome: an agent holding one is in the gauge.
+		s.cfg.Metrics.sessions.WithLabelValues("1").Inc()
+		defer s.cfg.Metrics.sessions.WithLabelValues("1").Dec()
 		if err := stream.Send(&relaypb.ServerMessage{Msg: &relaypb.ServerMessage_Welcome{Welcome: &relaypb.Welcome{
 			Cluster: a.cluster, SpiffeId: a.id.String(), CertificateNotAfterUnix: a.cert.NotAfter.Unix(),
 		}}}); err != nil {
@@ -1126,8 +1129,6 @@ func (s *Server) Connect(stream relaypb.Relay_ConnectServer) error {
 		}
 		s.log.Info("agent session opened", "cluster", a.cluster, "peer", a.peer, "agent_version", first.GetHello().GetAgentVersion())
 		s.agentClock(a.cluster, first.GetHello())
-		s.cfg.Metrics.sessions.WithLabelValues("1").Inc()
-		defer s.cfg.Metrics.sessions.WithLabelValues("1").Dec()
 	}
 	bundles, err := s.newBundleDelivery(a.cluster, hello)
 	if err != nil {

@@ -43,13 +43,14 @@ func (s *Server) Session(stream relaypb.Relay_SessionServer) error {
 		return err
 	}
 	send := func(f *relaypb.ServerFrame) error { return stream.Send(f) }
+	// Counted before the Welcome: an agent holding one is in the gauge.
+	s.cfg.Metrics.sessions.WithLabelValues("2").Inc()
+	defer s.cfg.Metrics.sessions.WithLabelValues("2").Dec()
 	if err := send(&relaypb.ServerFrame{Frame: &relaypb.ServerFrame_Welcome{Welcome: s.welcome(a)}}); err != nil {
 		return err
 	}
 	s.log.Info("agent session opened", "cluster", a.cluster, "peer", a.peer, "agent_version", hello.GetAgentVersion(), "protocol", 2)
 	s.agentClock(a.cluster, hello)
-	s.cfg.Metrics.sessions.WithLabelValues("2").Inc()
-	defer s.cfg.Metrics.sessions.WithLabelValues("2").Dec()
 	sendBundle := func(b *relaypb.TrustBundle) error {
 		return send(&relaypb.ServerFrame{Frame: &relaypb.ServerFrame_TrustBundle{TrustBundle: b}})
 	}

@@ -23,7 +23,8 @@ import (
 // change to them alone is judged again at once, both ways — an allow-all
 // AccessPolicy whose opt-in is removed leaves translation, and is back in
 // it when the opt-in returns. Before, such a change waited for the next
-// unrelated translation (in a quiet fleet, indefinitely).
+// unrelated translation (in a quiet fleet, the Namespaces' informer resync:
+// up to 10 minutes).
 func TestAMetadataOnlyChangeIsJudgedAgain(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
