@@ -76,7 +76,11 @@ type EditResult struct {
 	// is served once the Lease holder's write of its shard's heads
 	// returned, so the shards' first arrivals show when those writes did.
 	HeadShards map[string][2]time.Duration
-	at         time.Time
+	// Replicas is, per server replica (its name), the first and last of
+	// its agents to receive the edit, after it: whether the spread is one
+	// replica's serving or the heads' writes and watches.
+	Replicas map[string][2]time.Duration `json:",omitempty"`
+	at       time.Time
 }
 
 // Translation is one "translated" line of the server's log.
@@ -141,13 +145,14 @@ type arrivals struct {
 	objects map[string][2]int // all objects, the policy's objects
 	kinds   map[string]map[string]int
 	remote  map[string]int
+	server  map[string]string // the address the agent had the set from
 }
 
 func (r *arrivals) expect(timeout string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.want = `"timeout":"` + timeout + `"`
-	r.at, r.objects, r.kinds, r.remote = map[string]time.Time{}, map[string][2]int{}, map[string]map[string]int{}, map[string]int{}
+	r.at, r.objects, r.kinds, r.remote, r.server = map[string]time.Time{}, map[string][2]int{}, map[string]map[string]int{}, map[string]int{}, map[string]string{}
 }
 
 func (r *arrivals) observe(a *Agent, o Output) {
@@ -193,6 +198,7 @@ func (r *arrivals) observe(a *Agent, o Output) {
 		r.objects[a.Cluster()] = [2]int{o.Objects, policy}
 		r.kinds[a.Cluster()] = kinds
 		r.remote[a.Cluster()] = remote
+		r.server[a.Cluster()] = a.serverAddr()
 	}
 }
 
@@ -200,6 +206,20 @@ func (r *arrivals) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.at)
+}
+
+// widen widens the span (first and last arrival) of key in spans to d;
+// a nil spans is made.
+func widen(spans map[string][2]time.Duration, key string, d time.Duration) map[string][2]time.Duration {
+	if spans == nil {
+		spans = map[string][2]time.Duration{}
+	}
+	cur, ok := spans[key]
+	if !ok {
+		cur = [2]time.Duration{d, d}
+	}
+	spans[key] = [2]time.Duration{min(cur[0], d), max(cur[1], d)}
+	return spans
 }
 
 // ConfigPlane runs the config-plane measurements.
@@ -233,8 +253,9 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 	}()
 	srv := servers[0].Server // During's server; the Lease holder once known
 	addrs := make([]string, len(servers))
+	byAddr := map[string]string{}
 	for i, s := range servers {
-		addrs[i] = s.Addr
+		addrs[i], byAddr[s.Addr] = s.Addr, s.Name
 	}
 	runStart := time.Now()
 	members, _, _, err := cfg.registerFleet(ctx, "cfg", cfg.Clusters)
@@ -389,6 +410,9 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 			d := at.Sub(edit)
 			reach = append(reach, d)
 			spanByShard(er.HeadShards, c, d)
+			if len(servers) > 1 {
+				er.Replicas = widen(er.Replicas, byAddr[arr.server[c]], d)
+			}
 			o := arr.objects[c]
 			if er.ObjectsMax == 0 || o[0] < er.ObjectsMin {
 				er.ObjectsMin = o[0]
@@ -406,6 +430,9 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		er.at = edit
 		cfg.Logf("config: edit %s → %s reached %d agents: %s; %d objects per set, %d from the policy", from, to, cfg.Clusters, er.Reach, er.ObjectsMax, er.PolicyObjectsMax)
 		cfg.Logf("config: CPU while it did: %s (in the second before: %s); first and last agent per head shard: %s", cpuLine(er.CPU), cpuLine(er.CPUBefore), shardLine(er.HeadShards))
+		if len(er.Replicas) > 0 {
+			cfg.Logf("config: first and last agent per replica: %s", shardLine(er.Replicas))
+		}
 		r.Edits = append(r.Edits, er)
 	}
 	r.Reach = Summarize(all)
@@ -574,12 +601,7 @@ func addTranslations(srv *Server, edits []EditResult) error {
 // spanByShard widens the span (first and last arrival) of cluster's
 // output-head shard in spans to d.
 func spanByShard(spans map[string][2]time.Duration, cluster string, d time.Duration) {
-	shard := heads.ShardName(cluster)
-	cur, ok := spans[shard]
-	if !ok {
-		cur = [2]time.Duration{d, d}
-	}
-	spans[shard] = [2]time.Duration{min(cur[0], d), max(cur[1], d)}
+	widen(spans, heads.ShardName(cluster), d)
 }
 
 func cpuLine(cpu map[string]time.Duration) string {
