@@ -71,11 +71,27 @@ func NewOutput() *Output { return &Output{objects: map[string]*Object{}} }
 // DestinationRule per host, made of what federation and traffic policies
 // each need) or is an error the caller must report.
 func (o *Output) Add(cluster, apiVersion, kind, namespace, name string, spec proto.Message, parents ...Parent) error {
-	specJSON, err := protojson.MarshalOptions{}.Marshal(spec)
+	specMap, err := protoSpec(spec)
 	if err != nil {
 		return fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
 	}
-	return o.add(cluster, apiVersion, kind, namespace, name, specJSON, parents)
+	return o.addMeta(cluster, apiVersion, kind, namespace, name, nil, nil, specMap, parents)
+}
+
+// protoSpec is spec as Istio's CRDs hold it (protobuf JSON), decoded.
+func protoSpec(spec proto.Message) (map[string]any, error) {
+	if m, ok := specMap(spec.ProtoReflect()); ok {
+		return m, nil
+	}
+	specJSON, err := protojson.MarshalOptions{}.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(specJSON, &m); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // AddObject records an object whose spec is not an Istio API message (the
@@ -94,18 +110,14 @@ func (o *Output) AddObjectMeta(cluster, apiVersion, kind, namespace, name string
 	if err != nil {
 		return fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
 	}
-	return o.addMeta(cluster, apiVersion, kind, namespace, name, labels, annotations, specJSON, parents)
-}
-
-func (o *Output) add(cluster, apiVersion, kind, namespace, name string, specJSON []byte, parents []Parent) error {
-	return o.addMeta(cluster, apiVersion, kind, namespace, name, nil, nil, specJSON, parents)
-}
-
-func (o *Output) addMeta(cluster, apiVersion, kind, namespace, name string, labels, annotations map[string]string, specJSON []byte, parents []Parent) error {
 	var specMap map[string]any
 	if err := json.Unmarshal(specJSON, &specMap); err != nil {
 		return err
 	}
+	return o.addMeta(cluster, apiVersion, kind, namespace, name, labels, annotations, specMap, parents)
+}
+
+func (o *Output) addMeta(cluster, apiVersion, kind, namespace, name string, labels, annotations map[string]string, specMap map[string]any, parents []Parent) error {
 	u := &unstructured.Unstructured{Object: map[string]any{"spec": specMap}}
 	u.SetAPIVersion(apiVersion)
 	u.SetKind(kind)

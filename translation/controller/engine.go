@@ -19,6 +19,7 @@ import (
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/api/outputs"
 	"github.com/relaymesh/relaymesh/federation"
+	"github.com/relaymesh/relaymesh/internal/fastjson"
 	"github.com/relaymesh/relaymesh/policy"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/translation"
@@ -439,7 +440,7 @@ func objectsOf(out *translation.Output) []*published {
 	objs := out.Objects()
 	ps := make([]*published, 0, len(objs))
 	for _, o := range objs {
-		b, err := json.Marshal(o.Object.Object)
+		b, err := fastjson.Marshal(o.Object.Object)
 		if err != nil {
 			continue // cannot happen: the object was built from JSON
 		}
@@ -612,7 +613,7 @@ func mergePublished(ps []*published) (*published, error) {
 	}
 	annotations[outputs.ParentsAnnotation] = strings.Join(names, ",")
 	obj.SetAnnotations(annotations)
-	b, err := json.Marshal(obj.Object)
+	b, err := fastjson.Marshal(obj.Object)
 	if err != nil {
 		return nil, err
 	}
