@@ -11,13 +11,15 @@ import (
 
 // specMap returns what json.Unmarshal of protojson.Marshal(m) gives in a
 // map[string]any, without the two encodings in between: at 1,000 clusters a
-// policy edit produces 1,000 VirtualServices, and those round trips were a
-// third of a translation's CPU (docs/benchmarks.md). ok is false for what
-// it does not walk itself — google.protobuf.Any, Timestamp, FieldMask,
-// extensions, a string that is not UTF-8, a Duration or Value protojson
-// refuses — and the caller takes the round trip, which also gives
-// protojson's error. translation's TestSpecMapIsTheProtojsonRoundTrip and
-// FuzzSpecMapIsTheProtojsonRoundTrip hold the two equal.
+// policy edit produces 1,000 VirtualServices, and those round trips were
+// most of the time Add took (docs/benchmarks.md, "Translation without
+// JSON round trips"). ok is false for what it does not walk itself —
+// messages that are not proto3 (required fields, MessageSets),
+// google.protobuf.Any, Timestamp, FieldMask, extensions, a string or map
+// key that is not UTF-8, a Duration or Value protojson refuses — and the
+// caller takes the round trip, which also gives protojson's error.
+// TestSpecMapIsTheProtojsonRoundTrip and FuzzSpecMapIsTheProtojsonRoundTrip
+// hold the two equal.
 func specMap(m protoreflect.Message) (map[string]any, bool) {
 	v, ok := messageValue(m)
 	if !ok {
@@ -31,6 +33,9 @@ func specMap(m protoreflect.Message) (map[string]any, bool) {
 // well-known type's own form.
 func messageValue(m protoreflect.Message) (any, bool) {
 	d := m.Descriptor()
+	if d.Syntax() != protoreflect.Proto3 {
+		return nil, false // proto2 and editions may have required fields protojson checks
+	}
 	if d.FullName().Parent() == "google.protobuf" {
 		return wellKnown(m)
 	}
@@ -68,9 +73,14 @@ func fieldValue(fd protoreflect.FieldDescriptor, v protoreflect.Value) (any, boo
 		out := make(map[string]any, mv.Len())
 		ok := true
 		mv.Range(func(k protoreflect.MapKey, v protoreflect.Value) bool {
+			key := k.String()
+			if !utf8.ValidString(key) {
+				ok = false // protojson refuses such a key
+				return false
+			}
 			var val any
 			if val, ok = singular(fd.MapValue(), v); ok {
-				out[k.String()] = val
+				out[key] = val
 			}
 			return ok
 		})
@@ -134,7 +144,8 @@ func float(f float64, bits int) any {
 }
 
 // wellKnown is the JSON form of the google.protobuf types Istio's API
-// uses: wrappers, Duration, Struct, Value, ListValue and Empty.
+// uses: wrappers, Duration, Struct, Value and ListValue (and Empty, an
+// empty object as protojson writes any message without fields).
 func wellKnown(m protoreflect.Message) (any, bool) {
 	fds := m.Descriptor().Fields()
 	switch m.Descriptor().Name() {
@@ -167,8 +178,8 @@ func wellKnown(m protoreflect.Message) (any, bool) {
 }
 
 // duration is protojson's text of a Duration: seconds with 0, 3, 6 or 9
-// fractional digits and "s"; not ok where protojson refuses one, or for
-// nanos of a whole second, which protojson writes with ten digits.
+// fractional digits and "s"; not ok where protojson refuses one (nanos
+// of a whole second or more included).
 func duration(secs, nanos int64) (any, bool) {
 	const maxSecs = 315576000000 // ±10,000 years, protojson's bound
 	if secs < -maxSecs || secs > maxSecs || nanos <= -1e9 || nanos >= 1e9 || (secs > 0 && nanos < 0) || (secs < 0 && nanos > 0) {

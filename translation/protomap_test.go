@@ -3,12 +3,14 @@ package translation
 import (
 	"encoding/json"
 	"math"
+	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -28,8 +30,9 @@ func roundTrip(m proto.Message) (map[string]any, error) {
 	return out, json.Unmarshal(b, &out)
 }
 
-// sameSpec fails t unless protoSpec(m) is the round trip's result, down to
-// the bytes encoding/json writes of it (-0, NaN as text), or both fail.
+// sameSpec fails t unless protoSpec(m) is the round trip's result, in Go
+// types (MergeSpecs compares with reflect.DeepEqual) and down to the bytes
+// encoding/json writes of it (-0, NaN as text), or both fail.
 func sameSpec(t testing.TB, m proto.Message) (fast bool) {
 	want, wantErr := roundTrip(m)
 	got, err := protoSpec(m)
@@ -44,8 +47,8 @@ func sameSpec(t testing.TB, m proto.Message) (fast bool) {
 	}
 	wb, _ := json.Marshal(want)
 	gb, _ := json.Marshal(got)
-	if string(wb) != string(gb) {
-		t.Fatalf("%T:\n specMap    %s\n round trip %s", m, gb, wb)
+	if string(wb) != string(gb) || !reflect.DeepEqual(want, got) {
+		t.Fatalf("%T:\n specMap    %#v\n round trip %#v", m, got, want)
 	}
 	_, fast = specMap(m.ProtoReflect())
 	return fast
@@ -134,12 +137,15 @@ func TestSpecMapIsTheProtojsonRoundTrip(t *testing.T) {
 
 func TestSpecMapFallsBackWhereProtojsonRefusesOrItDoesNotWalk(t *testing.T) {
 	for name, m := range map[string]proto.Message{
-		"invalid UTF-8":           &networkingv1.VirtualService{Hosts: []string{"a\xffb"}},
-		"signs differ":            &networkingv1.HTTPRoute{Timeout: &durationpb.Duration{Seconds: 1, Nanos: -1}},
-		"seconds out of range":    &networkingv1.HTTPRoute{Timeout: &durationpb.Duration{Seconds: 315576000001}},
-		"a whole second of nanos": &networkingv1.HTTPRoute{Timeout: &durationpb.Duration{Nanos: 1e9}},
-		"Value of no kind":        &structpb.Struct{Fields: map[string]*structpb.Value{"a": {}}},
-		"Value NaN":               &structpb.Struct{Fields: map[string]*structpb.Value{"a": structpb.NewNumberValue(math.NaN())}},
+		"invalid UTF-8":                         &networkingv1.VirtualService{Hosts: []string{"a\xffb"}},
+		"a map key not UTF-8":                   &networkingv1.DestinationRule{Host: "r", Subsets: []*networkingv1.Subset{{Name: "v1", Labels: map[string]string{"a\xffb": "v1"}}}},
+		"a Struct key not UTF-8":                &structpb.Struct{Fields: map[string]*structpb.Value{"\xff": structpb.NewBoolValue(true)}},
+		"proto2 (required fields, MessageSets)": &descriptorpb.FileDescriptorProto{Name: proto.String("a.proto")},
+		"signs differ":                          &networkingv1.HTTPRoute{Timeout: &durationpb.Duration{Seconds: 1, Nanos: -1}},
+		"seconds out of range":                  &networkingv1.HTTPRoute{Timeout: &durationpb.Duration{Seconds: 315576000001}},
+		"a whole second of nanos":               &networkingv1.HTTPRoute{Timeout: &durationpb.Duration{Nanos: 1e9}},
+		"Value of no kind":                      &structpb.Struct{Fields: map[string]*structpb.Value{"a": {}}},
+		"Value NaN":                             &structpb.Struct{Fields: map[string]*structpb.Value{"a": structpb.NewNumberValue(math.NaN())}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, fast := specMap(m.ProtoReflect())
@@ -147,6 +153,9 @@ func TestSpecMapFallsBackWhereProtojsonRefusesOrItDoesNotWalk(t *testing.T) {
 			assert.False(t, sameSpec(t, m))
 		})
 	}
+	obj, err := protoSpec(nil)
+	require.NoError(t, err, "protojson writes nil as {}")
+	assert.Equal(t, map[string]any{}, obj)
 	a, err := anypb.New(&networkingv1.VirtualService{Hosts: []string{"x"}})
 	require.NoError(t, err)
 	_, fast := specMap(a.ProtoReflect())

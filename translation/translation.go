@@ -71,17 +71,19 @@ func NewOutput() *Output { return &Output{objects: map[string]*Object{}} }
 // DestinationRule per host, made of what federation and traffic policies
 // each need) or is an error the caller must report.
 func (o *Output) Add(cluster, apiVersion, kind, namespace, name string, spec proto.Message, parents ...Parent) error {
-	specMap, err := protoSpec(spec)
+	obj, err := protoSpec(spec)
 	if err != nil {
 		return fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
 	}
-	return o.addMeta(cluster, apiVersion, kind, namespace, name, nil, nil, specMap, parents)
+	return o.addMeta(cluster, apiVersion, kind, namespace, name, nil, nil, obj, parents)
 }
 
 // protoSpec is spec as Istio's CRDs hold it (protobuf JSON), decoded.
 func protoSpec(spec proto.Message) (map[string]any, error) {
-	if m, ok := specMap(spec.ProtoReflect()); ok {
-		return m, nil
+	if spec != nil {
+		if m, ok := specMap(spec.ProtoReflect()); ok {
+			return m, nil
+		}
 	}
 	specJSON, err := protojson.MarshalOptions{}.Marshal(spec)
 	if err != nil {
@@ -110,15 +112,15 @@ func (o *Output) AddObjectMeta(cluster, apiVersion, kind, namespace, name string
 	if err != nil {
 		return fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
 	}
-	var specMap map[string]any
-	if err := json.Unmarshal(specJSON, &specMap); err != nil {
+	var obj map[string]any
+	if err := json.Unmarshal(specJSON, &obj); err != nil {
 		return err
 	}
-	return o.addMeta(cluster, apiVersion, kind, namespace, name, labels, annotations, specMap, parents)
+	return o.addMeta(cluster, apiVersion, kind, namespace, name, labels, annotations, obj, parents)
 }
 
-func (o *Output) addMeta(cluster, apiVersion, kind, namespace, name string, labels, annotations map[string]string, specMap map[string]any, parents []Parent) error {
-	u := &unstructured.Unstructured{Object: map[string]any{"spec": specMap}}
+func (o *Output) addMeta(cluster, apiVersion, kind, namespace, name string, labels, annotations map[string]string, spec map[string]any, parents []Parent) error {
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
 	u.SetAPIVersion(apiVersion)
 	u.SetKind(kind)
 	u.SetNamespace(namespace)
@@ -135,7 +137,7 @@ func (o *Output) addMeta(cluster, apiVersion, kind, namespace, name string, labe
 			return fmt.Errorf("%s %s/%s in cluster %s: produced twice with different labels or annotations", kind, namespace, name, cluster)
 		}
 		curSpec, _ := cur.Object.Object["spec"].(map[string]any)
-		merged, err := MergeSpecs(kind, curSpec, specMap)
+		merged, err := MergeSpecs(kind, curSpec, spec)
 		if err != nil {
 			return fmt.Errorf("%s %s/%s in cluster %s: %w", kind, namespace, name, cluster, err)
 		}

@@ -6,11 +6,11 @@
 // included: the translation controller digests the encoded outputs and
 // compares the digests across versions. It exists because a translation
 // encodes about a thousand objects and encoding/json spends most of its time
-// on reflection: on the VirtualService of BenchmarkMarshal this package takes
-// under a third of the time (3.4 µs against 11 µs) and allocates once instead
-// of 82 times. Any value it does not know, and any value encoding/json would
-// reject, is handed to encoding/json whole, so unusual input costs time but
-// never changes the result.
+// on reflection (BenchmarkMarshal against BenchmarkMarshalEncodingJSON;
+// docs/benchmarks.md, "Translation without JSON round trips"). Any value it
+// does not know, and any value encoding/json would reject, is handed to
+// encoding/json whole, so unusual input costs time but never changes the
+// result.
 package fastjson
 
 import (
@@ -27,7 +27,10 @@ import (
 // and float types, map[string]any, map[string]string, []any, []string and
 // []map[string]any are encoded directly; anything else goes to encoding/json.
 func Marshal(v any) ([]byte, error) {
-	e := encoders.Get().(*encoder)
+	e, ok := encoders.Get().(*encoder)
+	if !ok {
+		e = new(encoder)
+	}
 	defer e.release()
 	if !e.value(v) {
 		return json.Marshal(v)

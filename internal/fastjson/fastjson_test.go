@@ -255,6 +255,21 @@ func TestMarshalIsSafeForConcurrentUse(t *testing.T) {
 	wg.Wait()
 }
 
+// A result is the caller's: the next Marshal, which reuses the pooled
+// buffer, does not change it.
+func TestAResultOutlivesTheNextMarshal(t *testing.T) {
+	first, err := Marshal(map[string]any{"a": "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Marshal(map[string]any{"b": "the second, and longer"}); err != nil {
+		t.Fatal(err)
+	}
+	if string(first) != `{"a":"first"}` {
+		t.Fatalf("the first result became %s", first)
+	}
+}
+
 func FuzzMarshalMatchesEncodingJSON(f *testing.F) {
 	vs, err := json.Marshal(virtualService())
 	if err != nil {

@@ -411,7 +411,11 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 			reach = append(reach, d)
 			spanByShard(er.HeadShards, c, d)
 			if len(servers) > 1 {
-				er.Replicas = widen(er.Replicas, byAddr[arr.server[c]], d)
+				name, ok := byAddr[arr.server[c]]
+				if !ok {
+					name = "unknown"
+				}
+				er.Replicas = widen(er.Replicas, name, d)
 			}
 			o := arr.objects[c]
 			if er.ObjectsMax == 0 || o[0] < er.ObjectsMin {
@@ -431,7 +435,7 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		cfg.Logf("config: edit %s → %s reached %d agents: %s; %d objects per set, %d from the policy", from, to, cfg.Clusters, er.Reach, er.ObjectsMax, er.PolicyObjectsMax)
 		cfg.Logf("config: CPU while it did: %s (in the second before: %s); first and last agent per head shard: %s", cpuLine(er.CPU), cpuLine(er.CPUBefore), shardLine(er.HeadShards))
 		if len(er.Replicas) > 0 {
-			cfg.Logf("config: first and last agent per replica: %s", shardLine(er.Replicas))
+			cfg.Logf("config: first and last agent per replica: %s", spanLine(er.Replicas))
 		}
 		r.Edits = append(r.Edits, er)
 	}
@@ -599,9 +603,9 @@ func addTranslations(srv *Server, edits []EditResult) error {
 }
 
 // spanByShard widens the span (first and last arrival) of cluster's
-// output-head shard in spans to d.
+// output-head shard in spans (not nil) to d.
 func spanByShard(spans map[string][2]time.Duration, cluster string, d time.Duration) {
-	widen(spans, heads.ShardName(cluster), d)
+	_ = widen(spans, heads.ShardName(cluster), d)
 }
 
 func cpuLine(cpu map[string]time.Duration) string {
@@ -610,6 +614,15 @@ func cpuLine(cpu map[string]time.Duration) string {
 		parts = append(parts, fmt.Sprintf("%s %dms", role, cpu[role].Milliseconds()))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// spanLine is spans by key: "replica-0 12-40ms ...".
+func spanLine(spans map[string][2]time.Duration) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(spans)) {
+		parts = append(parts, fmt.Sprintf("%s %d-%dms", k, spans[k][0].Milliseconds(), spans[k][1].Milliseconds()))
+	}
+	return strings.Join(parts, " ")
 }
 
 func shardLine(spans map[string][2]time.Duration) string {

@@ -442,7 +442,7 @@ func objectsOf(out *translation.Output) []*published {
 	for _, o := range objs {
 		b, err := fastjson.Marshal(o.Object.Object)
 		if err != nil {
-			continue // cannot happen: the object was built from JSON
+			continue // cannot happen: an object is made of what JSON decodes to
 		}
 		parents := make([]string, len(o.Parents))
 		for i, p := range o.Parents {
