@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -13,8 +12,6 @@ import (
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	"github.com/relaymesh/relaymesh/translation"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 	"istio.io/api/annotation"
 	"istio.io/api/label"
 	networkingv1 "istio.io/api/networking/v1"
@@ -200,7 +197,9 @@ func (p *Plan) exportAmbient(s *vmState, out *translation.Output, d *discoveryv1
 			continue
 		}
 		for _, e := range entries {
-			add(apiNetworking, "WorkloadEntry", e.name, map[string]string{LabelGlobalService: ks.Ref.Name}, nil, protoSpec(e.spec))
+			if err := out.AddMeta(m.cluster, apiNetworking, "WorkloadEntry", ks.Ref.Namespace, e.name, map[string]string{LabelGlobalService: ks.Ref.Name}, nil, e.spec, s.parent); err != nil {
+				fail(m, "%v", err)
+			}
 		}
 		notes = append(notes, Note{VirtualMesh: s.key, Mesh: from.key, AmbientPeer: m.key})
 	}
@@ -372,16 +371,4 @@ func (s *vmState) finishAmbient(out *translation.Output, peers map[string][]stri
 			}
 		}
 	}
-}
-
-// protoSpec is an Istio message as the generic JSON value Istio's CRDs
-// expect (protobuf JSON, lowerCamelCase).
-func protoSpec(msg proto.Message) any {
-	b, err := protojson.Marshal(msg)
-	if err != nil {
-		return map[string]any{}
-	}
-	var v map[string]any
-	_ = json.Unmarshal(b, &v)
-	return v
 }

@@ -174,7 +174,7 @@ func (s *vdState) translateAmbient(in *translation.Input, ids *identityIndex, al
 			for _, e := range entries {
 				// The labels in metadata too, as the agent requires of an
 				// entry that joins a Service.
-				if err := out.AddObjectMeta(m.cluster, apiNetworking, "WorkloadEntry", ks.Ref.Namespace, e.name, ks.WorkloadSelectorLabels, nil, protoSpec(e.spec), s.parent); err != nil {
+				if err := out.AddMeta(m.cluster, apiNetworking, "WorkloadEntry", ks.Ref.Namespace, e.name, ks.WorkloadSelectorLabels, nil, e.spec, s.parent); err != nil {
 					s.errs = append(s.errs, err.Error())
 				}
 			}
@@ -251,7 +251,7 @@ func (s *vdState) publishAmbientHostname(in *translation.Input, out *translation
 	if wp.Namespace != ks.Ref.Namespace {
 		labels[labelUseWaypointNamespace] = wp.Namespace
 	}
-	if err := out.AddObjectMeta(m.cluster, apiNetworking, "ServiceEntry", ks.Ref.Namespace, name, labels, nil, protoSpec(se), s.parent); err != nil {
+	if err := out.AddMeta(m.cluster, apiNetworking, "ServiceEntry", ks.Ref.Namespace, name, labels, nil, se, s.parent); err != nil {
 		s.errs = append(s.errs, err.Error())
 	}
 	route := map[string]any{

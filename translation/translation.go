@@ -71,11 +71,19 @@ func NewOutput() *Output { return &Output{objects: map[string]*Object{}} }
 // DestinationRule per host, made of what federation and traffic policies
 // each need) or is an error the caller must report.
 func (o *Output) Add(cluster, apiVersion, kind, namespace, name string, spec proto.Message, parents ...Parent) error {
+	return o.AddMeta(cluster, apiVersion, kind, namespace, name, nil, nil, spec, parents...)
+}
+
+// AddMeta is Add for an Istio object recorded with labels or annotations
+// (a WorkloadEntry that joins a global Service, a ServiceEntry bound to a
+// waypoint): two parents producing the object must agree on them as on
+// its spec.
+func (o *Output) AddMeta(cluster, apiVersion, kind, namespace, name string, labels, annotations map[string]string, spec proto.Message, parents ...Parent) error {
 	obj, err := protoSpec(spec)
 	if err != nil {
 		return fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
 	}
-	return o.addMeta(cluster, apiVersion, kind, namespace, name, nil, nil, obj, parents)
+	return o.addMeta(cluster, apiVersion, kind, namespace, name, labels, annotations, obj, parents)
 }
 
 // protoSpec is spec as Istio's CRDs hold it (protobuf JSON), decoded.

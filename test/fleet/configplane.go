@@ -435,7 +435,7 @@ func ConfigPlane(ctx context.Context, cfg ConfigPlaneConfig) (*ConfigPlaneResult
 		cfg.Logf("config: edit %s → %s reached %d agents: %s; %d objects per set, %d from the policy", from, to, cfg.Clusters, er.Reach, er.ObjectsMax, er.PolicyObjectsMax)
 		cfg.Logf("config: CPU while it did: %s (in the second before: %s); first and last agent per head shard: %s", cpuLine(er.CPU), cpuLine(er.CPUBefore), shardLine(er.HeadShards))
 		if len(er.Replicas) > 0 {
-			cfg.Logf("config: first and last agent per replica: %s", spanLine(er.Replicas))
+			cfg.Logf("config: first and last agent per replica: %s", spanLine(er.Replicas, func(name string) string { return name }))
 		}
 		r.Edits = append(r.Edits, er)
 	}
@@ -616,19 +616,16 @@ func cpuLine(cpu map[string]time.Duration) string {
 	return strings.Join(parts, ", ")
 }
 
-// spanLine is spans by key: "replica-0 12-40ms ...".
-func spanLine(spans map[string][2]time.Duration) string {
+// spanLine is spans in key order, each under label(key): "0 12-40ms 1 ...".
+func spanLine(spans map[string][2]time.Duration, label func(string) string) string {
 	var parts []string
 	for _, k := range slices.Sorted(maps.Keys(spans)) {
-		parts = append(parts, fmt.Sprintf("%s %d-%dms", k, spans[k][0].Milliseconds(), spans[k][1].Milliseconds()))
+		parts = append(parts, fmt.Sprintf("%s %d-%dms", label(k), spans[k][0].Milliseconds(), spans[k][1].Milliseconds()))
 	}
 	return strings.Join(parts, " ")
 }
 
+// shardLine is spans by output-head shard, each under its number.
 func shardLine(spans map[string][2]time.Duration) string {
-	var parts []string
-	for _, shard := range slices.Sorted(maps.Keys(spans)) {
-		parts = append(parts, fmt.Sprintf("%s %d-%dms", shard[strings.LastIndex(shard, "-")+1:], spans[shard][0].Milliseconds(), spans[shard][1].Milliseconds()))
-	}
-	return strings.Join(parts, " ")
+	return spanLine(spans, func(shard string) string { return shard[strings.LastIndex(shard, "-")+1:] })
 }
