@@ -218,7 +218,7 @@ func TestManagerBootstrapRetriesWithTheSameKey(t *testing.T) {
 	srv := servertest.New(t, servertest.Options{})
 	release := make(chan struct{})
 	var calls atomic.Int32
-	srv.Store.AfterConsume = func() {
+	srv.Store.AfterSpend = func() {
 		if calls.Add(1) == 1 {
 			<-release
 		}

@@ -104,33 +104,94 @@ func lowerHex(s string) string {
 }
 
 // TokenRecord is what the management cluster keeps of a token: its public
-// id, the cluster it is for, the SHA-256 of its secret, and its expiry.
+// id, the cluster it is for, the SHA-256 of its secret, its expiry, and
+// once redeemed who spent it.
 type TokenRecord struct {
 	ID         string
 	Cluster    string
 	SecretHash [sha256.Size]byte
 	ExpiresAt  time.Time
-	// Version is the store's concurrency token (a resourceVersion); Consume
+	// Spent is set once the token was redeemed: it stays in the store for
+	// RetryWindow, so that a retry by the same key reaches any replica.
+	Spent *Spend
+	// Version is the store's concurrency token (a resourceVersion); Spend
 	// MUST only succeed for the version that was read.
 	Version string
 }
 
+// Spend is who redeemed a token: the SHA-256 of the SubjectPublicKeyInfo
+// of the CSR it came with, the registration (the KubernetesCluster's UID)
+// it was redeemed for, and when. None of it is secret.
+type Spend struct {
+	Key          [sha256.Size]byte
+	Registration string
+	At           time.Time
+}
+
+// RetryWindow is how long a spent token stays redeemable by the key that
+// spent it, on any replica: the call that spent it can fail after it is
+// spent (the agent's deadline passed while the server was busy, the
+// connection dropped before the answer), and its retry may reach another
+// replica. Only the holder of the key can sign a CSR for it.
+const RetryWindow = 15 * time.Minute
+
+// maxSpendSkew is how far in the future a spend's time may be (the clocks
+// of two replicas) before the record is treated as malformed, so a spend
+// from the future cannot keep a token retryable past its window.
+const maxSpendSkew = time.Minute
+
+// retryableBy says whether by may redeem this spent token again at now.
+func (sp *Spend) retryableBy(by Redeemer, now time.Time) bool {
+	sameKey := subtle.ConstantTimeCompare(sp.Key[:], by.Key[:]) == 1
+	return sameKey && sp.Registration == by.Registration &&
+		now.Before(sp.At.Add(RetryWindow)) && !sp.At.After(now.Add(maxSpendSkew))
+}
+
+// Collectable says whether a spent token's record may go: its retry
+// window is over, or its time is so far ahead that no retry is allowed.
+func (sp *Spend) Collectable(now time.Time) bool {
+	return !now.Before(sp.At.Add(RetryWindow)) || sp.At.After(now.Add(maxSpendSkew))
+}
+
+// MaxRegistrationLen bounds a spend's registration (a UID is 36 bytes).
+const MaxRegistrationLen = 128
+
+// Validate refuses a spend no store may keep: one without a registration,
+// or with an oversized one.
+func (sp Spend) Validate() error {
+	if sp.Registration == "" || len(sp.Registration) > MaxRegistrationLen {
+		return fmt.Errorf("token spend: registration must be 1 to %d bytes", MaxRegistrationLen)
+	}
+	return nil
+}
+
 // TokenStore keeps token records.
 //
-// Implementations MUST store only what TokenRecord holds (never a secret),
-// MUST make Consume atomic: of any number of concurrent Consume calls for the
-// same record exactly one returns nil, and MUST NOT return a record after a
-// successful Consume.
+// Implementations MUST store only what TokenRecord holds (never a secret)
+// and MUST make Spend atomic: of any number of concurrent Spend calls for
+// the same record version exactly one returns nil.
 type TokenStore interface {
 	// Create stores a new record; it MUST fail if the id exists.
 	Create(ctx context.Context, rec TokenRecord) error
-	// Get returns the record with this id, or an error wrapping ErrTokenNotFound.
+	// Get returns the record with this id, or an error wrapping
+	// ErrTokenNotFound. It may read a cache that lags the store.
 	Get(ctx context.Context, id string) (TokenRecord, error)
-	// Consume deletes exactly the record version that was read.
+	// GetLatest is Get from the store itself, never from a cache.
+	GetLatest(ctx context.Context, id string) (TokenRecord, error)
+	// Spend marks exactly the record version that was read as spent by sp.
+	// It fails wrapping ErrTokenChanged if the record changed since it was
+	// read, and ErrTokenNotFound if it is gone.
+	Spend(ctx context.Context, rec TokenRecord, sp Spend) error
+	// Consume deletes the record that was read, spent or not (revocation,
+	// and collection after the retry window).
 	Consume(ctx context.Context, rec TokenRecord) error
 	// DeleteCluster removes every record of a cluster (deregistration).
 	DeleteCluster(ctx context.Context, cluster string) error
 }
+
+// ErrTokenChanged is returned by TokenStore.Spend when the record is no
+// longer the version that was read.
+var ErrTokenChanged = errors.New("token record changed since it was read")
 
 // ErrTokenNotFound is returned by TokenStore.Get for an unknown id.
 var ErrTokenNotFound = errors.New("token not found")
@@ -185,36 +246,85 @@ func (t *Tokens) Mint(ctx context.Context, cluster string, ttl time.Duration) (t
 	return id + "." + base64.RawURLEncoding.EncodeToString(secret), rec, nil
 }
 
-// Redeem checks token for cluster and consumes it. Any failure is a
-// *DenialError (errors.Is ErrBootstrapDenied). A token presented for another
-// cluster, or with a wrong secret, is not consumed: the rightful owner can
-// still use it.
-func (t *Tokens) Redeem(ctx context.Context, cluster, token string) (TokenRecord, error) {
+// Redeemer is who redeems a token: the SHA-256 of the SubjectPublicKeyInfo
+// of the CSR it comes with, and the registration (the KubernetesCluster's
+// UID) of the cluster it is for.
+type Redeemer struct {
+	Key          [sha256.Size]byte
+	Registration string
+}
+
+// Redemption is a redeemed token: its record (Spent set) and whether this
+// was a retry by the key that had spent it.
+type Redemption struct {
+	Record TokenRecord
+	Retry  bool
+}
+
+// spendAttempts bounds how often Redeem re-reads a record that changed
+// under it (an annotation written between its read and its spend).
+const spendAttempts = 3
+
+// Redeem checks token for cluster and spends it for by. Any failure is a
+// *DenialError (errors.Is ErrBootstrapDenied). A token presented for
+// another cluster, or with a wrong secret, is not spent: the rightful owner
+// can still use it. A token spent earlier by the same key for the same
+// registration, within RetryWindow, is redeemed again as a retry (the
+// store, not this process, remembers it: any replica answers); any other
+// redemption of a spent token is refused.
+func (t *Tokens) Redeem(ctx context.Context, cluster, token string, by Redeemer) (Redemption, error) {
 	p, err := ParseToken(token)
 	if err != nil {
-		return TokenRecord{}, deny(ReasonMalformed, "")
+		return Redemption{}, deny(ReasonMalformed, "")
 	}
-	rec, err := t.store.Get(ctx, p.ID)
-	if err != nil {
-		if errors.Is(err, ErrTokenNotFound) {
-			return TokenRecord{}, deny(ReasonUnknown, p.ID)
+	get, latest := t.store.Get, false
+	for range spendAttempts {
+		rec, err := get(ctx, p.ID)
+		if err != nil {
+			if errors.Is(err, ErrTokenNotFound) {
+				return Redemption{}, deny(ReasonUnknown, p.ID)
+			}
+			return Redemption{}, deny(ReasonStore, p.ID)
 		}
-		return TokenRecord{}, deny(ReasonStore, p.ID)
+		sum := sha256.Sum256(p.secret)
+		if subtle.ConstantTimeCompare(sum[:], rec.SecretHash[:]) != 1 {
+			return Redemption{}, deny(ReasonWrongSecret, p.ID)
+		}
+		if rec.Cluster != cluster {
+			return Redemption{}, deny(ReasonWrongCluster, p.ID)
+		}
+		now := t.now()
+		if rec.Spent != nil {
+			if !rec.Spent.retryableBy(by, now) {
+				return Redemption{}, deny(ReasonUsed, p.ID)
+			}
+			if latest {
+				return Redemption{Record: rec, Retry: true}, nil
+			}
+			// A cache may still show a record revoked or collected since:
+			// a retry issues only on the store's own word.
+			get, latest = t.store.GetLatest, true
+			continue
+		}
+		if !now.Before(rec.ExpiresAt) {
+			return Redemption{}, deny(ReasonExpired, p.ID)
+		}
+		sp := Spend{Key: by.Key, Registration: by.Registration, At: now.UTC().Truncate(time.Second)}
+		err = t.store.Spend(ctx, rec, sp)
+		switch {
+		case err == nil:
+			rec.Spent = &sp
+			return Redemption{Record: rec}, nil
+		case errors.Is(err, ErrTokenNotFound):
+			return Redemption{}, deny(ReasonUsed, p.ID) // revoked or collected since it was read
+		case !errors.Is(err, ErrTokenChanged):
+			return Redemption{}, deny(ReasonStore, p.ID)
+		}
+		// Spent by a racing call, or only annotated: read it from the
+		// store and decide again.
+		get, latest = t.store.GetLatest, true
 	}
-	sum := sha256.Sum256(p.secret)
-	if subtle.ConstantTimeCompare(sum[:], rec.SecretHash[:]) != 1 {
-		return TokenRecord{}, deny(ReasonWrongSecret, p.ID)
-	}
-	if rec.Cluster != cluster {
-		return TokenRecord{}, deny(ReasonWrongCluster, p.ID)
-	}
-	if !t.now().Before(rec.ExpiresAt) {
-		return TokenRecord{}, deny(ReasonExpired, p.ID)
-	}
-	if err := t.store.Consume(ctx, rec); err != nil {
-		return TokenRecord{}, deny(ReasonUsed, p.ID)
-	}
-	return rec, nil
+	return Redemption{}, deny(ReasonStore, p.ID)
 }
 
 // SharedToken is the seed product's compatibility mode: one token shared by

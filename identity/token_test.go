@@ -90,12 +90,17 @@ func TestRedeem(t *testing.T) {
 		return string(b)
 	}
 
-	t.Run("success consumes", func(t *testing.T) {
+	t.Run("success spends", func(t *testing.T) {
 		tok := mint()
-		before := store.Len()
-		_, err := tokens.Redeem(ctx, "cluster-1", tok)
+		before := store.Unspent()
+		r, err := tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
 		require.NoError(t, err)
-		assert.Equal(t, before-1, store.Len())
+		assert.False(t, r.Retry)
+		require.NotNil(t, r.Record.Spent)
+		assert.Equal(t, redeemer(1).Key, r.Record.Spent.Key)
+		assert.Equal(t, "registration-1", r.Record.Spent.Registration)
+		assert.Equal(t, c.now().UTC().Truncate(time.Second), r.Record.Spent.At)
+		assert.Equal(t, before-1, store.Unspent())
 	})
 
 	cases := []struct {
@@ -107,10 +112,10 @@ func TestRedeem(t *testing.T) {
 	}{
 		{"reused", func() string {
 			tok := mint()
-			_, err := tokens.Redeem(ctx, "cluster-1", tok)
+			_, err := tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
 			require.NoError(t, err)
 			return tok
-		}, "cluster-1", identity.ReasonUnknown, false},
+		}, "cluster-1", identity.ReasonUsed, false},
 		{"other cluster", mint, "cluster-2", identity.ReasonWrongCluster, false},
 		{"wrong secret", func() string { return flip(mint()) }, "cluster-1", identity.ReasonWrongSecret, false},
 		{"unknown id", func() string { tok := mint(); return "0000000000000000" + tok[16:] }, "cluster-1", identity.ReasonUnknown, false},
@@ -121,44 +126,186 @@ func TestRedeem(t *testing.T) {
 	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
 			tok := tt.token()
-			before := store.Len()
-			_, err := tokens.Redeem(ctx, tt.cluster, tok)
+			before := store.Unspent()
+			recBefore, errBefore := recordOf(store, tok)
+			_, err := tokens.Redeem(ctx, tt.cluster, tok, redeemer(2))
 			require.Error(t, err)
 			assert.ErrorIs(t, err, identity.ErrBootstrapDenied)
 			var d *identity.DenialError
 			require.True(t, errors.As(err, &d))
 			assert.Equal(t, tt.reason, d.Reason)
-			assert.Equal(t, before, store.Len(), "a refused token changes nothing")
+			assert.Equal(t, before, store.Unspent(), "a refused token changes nothing")
+			recAfter, errAfter := recordOf(store, tok)
+			assert.Equal(t, recBefore, recAfter, "a refused token's record is unchanged")
+			assert.Equal(t, errBefore, errAfter)
 			if len(tok) > 17 {
 				assert.NotContains(t, err.Error(), tok[17:], "error must not echo the secret")
 			}
 		})
 	}
 
+	t.Run("a redeemer without a registration spends nothing", func(t *testing.T) {
+		tok := mint()
+		before := store.Unspent()
+		for _, reg := range []string{"", strings.Repeat("u", identity.MaxRegistrationLen+1)} {
+			_, err := tokens.Redeem(ctx, "cluster-1", tok, identity.Redeemer{Key: redeemer(1).Key, Registration: reg})
+			var d *identity.DenialError
+			require.ErrorAs(t, err, &d)
+			assert.Equal(t, identity.ReasonStore, d.Reason)
+		}
+		assert.Equal(t, before, store.Unspent())
+	})
+
 	t.Run("expired", func(t *testing.T) {
 		tok := mint()
 		c.advance(time.Hour)
-		before := store.Len()
-		_, err := tokens.Redeem(ctx, "cluster-1", tok)
+		before := store.Unspent()
+		_, err := tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
 		var d *identity.DenialError
 		require.ErrorAs(t, err, &d)
 		assert.Equal(t, identity.ReasonExpired, d.Reason)
-		assert.Equal(t, before, store.Len())
+		assert.Equal(t, before, store.Unspent())
 	})
 }
 
-// RaceRedeem redeems one token from n goroutines and returns how many won.
+// recordOf is the stored record of tok, if tok parses.
+func recordOf(store *identitytest.MemTokenStore, tok string) (identity.TokenRecord, error) {
+	p, err := identity.ParseToken(tok)
+	if err != nil {
+		return identity.TokenRecord{}, err
+	}
+	return store.GetLatest(context.Background(), p.ID)
+}
+
+// A watch cache behind the store: a spend it does not show yet fails its
+// precondition and is read from the store (another key refused, the
+// spending key retried); a retry of a record revoked since the cache saw
+// it is refused; a record only annotated since is spent.
+func TestRedeemThroughALaggingCache(t *testing.T) {
+	ctx := context.Background()
+	store := identitytest.NewMemTokenStore()
+	tokens, _ := newTokens(t, store)
+	tok, _, err := tokens.Mint(ctx, "cluster-1", time.Hour)
+	require.NoError(t, err)
+	store.Lag()
+	first, err := tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
+	require.NoError(t, err)
+	assert.False(t, first.Retry)
+	_, err = tokens.Redeem(ctx, "cluster-1", tok, redeemer(2))
+	var d *identity.DenialError
+	require.ErrorAs(t, err, &d, "another key, the cache showing the token unspent")
+	assert.Equal(t, identity.ReasonUsed, d.Reason)
+	again, err := tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
+	require.NoError(t, err, "the spending key, the cache showing the token unspent")
+	assert.True(t, again.Retry)
+
+	// Revoked after the cache saw it spent: no retry.
+	store.CatchUp()
+	store.Lag()
+	require.NoError(t, store.Consume(ctx, first.Record))
+	_, err = tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
+	require.ErrorAs(t, err, &d, "a revoked token, the cache showing it spent")
+	assert.Equal(t, identity.ReasonUnknown, d.Reason)
+	store.CatchUp()
+
+	// Annotated after the cache saw it: spent all the same.
+	tok2, rec2, err := tokens.Mint(ctx, "cluster-1", time.Hour)
+	require.NoError(t, err)
+	store.Lag()
+	store.Touch(rec2.ID)
+	r, err := tokens.Redeem(ctx, "cluster-1", tok2, redeemer(1))
+	require.NoError(t, err)
+	assert.False(t, r.Retry)
+	assert.Equal(t, 0, store.Unspent())
+}
+
+// redeemer is the n-th CSR key, of registration-1.
+func redeemer(n int) identity.Redeemer {
+	return identity.Redeemer{Key: sha256.Sum256([]byte{byte(n)}), Registration: "registration-1"}
+}
+
+// A spent token is redeemed again only by the key that spent it, for the
+// same registration, within RetryWindow (also after the token's own
+// expiry: the window runs from the spend); it is a retry, not a spend.
+func TestRedeemRetryBySpendingKey(t *testing.T) {
+	ctx := context.Background()
+	store := identitytest.NewMemTokenStore()
+	tokens, c := newTokens(t, store)
+	tok, _, err := tokens.Mint(ctx, "cluster-1", time.Minute)
+	require.NoError(t, err)
+	first, err := tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
+	require.NoError(t, err)
+	require.False(t, first.Retry)
+	c.advance(2 * time.Minute) // past the token's expiry, within the window
+
+	again, err := tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
+	require.NoError(t, err)
+	assert.True(t, again.Retry)
+	assert.Equal(t, first.Record.Spent, again.Record.Spent, "a retry does not spend again")
+
+	otherRegistration := redeemer(1)
+	otherRegistration.Registration = "registration-2"
+	for name, by := range map[string]identity.Redeemer{"another key": redeemer(2), "another registration": otherRegistration} {
+		_, err := tokens.Redeem(ctx, "cluster-1", tok, by)
+		var d *identity.DenialError
+		require.ErrorAs(t, err, &d, name)
+		assert.Equal(t, identity.ReasonUsed, d.Reason, name)
+	}
+	_, err = tokens.Redeem(ctx, "cluster-2", tok, redeemer(1))
+	var d *identity.DenialError
+	require.ErrorAs(t, err, &d)
+	assert.Equal(t, identity.ReasonWrongCluster, d.Reason)
+
+	c.advance(identity.RetryWindow)
+	_, err = tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
+	require.ErrorAs(t, err, &d)
+	assert.Equal(t, identity.ReasonUsed, d.Reason, "after the window")
+	assert.True(t, first.Record.Spent.Collectable(c.now()))
+	assert.False(t, (&identity.Spend{At: c.now()}).Collectable(c.now()), "within its window")
+	assert.True(t, (&identity.Spend{At: c.now().Add(time.Hour)}).Collectable(c.now()), "dated ahead: no retry, collected")
+}
+
+// Of racing redemptions by one key, exactly one spends the token and the
+// others are its retries.
+func TestRedeemRaceBySameKey(t *testing.T) {
+	tokens, _ := newTokens(t, identitytest.NewMemTokenStore())
+	for range 20 {
+		tok, _, err := tokens.Mint(context.Background(), "cluster-1", time.Hour)
+		require.NoError(t, err)
+		var spends, retries atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 8 {
+			wg.Go(func() {
+				<-start
+				r, err := tokens.Redeem(context.Background(), "cluster-1", tok, redeemer(1))
+				if assert.NoError(t, err) && r.Retry {
+					retries.Add(1)
+				} else if err == nil {
+					spends.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.Equal(t, int32(1), spends.Load())
+		require.Equal(t, int32(7), retries.Load())
+	}
+}
+
+// RaceRedeem redeems one token from n goroutines, each with its own key,
+// and returns how many won.
 func raceRedeem(t *testing.T, tokens *identity.Tokens, cluster, tok string, n int) int32 {
 	t.Helper()
 	var wins atomic.Int32
 	var wg sync.WaitGroup
 	start := make(chan struct{})
-	for range n {
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
-			if _, err := tokens.Redeem(context.Background(), cluster, tok); err == nil {
+			if _, err := tokens.Redeem(context.Background(), cluster, tok, redeemer(i)); err == nil {
 				wins.Add(1)
 			}
 		}()

@@ -2,7 +2,9 @@ package identity
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -31,6 +33,10 @@ const (
 	keyCluster        = "cluster"
 	keySecretHash     = "secret-sha256"
 	keyExpiresAt      = "expires-at"
+	// A spent record (TokenRecord.Spent), kept for RetryWindow.
+	keySpentKey          = "spent-key-sha256"
+	keySpentRegistration = "spent-registration"
+	keySpentAt           = "spent-at"
 )
 
 // MintedByAnnotation on a token record names the user the management
@@ -41,8 +47,10 @@ const (
 const MintedByAnnotation = "relaymesh.io/minted-by"
 
 // KubeTokenStore keeps token records as Secrets in the management cluster.
-// Consume is a delete with UID and resourceVersion preconditions, so of two
-// racing redemptions exactly one deletes the Secret.
+// Spend is a patch with the resourceVersion that was read as precondition,
+// so of racing redemptions — on one server or several — exactly one marks
+// the Secret spent; the others read it again and find it spent. A spent
+// record stays until CollectSpent deletes it after RetryWindow.
 type KubeTokenStore struct {
 	client    kubernetes.Interface
 	namespace string
@@ -94,13 +102,13 @@ func (s *KubeTokenStore) Create(ctx context.Context, rec TokenRecord) error {
 }
 
 // WatchCache makes Get read token records from a watch of the token
-// Secrets, so redeeming a token costs one API call (the conditional delete
-// of Consume) instead of two; a record the watch has not seen yet (minted a
+// Secrets, so redeeming a token costs one API call (the conditional patch
+// of Spend) instead of two; a record the watch has not seen yet (minted a
 // moment ago) is read from the API. It returns once the watch has synced,
 // and watches until ctx ends. Single use does not depend on the cache:
-// Consume is still a delete with the record's UID as precondition, so of
-// racing redemptions — on this server or another replica — exactly one wins,
-// and a record the cache still shows after it was consumed fails there.
+// Spend's precondition is the resourceVersion that was read, so a record
+// the cache shows unspent after it was spent fails there, and Redeem reads
+// it from the API (GetLatest) and finds it spent.
 func (s *KubeTokenStore) WatchCache(ctx context.Context) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 10*time.Minute,
 		informers.WithNamespace(s.namespace),
@@ -115,43 +123,110 @@ func (s *KubeTokenStore) WatchCache(ctx context.Context) error {
 	return nil
 }
 
-// Get implements TokenStore.
+// Get implements TokenStore: from the watch cache once WatchCache synced,
+// from the API for a record the cache does not hold.
 func (s *KubeTokenStore) Get(ctx context.Context, id string) (TokenRecord, error) {
-	var sec *corev1.Secret
-	var err error
 	if s.cache != nil {
-		sec, err = s.cache.Get(secretName(id))
+		if sec, err := s.cache.Get(secretName(id)); err == nil {
+			return recordOf(sec, id)
+		}
 	}
-	if s.cache == nil || err != nil {
-		sec, err = s.client.CoreV1().Secrets(s.namespace).Get(ctx, secretName(id), metav1.GetOptions{})
-	}
+	return s.GetLatest(ctx, id)
+}
+
+// GetLatest implements TokenStore.
+func (s *KubeTokenStore) GetLatest(ctx context.Context, id string) (TokenRecord, error) {
+	sec, err := s.client.CoreV1().Secrets(s.namespace).Get(ctx, secretName(id), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return TokenRecord{}, ErrTokenNotFound
 	}
 	if err != nil {
 		return TokenRecord{}, err
 	}
+	return recordOf(sec, id)
+}
+
+// recordOf reads a token record from its Secret; anything malformed is an
+// error, never a record (a spend that cannot be read is not a fresh token).
+func recordOf(sec *corev1.Secret, id string) (TokenRecord, error) {
 	if sec.Type != TokenSecretType {
 		return TokenRecord{}, fmt.Errorf("secret %s is not a bootstrap token", sec.Name)
 	}
 	rec := TokenRecord{ID: id, Cluster: string(sec.Data[keyCluster]), Version: string(sec.UID) + "/" + sec.ResourceVersion}
-	h, err := hex.DecodeString(string(sec.Data[keySecretHash]))
-	if err != nil || len(h) != len(rec.SecretHash) {
+	if !decodeDigest(sec.Data[keySecretHash], &rec.SecretHash) {
 		return TokenRecord{}, fmt.Errorf("secret %s: malformed %s", sec.Name, keySecretHash)
 	}
-	copy(rec.SecretHash[:], h)
+	var err error
 	rec.ExpiresAt, err = time.Parse(time.RFC3339, string(sec.Data[keyExpiresAt]))
 	if err != nil {
 		return TokenRecord{}, fmt.Errorf("secret %s: malformed %s", sec.Name, keyExpiresAt)
 	}
+	_, hasKey := sec.Data[keySpentKey]
+	_, hasReg := sec.Data[keySpentRegistration]
+	_, hasAt := sec.Data[keySpentAt]
+	if !hasKey && !hasReg && !hasAt {
+		return rec, nil
+	}
+	sp := &Spend{Registration: string(sec.Data[keySpentRegistration])}
+	if !decodeDigest(sec.Data[keySpentKey], &sp.Key) {
+		return TokenRecord{}, fmt.Errorf("secret %s: malformed %s", sec.Name, keySpentKey)
+	}
+	if sp.At, err = time.Parse(time.RFC3339, string(sec.Data[keySpentAt])); err != nil {
+		return TokenRecord{}, fmt.Errorf("secret %s: malformed %s", sec.Name, keySpentAt)
+	}
+	if sp.Validate() != nil {
+		return TokenRecord{}, fmt.Errorf("secret %s: malformed %s", sec.Name, keySpentRegistration)
+	}
+	rec.Spent = sp
 	return rec, nil
 }
 
+// decodeDigest reads a lowercase-hex SHA-256 into d.
+func decodeDigest(b []byte, d *[sha256.Size]byte) bool {
+	if len(b) != hex.EncodedLen(len(d)) || string(b) != lowerHex(string(b)) {
+		return false
+	}
+	_, err := hex.Decode(d[:], b)
+	return err == nil
+}
+
+// Spend implements TokenStore: a merge patch that adds the spend, with the
+// resourceVersion that was read as its precondition (the apiserver refuses
+// it with a conflict if the Secret changed since). The resourceVersion of a
+// Secret created again under the same name differs too.
+func (s *KubeTokenStore) Spend(ctx context.Context, rec TokenRecord, sp Spend) error {
+	_, rv, ok := strings.Cut(rec.Version, "/")
+	if !ok || rv == "" {
+		return errors.New("token record has no version")
+	}
+	if err := sp.Validate(); err != nil {
+		return err
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"resourceVersion": rv},
+		"data": map[string][]byte{
+			keySpentKey:          []byte(hex.EncodeToString(sp.Key[:])),
+			keySpentRegistration: []byte(sp.Registration),
+			keySpentAt:           []byte(sp.At.UTC().Format(time.RFC3339)),
+		},
+	})
+	if err != nil {
+		return err
+	}
+	_, err = s.client.CoreV1().Secrets(s.namespace).Patch(ctx, secretName(rec.ID), types.MergePatchType, patch, metav1.PatchOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return ErrTokenNotFound
+	case apierrors.IsConflict(err):
+		return ErrTokenChanged
+	}
+	return err
+}
+
 // Consume implements TokenStore: delete the record that was read, and only
-// it (UID precondition). A delete is atomic, so of racing consumers exactly
-// one succeeds; the others get NotFound. The resourceVersion is not a
-// precondition: metadata-only updates (such as the audit annotation) must
-// not make a valid redemption fail.
+// it (UID precondition). The resourceVersion is not a precondition: the
+// record may have been annotated or spent since, and revoking or collecting
+// it must still delete it.
 func (s *KubeTokenStore) Consume(ctx context.Context, rec TokenRecord) error {
 	uid, _, ok := strings.Cut(rec.Version, "/")
 	if !ok || uid == "" {
@@ -160,6 +235,50 @@ func (s *KubeTokenStore) Consume(ctx context.Context, rec TokenRecord) error {
 	return s.client.CoreV1().Secrets(s.namespace).Delete(ctx, secretName(rec.ID), metav1.DeleteOptions{
 		Preconditions: &metav1.Preconditions{UID: new(types.UID(uid))},
 	})
+}
+
+// CollectSpent deletes the records of tokens spent more than RetryWindow
+// before now, and returns how many it deleted. A record it cannot read is
+// left (and named in the error). It reads the watch cache when there is one.
+func (s *KubeTokenStore) CollectSpent(ctx context.Context, now time.Time) (int, error) {
+	var secs []*corev1.Secret
+	if s.cache != nil {
+		var err error
+		if secs, err = s.cache.List(labels.SelectorFromSet(labels.Set{labelToken: "true"})); err != nil {
+			return 0, err
+		}
+	} else {
+		list, err := s.client.CoreV1().Secrets(s.namespace).List(ctx, metav1.ListOptions{LabelSelector: labelToken + "=true"})
+		if err != nil {
+			return 0, err
+		}
+		for i := range list.Items {
+			secs = append(secs, &list.Items[i])
+		}
+	}
+	n := 0
+	var errs []error
+	for _, sec := range secs {
+		id, ok := strings.CutPrefix(sec.Name, tokenSecretPrefix)
+		if !ok || sec.Type != TokenSecretType {
+			continue
+		}
+		rec, err := recordOf(sec, id)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if rec.Spent == nil || !rec.Spent.Collectable(now) {
+			continue
+		}
+		switch err := s.Consume(ctx, rec); {
+		case err == nil:
+			n++
+		case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err):
+			errs = append(errs, fmt.Errorf("delete spent token record %s: %w", sec.Name, err))
+		}
+	}
+	return n, errors.Join(errs...)
 }
 
 // DeleteCluster implements TokenStore.

@@ -2,6 +2,8 @@ package identity_test
 
 import (
 	"context"
+	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,11 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 )
 
 // TestKubeTokenStore runs the token rules against a real kube-apiserver,
-// where atomic consumption rests on delete preconditions.
+// where single use rests on the spend's resourceVersion precondition.
 func TestKubeTokenStore(t *testing.T) {
 	ctx := context.Background()
 	_, cs, _ := localcluster.Management(t, "relaymesh")
@@ -39,12 +42,21 @@ func TestKubeTokenStore(t *testing.T) {
 		for k, v := range sec.Data {
 			assert.NotContains(t, string(v), tok[17:], "key %s holds the secret", k)
 		}
-		_, err = tokens.Redeem(ctx, "cluster-1", tok)
+		_, err = tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
 		require.NoError(t, err)
-		_, err = cs.CoreV1().Secrets("relaymesh").Get(ctx, sec.Name, metav1.GetOptions{})
-		assert.Error(t, err, "a redeemed token's record is gone")
-		_, err = tokens.Redeem(ctx, "cluster-1", tok)
-		assert.ErrorIs(t, err, identity.ErrBootstrapDenied, "reuse is refused")
+		spent, err := cs.CoreV1().Secrets("relaymesh").Get(ctx, sec.Name, metav1.GetOptions{})
+		require.NoError(t, err, "a spent token's record stays for the retry window")
+		assert.Equal(t, string(sec.Data["secret-sha256"]), string(spent.Data["secret-sha256"]))
+		assert.Len(t, spent.Data["spent-key-sha256"], 64)
+		assert.Equal(t, "registration-1", string(spent.Data["spent-registration"]))
+		for k, v := range spent.Data {
+			assert.NotContains(t, string(v), tok[17:], "key %s holds the secret", k)
+		}
+		_, err = tokens.Redeem(ctx, "cluster-1", tok, redeemer(2))
+		assert.ErrorIs(t, err, identity.ErrBootstrapDenied, "reuse by another key is refused")
+		r, err := tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
+		require.NoError(t, err, "the key that spent it may retry")
+		assert.True(t, r.Retry)
 	})
 
 	t.Run("the minter is recorded", func(t *testing.T) {
@@ -67,18 +79,43 @@ func TestKubeTokenStore(t *testing.T) {
 		}
 	})
 
+	t.Run("racing redemptions by one key: one spend, the others retries", func(t *testing.T) {
+		tok, _, err := tokens.Mint(ctx, "cluster-1", time.Hour)
+		require.NoError(t, err)
+		var spends, retries atomic.Int32
+		var wg sync.WaitGroup
+		for range 6 {
+			wg.Go(func() {
+				r, err := tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
+				if !assert.NoError(t, err) {
+					return
+				}
+				if r.Retry {
+					retries.Add(1)
+				} else {
+					spends.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		assert.Equal(t, int32(1), spends.Load())
+		assert.Equal(t, int32(5), retries.Load())
+	})
+
 	t.Run("wrong cluster and expired leave the record", func(t *testing.T) {
 		tok, rec, err := tokens.Mint(ctx, "cluster-1", time.Hour)
 		require.NoError(t, err)
-		_, err = tokens.Redeem(ctx, "cluster-2", tok)
+		_, err = tokens.Redeem(ctx, "cluster-2", tok, redeemer(1))
 		require.ErrorIs(t, err, identity.ErrBootstrapDenied)
-		_, err = store.Get(ctx, rec.ID)
+		got, err := store.Get(ctx, rec.ID)
 		require.NoError(t, err)
+		assert.Nil(t, got.Spent)
 		c.advance(2 * time.Hour)
-		_, err = tokens.Redeem(ctx, "cluster-1", tok)
+		_, err = tokens.Redeem(ctx, "cluster-1", tok, redeemer(1))
 		require.ErrorIs(t, err, identity.ErrBootstrapDenied)
-		_, err = store.Get(ctx, rec.ID)
+		got, err = store.Get(ctx, rec.ID)
 		require.NoError(t, err)
+		assert.Nil(t, got.Spent)
 		c.t = time.Now()
 	})
 
@@ -94,6 +131,67 @@ func TestKubeTokenStore(t *testing.T) {
 		assert.NoError(t, err)
 	})
 
+	t.Run("spent records are collected after the retry window", func(t *testing.T) {
+		old, oldRec, err := tokens.Mint(ctx, "cluster-5", 3*time.Hour)
+		require.NoError(t, err)
+		_, err = tokens.Redeem(ctx, "cluster-5", old, redeemer(1))
+		require.NoError(t, err)
+		c.advance(identity.RetryWindow - time.Second)
+		fresh, freshRec, err := tokens.Mint(ctx, "cluster-5", 3*time.Hour)
+		require.NoError(t, err)
+		_, err = tokens.Redeem(ctx, "cluster-5", fresh, redeemer(1))
+		require.NoError(t, err)
+		_, unspentRec, err := tokens.Mint(ctx, "cluster-5", 3*time.Hour)
+		require.NoError(t, err)
+		n, err := store.CollectSpent(ctx, c.now().Add(time.Second))
+		require.NoError(t, err)
+		assert.GreaterOrEqual(t, n, 1, "this one and those the subtests above spent")
+		_, err = store.Get(ctx, oldRec.ID)
+		assert.ErrorIs(t, err, identity.ErrTokenNotFound, "spent a window ago")
+		_, err = store.Get(ctx, freshRec.ID)
+		assert.NoError(t, err, "spent a second ago: still retryable")
+		_, err = store.Get(ctx, unspentRec.ID)
+		assert.NoError(t, err, "never spent")
+		c.t = time.Now()
+	})
+
+	t.Run("a malformed or hostile spend is not a fresh token", func(t *testing.T) {
+		for name, data := range map[string]map[string][]byte{
+			"key not hex":         {"spent-key-sha256": []byte(strings.Repeat("zz", 32)), "spent-registration": []byte("r"), "spent-at": []byte("2026-12-05T10:00:00Z")},
+			"key short":           {"spent-key-sha256": []byte("abcd"), "spent-registration": []byte("r"), "spent-at": []byte("2026-12-05T10:00:00Z")},
+			"key uppercase":       {"spent-key-sha256": []byte(strings.Repeat("AB", 32)), "spent-registration": []byte("r"), "spent-at": []byte("2026-12-05T10:00:00Z")},
+			"no time":             {"spent-key-sha256": []byte(strings.Repeat("ab", 32)), "spent-registration": []byte("r")},
+			"bad time":            {"spent-key-sha256": []byte(strings.Repeat("ab", 32)), "spent-registration": []byte("r"), "spent-at": []byte("yesterday")},
+			"no registration":     {"spent-key-sha256": []byte(strings.Repeat("ab", 32)), "spent-at": []byte("2026-12-05T10:00:00Z")},
+			"huge registration":   {"spent-key-sha256": []byte(strings.Repeat("ab", 32)), "spent-registration": []byte(strings.Repeat("r", 4096)), "spent-at": []byte("2026-12-05T10:00:00Z")},
+			"only a registration": {"spent-registration": []byte("r")},
+		} {
+			tok, rec, err := tokens.Mint(ctx, "cluster-6", time.Hour)
+			require.NoError(t, err)
+			patchData(t, cs, rec.ID, data)
+			_, err = store.Get(ctx, rec.ID)
+			require.Error(t, err, name)
+			assert.NotContains(t, err.Error(), tok[17:])
+			_, err = tokens.Redeem(ctx, "cluster-6", tok, redeemer(1))
+			var d *identity.DenialError
+			require.ErrorAs(t, err, &d, name)
+			assert.Equal(t, identity.ReasonStore, d.Reason, name)
+		}
+		// A spend dated in the future does not keep the token retryable.
+		by := redeemer(1)
+		tok, rec, err := tokens.Mint(ctx, "cluster-6", time.Hour)
+		require.NoError(t, err)
+		patchData(t, cs, rec.ID, map[string][]byte{
+			"spent-key-sha256":   []byte(hex.EncodeToString(by.Key[:])),
+			"spent-registration": []byte(by.Registration),
+			"spent-at":           []byte(c.now().Add(24 * time.Hour).UTC().Format(time.RFC3339)),
+		})
+		_, err = tokens.Redeem(ctx, "cluster-6", tok, by)
+		var d *identity.DenialError
+		require.ErrorAs(t, err, &d)
+		assert.Equal(t, identity.ReasonUsed, d.Reason)
+	})
+
 	t.Run("a foreign secret with a token name is refused", func(t *testing.T) {
 		_, err := cs.CoreV1().Secrets("relaymesh").Create(ctx, &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: "relaymesh-bootstrap-token-00000000000000ff", Namespace: "relaymesh"},
@@ -107,9 +205,10 @@ func TestKubeTokenStore(t *testing.T) {
 }
 
 // With the watch cache, a redemption is one API call (the conditional
-// delete); single use holds across two "replicas" with their own caches,
-// a reused token is refused while a cache still shows it, and a token minted
-// after the cache synced is read from the API.
+// patch); single use holds across two "replicas" with their own caches, a
+// token reused by another key is refused while a cache still shows it
+// unspent, the key that spent it is answered by the other replica, and a
+// token minted after the cache synced is read from the API.
 func TestKubeTokenStoreCached(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -119,7 +218,7 @@ func TestKubeTokenStoreCached(t *testing.T) {
 	mint, err := identity.NewTokens(identity.TokensConfig{Store: minter})
 	require.NoError(t, err)
 
-	var gets, deletes atomic.Int32
+	var gets, patches atomic.Int32
 	replica := func() *identity.Tokens {
 		cfg := mgmt.RESTConfig()
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
@@ -128,8 +227,8 @@ func TestKubeTokenStoreCached(t *testing.T) {
 					switch r.Method {
 					case http.MethodGet:
 						gets.Add(1)
-					case http.MethodDelete:
-						deletes.Add(1)
+					case http.MethodPatch:
+						patches.Add(1)
 					}
 				}
 				return rt.RoundTrip(r)
@@ -146,15 +245,15 @@ func TestKubeTokenStoreCached(t *testing.T) {
 	}
 	a, b := replica(), replica()
 
-	// Minted after the caches synced: read from the API once, then one delete.
+	// Minted after the caches synced: read from the API once, then one patch.
 	tok, _, err := mint.Mint(ctx, "cluster-1", time.Hour)
 	require.NoError(t, err)
-	_, err = a.Redeem(ctx, "cluster-1", tok)
+	_, err = a.Redeem(ctx, "cluster-1", tok, redeemer(1))
 	require.NoError(t, err)
 	assert.LessOrEqual(t, gets.Load(), int32(1))
-	assert.Equal(t, int32(1), deletes.Load())
+	assert.Equal(t, int32(1), patches.Load())
 
-	// Seen by the cache: a redemption is one delete and no read.
+	// Seen by the cache: a redemption is one patch and no read.
 	tok, rec, err := mint.Mint(ctx, "cluster-1", time.Hour)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
@@ -163,14 +262,19 @@ func TestKubeTokenStoreCached(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	time.Sleep(200 * time.Millisecond) // the watch delivers it
 	gets.Store(0)
-	deletes.Store(0)
-	_, err = a.Redeem(ctx, "cluster-1", tok)
+	patches.Store(0)
+	_, err = a.Redeem(ctx, "cluster-1", tok, redeemer(1))
 	require.NoError(t, err)
 	assert.Equal(t, int32(0), gets.Load(), "read from the cache")
-	assert.Equal(t, int32(1), deletes.Load(), "one API call per bootstrap")
-	// Reused at once, while b's cache may still hold the record: refused.
-	_, err = b.Redeem(ctx, "cluster-1", tok)
+	assert.Equal(t, int32(1), patches.Load(), "one API call per bootstrap")
+	// Reused at once by another key, while b's cache may still show the
+	// record unspent: refused.
+	_, err = b.Redeem(ctx, "cluster-1", tok, redeemer(2))
 	require.ErrorIs(t, err, identity.ErrBootstrapDenied)
+	// The key that spent it, on the other replica: a retry.
+	r, err := b.Redeem(ctx, "cluster-1", tok, redeemer(1))
+	require.NoError(t, err)
+	assert.True(t, r.Retry)
 
 	// Two replicas racing on one token, many rounds: exactly one wins.
 	for range 20 {
@@ -179,12 +283,12 @@ func TestKubeTokenStoreCached(t *testing.T) {
 		var wins atomic.Int32
 		var wg sync.WaitGroup
 		start := make(chan struct{})
-		for _, r := range []*identity.Tokens{a, b, a, b} {
+		for i, r := range []*identity.Tokens{a, b, a, b} {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				<-start
-				if _, err := r.Redeem(ctx, "cluster-1", tok); err == nil {
+				if _, err := r.Redeem(ctx, "cluster-1", tok, redeemer(i)); err == nil {
 					wins.Add(1)
 				}
 			}()
@@ -193,6 +297,16 @@ func TestKubeTokenStoreCached(t *testing.T) {
 		wg.Wait()
 		require.Equal(t, int32(1), wins.Load(), "exactly one of four racing redemptions on two replicas wins")
 	}
+}
+
+// patchData merges data into token id's record, as someone with write
+// access to the server's namespace could.
+func patchData(t *testing.T, cs kubernetes.Interface, id string, data map[string][]byte) {
+	t.Helper()
+	patch, err := json.Marshal(map[string]any{"data": data})
+	require.NoError(t, err)
+	_, err = cs.CoreV1().Secrets("relaymesh").Patch(context.Background(), identity.TokenSecretName(id), types.MergePatchType, patch, metav1.PatchOptions{})
+	require.NoError(t, err)
 }
 
 type rtFunc func(*http.Request) (*http.Response, error)

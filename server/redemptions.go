@@ -13,16 +13,14 @@ import (
 // A bootstrap token is single-use, but the call that spends it can fail
 // after it is spent: the agent's deadline passes while the server is busy
 // (a storm of agents), or the connection drops before the answer arrives.
-// Without more, that agent's token is gone and its cluster must be
-// registered again. So the server remembers, for a short window, which key
-// spent each token: the same token with a CSR for the same key (which only
-// its holder can sign) gets the certificate issued for it, or a new one if
-// issuing failed; any other key is refused as before. The memory is per
-// server process (a retry that reaches another replica is refused as a used
-// token) and holds no secret: digests, the cluster and the public answer.
-
-// redemptionWindow is how long a spent token stays retryable by its key.
-const redemptionWindow = 15 * time.Minute
+// The token's record keeps who spent it (identity.Spend), so a retry with
+// a CSR for the same key (which only its holder can sign) is redeemed
+// again on any replica, within identity.RetryWindow of the spend. This
+// memory adds, per process, the answer: a retry that reaches the replica
+// that spent the token gets the certificate issued for it (not a second
+// one), and one issuing call at a time; if issuing failed, the token's
+// record decides again. It holds no secret: digests, the cluster and the
+// public answer.
 
 // maxRedemptions bounds the memory; beyond it the oldest entries go (they
 // are only a convenience: losing one costs that agent a new token).
@@ -85,8 +83,9 @@ func (r *redemptions) retry(id string, secret, key [sha256.Size]byte, cluster, r
 	return retryIssue, nil
 }
 
-// spent remembers a token just redeemed by key, in flight.
-func (r *redemptions) spent(id string, secret, key [sha256.Size]byte, cluster, registration string, now time.Time) {
+// spent remembers a token just redeemed by key, in flight, until the end
+// of its spend's retry window.
+func (r *redemptions) spent(id string, secret, key [sha256.Size]byte, cluster, registration string, now, until time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.expire(now)
@@ -94,7 +93,7 @@ func (r *redemptions) spent(id string, secret, key [sha256.Size]byte, cluster, r
 		r.order = append(r.order, id)
 	}
 	r.byID[id] = &redemption{secret: secret, key: key, cluster: cluster, registration: registration,
-		until: now.Add(redemptionWindow), inFlight: true}
+		until: until, inFlight: true}
 }
 
 // done records how issuing for a spent token ended: its answer, or nothing
@@ -109,7 +108,10 @@ func (r *redemptions) done(id string, resp *relaypb.CertificateResponse) {
 }
 
 // expire drops entries past their window, and the oldest beyond the bound.
-// Entries are appended in time order, so the expired ones are a prefix.
+// Entries are appended in about the order their windows end (a retry's
+// window started at its spend, earlier), so expiry drops the expired
+// prefix; an expired entry behind a live one waits, refused by retry, and
+// counts against the bound.
 func (r *redemptions) expire(now time.Time) {
 	n := 0
 	for n < len(r.order) {

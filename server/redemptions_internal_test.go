@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relaymesh/relaymesh/identity"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/stretchr/testify/assert"
 )
@@ -15,7 +16,7 @@ func TestRedemptionsMatchOnlyTheSpendingKeyWithinTheWindow(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	secret, key := sha256.Sum256([]byte("s")), sha256.Sum256([]byte("k"))
 	other := sha256.Sum256([]byte("x"))
-	r.spent("id", secret, key, "c1", "uid", now)
+	r.spent("id", secret, key, "c1", "uid", now, now.Add(identity.RetryWindow))
 
 	o, _ := r.retry("id", secret, key, "c1", "uid", now)
 	assert.Equal(t, retryInFlight, o, "the first call is still issuing")
@@ -37,7 +38,7 @@ func TestRedemptionsMatchOnlyTheSpendingKeyWithinTheWindow(t *testing.T) {
 		"other registration": func() retryOutcome { o, _ := r.retry("id", secret, key, "c1", "uid2", now); return o },
 		"other id":           func() retryOutcome { o, _ := r.retry("id2", secret, key, "c1", "uid", now); return o },
 		"after the window": func() retryOutcome {
-			o, _ := r.retry("id", secret, key, "c1", "uid", now.Add(redemptionWindow))
+			o, _ := r.retry("id", secret, key, "c1", "uid", now.Add(identity.RetryWindow))
 			return o
 		},
 	} {
@@ -50,11 +51,12 @@ func TestRedemptionsAreBounded(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	var s [sha256.Size]byte
 	for i := range maxRedemptions + 10 {
-		r.spent(fmt.Sprint(i), s, s, "c", "u", now)
+		r.spent(fmt.Sprint(i), s, s, "c", "u", now, now.Add(identity.RetryWindow))
 	}
 	assert.LessOrEqual(t, r.len(), maxRedemptions)
 	o, _ := r.retry("0", s, s, "c", "u", now)
 	assert.Equal(t, retryNone, o, "the oldest went first")
-	r.spent("late", s, s, "c", "u", now.Add(redemptionWindow))
+	late := now.Add(identity.RetryWindow)
+	r.spent("late", s, s, "c", "u", late, late.Add(identity.RetryWindow))
 	assert.Equal(t, 1, r.len(), "expired entries go on the next insert")
 }

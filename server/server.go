@@ -43,9 +43,10 @@ type Issuer interface {
 	Roots() []*x509.Certificate
 }
 
-// TokenRedeemer checks and consumes a bootstrap token for a cluster.
+// TokenRedeemer checks and spends a bootstrap token for a cluster, or
+// redeems it again for the key that spent it (identity.Tokens).
 type TokenRedeemer interface {
-	Redeem(ctx context.Context, cluster, token string) (identity.TokenRecord, error)
+	Redeem(ctx context.Context, cluster, token string, by identity.Redeemer) (identity.Redemption, error)
 }
 
 // StatusSink hears about agents; the server writes it to KubernetesCluster
@@ -921,9 +922,10 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 	if !ok {
 		return nil, fail("unregistered", cluster, errBootstrapDenied)
 	}
-	// A per-cluster token spent earlier by this same key (its first call
-	// gave up or lost the answer) gets that call's certificate.
+	// A per-cluster token spent earlier here by this same key (its first
+	// call gave up or lost the answer) gets that call's certificate.
 	key := keyDigest(csr)
+	release := func() {} // un-claims a remembered redemption this call does not complete
 	if perr == nil {
 		switch outcome, resp := s.redeemed.retry(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, s.cfg.Clock()); outcome {
 		case retryAnswer:
@@ -936,26 +938,27 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 		case retryInFlight:
 			return nil, errBootstrapLater
 		case retryIssue:
-			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bootstrapWorkTimeout)
-			defer cancel()
-			resp, err := s.issue(wctx, "bootstrap", cluster, reg.UID, ip, csr, req.GetAgentVersion())
-			s.redeemed.done(parsed.ID, resp)
-			return resp, err
+			// Nothing was issued for it here: the token's record decides
+			// below, as on any replica (it may be revoked since).
+			release = func() { s.redeemed.done(parsed.ID, nil) }
 		}
 	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < minBootstrapBudget {
+		release()
 		s.cfg.Metrics.bootstrapFailures.WithLabelValues("deadline").Inc()
 		return nil, errBootstrapLater
 	}
 	if err := ctx.Err(); err != nil {
+		release()
 		return nil, status.FromContextError(err).Err()
 	}
 	// From here on the token is spent: the work finishes whether or not the
 	// caller still waits, and its result is kept for a retry by this key.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bootstrapWorkTimeout)
 	defer cancel()
-	tokenID, err := s.redeem(wctx, cluster, req.GetToken())
+	red, err := s.redeem(wctx, cluster, req.GetToken(), identity.Redeemer{Key: key, Registration: reg.UID})
 	if err != nil {
+		release()
 		reason := "denied"
 		var d *identity.DenialError
 		if errors.As(err, &d) {
@@ -963,12 +966,21 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 		}
 		return nil, fail(reason, cluster, errBootstrapDenied)
 	}
+	tokenID := red.Record.ID
 	remembered := perr == nil && tokenID == parsed.ID
 	if remembered {
-		s.redeemed.spent(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, s.cfg.Clock())
+		// Remembered until the spend's window ends, not this call's.
+		s.redeemed.spent(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, s.cfg.Clock(), red.Record.Spent.At.Add(identity.RetryWindow))
+	}
+	used := audit.Event{Type: audit.TokenUse, Result: audit.ResultSuccess, Cluster: cluster, Peer: ip, Details: map[string]string{"token_id": tokenID}}
+	if red.Retry {
+		// Spent by this key through another replica (or before this
+		// process started): a new certificate for the same key.
+		used.Reason = "retry by the key that spent it"
+		used.Details["spent_at"] = red.Record.Spent.At.UTC().Format(time.RFC3339)
 	}
 	var resp *relaypb.CertificateResponse
-	if s.record(audit.Event{Type: audit.TokenUse, Result: audit.ResultSuccess, Cluster: cluster, Peer: ip, Details: map[string]string{"token_id": tokenID}}) {
+	if s.record(used) {
 		resp, err = s.issue(wctx, "bootstrap", cluster, reg.UID, ip, csr, req.GetAgentVersion())
 	} else {
 		err = errAuditUnavailable
@@ -980,21 +992,18 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 }
 
 // redeem checks a per-cluster token, or the shared token when that mode is
-// on and the token is not per-cluster shaped. It returns the token's public id.
-func (s *Server) redeem(ctx context.Context, cluster, token string) (string, error) {
+// on and the token is not per-cluster shaped (its redemption's record id
+// is "shared").
+func (s *Server) redeem(ctx context.Context, cluster, token string, by identity.Redeemer) (identity.Redemption, error) {
 	if s.cfg.SharedToken != nil {
 		if _, perr := identity.ParseToken(token); perr != nil {
 			if err := s.cfg.SharedToken.Check(token); err != nil {
-				return "", err
+				return identity.Redemption{}, err
 			}
-			return "shared", nil
+			return identity.Redemption{Record: identity.TokenRecord{ID: "shared"}}, nil
 		}
 	}
-	rec, err := s.cfg.Tokens.Redeem(ctx, cluster, token)
-	if err != nil {
-		return "", err
-	}
-	return rec.ID, nil
+	return s.cfg.Tokens.Redeem(ctx, cluster, token, by)
 }
 
 // Renew implements relaypb.IdentityServer.

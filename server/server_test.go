@@ -52,7 +52,7 @@ func TestBootstrapIssuesServerChosenIdentity(t *testing.T) {
 	assert.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, c.Leaf.ExtKeyUsage)
 	assert.False(t, c.Leaf.IsCA)
 	assert.GreaterOrEqual(t, c.Leaf.SerialNumber.BitLen(), 100, "random serial of ~128 bits")
-	assert.Equal(t, 0, f.Store.Len(), "the token was consumed")
+	assert.Equal(t, 0, f.Store.Unspent(), "the token was consumed")
 	assert.Equal(t, float64(1), f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success"))
 	assert.Contains(t, f.Logs.String(), "ignoring names requested in CSR")
 }
@@ -92,7 +92,7 @@ func TestBootstrapRefusals(t *testing.T) {
 			// TestBootstrapRetryBySpendingKey).
 			other, _ := servertest.CSRPEM(t)
 			return &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: used, Csr: other}
-		}, codes.PermissionDenied, "bootstrap denied", identity.ReasonUnknown, false},
+		}, codes.PermissionDenied, "bootstrap denied", identity.ReasonUsed, false},
 		{"expired token", func() *relaypb.BootstrapRequest {
 			return &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: expired, Csr: good}
 		}, codes.PermissionDenied, "bootstrap denied", identity.ReasonExpired, false},
@@ -124,7 +124,7 @@ func TestBootstrapRefusals(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req := tt.req()
-			before := f.Store.Len()
+			before := f.Store.Unspent()
 			issued := f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success")
 			reasonBefore := f.Metric(server.MetricBootstrapFailures, "reason", tt.reason)
 			_, err := f.BootstrapClient().Bootstrap(ctx, req)
@@ -134,7 +134,7 @@ func TestBootstrapRefusals(t *testing.T) {
 			if len(req.Token) > 17 {
 				assert.NotContains(t, err.Error(), req.Token[17:], "the error must not echo the token")
 			}
-			assert.Equal(t, before, f.Store.Len(), "no token was consumed")
+			assert.Equal(t, before, f.Store.Unspent(), "no token was consumed")
 			assert.Equal(t, issued, f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success"), "nothing was issued")
 			assert.Equal(t, reasonBefore+1, f.Metric(server.MetricBootstrapFailures, "reason", tt.reason))
 			if tt.keepTok && req.Cluster != "../cluster-1" {
@@ -227,7 +227,7 @@ func TestOversizedRequest(t *testing.T) {
 	_, err := f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: f.Mint("cluster-1", time.Hour), Csr: bytes.Repeat([]byte("A"), 1<<20)})
 	require.Error(t, err)
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
-	assert.Equal(t, 1, f.Store.Len(), "token untouched")
+	assert.Equal(t, 1, f.Store.Unspent(), "token untouched")
 }
 
 func TestBootstrapFailuresAreRateLimited(t *testing.T) {
@@ -243,7 +243,7 @@ func TestBootstrapFailuresAreRateLimited(t *testing.T) {
 	// Even a valid token waits while the peer is blocked.
 	_, err := f.BootstrapClient().Bootstrap(context.Background(), &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: f.Mint("cluster-1", time.Hour), Csr: csr})
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
-	assert.Equal(t, 1, f.Store.Len(), "a blocked attempt consumes nothing")
+	assert.Equal(t, 1, f.Store.Unspent(), "a blocked attempt consumes nothing")
 	assert.Positive(t, f.Metric(server.MetricBootstrapFailures, "reason", "rate_limited"))
 }
 

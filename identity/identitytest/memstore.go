@@ -7,6 +7,7 @@ package identitytest
 import (
 	"context"
 	"errors"
+	"maps"
 	"strconv"
 	"sync"
 
@@ -17,11 +18,12 @@ import (
 type MemTokenStore struct {
 	mu      sync.Mutex
 	recs    map[string]identity.TokenRecord
+	lagged  map[string]identity.TokenRecord // what Get serves while lagging
 	version int
-	// AfterConsume, when set, runs after each successful Consume, before
-	// it returns (a slow store or network in tests); set it before the
-	// store is shared.
-	AfterConsume func()
+	// AfterSpend, when set, runs after each successful Spend, before it
+	// returns (a slow store or network in tests); set it before the store
+	// is shared.
+	AfterSpend func()
 }
 
 // NewMemTokenStore returns an empty store.
@@ -42,8 +44,24 @@ func (m *MemTokenStore) Create(_ context.Context, rec identity.TokenRecord) erro
 	return nil
 }
 
-// Get implements identity.TokenStore.
+// Get implements identity.TokenStore: the store, or while it lags the
+// records as they were when Lag was called (a watch cache behind).
 func (m *MemTokenStore) Get(_ context.Context, id string) (identity.TokenRecord, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	recs := m.recs
+	if m.lagged != nil {
+		recs = m.lagged
+	}
+	rec, ok := recs[id]
+	if !ok {
+		return identity.TokenRecord{}, identity.ErrTokenNotFound
+	}
+	return rec, nil
+}
+
+// GetLatest implements identity.TokenStore: always the store.
+func (m *MemTokenStore) GetLatest(_ context.Context, id string) (identity.TokenRecord, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.recs[id]
@@ -53,21 +71,82 @@ func (m *MemTokenStore) Get(_ context.Context, id string) (identity.TokenRecord,
 	return rec, nil
 }
 
-// Consume implements identity.TokenStore.
-func (m *MemTokenStore) Consume(_ context.Context, rec identity.TokenRecord) error {
+// Lag makes Get serve the records as they are now, as a watch cache that
+// stopped seeing changes would, until CatchUp.
+func (m *MemTokenStore) Lag() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lagged = maps.Clone(m.recs)
+}
+
+// CatchUp ends Lag.
+func (m *MemTokenStore) CatchUp() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lagged = nil
+}
+
+// Touch gives a record a new version and nothing else, as a metadata
+// write (the mint audit's annotation) does.
+func (m *MemTokenStore) Touch(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if rec, ok := m.recs[id]; ok {
+		m.version++
+		rec.Version = strconv.Itoa(m.version)
+		m.recs[id] = rec
+	}
+}
+
+// Spend implements identity.TokenStore.
+func (m *MemTokenStore) Spend(_ context.Context, rec identity.TokenRecord, sp identity.Spend) error {
+	if err := sp.Validate(); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	cur, ok := m.recs[rec.ID]
-	if !ok || cur.Version != rec.Version {
+	switch {
+	case !ok:
 		m.mu.Unlock()
-		return errors.New("token already consumed")
+		return identity.ErrTokenNotFound
+	case cur.Version != rec.Version:
+		m.mu.Unlock()
+		return identity.ErrTokenChanged
 	}
-	delete(m.recs, rec.ID)
-	after := m.AfterConsume
+	m.version++
+	cur.Version = strconv.Itoa(m.version)
+	cur.Spent = &sp
+	m.recs[rec.ID] = cur
+	after := m.AfterSpend
 	m.mu.Unlock()
 	if after != nil {
 		after()
 	}
 	return nil
+}
+
+// Consume implements identity.TokenStore.
+func (m *MemTokenStore) Consume(_ context.Context, rec identity.TokenRecord) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.recs[rec.ID]; !ok {
+		return identity.ErrTokenNotFound
+	}
+	delete(m.recs, rec.ID)
+	return nil
+}
+
+// Unspent is the number of stored records not yet spent.
+func (m *MemTokenStore) Unspent() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, r := range m.recs {
+		if r.Spent == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // DeleteCluster implements identity.TokenStore.
@@ -80,13 +159,6 @@ func (m *MemTokenStore) DeleteCluster(_ context.Context, cluster string) error {
 		}
 	}
 	return nil
-}
-
-// Len is the number of stored records.
-func (m *MemTokenStore) Len() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.recs)
 }
 
 // MemAgentSecrets is an in-memory identity.AgentSecrets.

@@ -466,6 +466,15 @@ func brief(c *x509.Certificate) CertBrief {
 	return b
 }
 
+// tokenRecordType is the type of a bootstrap-token record (identity's
+// TokenSecretType); tokenRecordPublic are its keys that are neither a
+// secret nor a digest of one: redacting a spent token's registration (the
+// KubernetesCluster's UID) or its times would hide them wherever they
+// appear in the report.
+const tokenRecordType = "relaymesh.io/bootstrap-token"
+
+var tokenRecordPublic = map[string]bool{"expires-at": true, "spent-registration": true, "spent-at": true}
+
 func orEmpty[T any](s []T) []T {
 	if s == nil {
 		return []T{}
@@ -475,13 +484,17 @@ func orEmpty[T any](s []T) []T {
 
 // addSecretValues registers the values of a Secret with the redactor,
 // except those that are also one of its labels' values (public metadata,
-// such as the cluster of a bootstrap-token record).
+// such as the cluster of a bootstrap-token record) and a bootstrap-token
+// record's public keys (tokenRecordPublic).
 func addSecretValues(r *Redactor, s *corev1.Secret) {
 	public := map[string]bool{}
 	for _, v := range s.Labels {
 		public[v] = true
 	}
-	for _, v := range s.Data {
+	for k, v := range s.Data {
+		if s.Type == tokenRecordType && tokenRecordPublic[k] {
+			continue
+		}
 		if !public[string(v)] {
 			r.Add(v)
 		}

@@ -90,6 +90,7 @@ type process struct {
 	issuer                       *issuerWatch
 	serving                      *server.ServingCert
 	tokens                       *identity.Tokens
+	tokenStore                   *identity.KubeTokenStore
 	sharedToken                  *identity.SharedToken
 	registry, kubeconfigClusters *server.Registry
 	reps                         *replicas
@@ -279,6 +280,7 @@ func (p *process) newTokens(ctx context.Context) error {
 	if err := store.WatchCache(ctx); err != nil {
 		return err
 	}
+	p.tokenStore = store
 	if p.tokens, err = identity.NewTokens(identity.TokensConfig{Store: store}); err != nil {
 		return err
 	}

@@ -39,12 +39,12 @@ func TestOnceOnlyWorkDependsOnlyOnTheSetup(t *testing.T) {
 		setup setup
 		want  []string
 	}{
-		{"the only replica", setup{}, []string{"token-mint-audit", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "status-and-rotation", "spiffe-import"}},
-		{"several replicas", setup{several: true}, []string{"token-mint-audit", "session-sweep", "replica-lease-collection",
+		{"the only replica", setup{}, []string{"token-mint-audit", "spent-token-collection", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "status-and-rotation", "spiffe-import"}},
+		{"several replicas", setup{several: true}, []string{"token-mint-audit", "spent-token-collection", "session-sweep", "replica-lease-collection",
 			"serving-secret", "relay-issuer-renewal", "relay-root-rotation", "orphan-collection", "ack-ledger-collection", "output-heads", "status-and-rotation", "spiffe-import"}},
-		{"the only replica with everything", setup{redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
+		{"the only replica with everything", setup{redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit", "spent-token-collection",
 			"relay-issuer-renewal", "relay-root-rotation", "snapshot-store-collection", "orphan-collection", "status-and-rotation", "spiffe-import", "kubeconfig-clusters", "webhook-configuration"}},
-		{"several replicas with everything", setup{several: true, redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit",
+		{"several replicas with everything", setup{several: true, redis: true, kubeconfig: true, webhook: true}, []string{"token-mint-audit", "spent-token-collection",
 			"session-sweep", "replica-lease-collection", "serving-secret", "relay-issuer-renewal", "relay-root-rotation", "snapshot-store-collection", "orphan-collection",
 			"ack-ledger-collection", "output-heads", "status-and-rotation", "spiffe-import", "kubeconfig-clusters", "webhook-configuration"}},
 	} {

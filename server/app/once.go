@@ -45,6 +45,8 @@ type onceOnlyTask struct {
 var onceOnlyWork = []onceOnlyTask{
 	// One audit record per minted token, not one per replica.
 	{name: "token-mint-audit", when: always, run: (*process).auditTokenMints},
+	// Spent token records, once their retry window is over.
+	{name: "spent-token-collection", when: always, run: (*process).collectSpentTokens},
 	// The sessions of replicas that are gone (their Lease expired).
 	{name: "session-sweep", when: severalReplicas, run: (*process).sweepSessions},
 	// Pods get new names on every rollout: the Leases of replicas gone
@@ -141,6 +143,32 @@ func (p *process) auditTokenMints(ctx context.Context) {
 		p.log.Error("cannot watch bootstrap tokens: their minting is not audited", "error", err)
 	}
 	<-ctx.Done()
+}
+
+// spentTokenCollection is how often the spent token records are looked
+// at: a record goes at most this long after its retry window.
+const spentTokenCollection = time.Minute
+
+func (p *process) collectSpentTokens(ctx context.Context) {
+	lastErr := "" // a record that stays malformed is reported once, not every minute
+	for {
+		n, err := p.tokenStore.CollectSpent(ctx, time.Now())
+		switch {
+		case err != nil && ctx.Err() == nil && err.Error() != lastErr:
+			lastErr = err.Error()
+			p.log.Warn("could not delete every spent bootstrap token record", "deleted", n, "error", err)
+		case err == nil:
+			lastErr = ""
+		}
+		if n > 0 {
+			p.log.Info("deleted spent bootstrap token records past their retry window", "records", n, "retry_window", identity.RetryWindow)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(spentTokenCollection):
+		}
+	}
 }
 
 func (p *process) sweepSessions(ctx context.Context) {

@@ -24,12 +24,12 @@ import (
 
 // The tasks of the once-only table each setup has (server/app once.go).
 var (
-	singleTasks = []string{"orphan-collection", "relay-issuer-renewal", "relay-root-rotation", "spiffe-import", "status-and-rotation", "token-mint-audit"}
+	singleTasks = []string{"orphan-collection", "relay-issuer-renewal", "relay-root-rotation", "spent-token-collection", "spiffe-import", "status-and-rotation", "token-mint-audit"}
 	haTasks     = []string{"ack-ledger-collection", "orphan-collection", "output-heads", "relay-issuer-renewal", "relay-root-rotation", "replica-lease-collection", "serving-secret", "session-sweep",
-		"spiffe-import", "status-and-rotation", "token-mint-audit"}
+		"spent-token-collection", "spiffe-import", "status-and-rotation", "token-mint-audit"}
 	// The tasks that run for the whole term (orphan-collection and
 	// ack-ledger-collection do one pass and return).
-	haTermTasks = []string{"output-heads", "relay-issuer-renewal", "relay-root-rotation", "replica-lease-collection", "serving-secret", "session-sweep", "spiffe-import", "status-and-rotation", "token-mint-audit"}
+	haTermTasks = []string{"output-heads", "relay-issuer-renewal", "relay-root-rotation", "replica-lease-collection", "serving-secret", "session-sweep", "spent-token-collection", "spiffe-import", "status-and-rotation", "token-mint-audit"}
 )
 
 // The whole server — app.Run's assembly, in-process, on one local

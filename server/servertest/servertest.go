@@ -101,6 +101,11 @@ type Options struct {
 	// SessionV1Only serves only the relay protocol of earlier releases
 	// (Session answers Unimplemented).
 	SessionV1Only bool
+	// Store, when set, is the token store to share (another fixture's
+	// Store: two replicas); else a new one.
+	Store *identitytest.MemTokenStore
+	// Clock is the server's and its tokens' clock (default time.Now).
+	Clock func() time.Time
 }
 
 func New(t testing.TB, o Options) *Server {
@@ -131,8 +136,11 @@ func New(t testing.TB, o Options) *Server {
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	serving, err := server.NewServingCert(ctx, authority, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, nil, log)
 	require.NoError(t, err)
-	store := identitytest.NewMemTokenStore()
-	tokens, err := identity.NewTokens(identity.TokensConfig{Store: store})
+	store := o.Store
+	if store == nil {
+		store = identitytest.NewMemTokenStore()
+	}
+	tokens, err := identity.NewTokens(identity.TokensConfig{Store: store, Clock: o.Clock})
 	require.NoError(t, err)
 	auditPath := filepath.Join(t.TempDir(), "audit.log")
 	auditLog, err := audit.Open(audit.Config{Path: auditPath})
@@ -161,6 +169,7 @@ func New(t testing.TB, o Options) *Server {
 		ServerCertificate: serving.Certificate, Audit: auditLog, Logger: log, Metrics: metrics, MaxRecvBytes: o.MaxRecv,
 		BootstrapFailureBurst: o.FailureBurst, Trust: o.Trust, TrustBundles: o.TrustBundles, Connections: o.Connections, Clusters: o.Clusters,
 		GlobalBootstrapFailureBurst: o.GlobalFailureBurst, GlobalBootstrapFailuresPerMinute: o.GlobalFailuresPerMinute,
+		Clock: o.Clock,
 	})
 	require.NoError(t, err)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -100,6 +100,12 @@ func (c *Client) Bootstrap(ctx context.Context, cluster, token string) (*relaypb
 	if err != nil {
 		return nil, err
 	}
+	return c.BootstrapCSR(ctx, cluster, token, csr)
+}
+
+// BootstrapCSR presents token for cluster with the PEM CSR given (the same
+// key again: a retry).
+func (c *Client) BootstrapCSR(ctx context.Context, cluster, token string, csr []byte) (*relaypb.CertificateResponse, error) {
 	return relaypb.NewIdentityClient(c.conn).Bootstrap(ctx, &relaypb.BootstrapRequest{Cluster: cluster, Token: token, Csr: csr, AgentVersion: "test/ha"})
 }
 

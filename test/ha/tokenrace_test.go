@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/relaymesh/relaymesh/identity"
+	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/test/e2e"
 	"github.com/relaymesh/relaymesh/test/ha"
 	"github.com/stretchr/testify/assert"
@@ -187,10 +189,11 @@ func TestTokenRaceAcrossReplicas(t *testing.T) {
 	}
 	assert.Equal(t, raceRounds, issues, "cert.issue records across all replicas")
 	assert.Equal(t, raceRounds, failures, "token.failure records across all replicas (one per loser)")
-	// already_used: the loser found the record and lost the conditional
-	// delete (the race met in the apiserver); unknown: the winner had
-	// already deleted it.
+	// Every loser is refused as already_used: it lost the conditional
+	// patch (the race met in the apiserver) or read the record spent; a
+	// spent record stays for the retry window, so none is unknown.
 	t.Logf("why the losers were refused: %v", reasons)
+	assert.Equal(t, map[string]int{identity.ReasonUsed: raceRounds}, reasons)
 	assert.Len(t, uses, raceRounds, "tokens with a recorded use")
 	for id, n := range uses {
 		assert.Equal(t, 1, n, "token %s used %d times", id, n)
@@ -205,6 +208,7 @@ func TestTokenRaceAcrossReplicas(t *testing.T) {
 	// Every replica watches token Secrets and records each mint it sees
 	// before another replica marks it audited: reported, not hidden.
 	t.Logf("token.mint records: %d of %d tokens recorded more than once (records per token -> tokens: %v)", dup, len(tokenIDs), histogram)
+	checkRetryOnAnotherReplica(t, env, roots, nextSource(2*raceRounds), secrets)
 	env.VerifyAudit(t)
 
 	// No token in any log of any replica.
@@ -220,4 +224,51 @@ func TestTokenRaceAcrossReplicas(t *testing.T) {
 			}
 		}
 	}
+}
+
+// checkRetryOnAnotherReplica: an agent whose answer was lost after replica
+// 0 spent its token retries with the same key and reaches replica 1 (agents
+// behind a Service land on any replica): replica 1 issues, because the
+// spend is in the token's record, not in replica 0's memory; another key
+// at replica 2 is refused. The token's secret is added to secrets, for the
+// log check.
+func checkRetryOnAnotherReplica(t *testing.T, env *ha.Env, roots []byte, src netip.Addr, secrets map[string]string) {
+	ctx := context.Background()
+	const cluster = "retry-1"
+	env.RegisterOnly(t, cluster, 0)
+	token := env.MintToken(t, cluster)
+	parsed, err := identity.ParseToken(token)
+	require.NoError(t, err)
+	secrets[parsed.ID] = token[len(parsed.ID)+1:]
+	csr, err := ha.NewCSR()
+	require.NoError(t, err)
+	at := func(replica int, csr []byte) (*relaypb.CertificateResponse, error) {
+		dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		c, err := ha.Dial(dctx, ha.ClientConfig{Addr: env.Replicas[replica].RelayAddr, Roots: roots, Source: src})
+		require.NoError(t, err)
+		defer c.Close()
+		return c.BootstrapCSR(dctx, cluster, token, csr)
+	}
+	first, err := at(0, csr)
+	require.NoError(t, err, "replica 0 spends the token")
+	again, err := at(1, csr)
+	require.NoError(t, err, "the same key's retry at replica 1")
+	assert.Equal(t, first.GetSpiffeId(), again.GetSpiffeId())
+	other, err := ha.NewCSR()
+	require.NoError(t, err)
+	_, err = at(2, other)
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "another key at replica 2: %v", err)
+
+	e2e.Eventually(t, 30*time.Second, "the retry and the refusal in the audit logs", func() (bool, string) {
+		var got []string
+		for _, r := range env.AuditRecords(t) {
+			if r.Cluster == cluster && (r.Type == "token.use" || r.Type == "token.failure") {
+				got = append(got, fmt.Sprintf("%d %s %s", r.Replica, r.Type, r.Reason))
+			}
+		}
+		slices.Sort(got)
+		want := []string{"0 token.use ", "1 token.use retry by the key that spent it", "2 token.failure already_used"}
+		return slices.Equal(got, want), fmt.Sprintf("%q", got)
+	})
 }

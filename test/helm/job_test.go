@@ -920,15 +920,22 @@ func (j *job) stop() {
 	j.server, j.agents = nil, map[string][]*localcluster.Process{}
 }
 
-// noTokens checks that no bootstrap token exists: every agent that is
-// connected did it with its stored certificate.
+// noTokens checks that no unspent bootstrap token exists: every agent that
+// is connected did it with its stored certificate. (A spent token's record
+// stays for its 15-minute retry window, marked spent-at.)
 func (j *job) noTokens() error {
 	secrets, err := j.mgmtKube.CoreV1().Secrets(namespace).List(j.ctx, metav1.ListOptions{LabelSelector: "relaymesh.io/bootstrap-token=true"})
 	if err != nil {
 		return err
 	}
-	if len(secrets.Items) != 0 {
-		return fmt.Errorf("%d bootstrap tokens in the management cluster", len(secrets.Items))
+	unspent := 0
+	for _, s := range secrets.Items {
+		if _, spent := s.Data["spent-at"]; !spent {
+			unspent++
+		}
+	}
+	if unspent != 0 {
+		return fmt.Errorf("%d unspent bootstrap tokens in the management cluster", unspent)
 	}
 	for _, name := range j.cfg.workload {
 		_, err := j.kube[name].CoreV1().Secrets(namespace).Get(j.ctx, "relay-identity-token-secret", metav1.GetOptions{})

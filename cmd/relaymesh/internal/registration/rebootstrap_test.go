@@ -81,10 +81,16 @@ func TestRevokeTokenRemovesOnlyThatToken(t *testing.T) {
 	require.NoError(t, err)
 	tokens, err := identity.NewTokens(identity.TokensConfig{Store: store})
 	require.NoError(t, err)
-	_, err = tokens.Redeem(ctx, "cluster-1", token)
+	by := identity.Redeemer{Key: [32]byte{1}, Registration: "registration-1"}
+	_, err = tokens.Redeem(ctx, "cluster-1", token, by)
 	assert.Error(t, err, "a revoked token does not redeem")
 	require.NoError(t, RevokeToken(ctx, cs, "relaymesh", rec.ID), "revoked twice")
 	require.NoError(t, RevokeToken(ctx, cs, "relaymesh", strings.Repeat("a", len(rec.ID))), "never minted")
-	_, err = tokens.Redeem(ctx, "cluster-1", other)
-	assert.NoError(t, err, "the cluster's other token still redeems")
+	otherRec, err := tokens.Redeem(ctx, "cluster-1", other, by)
+	require.NoError(t, err, "the cluster's other token still redeems")
+	// Revoking a spent token deletes its record: not even the key that
+	// spent it can redeem it again.
+	require.NoError(t, RevokeToken(ctx, cs, "relaymesh", otherRec.Record.ID))
+	_, err = tokens.Redeem(ctx, "cluster-1", other, by)
+	assert.Error(t, err, "a revoked spent token does not redeem again")
 }

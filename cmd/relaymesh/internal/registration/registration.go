@@ -347,9 +347,11 @@ func MintToken(ctx context.Context, mgmt kubernetes.Interface, namespace, cluste
 	return tokens.Mint(ctx, cluster, ttl)
 }
 
-// RevokeToken removes the unredeemed bootstrap token id of namespace (one
-// minted but not delivered), so that it cannot be redeemed later from
-// wherever part of it went; one already redeemed or gone is no error.
+// RevokeToken removes the bootstrap token id of namespace (one minted but
+// not delivered), so that it cannot be redeemed later from wherever part of
+// it went. A spent token's record is removed too, which ends its retry
+// window (a replica that already issued for it may still answer the same
+// certificate until the window ends); one already gone is no error.
 func RevokeToken(ctx context.Context, mgmt kubernetes.Interface, namespace, id string) error {
 	store, err := identity.NewKubeTokenStore(mgmt, namespace)
 	if err != nil {
