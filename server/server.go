@@ -966,18 +966,22 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 		}
 		return nil, fail(reason, cluster, errBootstrapDenied)
 	}
-	tokenID := red.Record.ID
+	tokenID, now := red.Record.ID, s.cfg.Clock()
+	spentAt := now
+	if red.Record.Spent != nil {
+		spentAt = red.Record.Spent.At
+	}
 	remembered := perr == nil && tokenID == parsed.ID
 	if remembered {
 		// Remembered until the spend's window ends, not this call's.
-		s.redeemed.spent(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, s.cfg.Clock(), red.Record.Spent.At.Add(identity.RetryWindow))
+		s.redeemed.spent(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, now, spentAt.Add(identity.RetryWindow))
 	}
 	used := audit.Event{Type: audit.TokenUse, Result: audit.ResultSuccess, Cluster: cluster, Peer: ip, Details: map[string]string{"token_id": tokenID}}
 	if red.Retry {
 		// Spent by this key through another replica (or before this
 		// process started): a new certificate for the same key.
 		used.Reason = "retry by the key that spent it"
-		used.Details["spent_at"] = red.Record.Spent.At.UTC().Format(time.RFC3339)
+		used.Details["spent_at"] = spentAt.UTC().Format(time.RFC3339)
 	}
 	var resp *relaypb.CertificateResponse
 	if s.record(used) {
