@@ -29,7 +29,9 @@ func FuzzTokenRecordOf(f *testing.F) {
 			Type:       TokenSecretType,
 			Data:       map[string][]byte{keyCluster: []byte(cluster), keySecretHash: []byte(secretHash), keyExpiresAt: []byte(expires)},
 		}
-		if spent {
+		if spent { // the hash moves with the spend
+			delete(sec.Data, keySecretHash)
+			sec.Data[keySpentSecretHash] = []byte(secretHash)
 			sec.Data[keySpentKey] = []byte(spentKey)
 			sec.Data[keySpentRegistration] = []byte(spentReg)
 			sec.Data[keySpentAt] = []byte(spentAt)

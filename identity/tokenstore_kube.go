@@ -33,7 +33,12 @@ const (
 	keyCluster        = "cluster"
 	keySecretHash     = "secret-sha256"
 	keyExpiresAt      = "expires-at"
-	// A spent record (TokenRecord.Spent), kept for RetryWindow.
+	// A spent record (TokenRecord.Spent), kept for RetryWindow. Its hash
+	// moves from secret-sha256 to spent-secret-sha256: a server of an
+	// earlier release, which knows no spend, reads a spent record as
+	// malformed and refuses the token (a rolling upgrade or a rollback
+	// must not make a spent token fresh again).
+	keySpentSecretHash   = "spent-secret-sha256"
 	keySpentKey          = "spent-key-sha256"
 	keySpentRegistration = "spent-registration"
 	keySpentAt           = "spent-at"
@@ -153,19 +158,25 @@ func recordOf(sec *corev1.Secret, id string) (TokenRecord, error) {
 		return TokenRecord{}, fmt.Errorf("secret %s is not a bootstrap token", sec.Name)
 	}
 	rec := TokenRecord{ID: id, Cluster: string(sec.Data[keyCluster]), Version: string(sec.UID) + "/" + sec.ResourceVersion}
-	if !decodeDigest(sec.Data[keySecretHash], &rec.SecretHash) {
-		return TokenRecord{}, fmt.Errorf("secret %s: malformed %s", sec.Name, keySecretHash)
-	}
 	var err error
 	rec.ExpiresAt, err = time.Parse(time.RFC3339, string(sec.Data[keyExpiresAt]))
 	if err != nil {
 		return TokenRecord{}, fmt.Errorf("secret %s: malformed %s", sec.Name, keyExpiresAt)
 	}
+	_, hasHash := sec.Data[keySecretHash]
+	_, hasSpentHash := sec.Data[keySpentSecretHash]
 	_, hasKey := sec.Data[keySpentKey]
 	_, hasReg := sec.Data[keySpentRegistration]
 	_, hasAt := sec.Data[keySpentAt]
-	if !hasKey && !hasReg && !hasAt {
+	if !hasSpentHash && !hasKey && !hasReg && !hasAt {
+		if !decodeDigest(sec.Data[keySecretHash], &rec.SecretHash) {
+			return TokenRecord{}, fmt.Errorf("secret %s: malformed %s", sec.Name, keySecretHash)
+		}
 		return rec, nil
+	}
+	// Spent: the hash is under spent-secret-sha256 only.
+	if hasHash || !decodeDigest(sec.Data[keySpentSecretHash], &rec.SecretHash) {
+		return TokenRecord{}, fmt.Errorf("secret %s: malformed %s", sec.Name, keySpentSecretHash)
 	}
 	sp := &Spend{Registration: string(sec.Data[keySpentRegistration])}
 	if !decodeDigest(sec.Data[keySpentKey], &sp.Key) {
@@ -190,10 +201,11 @@ func decodeDigest(b []byte, d *[sha256.Size]byte) bool {
 	return err == nil
 }
 
-// Spend implements TokenStore: a merge patch that adds the spend, with the
-// resourceVersion that was read as its precondition (the apiserver refuses
-// it with a conflict if the Secret changed since). The resourceVersion of a
-// Secret created again under the same name differs too.
+// Spend implements TokenStore: a merge patch that adds the spend and moves
+// the hash to spent-secret-sha256, with the resourceVersion that was read
+// as its precondition (the apiserver refuses it with a conflict if the
+// Secret changed since). The resourceVersion of a Secret created again
+// under the same name differs too.
 func (s *KubeTokenStore) Spend(ctx context.Context, rec TokenRecord, sp Spend) error {
 	_, rv, ok := strings.Cut(rec.Version, "/")
 	if !ok || rv == "" {
@@ -204,7 +216,9 @@ func (s *KubeTokenStore) Spend(ctx context.Context, rec TokenRecord, sp Spend) e
 	}
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{"resourceVersion": rv},
-		"data": map[string][]byte{
+		"data": map[string]any{
+			keySecretHash:        nil, // removed: see keySpentSecretHash
+			keySpentSecretHash:   []byte(hex.EncodeToString(rec.SecretHash[:])),
 			keySpentKey:          []byte(hex.EncodeToString(sp.Key[:])),
 			keySpentRegistration: []byte(sp.Registration),
 			keySpentAt:           []byte(sp.At.UTC().Format(time.RFC3339)),

@@ -46,7 +46,9 @@ func TestKubeTokenStore(t *testing.T) {
 		require.NoError(t, err)
 		spent, err := cs.CoreV1().Secrets("relaymesh").Get(ctx, sec.Name, metav1.GetOptions{})
 		require.NoError(t, err, "a spent token's record stays for the retry window")
-		assert.Equal(t, string(sec.Data["secret-sha256"]), string(spent.Data["secret-sha256"]))
+		assert.Equal(t, string(sec.Data["secret-sha256"]), string(spent.Data["spent-secret-sha256"]))
+		assert.NotContains(t, spent.Data, "secret-sha256",
+			"the hash moved: a server of an earlier release, which reads only secret-sha256, refuses a spent token")
 		assert.Len(t, spent.Data["spent-key-sha256"], 64)
 		assert.Equal(t, "registration-1", string(spent.Data["spent-registration"]))
 		for k, v := range spent.Data {
@@ -156,18 +158,34 @@ func TestKubeTokenStore(t *testing.T) {
 	})
 
 	t.Run("a malformed or hostile spend is not a fresh token", func(t *testing.T) {
+		good := func() map[string][]byte {
+			// A well-formed spend (hash moved: "HASH" is the record's),
+			// which each case breaks in one way.
+			return map[string][]byte{"secret-sha256": nil, "spent-secret-sha256": []byte("HASH"), "spent-key-sha256": []byte(strings.Repeat("ab", 32)),
+				"spent-registration": []byte("r"), "spent-at": []byte("2026-12-05T10:00:00Z")}
+		}
+		with := func(k string, v []byte) map[string][]byte { d := good(); d[k] = v; return d }
+		without := func(k string) map[string][]byte { d := good(); delete(d, k); return d }
 		for name, data := range map[string]map[string][]byte{
-			"key not hex":         {"spent-key-sha256": []byte(strings.Repeat("zz", 32)), "spent-registration": []byte("r"), "spent-at": []byte("2026-12-05T10:00:00Z")},
-			"key short":           {"spent-key-sha256": []byte("abcd"), "spent-registration": []byte("r"), "spent-at": []byte("2026-12-05T10:00:00Z")},
-			"key uppercase":       {"spent-key-sha256": []byte(strings.Repeat("AB", 32)), "spent-registration": []byte("r"), "spent-at": []byte("2026-12-05T10:00:00Z")},
-			"no time":             {"spent-key-sha256": []byte(strings.Repeat("ab", 32)), "spent-registration": []byte("r")},
-			"bad time":            {"spent-key-sha256": []byte(strings.Repeat("ab", 32)), "spent-registration": []byte("r"), "spent-at": []byte("yesterday")},
-			"no registration":     {"spent-key-sha256": []byte(strings.Repeat("ab", 32)), "spent-at": []byte("2026-12-05T10:00:00Z")},
-			"huge registration":   {"spent-key-sha256": []byte(strings.Repeat("ab", 32)), "spent-registration": []byte(strings.Repeat("r", 4096)), "spent-at": []byte("2026-12-05T10:00:00Z")},
-			"only a registration": {"spent-registration": []byte("r")},
+			"key not hex":           with("spent-key-sha256", []byte(strings.Repeat("zz", 32))),
+			"key short":             with("spent-key-sha256", []byte("abcd")),
+			"key uppercase":         with("spent-key-sha256", []byte(strings.Repeat("AB", 32))),
+			"no time":               without("spent-at"),
+			"bad time":              with("spent-at", []byte("yesterday")),
+			"no registration":       without("spent-registration"),
+			"huge registration":     with("spent-registration", []byte(strings.Repeat("r", 4096))),
+			"only a registration":   {"secret-sha256": nil, "spent-secret-sha256": []byte("HASH"), "spent-registration": []byte("r")},
+			"spend beside the hash": without("secret-sha256"), // the null that removes it is gone: kept
+			"spent hash not hex":    with("spent-secret-sha256", []byte(strings.Repeat("zz", 32))),
+			"spent hash, no spend":  {"secret-sha256": nil, "spent-secret-sha256": []byte("HASH")},
+			"spend, no spent hash":  without("spent-secret-sha256"),
+			"no hash at all":        {"secret-sha256": nil},
 		} {
 			tok, rec, err := tokens.Mint(ctx, "cluster-6", time.Hour)
 			require.NoError(t, err)
+			if string(data["spent-secret-sha256"]) == "HASH" {
+				data["spent-secret-sha256"] = []byte(hex.EncodeToString(rec.SecretHash[:]))
+			}
 			patchData(t, cs, rec.ID, data)
 			_, err = store.Get(ctx, rec.ID)
 			require.Error(t, err, name)
@@ -182,9 +200,11 @@ func TestKubeTokenStore(t *testing.T) {
 		tok, rec, err := tokens.Mint(ctx, "cluster-6", time.Hour)
 		require.NoError(t, err)
 		patchData(t, cs, rec.ID, map[string][]byte{
-			"spent-key-sha256":   []byte(hex.EncodeToString(by.Key[:])),
-			"spent-registration": []byte(by.Registration),
-			"spent-at":           []byte(c.now().Add(24 * time.Hour).UTC().Format(time.RFC3339)),
+			"secret-sha256":       nil,
+			"spent-secret-sha256": []byte(hex.EncodeToString(rec.SecretHash[:])),
+			"spent-key-sha256":    []byte(hex.EncodeToString(by.Key[:])),
+			"spent-registration":  []byte(by.Registration),
+			"spent-at":            []byte(c.now().Add(24 * time.Hour).UTC().Format(time.RFC3339)),
 		})
 		_, err = tokens.Redeem(ctx, "cluster-6", tok, by)
 		var d *identity.DenialError

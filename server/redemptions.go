@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/relaymesh/relaymesh/identity"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 )
 
@@ -94,6 +95,36 @@ func (r *redemptions) spent(id string, secret, key [sha256.Size]byte, cluster, r
 	}
 	r.byID[id] = &redemption{secret: secret, key: key, cluster: cluster, registration: registration,
 		until: until, inFlight: true}
+}
+
+// claim marks a token this call is about to redeem for key as in flight,
+// so that a retry by the same key on this replica is asked to come back
+// (retryInFlight) instead of redeeming it again and issuing a second
+// certificate while the spend is still on its way to the store. It claims
+// nothing (false) if the token has a live entry already.
+func (r *redemptions) claim(id string, secret, key [sha256.Size]byte, cluster, registration string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.expire(now)
+	if e, ok := r.byID[id]; ok && now.Before(e.until) {
+		return false
+	}
+	if _, ok := r.byID[id]; !ok {
+		r.order = append(r.order, id)
+	}
+	r.byID[id] = &redemption{secret: secret, key: key, cluster: cluster, registration: registration,
+		until: now.Add(identity.RetryWindow), inFlight: true}
+	return true
+}
+
+// unclaim drops a claim whose redemption did not happen, if the entry is
+// still that claim (not a spend recorded since by another call).
+func (r *redemptions) unclaim(id string, secret, key [sha256.Size]byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.byID[id]; ok && e.inFlight && e.resp == nil && e.secret == secret && e.key == key {
+		delete(r.byID, id)
+	}
 }
 
 // done records how issuing for a spent token ended: its answer, or nothing

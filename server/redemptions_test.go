@@ -125,6 +125,40 @@ func TestBootstrapRetryOnAnotherReplica(t *testing.T) {
 	assert.Equal(t, 0, a.Store.Unspent())
 }
 
+// A retry by the same key that reaches the spending replica while the
+// spend is still on its way to the store is asked to come back, not
+// issued a second certificate; once the first call is done it gets that
+// call's certificate.
+func TestRetryDuringTheSpendWaits(t *testing.T) {
+	f := servertest.New(t, servertest.Options{})
+	slow := make(chan struct{})
+	var first atomic.Bool
+	f.Store.AfterSpend = func() {
+		if first.CompareAndSwap(false, true) {
+			<-slow
+		}
+	}
+	tok := f.Mint("cluster-1", time.Hour)
+	key := catest.NewKey(t, catest.ECDSAP256)
+	csr := catest.NewCSRPEM(t, key, nil)
+	req := &relaypb.BootstrapRequest{Cluster: "cluster-1", Token: tok, Csr: csr}
+	done := make(chan *relaypb.CertificateResponse)
+	go func() {
+		resp, err := f.BootstrapClient().Bootstrap(context.Background(), req)
+		assert.NoError(t, err)
+		done <- resp
+	}()
+	require.Eventually(t, first.Load, 10*time.Second, 5*time.Millisecond, "the first call is in the spend")
+	_, err := f.BootstrapClient().Bootstrap(context.Background(), req)
+	require.Equal(t, codes.Unavailable, status.Code(err), "the same key during the spend: %v", err)
+	close(slow)
+	resp := <-done
+	again, err := f.BootstrapClient().Bootstrap(context.Background(), req)
+	require.NoError(t, err)
+	assert.Equal(t, resp.GetCertificateChain(), again.GetCertificateChain())
+	assert.Equal(t, float64(1), f.Metric(server.MetricIssued, "operation", "bootstrap", "result", "success"), "one certificate")
+}
+
 // A replica that answered a retry remembers it only until the spend's
 // window ends, not for a window of its own: past it, the same key is
 // refused there too; and a revoked token is not issued again by a replica

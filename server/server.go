@@ -941,6 +941,12 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 			// Nothing was issued for it here: the token's record decides
 			// below, as on any replica (it may be revoked since).
 			release = func() { s.redeemed.done(parsed.ID, nil) }
+		case retryNone:
+			// Claimed while this call redeems it: a retry by this key
+			// here waits for it rather than issuing a second certificate.
+			if s.redeemed.claim(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, s.cfg.Clock()) {
+				release = func() { s.redeemed.unclaim(parsed.ID, parsed.SecretDigest(), key) }
+			}
 		}
 	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < minBootstrapBudget {
