@@ -90,6 +90,11 @@ func (r *redemptions) spent(id string, secret, key [sha256.Size]byte, cluster, r
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.expire(now)
+	r.put(id, secret, key, cluster, registration, until)
+}
+
+// put stores an in-flight entry for id; r.mu is held.
+func (r *redemptions) put(id string, secret, key [sha256.Size]byte, cluster, registration string, until time.Time) {
 	if _, ok := r.byID[id]; !ok {
 		r.order = append(r.order, id)
 	}
@@ -109,11 +114,7 @@ func (r *redemptions) claim(id string, secret, key [sha256.Size]byte, cluster, r
 	if e, ok := r.byID[id]; ok && now.Before(e.until) {
 		return false
 	}
-	if _, ok := r.byID[id]; !ok {
-		r.order = append(r.order, id)
-	}
-	r.byID[id] = &redemption{secret: secret, key: key, cluster: cluster, registration: registration,
-		until: now.Add(identity.RetryWindow), inFlight: true}
+	r.put(id, secret, key, cluster, registration, now.Add(identity.RetryWindow))
 	return true
 }
 

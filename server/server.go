@@ -926,8 +926,9 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 	// call gave up or lost the answer) gets that call's certificate.
 	key := keyDigest(csr)
 	release := func() {} // un-claims a remembered redemption this call does not complete
+	secret := parsed.SecretDigest()
 	if perr == nil {
-		switch outcome, resp := s.redeemed.retry(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, s.cfg.Clock()); outcome {
+		switch outcome, resp := s.redeemed.retry(parsed.ID, secret, key, cluster, reg.UID, s.cfg.Clock()); outcome {
 		case retryAnswer:
 			if !s.record(audit.Event{Type: audit.TokenUse, Result: audit.ResultSuccess, Cluster: cluster, Peer: ip, Reason: "retry by the key that spent it",
 				Details: map[string]string{"token_id": parsed.ID}}) {
@@ -944,8 +945,8 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 		case retryNone:
 			// Claimed while this call redeems it: a retry by this key
 			// here waits for it rather than issuing a second certificate.
-			if s.redeemed.claim(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, s.cfg.Clock()) {
-				release = func() { s.redeemed.unclaim(parsed.ID, parsed.SecretDigest(), key) }
+			if s.redeemed.claim(parsed.ID, secret, key, cluster, reg.UID, s.cfg.Clock()) {
+				release = func() { s.redeemed.unclaim(parsed.ID, secret, key) }
 			}
 		}
 	}
@@ -980,7 +981,7 @@ func (s *Server) bootstrap(ctx context.Context, ip string, req *relaypb.Bootstra
 	remembered := perr == nil && tokenID == parsed.ID
 	if remembered {
 		// Remembered until the spend's window ends, not this call's.
-		s.redeemed.spent(parsed.ID, parsed.SecretDigest(), key, cluster, reg.UID, now, spentAt.Add(identity.RetryWindow))
+		s.redeemed.spent(parsed.ID, secret, key, cluster, reg.UID, now, spentAt.Add(identity.RetryWindow))
 	}
 	used := audit.Event{Type: audit.TokenUse, Result: audit.ResultSuccess, Cluster: cluster, Peer: ip, Details: map[string]string{"token_id": tokenID}}
 	if red.Retry {

@@ -49,10 +49,13 @@ func (m *MemTokenStore) Create(_ context.Context, rec identity.TokenRecord) erro
 func (m *MemTokenStore) Get(_ context.Context, id string) (identity.TokenRecord, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	recs := m.recs
 	if m.lagged != nil {
-		recs = m.lagged
+		return lookup(m.lagged, id)
 	}
+	return lookup(m.recs, id)
+}
+
+func lookup(recs map[string]identity.TokenRecord, id string) (identity.TokenRecord, error) {
 	rec, ok := recs[id]
 	if !ok {
 		return identity.TokenRecord{}, identity.ErrTokenNotFound
@@ -64,11 +67,7 @@ func (m *MemTokenStore) Get(_ context.Context, id string) (identity.TokenRecord,
 func (m *MemTokenStore) GetLatest(_ context.Context, id string) (identity.TokenRecord, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	rec, ok := m.recs[id]
-	if !ok {
-		return identity.TokenRecord{}, identity.ErrTokenNotFound
-	}
-	return rec, nil
+	return lookup(m.recs, id)
 }
 
 // Lag makes Get serve the records as they are now, as a watch cache that
