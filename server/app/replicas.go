@@ -33,9 +33,15 @@ type replicas struct {
 	// replica) until ctx ends.
 	add func(lease.Task)
 	run func(context.Context)
-	// coord is the client of the Leases and heads (nil for the only
-	// replica).
+	// coord is the client of the coordination state the replicas share:
+	// the output heads, the ack ledger and reads of the replicas' Leases
+	// (nil for the only replica).
 	coord kubernetes.Interface
+	// leases is the client that renews this replica's Leases, the
+	// leader's and its own (nil for the only replica): a limiter of its
+	// own, so a burst of head and ledger writes queued in coord's limiter
+	// cannot hold a renewal past its deadline.
+	leases kubernetes.Interface
 	// leading reports whether this replica runs the once-only work now.
 	leading func() bool
 	// abstain gives up the Lease and stops campaigning while true (nil for
@@ -94,26 +100,53 @@ func (p *process) newElection(context.Context) error {
 		}, leading: func() bool { return true }}
 		return nil
 	}
-	// Coordination (the Leases, the heads) has a client of its own: behind
-	// a storm's thousands of status and mirror writes in the shared
-	// client's rate limiter, a Lease renewal would miss its deadline and
-	// a head would reach the agents seconds late.
-	cfg := rest.CopyConfig(p.kube.Config)
-	cfg.QPS, cfg.Burst = 50, 100
-	coord, err := kubernetes.NewForConfig(cfg)
+	coord, leases, err := coordinationClients(p.kube.Config)
 	if err != nil {
 		return err
 	}
 	host, _ := os.Hostname()
 	name := ReplicaName(p.cfg.ReplicaName, os.Getenv("POD_NAME"), host, os.Getpid())
-	e, err := lease.New(lease.Config{Client: coord, Namespace: p.cfg.Namespace, Name: leader.ServerLease, Identity: name,
+	e, err := lease.New(lease.Config{Client: leases, Namespace: p.cfg.Namespace, Name: leader.ServerLease, Identity: name,
 		LeaseDuration: p.cfg.LeaseDuration, RenewDeadline: p.cfg.RenewDeadline, RetryPeriod: p.cfg.RetryPeriod, Logger: p.log, Registerer: p.reg, Metrics: leader.Metrics()})
 	if err != nil {
 		return err
 	}
 	p.log.Info("leader election on: once-only work runs while this replica holds the Lease", "lease", p.cfg.Namespace+"/"+leader.ServerLease, "replica", name)
-	p.reps = &replicas{several: true, name: name, add: e.Add, run: e.Run, leading: e.Leading, abstain: e.Abstain, coord: coord}
+	p.reps = &replicas{several: true, name: name, add: e.Add, run: e.Run, leading: e.Leading, abstain: e.Abstain, coord: coord, leases: leases}
 	return nil
+}
+
+// Request budgets of the replicas' coordination clients (coordinationClients).
+const (
+	coordQPS, coordBurst   = 50, 100
+	leasesQPS, leasesBurst = 10, 20
+)
+
+// coordinationClients returns the clients of the replicas' coordination,
+// each with a rate limiter of its own and none shared with cfg's (the
+// server's client, behind which a storm's thousands of status and mirror
+// writes queue):
+//   - coord writes the output heads and the ack ledger: at most a few
+//     shard writes per batch, but a storm or a fleet's removal is many
+//     batches;
+//   - leases renews the leader Lease and this replica's own, a few
+//     requests every RetryPeriod and ReplicaHeartbeat. Behind coord's
+//     queue a renewal waited out its deadline: the replica lost the Lease,
+//     or counted itself cut off and ended its agents' sessions, while the
+//     apiserver was answering.
+func coordinationClients(cfg *rest.Config) (coord, leases kubernetes.Interface, err error) {
+	client := func(qps float32, burst int) (kubernetes.Interface, error) {
+		c := rest.CopyConfig(cfg)
+		c.QPS, c.Burst, c.RateLimiter = qps, burst, nil
+		return kubernetes.NewForConfig(c)
+	}
+	if coord, err = client(coordQPS, coordBurst); err != nil {
+		return nil, nil, err
+	}
+	if leases, err = client(leasesQPS, leasesBurst); err != nil {
+		return nil, nil, err
+	}
+	return coord, leases, nil
 }
 
 // heartbeat renews this replica's own Lease (several replicas only). A
@@ -124,8 +157,7 @@ func (p *process) heartbeat(ctx context.Context) {
 	if !p.reps.several {
 		return
 	}
-	hb := leader.HeartbeatConfig{Client: p.reps.coord, Namespace: p.cfg.Namespace, Replica: p.reps.name, Period: ReplicaHeartbeat, Logger: p.log, Isolated: p.srv.SetIsolated,
-		Annotations: p.reps.root.load.annotations}
+	hb := p.heartbeatConfig(p.srv.SetIsolated)
 	if p.sharedSnaps != nil {
 		hb.Store = func() string { return storeState(p.sharedSnaps) }
 		go p.sharedSnaps.Guard(ctx, storeCutGrace, storeDetect, p.othersReachStore, func(cut bool) {
@@ -139,4 +171,11 @@ func (p *process) heartbeat(ctx context.Context) {
 		close(done)
 	}()
 	p.waitFor(done, 3*time.Second, "")
+}
+
+// heartbeatConfig is how this replica renews its own Lease; isolated hears
+// when it counts itself cut off from the apiserver, and back.
+func (p *process) heartbeatConfig(isolated func(bool)) leader.HeartbeatConfig {
+	return leader.HeartbeatConfig{Client: p.reps.leases, Namespace: p.cfg.Namespace, Replica: p.reps.name, Period: ReplicaHeartbeat, Logger: p.log, Isolated: isolated,
+		Annotations: p.reps.root.load.annotations}
 }
