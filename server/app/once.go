@@ -173,13 +173,13 @@ func (p *process) collectSpentTokens(ctx context.Context) {
 
 func (p *process) sweepSessions(ctx context.Context) {
 	p.status.Sweep(ctx, ReplicaHeartbeat, func(ctx context.Context) (map[string]bool, error) {
-		return leader.Alive(ctx, p.reps.coord, p.cfg.Namespace)
+		return leader.Alive(ctx, p.reps.leases, p.cfg.Namespace)
 	})
 }
 
 func (p *process) collectReplicaLeases(ctx context.Context) {
 	for {
-		if gone, err := leader.CollectGone(ctx, p.reps.coord, p.cfg.Namespace, time.Now()); err != nil && ctx.Err() == nil {
+		if gone, err := leader.CollectGone(ctx, p.reps.leases, p.cfg.Namespace, time.Now()); err != nil && ctx.Err() == nil {
 			p.log.Warn("could not delete the Leases of gone replicas", "error", err)
 		} else if len(gone) > 0 {
 			p.log.Info("deleted the Leases of replicas gone for long", "leases", gone, "gone_for", leader.GoneAfter)

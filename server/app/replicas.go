@@ -33,14 +33,15 @@ type replicas struct {
 	// replica) until ctx ends.
 	add func(lease.Task)
 	run func(context.Context)
-	// coord is the client of the coordination state the replicas share:
-	// the output heads, the ack ledger and reads of the replicas' Leases
-	// (nil for the only replica).
+	// coord is the client of the output heads and the ack ledger (nil for
+	// the only replica).
 	coord kubernetes.Interface
-	// leases is the client that renews this replica's Leases, the
-	// leader's and its own (nil for the only replica): a limiter of its
+	// leases is the client of the Leases (nil for the only replica): the
+	// leader's and this replica's own, renewed and released, and the
+	// replicas' Leases read (who is alive) and collected. A limiter of its
 	// own, so a burst of head and ledger writes queued in coord's limiter
-	// cannot hold a renewal past its deadline.
+	// can neither hold a renewal past its deadline nor make a liveness
+	// check seconds late.
 	leases kubernetes.Interface
 	// leading reports whether this replica runs the once-only work now.
 	leading func() bool
@@ -124,16 +125,17 @@ const (
 
 // coordinationClients returns the clients of the replicas' coordination,
 // each with a rate limiter of its own and none shared with cfg's (the
-// server's client, behind which a storm's thousands of status and mirror
+// server's clients, behind which a storm's thousands of status and mirror
 // writes queue):
 //   - coord writes the output heads and the ack ledger: at most a few
 //     shard writes per batch, but a storm or a fleet's removal is many
 //     batches;
 //   - leases renews the leader Lease and this replica's own, a few
-//     requests every RetryPeriod and ReplicaHeartbeat. Behind coord's
-//     queue a renewal waited out its deadline: the replica lost the Lease,
-//     or counted itself cut off and ended its agents' sessions, while the
-//     apiserver was answering.
+//     requests every RetryPeriod and ReplicaHeartbeat, and reads and
+//     collects the replicas' Leases now and then. When the Leases shared
+//     coord, a renewal queued behind its writes waited out its deadline:
+//     the replica lost the Lease, or counted itself cut off and ended its
+//     agents' sessions, while the apiserver was answering.
 func coordinationClients(cfg *rest.Config) (coord, leases kubernetes.Interface, err error) {
 	client := func(qps float32, burst int) (kubernetes.Interface, error) {
 		c := rest.CopyConfig(cfg)

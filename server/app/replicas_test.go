@@ -21,9 +21,9 @@ import (
 // A backlog of coordination writes (head and ack-ledger shards, many
 // batches in a storm) holds neither Lease: both are renewed through a
 // client of their own while the coordination client's limiter is queued
-// seconds deep. Through one shared client the leader lost its Lease within
-// the renew deadline, and the heartbeat counted the replica cut off, which
-// ends every session it holds.
+// seconds deep. Through one shared client the renewals waited in that
+// queue past the renew deadline: the leader lost its Lease, and the
+// heartbeat counted the replica cut off, which ends every session it holds.
 func TestLeaseRenewalsDoNotQueueBehindCoordinationWrites(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -34,7 +34,8 @@ func TestLeaseRenewalsDoNotQueueBehindCoordinationWrites(t *testing.T) {
 	p := &process{cfg: cfg, kube: &kubeclient.Clients{Config: mgmt.RESTConfig()}, log: slog.New(slog.DiscardHandler), reg: prometheus.NewRegistry()}
 	require.NoError(t, p.newReplicas(ctx))
 	require.True(t, p.reps.several)
-	go p.reps.run(ctx)
+	runDone := make(chan struct{})
+	go func() { defer close(runDone); p.reps.run(ctx) }()
 	var cut atomic.Int32
 	hbDone := make(chan struct{})
 	go func() {
@@ -85,8 +86,8 @@ func TestLeaseRenewalsDoNotQueueBehindCoordinationWrites(t *testing.T) {
 	leaderAfter, ownAfter := renewed(leader.ServerLease), renewed(leader.ReplicaLeaseName("replica-a"))
 	stopFlood()
 	flood.Wait()
-	// The flood was one: at 50 requests a second for the whole window,
-	// the coordination client's queue never emptied.
+	// The coordination client was kept at its limit for the whole window
+	// (about 50 answers a second), its queue never empty.
 	assert.Less(t, float64(sent.Load()), 60*3*cfg.LeaseDuration.Seconds()+200, "coordination requests got through faster than their limiter allows")
 	assert.Greater(t, sent.Load(), int64(40*3*cfg.LeaseDuration.Seconds()), "the flood did not keep the coordination limiter busy")
 	assert.False(t, lost, "the replica lost the Lease while coordination writes were queued")
@@ -95,4 +96,5 @@ func TestLeaseRenewalsDoNotQueueBehindCoordinationWrites(t *testing.T) {
 	assert.True(t, ownAfter.After(ownBefore), "replica Lease not renewed during the flood (renewed %s, then %s)", ownBefore, ownAfter)
 	cancel()
 	<-hbDone
+	<-runDone
 }

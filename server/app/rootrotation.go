@@ -183,7 +183,7 @@ func agentRootObservation(kc *multiclusterv1alpha1.KubernetesCluster, st ca.Root
 func (p *process) observeRelayRoot(ctx context.Context, st ca.RootRotationState) ([]ca.AgentRootObservation, int, error) {
 	loaded, switchedAt := p.reps.root.load.current(time.Now())
 	if p.reps.several {
-		reps, err := leader.Replicas(ctx, p.reps.coord, p.cfg.Namespace, time.Now())
+		reps, err := leader.Replicas(ctx, p.reps.leases, p.cfg.Namespace, time.Now())
 		if err != nil {
 			return nil, 0, fmt.Errorf("read the replica Leases: %w", err)
 		}

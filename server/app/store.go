@@ -256,7 +256,7 @@ func storeState(s *server.SharedSnapshots) string {
 // othersReachStore returns when another live replica last said, on its
 // Lease, that it reaches the snapshot store (zero: none does).
 func (p *process) othersReachStore(ctx context.Context) (time.Time, error) {
-	all, err := leader.Replicas(ctx, p.reps.coord, p.cfg.Namespace, time.Now())
+	all, err := leader.Replicas(ctx, p.reps.leases, p.cfg.Namespace, time.Now())
 	if err != nil {
 		return time.Time{}, err
 	}
