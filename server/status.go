@@ -479,6 +479,9 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	if err != nil {
 		return 0, err
 	}
+	if k.log.Enabled(ctx, slog.LevelDebug) {
+		k.log.Debug("writing the cluster's status", "cluster", cluster, "fields", slices.Sorted(maps.Keys(patch)))
+	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	got, err := k.client.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(k.namespace).Patch(wctx, cluster, types.MergePatchType, body,
