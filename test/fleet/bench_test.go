@@ -79,6 +79,11 @@ func BenchmarkFleetStorm(b *testing.B) {
 	b.ReportMetric(float64(r.Status.NoStatus), "status-missing")
 	b.ReportMetric(float64(r.QueueFull), "queue-full-warnings")
 	b.ReportMetric(r.CPU.Total().Seconds(), "cpu-s")
+	b.ReportMetric(ms(r.CPUPerAgent), "ms-cpu-per-agent")
+	b.ReportMetric(ms(r.AllCPUPerAgent), "ms-cpu-per-agent-with-agents")
+	b.ReportMetric(r.Rate, "sessions/s")
+	b.ReportMetric(r.Limit.PerSecond, "limit-agents/s")
+	b.ReportMetric(r.RateOfLimit, "rate-of-limit")
 	// Reported first, then asserted: a failing run still leaves its numbers.
 	require.Equal(b, r.Agents, r.Status.Correct, "every KubernetesCluster status right %s after the last session", r.Status.After)
 	require.Empty(b, r.Leaks, "no token or private key in the server's logs")

@@ -29,6 +29,11 @@ type StormConfig struct {
 	// StatusAfter is how long after the last session opened the
 	// KubernetesCluster statuses are read; default 25s.
 	StatusAfter time.Duration
+	// LimitConcurrency is how many agents at a time the machine's own
+	// handshake and signing limit is measured with, before the storm
+	// (MeasureHandshakeLimit, as many agents as the storm); default 64;
+	// negative: not measured.
+	LimitConcurrency int
 }
 
 // StormResult is what a storm measured.
@@ -71,6 +76,19 @@ type StormResult struct {
 	Throttled Throttled
 	// ServerAfter is the server's usage after the status check.
 	ServerAfter ProcUsage
+	// Limit is this machine's own handshake and signing limit, measured
+	// in the same run just before the storm (the fleet registered);
+	// LimitBackground is what the server, the apiserver and etcd used
+	// meanwhile (the limit shares the cores with them). Rate is the
+	// storm's sessions per second (agents over AllSessions), RateOfLimit
+	// Rate / Limit.PerSecond; both zero unless every agent got a session.
+	// CPUPerAgent is the server's, the apiserver's and etcd's CPU over
+	// the storm per agent, AllCPUPerAgent the same with the agents' own
+	// (comparable with Limit.CPUPerAgent, which counts both sides).
+	Limit                       HandshakeLimit
+	LimitBackground             CPUWindow
+	Rate, RateOfLimit           float64
+	CPUPerAgent, AllCPUPerAgent time.Duration
 	// Errors are measurements that could not be taken (an API server too
 	// busy to answer), the rest of the result stands.
 	Errors []string
@@ -107,6 +125,9 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 	if cfg.StatusAfter == 0 {
 		cfg.StatusAfter = 25 * time.Second
 	}
+	if cfg.LimitConcurrency == 0 {
+		cfg.LimitConcurrency = 64
+	}
 	srv, err := cfg.startServer(ctx, cfg.Prefix+"-server")
 	if err != nil {
 		return nil, err
@@ -131,6 +152,15 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 	apiBefore, err := cfg.Env.Mgmt.APIRequests(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.LimitConcurrency > 0 {
+		// Before the storm: the server idles with the fleet registered
+		// (after it, the server and the apiserver still mirror and write
+		// statuses, and the measurement would share the cores with them).
+		cfg.Logf("storm: measuring this machine's handshake and signing limit: %d agents, %d at a time", cfg.Agents, cfg.LimitConcurrency)
+		if err := measureLimit(ctx, &cfg, srv, r); err != nil {
+			r.Errors = append(r.Errors, "the machine's handshake and signing limit: "+err.Error())
+		}
 	}
 	stop := cfg.during(ctx, srv)
 	cfg.Logf("storm: starting %d agents at once", cfg.Agents)
@@ -232,10 +262,45 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		return nil, err
 	}
 	f.Stop()
+	if r.NotConnected == 0 && r.AllSessions > 0 {
+		r.Rate = float64(cfg.Agents) / r.AllSessions.Seconds()
+		for _, p := range []string{"server", "apiserver", "etcd"} {
+			r.CPUPerAgent += r.CPU.CPU[p]
+		}
+		r.AllCPUPerAgent = (r.CPUPerAgent + r.CPU.CPU["harness"]) / time.Duration(cfg.Agents)
+		r.CPUPerAgent /= time.Duration(cfg.Agents)
+		if r.Limit.PerSecond > 0 {
+			r.RateOfLimit = r.Rate / r.Limit.PerSecond
+		}
+		cfg.Logf("storm: %.0f sessions/s, %.2f of the machine's limit (%.0f agents/s, %s CPU each, agent and server); CPU per agent: server + apiserver + etcd %s, with the agents %s",
+			r.Rate, r.RateOfLimit, r.Limit.PerSecond, r.Limit.CPUPerAgent.Round(10*time.Microsecond), r.CPUPerAgent.Round(10*time.Microsecond), r.AllCPUPerAgent.Round(10*time.Microsecond))
+	} else {
+		r.Errors = append(r.Errors, fmt.Sprintf("no storm rate: %d of %d agents have no session", r.NotConnected, cfg.Agents))
+	}
 	if r.Hygiene, err = srv.CheckHygiene(members); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// measureLimit measures this machine's handshake and signing limit into r,
+// with the CPU the server, the apiserver and etcd used meanwhile.
+func measureLimit(ctx context.Context, cfg *StormConfig, srv *Server, r *StormResult) error {
+	pids := cfg.cpuPids(srv)
+	delete(pids, "harness") // the measurement itself
+	meter, err := StartCPU(pids)
+	if err != nil {
+		return err
+	}
+	if r.Limit, err = MeasureHandshakeLimit(ctx, cfg.Agents, cfg.LimitConcurrency); err != nil {
+		return err
+	}
+	if r.LimitBackground, err = meter.Stop(); err != nil {
+		return err
+	}
+	cfg.Logf("storm: the machine's limit: %.0f agents/s, %s CPU each (agent and server); meanwhile server, apiserver, etcd used %s",
+		r.Limit.PerSecond, r.Limit.CPUPerAgent.Round(10*time.Microsecond), r.LimitBackground.Total().Round(time.Millisecond))
+	return nil
 }
 
 // checkStatus reads every KubernetesCluster of the fleet and compares it

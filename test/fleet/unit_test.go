@@ -1,6 +1,7 @@
 package fleet_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -193,4 +194,24 @@ func TestFindSecretsIn(t *testing.T) {
 	found, err = fleet.FindSecretsIn([]string{key}, members)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"a PEM private key in " + key}, found)
+}
+
+// The handshake limit does every agent's work and checks it: 40 agents,
+// each with a certificate for its own key and a mutual handshake the server
+// accepted, at a rate and CPU cost that are measured, not zero; no limit
+// without agents, nor from a cancelled run.
+func TestTheHandshakeLimitIsMeasuredOnEveryAgent(t *testing.T) {
+	l, err := fleet.MeasureHandshakeLimit(context.Background(), 40, 4)
+	require.NoError(t, err)
+	assert.Equal(t, 40, l.Agents)
+	assert.Equal(t, 4, l.Concurrency)
+	assert.Positive(t, l.PerSecond)
+	assert.Positive(t, l.CPUPerAgent)
+
+	_, err = fleet.MeasureHandshakeLimit(context.Background(), 0, 4)
+	assert.Error(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = fleet.MeasureHandshakeLimit(ctx, 40, 4)
+	assert.Error(t, err, "a cancelled measurement reports no limit")
 }

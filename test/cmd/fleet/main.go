@@ -136,9 +136,10 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 		timeout := fs.Duration("timeout", 10*time.Minute, "bound on the wait for every session")
 		stall := fs.Duration("stall", 3*time.Minute, "end the wait when no new session opened for this long")
 		services := fs.Int("services", 1, "Services in each agent's snapshot")
+		limitConc := fs.Int("limit-concurrency", 64, "agents at a time when this machine's own handshake and signing limit is measured before the storm (as many agents as the storm; negative: not measured)")
 		f = func(ctx context.Context, o fleet.Options) (any, error) {
 			return fleet.Storm(ctx, fleet.StormConfig{Options: o, Agents: *agents, StatusAfter: *statusAfter, Timeout: *timeout, Stall: *stall,
-				Snapshot: fleet.SnapshotSpec{Services: *services}})
+				Snapshot: fleet.SnapshotSpec{Services: *services}, LimitConcurrency: *limitConc})
 		}
 	case "issuance":
 		conc := fs.String("concurrency", "1,4,16", "concurrency levels")
