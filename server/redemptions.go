@@ -119,12 +119,15 @@ func (r *redemptions) claim(id string, secret, key [sha256.Size]byte, cluster, r
 }
 
 // unclaim drops a claim whose redemption did not happen, if the entry is
-// still that claim (not a spend recorded since by another call).
+// still that claim (not a spend recorded since by another call). The entry
+// is expired where it stands, not deleted: its place in order goes with it
+// (expire), so a token claimed and refused again and again (a wrong secret
+// under a known ID) does not add a place each time.
 func (r *redemptions) unclaim(id string, secret, key [sha256.Size]byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if e, ok := r.byID[id]; ok && e.inFlight && e.resp == nil && e.secret == secret && e.key == key {
-		delete(r.byID, id)
+		e.until, e.inFlight = time.Time{}, false
 	}
 }
 

@@ -60,3 +60,25 @@ func TestRedemptionsAreBounded(t *testing.T) {
 	r.spent("late", s, s, "c", "u", late, late.Add(identity.RetryWindow))
 	assert.Equal(t, 1, r.len(), "expired entries go on the next insert")
 }
+
+// A claim undone (the redemption was refused) leaves nothing to retry, and
+// claiming and undoing one token again and again keeps one place in the
+// expiry order: a wrong secret sent under a known token ID cannot grow the
+// memory until it evicts live entries.
+func TestAnUndoneClaimLeavesNothingBehind(t *testing.T) {
+	r := newRedemptions()
+	now := time.Unix(1_000_000, 0)
+	secret, key := sha256.Sum256([]byte("s")), sha256.Sum256([]byte("k"))
+	// A live redemption ahead of it in the order: expiry stops there.
+	r.spent("live", secret, key, "c0", "uid0", now, now.Add(identity.RetryWindow))
+	for range 1000 {
+		assert.True(t, r.claim("id", secret, key, "c1", "uid", now))
+		r.unclaim("id", secret, key)
+		o, _ := r.retry("id", secret, key, "c1", "uid", now)
+		assert.Equal(t, retryNone, o, "an undone claim is no redemption")
+	}
+	assert.Len(t, r.order, 2)
+	r.expire(now.Add(identity.RetryWindow))
+	assert.Zero(t, r.len(), "an undone claim goes at the expiry that reaches it")
+	assert.Empty(t, r.order)
+}
