@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
@@ -41,9 +42,11 @@ type StormResult struct {
 	Agents int
 	Hygiene
 	// Registered is how long registering and minting took; MintsAudited
-	// how long the server then took to audit every mint (neither is part
-	// of the storm).
-	Registered, MintsAudited time.Duration
+	// how long the server then took to audit every mint; Settled how long
+	// after that the server, the apiserver and etcd went quiet (what the
+	// registrations set off finished) before the limit and the storm were
+	// measured (none of them is part of the storm).
+	Registered, MintsAudited, Settled time.Duration
 	// Certified is token → certificate, Session token → first session,
 	// per agent (those that got there).
 	Certified, Session Summary
@@ -149,6 +152,17 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		return nil, err
 	}
 	defer f.Stop()
+	// What the registrations set off (translations, trust reconciles, grant
+	// statuses) must not share the limit's or the storm's window.
+	settled, quiet, err := settle(ctx, cfg.cpuPids(srv), settleWindow, settleMax)
+	if err != nil {
+		return nil, err
+	}
+	r.Settled = settled
+	if !quiet {
+		r.Errors = append(r.Errors, fmt.Sprintf("the server, the apiserver and etcd did not go quiet within %s of the registrations; the limit and the storm share the cores with what they still did", settleMax))
+	}
+	cfg.Logf("storm: the server, apiserver and etcd quiet %s after the mints were audited", settled.Round(time.Millisecond))
 	apiBefore, err := cfg.Env.Mgmt.APIRequests(ctx)
 	if err != nil {
 		return nil, err
@@ -301,6 +315,45 @@ func measureLimit(ctx context.Context, cfg *StormConfig, srv *Server, r *StormRe
 	cfg.Logf("storm: the machine's limit: %.0f agents/s, %s CPU each (agent and server); meanwhile server, apiserver, etcd used %s",
 		r.Limit.PerSecond, r.Limit.CPUPerAgent.Round(10*time.Microsecond), r.LimitBackground.Total().Round(time.Millisecond))
 	return nil
+}
+
+// A fleet's processes are quiet when together they use less than
+// settleShare of one core over settleWindow; settle waits at most
+// settleMax for that.
+const (
+	settleShare  = 0.1
+	settleWindow = time.Second
+	settleMax    = 2 * time.Minute
+)
+
+// settle waits until the processes pids (the harness excluded) together
+// use less than settleShare of a core over a window, or longest passes;
+// it returns how long it waited and whether they went quiet.
+func settle(ctx context.Context, pids map[string]int, window, longest time.Duration) (time.Duration, bool, error) {
+	pids = maps.Clone(pids)
+	delete(pids, "harness")
+	start := time.Now()
+	for {
+		meter, err := StartCPU(pids)
+		if err != nil {
+			return 0, false, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, false, ctx.Err()
+		case <-time.After(window):
+		}
+		w, err := meter.Stop()
+		if err != nil {
+			return 0, false, err
+		}
+		if float64(w.Total()) < settleShare*float64(w.Wall) {
+			return time.Since(start) - w.Wall, true, nil
+		}
+		if time.Since(start) > longest {
+			return time.Since(start), false, nil
+		}
+	}
 }
 
 // checkStatus reads every KubernetesCluster of the fleet and compares it
