@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/internal/kubeinformers"
+	"github.com/relaymesh/relaymesh/internal/pace"
 	"github.com/relaymesh/relaymesh/internal/text"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -234,12 +235,11 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	c.reconcile(ctx)
 	go func() {
 		// A change waits 100 ms for others, and the next reconcile starts
-		// no sooner than the last took after it ended: a reconcile reads
-		// every cluster, and in a bootstrap storm each cluster's new Mesh
-		// wakes one, so at 10,000 clusters they would run back to back;
-		// paced, they use at most half of a core (issue 31).
-		var took time.Duration
-		var ended time.Time
+		// no sooner than the last took after it ended (at most 5 s): a
+		// reconcile reads every cluster, and in a bootstrap storm each
+		// cluster's new Mesh wakes one, so at 10,000 clusters they ran
+		// back to back (issue 31; docs/design/2026-12-06-storm-pacing.md).
+		pacer := pace.Pacer{Gather: 100 * time.Millisecond, Debounce: 100 * time.Millisecond, Cap: 5 * time.Second}
 		for {
 			select {
 			case <-ctx.Done():
@@ -249,12 +249,11 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(max(100*time.Millisecond, took-time.Since(ended))):
+			case <-time.After(pacer.Wait(time.Now())):
 			}
 			start := time.Now()
 			c.reconcile(ctx)
-			ended = time.Now()
-			took = ended.Sub(start)
+			pacer.Ran(start, time.Now())
 		}
 	}()
 	return c, nil

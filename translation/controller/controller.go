@@ -25,6 +25,7 @@ import (
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/kubeinformers"
+	"github.com/relaymesh/relaymesh/internal/pace"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/translation"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -248,38 +249,23 @@ func (c *Controller) Kick() {
 // A burst of changes (a fleet's snapshots, a thousand acks) is debounced
 // into one translation (or status refresh), the next no sooner than
 // debounce after the last ended, or as long as the last translation took
-// if that was longer: while changes keep coming, translation uses at most
-// half of a core, however long one takes. A translation reads the whole
-// fleet, so in a bootstrap storm of 10,000 clusters, woken by every
-// cluster's discovered objects, one took up to seconds and they ran back
-// to back (86 % of the storm's wall time; issue 31). A change after a
-// quiet spell waits only gather (for the other objects of one kubectl
-// apply), not a whole debounce: an isolated policy edit reaches the fleet
-// that much sooner.
+// if that was longer (at most maxPause): while changes keep coming,
+// translation uses at most about half of the time, however long one takes.
+// A translation reads the whole fleet, so in a bootstrap storm of 10,000
+// clusters, woken by every cluster's discovered objects, one took up to
+// seconds and they ran back to back (issue 31;
+// docs/design/2026-12-06-storm-pacing.md). A change after a quiet spell
+// waits only gather (for the other objects of one kubectl apply), not a
+// whole debounce: an isolated policy edit reaches the fleet that much
+// sooner.
 const (
 	debounce = 100 * time.Millisecond
 	gather   = 20 * time.Millisecond
+	maxPause = 5 * time.Second
 )
 
-// pacer spaces translations and status refreshes (see debounce).
-type pacer struct {
-	last time.Time     // when the last translation or status refresh ended
-	took time.Duration // how long the last translation took
-}
-
-// wait is how long a change seen at now waits before it is acted on.
-func (p *pacer) wait(now time.Time) time.Duration {
-	return max(gather, max(debounce, p.took)-now.Sub(p.last))
-}
-
-// translated records a translation that ran from start to end.
-func (p *pacer) translated(start, end time.Time) { p.last, p.took = end, end.Sub(start) }
-
-// refreshed records a status refresh that ended at end.
-func (p *pacer) refreshed(end time.Time) { p.last = end }
-
 func (c *Controller) run(ctx context.Context) {
-	var pace pacer
+	pacer := pace.Pacer{Gather: gather, Debounce: debounce, Cap: maxPause}
 	for {
 		translate := false
 		select {
@@ -292,7 +278,7 @@ func (c *Controller) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(pace.wait(time.Now())):
+		case <-time.After(pacer.Wait(time.Now())):
 		}
 		select {
 		case <-c.wake:
@@ -307,14 +293,14 @@ func (c *Controller) run(ctx context.Context) {
 			if c.report != nil {
 				c.writeStatus(ctx, c.report)
 			}
-			pace.refreshed(time.Now())
+			pacer.Refreshed(time.Now())
 			continue
 		}
 		start := time.Now()
 		if err := c.translate(ctx); err != nil {
 			c.log.Error("translation failed", "error", err)
 		}
-		pace.translated(start, time.Now())
+		pacer.Ran(start, time.Now())
 	}
 }
 
