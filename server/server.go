@@ -56,6 +56,14 @@ type StatusSink interface {
 	SessionChanged(cluster string, connected bool)
 }
 
+// BootstrapSink is a StatusSink that also hears which certificates were
+// issued to a Bootstrap (not a renewal): the agent's first session
+// follows (KubeStatus lets that session's status wait for its first
+// snapshot). Called right after CertificateIssued; MUST NOT block.
+type BootstrapSink interface {
+	Bootstrapped(cluster string)
+}
+
 // ServerConfig configures a relay Server.
 type ServerConfig struct {
 	// TrustDomain of agent SPIFFE IDs.
@@ -1077,6 +1085,9 @@ func (s *Server) issue(ctx context.Context, op, cluster, registration, peerAddr 
 	s.log.Debug("agent certificate issued", "cluster", cluster, "operation", op, "spiffe_id", id.String(), "serial", serial, "not_after", cert.NotAfter)
 	if s.cfg.Status != nil {
 		s.cfg.Status.CertificateIssued(cluster, cert, version)
+		if b, ok := s.cfg.Status.(BootstrapSink); ok && op == "bootstrap" {
+			b.Bootstrapped(cluster)
+		}
 	}
 	return &relaypb.CertificateResponse{
 		CertificateChain: issued.ChainPEM(),

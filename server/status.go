@@ -110,11 +110,12 @@ type StatusConfig struct {
 	// load on the apiserver; default 500ms.
 	Coalesce time.Duration
 	// FirstSnapshotWait is how long the status of a fresh agent's first
-	// session (one this replica certified and has no snapshot of) waits
-	// for the summary of its first snapshot, which the agent pushes as
-	// soon as the session opens: session, summary and first ack are then
-	// one write instead of two (in a bootstrap storm of 10,000, 3,676
-	// clusters took two; issue 31); default 2s.
+	// session (the first after a Bootstrap at this replica, which has no
+	// snapshot of the cluster yet) waits for the summary of its first
+	// snapshot, which the agent pushes as soon as the session opens:
+	// session, summary and first ack are then one write instead of two
+	// (in a bootstrap storm of 10,000, 3,676 clusters took two; issue 31);
+	// default 2s, negative: no wait.
 	FirstSnapshotWait time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
@@ -187,9 +188,11 @@ type agentState struct {
 	ack *multiclusterv1alpha1.AppliedOutputs
 	// discovered summarizes the last snapshot this replica accepted.
 	discovered *multiclusterv1alpha1.DiscoverySummary
-	// firstSnapshotBy, while the first session of an agent this replica
-	// certified waits for its first snapshot, is when the wait ends
-	// (StatusConfig.FirstSnapshotWait).
+	// bootstrapped: this replica issued the agent's certificate to a
+	// Bootstrap, and its first session has not opened since.
+	bootstrapped bool
+	// firstSnapshotBy, while that first session waits for its first
+	// snapshot, is when the wait ends (StatusConfig.FirstSnapshotWait).
 	firstSnapshotBy time.Time
 }
 
@@ -296,10 +299,24 @@ func (k *KubeStatus) SessionChanged(cluster string, connected bool) {
 	k.mark(cluster, func(st *agentState) {
 		st.connected = connected
 		st.firstSnapshotBy = time.Time{}
-		if connected && st.cert != nil && st.discovered == nil {
+		if connected && st.bootstrapped && st.discovered == nil && k.cfg.FirstSnapshotWait > 0 {
 			st.firstSnapshotBy = k.cfg.Now().Add(k.cfg.FirstSnapshotWait)
 		}
+		if connected {
+			st.bootstrapped = false
+		}
 	})
+}
+
+// Bootstrapped implements BootstrapSink: the next session of cluster is
+// the first of a fresh agent, whose status waits for its first snapshot
+// (StatusConfig.FirstSnapshotWait). It queues no write of its own.
+func (k *KubeStatus) Bootstrapped(cluster string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if st := k.state[cluster]; st != nil {
+		st.bootstrapped = true
+	}
 }
 
 // Discovered records the summary of the snapshot this replica accepted of
@@ -888,8 +905,8 @@ func (k *KubeStatus) Sweep(ctx context.Context, interval time.Duration, alive fu
 		}
 		for _, obj := range k.informer.GetStore().List() {
 			// Two fields of every cluster, every interval: read in place,
-			// not converted (converting 10,000 clusters every 2s was 7 % of
-			// the server's CPU in a bootstrap storm; issue 31).
+			// not converted (converting 10,000 clusters every 5 s was 7 %
+			// of the server's CPU in a bootstrap storm; issue 31).
 			u, ok := obj.(*unstructured.Unstructured)
 			if !ok {
 				continue
