@@ -43,9 +43,10 @@ type StormResult struct {
 	Hygiene
 	// Registered is how long registering and minting took; MintsAudited
 	// how long the server then took to audit every mint; Settled how long
-	// after that the server, the apiserver and etcd went quiet (what the
-	// registrations set off finished) before the limit and the storm were
-	// measured (none of them is part of the storm).
+	// after that the server, the apiserver and etcd went quiet for good
+	// (what the registrations set off finished; the whole wait, and an
+	// entry in Errors, if they never did) before the limit and the storm
+	// were measured. None of them is part of the storm.
 	Registered, MintsAudited, Settled time.Duration
 	// Certified is token → certificate, Session token → first session,
 	// per agent (those that got there).
@@ -154,7 +155,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 	defer f.Stop()
 	// What the registrations set off (translations, trust reconciles, grant
 	// statuses) must not share the limit's or the storm's window.
-	settled, quiet, err := settle(ctx, cfg.cpuPids(srv), settleWindow, settleMax)
+	settled, quiet, err := settle(ctx, cfg.cpuPids(srv), settleWindow, settleQuiet, settleMax)
 	if err != nil {
 		return nil, err
 	}
@@ -318,21 +319,26 @@ func measureLimit(ctx context.Context, cfg *StormConfig, srv *Server, r *StormRe
 }
 
 // A fleet's processes are quiet when together they use less than
-// settleShare of one core over settleWindow; settle waits at most
-// settleMax for that.
+// settleShare of one core in every settleWindow for settleQuiet: longer
+// than the longest pause the server's loops take between two runs (5 s,
+// internal/pace), so a pause is not taken for the end of the work. settle
+// waits at most settleMax for that.
 const (
 	settleShare  = 0.1
 	settleWindow = time.Second
+	settleQuiet  = 6 * time.Second
 	settleMax    = 2 * time.Minute
 )
 
 // settle waits until the processes pids (the harness excluded) together
-// use less than settleShare of a core over a window, or longest passes;
-// it returns how long it waited and whether they went quiet.
-func settle(ctx context.Context, pids map[string]int, window, longest time.Duration) (time.Duration, bool, error) {
+// use less than settleShare of a core in every window for quietFor, or
+// longest passes. It returns when the quiet began (from the call; the
+// whole wait if it never did) and whether it did.
+func settle(ctx context.Context, pids map[string]int, window, quietFor, longest time.Duration) (time.Duration, bool, error) {
 	pids = maps.Clone(pids)
 	delete(pids, "harness")
 	start := time.Now()
+	var quietSince time.Time
 	for {
 		meter, err := StartCPU(pids)
 		if err != nil {
@@ -347,11 +353,18 @@ func settle(ctx context.Context, pids map[string]int, window, longest time.Durat
 		if err != nil {
 			return 0, false, err
 		}
-		if float64(w.Total()) < settleShare*float64(w.Wall) {
-			return time.Since(start) - w.Wall, true, nil
+		now := time.Now()
+		switch {
+		case float64(w.Total()) >= settleShare*float64(w.Wall):
+			quietSince = time.Time{}
+		case quietSince.IsZero():
+			quietSince = now.Add(-w.Wall)
 		}
-		if time.Since(start) > longest {
-			return time.Since(start), false, nil
+		if !quietSince.IsZero() && now.Sub(quietSince) >= quietFor {
+			return quietSince.Sub(start), true, nil
+		}
+		if now.Sub(start) > longest {
+			return now.Sub(start), false, nil
 		}
 	}
 }
