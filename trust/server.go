@@ -239,7 +239,7 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 		// reconcile reads every cluster, and in a bootstrap storm each
 		// cluster's new Mesh wakes one, so at 10,000 clusters they ran
 		// back to back (issue 31; docs/design/2026-12-06-storm-pacing.md).
-		pacer := pace.Pacer{Gather: 100 * time.Millisecond, Debounce: 100 * time.Millisecond, Cap: 5 * time.Second}
+		pacer := pace.Pacer{Gather: 100 * time.Millisecond, Debounce: 100 * time.Millisecond, Cap: pace.DefaultCap}
 		for {
 			select {
 			case <-ctx.Done():

@@ -8,6 +8,11 @@ package pace
 
 import "time"
 
+// DefaultCap is the longest pause the server's paced loops (translation,
+// trust) take between two runs; what waits for them to go quiet (the
+// fleet harness) must wait longer than this.
+const DefaultCap = 5 * time.Second
+
 // Pacer says how long a change waits before the loop acts on it. The zero
 // value waits for nothing; set the fields. Not safe for concurrent use:
 // the loop's own goroutine owns it.
@@ -20,6 +25,7 @@ type Pacer struct {
 	Debounce time.Duration
 	// Cap bounds the pause a long run earns: a run slowed by a slow
 	// apiserver must not hold the next one back for as long; zero: no cap.
+	// The server's loops use DefaultCap.
 	Cap time.Duration
 
 	last time.Time     // when the last run ended
@@ -30,11 +36,11 @@ type Pacer struct {
 // least Gather, and until max(Debounce, how long the last run took,
 // capped) after the last run ended.
 func (p *Pacer) Wait(now time.Time) time.Duration {
-	pause := max(p.Debounce, p.took)
+	earned := p.took
 	if p.Cap > 0 {
-		pause = min(pause, max(p.Debounce, p.Cap))
+		earned = min(earned, p.Cap)
 	}
-	return max(p.Gather, pause-now.Sub(p.last))
+	return max(p.Gather, max(p.Debounce, earned)-now.Sub(p.last))
 }
 
 // Ran records a run from start to end; the next pause is as long as it

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"time"
 
+	"github.com/relaymesh/relaymesh/internal/pace"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 )
 
@@ -160,10 +161,13 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		return nil, err
 	}
 	r.Settled = settled
-	if !quiet {
-		r.Errors = append(r.Errors, fmt.Sprintf("the server, the apiserver and etcd did not go quiet within %s of the registrations; the limit and the storm share the cores with what they still did", settleMax))
+	if quiet {
+		cfg.Logf("storm: the server, apiserver and etcd quiet %s after the mints were audited", settled.Round(time.Millisecond))
+	} else {
+		msg := fmt.Sprintf("the server, the apiserver and etcd did not go quiet within %s of the registrations; the limit and the storm share the cores with what they still did", settleMax)
+		r.Errors = append(r.Errors, msg)
+		cfg.Logf("storm: %s", msg)
 	}
-	cfg.Logf("storm: the server, apiserver and etcd quiet %s after the mints were audited", settled.Round(time.Millisecond))
 	apiBefore, err := cfg.Env.Mgmt.APIRequests(ctx)
 	if err != nil {
 		return nil, err
@@ -320,13 +324,13 @@ func measureLimit(ctx context.Context, cfg *StormConfig, srv *Server, r *StormRe
 
 // A fleet's processes are quiet when together they use less than
 // settleShare of one core in every settleWindow for settleQuiet: longer
-// than the longest pause the server's loops take between two runs (5 s,
-// internal/pace), so a pause is not taken for the end of the work. settle
-// waits at most settleMax for that.
+// than the longest pause the server's loops take between two runs
+// (pace.DefaultCap), so a pause is not taken for the end of the work.
+// settle waits at most settleMax for that.
 const (
 	settleShare  = 0.1
 	settleWindow = time.Second
-	settleQuiet  = 6 * time.Second
+	settleQuiet  = pace.DefaultCap + time.Second
 	settleMax    = 2 * time.Minute
 )
 

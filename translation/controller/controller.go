@@ -249,7 +249,7 @@ func (c *Controller) Kick() {
 // A burst of changes (a fleet's snapshots, a thousand acks) is debounced
 // into one translation (or status refresh), the next no sooner than
 // debounce after the last ended, or as long as the last translation took
-// if that was longer (at most maxPause): while changes keep coming,
+// if that was longer (at most pace.DefaultCap): while changes keep coming,
 // translation uses at most about half of the time, however long one takes.
 // A translation reads the whole fleet, so in a bootstrap storm of 10,000
 // clusters, woken by every cluster's discovered objects, one took up to
@@ -261,11 +261,10 @@ func (c *Controller) Kick() {
 const (
 	debounce = 100 * time.Millisecond
 	gather   = 20 * time.Millisecond
-	maxPause = 5 * time.Second
 )
 
 func (c *Controller) run(ctx context.Context) {
-	pacer := pace.Pacer{Gather: gather, Debounce: debounce, Cap: maxPause}
+	pacer := pace.Pacer{Gather: gather, Debounce: debounce, Cap: pace.DefaultCap}
 	for {
 		translate := false
 		select {
