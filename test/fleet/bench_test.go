@@ -84,9 +84,13 @@ func BenchmarkFleetStorm(b *testing.B) {
 	b.ReportMetric(r.Rate, "sessions/s")
 	b.ReportMetric(r.Limit.PerSecond, "limit-agents/s")
 	b.ReportMetric(r.RateOfLimit, "rate-of-limit")
+	b.ReportMetric(ms(r.CPUToQuietPerAgent), "ms-cpu-per-agent-to-quiet")
+	b.ReportMetric(r.APIRequestsToQuiet["PATCH kubernetesclusters/status"]/float64(r.Agents), "status-patches/cluster")
 	// Reported first, then asserted: a failing run still leaves its numbers.
 	require.Equal(b, r.Agents, r.Status.Correct, "every KubernetesCluster status right %s after the last session", r.Status.After)
 	require.Empty(b, r.Leaks, "no token or private key in the server's logs")
+	require.Positive(b, r.ToQuiet.Wall, "what the storm set off was written: %v", r.Errors)
+	require.GreaterOrEqual(b, r.APIRequestsToQuiet["POST meshes"], float64(r.Agents), "every cluster's Mesh was mirrored by the storm's last write")
 }
 
 // BenchmarkFleetIssuance: Identity.Renew through the server over open

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"time"
 
 	"github.com/relaymesh/relaymesh/internal/pace"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/server"
 )
 
 // StormConfig is a bootstrap storm: Agents agents with fresh tokens start at
@@ -94,6 +96,27 @@ type StormResult struct {
 	LimitBackground             CPUWindow
 	Rate, RateOfLimit           float64
 	CPUPerAgent, AllCPUPerAgent time.Duration
+	// Quiet is how long after the status check the last write the storm
+	// set off reached the management apiserver (writesSettle: the
+	// mirror's objects, statuses, grants, ledger shards; zero if none came
+	// after the check); ToQuiet the CPU from the storm's start until that
+	// write was seen (with the harness's own reads since: a LIST of the
+	// clusters, scrapes of the server's and the apiserver's metrics), and
+	// APIRequestsToQuiet the requests the apiserver served by then.
+	// CPUToQuietPerAgent is ToQuiet's server, apiserver and etcd over the
+	// agents. Unlike CPUPerAgent, which stops at the last session, it
+	// counts the same work at every fleet size: a small storm ends before
+	// most of what it set off is written. Zero (and an entry in Errors) if
+	// the writes never stopped.
+	Quiet              time.Duration
+	ToQuiet            CPUWindow
+	APIRequestsToQuiet map[string]float64
+	CPUToQuietPerAgent time.Duration
+	// Refused counts the connections the server's relay gate closed during
+	// the storm, by reason (relaymesh_relay_connections_refused_total):
+	// "preauth_limit" and its kin before the handshake, "handshake" those
+	// whose handshake failed or ran out of time.
+	Refused map[string]float64
 	// Errors are measurements that could not be taken (an API server too
 	// busy to answer), the rest of the result stands.
 	Errors []string
@@ -181,10 +204,18 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 			r.Errors = append(r.Errors, "the machine's handshake and signing limit: "+err.Error())
 		}
 	}
+	metricsBefore, err := srv.Metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
 	stop := cfg.during(ctx, srv)
 	cfg.Logf("storm: starting %d agents at once", cfg.Agents)
 	pids := cfg.cpuPids(srv)
 	meter, err := StartCPU(pids)
+	if err != nil {
+		return nil, err
+	}
+	whole, err := StartCPU(pids)
 	if err != nil {
 		return nil, err
 	}
@@ -222,6 +253,11 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		}
 	}
 	stop()
+	if m, err := srv.Metrics(ctx); err != nil {
+		r.Errors = append(r.Errors, "the server's metrics after the storm: "+err.Error())
+	} else {
+		r.Refused = refusedByReason(m.Sub(metricsBefore))
+	}
 	// An overloaded API server may not answer now; the storm's own
 	// numbers are kept either way.
 	if apiAfter, err := cfg.Env.Mgmt.APIRequests(ctx); err != nil {
@@ -280,6 +316,28 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 	if r.ServerAfter, err = srv.Usage(); err != nil {
 		return nil, err
 	}
+	// The agents stay connected while what the storm set off is written:
+	// the end is the last write to the management apiserver (an idle fleet
+	// of 10,000 still uses a quarter of a core on its pings, so the CPU
+	// never falls quiet).
+	toQuiet, err := whole.Stop()
+	if err != nil {
+		return nil, err
+	}
+	quietAfter, wentQuiet, apiQuiet, err := writesSettle(ctx, cfg.Env.Mgmt.APIRequests, writesEvery, writesQuiet, quietMax, func() error {
+		var err error
+		toQuiet, err = whole.Stop()
+		return err
+	})
+	switch {
+	case err != nil:
+		// The storm's own numbers stand without these.
+		r.Errors = append(r.Errors, "the storm's last write: "+err.Error())
+	case wentQuiet:
+		r.Quiet, r.ToQuiet, r.APIRequestsToQuiet = quietAfter, toQuiet, subAPI(apiQuiet, apiBefore)
+	default:
+		r.Errors = append(r.Errors, fmt.Sprintf("the management apiserver was still written to %s after the status check", quietMax))
+	}
 	f.Stop()
 	if r.NotConnected == 0 && r.AllSessions > 0 {
 		r.Rate = float64(cfg.Agents) / r.AllSessions.Seconds()
@@ -290,6 +348,14 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		r.CPUPerAgent /= time.Duration(cfg.Agents)
 		if r.Limit.PerSecond > 0 {
 			r.RateOfLimit = r.Rate / r.Limit.PerSecond
+		}
+		if r.ToQuiet.Wall > 0 {
+			for _, p := range []string{"server", "apiserver", "etcd"} {
+				r.CPUToQuietPerAgent += r.ToQuiet.CPU[p]
+			}
+			r.CPUToQuietPerAgent /= time.Duration(cfg.Agents)
+			cfg.Logf("storm: quiet %s after the status check; CPU per agent until then: server + apiserver + etcd %s",
+				r.Quiet.Round(time.Millisecond), r.CPUToQuietPerAgent.Round(10*time.Microsecond))
 		}
 		cfg.Logf("storm: %.0f sessions/s, %.2f of the machine's limit (%.0f agents/s, %s CPU each, agent and server); CPU per agent: server + apiserver + etcd %s, with the agents %s",
 			r.Rate, r.RateOfLimit, r.Limit.PerSecond, r.Limit.CPUPerAgent.Round(10*time.Microsecond), r.CPUPerAgent.Round(10*time.Microsecond), r.AllCPUPerAgent.Round(10*time.Microsecond))
@@ -332,7 +398,77 @@ const (
 	settleWindow = time.Second
 	settleQuiet  = pace.DefaultCap + time.Second
 	settleMax    = 2 * time.Minute
+	// After a storm its writes are done when none (writesSettle) came
+	// for writesQuiet, read every writesEvery (a scrape of the apiserver's
+	// metrics costs it a few tens of milliseconds of CPU), waited for at
+	// most quietMax: at 10,000 agents the mirror writes 30,000 objects at
+	// the client budget after the last session.
+	writesEvery = 2 * time.Second
+	writesQuiet = 10 * time.Second
+	quietMax    = 10 * time.Minute
 )
+
+// writesSettle waits until the apiserver whose request counts read
+// returns (Management.APIRequests) has served no write but the periodic
+// ones (the replicas' Lease renewals, the apiserver's own endpoints) for
+// quietFor, reading every interval, or longest passes. It returns when
+// the last write was seen, from the call (zero: none after the first
+// reading; the whole wait if the writes never stopped), whether they
+// stopped, and the counts read when the last write was seen. busy, if set,
+// is called whenever new writes are seen.
+func writesSettle(ctx context.Context, read func(context.Context) (map[string]float64, error), every, quietFor, longest time.Duration, busy func() error) (time.Duration, bool, map[string]float64, error) {
+	start := time.Now()
+	last, lastWrites := start, -1.0
+	var atLast map[string]float64
+	for {
+		counts, err := read(ctx)
+		if err != nil {
+			return 0, false, nil, err
+		}
+		now := time.Now()
+		if w := stormWrites(counts); w != lastWrites {
+			if lastWrites >= 0 {
+				last = now
+				if busy != nil {
+					if err := busy(); err != nil {
+						return 0, false, nil, err
+					}
+				}
+			}
+			lastWrites, atLast = w, counts
+		}
+		if now.Sub(last) >= quietFor {
+			return last.Sub(start), true, atLast, nil
+		}
+		if now.Sub(start) > longest {
+			return now.Sub(start), false, atLast, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, false, nil, ctx.Err()
+		case <-time.After(every):
+		}
+	}
+}
+
+// stormWrites sums the writes in counts (APIRequests) but the periodic
+// ones: Lease renewals and the apiserver's own endpoints.
+func stormWrites(counts map[string]float64) float64 {
+	var n float64
+	for key, v := range counts {
+		verb, resource, _ := strings.Cut(key, " ")
+		switch verb {
+		case "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
+		default:
+			continue
+		}
+		if r, _, _ := strings.Cut(resource, "/"); r == "leases" || r == "endpoints" || r == "endpointslices" {
+			continue
+		}
+		n += v
+	}
+	return n
+}
 
 // settle waits until the processes pids (the harness excluded) together
 // use less than settleShare of a core in every window for quietFor, or
@@ -403,6 +539,24 @@ func checkStatus(ctx context.Context, m *Management, f *Fleet) (StatusCheck, err
 		}
 	}
 	return c, nil
+}
+
+// refusedByReason is the connections the relay gate refused in m (a
+// difference of two scrapes), by reason.
+func refusedByReason(m Metrics) map[string]float64 {
+	out := map[string]float64{}
+	for series, v := range m {
+		base, labels, _ := strings.Cut(series, "{")
+		if base != server.MetricConnsRefused || v == 0 {
+			continue
+		}
+		reason := "unknown"
+		if _, after, ok := strings.Cut(labels, `reason="`); ok {
+			reason, _, _ = strings.Cut(after, `"`)
+		}
+		out[reason] += v
+	}
+	return out
 }
 
 func truncate(s string, n int) string {
