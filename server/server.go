@@ -58,10 +58,19 @@ type StatusSink interface {
 
 // BootstrapSink is a StatusSink that also hears which certificates were
 // issued to a Bootstrap (not a renewal): the agent's first session
-// follows (KubeStatus lets that session's status wait for its first
-// snapshot). Called right after CertificateIssued; MUST NOT block.
+// follows (KubeStatus holds the certificate's write for that session, and
+// lets the session's status wait for its first snapshot). Called right
+// after CertificateIssued; MUST NOT block.
 type BootstrapSink interface {
 	Bootstrapped(cluster string)
+}
+
+// PresentedSink is a StatusSink that also hears the certificate an agent's
+// first session at this replica presented (KubeStatus names it in the
+// session's status when it knows no newer one). Called right before
+// SessionChanged; MUST NOT block.
+type PresentedSink interface {
+	CertificatePresented(cluster string, cert *x509.Certificate)
 }
 
 // ServerConfig configures a relay Server.
@@ -1242,6 +1251,9 @@ func (s *Server) addSession(a *agent, cancel context.CancelCauseFunc, counted bo
 		s.cfg.Metrics.connected.Inc()
 	}
 	if first && s.cfg.Status != nil {
+		if p, ok := s.cfg.Status.(PresentedSink); ok && a.cert != nil {
+			p.CertificatePresented(a.cluster, a.cert)
+		}
 		s.cfg.Status.SessionChanged(a.cluster, true)
 	}
 	return sess, nil

@@ -117,6 +117,20 @@ type StatusConfig struct {
 	// (in a bootstrap storm of 10,000, 3,676 clusters took two; issue 31);
 	// default 2s, negative: no wait.
 	FirstSnapshotWait time.Duration
+	// FirstSessionWait is how long the certificate a Bootstrap issued here
+	// waits, unwritten, for the agent's first session, whose write then
+	// carries both: an agent dials its session right after Bootstrap, but
+	// in a storm the session's handshake queues behind other agents'
+	// bootstraps (at 10,000 agents on two cores, a median 81 s later),
+	// and the certificate alone was a write of its own for 9 of 10
+	// clusters (issue 31). Only a write of the certificate, the agent's
+	// version and lastSeen waits, only while the agent has no session
+	// here, and the wait counts from the first Bootstrap since its last
+	// session; a renewal ends it. The audit log and the metric
+	// relaymesh_agent_certificate_expiry_timestamp_seconds have the
+	// certificate at once. Default 3m (in that storm, 9 sessions in 10
+	// opened within 3 minutes of their certificate), negative: no wait.
+	FirstSessionWait time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Replica names this server replica. Set (several replicas), the status
@@ -160,6 +174,9 @@ func (c StatusConfig) withDefaults() StatusConfig {
 	if c.FirstSnapshotWait == 0 {
 		c.FirstSnapshotWait = 2 * time.Second
 	}
+	if c.FirstSessionWait == 0 {
+		c.FirstSessionWait = 3 * time.Minute
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -191,6 +208,13 @@ type agentState struct {
 	// bootstrapped: this replica issued the agent's certificate to a
 	// Bootstrap, and its first session has not opened since.
 	bootstrapped bool
+	// holdCert: the certificate is one a Bootstrap issued here (not a
+	// renewal since), held for the first session (FirstSessionWait)
+	// counted from holdSince, the first such Bootstrap since the agent's
+	// last session: an agent bootstrapping again and again does not move
+	// the end of the wait on.
+	holdCert  bool
+	holdSince time.Time
 	// firstSnapshotBy, while that first session waits for its first
 	// snapshot, is when the wait ends (StatusConfig.FirstSnapshotWait).
 	firstSnapshotBy time.Time
@@ -278,20 +302,51 @@ func (k *KubeStatus) mark(cluster string, update func(*agentState)) {
 
 // CertificateIssued implements StatusSink.
 func (k *KubeStatus) CertificateIssued(cluster string, cert *x509.Certificate, version string) {
-	facts := &multiclusterv1alpha1.AgentCertificate{Serial: fmt.Sprintf("%x", cert.SerialNumber), SPIFFEID: cert.URIs[0].String(),
-		NotAfter: metav1.NewTime(cert.NotAfter.UTC().Truncate(time.Second))}
+	facts := certFacts(cert)
 	k.mark(cluster, func(st *agentState) {
-		if st.cert != nil && st.cert.Serial != facts.Serial {
-			st.earlier = append(st.earlier, st.cert.Serial)
-			if len(st.earlier) > maxEarlierCerts {
-				st.earlier = st.earlier[len(st.earlier)-maxEarlierCerts:]
-			}
-		}
-		st.cert = facts
+		st.setCert(facts)
+		st.holdCert = false // a renewal is written at once; Bootstrapped holds a Bootstrap's
 		if version != "" {
 			st.version = version
 		}
 	})
+}
+
+// CertificatePresented records the certificate an agent's new session
+// presented when this replica knows none of the agent's, or only an older
+// one (another replica issued it, or this one restarted since): the
+// session's status write then names it, so a replica that held a
+// Bootstrap's certificate, or stopped while it did, leaves no session
+// written without one.
+func (k *KubeStatus) CertificatePresented(cluster string, cert *x509.Certificate) {
+	if len(cert.URIs) != 1 {
+		return
+	}
+	facts := certFacts(cert)
+	k.mark(cluster, func(st *agentState) {
+		if st.cert == nil || facts.NotAfter.After(st.cert.NotAfter.Time) {
+			st.setCert(facts)
+		}
+	})
+}
+
+// certFacts are what a status says of cert, an agent certificate (one URI
+// SAN, its SPIFFE ID).
+func certFacts(cert *x509.Certificate) *multiclusterv1alpha1.AgentCertificate {
+	return &multiclusterv1alpha1.AgentCertificate{Serial: fmt.Sprintf("%x", cert.SerialNumber), SPIFFEID: cert.URIs[0].String(),
+		NotAfter: metav1.NewTime(cert.NotAfter.UTC().Truncate(time.Second))}
+}
+
+// setCert makes facts the agent's certificate, remembering the one it
+// replaces among the earlier ones.
+func (st *agentState) setCert(facts *multiclusterv1alpha1.AgentCertificate) {
+	if st.cert != nil && st.cert.Serial != facts.Serial {
+		st.earlier = append(st.earlier, st.cert.Serial)
+		if len(st.earlier) > maxEarlierCerts {
+			st.earlier = st.earlier[len(st.earlier)-maxEarlierCerts:]
+		}
+	}
+	st.cert = facts
 }
 
 // SessionChanged implements StatusSink.
@@ -303,19 +358,23 @@ func (k *KubeStatus) SessionChanged(cluster string, connected bool) {
 			st.firstSnapshotBy = k.cfg.Now().Add(k.cfg.FirstSnapshotWait)
 		}
 		if connected {
-			st.bootstrapped = false
+			st.bootstrapped, st.holdCert, st.holdSince = false, false, time.Time{}
 		}
 	})
 }
 
-// Bootstrapped implements BootstrapSink: the next session of cluster is
-// the first of a fresh agent, whose status waits for its first snapshot
+// Bootstrapped implements BootstrapSink: the certificate just issued
+// waits for the agent's first session (StatusConfig.FirstSessionWait), and
+// that session's status for its first snapshot
 // (StatusConfig.FirstSnapshotWait). It queues no write of its own.
 func (k *KubeStatus) Bootstrapped(cluster string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if st := k.state[cluster]; st != nil {
-		st.bootstrapped = true
+		st.bootstrapped, st.holdCert = true, true
+		if st.holdSince.IsZero() {
+			st.holdSince = k.cfg.Now()
+		}
 	}
 }
 
@@ -507,6 +566,9 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 		}
 		return retryIn, nil
 	}
+	if wait := k.firstSessionHold(st, patch, now); wait > 0 {
+		return wait, nil
+	}
 	doc := map[string]any{"status": patch}
 	if k.cfg.Replica != "" {
 		// With several replicas, what this one decided rests on the status
@@ -546,6 +608,24 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 		k.mu.Unlock()
 	}
 	return 0, nil
+}
+
+// firstSessionHold is how long patch, the write sync would make for st,
+// waits for the first session of a freshly bootstrapped agent
+// (StatusConfig.FirstSessionWait): zero unless the certificate is a
+// Bootstrap's, the agent has no session here, and patch writes nothing but
+// what the Bootstrap brought (a session's end, or another replica's
+// session, is a field of its own and never waits).
+func (k *KubeStatus) firstSessionHold(st agentState, patch map[string]any, now time.Time) time.Duration {
+	if k.cfg.FirstSessionWait <= 0 || !st.holdCert || st.connected {
+		return 0
+	}
+	for field := range patch {
+		if field != "agentCertificate" && field != "agentVersion" && field != "lastSeen" {
+			return 0
+		}
+	}
+	return max(st.holdSince.Add(k.cfg.FirstSessionWait).Sub(now), 0)
 }
 
 // statusOf returns the UID, resourceVersion and status of obj, cluster's

@@ -36,7 +36,7 @@ func TestAFreshAgentsSessionWaitsForItsFirstSnapshot(t *testing.T) {
 	}
 	const wait = 4 * time.Second
 	k := server.NewKubeStatus(client, "relaymesh", slog.New(slog.NewTextHandler(io.Discard, nil)),
-		server.StatusConfig{Coalesce: 10 * time.Millisecond, FirstSnapshotWait: wait, Heartbeat: time.Hour, Resync: time.Hour})
+		server.StatusConfig{Coalesce: 10 * time.Millisecond, FirstSnapshotWait: wait, FirstSessionWait: -1, Heartbeat: time.Hour, Resync: time.Hour})
 	go k.Run(ctx)
 	status := func(name string) multiclusterv1alpha1.KubernetesClusterStatus {
 		u, err := admin.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Get(ctx, name, metav1.GetOptions{})
