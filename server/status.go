@@ -317,17 +317,23 @@ func (k *KubeStatus) CertificateIssued(cluster string, cert *x509.Certificate, v
 // one (another replica issued it, or this one restarted since): the
 // session's status write then names it, so a replica that held a
 // Bootstrap's certificate, or stopped while it did, leaves no session
-// written without one.
+// written without one. It queues nothing: SessionChanged, which follows,
+// queues the session's write.
 func (k *KubeStatus) CertificatePresented(cluster string, cert *x509.Certificate) {
 	if len(cert.URIs) != 1 {
 		return
 	}
 	facts := certFacts(cert)
-	k.mark(cluster, func(st *agentState) {
-		if st.cert == nil || facts.NotAfter.After(st.cert.NotAfter.Time) {
-			st.setCert(facts)
-		}
-	})
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	st := k.state[cluster]
+	if st == nil {
+		st = &agentState{}
+		k.state[cluster] = st
+	}
+	if st.cert == nil || facts.NotAfter.After(st.cert.NotAfter.Time) {
+		st.setCert(facts)
+	}
 }
 
 // certFacts are what a status says of cert, an agent certificate (one URI

@@ -15,8 +15,6 @@ import (
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // Issue 31: the certificate a Bootstrap issued waits, unwritten, for the
@@ -42,11 +40,8 @@ func TestAFreshAgentsCertificateWaitsForItsFirstSession(t *testing.T) {
 	kctx, stopK := context.WithCancel(ctx)
 	go k.Run(kctx)
 	status := func(name string) multiclusterv1alpha1.KubernetesClusterStatus {
-		u, err := admin.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace("relaymesh").Get(ctx, name, metav1.GetOptions{})
-		require.NoError(t, err)
-		var kc multiclusterv1alpha1.KubernetesCluster
-		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &kc))
-		return kc.Status
+		st, _ := clusterStatus(t, admin, name)
+		return st
 	}
 	serial := int64(0)
 	certOf := func(name string) *x509.Certificate {

@@ -125,3 +125,14 @@ func TestWritesSettleEndsAtTheLastWrite(t *testing.T) {
 		10*time.Millisecond, 100*time.Millisecond, time.Second, nil)
 	require.ErrorContains(t, err, "apiserver away")
 }
+
+// The gate's refusals come out by reason, other series and zero counts left
+// out.
+func TestRefusedByReason(t *testing.T) {
+	m := ParseMetrics(`relaymesh_relay_connections_refused_total{reason="preauth_limit"} 12
+relaymesh_relay_connections_refused_total{reason="handshake"} 3
+relaymesh_relay_connections_refused_total{reason="abuse"} 0
+relaymesh_relay_open_connections{state="preauth"} 7
+`)
+	assert.Equal(t, map[string]float64{"preauth_limit": 12, "handshake": 3}, refusedByReason(m))
+}

@@ -550,9 +550,9 @@ func refusedByReason(m Metrics) map[string]float64 {
 		if base != server.MetricConnsRefused || v == 0 {
 			continue
 		}
-		reason := "unknown"
-		if _, after, ok := strings.Cut(labels, `reason="`); ok {
-			reason, _, _ = strings.Cut(after, `"`)
+		reason := parseLabels(strings.TrimSuffix(labels, "}"))["reason"]
+		if reason == "" {
+			reason = "unknown"
 		}
 		out[reason] += v
 	}
