@@ -42,7 +42,11 @@ var kind = shardedcm.Kind{Prefix: "relaymesh-acks-", Label: Label, What: "ack re
 // ShardName is the ConfigMap holding cluster's record.
 func ShardName(cluster string) string { return kind.ShardName(cluster) }
 
-// DefaultInterval is the least time between two writes of the records.
+// DefaultInterval is how long a record waits for others before it is
+// written, and the least time between two writes of the records. An edit's
+// acks arrive over 100–300 ms at 1,000 clusters: gathered, they are one
+// write per shard, landing after the edit reached the fleet rather than
+// during it.
 const DefaultInterval = 250 * time.Millisecond
 
 // Entry is one cluster's record: the output version its agent acked and
@@ -185,12 +189,17 @@ func (l *Ledger) Flushes() int {
 	return l.flushes
 }
 
-// run writes the pending records in batches: the first after a quiet spell
-// at once (well, 20 ms later, to gather a burst), the next no sooner than
-// interval after the last. A failed batch is retried with back-off unless
-// a newer record of the cluster was queued meanwhile.
+// run writes the pending records in batches, each interval after the first
+// record it holds: a burst (an edit's acks from a whole fleet) is gathered
+// into one write per shard, and two batches are at least interval apart.
+// Gathering for only 20 ms after a quiet spell, as before, wrote the first
+// few acks of every edit in a batch of their own, in the middle of the
+// edit's delivery: about 16 more ConfigMap writes per replica per edit
+// (docs/benchmarks.md, "Ack records gathered"). No reader waits on a record
+// for less than that: rotations and statuses move on acks in seconds. A
+// failed batch is retried with back-off unless a newer record of the
+// cluster was queued meanwhile.
 func (l *Ledger) run(ctx context.Context) {
-	var last time.Time
 	retry := time.Duration(0)
 	for {
 		select {
@@ -198,11 +207,10 @@ func (l *Ledger) run(ctx context.Context) {
 			return
 		case <-l.wake:
 		}
-		wait := max(20*time.Millisecond, l.interval-time.Since(last))
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(wait):
+		case <-time.After(l.interval):
 		}
 		l.mu.Lock()
 		batch := l.pending
@@ -212,7 +220,6 @@ func (l *Ledger) run(ctx context.Context) {
 		if len(batch) == 0 {
 			continue
 		}
-		last = time.Now()
 		err := l.m.Write(ctx, batch)
 		l.mu.Lock()
 		// A cluster dropped while its record was being written: what this

@@ -21,6 +21,11 @@ import (
 
 const ns = "relaymesh"
 
+// isWrite: a write of a shard (created, then patched).
+func isWrite(a k8stesting.Action) bool {
+	return a.GetVerb() == "create" || a.GetVerb() == "update" || a.GetVerb() == "patch"
+}
+
 func digest(b byte) string { return strings.Repeat(fmt.Sprintf("%02x", b), 32) }
 
 // version is a plausible output version (versions start at a replica's
@@ -138,7 +143,7 @@ func TestLedgerBatchesABurst(t *testing.T) {
 	var mu sync.Mutex
 	writes := 0
 	cs.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetVerb() == "create" || a.GetVerb() == "update" {
+		if isWrite(a) {
 			mu.Lock()
 			writes++
 			mu.Unlock()
@@ -166,6 +171,43 @@ func TestLedgerBatchesABurst(t *testing.T) {
 	assert.LessOrEqual(t, batches, int(took/(200*time.Millisecond))+2, "batches at most every interval")
 	assert.Less(t, writes, 100, "1,000 acks are a few dozen writes")
 	t.Logf("1,000 acks: %d writes in %d batches over %v", writes, batches, took.Round(time.Millisecond))
+}
+
+// The first ack of a burst waits for the rest: 1,000 acks arriving over
+// ~100 ms, less than the interval, are one batch, one write per shard.
+// Written 20 ms after the first ack, as before, the first few were a batch
+// of their own: up to 16 more writes, during the edit's delivery.
+func TestLedgerGathersABurstIntoOneBatch(t *testing.T) {
+	cs := fake.NewClientset()
+	var mu sync.Mutex
+	writes := 0
+	cs.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if isWrite(a) {
+			mu.Lock()
+			writes++
+			mu.Unlock()
+		}
+		return false, nil, nil
+	})
+	const interval = time.Second
+	l := started(t, cs, interval)
+	start := time.Now()
+	for i := range 1000 {
+		l.Record(fmt.Sprintf("cluster-%04d", i), acks.Entry{Version: version(1), Digest: digest(0)})
+		if i%100 == 99 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	require.Less(t, time.Since(start), interval, "the burst was recorded within the interval")
+	require.Eventually(t, func() bool {
+		all, err := acks.Read(context.Background(), cs, ns)
+		return err == nil && len(all) == 1000
+	}, 10*time.Second, 20*time.Millisecond)
+	assert.GreaterOrEqual(t, time.Since(start), interval, "the burst waited the interval")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, 1, l.Flushes(), "one batch")
+	assert.LessOrEqual(t, writes, acks.Shards, "one write per shard")
 }
 
 // A record is written with the shard's resourceVersion as precondition: a
@@ -258,7 +300,7 @@ func TestDropDeletesARecordItWasWriting(t *testing.T) {
 	var hold chan struct{}
 	entered := make(chan struct{}, 1)
 	cs.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetVerb() != "create" && a.GetVerb() != "update" {
+		if !isWrite(a) {
 			return false, nil, nil
 		}
 		mu.Lock()

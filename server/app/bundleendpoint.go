@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -25,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -480,9 +482,21 @@ func (b *bundleEndpoint) write(ctx context.Context) error {
 		_, err = cms.Create(wctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: BundleConfigMap, Namespace: b.namespace,
 			Labels: map[string]string{"app.kubernetes.io/managed-by": "relaymesh"}}, Data: map[string]string{BundleStateKey: string(data)}}, metav1.CreateOptions{})
 	} else {
-		upd := cur.DeepCopy()
-		upd.Data = map[string]string{BundleStateKey: string(data)}
-		_, err = cms.Update(wctx, upd, metav1.UpdateOptions{}) // conditional on cur's resourceVersion
+		// A merge patch carrying cur's resourceVersion is conditional on
+		// it, as an update is; the server's Role grants patch on
+		// ConfigMaps, not update (the output heads and ack records are
+		// patched too). Other keys someone added are removed.
+		set := map[string]any{BundleStateKey: string(data)}
+		for k := range cur.Data {
+			if k != BundleStateKey {
+				set[k] = nil
+			}
+		}
+		var body []byte
+		if body, err = json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": cur.ResourceVersion}, "data": set}); err != nil {
+			return err
+		}
+		_, err = cms.Patch(wctx, BundleConfigMap, types.MergePatchType, body, metav1.PatchOptions{})
 	}
 	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 		b.kick()

@@ -3,14 +3,16 @@
 // ConfigMaps (shards) of the server namespace, each record under its
 // cluster's name in the shard the name hashes to. Every replica reads the
 // map from a watch; writes touch only the shards of the records they
-// change, each in one update with the shard's resourceVersion as
-// precondition (a conflict is read again and retried), shards in
-// parallel. The output heads (server/heads) and the ack ledger
-// (server/acks) are two such maps.
+// change, each in one JSON patch that tests every record it replaces
+// (replicas writing different records of one shard do not conflict; a
+// record another replica changed meanwhile fails the patch, which is read
+// again and retried), shards in parallel. The output heads (server/heads)
+// and the ack ledger (server/acks) are two such maps.
 package shardedcm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -25,6 +27,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -281,10 +284,9 @@ func (m *Map[V]) Write(ctx context.Context, records map[string]V) error {
 
 func (m *Map[V]) writeShard(ctx context.Context, name string, rs map[string]V) error {
 	cms := m.client.CoreV1().ConfigMaps(m.namespace)
-	var zero V
 	// The newest copy known first, the watch's or this replica's last
-	// write's: usually current, it saves a read per write; a stale one
-	// fails the precondition and is read again.
+	// write's: usually current, it saves a read per write; where a record
+	// written changed since, its test fails and the shard is read again.
 	var cm *corev1.ConfigMap
 	if o, ok, _ := m.informer.GetStore().GetByKey(m.namespace + "/" + name); ok {
 		cm, _ = o.(*corev1.ConfigMap)
@@ -309,44 +311,95 @@ func (m *Map[V]) writeShard(ctx context.Context, name string, rs map[string]V) e
 			}
 			cm = got
 		}
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		dirty := false
-		for c, r := range rs {
-			if r == zero {
-				if _, ok := cm.Data[c]; ok {
-					delete(cm.Data, c)
-					dirty = true
-				}
-				continue
-			}
-			stored, err := m.codec.Parse(cm.Data[c])
-			if !m.codec.Replaces(r, stored, err == nil) {
-				continue
-			}
-			cm.Data[c] = m.codec.Encode(r)
-			dirty = true
-		}
-		if !dirty {
+		ops := m.patchOps(cm, rs)
+		if len(ops) == 0 {
 			return nil
 		}
 		var err error
 		var stored *corev1.ConfigMap
 		if create {
+			cm.Data = map[string]string{}
+			for _, op := range ops {
+				if c, ok := strings.CutPrefix(op.Path, "/data/"); ok && op.Op == "add" {
+					cm.Data[jsonPointerUnescape(c)] = op.Value.(string)
+				}
+			}
 			stored, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "relaymesh-server"})
 		} else {
-			stored, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "relaymesh-server"})
+			var body []byte
+			if body, err = json.Marshal(ops); err != nil {
+				return err
+			}
+			stored, err = cms.Patch(ctx, name, types.JSONPatchType, body, metav1.PatchOptions{FieldManager: "relaymesh-server"})
 		}
 		if err == nil {
 			m.apply(name, stored, true)
 			return nil
 		}
-		if (!apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err)) || attempt >= 5 {
+		// A failed test (another replica changed one of these records)
+		// is 422 Invalid; a create that lost a race, AlreadyExists.
+		if (!apierrors.IsInvalid(err) && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err)) || attempt >= 5 {
 			return err
 		}
 		cm = nil // read it again
 	}
+}
+
+// patchOp is one JSON patch (RFC 6902) operation. A test of null passes
+// where the member is absent (the apiserver's JSON patch, and
+// TestConcurrentWritersOfOneShard, which checks it on a real apiserver).
+type patchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value"`
+}
+
+// patchOps are the operations that write rs over the shard copy cm: for
+// each record to change, a test that it is still what cm holds (null:
+// absent) and its add, replace or remove. Records the codec says must not
+// replace the stored one, and deletions of absent records, are left out.
+// A shard without data gets its data map first, tested absent too.
+func (m *Map[V]) patchOps(cm *corev1.ConfigMap, rs map[string]V) []patchOp {
+	var zero V
+	var ops []patchOp
+	for _, c := range slices.Sorted(maps.Keys(rs)) {
+		r := rs[c]
+		cur, present := cm.Data[c]
+		path := "/data/" + jsonPointerEscape(c)
+		var test any // null: absent
+		if present {
+			test = cur
+		}
+		if r == zero {
+			if present {
+				ops = append(ops, patchOp{Op: "test", Path: path, Value: test}, patchOp{Op: "remove", Path: path})
+			}
+			continue
+		}
+		stored, err := m.codec.Parse(cur)
+		if present && !m.codec.Replaces(r, stored, err == nil) || !present && !m.codec.Replaces(r, stored, false) {
+			continue
+		}
+		enc := m.codec.Encode(r)
+		op := "add"
+		if present {
+			op = "replace"
+		}
+		ops = append(ops, patchOp{Op: "test", Path: path, Value: test}, patchOp{Op: op, Path: path, Value: enc})
+	}
+	if len(ops) > 0 && cm.Data == nil {
+		ops = append([]patchOp{{Op: "test", Path: "/data"}, {Op: "add", Path: "/data", Value: map[string]string{}}}, ops...)
+	}
+	return ops
+}
+
+// jsonPointerEscape escapes a JSON pointer segment (RFC 6901).
+func jsonPointerEscape(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
+}
+
+func jsonPointerUnescape(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "~1", "/"), "~0", "~")
 }
 
 // Read returns every record of kind stored in namespace, as a reader
