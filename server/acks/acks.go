@@ -44,9 +44,9 @@ func ShardName(cluster string) string { return kind.ShardName(cluster) }
 
 // DefaultInterval is how long a record waits for others before it is
 // written, and the least time between two writes of the records. An edit's
-// acks arrive over 100–300 ms at 1,000 clusters: gathered, they are one
-// write per shard, landing after the edit reached the fleet rather than
-// during it.
+// acks arrive over 100–300 ms at 1,000 clusters: gathered, they are
+// usually one write per shard, landing after the edit reached most of the
+// fleet rather than during it.
 const DefaultInterval = 250 * time.Millisecond
 
 // Entry is one cluster's record: the output version its agent acked and
@@ -195,7 +195,7 @@ func (l *Ledger) Flushes() int {
 // Gathering for only 20 ms after a quiet spell, as before, wrote the first
 // few acks of every edit in a batch of their own, in the middle of the
 // edit's delivery: about 16 more ConfigMap writes per replica per edit
-// (docs/benchmarks.md, "Ack records gathered"). No reader waits on a record
+// (docs/benchmarks.md, "Ack records gathered and patched"). No reader waits on a record
 // for less than that: rotations and statuses move on acks in seconds. A
 // failed batch is retried with back-off unless a newer record of the
 // cluster was queued meanwhile.

@@ -204,16 +204,17 @@ func TestLedgerGathersABurstIntoOneBatch(t *testing.T) {
 		return err == nil && len(all) == 1000
 	}, 10*time.Second, 20*time.Millisecond)
 	assert.GreaterOrEqual(t, time.Since(start), interval, "the burst waited the interval")
+	time.Sleep(300 * time.Millisecond) // the batch's count, after its writes
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, 1, l.Flushes(), "one batch")
 	assert.LessOrEqual(t, writes, acks.Shards, "one write per shard")
 }
 
-// A record is written with the shard's resourceVersion as precondition: a
-// write that conflicts with another replica's is read again and retried,
+// A write that fails (here: the shard's create) is read again and retried,
 // and a failing apiserver is retried until it answers, without losing a
-// record queued meanwhile.
+// record queued meanwhile. (A record another replica changed meanwhile:
+// server/shardedcm TestAStaleCopyIsReadAgain.)
 func TestLedgerRetries(t *testing.T) {
 	cs := fake.NewClientset()
 	var mu sync.Mutex

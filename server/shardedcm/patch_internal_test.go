@@ -1,6 +1,7 @@
 package shardedcm
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -12,7 +13,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -132,8 +137,9 @@ func TestConcurrentWritersOfOneShard(t *testing.T) {
 
 // A replica whose copy of the shard is stale (another replica changed,
 // added or deleted a record since, or emptied the shard) does not write
-// over what it has not seen: the patch's test fails, the shard is read
-// again and the codec decides against the stored record.
+// over what it has not seen, and deletes what it has not seen: the patch's
+// test fails, the shard is read again and the codec decides against the
+// stored record.
 func TestAStaleCopyIsReadAgain(t *testing.T) {
 	env, cs, _ := localcluster.Management(t, "ns")
 	ctx := t.Context()
@@ -168,6 +174,33 @@ func TestAStaleCopyIsReadAgain(t *testing.T) {
 	assert.Equal(t, int64(2), r.patch.Load(), "the stale patch, then the one after reading again")
 	assert.Equal(t, int64(1), r.get.Load(), "one read again")
 
+	// Each guard alone. names[1] believed absent, 7 stored, 6 written
+	// with a current record beside it: without the test of null the add
+	// would write 6 over 7.
+	r.patch.Store(0)
+	r.get.Store(0)
+	believe(map[string]string{names[0]: "5"})
+	require.NoError(t, m.Write(ctx, map[string]int{names[0]: 6, names[1]: 6}))
+	assert.Equal(t, map[string]string{names[0]: "6", names[1]: "7"}, stored(), "an absent record believed absent only")
+	assert.Equal(t, int64(2), r.patch.Load())
+	assert.Equal(t, int64(1), r.get.Load())
+	// names[2] written by another replica after the copy, and deleted (its
+	// cluster deregistered) with a current record beside it: without the
+	// test the patch would leave it.
+	_, err = cs.CoreV1().ConfigMaps("ns").Patch(ctx, shard, types.MergePatchType, []byte(`{"data":{"`+names[2]+`":"3"}}`), metav1.PatchOptions{})
+	require.NoError(t, err)
+	believe(map[string]string{names[0]: "6", names[1]: "7"})
+	require.NoError(t, m.Write(ctx, map[string]int{names[0]: 7, names[2]: 0}))
+	assert.Equal(t, map[string]string{names[0]: "7", names[1]: "7"}, stored(), "a record the copy missed is deleted")
+	// A deletion alone of a record the shard does not hold: a test, no
+	// change.
+	believe(map[string]string{names[0]: "7", names[1]: "7"})
+	require.NoError(t, m.Write(ctx, map[string]int{names[4]: 0}))
+	assert.Equal(t, map[string]string{names[0]: "7", names[1]: "7"}, stored())
+	// The shard is set back to what the next step expects.
+	_, err = cs.CoreV1().ConfigMaps("ns").Patch(ctx, shard, types.MergePatchType, []byte(`{"data":{"`+names[0]+`":"5"}}`), metav1.PatchOptions{})
+	require.NoError(t, err)
+
 	// A copy that is current: one patch, no read.
 	r.patch.Store(0)
 	r.get.Store(0)
@@ -194,4 +227,17 @@ func TestAStaleCopyIsReadAgain(t *testing.T) {
 	// The map reads what it wrote.
 	v, ok := m.Get(names[0])
 	assert.True(t, ok && v == 1)
+}
+
+// Only a patch the apiserver could not apply (a failed test: 422 without
+// causes) is read again; an object that fails validation (422 naming the
+// fields) or any other error is returned at once, as reading again would
+// not mend it.
+func TestOnlyAFailedTestIsReadAgain(t *testing.T) {
+	cm := schema.GroupResource{Resource: "configmaps"}
+	assert.True(t, failedTest(apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "", schema.GroupResource{}, "", "testing value /data/c failed", 0, false)))
+	assert.False(t, failedTest(apierrors.NewInvalid(schema.GroupKind{Kind: "ConfigMap"}, "shard", field.ErrorList{field.TooLong(field.NewPath("data"), "", 1<<20)})))
+	assert.False(t, failedTest(apierrors.NewConflict(cm, "shard", errors.New("changed"))))
+	assert.False(t, failedTest(errors.New("connection refused")))
+	assert.False(t, failedTest(nil))
 }

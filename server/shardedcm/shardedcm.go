@@ -254,7 +254,7 @@ func (m *Map[V]) Clusters() []string {
 }
 
 // Write stores records (a zero V deletes the cluster's), each touched
-// shard in one update, shards in parallel. A record the codec says does
+// shard in one patch, shards in parallel. A record the codec says does
 // not replace the stored one is not written. It returns what it could not
 // write.
 func (m *Map[V]) Write(ctx context.Context, records map[string]V) error {
@@ -312,8 +312,8 @@ func (m *Map[V]) writeShard(ctx context.Context, name string, rs map[string]V) e
 			cm = got
 		}
 		ops := m.patchOps(cm, rs)
-		if len(ops) == 0 {
-			return nil
+		if len(ops) == 0 || create && !slices.ContainsFunc(ops, func(op patchOp) bool { return op.Op == "add" }) {
+			return nil // nothing to write, or only deletions from a shard that does not exist
 		}
 		var err error
 		var stored *corev1.ConfigMap
@@ -336,13 +336,25 @@ func (m *Map[V]) writeShard(ctx context.Context, name string, rs map[string]V) e
 			m.apply(name, stored, true)
 			return nil
 		}
-		// A failed test (another replica changed one of these records)
-		// is 422 Invalid; a create that lost a race, AlreadyExists.
-		if (!apierrors.IsInvalid(err) && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err)) || attempt >= 5 {
+		if (!failedTest(err) && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err)) || attempt >= 5 {
 			return err
 		}
 		cm = nil // read it again
 	}
+}
+
+// failedTest reports whether err is the apiserver refusing a JSON patch it
+// could not apply (a test failed: another replica changed one of the
+// records; 422 without causes), as opposed to the patched object failing
+// validation (422 with the fields at fault, which reading again does not
+// mend).
+func failedTest(err error) bool {
+	var st apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &st) {
+		return false
+	}
+	d := st.Status().Details
+	return d == nil || len(d.Causes) == 0
 }
 
 // patchOp is one JSON patch (RFC 6902) operation. A test of null passes
@@ -356,9 +368,10 @@ type patchOp struct {
 
 // patchOps are the operations that write rs over the shard copy cm: for
 // each record to change, a test that it is still what cm holds (null:
-// absent) and its add, replace or remove. Records the codec says must not
-// replace the stored one, and deletions of absent records, are left out.
-// A shard without data gets its data map first, tested absent too.
+// absent) and its add, replace or remove; a deletion of a record cm does
+// not hold is a test that it is absent. Records the codec says must not
+// replace the stored one are left out. A shard without data gets its data
+// map first, tested absent too.
 func (m *Map[V]) patchOps(cm *corev1.ConfigMap, rs map[string]V) []patchOp {
 	var zero V
 	var ops []patchOp
@@ -373,6 +386,11 @@ func (m *Map[V]) patchOps(cm *corev1.ConfigMap, rs map[string]V) []patchOp {
 		if r == zero {
 			if present {
 				ops = append(ops, patchOp{Op: "test", Path: path, Value: test}, patchOp{Op: "remove", Path: path})
+			} else {
+				// Absent from the copy, maybe not from the shard: a
+				// record another replica wrote after the copy fails the
+				// test, and the shard is read again to remove it.
+				ops = append(ops, patchOp{Op: "test", Path: path, Value: nil})
 			}
 			continue
 		}
