@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,17 +140,7 @@ func TestLedger(t *testing.T) {
 // records, recorded over a burst, reach the apiserver in at most one write
 // per shard per interval.
 func TestLedgerBatchesABurst(t *testing.T) {
-	cs := fake.NewClientset()
-	var mu sync.Mutex
-	writes := 0
-	cs.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if isWrite(a) {
-			mu.Lock()
-			writes++
-			mu.Unlock()
-		}
-		return false, nil, nil
-	})
+	cs, writes := countingWrites()
 	l := started(t, cs, 200*time.Millisecond)
 	start := time.Now()
 	for i := range 1000 {
@@ -164,13 +155,11 @@ func TestLedgerBatchesABurst(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond)
 	took := time.Since(start)
 	time.Sleep(300 * time.Millisecond) // the last batch's count
-	mu.Lock()
-	defer mu.Unlock()
-	batches := l.Flushes()
-	assert.LessOrEqual(t, writes, batches*acks.Shards, "at most one write per shard per batch")
+	batches, n := l.Flushes(), writes()
+	assert.LessOrEqual(t, n, batches*acks.Shards, "at most one write per shard per batch")
 	assert.LessOrEqual(t, batches, int(took/(200*time.Millisecond))+2, "batches at most every interval")
-	assert.Less(t, writes, 100, "1,000 acks are a few dozen writes")
-	t.Logf("1,000 acks: %d writes in %d batches over %v", writes, batches, took.Round(time.Millisecond))
+	assert.Less(t, n, 100, "1,000 acks are a few dozen writes")
+	t.Logf("1,000 acks: %d writes in %d batches over %v", n, batches, took.Round(time.Millisecond))
 }
 
 // The first ack of a burst waits for the rest: 1,000 acks arriving over
@@ -178,17 +167,7 @@ func TestLedgerBatchesABurst(t *testing.T) {
 // Written 20 ms after the first ack, as before, the first few were a batch
 // of their own: up to 16 more writes, during the edit's delivery.
 func TestLedgerGathersABurstIntoOneBatch(t *testing.T) {
-	cs := fake.NewClientset()
-	var mu sync.Mutex
-	writes := 0
-	cs.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if isWrite(a) {
-			mu.Lock()
-			writes++
-			mu.Unlock()
-		}
-		return false, nil, nil
-	})
+	cs, writes := countingWrites()
 	const interval = time.Second
 	l := started(t, cs, interval)
 	start := time.Now()
@@ -205,10 +184,22 @@ func TestLedgerGathersABurstIntoOneBatch(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond)
 	assert.GreaterOrEqual(t, time.Since(start), interval, "the burst waited the interval")
 	time.Sleep(300 * time.Millisecond) // the batch's count, after its writes
-	mu.Lock()
-	defer mu.Unlock()
 	assert.Equal(t, 1, l.Flushes(), "one batch")
-	assert.LessOrEqual(t, writes, acks.Shards, "one write per shard")
+	assert.LessOrEqual(t, writes(), acks.Shards, "one write per shard")
+}
+
+// countingWrites is a fake clientset and the number of shard writes made
+// through it so far.
+func countingWrites() (*fake.Clientset, func() int) {
+	cs := fake.NewClientset()
+	var n atomic.Int64
+	cs.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if isWrite(a) {
+			n.Add(1)
+		}
+		return false, nil, nil
+	})
+	return cs, func() int { return int(n.Load()) }
 }
 
 // A write that fails (here: the shard's create) is read again and retried,
