@@ -194,11 +194,11 @@ func (l *Ledger) Flushes() int {
 // into one write per shard, and two batches are at least interval apart.
 // Gathering for only 20 ms after a quiet spell, as before, wrote the first
 // few acks of every edit in a batch of their own, in the middle of the
-// edit's delivery: about 16 more ConfigMap writes per replica per edit
-// (docs/benchmarks.md, "Ack records gathered and patched"). No reader waits on a record
-// for less than that: rotations and statuses move on acks in seconds. A
-// failed batch is retried with back-off unless a newer record of the
-// cluster was queued meanwhile.
+// edit's delivery: up to 16 more ConfigMap writes per replica per edit
+// (docs/benchmarks.md, "Ack records gathered and patched"). No reader
+// waits on a record for less than that: rotations and statuses move on
+// acks in seconds. A failed batch is retried with back-off unless a newer
+// record of the cluster was queued meanwhile.
 func (l *Ledger) run(ctx context.Context) {
 	retry := time.Duration(0)
 	for {

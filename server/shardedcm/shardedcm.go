@@ -358,8 +358,8 @@ func failedTest(err error) bool {
 }
 
 // patchOp is one JSON patch (RFC 6902) operation. A test of null passes
-// where the member is absent (the apiserver's JSON patch, and
-// TestConcurrentWritersOfOneShard, which checks it on a real apiserver).
+// where the member is absent: the apiserver's JSON patch library does so,
+// and TestAStaleCopyIsReadAgain checks it on a real apiserver.
 type patchOp struct {
 	Op    string `json:"op"`
 	Path  string `json:"path"`
@@ -395,7 +395,7 @@ func (m *Map[V]) patchOps(cm *corev1.ConfigMap, rs map[string]V) []patchOp {
 			continue
 		}
 		stored, err := m.codec.Parse(cur)
-		if present && !m.codec.Replaces(r, stored, err == nil) || !present && !m.codec.Replaces(r, stored, false) {
+		if !m.codec.Replaces(r, stored, present && err == nil) {
 			continue
 		}
 		enc := m.codec.Encode(r)
