@@ -29,7 +29,7 @@ func WatchClusters(ctx context.Context, client dynamic.Interface, informers *kub
 		kc, err := toCluster(obj)
 		if err != nil {
 			// Fail closed: a registration we cannot read is no registration.
-			if u, ok := obj.(*unstructured.Unstructured); ok {
+			if u, ok := obj.(metav1.Object); ok {
 				reg.Remove(u.GetName())
 				if kubeconfig != nil {
 					kubeconfig.Remove(u.GetName())
@@ -66,7 +66,7 @@ func WatchClusters(ctx context.Context, client dynamic.Interface, informers *kub
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
 			}
-			if u, ok := obj.(*unstructured.Unstructured); ok {
+			if u, ok := obj.(metav1.Object); ok {
 				reg.Remove(u.GetName())
 				if kubeconfig != nil {
 					kubeconfig.Remove(u.GetName())
@@ -126,7 +126,13 @@ func WatchClusters(ctx context.Context, client dynamic.Interface, informers *kub
 	return nil
 }
 
+// toCluster is a watched KubernetesCluster, typed: the cached object itself
+// (kubeinformers.Typed: shared, read only), or a conversion of one the
+// cache kept as read because it does not convert.
 func toCluster(obj any) (*multiclusterv1alpha1.KubernetesCluster, error) {
+	if kc, ok := obj.(*multiclusterv1alpha1.KubernetesCluster); ok {
+		return kc, nil
+	}
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return nil, fmt.Errorf("unexpected object %T", obj)

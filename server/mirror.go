@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
@@ -179,7 +180,7 @@ func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View,
 		// A delete seen ends any expectation of the object: if it was
 		// deleted by someone else, it is written again.
 		seen := func(obj any) {
-			if u, ok := obj.(*unstructured.Unstructured); ok {
+			if u, ok := obj.(metav1.Object); ok {
 				m.expMu.Lock()
 				key := expectKey(gvr, u.GetName())
 				if e, ok := m.expected[key]; ok && e.sum != "" && e.sum == u.GetAnnotations()[annotationSpecSum] {
@@ -300,8 +301,8 @@ type mirrorWrite struct {
 	gvr  schema.GroupVersionResource
 	name string
 	obj  *unstructured.Unstructured
-	uid  types.UID                  // of the object to delete
-	cur  *unstructured.Unstructured // the cached object an apply replaces, nil if none
+	uid  types.UID     // of the object to delete
+	cur  metav1.Object // the cached object an apply replaces, nil if none
 	// cluster is the label of the object to delete.
 	cluster string
 }
@@ -340,21 +341,23 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 	var errs []error
 	for _, gvr := range discoveredResources {
 		want, idx := desired[gvr], m.informers[gvr].GetIndexer()
-		have := map[string]*unstructured.Unstructured{}
+		// The cache holds typed objects (kubeinformers.Typed), or one as
+		// read if it did not convert: the mirror reads their metadata.
+		have := map[string]metav1.Object{}
 		objs, err := idx.ByIndex(indexCluster, cluster)
 		if err != nil {
 			return err
 		}
 		for _, obj := range objs {
-			if u, ok := obj.(*unstructured.Unstructured); ok {
-				have[u.GetName()] = u
+			if o, ok := obj.(metav1.Object); ok {
+				have[o.GetName()] = o
 			}
 		}
 		for name, obj := range want {
 			cur := have[name]
 			if cur == nil {
 				if other, ok, _ := idx.GetByKey(m.namespace + "/" + name); ok {
-					cur, _ = other.(*unstructured.Unstructured)
+					cur, _ = other.(metav1.Object)
 				}
 			}
 			if cur != nil && !sameOrigin(cur, obj) {
@@ -697,7 +700,12 @@ func (m *Mirror) writeOne(ctx context.Context, w mirrorWrite) error {
 		// resourceVersion: the spec and our labels and annotations are
 		// replaced, anything else someone added is kept. A conflict
 		// (the cache was stale) is retried.
-		next := w.cur.DeepCopy()
+		next, err := unstructuredCopy(w.cur)
+		if err != nil {
+			return fmt.Errorf("update %s %s: %w", w.gvr.Resource, w.name, err)
+		}
+		next.SetAPIVersion(w.obj.GetAPIVersion())
+		next.SetKind(w.obj.GetKind())
 		next.Object["spec"] = w.obj.Object["spec"]
 		next.SetLabels(merged(next.GetLabels(), w.obj.GetLabels(), discoveredLabels))
 		next.SetAnnotations(merged(next.GetAnnotations(), w.obj.GetAnnotations(), []string{annotationSpecSum}))
@@ -706,6 +714,19 @@ func (m *Mirror) writeOne(ctx context.Context, w mirrorWrite) error {
 		}
 	}
 	return nil
+}
+
+// unstructuredCopy is a copy of a cached object to update: the cache
+// holds typed objects (kubeinformers.Typed), or one as read.
+func unstructuredCopy(o metav1.Object) (*unstructured.Unstructured, error) {
+	switch o := o.(type) {
+	case *unstructured.Unstructured:
+		return o.DeepCopy(), nil
+	case runtime.Object:
+		fields, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+		return &unstructured.Unstructured{Object: fields}, err
+	}
+	return nil, fmt.Errorf("a cached object of type %T", o)
 }
 
 // discoveredLabels are the labels the mirror owns on discovered objects.
@@ -759,7 +780,7 @@ func (m *Mirror) CollectOrphans(ctx context.Context, registered func(cluster str
 
 // sameOrigin reports whether cur, found under want's name, came from the
 // same cluster and namespace (its labels).
-func sameOrigin(cur, want *unstructured.Unstructured) bool {
+func sameOrigin(cur metav1.Object, want *unstructured.Unstructured) bool {
 	for _, k := range []string{LabelCluster, discoveryv1alpha1.LabelNamespace} {
 		if cur.GetLabels()[k] != want.GetLabels()[k] {
 			return false

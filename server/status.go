@@ -70,12 +70,6 @@ type KubeStatus struct {
 	// wasted, a thousand of them when a fleet is deregistered), and a new
 	// registration of the name, another UID, is written as ever.
 	gone map[string]types.UID
-	// seen is the status each cluster's object showed at the
-	// resourceVersion sync last converted. Acks, pings and certificates
-	// each queue a sync, and most find the object as it was: converting it
-	// again every time was a thousand conversions per policy edit at 1,000
-	// clusters, for syncs that wrote nothing.
-	seen map[string]seenStatus
 }
 
 type seenStatus struct {
@@ -229,7 +223,7 @@ func NewKubeStatus(client dynamic.Interface, namespace string, log *slog.Logger,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "cluster-status"}),
 		informer: shared.Local.Informer(multiclusterv1alpha1.KubernetesClusters),
-		state:    map[string]*agentState{}, written: map[string]writtenStatus{}, gone: map[string]types.UID{}, seen: map[string]seenStatus{}, acks: map[string]*relaypb.PullAck{}, ackDigests: map[string]string{}}
+		state:    map[string]*agentState{}, written: map[string]writtenStatus{}, gone: map[string]types.UID{}, acks: map[string]*relaypb.PullAck{}, ackDigests: map[string]string{}}
 	if cfg.Ledger != nil {
 		// A record moves a cluster's ack on as much as a status does.
 		cfg.Ledger.OnChange(k.tellAck)
@@ -406,7 +400,6 @@ func (k *KubeStatus) Forget(cluster string) {
 	k.mu.Lock()
 	delete(k.state, cluster)
 	delete(k.written, cluster)
-	delete(k.seen, cluster)
 	k.mu.Unlock()
 }
 
@@ -452,7 +445,7 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	if !exists {
 		return 0, nil // not registered (any more): nothing to write
 	}
-	kc, err := k.statusOf(cluster, obj)
+	kc, err := k.statusOf(obj)
 	if err != nil {
 		return 0, err
 	}
@@ -475,6 +468,8 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	have, rv := kc.status, kc.rv
 	if w, ok := k.written[cluster]; ok && w.before == kc.rv && w.after != kc.rv {
 		have, rv = w.status, w.after
+	} else if ok {
+		delete(k.written, cluster) // the watch caught up: its object is the status
 	}
 	k.mu.Unlock()
 	patch := map[string]any{}
@@ -608,9 +603,6 @@ func (k *KubeStatus) sync(ctx context.Context, cluster string) (time.Duration, e
 	if after, err := toCluster(got); err == nil {
 		k.mu.Lock()
 		k.written[cluster] = writtenStatus{before: kc.rv, after: after.ResourceVersion, status: after.Status}
-		// The watch brings this object next, at this resourceVersion:
-		// already converted.
-		k.seen[cluster] = seenStatus{uid: after.UID, rv: after.ResourceVersion, status: after.Status}
 		k.mu.Unlock()
 	}
 	return 0, nil
@@ -634,30 +626,19 @@ func (k *KubeStatus) firstSessionHold(st agentState, patch map[string]any, now t
 	return max(st.holdSince.Add(k.cfg.FirstSessionWait).Sub(now), 0)
 }
 
-// statusOf returns the UID, resourceVersion and status of obj, cluster's
-// object as the watch shows it, converted only when its resourceVersion
-// (or UID) differs from the last one seen. The status returned is shared:
-// callers only read it.
-func (k *KubeStatus) statusOf(cluster string, obj any) (seenStatus, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return seenStatus{}, fmt.Errorf("unexpected object %T", obj)
-	}
-	k.mu.Lock()
-	s, ok := k.seen[cluster]
-	k.mu.Unlock()
-	if ok && s.rv == u.GetResourceVersion() && s.uid == u.GetUID() {
-		return s, nil
-	}
+// statusOf returns the UID, resourceVersion and status of obj, a cluster's
+// object as the watch shows it. The cache holds it typed
+// (kubeinformers.Typed), so this converts nothing (acks, pings and
+// certificates each queue a sync, and most find the object as it was:
+// converting it every time was a thousand conversions per policy edit at
+// 1,000 clusters). The status returned is the cache's: callers only read
+// it.
+func (k *KubeStatus) statusOf(obj any) (seenStatus, error) {
 	kc, err := toCluster(obj)
 	if err != nil {
 		return seenStatus{}, err
 	}
-	s = seenStatus{uid: kc.UID, rv: kc.ResourceVersion, status: kc.Status}
-	k.mu.Lock()
-	k.seen[cluster] = s
-	k.mu.Unlock()
-	return s, nil
+	return seenStatus{uid: kc.UID, rv: kc.ResourceVersion, status: kc.Status}, nil
 }
 
 // heartbeatDue is when a write that waits for the heartbeat (lastSeen
@@ -907,13 +888,12 @@ func (k *KubeStatus) tellAck(cluster string) {
 // recordAck keeps the ack a watched KubernetesCluster's status shows and,
 // when it changed, tells the listeners.
 func (k *KubeStatus) recordAck(obj any) {
-	u, ok := obj.(*unstructured.Unstructured)
+	u, ok := obj.(metav1.Object)
 	if !ok {
 		return
 	}
 	name := u.GetName()
-	// Converted once per resourceVersion for this and the next sync.
-	kc, err := k.statusOf(name, obj)
+	kc, err := k.statusOf(obj)
 	if err != nil {
 		return
 	}
@@ -941,6 +921,19 @@ func (k *KubeStatus) recordAck(obj any) {
 	}
 }
 
+// connectedTo is what a watched KubernetesCluster's status says of its
+// session: connected, and to which replica. Read in place, not converted.
+func connectedTo(obj any) (connected bool, replica string) {
+	switch o := obj.(type) {
+	case *multiclusterv1alpha1.KubernetesCluster:
+		return o.Status.Connected, o.Status.Replica
+	case *unstructured.Unstructured:
+		connected, _, _ = unstructured.NestedBool(o.Object, "status", "connected")
+		replica, _, _ = unstructured.NestedString(o.Object, "status", "replica")
+	}
+	return connected, replica
+}
+
 // forgetAck drops the ack of a KubernetesCluster that was deleted.
 func (k *KubeStatus) forgetAck(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -952,7 +945,6 @@ func (k *KubeStatus) forgetAck(obj any) {
 		delete(k.acks, name)
 		delete(k.ackDigests, name)
 		delete(k.gone, name)
-		delete(k.seen, name)
 		k.mu.Unlock()
 	}
 }
@@ -993,12 +985,11 @@ func (k *KubeStatus) Sweep(ctx context.Context, interval time.Duration, alive fu
 			// Two fields of every cluster, every interval: read in place,
 			// not converted (converting 10,000 clusters every 5 s was 7 %
 			// of the server's CPU in a bootstrap storm; issue 31).
-			u, ok := obj.(*unstructured.Unstructured)
+			u, ok := obj.(metav1.Object)
 			if !ok {
 				continue
 			}
-			connected, _, _ := unstructured.NestedBool(u.Object, "status", "connected")
-			replica, _, _ := unstructured.NestedString(u.Object, "status", "replica")
+			connected, replica := connectedTo(obj)
 			if !connected || replica == "" || live[replica] {
 				continue
 			}

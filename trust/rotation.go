@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -487,7 +488,9 @@ func (c *Controller) clearSteering(ctx context.Context, vm *networkingv1alpha1.V
 	// state this replica holds, the state is current as of the patch
 	// (else the next status write is refused and the state read afresh).
 	c.resumeAfter(vm.Namespace+"/"+vm.Name, res)
-	// This reconcile goes on with vm: it must not see them either.
+	// This reconcile goes on with vm: it must not see them either. A
+	// copy of the map: vm may share it with a cache (listTyped).
+	vm.Annotations = maps.Clone(vm.Annotations)
 	for a := range stale {
 		delete(vm.Annotations, a)
 	}

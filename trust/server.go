@@ -192,11 +192,11 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	// would write (a new leader is kicked at its term's start).
 	if _, err := c.kcs.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.Kick() }, DeleteFunc: func(any) { c.Kick() },
 		UpdateFunc: func(o, n any) {
-			if ou, ok := o.(*unstructured.Unstructured); ok {
-				if nu, ok := n.(*unstructured.Unstructured); ok && ou.GetGeneration() == nu.GetGeneration() && ou.GetGeneration() != 0 &&
-					(!c.leading() || reflect.DeepEqual(trustDomainsOf(ou), trustDomainsOf(nu))) {
-					return
-				}
+			om, ok := o.(metav1.Object)
+			nm, ok2 := n.(metav1.Object)
+			if ok && ok2 && om.GetGeneration() == nm.GetGeneration() && om.GetGeneration() != 0 &&
+				(!c.leading() || sameTrustDomainsOf(o, n)) {
+				return
 			}
 			c.Kick()
 		}}); err != nil {
@@ -271,17 +271,32 @@ func (c *Controller) Kick() {
 func listTyped[T any](inf cache.SharedIndexInformer) ([]T, error) {
 	var out []T
 	for _, o := range inf.GetStore().List() {
-		u, ok := o.(*unstructured.Unstructured)
-		if !ok {
-			continue
+		t, err := typedFrom[T](o)
+		if err != nil {
+			return nil, err
 		}
-		var t T
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &t); err != nil {
-			return nil, fmt.Errorf("%s %s/%s: %w", u.GetKind(), u.GetNamespace(), u.GetName(), err)
+		if t != nil {
+			out = append(out, *t)
 		}
-		out = append(out, t)
 	}
 	return out, nil
+}
+
+// typedFrom is a cached object as a T: the object itself where the cache
+// holds typed objects (kubeinformers.Typed; shared, not to be modified),
+// a conversion of an unstructured one, nil for anything else.
+func typedFrom[T any](o any) (*T, error) {
+	switch o := o.(type) {
+	case *T:
+		return o, nil
+	case *unstructured.Unstructured:
+		t := new(T)
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, t); err != nil {
+			return nil, fmt.Errorf("%s %s/%s: %w", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+		}
+		return t, nil
+	}
+	return nil, nil
 }
 
 // reconcile decides every mesh's trust request, publishes them, and moves
@@ -722,12 +737,7 @@ func (c *Controller) authorizeNow(cluster, mesh, td string) error {
 	}
 	var m *discoveryv1alpha1.Mesh
 	if obj, ok, err := c.mesh.GetStore().GetByKey(c.cfg.Namespace + "/" + mesh); err == nil && ok {
-		if u, ok := obj.(*unstructured.Unstructured); ok {
-			var typed discoveryv1alpha1.Mesh
-			if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &typed) == nil {
-				m = &typed
-			}
-		}
+		m, _ = typedFrom[discoveryv1alpha1.Mesh](obj)
 	}
 	return authorizeSigning(clusters, m, cluster, td)
 }
@@ -737,6 +747,21 @@ func (c *Controller) authorizeNow(cluster, mesh, td string) error {
 func trustDomainsOf(u *unstructured.Unstructured) any {
 	v, _, _ := unstructured.NestedFieldNoCopy(u.Object, "status", "trustDomains")
 	return v
+}
+
+// sameTrustDomainsOf reports whether two versions of a watched
+// KubernetesCluster show the same status.trustDomains: typed (the cache is,
+// kubeinformers.Typed) or as read.
+func sameTrustDomainsOf(o, n any) bool {
+	switch o := o.(type) {
+	case *multiclusterv1alpha1.KubernetesCluster:
+		n, ok := n.(*multiclusterv1alpha1.KubernetesCluster)
+		return ok && sameTrustDomains(o.Status.TrustDomains, n.Status.TrustDomains)
+	case *unstructured.Unstructured:
+		n, ok := n.(*unstructured.Unstructured)
+		return ok && reflect.DeepEqual(trustDomainsOf(o), trustDomainsOf(n))
+	}
+	return false
 }
 
 // sameTrustDomains: a and b are the same statuses, in order (nil and

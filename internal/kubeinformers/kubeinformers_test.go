@@ -7,12 +7,14 @@ import (
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	networkingv1alpha1 "github.com/relaymesh/relaymesh/api/networking/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/kubeinformers"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -45,19 +47,44 @@ func TestSharedInformers(t *testing.T) {
 	obj, ok, err := first.GetStore().GetByKey(ns + "/cluster-1")
 	require.NoError(t, err)
 	require.True(t, ok)
-	cached := obj.(*unstructured.Unstructured)
+	require.IsType(t, &multiclusterv1alpha1.KubernetesCluster{}, obj, "a KubernetesCluster is cached typed")
+	cached := obj.(*multiclusterv1alpha1.KubernetesCluster)
 	assert.Empty(t, cached.GetManagedFields(), "managedFields are dropped as the object enters the cache")
 	assert.Equal(t, "a", cached.GetLabels()["team"], "the rest of the object is kept")
+	assert.Equal(t, multiclusterv1alpha1.ModeRelay, cached.Spec.Mode)
 
-	// Asked for after Start: started by the next Start.
+	// Asked for after Start: started by the next Start. A discovered kind
+	// is cached typed, without managedFields.
+	mesh := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "discovery.relaymesh.io/v1alpha1", "kind": "Mesh",
+		"metadata": map[string]any{"name": "istiod-c1", "namespace": ns, "labels": map[string]any{"relaymesh.io/cluster": "c1"}},
+		"spec": map[string]any{"agentNamespace": "relaymesh-system",
+			"istio": map[string]any{"trustDomain": "c1.local", "installation": map[string]any{"cluster": "c1", "namespace": "istio-system"}}},
+	}}
+	_, err = dyn.Resource(discoveryv1alpha1.Meshes).Namespace(ns).Apply(ctx, "istiod-c1", mesh, metav1.ApplyOptions{FieldManager: "test"})
+	require.NoError(t, err)
 	meshes := shared.Local.Informer(discoveryv1alpha1.Meshes)
 	assert.False(t, meshes.HasSynced())
 	shared.Start(ctx.Done())
 	require.Eventually(t, meshes.HasSynced, 30*time.Second, 50*time.Millisecond)
+	obj, ok, err = meshes.GetStore().GetByKey(ns + "/istiod-c1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.IsType(t, &discoveryv1alpha1.Mesh{}, obj, "a discovered kind is cached typed")
+	typed := obj.(*discoveryv1alpha1.Mesh)
+	assert.Empty(t, typed.ManagedFields)
+	assert.Equal(t, "c1", typed.Labels["relaymesh.io/cluster"])
+	assert.NotEmpty(t, typed.ResourceVersion)
+	assert.Equal(t, "Mesh", typed.Kind)
+	require.NotNil(t, typed.Spec.Istio)
+	assert.Equal(t, "c1.local", typed.Spec.Istio.TrustDomain)
+	assert.Equal(t, "relaymesh-system", typed.Spec.AgentNamespace)
 
 	// An update from the cached copy (DeepCopy: cached objects are
 	// shared) keeps the apiserver's record of who owns what.
-	next := cached.DeepCopy()
+	fields, err := runtime.DefaultUnstructuredConverter.ToUnstructured(cached.DeepCopy())
+	require.NoError(t, err)
+	next := &unstructured.Unstructured{Object: fields}
 	next.SetLabels(map[string]string{"team": "b"})
 	updated, err := kcs.Update(ctx, next, metav1.UpdateOptions{FieldManager: "other"})
 	require.NoError(t, err)
@@ -68,7 +95,7 @@ func TestSharedInformers(t *testing.T) {
 	assert.True(t, managers["test"], "the first manager's entry survives an update without managedFields: %v", managers)
 	require.Eventually(t, func() bool {
 		obj, ok, _ := first.GetStore().GetByKey(ns + "/cluster-1")
-		return ok && obj.(*unstructured.Unstructured).GetLabels()["team"] == "b"
+		return ok && obj.(*multiclusterv1alpha1.KubernetesCluster).GetLabels()["team"] == "b"
 	}, 30*time.Second, 50*time.Millisecond)
 	assert.Equal(t, cached.GetLabels()["team"], "a", "the object handed out before is not changed by the update")
 }
@@ -82,4 +109,44 @@ func TestStripManagedFieldsPassesOtherValues(t *testing.T) {
 	got, err = kubeinformers.StripManagedFields(noMeta)
 	require.NoError(t, err)
 	assert.Equal(t, noMeta, got)
+}
+
+// The typed kinds' transform converts; an object that does not convert is
+// kept as read (its readers fail on it instead of going without it), and
+// other kinds and tombstones pass as before.
+func TestTransformForTypedKinds(t *testing.T) {
+	assert.True(t, kubeinformers.Typed(discoveryv1alpha1.Workloads))
+	assert.True(t, kubeinformers.Typed(multiclusterv1alpha1.KubernetesClusters))
+	assert.False(t, kubeinformers.Typed(networkingv1alpha1.VirtualMeshes))
+	dest := func(spec any) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "discovery.relaymesh.io/v1alpha1", "kind": "Destination",
+			"metadata": map[string]any{"name": "d", "namespace": "ns",
+				"managedFields": []any{map[string]any{"manager": "m"}}},
+			"spec": spec,
+		}}
+	}
+	tf := kubeinformers.TransformFor(discoveryv1alpha1.Destinations)
+	got, err := tf(dest(map[string]any{"kubeService": map[string]any{"ref": map[string]any{"name": "svc", "namespace": "ns", "clusterName": "c1"}}}))
+	require.NoError(t, err)
+	require.IsType(t, &discoveryv1alpha1.Destination{}, got)
+	d := got.(*discoveryv1alpha1.Destination)
+	assert.Equal(t, "svc", d.Spec.KubeService.Ref.Name)
+	assert.Empty(t, d.ManagedFields)
+
+	bad := dest(map[string]any{"kubeService": "not an object"})
+	got, err = tf(bad)
+	require.NoError(t, err)
+	assert.Same(t, bad, got, "an object that does not convert is kept as read")
+	assert.Empty(t, bad.GetManagedFields(), "and without managedFields")
+
+	tomb := cache.DeletedFinalStateUnknown{Key: "ns/d"}
+	got, err = tf(tomb)
+	require.NoError(t, err)
+	assert.Equal(t, tomb, got)
+
+	vm := &unstructured.Unstructured{Object: map[string]any{"kind": "VirtualMesh", "metadata": map[string]any{"name": "vm"}}}
+	got, err = kubeinformers.TransformFor(networkingv1alpha1.VirtualMeshes)(vm)
+	require.NoError(t, err)
+	assert.Same(t, vm, got, "other kinds stay unstructured")
 }

@@ -138,6 +138,7 @@ func BenchmarkFleetIdle(b *testing.B) {
 	b.ReportMetric(r.PerAgentRSS/1024, "KiB-rss/agent")
 	b.ReportMetric(r.PerAgentLiveHeap/1024, "KiB-live-heap/agent")
 	b.ReportMetric(r.PerAgentHeapInuse/1024, "KiB-heap-inuse/agent")
+	b.ReportMetric(r.PerAgentStack/1024, "KiB-stack/agent")
 	b.ReportMetric(r.PerAgentGoroutines, "goroutines/agent")
 	require.Empty(b, r.Leaks, "no token or private key in the server's logs")
 }

@@ -35,8 +35,9 @@ type ServerSample struct {
 	Threads int
 	// From /metrics: heap in use, heap allocated (live and not yet
 	// collected), the next GC goal (about twice the heap that was live at
-	// the last GC, plus GC roots), goroutines and open descriptors.
-	HeapInuse, HeapAlloc, NextGC, Goroutines, OpenFDs float64
+	// the last GC, plus GC roots), goroutine stacks, goroutines and open
+	// descriptors.
+	HeapInuse, HeapAlloc, NextGC, StackInuse, Goroutines, OpenFDs float64
 }
 
 // IdleResult is the footprint before and after the fleet connected, and
@@ -45,8 +46,9 @@ type IdleResult struct {
 	Agents int
 	Hygiene
 	Before, After ServerSample
-	// PerAgent is (After - Before) / Agents; LiveHeap is NextGC/2.
-	PerAgentRSS, PerAgentHeapInuse, PerAgentLiveHeap, PerAgentGoroutines float64
+	// PerAgent is (After - Before) / Agents; LiveHeap is NextGC/2; Stack
+	// is the goroutines' stacks (part of the RSS, not of the heap).
+	PerAgentRSS, PerAgentHeapInuse, PerAgentLiveHeap, PerAgentStack, PerAgentGoroutines float64
 	// IdleCPU is the server's CPU per second of the settle window.
 	IdleCPU float64
 	// Connected agents when the second sample was taken.
@@ -71,7 +73,8 @@ func sampleServer(ctx context.Context, s *Server) (ServerSample, error) {
 	}
 	return ServerSample{RSS: u.RSS, Threads: u.Threads,
 		HeapInuse: m.Sum("go_memstats_heap_inuse_bytes"), HeapAlloc: m.Sum("go_memstats_heap_alloc_bytes"),
-		NextGC: m.Sum("go_memstats_next_gc_bytes"), Goroutines: m.Sum("go_goroutines"), OpenFDs: m.Sum("process_open_fds")}, nil
+		NextGC: m.Sum("go_memstats_next_gc_bytes"), StackInuse: m.Sum("go_memstats_stack_inuse_bytes"),
+		Goroutines: m.Sum("go_goroutines"), OpenFDs: m.Sum("process_open_fds")}, nil
 }
 
 // Idle registers the fleet, samples the server, connects the fleet, lets
@@ -187,6 +190,7 @@ func Idle(ctx context.Context, cfg IdleConfig) (*IdleResult, error) {
 	r.PerAgentRSS = float64(r.After.RSS-r.Before.RSS) / n
 	r.PerAgentHeapInuse = (r.After.HeapInuse - r.Before.HeapInuse) / n
 	r.PerAgentLiveHeap = (r.After.NextGC - r.Before.NextGC) / 2 / n
+	r.PerAgentStack = (r.After.StackInuse - r.Before.StackInuse) / n
 	r.PerAgentGoroutines = (r.After.Goroutines - r.Before.Goroutines) / n
 	f.Stop()
 	if r.Hygiene, err = srv.CheckHygiene(members); err != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/relaymesh/relaymesh/internal/pace"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/translation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -319,21 +320,38 @@ func (c *Controller) watchHandler(gvr schema.GroupVersionResource, kick func()) 
 	c.changed[gvr] = changed
 	touch := func(any) { changed.Store(true); kick() }
 	return cache.ResourceEventHandlerFuncs{AddFunc: touch, DeleteFunc: touch, UpdateFunc: func(o, n any) {
-		ou, _ := o.(*unstructured.Unstructured)
-		nu, _ := n.(*unstructured.Unstructured)
-		if ou == nil || nu == nil {
+		om, _ := o.(metav1.Object)
+		nm, _ := n.(metav1.Object)
+		if om == nil || nm == nil {
 			touch(n)
 			return
 		}
-		if !specOnly[gvr] || specVersion(ou) != specVersion(nu) {
+		if !specOnly[gvr] || specVersion(om) != specVersion(nm) {
 			changed.Store(true)
 		}
-		if ou.GetGeneration() == nu.GetGeneration() && ou.GetGeneration() != 0 && reflect.DeepEqual(ou.Object["spec"], nu.Object["spec"]) &&
-			(specOnly[gvr] || sameMetadata(ou, nu)) {
+		if om.GetGeneration() == nm.GetGeneration() && om.GetGeneration() != 0 && sameSpec(o, n) &&
+			(specOnly[gvr] || sameMetadata(om, nm)) {
 			return
 		}
 		kick()
 	}}
+}
+
+// sameSpec reports whether two versions of a cached object have equal
+// specs: unstructured objects, or typed ones (kubeinformers.Typed) of the
+// same type. Anything else is a change.
+func sameSpec(o, n any) bool {
+	ou, uok := o.(*unstructured.Unstructured)
+	nu, nok := n.(*unstructured.Unstructured)
+	if uok || nok {
+		return uok && nok && reflect.DeepEqual(ou.Object["spec"], nu.Object["spec"])
+	}
+	ov, nv := reflect.ValueOf(o), reflect.ValueOf(n)
+	if !ov.IsValid() || !nv.IsValid() || ov.Type() != nv.Type() || ov.Kind() != reflect.Pointer || ov.IsNil() || nv.IsNil() || ov.Elem().Kind() != reflect.Struct {
+		return false
+	}
+	oSpec, nSpec := ov.Elem().FieldByName("Spec"), nv.Elem().FieldByName("Spec")
+	return oSpec.IsValid() && reflect.DeepEqual(oSpec.Interface(), nSpec.Interface())
 }
 
 // sameMetadata reports whether two versions of an object have the same
@@ -341,23 +359,25 @@ func (c *Controller) watchHandler(gvr schema.GroupVersionResource, kick func()) 
 // relaymesh.io/allow-all) and the generation does not cover them, so a
 // change to them alone is judged again at once, not at the next unrelated
 // translation.
-func sameMetadata(a, b *unstructured.Unstructured) bool {
+func sameMetadata(a, b metav1.Object) bool {
 	return maps.Equal(a.GetLabels(), b.GetLabels()) && maps.Equal(a.GetAnnotations(), b.GetAnnotations())
 }
 
 // specVersion is what a specOnly kind is converted again on: its spec's
 // generation (with its UID), or its resourceVersion if it has none.
-func specVersion(u *unstructured.Unstructured) string {
+func specVersion(u metav1.Object) string {
 	if u.GetGeneration() > 0 {
 		return "spec:" + string(u.GetUID()) + "/" + strconv.FormatInt(u.GetGeneration(), 10)
 	}
 	return u.GetResourceVersion()
 }
 
-// list converts an informer's cache to typed objects, converting only what
-// changed since the last call (by resourceVersion; by generation for the
-// specOnly kinds), and returns the last call's list again when the kind's
-// cache did not change since (changed). An object it cannot read is an
+// list reads an informer's cache as typed objects: a typed cache's objects
+// as they are (kubeinformers.Typed), an unstructured one's converted,
+// converting only what changed since the last call (by resourceVersion; by
+// generation for the specOnly kinds). It returns the last call's list
+// again when the kind's cache did not change since (changed). An object it
+// cannot read is an
 // error, not a skip: dropping, say, a VirtualMesh with globalAccessPolicy
 // Enabled would remove its deny-all policy (fail open); and a kind that
 // had one is read again next time.
@@ -373,6 +393,16 @@ func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) 
 	prev := c.typed[gvr]
 	next := map[string]typedObject{}
 	for _, obj := range c.informers[gvr].GetStore().List() {
+		if t, ok := obj.(*T); ok {
+			// A typed cache (kubeinformers.Typed): the cached object
+			// itself, shared and read only, no copy of translation's own.
+			v := *t
+			if kc, ok := any(&v).(*multiclusterv1alpha1.KubernetesCluster); ok && specOnly[gvr] && kc.Generation > 0 {
+				kc.Status = multiclusterv1alpha1.KubernetesClusterStatus{} // of the copy
+			}
+			out = append(out, v)
+			continue
+		}
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
 			continue

@@ -5,8 +5,12 @@ import (
 	"testing"
 	"time"
 
+	common "github.com/relaymesh/relaymesh/api/common/v1alpha1"
+	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
@@ -158,4 +162,82 @@ func TestUnchangedKindsAreNotReadAgain(t *testing.T) {
 	in, err = c.Input()
 	require.NoError(t, err)
 	require.Len(t, in.VirtualMeshes, 1)
+}
+
+// With typed caches (kubeinformers.Typed) translation reads the cached
+// objects themselves: no conversion, no copy of its own, and the cached
+// object is not changed by the status it does not hand over. A status
+// write of a typed KubernetesCluster kicks nothing; a spec change of a
+// typed Destination kicks; a resync (the same object again) kicks nothing.
+func TestTypedCachesAreReadInPlace(t *testing.T) {
+	c := &Controller{informers: map[schema.GroupVersionResource]cache.SharedIndexInformer{}, typed: map[schema.GroupVersionResource]map[string]typedObject{},
+		changed: map[schema.GroupVersionResource]*atomic.Bool{}, lists: map[schema.GroupVersionResource]any{}}
+	kicks := 0
+	handlers := map[schema.GroupVersionResource]cache.ResourceEventHandlerFuncs{}
+	for _, gvr := range []schema.GroupVersionResource{gvrMesh, gvrWorkload, gvrDestination, gvrVirtualMesh, gvrTraffic, gvrAccess, gvrVirtualDest, gvrCluster} {
+		c.informers[gvr] = cache.NewSharedIndexInformer(&cache.ListWatch{}, &unstructured.Unstructured{}, 0, cache.Indexers{})
+		handlers[gvr] = c.watchHandler(gvr, func() { kicks++ })
+	}
+	kc := func(rv string, connected bool) *multiclusterv1alpha1.KubernetesCluster {
+		return &multiclusterv1alpha1.KubernetesCluster{
+			ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: "relaymesh", UID: "u1", ResourceVersion: rv, Generation: 1},
+			Spec:       multiclusterv1alpha1.KubernetesClusterSpec{Mode: multiclusterv1alpha1.ModeRelay},
+			Status:     multiclusterv1alpha1.KubernetesClusterStatus{Connected: connected},
+		}
+	}
+	dest := func(rv string, generation int64, service string) *discoveryv1alpha1.Destination {
+		d := &discoveryv1alpha1.Destination{ObjectMeta: metav1.ObjectMeta{Name: "d1", Namespace: "relaymesh", UID: "u2", ResourceVersion: rv, Generation: generation}}
+		d.Spec.KubeService.Ref = common.ClusterObjectRef{ClusterName: "c1", Namespace: "default", Name: service}
+		return d
+	}
+	kc1, d1 := kc("1", true), dest("2", 1, "reviews")
+	require.NoError(t, c.informers[gvrCluster].GetStore().Add(kc1))
+	handlers[gvrCluster].OnAdd(kc1, false)
+	require.NoError(t, c.informers[gvrDestination].GetStore().Add(d1))
+	handlers[gvrDestination].OnAdd(d1, false)
+	in, err := c.Input()
+	require.NoError(t, err)
+	require.Len(t, in.Clusters, 1)
+	require.Len(t, in.Destinations, 1)
+	assert.False(t, in.Clusters[0].Status.Connected, "no status is handed over")
+	assert.True(t, kc1.Status.Connected, "the cached object keeps its status")
+	assert.Equal(t, "reviews", in.Destinations[0].Spec.KubeService.Ref.Name)
+	assert.Empty(t, c.typed[gvrDestination], "no converted copy is kept")
+
+	k := kicks
+	kc2 := kc("3", false)
+	require.NoError(t, c.informers[gvrCluster].GetStore().Update(kc2))
+	handlers[gvrCluster].OnUpdate(kc1, kc2)
+	handlers[gvrDestination].OnUpdate(d1, d1)
+	assert.Equal(t, k, kicks, "a status write and a resync kick nothing")
+
+	d2 := dest("4", 2, "ratings")
+	require.NoError(t, c.informers[gvrDestination].GetStore().Update(d2))
+	handlers[gvrDestination].OnUpdate(d1, d2)
+	assert.Equal(t, k+1, kicks, "a spec change kicks")
+	labelled := dest("5", 2, "ratings")
+	labelled.Labels = map[string]string{"relaymesh.io/allow-all": "true"}
+	handlers[gvrDestination].OnUpdate(d2, labelled)
+	assert.Equal(t, k+2, kicks, "a change of labels alone kicks (admission reads them)")
+	require.NoError(t, c.informers[gvrDestination].GetStore().Update(d2))
+	in, err = c.Input()
+	require.NoError(t, err)
+	assert.Equal(t, "ratings", in.Destinations[0].Spec.KubeService.Ref.Name)
+}
+
+func TestSameSpec(t *testing.T) {
+	d := func(name string) *discoveryv1alpha1.Destination {
+		x := &discoveryv1alpha1.Destination{}
+		x.Spec.KubeService.Ref.Name = name
+		return x
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"a": "b"}}}
+	assert.True(t, sameSpec(d("x"), d("x")))
+	assert.False(t, sameSpec(d("x"), d("y")))
+	assert.False(t, sameSpec(d("x"), u), "a typed and an unstructured version are a change")
+	assert.False(t, sameSpec(u, d("x")))
+	assert.True(t, sameSpec(u, u.DeepCopy()))
+	assert.False(t, sameSpec(d("x"), &discoveryv1alpha1.Mesh{}), "different types are a change")
+	assert.False(t, sameSpec(&metav1.ObjectMeta{}, &metav1.ObjectMeta{}), "no spec is a change")
+	assert.False(t, sameSpec(nil, nil), "nothing is a change")
 }
