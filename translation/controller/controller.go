@@ -347,7 +347,8 @@ func sameSpec(o, n any) bool {
 		return uok && nok && reflect.DeepEqual(ou.Object["spec"], nu.Object["spec"])
 	}
 	ov, nv := reflect.ValueOf(o), reflect.ValueOf(n)
-	if !ov.IsValid() || !nv.IsValid() || ov.Type() != nv.Type() || ov.Kind() != reflect.Pointer || ov.IsNil() || nv.IsNil() || ov.Elem().Kind() != reflect.Struct {
+	if !ov.IsValid() || !nv.IsValid() || ov.Type() != nv.Type() || ov.Kind() != reflect.Pointer ||
+		ov.IsNil() || nv.IsNil() || ov.Elem().Kind() != reflect.Struct {
 		return false
 	}
 	oSpec, nSpec := ov.Elem().FieldByName("Spec"), nv.Elem().FieldByName("Spec")
@@ -377,10 +378,9 @@ func specVersion(u metav1.Object) string {
 // converting only what changed since the last call (by resourceVersion; by
 // generation for the specOnly kinds). It returns the last call's list
 // again when the kind's cache did not change since (changed). An object it
-// cannot read is an
-// error, not a skip: dropping, say, a VirtualMesh with globalAccessPolicy
-// Enabled would remove its deny-all policy (fail open); and a kind that
-// had one is read again next time.
+// cannot read is an error, not a skip: dropping, say, a VirtualMesh with
+// globalAccessPolicy Enabled would remove its deny-all policy (fail open);
+// and a kind that had one is read again next time.
 func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) []T {
 	changed := c.changed[gvr]
 	if changed != nil && !changed.Swap(false) {
