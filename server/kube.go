@@ -10,8 +10,6 @@ import (
 	"github.com/relaymesh/relaymesh/internal/kubeinformers"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
 )
@@ -130,16 +128,9 @@ func WatchClusters(ctx context.Context, client dynamic.Interface, informers *kub
 // (kubeinformers.Typed: shared, read only), or a conversion of one the
 // cache kept as read because it does not convert.
 func toCluster(obj any) (*multiclusterv1alpha1.KubernetesCluster, error) {
-	if kc, ok := obj.(*multiclusterv1alpha1.KubernetesCluster); ok {
-		return kc, nil
+	kc, err := kubeinformers.As[multiclusterv1alpha1.KubernetesCluster](obj)
+	if err == nil && kc == nil {
+		err = fmt.Errorf("unexpected object %T", obj)
 	}
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return nil, fmt.Errorf("unexpected object %T", obj)
-	}
-	kc := &multiclusterv1alpha1.KubernetesCluster{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, kc); err != nil {
-		return nil, err
-	}
-	return kc, nil
+	return kc, err
 }

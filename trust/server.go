@@ -35,7 +35,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/dynamic"
@@ -271,7 +270,7 @@ func (c *Controller) Kick() {
 func listTyped[T any](inf cache.SharedIndexInformer) ([]T, error) {
 	var out []T
 	for _, o := range inf.GetStore().List() {
-		t, err := typedFrom[T](o)
+		t, err := kubeinformers.As[T](o)
 		if err != nil {
 			return nil, err
 		}
@@ -280,23 +279,6 @@ func listTyped[T any](inf cache.SharedIndexInformer) ([]T, error) {
 		}
 	}
 	return out, nil
-}
-
-// typedFrom is a cached object as a T: the object itself where the cache
-// holds typed objects (kubeinformers.Typed; shared, not to be modified),
-// a conversion of an unstructured one, nil for anything else.
-func typedFrom[T any](o any) (*T, error) {
-	switch o := o.(type) {
-	case *T:
-		return o, nil
-	case *unstructured.Unstructured:
-		t := new(T)
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, t); err != nil {
-			return nil, fmt.Errorf("%s %s/%s: %w", o.GetKind(), o.GetNamespace(), o.GetName(), err)
-		}
-		return t, nil
-	}
-	return nil, nil
 }
 
 // reconcile decides every mesh's trust request, publishes them, and moves
@@ -737,7 +719,7 @@ func (c *Controller) authorizeNow(cluster, mesh, td string) error {
 	}
 	var m *discoveryv1alpha1.Mesh
 	if obj, ok, err := c.mesh.GetStore().GetByKey(c.cfg.Namespace + "/" + mesh); err == nil && ok {
-		m, _ = typedFrom[discoveryv1alpha1.Mesh](obj)
+		m, _ = kubeinformers.As[discoveryv1alpha1.Mesh](obj)
 	}
 	return authorizeSigning(clusters, m, cluster, td)
 }

@@ -5,6 +5,7 @@ import (
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/kubeinformers"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -12,7 +13,7 @@ import (
 
 // The shared caches hold KubernetesClusters and Meshes typed
 // (kubeinformers.Typed): the cluster watch's handler compares their
-// status.trustDomains typed, and typedFrom hands out the cached object
+// status.trustDomains typed, and kubeinformers.As hands out the cached object
 // itself, converting only an unstructured one.
 func TestTypedCachedObjects(t *testing.T) {
 	kc := func(tds ...multiclusterv1alpha1.TrustDomainStatus) *multiclusterv1alpha1.KubernetesCluster {
@@ -36,16 +37,16 @@ func TestTypedCachedObjects(t *testing.T) {
 
 	cached := &discoveryv1alpha1.Mesh{}
 	cached.Name = "istiod-c1"
-	got, err := typedFrom[discoveryv1alpha1.Mesh](cached)
+	got, err := kubeinformers.As[discoveryv1alpha1.Mesh](cached)
 	require.NoError(t, err)
 	assert.Same(t, cached, got, "the cached object itself")
-	got, err = typedFrom[discoveryv1alpha1.Mesh](&unstructured.Unstructured{Object: map[string]any{"kind": "Mesh", "metadata": map[string]any{"name": "m2"}}})
+	got, err = kubeinformers.As[discoveryv1alpha1.Mesh](&unstructured.Unstructured{Object: map[string]any{"kind": "Mesh", "metadata": map[string]any{"name": "m2"}}})
 	require.NoError(t, err)
 	assert.Equal(t, "m2", got.Name)
-	_, err = typedFrom[discoveryv1alpha1.Mesh](&unstructured.Unstructured{Object: map[string]any{"kind": "Mesh", "metadata": map[string]any{"name": "m3"}, "spec": "not an object"}})
+	_, err = kubeinformers.As[discoveryv1alpha1.Mesh](&unstructured.Unstructured{Object: map[string]any{"kind": "Mesh", "metadata": map[string]any{"name": "m3"}, "spec": "not an object"}})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "m3", "an object that does not convert is named")
-	got, err = typedFrom[discoveryv1alpha1.Mesh](cached.DeepCopyObject().(*discoveryv1alpha1.Mesh).ObjectMeta)
+	got, err = kubeinformers.As[discoveryv1alpha1.Mesh](cached.DeepCopyObject().(*discoveryv1alpha1.Mesh).ObjectMeta)
 	require.NoError(t, err)
 	assert.Nil(t, got, "anything else is nothing")
 }

@@ -29,6 +29,7 @@
 package kubeinformers
 
 import (
+	"fmt"
 	"sync"
 	"time"
 
@@ -108,6 +109,24 @@ var typedKinds = map[schema.GroupVersionResource]func() runtime.Object{
 func Typed(gvr schema.GroupVersionResource) bool {
 	_, ok := typedKinds[gvr]
 	return ok
+}
+
+// As is a cached object as a T: the object itself where the cache holds
+// typed objects (Typed; shared, not to be modified), a conversion of an
+// unstructured one (an error naming it if it does not convert), nil for
+// anything else.
+func As[T any](obj any) (*T, error) {
+	switch o := obj.(type) {
+	case *T:
+		return o, nil
+	case *unstructured.Unstructured:
+		t := new(T)
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, t); err != nil {
+			return nil, fmt.Errorf("%s %s/%s: %w", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+		}
+		return t, nil
+	}
+	return nil, nil
 }
 
 // TransformFor is the transform of gvr's informers: StripManagedFields,
