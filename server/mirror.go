@@ -300,7 +300,7 @@ func (m *Mirror) clustersWithObjects() []string {
 type mirrorWrite struct {
 	gvr  schema.GroupVersionResource
 	name string
-	obj  *unstructured.Unstructured
+	want *discovered   // the object to create or update; nil: delete
 	uid  types.UID     // of the object to delete
 	cur  metav1.Object // the cached object an apply replaces, nil if none
 	// cluster is the label of the object to delete.
@@ -314,9 +314,9 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 	if m.cfg.Owns != nil && !m.cfg.Owns(cluster) {
 		return nil
 	}
-	desired := map[schema.GroupVersionResource]map[string]*unstructured.Unstructured{}
+	desired := map[schema.GroupVersionResource]map[string]*discovered{}
 	for _, gvr := range discoveredResources {
-		desired[gvr] = map[string]*unstructured.Unstructured{}
+		desired[gvr] = map[string]*discovered{}
 	}
 	snap := m.view.Snapshot(cluster)
 	if snap == nil && !m.perObject.Load() {
@@ -326,15 +326,15 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 	delete(m.collected, cluster) // back (or never gone): its objects are compared one by one
 	m.colMu.Unlock()
 	if snap != nil {
-		objs, err := DiscoveredObjects(snap, m.namespace)
+		objs, err := discoveredObjects(snap, m.namespace)
 		if err != nil {
 			return err
 		}
 		for _, o := range objs {
-			if o.Resource == discoveryv1alpha1.Workloads && m.cfg.WorkloadsElsewhere {
+			if o.resource == discoveryv1alpha1.Workloads && m.cfg.WorkloadsElsewhere {
 				continue
 			}
-			desired[o.Resource][o.Object.GetName()] = o.Object
+			desired[o.resource][o.meta.Name] = o
 		}
 	}
 	var writes []mirrorWrite
@@ -360,7 +360,7 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 					cur, _ = other.(metav1.Object)
 				}
 			}
-			if cur != nil && !sameOrigin(cur, obj) {
+			if cur != nil && !sameOrigin(cur, obj.meta.Labels) {
 				// Names are a hash of the exact origin, so only a hash
 				// collision or a hand-made object gets here: never take
 				// over an object of another origin.
@@ -369,7 +369,7 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 				errs = append(errs, fmt.Errorf("%s %s: the name belongs to an object of another origin", gvr.Resource, name))
 				continue
 			}
-			sum := obj.GetAnnotations()[annotationSpecSum]
+			sum := obj.sum
 			if cur != nil && cur.GetAnnotations()[annotationSpecSum] == sum {
 				m.observed(gvr, name)
 				continue
@@ -377,7 +377,7 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 			if m.awaiting(gvr, name, expectation{sum: sum}) {
 				continue
 			}
-			writes = append(writes, mirrorWrite{gvr: gvr, name: name, obj: obj, cur: cur})
+			writes = append(writes, mirrorWrite{gvr: gvr, name: name, want: obj, cur: cur})
 		}
 		for name, cur := range have {
 			if _, ok := want[name]; !ok && !m.awaiting(gvr, name, expectation{uid: cur.GetUID()}) {
@@ -393,13 +393,24 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 	var mu sync.Mutex
 	var g errgroup.Group
 	g.SetLimit(m.cfg.Writes)
-	for _, w := range writes {
+	superseded := 0
+	for i, w := range writes {
+		// A changed snapshot (or the cluster's departure) ends the writes
+		// of this one: the view's listener has queued the cluster again,
+		// and its sync skips what this one wrote, by sum. A large
+		// cluster's writes take minutes at the client's budget; without
+		// this they would go on from, and keep alive, a snapshot nobody
+		// holds any more.
+		if now := m.view.Snapshot(cluster); (now == nil) != (snap == nil) || now.GetHash() != snap.GetHash() {
+			superseded = len(writes) - i
+			break
+		}
 		g.Go(func() error {
 			err := m.write(ctx, w)
 			if err == nil {
 				e := expectation{uid: w.uid, at: time.Now()}
-				if w.obj != nil {
-					e = expectation{sum: w.obj.GetAnnotations()[annotationSpecSum], at: e.at}
+				if w.want != nil {
+					e = expectation{sum: w.want.sum, at: e.at}
 				}
 				m.expMu.Lock()
 				m.expected[expectKey(w.gvr, w.name)] = e
@@ -410,7 +421,7 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
-			case w.obj == nil:
+			case w.want == nil:
 				deleted.Add(1)
 			case w.cur != nil:
 				updated.Add(1)
@@ -422,7 +433,7 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 	}
 	_ = g.Wait()
 	m.log.Debug("discovered objects written", "cluster", cluster, "created", created.Load(), "updated", updated.Load(), "deleted", deleted.Load(),
-		"failed", len(errs), "took", time.Since(start).Round(time.Millisecond))
+		"failed", len(errs), "superseded", superseded, "took", time.Since(start).Round(time.Millisecond))
 	// One bad object does not hold up the others; the failures are retried.
 	return errors.Join(errs...)
 }
@@ -654,7 +665,7 @@ func (m *Mirror) observed(gvr schema.GroupVersionResource, name string) {
 // write applies or deletes one object.
 func (m *Mirror) write(ctx context.Context, w mirrorWrite) error {
 	op := "apply"
-	if w.obj == nil {
+	if w.want == nil {
 		op = "delete"
 	}
 	err := m.writeOne(ctx, w)
@@ -669,7 +680,7 @@ func (m *Mirror) write(ctx context.Context, w mirrorWrite) error {
 func (m *Mirror) writeOne(ctx context.Context, w mirrorWrite) error {
 	ri := m.client.Resource(w.gvr).Namespace(m.namespace)
 	switch {
-	case w.obj == nil && !m.perObject.Load():
+	case w.want == nil && !m.perObject.Load():
 		// One object, by its name and its cluster's label, through the
 		// verb departed clusters' objects are deleted with: the server's
 		// Role grants deletecollection, not delete.
@@ -682,7 +693,7 @@ func (m *Mirror) writeOne(ctx context.Context, w mirrorWrite) error {
 		if err != nil {
 			return fmt.Errorf("delete %s %s: %w", w.gvr.Resource, w.name, err)
 		}
-	case w.obj == nil:
+	case w.want == nil:
 		uid := w.uid
 		err := ri.Delete(ctx, w.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -692,7 +703,11 @@ func (m *Mirror) writeOne(ctx context.Context, w mirrorWrite) error {
 		// A create, not a server-side apply: the apiserver does about
 		// half the work, which is what bounds a fleet arriving at once.
 		// If the cache was stale the create fails and the retry updates.
-		if _, err := ri.Create(ctx, w.obj, metav1.CreateOptions{FieldManager: mirrorManager}); err != nil {
+		obj, err := w.want.object()
+		if err != nil {
+			return fmt.Errorf("create %s %s: %w", w.gvr.Resource, w.name, err)
+		}
+		if _, err := ri.Create(ctx, obj, metav1.CreateOptions{FieldManager: mirrorManager}); err != nil {
 			return fmt.Errorf("create %s %s: %w", w.gvr.Resource, w.name, err)
 		}
 	default:
@@ -704,11 +719,15 @@ func (m *Mirror) writeOne(ctx context.Context, w mirrorWrite) error {
 		if err != nil {
 			return fmt.Errorf("update %s %s: %w", w.gvr.Resource, w.name, err)
 		}
-		next.SetAPIVersion(w.obj.GetAPIVersion())
-		next.SetKind(w.obj.GetKind())
-		next.Object["spec"] = w.obj.Object["spec"]
-		next.SetLabels(merged(next.GetLabels(), w.obj.GetLabels(), discoveredLabels))
-		next.SetAnnotations(merged(next.GetAnnotations(), w.obj.GetAnnotations(), []string{annotationSpecSum}))
+		obj, err := w.want.object()
+		if err != nil {
+			return fmt.Errorf("update %s %s: %w", w.gvr.Resource, w.name, err)
+		}
+		next.SetAPIVersion(obj.GetAPIVersion())
+		next.SetKind(obj.GetKind())
+		next.Object["spec"] = obj.Object["spec"]
+		next.SetLabels(merged(next.GetLabels(), obj.GetLabels(), discoveredLabels))
+		next.SetAnnotations(merged(next.GetAnnotations(), obj.GetAnnotations(), []string{annotationSpecSum}))
 		if _, err := ri.Update(ctx, next, metav1.UpdateOptions{FieldManager: mirrorManager}); err != nil {
 			return fmt.Errorf("update %s %s: %w", w.gvr.Resource, w.name, err)
 		}
@@ -780,9 +799,9 @@ func (m *Mirror) CollectOrphans(ctx context.Context, registered func(cluster str
 
 // sameOrigin reports whether cur, found under want's name, came from the
 // same cluster and namespace (its labels).
-func sameOrigin(cur metav1.Object, want *unstructured.Unstructured) bool {
+func sameOrigin(cur metav1.Object, want map[string]string) bool {
 	for _, k := range []string{LabelCluster, discoveryv1alpha1.LabelNamespace} {
-		if cur.GetLabels()[k] != want.GetLabels()[k] {
+		if cur.GetLabels()[k] != want[k] {
 			return false
 		}
 	}
@@ -800,25 +819,64 @@ type DiscoveredObject struct {
 // discoveryv1alpha1.Name from exactly where it came from, and labelled with
 // it.
 func DiscoveredObjects(snap *relaypb.Snapshot, namespace string) ([]DiscoveredObject, error) {
+	objs, err := discoveredObjects(snap, namespace)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DiscoveredObject, 0, len(objs))
+	for _, o := range objs {
+		u, err := o.object()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, DiscoveredObject{Resource: o.resource, Object: u})
+	}
+	return out, nil
+}
+
+// discovered is a discovered object before it is written: its metadata, its
+// typed spec (which shares the snapshot's maps and slices of strings) and
+// the sum of the spec's JSON. The unstructured object is built only for a
+// write: a sync compares sums, so a cluster of 100,000 pods is held as typed
+// specs while its writes go out, not as maps of maps.
+type discovered struct {
+	resource schema.GroupVersionResource
+	kind     string
+	meta     metav1.ObjectMeta
+	spec     any
+	sum      string
+}
+
+// object is d as the unstructured object the API server is sent.
+func (d *discovered) object() (*unstructured.Unstructured, error) {
+	specJSON, err := json.Marshal(d.spec)
+	if err != nil {
+		return nil, err
+	}
+	var specMap map[string]any
+	if err := json.Unmarshal(specJSON, &specMap); err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": specMap}}
+	u.SetAPIVersion(discoveryv1alpha1.GroupVersion.String())
+	u.SetKind(d.kind)
+	u.SetName(d.meta.Name)
+	u.SetNamespace(d.meta.Namespace)
+	u.SetLabels(d.meta.Labels)
+	u.SetAnnotations(map[string]string{annotationSpecSum: d.sum})
+	return u, nil
+}
+
+// discoveredObjects is DiscoveredObjects before the objects are built.
+func discoveredObjects(snap *relaypb.Snapshot, namespace string) ([]*discovered, error) {
 	cluster := snap.GetCluster()
-	var out []DiscoveredObject
+	var out []*discovered
 	add := func(gvr schema.GroupVersionResource, kind string, meta metav1.ObjectMeta, spec any) error {
 		specJSON, err := json.Marshal(spec)
 		if err != nil {
 			return err
 		}
-		var specMap map[string]any
-		if err := json.Unmarshal(specJSON, &specMap); err != nil {
-			return err
-		}
-		u := &unstructured.Unstructured{Object: map[string]any{"spec": specMap}}
-		u.SetAPIVersion(discoveryv1alpha1.GroupVersion.String())
-		u.SetKind(kind)
-		u.SetName(meta.Name)
-		u.SetNamespace(meta.Namespace)
-		u.SetLabels(meta.Labels)
-		u.SetAnnotations(map[string]string{annotationSpecSum: specSum(specJSON)})
-		out = append(out, DiscoveredObject{Resource: gvr, Object: u})
+		out = append(out, &discovered{resource: gvr, kind: kind, meta: meta, spec: spec, sum: specSum(specJSON)})
 		return nil
 	}
 	modes := meshDataPlaneModes(snap)

@@ -13,11 +13,13 @@ import (
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
+	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/server"
 	"github.com/relaymesh/relaymesh/test/fleet"
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -254,4 +256,70 @@ func TestMirrorDeletesOneByOneWithoutDeleteCollection(t *testing.T) {
 	view.Remove("a")
 	require.Eventually(t, func() bool { return count("a") == 0 }, 30*time.Second, 100*time.Millisecond, "deleted one by one after the collection was refused")
 	assert.Equal(t, 5, count("b"), "another cluster's objects stay")
+}
+
+// A snapshot that changes while the mirror writes the previous one ends
+// those writes: the rest is written from the new snapshot, and nothing is
+// written from the old one after it was replaced. At a throttled client a
+// cluster's first writes take seconds, as a 100,000-pod cluster's take
+// minutes at the server's default budget.
+func TestMirrorStopsWritingASupersededSnapshot(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const ns = "relaymesh"
+	mgmt, _, admin := localcluster.Management(t, ns)
+	cfg := mgmt.RESTConfig()
+	cfg.QPS, cfg.Burst = 100, 1
+	var writes atomic.Int64
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method == http.MethodPost || r.Method == http.MethodPut {
+				writes.Add(1)
+			}
+			return rt.RoundTrip(r)
+		})
+	}
+	client, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	view := server.NewView()
+	mirror := server.NewMirrorWithConfig(client, ns, view, slog.New(slog.NewTextHandler(io.Discard, nil)), server.MirrorConfig{Resync: time.Hour})
+	go mirror.Run(ctx)
+
+	const services = 200
+	old := fleet.SnapshotSpec{Services: services}.Snapshot("big")
+	next := proto.Clone(old).(*relaypb.Snapshot)
+	for _, d := range next.GetDestinations() {
+		d.Labels = map[string]string{"generation": "2"}
+	}
+	next = relaytest.Rehash(next)
+	want, err := server.DiscoveredObjects(next, ns)
+	require.NoError(t, err)
+	require.Len(t, want, 1+2*services)
+
+	view.Accept("big", old, time.Now())
+	require.Eventually(t, func() bool { return writes.Load() >= 20 }, 30*time.Second, time.Millisecond)
+	view.Accept("big", next, time.Now())
+	sums := func() map[string]string {
+		out := map[string]string{}
+		for _, gvr := range []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations} {
+			l, err := admin.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=big"})
+			require.NoError(t, err)
+			for _, o := range l.Items {
+				out[gvr.Resource+"/"+o.GetName()] = o.GetAnnotations()["relaymesh.io/spec-sha256"]
+			}
+		}
+		return out
+	}
+	wantSums := map[string]string{}
+	for _, o := range want {
+		wantSums[o.Resource.Resource+"/"+o.Object.GetName()] = o.Object.GetAnnotations()["relaymesh.io/spec-sha256"]
+	}
+	require.Eventually(t, func() bool { return assert.ObjectsAreEqual(wantSums, sums()) }, time.Minute, 200*time.Millisecond,
+		"the new snapshot's objects, and only those")
+	// Written from the old snapshot: what was written or in flight when
+	// the new one arrived. Had the old one's writes gone on, all 401 of
+	// them would have been created and its 200 Destinations then updated
+	// (601 writes).
+	assert.Less(t, writes.Load(), int64(len(want)+services/2), "writes: the old snapshot's stopped when the new one arrived")
+	t.Logf("%d writes for %d objects", writes.Load(), len(want))
 }

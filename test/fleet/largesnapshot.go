@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/relaymesh/relaymesh/agent"
@@ -34,6 +35,12 @@ type LargeSnapshotConfig struct {
 	// Pushes: how many changed snapshots are pushed after the first;
 	// default 2.
 	Pushes int
+	// Mirrored, if set, bounds a wait after the pushes for the server to
+	// have written every Mesh, Workload and Destination of the cluster
+	// (at its default client budget that takes far longer than the
+	// pushes); the server's RSS is then read again, once that is done:
+	// what the cluster costs the server to hold, not just to take.
+	Mirrored time.Duration
 }
 
 // LargeSnapshotResult is what one large cluster's snapshots cost.
@@ -55,6 +62,13 @@ type LargeSnapshotResult struct {
 	ReservedAfter float64
 	// Refused counts the snapshots the server refused, by reason.
 	Refused map[string]float64
+	// MirroredAfter (with Config.Mirrored) is the time from the last
+	// push's ack until the management cluster held every discovered object
+	// of the cluster (Objects of them), and RSSMirrored the server's RSS
+	// then; RSSMirroredPeak is its peak from the first push until then.
+	MirroredAfter                time.Duration
+	Objects                      int
+	RSSMirrored, RSSMirroredPeak int64
 }
 
 // LargeSnapshot registers one cluster, bootstraps its agent, and pushes
@@ -102,14 +116,18 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 	if err != nil {
 		return nil, err
 	}
-	r.RSSBefore, r.RSSPeak = before.RSS, before.RSS
+	r.RSSBefore = before.RSS
+	var peak atomic.Int64 // the sampler's; read at the end of each phase
+	peak.Store(before.RSS)
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
 		for sampleCtx.Err() == nil {
 			if u, err := srv.Usage(); err == nil {
-				r.RSSPeak = max(r.RSSPeak, u.RSS)
+				if u.RSS > peak.Load() { // the only writer
+					peak.Store(u.RSS)
+				}
 			}
 			select {
 			case <-sampleCtx.Done():
@@ -161,13 +179,32 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 		r.Changed = append(r.Changed, d)
 		cfg.Logf("changed snapshot in the server's view after %s", d.Round(time.Millisecond))
 	}
-	stopSampling()
-	<-sampled
+	pushedAt := time.Now()
 	after, err := srv.Usage()
 	if err != nil {
+		stopSampling()
 		return nil, err
 	}
-	r.ServerCPU, r.RSSAfter = after.CPU-before.CPU, after.RSS
+	r.ServerCPU, r.RSSAfter, r.RSSPeak = after.CPU-before.CPU, after.RSS, max(peak.Load(), after.RSS)
+	if cfg.Mirrored > 0 {
+		last := snaps[len(snaps)-1]
+		r.Objects = len(last.GetMeshes()) + len(last.GetWorkloads()) + len(last.GetDestinations())
+		if err := cfg.waitMirrored(ctx, cluster, r.Objects, pushedAt.Add(cfg.Mirrored)); err != nil {
+			stopSampling()
+			return nil, err
+		}
+		r.MirroredAfter = time.Since(pushedAt)
+		cfg.Logf("all %d discovered objects in the management cluster %s after the last ack", r.Objects, r.MirroredAfter.Round(time.Second))
+	}
+	stopSampling()
+	<-sampled
+	if cfg.Mirrored > 0 {
+		u, err := srv.Usage()
+		if err != nil {
+			return nil, err
+		}
+		r.RSSMirrored, r.RSSMirroredPeak = u.RSS, max(peak.Load(), u.RSS)
+	}
 	m, err := srv.Metrics(ctx)
 	if err != nil {
 		return nil, err
@@ -180,6 +217,28 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 		}
 	}
 	return r, nil
+}
+
+// waitMirrored waits until the management cluster holds want discovered
+// objects of cluster, or deadline.
+func (cfg LargeSnapshotConfig) waitMirrored(ctx context.Context, cluster string, want int, deadline time.Time) error {
+	for {
+		n, err := cfg.Env.Mgmt.DiscoveredOf(ctx, cluster)
+		if err != nil {
+			return err
+		}
+		if n >= want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d discovered objects of %s in the management cluster by the deadline", n, want, cluster)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // changed is s with one label of one Service changed (and the hash that

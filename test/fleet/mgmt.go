@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 )
 
@@ -225,6 +226,25 @@ func (m *Management) ClusterStatuses(ctx context.Context) (map[string]ClusterSta
 
 // DiscoveredKinds are the kinds the server mirrors from snapshots.
 var DiscoveredKinds = []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations}
+
+// DiscoveredOf counts the Mesh, Workload and Destination objects of cluster
+// in the namespace, reading their metadata only (a large cluster's objects
+// are tens of megabytes in full).
+func (m *Management) DiscoveredOf(ctx context.Context, cluster string) (int, error) {
+	meta, err := metadata.NewForConfig(m.config)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, gvr := range DiscoveredKinds {
+		list, err := meta.Resource(gvr).Namespace(m.Namespace).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=" + cluster})
+		if err != nil {
+			return 0, fmt.Errorf("list %s: %w", gvr.Resource, err)
+		}
+		n += len(list.Items)
+	}
+	return n, nil
+}
 
 // DiscoveredObjects counts the Mesh, Workload and Destination objects of the
 // namespace whose cluster label is one of clusters (nil: any).

@@ -6,6 +6,7 @@
 //	go run ./test/cmd/fleet idle -agents 1000
 //	go run ./test/cmd/fleet config -clusters 100 -edits 5
 //	go run ./test/cmd/fleet snapshot
+//	go run ./test/cmd/fleet large -namespaces 500 -pushes 2 -mirrored 5m
 //	go run ./test/cmd/fleet failover -agents 1000 -replicas 3
 //	go run ./test/cmd/fleet lifetime -agents 1000 -agent-cert-ttl 5m -issuer-ttl 20m
 //
@@ -46,6 +47,7 @@ Scenarios:
   idle      server RSS, heap and goroutines per connected idle agent
   config    issue 21: mirror, policy edit reaching every agent, deregistration
   snapshot  the largest snapshot an agent can send
+  large     one cluster's 100,000-pod snapshot (500 namespaces) pushed, then changed ones: time, server CPU and RSS
   failover  issue 22: SIGKILL the busiest replica, then the Lease holder; time until their agents resync
   lifetime  issue 30: issuing-CA renewals and a relay root rotation in minutes, the Lease holder killed mid-rotation
 
@@ -179,6 +181,16 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 		f = func(ctx context.Context, o fleet.Options) (any, error) {
 			return fleet.SnapshotLimit(ctx, fleet.SnapshotLimitConfig{Options: o, PodsPerService: *pods})
 		}
+	case "large":
+		namespaces := fs.Int("namespaces", 500, "namespaces of the cluster, each 200 pods, 20 Deployments and 20 Services")
+		pushes := fs.Int("pushes", 2, "changed snapshots pushed after the first")
+		mirrored := fs.Duration("mirrored", 0, "if set, then wait up to this long for the server to write all the cluster's discovered objects, and read its RSS again")
+		f = func(ctx context.Context, o fleet.Options) (any, error) {
+			if *namespaces < 1 || *pushes < 1 {
+				return nil, fmt.Errorf("-namespaces and -pushes must be at least 1")
+			}
+			return fleet.LargeSnapshot(ctx, fleet.LargeSnapshotConfig{Options: o, Namespaces: *namespaces, Pushes: *pushes, Mirrored: *mirrored})
+		}
 	case "failover":
 		agents := fs.Int("agents", 100, "fleet size")
 		replicas := fs.Int("replicas", 3, "server replicas (at least 3)")
@@ -218,7 +230,7 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 				Renewals: *renewals, KillIn: ca.RootPhase(*killIn), KillAfter: *killAfter, Reopen: *reopen, Timeout: *timeout})
 		}
 	default:
-		return nil, fmt.Errorf("unknown scenario %q: want storm, issuance, idle, config, snapshot, failover or lifetime", name)
+		return nil, fmt.Errorf("unknown scenario %q: want storm, issuance, idle, config, snapshot, large, failover or lifetime", name)
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
