@@ -21,7 +21,8 @@
 // of converting it into a copy of their own (issue 31: the maps and the
 // copies were about 40 % of an idle agent's live heap). An object that
 // does not convert stays in the cache as read, so its readers report it as
-// they did before (Typed).
+// they did before (Typed). A Destination's endpoints with equal labels (the
+// pods of one Deployment) share one label map (internal/sharedlabels).
 //
 // Objects in a shared cache are shared: a component MUST NOT modify one it
 // got from an informer (DeepCopy first), as client-go already requires of
@@ -35,6 +36,7 @@ import (
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/sharedlabels"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -150,7 +152,22 @@ func TransformFor(gvr schema.GroupVersionResource) cache.TransformFunc {
 			// translating without it.
 			return u, nil
 		}
+		if d, ok := t.(*discoveryv1alpha1.Destination); ok {
+			shareEndpointLabels(d)
+		}
 		return t, nil
+	}
+}
+
+// shareEndpointLabels makes d's endpoints with equal labels share one map:
+// a Destination lists every ready pod behind its Service, and the pods of
+// one Deployment carry the same labels (at 100,000 pods the cache held
+// 200,000 such maps).
+func shareEndpointLabels(d *discoveryv1alpha1.Destination) {
+	var tab sharedlabels.Table
+	for i := range d.Spec.KubeService.Endpoints {
+		e := &d.Spec.KubeService.Endpoints[i]
+		e.Labels = tab.Share(e.Labels)
 	}
 }
 

@@ -2,6 +2,7 @@ package kubeinformers_test
 
 import (
 	"context"
+	"reflect"
 	"testing"
 	"time"
 
@@ -133,6 +134,21 @@ func TestTransformForTypedKinds(t *testing.T) {
 	d := got.(*discoveryv1alpha1.Destination)
 	assert.Equal(t, "svc", d.Spec.KubeService.Ref.Name)
 	assert.Empty(t, d.ManagedFields)
+
+	// Endpoints with equal labels (pods of one Deployment) share one map.
+	ep := func(ip, version string) any {
+		return map[string]any{"ip": ip, "labels": map[string]any{"app": "a", "version": version}}
+	}
+	got, err = tf(dest(map[string]any{"kubeService": map[string]any{"ref": map[string]any{"name": "svc", "namespace": "ns", "clusterName": "c1"},
+		"endpoints": []any{ep("10.0.0.1", "v1"), ep("10.0.0.2", "v2"), ep("10.0.0.3", "v1"), map[string]any{"ip": "10.0.0.4"}}}}))
+	require.NoError(t, err)
+	eps := got.(*discoveryv1alpha1.Destination).Spec.KubeService.Endpoints
+	require.Len(t, eps, 4)
+	assert.Equal(t, map[string]string{"app": "a", "version": "v1"}, eps[0].Labels)
+	assert.Equal(t, map[string]string{"app": "a", "version": "v2"}, eps[1].Labels)
+	assert.Equal(t, reflect.ValueOf(eps[0].Labels).UnsafePointer(), reflect.ValueOf(eps[2].Labels).UnsafePointer(), "one map for equal labels")
+	assert.NotEqual(t, reflect.ValueOf(eps[0].Labels).UnsafePointer(), reflect.ValueOf(eps[1].Labels).UnsafePointer())
+	assert.Nil(t, eps[3].Labels)
 
 	bad := dest(map[string]any{"kubeService": "not an object"})
 	got, err = tf(bad)
