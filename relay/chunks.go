@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/relaymesh/relaymesh/internal/sharedlabels"
 	"github.com/relaymesh/relaymesh/internal/text"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/relay/snapshothash"
@@ -98,6 +99,11 @@ type assembly struct {
 	sum           *snapshothash.Hasher // of the parts so far
 	pending       []byte
 	snapshot      *relaypb.Snapshot
+	// labels makes equal endpoint labels share one map as Destinations
+	// are decoded (ShareLabels); shared counts the Destinations passed
+	// through it so far.
+	labels sharedlabels.Table
+	shared int
 	// err is why the content is refused, found before the end; decoding
 	// stopped there, the framing is still checked, and the end is
 	// answered with it.
@@ -282,6 +288,11 @@ func (a *Assembler) decodeFields(cur *assembly) error {
 	if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(b[:complete], cur.snapshot); err != nil {
 		return a.refuseContent(cur, refused("the parts are not a snapshot's encoding: %v", err))
 	}
+	// The copies of equal labels become garbage while the rest is still
+	// being decoded, not once the whole snapshot is in memory.
+	ds := cur.snapshot.GetDestinations()
+	shareEndpointLabels(&cur.labels, ds[cur.shared:])
+	cur.shared = len(ds)
 	cur.pending = append(cur.pending[:0], b[complete:]...)
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"reflect"
 	"runtime"
 	"testing"
 	"time"
@@ -72,6 +73,36 @@ func TestAssemblerAssemblesInOrder(t *testing.T) {
 	assert.True(t, proto.Equal(s2, out.Snapshot))
 	a.Close()
 	assert.Zero(t, budget.InUse())
+}
+
+// Endpoints with equal labels share one map as the parts are decoded,
+// across parts and Destinations; the snapshot is the one sent.
+func TestAssemblerSharesEqualLabels(t *testing.T) {
+	s := relaytest.Rich{Namespaces: 2}.Snapshot("cluster-1")
+	data, hash := relaytest.Encode(t, s)
+	a := NewAssembler(AssemblerConfig{Cluster: "cluster-1", Budget: newTestBudget(64 << 20), Deadline: 10 * time.Second, Now: time.Now,
+		MaxPart: 4096, MinPart: 1024})
+	var out *Assembled
+	msgs := relaytest.Chunked("cluster-1", hash, data, 4096)
+	require.Greater(t, len(msgs), 10, "many parts")
+	for _, m := range msgs {
+		var err error
+		out, err = a.Add(m)
+		require.NoError(t, err)
+	}
+	require.NotNil(t, out)
+	require.NoError(t, out.Err)
+	assert.True(t, proto.Equal(s, out.Snapshot), "the Assembled snapshot is the one sent")
+	distinct, endpoints := map[uintptr]bool{}, 0
+	for _, d := range out.Snapshot.GetDestinations() {
+		for _, e := range d.GetEndpoints() {
+			distinct[reflect.ValueOf(e.GetLabels()).Pointer()] = true
+			endpoints++
+		}
+	}
+	assert.Equal(t, 800, endpoints, "400 pods behind two Services each")
+	assert.Len(t, distinct, 2*10*2, "one map per namespace, app and version")
+	a.Close()
 }
 
 // Every broken framing refuses the stream with its code, and the

@@ -296,7 +296,7 @@ func (m *Mirror) clustersWithObjects() []string {
 	return out
 }
 
-// mirrorWrite is one apply (obj set) or delete (obj nil) of a sync.
+// mirrorWrite is one apply (want set) or delete (want nil) of a sync.
 type mirrorWrite struct {
 	gvr  schema.GroupVersionResource
 	name string
@@ -395,12 +395,13 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 	g.SetLimit(m.cfg.Writes)
 	superseded := 0
 	for i, w := range writes {
-		// A changed snapshot (or the cluster's departure) ends the writes
-		// of this one: the view's listener has queued the cluster again,
-		// and its sync skips what this one wrote, by sum. A large
-		// cluster's writes take minutes at the client's budget; without
-		// this they would go on from, and keep alive, a snapshot nobody
-		// holds any more.
+		// A changed snapshot, or the cluster gone from the view, ends the
+		// writes of this one. The cluster is queued again: by the view's
+		// listener for a new snapshot or a removal, by Kick after a
+		// Release (its session moved to another replica). The next sync
+		// skips, by sum, what this one wrote. A large cluster's writes
+		// take minutes at the client's budget; without this they would
+		// go on from, and keep alive, a snapshot nobody holds any more.
 		if now := m.view.Snapshot(cluster); (now == nil) != (snap == nil) || now.GetHash() != snap.GetHash() {
 			superseded = len(writes) - i
 			break

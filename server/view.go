@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/relaymesh/relaymesh/internal/sharedlabels"
 	"github.com/relaymesh/relaymesh/internal/text"
+	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 )
 
@@ -52,9 +52,10 @@ func (v *View) entry(cluster string) *ClusterView {
 }
 
 // Accept stores a validated snapshot. Its endpoints with equal labels are
-// made to share one map (ShareLabels): s is read only from here on.
+// made to share one map (relay.ShareLabels; a chunked push's already do):
+// s is read only from here on.
 func (v *View) Accept(cluster string, s *relaypb.Snapshot, at time.Time) {
-	ShareLabels(s)
+	relay.ShareLabels(s)
 	v.mu.Lock()
 	c := v.entry(cluster)
 	changed := c.Snapshot == nil || c.Snapshot.GetHash() != s.GetHash()
@@ -215,18 +216,4 @@ func (v *View) Clusters() map[string]ClusterView {
 		out[k] = *c
 	}
 	return out
-}
-
-// ShareLabels makes the endpoints of s with equal labels share one map. A
-// Service's endpoints are its ready pods, and the pods of one Deployment
-// carry the same labels, which every Service selecting them repeats: a
-// decoded 100,000-pod snapshot held 200,000 endpoint label maps, of which
-// a few thousand differ (docs/benchmarks.md, "100,000 pods held").
-func ShareLabels(s *relaypb.Snapshot) {
-	var tab sharedlabels.Table
-	for _, d := range s.GetDestinations() {
-		for _, e := range d.GetEndpoints() {
-			e.Labels = tab.Share(e.Labels)
-		}
-	}
 }

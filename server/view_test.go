@@ -7,6 +7,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/relaymesh/relaymesh/relay"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/server"
@@ -130,15 +131,24 @@ func TestAcceptSharesEqualEndpointLabels(t *testing.T) {
 }
 
 // BenchmarkShareLabels100k: what sharing the labels of a 100,000-pod
-// snapshot's 200,000 endpoints adds to its acceptance.
+// snapshot's 200,000 endpoints adds to its acceptance: decoded whole (a
+// push of an earlier agent, or in process), or shared already as its parts
+// were decoded (a chunked push).
 func BenchmarkShareLabels100k(b *testing.B) {
 	wire, err := proto.Marshal(relaytest.Rich{Namespaces: 500}.Snapshot("c1"))
 	require.NoError(b, err)
-	for b.Loop() {
-		b.StopTimer()
-		var s relaypb.Snapshot
-		require.NoError(b, proto.Unmarshal(wire, &s))
-		b.StartTimer()
-		server.ShareLabels(&s)
+	for _, shared := range []bool{false, true} {
+		b.Run(map[bool]string{false: "decoded", true: "shared"}[shared], func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				var s relaypb.Snapshot
+				require.NoError(b, proto.Unmarshal(wire, &s))
+				if shared {
+					relay.ShareLabels(&s)
+				}
+				b.StartTimer()
+				relay.ShareLabels(&s)
+			}
+		})
 	}
 }

@@ -24,6 +24,8 @@ func TestShare(t *testing.T) {
 	assert.True(t, same(a, tab.Share(b)), "equal labels share the first map")
 	assert.True(t, same(c, tab.Share(c)))
 	assert.True(t, same(a, tab.Share(d)), "found again after another map")
+	assert.True(t, same(c, tab.Share(c)), "a shared map is itself")
+	assert.True(t, same(a, tab.Share(a)), "also when it is not the last one")
 	assert.Equal(t, map[string]string{"app": "a", "version": "v1"}, a, "unchanged")
 	assert.Nil(t, tab.Share(nil))
 	empty := map[string]string{}

@@ -36,9 +36,9 @@ type LargeSnapshotConfig struct {
 	// default 2.
 	Pushes int
 	// Mirrored, if set, bounds a wait after the pushes for the server to
-	// have written every Mesh, Workload and Destination of the cluster
-	// (at its default client budget that takes far longer than the
-	// pushes); the server's RSS is then read again, once that is done:
+	// have written every Mesh, Workload and Destination of the cluster as
+	// the last snapshot has them (at its default client budget that takes
+	// far longer than the pushes); the server's RSS is then read again:
 	// what the cluster costs the server to hold, not just to take.
 	Mirrored time.Duration
 }
@@ -64,8 +64,9 @@ type LargeSnapshotResult struct {
 	Refused map[string]float64
 	// MirroredAfter (with Config.Mirrored) is the time from the last
 	// push's ack until the management cluster held every discovered object
-	// of the cluster (Objects of them), and RSSMirrored the server's RSS
-	// then; RSSMirroredPeak is its peak from the first push until then.
+	// of the cluster (Objects of them) with the last snapshot's spec, and
+	// RSSMirrored the server's RSS then; RSSMirroredPeak is its peak from
+	// the first push until then.
 	MirroredAfter                time.Duration
 	Objects                      int
 	RSSMirrored, RSSMirroredPeak int64
@@ -187,14 +188,22 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 	}
 	r.ServerCPU, r.RSSAfter, r.RSSPeak = after.CPU-before.CPU, after.RSS, max(peak.Load(), after.RSS)
 	if cfg.Mirrored > 0 {
-		last := snaps[len(snaps)-1]
-		r.Objects = len(last.GetMeshes()) + len(last.GetWorkloads()) + len(last.GetDestinations())
-		if err := cfg.waitMirrored(ctx, cluster, r.Objects, pushedAt.Add(cfg.Mirrored)); err != nil {
+		want, err := server.DiscoveredObjects(snaps[len(snaps)-1], cfg.Env.Mgmt.Namespace)
+		if err != nil {
+			stopSampling()
+			return nil, err
+		}
+		sums := map[string]string{}
+		for _, o := range want {
+			sums[o.Resource.Resource+"/"+o.Object.GetName()] = o.Object.GetAnnotations()[specSumAnnotation]
+		}
+		r.Objects = len(sums)
+		if err := cfg.waitMirrored(ctx, cluster, sums, pushedAt.Add(cfg.Mirrored)); err != nil {
 			stopSampling()
 			return nil, err
 		}
 		r.MirroredAfter = time.Since(pushedAt)
-		cfg.Logf("all %d discovered objects in the management cluster %s after the last ack", r.Objects, r.MirroredAfter.Round(time.Second))
+		cfg.Logf("all %d discovered objects in the management cluster, as the last snapshot has them, %s after the last ack", r.Objects, r.MirroredAfter.Round(time.Second))
 	}
 	stopSampling()
 	<-sampled
@@ -219,19 +228,26 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 	return r, nil
 }
 
-// waitMirrored waits until the management cluster holds want discovered
-// objects of cluster, or deadline.
-func (cfg LargeSnapshotConfig) waitMirrored(ctx context.Context, cluster string, want int, deadline time.Time) error {
+// waitMirrored waits until the management cluster holds exactly the
+// discovered objects of cluster in want (resource/name to spec sum), or
+// deadline.
+func (cfg LargeSnapshotConfig) waitMirrored(ctx context.Context, cluster string, want map[string]string, deadline time.Time) error {
 	for {
-		n, err := cfg.Env.Mgmt.DiscoveredOf(ctx, cluster)
+		have, err := cfg.Env.Mgmt.DiscoveredSums(ctx, cluster)
 		if err != nil {
 			return err
 		}
-		if n >= want {
+		right := 0
+		for k, sum := range want {
+			if have[k] == sum {
+				right++
+			}
+		}
+		if right == len(want) && len(have) == len(want) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d discovered objects of %s in the management cluster by the deadline", n, want, cluster)
+			return fmt.Errorf("%d of %d discovered objects of %s as the last snapshot has them (%d in all) by the deadline", right, len(want), cluster, len(have))
 		}
 		select {
 		case <-ctx.Done():

@@ -37,7 +37,9 @@ type Management struct {
 	Namespace string
 	Kube      kubernetes.Interface
 	Dynamic   dynamic.Interface
-	config    *rest.Config
+	// Metadata reads objects' metadata alone.
+	Metadata metadata.Interface
+	config   *rest.Config
 }
 
 // NewManagement returns clients for cfg (an admin config) and creates
@@ -53,11 +55,15 @@ func NewManagement(ctx context.Context, cfg *rest.Config, namespace string) (*Ma
 	if err != nil {
 		return nil, err
 	}
+	meta, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
 	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create namespace %s: %w", namespace, err)
 	}
-	return &Management{Namespace: namespace, Kube: kube, Dynamic: dyn, config: cfg}, nil
+	return &Management{Namespace: namespace, Kube: kube, Dynamic: dyn, Metadata: meta, config: cfg}, nil
 }
 
 // Member is a registered cluster and its bootstrap token. The token is a
@@ -227,24 +233,27 @@ func (m *Management) ClusterStatuses(ctx context.Context) (map[string]ClusterSta
 // DiscoveredKinds are the kinds the server mirrors from snapshots.
 var DiscoveredKinds = []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations}
 
-// DiscoveredOf counts the Mesh, Workload and Destination objects of cluster
-// in the namespace, reading their metadata only (a large cluster's objects
-// are tens of megabytes in full).
-func (m *Management) DiscoveredOf(ctx context.Context, cluster string) (int, error) {
-	meta, err := metadata.NewForConfig(m.config)
-	if err != nil {
-		return 0, err
-	}
-	n := 0
+// DiscoveredSums are the Mesh, Workload and Destination objects of cluster
+// in the namespace, by resource/name, each with the sum of its spec the
+// server wrote in it; read as metadata only (a large cluster's objects are
+// tens of megabytes in full).
+func (m *Management) DiscoveredSums(ctx context.Context, cluster string) (map[string]string, error) {
+	out := map[string]string{}
 	for _, gvr := range DiscoveredKinds {
-		list, err := meta.Resource(gvr).Namespace(m.Namespace).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=" + cluster})
+		list, err := m.Metadata.Resource(gvr).Namespace(m.Namespace).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=" + cluster})
 		if err != nil {
-			return 0, fmt.Errorf("list %s: %w", gvr.Resource, err)
+			return nil, fmt.Errorf("list %s: %w", gvr.Resource, err)
 		}
-		n += len(list.Items)
+		for _, o := range list.Items {
+			out[gvr.Resource+"/"+o.GetName()] = o.GetAnnotations()[specSumAnnotation]
+		}
 	}
-	return n, nil
+	return out, nil
 }
+
+// specSumAnnotation is where the server keeps the sum of a discovered
+// object's spec.
+const specSumAnnotation = "relaymesh.io/spec-sha256"
 
 // DiscoveredObjects counts the Mesh, Workload and Destination objects of the
 // namespace whose cluster label is one of clusters (nil: any).
