@@ -38,9 +38,11 @@ import (
 // Labels and annotations on discovered objects in the management cluster.
 const (
 	// LabelCluster is the cluster a discovered object came from.
-	LabelCluster      = discoveryv1alpha1.LabelCluster
-	LabelManagedBy    = "app.kubernetes.io/managed-by"
-	annotationSpecSum = "relaymesh.io/spec-sha256"
+	LabelCluster   = discoveryv1alpha1.LabelCluster
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// AnnotationSpecSum is the SHA-256 of a discovered object's spec (its
+	// JSON), which the mirror compares instead of the spec.
+	AnnotationSpecSum = "relaymesh.io/spec-sha256"
 	mirrorManager     = "relaymesh-server"
 )
 
@@ -183,7 +185,7 @@ func NewMirrorWithConfig(client dynamic.Interface, namespace string, view *View,
 			if u, ok := obj.(metav1.Object); ok {
 				m.expMu.Lock()
 				key := expectKey(gvr, u.GetName())
-				if e, ok := m.expected[key]; ok && e.sum != "" && e.sum == u.GetAnnotations()[annotationSpecSum] {
+				if e, ok := m.expected[key]; ok && e.sum != "" && e.sum == u.GetAnnotations()[AnnotationSpecSum] {
 					delete(m.expected, key)
 				}
 				m.expMu.Unlock()
@@ -370,7 +372,7 @@ func (m *Mirror) sync(ctx context.Context, cluster string) error {
 				continue
 			}
 			sum := obj.sum
-			if cur != nil && cur.GetAnnotations()[annotationSpecSum] == sum {
+			if cur != nil && cur.GetAnnotations()[AnnotationSpecSum] == sum {
 				m.observed(gvr, name)
 				continue
 			}
@@ -728,7 +730,7 @@ func (m *Mirror) writeOne(ctx context.Context, w mirrorWrite) error {
 		next.SetKind(obj.GetKind())
 		next.Object["spec"] = obj.Object["spec"]
 		next.SetLabels(merged(next.GetLabels(), obj.GetLabels(), discoveredLabels))
-		next.SetAnnotations(merged(next.GetAnnotations(), obj.GetAnnotations(), []string{annotationSpecSum}))
+		next.SetAnnotations(merged(next.GetAnnotations(), obj.GetAnnotations(), []string{AnnotationSpecSum}))
 		if _, err := ri.Update(ctx, next, metav1.UpdateOptions{FieldManager: mirrorManager}); err != nil {
 			return fmt.Errorf("update %s %s: %w", w.gvr.Resource, w.name, err)
 		}
@@ -864,7 +866,7 @@ func (d *discovered) object() (*unstructured.Unstructured, error) {
 	u.SetName(d.meta.Name)
 	u.SetNamespace(d.meta.Namespace)
 	u.SetLabels(d.meta.Labels)
-	u.SetAnnotations(map[string]string{annotationSpecSum: d.sum})
+	u.SetAnnotations(map[string]string{AnnotationSpecSum: d.sum})
 	return u, nil
 }
 

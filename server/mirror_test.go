@@ -313,15 +313,12 @@ func TestMirrorStopsWritingASupersededSnapshot(t *testing.T) {
 				return nil
 			}
 			for _, o := range l.Items {
-				out[gvr.Resource+"/"+o.GetName()] = o.GetAnnotations()["relaymesh.io/spec-sha256"]
+				out[gvr.Resource+"/"+o.GetName()] = o.GetAnnotations()[server.AnnotationSpecSum]
 			}
 		}
 		return out
 	}
-	wantSums := map[string]string{}
-	for _, o := range want {
-		wantSums[o.Resource.Resource+"/"+o.Object.GetName()] = o.Object.GetAnnotations()["relaymesh.io/spec-sha256"]
-	}
+	wantSums := fleet.SpecSums(want)
 	require.Eventually(t, func() bool { return assert.ObjectsAreEqual(wantSums, sums()) }, time.Minute, 200*time.Millisecond,
 		"the new snapshot's objects, and only those")
 	// Written from the old snapshot: what was written or in flight when
@@ -344,7 +341,7 @@ func TestDiscoveredObjectSumsAreUnchanged(t *testing.T) {
 	require.NotEmpty(t, objs)
 	var lines []string
 	for _, o := range objs {
-		sum := o.Object.GetAnnotations()["relaymesh.io/spec-sha256"]
+		sum := o.Object.GetAnnotations()[server.AnnotationSpecSum]
 		require.Len(t, sum, 64, "%s %s", o.Resource.Resource, o.Object.GetName())
 		lines = append(lines, o.Resource.Resource+"/"+o.Object.GetName()+"="+sum)
 	}

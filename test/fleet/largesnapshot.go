@@ -193,10 +193,7 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 			stopSampling()
 			return nil, err
 		}
-		sums := map[string]string{}
-		for _, o := range want {
-			sums[o.Resource.Resource+"/"+o.Object.GetName()] = o.Object.GetAnnotations()[specSumAnnotation]
-		}
+		sums := SpecSums(want)
 		r.Objects = len(sums)
 		if err := cfg.waitMirrored(ctx, cluster, sums, pushedAt.Add(cfg.Mirrored)); err != nil {
 			stopSampling()

@@ -245,15 +245,21 @@ func (m *Management) DiscoveredSums(ctx context.Context, cluster string) (map[st
 			return nil, fmt.Errorf("list %s: %w", gvr.Resource, err)
 		}
 		for _, o := range list.Items {
-			out[gvr.Resource+"/"+o.GetName()] = o.GetAnnotations()[specSumAnnotation]
+			out[gvr.Resource+"/"+o.GetName()] = o.GetAnnotations()[server.AnnotationSpecSum]
 		}
 	}
 	return out, nil
 }
 
-// specSumAnnotation is where the server keeps the sum of a discovered
-// object's spec.
-const specSumAnnotation = "relaymesh.io/spec-sha256"
+// SpecSums are objs by resource/name, each with its spec's sum: what
+// DiscoveredSums reads once the server has written them.
+func SpecSums(objs []server.DiscoveredObject) map[string]string {
+	out := make(map[string]string, len(objs))
+	for _, o := range objs {
+		out[o.Resource.Resource+"/"+o.Object.GetName()] = o.Object.GetAnnotations()[server.AnnotationSpecSum]
+	}
+	return out
+}
 
 // DiscoveredObjects counts the Mesh, Workload and Destination objects of the
 // namespace whose cluster label is one of clusters (nil: any).
