@@ -41,6 +41,11 @@ type LargeSnapshotConfig struct {
 	// far longer than the pushes); the server's RSS is then read again:
 	// what the cluster costs the server to hold, not just to take.
 	Mirrored time.Duration
+	// Settle (with Mirrored) is how long the server is then left alone
+	// before its RSS is read a third time (RSSSettled): long enough for a
+	// collection (the runtime forces one every 2 minutes) and for the
+	// runtime to return freed pages, it is what the cluster costs held.
+	Settle time.Duration
 }
 
 // LargeSnapshotResult is what one large cluster's snapshots cost.
@@ -70,6 +75,15 @@ type LargeSnapshotResult struct {
 	MirroredAfter                time.Duration
 	Objects                      int
 	RSSMirrored, RSSMirroredPeak int64
+	// RSSSettled (with Config.Settle) is the server's RSS Settle after
+	// the cluster was mirrored. RSS is what the runtime has not returned
+	// to the system, which depends on when it last collected: LiveBefore
+	// and LiveSettled are the live heap at the last collection before the
+	// first push and before that read (next collection's goal / 2, at
+	// GOGC=100), and GCsSettling how many collections ran while settling.
+	RSSSettled              int64
+	LiveBefore, LiveSettled float64
+	GCsSettling             float64
 }
 
 // LargeSnapshot registers one cluster, bootstraps its agent, and pushes
@@ -113,6 +127,11 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 	}
 	r := &LargeSnapshotResult{Pods: relaytest.Rich{Namespaces: cfg.Namespaces}.Pods(), Services: len(snaps[0].GetDestinations()),
 		Workloads: len(snaps[0].GetWorkloads()), Bytes: proto.Size(snaps[0])}
+	beforeSample, err := sampleServer(ctx, srv)
+	if err != nil {
+		return nil, err
+	}
+	r.LiveBefore = beforeSample.NextGC / 2
 	before, err := srv.Usage()
 	if err != nil {
 		return nil, err
@@ -210,6 +229,28 @@ func LargeSnapshot(ctx context.Context, cfg LargeSnapshotConfig) (*LargeSnapshot
 			return nil, err
 		}
 		r.RSSMirrored, r.RSSMirroredPeak = u.RSS, max(peak.Load(), u.RSS)
+		if cfg.Settle > 0 {
+			m, err := srv.Metrics(ctx)
+			if err != nil {
+				return nil, err
+			}
+			gcs := m.Sum("go_gc_duration_seconds_count")
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(cfg.Settle):
+			}
+			settled, err := sampleServer(ctx, srv)
+			if err != nil {
+				return nil, err
+			}
+			if m, err = srv.Metrics(ctx); err != nil {
+				return nil, err
+			}
+			r.RSSSettled, r.LiveSettled, r.GCsSettling = settled.RSS, settled.NextGC/2, m.Sum("go_gc_duration_seconds_count")-gcs
+			cfg.Logf("server RSS %d MiB once mirrored, %d MiB %s later (%.0f collections since; live heap %.0f MiB, %.0f MiB before the first push)",
+				r.RSSMirrored>>20, r.RSSSettled>>20, cfg.Settle, r.GCsSettling, r.LiveSettled/(1<<20), r.LiveBefore/(1<<20))
+		}
 	}
 	m, err := srv.Metrics(ctx)
 	if err != nil {

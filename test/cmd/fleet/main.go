@@ -185,11 +185,15 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 		namespaces := fs.Int("namespaces", 500, "namespaces of the cluster, each 200 pods, 20 Deployments and 20 Services")
 		pushes := fs.Int("pushes", 2, "changed snapshots pushed after the first")
 		mirrored := fs.Duration("mirrored", 0, "if set, then wait up to this long for the server to write all the cluster's discovered objects, and read its RSS again")
+		settle := fs.Duration("settle", 0, "with -mirrored: then leave the server alone this long and read its RSS a third time (2m30s sees the runtime's forced collection)")
 		f = func(ctx context.Context, o fleet.Options) (any, error) {
 			if *namespaces < 1 || *pushes < 1 {
 				return nil, fmt.Errorf("-namespaces and -pushes must be at least 1")
 			}
-			return fleet.LargeSnapshot(ctx, fleet.LargeSnapshotConfig{Options: o, Namespaces: *namespaces, Pushes: *pushes, Mirrored: *mirrored})
+			if *settle < 0 || (*settle > 0 && *mirrored <= 0) {
+				return nil, fmt.Errorf("-settle needs -mirrored, and cannot be negative")
+			}
+			return fleet.LargeSnapshot(ctx, fleet.LargeSnapshotConfig{Options: o, Namespaces: *namespaces, Pushes: *pushes, Mirrored: *mirrored, Settle: *settle})
 		}
 	case "failover":
 		agents := fs.Int("agents", 100, "fleet size")
