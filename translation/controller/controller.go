@@ -389,10 +389,17 @@ func list[T any](c *Controller, gvr schema.GroupVersionResource, errs *[]error) 
 		}
 	}
 	failed := len(*errs)
+	objs := c.informers[gvr].GetStore().List()
+	// Sized once: the list is kept until the kind changes, and a slice
+	// grown by append holds up to a quarter more than it uses (at 20,000
+	// Workloads and Destinations, megabytes for the life of the list).
 	var out []T
+	if len(objs) > 0 {
+		out = make([]T, 0, len(objs))
+	}
 	prev := c.typed[gvr]
 	next := map[string]typedObject{}
-	for _, obj := range c.informers[gvr].GetStore().List() {
+	for _, obj := range objs {
 		if t, ok := obj.(*T); ok {
 			// A typed cache (kubeinformers.Typed): the cached object
 			// itself, shared and read only, no copy of translation's own.
