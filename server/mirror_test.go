@@ -1,15 +1,18 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -348,4 +351,172 @@ func TestDiscoveredObjectSumsAreUnchanged(t *testing.T) {
 	slices.Sort(lines)
 	digest := sha256.Sum256([]byte(strings.Join(lines, "\n")))
 	assert.Equal(t, goldenSums, hex.EncodeToString(digest[:]), "%d objects", len(objs))
+}
+
+// Once the mirror has written a large snapshot the view holds it packed;
+// the mirror then repairs from the packed snapshot (an object deleted by
+// hand comes back) and a changed snapshot is written and packed in turn.
+func TestMirrorRepairsFromAPackedSnapshot(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const ns = "relaymesh"
+	mgmt, _, admin := localcluster.Management(t, ns)
+	cfg := mgmt.RESTConfig()
+	cfg.QPS, cfg.Burst = 1000, 1000
+	client, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	view := server.NewView()
+	mirror := server.NewMirrorWithConfig(client, ns, view, slog.New(slog.NewTextHandler(io.Discard, nil)), server.MirrorConfig{Resync: time.Hour})
+	go mirror.Run(ctx)
+
+	sums := func() map[string]string {
+		out := map[string]string{}
+		for _, gvr := range []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations} {
+			l, err := admin.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=big"})
+			if err != nil {
+				t.Logf("list %s: %v", gvr.Resource, err)
+				return nil
+			}
+			for _, o := range l.Items {
+				out[gvr.Resource+"/"+o.GetName()] = o.GetAnnotations()[server.AnnotationSpecSum]
+			}
+		}
+		return out
+	}
+	mirrored := func(snap *relaypb.Snapshot) {
+		t.Helper()
+		objs, err := server.DiscoveredObjects(snap, ns)
+		require.NoError(t, err)
+		want := fleet.SpecSums(objs)
+		require.Eventually(t, func() bool { return assert.ObjectsAreEqual(want, sums()) }, time.Minute, 100*time.Millisecond,
+			"the snapshot's %d objects, and only those", len(want))
+		require.Eventually(t, func() bool { cv, _ := view.Get("big"); return cv.PackedBytes > 0 }, 10*time.Second, 10*time.Millisecond,
+			"the view holds the written snapshot packed")
+	}
+
+	snap := relaytest.Rich{Namespaces: 32}.Snapshot("big")
+	require.Greater(t, proto.Size(snap), server.PackAbove)
+	want := proto.Clone(snap).(*relaypb.Snapshot)
+	view.Accept("big", snap, time.Now())
+	mirrored(want)
+	got, err := view.Load("big")
+	require.NoError(t, err)
+	assert.True(t, proto.Equal(want, got), "the packed snapshot is the one accepted")
+
+	// Deleted by hand: the informer's delete handler queues the cluster,
+	// whose sync reads the packed snapshot.
+	dests, err := admin.Resource(discoveryv1alpha1.Destinations).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=big", Limit: 3})
+	require.NoError(t, err)
+	require.Len(t, dests.Items, 3)
+	for _, d := range dests.Items {
+		require.NoError(t, admin.Resource(discoveryv1alpha1.Destinations).Namespace(ns).Delete(ctx, d.GetName(), metav1.DeleteOptions{}))
+	}
+	mirrored(want)
+
+	next := proto.Clone(want).(*relaypb.Snapshot)
+	next.Destinations = next.Destinations[1:]
+	next.Destinations[0].Labels = map[string]string{"generation": "2"}
+	next = relaytest.Rehash(next)
+	view.Accept("big", proto.Clone(next).(*relaypb.Snapshot), time.Now())
+	mirrored(next)
+	got, err = view.Load("big")
+	require.NoError(t, err)
+	assert.True(t, proto.Equal(next, got), "the next snapshot, packed")
+}
+
+// The resync compares only clusters something happened to since their
+// last sync found them as their snapshot has them: an unchanged cluster
+// (for a large one, its snapshot decoded and every object's sum worked
+// out) is skipped, and an object edited by hand still brings its cluster
+// back into the comparison and is repaired.
+func TestMirrorResyncSkipsUnchangedClusters(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const ns = "relaymesh"
+	mgmt, _, admin := localcluster.Management(t, ns)
+	cfg := mgmt.RESTConfig()
+	cfg.QPS, cfg.Burst = 1000, 1000
+	client, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	var logs lockedBuffer
+	view := server.NewView()
+	mirror := server.NewMirrorWithConfig(client, ns, view, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		server.MirrorConfig{Resync: 200 * time.Millisecond})
+	go mirror.Run(ctx)
+
+	var want []*relaypb.Snapshot
+	for _, c := range []string{"c1", "c2"} {
+		snap := fleet.SnapshotSpec{Services: 3}.Snapshot(c)
+		want = append(want, snap)
+		view.Accept(c, proto.Clone(snap).(*relaypb.Snapshot), time.Now())
+	}
+	// The last resync logged: clusters compared and skipped.
+	lastResync := func() (compared, unchanged float64) {
+		for _, line := range slices.Backward(strings.Split(strings.TrimSpace(logs.String()), "\n")) {
+			var rec map[string]any
+			if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "mirror resync" {
+				compared, _ = rec["clusters_compared"].(float64)
+				unchanged, _ = rec["clusters_unchanged"].(float64)
+				return compared, unchanged
+			}
+		}
+		return -1, -1
+	}
+	require.Eventually(t, func() bool { c, u := lastResync(); return c == 0 && u == 2 }, 30*time.Second, 50*time.Millisecond,
+		"both clusters skipped once mirrored and compared")
+
+	// An edit by hand of c1's Destination (its spec sum): c1 is compared
+	// at the next resync, the edit undone, and c1 then skipped again.
+	dests, err := admin.Resource(discoveryv1alpha1.Destinations).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=c1"})
+	require.NoError(t, err)
+	require.NotEmpty(t, dests.Items)
+	d := dests.Items[0]
+	sum := d.GetAnnotations()[server.AnnotationSpecSum]
+	require.NotEmpty(t, sum)
+	d.SetAnnotations(map[string]string{server.AnnotationSpecSum: "edited"})
+	_, err = admin.Resource(discoveryv1alpha1.Destinations).Namespace(ns).Update(ctx, &d, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		got, err := admin.Resource(discoveryv1alpha1.Destinations).Namespace(ns).Get(ctx, d.GetName(), metav1.GetOptions{})
+		return err == nil && got.GetAnnotations()[server.AnnotationSpecSum] == sum
+	}, 30*time.Second, 50*time.Millisecond, "the edited Destination repaired by a resync")
+	require.Eventually(t, func() bool { c, u := lastResync(); return c == 0 && u == 2 }, 30*time.Second, 50*time.Millisecond,
+		"both skipped again")
+
+	// A new snapshot of c2 is written as ever.
+	next := proto.Clone(want[1]).(*relaypb.Snapshot)
+	next.Destinations = next.Destinations[1:]
+	next = relaytest.Rehash(next)
+	view.Accept("c2", next, time.Now())
+	objs, err := server.DiscoveredObjects(next, ns)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		l, err := admin.Resource(discoveryv1alpha1.Destinations).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=c2"})
+		n := 0
+		for _, o := range objs {
+			if o.Resource == discoveryv1alpha1.Destinations {
+				n++
+			}
+		}
+		return err == nil && len(l.Items) == n
+	}, 30*time.Second, 50*time.Millisecond, "c2's removed Destination deleted")
+}
+
+// lockedBuffer is a bytes.Buffer for a logger and a reader on two
+// goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

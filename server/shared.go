@@ -171,13 +171,17 @@ func (s *SharedSnapshots) write(ctx context.Context, cluster string) error {
 	if s.cfg.Owns != nil && !s.cfg.Owns(cluster) {
 		return nil
 	}
-	cv, ok := s.cfg.View.Get(cluster)
-	if !ok || cv.Snapshot == nil {
+	cv, _ := s.cfg.View.State(cluster)
+	snap, err := s.cfg.View.Load(cluster) // an error, not "left the view"
+	if err != nil {
+		return err
+	}
+	if snap == nil {
 		// Left the view: deregistered (Collect deletes its record) or moved
 		// to another replica (which writes it).
 		return nil
 	}
-	written, err := s.cfg.Store.Put(ctx, snapshots.Record{Cluster: cluster, Snapshot: cv.Snapshot, Replica: s.cfg.Replica, AcceptedAt: cv.AcceptedAt})
+	written, err := s.cfg.Store.Put(ctx, snapshots.Record{Cluster: cluster, Snapshot: snap, Replica: s.cfg.Replica, AcceptedAt: cv.AcceptedAt})
 	if err != nil {
 		return err
 	}
@@ -192,8 +196,8 @@ func (s *SharedSnapshots) write(ctx context.Context, cluster string) error {
 // late write replaced it, or someone wrote an older record back): the
 // marks differ.
 func (s *SharedSnapshots) resync(ctx context.Context) {
-	for cluster, cv := range s.cfg.View.Clusters() {
-		if cv.Snapshot == nil || (s.cfg.Owns != nil && !s.cfg.Owns(cluster)) {
+	for _, cluster := range s.cfg.View.Names() {
+		if !s.cfg.View.HasSnapshot(cluster) || (s.cfg.Owns != nil && !s.cfg.Owns(cluster)) {
 			continue
 		}
 		stored, err := s.cfg.Store.Stamp(ctx, cluster)

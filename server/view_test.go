@@ -152,3 +152,103 @@ func BenchmarkShareLabels100k(b *testing.B) {
 		})
 	}
 }
+
+// A large snapshot the mirror has written is held packed: every read
+// gives back the snapshot as accepted, the cheap questions (is there one,
+// which) do not decode it, and only the snapshot still held is packed.
+func TestViewPacksALargeSnapshot(t *testing.T) {
+	small := relaytest.Rich{Namespaces: 1}.Snapshot("c1")
+	large := relaytest.Rich{Namespaces: 32}.Snapshot("c1")
+	require.Less(t, proto.Size(small), server.PackAbove)
+	require.Greater(t, proto.Size(large), server.PackAbove)
+	want := proto.Clone(large).(*relaypb.Snapshot)
+
+	v := server.NewView()
+	changed := 0
+	v.OnSnapshot(func(string) { changed++ })
+	v.Accept("c1", small, time.Now())
+	assert.False(t, v.Pack("c1", small), "a small snapshot stays decoded")
+	assert.Same(t, small, v.Snapshot("c1"))
+
+	v.Accept("c1", large, time.Now())
+	v.Accept("c1", proto.Clone(large).(*relaypb.Snapshot), time.Now()) // the agent reconnected meanwhile
+	assert.Same(t, large, v.Snapshot("c1"), "the same snapshot again: the one held stays")
+	assert.False(t, v.Pack("c1", small), "only the snapshot the view holds is packed")
+	assert.False(t, v.Pack("c1", proto.Clone(large).(*relaypb.Snapshot)), "not an equal copy either")
+	require.True(t, v.Pack("c1", large))
+	assert.False(t, v.Pack("c1", large), "packed once")
+	assert.True(t, v.HasSnapshot("c1"))
+	hash, ok := v.SnapshotHash("c1")
+	assert.True(t, ok)
+	assert.Equal(t, want.GetHash(), hash)
+
+	got, err := v.Load("c1")
+	require.NoError(t, err)
+	assert.NotSame(t, large, got, "decoded again")
+	assert.True(t, proto.Equal(want, got), "the snapshot as accepted")
+	maps := map[unsafe.Pointer]bool{}
+	for _, d := range got.GetDestinations() {
+		for _, e := range d.GetEndpoints() {
+			maps[reflect.ValueOf(e.GetLabels()).UnsafePointer()] = true
+		}
+	}
+	assert.Len(t, maps, 32*10*2, "its equal labels shared again")
+	cv, ok := v.Get("c1")
+	require.True(t, ok)
+	assert.True(t, proto.Equal(want, cv.Snapshot), "Get decodes it")
+	assert.Positive(t, cv.PackedBytes)
+	assert.Less(t, cv.PackedBytes, proto.Size(want)/4, "packed: %d bytes of %d", cv.PackedBytes, proto.Size(want))
+	assert.True(t, proto.Equal(want, v.Clusters()["c1"].Snapshot), "the debug endpoint's copy too")
+	assert.ElementsMatch(t, []string{"c1"}, v.Names())
+
+	// The same snapshot again changes nothing; another one replaces the
+	// packed one.
+	changed = 0
+	v.Accept("c1", proto.Clone(want).(*relaypb.Snapshot), time.Now())
+	assert.Zero(t, changed, "same hash: no listener called")
+	cv, _ = v.Get("c1")
+	assert.Positive(t, cv.PackedBytes, "the same snapshot again stays packed")
+	v.Accept("c1", small, time.Now())
+	assert.Equal(t, 1, changed)
+	assert.Same(t, small, v.Snapshot("c1"))
+	cv, _ = v.Get("c1")
+	assert.Zero(t, cv.PackedBytes)
+
+	v.Accept("c1", large, time.Now())
+	require.True(t, v.Pack("c1", large))
+	v.Remove("c1")
+	assert.False(t, v.HasSnapshot("c1"))
+	_, ok = v.SnapshotHash("c1")
+	assert.False(t, ok)
+	got, err = v.Load("c1")
+	assert.NoError(t, err)
+	assert.Nil(t, got)
+}
+
+// BenchmarkPackLargeSnapshot: what holding a 100,000-pod snapshot packed
+// costs once (Pack) and at each read of it (Load), and what it is held in.
+func BenchmarkPackLargeSnapshot(b *testing.B) {
+	snap := relaytest.Rich{Namespaces: 500}.Snapshot("c1")
+	relay.ShareLabels(snap)
+	b.Run("pack", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			v := server.NewView()
+			v.Accept("c1", snap, time.Now())
+			b.StartTimer()
+			require.True(b, v.Pack("c1", snap))
+		}
+	})
+	v := server.NewView()
+	v.Accept("c1", snap, time.Now())
+	require.True(b, v.Pack("c1", snap))
+	cv, _ := v.Get("c1")
+	b.Run("load", func(b *testing.B) {
+		for b.Loop() {
+			_, err := v.Load("c1")
+			require.NoError(b, err)
+		}
+		b.ReportMetric(float64(cv.PackedBytes), "packed-bytes")
+		b.ReportMetric(float64(proto.Size(snap)), "encoded-bytes")
+	})
+}

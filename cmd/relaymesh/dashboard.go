@@ -329,7 +329,7 @@ func (a viewAgents) Agents() map[string]dashboard.AgentState {
 	if a.v == nil {
 		return out
 	}
-	for name, c := range a.v.Clusters() {
+	for name, c := range a.v.States() {
 		st := dashboard.AgentState{SnapshotAt: c.AcceptedAt, SnapshotError: c.LastError, AckedAt: c.AckedAt}
 		if c.Ack != nil {
 			st.AckVersion = c.Ack.GetVersion()
