@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -12,12 +11,12 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
+	"github.com/relaymesh/relaymesh/internal/syncbuf"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/relay/relaytest"
 	"github.com/relaymesh/relaymesh/server"
@@ -305,24 +304,8 @@ func TestMirrorStopsWritingASupersededSnapshot(t *testing.T) {
 	view.Accept("big", old, time.Now())
 	require.Eventually(t, func() bool { return writes.Load() >= 20 }, 30*time.Second, time.Millisecond)
 	view.Accept("big", next, time.Now())
-	// Read on require.Eventually's goroutine: an error is a retry, not a
-	// failure of the test from there.
-	sums := func() map[string]string {
-		out := map[string]string{}
-		for _, gvr := range []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations} {
-			l, err := admin.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=big"})
-			if err != nil {
-				t.Logf("list %s: %v", gvr.Resource, err)
-				return nil
-			}
-			for _, o := range l.Items {
-				out[gvr.Resource+"/"+o.GetName()] = o.GetAnnotations()[server.AnnotationSpecSum]
-			}
-		}
-		return out
-	}
 	wantSums := fleet.SpecSums(want)
-	require.Eventually(t, func() bool { return assert.ObjectsAreEqual(wantSums, sums()) }, time.Minute, 200*time.Millisecond,
+	require.Eventually(t, func() bool { return assert.ObjectsAreEqual(wantSums, discoveredSums(ctx, t, admin, ns, "big")) }, time.Minute, 200*time.Millisecond,
 		"the new snapshot's objects, and only those")
 	// Written from the old snapshot: what was written or in flight when
 	// the new one arrived. Had the old one's writes gone on, all 401 of
@@ -369,26 +352,12 @@ func TestMirrorRepairsFromAPackedSnapshot(t *testing.T) {
 	mirror := server.NewMirrorWithConfig(client, ns, view, slog.New(slog.NewTextHandler(io.Discard, nil)), server.MirrorConfig{Resync: time.Hour})
 	go mirror.Run(ctx)
 
-	sums := func() map[string]string {
-		out := map[string]string{}
-		for _, gvr := range []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations} {
-			l, err := admin.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=big"})
-			if err != nil {
-				t.Logf("list %s: %v", gvr.Resource, err)
-				return nil
-			}
-			for _, o := range l.Items {
-				out[gvr.Resource+"/"+o.GetName()] = o.GetAnnotations()[server.AnnotationSpecSum]
-			}
-		}
-		return out
-	}
 	mirrored := func(snap *relaypb.Snapshot) {
 		t.Helper()
 		objs, err := server.DiscoveredObjects(snap, ns)
 		require.NoError(t, err)
 		want := fleet.SpecSums(objs)
-		require.Eventually(t, func() bool { return assert.ObjectsAreEqual(want, sums()) }, time.Minute, 100*time.Millisecond,
+		require.Eventually(t, func() bool { return assert.ObjectsAreEqual(want, discoveredSums(ctx, t, admin, ns, "big")) }, time.Minute, 100*time.Millisecond,
 			"the snapshot's %d objects, and only those", len(want))
 		require.Eventually(t, func() bool { cv, _ := view.Get("big"); return cv.PackedBytes > 0 }, 10*time.Second, 10*time.Millisecond,
 			"the view holds the written snapshot packed")
@@ -438,7 +407,7 @@ func TestMirrorResyncSkipsUnchangedClusters(t *testing.T) {
 	cfg.QPS, cfg.Burst = 1000, 1000
 	client, err := dynamic.NewForConfig(cfg)
 	require.NoError(t, err)
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	view := server.NewView()
 	mirror := server.NewMirrorWithConfig(client, ns, view, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		server.MirrorConfig{Resync: 200 * time.Millisecond})
@@ -502,21 +471,20 @@ func TestMirrorResyncSkipsUnchangedClusters(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond, "c2's removed Destination deleted")
 }
 
-// lockedBuffer is a bytes.Buffer for a logger and a reader on two
-// goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+// discoveredSums reads the discovered objects of cluster in ns, resource/name
+// to spec sum. It is read on require.Eventually's goroutine: a failed list
+// is logged and returns nil, a retry, not a failure of the test from there.
+func discoveredSums(ctx context.Context, t *testing.T, admin dynamic.Interface, ns, cluster string) map[string]string {
+	out := map[string]string{}
+	for _, gvr := range []schema.GroupVersionResource{discoveryv1alpha1.Meshes, discoveryv1alpha1.Workloads, discoveryv1alpha1.Destinations} {
+		l, err := admin.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{LabelSelector: server.LabelCluster + "=" + cluster})
+		if err != nil {
+			t.Logf("list %s: %v", gvr.Resource, err)
+			return nil
+		}
+		for _, o := range l.Items {
+			out[gvr.Resource+"/"+o.GetName()] = o.GetAnnotations()[server.AnnotationSpecSum]
+		}
+	}
+	return out
 }
