@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -126,16 +127,8 @@ func (m *Mirror) pruneEvents(live []string) {
 	}
 	m.uncMu.Lock()
 	defer m.uncMu.Unlock()
-	for c := range m.events {
-		if !keep[c] {
-			delete(m.events, c)
-		}
-	}
-	for c := range m.unchanged {
-		if !keep[c] {
-			delete(m.unchanged, c)
-		}
-	}
+	maps.DeleteFunc(m.events, func(c string, _ uint64) bool { return !keep[c] })
+	maps.DeleteFunc(m.unchanged, func(c string, _ unchangedMark) bool { return !keep[c] })
 }
 
 func (m *Mirror) eventsOf(cluster string) uint64 {

@@ -340,17 +340,9 @@ func TestDiscoveredObjectSumsAreUnchanged(t *testing.T) {
 // the mirror then repairs from the packed snapshot (an object deleted by
 // hand comes back) and a changed snapshot is written and packed in turn.
 func TestMirrorRepairsFromAPackedSnapshot(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	const ns = "relaymesh"
-	mgmt, _, admin := localcluster.Management(t, ns)
-	cfg := mgmt.RESTConfig()
-	cfg.QPS, cfg.Burst = 1000, 1000
-	client, err := dynamic.NewForConfig(cfg)
-	require.NoError(t, err)
 	view := server.NewView()
-	mirror := server.NewMirrorWithConfig(client, ns, view, slog.New(slog.NewTextHandler(io.Discard, nil)), server.MirrorConfig{Resync: time.Hour})
-	go mirror.Run(ctx)
+	ctx, admin := startMirror(t, ns, view, slog.New(slog.NewTextHandler(io.Discard, nil)), server.MirrorConfig{Resync: time.Hour})
 
 	mirrored := func(snap *relaypb.Snapshot) {
 		t.Helper()
@@ -359,7 +351,7 @@ func TestMirrorRepairsFromAPackedSnapshot(t *testing.T) {
 		want := fleet.SpecSums(objs)
 		require.Eventually(t, func() bool { return assert.ObjectsAreEqual(want, discoveredSums(ctx, t, admin, ns, "big")) }, time.Minute, 100*time.Millisecond,
 			"the snapshot's %d objects, and only those", len(want))
-		require.Eventually(t, func() bool { cv, _ := view.Get("big"); return cv.PackedBytes > 0 }, 10*time.Second, 10*time.Millisecond,
+		require.Eventually(t, func() bool { cv, _ := view.State("big"); return cv.PackedBytes > 0 }, 10*time.Second, 10*time.Millisecond,
 			"the view holds the written snapshot packed")
 	}
 
@@ -399,19 +391,11 @@ func TestMirrorRepairsFromAPackedSnapshot(t *testing.T) {
 // out) is skipped, and an object edited by hand still brings its cluster
 // back into the comparison and is repaired.
 func TestMirrorResyncSkipsUnchangedClusters(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	const ns = "relaymesh"
-	mgmt, _, admin := localcluster.Management(t, ns)
-	cfg := mgmt.RESTConfig()
-	cfg.QPS, cfg.Burst = 1000, 1000
-	client, err := dynamic.NewForConfig(cfg)
-	require.NoError(t, err)
 	var logs syncbuf.Buffer
 	view := server.NewView()
-	mirror := server.NewMirrorWithConfig(client, ns, view, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	ctx, admin := startMirror(t, ns, view, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		server.MirrorConfig{Resync: 200 * time.Millisecond})
-	go mirror.Run(ctx)
 
 	var want []*relaypb.Snapshot
 	for _, c := range []string{"c1", "c2"} {
@@ -469,6 +453,21 @@ func TestMirrorResyncSkipsUnchangedClusters(t *testing.T) {
 		}
 		return err == nil && len(l.Items) == n
 	}, 30*time.Second, 50*time.Millisecond, "c2's removed Destination deleted")
+}
+
+// startMirror runs a mirror of view with cfg on a new management cluster
+// until the test ends, its client not throttled; admin reads and writes
+// that cluster.
+func startMirror(t *testing.T, ns string, view *server.View, log *slog.Logger, cfg server.MirrorConfig) (ctx context.Context, admin dynamic.Interface) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	mgmt, _, admin := localcluster.Management(t, ns)
+	rc := mgmt.RESTConfig()
+	rc.QPS, rc.Burst = 1000, 1000
+	client, err := dynamic.NewForConfig(rc)
+	require.NoError(t, err)
+	go server.NewMirrorWithConfig(client, ns, view, log, cfg).Run(ctx)
+	return ctx, admin
 }
 
 // discoveredSums reads the discovered objects of cluster in ns, resource/name

@@ -37,7 +37,7 @@ type ClusterView struct {
 	AckedAt    time.Time               `json:"ackedAt,omitzero"`
 	Conflicts  []*relaypb.ObjectResult `json:"conflicts,omitempty"`
 	// PackedBytes is the size the snapshot is held in when the view holds
-	// it packed (Pack); Get and Clusters return it decoded all the same.
+	// it packed (Pack); Clusters returns it decoded all the same.
 	PackedBytes int `json:"packedBytes,omitempty"`
 
 	// packed, when set, holds Snapshot instead (which is then nil): the
@@ -264,7 +264,7 @@ func (v *View) SnapshotHash(cluster string) (string, bool) {
 }
 
 // Pack compresses cluster's snapshot if it is still s and its encoding is
-// larger than PackAbove; Snapshot, Load, Get and Clusters decode it again
+// larger than PackAbove; Snapshot, Load and Clusters decode it again
 // when asked. The mirror calls it once it has written s: what the server
 // reads of a large cluster from then on, until its next snapshot, is the
 // typed cache of its discovered objects, and a resync or a repair decodes
@@ -334,22 +334,6 @@ func unpack(packed []byte) (*relaypb.Snapshot, error) {
 	}
 	relay.ShareLabels(s)
 	return s, nil
-}
-
-// Get returns a copy of what the view holds of cluster, its snapshot
-// decoded if packed (nil if that failed: use Load where that matters).
-func (v *View) Get(cluster string) (ClusterView, bool) {
-	v.mu.RLock()
-	c, ok := v.clusters[cluster]
-	var out ClusterView
-	if ok {
-		out = *c
-	}
-	v.mu.RUnlock()
-	if !ok {
-		return ClusterView{}, false
-	}
-	return unpacked(out), true
 }
 
 // Clusters returns a copy of the view, for the debug endpoint, packed
