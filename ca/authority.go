@@ -8,7 +8,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"github.com/relaymesh/relaymesh/internal/text"
@@ -639,17 +638,6 @@ func checkDNSName(name string) error {
 		}
 	}
 	return nil
-}
-
-// CertsPEM encodes certificates as CERTIFICATE blocks (nil ones skipped).
-func CertsPEM(certs ...*x509.Certificate) []byte {
-	var out []byte
-	for _, c := range certs {
-		if c != nil {
-			out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
-		}
-	}
-	return out
 }
 
 func isRegistrationRune(r rune) bool {
