@@ -162,6 +162,17 @@ func (r *redemptions) expire(now time.Time) {
 	}
 }
 
+// sweep drops the entries whose window ended by now. Without it they
+// went only at the next bootstrap (expire runs on every spend and claim),
+// so a fleet that bootstrapped once and then only renewed kept each
+// agent's answer, about 4.5 KiB (its certificate chain and trust bundle
+// as PEM), for as long as the process ran (issue 31).
+func (r *redemptions) sweep(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.expire(now)
+}
+
 // len is the number of remembered redemptions.
 func (r *redemptions) len() int {
 	r.mu.Lock()

@@ -82,3 +82,25 @@ func TestAnUndoneClaimLeavesNothingBehind(t *testing.T) {
 	assert.Zero(t, r.len(), "an undone claim goes at the expiry that reaches it")
 	assert.Empty(t, r.order)
 }
+
+// The server's ticker sweeps: answers kept for retries go when their
+// window ends even if no agent ever bootstraps again.
+func TestRedemptionsAreSweptWithoutANewBootstrap(t *testing.T) {
+	r := newRedemptions()
+	now := time.Unix(1_000_000, 0)
+	var s [sha256.Size]byte
+	for i := range 1000 {
+		r.spent(fmt.Sprint(i), s, s, "c", "u", now, now.Add(identity.RetryWindow))
+		r.done(fmt.Sprint(i), &relaypb.CertificateResponse{SpiffeId: "x"})
+	}
+	r.sweep(now.Add(identity.RetryWindow - time.Second))
+	assert.Equal(t, 1000, r.len(), "nothing goes before its window ends")
+	o, _ := r.retry("999", s, s, "c", "u", now)
+	assert.Equal(t, retryAnswer, o)
+
+	r.sweep(now.Add(identity.RetryWindow))
+	assert.Zero(t, r.len(), "every window ended: all gone")
+	assert.Zero(t, cap(r.order), "and the order's backing array with them")
+	o, _ = r.retry("999", s, s, "c", "u", now.Add(identity.RetryWindow))
+	assert.Equal(t, retryNone, o)
+}

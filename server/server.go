@@ -562,7 +562,7 @@ func (s *Server) closeListeners() {
 }
 
 // flushThrottled writes the summaries of throttled calls every window,
-// until Stop.
+// and drops the redemptions whose retry window ended, until Stop.
 func (s *Server) flushThrottled() {
 	defer close(s.tickerDone)
 	t := time.NewTicker(s.throttle.window)
@@ -574,6 +574,7 @@ func (s *Server) flushThrottled() {
 			return
 		case <-t.C:
 			s.throttle.flush()
+			s.redeemed.sweep(s.cfg.Clock())
 		}
 	}
 }
