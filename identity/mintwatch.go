@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
@@ -26,10 +25,17 @@ const annotationAudited = "relaymesh.io/audited"
 // (MintedByAnnotation) as the record's subject. It returns when the
 // watch has synced; it runs until ctx ends.
 func AuditTokenMints(ctx context.Context, client kubernetes.Interface, namespace string, rec audit.Recorder, log *slog.Logger) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 10*time.Minute,
-		informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = labelToken + "=true" }))
+	factory := tokenRecordInformers(client, namespace)
 	inf := factory.Core().V1().Secrets().Informer()
+	factory.Start(ctx.Done())
+	return AuditTokenMintsFrom(ctx, inf, client, namespace, rec, log)
+}
+
+// AuditTokenMintsFrom is AuditTokenMints on records, a running watch of
+// namespace's token records (KubeTokenStore.Records): the records it
+// holds already are looked at once it is called, and its handler is
+// removed when ctx ends, so a replica that leads again adds it anew.
+func AuditTokenMintsFrom(ctx context.Context, records cache.SharedIndexInformer, client kubernetes.Interface, namespace string, rec audit.Recorder, log *slog.Logger) error {
 	handle := func(obj any) {
 		sec, ok := obj.(*corev1.Secret)
 		if !ok || sec.Type != TokenSecretType || sec.Annotations[annotationAudited] == "true" {
@@ -53,11 +59,12 @@ func AuditTokenMints(ctx context.Context, client kubernetes.Interface, namespace
 			log.Warn("could not mark token record audited; it may be recorded again after a restart", "token_id", id, "error", err)
 		}
 	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: handle, UpdateFunc: func(_, o any) { handle(o) }}); err != nil {
+	reg, err := records.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: handle, UpdateFunc: func(_, o any) { handle(o) }})
+	if err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+	context.AfterFunc(ctx, func() { _ = records.RemoveEventHandler(reg) })
+	if !cache.WaitForCacheSync(ctx.Done(), records.HasSynced, reg.HasSynced) {
 		return fmt.Errorf("token watch did not sync: %w", ctx.Err())
 	}
 	return nil

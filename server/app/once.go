@@ -139,7 +139,8 @@ func (p *process) runOnceOnlyWork(ctx context.Context) {
 // The tasks of onceOnlyWork.
 
 func (p *process) auditTokenMints(ctx context.Context) {
-	if err := identity.AuditTokenMints(ctx, p.kube.Typed, p.cfg.Namespace, p.audit, p.log); err != nil && ctx.Err() == nil {
+	// The token store's watch of the records (newTokens), not one of its own.
+	if err := identity.AuditTokenMintsFrom(ctx, p.tokenStore.Records(), p.kube.Typed, p.cfg.Namespace, p.audit, p.log); err != nil && ctx.Err() == nil {
 		p.log.Error("cannot watch bootstrap tokens: their minting is not audited", "error", err)
 	}
 	<-ctx.Done()
