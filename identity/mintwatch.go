@@ -3,6 +3,7 @@ package identity
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -19,26 +20,27 @@ import (
 // so a server restart does not record it again.
 const annotationAudited = "relaymesh.io/audited"
 
+// markTimeout bounds the patch that marks a recorded mint.
+const markTimeout = 10 * time.Second
+
 // AuditTokenMints records every bootstrap token minted in namespace (by
 // `relaymesh cluster register` or `relaymesh token create`, which run
 // outside the server) in the server's audit log, once, with the minter
-// (MintedByAnnotation) as the record's subject. It returns when the
-// watch has synced; it runs until ctx ends.
-func AuditTokenMints(ctx context.Context, client kubernetes.Interface, namespace string, rec audit.Recorder, log *slog.Logger) error {
-	factory := tokenRecordInformers(client, namespace)
-	inf := factory.Core().V1().Secrets().Informer()
-	factory.Start(ctx.Done())
-	return AuditTokenMintsFrom(ctx, inf, client, namespace, rec, log)
-}
-
-// AuditTokenMintsFrom is AuditTokenMints on records, a running watch of
-// namespace's token records (KubeTokenStore.Records): the records it
-// holds already are looked at once it is called, and its handler is
-// removed when ctx ends, so a replica that leads again adds it anew.
-func AuditTokenMintsFrom(ctx context.Context, records cache.SharedIndexInformer, client kubernetes.Interface, namespace string, rec audit.Recorder, log *slog.Logger) error {
+// (MintedByAnnotation) as the record's subject. records is a running watch
+// of namespace's token records (KubeTokenStore.Records), so the process
+// caches each record once. It returns when the records the watch holds
+// have been looked at (each unaudited one recorded and marked); its
+// handler records nothing once ctx has ended and is removed then, so a
+// replica that leads again adds it anew.
+func AuditTokenMints(ctx context.Context, records cache.SharedIndexInformer, client kubernetes.Interface, namespace string, rec audit.Recorder, log *slog.Logger) error {
+	if records == nil {
+		return errors.New("token mint audit: no watch of the token records")
+	}
 	handle := func(obj any) {
 		sec, ok := obj.(*corev1.Secret)
-		if !ok || sec.Type != TokenSecretType || sec.Annotations[annotationAudited] == "true" {
+		// A term that ended records nothing more: the handler may still be
+		// called until its removal takes effect.
+		if ctx.Err() != nil || !ok || sec.Type != TokenSecretType || sec.Annotations[annotationAudited] == "true" {
 			return
 		}
 		id := sec.Name[len(tokenSecretPrefix):]
@@ -54,8 +56,12 @@ func AuditTokenMintsFrom(ctx context.Context, records cache.SharedIndexInformer,
 			log.Error("audit log write failed", "type", audit.TokenMint, "error", err)
 			return
 		}
+		// Recorded: marked even if the term ends meanwhile, or the next
+		// leader records it again.
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		defer cancel()
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{annotationAudited: "true"}}})
-		if _, err := client.CoreV1().Secrets(namespace).Patch(ctx, sec.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		if _, err := client.CoreV1().Secrets(namespace).Patch(mctx, sec.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			log.Warn("could not mark token record audited; it may be recorded again after a restart", "token_id", id, "error", err)
 		}
 	}
@@ -64,7 +70,7 @@ func AuditTokenMintsFrom(ctx context.Context, records cache.SharedIndexInformer,
 		return err
 	}
 	context.AfterFunc(ctx, func() { _ = records.RemoveEventHandler(reg) })
-	if !cache.WaitForCacheSync(ctx.Done(), records.HasSynced, reg.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
 		return fmt.Errorf("token watch did not sync: %w", ctx.Err())
 	}
 	return nil

@@ -60,7 +60,7 @@ func TestMintAuditSharesTheStoresWatch(t *testing.T) {
 	require.NoError(t, err)
 	rec := &mintRecorder{}
 	term, endTerm := context.WithCancel(ctx)
-	require.NoError(t, identity.AuditTokenMintsFrom(term, store.Records(), admin, "relaymesh", rec, log))
+	require.NoError(t, identity.AuditTokenMints(term, store.Records(), admin, "relaymesh", rec, log))
 	require.Eventually(t, func() bool { return len(rec.recorded()) == 1 }, 10*time.Second, 20*time.Millisecond)
 	assert.Equal(t, []string{first.ID}, rec.recorded())
 	require.Eventually(t, func() bool {
@@ -89,7 +89,7 @@ func TestMintAuditSharesTheStoresWatch(t *testing.T) {
 
 	// ...and the next term records it, and not the first again.
 	next := &mintRecorder{}
-	require.NoError(t, identity.AuditTokenMintsFrom(ctx, store.Records(), admin, "relaymesh", next, log))
+	require.NoError(t, identity.AuditTokenMints(ctx, store.Records(), admin, "relaymesh", next, log))
 	require.Eventually(t, func() bool { return len(next.recorded()) == 1 }, 10*time.Second, 20*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)
 	assert.Equal(t, []string{second.ID}, next.recorded())

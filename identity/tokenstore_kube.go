@@ -130,7 +130,7 @@ func (s *KubeTokenStore) WatchCache(ctx context.Context) error {
 }
 
 // Records is the watch of the token records WatchCache started (nil
-// before): AuditTokenMintsFrom reads the same one, so the process caches
+// before): AuditTokenMints reads the same one, so the process caches
 // each record once.
 func (s *KubeTokenStore) Records() cache.SharedIndexInformer { return s.records }
 

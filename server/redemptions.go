@@ -162,8 +162,10 @@ func (r *redemptions) expire(now time.Time) {
 	}
 }
 
-// sweep drops the entries whose window ended by now. Without it they
-// went only at the next bootstrap (expire runs on every spend and claim),
+// sweep expires what expire would at the next spend or claim: the entries
+// whose window ended by now, up to the first live one (entries come in
+// about the order their windows end; one behind a live entry waits for
+// it). Without it they went only at the next bootstrap,
 // so a fleet that bootstrapped once and then only renewed kept each
 // agent's answer, about 4.5 KiB (its certificate chain and trust bundle
 // as PEM), for as long as the process ran (issue 31).

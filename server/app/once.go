@@ -140,7 +140,7 @@ func (p *process) runOnceOnlyWork(ctx context.Context) {
 
 func (p *process) auditTokenMints(ctx context.Context) {
 	// The token store's watch of the records (newTokens), not one of its own.
-	if err := identity.AuditTokenMintsFrom(ctx, p.tokenStore.Records(), p.kube.Typed, p.cfg.Namespace, p.audit, p.log); err != nil && ctx.Err() == nil {
+	if err := identity.AuditTokenMints(ctx, p.tokenStore.Records(), p.kube.Typed, p.cfg.Namespace, p.audit, p.log); err != nil && ctx.Err() == nil {
 		p.log.Error("cannot watch bootstrap tokens: their minting is not audited", "error", err)
 	}
 	<-ctx.Done()
