@@ -132,7 +132,12 @@ func NewPlan(in *translation.Input) *Plan {
 		return cmp.Or(strings.Compare(a.vm.Namespace, b.vm.Namespace), strings.Compare(a.vm.Name, b.vm.Name))
 	})
 	claimed := map[string]*vmState{}
-	grants := translation.NewGrants(in.Clusters)
+	var grants *translation.Grants
+	if len(vms) > 0 {
+		// Read only to validate VirtualMeshes: a fleet without any (a storm
+		// translating its new clusters' objects) does not pay for it.
+		grants = translation.NewGrants(in.Clusters)
+	}
 	for _, s := range vms {
 		s.validate(in, grants)
 		if len(s.errs) == 0 {

@@ -203,8 +203,12 @@ func TranslateVirtualDestinationsHostnames(in *translation.Input, out *translati
 	vms := sortedVirtualMeshes(in)
 	claimed := map[string]*vdState{}
 	ids := newIdentityIndex(in)
+	var grants *translation.Grants
+	if len(vds) > 0 {
+		grants = translation.NewGrants(in.Clusters)
+	}
 	for _, s := range vds {
-		s.validate(in, dests, vms, ids)
+		s.validate(in, dests, vms, ids, grants)
 		if len(s.errs) > 0 {
 			continue
 		}
@@ -299,7 +303,7 @@ func (s *vdState) fail(format string, args ...any) {
 
 // validate resolves the target meshes and the backing Destinations; every
 // problem is recorded in s.errs.
-func (s *vdState) validate(in *translation.Input, dests []*discoveryv1alpha1.Destination, vms []*networkingv1alpha1.VirtualMesh, ids *identityIndex) {
+func (s *vdState) validate(in *translation.Input, dests []*discoveryv1alpha1.Destination, vms []*networkingv1alpha1.VirtualMesh, ids *identityIndex, grants *translation.Grants) {
 	spec := s.vd.Spec
 	if spec.Hostname == "" {
 		s.fail("spec.hostname is empty")
@@ -312,7 +316,7 @@ func (s *vdState) validate(in *translation.Input, dests []*discoveryv1alpha1.Des
 	default:
 		s.fail("spec.port.protocol %q is not one of HTTP, HTTP2, GRPC, HTTPS, TLS, TCP", spec.Port.Protocol)
 	}
-	vm := s.resolveMeshes(in, vms)
+	vm := s.resolveMeshes(in, vms, grants)
 	switch {
 	case spec.Static != nil && spec.Localized != nil:
 		s.fail("spec.static and spec.localized are both set; set exactly one")
@@ -414,7 +418,7 @@ func (s *vdState) gatewayHost() string {
 }
 
 // resolveMeshes fills s.meshes and returns the named VirtualMesh, if any.
-func (s *vdState) resolveMeshes(in *translation.Input, vms []*networkingv1alpha1.VirtualMesh) *networkingv1alpha1.VirtualMesh {
+func (s *vdState) resolveMeshes(in *translation.Input, vms []*networkingv1alpha1.VirtualMesh, registered *translation.Grants) *networkingv1alpha1.VirtualMesh {
 	spec := s.vd.Spec
 	var refs []common.ClusterObjectRef
 	var field string
@@ -442,7 +446,6 @@ func (s *vdState) resolveMeshes(in *translation.Input, vms []*networkingv1alpha1
 		return nil
 	}
 	seen := map[string]bool{}
-	registered := translation.NewGrants(in.Clusters)
 	for i, ref := range refs {
 		mesh, err := in.MeshFor(ref)
 		if err != nil && !registered.Registered(ref.ClusterName) {

@@ -19,7 +19,11 @@ import (
 type Grants struct {
 	registered map[string]bool
 	byCluster  map[string][]multiclusterv1alpha1.TrustDomainGrant
-	holders    map[string][]grantHolder // by trust domain, sorted by cluster
+	// By trust domain: sole its only holder; holders, when there are
+	// several, sorted by cluster (most trust domains have one holder,
+	// kept without a slice of its own).
+	sole    map[string]grantHolder
+	holders map[string][]grantHolder
 }
 
 type grantHolder struct {
@@ -32,32 +36,87 @@ type grantHolder struct {
 // grant, whatever its mode or state, so a conflict cannot be hidden by, say,
 // a cluster being deleted.
 func NewGrants(clusters []multiclusterv1alpha1.KubernetesCluster) *Grants {
-	g := &Grants{registered: map[string]bool{}, byCluster: map[string][]multiclusterv1alpha1.TrustDomainGrant{}, holders: map[string][]grantHolder{}}
+	// Read at every translation and trust reconcile, over the whole fleet:
+	// sized once, and a cluster's grant kept as its spec holds it unless
+	// it repeats a trust domain.
+	g := &Grants{registered: make(map[string]bool, len(clusters)), byCluster: make(map[string][]multiclusterv1alpha1.TrustDomainGrant, len(clusters)),
+		sole: make(map[string]grantHolder, len(clusters)), holders: map[string][]grantHolder{}}
 	for i := range clusters {
 		kc := &clusters[i]
 		g.registered[kc.Name] = true
-		seen := map[string]bool{}
-		for _, gr := range kc.Grant() {
-			if seen[gr.Name] {
-				// The schema forbids it (listType=map); a hand-made object
-				// repeating a grant holds it once, unshared unless every
-				// copy says shared.
-				for j := range g.holders[gr.Name] {
-					if h := &g.holders[gr.Name][j]; h.cluster == kc.Name {
-						h.shared = h.shared && gr.Shared
-					}
-				}
-				continue
+		grants := kc.Grant()
+		if repeatsATrustDomain(grants) {
+			grants = g.mergeRepeats(kc.Name, grants)
+		} else {
+			for _, gr := range grants {
+				g.add(gr.Name, grantHolder{cluster: kc.Name, shared: gr.Shared})
 			}
-			seen[gr.Name] = true
-			g.byCluster[kc.Name] = append(g.byCluster[kc.Name], gr)
-			g.holders[gr.Name] = append(g.holders[gr.Name], grantHolder{cluster: kc.Name, shared: gr.Shared})
 		}
+		if prev, ok := g.byCluster[kc.Name]; ok {
+			// Two objects of one name (not from one apiserver): both
+			// grants, in a slice of its own (grants may be a spec's).
+			grants = append(slices.Clip(prev), grants...)
+		}
+		g.byCluster[kc.Name] = grants
 	}
-	for td := range g.holders {
-		slices.SortFunc(g.holders[td], func(a, b grantHolder) int { return strings.Compare(a.cluster, b.cluster) })
+	for _, hs := range g.holders {
+		slices.SortFunc(hs, func(a, b grantHolder) int { return strings.Compare(a.cluster, b.cluster) })
 	}
 	return g
+}
+
+func (g *Grants) add(td string, h grantHolder) {
+	if hs, ok := g.holders[td]; ok {
+		g.holders[td] = append(hs, h)
+	} else if first, ok := g.sole[td]; ok {
+		delete(g.sole, td)
+		g.holders[td] = []grantHolder{first, h}
+	} else {
+		g.sole[td] = h
+	}
+}
+
+// holdersOf returns the holders of td, sorted by cluster.
+func (g *Grants) holdersOf(td string) []grantHolder {
+	if h, ok := g.sole[td]; ok {
+		return []grantHolder{h}
+	}
+	return g.holders[td]
+}
+
+func repeatsATrustDomain(grants []multiclusterv1alpha1.TrustDomainGrant) bool {
+	for i := 1; i < len(grants); i++ {
+		for j := range i {
+			if grants[i].Name == grants[j].Name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// mergeRepeats records a grant that repeats a trust domain, which the
+// schema forbids (listType=map) but a hand-made object may do: the trust
+// domain is held once, unshared unless every copy says shared. It returns
+// the grant without the repeats.
+func (g *Grants) mergeRepeats(cluster string, grants []multiclusterv1alpha1.TrustDomainGrant) []multiclusterv1alpha1.TrustDomainGrant {
+	var kept []multiclusterv1alpha1.TrustDomainGrant
+	for _, gr := range grants {
+		if slices.ContainsFunc(kept, func(k multiclusterv1alpha1.TrustDomainGrant) bool { return k.Name == gr.Name }) {
+			// This cluster's holding is the trust domain's last added.
+			if h, ok := g.sole[gr.Name]; ok {
+				h.shared = h.shared && gr.Shared
+				g.sole[gr.Name] = h
+			} else {
+				hs := g.holders[gr.Name]
+				hs[len(hs)-1].shared = hs[len(hs)-1].shared && gr.Shared
+			}
+			continue
+		}
+		kept = append(kept, gr)
+		g.add(gr.Name, grantHolder{cluster: cluster, shared: gr.Shared})
+	}
+	return kept
 }
 
 // GrantRefusal is why a trust domain is refused to a cluster.
@@ -111,6 +170,9 @@ func (g *Grants) Authorize(cluster, td string) error {
 	if g == nil || !g.registered[cluster] {
 		return &GrantError{Cluster: cluster, TrustDomain: td, Reason: RefusedUnregistered}
 	}
+	if h, ok := g.sole[td]; ok && h.cluster == cluster {
+		return nil
+	}
 	hs := g.holders[td]
 	if !slices.ContainsFunc(hs, func(h grantHolder) bool { return h.cluster == cluster }) {
 		return &GrantError{Cluster: cluster, TrustDomain: td, Reason: RefusedNotGranted, Granted: g.Granted(cluster)}
@@ -153,7 +215,7 @@ func (g *Grants) SharedWith(cluster, td string) []string {
 		return nil
 	}
 	var out []string
-	for _, h := range g.holders[td] {
+	for _, h := range g.holdersOf(td) {
 		if h.cluster != cluster {
 			out = append(out, h.cluster)
 		}

@@ -2,6 +2,7 @@ package translation_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
@@ -57,6 +58,12 @@ func TestGrantsAuthorizeOnlyWhatTheRegistryGrants(t *testing.T) {
 		{name: "shared but held alone", clusters: []multiclusterv1alpha1.KubernetesCluster{kc("eu", grant("cluster.local", true))}, cluster: "eu", td: "cluster.local", granted: []string{"cluster.local"}},
 		{name: "a repeated grant is shared only if every copy is", clusters: []multiclusterv1alpha1.KubernetesCluster{kc("a", grant("x", true), grant("x", false)), kc("b", grant("x", true))}, cluster: "b", td: "x",
 			reason: translation.RefusedConflict, granted: []string{"x"}, holders: []string{"a", "b"}, unshared: []string{"a"}},
+		{name: "a repeated grant held alone", clusters: []multiclusterv1alpha1.KubernetesCluster{kc("a", grant("x", true), grant("x", false))}, cluster: "a", td: "x",
+			granted: []string{"x"}},
+		{name: "three holders, all sharing, listed in any order", clusters: []multiclusterv1alpha1.KubernetesCluster{kc("c", grant("x", true)), kc("a", grant("x", true)), kc("b", grant("x", true), grant("y", false))},
+			cluster: "b", td: "x", granted: []string{"x", "y"}, sharedWith: []string{"a", "c"}},
+		{name: "one of three does not share", clusters: []multiclusterv1alpha1.KubernetesCluster{kc("c", grant("x", true)), kc("a", grant("x", false)), kc("b", grant("x", true))},
+			cluster: "c", td: "x", reason: translation.RefusedConflict, granted: []string{"x"}, holders: []string{"a", "b", "c"}, unshared: []string{"a"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := translation.NewGrants(tc.clusters)
@@ -99,6 +106,7 @@ func FuzzGrants(f *testing.F) {
 	f.Add("a", "a.local", false, "b", "a.local", false, "a.local")
 	f.Add("a", "x", true, "b", "x", true, "x")
 	f.Add("a", "", false, "a", "", false, "a.local")
+	f.Add("0", "0", false, "0", "", false, "0") // two objects of one name: both grants count
 	f.Fuzz(func(t *testing.T, c1, td1 string, s1 bool, c2, td2 string, s2 bool, ask string) {
 		var clusters []multiclusterv1alpha1.KubernetesCluster
 		for _, c := range []struct {
@@ -133,4 +141,24 @@ func FuzzGrants(f *testing.F) {
 			require.NotEmpty(t, err.Error())
 		}
 	})
+}
+
+// BenchmarkNewGrants is the registry a translation, a VirtualDestination
+// and the trust controller read at every run: 10,000 clusters, most with
+// the default grant, one in ten granted two trust domains, one shared.
+func BenchmarkNewGrants(b *testing.B) {
+	clusters := make([]multiclusterv1alpha1.KubernetesCluster, 10000)
+	for i := range clusters {
+		name := fmt.Sprintf("cluster-%05d", i)
+		clusters[i] = kc(name)
+		if i%10 == 0 {
+			clusters[i] = kc(name, grant(name+".example", false), grant("shared.example", true))
+		}
+	}
+	var g *translation.Grants
+	for b.Loop() {
+		g = translation.NewGrants(clusters)
+	}
+	require.NoError(b, g.Authorize("cluster-00010", "shared.example"))
+	require.NoError(b, g.Authorize("cluster-00011", multiclusterv1alpha1.DefaultTrustDomain("cluster-00011")))
 }
