@@ -19,9 +19,9 @@ import (
 type Grants struct {
 	registered map[string]bool
 	byCluster  map[string][]multiclusterv1alpha1.TrustDomainGrant
-	// By trust domain: sole its only holder; holders, when there are
-	// several, sorted by cluster (most trust domains have one holder,
-	// kept without a slice of its own).
+	// sole: a trust domain held by one cluster → that holder (most are,
+	// and need no slice of their own); holders: one held by several →
+	// them, sorted by cluster.
 	sole    map[string]grantHolder
 	holders map[string][]grantHolder
 }
@@ -36,9 +36,10 @@ type grantHolder struct {
 // grant, whatever its mode or state, so a conflict cannot be hidden by, say,
 // a cluster being deleted.
 func NewGrants(clusters []multiclusterv1alpha1.KubernetesCluster) *Grants {
-	// Read at every translation and trust reconcile, over the whole fleet:
-	// sized once, and a cluster's grant kept as its spec holds it unless
-	// it repeats a trust domain.
+	// Built over the whole fleet by each trust reconcile and by
+	// translations with VirtualMeshes or VirtualDestinations: sized once,
+	// and a cluster's grant kept as its spec holds it (read, never
+	// modified) unless it repeats a trust domain.
 	g := &Grants{registered: make(map[string]bool, len(clusters)), byCluster: make(map[string][]multiclusterv1alpha1.TrustDomainGrant, len(clusters)),
 		sole: make(map[string]grantHolder, len(clusters)), holders: map[string][]grantHolder{}}
 	for i := range clusters {
@@ -53,8 +54,8 @@ func NewGrants(clusters []multiclusterv1alpha1.KubernetesCluster) *Grants {
 			}
 		}
 		if prev, ok := g.byCluster[kc.Name]; ok {
-			// Two objects of one name (not from one apiserver): both
-			// grants, in a slice of its own (grants may be a spec's).
+			// Two objects of one name (not from one apiserver): keep both
+			// grants, copied so appending never writes into a spec's slice.
 			grants = append(slices.Clip(prev), grants...)
 		}
 		g.byCluster[kc.Name] = grants
@@ -103,7 +104,8 @@ func (g *Grants) mergeRepeats(cluster string, grants []multiclusterv1alpha1.Trus
 	var kept []multiclusterv1alpha1.TrustDomainGrant
 	for _, gr := range grants {
 		if slices.ContainsFunc(kept, func(k multiclusterv1alpha1.TrustDomainGrant) bool { return k.Name == gr.Name }) {
-			// This cluster's holding is the trust domain's last added.
+			// This cluster's holding is the trust domain's last added:
+			// clusters are added one at a time, and sorted only at the end.
 			if h, ok := g.sole[gr.Name]; ok {
 				h.shared = h.shared && gr.Shared
 				g.sole[gr.Name] = h
