@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/relaymesh/relaymesh/internal/kubeinformers"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -122,12 +123,7 @@ func (s *KubeTokenStore) WatchCache(ctx context.Context) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 10*time.Minute,
 		informers.WithNamespace(s.namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = labelToken + "=true" }),
-		informers.WithTransform(func(obj any) (any, error) {
-			if sec, ok := obj.(*corev1.Secret); ok {
-				sec.ManagedFields = nil
-			}
-			return obj, nil
-		}))
+		informers.WithTransform(kubeinformers.StripManagedFields))
 	secrets := factory.Core().V1().Secrets()
 	inf := secrets.Informer()
 	factory.Start(ctx.Done())

@@ -17,8 +17,9 @@ import (
 // victim's trust domain) both lose it, so whoever claims first wins
 // nothing. A nil *Grants holds nothing: every trust domain is refused.
 type Grants struct {
-	registered map[string]bool
-	byCluster  map[string][]multiclusterv1alpha1.TrustDomainGrant
+	// byCluster holds every registered cluster's grant, never empty (the
+	// default when its spec has none): it is the registry too.
+	byCluster map[string][]multiclusterv1alpha1.TrustDomainGrant
 	// sole: a trust domain held by one cluster → that holder (most are,
 	// and need no slice of their own); holders: one held by several →
 	// them, sorted by cluster.
@@ -40,11 +41,10 @@ func NewGrants(clusters []multiclusterv1alpha1.KubernetesCluster) *Grants {
 	// translations with VirtualMeshes or VirtualDestinations: sized once,
 	// and a cluster's grant kept as its spec holds it (read, never
 	// modified) unless it repeats a trust domain.
-	g := &Grants{registered: make(map[string]bool, len(clusters)), byCluster: make(map[string][]multiclusterv1alpha1.TrustDomainGrant, len(clusters)),
+	g := &Grants{byCluster: make(map[string][]multiclusterv1alpha1.TrustDomainGrant, len(clusters)),
 		sole: make(map[string]grantHolder, len(clusters)), holders: map[string][]grantHolder{}}
 	for i := range clusters {
 		kc := &clusters[i]
-		g.registered[kc.Name] = true
 		grants := kc.Grant()
 		if repeatsATrustDomain(grants) {
 			grants = g.mergeRepeats(kc.Name, grants)
@@ -169,7 +169,7 @@ func doesOrDo(clusters []string) string {
 // Authorize returns nil when a mesh of cluster may use trust domain td,
 // else a *GrantError.
 func (g *Grants) Authorize(cluster, td string) error {
-	if g == nil || !g.registered[cluster] {
+	if !g.Registered(cluster) {
 		return &GrantError{Cluster: cluster, TrustDomain: td, Reason: RefusedUnregistered}
 	}
 	if h, ok := g.sole[td]; ok && h.cluster == cluster {
@@ -196,7 +196,13 @@ func (g *Grants) Authorize(cluster, td string) error {
 }
 
 // Registered says whether cluster has a KubernetesCluster.
-func (g *Grants) Registered(cluster string) bool { return g != nil && g.registered[cluster] }
+func (g *Grants) Registered(cluster string) bool {
+	if g == nil {
+		return false
+	}
+	_, ok := g.byCluster[cluster]
+	return ok
+}
 
 // Granted returns the trust domains cluster holds, in its spec's order.
 func (g *Grants) Granted(cluster string) []string {

@@ -37,6 +37,7 @@ import (
 	discoveryv1alpha1 "github.com/relaymesh/relaymesh/api/discovery/v1alpha1"
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
 	"github.com/relaymesh/relaymesh/internal/sharedlabels"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -171,14 +172,18 @@ func shareEndpointLabels(d *discoveryv1alpha1.Destination) {
 	}
 }
 
-// StripManagedFields is the informers' transform: an object enters the
-// cache without metadata.managedFields. Other values (deletion tombstones)
-// pass unchanged.
+// StripManagedFields is the informers' transform: an object, unstructured
+// or typed (a client-go informer's), enters the cache without
+// metadata.managedFields. Other values (deletion tombstones) pass
+// unchanged.
 func StripManagedFields(obj any) (any, error) {
-	if u, ok := obj.(*unstructured.Unstructured); ok {
-		if md, ok := u.Object["metadata"].(map[string]any); ok {
+	switch o := obj.(type) {
+	case *unstructured.Unstructured:
+		if md, ok := o.Object["metadata"].(map[string]any); ok {
 			delete(md, "managedFields")
 		}
+	case metav1.Object:
+		o.SetManagedFields(nil)
 	}
 	return obj, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/relaymesh/relaymesh/test/localcluster"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -110,6 +111,12 @@ func TestStripManagedFieldsPassesOtherValues(t *testing.T) {
 	got, err = kubeinformers.StripManagedFields(noMeta)
 	require.NoError(t, err)
 	assert.Equal(t, noMeta, got)
+	typed := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "m"}}}}
+	got, err = kubeinformers.StripManagedFields(typed)
+	require.NoError(t, err)
+	assert.Same(t, typed, got)
+	assert.Nil(t, typed.ManagedFields, "a typed object (the token store's Secrets) is stripped too")
+	assert.Equal(t, "s", typed.Name)
 }
 
 // The typed kinds' transform converts; an object that does not convert is
