@@ -153,6 +153,24 @@ func (sp *Spend) Collectable(now time.Time) bool {
 	return !now.Before(sp.At.Add(RetryWindow)) || sp.At.After(now.Add(maxSpendSkew))
 }
 
+// ExpiredRetention is how long the record of a token that expired unspent
+// stays: an agent presenting it meanwhile is refused as "expired" (which
+// says: mint a new one), not as "unknown". Then the record goes, so
+// tokens minted and never used (a registration abandoned, a token
+// re-minted) do not pile up in the management cluster and in every
+// replica's watch of them.
+const ExpiredRetention = 24 * time.Hour
+
+// Collectable says whether the record may go at now: a spent token's once
+// its retry window is over (Spend.Collectable), an unspent one's
+// ExpiredRetention after it expired.
+func (r TokenRecord) Collectable(now time.Time) bool {
+	if r.Spent != nil {
+		return r.Spent.Collectable(now)
+	}
+	return !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt.Add(ExpiredRetention))
+}
+
 // MaxRegistrationLen bounds a spend's registration (a UID is 36 bytes).
 const MaxRegistrationLen = 128
 

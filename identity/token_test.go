@@ -265,6 +265,27 @@ func TestRedeemRetryBySpendingKey(t *testing.T) {
 	assert.True(t, (&identity.Spend{At: c.now().Add(time.Hour)}).Collectable(c.now()), "dated ahead: no retry, collected")
 }
 
+// A record goes when nothing can use it any more: a spent one after its
+// retry window, an unspent one a retention after it expired; a spend
+// decides over the expiry (a spent token's retry does not look at it).
+func TestTokenRecordCollectable(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	for name, c := range map[string]struct {
+		rec  identity.TokenRecord
+		want bool
+	}{
+		"unspent, not expired":                  {identity.TokenRecord{ExpiresAt: now.Add(time.Hour)}, false},
+		"unspent, expired within its retention": {identity.TokenRecord{ExpiresAt: now.Add(-identity.ExpiredRetention + time.Second)}, false},
+		"unspent, expired a retention ago":      {identity.TokenRecord{ExpiresAt: now.Add(-identity.ExpiredRetention)}, true},
+		"unspent, no expiry read":               {identity.TokenRecord{}, false},
+		"spent within its window, long expired": {identity.TokenRecord{ExpiresAt: now.Add(-48 * time.Hour), Spent: &identity.Spend{At: now.Add(-time.Minute)}}, false},
+		"spent a window ago, not expired":       {identity.TokenRecord{ExpiresAt: now.Add(time.Hour), Spent: &identity.Spend{At: now.Add(-identity.RetryWindow)}}, true},
+		"spent, dated ahead":                    {identity.TokenRecord{ExpiresAt: now.Add(time.Hour), Spent: &identity.Spend{At: now.Add(time.Hour)}}, true},
+	} {
+		assert.Equal(t, c.want, c.rec.Collectable(now), name)
+	}
+}
+
 // Of racing redemptions by one key, exactly one spends the token and the
 // others are its retries.
 func TestRedeemRaceBySameKey(t *testing.T) {

@@ -56,7 +56,8 @@ const MintedByAnnotation = "relaymesh.io/minted-by"
 // Spend is a patch with the resourceVersion that was read as precondition,
 // so of racing redemptions — on one server or several — exactly one marks
 // the Secret spent; the others read it again and find it spent. A spent
-// record stays until CollectSpent deletes it after RetryWindow.
+// record stays until Collect deletes it after RetryWindow; a record that
+// expired unspent, ExpiredRetention after its expiry.
 type KubeTokenStore struct {
 	client    kubernetes.Interface
 	namespace string
@@ -263,10 +264,12 @@ func (s *KubeTokenStore) Consume(ctx context.Context, rec TokenRecord) error {
 	})
 }
 
-// CollectSpent deletes the records of tokens spent more than RetryWindow
-// before now, and returns how many it deleted. A record it cannot read is
-// left (and named in the error). It reads the watch cache when there is one.
-func (s *KubeTokenStore) CollectSpent(ctx context.Context, now time.Time) (int, error) {
+// Collect deletes the records that may go (TokenRecord.Collectable): of
+// tokens spent more than RetryWindow before now, and of tokens that expired
+// unspent more than ExpiredRetention before now. It returns how many it
+// deleted. A record it cannot read is left (and named in the error). It
+// reads the watch cache when there is one.
+func (s *KubeTokenStore) Collect(ctx context.Context, now time.Time) (int, error) {
 	var secs []*corev1.Secret
 	if s.cache != nil {
 		var err error
@@ -294,14 +297,14 @@ func (s *KubeTokenStore) CollectSpent(ctx context.Context, now time.Time) (int, 
 			errs = append(errs, err)
 			continue
 		}
-		if rec.Spent == nil || !rec.Spent.Collectable(now) {
+		if !rec.Collectable(now) {
 			continue
 		}
 		switch err := s.Consume(ctx, rec); {
 		case err == nil:
 			n++
 		case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err):
-			errs = append(errs, fmt.Errorf("delete spent token record %s: %w", sec.Name, err))
+			errs = append(errs, fmt.Errorf("delete token record %s: %w", sec.Name, err))
 		}
 	}
 	return n, errors.Join(errs...)

@@ -45,8 +45,10 @@ type onceOnlyTask struct {
 var onceOnlyWork = []onceOnlyTask{
 	// One audit record per minted token, not one per replica.
 	{name: "token-mint-audit", when: always, run: (*process).auditTokenMints},
-	// Spent token records, once their retry window is over.
-	{name: "spent-token-collection", when: always, run: (*process).collectSpentTokens},
+	// Token records that are done with: spent ones once their retry window
+	// is over, unspent ones a day after they expired (the task keeps its
+	// first name, a metric label value).
+	{name: "spent-token-collection", when: always, run: (*process).collectTokens},
 	// The sessions of replicas that are gone (their Lease expired).
 	{name: "session-sweep", when: severalReplicas, run: (*process).sweepSessions},
 	// Pods get new names on every rollout: the Leases of replicas gone
@@ -146,28 +148,30 @@ func (p *process) auditTokenMints(ctx context.Context) {
 	<-ctx.Done()
 }
 
-// spentTokenCollection is how often the spent token records are looked
-// at: a record goes at most this long after its retry window.
-const spentTokenCollection = time.Minute
+// tokenCollection is how often the token records are looked at: a spent
+// one goes at most this long after its retry window, one that expired
+// unspent at most this long after its retention.
+const tokenCollection = time.Minute
 
-func (p *process) collectSpentTokens(ctx context.Context) {
+func (p *process) collectTokens(ctx context.Context) {
 	lastErr := "" // a record that stays malformed is reported once, not every minute
 	for {
-		n, err := p.tokenStore.CollectSpent(ctx, time.Now())
+		n, err := p.tokenStore.Collect(ctx, time.Now())
 		switch {
 		case err != nil && ctx.Err() == nil && err.Error() != lastErr:
 			lastErr = err.Error()
-			p.log.Warn("could not delete every spent bootstrap token record", "deleted", n, "error", err)
+			p.log.Warn("could not delete every finished bootstrap token record", "deleted", n, "error", err)
 		case err == nil:
 			lastErr = ""
 		}
 		if n > 0 {
-			p.log.Info("deleted spent bootstrap token records past their retry window", "records", n, "retry_window", identity.RetryWindow)
+			p.log.Info("deleted bootstrap token records spent past their retry window or expired unspent past their retention",
+				"records", n, "retry_window", identity.RetryWindow, "expired_retention", identity.ExpiredRetention)
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(spentTokenCollection):
+		case <-time.After(tokenCollection):
 		}
 	}
 }

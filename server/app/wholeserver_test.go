@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/server/app"
 	"github.com/relaymesh/relaymesh/server/app/apptest"
@@ -53,7 +55,30 @@ func testOnlyReplica(t *testing.T, kube *kubeclient.Clients, ns string) {
 	ctx := context.Background()
 	cfg := apptest.AppConfig(t, ns, "")
 	cfg.LeaderElect = false
+	// Token records minted long ago: one expired a retention ago (the
+	// token collection deletes it at once), one expired an hour ago and
+	// one still valid (both kept).
+	store, err := identity.NewKubeTokenStore(kube.Typed, ns)
+	require.NoError(t, err)
+	mint := func(at time.Time, ttl time.Duration) identity.TokenRecord {
+		tokens, err := identity.NewTokens(identity.TokensConfig{Store: store, Clock: func() time.Time { return at }})
+		require.NoError(t, err)
+		_, rec, err := tokens.Mint(ctx, "cluster-1", ttl)
+		require.NoError(t, err)
+		return rec
+	}
+	stale := mint(time.Now().Add(-identity.ExpiredRetention-2*time.Hour), time.Hour)
+	expired := mint(time.Now().Add(-2*time.Hour), time.Hour)
+	valid := mint(time.Now(), time.Hour)
 	a := apptest.StartApp(t, kube, cfg)
+	require.Eventually(t, func() bool {
+		_, err := store.GetLatest(ctx, stale.ID)
+		return errors.Is(err, identity.ErrTokenNotFound)
+	}, 30*time.Second, 200*time.Millisecond, "the record of a token expired unspent a retention ago is collected")
+	for _, rec := range []identity.TokenRecord{expired, valid} {
+		_, err := store.GetLatest(ctx, rec.ID)
+		assert.NoError(t, err, "expires %s: kept", rec.ExpiresAt)
+	}
 	require.Eventually(t, func() bool {
 		starts := a.Series(t, app.MetricOnceOnlyStarts, "task")
 		return slices.Equal(sortedKeys(starts), singleTasks) && allEqual(starts, 1)
