@@ -17,8 +17,10 @@ type IdleConfig struct {
 	// NoSnapshot opens no Push stream: the cost of the session alone.
 	Snapshot   SnapshotSpec
 	NoSnapshot bool
-	// Settle is how long the fleet idles before the second sample; default
-	// 30s. The server's CPU over it is the idle CPU.
+	// Settle is how long the fleet idles, twice: once the server caught up
+	// (the status and mirror writes that follow the fleet's start settle),
+	// and again over the measured window, whose server CPU is the idle CPU
+	// and at whose end the second sample is read; default 30s.
 	Settle time.Duration
 	// PerSecond paces the fleet's start (agents a second), so that the
 	// bootstrap storm does not decide who connects; default 20.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"strings"
 	"time"
 
@@ -274,7 +275,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		tl := st.Timeline
 		r.BootstrapAttempts += st.BootstrapAttempts
 		if st.BootstrapAttempts > 1 && st.LastError != nil {
-			r.BootstrapErrors[truncate(st.LastError.Error(), 160)]++
+			r.BootstrapErrors[ErrorKind(st.LastError)]++
 		}
 		if !tl.Certified.IsZero() {
 			certified = append(certified, tl.Certified.Sub(tl.Started))
@@ -283,7 +284,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 		if tl.Session.IsZero() {
 			r.NotConnected++
 			if st.LastError != nil {
-				r.NotConnectedErrors[truncate(st.LastError.Error(), 160)]++
+				r.NotConnectedErrors[ErrorKind(st.LastError)]++
 			}
 			continue
 		}
@@ -557,6 +558,18 @@ func refusedByReason(m Metrics) map[string]float64 {
 		out[reason] += v
 	}
 	return out
+}
+
+// addrInError is a host:port in an error's message: an IPv4 address or a
+// bracketed IPv6 one (with its zone), and its port.
+var addrInError = regexp.MustCompile(`(\b\d{1,3}(\.\d{1,3}){3}|\[[^\]\s]+\]):\d+\b`)
+
+// ErrorKind is err's message with every address and port replaced by
+// ADDR, cut to 160 bytes: the agents' errors then group by what went wrong,
+// not one group per agent whose address the message names (a storm's
+// "read tcp 127.64.1.48:48963->127.0.0.1:35763: ..." once for each agent).
+func ErrorKind(err error) string {
+	return truncate(addrInError.ReplaceAllString(err.Error(), "ADDR"), 160)
 }
 
 func truncate(s string, n int) string {

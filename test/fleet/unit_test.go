@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,6 +33,21 @@ func TestSourceAddr(t *testing.T) {
 	}
 	assert.Equal(t, "127.64.0.1", fleet.SourceAddr(0).String())
 	assert.Equal(t, "127.64.1.1", fleet.SourceAddr(254).String())
+}
+
+// A storm's errors group by what went wrong, whichever agent's addresses
+// they name.
+func TestErrorKindDropsAddresses(t *testing.T) {
+	for in, want := range map[string]string{
+		`rpc error: code = Unavailable desc = connection error: desc = "error reading server preface: read tcp 127.64.0.126:58917->127.0.0.1:35763: use of closed network connection"`: `rpc error: code = Unavailable desc = connection error: desc = "error reading server preface: read tcp ADDR->ADDR: use of closed network connection"`,
+		`dial tcp [::1]:9900: connect: connection refused`:       `dial tcp ADDR: connect: connection refused`,
+		`dial tcp [fe80::1%eth0]:9900: i/o timeout`:              `dial tcp ADDR: i/o timeout`,
+		`bootstrap: code = DeadlineExceeded, 3 attempts in 1.5s`: `bootstrap: code = DeadlineExceeded, 3 attempts in 1.5s`,
+	} {
+		assert.Equal(t, want, fleet.ErrorKind(errors.New(in)))
+	}
+	long := fleet.ErrorKind(errors.New(strings.Repeat("x", 500)))
+	assert.Equal(t, strings.Repeat("x", 160)+"…", long)
 }
 
 func TestSummarize(t *testing.T) {
