@@ -70,7 +70,9 @@ func NewNamespaced(client dynamic.Interface, namespace string) *Factory {
 		prepared: map[schema.GroupVersionResource]bool{}}
 }
 
-// ForResource returns the one informer of gvr in this factory.
+// ForResource returns the one informer of gvr in this factory. Its
+// Lister hands out the cached objects as they are: typed for the typed
+// kinds (Typed), unstructured otherwise.
 func (f *Factory) ForResource(gvr schema.GroupVersionResource) informers.GenericInformer {
 	gi := f.DynamicSharedInformerFactory.ForResource(gvr)
 	f.mu.Lock()
@@ -81,7 +83,19 @@ func (f *Factory) ForResource(gvr schema.GroupVersionResource) informers.Generic
 		// first ForResource has returned.
 		_ = gi.Informer().SetTransform(TransformFor(gvr))
 	}
-	return gi
+	return genericInformer{GenericInformer: gi, resource: gvr.GroupResource()}
+}
+
+// genericInformer is the dynamic factory's informer with a lister that
+// reads whatever the cache holds: the dynamic lister casts every object to
+// unstructured, and panicked on the typed kinds' caches.
+type genericInformer struct {
+	informers.GenericInformer
+	resource schema.GroupResource
+}
+
+func (g genericInformer) Lister() cache.GenericLister {
+	return cache.NewGenericLister(g.Informer().GetIndexer(), g.resource)
 }
 
 // Informer is ForResource(gvr).Informer().
@@ -93,9 +107,7 @@ func (f *Factory) Informer(gvr schema.GroupVersionResource) cache.SharedIndexInf
 // type. Adding one means auditing its readers: each must accept the typed
 // object (and still the unstructured one, which did not convert), and
 // none may change it (readers such as trust's listTyped hand out the
-// cached object's maps and slices). Nobody may call Lister() on such an
-// informer: the dynamic lister casts every object to unstructured and
-// panics.
+// cached object's maps and slices).
 var typedKinds = map[schema.GroupVersionResource]func() runtime.Object{
 	discoveryv1alpha1.Meshes:       func() runtime.Object { return new(discoveryv1alpha1.Mesh) },
 	discoveryv1alpha1.Workloads:    func() runtime.Object { return new(discoveryv1alpha1.Workload) },

@@ -14,8 +14,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 )
@@ -81,6 +83,24 @@ func TestSharedInformers(t *testing.T) {
 	require.NotNil(t, typed.Spec.Istio)
 	assert.Equal(t, "c1.local", typed.Spec.Istio.TrustDomain)
 	assert.Equal(t, "relaymesh-system", typed.Spec.AgentNamespace)
+
+	// The listers hand out what the caches hold, typed or not (the
+	// dynamic factory's own lister cast to unstructured and panicked).
+	listed, err := shared.Local.ForResource(discoveryv1alpha1.Meshes).Lister().List(labels.Everything())
+	require.NoError(t, err)
+	require.Len(t, listed, 1)
+	assert.Same(t, typed, listed[0])
+	got, err := shared.Local.ForResource(multiclusterv1alpha1.KubernetesClusters).Lister().ByNamespace(ns).Get("cluster-1")
+	require.NoError(t, err)
+	assert.Same(t, cached, got)
+	_, err = shared.Local.ForResource(discoveryv1alpha1.Meshes).Lister().ByNamespace(ns).Get("none")
+	assert.True(t, apierrors.IsNotFound(err), "%v", err)
+	policies := shared.Local.ForResource(networkingv1alpha1.TrafficPolicies)
+	shared.Start(ctx.Done())
+	require.Eventually(t, policies.Informer().HasSynced, 30*time.Second, 50*time.Millisecond)
+	none, err := policies.Lister().List(labels.Everything())
+	require.NoError(t, err)
+	assert.Empty(t, none)
 
 	// An update from the cached copy (DeepCopy: cached objects are
 	// shared) keeps the apiserver's record of who owns what.
