@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/sha256"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,4 +104,30 @@ func TestRedemptionsAreSweptWithoutANewBootstrap(t *testing.T) {
 	assert.Zero(t, cap(r.order), "and the order's backing array with them")
 	o, _ = r.retry("999", s, s, "c", "u", now.Add(identity.RetryWindow))
 	assert.Equal(t, retryNone, o)
+}
+
+// The server's ticker drops the redemptions whose retry window ended: a
+// fleet that bootstrapped once and then only renews does not keep every
+// agent's answer for as long as the process runs.
+func TestTheTickerSweepsEndedRedemptions(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1_000_000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	s := &Server{cfg: ServerConfig{Clock: clock}, throttle: newThrottleLog(nil, 10*time.Millisecond, clock), redeemed: newRedemptions(),
+		stopTicker: make(chan struct{}), tickerDone: make(chan struct{})}
+	var d [sha256.Size]byte
+	s.redeemed.spent("ended", d, d, "c", "u", now, now.Add(identity.RetryWindow))
+	s.redeemed.done("ended", &relaypb.CertificateResponse{SpiffeId: "x"})
+	s.redeemed.spent("live", d, d, "c", "u", now, now.Add(2*identity.RetryWindow))
+	go s.flushThrottled()
+	defer s.stopFlushing()
+	time.Sleep(50 * time.Millisecond)
+	assert.Equal(t, 2, s.redeemed.len(), "both within their windows")
+	mu.Lock()
+	now = now.Add(identity.RetryWindow)
+	mu.Unlock()
+	assert.Eventually(t, func() bool { return s.redeemed.len() == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the ended redemption is swept without another bootstrap")
+	o, _ := s.redeemed.retry("live", d, d, "c", "u", clock())
+	assert.Equal(t, retryInFlight, o, "the live one stays")
 }
