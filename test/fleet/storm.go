@@ -55,6 +55,11 @@ type StormResult struct {
 	// Certified is token → certificate, Session token → first session,
 	// per agent (those that got there).
 	Certified, Session Summary
+	// SessionAfterCertificate is certificate → first session, per agent
+	// that got both: how long the server's status writer holds a fresh
+	// certificate for the session's write (server.StatusConfig's
+	// FirstSessionWait).
+	SessionAfterCertificate Summary
 	// AllCertified and AllSessions: storm start → the last agent.
 	AllCertified, AllSessions time.Duration
 	// NotConnected agents had no session when the wait ended;
@@ -269,7 +274,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 	if waitErr != nil {
 		cfg.Logf("storm: %v", waitErr)
 	}
-	var certified, session []time.Duration
+	var certified, session, gap []time.Duration
 	states := f.States()
 	for _, st := range states {
 		tl := st.Timeline
@@ -289,10 +294,14 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormResult, error) {
 			continue
 		}
 		session = append(session, tl.Session.Sub(tl.Started))
+		if !tl.Certified.IsZero() {
+			gap = append(gap, tl.Session.Sub(tl.Certified))
+		}
 		r.AllSessions = max(r.AllSessions, tl.Session.Sub(start))
 	}
-	r.Certified, r.Session = Summarize(certified), Summarize(session)
-	cfg.Logf("storm: %d agents: certified %s; session %s; all sessions after %s", cfg.Agents, r.Certified, r.Session, r.AllSessions.Round(time.Millisecond))
+	r.Certified, r.Session, r.SessionAfterCertificate = Summarize(certified), Summarize(session), Summarize(gap)
+	cfg.Logf("storm: %d agents: certified %s; session %s (after the certificate %s); all sessions after %s", cfg.Agents, r.Certified, r.Session,
+		r.SessionAfterCertificate, r.AllSessions.Round(time.Millisecond))
 
 	cfg.Logf("storm: reading KubernetesCluster statuses in %s", cfg.StatusAfter)
 	select {
