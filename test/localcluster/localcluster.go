@@ -225,6 +225,8 @@ func Start(ctx context.Context, cfg Config) (env *Env, err error) {
 	if err != nil {
 		return env, err
 	}
+	// A failed seed leaves the CRDs to installCRDs, as for the first start.
+	seeded, _ := seedCRDs(ctx, etcd, cfg.Clusters)
 
 	env.clusters = make([]*Cluster, len(cfg.Clusters))
 	errs := make([]error, len(cfg.Clusters))
@@ -249,6 +251,10 @@ func Start(ctx context.Context, cfg Config) (env *Env, err error) {
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return env, err
+	}
+	if !seeded {
+		// Not kept: the next start installs them through its API servers.
+		_ = keepCRDs(ctx, etcd, cfg.Clusters[0], len(crds))
 	}
 	if cfg.Detach {
 		if err := env.writeState(); err != nil {
@@ -379,7 +385,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 			"--etcd-cafile=" + etcd.caFile,
 			"--etcd-certfile=" + etcd.certFile,
 			"--etcd-keyfile=" + etcd.keyFile,
-			"--etcd-prefix=/registry/" + name,
+			"--etcd-prefix=" + etcdPrefix(name),
 			"--bind-address=127.0.0.1",
 			"--advertise-address=127.0.0.1",
 			"--secure-port=" + strconv.Itoa(port),

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -498,4 +499,52 @@ func runKubectl(kubectl, kubeconfig string, args ...string) (string, error) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
 	return string(out), err
+}
+
+// A cluster started after the process's first gets the CRDs from the
+// records the first's API server stored (the same UIDs: copied, not
+// created again), and its API server serves each of them established and
+// with its schema: defaults applied, invalid objects refused.
+func TestLaterClustersServeTheCRDsTheFirstStored(t *testing.T) {
+	first := startEnv(t, false, "first")
+	crds, err := loadCRDs()
+	require.NoError(t, err)
+	crdSeed.Lock()
+	kept := len(crdSeed.records)
+	crdSeed.Unlock()
+	require.Equal(t, len(crds), kept, "a start keeps every CRD's record for the next")
+
+	later := startEnv(t, false, "later-1", "later-2")
+	uids := func(c *Cluster) map[string]string {
+		cs, err := apiextensionsclient.NewForConfig(c.RESTConfig())
+		require.NoError(t, err)
+		list, err := cs.ApiextensionsV1().CustomResourceDefinitions().List(context.Background(), metav1.ListOptions{})
+		require.NoError(t, err)
+		out := map[string]string{}
+		for i := range list.Items {
+			crd := &list.Items[i]
+			assert.True(t, established(crd), "%s in %s", crd.Name, c.Name)
+			out[crd.Name] = string(crd.UID)
+		}
+		return out
+	}
+	want := uids(first.Cluster("first"))
+	require.Len(t, want, len(crds))
+	for _, c := range later.Clusters() {
+		assert.Equal(t, want, uids(c), "%s's CRDs are the first cluster's records", c.Name)
+		dyn, err := dynamic.NewForConfig(c.RESTConfig())
+		require.NoError(t, err)
+		vms := dyn.Resource(virtualMeshGVR).Namespace("default")
+		got, err := vms.Create(context.Background(), object(t, validVirtualMesh), metav1.CreateOptions{})
+		require.NoError(t, err, c.Name)
+		rs, _, _ := unstructured.NestedString(got.Object, "spec", "mtls", "rotationStrategy")
+		assert.Equal(t, "MultiRoot", rs, "%s applies the schema's defaults", c.Name)
+		bad := object(t, validVirtualMesh)
+		bad.SetName("bad")
+		require.NoError(t, unstructured.SetNestedField(bad.Object, "Sometimes", "spec", "globalAccessPolicy"))
+		_, err = vms.Create(context.Background(), bad, metav1.CreateOptions{})
+		assert.True(t, apierrors.IsInvalid(err), "%s refuses what the schema refuses: %v", c.Name, err)
+		_, err = dyn.Resource(virtualServiceGVR).Namespace("default").List(context.Background(), metav1.ListOptions{})
+		assert.NoError(t, err, "%s serves Istio's kinds", c.Name)
+	}
 }
