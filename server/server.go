@@ -59,10 +59,10 @@ type StatusSink interface {
 // BootstrapSink is a StatusSink that also hears which certificates were
 // issued to a Bootstrap (not a renewal): the agent's first session
 // follows (KubeStatus holds the certificate's write for that session, and
-// lets the session's status wait for its first snapshot). Called right
-// after CertificateIssued; MUST NOT block.
+// lets the session's status wait for its first snapshot). Called instead
+// of CertificateIssued for such a certificate; MUST NOT block.
 type BootstrapSink interface {
-	Bootstrapped(cluster string)
+	CertificateBootstrapped(cluster string, cert *x509.Certificate, agentVersion string)
 }
 
 // PresentedSink is a StatusSink that also hears the certificate an agent's
@@ -1094,9 +1094,10 @@ func (s *Server) issue(ctx context.Context, op, cluster, registration, peerAddr 
 	// counts it; at info level a fleet renewing would flood the log.
 	s.log.Debug("agent certificate issued", "cluster", cluster, "operation", op, "spiffe_id", id.String(), "serial", serial, "not_after", cert.NotAfter)
 	if s.cfg.Status != nil {
-		s.cfg.Status.CertificateIssued(cluster, cert, version)
 		if b, ok := s.cfg.Status.(BootstrapSink); ok && op == "bootstrap" {
-			b.Bootstrapped(cluster)
+			b.CertificateBootstrapped(cluster, cert, version)
+		} else {
+			s.cfg.Status.CertificateIssued(cluster, cert, version)
 		}
 	}
 	return &relaypb.CertificateResponse{

@@ -115,18 +115,20 @@ type StatusConfig struct {
 	// waits, unwritten, for the agent's first session, whose write then
 	// carries both: an agent dials its session right after Bootstrap, but
 	// in a storm the session's handshake queues behind other agents'
-	// bootstraps (at 10,000 agents on two cores, a median 81 s later),
-	// and the certificate alone was a write of its own for 9 of 10
-	// clusters (issue 31). Only a write of the certificate, the agent's
-	// version and lastSeen waits, only while the agent has no session
-	// here, and the wait counts from the first Bootstrap since its last
-	// session; a renewal ends it. The audit log and the metric
+	// bootstraps, and the certificate alone was a write of its own
+	// (issue 31). Only a write of the certificate, the agent's version and
+	// lastSeen waits, only while the agent has no session here, and the
+	// wait counts from the first Bootstrap since its last session; a
+	// renewal ends it. The audit log and the metric
 	// relaymesh_agent_certificate_expiry_timestamp_seconds have the
-	// certificate at once. Default 10m: at 10,000 agents on two cores
-	// the median session opened about 3 minutes after its certificate and
-	// the last about 6, and with a 3-minute wait 0.7–0.9 writes a cluster
-	// were the certificate alone (2026-12-07). An agent that never opens a
-	// session is shown unconnected meanwhile, as it is; negative: no wait.
+	// certificate at once; meanwhile the status shows the agent
+	// unconnected, as it is, with the version, lastSeen and certificate
+	// of before (`relaymesh check` may warn that the agent holds another
+	// certificate than the one the status names). Default 10m: at 10,000
+	// agents on two cores the first session opened a median 2 min 17 s
+	// after its certificate and at most 5 min 47 s, and going from 3 to
+	// 10 minutes removed 0.28 status writes a cluster (2026-12-07,
+	// docs/benchmarks.md); negative: no wait.
 	FirstSessionWait time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
@@ -302,7 +304,7 @@ func (k *KubeStatus) CertificateIssued(cluster string, cert *x509.Certificate, v
 	facts := certFacts(cert)
 	k.mark(cluster, func(st *agentState) {
 		st.setCert(facts)
-		st.holdCert = false // a renewal is written at once; Bootstrapped holds a Bootstrap's
+		st.holdCert = false // a renewal is written at once; CertificateBootstrapped holds a Bootstrap's
 		if version != "" {
 			st.version = version
 		}
@@ -366,19 +368,26 @@ func (k *KubeStatus) SessionChanged(cluster string, connected bool) {
 	})
 }
 
-// Bootstrapped implements BootstrapSink: the certificate just issued
-// waits for the agent's first session (StatusConfig.FirstSessionWait), and
-// that session's status for its first snapshot
-// (StatusConfig.FirstSnapshotWait). It queues no write of its own.
-func (k *KubeStatus) Bootstrapped(cluster string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if st := k.state[cluster]; st != nil {
+// CertificateBootstrapped implements BootstrapSink: CertificateIssued for
+// a certificate a Bootstrap issued, and in the same step its hold: it waits
+// for the agent's first session (StatusConfig.FirstSessionWait), and that
+// session's status for its first snapshot (StatusConfig.FirstSnapshotWait).
+// One step, not CertificateIssued and then the hold: a write of the cluster
+// already due between the two wrote the certificate alone (2 clusters of a
+// storm of 10,000, 2026-12-07).
+func (k *KubeStatus) CertificateBootstrapped(cluster string, cert *x509.Certificate, version string) {
+	facts := certFacts(cert)
+	now := k.cfg.Now()
+	k.mark(cluster, func(st *agentState) {
+		st.setCert(facts)
+		if version != "" {
+			st.version = version
+		}
 		st.bootstrapped, st.holdCert = true, true
 		if st.holdSince.IsZero() {
-			st.holdSince = k.cfg.Now()
+			st.holdSince = now
 		}
-	}
+	})
 }
 
 // Discovered records the summary of the snapshot this replica accepted of

@@ -51,9 +51,10 @@ func TestAFreshAgentsCertificateWaitsForItsFirstSession(t *testing.T) {
 	}
 	issue := func(name string, bootstrap bool) string {
 		c := certOf(name)
-		k.CertificateIssued(name, c, "v1")
 		if bootstrap {
-			k.Bootstrapped(name)
+			k.CertificateBootstrapped(name, c, "v1")
+		} else {
+			k.CertificateIssued(name, c, "v1")
 		}
 		return c.SerialNumber.Text(16)
 	}

@@ -51,9 +51,10 @@ func TestAFreshAgentsSessionWaitsForItsFirstSnapshot(t *testing.T) {
 	}
 	certified := func(name string, bootstrap bool) {
 		t.Helper()
-		k.CertificateIssued(name, cert(name), "v1")
 		if bootstrap {
-			k.Bootstrapped(name)
+			k.CertificateBootstrapped(name, cert(name), "v1")
+		} else {
+			k.CertificateIssued(name, cert(name), "v1")
 		}
 		require.Eventually(t, func() bool { return status(name).AgentCertificate != nil }, 10*time.Second, 10*time.Millisecond, "the certificate is written")
 		patches.take()
