@@ -94,6 +94,7 @@ type genericInformer struct {
 	resource schema.GroupResource
 }
 
+// Lister reads the informer's indexer as it is.
 func (g genericInformer) Lister() cache.GenericLister {
 	return cache.NewGenericLister(g.Informer().GetIndexer(), g.resource)
 }

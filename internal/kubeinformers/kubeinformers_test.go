@@ -95,12 +95,22 @@ func TestSharedInformers(t *testing.T) {
 	assert.Same(t, cached, got)
 	_, err = shared.Local.ForResource(discoveryv1alpha1.Meshes).Lister().ByNamespace(ns).Get("none")
 	assert.True(t, apierrors.IsNotFound(err), "%v", err)
+	tp := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "networking.relaymesh.io/v1alpha1", "kind": "TrafficPolicy",
+		"metadata": map[string]any{"name": "shift", "namespace": ns},
+		"spec": map[string]any{"policy": map[string]any{"trafficShift": map[string]any{"destinations": []any{
+			map[string]any{"weight": int64(100), "kubeService": map[string]any{"name": "reviews", "namespace": "bookinfo", "clusterName": "c1"}}}}}},
+	}}
+	_, err = dyn.Resource(networkingv1alpha1.TrafficPolicies).Namespace(ns).Create(ctx, tp, metav1.CreateOptions{})
+	require.NoError(t, err)
 	policies := shared.Local.ForResource(networkingv1alpha1.TrafficPolicies)
 	shared.Start(ctx.Done())
 	require.Eventually(t, policies.Informer().HasSynced, 30*time.Second, 50*time.Millisecond)
-	none, err := policies.Lister().List(labels.Everything())
+	listedPolicies, err := policies.Lister().List(labels.Everything())
 	require.NoError(t, err)
-	assert.Empty(t, none)
+	require.Len(t, listedPolicies, 1)
+	require.IsType(t, &unstructured.Unstructured{}, listedPolicies[0], "a kind not cached typed is listed as cached")
+	assert.Equal(t, "shift", listedPolicies[0].(*unstructured.Unstructured).GetName())
 
 	// An update from the cached copy (DeepCopy: cached objects are
 	// shared) keeps the apiserver's record of who owns what.

@@ -56,9 +56,11 @@ type StormResult struct {
 	// per agent (those that got there).
 	Certified, Session Summary
 	// SessionAfterCertificate is certificate → first session, per agent
-	// that got both: how long the server's status writer holds a fresh
-	// certificate for the session's write (server.StatusConfig's
-	// FirstSessionWait).
+	// that got both: about how long the server's status writer must hold
+	// a fresh certificate for the session's write to carry it
+	// (server.StatusConfig's FirstSessionWait). A lower bound: the server
+	// counts from the first Bootstrap it answered, earlier than the
+	// certificate the agent accepted when an answer was lost.
 	SessionAfterCertificate Summary
 	// AllCertified and AllSessions: storm start → the last agent.
 	AllCertified, AllSessions time.Duration
@@ -569,11 +571,12 @@ func refusedByReason(m Metrics) map[string]float64 {
 	return out
 }
 
-// addrInError is a host:port in an error's message: an IPv4 address or a
-// bracketed IPv6 one (with its zone), and its port.
-var addrInError = regexp.MustCompile(`(\b\d{1,3}(\.\d{1,3}){3}|\[[^\]\s]+\]):\d+\b`)
+// addrInError is an address in an error's message: an IPv4 address with
+// or without its port, or a bracketed IPv6 one (with its zone) and its
+// port.
+var addrInError = regexp.MustCompile(`\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b|\[[^\]\s]+\]:\d+\b`)
 
-// ErrorKind is err's message with every address and port replaced by
+// ErrorKind is err's message with every address (and port) replaced by
 // ADDR, cut to 160 bytes: the agents' errors then group by what went wrong,
 // not one group per agent whose address the message names (a storm's
 // "read tcp 127.64.1.48:48963->127.0.0.1:35763: ..." once for each agent).

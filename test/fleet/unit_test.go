@@ -40,9 +40,10 @@ func TestSourceAddr(t *testing.T) {
 func TestErrorKindDropsAddresses(t *testing.T) {
 	for in, want := range map[string]string{
 		`rpc error: code = Unavailable desc = connection error: desc = "error reading server preface: read tcp 127.64.0.126:58917->127.0.0.1:35763: use of closed network connection"`: `rpc error: code = Unavailable desc = connection error: desc = "error reading server preface: read tcp ADDR->ADDR: use of closed network connection"`,
-		`dial tcp [::1]:9900: connect: connection refused`:       `dial tcp ADDR: connect: connection refused`,
-		`dial tcp [fe80::1%eth0]:9900: i/o timeout`:              `dial tcp ADDR: i/o timeout`,
-		`bootstrap: code = DeadlineExceeded, 3 attempts in 1.5s`: `bootstrap: code = DeadlineExceeded, 3 attempts in 1.5s`,
+		`x509: certificate is valid for 127.0.0.1, not 127.64.1.48`: `x509: certificate is valid for ADDR, not ADDR`,
+		`dial tcp [::1]:9900: connect: connection refused`:          `dial tcp ADDR: connect: connection refused`,
+		`dial tcp [fe80::1%eth0]:9900: i/o timeout`:                 `dial tcp ADDR: i/o timeout`,
+		`bootstrap: code = DeadlineExceeded, 3 attempts in 1.5s`:    `bootstrap: code = DeadlineExceeded, 3 attempts in 1.5s`,
 	} {
 		assert.Equal(t, want, fleet.ErrorKind(errors.New(in)))
 	}

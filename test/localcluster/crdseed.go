@@ -14,12 +14,12 @@ import (
 	"time"
 )
 
-// Installing the CRDs is about half of the CPU a cluster's start costs
-// (2026-12-07: three clusters 18–20 CPU-s with the CRDs created through
-// the API server, about 10 without), and a test process starts many
-// clusters with the same CRDs: the API server's create, naming and
-// establishing of each one, and its managed fields, are the same work
-// every time. So the first cluster a process starts keeps what its API
+// Creating the CRDs through each new API server is a large share of what a
+// cluster's start costs, and a test process starts many clusters with the
+// same CRDs: the API server's create, naming and establishing of each one,
+// and its managed fields, are the same work every time (2026-12-07, a
+// quiet machine, six later three-cluster starts each way: a median 22.5
+// CPU-s with the CRDs created, 18.8 with them seeded as below). So the first cluster a process starts keeps what its API
 // server stored of the CRDs in etcd, once they are established, and the
 // clusters started after it get those records written under their own
 // etcd prefix before their API servers start: the API server loads them
@@ -30,22 +30,23 @@ import (
 // crdKeys is where an API server keeps CRDs, below its --etcd-prefix.
 const crdKeys = "/apiextensions.k8s.io/customresourcedefinitions/"
 
-// crdSeed is the CRD records of this process's first cluster, by key below
-// its prefix; nil until one was taken.
+// crdSeed is the CRD records of this process's first cluster of each
+// kube-apiserver build (Config.BinDir), by key below its prefix: records
+// are copied only between API servers of one build.
 var crdSeed struct {
 	sync.Mutex
-	records map[string][]byte
+	records map[string]map[string][]byte
 }
 
 // etcdPrefix is the --etcd-prefix of the named cluster's API server.
 func etcdPrefix(cluster string) string { return "/registry/" + cluster }
 
-// seedCRDs writes the kept CRD records under each cluster's prefix; it
-// reports whether there were any to write. An error leaves the clusters
-// to installCRDs.
-func seedCRDs(ctx context.Context, etcd *etcdTLS, clusters []string) (bool, error) {
+// seedCRDs writes the CRD records kept for the API servers in binDir under
+// each cluster's prefix; it reports whether there were any to write. An
+// error leaves the clusters to installCRDs.
+func seedCRDs(ctx context.Context, etcd *etcdTLS, binDir string, clusters []string) (bool, error) {
 	crdSeed.Lock()
-	records := crdSeed.records
+	records := crdSeed.records[binDir]
 	crdSeed.Unlock()
 	if len(records) == 0 {
 		return false, nil
@@ -54,40 +55,51 @@ func seedCRDs(ctx context.Context, etcd *etcdTLS, clusters []string) (bool, erro
 	if err != nil {
 		return false, err
 	}
+	defer kv.close()
 	for _, c := range clusters {
 		for key, value := range records {
 			if err := kv.put(ctx, etcdPrefix(c)+crdKeys+key, value); err != nil {
-				return false, err
+				return false, fmt.Errorf("seed the CRDs of cluster %s: %w", c, err)
 			}
 		}
 	}
 	return true, nil
 }
 
-// keepCRDs takes the CRD records of cluster, whose API server established
-// every CRD, as the seed of the clusters this process starts later; want
-// is how many there are (fewer read: none kept).
-func keepCRDs(ctx context.Context, etcd *etcdTLS, cluster string, want int) error {
+// keepCRDs takes the CRD records of cluster, whose API server (from
+// binDir) established every CRD, as the seed of the clusters this process
+// starts later; want is how many there are (fewer read: none kept).
+func keepCRDs(ctx context.Context, etcd *etcdTLS, binDir, cluster string, want int) error {
 	crdSeed.Lock()
-	defer crdSeed.Unlock()
-	if crdSeed.records != nil {
+	kept := crdSeed.records[binDir] != nil
+	crdSeed.Unlock()
+	if kept {
 		return nil
 	}
 	kv, err := newEtcdKV(etcd)
 	if err != nil {
 		return err
 	}
+	defer kv.close()
 	prefix := etcdPrefix(cluster) + crdKeys
-	records, err := kv.rangePrefix(ctx, prefix)
+	read, err := kv.rangePrefix(ctx, prefix)
 	if err != nil {
-		return err
+		return fmt.Errorf("read the CRDs of cluster %s: %w", cluster, err)
 	}
-	if len(records) != want {
-		return fmt.Errorf("etcd holds %d CRD records of cluster %s, not %d", len(records), cluster, want)
+	if len(read) != want {
+		return fmt.Errorf("etcd holds %d CRD records of cluster %s, not %d", len(read), cluster, want)
 	}
-	crdSeed.records = map[string][]byte{}
-	for key, value := range records {
-		crdSeed.records[key[len(prefix):]] = value
+	records := make(map[string][]byte, len(read))
+	for key, value := range read {
+		records[key[len(prefix):]] = value
+	}
+	crdSeed.Lock()
+	defer crdSeed.Unlock()
+	if crdSeed.records == nil {
+		crdSeed.records = map[string]map[string][]byte{}
+	}
+	if crdSeed.records[binDir] == nil {
+		crdSeed.records[binDir] = records
 	}
 	return nil
 }
@@ -102,11 +114,11 @@ type etcdKV struct {
 func newEtcdKV(etcd *etcdTLS) (*etcdKV, error) {
 	cert, err := tls.LoadX509KeyPair(etcd.certFile, etcd.keyFile)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("etcd client certificate: %w", err)
 	}
 	caPEM, err := os.ReadFile(etcd.caFile)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("etcd CA: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
@@ -115,6 +127,9 @@ func newEtcdKV(etcd *etcdTLS) (*etcdKV, error) {
 	return &etcdKV{url: etcd.url, client: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{cert}}}}}, nil
 }
+
+// close drops the client's idle connections to etcd.
+func (k *etcdKV) close() { k.client.CloseIdleConnections() }
 
 // call posts req as JSON to the gateway's path and decodes the answer
 // into resp.

@@ -225,8 +225,12 @@ func Start(ctx context.Context, cfg Config) (env *Env, err error) {
 	if err != nil {
 		return env, err
 	}
-	// A failed seed leaves the CRDs to installCRDs, as for the first start.
-	seeded, _ := seedCRDs(ctx, etcd, cfg.Clusters)
+	// A failed seed leaves the CRDs to installCRDs, as for the first start
+	// (said on stderr: the start is only slower).
+	seeded, seedErr := seedCRDs(ctx, etcd, cfg.BinDir, cfg.Clusters)
+	if seedErr != nil {
+		fmt.Fprintf(os.Stderr, "localcluster: the CRDs are created through the API servers: %v\n", seedErr)
+	}
 
 	env.clusters = make([]*Cluster, len(cfg.Clusters))
 	errs := make([]error, len(cfg.Clusters))
@@ -253,8 +257,10 @@ func Start(ctx context.Context, cfg Config) (env *Env, err error) {
 		return env, err
 	}
 	if !seeded {
-		// Not kept: the next start installs them through its API servers.
-		_ = keepCRDs(ctx, etcd, cfg.Clusters[0], len(crds))
+		// Not kept: the next start creates them through its API servers.
+		if keepErr := keepCRDs(ctx, etcd, cfg.BinDir, cfg.Clusters[0], len(crds)); keepErr != nil {
+			fmt.Fprintf(os.Stderr, "localcluster: the CRDs are not kept for the next start: %v\n", keepErr)
+		}
 	}
 	if cfg.Detach {
 		if err := env.writeState(); err != nil {
