@@ -299,14 +299,29 @@ func (k *KubeStatus) mark(cluster string, update func(*agentState)) {
 	k.queue.AddAfter(cluster, k.cfg.Coalesce)
 }
 
-// CertificateIssued implements StatusSink.
+// CertificateIssued implements StatusSink: a renewal's certificate,
+// written at once.
 func (k *KubeStatus) CertificateIssued(cluster string, cert *x509.Certificate, version string) {
+	k.issued(cluster, cert, version, false)
+}
+
+// issued records a certificate this replica issued to cluster's agent and
+// queues its write; bootstrap holds the write (CertificateBootstrapped),
+// otherwise it ends any hold.
+func (k *KubeStatus) issued(cluster string, cert *x509.Certificate, version string, bootstrap bool) {
 	facts := certFacts(cert)
+	now := k.cfg.Now()
 	k.mark(cluster, func(st *agentState) {
 		st.setCert(facts)
-		st.holdCert = false // a renewal is written at once; CertificateBootstrapped holds a Bootstrap's
 		if version != "" {
 			st.version = version
+		}
+		st.holdCert = bootstrap
+		if bootstrap {
+			st.bootstrapped = true
+			if st.holdSince.IsZero() {
+				st.holdSince = now
+			}
 		}
 	})
 }
@@ -376,18 +391,7 @@ func (k *KubeStatus) SessionChanged(cluster string, connected bool) {
 // already due between the two wrote the certificate alone (2 clusters of a
 // storm of 10,000, 2026-12-07).
 func (k *KubeStatus) CertificateBootstrapped(cluster string, cert *x509.Certificate, version string) {
-	facts := certFacts(cert)
-	now := k.cfg.Now()
-	k.mark(cluster, func(st *agentState) {
-		st.setCert(facts)
-		if version != "" {
-			st.version = version
-		}
-		st.bootstrapped, st.holdCert = true, true
-		if st.holdSince.IsZero() {
-			st.holdSince = now
-		}
-	})
+	k.issued(cluster, cert, version, true)
 }
 
 // Discovered records the summary of the snapshot this replica accepted of
