@@ -87,13 +87,21 @@ func decodeCRDs(b []byte) ([]*apiextensionsv1.CustomResourceDefinition, error) {
 }
 
 // installCRDs creates the CRDs and waits until the API server serves them.
-func installCRDs(ctx context.Context, cfg *rest.Config, list []*apiextensionsv1.CustomResourceDefinition) error {
+// seeded: the API server found them in etcd (seedCRDs), and only those it
+// does not have are created (a create of one it has is refused only after
+// the API server decoded and validated the whole CRD).
+func installCRDs(ctx context.Context, cfg *rest.Config, list []*apiextensionsv1.CustomResourceDefinition, seeded bool) error {
 	cs, err := apiextensionsclient.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
 	api := cs.ApiextensionsV1().CustomResourceDefinitions()
 	for _, crd := range list {
+		if seeded {
+			if _, err := api.Get(ctx, crd.Name, metav1.GetOptions{}); err == nil {
+				continue
+			}
+		}
 		if _, err := api.Create(ctx, crd.DeepCopy(), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create CRD %s: %w", crd.Name, err)
 		}

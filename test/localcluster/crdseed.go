@@ -18,14 +18,17 @@ import (
 // cluster's start costs, and a test process starts many clusters with the
 // same CRDs: the API server's create, naming and establishing of each one,
 // and its managed fields, are the same work every time (2026-12-07, a
-// quiet machine, six later three-cluster starts each way: a median 22.5
-// CPU-s with the CRDs created, 18.8 with them seeded as below). So the first cluster a process starts keeps what its API
+// quiet machine, nine later three-cluster starts each way, alternated: a
+// median 19.5 CPU-s with the CRDs created, 16.1 with them seeded as
+// below). So the first cluster a process starts keeps what its API
 // server stored of the CRDs in etcd, once they are established, and the
 // clusters started after it get those records written under their own
 // etcd prefix before their API servers start: the API server loads them
 // as it would after a restart, serving them established. installCRDs
-// still runs after every start and creates whatever a seed did not hold,
-// so a failed or partial seed costs time, never CRDs.
+// still runs after every start and creates whatever a seed did not hold
+// (only those: creating one the API server has is refused only after it
+// decoded and validated the whole CRD), so a failed or partial seed costs
+// time, never CRDs.
 
 // crdKeys is where an API server keeps CRDs, below its --etcd-prefix.
 const crdKeys = "/apiextensions.k8s.io/customresourcedefinitions/"

@@ -247,7 +247,7 @@ func Start(ctx context.Context, cfg Config) (env *Env, err error) {
 			env.mu.Lock()
 			env.clusters[i] = c
 			env.mu.Unlock()
-			if err := installCRDs(ctx, c.config, crds); err != nil {
+			if err := installCRDs(ctx, c.config, crds, seeded); err != nil {
 				errs[i] = fmt.Errorf("cluster %s: %w", name, err)
 			}
 		}()
