@@ -114,6 +114,10 @@ func (s Source) RESTConfig() (*rest.Config, string, error) {
 	cfg, err := cc.ClientConfig()
 	if err != nil {
 		if clientcmd.IsEmptyConfig(err) {
+			if s.Kubeconfig != "" {
+				// The file was named and read: it holds no cluster.
+				return nil, "", fmt.Errorf("kubeconfig %s holds no cluster, user or context (is the file empty?)", s.Kubeconfig)
+			}
 			return nil, "", ErrNoConfiguration
 		}
 		return nil, "", fmt.Errorf("kubeconfig (%s): %w", s, err)

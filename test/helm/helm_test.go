@@ -167,7 +167,11 @@ func serviceAccountKubeconfig(t testing.TB, c *localcluster.Cluster, ns, name, p
 	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
 	cfg.Contexts[c.Name] = &clientcmdapi.Context{Cluster: c.Name, AuthInfo: name}
 	cfg.CurrentContext = c.Name
-	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
+	// Written aside and renamed: a process started earlier may read path
+	// (a restart rewrites it), and never sees it half written.
+	tmp := path + ".new"
+	require.NoError(t, clientcmd.WriteToFile(*cfg, tmp))
+	require.NoError(t, os.Rename(tmp, path))
 }
 
 var (

@@ -416,7 +416,9 @@ func (j *job) agentCommand(cluster string, replica int, health string) []string 
 	c := j.env.Cluster(cluster)
 	objs, err := j.h.manifest(c.Kubeconfig, "relaymesh-agent", namespace)
 	require.NoError(t, err)
-	kubeconfig := filepath.Join(j.dir, cluster+"-agent-sa.kubeconfig")
+	// A file per replica: a replica reads its kubeconfig while the next
+	// one's is written.
+	kubeconfig := filepath.Join(j.dir, fmt.Sprintf("%s-agent-%d-sa.kubeconfig", cluster, replica))
 	serviceAccountKubeconfig(t, c, namespace, agentAccount, kubeconfig)
 	args := replaceArgs(t, containerArgs(t, objs), map[string]string{
 		"--health-listen=":  "--health-listen=" + health,
