@@ -271,6 +271,7 @@ func TestKubeTokenStoreCached(t *testing.T) {
 	require.NoError(t, err)
 
 	var gets, patches atomic.Int32
+	var stores []*identity.KubeTokenStore
 	replica := func() *identity.Tokens {
 		cfg := mgmt.RESTConfig()
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
@@ -291,6 +292,7 @@ func TestKubeTokenStoreCached(t *testing.T) {
 		store, err := identity.NewKubeTokenStore(cs, "relaymesh")
 		require.NoError(t, err)
 		require.NoError(t, store.WatchCache(ctx))
+		stores = append(stores, store)
 		tokens, err := identity.NewTokens(identity.TokensConfig{Store: store})
 		require.NoError(t, err)
 		return tokens
@@ -308,11 +310,12 @@ func TestKubeTokenStoreCached(t *testing.T) {
 	// Seen by the cache: a redemption is one patch and no read.
 	tok, rec, err := mint.Mint(ctx, "cluster-1", time.Hour)
 	require.NoError(t, err)
+	// Once a's watch delivered it (polled, not slept for: on a loaded
+	// machine the event may take longer than any fixed pause).
 	require.Eventually(t, func() bool {
-		_, err := admin.CoreV1().Secrets("relaymesh").Get(ctx, "relaymesh-bootstrap-token-"+rec.ID, metav1.GetOptions{})
-		return err == nil
-	}, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(200 * time.Millisecond) // the watch delivers it
+		_, ok, err := stores[0].Records().GetStore().GetByKey("relaymesh/relaymesh-bootstrap-token-" + rec.ID)
+		return err == nil && ok
+	}, 10*time.Second, 10*time.Millisecond)
 	gets.Store(0)
 	patches.Store(0)
 	_, err = a.Redeem(ctx, "cluster-1", tok, redeemer(1))

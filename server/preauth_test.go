@@ -212,7 +212,8 @@ func TestConnectionCapsPerAddress(t *testing.T) {
 		require.NoError(t, err)
 		open = append(open, c)
 	}
-	time.Sleep(100 * time.Millisecond) // the gate counted them
+	require.Eventually(t, func() bool { return f.Metric(server.MetricOpenConns, "state", "preauth") == 4 },
+		10*time.Second, 5*time.Millisecond, "the gate counted the four")
 	over, err := net.Dial("tcp", f.Addr)
 	require.NoError(t, err)
 	require.NoError(t, over.SetReadDeadline(time.Now().Add(3*time.Second)))

@@ -78,8 +78,19 @@ func TestTheServerWatchesEachResourceOnce(t *testing.T) {
 	kube := &kubeclient.Clients{Config: cfg, Typed: typed, Dynamic: dyn}
 
 	a := apptest.StartApp(t, kube, apptest.AppConfig(t, ns, ""))
-	// Every component has started watching once the server serves; give
-	// a late one a moment to open its watch.
+	// Each resource watched (its watch may open just after the server
+	// serves on a loaded machine), then a moment for a second, late
+	// watcher of any of them to show.
+	watched := []string{ns + "/kubernetesclusters", ns + "/meshes", ns + "/workloads", ns + "/destinations", "virtualmeshes", "trafficpolicies", "accesspolicies", "virtualdestinations"}
+	require.Eventually(t, func() bool {
+		w := counter.count()
+		for _, r := range watched {
+			if w[r] == 0 {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 50*time.Millisecond, "every resource watched: %v", counter.count())
 	time.Sleep(2 * time.Second)
 	watches := counter.count()
 	for _, resource := range []string{"kubernetesclusters", "meshes", "workloads", "destinations"} {

@@ -304,7 +304,19 @@ func (fed *federation) checkFederatedHost(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.other.WriteRoots(foreign.PEM()))
 	t.Cleanup(func() { assert.NoError(t, f.other.RenewCertificate(context.Background())) })
-	time.Sleep(dataplane.DefaultRefresh + 500*time.Millisecond)
+	// Once gRPC reread the roots (within DefaultRefresh; polled, since a
+	// loaded machine may run the refresh late): a new connection fails.
+	require.Eventually(t, func() bool {
+		c, err := f.other.DialHost(echoOfCluster2, echoPort)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		o, err := c.Run(ctx, 1, dataplane.CallOptions{})
+		return err == nil && o.ErrorsWith("certificate signed by unknown authority") == 1
+	}, 30*time.Second, 200*time.Millisecond, "other's new roots in use")
 	c, err := f.other.DialHost(echoOfCluster2, echoPort)
 	require.NoError(t, err)
 	defer c.Close()

@@ -43,9 +43,11 @@ const (
 	rotationWorkers = 16
 	// afterRenew is how long after new certificate files every connection
 	// of the load uses them: gRPC rereads the files within DefaultRefresh,
-	// and servers end connections within 1.1 pingConnectionAge (gRPC's
+	// or within two when a reread falls between the key's and the chain's
+	// renames (pemfile keeps what it had when they do not match), and
+	// servers end connections within 1.1 pingConnectionAge (gRPC's
 	// jitter).
-	afterRenew = dataplane.DefaultRefresh + pingConnectionAge*11/10 + 300*time.Millisecond
+	afterRenew = 2*dataplane.DefaultRefresh + pingConnectionAge*11/10 + 300*time.Millisecond
 	// verifyFor is how long each phase's traffic is checked once it
 	// settled.
 	verifyFor = 750 * time.Millisecond
