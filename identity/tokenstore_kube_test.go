@@ -310,11 +310,15 @@ func TestKubeTokenStoreCached(t *testing.T) {
 	// Seen by the cache: a redemption is one patch and no read.
 	tok, rec, err := mint.Mint(ctx, "cluster-1", time.Hour)
 	require.NoError(t, err)
-	// Once a's watch delivered it (polled, not slept for: on a loaded
-	// machine the event may take longer than any fixed pause).
+	// Once both replicas' watches delivered it (polled, not slept for: on
+	// a loaded machine the event may take longer than any fixed pause).
 	require.Eventually(t, func() bool {
-		_, ok, err := stores[0].Records().GetStore().GetByKey("relaymesh/relaymesh-bootstrap-token-" + rec.ID)
-		return err == nil && ok
+		for _, st := range stores {
+			if _, ok, err := st.Records().GetStore().GetByKey("relaymesh/relaymesh-bootstrap-token-" + rec.ID); err != nil || !ok {
+				return false
+			}
+		}
+		return true
 	}, 10*time.Second, 10*time.Millisecond)
 	gets.Store(0)
 	patches.Store(0)

@@ -115,8 +115,11 @@ func (s Source) RESTConfig() (*rest.Config, string, error) {
 	if err != nil {
 		if clientcmd.IsEmptyConfig(err) {
 			if s.Kubeconfig != "" {
-				// The file was named and read: it holds no cluster.
-				return nil, "", fmt.Errorf("kubeconfig %s holds no cluster, user or context (is the file empty?)", s.Kubeconfig)
+				// The file was named and read, and selects no cluster
+				// (client-go says so alike for an empty file, one with
+				// no current context, and a context naming a cluster the
+				// file lacks): not a reason to look for $KUBECONFIG.
+				return nil, "", fmt.Errorf("kubeconfig %s selects no cluster: it is empty, has no current context, or its context names a cluster it does not define (kubectl config view --kubeconfig %s shows it; --context picks one)", s.Kubeconfig, s.Kubeconfig)
 			}
 			return nil, "", ErrNoConfiguration
 		}

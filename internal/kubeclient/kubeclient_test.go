@@ -13,8 +13,10 @@ import (
 // noAmbientConfig leaves the test without $KUBECONFIG, ~/.kube/config or
 // an in-cluster service account.
 func noAmbientConfig(t *testing.T) {
-	t.Setenv("KUBECONFIG", "")
-	t.Setenv("HOME", t.TempDir())
+	// A $KUBECONFIG naming a missing file: client-go skips it and then
+	// does not read ~/.kube/config (whose path it fixed at start, so
+	// $HOME cannot hide it).
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	t.Setenv("KUBERNETES_SERVICE_PORT", "")
 }
@@ -32,8 +34,23 @@ func TestRESTConfigSaysWhichKubeconfigIsEmpty(t *testing.T) {
 	_, _, err = Source{Kubeconfig: empty}.RESTConfig()
 	require.Error(t, err)
 	require.Contains(t, err.Error(), empty)
-	require.Contains(t, err.Error(), "is the file empty?")
+	require.Contains(t, err.Error(), "selects no cluster")
 	require.NotContains(t, err.Error(), "set KUBECONFIG")
+
+	// Clusters and contexts, but no current context: the same error,
+	// which says so among its causes.
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["east"] = &clientcmdapi.Cluster{Server: "https://east.example:6443"}
+	cfg.AuthInfos["east"] = &clientcmdapi.AuthInfo{Token: "t"}
+	cfg.Contexts["east"] = &clientcmdapi.Context{Cluster: "east", AuthInfo: "east"}
+	noCurrent := filepath.Join(t.TempDir(), "no-current.kubeconfig")
+	require.NoError(t, clientcmd.WriteToFile(*cfg, noCurrent))
+	_, _, err = Source{Kubeconfig: noCurrent}.RESTConfig()
+	require.ErrorContains(t, err, noCurrent)
+	require.ErrorContains(t, err, "has no current context")
+	_, name, err := Source{Kubeconfig: noCurrent, Context: "east"}.RESTConfig()
+	require.NoError(t, err)
+	require.Equal(t, "east", name)
 
 	_, _, err = Source{Kubeconfig: filepath.Join(t.TempDir(), "missing")}.RESTConfig()
 	require.Error(t, err)

@@ -82,15 +82,12 @@ func TestTheServerWatchesEachResourceOnce(t *testing.T) {
 	// serves on a loaded machine), then a moment for a second, late
 	// watcher of any of them to show.
 	watched := []string{ns + "/kubernetesclusters", ns + "/meshes", ns + "/workloads", ns + "/destinations", "virtualmeshes", "trafficpolicies", "accesspolicies", "virtualdestinations"}
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		w := counter.count()
 		for _, r := range watched {
-			if w[r] == 0 {
-				return false
-			}
+			assert.NotZero(c, w[r], "watches of %s: %v", r, w)
 		}
-		return true
-	}, 30*time.Second, 50*time.Millisecond, "every resource watched: %v", counter.count())
+	}, 30*time.Second, 50*time.Millisecond, "every resource watched")
 	time.Sleep(2 * time.Second)
 	watches := counter.count()
 	for _, resource := range []string{"kubernetesclusters", "meshes", "workloads", "destinations"} {

@@ -42,10 +42,9 @@ const (
 	minRate         = 200
 	rotationWorkers = 16
 	// afterRenew is how long after new certificate files every connection
-	// of the load uses them: gRPC rereads the files within DefaultRefresh,
-	// or within two when a reread falls between the key's and the chain's
-	// renames (pemfile keeps what it had when they do not match), and
-	// servers end connections within 1.1 pingConnectionAge (gRPC's
+	// of the load uses them: gRPC rereads the files every DefaultRefresh
+	// (one more is slack for a reread that a loaded machine runs late),
+	// and servers end connections within 1.1 pingConnectionAge (gRPC's
 	// jitter).
 	afterRenew = 2*dataplane.DefaultRefresh + pingConnectionAge*11/10 + 300*time.Millisecond
 	// verifyFor is how long each phase's traffic is checked once it

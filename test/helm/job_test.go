@@ -416,9 +416,7 @@ func (j *job) agentCommand(cluster string, replica int, health string) []string 
 	c := j.env.Cluster(cluster)
 	objs, err := j.h.manifest(c.Kubeconfig, "relaymesh-agent", namespace)
 	require.NoError(t, err)
-	// A file per replica: a replica reads its kubeconfig while the next
-	// one's is written.
-	kubeconfig := filepath.Join(j.dir, fmt.Sprintf("%s-agent-%d-sa.kubeconfig", cluster, replica))
+	kubeconfig := j.agentKubeconfig(cluster, replica)
 	serviceAccountKubeconfig(t, c, namespace, agentAccount, kubeconfig)
 	args := replaceArgs(t, containerArgs(t, objs), map[string]string{
 		"--health-listen=":  "--health-listen=" + health,
@@ -426,6 +424,13 @@ func (j *job) agentCommand(cluster string, replica int, health string) []string 
 		"--identity=":       fmt.Sprintf("--identity=%s-agent-%d", cluster, replica),
 	})
 	return append(args, "--kubeconfig="+kubeconfig)
+}
+
+// agentKubeconfig is the service-account kubeconfig of one agent replica:
+// a file per replica, since a replica reads its kubeconfig while the next
+// one's is written.
+func (j *job) agentKubeconfig(cluster string, replica int) string {
+	return filepath.Join(j.dir, fmt.Sprintf("%s-agent-%d-sa.kubeconfig", cluster, replica))
 }
 
 // start runs the relaymesh binary as a process. With listFallback its

@@ -225,7 +225,7 @@ func forbidden(t testing.TB, what string, err error, msg ...string) {
 func agentCannot(t *testing.T, j *job, cluster string) {
 	ctx := context.Background()
 	admin := j.kube[cluster]
-	cs, dyn := clientAs(t, filepath.Join(j.dir, cluster+"-agent-sa.kubeconfig"))
+	cs, dyn := clientAs(t, j.agentKubeconfig(cluster, 0))
 	for _, ns := range []string{"istio-system", namespace, "bookinfo"} {
 		_, err := admin.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "decoy"}, StringData: map[string]string{"k": "v"}}, metav1.CreateOptions{})
 		require.NoError(t, err)
