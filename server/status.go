@@ -310,7 +310,10 @@ func (k *KubeStatus) CertificateIssued(cluster string, cert *x509.Certificate, v
 // otherwise it ends any hold.
 func (k *KubeStatus) issued(cluster string, cert *x509.Certificate, version string, bootstrap bool) {
 	facts := certFacts(cert)
-	now := k.cfg.Now()
+	var now time.Time // a renewal's needs no clock
+	if bootstrap {
+		now = k.cfg.Now()
+	}
 	k.mark(cluster, func(st *agentState) {
 		st.setCert(facts)
 		if version != "" {

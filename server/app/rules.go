@@ -61,6 +61,15 @@ func sessionSink(several bool, status *server.KubeStatus, view *server.View, mir
 	return status
 }
 
+// releasingSink keeps what KubeStatus hears besides sessions: the server
+// finds those by type assertion, and a wrapper that hid them would write a
+// bootstrapped certificate alone and never record the one a session
+// presents.
+var (
+	_ server.BootstrapSink = releasingSink{}
+	_ server.PresentedSink = releasingSink{}
+)
+
 // releasingSink forgets a cluster's snapshot when its last session on this
 // replica ends: the agent reconnects to some replica, which then owns the
 // cluster's discovered objects.
