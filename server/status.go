@@ -108,8 +108,13 @@ type StatusConfig struct {
 	// snapshot of the cluster yet) waits for the summary of its first
 	// snapshot, which the agent pushes as soon as the session opens:
 	// session, summary and first ack are then one write instead of two
-	// (in a bootstrap storm of 10,000, 3,676 clusters took two; issue 31);
-	// default 2s, negative: no wait.
+	// (in a bootstrap storm of 10,000, 3,676 clusters took two; issue 31).
+	// The cost: a fresh agent whose first snapshot is slow shows as
+	// unconnected up to this long after its session opened (its
+	// certificate already written or held, FirstSessionWait). Default
+	// 10s: at 2s a storm of 10,000 on two cores still wrote 1.49 status
+	// PATCHes a cluster, at 10s 1.00 (2026-12-07, docs/benchmarks.md);
+	// negative: no wait.
 	FirstSnapshotWait time.Duration
 	// FirstSessionWait is how long the certificate a Bootstrap issued here
 	// waits, unwritten, for the agent's first session, whose write then
@@ -171,7 +176,7 @@ func (c StatusConfig) withDefaults() StatusConfig {
 		c.Coalesce = 500 * time.Millisecond
 	}
 	if c.FirstSnapshotWait == 0 {
-		c.FirstSnapshotWait = 2 * time.Second
+		c.FirstSnapshotWait = 10 * time.Second
 	}
 	if c.FirstSessionWait == 0 {
 		c.FirstSessionWait = 10 * time.Minute
