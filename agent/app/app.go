@@ -33,6 +33,7 @@ import (
 	discoveryclient "k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 )
 
@@ -82,7 +83,30 @@ func Run(ctx context.Context, cfg Config, env Env) error {
 		log.Warn("leader election is off: run exactly one agent replica per cluster")
 		return p.work(ctx)
 	}
-	return p.lead(ctx, cfg, env.Kube.Typed, log)
+	leases, err := leaseClient(env.Kube.Config)
+	if err != nil {
+		return err
+	}
+	return p.lead(ctx, cfg, leases, log)
+}
+
+// Request budget of the agent's Lease client (leaseClient): a renewal
+// every RetryPeriod (2 s by default) and a read now and then.
+const leaseQPS, leaseBurst = 5, 10
+
+// leaseClient is the client that renews the agent's Lease, with a rate
+// limiter of its own. The agent's other clients share one budget
+// (--kube-qps) between discovery and applying: applying a large config
+// queues hundreds of writes in it, and a renewal queued behind them waited
+// out its deadline, so the leader lost the Lease and exited while the
+// apiserver was answering.
+func leaseClient(cfg *rest.Config) (kubernetes.Interface, error) {
+	if cfg == nil {
+		return nil, errors.New("agent: the workload cluster's client has no configuration to renew the Lease with")
+	}
+	c := rest.CopyConfig(cfg)
+	c.QPS, c.Burst, c.RateLimiter = leaseQPS, leaseBurst, nil
+	return kubernetes.NewForConfig(c)
 }
 
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {

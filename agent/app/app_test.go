@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // One apiserver for the package's tests that need one.
@@ -106,4 +109,84 @@ func TestAgentAppResolvesItsConfigAndHandsTheLeaseOver(t *testing.T) {
 	case <-time.After(40 * time.Second):
 		t.Fatal("Run did not return after ctx was done")
 	}
+}
+
+// The Lease is renewed through a client of its own: with the agent's
+// workload-cluster client throttled to 2 requests a second and 40
+// requests always waiting in it (each waits about 20 s), the leader
+// still renews its Lease every retry period and keeps leading, where a
+// renewal queued behind them would wait out its 4 s deadline and end the
+// term (Run returning lease.ErrLost).
+func TestTheLeaseIsRenewedBesideAFloodedClient(t *testing.T) {
+	full, cs := workloadCluster(t)
+	ctx := context.Background()
+	_, err := cs.CoreV1().ConfigMaps("relaymesh").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName},
+		Data: map[string]string{"cluster": "flooded", "serverAddress": "127.0.0.1:1"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	slow := rest.CopyConfig(full.Config)
+	slow.QPS, slow.Burst = 2, 2
+	typed, err := kubernetes.NewForConfig(slow)
+	require.NoError(t, err)
+	dyn, err := dynamic.NewForConfig(slow)
+	require.NoError(t, err)
+	kube := &kubeclient.Clients{Config: slow, Typed: typed, Dynamic: dyn}
+
+	cfg := Default()
+	cfg.HealthListen, cfg.MetricsListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 6*time.Second, 4*time.Second, 500*time.Millisecond
+	cfg.Identity = "agent-flooded"
+	var logs syncbuf.Buffer
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- Run(rctx, cfg, Env{Kube: kube, Stderr: &logs, Version: "test"}) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(40 * time.Second):
+			t.Error("Run did not return after ctx was done")
+		}
+	})
+	renewed := func() (string, time.Time) {
+		l, err := cs.CoordinationV1().Leases("relaymesh").Get(ctx, cfg.LeaseName, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil {
+			return "", time.Time{}
+		}
+		return *l.Spec.HolderIdentity, l.Spec.RenewTime.Time
+	}
+	require.Eventually(t, func() bool { h, _ := renewed(); return h == "agent-flooded" }, 20*time.Second, 50*time.Millisecond, "the agent leads")
+
+	floodCtx, stopFlood := context.WithCancel(ctx)
+	var flood sync.WaitGroup
+	for range 40 {
+		flood.Go(func() {
+			for floodCtx.Err() == nil {
+				_, _ = typed.CoreV1().ConfigMaps("relaymesh").Get(floodCtx, ConfigMapName, metav1.GetOptions{})
+			}
+		})
+	}
+	defer func() { stopFlood(); flood.Wait() }()
+	time.Sleep(2 * time.Second)
+	probe := time.Now()
+	_, err = typed.CoreV1().ConfigMaps("relaymesh").Get(ctx, ConfigMapName, metav1.GetOptions{})
+	require.NoError(t, err)
+	queued := time.Since(probe)
+	require.Greater(t, queued, cfg.RenewDeadline, "the flood queues the agent's client beyond the renew deadline")
+
+	// Two lease durations of flood: the renewals go on, the term does not end.
+	_, last := renewed()
+	for end := time.Now().Add(2 * cfg.LeaseDuration); time.Now().Before(end); time.Sleep(cfg.RetryPeriod) {
+		select {
+		case err := <-done:
+			done <- err // for the cleanup
+			t.Fatalf("Run returned during the flood: %v", err)
+		default:
+		}
+		h, at := renewed()
+		require.Equal(t, "agent-flooded", h, "the agent keeps the Lease")
+		require.Less(t, time.Since(at), cfg.RenewDeadline, "the Lease was renewed %s ago, with the agent's client %s deep", time.Since(at).Round(time.Millisecond), queued.Round(time.Millisecond))
+		last = at
+	}
+	t.Logf("renewed %s before the flood ended, the agent's client queued %s", time.Since(last).Round(time.Millisecond), queued.Round(time.Millisecond))
 }
