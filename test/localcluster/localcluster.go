@@ -417,6 +417,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 			auditLog = filepath.Join(e.dir, name+".audit.log")
 			args = append(args, "--audit-policy-file="+cfg.AuditPolicy, "--audit-log-path="+auditLog, "--audit-log-format=json", "--audit-log-maxbackup=0")
 		}
+		logStart := fileSize(logPath)
 		p, err := StartProcess("kube-apiserver "+name, filepath.Join(cfg.BinDir, "kube-apiserver"), args, logPath, cfg.Detach)
 		if err != nil {
 			return nil, err
@@ -441,7 +442,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 			return c, nil
 		}
 		_ = p.Stop(5 * time.Second)
-		if !portTaken(logPath) {
+		if !portTaken(logPath, logStart) {
 			break
 		}
 	}
@@ -489,11 +490,24 @@ users:
 	return admissionConfig, caFile, os.WriteFile(admissionConfig, []byte(b.String()), 0o600)
 }
 
-// portTaken reports whether the API server's log says another process took
-// its port between freePort and bind.
-func portTaken(logPath string) bool {
+// portTaken reports whether the API server's log, from offset on (this
+// attempt's part: the log is appended to), says another process took its
+// port between FreePort and bind.
+func portTaken(logPath string, offset int64) bool {
 	b, err := os.ReadFile(logPath)
-	return err == nil && strings.Contains(string(b), "address already in use")
+	if err != nil || offset > int64(len(b)) {
+		return false
+	}
+	return strings.Contains(string(b[offset:]), "address already in use")
+}
+
+// fileSize is the size of the file at path, 0 if there is none.
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
 }
 
 // waitPort waits until a process listens on a loopback port.

@@ -550,3 +550,20 @@ func TestLaterClustersServeTheCRDsTheFirstStored(t *testing.T) {
 		assert.NoError(t, err, "%s serves Istio's kinds", c.Name)
 	}
 }
+
+// A start's retry reads only its own attempt's part of the appended log:
+// an earlier attempt's lost port is not this attempt's.
+func TestPortTakenReadsOnlyThisAttempt(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "apiserver.log")
+	assert.False(t, portTaken(log, fileSize(log)), "no log yet")
+	require.NoError(t, os.WriteFile(log, []byte("E1207 listen tcp 127.0.0.1:40001: bind: address already in use\n"), 0o600))
+	assert.True(t, portTaken(log, 0), "the first attempt lost its port")
+	second := fileSize(log)
+	f, err := os.OpenFile(log, os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString("E1207 etcd: connection refused\n")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	assert.False(t, portTaken(log, second), "the second attempt failed for another reason")
+	assert.False(t, portTaken(log, second+1<<20), "an offset past the end")
+}
