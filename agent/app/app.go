@@ -61,6 +61,9 @@ func Run(ctx context.Context, cfg Config, env Env) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	if env.Kube == nil || env.Kube.Config == nil || env.Kube.Typed == nil || env.Kube.Dynamic == nil {
+		return errors.New("agent: no client of the workload cluster (its configuration, typed and dynamic clients are all required)")
+	}
 	log, err := newLogger(env.Stderr, cfg.LogLevel)
 	if err != nil {
 		return err
@@ -69,6 +72,10 @@ func Run(ctx context.Context, cfg Config, env Env) error {
 		return err
 	}
 	log = log.With("cluster", cfg.Cluster)
+	leases, err := leaseClient(env.Kube.Config)
+	if err != nil {
+		return err
+	}
 	p, err := build(cfg, env, log)
 	if err != nil {
 		return err
@@ -83,10 +90,6 @@ func Run(ctx context.Context, cfg Config, env Env) error {
 		log.Warn("leader election is off: run exactly one agent replica per cluster")
 		return p.work(ctx)
 	}
-	leases, err := leaseClient(env.Kube.Config)
-	if err != nil {
-		return err
-	}
 	return p.lead(ctx, cfg, leases, log)
 }
 
@@ -95,15 +98,12 @@ func Run(ctx context.Context, cfg Config, env Env) error {
 const leaseQPS, leaseBurst = 5, 10
 
 // leaseClient is the client that renews the agent's Lease, with a rate
-// limiter of its own. The agent's other clients share one budget
-// (--kube-qps) between discovery and applying: applying a large config
-// queues hundreds of writes in it, and a renewal queued behind them waited
-// out its deadline, so the leader lost the Lease and exited while the
-// apiserver was answering.
+// limiter of its own. The agent's typed client (50/s, burst 100) is shared
+// by the credential Secrets, discovery's typed informers (a relist of a
+// large cluster is hundreds of pages) and the trust agent: a renewal
+// queued behind their requests waits out its deadline, and the leader
+// loses the Lease and exits while the apiserver is answering.
 func leaseClient(cfg *rest.Config) (kubernetes.Interface, error) {
-	if cfg == nil {
-		return nil, errors.New("agent: the workload cluster's client has no configuration to renew the Lease with")
-	}
 	c := rest.CopyConfig(cfg)
 	c.QPS, c.Burst, c.RateLimiter = leaseQPS, leaseBurst, nil
 	return kubernetes.NewForConfig(c)

@@ -184,6 +184,9 @@ func TestTheLeaseIsRenewedBesideAFloodedClient(t *testing.T) {
 		default:
 		}
 		h, at := renewed()
+		if h == "" {
+			continue // this read failed: the next one tells
+		}
 		require.Equal(t, "agent-flooded", h, "the agent keeps the Lease")
 		require.Less(t, time.Since(at), cfg.RenewDeadline, "the Lease was renewed %s ago, with the agent's client %s deep", time.Since(at).Round(time.Millisecond), queued.Round(time.Millisecond))
 		last = at

@@ -82,7 +82,9 @@ func TestAgentTrust(t *testing.T) {
 			return err == nil && code == 200 && st.Status.Session.Connected && st.Status.Session.SPIFFEID == want, fmt.Sprintf("%d %v %+v", code, err, st)
 		})
 		// The management cluster's view of the agent.
-		Eventually(t, 10*time.Second, name+" status", func() (bool, string) {
+		// Up to 10 s of it the status of a fresh agent's first session may
+		// wait for its first snapshot (server.StatusConfig.FirstSnapshotWait).
+		Eventually(t, 30*time.Second, name+" status", func() (bool, string) {
 			kc, err := clusters.Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
