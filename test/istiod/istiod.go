@@ -251,7 +251,7 @@ func Start(ctx context.Context, cfg Config) (*Istiod, error) {
 		}
 		args := append(envArgs(cfg), cfg.Bin)
 		args = append(args, flags(cfg, addrs)...)
-		logStart := fileSize(logPath)
+		logStart := localcluster.LogSize(logPath)
 		// env gives istiod a working directory and an environment of its
 		// own, then execs it: the process keeps the pid, process group
 		// and parent-death signal that StartProcess set up.
@@ -266,7 +266,7 @@ func Start(ctx context.Context, cfg Config) (*Istiod, error) {
 		if err := p.Stop(stopGrace); err != nil {
 			lastErr = errors.Join(lastErr, err)
 		}
-		if !portTaken(logPath, logStart) || ctx.Err() != nil {
+		if !localcluster.PortTaken(logPath, logStart) || ctx.Err() != nil {
 			break
 		}
 	}
@@ -470,24 +470,6 @@ func (d *Istiod) Stop() error {
 		return fmt.Errorf("stop istiod for cluster %s: %w", d.cfg.ClusterID, err)
 	}
 	return nil
-}
-
-// portTaken reports whether istiod's log, from offset on, says another
-// process took one of its ports between choosing and binding it.
-func portTaken(logPath string, offset int64) bool {
-	b, err := os.ReadFile(logPath)
-	if err != nil || offset > int64(len(b)) {
-		return false
-	}
-	return strings.Contains(string(b[offset:]), "address already in use")
-}
-
-func fileSize(path string) int64 {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return 0
-	}
-	return fi.Size()
 }
 
 func logTail(path string, n int) string {

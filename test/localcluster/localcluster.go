@@ -417,7 +417,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 			auditLog = filepath.Join(e.dir, name+".audit.log")
 			args = append(args, "--audit-policy-file="+cfg.AuditPolicy, "--audit-log-path="+auditLog, "--audit-log-format=json", "--audit-log-maxbackup=0")
 		}
-		logStart := fileSize(logPath)
+		logStart := LogSize(logPath)
 		p, err := StartProcess("kube-apiserver "+name, filepath.Join(cfg.BinDir, "kube-apiserver"), args, logPath, cfg.Detach)
 		if err != nil {
 			return nil, err
@@ -442,7 +442,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 			return c, nil
 		}
 		_ = p.Stop(5 * time.Second)
-		if !portTaken(logPath, logStart) {
+		if !PortTaken(logPath, logStart) {
 			break
 		}
 	}
@@ -490,10 +490,10 @@ users:
 	return admissionConfig, caFile, os.WriteFile(admissionConfig, []byte(b.String()), 0o600)
 }
 
-// portTaken reports whether the API server's log, from offset on (this
-// attempt's part: the log is appended to), says another process took its
-// port between FreePort and bind.
-func portTaken(logPath string, offset int64) bool {
+// PortTaken reports whether a process's log, from offset on (this start's
+// part: the logs of StartProcess are appended to), says another process
+// took its port between FreePort and bind.
+func PortTaken(logPath string, offset int64) bool {
 	b, err := os.ReadFile(logPath)
 	if err != nil || offset > int64(len(b)) {
 		return false
@@ -501,8 +501,9 @@ func portTaken(logPath string, offset int64) bool {
 	return strings.Contains(string(b[offset:]), "address already in use")
 }
 
-// fileSize is the size of the file at path, 0 if there is none.
-func fileSize(path string) int64 {
+// LogSize is the size of the log at path, 0 if there is none: the offset
+// of what a start about to append to it will write (PortTaken).
+func LogSize(path string) int64 {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return 0

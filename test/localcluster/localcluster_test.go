@@ -555,15 +555,15 @@ func TestLaterClustersServeTheCRDsTheFirstStored(t *testing.T) {
 // an earlier attempt's lost port is not this attempt's.
 func TestPortTakenReadsOnlyThisAttempt(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "apiserver.log")
-	assert.False(t, portTaken(log, fileSize(log)), "no log yet")
+	assert.False(t, PortTaken(log, LogSize(log)), "no log yet")
 	require.NoError(t, os.WriteFile(log, []byte("E1207 listen tcp 127.0.0.1:40001: bind: address already in use\n"), 0o600))
-	assert.True(t, portTaken(log, 0), "the first attempt lost its port")
-	second := fileSize(log)
+	assert.True(t, PortTaken(log, 0), "the first attempt lost its port")
+	second := LogSize(log)
 	f, err := os.OpenFile(log, os.O_APPEND|os.O_WRONLY, 0)
 	require.NoError(t, err)
 	_, err = f.WriteString("E1207 etcd: connection refused\n")
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
-	assert.False(t, portTaken(log, second), "the second attempt failed for another reason")
-	assert.False(t, portTaken(log, second+1<<20), "an offset past the end")
+	assert.False(t, PortTaken(log, second), "the second attempt failed for another reason")
+	assert.False(t, PortTaken(log, second+1<<20), "an offset past the end")
 }

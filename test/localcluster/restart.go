@@ -47,14 +47,14 @@ func (e *Env) Restart(ctx context.Context, cluster string, withEtcd bool) (time.
 			return 0, err
 		}
 	}
-	logStart := fileSize(c.proc.log)
+	logStart := LogSize(c.proc.log)
 	p, err := c.proc.again()
 	if err != nil {
 		return 0, err
 	}
 	c.proc = p
 	if err := waitReady(ctx, c, 90*time.Second); err != nil {
-		if portTaken(p.log, logStart) {
+		if PortTaken(p.log, logStart) {
 			// Its clients hold the URL, so the port cannot move: another
 			// process bound it while the API server was down.
 			err = fmt.Errorf("another process took its port %s while it was down: %w", c.URL, err)
