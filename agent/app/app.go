@@ -104,9 +104,7 @@ const leaseQPS, leaseBurst = 5, 10
 // queued behind their requests waits out its deadline, and the leader
 // loses the Lease and exits while the apiserver is answering.
 func leaseClient(cfg *rest.Config) (kubernetes.Interface, error) {
-	c := rest.CopyConfig(cfg)
-	c.QPS, c.Burst, c.RateLimiter = leaseQPS, leaseBurst, nil
-	return kubernetes.NewForConfig(c)
+	return kubernetes.NewForConfig(kubeclient.OwnBudget(cfg, leaseQPS, leaseBurst))
 }
 
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {

@@ -160,3 +160,16 @@ func NewClients(cfg *rest.Config, context string) (*Clients, error) {
 	}
 	return &Clients{Context: context, Config: cfg, Typed: typed, Dynamic: dyn}, nil
 }
+
+// OwnBudget is a copy of cfg whose clients get a rate limiter of their
+// own, qps requests a second with burst (qps 0: cfg's QPS and Burst), so
+// that requests queued in cfg's clients never delay theirs: the server's
+// status writes and Leases, the agent's Lease. cfg is not changed.
+func OwnBudget(cfg *rest.Config, qps float32, burst int) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.RateLimiter = nil
+	if qps > 0 {
+		c.QPS, c.Burst = qps, burst
+	}
+	return c
+}

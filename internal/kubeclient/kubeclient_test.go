@@ -6,8 +6,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/util/flowcontrol"
 )
 
 // noAmbientConfig leaves the test without $KUBECONFIG, ~/.kube/config or
@@ -89,4 +91,22 @@ func TestRESTConfigReadsTheNamedContext(t *testing.T) {
 	names, err := Source{Kubeconfig: path}.Contexts()
 	require.NoError(t, err)
 	require.Equal(t, []string{"east", "mgmt"}, names)
+}
+
+// A copy with a budget of its own: its own limiter and rate, the
+// original untouched; qps 0 keeps the original's rate.
+func TestOwnBudget(t *testing.T) {
+	shared := flowcontrol.NewTokenBucketRateLimiter(50, 100)
+	cfg := &rest.Config{Host: "https://127.0.0.1:6443", QPS: 50, Burst: 100, RateLimiter: shared}
+	own := OwnBudget(cfg, 5, 10)
+	require.Nil(t, own.RateLimiter, "the copy's clients make a limiter of their own")
+	require.Equal(t, float32(5), own.QPS)
+	require.Equal(t, 10, own.Burst)
+	require.Equal(t, cfg.Host, own.Host)
+	require.Same(t, shared, cfg.RateLimiter, "cfg is not changed")
+	require.Equal(t, float32(50), cfg.QPS)
+	same := OwnBudget(cfg, 0, 0)
+	require.Nil(t, same.RateLimiter)
+	require.Equal(t, float32(50), same.QPS)
+	require.Equal(t, 100, same.Burst)
 }

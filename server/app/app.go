@@ -378,9 +378,7 @@ func (p *process) newStatus(ctx context.Context) (err error) {
 // the last session. What the status writer reads comes from the shared
 // informers.
 func statusClient(cfg *rest.Config) (dynamic.Interface, error) {
-	c := rest.CopyConfig(cfg)
-	c.RateLimiter = nil
-	return dynamic.NewForConfig(c)
+	return dynamic.NewForConfig(kubeclient.OwnBudget(cfg, 0, 0))
 }
 
 // newDataPath builds the view of the clusters' snapshots and the mirror

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/relaymesh/relaymesh/ca"
+	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/lease"
 	"github.com/relaymesh/relaymesh/internal/text"
 	"github.com/relaymesh/relaymesh/server"
@@ -138,9 +139,7 @@ const (
 //     agents' sessions, while the apiserver was answering.
 func coordinationClients(cfg *rest.Config) (coord, leases kubernetes.Interface, err error) {
 	client := func(qps float32, burst int) (kubernetes.Interface, error) {
-		c := rest.CopyConfig(cfg)
-		c.QPS, c.Burst, c.RateLimiter = qps, burst, nil
-		return kubernetes.NewForConfig(c)
+		return kubernetes.NewForConfig(kubeclient.OwnBudget(cfg, qps, burst))
 	}
 	if coord, err = client(coordQPS, coordBurst); err != nil {
 		return nil, nil, err
