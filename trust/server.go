@@ -30,6 +30,7 @@ import (
 	"github.com/relaymesh/relaymesh/federation"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/relaymesh/relaymesh/translation"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -63,6 +64,11 @@ type Acks interface {
 // Config configures a Controller.
 type Config struct {
 	Dynamic dynamic.Interface
+	// ClusterStatus, when set, writes the KubernetesClusters' status
+	// (status.trustDomains): the server passes the client its status
+	// writer uses, whose rate limiter is its own, so that a cluster's grant
+	// verdict does not queue behind the mirror's writes. Nil: Dynamic.
+	ClusterStatus dynamic.Interface
 	// Informers, when set, are the process's shared informers
 	// (kubeinformers.Shared). Nil: the controller watches on its own.
 	Informers *kubeinformers.Shared
@@ -166,6 +172,9 @@ func Start(ctx context.Context, cfg Config) (*Controller, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ClusterStatus == nil {
+		cfg.ClusterStatus = cfg.Dynamic
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "trust"), wake: make(chan struct{}, 1),
 		state: map[string]*meshTrust{}, vmst: map[string]*vmState{}, cache: map[string]cachedRoot{}, used: map[string]bool{}, status: map[string]*networkingv1alpha1.SharedTrustStatus{}, written: map[string]string{},
@@ -776,6 +785,7 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclu
 	if !c.leading() {
 		return
 	}
+	var writes []grantWrite
 	for _, name := range slices.Sorted(maps.Keys(sts)) {
 		if sameTrustDomains(sts[name], shown[name]) {
 			continue
@@ -806,25 +816,44 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclu
 				continue
 			}
 		}
-		if !c.leading() {
-			continue
-		}
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		res, err := c.cfg.Dynamic.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(c.cfg.Namespace).
-			Patch(wctx, name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: fieldManager, Force: new(true)}, "status")
-		cancel()
-		switch {
-		case apierrors.IsNotFound(err):
-			continue // deregistered meanwhile
-		case err != nil:
-			c.log.Warn("could not write the cluster's trust domain status", "cluster", name, "error", err)
-			continue
-		}
-		c.mu.Lock()
-		c.grantWritten[name] = grantWrite{body: string(body), rv: res.GetResourceVersion()}
-		c.mu.Unlock()
+		writes = append(writes, grantWrite{cluster: name, body: string(body)})
 	}
+	// A few at once: one at a time, a fleet's first verdicts (a write a
+	// cluster once its mesh is mirrored) took a minute at 1,000 clusters,
+	// the reconcile (and so a rotation's next step) waiting, the tail
+	// landing among the first policy edits' writes. Not many more: these
+	// share the session status writer's budget.
+	var g errgroup.Group
+	g.SetLimit(grantWriters)
+	for _, w := range writes {
+		g.Go(func() error {
+			if !c.leading() {
+				return nil
+			}
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			res, err := c.cfg.ClusterStatus.Resource(multiclusterv1alpha1.KubernetesClusters).Namespace(c.cfg.Namespace).
+				Patch(wctx, w.cluster, types.ApplyPatchType, []byte(w.body), metav1.PatchOptions{FieldManager: fieldManager, Force: new(true)}, "status")
+			cancel()
+			switch {
+			case apierrors.IsNotFound(err):
+				return nil // deregistered meanwhile
+			case err != nil:
+				c.log.Warn("could not write the cluster's trust domain status", "cluster", w.cluster, "error", err)
+				return nil
+			}
+			w.rv = res.GetResourceVersion()
+			c.mu.Lock()
+			c.grantWritten[w.cluster] = w
+			c.mu.Unlock()
+			return nil
+		})
+	}
+	_ = g.Wait() // every write returns nil: a failed one is tried at the next reconcile
 }
 
-// grantWrite is a status.trustDomains this replica wrote.
-type grantWrite struct{ body, rv string }
+// grantWriters is how many status.trustDomains writes are in flight at once.
+const grantWriters = 4
+
+// grantWrite is a status.trustDomains this replica wrote (or is about to:
+// rv is empty until the write returned).
+type grantWrite struct{ cluster, body, rv string }

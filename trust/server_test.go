@@ -539,15 +539,23 @@ spec: {}
 `, c))
 		apply(meshManifest(c, c+".local"))
 	}
+	// The verdicts go through ClusterStatus (the server's status writer's
+	// client, a budget of its own), none through Dynamic.
+	var viaDynamic statusWrites
+	t.Cleanup(func() { assert.Zero(t, viaDynamic.n.Load(), "status writes through Dynamic, not ClusterStatus") })
 	start := func() (*statusWrites, context.CancelFunc) {
 		t.Helper()
 		writes := &statusWrites{}
-		cfg := rest.CopyConfig(cl.RESTConfig())
-		cfg.Wrap(writes.wrap)
-		dyn, err := dynamic.NewForConfig(cfg)
-		require.NoError(t, err)
+		counted := func(w *statusWrites) dynamic.Interface {
+			cfg := rest.CopyConfig(cl.RESTConfig())
+			cfg.Wrap(w.wrap)
+			dyn, err := dynamic.NewForConfig(cfg)
+			require.NoError(t, err)
+			return dyn
+		}
 		cctx, cancel := context.WithCancel(ctx)
-		_, err = trust.Start(cctx, trust.Config{Dynamic: dyn, Kube: kube, Namespace: ns, Outputs: &published{sets: map[string][]*relaypb.TrustRequest{}},
+		_, err := trust.Start(cctx, trust.Config{Dynamic: counted(&viaDynamic), ClusterStatus: counted(writes), Kube: kube, Namespace: ns,
+			Outputs:  &published{sets: map[string][]*relaypb.TrustRequest{}},
 			Clusters: func() []string { return []string{"s1", "s2"} }, Audit: audit.Discard})
 		require.NoError(t, err)
 		return writes, cancel

@@ -45,7 +45,7 @@ func (p *process) newTranslation(ctx context.Context) error {
 	if p.ctl, err = controller.Start(ctx, ctlCfg); err != nil {
 		return err
 	}
-	p.trust, err = trust.Start(ctx, trust.Config{Dynamic: p.kube.Dynamic, Informers: p.informers, Kube: p.kube.Typed, Namespace: p.cfg.Namespace, Outputs: p.outputs,
+	p.trust, err = trust.Start(ctx, trust.Config{Dynamic: p.kube.Dynamic, ClusterStatus: p.statusWrites, Informers: p.informers, Kube: p.kube.Typed, Namespace: p.cfg.Namespace, Outputs: p.outputs,
 		Acks: acked, Leading: p.reps.leading, Clusters: p.clusterNames, Audit: p.audit, Logger: p.log,
 		PKCS11Modules: p.cfg.PKCS11Modules, Registerer: p.reg, ReservedSecrets: p.cfg.reservedSecrets(),
 		FederationWait: p.cfg.SPIFFEBundle.FederationWait(), RootPublished: p.rootPublished, ReservedTrustDomains: []string{p.td.Name()}})
