@@ -44,15 +44,8 @@ func TestStatusWritesDoNotQueueBehindTheServersClient(t *testing.T) {
 		return c
 	}
 
-	// The server's clients at 20/s.
-	rc := mgmt.RESTConfig()
-	rc.QPS, rc.Burst = 20, 20
-	kube, err := kubeclient.NewClients(rc, "")
-	require.NoError(t, err)
-	cfg := Default()
-	cfg.Namespace = ns
-	p := &process{cfg: cfg, kube: kube, log: slog.New(slog.DiscardHandler), reps: &replicas{}, registry: server.NewRegistry(),
-		informers: kubeinformers.NewShared(kube.Dynamic, ns)}
+	p, kube := slowClientProcess(t, mgmt, ns)
+	p.reps, p.registry, p.informers = &replicas{}, server.NewRegistry(), kubeinformers.NewShared(kube.Dynamic, ns)
 	require.NoError(t, p.newStatus(ctx))
 	p.status.SessionChanged("west", true)
 	require.Eventually(t, func() bool { return connected("west") }, 10*time.Second, 20*time.Millisecond, "the status writer runs")
@@ -66,6 +59,19 @@ func TestStatusWritesDoNotQueueBehindTheServersClient(t *testing.T) {
 	p.status.SessionChanged("east", true)
 	require.Eventually(t, func() bool { return connected("east") }, 10*time.Second, 20*time.Millisecond)
 	assert.Less(t, time.Since(start), queued/2, "the status write does not wait in the server's queue (%s deep)", queued)
+}
+
+// slowClientProcess is a server process in namespace ns of mgmt whose
+// Kubernetes clients (kube) send 20 requests a second.
+func slowClientProcess(t *testing.T, mgmt *localcluster.Cluster, ns string) (*process, *kubeclient.Clients) {
+	t.Helper()
+	rc := mgmt.RESTConfig()
+	rc.QPS, rc.Burst = 20, 20
+	kube, err := kubeclient.NewClients(rc, "")
+	require.NoError(t, err)
+	cfg := Default()
+	cfg.Namespace = ns
+	return &process{cfg: cfg, kube: kube, log: slog.New(slog.DiscardHandler)}, kube
 }
 
 // floodServersClient keeps 100 calls of get waiting in the server's
@@ -102,13 +108,7 @@ func TestTokenRedemptionsDoNotQueueBehindTheServersClient(t *testing.T) {
 	ctx := t.Context()
 	const ns = "relaymesh"
 	mgmt, _, _ := localcluster.Management(t, ns)
-	rc := mgmt.RESTConfig()
-	rc.QPS, rc.Burst = 20, 20
-	kube, err := kubeclient.NewClients(rc, "")
-	require.NoError(t, err)
-	cfg := Default()
-	cfg.Namespace = ns
-	p := &process{cfg: cfg, kube: kube, log: slog.New(slog.DiscardHandler)}
+	p, kube := slowClientProcess(t, mgmt, ns)
 	require.NoError(t, p.newTokens(ctx))
 	token, rec, err := p.tokens.Mint(ctx, "east", time.Hour)
 	require.NoError(t, err)
