@@ -818,11 +818,12 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclu
 		}
 		writes = append(writes, grantWrite{cluster: name, body: string(body)})
 	}
-	// A few at once: one at a time, a fleet's first verdicts (a write a
-	// cluster once its mesh is mirrored) took a minute at 1,000 clusters,
-	// the reconcile (and so a rotation's next step) waiting, the tail
-	// landing among the first policy edits' writes. Not many more: these
-	// share the session status writer's budget.
+	// A few at once: one at a time, a fleet's verdicts (a write a cluster
+	// when it is registered, another once its mesh is mirrored) took over
+	// a minute at 1,000 clusters, the reconcile (and so a rotation's next
+	// step) waiting, the tail landing among the first policy edits'
+	// writes. Not many more: these share the session status writer's
+	// budget.
 	var g errgroup.Group
 	g.SetLimit(grantWriters)
 	for _, w := range writes {
@@ -854,6 +855,8 @@ func (c *Controller) writeGrantStatuses(ctx context.Context, clusters []multiclu
 // grantWriters is how many status.trustDomains writes are in flight at once.
 const grantWriters = 4
 
-// grantWrite is a status.trustDomains this replica wrote (or is about to:
-// rv is empty until the write returned).
+// grantWrite is a status.trustDomains this replica wrote, and the
+// resourceVersion its write returned (in writeGrantStatuses' list of
+// writes to make, before the write, rv is empty; grantWritten holds only
+// writes that returned).
 type grantWrite struct{ cluster, body, rv string }

@@ -30,7 +30,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
@@ -274,26 +273,10 @@ func (p *process) storeServingSecret(ctx context.Context, certPEM, keyPEM []byte
 	})
 }
 
-// tokenClient returns the client the token store reads and spends token
-// records with: a rate limiter of its own, as large as the server's
-// (--kube-qps). A Bootstrap spends its token with one PATCH of the
-// record; through the server's client it queued behind the mirror's
-// creates while a fleet connected (3,000 for 1,000 clusters of one Mesh,
-// Workload and Destination each, 15 s at 200/s), the agent waiting for its
-// certificate, and the mirror's creates behind 1,000 token writes. The
-// records' watch goes through it too.
-func tokenClient(cfg *rest.Config) (kubernetes.Interface, error) {
-	return kubernetes.NewForConfig(kubeclient.OwnBudget(cfg, 0, 0))
-}
-
 // newTokens builds the bootstrap tokens (records from a watch: a
 // bootstrap is one API call) and, WEAKER, the shared token.
 func (p *process) newTokens(ctx context.Context) error {
-	tokens, err := tokenClient(p.kube.Config)
-	if err != nil {
-		return err
-	}
-	store, err := identity.NewKubeTokenStore(tokens, p.cfg.Namespace)
+	store, err := identity.NewKubeTokenStore(p.kube.Typed, p.cfg.Namespace)
 	if err != nil {
 		return err
 	}
@@ -387,9 +370,10 @@ func (p *process) newStatus(ctx context.Context) (err error) {
 }
 
 // statusClient returns the client KubeStatus writes KubernetesCluster
-// statuses with, and the trust controller their status.trustDomains (one
-// write a cluster once its mesh is mirrored, 1,000 in a 1,000-cluster
-// fleet's first minute): a rate limiter of its own, as large as the server's
+// statuses with, and the trust controller their status.trustDomains (a
+// write when a cluster is registered and one when its mesh is mirrored:
+// through the server's dynamic client, a fleet's verdicts queued with the
+// mirror's creates): a rate limiter of its own, as large as the server's
 // (--kube-qps, which cfg carries). At a storm's end the mirror creates as
 // fast as that budget allows, and statuses queued behind it were written
 // 15 s after their sessions opened (76 of 10,000 still not connected 5 s

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	multiclusterv1alpha1 "github.com/relaymesh/relaymesh/api/multicluster/v1alpha1"
-	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/internal/kubeclient"
 	"github.com/relaymesh/relaymesh/internal/kubeinformers"
 	"github.com/relaymesh/relaymesh/server"
@@ -95,38 +94,4 @@ func floodServersClient(t *testing.T, get func(context.Context) error) time.Dura
 	queued := time.Since(probe)
 	require.Greater(t, queued, 2*time.Second, "the flood queues the server's client")
 	return queued
-}
-
-// Issue 31: a Bootstrap spends its token through a client of its own.
-// While a fleet connects, the mirror's creates queue the server's client
-// seconds deep (3,000 for 1,000 clusters at 200/s); the token's one write
-// queued behind them, and the agent waited for its certificate. With the
-// server's client queued 5 s deep, a redemption takes no more than half
-// of that, and the token is spent (a second redemption by another key is
-// refused).
-func TestTokenRedemptionsDoNotQueueBehindTheServersClient(t *testing.T) {
-	ctx := t.Context()
-	const ns = "relaymesh"
-	mgmt, _, _ := localcluster.Management(t, ns)
-	p, kube := slowClientProcess(t, mgmt, ns)
-	require.NoError(t, p.newTokens(ctx))
-	token, rec, err := p.tokens.Mint(ctx, "east", time.Hour)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { _, err := p.tokenStore.Get(ctx, rec.ID); return err == nil }, 10*time.Second, 20*time.Millisecond,
-		"the token store's cache shows the minted record")
-
-	// The token store used the typed client.
-	queued := floodServersClient(t, func(ctx context.Context) error {
-		_, err := kube.Typed.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
-		return err
-	})
-	start := time.Now()
-	_, err = p.tokens.Redeem(ctx, "east", token, identity.Redeemer{Key: [32]byte{1}, Registration: "uid-east"})
-	require.NoError(t, err)
-	assert.Less(t, time.Since(start), queued/2, "the redemption does not wait in the server's queue (%s deep)", queued)
-	spent, err := p.tokenStore.GetLatest(ctx, rec.ID)
-	require.NoError(t, err)
-	require.NotNil(t, spent.Spent, "the redemption spent the token")
-	_, err = p.tokens.Redeem(ctx, "east", token, identity.Redeemer{Key: [32]byte{2}, Registration: "uid-east"})
-	assert.ErrorIs(t, err, identity.ErrBootstrapDenied, "a spent token is refused to another key")
 }
