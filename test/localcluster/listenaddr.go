@@ -49,3 +49,18 @@ func ListenAddrOn(ip netip.Addr) (string, error) {
 	}
 	return netip.AddrPortFrom(ip, uint16(addr.Port)).String(), nil
 }
+
+// serveAddr is the address an environment's etcd and API servers listen
+// on: a private loopback address (PrivateLoopback), so that the ports
+// picked for them are not lost to another process's outgoing connection,
+// which leaves from 127.0.0.1 — neither between the pick and the bind
+// nor while Restart has them down (their clients hold the URL, so the
+// port cannot move). 127.0.0.1 where no other loopback address can be
+// bound.
+func serveAddr() netip.Addr {
+	ip := PrivateLoopback()
+	if _, err := ListenAddrOn(ip); err != nil {
+		return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	return ip
+}

@@ -20,6 +20,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -116,7 +118,10 @@ func ParseClusterNames(s string) ([]string, error) {
 
 // Env is a running set of local clusters.
 type Env struct {
-	dir      string
+	dir string
+	// ip is the loopback address etcd and every API server listen on
+	// (serveAddr).
+	ip       netip.Addr
 	etcd     *Process
 	clusters []*Cluster
 	mu       sync.Mutex
@@ -214,7 +219,7 @@ func Start(ctx context.Context, cfg Config) (env *Env, err error) {
 		return nil, err
 	}
 
-	env = &Env{dir: dir}
+	env = &Env{dir: dir, ip: serveAddr()}
 	defer func() {
 		if err != nil {
 			_ = env.Stop()
@@ -284,7 +289,7 @@ func (e *Env) startEtcd(cfg Config) (*etcdTLS, error) {
 	if err != nil {
 		return nil, err
 	}
-	serving, err := newServing(ca, "etcd")
+	serving, err := newServing(ca, "etcd", e.ip)
 	if err != nil {
 		return nil, err
 	}
@@ -306,16 +311,15 @@ func (e *Env) startEtcd(cfg Config) (*etcdTLS, error) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		clientPort, err := FreePort()
+		client, err := ListenAddrOn(e.ip)
 		if err != nil {
 			return nil, err
 		}
-		peerPort, err := FreePort()
+		peer, err := ListenAddrOn(e.ip)
 		if err != nil {
 			return nil, err
 		}
-		clientURL := "https://127.0.0.1:" + strconv.Itoa(clientPort)
-		peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
+		clientURL, peerURL := "https://"+client, "http://"+peer
 		args := []string{
 			"--name=default",
 			"--data-dir=" + filepath.Join(dir, "data"),
@@ -337,7 +341,7 @@ func (e *Env) startEtcd(cfg Config) (*etcdTLS, error) {
 		}
 		e.etcd = p
 		tlsCfg := &etcdTLS{url: clientURL, caFile: caFile, certFile: cliCert, keyFile: cliKey}
-		if lastErr = waitPort(p, clientPort, 30*time.Second); lastErr == nil {
+		if lastErr = waitPort(p, client, 30*time.Second); lastErr == nil {
 			return tlsCfg, nil
 		}
 		_ = p.Stop(5 * time.Second)
@@ -355,7 +359,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 	if err != nil {
 		return nil, err
 	}
-	serving, err := newServing(ca, "kube-apiserver")
+	serving, err := newServing(ca, "kube-apiserver", e.ip)
 	if err != nil {
 		return nil, err
 	}
@@ -382,19 +386,20 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 	logPath := filepath.Join(e.dir, name+".log")
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		port, err := FreePort()
+		addr, err := ListenAddrOn(e.ip)
 		if err != nil {
 			return nil, err
 		}
+		port := netip.MustParseAddrPort(addr).Port()
 		args := []string{
 			"--etcd-servers=" + etcd.url,
 			"--etcd-cafile=" + etcd.caFile,
 			"--etcd-certfile=" + etcd.certFile,
 			"--etcd-keyfile=" + etcd.keyFile,
 			"--etcd-prefix=" + etcdPrefix(name),
-			"--bind-address=127.0.0.1",
-			"--advertise-address=127.0.0.1",
-			"--secure-port=" + strconv.Itoa(port),
+			"--bind-address=" + e.ip.String(),
+			"--advertise-address=" + e.ip.String(),
+			"--secure-port=" + strconv.Itoa(int(port)),
 			"--tls-cert-file=" + servCert,
 			"--tls-private-key-file=" + servKey,
 			"--cert-dir=" + dir,
@@ -422,7 +427,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 		if err != nil {
 			return nil, err
 		}
-		c := &Cluster{Name: name, URL: "https://127.0.0.1:" + strconv.Itoa(port), WebhookClientCA: webhookCA, proc: p}
+		c := &Cluster{Name: name, URL: "https://" + addr, WebhookClientCA: webhookCA, proc: p}
 		c.AuditLog = auditLog
 		c.config = &rest.Config{
 			Host: c.URL,
@@ -511,20 +516,20 @@ func LogSize(path string) int64 {
 	return fi.Size()
 }
 
-// waitPort waits until a process listens on a loopback port.
-func waitPort(p *Process, port int, timeout time.Duration) error {
+// waitPort waits until a process listens on addr (host:port).
+func waitPort(p *Process, addr string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		if done, err := p.Exited(); done {
 			return fmt.Errorf("%s exited: %v", p.name, err)
 		}
-		if conn, err := dialLoopback(port); err == nil {
+		if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			conn.Close()
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("%s not listening on %d after %s", p.name, port, timeout)
+	return fmt.Errorf("%s not listening on %s after %s", p.name, addr, timeout)
 }
 
 // waitReady polls /readyz with the admin credential.

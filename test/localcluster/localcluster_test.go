@@ -3,6 +3,9 @@ package localcluster
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -462,6 +465,51 @@ func TestDetachedUpDown(t *testing.T) {
 		assert.False(t, Alive(pid), "process %d survived Down", pid)
 	}
 	assert.NoDirExists(t, dir)
+}
+
+// TestRestartWhileItsPortsAreTakenOn127001: etcd and the API servers
+// listen on the environment's own loopback address, so a socket on the
+// same port of 127.0.0.1 (an outgoing connection to loopback leaves from
+// there, with an ephemeral port that can be theirs) keeps neither from
+// starting again after a crash. Before, they listened on 127.0.0.1 and the
+// restart failed with "bind: address already in use".
+func TestRestartWhileItsPortsAreTakenOn127001(t *testing.T) {
+	env := startEnv(t, false, "solo")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c := env.Cluster("solo")
+	u, err := url.Parse(c.URL)
+	require.NoError(t, err)
+	apiserver := netip.MustParseAddrPort(u.Host)
+	require.True(t, apiserver.Addr().IsLoopback(), "%s", c.URL)
+	require.NotEqual(t, "127.0.0.1", apiserver.Addr().String(), "the environment's own address (this machine routes 127.0.0.0/8 to lo)")
+	etcdURL, err := clientAddr(env.etcd.cmd.Args)
+	require.NoError(t, err)
+	etcd := netip.MustParseAddrPort(etcdURL)
+	assert.Equal(t, apiserver.Addr(), etcd.Addr(), "etcd listens on the same address")
+
+	// The certificates name the address: the admin client verifies it.
+	cs, err := c.Clientset()
+	require.NoError(t, err)
+	_, err = cs.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+	require.NoError(t, err)
+
+	taken := 0
+	for _, port := range []uint16{apiserver.Port(), etcd.Port()} {
+		l, err := net.Listen("tcp", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port).String())
+		if err != nil {
+			continue // in use on 127.0.0.1 already: as good for this test
+		}
+		taken++
+		t.Cleanup(func() { _ = l.Close() })
+	}
+	require.Positive(t, taken, "at least one of the ports is held on 127.0.0.1 through the restart")
+
+	down, err := env.Restart(ctx, "solo", true)
+	require.NoError(t, err)
+	assert.Positive(t, down)
+	_, err = cs.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+	require.NoError(t, err, "the API server answers at its URL after the restart")
 }
 
 // BenchmarkStart measures how long one environment takes from nothing to

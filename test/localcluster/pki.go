@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -37,10 +38,11 @@ func newCA(commonName string) (*keyPair, error) {
 	})
 }
 
-// newServing makes a loopback serving certificate signed by ca.
-func newServing(ca *keyPair, commonName string) (*keyPair, error) {
+// newServing makes a loopback serving certificate signed by ca, for
+// 127.0.0.1, ::1 and ip, the address the process listens on.
+func newServing(ca *keyPair, commonName string, ip netip.Addr) (*keyPair, error) {
 	return issueServing(ca, commonName, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
-		[]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback})
+		[]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, ip.AsSlice()})
 }
 
 // issueServing makes a serving certificate for dnsNames and ips signed by

@@ -114,10 +114,10 @@ func Alive(pid int) bool {
 
 // FreePort asks the kernel for an unused port of 127.0.0.1. Another process
 // can take it before the process it is for binds it, so it is only for a
-// start that is retried when that happens (etcd and kube-apiserver here,
-// istiod in test/istiod, relaymesh servers whose certificate names
-// 127.0.0.1 in test/fleet). Every other process a test starts listens on
-// ListenAddr.
+// start that is retried when that happens (istiod in test/istiod,
+// relaymesh servers whose certificate names 127.0.0.1 in test/fleet).
+// Every other process a test starts listens on ListenAddr (etcd and the
+// API servers here on ListenAddrOn an environment's own address).
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

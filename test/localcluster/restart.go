@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -14,8 +13,10 @@ import (
 // would, and with withEtcd also the etcd every cluster of the environment
 // shares (the API servers of the other clusters lose their store meanwhile
 // and reconnect on their own); then it starts them again with the same
-// flags, data, ports and certificates and waits until the API server is
-// ready. It returns how long the API server was unreachable (kill → ready).
+// flags, data, addresses and certificates and waits until the API server
+// is ready. It returns how long the API server was unreachable (kill →
+// ready). The ports stay free meanwhile: they are on the environment's
+// own loopback address, which no outgoing connection leaves from.
 func (e *Env) Restart(ctx context.Context, cluster string, withEtcd bool) (time.Duration, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -39,11 +40,11 @@ func (e *Env) Restart(ctx context.Context, cluster string, withEtcd bool) (time.
 			return 0, err
 		}
 		e.etcd = p
-		port, err := clientPort(p.cmd.Args)
+		addr, err := clientAddr(p.cmd.Args)
 		if err != nil {
 			return 0, err
 		}
-		if err := waitPort(p, port, 30*time.Second); err != nil {
+		if err := waitPort(p, addr, 30*time.Second); err != nil {
 			return 0, err
 		}
 	}
@@ -74,16 +75,16 @@ func (p *Process) again() (*Process, error) {
 	return StartProcess(p.name, p.cmd.Path, p.cmd.Args[1:], p.log, detach)
 }
 
-// clientPort is the port of etcd's --listen-client-urls.
-func clientPort(args []string) (int, error) {
+// clientAddr is host:port of etcd's --listen-client-urls.
+func clientAddr(args []string) (string, error) {
 	for _, a := range args {
 		if v, ok := strings.CutPrefix(a, "--listen-client-urls="); ok {
 			u, err := url.Parse(v)
 			if err != nil {
-				return 0, err
+				return "", err
 			}
-			return strconv.Atoi(u.Port())
+			return u.Host, nil
 		}
 	}
-	return 0, errors.New("localcluster: etcd has no --listen-client-urls")
+	return "", errors.New("localcluster: etcd has no --listen-client-urls")
 }
