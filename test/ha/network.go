@@ -83,8 +83,8 @@ type Network struct {
 }
 
 // NewNetwork makes a network with a namespace for each of replicas and a
-// store namespace whose StorePort forwards to apiserver (a 127.0.0.1
-// address). Everything it made is removed by Close, which t.Cleanup should
+// store namespace whose StorePort forwards to apiserver (a loopback
+// host:port). Everything it made is removed by Close, which t.Cleanup should
 // call even when the test fails.
 func NewNetwork(replicas int, apiserver string) (n *Network, err error) {
 	if replicas < 1 || replicas > MaxReplicas {

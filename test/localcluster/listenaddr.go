@@ -10,13 +10,19 @@ import (
 )
 
 // PrivateLoopback is a loopback address of the caller's own: 127.x.y.z
-// with x, y and z random, x never 0 (127.0.0.1 is where the machine's
-// loopback listeners are and where connections to loopback leave from,
-// and tests dial from 127.0.y.z source addresses) and z neither 0 nor
-// 255. Two picks are the same address about once in sixteen million.
+// with x from 220 to 254 and y, z random, z neither 0 nor 255. Below 220
+// are the addresses other harnesses connect from and bind by design:
+// 127.0.0.1, where the machine's loopback listeners are and connections
+// to loopback leave from, 127.0.y.z (tests of per-address limits),
+// test/fleet's agents (127.64.0.0/10) and test/dataplane's workloads
+// (127.20.0.0 to 127.219.255.255). Two picks are the same address about
+// once in two million.
 func PrivateLoopback() netip.Addr {
-	return netip.AddrFrom4([4]byte{127, byte(1 + rand.IntN(254)), byte(rand.IntN(256)), byte(1 + rand.IntN(254))})
+	return netip.AddrFrom4([4]byte{127, byte(privateLoopbackFirst + rand.IntN(255-privateLoopbackFirst)), byte(rand.IntN(256)), byte(1 + rand.IntN(254))})
 }
+
+// privateLoopbackFirst is the lowest second octet PrivateLoopback picks.
+const privateLoopbackFirst = 220
 
 // ListenAddr is host:port for a process a test starts to listen on,
 // which no other process takes before it binds: a port the kernel found
@@ -55,12 +61,17 @@ func ListenAddrOn(ip netip.Addr) (string, error) {
 // picked for them are not lost to another process's outgoing connection,
 // which leaves from 127.0.0.1 — neither between the pick and the bind
 // nor while Restart has them down (their clients hold the URL, so the
-// port cannot move). 127.0.0.1 where no other loopback address can be
-// bound.
-func serveAddr() netip.Addr {
+// port cannot move). 127.0.0.1 only where no other loopback address can
+// be bound (EADDRNOTAVAIL), as ListenAddr; any other error is the
+// caller's.
+func serveAddr() (netip.Addr, error) {
 	ip := PrivateLoopback()
-	if _, err := ListenAddrOn(ip); err != nil {
-		return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	_, err := ListenAddrOn(ip)
+	switch {
+	case errors.Is(err, syscall.EADDRNOTAVAIL):
+		return netip.AddrFrom4([4]byte{127, 0, 0, 1}), nil
+	case err != nil:
+		return netip.Addr{}, fmt.Errorf("localcluster: a loopback address for etcd and the API servers: %w", err)
 	}
-	return ip
+	return ip, nil
 }

@@ -219,7 +219,11 @@ func Start(ctx context.Context, cfg Config) (env *Env, err error) {
 		return nil, err
 	}
 
-	env = &Env{dir: dir, ip: serveAddr()}
+	ip, err := serveAddr()
+	if err != nil {
+		return nil, err
+	}
+	env = &Env{dir: dir, ip: ip}
 	defer func() {
 		if err != nil {
 			_ = env.Stop()
@@ -311,15 +315,15 @@ func (e *Env) startEtcd(cfg Config) (*etcdTLS, error) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		client, err := ListenAddrOn(e.ip)
+		clientAddr, err := ListenAddrOn(e.ip)
 		if err != nil {
 			return nil, err
 		}
-		peer, err := ListenAddrOn(e.ip)
+		peerAddr, err := ListenAddrOn(e.ip)
 		if err != nil {
 			return nil, err
 		}
-		clientURL, peerURL := "https://"+client, "http://"+peer
+		clientURL, peerURL := "https://"+clientAddr, "http://"+peerAddr
 		args := []string{
 			"--name=default",
 			"--data-dir=" + filepath.Join(dir, "data"),
@@ -341,7 +345,7 @@ func (e *Env) startEtcd(cfg Config) (*etcdTLS, error) {
 		}
 		e.etcd = p
 		tlsCfg := &etcdTLS{url: clientURL, caFile: caFile, certFile: cliCert, keyFile: cliKey}
-		if lastErr = waitPort(p, client, 30*time.Second); lastErr == nil {
+		if lastErr = waitPort(p, clientAddr, 30*time.Second); lastErr == nil {
 			return tlsCfg, nil
 		}
 		_ = p.Stop(5 * time.Second)

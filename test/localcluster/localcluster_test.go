@@ -483,10 +483,26 @@ func TestRestartWhileItsPortsAreTakenOn127001(t *testing.T) {
 	apiserver := netip.MustParseAddrPort(u.Host)
 	require.True(t, apiserver.Addr().IsLoopback(), "%s", c.URL)
 	require.NotEqual(t, "127.0.0.1", apiserver.Addr().String(), "the environment's own address (this machine routes 127.0.0.0/8 to lo)")
-	etcdURL, err := clientAddr(env.etcd.cmd.Args)
+	etcdClient, err := clientAddr(env.etcd.cmd.Args)
 	require.NoError(t, err)
-	etcd := netip.MustParseAddrPort(etcdURL)
+	etcd := netip.MustParseAddrPort(etcdClient)
 	assert.Equal(t, apiserver.Addr(), etcd.Addr(), "etcd listens on the same address")
+	var etcdPeer netip.AddrPort
+	for _, a := range env.etcd.cmd.Args {
+		if v, ok := strings.CutPrefix(a, "--listen-peer-urls="); ok {
+			pu, err := url.Parse(v)
+			require.NoError(t, err)
+			etcdPeer = netip.MustParseAddrPort(pu.Host)
+		}
+	}
+	assert.Equal(t, apiserver.Addr(), etcdPeer.Addr(), "etcd's peer port too")
+
+	// What the design rests on: a connection to the environment's address
+	// leaves from 127.0.0.1, so no source port is taken from it.
+	conn, err := net.Dial("tcp", u.Host)
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1", conn.LocalAddr().(*net.TCPAddr).IP.String())
+	require.NoError(t, conn.Close())
 
 	// The certificates name the address: the admin client verifies it.
 	cs, err := c.Clientset()
@@ -495,7 +511,7 @@ func TestRestartWhileItsPortsAreTakenOn127001(t *testing.T) {
 	require.NoError(t, err)
 
 	taken := 0
-	for _, port := range []uint16{apiserver.Port(), etcd.Port()} {
+	for _, port := range []uint16{apiserver.Port(), etcd.Port(), etcdPeer.Port()} {
 		l, err := net.Listen("tcp", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port).String())
 		if err != nil {
 			continue // in use on 127.0.0.1 already: as good for this test

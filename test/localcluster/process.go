@@ -116,8 +116,9 @@ func Alive(pid int) bool {
 // can take it before the process it is for binds it, so it is only for a
 // start that is retried when that happens (istiod in test/istiod,
 // relaymesh servers whose certificate names 127.0.0.1 in test/fleet).
-// Every other process a test starts listens on ListenAddr (etcd and the
-// API servers here on ListenAddrOn an environment's own address).
+// Processes a test starts otherwise listen on ListenAddr (etcd and the API
+// servers here on an environment's own address); the demo's dashboard and
+// metrics ports, which a person opens, are on 127.0.0.1.
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -16,7 +16,9 @@ import (
 // flags, data, addresses and certificates and waits until the API server
 // is ready. It returns how long the API server was unreachable (kill →
 // ready). The ports stay free meanwhile: they are on the environment's
-// own loopback address, which no outgoing connection leaves from.
+// own loopback address (serveAddr), which outgoing connections to
+// loopback do not leave from (unless the machine could bind no address
+// but 127.0.0.1).
 func (e *Env) Restart(ctx context.Context, cluster string, withEtcd bool) (time.Duration, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
