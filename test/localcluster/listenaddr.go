@@ -57,21 +57,19 @@ func ListenAddrOn(ip netip.Addr) (string, error) {
 }
 
 // serveAddr is the address an environment's etcd and API servers listen
-// on: a private loopback address (PrivateLoopback), so that the ports
-// picked for them are not lost to another process's outgoing connection,
-// which leaves from 127.0.0.1 — neither between the pick and the bind
-// nor while Restart has them down (their clients hold the URL, so the
-// port cannot move). 127.0.0.1 only where no other loopback address can
-// be bound (EADDRNOTAVAIL), as ListenAddr; any other error is the
-// caller's.
+// on: ListenAddr's (a private loopback address, or 127.0.0.1 where no
+// other can be bound), so that the ports picked for them are not lost to
+// another process's outgoing connection, which leaves from 127.0.0.1 —
+// neither between the pick and the bind nor while Restart has them down
+// (their clients hold the URL, so the port cannot move).
 func serveAddr() (netip.Addr, error) {
-	ip := PrivateLoopback()
-	_, err := ListenAddrOn(ip)
-	switch {
-	case errors.Is(err, syscall.EADDRNOTAVAIL):
-		return netip.AddrFrom4([4]byte{127, 0, 0, 1}), nil
-	case err != nil:
+	addr, err := ListenAddr()
+	if err != nil {
 		return netip.Addr{}, fmt.Errorf("localcluster: a loopback address for etcd and the API servers: %w", err)
 	}
-	return ip, nil
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return ap.Addr(), nil
 }
