@@ -299,7 +299,7 @@ func (s *Session) once(ctx context.Context) (string, error) {
 	if s.cfg.Dialer != nil {
 		opts = append(opts, grpc.WithContextDialer(s.cfg.Dialer))
 	}
-	conn, err := dialer.Dial([]string{server}, tlsCfg, opts...)
+	conn, err := dialer.Dial(server, tlsCfg, opts...)
 	if err != nil {
 		return "", err
 	}

@@ -44,8 +44,9 @@ type ManagerConfig struct {
 	// Cluster is the agent's cluster name.
 	Cluster string
 	// ServerAddress is the relay server, host:port, or a comma-separated
-	// list of the replicas' addresses (each call starts at a random one and
-	// fails over to the next).
+	// list of the replicas' addresses: each call dials one replica, the
+	// first a random one, and a call that fails moves the next to the next
+	// replica.
 	ServerAddress string
 	// ServerName is the name the server's certificate must carry; default
 	// the host of ServerAddress; required with several addresses.
@@ -83,7 +84,10 @@ type Status struct {
 type Manager struct {
 	cfg   ManagerConfig
 	addrs []string // the parsed ServerAddress
-	log   *slog.Logger
+	// next is the index in addrs of the replica the next call dials; only
+	// the Run goroutine uses it.
+	next int
+	log  *slog.Logger
 
 	mu    sync.RWMutex
 	cert  *tls.Certificate
@@ -149,6 +153,7 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	return &Manager{
 		cfg:    cfg,
 		addrs:  addrs,
+		next:   rand.IntN(len(addrs)),
 		log:    cfg.Logger.With("component", "agent-credentials", "cluster", cfg.Cluster),
 		ready:  make(chan struct{}),
 		status: Status{Message: "starting"},
@@ -384,15 +389,26 @@ func (m *Manager) renew(ctx context.Context) error {
 	return nil
 }
 
+// call makes one Bootstrap or Renew call to one replica, m.addrs[m.next];
+// when it fails, the next call goes to the next replica. Handing gRPC the
+// whole list would let its pick_first dial the next replica too whenever a
+// handshake takes over 250 ms, as it does at a busy server: in a storm
+// every agent would handshake with every replica at once
+// (TestACallDialsOneReplica). A replica that refuses or stays silent fails
+// the call within dialer.ConnectTimeout.
 func (m *Manager) call(ctx context.Context, tlsCfg *tls.Config, f func(context.Context, relaypb.IdentityClient) (*relaypb.CertificateResponse, error)) (*relaypb.CertificateResponse, error) {
-	conn, err := dialer.Dial(m.addrs, tlsCfg)
+	conn, err := dialer.Dial(m.addrs[m.next], tlsCfg)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.CallTimeout)
 	defer cancel()
-	return f(ctx, relaypb.NewIdentityClient(conn))
+	resp, err := f(ctx, relaypb.NewIdentityClient(conn))
+	if err != nil {
+		m.next = (m.next + 1) % len(m.addrs)
+	}
+	return resp, err
 }
 
 // accept checks the server's answer against the key we hold and the roots

@@ -1,10 +1,12 @@
-// Package dialer connects an agent to the relay server at one address or at
-// several (the replicas of a highly available management plane): with
-// several, each connection starts at a random replica and moves to the next
-// when one refuses or times out, so agents spread across replicas and fail
-// over without a load balancer in front of them. The agent's credential
-// calls use the list; its session dials one replica at a time
-// (agent.Session).
+// Package dialer parses the relay server's addresses (one, or the replicas
+// of a highly available management plane) and connects an agent to one of
+// them. The agent's session (agent.Session) and its credential calls
+// (identity.Manager) each dial one replica at a time, the first a random
+// one, and move to the next when it refuses, stays silent or fails them, so
+// agents spread across replicas and fail over without a load balancer in
+// front of them. Neither hands gRPC the list: its pick_first dials the next
+// address whenever a handshake takes over 250 ms, so in a storm, when every
+// server is slow, every agent would handshake with every replica.
 package dialer
 
 import (
@@ -14,15 +16,12 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/relaymesh/relaymesh/internal/text"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/resolver"
-	"google.golang.org/grpc/resolver/manual"
 )
 
 // MaxAddresses bounds a list: more replicas than this is a typo.
@@ -73,14 +72,11 @@ func ServerName(addresses []string) (string, error) {
 	return host, err
 }
 
-var schemes atomic.Int64
-
-// Dial returns a client connection to the relay server at addresses,
-// authenticated by tlsCfg (whose ServerName must be set when there are
-// several). With several addresses the list is shuffled per connection and
-// tried in turn (gRPC pick_first).
-func Dial(addresses []string, tlsCfg *tls.Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-	if len(addresses) == 0 {
+// Dial returns a client connection to the relay server at address (one of
+// Parse's), authenticated by tlsCfg, whose attempts to connect end after
+// ConnectTimeout.
+func Dial(address string, tlsCfg *tls.Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	if address == "" {
 		return nil, errors.New("no server address")
 	}
 	opts = append([]grpc.DialOption{
@@ -88,21 +84,5 @@ func Dial(addresses []string, tlsCfg *tls.Config, opts ...grpc.DialOption) (*grp
 		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: ConnectTimeout,
 			Backoff: backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second}}),
 	}, opts...)
-	if len(addresses) == 1 {
-		return grpc.NewClient(addresses[0], opts...)
-	}
-	if tlsCfg == nil || tlsCfg.ServerName == "" {
-		return nil, errors.New("several server addresses need a server name to verify")
-	}
-	// A resolver of its own per connection: the list is this agent's, and a
-	// scheme registered globally would be shared by every connection.
-	r := manual.NewBuilderWithScheme(fmt.Sprintf("relaymesh-replicas-%d", schemes.Add(1)))
-	state := resolver.State{}
-	for _, a := range addresses {
-		state.Addresses = append(state.Addresses, resolver.Address{Addr: a})
-	}
-	r.InitialState(state)
-	opts = append(opts, grpc.WithResolvers(r),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"pick_first":{"shuffleAddressList":true}}]}`))
-	return grpc.NewClient(r.Scheme()+":///relay", opts...)
+	return grpc.NewClient(address, opts...)
 }

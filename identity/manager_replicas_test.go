@@ -1,0 +1,136 @@
+package identity_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/relaymesh/relaymesh/identity"
+	"github.com/relaymesh/relaymesh/identity/identitytest"
+	"github.com/relaymesh/relaymesh/internal/backoff"
+	"github.com/relaymesh/relaymesh/server/servertest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// replica is one address of the relay server as an agent sees it: a TCP
+// proxy to the real server that lets each connection through after delay
+// (a server busy with a storm of handshakes), or, silent, accepts and never
+// answers (a hung replica). It counts the connections it accepted.
+type replica struct {
+	addr     string
+	accepted atomic.Int32
+}
+
+func startReplica(t *testing.T, target string, delay time.Duration, silent bool) *replica {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	r := &replica{addr: lis.Addr().String()}
+	done := make(chan struct{})
+	t.Cleanup(func() { _ = lis.Close(); close(done) })
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			r.accepted.Add(1)
+			go func() {
+				defer c.Close()
+				if silent {
+					_, _ = io.Copy(io.Discard, c)
+					return
+				}
+				select {
+				case <-time.After(delay):
+				case <-done:
+					return
+				}
+				up, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
+	return r
+}
+
+func runManager(t *testing.T, cfg identity.ManagerConfig) *identity.Manager {
+	t.Helper()
+	cfg.Jitter = func() float64 { return 0 }
+	cfg.Retry = backoff.Policy{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond}
+	m, err := identity.NewManager(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = m.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return m
+}
+
+// Three replicas, each as slow to start a handshake as a server in a storm
+// (600 ms): the bootstrap makes one connection, to one of them. Handed the
+// whole list, gRPC's pick_first dialled the next replica after 250 ms, and
+// the next: three handshakes for one certificate, when the servers are
+// busiest.
+func TestACallDialsOneReplica(t *testing.T) {
+	srv := servertest.New(t, servertest.Options{})
+	var replicas []*replica
+	var addrs []string
+	for range 3 {
+		r := startReplica(t, srv.Addr, 600*time.Millisecond, false)
+		replicas = append(replicas, r)
+		addrs = append(addrs, r.addr)
+	}
+	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
+	m := runManager(t, identity.ManagerConfig{Cluster: "cluster-1", ServerAddress: strings.Join(addrs, ","), ServerName: "localhost", Secrets: secrets})
+	select {
+	case <-m.Ready():
+	case <-time.After(15 * time.Second):
+		t.Fatalf("not ready: %+v", m.Status())
+	}
+	var total int32
+	for _, r := range replicas {
+		total += r.accepted.Load()
+	}
+	assert.Equal(t, int32(1), total, "connections for one bootstrap, all replicas")
+}
+
+// A replica that is down and one that accepts and stays silent: the calls
+// that meet them fail, each within the connect timeout, and the next goes to
+// the next replica, so the agent is certified by the one that serves after
+// at most two failed calls, having dialled the silent one at most once.
+func TestCallsMoveToTheNextReplica(t *testing.T) {
+	srv := servertest.New(t, servertest.Options{})
+	down, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	downAddr := down.Addr().String()
+	require.NoError(t, down.Close())
+	silent := startReplica(t, srv.Addr, 0, true)
+	serving := startReplica(t, srv.Addr, 0, false)
+
+	for i := range 3 {
+		secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
+		start := time.Now()
+		before := silent.accepted.Load()
+		m := runManager(t, identity.ManagerConfig{Cluster: "cluster-1", ServerAddress: strings.Join([]string{downAddr, silent.addr, serving.addr}, ","),
+			ServerName: "localhost", Secrets: secrets})
+		select {
+		case <-m.Ready():
+		case <-time.After(20 * time.Second):
+			t.Fatalf("agent %d not ready: %+v", i, m.Status())
+		}
+		assert.Less(t, time.Since(start), 10*time.Second, "agent %d: two failed calls at most", i)
+		assert.LessOrEqual(t, silent.accepted.Load()-before, int32(1), "agent %d dialled the silent replica at most once", i)
+	}
+	assert.Equal(t, int32(3), serving.accepted.Load(), "one connection to the serving replica per agent")
+}
