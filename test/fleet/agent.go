@@ -24,6 +24,7 @@ import (
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/identity/identitytest"
 	"github.com/relaymesh/relaymesh/internal/backoff"
+	"github.com/relaymesh/relaymesh/internal/dialer"
 	relaypb "github.com/relaymesh/relaymesh/relay/proto"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.step.sm/crypto/keyutil"
@@ -31,7 +32,6 @@ import (
 	"go.step.sm/crypto/x509util"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
 
@@ -782,10 +782,12 @@ func NewCSR() (crypto.Signer, []byte, error) {
 	return signer, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr.Raw}), nil
 }
 
-// dial makes a gRPC client (for Bootstrap) whose connections come from the
-// agent's source address and are tracked for Drop.
+// dial makes a gRPC client (for Bootstrap) as the real agent's credential
+// manager does (internal/dialer: its connect timeout and backoff), whose
+// connections come from the agent's source address and are tracked for
+// Drop.
 func (a *Agent) dial(addr string, tlsCfg *tls.Config) (*grpc.ClientConn, error) {
-	return grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)), grpc.WithContextDialer(a.dialTCP))
+	return dialer.Dial(addr, tlsCfg, grpc.WithContextDialer(a.dialTCP))
 }
 
 // dialTCP opens a connection from the agent's source address, tracked for
