@@ -44,9 +44,9 @@ type ManagerConfig struct {
 	// Cluster is the agent's cluster name.
 	Cluster string
 	// ServerAddress is the relay server, host:port, or a comma-separated
-	// list of the replicas' addresses: each call dials one replica, the
-	// first a random one, and a call that fails moves the next to the next
-	// replica.
+	// list of the replicas' addresses: each Bootstrap or Renew call dials
+	// one replica (see FirstReplica), and after a failed call, or an answer
+	// the agent refuses, the next call dials the next replica.
 	ServerAddress string
 	// ServerName is the name the server's certificate must carry; default
 	// the host of ServerAddress; required with several addresses.
@@ -64,6 +64,10 @@ type ManagerConfig struct {
 	Retry backoff.Policy
 	// CallTimeout bounds one Bootstrap or Renew call; default 15s.
 	CallTimeout time.Duration
+	// FirstReplica is the index of the address the first call dials,
+	// given how many there are; default random, so agents spread over the
+	// replicas.
+	FirstReplica func(n int) int
 }
 
 // Status is what the agent's health endpoint reports about its credential.
@@ -132,6 +136,17 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Secrets == nil {
 		errs = append(errs, errors.New("secrets: required"))
 	}
+	next := 0
+	if len(addrs) > 0 {
+		if cfg.FirstReplica != nil {
+			next = cfg.FirstReplica(len(addrs))
+		} else {
+			next = rand.IntN(len(addrs))
+		}
+		if next < 0 || next >= len(addrs) {
+			errs = append(errs, fmt.Errorf("firstReplica: %d is not one of %d addresses", next, len(addrs)))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("credential manager config: %w", err)
 	}
@@ -153,7 +168,7 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	return &Manager{
 		cfg:    cfg,
 		addrs:  addrs,
-		next:   rand.IntN(len(addrs)),
+		next:   next,
 		log:    cfg.Logger.With("component", "agent-credentials", "cluster", cfg.Cluster),
 		ready:  make(chan struct{}),
 		status: Status{Message: "starting"},
@@ -346,6 +361,7 @@ func (m *Manager) bootstrap(ctx context.Context, roots *x509.CertPool, rootsPEM 
 	}
 	cert, err := m.accept(ctx, resp, key, roots, rootsPEM)
 	if err != nil {
+		m.moveOn()
 		return err
 	}
 	m.bootstrapKey, m.bootstrapCSR = nil, nil
@@ -383,22 +399,21 @@ func (m *Manager) renew(ctx context.Context) error {
 	// a bundle verified against the session's server (ApplyTrustBundle).
 	cert, err := m.accept(ctx, resp, key, roots, rootsPEM)
 	if err != nil {
+		m.moveOn()
 		return err
 	}
 	m.install(cert, "renewed", true)
 	return nil
 }
 
-// call makes one Bootstrap or Renew call to one replica, m.addrs[m.next];
-// when it fails, the next call goes to the next replica. Handing gRPC the
-// whole list would let its pick_first dial the next replica too whenever a
-// handshake takes over 250 ms, as it does at a busy server: in a storm
-// every agent would handshake with every replica at once
-// (TestACallDialsOneReplica). A replica that refuses or stays silent fails
+// call makes one Bootstrap or Renew call to one replica, m.addrs[m.next]
+// (one replica per dial: see package dialer); when it fails, the next call
+// goes to the next replica. A replica that refuses or stays silent fails
 // the call within dialer.ConnectTimeout.
 func (m *Manager) call(ctx context.Context, tlsCfg *tls.Config, f func(context.Context, relaypb.IdentityClient) (*relaypb.CertificateResponse, error)) (*relaypb.CertificateResponse, error) {
 	conn, err := dialer.Dial(m.addrs[m.next], tlsCfg)
 	if err != nil {
+		m.moveOn()
 		return nil, err
 	}
 	defer conn.Close()
@@ -406,10 +421,15 @@ func (m *Manager) call(ctx context.Context, tlsCfg *tls.Config, f func(context.C
 	defer cancel()
 	resp, err := f(ctx, relaypb.NewIdentityClient(conn))
 	if err != nil {
-		m.next = (m.next + 1) % len(m.addrs)
+		m.moveOn()
 	}
 	return resp, err
 }
+
+// moveOn points the next call at the next replica: the last one failed
+// the call or answered with what the agent refused (a replica that lags a
+// root rotation), and trying it again first would only fail again.
+func (m *Manager) moveOn() { m.next = (m.next + 1) % len(m.addrs) }
 
 // accept checks the server's answer against the key we hold and the roots
 // we pin, then stores it with those roots (rootsPEM).

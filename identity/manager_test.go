@@ -38,6 +38,20 @@ func TestNewManagerValidates(t *testing.T) {
 	}
 }
 
+func TestNewManagerRefusesReplicasItCannotVerifyOrPick(t *testing.T) {
+	secrets := identitytest.NewMemAgentSecrets(nil, "")
+	_, err := identity.NewManager(identity.ManagerConfig{Cluster: "c1", ServerAddress: "a.test:1,b.test:2", Secrets: secrets})
+	assert.ErrorContains(t, err, "serverName:", "several replicas need the name every one's certificate carries")
+	for _, first := range []int{-1, 2} {
+		_, err = identity.NewManager(identity.ManagerConfig{Cluster: "c1", ServerAddress: "a.test:1,b.test:2", ServerName: "relay.test", Secrets: secrets,
+			FirstReplica: func(int) int { return first }})
+		assert.ErrorContains(t, err, "firstReplica:", "first replica %d", first)
+	}
+	_, err = identity.NewManager(identity.ManagerConfig{Cluster: "c1", ServerAddress: "a.test:1,b.test:2", ServerName: "relay.test", Secrets: secrets,
+		FirstReplica: func(n int) int { return n - 1 }})
+	assert.NoError(t, err)
+}
+
 func startManager(t *testing.T, srv *servertest.Server, secrets identity.AgentSecrets, cluster string) (*identity.Manager, context.CancelFunc) {
 	t.Helper()
 	m, err := identity.NewManager(identity.ManagerConfig{

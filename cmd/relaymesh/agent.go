@@ -61,7 +61,7 @@ func newAgentCommand(d deps, g *globals) *cobra.Command {
 func addAgentFlags(c *cobra.Command, cfg *agentapp.Config) {
 	fs := c.Flags()
 	fs.StringVar(&cfg.Cluster, "cluster", cfg.Cluster, "this cluster's registered name (default: from "+agentConfigMap+")")
-	fs.StringVar(&cfg.ServerAddress, "server-address", cfg.ServerAddress, "relay server host:port, or the replicas' addresses comma-separated (each session and each certificate call dials one: the first a random one, and after a session or call ends or fails the next one; then --server-name is required) (default: from "+agentConfigMap+")")
+	fs.StringVar(&cfg.ServerAddress, "server-address", cfg.ServerAddress, "relay server host:port, or the replicas' addresses comma-separated (each session dials one, the first a random one and the next after it ends or fails; each certificate call likewise, moving on only after a failed call; then --server-name is required) (default: from "+agentConfigMap+")")
 	fs.StringVar(&cfg.ServerName, "server-name", cfg.ServerName, "name the server certificate must carry (default: host of --server-address; required with several addresses)")
 	fs.StringVar(&cfg.HealthListen, "health-listen", cfg.HealthListen, "health address (/healthz, /readyz with JSON status); the default is loopback only, and another free loopback port (logged) when a second agent on this machine holds it; the chart sets :9988")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", cfg.MetricsListen, "metrics address (/metrics); the default is loopback only, and another free loopback port (logged) when a second agent on this machine holds it; the chart sets :9977")

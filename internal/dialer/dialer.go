@@ -2,11 +2,12 @@
 // of a highly available management plane) and connects an agent to one of
 // them. The agent's session (agent.Session) and its credential calls
 // (identity.Manager) each dial one replica at a time, the first a random
-// one, and move to the next when it refuses, stays silent or fails them, so
-// agents spread across replicas and fail over without a load balancer in
-// front of them. Neither hands gRPC the list: its pick_first dials the next
-// address whenever a handshake takes over 250 ms, so in a storm, when every
-// server is slow, every agent would handshake with every replica.
+// one: a session moves to the next replica after it ends, a credential
+// call after it fails, so agents spread across replicas and fail over
+// without a load balancer in front of them. Neither hands gRPC the list:
+// its pick_first dials the next address whenever a handshake takes over
+// 250 ms, so in a storm, when every server is slow, every agent would
+// handshake with every replica.
 package dialer
 
 import (
