@@ -1,7 +1,6 @@
 package identity_test
 
 import (
-	"context"
 	"io"
 	"net"
 	"strings"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/relaymesh/relaymesh/identity"
 	"github.com/relaymesh/relaymesh/identity/identitytest"
-	"github.com/relaymesh/relaymesh/internal/backoff"
 	"github.com/relaymesh/relaymesh/server/servertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -64,19 +62,6 @@ func startReplica(t *testing.T, target string, delay time.Duration, silent bool)
 	return r
 }
 
-func runManager(t *testing.T, cfg identity.ManagerConfig) *identity.Manager {
-	t.Helper()
-	cfg.Jitter = func() float64 { return 0 }
-	cfg.Retry = backoff.Policy{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond}
-	m, err := identity.NewManager(cfg)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = m.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return m
-}
-
 // Three replicas, each as slow to start a handshake as a server in a storm
 // (600 ms): the bootstrap makes one connection, to one of them. Handed the
 // whole list, gRPC's pick_first dialled the next replica after 250 ms, and
@@ -92,7 +77,7 @@ func TestACallDialsOneReplica(t *testing.T) {
 		addrs = append(addrs, r.addr)
 	}
 	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
-	m := runManager(t, identity.ManagerConfig{Cluster: "cluster-1", ServerAddress: strings.Join(addrs, ","), ServerName: "localhost", Secrets: secrets})
+	m, _ := runManager(t, identity.ManagerConfig{Cluster: "cluster-1", ServerAddress: strings.Join(addrs, ","), ServerName: "localhost", Secrets: secrets})
 	select {
 	case <-m.Ready():
 	case <-time.After(15 * time.Second):
@@ -124,7 +109,7 @@ func TestCallsMoveToTheNextReplica(t *testing.T) {
 		secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
 		silentBefore, servingBefore := silent.accepted.Load(), serving.accepted.Load()
 		start := time.Now()
-		m := runManager(t, identity.ManagerConfig{Cluster: "cluster-1", ServerAddress: strings.Join([]string{downAddr, silent.addr, serving.addr}, ","),
+		m, _ := runManager(t, identity.ManagerConfig{Cluster: "cluster-1", ServerAddress: strings.Join([]string{downAddr, silent.addr, serving.addr}, ","),
 			ServerName: "localhost", Secrets: secrets, FirstReplica: func(int) int { return first }})
 		select {
 		case <-m.Ready():

@@ -54,10 +54,16 @@ func TestNewManagerRefusesReplicasItCannotVerifyOrPick(t *testing.T) {
 
 func startManager(t *testing.T, srv *servertest.Server, secrets identity.AgentSecrets, cluster string) (*identity.Manager, context.CancelFunc) {
 	t.Helper()
-	m, err := identity.NewManager(identity.ManagerConfig{
-		Cluster: cluster, ServerAddress: srv.Addr, ServerName: "localhost", Secrets: secrets,
-		Jitter: func() float64 { return 0 }, Retry: backoff.Policy{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond},
-	})
+	return runManager(t, identity.ManagerConfig{Cluster: cluster, ServerAddress: srv.Addr, ServerName: "localhost", Secrets: secrets})
+}
+
+// runManager runs a manager of cfg, with no jitter and a fast retry, until
+// the test ends or the returned cancel is called.
+func runManager(t *testing.T, cfg identity.ManagerConfig) (*identity.Manager, context.CancelFunc) {
+	t.Helper()
+	cfg.Jitter = func() float64 { return 0 }
+	cfg.Retry = backoff.Policy{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond}
+	m, err := identity.NewManager(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -238,15 +244,7 @@ func TestManagerBootstrapRetriesWithTheSameKey(t *testing.T) {
 		}
 	}
 	secrets := identitytest.NewMemAgentSecrets(srv.RootsPEM, srv.Mint("cluster-1", time.Hour))
-	m, err := identity.NewManager(identity.ManagerConfig{
-		Cluster: "cluster-1", ServerAddress: srv.Addr, ServerName: "localhost", Secrets: secrets, CallTimeout: 2 * time.Second,
-		Jitter: func() float64 { return 0 }, Retry: backoff.Policy{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond},
-	})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = m.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	m, _ := runManager(t, identity.ManagerConfig{Cluster: "cluster-1", ServerAddress: srv.Addr, ServerName: "localhost", Secrets: secrets, CallTimeout: 2 * time.Second})
 
 	waitFor(t, 10*time.Second, "the first call to give up", func() bool { return m.Status().LastError != "" })
 	close(release)
