@@ -24,6 +24,8 @@ type EnvConfig struct {
 	// FileLimit for this process and the servers it starts; default
 	// DefaultFileLimit.
 	FileLimit uint64
+	// Profiling serves the management kube-apiserver's /debug/pprof.
+	Profiling bool
 }
 
 // Env is a management cluster (etcd and one kube-apiserver as processes)
@@ -67,7 +69,7 @@ func StartEnv(ctx context.Context, cfg EnvConfig) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	local, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"mgmt"}, BinDir: cfg.BinDir})
+	local, err := localcluster.Start(ctx, localcluster.Config{Dir: filepath.Join(dir, "clusters"), Clusters: []string{"mgmt"}, BinDir: cfg.BinDir, Profiling: cfg.Profiling})
 	if err != nil {
 		return nil, err
 	}

@@ -61,6 +61,9 @@ type Config struct {
 	// AuditPolicy, if set, is the path of an audit policy file: each API
 	// server then writes JSON audit events to Cluster.AuditLog.
 	AuditPolicy string
+	// Profiling serves the API servers' /debug/pprof (to admins), for
+	// harnesses that profile them; off by default.
+	Profiling bool
 }
 
 // Validate reports every problem with the config at once.
@@ -418,7 +421,7 @@ func (e *Env) startCluster(ctx context.Context, cfg Config, name string, etcd *e
 			"--allow-privileged=false",
 			"--enable-priority-and-fairness=false",
 			"--admission-control-config-file=" + admissionConfig,
-			"--profiling=false",
+			"--profiling=" + strconv.FormatBool(cfg.Profiling),
 			"--v=1",
 		}
 		auditLog := ""

@@ -15,7 +15,8 @@
 // their logs and audit logs. With -pprof ADDR the server is started with
 // RELAYMESH_FLEET_PPROF=ADDR, which a profiling build of relaymesh (see
 // docs/benchmarks.md, "Fleet") serves net/http/pprof on; CPU profiles and
-// goroutine dumps of every measured phase are then written to -dir.
+// goroutine dumps of every measured phase are then written to -dir, with a
+// CPU profile of the management kube-apiserver over the same span.
 package main
 
 import (
@@ -37,6 +38,8 @@ import (
 
 	"github.com/relaymesh/relaymesh/ca"
 	"github.com/relaymesh/relaymesh/test/fleet"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 const usage = `Usage: fleet [flags] SCENARIO [scenario flags]
@@ -71,7 +74,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dir := fs.String("dir", "", "keep cluster data, logs, audit logs and profiles here (default: a temporary directory, removed)")
 	out := fs.String("json", "", "also write the result to this file")
 	logLevel := fs.String("log-level", "info", "the server's --log-level")
-	pprofAddr := fs.String("pprof", "", "profile the server: start it with RELAYMESH_FLEET_PPROF=ADDR (a profiling build serves pprof there)")
+	pprofAddr := fs.String("pprof", "", "profile the server (start it with RELAYMESH_FLEET_PPROF=ADDR: a profiling build serves pprof there) and the management kube-apiserver, each measured phase")
 	pprofSecs := fs.Int("pprof-seconds", 10, "length of each CPU profile")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -80,7 +83,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return errors.New("a scenario is required")
 	}
-	scenario, rest := fs.Arg(0), fs.Args()[1:]
+	scenario, args := fs.Arg(0), fs.Args()[1:]
 	workDir := *dir
 	if workDir == "" {
 		d, err := os.MkdirTemp("", "fleet-")
@@ -93,11 +96,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
 	}
-	run, err := scenarioFor(scenario, rest, stderr)
+	run, err := scenarioFor(scenario, args, stderr)
 	if err != nil {
 		return err
 	}
-	env, err := fleet.StartEnv(ctx, fleet.EnvConfig{Dir: workDir, Binary: *bin})
+	env, err := fleet.StartEnv(ctx, fleet.EnvConfig{Dir: workDir, Binary: *bin, Profiling: *pprofAddr != ""})
 	if err != nil {
 		return err
 	}
@@ -106,7 +109,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	opts := fleet.Options{Env: env, Logf: logf, LogLevel: *logLevel}
 	if *pprofAddr != "" {
 		opts.ServerEnv = []string{"RELAYMESH_FLEET_PPROF=" + *pprofAddr}
-		opts.During = profiler(*pprofAddr, filepath.Join(workDir, "profiles", scenario), time.Duration(*pprofSecs)*time.Second, logf)
+		opts.During = profiler(*pprofAddr, env.Cluster.RESTConfig(), filepath.Join(workDir, "profiles", scenario), time.Duration(*pprofSecs)*time.Second, logf)
 	}
 	result, err := run(ctx, opts)
 	if err != nil {
@@ -247,8 +250,10 @@ func scenarioFor(name string, args []string, stderr io.Writer) (scenarioFunc, er
 
 // profiler collects, for every measured phase, a goroutine dump two
 // seconds in and a CPU profile of the given length from the server's pprof
-// endpoint at addr, into dir.
-func profiler(addr, dir string, cpu time.Duration, logf func(string, ...any)) func(ctx context.Context, s *fleet.Server) {
+// endpoint at addr, and a CPU profile of the same span from the management
+// kube-apiserver (its /debug/pprof, through mgmt, an admin config), into
+// dir: the apiserver's share of a phase's CPU is often the larger.
+func profiler(addr string, mgmt *rest.Config, dir string, cpu time.Duration, logf func(string, ...any)) func(ctx context.Context, s *fleet.Server) {
 	var phase atomic.Int64
 	return func(ctx context.Context, _ *fleet.Server) {
 		n := phase.Add(1)
@@ -256,6 +261,16 @@ func profiler(addr, dir string, cpu time.Duration, logf func(string, ...any)) fu
 			logf("pprof: %v", err)
 			return
 		}
+		apiDone := make(chan struct{})
+		go func() {
+			defer close(apiDone)
+			path := filepath.Join(dir, fmt.Sprintf("phase%d-apiserver-cpu.pprof", n))
+			if err := fetchAPIServer(mgmt, cpu, path); err != nil {
+				logf("pprof: apiserver cpu profile: %v", err)
+				return
+			}
+			logf("pprof: wrote %s", path)
+		}()
 		cpuDone := make(chan struct{})
 		go func() {
 			defer close(cpuDone)
@@ -283,7 +298,25 @@ func profiler(addr, dir string, cpu time.Duration, logf func(string, ...any)) fu
 			}
 		}
 		<-cpuDone
+		<-apiDone
 	}
+}
+
+// fetchAPIServer writes a CPU profile of the kube-apiserver at cfg, cpu
+// long, to path.
+func fetchAPIServer(cfg *rest.Config, cpu time.Duration, path string) error {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Timeout = cpu + 30*time.Second
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	b, err := kube.Discovery().RESTClient().Get().AbsPath("/debug/pprof/profile").
+		Param("seconds", strconv.Itoa(int(cpu.Seconds()))).DoRaw(context.Background())
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
 }
 
 func fetch(ctx context.Context, url, path string, timeout time.Duration) error {
