@@ -130,3 +130,31 @@ func BenchmarkTranslateFleetEdit(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTranslateUnchanged is a translation that finds nothing changed,
+// at 1,000 and 10,000 clusters of one Service each and the fleet edit's
+// TrafficPolicy: what every cycle of a bootstrap storm pays, besides its
+// few new clusters, for reading the whole fleet (issue 31).
+func BenchmarkTranslateUnchanged(b *testing.B) {
+	for _, clusters := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("clusters=%d", clusters), func(b *testing.B) {
+			in := worldtest.New(b, worldtest.Translation(clusters, clusters, 0, false))
+			in.TrafficPolicies = []networkingv1alpha1.TrafficPolicy{{
+				ObjectMeta: metav1.ObjectMeta{Name: "timeouts", Namespace: "relaymesh", CreationTimestamp: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))},
+				Spec:       networkingv1alpha1.TrafficPolicySpec{Policy: networkingv1alpha1.Policy{RequestTimeout: &metav1.Duration{Duration: 5 * time.Second}}},
+			}}
+			in = worldtest.WithUIDs(in)
+			e := controller.NewEngine("relaymesh")
+			e.Translate(in)
+			if n := len(e.Dirty()); n != clusters {
+				b.Fatalf("the first translation published %d clusters, want %d", n, clusters)
+			}
+			for b.Loop() {
+				e.Translate(in)
+			}
+			if s := e.Stats(); s.Recomputed != 0 || len(e.Dirty()) != 0 {
+				b.Fatalf("nothing changed, yet %d units were recomputed and clusters republished", s.Recomputed)
+			}
+		})
+	}
+}

@@ -243,6 +243,12 @@ func TestEngineAgreesAfterRandomEdits(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 42))
 			in := worldtest.New(t, worldtest.Translation(4, 24, 24, seed%2 == 0))
+			if seed%4 >= 2 {
+				// As from an apiserver: a version is the UID and
+				// generation, and the engine takes an unchanged
+				// object's key and version from the cycle before.
+				in = worldtest.WithUIDs(in)
+			}
 			e := controller.NewEngine("relaymesh")
 			requireSameAsFull(t, e, e.Translate(in), in, "start")
 			for step := range steps {
@@ -259,6 +265,40 @@ func TestEngineAgreesAfterRandomEdits(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The engine takes an object's key and version from the cycle before only
+// for the same object: an object deleted and created again under its name
+// (a new UID, the same generation), an object removed while another of its
+// kind is added (as many objects as before), and a grant changed with
+// nothing else are each seen, and the result is the full translation's.
+func TestEngineSeesObjectsReplacedUnderTheirNames(t *testing.T) {
+	in := worldtest.WithUIDs(worldtest.New(t, worldtest.Translation(4, 24, 24, true)))
+	e := controller.NewEngine("relaymesh")
+	requireSameAsFull(t, e, e.Translate(in), in, "start")
+
+	e.Dirty()
+	e.Translate(in)
+	assert.Zero(t, e.Stats().Recomputed, "nothing changed, nothing recomputed")
+	assert.Empty(t, e.Dirty(), "nothing changed, nothing republished")
+
+	p := &in.TrafficPolicies[0]
+	p.UID += "-again"
+	p.Spec.HTTPRequestMatchers = []networkingv1alpha1.HTTPMatcher{{URI: &networkingv1alpha1.StringMatch{Prefix: new("/recreated")}}}
+	requireSameAsFull(t, e, e.Translate(in), in, "a TrafficPolicy created again under its name")
+	assert.NotEmpty(t, e.Dirty(), "the recreated policy's clusters are republished")
+
+	gone := in.Destinations[0].Name
+	added := in.Destinations[1]
+	added.Name, added.UID = "added", "uid-added"
+	in.Destinations[0] = added
+	requireSameAsFull(t, e, e.Translate(in), in, "Destination "+gone+" removed as another is added")
+
+	c := &in.Clusters[0]
+	c.Spec.TrustDomains = []multiclusterv1alpha1.TrustDomainGrant{{Name: c.Name + ".local"}, {Name: "other.example"}}
+	c.Generation++
+	requireSameAsFull(t, e, e.Translate(in), in, "a grant changed")
+	assert.Positive(t, e.Stats().Recomputed, "a grant is a dependency of federation")
 }
 
 // One policy edit recomputes that policy's unit only and republishes only

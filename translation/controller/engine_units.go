@@ -217,7 +217,7 @@ func (e *Engine) trafficUnits(c *cycle, invalid map[string]bool, run runFunc) {
 		}
 	}
 	fh := sha256.New()
-	writeVersions(fh, c.vers, "VirtualMesh/")
+	writeVersions(fh, c, "VirtualMesh")
 	io.WriteString(fh, c.meshes)
 	io.WriteString(fh, c.grants)
 	federationDeps := hex.EncodeToString(fh.Sum(nil))
@@ -326,7 +326,7 @@ func (e *Engine) accessUnits(c *cycle, invalid map[string]bool, run runFunc) {
 			// Whether the Destination admits a foreign identity depends on
 			// its VirtualMesh (spec.mtls.federatedTrustDomains, members).
 			fh := sha256.New()
-			writeVersions(fh, c.vers, "VirtualMesh/")
+			writeVersions(fh, c, "VirtualMesh")
 			io.WriteString(fh, c.meshes)
 			io.WriteString(fh, c.grants)
 			h.Write(fh.Sum(nil))
