@@ -158,10 +158,20 @@ func NewPlan(in *translation.Input) *Plan {
 	slices.SortFunc(vms, func(a, b *vmState) int {
 		return cmp.Or(strings.Compare(a.vm.Namespace, b.vm.Namespace), strings.Compare(a.vm.Name, b.vm.Name))
 	})
+	p := &Plan{vms: vms, byMesh: claimed, deps: map[*vmState]string{}}
+	if len(claimed) == 0 {
+		// Everything that reads the indexes below starts from a
+		// Destination whose mesh a valid VirtualMesh claims (reach,
+		// ExportDeps). Without one — a fleet without VirtualMeshes, as in a
+		// bootstrap storm translated over and over — they are not built:
+		// each reads the whole fleet (issue 31).
+		return p
+	}
 	// The VirtualDestination translator reserves addresses the same way, so
 	// a federated host has one address in both.
-	return &Plan{vms: vms, byMesh: claimed, alloc: reservedAllocator(in, sortedVirtualMeshes(in), translation.SortedDestinations(in.Destinations)),
-		ids: newIdentityIndex(in), deps: map[*vmState]string{}, services: discoveredServices(in), namespaces: discoveredNamespaces(in)}
+	p.alloc = reservedAllocator(in, sortedVirtualMeshes(in), translation.SortedDestinations(in.Destinations))
+	p.ids, p.services, p.namespaces = newIdentityIndex(in), discoveredServices(in), discoveredNamespaces(in)
+	return p
 }
 
 // VirtualMeshOf returns the valid VirtualMesh that owns d's mesh, or nil.
