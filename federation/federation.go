@@ -83,8 +83,10 @@ func Translate(in *translation.Input, out *translation.Output, r *translation.Re
 type Plan struct {
 	vms    []*vmState          // sorted by namespace/name
 	byMesh map[string]*vmState // valid VirtualMeshes by member mesh key
-	alloc  *allocator
-	ids    *identityIndex // identities of Destinations' pods (flatNetwork, ambient)
+	// alloc, ids, services and namespaces are nil when no valid
+	// VirtualMesh claims a mesh (byMesh is empty): nothing reads them then.
+	alloc *allocator
+	ids   *identityIndex // identities of Destinations' pods (flatNetwork, ambient)
 	// services are the Kubernetes Services discovered, by
 	// cluster/namespace/name: ambient federation writes none over them.
 	services map[string]bool
@@ -110,7 +112,8 @@ type Note struct {
 
 // NewPlan validates every VirtualMesh of in, decides which VirtualMesh owns
 // each mesh (earlier VirtualMeshes claim their meshes first) and allocates
-// the address of every federated hostname.
+// the address of every federated hostname. The indexes of the fleet that
+// exports read are built only when some mesh is claimed.
 func NewPlan(in *translation.Input) *Plan {
 	vms := make([]*vmState, 0, len(in.VirtualMeshes))
 	for i := range in.VirtualMeshes {

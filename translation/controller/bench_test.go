@@ -100,6 +100,18 @@ func BenchmarkTranslateOneEdit(b *testing.B) {
 	}
 }
 
+// fleetWithTimeouts is the fleet edit's world: clusters with one Service
+// each, no VirtualMesh, one TrafficPolicy without selectors setting a 5 s
+// request timeout, UIDs and generations as from an apiserver.
+func fleetWithTimeouts(b *testing.B, clusters int) *translation.Input {
+	in := worldtest.New(b, worldtest.Translation(clusters, clusters, 0, false))
+	in.TrafficPolicies = []networkingv1alpha1.TrafficPolicy{{
+		ObjectMeta: metav1.ObjectMeta{Name: "timeouts", Namespace: "relaymesh", CreationTimestamp: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))},
+		Spec:       networkingv1alpha1.TrafficPolicySpec{Policy: networkingv1alpha1.Policy{RequestTimeout: &metav1.Duration{Duration: 5 * time.Second}}},
+	}}
+	return worldtest.WithUIDs(in)
+}
+
 // BenchmarkTranslateFleetEdit is issue 21's edit: a fleet of clusters with
 // one Service each, no VirtualMesh, and one TrafficPolicy without selectors
 // (every Destination, from every cluster's workloads) whose request timeout
@@ -108,12 +120,7 @@ func BenchmarkTranslateOneEdit(b *testing.B) {
 func BenchmarkTranslateFleetEdit(b *testing.B) {
 	for _, clusters := range []int{100, 1000} {
 		b.Run(fmt.Sprintf("clusters=%d", clusters), func(b *testing.B) {
-			in := worldtest.New(b, worldtest.Translation(clusters, clusters, 0, false))
-			in.TrafficPolicies = []networkingv1alpha1.TrafficPolicy{{
-				ObjectMeta: metav1.ObjectMeta{Name: "timeouts", Namespace: "relaymesh", CreationTimestamp: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))},
-				Spec:       networkingv1alpha1.TrafficPolicySpec{Policy: networkingv1alpha1.Policy{RequestTimeout: &metav1.Duration{Duration: 5 * time.Second}}},
-			}}
-			in = worldtest.WithUIDs(in)
+			in := fleetWithTimeouts(b, clusters)
 			e := controller.NewEngine("relaymesh")
 			e.Translate(in)
 			e.Dirty()
@@ -138,12 +145,7 @@ func BenchmarkTranslateFleetEdit(b *testing.B) {
 func BenchmarkTranslateUnchanged(b *testing.B) {
 	for _, clusters := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("clusters=%d", clusters), func(b *testing.B) {
-			in := worldtest.New(b, worldtest.Translation(clusters, clusters, 0, false))
-			in.TrafficPolicies = []networkingv1alpha1.TrafficPolicy{{
-				ObjectMeta: metav1.ObjectMeta{Name: "timeouts", Namespace: "relaymesh", CreationTimestamp: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))},
-				Spec:       networkingv1alpha1.TrafficPolicySpec{Policy: networkingv1alpha1.Policy{RequestTimeout: &metav1.Duration{Duration: 5 * time.Second}}},
-			}}
-			in = worldtest.WithUIDs(in)
+			in := fleetWithTimeouts(b, clusters)
 			e := controller.NewEngine("relaymesh")
 			e.Translate(in)
 			if n := len(e.Dirty()); n != clusters {
@@ -152,8 +154,8 @@ func BenchmarkTranslateUnchanged(b *testing.B) {
 			for b.Loop() {
 				e.Translate(in)
 			}
-			if s := e.Stats(); s.Recomputed != 0 || len(e.Dirty()) != 0 {
-				b.Fatalf("nothing changed, yet %d units were recomputed and clusters republished", s.Recomputed)
+			if s, dirty := e.Stats(), e.Dirty(); s.Recomputed != 0 || len(dirty) != 0 {
+				b.Fatalf("nothing changed, yet %d units were recomputed and %d clusters republished", s.Recomputed, len(dirty))
 			}
 		})
 	}

@@ -238,8 +238,9 @@ type objID struct{ kind, ns, name string }
 // its version with the UID and generation it came from, and the last cycle
 // that saw it. A cycle takes both as they are for an object of the same
 // UID and generation, instead of building two strings per object: a cycle
-// reads the whole fleet, and in a storm of 10,000 agents building them was
-// 61 % of translation's CPU (issue 31).
+// reads the whole fleet, and in a storm of 10,000 agents reading it
+// (newCycle) was 61 % of translation's CPU, those strings a large part
+// (issue 31).
 type seenObject struct {
 	key, ver string
 	uid      types.UID
@@ -253,18 +254,19 @@ func (e *Engine) newCycle(in *translation.Input) *cycle {
 		tps: map[string]*networkingv1alpha1.TrafficPolicy{}, aps: map[string]*networkingv1alpha1.AccessPolicy{},
 		vers: make(map[string]string, len(e.seen)), changed: map[string]bool{},
 		keys: map[string][]string{}, sorted: map[string]bool{}, kinds: map[string]bool{}}
-	seen := 0 // distinct objects in the input
-	seen += versions(e, c, in.Meshes, "Mesh", func(m *discoveryv1alpha1.Mesh) *metav1.ObjectMeta { return &m.ObjectMeta }, func(m *discoveryv1alpha1.Mesh) any { return m.Spec }, nil)
-	seen += versions(e, c, in.Destinations, "Destination", func(d *discoveryv1alpha1.Destination) *metav1.ObjectMeta { return &d.ObjectMeta }, func(d *discoveryv1alpha1.Destination) any { return d.Spec }, c.dests)
-	seen += versions(e, c, in.Workloads, "Workload", func(w *discoveryv1alpha1.Workload) *metav1.ObjectMeta { return &w.ObjectMeta }, func(w *discoveryv1alpha1.Workload) any { return w.Spec }, c.works)
-	seen += versions(e, c, in.TrafficPolicies, "TrafficPolicy", func(p *networkingv1alpha1.TrafficPolicy) *metav1.ObjectMeta { return &p.ObjectMeta }, func(p *networkingv1alpha1.TrafficPolicy) any { return p.Spec }, c.tps)
-	seen += versions(e, c, in.AccessPolicies, "AccessPolicy", func(p *networkingv1alpha1.AccessPolicy) *metav1.ObjectMeta { return &p.ObjectMeta }, func(p *networkingv1alpha1.AccessPolicy) any { return p.Spec }, c.aps)
-	seen += versions(e, c, in.VirtualMeshes, "VirtualMesh", func(v *networkingv1alpha1.VirtualMesh) *metav1.ObjectMeta { return &v.ObjectMeta }, func(v *networkingv1alpha1.VirtualMesh) any { return v.Spec }, nil)
-	seen += versions(e, c, in.VirtualDestinations, "VirtualDestination", func(v *networkingv1alpha1.VirtualDestination) *metav1.ObjectMeta { return &v.ObjectMeta }, func(v *networkingv1alpha1.VirtualDestination) any { return v.Spec }, nil)
-	seen += versions(e, c, in.Clusters, "KubernetesCluster", func(k *multiclusterv1alpha1.KubernetesCluster) *metav1.ObjectMeta { return &k.ObjectMeta }, func(k *multiclusterv1alpha1.KubernetesCluster) any { return k.Spec }, nil)
-	// Objects are told apart by kind, namespace and name, as keys are: as
-	// many known as in the input, none was removed.
-	if len(e.seen) > seen {
+	distinct := 0 // objects in the input, each counted once
+	distinct += versions(e, c, in.Meshes, "Mesh", func(m *discoveryv1alpha1.Mesh) *metav1.ObjectMeta { return &m.ObjectMeta }, func(m *discoveryv1alpha1.Mesh) any { return m.Spec }, nil)
+	distinct += versions(e, c, in.Destinations, "Destination", func(d *discoveryv1alpha1.Destination) *metav1.ObjectMeta { return &d.ObjectMeta }, func(d *discoveryv1alpha1.Destination) any { return d.Spec }, c.dests)
+	distinct += versions(e, c, in.Workloads, "Workload", func(w *discoveryv1alpha1.Workload) *metav1.ObjectMeta { return &w.ObjectMeta }, func(w *discoveryv1alpha1.Workload) any { return w.Spec }, c.works)
+	distinct += versions(e, c, in.TrafficPolicies, "TrafficPolicy", func(p *networkingv1alpha1.TrafficPolicy) *metav1.ObjectMeta { return &p.ObjectMeta }, func(p *networkingv1alpha1.TrafficPolicy) any { return p.Spec }, c.tps)
+	distinct += versions(e, c, in.AccessPolicies, "AccessPolicy", func(p *networkingv1alpha1.AccessPolicy) *metav1.ObjectMeta { return &p.ObjectMeta }, func(p *networkingv1alpha1.AccessPolicy) any { return p.Spec }, c.aps)
+	distinct += versions(e, c, in.VirtualMeshes, "VirtualMesh", func(v *networkingv1alpha1.VirtualMesh) *metav1.ObjectMeta { return &v.ObjectMeta }, func(v *networkingv1alpha1.VirtualMesh) any { return v.Spec }, nil)
+	distinct += versions(e, c, in.VirtualDestinations, "VirtualDestination", func(v *networkingv1alpha1.VirtualDestination) *metav1.ObjectMeta { return &v.ObjectMeta }, func(v *networkingv1alpha1.VirtualDestination) any { return v.Spec }, nil)
+	distinct += versions(e, c, in.Clusters, "KubernetesCluster", func(k *multiclusterv1alpha1.KubernetesCluster) *metav1.ObjectMeta { return &k.ObjectMeta }, func(k *multiclusterv1alpha1.KubernetesCluster) any { return k.Spec }, nil)
+	// Objects are told apart by kind, namespace and name, as keys are: if
+	// the engine knows no more objects, the new ones counted, than came,
+	// none was removed.
+	if len(e.seen) > distinct {
 		for id, s := range e.seen {
 			if s.cycle != e.cycle {
 				delete(e.seen, id)

@@ -83,7 +83,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return errors.New("a scenario is required")
 	}
-	scenario, args := fs.Arg(0), fs.Args()[1:]
+	scenario, scenarioArgs := fs.Arg(0), fs.Args()[1:]
 	workDir := *dir
 	if workDir == "" {
 		d, err := os.MkdirTemp("", "fleet-")
@@ -96,7 +96,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
 	}
-	run, err := scenarioFor(scenario, args, stderr)
+	run, err := scenarioFor(scenario, scenarioArgs, stderr)
 	if err != nil {
 		return err
 	}
@@ -303,7 +303,8 @@ func profiler(addr string, mgmt *rest.Config, dir string, cpu time.Duration, log
 }
 
 // fetchAPIServer writes a CPU profile of the kube-apiserver at cfg, cpu
-// long, to path.
+// long, to path. Like the server's, it runs its full length even if the
+// run is interrupted: the apiserver sends nothing before it is done.
 func fetchAPIServer(cfg *rest.Config, cpu time.Duration, path string) error {
 	cfg = rest.CopyConfig(cfg)
 	cfg.Timeout = cpu + 30*time.Second
