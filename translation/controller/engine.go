@@ -66,14 +66,14 @@ import (
 type Engine struct {
 	admin string
 
-	vers   map[string]string // object key → version, last cycle
-	tpDest index             // TrafficPolicy → Destinations it selects
-	apDest index             // AccessPolicy → Destinations it selects
-	tpWork index             // TrafficPolicy → Workloads its sources select
-	apWork index             // AccessPolicy → Workloads its sources select
+	tpDest index // TrafficPolicy → Destinations it selects
+	apDest index // AccessPolicy → Destinations it selects
+	tpWork index // TrafficPolicy → Workloads its sources select
+	apWork index // AccessPolicy → Workloads its sources select
 
-	// Every object of the last cycle, kept up to date by the next
-	// (newCycle), and the last cycle's hashes (cycle.meshes, grants).
+	// Every object of the last cycle with its key and version, kept up to
+	// date by the next (newCycle), and the last cycle's hashes
+	// (cycle.meshes, grants).
 	seen           map[objID]*seenObject
 	cycle          uint64
 	meshes, grants string
@@ -130,7 +130,6 @@ func NewEngine(admin string) *Engine {
 }
 
 func (e *Engine) reset() {
-	e.vers = map[string]string{}
 	e.seen = map[objID]*seenObject{}
 	e.meshes, e.grants = "", ""
 	e.tpDest, e.apDest, e.tpWork, e.apWork = newIndex(), newIndex(), newIndex(), newIndex()
@@ -296,9 +295,10 @@ func versions[T any](e *Engine, c *cycle, list []T, kind string, meta func(*T) *
 			e.seen[id] = s
 		}
 		if s.ver == "" || m.UID == "" || m.Generation <= 0 || s.uid != m.UID || s.gen != m.Generation {
+			last := s.ver // "" for an object the engine did not know
 			s.uid, s.gen = m.UID, m.Generation
 			s.ver = version(m, func() any { return spec(&list[i]) })
-			if e.vers[s.key] != s.ver {
+			if s.ver != last {
 				c.changed[s.key] = true
 				c.kinds[kind] = true
 			}
@@ -359,7 +359,7 @@ func writeVersions(h hash.Hash, c *cycle, kind string) {
 func (e *Engine) Translate(in *translation.Input) *translation.Report {
 	c := e.newCycle(in)
 	e.updateIndexes(c)
-	e.vers, e.meshes, e.grants = c.vers, c.meshes, c.grants
+	e.meshes, e.grants = c.meshes, c.grants
 
 	report := translation.NewReport()
 	invalid := e.scope(c, report)
